@@ -1,0 +1,509 @@
+//! The streaming job: map the input, plan, convert window by window into the mapped
+//! output, release pages behind us, publish.
+
+use std::fs::{File, OpenOptions};
+use std::io::Read;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use memmap2::{Advice, Mmap, MmapMut, UncheckedAdvice};
+use rayon::prelude::*;
+
+use crate::error::{Error, Result};
+use crate::failpoint;
+use crate::header::{self, Action, Conversion, Plan, SourceHeader, Target, PREFIX};
+use crate::kernels::{self, Isa};
+use crate::output::{self, TempOutput};
+
+/// Input bytes converted per window. Memory in use is a small multiple of this.
+pub const DEFAULT_WINDOW: usize = 8 << 20;
+/// Windows smaller than this run on one thread: waking the pool costs more.
+const PARALLEL_MIN: usize = 512 << 10;
+
+/// How to convert.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub target: Target,
+    /// Worker threads; 0 means one per available core.
+    pub threads: usize,
+    /// Replace an existing destination.
+    pub force: bool,
+    /// Input bytes per window (rounded down to a multiple of 64, at least 64 KiB).
+    pub window: usize,
+    /// Kernel family; `None` picks the best this CPU supports.
+    pub isa: Option<Isa>,
+    /// Fault each window in with one call (`MADV_POPULATE_*`) instead of page by page.
+    pub populate: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            target: Target::Bf16,
+            threads: 0,
+            force: false,
+            window: DEFAULT_WINDOW,
+            isa: None,
+            populate: std::env::var("STCAST_POPULATE").map_or(true, |v| v != "0"),
+        }
+    }
+}
+
+/// What a finished conversion did.
+#[derive(Clone, Debug)]
+pub struct Report {
+    pub src: PathBuf,
+    pub dst: PathBuf,
+    pub target: Target,
+    pub tensors_converted: usize,
+    pub tensors_copied: usize,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub seconds: f64,
+    pub threads: usize,
+    pub isa: Isa,
+    pub warnings: Vec<String>,
+}
+
+/// An opened, validated input: its file, its bytes and its header.
+pub struct Source {
+    pub path: PathBuf,
+    pub file: File,
+    pub map: Mmap,
+    pub header: SourceHeader,
+}
+
+impl Source {
+    /// Open and validate `path` without blocking on FIFOs and without reading data.
+    pub fn open(path: &Path) -> Result<Source> {
+        // O_NONBLOCK: opening a FIFO for reading must not wait for a writer.
+        let mut file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path)
+            .map_err(|e| Error::io(path, "cannot open the input", e))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| Error::io(path, "cannot stat the input", e))?;
+        let ft = meta.file_type();
+        if !ft.is_file() {
+            let what = if ft.is_dir() {
+                "a directory"
+            } else if ft.is_fifo() {
+                "a FIFO"
+            } else if ft.is_socket() {
+                "a socket"
+            } else if ft.is_char_device() || ft.is_block_device() {
+                "a device"
+            } else {
+                "not a regular file"
+            };
+            return Err(Error::refused(
+                path,
+                format!("input is {what}, not a regular file"),
+            ));
+        }
+        if meta.len() < PREFIX as u64 {
+            // Too small to map usefully; let the header reader give the usual reason.
+            let mut small = Vec::new();
+            file.read_to_end(&mut small)
+                .map_err(|e| Error::io(path, "cannot read the input", e))?;
+            return Err(header::read_header(path, &small).err().unwrap_or_else(|| {
+                Error::invalid(path, "invalid safetensors file: header too small")
+            }));
+        }
+        // SAFETY: the map is read-only. Another process truncating the file while we run
+        // would fault (SIGBUS); that is the usual contract of reading through mmap.
+        let map =
+            unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, "cannot map the input", e))?;
+        let header = header::read_header(path, &map)?;
+        Ok(Source {
+            path: path.to_path_buf(),
+            file,
+            map,
+            header,
+        })
+    }
+}
+
+impl Source {
+    /// Drop the pages of an absolute byte range that we are done with.
+    pub(crate) fn release(&self, (a, b): (u64, u64)) {
+        // SAFETY: the map is read-only and shared; dropping its pages only means a later
+        // read faults them in again from the file. No reference into the range is alive.
+        unsafe {
+            let _ = self.map.unchecked_advise_range(
+                UncheckedAdvice::DontNeed,
+                a as usize,
+                (b - a) as usize,
+            );
+        }
+        // Also drop them from the page cache: under a memory cgroup they count against us.
+        fadvise_dontneed(self.file.as_raw_fd(), (a, b));
+    }
+}
+
+/// Plan the conversion of `path` without writing anything.
+pub fn inspect(path: &Path, target: Target) -> Result<(Source, Plan)> {
+    let src = Source::open(path)?;
+    let plan = header::plan(path, &src.header, target)?;
+    Ok((src, plan))
+}
+
+/// A conversion in progress. Dropping it before `finish` leaves nothing behind.
+pub struct Job {
+    src: Source,
+    dst: PathBuf,
+    plan: Plan,
+    out: TempOutput,
+    out_map: MmapMut,
+    pool: rayon::ThreadPool,
+    threads: usize,
+    isa: Isa,
+    window: usize,
+    populate: bool,
+    /// Next tensor (index into `plan.tensors`) and the source bytes of it already done.
+    next: usize,
+    pos: u64,
+    done: u64,
+    total: u64,
+    /// Input pages read but not yet released: an absolute file range.
+    in_pending: Option<(u64, u64)>,
+    /// Output written since the last writeback start: an absolute file range.
+    out_pending: Option<(u64, u64)>,
+    /// Output whose writeback was started and that is dropped once written.
+    out_inflight: Option<(u64, u64)>,
+    mid_tensor_hit: bool,
+    started: Instant,
+}
+
+impl Job {
+    /// Validate everything, refuse what must be refused, and create the hidden output.
+    pub fn open(src_path: &Path, dst: &Path, opts: &Options) -> Result<Job> {
+        let started = Instant::now();
+        let src = Source::open(src_path)?;
+        let dir = output::parent_dir(dst);
+        match std::fs::metadata(&dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return Err(Error::refused(&dir, "destination folder is not a folder")),
+            Err(_) => return Err(Error::refused(&dir, "destination folder does not exist")),
+        }
+        let src_meta = src
+            .file
+            .metadata()
+            .map_err(|e| Error::io(src_path, "cannot stat the input", e))?;
+        let mut replaced_mode = None;
+        if let Some((dev, ino, mode)) = output::identity(dst) {
+            if (dev, ino) == (src_meta.dev(), src_meta.ino()) {
+                return Err(Error::refused(dst, "destination is the input file"));
+            }
+            if mode & libc::S_IFMT == libc::S_IFDIR {
+                return Err(Error::refused(dst, "destination is a folder"));
+            }
+            if !opts.force {
+                return Err(output::exists_error(dst));
+            }
+            replaced_mode = Some(mode);
+        }
+        let plan = header::plan(src_path, &src.header, opts.target)?;
+
+        let out = TempOutput::create(dst, opts.force, replaced_mode)?;
+        out.preallocate(plan.file_len())?;
+        // SAFETY: the file is ours alone (unnamed, or named and locked), and sized to
+        // the plan by `preallocate`; nothing else resizes it while mapped.
+        let mut out_map = unsafe { MmapMut::map_mut(&out.file) }
+            .map_err(|e| Error::io(dst, "cannot map the output", e))?;
+        out_map[..plan.header.len()].copy_from_slice(&plan.header);
+        let _ = src.map.advise(Advice::Sequential);
+
+        let threads = if opts.threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            opts.threads
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("stcast-{i}"))
+            .build()
+            .map_err(|e| Error::io(dst, "cannot start worker threads", std::io::Error::other(e)))?;
+        let total = src.header.data_len();
+        Ok(Job {
+            dst: dst.to_path_buf(),
+            plan,
+            out,
+            out_map,
+            pool,
+            threads,
+            isa: opts.isa.unwrap_or_else(Isa::detect),
+            window: (opts.window.max(64 << 10)) & !63,
+            populate: opts.populate,
+            next: 0,
+            pos: 0,
+            done: 0,
+            total,
+            in_pending: None,
+            out_pending: None,
+            out_inflight: None,
+            mid_tensor_hit: false,
+            started,
+            src,
+        })
+    }
+
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    pub fn source(&self) -> &SourceHeader {
+        &self.src.header
+    }
+
+    /// Source data bytes done and in all.
+    pub fn progress(&self) -> (u64, u64) {
+        (self.done, self.total)
+    }
+
+    /// Convert about `budget` source bytes (whole windows). Returns true when all is done.
+    pub fn step(&mut self, budget: u64) -> Result<bool> {
+        let mut spent = 0u64;
+        while spent < budget && self.next < self.plan.tensors.len() {
+            let t = &self.plan.tensors[self.next];
+            let s = &self.src.header.tensors[t.source];
+            let len = s.len();
+            if self.pos >= len {
+                self.next += 1;
+                self.pos = 0;
+                continue;
+            }
+            let action = t.action;
+            let (src_size, dst_size) = match action {
+                Action::Copy => (1, 1),
+                Action::Convert(c) => (c.src_size(), 2),
+            };
+            let n = (self.window as u64).min(len - self.pos);
+            let src_abs = self.src.header.data_start() + s.start + self.pos;
+            let dst_abs = self.plan.data_start() + t.start + self.pos / src_size * dst_size;
+            let dst_n = n / src_size * dst_size;
+            let (sa, da) = (src_abs as usize, dst_abs as usize);
+            if self.populate {
+                // One call per window instead of a fault per page; failure only costs speed.
+                let _ = self
+                    .src
+                    .map
+                    .advise_range(Advice::PopulateRead, sa, n as usize);
+                let _ = self
+                    .out_map
+                    .advise_range(Advice::PopulateWrite, da, dst_n as usize);
+            }
+            let src_bytes = &self.src.map[sa..sa + n as usize];
+            let dst_bytes = &mut self.out_map[da..da + dst_n as usize];
+            run_window(
+                &self.pool,
+                self.threads,
+                self.isa,
+                action,
+                src_bytes,
+                dst_bytes,
+            );
+
+            self.pos += n;
+            self.done += n;
+            spent += n;
+            self.release_input(src_abs, n);
+            self.note_output(dst_abs, dst_n)?;
+            if self.pos < len && !self.mid_tensor_hit {
+                self.mid_tensor_hit = true;
+                failpoint::hit("mid-tensor")
+                    .map_err(|e| Error::io(&self.dst, "conversion failed", e))?;
+            }
+        }
+        let finished = self.next >= self.plan.tensors.len();
+        if finished {
+            self.flush_pages()?;
+        }
+        Ok(finished)
+    }
+
+    /// Drop input pages that are done with, in contiguous batches of about a window.
+    fn release_input(&mut self, at: u64, n: u64) {
+        match self.in_pending {
+            Some((a, b)) if b == at => self.in_pending = Some((a, b + n)),
+            Some(r) => {
+                self.src.release(r);
+                self.in_pending = Some((at, at + n));
+            }
+            None => self.in_pending = Some((at, at + n)),
+        }
+        if let Some(r @ (a, b)) = self.in_pending {
+            if b - a >= self.window as u64 {
+                self.src.release(r);
+                self.in_pending = None;
+            }
+        }
+    }
+
+    /// Start writeback of finished output and drop the window written before it.
+    fn note_output(&mut self, at: u64, n: u64) -> Result<()> {
+        let (a, b) = match self.out_pending {
+            Some((a, b)) if b == at => (a, b + n),
+            Some(r) => {
+                self.write_behind(r)?;
+                (at, at + n)
+            }
+            None => (at, at + n),
+        };
+        self.out_pending = Some((a, b));
+        // Output windows are half the input ones for bf16; batch them to a window.
+        if b - a >= self.window as u64 / 2 {
+            self.out_pending = None;
+            self.write_behind((a, b))?;
+        }
+        Ok(())
+    }
+
+    /// Start writing `r` back, then wait for the previous range and drop its pages, so
+    /// dirty and resident memory stay at about two windows whatever the file size.
+    fn write_behind(&mut self, r: (u64, u64)) -> Result<()> {
+        let fd = self.out.file.as_raw_fd();
+        // Starting writeback is advisory; a real write error surfaces in `settle` or fsync.
+        let _ = sync_range(fd, r, libc::SYNC_FILE_RANGE_WRITE);
+        if let Some(prev) = self.out_inflight.replace(r) {
+            self.settle(prev)?;
+        }
+        Ok(())
+    }
+
+    fn settle(&mut self, r: (u64, u64)) -> Result<()> {
+        let fd = self.out.file.as_raw_fd();
+        let rc = sync_range(
+            fd,
+            r,
+            libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                | libc::SYNC_FILE_RANGE_WRITE
+                | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+        );
+        if let Err(e) = rc {
+            // EIO here is a real write error: stop rather than publish a bad file.
+            if e.raw_os_error() == Some(libc::EIO) {
+                return Err(Error::io(&self.dst, "write failed", e));
+            }
+        }
+        // SAFETY: MADV_DONTNEED on a shared file mapping only drops our page-table
+        // entries; the data stays in the page cache and file, and a later touch of the
+        // same pages re-reads it. No Rust reference into this range is alive.
+        unsafe {
+            let _ = self.out_map.unchecked_advise_range(
+                UncheckedAdvice::DontNeed,
+                r.0 as usize,
+                (r.1 - r.0) as usize,
+            );
+        }
+        fadvise_dontneed(fd, r);
+        Ok(())
+    }
+
+    fn flush_pages(&mut self) -> Result<()> {
+        if let Some(r) = self.in_pending.take() {
+            self.src.release(r);
+        }
+        if let Some(r) = self.out_pending.take() {
+            self.write_behind(r)?;
+        }
+        if let Some(r) = self.out_inflight.take() {
+            self.settle(r)?;
+        }
+        Ok(())
+    }
+
+    /// Make the output durable and give it its name.
+    pub fn finish(self) -> Result<Report> {
+        let Job {
+            src,
+            dst,
+            plan,
+            out,
+            out_map,
+            threads,
+            isa,
+            started,
+            ..
+        } = self;
+        drop(out_map);
+        out.publish()?;
+        let copied = plan.tensors.len() - plan.converted();
+        Ok(Report {
+            bytes_in: src.map.len() as u64,
+            bytes_out: plan.file_len(),
+            src: src.path,
+            dst,
+            target: plan.target,
+            tensors_converted: plan.converted(),
+            tensors_copied: copied,
+            seconds: started.elapsed().as_secs_f64(),
+            threads,
+            isa,
+            warnings: plan.warnings,
+        })
+    }
+}
+
+/// Convert `src` to `dst` in one call (for Rust users and tests; Python steps the job).
+pub fn convert(src: &Path, dst: &Path, opts: &Options) -> Result<Report> {
+    let mut job = Job::open(src, dst, opts)?;
+    while !job.step(u64::MAX)? {}
+    job.finish()
+}
+
+pub(crate) fn run_window(
+    pool: &rayon::ThreadPool,
+    threads: usize,
+    isa: Isa,
+    action: Action,
+    src: &[u8],
+    dst: &mut [u8],
+) {
+    let (src_size, dst_size) = match action {
+        Action::Copy => (1, 1),
+        Action::Convert(c) => (c.src_size() as usize, 2),
+    };
+    if threads <= 1 || src.len() < PARALLEL_MIN {
+        return apply(isa, action, src, dst);
+    }
+    let elems = src.len() / src_size;
+    let per = elems.div_ceil(threads).next_multiple_of(1024);
+    pool.install(|| {
+        src.par_chunks(per * src_size)
+            .zip(dst.par_chunks_mut(per * dst_size))
+            .for_each(|(s, d)| apply(isa, action, s, d));
+    });
+}
+
+fn apply(isa: Isa, action: Action, src: &[u8], dst: &mut [u8]) {
+    match action {
+        Action::Copy => dst.copy_from_slice(src),
+        Action::Convert(Conversion::F32ToBf16) => kernels::f32_to_bf16(isa, src, dst),
+        Action::Convert(Conversion::F16ToBf16) => kernels::f16_to_bf16(isa, src, dst),
+        Action::Convert(Conversion::F64ToBf16) => kernels::f64_to_bf16(isa, src, dst),
+        Action::Convert(Conversion::F32ToF16) => kernels::f32_to_f16(isa, src, dst),
+        Action::Convert(Conversion::F64ToF16) => kernels::f64_to_f16(isa, src, dst),
+    }
+}
+
+fn fadvise_dontneed(fd: i32, (a, b): (u64, u64)) {
+    // SAFETY: advisory call on our own descriptor; it cannot touch memory we hold.
+    unsafe {
+        libc::posix_fadvise(fd, a as i64, (b - a) as i64, libc::POSIX_FADV_DONTNEED);
+    }
+}
+
+fn sync_range(fd: i32, (a, b): (u64, u64), flags: libc::c_uint) -> std::io::Result<()> {
+    // SAFETY: sync_file_range on our own descriptor and a range inside the file.
+    let rc = unsafe { libc::sync_file_range(fd, a as i64, (b - a) as i64, flags) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
