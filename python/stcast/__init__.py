@@ -1,0 +1,210 @@
+"""Stream-convert safetensors checkpoints to bf16, exactly, in bounded memory.
+
+    import stcast
+    report = stcast.convert("model.safetensors")  # writes model-bf16.safetensors
+    print(report.tensors_converted, report.bytes_out)
+
+The work is done by the native engine `stcast._core`; this module adds defaults, warnings and
+typed reports. The command line lives in `stcast.cli`.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings as _warnings
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import _core
+from ._core import Cancelled, StcastError
+
+if TYPE_CHECKING:
+    from typing import Callable, Protocol
+
+    class _CancelFlag(Protocol):
+        def is_set(self) -> bool: ...
+
+
+__version__: str = _core.__version__
+
+__all__ = [
+    "Cancelled",
+    "ConvertReport",
+    "InspectReport",
+    "StcastError",
+    "StcastWarning",
+    "TensorInfo",
+    "__version__",
+    "convert",
+    "inspect",
+]
+
+# Spellings the engine accepts for each target, mapped to the name used in default file names.
+_TARGET_NAMES = {
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "fp16": "fp16",
+    "f16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+}
+
+
+class StcastWarning(UserWarning):
+    """A conversion runs, but probably not as you meant (e.g. F32 scales in a quantized model)."""
+
+
+@dataclass(frozen=True)
+class ConvertReport:
+    """What `convert` did. Sizes are whole-file bytes; `seconds` is the engine's wall time."""
+
+    src: str
+    dst: str
+    to: str
+    tensors_converted: int
+    tensors_copied: int
+    bytes_in: int
+    bytes_out: int
+    seconds: float
+    threads: int
+    isa: str
+    warnings: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain JSON-ready data (the `result` of `stcast convert --json`)."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of an input file and what a conversion would do with it."""
+
+    name: str
+    dtype: str
+    shape: list[int]
+    bytes: int
+    data_offsets: list[int]
+    target_dtype: str
+    target_bytes: int
+    action: str  # "convert" or "copy"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The tensor as plain JSON-ready data."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class InspectReport:
+    """The layout of a safetensors file and the output a conversion to `to` would produce.
+
+    `tensors` are in data-offset order; `metadata` keeps the file's key order (None when the
+    file has no `__metadata__`); `output_bytes` is the projected size of the converted file.
+    """
+
+    path: str
+    to: str
+    header_bytes: int  # the JSON header, without its 8-byte length prefix
+    data_bytes: int
+    file_bytes: int
+    metadata: dict[str, str] | None
+    tensors: list[TensorInfo]
+    output_bytes: int
+    warnings: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain JSON-ready data (the `result` of `stcast inspect --json`)."""
+        return asdict(self)
+
+
+def _default_dst(src: str | os.PathLike[str], to: str = "bf16") -> str:
+    """The output path `convert` uses when none is given: `<stem>-bf16.safetensors` beside `src`."""
+    src = os.fsdecode(src)
+    stem = os.path.splitext(src)[0]
+    suffix = _TARGET_NAMES.get(to.lower(), to)
+    return f"{stem}-{suffix}.safetensors"
+
+
+def convert(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str] | None = None,
+    *,
+    to: str = "bf16",
+    threads: int | None = None,
+    force: bool = False,
+    progress: Callable[[int, int], object] | None = None,
+    cancel: _CancelFlag | None = None,
+) -> ConvertReport:
+    """Convert the safetensors file `src` to `to` ("bf16" or "fp16"), writing `dst`.
+
+    F32, F64 (and, for bf16, F16) tensors are rounded to nearest, ties to even, subnormals
+    included; NaN keeps its sign and becomes the quiet NaN (`sign | 0x7FC0` in bf16). Every
+    other tensor is copied byte for byte, and `__metadata__` is kept. stcast rounds F64 once,
+    correctly; torch and ml_dtypes round it twice, via F32, and can differ in the last bit.
+
+    Memory stays bounded whatever the file size: the input is mapped and converted in small
+    windows that are released once written.
+
+    Args:
+        src: the input file.
+        dst: the output file; default `<stem>-bf16.safetensors` (`-fp16` for fp16) beside `src`.
+            The output appears only once complete; an existing `dst` is replaced only with
+            `force=True`.
+        to: the target dtype, "bf16" or "fp16".
+        threads: worker threads; default: all CPUs.
+        force: overwrite `dst` if it exists.
+        progress: called as `progress(done, total)` (bytes of tensor data) at least every
+            64 MiB. An exception it raises stops the conversion cleanly (no output is left)
+            and propagates.
+        cancel: any object with `is_set()`, e.g. a `threading.Event`, checked at least every
+            64 MiB; once set, `Cancelled` is raised and no output is left behind.
+
+    Ctrl-C raises KeyboardInterrupt within a second and leaves nothing behind. The GIL is
+    released while converting, but Python checks for signals (`check_signals`) only on the
+    main thread: when `convert` runs in another thread, pass `cancel=threading.Event()` and
+    set it to stop (raises `Cancelled`, nothing is left behind).
+
+    Warnings about the plan (e.g. F32 scales in a quantized checkpoint) are issued as
+    `StcastWarning` before any data is written; turn them into errors with
+    `warnings.simplefilter("error", stcast.StcastWarning)` to refuse such conversions.
+
+    Raises:
+        StcastError: the input is invalid or the operation is refused (`.kind`, `.path`).
+        OSError: reading or writing failed (FileNotFoundError, PermissionError, ...).
+        ValueError: `to` is not a known target.
+        Cancelled: `cancel.is_set()` became true.
+        KeyboardInterrupt: Ctrl-C.
+    """
+    src = os.fsdecode(src)
+    dst = _default_dst(src, to) if dst is None else os.fsdecode(dst)
+
+    def warn(message: str) -> None:
+        # No Python frame lies between this callback and `convert` (the engine is native),
+        # so level 3 points at the caller of `stcast.convert`.
+        _warnings.warn(message, StcastWarning, stacklevel=3)
+
+    result = _core.convert(
+        src,
+        dst,
+        to=to,
+        threads=threads,
+        force=force,
+        progress=progress,
+        cancel=cancel,
+        warn=warn,
+    )
+    return ConvertReport(**result)
+
+
+def inspect(path: str | os.PathLike[str], *, to: str = "bf16") -> InspectReport:
+    """Read the header of `path` and describe what converting it to `to` would do.
+
+    Only the header is read, so this is fast for any file size. Plan warnings are returned in
+    `.warnings`, not issued.
+
+    Raises:
+        StcastError: the file is not a valid safetensors file.
+        OSError: it cannot be read.
+    """
+    result = _core.inspect(os.fsdecode(path), to)
+    result["tensors"] = [TensorInfo(**t) for t in result["tensors"]]
+    return InspectReport(**result)

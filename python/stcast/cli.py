@@ -1,0 +1,395 @@
+"""The `stcast` command line: `convert`, `inspect`, `demo`.
+
+Exit codes: 0 ok, 1 failure, 2 usage, 130 interrupted. Errors are one line on stderr, prefixed
+`stcast: `; `--json` prints one object on stdout for scripts. Imports stay light (no numpy)
+so that `stcast --version` and `--help` are instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import stcast
+
+if TYPE_CHECKING:
+    from typing import TextIO
+
+SCHEMA = 1
+PROG = "stcast"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line with `argv` (default `sys.argv[1:]`); return the exit code."""
+    try:
+        args = _build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, --version and usage errors
+        return _exit_code(e.code)
+    except KeyboardInterrupt:
+        _print_err(f"{PROG}: interrupted")
+        return 130
+    console = _Console(json_mode=getattr(args, "json", False), command=args.command)
+    try:
+        return int(args.run(args, console))
+    except KeyboardInterrupt:
+        return console.fail("interrupted", "interrupted", None, code=130)
+    except stcast.Cancelled:
+        return console.fail("cancelled", "cancelled", None)
+    except stcast.StcastError as e:
+        path = getattr(e, "path", None)
+        kind = getattr(e, "kind", "invalid_input")
+        return console.fail(kind, str(e), None if path is None else _fspath(path))
+    except OSError as e:
+        if isinstance(e, BrokenPipeError) and e.filename is None:
+            # Our reader went away (`stcast inspect big.safetensors | head`): stop quietly, and
+            # keep the interpreter's final flush from complaining about the closed pipe.
+            _silence_stdout()
+            return 0
+        return console.fail(_os_error_kind(e), _describe_os_error(e), _os_error_path(e))
+    except Exception as e:  # never a traceback: one line, exit 1
+        return console.fail("internal", f"internal error: {type(e).__name__}: {e}", None)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Convert safetensors checkpoints to bf16, exactly, in bounded memory.",
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {stcast.__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = commands.add_parser(
+        "convert",
+        help="convert a checkpoint to bf16 (or fp16)",
+        description="Convert SRC to bf16 (or fp16); other tensors and the metadata are kept.",
+    )
+    p.add_argument("src", metavar="SRC", help="input .safetensors file")
+    p.add_argument(
+        "dst",
+        metavar="DST",
+        nargs="?",
+        help="output file (default: SRC's stem + -bf16.safetensors)",
+    )
+    p.add_argument("--to", choices=["bf16", "fp16"], default="bf16", help="target (default bf16)")
+    p.add_argument("--threads", type=_positive_int, metavar="N", help="worker threads")
+    p.add_argument("--force", action="store_true", help="overwrite DST if it exists")
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no summary")
+    p.set_defaults(run=_run_convert)
+
+    p = commands.add_parser(
+        "inspect",
+        help="list tensors and what convert would do",
+        description="Show the tensors of SRC, its metadata and the projected output size.",
+    )
+    p.add_argument("src", metavar="SRC", help="input .safetensors file")
+    p.add_argument("--to", choices=["bf16", "fp16"], default="bf16", help="target (default bf16)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    p.set_defaults(run=_run_inspect)
+
+    p = commands.add_parser(
+        "demo",
+        help="convert a synthetic checkpoint and verify it bit for bit",
+        description=(
+            "Write a synthetic fp32 transformer checkpoint, convert it in a child process "
+            "(reporting time and peak memory) and verify every tensor against numpy + ml_dtypes."
+        ),
+    )
+    p.add_argument(
+        "--size-gib", type=_positive_float, default=1.0, metavar="X", help="input size (1.0)"
+    )
+    p.add_argument("--dir", metavar="D", help="make the temporary folder under D")
+    p.add_argument("--keep", action="store_true", help="keep the files")
+    p.set_defaults(run=_run_demo)
+    return parser
+
+
+def _run_convert(args: argparse.Namespace, console: _Console) -> int:
+    bar = None
+    if not args.quiet and not args.json and _is_tty(sys.stderr):
+        bar = _ProgressBar(sys.stderr)
+        console.bar = bar
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", stcast.StcastWarning)
+        warnings.showwarning = console.show_warning
+        report = stcast.convert(
+            args.src, args.dst, to=args.to, threads=args.threads, force=args.force, progress=bar
+        )
+    console.end_bar()
+    if args.json:
+        console.emit_json(report.to_dict())
+    elif not args.quiet:
+        rate = report.bytes_in / report.seconds if report.seconds > 0 else 0.0
+        print(f"converted {report.src} -> {report.dst}")
+        print(f"  size     {_size(report.bytes_in)} -> {_size(report.bytes_out)}")
+        print(f"  tensors  {report.tensors_converted} converted, {report.tensors_copied} copied")
+        print(
+            f"  time     {report.seconds:.2f} s ({_size(rate)}/s of input, "
+            f"{report.threads} thread{'s' if report.threads != 1 else ''}, {report.isa})"
+        )
+    return 0
+
+
+def _run_inspect(args: argparse.Namespace, console: _Console) -> int:
+    report = stcast.inspect(args.src, to=args.to)
+    for message in report.warnings:
+        console.warn(message)
+    if args.json:
+        console.emit_json(report.to_dict())
+        return 0
+
+    head = ("NAME", "DTYPE", "SHAPE", "BYTES", "TARGET", "ACTION")
+    rows = [
+        (t.name, t.dtype, _shape(t.shape), _size(t.bytes), t.target_dtype, t.action)
+        for t in report.tensors
+    ]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    right = {3}  # sizes line up on the right
+    for row in [head, *rows]:
+        cells = [
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))
+        ]
+        print("  ".join(cells).rstrip())
+
+    converted = [t for t in report.tensors if t.action == "convert"]
+    copied = [t for t in report.tensors if t.action != "convert"]
+    print()
+    if report.metadata is None:
+        print("metadata: none")
+    else:
+        print(f"metadata: {', '.join(report.metadata) or '(empty)'}")
+    print(
+        f"tensors:  {len(report.tensors)} ({len(converted)} to convert, "
+        f"{_size(sum(t.bytes for t in converted))}; {len(copied)} to copy, "
+        f"{_size(sum(t.bytes for t in copied))})"
+    )
+    print(
+        f"file:     {_size(report.file_bytes)} "
+        f"(header {_size(report.file_bytes - report.data_bytes)}, "
+        f"data {_size(report.data_bytes)})"
+    )
+    print(f"output:   {_size(report.output_bytes)} projected as {args.to}")
+    return 0
+
+
+def _run_demo(args: argparse.Namespace, console: _Console) -> int:
+    from . import demo  # numpy and ml_dtypes load only here
+
+    return demo.run(size_gib=args.size_gib, dir=args.dir, keep=args.keep)
+
+
+class _Console:
+    """stderr messages, the progress bar and the JSON envelope of one command."""
+
+    def __init__(self, json_mode: bool, command: str) -> None:
+        self.json_mode = json_mode
+        self.command = command
+        self.bar: _ProgressBar | None = None
+
+    def end_bar(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def error(self, message: str) -> None:
+        self.end_bar()
+        _print_err(f"{PROG}: {_one_line(message)}")
+
+    def warn(self, message: str) -> None:
+        self.end_bar()
+        _print_err(f"{PROG}: warning: {_one_line(message)}")
+
+    def show_warning(
+        self,
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        """Stand-in for `warnings.showwarning` while a command runs."""
+        if issubclass(category, stcast.StcastWarning):
+            self.warn(str(message))
+        else:
+            self.warn(f"{category.__name__}: {message}")
+
+    def emit_json(self, result: dict[str, Any]) -> None:
+        doc = {"schema": SCHEMA, "command": self.command, "version": stcast.__version__}
+        doc["result"] = result
+        print(json.dumps(doc))
+
+    def fail(self, kind: str, message: str, path: str | None, code: int = 1) -> int:
+        """Report an error as one line on stderr (or as JSON with --json); return `code`."""
+        if self.json_mode:
+            self.end_bar()
+            error = {"kind": kind, "message": _one_line(message), "path": path}
+            doc = {"schema": SCHEMA, "command": self.command, "version": stcast.__version__}
+            doc["error"] = error
+            try:
+                print(json.dumps(doc), flush=True)
+            except OSError:
+                pass
+        else:
+            self.error(message)
+        return code
+
+
+class _ProgressBar:
+    """A one-line progress bar on a terminal, redrawn at most ten times a second."""
+
+    WIDTH = 24
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.start = time.monotonic()
+        self.last_draw = 0.0
+        self.drawn = 0  # length of the last line drawn, 0 when none is on screen
+        self.broken = False
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if self.broken or (now - self.last_draw < 0.1 and done < total):
+            return
+        self.last_draw = now
+        elapsed = now - self.start
+        frac = done / total if total > 0 else 1.0
+        filled = int(frac * self.WIDTH)
+        line = (
+            f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] {frac * 100:3.0f}%  "
+            f"{_size(done)} / {_size(total)}"
+        )
+        if elapsed >= 0.2 and done > 0:
+            rate = done / elapsed
+            if done < total:
+                line += f"  {_size(rate)}/s  ETA {_duration((total - done) / rate)}"
+            else:
+                line += f"  {_size(rate)}/s  in {elapsed:.1f} s"
+        # Pad over what is left of a longer previous line; no escape codes needed.
+        padded = line.ljust(self.drawn)
+        self.drawn = len(line)
+        self._write("\r" + padded)
+
+    def close(self) -> None:
+        """End the bar's line so that what follows starts on a fresh one."""
+        if self.drawn:
+            self.drawn = 0
+            self._write("\n")
+
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):
+            # A broken terminal must not abort the conversion: stop drawing instead.
+            self.broken = True
+
+
+def _size(n: float) -> str:
+    """Bytes in decimal units, three significant digits: 950 B, 12.3 kB, 4.56 GB."""
+    if n < 1000:
+        return f"{int(n)} B"
+    for unit in ("kB", "MB", "GB", "TB"):
+        n /= 1000.0
+        if n < 999.5 or unit == "TB":
+            break
+    digits = 2 if n < 9.995 else 1 if n < 99.95 else 0
+    return f"{n:.{digits}f} {unit}"
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds + 0.5)
+    if s >= 3600:
+        return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+    return f"{s // 60}:{s % 60:02d}"
+
+
+def _shape(shape: list[int]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split("\n")).strip()
+
+
+def _print_err(line: str) -> None:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def _is_tty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _describe_os_error(e: OSError) -> str:
+    """`path: what failed: reason` on one line, without Python's `[Errno N]` decoration."""
+    if e.strerror is None:
+        return str(e)
+    path = _os_error_path(e)
+    if path is None:
+        return e.strerror
+    if e.filename2 is not None:
+        path = f"{path} -> {_fspath(e.filename2)}"
+    return f"{path}: {e.strerror}"
+
+
+def _os_error_path(e: OSError) -> str | None:
+    return None if e.filename is None else _fspath(e.filename)
+
+
+def _os_error_kind(e: OSError) -> str:
+    import errno
+
+    return "no_space" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "io"
+
+
+def _fspath(name: object) -> str:
+    if isinstance(name, (str, bytes, os.PathLike)):
+        return os.fsdecode(name)
+    return str(name)
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    return 2
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number: {text}")
+    return value
