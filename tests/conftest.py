@@ -1,0 +1,201 @@
+"""Shared helpers: a raw safetensors writer and reader, and a runner for the CLI.
+
+The writer builds headers itself, so tests can craft any header, valid or not; the reader
+parses output files without trusting stcast (and keeps the JSON key order).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+import pytest
+
+# Bits per element of every dtype the safetensors format names.
+DTYPE_BITS = {
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "F8_E4M3FNUZ": 8,
+    "F8_E5M2FNUZ": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "C64": 64,
+    "F64": 64,
+    "I64": 64,
+    "U64": 64,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+}
+
+Data = Union[bytes, bytearray, memoryview, np.ndarray]
+
+
+def nbytes(dtype: str, shape: list[int] | tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n * DTYPE_BITS[dtype] // 8
+
+
+def _as_bytes(data: Data) -> bytes:
+    if isinstance(data, np.ndarray):
+        return np.ascontiguousarray(data).tobytes()
+    return bytes(data)
+
+
+def encode_header(header: dict | str | bytes, pad: bool = True) -> bytes:
+    """The 8-byte length prefix and the JSON header, space-padded to 8 when `pad`."""
+    if isinstance(header, dict):
+        header = json.dumps(header, separators=(",", ":"), ensure_ascii=False)
+    if isinstance(header, str):
+        header = header.encode()
+    if pad:
+        header += b" " * (-len(header) % 8)
+    return len(header).to_bytes(8, "little") + header
+
+
+def write_raw(
+    path: os.PathLike | str, header: dict | str | bytes, data: bytes = b"", pad: bool = True
+) -> Path:
+    """Write a file from a header (dict, JSON text or raw bytes) and the data section."""
+    path = Path(path)
+    path.write_bytes(encode_header(header, pad) + data)
+    return path
+
+
+def write_safetensors(
+    path: os.PathLike | str,
+    tensors: dict[str, tuple[str, list[int] | tuple[int, ...], Data]],
+    metadata: dict[str, str] | None = None,
+    key_order: list[str] | None = None,
+    pad: bool = True,
+) -> Path:
+    """Write a safetensors file: data laid out in `tensors` order, header keys in `key_order`.
+
+    `tensors` maps name -> (dtype, shape, bytes or ndarray). `key_order` lists the header
+    keys (tensor names, and "__metadata__" where it should go); default: metadata first,
+    then the tensors in data order. The data size is checked against dtype and shape.
+    """
+    entries: dict[str, Any] = {}
+    chunks = []
+    offset = 0
+    for name, (dtype, shape, data) in tensors.items():
+        raw = _as_bytes(data)
+        assert len(raw) == nbytes(dtype, shape), (name, len(raw), dtype, shape)
+        entries[name] = {
+            "dtype": dtype,
+            "shape": list(shape),
+            "data_offsets": [offset, offset + len(raw)],
+        }
+        chunks.append(raw)
+        offset += len(raw)
+    if metadata is not None:
+        entries["__metadata__"] = dict(metadata)
+    if key_order is None:
+        key_order = (["__metadata__"] if metadata is not None else []) + list(tensors)
+    assert sorted(key_order) == sorted(entries), "key_order must list every key once"
+    header = {k: entries[k] for k in key_order}
+    return write_raw(path, header, b"".join(chunks), pad=pad)
+
+
+def read_safetensors(path: os.PathLike | str) -> tuple[int, list[tuple[str, Any]], bytes]:
+    """Parse a file: (header length, header items in JSON order, data section)."""
+    raw = Path(path).read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    items = json.loads(raw[8 : 8 + n], object_pairs_hook=list)
+    return n, items, raw[8 + n :]
+
+
+def tensor_bytes(path: os.PathLike | str) -> dict[str, tuple[str, list[int], bytes]]:
+    """Every tensor of a file as name -> (dtype, shape, bytes)."""
+    _, items, data = read_safetensors(path)
+    out = {}
+    for name, info in items:
+        if name == "__metadata__":
+            continue
+        info = dict(info)
+        a, b = info["data_offsets"]
+        out[name] = (info["dtype"], info["shape"], data[a:b])
+    return out
+
+
+def listing(folder: os.PathLike | str) -> list[str]:
+    """Every entry of a folder, hidden ones included."""
+    return sorted(os.listdir(folder))
+
+
+def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("STCAST_FAILPOINT", None)
+    env["NO_COLOR"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run_cli(
+    *args: object,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    cwd: os.PathLike | str | None = None,
+) -> tuple[int, str, str]:
+    """Run `python -m stcast ARGS`; return (exit code, stdout, stderr)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "stcast", *map(str, args)],
+        capture_output=True,
+        env=cli_env(env),
+        timeout=timeout,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+    )
+    return proc.returncode, proc.stdout.decode(), proc.stderr.decode()
+
+
+@pytest.fixture
+def cli():
+    """The CLI runner: `rc, out, err = cli("convert", src, dst, env={...})`."""
+    return run_cli
+
+
+@pytest.fixture
+def rng(request):
+    """A numpy Generator with a fixed seed, printed so that a failure can be replayed."""
+    seed = 20240229
+    print(f"{request.node.nodeid}: numpy seed {seed}")
+    return np.random.default_rng(seed)
+
+
+def assert_one_error_line(stderr: str) -> str:
+    """stderr is exactly one `stcast: ` line, without a traceback; return that line."""
+    lines = stderr.splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{stderr}"
+    assert lines[0].startswith("stcast: "), stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+def assert_json_error_stderr(stderr: str) -> None:
+    """With --json an error is on stdout; stderr holds at most the same one `stcast: ` line."""
+    if stderr:
+        assert_one_error_line(stderr)
+
+
+def pytest_configure(config):
+    # A plan warning a test did not ask for is a failure: expected ones use pytest.warns.
+    config.addinivalue_line("filterwarnings", "error::stcast.StcastWarning")

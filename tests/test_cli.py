@@ -1,0 +1,386 @@
+"""The command line: exit codes, one-line errors, --json, -q, --version, progress, warnings."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import stcast
+from conftest import (
+    assert_json_error_stderr,
+    assert_one_error_line,
+    cli_env,
+    listing,
+    tensor_bytes,
+    write_safetensors,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def make_model(folder: Path) -> Path:
+    """The small checkpoint the JSON fixtures describe."""
+    return write_safetensors(
+        folder / "model.safetensors",
+        {
+            "embed.weight": ("F32", [2, 2], np.array([1, 2, 3, 4], np.float32)),
+            "position_ids": ("I64", [1], np.int64(7).tobytes()),
+            "norm.weight": ("F64", [1], np.float64(1.5).tobytes()),
+        },
+        metadata={"format": "pt", "note": "fixture"},
+    )
+
+
+def match_fixture(got, want, tmp: Path, where: str = "$") -> None:
+    """Compare JSON with a fixture: same keys in the same order, same stable values.
+
+    Placeholders: "<int>", "<number>", "<str>", "<version>"; "{tmp}" in a string stands for
+    the test's folder.
+    """
+    if isinstance(want, dict):
+        assert isinstance(got, dict), where
+        assert list(got) == list(want), f"{where}: keys {list(got)} != {list(want)}"
+        for k in want:
+            match_fixture(got[k], want[k], tmp, f"{where}.{k}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), f"{where}: {got!r}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            match_fixture(g, w, tmp, f"{where}[{i}]")
+    elif want == "<int>":
+        assert isinstance(got, int) and not isinstance(got, bool), f"{where}: {got!r}"
+    elif want == "<number>":
+        assert isinstance(got, (int, float)) and not isinstance(got, bool), f"{where}: {got!r}"
+    elif want == "<str>":
+        assert isinstance(got, str) and got, f"{where}: {got!r}"
+    elif want == "<version>":
+        assert got == stcast.__version__, where
+    elif isinstance(want, str):
+        assert got == want.replace("{tmp}", str(tmp)), where
+    else:
+        assert got == want and type(got) is type(want), f"{where}: {got!r} != {want!r}"
+
+
+def load_fixture(name: str):
+    return json.loads((FIXTURES / name).read_text())
+
+
+# --- success --------------------------------------------------------------------------------
+
+
+def test_convert_human_summary(tmp_path, cli):
+    src = make_model(tmp_path)
+    rc, out, err = cli("convert", src)
+    assert rc == 0, err
+    assert err == ""  # not a TTY: no progress bar, and nothing to warn about
+    dst = tmp_path / "model-bf16.safetensors"
+    assert out.startswith(f"converted {src} -> {dst}\n")
+    assert "2 converted, 1 copied" in out
+    assert tensor_bytes(dst)["embed.weight"][0] == "BF16"
+
+
+def test_convert_json_matches_fixture(tmp_path, cli):
+    src = make_model(tmp_path)
+    rc, out, err = cli("convert", src, "--json")
+    assert rc == 0, err
+    assert err == ""
+    assert out.count("\n") == 1
+    doc = json.loads(out)
+    match_fixture(doc, load_fixture("convert.json"), tmp_path)
+    dst = Path(doc["result"]["dst"])
+    assert doc["result"]["bytes_out"] == dst.stat().st_size
+
+
+def test_inspect_json_matches_fixture(tmp_path, cli):
+    src = make_model(tmp_path)
+    before = listing(tmp_path)
+    rc, out, err = cli("inspect", src, "--json")
+    assert rc == 0, err
+    assert err == ""
+    doc = json.loads(out)
+    match_fixture(doc, load_fixture("inspect.json"), tmp_path)
+    assert listing(tmp_path) == before
+    rc, out2, _ = cli("convert", src, "--json")
+    assert doc["result"]["output_bytes"] == json.loads(out2)["result"]["bytes_out"]
+
+
+def test_inspect_human(tmp_path, cli):
+    src = make_model(tmp_path)
+    rc, out, err = cli("inspect", src)
+    assert rc == 0 and err == ""
+    for word in ["embed.weight", "position_ids", "norm.weight", "convert", "copy", "format"]:
+        assert word in out
+    assert out.index("embed.weight") < out.index("position_ids") < out.index("norm.weight")
+
+
+def test_quiet(tmp_path, cli):
+    src = make_model(tmp_path)
+    dst = tmp_path / "out.safetensors"
+    rc, out, err = cli("convert", "-q", src, dst)
+    assert (rc, out, err) == (0, "", "")
+    assert dst.exists()
+
+
+def test_explicit_destination_force_and_threads(tmp_path, cli):
+    src = make_model(tmp_path)
+    dst = tmp_path / "out.safetensors"
+    dst.write_bytes(b"old")
+    rc, _, err = cli("convert", src, dst, "--force", "--threads", "2", "--json")
+    assert rc == 0, err
+    assert tensor_bytes(dst)["position_ids"][2] == np.int64(7).tobytes()
+
+
+def test_fp16_target(tmp_path, cli):
+    src = make_model(tmp_path)
+    rc, out, err = cli("convert", src, "--to", "fp16", "--json")
+    assert rc == 0, err
+    dst = Path(json.loads(out)["result"]["dst"])
+    assert dst.name == "model-fp16.safetensors"
+    assert tensor_bytes(dst)["norm.weight"] == ("F16", [1], np.float16(1.5).tobytes())
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+def test_error_json_invalid(tmp_path, cli):
+    bad = tmp_path / "broken.safetensors"
+    bad.write_bytes(b"\x01\x02")
+    rc, out, err = cli("convert", bad, "--json")
+    assert rc == 1
+    assert_json_error_stderr(err)
+    match_fixture(json.loads(out), load_fixture("error-invalid.json"), tmp_path)
+    assert listing(tmp_path) == ["broken.safetensors"]
+
+
+def test_error_json_refused(tmp_path, cli):
+    make_model(tmp_path)
+    (tmp_path / "model-bf16.safetensors").write_bytes(b"keep")
+    rc, out, err = cli("convert", tmp_path / "model.safetensors", "--json")
+    assert rc == 1
+    assert_json_error_stderr(err)
+    match_fixture(json.loads(out), load_fixture("error-refused.json"), tmp_path)
+    assert (tmp_path / "model-bf16.safetensors").read_bytes() == b"keep"
+
+
+def test_error_json_missing(tmp_path, cli):
+    rc, out, err = cli("inspect", tmp_path / "missing.safetensors", "--json")
+    assert rc == 1
+    assert_json_error_stderr(err)
+    doc = json.loads(out)
+    match_fixture(doc, load_fixture("error-missing.json"), tmp_path)
+    assert "No such file" in doc["error"]["message"]
+
+
+def test_error_is_one_line(tmp_path, cli):
+    rc, out, err = cli("convert", tmp_path / "missing.safetensors")
+    assert rc == 1 and out == ""
+    line = assert_one_error_line(err)
+    assert str(tmp_path / "missing.safetensors") in line and "No such file" in line
+    assert "Errno" not in line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["frobnicate"],
+        ["convert"],
+        ["convert", "a", "b", "c"],
+        ["convert", "x.safetensors", "--threads", "0"],
+        ["convert", "x.safetensors", "--threads", "two"],
+        ["convert", "x.safetensors", "--to", "int8"],
+        ["inspect", "x.safetensors", "--bogus"],
+        ["demo", "--size-gib", "-1"],
+    ],
+    ids=lambda a: " ".join(a) or "no-args",
+)
+def test_usage_errors_exit_2(tmp_path, cli, args):
+    rc, out, err = cli(*args, cwd=tmp_path)
+    assert rc == 2, (out, err)
+    assert "usage:" in err and "Traceback" not in err
+    assert listing(tmp_path) == []
+
+
+def test_help(cli):
+    rc, out, err = cli("--help")
+    assert rc == 0 and "convert" in out and "inspect" in out
+
+
+# --- version and import cost ----------------------------------------------------------------
+
+
+def test_version(cli):
+    rc, out, err = cli("--version")
+    assert rc == 0
+    assert out.strip() == f"stcast {stcast.__version__}"
+
+
+def test_version_does_not_import_numpy():
+    code = (
+        "import sys\n"
+        "from stcast.cli import main\n"
+        "try:\n"
+        "    main(['--version'])\n"
+        "finally:\n"
+        "    print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('numpy', 'ml_dtypes', 'safetensors')), file=sys.stderr)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=60
+    )
+    assert proc.stderr.strip().splitlines()[-1] == "[]", proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "stcast", "--version"],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=60,
+    )
+    assert proc.returncode == 0
+    imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()]
+    assert "stcast" in imported
+    assert not [m for m in imported if m.split(".")[0] in ("numpy", "ml_dtypes")]
+
+
+# --- progress bar ---------------------------------------------------------------------------
+
+
+def run_on_pty(args: list[object], timeout: float = 60) -> tuple[int, str, bytes]:
+    """Run the CLI with stderr on a pseudo-terminal; return (rc, stdout, stderr bytes)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stcast", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        stdin=subprocess.DEVNULL,
+        env=cli_env(),
+    )
+    os.close(slave)
+    chunks = []
+    deadline = time.monotonic() + timeout
+    while True:
+        ready, _, _ = select.select([master], [], [], 0.2)
+        if ready:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the child closed its end
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif proc.poll() is not None:
+            break
+        assert time.monotonic() < deadline, "the CLI hung"
+    os.close(master)
+    out = proc.stdout.read().decode()
+    proc.stdout.close()
+    return proc.wait(timeout), out, b"".join(chunks)
+
+
+def big_model(folder: Path) -> Path:
+    x = np.ones((12 << 20) // 4, np.float32)
+    return write_safetensors(folder / "big.safetensors", {"x": ("F32", [x.size], x)})
+
+
+def test_progress_bar_on_tty(tmp_path):
+    src = big_model(tmp_path)
+    rc, out, err = run_on_pty(["convert", src, tmp_path / "out.safetensors"])
+    assert rc == 0, err
+    text = err.decode()
+    assert "100%" in text and "\r" in text, text
+    assert "converted" in out
+
+
+@pytest.mark.parametrize("flag", ["-q", "--json"])
+def test_no_progress_bar_with_quiet_or_json(tmp_path, flag):
+    src = big_model(tmp_path)
+    rc, out, err = run_on_pty(["convert", flag, src, tmp_path / "out.safetensors"])
+    assert rc == 0, err
+    assert err == b""
+
+
+def test_no_progress_bar_on_pipe(tmp_path, cli):
+    src = big_model(tmp_path)
+    rc, out, err = cli("convert", src, tmp_path / "out.safetensors")
+    assert rc == 0 and err == ""
+
+
+# --- warnings -------------------------------------------------------------------------------
+
+
+def test_nothing_to_convert_warning(tmp_path, cli):
+    src = write_safetensors(
+        tmp_path / "in.safetensors",
+        {"a": ("BF16", [2], b"\x80\x3f\x00\x40"), "b": ("I8", [1], b"\x01")},
+    )
+    dst = tmp_path / "out.safetensors"
+    rc, out, err = cli("convert", src, dst)
+    assert rc == 0
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stcast: warning: nothing to convert"), err
+    assert tensor_bytes(dst)["a"][2] == b"\x80\x3f\x00\x40"
+    rc, out, err = cli("inspect", src)
+    assert rc == 0 and "stcast: warning: nothing to convert" in err
+
+
+def test_quantized_warning(tmp_path, cli):
+    tensors = {
+        "layer.0.weight": ("F8_E4M3", [4], b"\x01\x02\x03\x04"),
+        "layer.0.weight_scale": ("F32", [1], np.float32(0.25).tobytes()),
+        "layer.0.input_scale": ("F32", [1], np.float32(0.5).tobytes()),
+        "norm.weight": ("F32", [1], np.float32(1).tobytes()),
+    }
+    src = write_safetensors(tmp_path / "in.safetensors", tensors)
+    rc, out, err = cli("convert", src, tmp_path / "out.safetensors", "--json")
+    assert rc == 0
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stcast: warning: "), err
+    assert "quantized" in lines[0]
+    assert "`layer.0.weight_scale`" in lines[0] and "`layer.0.input_scale`" in lines[0]
+    assert "`norm.weight`" not in lines[0]
+    assert json.loads(out)["result"]["warnings"] == [lines[0][len("stcast: warning: ") :]]
+    # -q silences progress and the summary, not warnings.
+    rc, out, err = cli("convert", "-q", src, tmp_path / "out2.safetensors")
+    assert rc == 0 and out == "" and "quantized" in err
+
+
+# --- unexpected failures ----------------------------------------------------------------------
+
+
+def test_unexpected_exception_is_one_line(tmp_path, monkeypatch, capsys):
+    from stcast import cli as cli_module
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr(stcast, "convert", boom)
+    rc = cli_module.main(["convert", str(tmp_path / "x.safetensors")])
+    out, err = capsys.readouterr()
+    assert rc == 1 and out == ""
+    line = assert_one_error_line(err)
+    assert "RuntimeError" in line and "boom" in line
+
+
+def test_closed_stdout_is_quiet(tmp_path):
+    """`stcast inspect big | head -1`: the closed pipe ends the command quietly."""
+    tensors = {f"layer.{i}.weight": ("I8", [1], b"\x01") for i in range(5000)}
+    src = write_safetensors(tmp_path / "many.safetensors", tensors)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stcast", "inspect", str(src)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=cli_env(),
+    )
+    assert proc.stdout.readline().startswith(b"NAME")
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(60) == 0, err
+    assert "Traceback" not in err and "Broken pipe" not in err, err

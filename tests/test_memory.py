@@ -1,0 +1,79 @@
+"""Bounded memory: the CLI's peak RSS does not grow with the input size."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from conftest import cli_env, encode_header
+
+MIB = 1 << 20
+CHUNK = 8 * MIB
+
+
+def write_big_f32(path: Path, size: int) -> Path:
+    """An F32 file of `size` data bytes in two tensors, written 8 MiB at a time."""
+    half = size // 2
+    header = {
+        "__metadata__": {"format": "pt"},
+        "a": {"dtype": "F32", "shape": [half // 4], "data_offsets": [0, half]},
+        "b": {"dtype": "F32", "shape": [(size - half) // 4], "data_offsets": [half, size]},
+    }
+    chunk = np.linspace(-3.0, 3.0, CHUNK // 4, dtype=np.float32).tobytes()
+    with open(path, "wb") as f:
+        f.write(encode_header(header))
+        left = size
+        while left:
+            n = min(left, CHUNK)
+            f.write(chunk[:n])
+            left -= n
+    return path
+
+
+# A fork or exec keeps the parent's peak RSS as the child's starting maxrss (and
+# subprocess may vfork), so a big pytest process would hide the figure. A small
+# launcher starts the CLI instead and reports the CLI's own ru_maxrss, from wait4.
+LAUNCHER = """
+import json, os, subprocess, sys
+with open(sys.argv[1], "wb") as out, open(sys.argv[2], "wb") as err:
+    proc = subprocess.Popen(sys.argv[3:], stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+_, status, usage = os.wait4(proc.pid, 0)
+proc.returncode = os.waitstatus_to_exitcode(status)
+print(json.dumps({"rc": proc.returncode, "maxrss_kib": usage.ru_maxrss}))
+"""
+
+
+def peak_rss_of_convert(src: Path, dst: Path) -> int:
+    """Run `python -m stcast convert SRC DST -q --json`; return its peak RSS in bytes."""
+    out_path, err_path = dst.with_suffix(".out"), dst.with_suffix(".err")
+    cmd = [sys.executable, "-m", "stcast", "convert", str(src), str(dst), "-q", "--json"]
+    launcher = subprocess.run(
+        [sys.executable, "-c", LAUNCHER, str(out_path), str(err_path), *cmd],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=300,
+    )
+    assert launcher.returncode == 0, launcher.stderr
+    child = json.loads(launcher.stdout)
+    assert child["rc"] == 0, err_path.read_text()
+    assert json.loads(out_path.read_text())["result"]["bytes_out"] == dst.stat().st_size
+    return child["maxrss_kib"] * 1024
+
+
+def test_peak_rss_is_bounded(tmp_path):
+    peaks = {}
+    for size_mib in (128, 512):
+        src = write_big_f32(tmp_path / f"in{size_mib}.safetensors", size_mib * MIB)
+        dst = tmp_path / f"out{size_mib}.safetensors"
+        peaks[size_mib] = peak_rss_of_convert(src, dst)
+        assert dst.stat().st_size < src.stat().st_size // 2 + 4096
+        src.unlink()
+        dst.unlink()
+    print({k: f"{v / MIB:.1f} MiB" for k, v in peaks.items()})
+    for size_mib, peak in peaks.items():
+        assert peak < 150 * MIB, f"{size_mib} MiB input: peak RSS {peak / MIB:.1f} MiB"
+    assert peaks[512] <= 1.25 * peaks[128] + 16 * MIB, peaks
