@@ -165,8 +165,16 @@ impl Plan {
 /// Every check of the `safetensors` crate applies, and its reason is part of our message;
 /// on top of it we refuse duplicate names and keep the key order of `__metadata__`.
 pub fn read_header(path: &Path, bytes: &[u8]) -> Result<SourceHeader> {
-    let (header_len, meta) = SafeTensors::read_metadata(bytes)
-        .map_err(|e| Error::invalid(path, format!("invalid safetensors file: {e}")))?;
+    let (header_len, meta) = SafeTensors::read_metadata(bytes).map_err(|e| {
+        // Keep the crate's reason, and say which tensor and by how much where we can.
+        let detail = diagnose(bytes).map_or(String::new(), |d| format!(" ({d})"));
+        // The crate's serde messages name its private types; say what they mean.
+        let reason = e
+            .to_string()
+            .replace("struct HashMetadata", "a JSON object of tensors")
+            .replace("struct TensorInfo", "a tensor entry");
+        Error::invalid(path, format!("invalid safetensors file: {reason}{detail}"))
+    })?;
     // The crate has checked the UTF-8 and the JSON already; this second, ordered pass
     // sees what its HashMap hides: duplicate keys and the order of the keys.
     let json = &bytes[PREFIX..PREFIX + header_len];
@@ -195,6 +203,68 @@ pub fn read_header(path: &Path, bytes: &[u8]) -> Result<SourceHeader> {
         metadata: keys.metadata,
         tensors,
     })
+}
+
+/// Best-effort specifics for a header the crate refused: the first tensor whose offsets
+/// or size are wrong, or how the data section disagrees with the file length.
+fn diagnose(bytes: &[u8]) -> Option<String> {
+    let n = usize::try_from(u64::from_le_bytes(bytes.get(..PREFIX)?.try_into().ok()?)).ok()?;
+    let json = bytes.get(PREFIX..PREFIX.checked_add(n)?)?;
+    let value: serde_json::Value = serde_json::from_slice(json).ok()?;
+    let mut tensors: Vec<(&String, Dtype, Vec<u64>, u64, u64)> = Vec::new();
+    for (name, info) in value.as_object()? {
+        if name == "__metadata__" {
+            continue;
+        }
+        let dtype: Dtype = serde_json::from_value(info.get("dtype")?.clone()).ok()?;
+        let shape = info.get("shape")?.as_array()?;
+        let shape: Vec<u64> = shape.iter().map(|d| d.as_u64()).collect::<Option<_>>()?;
+        let offsets = info.get("data_offsets")?.as_array()?;
+        let (start, end) = (offsets.first()?.as_u64()?, offsets.get(1)?.as_u64()?);
+        tensors.push((name, dtype, shape, start, end));
+    }
+    tensors.sort_by_key(|t| (t.3, t.4));
+    let mut expect = 0u64;
+    for (name, dtype, shape, start, end) in &tensors {
+        if end < start {
+            return Some(format!(
+                "tensor `{name}`: data_offsets end {end} is before start {start}"
+            ));
+        }
+        if *start > expect {
+            return Some(format!(
+                "{} unused bytes before tensor `{name}`",
+                start - expect
+            ));
+        }
+        if *start < expect {
+            return Some(format!("tensor `{name}` overlaps the tensor before it"));
+        }
+        let elems = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+        let bits = elems.and_then(|e| e.checked_mul(dtype.bitsize() as u64));
+        let Some(bits) = bits else {
+            return Some(format!("tensor `{name}`: shape {shape:?} overflows"));
+        };
+        if bits / 8 != end - start {
+            return Some(format!(
+                "tensor `{name}`: shape {shape:?} of {dtype} needs {} bytes, data_offsets give {}",
+                bits / 8,
+                end - start
+            ));
+        }
+        expect = *end;
+    }
+    let have = (bytes.len() - PREFIX - n) as u64;
+    match have.cmp(&expect) {
+        std::cmp::Ordering::Less => Some(format!(
+            "file is truncated: the header describes {expect} data bytes, the file has {have}"
+        )),
+        std::cmp::Ordering::Greater => Some(format!(
+            "{} trailing bytes after the last tensor",
+            have - expect
+        )),
+        std::cmp::Ordering::Equal => None,
+    }
 }
 
 /// The top-level keys of a header in JSON order, and `__metadata__` in its order.
@@ -366,7 +436,7 @@ pub fn plan(path: &Path, src: &SourceHeader, target: Target) -> Result<Plan> {
     Ok(plan)
 }
 
-fn encode_header(src: &SourceHeader, tensors: &[TensorPlan]) -> Vec<u8> {
+pub(crate) fn encode_header(src: &SourceHeader, tensors: &[TensorPlan]) -> Vec<u8> {
     let quote = |s: &str| serde_json::to_string(s).expect("strings always serialize");
     let mut json = String::from("{");
     if let Some(meta) = &src.metadata {
@@ -489,6 +559,27 @@ mod tests {
         let h = r#"{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#;
         let err = read_header(p(), &file(h, 8)).unwrap_err().to_string();
         assert!(err.contains("invalid safetensors file"), "{err}");
+    }
+
+    #[test]
+    fn refusals_name_the_tensor_and_the_numbers() {
+        let h = r#"{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#;
+        let err = read_header(p(), &file(h, 8)).unwrap_err().to_string();
+        assert!(
+            err.contains("tensor `a`: shape [3] of F32 needs 12 bytes, data_offsets give 8"),
+            "{err}"
+        );
+        let h = r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
+        let err = read_header(p(), &file(h, 4)).unwrap_err().to_string();
+        assert!(
+            err.contains("truncated: the header describes 8 data bytes, the file has 4"),
+            "{err}"
+        );
+        let err = read_header(p(), &file(h, 10)).unwrap_err().to_string();
+        assert!(err.contains("2 trailing bytes"), "{err}");
+        let h = r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}}"#;
+        let err = read_header(p(), &file(h, 12)).unwrap_err().to_string();
+        assert!(err.contains("4 unused bytes before tensor `b`"), "{err}");
     }
 
     #[test]
