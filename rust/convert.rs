@@ -73,6 +73,21 @@ pub struct Source {
     pub file: File,
     pub map: Mmap,
     pub header: SourceHeader,
+    /// Size and mtime when opened: a write to the file changes one of them.
+    stamp: Stamp,
+}
+
+/// What `fstat` says about the input's content: its size and mtime (in nanoseconds).
+///
+/// Not ctime: renaming the file, replacing its name by another file (which is how most
+/// tools save) or a chmod change ctime but not the bytes we read from the open inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp(u64, (i64, i64));
+
+impl Stamp {
+    fn of(m: &std::fs::Metadata) -> Stamp {
+        Stamp(m.len(), (m.mtime(), m.mtime_nsec()))
+    }
 }
 
 impl Source {
@@ -115,7 +130,9 @@ impl Source {
             }));
         }
         // SAFETY: the map is read-only. Another process truncating the file while we run
-        // would fault (SIGBUS); that is the usual contract of reading through mmap.
+        // would fault (SIGBUS); that is the usual contract of reading through mmap. `Job`
+        // checks the size before each window (`check_unchanged`), which narrows this to a
+        // truncation during the read of one window.
         let map =
             unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, "cannot map the input", e))?;
         let header = header::read_header(path, &map)?;
@@ -124,7 +141,33 @@ impl Source {
             file,
             map,
             header,
+            stamp: Stamp::of(&meta),
         })
+    }
+
+    /// Fail if the file was written to (or truncated, or extended) since it was opened.
+    ///
+    /// Called before each window is read, so that a truncated input is reported instead of
+    /// faulting on pages past its new end, and after the last read, so that a rewritten
+    /// input is never published as a mix of old and new bytes.
+    pub fn check_unchanged(&self) -> Result<()> {
+        let now = self
+            .file
+            .metadata()
+            .map_err(|e| Error::io(&self.path, "cannot stat the input", e))?;
+        let now = Stamp::of(&now);
+        if now == self.stamp {
+            return Ok(());
+        }
+        let what = if now.0 != self.stamp.0 {
+            format!("its size went from {} to {} bytes", self.stamp.0, now.0)
+        } else {
+            "it was modified".to_string()
+        };
+        Err(Error::invalid(
+            &self.path,
+            format!("input changed while being read ({what}); no output was written"),
+        ))
     }
 }
 
@@ -207,7 +250,9 @@ impl Job {
             }
             replaced_mode = Some(mode);
         }
-        let plan = header::plan(src_path, &src.header, opts.target)?;
+        let mut plan = header::plan(src_path, &src.header, opts.target)?;
+        // Temp files of killed runs (named ones, where O_TMPFILE is missing) go first.
+        plan.warnings.extend(output::remove_stale_temps(&dir));
 
         let out = TempOutput::create(dst, opts.force, replaced_mode)?;
         out.preallocate(plan.file_len())?;
@@ -287,12 +332,17 @@ impl Job {
             let dst_abs = self.plan.data_start() + t.start + self.pos / src_size * dst_size;
             let dst_n = n / src_size * dst_size;
             let (sa, da) = (src_abs as usize, dst_abs as usize);
+            self.src.check_unchanged()?;
             if self.populate {
-                // One call per window instead of a fault per page; failure only costs speed.
-                let _ = self
+                // One call per window instead of a fault per page; failure only costs speed,
+                // except EFAULT: pages past the end of a file truncated just now.
+                let populated = self
                     .src
                     .map
                     .advise_range(Advice::PopulateRead, sa, n as usize);
+                if populated.is_err_and(|e| e.raw_os_error() == Some(libc::EFAULT)) {
+                    self.src.check_unchanged()?;
+                }
                 let _ = self
                     .out_map
                     .advise_range(Advice::PopulateWrite, da, dst_n as usize);
@@ -431,6 +481,8 @@ impl Job {
             ..
         } = self;
         drop(out_map);
+        // Everything is read: an input unchanged now was unchanged while it was read.
+        src.check_unchanged()?;
         out.publish()?;
         let copied = plan.tensors.len() - plan.converted();
         Ok(Report {

@@ -4,10 +4,10 @@
 //! flushed), overflow goes to infinity and a NaN becomes the quiet NaN of its sign. For
 //! F32 and F16 sources the bf16 bits equal ml_dtypes' `astype(bfloat16)`.
 //!
-//! The SIMD paths use integer arithmetic or the exact F16C / AVX-512F half conversions, never
-//! the AVX-512 BF16 instructions (they flush subnormals), and never float arithmetic whose
-//! result could depend on the MXCSR flush-to-zero / denormals-are-zero bits that some other
-//! library in a Python process may have set.
+//! The SIMD paths use integer arithmetic and the exact F16C / AVX-512F half conversions, never
+//! the AVX-512 BF16 instructions (they flush subnormals). No result depends on the MXCSR
+//! rounding or flush-to-zero / denormals-are-zero bits, which another library in a Python
+//! process may have set; a test runs every kernel with FTZ and DAZ on.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 use std::sync::OnceLock;
@@ -156,18 +156,20 @@ pub fn f16_from_f64(x: u64) -> u16 {
 #[inline(always)]
 fn f32_from_f16(h: u16) -> u32 {
     let sign = u32::from(h & 0x8000) << 16;
-    let exp = u32::from(h >> 10) & 0x1F;
-    let mant = u32::from(h) & 0x3FF;
-    match exp {
-        0x1F => sign | 0x7F80_0000 | (mant << 13),
-        0 if mant == 0 => sign,
-        0 => {
-            // Subnormal mant * 2^-24: renormalise around its top bit.
-            let top = 31 - mant.leading_zeros(); // 0..=9
-            sign | ((top + 103) << 23) | ((mant << (23 - top)) & 0x7F_FFFF)
-        }
-        _ => sign | ((exp + 112) << 23) | (mant << 13),
-    }
+    let abs = u32::from(h & 0x7FFF);
+    let magnitude = if abs >= 0x7C00 {
+        // Infinity or NaN: all-ones exponent, mantissa kept.
+        (abs << 13) | 0x7F80_0000
+    } else if abs >= 0x0400 {
+        // Normal: rebias the exponent from 15 to 127.
+        (abs << 13) + (112 << 23)
+    } else {
+        // Zero or subnormal, abs * 2^-24: both steps are exact and the result is zero or a
+        // normal f32, so no MXCSR rounding or flush mode can change it (and it is cheaper
+        // than renormalising by hand).
+        (abs as f32 * (1.0 / 16_777_216.0)).to_bits()
+    };
+    sign | magnitude
 }
 
 /// Rounds f64 bits to f32 bits by truncation with the dropped bits ORed into the lsb
@@ -243,6 +245,8 @@ pub fn f64_to_bf16(isa: Isa, src: &[u8], dst: &mut [u8]) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: usable() returns Avx512 only when the CPU has avx512f, avx512bw, avx2, f16c.
         Isa::Avx512 => unsafe { x86::f64_to_bf16_avx512(src, dst) },
+        // The round-to-odd step needs 64-bit variable shifts and lane masks; without AVX-512
+        // the scalar loop is used (F64 checkpoints are rare).
         _ => map_u64(src, dst, bf16_from_f64),
     }
 }
@@ -268,6 +272,7 @@ pub fn f64_to_f16(isa: Isa, src: &[u8], dst: &mut [u8]) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: usable() returns Avx512 only when the CPU has avx512f, avx512bw, avx2, f16c.
         Isa::Avx512 => unsafe { x86::f64_to_f16_avx512(src, dst) },
+        // Scalar without AVX-512, as in f64_to_bf16.
         _ => map_u64(src, dst, f16_from_f64),
     }
 }
@@ -350,12 +355,12 @@ mod x86 {
         let high = _mm512_srli_epi32::<16>(v);
         let lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
         let biased = _mm512_add_epi32(v, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-        let rounded = _mm512_srli_epi32::<16>(biased);
         let abs = _mm512_and_si512(v, _mm512_set1_epi32(0x7FFF_FFFF));
-        let is_nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7F80_0000));
+        let is_number = _mm512_cmple_epi32_mask(abs, _mm512_set1_epi32(0x7F80_0000));
         let sign = _mm512_and_si512(high, _mm512_set1_epi32(0x8000));
         let quiet = _mm512_or_si512(sign, _mm512_set1_epi32(0x7FC0));
-        _mm512_mask_blend_epi32(is_nan, rounded, quiet)
+        // The shift of the numbers merged over the quiet NaNs, in one instruction.
+        _mm512_mask_srli_epi32::<16>(quiet, is_number, biased)
     }
 
     /// Packs the low halves of the 32-bit lanes of `a` then `b`, in order.
@@ -414,45 +419,12 @@ mod x86 {
     #[target_feature(enable = "avx512f,avx512bw")]
     pub(super) unsafe fn f32_to_bf16_avx512(src: &[u8], dst: &mut [u8]) {
         let n = count(src, 4, dst);
-        let stream = std::env::var_os("NT").map_or(usize::MAX, |v| {
-            v.to_str().unwrap().parse::<usize>().unwrap()
-        });
-        let pf =
-            std::env::var_os("PF").map_or(0, |v| v.to_str().unwrap().parse::<usize>().unwrap());
-        if 2 * n >= stream && (dst.as_ptr() as usize).is_multiple_of(2) {
-            let head = (dst.as_ptr().align_offset(64) / 2).min(n);
-            map_u32(&src[..4 * head], &mut dst[..2 * head], super::bf16_from_f32);
-            let m = n - head;
-            let body = head + (m - m % 32);
-            let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
-            for i in (head..body).step_by(32) {
-                unsafe {
-                    if pf > 0 {
-                        _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(4 * i + pf).cast());
-                        _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(4 * i + pf + 64).cast());
-                    }
-                    let a = _mm512_loadu_si512(s.add(4 * i).cast());
-                    let b = _mm512_loadu_si512(s.add(4 * i + 64).cast());
-                    let out = pack_low_halves_avx512(bf16_lanes_avx512(a), bf16_lanes_avx512(b));
-                    _mm512_stream_si512(d.add(2 * i).cast(), out);
-                }
-            }
-            _mm_sfence();
-            map_u32(&src[4 * body..], &mut dst[2 * body..], super::bf16_from_f32);
-            return;
-        }
         let body = n - n % 32;
         let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
-        let pf =
-            std::env::var_os("PF").map_or(0, |v| v.to_str().unwrap().parse::<usize>().unwrap());
         for i in (0..body).step_by(32) {
             // SAFETY: i + 32 <= n, so bytes 4i..4i+128 of src and 2i..2i+64 of dst are in
             // bounds; loadu/storeu accept any alignment.
             unsafe {
-                if pf > 0 {
-                    _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(4 * i + pf).cast());
-                    _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add(4 * i + pf + 64).cast());
-                }
                 let a = _mm512_loadu_si512(s.add(4 * i).cast());
                 let b = _mm512_loadu_si512(s.add(4 * i + 64).cast());
                 let out = pack_low_halves_avx512(bf16_lanes_avx512(a), bf16_lanes_avx512(b));
@@ -720,10 +692,10 @@ mod tests {
         if r >= 65536.0 {
             sign | 0x7C00
         } else if r < pow2(-14) {
-            sign | (r / pow2(-24)) as u16
+            sign | (r * pow2(24)) as u16
         } else {
             let e = floor_log2(r);
-            let fraction = (r / pow2(e) - 1.0) * 1024.0;
+            let fraction = (r * pow2(-e) - 1.0) * 1024.0;
             sign | (((e + 15) as u16) << 10) | fraction as u16
         }
     }
@@ -741,22 +713,33 @@ mod tests {
         }
     }
 
-    /// bf16 from f32 by keeping the high half and looking at the low half.
+    /// bf16 from f32 by keeping the high half and looking at the low half (written without
+    /// early returns so that the exhaustive sweep vectorises it).
     fn bf16_by_halves(u: u32) -> u16 {
-        if f32::from_bits(u).is_nan() {
-            return ((u >> 16) as u16 & 0x8000) | 0x7FC0;
-        }
         let keep = (u >> 16) as u16;
         let rem = u & 0xFFFF;
-        if rem > 0x8000 || (rem == 0x8000 && keep & 1 == 1) {
-            keep + 1
+        let up = rem > 0x8000 || (rem == 0x8000 && keep & 1 == 1);
+        let rounded = keep.wrapping_add(u16::from(up));
+        let quiet = (keep & 0x8000) | 0x7FC0;
+        if f32::from_bits(u).is_nan() {
+            quiet
         } else {
-            keep
+            rounded
         }
     }
 
+    /// f16 from f32 through its exact f64 value. Values far outside f16's range (clear of
+    /// every rounding boundary) take a shortcut, which makes the exhaustive sweep affordable.
     fn f16_by_value(u: u32) -> u16 {
-        f16_of_value(f64::from(f32::from_bits(u)))
+        let x = f64::from(f32::from_bits(u));
+        let magnitude = x.abs();
+        if magnitude >= 131072.0 {
+            sign_bit(x) | 0x7C00
+        } else if magnitude < pow2(-26) {
+            sign_bit(x)
+        } else {
+            f16_of_value(x)
+        }
     }
 
     // ---- harness ------------------------------------------------------------------------
@@ -832,9 +815,9 @@ mod tests {
     }
 
     /// Checks `kernel`, for every ISA, on all 2^32 f32 patterns against `reference`, in
-    /// batches of 2^20 on every thread.
-    fn sweep_all_f32(name: &str, kernel: Kernel, reference: fn(u32) -> u16) {
-        const BATCH: usize = 1 << 20;
+    /// cache-sized batches on every thread.
+    fn sweep_all_f32(name: &str, kernel: Kernel, reference: impl Fn(u32) -> u16 + Sync) {
+        const BATCH: usize = 1 << 16;
         let next = AtomicU64::new(0);
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let isas = Isa::available();
@@ -849,10 +832,13 @@ mod tests {
                         if start >= 1 << 32 {
                             break;
                         }
-                        let pairs = src.chunks_exact_mut(4).zip(want.chunks_exact_mut(2));
-                        for (u, (s, w)) in (start..).map(|u| u as u32).zip(pairs) {
-                            s.copy_from_slice(&u.to_le_bytes());
-                            w.copy_from_slice(&reference(u).to_le_bytes());
+                        let start = start as u32;
+                        let pairs = src.as_chunks_mut::<4>().0.iter_mut();
+                        let pairs = pairs.zip(want.as_chunks_mut::<2>().0);
+                        for (i, (s, w)) in (0..BATCH as u32).zip(pairs) {
+                            let u = start.wrapping_add(i);
+                            *s = u.to_le_bytes();
+                            *w = reference(u).to_le_bytes();
                         }
                         for &isa in &isas {
                             kernel(isa, &src, &mut got);
@@ -895,10 +881,12 @@ mod tests {
     /// neighbours `value(b)` and `value(b + 1)` (b random below `top`), the f64s next to
     /// them, points off them by about a quarter, half and one f32 ulp (where rounding to f32
     /// first would land on the midpoint), and deeper; then uniformly random bits, and random
-    /// values with exponents around the format's range.
+    /// values with exponents around the format's range. About 2 million cases in debug
+    /// builds, four times as many in release builds.
     fn f64_cases(rng: &mut Rng, value: fn(u16) -> f64, top: u16, overflow: f64) -> Vec<u64> {
+        let scale = if cfg!(debug_assertions) { 1 } else { 4 };
         let mut cases = Vec::new();
-        for _ in 0..75_000 {
+        for _ in 0..75_000 * scale {
             let b = rng.below(u64::from(top) + 1) as u16;
             let lo = value(b);
             let hi = if b == top { overflow } else { value(b + 1) };
@@ -916,10 +904,10 @@ mod tests {
             }
             push(lo + (hi - lo) * (rng.below(1 << 20) as f64) * pow2(-20));
         }
-        for _ in 0..500_000 {
+        for _ in 0..500_000 * scale {
             cases.push(rng.next());
         }
-        for _ in 0..500_000 {
+        for _ in 0..500_000 * scale {
             let exp = 1023 - 160 + rng.below(300);
             cases.push((rng.next() & (1 << 63)) | (exp << 52) | (rng.next() >> 12));
         }
@@ -1258,5 +1246,115 @@ mod tests {
             assert_eq!(f16_from_f64(x), want, "{x:#018x} (seed {SEED:#x})");
         }
         check_slices("f64_to_f16", f64_to_f16, 8, &inputs, &expected, false);
+    }
+    /// Sets the MXCSR flush-to-zero and denormals-are-zero bits on this thread (as a library
+    /// built with -ffast-math may have done in a Python process), runs every kernel for every
+    /// ISA, restores MXCSR, and compares with results computed beforehand.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn kernels_ignore_flush_to_zero_and_denormals_are_zero() {
+        use std::arch::asm;
+        fn read_mxcsr() -> u32 {
+            let mut csr = 0u32;
+            // SAFETY: stmxcsr stores 4 bytes into the local it is given.
+            unsafe { asm!("stmxcsr [{}]", in(reg) &mut csr, options(nostack)) };
+            csr
+        }
+        fn write_mxcsr(csr: u32) {
+            // SAFETY: ldmxcsr reads 4 bytes from the local it is given; the value only changes
+            // rounding/flush behaviour of this thread, restored by the caller.
+            unsafe { asm!("ldmxcsr [{}]", in(reg) &csr, options(nostack)) };
+        }
+        const FTZ_DAZ: u32 = (1 << 15) | (1 << 6);
+        type ElementFn = fn(u64) -> u16;
+
+        let mut rng = Rng(SEED);
+        let halves: Vec<u64> = (0..=0xFFFF).collect();
+        // f32 subnormals, f32s around f16's subnormal range, and random patterns.
+        let mut floats: Vec<u64> = (0..0x1_0000).map(|i| i * 0x80 + 1).collect();
+        floats.extend((0x3280_0000..0x3890_0000_u64).step_by(97));
+        floats.extend((0..100_000).map(|_| rng.next() >> 32));
+        let signs = floats.iter().map(|&u| u | 0x8000_0000).collect::<Vec<_>>();
+        floats.extend(signs);
+        // f64s around bf16's and f16's subnormal ranges, and random patterns.
+        let mut doubles: Vec<u64> = Vec::new();
+        for exp in (1023 - 150..1023 - 120).chain(1023 - 27..1023 - 13) {
+            for _ in 0..2000 {
+                doubles.push((rng.next() & (1 << 63)) | (exp << 52) | (rng.next() >> 12));
+            }
+        }
+        doubles.extend((0..100_000).map(|_| rng.next()));
+
+        let cases: [(&str, Kernel, usize, &[u64], ElementFn); 5] = [
+            ("f32_to_bf16", f32_to_bf16, 4, &floats, |u| {
+                bf16_from_f32(u as u32)
+            }),
+            ("f16_to_bf16", f16_to_bf16, 2, &halves, |u| {
+                bf16_from_f16(u as u16)
+            }),
+            ("f64_to_bf16", f64_to_bf16, 8, &doubles, bf16_from_f64),
+            ("f32_to_f16", f32_to_f16, 4, &floats, |u| {
+                f16_from_f32(u as u32)
+            }),
+            ("f64_to_f16", f64_to_f16, 8, &doubles, f16_from_f64),
+        ];
+        let isas = Isa::available();
+        let inputs: Vec<Vec<u8>> = cases.iter().map(|c| to_bytes(c.3, c.2, 0)).collect();
+        let mut outputs: Vec<Vec<u8>> = Vec::new();
+        let saved = read_mxcsr();
+        write_mxcsr(saved | FTZ_DAZ);
+        // The modes are in force: a subnormal product is flushed.
+        let flushed = std::hint::black_box(f32::MIN_POSITIVE) * std::hint::black_box(0.5);
+        for (case, src) in cases.iter().zip(&inputs) {
+            for &isa in &isas {
+                let mut dst = vec![0u8; src.len() / case.2 * 2];
+                case.1(isa, src, &mut dst);
+                outputs.push(dst);
+            }
+        }
+        write_mxcsr(saved);
+        assert_eq!(flushed, 0.0, "FTZ was not in force");
+
+        let mut outputs = outputs.iter();
+        for case in &cases {
+            let expected: Vec<u16> = case.3.iter().map(|&x| case.4(x)).collect();
+            for &isa in &isas {
+                let got = to_u16s(outputs.next().unwrap());
+                if let Some(i) = (0..got.len()).find(|&i| got[i] != expected[i]) {
+                    panic!(
+                        "{} {isa:?} under FTZ/DAZ: input {:#x}: got {:#06x}, want {:#06x}",
+                        case.0, case.3[i], got[i], expected[i]
+                    );
+                }
+            }
+        }
+    }
+
+    /// Lengths that break the contract stop at the shorter side in release builds (debug
+    /// builds assert); nothing is read or written out of bounds.
+    #[cfg(not(debug_assertions))]
+    #[test]
+    fn mismatched_lengths_stay_in_bounds() {
+        let src: Vec<u8> = (0..1000).map(|i| i as u8).collect();
+        let kernels: [(Kernel, usize); 5] = [
+            (f32_to_bf16, 4),
+            (f16_to_bf16, 2),
+            (f64_to_bf16, 8),
+            (f32_to_f16, 4),
+            (f64_to_f16, 8),
+        ];
+        for isa in Isa::available() {
+            for (kernel, size) in kernels {
+                for (src_len, dst_len) in [(1000, 10), (999, 1000), (37, 3), (0, 8), (1000, 0)] {
+                    let mut dst = vec![0xEE; dst_len];
+                    kernel(isa, &src[..src_len], &mut dst);
+                    let n = (src_len / size).min(dst_len / 2);
+                    assert!(
+                        dst[2 * n..].iter().all(|&b| b == 0xEE),
+                        "{isa:?} {size} {src_len} {dst_len}"
+                    );
+                }
+            }
+        }
     }
 }

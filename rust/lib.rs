@@ -18,7 +18,7 @@ pub use convert::{convert, inspect, Job, Options, Report, Source};
 pub use error::{Error, Result};
 pub use header::{Action, Conversion, Plan, SourceHeader, Target};
 pub use kernels::Isa;
-pub use verify::{verify, Mismatch, VerifyOptions, VerifyReport};
+pub use verify::{verify, Mismatch, Verifier, VerifyOptions, VerifyReport};
 
 /// The crate version, which is also the Python package's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -4,7 +4,12 @@
 //! nothing behind. So the data goes to an unnamed `O_TMPFILE` inode in the destination
 //! folder (nothing to clean even after SIGKILL), which is fsynced and then linked into
 //! place. Where the file system lacks `O_TMPFILE`, a named temp file held under `flock`
-//! is used instead and removed on every error path.
+//! is used instead and removed on every error path; one that a killed run left behind is
+//! removed by a later run in the same folder once it can take that lock
+//! ([`remove_stale_temps`]). The lock, not a pid, says whether its writer is alive: a pid
+//! means nothing across hosts or containers sharing the folder.
+//!
+//! Test hook: `STCAST_NO_TMPFILE=1` skips `O_TMPFILE`, so that tests reach the named path.
 
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
@@ -78,6 +83,108 @@ fn temp_name(dir: &Path) -> PathBuf {
     ))
 }
 
+/// Take the exclusive lock that marks a temp file as alive, without waiting.
+fn lock(f: &File) -> io::Result<()> {
+    // SAFETY: flock on a descriptor we own; it touches no memory.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Does `path` still name the file open as `f`?
+fn names_file(path: &Path, f: &File) -> bool {
+    match (std::fs::symlink_metadata(path), f.metadata()) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
+}
+
+/// Create and lock a named temp file in `dir`.
+///
+/// Between creating and locking it, a cleaner in another run may find the file unlocked and
+/// remove it; so after locking, check that the name is still ours, else take a new name.
+fn create_named(dir: &Path) -> Result<(File, PathBuf)> {
+    let mut last = io::Error::from_raw_os_error(libc::EEXIST);
+    for _ in 0..16 {
+        let path = temp_name(dir);
+        let f = match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o666)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                last = e;
+                continue;
+            }
+            Err(e) => return Err(Error::io(dir, "cannot create the output", e)),
+        };
+        match lock(&f) {
+            // A cleaner holds it and is about to remove it.
+            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
+                last = e;
+                continue;
+            }
+            // No locks on this file system: no cleaner can lock it either, so none removes it.
+            _ => {}
+        }
+        if names_file(&path, &f) {
+            return Ok((f, path));
+        }
+        last = io::Error::from_raw_os_error(libc::ENOENT);
+    }
+    Err(Error::io(dir, "cannot create the output", last))
+}
+
+/// Remove the named temp files (`.stcast-*.tmp`) in `dir` whose lock nobody holds: they
+/// were left by a run that was killed. Returns one note per file removed.
+///
+/// A file is removed only while we hold its lock and only if its name still points at the
+/// file we locked. A live writer, in this process, another one or on another host sharing
+/// the folder, holds its lock until it is done, so it is never touched; where the file
+/// system offers no locks nothing is removed. Errors only mean a file is left alone.
+pub fn remove_stale_temps(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut notes = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.as_bytes();
+        if !(name.starts_with(b".stcast-") && name.ends_with(b".tmp")) {
+            continue;
+        }
+        if !entry.file_type().is_ok_and(|t| t.is_file()) {
+            continue;
+        }
+        let path = entry.path();
+        // Read-write: where flock is emulated with POSIX locks (NFS), LOCK_EX needs it.
+        let Ok(f) = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(&path)
+        else {
+            continue;
+        };
+        if lock(&f).is_err() || !names_file(&path, &f) {
+            continue;
+        }
+        if std::fs::remove_file(&path).is_ok() {
+            notes.push(format!(
+                "removed {}, a temp file left by an interrupted stcast run (its lock was free)",
+                path.display()
+            ));
+        }
+    }
+    notes
+}
+
 enum Kind {
     /// `O_TMPFILE`: no name until published.
     Anonymous,
@@ -101,27 +208,24 @@ impl TempOutput {
     pub fn create(dst: &Path, force: bool, replaced_mode: Option<u32>) -> Result<TempOutput> {
         let dir = parent_dir(dst);
         failpoint::hit("create").map_err(|e| Error::io(&dir, "cannot create the output", e))?;
-        let anon = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .mode(0o666)
-            .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
-            .open(&dir);
+        let anon = if std::env::var_os("STCAST_NO_TMPFILE").is_some_and(|v| v == "1") {
+            Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP))
+        } else {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .mode(0o666)
+                .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
+                .open(&dir)
+        };
         let (file, kind) = match anon {
-            Ok(f) => (f, Kind::Anonymous),
+            Ok(f) => {
+                // Locked too: under --force it is briefly linked under a temp name.
+                let _ = lock(&f);
+                (f, Kind::Anonymous)
+            }
             Err(e) if is_tmpfile_unsupported(&e) => {
-                let path = temp_name(&dir);
-                let f = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o666)
-                    .custom_flags(libc::O_CLOEXEC)
-                    .open(&path)
-                    .map_err(|e| Error::io(&path, "cannot create a temp file", e))?;
-                // The lock tells a cleaner (or a later run) that this temp file is alive.
-                // SAFETY: flock on a file descriptor we own.
-                unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+                let (f, path) = create_named(&dir)?;
                 (f, Kind::Named(path))
             }
             Err(e) => return Err(Error::io(&dir, "cannot create the output", e)),

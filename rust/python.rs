@@ -10,7 +10,8 @@ use pyo3::types::{PyDict, PyList};
 use crate::convert::{self, Job, Options, Report, Source};
 use crate::error::Error;
 use crate::header::{Action, Plan, Target};
-use crate::verify::{self, VerifyOptions, VerifyReport};
+use crate::kernels::Isa;
+use crate::verify::{Verifier, VerifyOptions, VerifyReport};
 use crate::VERSION;
 
 pyo3::create_exception!(
@@ -83,9 +84,20 @@ fn parse_target(to: &str) -> PyResult<Target> {
     })
 }
 
+/// A kernel family by name, for tests and benchmarks that must pin one.
+fn parse_isa(name: &str) -> PyResult<Isa> {
+    Isa::available()
+        .into_iter()
+        .find(|i| i.name() == name)
+        .ok_or_else(|| {
+            let names: Vec<_> = Isa::available().iter().map(|i| i.name()).collect();
+            PyValueError::new_err(format!("isa {name:?} is not available here: {names:?}"))
+        })
+}
+
 #[pyfunction]
 #[pyo3(name = "convert", signature = (src, dst, *, to="bf16", threads=None, force=false, progress=None,
-                    cancel=None, warn=None, window_mib=None))]
+                    cancel=None, warn=None, window_mib=None, isa=None))]
 #[allow(clippy::too_many_arguments)]
 fn py_convert<'py>(
     py: Python<'py>,
@@ -98,12 +110,14 @@ fn py_convert<'py>(
     cancel: Option<Bound<'py, PyAny>>,
     warn: Option<Bound<'py, PyAny>>,
     window_mib: Option<usize>,
+    isa: Option<&str>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = Options {
         target: parse_target(to)?,
         threads: threads.unwrap_or(0),
         force,
         window: window_mib.map_or(convert::DEFAULT_WINDOW, |m| m.max(1) << 20),
+        isa: isa.map(parse_isa).transpose()?,
         ..Options::default()
     };
     let mut job = guarded(py, || Job::open(&src, &dst, &opts))?;
@@ -207,22 +221,37 @@ fn inspect_dict<'py>(py: Python<'py>, src: &Source, plan: &Plan) -> PyResult<Bou
 }
 
 #[pyfunction]
-#[pyo3(name = "verify", signature = (src, dst, *, loose=false, threads=None))]
+#[pyo3(name = "verify", signature = (src, dst, *, loose=false, threads=None, progress=None,
+                    window_mib=None))]
 fn py_verify<'py>(
     py: Python<'py>,
     src: PathBuf,
     dst: PathBuf,
     loose: bool,
     threads: Option<usize>,
+    progress: Option<Bound<'py, PyAny>>,
+    window_mib: Option<usize>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = VerifyOptions {
         loose,
         threads: threads.unwrap_or(0),
-        ..VerifyOptions::default()
+        window: window_mib.map_or(convert::DEFAULT_WINDOW, |m| m.max(1) << 20),
     };
-    let report = guarded(py, || verify::verify(&src, &dst, &opts))?;
-    py.check_signals()?;
-    verify_dict(py, &report)
+    let mut verifier = guarded(py, || Verifier::open(&src, &dst, &opts))?;
+    if let Some(p) = &progress {
+        p.call1(verifier.progress())?;
+    }
+    loop {
+        let finished = guarded(py, || verifier.step(STEP_BYTES))?;
+        py.check_signals()?;
+        if let Some(p) = &progress {
+            p.call1(verifier.progress())?;
+        }
+        if finished {
+            break;
+        }
+    }
+    verify_dict(py, &verifier.finish())
 }
 
 fn verify_dict<'py>(py: Python<'py>, r: &VerifyReport) -> PyResult<Bound<'py, PyDict>> {
@@ -235,6 +264,8 @@ fn verify_dict<'py>(py: Python<'py>, r: &VerifyReport) -> PyResult<Bound<'py, Py
     d.set_item("tensors_identical", r.tensors_identical)?;
     d.set_item("bytes_compared", r.bytes_compared)?;
     d.set_item("seconds", r.seconds)?;
+    d.set_item("threads", r.threads)?;
+    d.set_item("isa", r.isa.name())?;
     match &r.mismatch {
         None => d.set_item("mismatch", py.None())?,
         Some(m) => {

@@ -4,25 +4,33 @@
 //! identical bytes; a BF16 or F16 tensor whose source is a float must equal the conversion
 //! recomputed window by window. So files made with any target (or with tensors kept) verify.
 
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use memmap2::Advice;
+use rayon::prelude::*;
 use safetensors::tensor::Dtype;
 
-use crate::convert::{run_window, Source};
+use crate::convert::Source;
 use crate::error::{Error, Result};
-use crate::header::{width_rank, Action, Conversion, SourceTensor};
-use crate::kernels::Isa;
+use crate::header::{encode_header, width_rank, Action, Conversion, TensorPlan, PREFIX};
+use crate::kernels::{self, Isa};
+
+/// Elements recomputed and compared at once: the recomputed block stays in L1.
+const BLOCK: usize = 4096;
+/// Windows smaller than this are compared on one thread: waking the pool costs more.
+const PARALLEL_MIN: usize = 512 << 10;
 
 /// How strictly to compare.
 #[derive(Clone, Debug)]
 pub struct VerifyOptions {
-    /// For files written by other tools: tensor order, metadata order, alignment and NaN
-    /// encodings are not compared (a NaN only has to stay a NaN).
+    /// For files written by other tools: tensor order, metadata order, alignment, header
+    /// layout and NaN encodings are not compared (a NaN only has to stay a NaN).
     pub loose: bool,
     /// Worker threads; 0 means one per available core.
     pub threads: usize,
-    /// Source bytes per window.
+    /// Source bytes per window (rounded down to a multiple of 64, at least 64 KiB).
     pub window: usize,
 }
 
@@ -42,11 +50,12 @@ pub struct Mismatch {
     /// One line saying what differs.
     pub message: String,
     pub tensor: Option<String>,
-    /// Element index within the tensor, for data mismatches.
+    /// Element index within the tensor (byte index for sub-byte dtypes), for data mismatches.
     pub index: Option<u64>,
-    /// Source element bits (hex, source width), expected and found output bits (hex).
+    /// Source element bits as hex of the source width; its value for float dtypes.
     pub source_bits: Option<String>,
     pub source_value: Option<f64>,
+    /// Expected and found output element bits, as hex.
     pub expected_bits: Option<String>,
     pub found_bits: Option<String>,
 }
@@ -73,8 +82,11 @@ pub struct VerifyReport {
     pub loose: bool,
     pub tensors_converted: usize,
     pub tensors_identical: usize,
+    /// Data bytes of both files compared before the first mismatch (all of them if none).
     pub bytes_compared: u64,
     pub seconds: f64,
+    pub threads: usize,
+    pub isa: Isa,
     pub mismatch: Option<Mismatch>,
 }
 
@@ -84,6 +96,7 @@ impl VerifyReport {
     }
 }
 
+/// What a destination tensor must hold.
 #[derive(Clone, Copy)]
 enum Expect {
     Identical,
@@ -103,99 +116,261 @@ fn expectation(src: Dtype, dst: Dtype) -> Option<Expect> {
     })
 }
 
-/// Check that `dst` is exactly what stcast makes of `src`.
-pub fn verify(src_path: &Path, dst_path: &Path, opts: &VerifyOptions) -> Result<VerifyReport> {
-    let started = Instant::now();
-    let src = Source::open(src_path)?;
-    let dst = Source::open(dst_path)?;
-    let mut report = VerifyReport {
-        src: src_path.to_path_buf(),
-        dst: dst_path.to_path_buf(),
-        loose: opts.loose,
-        tensors_converted: 0,
-        tensors_identical: 0,
-        bytes_compared: 0,
-        seconds: 0.0,
-        mismatch: None,
-    };
-    let pairs = match check_headers(&src, &dst, opts.loose) {
-        Ok(p) => p,
-        Err(m) => {
-            report.mismatch = Some(*m);
-            report.seconds = started.elapsed().as_secs_f64();
-            return Ok(report);
-        }
-    };
-    let threads = if opts.threads == 0 {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    } else {
-        opts.threads
-    };
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .map_err(|e| {
-            Error::io(
-                dst_path,
-                "cannot start worker threads",
-                std::io::Error::other(e),
-            )
-        })?;
-    let isa = Isa::detect();
-    let window = opts.window.max(64 << 10) & !63;
-    let mut scratch = Vec::new();
-    // In destination order: the destination is read front to back.
-    for (s, d, expect) in pairs {
-        let (s, d) = (&src.header.tensors[s], &dst.header.tensors[d]);
-        match expect {
-            Expect::Identical => report.tensors_identical += 1,
-            Expect::Convert(_) => report.tensors_converted += 1,
-        }
-        let m = compare_tensor(
-            &pool,
-            isa,
-            window,
-            &src,
-            s,
-            &dst,
-            d,
-            expect,
-            opts.loose,
-            &mut scratch,
-        );
-        report.bytes_compared += s.len() + d.len();
-        if let Some(m) = m {
-            report.mismatch = Some(m);
-            break;
-        }
-    }
-    report.seconds = started.elapsed().as_secs_f64();
-    Ok(report)
+/// One destination tensor and the source tensor it must come from.
+#[derive(Clone, Copy)]
+struct Pair {
+    src: usize,
+    dst: usize,
+    expect: Expect,
 }
 
-/// Compare names, shapes, dtypes, metadata and (unless loose) order and alignment.
-/// Returns (source index, destination index, expectation) in destination order.
+/// A verification in progress: headers compared at `open`, data step by step.
+pub struct Verifier {
+    src: Source,
+    dst: Source,
+    /// In destination order: the destination is read front to back.
+    pairs: Vec<Pair>,
+    pool: rayon::ThreadPool,
+    isa: Isa,
+    window: usize,
+    /// Next pair and the source bytes of it already compared.
+    next: usize,
+    pos: u64,
+    done: u64,
+    total: u64,
+    report: VerifyReport,
+    started: Instant,
+}
+
+/// Check that `dst` is exactly what stcast makes of `src`.
+pub fn verify(src: &Path, dst: &Path, opts: &VerifyOptions) -> Result<VerifyReport> {
+    let mut v = Verifier::open(src, dst, opts)?;
+    while !v.step(u64::MAX)? {}
+    Ok(v.finish())
+}
+
+impl Verifier {
+    /// Open and validate both files and compare their headers.
+    pub fn open(src_path: &Path, dst_path: &Path, opts: &VerifyOptions) -> Result<Verifier> {
+        let started = Instant::now();
+        let src = Source::open(src_path)?;
+        let dst = Source::open(dst_path)?;
+        let threads = if opts.threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            opts.threads
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("stcast-verify-{i}"))
+            .build()
+            .map_err(|e| {
+                Error::io(
+                    dst_path,
+                    "cannot start worker threads",
+                    std::io::Error::other(e),
+                )
+            })?;
+        let isa = Isa::detect();
+        let mut report = VerifyReport {
+            src: src_path.to_path_buf(),
+            dst: dst_path.to_path_buf(),
+            loose: opts.loose,
+            tensors_converted: 0,
+            tensors_identical: 0,
+            bytes_compared: 0,
+            seconds: 0.0,
+            threads,
+            isa,
+            mismatch: None,
+        };
+        let pairs = match check_headers(&src, &dst, opts.loose) {
+            Ok(pairs) => pairs,
+            Err(m) => {
+                report.mismatch = Some(*m);
+                Vec::new()
+            }
+        };
+        for p in &pairs {
+            match p.expect {
+                Expect::Identical => report.tensors_identical += 1,
+                Expect::Convert(_) => report.tensors_converted += 1,
+            }
+        }
+        let total = pairs.iter().map(|p| src.header.tensors[p.src].len()).sum();
+        let _ = src.map.advise(Advice::Sequential);
+        let _ = dst.map.advise(Advice::Sequential);
+        Ok(Verifier {
+            src,
+            dst,
+            pairs,
+            pool,
+            isa,
+            window: opts.window.max(64 << 10) & !63,
+            next: 0,
+            pos: 0,
+            done: 0,
+            total,
+            report,
+            started,
+        })
+    }
+
+    /// Source data bytes compared and in all.
+    pub fn progress(&self) -> (u64, u64) {
+        (self.done, self.total)
+    }
+
+    /// Compare about `budget` source bytes (whole windows). Returns true when all is done
+    /// or a mismatch was found.
+    pub fn step(&mut self, budget: u64) -> Result<bool> {
+        let mut spent = 0u64;
+        while spent < budget && self.next < self.pairs.len() && self.report.mismatch.is_none() {
+            let pair = self.pairs[self.next];
+            let (s, d) = (
+                &self.src.header.tensors[pair.src],
+                &self.dst.header.tensors[pair.dst],
+            );
+            if self.pos >= s.len() {
+                self.next += 1;
+                self.pos = 0;
+                continue;
+            }
+            let (src_size, dst_size) = elem_sizes(s.dtype, pair.expect);
+            let n = (self.window as u64).min(s.len() - self.pos);
+            let sa = (self.src.header.data_start() + s.start + self.pos) as usize;
+            let da =
+                (self.dst.header.data_start() + d.start + self.pos / src_size * dst_size) as usize;
+            let dn = (n / src_size * dst_size) as usize;
+            // One call per window instead of a fault per page; failure only costs speed.
+            let _ = self
+                .src
+                .map
+                .advise_range(Advice::PopulateRead, sa, n as usize);
+            let _ = self.dst.map.advise_range(Advice::PopulateRead, da, dn);
+            let found = first_difference(
+                &self.pool,
+                self.isa,
+                pair.expect,
+                d.dtype,
+                self.report.loose,
+                &self.src.map[sa..sa + n as usize],
+                &self.dst.map[da..da + dn],
+            );
+            if let Some(offset) = found {
+                let offset = offset as u64;
+                let index = (self.pos + offset) / src_size;
+                self.report.bytes_compared += offset + offset / src_size * dst_size;
+                self.report.mismatch = Some(self.describe(pair, index));
+                return Ok(true);
+            }
+            self.src.release((sa as u64, sa as u64 + n));
+            self.dst.release((da as u64, (da + dn) as u64));
+            self.pos += n;
+            self.done += n;
+            self.report.bytes_compared += n + dn as u64;
+            spent += n;
+        }
+        Ok(self.next >= self.pairs.len() || self.report.mismatch.is_some())
+    }
+
+    pub fn finish(self) -> VerifyReport {
+        let mut report = self.report;
+        report.seconds = self.started.elapsed().as_secs_f64();
+        report
+    }
+
+    /// Describe the element `index` of a pair, known to differ.
+    fn describe(&self, pair: Pair, index: u64) -> Mismatch {
+        let (s, d) = (
+            &self.src.header.tensors[pair.src],
+            &self.dst.header.tensors[pair.dst],
+        );
+        let (src_size, dst_size) = elem_sizes(s.dtype, pair.expect);
+        let (src_size, dst_size) = (src_size as usize, dst_size as usize);
+        let sa = (self.src.header.data_start() + s.start) as usize + index as usize * src_size;
+        let da = (self.dst.header.data_start() + d.start) as usize + index as usize * dst_size;
+        let source = &self.src.map[sa..sa + src_size];
+        let found = &self.dst.map[da..da + dst_size];
+        let mut expected = vec![0u8; dst_size];
+        match pair.expect {
+            Expect::Identical => expected.copy_from_slice(source),
+            Expect::Convert(c) => convert_block(self.isa, c, source, &mut expected),
+        }
+        let value = float_value(s.dtype, source);
+        let what = if s.dtype.bitsize().is_multiple_of(8) {
+            "element"
+        } else {
+            "byte"
+        };
+        let shown = value.map_or(String::new(), |v| format!(" ({v})"));
+        Mismatch {
+            message: format!(
+                "tensor `{}` {what} {index}: source {}{shown} should give {}, found {}",
+                s.name,
+                hex(source),
+                hex(&expected),
+                hex(found)
+            ),
+            tensor: Some(s.name.clone()),
+            index: Some(index),
+            source_bits: Some(hex(source)),
+            source_value: value.map(|v| v.as_f64()),
+            expected_bits: Some(hex(&expected)),
+            found_bits: Some(hex(found)),
+        }
+    }
+}
+
+/// Bytes per source and destination element (1 and 1 for sub-byte dtypes kept as they are).
+fn elem_sizes(src: Dtype, expect: Expect) -> (u64, u64) {
+    match expect {
+        Expect::Identical => {
+            let size = if src.bitsize().is_multiple_of(8) {
+                (src.bitsize() / 8) as u64
+            } else {
+                1
+            };
+            (size, size)
+        }
+        Expect::Convert(c) => (c.src_size(), 2),
+    }
+}
+
+/// Compare names, shapes, dtypes, metadata and (unless loose) order and the header bytes.
+/// Returns the pairs in destination order.
 fn check_headers(
     src: &Source,
     dst: &Source,
     loose: bool,
-) -> std::result::Result<Vec<(usize, usize, Expect)>, Box<Mismatch>> {
+) -> std::result::Result<Vec<Pair>, Box<Mismatch>> {
     let (sh, dh) = (&src.header, &dst.header);
-    let by_name: std::collections::HashMap<&str, usize> = sh
+    let by_name: HashMap<&str, usize> = sh
         .tensors
         .iter()
         .enumerate()
         .map(|(i, t)| (t.name.as_str(), i))
         .collect();
+    if !dh.tensors.is_empty()
+        && dh
+            .tensors
+            .iter()
+            .all(|t| !by_name.contains_key(t.name.as_str()))
+    {
+        return Err(Mismatch::header(
+            None,
+            format!(
+                "DST is not a conversion of SRC: none of its {} tensors is in SRC",
+                dh.tensors.len()
+            ),
+        ));
+    }
     let mut pairs = Vec::with_capacity(dh.tensors.len());
     for (di, d) in dh.tensors.iter().enumerate() {
         let Some(&si) = by_name.get(d.name.as_str()) else {
             return Err(Mismatch::header(
                 Some(&d.name),
-                format!(
-                    "tensor `{}` is in DST but not in SRC: DST is not a conversion of SRC",
-                    d.name
-                ),
+                format!("tensor `{}` is in DST but not in SRC", d.name),
             ));
         };
         let s = &sh.tensors[si];
@@ -217,11 +392,14 @@ fn check_headers(
                 ),
             ));
         };
-        pairs.push((si, di, expect));
+        pairs.push(Pair {
+            src: si,
+            dst: di,
+            expect,
+        });
     }
     if sh.tensors.len() != dh.tensors.len() {
-        let in_dst: std::collections::HashSet<&str> =
-            dh.tensors.iter().map(|t| t.name.as_str()).collect();
+        let in_dst: HashSet<&str> = dh.tensors.iter().map(|t| t.name.as_str()).collect();
         let missing = sh
             .tensors
             .iter()
@@ -232,208 +410,274 @@ fn check_headers(
             format!("tensor `{missing}` is in SRC but not in DST"),
         ));
     }
-    let same_metadata = if loose {
-        let sorted = |m: &Option<Vec<(String, String)>>| {
-            m.clone().map(|mut v| {
-                v.sort();
-                v
-            })
-        };
-        sorted(&sh.metadata) == sorted(&dh.metadata)
-    } else {
-        sh.metadata == dh.metadata
-    };
-    if !same_metadata {
-        return Err(Mismatch::header(None, "__metadata__ differs".into()));
+    if let Some(why) = metadata_difference(&sh.metadata, &dh.metadata, loose) {
+        return Err(Mismatch::header(
+            None,
+            format!("__metadata__ differs: {why}"),
+        ));
     }
     if !loose {
-        // The order stcast plans: source order, stably grouped by output width.
-        let mut expected: Vec<usize> = (0..pairs.len()).collect();
-        expected.sort_by_key(|&i| {
-            let (si, di, _) = pairs[i];
-            (std::cmp::Reverse(width_rank(dh.tensors[di].dtype)), si)
-        });
-        let mut planned: Vec<usize> = expected.iter().map(|&i| pairs[i].0).collect();
-        let actual: Vec<usize> = pairs.iter().map(|p| p.0).collect();
-        if planned != actual {
-            let at = planned
-                .iter()
-                .zip(&actual)
-                .position(|(a, b)| a != b)
-                .unwrap_or(0);
-            let want = &sh.tensors[planned[at]].name;
-            let got = &sh.tensors[actual[at]].name;
-            planned.clear();
-            return Err(Mismatch::header(
-                Some(got),
-                format!("tensor order differs at position {at}: expected `{want}`, found `{got}`"),
-            ));
-        }
-        if !dst.header.data_start().is_multiple_of(8) {
-            return Err(Mismatch::header(
-                None,
-                "DST header is not padded to 8 bytes".into(),
-            ));
-        }
-        for d in &dh.tensors {
-            let size = (d.dtype.bitsize() / 8).max(1) as u64;
-            if d.start % size != 0 {
-                return Err(Mismatch::header(
-                    Some(&d.name),
-                    format!("tensor `{}` is not aligned to its element size", d.name),
-                ));
-            }
-        }
+        check_layout(src, dst, &pairs)?;
     }
     Ok(pairs)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn compare_tensor(
-    pool: &rayon::ThreadPool,
-    isa: Isa,
-    window: usize,
+/// Strict mode: the order stcast plans and, byte for byte, the header it writes.
+fn check_layout(
     src: &Source,
-    s: &SourceTensor,
     dst: &Source,
-    d: &SourceTensor,
-    expect: Expect,
-    loose: bool,
-    scratch: &mut Vec<u8>,
-) -> Option<Mismatch> {
-    let (src_size, dst_size) = match expect {
-        Expect::Identical => (1u64, 1u64),
-        Expect::Convert(c) => (c.src_size(), 2),
-    };
-    let mut pos = 0u64;
-    while pos < s.len() {
-        let n = (window as u64).min(s.len() - pos);
-        let sa = (src.header.data_start() + s.start + pos) as usize;
-        let da = (dst.header.data_start() + d.start + pos / src_size * dst_size) as usize;
-        let dn = (n / src_size * dst_size) as usize;
-        let src_bytes = &src.map[sa..sa + n as usize];
-        let dst_bytes = &dst.map[da..da + dn];
-        let differs = match expect {
-            Expect::Identical => src_bytes != dst_bytes,
-            Expect::Convert(c) => {
-                scratch.resize(dn, 0);
-                run_window(
-                    pool,
-                    pool.current_num_threads(),
-                    isa,
-                    Action::Convert(c),
-                    src_bytes,
-                    scratch,
-                );
-                if loose {
-                    !same_modulo_nan(c, scratch, dst_bytes)
-                } else {
-                    scratch.as_slice() != dst_bytes
-                }
+    pairs: &[Pair],
+) -> std::result::Result<(), Box<Mismatch>> {
+    let (sh, dh) = (&src.header, &dst.header);
+    // Source order, stably grouped by output width, widest first.
+    let mut planned: Vec<Pair> = pairs.to_vec();
+    planned.sort_by_key(|p| {
+        (
+            std::cmp::Reverse(width_rank(dh.tensors[p.dst].dtype)),
+            p.src,
+        )
+    });
+    if let Some(at) = planned.iter().zip(pairs).position(|(a, b)| a.src != b.src) {
+        let want = &sh.tensors[planned[at].src].name;
+        let got = &sh.tensors[pairs[at].src].name;
+        return Err(Mismatch::header(
+            Some(got),
+            format!("tensor order differs at position {at}: expected `{want}`, found `{got}`"),
+        ));
+    }
+    let data_start = dh.data_start() as usize;
+    if !data_start.is_multiple_of(8) {
+        return Err(Mismatch::header(
+            None,
+            "DST header is not padded to a multiple of 8 bytes".into(),
+        ));
+    }
+    let mut offset = 0u64;
+    let plans: Vec<TensorPlan> = planned
+        .iter()
+        .map(|p| {
+            let (s, d) = (&sh.tensors[p.src], &dh.tensors[p.dst]);
+            let (action, len) = match p.expect {
+                Expect::Identical => (Action::Copy, s.len()),
+                Expect::Convert(c) => (Action::Convert(c), s.len() / c.src_size() * 2),
+            };
+            offset += len;
+            TensorPlan {
+                source: p.src,
+                dtype: d.dtype,
+                action,
+                start: offset - len,
+                end: offset,
             }
+        })
+        .collect();
+    let want = encode_header(sh, &plans);
+    let got = &dst.map[..data_start];
+    if want.as_slice() != got {
+        // Compare the JSON text, after the length prefix, to show where it departs.
+        let (w, g) = (&want[PREFIX..], &got[PREFIX..]);
+        let at = w
+            .iter()
+            .zip(g)
+            .position(|(a, b)| a != b)
+            .unwrap_or(w.len().min(g.len()));
+        let excerpt =
+            |h: &[u8]| String::from_utf8_lossy(&h[at..(at + 24).min(h.len())]).into_owned();
+        return Err(Mismatch::header(
+            None,
+            format!(
+                "DST header is not the one stcast writes: its JSON differs at byte {at} \
+                 (expected {:?}, found {:?})",
+                excerpt(w),
+                excerpt(g)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Why two `__metadata__` differ, or None. Loose: key order is free and no metadata
+/// equals an empty one.
+fn metadata_difference(
+    src: &Option<Vec<(String, String)>>,
+    dst: &Option<Vec<(String, String)>>,
+    loose: bool,
+) -> Option<String> {
+    let empty = Vec::new();
+    let (s, d) = (
+        src.as_ref().unwrap_or(&empty),
+        dst.as_ref().unwrap_or(&empty),
+    );
+    if !loose && src.is_some() != dst.is_some() {
+        let (has, lacks) = if src.is_some() {
+            ("SRC", "DST")
+        } else {
+            ("DST", "SRC")
         };
-        if differs {
-            return Some(describe(
-                s,
-                pos / src_size,
-                expect,
-                src_bytes,
-                scratch,
-                dst_bytes,
-                loose,
-            ));
+        return Some(format!("{has} has a __metadata__ entry, {lacks} has none"));
+    }
+    let dmap: HashMap<&str, &str> = d.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let smap: HashMap<&str, &str> = s.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    for (k, v) in s {
+        match dmap.get(k.as_str()) {
+            None => return Some(format!("key {k:?} is missing in DST")),
+            Some(dv) if dv != v => {
+                return Some(format!("key {k:?} is {v:?} in SRC, {dv:?} in DST"))
+            }
+            _ => {}
         }
-        src.release((sa as u64, sa as u64 + n));
-        dst.release((da as u64, (da + dn) as u64));
-        pos += n;
+    }
+    if let Some((k, _)) = d.iter().find(|(k, _)| !smap.contains_key(k.as_str())) {
+        return Some(format!("key {k:?} is in DST but not in SRC"));
+    }
+    if !loose && s != d {
+        let at = s.iter().zip(d).position(|(a, b)| a.0 != b.0).unwrap_or(0);
+        return Some(format!(
+            "key order differs at position {at}: expected {:?}, found {:?}",
+            s[at].0, d[at].0
+        ));
     }
     None
 }
 
-fn is_nan16(c: Conversion, bits: u16) -> bool {
-    match c {
-        Conversion::F32ToF16 | Conversion::F64ToF16 => {
-            bits & 0x7C00 == 0x7C00 && bits & 0x03FF != 0
+/// The byte offset (in `src`) of the first source element whose output differs, comparing
+/// on the pool in blocks that stay in cache.
+fn first_difference(
+    pool: &rayon::ThreadPool,
+    isa: Isa,
+    expect: Expect,
+    dst_dtype: Dtype,
+    loose: bool,
+    src: &[u8],
+    dst: &[u8],
+) -> Option<usize> {
+    // In loose mode a float NaN may come out as any NaN.
+    let nan = if loose { nan_test(dst_dtype) } else { None };
+    let (src_size, dst_size) = match expect {
+        Expect::Identical => {
+            let size = (dst_dtype.bitsize() / 8).max(1);
+            (size, size)
         }
-        _ => bits & 0x7F80 == 0x7F80 && bits & 0x007F != 0,
+        Expect::Convert(c) => (c.src_size() as usize, 2),
+    };
+    let check = |s: &[u8], d: &[u8]| -> Option<usize> {
+        let mut buf = [0u8; 2 * BLOCK];
+        let blocks = s.chunks(BLOCK * src_size).zip(d.chunks(BLOCK * dst_size));
+        for (k, (sb, db)) in blocks.enumerate() {
+            let want: &[u8] = match expect {
+                Expect::Identical => sb,
+                Expect::Convert(c) => {
+                    let want = &mut buf[..db.len()];
+                    convert_block(isa, c, sb, want);
+                    want
+                }
+            };
+            if want == db {
+                continue;
+            }
+            let elems = want.chunks_exact(dst_size).zip(db.chunks_exact(dst_size));
+            for (i, (w, g)) in elems.enumerate() {
+                let both_nan = nan.is_some_and(|(exp, mant)| {
+                    let is_nan = |b: &[u8]| {
+                        let bits = le_bits(b);
+                        bits & exp == exp && bits & mant != 0
+                    };
+                    is_nan(w) && is_nan(g)
+                });
+                if w != g && !both_nan {
+                    return Some((k * BLOCK + i) * src_size);
+                }
+            }
+        }
+        None
+    };
+    let threads = pool.current_num_threads();
+    if threads <= 1 || src.len() < PARALLEL_MIN {
+        return check(src, dst);
     }
-}
-
-fn same_modulo_nan(c: Conversion, want: &[u8], got: &[u8]) -> bool {
-    want.chunks_exact(2).zip(got.chunks_exact(2)).all(|(w, g)| {
-        let (w, g) = (
-            u16::from_le_bytes([w[0], w[1]]),
-            u16::from_le_bytes([g[0], g[1]]),
-        );
-        w == g || (is_nan16(c, w) && is_nan16(c, g))
+    let elems = src.len() / src_size;
+    let per = elems.div_ceil(threads).next_multiple_of(BLOCK);
+    pool.install(|| {
+        src.par_chunks(per * src_size)
+            .zip(dst.par_chunks(per * dst_size))
+            .enumerate()
+            .filter_map(|(j, (s, d))| check(s, d).map(|o| j * per * src_size + o))
+            .min()
     })
 }
 
-fn describe(
-    s: &SourceTensor,
-    first: u64,
-    expect: Expect,
-    src: &[u8],
-    want: &[u8],
-    got: &[u8],
-    loose: bool,
-) -> Mismatch {
-    match expect {
-        Expect::Identical => {
-            let i = src.iter().zip(got).position(|(a, b)| a != b).unwrap_or(0);
-            let es = (s.dtype.bitsize() / 8).max(1);
-            let elem = i / es;
-            let bytes = |b: &[u8]| hex(&b[elem * es..(elem + 1) * es]);
-            Mismatch {
-                message: format!(
-                    "tensor `{}`: byte {} differs in a tensor that should be copied unchanged",
-                    s.name,
-                    first + i as u64
-                ),
-                tensor: Some(s.name.clone()),
-                index: Some(first + elem as u64),
-                source_bits: Some(bytes(src)),
-                source_value: None,
-                expected_bits: Some(bytes(src)),
-                found_bits: Some(bytes(got)),
-            }
+fn convert_block(isa: Isa, c: Conversion, src: &[u8], dst: &mut [u8]) {
+    match c {
+        Conversion::F32ToBf16 => kernels::f32_to_bf16(isa, src, dst),
+        Conversion::F16ToBf16 => kernels::f16_to_bf16(isa, src, dst),
+        Conversion::F64ToBf16 => kernels::f64_to_bf16(isa, src, dst),
+        Conversion::F32ToF16 => kernels::f32_to_f16(isa, src, dst),
+        Conversion::F64ToF16 => kernels::f64_to_f16(isa, src, dst),
+    }
+}
+
+/// Exponent and mantissa masks of a float dtype: a NaN has all exponent bits and some
+/// mantissa bits set.
+fn nan_test(d: Dtype) -> Option<(u64, u64)> {
+    Some(match d {
+        Dtype::BF16 => (0x7F80, 0x007F),
+        Dtype::F16 => (0x7C00, 0x03FF),
+        Dtype::F32 => (0x7F80_0000, 0x007F_FFFF),
+        Dtype::F64 => (0x7FF0_0000_0000_0000, 0x000F_FFFF_FFFF_FFFF),
+        _ => return None,
+    })
+}
+
+fn le_bits(b: &[u8]) -> u64 {
+    b.iter().rev().fold(0, |acc, &x| acc << 8 | u64::from(x))
+}
+
+/// A source element's value, kept in its own precision so that it prints shortest.
+#[derive(Clone, Copy)]
+enum Value {
+    F32(f32),
+    F64(f64),
+}
+
+impl Value {
+    fn as_f64(self) -> f64 {
+        match self {
+            Value::F32(v) => v.into(),
+            Value::F64(v) => v,
         }
-        Expect::Convert(c) => {
-            let es = c.src_size() as usize;
-            let i = want
-                .chunks_exact(2)
-                .zip(got.chunks_exact(2))
-                .position(|(w, g)| {
-                    let (w, g) = (
-                        u16::from_le_bytes([w[0], w[1]]),
-                        u16::from_le_bytes([g[0], g[1]]),
-                    );
-                    !(w == g || (loose && is_nan16(c, w) && is_nan16(c, g)))
-                })
-                .unwrap_or(0);
-            let sb = &src[i * es..(i + 1) * es];
-            let value = match es {
-                2 => half_to_f64(u16::from_le_bytes([sb[0], sb[1]])),
-                4 => f32::from_le_bytes([sb[0], sb[1], sb[2], sb[3]]) as f64,
-                _ => f64::from_le_bytes(sb.try_into().expect("8 bytes")),
-            };
-            let w = u16::from_le_bytes([want[2 * i], want[2 * i + 1]]);
-            let g = u16::from_le_bytes([got[2 * i], got[2 * i + 1]]);
-            Mismatch {
-                message: format!(
-                    "tensor `{}` element {}: source {} ({value:e}) should give 0x{w:04X}, found 0x{g:04X}",
-                    s.name,
-                    first + i as u64,
-                    hex(sb)
-                ),
-                tensor: Some(s.name.clone()),
-                index: Some(first + i as u64),
-                source_bits: Some(hex(sb)),
-                source_value: Some(value),
-                expected_bits: Some(format!("0x{w:04X}")),
-                found_bits: Some(format!("0x{g:04X}")),
-            }
+    }
+}
+
+impl std::fmt::Display for Value {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Value::F32(v) => write!(f, "{v:e}"),
+            Value::F64(v) => write!(f, "{v:e}"),
         }
+    }
+}
+
+fn float_value(d: Dtype, b: &[u8]) -> Option<Value> {
+    let bits = le_bits(b);
+    Some(match d {
+        Dtype::F64 => Value::F64(f64::from_bits(bits)),
+        Dtype::F32 => Value::F32(f32::from_bits(bits as u32)),
+        Dtype::BF16 => Value::F32(f32::from_bits((bits as u32) << 16)),
+        Dtype::F16 => Value::F32(f32_from_half(bits as u16)),
+        _ => return None,
+    })
+}
+
+/// The exact f32 value of IEEE binary16 bits (NaN stays NaN).
+fn f32_from_half(h: u16) -> f32 {
+    let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
+    let e = i32::from((h >> 10) & 0x1F);
+    let m = f32::from(h & 0x3FF);
+    match e {
+        0 => sign * m * 2f32.powi(-24),
+        31 if m == 0.0 => sign * f32::INFINITY,
+        31 => f32::NAN,
+        _ => sign * (1.0 + m / 1024.0) * 2f32.powi(e - 15),
     }
 }
 
@@ -446,14 +690,141 @@ fn hex(le: &[u8]) -> String {
     s
 }
 
-fn half_to_f64(h: u16) -> f64 {
-    let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
-    let e = ((h >> 10) & 0x1F) as i32;
-    let m = (h & 0x3FF) as f64;
-    match e {
-        0 => sign * m * 2f64.powi(-24),
-        31 if m == 0.0 => sign * f64::INFINITY,
-        31 => f64::NAN,
-        _ => sign * (1.0 + m / 1024.0) * 2f64.powi(e - 15),
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::convert::{convert, Options};
+    use crate::header::Target;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new() -> TempDir {
+            static COUNTER: AtomicUsize = AtomicUsize::new(0);
+            let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+            let dir =
+                std::env::temp_dir().join(format!("stcast-verify-{}-{n}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            TempDir(dir)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// A file with an F32 tensor of `n` varied values (NaNs and ties included) and an I64.
+    fn write_source(path: &Path, n: usize) {
+        let mut data = Vec::with_capacity(n * 4 + 16);
+        let mut x = 0x1234_5678u32;
+        for i in 0..n {
+            x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            let bits = match i % 7 {
+                0 => 0x7F80_0001 | (x & 0x8000_0000),
+                1 => (x & 0xFFFF_0000) | 0x8000,
+                _ => x,
+            };
+            data.extend_from_slice(&bits.to_le_bytes());
+        }
+        data.extend_from_slice(&[7u8; 16]);
+        let json = format!(
+            r#"{{"__metadata__":{{"b":"1","a":"2"}},"w":{{"dtype":"F32","shape":[{n}],"data_offsets":[0,{}]}},"i":{{"dtype":"I64","shape":[2],"data_offsets":[{},{}]}}}}"#,
+            n * 4,
+            n * 4,
+            n * 4 + 16
+        );
+        let mut file = (json.len() as u64).to_le_bytes().to_vec();
+        file.extend_from_slice(json.as_bytes());
+        file.extend_from_slice(&data);
+        std::fs::write(path, file).unwrap();
+    }
+
+    fn small_windows(loose: bool, threads: usize) -> VerifyOptions {
+        VerifyOptions {
+            loose,
+            threads,
+            window: 64 << 10,
+        }
+    }
+
+    #[test]
+    fn accepts_conversions_to_both_targets() {
+        let dir = TempDir::new();
+        let (src, dst) = (dir.0.join("a.safetensors"), dir.0.join("b.safetensors"));
+        write_source(&src, 300_000);
+        for target in [Target::Bf16, Target::F16] {
+            let _ = std::fs::remove_file(&dst);
+            let opts = Options {
+                target,
+                isa: Some(Isa::Scalar),
+                ..Options::default()
+            };
+            convert(&src, &dst, &opts).unwrap();
+            for threads in [1, 3] {
+                let r = verify(&src, &dst, &small_windows(false, threads)).unwrap();
+                assert_eq!(r.mismatch, None, "{target:?}");
+                assert_eq!((r.tensors_converted, r.tensors_identical), (1, 1));
+            }
+        }
+    }
+
+    #[test]
+    fn finds_the_first_flipped_bit() {
+        let dir = TempDir::new();
+        let (src, dst) = (dir.0.join("a.safetensors"), dir.0.join("b.safetensors"));
+        let n = 300_000;
+        write_source(&src, n);
+        convert(&src, &dst, &Options::default()).unwrap();
+        let mut bytes = std::fs::read(&dst).unwrap();
+        let data_start = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        // The I64 tensor comes first (wider), then `w`; flip two elements of `w`.
+        for index in [n - 5, 200_001] {
+            bytes[data_start + 16 + index * 2] ^= 1;
+        }
+        std::fs::write(&dst, &bytes).unwrap();
+        for threads in [1, 4] {
+            let r = verify(&src, &dst, &small_windows(false, threads)).unwrap();
+            let m = r.mismatch.unwrap();
+            assert_eq!(m.tensor.as_deref(), Some("w"));
+            assert_eq!(m.index, Some(200_001));
+            assert!(
+                m.message
+                    .starts_with("tensor `w` element 200001: source 0x"),
+                "{}",
+                m.message
+            );
+        }
+    }
+
+    #[test]
+    fn loose_accepts_other_nans_only() {
+        let dir = TempDir::new();
+        let (src, dst) = (dir.0.join("a.safetensors"), dir.0.join("b.safetensors"));
+        write_source(&src, 1000);
+        convert(&src, &dst, &Options::default()).unwrap();
+        let mut bytes = std::fs::read(&dst).unwrap();
+        let at = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize + 16;
+        // Element 0 is a NaN: 0x7FC0 or 0xFFC0 becomes 0xFFFF.
+        bytes[at..at + 2].copy_from_slice(&[0xFF, 0xFF]);
+        std::fs::write(&dst, &bytes).unwrap();
+        assert!(verify(&src, &dst, &small_windows(false, 1))
+            .unwrap()
+            .mismatch
+            .is_some());
+        assert!(verify(&src, &dst, &small_windows(true, 1)).unwrap().is_ok());
+        bytes[at..at + 2].copy_from_slice(&[0x80, 0x7F]);
+        std::fs::write(&dst, &bytes).unwrap();
+        let m = verify(&src, &dst, &small_windows(true, 1))
+            .unwrap()
+            .mismatch
+            .unwrap();
+        assert_eq!(
+            (m.index, m.found_bits.as_deref()),
+            (Some(0), Some("0x7F80"))
+        );
     }
 }

@@ -10,6 +10,7 @@ typed reports. The command line lives in `stcast.cli`.
 
 from __future__ import annotations
 
+import math
 import os
 import warnings as _warnings
 from dataclasses import asdict, dataclass
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _core
 from ._core import Cancelled, StcastError
+from .folder import FileReport, FolderReport, convert_folder, finalize
 
 if TYPE_CHECKING:
     from typing import Callable, Protocol
@@ -30,13 +32,19 @@ __version__: str = _core.__version__
 __all__ = [
     "Cancelled",
     "ConvertReport",
+    "FileReport",
+    "FolderReport",
     "InspectReport",
+    "Mismatch",
     "StcastError",
     "StcastWarning",
     "TensorInfo",
+    "VerifyReport",
     "__version__",
     "convert",
+    "finalize",
     "inspect",
+    "verify",
 ]
 
 # Spellings the engine accepts for each target, mapped to the name used in default file names.
@@ -116,6 +124,62 @@ class InspectReport:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Mismatch:
+    """The first difference `verify` found: in the data (tensor, element and bits) or the header.
+
+    For a header difference only `message` (and `tensor`, where one is concerned) is set.
+    Bits are hex strings of the element's width, e.g. "0x3F800001" and "0x3F80".
+    """
+
+    message: str
+    tensor: str | None
+    index: int | None  # element index in the tensor (a byte index for sub-byte dtypes)
+    source_bits: str | None
+    source_value: float | None  # for float source dtypes
+    expected_bits: str | None
+    found_bits: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data; a non-finite `source_value` becomes "nan", "inf" or "-inf"."""
+        d = asdict(self)
+        v = d["source_value"]
+        if v is not None and not math.isfinite(v):
+            d["source_value"] = repr(v)
+        return d
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What `verify` found: `ok` is true when DST is exactly the conversion of SRC.
+
+    `mismatch` is the first difference (None when `ok`); `bytes_compared` counts the data
+    bytes of both files compared; `seconds` is the engine's wall time. The report is truthy
+    exactly when `ok`.
+    """
+
+    src: str
+    dst: str
+    ok: bool
+    loose: bool
+    tensors_converted: int
+    tensors_identical: int
+    bytes_compared: int
+    seconds: float
+    threads: int
+    isa: str
+    mismatch: Mismatch | None
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain JSON-ready data (the `result` of `stcast verify --json`)."""
+        d = asdict(self)
+        d["mismatch"] = None if self.mismatch is None else self.mismatch.to_dict()
+        return d
+
+
 def _default_dst(src: str | os.PathLike[str], to: str = "bf16") -> str:
     """The output path `convert` uses when none is given: `<stem>-bf16.safetensors` beside `src`."""
     src = os.fsdecode(src)
@@ -133,8 +197,25 @@ def convert(
     force: bool = False,
     progress: Callable[[int, int], object] | None = None,
     cancel: _CancelFlag | None = None,
-) -> ConvertReport:
+    resume: bool = False,
+    shard: tuple[int, int] | None = None,
+    allow_quantized: bool = False,
+    file_progress: Callable[[str, int, int], object] | None = None,
+) -> ConvertReport | FolderReport:
     """Convert the safetensors file `src` to `to` ("bf16" or "fp16"), writing `dst`.
+
+    When `src` is a folder (a Hugging Face checkpoint), every `.safetensors` file in it, at any
+    depth, is converted to the same relative path under the folder `dst` (default
+    `<src>-bf16`), `*.safetensors.index.json` and `config.json` files are rewritten (new
+    `total_size`; `torch_dtype`/`dtype` set to "bfloat16" or "float16"), the rest is copied,
+    and a `FolderReport` is returned; see README "Folders". Indexes and configs are written
+    last, so an interrupted run never looks complete. There `dst` must be empty unless
+    `force=True` (convert everything again) or `resume=True` (skip the files the manifest
+    in `dst` shows done with the same options); `shard=(i, n)` converts only the i-th of n
+    subsets of the files (1-based) and `finalize(src, dst)` completes the folder once all
+    n ran; quantized checkpoints are refused unless `allow_quantized=True`.
+    `progress(done, total)` then counts the whole folder and `file_progress(path, done,
+    total)` each file.
 
     F32, F64 (and, for bf16, F16) tensors are rounded to nearest, ties to even, subnormals
     included; NaN keeps its sign and becomes the quiet NaN (`sign | 0x7FC0` in bf16). Every
@@ -175,6 +256,24 @@ def convert(
         KeyboardInterrupt: Ctrl-C.
     """
     src = os.fsdecode(src)
+    if os.path.isdir(src):
+        return convert_folder(
+            src,
+            dst,
+            to=to,
+            threads=threads,
+            force=force,
+            resume=resume,
+            shard=shard,
+            allow_quantized=allow_quantized,
+            progress=progress,
+            file_progress=file_progress,
+            cancel=cancel,
+        )
+    if resume or shard is not None:
+        e = StcastError(f"{src}: resume and shard apply to folders; this is not one")
+        e.kind, e.path = "invalid_input", src
+        raise e
     dst = _default_dst(src, to) if dst is None else os.fsdecode(dst)
 
     def warn(message: str) -> None:
@@ -208,3 +307,40 @@ def inspect(path: str | os.PathLike[str], *, to: str = "bf16") -> InspectReport:
     result = _core.inspect(os.fsdecode(path), to)
     result["tensors"] = [TensorInfo(**t) for t in result["tensors"]]
     return InspectReport(**result)
+
+
+def verify(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    loose: bool = False,
+    threads: int | None = None,
+    progress: Callable[[int, int], object] | None = None,
+) -> VerifyReport:
+    """Check that `dst` is exactly what `convert` makes of `src`, streaming both files.
+
+    For each tensor of `dst` the expectation follows from its dtype: the same dtype as in
+    `src` means identical bytes; BF16 or F16 from a float means the conversion, recomputed
+    and compared bit for bit (NaN encodings included). So outputs of `to="bf16"` and
+    `to="fp16"` both verify. The header must hold the same names, shapes and metadata, and,
+    unless `loose`, the order, alignment and header bytes that `convert` writes.
+
+    `loose=True` is for files written by other tools (e.g. torch): tensor order, metadata
+    key order, alignment and header layout are not compared, and a NaN only has to stay a
+    NaN (any encoding). Every other value must still be exact.
+
+    A difference is not an exception: the report says `ok=False` and gives the first
+    `mismatch`. Memory stays bounded; the GIL is released in steps of 64 MiB, between
+    which Ctrl-C is honoured and `progress(done, total)` (source data bytes) is called.
+
+    Raises:
+        StcastError: a file is not a valid safetensors file.
+        OSError: a file cannot be read.
+        KeyboardInterrupt: Ctrl-C.
+    """
+    result = _core.verify(
+        os.fsdecode(src), os.fsdecode(dst), loose=loose, threads=threads, progress=progress
+    )
+    m = result["mismatch"]
+    result["mismatch"] = None if m is None else Mismatch(**m)
+    return VerifyReport(**result)

@@ -26,8 +26,15 @@ def convert(
     cancel: object | None = None,
     warn: Callable[[str], object] | None = None,
     window_mib: int | None = None,
+    isa: str | None = None,
 ) -> dict[str, Any]: ...
 def inspect(path: str, to: str = "bf16") -> dict[str, Any]: ...
 def verify(
-    src: str, dst: str, *, loose: bool = False, threads: int | None = None
+    src: str,
+    dst: str,
+    *,
+    loose: bool = False,
+    threads: int | None = None,
+    progress: Callable[[int, int], object] | None = None,
+    window_mib: int | None = None,
 ) -> dict[str, Any]: ...

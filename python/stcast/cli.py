@@ -1,4 +1,4 @@
-"""The `stcast` command line: `convert`, `inspect`, `demo`.
+"""The `stcast` command line: `convert`, `inspect`, `verify`, `demo`.
 
 Exit codes: 0 ok, 1 failure, 2 usage, 130 interrupted. Errors are one line on stderr, prefixed
 `stcast: `; `--json` prints one object on stdout for scripts. Imports stay light (no numpy)
@@ -66,21 +66,55 @@ def _build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser(
         "convert",
         help="convert a checkpoint to bf16 (or fp16)",
-        description="Convert SRC to bf16 (or fp16); other tensors and the metadata are kept.",
+        description=(
+            "Convert SRC to bf16 (or fp16); other tensors and the metadata are kept. SRC may be "
+            "a checkpoint folder: every .safetensors file in it is converted, its indexes and "
+            "config.json files are updated and everything else is copied into the folder DST."
+        ),
     )
-    p.add_argument("src", metavar="SRC", help="input .safetensors file")
+    p.add_argument("src", metavar="SRC", help="input .safetensors file or checkpoint folder")
     p.add_argument(
         "dst",
         metavar="DST",
         nargs="?",
-        help="output file (default: SRC's stem + -bf16.safetensors)",
+        help="output file (default: SRC's stem + -bf16.safetensors; for a folder, SRC-bf16)",
     )
     p.add_argument("--to", choices=["bf16", "fp16"], default="bf16", help="target (default bf16)")
     p.add_argument("--threads", type=_positive_int, metavar="N", help="worker threads")
     p.add_argument("--force", action="store_true", help="overwrite DST if it exists")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="folders: continue an interrupted run, skipping the files already done",
+    )
+    p.add_argument(
+        "--shard",
+        type=_shard,
+        metavar="I/N",
+        help="folders: convert only the I-th of N subsets of the files (then `stcast finalize`)",
+    )
+    p.add_argument(
+        "--allow-quantized",
+        action="store_true",
+        help="folders: convert a quantized checkpoint anyway (its F32 scales become bf16 too)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no summary")
     p.set_defaults(run=_run_convert)
+
+    p = commands.add_parser(
+        "finalize",
+        help="complete a folder converted with --shard",
+        description=(
+            "Once `stcast convert SRC DST --shard I/N` has run for every I, check that every "
+            "file is done, then copy the other files and write the configs and indexes."
+        ),
+    )
+    p.add_argument("src", metavar="SRC", help="the checkpoint folder")
+    p.add_argument("dst", metavar="DST", help="the folder the shards were converted into")
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no summary")
+    p.set_defaults(run=_run_finalize)
 
     p = commands.add_parser(
         "inspect",
@@ -91,6 +125,27 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", choices=["bf16", "fp16"], default="bf16", help="target (default bf16)")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     p.set_defaults(run=_run_inspect)
+
+    p = commands.add_parser(
+        "verify",
+        help="check that DST is exactly the conversion of SRC",
+        description=(
+            "Check, streaming both files, that DST is exactly what `stcast convert` makes of "
+            "SRC: every converted value bit for bit, every other tensor byte for byte, and the "
+            "header. Exit 0 when it is, 1 on the first difference (named on stderr)."
+        ),
+    )
+    p.add_argument("src", metavar="SRC", help="the original .safetensors file")
+    p.add_argument("dst", metavar="DST", help="the converted file")
+    p.add_argument(
+        "--loose",
+        action="store_true",
+        help="for files from other tools: ignore tensor order, header layout and NaN encodings",
+    )
+    p.add_argument("--threads", type=_positive_int, metavar="N", help="worker threads")
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no summary")
+    p.set_defaults(run=_run_verify)
 
     p = commands.add_parser(
         "demo",
@@ -118,11 +173,23 @@ def _run_convert(args: argparse.Namespace, console: _Console) -> int:
         warnings.simplefilter("always", stcast.StcastWarning)
         warnings.showwarning = console.show_warning
         report = stcast.convert(
-            args.src, args.dst, to=args.to, threads=args.threads, force=args.force, progress=bar
+            args.src,
+            args.dst,
+            to=args.to,
+            threads=args.threads,
+            force=args.force,
+            progress=bar,
+            resume=args.resume,
+            shard=args.shard,
+            allow_quantized=args.allow_quantized,
+            file_progress=None if bar is None else bar.set_file,
         )
     console.end_bar()
     if args.json:
         console.emit_json(report.to_dict())
+    elif isinstance(report, stcast.FolderReport):
+        if not args.quiet:
+            _print_folder_summary(report)
     elif not args.quiet:
         rate = report.bytes_in / report.seconds if report.seconds > 0 else 0.0
         print(f"converted {report.src} -> {report.dst}")
@@ -133,6 +200,45 @@ def _run_convert(args: argparse.Namespace, console: _Console) -> int:
             f"{report.threads} thread{'s' if report.threads != 1 else ''}, {report.isa})"
         )
     return 0
+
+
+def _run_finalize(args: argparse.Namespace, console: _Console) -> int:
+    bar = None
+    if not args.quiet and not args.json and _is_tty(sys.stderr):
+        bar = _ProgressBar(sys.stderr)
+        console.bar = bar
+    report = stcast.finalize(
+        args.src, args.dst, progress=bar, file_progress=None if bar is None else bar.set_file
+    )
+    console.end_bar()
+    if args.json:
+        console.emit_json(report.to_dict())
+    elif not args.quiet:
+        _print_folder_summary(report)
+    return 0
+
+
+def _print_folder_summary(report: stcast.FolderReport) -> None:
+    count: dict[str, int] = {}
+    for f in report.files:
+        count[f.action] = count.get(f.action, 0) + 1
+    if report.shard is not None:
+        verb = f"converted shard {report.shard[0]}/{report.shard[1]} of"
+    else:
+        verb = "finalized" if count.get("checked") else "converted"
+    print(f"{verb} {report.src} -> {report.dst}")
+    actions = ("converted", "skipped", "checked", "rewritten", "copied")
+    print("  files    " + ", ".join(f"{count[a]} {a}" for a in actions if count.get(a)))
+    print(f"  size     {_size(report.bytes_in)} -> {_size(report.bytes_out)} converted")
+    print(f"  tensors  {report.tensors_converted} converted, {report.tensors_copied} copied")
+    rate = report.bytes_in / report.seconds if report.seconds > 0 else 0.0
+    engine = ""
+    if report.threads is not None:
+        plural = "s" if report.threads != 1 else ""
+        engine = f", {report.threads} thread{plural}, {report.isa}"
+    print(f"  time     {report.seconds:.2f} s ({_size(rate)}/s of input{engine})")
+    if not report.complete:
+        print("  then, once every shard is done:  stcast finalize SRC DST")
 
 
 def _run_inspect(args: argparse.Namespace, console: _Console) -> int:
@@ -175,6 +281,32 @@ def _run_inspect(args: argparse.Namespace, console: _Console) -> int:
     )
     print(f"output:   {_size(report.output_bytes)} projected as {args.to}")
     return 0
+
+
+def _run_verify(args: argparse.Namespace, console: _Console) -> int:
+    bar = None
+    if not args.quiet and not args.json and _is_tty(sys.stderr):
+        bar = _ProgressBar(sys.stderr)
+        console.bar = bar
+    report = stcast.verify(args.src, args.dst, loose=args.loose, threads=args.threads, progress=bar)
+    console.end_bar()
+    if args.json:
+        console.emit_json(report.to_dict())
+    elif report.mismatch is not None:
+        console.error(f"{report.dst}: {report.mismatch.message}")
+    elif not args.quiet:
+        mode = " (loose)" if report.loose else ""
+        print(f"verified {report.dst}: exactly the conversion of {report.src}{mode}")
+        print(
+            f"  tensors  {report.tensors_converted} converted, {report.tensors_identical} identical"
+        )
+        rate = report.bytes_compared / report.seconds if report.seconds > 0 else 0.0
+        print(
+            f"  time     {report.seconds:.2f} s ({_size(report.bytes_compared)} compared, "
+            f"{_size(rate)}/s, {report.threads} thread{'s' if report.threads != 1 else ''}, "
+            f"{report.isa})"
+        )
+    return 0 if report.ok else 1
 
 
 def _run_demo(args: argparse.Namespace, console: _Console) -> int:
@@ -250,6 +382,11 @@ class _ProgressBar:
         self.last_draw = 0.0
         self.drawn = 0  # length of the last line drawn, 0 when none is on screen
         self.broken = False
+        self.label = ""  # the current file of a folder, and how far it is
+
+    def set_file(self, path: str, done: int, total: int) -> None:
+        """Per-file progress of a folder conversion, shown after the whole-folder bar."""
+        self.label = f"{path} {done * 100 // total if total > 0 else 100}%"
 
     def __call__(self, done: int, total: int) -> None:
         now = time.monotonic()
@@ -269,6 +406,12 @@ class _ProgressBar:
                 line += f"  {_size(rate)}/s  ETA {_duration((total - done) / rate)}"
             else:
                 line += f"  {_size(rate)}/s  in {elapsed:.1f} s"
+        if self.label:
+            # Clipped to the terminal: a wrapped line could not be redrawn with a bare \r.
+            room = _columns(self.stream) - 1 - len(line) - 2
+            if room > 8:
+                label = self.label if len(self.label) <= room else "..." + self.label[3 - room :]
+                line += "  " + label
         # Pad over what is left of a longer previous line; no escape codes needed.
         padded = line.ljust(self.drawn)
         self.drawn = len(line)
@@ -287,6 +430,14 @@ class _ProgressBar:
         except (OSError, ValueError):
             # A broken terminal must not abort the conversion: stop drawing instead.
             self.broken = True
+
+
+def _columns(stream: TextIO) -> int:
+    """The width of the terminal behind `stream`; 80 when it does not say."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or 80
+    except (AttributeError, OSError, ValueError):
+        return 80
 
 
 def _size(n: float) -> str:
@@ -383,6 +534,17 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1: {text}")
     return value
+
+
+def _shard(text: str) -> tuple[int, int]:
+    i, slash, n = text.partition("/")
+    try:
+        shard = (int(i), int(n))
+    except ValueError:
+        shard = (0, 0)
+    if not slash or not 1 <= shard[0] <= shard[1]:
+        raise argparse.ArgumentTypeError(f"expected I/N with 1 <= I <= N, e.g. 2/8: {text!r}")
+    return shard
 
 
 def _positive_float(text: str) -> float:

@@ -1,0 +1,137 @@
+//! The property both the fuzz target and `tests/props.rs` check, on arbitrary bytes.
+//!
+//! Shared by path (`#[path]`), so the fuzzer and CI test exactly the same thing:
+//! - `read_header` and `plan` never panic, whatever the bytes;
+//! - a header they accept is consistent: tensors sorted, contiguous from 0, covering the file;
+//! - its plan, for both targets, is contiguous and aligned, and for small files an
+//!   in-memory conversion (the same plan and slice kernels as a real run, without files)
+//!   gives bytes that `read_header` accepts again, with the same names, shapes, metadata
+//!   and the planned dtypes and offsets; the SIMD kernels give the scalar ones' bytes.
+
+use std::path::Path;
+
+use stcast::header::{self, Action, Conversion, Plan, SourceHeader, Target, PREFIX};
+use stcast::kernels::{self, Isa};
+
+/// Files up to this size are also converted in memory.
+pub const CONVERT_MAX: usize = 1 << 16;
+
+/// Check `data`; returns whether `read_header` accepted it.
+pub fn check(data: &[u8]) -> bool {
+    let path = Path::new("fuzz.safetensors");
+    let Ok(src) = header::read_header(path, data) else {
+        return false;
+    };
+    check_source(&src, data.len() as u64);
+    for target in [Target::Bf16, Target::F16] {
+        // Only an output header over the 100 MB limit is refused here: not at these sizes.
+        let plan = header::plan(path, &src, target).expect("a valid header plans");
+        check_plan(&src, &plan);
+        if data.len() <= CONVERT_MAX {
+            let out = convert_in_memory(data, &src, &plan, Isa::Scalar);
+            let fast = convert_in_memory(data, &src, &plan, Isa::detect());
+            assert!(out == fast, "SIMD and scalar kernels disagree");
+            check_round_trip(&src, &plan, &out);
+        }
+    }
+    true
+}
+
+fn check_source(src: &SourceHeader, file_len: u64) {
+    let mut at = 0;
+    for t in &src.tensors {
+        assert_eq!(
+            t.start, at,
+            "tensor `{}` does not follow the previous one",
+            t.name
+        );
+        assert!(t.end >= t.start);
+        let elems = t
+            .shape
+            .iter()
+            .fold(1u128, |n, &d| n.saturating_mul(d as u128));
+        let bits = elems.saturating_mul(t.dtype.bitsize() as u128);
+        assert_eq!(bits, (t.len() as u128) * 8, "tensor `{}` size", t.name);
+        at = t.end;
+    }
+    assert_eq!(src.data_start() + src.data_len(), file_len);
+}
+
+fn elem_bytes(bits: usize) -> u64 {
+    if bits.is_multiple_of(8) {
+        (bits / 8) as u64
+    } else {
+        1
+    }
+}
+
+fn check_plan(src: &SourceHeader, plan: &Plan) {
+    assert_eq!(plan.tensors.len(), src.tensors.len());
+    assert!(plan.header.len() >= PREFIX && plan.header.len().is_multiple_of(8));
+    let mut seen = vec![false; src.tensors.len()];
+    let mut at = 0;
+    for t in &plan.tensors {
+        assert!(
+            !std::mem::replace(&mut seen[t.source], true),
+            "tensor planned twice"
+        );
+        let s = &src.tensors[t.source];
+        assert_eq!(t.start, at);
+        assert_eq!(
+            t.start % elem_bytes(t.dtype.bitsize()),
+            0,
+            "misaligned `{}`",
+            s.name
+        );
+        let expected = match t.action {
+            Action::Copy => {
+                assert_eq!(t.dtype, s.dtype);
+                s.len()
+            }
+            Action::Convert(c) => {
+                assert_eq!(t.dtype, plan.target.dtype());
+                s.len() / c.src_size() * 2
+            }
+        };
+        assert_eq!(t.end - t.start, expected);
+        at = t.end;
+    }
+}
+
+/// The whole output file, built in memory the way `Job` builds it on disk.
+pub fn convert_in_memory(data: &[u8], src: &SourceHeader, plan: &Plan, isa: Isa) -> Vec<u8> {
+    let mut out = plan.header.clone();
+    out.resize(plan.file_len() as usize, 0);
+    let (src_base, dst_base) = (src.data_start() as usize, plan.data_start() as usize);
+    for t in &plan.tensors {
+        let s = &src.tensors[t.source];
+        let from = &data[src_base + s.start as usize..src_base + s.end as usize];
+        let to = &mut out[dst_base + t.start as usize..dst_base + t.end as usize];
+        match t.action {
+            Action::Copy => to.copy_from_slice(from),
+            Action::Convert(Conversion::F32ToBf16) => kernels::f32_to_bf16(isa, from, to),
+            Action::Convert(Conversion::F16ToBf16) => kernels::f16_to_bf16(isa, from, to),
+            Action::Convert(Conversion::F64ToBf16) => kernels::f64_to_bf16(isa, from, to),
+            Action::Convert(Conversion::F32ToF16) => kernels::f32_to_f16(isa, from, to),
+            Action::Convert(Conversion::F64ToF16) => kernels::f64_to_f16(isa, from, to),
+        }
+    }
+    out
+}
+
+fn check_round_trip(src: &SourceHeader, plan: &Plan, out: &[u8]) {
+    let back = header::read_header(Path::new("out.safetensors"), out)
+        .unwrap_or_else(|e| panic!("our own output does not parse: {e}"));
+    assert_eq!(back.metadata, src.metadata);
+    assert_eq!(back.data_start(), plan.data_start());
+    assert_eq!(back.tensors.len(), plan.tensors.len());
+    // Output tensors sorted by offset are the plan's order (empty ones tie in key order,
+    // which is the plan's order too).
+    for (b, t) in back.tensors.iter().zip(&plan.tensors) {
+        let s = &src.tensors[t.source];
+        assert_eq!(b.name, s.name);
+        assert_eq!(b.shape, s.shape);
+        assert_eq!(b.dtype, t.dtype);
+        assert_eq!((b.start, b.end), (t.start, t.end));
+    }
+}
