@@ -590,7 +590,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--out", type=Path, default=HERE / "out")
     ap.add_argument("--stcast", default="stcast", help="the stcast CLI to measure")
-    ap.add_argument("--peers", type=Path, default=Path("/work/shared/peers"))
+    # The peers live in shared/ beside the repository.
+    ap.add_argument("--peers", type=Path, default=HERE.parent.parent / "shared" / "peers")
     ap.add_argument("--tmpfs-dir", type=Path, default=Path("/dev/shm/stcast-bench"))
     ap.add_argument("--disk-dir", type=Path, default=Path("/var/tmp/stcast-bench"))
     ap.add_argument("--seed", type=int, default=0)
