@@ -3,11 +3,14 @@
 //! Prints Markdown tables of GB/s of input (1 GB = 1e9 bytes), best of 5 runs: f32 -> bf16
 //! for a cache-resident 1 MiB input and a large one (256 MiB unless given), on one thread
 //! and on every thread, beside memcpy and a plain read of the same bytes; then the other
-//! kernels on one thread.
+//! kernels on one thread; then each kernel alone and fused with `numerics::measure`, as a
+//! conversion runs them (the numeric report's cost).
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use stcast::kernels::{f16_to_bf16, f32_to_bf16, f32_to_f16, f64_to_bf16, f64_to_f16, Isa};
+use stcast::numerics;
+use stcast::Conversion;
 
 type Kernel = fn(Isa, &[u8], &mut [u8]);
 
@@ -188,6 +191,61 @@ fn main() {
                 measure(job, &large, 1, false, 1),
             ];
             row(job.label(), &cells);
+        }
+    }
+
+    numerics_table(large_mib, small_reps);
+}
+
+/// The numeric report's cost: each kernel alone, then fused with `numerics::measure` the
+/// way a conversion runs them (kernel then measure, per 16 KiB of input, while in cache).
+fn numerics_table(large_mib: usize, small_reps: usize) {
+    const SUB: usize = 16 << 10;
+    let isa = Isa::detect();
+    println!(
+        "\n| numerics, 1 thread, {} | 1 MiB | {large_mib} MiB |",
+        isa.name()
+    );
+    println!("|---|---:|---:|");
+    let all: [(&str, Kernel, Conversion); 5] = [
+        ("f32_to_bf16", f32_to_bf16, Conversion::F32ToBf16),
+        ("f16_to_bf16", f16_to_bf16, Conversion::F16ToBf16),
+        ("f64_to_bf16", f64_to_bf16, Conversion::F64ToBf16),
+        ("f32_to_f16", f32_to_f16, Conversion::F32ToF16),
+        ("f64_to_f16", f64_to_f16, Conversion::F64ToF16),
+    ];
+    for (name, kernel, conv) in all {
+        let src_elem = conv.src_size() as usize;
+        let small = input(1 << 20, src_elem);
+        let large = input(large_mib << 20, src_elem);
+        let rate = |src: &[u8], reps: usize, measured: bool| {
+            let mut dst = vec![1u8; src.len() / src_elem * 2];
+            let mut best = Duration::MAX;
+            for round in 0..6 {
+                let start = Instant::now();
+                for _ in 0..reps {
+                    let pieces = src.chunks(SUB).zip(dst.chunks_mut(SUB / src_elem * 2));
+                    for (s, d) in pieces {
+                        kernel(isa, black_box(s), d);
+                        if measured {
+                            black_box(numerics::measure(conv, s, d));
+                        }
+                    }
+                }
+                if round > 0 {
+                    best = best.min(start.elapsed());
+                }
+            }
+            (src.len() * reps) as f64 / best.as_secs_f64() / 1e9
+        };
+        for measured in [false, true] {
+            let label = format!("{name}{}", if measured { " + measure" } else { "" });
+            let cells = [
+                rate(&small, small_reps, measured),
+                rate(&large, 1, measured),
+            ];
+            let cells: Vec<String> = cells.iter().map(|g| format!("{g:.1}")).collect();
+            println!("| {label} | {} |", cells.join(" | "));
         }
     }
 }

@@ -25,7 +25,12 @@ pub fn check(data: &[u8]) -> bool {
     check_source(&src, data.len() as u64);
     for target in [Target::Bf16, Target::F16] {
         // Only an output header over the 100 MB limit is refused here: not at these sizes.
-        let plan = header::plan(path, &src, target).expect("a valid header plans");
+        // BF16 sources are converted under F16 too, so the fuzzer reaches that kernel.
+        let opts = header::PlanOptions {
+            from_bf16: true,
+            ..header::PlanOptions::new(target)
+        };
+        let plan = header::plan(path, &src, &opts).expect("a valid header plans");
         check_plan(&src, &plan);
         if data.len() <= CONVERT_MAX {
             let out = convert_in_memory(data, &src, &plan, Isa::Scalar);
@@ -114,6 +119,7 @@ pub fn convert_in_memory(data: &[u8], src: &SourceHeader, plan: &Plan, isa: Isa)
             Action::Convert(Conversion::F64ToBf16) => kernels::f64_to_bf16(isa, from, to),
             Action::Convert(Conversion::F32ToF16) => kernels::f32_to_f16(isa, from, to),
             Action::Convert(Conversion::F64ToF16) => kernels::f64_to_f16(isa, from, to),
+            Action::Convert(Conversion::Bf16ToF16) => kernels::bf16_to_f16(isa, from, to),
         }
     }
     out

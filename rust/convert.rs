@@ -13,9 +13,13 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::failpoint;
-use crate::header::{self, Action, Conversion, Plan, SourceHeader, Target, PREFIX};
+use crate::header::{
+    self, Action, Conversion, Plan, PlanOptions, SourceHeader, Target, Unmatched, PREFIX,
+};
 use crate::kernels::{self, Isa};
+use crate::numerics::{self, Numerics};
 use crate::output::{self, TempOutput};
+use crate::scan::{self, OnOverflow};
 
 /// Input bytes converted per window. Memory in use is a small multiple of this.
 pub const DEFAULT_WINDOW: usize = 8 << 20;
@@ -36,6 +40,33 @@ pub struct Options {
     pub isa: Option<Isa>,
     /// Fault each window in with one call (`MADV_POPULATE_*`) instead of page by page.
     pub populate: bool,
+    /// fnmatch patterns of float tensors that keep their dtype (`PlanOptions::keep`).
+    pub keep: Vec<String>,
+    /// Float tensors with fewer elements keep their dtype.
+    pub keep_min_size: u64,
+    /// Under F16, convert BF16 tensors too.
+    pub from_bf16: bool,
+    /// What a `keep` pattern matching no tensor does (`Error` under `--strict`).
+    pub unmatched: Unmatched,
+    /// Tensors kept to avoid overflow (the `OnOverflow::Keep` scan fills this).
+    pub keep_names: std::collections::HashSet<String>,
+    pub on_overflow: OnOverflow,
+    /// Measure each converted tensor as it is written (`Report::numerics`).
+    pub numerics: bool,
+}
+
+impl Options {
+    /// The part of the options that decides the plan.
+    pub fn plan_options(&self) -> PlanOptions {
+        PlanOptions {
+            target: self.target,
+            keep: self.keep.clone(),
+            keep_min_size: self.keep_min_size,
+            from_bf16: self.from_bf16,
+            keep_names: self.keep_names.clone(),
+            unmatched: self.unmatched,
+        }
+    }
 }
 
 impl Default for Options {
@@ -47,6 +78,13 @@ impl Default for Options {
             window: DEFAULT_WINDOW,
             isa: None,
             populate: std::env::var("STCAST_POPULATE").map_or(true, |v| v != "0"),
+            keep: Vec::new(),
+            keep_min_size: 0,
+            from_bf16: false,
+            unmatched: Unmatched::Warn,
+            keep_names: Default::default(),
+            on_overflow: OnOverflow::Warn,
+            numerics: true,
         }
     }
 }
@@ -58,13 +96,23 @@ pub struct Report {
     pub dst: PathBuf,
     pub target: Target,
     pub tensors_converted: usize,
+    /// Tensors copied, the kept ones included.
     pub tensors_copied: usize,
+    /// Float tensors kept in their source dtype (by pattern, size or overflow), and their bytes.
+    pub tensors_kept: usize,
+    pub bytes_kept: u64,
+    /// Those tensors, in output order.
+    pub kept: Vec<header::KeptTensor>,
     pub bytes_in: u64,
     pub bytes_out: u64,
     pub seconds: f64,
     pub threads: usize,
     pub isa: Isa,
     pub warnings: Vec<String>,
+    /// What rounding did to each converted tensor, in output order (empty without
+    /// `Options::numerics`), and to all of them.
+    pub numerics: Vec<(String, Numerics)>,
+    pub numerics_total: Numerics,
 }
 
 /// An opened, validated input: its file, its bytes and its header.
@@ -189,10 +237,39 @@ impl Source {
 }
 
 /// Plan the conversion of `path` without writing anything.
-pub fn inspect(path: &Path, target: Target) -> Result<(Source, Plan)> {
+pub fn inspect(path: &Path, opts: &PlanOptions) -> Result<(Source, Plan)> {
     let src = Source::open(path)?;
-    let plan = header::plan(path, &src.header, target)?;
+    let plan = header::plan(path, &src.header, opts)?;
     Ok((src, plan))
+}
+
+/// Refuse a destination that cannot be written: a missing folder, the input itself, a
+/// folder, an existing file without `force`. Returns the mode of the file `force` replaces.
+pub fn check_destination(src: &Source, dst: &Path, force: bool) -> Result<Option<u32>> {
+    let dir = output::parent_dir(dst);
+    match std::fs::metadata(&dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(Error::refused(&dir, "destination folder is not a folder")),
+        Err(_) => return Err(Error::refused(&dir, "destination folder does not exist")),
+    }
+    let src_meta = src
+        .file
+        .metadata()
+        .map_err(|e| Error::io(&src.path, "cannot stat the input", e))?;
+    let mut replaced_mode = None;
+    if let Some((dev, ino, mode)) = output::identity(dst) {
+        if (dev, ino) == (src_meta.dev(), src_meta.ino()) {
+            return Err(Error::refused(dst, "destination is the input file"));
+        }
+        if mode & libc::S_IFMT == libc::S_IFDIR {
+            return Err(Error::refused(dst, "destination is a folder"));
+        }
+        if !force {
+            return Err(output::exists_error(dst));
+        }
+        replaced_mode = Some(mode);
+    }
+    Ok(replaced_mode)
 }
 
 /// A conversion in progress. Dropping it before `finish` leaves nothing behind.
@@ -219,38 +296,30 @@ pub struct Job {
     /// Output whose writeback was started and that is dropped once written.
     out_inflight: Option<(u64, u64)>,
     mid_tensor_hit: bool,
+    on_overflow: OnOverflow,
     started: Instant,
+    /// Per tensor of `plan.tensors`, when measuring.
+    numerics: Option<Vec<Numerics>>,
 }
 
 impl Job {
     /// Validate everything, refuse what must be refused, and create the hidden output.
+    ///
+    /// `OnOverflow::Keep` needs a scan first: see `scan::overflow_scan` and `scan::keep_job`
+    /// (or `convert`, which does both); here it plans with `opts.keep_names` as given.
     pub fn open(src_path: &Path, dst: &Path, opts: &Options) -> Result<Job> {
+        Job::with_source(Source::open(src_path)?, dst, opts)
+    }
+
+    /// `open` with the input already opened (and maybe scanned: its stamp is still the one
+    /// taken when it was opened, so a change during the scan is caught too).
+    pub fn with_source(src: Source, dst: &Path, opts: &Options) -> Result<Job> {
         let started = Instant::now();
-        let src = Source::open(src_path)?;
+        let src_path = src.path.clone();
+        let src_path = src_path.as_path();
         let dir = output::parent_dir(dst);
-        match std::fs::metadata(&dir) {
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => return Err(Error::refused(&dir, "destination folder is not a folder")),
-            Err(_) => return Err(Error::refused(&dir, "destination folder does not exist")),
-        }
-        let src_meta = src
-            .file
-            .metadata()
-            .map_err(|e| Error::io(src_path, "cannot stat the input", e))?;
-        let mut replaced_mode = None;
-        if let Some((dev, ino, mode)) = output::identity(dst) {
-            if (dev, ino) == (src_meta.dev(), src_meta.ino()) {
-                return Err(Error::refused(dst, "destination is the input file"));
-            }
-            if mode & libc::S_IFMT == libc::S_IFDIR {
-                return Err(Error::refused(dst, "destination is a folder"));
-            }
-            if !opts.force {
-                return Err(output::exists_error(dst));
-            }
-            replaced_mode = Some(mode);
-        }
-        let mut plan = header::plan(src_path, &src.header, opts.target)?;
+        let replaced_mode = check_destination(&src, dst, opts.force)?;
+        let mut plan = header::plan(src_path, &src.header, &opts.plan_options())?;
         // Temp files of killed runs (named ones, where O_TMPFILE is missing) go first.
         plan.warnings.extend(output::remove_stale_temps(&dir));
 
@@ -274,6 +343,7 @@ impl Job {
             .build()
             .map_err(|e| Error::io(dst, "cannot start worker threads", std::io::Error::other(e)))?;
         let total = src.header.data_len();
+        let plan_len = plan.tensors.len();
         Ok(Job {
             dst: dst.to_path_buf(),
             plan,
@@ -292,7 +362,11 @@ impl Job {
             out_pending: None,
             out_inflight: None,
             mid_tensor_hit: false,
+            on_overflow: opts.on_overflow,
             started,
+            // The overflow guard needs the counts whatever `opts.numerics` says.
+            numerics: (opts.numerics || opts.on_overflow == OnOverflow::Error)
+                .then(|| vec![Numerics::default(); plan_len]),
             src,
         })
     }
@@ -308,6 +382,12 @@ impl Job {
     /// Source data bytes done and in all.
     pub fn progress(&self) -> (u64, u64) {
         (self.done, self.total)
+    }
+
+    /// What rounding did so far to each tensor of `plan().tensors` (None without
+    /// `Options::numerics`): complete for all of them once `step` returned true.
+    pub fn numerics(&self) -> Option<&[Numerics]> {
+        self.numerics.as_deref()
     }
 
     /// Convert about `budget` source bytes (whole windows). Returns true when all is done.
@@ -349,14 +429,27 @@ impl Job {
             }
             let src_bytes = &self.src.map[sa..sa + n as usize];
             let dst_bytes = &mut self.out_map[da..da + dst_n as usize];
-            run_window(
-                &self.pool,
-                self.threads,
-                self.isa,
-                action,
-                src_bytes,
-                dst_bytes,
-            );
+            match (action, &mut self.numerics) {
+                (Action::Convert(c), Some(all)) => {
+                    let measured = convert_and_measure(
+                        &self.pool,
+                        self.threads,
+                        self.isa,
+                        c,
+                        src_bytes,
+                        dst_bytes,
+                    );
+                    all[self.next].merge(&measured);
+                }
+                _ => run_window(
+                    &self.pool,
+                    self.threads,
+                    self.isa,
+                    action,
+                    src_bytes,
+                    dst_bytes,
+                ),
+            }
 
             self.pos += n;
             self.done += n;
@@ -472,20 +565,41 @@ impl Job {
         let Job {
             src,
             dst,
-            plan,
             out,
             out_map,
             threads,
             isa,
             started,
+            numerics,
+            on_overflow,
+            mut plan,
             ..
         } = self;
         drop(out_map);
         // Everything is read: an input unchanged now was unchanged while it was read.
         src.check_unchanged()?;
+        let numerics: Vec<(String, Numerics)> = plan
+            .tensors
+            .iter()
+            .zip(numerics.unwrap_or_default())
+            .filter(|(t, _)| matches!(t.action, Action::Convert(_)))
+            .map(|(t, n)| (src.header.tensors[t.source].name.clone(), n))
+            .collect();
+        // Dropping `out` unpublished leaves nothing behind.
+        if let Some(overflow) = scan::Overflow::find(&numerics, plan.target) {
+            if on_overflow == OnOverflow::Error {
+                return Err(overflow.error(&src.path));
+            }
+            plan.warnings.push(overflow.warning());
+        }
         out.publish()?;
         let copied = plan.tensors.len() - plan.converted();
         Ok(Report {
+            numerics_total: Numerics::total(numerics.iter().map(|(_, n)| n)),
+            numerics,
+            tensors_kept: plan.kept(),
+            bytes_kept: plan.kept_bytes(),
+            kept: plan.kept_tensors(&src.header),
             bytes_in: src.map.len() as u64,
             bytes_out: plan.file_len(),
             src: src.path,
@@ -503,7 +617,13 @@ impl Job {
 
 /// Convert `src` to `dst` in one call (for Rust users and tests; Python steps the job).
 pub fn convert(src: &Path, dst: &Path, opts: &Options) -> Result<Report> {
-    let mut job = Job::open(src, dst, opts)?;
+    let mut job = if opts.on_overflow == OnOverflow::Keep {
+        let mut scan = scan::overflow_scan(src, dst, opts)?;
+        while !scan.step(u64::MAX)? {}
+        scan::keep_job(scan, dst, opts)?
+    } else {
+        Job::open(src, dst, opts)?
+    };
     while !job.step(u64::MAX)? {}
     job.finish()
 }
@@ -532,6 +652,44 @@ pub(crate) fn run_window(
     });
 }
 
+/// `run_window` for a conversion, measuring what it does as it goes: each thread converts
+/// and measures piece by piece, so the measure reads what the kernel just wrote from cache.
+pub(crate) fn convert_and_measure(
+    pool: &rayon::ThreadPool,
+    threads: usize,
+    isa: Isa,
+    conv: Conversion,
+    src: &[u8],
+    dst: &mut [u8],
+) -> Numerics {
+    /// Source bytes per piece: both sides stay in L1.
+    const PIECE: usize = 16 << 10;
+    let src_size = conv.src_size() as usize;
+    let run = |src: &[u8], dst: &mut [u8]| {
+        let mut total = Numerics::default();
+        for (s, d) in src.chunks(PIECE).zip(dst.chunks_mut(PIECE / src_size * 2)) {
+            apply(isa, Action::Convert(conv), s, d);
+            total.merge(&numerics::measure(conv, s, d));
+        }
+        total
+    };
+    if threads <= 1 || src.len() < PARALLEL_MIN {
+        return run(src, dst);
+    }
+    let per = (src.len() / src_size)
+        .div_ceil(threads)
+        .next_multiple_of(1024);
+    pool.install(|| {
+        src.par_chunks(per * src_size)
+            .zip(dst.par_chunks_mut(per * 2))
+            .map(|(s, d)| run(s, d))
+            .reduce(Numerics::default, |mut a, b| {
+                a.merge(&b);
+                a
+            })
+    })
+}
+
 fn apply(isa: Isa, action: Action, src: &[u8], dst: &mut [u8]) {
     match action {
         Action::Copy => dst.copy_from_slice(src),
@@ -540,6 +698,7 @@ fn apply(isa: Isa, action: Action, src: &[u8], dst: &mut [u8]) {
         Action::Convert(Conversion::F64ToBf16) => kernels::f64_to_bf16(isa, src, dst),
         Action::Convert(Conversion::F32ToF16) => kernels::f32_to_f16(isa, src, dst),
         Action::Convert(Conversion::F64ToF16) => kernels::f64_to_f16(isa, src, dst),
+        Action::Convert(Conversion::Bf16ToF16) => kernels::bf16_to_f16(isa, src, dst),
     }
 }
 

@@ -152,6 +152,13 @@ pub fn f16_from_f64(x: u64) -> u16 {
     f16_from_f32(f32_round_to_odd(x))
 }
 
+/// Rounds bf16 bits to IEEE binary16 bits: the bf16 value is exactly the f32 with those
+/// bits on top, so this is the f32 rule (|x| >= 65520 overflows, NaN -> `sign | 0x7E00`).
+#[inline(always)]
+pub fn f16_from_bf16(b: u16) -> u16 {
+    f16_from_f32(u32::from(b) << 16)
+}
+
 /// Widens f16 bits to the f32 bits of the same value (exact; a NaN stays a NaN).
 #[inline(always)]
 fn f32_from_f16(h: u16) -> u32 {
@@ -274,6 +281,25 @@ pub fn f64_to_f16(isa: Isa, src: &[u8], dst: &mut [u8]) {
         Isa::Avx512 => unsafe { x86::f64_to_f16_avx512(src, dst) },
         // Scalar without AVX-512, as in f64_to_bf16.
         _ => map_u64(src, dst, f16_from_f64),
+    }
+}
+
+/// BF16 -> F16 over little-endian bytes: `dst.len() == src.len()`, any alignment.
+///
+/// Each block is widened exactly to F32 on the stack and rounded by `f32_to_f16`, so it
+/// takes that kernel's SIMD path and its rounding, unchanged.
+pub fn bf16_to_f16(isa: Isa, src: &[u8], dst: &mut [u8]) {
+    debug_assert_lengths(src, dst, 2);
+    const BLOCK: usize = 1024;
+    let mut wide = [0u8; BLOCK * 4];
+    for (s, d) in src.chunks(BLOCK * 2).zip(dst.chunks_mut(BLOCK * 2)) {
+        // Mismatched lengths stop at the shorter side, as in the other kernels.
+        let n = (s.len() / 2).min(d.len() / 2);
+        let (s, wide_n) = (s.as_chunks::<2>().0, wide.as_chunks_mut::<4>().0);
+        for (b, w) in s.iter().zip(wide_n.iter_mut()).take(n) {
+            *w = (u32::from(u16::from_le_bytes(*b)) << 16).to_le_bytes();
+        }
+        f32_to_f16(isa, &wide[..n * 4], &mut d[..n * 2]);
     }
 }
 
@@ -1131,6 +1157,56 @@ mod tests {
     }
 
     #[test]
+    fn bf16_to_f16_all_bf16s() {
+        // Every bf16 pattern against the exact-value reference (f32 widening is exact),
+        // and the slice kernel against the scalar rule, across blocks and tails.
+        let inputs: Vec<u64> = (0..=0xFFFF).collect();
+        let expected: Vec<u16> = (0..=0xFFFF_u16).map(f16_from_bf16).collect();
+        for b in 0..=0xFFFF_u16 {
+            let want = f16_by_value(u32::from(b) << 16);
+            assert_eq!(f16_from_bf16(b), want, "{b:#06x}");
+            assert_eq!(
+                f16_from_bf16(b),
+                f16_from_f32(u32::from(b) << 16),
+                "{b:#06x}"
+            );
+        }
+        check_slices("bf16_to_f16", bf16_to_f16, 2, &inputs, &expected, false);
+        let table: &[(u16, u16)] = &[
+            (0x477F, 0x7BF8), // 65280
+            (0x4780, 0x7C00), // 65536 overflows
+            (0xC780, 0xFC00),
+            (0x3380, 0x0001), // 2^-24
+            (0x3300, 0x0000), // 2^-25 ties to zero
+            (0x7FC1, 0x7E00), // NaN, payload dropped
+            (0xFF81, 0xFE00),
+            (0x7F80, 0x7C00),
+        ];
+        for &(b, want) in table {
+            assert_eq!(f16_from_bf16(b), want, "{b:#06x}");
+        }
+        let tail: Vec<u64> = cycled(&inputs[0x4770..0x4790], 2100);
+        let tail_expected: Vec<u16> = tail.iter().map(|&b| f16_from_bf16(b as u16)).collect();
+        check_slices(
+            "bf16_to_f16 long",
+            bf16_to_f16,
+            2,
+            &tail,
+            &tail_expected,
+            false,
+        );
+        let short = &tail[..40];
+        check_slices(
+            "bf16_to_f16 tails",
+            bf16_to_f16,
+            2,
+            short,
+            &tail_expected[..40],
+            true,
+        );
+    }
+
+    #[test]
     #[cfg_attr(
         debug_assertions,
         ignore = "exhaustive sweep runs in release: cargo test --release"
@@ -1336,12 +1412,13 @@ mod tests {
     #[test]
     fn mismatched_lengths_stay_in_bounds() {
         let src: Vec<u8> = (0..1000).map(|i| i as u8).collect();
-        let kernels: [(Kernel, usize); 5] = [
+        let kernels: [(Kernel, usize); 6] = [
             (f32_to_bf16, 4),
             (f16_to_bf16, 2),
             (f64_to_bf16, 8),
             (f32_to_f16, 4),
             (f64_to_f16, 8),
+            (bf16_to_f16, 2),
         ];
         for isa in Isa::available() {
             for (kernel, size) in kernels {

@@ -9,15 +9,19 @@ pub mod error;
 pub mod failpoint;
 pub mod header;
 pub mod kernels;
+pub mod numerics;
 pub mod output;
 #[cfg(feature = "python")]
 mod python;
+pub mod scan;
 pub mod verify;
 
 pub use convert::{convert, inspect, Job, Options, Report, Source};
 pub use error::{Error, Result};
-pub use header::{Action, Conversion, Plan, SourceHeader, Target};
+pub use header::{Action, Conversion, Plan, PlanOptions, Reason, SourceHeader, Target, Unmatched};
 pub use kernels::Isa;
+pub use numerics::Numerics;
+pub use scan::{OnOverflow, Scan, ScanKind};
 pub use verify::{verify, Mismatch, Verifier, VerifyOptions, VerifyReport};
 
 /// The crate version, which is also the Python package's version.

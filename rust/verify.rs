@@ -14,8 +14,9 @@ use safetensors::tensor::Dtype;
 
 use crate::convert::Source;
 use crate::error::{Error, Result};
-use crate::header::{encode_header, width_rank, Action, Conversion, TensorPlan, PREFIX};
+use crate::header::{encode_header, width_rank, Action, Conversion, Target, TensorPlan, PREFIX};
 use crate::kernels::{self, Isa};
+use crate::numerics::{self, Numerics};
 
 /// Elements recomputed and compared at once: the recomputed block stays in L1.
 const BLOCK: usize = 4096;
@@ -32,6 +33,8 @@ pub struct VerifyOptions {
     pub threads: usize,
     /// Source bytes per window (rounded down to a multiple of 64, at least 64 KiB).
     pub window: usize,
+    /// Measure the conversions as `convert` does (`VerifyReport::numerics`).
+    pub numerics: bool,
 }
 
 impl Default for VerifyOptions {
@@ -40,6 +43,7 @@ impl Default for VerifyOptions {
             loose: false,
             threads: 0,
             window: crate::convert::DEFAULT_WINDOW,
+            numerics: true,
         }
     }
 }
@@ -88,6 +92,12 @@ pub struct VerifyReport {
     pub threads: usize,
     pub isa: Isa,
     pub mismatch: Option<Mismatch>,
+    /// The target of the converted tensors when they all have the same one.
+    pub to: Option<Target>,
+    /// What rounding did to each converted tensor, in DST order, as `Report::numerics` of
+    /// the conversion (empty without `VerifyOptions::numerics`; partial after a mismatch).
+    pub numerics: Vec<(String, Numerics)>,
+    pub numerics_total: Numerics,
 }
 
 impl VerifyReport {
@@ -112,6 +122,7 @@ fn expectation(src: Dtype, dst: Dtype) -> Option<Expect> {
         (Dtype::F64, Dtype::BF16) => Expect::Convert(F64ToBf16),
         (Dtype::F32, Dtype::F16) => Expect::Convert(F32ToF16),
         (Dtype::F64, Dtype::F16) => Expect::Convert(F64ToF16),
+        (Dtype::BF16, Dtype::F16) => Expect::Convert(Bf16ToF16),
         _ => return None,
     })
 }
@@ -140,6 +151,8 @@ pub struct Verifier {
     total: u64,
     report: VerifyReport,
     started: Instant,
+    /// Per pair, when measuring.
+    numerics: Option<Vec<Numerics>>,
 }
 
 /// Check that `dst` is exactly what stcast makes of `src`.
@@ -183,6 +196,9 @@ impl Verifier {
             threads,
             isa,
             mismatch: None,
+            to: None,
+            numerics: Vec::new(),
+            numerics_total: Numerics::default(),
         };
         let pairs = match check_headers(&src, &dst, opts.loose) {
             Ok(pairs) => pairs,
@@ -191,12 +207,25 @@ impl Verifier {
                 Vec::new()
             }
         };
+        let mut targets = Vec::new();
         for p in &pairs {
             match p.expect {
                 Expect::Identical => report.tensors_identical += 1,
-                Expect::Convert(_) => report.tensors_converted += 1,
+                Expect::Convert(_) => {
+                    report.tensors_converted += 1;
+                    targets.push(match dst.header.tensors[p.dst].dtype {
+                        Dtype::F16 => Target::F16,
+                        _ => Target::Bf16,
+                    });
+                }
             }
         }
+        if targets.iter().all(|t| Some(t) == targets.first()) {
+            report.to = targets.first().copied();
+        }
+        let numerics = opts
+            .numerics
+            .then(|| vec![Numerics::default(); pairs.len()]);
         let total = pairs.iter().map(|p| src.header.tensors[p.src].len()).sum();
         let _ = src.map.advise(Advice::Sequential);
         let _ = dst.map.advise(Advice::Sequential);
@@ -213,6 +242,7 @@ impl Verifier {
             total,
             report,
             started,
+            numerics,
         })
     }
 
@@ -248,15 +278,19 @@ impl Verifier {
                 .map
                 .advise_range(Advice::PopulateRead, sa, n as usize);
             let _ = self.dst.map.advise_range(Advice::PopulateRead, da, dn);
-            let found = first_difference(
+            let (found, measured) = first_difference(
                 &self.pool,
                 self.isa,
                 pair.expect,
                 d.dtype,
                 self.report.loose,
+                self.numerics.is_some(),
                 &self.src.map[sa..sa + n as usize],
                 &self.dst.map[da..da + dn],
             );
+            if let Some(all) = &mut self.numerics {
+                all[self.next].merge(&measured);
+            }
             if let Some(offset) = found {
                 let offset = offset as u64;
                 let index = (self.pos + offset) / src_size;
@@ -277,6 +311,16 @@ impl Verifier {
     pub fn finish(self) -> VerifyReport {
         let mut report = self.report;
         report.seconds = self.started.elapsed().as_secs_f64();
+        if let Some(all) = self.numerics {
+            report.numerics = self
+                .pairs
+                .iter()
+                .zip(all)
+                .filter(|(p, _)| matches!(p.expect, Expect::Convert(_)))
+                .map(|(p, n)| (self.dst.header.tensors[p.dst].name.clone(), n))
+                .collect();
+            report.numerics_total = Numerics::total(report.numerics.iter().map(|(_, n)| n));
+        }
         report
     }
 
@@ -541,16 +585,19 @@ fn metadata_difference(
 }
 
 /// The byte offset (in `src`) of the first source element whose output differs, comparing
-/// on the pool in blocks that stay in cache.
+/// on the pool in blocks that stay in cache; with `measure`, also the numerics of the
+/// conversion (of the blocks before a difference), measured on each recomputed block.
+#[allow(clippy::too_many_arguments)]
 fn first_difference(
     pool: &rayon::ThreadPool,
     isa: Isa,
     expect: Expect,
     dst_dtype: Dtype,
     loose: bool,
+    measure: bool,
     src: &[u8],
     dst: &[u8],
-) -> Option<usize> {
+) -> (Option<usize>, Numerics) {
     // In loose mode a float NaN may come out as any NaN.
     let nan = if loose { nan_test(dst_dtype) } else { None };
     let (src_size, dst_size) = match expect {
@@ -560,8 +607,9 @@ fn first_difference(
         }
         Expect::Convert(c) => (c.src_size() as usize, 2),
     };
-    let check = |s: &[u8], d: &[u8]| -> Option<usize> {
+    let check = |s: &[u8], d: &[u8]| -> (Option<usize>, Numerics) {
         let mut buf = [0u8; 2 * BLOCK];
+        let mut measured = Numerics::default();
         let blocks = s.chunks(BLOCK * src_size).zip(d.chunks(BLOCK * dst_size));
         for (k, (sb, db)) in blocks.enumerate() {
             let want: &[u8] = match expect {
@@ -569,6 +617,9 @@ fn first_difference(
                 Expect::Convert(c) => {
                     let want = &mut buf[..db.len()];
                     convert_block(isa, c, sb, want);
+                    if measure {
+                        measured.merge(&numerics::measure(c, sb, want));
+                    }
                     want
                 }
             };
@@ -585,11 +636,11 @@ fn first_difference(
                     is_nan(w) && is_nan(g)
                 });
                 if w != g && !both_nan {
-                    return Some((k * BLOCK + i) * src_size);
+                    return (Some((k * BLOCK + i) * src_size), measured);
                 }
             }
         }
-        None
+        (None, measured)
     };
     let threads = pool.current_num_threads();
     if threads <= 1 || src.len() < PARALLEL_MIN {
@@ -601,8 +652,21 @@ fn first_difference(
         src.par_chunks(per * src_size)
             .zip(dst.par_chunks(per * dst_size))
             .enumerate()
-            .filter_map(|(j, (s, d))| check(s, d).map(|o| j * per * src_size + o))
-            .min()
+            .map(|(j, (s, d))| {
+                let (found, measured) = check(s, d);
+                (found.map(|o| j * per * src_size + o), measured)
+            })
+            .reduce(
+                || (None, Numerics::default()),
+                |(a, mut total), (b, measured)| {
+                    total.merge(&measured);
+                    let first = match (a, b) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                    (first, total)
+                },
+            )
     })
 }
 
@@ -613,6 +677,7 @@ fn convert_block(isa: Isa, c: Conversion, src: &[u8], dst: &mut [u8]) {
         Conversion::F64ToBf16 => kernels::f64_to_bf16(isa, src, dst),
         Conversion::F32ToF16 => kernels::f32_to_f16(isa, src, dst),
         Conversion::F64ToF16 => kernels::f64_to_f16(isa, src, dst),
+        Conversion::Bf16ToF16 => kernels::bf16_to_f16(isa, src, dst),
     }
 }
 
@@ -748,6 +813,7 @@ mod tests {
             loose,
             threads,
             window: 64 << 10,
+            numerics: true,
         }
     }
 
@@ -768,6 +834,35 @@ mod tests {
                 let r = verify(&src, &dst, &small_windows(false, threads)).unwrap();
                 assert_eq!(r.mismatch, None, "{target:?}");
                 assert_eq!((r.tensors_converted, r.tensors_identical), (1, 1));
+            }
+        }
+    }
+
+    #[test]
+    fn measures_what_convert_measured() {
+        let dir = TempDir::new();
+        let (src, dst) = (dir.0.join("a.safetensors"), dir.0.join("b.safetensors"));
+        write_source(&src, 300_000);
+        for target in [Target::Bf16, Target::F16] {
+            let _ = std::fs::remove_file(&dst);
+            let opts = Options {
+                target,
+                threads: 3,
+                window: 64 << 10,
+                ..Options::default()
+            };
+            let converted = convert(&src, &dst, &opts).unwrap();
+            assert_eq!(converted.numerics.len(), 1);
+            let n = &converted.numerics[0].1;
+            // Every 7th value is a NaN (and some random ones); fp16 overflows many others.
+            assert_eq!(n.elements, 300_000);
+            assert!(n.nan_in > 300_000_u64.div_ceil(7), "{n:?}");
+            assert!(n.overflow > 0 && (n.overflow > 50_000) == (target == Target::F16));
+            for threads in [1, 3] {
+                let r = verify(&src, &dst, &small_windows(false, threads)).unwrap();
+                assert_eq!(r.numerics, converted.numerics, "{target:?}");
+                assert_eq!(r.numerics_total, converted.numerics_total);
+                assert_eq!(r.to, Some(target));
             }
         }
     }

@@ -199,3 +199,6 @@ def assert_json_error_stderr(stderr: str) -> None:
 def pytest_configure(config):
     # A plan warning a test did not ask for is a failure: expected ones use pytest.warns.
     config.addinivalue_line("filterwarnings", "error::stcast.StcastWarning")
+    # Except the overflow guard's (--on-overflow warn): edge-value tables overflow on purpose.
+    # tests/test_precision.py checks it with pytest.warns.
+    config.addinivalue_line("filterwarnings", "ignore:.* became ±inf in:stcast.StcastWarning")

@@ -264,7 +264,12 @@ fn small_file_converts_element_wise() {
     assert_eq!(report.bytes_in, fs::metadata(&src).unwrap().len());
     assert_eq!(report.bytes_out, fs::metadata(&dst).unwrap().len());
     assert_eq!(report.target, Target::Bf16);
-    assert!(report.warnings.is_empty(), "{:?}", report.warnings);
+    // The random inputs include huge values: only the overflow guard's warning.
+    assert!(
+        report.warnings.iter().all(|w| w.contains("became ±inf")),
+        "{:?}",
+        report.warnings
+    );
     check_output(&dst, &inp);
     assert_eq!(dir.listing(), ["in.safetensors", "out.safetensors"]);
 }

@@ -186,7 +186,7 @@ fn json_headers_never_panic() {
             prefixed(&json, &data)
         },
     );
-    run("json", 3000, files, false);
+    run("json", 1500, files, false);
 }
 
 /// A valid file: tensors of every dtype, data order and key order shuffled independently,
@@ -262,5 +262,5 @@ fn mutated_valid_files_never_panic() {
             }
             file
         });
-    run("mutated", 3000, files, false);
+    run("mutated", 2000, files, false);
 }

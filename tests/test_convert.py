@@ -662,6 +662,11 @@ def test_convert_report(tmp_path):
         "threads",
         "isa",
         "warnings",
+        "tensors_kept",
+        "bytes_kept",
+        "kept",
+        "on_overflow",
+        "numerics",
     ]
     assert report.src == str(src) and report.dst == str(dst) and report.to == "bf16"
     assert (report.tensors_converted, report.tensors_copied) == (2, 1)
@@ -838,6 +843,10 @@ def test_inspect_fields(tmp_path):
             "target_dtype": "BF16",
             "target_bytes": 8,
             "action": "convert",
+            "target_offsets": [8, 16],
+            "reason": "converted",
+            "pattern": None,
+            "numerics": None,
         },
         {
             "name": "b",
@@ -848,6 +857,10 @@ def test_inspect_fields(tmp_path):
             "target_dtype": "I64",
             "target_bytes": 8,
             "action": "copy",
+            "target_offsets": [0, 8],
+            "reason": "not_float",
+            "pattern": None,
+            "numerics": None,
         },
         {
             "name": "c",
@@ -858,6 +871,10 @@ def test_inspect_fields(tmp_path):
             "target_dtype": "BF16",
             "target_bytes": 2,
             "action": "copy",
+            "target_offsets": [16, 18],
+            "reason": "already_target",
+            "pattern": None,
+            "numerics": None,
         },
     ]
     assert info.warnings == []

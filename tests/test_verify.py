@@ -455,7 +455,10 @@ def test_cli_json(pair, cli):
         "threads",
         "isa",
         "mismatch",
+        "to",
+        "numerics",
     ]
+    assert result["to"] == "bf16" and set(result["numerics"]) == {"tensors", "total"}
 
     # A NaN source value is written as a string, so the output stays strict JSON.
     set_elem16(dst, "w.f32", 4, 0xFFFF)  # source 0x7FC00000

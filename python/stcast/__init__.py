@@ -13,14 +13,16 @@ from __future__ import annotations
 import math
 import os
 import warnings as _warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import _core
 from ._core import Cancelled, StcastError
-from .folder import FileReport, FolderReport, convert_folder, finalize
+from .folder import FileReport, FolderInspectReport, FolderReport, convert_folder, finalize
+from .folder import inspect_folder as _inspect_folder
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from typing import Callable, Protocol
 
     class _CancelFlag(Protocol):
@@ -33,6 +35,7 @@ __all__ = [
     "Cancelled",
     "ConvertReport",
     "FileReport",
+    "FolderInspectReport",
     "FolderReport",
     "InspectReport",
     "Mismatch",
@@ -77,6 +80,18 @@ class ConvertReport:
     threads: int
     isa: str
     warnings: list[str]
+    # Float tensors kept in their source dtype (counted in tensors_copied too): each a dict
+    # with name, dtype, bytes, reason ("keep_pattern", "keep_min_size", "keep_overflow") and
+    # pattern (the --keep pattern, or None).
+    tensors_kept: int = 0
+    bytes_kept: int = 0
+    kept: list[dict[str, Any]] = field(default_factory=list)
+    on_overflow: str = "warn"
+    # What rounding did, measured while converting (README "Numeric report"):
+    # {"tensors": [{"name", "elements", "overflow", "underflow_to_zero", "subnormal", "nan_in",
+    # "inf_in", "max_abs_error", "max_rel_error"}, ...] (converted tensors, output order),
+    # "total": {the same without "name"}}.
+    numerics: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain JSON-ready data (the `result` of `stcast convert --json`)."""
@@ -95,6 +110,16 @@ class TensorInfo:
     target_dtype: str
     target_bytes: int
     action: str  # "convert" or "copy"
+    # Where the tensor would be in the output's data section (after header and padding).
+    target_offsets: list[int] = field(default_factory=list)
+    # Why: "converted"; kept in its dtype: "keep_pattern" (`pattern` says which),
+    # "keep_min_size", "keep_overflow"; copied: "already_target", "bf16_source" (fp16 without
+    # from_bf16), "not_converted" (F8/F6/F4/complex), "not_float".
+    reason: str = "converted"
+    pattern: str | None = None
+    # With scan=True, for converted (and overflow-kept) tensors: elements, overflow,
+    # underflow_to_zero, subnormal, nan_in, inf_in, max_abs_error, max_rel_error.
+    numerics: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The tensor as plain JSON-ready data."""
@@ -118,6 +143,15 @@ class InspectReport:
     tensors: list[TensorInfo]
     output_bytes: int
     warnings: list[str]
+    tensors_converted: int = 0
+    tensors_copied: int = 0
+    tensors_kept: int = 0
+    bytes_kept: int = 0
+    keep_unmatched: list[str] = field(default_factory=list)  # --keep patterns matching nothing
+    scanned: bool = False  # whether the data was read (`scan=True`): then `numerics` are set
+    # With `dst`: {"path", "folder" (where the space was measured), "free_bytes",
+    # "need_bytes", "fits"}.
+    destination: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain JSON-ready data (the `result` of `stcast inspect --json`)."""
@@ -169,6 +203,10 @@ class VerifyReport:
     threads: int
     isa: str
     mismatch: Mismatch | None
+    # The target of the converted tensors ("bf16" or "fp16"; None if none or mixed), and
+    # the numeric report `convert` gave for this pair (None after a mismatch).
+    to: str | None = None
+    numerics: dict[str, Any] | None = None
 
     def __bool__(self) -> bool:
         return self.ok
@@ -201,6 +239,11 @@ def convert(
     shard: tuple[int, int] | None = None,
     allow_quantized: bool = False,
     file_progress: Callable[[str, int, int], object] | None = None,
+    keep: Iterable[str] = (),
+    keep_min_size: int = 0,
+    strict: bool = False,
+    from_bf16: bool = False,
+    on_overflow: str = "warn",
 ) -> ConvertReport | FolderReport:
     """Convert the safetensors file `src` to `to` ("bf16" or "fp16"), writing `dst`.
 
@@ -238,6 +281,21 @@ def convert(
             and propagates.
         cancel: any object with `is_set()`, e.g. a `threading.Event`, checked at least every
             64 MiB; once set, `Cancelled` is raised and no output is left behind.
+        keep: fnmatch patterns (`*`, `?`, `[seq]`, `[!seq]`; case-sensitive) on tensor names:
+            a float tensor that one matches keeps its dtype and bytes, e.g. `["*norm*"]`.
+            A pattern that matches no tensor (in the file, or anywhere in the folder) is
+            probably a typo: a `StcastWarning`, or with `strict=True` a `StcastError`
+            raised before anything is written.
+        keep_min_size: float tensors with fewer elements than this keep their dtype too
+            (norms and biases: e.g. 4096).
+        strict: make a `keep` pattern that matches nothing an error.
+        from_bf16: with `to="fp16"`, convert BF16 tensors to F16 too (exact widening, then
+            the F32 rule); otherwise they are copied and the output mixes BF16 and F16.
+        on_overflow: finite values that become ±inf (|x| >= 65520 for fp16): "warn" (count
+            them per tensor; a `StcastWarning` names the worst tensors), "error" (raise
+            `StcastError` and leave nothing behind) or "keep" (first read the float tensors
+            once more to find their largest |x|, and keep those that would overflow in their
+            source dtype).
 
     Ctrl-C raises KeyboardInterrupt within a second and leaves nothing behind. The GIL is
     released while converting, but Python checks for signals (`check_signals`) only on the
@@ -269,19 +327,18 @@ def convert(
             progress=progress,
             file_progress=file_progress,
             cancel=cancel,
+            keep=_patterns(keep),
+            keep_min_size=keep_min_size,
+            strict=strict,
+            from_bf16=from_bf16,
+            on_overflow=on_overflow,
         )
     if resume or shard is not None:
         e = StcastError(f"{src}: resume and shard apply to folders; this is not one")
         e.kind, e.path = "invalid_input", src
         raise e
     dst = _default_dst(src, to) if dst is None else os.fsdecode(dst)
-
-    def warn(message: str) -> None:
-        # No Python frame lies between this callback and `convert` (the engine is native),
-        # so level 3 points at the caller of `stcast.convert`.
-        _warnings.warn(message, StcastWarning, stacklevel=3)
-
-    result = _core.convert(
+    return _convert_file(
         src,
         dst,
         to=to,
@@ -289,24 +346,109 @@ def convert(
         force=force,
         progress=progress,
         cancel=cancel,
-        warn=warn,
+        keep=_patterns(keep),
+        keep_min_size=keep_min_size,
+        keep_unmatched="error" if strict else "warn",
+        from_bf16=from_bf16,
+        on_overflow=on_overflow,
+        stacklevel=4,
     )
+
+
+def _convert_file(
+    src: str,
+    dst: str,
+    *,
+    stacklevel: int,
+    **options: Any,
+) -> ConvertReport:
+    """One file through the engine; `options` are `_core.convert`'s. Warnings point at the
+    frame `stacklevel` levels up from here (the user's call)."""
+
+    def warn(message: str) -> None:
+        # No Python frame lies between this callback and here (the engine is native).
+        _warnings.warn(message, StcastWarning, stacklevel=stacklevel)
+
+    result = _core.convert(src, dst, warn=warn, **options)
     return ConvertReport(**result)
 
 
-def inspect(path: str | os.PathLike[str], *, to: str = "bf16") -> InspectReport:
-    """Read the header of `path` and describe what converting it to `to` would do.
+def _patterns(keep: Iterable[str]) -> list[str]:
+    """`keep` as a list; a lone string is one pattern, not a sequence of characters."""
+    if isinstance(keep, str):
+        return [keep]
+    patterns = list(keep)
+    for p in patterns:
+        if not isinstance(p, str):
+            raise TypeError(f"keep patterns must be strings, not {type(p).__name__}")
+    return patterns
 
-    Only the header is read, so this is fast for any file size. Plan warnings are returned in
-    `.warnings`, not issued.
+
+def inspect(
+    path: str | os.PathLike[str],
+    dst: str | os.PathLike[str] | None = None,
+    *,
+    to: str = "bf16",
+    keep: Iterable[str] = (),
+    keep_min_size: int = 0,
+    from_bf16: bool = False,
+    scan: bool = False,
+    on_overflow: str = "warn",
+    threads: int | None = None,
+    progress: Callable[[int, int], object] | None = None,
+) -> InspectReport | FolderInspectReport:
+    """Describe what `convert(path, dst, ...)` would do with the same options: a dry run.
+
+    For each tensor: its dtype, the dtype it would get, why (`reason`), and its bytes
+    before and after; then the totals. Only the header is read, so this is fast for any
+    size, unless `scan=True`: then the tensors to convert are read (window by window,
+    memory bounded, the GIL released) and each gets its `numerics`: the overflow and
+    underflow counts and largest errors the conversion would give. `on_overflow="keep"`
+    implies the scan and plans the tensors that would overflow as kept, as `convert` does.
+    With `dst`, `.destination` says how much space its folder has and whether the output
+    fits. A folder `path` gives a `FolderInspectReport` (one `InspectReport` per weight
+    file). Plan warnings are returned in `.warnings`, not issued.
 
     Raises:
-        StcastError: the file is not a valid safetensors file.
+        StcastError: the file is not a valid safetensors file, or a `keep` pattern is invalid.
         OSError: it cannot be read.
     """
-    result = _core.inspect(os.fsdecode(path), to)
+    path = os.fsdecode(path)
+    options: dict[str, Any] = {
+        "to": to,
+        "keep": _patterns(keep),
+        "keep_min_size": keep_min_size,
+        "from_bf16": from_bf16,
+        "scan": scan,
+        "on_overflow": on_overflow,
+        "threads": threads,
+    }
+    if os.path.isdir(path):
+        return _inspect_folder(
+            path, None if dst is None else os.fsdecode(dst), progress=progress, **options
+        )
+    result = _core.inspect(path, progress=progress, **options)
     result["tensors"] = [TensorInfo(**t) for t in result["tensors"]]
+    if dst is not None:
+        result["destination"] = _destination(os.fsdecode(dst), result["output_bytes"])
     return InspectReport(**result)
+
+
+def _destination(dst: str, need: int) -> dict[str, Any]:
+    """Free space where `dst` would be written (a file, or a folder to create or fill)."""
+    folder = dst if os.path.isdir(dst) else os.path.dirname(os.path.abspath(dst))
+    # A folder that does not exist yet is created inside its nearest existing ancestor.
+    while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    st = os.statvfs(folder)
+    free = st.f_bavail * st.f_frsize
+    return {
+        "path": dst,
+        "folder": folder,
+        "free_bytes": free,
+        "need_bytes": need,
+        "fits": free >= need,
+    }
 
 
 def verify(

@@ -27,8 +27,27 @@ def convert(
     warn: Callable[[str], object] | None = None,
     window_mib: int | None = None,
     isa: str | None = None,
+    keep: list[str] = ...,
+    keep_min_size: int = 0,
+    keep_unmatched: str = "warn",  # "warn", "error" or "ignore"
+    from_bf16: bool = False,
+    on_overflow: str = "warn",  # "warn", "error" or "keep"
+    numerics: bool = True,
 ) -> dict[str, Any]: ...
-def inspect(path: str, to: str = "bf16") -> dict[str, Any]: ...
+def inspect(
+    path: str,
+    to: str = "bf16",
+    *,
+    keep: list[str] = ...,
+    keep_min_size: int = 0,
+    keep_unmatched: str = "warn",
+    from_bf16: bool = False,
+    scan: bool = False,
+    on_overflow: str = "warn",
+    threads: int | None = None,
+    progress: Callable[[int, int], object] | None = None,
+    window_mib: int | None = None,
+) -> dict[str, Any]: ...
 def verify(
     src: str,
     dst: str,
@@ -37,4 +56,5 @@ def verify(
     threads: int | None = None,
     progress: Callable[[int, int], object] | None = None,
     window_mib: int | None = None,
+    numerics: bool = True,
 ) -> dict[str, Any]: ...

@@ -98,6 +98,25 @@ def _build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="folders: convert a quantized checkpoint anyway (its F32 scales become bf16 too)",
     )
+    _add_precision_arguments(p)
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="make a --keep pattern that matches no tensor an error (nothing is written)",
+    )
+    p.add_argument(
+        "--on-overflow",
+        choices=["warn", "error", "keep"],
+        default="warn",
+        help="finite values that would become inf (|x| >= 65520 in fp16): warn (default), "
+        "error (exit 1, nothing written), or keep those tensors in their dtype (reads the "
+        "float tensors once more first)",
+    )
+    p.add_argument(
+        "--report",
+        metavar="FILE",
+        help="write the numeric report (per tensor: overflow, underflow, errors) to FILE as JSON",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no summary")
     p.set_defaults(run=_run_convert)
@@ -118,11 +137,32 @@ def _build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser(
         "inspect",
-        help="list tensors and what convert would do",
-        description="Show the tensors of SRC, its metadata and the projected output size.",
+        help="show what convert would do with each tensor (a dry run)",
+        description=(
+            "A dry run of `stcast convert` with the same options: each tensor of SRC (a file, "
+            "or every file of a checkpoint folder) with its dtype, the dtype it would get and "
+            "why, and its bytes before and after; then the totals and, with DST, whether the "
+            "output fits there. Only the header is read, unless --scan."
+        ),
     )
-    p.add_argument("src", metavar="SRC", help="input .safetensors file")
+    p.add_argument("src", metavar="SRC", help="input .safetensors file or checkpoint folder")
+    p.add_argument(
+        "dst", metavar="DST", nargs="?", help="where the output would go: report the free space"
+    )
     p.add_argument("--to", choices=["bf16", "fp16"], default="bf16", help="target (default bf16)")
+    _add_precision_arguments(p)
+    p.add_argument(
+        "--scan",
+        action="store_true",
+        help="read the data: per tensor, how many values would overflow or underflow",
+    )
+    p.add_argument(
+        "--on-overflow",
+        choices=["warn", "error", "keep"],
+        default="warn",
+        help="with keep, scan and plan the tensors that would overflow as kept",
+    )
+    p.add_argument("--threads", type=_positive_int, metavar="N", help="worker threads (--scan)")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     p.set_defaults(run=_run_inspect)
 
@@ -143,6 +183,11 @@ def _build_parser() -> argparse.ArgumentParser:
         help="for files from other tools: ignore tensor order, header layout and NaN encodings",
     )
     p.add_argument("--threads", type=_positive_int, metavar="N", help="worker threads")
+    p.add_argument(
+        "--report",
+        metavar="FILE",
+        help="once verified, write the numeric report `convert --report` gives to FILE",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no summary")
     p.set_defaults(run=_run_verify)
@@ -164,11 +209,42 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_precision_arguments(p: argparse.ArgumentParser) -> None:
+    """--keep, --keep-min-size and --from-bf16, shared by convert and inspect."""
+    p.add_argument(
+        "--keep",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="keep float tensors whose name matches GLOB (fnmatch: * ? [seq]) in their dtype; "
+        "repeatable, e.g. --keep '*norm*'",
+    )
+    p.add_argument(
+        "--keep-min-size",
+        type=_non_negative_int,
+        default=0,
+        metavar="N",
+        help="keep float tensors with fewer than N elements in their dtype (norms, biases)",
+    )
+    p.add_argument(
+        "--from-bf16",
+        action="store_true",
+        help="with --to fp16, convert BF16 tensors too (else they are copied as BF16)",
+    )
+
+
 def _run_convert(args: argparse.Namespace, console: _Console) -> int:
+    if args.report is not None and os.path.isdir(args.src):
+        return console.fail("invalid_input", f"{args.src}: --report applies to files", None, 2)
     bar = None
     if not args.quiet and not args.json and _is_tty(sys.stderr):
         bar = _ProgressBar(sys.stderr)
         console.bar = bar
+    if args.on_overflow == "keep" and not args.quiet and not args.json:
+        _print_err(
+            f"{PROG}: --on-overflow keep: reading the float tensors once first (an extra read "
+            "of the input) to keep those that would overflow"
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("always", stcast.StcastWarning)
         warnings.showwarning = console.show_warning
@@ -183,8 +259,17 @@ def _run_convert(args: argparse.Namespace, console: _Console) -> int:
             shard=args.shard,
             allow_quantized=args.allow_quantized,
             file_progress=None if bar is None else bar.set_file,
+            keep=args.keep,
+            keep_min_size=args.keep_min_size,
+            strict=args.strict,
+            from_bf16=args.from_bf16,
+            on_overflow=args.on_overflow,
         )
     console.end_bar()
+    if isinstance(report, stcast.ConvertReport) and report.numerics is not None:
+        _warn_numerics(console, report.numerics)
+        if args.report is not None:
+            _write_report(args.report, report.src, report.dst, report.to, report.numerics)
     if args.json:
         console.emit_json(report.to_dict())
     elif isinstance(report, stcast.FolderReport):
@@ -195,11 +280,32 @@ def _run_convert(args: argparse.Namespace, console: _Console) -> int:
         print(f"converted {report.src} -> {report.dst}")
         print(f"  size     {_size(report.bytes_in)} -> {_size(report.bytes_out)}")
         print(f"  tensors  {report.tensors_converted} converted, {report.tensors_copied} copied")
+        _print_kept(report.tensors_kept, report.bytes_kept, report.kept)
         print(
             f"  time     {report.seconds:.2f} s ({_size(rate)}/s of input, "
             f"{report.threads} thread{'s' if report.threads != 1 else ''}, {report.isa})"
         )
     return 0
+
+
+def _print_kept(count: int, size: int, kept: list[dict[str, Any]] | None = None) -> None:
+    """The summary line of the tensors kept in their dtype (nothing when none was)."""
+    if not count:
+        return
+    line = f"  kept     {count} tensor{'s' if count != 1 else ''} ({_size(size)}) in their dtype"
+    if kept:
+        why = {"keep_pattern": "--keep", "keep_min_size": "min size", "keep_overflow": "overflow"}
+        counts: dict[str, int] = {}
+        for k in kept:
+            counts[why[k["reason"]]] = counts.get(why[k["reason"]], 0) + 1
+        line += " (" + ", ".join(f"{n} by {w}" for w, n in counts.items()) + ")"
+        overflow = [f"`{k['name']}`" for k in kept if k["reason"] == "keep_overflow"]
+        if overflow:
+            shown = ", ".join(overflow[:5])
+            if len(overflow) > 5:
+                shown += f" and {len(overflow) - 5} more"
+            line += f"; to avoid overflow: {shown}"
+    print(line)
 
 
 def _run_finalize(args: argparse.Namespace, console: _Console) -> int:
@@ -231,6 +337,7 @@ def _print_folder_summary(report: stcast.FolderReport) -> None:
     print("  files    " + ", ".join(f"{count[a]} {a}" for a in actions if count.get(a)))
     print(f"  size     {_size(report.bytes_in)} -> {_size(report.bytes_out)} converted")
     print(f"  tensors  {report.tensors_converted} converted, {report.tensors_copied} copied")
+    _print_kept(report.tensors_kept, report.bytes_kept)
     rate = report.bytes_in / report.seconds if report.seconds > 0 else 0.0
     engine = ""
     if report.threads is not None:
@@ -242,45 +349,142 @@ def _print_folder_summary(report: stcast.FolderReport) -> None:
 
 
 def _run_inspect(args: argparse.Namespace, console: _Console) -> int:
-    report = stcast.inspect(args.src, to=args.to)
+    bar = None
+    scanning = args.scan or args.on_overflow == "keep"
+    if scanning and not args.json and _is_tty(sys.stderr):
+        bar = _ProgressBar(sys.stderr)
+        console.bar = bar
+    report = stcast.inspect(
+        args.src,
+        args.dst,
+        to=args.to,
+        keep=args.keep,
+        keep_min_size=args.keep_min_size,
+        from_bf16=args.from_bf16,
+        scan=args.scan,
+        on_overflow=args.on_overflow,
+        threads=args.threads,
+        progress=bar,
+    )
+    console.end_bar()
     for message in report.warnings:
         console.warn(message)
     if args.json:
         console.emit_json(report.to_dict())
         return 0
 
-    head = ("NAME", "DTYPE", "SHAPE", "BYTES", "TARGET", "ACTION")
+    if isinstance(report, stcast.FolderInspectReport):
+        for f in report.files:
+            print(f"{f.path}:")
+            _print_tensor_table(f, indent="  ")
+            print()
+        files = len(report.files)
+        print(f"folder:   {report.path}, {files} weight file{'s' if files != 1 else ''}")
+        _print_inspect_totals(report.files)
+        print(
+            f"output:   {_size(report.output_bytes)} projected as {report.to} "
+            f"(weights {_size(report.output_bytes - report.other_bytes)}, "
+            f"other files {_size(report.other_bytes)})"
+        )
+    else:
+        _print_tensor_table(report)
+        print()
+        if report.metadata is None:
+            print("metadata: none")
+        else:
+            print(f"metadata: {', '.join(report.metadata) or '(empty)'}")
+        _print_inspect_totals([report])
+        print(
+            f"file:     {_size(report.file_bytes)} "
+            f"(header {_size(report.file_bytes - report.data_bytes)}, "
+            f"data {_size(report.data_bytes)})"
+        )
+        print(f"output:   {_size(report.output_bytes)} projected as {report.to}")
+    d = report.destination
+    if d is not None:
+        verdict = "fits" if d["fits"] else "does NOT fit"
+        print(
+            f"space:    {d['folder']} has {_size(d['free_bytes'])} free, the output needs "
+            f"{_size(d['need_bytes'])}: {verdict}"
+        )
+    return 0
+
+
+# What the inspect table says of each reason (see stcast.TensorInfo.reason).
+_REASONS = {
+    "converted": "convert",
+    "keep_overflow": "keep: would overflow",
+    "already_target": "copy: already the target",
+    "bf16_source": "copy: BF16 (convert with --from-bf16)",
+    "not_converted": "copy: not converted",
+    "not_float": "copy: not a float",
+}
+
+
+def _reason(t: stcast.TensorInfo) -> str:
+    if t.reason == "keep_pattern":
+        return f"keep: --keep '{t.pattern}'"
+    if t.reason == "keep_min_size":
+        return "keep: under --keep-min-size"
+    return _REASONS.get(t.reason, t.reason)
+
+
+def _print_tensor_table(report: stcast.InspectReport, indent: str = "") -> None:
+    head = ["NAME", "DTYPE", "SHAPE", "BYTES", "TARGET", "OUT", "WHY"]
     rows = [
-        (t.name, t.dtype, _shape(t.shape), _size(t.bytes), t.target_dtype, t.action)
+        [
+            t.name,
+            t.dtype,
+            _shape(t.shape),
+            _size(t.bytes),
+            t.target_dtype,
+            _size(t.target_bytes),
+            _reason(t),
+        ]
         for t in report.tensors
     ]
+    if report.scanned:
+        head[6:6] = ["OVERFLOW", "UNDERFLOW"]
+        for t, row in zip(report.tensors, rows):
+            n = t.numerics
+            cells = ["-", "-"] if n is None else [str(n["overflow"]), str(n["underflow_to_zero"])]
+            row[6:6] = cells
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    right = {3}  # sizes line up on the right
+    right = {3, 5, 6, 7} if report.scanned else {3, 5}  # numbers line up on the right
     for row in [head, *rows]:
         cells = [
             c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))
         ]
-        print("  ".join(cells).rstrip())
+        print(indent + "  ".join(cells).rstrip())
 
-    converted = [t for t in report.tensors if t.action == "convert"]
-    copied = [t for t in report.tensors if t.action != "convert"]
-    print()
-    if report.metadata is None:
-        print("metadata: none")
-    else:
-        print(f"metadata: {', '.join(report.metadata) or '(empty)'}")
-    print(
-        f"tensors:  {len(report.tensors)} ({len(converted)} to convert, "
-        f"{_size(sum(t.bytes for t in converted))}; {len(copied)} to copy, "
-        f"{_size(sum(t.bytes for t in copied))})"
-    )
-    print(
-        f"file:     {_size(report.file_bytes)} "
-        f"(header {_size(report.file_bytes - report.data_bytes)}, "
-        f"data {_size(report.data_bytes)})"
-    )
-    print(f"output:   {_size(report.output_bytes)} projected as {args.to}")
-    return 0
+
+def _print_inspect_totals(reports: list[stcast.InspectReport]) -> None:
+    tensors = [t for r in reports for t in r.tensors]
+    converted = [t for t in tensors if t.reason == "converted"]
+    kept = [t for t in tensors if t.reason.startswith("keep_")]
+    copied = [t for t in tensors if t.reason != "converted" and not t.reason.startswith("keep_")]
+    parts = [
+        f"{len(converted)} to convert ({_size(sum(t.bytes for t in converted))} -> "
+        f"{_size(sum(t.target_bytes for t in converted))})"
+    ]
+    if kept:
+        parts.append(f"{len(kept)} kept in their dtype ({_size(sum(t.bytes for t in kept))})")
+    parts.append(f"{len(copied)} to copy ({_size(sum(t.bytes for t in copied))})")
+    print(f"tensors:  {len(tensors)}: {', '.join(parts)}")
+    if not any(r.scanned for r in reports):
+        return
+    measured = [t for t in tensors if t.numerics is not None]
+    lines = []
+    for key, what in (("overflow", "overflow to inf"), ("underflow_to_zero", "underflow to 0")):
+        hit = sorted((t for t in measured if t.numerics[key]), key=lambda t: -t.numerics[key])
+        total = sum(t.numerics[key] for t in hit)
+        if not hit:
+            lines.append(f"no value would {what}")
+            continue
+        worst = ", ".join(f"`{t.name}` {t.numerics[key]}" for t in hit[:3])
+        plural = "s" if len(hit) != 1 else ""
+        lines.append(f"{total} values would {what} in {len(hit)} tensor{plural} (worst: {worst})")
+    print(f"scan:     {'; '.join(lines)}")
 
 
 def _run_verify(args: argparse.Namespace, console: _Console) -> int:
@@ -290,6 +494,8 @@ def _run_verify(args: argparse.Namespace, console: _Console) -> int:
         console.bar = bar
     report = stcast.verify(args.src, args.dst, loose=args.loose, threads=args.threads, progress=bar)
     console.end_bar()
+    if args.report is not None and report.numerics is not None:
+        _write_report(args.report, report.src, report.dst, report.to, report.numerics)
     if args.json:
         console.emit_json(report.to_dict())
     elif report.mismatch is not None:
@@ -307,6 +513,35 @@ def _run_verify(args: argparse.Namespace, console: _Console) -> int:
             f"{report.isa})"
         )
     return 0 if report.ok else 1
+
+
+def _warn_numerics(console: _Console, numerics: dict[str, Any]) -> None:
+    """One warning line when values underflowed to zero, naming the worst tensors."""
+    parts = []
+    # Overflow has its own warning from the engine (the --on-overflow guard, also a
+    # StcastWarning from the API), which names the worst tensors: not repeated here.
+    kinds = (("underflow_to_zero", "underflowed to zero"),)
+    for key, what in kinds:
+        hit = [t for t in numerics["tensors"] if t[key] > 0]
+        if not hit:
+            continue
+        total = numerics["total"][key]
+        worst = sorted(hit, key=lambda t: -t[key])[:3]
+        names = ", ".join(f"`{t['name']}` {t[key]}" for t in worst)
+        values = "value" if total == 1 else "values"
+        tensors = "tensor" if len(hit) == 1 else "tensors"
+        parts.append(f"{total} {values} {what} in {len(hit)} {tensors} (worst: {names})")
+    if parts:
+        console.warn("; ".join(parts))
+
+
+def _write_report(path: str, src: str, dst: str, to: str | None, numerics: dict[str, Any]) -> None:
+    """Write the numeric report to `path`: one JSON object in the versioned schema."""
+    doc = {"schema": SCHEMA, "command": "report", "version": stcast.__version__}
+    doc["result"] = {"src": src, "dst": dst, "to": to, **numerics}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1, allow_nan=False)
+        f.write("\n")
 
 
 def _run_demo(args: argparse.Namespace, console: _Console) -> int:
@@ -545,6 +780,16 @@ def _shard(text: str) -> tuple[int, int]:
     if not slash or not 1 <= shard[0] <= shard[1]:
         raise argparse.ArgumentTypeError(f"expected I/N with 1 <= I <= N, e.g. 2/8: {text!r}")
     return shard
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0: {text}")
+    return value
 
 
 def _positive_float(text: str) -> float:

@@ -20,7 +20,8 @@ import secrets
 import shutil
 import stat
 import time
-from dataclasses import asdict, dataclass, field
+import warnings as _warnings
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import stcast
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
         def is_set(self) -> bool: ...
 
 
-__all__ = ["FileReport", "FolderReport", "convert_folder", "finalize"]
+__all__ = ["FileReport", "FolderInspectReport", "FolderReport", "convert_folder", "finalize"]
 
 MANIFEST = ".stcast-manifest.json"
 _SHARD_MANIFEST = re.compile(r"\.stcast-manifest\.shard-(\d+)-of-(\d+)\.json")
@@ -72,6 +73,8 @@ class FileReport:
     tensors_copied: int = 0
     seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)
+    tensors_kept: int = 0  # of tensors_copied: float tensors kept by --keep or on_overflow
+    bytes_kept: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The entry as plain JSON-ready data."""
@@ -103,10 +106,44 @@ class FolderReport:
     files: list[FileReport]
     shard: list[int] | None
     complete: bool
+    tensors_kept: int = 0
+    bytes_kept: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain JSON-ready data (the `result` of `stcast convert --json`)."""
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class FolderInspectReport:
+    """What converting the checkpoint folder `path` would do: one `InspectReport` per weight
+    file (`files`, relative paths in `path` of each), then the totals.
+
+    `output_bytes` adds up the converted weight files and the files copied as they are
+    (`other_bytes`); `keep_unmatched` lists the --keep patterns that match no tensor of any
+    file; `destination` is as for a file.
+    """
+
+    path: str
+    to: str
+    files: list[Any]  # stcast.InspectReport, with `path` relative to the folder
+    data_bytes: int
+    output_bytes: int
+    other_bytes: int
+    tensors_converted: int
+    tensors_copied: int
+    tensors_kept: int
+    bytes_kept: int
+    keep_unmatched: list[str]
+    scanned: bool
+    warnings: list[str]
+    destination: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain JSON-ready data (the `result` of `stcast inspect --json`)."""
+        d = asdict(self)
+        d["folder"] = True
+        return d
 
 
 # --- public entry points --------------------------------------------------------------------
@@ -125,6 +162,11 @@ def convert_folder(
     progress: Callable[[int, int], object] | None = None,
     file_progress: Callable[[str, int, int], object] | None = None,
     cancel: _CancelFlag | None = None,
+    keep: list[str] | None = None,
+    keep_min_size: int = 0,
+    strict: bool = False,
+    from_bf16: bool = False,
+    on_overflow: str = "warn",
 ) -> FolderReport:
     """Convert the checkpoint folder `src` into `dst`; see `stcast.convert` for the options."""
     started = _now()
@@ -134,9 +176,21 @@ def convert_folder(
     if shard is not None:
         shard = _check_shard(shard)
     _check_folders(src, dst)
-    plan = _plan(src, to, check_quantized=not allow_quantized)
+    precision = _precision_options(keep, keep_min_size, from_bf16, on_overflow)
+    plan = _plan(src, to, check_quantized=not allow_quantized, precision=precision)
+    # A --keep pattern is judged over the whole folder: one warning (or, strict, one error
+    # before anything is written) for a pattern that matches no tensor of any file.
+    folder_warnings = []
+    if plan.keep_unmatched:
+        message = _core_unmatched_message(plan.keep_unmatched)
+        if strict:
+            raise _error(f"{src}: {message} (--strict); nothing was written", src, "refused")
+        folder_warnings.append(message)
+        _warnings.warn(message, stcast.StcastWarning, stacklevel=3)
 
-    options = {"to": to}
+    # Options that change the output; the defaults are left out, so that manifests of
+    # plain runs stay as they were.
+    options: dict[str, Any] = {"to": to, **precision}
     own_manifest = MANIFEST if shard is None else _shard_manifest_name(*shard)
     _prepare_dst(dst, own_manifest, force=force, resume=resume, whole=shard is None)
     previous = _load_manifests(dst) if resume else {}
@@ -181,6 +235,7 @@ def convert_folder(
         manifest=manifest,
         manifest_name=own_manifest,
         engine=engine,
+        precision=precision,
     )
     reports += converted
     if shard is None:
@@ -189,7 +244,10 @@ def convert_folder(
     _write_manifest(dst, own_manifest, manifest)
     if shard is None:
         _remove_manifests(dst, keep=MANIFEST)
-    return _folder_report(src, dst, to, reports, converted, started, shard, shard is None, engine)
+    report = _folder_report(src, dst, to, reports, converted, started, shard, shard is None, engine)
+    if folder_warnings:
+        report = replace(report, warnings=folder_warnings + report.warnings)
+    return report
 
 
 def finalize(
@@ -218,7 +276,8 @@ def finalize(
     previous = _load_manifests(dst)
     if not previous:
         raise _error(f"{dst}: no stcast manifest; run `stcast convert --shard I/N` first", dst)
-    to = _manifest_target(dst, previous)
+    options = _manifest_options(dst, previous)
+    to = _target_name(options["to"])
     # Quantized checkpoints were refused (or allowed) by the shard runs that converted them.
     plan = _plan(src, to, check_quantized=False)
     # With one shard count in the manifests, a missing file can be traced to its shard.
@@ -226,10 +285,10 @@ def finalize(
     n = counts.pop() if len(counts) == 1 else None
     owner = assign_shards(plan.weights, n) if isinstance(n, int) and n > 0 else {}
 
-    manifest = _new_manifest(src, dst, {"to": to}, None, None)
+    manifest = _new_manifest(src, dst, options, None, None)
     reports = []
     for w in plan.weights:
-        entry = _find_entry(previous.get(w.rel, []), w, {"to": to}, os.path.join(dst, w.rel))
+        entry = _find_entry(previous.get(w.rel, []), w, options, os.path.join(dst, w.rel))
         if entry is None:
             hint = f"; run `stcast convert --shard {owner[w.rel]}/{n}` (again)" if owner else ""
             raise _error(f"{w.path}: not converted, or changed since{hint}", w.path, "refused")
@@ -243,6 +302,80 @@ def finalize(
     _write_manifest(dst, MANIFEST, manifest)
     _remove_manifests(dst, keep=MANIFEST)
     return _folder_report(src, dst, to, reports, [], started, None, True)
+
+
+def inspect_folder(
+    src: str,
+    dst: str | None,
+    *,
+    to: str,
+    keep: list[str],
+    keep_min_size: int,
+    from_bf16: bool,
+    scan: bool,
+    on_overflow: str,
+    threads: int | None,
+    progress: Callable[[int, int], object] | None,
+) -> FolderInspectReport:
+    """A dry run of `convert_folder` with the same options: see `stcast.inspect`."""
+    to = _target_name(to)
+    weights, indexes, configs, others, _ = _walk(src)
+    if not weights:
+        raise _error(
+            f"{src}: a directory without .safetensors files: nothing to convert", src, "refused"
+        )
+    total = 0
+    headers = {}
+    if scan or on_overflow == "keep":
+        # One progress bar over every file's scan: each file's total is known from its header.
+        for w in weights:
+            headers[w.rel] = _core.inspect(w.path, to)["data_bytes"]
+        total = sum(headers.values())
+    files = []
+    done = 0
+    for w in weights:
+
+        def step(d: int, t: int, base: int = done) -> None:
+            if progress is not None:
+                progress(base + d, total)
+
+        result = _core.inspect(
+            w.path,
+            to,
+            keep=keep,
+            keep_min_size=keep_min_size,
+            from_bf16=from_bf16,
+            keep_unmatched="ignore",
+            scan=scan,
+            on_overflow=on_overflow,
+            threads=threads,
+            progress=step if progress is not None else None,
+        )
+        done += headers.get(w.rel, 0)
+        result["path"] = w.rel
+        result["tensors"] = [stcast.TensorInfo(**t) for t in result["tensors"]]
+        files.append(stcast.InspectReport(**result))
+    unmatched = [p for p in keep if all(p in f.keep_unmatched for f in files)]
+    warnings = [_core_unmatched_message(unmatched)] if unmatched else []
+    warnings += [f"{f.path}: {m}" for f in files for m in f.warnings]
+    other = sum(f.size for f in [*indexes, *configs, *others])
+    output = sum(f.output_bytes for f in files) + other
+    return FolderInspectReport(
+        path=src,
+        to=to,
+        files=files,
+        data_bytes=sum(f.data_bytes for f in files),
+        output_bytes=output,
+        other_bytes=other,
+        tensors_converted=sum(f.tensors_converted for f in files),
+        tensors_copied=sum(f.tensors_copied for f in files),
+        tensors_kept=sum(f.tensors_kept for f in files),
+        bytes_kept=sum(f.bytes_kept for f in files),
+        keep_unmatched=unmatched,
+        scanned=scan or on_overflow == "keep",
+        warnings=warnings,
+        destination=None if dst is None else stcast._destination(dst, output),
+    )
 
 
 def default_dst(src: str, to: str = "bf16") -> str:
@@ -292,9 +425,13 @@ class _Plan:
     late_copies: list[_File]  # copied with them (model_index.json)
     dirs: list[str]
     info: dict[str, dict[str, Any]]  # weights rel -> _core.inspect result (+ "header_sha256")
+    keep_unmatched: list[str] = field(default_factory=list)  # in no file
 
 
-def _plan(src: str, to: str, check_quantized: bool) -> _Plan:
+def _plan(
+    src: str, to: str, check_quantized: bool, precision: dict[str, Any] | None = None
+) -> _Plan:
+    precision = precision or {}
     weights, indexes, configs, others, dirs = _walk(src)
     if not weights:
         raise _error(
@@ -305,20 +442,41 @@ def _plan(src: str, to: str, check_quantized: bool) -> _Plan:
     # Index names are checked before anything else is opened.
     parsed_indexes = [(f, *_read_index(f, found)) for f in indexes]
 
+    keep = precision.get("keep", [])
     new_configs = []
     for f in configs:
         text, doc = _read_json(f)
-        if check_quantized and _has_quantization_config(doc):
+        # With --keep the user chose what stays: the shards are checked below instead.
+        if check_quantized and not keep and _has_quantization_config(doc):
             raise _quantized_error(f.path, "its config has a quantization_config")
         new_configs.append((f, _set_dtypes(text, _DTYPE_NAMES[to])))
 
     info = {}
+    unmatched = list(keep)
     for w in weights:
-        result = _core.inspect(w.path, to)
+        result = _core.inspect(
+            w.path,
+            to,
+            keep=keep,
+            keep_min_size=precision.get("keep_min_size", 0),
+            from_bf16=precision.get("from_bf16", False),
+            keep_unmatched="ignore",
+        )
+        unmatched = [p for p in unmatched if p in result["keep_unmatched"]]
         if check_quantized:
             odd = sorted(_quantized_dtypes(result))
-            if odd:
+            if odd and not keep:
                 raise _quantized_error(w.path, f"it holds {', '.join(odd)} tensors")
+            if keep:
+                scales = [
+                    t["name"]
+                    for t in result["tensors"]
+                    if t["reason"] == "converted" and "scale" in t["name"].lower()
+                ]
+                if scales:
+                    raise _quantized_error(
+                        w.path, f"tensor `{scales[0]}` looks like a scale and no --keep keeps it"
+                    )
         result["header_sha256"] = _header_sha256(w.path)
         info[w.rel] = result
 
@@ -333,6 +491,7 @@ def _plan(src: str, to: str, check_quantized: bool) -> _Plan:
         late_copies=[f for f in others if os.path.basename(f.rel) in _PUBLISH_LAST_NAMES],
         dirs=dirs,
         info=info,
+        keep_unmatched=unmatched,
     )
 
 
@@ -480,6 +639,32 @@ def _check_index(f: _File, weight_map: dict[str, str], info: dict[str, dict[str,
                     f"{f.path}: tensor `{tensor}` of shard `{os.path.basename(rel)}` {said}",
                     f.path,
                 )
+
+
+def _precision_options(
+    keep: list[str] | None, keep_min_size: int, from_bf16: bool, on_overflow: str
+) -> dict[str, Any]:
+    """The options beside `to` that change the output, without the defaults."""
+    options: dict[str, Any] = {}
+    if keep:
+        options["keep"] = list(keep)
+    if keep_min_size:
+        options["keep_min_size"] = keep_min_size
+    if from_bf16:
+        options["from_bf16"] = True
+    if on_overflow != "warn":
+        if on_overflow not in ("error", "keep"):
+            raise ValueError(f'on_overflow must be "warn", "error" or "keep", not {on_overflow!r}')
+        options["on_overflow"] = on_overflow
+    return options
+
+
+def _core_unmatched_message(patterns: list[str]) -> str:
+    """The engine's words for --keep patterns that match nothing (rust/header.rs)."""
+    listed = ", ".join(f"`{p}`" for p in patterns)
+    if len(patterns) == 1:
+        return f"--keep pattern {listed} matches no tensor name (a typo?)"
+    return f"--keep patterns {listed} match no tensor name (typos?)"
 
 
 def _quantized_dtypes(result: dict[str, Any]) -> set[str]:
@@ -651,6 +836,7 @@ def _convert_files(
     manifest: dict[str, Any],
     manifest_name: str,
     engine: dict[str, Any],
+    precision: dict[str, Any],
 ) -> list[FileReport]:
     """Convert the files one after another (all cores on each), recording each when done.
 
@@ -666,9 +852,8 @@ def _convert_files(
             meter.step(rel, done, total)
 
         meter.step(w.rel, 0, size)
-        # TODO(issue 6, point 10): pass `keep=` through once `stcast.convert` has it, and judge
-        # a pattern that matches nothing over the whole folder rather than per file.
-        r = stcast.convert(
+        # Unmatched --keep patterns were judged over the whole folder (in _plan).
+        r = stcast._convert_file(
             w.path,
             out,
             to=to,
@@ -676,6 +861,13 @@ def _convert_files(
             force=force,
             progress=step if meter.is_on() else None,
             cancel=cancel,
+            keep=precision.get("keep", []),
+            keep_min_size=precision.get("keep_min_size", 0),
+            from_bf16=precision.get("from_bf16", False),
+            on_overflow=precision.get("on_overflow", "warn"),
+            keep_unmatched="ignore",
+            # The user's call, four frames up: convert, convert_folder, _convert_files, here.
+            stacklevel=6,
         )
         meter.finish(w.rel, size)
         manifest["files"][w.rel] = _manifest_entry(w, info[w.rel], manifest)
@@ -692,6 +884,8 @@ def _convert_files(
                 r.tensors_copied,
                 r.seconds,
                 list(r.warnings),
+                r.tensors_kept,
+                r.bytes_kept,
             )
         )
     return reports
@@ -982,21 +1176,25 @@ def _find_entry(
     return None
 
 
-def _manifest_target(dst: str, previous: dict[str, list[dict[str, Any]]]) -> str:
-    targets = {
-        e.get("options", {}).get("to")
+def _manifest_options(dst: str, previous: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The options every manifest entry was converted with (they must all agree)."""
+    seen = {
+        json.dumps(e["options"], sort_keys=True)
         for entries in previous.values()
         for e in entries
         if isinstance(e.get("options"), dict)
     }
-    if len(targets) != 1 or not isinstance(next(iter(targets)), str):
+    options = json.loads(next(iter(seen))) if len(seen) == 1 else None
+    if options is None or not isinstance(options.get("to"), str):
+        targets = sorted(seen)
         raise _error(
-            f"{dst}: the manifests disagree on the target ({sorted(map(str, targets))}); "
+            f"{dst}: the manifests disagree on the options ({', '.join(targets)}); "
             "convert the shards again with the same options",
             dst,
             "refused",
         )
-    return _target_name(next(iter(targets)))
+    _target_name(options["to"])
+    return dict(options)
 
 
 def _header_sha256(path: str) -> str:
@@ -1044,6 +1242,8 @@ def _folder_report(
         files=files,
         shard=None if shard is None else list(shard),
         complete=complete,
+        tensors_kept=sum(r.tensors_kept for r in converted),
+        bytes_kept=sum(r.bytes_kept for r in converted),
     )
 
 
