@@ -413,42 +413,30 @@ impl Job {
             let dst_n = n / src_size * dst_size;
             let (sa, da) = (src_abs as usize, dst_abs as usize);
             self.src.check_unchanged()?;
-            if self.populate {
-                // One call per window instead of a fault per page; failure only costs speed,
-                // except EFAULT: pages past the end of a file truncated just now.
-                let populated = self
-                    .src
-                    .map
-                    .advise_range(Advice::PopulateRead, sa, n as usize);
-                if populated.is_err_and(|e| e.raw_os_error() == Some(libc::EFAULT)) {
-                    self.src.check_unchanged()?;
-                }
-                let _ = self
-                    .out_map
-                    .advise_range(Advice::PopulateWrite, da, dst_n as usize);
-            }
             let src_bytes = &self.src.map[sa..sa + n as usize];
             let dst_bytes = &mut self.out_map[da..da + dst_n as usize];
-            match (action, &mut self.numerics) {
+            let work = Work {
+                pool: &self.pool,
+                threads: self.threads,
+                isa: self.isa,
+                populate: self.populate,
+            };
+            let faulted = match (action, &mut self.numerics) {
                 (Action::Convert(c), Some(all)) => {
-                    let measured = convert_and_measure(
-                        &self.pool,
-                        self.threads,
-                        self.isa,
-                        c,
-                        src_bytes,
-                        dst_bytes,
-                    );
+                    let (measured, faulted) = work.convert_and_measure(c, src_bytes, dst_bytes);
                     all[self.next].merge(&measured);
+                    faulted
                 }
-                _ => run_window(
-                    &self.pool,
-                    self.threads,
-                    self.isa,
-                    action,
-                    src_bytes,
-                    dst_bytes,
-                ),
+                _ => work.run(action, src_bytes, dst_bytes),
+            };
+            if faulted {
+                // Pages past the end of a file truncated just now: say so rather than fault.
+                self.src.check_unchanged()?;
+                return Err(Error::io(
+                    &self.src.path,
+                    "cannot read the input",
+                    std::io::Error::from_raw_os_error(libc::EFAULT),
+                ));
             }
 
             self.pos += n;
@@ -628,66 +616,114 @@ pub fn convert(src: &Path, dst: &Path, opts: &Options) -> Result<Report> {
     job.finish()
 }
 
-pub(crate) fn run_window(
-    pool: &rayon::ThreadPool,
-    threads: usize,
-    isa: Isa,
-    action: Action,
-    src: &[u8],
-    dst: &mut [u8],
-) {
-    let (src_size, dst_size) = match action {
-        Action::Copy => (1, 1),
-        Action::Convert(c) => (c.src_size() as usize, 2),
-    };
-    if threads <= 1 || src.len() < PARALLEL_MIN {
-        return apply(isa, action, src, dst);
-    }
-    let elems = src.len() / src_size;
-    let per = elems.div_ceil(threads).next_multiple_of(1024);
-    pool.install(|| {
-        src.par_chunks(per * src_size)
-            .zip(dst.par_chunks_mut(per * dst_size))
-            .for_each(|(s, d)| apply(isa, action, s, d));
-    });
+/// How a window's work is done: which pool, how many threads, which kernels.
+pub(crate) struct Work<'a> {
+    pub pool: &'a rayon::ThreadPool,
+    pub threads: usize,
+    pub isa: Isa,
+    /// Fault each thread's share in with one call (`MADV_POPULATE_*`) before touching it.
+    pub populate: bool,
 }
 
-/// `run_window` for a conversion, measuring what it does as it goes: each thread converts
-/// and measures piece by piece, so the measure reads what the kernel just wrote from cache.
-pub(crate) fn convert_and_measure(
-    pool: &rayon::ThreadPool,
-    threads: usize,
-    isa: Isa,
-    conv: Conversion,
-    src: &[u8],
-    dst: &mut [u8],
-) -> Numerics {
-    /// Source bytes per piece: both sides stay in L1.
-    const PIECE: usize = 16 << 10;
-    let src_size = conv.src_size() as usize;
-    let run = |src: &[u8], dst: &mut [u8]| {
-        let mut total = Numerics::default();
-        for (s, d) in src.chunks(PIECE).zip(dst.chunks_mut(PIECE / src_size * 2)) {
-            apply(isa, Action::Convert(conv), s, d);
-            total.merge(&numerics::measure(conv, s, d));
-        }
-        total
-    };
-    if threads <= 1 || src.len() < PARALLEL_MIN {
-        return run(src, dst);
-    }
-    let per = (src.len() / src_size)
-        .div_ceil(threads)
-        .next_multiple_of(1024);
-    pool.install(|| {
-        src.par_chunks(per * src_size)
-            .zip(dst.par_chunks_mut(per * 2))
-            .map(|(s, d)| run(s, d))
-            .reduce(Numerics::default, |mut a, b| {
-                a.merge(&b);
-                a
+impl Work<'_> {
+    /// Split `src`/`dst` into one chunk per thread (elements of `src_size`/`dst_size`
+    /// bytes) and run `f` on each; returns true if populating the input hit EFAULT (the
+    /// file shrank), in which case that chunk was skipped.
+    fn split<R: Send + Default>(
+        &self,
+        src: &[u8],
+        dst: &mut [u8],
+        (src_size, dst_size): (usize, usize),
+        f: impl Fn(&[u8], &mut [u8]) -> R + Sync,
+        merge: impl Fn(R, R) -> R + Sync + Send,
+    ) -> (R, bool) {
+        let faulted = std::sync::atomic::AtomicBool::new(false);
+        // Each thread faults its own share in: batched like one big populate call, but
+        // in parallel, which matters where faults cost more than the conversion.
+        let chunk = |s: &[u8], d: &mut [u8]| {
+            if self.populate {
+                if prefault(s, libc::MADV_POPULATE_READ) == Some(libc::EFAULT) {
+                    faulted.store(true, std::sync::atomic::Ordering::Relaxed);
+                    return R::default();
+                }
+                prefault(d, libc::MADV_POPULATE_WRITE);
+            }
+            f(s, d)
+        };
+        let r = if self.threads <= 1 || src.len() < PARALLEL_MIN {
+            chunk(src, dst)
+        } else {
+            let per = (src.len() / src_size)
+                .div_ceil(self.threads)
+                .next_multiple_of(1024);
+            self.pool.install(|| {
+                src.par_chunks(per * src_size)
+                    .zip(dst.par_chunks_mut(per * dst_size))
+                    .map(|(s, d)| chunk(s, d))
+                    .reduce(R::default, &merge)
             })
-    })
+        };
+        (r, faulted.into_inner())
+    }
+
+    /// Copy or convert one window.
+    pub(crate) fn run(&self, action: Action, src: &[u8], dst: &mut [u8]) -> bool {
+        let sizes = match action {
+            Action::Copy => (1, 1),
+            Action::Convert(c) => (c.src_size() as usize, 2),
+        };
+        let isa = self.isa;
+        self.split(
+            src,
+            dst,
+            sizes,
+            |s, d| apply(isa, action, s, d),
+            |(), ()| (),
+        )
+        .1
+    }
+
+    /// `run` for a conversion, measuring what it does as it goes: each thread converts
+    /// and measures piece by piece, so the measure reads what the kernel just wrote from
+    /// cache.
+    pub(crate) fn convert_and_measure(
+        &self,
+        conv: Conversion,
+        src: &[u8],
+        dst: &mut [u8],
+    ) -> (Numerics, bool) {
+        /// Source bytes per piece: both sides stay in L1.
+        const PIECE: usize = 16 << 10;
+        let src_size = conv.src_size() as usize;
+        let isa = self.isa;
+        let run = |src: &[u8], dst: &mut [u8]| {
+            let mut total = Numerics::default();
+            for (s, d) in src.chunks(PIECE).zip(dst.chunks_mut(PIECE / src_size * 2)) {
+                apply(isa, Action::Convert(conv), s, d);
+                total.merge(&numerics::measure(conv, s, d));
+            }
+            total
+        };
+        let merge = |mut a: Numerics, b: Numerics| {
+            a.merge(&b);
+            a
+        };
+        self.split(src, dst, (src_size, 2), run, merge)
+    }
+}
+
+/// `madvise(advice)` over the pages holding `bytes`; the errno on failure.
+fn prefault(bytes: &[u8], advice: libc::c_int) -> Option<i32> {
+    if bytes.is_empty() {
+        return None;
+    }
+    let page = 4096usize;
+    let start = bytes.as_ptr() as usize & !(page - 1);
+    let end = (bytes.as_ptr() as usize + bytes.len()).next_multiple_of(page);
+    // SAFETY: the range covers only pages of the mapping `bytes` lies in (maps start on a
+    // page boundary and extend to one); populating changes no data and never unmaps.
+    let rc = unsafe { libc::madvise(start as *mut libc::c_void, end - start, advice) };
+    (rc != 0).then(|| std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
 }
 
 fn apply(isa: Isa, action: Action, src: &[u8], dst: &mut [u8]) {

@@ -203,14 +203,14 @@ impl Scan {
                 }
                 ScanKind::Numerics => {
                     let out = &mut self.scratch[..(n / c.src_size() * 2) as usize];
-                    let measured = convert::convert_and_measure(
-                        &self.pool,
-                        self.threads,
-                        self.isa,
-                        c,
-                        bytes,
-                        out,
-                    );
+                    let work = convert::Work {
+                        pool: &self.pool,
+                        threads: self.threads,
+                        isa: self.isa,
+                        // Populated just above, on this thread.
+                        populate: false,
+                    };
+                    let (measured, _) = work.convert_and_measure(c, bytes, out);
                     let item = &mut self.tensors[self.next];
                     match &mut item.numerics {
                         Some(total) => total.merge(&measured),
