@@ -143,6 +143,17 @@ fn run_scan(
     }
 }
 
+/// Worker threads asked for (None: one per core); a runaway number is refused, not spawned.
+fn thread_count(threads: Option<usize>) -> PyResult<usize> {
+    const MAX_THREADS: usize = 1024;
+    match threads {
+        Some(n) if n > MAX_THREADS => Err(PyValueError::new_err(format!(
+            "threads={n} is more than {MAX_THREADS}"
+        ))),
+        t => Ok(t.unwrap_or(0)),
+    }
+}
+
 /// A kernel family by name, for tests and benchmarks that must pin one.
 fn parse_isa(name: &str) -> PyResult<Isa> {
     Isa::available()
@@ -181,7 +192,7 @@ fn py_convert<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = Options {
         target: parse_target(to)?,
-        threads: threads.unwrap_or(0),
+        threads: thread_count(threads)?,
         force,
         window: window_mib.map_or(convert::DEFAULT_WINDOW, |m| m.max(1) << 20),
         isa: isa.map(parse_isa).transpose()?,
@@ -354,7 +365,7 @@ fn py_inspect<'py>(
         return inspect_dict(py, &src, &plan, None);
     }
     let opts = Options {
-        threads: threads.unwrap_or(0),
+        threads: thread_count(threads)?,
         window: window_mib.map_or(convert::DEFAULT_WINDOW, |m| m.max(1) << 20),
         ..Options::default()
     };
@@ -469,7 +480,7 @@ fn py_verify<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = VerifyOptions {
         loose,
-        threads: threads.unwrap_or(0),
+        threads: thread_count(threads)?,
         window: window_mib.map_or(convert::DEFAULT_WINDOW, |m| m.max(1) << 20),
         numerics,
     };

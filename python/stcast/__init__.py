@@ -18,18 +18,30 @@ from typing import TYPE_CHECKING, Any
 
 from . import _core
 from ._core import Cancelled, StcastError
-from .folder import FileReport, FolderInspectReport, FolderReport, convert_folder, finalize
-from .folder import inspect_folder as _inspect_folder
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import Callable, Protocol
+
+    from .folder import FileReport, FolderInspectReport, FolderReport, finalize
 
     class _CancelFlag(Protocol):
         def is_set(self) -> bool: ...
 
 
 __version__: str = _core.__version__
+
+# The folder machinery loads on first use, so that `stcast --version` and single-file
+# conversions start fast.
+_FOLDER_NAMES = ("FileReport", "FolderInspectReport", "FolderReport", "finalize")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FOLDER_NAMES:
+        from . import folder
+
+        return getattr(folder, name)
+    raise AttributeError(f"module 'stcast' has no attribute {name!r}")
 
 __all__ = [
     "Cancelled",
@@ -315,6 +327,8 @@ def convert(
     """
     src = os.fsdecode(src)
     if os.path.isdir(src):
+        from .folder import convert_folder
+
         return convert_folder(
             src,
             dst,
@@ -424,6 +438,8 @@ def inspect(
         "threads": threads,
     }
     if os.path.isdir(path):
+        from .folder import inspect_folder as _inspect_folder
+
         return _inspect_folder(
             path, None if dst is None else os.fsdecode(dst), progress=progress, **options
         )
