@@ -267,32 +267,13 @@ fn numerics_dict<'py>(
     tensors: &[(String, Numerics)],
     total: &Numerics,
 ) -> PyResult<Bound<'py, PyDict>> {
-    fn fields<'py>(
-        py: Python<'py>,
-        name: Option<&str>,
-        n: &Numerics,
-    ) -> PyResult<Bound<'py, PyDict>> {
-        let d = PyDict::new(py);
-        if let Some(name) = name {
-            d.set_item("name", name)?;
-        }
-        d.set_item("elements", n.elements)?;
-        d.set_item("overflow", n.overflow)?;
-        d.set_item("underflow_to_zero", n.underflow_to_zero)?;
-        d.set_item("subnormal", n.subnormal)?;
-        d.set_item("nan_in", n.nan_in)?;
-        d.set_item("inf_in", n.inf_in)?;
-        d.set_item("max_abs_error", n.max_abs_error)?;
-        d.set_item("max_rel_error", n.max_rel_error)?;
-        Ok(d)
-    }
     let list = PyList::empty(py);
     for (name, n) in tensors {
-        list.append(fields(py, Some(name), n)?)?;
+        list.append(numerics_fields(py, Some(name), n)?)?;
     }
     let d = PyDict::new(py);
     d.set_item("tensors", list)?;
-    d.set_item("total", fields(py, None, total)?)?;
+    d.set_item("total", numerics_fields(py, None, total)?)?;
     Ok(d)
 }
 
@@ -433,7 +414,7 @@ fn inspect_dict<'py>(
         e.set_item("reason", plan.reasons[i].code())?;
         e.set_item("pattern", reason_pattern(&plan.reasons[i]))?;
         match measured[i] {
-            Some(n) => e.set_item("numerics", scan_numerics_dict(py, n)?)?,
+            Some(n) => e.set_item("numerics", numerics_fields(py, None, n)?)?,
             None => e.set_item("numerics", py.None())?,
         }
         tensors.append(e)?;
@@ -451,8 +432,16 @@ fn inspect_dict<'py>(
     Ok(d)
 }
 
-fn scan_numerics_dict<'py>(py: Python<'py>, n: &Numerics) -> PyResult<Bound<'py, PyDict>> {
+/// One `Numerics` as a dict of its counts and errors, with the tensor name when given.
+fn numerics_fields<'py>(
+    py: Python<'py>,
+    name: Option<&str>,
+    n: &Numerics,
+) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
+    if let Some(name) = name {
+        d.set_item("name", name)?;
+    }
     d.set_item("elements", n.elements)?;
     d.set_item("overflow", n.overflow)?;
     d.set_item("underflow_to_zero", n.underflow_to_zero)?;

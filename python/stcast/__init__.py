@@ -43,6 +43,7 @@ def __getattr__(name: str) -> Any:
         return getattr(folder, name)
     raise AttributeError(f"module 'stcast' has no attribute {name!r}")
 
+
 __all__ = [
     "Cancelled",
     "ConvertReport",
