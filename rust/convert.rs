@@ -77,6 +77,7 @@ impl Default for Options {
             force: false,
             window: DEFAULT_WINDOW,
             isa: None,
+            // STCAST_POPULATE=0 turns it off, for the A/B measurements behind this default.
             populate: std::env::var("STCAST_POPULATE").map_or(true, |v| v != "0"),
             keep: Vec::new(),
             keep_min_size: 0,
