@@ -18,23 +18,12 @@ import stcast
 from conftest import (
     assert_one_error_line,
     cli_env,
-    encode_header,
     listing,
     tensor_bytes,
     write_safetensors,
 )
-from test_bad_input import BAD_FILES
-
-F32_1 = b"\x00\x00\x80\x3f"
-
-
-def t(dtype="F32", shape=(1,), offsets=(0, 4)):
-    return {"dtype": dtype, "shape": list(shape), "data_offsets": list(offsets)}
-
-
-def hf(header, data=b"", pad=True) -> bytes:
-    return encode_header(header, pad) + data
-
+from test_bad_input import BAD_FILES, F32_1, t
+from test_bad_input import header_file as hf
 
 ENTRY = json.dumps(t()).encode()
 DEEP = 100_000
