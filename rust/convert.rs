@@ -333,16 +333,7 @@ impl Job {
         out_map[..plan.header.len()].copy_from_slice(&plan.header);
         let _ = src.map.advise(Advice::Sequential);
 
-        let threads = if opts.threads == 0 {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        } else {
-            opts.threads
-        };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("stcast-{i}"))
-            .build()
-            .map_err(|e| Error::io(dst, "cannot start worker threads", std::io::Error::other(e)))?;
+        let (pool, threads) = worker_pool(opts.threads, "stcast", dst)?;
         let total = src.header.data_len();
         let plan_len = plan.tensors.len();
         Ok(Job {
@@ -615,6 +606,32 @@ pub fn convert(src: &Path, dst: &Path, opts: &Options) -> Result<Report> {
     };
     while !job.step(u64::MAX)? {}
     job.finish()
+}
+
+/// A pool of `threads` workers (0: one per available core) and its size; `path` is named
+/// in the error if the threads cannot be started.
+pub(crate) fn worker_pool(
+    threads: usize,
+    name: &'static str,
+    path: &Path,
+) -> Result<(rayon::ThreadPool, usize)> {
+    let threads = if threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        threads
+    };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(move |i| format!("{name}-{i}"))
+        .build()
+        .map_err(|e| {
+            Error::io(
+                path,
+                "cannot start worker threads",
+                std::io::Error::other(e),
+            )
+        })?;
+    Ok((pool, threads))
 }
 
 /// How a window's work is done: which pool, how many threads, which kernels.

@@ -122,22 +122,7 @@ impl Scan {
             .iter()
             .map(|t| src.header.tensors[t.source].len())
             .sum();
-        let threads = if opts.threads == 0 {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        } else {
-            opts.threads
-        };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("stcast-scan-{i}"))
-            .build()
-            .map_err(|e| {
-                Error::io(
-                    &src.path,
-                    "cannot start worker threads",
-                    std::io::Error::other(e),
-                )
-            })?;
+        let (pool, threads) = convert::worker_pool(opts.threads, "stcast-scan", &src.path)?;
         let window = (opts.window.max(64 << 10)) & !63;
         let scratch = match kind {
             // Every conversion at least halves the size: half a window holds its output.

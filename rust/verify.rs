@@ -12,8 +12,8 @@ use memmap2::Advice;
 use rayon::prelude::*;
 use safetensors::tensor::Dtype;
 
-use crate::convert::Source;
-use crate::error::{Error, Result};
+use crate::convert::{worker_pool, Source};
+use crate::error::Result;
 use crate::header::{encode_header, width_rank, Action, Conversion, Target, TensorPlan, PREFIX};
 use crate::kernels::{self, Isa};
 use crate::numerics::{self, Numerics};
@@ -168,22 +168,7 @@ impl Verifier {
         let started = Instant::now();
         let src = Source::open(src_path)?;
         let dst = Source::open(dst_path)?;
-        let threads = if opts.threads == 0 {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        } else {
-            opts.threads
-        };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("stcast-verify-{i}"))
-            .build()
-            .map_err(|e| {
-                Error::io(
-                    dst_path,
-                    "cannot start worker threads",
-                    std::io::Error::other(e),
-                )
-            })?;
+        let (pool, threads) = worker_pool(opts.threads, "stcast-verify", dst_path)?;
         let isa = Isa::detect();
         let mut report = VerifyReport {
             src: src_path.to_path_buf(),
