@@ -320,7 +320,7 @@ def find_contenders(stcast: str, peers: Path, out: Path, wanted: list[str]) -> l
     found: list[Contender] = []
     for name in wanted:
         if name == "stcast":
-            exe = shutil.which(stcast)
+            exe = resolve_cli(stcast)
             if exe:
                 # --json wins over -q: no summary, one report object (isa, threads) on stdout.
                 found.append(Contender(name, [exe, "convert"], ["--force", "-q", "--json"]))
@@ -339,6 +339,20 @@ def find_contenders(stcast: str, peers: Path, out: Path, wanted: list[str]) -> l
             if exe:
                 found.append(Contender(name, [str(exe)], ["16", "drop", "2"]))
     return found
+
+
+def resolve_cli(name: str) -> str | None:
+    """Find the stcast CLI, preferring the script installed beside this interpreter.
+
+    A bare name found on PATH may be a version-manager shim (pyenv's is a bash script that
+    runs `pyenv exec`, about 100 ms per start here), which the peers, started with
+    `sys.executable`, do not pay. The script in the interpreter's own bin/ is the same CLI.
+    """
+    if os.sep not in name:
+        beside = Path(sys.executable).parent / name
+        if beside.is_file() and os.access(beside, os.X_OK):
+            return str(beside)
+    return shutil.which(name)
 
 
 def build_limit_loop(source: Path, exe: Path) -> Path | None:

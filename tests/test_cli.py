@@ -249,6 +249,43 @@ def test_version_does_not_import_numpy():
     assert not [m for m in imported if m.split(".")[0] in ("numpy", "ml_dtypes")]
 
 
+def test_version_loads_neither_the_api_nor_the_folder_code():
+    code = (
+        "import sys\n"
+        "from stcast.cli import main\n"
+        "main(['--version'])\n"
+        "print(sorted(m for m in sys.modules if m.startswith('stcast')), file=sys.stderr)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "['stcast', 'stcast._core', 'stcast.cli']"
+
+
+def test_lazy_package_names():
+    code = (
+        "import stcast, sys\n"
+        "assert 'stcast._api' not in sys.modules\n"
+        "names = set(dir(stcast))\n"
+        "missing = [n for n in stcast.__all__ if n not in names]\n"
+        "assert not missing, missing\n"
+        "from stcast import *\n"
+        "assert convert is stcast.convert and FolderReport is stcast.FolderReport\n"
+        "assert stcast.ConvertReport.__name__ == 'ConvertReport'\n"
+        "try:\n"
+        "    stcast.no_such_name\n"
+        "except AttributeError as e:\n"
+        "    assert 'no_such_name' in str(e)\n"
+        "else:\n"
+        "    raise SystemExit('no AttributeError')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
 # --- progress bar ---------------------------------------------------------------------------
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import stcast
 
-from . import _core
+from . import _api, _core
 from ._core import StcastError
 
 if TYPE_CHECKING:
@@ -374,7 +374,7 @@ def inspect_folder(
         keep_unmatched=unmatched,
         scanned=scan or on_overflow == "keep",
         warnings=warnings,
-        destination=None if dst is None else stcast._destination(dst, output),
+        destination=None if dst is None else _api._destination(dst, output),
     )
 
 
@@ -853,7 +853,7 @@ def _convert_files(
 
         meter.step(w.rel, 0, size)
         # Unmatched --keep patterns were judged over the whole folder (in _plan).
-        r = stcast._convert_file(
+        r = _api._convert_file(
             w.path,
             out,
             to=to,
@@ -1248,7 +1248,7 @@ def _folder_report(
 
 
 def _target_name(to: str) -> str:
-    name = stcast._TARGET_NAMES.get(to.lower()) if isinstance(to, str) else None
+    name = _api._TARGET_NAMES.get(to.lower()) if isinstance(to, str) else None
     if name is None:
         raise ValueError(f"unknown target {to!r}: use 'bf16' or 'fp16'")
     return name
