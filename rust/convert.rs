@@ -220,16 +220,31 @@ impl Source {
     }
 }
 
+/// How far behind a released range `Source::release` also drops mapped pages.
+///
+/// A read fault can map more than the page it needs: the page cache pages around it
+/// (fault-around) and the rest of a large folio, including pages just before the window
+/// being read, which the previous release already dropped. Nothing would drop them again.
+/// Measured: converting a 4 GiB input right after the bare mmap loop had read it (and a
+/// `cat` had brought it back into the cache) left 59-60 MiB peak RSS instead of 41 MiB, in
+/// 3 of 3 runs; a 64 KiB reach-back gave 56 MiB, this one 41 MiB. One fault maps pages of
+/// one page table only, i.e. inside the 2 MiB-aligned span around it, so reaching 2 MiB
+/// back covers all of them; zapping page-table entries that are already empty costs next
+/// to nothing.
+const FAULT_AROUND_MAX: u64 = 2 << 20;
+
 impl Source {
-    /// Drop the pages of an absolute byte range that we are done with.
+    /// Drop the pages of an absolute byte range that we are done with, and any mapped
+    /// again behind it by fault-around (see `FAULT_AROUND_MAX`).
     pub(crate) fn release(&self, (a, b): (u64, u64)) {
+        let from = a.saturating_sub(FAULT_AROUND_MAX);
         // SAFETY: the map is read-only and shared; dropping its pages only means a later
         // read faults them in again from the file. No reference into the range is alive.
         unsafe {
             let _ = self.map.unchecked_advise_range(
                 UncheckedAdvice::DontNeed,
-                a as usize,
-                (b - a) as usize,
+                from as usize,
+                (b - from) as usize,
             );
         }
         // Also drop them from the page cache: under a memory cgroup they count against us.
