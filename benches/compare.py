@@ -33,6 +33,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 MODES = ("tmpfs", "hot", "cold", "cgroup")
 CONTENDERS = ("stcast", "torch_path", "np_convert", "limit_loop")
+PEERS = ("torch_path", "np_convert")
 ALIASES = {"torch": "torch_path", "numpy": "np_convert", "np": "np_convert", "limit": "limit_loop"}
 SAMPLE_S = 0.05
 TMPFS_MAX_GIB = 4.0  # input + output + the torch path's copy must all fit in RAM
@@ -76,6 +77,7 @@ class Run:
     samples: list[tuple[float, int, int, int | None]] = field(default_factory=list)
     report: dict | None = None
     stderr_tail: str = ""
+    verified: bool | None = None  # stcast only: `stcast verify SRC DST` of this run's output
 
 
 # ---------------------------------------------------------------- memory cgroups (v1)
@@ -263,6 +265,15 @@ def run_once(
             pass
 
 
+def verify_output(contender: Contender, src: Path, dst: Path) -> bool:
+    """Check, untimed and unlimited, that stcast's output is exactly the conversion of src."""
+    cli = contender.head[0]
+    done = subprocess.run([cli, "verify", str(src), str(dst), "-q"], capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"    verify failed: {(done.stderr or done.stdout).strip()[-500:]}")
+    return done.returncode == 0
+
+
 def reset_peak_rss() -> None:
     """Reset our own RSS high-water mark before a spawn.
 
@@ -427,6 +438,7 @@ def summarize(runs: list[Run]) -> list[dict[str, object]]:
             "peak_rss": max(r.peak_rss for r in rs),
             "peak_anon": max(r.peak_anon for r in rs),
             "cgroup_peak": max((r.cgroup_peak or 0 for r in rs), default=0) or None,
+            "verified": [r.verified for r in rs if r.verified is not None],
         }
         if ok:
             wall = statistics.median(r.wall_s for r in ok)
@@ -483,15 +495,81 @@ def markdown(facts: dict[str, object], config: dict[str, object], rows: list[dic
         "|---|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in rows:
+        verified = r.get("verified") or []
+        status = r["status"] + (
+            (", verified" if all(verified) else ", VERIFY FAILED") if verified else ""
+        )
         lines.append(
-            f"| {r['mode']} | {r['size_gib']:g} GiB | {r['contender']} | {r['status']} "
+            f"| {r['mode']} | {r['size_gib']:g} GiB | {r['contender']} | {status} "
             f"| {fmt(r.get('wall_s'), '.2f')} | {fmt(r.get('cpu_s'), '.2f')} "
             f"| {fmt(r.get('gb_per_s'), '.2f')} | {fmt_bytes(r['peak_rss'])} "
             f"| {fmt_bytes(r['peak_anon'])} | {fmt_bytes(r['mem_limit'])} "
             f"| {fmt_bytes(r['cgroup_peak'])} "
             f"| {fmt(r.get('x_limit_loop'), '.2f')} | {fmt(r.get('x_stcast'), '.2f')} |"
         )
+    if config.get("skipped"):
+        lines += ["", "Not run (`--peers-up-to`): " + ", ".join(config["skipped"]) + "."]
+    checks = targets(rows)
+    if checks:
+        lines += ["", "## Targets (issue 3)", ""]
+        lines += [f"- {'PASS' if ok else 'MISS'}: {text}" for ok, text in checks]
     return "\n".join(lines) + "\n"
+
+
+RSS_TARGET = 64 * MiB
+
+
+def targets(rows: list[dict]) -> list[tuple[bool, str]]:
+    """Check the targets of issue 3 that this run's rows can decide: (holds, what)."""
+    at = {(r["mode"], r["size_gib"], r["contender"]): r for r in rows}
+    out: list[tuple[bool, str]] = []
+
+    def wall(mode: str, size: float, name: str) -> float | None:
+        row = at.get((mode, size, name))
+        return row.get("wall_s") if row and row["status"] == "ok" else None  # type: ignore[return-value]
+
+    me = wall("tmpfs", 4.0, "stcast")
+    if me:
+        for name, goal, text in (
+            ("limit_loop", 1.1, "stcast wall <= 1.1x limit_loop"),
+            ("np_convert", 1.8, "stcast >= 1.8x faster than np_convert"),
+            ("torch_path", 5.0, "stcast >= 5x faster than torch_path"),
+        ):
+            other = wall("tmpfs", 4.0, name)
+            if other is None:
+                continue
+            ratio = me / other if name == "limit_loop" else other / me
+            ok = ratio <= goal if name == "limit_loop" else ratio >= goal
+            out.append((ok, f"tmpfs 4 GiB: {text}: {ratio:.2f}x ({me:.2f} s vs {other:.2f} s)"))
+    for r in rows:
+        if r["contender"] == "stcast" and r["mode"] in ("hot", "cold") and r["status"] == "ok":
+            ok = r["peak_rss"] <= RSS_TARGET
+            out.append(
+                (
+                    ok,
+                    f"{r['mode']} {r['size_gib']:g} GiB: stcast peak RSS "
+                    f"{fmt_bytes(r['peak_rss'])} <= 64 MiB",
+                )
+            )
+    for r in rows:
+        if r["contender"] != "stcast" or r["mode"] != "cgroup":
+            continue
+        limited, cold = r.get("wall_s"), wall("cold", r["size_gib"], "stcast")
+        verified = r.get("verified") or []
+        what = f"cgroup {r['size_gib']:g} GiB under {fmt_bytes(r['mem_limit'])}: stcast"
+        out.append((r["status"] == "ok", f"{what} succeeds ({r['status']})"))
+        if verified:
+            out.append((all(verified), f"{what} output verified bit-exact"))
+        if limited and cold:
+            ratio = limited / cold
+            out.append(
+                (
+                    ratio <= 1.5,
+                    f"{what} wall <= 1.5x unlimited cold: {ratio:.2f}x "
+                    f"({limited:.2f} s vs {cold:.2f} s)",
+                )
+            )
+    return out
 
 
 def plot(runs: list[Run], rows: list[dict], out: Path) -> list[Path]:
@@ -602,6 +680,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=600.0,
         help="kill a run that has not finished after this many seconds",
     )
+    ap.add_argument(
+        "--peers-up-to",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="run torch_path and np_convert only at sizes up to this (they hold the whole "
+        "checkpoint in RAM: at 16 GiB on 24 GiB they OOM or thrash for the whole --timeout)",
+    )
+    ap.add_argument(
+        "--no-verify",
+        dest="verify",
+        action="store_false",
+        help="skip `stcast verify` of stcast's first output per mode and size",
+    )
     ap.add_argument("--out", type=Path, default=HERE / "out")
     ap.add_argument("--stcast", default="stcast", help="the stcast CLI to measure")
     # The peers live in shared/ beside the repository.
@@ -680,6 +772,7 @@ def main(argv: list[str] | None = None) -> int:
     facts["rss_floor"] = own_rss()
 
     runs: list[Run] = []
+    skipped: list[str] = []
     inputs: list[Path] = []
     interrupted = False
     try:
@@ -695,6 +788,12 @@ def main(argv: list[str] | None = None) -> int:
                 scratch = directory / f"out-{os.getpid()}"
                 for rep in range(args.repeats):
                     for c in contenders:
+                        if c.name in PEERS and args.peers_up_to is not None:
+                            if size > args.peers_up_to:
+                                if rep == 0:
+                                    print(f"{mode} {size:g} GiB: {c.name} skipped (--peers-up-to)")
+                                    skipped.append(f"{c.name} at {mode} {size:g} GiB")
+                                continue
                         limit = args.caps.get(c.name) or (
                             args.mem_limit if mode == "cgroup" else None
                         )
@@ -703,9 +802,11 @@ def main(argv: list[str] | None = None) -> int:
                         scratch.mkdir()
                         prepare(mode, src)
                         try:
-                            run_once(
-                                c, src, scratch / f"{c.name}.safetensors", run, limit, args.timeout
-                            )
+                            dst = scratch / f"{c.name}.safetensors"
+                            run_once(c, src, dst, run, limit, args.timeout)
+                            check = args.verify and c.name == "stcast" and rep == 0
+                            if check and run.status == "ok":
+                                run.verified = verify_output(c, src, dst)
                         finally:
                             shutil.rmtree(scratch, ignore_errors=True)
                         runs.append(run)
@@ -713,7 +814,8 @@ def main(argv: list[str] | None = None) -> int:
                             f"[{mode} {size:g} GiB #{rep + 1}] {c.name:<10} {run.status:<8} "
                             f"wall {run.wall_s:6.2f} s  cpu {run.cpu_s:6.2f} s  "
                             f"peak RSS {fmt_bytes(run.peak_rss)}"
-                            + (f"  cgroup {fmt_bytes(run.cgroup_peak)}" if limit else ""),
+                            + (f"  cgroup {fmt_bytes(run.cgroup_peak)}" if limit else "")
+                            + ("" if run.verified is None else f"  verified {run.verified}"),
                             flush=True,
                         )
                         if run.status.startswith("failed"):
@@ -741,6 +843,8 @@ def main(argv: list[str] | None = None) -> int:
         "timeout_s": args.timeout,
         "seed": args.seed,
         "contenders": [asdict(c) for c in contenders],
+        "peers_up_to_gib": args.peers_up_to,
+        "skipped": skipped,
     }
     rows = summarize(runs)
     (args.out / "results.json").write_text(
