@@ -484,7 +484,9 @@ def markdown(facts: dict[str, object], config: dict[str, object], rows: list[dic
         + (f" ({isa}, {facts.get('stcast_threads')} threads)" if isa else "")
         + f", torch {facts.get('torch') or 'not installed'}",
         f"- command: `{config['command']}`",
-        f"- {config['repeats']} interleaved repeat(s); wall and CPU are medians of the runs "
+        f"- {config['repeats']} interleaved repeat(s)"
+        + (f" ({config['tmpfs_repeats']} on tmpfs)" if config.get("tmpfs_repeats") else "")
+        + "; wall and CPU are medians of the runs "
         "that succeeded, memory figures the maxima; GB/s = input bytes / median wall / 1e9; "
         "× columns = wall / wall of limit_loop or stcast in the same mode and size. "
         f"Peak RSS is ru_maxrss, which cannot read below the bench's own RSS "
@@ -508,7 +510,7 @@ def markdown(facts: dict[str, object], config: dict[str, object], rows: list[dic
             f"| {fmt(r.get('x_limit_loop'), '.2f')} | {fmt(r.get('x_stcast'), '.2f')} |"
         )
     if config.get("skipped"):
-        lines += ["", "Not run (`--peers-up-to`): " + ", ".join(config["skipped"]) + "."]
+        lines += ["", "Not run (`--peers-up-to`, `--peer-modes`): " + ", ".join(config["skipped"])]
     checks = targets(rows)
     if checks:
         lines += ["", "## Targets (issue 3)", ""]
@@ -664,6 +666,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1,4", help="input sizes in GiB, comma-separated")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--tmpfs-repeats",
+        type=int,
+        default=None,
+        metavar="N",
+        help="repeats in tmpfs mode (default --repeats): the speed comparison, and the "
+        "cheapest mode to repeat",
+    )
     ap.add_argument("--modes", default=",".join(MODES), help="any of " + ",".join(MODES))
     ap.add_argument("--contenders", default=",".join(CONTENDERS))
     ap.add_argument("--mem-limit", default="256M", help="cgroup mode's memory limit")
@@ -689,6 +699,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "checkpoint in RAM: at 16 GiB on 24 GiB they OOM or thrash for the whole --timeout)",
     )
     ap.add_argument(
+        "--peer-modes",
+        default=None,
+        metavar="MODES",
+        help="modes in which torch_path and np_convert run (default: all). Under a 256 MiB "
+        "cgroup the torch path is OOM-killed after ~100 s of thrashing, at every size",
+    )
+    ap.add_argument(
         "--no-verify",
         dest="verify",
         action="store_false",
@@ -710,6 +727,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.sizes, args.repeats, args.modes = "0.25", 1, "tmpfs"
     args.sizes = [float(s) for s in args.sizes.split(",")]
     args.modes = [m.strip() for m in args.modes.split(",")]
+    if args.peer_modes is not None:
+        args.peer_modes = [m.strip() for m in args.peer_modes.split(",")]
     args.contenders = [ALIASES.get(c.strip(), c.strip()) for c in args.contenders.split(",")]
     for m in args.modes:
         if m not in MODES:
@@ -786,12 +805,20 @@ def main(argv: list[str] | None = None) -> int:
                 src = cached_checkpoint(directory, size, args.seed)
                 inputs.append(src)
                 scratch = directory / f"out-{os.getpid()}"
-                for rep in range(args.repeats):
+                repeats = args.repeats
+                if mode == "tmpfs" and args.tmpfs_repeats:
+                    repeats = args.tmpfs_repeats
+                for rep in range(repeats):
                     for c in contenders:
-                        if c.name in PEERS and args.peers_up_to is not None:
-                            if size > args.peers_up_to:
+                        if c.name in PEERS:
+                            why = None
+                            if args.peers_up_to is not None and size > args.peers_up_to:
+                                why = "--peers-up-to"
+                            if args.peer_modes is not None and mode not in args.peer_modes:
+                                why = "--peer-modes"
+                            if why:
                                 if rep == 0:
-                                    print(f"{mode} {size:g} GiB: {c.name} skipped (--peers-up-to)")
+                                    print(f"{mode} {size:g} GiB: {c.name} skipped ({why})")
                                     skipped.append(f"{c.name} at {mode} {size:g} GiB")
                                 continue
                         limit = args.caps.get(c.name) or (
@@ -837,6 +864,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": command,
         "sizes_gib": args.sizes,
         "repeats": args.repeats,
+        "tmpfs_repeats": args.tmpfs_repeats,
         "modes": args.modes,
         "mem_limit": args.mem_limit,
         "caps": args.caps,

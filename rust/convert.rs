@@ -40,6 +40,11 @@ pub struct Options {
     pub isa: Option<Isa>,
     /// Fault each window in with one call (`MADV_POPULATE_*`) instead of page by page.
     pub populate: bool,
+    /// Read-ahead advice for the input mapping.
+    pub advise: ReadAdvice,
+    /// Output ranges whose writeback may be in flight before the oldest is waited for and
+    /// dropped (at least 1). Each is about half a window (bf16) of dirty pages.
+    pub write_behind_depth: usize,
     /// fnmatch patterns of float tensors that keep their dtype (`PlanOptions::keep`).
     pub keep: Vec<String>,
     /// Float tensors with fewer elements keep their dtype.
@@ -77,8 +82,18 @@ impl Default for Options {
             force: false,
             window: DEFAULT_WINDOW,
             isa: None,
-            // STCAST_POPULATE=0 turns it off, for the A/B measurements behind this default.
+            // STCAST_POPULATE=0, STCAST_ADVISE=none|sequential|willneed and
+            // STCAST_WRITE_BEHIND=N change these for the A/B measurements behind the
+            // defaults (benches/knobs.py); they are not an interface.
             populate: std::env::var("STCAST_POPULATE").map_or(true, |v| v != "0"),
+            advise: std::env::var("STCAST_ADVISE")
+                .ok()
+                .and_then(|v| ReadAdvice::parse(&v))
+                .unwrap_or(ReadAdvice::Sequential),
+            write_behind_depth: std::env::var("STCAST_WRITE_BEHIND")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .map_or(1, |d| d.clamp(1, 64)),
             keep: Vec::new(),
             keep_min_size: 0,
             from_bf16: false,
@@ -86,6 +101,28 @@ impl Default for Options {
             keep_names: Default::default(),
             on_overflow: OnOverflow::Warn,
             numerics: true,
+        }
+    }
+}
+
+/// Read-ahead advice for the input mapping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadAdvice {
+    /// None: the kernel's default read-ahead.
+    Normal,
+    /// `MADV_SEQUENTIAL` over the whole mapping (the default).
+    Sequential,
+    /// `MADV_SEQUENTIAL`, and `MADV_WILLNEED` on the next window before converting this one.
+    WillNeed,
+}
+
+impl ReadAdvice {
+    fn parse(s: &str) -> Option<ReadAdvice> {
+        match s {
+            "none" | "normal" => Some(ReadAdvice::Normal),
+            "sequential" => Some(ReadAdvice::Sequential),
+            "willneed" => Some(ReadAdvice::WillNeed),
+            _ => None,
         }
     }
 }
@@ -300,6 +337,8 @@ pub struct Job {
     isa: Isa,
     window: usize,
     populate: bool,
+    advise: ReadAdvice,
+    write_behind_depth: usize,
     /// Next tensor (index into `plan.tensors`) and the source bytes of it already done.
     next: usize,
     pos: u64,
@@ -309,8 +348,8 @@ pub struct Job {
     in_pending: Option<(u64, u64)>,
     /// Output written since the last writeback start: an absolute file range.
     out_pending: Option<(u64, u64)>,
-    /// Output whose writeback was started and that is dropped once written.
-    out_inflight: Option<(u64, u64)>,
+    /// Output whose writeback was started and that is dropped once written, oldest first.
+    out_inflight: std::collections::VecDeque<(u64, u64)>,
     mid_tensor_hit: bool,
     on_overflow: OnOverflow,
     started: Instant,
@@ -346,7 +385,9 @@ impl Job {
         let mut out_map = unsafe { MmapMut::map_mut(&out.file) }
             .map_err(|e| Error::io(dst, "cannot map the output", e))?;
         out_map[..plan.header.len()].copy_from_slice(&plan.header);
-        let _ = src.map.advise(Advice::Sequential);
+        if opts.advise != ReadAdvice::Normal {
+            let _ = src.map.advise(Advice::Sequential);
+        }
 
         let (pool, threads) = worker_pool(opts.threads, "stcast", dst)?;
         let total = src.header.data_len();
@@ -361,13 +402,15 @@ impl Job {
             isa: opts.isa.unwrap_or_else(Isa::detect),
             window: (opts.window.max(64 << 10)) & !63,
             populate: opts.populate,
+            advise: opts.advise,
+            write_behind_depth: opts.write_behind_depth.max(1),
             next: 0,
             pos: 0,
             done: 0,
             total,
             in_pending: None,
             out_pending: None,
-            out_inflight: None,
+            out_inflight: Default::default(),
             mid_tensor_hit: false,
             on_overflow: opts.on_overflow,
             started,
@@ -420,6 +463,17 @@ impl Job {
             let dst_n = n / src_size * dst_size;
             let (sa, da) = (src_abs as usize, dst_abs as usize);
             self.src.check_unchanged()?;
+            if self.advise == ReadAdvice::WillNeed {
+                // Start reading the next window while this one converts.
+                let end = (sa + 2 * n as usize).min(self.src.map.len());
+                if sa + (n as usize) < end {
+                    let _ = self.src.map.advise_range(
+                        Advice::WillNeed,
+                        sa + n as usize,
+                        end - sa - n as usize,
+                    );
+                }
+            }
             let src_bytes = &self.src.map[sa..sa + n as usize];
             let dst_bytes = &mut self.out_map[da..da + dst_n as usize];
             let work = Work {
@@ -501,14 +555,17 @@ impl Job {
         Ok(())
     }
 
-    /// Start writing `r` back, then wait for the previous range and drop its pages, so
-    /// dirty and resident memory stay at about two windows whatever the file size.
+    /// Start writing `r` back, then wait for the oldest range beyond `write_behind_depth`
+    /// (by default the previous one) and drop its pages, so dirty and resident memory stay
+    /// at a few windows whatever the file size.
     fn write_behind(&mut self, r: (u64, u64)) -> Result<()> {
         let fd = self.out.file.as_raw_fd();
         // Starting writeback is advisory; a real write error surfaces in `settle` or fsync.
         let _ = sync_range(fd, r, libc::SYNC_FILE_RANGE_WRITE);
-        if let Some(prev) = self.out_inflight.replace(r) {
-            self.settle(prev)?;
+        self.out_inflight.push_back(r);
+        while self.out_inflight.len() > self.write_behind_depth {
+            let oldest = self.out_inflight.pop_front().expect("non-empty");
+            self.settle(oldest)?;
         }
         Ok(())
     }
@@ -549,7 +606,7 @@ impl Job {
         if let Some(r) = self.out_pending.take() {
             self.write_behind(r)?;
         }
-        if let Some(r) = self.out_inflight.take() {
+        while let Some(r) = self.out_inflight.pop_front() {
             self.settle(r)?;
         }
         Ok(())

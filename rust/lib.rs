@@ -16,7 +16,7 @@ mod python;
 pub mod scan;
 pub mod verify;
 
-pub use convert::{convert, inspect, Job, Options, Report, Source};
+pub use convert::{convert, inspect, Job, Options, ReadAdvice, Report, Source};
 pub use error::{Error, Result};
 pub use header::{Action, Conversion, Plan, PlanOptions, Reason, SourceHeader, Target, Unmatched};
 pub use kernels::Isa;

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use safetensors::tensor::{Dtype, SafeTensors};
 use stcast::kernels;
-use stcast::{convert, Error, Isa, Job, Options, Target};
+use stcast::{convert, Error, Isa, Job, Options, ReadAdvice, Target};
 
 /// A fresh folder under the system temp dir, removed on drop.
 struct TempDir(PathBuf);
@@ -301,6 +301,41 @@ fn small_windows_and_threads_give_the_same_bytes() {
     check_output(&dir.path("out1.safetensors"), &inp);
     for out in &outputs[1..] {
         assert!(out == &outputs[0], "output differs with window/threads");
+    }
+}
+
+#[test]
+fn tuning_knobs_give_the_same_bytes() {
+    let dir = TempDir::new("knobs");
+    let src = dir.path("in.safetensors");
+    let inp = inputs(300_000);
+    write_inputs(&src, &inp);
+    let mut outputs = Vec::new();
+    let knobs = [
+        (true, ReadAdvice::Sequential, 1),
+        (false, ReadAdvice::Normal, 1),
+        (true, ReadAdvice::WillNeed, 2),
+        (true, ReadAdvice::Sequential, 5),
+    ];
+    for (i, (populate, advise, depth)) in knobs.into_iter().enumerate() {
+        let dst = dir.path(&format!("out{i}.safetensors"));
+        let opts = Options {
+            window: 64 << 10,
+            threads: 2,
+            populate,
+            advise,
+            write_behind_depth: depth,
+            ..Options::default()
+        };
+        convert(&src, &dst, &opts).unwrap();
+        outputs.push(fs::read(&dst).unwrap());
+    }
+    check_output(&dir.path("out0.safetensors"), &inp);
+    for out in &outputs[1..] {
+        assert!(
+            out == &outputs[0],
+            "output differs with populate/advice/write-behind"
+        );
     }
 }
 
