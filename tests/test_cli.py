@@ -222,20 +222,24 @@ def test_version(cli):
     assert out.strip() == f"stcast {stcast.__version__}"
 
 
-def test_version_does_not_import_numpy():
-    code = (
-        "import sys\n"
-        "from stcast.cli import main\n"
-        "try:\n"
-        "    main(['--version'])\n"
-        "finally:\n"
-        "    print(sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('numpy', 'ml_dtypes', 'safetensors')), file=sys.stderr)\n"
-    )
-    proc = subprocess.run(
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    """Run `code` in a fresh interpreter with the CLI's environment."""
+    return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=60
     )
-    assert proc.stderr.strip().splitlines()[-1] == "[]", proc.stderr
+
+
+def test_version_loads_no_numpy_nor_the_api_or_folder_code():
+    proc = run_python(
+        "import sys\n"
+        "from stcast.cli import main\n"
+        "main(['--version'])\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('numpy', 'ml_dtypes', 'safetensors', 'stcast')), file=sys.stderr)\n"
+    )
+    assert proc.returncode == 0, proc.stderr
+    loaded = proc.stderr.strip().splitlines()[-1]
+    assert loaded == "['stcast', 'stcast._core', 'stcast.cli']", proc.stderr
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "stcast", "--version"],
         capture_output=True,
@@ -249,22 +253,8 @@ def test_version_does_not_import_numpy():
     assert not [m for m in imported if m.split(".")[0] in ("numpy", "ml_dtypes")]
 
 
-def test_version_loads_neither_the_api_nor_the_folder_code():
-    code = (
-        "import sys\n"
-        "from stcast.cli import main\n"
-        "main(['--version'])\n"
-        "print(sorted(m for m in sys.modules if m.startswith('stcast')), file=sys.stderr)\n"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=60
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == "['stcast', 'stcast._core', 'stcast.cli']"
-
-
 def test_lazy_package_names():
-    code = (
+    proc = run_python(
         "import stcast, sys\n"
         "assert 'stcast._api' not in sys.modules\n"
         "names = set(dir(stcast))\n"
@@ -279,9 +269,6 @@ def test_lazy_package_names():
         "    assert 'no_such_name' in str(e)\n"
         "else:\n"
         "    raise SystemExit('no AttributeError')\n"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=60
     )
     assert proc.returncode == 0, proc.stderr
 
