@@ -885,21 +885,7 @@ mod tests {
         });
     }
 
-    /// xorshift64*: deterministic, seeded, good enough to scatter test inputs.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        }
-
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
+    use crate::testutil::Rng;
 
     const SEED: u64 = 0x5EED_0BF1_6C0D_E5ED;
 
@@ -1329,19 +1315,6 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn kernels_ignore_flush_to_zero_and_denormals_are_zero() {
-        use std::arch::asm;
-        fn read_mxcsr() -> u32 {
-            let mut csr = 0u32;
-            // SAFETY: stmxcsr stores 4 bytes into the local it is given.
-            unsafe { asm!("stmxcsr [{}]", in(reg) &mut csr, options(nostack)) };
-            csr
-        }
-        fn write_mxcsr(csr: u32) {
-            // SAFETY: ldmxcsr reads 4 bytes from the local it is given; the value only changes
-            // rounding/flush behaviour of this thread, restored by the caller.
-            unsafe { asm!("ldmxcsr [{}]", in(reg) &csr, options(nostack)) };
-        }
-        const FTZ_DAZ: u32 = (1 << 15) | (1 << 6);
         type ElementFn = fn(u64) -> u16;
 
         let mut rng = Rng(SEED);
@@ -1377,19 +1350,15 @@ mod tests {
         let isas = Isa::available();
         let inputs: Vec<Vec<u8>> = cases.iter().map(|c| to_bytes(c.3, c.2, 0)).collect();
         let mut outputs: Vec<Vec<u8>> = Vec::new();
-        let saved = read_mxcsr();
-        write_mxcsr(saved | FTZ_DAZ);
-        // The modes are in force: a subnormal product is flushed.
-        let flushed = std::hint::black_box(f32::MIN_POSITIVE) * std::hint::black_box(0.5);
-        for (case, src) in cases.iter().zip(&inputs) {
-            for &isa in &isas {
-                let mut dst = vec![0u8; src.len() / case.2 * 2];
-                case.1(isa, src, &mut dst);
-                outputs.push(dst);
+        crate::testutil::with_ftz_daz(|| {
+            for (case, src) in cases.iter().zip(&inputs) {
+                for &isa in &isas {
+                    let mut dst = vec![0u8; src.len() / case.2 * 2];
+                    case.1(isa, src, &mut dst);
+                    outputs.push(dst);
+                }
             }
-        }
-        write_mxcsr(saved);
-        assert_eq!(flushed, 0.0, "FTZ was not in force");
+        });
 
         let mut outputs = outputs.iter();
         for case in &cases {

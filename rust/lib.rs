@@ -14,6 +14,8 @@ pub mod output;
 #[cfg(feature = "python")]
 mod python;
 pub mod scan;
+#[cfg(test)]
+mod testutil;
 pub mod verify;
 
 pub use convert::{convert, inspect, Job, Options, ReadAdvice, Report, Source};

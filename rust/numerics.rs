@@ -509,17 +509,7 @@ mod tests {
         F32ToBf16, F16ToBf16, F64ToBf16, F32ToF16, F64ToF16, Bf16ToF16,
     ];
 
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            // xorshift64*
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        }
-    }
+    use crate::testutil::Rng;
 
     fn src_size(c: Conversion) -> usize {
         c.src_size() as usize
@@ -936,19 +926,6 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn measure_ignores_flush_to_zero_and_denormals_are_zero() {
-        use std::arch::asm;
-        fn read_mxcsr() -> u32 {
-            let mut csr = 0u32;
-            // SAFETY: stmxcsr stores 4 bytes into the local it is given.
-            unsafe { asm!("stmxcsr [{}]", in(reg) &mut csr, options(nostack)) };
-            csr
-        }
-        fn write_mxcsr(csr: u32) {
-            // SAFETY: ldmxcsr reads 4 bytes from the local it is given; the value only changes
-            // rounding/flush behaviour of this thread, restored by the caller.
-            unsafe { asm!("ldmxcsr [{}]", in(reg) &csr, options(nostack)) };
-        }
-        const FTZ_DAZ: u32 = (1 << 15) | (1 << 6);
         let mut rng = Rng(SEED ^ 7);
         let mut cases = Vec::new();
         for c in ALL {
@@ -981,18 +958,17 @@ mod tests {
             let want = reference(c, &src, &out_bits(&out));
             cases.push((c, bytes, out, want));
         }
-        let saved = read_mxcsr();
-        write_mxcsr(saved | FTZ_DAZ);
-        let got: Vec<Vec<Numerics>> = cases
-            .iter()
-            .map(|(c, bytes, out, _)| {
-                Isa::available()
-                    .into_iter()
-                    .map(|isa| measure_with(isa, *c, bytes, out))
-                    .collect()
-            })
-            .collect();
-        write_mxcsr(saved);
+        let got: Vec<Vec<Numerics>> = crate::testutil::with_ftz_daz(|| {
+            cases
+                .iter()
+                .map(|(c, bytes, out, _)| {
+                    Isa::available()
+                        .into_iter()
+                        .map(|isa| measure_with(isa, *c, bytes, out))
+                        .collect()
+                })
+                .collect()
+        });
         for ((c, _, _, want), got) in cases.iter().zip(got) {
             for n in got {
                 assert_eq!(&n, want, "{c:?}");

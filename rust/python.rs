@@ -143,6 +143,11 @@ fn run_scan(
     }
 }
 
+/// The window in bytes for `window_mib=` (None: the default).
+fn window_bytes(window_mib: Option<usize>) -> usize {
+    window_mib.map_or(convert::DEFAULT_WINDOW, |m| m.max(1) << 20)
+}
+
 /// Worker threads asked for (None: one per core); a runaway number is refused, not spawned.
 fn thread_count(threads: Option<usize>) -> PyResult<usize> {
     const MAX_THREADS: usize = 1024;
@@ -194,7 +199,7 @@ fn py_convert<'py>(
         target: parse_target(to)?,
         threads: thread_count(threads)?,
         force,
-        window: window_mib.map_or(convert::DEFAULT_WINDOW, |m| m.max(1) << 20),
+        window: window_bytes(window_mib),
         isa: isa.map(parse_isa).transpose()?,
         keep,
         keep_min_size,
@@ -229,16 +234,8 @@ fn py_convert<'py>(
     // Dropping `job` on any early return below removes the unpublished output.
     loop {
         let finished = guarded(py, || job.step(STEP_BYTES))?;
-        py.check_signals()?;
-        if let Some(c) = &cancel {
-            if c.call_method0("is_set")?.is_truthy()? {
-                return Err(Cancelled::new_err("conversion cancelled"));
-            }
-        }
-        if let Some(p) = &progress {
-            let (done, total) = job.progress();
-            p.call1((done + scanned, total + scanned))?;
-        }
+        let (done, total) = job.progress();
+        visit(py, &cancel, &progress, (done + scanned, total + scanned))?;
         if finished {
             break;
         }
@@ -347,7 +344,7 @@ fn py_inspect<'py>(
     }
     let opts = Options {
         threads: thread_count(threads)?,
-        window: window_mib.map_or(convert::DEFAULT_WINDOW, |m| m.max(1) << 20),
+        window: window_bytes(window_mib),
         ..Options::default()
     };
     let mut job = guarded(py, || Scan::new(src, &plan, ScanKind::Numerics, &opts))?;
@@ -470,7 +467,7 @@ fn py_verify<'py>(
     let opts = VerifyOptions {
         loose,
         threads: thread_count(threads)?,
-        window: window_mib.map_or(convert::DEFAULT_WINDOW, |m| m.max(1) << 20),
+        window: window_bytes(window_mib),
         numerics,
     };
     let mut verifier = guarded(py, || Verifier::open(&src, &dst, &opts))?;
@@ -479,10 +476,7 @@ fn py_verify<'py>(
     }
     loop {
         let finished = guarded(py, || verifier.step(STEP_BYTES))?;
-        py.check_signals()?;
-        if let Some(p) = &progress {
-            p.call1(verifier.progress())?;
-        }
+        visit(py, &None, &progress, verifier.progress())?;
         if finished {
             break;
         }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -168,16 +169,18 @@ BAD_FILES = [
 ]
 
 
-@pytest.fixture(params=BAD_FILES, ids=[c[0] for c in BAD_FILES])
-def bad_file(request, tmp_path):
-    name, data, words = request.param
+def write_bad(tmp_path, case: tuple[str, bytes, list[str]]) -> tuple[pathlib.Path, list[str]]:
+    """Write one catalogue case to `bad.safetensors`; return its path and expected words."""
+    _, data, words = case
     path = tmp_path / "bad.safetensors"
     path.write_bytes(data)
     return path, words
 
 
-def test_bad_input_cli(bad_file, cli):
-    path, words = bad_file
+def convert_is_refused(cli, path: pathlib.Path, words: list[str]) -> str:
+    """`stcast convert` of `path` exits 1 with one short error line naming the file and every
+    one of `words`, prints nothing on stdout and leaves the folder as it was; returns the line.
+    """
     folder = path.parent
     before = listing(folder)
     rc, out, err = cli("convert", path, folder / "out.safetensors", timeout=60)
@@ -189,6 +192,16 @@ def test_bad_input_cli(bad_file, cli):
         assert w in line, line
     assert len(line) < 500, line
     assert listing(folder) == before
+    return line
+
+
+@pytest.fixture(params=BAD_FILES, ids=[c[0] for c in BAD_FILES])
+def bad_file(request, tmp_path):
+    return write_bad(tmp_path, request.param)
+
+
+def test_bad_input_cli(bad_file, cli):
+    convert_is_refused(cli, *bad_file)
 
 
 def test_bad_input_api(bad_file):

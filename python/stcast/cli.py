@@ -121,8 +121,7 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="write the numeric report (per tensor: overflow, underflow, errors) to FILE as JSON",
     )
-    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no summary")
+    _add_output_arguments(p)
     p.set_defaults(run=_run_convert)
 
     p = commands.add_parser(
@@ -135,8 +134,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("src", metavar="SRC", help="the checkpoint folder")
     p.add_argument("dst", metavar="DST", help="the folder the shards were converted into")
-    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no summary")
+    _add_output_arguments(p)
     p.set_defaults(run=_run_finalize)
 
     p = commands.add_parser(
@@ -167,7 +165,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="with keep, scan and plan the tensors that would overflow as kept",
     )
     p.add_argument("--threads", type=_positive_int, metavar="N", help="worker threads (--scan)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    _add_output_arguments(p, quiet=False)
     p.set_defaults(run=_run_inspect)
 
     p = commands.add_parser(
@@ -192,8 +190,7 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="once verified, write the numeric report `convert --report` gives to FILE",
     )
-    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no summary")
+    _add_output_arguments(p)
     p.set_defaults(run=_run_verify)
 
     p = commands.add_parser(
@@ -211,6 +208,13 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="keep the files")
     p.set_defaults(run=_run_demo)
     return parser
+
+
+def _add_output_arguments(p: argparse.ArgumentParser, quiet: bool = True) -> None:
+    """--json, and -q/--quiet unless `quiet` is False."""
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    if quiet:
+        p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no summary")
 
 
 def _add_precision_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,0 +1,44 @@
+//! Helpers shared by the unit tests of `kernels` and `numerics`.
+
+/// xorshift64*: deterministic, seeded, good enough to scatter test inputs.
+pub(crate) struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Runs `f` on this thread with the MXCSR flush-to-zero and denormals-are-zero bits set (as
+/// a library built with -ffast-math may leave them in a Python process), then restores
+/// MXCSR. Also checks that the modes were in force: a subnormal product was flushed.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn with_ftz_daz<R>(f: impl FnOnce() -> R) -> R {
+    use std::arch::asm;
+    fn read_mxcsr() -> u32 {
+        let mut csr = 0u32;
+        // SAFETY: stmxcsr stores 4 bytes into the local it is given.
+        unsafe { asm!("stmxcsr [{}]", in(reg) &mut csr, options(nostack)) };
+        csr
+    }
+    fn write_mxcsr(csr: u32) {
+        // SAFETY: ldmxcsr reads 4 bytes from the local it is given; the value only changes
+        // rounding/flush behaviour of this thread, restored by the caller.
+        unsafe { asm!("ldmxcsr [{}]", in(reg) &csr, options(nostack)) };
+    }
+    const FTZ_DAZ: u32 = (1 << 15) | (1 << 6);
+    let saved = read_mxcsr();
+    write_mxcsr(saved | FTZ_DAZ);
+    let flushed = std::hint::black_box(f32::MIN_POSITIVE) * std::hint::black_box(0.5);
+    let r = f();
+    write_mxcsr(saved);
+    assert_eq!(flushed, 0.0, "FTZ was not in force");
+    r
+}
