@@ -10,12 +10,14 @@ numeric measurement; and, with the bare loop, an output mmap against pwrite from
     python benches/knobs.py                       # tmpfs and hot, 3 repeats (~6 minutes)
     python benches/knobs.py --modes tmpfs --repeats 5 --only default,window=4,window=16
 
-The STCAST_* variables used here are A/B switches read by the engine, not an interface.
+The knobs reach the engine through the API (`stcast.convert(..., tuning={...})`): the
+engine reads no environment variable for them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -36,11 +38,11 @@ from compare import (  # noqa: E402  (benches/ is not a package)
 )
 
 CHILD = """
-import sys
+import json, sys
 import stcast._core as core
-window, threads, numerics = int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
-core.convert(sys.argv[1], sys.argv[2], force=True, window_mib=window,
-             threads=threads or None, numerics=numerics)
+threads, numerics, tuning = int(sys.argv[3]), sys.argv[4] == "1", json.loads(sys.argv[5])
+core.convert(sys.argv[1], sys.argv[2], force=True, threads=threads or None,
+             numerics=numerics, tuning=tuning)
 """
 
 
@@ -50,6 +52,7 @@ class Config:
     window_mib: int = 8
     threads: int = 0
     numerics: bool = True
+    tuning: dict[str, object] = field(default_factory=dict)  # stcast.convert(tuning=...)
     env: dict[str, str] = field(default_factory=dict)
     limit_loop: list[str] | None = None  # argv tail for the bare loop instead of stcast
 
@@ -57,7 +60,8 @@ class Config:
         if self.limit_loop is not None:
             assert loop is not None
             return [str(loop), str(src), str(dst), *self.limit_loop]
-        flags = [str(self.window_mib), str(self.threads), "1" if self.numerics else "0"]
+        tuning = json.dumps({"window_mib": self.window_mib, **self.tuning})
+        flags = [str(self.threads), "1" if self.numerics else "0", tuning]
         return [sys.executable, "-c", CHILD, str(src), str(dst), *flags]
 
 
@@ -69,12 +73,12 @@ CONFIGS = [
     Config("window=32", window_mib=32),
     Config("threads=1", threads=1),
     Config("threads=1,window=32", threads=1, window_mib=32),
-    Config("no populate", env={"STCAST_POPULATE": "0"}),
-    Config("advise=none", env={"STCAST_ADVISE": "none"}),
-    Config("advise=willneed", env={"STCAST_ADVISE": "willneed"}),
-    Config("write-behind=2", env={"STCAST_WRITE_BEHIND": "2"}),
-    Config("write-behind=4", env={"STCAST_WRITE_BEHIND": "4"}),
-    Config("window=4,write-behind=2", window_mib=4, env={"STCAST_WRITE_BEHIND": "2"}),
+    Config("no populate", tuning={"populate": False}),
+    Config("advise=none", tuning={"advise": "normal"}),
+    Config("advise=willneed", tuning={"advise": "willneed"}),
+    Config("write-behind=2", tuning={"write_behind": 2}),
+    Config("write-behind=4", tuning={"write_behind": 4}),
+    Config("window=4,write-behind=2", window_mib=4, tuning={"write_behind": 2}),
     Config("no numerics", numerics=False),
     # The bare loop: its floor, and an output map against pwrite from a buffer. Its `pwrite`
     # mode neither populates nor drops pages (and `pwrite-drop` still maps the output: the

@@ -10,8 +10,10 @@
 
 use std::path::Path;
 
-use stcast::header::{self, Action, Conversion, Plan, SourceHeader, Target, PREFIX};
-use stcast::kernels::{self, Isa};
+use stcast::header::{self, SourceHeader, PREFIX};
+use stcast::kernels::Isa;
+use stcast::plan::{self, Plan, PlanOptions};
+use stcast::{Action, Target};
 
 /// Files up to this size are also converted in memory.
 pub const CONVERT_MAX: usize = 1 << 16;
@@ -26,11 +28,11 @@ pub fn check(data: &[u8]) -> bool {
     for target in [Target::Bf16, Target::F16] {
         // Only an output header over the 100 MB limit is refused here: not at these sizes.
         // BF16 sources are converted under F16 too, so the fuzzer reaches that kernel.
-        let opts = header::PlanOptions {
+        let opts = PlanOptions {
             from_bf16: true,
-            ..header::PlanOptions::new(target)
+            ..PlanOptions::new(target)
         };
-        let plan = header::plan(path, &src, &opts).expect("a valid header plans");
+        let plan = plan::plan(path, &src, &opts).expect("a valid header plans");
         check_plan(&src, &plan);
         if data.len() <= CONVERT_MAX {
             let out = convert_in_memory(data, &src, &plan, Isa::Scalar);
@@ -112,15 +114,7 @@ pub fn convert_in_memory(data: &[u8], src: &SourceHeader, plan: &Plan, isa: Isa)
         let s = &src.tensors[t.source];
         let from = &data[src_base + s.start as usize..src_base + s.end as usize];
         let to = &mut out[dst_base + t.start as usize..dst_base + t.end as usize];
-        match t.action {
-            Action::Copy => to.copy_from_slice(from),
-            Action::Convert(Conversion::F32ToBf16) => kernels::f32_to_bf16(isa, from, to),
-            Action::Convert(Conversion::F16ToBf16) => kernels::f16_to_bf16(isa, from, to),
-            Action::Convert(Conversion::F64ToBf16) => kernels::f64_to_bf16(isa, from, to),
-            Action::Convert(Conversion::F32ToF16) => kernels::f32_to_f16(isa, from, to),
-            Action::Convert(Conversion::F64ToF16) => kernels::f64_to_f16(isa, from, to),
-            Action::Convert(Conversion::Bf16ToF16) => kernels::bf16_to_f16(isa, from, to),
-        }
+        t.action.apply(isa, from, to);
     }
     out
 }

@@ -1,17 +1,59 @@
-//! One error type for the engine; every message names the file (and tensor) concerned.
+//! What the engine tells its caller: one `Error` variant per failure, and `Warning`s.
+//!
+//! Each variant carries its data (paths, tensors, numbers) and belongs to one
+//! `vocab::ErrorKind`, which front ends map to an exception class or an exit status. The
+//! text is a `text` template: it never names a CLI flag or a Python keyword, only options
+//! as placeholders (`{force}`), which each front end renders in its own words.
 
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
-/// Everything that can stop a conversion.
+use crate::text::{count, esc, esc_path, format_bytes, plain};
+use crate::vocab::{ErrorKind, OptionName, Target, WarningKind};
+
+/// Everything that can stop the engine.
 #[derive(Debug)]
 pub enum Error {
-    /// The input is not a valid safetensors file (or not one we accept).
-    Invalid { path: PathBuf, msg: String },
-    /// We refuse to do what was asked (destination exists, is the input, ...).
-    Refused { path: PathBuf, msg: String },
-    /// The destination file system cannot hold the output.
+    /// The input is a folder, a FIFO, a device...: `what` says which.
+    NotAFile { path: PathBuf, what: &'static str },
+    /// The safetensors header is invalid; `reason` is the crate's, with specifics added.
+    InvalidHeader { path: PathBuf, reason: String },
+    /// The input was written to, truncated or extended while it was read.
+    InputChanged { path: PathBuf, change: String },
+    /// The planned output header would pass the format's limit.
+    OutputHeaderTooLarge { path: PathBuf, limit: usize },
+    /// A `keep` pattern is not a valid fnmatch pattern.
+    BadPattern { pattern: String, reason: String },
+    /// `keep` patterns that match no tensor name, under the `strict` option.
+    UnmatchedPatterns {
+        path: PathBuf,
+        patterns: Vec<String>,
+    },
+    /// Finite values would become infinite, under `on_overflow=error`.
+    Overflow {
+        path: PathBuf,
+        target: Target,
+        values: u64,
+        tensors: usize,
+        worst: String,
+        worst_values: u64,
+    },
+    /// An option's value is out of range.
+    BadOption {
+        option: OptionName,
+        value: String,
+        expected: String,
+    },
+    /// The destination's folder does not exist, or is not a folder.
+    NoDestinationFolder { dir: PathBuf, exists: bool },
+    /// The destination is the input file itself.
+    DestinationIsInput { path: PathBuf },
+    /// The destination is a folder.
+    DestinationIsFolder { path: PathBuf },
+    /// The destination exists and may not be replaced.
+    DestinationExists { path: PathBuf },
+    /// The destination's file system cannot hold the output.
     NoSpace { dir: PathBuf, need: u64, have: u64 },
     /// An operating-system call failed; `what` says which step.
     Io {
@@ -19,27 +61,13 @@ pub enum Error {
         what: &'static str,
         source: io::Error,
     },
-    /// The caller asked us to stop (Ctrl-C, a cancel flag, a failing callback).
+    /// The caller asked us to stop (a cancel flag, a failing callback).
     Cancelled,
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
-    pub fn invalid(path: &Path, msg: impl Into<String>) -> Self {
-        Error::Invalid {
-            path: path.to_path_buf(),
-            msg: msg.into(),
-        }
-    }
-
-    pub fn refused(path: &Path, msg: impl Into<String>) -> Self {
-        Error::Refused {
-            path: path.to_path_buf(),
-            msg: msg.into(),
-        }
-    }
-
     pub fn io(path: &Path, what: &'static str, source: io::Error) -> Self {
         Error::Io {
             path: path.to_path_buf(),
@@ -48,63 +76,180 @@ impl Error {
         }
     }
 
-    /// A short machine-readable name, used by the JSON output.
-    pub fn kind(&self) -> &'static str {
+    pub fn invalid_header(path: &Path, reason: impl Into<String>) -> Self {
+        Error::InvalidHeader {
+            path: path.to_path_buf(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The category: the Python exception class and the CLI's JSON `kind`.
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::Invalid { .. } => "invalid_input",
-            Error::Refused { .. } => "refused",
-            Error::NoSpace { .. } => "no_space",
-            Error::Io { .. } => "io",
-            Error::Cancelled => "cancelled",
+            Error::InvalidHeader { .. } | Error::OutputHeaderTooLarge { .. } => {
+                ErrorKind::InvalidInput
+            }
+            Error::InputChanged { .. } => ErrorKind::InputChanged,
+            Error::NotAFile { .. }
+            | Error::UnmatchedPatterns { .. }
+            | Error::Overflow { .. }
+            | Error::NoDestinationFolder { .. }
+            | Error::DestinationIsInput { .. }
+            | Error::DestinationIsFolder { .. } => ErrorKind::Refused,
+            Error::BadPattern { .. } | Error::BadOption { .. } => ErrorKind::Usage,
+            Error::DestinationExists { .. } => ErrorKind::DestinationExists,
+            Error::NoSpace { .. } => ErrorKind::NoSpace,
+            // A full disk is always `no_space`, whichever step found it.
+            Error::Io { source, .. } if is_no_space(source) => ErrorKind::NoSpace,
+            Error::Io { .. } => ErrorKind::Io,
+            Error::Cancelled => ErrorKind::Cancelled,
         }
     }
 
     /// The file (or folder) the error is about, if any.
     pub fn path(&self) -> Option<&Path> {
         match self {
-            Error::Invalid { path, .. } | Error::Refused { path, .. } | Error::Io { path, .. } => {
-                Some(path)
+            Error::NotAFile { path, .. }
+            | Error::InvalidHeader { path, .. }
+            | Error::InputChanged { path, .. }
+            | Error::OutputHeaderTooLarge { path, .. }
+            | Error::UnmatchedPatterns { path, .. }
+            | Error::Overflow { path, .. }
+            | Error::DestinationIsInput { path }
+            | Error::DestinationIsFolder { path }
+            | Error::DestinationExists { path }
+            | Error::Io { path, .. } => Some(path),
+            Error::NoDestinationFolder { dir, .. } | Error::NoSpace { dir, .. } => Some(dir),
+            Error::BadPattern { .. } | Error::BadOption { .. } | Error::Cancelled => None,
+        }
+    }
+
+    /// The tensor the error is about, if one is.
+    pub fn tensor(&self) -> Option<&str> {
+        match self {
+            Error::Overflow { worst, .. } => Some(worst),
+            _ => None,
+        }
+    }
+
+    /// The option the error is about, for usage errors.
+    pub fn option(&self) -> Option<OptionName> {
+        match self {
+            Error::BadOption { option, .. } => Some(*option),
+            Error::BadPattern { .. } => Some(OptionName::Keep),
+            _ => None,
+        }
+    }
+
+    /// The OS error number behind the error, if any (`ENOSPC` for a full disk).
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Io { source, .. } => source.raw_os_error(),
+            Error::NoSpace { .. } => Some(libc::ENOSPC),
+            Error::DestinationExists { .. } => Some(libc::EEXIST),
+            _ => None,
+        }
+    }
+
+    /// The message without the path: one line, a template (see `text`).
+    pub fn message(&self) -> String {
+        match self {
+            Error::NotAFile { what, .. } => format!("input is {what}, not a regular file"),
+            Error::InvalidHeader { reason, .. } => {
+                format!("invalid safetensors file: {}", esc(reason))
             }
-            Error::NoSpace { dir, .. } => Some(dir),
-            Error::Cancelled => None,
+            Error::InputChanged { change, .. } => format!(
+                "input changed while being read ({}); no output was written",
+                esc(change)
+            ),
+            Error::OutputHeaderTooLarge { limit, .. } => {
+                format!("output header would exceed {limit} bytes")
+            }
+            Error::BadPattern { pattern, reason } => format!(
+                "{{keep}}: invalid pattern `{}`: {}",
+                esc(pattern),
+                esc(reason)
+            ),
+            Error::UnmatchedPatterns { patterns, .. } => format!(
+                "{}; nothing was written ({{strict}} makes this an error)",
+                unmatched_message(patterns)
+            ),
+            Error::Overflow {
+                target,
+                values,
+                tensors,
+                worst,
+                worst_values,
+                ..
+            } => format!(
+                "{} in {} would become ±inf in {}, most in tensor `{}` ({worst_values}); \
+                 nothing was written (keep them in their dtype with {{on_overflow=keep}} or a \
+                 {{keep}} pattern)",
+                count(*values, "finite value"),
+                count(*tensors as u64, "tensor"),
+                target.dtype(),
+                esc(worst)
+            ),
+            Error::BadOption {
+                option,
+                value,
+                expected,
+            } => format!(
+                "{{{}}}: {} is not {}",
+                option.name(),
+                esc(value),
+                esc(expected)
+            ),
+            Error::NoDestinationFolder { exists, .. } => if *exists {
+                "destination folder is not a folder"
+            } else {
+                "destination folder does not exist"
+            }
+            .to_string(),
+            Error::DestinationIsInput { .. } => "destination is the input file".into(),
+            Error::DestinationIsFolder { .. } => "destination is a folder".into(),
+            Error::DestinationExists { .. } => "destination exists ({force} replaces it)".into(),
+            Error::NoSpace { need, have, .. } => format!(
+                "not enough disk space: need {}, have {}",
+                format_bytes(*need),
+                format_bytes(*have)
+            ),
+            Error::Io { what, source, .. } => {
+                let text = source.to_string();
+                // std appends " (os error N)"; the errno is carried separately.
+                let text = text.split(" (os error").next().unwrap_or(&text);
+                format!("{what}: {}", esc(text))
+            }
+            Error::Cancelled => "cancelled".into(),
+        }
+    }
+
+    /// The whole one-line text, `path: message`, as a template.
+    pub fn template(&self) -> String {
+        match self.path() {
+            Some(p) => format!("{}: {}", esc_path(p), self.message()),
+            None => self.message(),
         }
     }
 }
 
-/// Bytes in a human unit, for messages.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
+fn is_no_space(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
+/// "keep pattern `x` matches no tensor name", for one or several patterns.
+pub fn unmatched_message(patterns: &[String]) -> String {
+    let list = crate::text::name_list(patterns.iter().map(String::as_str), usize::MAX);
+    if patterns.len() == 1 {
+        format!("{{keep}} pattern {list} matches no tensor name (a typo?)")
     } else {
-        format!("{v:.2} {}", UNITS[unit])
+        format!("{{keep}} patterns {list} match no tensor name (typos?)")
     }
 }
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Error::Invalid { path, msg } | Error::Refused { path, msg } => {
-                write!(f, "{}: {msg}", path.display())
-            }
-            Error::NoSpace { dir, need, have } => write!(
-                f,
-                "not enough disk space in {}: need {}, have {}",
-                dir.display(),
-                human_bytes(*need),
-                human_bytes(*have)
-            ),
-            Error::Io { path, what, source } => {
-                write!(f, "{}: {what}: {source}", path.display())
-            }
-            Error::Cancelled => f.write_str("cancelled"),
-        }
+        f.write_str(&plain(&self.template()))
     }
 }
 
@@ -113,6 +258,97 @@ impl std::error::Error for Error {
         match self {
             Error::Io { source, .. } => Some(source),
             _ => None,
+        }
+    }
+}
+
+/// Something the caller should hear about that does not stop the work.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Warning {
+    pub kind: WarningKind,
+    /// One line, a template (see `text`).
+    pub text: String,
+}
+
+impl Warning {
+    pub fn new(kind: WarningKind, text: String) -> Warning {
+        Warning { kind, text }
+    }
+}
+
+impl fmt::Display for Warning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&plain(&self.text))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_paths_and_neutral_text() {
+        let e = Error::DestinationExists {
+            path: "o.safetensors".into(),
+        };
+        assert_eq!(e.kind(), ErrorKind::DestinationExists);
+        assert_eq!(e.errno(), Some(libc::EEXIST));
+        assert_eq!(
+            e.template(),
+            "o.safetensors: destination exists ({force} replaces it)"
+        );
+        assert_eq!(
+            e.to_string(),
+            "o.safetensors: destination exists (force replaces it)"
+        );
+        let full = Error::io(
+            Path::new("d"),
+            "write failed",
+            io::Error::from_raw_os_error(libc::ENOSPC),
+        );
+        assert_eq!(full.kind(), ErrorKind::NoSpace);
+        let e = Error::BadOption {
+            option: OptionName::Threads,
+            value: "99999".into(),
+            expected: "a whole number from 0 to 1024".into(),
+        };
+        assert_eq!(e.kind(), ErrorKind::Usage);
+        assert_eq!(
+            e.template(),
+            "{threads}: 99999 is not a whole number from 0 to 1024"
+        );
+        // A path with braces stays literal.
+        let e = Error::DestinationIsFolder {
+            path: "{force}".into(),
+        };
+        assert_eq!(e.to_string(), "{force}: destination is a folder");
+    }
+
+    #[test]
+    fn no_message_spells_a_flag_or_keyword() {
+        let p = PathBuf::from("x");
+        let all = [
+            Error::UnmatchedPatterns {
+                path: p.clone(),
+                patterns: vec!["a".into()],
+            },
+            Error::Overflow {
+                path: p.clone(),
+                target: Target::F16,
+                values: 3,
+                tensors: 1,
+                worst: "w".into(),
+                worst_values: 3,
+            },
+            Error::BadPattern {
+                pattern: "a[".into(),
+                reason: "unclosed".into(),
+            },
+            Error::DestinationExists { path: p },
+        ];
+        for e in all {
+            let t = e.template();
+            assert!(!t.contains("--") && !t.contains("=True"), "{t}");
         }
     }
 }

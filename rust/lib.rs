@@ -1,30 +1,51 @@
-//! stcast: stream-convert safetensors checkpoints to bf16 (or fp16), exactly, in bounded memory.
+//! stcast: stream-convert checkpoints to bf16 (or fp16), exactly, in bounded memory.
 //!
-//! The engine is plain Rust: `header` validates and plans, `kernels` converts numbers,
-//! `convert` streams a file through both, `output` makes the result appear atomically.
-//! `python` (feature `python`) is the only place that knows about PyO3.
+//! The engine is plain Rust and knows neither Python nor the command line:
+//! - `vocab`: every name that crosses the language boundary, defined once;
+//! - `error`, `text`: typed errors and warnings, message templates;
+//! - `source`, `header`: open an input and validate its safetensors header;
+//! - `plan`, `dtype`: what each tensor becomes and where it goes;
+//! - `kernels`, `numerics`: convert numbers, and measure what rounding did;
+//! - `window`: the window cursor and parallel split every streaming pass uses;
+//! - `convert`, `scan`, `verify`: the streaming passes;
+//! - `task`: those passes as steppable tasks with one progress count;
+//! - `output`: outputs appear atomically, only when complete;
+//! - `env`, `failpoint`: the one reader of the environment, and the test hooks it arms.
+//!
+//! `python` (feature `python`) is the only module that knows about PyO3.
 
 pub mod convert;
+pub mod dtype;
+pub mod env;
 pub mod error;
 pub mod failpoint;
 pub mod header;
 pub mod kernels;
 pub mod numerics;
 pub mod output;
+pub mod plan;
 #[cfg(feature = "python")]
 mod python;
 pub mod scan;
+pub mod source;
+pub mod task;
 #[cfg(test)]
 mod testutil;
+pub mod text;
 pub mod verify;
+pub mod vocab;
+pub mod window;
 
-pub use convert::{convert, inspect, Job, Options, ReadAdvice, Report, Source};
-pub use error::{Error, Result};
-pub use header::{Action, Conversion, Plan, PlanOptions, Reason, SourceHeader, Target, Unmatched};
+pub use convert::{Job, Options, Report, Tuning};
+pub use dtype::{Action, Conversion};
+pub use error::{Error, Result, Warning};
 pub use kernels::Isa;
 pub use numerics::Numerics;
-pub use scan::{OnOverflow, Scan, ScanKind};
+pub use plan::{Plan, PlanOptions, Reason};
+pub use source::Source;
+pub use task::{convert, ConvertTask, InspectTask, Task};
 pub use verify::{verify, Mismatch, Verifier, VerifyOptions, VerifyReport};
+pub use vocab::{ErrorKind, OnOverflow, ReadAdvice, Target, Unmatched};
 
 /// The crate version, which is also the Python package's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

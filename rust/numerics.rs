@@ -7,7 +7,7 @@
 //! flush-to-zero or denormals-are-zero bits, which another library in a Python process may
 //! have set (plain float subtraction would lose every error near the subnormal range).
 
-use crate::header::Conversion;
+use crate::dtype::Conversion;
 use crate::kernels::Isa;
 
 /// What the rounding of one tensor (or several, merged) did, counted in elements.

@@ -9,7 +9,7 @@
 //! ([`remove_stale_temps`]). The lock, not a pid, says whether its writer is alive: a pid
 //! means nothing across hosts or containers sharing the folder.
 //!
-//! Test hook: `STCAST_NO_TMPFILE=1` skips `O_TMPFILE`, so that tests reach the named path.
+//! Tests reach the named path with the failpoint `tmpfile=eopnotsupp`.
 
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
@@ -19,8 +19,10 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Warning};
 use crate::failpoint;
+use crate::text::esc_path;
+use crate::vocab::WarningKind;
 
 /// The folder a destination path lives in.
 pub fn parent_dir(dst: &Path) -> PathBuf {
@@ -148,7 +150,7 @@ fn create_named(dir: &Path) -> Result<(File, PathBuf)> {
 /// file we locked. A live writer, in this process, another one or on another host sharing
 /// the folder, holds its lock until it is done, so it is never touched; where the file
 /// system offers no locks nothing is removed. Errors only mean a file is left alone.
-pub fn remove_stale_temps(dir: &Path) -> Vec<String> {
+pub fn remove_stale_temps(dir: &Path) -> Vec<Warning> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
@@ -176,9 +178,13 @@ pub fn remove_stale_temps(dir: &Path) -> Vec<String> {
             continue;
         }
         if std::fs::remove_file(&path).is_ok() {
-            notes.push(format!(
-                "removed {}, a temp file left by an interrupted stcast run (its lock was free)",
-                path.display()
+            notes.push(Warning::new(
+                WarningKind::StaleTemp,
+                format!(
+                    "removed {}, a temp file left by an interrupted stcast run (its lock was \
+                     free)",
+                    esc_path(&path)
+                ),
             ));
         }
     }
@@ -208,16 +214,14 @@ impl TempOutput {
     pub fn create(dst: &Path, force: bool, replaced_mode: Option<u32>) -> Result<TempOutput> {
         let dir = parent_dir(dst);
         failpoint::hit("create").map_err(|e| Error::io(&dir, "cannot create the output", e))?;
-        let anon = if std::env::var_os("STCAST_NO_TMPFILE").is_some_and(|v| v == "1") {
-            Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP))
-        } else {
+        let anon = failpoint::hit("tmpfile").and_then(|()| {
             OpenOptions::new()
                 .read(true)
                 .write(true)
                 .mode(0o666)
                 .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
                 .open(&dir)
-        };
+        });
         let (file, kind) = match anon {
             Ok(f) => {
                 // Locked too: under --force it is briefly linked under a temp name.
@@ -312,7 +316,9 @@ impl TempOutput {
         }
         self.link_to(&self.dst.clone()).map_err(|e| match e {
             Error::Io { source, .. } if source.kind() == io::ErrorKind::AlreadyExists => {
-                exists_error(&self.dst)
+                Error::DestinationExists {
+                    path: self.dst.clone(),
+                }
             }
             e => e,
         })
@@ -386,14 +392,20 @@ impl TempOutput {
         }
         let err = io::Error::last_os_error();
         match err.raw_os_error() {
-            Some(libc::EEXIST) => Err(exists_error(&self.dst)),
+            Some(libc::EEXIST) => Err(Error::DestinationExists {
+                path: self.dst.clone(),
+            }),
             // No RENAME_NOREPLACE here: link() also refuses an existing name.
             Some(libc::EINVAL) | Some(libc::ENOSYS) => match std::fs::hard_link(tmp, &self.dst) {
                 Ok(()) => {
                     let _ = std::fs::remove_file(tmp);
                     Ok(())
                 }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(exists_error(&self.dst)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    Err(Error::DestinationExists {
+                        path: self.dst.clone(),
+                    })
+                }
                 Err(e) => Err(Error::io(&self.dst, "cannot publish", e)),
             },
             _ => Err(Error::io(&self.dst, "cannot publish", err)),
@@ -408,10 +420,6 @@ fn is_tmpfile_unsupported(e: &io::Error) -> bool {
     )
 }
 
-pub fn exists_error(dst: &Path) -> Error {
-    Error::refused(dst, "destination exists (use --force to replace it)")
-}
-
 impl Drop for TempOutput {
     fn drop(&mut self) {
         if let Kind::Named(tmp) = &self.kind {
@@ -420,11 +428,4 @@ impl Drop for TempOutput {
             }
         }
     }
-}
-
-/// Device and inode of a path (following symlinks), if it exists.
-pub fn identity(p: &Path) -> Option<(u64, u64, u32)> {
-    std::fs::metadata(p)
-        .ok()
-        .map(|m| (m.dev(), m.ino(), m.mode()))
 }

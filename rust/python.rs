@@ -1,63 +1,57 @@
 //! The PyO3 adapter: argument conversion, GIL release in bounded steps, error mapping.
+//!
+//! It holds no logic of its own: it converts arguments into engine options, steps an engine
+//! task with the GIL released (checking signals, the cancel flag and progress between
+//! steps), and converts what the engine returns into plain Python data. Exceptions are the
+//! classes of `stcast.errors`, one per `vocab::ErrorKind`, built by `errors._from_engine`.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 
-use pyo3::exceptions::{PyException, PyOSError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyDict, PyList, PyTuple};
 
-use crate::convert::{self, Job, Options, Report, Source};
-use crate::error::Error;
-use crate::header::{self, Action, Plan, PlanOptions, Reason, Target, Unmatched};
+use crate::convert::{Options, Report, Tuning};
+use crate::error::{Error, Warning};
 use crate::kernels::Isa;
 use crate::numerics::Numerics;
-use crate::scan::{self, OnOverflow, Scan, ScanKind, Scanned};
+use crate::plan::{KeptTensor, PlanOptions};
+use crate::scan::Scanned;
+use crate::task::{ConvertTask, InspectTask, Inspection, Task};
+use crate::text;
 use crate::verify::{Verifier, VerifyOptions, VerifyReport};
+use crate::vocab::{
+    self, ErrorKind, OnOverflow, OptionName, ReadAdvice, ReasonCode, Target, Unmatched, WarningKind,
+};
+use crate::window::{DEFAULT_WINDOW, MAX_THREADS};
 use crate::VERSION;
-
-pyo3::create_exception!(
-    stcast,
-    StcastError,
-    PyValueError,
-    "Bad input or a refused operation. `kind` and `path` say which and where."
-);
-pyo3::create_exception!(
-    stcast,
-    Cancelled,
-    PyException,
-    "The conversion was cancelled through its `cancel` object; nothing was left behind."
-);
 
 /// Source bytes converted between two visits to Python (signals, progress, cancel).
 /// At the rates we reach, that is well under a second.
 const STEP_BYTES: u64 = 64 << 20;
 
+/// The Python exception for an engine error (a Ctrl-C that arrived meanwhile wins).
 fn to_py(py: Python<'_>, e: Error) -> PyErr {
-    // A Ctrl-C that arrived while the step failed wins: the user asked to stop.
     if let Err(interrupt) = py.check_signals() {
         return interrupt;
     }
-    match e {
-        Error::Io { path, what, source } => match source.raw_os_error() {
-            Some(errno) => {
-                let text = source.to_string();
-                let text = text.split(" (os error").next().unwrap_or(&text);
-                // OSError(errno, ...) instantiates the matching subclass
-                // (FileNotFoundError, PermissionError, ...).
-                PyOSError::new_err((errno, format!("{what}: {text}"), path.into_os_string()))
-            }
-            None => PyOSError::new_err(format!("{}: {what}: {source}", path.display())),
-        },
-        Error::Cancelled => Cancelled::new_err("conversion cancelled"),
-        other => {
-            let err = StcastError::new_err(other.to_string());
-            let value = err.value(py);
-            let _ = value.setattr("kind", other.kind());
-            let _ = value.setattr("path", other.path().map(|p| p.as_os_str()));
-            err
-        }
-    }
+    let build = || -> PyResult<PyErr> {
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("kind", e.kind().name())?;
+        kwargs.set_item("template", e.template())?;
+        kwargs.set_item("message", e.message())?;
+        kwargs.set_item("path", e.path().map(|p| p.as_os_str()))?;
+        kwargs.set_item("tensor", e.tensor())?;
+        kwargs.set_item("option", e.option().map(OptionName::name))?;
+        kwargs.set_item("errno", e.errno())?;
+        let exc = py
+            .import("stcast.errors")?
+            .getattr("_from_engine")?
+            .call((), Some(&kwargs))?;
+        Ok(PyErr::from_value(exc))
+    };
+    build().unwrap_or_else(|failed| failed)
 }
 
 /// Run engine work without the GIL; a panic becomes a one-line Python error.
@@ -78,184 +72,277 @@ fn guarded<T: Send>(py: Python<'_>, f: impl FnOnce() -> crate::Result<T> + Send)
     }
 }
 
-fn parse_target(to: &str) -> PyResult<Target> {
-    Target::parse(to).ok_or_else(|| {
-        PyValueError::new_err(format!(
-            "unknown target {to:?}: expected \"bf16\" or \"fp16\""
-        ))
-    })
+/// The callbacks a task reports to between steps.
+struct Hooks<'py> {
+    progress: Option<Bound<'py, PyAny>>,
+    cancel: Option<Bound<'py, PyAny>>,
+    warn: Option<Bound<'py, PyAny>>,
 }
 
-fn parse_unmatched(s: &str) -> PyResult<Unmatched> {
-    match s {
-        "warn" => Ok(Unmatched::Warn),
-        "error" => Ok(Unmatched::Error),
-        "ignore" => Ok(Unmatched::Ignore),
-        _ => Err(PyValueError::new_err(format!(
-            "keep_unmatched must be \"warn\", \"error\" or \"ignore\", not {s:?}"
-        ))),
-    }
-}
-
-fn parse_on_overflow(s: &str) -> PyResult<OnOverflow> {
-    OnOverflow::parse(s).ok_or_else(|| {
-        PyValueError::new_err(format!(
-            "on_overflow must be \"warn\", \"error\" or \"keep\", not {s:?}"
-        ))
-    })
-}
-
-/// Between two steps: Ctrl-C, the cancel flag, then progress (which may raise).
-fn visit(
-    py: Python<'_>,
-    cancel: &Option<Bound<'_, PyAny>>,
-    progress: &Option<Bound<'_, PyAny>>,
-    (done, total): (u64, u64),
-) -> PyResult<()> {
-    py.check_signals()?;
-    if let Some(c) = cancel {
-        if c.call_method0("is_set")?.is_truthy()? {
-            return Err(Cancelled::new_err("conversion cancelled"));
+impl<'py> Hooks<'py> {
+    /// Ctrl-C, the cancel flag, warnings, then progress (any of which may raise).
+    fn visit(&self, py: Python<'py>, task: &mut impl Task) -> PyResult<()> {
+        py.check_signals()?;
+        if let Some(c) = &self.cancel {
+            if c.call_method0("is_set")?.is_truthy()? {
+                return Err(to_py(py, Error::Cancelled));
+            }
         }
+        for w in task.take_warnings() {
+            if let Some(f) = &self.warn {
+                f.call1((w.kind.name(), &w.text))?;
+            }
+        }
+        if let Some(p) = &self.progress {
+            p.call1(task.progress())?;
+        }
+        Ok(())
     }
-    if let Some(p) = progress {
-        p.call1((done, total))?;
-    }
-    Ok(())
-}
 
-/// Run a scan to its end in GIL-free steps; progress totals count `extra` more bytes (the
-/// conversion that follows).
-fn run_scan(
-    py: Python<'_>,
-    scan: &mut Scan,
-    cancel: &Option<Bound<'_, PyAny>>,
-    progress: &Option<Bound<'_, PyAny>>,
-    extra: u64,
-) -> PyResult<()> {
-    loop {
-        let finished = guarded(py, || scan.step(STEP_BYTES))?;
-        let (done, total) = scan.progress();
-        visit(py, cancel, progress, (done, total + extra))?;
-        if finished {
-            return Ok(());
+    /// Step `task` to its end, visiting Python between steps.
+    fn drive(&self, py: Python<'py>, task: &mut (impl Task + Send)) -> PyResult<()> {
+        self.visit(py, task)?;
+        loop {
+            let finished = guarded(py, || task.step(STEP_BYTES))?;
+            self.visit(py, task)?;
+            if finished {
+                return Ok(());
+            }
         }
     }
 }
 
-/// The window in bytes for `window_mib=` (None: the default).
-fn window_bytes(window_mib: Option<usize>) -> usize {
-    window_mib.map_or(convert::DEFAULT_WINDOW, |m| m.max(1) << 20)
-}
-
-/// Worker threads asked for (None: one per core); a runaway number is refused, not spawned.
-fn thread_count(threads: Option<usize>) -> PyResult<usize> {
-    const MAX_THREADS: usize = 1024;
-    match threads {
-        Some(n) if n > MAX_THREADS => Err(PyValueError::new_err(format!(
-            "threads={n} is more than {MAX_THREADS}"
-        ))),
-        t => Ok(t.unwrap_or(0)),
+/// An option's value as an engine error when it is out of range.
+fn bad_option(option: OptionName, value: &Bound<'_, PyAny>, expected: &str) -> Error {
+    let value = value
+        .repr()
+        .map_or_else(|_| "?".to_string(), |r| r.to_string());
+    Error::BadOption {
+        option,
+        value,
+        expected: expected.to_string(),
     }
 }
 
-/// A kernel family by name, for tests and benchmarks that must pin one.
-fn parse_isa(name: &str) -> PyResult<Isa> {
-    Isa::available()
-        .into_iter()
-        .find(|i| i.name() == name)
+/// A whole number in `0..=max` (bools are refused: `threads=True` is a mistake).
+fn whole(py: Python<'_>, option: OptionName, v: &Bound<'_, PyAny>, max: u64) -> PyResult<u64> {
+    let expected = format!("a whole number from 0 to {max}");
+    if v.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(to_py(py, bad_option(option, v, &expected)));
+    }
+    match v.extract::<u64>() {
+        Ok(n) if n <= max => Ok(n),
+        _ => Err(to_py(py, bad_option(option, v, &expected))),
+    }
+}
+
+fn threads(py: Python<'_>, v: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
+    match v {
+        None => Ok(0),
+        Some(v) if v.is_none() => Ok(0),
+        Some(v) => Ok(whole(py, OptionName::Threads, v, MAX_THREADS as u64)? as usize),
+    }
+}
+
+fn named<T>(
+    py: Python<'_>,
+    option: OptionName,
+    v: &Bound<'_, PyAny>,
+    names: &[&str],
+    parse: impl Fn(&str) -> Option<T>,
+) -> PyResult<T> {
+    v.extract::<String>()
+        .ok()
+        .and_then(|s| parse(&s))
         .ok_or_else(|| {
-            let names: Vec<_> = Isa::available().iter().map(|i| i.name()).collect();
-            PyValueError::new_err(format!("isa {name:?} is not available here: {names:?}"))
+            let expected = format!("one of {}", names.join(", "));
+            to_py(py, bad_option(option, v, &expected))
         })
 }
 
+fn target(py: Python<'_>, v: Option<&Bound<'_, PyAny>>) -> PyResult<Target> {
+    match v {
+        None => Ok(Target::Bf16),
+        Some(v) => named(py, OptionName::To, v, Target::NAMES, Target::parse),
+    }
+}
+
+fn on_overflow(py: Python<'_>, v: Option<&Bound<'_, PyAny>>) -> PyResult<OnOverflow> {
+    match v {
+        None => Ok(OnOverflow::Warn),
+        Some(v) => named(
+            py,
+            OptionName::OnOverflow,
+            v,
+            OnOverflow::NAMES,
+            OnOverflow::from_name,
+        ),
+    }
+}
+
+/// The tuning knobs of `tuning=` (benchmarks): window_mib, isa, populate, advise,
+/// write_behind. They change speed and memory, never the bytes written.
+fn tuning(v: Option<&Bound<'_, PyDict>>) -> PyResult<Tuning> {
+    let mut t = Tuning::default();
+    let Some(d) = v else {
+        return Ok(t);
+    };
+    for (k, v) in d.iter() {
+        let key: String = k.extract()?;
+        if v.is_none() {
+            continue; // the default
+        }
+        match key.as_str() {
+            "window_mib" => {
+                let mib: usize = v.extract()?;
+                t.window = mib.clamp(1, 1 << 12) << 20;
+            }
+            "isa" => {
+                let name: String = v.extract()?;
+                t.isa = Some(
+                    Isa::available()
+                        .into_iter()
+                        .find(|i| i.name() == name)
+                        .ok_or_else(|| {
+                            PyValueError::new_err(format!("isa {name:?} is not available here"))
+                        })?,
+                );
+            }
+            "populate" => t.populate = v.extract()?,
+            "advise" => {
+                let name: String = v.extract()?;
+                t.advise = ReadAdvice::from_name(&name).ok_or_else(|| {
+                    PyValueError::new_err(format!("advise must be one of {:?}", ReadAdvice::NAMES))
+                })?;
+            }
+            "write_behind" => t.write_behind = v.extract::<usize>()?.clamp(1, 64),
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "unknown tuning knob {key:?}: window_mib, isa, populate, advise, write_behind"
+                )))
+            }
+        }
+    }
+    Ok(t)
+}
+
+/// The options that decide a plan, from `convert`'s and `inspect`'s keywords.
+fn plan_options(
+    py: Python<'_>,
+    to: Option<&Bound<'_, PyAny>>,
+    keep: Vec<String>,
+    keep_min_size: Option<&Bound<'_, PyAny>>,
+    keep_unmatched: &str,
+    from_bf16: bool,
+) -> PyResult<PlanOptions> {
+    let keep_min_size = match keep_min_size {
+        None => 0,
+        Some(v) => whole(py, OptionName::KeepMinSize, v, u64::MAX)?,
+    };
+    Ok(PlanOptions {
+        keep,
+        keep_min_size,
+        from_bf16,
+        unmatched: Unmatched::from_name(keep_unmatched).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "keep_unmatched must be one of {:?}",
+                Unmatched::NAMES
+            ))
+        })?,
+        ..PlanOptions::new(target(py, to)?)
+    })
+}
+
 #[pyfunction]
-#[pyo3(name = "convert", signature = (src, dst, *, to="bf16", threads=None, force=false, progress=None,
-                    cancel=None, warn=None, window_mib=None, isa=None, keep=Vec::new(),
-                    keep_min_size=0, keep_unmatched="warn", from_bf16=false,
-                    on_overflow="warn", numerics=true))]
+#[pyo3(name = "convert", signature = (src, dst, *, to=None, threads=None, force=false,
+                    progress=None, cancel=None, warn=None, keep=Vec::new(), keep_min_size=None,
+                    keep_unmatched="warn", from_bf16=false, on_overflow=None, numerics=true,
+                    tuning=None))]
 #[allow(clippy::too_many_arguments)]
 fn py_convert<'py>(
     py: Python<'py>,
     src: PathBuf,
     dst: PathBuf,
-    to: &str,
-    threads: Option<usize>,
+    to: Option<&Bound<'py, PyAny>>,
+    threads: Option<&Bound<'py, PyAny>>,
     force: bool,
     progress: Option<Bound<'py, PyAny>>,
     cancel: Option<Bound<'py, PyAny>>,
     warn: Option<Bound<'py, PyAny>>,
-    window_mib: Option<usize>,
-    isa: Option<&str>,
     keep: Vec<String>,
-    keep_min_size: u64,
+    keep_min_size: Option<&Bound<'py, PyAny>>,
     keep_unmatched: &str,
     from_bf16: bool,
-    on_overflow: &str,
+    on_overflow: Option<&Bound<'py, PyAny>>,
     numerics: bool,
+    tuning: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = Options {
-        target: parse_target(to)?,
-        threads: thread_count(threads)?,
+        plan: plan_options(py, to, keep, keep_min_size, keep_unmatched, from_bf16)?,
+        threads: self::threads(py, threads)?,
         force,
-        window: window_bytes(window_mib),
-        isa: isa.map(parse_isa).transpose()?,
-        keep,
-        keep_min_size,
-        unmatched: parse_unmatched(keep_unmatched)?,
-        from_bf16,
-        on_overflow: parse_on_overflow(on_overflow)?,
+        on_overflow: self::on_overflow(py, on_overflow)?,
         numerics,
-        ..Options::default()
+        tuning: self::tuning(tuning)?,
     };
-    // Progress counts the scan's extra read (if any) before the conversion.
-    let mut scanned = 0u64;
-    let mut job = if opts.on_overflow == OnOverflow::Keep {
-        let mut scan = guarded(py, || scan::overflow_scan(&src, &dst, &opts))?;
-        scanned = scan.progress().1;
-        let data = scan.source().data_len();
-        visit(py, &cancel, &progress, (0, scanned + data))?;
-        run_scan(py, &mut scan, &cancel, &progress, data)?;
-        guarded(py, || scan::keep_job(scan, &dst, &opts))?
-    } else {
-        guarded(py, || Job::open(&src, &dst, &opts))?
+    let mut task = guarded(py, || ConvertTask::new(&src, &dst, &opts))?;
+    let hooks = Hooks {
+        progress,
+        cancel,
+        warn,
     };
-    let planned_warnings = job.plan().warnings.len();
-    if let Some(w) = &warn {
-        for msg in &job.plan().warnings {
-            w.call1((msg,))?;
-        }
+    // Dropping `task` on any early return removes the unpublished output.
+    hooks.drive(py, &mut task)?;
+    let report = guarded(py, move || task.finish())?;
+    report_dict(py, &report, numerics)
+}
+
+fn warnings_list<'py>(py: Python<'py>, ws: &[Warning]) -> PyResult<Bound<'py, PyList>> {
+    let list = PyList::empty(py);
+    for w in ws {
+        list.append((w.kind.name(), &w.text))?;
     }
-    if let Some(p) = &progress {
-        let (done, total) = job.progress();
-        p.call1((done + scanned, total + scanned))?;
-    }
-    // Dropping `job` on any early return below removes the unpublished output.
-    loop {
-        let finished = guarded(py, || job.step(STEP_BYTES))?;
-        let (done, total) = job.progress();
-        visit(py, &cancel, &progress, (done + scanned, total + scanned))?;
-        if finished {
-            break;
-        }
-    }
-    let report = guarded(py, move || job.finish())?;
-    // Warnings found while converting (overflow) come after the plan's.
-    if let Some(w) = &warn {
-        for msg in report.warnings.iter().skip(planned_warnings) {
-            w.call1((msg,))?;
-        }
-    }
-    let d = report_dict(py, &report)?;
-    d.set_item("on_overflow", opts.on_overflow.name())?;
+    Ok(list)
+}
+
+fn report_dict<'py>(py: Python<'py>, r: &Report, numerics: bool) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("src", r.src.as_os_str())?;
+    d.set_item("dst", r.dst.as_os_str())?;
+    d.set_item("to", r.target.name())?;
+    d.set_item("tensors_converted", r.tensors_converted)?;
+    d.set_item("tensors_copied", r.tensors_copied)?;
+    d.set_item("bytes_in", r.bytes_in)?;
+    d.set_item("bytes_out", r.bytes_out)?;
+    d.set_item("seconds", r.seconds)?;
+    d.set_item("threads", r.threads)?;
+    d.set_item("isa", r.isa.name())?;
+    d.set_item("warnings", warnings_list(py, &r.warnings)?)?;
+    d.set_item("tensors_kept", r.tensors_kept)?;
+    d.set_item("bytes_kept", r.bytes_kept)?;
+    d.set_item("kept", kept_list(py, &r.kept)?)?;
+    d.set_item("on_overflow", r.on_overflow.name())?;
     let measured = if numerics {
-        Some(numerics_dict(py, &report.numerics, &report.numerics_total)?)
+        Some(numerics_dict(py, &r.numerics, &r.numerics_total)?)
     } else {
         None
     };
     d.set_item("numerics", measured)?;
     Ok(d)
+}
+
+fn kept_list<'py>(py: Python<'py>, kept: &[KeptTensor]) -> PyResult<Bound<'py, PyList>> {
+    let list = PyList::empty(py);
+    for k in kept {
+        let e = PyDict::new(py);
+        e.set_item("name", &k.name)?;
+        e.set_item("dtype", k.dtype.to_string())?;
+        e.set_item("bytes", k.bytes)?;
+        e.set_item("reason", k.reason.code().name())?;
+        e.set_item("pattern", k.reason.pattern())?;
+        list.append(e)?;
+    }
+    Ok(list)
 }
 
 /// `{"tensors": [{"name", counts and errors}], "total": {counts and errors}}`.
@@ -271,161 +358,6 @@ fn numerics_dict<'py>(
     let d = PyDict::new(py);
     d.set_item("tensors", list)?;
     d.set_item("total", numerics_fields(py, None, total)?)?;
-    Ok(d)
-}
-
-fn report_dict<'py>(py: Python<'py>, r: &Report) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("src", r.src.as_os_str())?;
-    d.set_item("dst", r.dst.as_os_str())?;
-    d.set_item("to", r.target.name())?;
-    d.set_item("tensors_converted", r.tensors_converted)?;
-    d.set_item("tensors_copied", r.tensors_copied)?;
-    d.set_item("bytes_in", r.bytes_in)?;
-    d.set_item("bytes_out", r.bytes_out)?;
-    d.set_item("seconds", r.seconds)?;
-    d.set_item("threads", r.threads)?;
-    d.set_item("isa", r.isa.name())?;
-    d.set_item("warnings", PyList::new(py, &r.warnings)?)?;
-    d.set_item("tensors_kept", r.tensors_kept)?;
-    d.set_item("bytes_kept", r.bytes_kept)?;
-    let kept = PyList::empty(py);
-    for k in &r.kept {
-        let e = PyDict::new(py);
-        e.set_item("name", &k.name)?;
-        e.set_item("dtype", k.dtype.to_string())?;
-        e.set_item("bytes", k.bytes)?;
-        e.set_item("reason", k.reason.code())?;
-        e.set_item("pattern", reason_pattern(&k.reason))?;
-        kept.append(e)?;
-    }
-    d.set_item("kept", kept)?;
-    Ok(d)
-}
-
-fn reason_pattern(r: &Reason) -> Option<&str> {
-    match r {
-        Reason::KeptByPattern(p) => Some(p),
-        _ => None,
-    }
-}
-
-#[pyfunction]
-#[pyo3(name = "inspect", signature = (path, to="bf16", *, keep=Vec::new(), keep_min_size=0,
-                    keep_unmatched="warn", from_bf16=false, scan=false, on_overflow="warn",
-                    threads=None, progress=None, window_mib=None))]
-#[allow(clippy::too_many_arguments)]
-fn py_inspect<'py>(
-    py: Python<'py>,
-    path: PathBuf,
-    to: &str,
-    keep: Vec<String>,
-    keep_min_size: u64,
-    keep_unmatched: &str,
-    from_bf16: bool,
-    scan: bool,
-    on_overflow: &str,
-    threads: Option<usize>,
-    progress: Option<Bound<'py, PyAny>>,
-    window_mib: Option<usize>,
-) -> PyResult<Bound<'py, PyDict>> {
-    let mut popts = PlanOptions {
-        keep,
-        keep_min_size,
-        from_bf16,
-        unmatched: parse_unmatched(keep_unmatched)?,
-        ..PlanOptions::new(parse_target(to)?)
-    };
-    let on_overflow = parse_on_overflow(on_overflow)?;
-    let (src, plan) = guarded(py, || convert::inspect(&path, &popts))?;
-    // Keeping what would overflow needs the data: it implies the scan.
-    if !scan && on_overflow != OnOverflow::Keep {
-        return inspect_dict(py, &src, &plan, None);
-    }
-    let opts = Options {
-        threads: thread_count(threads)?,
-        window: window_bytes(window_mib),
-        ..Options::default()
-    };
-    let mut job = guarded(py, || Scan::new(src, &plan, ScanKind::Numerics, &opts))?;
-    visit(py, &None, &progress, job.progress())?;
-    run_scan(py, &mut job, &None, &progress, 0)?;
-    let (src, scanned) = job.finish();
-    let plan = if on_overflow == OnOverflow::Keep {
-        popts.keep_names = scan::overflowing(&scanned);
-        guarded(py, || header::plan(&path, &src.header, &popts))?
-    } else {
-        plan
-    };
-    inspect_dict(py, &src, &plan, Some(&scanned))
-}
-
-fn inspect_dict<'py>(
-    py: Python<'py>,
-    src: &Source,
-    plan: &Plan,
-    scanned: Option<&[Scanned]>,
-) -> PyResult<Bound<'py, PyDict>> {
-    let h = &src.header;
-    let d = PyDict::new(py);
-    d.set_item("path", src.path.as_os_str())?;
-    d.set_item("header_bytes", h.header_len)?;
-    d.set_item("data_bytes", h.data_len())?;
-    d.set_item("file_bytes", src.map.len())?;
-    match &h.metadata {
-        Some(meta) => {
-            let m = PyDict::new(py);
-            for (k, v) in meta {
-                m.set_item(k, v)?;
-            }
-            d.set_item("metadata", m)?;
-        }
-        None => d.set_item("metadata", py.None())?,
-    }
-    // The plan is in output order; report tensors in input order with their fate.
-    let mut fate = vec![None; h.tensors.len()];
-    for t in &plan.tensors {
-        fate[t.source] = Some(t);
-    }
-    let mut measured = vec![None; h.tensors.len()];
-    for t in scanned.unwrap_or_default() {
-        measured[t.source] = t.numerics.as_ref();
-    }
-    let tensors = PyList::empty(py);
-    for (i, (t, planned)) in h.tensors.iter().zip(fate).enumerate() {
-        let planned = planned.expect("every source tensor is planned");
-        let e = PyDict::new(py);
-        e.set_item("name", &t.name)?;
-        e.set_item("dtype", t.dtype.to_string())?;
-        e.set_item("shape", &t.shape)?;
-        e.set_item("bytes", t.len())?;
-        e.set_item("data_offsets", [t.start, t.end])?;
-        e.set_item("target_dtype", planned.dtype.to_string())?;
-        e.set_item("target_bytes", planned.end - planned.start)?;
-        let action = match planned.action {
-            Action::Copy => "copy",
-            Action::Convert(_) => "convert",
-        };
-        e.set_item("action", action)?;
-        e.set_item("target_offsets", [planned.start, planned.end])?;
-        e.set_item("reason", plan.reasons[i].code())?;
-        e.set_item("pattern", reason_pattern(&plan.reasons[i]))?;
-        match measured[i] {
-            Some(n) => e.set_item("numerics", numerics_fields(py, None, n)?)?,
-            None => e.set_item("numerics", py.None())?,
-        }
-        tensors.append(e)?;
-    }
-    d.set_item("tensors", tensors)?;
-    d.set_item("output_bytes", plan.file_len())?;
-    d.set_item("to", plan.target.name())?;
-    d.set_item("warnings", PyList::new(py, &plan.warnings)?)?;
-    d.set_item("tensors_converted", plan.converted())?;
-    d.set_item("tensors_copied", plan.tensors.len() - plan.converted())?;
-    d.set_item("tensors_kept", plan.kept())?;
-    d.set_item("bytes_kept", plan.kept_bytes())?;
-    d.set_item("keep_unmatched", PyList::new(py, &plan.keep_unmatched)?)?;
-    d.set_item("scanned", scanned.is_some())?;
     Ok(d)
 }
 
@@ -451,50 +383,146 @@ fn numerics_fields<'py>(
 }
 
 #[pyfunction]
+#[pyo3(name = "inspect", signature = (path, *, to=None, keep=Vec::new(), keep_min_size=None,
+                    keep_unmatched="warn", from_bf16=false, scan=false, on_overflow=None,
+                    threads=None, progress=None, tuning=None))]
+#[allow(clippy::too_many_arguments)]
+fn py_inspect<'py>(
+    py: Python<'py>,
+    path: PathBuf,
+    to: Option<&Bound<'py, PyAny>>,
+    keep: Vec<String>,
+    keep_min_size: Option<&Bound<'py, PyAny>>,
+    keep_unmatched: &str,
+    from_bf16: bool,
+    scan: bool,
+    on_overflow: Option<&Bound<'py, PyAny>>,
+    threads: Option<&Bound<'py, PyAny>>,
+    progress: Option<Bound<'py, PyAny>>,
+    tuning: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let plan_opts = plan_options(py, to, keep, keep_min_size, keep_unmatched, from_bf16)?;
+    let opts = Options {
+        threads: self::threads(py, threads)?,
+        tuning: self::tuning(tuning)?,
+        ..Options::new(plan_opts.target)
+    };
+    let on_overflow = self::on_overflow(py, on_overflow)?;
+    let mut task = guarded(py, || {
+        InspectTask::new(&path, &plan_opts, scan, on_overflow, &opts)
+    })?;
+    let hooks = Hooks {
+        progress,
+        cancel: None,
+        warn: None,
+    };
+    hooks.drive(py, &mut task)?;
+    let found = guarded(py, move || task.finish())?;
+    inspect_dict(py, &found)
+}
+
+fn inspect_dict<'py>(py: Python<'py>, found: &Inspection) -> PyResult<Bound<'py, PyDict>> {
+    let (src, plan) = (&found.source, &found.plan);
+    let h = &src.header;
+    let d = PyDict::new(py);
+    d.set_item("path", src.path.as_os_str())?;
+    d.set_item("header_bytes", h.header_len)?;
+    d.set_item("data_bytes", h.data_len())?;
+    d.set_item("file_bytes", src.map.len())?;
+    match &h.metadata {
+        Some(meta) => {
+            let m = PyDict::new(py);
+            for (k, v) in meta {
+                m.set_item(k, v)?;
+            }
+            d.set_item("metadata", m)?;
+        }
+        None => d.set_item("metadata", py.None())?,
+    }
+    // The plan is in output order; report tensors in input order with their fate.
+    let mut fate = vec![None; h.tensors.len()];
+    for t in &plan.tensors {
+        fate[t.source] = Some(t);
+    }
+    let mut measured: Vec<Option<&Numerics>> = vec![None; h.tensors.len()];
+    for t in found.scanned.as_deref().unwrap_or_default() {
+        let t: &Scanned = t;
+        measured[t.source] = t.numerics.as_ref();
+    }
+    let tensors = PyList::empty(py);
+    for (i, (t, planned)) in h.tensors.iter().zip(fate).enumerate() {
+        let planned = planned.expect("every source tensor is planned");
+        let e = PyDict::new(py);
+        e.set_item("name", &t.name)?;
+        e.set_item("dtype", t.dtype.to_string())?;
+        e.set_item("shape", &t.shape)?;
+        e.set_item("bytes", t.len())?;
+        e.set_item("data_offsets", [t.start, t.end])?;
+        e.set_item("target_dtype", planned.dtype.to_string())?;
+        e.set_item("target_bytes", planned.end - planned.start)?;
+        let action = match planned.action {
+            crate::dtype::Action::Copy => "copy",
+            crate::dtype::Action::Convert(_) => "convert",
+        };
+        e.set_item("action", action)?;
+        e.set_item("target_offsets", [planned.start, planned.end])?;
+        e.set_item("reason", plan.reasons[i].code().name())?;
+        e.set_item("pattern", plan.reasons[i].pattern())?;
+        match measured[i] {
+            Some(n) => e.set_item("numerics", numerics_fields(py, None, n)?)?,
+            None => e.set_item("numerics", py.None())?,
+        }
+        tensors.append(e)?;
+    }
+    d.set_item("tensors", tensors)?;
+    d.set_item("output_bytes", plan.file_len())?;
+    d.set_item("to", plan.target.name())?;
+    d.set_item("warnings", warnings_list(py, &plan.warnings)?)?;
+    d.set_item("tensors_converted", plan.converted())?;
+    d.set_item("tensors_copied", plan.tensors.len() - plan.converted())?;
+    d.set_item("tensors_kept", plan.kept())?;
+    d.set_item("bytes_kept", plan.kept_bytes())?;
+    d.set_item("keep_unmatched", PyList::new(py, &plan.keep_unmatched)?)?;
+    d.set_item("scanned", found.scanned.is_some())?;
+    Ok(d)
+}
+
+#[pyfunction]
 #[pyo3(name = "verify", signature = (src, dst, *, loose=false, threads=None, progress=None,
-                    window_mib=None, numerics=true))]
+                    numerics=true, tuning=None))]
 #[allow(clippy::too_many_arguments)]
 fn py_verify<'py>(
     py: Python<'py>,
     src: PathBuf,
     dst: PathBuf,
     loose: bool,
-    threads: Option<usize>,
+    threads: Option<&Bound<'py, PyAny>>,
     progress: Option<Bound<'py, PyAny>>,
-    window_mib: Option<usize>,
     numerics: bool,
+    tuning: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = VerifyOptions {
         loose,
-        threads: thread_count(threads)?,
-        window: window_bytes(window_mib),
+        threads: self::threads(py, threads)?,
         numerics,
+        tuning: self::tuning(tuning)?,
     };
     let mut verifier = guarded(py, || Verifier::open(&src, &dst, &opts))?;
-    if let Some(p) = &progress {
-        p.call1(verifier.progress())?;
-    }
-    loop {
-        let finished = guarded(py, || verifier.step(STEP_BYTES))?;
-        visit(py, &None, &progress, verifier.progress())?;
-        if finished {
-            break;
-        }
-    }
-    let report = verifier.finish();
-    let d = verify_dict(py, &report)?;
-    d.set_item("to", report.to.map(|t| t.name()))?;
-    // Only a verified pair has the numbers of a conversion.
-    let measured = if numerics && report.is_ok() {
-        Some(numerics_dict(py, &report.numerics, &report.numerics_total)?)
-    } else {
-        None
+    let hooks = Hooks {
+        progress,
+        cancel: None,
+        warn: None,
     };
-    d.set_item("numerics", measured)?;
-    Ok(d)
+    hooks.drive(py, &mut verifier)?;
+    let report = verifier.finish();
+    verify_dict(py, &report, numerics)
 }
 
-fn verify_dict<'py>(py: Python<'py>, r: &VerifyReport) -> PyResult<Bound<'py, PyDict>> {
+fn verify_dict<'py>(
+    py: Python<'py>,
+    r: &VerifyReport,
+    numerics: bool,
+) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("src", r.src.as_os_str())?;
     d.set_item("dst", r.dst.as_os_str())?;
@@ -520,17 +548,125 @@ fn verify_dict<'py>(py: Python<'py>, r: &VerifyReport) -> PyResult<Bound<'py, Py
             d.set_item("mismatch", e)?;
         }
     }
+    d.set_item("to", r.to.map(Target::name))?;
+    // Only a verified pair has the numbers of a conversion.
+    let measured = if numerics && r.is_ok() {
+        Some(numerics_dict(py, &r.numerics, &r.numerics_total)?)
+    } else {
+        None
+    };
+    d.set_item("numerics", measured)?;
     Ok(d)
+}
+
+/// Render a message template, calling `option(name, value)` for each placeholder.
+#[pyfunction]
+fn render(template: &str, option: &Bound<'_, PyAny>) -> PyResult<String> {
+    let mut failed = None;
+    let out = text::render(template, |p| {
+        match option
+            .call1((p.option.name(), p.value))
+            .and_then(|r| r.extract::<String>())
+        {
+            Ok(s) => s,
+            Err(e) => {
+                failed.get_or_insert(e);
+                String::new()
+            }
+        }
+    });
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
+
+/// Bytes in the one unit system of every message: decimal, three significant digits.
+#[pyfunction]
+fn format_bytes(n: u64) -> String {
+    text::format_bytes(n)
+}
+
+/// Escape braces in data put into a template.
+#[pyfunction]
+fn escape(s: &str) -> String {
+    text::esc(s).into_owned()
+}
+
+/// The usage error for an option's value, as the engine words it (for checks made in Python).
+#[pyfunction]
+fn option_error<'py>(
+    py: Python<'py>,
+    option: &str,
+    value: &Bound<'py, PyAny>,
+    expected: &str,
+) -> PyResult<Bound<'py, PyAny>> {
+    let option = OptionName::from_name(option)
+        .ok_or_else(|| PyValueError::new_err(format!("unknown option {option:?}")))?;
+    Ok(to_py(py, bad_option(option, value, expected))
+        .into_value(py)
+        .into_bound(py)
+        .into_any())
+}
+
+/// Hit a failpoint of the Python side (`failpoint` module): raises the injected error.
+#[pyfunction]
+fn failpoint(py: Python<'_>, name: &str) -> PyResult<()> {
+    crate::failpoint::hit(name)
+        .map_err(|e| to_py(py, Error::io(std::path::Path::new(name), "failpoint", e)))
+}
+
+fn names<'py>(py: Python<'py>, names: &[&str]) -> PyResult<Bound<'py, PyTuple>> {
+    PyTuple::new(py, names)
 }
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("__version__", VERSION)?;
-    m.add("StcastError", py.get_type::<StcastError>())?;
-    m.add("Cancelled", py.get_type::<Cancelled>())?;
+    m.add("TARGETS", names(py, Target::NAMES)?)?;
+    let aliases = PyDict::new(py);
+    for (alias, t) in Target::ALIASES {
+        aliases.set_item(*alias, t.name())?;
+    }
+    m.add("TARGET_ALIASES", aliases)?;
+    let torch_names = PyDict::new(py);
+    for t in Target::ALL {
+        torch_names.set_item(t.name(), t.torch_name())?;
+    }
+    m.add("TARGET_TORCH_NAMES", torch_names)?;
+    m.add("REASONS", names(py, ReasonCode::NAMES)?)?;
+    let kept: Vec<&str> = ReasonCode::ALL
+        .iter()
+        .filter(|r| r.is_kept())
+        .map(|r| r.name())
+        .collect();
+    m.add("KEPT_REASONS", names(py, &kept)?)?;
+    m.add("ERROR_KINDS", names(py, ErrorKind::NAMES)?)?;
+    m.add("WARNING_KINDS", names(py, WarningKind::NAMES)?)?;
+    m.add("OPTIONS", names(py, OptionName::NAMES)?)?;
+    m.add("ON_OVERFLOW", names(py, OnOverflow::NAMES)?)?;
+    m.add("UNMATCHED", names(py, Unmatched::NAMES)?)?;
+    m.add("READ_ADVICE", names(py, ReadAdvice::NAMES)?)?;
+    let dtypes: Vec<String> = vocab::DTYPES.iter().map(|d| d.to_string()).collect();
+    m.add("DTYPES", PyTuple::new(py, &dtypes)?)?;
+    let quantized: Vec<String> = vocab::DTYPES
+        .iter()
+        .filter(|d| vocab::is_quantized_dtype(**d))
+        .map(|d| d.to_string())
+        .collect();
+    m.add("QUANTIZED_DTYPES", PyTuple::new(py, &quantized)?)?;
+    let isas: Vec<&str> = Isa::available().iter().map(|i| i.name()).collect();
+    m.add("ISAS", names(py, &isas)?)?;
+    m.add("MAX_THREADS", MAX_THREADS)?;
+    m.add("DEFAULT_WINDOW_MIB", DEFAULT_WINDOW >> 20)?;
     m.add_function(wrap_pyfunction!(py_convert, m)?)?;
     m.add_function(wrap_pyfunction!(py_inspect, m)?)?;
     m.add_function(wrap_pyfunction!(py_verify, m)?)?;
+    m.add_function(wrap_pyfunction!(render, m)?)?;
+    m.add_function(wrap_pyfunction!(format_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(escape, m)?)?;
+    m.add_function(wrap_pyfunction!(option_error, m)?)?;
+    m.add_function(wrap_pyfunction!(failpoint, m)?)?;
     Ok(())
 }

@@ -1,4 +1,19 @@
-//! Helpers shared by the unit tests of `kernels` and `numerics`.
+//! Helpers shared by the unit tests.
+
+use std::path::Path;
+
+/// A safetensors file from its JSON header and `data_len` zero bytes of data.
+pub(crate) fn file(header: &str, data_len: usize) -> Vec<u8> {
+    let mut v = (header.len() as u64).to_le_bytes().to_vec();
+    v.extend_from_slice(header.as_bytes());
+    v.resize(v.len() + data_len, 0);
+    v
+}
+
+/// A path for messages.
+pub(crate) fn p() -> &'static Path {
+    Path::new("x.safetensors")
+}
 
 /// xorshift64*: deterministic, seeded, good enough to scatter test inputs.
 pub(crate) struct Rng(pub u64);

@@ -9,19 +9,21 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use memmap2::Advice;
-use rayon::prelude::*;
 use safetensors::tensor::Dtype;
 
-use crate::convert::{worker_pool, Source};
+use crate::convert::Tuning;
+use crate::dtype::{elem_size, width_rank, Action, Conversion};
 use crate::error::Result;
-use crate::header::{encode_header, width_rank, Action, Conversion, Target, TensorPlan, PREFIX};
-use crate::kernels::{self, Isa};
+use crate::header::PREFIX;
+use crate::kernels::Isa;
 use crate::numerics::{self, Numerics};
+use crate::plan::{encode_header, TensorPlan};
+use crate::source::Source;
+use crate::vocab::Target;
+use crate::window::{worker_pool, Cursor, Window, Work};
 
 /// Elements recomputed and compared at once: the recomputed block stays in L1.
 const BLOCK: usize = 4096;
-/// Windows smaller than this are compared on one thread: waking the pool costs more.
-const PARALLEL_MIN: usize = 512 << 10;
 
 /// How strictly to compare.
 #[derive(Clone, Debug)]
@@ -31,10 +33,10 @@ pub struct VerifyOptions {
     pub loose: bool,
     /// Worker threads; 0 means one per available core.
     pub threads: usize,
-    /// Source bytes per window (rounded down to a multiple of 64, at least 64 KiB).
-    pub window: usize,
     /// Measure the conversions as `convert` does (`VerifyReport::numerics`).
     pub numerics: bool,
+    /// The window size and kernels (the other knobs do not apply).
+    pub tuning: Tuning,
 }
 
 impl Default for VerifyOptions {
@@ -42,8 +44,8 @@ impl Default for VerifyOptions {
         VerifyOptions {
             loose: false,
             threads: 0,
-            window: crate::convert::DEFAULT_WINDOW,
             numerics: true,
+            tuning: Tuning::default(),
         }
     }
 }
@@ -114,17 +116,21 @@ enum Expect {
 }
 
 fn expectation(src: Dtype, dst: Dtype) -> Option<Expect> {
-    use Conversion::*;
-    Some(match (src, dst) {
-        (a, b) if a == b => Expect::Identical,
-        (Dtype::F32, Dtype::BF16) => Expect::Convert(F32ToBf16),
-        (Dtype::F16, Dtype::BF16) => Expect::Convert(F16ToBf16),
-        (Dtype::F64, Dtype::BF16) => Expect::Convert(F64ToBf16),
-        (Dtype::F32, Dtype::F16) => Expect::Convert(F32ToF16),
-        (Dtype::F64, Dtype::F16) => Expect::Convert(F64ToF16),
-        (Dtype::BF16, Dtype::F16) => Expect::Convert(Bf16ToF16),
-        _ => return None,
-    })
+    if src == dst {
+        return Some(Expect::Identical);
+    }
+    Conversion::between(src, dst).map(Expect::Convert)
+}
+
+impl Expect {
+    /// Bytes per source and destination element (1 and 1 for sub-byte dtypes kept as
+    /// they are).
+    fn sizes(self, src: Dtype) -> (u64, u64) {
+        match self {
+            Expect::Identical => (elem_size(src), elem_size(src)),
+            Expect::Convert(c) => (c.src_size(), c.dst_size()),
+        }
+    }
 }
 
 /// One destination tensor and the source tensor it must come from.
@@ -142,13 +148,9 @@ pub struct Verifier {
     /// In destination order: the destination is read front to back.
     pairs: Vec<Pair>,
     pool: rayon::ThreadPool,
+    threads: usize,
     isa: Isa,
-    window: usize,
-    /// Next pair and the source bytes of it already compared.
-    next: usize,
-    pos: u64,
-    done: u64,
-    total: u64,
+    cursor: Cursor,
     report: VerifyReport,
     started: Instant,
     /// Per pair, when measuring.
@@ -169,7 +171,7 @@ impl Verifier {
         let src = Source::open(src_path)?;
         let dst = Source::open(dst_path)?;
         let (pool, threads) = worker_pool(opts.threads, "stcast-verify", dst_path)?;
-        let isa = Isa::detect();
+        let isa = opts.tuning.isa.unwrap_or_else(Isa::detect);
         let mut report = VerifyReport {
             src: src_path.to_path_buf(),
             dst: dst_path.to_path_buf(),
@@ -219,12 +221,9 @@ impl Verifier {
             dst,
             pairs,
             pool,
+            threads,
             isa,
-            window: opts.window.max(64 << 10) & !63,
-            next: 0,
-            pos: 0,
-            done: 0,
-            total,
+            cursor: Cursor::new(opts.tuning.window, total),
             report,
             started,
             numerics,
@@ -233,64 +232,74 @@ impl Verifier {
 
     /// Source data bytes compared and in all.
     pub fn progress(&self) -> (u64, u64) {
-        (self.done, self.total)
+        self.cursor.progress()
+    }
+
+    fn next_window(&mut self) -> Option<Window> {
+        if self.report.mismatch.is_some() {
+            return None;
+        }
+        let (pairs, src) = (&self.pairs, &self.src);
+        self.cursor
+            .peek(pairs.len(), |i| src.header.tensors[pairs[i].src].len())
     }
 
     /// Compare about `budget` source bytes (whole windows). Returns true when all is done
     /// or a mismatch was found.
     pub fn step(&mut self, budget: u64) -> Result<bool> {
         let mut spent = 0u64;
-        while spent < budget && self.next < self.pairs.len() && self.report.mismatch.is_none() {
-            let pair = self.pairs[self.next];
+        while spent < budget {
+            let Some(w) = self.next_window() else {
+                break;
+            };
+            let pair = self.pairs[w.item];
             let (s, d) = (
                 &self.src.header.tensors[pair.src],
                 &self.dst.header.tensors[pair.dst],
             );
-            if self.pos >= s.len() {
-                self.next += 1;
-                self.pos = 0;
-                continue;
-            }
-            let (src_size, dst_size) = elem_sizes(s.dtype, pair.expect);
-            let n = (self.window as u64).min(s.len() - self.pos);
-            let sa = (self.src.header.data_start() + s.start + self.pos) as usize;
+            let (src_size, dst_size) = pair.expect.sizes(s.dtype);
+            let sa = (self.src.header.data_start() + s.start + w.pos) as usize;
             let da =
-                (self.dst.header.data_start() + d.start + self.pos / src_size * dst_size) as usize;
-            let dn = (n / src_size * dst_size) as usize;
+                (self.dst.header.data_start() + d.start + w.pos / src_size * dst_size) as usize;
+            let (sn, dn) = (w.len as usize, (w.len / src_size * dst_size) as usize);
+            self.src.check_unchanged()?;
+            self.dst.check_unchanged()?;
             // One call per window instead of a fault per page; failure only costs speed.
-            let _ = self
-                .src
-                .map
-                .advise_range(Advice::PopulateRead, sa, n as usize);
+            let _ = self.src.map.advise_range(Advice::PopulateRead, sa, sn);
             let _ = self.dst.map.advise_range(Advice::PopulateRead, da, dn);
+            let work = Work {
+                pool: &self.pool,
+                threads: self.threads,
+                isa: self.isa,
+                populate: false,
+            };
             let (found, measured) = first_difference(
-                &self.pool,
-                self.isa,
+                &work,
                 pair.expect,
+                s.dtype,
                 d.dtype,
                 self.report.loose,
                 self.numerics.is_some(),
-                &self.src.map[sa..sa + n as usize],
+                &self.src.map[sa..sa + sn],
                 &self.dst.map[da..da + dn],
             );
             if let Some(all) = &mut self.numerics {
-                all[self.next].merge(&measured);
+                all[w.item].merge(&measured);
             }
             if let Some(offset) = found {
                 let offset = offset as u64;
-                let index = (self.pos + offset) / src_size;
+                let index = (w.pos + offset) / src_size;
                 self.report.bytes_compared += offset + offset / src_size * dst_size;
                 self.report.mismatch = Some(self.describe(pair, index));
                 return Ok(true);
             }
-            self.src.release((sa as u64, sa as u64 + n));
+            self.src.release((sa as u64, (sa + sn) as u64));
             self.dst.release((da as u64, (da + dn) as u64));
-            self.pos += n;
-            self.done += n;
-            self.report.bytes_compared += n + dn as u64;
-            spent += n;
+            self.cursor.advance(w);
+            self.report.bytes_compared += w.len + dn as u64;
+            spent += w.len;
         }
-        Ok(self.next >= self.pairs.len() || self.report.mismatch.is_some())
+        Ok(self.next_window().is_none())
     }
 
     pub fn finish(self) -> VerifyReport {
@@ -315,7 +324,7 @@ impl Verifier {
             &self.src.header.tensors[pair.src],
             &self.dst.header.tensors[pair.dst],
         );
-        let (src_size, dst_size) = elem_sizes(s.dtype, pair.expect);
+        let (src_size, dst_size) = pair.expect.sizes(s.dtype);
         let (src_size, dst_size) = (src_size as usize, dst_size as usize);
         let sa = (self.src.header.data_start() + s.start) as usize + index as usize * src_size;
         let da = (self.dst.header.data_start() + d.start) as usize + index as usize * dst_size;
@@ -324,7 +333,7 @@ impl Verifier {
         let mut expected = vec![0u8; dst_size];
         match pair.expect {
             Expect::Identical => expected.copy_from_slice(source),
-            Expect::Convert(c) => convert_block(self.isa, c, source, &mut expected),
+            Expect::Convert(c) => c.kernel()(self.isa, source, &mut expected),
         }
         let value = float_value(s.dtype, source);
         let what = if s.dtype.bitsize().is_multiple_of(8) {
@@ -348,21 +357,6 @@ impl Verifier {
             expected_bits: Some(hex(&expected)),
             found_bits: Some(hex(found)),
         }
-    }
-}
-
-/// Bytes per source and destination element (1 and 1 for sub-byte dtypes kept as they are).
-fn elem_sizes(src: Dtype, expect: Expect) -> (u64, u64) {
-    match expect {
-        Expect::Identical => {
-            let size = if src.bitsize().is_multiple_of(8) {
-                (src.bitsize() / 8) as u64
-            } else {
-                1
-            };
-            (size, size)
-        }
-        Expect::Convert(c) => (c.src_size(), 2),
     }
 }
 
@@ -574,9 +568,9 @@ fn metadata_difference(
 /// conversion (of the blocks before a difference), measured on each recomputed block.
 #[allow(clippy::too_many_arguments)]
 fn first_difference(
-    pool: &rayon::ThreadPool,
-    isa: Isa,
+    work: &Work,
     expect: Expect,
+    src_dtype: Dtype,
     dst_dtype: Dtype,
     loose: bool,
     measure: bool,
@@ -585,14 +579,10 @@ fn first_difference(
 ) -> (Option<usize>, Numerics) {
     // In loose mode a float NaN may come out as any NaN.
     let nan = if loose { nan_test(dst_dtype) } else { None };
-    let (src_size, dst_size) = match expect {
-        Expect::Identical => {
-            let size = (dst_dtype.bitsize() / 8).max(1);
-            (size, size)
-        }
-        Expect::Convert(c) => (c.src_size() as usize, 2),
-    };
-    let check = |s: &[u8], d: &[u8]| -> (Option<usize>, Numerics) {
+    let (src_size, dst_size) = expect.sizes(src_dtype);
+    let (src_size, dst_size) = (src_size as usize, dst_size as usize);
+    let isa = work.isa;
+    let check = |offset: usize, s: &[u8], d: &[u8]| -> (Option<usize>, Numerics) {
         let mut buf = [0u8; 2 * BLOCK];
         let mut measured = Numerics::default();
         let blocks = s.chunks(BLOCK * src_size).zip(d.chunks(BLOCK * dst_size));
@@ -601,7 +591,7 @@ fn first_difference(
                 Expect::Identical => sb,
                 Expect::Convert(c) => {
                     let want = &mut buf[..db.len()];
-                    convert_block(isa, c, sb, want);
+                    c.kernel()(isa, sb, want);
                     if measure {
                         measured.merge(&numerics::measure(c, sb, want));
                     }
@@ -621,49 +611,22 @@ fn first_difference(
                     is_nan(w) && is_nan(g)
                 });
                 if w != g && !both_nan {
-                    return (Some((k * BLOCK + i) * src_size), measured);
+                    return (Some(offset + (k * BLOCK + i) * src_size), measured);
                 }
             }
         }
         (None, measured)
     };
-    let threads = pool.current_num_threads();
-    if threads <= 1 || src.len() < PARALLEL_MIN {
-        return check(src, dst);
-    }
-    let elems = src.len() / src_size;
-    let per = elems.div_ceil(threads).next_multiple_of(BLOCK);
-    pool.install(|| {
-        src.par_chunks(per * src_size)
-            .zip(dst.par_chunks(per * dst_size))
-            .enumerate()
-            .map(|(j, (s, d))| {
-                let (found, measured) = check(s, d);
-                (found.map(|o| j * per * src_size + o), measured)
-            })
-            .reduce(
-                || (None, Numerics::default()),
-                |(a, mut total), (b, measured)| {
-                    total.merge(&measured);
-                    let first = match (a, b) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
-                    (first, total)
-                },
-            )
-    })
-}
-
-fn convert_block(isa: Isa, c: Conversion, src: &[u8], dst: &mut [u8]) {
-    match c {
-        Conversion::F32ToBf16 => kernels::f32_to_bf16(isa, src, dst),
-        Conversion::F16ToBf16 => kernels::f16_to_bf16(isa, src, dst),
-        Conversion::F64ToBf16 => kernels::f64_to_bf16(isa, src, dst),
-        Conversion::F32ToF16 => kernels::f32_to_f16(isa, src, dst),
-        Conversion::F64ToF16 => kernels::f64_to_f16(isa, src, dst),
-        Conversion::Bf16ToF16 => kernels::bf16_to_f16(isa, src, dst),
-    }
+    let merge = |(a, mut total): (Option<usize>, Numerics),
+                 (b, more): (Option<usize>, Numerics)| {
+        total.merge(&more);
+        let first = match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        (first, total)
+    };
+    work.split_pair(src, dst, (src_size, dst_size, BLOCK), check, merge)
 }
 
 /// Exponent and mantissa masks of a float dtype: a NaN has all exponent bits and some
@@ -743,8 +706,9 @@ fn hex(le: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::convert::{convert, Options};
-    use crate::header::Target;
+    use crate::convert::Options;
+    use crate::task::convert;
+    use crate::vocab::Target;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     struct TempDir(PathBuf);
@@ -797,8 +761,11 @@ mod tests {
         VerifyOptions {
             loose,
             threads,
-            window: 64 << 10,
             numerics: true,
+            tuning: Tuning {
+                window: 64 << 10,
+                ..Tuning::default()
+            },
         }
     }
 
@@ -810,9 +777,11 @@ mod tests {
         for target in [Target::Bf16, Target::F16] {
             let _ = std::fs::remove_file(&dst);
             let opts = Options {
-                target,
-                isa: Some(Isa::Scalar),
-                ..Options::default()
+                tuning: Tuning {
+                    isa: Some(Isa::Scalar),
+                    ..Tuning::default()
+                },
+                ..Options::new(target)
             };
             convert(&src, &dst, &opts).unwrap();
             for threads in [1, 3] {
@@ -831,10 +800,12 @@ mod tests {
         for target in [Target::Bf16, Target::F16] {
             let _ = std::fs::remove_file(&dst);
             let opts = Options {
-                target,
                 threads: 3,
-                window: 64 << 10,
-                ..Options::default()
+                tuning: Tuning {
+                    window: 64 << 10,
+                    ..Tuning::default()
+                },
+                ..Options::new(target)
             };
             let converted = convert(&src, &dst, &opts).unwrap();
             assert_eq!(converted.numerics.len(), 1);

@@ -9,7 +9,20 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use safetensors::tensor::{Dtype, SafeTensors};
 use stcast::kernels;
-use stcast::{convert, Error, Isa, Job, Options, ReadAdvice, Target};
+use stcast::{
+    convert, ConvertTask, Error, ErrorKind, Isa, Options, ReadAdvice, Target, Task, Tuning,
+};
+
+/// Default options with a window of `window` bytes.
+fn windowed(window: usize) -> Options {
+    Options {
+        tuning: Tuning {
+            window,
+            ..Tuning::default()
+        },
+        ..Options::default()
+    }
+}
 
 /// A fresh folder under the system temp dir, removed on drop.
 struct TempDir(PathBuf);
@@ -266,7 +279,10 @@ fn small_file_converts_element_wise() {
     assert_eq!(report.target, Target::Bf16);
     // The random inputs include huge values: only the overflow guard's warning.
     assert!(
-        report.warnings.iter().all(|w| w.contains("became ±inf")),
+        report
+            .warnings
+            .iter()
+            .all(|w| w.text.contains("became ±inf")),
         "{:?}",
         report.warnings
     );
@@ -288,9 +304,8 @@ fn small_windows_and_threads_give_the_same_bytes() {
     {
         let dst = dir.path(&format!("out{i}.safetensors"));
         let opts = Options {
-            window,
             threads,
-            ..Options::default()
+            ..windowed(window)
         };
         let report = convert(&src, &dst, &opts).unwrap();
         if threads > 0 {
@@ -320,11 +335,14 @@ fn tuning_knobs_give_the_same_bytes() {
     for (i, (populate, advise, depth)) in knobs.into_iter().enumerate() {
         let dst = dir.path(&format!("out{i}.safetensors"));
         let opts = Options {
-            window: 64 << 10,
             threads: 2,
-            populate,
-            advise,
-            write_behind_depth: depth,
+            tuning: Tuning {
+                window: 64 << 10,
+                populate,
+                advise,
+                write_behind: depth,
+                ..Tuning::default()
+            },
             ..Options::default()
         };
         convert(&src, &dst, &opts).unwrap();
@@ -351,9 +369,12 @@ fn every_isa_gives_the_same_bytes() {
     for (isa, threads) in isas.iter().flat_map(|&i| [(i, 1), (i, 2)]) {
         let dst = dir.path(&format!("out-{}-{threads}.safetensors", isa.name()));
         let opts = Options {
-            isa: Some(isa),
             threads,
-            window: 256 << 10,
+            tuning: Tuning {
+                isa: Some(isa),
+                window: 256 << 10,
+                ..Tuning::default()
+            },
             ..Options::default()
         };
         let report = convert(&src, &dst, &opts).unwrap();
@@ -372,11 +393,8 @@ fn job_steps_in_small_budgets_and_reports_progress() {
     let (src, dst) = (dir.path("in.safetensors"), dir.path("out.safetensors"));
     let inp = inputs(100_000);
     write_inputs(&src, &inp);
-    let opts = Options {
-        window: 64 << 10,
-        ..Options::default()
-    };
-    let mut job = Job::open(&src, &dst, &opts).unwrap();
+    let opts = windowed(64 << 10);
+    let mut job = ConvertTask::new(&src, &dst, &opts).unwrap();
     let (mut last, total) = job.progress();
     assert_eq!(last, 0);
     let mut steps = 0;
@@ -400,11 +418,8 @@ fn dropped_job_leaves_nothing() {
     let dir = TempDir::new("drop");
     let (src, dst) = (dir.path("in.safetensors"), dir.path("out.safetensors"));
     write_inputs(&src, &inputs(100_000));
-    let opts = Options {
-        window: 64 << 10,
-        ..Options::default()
-    };
-    let mut job = Job::open(&src, &dst, &opts).unwrap();
+    let opts = windowed(64 << 10);
+    let mut job = ConvertTask::new(&src, &dst, &opts).unwrap();
     assert!(!job.step(1).unwrap());
     drop(job);
     assert_eq!(dir.listing(), ["in.safetensors"]);
@@ -415,7 +430,7 @@ fn dropped_job_leaves_nothing() {
         force: true,
         ..opts
     };
-    let mut job = Job::open(&src, &dst, &opts).unwrap();
+    let mut job = ConvertTask::new(&src, &dst, &opts).unwrap();
     while !job.step(1 << 20).unwrap() {}
     drop(job);
     assert_eq!(fs::read(&dst).unwrap(), b"old");
@@ -439,8 +454,8 @@ fn existing_destination_is_refused_without_force() {
     let dst = dir.path("out.safetensors");
     fs::write(&dst, b"keep").unwrap();
     let err = convert(&src, &dst, &Options::default()).unwrap_err();
-    assert!(matches!(err, Error::Refused { .. }), "{err:?}");
-    assert_eq!(err.kind(), "refused");
+    assert!(matches!(err, Error::DestinationExists { .. }), "{err:?}");
+    assert_eq!(err.kind(), ErrorKind::DestinationExists);
     assert_eq!(err.path(), Some(dst.as_path()));
     assert!(err.to_string().contains("destination exists"), "{err}");
     assert_eq!(fs::read(&dst).unwrap(), b"keep");
@@ -471,7 +486,7 @@ fn destination_equal_to_source_is_refused() {
         };
         for dst in [&src, &link] {
             let err = convert(&src, dst, &opts).unwrap_err();
-            assert!(matches!(err, Error::Refused { .. }), "{err:?}");
+            assert!(matches!(err, Error::DestinationIsInput { .. }), "{err:?}");
             assert!(
                 err.to_string().contains("destination is the input"),
                 "{err}"
@@ -487,7 +502,10 @@ fn missing_folder_and_input_are_errors() {
     let dir = TempDir::new("missing");
     let src = small_src(&dir);
     let err = convert(&src, &dir.path("no/out.safetensors"), &Options::default()).unwrap_err();
-    assert!(matches!(err, Error::Refused { .. }), "{err:?}");
+    assert!(
+        matches!(err, Error::NoDestinationFolder { exists: false, .. }),
+        "{err:?}"
+    );
     let missing = dir.path("missing.safetensors");
     let err = convert(&missing, &dir.path("out.safetensors"), &Options::default()).unwrap_err();
     match &err {
@@ -510,8 +528,8 @@ fn invalid_input_is_reported_with_its_path() {
     bytes.extend_from_slice(&[0; 8]);
     fs::write(&src, bytes).unwrap();
     let err = convert(&src, &dir.path("out.safetensors"), &Options::default()).unwrap_err();
-    assert!(matches!(err, Error::Invalid { .. }), "{err:?}");
-    assert_eq!(err.kind(), "invalid_input");
+    assert!(matches!(err, Error::InvalidHeader { .. }), "{err:?}");
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
     assert!(
         err.to_string().starts_with(&format!("{}: ", src.display())),
         "{err}"
@@ -526,11 +544,7 @@ fn fp16_target() {
     let values = [1.5f32, -2.0, 65504.0, 1e-8, 0.1];
     let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
     write_file(&src, &[("a", "F32", vec![5], data)], "");
-    let opts = Options {
-        target: Target::F16,
-        ..Options::default()
-    };
-    let report = convert(&src, &dst, &opts).unwrap();
+    let report = convert(&src, &dst, &Options::new(Target::F16)).unwrap();
     assert_eq!(report.target, Target::F16);
     let bytes = fs::read(&dst).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pathlib
@@ -304,8 +305,17 @@ def test_source_via_symlink_to_destination(model, cli):
 def test_destination_exists(model, cli):
     dst = model.parent / "out.safetensors"
     dst.write_bytes(b"precious")
-    line = check_refused(cli, model, dst, ["destination exists", "--force"])
+    line = check_refused(
+        cli, model, dst, ["destination exists", "--force"], kind="destination_exists"
+    )
     assert str(dst) in line
+    # From Python: a FileExistsError (errno set) that is also a StcastError, in API words.
+    with pytest.raises(FileExistsError) as info:
+        stcast.convert(model, dst)
+    e = info.value
+    assert isinstance(e, stcast.StcastError) and isinstance(e, stcast.DestinationExists)
+    assert e.errno == errno.EEXIST and e.filename == str(dst) and e.path == str(dst)
+    assert str(e) == f"{dst}: destination exists (force=True replaces it)"
     rc, _, err = cli("convert", model, dst, "--force")
     assert rc == 0, err
     assert tensor_bytes(dst)["a"] == ("BF16", [1], b"\x80\x3f")

@@ -159,13 +159,13 @@ def test_error_json_invalid(tmp_path, cli):
     assert listing(tmp_path) == ["broken.safetensors"]
 
 
-def test_error_json_refused(tmp_path, cli):
+def test_error_json_destination_exists(tmp_path, cli):
     make_model(tmp_path)
     (tmp_path / "model-bf16.safetensors").write_bytes(b"keep")
     rc, out, err = cli("convert", tmp_path / "model.safetensors", "--json")
     assert rc == 1
     assert_json_error_stderr(err)
-    match_fixture(json.loads(out), load_fixture("error-refused.json"), tmp_path)
+    match_fixture(json.loads(out), load_fixture("error-exists.json"), tmp_path)
     assert (tmp_path / "model-bf16.safetensors").read_bytes() == b"keep"
 
 
@@ -239,7 +239,7 @@ def test_version_loads_no_numpy_nor_the_api_or_folder_code():
     )
     assert proc.returncode == 0, proc.stderr
     loaded = proc.stderr.strip().splitlines()[-1]
-    assert loaded == "['stcast', 'stcast._core', 'stcast.cli']", proc.stderr
+    assert loaded == "['stcast', 'stcast._core', 'stcast.cli', 'stcast.errors']", proc.stderr
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "stcast", "--version"],
         capture_output=True,
@@ -261,7 +261,7 @@ def test_lazy_package_names():
         "missing = [n for n in stcast.__all__ if n not in names]\n"
         "assert not missing, missing\n"
         "from stcast import *\n"
-        "assert convert is stcast.convert and FolderReport is stcast.FolderReport\n"
+        "assert convert is stcast.convert and InspectReport is stcast.InspectReport\n"
         "assert stcast.ConvertReport.__name__ == 'ConvertReport'\n"
         "try:\n"
         "    stcast.no_such_name\n"

@@ -610,7 +610,7 @@ def test_tensor_larger_than_window(tmp_path, rng):
     outs = []
     for threads in (1, 2):
         dst = tmp_path / f"out{threads}.safetensors"
-        report = _core.convert(str(src), str(dst), window_mib=1, threads=threads)
+        report = _core.convert(str(src), str(dst), threads=threads, tuning={"window_mib": 1})
         assert report["threads"] == threads
         outs.append(dst.read_bytes())
     assert outs[0] == outs[1]
@@ -667,7 +667,12 @@ def test_convert_report(tmp_path):
         "kept",
         "on_overflow",
         "numerics",
+        "folder",
+        "files",
+        "shard",
+        "complete",
     ]
+    assert not report.folder and report.files == [] and report.complete
     assert report.src == str(src) and report.dst == str(dst) and report.to == "bf16"
     assert (report.tensors_converted, report.tensors_copied) == (2, 1)
     assert report.bytes_in == src.stat().st_size
@@ -804,7 +809,7 @@ def test_warnings_are_issued_before_writing(tmp_path):
 
 def test_unknown_target(tmp_path):
     src = write_safetensors(tmp_path / "in.safetensors", {"x": ("F32", [1], b"\0\0\0\0")})
-    with pytest.raises(ValueError, match="unknown target"):
+    with pytest.raises(stcast.UsageError, match="to: 'int8' is not one of bf16, fp16"):
         stcast.convert(src, tmp_path / "out.safetensors", to="int8")
     assert listing(tmp_path) == ["in.safetensors"]
 

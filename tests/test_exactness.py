@@ -31,7 +31,7 @@ F32_PATTERNS = 1 << 24
 def convert_pinned(src: Path, dst: Path, isa: str) -> dict[str, np.ndarray]:
     """Convert with one kernel family (skip if this CPU lacks it); the output tensors' bits."""
     try:
-        _core.convert(str(src), str(dst), isa=isa, window_mib=4)
+        _core.convert(str(src), str(dst), tuning={"isa": isa, "window_mib": 4})
     except ValueError as e:
         if "not available" in str(e):
             pytest.skip(f"{isa} is not available on this CPU")

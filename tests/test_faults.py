@@ -3,8 +3,9 @@ named temp file, SIGKILL, rival runs, and an input modified while it is read.
 
 Runs stop at an exact point with `STCAST_FAILPOINT=POINT=stop` (the process raises SIGSTOP);
 the test waits for the stop with `waitpid(WUNTRACED)`, acts, and resumes or kills it: no
-sleeping. `STCAST_NO_TMPFILE=1` makes stcast use a named, flock-held temp file instead of
-O_TMPFILE. Tests that mount a tmpfs need root and are skipped without it (CI runs as root).
+sleeping. The failpoint `tmpfile=eopnotsupp` makes stcast use a named, flock-held temp file
+instead of O_TMPFILE, as on a file system without it. Tests that mount a tmpfs need root and
+are skipped without it (CI runs as root).
 """
 
 from __future__ import annotations
@@ -26,7 +27,16 @@ from conftest import assert_one_error_line, cli_env, listing, tensor_bytes, writ
 # The CLI converts in 8 MiB windows: a 10 MiB first tensor spans two, so `mid-tensor` is
 # reached with half of the input read.
 BIG = (10 << 20) // 4
-NAMED = {"STCAST_NO_TMPFILE": "1"}
+NAMED = {"STCAST_FAILPOINT": "tmpfile=eopnotsupp"}
+
+
+def with_points(env, *points):
+    """`env` with more failpoints armed (joined to those it has)."""
+    env = dict(env or {})
+    env["STCAST_FAILPOINT"] = ",".join([*points, *filter(None, [env.get("STCAST_FAILPOINT")])])
+    return env
+
+
 TEMP = re.compile(r"^\.stcast-.*\.tmp$")
 
 
@@ -97,7 +107,7 @@ class Run:
 
 
 def stopped(*args, at, env=None):
-    return Run(*args, env={"STCAST_FAILPOINT": f"{at}=stop", **(env or {})}).wait_stopped()
+    return Run(*args, env=with_points(env, f"{at}=stop")).wait_stopped()
 
 
 # --- disk full and read-only folders (tmpfs) ---------------------------------------------------
@@ -127,12 +137,12 @@ def test_disk_full_fails_before_converting(model, tmpfs, cli, env):
     mnt = tmpfs("1M")
     dst = mnt / "out.safetensors"
     # mid-tensor=eio proves nothing was converted: reaching the first window would fail there.
-    rc, out, err = cli("convert", model, dst, env={"STCAST_FAILPOINT": "mid-tensor=eio", **env})
+    rc, out, err = cli("convert", model, dst, env=with_points(env, "mid-tensor=eio"))
     assert rc == 1, err
     line = assert_one_error_line(err)
-    m = re.fullmatch(rf"stcast: not enough disk space in {mnt}: need (.+), have (.+)", line)
+    m = re.fullmatch(rf"stcast: {mnt}: not enough disk space: need (.+), have (.+)", line)
     assert m, line
-    assert m.group(1) == "5.00 MiB" and m.group(2) == "1.00 MiB", line
+    assert m.group(1) == "5.24 MB" and m.group(2) == "1.05 MB", line
     assert listing(mnt) == []
     rc, out, _ = cli("convert", "--json", model, dst)
     assert rc == 1 and '"kind": "no_space"' in out
@@ -204,7 +214,7 @@ def test_named_temp_faults_leave_nothing(model, cli, point, action, force):
         dst.write_bytes(b"the old output")
     before = snapshot(folder)
     args = ["convert", model, dst] + (["--force"] if force else [])
-    rc, _, err = cli(*args, env={"STCAST_FAILPOINT": f"{point}={action}", **NAMED})
+    rc, _, err = cli(*args, env=with_points(NAMED, f"{point}={action}"))
     line = assert_one_error_line(err)
     if action == "sigint":
         assert (rc, line) == (130, "stcast: interrupted"), err

@@ -236,7 +236,7 @@ def test_hf_model_folder(tmp_path, rng):
     src = make_hf_model(tmp_path / "model", rng)
     dst = tmp_path / "out"
     report = stcast.convert(src, dst)
-    assert isinstance(report, stcast.FolderReport)
+    assert isinstance(report, stcast.ConvertReport) and report.folder
     assert_folder(src, dst)
 
     # Config text: only the dtype values changed, indentation and non-ASCII kept.
@@ -489,7 +489,7 @@ def test_interrupted_run_never_looks_complete(tmp_path, rng, cli):
     ]
 
     # A plain rerun is refused; --resume converts only what is left.
-    with pytest.raises(stcast.StcastError, match="--resume") as e:
+    with pytest.raises(stcast.StcastError, match="resume=True continues it") as e:
         stcast.convert(src, dst)
     assert e.value.kind == "refused"
     first = dst / "model-00001-of-00003.safetensors"
@@ -592,7 +592,7 @@ def test_shards_then_finalize_equal_a_plain_run(tmp_path, rng, cli):
         assert "config.json" not in present and "tokenizer.json" not in present
         assert "model.safetensors.index.json" not in present
         if i == 1:
-            with pytest.raises(stcast.StcastError, match=r"not converted.*--shard [23]/3"):
+            with pytest.raises(stcast.StcastError, match=r"not converted.*shard=\([23], 3\)"):
                 stcast.finalize(src, dst)
             with pytest.raises(stcast.StcastError, match="already ran"):
                 stcast.convert(src, dst, shard=(1, 3))
@@ -622,7 +622,7 @@ def test_shards_then_finalize_equal_a_plain_run(tmp_path, rng, cli):
 
 
 def test_shard_assignment_is_balanced_and_deterministic(tmp_path, rng):
-    from stcast.folder import _File
+    from stcast.folder.walk import File as _File
 
     files = [_File(f"f{i}", f"/x/f{i}", size, 0) for i, size in enumerate([9, 1, 5, 5, 3, 7, 2])]
     a = assign_shards(files, 3)
@@ -785,9 +785,9 @@ def test_quantized_checkpoints_are_refused(tmp_path, rng, cli):
 def test_file_only_options(tmp_path, rng):
     path = tmp_path / "x.safetensors"
     save(path, layer(rng, 0))
-    with pytest.raises(stcast.StcastError, match="apply to folders"):
+    with pytest.raises(stcast.StcastError, match="applies to folders"):
         stcast.convert(path, resume=True)
-    with pytest.raises(stcast.StcastError, match="apply to folders"):
+    with pytest.raises(stcast.StcastError, match="applies to folders"):
         stcast.convert(path, shard=(1, 2))
 
 

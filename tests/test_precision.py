@@ -155,7 +155,7 @@ def test_kept_f32_lands_before_bf16(tmp_path):
 
 def test_keep_pattern_matching_nothing_warns(tmp_path, rng):
     src, _ = mixed_model(tmp_path, rng)
-    with pytest.warns(stcast.StcastWarning, match=r"--keep pattern `\*nrom\*` matches no tensor"):
+    with pytest.warns(stcast.StcastWarning, match=r"keep pattern `\*nrom\*` matches no tensor"):
         report = stcast.convert(src, tmp_path / "out.safetensors", keep=["*norm*", "*nrom*"])
     assert any("*nrom*" in w for w in report.warnings)
     # A pattern that matches only a tensor that is not converted anyway still matched.
@@ -168,14 +168,15 @@ def test_strict_refuses_an_unmatched_pattern_before_writing(tmp_path, rng, cli):
     src, _ = mixed_model(tmp_path, rng)
     before = listing(tmp_path)
     with pytest.raises(
-        stcast.StcastError, match=r"`\*nrom\*`.*\(--strict\); nothing was written"
+        stcast.Refused, match=r"`\*nrom\*`.*; nothing was written \(strict=True makes"
     ) as e:
         stcast.convert(src, tmp_path / "out.safetensors", keep=["*nrom*"], strict=True)
     assert e.value.kind == "refused"
     assert listing(tmp_path) == before
     rc, out, err = cli("convert", src, tmp_path / "o.safetensors", "--keep", "x", "--strict")
     assert (rc, out) == (1, "")
-    assert "`x` matches no tensor name" in assert_one_error_line(err)
+    line = assert_one_error_line(err)
+    assert "--keep pattern `x` matches no tensor name" in line and "(--strict makes" in line
     rc, out, err = cli("convert", src, "--keep", "x", "--strict", "--json")
     assert rc == 1
     assert json.loads(out)["error"]["kind"] == "refused"
@@ -184,10 +185,10 @@ def test_strict_refuses_an_unmatched_pattern_before_writing(tmp_path, rng, cli):
 
 def test_invalid_pattern_is_a_clear_error(tmp_path, rng):
     src, _ = mixed_model(tmp_path, rng)
-    with pytest.raises(stcast.StcastError, match=r"invalid --keep pattern `a\[`") as e:
+    with pytest.raises(stcast.UsageError, match=r"keep: invalid pattern `a\[`") as e:
         stcast.convert(src, tmp_path / "out.safetensors", keep=["a["])
-    assert e.value.kind == "invalid_input"
-    with pytest.raises(TypeError):
+    assert e.value.kind == "usage" and e.value.option == "keep"
+    with pytest.raises(stcast.UsageError, match="keep: 1 is not a string"):
         stcast.convert(src, tmp_path / "out.safetensors", keep=[1])  # type: ignore[list-item]
 
 
@@ -270,7 +271,7 @@ def assert_fp16(x: np.ndarray, got: np.ndarray) -> None:
 def convert_fp16(tmp_path, dtype: str, x: np.ndarray, isa: str | None = None, **kw) -> np.ndarray:
     src = write_safetensors(tmp_path / f"{dtype}.safetensors", {"t": (dtype, [x.size], x)})
     dst = tmp_path / f"{dtype}-fp16-{isa}.safetensors"
-    _core.convert(str(src), str(dst), to="fp16", isa=isa, window_mib=1, **kw)
+    _core.convert(str(src), str(dst), to="fp16", tuning={"isa": isa, "window_mib": 1}, **kw)
     got_dtype, _, raw = tensor_bytes(dst)["t"]
     assert got_dtype == "F16"
     return np.frombuffer(raw, np.uint16)
@@ -344,13 +345,13 @@ def test_fp16_without_from_bf16_copies_bf16_and_says_so(tmp_path, cli):
         "b": ("BF16", [2], bf16_bits(np.float32([3, 4]))),
     }
     src = write_safetensors(tmp_path / "in.safetensors", tensors)
-    with pytest.warns(stcast.StcastWarning, match="the output mixes BF16 and F16.*--from-bf16"):
+    with pytest.warns(stcast.StcastWarning, match="the output mixes BF16 and F16.*from_bf16=True"):
         stcast.convert(src, tmp_path / "out.safetensors", to="fp16")
     out = tensor_bytes(tmp_path / "out.safetensors")
     assert out["b"] == ("BF16", [2], bf16_bits(np.float32([3, 4])).tobytes())
     assert out["w"][0] == "F16"
     rc, _, err = cli("convert", src, tmp_path / "o2.safetensors", "--to", "fp16")
-    assert rc == 0 and "mixes BF16 and F16" in err
+    assert rc == 0 and "mixes BF16 and F16 (--from-bf16 converts them too)" in err
     rc, _, err = cli("convert", src, tmp_path / "o3.safetensors", "--to", "fp16", "--from-bf16")
     assert (rc, err) == (0, "")
     assert tensor_bytes(tmp_path / "o3.safetensors")["b"][0] == "F16"
@@ -415,11 +416,13 @@ def test_overflow_warning_names_the_worst_tensors_first(tmp_path, cli):
     with pytest.warns(stcast.StcastWarning, match=OVERFLOW_WARNING) as record:
         stcast.convert(src, tmp_path / "out.safetensors", to="fp16", from_bf16=True)
     message = next(str(w.message) for w in record if OVERFLOW_WARNING in str(w.message))
-    assert "in F16: `big` (4), `bigger` (4), `brain` (2), `huge` (2), `some` (1);" in message
+    assert "in F16: `big` (4), `bigger` (4), `brain` (2), `huge` (2), `some` (1) (" in message
+    assert 'on_overflow="keep" or a keep pattern' in message
     rc, _, err = cli("convert", src, tmp_path / "o.safetensors", "--to", "fp16")
     assert rc == 0
     lines = [line for line in err.splitlines() if OVERFLOW_WARNING in line]
     assert len(lines) == 1 and lines[0].startswith("stcast: warning: 11 finite values"), err
+    assert "--on-overflow keep or a --keep pattern" in lines[0]
 
 
 def test_on_overflow_error_leaves_nothing_behind(tmp_path, cli):
@@ -635,7 +638,7 @@ def test_folder_keep_pattern_judged_over_the_whole_folder(tmp_path):
 def test_folder_strict_refuses_before_any_work(tmp_path, cli):
     src = two_shards(tmp_path)
     dst = tmp_path / "out"
-    with pytest.raises(stcast.StcastError, match=r"`\*typo\*` matches no tensor.*--strict") as e:
+    with pytest.raises(stcast.Refused, match=r"`\*typo\*` matches no tensor.*strict=True") as e:
         stcast.convert(src, dst, keep=["*typo*"], strict=True)
     assert e.value.kind == "refused"
     assert not dst.exists()
@@ -685,7 +688,7 @@ def test_folder_quantized_allowed_when_keep_keeps_the_scales(tmp_path):
 def test_folder_inspect_lists_each_file(tmp_path, cli):
     src = two_shards(tmp_path)
     info = stcast.inspect(src, tmp_path / "dst", keep=["*norm*", "*typo*"])
-    assert isinstance(info, stcast.FolderInspectReport)
+    assert info.folder and len(info.tensors) == sum(len(f.tensors) for f in info.files)
     assert [f.path for f in info.files] == [
         "model-00001-of-00002.safetensors",
         "model-00002-of-00002.safetensors",

@@ -143,19 +143,19 @@ def test_accepts_multi_window_tensors(tmp_path, rng, isa):
         },
     )
     try:
-        dst = convert(src, tmp_path / "big-bf16.safetensors", window_mib=1, isa=isa)
+        dst = convert(src, tmp_path / "big-bf16.safetensors", tuning={"window_mib": 1, "isa": isa})
     except ValueError as e:
         if "not available" not in str(e):
             raise
         pytest.skip(f"{isa} is not available on this CPU")
     for threads, window in [(1, 1), (2, 1), (2, 2), (None, None)]:
-        r = _core.verify(str(src), str(dst), threads=threads, window_mib=window)
+        r = _core.verify(str(src), str(dst), threads=threads, tuning={"window_mib": window})
         assert r["ok"], r
     # A change in the last window of `a`, and in its first, is found at the right place.
     for index in [n - 1, 262_144 * 5 + 7, 0]:
         flip_bit(dst, "a", 2 * index, 3)
         for threads in [1, 2]:
-            r = _core.verify(str(src), str(dst), threads=threads, window_mib=1)
+            r = _core.verify(str(src), str(dst), threads=threads, tuning={"window_mib": 1})
             assert r["mismatch"]["tensor"] == "a" and r["mismatch"]["index"] == index, r
     assert bf16_bits(dst, "a").size == n
 

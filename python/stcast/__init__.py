@@ -1,46 +1,60 @@
-"""Stream-convert safetensors checkpoints to bf16, exactly, in bounded memory.
+"""Stream-convert checkpoints to bf16 (or fp16), exactly, in bounded memory.
 
     import stcast
     report = stcast.convert("model.safetensors")  # writes model-bf16.safetensors
     print(report.tensors_converted, report.bytes_out)
 
-The work is done by the native engine `stcast._core`; `stcast._api` adds defaults, warnings
-and typed reports, and `stcast.folder` handles Hugging Face folders. Both load on first use of
-one of their names, so that `import stcast` and `stcast --version` stay in the low
-milliseconds (the dataclasses alone cost ~20 ms to import and build). The command line lives
-in `stcast.cli`.
+The work is done by the native engine `stcast._core`. `stcast._api` holds the entry points,
+`stcast.reports` the report types, `stcast.errors` the exceptions, and `stcast.folder`
+handles checkpoint folders. The API and reports load on first use of one of their names,
+so that `import stcast` and `stcast --version` stay in the low milliseconds (the
+dataclasses alone cost ~20 ms to import and build). The command line lives in `stcast.cli`.
 """
 
 from __future__ import annotations
 
-from ._core import Cancelled, StcastError, __version__
+from ._core import __version__
+from .errors import (
+    Cancelled,
+    DestinationExists,
+    InputChanged,
+    InvalidInput,
+    NoSpace,
+    Refused,
+    StcastError,
+    StcastWarning,
+    UsageError,
+)
 
 TYPE_CHECKING = False  # `typing` costs a few ms to import; type checkers treat this as True
 if TYPE_CHECKING:
-    from ._api import (
+    from ._api import convert, finalize, inspect, verify
+    from .reports import (
         ConvertReport,
+        FileReport,
         InspectReport,
         Mismatch,
-        StcastWarning,
+        Notice,
         TensorInfo,
         VerifyReport,
-        convert,
-        inspect,
-        verify,
     )
-    from .folder import FileReport, FolderInspectReport, FolderReport, finalize
 
 __all__ = [
     "Cancelled",
     "ConvertReport",
+    "DestinationExists",
     "FileReport",
-    "FolderInspectReport",
-    "FolderReport",
+    "InputChanged",
     "InspectReport",
+    "InvalidInput",
     "Mismatch",
+    "NoSpace",
+    "Notice",
+    "Refused",
     "StcastError",
     "StcastWarning",
     "TensorInfo",
+    "UsageError",
     "VerifyReport",
     "__version__",
     "convert",
@@ -51,19 +65,17 @@ __all__ = [
 
 # Where each lazily loaded public name is defined.
 _LAZY = {
-    "ConvertReport": "_api",
-    "InspectReport": "_api",
-    "Mismatch": "_api",
-    "StcastWarning": "_api",
-    "TensorInfo": "_api",
-    "VerifyReport": "_api",
     "convert": "_api",
+    "finalize": "_api",
     "inspect": "_api",
     "verify": "_api",
-    "FileReport": "folder",
-    "FolderInspectReport": "folder",
-    "FolderReport": "folder",
-    "finalize": "folder",
+    "ConvertReport": "reports",
+    "FileReport": "reports",
+    "InspectReport": "reports",
+    "Mismatch": "reports",
+    "Notice": "reports",
+    "TensorInfo": "reports",
+    "VerifyReport": "reports",
 }
 
 

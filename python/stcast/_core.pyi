@@ -1,53 +1,176 @@
 """The native engine (rust/python.rs). Private: use the `stcast` package instead."""
 
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, TypedDict
 
-__all__ = ["__version__", "StcastError", "Cancelled", "convert", "inspect", "verify"]
+from stcast._types import (
+    Action,
+    KeptTensor,
+    Numerics,
+    NumericsTotal,
+    OnOverflow,
+    Reason,
+    Target,
+)
+
+__all__ = [
+    "__version__",
+    "TARGETS",
+    "TARGET_ALIASES",
+    "TARGET_TORCH_NAMES",
+    "REASONS",
+    "KEPT_REASONS",
+    "ERROR_KINDS",
+    "WARNING_KINDS",
+    "OPTIONS",
+    "ON_OVERFLOW",
+    "UNMATCHED",
+    "READ_ADVICE",
+    "DTYPES",
+    "QUANTIZED_DTYPES",
+    "ISAS",
+    "MAX_THREADS",
+    "DEFAULT_WINDOW_MIB",
+    "convert",
+    "inspect",
+    "verify",
+    "render",
+    "format_bytes",
+    "escape",
+    "option_error",
+    "failpoint",
+]
 
 __version__: str
 
-class StcastError(ValueError):
-    """Bad input or a refused operation; `str()` is one line naming the file."""
+# The names the engine defines (rust/vocab.rs); stcast._types spells them as Literals.
+TARGETS: tuple[str, ...]
+TARGET_ALIASES: dict[str, str]
+TARGET_TORCH_NAMES: dict[str, str]
+REASONS: tuple[str, ...]
+KEPT_REASONS: tuple[str, ...]
+ERROR_KINDS: tuple[str, ...]
+WARNING_KINDS: tuple[str, ...]
+OPTIONS: tuple[str, ...]
+ON_OVERFLOW: tuple[str, ...]
+UNMATCHED: tuple[str, ...]
+READ_ADVICE: tuple[str, ...]
+DTYPES: tuple[str, ...]
+QUANTIZED_DTYPES: tuple[str, ...]
+ISAS: tuple[str, ...]
+MAX_THREADS: int
+DEFAULT_WINDOW_MIB: int
 
-    kind: str  # "invalid_input", "refused" or "no_space"
-    path: str | None
+class _CancelFlag(Protocol):
+    def is_set(self) -> bool: ...
 
-class Cancelled(Exception):
-    """The `cancel` object's `is_set()` returned true."""
+# Warnings come as (kind, template) pairs; see stcast.errors.render.
+_Warning = tuple[str, str]
+
+class _ConvertResult(TypedDict):
+    src: str
+    dst: str
+    to: Target
+    tensors_converted: int
+    tensors_copied: int
+    bytes_in: int
+    bytes_out: int
+    seconds: float
+    threads: int
+    isa: str
+    warnings: list[_Warning]
+    tensors_kept: int
+    bytes_kept: int
+    kept: list[KeptTensor]
+    on_overflow: OnOverflow
+    numerics: Numerics | None
+
+class _TensorResult(TypedDict):
+    name: str
+    dtype: str
+    shape: list[int]
+    bytes: int
+    data_offsets: list[int]
+    target_dtype: str
+    target_bytes: int
+    action: Action
+    target_offsets: list[int]
+    reason: Reason
+    pattern: str | None
+    numerics: NumericsTotal | None
+
+class _InspectResult(TypedDict):
+    path: str
+    header_bytes: int
+    data_bytes: int
+    file_bytes: int
+    metadata: dict[str, str] | None
+    tensors: list[_TensorResult]
+    output_bytes: int
+    to: Target
+    warnings: list[_Warning]
+    tensors_converted: int
+    tensors_copied: int
+    tensors_kept: int
+    bytes_kept: int
+    keep_unmatched: list[str]
+    scanned: bool
+
+class _MismatchResult(TypedDict):
+    message: str
+    tensor: str | None
+    index: int | None
+    source_bits: str | None
+    source_value: float | None
+    expected_bits: str | None
+    found_bits: str | None
+
+class _VerifyResult(TypedDict):
+    src: str
+    dst: str
+    ok: bool
+    loose: bool
+    tensors_converted: int
+    tensors_identical: int
+    bytes_compared: int
+    seconds: float
+    threads: int
+    isa: str
+    mismatch: _MismatchResult | None
+    to: Target | None
+    numerics: Numerics | None
 
 def convert(
     src: str,
     dst: str,
     *,
-    to: str = "bf16",
+    to: str | None = None,
     threads: int | None = None,
     force: bool = False,
     progress: Callable[[int, int], object] | None = None,
-    cancel: object | None = None,
-    warn: Callable[[str], object] | None = None,
-    window_mib: int | None = None,
-    isa: str | None = None,
+    cancel: _CancelFlag | None = None,
+    warn: Callable[[str, str], object] | None = None,
     keep: list[str] = ...,
-    keep_min_size: int = 0,
-    keep_unmatched: str = "warn",  # "warn", "error" or "ignore"
+    keep_min_size: int | None = None,
+    keep_unmatched: str = "warn",
     from_bf16: bool = False,
-    on_overflow: str = "warn",  # "warn", "error" or "keep"
+    on_overflow: str | None = None,
     numerics: bool = True,
-) -> dict[str, Any]: ...
+    tuning: dict[str, Any] | None = None,
+) -> _ConvertResult: ...
 def inspect(
     path: str,
-    to: str = "bf16",
     *,
+    to: str | None = None,
     keep: list[str] = ...,
-    keep_min_size: int = 0,
+    keep_min_size: int | None = None,
     keep_unmatched: str = "warn",
     from_bf16: bool = False,
     scan: bool = False,
-    on_overflow: str = "warn",
+    on_overflow: str | None = None,
     threads: int | None = None,
     progress: Callable[[int, int], object] | None = None,
-    window_mib: int | None = None,
-) -> dict[str, Any]: ...
+    tuning: dict[str, Any] | None = None,
+) -> _InspectResult: ...
 def verify(
     src: str,
     dst: str,
@@ -55,6 +178,11 @@ def verify(
     loose: bool = False,
     threads: int | None = None,
     progress: Callable[[int, int], object] | None = None,
-    window_mib: int | None = None,
     numerics: bool = True,
-) -> dict[str, Any]: ...
+    tuning: dict[str, Any] | None = None,
+) -> _VerifyResult: ...
+def render(template: str, option: Callable[[str, str | None], str]) -> str: ...
+def format_bytes(n: int) -> str: ...
+def escape(s: str) -> str: ...
+def option_error(option: str, value: object, expected: str) -> BaseException: ...
+def failpoint(name: str) -> None: ...

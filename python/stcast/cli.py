@@ -15,9 +15,12 @@ import time
 import warnings
 
 import stcast
+from stcast import _core
+from stcast.errors import render
 
 TYPE_CHECKING = False  # importing `typing` would add ~5 ms to every start
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
     from typing import Any, TextIO
 
 SCHEMA = 1
@@ -45,9 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     except stcast.Cancelled:
         return console.fail("cancelled", "cancelled", None)
     except stcast.StcastError as e:
-        path = getattr(e, "path", None)
-        kind = getattr(e, "kind", "invalid_input")
-        return console.fail(kind, str(e), None if path is None else _fspath(path))
+        # Before OSError: DestinationExists and NoSpace are both.
+        path = None if e.path is None else _fspath(e.path)
+        code = 2 if e.kind == "usage" else 1
+        return console.fail(e.kind, e.render("cli"), path, code=code)
     except OSError as e:
         if isinstance(e, BrokenPipeError) and e.filename is None:
             # Our reader went away (`stcast inspect big.safetensors | head`): stop quietly, and
@@ -274,13 +278,13 @@ def _run_convert(args: argparse.Namespace, console: _Console) -> int:
             on_overflow=args.on_overflow,
         )
     console.end_bar()
-    if isinstance(report, stcast.ConvertReport) and report.numerics is not None:
+    if not report.folder and report.numerics is not None:
         _warn_numerics(console, report.numerics)
         if args.report is not None:
             _write_report(args.report, report.src, report.dst, report.to, report.numerics)
     if args.json:
         console.emit_json(report.to_dict())
-    elif isinstance(report, stcast.FolderReport):
+    elif report.folder:
         if not args.quiet:
             _print_folder_summary(report)
     elif not args.quiet:
@@ -296,7 +300,7 @@ def _run_convert(args: argparse.Namespace, console: _Console) -> int:
     return 0
 
 
-def _print_kept(count: int, size: int, kept: list[dict[str, Any]] | None = None) -> None:
+def _print_kept(count: int, size: int, kept: Sequence[Mapping[str, Any]] | None = None) -> None:
     """The summary line of the tensors kept in their dtype (nothing when none was)."""
     if not count:
         return
@@ -332,7 +336,7 @@ def _run_finalize(args: argparse.Namespace, console: _Console) -> int:
     return 0
 
 
-def _print_folder_summary(report: stcast.FolderReport) -> None:
+def _print_folder_summary(report: stcast.ConvertReport) -> None:
     count: dict[str, int] = {}
     for f in report.files:
         count[f.action] = count.get(f.action, 0) + 1
@@ -381,7 +385,7 @@ def _run_inspect(args: argparse.Namespace, console: _Console) -> int:
         console.emit_json(report.to_dict())
         return 0
 
-    if isinstance(report, stcast.FolderInspectReport):
+    if report.folder:
         for f in report.files:
             print(f"{f.path}:")
             _print_tensor_table(f, indent="  ")
@@ -431,7 +435,7 @@ _REASONS = {
 
 def _reason(t: stcast.TensorInfo) -> str:
     if t.reason == "keep_pattern":
-        return f"keep: --keep '{t.pattern}'"
+        return f"keep: --keep '{_printable(t.pattern or '')}'"
     if t.reason == "keep_min_size":
         return "keep: under --keep-min-size"
     return _REASONS.get(t.reason, t.reason)
@@ -469,8 +473,8 @@ def _print_tensor_table(report: stcast.InspectReport, indent: str = "") -> None:
 def _print_inspect_totals(reports: list[stcast.InspectReport]) -> None:
     tensors = [t for r in reports for t in r.tensors]
     converted = [t for t in tensors if t.reason == "converted"]
-    kept = [t for t in tensors if t.reason.startswith("keep_")]
-    copied = [t for t in tensors if t.reason != "converted" and not t.reason.startswith("keep_")]
+    kept = [t for t in tensors if t.reason in _core.KEPT_REASONS]
+    copied = [t for t in tensors if t.reason != "converted" and t.reason not in _core.KEPT_REASONS]
     parts = [
         f"{len(converted)} to convert ({_size(sum(t.bytes for t in converted))} -> "
         f"{_size(sum(t.target_bytes for t in converted))})"
@@ -481,7 +485,9 @@ def _print_inspect_totals(reports: list[stcast.InspectReport]) -> None:
     print(f"tensors:  {len(tensors)}: {', '.join(parts)}")
     if not any(r.scanned for r in reports):
         return
-    measured = [(t.name, t.numerics) for t in tensors if t.numerics is not None]
+    measured: list[tuple[str, Mapping[str, Any]]] = [
+        (t.name, t.numerics) for t in tensors if t.numerics is not None
+    ]
     lines = []
     for key, what in (("overflow", "overflow to inf"), ("underflow_to_zero", "underflow to 0")):
         hit = sorted(((name, n[key]) for name, n in measured if n[key]), key=lambda h: -h[1])
@@ -523,7 +529,7 @@ def _run_verify(args: argparse.Namespace, console: _Console) -> int:
     return 0 if report.ok else 1
 
 
-def _warn_numerics(console: _Console, numerics: dict[str, Any]) -> None:
+def _warn_numerics(console: _Console, numerics: Mapping[str, Any]) -> None:
     """One warning line when values underflowed to zero, naming the worst tensors."""
     parts = []
     # Overflow has its own warning from the engine (the --on-overflow guard, also a
@@ -543,7 +549,9 @@ def _warn_numerics(console: _Console, numerics: dict[str, Any]) -> None:
         console.warn("; ".join(parts))
 
 
-def _write_report(path: str, src: str, dst: str, to: str | None, numerics: dict[str, Any]) -> None:
+def _write_report(
+    path: str, src: str, dst: str, to: str | None, numerics: Mapping[str, Any]
+) -> None:
     """Write the numeric report to `path`: one JSON object in the versioned schema."""
     doc = {"schema": SCHEMA, "command": "report", "version": stcast.__version__}
     doc["result"] = {"src": src, "dst": dst, "to": to, **numerics}
@@ -588,14 +596,15 @@ class _Console:
         line: str | None = None,
     ) -> None:
         """Stand-in for `warnings.showwarning` while a command runs."""
-        if issubclass(category, stcast.StcastWarning):
-            self.warn(str(message))
+        if isinstance(message, stcast.StcastWarning):
+            text = render(message.template, "cli")
+            self.warn(text if message.path is None else f"{message.path}: {text}")
         else:
             self.warn(f"{category.__name__}: {message}")
 
     def emit_json(self, result: dict[str, Any]) -> None:
         doc = {"schema": SCHEMA, "command": self.command, "version": stcast.__version__}
-        doc["result"] = result
+        doc["result"] = _cli_warnings(result)
         print(json.dumps(doc))
 
     def fail(self, kind: str, message: str, path: str | None, code: int = 1) -> int:
@@ -685,14 +694,29 @@ def _columns(stream: TextIO) -> int:
 
 def _size(n: float) -> str:
     """Bytes in decimal units, three significant digits: 950 B, 12.3 kB, 4.56 GB."""
-    if n < 1000:
-        return f"{int(n)} B"
-    for unit in ("kB", "MB", "GB", "TB"):
-        n /= 1000.0
-        if n < 999.5 or unit == "TB":
-            break
-    digits = 2 if n < 9.995 else 1 if n < 99.95 else 0
-    return f"{n:.{digits}f} {unit}"
+    return _core.format_bytes(max(0, int(n)))
+
+
+def _cli_warnings(result: dict[str, Any]) -> dict[str, Any]:
+    """A report's JSON with its warnings (and its files') in the CLI's words (`--force`)."""
+
+    def words(d: dict[str, Any]) -> dict[str, Any]:
+        if "warnings" in d:
+            d = {**d, "warnings": [_notice_text(w) for w in d["warnings"]]}
+        return d
+
+    result = words(result)
+    if isinstance(result.get("files"), list):
+        result["files"] = [words(f) for f in result["files"]]
+    return result
+
+
+def _notice_text(w: object) -> str:
+    return w.render("cli") if isinstance(w, stcast.Notice) else str(w)
+
+
+def _printable(text: str) -> str:
+    return text
 
 
 def _duration(seconds: float) -> str:

@@ -26,7 +26,7 @@ import tempfile
 import time
 from typing import IO, Any, NamedTuple
 
-from .cli import _size
+from ._core import format_bytes
 
 SEED = 20240229
 CHUNK_BYTES = 64 << 20  # generation and verification work in pieces this big
@@ -73,6 +73,10 @@ SPECIAL_F32 = [
     (0x7F7FFFFF, "FLT_MAX, rounds to inf"),
     (0xFF7FFFFF, "-FLT_MAX, rounds to -inf"),
 ]
+
+
+def _size(n: float) -> str:
+    return format_bytes(int(n))
 
 
 class Tensor(NamedTuple):

@@ -1,0 +1,128 @@
+"""One file through the native engine: options in, a typed report out, warnings issued.
+
+Shared by the public API (`stcast._api`) and the folder code (`stcast.folder`), so that
+neither reaches into the other. Option names and choices come from the engine
+(`stcast._core`); invalid values are refused there, as `UsageError`s.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings as _warnings
+from typing import TYPE_CHECKING, Any
+
+from . import _core
+from .errors import StcastWarning
+from .reports import ConvertReport, InspectReport, Mismatch, TensorInfo, VerifyReport, _build
+from .reports import notices as _notices
+
+# Engine names the package passes on.
+escape = _core.escape
+MAX_THREADS: int = _core.MAX_THREADS
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Callable, Protocol
+
+    from ._types import Destination, Target
+
+    class CancelFlag(Protocol):
+        def is_set(self) -> bool: ...
+
+    Progress = Callable[[int, int], object]
+
+
+def target_name(to: object) -> Target:
+    """The canonical name of a target or one of its aliases ("bfloat16" -> "bf16")."""
+    name = to.lower() if isinstance(to, str) else None
+    if name in _core.TARGETS:
+        return name  # type: ignore[return-value]
+    alias = _core.TARGET_ALIASES.get(name or "")
+    if alias is None:
+        raise _core.option_error("to", to, "one of " + ", ".join(_core.TARGETS))
+    return alias  # type: ignore[return-value]
+
+
+def patterns(keep: Iterable[str]) -> list[str]:
+    """`keep` as a list; a lone string is one pattern, not a sequence of characters."""
+    if isinstance(keep, str):
+        return [keep]
+    out = list(keep)
+    for p in out:
+        if not isinstance(p, str):
+            raise _core.option_error("keep", p, "a string (an fnmatch pattern)")
+    return out
+
+
+def default_dst(src: str, to: Target) -> str:
+    """The output `convert` writes when none is given: `<stem>-bf16.safetensors` beside it."""
+    stem = os.path.splitext(src)[0]
+    return f"{stem}-{to}.safetensors"
+
+
+def issue(kind: str, template: str, path: str | None, stacklevel: int) -> None:
+    """Issue an engine warning as a `StcastWarning`."""
+    _warnings.warn(StcastWarning(kind, template, path), stacklevel=stacklevel + 1)
+
+
+def convert_file(
+    src: str,
+    dst: str,
+    *,
+    stacklevel: int,
+    warn_path: str | None = None,
+    **options: Any,
+) -> ConvertReport:
+    """Convert one file; `options` are `_core.convert`'s. Warnings are issued as they come,
+    pointing `stacklevel` frames up from here (the user's call), prefixed by `warn_path`."""
+
+    def warn(kind: str, template: str) -> None:
+        # No Python frame lies between this callback and here (the engine is native).
+        issue(kind, template, warn_path, stacklevel + 1)
+
+    result = _core.convert(src, dst, warn=warn, **options)
+    return _build(ConvertReport, result, warnings=_notices(result["warnings"], warn_path))
+
+
+def inspect_file(path: str, *, file: str | None = None, **options: Any) -> InspectReport:
+    """Plan one file (and scan it, if asked); `file` names it inside a folder."""
+    result = _core.inspect(path, **options)
+    tensors = [_build(TensorInfo, t, file=file) for t in result["tensors"]]
+    return _build(
+        InspectReport,
+        result,
+        path=file if file is not None else result["path"],
+        tensors=tensors,
+        warnings=_notices(result["warnings"], file),
+    )
+
+
+def verify_file(src: str, dst: str, **options: Any) -> VerifyReport:
+    """Verify one pair of files; `options` are `_core.verify`'s."""
+    result = _core.verify(src, dst, **options)
+    m = result["mismatch"]
+    return _build(VerifyReport, result, mismatch=None if m is None else _build(Mismatch, m))
+
+
+def check_int(option: str, value: object, minimum: int, maximum: int) -> int:
+    """`value` as an int in [minimum, maximum], else the engine's usage error."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise _core.option_error(option, value, f"a whole number from {minimum} to {maximum}")
+    return value
+
+
+def destination(dst: str, need: int) -> Destination:
+    """Free space where `dst` would be written (a file, or a folder to create or fill)."""
+    folder = dst if os.path.isdir(dst) else os.path.dirname(os.path.abspath(dst))
+    # A folder that does not exist yet is created inside its nearest existing ancestor.
+    while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    st = os.statvfs(folder)
+    free = st.f_bavail * st.f_frsize
+    return {
+        "path": dst,
+        "folder": folder,
+        "free_bytes": free,
+        "need_bytes": need,
+        "fits": free >= need,
+    }

@@ -1,0 +1,108 @@
+"""The types of stcast's options and report parts, for type checkers and readers.
+
+The `Literal` lists spell the names the engine exports (`stcast._core.TARGETS`, ...); a test
+checks that they are equal, so a name added in the engine fails the tests until it is added
+here. The `TypedDict`s describe the plain data inside reports (and their `to_dict()`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypedDict
+
+# Names from the engine (see rust/vocab.rs).
+Target = Literal["bf16", "fp16"]
+TargetAlias = Literal["bfloat16", "f16", "float16", "half"]
+Reason = Literal[
+    "converted",
+    "keep_pattern",
+    "keep_min_size",
+    "keep_overflow",
+    "already_target",
+    "bf16_source",
+    "not_converted",
+    "not_float",
+]
+OnOverflow = Literal["warn", "error", "keep"]
+ErrorKind = Literal[
+    "invalid_input",
+    "input_changed",
+    "refused",
+    "destination_exists",
+    "no_space",
+    "usage",
+    "io",
+    "cancelled",
+]
+WarningKind = Literal[
+    "unmatched_pattern",
+    "bf16_copied",
+    "quantized",
+    "nothing_to_convert",
+    "overflow",
+    "underflow",
+    "stale_temp",
+]
+ReadAdvice = Literal["normal", "sequential", "willneed"]
+Action = Literal["convert", "copy"]
+FileKind = Literal["weights", "index", "config", "copy"]
+FileAction = Literal["converted", "skipped", "checked", "rewritten", "copied"]
+
+
+class NumericsTotal(TypedDict):
+    """What rounding did to a set of values (README: numeric report)."""
+
+    elements: int
+    overflow: int
+    underflow_to_zero: int
+    subnormal: int
+    nan_in: int
+    inf_in: int
+    max_abs_error: float
+    max_rel_error: float
+
+
+class _InFile(TypedDict, total=False):
+    file: str  # for folders: the file, relative to the folder
+
+
+class TensorNumerics(NumericsTotal, _InFile):
+    """`NumericsTotal` of one tensor, named."""
+
+    name: str
+
+
+class Numerics(TypedDict):
+    """Per converted tensor (output order), and the total."""
+
+    tensors: list[TensorNumerics]
+    total: NumericsTotal
+
+
+class KeptTensor(_InFile):
+    """A float tensor kept in its source dtype, and why."""
+
+    name: str
+    dtype: str
+    bytes: int
+    reason: Reason
+    pattern: str | None
+
+
+class Destination(TypedDict):
+    """Where a dry run's output would go and whether it fits."""
+
+    path: str
+    folder: str
+    free_bytes: int
+    need_bytes: int
+    fits: bool
+
+
+class Tuning(TypedDict, total=False):
+    """Knobs that change speed and memory, never the bytes written (for benchmarks)."""
+
+    window_mib: int
+    isa: str
+    populate: bool
+    advise: ReadAdvice
+    write_behind: int

@@ -1,0 +1,349 @@
+"""Walk a checkpoint folder and check it, before anything is written: what to convert,
+copy and rewrite, and whether the indexes agree with their shards."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .. import _core, _engine
+from ..errors import InvalidInput, Refused
+from . import jsonedit
+
+if TYPE_CHECKING:
+    from .._types import Target
+    from ..reports import InspectReport
+
+# stcast's own files (manifests, temporary files) are never taken from a source folder.
+BOOKKEEPING_PREFIX = ".stcast-"
+# A git clone keeps a second copy of every LFS file under .git/: never worth copying.
+_SKIPPED_DIRS = frozenset({".git"})
+WEIGHTS_SUFFIX = ".safetensors"
+INDEX_SUFFIX = ".safetensors.index.json"
+CONFIG_NAME = "config.json"
+# Files a loader reads first to decide that a folder is a checkpoint: written last.
+_PUBLISH_LAST_NAMES = frozenset({CONFIG_NAME, "model_index.json"})
+# Configs and indexes above this size are not what they claim to be.
+MAX_JSON_BYTES = 256 << 20
+
+_esc = _core.escape
+
+
+@dataclass(frozen=True)
+class File:
+    """A regular file of the source folder (possibly reached through a symlink)."""
+
+    rel: str  # relative path, "/"-separated
+    path: str  # src joined with rel
+    size: int
+    mtime_ns: int
+
+
+@dataclass
+class Plan:
+    """What a run will do, from a source folder that passed every check."""
+
+    weights: list[File]
+    indexes: list[tuple[File, str, dict[str, str]]]  # file, text, weight_map as rel paths
+    configs: list[tuple[File, bytes | None]]  # file, new content (None: copy unchanged)
+    copies: list[File]  # copied before the configs and indexes
+    late_copies: list[File]  # copied with them (model_index.json)
+    dirs: list[str]
+    info: dict[str, InspectReport]  # weights rel -> its plan
+    header_sha256: dict[str, str]  # weights rel -> the hash of its header
+    keep_unmatched: list[str] = field(default_factory=list)  # in no file
+
+
+def plan(
+    src: str,
+    to: Target,
+    check_quantized: bool,
+    precision: dict[str, Any] | None = None,
+) -> Plan:
+    """Walk `src` and plan every file, refusing what cannot be converted safely."""
+    from .manifest import header_sha256
+
+    precision = precision or {}
+    weights, indexes, configs, others, dirs = walk(src)
+    if not weights:
+        raise Refused(
+            f"{_esc(src)}: a directory without .safetensors files: nothing to convert", path=src
+        )
+    found = {w.rel for w in weights}
+
+    # Index names are checked before anything else is opened.
+    parsed_indexes = [(f, *read_index(f, found)) for f in indexes]
+
+    keep = precision.get("keep", [])
+    new_configs = []
+    for f in configs:
+        text, doc = read_json(f)
+        # With keep patterns the user chose what stays: the shards are checked below instead.
+        if check_quantized and not keep and _has_quantization_config(doc):
+            raise _quantized_error(f.path, "its config has a quantization_config")
+        new_configs.append((f, jsonedit.set_dtypes(text, _core.TARGET_TORCH_NAMES[to])))
+
+    info: dict[str, InspectReport] = {}
+    hashes = {}
+    unmatched = list(keep)
+    for w in weights:
+        report = _engine.inspect_file(
+            w.path,
+            to=to,
+            keep=keep,
+            keep_min_size=precision.get("keep_min_size", 0),
+            from_bf16=precision.get("from_bf16", False),
+            keep_unmatched="ignore",
+            on_overflow="warn",
+        )
+        unmatched = [p for p in unmatched if p in report.keep_unmatched]
+        if check_quantized:
+            odd = sorted({t.dtype for t in report.tensors} & set(_core.QUANTIZED_DTYPES))
+            if odd and not keep:
+                raise _quantized_error(w.path, f"it holds {', '.join(odd)} tensors")
+            if keep:
+                scales = [
+                    t.name
+                    for t in report.tensors
+                    if t.reason == "converted" and "scale" in t.name.lower()
+                ]
+                if scales:
+                    raise _quantized_error(
+                        w.path,
+                        f"tensor `{_esc(scales[0])}` looks like a scale and no {{keep}} "
+                        "pattern keeps it",
+                    )
+        hashes[w.rel] = header_sha256(w.path)
+        info[w.rel] = report
+
+    for f, _, weight_map in parsed_indexes:
+        _check_index(f, weight_map, info)
+
+    return Plan(
+        weights=weights,
+        indexes=parsed_indexes,
+        configs=new_configs,
+        copies=[f for f in others if os.path.basename(f.rel) not in _PUBLISH_LAST_NAMES],
+        late_copies=[f for f in others if os.path.basename(f.rel) in _PUBLISH_LAST_NAMES],
+        dirs=dirs,
+        info=info,
+        header_sha256=hashes,
+        keep_unmatched=unmatched,
+    )
+
+
+def walk(src: str) -> tuple[list[File], list[File], list[File], list[File], list[str]]:
+    """Every file under `src`, sorted and classified: weights, indexes, configs, others, dirs.
+
+    Symlinks to regular files are read through (the Hugging Face cache is made of them);
+    symlinks to folders are refused rather than followed, as are special files.
+    """
+    weights, indexes, configs, others, dirs = [], [], [], [], []
+    pending = [""]
+    while pending:
+        rel_dir = pending.pop()
+        with os.scandir(os.path.join(src, rel_dir) if rel_dir else src) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for e in entries:
+            rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
+            if e.name.startswith(BOOKKEEPING_PREFIX):
+                continue
+            if e.is_dir(follow_symlinks=False):
+                if e.name not in _SKIPPED_DIRS:
+                    dirs.append(rel)
+                    pending.append(rel)
+                continue
+            try:
+                st = os.stat(e.path)
+            except FileNotFoundError:
+                raise InvalidInput(f"{_esc(e.path)}: broken symlink", path=e.path) from None
+            if stat.S_ISDIR(st.st_mode):
+                raise Refused(
+                    f"{_esc(e.path)}: symlink to a folder; stcast does not follow folder links "
+                    "(copy or link its files instead)",
+                    path=e.path,
+                )
+            if not stat.S_ISREG(st.st_mode):
+                raise Refused(f"{_esc(e.path)}: not a regular file", path=e.path)
+            f = File(rel, e.path, st.st_size, st.st_mtime_ns)
+            if e.name.endswith(INDEX_SUFFIX):
+                indexes.append(f)
+            elif e.name.endswith(WEIGHTS_SUFFIX):
+                weights.append(f)
+            elif e.name == CONFIG_NAME:
+                configs.append(f)
+            else:
+                others.append(f)
+    dirs.sort()
+    by_rel = _by_rel
+    return (
+        sorted(weights, key=by_rel),
+        sorted(indexes, key=by_rel),
+        sorted(configs, key=by_rel),
+        sorted(others, key=by_rel),
+        dirs,
+    )
+
+
+def _by_rel(f: File) -> str:
+    return f.rel
+
+
+def read_bounded(path: str, limit: int) -> bytes:
+    """The whole content of the regular file `path`, refusing one over `limit` bytes.
+
+    Exactly the size `fstat` gives is read: a file that yields more (a pseudo-file of
+    /proc reports 0 bytes) or fewer (truncated meanwhile) is refused, naming it.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused(f"{_esc(path)}: not a regular file", path=path)
+        if st.st_size > limit:
+            raise Refused(
+                f"{_esc(path)}: {_core.format_bytes(st.st_size)}, more than the "
+                f"{_core.format_bytes(limit)} a file of this kind may have",
+                path=path,
+            )
+        chunks, left = [], st.st_size + 1  # one byte more reveals a file that grew
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+    finally:
+        os.close(fd)
+    if len(data) != st.st_size:
+        raise InvalidInput(
+            f"{_esc(path)}: its size says {st.st_size} bytes, reading it gave "
+            f"{'more' if len(data) > st.st_size else len(data)}",
+            path=path,
+        )
+    return data
+
+
+def read_json(f: File) -> tuple[str, Any]:
+    """The text and the parsed document of a JSON file, refusing invalid or deep ones."""
+    raw = read_bounded(f.path, MAX_JSON_BYTES)
+    try:
+        text = raw.decode("utf-8")
+        doc = json.loads(text)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise InvalidInput(f"{_esc(f.path)}: not valid JSON: {_esc(reason)}", path=f.path) from None
+    # The walks over it below recurse: bound the depth once, here.
+    if jsonedit.depth(doc) > jsonedit.MAX_DEPTH:
+        raise InvalidInput(
+            f"{_esc(f.path)}: JSON nested deeper than {jsonedit.MAX_DEPTH} levels", path=f.path
+        )
+    return text, doc
+
+
+def read_index(f: File, found: set[str]) -> tuple[str, dict[str, str]]:
+    """The index's text and its weight_map with shard names made relative to the top folder.
+
+    Shard names must be plain relative names inside the index's folder; anything else is
+    refused here, before any shard is opened.
+    """
+    text, doc = read_json(f)
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict):
+        raise InvalidInput(
+            f"{_esc(f.path)}: not a safetensors index (no weight_map object)", path=f.path
+        )
+    metadata = doc.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise InvalidInput(f"{_esc(f.path)}: `metadata` is not an object", path=f.path)
+    folder = os.path.dirname(f.rel)
+    out = {}
+    for tensor, name in weight_map.items():
+        if not _is_plain_name(name):
+            raise Refused(
+                f"{_esc(f.path)}: weight_map entry `{_esc(tensor)}` names {_esc(repr(name))}: "
+                "shard names must be plain relative names inside the index's folder (no '..', "
+                "no absolute path, no NUL)",
+                path=f.path,
+            )
+        rel = f"{folder}/{name}" if folder else name
+        if rel not in found:
+            raise InvalidInput(
+                f"{_esc(f.path)}: names shard `{_esc(name)}`, which is missing", path=f.path
+            )
+        out[tensor] = rel
+    return text, out
+
+
+def _is_plain_name(name: object) -> bool:
+    if not isinstance(name, str) or not name or "\0" in name or "\\" in name:
+        return False
+    if name.startswith("/"):
+        return False
+    return all(part not in ("", ".", "..") for part in name.split("/"))
+
+
+def _check_index(f: File, weight_map: dict[str, str], info: dict[str, InspectReport]) -> None:
+    """The index and the shards it names must list the same tensors."""
+    tensors_of = {}
+    for rel in sorted(set(weight_map.values())):
+        tensors_of[rel] = {t.name for t in info[rel].tensors}
+    for tensor, rel in weight_map.items():
+        if tensor not in tensors_of[rel]:
+            raise InvalidInput(
+                f"{_esc(f.path)}: tensor `{_esc(tensor)}` is listed for "
+                f"`{_esc(os.path.basename(rel))}` but that shard does not hold it",
+                path=f.path,
+            )
+    for rel, names in tensors_of.items():
+        for tensor in sorted(names):
+            if weight_map.get(tensor) != rel:
+                where = weight_map.get(tensor)
+                said = (
+                    "is absent from the index"
+                    if where is None
+                    else f"is listed for `{_esc(where)}`"
+                )
+                raise InvalidInput(
+                    f"{_esc(f.path)}: tensor `{_esc(tensor)}` of shard "
+                    f"`{_esc(os.path.basename(rel))}` {said}",
+                    path=f.path,
+                )
+
+
+def _has_quantization_config(doc: Any) -> bool:
+    if isinstance(doc, dict):
+        if doc.get("quantization_config") is not None:
+            return True
+        return any(_has_quantization_config(v) for v in doc.values())
+    if isinstance(doc, list):
+        return any(_has_quantization_config(v) for v in doc)
+    return False
+
+
+def _quantized_error(path: str, why: str) -> Refused:
+    return Refused(
+        f"{_esc(path)}: quantized checkpoint ({why}): converting it would silently round its "
+        "F32 scale tensors to bf16 too; keep them with {keep=*scale*}, or convert anyway "
+        "with {allow_quantized}",
+        path=path,
+    )
+
+
+def assign_shards(weights: list[File], n: int) -> dict[str, int]:
+    """Split the weight files into `n` shards of similar size: rel path -> shard (1-based).
+
+    Largest files first, each to the lightest shard so far (ties: the lowest number). It
+    depends only on the names and sizes, so every machine computes the same split.
+    """
+    loads = [0] * n
+    owner = {}
+    for w in sorted(weights, key=lambda w: (-w.size, w.rel)):
+        k = min(range(n), key=lambda i: (loads[i], i))
+        loads[k] += w.size
+        owner[w.rel] = k + 1
+    return owner

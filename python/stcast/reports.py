@@ -1,0 +1,298 @@
+"""What `convert`, `inspect` and `verify` return: one report type each, for files and folders.
+
+Reports are frozen dataclasses built field by field from the engine's results (see
+`_build`): a field the engine adds appears in the result dict and a test fails until it is
+declared here, instead of a constructor call breaking at run time. `to_dict()` gives the
+plain JSON-ready data that `--json` prints.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .errors import render
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from ._types import (
+        Action,
+        Destination,
+        FileAction,
+        FileKind,
+        KeptTensor,
+        Numerics,
+        NumericsTotal,
+        OnOverflow,
+        Reason,
+        Target,
+    )
+
+__all__ = [
+    "ConvertReport",
+    "FileReport",
+    "InspectReport",
+    "Mismatch",
+    "Notice",
+    "TensorInfo",
+    "VerifyReport",
+]
+
+_R = TypeVar("_R")
+
+
+def _build(cls: type[_R], data: Mapping[str, Any], **overrides: Any) -> _R:
+    """`cls` from the items of `data` that are its fields (and `overrides`)."""
+    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    values = {k: v for k, v in data.items() if k in names}
+    values.update(overrides)
+    return cls(**values)
+
+
+class Notice(str):
+    """A warning in a report: the text in Python's words, plus what it is about.
+
+    `kind` is one of `stcast._core.WARNING_KINDS`, `path` the file it concerns (folders),
+    `template` the text with options written neutrally (the CLI renders it with flags).
+    """
+
+    kind: str
+    template: str
+    path: str | None
+
+    def __new__(cls, kind: str, template: str, path: str | None = None) -> Notice:
+        text = render(template, "api")
+        if path is not None:
+            text = f"{path}: {text}"
+        self = super().__new__(cls, text)
+        self.kind, self.template, self.path = kind, template, path
+        return self
+
+    def render(self, style: str) -> str:
+        """The text in the API's words or the CLI's (`"cli"`)."""
+        text = render(self.template, "cli" if style == "cli" else "api")
+        return text if self.path is None else f"{self.path}: {text}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Notice, (self.kind, self.template, self.path))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Notice:
+        return self
+
+
+def notices(pairs: list[tuple[str, str]], path: str | None = None) -> list[Notice]:
+    """The engine's `(kind, template)` warnings as `Notice`s."""
+    return [Notice(kind, template, path) for kind, template in pairs]
+
+
+@dataclass(frozen=True)
+class FileReport:
+    """One file of a folder conversion; `path` is relative to both folders."""
+
+    path: str
+    kind: FileKind
+    action: FileAction
+    bytes_in: int
+    bytes_out: int
+    tensors_converted: int = 0
+    tensors_copied: int = 0
+    seconds: float = 0.0
+    warnings: list[Notice] = field(default_factory=list)
+    tensors_kept: int = 0  # of tensors_copied: float tensors kept by keep or on_overflow
+    bytes_kept: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The entry as plain JSON-ready data."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True, repr=False)
+class ConvertReport:
+    """What `convert` did, for a file or a folder.
+
+    Sizes are whole-file bytes; `seconds` is the wall time. `threads` and `isa` are the
+    engine's (None when nothing was converted). `kept` lists the float tensors kept in their
+    source dtype; `numerics` what rounding did (README: numeric report). For a folder
+    (`folder=True`) the totals count the weight files converted by this run and `files`
+    lists every file written, skipped or checked; `shard` is `[i, n]` for a shard run and
+    `complete` says whether the destination is now a finished checkpoint.
+    """
+
+    src: str
+    dst: str
+    to: Target
+    tensors_converted: int
+    tensors_copied: int
+    bytes_in: int
+    bytes_out: int
+    seconds: float
+    threads: int | None
+    isa: str | None
+    warnings: list[Notice]
+    tensors_kept: int = 0
+    bytes_kept: int = 0
+    kept: list[KeptTensor] = field(default_factory=list)
+    on_overflow: OnOverflow = "warn"
+    numerics: Numerics | None = None
+    folder: bool = False
+    files: list[FileReport] = field(default_factory=list)
+    shard: list[int] | None = None
+    complete: bool = True
+
+    def __repr__(self) -> str:
+        what = f"{len(self.files)} files, " if self.folder else ""
+        return (
+            f"ConvertReport({self.src!r} -> {self.dst!r}, to={self.to!r}, {what}"
+            f"{self.tensors_converted} converted, {self.tensors_copied} copied, "
+            f"{self.bytes_in} -> {self.bytes_out} bytes, {self.seconds:.2f} s, "
+            f"{len(self.warnings)} warnings)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain JSON-ready data (the `result` of `stcast convert --json`)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["files"] = [f.to_dict() for f in self.files]
+        return d
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of an input file and what a conversion would do with it."""
+
+    name: str
+    dtype: str
+    shape: list[int]
+    bytes: int
+    data_offsets: list[int]
+    target_dtype: str
+    target_bytes: int
+    action: Action
+    # Where the tensor would be in the output's data section (after header and padding).
+    target_offsets: list[int] = field(default_factory=list)
+    # Why: "converted"; kept in its dtype: "keep_pattern" (`pattern` says which),
+    # "keep_min_size", "keep_overflow"; copied: "already_target", "bf16_source" (fp16 without
+    # from_bf16), "not_converted" (F8/F6/F4/complex), "not_float".
+    reason: Reason = "converted"
+    pattern: str | None = None
+    # With scan=True, for converted (and overflow-kept) tensors.
+    numerics: NumericsTotal | None = None
+    file: str | None = None  # for folders: the file holding it, relative to the folder
+
+    def to_dict(self) -> dict[str, Any]:
+        """The tensor as plain JSON-ready data."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        if d["file"] is None:
+            del d["file"]
+        return d
+
+
+@dataclass(frozen=True, repr=False)
+class InspectReport:
+    """The layout of a checkpoint and the output a conversion to `to` would produce.
+
+    `tensors` are in data-offset order (for a folder: file by file, each with its `file`);
+    `metadata` keeps the file's key order (None when it has no `__metadata__`, and for
+    folders); `output_bytes` is the projected size of the output. For a folder
+    (`folder=True`), `files` holds one report per weight file (paths relative to the
+    folder) and `other_bytes` the files copied as they are.
+    """
+
+    path: str
+    to: Target
+    header_bytes: int  # the JSON header, without its 8-byte length prefix
+    data_bytes: int
+    file_bytes: int
+    metadata: dict[str, str] | None
+    tensors: list[TensorInfo]
+    output_bytes: int
+    warnings: list[Notice]
+    tensors_converted: int = 0
+    tensors_copied: int = 0
+    tensors_kept: int = 0
+    bytes_kept: int = 0
+    keep_unmatched: list[str] = field(default_factory=list)  # keep patterns matching nothing
+    scanned: bool = False  # whether the data was read (`scan=True`): then `numerics` are set
+    destination: Destination | None = None
+    folder: bool = False
+    files: list[InspectReport] = field(default_factory=list)
+    other_bytes: int = 0
+
+    def __repr__(self) -> str:
+        what = f"{len(self.files)} files, " if self.folder else ""
+        return (
+            f"InspectReport({self.path!r}, to={self.to!r}, {what}{len(self.tensors)} tensors, "
+            f"{self.tensors_converted} to convert, {self.output_bytes} bytes out)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain JSON-ready data (the `result` of `stcast inspect --json`)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.folder:
+            del d["tensors"]  # each file lists its own
+            d["files"] = [f.to_dict() for f in self.files]
+        else:
+            del d["files"], d["folder"], d["other_bytes"]
+            d["tensors"] = [t.to_dict() for t in self.tensors]
+        return d
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """The first difference `verify` found: in the data (tensor, element and bits) or the header.
+
+    For a header difference only `message` (and `tensor`, where one is concerned) is set.
+    Bits are hex strings of the element's width, e.g. "0x3F800001" and "0x3F80".
+    """
+
+    message: str
+    tensor: str | None
+    index: int | None  # element index in the tensor (a byte index for sub-byte dtypes)
+    source_bits: str | None
+    source_value: float | None  # for float source dtypes
+    expected_bits: str | None
+    found_bits: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data; a non-finite `source_value` becomes "nan", "inf" or "-inf"."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        v = d["source_value"]
+        if v is not None and not math.isfinite(v):
+            d["source_value"] = repr(v)
+        return d
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What `verify` found: `ok` is true when DST is exactly the conversion of SRC.
+
+    `mismatch` is the first difference (None when `ok`); `bytes_compared` counts the data
+    bytes of both files compared; `seconds` is the engine's wall time. The report is truthy
+    exactly when `ok`.
+    """
+
+    src: str
+    dst: str
+    ok: bool
+    loose: bool
+    tensors_converted: int
+    tensors_identical: int
+    bytes_compared: int
+    seconds: float
+    threads: int
+    isa: str
+    mismatch: Mismatch | None
+    # The target of the converted tensors ("bf16" or "fp16"; None if none or mixed), and
+    # the numeric report `convert` gave for this pair (None after a mismatch).
+    to: Target | None = None
+    numerics: Numerics | None = None
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain JSON-ready data (the `result` of `stcast verify --json`)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["mismatch"] = None if self.mismatch is None else self.mismatch.to_dict()
+        return d

@@ -1,0 +1,787 @@
+//! Plan the output of one input: each tensor's dtype and why, the order and offsets, the
+//! header bytes, and the warnings a caller should hear before anything is written.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use safetensors::tensor::Dtype;
+
+use crate::dtype::{action_for, width_rank, Action};
+use crate::error::{unmatched_message, Error, Result, Warning};
+use crate::header::{SourceHeader, MAX_HEADER, PREFIX};
+use crate::text::{esc, name_list};
+use crate::vocab::{is_quantized_dtype, ReasonCode, Target, Unmatched, WarningKind};
+
+/// Why a tensor is converted, kept in its source dtype, or copied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reason {
+    Converted,
+    /// A float tensor that a `keep` pattern (this one, the first that matched) keeps.
+    KeptByPattern(String),
+    /// A float tensor with fewer elements than `keep_min_size` (this number).
+    KeptByMinSize(u64),
+    /// A float tensor that a scan found would overflow to infinity.
+    KeptToAvoidOverflow,
+    /// Already the target dtype.
+    AlreadyTarget,
+    /// BF16 under the F16 target without `from_bf16`.
+    Bf16Source,
+    /// A float format that is never converted: F8, F6, F4, complex.
+    NotConverted,
+    /// Integers and booleans.
+    NotFloat,
+}
+
+impl Reason {
+    /// The stable code (`vocab::ReasonCode`), as reports show it.
+    pub fn code(&self) -> ReasonCode {
+        match self {
+            Reason::Converted => ReasonCode::Converted,
+            Reason::KeptByPattern(_) => ReasonCode::KeepPattern,
+            Reason::KeptByMinSize(_) => ReasonCode::KeepMinSize,
+            Reason::KeptToAvoidOverflow => ReasonCode::KeepOverflow,
+            Reason::AlreadyTarget => ReasonCode::AlreadyTarget,
+            Reason::Bf16Source => ReasonCode::Bf16Source,
+            Reason::NotConverted => ReasonCode::NotConverted,
+            Reason::NotFloat => ReasonCode::NotFloat,
+        }
+    }
+
+    /// The `keep` pattern behind a `KeptByPattern`.
+    pub fn pattern(&self) -> Option<&str> {
+        match self {
+            Reason::KeptByPattern(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// Is this a tensor that would be converted but keeps its source dtype?
+    pub fn is_kept(&self) -> bool {
+        self.code().is_kept()
+    }
+}
+
+/// A float tensor that keeps its source dtype, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeptTensor {
+    pub name: String,
+    pub dtype: Dtype,
+    pub bytes: u64,
+    pub reason: Reason,
+}
+
+/// How to plan: the target, and which tensors keep their source dtype.
+#[derive(Clone, Debug)]
+pub struct PlanOptions {
+    pub target: Target,
+    /// fnmatch patterns on tensor names (`*`, `?`, `[seq]`, `[!seq]`, case-sensitive; `*`
+    /// matches dots too). A float tensor whose name one matches keeps its dtype and bytes.
+    pub keep: Vec<String>,
+    /// Float tensors with fewer elements than this keep their dtype (0: none).
+    pub keep_min_size: u64,
+    /// Under the F16 target, convert BF16 tensors too (otherwise they are copied).
+    pub from_bf16: bool,
+    /// Tensors that keep their dtype because converting them would overflow.
+    pub keep_names: HashSet<String>,
+    /// What a `keep` pattern that matches no tensor name does.
+    pub unmatched: Unmatched,
+}
+
+impl PlanOptions {
+    /// Convert every float tensor the target takes; keep nothing.
+    pub fn new(target: Target) -> PlanOptions {
+        PlanOptions {
+            target,
+            keep: Vec::new(),
+            keep_min_size: 0,
+            from_bf16: false,
+            keep_names: HashSet::new(),
+            unmatched: Unmatched::Warn,
+        }
+    }
+}
+
+/// One tensor of the output.
+#[derive(Clone, Debug)]
+pub struct TensorPlan {
+    /// Index into `SourceHeader::tensors`.
+    pub source: usize,
+    pub dtype: Dtype,
+    pub action: Action,
+    /// Byte range relative to the start of the output data section.
+    pub start: u64,
+    pub end: u64,
+}
+
+/// The whole output: its header bytes and where each tensor goes.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub target: Target,
+    /// Prefix plus JSON header, padded with spaces to a multiple of 8.
+    pub header: Vec<u8>,
+    /// Tensors in output order.
+    pub tensors: Vec<TensorPlan>,
+    /// Why each tensor is planned as it is, in input order (indexed like
+    /// `SourceHeader::tensors`).
+    pub reasons: Vec<Reason>,
+    /// The `keep` patterns that match no tensor name of this file, in the order given.
+    pub keep_unmatched: Vec<String>,
+    pub warnings: Vec<Warning>,
+}
+
+impl Plan {
+    pub fn data_start(&self) -> u64 {
+        self.header.len() as u64
+    }
+
+    pub fn data_len(&self) -> u64 {
+        self.tensors.last().map_or(0, |t| t.end)
+    }
+
+    pub fn file_len(&self) -> u64 {
+        self.data_start() + self.data_len()
+    }
+
+    pub fn converted(&self) -> usize {
+        self.tensors
+            .iter()
+            .filter(|t| matches!(t.action, Action::Convert(_)))
+            .count()
+    }
+
+    /// The tensors that keep their source dtype, in output order.
+    pub fn kept_tensors(&self, src: &SourceHeader) -> Vec<KeptTensor> {
+        self.tensors
+            .iter()
+            .filter(|t| self.reasons[t.source].is_kept())
+            .map(|t| KeptTensor {
+                name: src.tensors[t.source].name.clone(),
+                dtype: t.dtype,
+                bytes: t.end - t.start,
+                reason: self.reasons[t.source].clone(),
+            })
+            .collect()
+    }
+
+    /// Tensors that would be converted but keep their source dtype.
+    pub fn kept(&self) -> usize {
+        self.reasons.iter().filter(|r| r.is_kept()).count()
+    }
+
+    /// Their bytes (the same in the input and the output).
+    pub fn kept_bytes(&self) -> u64 {
+        self.tensors
+            .iter()
+            .filter(|t| self.reasons[t.source].is_kept())
+            .map(|t| t.end - t.start)
+            .sum()
+    }
+}
+
+/// Why a tensor that the target does not take is copied.
+fn copy_reason(dtype: Dtype, target: Target) -> Reason {
+    if dtype == target.dtype() {
+        Reason::AlreadyTarget
+    } else if dtype == Dtype::BF16 {
+        Reason::Bf16Source
+    } else if is_quantized_dtype(dtype) || dtype == Dtype::C64 {
+        Reason::NotConverted
+    } else {
+        Reason::NotFloat
+    }
+}
+
+/// `keep` patterns, compiled with fnmatch semantics.
+pub(crate) struct KeepPatterns {
+    patterns: Vec<glob::Pattern>,
+    matched: Vec<bool>,
+}
+
+impl KeepPatterns {
+    pub(crate) fn compile(keep: &[String]) -> Result<KeepPatterns> {
+        let patterns = keep
+            .iter()
+            .map(|p| {
+                glob::Pattern::new(&collapse_stars(p)).map_err(|e| Error::BadPattern {
+                    pattern: p.clone(),
+                    reason: e.msg.to_string(),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KeepPatterns {
+            matched: vec![false; patterns.len()],
+            patterns,
+        })
+    }
+
+    /// The first pattern that matches `name`; every matching pattern counts as used.
+    pub(crate) fn first_match(&mut self, name: &str) -> Option<usize> {
+        // fnmatch: `*` and `?` match any character, dots and slashes included.
+        let opts = glob::MatchOptions {
+            case_sensitive: true,
+            require_literal_separator: false,
+            require_literal_leading_dot: false,
+        };
+        let mut first = None;
+        for (i, p) in self.patterns.iter().enumerate() {
+            if p.matches_with(name, opts) {
+                self.matched[i] = true;
+                first = first.or(Some(i));
+            }
+        }
+        first
+    }
+}
+
+/// `**` means `*` in fnmatch, but the glob crate takes it for a recursive path wildcard
+/// (and refuses it inside a name). Inside `[...]` a repeated `*` names the same set, so
+/// collapsing every run keeps the meaning.
+fn collapse_stars(pattern: &str) -> String {
+    let mut out = String::with_capacity(pattern.len());
+    for c in pattern.chars() {
+        if !(c == '*' && out.ends_with('*')) {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Plan the output of `src` under `opts`: order, offsets, header bytes, reasons, warnings.
+/// `path` is the input's, for messages.
+pub fn plan(path: &Path, src: &SourceHeader, opts: &PlanOptions) -> Result<Plan> {
+    let mut patterns = KeepPatterns::compile(&opts.keep)?;
+    let mut reasons = Vec::with_capacity(src.tensors.len());
+    let mut tensors: Vec<TensorPlan> = Vec::with_capacity(src.tensors.len());
+    for (i, t) in src.tensors.iter().enumerate() {
+        let hit = patterns.first_match(&t.name);
+        let natural = action_for(t.dtype, opts.target, opts.from_bf16);
+        let reason = match natural {
+            Action::Copy => copy_reason(t.dtype, opts.target),
+            Action::Convert(c) => {
+                if let Some(k) = hit {
+                    Reason::KeptByPattern(opts.keep[k].clone())
+                } else if t.len() / c.src_size() < opts.keep_min_size {
+                    Reason::KeptByMinSize(opts.keep_min_size)
+                } else if opts.keep_names.contains(&t.name) {
+                    Reason::KeptToAvoidOverflow
+                } else {
+                    Reason::Converted
+                }
+            }
+        };
+        let (action, dtype) = match reason {
+            Reason::Converted => (natural, opts.target.dtype()),
+            _ => (Action::Copy, t.dtype),
+        };
+        reasons.push(reason);
+        tensors.push(TensorPlan {
+            source: i,
+            dtype,
+            action,
+            start: 0,
+            end: 0,
+        });
+    }
+    let keep_unmatched: Vec<String> = opts
+        .keep
+        .iter()
+        .zip(&patterns.matched)
+        .filter(|(_, &m)| !m)
+        .map(|(p, _)| p.clone())
+        .collect();
+    if opts.unmatched == Unmatched::Error && !keep_unmatched.is_empty() {
+        return Err(Error::UnmatchedPatterns {
+            path: path.to_path_buf(),
+            patterns: keep_unmatched,
+        });
+    }
+
+    // Stable, so input order survives within each width; every tensor's length is a
+    // multiple of its element size, so each group starts aligned for the next. Kept
+    // tensors keep their source width and so land in that width's group (kept F32 before
+    // the converted 16-bit ones).
+    tensors.sort_by_key(|t| std::cmp::Reverse(width_rank(t.dtype)));
+    let mut offset = 0u64;
+    for t in &mut tensors {
+        let len = t.action.out_len(src.tensors[t.source].len());
+        t.start = offset;
+        t.end = offset + len;
+        offset = t.end;
+    }
+
+    let header = encode_header(src, &tensors);
+    if header.len() - PREFIX > MAX_HEADER {
+        return Err(Error::OutputHeaderTooLarge {
+            path: path.to_path_buf(),
+            limit: MAX_HEADER,
+        });
+    }
+    let mut plan = Plan {
+        target: opts.target,
+        header,
+        tensors,
+        reasons,
+        keep_unmatched,
+        warnings: Vec::new(),
+    };
+    plan.warnings = plan_warnings(src, &plan, opts);
+    Ok(plan)
+}
+
+/// The header bytes of an output holding `tensors` (planned from `src`): the length prefix,
+/// then the JSON with `__metadata__` first, padded with spaces to a multiple of 8.
+pub(crate) fn encode_header(src: &SourceHeader, tensors: &[TensorPlan]) -> Vec<u8> {
+    let quote = |s: &str| serde_json::to_string(s).expect("strings always serialize");
+    let mut json = String::from("{");
+    if let Some(meta) = &src.metadata {
+        json.push_str("\"__metadata__\":{");
+        for (i, (k, v)) in meta.iter().enumerate() {
+            if i > 0 {
+                json.push(',');
+            }
+            json.push_str(&quote(k));
+            json.push(':');
+            json.push_str(&quote(v));
+        }
+        json.push('}');
+    }
+    for (i, t) in tensors.iter().enumerate() {
+        if i > 0 || src.metadata.is_some() {
+            json.push(',');
+        }
+        let s = &src.tensors[t.source];
+        let shape: Vec<String> = s.shape.iter().map(|d| d.to_string()).collect();
+        json.push_str(&format!(
+            "{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
+            quote(&s.name),
+            t.dtype,
+            shape.join(","),
+            t.start,
+            t.end
+        ));
+    }
+    json.push('}');
+    // Padding to 8 keeps the data section, and so every tensor, aligned.
+    while json.len() % 8 != 0 {
+        json.push(' ');
+    }
+    let mut out = Vec::with_capacity(PREFIX + json.len());
+    out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    out.extend_from_slice(json.as_bytes());
+    out
+}
+
+fn plan_warnings(src: &SourceHeader, plan: &Plan, opts: &PlanOptions) -> Vec<Warning> {
+    let mut warnings = Vec::new();
+    if opts.unmatched == Unmatched::Warn && !plan.keep_unmatched.is_empty() {
+        warnings.push(Warning::new(
+            WarningKind::UnmatchedPattern,
+            unmatched_message(&plan.keep_unmatched),
+        ));
+    }
+    let bf16_copied = plan
+        .reasons
+        .iter()
+        .filter(|r| **r == Reason::Bf16Source)
+        .count();
+    if bf16_copied > 0 {
+        let has_f16 = plan.tensors.iter().any(|t| t.dtype == Dtype::F16);
+        let (what, verb) = if bf16_copied == 1 {
+            ("1 BF16 tensor".to_string(), "is")
+        } else {
+            (format!("{bf16_copied} BF16 tensors"), "are")
+        };
+        let mix = if has_f16 {
+            "the output mixes BF16 and F16"
+        } else {
+            "they stay BF16"
+        };
+        warnings.push(Warning::new(
+            WarningKind::Bf16Copied,
+            format!("{what} {verb} copied unchanged, so {mix} ({{from_bf16}} converts them too)"),
+        ));
+    }
+    if let Some(w) = quantized_warning(src, plan, opts) {
+        warnings.push(w);
+    }
+    if plan.converted() == 0 {
+        warnings.push(Warning::new(
+            WarningKind::NothingToConvert,
+            format!(
+                "nothing to convert: no tensor becomes {} (the output is a regrouped byte copy)",
+                plan.target.dtype()
+            ),
+        ));
+    }
+    warnings
+}
+
+/// F8/F4/F6 tensors beside F32 ones that are converted: a quantized checkpoint whose F32
+/// scales would change, unless whoever chose what to keep kept every scale-like tensor.
+fn quantized_warning(src: &SourceHeader, plan: &Plan, opts: &PlanOptions) -> Option<Warning> {
+    if !src.tensors.iter().any(|t| is_quantized_dtype(t.dtype)) {
+        return None;
+    }
+    let f32_names: Vec<&str> = src
+        .tensors
+        .iter()
+        .zip(&plan.reasons)
+        .filter(|(t, r)| t.dtype == Dtype::F32 && **r == Reason::Converted)
+        .map(|(t, _)| t.name.as_str())
+        .collect();
+    let scales: Vec<&str> = f32_names
+        .iter()
+        .copied()
+        .filter(|n| n.to_ascii_lowercase().contains("scale"))
+        .collect();
+    let kept_scales = !opts.keep.is_empty() && scales.is_empty();
+    if f32_names.is_empty() || kept_scales {
+        return None;
+    }
+    let named = if scales.is_empty() {
+        &f32_names
+    } else {
+        &scales
+    };
+    Some(Warning::new(
+        WarningKind::Quantized,
+        format!(
+            "this looks like a quantized checkpoint (F8/F4/F6 tensors beside F32 ones): its \
+             F32 scale tensors will be converted too, which changes the model; scale-like \
+             tensors: {} (keep them with {{keep}})",
+            name_list(named.iter().copied(), 5)
+        ),
+    ))
+}
+
+/// The overflow check of a conversion whose numerics were measured: the error under
+/// `on_overflow=error`, else the warning.
+pub fn overflow_outcome(
+    path: &Path,
+    target: Target,
+    numerics: &[(String, crate::numerics::Numerics)],
+) -> Option<(Error, Warning)> {
+    let mut hot: Vec<(&str, u64)> = numerics
+        .iter()
+        .filter(|(_, n)| n.overflow > 0)
+        .map(|(name, n)| (name.as_str(), n.overflow))
+        .collect();
+    if hot.is_empty() {
+        return None;
+    }
+    hot.sort_by_key(|t| std::cmp::Reverse(t.1));
+    let values: u64 = hot.iter().map(|t| t.1).sum();
+    let worst = hot
+        .iter()
+        .take(5)
+        .map(|(name, n)| format!("`{}` ({n})", esc(name)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let more = if hot.len() > 5 {
+        format!(" and {} more", hot.len() - 5)
+    } else {
+        String::new()
+    };
+    let warning = Warning::new(
+        WarningKind::Overflow,
+        format!(
+            "{} in {} became ±inf in {}: {worst}{more} (keep them in their dtype with \
+             {{on_overflow=keep}} or a {{keep}} pattern)",
+            crate::text::count(values, "finite value"),
+            crate::text::count(hot.len() as u64, "tensor"),
+            target.dtype()
+        ),
+    );
+    let error = Error::Overflow {
+        path: path.to_path_buf(),
+        target,
+        values,
+        tensors: hot.len(),
+        worst: hot[0].0.to_string(),
+        worst_values: hot[0].1,
+    };
+    Some((error, warning))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::Conversion;
+    use crate::header::read_header;
+    use crate::testutil::{file, p};
+    use crate::vocab::WarningKind;
+
+    #[test]
+    fn plan_groups_by_width_and_aligns() {
+        let h = r#"{"__metadata__":{"z":"1","a":"2"},"i8":{"dtype":"I8","shape":[3],"data_offsets":[0,3]},"f32":{"dtype":"F32","shape":[3],"data_offsets":[3,15]},"i64":{"dtype":"I64","shape":[1],"data_offsets":[15,23]},"f64":{"dtype":"F64","shape":[1],"data_offsets":[23,31]},"bf":{"dtype":"BF16","shape":[1],"data_offsets":[31,33]}}"#;
+        let src = read_header(p(), &file(h, 33)).unwrap();
+        let plan = plan(p(), &src, &PlanOptions::new(Target::Bf16)).unwrap();
+        let order: Vec<_> = plan
+            .tensors
+            .iter()
+            .map(|t| src.tensors[t.source].name.as_str())
+            .collect();
+        assert_eq!(order, ["i64", "f32", "f64", "bf", "i8"]);
+        for t in &plan.tensors {
+            let size = (t.dtype.bitsize() / 8) as u64;
+            assert_eq!(t.start % size, 0);
+        }
+        assert_eq!(plan.header.len() % 8, 0);
+        let json = std::str::from_utf8(&plan.header[8..]).unwrap();
+        assert!(
+            json.starts_with(r#"{"__metadata__":{"z":"1","a":"2"},"i64":"#),
+            "{json}"
+        );
+        assert_eq!(plan.data_len(), 8 + 6 + 2 + 2 + 3);
+    }
+
+    #[test]
+    fn nothing_to_convert_warns() {
+        let h = r#"{"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}}"#;
+        let src = read_header(p(), &file(h, 4)).unwrap();
+        let plan = plan(p(), &src, &PlanOptions::new(Target::Bf16)).unwrap();
+        assert_eq!(plan.warnings.len(), 1);
+        assert!(plan.warnings[0].text.contains("nothing to convert"));
+    }
+
+    /// A file of `(name, dtype, elements)` tensors laid out in order, zero data.
+    fn source(tensors: &[(&str, &str, usize)]) -> SourceHeader {
+        let mut json = String::from("{");
+        let mut at = 0;
+        for (i, (name, dtype, n)) in tensors.iter().enumerate() {
+            let size = match *dtype {
+                "F64" | "I64" => 8,
+                "F32" | "I32" => 4,
+                "F16" | "BF16" => 2,
+                _ => 1,
+            };
+            if i > 0 {
+                json.push(',');
+            }
+            json.push_str(&format!(
+                r#""{name}":{{"dtype":"{dtype}","shape":[{n}],"data_offsets":[{at},{}]}}"#,
+                at + n * size
+            ));
+            at += n * size;
+        }
+        json.push('}');
+        read_header(p(), &file(&json, at)).unwrap()
+    }
+
+    fn keep_opts(target: Target, keep: &[&str], min: u64) -> PlanOptions {
+        PlanOptions {
+            keep: keep.iter().map(|s| s.to_string()).collect(),
+            keep_min_size: min,
+            ..PlanOptions::new(target)
+        }
+    }
+
+    /// (name, output dtype, reason code) in output order; every tensor aligned.
+    fn layout(src: &SourceHeader, plan: &Plan) -> Vec<(String, String, &'static str)> {
+        let mut at = 0;
+        plan.tensors
+            .iter()
+            .map(|t| {
+                assert_eq!(t.start, at);
+                assert_eq!(t.start % (t.dtype.bitsize() / 8).max(1) as u64, 0);
+                at = t.end;
+                let name = src.tensors[t.source].name.clone();
+                (
+                    name,
+                    t.dtype.to_string(),
+                    plan.reasons[t.source].code().name(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn keep_patterns_and_min_size_keep_the_source_dtype() {
+        let src = source(&[
+            ("emb", "F32", 5),
+            ("l0.input_layernorm.weight", "F32", 3),
+            ("l0.q", "F32", 7),
+            ("l0.bias", "F32", 2),
+            ("rope.inv_freq", "F64", 1),
+            ("ids", "I64", 1),
+            ("half", "BF16", 3),
+        ]);
+        let opts = keep_opts(Target::Bf16, &["*norm*", "*.inv_freq", "ids"], 3);
+        let plan = plan(p(), &src, &opts).unwrap();
+        let got = layout(&src, &plan);
+        let want = [
+            ("rope.inv_freq", "F64", "keep_pattern"),
+            ("ids", "I64", "not_float"),
+            ("l0.input_layernorm.weight", "F32", "keep_pattern"),
+            ("l0.bias", "F32", "keep_min_size"),
+            ("emb", "BF16", "converted"),
+            ("l0.q", "BF16", "converted"),
+            ("half", "BF16", "already_target"),
+        ];
+        let want: Vec<_> = want
+            .iter()
+            .map(|(a, b, c)| (a.to_string(), b.to_string(), *c))
+            .collect();
+        assert_eq!(got, want);
+        // The first pattern that matches is the reason; `ids` matched (no typo warning).
+        assert_eq!(plan.reasons[1], Reason::KeptByPattern("*norm*".to_string()));
+        assert_eq!(plan.kept(), 3);
+        assert_eq!(plan.kept_bytes(), 8 + 12 + 8);
+        assert!(plan.keep_unmatched.is_empty());
+        assert!(plan.warnings.is_empty(), "{:?}", plan.warnings);
+    }
+
+    #[test]
+    fn kept_f32_groups_before_bf16_and_stays_aligned() {
+        // Odd element counts: a kept F32 tensor after converted ones would misalign.
+        let src = source(&[
+            ("a", "F32", 3),
+            ("a.norm", "F32", 1),
+            ("b", "F16", 1),
+            ("c", "F32", 5),
+            ("b.norm", "F64", 1),
+            ("z", "U8", 3),
+        ]);
+        let plan = plan(p(), &src, &keep_opts(Target::Bf16, &["*.norm"], 0)).unwrap();
+        let order: Vec<_> = layout(&src, &plan).into_iter().map(|t| t.0).collect();
+        assert_eq!(order, ["b.norm", "a.norm", "a", "b", "c", "z"]);
+        assert_eq!(plan.header.len() % 8, 0);
+    }
+
+    #[test]
+    fn fnmatch_semantics() {
+        let names = [
+            "model.layers.0.mlp.gate.weight",
+            "Norm",
+            "x.y",
+            "a[1]",
+            "ab",
+        ];
+        let matches = |pattern: &str| -> Vec<&str> {
+            let mut k = KeepPatterns::compile(&[pattern.to_string()]).unwrap();
+            names
+                .iter()
+                .copied()
+                .filter(|n| k.first_match(n).is_some())
+                .collect()
+        };
+        assert_eq!(matches("*gate.weight"), ["model.layers.0.mlp.gate.weight"]);
+        assert_eq!(
+            matches("model.**.weight"),
+            ["model.layers.0.mlp.gate.weight"]
+        );
+        assert_eq!(matches("**"), names);
+        assert_eq!(matches("norm"), Vec::<&str>::new()); // case-sensitive
+        assert_eq!(matches("?.?"), ["x.y"]);
+        assert_eq!(matches("a[[]1]"), ["a[1]"]);
+        assert_eq!(matches("[!x]b"), ["ab"]);
+        let err = KeepPatterns::compile(&["a[".to_string()])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("keep: invalid pattern `a[`"), "{err}");
+    }
+
+    #[test]
+    fn unmatched_patterns_warn_fail_or_pass() {
+        let src = source(&[("w", "F32", 2)]);
+        let mut opts = keep_opts(Target::Bf16, &["w", "*nrom*", "x?"], 0);
+        let plan1 = plan(p(), &src, &opts).unwrap();
+        assert_eq!(plan1.keep_unmatched, ["*nrom*", "x?"]);
+        assert!(
+            plan1.warnings[0]
+                .text
+                .contains("{keep} patterns `*nrom*`, `x?` match no tensor name"),
+            "{:?}",
+            plan1.warnings
+        );
+        opts.unmatched = Unmatched::Ignore;
+        let plan2 = plan(p(), &src, &opts).unwrap();
+        assert_eq!(plan2.keep_unmatched, ["*nrom*", "x?"]);
+        assert!(!plan2
+            .warnings
+            .iter()
+            .any(|w| w.kind == WarningKind::UnmatchedPattern));
+        opts.unmatched = Unmatched::Error;
+        let err = plan(p(), &src, &opts).unwrap_err();
+        assert_eq!(err.kind(), crate::vocab::ErrorKind::Refused);
+        assert!(
+            err.template().contains("({strict} makes this an error)"),
+            "{err}"
+        );
+        opts.keep.truncate(1);
+        assert!(plan(p(), &src, &opts).is_ok());
+    }
+
+    #[test]
+    fn fp16_bf16_sources_copied_unless_from_bf16() {
+        let src = source(&[("a", "F32", 2), ("b", "BF16", 2), ("c", "F16", 2)]);
+        let plan1 = plan(p(), &src, &PlanOptions::new(Target::F16)).unwrap();
+        let got: Vec<_> = layout(&src, &plan1).into_iter().map(|t| t.2).collect();
+        assert_eq!(got, ["converted", "bf16_source", "already_target"]);
+        assert!(
+            plan1.warnings[0]
+                .text
+                .contains("the output mixes BF16 and F16"),
+            "{:?}",
+            plan1.warnings
+        );
+        assert!(plan1.warnings[0].text.contains("{from_bf16}"));
+        let opts = PlanOptions {
+            from_bf16: true,
+            ..PlanOptions::new(Target::F16)
+        };
+        let plan2 = plan(p(), &src, &opts).unwrap();
+        let got = layout(&src, &plan2);
+        assert_eq!(got[1], ("b".into(), "F16".into(), "converted"));
+        assert_eq!(
+            plan2.tensors[1].action,
+            Action::Convert(Conversion::Bf16ToF16)
+        );
+        assert!(plan2.warnings.is_empty(), "{:?}", plan2.warnings);
+        // Under bf16, from_bf16 changes nothing.
+        let opts = PlanOptions {
+            from_bf16: true,
+            ..PlanOptions::new(Target::Bf16)
+        };
+        let plan3 = plan(p(), &src, &opts).unwrap();
+        assert_eq!(plan3.reasons[1], Reason::AlreadyTarget);
+    }
+
+    #[test]
+    fn overflow_names_are_kept_after_patterns_and_size() {
+        let src = source(&[("a", "F32", 4), ("b", "F32", 4), ("c", "I32", 1)]);
+        let mut opts = keep_opts(Target::F16, &["a"], 0);
+        opts.keep_names = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
+        let plan = plan(p(), &src, &opts).unwrap();
+        assert_eq!(plan.reasons[0], Reason::KeptByPattern("a".into()));
+        assert_eq!(plan.reasons[1], Reason::KeptToAvoidOverflow);
+        assert_eq!(plan.reasons[2], Reason::NotFloat);
+        assert_eq!(plan.converted(), 0);
+        assert_eq!(plan.kept(), 2);
+    }
+
+    #[test]
+    fn quantized_checkpoint_warns_with_scale_names() {
+        let h = r#"{"w":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]},"w.weight_scale":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#;
+        let src = read_header(p(), &file(h, 8)).unwrap();
+        let plan1 = plan(p(), &src, &PlanOptions::new(Target::Bf16)).unwrap();
+        assert!(
+            plan1.warnings[0].text.contains("`w.weight_scale`"),
+            "{:?}",
+            plan1.warnings
+        );
+        // Kept scales are safe: no warning, even with other F32 tensors converted.
+        let h = r#"{"w":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]},"w.weight_scale":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},"norm":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}}"#;
+        let src = read_header(p(), &file(h, 12)).unwrap();
+        let kept = plan(p(), &src, &keep_opts(Target::Bf16, &["*scale"], 0)).unwrap();
+        assert!(
+            !kept
+                .warnings
+                .iter()
+                .any(|w| w.kind == WarningKind::Quantized),
+            "{:?}",
+            kept.warnings
+        );
+    }
+}

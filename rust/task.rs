@@ -1,0 +1,405 @@
+//! Engine tasks: units of long work that a front end steps in bounded slices.
+//!
+//! Each task opens and checks everything when it is made (so every refusal comes before
+//! any data is read or written), then does its work `step` by `step`, with one progress
+//! count over all its phases and the warnings found so far. A front end only loops:
+//! step, report progress and warnings, check for cancellation; then `finish`.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use crate::convert::{check_destination, Job, Options, Report};
+use crate::error::{Result, Warning};
+use crate::plan::{self, Plan, PlanOptions};
+use crate::scan::{self, Scan, ScanKind, Scanned};
+use crate::source::Source;
+use crate::verify::Verifier;
+use crate::vocab::OnOverflow;
+
+/// Long work, done in steps.
+pub trait Task {
+    /// Do about `budget` bytes of work (whole windows). Returns true when all is done.
+    fn step(&mut self, budget: u64) -> Result<bool>;
+    /// Bytes done and in all, over every phase.
+    fn progress(&self) -> (u64, u64);
+    /// Warnings found since the last call.
+    fn take_warnings(&mut self) -> Vec<Warning>;
+}
+
+/// Run `task` to its end in one go (for Rust callers and tests).
+pub fn run<T: Task>(task: &mut T) -> Result<()> {
+    while !task.step(u64::MAX)? {}
+    Ok(())
+}
+
+/// A conversion: with `OnOverflow::Keep` a scan for the tensors that would overflow first,
+/// then the conversion that keeps them.
+pub struct ConvertTask {
+    phase: Phase,
+    /// Bytes the scan read (0 without one), counted before the conversion's.
+    scanned: u64,
+    /// The conversion's bytes, known from the header from the start.
+    data: u64,
+    started: Instant,
+}
+
+enum Phase {
+    Scan {
+        scan: Box<Scan>,
+        dst: PathBuf,
+        opts: Box<Options>,
+    },
+    Convert(Box<Job>),
+    /// Between phases, or after a failure.
+    Empty,
+}
+
+impl ConvertTask {
+    /// Open `src`, check `dst` and plan; create the hidden output unless a scan comes first.
+    pub fn new(src: &Path, dst: &Path, opts: &Options) -> Result<ConvertTask> {
+        let started = Instant::now();
+        let source = Source::open(src)?;
+        let data = source.header.data_len();
+        if opts.on_overflow != OnOverflow::Keep {
+            let job = Job::new(source, dst, opts, started)?;
+            return Ok(ConvertTask {
+                phase: Phase::Convert(Box::new(job)),
+                scanned: 0,
+                data,
+                started,
+            });
+        }
+        // Refuse a bad destination (or plan) before the long read.
+        check_destination(&source, dst, opts.force)?;
+        let plan = plan::plan(src, &source.header, &opts.plan)?;
+        let scan = Scan::new(source, &plan, ScanKind::MaxAbs, opts)?;
+        Ok(ConvertTask {
+            scanned: scan.progress().1,
+            phase: Phase::Scan {
+                scan: Box::new(scan),
+                dst: dst.to_path_buf(),
+                opts: Box::new(opts.clone()),
+            },
+            data,
+            started,
+        })
+    }
+
+    /// The plan, once the conversion has started (after the scan, if any).
+    pub fn plan(&self) -> Option<&Plan> {
+        match &self.phase {
+            Phase::Convert(job) => Some(job.plan()),
+            _ => None,
+        }
+    }
+
+    /// Make the output durable and give it its name.
+    pub fn finish(self) -> Result<Report> {
+        match self.phase {
+            Phase::Convert(job) => job.finish(),
+            _ => panic!("ConvertTask::finish before its last step"),
+        }
+    }
+}
+
+impl Task for ConvertTask {
+    fn step(&mut self, budget: u64) -> Result<bool> {
+        match &mut self.phase {
+            Phase::Scan { scan, .. } => {
+                if !scan.step(budget)? {
+                    return Ok(false);
+                }
+                let Phase::Scan { scan, dst, opts } =
+                    std::mem::replace(&mut self.phase, Phase::Empty)
+                else {
+                    unreachable!()
+                };
+                let (source, found) = scan.finish();
+                let mut opts = *opts;
+                opts.plan.keep_names.extend(scan::overflowing(&found));
+                let job = Job::new(source, &dst, &opts, self.started)?;
+                self.phase = Phase::Convert(Box::new(job));
+                Ok(false)
+            }
+            Phase::Convert(job) => job.step(budget),
+            Phase::Empty => Ok(true),
+        }
+    }
+
+    fn progress(&self) -> (u64, u64) {
+        let total = self.scanned + self.data;
+        match &self.phase {
+            Phase::Scan { scan, .. } => (scan.progress().0, total),
+            Phase::Convert(job) => (self.scanned + job.progress().0, total),
+            Phase::Empty => (0, total),
+        }
+    }
+
+    fn take_warnings(&mut self) -> Vec<Warning> {
+        match &mut self.phase {
+            Phase::Convert(job) => job.take_warnings(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// A dry run: the plan, and with a scan what the conversion would do to the values.
+pub struct InspectTask {
+    source: Option<Source>,
+    plan: Plan,
+    opts: PlanOptions,
+    scan: Option<Scan>,
+    keep_overflowing: bool,
+}
+
+/// What `InspectTask` found.
+pub struct Inspection {
+    pub source: Source,
+    pub plan: Plan,
+    /// The scanned tensors (file order), when scanned.
+    pub scanned: Option<Vec<Scanned>>,
+}
+
+impl InspectTask {
+    /// Plan `path`; with `scan` (implied by `OnOverflow::Keep`), read the tensors to convert.
+    pub fn new(
+        path: &Path,
+        plan_opts: &PlanOptions,
+        scan: bool,
+        on_overflow: OnOverflow,
+        opts: &Options,
+    ) -> Result<InspectTask> {
+        let source = Source::open(path)?;
+        let plan = plan::plan(path, &source.header, plan_opts)?;
+        let keep_overflowing = on_overflow == OnOverflow::Keep;
+        // Keeping what would overflow needs the data: it implies the scan.
+        let (source, scan) = if scan || keep_overflowing {
+            (
+                None,
+                Some(Scan::new(source, &plan, ScanKind::Numerics, opts)?),
+            )
+        } else {
+            (Some(source), None)
+        };
+        Ok(InspectTask {
+            source,
+            plan,
+            opts: plan_opts.clone(),
+            scan,
+            keep_overflowing,
+        })
+    }
+
+    /// The plan (and the scan's results), re-planned to keep what would overflow if asked.
+    pub fn finish(self) -> Result<Inspection> {
+        let Some(scan) = self.scan else {
+            let source = self
+                .source
+                .expect("an unscanned inspection keeps its source");
+            return Ok(Inspection {
+                source,
+                plan: self.plan,
+                scanned: None,
+            });
+        };
+        let (source, scanned) = scan.finish();
+        let plan = if self.keep_overflowing {
+            let mut opts = self.opts;
+            opts.keep_names = scan::overflowing(&scanned);
+            plan::plan(&source.path, &source.header, &opts)?
+        } else {
+            self.plan
+        };
+        Ok(Inspection {
+            source,
+            plan,
+            scanned: Some(scanned),
+        })
+    }
+}
+
+impl Task for InspectTask {
+    fn step(&mut self, budget: u64) -> Result<bool> {
+        match &mut self.scan {
+            Some(scan) => scan.step(budget),
+            None => Ok(true),
+        }
+    }
+
+    fn progress(&self) -> (u64, u64) {
+        self.scan.as_ref().map_or((0, 0), Scan::progress)
+    }
+
+    fn take_warnings(&mut self) -> Vec<Warning> {
+        Vec::new()
+    }
+}
+
+impl Task for Verifier {
+    fn step(&mut self, budget: u64) -> Result<bool> {
+        Verifier::step(self, budget)
+    }
+
+    fn progress(&self) -> (u64, u64) {
+        Verifier::progress(self)
+    }
+
+    fn take_warnings(&mut self) -> Vec<Warning> {
+        Vec::new()
+    }
+}
+
+/// Convert `src` to `dst` in one call (for Rust callers and tests; Python steps the task).
+pub fn convert(src: &Path, dst: &Path, opts: &Options) -> Result<Report> {
+    let mut task = ConvertTask::new(src, dst, opts)?;
+    run(&mut task)?;
+    task.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::Conversion;
+    use crate::plan::Reason;
+    use crate::vocab::{ErrorKind, Target, WarningKind};
+
+    /// A file with tensors `ok` (small F32), `hot` (one F32 value overflows in f16) and
+    /// `ids` (I64), in a fresh folder.
+    fn overflow_file(tag: &str) -> (PathBuf, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("stcast-task-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let h = r#"{"ok":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"hot":{"dtype":"F32","shape":[2],"data_offsets":[8,16]},"ids":{"dtype":"I64","shape":[1],"data_offsets":[16,24]}}"#;
+        let mut bytes = (h.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(h.as_bytes());
+        for x in [1.0f32, 2.0, 65520.0, 3.0] {
+            bytes.extend_from_slice(&x.to_le_bytes());
+        }
+        bytes.extend_from_slice(&7i64.to_le_bytes());
+        let src = dir.join("in.safetensors");
+        std::fs::write(&src, bytes).unwrap();
+        (dir, src)
+    }
+
+    fn opts(on_overflow: OnOverflow) -> Options {
+        Options {
+            on_overflow,
+            threads: 1,
+            ..Options::new(Target::F16)
+        }
+    }
+
+    #[test]
+    fn convert_keeps_or_refuses_what_would_overflow() {
+        let (dir, src) = overflow_file("modes");
+        // Keep: the scan finds `hot`, which keeps its F32 bytes.
+        let dst = dir.join("keep.safetensors");
+        let r = convert(&src, &dst, &opts(OnOverflow::Keep)).unwrap();
+        assert_eq!(r.kept.len(), 1);
+        assert_eq!(r.kept[0].name, "hot");
+        assert_eq!(r.kept[0].reason, Reason::KeptToAvoidOverflow);
+        assert_eq!(r.tensors_converted, 1);
+        assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+        // Error: nothing is published.
+        let dst = dir.join("error.safetensors");
+        let e = convert(&src, &dst, &opts(OnOverflow::Error)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Refused);
+        assert!(e.to_string().contains("most in tensor `hot` (1)"), "{e}");
+        assert!(!dst.exists());
+        // Warn: published, with the warning.
+        let dst = dir.join("warn.safetensors");
+        let r = convert(&src, &dst, &opts(OnOverflow::Warn)).unwrap();
+        assert_eq!(r.warnings[0].kind, WarningKind::Overflow);
+        assert!(r.warnings[0]
+            .text
+            .starts_with("1 finite value in 1 tensor became ±inf in F16"));
+        assert_eq!(
+            r.numerics.iter().find(|n| n.0 == "hot").unwrap().1.overflow,
+            1
+        );
+        // The max-abs scan and the numerics scan agree on what overflows.
+        for kind in [ScanKind::MaxAbs, ScanKind::Numerics] {
+            let source = Source::open(&src).unwrap();
+            let o = opts(OnOverflow::Keep);
+            let plan = plan::plan(&src, &source.header, &o.plan).unwrap();
+            let mut scan = Scan::new(source, &plan, kind, &o).unwrap();
+            while !scan.step(1).unwrap() {}
+            let (_, found) = scan.finish();
+            let names: Vec<_> = scan::overflowing(&found).into_iter().collect();
+            assert_eq!(names, ["hot"], "{kind:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn one_progress_count_over_scan_and_conversion() {
+        let (dir, src) = overflow_file("progress");
+        let dst = dir.join("out.safetensors");
+        let mut task = ConvertTask::new(&src, &dst, &opts(OnOverflow::Keep)).unwrap();
+        // Scanned: the two F32 tensors (16 bytes); converted: all 24 data bytes.
+        assert_eq!(task.progress(), (0, 16 + 24));
+        let mut last = 0;
+        while !task.step(1).unwrap() {
+            let (done, total) = task.progress();
+            assert!(done >= last && total == 40);
+            last = done;
+        }
+        assert_eq!(task.progress(), (40, 40));
+        task.finish().unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn overflow_messages_name_the_worst_tensors() {
+        use crate::numerics::Numerics;
+        let n = |overflow| Numerics {
+            overflow,
+            ..Numerics::default()
+        };
+        let all: Vec<(String, Numerics)> = (0..8)
+            .map(|i| (format!("t{i}"), n(if i == 0 { 0 } else { i })))
+            .collect();
+        let p = Path::new("m.safetensors");
+        assert!(plan::overflow_outcome(p, Target::F16, &all[..1]).is_none());
+        let (e, w) = plan::overflow_outcome(p, Target::F16, &all).unwrap();
+        assert!(
+            w.text.starts_with(
+                "28 finite values in 7 tensors became ±inf in F16: `t7` (7), `t6` (6)"
+            ),
+            "{w}"
+        );
+        assert!(w.text.contains("`t3` (3) and 2 more ("), "{w}");
+        let e = e.to_string();
+        assert!(e.starts_with("m.safetensors: 28 finite values in 7 tensors would become ±inf in F16, most in tensor `t7` (7); nothing was written"), "{e}");
+        let (_, one) = plan::overflow_outcome(p, Target::Bf16, &all[..2]).unwrap();
+        assert!(one
+            .text
+            .starts_with("1 finite value in 1 tensor became ±inf in BF16: `t1` (1) ("));
+    }
+
+    #[test]
+    fn thresholds_are_the_kernels_overflow_points() {
+        use crate::dtype::BF16_OVERFLOW;
+        use crate::kernels::{bf16_from_f32, f16_from_f32};
+        assert_eq!(f32::from_bits(0x7F7F_8000) as f64, BF16_OVERFLOW);
+        for (u, c) in [
+            (0x7F7F_8000u32, Conversion::F32ToBf16),
+            (0x477F_F000, Conversion::F32ToF16),
+        ] {
+            let x = f64::from(f32::from_bits(u));
+            let below = f64::from(f32::from_bits(u - 1));
+            assert!(c.overflows(x) && !c.overflows(below));
+            let out = match c {
+                Conversion::F32ToBf16 => (bf16_from_f32(u), bf16_from_f32(u - 1)),
+                _ => (f16_from_f32(u), f16_from_f32(u - 1)),
+            };
+            let inf = if c == Conversion::F32ToBf16 {
+                0x7F80
+            } else {
+                0x7C00
+            };
+            assert_eq!(out.0, inf);
+            assert_ne!(out.1, inf);
+        }
+    }
+}

@@ -1,0 +1,323 @@
+//! Every name that crosses the language boundary, defined once.
+//!
+//! Targets, plan reasons, error kinds, option names and the choices of the enumerated
+//! options are plain enums here with a stable lower-case name each. `_core` exports these
+//! name lists; the Python package, its stubs and the CLI derive from them (a test checks the
+//! stubs' `Literal` lists against them), so that a name is spelled in one place.
+
+use safetensors::tensor::Dtype;
+
+/// A fieldless enum whose variants each have a stable name: `name()`, `from_name()`, `ALL`
+/// and `NAMES` in the order declared.
+macro_rules! named {
+    ($(#[$meta:meta])* pub enum $ty:ident {
+        $($(#[$vmeta:meta])* $variant:ident = $name:literal,)*
+    }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum $ty {
+            $($(#[$vmeta])* $variant,)*
+        }
+
+        impl $ty {
+            /// Every variant, in declaration order.
+            pub const ALL: &'static [$ty] = &[$($ty::$variant,)*];
+            /// Every variant's name, in declaration order.
+            pub const NAMES: &'static [&'static str] = &[$($name,)*];
+
+            /// The stable name.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $name,)*
+                }
+            }
+
+            /// The variant with this exact name.
+            pub fn from_name(s: &str) -> Option<$ty> {
+                match s {
+                    $($name => Some($ty::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+named! {
+    /// What floating-point tensors become.
+    pub enum Target {
+        Bf16 = "bf16",
+        F16 = "fp16",
+    }
+}
+
+impl Target {
+    /// Other spellings users write (as torch, numpy and config.json do), lower case.
+    pub const ALIASES: &'static [(&'static str, Target)] = &[
+        ("bfloat16", Target::Bf16),
+        ("fp16", Target::F16),
+        ("f16", Target::F16),
+        ("float16", Target::F16),
+        ("half", Target::F16),
+    ];
+
+    /// The target a name or alias means, case-insensitively.
+    pub fn parse(s: &str) -> Option<Target> {
+        let s = s.to_ascii_lowercase();
+        Target::from_name(&s).or_else(|| {
+            Target::ALIASES
+                .iter()
+                .find(|(alias, _)| *alias == s)
+                .map(|(_, t)| *t)
+        })
+    }
+
+    /// The output dtype of a converted tensor.
+    pub fn dtype(self) -> Dtype {
+        match self {
+            Target::Bf16 => Dtype::BF16,
+            Target::F16 => Dtype::F16,
+        }
+    }
+
+    /// The name torch and `config.json` (`torch_dtype`) give the target dtype.
+    pub fn torch_name(self) -> &'static str {
+        match self {
+            Target::Bf16 => "bfloat16",
+            Target::F16 => "float16",
+        }
+    }
+}
+
+named! {
+    /// Why a tensor is converted, kept in its source dtype, or copied (see `plan::Reason`).
+    pub enum ReasonCode {
+        Converted = "converted",
+        KeepPattern = "keep_pattern",
+        KeepMinSize = "keep_min_size",
+        KeepOverflow = "keep_overflow",
+        AlreadyTarget = "already_target",
+        Bf16Source = "bf16_source",
+        NotConverted = "not_converted",
+        NotFloat = "not_float",
+    }
+}
+
+impl ReasonCode {
+    /// Is this a float tensor that would be converted but keeps its source dtype?
+    pub fn is_kept(self) -> bool {
+        matches!(
+            self,
+            ReasonCode::KeepPattern | ReasonCode::KeepMinSize | ReasonCode::KeepOverflow
+        )
+    }
+}
+
+named! {
+    /// What to do when finite values would become infinite.
+    pub enum OnOverflow {
+        /// Convert, count, and say which tensors overflowed.
+        Warn = "warn",
+        /// Fail before publishing: nothing is left behind.
+        Error = "error",
+        /// Scan first and keep the tensors that would overflow in their source dtype.
+        Keep = "keep",
+    }
+}
+
+named! {
+    /// What a `keep` pattern that matches no tensor name does: probably a typo.
+    pub enum Unmatched {
+        /// A plan warning.
+        Warn = "warn",
+        /// A refusal (the `strict` option).
+        Error = "error",
+        /// Nothing: the caller judges the patterns over several files (a folder).
+        Ignore = "ignore",
+    }
+}
+
+named! {
+    /// Read-ahead advice for the input mapping (a tuning knob).
+    pub enum ReadAdvice {
+        /// None: the kernel's default read-ahead.
+        Normal = "normal",
+        /// `MADV_SEQUENTIAL` over the whole mapping (the default).
+        Sequential = "sequential",
+        /// `MADV_SEQUENTIAL`, and `MADV_WILLNEED` on the next window before converting one.
+        WillNeed = "willneed",
+    }
+}
+
+named! {
+    /// The categories of failure. Each is one exception class in Python and one `kind` in
+    /// the CLI's JSON; `error::Error` has one variant per failure, each in one category.
+    pub enum ErrorKind {
+        /// The input is not a valid checkpoint (or not one we read).
+        InvalidInput = "invalid_input",
+        /// The input changed while it was being read.
+        InputChanged = "input_changed",
+        /// We refuse what was asked: it would lose data or change the model unasked.
+        Refused = "refused",
+        /// The destination exists (a `FileExistsError` in Python).
+        DestinationExists = "destination_exists",
+        /// The destination's file system is full (an `OSError(ENOSPC)` in Python).
+        NoSpace = "no_space",
+        /// An option's value is out of range or malformed (exit status 2 in the CLI).
+        Usage = "usage",
+        /// An operating-system call failed (the matching `OSError` in Python).
+        Io = "io",
+        /// The caller asked us to stop.
+        Cancelled = "cancelled",
+    }
+}
+
+named! {
+    /// What a warning is about (`error::Warning`): the `kind` of a Python `StcastWarning`.
+    pub enum WarningKind {
+        /// A `keep` pattern matches no tensor name.
+        UnmatchedPattern = "unmatched_pattern",
+        /// BF16 tensors are copied into an fp16 output.
+        Bf16Copied = "bf16_copied",
+        /// F32 tensors beside F8/F6/F4 ones are converted (their scales would change).
+        Quantized = "quantized",
+        /// No tensor changes dtype.
+        NothingToConvert = "nothing_to_convert",
+        /// Finite values became ±inf.
+        Overflow = "overflow",
+        /// Non-zero values became zero.
+        Underflow = "underflow",
+        /// A temp file left by a killed run was removed.
+        StaleTemp = "stale_temp",
+    }
+}
+
+named! {
+    /// The options of `convert`, `inspect` and `verify` that messages may refer to. A hint
+    /// names them as `{force}` or `{on_overflow=keep}`; the CLI renders that as `--force` or
+    /// `--on-overflow keep`, the Python API as `force=True` or `on_overflow="keep"`.
+    pub enum OptionName {
+        To = "to",
+        Threads = "threads",
+        Force = "force",
+        Resume = "resume",
+        Shard = "shard",
+        Keep = "keep",
+        KeepMinSize = "keep_min_size",
+        Strict = "strict",
+        FromBf16 = "from_bf16",
+        OnOverflow = "on_overflow",
+        AllowQuantized = "allow_quantized",
+        Loose = "loose",
+        Report = "report",
+    }
+}
+
+/// Every dtype name of the safetensors format, in the crate's order.
+pub const DTYPES: &[Dtype] = &[
+    Dtype::BOOL,
+    Dtype::F4,
+    Dtype::F6_E2M3,
+    Dtype::F6_E3M2,
+    Dtype::U8,
+    Dtype::I8,
+    Dtype::F8_E5M2,
+    Dtype::F8_E4M3,
+    Dtype::F8_E8M0,
+    Dtype::F8_E4M3FNUZ,
+    Dtype::F8_E5M2FNUZ,
+    Dtype::I16,
+    Dtype::U16,
+    Dtype::F16,
+    Dtype::BF16,
+    Dtype::I32,
+    Dtype::U32,
+    Dtype::F32,
+    Dtype::C64,
+    Dtype::F64,
+    Dtype::I64,
+    Dtype::U64,
+];
+
+/// Is this dtype one of the low-precision float formats of quantized checkpoints?
+///
+/// I8 and U8 are not: ordinary models carry U8 buffers, so they mean quantization only
+/// beside a `quantization_config`, which the folder code judges.
+pub fn is_quantized_dtype(d: Dtype) -> bool {
+    matches!(
+        d,
+        Dtype::F8_E4M3
+            | Dtype::F8_E5M2
+            | Dtype::F8_E8M0
+            | Dtype::F8_E4M3FNUZ
+            | Dtype::F8_E5M2FNUZ
+            | Dtype::F4
+            | Dtype::F6_E2M3
+            | Dtype::F6_E3M2
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_are_unique() {
+        fn check<T: Copy + PartialEq + std::fmt::Debug>(
+            all: &[T],
+            names: &[&str],
+            name: impl Fn(T) -> &'static str,
+            from: impl Fn(&str) -> Option<T>,
+        ) {
+            assert_eq!(all.len(), names.len());
+            for (v, n) in all.iter().zip(names) {
+                assert_eq!(name(*v), *n);
+                assert_eq!(from(n), Some(*v));
+            }
+            let mut sorted = names.to_vec();
+            sorted.sort();
+            sorted.dedup();
+            assert_eq!(sorted.len(), names.len(), "duplicate names: {names:?}");
+        }
+        check(Target::ALL, Target::NAMES, Target::name, Target::from_name);
+        check(
+            ReasonCode::ALL,
+            ReasonCode::NAMES,
+            ReasonCode::name,
+            ReasonCode::from_name,
+        );
+        check(
+            ErrorKind::ALL,
+            ErrorKind::NAMES,
+            ErrorKind::name,
+            ErrorKind::from_name,
+        );
+        check(
+            WarningKind::ALL,
+            WarningKind::NAMES,
+            WarningKind::name,
+            WarningKind::from_name,
+        );
+        check(
+            OptionName::ALL,
+            OptionName::NAMES,
+            OptionName::name,
+            OptionName::from_name,
+        );
+    }
+
+    #[test]
+    fn target_aliases() {
+        for (s, t) in [
+            ("bf16", Target::Bf16),
+            ("BFloat16", Target::Bf16),
+            ("fp16", Target::F16),
+            ("half", Target::F16),
+            ("float16", Target::F16),
+        ] {
+            assert_eq!(Target::parse(s), Some(t), "{s}");
+        }
+        assert_eq!(Target::parse("f32"), None);
+        assert_eq!(DTYPES.len(), 22);
+    }
+}

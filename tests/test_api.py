@@ -1,0 +1,187 @@
+"""The Python API's contract: names from the engine, exception classes, report fields, types."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import pickle
+import re
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import numpy as np
+import pytest
+import stcast
+from conftest import write_safetensors
+from stcast import _core, _types, reports
+from stcast.errors import render
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(
+    "literal, exported",
+    [
+        (_types.Target, _core.TARGETS),
+        (_types.Reason, _core.REASONS),
+        (_types.OnOverflow, _core.ON_OVERFLOW),
+        (_types.ErrorKind, _core.ERROR_KINDS),
+        (_types.WarningKind, _core.WARNING_KINDS),
+        (_types.ReadAdvice, _core.READ_ADVICE),
+    ],
+    ids=["Target", "Reason", "OnOverflow", "ErrorKind", "WarningKind", "ReadAdvice"],
+)
+def test_literals_are_the_engine_names(literal, exported):
+    assert typing.get_args(literal) == exported
+
+
+def test_target_aliases_are_the_engine_aliases():
+    aliases = set(typing.get_args(_types.TargetAlias))
+    assert aliases == set(_core.TARGET_ALIASES) - set(_core.TARGETS)
+
+
+def test_every_error_kind_has_a_class():
+    classes = {
+        c.kind
+        for c in (
+            stcast.InvalidInput,
+            stcast.InputChanged,
+            stcast.Refused,
+            stcast.UsageError,
+            stcast.DestinationExists,
+            stcast.NoSpace,
+            stcast.Cancelled,
+        )
+    }
+    assert classes | {"io"} == set(_core.ERROR_KINDS)
+
+
+def small(tmp_path: Path) -> Path:
+    return write_safetensors(
+        tmp_path / "small.safetensors",
+        {"w": ("F32", [4], np.float32([1, 2, 3, 4])), "i": ("I64", [1], np.int64([7]))},
+    )
+
+
+def test_report_fields_are_the_engine_fields(tmp_path):
+    """A key the adapter adds must be declared in the report types, and the other way round."""
+    src = small(tmp_path)
+    result = _core.convert(str(src), str(tmp_path / "o.safetensors"))
+    python_only = {"folder", "files", "shard", "complete"}
+    fields = {f.name for f in dataclasses.fields(stcast.ConvertReport)}
+    assert set(result) == fields - python_only
+    assert set(result) == set(typing.get_type_hints(_core_result("_ConvertResult")))
+    result = _core.inspect(str(src))
+    fields = {f.name for f in dataclasses.fields(stcast.InspectReport)}
+    assert set(result) == fields - {"destination", "folder", "files", "other_bytes"}
+    assert set(result["tensors"][0]) == {f.name for f in dataclasses.fields(stcast.TensorInfo)} - {
+        "file"
+    }
+    result = _core.verify(str(src), str(tmp_path / "o.safetensors"))
+    assert set(result) == {f.name for f in dataclasses.fields(stcast.VerifyReport)}
+
+
+def _core_result(name: str) -> type:
+    """A TypedDict of the stub, rebuilt from its source (stubs are not importable)."""
+    text = (ROOT / "python" / "stcast" / "_core.pyi").read_text()
+    body = text.split(f"class {name}(TypedDict):\n", 1)[1].split("\n\n", 1)[0]
+    keys = re.findall(r"^    (\w+):", body, re.M)
+    return typing.TypedDict(name, {k: object for k in keys})  # type: ignore[operator]
+
+
+def test_destination_exists_is_a_file_exists_error(tmp_path):
+    src = small(tmp_path)
+    dst = tmp_path / "o.safetensors"
+    dst.write_bytes(b"keep")
+    with pytest.raises(FileExistsError) as info:
+        stcast.convert(src, dst)
+    e = info.value
+    assert isinstance(e, stcast.StcastError) and isinstance(e, ValueError)
+    assert (e.errno, e.filename, e.path, e.kind) == (
+        errno.EEXIST,
+        str(dst),
+        str(dst),
+        "destination_exists",
+    )
+    assert str(e) == f"{dst}: destination exists (force=True replaces it)"
+    assert e.render("cli") == f"{dst}: destination exists (--force replaces it)"
+    again = pickle.loads(pickle.dumps(e))
+    assert type(again) is type(e) and str(again) == str(e) and again.path == e.path
+
+
+def test_no_message_of_the_api_names_a_cli_flag(tmp_path):
+    """Every error and warning the API raises speaks in keyword names."""
+    src = small(tmp_path)
+    dst = tmp_path / "o.safetensors"
+    dst.write_bytes(b"x")
+    seen = []
+    for call in (
+        lambda: stcast.convert(src, dst),
+        lambda: stcast.convert(src, tmp_path / "a.safetensors", keep=["nope"], strict=True),
+        lambda: stcast.convert(src, tmp_path / "b.safetensors", threads=99999),
+        lambda: stcast.convert(src, tmp_path / "c.safetensors", keep=["a["]),
+        lambda: stcast.convert(src, resume=True),
+        lambda: stcast.convert(src, tmp_path / "d.safetensors", to="int4"),
+    ):
+        with pytest.raises(stcast.StcastError) as info:
+            call()
+        seen.append(str(info.value))
+    with pytest.warns(stcast.StcastWarning) as record:
+        stcast.convert(src, tmp_path / "e.safetensors", keep=["nope"])
+    seen += [str(w.message) for w in record]
+    for text in seen:
+        assert not re.search(r"--[a-z]", text), text
+    assert "force=True" in seen[0] and "strict=True" in seen[1]
+
+
+def test_templates_render_in_both_styles():
+    t = "use {force} or {on_overflow=keep} or {keep=*scale*} ({shard=2/8}); {{force}} stays"
+    assert render(t, "api") == (
+        'use force=True or on_overflow="keep" or keep=["*scale*"] (shard=(2, 8)); {force} stays'
+    )
+    assert render(t, "cli") == (
+        "use --force or --on-overflow keep or --keep '*scale*' (--shard 2/8); {force} stays"
+    )
+
+
+def test_usage_errors_name_the_option(tmp_path):
+    src = small(tmp_path)
+    for kwargs, option in [
+        ({"threads": 1025}, "threads"),
+        ({"threads": -1}, "threads"),
+        ({"keep_min_size": 2**64}, "keep_min_size"),
+        ({"on_overflow": "never"}, "on_overflow"),
+        ({"to": "f32"}, "to"),
+    ]:
+        with pytest.raises(stcast.UsageError) as info:
+            stcast.convert(src, tmp_path / "o.safetensors", **kwargs)
+        assert info.value.option == option and info.value.kind == "usage"
+        assert str(info.value).startswith(f"{option}: "), info.value
+        assert info.value.render("cli").startswith(f"--{option.replace('_', '-')}: ")
+
+
+def test_report_repr_is_short(tmp_path):
+    src = small(tmp_path)
+    r = stcast.convert(src, tmp_path / "o.safetensors")
+    assert len(repr(r)) < 300 and "numerics" not in repr(r)
+    assert isinstance(r, reports.ConvertReport)
+
+
+README_API = re.compile(r"```python\n(.*?)```", re.S)
+
+
+def test_readme_api_lines_pass_mypy_strict(tmp_path):
+    pytest.importorskip("mypy")
+    blocks = README_API.findall((ROOT / "README.md").read_text())
+    assert blocks, "the README shows the API"
+    code = tmp_path / "readme_api.py"
+    code.write_text("\n\n".join(blocks))
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(code)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
