@@ -367,14 +367,17 @@ def resolve_cli(name: str) -> str | None:
 
 
 def build_limit_loop(source: Path, exe: Path) -> Path | None:
-    """Compile the bare loop with rustc -O unless an up-to-date binary exists."""
+    """Compile the bare loop as the peers' README does (`rustc -O -C target-cpu=native`),
+    unless an up-to-date binary exists."""
     if exe.exists() and exe.stat().st_mtime >= source.stat().st_mtime:
         return exe
     if not shutil.which("rustc"):
         print("rustc not found: limit_loop skipped")
         return None
     done = subprocess.run(
-        ["rustc", "-O", "-o", str(exe), str(source)], capture_output=True, text=True
+        ["rustc", "-O", "-C", "target-cpu=native", "-o", str(exe), str(source)],
+        capture_output=True,
+        text=True,
     )
     if done.returncode != 0:
         print(f"rustc failed, limit_loop skipped:\n{done.stderr}")
@@ -724,8 +727,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--out", type=Path, default=HERE / "out")
     ap.add_argument("--stcast", default="stcast", help="the stcast CLI to measure")
-    # The peers live in shared/ beside the repository.
-    ap.add_argument("--peers", type=Path, default=HERE.parent.parent / "shared" / "peers")
+    # The peers live in benches/peers (the same contenders as the team's shared copies).
+    ap.add_argument("--peers", type=Path, default=HERE / "peers")
     ap.add_argument("--tmpfs-dir", type=Path, default=Path("/dev/shm/stcast-bench"))
     ap.add_argument("--disk-dir", type=Path, default=Path("/var/tmp/stcast-bench"))
     ap.add_argument("--seed", type=int, default=0)
