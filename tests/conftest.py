@@ -1,4 +1,4 @@
-"""Shared helpers: a raw safetensors writer and reader, and a runner for the CLI.
+"""Shared helpers: a raw safetensors writer and reader, the CLI runners, shared checks.
 
 The writer builds headers itself, so tests can craft any header, valid or not; the reader
 parses output files without trusting stcast (and keeps the JSON key order).
@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Union
 
 import numpy as np
 import pytest
+import stcast
+from helpers import run_cli
 
 # Bits per element of every dtype the safetensors format names.
 DTYPE_BITS = {
@@ -139,37 +139,9 @@ def listing(folder: os.PathLike | str) -> list[str]:
     return sorted(os.listdir(folder))
 
 
-def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("STCAST_FAILPOINT", None)
-    env["NO_COLOR"] = "1"
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    if extra:
-        env.update(extra)
-    return env
-
-
-def run_cli(
-    *args: object,
-    env: dict[str, str] | None = None,
-    timeout: float = 120,
-    cwd: os.PathLike | str | None = None,
-) -> tuple[int, str, str]:
-    """Run `python -m stcast ARGS`; return (exit code, stdout, stderr)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "stcast", *map(str, args)],
-        capture_output=True,
-        env=cli_env(env),
-        timeout=timeout,
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-    )
-    return proc.returncode, proc.stdout.decode(), proc.stderr.decode()
-
-
 @pytest.fixture
 def cli():
-    """The CLI runner: `rc, out, err = cli("convert", src, dst, env={...})`."""
+    """The CLI in a child: `rc, out, err = cli("convert", src, dst, env={...})`."""
     return run_cli
 
 
@@ -194,6 +166,31 @@ def assert_json_error_stderr(stderr: str) -> None:
     """With --json an error is on stdout; stderr holds at most the same one `stcast: ` line."""
     if stderr:
         assert_one_error_line(stderr)
+
+
+# --- checks shared with a child process ---------------------------------------------------------
+
+
+def check_raising_progress(folder: Path, raised: type[BaseException], at_call: int) -> None:
+    """A progress callback that raises at its `at_call`-th call: the exception reaches the
+    caller and `--force` leaves the old destination as it was, with no temp file. A child runs
+    it too, with a failpoint armed (tests/test_bad_input.py)."""
+    n = 1 << 16
+    src = write_safetensors(folder / "in.safetensors", {"x": ("F32", [n], np.ones(n, "f4"))})
+    dst = folder / "out.safetensors"
+    dst.write_bytes(b"old")
+    calls = []
+
+    def progress(done, total):
+        calls.append(done)
+        if len(calls) == at_call:
+            raise raised("from progress")
+
+    with pytest.raises(raised, match="from progress"):
+        stcast.convert(src, dst, force=True, progress=progress)
+    assert len(calls) == at_call
+    assert listing(folder) == ["in.safetensors", "out.safetensors"]
+    assert dst.read_bytes() == b"old"
 
 
 def pytest_configure(config):

@@ -14,12 +14,12 @@ import stcast
 from conftest import (
     assert_json_error_stderr,
     assert_one_error_line,
-    cli_env,
     encode_header,
     listing,
     tensor_bytes,
     write_safetensors,
 )
+from helpers import cli_env
 
 F32_1 = b"\x00\x00\x80\x3f"
 

@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
-import pty
-import select
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +13,11 @@ import stcast
 from conftest import (
     assert_json_error_stderr,
     assert_one_error_line,
-    cli_env,
     listing,
     tensor_bytes,
     write_safetensors,
 )
+from helpers import cli_env, run_on_pty, run_python
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -222,20 +218,14 @@ def test_version(cli):
     assert out.strip() == f"stcast {stcast.__version__}"
 
 
-def run_python(code: str) -> subprocess.CompletedProcess[str]:
-    """Run `code` in a fresh interpreter with the CLI's environment."""
-    return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=60
-    )
-
-
 def test_version_loads_no_numpy_nor_the_api_or_folder_code():
     proc = run_python(
+        "-c",
         "import sys\n"
         "from stcast.cli import main\n"
         "main(['--version'])\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('numpy', 'ml_dtypes', 'safetensors', 'stcast')), file=sys.stderr)\n"
+        "('numpy', 'ml_dtypes', 'safetensors', 'stcast')), file=sys.stderr)\n",
     )
     assert proc.returncode == 0, proc.stderr
     loaded = proc.stderr.strip().splitlines()[-1]
@@ -255,6 +245,7 @@ def test_version_loads_no_numpy_nor_the_api_or_folder_code():
 
 def test_lazy_package_names():
     proc = run_python(
+        "-c",
         "import stcast, sys\n"
         "assert 'stcast._api' not in sys.modules\n"
         "names = set(dir(stcast))\n"
@@ -268,44 +259,12 @@ def test_lazy_package_names():
         "except AttributeError as e:\n"
         "    assert 'no_such_name' in str(e)\n"
         "else:\n"
-        "    raise SystemExit('no AttributeError')\n"
+        "    raise SystemExit('no AttributeError')\n",
     )
     assert proc.returncode == 0, proc.stderr
 
 
 # --- progress bar ---------------------------------------------------------------------------
-
-
-def run_on_pty(args: list[object], timeout: float = 60) -> tuple[int, str, bytes]:
-    """Run the CLI with stderr on a pseudo-terminal; return (rc, stdout, stderr bytes)."""
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stcast", *map(str, args)],
-        stdout=subprocess.PIPE,
-        stderr=slave,
-        stdin=subprocess.DEVNULL,
-        env=cli_env(),
-    )
-    os.close(slave)
-    chunks = []
-    deadline = time.monotonic() + timeout
-    while True:
-        ready, _, _ = select.select([master], [], [], 0.2)
-        if ready:
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # EIO: the child closed its end
-                break
-            if not data:
-                break
-            chunks.append(data)
-        elif proc.poll() is not None:
-            break
-        assert time.monotonic() < deadline, "the CLI hung"
-    os.close(master)
-    out = proc.stdout.read().decode()
-    proc.stdout.close()
-    return proc.wait(timeout), out, b"".join(chunks)
 
 
 def big_model(folder: Path) -> Path:

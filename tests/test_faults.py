@@ -15,26 +15,17 @@ import os
 import re
 import signal
 import subprocess
-import sys
-import tempfile
-import threading
 
 import numpy as np
 import pytest
 import stcast
-from conftest import assert_one_error_line, cli_env, listing, tensor_bytes, write_safetensors
+from conftest import assert_one_error_line, listing, tensor_bytes, write_safetensors
+from helpers import stopped, with_points
 
 # The CLI converts in 8 MiB windows: a 10 MiB first tensor spans two, so `mid-tensor` is
 # reached with half of the input read.
 BIG = (10 << 20) // 4
 NAMED = {"STCAST_FAILPOINT": "tmpfile=eopnotsupp"}
-
-
-def with_points(env, *points):
-    """`env` with more failpoints armed (joined to those it has)."""
-    env = dict(env or {})
-    env["STCAST_FAILPOINT"] = ",".join([*points, *filter(None, [env.get("STCAST_FAILPOINT")])])
-    return env
 
 
 TEMP = re.compile(r"^\.stcast-.*\.tmp$")
@@ -64,50 +55,6 @@ def snapshot(folder):
 
 def temps(folder):
     return [p for p in listing(folder) if TEMP.match(p)]
-
-
-class Run:
-    """`python -m stcast ARGS` in the background, for runs that stop at a failpoint."""
-
-    def __init__(self, *args, env=None):
-        self.out = tempfile.TemporaryFile()
-        self.err = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "stcast", *map(str, args)],
-            stdout=self.out,
-            stderr=self.err,
-            stdin=subprocess.DEVNULL,
-            env=cli_env(env),
-        )
-        # A watchdog instead of a timeout on waitpid: a run that never stops fails the test.
-        self.watchdog = threading.Timer(60, self.proc.kill)
-        self.watchdog.start()
-
-    def wait_stopped(self):
-        _, status = os.waitpid(self.proc.pid, os.WUNTRACED)
-        if not os.WIFSTOPPED(status):
-            self.proc.returncode = os.waitstatus_to_exitcode(status)
-            raise AssertionError(f"run ended instead of stopping: {self.finish()}")
-        return self
-
-    def resume(self):
-        os.kill(self.proc.pid, signal.SIGCONT)
-        return self
-
-    def kill(self):
-        os.kill(self.proc.pid, signal.SIGKILL)
-        return self.finish()
-
-    def finish(self):
-        if self.proc.returncode is None:
-            self.proc.wait(60)
-        self.watchdog.cancel()
-        self.err.seek(0)
-        return self.proc.returncode, self.err.read().decode()
-
-
-def stopped(*args, at, env=None):
-    return Run(*args, env=with_points(env, f"{at}=stop")).wait_stopped()
 
 
 # --- disk full and read-only folders (tmpfs) ---------------------------------------------------

@@ -19,6 +19,7 @@ import safetensors
 import safetensors.numpy
 import stcast
 from conftest import assert_one_error_line, read_safetensors, write_safetensors
+from helpers import run_on_pty
 from reference import bf16_bits_ml_dtypes
 from stcast.folder import assign_shards
 
@@ -445,8 +446,6 @@ def test_cli_folder_json_and_summary(tmp_path, rng, cli):
 
 
 def test_cli_progress_on_a_terminal(tmp_path, rng):
-    from test_cli import run_on_pty
-
     src = make_hf_model(tmp_path / "m", rng)
     rc, out, err = run_on_pty(["convert", src, tmp_path / "o"])
     assert rc == 0, err

@@ -17,11 +17,12 @@ import pytest
 import stcast
 from conftest import (
     assert_one_error_line,
-    cli_env,
+    check_raising_progress,
     listing,
     tensor_bytes,
     write_safetensors,
 )
+from helpers import cli_env
 from test_bad_input import BAD_FILES, F32_1, convert_is_refused, t, write_bad
 from test_bad_input import header_file as hf
 
@@ -314,12 +315,15 @@ def test_raising_progress_leaves_nothing(tmp_path, raised, at_call):
 def test_raising_progress_leaves_nothing_with_a_named_temp(tmp_path):
     """The same with the named temp file (failpoints are read once per process: a child)."""
     code = (
-        "import sys, pathlib; sys.path.insert(0, sys.argv[2]); import test_hostile as t\n"
-        "for raised in (t.Boom, SystemExit, KeyboardInterrupt, MemoryError):\n"
+        "import sys, pathlib; sys.path.insert(0, sys.argv[2])\n"
+        "from conftest import check_raising_progress\n"
+        "class Boom(Exception):\n"
+        "    pass\n"
+        "for raised in (Boom, SystemExit, KeyboardInterrupt, MemoryError):\n"
         "    for at_call in (1, 2):\n"
         "        d = pathlib.Path(sys.argv[1]) / f'{raised.__name__}-{at_call}'\n"
         "        d.mkdir()\n"
-        "        t.check_raising_progress(d, raised, at_call)\n"
+        "        check_raising_progress(d, raised, at_call)\n"
     )
     env = cli_env({"STCAST_FAILPOINT": "tmpfile=eopnotsupp"})
     here = os.path.dirname(__file__)
@@ -331,25 +335,6 @@ def test_raising_progress_leaves_nothing_with_a_named_temp(tmp_path):
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
-
-
-def check_raising_progress(tmp_path, raised, at_call):
-    n = 1 << 16
-    src = write_safetensors(tmp_path / "in.safetensors", {"x": ("F32", [n], np.ones(n, "f4"))})
-    dst = tmp_path / "out.safetensors"
-    dst.write_bytes(b"old")
-    calls = []
-
-    def progress(done, total):
-        calls.append(done)
-        if len(calls) == at_call:
-            raise raised("from progress")
-
-    with pytest.raises(raised, match="from progress"):
-        stcast.convert(src, dst, force=True, progress=progress)
-    assert len(calls) == at_call
-    assert listing(tmp_path) == ["in.safetensors", "out.safetensors"]
-    assert dst.read_bytes() == b"old"
 
 
 def test_raising_warn_hook_leaves_nothing(tmp_path):

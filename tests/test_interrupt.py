@@ -10,7 +10,8 @@ import sys
 import numpy as np
 import pytest
 import stcast
-from conftest import assert_one_error_line, cli_env, listing, write_safetensors
+from conftest import assert_one_error_line, listing, write_safetensors
+from helpers import cli_env
 
 # The CLI converts in 8 MiB windows; a first tensor of 10 MiB spans two, so the
 # `mid-tensor` point is reached between them.

@@ -1,0 +1,155 @@
+"""Child processes, for the tests where the process itself is under test.
+
+Most tests run the command line in-process (the `run_main` fixture of conftest.py). A child is
+used where that cannot show the behaviour: failpoints (`STCAST_FAILPOINT` is read once per
+process), signals and SIGKILL, exit codes of `python -m stcast`, import costs, a terminal or a
+closed pipe, memory, privileges and mounts.
+"""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Callable
+
+
+def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child: no failpoint unless `extra` arms one."""
+    env = dict(os.environ)
+    env.pop("STCAST_FAILPOINT", None)
+    env["NO_COLOR"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if extra:
+        env.update(extra)
+    return env
+
+
+def with_points(env: dict[str, str] | None, *points: str) -> dict[str, str]:
+    """`env` with more failpoints armed (joined to those it has)."""
+    env = dict(env or {})
+    env["STCAST_FAILPOINT"] = ",".join([*points, *filter(None, [env.get("STCAST_FAILPOINT")])])
+    return env
+
+
+def run_cli(
+    *args: object,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    cwd: os.PathLike | str | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+) -> tuple[int, str, str]:
+    """Run `python -m stcast ARGS` in a child; return (exit code, stdout, stderr)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "stcast", *map(str, args)],
+        capture_output=True,
+        env=cli_env(env),
+        timeout=timeout,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=preexec_fn,
+    )
+    return proc.returncode, proc.stdout.decode(), proc.stderr.decode()
+
+
+def run_python(
+    *args: object, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run `python ARGS` (e.g. "-c", code) in a fresh interpreter with the CLI's environment."""
+    return subprocess.run(
+        [sys.executable, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=cli_env(env),
+        timeout=timeout,
+    )
+
+
+# --- runs stopped at a failpoint ---------------------------------------------------------------
+
+
+class Run:
+    """`python -m stcast ARGS` in the background, for runs that stop at a failpoint."""
+
+    def __init__(self, *args: object, env: dict[str, str] | None = None) -> None:
+        self.out = tempfile.TemporaryFile()
+        self.err = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "stcast", *map(str, args)],
+            stdout=self.out,
+            stderr=self.err,
+            stdin=subprocess.DEVNULL,
+            env=cli_env(env),
+        )
+        # A watchdog instead of a timeout on waitpid: a run that never stops fails the test.
+        self.watchdog = threading.Timer(60, self.proc.kill)
+        self.watchdog.start()
+
+    def wait_stopped(self) -> Run:
+        _, status = os.waitpid(self.proc.pid, os.WUNTRACED)
+        if not os.WIFSTOPPED(status):
+            self.proc.returncode = os.waitstatus_to_exitcode(status)
+            raise AssertionError(f"run ended instead of stopping: {self.finish()}")
+        return self
+
+    def resume(self) -> Run:
+        os.kill(self.proc.pid, signal.SIGCONT)
+        return self
+
+    def kill(self) -> tuple[int, str]:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        return self.finish()
+
+    def finish(self) -> tuple[int, str]:
+        """Wait for the end; return (exit code, stderr)."""
+        if self.proc.returncode is None:
+            self.proc.wait(60)
+        self.watchdog.cancel()
+        self.err.seek(0)
+        return self.proc.returncode, self.err.read().decode()
+
+
+def stopped(*args: object, at: str, env: dict[str, str] | None = None) -> Run:
+    """A run of `python -m stcast ARGS` stopped (SIGSTOP) at failpoint `at`."""
+    return Run(*args, env=with_points(env, f"{at}=stop")).wait_stopped()
+
+
+# --- a terminal --------------------------------------------------------------------------------
+
+
+def run_on_pty(args: list[object], timeout: float = 60) -> tuple[int, str, bytes]:
+    """Run the CLI with stderr on a pseudo-terminal; return (rc, stdout, stderr bytes)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stcast", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        stdin=subprocess.DEVNULL,
+        env=cli_env(),
+    )
+    os.close(slave)
+    chunks = []
+    deadline = time.monotonic() + timeout
+    while True:
+        ready, _, _ = select.select([master], [], [], 0.2)
+        if ready:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the child closed its end
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif proc.poll() is not None:
+            break
+        assert time.monotonic() < deadline, "the CLI hung"
+    os.close(master)
+    out = proc.stdout.read().decode()
+    proc.stdout.close()
+    return proc.wait(timeout), out, b"".join(chunks)
