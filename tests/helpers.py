@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Callable
+from collections.abc import Sequence
 
 
 def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -43,17 +43,17 @@ def run_cli(
     env: dict[str, str] | None = None,
     timeout: float = 120,
     cwd: os.PathLike | str | None = None,
-    preexec_fn: Callable[[], None] | None = None,
+    wrap: Sequence[str] = (),
 ) -> tuple[int, str, str]:
-    """Run `python -m stcast ARGS` in a child; return (exit code, stdout, stderr)."""
+    """Run `python -m stcast ARGS` in a child (under the command `wrap`, if any); return (exit
+    code, stdout, stderr)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "stcast", *map(str, args)],
+        [*wrap, sys.executable, "-m", "stcast", *map(str, args)],
         capture_output=True,
         env=cli_env(env),
         timeout=timeout,
         cwd=cwd,
         stdin=subprocess.DEVNULL,
-        preexec_fn=preexec_fn,
     )
     return proc.returncode, proc.stdout.decode(), proc.stderr.decode()
 
@@ -69,6 +69,26 @@ def run_python(
         env=cli_env(env),
         timeout=timeout,
     )
+
+
+# --- privileges --------------------------------------------------------------------------------
+
+# The capabilities that let root ignore file modes.
+FILE_MODE_OVERRIDES = "-dac_override,-dac_read_search,-fowner"
+
+
+def without_file_mode_overrides() -> list[str]:
+    """A command prefix under which file modes apply, as root too (CI runs as root).
+
+    As root: `setpriv` (util-linux) drops CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH and CAP_FOWNER
+    from the inheritable and bounding sets, so the command it execs lacks them; the uid stays 0,
+    so the interpreter is still reachable (it may live under /root, mode 0700, which an
+    unprivileged uid such as nobody could not even enter). Not root: nothing to drop.
+    """
+    if os.geteuid() != 0:
+        return []
+    caps = FILE_MODE_OVERRIDES
+    return ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}", "--"]
 
 
 # --- runs stopped at a failpoint ---------------------------------------------------------------

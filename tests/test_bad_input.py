@@ -27,7 +27,7 @@ from conftest import (
     tensor_bytes,
     write_safetensors,
 )
-from helpers import cli_env
+from helpers import cli_env, run_cli, without_file_mode_overrides
 
 # --- malformed files ---------------------------------------------------------------------
 
@@ -518,11 +518,18 @@ def test_destination_is_a_dangling_symlink(tmp_path, cli):
     assert link.is_symlink() and not (tmp_path / "nowhere").exists()
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads and writes anything")
-def test_unreadable_input_and_folder(small_model, cli):
+def test_unreadable_input_and_folder(small_model):
+    """File modes are obeyed: an input without read permission, a folder without write one.
+
+    In a child without the capabilities that let root ignore file modes, so that it runs as
+    root too (see helpers.without_file_mode_overrides).
+    """
+    wrap = without_file_mode_overrides()
     os.chmod(small_model, 0)
     try:
-        rc, _, err = cli("convert", small_model, small_model.parent / "out.safetensors")
+        rc, _, err = run_cli(
+            "convert", small_model, small_model.parent / "out.safetensors", wrap=wrap
+        )
         assert rc == 1 and "Permission denied" in assert_one_error_line(err)
     finally:
         os.chmod(small_model, 0o644)
@@ -530,7 +537,7 @@ def test_unreadable_input_and_folder(small_model, cli):
     ro.mkdir()
     os.chmod(ro, 0o555)
     try:
-        rc, _, err = cli("convert", small_model, ro / "out.safetensors")
+        rc, _, err = run_cli("convert", small_model, ro / "out.safetensors", wrap=wrap)
         assert rc == 1 and "Permission denied" in assert_one_error_line(err)
         assert listing(ro) == []
     finally:
