@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import pty
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -89,6 +91,86 @@ def without_file_mode_overrides() -> list[str]:
         return []
     caps = FILE_MODE_OVERRIDES
     return ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}", "--"]
+
+
+# --- mounts ------------------------------------------------------------------------------------
+
+
+class MountNamespaceUnavailable(Exception):
+    pass
+
+
+class MountNamespace:
+    """A child that holds a private mount namespace, for tests that mount file systems.
+
+    The host never sees those mounts: when the child ends (the test closes it, or dies and its
+    stdin closes), the namespace and its mounts go with it, so a failed test leaks no mount.
+    The child is `unshare --mount` as root, else `unshare --user --map-root-user --mount`; it
+    runs the commands the test sends (`run`), one line each. The test and the CLI reach the
+    mounts through the child's root, `/proc/PID/root` (`view`).
+    """
+
+    LOOP = (
+        'echo ready; while read -r line; do if sh -c "$line"; then echo ok; else echo failed; fi;'
+        " done"
+    )
+
+    def __init__(self) -> None:
+        unshare = ["unshare", "--mount", "--propagation", "private"]
+        if os.geteuid() != 0:
+            unshare[1:1] = ["--user", "--map-root-user"]
+        self.err = tempfile.TemporaryFile()
+        try:
+            self.proc = subprocess.Popen(
+                [*unshare, "sh", "-c", self.LOOP],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self.err,
+                text=True,
+            )
+        except FileNotFoundError as e:  # no unshare(1)
+            raise MountNamespaceUnavailable(str(e)) from None
+        if self.proc.stdout.readline() != "ready\n":
+            self.close()
+            raise MountNamespaceUnavailable(self.stderr())
+        self.root = f"/proc/{self.proc.pid}/root"
+
+    def run(self, *argv: object) -> None:
+        """Run a command in the namespace; it must succeed."""
+        self.proc.stdin.write(shlex.join(map(str, argv)) + "\n")
+        self.proc.stdin.flush()
+        reply = self.proc.stdout.readline()
+        assert reply == "ok\n", f"{argv} failed in the mount namespace: {self.stderr()}"
+
+    def view(self, path: os.PathLike | str) -> Path:
+        """`path` (absolute) as seen in the namespace, from outside it."""
+        return Path(self.root + os.fspath(path))
+
+    def real(self, view: os.PathLike | str) -> str:
+        """The path in the namespace of a `view` path."""
+        text = os.fspath(view)
+        assert text.startswith(self.root + "/"), text
+        return text[len(self.root) :]
+
+    def tmpfs(self, folder: Path, size: str) -> Path:
+        """Mount a tmpfs of `size` on the empty `folder`; return its view."""
+        self.run("mount", "-t", "tmpfs", "-o", f"size={size}", "stcast-test", folder)
+        return self.view(folder)
+
+    def remount_read_only(self, view: Path) -> None:
+        self.run("mount", "-o", "remount,ro", self.real(view))
+
+    def stderr(self) -> str:
+        self.err.seek(0)
+        return self.err.read().decode(errors="replace")
+
+    def close(self) -> None:
+        """End the child: its namespace and every mount in it go."""
+        if self.proc.stdin and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        self.proc.wait(30)
+        self.proc.stdout.close()
+        self.err.close()
 
 
 # --- runs stopped at a failpoint ---------------------------------------------------------------

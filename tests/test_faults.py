@@ -5,8 +5,8 @@ runs, and an input modified while it is read. Whatever happens, nothing is left.
 Runs stop at an exact point with `STCAST_FAILPOINT=POINT=stop` (the process raises SIGSTOP);
 the test waits for the stop with `waitpid(WUNTRACED)`, acts, and resumes or kills it: no
 sleeping. The failpoint `tmpfile=eopnotsupp` makes stcast use a named, flock-held temp file
-instead of O_TMPFILE, as on a file system without it. Tests that mount a tmpfs need root and
-are skipped without it (CI runs as root).
+instead of O_TMPFILE, as on a file system without it. A tmpfs is mounted in a private mount
+namespace (helpers.MountNamespace), never on the host.
 """
 
 from __future__ import annotations
@@ -15,13 +15,12 @@ import fcntl
 import os
 import re
 import signal
-import subprocess
 
 import numpy as np
 import pytest
 import stcast
 from conftest import assert_one_error_line, listing, tensor_bytes, write_safetensors
-from helpers import run_python, stopped, with_points
+from helpers import MountNamespace, MountNamespaceUnavailable, run_python, stopped, with_points
 
 # The CLI converts in 8 MiB windows: a 10 MiB first tensor spans two, so `mid-tensor` is
 # reached with half of the input read.
@@ -67,22 +66,29 @@ def temps(folder):
 
 
 @pytest.fixture
-def tmpfs(tmp_path):
-    """mount(size) -> a fresh tmpfs folder of that size; unmounted afterwards."""
-    mounted = []
+def mount_ns():
+    """A private mount namespace (helpers.MountNamespace); skipped only without root and
+    without user namespaces."""
+    try:
+        ns = MountNamespace()
+    except MountNamespaceUnavailable as e:
+        if os.geteuid() == 0:
+            raise
+        pytest.skip(f"mounting needs root or user namespaces: {e}")
+    yield ns
+    ns.close()
+
+
+@pytest.fixture
+def tmpfs(mount_ns, tmp_path):
+    """mount(size) -> a fresh tmpfs folder of that size, in the private mount namespace."""
 
     def mount(size="1M", name="mnt"):
-        if os.geteuid() != 0:
-            pytest.skip("mounting a tmpfs needs root (CI runs as root)")
         d = tmp_path / name
         d.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "stcast-test", d], check=True)
-        mounted.append(d)
-        return d
+        return mount_ns.tmpfs(d, size)
 
-    yield mount
-    for d in reversed(mounted):
-        subprocess.run(["umount", d], check=True)
+    return mount
 
 
 @pytest.mark.parametrize("env", [{}, NAMED], ids=["tmpfile", "named"])
@@ -124,12 +130,12 @@ def test_small_output_fits_on_tmpfs(tmp_path, tmpfs, cli):
 
 @pytest.mark.parametrize("env", [{}, NAMED], ids=["tmpfile", "named"])
 @pytest.mark.parametrize("force", [False, True], ids=["new", "force"])
-def test_read_only_folder(big_model, tmpfs, cli, env, force):
+def test_read_only_folder(big_model, mount_ns, tmpfs, cli, env, force):
     mnt = tmpfs("1M")
     dst = mnt / "out.safetensors"
     if force:
         dst.write_bytes(b"old")
-    subprocess.run(["mount", "-o", "remount,ro", mnt], check=True)
+    mount_ns.remount_read_only(mnt)
     before = snapshot(mnt)
     args = ["convert", big_model, dst] + (["--force"] if force else [])
     rc, _, err = cli(*args, env=env)
