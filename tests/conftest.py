@@ -6,8 +6,11 @@ parses output files without trusting stcast (and keeps the JSON key order).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Union
 
@@ -139,9 +142,44 @@ def listing(folder: os.PathLike | str) -> list[str]:
     return sorted(os.listdir(folder))
 
 
+def main_in_process(*args: object, cwd: os.PathLike | str | None = None) -> tuple[int, str, str]:
+    """Run `stcast.cli.main(ARGS)` in this process; return (exit code, stdout, stderr).
+
+    For every test where no process boundary is under test (see helpers.py for the others).
+    stdout and stderr are captured by swapping sys.stdout and sys.stderr; the warning filters
+    and `warnings.showwarning` (which main sets for its commands) are checked to be as they
+    were, and restored in any case, so that no run leaks state into the next test.
+    """
+    from stcast import cli
+
+    argv = [os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else str(a) for a in args]
+    out, err = io.StringIO(), io.StringIO()
+    home = os.getcwd() if cwd is not None else None
+    with warnings.catch_warnings():  # restores the filters and showwarning on the way out
+        filters, show = list(warnings.filters), warnings.showwarning
+        try:
+            if cwd is not None:
+                os.chdir(cwd)
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = cli.main(argv)
+        finally:
+            if home is not None:
+                os.chdir(home)
+        leaked = list(warnings.filters) != filters or warnings.showwarning is not show
+    assert not leaked, "stcast.cli.main left the warning filters or showwarning changed"
+    return code, out.getvalue(), err.getvalue()
+
+
 @pytest.fixture
-def cli():
-    """The CLI in a child: `rc, out, err = cli("convert", src, dst, env={...})`."""
+def run_main():
+    """The CLI in-process: `rc, out, err = run_main("convert", src, dst)`."""
+    return main_in_process
+
+
+@pytest.fixture
+def cli_process():
+    """The CLI in a child, `python -m stcast`: `rc, out, err = cli_process("convert", src,
+    dst, env={...})`, for failpoints, exit codes of the process and the like (helpers.py)."""
     return run_cli
 
 

@@ -12,8 +12,6 @@ import json
 import os
 import pathlib
 import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -24,10 +22,11 @@ from conftest import (
     check_raising_progress,
     encode_header,
     listing,
+    main_in_process,
     tensor_bytes,
     write_safetensors,
 )
-from helpers import cli_env, run_cli, without_file_mode_overrides
+from helpers import run_cli, run_python, without_file_mode_overrides
 
 # --- malformed files ---------------------------------------------------------------------
 
@@ -265,13 +264,13 @@ def write_bad(tmp_path, case: tuple[str, bytes, list[str]]) -> tuple[pathlib.Pat
     return path, words
 
 
-def convert_is_refused(cli, path: pathlib.Path, words: list[str]) -> str:
+def convert_is_refused(path: pathlib.Path, words: list[str]) -> str:
     """`stcast convert` of `path` exits 1 with one short error line naming the file and every
     one of `words`, prints nothing on stdout and leaves the folder as it was; returns the line.
     """
     folder = path.parent
     before = listing(folder)
-    rc, out, err = cli("convert", path, folder / "out.safetensors", timeout=60)
+    rc, out, err = main_in_process("convert", path, folder / "out.safetensors")
     assert rc == 1, err
     assert out == ""
     line = assert_one_error_line(err)
@@ -288,8 +287,8 @@ def bad_file(request, tmp_path):
     return write_bad(tmp_path, request.param)
 
 
-def test_bad_input_cli(bad_file, cli):
-    convert_is_refused(cli, *bad_file)
+def test_bad_input_cli(bad_file):
+    convert_is_refused(*bad_file)
 
 
 def test_bad_input_api(bad_file):
@@ -311,10 +310,10 @@ def test_bad_input_api(bad_file):
 
 
 @pytest.mark.parametrize("case", ["empty", "duplicate-name", "truncated-data"])
-def test_bad_input_default_destination(tmp_path, cli, case):
+def test_bad_input_default_destination(tmp_path, run_main, case):
     path = tmp_path / "bad.safetensors"
     path.write_bytes(next(data for name, data, _ in BAD_FILES if name == case))
-    rc, _, err = cli("convert", path)
+    rc, _, err = run_main("convert", path)
     assert rc == 1
     assert assert_one_error_line(err).startswith(f"stcast: {path}: ")
     with pytest.raises(stcast.StcastError):
@@ -322,10 +321,10 @@ def test_bad_input_default_destination(tmp_path, cli, case):
     assert listing(tmp_path) == ["bad.safetensors"]
 
 
-def test_bad_input_json(tmp_path, cli):
+def test_bad_input_json(tmp_path, run_main):
     path = tmp_path / "bad.safetensors"
     path.write_bytes(header_file({"a": t(dtype="F128")}, F32_1))
-    rc, out, err = cli("inspect", path, "--json")
+    rc, out, err = run_main("inspect", path, "--json")
     assert rc == 1
     assert_json_error_stderr(err)
     doc = json.loads(out)
@@ -339,11 +338,11 @@ def more_bad_file(request, tmp_path):
     return write_bad(tmp_path, request.param)
 
 
-def test_more_bad_input_cli_and_api(more_bad_file, cli):
+def test_more_bad_input_cli_and_api(more_bad_file):
     path, words = more_bad_file
     folder = path.parent
     before = listing(folder)
-    line = convert_is_refused(cli, path, words)
+    line = convert_is_refused(path, words)
     assert line.startswith(f"stcast: {path}: invalid "), line
     with pytest.raises(stcast.StcastError) as info:
         stcast.convert(path, folder / "out.safetensors")
@@ -366,11 +365,11 @@ def small_model(tmp_path):
     return write_safetensors(tmp_path / "model.safetensors", {"a": ("F32", [1], F32_1)})
 
 
-def check_refused(cli, src, dst, words, *extra, kind="refused", cls=stcast.StcastError):
+def check_refused(src, dst, words, *extra, kind="refused", cls=stcast.StcastError):
     folder = dst.parent if dst.parent.exists() else src.parent
     before = listing(folder)
     snapshot = {p: (folder / p).read_bytes() for p in before if (folder / p).is_file()}
-    rc, out, err = cli("convert", src, dst, *extra, timeout=30)
+    rc, out, err = main_in_process("convert", src, dst, *extra)
     assert rc == 1, err
     line = assert_one_error_line(err)
     for w in words:
@@ -387,37 +386,37 @@ def check_refused(cli, src, dst, words, *extra, kind="refused", cls=stcast.Stcas
 
 
 @pytest.mark.parametrize("force", [[], ["--force"]], ids=["plain", "force"])
-def test_destination_is_input(small_model, cli, force):
-    line = check_refused(cli, small_model, small_model, ["destination is the input"], *force)
+def test_destination_is_input(small_model, force):
+    line = check_refused(small_model, small_model, ["destination is the input"], *force)
     assert str(small_model) in line
 
 
 @pytest.mark.parametrize("force", [[], ["--force"]], ids=["plain", "force"])
-def test_destination_is_symlink_to_input(small_model, cli, force):
+def test_destination_is_symlink_to_input(small_model, force):
     link = small_model.parent / "link.safetensors"
     link.symlink_to(small_model.name)
-    check_refused(cli, small_model, link, ["destination is the input"], *force)
+    check_refused(small_model, link, ["destination is the input"], *force)
     assert link.is_symlink()
 
 
 @pytest.mark.parametrize("force", [[], ["--force"]], ids=["plain", "force"])
-def test_destination_is_hard_link_to_input(small_model, cli, force):
+def test_destination_is_hard_link_to_input(small_model, force):
     link = small_model.parent / "hard.safetensors"
     os.link(small_model, link)
-    check_refused(cli, small_model, link, ["destination is the input"], *force)
+    check_refused(small_model, link, ["destination is the input"], *force)
 
 
-def test_source_via_symlink_to_destination(small_model, cli):
+def test_source_via_symlink_to_destination(small_model):
     link = small_model.parent / "link.safetensors"
     link.symlink_to(small_model.name)
-    check_refused(cli, link, small_model, ["destination is the input"], "--force")
+    check_refused(link, small_model, ["destination is the input"], "--force")
 
 
-def test_destination_exists(small_model, cli):
+def test_destination_exists(small_model, run_main):
     dst = small_model.parent / "out.safetensors"
     dst.write_bytes(b"precious")
     line = check_refused(
-        cli, small_model, dst, ["destination exists", "--force"], kind="destination_exists"
+        small_model, dst, ["destination exists", "--force"], kind="destination_exists"
     )
     assert str(dst) in line
     # From Python: a FileExistsError (errno set) that is also a StcastError, in API words.
@@ -427,59 +426,60 @@ def test_destination_exists(small_model, cli):
     assert isinstance(e, stcast.StcastError) and isinstance(e, stcast.DestinationExists)
     assert e.errno == errno.EEXIST and e.filename == str(dst) and e.path == str(dst)
     assert str(e) == f"{dst}: destination exists (force=True replaces it)"
-    rc, _, err = cli("convert", small_model, dst, "--force")
+    rc, _, err = run_main("convert", small_model, dst, "--force")
     assert rc == 0, err
     assert tensor_bytes(dst)["a"] == ("BF16", [1], b"\x80\x3f")
     assert listing(small_model.parent) == ["model.safetensors", "out.safetensors"]
 
 
-def test_default_destination_exists(small_model, cli):
+def test_default_destination_exists(small_model, run_main):
     dst = small_model.parent / "model-bf16.safetensors"
     dst.write_bytes(b"precious")
-    rc, _, err = cli("convert", small_model)
+    rc, _, err = run_main("convert", small_model)
     assert rc == 1
     assert "destination exists" in assert_one_error_line(err)
     assert dst.read_bytes() == b"precious"
 
 
-def test_destination_is_a_folder(small_model, cli):
+def test_destination_is_a_folder(small_model):
     folder = small_model.parent / "sub"
     folder.mkdir()
-    check_refused(cli, small_model, folder, ["destination is a folder"], "--force")
+    check_refused(small_model, folder, ["destination is a folder"], "--force")
     assert listing(folder) == []
 
 
-def test_missing_destination_folder(small_model, cli):
+def test_missing_destination_folder(small_model):
     dst = small_model.parent / "nope" / "out.safetensors"
-    line = check_refused(cli, small_model, dst, ["destination folder does not exist"])
+    line = check_refused(small_model, dst, ["destination folder does not exist"])
     assert str(small_model.parent / "nope") in line
 
 
 # --- sources that are not regular files -----------------------------------------------------
 
 
-def test_input_is_a_directory(tmp_path, cli):
+def test_input_is_a_directory(tmp_path):
     src = tmp_path / "dir.safetensors"
     src.mkdir()
-    line = check_refused(cli, src, tmp_path / "out.safetensors", ["directory"])
+    line = check_refused(src, tmp_path / "out.safetensors", ["directory"])
     assert str(src) in line
     with pytest.raises(stcast.StcastError):
         stcast.inspect(src)
 
 
-def test_input_is_a_fifo(tmp_path, cli):
+def test_input_is_a_fifo(tmp_path, cli_process):
     src = tmp_path / "pipe.safetensors"
     os.mkfifo(src)
-    line = check_refused(cli, src, tmp_path / "out.safetensors", ["FIFO"])
+    line = check_refused(src, tmp_path / "out.safetensors", ["FIFO"])
     assert str(src) in line
-    rc, _, err = cli("inspect", src, timeout=30)
+    # Opening a FIFO blocks: `inspect` in a child with a timeout, like the API's check below.
+    rc, _, err = cli_process("inspect", src, timeout=30)
     assert rc == 1 and "FIFO" in assert_one_error_line(err)
 
 
-def test_input_missing(tmp_path, cli):
+def test_input_missing(tmp_path):
     src = tmp_path / "missing.safetensors"
     line = check_refused(
-        cli, src, tmp_path / "out.safetensors", ["No such file"], kind=None, cls=FileNotFoundError
+        src, tmp_path / "out.safetensors", ["No such file"], kind=None, cls=FileNotFoundError
     )
     assert str(src) in line
     with pytest.raises(FileNotFoundError) as info:
@@ -491,8 +491,8 @@ def test_input_missing(tmp_path, cli):
 
 
 @pytest.mark.parametrize("device", ["/dev/zero", "/dev/null"])
-def test_source_is_a_device(tmp_path, cli, device):
-    rc, _, err = cli("convert", device, tmp_path / "out.safetensors", timeout=30)
+def test_source_is_a_device(tmp_path, run_main, device):
+    rc, _, err = run_main("convert", device, tmp_path / "out.safetensors")
     assert rc == 1
     assert assert_one_error_line(err) == f"stcast: {device}: input is a device, not a regular file"
     with pytest.raises(stcast.StcastError) as info:
@@ -501,19 +501,19 @@ def test_source_is_a_device(tmp_path, cli, device):
     assert listing(tmp_path) == []
 
 
-def test_source_is_a_socket(tmp_path, cli):
+def test_source_is_a_socket(tmp_path, run_main):
     path = tmp_path / "s.safetensors"
     with socket.socket(socket.AF_UNIX) as s:
         s.bind(str(path))
-        rc, _, err = cli("inspect", path, timeout=30)
+        rc, _, err = run_main("inspect", path)
     assert rc == 1 and "cannot open the input" in assert_one_error_line(err)  # ENXIO
 
 
-def test_destination_is_a_dangling_symlink(tmp_path, cli):
+def test_destination_is_a_dangling_symlink(tmp_path, run_main):
     src = write_safetensors(tmp_path / "m.safetensors", {"a": ("F32", [1], F32_1)})
     link = tmp_path / "out.safetensors"
     link.symlink_to(tmp_path / "nowhere" / "x.safetensors")
-    rc, _, err = cli("convert", src, link)
+    rc, _, err = run_main("convert", src, link)
     assert rc == 1 and "destination exists" in assert_one_error_line(err)
     assert link.is_symlink() and not (tmp_path / "nowhere").exists()
 
@@ -554,13 +554,7 @@ def test_fifo_does_not_hang_api(tmp_path):
         "except stcast.StcastError as e:\n"
         "    print(e.kind)\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(src)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env=cli_env(),
-    )
+    proc = run_python("-c", code, src, timeout=30)  # a child, in case it hangs
     assert proc.stdout.strip() == "refused", proc.stderr
 
 
@@ -572,11 +566,11 @@ def write_two_floats(path):
     return write_safetensors(path, {"a": ("F32", [2], np.array([1.0, -2.0], np.float32))})
 
 
-def test_non_utf8_names(tmp_path, cli):
+def test_non_utf8_names(tmp_path, run_main):
     folder = os.fsencode(tmp_path)
     src = os.fsdecode(folder + b"/caf\xe9-\xff.safetensors")
     write_two_floats(src)
-    rc, _, err = cli("convert", "-q", src)
+    rc, _, err = run_main("convert", "-q", src)
     assert (rc, err) == (0, "")
     dst = folder + b"/caf\xe9-\xff-bf16.safetensors"
     assert os.path.exists(dst)
@@ -588,42 +582,43 @@ def test_non_utf8_names(tmp_path, cli):
     bad = folder + b"/\x80bad.safetensors"
     with open(bad, "wb") as f:
         f.write(b"\0" * 3)
-    rc, _, err = cli("convert", os.fsdecode(bad), os.fsdecode(folder + b"/x.safetensors"))
+    rc, _, err = run_main("convert", os.fsdecode(bad), os.fsdecode(folder + b"/x.safetensors"))
     assert rc == 1 and "header too small" in assert_one_error_line(err)
     with pytest.raises(stcast.StcastError) as info:
         stcast.inspect(bad)
     assert os.fsencode(info.value.path) == bad
 
 
-def test_255_byte_names(tmp_path, cli):
+def test_255_byte_names(tmp_path, run_main):
     src = write_two_floats(tmp_path / ("s" * 243 + ".safetensors"))  # 255 bytes
     dst = tmp_path / ("d" * 243 + ".safetensors")
-    rc, _, err = cli("convert", "-q", src, dst)
+    rc, _, err = run_main("convert", "-q", src, dst)
     assert (rc, err) == (0, "")
     # The default name adds "-bf16": one byte too many for the file system, said clearly.
     os.remove(dst)
     before = listing(tmp_path)
-    rc, _, err = cli("convert", src)
+    rc, _, err = run_main("convert", src)
     assert rc == 1
     assert "File name too long" in assert_one_error_line(err)
     assert listing(tmp_path) == before
 
 
-def test_path_longer_than_path_max(tmp_path, cli):
+def test_path_longer_than_path_max(tmp_path, run_main):
     src = write_two_floats(tmp_path / "s.safetensors")
     far = str(tmp_path) + "/." * 2100 + "/s.safetensors"  # > 4096 bytes, same file
     assert len(far) > 4096
-    rc, _, err = cli("convert", far, tmp_path / "out.safetensors")
+    rc, _, err = run_main("convert", far, tmp_path / "out.safetensors")
     assert rc == 1
     line = assert_one_error_line(err)
     assert "cannot open the input: File name too long" in line and len(line) > 4096
-    rc, _, err = cli("convert", src, far[: -len("s.safetensors")] + "out.safetensors")
+    rc, _, err = run_main("convert", src, far[: -len("s.safetensors")] + "out.safetensors")
     assert rc == 1 and "File name too long" in assert_one_error_line(err)
     assert listing(tmp_path) == ["s.safetensors"]
 
 
 def test_working_folder_deeper_than_path_max(tmp_path):
     """Relative paths work from a folder whose absolute path no syscall would accept."""
+    home = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
     fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         for _ in range(20):  # 20 x 250 bytes > PATH_MAX
@@ -631,30 +626,16 @@ def test_working_folder_deeper_than_path_max(tmp_path):
             nxt = os.open("d" * 249, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
             os.close(fd)
             fd = nxt
-        code = (
-            "import os, sys, stcast\n"
-            "os.fchdir(int(sys.argv[1]))\n"
-            "sys.path.insert(0, sys.argv[2])\n"
-            "from conftest import write_safetensors\n"
-            "write_safetensors('in.safetensors', {'a': ('F32', [1], b'\\0\\0\\x80?')})\n"
-            "r = stcast.convert('in.safetensors', 'out.safetensors')\n"
-            "print(r.dst, sorted(os.listdir('.')))\n"
-        )
-        proc = subprocess.run(
-            [sys.executable, "-c", code, str(fd), os.path.dirname(__file__)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=cli_env(),
-            pass_fds=(fd,),
-            cwd=tmp_path,
-        )
-        assert proc.returncode == 0, proc.stderr
-        assert proc.stdout.split(None, 1) == [
+        os.fchdir(fd)
+        write_safetensors("in.safetensors", {"a": ("F32", [1], b"\0\0\x80?")})
+        r = stcast.convert("in.safetensors", "out.safetensors")
+        assert (r.dst, sorted(os.listdir("."))) == (
             "out.safetensors",
-            "['in.safetensors', 'out.safetensors']\n",
-        ]
+            ["in.safetensors", "out.safetensors"],
+        )
     finally:
+        os.fchdir(home)
+        os.close(home)
         os.close(fd)
 
 
@@ -729,15 +710,8 @@ def test_raising_progress_leaves_nothing_with_a_named_temp(tmp_path):
         "        d.mkdir()\n"
         "        check_raising_progress(d, raised, at_call)\n"
     )
-    env = cli_env({"STCAST_FAILPOINT": "tmpfile=eopnotsupp"})
-    here = os.path.dirname(__file__)
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path), here],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    env = {"STCAST_FAILPOINT": "tmpfile=eopnotsupp"}
+    proc = run_python("-c", code, tmp_path, os.path.dirname(__file__), env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
 
 

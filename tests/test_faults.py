@@ -12,6 +12,7 @@ namespace (helpers.MountNamespace), never on the host.
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import re
 import signal
@@ -91,19 +92,32 @@ def tmpfs(mount_ns, tmp_path):
     return mount
 
 
+@pytest.fixture
+def cli_for(run_main, cli_process):
+    """cli_for(env)(ARGS): the CLI in a child when `env` arms a failpoint (they are read once
+    per process), else in-process."""
+
+    def pick(env):
+        if env.get("STCAST_FAILPOINT"):
+            return functools.partial(cli_process, env=env)
+        return run_main
+
+    return pick
+
+
 @pytest.mark.parametrize("env", [{}, NAMED], ids=["tmpfile", "named"])
-def test_disk_full_fails_before_converting(big_model, tmpfs, cli, env):
+def test_disk_full_fails_before_converting(big_model, tmpfs, cli_process, run_main, env):
     mnt = tmpfs("1M")
     dst = mnt / "out.safetensors"
     # mid-tensor=eio proves nothing was converted: reaching the first window would fail there.
-    rc, out, err = cli("convert", big_model, dst, env=with_points(env, "mid-tensor=eio"))
+    rc, out, err = cli_process("convert", big_model, dst, env=with_points(env, "mid-tensor=eio"))
     assert rc == 1, err
     line = assert_one_error_line(err)
     m = re.fullmatch(rf"stcast: {mnt}: not enough disk space: need (.+), have (.+)", line)
     assert m, line
     assert m.group(1) == "5.24 MB" and m.group(2) == "1.05 MB", line
     assert listing(mnt) == []
-    rc, out, _ = cli("convert", "--json", big_model, dst)
+    rc, out, _ = run_main("convert", "--json", big_model, dst)
     assert rc == 1 and '"kind": "no_space"' in out
     with pytest.raises(stcast.StcastError) as info:
         stcast.convert(big_model, dst)
@@ -111,26 +125,26 @@ def test_disk_full_fails_before_converting(big_model, tmpfs, cli, env):
     assert listing(mnt) == []
 
 
-def test_disk_full_keeps_the_old_destination(big_model, tmpfs, cli):
+def test_disk_full_keeps_the_old_destination(big_model, tmpfs, run_main):
     mnt = tmpfs("1M")
     dst = mnt / "out.safetensors"
     dst.write_bytes(b"the old output")
-    rc, _, err = cli("convert", big_model, dst, "--force")
+    rc, _, err = run_main("convert", big_model, dst, "--force")
     assert rc == 1 and "not enough disk space" in assert_one_error_line(err)
     assert snapshot(mnt) == {"out.safetensors": b"the old output"}
 
 
-def test_small_output_fits_on_tmpfs(tmp_path, tmpfs, cli):
+def test_small_output_fits_on_tmpfs(tmp_path, tmpfs, cli_process):
     mnt = tmpfs("1M")
     src = write_safetensors(tmp_path / "s.safetensors", {"x": ("F32", [1000], np.ones(1000, "f4"))})
-    rc, _, err = cli("convert", "-q", src, mnt / "s.safetensors", env=NAMED)
+    rc, _, err = cli_process("convert", "-q", src, mnt / "s.safetensors", env=NAMED)
     assert rc == 0, err
     assert listing(mnt) == ["s.safetensors"]
 
 
 @pytest.mark.parametrize("env", [{}, NAMED], ids=["tmpfile", "named"])
 @pytest.mark.parametrize("force", [False, True], ids=["new", "force"])
-def test_read_only_folder(big_model, mount_ns, tmpfs, cli, env, force):
+def test_read_only_folder(big_model, mount_ns, tmpfs, cli_for, env, force):
     mnt = tmpfs("1M")
     dst = mnt / "out.safetensors"
     if force:
@@ -138,7 +152,7 @@ def test_read_only_folder(big_model, mount_ns, tmpfs, cli, env, force):
     mount_ns.remount_read_only(mnt)
     before = snapshot(mnt)
     args = ["convert", big_model, dst] + (["--force"] if force else [])
-    rc, _, err = cli(*args, env=env)
+    rc, _, err = cli_for(env)(*args)
     assert rc == 1, err
     line = assert_one_error_line(err)
     assert line == f"stcast: {mnt}: cannot create the output: Read-only file system", line
@@ -156,14 +170,14 @@ POINTS = ["create", "prealloc", "mid-tensor", "fsync", "publish"]
 
 @pytest.mark.parametrize("point", POINTS)
 @pytest.mark.parametrize("force", [False, True], ids=["new", "force"])
-def test_sigint_leaves_nothing(big_model, cli, point, force):
+def test_sigint_leaves_nothing(big_model, cli_process, point, force):
     folder = big_model.parent
     dst = folder / "out.safetensors"
     if force:
         dst.write_bytes(b"the old output")
     before = snapshot(folder)
     args = ["convert", big_model, dst] + (["--force"] if force else [])
-    rc, out, err = cli(*args, env={"STCAST_FAILPOINT": f"{point}=sigint"}, timeout=60)
+    rc, out, err = cli_process(*args, env={"STCAST_FAILPOINT": f"{point}=sigint"}, timeout=60)
     assert rc == 130, err
     assert "Traceback" not in err
     assert assert_one_error_line(err) == "stcast: interrupted"
@@ -171,8 +185,8 @@ def test_sigint_leaves_nothing(big_model, cli, point, force):
 
 
 @pytest.mark.parametrize("point", POINTS)
-def test_sigint_json(big_model, cli, point):
-    rc, out, err = cli(
+def test_sigint_json(big_model, cli_process, point):
+    rc, out, err = cli_process(
         "convert",
         "--json",
         big_model,
@@ -197,14 +211,14 @@ def test_sigint_json(big_model, cli, point):
     ],
 )
 @pytest.mark.parametrize("force", [False, True], ids=["new", "force"])
-def test_write_failures(big_model, cli, spec, words, force):
+def test_write_failures(big_model, cli_process, spec, words, force):
     folder = big_model.parent
     dst = folder / "out.safetensors"
     if force:
         dst.write_bytes(b"the old output")
     before = snapshot(folder)
     args = ["convert", big_model, dst] + (["--force"] if force else [])
-    rc, out, err = cli(*args, env={"STCAST_FAILPOINT": spec}, timeout=60)
+    rc, out, err = cli_process(*args, env={"STCAST_FAILPOINT": spec}, timeout=60)
     assert rc == 1, err
     line = assert_one_error_line(err)
     for w in words:
@@ -213,8 +227,8 @@ def test_write_failures(big_model, cli, spec, words, force):
     assert snapshot(folder) == before
 
 
-def test_no_space_json_kind(big_model, cli):
-    rc, out, _ = cli(
+def test_no_space_json_kind(big_model, cli_process):
+    rc, out, _ = cli_process(
         "convert",
         "--json",
         big_model,
@@ -224,8 +238,8 @@ def test_no_space_json_kind(big_model, cli):
     assert rc == 1 and '"kind": "no_space"' in out
 
 
-def test_unknown_failpoint_is_ignored(big_model, cli):
-    rc, _, err = cli(
+def test_unknown_failpoint_is_ignored(big_model, cli_process):
+    rc, _, err = cli_process(
         "convert",
         "-q",
         big_model,
@@ -253,14 +267,14 @@ NAMED_FAULTS = [
 
 @pytest.mark.parametrize("point, action", NAMED_FAULTS, ids=[f"{p}={a}" for p, a in NAMED_FAULTS])
 @pytest.mark.parametrize("force", [False, True], ids=["new", "force"])
-def test_named_temp_faults_leave_nothing(big_model, cli, point, action, force):
+def test_named_temp_faults_leave_nothing(big_model, cli_process, point, action, force):
     folder = big_model.parent
     dst = folder / "out.safetensors"
     if force:
         dst.write_bytes(b"the old output")
     before = snapshot(folder)
     args = ["convert", big_model, dst] + (["--force"] if force else [])
-    rc, _, err = cli(*args, env=with_points(NAMED, f"{point}={action}"))
+    rc, _, err = cli_process(*args, env=with_points(NAMED, f"{point}={action}"))
     line = assert_one_error_line(err)
     if action == "sigint":
         assert (rc, line) == (130, "stcast: interrupted"), err
@@ -288,14 +302,14 @@ def test_sigkill_with_tmpfile_leaves_nothing(big_model, force):
     assert snapshot(folder) == before
 
 
-def test_sigkill_named_temp_is_removed_by_the_next_run(big_model, cli, big_model_bf16):
+def test_sigkill_named_temp_is_removed_by_the_next_run(big_model, run_main, big_model_bf16):
     folder = big_model.parent
     run = stopped("convert", big_model, folder / "a.safetensors", at="mid-tensor", env=NAMED)
     (temp,) = temps(folder)
     assert run.kill()[0] == -signal.SIGKILL
     assert temps(folder) == [temp]  # a killed run cannot clean up: the next one does
 
-    rc, _, err = cli("convert", "-q", big_model, folder / "b.safetensors")
+    rc, _, err = run_main("convert", "-q", big_model, folder / "b.safetensors")
     assert rc == 0, err
     line = assert_one_error_line(err)
     assert line.startswith(f"stcast: warning: removed {folder / temp}, a temp file left by"), line
@@ -312,28 +326,28 @@ def test_stale_temp_removal_through_the_api(big_model):
     assert temps(folder) == [] and len(report.warnings) == 1
 
 
-def test_temp_whose_lock_is_held_is_left_alone(big_model, cli):
+def test_temp_whose_lock_is_held_is_left_alone(big_model, cli_process, run_main):
     folder = big_model.parent
     held = folder / ".stcast-otherhost-4242-00000000deadbeef.tmp"
     held.write_bytes(b"being written on another host")
     with open(held, "r+b") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
-        rc, _, err = cli("convert", "-q", big_model, folder / "a.safetensors", env=NAMED)
+        rc, _, err = cli_process("convert", "-q", big_model, folder / "a.safetensors", env=NAMED)
         assert (rc, err) == (0, "")
         assert held.read_bytes() == b"being written on another host"
     # Released (its writer died): the next run removes it, whatever its pid or host say.
-    rc, _, err = cli("convert", "-q", big_model, folder / "b.safetensors")
+    rc, _, err = run_main("convert", "-q", big_model, folder / "b.safetensors")
     assert rc == 0 and "warning: removed" in assert_one_error_line(err)
     assert not held.exists()
 
 
-def test_live_run_keeps_its_temp_while_another_runs(big_model, cli, big_model_bf16):
+def test_live_run_keeps_its_temp_while_another_runs(big_model, cli_process, big_model_bf16):
     folder = big_model.parent
     first = stopped(
         "convert", "-q", big_model, folder / "a.safetensors", at="mid-tensor", env=NAMED
     )
     (temp,) = temps(folder)
-    rc, _, err = cli("convert", "-q", big_model, folder / "b.safetensors", env=NAMED)
+    rc, _, err = cli_process("convert", "-q", big_model, folder / "b.safetensors", env=NAMED)
     assert (rc, err) == (0, "")
     assert temps(folder) == [temp]
     assert first.resume().finish() == (0, "")
@@ -341,7 +355,7 @@ def test_live_run_keeps_its_temp_while_another_runs(big_model, cli, big_model_bf
     assert (folder / "a.safetensors").read_bytes() == big_model_bf16
 
 
-def test_cleaner_touches_only_its_own_unlocked_temps(big_model, cli):
+def test_cleaner_touches_only_its_own_unlocked_temps(big_model, cli_process):
     folder = big_model.parent
     outside = folder / "sub"
     outside.mkdir()
@@ -352,7 +366,8 @@ def test_cleaner_touches_only_its_own_unlocked_temps(big_model, cli):
     (folder / ".stcast-dir.tmp").mkdir()
     os.mkfifo(folder / ".stcast-fifo.tmp")
     before = listing(folder)
-    rc, _, err = cli("convert", "-q", big_model, folder / "out.safetensors", timeout=30)
+    # A FIFO among the temps: opening one would block, so a child with a timeout.
+    rc, _, err = cli_process("convert", "-q", big_model, folder / "out.safetensors", timeout=30)
     assert (rc, err) == (0, "")
     assert listing(folder) == sorted(before + ["out.safetensors"])
     assert (outside / "keep.tmp").read_bytes() == b"k"

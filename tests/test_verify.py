@@ -389,7 +389,7 @@ def test_missing_and_extra_tensor(pair, tmp_path):
         assert (m.message, m.tensor) == ("tensor `extra` is in DST but not in SRC", "extra")
 
 
-def test_unrelated_file_is_not_a_conversion(pair, tmp_path, cli):
+def test_unrelated_file_is_not_a_conversion(pair, tmp_path, run_main):
     src, dst = pair
     other = write_safetensors(
         tmp_path / "other.safetensors",
@@ -397,7 +397,7 @@ def test_unrelated_file_is_not_a_conversion(pair, tmp_path, cli):
     )
     m = mismatch_of(src, other, loose=True)
     assert m.message == "DST is not a conversion of SRC: none of its 2 tensors is in SRC"
-    rc, out, err = cli("verify", src, other)
+    rc, out, err = run_main("verify", src, other)
     assert rc == 1 and out == ""
     line = assert_one_error_line(err)
     assert (
@@ -410,12 +410,12 @@ def test_unrelated_file_is_not_a_conversion(pair, tmp_path, cli):
 # --- the command line ---------------------------------------------------------------------
 
 
-def test_cli_exit_codes_and_lines(pair, cli):
+def test_cli_exit_codes_and_lines(pair, run_main):
     src, dst = pair
-    rc, out, err = cli("verify", src, dst)
+    rc, out, err = run_main("verify", src, dst)
     assert (rc, err) == (0, "")
     assert out.startswith(f"verified {dst}: exactly the conversion of {src}\n")
-    rc, out, err = cli("verify", src, dst, "-q", "--threads", "1")
+    rc, out, err = run_main("verify", src, dst, "-q", "--threads", "1")
     assert (rc, out, err) == (0, "", "")
 
     index = 100
@@ -423,7 +423,7 @@ def test_cli_exit_codes_and_lines(pair, cli):
     flip_bit(dst, "w.f32", 2 * index)
     raw = layout(src)[1]["w.f32"][2][4 * index : 4 * index + 4]
     value = np.frombuffer(raw, np.float32)[0]
-    rc, out, err = cli("verify", src, dst)
+    rc, out, err = run_main("verify", src, dst)
     assert (rc, out) == (1, "")
     line = assert_one_error_line(err)
     assert line.startswith(
@@ -434,9 +434,9 @@ def test_cli_exit_codes_and_lines(pair, cli):
     assert f"({shortest(value)}) should give" in line
 
 
-def test_cli_json(pair, cli):
+def test_cli_json(pair, run_main):
     src, dst = pair
-    rc, out, err = cli("verify", src, dst, "--json")
+    rc, out, err = run_main("verify", src, dst, "--json")
     assert (rc, err) == (0, "")
     doc = json.loads(out)
     assert list(doc) == ["schema", "command", "version", "result"]
@@ -462,7 +462,7 @@ def test_cli_json(pair, cli):
 
     # A NaN source value is written as a string, so the output stays strict JSON.
     set_elem16(dst, "w.f32", 4, 0xFFFF)  # source 0x7FC00000
-    rc, out, err = cli("verify", src, dst, "--json")
+    rc, out, err = run_main("verify", src, dst, "--json")
     assert (rc, err) == (1, "")
     doc = json.loads(out, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     assert doc["result"]["ok"] is False
@@ -476,25 +476,25 @@ def test_cli_json(pair, cli):
         "expected_bits": "0x7FC0",
         "found_bits": "0xFFFF",
     }
-    rc, out, err = cli("verify", src, dst, "--json", "--loose")
+    rc, out, err = run_main("verify", src, dst, "--json", "--loose")
     assert rc == 0 and json.loads(out)["result"]["loose"] is True
 
 
-def test_cli_bad_input(pair, tmp_path, cli):
+def test_cli_bad_input(pair, tmp_path, run_main):
     src, _ = pair
     junk = tmp_path / "junk.safetensors"
     junk.write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{}")
-    rc, out, err = cli("verify", src, junk)
+    rc, out, err = run_main("verify", src, junk)
     assert (rc, out) == (1, "")
     assert assert_one_error_line(err).startswith(f"stcast: {junk}: invalid safetensors file")
-    rc, out, err = cli("verify", src, junk, "--json")
+    rc, out, err = run_main("verify", src, junk, "--json")
     assert rc == 1
     assert_json_error_stderr(err)
     error = json.loads(out)["error"]
     assert (error["kind"], error["path"]) == ("invalid_input", str(junk))
-    rc, out, err = cli("verify", src, tmp_path / "missing.safetensors", "--json")
+    rc, out, err = run_main("verify", src, tmp_path / "missing.safetensors", "--json")
     assert rc == 1 and json.loads(out)["error"]["kind"] == "io"
-    rc, out, err = cli("verify", src)
+    rc, out, err = run_main("verify", src)
     assert rc == 2 and "usage" in err
 
 
