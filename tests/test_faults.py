@@ -7,6 +7,9 @@ the test waits for the stop with `waitpid(WUNTRACED)`, acts, and resumes or kill
 sleeping. The failpoint `tmpfile=eopnotsupp` makes stcast use a named, flock-held temp file
 instead of O_TMPFILE, as on a file system without it. A tmpfs is mounted in a private mount
 namespace (helpers.MountNamespace), never on the host.
+
+A run with a failpoint armed is a child (failpoints are read once per process); the runs
+around it, without one, use the CLI in-process.
 """
 
 from __future__ import annotations
