@@ -1,4 +1,4 @@
-"""Shared helpers: a raw safetensors writer and reader, and a runner for the CLI.
+"""Shared helpers: a raw safetensors writer and reader, the CLI runners, shared checks.
 
 The writer builds headers itself, so tests can craft any header, valid or not; the reader
 parses output files without trusting stcast (and keeps the JSON key order).
@@ -6,15 +6,18 @@ parses output files without trusting stcast (and keeps the JSON key order).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
-import subprocess
-import sys
+import warnings
 from pathlib import Path
 from typing import Any, Union
 
 import numpy as np
 import pytest
+import stcast
+from helpers import run_cli
 
 # Bits per element of every dtype the safetensors format names.
 DTYPE_BITS = {
@@ -139,37 +142,44 @@ def listing(folder: os.PathLike | str) -> list[str]:
     return sorted(os.listdir(folder))
 
 
-def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("STCAST_FAILPOINT", None)
-    env["NO_COLOR"] = "1"
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    if extra:
-        env.update(extra)
-    return env
+def main_in_process(*args: object, cwd: os.PathLike | str | None = None) -> tuple[int, str, str]:
+    """Run `stcast.cli.main(ARGS)` in this process; return (exit code, stdout, stderr).
 
+    For every test where no process boundary is under test (see helpers.py for the others).
+    stdout and stderr are captured by swapping sys.stdout and sys.stderr; the warning filters
+    and `warnings.showwarning` (which main sets for its commands) are checked to be as they
+    were, and restored in any case, so that no run leaks state into the next test.
+    """
+    from stcast import cli
 
-def run_cli(
-    *args: object,
-    env: dict[str, str] | None = None,
-    timeout: float = 120,
-    cwd: os.PathLike | str | None = None,
-) -> tuple[int, str, str]:
-    """Run `python -m stcast ARGS`; return (exit code, stdout, stderr)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "stcast", *map(str, args)],
-        capture_output=True,
-        env=cli_env(env),
-        timeout=timeout,
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-    )
-    return proc.returncode, proc.stdout.decode(), proc.stderr.decode()
+    argv = [os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else str(a) for a in args]
+    out, err = io.StringIO(), io.StringIO()
+    home = os.getcwd() if cwd is not None else None
+    with warnings.catch_warnings():  # restores the filters and showwarning on the way out
+        filters, show = list(warnings.filters), warnings.showwarning
+        try:
+            if cwd is not None:
+                os.chdir(cwd)
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = cli.main(argv)
+        finally:
+            if home is not None:
+                os.chdir(home)
+        leaked = list(warnings.filters) != filters or warnings.showwarning is not show
+    assert not leaked, "stcast.cli.main left the warning filters or showwarning changed"
+    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture
-def cli():
-    """The CLI runner: `rc, out, err = cli("convert", src, dst, env={...})`."""
+def run_main():
+    """The CLI in-process: `rc, out, err = run_main("convert", src, dst)`."""
+    return main_in_process
+
+
+@pytest.fixture
+def cli_process():
+    """The CLI in a child, `python -m stcast`: `rc, out, err = cli_process("convert", src,
+    dst, env={...})`, for failpoints, exit codes of the process and the like (helpers.py)."""
     return run_cli
 
 
@@ -194,6 +204,31 @@ def assert_json_error_stderr(stderr: str) -> None:
     """With --json an error is on stdout; stderr holds at most the same one `stcast: ` line."""
     if stderr:
         assert_one_error_line(stderr)
+
+
+# --- checks shared with a child process ---------------------------------------------------------
+
+
+def check_raising_progress(folder: Path, raised: type[BaseException], at_call: int) -> None:
+    """A progress callback that raises at its `at_call`-th call: the exception reaches the
+    caller and `--force` leaves the old destination as it was, with no temp file. A child runs
+    it too, with a failpoint armed (tests/test_bad_input.py)."""
+    n = 1 << 16
+    src = write_safetensors(folder / "in.safetensors", {"x": ("F32", [n], np.ones(n, "f4"))})
+    dst = folder / "out.safetensors"
+    dst.write_bytes(b"old")
+    calls = []
+
+    def progress(done, total):
+        calls.append(done)
+        if len(calls) == at_call:
+            raise raised("from progress")
+
+    with pytest.raises(raised, match="from progress"):
+        stcast.convert(src, dst, force=True, progress=progress)
+    assert len(calls) == at_call
+    assert listing(folder) == ["in.safetensors", "out.safetensors"]
+    assert dst.read_bytes() == b"old"
 
 
 def pytest_configure(config):

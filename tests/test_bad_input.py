@@ -1,4 +1,9 @@
-"""Malformed inputs and refused operations: one clear line, exit 1, nothing written."""
+"""Bad input and refusals: malformed files and hostile headers, sources that are not files,
+odd names, refused destinations and misuse of the API.
+
+Each refusal gives exit 1 and one `stcast: FILE: reason` line from the CLI, `StcastError` (or
+the OSError of the system) from the API, no traceback and nothing new in the output folder.
+"""
 
 from __future__ import annotations
 
@@ -6,20 +11,24 @@ import errno
 import json
 import os
 import pathlib
-import subprocess
-import sys
+import socket
 
+import numpy as np
 import pytest
 import stcast
 from conftest import (
     assert_json_error_stderr,
     assert_one_error_line,
-    cli_env,
+    check_raising_progress,
     encode_header,
     listing,
+    main_in_process,
     tensor_bytes,
     write_safetensors,
 )
+from helpers import run_cli, run_python, without_file_mode_overrides
+
+# --- malformed files ---------------------------------------------------------------------
 
 F32_1 = b"\x00\x00\x80\x3f"
 
@@ -170,6 +179,83 @@ BAD_FILES = [
 ]
 
 
+ENTRY = json.dumps(t()).encode()
+
+# More malformed files: (id, file bytes, words the message must contain).
+MORE_BAD_FILES = [
+    (
+        "span-not-multiple-of-f32",
+        header_file({"a": t(offsets=[0, 6])}, F32_1 + b"\0\0"),
+        ["tensor `a`", "needs 4 bytes", "give 6"],
+    ),
+    (
+        "odd-span-f16",
+        header_file({"a": t("F16", [2], [0, 3])}, b"\0\0\0"),
+        ["tensor `a`", "needs 4 bytes", "give 3"],
+    ),
+    ("negative-offset", header_file({"a": t(offsets=[-4, 0])}, F32_1), ["integer `-4`"]),
+    ("float-offsets", header_file({"a": t(offsets=[0.0, 4.0])}, F32_1), ["floating point `0.0`"]),
+    ("one-offset", header_file({"a": {**t(), "data_offsets": [4]}}, F32_1), ["invalid length 1"]),
+    ("offsets-string", header_file({"a": {**t(), "data_offsets": "0-4"}}, F32_1), ['string "0-4"']),
+    ("dtype-number", header_file({"a": t(dtype=32)}, F32_1), ["integer `32`"]),
+    (
+        "missing-shape",
+        header_file({"a": {"dtype": "F32", "data_offsets": [0, 4]}}, F32_1),
+        ["`shape`"],
+    ),
+    ("shape-2^64", header_file({"a": t(shape=[1 << 64])}, F32_1), ["expected usize"]),
+    ("tensor-is-list", header_file({"a": [0, 4]}, F32_1), ["invalid type"]),
+    (
+        "metadata-nested-object",
+        header_file({"__metadata__": {"k": {"x": "y"}}, "a": t()}, F32_1),
+        ["invalid type: map"],
+    ),
+    ("metadata-null-value", header_file({"__metadata__": {"k": None}, "a": t()}, F32_1), ["null"]),
+    (
+        "metadata-twice",
+        header_file(b'{"__metadata__":{},"__metadata__":{},"a":' + ENTRY + b"}", F32_1),
+        ["duplicate field `__metadata__`"],
+    ),
+    ("header-number", header_file(b"42"), ["integer `42`"]),
+    ("header-null", header_file(b"null"), ["invalid type: null"]),
+    ("header-spaces-only", header_file(b"        "), ["EOF while parsing"]),
+    ("utf8-bom", header_file(b"\xef\xbb\xbf{}"), ["expected value"]),
+    ("nul-after-json", header_file(b"{}\x00"), ["trailing characters"]),
+    ("lone-surrogate-escape", header_file(b'{"\\ud800":' + ENTRY + b"}", F32_1), ["escape"]),
+    (
+        "objects-100000-deep",
+        header_file(b'{"a":' + b'{"b":' * DEEP + b"1" + b"}" * DEEP + b"}"),
+        ["recursion limit"],
+    ),
+    (
+        "second-tensor-past-eof",
+        header_file({"a": t(), "b": t(offsets=[4, 1 << 40])}, F32_1 * 2),
+        ["tensor `b`"],
+    ),
+    (
+        "duplicate-empty-name",
+        header_file(b'{"":' + ENTRY + b',"":' + ENTRY + b"}", F32_1),
+        ["duplicate tensor name ``"],
+    ),
+    (
+        "duplicate-name-far-apart",
+        header_file(
+            b'{"a":'
+            + ENTRY
+            + b',"b":'
+            + json.dumps(t(offsets=[4, 8])).encode()
+            + b',"a":'
+            + ENTRY
+            + b"}",
+            F32_1 * 2,
+        ),
+        ["duplicate tensor name `a`"],
+    ),
+    ("length-8-bytes-only", (8).to_bytes(8, "little"), ["invalid header length"]),
+    ("length-2^32", (1 << 32).to_bytes(8, "little") + b"{}", ["header too large"]),
+]
+
+
 def write_bad(tmp_path, case: tuple[str, bytes, list[str]]) -> tuple[pathlib.Path, list[str]]:
     """Write one catalogue case to `bad.safetensors`; return its path and expected words."""
     _, data, words = case
@@ -178,13 +264,13 @@ def write_bad(tmp_path, case: tuple[str, bytes, list[str]]) -> tuple[pathlib.Pat
     return path, words
 
 
-def convert_is_refused(cli, path: pathlib.Path, words: list[str]) -> str:
+def convert_is_refused(path: pathlib.Path, words: list[str]) -> str:
     """`stcast convert` of `path` exits 1 with one short error line naming the file and every
     one of `words`, prints nothing on stdout and leaves the folder as it was; returns the line.
     """
     folder = path.parent
     before = listing(folder)
-    rc, out, err = cli("convert", path, folder / "out.safetensors", timeout=60)
+    rc, out, err = main_in_process("convert", path, folder / "out.safetensors")
     assert rc == 1, err
     assert out == ""
     line = assert_one_error_line(err)
@@ -201,8 +287,8 @@ def bad_file(request, tmp_path):
     return write_bad(tmp_path, request.param)
 
 
-def test_bad_input_cli(bad_file, cli):
-    convert_is_refused(cli, *bad_file)
+def test_bad_input_cli(bad_file):
+    convert_is_refused(*bad_file)
 
 
 def test_bad_input_api(bad_file):
@@ -224,10 +310,10 @@ def test_bad_input_api(bad_file):
 
 
 @pytest.mark.parametrize("case", ["empty", "duplicate-name", "truncated-data"])
-def test_bad_input_default_destination(tmp_path, cli, case):
+def test_bad_input_default_destination(tmp_path, run_main, case):
     path = tmp_path / "bad.safetensors"
     path.write_bytes(next(data for name, data, _ in BAD_FILES if name == case))
-    rc, _, err = cli("convert", path)
+    rc, _, err = run_main("convert", path)
     assert rc == 1
     assert assert_one_error_line(err).startswith(f"stcast: {path}: ")
     with pytest.raises(stcast.StcastError):
@@ -235,10 +321,10 @@ def test_bad_input_default_destination(tmp_path, cli, case):
     assert listing(tmp_path) == ["bad.safetensors"]
 
 
-def test_bad_input_json(tmp_path, cli):
+def test_bad_input_json(tmp_path, run_main):
     path = tmp_path / "bad.safetensors"
     path.write_bytes(header_file({"a": t(dtype="F128")}, F32_1))
-    rc, out, err = cli("inspect", path, "--json")
+    rc, out, err = run_main("inspect", path, "--json")
     assert rc == 1
     assert_json_error_stderr(err)
     doc = json.loads(out)
@@ -247,19 +333,43 @@ def test_bad_input_json(tmp_path, cli):
     assert "F128" in doc["error"]["message"]
 
 
-# --- refusals -------------------------------------------------------------------------------
+@pytest.fixture(params=MORE_BAD_FILES, ids=[c[0] for c in MORE_BAD_FILES])
+def more_bad_file(request, tmp_path):
+    return write_bad(tmp_path, request.param)
+
+
+def test_more_bad_input_cli_and_api(more_bad_file):
+    path, words = more_bad_file
+    folder = path.parent
+    before = listing(folder)
+    line = convert_is_refused(path, words)
+    assert line.startswith(f"stcast: {path}: invalid "), line
+    with pytest.raises(stcast.StcastError) as info:
+        stcast.convert(path, folder / "out.safetensors")
+    assert info.value.kind == "invalid_input" and info.value.path == str(path)
+    assert str(info.value) == line[len("stcast: ") :]
+    assert listing(folder) == before
+
+
+def test_catalogue_has_at_least_25_distinct_files():
+    files = [data for _, data, _ in BAD_FILES + MORE_BAD_FILES]
+    assert len(set(files)) == len(files) >= 25 + len(MORE_BAD_FILES)
+
+
+# --- refused destinations ---------------------------------------------------------------
 
 
 @pytest.fixture
-def model(tmp_path):
+def small_model(tmp_path):
+    """`model.safetensors`, alone in its folder: one F32 tensor `a` = [1.0]."""
     return write_safetensors(tmp_path / "model.safetensors", {"a": ("F32", [1], F32_1)})
 
 
-def check_refused(cli, src, dst, words, *extra, kind="refused", cls=stcast.StcastError):
+def check_refused(src, dst, words, *extra, kind="refused", cls=stcast.StcastError):
     folder = dst.parent if dst.parent.exists() else src.parent
     before = listing(folder)
     snapshot = {p: (folder / p).read_bytes() for p in before if (folder / p).is_file()}
-    rc, out, err = cli("convert", src, dst, *extra, timeout=30)
+    rc, out, err = main_in_process("convert", src, dst, *extra)
     assert rc == 1, err
     line = assert_one_error_line(err)
     for w in words:
@@ -276,96 +386,100 @@ def check_refused(cli, src, dst, words, *extra, kind="refused", cls=stcast.Stcas
 
 
 @pytest.mark.parametrize("force", [[], ["--force"]], ids=["plain", "force"])
-def test_destination_is_input(model, cli, force):
-    line = check_refused(cli, model, model, ["destination is the input"], *force)
-    assert str(model) in line
+def test_destination_is_input(small_model, force):
+    line = check_refused(small_model, small_model, ["destination is the input"], *force)
+    assert str(small_model) in line
 
 
 @pytest.mark.parametrize("force", [[], ["--force"]], ids=["plain", "force"])
-def test_destination_is_symlink_to_input(model, cli, force):
-    link = model.parent / "link.safetensors"
-    link.symlink_to(model.name)
-    check_refused(cli, model, link, ["destination is the input"], *force)
+def test_destination_is_symlink_to_input(small_model, force):
+    link = small_model.parent / "link.safetensors"
+    link.symlink_to(small_model.name)
+    check_refused(small_model, link, ["destination is the input"], *force)
     assert link.is_symlink()
 
 
 @pytest.mark.parametrize("force", [[], ["--force"]], ids=["plain", "force"])
-def test_destination_is_hard_link_to_input(model, cli, force):
-    link = model.parent / "hard.safetensors"
-    os.link(model, link)
-    check_refused(cli, model, link, ["destination is the input"], *force)
+def test_destination_is_hard_link_to_input(small_model, force):
+    link = small_model.parent / "hard.safetensors"
+    os.link(small_model, link)
+    check_refused(small_model, link, ["destination is the input"], *force)
 
 
-def test_source_via_symlink_to_destination(model, cli):
-    link = model.parent / "link.safetensors"
-    link.symlink_to(model.name)
-    check_refused(cli, link, model, ["destination is the input"], "--force")
+def test_source_via_symlink_to_destination(small_model):
+    link = small_model.parent / "link.safetensors"
+    link.symlink_to(small_model.name)
+    check_refused(link, small_model, ["destination is the input"], "--force")
 
 
-def test_destination_exists(model, cli):
-    dst = model.parent / "out.safetensors"
+def test_destination_exists(small_model, run_main):
+    dst = small_model.parent / "out.safetensors"
     dst.write_bytes(b"precious")
     line = check_refused(
-        cli, model, dst, ["destination exists", "--force"], kind="destination_exists"
+        small_model, dst, ["destination exists", "--force"], kind="destination_exists"
     )
     assert str(dst) in line
     # From Python: a FileExistsError (errno set) that is also a StcastError, in API words.
     with pytest.raises(FileExistsError) as info:
-        stcast.convert(model, dst)
+        stcast.convert(small_model, dst)
     e = info.value
     assert isinstance(e, stcast.StcastError) and isinstance(e, stcast.DestinationExists)
     assert e.errno == errno.EEXIST and e.filename == str(dst) and e.path == str(dst)
     assert str(e) == f"{dst}: destination exists (force=True replaces it)"
-    rc, _, err = cli("convert", model, dst, "--force")
+    rc, _, err = run_main("convert", small_model, dst, "--force")
     assert rc == 0, err
     assert tensor_bytes(dst)["a"] == ("BF16", [1], b"\x80\x3f")
-    assert listing(model.parent) == ["model.safetensors", "out.safetensors"]
+    assert listing(small_model.parent) == ["model.safetensors", "out.safetensors"]
 
 
-def test_default_destination_exists(model, cli):
-    dst = model.parent / "model-bf16.safetensors"
+def test_default_destination_exists(small_model, run_main):
+    dst = small_model.parent / "model-bf16.safetensors"
     dst.write_bytes(b"precious")
-    rc, _, err = cli("convert", model)
+    rc, _, err = run_main("convert", small_model)
     assert rc == 1
     assert "destination exists" in assert_one_error_line(err)
     assert dst.read_bytes() == b"precious"
 
 
-def test_destination_is_a_folder(model, cli):
-    folder = model.parent / "sub"
+def test_destination_is_a_folder(small_model):
+    folder = small_model.parent / "sub"
     folder.mkdir()
-    check_refused(cli, model, folder, ["destination is a folder"], "--force")
+    check_refused(small_model, folder, ["destination is a folder"], "--force")
     assert listing(folder) == []
 
 
-def test_missing_destination_folder(model, cli):
-    dst = model.parent / "nope" / "out.safetensors"
-    line = check_refused(cli, model, dst, ["destination folder does not exist"])
-    assert str(model.parent / "nope") in line
+def test_missing_destination_folder(small_model):
+    dst = small_model.parent / "nope" / "out.safetensors"
+    line = check_refused(small_model, dst, ["destination folder does not exist"])
+    assert str(small_model.parent / "nope") in line
 
 
-def test_input_is_a_directory(tmp_path, cli):
+# --- sources that are not regular files -----------------------------------------------------
+
+
+def test_input_is_a_directory(tmp_path):
     src = tmp_path / "dir.safetensors"
     src.mkdir()
-    line = check_refused(cli, src, tmp_path / "out.safetensors", ["directory"])
+    line = check_refused(src, tmp_path / "out.safetensors", ["directory"])
     assert str(src) in line
     with pytest.raises(stcast.StcastError):
         stcast.inspect(src)
 
 
-def test_input_is_a_fifo(tmp_path, cli):
+def test_input_is_a_fifo(tmp_path, cli_process):
     src = tmp_path / "pipe.safetensors"
     os.mkfifo(src)
-    line = check_refused(cli, src, tmp_path / "out.safetensors", ["FIFO"])
+    line = check_refused(src, tmp_path / "out.safetensors", ["FIFO"])
     assert str(src) in line
-    rc, _, err = cli("inspect", src, timeout=30)
+    # Opening a FIFO blocks: `inspect` in a child with a timeout, like the API's check below.
+    rc, _, err = cli_process("inspect", src, timeout=30)
     assert rc == 1 and "FIFO" in assert_one_error_line(err)
 
 
-def test_input_missing(tmp_path, cli):
+def test_input_missing(tmp_path):
     src = tmp_path / "missing.safetensors"
     line = check_refused(
-        cli, src, tmp_path / "out.safetensors", ["No such file"], kind=None, cls=FileNotFoundError
+        src, tmp_path / "out.safetensors", ["No such file"], kind=None, cls=FileNotFoundError
     )
     assert str(src) in line
     with pytest.raises(FileNotFoundError) as info:
@@ -376,19 +490,54 @@ def test_input_missing(tmp_path, cli):
     assert listing(tmp_path) == []
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads and writes anything")
-def test_unreadable_input_and_folder(model, cli):
-    os.chmod(model, 0)
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/null"])
+def test_source_is_a_device(tmp_path, run_main, device):
+    rc, _, err = run_main("convert", device, tmp_path / "out.safetensors")
+    assert rc == 1
+    assert assert_one_error_line(err) == f"stcast: {device}: input is a device, not a regular file"
+    with pytest.raises(stcast.StcastError) as info:
+        stcast.inspect(device)
+    assert info.value.kind == "refused"
+    assert listing(tmp_path) == []
+
+
+def test_source_is_a_socket(tmp_path, run_main):
+    path = tmp_path / "s.safetensors"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(path))
+        rc, _, err = run_main("inspect", path)
+    assert rc == 1 and "cannot open the input" in assert_one_error_line(err)  # ENXIO
+
+
+def test_destination_is_a_dangling_symlink(tmp_path, run_main):
+    src = write_safetensors(tmp_path / "m.safetensors", {"a": ("F32", [1], F32_1)})
+    link = tmp_path / "out.safetensors"
+    link.symlink_to(tmp_path / "nowhere" / "x.safetensors")
+    rc, _, err = run_main("convert", src, link)
+    assert rc == 1 and "destination exists" in assert_one_error_line(err)
+    assert link.is_symlink() and not (tmp_path / "nowhere").exists()
+
+
+def test_unreadable_input_and_folder(small_model):
+    """File modes are obeyed: an input without read permission, a folder without write one.
+
+    In a child without the capabilities that let root ignore file modes, so that it runs as
+    root too (see helpers.without_file_mode_overrides).
+    """
+    wrap = without_file_mode_overrides()
+    os.chmod(small_model, 0)
     try:
-        rc, _, err = cli("convert", model, model.parent / "out.safetensors")
+        rc, _, err = run_cli(
+            "convert", small_model, small_model.parent / "out.safetensors", wrap=wrap
+        )
         assert rc == 1 and "Permission denied" in assert_one_error_line(err)
     finally:
-        os.chmod(model, 0o644)
-    ro = model.parent / "ro"
+        os.chmod(small_model, 0o644)
+    ro = small_model.parent / "ro"
     ro.mkdir()
     os.chmod(ro, 0o555)
     try:
-        rc, _, err = cli("convert", model, ro / "out.safetensors")
+        rc, _, err = run_cli("convert", small_model, ro / "out.safetensors", wrap=wrap)
         assert rc == 1 and "Permission denied" in assert_one_error_line(err)
         assert listing(ro) == []
     finally:
@@ -405,11 +554,174 @@ def test_fifo_does_not_hang_api(tmp_path):
         "except stcast.StcastError as e:\n"
         "    print(e.kind)\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(src)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env=cli_env(),
-    )
+    proc = run_python("-c", code, src, timeout=30)  # a child, in case it hangs
     assert proc.stdout.strip() == "refused", proc.stderr
+
+
+# --- names: non-UTF-8, 255 bytes, longer than PATH_MAX ----------------------------------------
+
+
+def write_two_floats(path):
+    """A file at `path` (any name) with one F32 tensor `a` = [1.0, -2.0]."""
+    return write_safetensors(path, {"a": ("F32", [2], np.array([1.0, -2.0], np.float32))})
+
+
+def test_non_utf8_names(tmp_path, run_main):
+    folder = os.fsencode(tmp_path)
+    src = os.fsdecode(folder + b"/caf\xe9-\xff.safetensors")
+    write_two_floats(src)
+    rc, _, err = run_main("convert", "-q", src)
+    assert (rc, err) == (0, "")
+    dst = folder + b"/caf\xe9-\xff-bf16.safetensors"
+    assert os.path.exists(dst)
+    assert tensor_bytes(os.fsdecode(dst))["a"][0] == "BF16"
+    # bytes paths through the API too
+    report = stcast.convert(folder + b"/caf\xe9-\xff.safetensors", folder + b"/\xfe.safetensors")
+    assert os.fsencode(report.dst) == folder + b"/\xfe.safetensors"
+    # and a bad one is reported on one line
+    bad = folder + b"/\x80bad.safetensors"
+    with open(bad, "wb") as f:
+        f.write(b"\0" * 3)
+    rc, _, err = run_main("convert", os.fsdecode(bad), os.fsdecode(folder + b"/x.safetensors"))
+    assert rc == 1 and "header too small" in assert_one_error_line(err)
+    with pytest.raises(stcast.StcastError) as info:
+        stcast.inspect(bad)
+    assert os.fsencode(info.value.path) == bad
+
+
+def test_255_byte_names(tmp_path, run_main):
+    src = write_two_floats(tmp_path / ("s" * 243 + ".safetensors"))  # 255 bytes
+    dst = tmp_path / ("d" * 243 + ".safetensors")
+    rc, _, err = run_main("convert", "-q", src, dst)
+    assert (rc, err) == (0, "")
+    # The default name adds "-bf16": one byte too many for the file system, said clearly.
+    os.remove(dst)
+    before = listing(tmp_path)
+    rc, _, err = run_main("convert", src)
+    assert rc == 1
+    assert "File name too long" in assert_one_error_line(err)
+    assert listing(tmp_path) == before
+
+
+def test_path_longer_than_path_max(tmp_path, run_main):
+    src = write_two_floats(tmp_path / "s.safetensors")
+    far = str(tmp_path) + "/." * 2100 + "/s.safetensors"  # > 4096 bytes, same file
+    assert len(far) > 4096
+    rc, _, err = run_main("convert", far, tmp_path / "out.safetensors")
+    assert rc == 1
+    line = assert_one_error_line(err)
+    assert "cannot open the input: File name too long" in line and len(line) > 4096
+    rc, _, err = run_main("convert", src, far[: -len("s.safetensors")] + "out.safetensors")
+    assert rc == 1 and "File name too long" in assert_one_error_line(err)
+    assert listing(tmp_path) == ["s.safetensors"]
+
+
+def test_working_folder_deeper_than_path_max(tmp_path):
+    """Relative paths work from a folder whose absolute path no syscall would accept."""
+    home = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(20):  # 20 x 250 bytes > PATH_MAX
+            os.mkdir("d" * 249, dir_fd=fd)
+            nxt = os.open("d" * 249, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        os.fchdir(fd)
+        write_safetensors("in.safetensors", {"a": ("F32", [1], b"\0\0\x80?")})
+        r = stcast.convert("in.safetensors", "out.safetensors")
+        assert (r.dst, sorted(os.listdir("."))) == (
+            "out.safetensors",
+            ["in.safetensors", "out.safetensors"],
+        )
+    finally:
+        os.fchdir(home)
+        os.close(home)
+        os.close(fd)
+
+
+# --- API misuse -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [None, 3, 1.5, ["m.safetensors"], object()], ids=repr)
+def test_api_rejects_non_paths(small_model, bad):
+    before = listing(small_model.parent)
+    with pytest.raises(TypeError):
+        stcast.convert(bad, small_model.parent / "out.safetensors")
+    with pytest.raises(TypeError):
+        stcast.convert(small_model, bad if bad is not None else 3)
+    with pytest.raises(TypeError):
+        stcast.inspect(bad)
+    assert listing(small_model.parent) == before
+
+
+@pytest.mark.parametrize("kind", [str, bytes, pathlib.Path, pathlib.PurePosixPath], ids=repr)
+def test_api_accepts_path_types(small_model, kind):
+    def as_kind(p):
+        return os.fsencode(p) if kind is bytes else kind(str(p))
+
+    report = stcast.convert(as_kind(small_model), as_kind(small_model.parent / "out.safetensors"))
+    assert report.dst == str(small_model.parent / "out.safetensors")
+    assert stcast.inspect(as_kind(small_model)).tensors[0].name == "a"
+
+
+@pytest.mark.parametrize(
+    "options, error",
+    [
+        ({"threads": -1}, stcast.UsageError),
+        ({"threads": "2"}, stcast.UsageError),
+        ({"threads": 1025}, stcast.UsageError),
+        ({"threads": True}, stcast.UsageError),
+        ({"keep_min_size": 2**64}, stcast.UsageError),
+        ({"force": "yes"}, TypeError),
+        ({"to": None}, stcast.UsageError),
+        ({"to": "int8"}, stcast.UsageError),
+        ({"progress": 5}, TypeError),
+        ({"cancel": object()}, AttributeError),
+    ],
+    ids=lambda v: repr(v) if isinstance(v, dict) else "",
+)
+def test_api_bad_options(small_model, options, error):
+    before = listing(small_model.parent)
+    with pytest.raises(error):
+        stcast.convert(small_model, small_model.parent / "out.safetensors", **options)
+    assert listing(small_model.parent) == before
+
+
+class Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize("raised", [Boom, SystemExit, KeyboardInterrupt, MemoryError])
+@pytest.mark.parametrize("at_call", [1, 2])
+def test_raising_progress_leaves_nothing(tmp_path, raised, at_call):
+    check_raising_progress(tmp_path, raised, at_call)
+
+
+def test_raising_progress_leaves_nothing_with_a_named_temp(tmp_path):
+    """The same with the named temp file (failpoints are read once per process: a child)."""
+    code = (
+        "import sys, pathlib; sys.path.insert(0, sys.argv[2])\n"
+        "from conftest import check_raising_progress\n"
+        "class Boom(Exception):\n"
+        "    pass\n"
+        "for raised in (Boom, SystemExit, KeyboardInterrupt, MemoryError):\n"
+        "    for at_call in (1, 2):\n"
+        "        d = pathlib.Path(sys.argv[1]) / f'{raised.__name__}-{at_call}'\n"
+        "        d.mkdir()\n"
+        "        check_raising_progress(d, raised, at_call)\n"
+    )
+    env = {"STCAST_FAILPOINT": "tmpfile=eopnotsupp"}
+    proc = run_python("-c", code, tmp_path, os.path.dirname(__file__), env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_raising_warn_hook_leaves_nothing(tmp_path):
+    """A plan warning turned into an error refuses the conversion before anything is written."""
+    import warnings
+
+    src = write_safetensors(tmp_path / "bf.safetensors", {"x": ("BF16", [1], b"\x80\x3f")})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", stcast.StcastWarning)
+        with pytest.raises(stcast.StcastWarning, match="nothing to convert"):
+            stcast.convert(src, tmp_path / "out.safetensors")
+    assert listing(tmp_path) == ["bf.safetensors"]

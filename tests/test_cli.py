@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import pty
-import select
 import subprocess
 import sys
-import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -17,16 +14,16 @@ import stcast
 from conftest import (
     assert_json_error_stderr,
     assert_one_error_line,
-    cli_env,
     listing,
     tensor_bytes,
     write_safetensors,
 )
+from helpers import cli_env, run_on_pty, run_python
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def make_model(folder: Path) -> Path:
+def write_fixture_model(folder: Path) -> Path:
     """The small checkpoint the JSON fixtures describe."""
     return write_safetensors(
         folder / "model.safetensors",
@@ -75,9 +72,9 @@ def load_fixture(name: str):
 # --- success --------------------------------------------------------------------------------
 
 
-def test_convert_human_summary(tmp_path, cli):
-    src = make_model(tmp_path)
-    rc, out, err = cli("convert", src)
+def test_convert_human_summary(tmp_path, run_main):
+    src = write_fixture_model(tmp_path)
+    rc, out, err = run_main("convert", src)
     assert rc == 0, err
     assert err == ""  # not a TTY: no progress bar, and nothing to warn about
     dst = tmp_path / "model-bf16.safetensors"
@@ -86,9 +83,9 @@ def test_convert_human_summary(tmp_path, cli):
     assert tensor_bytes(dst)["embed.weight"][0] == "BF16"
 
 
-def test_convert_json_matches_fixture(tmp_path, cli):
-    src = make_model(tmp_path)
-    rc, out, err = cli("convert", src, "--json")
+def test_convert_json_matches_fixture(tmp_path, run_main):
+    src = write_fixture_model(tmp_path)
+    rc, out, err = run_main("convert", src, "--json")
     assert rc == 0, err
     assert err == ""
     assert out.count("\n") == 1
@@ -98,48 +95,48 @@ def test_convert_json_matches_fixture(tmp_path, cli):
     assert doc["result"]["bytes_out"] == dst.stat().st_size
 
 
-def test_inspect_json_matches_fixture(tmp_path, cli):
-    src = make_model(tmp_path)
+def test_inspect_json_matches_fixture(tmp_path, run_main):
+    src = write_fixture_model(tmp_path)
     before = listing(tmp_path)
-    rc, out, err = cli("inspect", src, "--json")
+    rc, out, err = run_main("inspect", src, "--json")
     assert rc == 0, err
     assert err == ""
     doc = json.loads(out)
     match_fixture(doc, load_fixture("inspect.json"), tmp_path)
     assert listing(tmp_path) == before
-    rc, out2, _ = cli("convert", src, "--json")
+    rc, out2, _ = run_main("convert", src, "--json")
     assert doc["result"]["output_bytes"] == json.loads(out2)["result"]["bytes_out"]
 
 
-def test_inspect_human(tmp_path, cli):
-    src = make_model(tmp_path)
-    rc, out, err = cli("inspect", src)
+def test_inspect_human(tmp_path, run_main):
+    src = write_fixture_model(tmp_path)
+    rc, out, err = run_main("inspect", src)
     assert rc == 0 and err == ""
     for word in ["embed.weight", "position_ids", "norm.weight", "convert", "copy", "format"]:
         assert word in out
     assert out.index("embed.weight") < out.index("position_ids") < out.index("norm.weight")
 
 
-def test_quiet(tmp_path, cli):
-    src = make_model(tmp_path)
+def test_quiet(tmp_path, run_main):
+    src = write_fixture_model(tmp_path)
     dst = tmp_path / "out.safetensors"
-    rc, out, err = cli("convert", "-q", src, dst)
+    rc, out, err = run_main("convert", "-q", src, dst)
     assert (rc, out, err) == (0, "", "")
     assert dst.exists()
 
 
-def test_explicit_destination_force_and_threads(tmp_path, cli):
-    src = make_model(tmp_path)
+def test_explicit_destination_force_and_threads(tmp_path, run_main):
+    src = write_fixture_model(tmp_path)
     dst = tmp_path / "out.safetensors"
     dst.write_bytes(b"old")
-    rc, _, err = cli("convert", src, dst, "--force", "--threads", "2", "--json")
+    rc, _, err = run_main("convert", src, dst, "--force", "--threads", "2", "--json")
     assert rc == 0, err
     assert tensor_bytes(dst)["position_ids"][2] == np.int64(7).tobytes()
 
 
-def test_fp16_target(tmp_path, cli):
-    src = make_model(tmp_path)
-    rc, out, err = cli("convert", src, "--to", "fp16", "--json")
+def test_fp16_target(tmp_path, run_main):
+    src = write_fixture_model(tmp_path)
+    rc, out, err = run_main("convert", src, "--to", "fp16", "--json")
     assert rc == 0, err
     dst = Path(json.loads(out)["result"]["dst"])
     assert dst.name == "model-fp16.safetensors"
@@ -149,28 +146,28 @@ def test_fp16_target(tmp_path, cli):
 # --- errors ---------------------------------------------------------------------------------
 
 
-def test_error_json_invalid(tmp_path, cli):
+def test_error_json_invalid(tmp_path, run_main):
     bad = tmp_path / "broken.safetensors"
     bad.write_bytes(b"\x01\x02")
-    rc, out, err = cli("convert", bad, "--json")
+    rc, out, err = run_main("convert", bad, "--json")
     assert rc == 1
     assert_json_error_stderr(err)
     match_fixture(json.loads(out), load_fixture("error-invalid.json"), tmp_path)
     assert listing(tmp_path) == ["broken.safetensors"]
 
 
-def test_error_json_destination_exists(tmp_path, cli):
-    make_model(tmp_path)
+def test_error_json_destination_exists(tmp_path, run_main):
+    write_fixture_model(tmp_path)
     (tmp_path / "model-bf16.safetensors").write_bytes(b"keep")
-    rc, out, err = cli("convert", tmp_path / "model.safetensors", "--json")
+    rc, out, err = run_main("convert", tmp_path / "model.safetensors", "--json")
     assert rc == 1
     assert_json_error_stderr(err)
     match_fixture(json.loads(out), load_fixture("error-exists.json"), tmp_path)
     assert (tmp_path / "model-bf16.safetensors").read_bytes() == b"keep"
 
 
-def test_error_json_missing(tmp_path, cli):
-    rc, out, err = cli("inspect", tmp_path / "missing.safetensors", "--json")
+def test_error_json_missing(tmp_path, run_main):
+    rc, out, err = run_main("inspect", tmp_path / "missing.safetensors", "--json")
     assert rc == 1
     assert_json_error_stderr(err)
     doc = json.loads(out)
@@ -178,8 +175,8 @@ def test_error_json_missing(tmp_path, cli):
     assert "No such file" in doc["error"]["message"]
 
 
-def test_error_is_one_line(tmp_path, cli):
-    rc, out, err = cli("convert", tmp_path / "missing.safetensors")
+def test_error_is_one_line(tmp_path, run_main):
+    rc, out, err = run_main("convert", tmp_path / "missing.safetensors")
     assert rc == 1 and out == ""
     line = assert_one_error_line(err)
     assert str(tmp_path / "missing.safetensors") in line and "No such file" in line
@@ -201,52 +198,51 @@ def test_error_is_one_line(tmp_path, cli):
     ],
     ids=lambda a: " ".join(a) or "no-args",
 )
-def test_usage_errors_exit_2(tmp_path, cli, args):
-    rc, out, err = cli(*args, cwd=tmp_path)
+def test_usage_errors_exit_2(tmp_path, run_main, args):
+    rc, out, err = run_main(*args, cwd=tmp_path)
     assert rc == 2, (out, err)
     assert "usage:" in err and "Traceback" not in err
     assert listing(tmp_path) == []
 
 
-def test_help(cli):
-    rc, out, err = cli("--help")
+def test_help(run_main):
+    rc, out, err = run_main("--help")
     assert rc == 0 and "convert" in out and "inspect" in out
 
 
 # --- version and import cost ----------------------------------------------------------------
 
 
-def test_version(cli):
-    rc, out, err = cli("--version")
+def test_version(run_main):
+    rc, out, err = run_main("--version")
     assert rc == 0
     assert out.strip() == f"stcast {stcast.__version__}"
 
 
-def run_python(code: str) -> subprocess.CompletedProcess[str]:
-    """Run `code` in a fresh interpreter with the CLI's environment."""
-    return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=60
-    )
+def test_python_m_stcast_exits_with_the_code_of_main(tmp_path, cli_process):
+    """The entry point, in a child: the in-process tests check what main returns."""
+    rc, out, err = cli_process("--version")
+    assert (rc, out.strip(), err) == (0, f"stcast {stcast.__version__}", "")
+    rc, out, err = cli_process("convert", tmp_path / "missing.safetensors")
+    assert (rc, out) == (1, "") and "No such file" in assert_one_error_line(err)
+    rc, out, err = cli_process(cwd=tmp_path)
+    assert rc == 2 and "usage:" in err and "Traceback" not in err
+    assert listing(tmp_path) == []
 
 
 def test_version_loads_no_numpy_nor_the_api_or_folder_code():
     proc = run_python(
+        "-c",
         "import sys\n"
         "from stcast.cli import main\n"
         "main(['--version'])\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('numpy', 'ml_dtypes', 'safetensors', 'stcast')), file=sys.stderr)\n"
+        "('numpy', 'ml_dtypes', 'safetensors', 'stcast')), file=sys.stderr)\n",
     )
     assert proc.returncode == 0, proc.stderr
     loaded = proc.stderr.strip().splitlines()[-1]
     assert loaded == "['stcast', 'stcast._core', 'stcast.cli', 'stcast.errors']", proc.stderr
-    proc = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "stcast", "--version"],
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-        timeout=60,
-    )
+    proc = run_python("-X", "importtime", "-m", "stcast", "--version")
     assert proc.returncode == 0
     imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()]
     assert "stcast" in imported
@@ -255,6 +251,7 @@ def test_version_loads_no_numpy_nor_the_api_or_folder_code():
 
 def test_lazy_package_names():
     proc = run_python(
+        "-c",
         "import stcast, sys\n"
         "assert 'stcast._api' not in sys.modules\n"
         "names = set(dir(stcast))\n"
@@ -268,7 +265,7 @@ def test_lazy_package_names():
         "except AttributeError as e:\n"
         "    assert 'no_such_name' in str(e)\n"
         "else:\n"
-        "    raise SystemExit('no AttributeError')\n"
+        "    raise SystemExit('no AttributeError')\n",
     )
     assert proc.returncode == 0, proc.stderr
 
@@ -276,45 +273,14 @@ def test_lazy_package_names():
 # --- progress bar ---------------------------------------------------------------------------
 
 
-def run_on_pty(args: list[object], timeout: float = 60) -> tuple[int, str, bytes]:
-    """Run the CLI with stderr on a pseudo-terminal; return (rc, stdout, stderr bytes)."""
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stcast", *map(str, args)],
-        stdout=subprocess.PIPE,
-        stderr=slave,
-        stdin=subprocess.DEVNULL,
-        env=cli_env(),
-    )
-    os.close(slave)
-    chunks = []
-    deadline = time.monotonic() + timeout
-    while True:
-        ready, _, _ = select.select([master], [], [], 0.2)
-        if ready:
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # EIO: the child closed its end
-                break
-            if not data:
-                break
-            chunks.append(data)
-        elif proc.poll() is not None:
-            break
-        assert time.monotonic() < deadline, "the CLI hung"
-    os.close(master)
-    out = proc.stdout.read().decode()
-    proc.stdout.close()
-    return proc.wait(timeout), out, b"".join(chunks)
-
-
-def big_model(folder: Path) -> Path:
+def write_12mib_model(folder: Path) -> Path:
+    """`big.safetensors`: one F32 tensor of 12 MiB, more than one window."""
     x = np.ones((12 << 20) // 4, np.float32)
     return write_safetensors(folder / "big.safetensors", {"x": ("F32", [x.size], x)})
 
 
 def test_progress_bar_on_tty(tmp_path):
-    src = big_model(tmp_path)
+    src = write_12mib_model(tmp_path)
     rc, out, err = run_on_pty(["convert", src, tmp_path / "out.safetensors"])
     assert rc == 0, err
     text = err.decode()
@@ -324,37 +290,49 @@ def test_progress_bar_on_tty(tmp_path):
 
 @pytest.mark.parametrize("flag", ["-q", "--json"])
 def test_no_progress_bar_with_quiet_or_json(tmp_path, flag):
-    src = big_model(tmp_path)
+    src = write_12mib_model(tmp_path)
     rc, out, err = run_on_pty(["convert", flag, src, tmp_path / "out.safetensors"])
     assert rc == 0, err
     assert err == b""
 
 
-def test_no_progress_bar_on_pipe(tmp_path, cli):
-    src = big_model(tmp_path)
-    rc, out, err = cli("convert", src, tmp_path / "out.safetensors")
+def test_no_progress_bar_on_pipe(tmp_path, cli_process):
+    src = write_12mib_model(tmp_path)
+    rc, out, err = cli_process("convert", src, tmp_path / "out.safetensors")
     assert rc == 0 and err == ""
 
 
 # --- warnings -------------------------------------------------------------------------------
 
 
-def test_nothing_to_convert_warning(tmp_path, cli):
+def test_nothing_to_convert_warning(tmp_path, run_main):
     src = write_safetensors(
         tmp_path / "in.safetensors",
         {"a": ("BF16", [2], b"\x80\x3f\x00\x40"), "b": ("I8", [1], b"\x01")},
     )
     dst = tmp_path / "out.safetensors"
-    rc, out, err = cli("convert", src, dst)
+    rc, out, err = run_main("convert", src, dst)
     assert rc == 0
     lines = err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("stcast: warning: nothing to convert"), err
     assert tensor_bytes(dst)["a"][2] == b"\x80\x3f\x00\x40"
-    rc, out, err = cli("inspect", src)
+    rc, out, err = run_main("inspect", src)
     assert rc == 0 and "stcast: warning: nothing to convert" in err
 
 
-def test_quantized_warning(tmp_path, cli):
+def test_in_process_runs_leave_the_warning_state_as_it_was(tmp_path, run_main):
+    """main shows warnings itself while a command runs; the test's filters are back after."""
+    src = write_safetensors(tmp_path / "in.safetensors", {"a": ("BF16", [1], b"\x80\x3f")})
+    filters, show = list(warnings.filters), warnings.showwarning
+    rc, _, err = run_main("convert", src, tmp_path / "out.safetensors")
+    assert rc == 0 and err.startswith("stcast: warning: nothing to convert"), err
+    assert (list(warnings.filters), warnings.showwarning) == (filters, show)
+    # This suite's filter still turns a plan warning into an error (conftest.py).
+    with pytest.raises(stcast.StcastWarning, match="nothing to convert"):
+        stcast.convert(src, tmp_path / "again.safetensors")
+
+
+def test_quantized_warning(tmp_path, run_main):
     tensors = {
         "layer.0.weight": ("F8_E4M3", [4], b"\x01\x02\x03\x04"),
         "layer.0.weight_scale": ("F32", [1], np.float32(0.25).tobytes()),
@@ -362,7 +340,7 @@ def test_quantized_warning(tmp_path, cli):
         "norm.weight": ("F32", [1], np.float32(1).tobytes()),
     }
     src = write_safetensors(tmp_path / "in.safetensors", tensors)
-    rc, out, err = cli("convert", src, tmp_path / "out.safetensors", "--json")
+    rc, out, err = run_main("convert", src, tmp_path / "out.safetensors", "--json")
     assert rc == 0
     lines = err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("stcast: warning: "), err
@@ -371,22 +349,19 @@ def test_quantized_warning(tmp_path, cli):
     assert "`norm.weight`" not in lines[0]
     assert json.loads(out)["result"]["warnings"] == [lines[0][len("stcast: warning: ") :]]
     # -q silences progress and the summary, not warnings.
-    rc, out, err = cli("convert", "-q", src, tmp_path / "out2.safetensors")
+    rc, out, err = run_main("convert", "-q", src, tmp_path / "out2.safetensors")
     assert rc == 0 and out == "" and "quantized" in err
 
 
 # --- unexpected failures ----------------------------------------------------------------------
 
 
-def test_unexpected_exception_is_one_line(tmp_path, monkeypatch, capsys):
-    from stcast import cli as cli_module
-
+def test_unexpected_exception_is_one_line(tmp_path, monkeypatch, run_main):
     def boom(*args, **kwargs):
         raise RuntimeError("boom\nsecond line")
 
     monkeypatch.setattr(stcast, "convert", boom)
-    rc = cli_module.main(["convert", str(tmp_path / "x.safetensors")])
-    out, err = capsys.readouterr()
+    rc, out, err = run_main("convert", tmp_path / "x.safetensors")
     assert rc == 1 and out == ""
     line = assert_one_error_line(err)
     assert "RuntimeError" in line and "boom" in line

@@ -1,28 +1,30 @@
-"""Faults made deterministic: a full disk, a read-only folder, write errors and Ctrl-C with the
-named temp file, SIGKILL, rival runs, and an input modified while it is read.
+"""Faults and signals, made deterministic: a full disk, a read-only folder, write errors and
+Ctrl-C (with O_TMPFILE and with the named temp file), SIGKILL, temp files left behind, rival
+runs, and an input modified while it is read. Whatever happens, nothing is left.
 
 Runs stop at an exact point with `STCAST_FAILPOINT=POINT=stop` (the process raises SIGSTOP);
 the test waits for the stop with `waitpid(WUNTRACED)`, acts, and resumes or kills it: no
 sleeping. The failpoint `tmpfile=eopnotsupp` makes stcast use a named, flock-held temp file
-instead of O_TMPFILE, as on a file system without it. Tests that mount a tmpfs need root and
-are skipped without it (CI runs as root).
+instead of O_TMPFILE, as on a file system without it. A tmpfs is mounted in a private mount
+namespace (helpers.MountNamespace), never on the host.
+
+A run with a failpoint armed is a child (failpoints are read once per process); the runs
+around it, without one, use the CLI in-process.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import re
 import signal
-import subprocess
-import sys
-import tempfile
-import threading
 
 import numpy as np
 import pytest
 import stcast
-from conftest import assert_one_error_line, cli_env, listing, tensor_bytes, write_safetensors
+from conftest import assert_one_error_line, listing, tensor_bytes, write_safetensors
+from helpers import MountNamespace, MountNamespaceUnavailable, run_python, stopped, with_points
 
 # The CLI converts in 8 MiB windows: a 10 MiB first tensor spans two, so `mid-tensor` is
 # reached with half of the input read.
@@ -30,166 +32,227 @@ BIG = (10 << 20) // 4
 NAMED = {"STCAST_FAILPOINT": "tmpfile=eopnotsupp"}
 
 
-def with_points(env, *points):
-    """`env` with more failpoints armed (joined to those it has)."""
-    env = dict(env or {})
-    env["STCAST_FAILPOINT"] = ",".join([*points, *filter(None, [env.get("STCAST_FAILPOINT")])])
-    return env
-
-
 TEMP = re.compile(r"^\.stcast-.*\.tmp$")
 
 
-def make_model(path, seed=0):
+def write_big_model(path, seed=0):
+    """10 MiB of F32 (two windows) and a small I8 tensor."""
     x = np.random.default_rng(seed).standard_normal(BIG).astype(np.float32)
     return write_safetensors(path, {"big": ("F32", [BIG], x), "small": ("I8", [3], b"\1\2\3")})
 
 
 @pytest.fixture
-def model(tmp_path):
-    return make_model(tmp_path / "model.safetensors")
+def big_model(tmp_path):
+    """`model.safetensors`, alone in its folder: 10 MiB of F32 and a small I8 tensor."""
+    return write_big_model(tmp_path / "model.safetensors")
 
 
 @pytest.fixture
-def expected(model, tmp_path_factory):
-    """The bytes a clean conversion of `model` gives."""
+def big_model_bf16(big_model, tmp_path_factory):
+    """The bytes a clean conversion of `big_model` gives."""
     out = tmp_path_factory.mktemp("ref") / "ref.safetensors"
-    stcast.convert(model, out)
+    stcast.convert(big_model, out)
     return out.read_bytes()
 
 
 def snapshot(folder):
-    return {p: (folder / p).read_bytes() for p in listing(folder) if (folder / p).is_file()}
+    """Every entry of a folder with the bytes of the files (None for anything else)."""
+    return {
+        p: (folder / p).read_bytes() if (folder / p).is_file() else None for p in listing(folder)
+    }
 
 
 def temps(folder):
     return [p for p in listing(folder) if TEMP.match(p)]
 
 
-class Run:
-    """`python -m stcast ARGS` in the background, for runs that stop at a failpoint."""
-
-    def __init__(self, *args, env=None):
-        self.out = tempfile.TemporaryFile()
-        self.err = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "stcast", *map(str, args)],
-            stdout=self.out,
-            stderr=self.err,
-            stdin=subprocess.DEVNULL,
-            env=cli_env(env),
-        )
-        # A watchdog instead of a timeout on waitpid: a run that never stops fails the test.
-        self.watchdog = threading.Timer(60, self.proc.kill)
-        self.watchdog.start()
-
-    def wait_stopped(self):
-        _, status = os.waitpid(self.proc.pid, os.WUNTRACED)
-        if not os.WIFSTOPPED(status):
-            self.proc.returncode = os.waitstatus_to_exitcode(status)
-            raise AssertionError(f"run ended instead of stopping: {self.finish()}")
-        return self
-
-    def resume(self):
-        os.kill(self.proc.pid, signal.SIGCONT)
-        return self
-
-    def kill(self):
-        os.kill(self.proc.pid, signal.SIGKILL)
-        return self.finish()
-
-    def finish(self):
-        if self.proc.returncode is None:
-            self.proc.wait(60)
-        self.watchdog.cancel()
-        self.err.seek(0)
-        return self.proc.returncode, self.err.read().decode()
-
-
-def stopped(*args, at, env=None):
-    return Run(*args, env=with_points(env, f"{at}=stop")).wait_stopped()
-
-
 # --- disk full and read-only folders (tmpfs) ---------------------------------------------------
 
 
 @pytest.fixture
-def tmpfs(tmp_path):
-    """mount(size) -> a fresh tmpfs folder of that size; unmounted afterwards."""
-    mounted = []
+def mount_ns():
+    """A private mount namespace (helpers.MountNamespace); skipped only without root and
+    without user namespaces."""
+    try:
+        ns = MountNamespace()
+    except MountNamespaceUnavailable as e:
+        if os.geteuid() == 0:
+            raise
+        pytest.skip(f"mounting needs root or user namespaces: {e}")
+    yield ns
+    ns.close()
+
+
+@pytest.fixture
+def tmpfs(mount_ns, tmp_path):
+    """mount(size) -> a fresh tmpfs folder of that size, in the private mount namespace."""
 
     def mount(size="1M", name="mnt"):
-        if os.geteuid() != 0:
-            pytest.skip("mounting a tmpfs needs root (CI runs as root)")
         d = tmp_path / name
         d.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "stcast-test", d], check=True)
-        mounted.append(d)
-        return d
+        return mount_ns.tmpfs(d, size)
 
-    yield mount
-    for d in reversed(mounted):
-        subprocess.run(["umount", d], check=True)
+    return mount
+
+
+@pytest.fixture
+def cli_for(run_main, cli_process):
+    """cli_for(env)(ARGS): the CLI in a child when `env` arms a failpoint (they are read once
+    per process), else in-process."""
+
+    def pick(env):
+        if env.get("STCAST_FAILPOINT"):
+            return functools.partial(cli_process, env=env)
+        return run_main
+
+    return pick
 
 
 @pytest.mark.parametrize("env", [{}, NAMED], ids=["tmpfile", "named"])
-def test_disk_full_fails_before_converting(model, tmpfs, cli, env):
+def test_disk_full_fails_before_converting(big_model, tmpfs, cli_process, run_main, env):
     mnt = tmpfs("1M")
     dst = mnt / "out.safetensors"
     # mid-tensor=eio proves nothing was converted: reaching the first window would fail there.
-    rc, out, err = cli("convert", model, dst, env=with_points(env, "mid-tensor=eio"))
+    rc, out, err = cli_process("convert", big_model, dst, env=with_points(env, "mid-tensor=eio"))
     assert rc == 1, err
     line = assert_one_error_line(err)
     m = re.fullmatch(rf"stcast: {mnt}: not enough disk space: need (.+), have (.+)", line)
     assert m, line
     assert m.group(1) == "5.24 MB" and m.group(2) == "1.05 MB", line
     assert listing(mnt) == []
-    rc, out, _ = cli("convert", "--json", model, dst)
+    rc, out, _ = run_main("convert", "--json", big_model, dst)
     assert rc == 1 and '"kind": "no_space"' in out
     with pytest.raises(stcast.StcastError) as info:
-        stcast.convert(model, dst)
+        stcast.convert(big_model, dst)
     assert info.value.kind == "no_space" and info.value.path == str(mnt)
     assert listing(mnt) == []
 
 
-def test_disk_full_keeps_the_old_destination(model, tmpfs, cli):
+def test_disk_full_keeps_the_old_destination(big_model, tmpfs, run_main):
     mnt = tmpfs("1M")
     dst = mnt / "out.safetensors"
     dst.write_bytes(b"the old output")
-    rc, _, err = cli("convert", model, dst, "--force")
+    rc, _, err = run_main("convert", big_model, dst, "--force")
     assert rc == 1 and "not enough disk space" in assert_one_error_line(err)
     assert snapshot(mnt) == {"out.safetensors": b"the old output"}
 
 
-def test_small_output_fits_on_tmpfs(tmp_path, tmpfs, cli):
+def test_small_output_fits_on_tmpfs(tmp_path, tmpfs, cli_process):
     mnt = tmpfs("1M")
     src = write_safetensors(tmp_path / "s.safetensors", {"x": ("F32", [1000], np.ones(1000, "f4"))})
-    rc, _, err = cli("convert", "-q", src, mnt / "s.safetensors", env=NAMED)
+    rc, _, err = cli_process("convert", "-q", src, mnt / "s.safetensors", env=NAMED)
     assert rc == 0, err
     assert listing(mnt) == ["s.safetensors"]
 
 
 @pytest.mark.parametrize("env", [{}, NAMED], ids=["tmpfile", "named"])
 @pytest.mark.parametrize("force", [False, True], ids=["new", "force"])
-def test_read_only_folder(model, tmpfs, cli, env, force):
+def test_read_only_folder(big_model, mount_ns, tmpfs, cli_for, env, force):
     mnt = tmpfs("1M")
     dst = mnt / "out.safetensors"
     if force:
         dst.write_bytes(b"old")
-    subprocess.run(["mount", "-o", "remount,ro", mnt], check=True)
+    mount_ns.remount_read_only(mnt)
     before = snapshot(mnt)
-    args = ["convert", model, dst] + (["--force"] if force else [])
-    rc, _, err = cli(*args, env=env)
+    args = ["convert", big_model, dst] + (["--force"] if force else [])
+    rc, _, err = cli_for(env)(*args)
     assert rc == 1, err
     line = assert_one_error_line(err)
     assert line == f"stcast: {mnt}: cannot create the output: Read-only file system", line
     assert snapshot(mnt) == before
     with pytest.raises(OSError) as info:
-        stcast.convert(model, dst, force=force)
+        stcast.convert(big_model, dst, force=force)
     assert info.value.filename == str(mnt)
 
 
-# --- write errors and Ctrl-C with the named temp file (test_interrupt.py covers O_TMPFILE) ------
+# --- Ctrl-C and write failures with O_TMPFILE (the named temp file: below) ---------------------
+
+
+POINTS = ["create", "prealloc", "mid-tensor", "fsync", "publish"]
+
+
+@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize("force", [False, True], ids=["new", "force"])
+def test_sigint_leaves_nothing(big_model, cli_process, point, force):
+    folder = big_model.parent
+    dst = folder / "out.safetensors"
+    if force:
+        dst.write_bytes(b"the old output")
+    before = snapshot(folder)
+    args = ["convert", big_model, dst] + (["--force"] if force else [])
+    rc, out, err = cli_process(*args, env={"STCAST_FAILPOINT": f"{point}=sigint"}, timeout=60)
+    assert rc == 130, err
+    assert "Traceback" not in err
+    assert assert_one_error_line(err) == "stcast: interrupted"
+    assert snapshot(folder) == before
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_sigint_json(big_model, cli_process, point):
+    rc, out, err = cli_process(
+        "convert",
+        "--json",
+        big_model,
+        big_model.parent / "out.safetensors",
+        env={"STCAST_FAILPOINT": f"{point}=sigint"},
+        timeout=60,
+    )
+    assert rc == 130
+    assert '"kind": "interrupted"' in out
+    assert listing(big_model.parent) == ["model.safetensors"]
+
+
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("fsync=eio", ["fsync", "Input/output error"]),
+        ("publish=enospc", ["No space left"]),
+        ("mid-tensor=eio", ["Input/output error"]),
+        ("create=eio", ["Input/output error"]),
+        ("prealloc=eio", ["Input/output error"]),
+        ("prealloc=enospc", ["not enough disk space"]),
+    ],
+)
+@pytest.mark.parametrize("force", [False, True], ids=["new", "force"])
+def test_write_failures(big_model, cli_process, spec, words, force):
+    folder = big_model.parent
+    dst = folder / "out.safetensors"
+    if force:
+        dst.write_bytes(b"the old output")
+    before = snapshot(folder)
+    args = ["convert", big_model, dst] + (["--force"] if force else [])
+    rc, out, err = cli_process(*args, env={"STCAST_FAILPOINT": spec}, timeout=60)
+    assert rc == 1, err
+    line = assert_one_error_line(err)
+    for w in words:
+        assert w in line, line
+    assert "Errno" not in line
+    assert snapshot(folder) == before
+
+
+def test_no_space_json_kind(big_model, cli_process):
+    rc, out, _ = cli_process(
+        "convert",
+        "--json",
+        big_model,
+        big_model.parent / "out.safetensors",
+        env={"STCAST_FAILPOINT": "publish=enospc"},
+    )
+    assert rc == 1 and '"kind": "no_space"' in out
+
+
+def test_unknown_failpoint_is_ignored(big_model, cli_process):
+    rc, _, err = cli_process(
+        "convert",
+        "-q",
+        big_model,
+        big_model.parent / "out.safetensors",
+        env={"STCAST_FAILPOINT": "nowhere=eio,mid-tensor=nothing"},
+    )
+    assert rc == 0, err
+
+
+# --- write errors and Ctrl-C with the named temp file ---------------------------------------------
 
 NAMED_FAULTS = [
     ("prealloc", "sigint"),
@@ -207,14 +270,14 @@ NAMED_FAULTS = [
 
 @pytest.mark.parametrize("point, action", NAMED_FAULTS, ids=[f"{p}={a}" for p, a in NAMED_FAULTS])
 @pytest.mark.parametrize("force", [False, True], ids=["new", "force"])
-def test_named_temp_faults_leave_nothing(model, cli, point, action, force):
-    folder = model.parent
+def test_named_temp_faults_leave_nothing(big_model, cli_process, point, action, force):
+    folder = big_model.parent
     dst = folder / "out.safetensors"
     if force:
         dst.write_bytes(b"the old output")
     before = snapshot(folder)
-    args = ["convert", model, dst] + (["--force"] if force else [])
-    rc, _, err = cli(*args, env=with_points(NAMED, f"{point}={action}"))
+    args = ["convert", big_model, dst] + (["--force"] if force else [])
+    rc, _, err = cli_process(*args, env=with_points(NAMED, f"{point}={action}"))
     line = assert_one_error_line(err)
     if action == "sigint":
         assert (rc, line) == (130, "stcast: interrupted"), err
@@ -229,72 +292,74 @@ def test_named_temp_faults_leave_nothing(model, cli, point, action, force):
 
 
 @pytest.mark.parametrize("force", [False, True], ids=["new", "force"])
-def test_sigkill_with_tmpfile_leaves_nothing(model, force):
-    folder = model.parent
+def test_sigkill_with_tmpfile_leaves_nothing(big_model, force):
+    folder = big_model.parent
     dst = folder / "out.safetensors"
     if force:
         dst.write_bytes(b"the old output")
     before = snapshot(folder)
-    run = stopped("convert", model, dst, *(["--force"] if force else []), at="mid-tensor")
+    run = stopped("convert", big_model, dst, *(["--force"] if force else []), at="mid-tensor")
     assert snapshot(folder) == before  # half-way through, nothing is visible
     rc, _ = run.kill()
     assert rc == -signal.SIGKILL
     assert snapshot(folder) == before
 
 
-def test_sigkill_named_temp_is_removed_by_the_next_run(model, cli, expected):
-    folder = model.parent
-    run = stopped("convert", model, folder / "a.safetensors", at="mid-tensor", env=NAMED)
+def test_sigkill_named_temp_is_removed_by_the_next_run(big_model, run_main, big_model_bf16):
+    folder = big_model.parent
+    run = stopped("convert", big_model, folder / "a.safetensors", at="mid-tensor", env=NAMED)
     (temp,) = temps(folder)
     assert run.kill()[0] == -signal.SIGKILL
     assert temps(folder) == [temp]  # a killed run cannot clean up: the next one does
 
-    rc, _, err = cli("convert", "-q", model, folder / "b.safetensors")
+    rc, _, err = run_main("convert", "-q", big_model, folder / "b.safetensors")
     assert rc == 0, err
     line = assert_one_error_line(err)
     assert line.startswith(f"stcast: warning: removed {folder / temp}, a temp file left by"), line
     assert listing(folder) == ["b.safetensors", "model.safetensors"]
-    assert (folder / "b.safetensors").read_bytes() == expected
+    assert (folder / "b.safetensors").read_bytes() == big_model_bf16
 
 
-def test_stale_temp_removal_through_the_api(model):
-    folder = model.parent
-    stopped("convert", model, folder / "a.safetensors", at="mid-tensor", env=NAMED).kill()
+def test_stale_temp_removal_through_the_api(big_model):
+    folder = big_model.parent
+    stopped("convert", big_model, folder / "a.safetensors", at="mid-tensor", env=NAMED).kill()
     (temp,) = temps(folder)
     with pytest.warns(stcast.StcastWarning, match=f"removed .*{re.escape(temp)}"):
-        report = stcast.convert(model, folder / "b.safetensors")
+        report = stcast.convert(big_model, folder / "b.safetensors")
     assert temps(folder) == [] and len(report.warnings) == 1
 
 
-def test_temp_whose_lock_is_held_is_left_alone(model, cli):
-    folder = model.parent
+def test_temp_whose_lock_is_held_is_left_alone(big_model, cli_process, run_main):
+    folder = big_model.parent
     held = folder / ".stcast-otherhost-4242-00000000deadbeef.tmp"
     held.write_bytes(b"being written on another host")
     with open(held, "r+b") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
-        rc, _, err = cli("convert", "-q", model, folder / "a.safetensors", env=NAMED)
+        rc, _, err = cli_process("convert", "-q", big_model, folder / "a.safetensors", env=NAMED)
         assert (rc, err) == (0, "")
         assert held.read_bytes() == b"being written on another host"
     # Released (its writer died): the next run removes it, whatever its pid or host say.
-    rc, _, err = cli("convert", "-q", model, folder / "b.safetensors")
+    rc, _, err = run_main("convert", "-q", big_model, folder / "b.safetensors")
     assert rc == 0 and "warning: removed" in assert_one_error_line(err)
     assert not held.exists()
 
 
-def test_live_run_keeps_its_temp_while_another_runs(model, cli, expected):
-    folder = model.parent
-    first = stopped("convert", "-q", model, folder / "a.safetensors", at="mid-tensor", env=NAMED)
+def test_live_run_keeps_its_temp_while_another_runs(big_model, cli_process, big_model_bf16):
+    folder = big_model.parent
+    first = stopped(
+        "convert", "-q", big_model, folder / "a.safetensors", at="mid-tensor", env=NAMED
+    )
     (temp,) = temps(folder)
-    rc, _, err = cli("convert", "-q", model, folder / "b.safetensors", env=NAMED)
+    rc, _, err = cli_process("convert", "-q", big_model, folder / "b.safetensors", env=NAMED)
     assert (rc, err) == (0, "")
     assert temps(folder) == [temp]
     assert first.resume().finish() == (0, "")
     assert temps(folder) == []
-    assert (folder / "a.safetensors").read_bytes() == expected
+    assert (folder / "a.safetensors").read_bytes() == big_model_bf16
 
 
-def test_cleaner_touches_only_its_own_unlocked_temps(model, cli):
-    folder = model.parent
+def test_cleaner_touches_only_its_own_unlocked_temps(big_model, cli_process):
+    folder = big_model.parent
     outside = folder / "sub"
     outside.mkdir()
     (outside / "keep.tmp").write_bytes(b"k")
@@ -304,7 +369,8 @@ def test_cleaner_touches_only_its_own_unlocked_temps(model, cli):
     (folder / ".stcast-dir.tmp").mkdir()
     os.mkfifo(folder / ".stcast-fifo.tmp")
     before = listing(folder)
-    rc, _, err = cli("convert", "-q", model, folder / "out.safetensors", timeout=30)
+    # A FIFO among the temps: opening one would block, so a child with a timeout.
+    rc, _, err = cli_process("convert", "-q", big_model, folder / "out.safetensors", timeout=30)
     assert (rc, err) == (0, "")
     assert listing(folder) == sorted(before + ["out.safetensors"])
     assert (outside / "keep.tmp").read_bytes() == b"k"
@@ -316,8 +382,8 @@ def test_cleaner_touches_only_its_own_unlocked_temps(model, cli):
 @pytest.mark.parametrize("env", [{}, NAMED], ids=["tmpfile", "named"])
 @pytest.mark.parametrize("force", [False, True], ids=["new", "force"])
 def test_two_runs_one_destination(tmp_path, env, force):
-    a = make_model(tmp_path / "a.safetensors", seed=1)
-    b = make_model(tmp_path / "b.safetensors", seed=2)
+    a = write_big_model(tmp_path / "a.safetensors", seed=1)
+    b = write_big_model(tmp_path / "b.safetensors", seed=2)
     outs = {}
     for src in (a, b):
         stcast.convert(src, tmp_path / "ref.safetensors", force=True)
@@ -371,37 +437,105 @@ CHANGES = {
 @pytest.mark.parametrize("at", ["prealloc", "mid-tensor"])
 @pytest.mark.parametrize("change", list(CHANGES))
 @pytest.mark.parametrize("env", [{}, NAMED], ids=["tmpfile", "named"])
-def test_input_changed_while_read_is_refused(model, change, at, env):
-    folder = model.parent
+def test_input_changed_while_read_is_refused(big_model, change, at, env):
+    folder = big_model.parent
     dst = folder / "out.safetensors"
     dst.write_bytes(b"the old output")
-    run = stopped("convert", model, dst, "--force", at=at, env=env)
+    run = stopped("convert", big_model, dst, "--force", at=at, env=env)
     modify, words = CHANGES[change]
-    modify(model)
+    modify(big_model)
     rc, err = run.resume().finish()
     assert rc == 1, err
     line = assert_one_error_line(err)
-    assert line.startswith(f"stcast: {model}: input changed while being read ({words}"), line
+    assert line.startswith(f"stcast: {big_model}: input changed while being read ({words}"), line
     assert line.endswith("no output was written"), line
     assert "Traceback" not in err
     assert dst.read_bytes() == b"the old output"
     assert listing(folder) == ["model.safetensors", "out.safetensors"]
 
 
-def test_input_changed_after_the_last_read_is_harmless(model, expected):
+def test_input_changed_after_the_last_read_is_harmless(big_model, big_model_bf16):
     """At fsync every byte is read and checked: a later change cannot reach the output."""
-    folder = model.parent
-    run = stopped("convert", model, folder / "out.safetensors", at="fsync")
-    rewrite_in_place(model)
+    folder = big_model.parent
+    run = stopped("convert", big_model, folder / "out.safetensors", at="fsync")
+    rewrite_in_place(big_model)
     assert run.resume().finish()[0] == 0
-    assert (folder / "out.safetensors").read_bytes() == expected
+    assert (folder / "out.safetensors").read_bytes() == big_model_bf16
 
 
-def test_input_replaced_by_rename_keeps_converting_the_old_file(model, expected):
+def test_input_replaced_by_rename_keeps_converting_the_old_file(big_model, big_model_bf16):
     """Tools that save by writing a new file and renaming it over do not disturb a run."""
-    folder = model.parent
-    run = stopped("convert", model, folder / "out.safetensors", at="mid-tensor")
-    make_model(folder / "new.safetensors", seed=9)
-    os.replace(folder / "new.safetensors", model)
+    folder = big_model.parent
+    run = stopped("convert", big_model, folder / "out.safetensors", at="mid-tensor")
+    write_big_model(folder / "new.safetensors", seed=9)
+    os.replace(folder / "new.safetensors", big_model)
     assert run.resume().finish() == (0, "")
-    assert (folder / "out.safetensors").read_bytes() == expected
+    assert (folder / "out.safetensors").read_bytes() == big_model_bf16
+
+
+# --- Ctrl-C and write failures through the API -------------------------------------------------
+
+
+SIGINT_CHILD = """
+import os, signal, sys, stcast
+calls = []
+def progress(done, total):
+    calls.append(done)
+    if len(calls) == int(sys.argv[3]):
+        os.kill(os.getpid(), signal.SIGINT)
+try:
+    stcast.convert(sys.argv[1], sys.argv[2], progress=progress, force=True)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt", calls)
+"""
+
+
+@pytest.mark.parametrize("at_call", [1, 2])
+@pytest.mark.parametrize("force", [False, True], ids=["new", "force"])
+def test_api_sigint_from_progress(tmp_path, at_call, force):
+    # 80 MiB: more than one 64 MiB step, so the second call is mid-way.
+    n = (80 << 20) // 4
+    src = write_safetensors(
+        tmp_path / "in.safetensors", {"x": ("F32", [n], np.ones(n, np.float32))}
+    )
+    dst = tmp_path / "out.safetensors"
+    if force:
+        dst.write_bytes(b"old")
+    before = snapshot(tmp_path)
+    proc = run_python("-c", SIGINT_CHILD, src, dst, at_call)
+    assert proc.stdout.startswith("KeyboardInterrupt"), proc.stderr
+    assert snapshot(tmp_path) == before
+
+
+def test_api_sigint_in_process(tmp_path):
+    """The same inside the test process: KeyboardInterrupt reaches the caller."""
+    src = write_safetensors(
+        tmp_path / "in.safetensors", {"x": ("F32", [4], np.ones(4, np.float32))}
+    )
+
+    def progress(done, total):
+        os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):
+        stcast.convert(src, tmp_path / "out.safetensors", progress=progress)
+    assert listing(tmp_path) == ["in.safetensors"]
+
+
+def test_api_failpoint_eio(tmp_path):
+    """Through the API, a write failure is an OSError naming the destination."""
+    src = write_safetensors(
+        tmp_path / "in.safetensors", {"x": ("F32", [4], np.ones(4, np.float32))}
+    )
+    code = (
+        "import sys, stcast\n"
+        "try:\n"
+        "    stcast.convert(sys.argv[1], sys.argv[2])\n"
+        "except OSError as e:\n"
+        "    print(type(e).__name__, e.errno, e.filename, '|', e)\n"
+    )
+    dst = tmp_path / "out.safetensors"
+    proc = run_python("-c", code, src, dst, env={"STCAST_FAILPOINT": "fsync=eio"})
+    kind, errno_, filename, *_ = proc.stdout.split()
+    assert (kind, int(errno_), filename) == ("OSError", 5, str(dst)), proc.stdout + proc.stderr
+    assert "fsync" in proc.stdout
+    assert listing(tmp_path) == ["in.safetensors"]

@@ -19,6 +19,7 @@ import safetensors
 import safetensors.numpy
 import stcast
 from conftest import assert_one_error_line, read_safetensors, write_safetensors
+from helpers import run_on_pty
 from reference import bf16_bits_ml_dtypes
 from stcast.folder import assign_shards
 
@@ -416,9 +417,9 @@ def test_progress_counts_the_whole_folder(tmp_path, rng):
         assert seq[0][0] == 0 and seq[-1][0] == seq[-1][1]
 
 
-def test_cli_folder_json_and_summary(tmp_path, rng, cli):
+def test_cli_folder_json_and_summary(tmp_path, rng, run_main):
     src = make_hf_model(tmp_path / "m", rng)
-    rc, out, err = cli("convert", src, tmp_path / "o", "--json")
+    rc, out, err = run_main("convert", src, tmp_path / "o", "--json")
     assert (rc, err) == (0, "")
     doc = json.loads(out)
     assert (doc["schema"], doc["command"], doc["version"]) == (1, "convert", stcast.__version__)
@@ -430,23 +431,21 @@ def test_cli_folder_json_and_summary(tmp_path, rng, cli):
     assert files["model-00003-of-00003.safetensors"]["kind"] == "weights"
     assert_folder(src, tmp_path / "o")
 
-    rc, out, err = cli("convert", src, tmp_path / "o2")
+    rc, out, err = run_main("convert", src, tmp_path / "o2")
     assert rc == 0 and err == ""
     assert out.startswith(f"converted {src} -> {tmp_path / 'o2'}\n")
     assert "4 converted" in out and "rewritten" in out
 
-    rc, out, err = cli("convert", src, tmp_path / "o2")  # not empty now
+    rc, out, err = run_main("convert", src, tmp_path / "o2")  # not empty now
     assert rc == 1 and out == ""
     line = assert_one_error_line(err)
     assert "--resume" in line and "--force" in line
 
-    rc, out, err = cli("convert", src, tmp_path / "o2", "--resume", "-q")
+    rc, out, err = run_main("convert", src, tmp_path / "o2", "--resume", "-q")
     assert (rc, out, err) == (0, "", "")
 
 
 def test_cli_progress_on_a_terminal(tmp_path, rng):
-    from test_cli import run_on_pty
-
     src = make_hf_model(tmp_path / "m", rng)
     rc, out, err = run_on_pty(["convert", src, tmp_path / "o"])
     assert rc == 0, err
@@ -476,7 +475,7 @@ def interrupt_at_second_file(src: Path, dst: Path) -> None:
         stcast.convert(src, dst, file_progress=file_progress)
 
 
-def test_interrupted_run_never_looks_complete(tmp_path, rng, cli):
+def test_interrupted_run_never_looks_complete(tmp_path, rng):
     src = make_hf_model(tmp_path / "m", rng)
     dst = tmp_path / "o"
     interrupt_at_second_file(src, dst)
@@ -567,7 +566,7 @@ def test_force_converts_everything_again(tmp_path, rng):
 # --- --shard and finalize --------------------------------------------------------------------
 
 
-def test_shards_then_finalize_equal_a_plain_run(tmp_path, rng, cli):
+def test_shards_then_finalize_equal_a_plain_run(tmp_path, rng, run_main):
     src = make_hf_model(tmp_path / "m", rng, shards=5, rows=[40, 8, 24, 8, 16])
     plain = tmp_path / "plain"
     stcast.convert(src, plain)
@@ -576,7 +575,7 @@ def test_shards_then_finalize_equal_a_plain_run(tmp_path, rng, cli):
     done: list[set[str]] = []
     for i in (1, 2, 3):
         if i == 2:  # one through the command line
-            rc, out, err = cli("convert", src, dst, "--shard", "2/3", "--json")
+            rc, out, err = run_main("convert", src, dst, "--shard", "2/3", "--json")
             assert (rc, err) == (0, ""), err
             result = json.loads(out)["result"]
             assert result["shard"] == [2, 3] and result["complete"] is False
@@ -600,7 +599,7 @@ def test_shards_then_finalize_equal_a_plain_run(tmp_path, rng, cli):
     every = {p.relative_to(src).as_posix() for p in src.rglob("*.safetensors")}
     assert set().union(*done) == every and sum(map(len, done)) == len(every)
 
-    rc, out, err = cli("finalize", src, dst, "--json")
+    rc, out, err = run_main("finalize", src, dst, "--json")
     assert (rc, err) == (0, ""), err
     result = json.loads(out)["result"]
     assert result["complete"] is True
@@ -707,7 +706,7 @@ def test_folders_must_not_nest(tmp_path, rng):
     assert_refused_cleanly(tmp_path, src, tmp_path / "link" / "o", "outside", "refused")
 
 
-def test_odd_entries_are_refused(tmp_path, rng, cli):
+def test_odd_entries_are_refused(tmp_path, rng, run_main):
     src = make_hf_model(tmp_path / "m", rng)
     (tmp_path / "elsewhere").mkdir()
     (src / "linked").symlink_to(tmp_path / "elsewhere")
@@ -718,7 +717,7 @@ def test_odd_entries_are_refused(tmp_path, rng, cli):
     (src / "dangling").unlink()
     os.mkfifo(src / "fifo")
     assert_refused_cleanly(tmp_path, src, tmp_path / "o", "not a regular file", "refused")
-    rc, out, err = cli("convert", src, tmp_path / "o")
+    rc, out, err = run_main("convert", src, tmp_path / "o")
     assert rc == 1 and out == "" and "not a regular file" in assert_one_error_line(err)
     (src / "fifo").unlink()
     (tmp_path / "file").write_text("x")
@@ -753,12 +752,12 @@ def quantized_shard(path: Path, rng) -> None:
     )
 
 
-def test_quantized_checkpoints_are_refused(tmp_path, rng, cli):
+def test_quantized_checkpoints_are_refused(tmp_path, rng, run_main):
     src = make_hf_model(tmp_path / "m", rng)
     cfg = dict(HF_CONFIG, quantization_config={"quant_method": "fp8", "dtype": "float8"})
     (src / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     assert_refused_cleanly(tmp_path, src, tmp_path / "o", "quantization_config", "refused")
-    rc, out, err = cli("convert", src, tmp_path / "o")
+    rc, out, err = run_main("convert", src, tmp_path / "o")
     line = assert_one_error_line(err)
     assert rc == 1 and "F32 scale" in line and "--keep '*scale*'" in line
     assert "--allow-quantized" in line

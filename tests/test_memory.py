@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from conftest import cli_env, encode_header
+from conftest import encode_header
+from helpers import cli_env
 
 MIB = 1 << 20
 CHUNK = 8 * MIB

@@ -195,10 +195,10 @@ def test_random_data_matches_a_numpy_reference(tmp_path, rng, to):
     assert report.numerics["total"] == total_of(got)
 
 
-def test_convert_report_file_and_warning(tmp_path, cli):
+def test_convert_report_file_and_warning(tmp_path, run_main):
     src = crafted(tmp_path / "src.safetensors")
     dst, path = tmp_path / "dst.safetensors", tmp_path / "report.json"
-    rc, out, err = cli("convert", src, dst, "--report", path, "--json")
+    rc, out, err = run_main("convert", src, dst, "--report", path, "--json")
     assert rc == 0, err
     # Overflow has the engine's own warning (the --on-overflow guard); underflow this one.
     lines = err.splitlines()
@@ -219,10 +219,10 @@ def test_convert_report_file_and_warning(tmp_path, cli):
     assert numerics == {"tensors": result["tensors"], "total": result["total"]}
 
 
-def test_worst_tensors_are_named_first(tmp_path, cli):
+def test_worst_tensors_are_named_first(tmp_path, run_main):
     tensors = {f"t{i}": ("F32", [4], f32(*([1e-45] * i + [1.0] * (4 - i)))) for i in [1, 4, 2, 3]}
     src = write_safetensors(tmp_path / "src.safetensors", tensors)
-    rc, _, err = cli("convert", src, tmp_path / "dst.safetensors", "-q")
+    rc, _, err = run_main("convert", src, tmp_path / "dst.safetensors", "-q")
     assert rc == 0
     assert assert_one_error_line(err) == (
         "stcast: warning: 10 values underflowed to zero in 4 tensors "
@@ -230,21 +230,21 @@ def test_worst_tensors_are_named_first(tmp_path, cli):
     )
 
 
-def test_no_warning_when_nothing_is_lost(tmp_path, cli, rng):
+def test_no_warning_when_nothing_is_lost(tmp_path, run_main, rng):
     values = (rng.standard_normal(1000) * 0.02).astype(np.float32)
     src = write_safetensors(tmp_path / "src.safetensors", {"w": ("F32", [1000], values)})
-    rc, _, err = cli("convert", src, tmp_path / "dst.safetensors")
+    rc, _, err = run_main("convert", src, tmp_path / "dst.safetensors")
     assert (rc, err) == (0, "")
 
 
-def test_verify_report_equals_convert_report(tmp_path, cli):
+def test_verify_report_equals_convert_report(tmp_path, run_main):
     src = crafted(tmp_path / "src.safetensors")
     dst = tmp_path / "dst.safetensors"
     for to in ["bf16", "fp16"]:
         made, checked = tmp_path / f"convert-{to}.json", tmp_path / f"verify-{to}.json"
-        rc, _, err = cli("convert", src, dst, "--to", to, "--force", "--report", made)
+        rc, _, err = run_main("convert", src, dst, "--to", to, "--force", "--report", made)
         assert rc == 0, err
-        rc, _, err = cli("verify", src, dst, "--report", checked, "-q")
+        rc, _, err = run_main("verify", src, dst, "--report", checked, "-q")
         assert (rc, err) == (0, "")
         assert json.loads(checked.read_text()) == json.loads(made.read_text())
         assert json.loads(made.read_text())["result"]["to"] == to
@@ -256,7 +256,7 @@ def test_verify_report_equals_convert_report(tmp_path, cli):
     )
 
 
-def test_verify_report_not_written_on_mismatch(tmp_path, cli):
+def test_verify_report_not_written_on_mismatch(tmp_path, run_main):
     src = crafted(tmp_path / "src.safetensors")
     dst = tmp_path / "dst.safetensors"
     stcast.convert(src, dst)
@@ -264,16 +264,16 @@ def test_verify_report_not_written_on_mismatch(tmp_path, cli):
     data[-1] ^= 1  # the last byte of `double`
     dst.write_bytes(bytes(data))
     path = tmp_path / "report.json"
-    rc, _, err = cli("verify", src, dst, "--report", path)
+    rc, _, err = run_main("verify", src, dst, "--report", path)
     assert rc == 1 and "tensor `double`" in assert_one_error_line(err)
     assert not path.exists()
     assert stcast.verify(src, dst).numerics is None
 
 
-def test_report_refuses_folders(tmp_path, cli):
+def test_report_refuses_folders(tmp_path, run_main):
     (tmp_path / "model").mkdir()
     crafted(tmp_path / "model" / "model.safetensors")
-    rc, out, err = cli("convert", tmp_path / "model", "--report", tmp_path / "r.json")
+    rc, out, err = run_main("convert", tmp_path / "model", "--report", tmp_path / "r.json")
     assert rc == 2 and out == ""
     assert "--report applies to files" in assert_one_error_line(err)
     assert not (tmp_path / "r.json").exists() and not (tmp_path / "model-bf16").exists()

@@ -164,7 +164,7 @@ def test_keep_pattern_matching_nothing_warns(tmp_path, rng):
         stcast.convert(src, tmp_path / "out2.safetensors", keep=["position_ids"])
 
 
-def test_strict_refuses_an_unmatched_pattern_before_writing(tmp_path, rng, cli):
+def test_strict_refuses_an_unmatched_pattern_before_writing(tmp_path, rng, run_main):
     src, _ = mixed_model(tmp_path, rng)
     before = listing(tmp_path)
     with pytest.raises(
@@ -173,11 +173,11 @@ def test_strict_refuses_an_unmatched_pattern_before_writing(tmp_path, rng, cli):
         stcast.convert(src, tmp_path / "out.safetensors", keep=["*nrom*"], strict=True)
     assert e.value.kind == "refused"
     assert listing(tmp_path) == before
-    rc, out, err = cli("convert", src, tmp_path / "o.safetensors", "--keep", "x", "--strict")
+    rc, out, err = run_main("convert", src, tmp_path / "o.safetensors", "--keep", "x", "--strict")
     assert (rc, out) == (1, "")
     line = assert_one_error_line(err)
     assert "--keep pattern `x` matches no tensor name" in line and "(--strict makes" in line
-    rc, out, err = cli("convert", src, "--keep", "x", "--strict", "--json")
+    rc, out, err = run_main("convert", src, "--keep", "x", "--strict", "--json")
     assert rc == 1
     assert json.loads(out)["error"]["kind"] == "refused"
     assert listing(tmp_path) == before
@@ -206,17 +206,17 @@ def test_keep_accepts_a_lone_string_and_fnmatch_stars(tmp_path, rng):
     ]
 
 
-def test_cli_reports_kept_tensors(tmp_path, rng, cli):
+def test_cli_reports_kept_tensors(tmp_path, rng, run_main):
     src, _ = mixed_model(tmp_path, rng)
     args = ("--keep", "*norm*", "--keep", "*router*", "--keep-min-size", "4")
-    rc, out, err = cli("convert", src, tmp_path / "o.safetensors", *args)
+    rc, out, err = run_main("convert", src, tmp_path / "o.safetensors", *args)
     assert rc == 0, err
     assert "kept     4 tensors (" in out and "(2 by --keep, 2 by min size)" in out
     assert "`*router*` matches no tensor name" in err
-    rc, out, err = cli("convert", src, tmp_path / "o2.safetensors", *args, "--json", "-q")
+    rc, out, err = run_main("convert", src, tmp_path / "o2.safetensors", *args, "--json", "-q")
     result = json.loads(out)["result"]
     assert (result["tensors_kept"], len(result["kept"])) == (4, 4)
-    rc, _, err = cli("convert", src, "--keep-min-size", "-1")
+    rc, _, err = run_main("convert", src, "--keep-min-size", "-1")
     assert rc == 2 and "at least 0" in err
 
 
@@ -339,7 +339,7 @@ def test_from_bf16_converts_every_bf16_pattern_like_numpy(tmp_path):
     assert_fp16(x, got)
 
 
-def test_fp16_without_from_bf16_copies_bf16_and_says_so(tmp_path, cli):
+def test_fp16_without_from_bf16_copies_bf16_and_says_so(tmp_path, run_main):
     tensors = {
         "w": ("F32", [2], np.float32([1, 2])),
         "b": ("BF16", [2], bf16_bits(np.float32([3, 4]))),
@@ -350,9 +350,11 @@ def test_fp16_without_from_bf16_copies_bf16_and_says_so(tmp_path, cli):
     out = tensor_bytes(tmp_path / "out.safetensors")
     assert out["b"] == ("BF16", [2], bf16_bits(np.float32([3, 4])).tobytes())
     assert out["w"][0] == "F16"
-    rc, _, err = cli("convert", src, tmp_path / "o2.safetensors", "--to", "fp16")
+    rc, _, err = run_main("convert", src, tmp_path / "o2.safetensors", "--to", "fp16")
     assert rc == 0 and "mixes BF16 and F16 (--from-bf16 converts them too)" in err
-    rc, _, err = cli("convert", src, tmp_path / "o3.safetensors", "--to", "fp16", "--from-bf16")
+    rc, _, err = run_main(
+        "convert", src, tmp_path / "o3.safetensors", "--to", "fp16", "--from-bf16"
+    )
     assert (rc, err) == (0, "")
     assert tensor_bytes(tmp_path / "o3.safetensors")["b"][0] == "F16"
     assert stcast.verify(src, tmp_path / "o3.safetensors").ok
@@ -411,21 +413,21 @@ def test_overflow_counts_are_exact(tmp_path, to):
         assert infinities - source_inf == n, name
 
 
-def test_overflow_warning_names_the_worst_tensors_first(tmp_path, cli):
+def test_overflow_warning_names_the_worst_tensors_first(tmp_path, run_main):
     src = overflow_model(tmp_path)
     with pytest.warns(stcast.StcastWarning, match=OVERFLOW_WARNING) as record:
         stcast.convert(src, tmp_path / "out.safetensors", to="fp16", from_bf16=True)
     message = next(str(w.message) for w in record if OVERFLOW_WARNING in str(w.message))
     assert "in F16: `big` (4), `bigger` (4), `brain` (2), `huge` (2), `some` (1) (" in message
     assert 'on_overflow="keep" or a keep pattern' in message
-    rc, _, err = cli("convert", src, tmp_path / "o.safetensors", "--to", "fp16")
+    rc, _, err = run_main("convert", src, tmp_path / "o.safetensors", "--to", "fp16")
     assert rc == 0
     lines = [line for line in err.splitlines() if OVERFLOW_WARNING in line]
     assert len(lines) == 1 and lines[0].startswith("stcast: warning: 11 finite values"), err
     assert "--on-overflow keep or a --keep pattern" in lines[0]
 
 
-def test_on_overflow_error_leaves_nothing_behind(tmp_path, cli):
+def test_on_overflow_error_leaves_nothing_behind(tmp_path, run_main):
     src = overflow_model(tmp_path)
     dst = tmp_path / "out.safetensors"
     dst.write_bytes(b"old")
@@ -438,7 +440,7 @@ def test_on_overflow_error_leaves_nothing_behind(tmp_path, cli):
     assert "most in tensor `big` (4)" in message and "nothing was written" in message
     assert listing(tmp_path) == before and dst.read_bytes() == b"old"
     args = ("--to", "fp16", "--from-bf16", "--on-overflow", "error")
-    rc, out, err = cli("convert", src, tmp_path / "o.safetensors", *args)
+    rc, out, err = run_main("convert", src, tmp_path / "o.safetensors", *args)
     assert (rc, out) == (1, "")
     assert "would become ±inf" in assert_one_error_line(err)
     assert listing(tmp_path) == before
@@ -447,7 +449,7 @@ def test_on_overflow_error_leaves_nothing_behind(tmp_path, cli):
     stcast.convert(fine, tmp_path / "fine-out.safetensors", to="fp16", on_overflow="error")
 
 
-def test_on_overflow_keep_keeps_exactly_what_would_overflow(tmp_path, cli):
+def test_on_overflow_keep_keeps_exactly_what_would_overflow(tmp_path, run_main):
     src = overflow_model(tmp_path)
     dst = tmp_path / "out.safetensors"
     with warnings.catch_warnings():
@@ -479,7 +481,7 @@ def test_on_overflow_keep_keeps_exactly_what_would_overflow(tmp_path, cli):
         "huge": overflow,
     }
     args = ("--to", "fp16", "--from-bf16", "--on-overflow", "keep")
-    rc, _, err = cli("convert", src, tmp_path / "o3.safetensors", *args)
+    rc, _, err = run_main("convert", src, tmp_path / "o3.safetensors", *args)
     assert rc == 0
     assert "reading the float tensors once first" in err
     assert OVERFLOW_WARNING not in err
@@ -502,11 +504,11 @@ def test_on_overflow_keep_reports_progress_over_both_reads(tmp_path):
     assert done == sorted(done) and done[-1] == totals.pop()
 
 
-def test_on_overflow_rejects_unknown_modes(tmp_path, cli):
+def test_on_overflow_rejects_unknown_modes(tmp_path, run_main):
     src = overflow_model(tmp_path)
     with pytest.raises(ValueError, match="on_overflow"):
         stcast.convert(src, tmp_path / "o.safetensors", on_overflow="ignore")
-    rc, _, err = cli("convert", src, "--on-overflow", "ignore")
+    rc, _, err = run_main("convert", src, "--on-overflow", "ignore")
     assert rc == 2 and "invalid choice" in err
 
 
@@ -554,7 +556,7 @@ def test_inspect_plan_matches_convert(tmp_path, rng, options):
         assert kept["hot"] == ("keep_overflow", None)
 
 
-def test_inspect_scan_counts_and_reads_nothing_else(tmp_path, cli):
+def test_inspect_scan_counts_and_reads_nothing_else(tmp_path, run_main):
     src = overflow_model(tmp_path)
     before = listing(tmp_path)
     plain = stcast.inspect(src, to="fp16")
@@ -567,11 +569,11 @@ def test_inspect_scan_counts_and_reads_nothing_else(tmp_path, cli):
     assert by_name["big"].numerics["elements"] == 8
     assert by_name["big"].numerics["nan_in"] == 1
     assert listing(tmp_path) == before
-    rc, out, err = cli("inspect", src, "--to", "fp16", "--scan")
+    rc, out, err = run_main("inspect", src, "--to", "fp16", "--scan")
     assert rc == 0
     assert "OVERFLOW" in out and "UNDERFLOW" in out
     assert "values would overflow to inf in 4 tensors (worst: `big` 4, `bigger` 4" in out
-    rc, out, err = cli("inspect", src, "--to", "fp16", "--scan", "--json")
+    rc, out, err = run_main("inspect", src, "--to", "fp16", "--scan", "--json")
     doc = json.loads(out)
     assert doc["command"] == "inspect" and doc["result"]["scanned"] is True
     tensors = doc["result"]["tensors"]
@@ -585,16 +587,16 @@ def test_inspect_scan_counts_and_reads_nothing_else(tmp_path, cli):
     }
 
 
-def test_inspect_human_table_and_destination(tmp_path, rng, cli):
+def test_inspect_human_table_and_destination(tmp_path, rng, run_main):
     src, _ = mixed_model(tmp_path, rng)
     args = ("--keep", "*norm*", "--keep-min-size", "4")
-    rc, out, err = cli("inspect", src, tmp_path / "x.safetensors", *args)
+    rc, out, err = run_main("inspect", src, tmp_path / "x.safetensors", *args)
     assert rc == 0, err
     assert "WHY" in out and "keep: --keep '*norm*'" in out and "keep: under --keep-min-size" in out
     assert "copy: not a float" in out and "convert" in out
     assert "4 kept in their dtype" in out
     assert f"space:    {tmp_path} has " in out and ": fits" in out
-    rc, out, err = cli("inspect", src, "--keep", "*nope*", "--json")
+    rc, out, err = run_main("inspect", src, "--keep", "*nope*", "--json")
     doc = json.loads(out)["result"]
     assert doc["keep_unmatched"] == ["*nope*"] and "`*nope*` matches no tensor" in err
 
@@ -635,14 +637,14 @@ def test_folder_keep_pattern_judged_over_the_whole_folder(tmp_path):
     assert sum("*typo*" in w for w in report.warnings) == 1
 
 
-def test_folder_strict_refuses_before_any_work(tmp_path, cli):
+def test_folder_strict_refuses_before_any_work(tmp_path, run_main):
     src = two_shards(tmp_path)
     dst = tmp_path / "out"
     with pytest.raises(stcast.Refused, match=r"`\*typo\*` matches no tensor.*strict=True") as e:
         stcast.convert(src, dst, keep=["*typo*"], strict=True)
     assert e.value.kind == "refused"
     assert not dst.exists()
-    rc, out, err = cli("convert", src, dst, "--keep", "router", "--strict", "-q")
+    rc, out, err = run_main("convert", src, dst, "--keep", "router", "--strict", "-q")
     assert (rc, out, err) == (0, "", "")
 
 
@@ -685,7 +687,7 @@ def test_folder_quantized_allowed_when_keep_keeps_the_scales(tmp_path):
     assert report.tensors_kept == 1
 
 
-def test_folder_inspect_lists_each_file(tmp_path, cli):
+def test_folder_inspect_lists_each_file(tmp_path, run_main):
     src = two_shards(tmp_path)
     info = stcast.inspect(src, tmp_path / "dst", keep=["*norm*", "*typo*"])
     assert info.folder and len(info.tensors) == sum(len(f.tensors) for f in info.files)
@@ -702,10 +704,10 @@ def test_folder_inspect_lists_each_file(tmp_path, cli):
         stcast.convert(src, dst, keep=["*norm*", "*typo*"])
     weights = sum(p.stat().st_size for p in dst.glob("*.safetensors"))
     assert info.output_bytes - info.other_bytes == weights
-    rc, out, err = cli("inspect", src, "--keep", "*norm*", "--scan")
+    rc, out, err = run_main("inspect", src, "--keep", "*norm*", "--scan")
     assert rc == 0, err
     assert "model-00001-of-00002.safetensors:" in out and "model-00002-of-00002.safetensors:" in out
     assert "folder:   " in out and "2 weight files" in out
-    rc, out, err = cli("inspect", src, "--json")
+    rc, out, err = run_main("inspect", src, "--json")
     result = json.loads(out)["result"]
     assert result["folder"] is True and len(result["files"]) == 2

@@ -100,7 +100,7 @@ def bf16_bits(path: Path, tensor: str) -> np.ndarray:
 
 
 @pytest.fixture
-def pair(tmp_path, rng):
+def converted_pair(tmp_path, rng):
     """A source and its bf16 conversion."""
     src = make_source(tmp_path / "src.safetensors", rng)
     return src, convert(src, tmp_path / "dst.safetensors")
@@ -160,16 +160,16 @@ def test_accepts_multi_window_tensors(tmp_path, rng, isa):
     assert bf16_bits(dst, "a").size == n
 
 
-def test_rewritten_output_is_byte_identical(pair, tmp_path):
+def test_rewritten_output_is_byte_identical(converted_pair, tmp_path):
     """The helpers below rebuild files exactly, so each test changes one thing only."""
-    _, dst = pair
+    _, dst = converted_pair
     metadata, tensors = layout(dst)
     copy = write_safetensors(tmp_path / "copy.safetensors", tensors, metadata=metadata)
     assert copy.read_bytes() == dst.read_bytes()
 
 
-def test_progress_is_reported(pair):
-    src, dst = pair
+def test_progress_is_reported(converted_pair):
+    src, dst = converted_pair
     calls = []
     report = _core.verify(str(src), str(dst), progress=lambda d, t: calls.append((d, t)))
     assert report["ok"]
@@ -177,8 +177,8 @@ def test_progress_is_reported(pair):
     assert calls[0] == (0, total) and calls[-1] == (total, total) and total > 0
 
 
-def test_progress_exception_propagates(pair):
-    src, dst = pair
+def test_progress_exception_propagates(converted_pair):
+    src, dst = converted_pair
 
     def boom(done, total):
         raise RuntimeError("stop")
@@ -191,8 +191,8 @@ def test_progress_exception_propagates(pair):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_flipped_bit_in_converted_tensor(pair, threads):
-    src, dst = pair
+def test_flipped_bit_in_converted_tensor(converted_pair, threads):
+    src, dst = converted_pair
     index = 1234
     want = int(bf16_bits(dst, "w.f32")[index])
     flip_bit(dst, "w.f32", 2 * index + 1, 6)  # a bit of the exponent
@@ -212,8 +212,8 @@ def test_flipped_bit_in_converted_tensor(pair, threads):
     assert not stcast.verify(src, dst, loose=True).ok
 
 
-def test_flipped_bit_in_f64_and_f16_tensors(pair):
-    src, dst = pair
+def test_flipped_bit_in_f64_and_f16_tensors(converted_pair):
+    src, dst = converted_pair
     flip_bit(dst, "y.f64", 2 * 2)  # element 2: 1+2^-8+2^-40 -> 0x3F81
     m = mismatch_of(src, dst)
     assert (m.tensor, m.index, m.expected_bits, m.found_bits) == ("y.f64", 2, "0x3F81", "0x3F80")
@@ -226,8 +226,8 @@ def test_flipped_bit_in_f64_and_f16_tensors(pair):
     assert (m.tensor, m.index) == ("x.f16", 7) and len(m.source_bits) == 6
 
 
-def test_flipped_bit_in_copied_tensor(pair):
-    src, dst = pair
+def test_flipped_bit_in_copied_tensor(converted_pair):
+    src, dst = converted_pair
     flip_bit(dst, "ids", 8 * 5 + 2, 1)  # element 5 of the I64 tensor
     m = mismatch_of(src, dst)
     src_bits = 5 * 1_000_003
@@ -241,23 +241,23 @@ def test_flipped_bit_in_copied_tensor(pair):
     assert not stcast.verify(src, dst, loose=True).ok
 
 
-def test_flipped_bit_in_sub_byte_tensor_names_the_byte(pair):
-    src, dst = pair
+def test_flipped_bit_in_sub_byte_tensor_names_the_byte(converted_pair):
+    src, dst = converted_pair
     flip_bit(dst, "packed", 2)
     m = mismatch_of(src, dst)
     assert (m.tensor, m.index, m.expected_bits, m.found_bits) == ("packed", 2, "0x56", "0x57")
     assert m.message.startswith("tensor `packed` byte 2: ")
 
 
-def test_copied_bf16_nan_encoding_is_loose_only(pair):
-    src, dst = pair
+def test_copied_bf16_nan_encoding_is_loose_only(converted_pair):
+    src, dst = converted_pair
     set_elem16(dst, "z.bf16", 2, 0x7FC0)  # source 0x7FC1: still a NaN
     assert mismatch_of(src, dst).index == 2
     assert stcast.verify(src, dst, loose=True).ok
 
 
-def test_loose_accepts_other_nan_encodings_only(pair):
-    src, dst = pair
+def test_loose_accepts_other_nan_encodings_only(converted_pair):
+    src, dst = converted_pair
     bits = bf16_bits(dst, "w.f32")
     nans = [i for i in range(bits.size) if bits[i] & 0x7F80 == 0x7F80 and bits[i] & 0x7F]
     assert len(nans) >= 4
@@ -278,8 +278,8 @@ def test_loose_accepts_other_nan_encodings_only(pair):
 # --- rejects header changes ---------------------------------------------------------------
 
 
-def test_changed_dtype_in_header(pair, tmp_path):
-    src, dst = pair
+def test_changed_dtype_in_header(converted_pair, tmp_path):
+    src, dst = converted_pair
     metadata, tensors = layout(dst)
     dtype, shape, data = tensors["w.f32"]
     tensors["w.f32"] = ("I16", shape, data)
@@ -295,8 +295,8 @@ def test_changed_dtype_in_header(pair, tmp_path):
     assert mismatch_of(src, bad, loose=True).tensor == "w.f32"
 
 
-def test_changed_shape(pair, tmp_path):
-    src, dst = pair
+def test_changed_shape(converted_pair, tmp_path):
+    src, dst = converted_pair
     metadata, tensors = layout(dst)
     tensors["y.f64"] = ("BF16", [5, 3], tensors["y.f64"][2])
     bad = write_safetensors(tmp_path / "bad.safetensors", tensors, metadata=metadata)
@@ -317,8 +317,8 @@ def test_changed_shape(pair, tmp_path):
         (None, "SRC has a __metadata__ entry, DST has none", '"format"'),
     ],
 )
-def test_changed_metadata(pair, tmp_path, metadata, strict, loose):
-    src, dst = pair
+def test_changed_metadata(converted_pair, tmp_path, metadata, strict, loose):
+    src, dst = converted_pair
     _, tensors = layout(dst)
     bad = write_safetensors(tmp_path / "bad.safetensors", tensors, metadata=metadata)
     m = mismatch_of(src, bad)
@@ -330,8 +330,8 @@ def test_changed_metadata(pair, tmp_path, metadata, strict, loose):
         assert loose in report.mismatch.message
 
 
-def test_swapped_tensor_order(pair, tmp_path):
-    src, dst = pair
+def test_swapped_tensor_order(converted_pair, tmp_path):
+    src, dst = converted_pair
     metadata, tensors = layout(dst)
     names = list(tensors)
     i, j = names.index("w.f32"), names.index("y.f64")  # both BF16 now, adjacent in the plan
@@ -348,9 +348,9 @@ def test_swapped_tensor_order(pair, tmp_path):
     assert mismatch_of(src, bad, loose=True).index == 20
 
 
-def test_header_layout_is_strict(pair, tmp_path):
+def test_header_layout_is_strict(converted_pair, tmp_path):
     """Same tensors and offsets, but JSON keys reordered, or the header not padded to 8."""
-    src, dst = pair
+    src, dst = converted_pair
     metadata, tensors = layout(dst)
     keys = list(tensors)
     order = [keys[1], "__metadata__", keys[0], *keys[2:]]
@@ -373,8 +373,8 @@ def test_header_layout_is_strict(pair, tmp_path):
     assert stcast.verify(src, unpadded, loose=True).ok
 
 
-def test_missing_and_extra_tensor(pair, tmp_path):
-    src, dst = pair
+def test_missing_and_extra_tensor(converted_pair, tmp_path):
+    src, dst = converted_pair
     metadata, tensors = layout(dst)
     fewer = dict(tensors)
     del fewer["ids"]
@@ -389,15 +389,15 @@ def test_missing_and_extra_tensor(pair, tmp_path):
         assert (m.message, m.tensor) == ("tensor `extra` is in DST but not in SRC", "extra")
 
 
-def test_unrelated_file_is_not_a_conversion(pair, tmp_path, cli):
-    src, dst = pair
+def test_unrelated_file_is_not_a_conversion(converted_pair, tmp_path, run_main):
+    src, dst = converted_pair
     other = write_safetensors(
         tmp_path / "other.safetensors",
         {"layer.0": ("BF16", [2], b"abcd"), "layer.1": ("I8", [1], b"x")},
     )
     m = mismatch_of(src, other, loose=True)
     assert m.message == "DST is not a conversion of SRC: none of its 2 tensors is in SRC"
-    rc, out, err = cli("verify", src, other)
+    rc, out, err = run_main("verify", src, other)
     assert rc == 1 and out == ""
     line = assert_one_error_line(err)
     assert (
@@ -410,12 +410,12 @@ def test_unrelated_file_is_not_a_conversion(pair, tmp_path, cli):
 # --- the command line ---------------------------------------------------------------------
 
 
-def test_cli_exit_codes_and_lines(pair, cli):
-    src, dst = pair
-    rc, out, err = cli("verify", src, dst)
+def test_cli_exit_codes_and_lines(converted_pair, run_main):
+    src, dst = converted_pair
+    rc, out, err = run_main("verify", src, dst)
     assert (rc, err) == (0, "")
     assert out.startswith(f"verified {dst}: exactly the conversion of {src}\n")
-    rc, out, err = cli("verify", src, dst, "-q", "--threads", "1")
+    rc, out, err = run_main("verify", src, dst, "-q", "--threads", "1")
     assert (rc, out, err) == (0, "", "")
 
     index = 100
@@ -423,7 +423,7 @@ def test_cli_exit_codes_and_lines(pair, cli):
     flip_bit(dst, "w.f32", 2 * index)
     raw = layout(src)[1]["w.f32"][2][4 * index : 4 * index + 4]
     value = np.frombuffer(raw, np.float32)[0]
-    rc, out, err = cli("verify", src, dst)
+    rc, out, err = run_main("verify", src, dst)
     assert (rc, out) == (1, "")
     line = assert_one_error_line(err)
     assert line.startswith(
@@ -434,9 +434,9 @@ def test_cli_exit_codes_and_lines(pair, cli):
     assert f"({shortest(value)}) should give" in line
 
 
-def test_cli_json(pair, cli):
-    src, dst = pair
-    rc, out, err = cli("verify", src, dst, "--json")
+def test_cli_json(converted_pair, run_main):
+    src, dst = converted_pair
+    rc, out, err = run_main("verify", src, dst, "--json")
     assert (rc, err) == (0, "")
     doc = json.loads(out)
     assert list(doc) == ["schema", "command", "version", "result"]
@@ -462,7 +462,7 @@ def test_cli_json(pair, cli):
 
     # A NaN source value is written as a string, so the output stays strict JSON.
     set_elem16(dst, "w.f32", 4, 0xFFFF)  # source 0x7FC00000
-    rc, out, err = cli("verify", src, dst, "--json")
+    rc, out, err = run_main("verify", src, dst, "--json")
     assert (rc, err) == (1, "")
     doc = json.loads(out, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     assert doc["result"]["ok"] is False
@@ -476,30 +476,30 @@ def test_cli_json(pair, cli):
         "expected_bits": "0x7FC0",
         "found_bits": "0xFFFF",
     }
-    rc, out, err = cli("verify", src, dst, "--json", "--loose")
+    rc, out, err = run_main("verify", src, dst, "--json", "--loose")
     assert rc == 0 and json.loads(out)["result"]["loose"] is True
 
 
-def test_cli_bad_input(pair, tmp_path, cli):
-    src, _ = pair
+def test_cli_bad_input(converted_pair, tmp_path, run_main):
+    src, _ = converted_pair
     junk = tmp_path / "junk.safetensors"
     junk.write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{}")
-    rc, out, err = cli("verify", src, junk)
+    rc, out, err = run_main("verify", src, junk)
     assert (rc, out) == (1, "")
     assert assert_one_error_line(err).startswith(f"stcast: {junk}: invalid safetensors file")
-    rc, out, err = cli("verify", src, junk, "--json")
+    rc, out, err = run_main("verify", src, junk, "--json")
     assert rc == 1
     assert_json_error_stderr(err)
     error = json.loads(out)["error"]
     assert (error["kind"], error["path"]) == ("invalid_input", str(junk))
-    rc, out, err = cli("verify", src, tmp_path / "missing.safetensors", "--json")
+    rc, out, err = run_main("verify", src, tmp_path / "missing.safetensors", "--json")
     assert rc == 1 and json.loads(out)["error"]["kind"] == "io"
-    rc, out, err = cli("verify", src)
+    rc, out, err = run_main("verify", src)
     assert rc == 2 and "usage" in err
 
 
-def test_api_to_dict(pair):
-    src, dst = pair
+def test_api_to_dict(converted_pair):
+    src, dst = converted_pair
     report = stcast.verify(str(src), dst)
     d = report.to_dict()
     assert d["ok"] is True and d["mismatch"] is None and d["src"] == str(src)
