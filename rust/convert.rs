@@ -2,6 +2,7 @@
 //! map, release pages behind us, publish.
 
 use std::collections::VecDeque;
+use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -14,7 +15,7 @@ use crate::error::{Error, Result, Warning};
 use crate::failpoint;
 use crate::kernels::Isa;
 use crate::numerics::Numerics;
-use crate::output::{self, TempOutput};
+use crate::output::{self, PathId, Replace, TempOutput};
 use crate::plan::{self, KeptTensor, Plan, PlanOptions};
 use crate::source::{fadvise_dontneed, Source};
 use crate::vocab::{OnOverflow, ReadAdvice, Target};
@@ -58,9 +59,15 @@ pub struct Options {
     pub threads: usize,
     /// Replace an existing destination.
     pub force: bool,
+    /// With `force`: replace the destination only if it is this file (device, inode), the
+    /// one stcast wrote there (a folder's manifest says so); otherwise `Error::NotOurs`.
+    pub replaces: Option<(u64, u64)>,
     pub on_overflow: OnOverflow,
     /// Measure each converted tensor as it is written (`Report::numerics`).
     pub numerics: bool,
+    /// Write the numeric report there (`report::numeric_report`), published with the
+    /// output; `force` lets it replace an existing file.
+    pub report: Option<PathBuf>,
     pub tuning: Tuning,
 }
 
@@ -70,8 +77,10 @@ impl Options {
             plan: PlanOptions::new(target),
             threads: 0,
             force: false,
+            replaces: None,
             on_overflow: OnOverflow::Warn,
             numerics: true,
+            report: None,
             tuning: Tuning::default(),
         }
     }
@@ -109,6 +118,52 @@ pub struct Report {
     /// `Options::numerics`), and to all of them.
     pub numerics: Vec<(String, Numerics)>,
     pub numerics_total: Numerics,
+}
+
+/// Every refusal a conversion can make before reading any data: the destination (see
+/// `check_destination`) and the report's path. Returns how to write each.
+pub fn check_outputs(src: &Source, dst: &Path, opts: &Options) -> Result<Outputs> {
+    let replaced_mode = check_destination(src, dst, opts.force)?;
+    let replace = match (opts.force, opts.replaces) {
+        (false, _) => Replace::No,
+        (true, None) => Replace::Any,
+        (true, Some((dev, ino))) => {
+            if let Ok(m) = std::fs::symlink_metadata(dst) {
+                if (m.dev(), m.ino()) != (dev, ino) {
+                    return Err(Error::NotOurs {
+                        path: dst.to_path_buf(),
+                    });
+                }
+            }
+            Replace::Same { dev, ino }
+        }
+    };
+    let report = match &opts.report {
+        None => None,
+        Some(path) => {
+            let (input, output) = (PathId::of(&src.path), PathId::of(dst));
+            let taken = [
+                (&input, "path is the input file"),
+                (&output, "path is the output file"),
+            ];
+            let replace = output::check_side_output(path, "report", opts.force, &taken)?;
+            Some((path.clone(), replace))
+        }
+    };
+    Ok(Outputs {
+        replace,
+        mode: replaced_mode,
+        report,
+    })
+}
+
+/// How a conversion writes its files, once checked.
+#[derive(Clone, Debug)]
+pub struct Outputs {
+    replace: Replace,
+    /// The mode of the file `force` replaces.
+    mode: Option<u32>,
+    report: Option<(PathBuf, Replace)>,
 }
 
 /// Refuse a destination that cannot be written: a missing folder, the input itself, a
@@ -172,6 +227,9 @@ pub struct Job {
     /// Every warning so far (the plan's first), and how many `take_warnings` handed out.
     warnings: Vec<Warning>,
     taken: usize,
+    /// Where the numeric report goes, and once sealed its hidden file.
+    report: Option<(PathBuf, Replace)>,
+    report_out: Option<TempOutput>,
 }
 
 impl Job {
@@ -182,13 +240,13 @@ impl Job {
     /// `OnOverflow::Keep` needs a scan first (`task::ConvertTask` does both); here the plan
     /// keeps `opts.plan.keep_names` as given.
     pub fn new(src: Source, dst: &Path, opts: &Options, started: Instant) -> Result<Job> {
-        let replaced_mode = check_destination(&src, dst, opts.force)?;
+        let outputs = check_outputs(&src, dst, opts)?;
         let mut plan = plan::plan(&src.path, &src.header, &opts.plan)?;
         let dir = output::parent_dir(dst);
         // Temp files of killed runs (named ones, where O_TMPFILE is missing) go first.
         plan.warnings.extend(output::remove_stale_temps(&dir));
 
-        let out = TempOutput::create(dst, opts.force, replaced_mode)?;
+        let out = TempOutput::create(dst, outputs.replace, outputs.mode, "")?;
         out.preallocate(plan.file_len())?;
         // SAFETY: the file is ours alone (unnamed, or named and locked), and sized to
         // the plan by `preallocate`; nothing else resizes it while mapped.
@@ -219,11 +277,15 @@ impl Job {
             mid_tensor_hit: false,
             on_overflow: opts.on_overflow,
             started,
-            // The overflow guard needs the counts whatever `opts.numerics` says.
-            numerics: (opts.numerics || opts.on_overflow == OnOverflow::Error)
-                .then(|| vec![Numerics::default(); plan_len]),
+            // The overflow guard and the report need the counts whatever `opts.numerics` says.
+            numerics: (opts.numerics
+                || opts.on_overflow == OnOverflow::Error
+                || outputs.report.is_some())
+            .then(|| vec![Numerics::default(); plan_len]),
             warnings,
             taken: 0,
+            report: outputs.report,
+            report_out: None,
             src,
         })
     }
@@ -448,8 +510,35 @@ impl Job {
         Ok(())
     }
 
-    /// Make the output durable and give it its name (after the last `step`).
-    pub fn finish(self) -> Result<Report> {
+    /// After the last `step`: check the input once more, make the output durable, and
+    /// write the report into its hidden file. After this only the names are missing.
+    pub fn seal(&mut self) -> Result<()> {
+        // Everything is read: an input unchanged now was unchanged while it was read.
+        self.src.check_unchanged()?;
+        // fsync writes the mapped pages too: they are the file's page cache.
+        self.out.seal()?;
+        if let Some((path, replace)) = &self.report {
+            let measured = self.measured();
+            let total = Numerics::total(measured.iter().map(|(_, n)| n));
+            let bytes = crate::report::numeric_report(
+                &self.src.path,
+                &self.dst,
+                Some(self.plan.target),
+                &measured,
+                &total,
+            );
+            let out = TempOutput::create(path, *replace, None, "")?;
+            (&out.file)
+                .write_all(&bytes)
+                .map_err(|e| Error::io(path, "write failed", e))?;
+            out.seal()?;
+            self.report_out = Some(out);
+        }
+        Ok(())
+    }
+
+    /// After `seal`: give the output its name (the commit point), then the report.
+    pub fn publish(self) -> Result<Report> {
         let numerics = if self.numerics.is_some() {
             self.measured()
         } else {
@@ -466,13 +555,17 @@ impl Job {
             on_overflow,
             plan,
             warnings,
+            report_out,
             ..
         } = self;
         drop(out_map);
-        // Everything is read: an input unchanged now was unchanged while it was read.
-        // Dropping `out` unpublished leaves nothing behind.
-        src.check_unchanged()?;
         out.publish()?;
+        if let Some(report) = report_out {
+            report.publish().map_err(|e| Error::AfterCommit {
+                published: dst.clone(),
+                source: Box::new(e),
+            })?;
+        }
         Ok(Report {
             numerics_total: Numerics::total(numerics.iter().map(|(_, n)| n)),
             numerics,

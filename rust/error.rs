@@ -53,6 +53,22 @@ pub enum Error {
     DestinationIsFolder { path: PathBuf },
     /// The destination exists and may not be replaced.
     DestinationExists { path: PathBuf },
+    /// A file stcast would replace is not (or no longer) the one it wrote.
+    NotOurs { path: PathBuf },
+    /// A side output (the numeric report) would be written over an input or the output,
+    /// or where no regular file can be: `what` says which.
+    SideOutput {
+        path: PathBuf,
+        role: &'static str,
+        what: &'static str,
+    },
+    /// The same file was given as source and destination of a comparison.
+    SameFile { path: PathBuf },
+    /// The output was published (the commit point), then a later step failed.
+    AfterCommit {
+        published: PathBuf,
+        source: Box<Error>,
+    },
     /// The destination's file system cannot hold the output.
     NoSpace { dir: PathBuf, need: u64, have: u64 },
     /// An operating-system call failed; `what` says which step.
@@ -95,7 +111,11 @@ impl Error {
             | Error::Overflow { .. }
             | Error::NoDestinationFolder { .. }
             | Error::DestinationIsInput { .. }
-            | Error::DestinationIsFolder { .. } => ErrorKind::Refused,
+            | Error::DestinationIsFolder { .. }
+            | Error::NotOurs { .. }
+            | Error::SideOutput { .. }
+            | Error::SameFile { .. } => ErrorKind::Refused,
+            Error::AfterCommit { source, .. } => source.kind(),
             Error::BadPattern { .. } | Error::BadOption { .. } => ErrorKind::Usage,
             Error::DestinationExists { .. } => ErrorKind::DestinationExists,
             Error::NoSpace { .. } => ErrorKind::NoSpace,
@@ -118,7 +138,11 @@ impl Error {
             | Error::DestinationIsInput { path }
             | Error::DestinationIsFolder { path }
             | Error::DestinationExists { path }
+            | Error::NotOurs { path }
+            | Error::SideOutput { path, .. }
+            | Error::SameFile { path }
             | Error::Io { path, .. } => Some(path),
+            Error::AfterCommit { source, .. } => source.path(),
             Error::NoDestinationFolder { dir, .. } | Error::NoSpace { dir, .. } => Some(dir),
             Error::BadPattern { .. } | Error::BadOption { .. } | Error::Cancelled => None,
         }
@@ -144,6 +168,7 @@ impl Error {
     /// The OS error number behind the error, if any (`ENOSPC` for a full disk).
     pub fn errno(&self) -> Option<i32> {
         match self {
+            Error::AfterCommit { source, .. } => source.errno(),
             Error::Io { source, .. } => source.raw_os_error(),
             Error::NoSpace { .. } => Some(libc::ENOSPC),
             Error::DestinationExists { .. } => Some(libc::EEXIST),
@@ -209,6 +234,17 @@ impl Error {
             Error::DestinationIsInput { .. } => "destination is the input file".into(),
             Error::DestinationIsFolder { .. } => "destination is a folder".into(),
             Error::DestinationExists { .. } => "destination exists ({force} replaces it)".into(),
+            Error::NotOurs { .. } => "exists, and is not the file stcast wrote there (it was \
+                 replaced or changed since); stcast does not replace what it did not write \
+                 ({force} does)"
+                .into(),
+            Error::SideOutput { role, what, .. } => format!("the {role} {what}"),
+            Error::SameFile { .. } => "SRC and DST are the same file".into(),
+            Error::AfterCommit { published, source } => format!(
+                "{} was published, but then {}",
+                esc_path(published),
+                source.template()
+            ),
             Error::NoSpace { need, have, .. } => format!(
                 "not enough disk space: need {}, have {}",
                 format_bytes(*need),
@@ -226,6 +262,9 @@ impl Error {
 
     /// The whole one-line text, `path: message`, as a template.
     pub fn template(&self) -> String {
+        if let Error::AfterCommit { .. } = self {
+            return self.message();
+        }
         match self.path() {
             Some(p) => format!("{}: {}", esc_path(p), self.message()),
             None => self.message(),

@@ -9,7 +9,8 @@
 //! - `window`: the window cursor and parallel split every streaming pass uses;
 //! - `convert`, `scan`, `verify`: the streaming passes;
 //! - `task`: those passes as steppable tasks with one progress count;
-//! - `output`: outputs appear atomically, only when complete;
+//! - `output`: every file stcast writes appears atomically, only when complete;
+//! - `report`: the numeric report file;
 //! - `env`, `failpoint`: the one reader of the environment, and the test hooks it arms.
 //!
 //! `python` (feature `python`) is the only module that knows about PyO3.
@@ -26,6 +27,7 @@ pub mod output;
 pub mod plan;
 #[cfg(feature = "python")]
 mod python;
+pub mod report;
 pub mod scan;
 pub mod source;
 pub mod task;

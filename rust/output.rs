@@ -13,7 +13,7 @@
 
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
-use std::io;
+use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
@@ -75,10 +75,21 @@ fn hostname() -> String {
         .collect()
 }
 
-/// A named temp file path beside `dst`: `.stcast-<host>-<pid>-<random>.tmp`.
-fn temp_name(dir: &Path) -> PathBuf {
+/// A named temp file path in `dir`: `.stcast-<host>-<pid>[-<tag>]-<random>.tmp`. The
+/// host, pid and tag say whose it is; its lock, not these, says whether it is alive.
+fn temp_name(dir: &Path, tag: &str) -> PathBuf {
+    let tag: String = tag
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .take(32)
+        .collect();
+    let tag = if tag.is_empty() {
+        String::new()
+    } else {
+        format!("-{tag}")
+    };
     dir.join(format!(
-        ".stcast-{}-{}-{:016x}.tmp",
+        ".stcast-{}-{}{tag}-{:016x}.tmp",
         hostname(),
         std::process::id(),
         random_suffix()
@@ -107,10 +118,10 @@ fn names_file(path: &Path, f: &File) -> bool {
 ///
 /// Between creating and locking it, a cleaner in another run may find the file unlocked and
 /// remove it; so after locking, check that the name is still ours, else take a new name.
-fn create_named(dir: &Path) -> Result<(File, PathBuf)> {
+fn create_named(dir: &Path, tag: &str) -> Result<(File, PathBuf)> {
     let mut last = io::Error::from_raw_os_error(libc::EEXIST);
     for _ in 0..16 {
-        let path = temp_name(dir);
+        let path = temp_name(dir, tag);
         let f = match OpenOptions::new()
             .read(true)
             .write(true)
@@ -191,6 +202,26 @@ pub fn remove_stale_temps(dir: &Path) -> Vec<Warning> {
     notes
 }
 
+/// What publishing may do to a file already at the destination's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Replace {
+    /// Nothing: an existing name is `Error::DestinationExists`, checked atomically.
+    No,
+    /// Replace it, whatever it is (the caller was told to: `force`).
+    Any,
+    /// Replace it only if it is still the file stcast wrote, known by device and inode
+    /// (a folder's manifest records them); a missing name is created.
+    Same { dev: u64, ino: u64 },
+}
+
+/// What was published: its device, inode and size, for a manifest to record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Published {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+}
+
 enum Kind {
     /// `O_TMPFILE`: no name until published.
     Anonymous,
@@ -199,19 +230,28 @@ enum Kind {
 }
 
 /// An output file that is not yet visible under its final name.
+///
+/// Every file stcast writes goes through here: converted files, reports, manifests,
+/// indexes, configs and copies. Dropping it unpublished leaves nothing behind.
 pub struct TempOutput {
     pub file: File,
     dst: PathBuf,
     dir: PathBuf,
     kind: Kind,
-    force: bool,
+    replace: Replace,
+    tag: String,
     published: bool,
 }
 
 impl TempOutput {
-    /// Create the hidden output in `dst`'s folder, with the mode a new file (or, under
-    /// `force`, the replaced file) would have.
-    pub fn create(dst: &Path, force: bool, replaced_mode: Option<u32>) -> Result<TempOutput> {
+    /// Create the hidden output in `dst`'s folder with `mode` (default `0666 & ~umask`).
+    /// `tag` goes into a named temp's name (a run's shard, say), for whoever finds it.
+    pub fn create(
+        dst: &Path,
+        replace: Replace,
+        mode: Option<u32>,
+        tag: &str,
+    ) -> Result<TempOutput> {
         let dir = parent_dir(dst);
         failpoint::hit("create").map_err(|e| Error::io(&dir, "cannot create the output", e))?;
         let anon = failpoint::hit("tmpfile").and_then(|()| {
@@ -224,12 +264,12 @@ impl TempOutput {
         });
         let (file, kind) = match anon {
             Ok(f) => {
-                // Locked too: under --force it is briefly linked under a temp name.
+                // Locked too: under `Replace` it is briefly linked under a temp name.
                 let _ = lock(&f);
                 (f, Kind::Anonymous)
             }
             Err(e) if is_tmpfile_unsupported(&e) => {
-                let (f, path) = create_named(&dir)?;
+                let (f, path) = create_named(&dir, tag)?;
                 (f, Kind::Named(path))
             }
             Err(e) => return Err(Error::io(&dir, "cannot create the output", e)),
@@ -239,15 +279,22 @@ impl TempOutput {
             dst: dst.to_path_buf(),
             dir,
             kind,
-            force,
+            replace,
+            tag: tag.to_string(),
             published: false,
         };
-        if let Some(mode) = replaced_mode {
+        if let Some(mode) = mode {
+            // Never setuid, setgid or sticky: only the permission bits.
             out.file
                 .set_permissions(std::fs::Permissions::from_mode(mode & 0o777))
                 .map_err(|e| Error::io(&out.dst, "cannot set the file mode", e))?;
         }
         Ok(out)
+    }
+
+    /// The destination this output will be published as.
+    pub fn dst(&self) -> &Path {
+        &self.dst
     }
 
     /// Reserve `len` bytes, failing early and clearly when the disk is too small.
@@ -285,13 +332,19 @@ impl TempOutput {
         }
     }
 
-    /// fsync the data, give the file its final name, fsync the folder.
-    pub fn publish(mut self) -> Result<()> {
+    /// Make the data durable (fsync): after this only the name is missing.
+    pub fn seal(&self) -> Result<()> {
         failpoint::hit("fsync").map_err(|e| Error::io(&self.dst, "fsync", e))?;
         self.file
             .sync_all()
-            .map_err(|e| Error::io(&self.dst, "fsync", e))?;
+            .map_err(|e| Error::io(&self.dst, "fsync", e))
+    }
+
+    /// Give the sealed file its final name, then fsync the folder. This is the commit
+    /// point: before it nothing is visible, after it the file stays.
+    pub fn publish(mut self) -> Result<Published> {
         failpoint::hit("publish").map_err(|e| Error::io(&self.dst, "cannot publish", e))?;
+        self.check_replaced()?;
         match &self.kind {
             Kind::Anonymous => self.link_anonymous()?,
             Kind::Named(tmp) => {
@@ -300,16 +353,48 @@ impl TempOutput {
             }
         }
         self.published = true;
-        let dir = File::open(&self.dir).map_err(|e| Error::io(&self.dir, "open folder", e))?;
-        dir.sync_all()
-            .map_err(|e| Error::io(&self.dir, "fsync folder", e))?;
-        Ok(())
+        let meta = self
+            .file
+            .metadata()
+            .map_err(|e| Error::io(&self.dst, "cannot stat the output", e))?;
+        // The name is in place; a folder that cannot be fsynced (some network file systems)
+        // still holds it, so that is not a failure.
+        if let Ok(dir) = File::open(&self.dir) {
+            let _ = dir.sync_all();
+        }
+        Ok(Published {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.len(),
+        })
+    }
+
+    /// Under `Replace::Same`, refuse to replace a file that is not the one stcast wrote.
+    fn check_replaced(&self) -> Result<()> {
+        let Replace::Same { dev, ino } = self.replace else {
+            return Ok(());
+        };
+        match std::fs::symlink_metadata(&self.dst) {
+            Ok(m) if (m.dev(), m.ino()) != (dev, ino) => Err(Error::NotOurs {
+                path: self.dst.clone(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Does publishing replace an existing name?
+    fn replaces(&self) -> bool {
+        match self.replace {
+            Replace::No => false,
+            Replace::Any => true,
+            Replace::Same { .. } => std::fs::symlink_metadata(&self.dst).is_ok(),
+        }
     }
 
     fn link_anonymous(&mut self) -> Result<()> {
-        if self.force {
+        if self.replaces() {
             // linkat cannot replace a name: link under a temp name, then rename over.
-            let tmp = temp_name(&self.dir);
+            let tmp = temp_name(&self.dir, &self.tag);
             self.link_to(&tmp)?;
             self.kind = Kind::Named(tmp.clone());
             return self.rename_named(&tmp);
@@ -369,7 +454,8 @@ impl TempOutput {
     }
 
     fn rename_named(&self, tmp: &Path) -> Result<()> {
-        if self.force {
+        if self.replaces() {
+            // rename() replaces the name itself, never what a symlink there points to.
             return std::fs::rename(tmp, &self.dst)
                 .map_err(|e| Error::io(&self.dst, "cannot publish", e));
         }
@@ -391,24 +477,121 @@ impl TempOutput {
             return Ok(());
         }
         let err = io::Error::last_os_error();
+        let exists = || Error::DestinationExists {
+            path: self.dst.clone(),
+        };
         match err.raw_os_error() {
-            Some(libc::EEXIST) => Err(Error::DestinationExists {
-                path: self.dst.clone(),
-            }),
+            Some(libc::EEXIST) => Err(exists()),
             // No RENAME_NOREPLACE here: link() also refuses an existing name.
             Some(libc::EINVAL) | Some(libc::ENOSYS) => match std::fs::hard_link(tmp, &self.dst) {
                 Ok(()) => {
                     let _ = std::fs::remove_file(tmp);
                     Ok(())
                 }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                    Err(Error::DestinationExists {
-                        path: self.dst.clone(),
-                    })
-                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(exists()),
                 Err(e) => Err(Error::io(&self.dst, "cannot publish", e)),
             },
             _ => Err(Error::io(&self.dst, "cannot publish", err)),
+        }
+    }
+}
+
+/// Write `bytes` as the file `dst`, whole or not at all: a hidden temp, fsync, publish.
+pub fn write_file(dst: &Path, bytes: &[u8], replace: Replace, tag: &str) -> Result<Published> {
+    let out = TempOutput::create(dst, replace, None, tag)?;
+    out.preallocate(bytes.len() as u64)?;
+    failpoint::hit("write-temp").map_err(|e| Error::io(dst, "write failed", e))?;
+    (&out.file)
+        .write_all(bytes)
+        .map_err(|e| Error::io(dst, "write failed", e))?;
+    out.seal()?;
+    out.publish()
+}
+
+/// A copy of a regular file in progress, step by step (a companion file of a folder can be
+/// large). Exactly the size `fstat` gave at the start is copied; a source that yields more
+/// or fewer bytes is an error naming it.
+pub struct Copy {
+    src: PathBuf,
+    from: File,
+    out: TempOutput,
+    size: u64,
+    done: u64,
+}
+
+/// Bytes copied per call: bounded memory, and a visit to the caller in between.
+const COPY_CHUNK: usize = 1 << 20;
+
+impl Copy {
+    /// Open `src` (never blocking; only a regular file) and create the hidden copy of it at
+    /// `dst`, with `src`'s permission bits.
+    pub fn new(src: &Path, dst: &Path, replace: Replace, tag: &str) -> Result<Copy> {
+        let (from, meta) = crate::source::open_regular(src)?;
+        let out = TempOutput::create(dst, replace, Some(meta.mode()), tag)?;
+        out.preallocate(meta.len())?;
+        Ok(Copy {
+            src: src.to_path_buf(),
+            from,
+            out,
+            size: meta.len(),
+            done: 0,
+        })
+    }
+
+    /// Bytes copied and in all.
+    pub fn progress(&self) -> (u64, u64) {
+        (self.done, self.size)
+    }
+
+    /// Copy about `budget` bytes; true once all are copied (and the source has no more).
+    pub fn step(&mut self, budget: u64) -> Result<bool> {
+        let mut buf = vec![0u8; COPY_CHUNK];
+        let mut spent = 0u64;
+        while self.done < self.size && spent < budget {
+            let want = (self.size - self.done).min(COPY_CHUNK as u64) as usize;
+            let n = read_at(&self.from, &mut buf[..want], self.done)
+                .map_err(|e| Error::io(&self.src, "cannot read", e))?;
+            if n == 0 {
+                return Err(Error::InputChanged {
+                    path: self.src.clone(),
+                    change: format!(
+                        "it ended after {} of the {} bytes its size gave",
+                        self.done, self.size
+                    ),
+                });
+            }
+            (&self.out.file)
+                .write_all(&buf[..n])
+                .map_err(|e| Error::io(self.out.dst(), "write failed", e))?;
+            self.done += n as u64;
+            spent += n as u64;
+        }
+        if self.done < self.size {
+            return Ok(false);
+        }
+        // One byte more than the size said: a file that grew (or a pseudo-file).
+        if read_at(&self.from, &mut buf[..1], self.size).is_ok_and(|n| n > 0) {
+            return Err(Error::InputChanged {
+                path: self.src.clone(),
+                change: format!("it holds more than the {} bytes its size gave", self.size),
+            });
+        }
+        Ok(true)
+    }
+
+    /// Seal and publish the copy.
+    pub fn finish(self) -> Result<Published> {
+        self.out.seal()?;
+        self.out.publish()
+    }
+}
+
+fn read_at(f: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    loop {
+        match f.read_at(buf, offset) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => return r,
         }
     }
 }
@@ -428,4 +611,80 @@ impl Drop for TempOutput {
             }
         }
     }
+}
+
+/// Who a path names, whether or not it exists yet: the file it reaches (device and inode,
+/// through symlinks) and the slot it would be created in (its folder's device and inode,
+/// and its name). Two paths are the same when either agrees: hard links, symlinks, `..`
+/// and bind mounts all resolve to the same identity; strings do not decide.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PathId {
+    pub file: Option<(u64, u64)>,
+    pub slot: Option<(u64, u64, std::ffi::OsString)>,
+}
+
+impl PathId {
+    pub fn of(path: &Path) -> PathId {
+        let file = std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
+        let slot = path.file_name().and_then(|name| {
+            std::fs::metadata(parent_dir(path))
+                .ok()
+                .map(|m| (m.dev(), m.ino(), name.to_os_string()))
+        });
+        PathId { file, slot }
+    }
+
+    /// Do the two name the same file, or the same not-yet-created name?
+    pub fn same(&self, other: &PathId) -> bool {
+        (self.file.is_some() && self.file == other.file)
+            || (self.slot.is_some() && self.slot == other.slot)
+    }
+}
+
+/// Check where a side output (`role`: "report") would go, before any work: its folder must
+/// exist, it must not be one of `taken` (the inputs and the output, by identity), nor a
+/// folder, FIFO or device; an existing file needs `force`. Returns how to publish it.
+pub fn check_side_output(
+    path: &Path,
+    role: &'static str,
+    force: bool,
+    taken: &[(&PathId, &'static str)],
+) -> Result<Replace> {
+    let refuse = |what| {
+        Err(Error::SideOutput {
+            path: path.to_path_buf(),
+            role,
+            what,
+        })
+    };
+    if path.file_name().is_none() {
+        return refuse("path names no file");
+    }
+    match std::fs::metadata(parent_dir(path)) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return refuse("folder is not a folder"),
+        Err(_) => return refuse("folder does not exist"),
+    }
+    let id = PathId::of(path);
+    for (other, what) in taken {
+        if id.same(other) {
+            return refuse(what);
+        }
+    }
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(Replace::No);
+    };
+    let ft = meta.file_type();
+    if ft.is_dir() {
+        return refuse("path is a folder");
+    }
+    if !ft.is_file() {
+        return refuse("path is not a regular file (a FIFO, socket or device)");
+    }
+    if !force {
+        return Err(Error::DestinationExists {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(Replace::Any)
 }

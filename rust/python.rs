@@ -16,6 +16,7 @@ use crate::convert::{Options, Report, Tuning};
 use crate::error::{Error, Warning};
 use crate::kernels::Isa;
 use crate::numerics::Numerics;
+use crate::output::{self, Replace};
 use crate::plan::{KeptTensor, PlanOptions};
 use crate::scan::Scanned;
 use crate::task::{ConvertTask, InspectTask, Inspection, Task};
@@ -103,12 +104,35 @@ impl<'py> Hooks<'py> {
     fn drive(&self, py: Python<'py>, task: &mut (impl Task + Send)) -> PyResult<()> {
         self.visit(py, task)?;
         loop {
-            let finished = guarded(py, || task.step(STEP_BYTES))?;
+            let finished = self.run(py, || task.step(STEP_BYTES))?;
             self.visit(py, task)?;
             if finished {
                 return Ok(());
             }
         }
+    }
+
+    /// `guarded`, where a stop request that arrived meanwhile (a signal the caller's
+    /// handler recorded, the cancel flag) wins over the error it caused (EINTR, say).
+    fn run<T: Send>(
+        &self,
+        py: Python<'py>,
+        f: impl FnOnce() -> crate::Result<T> + Send,
+    ) -> PyResult<T> {
+        guarded(py, f).map_err(|e| {
+            if let Err(stop) = py.check_signals() {
+                return stop;
+            }
+            match &self.cancel {
+                Some(c)
+                    if c.call_method0("is_set")
+                        .is_ok_and(|v| v.is_truthy().unwrap_or(false)) =>
+                {
+                    to_py(py, Error::Cancelled)
+                }
+                _ => e,
+            }
+        })
     }
 }
 
@@ -257,7 +281,7 @@ fn plan_options(
 #[pyo3(name = "convert", signature = (src, dst, *, to=None, threads=None, force=false,
                     progress=None, cancel=None, warn=None, keep=Vec::new(), keep_min_size=None,
                     keep_unmatched="warn", from_bf16=false, on_overflow=None, numerics=true,
-                    tuning=None))]
+                    report=None, replaces=None, tuning=None))]
 #[allow(clippy::too_many_arguments)]
 fn py_convert<'py>(
     py: Python<'py>,
@@ -275,9 +299,13 @@ fn py_convert<'py>(
     from_bf16: bool,
     on_overflow: Option<&Bound<'py, PyAny>>,
     numerics: bool,
+    report: Option<PathBuf>,
+    replaces: Option<(u64, u64)>,
     tuning: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = Options {
+        report,
+        replaces,
         plan: plan_options(py, to, keep, keep_min_size, keep_unmatched, from_bf16)?,
         threads: self::threads(py, threads)?,
         force,
@@ -285,15 +313,18 @@ fn py_convert<'py>(
         numerics,
         tuning: self::tuning(tuning)?,
     };
-    let mut task = guarded(py, || ConvertTask::new(&src, &dst, &opts))?;
     let hooks = Hooks {
         progress,
         cancel,
         warn,
     };
+    let mut task = hooks.run(py, || ConvertTask::new(&src, &dst, &opts))?;
     // Dropping `task` on any early return removes the unpublished output.
     hooks.drive(py, &mut task)?;
-    let report = guarded(py, move || task.finish())?;
+    hooks.run(py, || task.seal())?;
+    // The last chance to stop: a signal or cancel until here leaves nothing behind.
+    hooks.visit(py, &mut task)?;
+    let report = hooks.run(py, move || task.publish())?;
     report_dict(py, &report, numerics)
 }
 
@@ -476,6 +507,7 @@ fn inspect_dict<'py>(py: Python<'py>, found: &Inspection) -> PyResult<Bound<'py,
     }
     d.set_item("tensors", tensors)?;
     d.set_item("output_bytes", plan.file_len())?;
+    d.set_item("output_header_sha256", text::sha256_hex(&plan.header))?;
     d.set_item("to", plan.target.name())?;
     d.set_item("warnings", warnings_list(py, &plan.warnings)?)?;
     d.set_item("tensors_converted", plan.converted())?;
@@ -489,7 +521,7 @@ fn inspect_dict<'py>(py: Python<'py>, found: &Inspection) -> PyResult<Bound<'py,
 
 #[pyfunction]
 #[pyo3(name = "verify", signature = (src, dst, *, loose=false, threads=None, progress=None,
-                    numerics=true, tuning=None))]
+                    numerics=true, report=None, force=false, tuning=None))]
 #[allow(clippy::too_many_arguments)]
 fn py_verify<'py>(
     py: Python<'py>,
@@ -499,12 +531,16 @@ fn py_verify<'py>(
     threads: Option<&Bound<'py, PyAny>>,
     progress: Option<Bound<'py, PyAny>>,
     numerics: bool,
+    report: Option<PathBuf>,
+    force: bool,
     tuning: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = VerifyOptions {
         loose,
         threads: self::threads(py, threads)?,
         numerics,
+        report,
+        force,
         tuning: self::tuning(tuning)?,
     };
     let mut verifier = guarded(py, || Verifier::open(&src, &dst, &opts))?;
@@ -514,7 +550,7 @@ fn py_verify<'py>(
         warn: None,
     };
     hooks.drive(py, &mut verifier)?;
-    let report = verifier.finish();
+    let report = guarded(py, move || verifier.finish())?;
     verify_dict(py, &report, numerics)
 }
 
@@ -557,6 +593,67 @@ fn verify_dict<'py>(
     };
     d.set_item("numerics", measured)?;
     Ok(d)
+}
+
+/// How to publish over an existing name: None (never), "any", or (dev, ino) of the file
+/// stcast wrote there.
+fn replace_policy(v: Option<&Bound<'_, PyAny>>) -> PyResult<Replace> {
+    match v {
+        None => Ok(Replace::No),
+        Some(v) if v.is_none() => Ok(Replace::No),
+        Some(v) => {
+            if let Ok(s) = v.extract::<String>() {
+                if s == "any" {
+                    return Ok(Replace::Any);
+                }
+            }
+            let (dev, ino): (u64, u64) = v.extract().map_err(|_| {
+                PyValueError::new_err("replace must be None, \"any\" or (dev, ino)")
+            })?;
+            Ok(Replace::Same { dev, ino })
+        }
+    }
+}
+
+/// Write `data` as the file `path`, atomically (the one write path of stcast). Returns
+/// (dev, ino, size) of what was published.
+#[pyfunction]
+#[pyo3(signature = (path, data, *, replace=None, tag=""))]
+fn write_file(
+    py: Python<'_>,
+    path: PathBuf,
+    data: Vec<u8>,
+    replace: Option<&Bound<'_, PyAny>>,
+    tag: &str,
+) -> PyResult<(u64, u64, u64)> {
+    let replace = replace_policy(replace)?;
+    let p = guarded(py, || output::write_file(&path, &data, replace, tag))?;
+    Ok((p.dev, p.ino, p.size))
+}
+
+/// Copy the regular file `src` to `dst` atomically, exactly its size, in bounded steps.
+/// Returns (dev, ino, size) of what was published.
+#[pyfunction]
+#[pyo3(signature = (src, dst, *, replace=None, tag="", progress=None, cancel=None))]
+fn copy_file<'py>(
+    py: Python<'py>,
+    src: PathBuf,
+    dst: PathBuf,
+    replace: Option<&Bound<'py, PyAny>>,
+    tag: &str,
+    progress: Option<Bound<'py, PyAny>>,
+    cancel: Option<Bound<'py, PyAny>>,
+) -> PyResult<(u64, u64, u64)> {
+    let replace = replace_policy(replace)?;
+    let hooks = Hooks {
+        progress,
+        cancel,
+        warn: None,
+    };
+    let mut copy = hooks.run(py, || output::Copy::new(&src, &dst, replace, tag))?;
+    hooks.drive(py, &mut copy)?;
+    let p = hooks.run(py, move || copy.finish())?;
+    Ok((p.dev, p.ino, p.size))
 }
 
 /// Render a message template, calling `option(name, value)` for each placeholder.
@@ -668,5 +765,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(escape, m)?)?;
     m.add_function(wrap_pyfunction!(option_error, m)?)?;
     m.add_function(wrap_pyfunction!(failpoint, m)?)?;
+    m.add_function(wrap_pyfunction!(write_file, m)?)?;
+    m.add_function(wrap_pyfunction!(copy_file, m)?)?;
     Ok(())
 }

@@ -8,8 +8,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::convert::{check_destination, Job, Options, Report};
-use crate::error::{Result, Warning};
+use crate::convert::{check_outputs, Job, Options, Report};
+use crate::error::{Error, Result, Warning};
 use crate::plan::{self, Plan, PlanOptions};
 use crate::scan::{self, Scan, ScanKind, Scanned};
 use crate::source::Source;
@@ -69,8 +69,8 @@ impl ConvertTask {
                 started,
             });
         }
-        // Refuse a bad destination (or plan) before the long read.
-        check_destination(&source, dst, opts.force)?;
+        // Refuse a bad destination, report path or plan before the long read.
+        check_outputs(&source, dst, opts)?;
         let plan = plan::plan(src, &source.header, &opts.plan)?;
         let scan = Scan::new(source, &plan, ScanKind::MaxAbs, opts)?;
         Ok(ConvertTask {
@@ -93,12 +93,26 @@ impl ConvertTask {
         }
     }
 
-    /// Make the output durable and give it its name.
-    pub fn finish(self) -> Result<Report> {
-        match self.phase {
-            Phase::Convert(job) => job.finish(),
-            _ => panic!("ConvertTask::finish before its last step"),
+    /// After the last step: make everything durable; only the names are missing then.
+    pub fn seal(&mut self) -> Result<()> {
+        match &mut self.phase {
+            Phase::Convert(job) => job.seal(),
+            _ => Err(Error::Cancelled),
         }
+    }
+
+    /// After `seal`: publish (the commit point).
+    pub fn publish(self) -> Result<Report> {
+        match self.phase {
+            Phase::Convert(job) => job.publish(),
+            _ => Err(Error::Cancelled),
+        }
+    }
+
+    /// `seal` then `publish`.
+    pub fn finish(mut self) -> Result<Report> {
+        self.seal()?;
+        self.publish()
     }
 }
 
@@ -242,6 +256,20 @@ impl Task for Verifier {
 
     fn progress(&self) -> (u64, u64) {
         Verifier::progress(self)
+    }
+
+    fn take_warnings(&mut self) -> Vec<Warning> {
+        Vec::new()
+    }
+}
+
+impl Task for crate::output::Copy {
+    fn step(&mut self, budget: u64) -> Result<bool> {
+        crate::output::Copy::step(self, budget)
+    }
+
+    fn progress(&self) -> (u64, u64) {
+        crate::output::Copy::progress(self)
     }
 
     fn take_warnings(&mut self) -> Vec<Warning> {

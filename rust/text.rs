@@ -109,6 +109,17 @@ pub fn format_bytes(n: u64) -> String {
     format!("{v:.digits$} {unit}")
 }
 
+/// The SHA-256 of `bytes`, as lower-case hex (an output header's fingerprint).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(bytes);
+    let mut out = String::with_capacity(64);
+    for b in digest {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
 /// "1 tensor", "3 tensors".
 pub fn count(n: u64, what: &str) -> String {
     if n == 1 {

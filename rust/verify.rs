@@ -13,10 +13,11 @@ use safetensors::tensor::Dtype;
 
 use crate::convert::Tuning;
 use crate::dtype::{elem_size, width_rank, Action, Conversion};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::header::PREFIX;
 use crate::kernels::Isa;
 use crate::numerics::{self, Numerics};
+use crate::output::{check_side_output, write_file, PathId, Replace};
 use crate::plan::{encode_header, TensorPlan};
 use crate::source::Source;
 use crate::vocab::Target;
@@ -35,6 +36,10 @@ pub struct VerifyOptions {
     pub threads: usize,
     /// Measure the conversions as `convert` does (`VerifyReport::numerics`).
     pub numerics: bool,
+    /// Once verified, write the numeric report there (`report::numeric_report`); `force`
+    /// lets it replace an existing file.
+    pub report: Option<PathBuf>,
+    pub force: bool,
     /// The window size and kernels (the other knobs do not apply).
     pub tuning: Tuning,
 }
@@ -45,6 +50,8 @@ impl Default for VerifyOptions {
             loose: false,
             threads: 0,
             numerics: true,
+            report: None,
+            force: false,
             tuning: Tuning::default(),
         }
     }
@@ -152,6 +159,8 @@ pub struct Verifier {
     isa: Isa,
     cursor: Cursor,
     report: VerifyReport,
+    /// Where the numeric report goes once verified, and how to publish it.
+    report_path: Option<(PathBuf, Replace)>,
     started: Instant,
     /// Per pair, when measuring.
     numerics: Option<Vec<Numerics>>,
@@ -161,7 +170,7 @@ pub struct Verifier {
 pub fn verify(src: &Path, dst: &Path, opts: &VerifyOptions) -> Result<VerifyReport> {
     let mut v = Verifier::open(src, dst, opts)?;
     while !v.step(u64::MAX)? {}
-    Ok(v.finish())
+    v.finish()
 }
 
 impl Verifier {
@@ -170,6 +179,23 @@ impl Verifier {
         let started = Instant::now();
         let src = Source::open(src_path)?;
         let dst = Source::open(dst_path)?;
+        if src.identity()? == dst.identity()? {
+            return Err(Error::SameFile {
+                path: dst_path.to_path_buf(),
+            });
+        }
+        let report_path = match &opts.report {
+            None => None,
+            Some(path) => {
+                let (a, b) = (PathId::of(src_path), PathId::of(dst_path));
+                let taken = [
+                    (&a, "path is the input file"),
+                    (&b, "path is the output file"),
+                ];
+                let replace = check_side_output(path, "report", opts.force, &taken)?;
+                Some((path.clone(), replace))
+            }
+        };
         let (pool, threads) = worker_pool(opts.threads, "stcast-verify", dst_path)?;
         let isa = opts.tuning.isa.unwrap_or_else(Isa::detect);
         let mut report = VerifyReport {
@@ -225,6 +251,7 @@ impl Verifier {
             isa,
             cursor: Cursor::new(opts.tuning.window, total),
             report,
+            report_path,
             started,
             numerics,
         })
@@ -302,7 +329,25 @@ impl Verifier {
         Ok(self.next_window().is_none())
     }
 
-    pub fn finish(self) -> VerifyReport {
+    /// The report of a finished verification; once verified, the numeric report is written
+    /// (atomically) where `VerifyOptions::report` said.
+    pub fn finish(self) -> Result<VerifyReport> {
+        let report_path = self.report_path.clone();
+        let report = self.conclude();
+        if let (Some((path, replace)), true) = (report_path, report.is_ok()) {
+            let bytes = crate::report::numeric_report(
+                &report.src,
+                &report.dst,
+                report.to,
+                &report.numerics,
+                &report.numerics_total,
+            );
+            write_file(&path, &bytes, replace, "")?;
+        }
+        Ok(report)
+    }
+
+    fn conclude(self) -> VerifyReport {
         let mut report = self.report;
         report.seconds = self.started.elapsed().as_secs_f64();
         if let Some(all) = self.numerics {
@@ -761,11 +806,11 @@ mod tests {
         VerifyOptions {
             loose,
             threads,
-            numerics: true,
             tuning: Tuning {
                 window: 64 << 10,
                 ..Tuning::default()
             },
+            ..VerifyOptions::default()
         }
     }
 

@@ -171,19 +171,32 @@ def test_read_only_folder(big_model, mount_ns, tmpfs, cli_for, env, force):
 POINTS = ["create", "prealloc", "mid-tensor", "fsync", "publish"]
 
 
+# How the CLI dies of each signal (the shell shows 128 + N: 130, 143, 129), and what it says.
+SIGNALS = {
+    "sigint": (signal.SIGINT, "interrupted"),
+    "sigterm": (signal.SIGTERM, "terminated"),
+    "sighup": (signal.SIGHUP, "hung up"),
+}
+
+
 @pytest.mark.parametrize("point", POINTS)
 @pytest.mark.parametrize("force", [False, True], ids=["new", "force"])
-def test_sigint_leaves_nothing(big_model, cli_process, point, force):
+@pytest.mark.parametrize("action", list(SIGNALS))
+def test_signals_leave_nothing(big_model, cli_process, point, force, action):
+    """SIGINT, SIGTERM and SIGHUP at every step before the commit point: nothing is left,
+    an old destination stays, and the CLI dies of that signal so the shell and SLURM see
+    it."""
+    sig, word = SIGNALS[action]
     folder = big_model.parent
     dst = folder / "out.safetensors"
     if force:
         dst.write_bytes(b"the old output")
     before = snapshot(folder)
     args = ["convert", big_model, dst] + (["--force"] if force else [])
-    rc, out, err = cli_process(*args, env={"STCAST_FAILPOINT": f"{point}=sigint"}, timeout=60)
-    assert rc == 130, err
+    rc, out, err = cli_process(*args, env={"STCAST_FAILPOINT": f"{point}={action}"}, timeout=60)
+    assert rc == -sig, err
     assert "Traceback" not in err
-    assert assert_one_error_line(err) == "stcast: interrupted"
+    assert assert_one_error_line(err) == f"stcast: {word}"
     assert snapshot(folder) == before
 
 
@@ -197,7 +210,7 @@ def test_sigint_json(big_model, cli_process, point):
         env={"STCAST_FAILPOINT": f"{point}=sigint"},
         timeout=60,
     )
-    assert rc == 130
+    assert rc == -signal.SIGINT
     assert '"kind": "interrupted"' in out
     assert listing(big_model.parent) == ["model.safetensors"]
 
@@ -280,7 +293,7 @@ def test_named_temp_faults_leave_nothing(big_model, cli_process, point, action, 
     rc, _, err = cli_process(*args, env=with_points(NAMED, f"{point}={action}"))
     line = assert_one_error_line(err)
     if action == "sigint":
-        assert (rc, line) == (130, "stcast: interrupted"), err
+        assert (rc, line) == (-signal.SIGINT, "stcast: interrupted"), err
     else:
         assert rc == 1, err
         assert str(dst) in line

@@ -186,7 +186,8 @@ def assert_folder(src: Path, dst: Path, to: str = "bf16") -> None:
     """`dst` is the complete conversion of `src`, checked file by file."""
     src_files = files_under(src)
     dst_files = files_under(dst)
-    assert set(dst_files) == set(src_files) | {MANIFEST}
+    # A finished run leaves no stcast file behind: the folder can be uploaded as it is.
+    assert set(dst_files) == set(src_files)
     for rel, s in src_files.items():
         d = dst_files[rel]
         assert not d.is_symlink() and d.is_file(), rel
@@ -263,14 +264,8 @@ def test_hf_model_folder(tmp_path, rng):
     d = report.to_dict()
     assert json.loads(json.dumps(d))["files"][0]["path"] == "model-00001-of-00003.safetensors"
 
-    manifest = json.loads((dst / MANIFEST).read_text())
-    assert manifest["complete"] and manifest["version"] == stcast.__version__
-    assert manifest["options"] == {"to": "bf16"}
-    assert set(manifest["files"]) == {f.path for f in weights}
-    entry = manifest["files"]["model-00002-of-00003.safetensors"]
-    st = (src / "model-00002-of-00003.safetensors").stat()
-    assert (entry["source_size"], entry["source_mtime_ns"]) == (st.st_size, st.st_mtime_ns)
-    assert len(entry["source_header_sha256"]) == 64
+    # Finished: no manifest, no temp file is left.
+    assert not [p for p in dst.rglob(".stcast-*")]
 
 
 def test_fp16_and_default_destination(tmp_path, rng):
@@ -462,13 +457,14 @@ class Stop(Exception):
     pass
 
 
-def interrupt_at_second_file(src: Path, dst: Path) -> None:
+def interrupt_at_second_file(src: Path, dst: Path, at: int = 2) -> None:
+    """Stop a run of `src` into `dst` as its `at`-th file starts (default: the second)."""
     seen: list[str] = []
 
     def file_progress(path, done, total):
         if path not in seen:
             seen.append(path)
-        if len(seen) == 2:
+        if len(seen) == at:
             raise Stop
 
     with pytest.raises(Stop):
@@ -486,6 +482,19 @@ def test_interrupted_run_never_looks_complete(tmp_path, rng):
     assert not manifest["complete"] and list(manifest["files"]) == [
         "model-00001-of-00003.safetensors"
     ]
+    # What resume needs: the source's identity, the options, what the run planned, and per
+    # file written its identity and the source's size, mtime and header.
+    assert manifest["version"] == stcast.__version__ and manifest["options"] == {"to": "bf16"}
+    assert manifest["src_id"] == [src.stat().st_dev, src.stat().st_ino]
+    assert set(manifest["planned"]) == {
+        p.relative_to(src).as_posix() for p in src.rglob("*") if p.is_file()
+    }
+    entry = manifest["files"]["model-00001-of-00003.safetensors"]
+    out = (dst / "model-00001-of-00003.safetensors").stat()
+    assert (entry["dev"], entry["ino"], entry["size"]) == (out.st_dev, out.st_ino, out.st_size)
+    st = (src / "model-00001-of-00003.safetensors").stat()
+    assert (entry["source_size"], entry["source_mtime_ns"]) == (st.st_size, st.st_mtime_ns)
+    assert len(entry["source_header_sha256"]) == 64
 
     # A plain rerun is refused; --resume converts only what is left.
     with pytest.raises(stcast.StcastError, match="resume=True continues it") as e:
@@ -503,47 +512,73 @@ def test_interrupted_run_never_looks_complete(tmp_path, rng):
 
 
 def test_resume_skips_only_what_checks_out(tmp_path, rng):
+    """With the manifest of an interrupted run, resume trusts exactly what it recorded."""
+    src = make_hf_model(tmp_path / "m", rng)
+    dst = tmp_path / "o"
+    interrupt_at_second_file(src, dst, at=3)  # two weight files done and recorded
+    done = ["model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors"]
+    assert set(json.loads((dst / MANIFEST).read_text())["files"]) == set(done)
+    # A touched source and a damaged output are converted again; the rest is skipped.
+    touched = src / done[0]
+    st = touched.stat()
+    os.utime(touched, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    damaged = dst / done[1]
+    damaged.write_bytes(damaged.read_bytes()[:-2])
+    report = stcast.convert(src, dst, resume=True)
+    acts = actions(report)
+    assert acts[done[0]] == "converted" and acts[done[1]] == "converted"
+    assert acts["model-00003-of-00003.safetensors"] == "converted"
+    assert_folder(src, dst)
+
+
+def test_resume_after_a_finished_run_adopts_exact_outputs_only(tmp_path, rng):
+    """A finished run leaves no manifest: resume then recognises its outputs by their
+    planned header and size (and that they are newer than their source), and refuses to
+    replace anything else."""
     src = make_hf_model(tmp_path / "m", rng)
     dst = tmp_path / "o"
     stcast.convert(src, dst)
     again = stcast.convert(src, dst, resume=True)
     assert {a for p, a in actions(again).items() if p.endswith(".safetensors")} == {"skipped"}
     assert again.tensors_converted == 0 and again.threads is None
-
-    # A touched source, a damaged output and a missing output are converted again.
-    touched = src / "model-00001-of-00003.safetensors"
-    st = touched.stat()
-    os.utime(touched, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-    damaged = dst / "model-00002-of-00003.safetensors"
-    damaged.write_bytes(damaged.read_bytes()[:-2])
-    (dst / "original/adapter.safetensors").unlink()
-    report = stcast.convert(src, dst, resume=True)
-    acts = actions(report)
-    assert acts["model-00001-of-00003.safetensors"] == "converted"
-    assert acts["model-00002-of-00003.safetensors"] == "converted"
-    assert acts["original/adapter.safetensors"] == "converted"
-    assert acts["model-00003-of-00003.safetensors"] == "skipped"
     assert_folder(src, dst)
 
-    # A header that differs in its bytes (same size) is not trusted either.
+    # A header that differs in its bytes (same size) is not the planned one: refused.
     out3 = dst / "model-00003-of-00003.safetensors"
     raw = bytearray(out3.read_bytes())
     i = raw.index(b'"format"')
     raw[i + 1 : i + 7] = b"FORMAT"
     out3.write_bytes(bytes(raw))
-    report = stcast.convert(src, dst, resume=True)
-    assert actions(report)["model-00003-of-00003.safetensors"] == "converted"
+    before = snapshot(dst)
+    with pytest.raises(stcast.Refused, match="stcast did not write there") as e:
+        stcast.convert(src, dst, resume=True)
+    assert "model-00003-of-00003.safetensors" in str(e.value) and "force=True" in str(e.value)
+    assert snapshot(dst) == before
+    stcast.convert(src, dst, force=True)
+    # A source modified after its output was written is not trusted either.
+    touched = src / "model-00001-of-00003.safetensors"
+    st = (dst / "model-00001-of-00003.safetensors").stat()
+    os.utime(touched, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    with pytest.raises(stcast.Refused, match="model-00001-of-00003.safetensors"):
+        stcast.convert(src, dst, resume=True)
+    report = stcast.convert(src, dst, force=True)
+    assert {a for p, a in actions(report).items() if p.endswith(".safetensors")} == {"converted"}
     assert_folder(src, dst)
 
 
 def test_resume_after_options_change_converts_again(tmp_path, rng):
+    """The files an interrupted run recorded are its own: resume with other options
+    replaces them. After a finished run (no manifest), only force does."""
     src = make_hf_model(tmp_path / "m", rng)
     dst = tmp_path / "o"
-    stcast.convert(src, dst)
+    interrupt_at_second_file(src, dst)
     report = stcast.convert(src, dst, to="fp16", resume=True)
     assert {a for p, a in actions(report).items() if p.endswith(".safetensors")} == {"converted"}
     assert_folder(src, dst, to="fp16")
-    assert json.loads((dst / MANIFEST).read_text())["options"] == {"to": "fp16"}
+    with pytest.raises(stcast.Refused, match="force=True replaces them"):
+        stcast.convert(src, dst, resume=True)
+    stcast.convert(src, dst, force=True)
+    assert_folder(src, dst)
 
 
 def test_force_converts_everything_again(tmp_path, rng):
@@ -609,11 +644,8 @@ def test_shards_then_finalize_equal_a_plain_run(tmp_path, rng, run_main):
     plain_files, sharded_files = files_under(plain), files_under(dst)
     assert set(plain_files) == set(sharded_files)
     for rel in plain_files:
-        if rel != MANIFEST:
-            assert plain_files[rel].read_bytes() == sharded_files[rel].read_bytes(), rel
-    manifest = json.loads((dst / MANIFEST).read_text())
-    assert manifest["complete"] and set(manifest["files"]) == every
-    assert not list(dst.glob(".stcast-manifest.shard-*"))
+        assert plain_files[rel].read_bytes() == sharded_files[rel].read_bytes(), rel
+    assert not list(dst.glob(".stcast-*"))
 
     # A resumed plain run over the finalized folder trusts the shard runs' work.
     report = stcast.convert(src, dst, resume=True)
@@ -697,13 +729,13 @@ def test_index_must_agree_with_shards(tmp_path, rng, edit):
 def test_folders_must_not_nest(tmp_path, rng):
     src = make_hf_model(tmp_path / "m", rng)
     for dst in [src / "out", src, src / "original" / "x"]:
-        assert_refused_cleanly(tmp_path, src, dst, "outside the source folder", "refused")
+        assert_refused_cleanly(tmp_path, src, dst, "is the source folder or lies", "refused")
     inner = tmp_path / "outer" / "inner"
     make_hf_model(inner, rng)
-    assert_refused_cleanly(tmp_path, inner, tmp_path / "outer", "not contain it", "refused")
+    assert_refused_cleanly(tmp_path, inner, tmp_path / "outer", "contains the source", "refused")
     # Also through a symlink to the source.
     (tmp_path / "link").symlink_to(src)
-    assert_refused_cleanly(tmp_path, src, tmp_path / "link" / "o", "outside", "refused")
+    assert_refused_cleanly(tmp_path, src, tmp_path / "link" / "o", "lies inside", "refused")
 
 
 def test_odd_entries_are_refused(tmp_path, rng, run_main):

@@ -275,5 +275,5 @@ def test_report_refuses_folders(tmp_path, run_main):
     crafted(tmp_path / "model" / "model.safetensors")
     rc, out, err = run_main("convert", tmp_path / "model", "--report", tmp_path / "r.json")
     assert rc == 2 and out == ""
-    assert "--report applies to files" in assert_one_error_line(err)
+    assert "--report: a folder run writes no numeric report" in assert_one_error_line(err)
     assert not (tmp_path / "r.json").exists() and not (tmp_path / "model-bf16").exists()

@@ -654,7 +654,11 @@ def test_folder_resume_and_finalize_follow_the_keep_options(tmp_path):
     stcast.convert(src, dst, keep=["*norm*"])
     again = stcast.convert(src, dst, keep=["*norm*"], resume=True)
     assert {f.action for f in again.files if f.kind == "weights"} == {"skipped"}
-    changed = stcast.convert(src, dst, keep=["router"], resume=True)
+    # Other options: the finished run's outputs are not what this plan writes; resume
+    # refuses to replace them, force does.
+    with pytest.raises(stcast.Refused, match="force=True replaces them"):
+        stcast.convert(src, dst, keep=["router"], resume=True)
+    changed = stcast.convert(src, dst, keep=["router"], force=True)
     assert {f.action for f in changed.files if f.kind == "weights"} == {"converted"}
     assert tensor_bytes(dst / "model-00001-of-00002.safetensors")["a.norm"][0] == "BF16"
     # Shards with --keep, then finalize (which reads the options from the manifests).

@@ -6,29 +6,29 @@
 
 The work is done by the native engine `stcast._core`. `stcast._api` holds the entry points,
 `stcast.reports` the report types, `stcast.errors` the exceptions, and `stcast.folder`
-handles checkpoint folders. The API and reports load on first use of one of their names,
-so that `import stcast` and `stcast --version` stay in the low milliseconds (the
-dataclasses alone cost ~20 ms to import and build). The command line lives in `stcast.cli`.
+handles checkpoint folders. Every name loads on first use, so that `import stcast` costs
+nothing and `stcast --version` stays in the low milliseconds (the dataclasses alone cost
+~20 ms to import and build). The command line lives in `stcast.cli`, its entry point in
+`stcast.__main__`.
 """
 
 from __future__ import annotations
 
-from ._core import __version__
-from .errors import (
-    Cancelled,
-    DestinationExists,
-    InputChanged,
-    InvalidInput,
-    NoSpace,
-    Refused,
-    StcastError,
-    StcastWarning,
-    UsageError,
-)
-
 TYPE_CHECKING = False  # `typing` costs a few ms to import; type checkers treat this as True
 if TYPE_CHECKING:
     from ._api import convert, finalize, inspect, verify
+    from ._core import __version__
+    from .errors import (
+        Cancelled,
+        DestinationExists,
+        InputChanged,
+        InvalidInput,
+        NoSpace,
+        Refused,
+        StcastError,
+        StcastWarning,
+        UsageError,
+    )
     from .reports import (
         ConvertReport,
         FileReport,
@@ -63,8 +63,19 @@ __all__ = [
     "verify",
 ]
 
-# Where each lazily loaded public name is defined.
+# Where each public name is defined: all load on first use, so that the command's entry
+# point can install its signal handlers before anything else is imported.
 _LAZY = {
+    "__version__": "_core",
+    "Cancelled": "errors",
+    "DestinationExists": "errors",
+    "InputChanged": "errors",
+    "InvalidInput": "errors",
+    "NoSpace": "errors",
+    "Refused": "errors",
+    "StcastError": "errors",
+    "StcastWarning": "errors",
+    "UsageError": "errors",
     "convert": "_api",
     "finalize": "_api",
     "inspect": "_api",

@@ -43,6 +43,8 @@ def convert(
     strict: bool = False,
     from_bf16: bool = False,
     on_overflow: OnOverflow = "warn",
+    report: StrPath | None = None,
+    follow_links: bool = False,
     tuning: Tuning | None = None,
 ) -> ConvertReport:
     """Convert the checkpoint `src` (a safetensors file or a folder) to `to`, writing `dst`.
@@ -90,6 +92,14 @@ def convert(
             `Refused` and leave nothing behind) or "keep" (first read the float tensors
             once more to find their largest |x|, and keep those that would overflow in their
             source dtype).
+        report: write the numeric report (per converted tensor: overflow, underflow,
+            largest errors; see docs/reference.md) to this JSON file. It is complete before
+            the output is published and published right after it; its path is checked
+            before any work (not the input, not the output, its folder exists; an existing
+            file needs `force`).
+        follow_links: folders: follow symlinks that lead outside the source folder (by
+            default only links within it, and into a Hugging Face cache's blobs/, are
+            followed; any other is refused, naming it).
         tuning: knobs for benchmarks (window size, kernels, read advice, write-behind
             depth); they change speed and memory, never the bytes written.
 
@@ -119,6 +129,12 @@ def convert(
     if os.path.isdir(src):
         from .folder import convert_folder
 
+        if report is not None:
+            raise UsageError(
+                f"{{report}}: a folder run writes no numeric report; {_engine.escape(src)} "
+                "is a folder",
+                option="report",
+            )
         return convert_folder(
             src,
             None if dst is None else os.fsdecode(dst),
@@ -136,6 +152,7 @@ def convert(
             strict=strict,
             from_bf16=from_bf16,
             on_overflow=on_overflow,
+            follow_links=follow_links,
             tuning=dict(tuning) if tuning is not None else None,
         )
     if resume or shard is not None:
@@ -156,6 +173,7 @@ def convert(
         keep_unmatched="error" if strict else "warn",
         from_bf16=from_bf16,
         on_overflow=on_overflow,
+        report=None if report is None else os.fsdecode(report),
         tuning=dict(tuning) if tuning is not None else None,
         stacklevel=2,
     )
@@ -224,6 +242,8 @@ def verify(
     loose: bool = False,
     threads: int | None = None,
     progress: Callable[[int, int], object] | None = None,
+    report: StrPath | None = None,
+    force: bool = False,
     tuning: Tuning | None = None,
 ) -> VerifyReport:
     """Check that `dst` is exactly what `convert` makes of `src`, streaming both files.
@@ -241,9 +261,12 @@ def verify(
     A difference is not an exception: the report says `ok=False` and gives the first
     `mismatch`. Memory stays bounded; the GIL is released in steps of 64 MiB, between
     which Ctrl-C is honoured and `progress(done, total)` (source data bytes) is called.
+    With `report`, a verified pair's numeric report is written there (as `convert` writes
+    it); an existing file needs `force`.
 
     Raises:
         InvalidInput: a file is not a valid safetensors file.
+        Refused: SRC and DST are the same file, or `report` names one of them.
         OSError: a file cannot be read.
         KeyboardInterrupt: Ctrl-C.
     """
@@ -253,6 +276,8 @@ def verify(
         loose=loose,
         threads=_threads(threads),
         progress=progress,
+        report=None if report is None else os.fsdecode(report),
+        force=force,
         tuning=dict(tuning) if tuning is not None else None,
     )
 

@@ -38,6 +38,8 @@ __all__ = [
     "escape",
     "option_error",
     "failpoint",
+    "write_file",
+    "copy_file",
 ]
 
 __version__: str
@@ -114,6 +116,7 @@ class _InspectResult(TypedDict):
     bytes_kept: int
     keep_unmatched: list[str]
     scanned: bool
+    output_header_sha256: str
 
 class _MismatchResult(TypedDict):
     message: str
@@ -155,6 +158,8 @@ def convert(
     from_bf16: bool = False,
     on_overflow: str | None = None,
     numerics: bool = True,
+    report: str | None = None,
+    replaces: tuple[int, int] | None = None,
     tuning: dict[str, Any] | None = None,
 ) -> _ConvertResult: ...
 def inspect(
@@ -179,6 +184,8 @@ def verify(
     threads: int | None = None,
     progress: Callable[[int, int], object] | None = None,
     numerics: bool = True,
+    report: str | None = None,
+    force: bool = False,
     tuning: dict[str, Any] | None = None,
 ) -> _VerifyResult: ...
 def render(template: str, option: Callable[[str, str | None], str]) -> str: ...
@@ -186,3 +193,15 @@ def format_bytes(n: int) -> str: ...
 def escape(s: str) -> str: ...
 def option_error(option: str, value: object, expected: str) -> BaseException: ...
 def failpoint(name: str) -> None: ...
+def write_file(
+    path: str, data: bytes, *, replace: object = None, tag: str = ""
+) -> tuple[int, int, int]: ...
+def copy_file(
+    src: str,
+    dst: str,
+    *,
+    replace: object = None,
+    tag: str = "",
+    progress: Callable[[int, int], object] | None = None,
+    cancel: _CancelFlag | None = None,
+) -> tuple[int, int, int]: ...

@@ -1,15 +1,21 @@
-"""The `stcast` command line: `convert`, `inspect`, `verify`, `demo`.
+"""The `stcast` command line: `convert`, `inspect`, `verify`, `finalize`, `demo`.
 
-Exit codes: 0 ok, 1 failure, 2 usage, 130 interrupted. Errors are one line on stderr, prefixed
-`stcast: `; `--json` prints one object on stdout for scripts. Imports stay light (no numpy)
-so that `stcast --version` and `--help` are instant.
+Exit codes: 0 ok, 1 failure, 2 usage; a run stopped by SIGINT, SIGTERM or SIGHUP dies of
+that signal once it has cleaned up (status 130, 143, 129). Errors are one line on stderr,
+prefixed `stcast: `; `--json` prints one object on stdout for scripts. Names and paths in
+human-readable output are escaped (control characters, bytes that are not UTF-8); only
+`--json` keeps the exact strings. Imports stay light (no numpy) so that `stcast --version`
+and `--help` are instant.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
+import re
 import sys
 import time
 import warnings
@@ -25,14 +31,62 @@ if TYPE_CHECKING:
 
 SCHEMA = 1
 PROG = "stcast"
+# Commands that publish something (the commit point) before they print their summary.
+_COMMITTING = frozenset({"convert", "finalize", "verify"})
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the command line with `argv` (default `sys.argv[1:]`); return the exit code."""
+class _Stop:
+    """The cancel flag the CLI hands to the work: set once a signal was received."""
+
+    def __init__(self, received: list[int]) -> None:
+        self.received = received
+
+    def is_set(self) -> bool:
+        return bool(self.received)
+
+    @property
+    def signal(self) -> int | None:
+        return self.received[0] if self.received else None
+
+
+_SIGNAL_WORDS = {2: "interrupted", 15: "terminated", 1: "hung up"}
+
+
+def run_cli(argv: list[str] | None, received: list[int]) -> int:
+    """The entry point's work (see `stcast.__main__`): run, and die of a signal that stopped
+    the run, so that the shell or the scheduler sees it."""
+    import signal
+
+    stop = _Stop(received)
+    code = main(argv, stop)
+    sig = stop.signal
+    if sig is not None and code == 128 + sig:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    # The outcome is decided: a signal from now on changes nothing. (The interpreter puts
+    # the default handlers back while it shuts down; ignoring them keeps a late Ctrl-C from
+    # killing it then.)
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    return code
+
+
+def main(argv: list[str] | None = None, stop: _Stop | None = None) -> int:
+    """Run the command line with `argv` (default `sys.argv[1:]`); return the exit code.
+
+    In-process callers (tests) leave `stop` out: Ctrl-C is then a KeyboardInterrupt.
+    """
+    _escape_streams()
     if (sys.argv[1:] if argv is None else argv) == ["--version"]:
         # Same text as argparse's version action, without building the parser (~8 ms).
         print(f"{PROG} {stcast.__version__}")
         return 0
+    stop = stop or _Stop([])
     try:
         args = _build_parser().parse_args(argv)
     except SystemExit as e:  # --help, --version and usage errors
@@ -42,10 +96,23 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     console = _Console(json_mode=getattr(args, "json", False), command=args.command)
     try:
-        return int(args.run(args, console))
+        if stop.is_set():
+            raise stcast.Cancelled("stopped before starting")
+        args.stop = stop
+        if args.command in _COMMITTING:
+            # Its stdout is written once the work is done: a failure to write it (a full
+            # disk, a closed pipe) is then reported as what it is, after the commit point.
+            with contextlib.redirect_stdout(console.stdout):
+                code = int(args.run(args, console))
+        else:
+            code = int(args.run(args, console))
     except KeyboardInterrupt:
         return console.fail("interrupted", "interrupted", None, code=130)
     except stcast.Cancelled:
+        sig = stop.signal
+        if sig is not None:
+            word = _SIGNAL_WORDS.get(sig, f"stopped by signal {sig}")
+            return console.fail("interrupted", word, None, code=128 + sig)
         return console.fail("cancelled", "cancelled", None)
     except stcast.StcastError as e:
         # Before OSError: DestinationExists and NoSpace are both.
@@ -61,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         return console.fail(_os_error_kind(e), _describe_os_error(e), _os_error_path(e))
     except Exception as e:  # never a traceback: one line, exit 1
         return console.fail("internal", f"internal error: {type(e).__name__}: {e}", None)
+    return console.finish(code)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -100,6 +168,12 @@ def _build_parser() -> argparse.ArgumentParser:
         type=_shard,
         metavar="I/N",
         help="folders: convert only the I-th of N subsets of the files (then `stcast finalize`)",
+    )
+    p.add_argument(
+        "--follow-links",
+        action="store_true",
+        help="folders: follow symlinks that lead outside SRC (else only links within it and "
+        "into a Hugging Face cache's blobs/ are followed)",
     )
     p.add_argument(
         "--allow-quantized",
@@ -194,6 +268,7 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="once verified, write the numeric report `convert --report` gives to FILE",
     )
+    p.add_argument("--force", action="store_true", help="replace an existing report FILE")
     _add_output_arguments(p)
     p.set_defaults(run=_run_verify)
 
@@ -246,8 +321,6 @@ def _add_precision_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _run_convert(args: argparse.Namespace, console: _Console) -> int:
-    if args.report is not None and os.path.isdir(args.src):
-        return console.fail("invalid_input", f"{args.src}: --report applies to files", None, 2)
     bar = None
     if not args.quiet and not args.json and _is_tty(sys.stderr):
         bar = _ProgressBar(sys.stderr)
@@ -276,12 +349,14 @@ def _run_convert(args: argparse.Namespace, console: _Console) -> int:
             strict=args.strict,
             from_bf16=args.from_bf16,
             on_overflow=args.on_overflow,
+            report=args.report,
+            follow_links=args.follow_links,
+            cancel=args.stop,
         )
+    console.published = report.dst
     console.end_bar()
     if not report.folder and report.numerics is not None:
         _warn_numerics(console, report.numerics)
-        if args.report is not None:
-            _write_report(args.report, report.src, report.dst, report.to, report.numerics)
     if args.json:
         console.emit_json(report.to_dict())
     elif report.folder:
@@ -326,8 +401,13 @@ def _run_finalize(args: argparse.Namespace, console: _Console) -> int:
         bar = _ProgressBar(sys.stderr)
         console.bar = bar
     report = stcast.finalize(
-        args.src, args.dst, progress=bar, file_progress=None if bar is None else bar.set_file
+        args.src,
+        args.dst,
+        progress=bar,
+        file_progress=None if bar is None else bar.set_file,
+        cancel=args.stop,
     )
+    console.published = report.dst
     console.end_bar()
     if args.json:
         console.emit_json(report.to_dict())
@@ -506,10 +586,18 @@ def _run_verify(args: argparse.Namespace, console: _Console) -> int:
     if not args.quiet and not args.json and _is_tty(sys.stderr):
         bar = _ProgressBar(sys.stderr)
         console.bar = bar
-    report = stcast.verify(args.src, args.dst, loose=args.loose, threads=args.threads, progress=bar)
+    report = stcast.verify(
+        args.src,
+        args.dst,
+        loose=args.loose,
+        threads=args.threads,
+        progress=bar,
+        report=args.report,
+        force=args.force,
+    )
+    if args.report is not None and report.ok:
+        console.published = args.report
     console.end_bar()
-    if args.report is not None and report.numerics is not None:
-        _write_report(args.report, report.src, report.dst, report.to, report.numerics)
     if args.json:
         console.emit_json(report.to_dict())
     elif report.mismatch is not None:
@@ -549,17 +637,6 @@ def _warn_numerics(console: _Console, numerics: Mapping[str, Any]) -> None:
         console.warn("; ".join(parts))
 
 
-def _write_report(
-    path: str, src: str, dst: str, to: str | None, numerics: Mapping[str, Any]
-) -> None:
-    """Write the numeric report to `path`: one JSON object in the versioned schema."""
-    doc = {"schema": SCHEMA, "command": "report", "version": stcast.__version__}
-    doc["result"] = {"src": src, "dst": dst, "to": to, **numerics}
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1, allow_nan=False)
-        f.write("\n")
-
-
 def _run_demo(args: argparse.Namespace, console: _Console) -> int:
     from . import demo  # numpy and ml_dtypes load only here
 
@@ -573,6 +650,30 @@ class _Console:
         self.json_mode = json_mode
         self.command = command
         self.bar: _ProgressBar | None = None
+        # What a committing command prints, written at the end (`finish`).
+        self.stdout = io.StringIO()
+        # What the command published (for the message when stdout then fails).
+        self.published: str | None = None
+
+    def finish(self, code: int) -> int:
+        """Write what the command printed; a failure here comes after the commit point."""
+        text = self.stdout.getvalue()
+        if not text:
+            return code
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except (OSError, ValueError) as e:
+            _silence_stdout()
+            if isinstance(e, BrokenPipeError):
+                return code  # the reader went away (`| head`): nothing to say
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            what = f"writing to stdout failed: {reason}"
+            if self.published is not None:
+                what = f"{self.published} was published, but {what}"
+            self.error(what)
+            return 1
+        return code
 
     def end_bar(self) -> None:
         if self.bar is not None:
@@ -715,10 +816,6 @@ def _notice_text(w: object) -> str:
     return w.render("cli") if isinstance(w, stcast.Notice) else str(w)
 
 
-def _printable(text: str) -> str:
-    return text
-
-
 def _duration(seconds: float) -> str:
     s = int(seconds + 0.5)
     if s >= 3600:
@@ -736,9 +833,62 @@ def _one_line(message: str) -> str:
 
 def _print_err(line: str) -> None:
     try:
-        print(line, file=sys.stderr, flush=True)
+        print(_printable(line, keep=""), file=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
+
+
+# Control characters (C0 but newline, DEL, C1) and surrogates: the escaped bytes of names
+# that are not UTF-8 (os.fsdecode gives them as U+DC80..U+DCFF), and lone ones.
+_UNPRINTABLE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+_UNPRINTABLE_ALL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _escape_char(m: re.Match[str]) -> str:
+    o = ord(m.group())
+    if 0xDC80 <= o <= 0xDCFF:  # a byte that was not UTF-8
+        return f"\\x{o - 0xDC00:02x}"
+    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}"
+
+
+def _printable(text: str, keep: str = "\n") -> str:
+    """`text` safe for a terminal: control characters and undecodable bytes as escapes."""
+    pattern = _UNPRINTABLE if keep else _UNPRINTABLE_ALL
+    return pattern.sub(_escape_char, text)
+
+
+class _EscapingStdout(io.TextIOBase):
+    """sys.stdout for human-readable output: every write escaped (`_printable`)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, s: str) -> int:
+        self.stream.write(_printable(s))
+        return len(s)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+
+def _escape_streams() -> None:
+    """Make stdout and stderr safe for any name: escapes, never an encoding error."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):
+                pass
+    if not isinstance(sys.stdout, _EscapingStdout) and sys.stdout is not None:
+        sys.stdout = _EscapingStdout(sys.stdout)
 
 
 def _is_tty(stream: TextIO) -> bool:

@@ -215,6 +215,7 @@ class InspectReport:
     keep_unmatched: list[str] = field(default_factory=list)  # keep patterns matching nothing
     scanned: bool = False  # whether the data was read (`scan=True`): then `numerics` are set
     destination: Destination | None = None
+    output_header_sha256: str = ""  # the fingerprint of the header the output would have
     folder: bool = False
     files: list[InspectReport] = field(default_factory=list)
     other_bytes: int = 0

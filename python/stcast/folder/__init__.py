@@ -18,8 +18,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .. import _core, _engine
-from ..errors import Refused
+from ..errors import NoSpace, Refused
 from ..reports import ConvertReport, FileReport, InspectReport, Notice
+from . import ident as _ident
 from . import manifest as _manifest
 from . import walk as _walk
 from . import write as _write
@@ -54,16 +55,35 @@ def convert_folder(
     strict: bool,
     from_bf16: bool,
     on_overflow: OnOverflow,
+    follow_links: bool = False,
     tuning: dict[str, Any] | None = None,
 ) -> ConvertReport:
-    """Convert the checkpoint folder `src` into `dst`; see `stcast.convert` for the options."""
+    """Convert the checkpoint folder `src` into `dst`; see `stcast.convert` for the options.
+
+    Every refusal comes before anything is written: folder identities, the source's checks
+    (`walk.plan`), the shard range, what the destination holds (`_survey`), free space.
+    """
     started = time.monotonic()
     dst = default_dst(src, to) if dst is None else dst
     if shard is not None:
         shard = _check_shard(shard)
-    _check_folders(src, dst)
+    src_id, _ = _ident.check_folders(src, dst)
     precision = _precision_options(keep, keep_min_size, from_bf16, on_overflow)
-    plan = _walk.plan(src, to, check_quantized=not allow_quantized, precision=precision)
+    plan = _walk.plan(
+        src,
+        to,
+        check_quantized=not allow_quantized,
+        precision=precision,
+        follow_links=follow_links,
+        cancel=cancel,
+    )
+    if shard is not None and shard[1] > len(plan.weights):
+        n = len(plan.weights)
+        raise _core.option_error(
+            "shard",
+            f"{shard[0]}/{shard[1]}",
+            f"I/N with N at most {n}, the number of weight files",
+        )
     # A keep pattern is judged over the whole folder: one warning (or, strict, one error
     # before anything is written) for a pattern that matches no tensor of any file.
     folder_warnings = []
@@ -80,49 +100,274 @@ def convert_folder(
     # Options that change the output; the defaults are left out, so that manifests of
     # plain runs stay as they were.
     options: dict[str, Any] = {"to": to, **precision}
-    own = _manifest.MANIFEST if shard is None else _manifest.shard_name(*shard)
-    _prepare_dst(dst, own, force=force, resume=resume, whole=shard is None)
-    previous = _manifest.load_entries(dst) if resume else {}
-    if force and shard is None:
-        _manifest.remove_all(dst)
-    _write.unpublish(dst, plan)
-
     weights = plan.weights
     if shard is not None:
         owner = assign_shards(weights, shard[1])
         weights = [w for w in weights if owner[w.rel] == shard[0]]
-    record = _manifest.new(src, dst, own, options, allow_quantized, shard)
-    files: list[FileReport] = []
-    todo = []
+    outputs = plan.outputs()
+    mine = sorted(w.rel for w in weights) if shard is not None else sorted(outputs)
+    survey = _survey(dst, src_id, options, outputs, plan, shard, force=force, resume=resume)
+
+    # Skipped under resume: what a manifest (or the output's own header) shows done.
+    todo, skipped = [], []
     for w in weights:
         out = os.path.join(dst, w.rel)
-        entry = _manifest.find_entry(previous.get(w.rel, []), w, options, out)
-        if entry is None:
-            todo.append(w)
+        if (
+            not force
+            and w.rel in survey.ours
+            and (
+                _manifest.find_entry(survey.entries.get(w.rel, []), w, options, out)
+                or w.rel in survey.adopted
+            )
+        ):
+            skipped.append(w)
         else:
-            record.files[w.rel] = entry
-            files.append(FileReport(w.rel, "weights", "skipped", w.size, entry["output_size"]))
+            todo.append(w)
+    copies = [] if shard is not None else plan.copies
+    _check_space(dst, plan, todo, copies, shard is None)
+
+    os.makedirs(dst, exist_ok=True)
+    record = _manifest.new(src, src_id, dst, options, allow_quantized, shard, mine)
+    files: list[FileReport] = []
+    for w in skipped:
+        st = os.lstat(os.path.join(dst, w.rel))
+        record.record(w.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
+        record.files[w.rel].update(record.weights_entry(w, plan.header_sha256[w.rel]))
+        files.append(FileReport(w.rel, "weights", "skipped", w.size, st.st_size))
+    # Before any output: the other runs sharing this folder know it is ours.
     record.save()
 
-    copies = [] if shard is not None else plan.copies
     meter = _write.Meter(
         sum(plan.info[w.rel].data_bytes for w in todo) + sum(c.size for c in copies),
         progress,
         file_progress,
     )
-    run = _write.Run(dst, to, threads, meter, cancel, precision, record, tuning)
-    # Under resume, an output without a valid manifest entry is stale (the entry is written
-    # after the output), so it is replaced.
-    converted = _write.convert_files(run, plan, todo, force=force or resume)
+    run = _write.Run(
+        dst, to, threads, meter, cancel, precision, record, force, dict(survey.ours), tuning
+    )
+    if shard is None:
+        _write.unpublish(run, plan)
+    converted = _write.convert_files(run, plan, todo)
     files += [_write.file_report(w.rel, r) for w, r in zip(todo, converted)]
     if shard is None:
-        files += _write.publish(plan, dst, meter, cancel)
+        files += _write.publish(run, plan)
+    _write.recheck(run)
     record.complete = True
-    record.save()
     if shard is None:
-        _manifest.remove_all(dst, keep=_manifest.MANIFEST)
+        # Done: no stcast file stays behind (this source's shard manifests neither).
+        _write.remove_own(run, [record, *survey.siblings])
+    else:
+        record.save()
     report = _folder_report(src, dst, to, files, converted, started, shard, shard is None)
     return _with_warnings(report, folder_warnings)
+
+
+class _Survey:
+    """What the destination holds, as far as this run is concerned."""
+
+    def __init__(self) -> None:
+        self.manifests: list[_manifest.Manifest] = []  # this source's runs
+        self.siblings: list[_manifest.Manifest] = []  # those of other runs (not ours)
+        self.ours: dict[str, tuple[int, int]] = {}  # rel -> identity stcast wrote
+        self.adopted: set[str] = set()  # outputs resume recognised without a manifest
+        self.entries: dict[str, list[dict[str, Any]]] = {}  # rel -> manifest entries
+
+
+def _survey(
+    dst: str,
+    src_id: tuple[int, int],
+    options: dict[str, Any],
+    outputs: dict[str, str],
+    plan: _walk.Plan,
+    shard: tuple[int, int] | None,
+    *,
+    force: bool,
+    resume: bool,
+) -> _Survey:
+    """Check what `dst` holds before anything is written, and what this run may replace.
+
+    Without `force` or `resume`, a destination that holds anything but stcast's own files
+    for this source and plan is refused: an empty or new folder is fine, and so are the
+    files of other shard runs of the same source (they share the folder), but not a
+    folder of other files, another source's run, or a previous run of this one. `resume`
+    continues a previous run: the files a manifest records are ours, an output whose
+    header is exactly the planned one is adopted, and any other planned file that is
+    there is refused rather than replaced. `force` replaces every file the plan writes and
+    deletes nothing else.
+    """
+    survey = _Survey()
+    if not os.path.isdir(dst):
+        return survey
+    own_name = _manifest.MANIFEST if shard is None else _manifest.shard_name(*shard)
+    manifests, bad = _manifest.load_all(dst)
+    if bad and not force:
+        b = bad[0]
+        raise Refused(
+            f"{_esc(b.path)}: {_esc(b.reason)}; stcast cannot tell what it wrote here "
+            "({force} converts everything again and replaces what the plan writes)",
+            path=b.path,
+        )
+    mine = [m for m in manifests if m.src_id == src_id]
+    others = [m for m in manifests if m.src_id != src_id]
+    if others and not force:
+        m = others[0]
+        raise Refused(
+            f"{_esc(dst)}: a stcast run of another source ({_esc(m.src)}) converts into this "
+            "folder ({force} replaces what this plan writes)",
+            path=dst,
+        )
+    same_options = [m for m in mine if m.options == options]
+    survey.manifests = mine
+    survey.siblings = [m for m in mine if m.name != own_name]
+    if not force and not resume:
+        if any(m.name == own_name for m in mine):
+            what = "a previous run" if shard is None else "this shard already ran here"
+            raise Refused(
+                f"{_esc(dst)}: {what} ({own_name}); {{resume}} continues it, {{force}} "
+                "converts again",
+                path=dst,
+            )
+        if shard is None and mine:
+            raise Refused(
+                f"{_esc(dst)}: shard runs of this source convert into this folder; "
+                "`finalize` completes them ({resume} or {force} converts the whole folder)",
+                path=dst,
+            )
+        if len(same_options) != len(mine):
+            raise Refused(
+                f"{_esc(dst)}: shard runs with other options convert into this folder "
+                "({force} replaces what this plan writes)",
+                path=dst,
+            )
+    planned_by_runs = {p for m in mine for p in m.planned}
+    foreign_planned, foreign_other = [], []
+    for rel in _listing(dst):
+        entry = _manifest.recorded(mine, dst, rel)
+        if entry is not None:
+            st = os.lstat(os.path.join(dst, rel))
+            survey.ours[rel] = (st.st_dev, st.st_ino)
+            for m in same_options:
+                e = m.files.get(rel)
+                if e is not None:
+                    survey.entries.setdefault(rel, []).append(e)
+            continue
+        if rel in planned_by_runs and not force and not resume:
+            continue  # a sibling run's file, in progress: not ours to touch
+        if rel in outputs:
+            if resume and _adoptable(dst, rel, outputs[rel], plan):
+                st = os.lstat(os.path.join(dst, rel))
+                survey.ours[rel] = (st.st_dev, st.st_ino)
+                survey.adopted.add(rel)
+            else:
+                foreign_planned.append(rel)
+        else:
+            foreign_other.append(rel)
+    if force:
+        return survey
+    if foreign_planned:
+        listed = _listed(foreign_planned)
+        hint = (
+            "{force} replaces them"
+            if resume
+            else "{resume} continues a run of this source, {force} replaces them"
+        )
+        raise Refused(
+            f"{_esc(dst)}: holds {listed}, which this run would write but stcast did not "
+            f"write there ({hint})",
+            path=os.path.join(dst, foreign_planned[0]),
+        )
+    if foreign_other and not resume:
+        listed = _listed(foreign_other)
+        raise Refused(
+            f"{_esc(dst)}: the destination folder holds files stcast did not write "
+            f"({listed}); convert into an empty or new folder ({{force}} writes into it "
+            "anyway, replacing only what the plan writes)",
+            path=dst,
+        )
+    return survey
+
+
+def _listed(rels: list[str]) -> str:
+    shown = ", ".join(f"`{_esc(r)}`" for r in rels[:3])
+    return shown + (f" and {len(rels) - 3} more" if len(rels) > 3 else "")
+
+
+def _listing(dst: str) -> list[str]:
+    """Every file under `dst` but stcast's bookkeeping (manifests, temps), as relative
+    paths; links and special files count as files, folders are walked (never a link)."""
+    out: list[str] = []
+    pending = [""]
+    while pending:
+        rel_dir = pending.pop()
+        with os.scandir(os.path.join(dst, rel_dir) if rel_dir else dst) as it:
+            for e in it:
+                rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
+                if e.name.startswith(_walk.BOOKKEEPING_PREFIX):
+                    continue
+                if e.is_dir(follow_symlinks=False):
+                    pending.append(rel)
+                else:
+                    out.append(rel)
+    return sorted(out)
+
+
+def _adoptable(dst: str, rel: str, kind: str, plan: _walk.Plan) -> bool:
+    """Under resume, is the file at `rel` what this plan writes, without a manifest to say
+    so (a finished run removes its manifest)? A converted file is, when its header is the
+    planned one byte for byte, its size the planned size, and it is newer than its source;
+    a copy, when its bytes are the source's; a config or index is rewritten anyway and need
+    only be a regular file."""
+    path = os.path.join(dst, rel)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not os.path.isfile(path) or os.path.islink(path):
+        return False
+    if kind == "weights":
+        info = plan.info[rel]
+        source = next(w for w in plan.weights if w.rel == rel)
+        return (
+            st.st_size == info.output_bytes
+            and st.st_mtime_ns >= source.mtime_ns
+            and _manifest.header_sha256(path) == info.output_header_sha256
+        )
+    if kind == "copy":
+        src = next(f for f in [*plan.copies, *plan.late_copies] if f.rel == rel)
+        return st.st_size == src.size and _same_bytes(src.path, path)
+    return True
+
+
+def _same_bytes(a: str, b: str) -> bool:
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        while True:
+            x, y = fa.read(1 << 20), fb.read(1 << 20)
+            if x != y:
+                return False
+            if not x:
+                return True
+
+
+def _check_space(
+    dst: str, plan: _walk.Plan, todo: list[_walk.File], copies: list[_walk.File], whole: bool
+) -> None:
+    """Refuse before any work when the destination's file system cannot hold the output."""
+    need = sum(plan.info[w.rel].output_bytes for w in todo) + sum(c.size for c in copies)
+    if whole:
+        need += sum(f.size for f in plan.late_copies)
+        need += sum(f.size if c is None else len(c) for f, c in plan.configs)
+        need += sum(f.size + 64 for f, _, _ in plan.indexes)
+    folder = _ident.nearest_existing(dst)
+    if not os.path.isdir(folder):
+        folder = os.path.dirname(folder)
+    st = os.statvfs(folder)
+    have = st.f_bavail * st.f_frsize
+    if need > have:
+        message = (
+            f"not enough disk space for the whole folder: need {_core.format_bytes(need)}, "
+            f"have {_core.format_bytes(have)}"
+        )
+        raise NoSpace(f"{_esc(folder)}: {message}", message=message, path=folder)
 
 
 def finalize(
@@ -136,43 +381,55 @@ def finalize(
     """Complete `dst` once every shard ran: see `stcast.finalize`."""
     started = time.monotonic()
     src, dst = os.fsdecode(src), os.fsdecode(dst)
-    _check_folders(src, dst)
+    src_id, _ = _ident.check_folders(src, dst)
     if not os.path.isdir(dst):
         raise Refused(
             f"{_esc(dst)}: no such folder; convert the shards into it first (with {{shard}})",
             path=dst,
         )
-    previous = _manifest.load_entries(dst)
-    if not previous:
+    manifests, bad = _manifest.load_all(dst)
+    if bad:
+        b = bad[0]
         raise Refused(
-            f"{_esc(dst)}: no stcast manifest; convert the shards into it first (with {{shard}})",
+            f"{_esc(b.path)}: {_esc(b.reason)}; convert the shards again",
+            path=b.path,
+        )
+    manifests = [m for m in manifests if m.src_id == src_id]
+    if not manifests:
+        raise Refused(
+            f"{_esc(dst)}: no stcast manifest of this source; convert the shards into it "
+            "first (with {shard})",
             path=dst,
         )
-    options = _manifest.agreed_options(dst, previous)
+    options = _manifest.agreed_options(dst, manifests)
     to = _engine.target_name(options["to"])
     # Quantized checkpoints were refused (or allowed) by the shard runs that converted them.
-    plan = _walk.plan(src, to, check_quantized=False)
+    plan = _walk.plan(src, to, check_quantized=False, cancel=cancel)
     # With one shard count in the manifests, a missing file can be traced to its shard.
-    counts = {e.get("shards") for entries in previous.values() for e in entries} - {None}
+    counts = {m.shard[1] for m in manifests if m.shard is not None}
     n = counts.pop() if len(counts) == 1 else None
     owner = assign_shards(plan.weights, n) if isinstance(n, int) and n > 0 else {}
-
-    record = _manifest.new(src, dst, _manifest.MANIFEST, options, None, None)
+    outputs = plan.outputs()
+    survey = _survey(dst, src_id, options, outputs, plan, None, force=False, resume=True)
+    record = _manifest.new(src, src_id, dst, options, None, None, sorted(outputs))
     files = []
     for w in plan.weights:
-        entry = _manifest.find_entry(previous.get(w.rel, []), w, options, os.path.join(dst, w.rel))
+        out = os.path.join(dst, w.rel)
+        entries = [m.files[w.rel] for m in manifests if w.rel in m.files]
+        entry = _manifest.find_entry(entries, w, options, out)
         if entry is None:
             hint = f"; convert it again with {{shard={owner[w.rel]}/{n}}}" if owner else ""
             raise Refused(f"{_esc(w.path)}: not converted, or changed since{hint}", path=w.path)
-        record.files[w.rel] = entry
-        files.append(FileReport(w.rel, "weights", "checked", w.size, entry["output_size"]))
+        st = os.lstat(out)
+        record.record(w.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
+        files.append(FileReport(w.rel, "weights", "checked", w.size, st.st_size))
     record.save()
-    _write.unpublish(dst, plan)
     meter = _write.Meter(sum(c.size for c in plan.copies), progress, file_progress)
-    files += _write.publish(plan, dst, meter, cancel)
-    record.complete = True
-    record.save()
-    _manifest.remove_all(dst, keep=_manifest.MANIFEST)
+    run = _write.Run(dst, to, None, meter, cancel, {}, record, False, dict(survey.ours))
+    _write.unpublish(run, plan)
+    files += _write.publish(run, plan)
+    _write.recheck(run)
+    _write.remove_own(run, [record, *manifests])
     return _folder_report(src, dst, to, files, [], started, None, True)
 
 
@@ -311,47 +568,6 @@ def _folder_report(
         shard=None if shard is None else list(shard),
         complete=complete,
     )
-
-
-def _check_folders(src: str, dst: str) -> None:
-    if not os.path.isdir(src):
-        raise Refused(f"{_esc(src)}: not a folder", path=src)
-    real_src, real_dst = os.path.realpath(src), os.path.realpath(dst)
-    if os.path.commonpath([real_src, real_dst]) in (real_src, real_dst):
-        raise Refused(
-            f"{_esc(dst)}: the destination must be outside the source folder and not contain "
-            f"it ({_esc(real_dst)} vs {_esc(real_src)})",
-            path=dst,
-        )
-    if os.path.lexists(dst) and not os.path.isdir(dst):
-        raise Refused(f"{_esc(dst)}: exists and is not a folder", path=dst)
-
-
-def _prepare_dst(dst: str, own_manifest: str, *, force: bool, resume: bool, whole: bool) -> None:
-    """Create `dst`, or accept an existing one only where the options say so.
-
-    A whole-folder run needs an empty folder, `force` or `resume`. A shard run shares the
-    folder with the other shards: only its own earlier manifest needs `force` or `resume`.
-    """
-    try:
-        os.mkdir(dst)
-        return
-    except FileExistsError:
-        pass
-    if force or resume:
-        return
-    if whole and os.listdir(dst):
-        raise Refused(
-            f"{_esc(dst)}: destination folder is not empty (a previous run?); {{resume}} "
-            "continues it, {force} converts everything again",
-            path=dst,
-        )
-    if not whole and os.path.lexists(os.path.join(dst, own_manifest)):
-        raise Refused(
-            f"{_esc(dst)}: this shard already ran here ({_esc(own_manifest)}); {{resume}} "
-            "continues it, {force} converts it again",
-            path=dst,
-        )
 
 
 def _precision_options(

@@ -1,5 +1,14 @@
-"""The manifest: what a folder run has written into its destination, so that `resume` skips
-finished files and `finalize` can trust the shards that other runs converted."""
+"""Manifests: what a folder run has planned and written into its destination.
+
+Each run (a whole-folder run, or one `shard=(i, n)` run) keeps its own manifest in the
+destination, written before its first output and after each file it publishes. It names
+the source (by path and by device and inode), the options, the files the run plans to
+write, and for each file written its device, inode and size and what `resume` needs to
+trust it. Other runs read it to know which files are stcast's (so N shard runs can share a
+destination, and a foreign folder is refused), and a run replaces or removes only files a
+manifest records it wrote, with their identity unchanged. A finished run removes the
+manifests, so the destination can be uploaded as it is.
+"""
 
 from __future__ import annotations
 
@@ -9,20 +18,22 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import _core, _engine
 from ..errors import Refused
-from .walk import File
-
-if TYPE_CHECKING:
-    pass
+from . import jsonedit
+from .walk import File, read_bounded
 
 MANIFEST = ".stcast-manifest.json"
 _SHARD_MANIFEST = re.compile(r"\.stcast-manifest\.shard-(\d+)-of-(\d+)\.json")
-FORMAT = 1
+FORMAT = 2
+# A manifest lists at most every file of a checkpoint: far below this.
+_MAX_MANIFEST = 64 << 20
 # A sane bound for a header we read ourselves (the engine enforces the format's own limit).
 _MAX_HEADER = 100 << 20
+
+_esc = _core.escape
 
 
 def shard_name(i: int, n: int) -> str:
@@ -30,20 +41,33 @@ def shard_name(i: int, n: int) -> str:
     return f".stcast-manifest.shard-{i}-of-{n}.json"
 
 
+def is_manifest(name: str) -> bool:
+    return name == MANIFEST or _SHARD_MANIFEST.fullmatch(name) is not None
+
+
 @dataclass
 class Manifest:
-    """One run's record, saved as `dst/name` after each file it converts."""
+    """One run's record, saved as `dst/name`."""
 
     dst: str
     name: str
     src: str
+    src_id: tuple[int, int]
     options: dict[str, Any]
     allow_quantized: bool | None
     shard: tuple[int, int] | None
+    planned: list[str]
     complete: bool = False
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The identity this run last published the manifest with (None: not yet).
+    published: tuple[int, int] | None = None
 
-    def entry(self, w: File, source_header_sha256: str) -> dict[str, Any]:
+    def record(self, rel: str, kind: str, published: tuple[int, int, int], **extra: Any) -> None:
+        """Note that this run published `rel` as (dev, ino, size)."""
+        dev, ino, size = published
+        self.files[rel] = {"kind": kind, "dev": dev, "ino": ino, "size": size, **extra}
+
+    def weights_entry(self, w: File, source_header_sha256: str) -> dict[str, Any]:
         """What `resume` and `finalize` need to trust the output of `w` without reading it."""
         out = os.path.join(self.dst, w.rel)
         return {
@@ -53,70 +77,156 @@ class Manifest:
             "options": self.options,
             "version": _core.__version__,
             "shards": None if self.shard is None else self.shard[1],
-            "output_size": os.stat(out).st_size,
             "output_header_sha256": header_sha256(out),
         }
 
     def save(self) -> None:
-        """Write the manifest atomically."""
-        from .write import write_atomic
-
+        """Write the manifest atomically (the one write path; its temp is locked)."""
         doc = {
             "format": FORMAT,
             "version": _core.__version__,
             "src": self.src,
+            "src_id": list(self.src_id),
             "options": self.options,
             "allow_quantized": self.allow_quantized,
             "shard": None if self.shard is None else list(self.shard),
+            "planned": self.planned,
             "complete": self.complete,
             "files": self.files,
         }
         # ASCII keeps any file name (even undecodable bytes, as surrogates) round-trippable.
         text = json.dumps(doc, indent=1, ensure_ascii=True) + "\n"
-        write_atomic(os.path.join(self.dst, self.name), text.encode("ascii"))
+        replace = "any" if self.published is None else self.published
+        dev, ino, _ = _core.write_file(
+            os.path.join(self.dst, self.name),
+            text.encode("ascii"),
+            replace=replace,
+            tag=_tag(self.shard),
+        )
+        self.published = (dev, ino)
+
+
+def _tag(shard: tuple[int, int] | None) -> str:
+    return "manifest" if shard is None else f"s{shard[0]}of{shard[1]}"
 
 
 def new(
     src: str,
+    src_id: tuple[int, int],
     dst: str,
-    name: str,
     options: dict[str, Any],
     allow_quantized: bool | None,
     shard: tuple[int, int] | None,
+    planned: list[str],
 ) -> Manifest:
-    return Manifest(dst, name, os.path.realpath(src), options, allow_quantized, shard)
+    name = MANIFEST if shard is None else shard_name(*shard)
+    return Manifest(
+        dst, name, os.path.realpath(src), src_id, options, allow_quantized, shard, planned
+    )
 
 
-def load_entries(dst: str) -> dict[str, list[dict[str, Any]]]:
-    """Every entry of every manifest in `dst` (the whole-run one and the shards'), by file."""
-    entries: dict[str, list[dict[str, Any]]] = {}
+class Unreadable(Exception):
+    """A manifest in the destination that cannot be read (`path`, `reason`)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
+
+
+def load(dst: str, name: str) -> Manifest:
+    """The manifest `dst/name`, checked field by field; `Unreadable` if it is not one."""
+    path = os.path.join(dst, name)
     try:
-        names = sorted(os.listdir(dst))
+        raw = read_bounded(path, _MAX_MANIFEST)
+        doc = json.loads(raw.decode("ascii"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise Unreadable(path, f"cannot be read ({type(e).__name__})") from None
+    except Exception as e:  # bounded read refusals (a FIFO, too large)
+        raise Unreadable(path, str(e)) from None
+    if not isinstance(doc, dict) or jsonedit.depth(doc) > 8:
+        raise Unreadable(path, "not a stcast manifest")
+    try:
+        if doc["format"] != FORMAT:
+            found = doc["format"]
+            raise Unreadable(path, f"manifest format {found!r}; this stcast writes {FORMAT}")
+        shard = doc["shard"]
+        files = doc["files"]
+        planned = doc["planned"]
+        src_id = doc["src_id"]
+        ok = (
+            isinstance(doc["src"], str)
+            and isinstance(doc["options"], dict)
+            and isinstance(files, dict)
+            and all(isinstance(k, str) and isinstance(v, dict) for k, v in files.items())
+            and all(
+                isinstance(v.get("dev"), int) and isinstance(v.get("ino"), int)
+                for v in files.values()
+            )
+            and isinstance(planned, list)
+            and all(isinstance(p, str) for p in planned)
+            and isinstance(src_id, list)
+            and len(src_id) == 2
+            and all(isinstance(x, int) for x in src_id)
+            and (shard is None or (isinstance(shard, list) and len(shard) == 2))
+        )
+    except (KeyError, TypeError) as e:
+        raise Unreadable(path, f"not a stcast manifest (no {e})") from None
+    if not ok:
+        raise Unreadable(path, "not a stcast manifest (a field has the wrong type)")
+    st = os.stat(path)
+    return Manifest(
+        dst=dst,
+        name=name,
+        src=doc["src"],
+        src_id=(src_id[0], src_id[1]),
+        options=doc["options"],
+        allow_quantized=doc.get("allow_quantized"),
+        shard=None if shard is None else (int(shard[0]), int(shard[1])),
+        planned=list(planned),
+        complete=bool(doc.get("complete")),
+        files=dict(files),
+        published=(st.st_dev, st.st_ino),
+    )
+
+
+def load_all(dst: str) -> tuple[list[Manifest], list[Unreadable]]:
+    """Every manifest in `dst` (the whole-run one and the shards'), and those unreadable."""
+    manifests: list[Manifest] = []
+    bad: list[Unreadable] = []
+    try:
+        names = sorted(n for n in os.listdir(dst) if is_manifest(n))
     except FileNotFoundError:
-        return entries
+        return manifests, bad
     for name in names:
-        if name != MANIFEST and not _SHARD_MANIFEST.fullmatch(name):
-            continue
         try:
-            with open(os.path.join(dst, name), "rb") as fh:
-                doc = json.loads(fh.read())
-            files = doc["files"]
-            for rel, entry in files.items():
-                if isinstance(entry, dict):
-                    entries.setdefault(rel, []).append(entry)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
-            continue  # unreadable: its files are simply converted again
-    return entries
+            manifests.append(load(dst, name))
+        except Unreadable as e:
+            bad.append(e)
+    return manifests, bad
 
 
-def remove_all(dst: str, keep: str | None = None) -> None:
-    """Remove the manifests in `dst` but `keep`."""
-    for name in os.listdir(dst):
-        if name != keep and (name == MANIFEST or _SHARD_MANIFEST.fullmatch(name)):
-            try:
-                os.unlink(os.path.join(dst, name))
-            except OSError:
-                pass
+def recorded(manifests: list[Manifest], dst: str, rel: str) -> dict[str, Any] | None:
+    """The entry of a manifest that wrote `dst/rel`, if the file there is still that one."""
+    try:
+        st = os.lstat(os.path.join(dst, rel))
+    except FileNotFoundError:
+        return None
+    for m in manifests:
+        e = m.files.get(rel)
+        if e is not None and (e.get("dev"), e.get("ino")) == (st.st_dev, st.st_ino):
+            return e
+    return None
+
+
+def remove(m: Manifest) -> None:
+    """Remove a manifest, if it is still the one that was read or written."""
+    path = os.path.join(m.dst, m.name)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if m.published is None or (st.st_dev, st.st_ino) == m.published:
+        os.unlink(path)
 
 
 def find_entry(
@@ -140,7 +250,7 @@ def find_entry(
             or e.get("source_size") != w.size
             or e.get("source_mtime_ns") != w.mtime_ns
             or e.get("source_header_sha256") != source_hash
-            or e.get("output_size") != st.st_size
+            or (e.get("dev"), e.get("ino"), e.get("size")) != (st.st_dev, st.st_ino, st.st_size)
         ):
             continue
         if output_hash is None:
@@ -150,20 +260,15 @@ def find_entry(
     return None
 
 
-def agreed_options(dst: str, previous: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """The options every manifest entry was converted with (they must all agree)."""
-    seen = {
-        json.dumps(e["options"], sort_keys=True)
-        for entries in previous.values()
-        for e in entries
-        if isinstance(e.get("options"), dict)
-    }
+def agreed_options(dst: str, manifests: list[Manifest]) -> dict[str, Any]:
+    """The options every manifest was made with (they must all agree)."""
+    seen = {json.dumps(m.options, sort_keys=True) for m in manifests}
     options = json.loads(next(iter(seen))) if len(seen) == 1 else None
     if not isinstance(options, dict) or not isinstance(options.get("to"), str):
-        listed = _core.escape(", ".join(sorted(seen)))
+        listed = _esc(", ".join(sorted(seen)))
         raise Refused(
-            f"{_core.escape(dst)}: the manifests disagree on the options ({listed}); convert "
-            "the shards again with the same options",
+            f"{_esc(dst)}: the manifests disagree on the options ({listed}); convert the "
+            "shards again with the same options",
             path=dst,
         )
     _engine.target_name(options["to"])

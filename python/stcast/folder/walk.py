@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import _core, _engine
-from ..errors import InvalidInput, Refused
+from ..errors import Cancelled, InvalidInput, Refused
 from . import jsonedit
 
 if TYPE_CHECKING:
+    from .._engine import CancelFlag
     from .._types import Target
     from ..reports import InspectReport
 
@@ -56,18 +57,28 @@ class Plan:
     header_sha256: dict[str, str]  # weights rel -> the hash of its header
     keep_unmatched: list[str] = field(default_factory=list)  # in no file
 
+    def outputs(self) -> dict[str, str]:
+        """Every file a whole run writes (relative path -> kind)."""
+        out = {w.rel: "weights" for w in self.weights}
+        out.update({f.rel: "copy" for f in [*self.copies, *self.late_copies]})
+        out.update({f.rel: "config" for f, _ in self.configs})
+        out.update({f.rel: "index" for f, _, _ in self.indexes})
+        return out
+
 
 def plan(
     src: str,
     to: Target,
     check_quantized: bool,
     precision: dict[str, Any] | None = None,
+    follow_links: bool = False,
+    cancel: CancelFlag | None = None,
 ) -> Plan:
     """Walk `src` and plan every file, refusing what cannot be converted safely."""
     from .manifest import header_sha256
 
     precision = precision or {}
-    weights, indexes, configs, others, dirs = walk(src)
+    weights, indexes, configs, others, dirs = walk(src, follow_links)
     if not weights:
         raise Refused(
             f"{_esc(src)}: a directory without .safetensors files: nothing to convert", path=src
@@ -90,6 +101,8 @@ def plan(
     hashes = {}
     unmatched = list(keep)
     for w in weights:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("conversion cancelled")
         report = _engine.inspect_file(
             w.path,
             to=to,
@@ -135,16 +148,26 @@ def plan(
     )
 
 
-def walk(src: str) -> tuple[list[File], list[File], list[File], list[File], list[str]]:
+def walk(
+    src: str, follow_links: bool = False
+) -> tuple[list[File], list[File], list[File], list[File], list[str]]:
     """Every file under `src`, sorted and classified: weights, indexes, configs, others, dirs.
 
-    Symlinks to regular files are read through (the Hugging Face cache is made of them);
-    symlinks to folders are refused rather than followed, as are special files.
+    A symlink is followed only where it stays within what was asked for: into the source
+    folder itself, or into the `blobs/` folder of a Hugging Face cache repo (cache snapshots
+    and older `hf download --local-dir` folders are made of such links). Any other link is
+    refused, naming it, unless `follow_links`: a folder converted and then uploaded must not
+    carry a copy of `/etc/shadow`. Links to folders are followed only with `follow_links`,
+    and never round a loop. Special files are refused.
     """
+    from . import ident
+
+    src_id = ident.ident(os.stat(src))
     weights, indexes, configs, others, dirs = [], [], [], [], []
-    pending = [""]
+    pending = [("", src_id)]
+    seen_dirs = {src_id}
     while pending:
-        rel_dir = pending.pop()
+        rel_dir, _ = pending.pop()
         with os.scandir(os.path.join(src, rel_dir) if rel_dir else src) as it:
             entries = sorted(it, key=lambda e: e.name)
         for e in entries:
@@ -153,19 +176,39 @@ def walk(src: str) -> tuple[list[File], list[File], list[File], list[File], list
                 continue
             if e.is_dir(follow_symlinks=False):
                 if e.name not in _SKIPPED_DIRS:
+                    d = ident.ident(e.stat(follow_symlinks=False))
+                    seen_dirs.add(d)
                     dirs.append(rel)
-                    pending.append(rel)
+                    pending.append((rel, d))
                 continue
+            link = e.is_symlink()
             try:
                 st = os.stat(e.path)
             except FileNotFoundError:
                 raise InvalidInput(f"{_esc(e.path)}: broken symlink", path=e.path) from None
+            if link and not follow_links:
+                target = os.path.realpath(e.path)
+                if stat.S_ISDIR(st.st_mode) or not (
+                    ident.within(target, src_id) or ident.is_hub_blob(target)
+                ):
+                    what = "a folder" if stat.S_ISDIR(st.st_mode) else "a file"
+                    raise Refused(
+                        f"{_esc(e.path)}: a symlink to {what} outside the source folder "
+                        f"({_esc(target)}); stcast follows links only within the source and "
+                        "into a Hugging Face cache's blobs/ ({follow_links} follows it)",
+                        path=e.path,
+                    )
             if stat.S_ISDIR(st.st_mode):
-                raise Refused(
-                    f"{_esc(e.path)}: symlink to a folder; stcast does not follow folder links "
-                    "(copy or link its files instead)",
-                    path=e.path,
-                )
+                d = ident.ident(st)
+                if d in seen_dirs or src_id in ident.chain(e.path):
+                    raise Refused(
+                        f"{_esc(e.path)}: a symlink to a folder already walked (a loop)",
+                        path=e.path,
+                    )
+                seen_dirs.add(d)
+                dirs.append(rel)
+                pending.append((rel, d))
+                continue
             if not stat.S_ISREG(st.st_mode):
                 raise Refused(f"{_esc(e.path)}: not a regular file", path=e.path)
             f = File(rel, e.path, st.st_size, st.st_mtime_ns)

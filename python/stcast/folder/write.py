@@ -1,28 +1,36 @@
 """Write a folder's outputs: the converted files, the copies, and last the configs and
-indexes, so that an interrupted run never leaves what a loader takes for a checkpoint."""
+indexes, so that an interrupted run never leaves what a loader takes for a checkpoint.
+
+Every file goes through the engine's one atomic write path (`_core.write_file`,
+`_core.copy_file`, `_core.convert`): a hidden, locked temp, fsync, then the name. A name
+that exists is replaced only as `Run.replace_for` allows: a file a manifest records this
+source's runs wrote (with its identity unchanged), or anything the plan writes under
+`force`.
+"""
 
 from __future__ import annotations
 
 import os
-import secrets
-import shutil
 import stat
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from .. import _core, _engine
-from ..errors import Cancelled, Refused
+from ..errors import Cancelled, InvalidInput, Refused
 from ..reports import FileReport
 from . import jsonedit
-from .walk import BOOKKEEPING_PREFIX, File, Plan
+from . import manifest as _manifest
+from .walk import File, Plan
 
 if TYPE_CHECKING:
-    from typing import Any, Callable
+    from typing import Callable
 
     from .._engine import CancelFlag, Progress
     from .._types import Target
     from ..reports import ConvertReport
     from .manifest import Manifest
+
+_esc = _core.escape
 
 
 class Meter:
@@ -63,17 +71,38 @@ class Run:
     meter: Meter
     cancel: CancelFlag | None
     precision: dict[str, Any]
-    manifest: Manifest
+    record: Manifest
+    force: bool
+    # Files that stcast wrote (recorded by a manifest, or adopted by `resume`): rel ->
+    # (dev, ino) they must still have to be replaced.
+    ours: dict[str, tuple[int, int]] = field(default_factory=dict)
     tuning: dict[str, Any] | None = None
 
+    def replace_for(self, rel: str) -> object:
+        """How publishing `rel` may treat a file already there (see `_core.write_file`)."""
+        if rel in self.ours:
+            return self.ours[rel]
+        return "any" if self.force else None
 
-def convert_files(run: Run, plan: Plan, todo: list[File], force: bool) -> list[ConvertReport]:
+    def tag(self) -> str:
+        shard = self.record.shard
+        return "" if shard is None else f"s{shard[0]}of{shard[1]}"
+
+    def published(self, rel: str, kind: str, identity: tuple[int, int, int]) -> None:
+        """Record a published file: in this run's manifest, and as ours from now on."""
+        self.record.record(rel, kind, identity)
+        self.ours[rel] = identity[:2]
+
+
+def convert_files(run: Run, plan: Plan, todo: list[File]) -> list[ConvertReport]:
     """Convert the files one after another (all cores on each), recording each when done."""
     reports = []
     for w in todo:
         check_cancel(run.cancel)
         out = out_path(run.dst, w.rel)
         size = plan.info[w.rel].data_bytes
+        # The engine replaces only as this run may: see Run.replace_for.
+        replace = run.replace_for(w.rel)
 
         def step(done: int, total: int, rel: str = w.rel) -> None:
             run.meter.step(rel, done, total)
@@ -85,7 +114,8 @@ def convert_files(run: Run, plan: Plan, todo: list[File], force: bool) -> list[C
             out,
             to=run.to,
             threads=run.threads,
-            force=force,
+            force=replace is not None,
+            replaces=None if replace in (None, "any") else replace,
             progress=step if run.meter.is_on() else None,
             cancel=run.cancel,
             keep=run.precision.get("keep", []),
@@ -99,8 +129,10 @@ def convert_files(run: Run, plan: Plan, todo: list[File], force: bool) -> list[C
             stacklevel=5,
         )
         run.meter.finish(w.rel, size)
-        run.manifest.files[w.rel] = run.manifest.entry(w, plan.header_sha256[w.rel])
-        run.manifest.save()
+        st = os.lstat(out)
+        run.published(w.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
+        run.record.files[w.rel].update(run.record.weights_entry(w, plan.header_sha256[w.rel]))
+        run.record.save()
         reports.append(r)
     return reports
 
@@ -122,53 +154,128 @@ def file_report(rel: str, r: ConvertReport) -> FileReport:
     )
 
 
-def publish(plan: Plan, dst: str, meter: Meter, cancel: CancelFlag | None) -> list[FileReport]:
+def publish(run: Run, plan: Plan) -> list[FileReport]:
     """Copy the other files, then write configs and indexes: a loader's cues come last."""
     reports = []
+    dst, meter, cancel = run.dst, run.meter, run.cancel
     for d in plan.dirs:
         ensure_dir(dst, d)
     for f in plan.copies:
         check_cancel(cancel)
         meter.step(f.rel, 0, f.size)
-        copy_atomic(f.path, out_path(dst, f.rel))
+        _copy(run, f, "copy", meter)
         meter.finish(f.rel, f.size)
         reports.append(FileReport(f.rel, "copy", "copied", f.size, f.size))
     check_cancel(cancel)
     for f in plan.late_copies:
-        copy_atomic(f.path, out_path(dst, f.rel))
+        _copy(run, f, "copy", None)
         reports.append(FileReport(f.rel, "copy", "copied", f.size, f.size))
     for f, content in plan.configs:
+        check_cancel(cancel)
         if content is None:
-            copy_atomic(f.path, out_path(dst, f.rel))
+            _copy(run, f, "config", None)
             reports.append(FileReport(f.rel, "config", "copied", f.size, f.size))
         else:
-            write_atomic(out_path(dst, f.rel), content)
+            _write(run, f.rel, "config", content)
             reports.append(FileReport(f.rel, "config", "rewritten", f.size, len(content)))
     for f, text, weight_map in plan.indexes:
-        total = 0
-        for rel in sorted(set(weight_map.values())):
-            result = _engine.inspect_file(
-                os.path.join(dst, rel), to="bf16", keep_min_size=0, on_overflow="warn"
-            )
-            total += sum(t.bytes for t in result.tensors)
+        check_cancel(cancel)
+        # From the shards as written, not from the plan: what a loader will find.
+        total = check_index(dst, f.rel, weight_map)
         content = jsonedit.set_total_size(text, total)
-        write_atomic(out_path(dst, f.rel), content)
+        _write(run, f.rel, "index", content)
         reports.append(FileReport(f.rel, "index", "rewritten", f.size, len(content)))
     return reports
 
 
-def unpublish(dst: str, plan: Plan) -> None:
-    """Remove old indexes and configs from `dst` before anything in it changes.
+def _copy(run: Run, f: File, kind: str, meter: Meter | None) -> None:
+    def step(done: int, total: int) -> None:
+        if meter is not None:
+            meter.step(f.rel, done, total)
 
-    Together with writing them last, this means that a folder holding them is complete.
-    """
-    for f in [*(i[0] for i in plan.indexes), *(c[0] for c in plan.configs), *plan.late_copies]:
-        path = os.path.join(dst, f.rel)
+    identity = _core.copy_file(
+        f.path,
+        out_path(run.dst, f.rel),
+        replace=run.replace_for(f.rel),
+        tag=run.tag(),
+        progress=step if meter is not None and meter.is_on() else None,
+        cancel=run.cancel,
+    )
+    run.published(f.rel, kind, identity)
+
+
+def _write(run: Run, rel: str, kind: str, content: bytes) -> None:
+    identity = _core.write_file(
+        out_path(run.dst, rel), content, replace=run.replace_for(rel), tag=run.tag()
+    )
+    run.published(rel, kind, identity)
+
+
+def check_index(dst: str, rel: str, weight_map: dict[str, str]) -> int:
+    """The index at `rel` against the shards written: every tensor where it says, every
+    shard tensor listed; returns the total size of the tensors (the index's total_size)."""
+    total = 0
+    shards: dict[str, set[str]] = {}
+    for shard in sorted(set(weight_map.values())):
+        report = _engine.inspect_file(os.path.join(dst, shard), keep_min_size=0)
+        shards[shard] = {t.name for t in report.tensors}
+        total += sum(t.bytes for t in report.tensors)
+    for tensor, shard in weight_map.items():
+        if tensor not in shards[shard]:
+            raise InvalidInput(
+                f"{_esc(os.path.join(dst, shard))}: the index {_esc(rel)} lists tensor "
+                f"`{_esc(tensor)}` there, but the file written does not hold it (was the "
+                "source changed during the run?)",
+                path=os.path.join(dst, shard),
+            )
+    for shard, names in shards.items():
+        for tensor in sorted(names):
+            if weight_map.get(tensor) != shard:
+                raise InvalidInput(
+                    f"{_esc(os.path.join(dst, shard))}: holds tensor `{_esc(tensor)}`, which "
+                    f"the index {_esc(rel)} does not list there (was the source changed "
+                    "during the run?)",
+                    path=os.path.join(dst, shard),
+                )
+    return total
+
+
+def recheck(run: Run) -> None:
+    """Before declaring success: every file this run wrote is still the one it wrote."""
+    for rel, entry in run.record.files.items():
+        path = os.path.join(run.dst, rel)
         try:
-            if not os.path.isdir(path) or os.path.islink(path):
-                os.unlink(path)
+            st = os.lstat(path)
+            same = (st.st_dev, st.st_ino, st.st_size) == (
+                entry.get("dev"),
+                entry.get("ino"),
+                entry.get("size"),
+            )
         except FileNotFoundError:
-            pass
+            same = False
+        if not same:
+            raise Refused(
+                f"{_esc(path)}: was replaced or removed during the run; run it again",
+                path=path,
+            )
+
+
+def unpublish(run: Run, plan: Plan) -> None:
+    """Remove the old indexes and configs before anything in the destination changes, so
+    that a folder holding them is complete. Only files stcast may replace are removed."""
+    for f in [*(i[0] for i in plan.indexes), *(c[0] for c in plan.configs), *plan.late_copies]:
+        path = os.path.join(run.dst, f.rel)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        replace = run.replace_for(f.rel)
+        if replace is None or stat.S_ISDIR(st.st_mode):
+            continue  # the survey refused what may not be replaced; a folder stays
+        if replace != "any" and (st.st_dev, st.st_ino) != replace:
+            continue
+        os.unlink(path)
+        run.ours.pop(f.rel, None)
 
 
 def out_path(dst: str, rel: str) -> str:
@@ -189,72 +296,19 @@ def ensure_dir(dst: str, rel_dir: str) -> str:
         except FileExistsError:
             if not stat.S_ISDIR(os.lstat(path).st_mode):
                 raise Refused(
-                    f"{_core.escape(path)}: exists and is not a folder (stcast does not write "
+                    f"{_esc(path)}: exists and is not a folder (stcast does not write "
                     "through links)",
                     path=path,
                 ) from None
     return path
 
 
-def _temp_beside(path: str) -> tuple[str, int]:
-    folder = os.path.dirname(path) or "."
-    tmp = os.path.join(folder, f"{BOOKKEEPING_PREFIX}{os.getpid()}-{secrets.token_hex(6)}.tmp")
-    # Mode 0666 & ~umask, as for any new file.
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-    return tmp, os.open(tmp, flags, 0o666)
-
-
-def write_atomic(path: str, content: bytes) -> None:
-    """Write `path` whole or not at all: a temporary file beside it, fsync, rename, fsync."""
-    tmp, fd = _temp_beside(path)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(content)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink_quietly(tmp)
-        raise
-    _fsync_dir(os.path.dirname(path))
-
-
-def copy_atomic(src: str, path: str) -> None:
-    """Copy `src` (through a symlink, if it is one) to `path` as a regular file, atomically."""
-    tmp, fd = _temp_beside(path)
-    os.close(fd)
-    try:
-        shutil.copyfile(src, tmp)  # sendfile on Linux: no file-sized buffer
-        shutil.copymode(src, tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink_quietly(tmp)
-        raise
-    _fsync_dir(os.path.dirname(path))
-
-
-def _fsync_dir(folder: str) -> None:
-    fd = os.open(folder or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some file systems cannot fsync a folder; the rename itself is still atomic
-    finally:
-        os.close(fd)
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
 def check_cancel(cancel: CancelFlag | None) -> None:
     if cancel is not None and cancel.is_set():
         raise Cancelled("conversion cancelled")
+
+
+def remove_own(run: Run, manifests: list[Manifest]) -> None:
+    """At completion: the manifests go, so that the folder holds no stcast files."""
+    for m in manifests:
+        _manifest.remove(m)

@@ -1,0 +1,97 @@
+"""Which folder is which, by device and inode: path strings never decide.
+
+A destination reached through a bind mount, a symlink or `..` is the same folder as the
+source when their (st_dev, st_ino) agree, and it is inside the source when the source is
+one of its ancestors, found by walking `..` from the folder itself (the kernel's parent
+chain, not the path's).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from .. import _core
+from ..errors import Refused
+
+Ident = tuple[int, int]
+
+_esc = _core.escape
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+# Deeper than any real tree: a bound on the walk up.
+_MAX_DEPTH = 4096
+
+
+def ident(st: os.stat_result) -> Ident:
+    return (st.st_dev, st.st_ino)
+
+
+def nearest_existing(path: str) -> str:
+    """`path` itself if it exists, else its nearest existing ancestor (by the path's words:
+    the folders to be created below it do not exist yet)."""
+    p = os.path.abspath(path)
+    while not os.path.lexists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    return p
+
+
+def chain(path: str) -> list[Ident]:
+    """The identities of the folder `path` (or its nearest existing ancestor) and of every
+    folder above it, up to the root, by the kernel's `..`."""
+    start = nearest_existing(path)
+    if not os.path.isdir(start):
+        start = os.path.dirname(start) or "."
+    out: list[Ident] = []
+    fd = os.open(start, _DIR_FLAGS)
+    try:
+        for _ in range(_MAX_DEPTH):
+            here = ident(os.fstat(fd))
+            out.append(here)
+            parent = os.open("..", _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            if ident(os.fstat(fd)) == here:  # the root is its own parent
+                break
+    finally:
+        os.close(fd)
+    return out
+
+
+def check_folders(src: str, dst: str) -> tuple[Ident, Ident | None]:
+    """Refuse a source that is not a folder, and a destination that is the source, lies
+    inside it or contains it; return their identities (the destination's if it exists)."""
+    try:
+        st = os.stat(src)
+    except FileNotFoundError:
+        raise Refused(f"{_esc(src)}: no such folder", path=src) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise Refused(f"{_esc(src)}: not a folder", path=src)
+    src_id = ident(st)
+    if os.path.lexists(dst) and not os.path.isdir(dst):
+        raise Refused(f"{_esc(dst)}: exists and is not a folder", path=dst)
+    if src_id in chain(dst):
+        raise Refused(
+            f"{_esc(dst)}: the destination is the source folder or lies inside it",
+            path=dst,
+        )
+    dst_id = ident(os.stat(dst)) if os.path.isdir(dst) else None
+    if dst_id is not None and dst_id in chain(src):
+        raise Refused(f"{_esc(dst)}: the destination contains the source folder", path=dst)
+    return src_id, dst_id
+
+
+def within(path: str, folder: Ident) -> bool:
+    """Is the file or folder `path` (resolved) inside the folder `folder`?"""
+    return folder in chain(os.path.dirname(os.path.realpath(path)) or "/")
+
+
+def is_hub_blob(target: str) -> bool:
+    """Is `target` (resolved) a file in the `blobs/` folder of a Hugging Face cache repo
+    (`.../models--org--name/blobs/<hash>`), where cache snapshots link?"""
+    blobs = os.path.dirname(target)
+    repo = os.path.dirname(blobs)
+    kinds = ("models--", "datasets--", "spaces--")
+    return os.path.basename(blobs) == "blobs" and os.path.basename(repo).startswith(kinds)

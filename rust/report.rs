@@ -1,0 +1,61 @@
+//! The numeric report file (`report=`): what rounding did to each converted tensor, as JSON.
+//!
+//! `convert` writes it from the numbers it measured while converting; `verify` writes the
+//! same from a pair it verified. It is complete in its hidden temp before the output is
+//! published, and published right after it.
+
+use std::path::Path;
+
+use serde_json::{json, Map, Value};
+
+use crate::numerics::Numerics;
+use crate::vocab::Target;
+use crate::VERSION;
+
+/// The version of the report's JSON layout (that of the CLI's `--json` output).
+pub const SCHEMA: u64 = 1;
+
+fn fields(name: Option<&str>, n: &Numerics) -> Value {
+    let mut m = Map::new();
+    if let Some(name) = name {
+        m.insert("name".into(), name.into());
+    }
+    m.insert("elements".into(), n.elements.into());
+    m.insert("overflow".into(), n.overflow.into());
+    m.insert("underflow_to_zero".into(), n.underflow_to_zero.into());
+    m.insert("subnormal".into(), n.subnormal.into());
+    m.insert("nan_in".into(), n.nan_in.into());
+    m.insert("inf_in".into(), n.inf_in.into());
+    m.insert("max_abs_error".into(), n.max_abs_error.into());
+    m.insert("max_rel_error".into(), n.max_rel_error.into());
+    Value::Object(m)
+}
+
+/// The report's bytes: `{"schema", "command": "report", "version", "result": {"src",
+/// "dst", "to", "tensors": [...], "total": {...}}}`, indented by one space per level.
+pub fn numeric_report(
+    src: &Path,
+    dst: &Path,
+    target: Option<Target>,
+    tensors: &[(String, Numerics)],
+    total: &Numerics,
+) -> Vec<u8> {
+    let doc = json!({
+        "schema": SCHEMA,
+        "command": "report",
+        "version": VERSION,
+        "result": {
+            "src": src.to_string_lossy(),
+            "dst": dst.to_string_lossy(),
+            "to": target.map(Target::name),
+            "tensors": tensors.iter().map(|(n, x)| fields(Some(n), x)).collect::<Vec<_>>(),
+            "total": fields(None, total),
+        },
+    });
+    let mut out = Vec::new();
+    let fmt = serde_json::ser::PrettyFormatter::with_indent(b" ");
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, fmt);
+    serde::Serialize::serialize(&doc, &mut ser).expect("JSON of plain values always serializes");
+    out.push(b'\n');
+    out
+}
