@@ -2,7 +2,11 @@
 //!
 //! `STCAST_FAILPOINT=NAME=ACTION[,NAME=ACTION...]`. Points of the engine: `create`,
 //! `tmpfile`, `prealloc`, `mid-tensor`, `fsync`, `publish`, `write-temp`; the Python side
-//! hits its own (folder steps) through `_core.failpoint(name)`. Actions:
+//! hits its own through `_core.failpoint(name)`: `folder-checked` (every refusal done,
+//! nothing written), `folder-manifest` (the run's manifest written, no output yet),
+//! `folder-file` (after each converted file), `folder-publish` (before the copies, configs
+//! and indexes), `folder-complete` (all written and re-checked, manifests still there).
+//! Actions:
 //! - `eio`, `enospc`, `eopnotsupp`: fail the step with that error (`tmpfile=eopnotsupp`
 //!   makes the file system look like one without `O_TMPFILE`, so the named-temp path runs);
 //! - `sigint`, `sigterm`, `sighup`: raise that signal in this process, then fail the step as

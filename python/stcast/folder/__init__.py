@@ -125,6 +125,8 @@ def convert_folder(
             todo.append(w)
     copies = [] if shard is not None else plan.copies
     _check_space(dst, plan, todo, copies, shard is None)
+    # Every refusal is behind us: from here on, files are written.
+    _write.failpoint("folder-checked", cancel)
 
     os.makedirs(dst, exist_ok=True)
     record = _manifest.new(src, src_id, dst, options, allow_quantized, shard, mine)
@@ -136,6 +138,7 @@ def convert_folder(
         files.append(FileReport(w.rel, "weights", "skipped", w.size, st.st_size))
     # Before any output: the other runs sharing this folder know it is ours.
     record.save()
+    _write.failpoint("folder-manifest", cancel)
 
     meter = _write.Meter(
         sum(plan.info[w.rel].data_bytes for w in todo) + sum(c.size for c in copies),
@@ -152,6 +155,7 @@ def convert_folder(
     if shard is None:
         files += _write.publish(run, plan)
     _write.recheck(run)
+    _write.failpoint("folder-complete", cancel)
     record.complete = True
     if shard is None:
         # Done: no stcast file stays behind (this source's shard manifests neither).

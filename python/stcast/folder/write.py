@@ -133,6 +133,7 @@ def convert_files(run: Run, plan: Plan, todo: list[File]) -> list[ConvertReport]
         run.published(w.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
         run.record.files[w.rel].update(run.record.weights_entry(w, plan.header_sha256[w.rel]))
         run.record.save()
+        failpoint("folder-file", run.cancel)
         reports.append(r)
     return reports
 
@@ -158,6 +159,7 @@ def publish(run: Run, plan: Plan) -> list[FileReport]:
     """Copy the other files, then write configs and indexes: a loader's cues come last."""
     reports = []
     dst, meter, cancel = run.dst, run.meter, run.cancel
+    failpoint("folder-publish", cancel)
     for d in plan.dirs:
         ensure_dir(dst, d)
     for f in plan.copies:
@@ -301,6 +303,15 @@ def ensure_dir(dst: str, rel_dir: str) -> str:
                     path=path,
                 ) from None
     return path
+
+
+def failpoint(name: str, cancel: CancelFlag | None) -> None:
+    """A test hook (see rust/failpoint.rs); a stop request it caused wins over its error."""
+    try:
+        _core.failpoint(name)
+    except OSError:
+        check_cancel(cancel)
+        raise
 
 
 def check_cancel(cancel: CancelFlag | None) -> None:
