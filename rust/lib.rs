@@ -16,6 +16,7 @@ mod python;
 pub mod scan;
 #[cfg(test)]
 mod testutil;
+pub mod torch;
 pub mod verify;
 
 pub use convert::{convert, inspect, Job, Options, ReadAdvice, Report, Source};
