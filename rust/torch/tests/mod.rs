@@ -1,0 +1,5 @@
+//! Tests of the torch reader: generated files, hostile files, and files torch wrote.
+
+mod generated;
+mod hostile;
+mod writer;
