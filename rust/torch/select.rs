@@ -333,14 +333,17 @@ impl Checkpoint {
         let Some(mut cur) = dicts.iter().position(|d| d.parent.is_none()) else {
             return Err(TorchError::NoTensors);
         };
+        let mut children: Vec<Vec<usize>> = vec![Vec::new(); dicts.len()];
+        for (i, d) in dicts.iter().enumerate() {
+            if let Some(p) = d.parent {
+                children[p].push(i);
+            }
+        }
         loop {
             if dicts[cur].direct > 0 {
                 break;
             }
-            let children: Vec<usize> = (0..dicts.len())
-                .filter(|&i| dicts[i].parent == Some(cur))
-                .collect();
-            match children.as_slice() {
+            match children[cur].as_slice() {
                 [] => return Err(TorchError::NoTensors),
                 [only] => cur = *only,
                 many => {

@@ -79,21 +79,23 @@ impl TensorDesc {
         if !self.is_contiguous() {
             return None;
         }
-        let start = self.data_start + self.storage_offset.checked_mul(self.elem_size())?;
+        let start = self
+            .storage_offset
+            .checked_mul(self.elem_size())
+            .and_then(|o| o.checked_add(self.data_start))?;
         Some(start..start.checked_add(self.nbytes())?)
     }
 
     /// The file byte range that holds every element of the tensor (for read-ahead advice);
     /// empty for an empty tensor.
     pub fn span(&self) -> Range<u64> {
-        match self.last_element() {
-            Ok(Some(last)) => {
-                let es = self.elem_size();
-                let lo = self.data_start + self.storage_offset * es;
-                lo..self.data_start + (last + 1) * es
-            }
-            _ => self.data_start..self.data_start,
-        }
+        let es = self.elem_size();
+        let at = |elem: u64| elem.checked_mul(es)?.checked_add(self.data_start);
+        let range = match self.last_element() {
+            Ok(Some(last)) => at(self.storage_offset).zip(last.checked_add(1).and_then(at)),
+            _ => None,
+        };
+        range.map_or(self.data_start..self.data_start, |(lo, hi)| lo..hi)
     }
 
     /// The storage index of the last element, `None` for an empty tensor.
