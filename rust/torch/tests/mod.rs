@@ -1,5 +1,6 @@
 //! Tests of the torch reader: generated files, hostile files, and files torch wrote.
 
+mod corpus;
 mod fixtures;
 mod generated;
 mod hostile;
