@@ -19,7 +19,7 @@ const fn d(name: &'static str, size: u8, st: Option<Dtype>) -> TorchDtype {
     }
 }
 
-/// Every dtype torch names, canonical names first. Aliases are in [`ALIASES`].
+/// Every dtype torch names, by canonical name ([`by_name`] also knows the aliases).
 pub static DTYPES: &[TorchDtype] = &[
     d("float64", 8, Some(Dtype::F64)),
     d("float32", 4, Some(Dtype::F32)),

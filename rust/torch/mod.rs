@@ -35,6 +35,18 @@
 //!   non-allowed global (`numpy.core.multiarray._reconstruct`, ...) for a warning; one that
 //!   builds a selected entry makes `select` fail.
 //! - Errors are [`TorchError`]: one lower-case line each, naming the entry or tensor.
+//! - Policy beyond torch's `weights_only` rules: BUILD, APPEND and SETITEM are also accepted
+//!   on the (inert) result of calling an unlisted global, so numpy arrays, `argparse`
+//!   namespaces and Lightning hyper-parameters load as placeholders; a denied global
+//!   (`os`, `posix`, `nt`, `sys`, `subprocess`, `builtins.eval`/`exec`/`getattr`, ...) is
+//!   refused wherever it appears, selected or not.
+//!
+//! Known limits: a pickled whole model (`torch.save(model)`) is refused as "not a dict of
+//! tensors"; tensor subclasses, sparse, quantized, nested and meta tensors, conj/neg views
+//! and dtypes safetensors lacks (complex128, complex32, bits*, float4, int1-7/uint1-7) are
+//! refused by name when selected; non-contiguous windows are gathered element by element
+//! (contiguous runs along the innermost dimension are copied whole); the tar format of torch
+//! before 0.1.10 is not read.
 
 pub mod dtype;
 pub mod error;

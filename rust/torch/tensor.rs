@@ -313,9 +313,17 @@ fn strided(
         if inner_stride == 1 {
             dst.copy_from_slice(&data[offset * es..(offset + n) * es]);
         } else {
-            for (k, d) in dst.chunks_exact_mut(es).enumerate() {
-                let at = (offset + k * inner_stride) * es;
-                d.copy_from_slice(&data[at..at + es]);
+            match es {
+                1 => step::<1>(dst, data, offset, inner_stride),
+                2 => step::<2>(dst, data, offset, inner_stride),
+                4 => step::<4>(dst, data, offset, inner_stride),
+                8 => step::<8>(dst, data, offset, inner_stride),
+                _ => {
+                    for (k, d) in dst.chunks_exact_mut(es).enumerate() {
+                        let at = (offset + k * inner_stride) * es;
+                        d.copy_from_slice(&data[at..at + es]);
+                    }
+                }
             }
         }
         written += n * es;
@@ -337,6 +345,16 @@ fn strided(
             offset -= (idx[d] * strides[d]) as usize;
             idx[d] = 0;
         }
+    }
+}
+
+/// Copy `dst.len() / N` elements of `N` bytes, `stride` elements apart from `offset`.
+#[inline]
+fn step<const N: usize>(dst: &mut [u8], data: &[u8], offset: usize, stride: usize) {
+    for (k, d) in dst.chunks_exact_mut(N).enumerate() {
+        let at = (offset + k * stride) * N;
+        let src: &[u8; N] = data[at..at + N].try_into().unwrap_or(&[0; N]);
+        d.copy_from_slice(src);
     }
 }
 
