@@ -4,6 +4,7 @@
 //! - `vocab`: every name that crosses the language boundary, defined once;
 //! - `error`, `text`: typed errors and warnings, message templates;
 //! - `source`, `header`: open an input and validate its safetensors header;
+//! - `torch`: read PyTorch checkpoints (zip and legacy) without running their pickles;
 //! - `plan`, `dtype`: what each tensor becomes and where it goes;
 //! - `kernels`, `numerics`: convert numbers, and measure what rounding did;
 //! - `window`: the window cursor and parallel split every streaming pass uses;
@@ -34,6 +35,7 @@ pub mod task;
 #[cfg(test)]
 mod testutil;
 pub mod text;
+pub mod torch;
 pub mod verify;
 pub mod vocab;
 pub mod window;

@@ -1,0 +1,480 @@
+//! A safe, bounded reader for PyTorch checkpoints (`torch.save` files: `.bin`, `.pt`,
+//! `.pth`), without torch and without executing anything.
+//!
+//! The caller maps the file and hands its bytes to [`read`], which returns a [`Checkpoint`]:
+//! the pickle as inert values, the storages located in the file, and one checked
+//! [`TensorDesc`] (or the reason there is none) per tensor. [`Checkpoint::select`] picks the
+//! state dict (a key, or the only dict of tensors) and flattens it to named tensors;
+//! [`gather`] then copies any window of a tensor's logical elements, in row-major order and
+//! little-endian, into a buffer, so a converter can stream tensors in bounded memory.
+//!
+//! ```text
+//! sniff(&map)                         -> Format       what the bytes look like
+//! read(&map, &Limits::default())      -> Checkpoint   parse, check, locate (no data read)
+//! ckpt.tensor_dicts()                 -> Vec<TensorDict>  dicts holding tensors, with counts
+//! ckpt.select(key, &strip_prefixes)   -> Selection    named tensors, skipped entries,
+//!                                                     placeholder globals
+//! t.is_contiguous(), t.contiguous_range(), t.span()   where a tensor's bytes are
+//! gather(&map, &t, first_elem, &mut out)              copy a window, swapping big-endian
+//! ```
+//!
+//! Formats: the zip format of torch >= 1.6 ([`zip`]; stored entries mapped in place, ZIP64
+//! supported, sizes from the central directory) and the legacy format ([`legacy`]). The
+//! pickle is read by an allow-listed unpickler ([`pickle`]) modelled on torch's
+//! `weights_only` unpickler: rebuild functions, storage classes and dtypes map to stubs;
+//! any other global is an inert [`pickle::Placeholder`]; `os`, `posix`, `sys`, `subprocess`,
+//! `builtins.eval` and the like are refused outright ([`TorchError::Denied`]).
+//!
+//! Integration notes:
+//! - Byte ranges: `TensorDesc::data_start..+data_len` is the storage (view) in the file;
+//!   `contiguous_range()` is the tensor's own bytes when it is contiguous; `span()` covers
+//!   every element (for read-ahead advice). Tensors sharing a storage share `storage`.
+//! - Big-endian: `TensorDesc::big_endian` (zip `byteorder` = `big`); `gather` swaps, a
+//!   caller that copies `contiguous_range()` itself must too (or just use `gather`).
+//! - Placeholders: `Checkpoint::placeholders` / `Selection::placeholders` list every
+//!   non-allowed global (`numpy.core.multiarray._reconstruct`, ...) for a warning; one that
+//!   builds a selected entry makes `select` fail.
+//! - Errors are [`TorchError`]: one lower-case line each, naming the entry or tensor.
+//! - Policy beyond torch's `weights_only` rules: BUILD, APPEND and SETITEM are also accepted
+//!   on the (inert) result of calling an unlisted global, so numpy arrays, `argparse`
+//!   namespaces and Lightning hyper-parameters load as placeholders; a denied global
+//!   (`os`, `posix`, `nt`, `sys`, `subprocess`, `builtins.eval`/`exec`/`getattr`, ...) is
+//!   refused wherever it appears, selected or not.
+//!
+//! Known limits: a pickled whole model (`torch.save(model)`) is refused as "not a dict of
+//! tensors"; tensor subclasses, sparse, quantized, nested and meta tensors, conj/neg views
+//! and dtypes safetensors lacks (complex128, complex32, bits*, float4, int1-7/uint1-7) are
+//! refused by name when selected; non-contiguous windows are gathered element by element
+//! (contiguous runs along the innermost dimension are copied whole); the tar format of torch
+//! before 0.1.10 is not read.
+
+pub mod dtype;
+pub mod error;
+pub mod legacy;
+pub mod pickle;
+mod select;
+pub mod tensor;
+pub mod zip;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+
+pub use error::{PickleProblem, TensorProblem, TorchError};
+pub use pickle::{Global, ObjId, Object, Pickle};
+pub use select::{NamedTensor, Selection, TensorDict};
+pub use tensor::{gather, TensorDesc};
+
+use dtype::TorchDtype;
+use pickle::{StorageRef, Storages};
+
+/// What a file looks like, from its first bytes (and, for zips, its entry names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// 8-byte header length, then a JSON object.
+    Safetensors,
+    /// A zip archive with a `data.pkl`: `torch.save` since torch 1.6.
+    TorchZip,
+    /// A pickled torch magic number: `torch.save` before 1.6 or with the legacy option.
+    TorchLegacy,
+    /// Some other pickle.
+    Pickle,
+    /// `GGUF` magic (llama.cpp).
+    Gguf,
+    /// A zip archive of `.npy` files (`numpy.savez`).
+    Npz,
+    /// `\x93NUMPY` magic.
+    Npy,
+    /// Some other zip archive.
+    Zip,
+    /// An HTML page (often a failed download).
+    Html,
+    Unknown,
+}
+
+impl Format {
+    /// The format with an article, for messages ("this is a gguf file, not ...").
+    pub fn describe(&self) -> &'static str {
+        match self {
+            Format::Safetensors => "a safetensors file",
+            Format::TorchZip => "a pytorch zip checkpoint",
+            Format::TorchLegacy => "a legacy pytorch checkpoint",
+            Format::Pickle => "a python pickle without torch's header",
+            Format::Gguf => "a gguf file",
+            Format::Npz => "a numpy .npz archive",
+            Format::Npy => "a numpy .npy file",
+            Format::Zip => "a zip archive without data.pkl",
+            Format::Html => "an html page (perhaps a failed download)",
+            Format::Unknown => "a file of unknown format",
+        }
+    }
+}
+
+/// Name what `bytes` (the whole file, or at least its start) look like.
+pub fn sniff(bytes: &[u8]) -> Format {
+    if bytes.len() >= 10 {
+        let mut n = [0u8; 8];
+        n.copy_from_slice(&bytes[..8]);
+        let n = u64::from_le_bytes(n);
+        if bytes[8] == b'{' && n >= 2 && n <= bytes.len() as u64 - 8 {
+            return Format::Safetensors;
+        }
+    }
+    if zip::looks_like_zip(bytes) {
+        return sniff_zip(bytes);
+    }
+    if legacy::looks_legacy(bytes) {
+        return Format::TorchLegacy;
+    }
+    if bytes.starts_with(b"GGUF") {
+        return Format::Gguf;
+    }
+    if bytes.starts_with(b"\x93NUMPY") {
+        return Format::Npy;
+    }
+    if bytes.first() == Some(&0x80) && bytes.get(1).is_some_and(|&p| p <= 5) {
+        return Format::Pickle;
+    }
+    let text = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
+    let start = text.iter().position(|b| !b.is_ascii_whitespace());
+    let text = &text[start.unwrap_or(text.len())..];
+    let starts = |p: &[u8]| text.len() >= p.len() && text[..p.len()].eq_ignore_ascii_case(p);
+    if starts(b"<!doctype html") || starts(b"<html") {
+        return Format::Html;
+    }
+    Format::Unknown
+}
+
+fn is_pickle_name(name: &str) -> bool {
+    name == "data.pkl"
+        || name
+            .strip_suffix("/data.pkl")
+            .is_some_and(|d| !d.contains('/'))
+}
+
+fn sniff_zip(bytes: &[u8]) -> Format {
+    let classify = |names: &mut dyn Iterator<Item = &str>| {
+        let (mut any, mut all_npy) = (false, true);
+        for n in names {
+            if is_pickle_name(n) {
+                return Format::TorchZip;
+            }
+            any = true;
+            all_npy &= n.ends_with(".npy");
+        }
+        if any && all_npy {
+            Format::Npz
+        } else {
+            Format::Zip
+        }
+    };
+    match zip::parse(bytes) {
+        Ok(a) => classify(&mut a.entries.iter().map(|e| e.name.as_str())),
+        // A damaged or refused archive: go by the first entry, and let `read` say what is wrong.
+        Err(_) => {
+            let first = zip::first_name(bytes).and_then(|n| std::str::from_utf8(n).ok());
+            classify(&mut first.into_iter())
+        }
+    }
+}
+
+/// Bounds on everything the reader allocates or walks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest pickle (`data.pkl`, or the legacy main pickle), in bytes.
+    pub max_pickle_bytes: u64,
+    /// Most objects in the pickle (also bounds the stack, memo and dict walks).
+    pub max_objects: usize,
+    /// Deepest nesting of containers (and of MARKs).
+    pub max_depth: usize,
+    /// Widest integer (LONG1/LONG4), in bytes.
+    pub max_long_bytes: usize,
+    /// Most dimensions of a tensor.
+    pub max_ndim: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_pickle_bytes: 256 << 20,
+            max_objects: 1 << 24,
+            max_depth: 1000,
+            max_long_bytes: 1024,
+            max_ndim: 64,
+        }
+    }
+}
+
+/// One storage: its bytes in the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Storage {
+    /// The key the pickle names it by (`0`, `1`, ... in zips; a number in legacy files).
+    pub key: String,
+    /// Torch name of the dtype of its first reference (`uint8` for untyped storages).
+    pub dtype: &'static str,
+    pub elem_size: u64,
+    /// Elements, as the pickle records them.
+    pub numel: u64,
+    /// File offset of its first byte.
+    pub offset: u64,
+    /// Its length in bytes (`numel * elem_size`).
+    pub len: u64,
+    pub big_endian: bool,
+    /// The zip entry holding it (`None` in legacy files).
+    pub entry: Option<String>,
+}
+
+/// A parsed checkpoint. Nothing of the storages' data has been read.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    pub format: Format,
+    /// The unpickled object, as inert values.
+    pub pickle: Pickle,
+    pub storages: Vec<Storage>,
+    /// One entry per tensor the pickle builds, indexed by [`Object::Tensor`].
+    pub tensors: Vec<Result<TensorDesc, TensorProblem>>,
+    /// Globals outside the allow-list, `module.name`, in order of first appearance.
+    pub placeholders: Vec<String>,
+    /// The zip archive's folder (`archive`, or the file stem); `None` for legacy files.
+    pub prefix: Option<String>,
+    limits: Limits,
+}
+
+impl Checkpoint {
+    /// The limits it was read with (selection walks obey them too).
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The tensor an object stands for, if it is one.
+    pub fn tensor_of(&self, id: ObjId) -> Option<&Result<TensorDesc, TensorProblem>> {
+        match self.pickle.get(id) {
+            Object::Tensor(i) => self.tensors.get(*i as usize),
+            _ => None,
+        }
+    }
+}
+
+/// A persistent id, `('storage', storage_type, key, location, numel[, view_metadata])`.
+pub(crate) struct Pid {
+    pub dtype: &'static TorchDtype,
+    pub key: String,
+    pub numel: u64,
+    /// `(view_key, offset, size)` of a legacy storage view.
+    pub view: Option<(String, u64, u64)>,
+}
+
+fn pid_error(reason: impl Into<String>) -> TorchError {
+    TorchError::Pickle {
+        pickle: "pickle",
+        at: 0,
+        problem: PickleProblem::PersistentId {
+            reason: reason.into(),
+        },
+    }
+}
+
+pub(crate) fn parse_pid(objects: &[Object], pid: ObjId) -> Result<Pid, TorchError> {
+    let get = |id: ObjId| objects.get(id as usize).unwrap_or(&Object::None);
+    let text = |id: ObjId| match get(id) {
+        Object::Str(s) => Some(s.to_string()),
+        Object::Bytes(b) => std::str::from_utf8(b).ok().map(str::to_string),
+        _ => None,
+    };
+    let Object::Tuple(t) = get(pid) else {
+        return Err(pid_error(format!("it is {}", get(pid).kind())));
+    };
+    if t.len() != 5 && t.len() != 6 {
+        return Err(pid_error(format!("a tuple of {} items", t.len())));
+    }
+    if text(t[0]).as_deref() != Some("storage") {
+        return Err(pid_error("its first item is not `storage`"));
+    }
+    let dtype = match get(t[1]) {
+        Object::Global(Global::StorageClass(d)) => *d,
+        Object::Global(Global::UntypedStorage) => dtype::uint8(),
+        other => return Err(pid_error(format!("its storage type is {}", other.kind()))),
+    };
+    let key = text(t[2]).ok_or_else(|| pid_error("its key is not a str"))?;
+    let numel = match get(t[4]) {
+        Object::Int(n) if *n >= 0 => *n as u64,
+        _ => return Err(pid_error("its element count is not a non-negative int")),
+    };
+    let view = match t.get(5).map(|&v| get(v)) {
+        None | Some(Object::None) => None,
+        Some(Object::Tuple(v)) if v.len() == 3 => {
+            let view_key = text(v[0]).ok_or_else(|| pid_error("its view key is not a str"))?;
+            match (get(v[1]), get(v[2])) {
+                (Object::Int(o), Object::Int(s)) if *o >= 0 && *s >= 0 => {
+                    Some((view_key, *o as u64, *s as u64))
+                }
+                _ => return Err(pid_error("its view offset or size is not an int")),
+            }
+        }
+        Some(other) => return Err(pid_error(format!("its view is {}", other.kind()))),
+    };
+    Ok(Pid {
+        dtype,
+        key,
+        numel,
+        view,
+    })
+}
+
+struct ZipStorages<'a> {
+    archive: &'a zip::ZipArchive,
+    prefix: &'a str,
+    big_endian: bool,
+    storages: Vec<Storage>,
+    by_key: HashMap<String, usize>,
+}
+
+impl Storages for ZipStorages<'_> {
+    fn load(&mut self, objects: &[Object], pid: ObjId) -> Result<StorageRef, TorchError> {
+        let pid = parse_pid(objects, pid)?;
+        if pid.view.is_some() {
+            return Err(pid_error("storage views exist only in legacy files"));
+        }
+        if let Some(&index) = self.by_key.get(&pid.key) {
+            return Ok(StorageRef {
+                storage: index,
+                offset: 0,
+                len: None,
+            });
+        }
+        let name = format!("{}data/{}", self.prefix, pid.key);
+        let Some(entry) = self.archive.get(&name) else {
+            return Err(TorchError::MissingStorage {
+                key: pid.key,
+                entry: format!("entry `{name}`"),
+            });
+        };
+        let es = u64::from(pid.dtype.size);
+        let need = pid.numel.saturating_mul(es);
+        if need > entry.size {
+            return Err(TorchError::StorageTooShort {
+                key: pid.key,
+                need,
+                have: entry.size,
+            });
+        }
+        self.storages.push(Storage {
+            key: pid.key.clone(),
+            dtype: pid.dtype.name,
+            elem_size: es,
+            numel: pid.numel,
+            offset: entry.data,
+            len: need,
+            big_endian: self.big_endian,
+            entry: Some(name),
+        });
+        let index = self.storages.len() - 1;
+        self.by_key.insert(pid.key, index);
+        Ok(StorageRef {
+            storage: index,
+            offset: 0,
+            len: None,
+        })
+    }
+
+    fn dtype(&self, index: usize) -> &'static TorchDtype {
+        self.storages
+            .get(index)
+            .and_then(|s| dtype::by_name(s.dtype))
+            .unwrap_or_else(dtype::uint8)
+    }
+}
+
+fn read_zip(bytes: &[u8], limits: &Limits) -> Result<Checkpoint, TorchError> {
+    let archive = zip::parse(bytes)?;
+    let mut pickles = archive.entries.iter().filter(|e| is_pickle_name(&e.name));
+    let Some(pkl) = pickles.next() else {
+        return Err(TorchError::ZipNoPickle);
+    };
+    if let Some(other) = pickles.next() {
+        return Err(TorchError::ZipManyPickles {
+            first: pkl.name.clone(),
+            second: other.name.clone(),
+        });
+    }
+    let prefix = &pkl.name[..pkl.name.len() - "data.pkl".len()];
+    let big_endian = match archive.get(&format!("{prefix}byteorder")) {
+        None => false,
+        Some(e) => {
+            let raw = archive.data(bytes, e);
+            match String::from_utf8_lossy(raw).trim() {
+                "little" => false,
+                "big" => true,
+                other => {
+                    return Err(TorchError::ByteOrder {
+                        entry: e.name.clone(),
+                        value: other.chars().take(40).collect(),
+                    })
+                }
+            }
+        }
+    };
+    if pkl.size > limits.max_pickle_bytes {
+        return Err(TorchError::Pickle {
+            pickle: "data.pkl",
+            at: 0,
+            problem: PickleProblem::TooLarge {
+                limit: limits.max_pickle_bytes,
+            },
+        });
+    }
+    let mut loader = ZipStorages {
+        archive: &archive,
+        prefix,
+        big_endian,
+        storages: Vec::new(),
+        by_key: HashMap::new(),
+    };
+    let pickle = pickle::unpickle(archive.data(bytes, pkl), "data.pkl", limits, &mut loader)?;
+    let storages = loader.storages;
+    let prefix = prefix.trim_end_matches('/').to_string();
+    Ok(finish(
+        Format::TorchZip,
+        pickle,
+        storages,
+        Some(prefix),
+        limits,
+    ))
+}
+
+fn finish(
+    format: Format,
+    mut pickle: Pickle,
+    storages: Vec<Storage>,
+    prefix: Option<String>,
+    limits: &Limits,
+) -> Checkpoint {
+    let tensors = std::mem::take(&mut pickle.tensors)
+        .into_iter()
+        .map(|slot| slot.and_then(|raw| tensor::describe(&raw, &storages, limits.max_ndim)))
+        .collect();
+    let placeholders = pickle.placeholders.clone();
+    Checkpoint {
+        format,
+        pickle,
+        storages,
+        tensors,
+        placeholders,
+        prefix,
+        limits: limits.clone(),
+    }
+}
+
+/// Parse a PyTorch checkpoint: `bytes` is the whole (mapped) file. Reads the zip directory
+/// or legacy headers and the pickle; locates every storage; reads no tensor data.
+pub fn read(bytes: &[u8], limits: &Limits) -> Result<Checkpoint, TorchError> {
+    match sniff(bytes) {
+        Format::TorchZip | Format::Zip => read_zip(bytes, limits),
+        Format::TorchLegacy => {
+            let (pickle, storages) = legacy::read(bytes, limits)?;
+            Ok(finish(Format::TorchLegacy, pickle, storages, None, limits))
+        }
+        format => Err(TorchError::NotTorch { format }),
+    }
+}

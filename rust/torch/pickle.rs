@@ -1,0 +1,1752 @@
+//! A bounded, allow-listed unpickler (protocols 0-5) that executes nothing.
+//!
+//! Objects live in an arena ([`Pickle::objects`]) and refer to each other by [`ObjId`], so
+//! the memo's shared references behave as in Python, no value is ever copied by GET, and
+//! dropping or walking the result needs no recursion. The allow-list follows torch's own
+//! `torch/_weights_only_unpickler.py`: the tensor rebuild functions, storage classes, dtypes,
+//! `collections.OrderedDict` and the protocol-2 helpers for sets, complex numbers and bytes
+//! map to inert stubs ([`Global`]). Any other global becomes a [`Placeholder`]; calling one
+//! yields another placeholder. A few globals (os, posix, sys, subprocess, `builtins.eval`,
+//! ...) are refused outright. Every resource is bounded by [`Limits`].
+
+use std::collections::HashMap;
+
+use super::dtype::{self, TorchDtype};
+use super::error::{PickleProblem, TensorProblem, TorchError};
+use super::Limits;
+
+/// Index of an object in [`Pickle::objects`].
+pub type ObjId = u32;
+
+/// A reference from the pickle to (a view of) one storage of the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StorageRef {
+    /// Index into [`crate::torch::Checkpoint::storages`].
+    pub storage: usize,
+    /// Byte offset of the view within the storage (legacy storage views; else 0).
+    pub offset: u64,
+    /// Byte length of the view, or `None` for the whole storage.
+    pub len: Option<u64>,
+}
+
+/// A dict (or `collections.OrderedDict`) in insertion order. Duplicate keys are kept as
+/// written; [`crate::torch::Checkpoint`] resolves them (the last value wins, as in Python).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dict {
+    pub items: Vec<(ObjId, ObjId)>,
+    pub ordered: bool,
+    /// The state BUILD gave an OrderedDict (a state dict's `_metadata`), recorded only.
+    pub state: Option<ObjId>,
+}
+
+/// A value made by (or of) a global outside the allow-list. Nothing about it is evaluated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Placeholder {
+    /// `module.name` of the global.
+    pub global: String,
+    /// Whether this is the result of calling the global (REDUCE, NEWOBJ) rather than the
+    /// global itself.
+    pub called: bool,
+    pub args: Option<ObjId>,
+    pub state: Option<ObjId>,
+    /// Items APPENDed or SETITEMed onto it (list and dict subclasses), flattened.
+    pub items: Vec<ObjId>,
+}
+
+/// The allow-listed globals, as inert stubs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Global {
+    /// `torch._utils._rebuild_tensor` (torch < 0.4).
+    RebuildTensor,
+    /// `torch._utils._rebuild_tensor_v2`.
+    RebuildTensorV2,
+    /// `torch._utils._rebuild_tensor_v3` (dtype given explicitly).
+    RebuildTensorV3,
+    /// `torch._utils._rebuild_parameter`.
+    RebuildParameter,
+    /// `torch._utils._rebuild_parameter_with_state`.
+    RebuildParameterWithState,
+    /// `torch._tensor._rebuild_from_type_v2`.
+    RebuildFromType,
+    /// Another torch rebuild function, for a tensor kind safetensors cannot hold.
+    UnsupportedRebuild(&'static str),
+    /// `torch.Tensor`.
+    TensorClass,
+    /// `torch.nn.parameter.Parameter`.
+    ParameterClass,
+    /// `collections.OrderedDict`.
+    OrderedDict,
+    /// `builtins.set` / `__builtin__.set`.
+    Set,
+    /// `builtins.frozenset`.
+    FrozenSet,
+    /// `builtins.complex`.
+    Complex,
+    /// `builtins.bytearray`.
+    Bytearray,
+    /// `_codecs.encode` (protocol 2 writes bytes as `encode(str, 'latin1')`).
+    Encode,
+    /// `torch.Size`.
+    Size,
+    /// A typed storage class such as `torch.FloatStorage`.
+    StorageClass(&'static TorchDtype),
+    /// `torch.storage.UntypedStorage`.
+    UntypedStorage,
+    /// A dtype such as `torch.bfloat16`.
+    Dtype(&'static TorchDtype),
+}
+
+impl Global {
+    /// The name it is pickled under, for messages.
+    pub fn name(&self) -> String {
+        match self {
+            Global::RebuildTensor => "torch._utils._rebuild_tensor".into(),
+            Global::RebuildTensorV2 => "torch._utils._rebuild_tensor_v2".into(),
+            Global::RebuildTensorV3 => "torch._utils._rebuild_tensor_v3".into(),
+            Global::RebuildParameter => "torch._utils._rebuild_parameter".into(),
+            Global::RebuildParameterWithState => {
+                "torch._utils._rebuild_parameter_with_state".into()
+            }
+            Global::RebuildFromType => "torch._tensor._rebuild_from_type_v2".into(),
+            Global::UnsupportedRebuild(what) => format!("a torch rebuild function for a {what}"),
+            Global::TensorClass => "torch.Tensor".into(),
+            Global::ParameterClass => "torch.nn.parameter.Parameter".into(),
+            Global::OrderedDict => "collections.OrderedDict".into(),
+            Global::Set => "builtins.set".into(),
+            Global::FrozenSet => "builtins.frozenset".into(),
+            Global::Complex => "builtins.complex".into(),
+            Global::Bytearray => "builtins.bytearray".into(),
+            Global::Encode => "_codecs.encode".into(),
+            Global::Size => "torch.Size".into(),
+            Global::StorageClass(t) => format!("the {} storage class", t.name),
+            Global::UntypedStorage => "torch.storage.UntypedStorage".into(),
+            Global::Dtype(t) => format!("torch.{}", t.name),
+        }
+    }
+}
+
+/// One unpickled value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Object {
+    None,
+    Bool(bool),
+    Int(i64),
+    /// An integer wider than 64 bits: little-endian two's complement bytes.
+    BigInt(Box<[u8]>),
+    Float(f64),
+    Complex(f64, f64),
+    Str(Box<str>),
+    Bytes(Box<[u8]>),
+    Tuple(Box<[ObjId]>),
+    List(Vec<ObjId>),
+    Set(Vec<ObjId>),
+    Dict(Box<Dict>),
+    Global(Global),
+    Placeholder(Box<Placeholder>),
+    Storage(Box<StorageRef>),
+    /// Index into the checkpoint's tensor table.
+    Tensor(u32),
+}
+
+impl Object {
+    /// A short name of the value's type, for messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Object::None => "None",
+            Object::Bool(_) => "a bool",
+            Object::Int(_) | Object::BigInt(_) => "an int",
+            Object::Float(_) => "a float",
+            Object::Complex(..) => "a complex number",
+            Object::Str(_) => "a str",
+            Object::Bytes(_) => "bytes",
+            Object::Tuple(_) => "a tuple",
+            Object::List(_) => "a list",
+            Object::Set(_) => "a set",
+            Object::Dict(_) => "a dict",
+            Object::Global(_) => "an allowed global",
+            Object::Placeholder(p) if p.called => "an object of an unlisted class",
+            Object::Placeholder(_) => "an unlisted global",
+            Object::Storage(_) => "a storage",
+            Object::Tensor(_) => "a tensor",
+        }
+    }
+}
+
+/// A tensor as the pickle describes it, before its storage is located in the file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawTensor {
+    pub storage: StorageRef,
+    pub dtype: &'static TorchDtype,
+    pub offset: u64,
+    pub shape: Vec<u64>,
+    pub stride: Vec<u64>,
+}
+
+/// A tensor slot: a well-formed call of a rebuild function, or why it is not one.
+pub type TensorSlot = Result<RawTensor, TensorProblem>;
+
+/// What a persistent id (a storage reference) resolves to; supplied by the file format.
+pub trait Storages {
+    /// Resolve the persistent id `pid` (an object of `objects`) to a storage.
+    fn load(&mut self, objects: &[Object], pid: ObjId) -> Result<StorageRef, TorchError>;
+    /// The dtype of storage `index` (the dtype of its first reference).
+    fn dtype(&self, index: usize) -> &'static TorchDtype;
+}
+
+/// A persistent-id handler that refuses every persistent id (for the legacy header pickles).
+pub struct NoStorages;
+
+impl Storages for NoStorages {
+    fn load(&mut self, _: &[Object], _: ObjId) -> Result<StorageRef, TorchError> {
+        Err(TorchError::Pickle {
+            pickle: "header pickle",
+            at: 0,
+            problem: PickleProblem::PersistentId {
+                reason: "no storage is allowed here".into(),
+            },
+        })
+    }
+    fn dtype(&self, _: usize) -> &'static TorchDtype {
+        dtype::uint8()
+    }
+}
+
+/// The result of unpickling one stream.
+#[derive(Debug, Clone)]
+pub struct Pickle {
+    pub objects: Vec<Object>,
+    pub root: ObjId,
+    pub tensors: Vec<TensorSlot>,
+    /// Globals outside the allow-list, `module.name`, in order of first appearance.
+    pub placeholders: Vec<String>,
+    /// Bytes consumed, through STOP.
+    pub end: usize,
+}
+
+impl Pickle {
+    /// The object `id` (ids come from this pickle, so they are in range).
+    pub fn get(&self, id: ObjId) -> &Object {
+        // Ids are only ever made by `Unpickler::push`, which checks them against the arena.
+        self.objects.get(id as usize).unwrap_or(&Object::None)
+    }
+}
+
+/// Modules none of whose globals may appear at all, as in torch's blocklist (and more).
+const DENIED_MODULES: &[&str] = &[
+    "os",
+    "posix",
+    "nt",
+    "sys",
+    "subprocess",
+    "_posixsubprocess",
+    "shutil",
+    "socket",
+    "pty",
+    "runpy",
+    "importlib",
+    "ctypes",
+    "code",
+    "codeop",
+    "marshal",
+    "pickle",
+    "_pickle",
+    "webbrowser",
+    "multiprocessing",
+    "signal",
+    "posixpath",
+    "ntpath",
+    "io",
+    "_io",
+    "tempfile",
+    "pathlib",
+];
+
+/// `builtins` names that may stand as inert placeholders; any other builtin is refused.
+const HARMLESS_BUILTINS: &[&str] = &[
+    "object",
+    "int",
+    "float",
+    "str",
+    "bytes",
+    "list",
+    "dict",
+    "tuple",
+    "bool",
+    "slice",
+    "range",
+    "type",
+    "len",
+    "min",
+    "max",
+    "abs",
+    "round",
+    "print",
+    "repr",
+    "hash",
+    "id",
+    "iter",
+    "next",
+    "zip",
+    "map",
+    "filter",
+    "sorted",
+    "reversed",
+    "enumerate",
+    "sum",
+    "any",
+    "all",
+    "divmod",
+    "pow",
+    "ord",
+    "chr",
+    "hex",
+    "oct",
+    "bin",
+    "format",
+    "isinstance",
+    "issubclass",
+    "callable",
+];
+
+/// What `(module, name)` is, after protocol-2 name mapping.
+enum Resolved {
+    Allowed(Global),
+    Placeholder(String),
+    Denied(String),
+}
+
+fn resolve(module: &str, name: &str) -> Resolved {
+    // Python 2 names that protocol 2 writes (torch's NAME_MAPPING / IMPORT_MAPPING).
+    let (module, name) = match (module, name) {
+        ("__builtin__", "unicode") | ("__builtin__", "basestring") => ("builtins", "str"),
+        ("__builtin__", "long") => ("builtins", "int"),
+        ("__builtin__", "xrange") => ("builtins", "range"),
+        ("__builtin__", "unichr") => ("builtins", "chr"),
+        ("__builtin__", "reduce") => ("functools", "reduce"),
+        ("__builtin__", "intern") => ("sys", "intern"),
+        ("__builtin__", n) | ("exceptions", n) => ("builtins", n),
+        ("copy_reg", n) => ("copyreg", n),
+        ("cPickle", n) => ("pickle", n),
+        ("commands", n) => ("subprocess", n),
+        other => other,
+    };
+    let full = format!("{module}.{name}");
+    let root = module.split('.').next().unwrap_or(module);
+    if DENIED_MODULES.contains(&root) {
+        return Resolved::Denied(full);
+    }
+    let allowed = match (module, name) {
+        ("torch._utils", "_rebuild_tensor") => Some(Global::RebuildTensor),
+        ("torch._utils", "_rebuild_tensor_v2") => Some(Global::RebuildTensorV2),
+        ("torch._utils", "_rebuild_tensor_v3") => Some(Global::RebuildTensorV3),
+        ("torch._utils", "_rebuild_parameter") => Some(Global::RebuildParameter),
+        ("torch._utils", "_rebuild_parameter_with_state") => {
+            Some(Global::RebuildParameterWithState)
+        }
+        ("torch._tensor", "_rebuild_from_type_v2") => Some(Global::RebuildFromType),
+        ("torch._utils", "_rebuild_qtensor") => {
+            Some(Global::UnsupportedRebuild("quantized tensor"))
+        }
+        ("torch._utils", "_rebuild_sparse_tensor")
+        | ("torch._utils", "_rebuild_sparse_csr_tensor") => {
+            Some(Global::UnsupportedRebuild("sparse tensor"))
+        }
+        ("torch._utils", "_rebuild_meta_tensor_no_storage") => {
+            Some(Global::UnsupportedRebuild("meta tensor without data"))
+        }
+        ("torch._utils", "_rebuild_wrapper_subclass") => {
+            Some(Global::UnsupportedRebuild("wrapper tensor subclass"))
+        }
+        ("torch._utils", "_rebuild_nested_tensor") => {
+            Some(Global::UnsupportedRebuild("nested tensor"))
+        }
+        ("torch._utils", "_rebuild_device_tensor_from_numpy")
+        | ("torch._utils", "_rebuild_device_tensor_from_cpu_tensor")
+        | ("torch._utils", "_rebuild_xla_tensor")
+        | ("torch._utils", "_rebuild_mps_tensor") => Some(Global::UnsupportedRebuild(
+            "device tensor without a storage",
+        )),
+        ("torch", "Tensor") | ("torch._tensor", "Tensor") => Some(Global::TensorClass),
+        ("torch.nn.parameter", "Parameter") => Some(Global::ParameterClass),
+        ("collections", "OrderedDict") => Some(Global::OrderedDict),
+        ("builtins", "set") => Some(Global::Set),
+        ("builtins", "frozenset") => Some(Global::FrozenSet),
+        ("builtins", "complex") => Some(Global::Complex),
+        ("builtins", "bytearray") => Some(Global::Bytearray),
+        ("_codecs", "encode") => Some(Global::Encode),
+        ("torch", "Size") => Some(Global::Size),
+        ("torch", "UntypedStorage") | ("torch.storage", "UntypedStorage") => {
+            Some(Global::UntypedStorage)
+        }
+        ("torch", n) | ("torch.cuda", n) if n.ends_with("Storage") => {
+            dtype::storage_class(n).map(Global::StorageClass)
+        }
+        ("torch", n) => dtype::by_name(n).map(Global::Dtype),
+        _ => None,
+    };
+    match allowed {
+        Some(g) => Resolved::Allowed(g),
+        None if module == "builtins" && !HARMLESS_BUILTINS.contains(&name) => {
+            Resolved::Denied(full)
+        }
+        None => Resolved::Placeholder(full),
+    }
+}
+
+fn op_name(op: u8) -> &'static str {
+    match op {
+        b'(' => "MARK",
+        b'.' => "STOP",
+        b'0' => "POP",
+        b'1' => "POP_MARK",
+        b'2' => "DUP",
+        b'a' => "APPEND",
+        b'e' => "APPENDS",
+        b's' => "SETITEM",
+        b'u' => "SETITEMS",
+        b't' => "TUPLE",
+        b'l' => "LIST",
+        b'd' => "DICT",
+        b'R' => "REDUCE",
+        b'b' => "BUILD",
+        b'Q' => "BINPERSID",
+        b'p' | b'q' | b'r' => "PUT",
+        0x94 => "MEMOIZE",
+        0x81 => "NEWOBJ",
+        0x92 => "NEWOBJ_EX",
+        0x85 => "TUPLE1",
+        0x86 => "TUPLE2",
+        0x87 => "TUPLE3",
+        0x90 => "ADDITEMS",
+        0x91 => "FROZENSET",
+        0x93 => "STACK_GLOBAL",
+        _ => "an opcode",
+    }
+}
+
+/// Unpickle one stream from the start of `data`, which may continue past its STOP.
+pub fn unpickle(
+    data: &[u8],
+    label: &'static str,
+    limits: &Limits,
+    storages: &mut dyn Storages,
+) -> Result<Pickle, TorchError> {
+    let cap = usize::try_from(limits.max_pickle_bytes).unwrap_or(usize::MAX);
+    let capped = data.len() > cap;
+    let mut u = Unpickler {
+        data: &data[..data.len().min(cap)],
+        capped,
+        pos: 0,
+        op_at: 0,
+        label,
+        limits,
+        objects: Vec::new(),
+        depth: Vec::new(),
+        stack: Vec::new(),
+        marks: Vec::new(),
+        memo: HashMap::new(),
+        tensors: Vec::new(),
+        placeholders: Vec::new(),
+        seen: HashMap::new(),
+        denied: None,
+        cells: 0,
+        bytes: 0,
+        storages,
+    };
+    let root = u.run()?;
+    Ok(Pickle {
+        objects: u.objects,
+        root,
+        tensors: u.tensors,
+        placeholders: u.placeholders,
+        end: u.pos,
+    })
+}
+
+struct Unpickler<'a, 's> {
+    data: &'a [u8],
+    /// Whether `data` was cut at the size limit (so running out means "too large").
+    capped: bool,
+    pos: usize,
+    op_at: usize,
+    label: &'static str,
+    limits: &'a Limits,
+    objects: Vec<Object>,
+    depth: Vec<u32>,
+    stack: Vec<ObjId>,
+    marks: Vec<usize>,
+    memo: HashMap<u64, ObjId>,
+    tensors: Vec<TensorSlot>,
+    placeholders: Vec<String>,
+    seen: HashMap<String, ()>,
+    denied: Option<String>,
+    /// Object ids held in containers, over the whole run.
+    cells: u64,
+    /// Bytes of strings and byte strings made, over the whole run.
+    bytes: u64,
+    storages: &'s mut dyn Storages,
+}
+
+type R<T> = Result<T, TorchError>;
+
+impl Unpickler<'_, '_> {
+    fn err(&self, problem: PickleProblem) -> TorchError {
+        TorchError::Pickle {
+            pickle: self.label,
+            at: self.op_at as u64,
+            problem,
+        }
+    }
+
+    fn short(&self) -> TorchError {
+        if self.capped {
+            self.err(PickleProblem::TooLarge {
+                limit: self.limits.max_pickle_bytes,
+            })
+        } else {
+            self.err(PickleProblem::Truncated)
+        }
+    }
+
+    fn take(&mut self, n: usize) -> R<&[u8]> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.data.len());
+        let Some(end) = end else {
+            return Err(self.short());
+        };
+        let s = &self.data[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+
+    fn take_len(&mut self, n: u64) -> R<&[u8]> {
+        let n = usize::try_from(n).map_err(|_| self.short())?;
+        self.take(n)
+    }
+
+    fn u8(&mut self) -> R<u8> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u16(&mut self) -> R<u16> {
+        let b = self.take(2)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+
+    fn u32(&mut self) -> R<u32> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn u64(&mut self) -> R<u64> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    /// A protocol-0 text line, without its newline.
+    fn line(&mut self, op: &'static str) -> R<&str> {
+        let rest = &self.data[self.pos..];
+        let Some(n) = rest.iter().position(|&b| b == b'\n') else {
+            return Err(self.short());
+        };
+        self.pos += n + 1;
+        std::str::from_utf8(&rest[..n]).map_err(|_| self.err(PickleProblem::BadText { op }))
+    }
+
+    fn charge_bytes(&mut self, n: usize) -> R<()> {
+        self.bytes = self.bytes.saturating_add(n as u64);
+        let limit = self.limits.max_pickle_bytes.saturating_mul(2);
+        if self.bytes > limit {
+            return Err(self.err(PickleProblem::TooMany {
+                what: "bytes of strings",
+                limit,
+            }));
+        }
+        Ok(())
+    }
+
+    fn charge_cells(&mut self, n: usize) -> R<()> {
+        self.cells = self.cells.saturating_add(n as u64);
+        let limit = (self.limits.max_objects as u64).saturating_mul(4);
+        if self.cells > limit {
+            return Err(self.err(PickleProblem::TooMany {
+                what: "container items",
+                limit,
+            }));
+        }
+        Ok(())
+    }
+
+    fn depth_of(&self, id: ObjId) -> u32 {
+        self.depth.get(id as usize).copied().unwrap_or(0)
+    }
+
+    fn check_depth(&self, d: u32) -> R<()> {
+        if d as usize > self.limits.max_depth {
+            return Err(self.err(PickleProblem::TooDeep {
+                limit: self.limits.max_depth,
+            }));
+        }
+        Ok(())
+    }
+
+    /// Add an object to the arena, with the nesting depth of its contents.
+    fn alloc(&mut self, obj: Object, depth: u32) -> R<ObjId> {
+        if self.objects.len() >= self.limits.max_objects {
+            return Err(self.err(PickleProblem::TooMany {
+                what: "objects",
+                limit: self.limits.max_objects as u64,
+            }));
+        }
+        self.check_depth(depth)?;
+        let id = self.objects.len() as ObjId;
+        self.objects.push(obj);
+        self.depth.push(depth);
+        Ok(id)
+    }
+
+    fn push_id(&mut self, id: ObjId) -> R<()> {
+        if self.stack.len() >= self.limits.max_objects {
+            return Err(self.err(PickleProblem::TooMany {
+                what: "stack entries",
+                limit: self.limits.max_objects as u64,
+            }));
+        }
+        self.stack.push(id);
+        Ok(())
+    }
+
+    fn push(&mut self, obj: Object) -> R<()> {
+        let id = self.alloc(obj, 0)?;
+        self.push_id(id)
+    }
+
+    /// A container of `items`, one deeper than its deepest item.
+    fn push_container(&mut self, obj: Object, items: &[ObjId]) -> R<()> {
+        let d = items.iter().map(|&i| self.depth_of(i)).max().unwrap_or(0) + 1;
+        self.charge_cells(items.len())?;
+        let id = self.alloc(obj, d)?;
+        self.push_id(id)
+    }
+
+    fn floor(&self) -> usize {
+        self.marks.last().copied().unwrap_or(0)
+    }
+
+    fn pop(&mut self, op: u8) -> R<ObjId> {
+        if self.stack.len() <= self.floor() {
+            return Err(self.err(PickleProblem::StackUnderflow { op: op_name(op) }));
+        }
+        self.stack
+            .pop()
+            .ok_or_else(|| self.err(PickleProblem::StackUnderflow { op: op_name(op) }))
+    }
+
+    fn top(&self, op: u8) -> R<ObjId> {
+        if self.stack.len() <= self.floor() {
+            return Err(self.err(PickleProblem::StackUnderflow { op: op_name(op) }));
+        }
+        self.stack
+            .last()
+            .copied()
+            .ok_or_else(|| self.err(PickleProblem::StackUnderflow { op: op_name(op) }))
+    }
+
+    fn pop_mark(&mut self, op: u8) -> R<Vec<ObjId>> {
+        let Some(mark) = self.marks.pop() else {
+            return Err(self.err(PickleProblem::NoMark { op: op_name(op) }));
+        };
+        Ok(self.stack.split_off(mark.min(self.stack.len())))
+    }
+
+    fn obj(&self, id: ObjId) -> &Object {
+        self.objects.get(id as usize).unwrap_or(&Object::None)
+    }
+
+    fn obj_mut(&mut self, id: ObjId) -> Option<&mut Object> {
+        self.objects.get_mut(id as usize)
+    }
+
+    fn wrong(&self, op: u8, expected: &'static str, found: ObjId) -> TorchError {
+        self.err(PickleProblem::WrongType {
+            op: op_name(op),
+            expected,
+            found: self.obj(found).kind(),
+        })
+    }
+
+    fn memo_put(&mut self, index: u64, op: u8) -> R<()> {
+        let top = self.top(op)?;
+        if !self.memo.contains_key(&index) && self.memo.len() >= self.limits.max_objects {
+            return Err(self.err(PickleProblem::TooMany {
+                what: "memo entries",
+                limit: self.limits.max_objects as u64,
+            }));
+        }
+        self.memo.insert(index, top);
+        Ok(())
+    }
+
+    fn memo_get(&mut self, index: u64) -> R<()> {
+        let Some(&id) = self.memo.get(&index) else {
+            return Err(self.err(PickleProblem::MemoMissing { index }));
+        };
+        self.push_id(id)
+    }
+
+    fn push_str(&mut self, raw: &[u8], op: &'static str) -> R<()> {
+        let s = std::str::from_utf8(raw).map_err(|_| self.err(PickleProblem::BadText { op }))?;
+        let s: Box<str> = s.into();
+        self.charge_bytes(s.len())?;
+        self.push(Object::Str(s))
+    }
+
+    fn push_bytes(&mut self, raw: Vec<u8>) -> R<()> {
+        self.charge_bytes(raw.len())?;
+        self.push(Object::Bytes(raw.into_boxed_slice()))
+    }
+
+    /// Python 2 `str` (STRING, BINSTRING, SHORT_BINSTRING): text if UTF-8, as torch's default
+    /// `encoding="utf-8"` decodes it, else bytes.
+    fn push_py2_str(&mut self, raw: Vec<u8>) -> R<()> {
+        match String::from_utf8(raw) {
+            Ok(s) => {
+                self.charge_bytes(s.len())?;
+                self.push(Object::Str(s.into_boxed_str()))
+            }
+            Err(e) => self.push_bytes(e.into_bytes()),
+        }
+    }
+
+    fn push_long(&mut self, raw: &[u8]) -> R<()> {
+        let obj = long_from_le(raw);
+        if let Object::BigInt(b) = &obj {
+            if b.len() > self.limits.max_long_bytes {
+                return Err(self.err(PickleProblem::LongTooWide {
+                    bytes: b.len() as u64,
+                    limit: self.limits.max_long_bytes as u64,
+                }));
+            }
+        }
+        self.push(obj)
+    }
+
+    fn check_long_len(&self, n: u64) -> R<()> {
+        if n > self.limits.max_long_bytes as u64 {
+            return Err(self.err(PickleProblem::LongTooWide {
+                bytes: n,
+                limit: self.limits.max_long_bytes as u64,
+            }));
+        }
+        Ok(())
+    }
+
+    fn global(&mut self, module: &str, name: &str) -> R<()> {
+        match resolve(module, name) {
+            Resolved::Allowed(g) => self.push(Object::Global(g)),
+            Resolved::Denied(full) => {
+                self.denied.get_or_insert_with(|| full.clone());
+                self.note_placeholder(&full);
+                self.push(Object::Placeholder(Box::new(Placeholder {
+                    global: full,
+                    called: false,
+                    args: None,
+                    state: None,
+                    items: Vec::new(),
+                })))
+            }
+            Resolved::Placeholder(full) => {
+                self.note_placeholder(&full);
+                self.push(Object::Placeholder(Box::new(Placeholder {
+                    global: full,
+                    called: false,
+                    args: None,
+                    state: None,
+                    items: Vec::new(),
+                })))
+            }
+        }
+    }
+
+    fn note_placeholder(&mut self, full: &str) {
+        if !self.seen.contains_key(full) && self.placeholders.len() < 10_000 {
+            self.seen.insert(full.to_string(), ());
+            self.placeholders.push(full.to_string());
+        }
+    }
+
+    fn is_denied(&self, global: &str) -> bool {
+        let root = global.split('.').next().unwrap_or(global);
+        DENIED_MODULES.contains(&root)
+            || global
+                .strip_prefix("builtins.")
+                .is_some_and(|n| !HARMLESS_BUILTINS.contains(&n))
+    }
+
+    /// A call (REDUCE, NEWOBJ) of a placeholder: another, inert, placeholder.
+    fn call_placeholder(&mut self, callee: ObjId, args: ObjId) -> R<ObjId> {
+        let Object::Placeholder(p) = self.obj(callee) else {
+            return Err(self.wrong(b'R', "a callable", callee));
+        };
+        let global = p.global.clone();
+        if self.is_denied(&global) {
+            return Err(TorchError::Denied {
+                global,
+                called: true,
+            });
+        }
+        // Called with a storage (in its arguments, or one tuple down), it stands for a
+        // tensor that an unlisted function would build: a tensor slot that says so.
+        let has_storage = |id: ObjId| matches!(self.obj(id), Object::Storage(_));
+        let storage_arg = self.tuple_items(args).is_some_and(|a| {
+            a.iter().any(|&i| {
+                has_storage(i)
+                    || self
+                        .tuple_items(i)
+                        .is_some_and(|t| t.iter().any(|&j| has_storage(j)))
+            })
+        });
+        if storage_arg {
+            return self.new_tensor(Err(TensorProblem::CallsGlobal { global }));
+        }
+        let d = self.depth_of(args) + 1;
+        self.alloc(
+            Object::Placeholder(Box::new(Placeholder {
+                global,
+                called: true,
+                args: Some(args),
+                state: None,
+                items: Vec::new(),
+            })),
+            d,
+        )
+    }
+
+    fn new_tensor(&mut self, slot: TensorSlot) -> R<ObjId> {
+        let index = u32::try_from(self.tensors.len()).map_err(|_| {
+            self.err(PickleProblem::TooMany {
+                what: "tensors",
+                limit: u32::MAX as u64,
+            })
+        })?;
+        self.tensors.push(slot);
+        self.alloc(Object::Tensor(index), 0)
+    }
+
+    fn bad_call(&self, g: Global, reason: impl Into<String>) -> TorchError {
+        self.err(PickleProblem::BadCall {
+            global: g.name(),
+            reason: reason.into(),
+        })
+    }
+
+    fn tuple_items(&self, id: ObjId) -> Option<&[ObjId]> {
+        match self.obj(id) {
+            Object::Tuple(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// REDUCE of an allowed global: the stub's result.
+    fn call_global(&mut self, g: Global, args: ObjId, nested: bool) -> R<ObjId> {
+        let Some(a) = self.tuple_items(args).map(<[ObjId]>::to_vec) else {
+            return Err(self.bad_call(g, format!("arguments are {}", self.obj(args).kind())));
+        };
+        match g {
+            Global::RebuildTensor | Global::RebuildTensorV2 | Global::RebuildTensorV3 => {
+                let slot = self.rebuild_tensor(g, &a);
+                self.new_tensor(slot)
+            }
+            Global::RebuildParameter
+            | Global::RebuildParameterWithState
+            | Global::ParameterClass => {
+                let Some(&data) = a.first() else {
+                    return self.new_tensor(Err(TensorProblem::BadArgs {
+                        func: "a parameter rebuild",
+                        reason: "no arguments".into(),
+                    }));
+                };
+                match self.obj(data) {
+                    Object::Tensor(_) => Ok(data),
+                    Object::Placeholder(p) => {
+                        let global = p.global.clone();
+                        self.new_tensor(Err(TensorProblem::CallsGlobal { global }))
+                    }
+                    other => {
+                        let reason = format!("its data is {}", other.kind());
+                        self.new_tensor(Err(TensorProblem::BadArgs {
+                            func: "a parameter rebuild",
+                            reason,
+                        }))
+                    }
+                }
+            }
+            Global::RebuildFromType => {
+                let bad = |reason: String| TensorProblem::BadArgs {
+                    func: "torch._tensor._rebuild_from_type_v2",
+                    reason,
+                };
+                if a.len() != 4 {
+                    return self.new_tensor(Err(bad(format!("{} arguments", a.len()))));
+                }
+                match self.obj(a[1]) {
+                    Object::Global(Global::TensorClass | Global::ParameterClass) => {}
+                    Object::Placeholder(p) => {
+                        let global = p.global.clone();
+                        return self.new_tensor(Err(TensorProblem::Subclass { global }));
+                    }
+                    other => {
+                        let reason = format!("its type is {}", other.kind());
+                        return self.new_tensor(Err(bad(reason)));
+                    }
+                }
+                match self.obj(a[0]) {
+                    Object::Global(inner) if !nested && *inner != Global::RebuildFromType => {
+                        let inner = *inner;
+                        self.call_global(inner, a[2], true)
+                    }
+                    Object::Placeholder(p) => {
+                        let global = p.global.clone();
+                        self.new_tensor(Err(TensorProblem::CallsGlobal { global }))
+                    }
+                    other => {
+                        let reason = format!("its function is {}", other.kind());
+                        self.new_tensor(Err(bad(reason)))
+                    }
+                }
+            }
+            Global::UnsupportedRebuild(what) => {
+                self.new_tensor(Err(TensorProblem::Layout { what }))
+            }
+            Global::OrderedDict => {
+                let mut dict = Dict {
+                    items: Vec::new(),
+                    ordered: true,
+                    state: None,
+                };
+                match a.as_slice() {
+                    [] => {}
+                    [src] => {
+                        let pairs = match self.obj(*src) {
+                            Object::List(v) => v.clone(),
+                            Object::Tuple(v) => v.to_vec(),
+                            Object::Dict(d) => {
+                                dict.items = d.items.clone();
+                                Vec::new()
+                            }
+                            other => {
+                                let reason = format!("its argument is {}", other.kind());
+                                return Err(self.bad_call(g, reason));
+                            }
+                        };
+                        for p in pairs {
+                            match self.tuple_items(p) {
+                                Some([k, v]) => dict.items.push((*k, *v)),
+                                _ => return Err(self.bad_call(g, "an item is not a pair")),
+                            }
+                        }
+                    }
+                    _ => return Err(self.bad_call(g, format!("{} arguments", a.len()))),
+                }
+                let ids: Vec<ObjId> = dict.items.iter().flat_map(|&(k, v)| [k, v]).collect();
+                self.charge_cells(ids.len())?;
+                let d = ids.iter().map(|&i| self.depth_of(i)).max().unwrap_or(0) + 1;
+                self.alloc(Object::Dict(Box::new(dict)), d)
+            }
+            Global::Set | Global::FrozenSet => {
+                let items = match a.as_slice() {
+                    [] => Vec::new(),
+                    [src] => match self.obj(*src) {
+                        Object::List(v) | Object::Set(v) => v.clone(),
+                        Object::Tuple(v) => v.to_vec(),
+                        other => {
+                            let reason = format!("its argument is {}", other.kind());
+                            return Err(self.bad_call(g, reason));
+                        }
+                    },
+                    _ => return Err(self.bad_call(g, format!("{} arguments", a.len()))),
+                };
+                self.charge_cells(items.len())?;
+                let d = items.iter().map(|&i| self.depth_of(i)).max().unwrap_or(0) + 1;
+                self.alloc(Object::Set(items), d)
+            }
+            Global::Complex => {
+                let num = |o: &Object| match o {
+                    Object::Int(i) => Some(*i as f64),
+                    Object::Float(f) => Some(*f),
+                    Object::Bool(b) => Some(f64::from(u8::from(*b))),
+                    _ => None,
+                };
+                let (re, im) = match a.as_slice() {
+                    [] => (Some(0.0), Some(0.0)),
+                    [r] => (num(self.obj(*r)), Some(0.0)),
+                    [r, i] => (num(self.obj(*r)), num(self.obj(*i))),
+                    _ => (None, None),
+                };
+                match (re, im) {
+                    (Some(re), Some(im)) => self.alloc(Object::Complex(re, im), 0),
+                    _ => Err(self.bad_call(g, "arguments are not two numbers")),
+                }
+            }
+            Global::Encode | Global::Bytearray => {
+                let out = match a.as_slice() {
+                    [] if g == Global::Bytearray => Vec::new(),
+                    [b] if g == Global::Bytearray => match self.obj(*b) {
+                        Object::Bytes(b) => b.to_vec(),
+                        other => {
+                            let reason = format!("its argument is {}", other.kind());
+                            return Err(self.bad_call(g, reason));
+                        }
+                    },
+                    [s, enc] => match (self.obj(*s), self.obj(*enc)) {
+                        (Object::Str(s), Object::Str(enc)) => match encode(s, enc) {
+                            Some(b) => b,
+                            None => {
+                                let reason = format!("cannot encode with `{enc}`");
+                                return Err(self.bad_call(g, reason));
+                            }
+                        },
+                        _ => return Err(self.bad_call(g, "arguments are not two strs")),
+                    },
+                    _ => return Err(self.bad_call(g, format!("{} arguments", a.len()))),
+                };
+                self.charge_bytes(out.len())?;
+                self.alloc(Object::Bytes(out.into_boxed_slice()), 0)
+            }
+            Global::Size => match a.as_slice() {
+                [] => self.alloc(Object::Tuple(Box::new([])), 1),
+                [t] if matches!(self.obj(*t), Object::Tuple(_)) => Ok(*t),
+                [l] if matches!(self.obj(*l), Object::List(_)) => {
+                    let items = match self.obj(*l) {
+                        Object::List(v) => v.clone(),
+                        _ => Vec::new(),
+                    };
+                    self.charge_cells(items.len())?;
+                    let d = items.iter().map(|&i| self.depth_of(i)).max().unwrap_or(0) + 1;
+                    self.alloc(Object::Tuple(items.into_boxed_slice()), d)
+                }
+                _ => Err(self.bad_call(g, "its argument is not a tuple")),
+            },
+            Global::TensorClass
+            | Global::StorageClass(_)
+            | Global::UntypedStorage
+            | Global::Dtype(_) => Err(self.bad_call(g, "this reader does not evaluate it")),
+        }
+    }
+
+    fn rebuild_tensor(&self, g: Global, a: &[ObjId]) -> TensorSlot {
+        let func = match g {
+            Global::RebuildTensor => "torch._utils._rebuild_tensor",
+            Global::RebuildTensorV3 => "torch._utils._rebuild_tensor_v3",
+            _ => "torch._utils._rebuild_tensor_v2",
+        };
+        let bad = |reason: String| TensorProblem::BadArgs { func, reason };
+        let (min, max) = match g {
+            Global::RebuildTensor => (4, 4),
+            Global::RebuildTensorV3 => (7, 8),
+            _ => (6, 7),
+        };
+        if a.len() < min || a.len() > max {
+            return Err(bad(format!("{} arguments", a.len())));
+        }
+        // Any placeholder among the arguments means an unlisted global builds this tensor.
+        for &arg in a {
+            if let Object::Placeholder(p) = self.obj(arg) {
+                return Err(TensorProblem::CallsGlobal {
+                    global: p.global.clone(),
+                });
+            }
+        }
+        let Object::Storage(storage) = self.obj(a[0]) else {
+            return Err(bad(format!("its storage is {}", self.obj(a[0]).kind())));
+        };
+        let storage = **storage;
+        let offset = match self.obj(a[1]) {
+            Object::Int(i) => u64::try_from(*i).map_err(|_| bad(format!("offset {i}")))?,
+            other => return Err(bad(format!("its offset is {}", other.kind()))),
+        };
+        let ints = |id: ObjId, what: &str| -> Result<Vec<u64>, TensorProblem> {
+            let items: &[ObjId] = match self.obj(id) {
+                Object::Tuple(t) => t,
+                Object::List(l) => l,
+                other => return Err(bad(format!("its {what} is {}", other.kind()))),
+            };
+            if items.len() > self.limits.max_ndim {
+                return Err(TensorProblem::TooManyDims {
+                    ndim: items.len(),
+                    limit: self.limits.max_ndim,
+                });
+            }
+            items
+                .iter()
+                .map(|&i| match self.obj(i) {
+                    Object::Int(v) => u64::try_from(*v).map_err(|_| bad(format!("{what} {v}"))),
+                    Object::BigInt(_) => Err(TensorProblem::Overflow),
+                    other => Err(bad(format!("its {what} holds {}", other.kind()))),
+                })
+                .collect()
+        };
+        let shape = ints(a[2], "size")?;
+        let stride = ints(a[3], "stride")?;
+        if shape.len() != stride.len() {
+            return Err(bad(format!(
+                "{} sizes but {} strides",
+                shape.len(),
+                stride.len()
+            )));
+        }
+        let (dtype, meta) = match g {
+            Global::RebuildTensorV3 => match self.obj(a[6]) {
+                Object::Global(Global::Dtype(t)) => (*t, a.get(7)),
+                other => return Err(bad(format!("its dtype is {}", other.kind()))),
+            },
+            Global::RebuildTensor => (self.storages.dtype(storage.storage), None),
+            _ => (self.storages.dtype(storage.storage), a.get(6)),
+        };
+        if let Some(&meta) = meta {
+            match self.obj(meta) {
+                Object::None => {}
+                Object::Dict(d) => {
+                    for &(k, v) in &d.items {
+                        let on = !matches!(self.obj(v), Object::Bool(false) | Object::None);
+                        if let Object::Str(k) = self.obj(k) {
+                            if on && (&**k == "conj" || &**k == "neg") {
+                                return Err(TensorProblem::LazyBit { bit: k.to_string() });
+                            }
+                        }
+                    }
+                }
+                other => return Err(bad(format!("its metadata is {}", other.kind()))),
+            }
+        }
+        Ok(RawTensor {
+            storage,
+            dtype,
+            offset,
+            shape,
+            stride,
+        })
+    }
+
+    fn newobj(&mut self, op: u8) -> R<()> {
+        let (cls, args) = if op == 0x92 {
+            let _kwargs = self.pop(op)?;
+            let args = self.pop(op)?;
+            (self.pop(op)?, args)
+        } else {
+            let args = self.pop(op)?;
+            (self.pop(op)?, args)
+        };
+        let callee = match self.obj(cls) {
+            Object::Global(g) => Some(*g),
+            Object::Placeholder(_) => None,
+            _ => return Err(self.wrong(op, "a class", cls)),
+        };
+        let id = match callee {
+            Some(Global::ParameterClass) => {
+                self.call_global(Global::ParameterClass, args, false)?
+            }
+            Some(g @ (Global::OrderedDict | Global::Set | Global::FrozenSet)) => {
+                let empty = self.alloc(Object::Tuple(Box::new([])), 1)?;
+                self.call_global(g, empty, false)?
+            }
+            Some(g) => {
+                return Err(self.bad_call(g, "NEWOBJ of this class is not allowed"));
+            }
+            None => self.call_placeholder(cls, args)?,
+        };
+        self.push_id(id)
+    }
+
+    fn reduce(&mut self) -> R<()> {
+        let op = b'R';
+        let args = self.pop(op)?;
+        let func = self.pop(op)?;
+        let id = match self.obj(func) {
+            Object::Global(g) => {
+                let g = *g;
+                self.call_global(g, args, false)?
+            }
+            Object::Placeholder(_) => self.call_placeholder(func, args)?,
+            _ => return Err(self.wrong(op, "a callable", func)),
+        };
+        self.push_id(id)
+    }
+
+    fn build(&mut self) -> R<()> {
+        let op = b'b';
+        let state = self.pop(op)?;
+        let inst = self.top(op)?;
+        let state_kind = self.obj(state).kind();
+        let state_ok_for_tensor =
+            matches!(self.obj(state), Object::None) || matches!(self.obj(state), Object::Dict(_));
+        let d = self.depth_of(state) + 1;
+        let target = match self.obj_mut(inst) {
+            Some(Object::Dict(dict)) if dict.ordered => {
+                dict.state = Some(state);
+                None
+            }
+            Some(Object::Placeholder(p)) if p.called => {
+                p.state = Some(state);
+                None
+            }
+            Some(Object::Tensor(_)) if state_ok_for_tensor => None,
+            Some(Object::Tensor(_)) => Some(format!("a tensor with {state_kind} as state")),
+            Some(other) => Some(other.kind().to_string()),
+            None => Some("nothing".to_string()),
+        };
+        if let Some(target) = target {
+            if let Object::Placeholder(p) = self.obj(inst) {
+                if self.is_denied(&p.global) {
+                    return Err(TorchError::Denied {
+                        global: p.global.clone(),
+                        called: true,
+                    });
+                }
+            }
+            return Err(self.err(PickleProblem::Build { target }));
+        }
+        self.raise_depth(inst, d)
+    }
+
+    fn raise_depth(&mut self, id: ObjId, d: u32) -> R<()> {
+        self.check_depth(d)?;
+        if let Some(slot) = self.depth.get_mut(id as usize) {
+            *slot = (*slot).max(d);
+        }
+        Ok(())
+    }
+
+    fn append(&mut self, op: u8, items: Vec<ObjId>) -> R<()> {
+        let target = self.top(op)?;
+        let d = items.iter().map(|&i| self.depth_of(i)).max().unwrap_or(0) + 1;
+        self.charge_cells(items.len())?;
+        match self.obj_mut(target) {
+            Some(Object::List(l)) => l.extend(items),
+            Some(Object::Placeholder(p)) if p.called => p.items.extend(items),
+            _ => return Err(self.wrong(op, "a list", target)),
+        }
+        self.raise_depth(target, d)
+    }
+
+    fn setitems(&mut self, op: u8, items: Vec<ObjId>) -> R<()> {
+        let target = self.top(op)?;
+        if !items.len().is_multiple_of(2) {
+            return Err(self.err(PickleProblem::WrongType {
+                op: op_name(op),
+                expected: "key-value pairs",
+                found: "an odd number of items",
+            }));
+        }
+        let d = items.iter().map(|&i| self.depth_of(i)).max().unwrap_or(0) + 1;
+        self.charge_cells(items.len())?;
+        match self.obj_mut(target) {
+            Some(Object::Dict(dict)) => dict
+                .items
+                .extend(items.chunks_exact(2).map(|kv| (kv[0], kv[1]))),
+            Some(Object::Placeholder(p)) if p.called => p.items.extend(items),
+            _ => return Err(self.wrong(op, "a dict", target)),
+        }
+        self.raise_depth(target, d)
+    }
+
+    fn additems(&mut self, op: u8, items: Vec<ObjId>) -> R<()> {
+        let target = self.top(op)?;
+        let d = items.iter().map(|&i| self.depth_of(i)).max().unwrap_or(0) + 1;
+        self.charge_cells(items.len())?;
+        match self.obj_mut(target) {
+            Some(Object::Set(s)) => s.extend(items),
+            _ => return Err(self.wrong(op, "a set", target)),
+        }
+        self.raise_depth(target, d)
+    }
+
+    fn persid(&mut self) -> R<()> {
+        let pid = self.pop(b'Q')?;
+        let at = self.op_at as u64;
+        let storage = self
+            .storages
+            .load(&self.objects, pid)
+            .map_err(|e| match e {
+                TorchError::Pickle { problem, .. } => TorchError::Pickle {
+                    pickle: self.label,
+                    at,
+                    problem,
+                },
+                other => other,
+            })?;
+        self.push(Object::Storage(Box::new(storage)))
+    }
+
+    fn run(&mut self) -> R<ObjId> {
+        loop {
+            self.op_at = self.pos;
+            let op = self.u8()?;
+            match op {
+                // PROTO
+                0x80 => {
+                    let p = self.u8()?;
+                    if p > 5 {
+                        return Err(self.err(PickleProblem::WrongType {
+                            op: "PROTO",
+                            expected: "protocol 0 to 5",
+                            found: "a newer protocol",
+                        }));
+                    }
+                }
+                // FRAME: framing is advisory; the bytes follow in line.
+                0x95 => {
+                    let n = self.u64()?;
+                    if n > (self.data.len() - self.pos) as u64 && !self.capped {
+                        return Err(self.err(PickleProblem::Truncated));
+                    }
+                }
+                b'.' => {
+                    if let Some(global) = self.denied.take() {
+                        return Err(TorchError::Denied {
+                            global,
+                            called: false,
+                        });
+                    }
+                    return self.pop(op);
+                }
+                b'(' => {
+                    if self.marks.len() >= self.limits.max_depth {
+                        return Err(self.err(PickleProblem::TooDeep {
+                            limit: self.limits.max_depth,
+                        }));
+                    }
+                    self.marks.push(self.stack.len());
+                }
+                b'0' => {
+                    self.pop(op)?;
+                }
+                b'1' => {
+                    self.pop_mark(op)?;
+                }
+                b'2' => {
+                    let t = self.top(op)?;
+                    self.push_id(t)?;
+                }
+                b'N' => self.push(Object::None)?,
+                0x88 => self.push(Object::Bool(true))?,
+                0x89 => self.push(Object::Bool(false))?,
+                b'I' => {
+                    let line = self.line("INT")?.trim().to_string();
+                    let obj = match line.as_str() {
+                        "01" => Object::Bool(true),
+                        "00" => Object::Bool(false),
+                        s => match s.parse::<i64>() {
+                            Ok(i) => Object::Int(i),
+                            Err(_) => return Err(self.err(PickleProblem::BadText { op: "INT" })),
+                        },
+                    };
+                    self.push(obj)?;
+                }
+                b'J' => {
+                    let v = self.u32()? as i32;
+                    self.push(Object::Int(i64::from(v)))?;
+                }
+                b'K' => {
+                    let v = self.u8()?;
+                    self.push(Object::Int(i64::from(v)))?;
+                }
+                b'M' => {
+                    let v = self.u16()?;
+                    self.push(Object::Int(i64::from(v)))?;
+                }
+                b'L' => {
+                    let line = self.line("LONG")?.to_string();
+                    let s = line.trim().trim_end_matches('L');
+                    self.check_long_len(s.len() as u64 / 2)?;
+                    match s.parse::<i64>() {
+                        Ok(i) => self.push(Object::Int(i))?,
+                        Err(_) => {
+                            return Err(self.err(PickleProblem::LongTooWide {
+                                bytes: s.len() as u64 / 2,
+                                limit: 8,
+                            }))
+                        }
+                    }
+                }
+                0x8a => {
+                    let n = self.u8()?;
+                    let raw = self.take(usize::from(n))?.to_vec();
+                    self.push_long(&raw)?;
+                }
+                0x8b => {
+                    let n = self.u32()? as i32;
+                    let n = u64::try_from(n).map_err(|_| {
+                        self.err(PickleProblem::WrongType {
+                            op: "LONG4",
+                            expected: "a length",
+                            found: "a negative one",
+                        })
+                    })?;
+                    self.check_long_len(n)?;
+                    let raw = self.take_len(n)?.to_vec();
+                    self.push_long(&raw)?;
+                }
+                b'F' => {
+                    let line = self.line("FLOAT")?;
+                    let v = line
+                        .trim()
+                        .parse::<f64>()
+                        .map_err(|_| self.err(PickleProblem::BadText { op: "FLOAT" }))?;
+                    self.push(Object::Float(v))?;
+                }
+                b'G' => {
+                    let b = self.take(8)?;
+                    let mut a = [0u8; 8];
+                    a.copy_from_slice(b);
+                    self.push(Object::Float(f64::from_be_bytes(a)))?;
+                }
+                b'S' => {
+                    let line = self.line("STRING")?;
+                    let raw = unquote(line.trim_end_matches('\r'))
+                        .ok_or_else(|| self.err(PickleProblem::BadText { op: "STRING" }))?;
+                    self.push_py2_str(raw)?;
+                }
+                b'T' => {
+                    let n = self.u32()? as i32;
+                    let n = u64::try_from(n).map_err(|_| self.short())?;
+                    let raw = self.take_len(n)?.to_vec();
+                    self.push_py2_str(raw)?;
+                }
+                b'U' => {
+                    let n = self.u8()?;
+                    let raw = self.take(usize::from(n))?.to_vec();
+                    self.push_py2_str(raw)?;
+                }
+                b'V' => {
+                    let line = self.line("UNICODE")?.to_string();
+                    let s = raw_unicode_unescape(&line)
+                        .ok_or_else(|| self.err(PickleProblem::BadText { op: "UNICODE" }))?;
+                    self.charge_bytes(s.len())?;
+                    self.push(Object::Str(s.into_boxed_str()))?;
+                }
+                b'X' => {
+                    let n = self.u32()?;
+                    let raw = self.take_len(u64::from(n))?.to_vec();
+                    self.push_str(&raw, "BINUNICODE")?;
+                }
+                0x8c => {
+                    let n = self.u8()?;
+                    let raw = self.take(usize::from(n))?.to_vec();
+                    self.push_str(&raw, "SHORT_BINUNICODE")?;
+                }
+                0x8d => {
+                    let n = self.u64()?;
+                    let raw = self.take_len(n)?.to_vec();
+                    self.push_str(&raw, "BINUNICODE8")?;
+                }
+                b'B' => {
+                    let n = self.u32()?;
+                    let raw = self.take_len(u64::from(n))?.to_vec();
+                    self.push_bytes(raw)?;
+                }
+                b'C' => {
+                    let n = self.u8()?;
+                    let raw = self.take(usize::from(n))?.to_vec();
+                    self.push_bytes(raw)?;
+                }
+                0x8e | 0x96 => {
+                    let n = self.u64()?;
+                    let raw = self.take_len(n)?.to_vec();
+                    self.push_bytes(raw)?;
+                }
+                0x97 => return Err(self.err(PickleProblem::Forbidden { op: "NEXT_BUFFER" })),
+                0x98 => {
+                    return Err(self.err(PickleProblem::Forbidden {
+                        op: "READONLY_BUFFER",
+                    }))
+                }
+                b')' => self.push_container(Object::Tuple(Box::new([])), &[])?,
+                b't' => {
+                    let items = self.pop_mark(op)?;
+                    self.push_container(Object::Tuple(items.clone().into_boxed_slice()), &items)?;
+                }
+                0x85..=0x87 => {
+                    let n = usize::from(op - 0x84);
+                    let mut items = vec![0; n];
+                    for slot in items.iter_mut().rev() {
+                        *slot = self.pop(op)?;
+                    }
+                    self.push_container(Object::Tuple(items.clone().into_boxed_slice()), &items)?;
+                }
+                b']' => self.push_container(Object::List(Vec::new()), &[])?,
+                b'l' => {
+                    let items = self.pop_mark(op)?;
+                    self.push_container(Object::List(items.clone()), &items)?;
+                }
+                b'a' => {
+                    let item = self.pop(op)?;
+                    self.append(op, vec![item])?;
+                }
+                b'e' => {
+                    let items = self.pop_mark(op)?;
+                    self.append(op, items)?;
+                }
+                b'}' => {
+                    let dict = Dict {
+                        items: Vec::new(),
+                        ordered: false,
+                        state: None,
+                    };
+                    self.push_container(Object::Dict(Box::new(dict)), &[])?;
+                }
+                b'd' => {
+                    let items = self.pop_mark(op)?;
+                    let dict = Dict {
+                        items: Vec::new(),
+                        ordered: false,
+                        state: None,
+                    };
+                    self.push_container(Object::Dict(Box::new(dict)), &[])?;
+                    self.setitems(op, items)?;
+                }
+                b's' => {
+                    let v = self.pop(op)?;
+                    let k = self.pop(op)?;
+                    self.setitems(op, vec![k, v])?;
+                }
+                b'u' => {
+                    let items = self.pop_mark(op)?;
+                    self.setitems(op, items)?;
+                }
+                0x8f => self.push_container(Object::Set(Vec::new()), &[])?,
+                0x90 => {
+                    let items = self.pop_mark(op)?;
+                    self.additems(op, items)?;
+                }
+                0x91 => {
+                    let items = self.pop_mark(op)?;
+                    self.push_container(Object::Set(items.clone()), &items)?;
+                }
+                b'c' => {
+                    let module = self.line("GLOBAL")?.to_string();
+                    let name = self.line("GLOBAL")?.to_string();
+                    self.global(&module, &name)?;
+                }
+                0x93 => {
+                    let name = self.pop(op)?;
+                    let module = self.pop(op)?;
+                    let (Object::Str(m), Object::Str(n)) = (self.obj(module), self.obj(name))
+                    else {
+                        return Err(self.wrong(op, "two strs", name));
+                    };
+                    let (m, n) = (m.to_string(), n.to_string());
+                    self.global(&m, &n)?;
+                }
+                b'R' => self.reduce()?,
+                b'b' => self.build()?,
+                0x81 | 0x92 => self.newobj(op)?,
+                b'i' => return Err(self.err(PickleProblem::Forbidden { op: "INST" })),
+                b'o' => return Err(self.err(PickleProblem::Forbidden { op: "OBJ" })),
+                0x82 => return Err(self.err(PickleProblem::Forbidden { op: "EXT1" })),
+                0x83 => return Err(self.err(PickleProblem::Forbidden { op: "EXT2" })),
+                0x84 => return Err(self.err(PickleProblem::Forbidden { op: "EXT4" })),
+                b'P' => return Err(self.err(PickleProblem::Forbidden { op: "PERSID" })),
+                b'Q' => self.persid()?,
+                b'g' => {
+                    let line = self.line("GET")?;
+                    let i = line
+                        .trim()
+                        .parse::<u64>()
+                        .map_err(|_| self.err(PickleProblem::BadText { op: "GET" }))?;
+                    self.memo_get(i)?;
+                }
+                b'h' => {
+                    let i = self.u8()?;
+                    self.memo_get(u64::from(i))?;
+                }
+                b'j' => {
+                    let i = self.u32()?;
+                    self.memo_get(u64::from(i))?;
+                }
+                b'p' => {
+                    let line = self.line("PUT")?;
+                    let i = line
+                        .trim()
+                        .parse::<u64>()
+                        .map_err(|_| self.err(PickleProblem::BadText { op: "PUT" }))?;
+                    self.memo_put(i, op)?;
+                }
+                b'q' => {
+                    let i = self.u8()?;
+                    self.memo_put(u64::from(i), op)?;
+                }
+                b'r' => {
+                    let i = self.u32()?;
+                    self.memo_put(u64::from(i), op)?;
+                }
+                0x94 => {
+                    let i = self.memo.len() as u64;
+                    self.memo_put(i, op)?;
+                }
+                other => return Err(self.err(PickleProblem::UnknownOpcode { op: other })),
+            }
+        }
+    }
+}
+
+/// A LONG1/LONG4 payload (little-endian two's complement) as an int, or a big int.
+fn long_from_le(raw: &[u8]) -> Object {
+    if raw.is_empty() {
+        return Object::Int(0);
+    }
+    let negative = raw[raw.len() - 1] & 0x80 != 0;
+    let fill = if negative { 0xff } else { 0 };
+    // Drop sign-extension bytes beyond the eighth.
+    let mut n = raw.len();
+    while n > 8 && raw[n - 1] == fill && (raw[n - 2] & 0x80 != 0) == negative {
+        n -= 1;
+    }
+    if n <= 8 {
+        let mut a = [fill; 8];
+        a[..n].copy_from_slice(&raw[..n]);
+        Object::Int(i64::from_le_bytes(a))
+    } else {
+        Object::BigInt(raw[..n].to_vec().into_boxed_slice())
+    }
+}
+
+/// `_codecs.encode(s, encoding)` for the encodings protocol 2 uses.
+fn encode(s: &str, encoding: &str) -> Option<Vec<u8>> {
+    match encoding.to_ascii_lowercase().as_str() {
+        "latin1" | "latin-1" | "iso-8859-1" | "iso8859-1" | "l1" => {
+            s.chars().map(|c| u8::try_from(u32::from(c)).ok()).collect()
+        }
+        "ascii" => s.is_ascii().then(|| s.as_bytes().to_vec()),
+        "utf-8" | "utf8" => Some(s.as_bytes().to_vec()),
+        _ => None,
+    }
+}
+
+/// A protocol-0 STRING operand: a quoted Python 2 literal.
+fn unquote(s: &str) -> Option<Vec<u8>> {
+    let b = s.as_bytes();
+    if b.len() < 2 || b[0] != b[b.len() - 1] || !(b[0] == b'\'' || b[0] == b'"') {
+        return None;
+    }
+    let inner = &b[1..b.len() - 1];
+    let mut out = Vec::with_capacity(inner.len());
+    let mut i = 0;
+    while i < inner.len() {
+        let c = inner[i];
+        if c != b'\\' {
+            out.push(c);
+            i += 1;
+            continue;
+        }
+        let e = *inner.get(i + 1)?;
+        i += 2;
+        match e {
+            b'n' => out.push(b'\n'),
+            b't' => out.push(b'\t'),
+            b'r' => out.push(b'\r'),
+            b'0' => out.push(0),
+            b'\\' | b'\'' | b'"' => out.push(e),
+            b'x' => {
+                let h = inner.get(i..i + 2)?;
+                let h = std::str::from_utf8(h).ok()?;
+                out.push(u8::from_str_radix(h, 16).ok()?);
+                i += 2;
+            }
+            _ => {
+                out.push(b'\\');
+                out.push(e);
+            }
+        }
+    }
+    Some(out)
+}
+
+/// A protocol-0 UNICODE operand (raw-unicode-escape).
+fn raw_unicode_unescape(s: &str) -> Option<String> {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            let width = match chars.peek() {
+                Some('u') => 4,
+                Some('U') => 8,
+                _ => {
+                    out.push(c);
+                    continue;
+                }
+            };
+            chars.next();
+            let hex: String = chars.by_ref().take(width).collect();
+            if hex.len() != width {
+                return None;
+            }
+            let v = u32::from_str_radix(&hex, 16).ok()?;
+            out.push(char::from_u32(v)?);
+        } else {
+            out.push(c);
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn longs() {
+        assert_eq!(long_from_le(&[]), Object::Int(0));
+        assert_eq!(long_from_le(&[0xff]), Object::Int(-1));
+        assert_eq!(long_from_le(&[0x80, 0x00]), Object::Int(128));
+        let magic = 0x1950a86a20f9469cfc6cu128.to_le_bytes();
+        assert!(matches!(long_from_le(&magic[..10]), Object::BigInt(b) if b.len() == 10));
+        let mut minus_one = vec![0xff; 20];
+        assert_eq!(long_from_le(&minus_one), Object::Int(-1));
+        minus_one[0] = 0xfe;
+        assert_eq!(long_from_le(&minus_one), Object::Int(-2));
+    }
+
+    #[test]
+    fn text_helpers() {
+        assert_eq!(unquote("'a\\nb'").unwrap(), b"a\nb");
+        assert_eq!(unquote("\"\\x41\"").unwrap(), b"A");
+        assert!(unquote("'a").is_none());
+        assert_eq!(raw_unicode_unescape("a\\u00e9").unwrap(), "aé");
+        assert_eq!(encode("\u{ff}\u{0}", "latin1").unwrap(), vec![0xff, 0]);
+        assert!(encode("\u{100}", "latin1").is_none());
+    }
+
+    #[test]
+    fn resolution() {
+        assert!(matches!(
+            resolve("collections", "OrderedDict"),
+            Resolved::Allowed(Global::OrderedDict)
+        ));
+        assert!(matches!(
+            resolve("__builtin__", "set"),
+            Resolved::Allowed(Global::Set)
+        ));
+        assert!(matches!(resolve("posix", "system"), Resolved::Denied(_)));
+        assert!(matches!(resolve("os.path", "join"), Resolved::Denied(_)));
+        assert!(matches!(resolve("builtins", "eval"), Resolved::Denied(_)));
+        assert!(matches!(
+            resolve("__builtin__", "getattr"),
+            Resolved::Denied(_)
+        ));
+        assert!(matches!(
+            resolve("numpy.core.multiarray", "_reconstruct"),
+            Resolved::Placeholder(_)
+        ));
+        assert!(matches!(
+            resolve("torch", "BFloat16Storage"),
+            Resolved::Allowed(Global::StorageClass(t)) if t.name == "bfloat16"
+        ));
+        assert!(matches!(
+            resolve("torch", "float8_e4m3fn"),
+            Resolved::Allowed(Global::Dtype(t)) if t.name == "float8_e4m3fn"
+        ));
+        assert!(matches!(resolve("torch", "load"), Resolved::Placeholder(_)));
+    }
+}

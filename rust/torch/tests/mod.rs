@@ -1,0 +1,7 @@
+//! Tests of the torch reader: generated files, hostile files, and files torch wrote.
+
+mod corpus;
+mod fixtures;
+mod generated;
+mod hostile;
+mod writer;
