@@ -68,6 +68,9 @@ pub struct Options {
     /// Write the numeric report there (`report::numeric_report`), published with the
     /// output; `force` lets it replace an existing file.
     pub report: Option<PathBuf>,
+    /// Write the output even when no tensor changes dtype (a folder's already converted
+    /// files); otherwise such a run is refused (`Error::NothingToConvert`).
+    pub allow_copy: bool,
     pub tuning: Tuning,
 }
 
@@ -81,6 +84,7 @@ impl Options {
             on_overflow: OnOverflow::Warn,
             numerics: true,
             report: None,
+            allow_copy: false,
             tuning: Tuning::default(),
         }
     }
@@ -242,6 +246,12 @@ impl Job {
     pub fn new(src: Source, dst: &Path, opts: &Options, started: Instant) -> Result<Job> {
         let outputs = check_outputs(&src, dst, opts)?;
         let mut plan = plan::plan(&src.path, &src.header, &opts.plan)?;
+        if plan.converted() == 0 && !opts.allow_copy {
+            return Err(Error::NothingToConvert {
+                path: src.path.clone(),
+                target: plan.target,
+            });
+        }
         let dir = output::parent_dir(dst);
         // Temp files of killed runs (named ones, where O_TMPFILE is missing) go first.
         plan.warnings.extend(output::remove_stale_temps(&dir));
@@ -394,7 +404,7 @@ impl Job {
     }
 
     /// Once everything is converted: refuse overflow under `OnOverflow::Error` (nothing is
-    /// published then), else warn about it.
+    /// published then), else warn about it; warn about values that underflowed to zero.
     fn check_overflow(&mut self) -> Result<()> {
         let measured = self.measured();
         if let Some((error, warning)) =
@@ -404,6 +414,10 @@ impl Job {
                 return Err(error);
             }
             self.warnings.push(warning);
+        }
+        // After overflow: the graver loss is read first.
+        if let Some(w) = plan::underflow_warning(&measured) {
+            self.warnings.push(w);
         }
         Ok(())
     }

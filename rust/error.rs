@@ -19,6 +19,10 @@ pub enum Error {
     NotAFile { path: PathBuf, what: &'static str },
     /// The safetensors header is invalid; `reason` is the crate's, with specifics added.
     InvalidHeader { path: PathBuf, reason: String },
+    /// The file is another format (`what`: "a gguf file", ...), not safetensors.
+    OtherFormat { path: PathBuf, what: &'static str },
+    /// No tensor would change: the output would be a copy of the input.
+    NothingToConvert { path: PathBuf, target: Target },
     /// The input was written to, truncated or extended while it was read.
     InputChanged { path: PathBuf, change: String },
     /// The planned output header would pass the format's limit.
@@ -102,9 +106,10 @@ impl Error {
     /// The category: the Python exception class and the CLI's JSON `kind`.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::InvalidHeader { .. } | Error::OutputHeaderTooLarge { .. } => {
-                ErrorKind::InvalidInput
-            }
+            Error::InvalidHeader { .. }
+            | Error::OtherFormat { .. }
+            | Error::OutputHeaderTooLarge { .. } => ErrorKind::InvalidInput,
+            Error::NothingToConvert { .. } => ErrorKind::Refused,
             Error::InputChanged { .. } => ErrorKind::InputChanged,
             Error::NotAFile { .. }
             | Error::UnmatchedPatterns { .. }
@@ -131,6 +136,8 @@ impl Error {
         match self {
             Error::NotAFile { path, .. }
             | Error::InvalidHeader { path, .. }
+            | Error::OtherFormat { path, .. }
+            | Error::NothingToConvert { path, .. }
             | Error::InputChanged { path, .. }
             | Error::OutputHeaderTooLarge { path, .. }
             | Error::UnmatchedPatterns { path, .. }
@@ -183,6 +190,14 @@ impl Error {
             Error::InvalidHeader { reason, .. } => {
                 format!("invalid safetensors file: {}", esc(reason))
             }
+            Error::OtherFormat { what, .. } => {
+                format!("{what}, not a safetensors file")
+            }
+            Error::NothingToConvert { target, .. } => format!(
+                "nothing to convert: no tensor becomes {} (each float tensor already is, or \
+                 is kept); the output would be a copy of the input",
+                target.dtype()
+            ),
             Error::InputChanged { change, .. } => format!(
                 "input changed while being read ({}); no output was written",
                 esc(change)

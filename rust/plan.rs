@@ -454,6 +454,34 @@ fn quantized_warning(src: &SourceHeader, plan: &Plan, opts: &PlanOptions) -> Opt
     ))
 }
 
+/// The warning for values that became zero: how many, in how many tensors, the worst.
+pub fn underflow_warning(numerics: &[(String, crate::numerics::Numerics)]) -> Option<Warning> {
+    let mut hit: Vec<(&str, u64)> = numerics
+        .iter()
+        .filter(|(_, n)| n.underflow_to_zero > 0)
+        .map(|(name, n)| (name.as_str(), n.underflow_to_zero))
+        .collect();
+    if hit.is_empty() {
+        return None;
+    }
+    hit.sort_by_key(|t| std::cmp::Reverse(t.1));
+    let values: u64 = hit.iter().map(|t| t.1).sum();
+    let worst = hit
+        .iter()
+        .take(3)
+        .map(|(name, n)| format!("`{}` {n}", esc(name)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Some(Warning::new(
+        WarningKind::Underflow,
+        format!(
+            "{} underflowed to zero in {} (worst: {worst})",
+            crate::text::count(values, "value"),
+            crate::text::count(hit.len() as u64, "tensor")
+        ),
+    ))
+}
+
 /// The overflow check of a conversion whose numerics were measured: the error under
 /// `on_overflow=error`, else the warning.
 pub fn overflow_outcome(

@@ -281,7 +281,7 @@ fn plan_options(
 #[pyo3(name = "convert", signature = (src, dst, *, to=None, threads=None, force=false,
                     progress=None, cancel=None, warn=None, keep=Vec::new(), keep_min_size=None,
                     keep_unmatched="warn", from_bf16=false, on_overflow=None, numerics=true,
-                    report=None, replaces=None, tuning=None))]
+                    report=None, replaces=None, allow_copy=false, tuning=None))]
 #[allow(clippy::too_many_arguments)]
 fn py_convert<'py>(
     py: Python<'py>,
@@ -301,11 +301,13 @@ fn py_convert<'py>(
     numerics: bool,
     report: Option<PathBuf>,
     replaces: Option<(u64, u64)>,
+    allow_copy: bool,
     tuning: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = Options {
         report,
         replaces,
+        allow_copy,
         plan: plan_options(py, to, keep, keep_min_size, keep_unmatched, from_bf16)?,
         threads: self::threads(py, threads)?,
         force,
@@ -416,7 +418,8 @@ fn numerics_fields<'py>(
 #[pyfunction]
 #[pyo3(name = "inspect", signature = (path, *, to=None, keep=Vec::new(), keep_min_size=None,
                     keep_unmatched="warn", from_bf16=false, scan=false, on_overflow=None,
-                    threads=None, progress=None, tuning=None))]
+                    threads=None, progress=None, dst=None, force=false, report=None,
+                    allow_copy=false, tuning=None))]
 #[allow(clippy::too_many_arguments)]
 fn py_inspect<'py>(
     py: Python<'py>,
@@ -430,17 +433,25 @@ fn py_inspect<'py>(
     on_overflow: Option<&Bound<'py, PyAny>>,
     threads: Option<&Bound<'py, PyAny>>,
     progress: Option<Bound<'py, PyAny>>,
+    dst: Option<PathBuf>,
+    force: bool,
+    report: Option<PathBuf>,
+    allow_copy: bool,
     tuning: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let plan_opts = plan_options(py, to, keep, keep_min_size, keep_unmatched, from_bf16)?;
+    let on_overflow = self::on_overflow(py, on_overflow)?;
     let opts = Options {
         threads: self::threads(py, threads)?,
         tuning: self::tuning(tuning)?,
+        force,
+        report,
+        allow_copy,
+        on_overflow,
         ..Options::new(plan_opts.target)
     };
-    let on_overflow = self::on_overflow(py, on_overflow)?;
     let mut task = guarded(py, || {
-        InspectTask::new(&path, &plan_opts, scan, on_overflow, &opts)
+        InspectTask::new(&path, &plan_opts, scan, on_overflow, &opts, dst.as_deref())
     })?;
     let hooks = Hooks {
         progress,
@@ -520,14 +531,20 @@ fn inspect_dict<'py>(py: Python<'py>, found: &Inspection) -> PyResult<Bound<'py,
 }
 
 #[pyfunction]
-#[pyo3(name = "verify", signature = (src, dst, *, loose=false, threads=None, progress=None,
-                    numerics=true, report=None, force=false, tuning=None))]
+#[pyo3(name = "verify", signature = (src, dst, *, loose=false, to=None, keep=Vec::new(),
+                    keep_min_size=None, from_bf16=false, on_overflow=None, threads=None,
+                    progress=None, numerics=true, report=None, force=false, tuning=None))]
 #[allow(clippy::too_many_arguments)]
 fn py_verify<'py>(
     py: Python<'py>,
     src: PathBuf,
     dst: PathBuf,
     loose: bool,
+    to: Option<&Bound<'py, PyAny>>,
+    keep: Vec<String>,
+    keep_min_size: Option<&Bound<'py, PyAny>>,
+    from_bf16: bool,
+    on_overflow: Option<&Bound<'py, PyAny>>,
     threads: Option<&Bound<'py, PyAny>>,
     progress: Option<Bound<'py, PyAny>>,
     numerics: bool,
@@ -535,8 +552,14 @@ fn py_verify<'py>(
     force: bool,
     tuning: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
+    let plan = plan_options(py, to, keep, keep_min_size, "ignore", from_bf16)?;
     let opts = VerifyOptions {
         loose,
+        target: to.map(|_| plan.target),
+        keep: plan.keep,
+        keep_min_size: plan.keep_min_size,
+        from_bf16,
+        on_overflow: self::on_overflow(py, on_overflow)?,
         threads: self::threads(py, threads)?,
         numerics,
         report,
@@ -656,6 +679,85 @@ fn copy_file<'py>(
     Ok((p.dev, p.ino, p.size))
 }
 
+fn numerics_from(d: &Bound<'_, PyAny>) -> PyResult<Numerics> {
+    Ok(Numerics {
+        elements: d.get_item("elements")?.extract()?,
+        overflow: d.get_item("overflow")?.extract()?,
+        underflow_to_zero: d.get_item("underflow_to_zero")?.extract()?,
+        subnormal: d.get_item("subnormal")?.extract()?,
+        nan_in: d.get_item("nan_in")?.extract()?,
+        inf_in: d.get_item("inf_in")?.extract()?,
+        max_abs_error: d.get_item("max_abs_error")?.extract()?,
+        max_rel_error: d.get_item("max_rel_error")?.extract()?,
+    })
+}
+
+/// Write the numeric report of a folder (`numerics` as a folder's report holds it, each
+/// tensor with its `file`) to `path`, atomically; the layout is the engine's.
+#[pyfunction]
+#[pyo3(signature = (path, src, dst, to, numerics, *, replace=None))]
+fn write_numeric_report(
+    py: Python<'_>,
+    path: PathBuf,
+    src: PathBuf,
+    dst: PathBuf,
+    to: Option<&str>,
+    numerics: &Bound<'_, PyAny>,
+    replace: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(u64, u64, u64)> {
+    let mut rows = Vec::new();
+    for t in numerics.get_item("tensors")?.try_iter()? {
+        let t = t?;
+        let file: Option<String> = match t.get_item("file") {
+            Ok(f) => Some(f.extract()?),
+            Err(_) => None,
+        };
+        let name: String = t.get_item("name")?.extract()?;
+        rows.push((file, name, numerics_from(&t)?));
+    }
+    let total = numerics_from(&numerics.get_item("total")?)?;
+    let named: Vec<(Option<&str>, &str, &Numerics)> = rows
+        .iter()
+        .map(|(f, n, x)| (f.as_deref(), n.as_str(), x))
+        .collect();
+    let target = to.and_then(Target::from_name);
+    let bytes = crate::report::folder_report(&src, &dst, target, &named, &total);
+    let replace = replace_policy(replace)?;
+    let p = guarded(py, || output::write_file(&path, &bytes, replace, ""))?;
+    Ok((p.dev, p.ino, p.size))
+}
+
+/// Check a side output's path before any work (see `output::check_side_output`): `taken`
+/// are the paths it must not be. Returns the replace policy for `write_file`.
+#[pyfunction]
+#[pyo3(signature = (path, role, force, taken))]
+fn check_side_output<'py>(
+    py: Python<'py>,
+    path: PathBuf,
+    role: &str,
+    force: bool,
+    taken: Vec<(PathBuf, String)>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let role: &'static str = if role == "report" { "report" } else { "output" };
+    let ids: Vec<(output::PathId, &'static str)> = taken
+        .iter()
+        .map(|(p, what)| {
+            let what: &'static str = if what.contains("input") {
+                "path is the input"
+            } else {
+                "path is the output"
+            };
+            (output::PathId::of(p), what)
+        })
+        .collect();
+    let refs: Vec<(&output::PathId, &'static str)> = ids.iter().map(|(i, w)| (i, *w)).collect();
+    let replace = guarded(py, || output::check_side_output(&path, role, force, &refs))?;
+    Ok(match replace {
+        Replace::No => py.None().into_bound(py),
+        _ => "any".into_pyobject(py)?.into_any(),
+    })
+}
+
 /// Render a message template, calling `option(name, value)` for each placeholder.
 #[pyfunction]
 fn render(template: &str, option: &Bound<'_, PyAny>) -> PyResult<String> {
@@ -732,6 +834,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         torch_names.set_item(t.name(), t.torch_name())?;
     }
     m.add("TARGET_TORCH_NAMES", torch_names)?;
+    let target_dtypes = PyDict::new(py);
+    for t in Target::ALL {
+        target_dtypes.set_item(t.name(), t.dtype().to_string())?;
+    }
+    m.add("TARGET_DTYPES", target_dtypes)?;
     m.add("REASONS", names(py, ReasonCode::NAMES)?)?;
     let kept: Vec<&str> = ReasonCode::ALL
         .iter()
@@ -767,5 +874,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(failpoint, m)?)?;
     m.add_function(wrap_pyfunction!(write_file, m)?)?;
     m.add_function(wrap_pyfunction!(copy_file, m)?)?;
+    m.add_function(wrap_pyfunction!(write_numeric_report, m)?)?;
+    m.add_function(wrap_pyfunction!(check_side_output, m)?)?;
     Ok(())
 }

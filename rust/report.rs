@@ -15,8 +15,11 @@ use crate::VERSION;
 /// The version of the report's JSON layout (that of the CLI's `--json` output).
 pub const SCHEMA: u64 = 1;
 
-fn fields(name: Option<&str>, n: &Numerics) -> Value {
+fn fields(file: Option<&str>, name: Option<&str>, n: &Numerics) -> Value {
     let mut m = Map::new();
+    if let Some(file) = file {
+        m.insert("file".into(), file.into());
+    }
     if let Some(name) = name {
         m.insert("name".into(), name.into());
     }
@@ -40,6 +43,19 @@ pub fn numeric_report(
     tensors: &[(String, Numerics)],
     total: &Numerics,
 ) -> Vec<u8> {
+    let named: Vec<(Option<&str>, &str, &Numerics)> =
+        tensors.iter().map(|(n, x)| (None, n.as_str(), x)).collect();
+    folder_report(src, dst, target, &named, total)
+}
+
+/// `numeric_report` for a folder: each tensor also names its file (relative path).
+pub fn folder_report(
+    src: &Path,
+    dst: &Path,
+    target: Option<Target>,
+    tensors: &[(Option<&str>, &str, &Numerics)],
+    total: &Numerics,
+) -> Vec<u8> {
     let doc = json!({
         "schema": SCHEMA,
         "command": "report",
@@ -48,8 +64,11 @@ pub fn numeric_report(
             "src": src.to_string_lossy(),
             "dst": dst.to_string_lossy(),
             "to": target.map(Target::name),
-            "tensors": tensors.iter().map(|(n, x)| fields(Some(n), x)).collect::<Vec<_>>(),
-            "total": fields(None, total),
+            "tensors": tensors
+                .iter()
+                .map(|(f, n, x)| fields(*f, Some(n), x))
+                .collect::<Vec<_>>(),
+            "total": fields(None, None, total),
         },
     });
     let mut out = Vec::new();

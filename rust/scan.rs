@@ -189,7 +189,7 @@ pub fn overflowing(scanned: &[Scanned]) -> HashSet<String> {
 }
 
 /// The largest finite |x| of `src`, elements of `c`'s source dtype, as f64 (exact).
-fn max_finite_abs(c: Conversion, s: &[u8]) -> f64 {
+pub(crate) fn max_finite_abs(c: Conversion, s: &[u8]) -> f64 {
     match c.src_size() {
         2 => {
             // BF16 (the only 2-byte source that can overflow).

@@ -14,6 +14,7 @@ use memmap2::{Mmap, UncheckedAdvice};
 
 use crate::error::{Error, Result};
 use crate::header::{self, SourceHeader, PREFIX};
+use crate::torch::Format;
 
 /// An opened, validated input.
 pub struct Source {
@@ -91,7 +92,16 @@ impl Source {
         // truncation during the read of one window.
         let map =
             unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, "cannot map the input", e))?;
-        let header = header::read_header(path, &map)?;
+        let header = header::read_header(path, &map).map_err(|e| {
+            // Another format's reasons to fail as safetensors mislead: name the format.
+            match crate::torch::sniff(&map) {
+                Format::Safetensors | Format::Unknown => e,
+                other => Error::OtherFormat {
+                    path: path.to_path_buf(),
+                    what: other.describe(),
+                },
+            }
+        })?;
         Ok(Source {
             path: path.to_path_buf(),
             file,

@@ -176,15 +176,40 @@ pub struct Inspection {
 
 impl InspectTask {
     /// Plan `path`; with `scan` (implied by `OnOverflow::Keep`), read the tensors to convert.
+    /// With `dst`, first make every check a conversion into `dst` with `opts` would make
+    /// (the destination, the report path, nothing to convert, free space), failing as it
+    /// would: a dry run that says "fits" is one that converts.
     pub fn new(
         path: &Path,
         plan_opts: &PlanOptions,
         scan: bool,
         on_overflow: OnOverflow,
         opts: &Options,
+        dst: Option<&Path>,
     ) -> Result<InspectTask> {
         let source = Source::open(path)?;
+        if let Some(dst) = dst {
+            check_outputs(&source, dst, opts)?;
+        }
         let plan = plan::plan(path, &source.header, plan_opts)?;
+        if let Some(dst) = dst {
+            if plan.converted() == 0 && !opts.allow_copy && on_overflow != OnOverflow::Keep {
+                return Err(Error::NothingToConvert {
+                    path: path.to_path_buf(),
+                    target: plan.target,
+                });
+            }
+            let dir = crate::output::parent_dir(dst);
+            let have =
+                crate::output::free_space(&dir).map_err(|e| Error::io(&dir, "statvfs", e))?;
+            if have < plan.file_len() {
+                return Err(Error::NoSpace {
+                    dir,
+                    need: plan.file_len(),
+                    have,
+                });
+            }
+        }
         let keep_overflowing = on_overflow == OnOverflow::Keep;
         // Keeping what would overflow needs the data: it implies the scan.
         let (source, scan) = if scan || keep_overflowing {

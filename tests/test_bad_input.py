@@ -719,9 +719,9 @@ def test_raising_warn_hook_leaves_nothing(tmp_path):
     """A plan warning turned into an error refuses the conversion before anything is written."""
     import warnings
 
-    src = write_safetensors(tmp_path / "bf.safetensors", {"x": ("BF16", [1], b"\x80\x3f")})
+    src = write_safetensors(tmp_path / "bf.safetensors", {"x": ("F32", [1], b"\x00\x00\x80\x3f")})
     with warnings.catch_warnings():
         warnings.simplefilter("error", stcast.StcastWarning)
-        with pytest.raises(stcast.StcastWarning, match="nothing to convert"):
-            stcast.convert(src, tmp_path / "out.safetensors")
+        with pytest.raises(stcast.StcastWarning, match="keep pattern `typo`"):
+            stcast.convert(src, tmp_path / "out.safetensors", keep=["typo"])
     assert listing(tmp_path) == ["bf.safetensors"]

@@ -190,7 +190,10 @@ def test_error_is_one_line(tmp_path, run_main):
         ["frobnicate"],
         ["convert"],
         ["convert", "a", "b", "c"],
-        ["convert", "x.safetensors", "--threads", "0"],
+        ["convert", "x.safetensors", "--threads", "1025"],
+        ["convert", "x.safetensors", "--keep-min-size", "123456789012345678901"],
+        ["convert", "x/", "--shard", "1/1000000000000"],
+        ["demo", "--size-gib", "1e300"],
         ["convert", "x.safetensors", "--threads", "two"],
         ["convert", "x.safetensors", "--to", "int8"],
         ["inspect", "x.safetensors", "--bogus"],
@@ -199,9 +202,18 @@ def test_error_is_one_line(tmp_path, run_main):
     ids=lambda a: " ".join(a) or "no-args",
 )
 def test_usage_errors_exit_2(tmp_path, run_main, args):
+    """A usage error is one line with a pointer to the right --help, and exit status 2;
+    no arguments at all lists the commands."""
     rc, out, err = run_main(*args, cwd=tmp_path)
     assert rc == 2, (out, err)
-    assert "usage:" in err and "Traceback" not in err
+    assert "Traceback" not in err
+    if not args:
+        assert "commands:" in out and "convert" in out and err == ""
+    else:
+        line = assert_one_error_line(err)
+        assert line.startswith("stcast: error: ") and "--help`)" in line, line
+        if args[0] in ("convert", "inspect", "demo"):
+            assert f"`stcast {args[0]} --help`" in line, line
     assert listing(tmp_path) == []
 
 
@@ -226,7 +238,7 @@ def test_python_m_stcast_exits_with_the_code_of_main(tmp_path, cli_process):
     rc, out, err = cli_process("convert", tmp_path / "missing.safetensors")
     assert (rc, out) == (1, "") and "No such file" in assert_one_error_line(err)
     rc, out, err = cli_process(cwd=tmp_path)
-    assert rc == 2 and "usage:" in err and "Traceback" not in err
+    assert rc == 2 and "commands:" in out and "Traceback" not in err
     assert listing(tmp_path) == []
 
 
@@ -241,7 +253,9 @@ def test_version_loads_no_numpy_nor_the_api_or_folder_code():
     )
     assert proc.returncode == 0, proc.stderr
     loaded = proc.stderr.strip().splitlines()[-1]
-    assert loaded == "['stcast', 'stcast._core', 'stcast.cli', 'stcast.errors']", proc.stderr
+    assert loaded == (
+        "['stcast', 'stcast._console', 'stcast._core', 'stcast.cli', 'stcast.errors']"
+    ), proc.stderr
     proc = run_python("-X", "importtime", "-m", "stcast", "--version")
     assert proc.returncode == 0
     imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()]
@@ -305,31 +319,35 @@ def test_no_progress_bar_on_pipe(tmp_path, cli_process):
 # --- warnings -------------------------------------------------------------------------------
 
 
-def test_nothing_to_convert_warning(tmp_path, run_main):
+def test_nothing_to_convert_is_refused(tmp_path, run_main):
+    """A run that would change nothing (a bf16 file) is refused, not copied; the dry run
+    without DST says so as a warning, with DST it fails as convert would."""
     src = write_safetensors(
         tmp_path / "in.safetensors",
         {"a": ("BF16", [2], b"\x80\x3f\x00\x40"), "b": ("I8", [1], b"\x01")},
     )
     dst = tmp_path / "out.safetensors"
     rc, out, err = run_main("convert", src, dst)
-    assert rc == 0
-    lines = err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("stcast: warning: nothing to convert"), err
-    assert tensor_bytes(dst)["a"][2] == b"\x80\x3f\x00\x40"
+    assert (rc, out) == (1, "")
+    line = assert_one_error_line(err)
+    assert "nothing to convert: no tensor becomes BF16" in line and "a copy" in line
+    assert not dst.exists()
     rc, out, err = run_main("inspect", src)
     assert rc == 0 and "stcast: warning: nothing to convert" in err
+    rc, out, err = run_main("inspect", src, dst)
+    assert rc == 1 and "nothing to convert" in assert_one_error_line(err)
 
 
 def test_in_process_runs_leave_the_warning_state_as_it_was(tmp_path, run_main):
     """main shows warnings itself while a command runs; the test's filters are back after."""
-    src = write_safetensors(tmp_path / "in.safetensors", {"a": ("BF16", [1], b"\x80\x3f")})
+    src = write_safetensors(tmp_path / "in.safetensors", {"a": ("F32", [1], b"\x00\x00\x80\x3f")})
     filters, show = list(warnings.filters), warnings.showwarning
-    rc, _, err = run_main("convert", src, tmp_path / "out.safetensors")
-    assert rc == 0 and err.startswith("stcast: warning: nothing to convert"), err
+    rc, _, err = run_main("convert", src, tmp_path / "out.safetensors", "--keep", "nope")
+    assert rc == 0 and err.startswith("stcast: warning: --keep pattern `nope`"), err
     assert (list(warnings.filters), warnings.showwarning) == (filters, show)
     # This suite's filter still turns a plan warning into an error (conftest.py).
-    with pytest.raises(stcast.StcastWarning, match="nothing to convert"):
-        stcast.convert(src, tmp_path / "again.safetensors")
+    with pytest.raises(stcast.StcastWarning, match="keep pattern `nope`"):
+        stcast.convert(src, tmp_path / "again.safetensors", keep=["nope"])
 
 
 def test_quantized_warning(tmp_path, run_main):
@@ -348,9 +366,9 @@ def test_quantized_warning(tmp_path, run_main):
     assert "`layer.0.weight_scale`" in lines[0] and "`layer.0.input_scale`" in lines[0]
     assert "`norm.weight`" not in lines[0]
     assert json.loads(out)["result"]["warnings"] == [lines[0][len("stcast: warning: ") :]]
-    # -q silences progress and the summary, not warnings.
+    # -q silences progress, the summary and warnings too.
     rc, out, err = run_main("convert", "-q", src, tmp_path / "out2.safetensors")
-    assert rc == 0 and out == "" and "quantized" in err
+    assert (rc, out, err) == (0, "", "")
 
 
 # --- unexpected failures ----------------------------------------------------------------------

@@ -146,6 +146,8 @@ def test_scalar_and_empty_tensors(tmp_path, dtype):
         "empty2": (dtype, [5, 0], b""),
         "vec": (dtype, [2], bytes(range(10, 10 + 2 * size))),
         "empty_last": (dtype, [0], b""),
+        # Something to convert: a run that would only copy is refused.
+        "f": ("F32", [1], b"\x00\x00\x80\x3f"),
     }
     src = write_safetensors(tmp_path / "in.safetensors", tensors)
     dst = tmp_path / "out.safetensors"
@@ -216,11 +218,15 @@ def test_empty_metadata_is_kept(tmp_path):
 def test_file_without_tensors(tmp_path):
     src = write_raw(tmp_path / "in.safetensors", {"__metadata__": {"k": "v"}})
     dst = tmp_path / "out.safetensors"
-    with pytest.warns(stcast.StcastWarning, match="nothing to convert"):
-        report = stcast.convert(src, dst)
-    assert report.tensors_converted == report.tensors_copied == 0
-    _, items, data = read_safetensors(dst)
-    assert items == [("__metadata__", [("k", "v")])] and data == b""
+    with pytest.raises(stcast.Refused, match="nothing to convert"):
+        stcast.convert(src, dst)
+    assert not dst.exists()
+    # inspect describes the file; given the destination, it refuses as convert does.
+    info = stcast.inspect(src)
+    # The header alone: `{"__metadata__":{"k":"v"}}`, 26 bytes padded to 32.
+    assert info.tensors == [] and info.output_bytes == 8 + 32
+    with pytest.raises(stcast.Refused, match="nothing to convert"):
+        stcast.inspect(src, dst)
 
 
 # --- exact bits -----------------------------------------------------------------------------

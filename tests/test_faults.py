@@ -325,7 +325,7 @@ def test_sigkill_named_temp_is_removed_by_the_next_run(big_model, run_main, big_
     assert run.kill()[0] == -signal.SIGKILL
     assert temps(folder) == [temp]  # a killed run cannot clean up: the next one does
 
-    rc, _, err = run_main("convert", "-q", big_model, folder / "b.safetensors")
+    rc, _, err = run_main("convert", big_model, folder / "b.safetensors")  # -q would hide it
     assert rc == 0, err
     line = assert_one_error_line(err)
     assert line.startswith(f"stcast: warning: removed {folder / temp}, a temp file left by"), line
@@ -352,7 +352,7 @@ def test_temp_whose_lock_is_held_is_left_alone(big_model, cli_process, run_main)
         assert (rc, err) == (0, "")
         assert held.read_bytes() == b"being written on another host"
     # Released (its writer died): the next run removes it, whatever its pid or host say.
-    rc, _, err = run_main("convert", "-q", big_model, folder / "b.safetensors")
+    rc, _, err = run_main("convert", big_model, folder / "b.safetensors")
     assert rc == 0 and "warning: removed" in assert_one_error_line(err)
     assert not held.exists()
 

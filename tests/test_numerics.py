@@ -200,7 +200,7 @@ def test_convert_report_file_and_warning(tmp_path, run_main):
     dst, path = tmp_path / "dst.safetensors", tmp_path / "report.json"
     rc, out, err = run_main("convert", src, dst, "--report", path, "--json")
     assert rc == 0, err
-    # Overflow has the engine's own warning (the --on-overflow guard); underflow this one.
+    # Overflow first (the --on-overflow guard), then underflow; both from the engine.
     lines = err.splitlines()
     assert len(lines) == 2 and all(line.startswith("stcast: warning: ") for line in lines)
     assert "`over` (2)" in lines[0] and "±inf" in lines[0]
@@ -222,7 +222,7 @@ def test_convert_report_file_and_warning(tmp_path, run_main):
 def test_worst_tensors_are_named_first(tmp_path, run_main):
     tensors = {f"t{i}": ("F32", [4], f32(*([1e-45] * i + [1.0] * (4 - i)))) for i in [1, 4, 2, 3]}
     src = write_safetensors(tmp_path / "src.safetensors", tensors)
-    rc, _, err = run_main("convert", src, tmp_path / "dst.safetensors", "-q")
+    rc, _, err = run_main("convert", src, tmp_path / "dst.safetensors")
     assert rc == 0
     assert assert_one_error_line(err) == (
         "stcast: warning: 10 values underflowed to zero in 4 tensors "
@@ -270,10 +270,24 @@ def test_verify_report_not_written_on_mismatch(tmp_path, run_main):
     assert stcast.verify(src, dst).numerics is None
 
 
-def test_report_refuses_folders(tmp_path, run_main):
+def test_folder_report_names_each_tensors_file(tmp_path, run_main):
     (tmp_path / "model").mkdir()
     crafted(tmp_path / "model" / "model.safetensors")
-    rc, out, err = run_main("convert", tmp_path / "model", "--report", tmp_path / "r.json")
-    assert rc == 2 and out == ""
-    assert "--report: a folder run writes no numeric report" in assert_one_error_line(err)
-    assert not (tmp_path / "r.json").exists() and not (tmp_path / "model-bf16").exists()
+    crafted(tmp_path / "model" / "second.safetensors")
+    path = tmp_path / "r.json"
+    rc, out, err = run_main("convert", tmp_path / "model", "--report", path)
+    assert rc == 0, err
+    result = json.loads(path.read_text())["result"]
+    assert result["src"] == str(tmp_path / "model") and result["to"] == "bf16"
+    files = {t["file"] for t in result["tensors"]}
+    assert files == {"model.safetensors", "second.safetensors"}
+    one = [{k: v for k, v in t.items() if k != "file"} for t in result["tensors"]]
+    assert len(one) == 2 * len(CRAFTED_BF16)
+    # The totals add up over both files.
+    assert result["total"]["overflow"] == 2 * total_of(CRAFTED_BF16)["overflow"]
+    # verify writes the same report for the folder.
+    checked = tmp_path / "v.json"
+    model = tmp_path / "model"
+    rc, _, err = run_main("verify", model, tmp_path / "model-bf16", "--report", checked)
+    assert rc == 0, err
+    assert json.loads(checked.read_text())["result"]["tensors"] == result["tensors"]

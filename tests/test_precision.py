@@ -128,8 +128,13 @@ def test_keep_mixed_output_is_exact_and_aligned(tmp_path, rng, to):
     assert patterns["model.norm.weight"] == "*norm*"
     assert patterns["model.layers.0.mlp.gate.weight"] == "*mlp.gate.weight"
     assert patterns["rotary.inv_freq"] is None
-    # stcast's own checker agrees, in strict mode (order, header bytes, alignment).
-    assert stcast.verify(src, dst).ok
+    # stcast's own checker agrees, in strict mode (order, header bytes, alignment), given
+    # the same precision options; without them it names a kept tensor and the way out.
+    assert stcast.verify(src, dst, to=to, keep=keep, keep_min_size=4).ok
+    bare = stcast.verify(src, dst, to=to)
+    assert not bare.ok and bare.mismatch is not None
+    assert "kept in F" in bare.mismatch.message and "keep patterns" in bare.mismatch.message
+    assert stcast.verify(src, dst, loose=True).ok
 
 
 def test_kept_f32_lands_before_bf16(tmp_path):
@@ -217,7 +222,7 @@ def test_cli_reports_kept_tensors(tmp_path, rng, run_main):
     result = json.loads(out)["result"]
     assert (result["tensors_kept"], len(result["kept"])) == (4, 4)
     rc, _, err = run_main("convert", src, "--keep-min-size", "-1")
-    assert rc == 2 and "at least 0" in err
+    assert rc == 2 and "-1 is not from 0 to" in err
 
 
 # --- --to fp16 -----------------------------------------------------------------------------
@@ -357,7 +362,10 @@ def test_fp16_without_from_bf16_copies_bf16_and_says_so(tmp_path, run_main):
     )
     assert (rc, err) == (0, "")
     assert tensor_bytes(tmp_path / "o3.safetensors")["b"][0] == "F16"
-    assert stcast.verify(src, tmp_path / "o3.safetensors").ok
+    assert stcast.verify(src, tmp_path / "o3.safetensors", to="fp16", from_bf16=True).ok
+    # Without from_bf16, verify expects the BF16 tensor kept, as convert did.
+    assert stcast.verify(src, tmp_path / "out.safetensors", to="fp16").ok
+    assert not stcast.verify(src, tmp_path / "o3.safetensors", to="fp16").ok
 
 
 # --- the overflow guard --------------------------------------------------------------------
@@ -467,7 +475,8 @@ def test_on_overflow_keep_keeps_exactly_what_would_overflow(tmp_path, run_main):
         else:
             assert out[name][0] == "F16", name
     assert_aligned_and_grouped(dst)
-    assert stcast.verify(src, dst).ok
+    assert stcast.verify(src, dst, to="fp16", from_bf16=True, on_overflow="keep").ok
+    assert not stcast.verify(src, dst, to="fp16", from_bf16=True).ok
     # A --keep pattern that already keeps one is its reason; the scan keeps the others.
     options = {"to": "fp16", "from_bf16": True, "on_overflow": "keep"}
     report = stcast.convert(src, tmp_path / "o2.safetensors", keep=["big"], **options)
@@ -532,8 +541,10 @@ def test_inspect_plan_matches_convert(tmp_path, rng, options):
     extra = {k: (d, s, b) for k, (d, s, b) in tensors.items()}
     extra["hot"] = ("F32", [2], np.float32([1e6, 1]).tobytes())
     src = write_safetensors(tmp_path / "plan.safetensors", extra)
-    info = stcast.inspect(src, tmp_path, **options)
     dst = tmp_path / "out.safetensors"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", stcast.StcastWarning)
+        info = stcast.inspect(src, dst, **options)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", stcast.StcastWarning)
         report = stcast.convert(src, dst, **options)
@@ -693,7 +704,8 @@ def test_folder_quantized_allowed_when_keep_keeps_the_scales(tmp_path):
 
 def test_folder_inspect_lists_each_file(tmp_path, run_main):
     src = two_shards(tmp_path)
-    info = stcast.inspect(src, tmp_path / "dst", keep=["*norm*", "*typo*"])
+    with pytest.warns(stcast.StcastWarning, match="`\\*typo\\*` matches no tensor name"):
+        info = stcast.inspect(src, tmp_path / "dst", keep=["*norm*", "*typo*"])
     assert info.folder and len(info.tensors) == sum(len(f.tensors) for f in info.files)
     assert [f.path for f in info.files] == [
         "model-00001-of-00002.safetensors",

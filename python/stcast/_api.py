@@ -7,10 +7,11 @@ first use so that `stcast --version` does not pay for it.
 from __future__ import annotations
 
 import os
+import re
 from typing import TYPE_CHECKING
 
-from . import _engine
-from .errors import UsageError
+from . import _core, _engine
+from .errors import InvalidInput, Refused, StcastError, UsageError
 from .reports import ConvertReport, InspectReport, VerifyReport
 
 if TYPE_CHECKING:
@@ -121,40 +122,55 @@ def convert(
         Cancelled: `cancel.is_set()` became true.
         KeyboardInterrupt: Ctrl-C.
     """
-    src = os.fsdecode(src)
+    src = _source(src)
     name = _engine.target_name(to)
     keep = _engine.patterns(keep)
     threads = _threads(threads)
     keep_min_size = _engine.check_int("keep_min_size", keep_min_size, 0, 2**64 - 1)
     if os.path.isdir(src):
-        from .folder import convert_folder
+        from . import folder
 
-        if report is not None:
-            raise UsageError(
-                f"{{report}}: a folder run writes no numeric report; {_engine.escape(src)} "
-                "is a folder",
-                option="report",
-            )
-        return convert_folder(
+        prepared = folder.prepare(
             src,
             None if dst is None else os.fsdecode(dst),
             to=name,
-            threads=threads,
             force=force,
             resume=resume,
             shard=shard,
             allow_quantized=allow_quantized,
-            progress=progress,
-            file_progress=file_progress,
-            cancel=cancel,
             keep=keep,
             keep_min_size=keep_min_size,
             strict=strict,
             from_bf16=from_bf16,
             on_overflow=on_overflow,
             follow_links=follow_links,
+            cancel=cancel,
+        )
+        replace = None
+        if report is not None:
+            report = os.fsdecode(report)
+            replace = _core.check_side_output(
+                report, "report", force, [(prepared.src, "the input"), (prepared.dst, "the output")]
+            )
+        result = folder.convert_folder(
+            prepared,
+            threads=threads,
+            force=force,
+            allow_quantized=allow_quantized,
+            progress=progress,
+            file_progress=file_progress,
+            cancel=cancel,
             tuning=dict(tuning) if tuning is not None else None,
         )
+        if report is not None and result.numerics is not None:
+            # The folder's own commit point is behind it: a failure here says so.
+            try:
+                _core.write_numeric_report(
+                    report, result.src, result.dst, result.to, result.numerics, replace=replace
+                )
+            except (OSError, StcastError) as e:
+                raise _after_commit(result.dst, e) from None
+        return result
     if resume or shard is not None:
         option = "resume" if resume else "shard"
         raise UsageError(
@@ -191,6 +207,13 @@ def inspect(
     on_overflow: OnOverflow = "warn",
     threads: int | None = None,
     progress: Callable[[int, int], object] | None = None,
+    force: bool = False,
+    resume: bool = False,
+    shard: tuple[int, int] | None = None,
+    allow_quantized: bool = False,
+    follow_links: bool = False,
+    strict: bool = False,
+    report: StrPath | None = None,
     tuning: Tuning | None = None,
 ) -> InspectReport:
     """Describe what `convert(path, dst, ...)` would do with the same options: a dry run.
@@ -201,16 +224,19 @@ def inspect(
     memory bounded, the GIL released) and each gets its `numerics`: the overflow and
     underflow counts and largest errors the conversion would give. `on_overflow="keep"`
     implies the scan and plans the tensors that would overflow as kept, as `convert` does.
-    With `dst`, `.destination` says how much space its folder has and whether the output
-    fits. A folder `path` gives a report with `folder=True` and one report per weight file
-    in `files`. Plan warnings are returned in `.warnings`, not issued.
+    With `dst`, every check `convert(path, dst, ...)` makes before writing runs too, with
+    the options that change them (`force`, `resume`, `shard`, `allow_quantized`,
+    `follow_links`, `strict`, `report`), and fails exactly as the conversion would; then
+    `.destination` says how much space its folder has and whether the output fits. A folder
+    `path` gives a report with `folder=True` and one report per weight file in `files`.
+    Plan warnings are returned in `.warnings`, not issued.
 
     Raises:
         InvalidInput: the file is not a valid safetensors file.
         UsageError: a `keep` pattern or another option is invalid.
         OSError: it cannot be read.
     """
-    path = os.fsdecode(path)
+    path = _source(path)
     name = _engine.target_name(to)
     options: dict[str, Any] = {
         "to": name,
@@ -226,13 +252,34 @@ def inspect(
     if os.path.isdir(path):
         from .folder import inspect_folder
 
-        return inspect_folder(path, target, progress=progress, **options)
-    report = _engine.inspect_file(path, progress=progress, **options)
+        return inspect_folder(
+            path,
+            target,
+            progress=progress,
+            force=force,
+            resume=resume,
+            shard=shard,
+            allow_quantized=allow_quantized,
+            follow_links=follow_links,
+            strict=strict,
+            **options,
+        )
+    if resume or shard is not None:
+        option = "resume" if resume else "shard"
+        raise UsageError(
+            f"{{{option}}} applies to folders; {_engine.escape(path)} is not one", option=option
+        )
+    if target is not None:
+        # The checks `convert` makes before writing, failing as it would.
+        options.update(dst=target, force=force, keep_unmatched="error" if strict else "warn")
+        if report is not None:
+            options["report"] = os.fsdecode(report)
+    planned = _engine.inspect_file(path, progress=progress, **options)
     if target is None:
-        return report
+        return planned
     from dataclasses import replace
 
-    return replace(report, destination=_engine.destination(target, report.output_bytes))
+    return replace(planned, destination=_engine.destination(target, planned.output_bytes))
 
 
 def verify(
@@ -240,23 +287,35 @@ def verify(
     dst: StrPath,
     *,
     loose: bool = False,
+    to: Target | TargetAlias | None = None,
+    keep: Iterable[str] = (),
+    keep_min_size: int = 0,
+    from_bf16: bool = False,
+    on_overflow: OnOverflow = "warn",
     threads: int | None = None,
     progress: Callable[[int, int], object] | None = None,
     report: StrPath | None = None,
     force: bool = False,
     tuning: Tuning | None = None,
 ) -> VerifyReport:
-    """Check that `dst` is exactly what `convert` makes of `src`, streaming both files.
+    """Check that `dst` is exactly what `convert` makes of `src`, streaming both.
 
-    For each tensor of `dst` the expectation follows from its dtype: the same dtype as in
-    `src` means identical bytes; BF16 or F16 from a float means the conversion, recomputed
-    and compared bit for bit (NaN encodings included). So outputs of `to="bf16"` and
-    `to="fp16"` both verify. The header must hold the same names, shapes and metadata, and,
-    unless `loose`, the order, alignment and header bytes that `convert` writes.
+    Files: DST must be exactly SRC converted. Every tensor must be there with its shape and
+    the metadata kept; in strict mode (the default) DST must be what `convert` writes with
+    these options: each float tensor converted to the target (`to`; default the target DST
+    was converted to) unless `keep`, `keep_min_size` or `on_overflow="keep"` keep it (a
+    kept tensor for overflow must indeed overflow), in convert's order with its header
+    byte for byte; converted values are recomputed and compared bit for bit (NaN encodings
+    included), every other tensor byte for byte.
 
-    `loose=True` is for files written by other tools (e.g. torch): tensor order, metadata
-    key order, alignment and header layout are not compared, and a NaN only has to stay a
-    NaN (any encoding). Every other value must still be exact.
+    `loose=True` is for files written by other tools (e.g. torch): any float tensor may be
+    kept or converted, and tensor order, metadata key order, alignment and header layout
+    are not compared; a NaN only has to stay a NaN. Every other value must still be exact.
+
+    Folders: files are paired by relative path; each weight file is verified as above, copies
+    must hold the source's bytes, configs the source's text with only the dtype changed,
+    indexes the source's weight map with the total size of DST's shards. The mismatch names
+    the file.
 
     A difference is not an exception: the report says `ok=False` and gives the first
     `mismatch`. Memory stays bounded; the GIL is released in steps of 64 MiB, between
@@ -267,13 +326,41 @@ def verify(
     Raises:
         InvalidInput: a file is not a valid safetensors file.
         Refused: SRC and DST are the same file, or `report` names one of them.
+        UsageError: an option is out of range.
         OSError: a file cannot be read.
         KeyboardInterrupt: Ctrl-C.
     """
+    src, dst = _source(src), os.fsdecode(dst)
+    name = None if to is None else _engine.target_name(to)
+    keep = _engine.patterns(keep)
+    keep_min_size = _engine.check_int("keep_min_size", keep_min_size, 0, 2**64 - 1)
+    if os.path.isdir(src):
+        from .folder.verify import verify_folder
+
+        return verify_folder(
+            src,
+            dst,
+            loose=loose,
+            to=name,
+            keep=keep,
+            keep_min_size=keep_min_size,
+            from_bf16=from_bf16,
+            on_overflow=on_overflow,
+            threads=_threads(threads),
+            progress=progress,
+            report=None if report is None else os.fsdecode(report),
+            force=force,
+            tuning=dict(tuning) if tuning is not None else None,
+        )
     return _engine.verify_file(
-        os.fsdecode(src),
-        os.fsdecode(dst),
+        src,
+        dst,
         loose=loose,
+        to=name,
+        keep=keep,
+        keep_min_size=keep_min_size,
+        from_bf16=from_bf16,
+        on_overflow=on_overflow,
         threads=_threads(threads),
         progress=progress,
         report=None if report is None else os.fsdecode(report),
@@ -303,6 +390,30 @@ def finalize(
     from .folder import finalize as _finalize
 
     return _finalize(src, dst, progress=progress, file_progress=file_progress, cancel=cancel)
+
+
+def _source(src: StrPath) -> str:
+    """`src` as a path; one that does not exist but reads like a Hub id or URL gets a hint."""
+    path = os.fsdecode(src)
+    if os.path.lexists(path):
+        return path
+    hub = re.fullmatch(r"(?:https?://huggingface\.co/)?([\w.-]+/[\w.-]+)/?", path)
+    if hub is not None or path.startswith(("http://", "https://", "hf://")):
+        repo = hub.group(1) if hub is not None else "ORG/NAME"
+        raise InvalidInput(
+            f"{_engine.escape(path)}: no such file or folder; stcast converts local files: "
+            f"download it first, e.g. `hf download {_engine.escape(repo)} --local-dir DIR`",
+            path=path,
+        )
+    return path
+
+
+def _after_commit(published: str, e: BaseException) -> StcastError:
+    """An error that came after the output was published: it says so."""
+    template = e.template if isinstance(e, StcastError) else _engine.escape(str(e))
+    return Refused(
+        f"{_engine.escape(published)} was published, but then {template}", path=published
+    )
 
 
 def _threads(threads: int | None) -> int | None:

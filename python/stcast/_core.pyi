@@ -17,6 +17,7 @@ __all__ = [
     "TARGETS",
     "TARGET_ALIASES",
     "TARGET_TORCH_NAMES",
+    "TARGET_DTYPES",
     "REASONS",
     "KEPT_REASONS",
     "ERROR_KINDS",
@@ -40,6 +41,8 @@ __all__ = [
     "failpoint",
     "write_file",
     "copy_file",
+    "write_numeric_report",
+    "check_side_output",
 ]
 
 __version__: str
@@ -48,6 +51,7 @@ __version__: str
 TARGETS: tuple[str, ...]
 TARGET_ALIASES: dict[str, str]
 TARGET_TORCH_NAMES: dict[str, str]
+TARGET_DTYPES: dict[str, str]
 REASONS: tuple[str, ...]
 KEPT_REASONS: tuple[str, ...]
 ERROR_KINDS: tuple[str, ...]
@@ -160,6 +164,7 @@ def convert(
     numerics: bool = True,
     report: str | None = None,
     replaces: tuple[int, int] | None = None,
+    allow_copy: bool = False,
     tuning: dict[str, Any] | None = None,
 ) -> _ConvertResult: ...
 def inspect(
@@ -174,6 +179,10 @@ def inspect(
     on_overflow: str | None = None,
     threads: int | None = None,
     progress: Callable[[int, int], object] | None = None,
+    dst: str | None = None,
+    force: bool = False,
+    report: str | None = None,
+    allow_copy: bool = False,
     tuning: dict[str, Any] | None = None,
 ) -> _InspectResult: ...
 def verify(
@@ -181,6 +190,11 @@ def verify(
     dst: str,
     *,
     loose: bool = False,
+    to: str | None = None,
+    keep: list[str] = ...,
+    keep_min_size: int | None = None,
+    from_bf16: bool = False,
+    on_overflow: str | None = None,
     threads: int | None = None,
     progress: Callable[[int, int], object] | None = None,
     numerics: bool = True,
@@ -196,6 +210,18 @@ def failpoint(name: str) -> None: ...
 def write_file(
     path: str, data: bytes, *, replace: object = None, tag: str = ""
 ) -> tuple[int, int, int]: ...
+def write_numeric_report(
+    path: str,
+    src: str,
+    dst: str,
+    to: str | None,
+    numerics: Numerics,
+    *,
+    replace: object = None,
+) -> tuple[int, int, int]: ...
+def check_side_output(
+    path: str, role: str, force: bool, taken: list[tuple[str, str]]
+) -> str | None: ...
 def copy_file(
     src: str,
     dst: str,

@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 from . import _core
 from .errors import StcastWarning
-from .reports import ConvertReport, InspectReport, Mismatch, TensorInfo, VerifyReport, _build
+from .reports import (
+    ConvertReport,
+    InspectReport,
+    Mismatch,
+    Notice,
+    TensorInfo,
+    VerifyReport,
+    _build,
+)
 from .reports import notices as _notices
 
 # Engine names the package passes on.
@@ -101,7 +109,10 @@ def verify_file(src: str, dst: str, **options: Any) -> VerifyReport:
     """Verify one pair of files; `options` are `_core.verify`'s."""
     result = _core.verify(src, dst, **options)
     m = result["mismatch"]
-    return _build(VerifyReport, result, mismatch=None if m is None else _build(Mismatch, m))
+    if m is None:
+        return _build(VerifyReport, result, mismatch=None)
+    message = Notice("mismatch", m["message"])
+    return _build(VerifyReport, result, mismatch=_build(Mismatch, m, message=message))
 
 
 def check_int(option: str, value: object, minimum: int, maximum: int) -> int:

@@ -1,4 +1,5 @@
-"""The `stcast` command line: `convert`, `inspect`, `verify`, `finalize`, `demo`.
+"""The `stcast` command line: `convert`, `inspect`, `verify`, `finalize`, `demo`,
+`completion`, `manpage`.
 
 Exit codes: 0 ok, 1 failure, 2 usage; a run stopped by SIGINT, SIGTERM or SIGHUP dies of
 that signal once it has cleaned up (status 130, 143, 129). Errors are one line on stderr,
@@ -12,27 +13,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
-import json
 import os
-import re
 import sys
-import time
 import warnings
 
 import stcast
+from stcast import _console as out
 from stcast import _core
-from stcast.errors import render
 
 TYPE_CHECKING = False  # importing `typing` would add ~5 ms to every start
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
-    from typing import Any, TextIO
+    from typing import Any, NoReturn
 
-SCHEMA = 1
-PROG = "stcast"
+PROG = out.PROG
 # Commands that publish something (the commit point) before they print their summary.
 _COMMITTING = frozenset({"convert", "finalize", "verify"})
+_SIGNAL_WORDS = {2: "interrupted", 15: "terminated", 1: "hung up"}
 
 
 class _Stop:
@@ -47,9 +44,6 @@ class _Stop:
     @property
     def signal(self) -> int | None:
         return self.received[0] if self.received else None
-
-
-_SIGNAL_WORDS = {2: "interrupted", 15: "terminated", 1: "hung up"}
 
 
 def run_cli(argv: list[str] | None, received: list[int]) -> int:
@@ -81,20 +75,34 @@ def main(argv: list[str] | None = None, stop: _Stop | None = None) -> int:
 
     In-process callers (tests) leave `stop` out: Ctrl-C is then a KeyboardInterrupt.
     """
-    _escape_streams()
-    if (sys.argv[1:] if argv is None else argv) == ["--version"]:
+    out.escape_streams()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv in (["--version"], ["-V"]):
         # Same text as argparse's version action, without building the parser (~8 ms).
         print(f"{PROG} {stcast.__version__}")
         return 0
     stop = stop or _Stop([])
+    parser = build_parser()
+    if not argv:
+        print(_command_list(parser))
+        return 2
     try:
-        args = _build_parser().parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # said by the command's own parser: its --help is the one to read
+            sub = getattr(parser, "commands", {}).get(getattr(args, "command", None), parser)
+            sub.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:  # --help, --version and usage errors
         return _exit_code(e.code)
     except KeyboardInterrupt:
-        _print_err(f"{PROG}: interrupted")
+        out.print_err(f"{PROG}: interrupted")
         return 130
-    console = _Console(json_mode=getattr(args, "json", False), command=args.command)
+    if getattr(args, "dry_run", False):
+        args.command, args.run = "inspect", _run_inspect
+    console = out.Console(
+        json_mode=getattr(args, "json", False),
+        command=args.command,
+        quiet=getattr(args, "quiet", False),
+    )
     try:
         if stop.is_set():
             raise stcast.Cancelled("stopped before starting")
@@ -123,7 +131,7 @@ def main(argv: list[str] | None = None, stop: _Stop | None = None) -> int:
         if isinstance(e, BrokenPipeError) and e.filename is None:
             # Our reader went away (`stcast inspect big.safetensors | head`): stop quietly, and
             # keep the interpreter's final flush from complaining about the closed pipe.
-            _silence_stdout()
+            out.silence_stdout()
             return 0
         return console.fail(_os_error_kind(e), _describe_os_error(e), _os_error_path(e))
     except Exception as e:  # never a traceback: one line, exit 1
@@ -131,138 +139,165 @@ def main(argv: list[str] | None = None, stop: _Stop | None = None) -> int:
     return console.finish(code)
 
 
-def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description="Convert safetensors checkpoints to bf16, exactly, in bounded memory.",
-    )
-    parser.add_argument("--version", action="version", version=f"{PROG} {stcast.__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+# --- the parser -------------------------------------------------------------------------------
 
-    p = commands.add_parser(
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors as one line and a pointer to --help (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        out.print_err(f"{PROG}: error: {message} (see `{self.prog} --help`)")
+        raise SystemExit(2)
+
+
+_EXAMPLES = {
+    "convert": """\
+examples:
+  stcast convert ema.safetensors                    # -> ema-bf16.safetensors beside it
+  stcast convert ema.safetensors out.safetensors --to fp16 --on-overflow keep
+  stcast convert model/ model-bf16/ --keep '*norm*' --keep-min-size 4096
+  stcast convert model/ model-bf16/ --resume        # continue an interrupted run
+  stcast convert model/ model-bf16/ --shard 2/8     # then: stcast finalize model/ model-bf16/
+  stcast convert ema.safetensors --report report.json --json
+""",
+    "inspect": """\
+examples:
+  stcast inspect ema.safetensors                    # each tensor's fate, and the totals
+  stcast inspect ema.safetensors out/ --to fp16 --scan   # would it fit, and overflow?
+  stcast inspect model/ model-bf16/ --resume        # every check convert --resume makes
+""",
+    "verify": """\
+examples:
+  stcast verify ema.safetensors ema-bf16.safetensors
+  stcast verify model/ model-bf16/ --keep '*norm*'  # with the options convert was given
+  stcast verify ema.safetensors torch-bf16.safetensors --loose   # written by another tool
+""",
+    "finalize": """\
+examples:
+  stcast finalize /data/Llama-405B /data/Llama-405B-bf16
+""",
+    "demo": """\
+examples:
+  stcast demo --size-gib 0.1
+""",
+    "completion": """\
+examples:
+  stcast completion bash > /etc/bash_completion.d/stcast
+  stcast completion zsh > "${fpath[1]}/_stcast"
+  stcast completion fish > ~/.config/fish/completions/stcast.fish
+""",
+}
+
+_HELP = {
+    "convert": "convert a checkpoint (file or folder) to bf16 or fp16",
+    "inspect": "show what convert would do, and run its checks (a dry run)",
+    "verify": "check that DST is exactly the conversion of SRC",
+    "finalize": "complete a folder converted with --shard",
+    "demo": "convert a synthetic checkpoint and verify it bit for bit",
+    "completion": "print a shell completion script (bash, zsh, fish)",
+    "manpage": "print the manual page (roff)",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="Convert safetensors checkpoints to bf16 or fp16, exactly, in bounded memory.",
+        epilog="`stcast COMMAND --help` shows each command's options, defaults and examples.",
+    )
+    parser.add_argument("-V", "--version", action="version", version=f"{PROG} {stcast.__version__}")
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=_Parser
+    )
+
+    def command(name: str, description: str) -> argparse.ArgumentParser:
+        return commands.add_parser(
+            name,
+            help=_HELP[name],
+            description=description,
+            epilog=_EXAMPLES.get(name),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+
+    p = command(
         "convert",
-        help="convert a checkpoint to bf16 (or fp16)",
-        description=(
-            "Convert SRC to bf16 (or fp16); other tensors and the metadata are kept. SRC may be "
-            "a checkpoint folder: every .safetensors file in it is converted, its indexes and "
-            "config.json files are updated and everything else is copied into the folder DST."
-        ),
+        "Convert SRC to bf16 (or fp16); other tensors and the metadata are kept. SRC may be a "
+        "checkpoint folder: every .safetensors file in it is converted, its indexes and "
+        "config.json files are updated and everything else is copied into the folder DST.",
     )
     p.add_argument("src", metavar="SRC", help="input .safetensors file or checkpoint folder")
     p.add_argument(
         "dst",
         metavar="DST",
         nargs="?",
-        help="output file (default: SRC's stem + -bf16.safetensors; for a folder, SRC-bf16)",
+        help="output (default: beside SRC, its stem + -bf16.safetensors, or -fp16 with "
+        "--to fp16; for a folder, SRC-bf16 or SRC-fp16)",
     )
-    p.add_argument("--to", choices=["bf16", "fp16"], default="bf16", help="target (default bf16)")
-    p.add_argument("--threads", type=_positive_int, metavar="N", help="worker threads")
-    p.add_argument("--force", action="store_true", help="overwrite DST if it exists")
-    p.add_argument(
-        "--resume",
-        action="store_true",
-        help="folders: continue an interrupted run, skipping the files already done",
-    )
-    p.add_argument(
-        "--shard",
-        type=_shard,
-        metavar="I/N",
-        help="folders: convert only the I-th of N subsets of the files (then `stcast finalize`)",
-    )
-    p.add_argument(
-        "--follow-links",
-        action="store_true",
-        help="folders: follow symlinks that lead outside SRC (else only links within it and "
-        "into a Hugging Face cache's blobs/ are followed)",
-    )
-    p.add_argument(
-        "--allow-quantized",
-        action="store_true",
-        help="folders: convert a quantized checkpoint anyway (its F32 scales become bf16 too)",
-    )
-    _add_precision_arguments(p)
-    p.add_argument(
-        "--strict",
-        action="store_true",
-        help="make a --keep pattern that matches no tensor an error (nothing is written)",
-    )
-    p.add_argument(
-        "--on-overflow",
-        choices=["warn", "error", "keep"],
-        default="warn",
-        help="finite values that would become inf (|x| >= 65520 in fp16): warn (default), "
-        "error (exit 1, nothing written), or keep those tensors in their dtype (reads the "
-        "float tensors once more first)",
-    )
+    _add_target(p)
+    _add_threads(p)
+    p.add_argument("--force", action="store_true", help="replace DST (and a --report file)")
+    _add_folder_arguments(p)
+    _add_precision_arguments(p, convert=True)
     p.add_argument(
         "--report",
         metavar="FILE",
-        help="write the numeric report (per tensor: overflow, underflow, errors) to FILE as JSON",
+        help="write the numeric report (per tensor: overflow, underflow, errors) to FILE as "
+        "JSON, published with the output",
     )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="change nothing: run every check and show the plan (the same as `stcast inspect "
+        "SRC DST` with these options)",
+    )
+    p.add_argument("--scan", action="store_true", help=argparse.SUPPRESS)  # for --dry-run
     _add_output_arguments(p)
     p.set_defaults(run=_run_convert)
 
-    p = commands.add_parser(
-        "finalize",
-        help="complete a folder converted with --shard",
-        description=(
-            "Once `stcast convert SRC DST --shard I/N` has run for every I, check that every "
-            "file is done, then copy the other files and write the configs and indexes."
-        ),
-    )
-    p.add_argument("src", metavar="SRC", help="the checkpoint folder")
-    p.add_argument("dst", metavar="DST", help="the folder the shards were converted into")
-    _add_output_arguments(p)
-    p.set_defaults(run=_run_finalize)
-
-    p = commands.add_parser(
+    p = command(
         "inspect",
-        help="show what convert would do with each tensor (a dry run)",
-        description=(
-            "A dry run of `stcast convert` with the same options: each tensor of SRC (a file, "
-            "or every file of a checkpoint folder) with its dtype, the dtype it would get and "
-            "why, and its bytes before and after; then the totals and, with DST, whether the "
-            "output fits there. Only the header is read, unless --scan."
-        ),
+        "A dry run of `stcast convert` with the same options: each tensor of SRC (a file, or "
+        "every file of a checkpoint folder) with its dtype, the dtype it would get and why, "
+        "and its bytes before and after; then the totals. With DST, every check convert "
+        "makes runs too (it fails as convert would) and the free space there is shown. Only "
+        "the headers are read, unless --scan.",
     )
     p.add_argument("src", metavar="SRC", help="input .safetensors file or checkpoint folder")
     p.add_argument(
-        "dst", metavar="DST", nargs="?", help="where the output would go: report the free space"
+        "dst", metavar="DST", nargs="?", help="where the output would go: run convert's checks"
     )
-    p.add_argument("--to", choices=["bf16", "fp16"], default="bf16", help="target (default bf16)")
-    _add_precision_arguments(p)
+    _add_target(p)
+    _add_precision_arguments(p, convert=True)
     p.add_argument(
         "--scan",
         action="store_true",
         help="read the data: per tensor, how many values would overflow or underflow",
     )
-    p.add_argument(
-        "--on-overflow",
-        choices=["warn", "error", "keep"],
-        default="warn",
-        help="with keep, scan and plan the tensors that would overflow as kept",
-    )
-    p.add_argument("--threads", type=_positive_int, metavar="N", help="worker threads (--scan)")
+    _add_threads(p, what=" (with --scan)")
+    p.add_argument("--force", action="store_true", help="as for convert: DST may exist")
+    _add_folder_arguments(p)
+    p.add_argument("--report", metavar="FILE", help="as for convert: check this report path")
     _add_output_arguments(p, quiet=False)
     p.set_defaults(run=_run_inspect)
 
-    p = commands.add_parser(
+    p = command(
         "verify",
-        help="check that DST is exactly the conversion of SRC",
-        description=(
-            "Check, streaming both files, that DST is exactly what `stcast convert` makes of "
-            "SRC: every converted value bit for bit, every other tensor byte for byte, and the "
-            "header. Exit 0 when it is, 1 on the first difference (named on stderr)."
-        ),
+        "Check, streaming both, that DST is exactly what `stcast convert` makes of SRC with "
+        "the same options: every converted value bit for bit, every other tensor byte for "
+        "byte, and the header. For folders, files are paired by relative path. Exit 0 when "
+        "it is, 1 on the first difference (named on stderr).",
     )
-    p.add_argument("src", metavar="SRC", help="the original .safetensors file")
-    p.add_argument("dst", metavar="DST", help="the converted file")
+    p.add_argument("src", metavar="SRC", help="the original .safetensors file or folder")
+    p.add_argument("dst", metavar="DST", help="the converted file or folder")
     p.add_argument(
         "--loose",
         action="store_true",
-        help="for files from other tools: ignore tensor order, header layout and NaN encodings",
+        help="for files from other tools: any float tensor may be kept, and tensor order, "
+        "header layout and NaN encodings are ignored",
     )
-    p.add_argument("--threads", type=_positive_int, metavar="N", help="worker threads")
+    _add_target(p, default=None)
+    _add_precision_arguments(p, convert=False)
+    _add_threads(p)
     p.add_argument(
         "--report",
         metavar="FILE",
@@ -272,32 +307,112 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_output_arguments(p)
     p.set_defaults(run=_run_verify)
 
-    p = commands.add_parser(
+    p = command(
+        "finalize",
+        "Once `stcast convert SRC DST --shard I/N` has run for every I, check that every file "
+        "is done, then copy the other files and write the configs and indexes.",
+    )
+    p.add_argument("src", metavar="SRC", help="the checkpoint folder")
+    p.add_argument("dst", metavar="DST", help="the folder the shards were converted into")
+    _add_output_arguments(p)
+    p.set_defaults(run=_run_finalize)
+
+    p = command(
         "demo",
-        help="convert a synthetic checkpoint and verify it bit for bit",
-        description=(
-            "Write a synthetic fp32 transformer checkpoint, convert it in a child process "
-            "(reporting time and peak memory) and verify every tensor against numpy + ml_dtypes."
-        ),
+        "Write a synthetic fp32 transformer checkpoint, convert it in a child process "
+        "(reporting time and peak memory) and verify every tensor against numpy + ml_dtypes.",
     )
     p.add_argument(
-        "--size-gib", type=_positive_float, default=1.0, metavar="X", help="input size (1.0)"
+        "--size-gib",
+        type=_size_gib,
+        default=1.0,
+        metavar="X",
+        help="input size in GiB (default 1.0)",
     )
     p.add_argument("--dir", metavar="D", help="make the temporary folder under D")
-    p.add_argument("--keep", action="store_true", help="keep the files")
+    p.add_argument("--keep-files", action="store_true", help="keep the files afterwards")
     p.set_defaults(run=_run_demo)
+
+    p = command("completion", "Print a completion script for SHELL on stdout.")
+    p.add_argument(
+        "shell", metavar="SHELL", choices=["bash", "zsh", "fish"], help="bash, zsh, fish"
+    )
+    p.set_defaults(run=_run_completion)
+
+    p = command("manpage", "Print stcast's manual page, generated from its options (roff).")
+    p.set_defaults(run=_run_manpage)
+    parser.commands = dict(commands.choices)  # type: ignore[attr-defined]
     return parser
 
 
+def _command_list(parser: argparse.ArgumentParser) -> str:
+    lines = [f"usage: {PROG} COMMAND [options]", "", "commands:"]
+    width = max(len(n) for n in _HELP)
+    lines += [f"  {n.ljust(width)}  {h}" for n, h in _HELP.items()]
+    lines += ["", f"`{PROG} COMMAND --help` for a command's options; `{PROG} --version`."]
+    return "\n".join(lines)
+
+
+def _add_target(p: argparse.ArgumentParser, default: str | None = "bf16") -> None:
+    names = "bf16 (bfloat16) or fp16 (float16, half)"
+    help_ = f"target dtype: {names}" + (
+        f" (default {default})" if default else " (default: the one DST was converted to)"
+    )
+    p.add_argument("--to", type=_target, default=default, metavar="DTYPE", help=help_)
+
+
+def _add_threads(p: argparse.ArgumentParser, what: str = "") -> None:
+    p.add_argument(
+        "--threads",
+        type=_threads,
+        metavar="N",
+        help=f"worker threads, at most {_core.MAX_THREADS} (default 0: all cores){what}",
+    )
+
+
+def _add_folder_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="folders: continue an interrupted run, skipping the files already done",
+    )
+    p.add_argument(
+        "--shard",
+        type=_shard,
+        metavar="I/N",
+        help="folders: convert only the I-th of N subsets of the weight files (N at most the "
+        "number of files; then `stcast finalize`)",
+    )
+    p.add_argument(
+        "--allow-quantized",
+        action="store_true",
+        help="folders: convert a quantized checkpoint anyway (its F32 scales become bf16 too)",
+    )
+    p.add_argument(
+        "--follow-links",
+        action="store_true",
+        help="folders: follow symlinks that lead outside SRC (by default only links within it "
+        "and into a Hugging Face cache's blobs/ are followed)",
+    )
+
+
 def _add_output_arguments(p: argparse.ArgumentParser, quiet: bool = True) -> None:
-    """--json, and -q/--quiet unless `quiet` is False."""
+    """--json, --progress, and -q/--quiet unless `quiet` is False."""
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    p.add_argument(
+        "--progress",
+        action="store_true",
+        help="show progress when stderr is not a terminal too (logs, SLURM): a line per 5%% "
+        "or 10 s with bytes, rate and ETA",
+    )
     if quiet:
-        p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no summary")
+        p.add_argument(
+            "-q", "--quiet", action="store_true", help="no progress, no summary, no warnings"
+        )
 
 
-def _add_precision_arguments(p: argparse.ArgumentParser) -> None:
-    """--keep, --keep-min-size and --from-bf16, shared by convert and inspect."""
+def _add_precision_arguments(p: argparse.ArgumentParser, convert: bool) -> None:
+    """--keep, --keep-min-size, --from-bf16, --on-overflow (and --strict for convert)."""
     p.add_argument(
         "--keep",
         action="append",
@@ -308,42 +423,65 @@ def _add_precision_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--keep-min-size",
-        type=_non_negative_int,
+        type=_size_arg,
         default=0,
         metavar="N",
-        help="keep float tensors with fewer than N elements in their dtype (norms, biases)",
+        help="keep float tensors with fewer than N elements in their dtype (default 0: none)",
     )
     p.add_argument(
         "--from-bf16",
         action="store_true",
         help="with --to fp16, convert BF16 tensors too (else they are copied as BF16)",
     )
+    p.add_argument(
+        "--on-overflow",
+        choices=["warn", "error", "keep"],
+        default="warn",
+        help="finite values that would become inf (|x| >= 65520 in fp16): warn (default), "
+        "error (exit 1, nothing written), or keep those tensors in their dtype (reads the "
+        "float tensors once more first)",
+    )
+    if convert:
+        p.add_argument(
+            "--strict",
+            action="store_true",
+            help="make a --keep pattern that matches no tensor an error (nothing is written)",
+        )
 
 
-def _run_convert(args: argparse.Namespace, console: _Console) -> int:
-    bar = None
-    if not args.quiet and not args.json and _is_tty(sys.stderr):
-        bar = _ProgressBar(sys.stderr)
-        console.bar = bar
+# --- commands -----------------------------------------------------------------------------
+
+
+def _progress(args: argparse.Namespace, console: out.Console) -> out.Progress | None:
+    """A bar on a terminal, lines in a log with --progress; none with -q or --json."""
+    if getattr(args, "quiet", False) or (args.json and not args.progress):
+        return None
+    tty = out.is_tty(sys.stderr)
+    if not tty and not args.progress:
+        return None
+    console.progress = out.Progress(sys.stderr, bar=tty, started=console.started)
+    return console.progress
+
+
+def _run_convert(args: argparse.Namespace, console: out.Console) -> int:
+    progress = _progress(args, console)
     if args.on_overflow == "keep" and not args.quiet and not args.json:
-        _print_err(
+        out.print_err(
             f"{PROG}: --on-overflow keep: reading the float tensors once first (an extra read "
             "of the input) to keep those that would overflow"
         )
-    with warnings.catch_warnings():
-        warnings.simplefilter("always", stcast.StcastWarning)
-        warnings.showwarning = console.show_warning
+    with _showing_warnings(console):
         report = stcast.convert(
             args.src,
             args.dst,
             to=args.to,
             threads=args.threads,
             force=args.force,
-            progress=bar,
+            progress=progress,
             resume=args.resume,
             shard=args.shard,
             allow_quantized=args.allow_quantized,
-            file_progress=None if bar is None else bar.set_file,
+            file_progress=None if progress is None else progress.set_file,
             keep=args.keep,
             keep_min_size=args.keep_min_size,
             strict=args.strict,
@@ -354,32 +492,44 @@ def _run_convert(args: argparse.Namespace, console: _Console) -> int:
             cancel=args.stop,
         )
     console.published = report.dst
-    console.end_bar()
-    if not report.folder and report.numerics is not None:
-        _warn_numerics(console, report.numerics)
+    console.end_progress()
     if args.json:
         console.emit_json(report.to_dict())
+    elif args.quiet:
+        pass
     elif report.folder:
-        if not args.quiet:
-            _print_folder_summary(report)
-    elif not args.quiet:
-        rate = report.bytes_in / report.seconds if report.seconds > 0 else 0.0
+        _print_folder_summary(report, console)
+    else:
+        seconds = console.elapsed()
+        rate = report.bytes_in / seconds if seconds > 0 else 0.0
         print(f"converted {report.src} -> {report.dst}")
-        print(f"  size     {_size(report.bytes_in)} -> {_size(report.bytes_out)}")
+        print(f"  size     {out.size(report.bytes_in)} -> {out.size(report.bytes_out)}")
         print(f"  tensors  {report.tensors_converted} converted, {report.tensors_copied} copied")
         _print_kept(report.tensors_kept, report.bytes_kept, report.kept)
         print(
-            f"  time     {report.seconds:.2f} s ({_size(rate)}/s of input, "
-            f"{report.threads} thread{'s' if report.threads != 1 else ''}, {report.isa})"
+            f"  time     {seconds:.2f} s ({out.size(rate)}/s of input, "
+            f"{_threads_text(report.threads)}, {report.isa})"
         )
     return 0
+
+
+@contextlib.contextmanager
+def _showing_warnings(console: out.Console) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", stcast.StcastWarning)
+        warnings.showwarning = console.show_warning
+        yield
+
+
+def _threads_text(n: int | None) -> str:
+    return f"{n} thread{'s' if n != 1 else ''}"
 
 
 def _print_kept(count: int, size: int, kept: Sequence[Mapping[str, Any]] | None = None) -> None:
     """The summary line of the tensors kept in their dtype (nothing when none was)."""
     if not count:
         return
-    line = f"  kept     {count} tensor{'s' if count != 1 else ''} ({_size(size)}) in their dtype"
+    line = f"  kept     {count} tensor{'s' if count != 1 else ''} ({out.size(size)}) in their dtype"
     if kept:
         why = {"keep_pattern": "--keep", "keep_min_size": "min size", "keep_overflow": "overflow"}
         counts: dict[str, int] = {}
@@ -395,57 +545,70 @@ def _print_kept(count: int, size: int, kept: Sequence[Mapping[str, Any]] | None 
     print(line)
 
 
-def _run_finalize(args: argparse.Namespace, console: _Console) -> int:
-    bar = None
-    if not args.quiet and not args.json and _is_tty(sys.stderr):
-        bar = _ProgressBar(sys.stderr)
-        console.bar = bar
+def _run_finalize(args: argparse.Namespace, console: out.Console) -> int:
+    progress = _progress(args, console)
     report = stcast.finalize(
         args.src,
         args.dst,
-        progress=bar,
-        file_progress=None if bar is None else bar.set_file,
+        progress=progress,
+        file_progress=None if progress is None else progress.set_file,
         cancel=args.stop,
     )
     console.published = report.dst
-    console.end_bar()
+    console.end_progress()
     if args.json:
         console.emit_json(report.to_dict())
     elif not args.quiet:
-        _print_folder_summary(report)
+        _print_folder_summary(report, console)
     return 0
 
 
-def _print_folder_summary(report: stcast.ConvertReport) -> None:
+def _print_folder_summary(report: stcast.ConvertReport, console: out.Console) -> None:
     count: dict[str, int] = {}
     for f in report.files:
         count[f.action] = count.get(f.action, 0) + 1
-    if report.shard is not None:
-        verb = f"converted shard {report.shard[0]}/{report.shard[1]} of"
-    else:
-        verb = "finalized" if count.get("checked") else "converted"
-    print(f"{verb} {report.src} -> {report.dst}")
     actions = ("converted", "skipped", "checked", "rewritten", "copied")
-    print("  files    " + ", ".join(f"{count[a]} {a}" for a in actions if count.get(a)))
-    print(f"  size     {_size(report.bytes_in)} -> {_size(report.bytes_out)} converted")
+    files = ", ".join(f"{count[a]} {a}" for a in actions if count.get(a))
+    if count.get("checked"):
+        print(f"finalized {report.src} -> {report.dst}")
+        print(f"  files    {files}")
+        print("  the shard runs' outputs are intact; configs and indexes written last")
+        return
+    if not count.get("converted"):
+        what = "the shard's files are" if report.shard is not None else "every file is"
+        print(f"nothing to do: {what} already converted in {report.dst}")
+        print(f"  files    {files}")
+        return
+    if report.shard is not None:
+        print(
+            f"converted shard {report.shard[0]}/{report.shard[1]} of {report.src} -> {report.dst}"
+        )
+    else:
+        print(f"converted {report.src} -> {report.dst}")
+    print(f"  files    {files}")
+    print(f"  size     {out.size(report.bytes_in)} -> {out.size(report.bytes_out)} converted")
     print(f"  tensors  {report.tensors_converted} converted, {report.tensors_copied} copied")
-    _print_kept(report.tensors_kept, report.bytes_kept)
-    rate = report.bytes_in / report.seconds if report.seconds > 0 else 0.0
+    _print_kept(report.tensors_kept, report.bytes_kept, report.kept)
+    seconds = console.elapsed()
+    rate = report.bytes_in / seconds if seconds > 0 else 0.0
     engine = ""
     if report.threads is not None:
-        plural = "s" if report.threads != 1 else ""
-        engine = f", {report.threads} thread{plural}, {report.isa}"
-    print(f"  time     {report.seconds:.2f} s ({_size(rate)}/s of input{engine})")
+        engine = f", {_threads_text(report.threads)}, {report.isa}"
+    print(f"  time     {seconds:.2f} s ({out.size(rate)}/s of input{engine})")
     if not report.complete:
-        print("  then, once every shard is done:  stcast finalize SRC DST")
+        src, dst = os.path.abspath(report.src), os.path.abspath(report.dst)
+        print(f"  then, once every shard is done:  stcast finalize {_quote(src)} {_quote(dst)}")
 
 
-def _run_inspect(args: argparse.Namespace, console: _Console) -> int:
-    bar = None
+def _quote(path: str) -> str:
+    from shlex import quote
+
+    return quote(path)
+
+
+def _run_inspect(args: argparse.Namespace, console: out.Console) -> int:
     scanning = args.scan or args.on_overflow == "keep"
-    if scanning and not args.json and _is_tty(sys.stderr):
-        bar = _ProgressBar(sys.stderr)
-        console.bar = bar
+    progress = _progress(args, console) if scanning else None
     report = stcast.inspect(
         args.src,
         args.dst,
@@ -456,11 +619,18 @@ def _run_inspect(args: argparse.Namespace, console: _Console) -> int:
         scan=args.scan,
         on_overflow=args.on_overflow,
         threads=args.threads,
-        progress=bar,
+        progress=progress,
+        force=args.force,
+        resume=args.resume,
+        shard=args.shard,
+        allow_quantized=args.allow_quantized,
+        follow_links=args.follow_links,
+        strict=getattr(args, "strict", False),
+        report=args.report,
     )
-    console.end_bar()
+    console.end_progress()
     for message in report.warnings:
-        console.warn(message)
+        console.warn(out.notice_text(message))
     if args.json:
         console.emit_json(report.to_dict())
         return 0
@@ -474,9 +644,9 @@ def _run_inspect(args: argparse.Namespace, console: _Console) -> int:
         print(f"folder:   {report.path}, {files} weight file{'s' if files != 1 else ''}")
         _print_inspect_totals(report.files)
         print(
-            f"output:   {_size(report.output_bytes)} projected as {report.to} "
-            f"(weights {_size(report.output_bytes - report.other_bytes)}, "
-            f"other files {_size(report.other_bytes)})"
+            f"output:   {out.size(report.output_bytes)} projected as {report.to} "
+            f"(weights {out.size(report.output_bytes - report.other_bytes)}, "
+            f"other files {out.size(report.other_bytes)})"
         )
     else:
         _print_tensor_table(report)
@@ -487,18 +657,19 @@ def _run_inspect(args: argparse.Namespace, console: _Console) -> int:
             print(f"metadata: {', '.join(report.metadata) or '(empty)'}")
         _print_inspect_totals([report])
         print(
-            f"file:     {_size(report.file_bytes)} "
-            f"(header {_size(report.file_bytes - report.data_bytes)}, "
-            f"data {_size(report.data_bytes)})"
+            f"file:     {out.size(report.file_bytes)} "
+            f"(header {out.size(report.file_bytes - report.data_bytes)}, "
+            f"data {out.size(report.data_bytes)})"
         )
-        print(f"output:   {_size(report.output_bytes)} projected as {report.to}")
+        print(f"output:   {out.size(report.output_bytes)} projected as {report.to}")
     d = report.destination
     if d is not None:
         verdict = "fits" if d["fits"] else "does NOT fit"
         print(
-            f"space:    {d['folder']} has {_size(d['free_bytes'])} free, the output needs "
-            f"{_size(d['need_bytes'])}: {verdict}"
+            f"space:    {d['folder']} has {out.size(d['free_bytes'])} free, the output needs "
+            f"{out.size(d['need_bytes'])}: {verdict}"
         )
+        print("checks:   every check convert makes passed: it would run")
     return 0
 
 
@@ -515,7 +686,7 @@ _REASONS = {
 
 def _reason(t: stcast.TensorInfo) -> str:
     if t.reason == "keep_pattern":
-        return f"keep: --keep '{_printable(t.pattern or '')}'"
+        return f"keep: --keep '{t.pattern or ''}'"
     if t.reason == "keep_min_size":
         return "keep: under --keep-min-size"
     return _REASONS.get(t.reason, t.reason)
@@ -525,13 +696,13 @@ def _print_tensor_table(report: stcast.InspectReport, indent: str = "") -> None:
     head = ["NAME", "DTYPE", "SHAPE", "BYTES", "TARGET", "OUT", "WHY"]
     rows = [
         [
-            t.name,
+            out.printable(t.name, keep=""),
             t.dtype,
             _shape(t.shape),
-            _size(t.bytes),
+            out.size(t.bytes),
             t.target_dtype,
-            _size(t.target_bytes),
-            _reason(t),
+            out.size(t.target_bytes),
+            out.printable(_reason(t), keep=""),
         ]
         for t in report.tensors
     ]
@@ -556,12 +727,12 @@ def _print_inspect_totals(reports: list[stcast.InspectReport]) -> None:
     kept = [t for t in tensors if t.reason in _core.KEPT_REASONS]
     copied = [t for t in tensors if t.reason != "converted" and t.reason not in _core.KEPT_REASONS]
     parts = [
-        f"{len(converted)} to convert ({_size(sum(t.bytes for t in converted))} -> "
-        f"{_size(sum(t.target_bytes for t in converted))})"
+        f"{len(converted)} to convert ({out.size(sum(t.bytes for t in converted))} -> "
+        f"{out.size(sum(t.target_bytes for t in converted))})"
     ]
     if kept:
-        parts.append(f"{len(kept)} kept in their dtype ({_size(sum(t.bytes for t in kept))})")
-    parts.append(f"{len(copied)} to copy ({_size(sum(t.bytes for t in copied))})")
+        parts.append(f"{len(kept)} kept in their dtype ({out.size(sum(t.bytes for t in kept))})")
+    parts.append(f"{len(copied)} to copy ({out.size(sum(t.bytes for t in copied))})")
     print(f"tensors:  {len(tensors)}: {', '.join(parts)}")
     if not any(r.scanned for r in reports):
         return
@@ -581,321 +752,76 @@ def _print_inspect_totals(reports: list[stcast.InspectReport]) -> None:
     print(f"scan:     {'; '.join(lines)}")
 
 
-def _run_verify(args: argparse.Namespace, console: _Console) -> int:
-    bar = None
-    if not args.quiet and not args.json and _is_tty(sys.stderr):
-        bar = _ProgressBar(sys.stderr)
-        console.bar = bar
+def _run_verify(args: argparse.Namespace, console: out.Console) -> int:
+    progress = _progress(args, console)
     report = stcast.verify(
         args.src,
         args.dst,
         loose=args.loose,
+        to=args.to,
+        keep=args.keep,
+        keep_min_size=args.keep_min_size,
+        from_bf16=args.from_bf16,
+        on_overflow=args.on_overflow,
         threads=args.threads,
-        progress=bar,
+        progress=progress,
         report=args.report,
         force=args.force,
     )
     if args.report is not None and report.ok:
         console.published = args.report
-    console.end_bar()
+    console.end_progress()
     if args.json:
         console.emit_json(report.to_dict())
     elif report.mismatch is not None:
-        console.error(f"{report.dst}: {report.mismatch.message}")
+        m = report.mismatch
+        where = report.dst if m.file is None else os.path.join(report.dst, m.file)
+        text = out.notice_text(m.message)
+        if m.file is not None and text.startswith(f"{m.file}: "):
+            text = text[len(m.file) + 2 :]
+        console.error(f"{where}: {text}")
     elif not args.quiet:
         mode = " (loose)" if report.loose else ""
+        what = f"{report.files} files, " if report.folder else ""
         print(f"verified {report.dst}: exactly the conversion of {report.src}{mode}")
         print(
-            f"  tensors  {report.tensors_converted} converted, {report.tensors_identical} identical"
+            f"  tensors  {what}{report.tensors_converted} converted, "
+            f"{report.tensors_identical} identical"
         )
-        rate = report.bytes_compared / report.seconds if report.seconds > 0 else 0.0
+        seconds = console.elapsed()
+        rate = report.bytes_compared / seconds if seconds > 0 else 0.0
         print(
-            f"  time     {report.seconds:.2f} s ({_size(report.bytes_compared)} compared, "
-            f"{_size(rate)}/s, {report.threads} thread{'s' if report.threads != 1 else ''}, "
-            f"{report.isa})"
+            f"  time     {seconds:.2f} s ({out.size(report.bytes_compared)} compared, "
+            f"{out.size(rate)}/s, {_threads_text(report.threads)}, {report.isa})"
         )
     return 0 if report.ok else 1
 
 
-def _warn_numerics(console: _Console, numerics: Mapping[str, Any]) -> None:
-    """One warning line when values underflowed to zero, naming the worst tensors."""
-    parts = []
-    # Overflow has its own warning from the engine (the --on-overflow guard, also a
-    # StcastWarning from the API), which names the worst tensors: not repeated here.
-    kinds = (("underflow_to_zero", "underflowed to zero"),)
-    for key, what in kinds:
-        hit = [t for t in numerics["tensors"] if t[key] > 0]
-        if not hit:
-            continue
-        total = numerics["total"][key]
-        worst = sorted(hit, key=lambda t: -t[key])[:3]
-        names = ", ".join(f"`{t['name']}` {t[key]}" for t in worst)
-        values = "value" if total == 1 else "values"
-        tensors = "tensor" if len(hit) == 1 else "tensors"
-        parts.append(f"{total} {values} {what} in {len(hit)} {tensors} (worst: {names})")
-    if parts:
-        console.warn("; ".join(parts))
-
-
-def _run_demo(args: argparse.Namespace, console: _Console) -> int:
+def _run_demo(args: argparse.Namespace, console: out.Console) -> int:
     from . import demo  # numpy and ml_dtypes load only here
 
-    return demo.run(size_gib=args.size_gib, dir=args.dir, keep=args.keep)
+    return demo.run(size_gib=args.size_gib, dir=args.dir, keep=args.keep_files)
 
 
-class _Console:
-    """stderr messages, the progress bar and the JSON envelope of one command."""
+def _run_completion(args: argparse.Namespace, console: out.Console) -> int:
+    from . import _completion
 
-    def __init__(self, json_mode: bool, command: str) -> None:
-        self.json_mode = json_mode
-        self.command = command
-        self.bar: _ProgressBar | None = None
-        # What a committing command prints, written at the end (`finish`).
-        self.stdout = io.StringIO()
-        # What the command published (for the message when stdout then fails).
-        self.published: str | None = None
-
-    def finish(self, code: int) -> int:
-        """Write what the command printed; a failure here comes after the commit point."""
-        text = self.stdout.getvalue()
-        if not text:
-            return code
-        try:
-            sys.stdout.write(text)
-            sys.stdout.flush()
-        except (OSError, ValueError) as e:
-            _silence_stdout()
-            if isinstance(e, BrokenPipeError):
-                return code  # the reader went away (`| head`): nothing to say
-            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-            what = f"writing to stdout failed: {reason}"
-            if self.published is not None:
-                what = f"{self.published} was published, but {what}"
-            self.error(what)
-            return 1
-        return code
-
-    def end_bar(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-    def error(self, message: str) -> None:
-        self.end_bar()
-        _print_err(f"{PROG}: {_one_line(message)}")
-
-    def warn(self, message: str) -> None:
-        self.end_bar()
-        _print_err(f"{PROG}: warning: {_one_line(message)}")
-
-    def show_warning(
-        self,
-        message: Warning | str,
-        category: type[Warning],
-        filename: str,
-        lineno: int,
-        file: TextIO | None = None,
-        line: str | None = None,
-    ) -> None:
-        """Stand-in for `warnings.showwarning` while a command runs."""
-        if isinstance(message, stcast.StcastWarning):
-            text = render(message.template, "cli")
-            self.warn(text if message.path is None else f"{message.path}: {text}")
-        else:
-            self.warn(f"{category.__name__}: {message}")
-
-    def emit_json(self, result: dict[str, Any]) -> None:
-        doc = {"schema": SCHEMA, "command": self.command, "version": stcast.__version__}
-        doc["result"] = _cli_warnings(result)
-        print(json.dumps(doc))
-
-    def fail(self, kind: str, message: str, path: str | None, code: int = 1) -> int:
-        """Report an error as one line on stderr (or as JSON with --json); return `code`."""
-        if self.json_mode:
-            self.end_bar()
-            error = {"kind": kind, "message": _one_line(message), "path": path}
-            doc = {"schema": SCHEMA, "command": self.command, "version": stcast.__version__}
-            doc["error"] = error
-            try:
-                print(json.dumps(doc), flush=True)
-            except OSError:
-                pass
-        else:
-            self.error(message)
-        return code
+    print(_completion.script(build_parser(), args.shell), end="")
+    return 0
 
 
-class _ProgressBar:
-    """A one-line progress bar on a terminal, redrawn at most ten times a second."""
+def _run_manpage(args: argparse.Namespace, console: out.Console) -> int:
+    from . import _completion
 
-    WIDTH = 24
-
-    def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-        self.start = time.monotonic()
-        self.last_draw = 0.0
-        self.drawn = 0  # length of the last line drawn, 0 when none is on screen
-        self.broken = False
-        self.label = ""  # the current file of a folder, and how far it is
-
-    def set_file(self, path: str, done: int, total: int) -> None:
-        """Per-file progress of a folder conversion, shown after the whole-folder bar."""
-        self.label = f"{path} {done * 100 // total if total > 0 else 100}%"
-
-    def __call__(self, done: int, total: int) -> None:
-        now = time.monotonic()
-        if self.broken or (now - self.last_draw < 0.1 and done < total):
-            return
-        self.last_draw = now
-        elapsed = now - self.start
-        frac = done / total if total > 0 else 1.0
-        filled = int(frac * self.WIDTH)
-        line = (
-            f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] {frac * 100:3.0f}%  "
-            f"{_size(done)} / {_size(total)}"
-        )
-        if elapsed >= 0.2 and done > 0:
-            rate = done / elapsed
-            if done < total:
-                line += f"  {_size(rate)}/s  ETA {_duration((total - done) / rate)}"
-            else:
-                line += f"  {_size(rate)}/s  in {elapsed:.1f} s"
-        if self.label:
-            # Clipped to the terminal: a wrapped line could not be redrawn with a bare \r.
-            room = _columns(self.stream) - 1 - len(line) - 2
-            if room > 8:
-                label = self.label if len(self.label) <= room else "..." + self.label[3 - room :]
-                line += "  " + label
-        # Pad over what is left of a longer previous line; no escape codes needed.
-        padded = line.ljust(self.drawn)
-        self.drawn = len(line)
-        self._write("\r" + padded)
-
-    def close(self) -> None:
-        """End the bar's line so that what follows starts on a fresh one."""
-        if self.drawn:
-            self.drawn = 0
-            self._write("\n")
-
-    def _write(self, text: str) -> None:
-        try:
-            self.stream.write(text)
-            self.stream.flush()
-        except (OSError, ValueError):
-            # A broken terminal must not abort the conversion: stop drawing instead.
-            self.broken = True
+    print(_completion.manpage(build_parser(), stcast.__version__), end="")
+    return 0
 
 
-def _columns(stream: TextIO) -> int:
-    """The width of the terminal behind `stream`; 80 when it does not say."""
-    try:
-        return os.get_terminal_size(stream.fileno()).columns or 80
-    except (AttributeError, OSError, ValueError):
-        return 80
-
-
-def _size(n: float) -> str:
-    """Bytes in decimal units, three significant digits: 950 B, 12.3 kB, 4.56 GB."""
-    return _core.format_bytes(max(0, int(n)))
-
-
-def _cli_warnings(result: dict[str, Any]) -> dict[str, Any]:
-    """A report's JSON with its warnings (and its files') in the CLI's words (`--force`)."""
-
-    def words(d: dict[str, Any]) -> dict[str, Any]:
-        if "warnings" in d:
-            d = {**d, "warnings": [_notice_text(w) for w in d["warnings"]]}
-        return d
-
-    result = words(result)
-    if isinstance(result.get("files"), list):
-        result["files"] = [words(f) for f in result["files"]]
-    return result
-
-
-def _notice_text(w: object) -> str:
-    return w.render("cli") if isinstance(w, stcast.Notice) else str(w)
-
-
-def _duration(seconds: float) -> str:
-    s = int(seconds + 0.5)
-    if s >= 3600:
-        return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
-    return f"{s // 60}:{s % 60:02d}"
+# --- small helpers ----------------------------------------------------------------------------
 
 
 def _shape(shape: list[int]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
-
-
-def _one_line(message: str) -> str:
-    return " ".join(message.split("\n")).strip()
-
-
-def _print_err(line: str) -> None:
-    try:
-        print(_printable(line, keep=""), file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
-
-
-# Control characters (C0 but newline, DEL, C1) and surrogates: the escaped bytes of names
-# that are not UTF-8 (os.fsdecode gives them as U+DC80..U+DCFF), and lone ones.
-_UNPRINTABLE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
-_UNPRINTABLE_ALL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
-
-
-def _escape_char(m: re.Match[str]) -> str:
-    o = ord(m.group())
-    if 0xDC80 <= o <= 0xDCFF:  # a byte that was not UTF-8
-        return f"\\x{o - 0xDC00:02x}"
-    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}"
-
-
-def _printable(text: str, keep: str = "\n") -> str:
-    """`text` safe for a terminal: control characters and undecodable bytes as escapes."""
-    pattern = _UNPRINTABLE if keep else _UNPRINTABLE_ALL
-    return pattern.sub(_escape_char, text)
-
-
-class _EscapingStdout(io.TextIOBase):
-    """sys.stdout for human-readable output: every write escaped (`_printable`)."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-
-    def write(self, s: str) -> int:
-        self.stream.write(_printable(s))
-        return len(s)
-
-    def flush(self) -> None:
-        self.stream.flush()
-
-    def fileno(self) -> int:
-        return self.stream.fileno()
-
-    def isatty(self) -> bool:
-        return self.stream.isatty()
-
-
-def _escape_streams() -> None:
-    """Make stdout and stderr safe for any name: escapes, never an encoding error."""
-    for name in ("stdout", "stderr"):
-        stream = getattr(sys, name)
-        reconfigure = getattr(stream, "reconfigure", None)
-        if reconfigure is not None:
-            try:
-                reconfigure(errors="backslashreplace")
-            except (ValueError, OSError):
-                pass
-    if not isinstance(sys.stdout, _EscapingStdout) and sys.stdout is not None:
-        sys.stdout = _EscapingStdout(sys.stdout)
-
-
-def _is_tty(stream: TextIO) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
 
 
 def _describe_os_error(e: OSError) -> str:
@@ -926,15 +852,6 @@ def _fspath(name: object) -> str:
     return str(name)
 
 
-def _silence_stdout() -> None:
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError):
-        pass
-
-
 def _exit_code(code: object) -> int:
     if code is None:
         return 0
@@ -943,14 +860,30 @@ def _exit_code(code: object) -> int:
     return 2
 
 
-def _positive_int(text: str) -> int:
+def _target(text: str) -> str:
+    name = text.lower()
+    found = name if name in _core.TARGETS else _core.TARGET_ALIASES.get(name)
+    if found is None:
+        raise argparse.ArgumentTypeError(f"unknown target {text!r}: bf16 or fp16")
+    return found
+
+
+def _whole(text: str, low: int, high: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {text}")
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"{text} is not from {low} to {high}")
     return value
+
+
+def _threads(text: str) -> int:
+    return _whole(text, 0, _core.MAX_THREADS)
+
+
+def _size_arg(text: str) -> int:
+    return _whole(text, 0, 2**64 - 1)
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -959,26 +892,17 @@ def _shard(text: str) -> tuple[int, int]:
         shard = (int(i), int(n))
     except ValueError:
         shard = (0, 0)
-    if not slash or not 1 <= shard[0] <= shard[1]:
+    if not slash or not 1 <= shard[0] <= shard[1] or shard[1] >= 2**32:
         raise argparse.ArgumentTypeError(f"expected I/N with 1 <= I <= N, e.g. 2/8: {text!r}")
     return shard
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0: {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
+def _size_gib(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number: {text}")
+    # More than this machine's disk could hold is a typo (1e300), not a request.
+    if not 0 < value <= 1 << 16:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 65536: {text}")
     return value

@@ -192,7 +192,16 @@ def _run_in(workdir: str, target_bytes: int) -> int:
         f"{report['threads']} threads, {report['isa']}); "
         f"{child.wall:.2f} s wall with interpreter start-up"
     )
-    _say(f"  peak RSS {child.maxrss / (1 << 20):.1f} MiB (the converting process)")
+    _say(f"  peak RSS {_size(child.maxrss)} (the converting process)")
+    warned = report.get("warnings", [])
+    if warned:
+        # The checkpoint carries hard values on purpose (see SPECIAL_F32): these are expected.
+        _say(
+            "  warnings (expected: the demo plants NaNs, infinities, subnormals and values "
+            "beyond bf16's range on purpose, to show they are handled exactly):"
+        )
+        for w in warned:
+            _say(f"    {w}")
 
     _say("verifying against numpy + ml_dtypes")
     started = time.perf_counter()

@@ -247,13 +247,14 @@ class Mismatch:
     Bits are hex strings of the element's width, e.g. "0x3F800001" and "0x3F80".
     """
 
-    message: str
+    message: Notice
     tensor: str | None
     index: int | None  # element index in the tensor (a byte index for sub-byte dtypes)
     source_bits: str | None
     source_value: float | None  # for float source dtypes
     expected_bits: str | None
     found_bits: str | None
+    file: str | None = None  # for folders: the file that differs (relative path)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data; a non-finite `source_value` becomes "nan", "inf" or "-inf"."""
@@ -288,6 +289,8 @@ class VerifyReport:
     # the numeric report `convert` gave for this pair (None after a mismatch).
     to: Target | None = None
     numerics: Numerics | None = None
+    folder: bool = False
+    files: int = 1  # the files compared (for a folder: every file, paired by path)
 
     def __bool__(self) -> bool:
         return self.ok

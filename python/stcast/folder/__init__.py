@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import _core, _engine
@@ -37,33 +38,51 @@ assign_shards = _walk.assign_shards
 _esc = _core.escape
 
 
-def convert_folder(
+@dataclass
+class Prepared:
+    """A folder run with every check made and nothing written yet (see `prepare`)."""
+
+    src: str
+    dst: str
+    src_id: tuple[int, int]
+    to: Target
+    plan: _walk.Plan
+    precision: dict[str, Any]
+    options: dict[str, Any]
+    shard: tuple[int, int] | None
+    weights: list[_walk.File]  # this run's (all, or the shard's)
+    mine: list[str]  # the files this run will write
+    survey: _Survey
+    todo: list[_walk.File]
+    skipped: list[_walk.File]
+    copies: list[_walk.File]
+    need: int  # bytes the run will write
+    warnings: list[Notice]
+
+
+def prepare(
     src: str,
     dst: str | None,
     *,
     to: Target,
-    threads: int | None,
     force: bool,
     resume: bool,
     shard: tuple[int, int] | None,
     allow_quantized: bool,
-    progress: Progress | None,
-    file_progress: Callable[[str, int, int], object] | None,
-    cancel: CancelFlag | None,
     keep: list[str],
     keep_min_size: int,
     strict: bool,
     from_bf16: bool,
     on_overflow: OnOverflow,
     follow_links: bool = False,
-    tuning: dict[str, Any] | None = None,
-) -> ConvertReport:
-    """Convert the checkpoint folder `src` into `dst`; see `stcast.convert` for the options.
-
-    Every refusal comes before anything is written: folder identities, the source's checks
-    (`walk.plan`), the shard range, what the destination holds (`_survey`), free space.
-    """
-    started = time.monotonic()
+    cancel: CancelFlag | None = None,
+    stacklevel: int = 3,
+) -> Prepared:
+    """Make every check a folder run makes before writing anything, in order: folder
+    identities, the source (`walk.plan`), the shard range, the keep patterns, what the
+    destination holds (`_survey`), that something changes, free space. `inspect SRC DST`
+    runs exactly this; `convert` runs it, then writes."""
+    src = _ident.resolve_hub_repo(src)
     dst = default_dst(src, to) if dst is None else dst
     if shard is not None:
         shard = _check_shard(shard)
@@ -86,7 +105,7 @@ def convert_folder(
         )
     # A keep pattern is judged over the whole folder: one warning (or, strict, one error
     # before anything is written) for a pattern that matches no tensor of any file.
-    folder_warnings = []
+    warnings = []
     if plan.keep_unmatched:
         template = _unmatched_template(plan.keep_unmatched)
         if strict:
@@ -94,8 +113,15 @@ def convert_folder(
                 f"{_esc(src)}: {template}; nothing was written ({{strict}} makes this an error)",
                 path=src,
             )
-        folder_warnings.append(Notice("unmatched_pattern", template))
-        _engine.issue("unmatched_pattern", template, None, stacklevel=3)
+        warnings.append(Notice("unmatched_pattern", template))
+        _engine.issue("unmatched_pattern", template, None, stacklevel=stacklevel + 1)
+    if not any(i.tensors_converted for i in plan.info.values()) and on_overflow != "keep":
+        raise Refused(
+            f"{_esc(src)}: nothing to convert: no tensor of any file becomes "
+            f"{_core.TARGET_DTYPES[to]} (each float tensor already is, or is kept); the "
+            "output would be a copy of the folder",
+            path=src,
+        )
 
     # Options that change the output; the defaults are left out, so that manifests of
     # plain runs stay as they were.
@@ -124,14 +150,49 @@ def convert_folder(
         else:
             todo.append(w)
     copies = [] if shard is not None else plan.copies
-    _check_space(dst, plan, todo, copies, shard is None)
+    need = _check_space(dst, plan, todo, copies, shard is None)
+    return Prepared(
+        src,
+        dst,
+        src_id,
+        to,
+        plan,
+        precision,
+        options,
+        shard,
+        weights,
+        mine,
+        survey,
+        todo,
+        skipped,
+        copies,
+        need,
+        warnings,
+    )
+
+
+def convert_folder(
+    prepared: Prepared,
+    *,
+    threads: int | None,
+    force: bool,
+    allow_quantized: bool,
+    progress: Progress | None,
+    file_progress: Callable[[str, int, int], object] | None,
+    cancel: CancelFlag | None,
+    tuning: dict[str, Any] | None = None,
+) -> ConvertReport:
+    """Convert a prepared folder run (see `prepare`); see `stcast.convert` for the options."""
+    started = time.monotonic()
+    p = prepared
+    src, dst, plan, shard, survey = p.src, p.dst, p.plan, p.shard, p.survey
     # Every refusal is behind us: from here on, files are written.
     _write.failpoint("folder-checked", cancel)
 
     os.makedirs(dst, exist_ok=True)
-    record = _manifest.new(src, src_id, dst, options, allow_quantized, shard, mine)
+    record = _manifest.new(src, p.src_id, dst, p.options, allow_quantized, shard, p.mine)
     files: list[FileReport] = []
-    for w in skipped:
+    for w in p.skipped:
         st = os.lstat(os.path.join(dst, w.rel))
         record.record(w.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
         record.files[w.rel].update(record.weights_entry(w, plan.header_sha256[w.rel]))
@@ -141,17 +202,17 @@ def convert_folder(
     _write.failpoint("folder-manifest", cancel)
 
     meter = _write.Meter(
-        sum(plan.info[w.rel].data_bytes for w in todo) + sum(c.size for c in copies),
+        sum(plan.info[w.rel].data_bytes for w in p.todo) + sum(c.size for c in p.copies),
         progress,
         file_progress,
     )
     run = _write.Run(
-        dst, to, threads, meter, cancel, precision, record, force, dict(survey.ours), tuning
+        dst, p.to, threads, meter, cancel, p.precision, record, force, dict(survey.ours), tuning
     )
     if shard is None:
         _write.unpublish(run, plan)
-    converted = _write.convert_files(run, plan, todo)
-    files += [_write.file_report(w.rel, r) for w, r in zip(todo, converted)]
+    converted = _write.convert_files(run, plan, p.todo)
+    files += [_write.file_report(w.rel, r) for w, r in zip(p.todo, converted)]
     if shard is None:
         files += _write.publish(run, plan)
     _write.recheck(run)
@@ -162,8 +223,11 @@ def convert_folder(
         _write.remove_own(run, [record, *survey.siblings])
     else:
         record.save()
-    report = _folder_report(src, dst, to, files, converted, started, shard, shard is None)
-    return _with_warnings(report, folder_warnings)
+    on_overflow = p.precision.get("on_overflow", "warn")
+    report = _folder_report(
+        src, dst, p.to, files, converted, started, shard, shard is None, on_overflow
+    )
+    return _with_warnings(report, p.warnings)
 
 
 class _Survey:
@@ -245,7 +309,7 @@ def _survey(
             )
     planned_by_runs = {p for m in mine for p in m.planned}
     foreign_planned, foreign_other = [], []
-    for rel in _listing(dst):
+    for rel in _walk.listing(dst):
         entry = _manifest.recorded(mine, dst, rel)
         if entry is not None:
             st = os.lstat(os.path.join(dst, rel))
@@ -296,25 +360,6 @@ def _listed(rels: list[str]) -> str:
     return shown + (f" and {len(rels) - 3} more" if len(rels) > 3 else "")
 
 
-def _listing(dst: str) -> list[str]:
-    """Every file under `dst` but stcast's bookkeeping (manifests, temps), as relative
-    paths; links and special files count as files, folders are walked (never a link)."""
-    out: list[str] = []
-    pending = [""]
-    while pending:
-        rel_dir = pending.pop()
-        with os.scandir(os.path.join(dst, rel_dir) if rel_dir else dst) as it:
-            for e in it:
-                rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
-                if e.name.startswith(_walk.BOOKKEEPING_PREFIX):
-                    continue
-                if e.is_dir(follow_symlinks=False):
-                    pending.append(rel)
-                else:
-                    out.append(rel)
-    return sorted(out)
-
-
 def _adoptable(dst: str, rel: str, kind: str, plan: _walk.Plan) -> bool:
     """Under resume, is the file at `rel` what this plan writes, without a manifest to say
     so (a finished run removes its manifest)? A converted file is, when its header is the
@@ -354,7 +399,7 @@ def _same_bytes(a: str, b: str) -> bool:
 
 def _check_space(
     dst: str, plan: _walk.Plan, todo: list[_walk.File], copies: list[_walk.File], whole: bool
-) -> None:
+) -> int:
     """Refuse before any work when the destination's file system cannot hold the output."""
     need = sum(plan.info[w.rel].output_bytes for w in todo) + sum(c.size for c in copies)
     if whole:
@@ -372,6 +417,7 @@ def _check_space(
             f"have {_core.format_bytes(have)}"
         )
         raise NoSpace(f"{_esc(folder)}: {message}", message=message, path=folder)
+    return need
 
 
 def finalize(
@@ -450,13 +496,48 @@ def inspect_folder(
     threads: int | None,
     progress: Progress | None,
     tuning: dict[str, Any] | None = None,
+    force: bool = False,
+    resume: bool = False,
+    shard: tuple[int, int] | None = None,
+    allow_quantized: bool = False,
+    follow_links: bool = False,
+    strict: bool = False,
 ) -> InspectReport:
-    """A dry run of `convert_folder` with the same options: see `stcast.inspect`."""
-    weights, indexes, configs, others, _ = _walk.walk(src)
-    if not weights:
-        raise Refused(
-            f"{_esc(src)}: a directory without .safetensors files: nothing to convert", path=src
+    """A dry run of a folder conversion with the same options: see `stcast.inspect`.
+
+    With `dst`, every check the conversion would make runs first (`prepare`), and fails as
+    the conversion would; without it, the folder is only described.
+    """
+    src = _ident.resolve_hub_repo(src)
+    if dst is not None:
+        prepared = prepare(
+            src,
+            dst,
+            to=to,
+            force=force,
+            resume=resume,
+            shard=shard,
+            allow_quantized=allow_quantized,
+            keep=keep,
+            keep_min_size=keep_min_size,
+            strict=strict,
+            from_bf16=from_bf16,
+            on_overflow=on_overflow,
+            follow_links=follow_links,
+            stacklevel=4,
         )
+        weights = prepared.plan.weights
+        others = [*prepared.plan.copies, *prepared.plan.late_copies]
+        others += [f for f, _ in prepared.plan.configs]
+        others += [f for f, _, _ in prepared.plan.indexes]
+    else:
+        weights, indexes, configs, copies, _ = _walk.walk(src, follow_links)
+        others = [*indexes, *configs, *copies]
+        if not weights:
+            raise Refused(
+                f"{_esc(src)}: a directory without .safetensors files: nothing to convert",
+                path=src,
+            )
     scanning = scan or on_overflow == "keep"
     sizes = {}
     if scanning:
@@ -494,7 +575,7 @@ def inspect_folder(
     unmatched = [p for p in keep if all(p in f.keep_unmatched for f in files)]
     warnings = [Notice("unmatched_pattern", _unmatched_template(unmatched))] if unmatched else []
     warnings += [w for f in files for w in f.warnings]
-    other = sum(f.size for f in [*indexes, *configs, *others])
+    other = sum(f.size for f in others)
     output = sum(f.output_bytes for f in files) + other
     return InspectReport(
         path=src,
@@ -551,8 +632,25 @@ def _folder_report(
     started: float,
     shard: tuple[int, int] | None,
     complete: bool,
+    on_overflow: OnOverflow = "warn",
 ) -> ConvertReport:
+    """A folder's report: the totals of the files converted by this run, their kept
+    tensors and numeric reports (each entry naming its file), and every file's line."""
     last = converted[-1] if converted else None
+    rels = [f.path for f in files if f.action == "converted"]
+    kept: list[Any] = [{"file": rel, **k} for rel, r in zip(rels, converted) for k in r.kept]
+    numerics: Any = None
+    if converted and all(r.numerics is not None for r in converted):
+        tensors = [
+            {"file": rel, **t}
+            for rel, r in zip(rels, converted)
+            for t in (r.numerics or {"tensors": []})["tensors"]
+        ]
+        total: dict[str, Any] = {}
+        for r in converted:
+            for k, v in (r.numerics or {"total": {}})["total"].items():
+                total[k] = max(total.get(k, 0), v) if k.startswith("max_") else total.get(k, 0) + v
+        numerics = {"tensors": tensors, "total": total}
     return ConvertReport(
         src=src,
         dst=dst,
@@ -567,6 +665,9 @@ def _folder_report(
         warnings=[w for r in converted for w in r.warnings],
         tensors_kept=sum(r.tensors_kept for r in converted),
         bytes_kept=sum(r.bytes_kept for r in converted),
+        kept=kept,
+        on_overflow=on_overflow,
+        numerics=numerics,
         folder=True,
         files=files,
         shard=None if shard is None else list(shard),

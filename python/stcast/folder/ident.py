@@ -95,3 +95,37 @@ def is_hub_blob(target: str) -> bool:
     repo = os.path.dirname(blobs)
     kinds = ("models--", "datasets--", "spaces--")
     return os.path.basename(blobs) == "blobs" and os.path.basename(repo).startswith(kinds)
+
+
+_HUB_KINDS = ("models--", "datasets--", "spaces--")
+
+
+def resolve_hub_repo(src: str) -> str:
+    """The folder to convert when `src` is a Hugging Face cache repo root
+    (`.../models--org--name/`, holding `blobs/`, `refs/` and `snapshots/`): the snapshot
+    `refs/main` names, or the only snapshot there is. Several snapshots and no `refs/main`
+    is refused, listing them; `blobs/` is never walked. Any other folder is itself."""
+    name = os.path.basename(os.path.normpath(src))
+    snapshots = os.path.join(src, "snapshots")
+    if not name.startswith(_HUB_KINDS) or not os.path.isdir(snapshots):
+        return src
+    ref = os.path.join(src, "refs", "main")
+    if os.path.isfile(ref):
+        with open(ref, "rb") as fh:
+            commit = fh.read(256).decode("ascii", "replace").strip()
+        chosen = os.path.join(snapshots, commit)
+        if commit and "/" not in commit and os.path.isdir(chosen):
+            return chosen
+        raise Refused(
+            f"{_esc(ref)}: names snapshot {_esc(commit)!s}, which is not in {_esc(snapshots)}",
+            path=ref,
+        )
+    found = sorted(e.name for e in os.scandir(snapshots) if e.is_dir())
+    if len(found) == 1:
+        return os.path.join(snapshots, found[0])
+    listed = ", ".join(_esc(f) for f in found) or "none"
+    raise Refused(
+        f"{_esc(src)}: a Hugging Face cache repo without refs/main and with "
+        f"{len(found)} snapshots ({listed}); convert one of {_esc(snapshots)}/<snapshot>",
+        path=src,
+    )

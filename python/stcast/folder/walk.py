@@ -90,11 +90,11 @@ def plan(
 
     keep = precision.get("keep", [])
     new_configs = []
+    quantization_config = None
     for f in configs:
         text, doc = read_json(f)
-        # With keep patterns the user chose what stays: the shards are checked below instead.
-        if check_quantized and not keep and _has_quantization_config(doc):
-            raise _quantized_error(f.path, "its config has a quantization_config")
+        if quantization_config is None and _has_quantization_config(doc):
+            quantization_config = f
         new_configs.append((f, jsonedit.set_dtypes(text, _core.TARGET_TORCH_NAMES[to])))
 
     info: dict[str, InspectReport] = {}
@@ -113,24 +113,10 @@ def plan(
             on_overflow="warn",
         )
         unmatched = [p for p in unmatched if p in report.keep_unmatched]
-        if check_quantized:
-            odd = sorted({t.dtype for t in report.tensors} & set(_core.QUANTIZED_DTYPES))
-            if odd and not keep:
-                raise _quantized_error(w.path, f"it holds {', '.join(odd)} tensors")
-            if keep:
-                scales = [
-                    t.name
-                    for t in report.tensors
-                    if t.reason == "converted" and "scale" in t.name.lower()
-                ]
-                if scales:
-                    raise _quantized_error(
-                        w.path,
-                        f"tensor `{_esc(scales[0])}` looks like a scale and no {{keep}} "
-                        "pattern keeps it",
-                    )
         hashes[w.rel] = header_sha256(w.path)
         info[w.rel] = report
+    if check_quantized:
+        _check_quantized(weights, info, quantization_config, keep)
 
     for f, _, weight_map in parsed_indexes:
         _check_index(f, weight_map, info)
@@ -229,6 +215,25 @@ def walk(
         sorted(others, key=by_rel),
         dirs,
     )
+
+
+def listing(dst: str) -> list[str]:
+    """Every file under `dst` but stcast's bookkeeping (manifests, temps), as relative
+    paths; links and special files count as files, folders are walked (never a link)."""
+    out: list[str] = []
+    pending = [""]
+    while pending:
+        rel_dir = pending.pop()
+        with os.scandir(os.path.join(dst, rel_dir) if rel_dir else dst) as it:
+            for e in it:
+                rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
+                if e.name.startswith(BOOKKEEPING_PREFIX):
+                    continue
+                if e.is_dir(follow_symlinks=False):
+                    pending.append(rel)
+                else:
+                    out.append(rel)
+    return sorted(out)
 
 
 def _by_rel(f: File) -> str:
@@ -355,6 +360,46 @@ def _check_index(f: File, weight_map: dict[str, str], info: dict[str, InspectRep
                     f"{_esc(f.path)}: tensor `{_esc(tensor)}` of shard "
                     f"`{_esc(os.path.basename(rel))}` {said}",
                     path=f.path,
+                )
+
+
+def _check_quantized(
+    weights: list[File],
+    info: dict[str, InspectReport],
+    quantization_config: File | None,
+    keep: list[str],
+) -> None:
+    """Refuse a quantized checkpoint, whose F32 scales would silently become bf16 too.
+
+    A checkpoint is quantized when a config has a `quantization_config` (then I8/U8 weights
+    count too), or when a file holds F8/F6/F4 tensors beside F32 ones. A tensor's name alone
+    never makes it so: ordinary models carry F32 tensors named `scale` and U8 buffers. With
+    keep patterns the user chose what stays: it is then enough that no scale-like F32
+    tensor is still converted.
+    """
+    lowp = set(_core.QUANTIZED_DTYPES)
+    why = None
+    where = None
+    if quantization_config is not None:
+        why, where = "its config has a quantization_config", quantization_config.path
+    else:
+        for w in weights:
+            dtypes = {t.dtype for t in info[w.rel].tensors}
+            if dtypes & lowp and "F32" in dtypes:
+                odd = ", ".join(sorted(dtypes & lowp))
+                why, where = f"it holds {odd} tensors beside F32 ones", w.path
+                break
+    if why is None or where is None:
+        return
+    if not keep:
+        raise _quantized_error(where, why)
+    for w in weights:
+        for t in info[w.rel].tensors:
+            if t.reason == "converted" and t.dtype == "F32" and "scale" in t.name.lower():
+                raise _quantized_error(
+                    w.path,
+                    f"{why}, and tensor `{_esc(t.name)}` looks like a scale that no "
+                    "{keep} pattern keeps",
                 )
 
 

@@ -116,6 +116,8 @@ def convert_files(run: Run, plan: Plan, todo: list[File]) -> list[ConvertReport]
             threads=run.threads,
             force=replace is not None,
             replaces=None if replace in (None, "any") else replace,
+            # A folder partly converted already is fine: its files pass as they are.
+            allow_copy=True,
             progress=step if run.meter.is_on() else None,
             cancel=run.cancel,
             keep=run.precision.get("keep", []),

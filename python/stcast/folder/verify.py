@@ -1,0 +1,217 @@
+"""Verify a converted folder: every file of the source has its counterpart in the
+destination, exactly what `convert` makes of it.
+
+Files are paired by relative path. Weight files are verified by the engine (each tensor bit
+for bit, under the same precision options as `convert`); copies must hold the source's
+bytes; configs the source's text with only the dtype values changed; indexes the source's
+weight map, with `total_size` that of the shards in the destination. The first difference
+is reported, naming the file.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from .. import _core, _engine
+from ..errors import Refused, StcastError
+from ..reports import Mismatch, Notice, VerifyReport
+from . import ident, jsonedit
+from . import walk as _walk
+
+if TYPE_CHECKING:
+    from typing import Callable
+
+    from .._engine import Progress
+    from .._types import Numerics, OnOverflow, Target
+
+_esc = _core.escape
+
+
+def verify_folder(
+    src: str,
+    dst: str,
+    *,
+    loose: bool,
+    to: Target | None,
+    keep: list[str],
+    keep_min_size: int,
+    from_bf16: bool,
+    on_overflow: OnOverflow,
+    threads: int | None,
+    progress: Progress | None,
+    report: str | None,
+    force: bool,
+    tuning: dict[str, Any] | None,
+) -> VerifyReport:
+    started = time.monotonic()
+    src = ident.resolve_hub_repo(src)
+    if not os.path.isdir(dst):
+        raise Refused(f"{_esc(dst)}: not a folder, while {_esc(src)} is one", path=dst)
+    src_id = ident.ident(os.stat(src))
+    if src_id == ident.ident(os.stat(dst)):
+        raise Refused(f"{_esc(dst)}: SRC and DST are the same folder", path=dst)
+    replace = None
+    if report is not None:
+        replace = _core.check_side_output(
+            report, "report", force, [(src, "the input"), (dst, "the output")]
+        )
+    weights, indexes, configs, others, _ = _walk.walk(src)
+    expected = {f.rel: f for f in [*weights, *indexes, *configs, *others]}
+    found = set(_walk.listing(dst))
+    options: dict[str, Any] = {
+        "loose": loose,
+        "keep": keep,
+        "keep_min_size": keep_min_size,
+        "from_bf16": from_bf16,
+        "on_overflow": on_overflow,
+        "threads": threads,
+        "tuning": tuning,
+    }
+    reports: list[VerifyReport] = []
+    total = sum(w.size for w in weights)
+    done = 0
+    first: VerifyReport | None = None
+    mismatch: Mismatch | None = None
+
+    def fail(rel: str, template: str, tensor: str | None = None) -> Mismatch:
+        return Mismatch(
+            Notice("mismatch", template, rel),
+            tensor,
+            None,
+            None,
+            None,
+            None,
+            None,
+            rel,
+        )
+
+    missing = sorted(set(expected) - found)
+    extra = sorted(found - set(expected))
+    if missing:
+        mismatch = fail(missing[0], "is in SRC but not in DST")
+    elif extra and not loose:
+        mismatch = fail(extra[0], "is in DST but not in SRC ({loose} ignores extra files)")
+    for w in weights if mismatch is None else []:
+
+        def step(d: int, t: int, base: int = done) -> None:
+            if progress is not None:
+                progress(base + d, total)
+
+        r = _engine.verify_file(
+            w.path,
+            os.path.join(dst, w.rel),
+            to=to,
+            progress=step if progress is not None else None,
+            **options,
+        )
+        done += w.size
+        reports.append(r)
+        first = first or r
+        if to is None and r.to is not None:
+            to = r.to  # every file with the target the first converted one has
+        if r.mismatch is not None:
+            m = r.mismatch
+            mismatch = Mismatch(
+                Notice("mismatch", m.message.template, w.rel),
+                m.tensor,
+                m.index,
+                m.source_bits,
+                m.source_value,
+                m.expected_bits,
+                m.found_bits,
+                w.rel,
+            )
+            break
+    if mismatch is None:
+        mismatch = _check_others(src, dst, to or "bf16", indexes, configs, others, fail)
+    ok = mismatch is None
+    numerics = _merged(reports, [w.rel for w in weights]) if ok else None
+    if ok and report is not None and numerics is not None:
+        _core.write_numeric_report(report, src, dst, to, numerics, replace=replace)
+    threads_used = first.threads if first is not None else 0
+    return VerifyReport(
+        src=src,
+        dst=dst,
+        ok=ok,
+        loose=loose,
+        tensors_converted=sum(r.tensors_converted for r in reports),
+        tensors_identical=sum(r.tensors_identical for r in reports),
+        bytes_compared=sum(r.bytes_compared for r in reports),
+        seconds=time.monotonic() - started,
+        threads=threads_used,
+        isa=first.isa if first is not None else "",
+        mismatch=mismatch,
+        to=to,
+        numerics=numerics,
+        folder=True,
+        files=len(expected),
+    )
+
+
+def _check_others(
+    src: str,
+    dst: str,
+    to: Target,
+    indexes: list[_walk.File],
+    configs: list[_walk.File],
+    others: list[_walk.File],
+    fail: Callable[[str, str], Mismatch],
+) -> Mismatch | None:
+    """Copies hold the source's bytes; configs its text with the dtype changed; indexes its
+    weight map, with the total size of the destination's shards."""
+    for f in others:
+        if not _same_bytes(f.path, os.path.join(dst, f.rel)):
+            return fail(f.rel, "differs from the file in SRC (copies must be byte for byte)")
+    for f in configs:
+        text, _ = _walk.read_json(f)
+        want = jsonedit.set_dtypes(text, _core.TARGET_TORCH_NAMES[to])
+        want_bytes = want if want is not None else text.encode("utf-8")
+        got = _walk.read_bounded(os.path.join(dst, f.rel), _walk.MAX_JSON_BYTES)
+        if got != want_bytes:
+            return fail(f.rel, "is not SRC's config with the dtype set to the target")
+    found = {w.rel for w in _walk.walk(src)[0]}
+    for f in indexes:
+        text, weight_map = _walk.read_index(f, found)
+        from .write import check_index
+
+        try:
+            total = check_index(dst, f.rel, weight_map)
+        except StcastError as e:  # the shards do not hold what the index says
+            return fail(f.rel, e.template)
+        want = jsonedit.set_total_size(text, total)
+        got = _walk.read_bounded(os.path.join(dst, f.rel), _walk.MAX_JSON_BYTES)
+        if got != want:
+            return fail(f.rel, "is not SRC's index with the total size of DST's shards")
+    return None
+
+
+def _merged(reports: list[VerifyReport], rels: list[str]) -> Numerics | None:
+    """The numeric reports of the files, as one: each tensor with its `file`."""
+    if not reports or any(r.numerics is None for r in reports):
+        return None
+    tensors: list[Any] = []
+    total: dict[str, Any] = {}
+    for rel, r in zip(rels, reports):
+        assert r.numerics is not None
+        tensors += [{"file": rel, **t} for t in r.numerics["tensors"]]
+        for k, v in r.numerics["total"].items():
+            total[k] = max(total.get(k, 0), v) if k.startswith("max_") else total.get(k, 0) + v
+    merged: Numerics = {"tensors": tensors, "total": total}  # type: ignore[typeddict-item]
+    return merged
+
+
+def _same_bytes(a: str, b: str) -> bool:
+    try:
+        if os.path.getsize(a) != os.path.getsize(b):
+            return False
+        with open(a, "rb") as fa, open(b, "rb") as fb:
+            while True:
+                x, y = fa.read(1 << 20), fb.read(1 << 20)
+                if x != y:
+                    return False
+                if not x:
+                    return True
+    except OSError:
+        return False
