@@ -19,7 +19,7 @@ use crate::output::{self, PathId, Replace, TempOutput};
 use crate::plan::{self, KeptTensor, Plan, PlanOptions};
 use crate::source::{fadvise_dontneed, Source};
 use crate::vocab::{OnOverflow, ReadAdvice, Target};
-use crate::window::{worker_pool, Cursor, Window, Work, DEFAULT_WINDOW};
+use crate::window::{worker_pool, Cursor, Window, Work, DEFAULT_STEP, DEFAULT_WINDOW};
 
 /// Knobs that change speed and memory, never the output bytes. The defaults are the
 /// measured best; benchmarks pass others through the API (`tuning=`).
@@ -36,6 +36,8 @@ pub struct Tuning {
     /// Output ranges whose writeback may be in flight before the oldest is waited for and
     /// dropped (at least 1). Each is about half a window (bf16) of dirty pages.
     pub write_behind: usize,
+    /// Source bytes per step between two visits of the driver (see `DEFAULT_STEP`).
+    pub step: u64,
 }
 
 impl Default for Tuning {
@@ -46,6 +48,7 @@ impl Default for Tuning {
             populate: true,
             advise: ReadAdvice::Sequential,
             write_behind: 1,
+            step: DEFAULT_STEP,
         }
     }
 }

@@ -19,7 +19,7 @@ pub enum Error {
     NotAFile { path: PathBuf, what: &'static str },
     /// The safetensors header is invalid; `reason` is the crate's, with specifics added.
     InvalidHeader { path: PathBuf, reason: String },
-    /// The file is another format (`what`: "a gguf file", ...), not safetensors.
+    /// The file is another format (`what`: "a GGUF file (llama.cpp)", ...), not safetensors.
     OtherFormat { path: PathBuf, what: &'static str },
     /// No tensor would change: the output would be a copy of the input.
     NothingToConvert { path: PathBuf, target: Target },

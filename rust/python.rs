@@ -28,10 +28,6 @@ use crate::vocab::{
 use crate::window::{DEFAULT_WINDOW, MAX_THREADS};
 use crate::VERSION;
 
-/// Source bytes converted between two visits to Python (signals, progress, cancel).
-/// At the rates we reach, that is well under a second.
-const STEP_BYTES: u64 = 64 << 20;
-
 /// The Python exception for an engine error (a Ctrl-C that arrived meanwhile wins).
 fn to_py(py: Python<'_>, e: Error) -> PyErr {
     if let Err(interrupt) = py.check_signals() {
@@ -75,6 +71,8 @@ fn guarded<T: Send>(py: Python<'_>, f: impl FnOnce() -> crate::Result<T> + Send)
 
 /// The callbacks a task reports to between steps.
 struct Hooks<'py> {
+    /// Source bytes per step (`Tuning::step`).
+    step: u64,
     progress: Option<Bound<'py, PyAny>>,
     cancel: Option<Bound<'py, PyAny>>,
     warn: Option<Bound<'py, PyAny>>,
@@ -104,7 +102,8 @@ impl<'py> Hooks<'py> {
     fn drive(&self, py: Python<'py>, task: &mut (impl Task + Send)) -> PyResult<()> {
         self.visit(py, task)?;
         loop {
-            let finished = self.run(py, || task.step(STEP_BYTES))?;
+            let step = self.step;
+            let finished = self.run(py, || task.step(step))?;
             self.visit(py, task)?;
             if finished {
                 return Ok(());
@@ -240,9 +239,11 @@ fn tuning(v: Option<&Bound<'_, PyDict>>) -> PyResult<Tuning> {
                 })?;
             }
             "write_behind" => t.write_behind = v.extract::<usize>()?.clamp(1, 64),
+            "step_mib" => t.step = v.extract::<u64>()?.clamp(1, 1 << 16) << 20,
             _ => {
                 return Err(PyValueError::new_err(format!(
-                    "unknown tuning knob {key:?}: window_mib, isa, populate, advise, write_behind"
+                    "unknown tuning knob {key:?}: window_mib, isa, populate, advise, write_behind, \
+                     step_mib"
                 )))
             }
         }
@@ -316,6 +317,7 @@ fn py_convert<'py>(
         tuning: self::tuning(tuning)?,
     };
     let hooks = Hooks {
+        step: opts.tuning.step,
         progress,
         cancel,
         warn,
@@ -454,6 +456,7 @@ fn py_inspect<'py>(
         InspectTask::new(&path, &plan_opts, scan, on_overflow, &opts, dst.as_deref())
     })?;
     let hooks = Hooks {
+        step: opts.tuning.step,
         progress,
         cancel: None,
         warn: None,
@@ -568,6 +571,7 @@ fn py_verify<'py>(
     };
     let mut verifier = guarded(py, || Verifier::open(&src, &dst, &opts))?;
     let hooks = Hooks {
+        step: opts.tuning.step,
         progress,
         cancel: None,
         warn: None,
@@ -669,6 +673,7 @@ fn copy_file<'py>(
 ) -> PyResult<(u64, u64, u64)> {
     let replace = replace_policy(replace)?;
     let hooks = Hooks {
+        step: Tuning::default().step,
         progress,
         cancel,
         warn: None,

@@ -16,6 +16,9 @@ use crate::numerics::{self, Numerics};
 
 /// Input bytes per window by default. Memory in use is a small multiple of this.
 pub const DEFAULT_WINDOW: usize = 8 << 20;
+/// Source bytes a task converts per step, between two visits of its driver (signals,
+/// progress, cancel). At the rates we reach, that is well under a second.
+pub const DEFAULT_STEP: u64 = 64 << 20;
 /// Windows smaller than this run on one thread: waking the pool costs more.
 const PARALLEL_MIN: usize = 512 << 10;
 /// The largest number of worker threads asked for that is honoured; more is refused.

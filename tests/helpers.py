@@ -8,14 +8,17 @@ closed pipe, memory, privileges and mounts.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pty
 import select
 import shlex
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import threading
 import time
 from collections.abc import Sequence
@@ -225,11 +228,38 @@ def stopped(*args: object, at: str, env: dict[str, str] | None = None) -> Run:
 # --- a terminal --------------------------------------------------------------------------------
 
 
-def run_on_pty(args: list[object], timeout: float = 60) -> tuple[int, str, bytes]:
-    """Run the CLI with stderr on a pseudo-terminal; return (rc, stdout, stderr bytes)."""
+# Run before the CLI in `run_on_pty(deterministic=True)`: what the bar draws depends on
+# the steps only. The clock advances half a second per reading, every progress call draws,
+# and windows and steps are 1 MiB, so a file of a few MiB is several steps.
+DETERMINISTIC_PROGRESS = """
+import functools, itertools, sys, time
+ticks = itertools.count()
+time.monotonic = lambda: next(ticks) * 0.5
+import stcast, stcast._console as console
+init = console.Progress.__init__
+def every_step(self, *a, **k):
+    k["min_interval"] = 0
+    init(self, *a, **k)
+console.Progress.__init__ = every_step
+stcast.convert = functools.partial(stcast.convert, tuning={"window_mib": 1, "step_mib": 1})
+from stcast.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def run_on_pty(
+    args: list[object],
+    timeout: float = 60,
+    columns: int = 80,
+    deterministic: bool = False,
+) -> tuple[int, str, bytes]:
+    """Run the CLI with stderr on a pseudo-terminal `columns` wide; return (rc, stdout,
+    stderr bytes)."""
     master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    entry = ["-c", DETERMINISTIC_PROGRESS] if deterministic else ["-m", "stcast"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "stcast", *map(str, args)],
+        [sys.executable, *entry, *map(str, args)],
         stdout=subprocess.PIPE,
         stderr=slave,
         stdin=subprocess.DEVNULL,

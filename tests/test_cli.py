@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -208,7 +209,7 @@ def test_usage_errors_exit_2(tmp_path, run_main, args):
     assert rc == 2, (out, err)
     assert "Traceback" not in err
     if not args:
-        assert "commands:" in out and "convert" in out and err == ""
+        assert "commands:" in err and "convert" in err and out == ""  # a usage error: stderr
     else:
         line = assert_one_error_line(err)
         assert line.startswith("stcast: error: ") and "--help`)" in line, line
@@ -238,7 +239,7 @@ def test_python_m_stcast_exits_with_the_code_of_main(tmp_path, cli_process):
     rc, out, err = cli_process("convert", tmp_path / "missing.safetensors")
     assert (rc, out) == (1, "") and "No such file" in assert_one_error_line(err)
     rc, out, err = cli_process(cwd=tmp_path)
-    assert rc == 2 and "commands:" in out and "Traceback" not in err
+    assert rc == 2 and "commands:" in err and out == "" and "Traceback" not in err
     assert listing(tmp_path) == []
 
 
@@ -300,6 +301,83 @@ def test_progress_bar_on_tty(tmp_path):
     text = err.decode()
     assert "100%" in text and "\r" in text, text
     assert "converted" in out
+
+
+def screen_of(stderr: bytes, columns: int) -> list[str]:
+    """What a terminal `columns` wide shows after `stderr` (trailing blanks dropped)."""
+    import pyte
+
+    screen = pyte.Screen(columns, 50)
+    # A pty turns "\n" into "\r\n" (onlcr); pyte's Screen expects the pair.
+    pyte.ByteStream(screen).feed(stderr)
+    lines = [line.rstrip() for line in screen.display]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def three_overflowing_files(folder: Path) -> Path:
+    """A folder of 3 files of 3 MiB (3 windows each) whose `hot` tensor overflows fp16."""
+    folder.mkdir()
+    for i in range(3):
+        x = np.ones((3 << 20) // 4, np.float32)
+        write_safetensors(
+            folder / f"model-0000{i + 1}-of-00003.safetensors",
+            {"w": ("F32", [x.size], x), "hot": ("F32", [2], np.float32([1e6, 1]))},
+        )
+    return folder
+
+
+@pytest.mark.parametrize("columns", [60, 120])
+def test_bar_on_a_terminal_leaves_no_stale_lines(tmp_path, columns):
+    """Through a pseudo-terminal rendered by pyte: the bar never wraps, each warning
+    (one per file, naming it) is printed once on its own lines, and one bar remains at the
+    end, at 100%, above nothing but the summary. The steps are deterministic (1 MiB
+    windows, a fake clock, every step drawn)."""
+    src = three_overflowing_files(tmp_path / "model")
+    rc, out, err = run_on_pty(["convert", src, "--to", "fp16"], columns=columns, deterministic=True)
+    assert rc == 0, err
+    raw = err.decode()
+    assert raw.count("\r[") >= 9  # redrawn at every window at least
+    lines = screen_of(err, columns)
+    bars = [line for line in lines if line.startswith("[")]
+    assert len(bars) == 1, lines
+    assert bars[0] == lines[-1] and "100%" in bars[0] and "in " in bars[0], lines
+    warnings = [line for line in lines if line.startswith("stcast: warning:")]
+    names = [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+    assert len(warnings) == 3, lines
+    # A warning longer than the terminal wraps (once); compare without the spaces.
+    text = "".join(lines[:-1]).replace(" ", "")
+    for name in names:
+        said = f"{name}: 1 finite value in 1 tensor became ±inf in F16".replace(" ", "")
+        assert text.count(said) == 1, lines
+    # Nothing of a bar is left anywhere else: no figures, no brackets.
+    assert not any("ETA" in line or "/s" in line for line in lines[:-1]), lines
+    assert out.startswith("converted ") and "6 converted, 0 copied" in out
+
+
+def test_progress_lines_in_a_log(tmp_path, run_main, monkeypatch):
+    """--progress with stderr not a terminal (a SLURM log): plain lines, no carriage
+    returns, at most one per 5% (or 10 s), the last at 100%."""
+    src = write_12mib_model(tmp_path)
+    # 1 MiB windows: 12 steps to log, or not.
+    monkeypatch.setattr(
+        stcast,
+        "convert",
+        functools.partial(stcast.convert, tuning={"window_mib": 1, "step_mib": 1}),
+    )
+    rc, out, err = run_main("convert", src, tmp_path / "out.safetensors", "--progress")
+    assert rc == 0, err
+    assert "\r" not in err
+    lines = err.splitlines()
+    assert len(lines) >= 3 and all(line.startswith("stcast: ") for line in lines), lines
+    percents = [int(line.split()[1].rstrip("%")) for line in lines]
+    assert percents == sorted(percents) and percents[-1] == 100
+    assert all(b - a >= 5 for a, b in zip(percents, percents[1:])), percents
+    assert "MB / 12.6 MB" in lines[-1]
+    # Without --progress, a log gets nothing but what went wrong.
+    rc, _, err = run_main("convert", src, tmp_path / "o2.safetensors")
+    assert (rc, err) == (0, "")
 
 
 @pytest.mark.parametrize("flag", ["-q", "--json"])

@@ -704,8 +704,7 @@ def test_folder_quantized_allowed_when_keep_keeps_the_scales(tmp_path):
 
 def test_folder_inspect_lists_each_file(tmp_path, run_main):
     src = two_shards(tmp_path)
-    with pytest.warns(stcast.StcastWarning, match="`\\*typo\\*` matches no tensor name"):
-        info = stcast.inspect(src, tmp_path / "dst", keep=["*norm*", "*typo*"])
+    info = stcast.inspect(src, tmp_path / "dst", keep=["*norm*", "*typo*"])  # returns, no warning
     assert info.folder and len(info.tensors) == sum(len(f.tensors) for f in info.files)
     assert [f.path for f in info.files] == [
         "model-00001-of-00002.safetensors",

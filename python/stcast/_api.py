@@ -231,6 +231,17 @@ def inspect(
     `path` gives a report with `folder=True` and one report per weight file in `files`.
     Plan warnings are returned in `.warnings`, not issued.
 
+    Args:
+        path: a .safetensors file or a checkpoint folder.
+        dst: the output `convert` would write; given, its checks run too.
+        to, keep, keep_min_size, from_bf16, on_overflow, strict: as for `convert`.
+        scan: read the tensors to convert and measure what converting them would lose.
+        threads: worker threads for the scan; None or 0 means one per core.
+        progress: called as `progress(done, total)` (bytes scanned).
+        force, resume, shard, allow_quantized, follow_links, report: as for `convert`:
+            they change the checks that run with `dst`.
+        tuning: knobs for benchmarks and tests (see `convert`).
+
     Raises:
         InvalidInput: the file is not a valid safetensors file.
         UsageError: a `keep` pattern or another option is invalid.
@@ -319,9 +330,20 @@ def verify(
 
     A difference is not an exception: the report says `ok=False` and gives the first
     `mismatch`. Memory stays bounded; the GIL is released in steps of 64 MiB, between
-    which Ctrl-C is honoured and `progress(done, total)` (source data bytes) is called.
+    which Ctrl-C is honoured and `progress` is called.
     With `report`, a verified pair's numeric report is written there (as `convert` writes
     it); an existing file needs `force`.
+
+    Args:
+        src, dst: the original and the converted file (or folder).
+        loose: accept what other tools write (see above).
+        to, keep, keep_min_size, from_bf16, on_overflow: the precision options `convert`
+            had; strict mode expects exactly the tensors they keep to be kept.
+        threads: worker threads; None or 0 means one per core.
+        progress: called as `progress(done, total)`: data bytes of both files compared, the
+            total being `bytes_compared` of a verification that finds no difference.
+        report, force: write the numeric report there; replace an existing one.
+        tuning: knobs for benchmarks and tests (see `convert`).
 
     Raises:
         InvalidInput: a file is not a valid safetensors file.
@@ -383,6 +405,13 @@ def finalize(
     same options, and its output must be intact. Then the other files are copied and the
     configs and indexes written (last), as a plain `convert` of the folder would.
 
+    Args:
+        src, dst: the folder given to each shard run, and their output folder.
+        progress: called as `progress(done, total)` (bytes of the files checked and copied).
+        file_progress: called as `file_progress(path, done, total)` per file.
+        cancel: an object with `is_set()` (a `threading.Event`): stop soon, leaving `dst`
+            as the shard runs left it.
+
     Raises:
         Refused: a file is missing or stale (the message names the shard to run again), or
             the folder is inconsistent.
@@ -397,7 +426,11 @@ def _source(src: StrPath) -> str:
     path = os.fsdecode(src)
     if os.path.lexists(path):
         return path
-    hub = re.fullmatch(r"(?:https?://huggingface\.co/)?([\w.-]+/[\w.-]+)/?", path)
+    hub = re.fullmatch(
+        r"(?:https?://(?:www\.)?huggingface\.co/|hf://(?:models/)?)?([\w.-]+/[\w.-]+)"
+        r"(?:/(?:tree|blob|resolve)/.*)?/?",
+        path,
+    )
     if hub is not None or path.startswith(("http://", "https://", "hf://")):
         repo = hub.group(1) if hub is not None else "ORG/NAME"
         raise InvalidInput(

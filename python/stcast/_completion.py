@@ -17,14 +17,28 @@ def _commands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.A
             yield from action.choices.items()
 
 
-def _options(p: argparse.ArgumentParser) -> Iterator[tuple[list[str], str, bool, list[str]]]:
-    """(flags, help, takes a value, choices) of each option of `p`, hidden ones left out."""
+class _Option:
+    """An option of a command, as the scripts need it."""
+
+    def __init__(self, a: argparse.Action) -> None:
+        self.flags = list(a.option_strings)
+        self.help = (a.help or "").replace("%%", "%")
+        self.takes = a.nargs != 0
+        # Values to offer: the choices, or the words the CLI attached (`completes`); a value
+        # that is a path says so with completes="files"; any other value is not completed.
+        completes = getattr(a, "completes", None)
+        words = a.choices or (completes if isinstance(completes, list) else [])
+        self.choices = [str(c) for c in words]
+        self.files = completes == "files"
+        metavar = a.metavar if isinstance(a.metavar, str) else a.dest.upper()
+        self.metavar = "{" + ",".join(self.choices) + "}" if self.choices else metavar
+
+
+def _options(p: argparse.ArgumentParser) -> Iterator[_Option]:
+    """Each option of `p`, hidden ones left out."""
     for a in p._actions:
-        if not a.option_strings or a.help == argparse.SUPPRESS:
-            continue
-        takes = a.nargs != 0
-        choices = [str(c) for c in a.choices] if a.choices else []
-        yield list(a.option_strings), (a.help or "").replace("%%", "%"), takes, choices
+        if a.option_strings and a.help != argparse.SUPPRESS:
+            yield _Option(a)
 
 
 def _positionals(p: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -39,20 +53,19 @@ def script(parser: argparse.ArgumentParser, shell: str) -> str:
 def _bash(parser: argparse.ArgumentParser) -> str:
     cases = []
     for name, p in _commands(parser):
-        flags = " ".join(f for fl, _, _, _ in _options(p) for f in fl)
-        valued = [f for fl, _, takes, ch in _options(p) if takes and not ch for f in fl]
-        choices = [(fl, ch) for fl, _, _, ch in _options(p) if ch]
+        options = list(_options(p))
+        flags = " ".join(f for o in options for f in o.flags)
         lines = [f"        {name})"]
-        for fl, ch in choices:
-            lines.append(
-                f'            case "$prev" in {"|".join(fl)}) '
-                f'COMPREPLY=($(compgen -W "{" ".join(ch)}" -- "$cur")); return;; esac'
-            )
-        if valued:
-            lines.append(
-                f'            case "$prev" in {"|".join(valued)}) '
-                'COMPREPLY=($(compgen -f -- "$cur")); return;; esac'
-            )
+        for o in options:
+            if not o.takes:
+                continue
+            if o.choices:
+                reply = f'COMPREPLY=($(compgen -W "{" ".join(o.choices)}" -- "$cur"))'
+            elif o.files:
+                reply = 'COMPREPLY=($(compgen -f -- "$cur"))'
+            else:
+                reply = "COMPREPLY=()"
+            lines.append(f'            case "$prev" in {"|".join(o.flags)}) {reply}; return;; esac')
         pos = _positionals(p)
         if pos and pos[0].choices:
             words = " ".join(str(c) for c in pos[0].choices)
@@ -98,12 +111,13 @@ def _zsh(parser: argparse.ArgumentParser) -> str:
     funcs = []
     for name, p in _commands(parser):
         specs = []
-        for flags, help_, takes, choices in _options(p):
-            desc = _zsh_escape(help_.split(";")[0][:70])
+        for o in _options(p):
+            desc = _zsh_escape(o.help.split(";")[0][:70])
             value = ""
-            if takes:
-                value = f":value:({' '.join(choices)})" if choices else ":value:_files"
-            for f in flags:
+            if o.takes:
+                what = f"({' '.join(o.choices)})" if o.choices else "_files" if o.files else " "
+                value = f":{o.metavar.lower()}:{what}"
+            for f in o.flags:
                 specs.append(f"'{f}[{desc}]{value}'")
         for a in _positionals(p):
             if a.choices:
@@ -148,14 +162,20 @@ def _fish(parser: argparse.ArgumentParser) -> str:
             f"complete -c stcast -n 'not __fish_seen_subcommand_from {names}' -a {name} -d '{desc}'"
         )
         cond = f"-n '__fish_seen_subcommand_from {name}'"
-        for flags, help_, takes, choices in _options(p):
+        for o in _options(p):
             parts = []
-            for f in flags:
+            for f in o.flags:
                 parts.append(f"-l {f[2:]}" if f.startswith("--") else f"-s {f[1:]}")
             value = ""
-            if takes:
-                value = f" -x -a '{' '.join(choices)}'" if choices else " -r -F"
-            help_text = help_.split(";")[0].replace("'", "\\'")[:70]
+            if o.takes:
+                value = (
+                    f" -x -a '{' '.join(o.choices)}'"
+                    if o.choices
+                    else " -r -F"
+                    if o.files
+                    else " -x"
+                )
+            help_text = o.help.split(";")[0].replace("'", "\\'")[:70]
             lines.append(f"complete -c stcast {cond} {' '.join(parts)}{value} -d '{help_text}'")
         first = _positionals(p)[0] if _positionals(p) else None
         if first is not None and first.choices:
@@ -191,11 +211,11 @@ def manpage(parser: argparse.ArgumentParser, version: str) -> str:
         ".SH COMMANDS",
     ]
     for name, p in _commands(parser):
-        usage = p.format_usage().replace("usage: ", "").strip()
+        usage = " ".join(p.format_usage().replace("usage: ", "").split())
         out += [".SS " + name, _roff(p.description or ""), ".PP", ".B " + _roff(usage)]
-        for flags, help_, takes, choices in _options(p):
-            arg = " " + ("{" + ",".join(choices) + "}" if choices else "VALUE") if takes else ""
-            out += [".TP", "\\fB" + _roff(", ".join(flags)) + "\\fR" + _roff(arg), _roff(help_)]
+        for o in _options(p):
+            arg = " " + o.metavar if o.takes else ""
+            out += [".TP", "\\fB" + _roff(", ".join(o.flags)) + "\\fR" + _roff(arg), _roff(o.help)]
         if p.epilog:
             out += [".PP", ".nf", _roff(p.epilog.rstrip()), ".fi"]
     out += [

@@ -179,33 +179,56 @@ class Progress:
         else:
             self._log(now, final=False)
 
-    def _figures(self, now: float) -> str:
+    def _parts(self, now: float) -> tuple[str, str, str]:
+        """The sizes, the rate, and the ETA (or the time taken once done)."""
         done, total = self.state
         elapsed = now - self.start
-        text = f"{size(done)} / {size(total)}"
-        if elapsed >= 0.2 and done > 0:
-            rate = done / elapsed
-            if done < total:
-                text += f"  {size(rate)}/s  ETA {duration((total - done) / rate)}"
-            else:
-                text += f"  {size(rate)}/s  in {elapsed:.1f} s"
-        return text
+        sizes = f"{size(done)} / {size(total)}"
+        if elapsed < 0.2 or done <= 0:
+            return sizes, "", ""
+        rate = done / elapsed
+        if done < total:
+            return sizes, f"{size(rate)}/s", f"ETA {duration((total - done) / rate)}"
+        return sizes, f"{size(rate)}/s", f"in {elapsed:.1f} s"
+
+    def _figures(self, now: float) -> str:
+        return "  ".join(p for p in self._parts(now) if p)
 
     def _draw(self, now: float) -> None:
         if self.broken:
             return
         done, total = self.state
         frac = done / total if total > 0 else 1.0
-        filled = int(frac * self.WIDTH)
-        line = f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] {frac * 100:3.0f}%  "
-        line += self._figures(now)
+        pct = f"{frac * 100:3.0f}%"
+        sizes, rate, eta = self._parts(now)
         room = columns(self.stream) - 1
+
+        def bar(width: int) -> str:
+            filled = int(frac * width)
+            return f"[{'#' * filled}{'.' * (width - filled)}] "
+
+        # Never wider than the terminal (a wrapped line cannot be redrawn with a \r): the
+        # least useful parts go first, whole, and the bar narrows, before anything is cut.
+        layouts = [
+            [pct, sizes, rate, eta],
+            [pct, sizes, eta],
+            [pct, eta],
+            [pct],
+        ]
+        line = ""
+        for parts in layouts:
+            text = "  ".join(p for p in parts if p)
+            for width in (self.WIDTH, 16, 10):
+                if len(bar(width)) + len(text) <= room:
+                    line = bar(width) + text
+                    break
+            if line:
+                break
+        line = (line or pct)[:room]
         if self.label and room - len(line) - 2 > 8:
             extra = room - len(line) - 2
             label = self.label if len(self.label) <= extra else "..." + self.label[3 - extra :]
             line += "  " + label
-        # Never wider than the terminal: a wrapped line could not be redrawn with a \r.
-        line = line[:room]
         # Pad over what is left of a longer previous line; no escape codes needed.
         padded = line.ljust(self.drawn)
         self.drawn = len(line)

@@ -99,10 +99,14 @@ class Destination(TypedDict):
 
 
 class Tuning(TypedDict, total=False):
-    """Knobs that change speed and memory, never the bytes written (for benchmarks)."""
+    """Knobs that change speed and memory, never the bytes written (for benchmarks and
+    tests): input MiB per window, the kernel family, how input is faulted in and read
+    ahead, output ranges in flight, and MiB converted between two progress calls (and
+    checks for Ctrl-C and `cancel`)."""
 
     window_mib: int
     isa: str
     populate: bool
     advise: ReadAdvice
     write_behind: int
+    step_mib: int

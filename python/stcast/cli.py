@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None, stop: _Stop | None = None) -> int:
     stop = stop or _Stop([])
     parser = build_parser()
     if not argv:
-        print(_command_list(parser))
+        print(_command_list(parser), file=sys.stderr)  # a usage error: stderr, exit 2
         return 2
     try:
         args, extra = parser.parse_known_args(argv)
@@ -186,6 +186,11 @@ examples:
   stcast completion zsh > "${fpath[1]}/_stcast"
   stcast completion fish > ~/.config/fish/completions/stcast.fish
 """,
+    "manpage": """\
+examples:
+  stcast manpage > /usr/local/share/man/man1/stcast.1
+  stcast manpage | man -l -
+""",
 }
 
 _HELP = {
@@ -197,6 +202,15 @@ _HELP = {
     "completion": "print a shell completion script (bash, zsh, fish)",
     "manpage": "print the manual page (roff)",
 }
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Wraps the description to the terminal, keeps the examples (the epilog) as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("examples:"):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -216,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
             help=_HELP[name],
             description=description,
             epilog=_EXAMPLES.get(name),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
+            formatter_class=_Formatter,
         )
 
     p = command(
@@ -342,6 +356,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("manpage", "Print stcast's manual page, generated from its options (roff).")
     p.set_defaults(run=_run_manpage)
     parser.commands = dict(commands.choices)  # type: ignore[attr-defined]
+    # What shell completion offers for a value (`_completion`): paths, or the dtype names.
+    for sub in commands.choices.values():
+        for a in sub._actions:
+            if a.metavar in ("FILE", "D"):
+                a.completes = "files"  # type: ignore[attr-defined]
+            elif a.dest == "to":
+                a.completes = list(dict.fromkeys([*_core.TARGETS, *_core.TARGET_ALIASES]))  # type: ignore[attr-defined]
     return parser
 
 
@@ -782,11 +803,11 @@ def _run_verify(args: argparse.Namespace, console: out.Console) -> int:
         console.error(f"{where}: {text}")
     elif not args.quiet:
         mode = " (loose)" if report.loose else ""
-        what = f"{report.files} files, " if report.folder else ""
         print(f"verified {report.dst}: exactly the conversion of {report.src}{mode}")
+        if report.folder:
+            print(f"  files    {report.files} compared")
         print(
-            f"  tensors  {what}{report.tensors_converted} converted, "
-            f"{report.tensors_identical} identical"
+            f"  tensors  {report.tensors_converted} converted, {report.tensors_identical} identical"
         )
         seconds = console.elapsed()
         rate = report.bytes_compared / seconds if seconds > 0 else 0.0

@@ -261,7 +261,7 @@ impl fmt::Display for TorchError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             TorchError::NotTorch { format } => {
-                write!(f, "this is {}, not a pytorch checkpoint", format.describe())
+                write!(f, "this is {}, not a PyTorch checkpoint", format.describe())
             }
             TorchError::ZipNoEnd => write!(
                 f,
@@ -286,7 +286,7 @@ impl fmt::Display for TorchError {
             }
             TorchError::ZipNoPickle => write!(
                 f,
-                "the zip archive has no data.pkl, so it is not a pytorch checkpoint"
+                "the zip archive has no data.pkl, so it is not a PyTorch checkpoint"
             ),
             TorchError::ZipManyPickles { first, second } => write!(
                 f,

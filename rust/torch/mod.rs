@@ -94,18 +94,18 @@ pub enum Format {
 }
 
 impl Format {
-    /// The format with an article, for messages ("this is a gguf file, not ...").
+    /// The format with an article, for messages ("this is a GGUF file (llama.cpp), not ...").
     pub fn describe(&self) -> &'static str {
         match self {
             Format::Safetensors => "a safetensors file",
-            Format::TorchZip => "a pytorch zip checkpoint",
-            Format::TorchLegacy => "a legacy pytorch checkpoint",
-            Format::Pickle => "a python pickle without torch's header",
-            Format::Gguf => "a gguf file",
-            Format::Npz => "a numpy .npz archive",
-            Format::Npy => "a numpy .npy file",
+            Format::TorchZip => "a PyTorch checkpoint (torch.save zip)",
+            Format::TorchLegacy => "a legacy PyTorch checkpoint (torch.save pickle)",
+            Format::Pickle => "a Python pickle without torch's header",
+            Format::Gguf => "a GGUF file (llama.cpp)",
+            Format::Npz => "a NumPy .npz archive",
+            Format::Npy => "a NumPy .npy file",
             Format::Zip => "a zip archive without data.pkl",
-            Format::Html => "an html page (perhaps a failed download)",
+            Format::Html => "an HTML page (a failed download?)",
             Format::Unknown => "a file of unknown format",
         }
     }

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import os
 import time
+import warnings as _warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import _core, _engine
-from ..errors import NoSpace, Refused
+from ..errors import NoSpace, Refused, StcastWarning
 from ..reports import ConvertReport, FileReport, InspectReport, Notice
 from . import ident as _ident
 from . import manifest as _manifest
@@ -82,8 +83,10 @@ def prepare(
     identities, the source (`walk.plan`), the shard range, the keep patterns, what the
     destination holds (`_survey`), that something changes, free space. `inspect SRC DST`
     runs exactly this; `convert` runs it, then writes."""
-    src = _ident.resolve_hub_repo(src)
+    # The default DST is named after what was given: beside a cache repo root, never
+    # inside the cache's snapshots/.
     dst = default_dst(src, to) if dst is None else dst
+    src = _ident.resolve_hub_repo(src)
     if shard is not None:
         shard = _check_shard(shard)
     src_id, _ = _ident.check_folders(src, dst)
@@ -509,23 +512,33 @@ def inspect_folder(
     the conversion would; without it, the folder is only described.
     """
     src = _ident.resolve_hub_repo(src)
+    said: list[Notice] = []
     if dst is not None:
-        prepared = prepare(
-            src,
-            dst,
-            to=to,
-            force=force,
-            resume=resume,
-            shard=shard,
-            allow_quantized=allow_quantized,
-            keep=keep,
-            keep_min_size=keep_min_size,
-            strict=strict,
-            from_bf16=from_bf16,
-            on_overflow=on_overflow,
-            follow_links=follow_links,
-            stacklevel=4,
-        )
+        # inspect returns its warnings (`.warnings`), it does not issue them.
+        with _warnings.catch_warnings(record=True) as caught:
+            _warnings.simplefilter("always")
+            prepared = prepare(
+                src,
+                dst,
+                to=to,
+                force=force,
+                resume=resume,
+                shard=shard,
+                allow_quantized=allow_quantized,
+                keep=keep,
+                keep_min_size=keep_min_size,
+                strict=strict,
+                from_bf16=from_bf16,
+                on_overflow=on_overflow,
+                follow_links=follow_links,
+                stacklevel=4,
+            )
+        for record in caught:
+            m = record.message
+            if isinstance(m, StcastWarning) and m.kind != "unmatched_pattern":
+                said.append(Notice(m.kind, m.template, m.path))
+            elif not isinstance(m, StcastWarning):
+                _warnings.warn_explicit(m, record.category, record.filename, record.lineno)
         weights = prepared.plan.weights
         others = [*prepared.plan.copies, *prepared.plan.late_copies]
         others += [f for f, _ in prepared.plan.configs]
@@ -574,7 +587,7 @@ def inspect_folder(
         done += sizes.get(w.rel, 0)
     unmatched = [p for p in keep if all(p in f.keep_unmatched for f in files)]
     warnings = [Notice("unmatched_pattern", _unmatched_template(unmatched))] if unmatched else []
-    warnings += [w for f in files for w in f.warnings]
+    warnings += said + [w for f in files for w in f.warnings]
     other = sum(f.size for f in others)
     output = sum(f.output_bytes for f in files) + other
     return InspectReport(

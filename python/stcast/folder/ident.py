@@ -114,7 +114,8 @@ def resolve_hub_repo(src: str) -> str:
         with open(ref, "rb") as fh:
             commit = fh.read(256).decode("ascii", "replace").strip()
         chosen = os.path.join(snapshots, commit)
-        if commit and "/" not in commit and os.path.isdir(chosen):
+        # A name of snapshots/ itself: never "..", a path or an empty ref.
+        if commit not in ("", ".", "..") and "/" not in commit and os.path.isdir(chosen):
             return chosen
         raise Refused(
             f"{_esc(ref)}: names snapshot {_esc(commit)!s}, which is not in {_esc(snapshots)}",

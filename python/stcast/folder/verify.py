@@ -70,7 +70,12 @@ def verify_folder(
         "tuning": tuning,
     }
     reports: list[VerifyReport] = []
-    total = sum(w.size for w in weights)
+    # Progress counts the data bytes of both files of each pair, as `bytes_compared` does.
+    total = sum(
+        _data_bytes(w.path) + _data_bytes(os.path.join(dst, w.rel))
+        for w in weights
+        if w.rel in found
+    )
     done = 0
     first: VerifyReport | None = None
     mismatch: Mismatch | None = None
@@ -106,7 +111,7 @@ def verify_folder(
             progress=step if progress is not None else None,
             **options,
         )
-        done += w.size
+        done += r.bytes_compared
         reports.append(r)
         first = first or r
         if to is None and r.to is not None:
@@ -148,6 +153,17 @@ def verify_folder(
         folder=True,
         files=len(expected),
     )
+
+
+def _data_bytes(path: str) -> int:
+    """The data section's size of a safetensors file (its size less the header), 0 when it
+    cannot be read (the verification then says why)."""
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            return max(0, os.fstat(f.fileno()).st_size - 8 - n)
+    except OSError:
+        return 0
 
 
 def _check_others(

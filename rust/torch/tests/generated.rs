@@ -633,6 +633,6 @@ fn sniffing() {
         read(b"GGUF\x03\x00\x00\x00", &Limits::default())
             .unwrap_err()
             .to_string(),
-        "this is a gguf file, not a pytorch checkpoint"
+        "this is a GGUF file (llama.cpp), not a PyTorch checkpoint"
     );
 }

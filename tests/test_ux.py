@@ -1,0 +1,561 @@
+"""What a new user tripped over (the UX issue), one test per point, numbered as there.
+
+Points tested elsewhere say where: 6 (progress) in test_cli.py's bar and log tests, 8
+(verify hints) in test_verify.py, 13 (a short repr) in test_api.py.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import subprocess
+import sys
+import warnings
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import stcast
+from conftest import assert_one_error_line, tensor_bytes, write_safetensors
+from helpers import cli_env, run_on_pty
+
+ONES = np.ones(4, np.float32)
+
+
+def f32(*values: float) -> np.ndarray:
+    return np.array(values, np.float32)
+
+
+def folder(path: Path, files: dict[str, dict], config: dict | None = None) -> Path:
+    """A checkpoint folder: safetensors files (name -> tensors) and a config.json."""
+    path.mkdir(parents=True)
+    for name, tensors in files.items():
+        write_safetensors(path / name, tensors)
+    if config is not None:
+        (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+# --- 1. quantized means quantized ---------------------------------------------------------
+
+
+def test_1_a_tensor_named_scale_is_not_a_quantized_checkpoint(tmp_path, run_main):
+    """A diffusers text encoder with an F32 tensor named `scale` and U8 buffers converts
+    as a folder, with --keep, as the same file alone does."""
+    pipe = tmp_path / "pipe"
+    folder(
+        pipe / "text_encoder",
+        {
+            "model.safetensors": {
+                "scale": ("F32", [1], f32(2)),
+                "norm.weight": ("F32", [4], ONES),
+                "w": ("F32", [4], ONES),
+                "mask": ("U8", [4], np.uint8([1, 0, 1, 1])),
+            }
+        },
+        config={"architectures": ["CLIPTextModel"]},
+    )
+    rc, out, err = run_main("convert", pipe, tmp_path / "out", "--keep", "*norm*")
+    assert (rc, err) == (0, ""), err
+    got = tensor_bytes(tmp_path / "out" / "text_encoder" / "model.safetensors")
+    assert got["scale"][0] == "BF16" and got["norm.weight"][0] == "F32"
+    assert got["mask"][0] == "U8"
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["config", "f8_beside_f32", "i8_with_config"],
+)
+def test_1_quantized_checkpoints_are_still_refused(tmp_path, run_main, case):
+    tensors = {"w": ("F32", [4], ONES), "w_scale": ("F32", [1], f32(0.5))}
+    config = {}
+    if case == "config":
+        config = {"quantization_config": {"quant_method": "awq"}}
+    elif case == "f8_beside_f32":
+        tensors["q"] = ("F8_E4M3", [4], np.uint8([1, 2, 3, 4]))
+    else:
+        tensors["q"] = ("I8", [4], np.int8([1, 2, 3, 4]))
+        config = {"quantization_config": {"quant_method": "bitsandbytes"}}
+    src = folder(tmp_path / "q", {"model.safetensors": tensors}, config=config)
+    rc, out, err = run_main("convert", src)
+    assert rc == 1 and "quantized checkpoint" in assert_one_error_line(err)
+    assert not (tmp_path / "q-bf16").exists()
+    rc, _, err = run_main("convert", src, "--allow-quantized")
+    assert rc == 0, err
+
+
+# --- 2. the dry run runs convert's checks ------------------------------------------------
+
+
+def _dry_run_cases(tmp_path: Path) -> list[tuple[str, list[object], str]]:
+    one = write_safetensors(tmp_path / "one.safetensors", {"w": ("F32", [4], ONES)})
+    src = folder(tmp_path / "model", {"model.safetensors": {"w": ("F32", [4], ONES)}})
+    (tmp_path / "a-folder").mkdir()
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "notes.txt").write_text("mine")
+    existing = tmp_path / "existing.safetensors"
+    existing.write_bytes(b"someone's file")
+    return [
+        ("missing folder", [one, tmp_path / "nope" / "x.safetensors"], "does not exist"),
+        ("dst is a folder", [one, tmp_path / "a-folder"], "is a folder"),
+        ("non-empty folder", [src, full], "full"),
+        ("existing file", [one, existing], "exists"),
+    ]
+
+
+def test_2_inspect_fails_where_convert_fails_with_the_same_line(tmp_path, run_main):
+    for what, args, says in _dry_run_cases(tmp_path):
+        rc_i, out_i, err_i = run_main("inspect", *args)
+        rc_d, out_d, err_d = run_main("convert", *args, "--dry-run")
+        rc_c, out_c, err_c = run_main("convert", *args)
+        assert rc_i == rc_d == rc_c == 1, what
+        line = assert_one_error_line(err_c)
+        assert says in line, (what, line)
+        assert assert_one_error_line(err_i) == assert_one_error_line(err_d) == line, what
+        assert out_i == out_d == out_c == "", what
+    assert (tmp_path / "existing.safetensors").read_bytes() == b"someone's file"
+    assert sorted(p.name for p in (tmp_path / "full").iterdir()) == ["notes.txt"]
+
+
+def test_2_inspect_takes_the_flags_that_change_the_checks(tmp_path, run_main):
+    one = write_safetensors(tmp_path / "one.safetensors", {"w": ("F32", [4], ONES)})
+    existing = tmp_path / "existing.safetensors"
+    existing.write_bytes(b"x")
+    rc, out, err = run_main("inspect", one, existing, "--force")
+    assert rc == 0 and "every check convert makes passed" in out, err
+    src = folder(
+        tmp_path / "model",
+        {f"model-0000{i}-of-00002.safetensors": {"w": ("F32", [4], ONES)} for i in (1, 2)},
+    )
+    rc, out, err = run_main("inspect", src, tmp_path / "dst", "--shard", "3/2")
+    assert rc == 2 and "--shard" in assert_one_error_line(err)
+    rc, out, err = run_main("inspect", src, tmp_path / "dst", "--shard", "1/2", "--json")
+    assert rc == 0, err
+    assert json.loads(out)["result"]["destination"]["fits"] is True
+    # An interrupted run's folder: refused without --resume, planned with it.
+    run_main("convert", src, tmp_path / "dst", "--shard", "1/2")
+    rc, _, err = run_main("inspect", src, tmp_path / "dst")
+    assert rc == 1 and "--resume" in assert_one_error_line(err)
+    rc, out, err = run_main("inspect", src, tmp_path / "dst", "--resume")
+    assert rc == 0, err
+    # Precision options change the plan, and with --strict an unmatched pattern refuses.
+    rc, out, err = run_main("inspect", one, tmp_path / "o.safetensors", "--keep", "x", "--strict")
+    assert rc == 1 and "`x`" in assert_one_error_line(err)
+
+
+# --- 3. folder warnings name the file, once each, everywhere --------------------------------
+
+
+def test_3_folder_warnings_name_the_file_in_every_channel(tmp_path, run_main):
+    lossy = {"over": ("F64", [2], np.float64([1e300, 1])), "under": ("F32", [2], f32(1e-45, 1))}
+    src = folder(
+        tmp_path / "model",
+        {f"model-0000{i}-of-00002.safetensors": lossy for i in (1, 2)},
+    )
+    rc, out, err = run_main("convert", src, tmp_path / "a", "--json")
+    assert rc == 0, err
+    said = json.loads(out)["result"]["warnings"]
+    for i in (1, 2):
+        name = f"model-0000{i}-of-00002.safetensors"
+        mine = [w for w in said if w.startswith(f"{name}: ")]
+        assert len(mine) == 2, said
+        assert "became ±inf in BF16: `over` (1)" in mine[0]
+        assert "1 value underflowed to zero in 1 tensor (worst: `under` 1)" in mine[1]
+        assert "--on-overflow keep" in mine[0]  # the CLI's words
+    assert err.splitlines() == [f"stcast: warning: {w}" for w in said]
+    # The API: one StcastWarning per warning, with the file in its path.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = stcast.convert(src, tmp_path / "b")
+    got = [(Path(w.message.path).name, w.message.kind) for w in caught]
+    assert got == [
+        (f"model-0000{i}-of-00002.safetensors", k)
+        for i in (1, 2)
+        for k in ("overflow", "underflow")
+    ]
+    assert len(report.warnings) == 4 and "on_overflow=" in str(report.warnings[0])
+    # -q silences them all.
+    rc, out, err = run_main("convert", src, tmp_path / "c", "-q")
+    assert (rc, out, err) == (0, "", "")
+
+
+# --- 4. verify folders ---------------------------------------------------------------------
+
+
+def _two_files(tmp_path: Path) -> Path:
+    x = np.linspace(-3, 3, 64, dtype=np.float32)
+    return folder(
+        tmp_path / "model",
+        {
+            "model-00001-of-00002.safetensors": {"a": ("F32", [64], x), "norm": ("F32", [4], ONES)},
+            "model-00002-of-00002.safetensors": {
+                "b": ("F32", [64], -x),
+                "i": ("I64", [1], np.int64([7])),
+                "bias": ("F32", [2], f32(0.5, -0.5)),
+            },
+        },
+        config={"torch_dtype": "float32"},
+    )
+
+
+def test_4_verify_a_folder_names_the_failing_file(tmp_path, run_main):
+    src = _two_files(tmp_path)
+    dst = tmp_path / "out"
+    stcast.convert(src, dst, keep=["norm"])
+    # Strict mode wants the options convert had; --loose accepts any kept tensor.
+    rc, _, err = run_main("verify", src, dst)
+    line = assert_one_error_line(err)
+    assert rc == 1 and "model-00001-of-00002.safetensors" in line and "`norm`" in line, line
+    assert "--keep" in line and "--loose" in line
+    rc, out, err = run_main("verify", src, dst, "--keep", "norm")
+    assert (rc, err) == (0, "") and out.startswith(f"verified {dst}: exactly the conversion")
+    assert "files    3 compared" in out  # 2 weight files and config.json
+    rc, _, err = run_main("verify", src, dst, "--loose")
+    assert rc == 0, err
+    # A flipped bit in the second file: named, with the tensor and element.
+    second = dst / "model-00002-of-00002.safetensors"
+    data = bytearray(second.read_bytes())
+    data[-9] ^= 1  # in `b`: the output holds `i` (I64) first, then `b` and `bias` (BF16)
+    second.write_bytes(bytes(data))
+    report = stcast.verify(src, dst, keep=["norm"])
+    assert not report.ok and report.mismatch.file == "model-00002-of-00002.safetensors"
+    assert report.mismatch.tensor == "b"
+    rc, _, err = run_main("verify", src, dst, "--keep", "norm")
+    assert rc == 1 and assert_one_error_line(err).startswith(f"stcast: {second}: tensor `b`")
+
+
+def test_4_verify_a_folder_checks_every_file(tmp_path, run_main):
+    src = _two_files(tmp_path)
+    dst = tmp_path / "out"
+    stcast.convert(src, dst)
+    assert stcast.verify(src, dst).ok
+    (dst / "model-00002-of-00002.safetensors").unlink()
+    rc, _, err = run_main("verify", src, dst)
+    assert rc == 1 and "model-00002-of-00002.safetensors" in assert_one_error_line(err)
+    stcast.convert(src, dst, force=True)
+    (dst / "config.json").write_text('{"torch_dtype": "float32"}')  # not rewritten
+    rc, _, err = run_main("verify", src, dst)
+    assert rc == 1 and "config.json" in assert_one_error_line(err)
+    stcast.convert(src, dst, force=True)
+    (dst / "extra.safetensors").write_bytes((src / "model-00001-of-00002.safetensors").read_bytes())
+    rc, _, err = run_main("verify", src, dst)
+    assert rc == 1 and "extra.safetensors" in assert_one_error_line(err)
+
+
+# --- 5. other formats are named -------------------------------------------------------------
+
+
+def _others(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(64))
+    html = tmp_path / "model.safetensors"
+    html.write_bytes(b"<!DOCTYPE html>\n<html><body>Access denied</body></html>")
+    torch_zip = tmp_path / "pytorch_model.bin"
+    with zipfile.ZipFile(torch_zip, "w") as z:
+        z.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+    npz = tmp_path / "arrays.npz"
+    np.savez(npz, a=ONES)
+    legacy = tmp_path / "legacy.pt"
+    # torch's legacy format starts with a pickled magic number (a long).
+    legacy.write_bytes(b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19." + bytes(32))
+    return {
+        "gguf": (gguf, "a GGUF file (llama.cpp)"),
+        "html": (html, "an HTML page (a failed download?)"),
+        "torch zip": (torch_zip, "a PyTorch checkpoint (torch.save zip)"),
+        "npz": (npz, "a NumPy .npz archive"),
+        "legacy": (legacy, "a legacy PyTorch checkpoint (torch.save pickle)"),
+    }
+
+
+def test_5_other_formats_are_named(tmp_path, run_main):
+    for what, (path, named) in _others(tmp_path).items():
+        rc, out, err = run_main("convert", path, tmp_path / "o.safetensors")
+        assert rc == 1 and out == "", what
+        assert assert_one_error_line(err) == (f"stcast: {path}: {named}, not a safetensors file"), (
+            what
+        )
+        rc, _, err2 = run_main("inspect", path)
+        assert rc == 1 and err2 == err, what
+    assert not (tmp_path / "o.safetensors").exists()
+
+
+@pytest.mark.parametrize(
+    "given, repo",
+    [
+        ("meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-8B"),
+        ("https://huggingface.co/org/name", "org/name"),
+        ("hf://org/name", "org/name"),
+    ],
+)
+def test_5_a_hub_id_gets_a_download_hint(tmp_path, run_main, given, repo):
+    rc, out, err = run_main("convert", given, cwd=tmp_path)
+    line = assert_one_error_line(err)
+    assert rc == 1 and f"`hf download {repo} --local-dir DIR`" in line, line
+
+
+# --- 7. the CLI and the API agree ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "alias, target", [("bfloat16", "bf16"), ("float16", "fp16"), ("half", "fp16")]
+)
+def test_7_dtype_aliases_in_both(tmp_path, run_main, alias, target):
+    src = write_safetensors(tmp_path / "in.safetensors", {"w": ("F32", [4], ONES)})
+    rc, out, err = run_main("convert", src, "--to", alias, "--json")
+    assert rc == 0, err
+    assert json.loads(out)["result"]["to"] == target
+    assert (tmp_path / f"in-{target}.safetensors").exists()
+    report = stcast.convert(src, tmp_path / "api.safetensors", to=alias)
+    assert report.to == target
+
+
+def test_7_threads_zero_or_absent_means_every_core(tmp_path, run_main):
+    import os
+
+    src = write_safetensors(tmp_path / "in.safetensors", {"w": ("F32", [4], ONES)})
+    cores = len(os.sched_getaffinity(0))
+    assert stcast.convert(src, tmp_path / "a.safetensors", threads=0).threads == cores
+    assert stcast.convert(src, tmp_path / "b.safetensors").threads == cores
+    rc, out, _ = run_main("convert", src, tmp_path / "c.safetensors", "--threads", "0", "--json")
+    assert json.loads(out)["result"]["threads"] == cores
+
+
+def test_7_version_command_list_and_short_usage_errors(run_main, tmp_path):
+    rc, out, _ = run_main("-V")
+    assert (rc, out) == (0, f"stcast {stcast.__version__}\n")
+    rc, out, err = run_main()
+    assert rc == 2 and out == ""
+    for name in ("convert", "inspect", "verify", "finalize", "demo", "completion", "manpage"):
+        assert re.search(rf"^  {name} +\S", err, re.M), name
+    for args, flag in [
+        (["convert", "x", "--to", "int8"], "--to"),
+        (["convert", "x", "--threads", "-1"], "--threads"),
+        (["convert", "x", "--shard", "0/2"], "--shard"),
+        (["verify", "x"], "DST"),
+        (["convert", "x", "--bogus"], "--bogus"),
+    ]:
+        rc, out, err = run_main(*args, cwd=tmp_path)
+        line = assert_one_error_line(err)
+        assert rc == 2 and flag in line and line.endswith(f"(see `stcast {args[0]} --help`)"), line
+
+
+def test_7_convert_dry_run_is_inspect(tmp_path, run_main):
+    src = write_safetensors(
+        tmp_path / "in.safetensors", {"w": ("F32", [4], ONES), "n": ("F32", [2], f32(1, 2))}
+    )
+    dst = tmp_path / "o.safetensors"
+    dry = run_main("convert", src, dst, "--keep", "n", "--dry-run", "--json")
+    plain = run_main("inspect", src, dst, "--keep", "n", "--json")
+    assert dry[0] == plain[0] == 0
+    a, b = json.loads(dry[1])["result"], json.loads(plain[1])["result"]
+    for r in (a, b):
+        r["destination"].pop("free_bytes")  # the disk is not still
+    assert a == b and a["tensors_kept"] == 1
+    assert not dst.exists()
+
+
+# --- 9. no silent full copies --------------------------------------------------------------
+
+
+def test_9_a_folder_already_in_the_target_dtype_is_refused(tmp_path, run_main):
+    bf16 = ("BF16", [2], np.uint16([0x3F80, 0x4000]))
+    src = folder(tmp_path / "m", {"a.safetensors": {"w": bf16}, "b.safetensors": {"w": bf16}})
+    rc, out, err = run_main("convert", src)
+    line = assert_one_error_line(err)
+    assert rc == 1 and "nothing to convert" in line and "copy of the folder" in line
+    assert not (tmp_path / "m-bf16").exists()
+    # Partly converted is fine: one file converts, the other is copied.
+    write_safetensors(src / "c.safetensors", {"w": ("F32", [4], ONES)})
+    rc, out, err = run_main("convert", src)
+    assert rc == 0 and "1 converted" in out, err
+    # Every float tensor kept by the options: nothing changes either.
+    rc, _, err = run_main("convert", src, tmp_path / "k", "--keep", "*")
+    assert rc == 1 and "nothing to convert" in assert_one_error_line(err)
+
+
+def _hub_repo(tmp_path: Path, snapshots: list[str], ref: str | None) -> Path:
+    repo = tmp_path / "hub" / "models--org--name"
+    blob = repo / "blobs" / "0123abcd"
+    blob.parent.mkdir(parents=True)
+    write_safetensors(blob, {"w": ("F32", [4], ONES)})
+    for snap in snapshots:
+        (repo / "snapshots" / snap).mkdir(parents=True)
+        (repo / "snapshots" / snap / "model.safetensors").symlink_to(f"../../blobs/{blob.name}")
+    if ref is not None:
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text(ref)
+    return repo
+
+
+def test_9_a_hub_cache_repo_root_converts_its_main_snapshot(tmp_path, run_main):
+    repo = _hub_repo(tmp_path, ["aaaa", "bbbb"], ref="bbbb")
+    rc, out, err = run_main("convert", repo)
+    assert rc == 0, err
+    dst = tmp_path / "hub" / "models--org--name-bf16"  # beside the repo, not in the cache
+    assert sorted(p.name for p in dst.iterdir()) == ["model.safetensors"]
+    assert tensor_bytes(dst / "model.safetensors")["w"][0] == "BF16"
+    assert sorted(p.name for p in (repo / "snapshots").iterdir()) == ["aaaa", "bbbb"]
+
+
+@pytest.mark.parametrize("ref", [None, "..", "cccc"])
+def test_9_a_hub_cache_repo_root_without_a_usable_ref_is_refused(tmp_path, run_main, ref):
+    repo = _hub_repo(tmp_path, ["aaaa", "bbbb"], ref=ref)
+    rc, out, err = run_main("convert", repo)
+    line = assert_one_error_line(err)
+    assert rc == 1 and "snapshot" in line, line
+    if ref is None:
+        assert "aaaa, bbbb" in line
+    assert not (tmp_path / "hub" / "models--org--name-bf16").exists()
+
+
+# --- 10. help ------------------------------------------------------------------------------
+
+
+def test_10_every_command_has_examples_and_defaults(run_main):
+    for name in ("convert", "inspect", "verify", "finalize", "demo", "completion", "manpage"):
+        rc, out, _ = run_main(name, "--help")
+        assert rc == 0 and "\nexamples:\n" in out, name
+    _, out, _ = run_main("convert", "--help")
+    assert "(default 0: all cores)" in out and "-fp16" in out and "(default bf16)" in out
+    _, out, _ = run_main("demo", "--help")
+    assert "--keep-files" in out and "--keep " not in out
+
+
+def test_10_help_of_the_api_documents_every_parameter():
+    for fn in (stcast.convert, stcast.inspect, stcast.verify, stcast.finalize):
+        doc = fn.__doc__ or ""
+        for name in inspect.signature(fn).parameters:
+            assert re.search(rf"\b{name}\b", doc), (fn.__name__, name)
+    assert "folder" in (stcast.convert.__doc__ or "").lower()
+
+
+# --- 11. summaries add up --------------------------------------------------------------------
+
+
+def test_11_summaries_say_what_happened(tmp_path, run_main):
+    src = _two_files(tmp_path)
+    dst = tmp_path / "out"
+    rc, out, _ = run_main("convert", src, dst, "--keep", "norm", "--keep-min-size", "8")
+    assert (
+        rc == 0 and "kept     2 tensors (24 B) in their dtype (1 by --keep, 1 by min size)" in out
+    )
+    # A resume with everything done, and finalize, say so rather than "0 B -> 0 B".
+    rc, out, _ = run_main("convert", src, dst, "--keep", "norm", "--keep-min-size", "8", "--resume")
+    assert rc == 0 and out.startswith(f"nothing to do: every file is already converted in {dst}")
+    assert "0 B" not in out
+    # The shard hint gives the real paths.
+    rc, out, _ = run_main("convert", "model", "sharded", "--shard", "1/2", cwd=tmp_path)
+    assert f"stcast finalize {tmp_path / 'model'} {tmp_path / 'sharded'}" in out
+    run_main("convert", "model", "sharded", "--shard", "2/2", cwd=tmp_path)
+    rc, out, _ = run_main("finalize", src, tmp_path / "sharded")
+    assert rc == 0 and out.startswith("finalized ") and "2 checked" in out
+
+
+def test_11_the_bar_time_is_the_summary_time(tmp_path):
+    x = np.ones((3 << 20) // 4, np.float32)
+    src = write_safetensors(tmp_path / "in.safetensors", {"w": ("F32", [x.size], x)})
+    rc, out, err = run_on_pty(["convert", src], deterministic=True)
+    assert rc == 0, err
+    bar_time = re.findall(r"in (\d+\.\d) s", err.decode())[-1]
+    summary_time = re.search(r"time +(\d+\.\d+) s", out).group(1)
+    assert float(bar_time) == pytest.approx(float(summary_time), abs=0.05)
+
+
+def test_11_verify_progress_total_is_what_it_compares(tmp_path):
+    src = _two_files(tmp_path)
+    stcast.convert(src, tmp_path / "out")
+    seen = []
+    report = stcast.verify(src, tmp_path / "out", progress=lambda d, t: seen.append((d, t)))
+    assert seen[-1] == (report.bytes_compared, report.bytes_compared)
+    one = src / "model-00001-of-00002.safetensors"
+    seen.clear()
+    report = stcast.verify(
+        one, tmp_path / "out" / one.name, progress=lambda d, t: seen.append((d, t))
+    )
+    assert seen[-1] == (report.bytes_compared, report.bytes_compared)
+
+
+# --- 12. one unit system ---------------------------------------------------------------------
+
+
+def test_12_decimal_units_everywhere(tmp_path, run_main):
+    x = np.ones(300_000, np.float32)
+    src = write_safetensors(tmp_path / "in.safetensors", {"w": ("F32", [x.size], x)})
+    texts = [
+        run_main("convert", src)[1],
+        run_main("inspect", src)[1],
+        run_main("verify", src, tmp_path / "in-bf16.safetensors")[1],
+    ]
+    for text in texts:
+        assert not re.search(r"\d (KiB|MiB|GiB)", text), text
+    assert "1.20 MB -> 600 kB" in texts[0]
+
+
+# --- 14. the demo explains its warnings ------------------------------------------------------
+
+
+def test_14_demo_explains_what_it_planted(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "stcast", "demo", "--size-gib", "0.005", "--dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "stcast: warning" not in proc.stderr + proc.stdout
+    assert "on purpose" in proc.stdout and "verified" in proc.stdout
+    assert re.search(r"peak RSS +[\d.]+ MB", proc.stdout)
+
+
+# --- 15. shell completion and the man page ---------------------------------------------------
+
+
+def test_15_completion_scripts_parse_and_know_every_option(run_main, tmp_path):
+    import shutil
+
+    from stcast.cli import build_parser
+
+    parser = build_parser()
+    for shell in ("bash", "zsh", "fish"):
+        rc, out, err = run_main("completion", shell)
+        assert rc == 0 and err == "", shell
+        for name, sub in parser.commands.items():
+            assert name in out, (shell, name)
+            for a in sub._actions:
+                for flag in a.option_strings:
+                    if flag.startswith("--") and a.help != "==SUPPRESS==":
+                        assert flag[2:] in out, (shell, name, flag)
+        exe = shutil.which(shell)
+        if exe is not None:
+            script = tmp_path / f"stcast.{shell}"
+            script.write_text(out)
+            check = subprocess.run([exe, "-n", str(script)], capture_output=True, text=True)
+            assert check.returncode == 0, (shell, check.stderr)
+    _, out, _ = run_main("completion", "bash")
+    assert 'compgen -W "bf16 fp16 bfloat16' in out  # --to offers the dtype names
+    rc, _, err = run_main("completion", "tcsh")
+    assert rc == 2
+
+
+def test_15_manpage_renders(run_main, tmp_path):
+    import shutil
+
+    rc, out, err = run_main("manpage")
+    assert rc == 0 and out.startswith(".TH STCAST 1 ")
+    for name in ("convert", "inspect", "verify", "finalize"):
+        assert f".SS {name}" in out
+    man = shutil.which("man")
+    if man is not None:
+        page = tmp_path / "stcast.1"
+        page.write_text(out)
+        shown = subprocess.run(
+            [man, "-l", str(page)],
+            capture_output=True,
+            text=True,
+            env={**cli_env(), "MANWIDTH": "80", "MANPAGER": "cat", "PAGER": "cat"},
+        )
+        assert shown.returncode == 0 and "--on-overflow" in shown.stdout.replace("‐", "-")
