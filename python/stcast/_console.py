@@ -184,12 +184,13 @@ class Progress:
         done, total = self.state
         elapsed = now - self.start
         sizes = f"{size(done)} / {size(total)}"
-        if elapsed < 0.2 or done <= 0:
+        # A rate over less than 0.2 s says little, except at the end: the whole run's.
+        if done <= 0 or elapsed <= 0 or (elapsed < 0.2 and done < total):
             return sizes, "", ""
         rate = done / elapsed
         if done < total:
             return sizes, f"{size(rate)}/s", f"ETA {duration((total - done) / rate)}"
-        return sizes, f"{size(rate)}/s", f"in {elapsed:.1f} s"
+        return sizes, f"{size(rate)}/s", f"in {elapsed:.2f} s"  # as the summary says
 
     def _figures(self, now: float) -> str:
         return "  ".join(p for p in self._parts(now) if p)
