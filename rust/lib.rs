@@ -7,6 +7,7 @@
 pub mod convert;
 pub mod error;
 pub mod failpoint;
+pub mod fused;
 pub mod header;
 pub mod kernels;
 pub mod numerics;

@@ -65,7 +65,7 @@ pub fn measure(conv: Conversion, src: &[u8], dst: &[u8]) -> Numerics {
 
 /// `measure` compiled for `isa`, which must be `Isa::detect()` or one of `Isa::available()`.
 /// Every ISA gives the same numbers; only the speed differs.
-fn measure_with(isa: Isa, conv: Conversion, src: &[u8], dst: &[u8]) -> Numerics {
+pub(crate) fn measure_with(isa: Isa, conv: Conversion, src: &[u8], dst: &[u8]) -> Numerics {
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: callers pass Isa::detect() or one of Isa::available(), so the CPU has
