@@ -46,7 +46,8 @@ pub fn convert_and_measure(isa: Isa, conv: Conversion, src: &[u8], dst: &mut [u8
         Conversion::F16ToBf16 => fused32::<SRC_F16, false>(isa, conv, src, dst),
         Conversion::F32ToF16 => fused32::<SRC_F32, true>(isa, conv, src, dst),
         Conversion::Bf16ToF16 => fused32::<SRC_BF16, true>(isa, conv, src, dst),
-        Conversion::F64ToBf16 | Conversion::F64ToF16 => blocked(isa, conv, src, dst),
+        Conversion::F64ToBf16 => fused64::<false>(isa, conv, src, dst),
+        Conversion::F64ToF16 => fused64::<true>(isa, conv, src, dst),
     }
 }
 
@@ -131,27 +132,123 @@ impl Summary32 {
     }
 }
 
-/// The f32-family conversions (F32, F16 and BF16 sources), block by block.
+/// What a plain block of F64 source adds to the report.
+struct Summary64 {
+    under: u64,
+    small: u64,
+    /// The largest |y - x| as f64 bits (exact).
+    abs_bits: u64,
+    rel: f64,
+}
+
+impl Summary64 {
+    fn numerics(&self, elements: usize) -> Numerics {
+        Numerics {
+            elements: elements as u64,
+            underflow_to_zero: self.under,
+            subnormal: self.small - self.under,
+            max_abs_error: f64::from_bits(self.abs_bits),
+            max_rel_error: self.rel,
+            ..Numerics::default()
+        }
+    }
+}
+
+/// F64 plain blocks: non-zero |x| >= 2^-102 and |x| < 2^128 (so that the f32 rounded to odd
+/// is normal, computed by one shift), as f64 bits; f16's thresholds as UNDER_T and SMALL_T:
+/// x rounds to odd at or below 2^-25 exactly when x <= 2^-25, below 0x387F_E000 exactly when
+/// x < 2^-14 - 2^-25 (0x3F0F_FC00_0000_0000).
+const LOW64: u64 = (1023 - 102) << 52;
+const HIGH64: u64 = (1023 + 128) << 52;
+const UNDER64: u64 = (1023 - 25) << 52;
+const SMALL64: u64 = 0x3F0F_FC00_0000_0000 - 1;
+
+/// The target's smallest normal as f64 bits.
+const fn tiny64(f16_out: bool) -> u64 {
+    if f16_out {
+        (1023 - 14) << 52
+    } else {
+        (1023 - 126) << 52
+    }
+}
+
+/// The f32-family conversions (F32, F16 and BF16 sources).
 fn fused32<const SRC: u8, const F16_OUT: bool>(
     isa: Isa,
     conv: Conversion,
     src: &[u8],
     dst: &mut [u8],
 ) -> Numerics {
-    let size = src_size(SRC);
     let step = match isa {
         Isa::Avx512 => 32,
         Isa::Avx2 => 16,
         Isa::Scalar => 1,
     };
+    // The largest relative error so far is an f32 widened, so `as f32` is exact.
+    let fast = |s: &[u8], d: &mut [u8], rel: f64| {
+        let rel = rel as f32;
+        let summary = match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: lanes() gives Avx512 only when the CPU has avx512f and avx512bw;
+            // drive() passes whole steps of 32 elements.
+            Isa::Avx512 => unsafe { x86::block32_avx512::<SRC, F16_OUT>(s, d, rel) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: lanes() gives Avx2 only when the CPU has avx2, f16c and fma; drive()
+            // passes whole steps of 16 elements.
+            Isa::Avx2 => unsafe { x86::block32_avx2::<SRC, F16_OUT>(s, d, rel) },
+            _ => block32_scalar::<SRC, F16_OUT>(s, d, rel),
+        };
+        Some(summary?.numerics(d.len() / 2))
+    };
+    drive(isa, conv, src, dst, step, fast)
+}
+
+/// F64 sources: the AVX-512 loop, or kernel then measure per 16 KiB of input (while it is in
+/// L1) on other ISAs, as the kernels themselves only have an AVX-512 F64 path.
+fn fused64<const F16_OUT: bool>(
+    isa: Isa,
+    conv: Conversion,
+    src: &[u8],
+    dst: &mut [u8],
+) -> Numerics {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => {
+            let fast = |s: &[u8], d: &mut [u8], rel: f64| {
+                // SAFETY: lanes() gives Avx512 only when the CPU has avx512f and avx512bw;
+                // drive() passes whole steps of 16 elements.
+                let summary = unsafe { x86::block64_avx512::<F16_OUT>(s, d, rel) };
+                Some(summary?.numerics(d.len() / 2))
+            };
+            drive(isa, conv, src, dst, 16, fast)
+        }
+        _ => {
+            let mut total = Numerics::default();
+            for (s, d) in src.chunks(2048 * 8).zip(dst.chunks_mut(2048 * 2)) {
+                total.merge(&exact(isa, conv, s, d));
+            }
+            total
+        }
+    }
+}
+
+/// Runs `fast` over blocks of whole steps, given the largest relative error so far, and
+/// the kernel then `numerics::measure` over blocks it finds not plain and over the tail.
+fn drive(
+    isa: Isa,
+    conv: Conversion,
+    src: &[u8],
+    dst: &mut [u8],
+    step: usize,
+    mut fast: impl FnMut(&[u8], &mut [u8], f64) -> Option<Numerics>,
+) -> Numerics {
+    let size = conv.src_size() as usize;
     let mut total = Numerics::default();
     // A block that is not plain is likely followed by more (a tensor of -inf, or of tiny
     // values): after one, the next 1, 3, 7 ... 63 blocks go straight to the kernel and
     // measure, so that such data costs at most ~2% more than kernel + measure.
     let (mut skip, mut backoff) = (0u32, 0u32);
     for (s, d) in src.chunks(BLOCK * size).zip(dst.chunks_mut(BLOCK * 2)) {
-        // The largest relative error so far, exactly (it is an f32 widened).
-        let rel = total.max_rel_error as f32;
         let whole = d.len() / 2 / step * step;
         let (s, s_tail) = s.split_at(whole * size);
         let (d, d_tail) = d.split_at_mut(whole * 2);
@@ -159,20 +256,9 @@ fn fused32<const SRC: u8, const F16_OUT: bool>(
             skip -= 1;
             total.merge(&exact(isa, conv, s, d));
         } else if whole > 0 {
-            let summary = match isa {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: lanes() gives Avx512 only when the CPU has avx512f and avx512bw;
-                // `whole` is a multiple of 32 and s holds `whole` elements.
-                Isa::Avx512 => unsafe { x86::block32_avx512::<SRC, F16_OUT>(s, d, rel) },
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: lanes() gives Avx2 only when the CPU has avx2, f16c and fma;
-                // `whole` is a multiple of 16 and s holds `whole` elements.
-                Isa::Avx2 => unsafe { x86::block32_avx2::<SRC, F16_OUT>(s, d, rel) },
-                _ => block32_scalar::<SRC, F16_OUT>(s, d, rel),
-            };
-            match summary {
-                Some(summary) => {
-                    total.merge(&summary.numerics(whole));
+            match fast(s, d, total.max_rel_error) {
+                Some(block) => {
+                    total.merge(&block);
                     backoff = 0;
                 }
                 None => {
@@ -201,15 +287,6 @@ fn exact(isa: Isa, conv: Conversion, src: &[u8], dst: &mut [u8]) -> Numerics {
     };
     kernel(isa, src, dst);
     numerics::measure_with(isa, conv, src, dst)
-}
-
-/// F64 sources: kernel then measure per 16 KiB of input, while it is in L1.
-fn blocked(isa: Isa, conv: Conversion, src: &[u8], dst: &mut [u8]) -> Numerics {
-    let mut total = Numerics::default();
-    for (s, d) in src.chunks(2048 * 8).zip(dst.chunks_mut(2048 * 2)) {
-        total.merge(&exact(isa, conv, s, d));
-    }
-    total
 }
 
 /// The scalar loop: the kernels' element rules and the plain-block statistics, written
@@ -316,8 +393,8 @@ fn scalar32<const N: usize, const SRC: u8, const F16_OUT: bool>(
 /// and the target.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{low_check, rel_check, src_size, tiny, Summary32};
-    use super::{LOW, SMALL_T, SRC_F16, SRC_F32, UNDER_T};
+    use super::{low_check, rel_check, src_size, tiny, tiny64, Summary32, Summary64};
+    use super::{HIGH64, LOW, LOW64, SMALL64, SMALL_T, SRC_F16, SRC_F32, UNDER64, UNDER_T};
     use std::arch::x86_64::*;
 
     const MAG: i32 = 0x7FFF_FFFF;
@@ -507,6 +584,170 @@ mod x86 {
             (0, 0)
         };
         Some(Summary32 {
+            under: under as u64,
+            small: small as u64,
+            abs_bits: err_bits,
+            rel,
+        })
+    }
+
+    // ---- AVX-512, F64 sources: 8 lanes per vector, two vectors per step -------------------
+
+    /// As Acc512, in 64-bit lanes, with the max of |x| too (plain blocks stay below 2^128).
+    struct Acc64 {
+        low: __m512i,
+        high: __m512i,
+        err: __m512i,
+        under: __m512i,
+        small: __m512i,
+    }
+
+    /// Sixteen f64 lanes (two vectors, bits) rounded to odd at f32 precision, the kernels'
+    /// f32_round_to_odd for inputs whose f32 is normal (2^-126 <= |x| < 2^128) or zero:
+    /// rebias the exponent, keep 23 mantissa bits, OR the dropped ones into the lsb, keep the
+    /// sign.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn f32_round_to_odd_plain(a: __m512i, b: __m512i, abs_a: __m512i, abs_b: __m512i) -> __m512i {
+        let rebias = _mm512_set1_epi64(896 << 52);
+        let va = _mm512_srli_epi64::<29>(_mm512_sub_epi64(abs_a, rebias));
+        let vb = _mm512_srli_epi64::<29>(_mm512_sub_epi64(abs_b, rebias));
+        let dropped = _mm512_set1_epi64(0x1FFF_FFFF);
+        let sticky = _mm512_kunpackb(
+            _mm512_test_epi64_mask(abs_b, dropped).into(),
+            _mm512_test_epi64_mask(abs_a, dropped).into(),
+        );
+        // The low halves of a's then b's 64-bit lanes (the magnitudes), and the high halves
+        // (the signs in their top bits).
+        let low = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let magnitude = _mm512_permutex2var_epi32(va, low, vb);
+        let magnitude = _mm512_mask_or_epi32(magnitude, sticky, magnitude, _mm512_set1_epi32(1));
+        let high = _mm512_add_epi32(low, _mm512_set1_epi32(1));
+        let signs = _mm512_permutex2var_epi32(a, high, b);
+        // Zeros (a high half without magnitude bits, in a plain block) keep their high half:
+        // the signed zero. The others get magnitude | (signs & SIGN).
+        let nonzero = _mm512_test_epi32_mask(signs, _mm512_set1_epi32(MAG));
+        let sign = _mm512_set1_epi32(SIGN);
+        _mm512_mask_ternarylogic_epi32::<0xEC>(signs, nonzero, magnitude, sign)
+    }
+
+    /// As tally512 for 8 f64 lanes: x the source bits, y the output widened to f64.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn tally64<const F16_OUT: bool>(
+        abs: __m512i,
+        x: __m512i,
+        y: __m512d,
+        r: __m512d,
+        acc: &mut Acc64,
+    ) -> (__m512i, __m512d) {
+        let t = _mm512_sub_epi64(abs, _mm512_set1_epi64(1));
+        acc.low = _mm512_min_epu64(acc.low, t);
+        acc.high = _mm512_max_epu64(acc.high, abs);
+        // Exact in a plain block: y is within a factor of 2 of x (Sterbenz), or 0.
+        let diff = _mm512_sub_pd(y, _mm512_castsi512_pd(x));
+        let mag = _mm512_set1_epi64(i64::MAX);
+        let err = _mm512_and_si512(_mm512_castpd_si512(diff), mag);
+        acc.err = _mm512_max_epu64(acc.err, err);
+        let (abs_f, err_f) = (_mm512_castsi512_pd(abs), _mm512_castsi512_pd(err));
+        let f = if F16_OUT {
+            let one = _mm512_set1_epi64(-1);
+            let under = _mm512_cmplt_epu64_mask(t, _mm512_set1_epi64(UNDER64 as i64));
+            acc.under = _mm512_mask_sub_epi64(acc.under, under, acc.under, one);
+            let small = _mm512_cmplt_epu64_mask(t, _mm512_set1_epi64(SMALL64 as i64));
+            acc.small = _mm512_mask_sub_epi64(acc.small, small, acc.small, one);
+            _mm512_mask_fmsub_pd(abs_f, !small, r, err_f)
+        } else {
+            _mm512_fmsub_pd(abs_f, r, err_f)
+        };
+        (err, f)
+    }
+
+    /// As exact_rel512, in f64 (numerics::measure divides in f64 for F64 sources).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn exact_rel64<const F16_OUT: bool>(err: __m512i, abs: __m512i, f: __m512d) -> f64 {
+        let f = _mm512_castpd_si512(f);
+        let flagged = _mm512_test_epi64_mask(f, _mm512_set1_epi64(i64::MIN));
+        let eligible = _mm512_cmpge_epu64_mask(abs, _mm512_set1_epi64(tiny64(F16_OUT) as i64));
+        let (err, abs) = (_mm512_castsi512_pd(err), _mm512_castsi512_pd(abs));
+        let q = _mm512_maskz_div_pd(flagged & eligible, err, abs);
+        f64::from_bits(_mm512_reduce_max_epu64(_mm512_castpd_si512(q)))
+    }
+
+    /// As block32_avx512, for F64 sources, 16 elements per step.
+    ///
+    /// # Safety
+    /// The CPU must support avx512f and avx512bw; `src` must hold `dst.len() / 2` elements.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn block64_avx512<const F16_OUT: bool>(
+        src: &[u8],
+        dst: &mut [u8],
+        mut rel: f64,
+    ) -> Option<Summary64> {
+        let n = dst.len() / 2;
+        debug_assert!(n.is_multiple_of(16) && src.len() == n * 8);
+        let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+        let zero = _mm512_setzero_si512();
+        let mut acc = Acc64 {
+            low: _mm512_set1_epi64(-1),
+            high: zero,
+            err: zero,
+            under: zero,
+            small: zero,
+        };
+        let mut r = _mm512_set1_pd(rel);
+        let mag = _mm512_set1_epi64(i64::MAX);
+        for i in (0..n).step_by(16) {
+            // SAFETY: i + 16 <= n, so bytes 8i..8i+128 of src and 2i..2i+32 of dst are in
+            // bounds; loads and stores are unaligned.
+            let (xa, xb) = unsafe {
+                (
+                    _mm512_loadu_si512(s.add(8 * i).cast()),
+                    _mm512_loadu_si512(s.add(8 * i + 64).cast()),
+                )
+            };
+            let (abs_a, abs_b) = (_mm512_and_si512(xa, mag), _mm512_and_si512(xb, mag));
+            let x32 = f32_round_to_odd_plain(xa, xb, abs_a, abs_b);
+            let y = if F16_OUT {
+                let (h, y) = f16_plain512(x32);
+                // SAFETY: as above.
+                unsafe { _mm256_storeu_si256(d.add(2 * i).cast(), h) };
+                y
+            } else {
+                let (o, y) = bf16_plain512(x32);
+                // SAFETY: as above.
+                unsafe { _mm256_storeu_si256(d.add(2 * i).cast(), _mm512_cvtepi32_epi16(o)) };
+                y
+            };
+            // The outputs as f64, exactly (normal f32s: vcvtps2pd's DAZ cannot touch them).
+            let ya = _mm512_cvtps_pd(_mm512_castps512_ps256(_mm512_castsi512_ps(y)));
+            let yb = _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64::<1>(y)));
+            let (ea, fa) = tally64::<F16_OUT>(abs_a, xa, ya, r, &mut acc);
+            let (eb, fb) = tally64::<F16_OUT>(abs_b, xb, yb, r, &mut acc);
+            let flags = _mm512_or_si512(_mm512_castpd_si512(fa), _mm512_castpd_si512(fb));
+            if _mm512_test_epi64_mask(flags, _mm512_set1_epi64(i64::MIN)) != 0 {
+                let q = exact_rel64::<F16_OUT>(ea, abs_a, fa)
+                    .max(exact_rel64::<F16_OUT>(eb, abs_b, fb));
+                rel = rel.max(q);
+                r = _mm512_set1_pd(rel);
+            }
+        }
+        let low_bad = _mm512_cmplt_epu64_mask(acc.low, _mm512_set1_epi64((LOW64 - 1) as i64)) != 0;
+        let high_bad = _mm512_cmpge_epu64_mask(acc.high, _mm512_set1_epi64(HIGH64 as i64)) != 0;
+        let err_bits = _mm512_reduce_max_epu64(acc.err);
+        if low_bad || high_bad || err_bits >= 0x7FF0_0000_0000_0000 {
+            return None;
+        }
+        let (under, small) = if F16_OUT {
+            (
+                _mm512_reduce_add_epi64(acc.under),
+                _mm512_reduce_add_epi64(acc.small),
+            )
+        } else {
+            (0, 0)
+        };
+        Some(Summary64 {
             under: under as u64,
             small: small as u64,
             abs_bits: err_bits,
@@ -992,6 +1233,72 @@ mod tests {
         }
     }
 
+    /// F64 inputs aimed at rounding decisions: the midpoints between neighbouring outputs
+    /// (random neighbours, random signs), the f64s next to them and points a fraction of an
+    /// f32 ulp away (where rounding to f32 first would land on the midpoint); and values
+    /// around the plain bounds (2^-102, 2^128) and f16's thresholds.
+    fn ties64(c: Conversion, rng: &mut Rng, n: usize) -> Vec<u64> {
+        let f16_out = c == F64ToF16;
+        let value = |b: u64| {
+            if f16_out {
+                f64::from(f32::from_bits(kernels::f32_from_f16(b as u16)))
+            } else {
+                f64::from(f32::from_bits((b as u32) << 16))
+            }
+        };
+        let top = if f16_out { 0x7BFF } else { 0x7F7F };
+        let mut out = Vec::new();
+        while out.len() < n {
+            let b = 1 + rng.below(top - 1);
+            let (lo, hi) = (value(b), value(b + 1));
+            let mid = (lo + hi) / 2.0;
+            let sign = rng.next() & 1 << 63;
+            let bits = mid.to_bits();
+            for x in [
+                bits,
+                bits + 1,
+                bits - 1,
+                (mid + mid * 2f64.powi(-25)).to_bits(),
+                (mid - mid * 2f64.powi(-25)).to_bits(),
+                (mid + mid * 2f64.powi(-24)).to_bits(),
+                (mid + mid * 2f64.powi(-30 - rng.below(20) as i32)).to_bits(),
+            ] {
+                out.push(x | sign);
+            }
+        }
+        for edge in [
+            LOW64,
+            HIGH64,
+            UNDER64,
+            SMALL64 + 1,
+            tiny64(f16_out),
+            0x47EF_F000_0000_0000,
+            0x40EF_FE00_0000_0000,
+        ] {
+            for d in 0..4u64 {
+                out.extend([edge + d, edge - 1 - d, (edge + d) | 1 << 63]);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn f64_ties_and_bounds() {
+        let mut rng = Rng(SEED ^ 9);
+        for c in [F64ToBf16, F64ToF16] {
+            let mut v = ties64(c, &mut rng, 200_000 * scale());
+            check(c, &v);
+            // Shuffled among plain values: the bounds make blocks not plain at random.
+            v.truncate(3000);
+            let mut p = plain(c, &mut rng, 60_000, -30, 20);
+            for x in v {
+                let at = rng.below(p.len() as u64) as usize;
+                p[at] = x;
+            }
+            check(c, &p);
+        }
+    }
+
     #[test]
     fn pieces_merge_to_the_whole() {
         let mut rng = Rng(SEED ^ 5);
@@ -1055,6 +1362,33 @@ mod tests {
                 assert!(dst == want_out, "{c:?} {isa:?}");
                 assert_eq!(got.numerics(BLOCK), want, "{c:?} {isa:?}");
             }
+        }
+    }
+
+    /// F64 plain blocks take the AVX-512 loop.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn f64_plain_blocks_take_the_fast_loop() {
+        if Isa::detect() != Isa::Avx512 {
+            return;
+        }
+        let mut rng = Rng(SEED ^ 10);
+        for c in [F64ToBf16, F64ToF16] {
+            let v = plain(c, &mut rng, BLOCK, -30, 15);
+            let src = to_bytes(c, &v, 0);
+            let mut dst = vec![0u8; BLOCK * 2];
+            // SAFETY: the CPU has AVX-512; BLOCK is a multiple of 16.
+            let got = unsafe {
+                if c == F64ToF16 {
+                    x86::block64_avx512::<true>(&src, &mut dst, 0.0)
+                } else {
+                    x86::block64_avx512::<false>(&src, &mut dst, 0.0)
+                }
+            };
+            let (want_out, want) = reference(c, &src);
+            let got = got.unwrap_or_else(|| panic!("{c:?}: block not plain"));
+            assert!(dst == want_out, "{c:?}");
+            assert_eq!(got.numerics(BLOCK), want, "{c:?}");
         }
     }
 
