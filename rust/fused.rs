@@ -445,8 +445,8 @@ mod x86 {
     }
 
     /// Adds sixteen lanes (source x, output y, both as f32 bits) to the block accumulators;
-    /// returns |y - x|, |x| and f, whose sign bit is set where the lane's relative error may
-    /// exceed `r` (see the module comment).
+    /// returns |y - x|, |x| and the lanes whose relative error may exceed `r` (see the
+    /// module comment).
     #[inline]
     #[target_feature(enable = "avx512f")]
     fn tally512<const SRC: u8, const F16_OUT: bool>(
@@ -454,7 +454,7 @@ mod x86 {
         y: __m512i,
         r: __m512,
         acc: &mut Acc512,
-    ) -> (__m512i, __m512i, __m512) {
+    ) -> (__m512i, __m512i, __mmask16) {
         let abs = _mm512_and_si512(x, _mm512_set1_epi32(MAG));
         let t = _mm512_sub_epi32(abs, _mm512_set1_epi32(1));
         if low_t(SRC, F16_OUT).is_some() {
@@ -464,30 +464,32 @@ mod x86 {
         let diff = _mm512_sub_ps(_mm512_castsi512_ps(y), _mm512_castsi512_ps(x));
         let err = _mm512_and_si512(_mm512_castps_si512(diff), _mm512_set1_epi32(MAG));
         acc.err = _mm512_max_epu32(acc.err, err);
-        let (abs_f, err_f) = (_mm512_castsi512_ps(abs), _mm512_castsi512_ps(err));
-        let f = if F16_OUT {
-            // Zero or f16 normal: the lanes the relative error may count (the few normal
-            // ones below 2^-14 are masked off where it divides).
-            let big = _mm512_cmpge_epu32_mask(t, _mm512_set1_epi32(SMALL_T as i32));
+        // F16 targets: zero or f16 normal, the lanes the relative error may count (the few
+        // normal ones below 2^-14 are masked off where it divides).
+        let mut big = !0;
+        if F16_OUT {
+            big = _mm512_cmpge_epu32_mask(t, _mm512_set1_epi32(SMALL_T as i32));
             acc.big = _mm512_mask_sub_epi32(acc.big, big, acc.big, _mm512_set1_epi32(-1));
-            if rel_check(SRC, F16_OUT) {
-                _mm512_maskz_fmsub_ps(big, abs_f, r, err_f)
-            } else {
-                _mm512_setzero_ps()
-            }
-        } else {
-            _mm512_fmsub_ps(abs_f, r, err_f)
-        };
-        (err, abs, f)
+        }
+        if !rel_check(SRC, F16_OUT) {
+            return (err, abs, 0);
+        }
+        // Negative where err > r |x|.
+        let (abs_f, err_f) = (_mm512_castsi512_ps(abs), _mm512_castsi512_ps(err));
+        let f = _mm512_castps_si512(_mm512_fmsub_ps(abs_f, r, err_f));
+        (
+            err,
+            abs,
+            _mm512_mask_test_epi32_mask(big, f, _mm512_set1_epi32(SIGN)),
+        )
     }
 
-    /// The largest relative error among the lanes that `f` flags, rounded as
-    /// `numerics::measure` rounds it: err / |x| in f32 (both normal, so it is the division
-    /// of the integer distance by the significand, scaled by a power of two).
+    /// The largest relative error among the `flagged` lanes, rounded as `numerics::measure`
+    /// rounds it: err / |x| in f32 (both normal, so it is the division of the integer
+    /// distance by the significand, scaled by a power of two).
     #[inline]
     #[target_feature(enable = "avx512f")]
-    fn exact_rel512<const F16_OUT: bool>(err: __m512i, abs: __m512i, f: __m512) -> f32 {
-        let flagged = _mm512_test_epi32_mask(_mm512_castps_si512(f), _mm512_set1_epi32(SIGN));
+    fn exact_rel512<const F16_OUT: bool>(err: __m512i, abs: __m512i, flagged: __mmask16) -> f32 {
         let eligible = _mm512_cmpge_epu32_mask(abs, _mm512_set1_epi32(tiny(F16_OUT) as i32));
         let (err, abs) = (_mm512_castsi512_ps(err), _mm512_castsi512_ps(abs));
         let q = _mm512_maskz_div_ps(flagged & eligible, err, abs);
@@ -528,9 +530,11 @@ mod x86 {
             };
             let (ya, yb) = if F16_OUT {
                 let ((ha, ya), (hb, yb)) = (f16_plain512(xa), f16_plain512(xb));
-                let out = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ha), hb);
                 // SAFETY: as above.
-                unsafe { _mm512_storeu_si512(d.add(2 * i).cast(), out) };
+                unsafe {
+                    _mm256_storeu_si256(d.add(2 * i).cast(), ha);
+                    _mm256_storeu_si256(d.add(2 * i + 32).cast(), hb);
+                }
                 (ya, yb)
             } else {
                 let ((oa, ya), (ob, yb)) = (bf16_plain512(xa), bf16_plain512(xb));
@@ -541,9 +545,7 @@ mod x86 {
             };
             let (ea, aa, fa) = tally512::<SRC, F16_OUT>(xa, ya, r, &mut acc);
             let (eb, ab, fb) = tally512::<SRC, F16_OUT>(xb, yb, r, &mut acc);
-            let flags = _mm512_or_si512(_mm512_castps_si512(fa), _mm512_castps_si512(fb));
-            let sign = _mm512_set1_epi32(SIGN);
-            if rel_check(SRC, F16_OUT) && _mm512_test_epi32_mask(flags, sign) != 0 {
+            if rel_check(SRC, F16_OUT) && (fa | fb) != 0 {
                 let qa = exact_rel512::<F16_OUT>(ea, aa, fa);
                 rel = rel.max(qa).max(exact_rel512::<F16_OUT>(eb, ab, fb));
                 r = _mm512_set1_ps(rel);
