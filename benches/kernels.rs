@@ -3,8 +3,13 @@
 //! Prints Markdown tables of GB/s of input (1 GB = 1e9 bytes), best of 5 runs: f32 -> bf16
 //! for a cache-resident 1 MiB input and a large one (256 MiB unless given), on one thread
 //! and on every thread, beside memcpy and a plain read of the same bytes; then the other
-//! kernels on one thread; then each kernel alone and fused with `numerics::measure`, as a
-//! conversion runs them (the numeric report's cost).
+//! kernels on one thread. Then the numeric report's cost, per conversion and ISA, median
+//! [min-max] of interleaved rounds: the kernel alone, the kernel then `numerics::measure`
+//! per 16 KiB (as `convert` runs them), and `fused::convert_and_measure`.
+//!
+//! `-- --numerics[=CONV] [--rounds=N]` prints only that table; `-- --job=CONV,ISA,JOB,MIB`
+//! runs one of its jobs once, for instruction counts:
+//! `valgrind --tool=callgrind --toggle-collect='*run_numerics_job*' BENCH --job=...`.
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
