@@ -1,21 +1,31 @@
 """End-to-end benchmark: stcast against the torch path, a numpy converter and a bare mmap loop.
 
-Every contender runs in its own child process, interleaved (A B C A B C ...), on generated
-transformer-shaped F32 checkpoints. Per run: wall time, CPU time and peak RSS (wait4 rusage),
-plus RSS (and the cgroup's usage, when there is one) sampled every 50 ms. Results go to
---out as results.md, results.json, throughput.png and rss.png.
+Every contender runs in its own child process on generated transformer-shaped F32
+checkpoints, in ABBA order: each round runs the contenders forward, the next one in reverse
+(A B B A A B ... for two), so that no contender always runs first or right after another;
+every output is deleted right after its run. Per run: wall time, user and system CPU time
+and peak RSS (wait4 rusage), plus RSS (and the cgroup's usage, when there is one) sampled
+every 50 ms. The report gives the median and the spread [min-max] of every figure, the
+ratios to the bare loop (and to an older stcast, --baseline) with their per-round spread,
+and PASS/FAIL for each goal of the "Speed" issue (constants GOAL_* below). Results go to
+--out as results.md, results.json (every run), throughput.png, cpu.png and rss.png.
 
-Modes: tmpfs (files in RAM: the speed comparison), hot (on disk, page cache warmed), cold (on
-disk, caches dropped before each run), cgroup (on disk, caches dropped, each child in a cgroup
-v1 memory group limited to --mem-limit, page cache included).
+Modes: tmpfs (files in RAM), hugetmpfs (files in a tmpfs mounted with huge=always for the
+run: the speed comparison of the goals; needs root), hot (on disk, page cache warmed), cold
+(on disk, caches dropped before each run; `dd` gives the disk's read rate), cgroup (on
+disk, caches dropped, each child in a cgroup v1 memory group limited to --mem-limit).
+--many-tensors adds a case of 300000 tensors of 1 KiB against 300 of 1000 KiB (the same
+307.2 MB): convert, then `inspect --json` and `verify` of the 300000-tensor file.
 
-usage: python benches/compare.py [--sizes 1,4] [--repeats 3] [--modes tmpfs,hot,cold,cgroup]
+usage: python benches/compare.py [--sizes 1,4] [--repeats 3] [--modes hugetmpfs,tmpfs,...]
+           [--many-tensors] [--baseline PYTHON|CMD] [--tuning JSON] [--order abba|cyclic]
            [--mem-limit 256M] [--cap CONTENDER=SIZE] [--timeout S] [--out benches/out] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -23,18 +33,30 @@ import shlex
 import shutil
 import signal
 import statistics
+import struct
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
-MODES = ("tmpfs", "hot", "cold", "cgroup")
-CONTENDERS = ("stcast", "torch_path", "np_convert", "limit_loop")
+MODES = ("tmpfs", "hugetmpfs", "hot", "cold", "cgroup")
+RAM_MODES = ("tmpfs", "hugetmpfs")
+CONTENDERS = ("stcast", "torch_path", "np_convert", "limit_loop", "dd_read")
+EXTRA = ("stcast_base", "stcast_tuned")  # added by --baseline and --tuning
 PEERS = ("torch_path", "np_convert")
-ALIASES = {"torch": "torch_path", "numpy": "np_convert", "np": "np_convert", "limit": "limit_loop"}
+ALIASES = {
+    "torch": "torch_path",
+    "numpy": "np_convert",
+    "np": "np_convert",
+    "limit": "limit_loop",
+    "dd": "dd_read",
+}
+ACTIONS = ("convert", "inspect", "verify")
 SAMPLE_S = 0.05
 TMPFS_MAX_GIB = 4.0  # input + output + the torch path's copy must all fit in RAM
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
@@ -44,17 +66,110 @@ CLEAR_REFS = Path("/proc/self/clear_refs")
 MiB = 1 << 20
 GiB = 1 << 30
 
+# ---- The goals of the "Speed" issue, checked on medians (results.md, "Goals").
+GOAL_MODE = "hugetmpfs"  # the speed goals are stated on a huge-page tmpfs
+GOAL_RUNS = 9  # runs per contender the goals ask for (fewer: the line says so)
+GOAL_WALL_X_LOOP = 1.15  # stcast wall <= this x limit_loop's
+GOAL_USER_X_LOOP = 1.15  # stcast user CPU <= this x limit_loop's ...
+GOAL_USER_START_S = 0.05  # ... + this, for the interpreter's start
+GOAL_MANY_X_FEW = 1.5  # 300000 x 1 KiB wall <= this x 300 x 1000 KiB wall
+GOAL_MANY_RSS_BASE = 64 * MiB  # peak RSS <= this + GOAL_MANY_RSS_PER_HEADER_BYTE x header
+GOAL_MANY_RSS_PER_HEADER_BYTE = 4
+GOAL_MANY_RSS_ACTIONS = ("convert", "verify")  # the actions held to that RSS bound
+GOAL_INSPECT_S = 5.0  # `stcast inspect --json` of the 300000-tensor file, wall
+GOAL_VERIFY_S = 5.0  # `stcast verify` of it, wall
+GOAL_COLD_X_DD = 0.9  # cold: stcast's input rate >= this x `dd`'s read rate
+GOAL_COLD_RSS = 64 * MiB
+GOAL_NOT_SLOWER_X = 1.05  # stcast wall <= this x stcast_base's (run-to-run noise allowed)
+
+# ---- The many-tensors case: the same bytes of data in many small or few large tensors.
+MANY_COUNT = 300_000
+MANY_BYTES = 1024
+FEW_COUNT = 300
+
+# Runs `stcast.convert` with --tuning's knobs (the API's `tuning=`; no environment variable).
+TUNED_CHILD = (
+    "import json, sys\n"
+    "import stcast\n"
+    "stcast.convert(sys.argv[1], sys.argv[2], force=True, tuning=json.loads(sys.argv[3]))\n"
+)
+
 
 @dataclass
 class Contender:
-    """A converter run as `head... SRC DST tail...`."""
+    """A command line run per input; `{src}` and `{dst}` in argv are replaced.
+
+    kind: "stcast" (a stcast CLI: cli runs it, and inspect / verify come from it), "api"
+    (stcast through its Python API: --tuning), "peer", "loop" (the bare loop), "read" (dd).
+    modes: the modes it runs in (None: all).
+    """
 
     name: str
-    head: list[str]
-    tail: list[str] = field(default_factory=list)
+    argv: list[str]
+    kind: str = "peer"
+    cli: list[str] = field(default_factory=list)
+    modes: list[str] | None = None
 
-    def command(self, src: Path, dst: Path) -> list[str]:
-        return [*self.head, str(src), str(dst), *self.tail]
+    @property
+    def writes(self) -> bool:
+        return any("{dst}" in a for a in self.argv)
+
+    def command(self, src: Path, dst: Path | None = None, action: str = "convert") -> list[str]:
+        if action == "convert":
+            template = self.argv
+        elif action == "inspect":
+            template = [*self.cli, "inspect", "--json", "{src}"]
+        elif action == "verify":
+            template = [*self.cli, "verify", "{src}", "{dst}", "-q"]
+        else:
+            raise ValueError(action)
+        return [a.replace("{src}", str(src)).replace("{dst}", str(dst)) for a in template]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One input: a Llama-shaped checkpoint of size_gib, or one of the many-tensors pair."""
+
+    name: str  # "4 GiB", "300000 × 1 KiB"
+    spec: str  # what gen.py is given: "4", "300000x1024"
+    kind: str = "size"  # "size" | "many" | "few"
+    size_gib: float = 0.0  # the data's GiB
+
+    def filename(self, seed: int) -> str:
+        if self.kind == "size":
+            return checkpoint_path(Path(), self.size_gib, seed).name
+        return f"tensors-{self.spec}-seed{seed}.safetensors"
+
+
+def size_case(size_gib: float) -> Case:
+    return Case(f"{size_gib:g} GiB", f"{size_gib:g}", "size", size_gib)
+
+
+def many_cases(count: int, tensor_bytes: int, few: int) -> tuple[Case, Case]:
+    """The pair: count tensors of tensor_bytes, and few tensors holding the same data."""
+    total = count * tensor_bytes
+    if total % (4 * few):
+        raise SystemExit(f"{count} x {tensor_bytes} bytes do not split into {few} F32 tensors")
+    big = total // few
+    return (
+        Case(f"{count} × {fmt_size(tensor_bytes)}", f"{count}x{tensor_bytes}", "many", total / GiB),
+        Case(f"{few} × {fmt_size(big)}", f"{few}x{big}", "few", total / GiB),
+    )
+
+
+@dataclass
+class Job:
+    """One contender's action on one input; target: the file `verify` checks."""
+
+    contender: Contender
+    case: Case
+    src: Path
+    action: str = "convert"
+    target: Path | None = None
+
+    @property
+    def label(self) -> str:
+        return label(self.contender.name, self.action)
 
 
 @dataclass
@@ -66,8 +181,15 @@ class Run:
     contender: str
     repeat: int
     input_bytes: int
+    case: str = ""
+    kind: str = "size"
+    action: str = "convert"
+    position: int = 0  # its place in the round's order, from 0
+    header_bytes: int = 0
     status: str = "ok"
     wall_s: float = 0.0
+    user_s: float = 0.0
+    sys_s: float = 0.0
     cpu_s: float = 0.0
     peak_rss: int = 0
     peak_anon: int = 0
@@ -77,7 +199,24 @@ class Run:
     samples: list[tuple[float, int, int, int | None]] = field(default_factory=list)
     report: dict | None = None
     stderr_tail: str = ""
-    verified: bool | None = None  # stcast only: `stcast verify SRC DST` of this run's output
+    verified: bool | None = None  # stcast builds: `stcast verify SRC DST` of this output
+
+    def __post_init__(self) -> None:
+        if not self.case:  # a results.json from before cases
+            self.case = size_case(self.size_gib).name
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.mode, self.case, self.contender, self.action)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Run:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def label(contender: str, action: str) -> str:
+    return contender if action == "convert" else f"{contender} {action}"
 
 
 # ---------------------------------------------------------------- memory cgroups (v1)
@@ -156,6 +295,81 @@ def remove_stale_cgroups() -> None:
             pass
 
 
+# ---------------------------------------------------------------- huge-page tmpfs
+
+
+class HugeTmpfs:
+    """`mount -t tmpfs -o size=SIZE,huge=always tmpfs PATH` for the length of a with-block.
+
+    The mount point is created (and removed afterwards, if we created it); the tmpfs is
+    unmounted on the way out whatever happens, Ctrl-C and SIGTERM included. A mount left
+    by a bench that was killed outright (SIGKILL) is refused, with the command to remove it.
+    """
+
+    def __init__(self, path: Path, size: str):
+        self.path, self.size = path, size
+        self.created = False
+        self.mounted = False
+
+    def __enter__(self) -> Path:
+        if os.path.ismount(self.path):
+            raise OSError(
+                f"{self.path} is already a mount point (a killed bench? umount {self.path})"
+            )
+        if not self.path.exists():
+            self.path.mkdir(parents=True)
+            self.created = True
+        options = f"size={self.size},huge=always"
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(self.path)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            self._rmdir()
+            raise OSError(f"mount -t tmpfs -o {options} failed: {done.stderr.strip()}")
+        self.mounted = True
+        return self.path
+
+    def options(self) -> str | None:
+        """The mount's options as /proc/mounts shows them (huge=always when it took)."""
+        for line in Path("/proc/mounts").read_text().splitlines():
+            parts = line.split()
+            if len(parts) > 3 and parts[1] == str(self.path):
+                return parts[3]
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.mounted:
+            for _ in range(50):  # a child that was just killed can hold it a moment
+                done = subprocess.run(["umount", str(self.path)], capture_output=True, text=True)
+                if done.returncode == 0 or not os.path.ismount(self.path):
+                    self.mounted = False
+                    break
+                time.sleep(0.1)
+            else:
+                print(f"warning: could not unmount {self.path}: {done.stderr.strip()}")
+        self._rmdir()
+
+    def _rmdir(self) -> None:
+        if self.created and not self.mounted:
+            with contextlib.suppress(OSError):
+                self.path.rmdir()
+            self.created = False
+
+
+def meminfo(name: str) -> int | None:
+    """Return a /proc/meminfo figure in bytes (e.g. ShmemHugePages)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key == name:
+            return kib(value.strip())
+    return None
+
+
 # ---------------------------------------------------------------- one run
 
 
@@ -196,17 +410,30 @@ def kib(value: str) -> int:
 
 
 def run_once(
-    contender: Contender, src: Path, dst: Path, run: Run, limit: int | None, timeout: float
+    argv: list[str],
+    dst: Path | None,
+    logs: Path,
+    run: Run,
+    limit: int | None,
+    timeout: float,
+    *,
+    stdout_null: bool = False,
+    parse_report: bool = False,
 ) -> None:
-    """Run one contender to completion (or OOM, or timeout) and fill in run."""
+    """Run argv to completion (or OOM, or timeout) and fill in run.
+
+    dst: the file the run must leave (None: it writes none). logs: a folder for its
+    stdout and stderr; with stdout_null its stdout goes to /dev/null (`inspect --json`).
+    """
     cgroup = MemoryCgroup(limit) if limit else None
-    argv = cgroup.wrap(contender.command(src, dst)) if cgroup else contender.command(src, dst)
+    if cgroup:
+        argv = cgroup.wrap(argv)
     reset_peak_rss()
     timed_out = threading.Event()
     cg_stats: dict[str, int] = {}
-    out_log, err_log = dst.parent / "stdout.log", dst.parent / "stderr.log"
+    out_log, err_log = logs / "stdout.log", logs / "stderr.log"
     try:
-        with open(out_log, "wb") as out, open(err_log, "wb") as err:
+        with open(os.devnull if stdout_null else out_log, "wb") as out, open(err_log, "wb") as err:
             t0 = time.perf_counter()
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
@@ -237,6 +464,7 @@ def run_once(
         if cgroup:
             cgroup.remove()
 
+    run.user_s, run.sys_s = usage.ru_utime, usage.ru_stime
     run.cpu_s = usage.ru_utime + usage.ru_stime
     run.peak_rss = usage.ru_maxrss * 1024
     run.samples = sampler.samples
@@ -254,21 +482,21 @@ def run_once(
         run.status = f"killed ({signal.Signals(-code).name})"
     elif code != 0:
         run.status = f"failed (exit {code})"
-    elif not dst.exists():
+    elif dst is not None and not dst.exists():
         run.status = "no output"
     if run.status != "ok":
         run.stderr_tail = err_log.read_text(errors="replace")[-2000:]
-    if contender.name == "stcast":
+    if parse_report:
         try:
             run.report = json.loads(out_log.read_text(errors="replace"))["result"]
-        except (ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError):
             pass
 
 
 def verify_output(contender: Contender, src: Path, dst: Path) -> bool:
-    """Check, untimed and unlimited, that stcast's output is exactly the conversion of src."""
-    cli = contender.head[0]
-    done = subprocess.run([cli, "verify", str(src), str(dst), "-q"], capture_output=True, text=True)
+    """Check, untimed and unlimited, that a stcast build's output is exactly src converted."""
+    argv = contender.command(src, dst, "verify")
+    done = subprocess.run(argv, capture_output=True, text=True)
     if done.returncode != 0:
         print(f"    verify failed: {(done.stderr or done.stdout).strip()[-500:]}")
     return done.returncode == 0
@@ -315,7 +543,7 @@ def warm(path: Path) -> None:
 
 
 def prepare(mode: str, src: Path) -> None:
-    """Put the page cache in the state the mode measures."""
+    """Put the page cache in the state the mode measures (on tmpfs it is the file itself)."""
     if mode == "hot":
         warm(src)
     elif mode in ("cold", "cgroup"):
@@ -326,30 +554,94 @@ def can_drop_caches() -> bool:
     return os.access(DROP_CACHES, os.W_OK)
 
 
-def find_contenders(stcast: str, peers: Path, out: Path, wanted: list[str]) -> list[Contender]:
-    """Return the contenders that can run here, in the order asked; say why others cannot."""
+def stcast_contender(name: str, cli: list[str]) -> Contender:
+    # --json wins over -q: no summary, one report object (isa, threads) on stdout. The
+    # numeric counts stay on (the CLI's default).
+    argv = [*cli, "convert", "{src}", "{dst}", "--force", "-q", "--json"]
+    return Contender(name, argv, "stcast", cli)
+
+
+def find_contenders(
+    stcast: str,
+    peers: Path,
+    out: Path,
+    wanted: list[str],
+    baseline: str | None = None,
+    tuning: dict[str, object] | None = None,
+) -> list[Contender]:
+    """Return the contenders that can run here, in the order asked; say why others cannot.
+
+    stcast_base (--baseline) and stcast_tuned (--tuning) come right after stcast.
+    """
     found: list[Contender] = []
     for name in wanted:
         if name == "stcast":
-            exe = resolve_cli(stcast)
-            if exe:
-                # --json wins over -q: no summary, one report object (isa, threads) on stdout.
-                found.append(Contender(name, [exe, "convert"], ["--force", "-q", "--json"]))
+            cli = stcast_cli(stcast)
+            if cli:
+                found.append(stcast_contender(name, cli))
             else:
                 print(f"stcast CLI not found ({stcast}): stcast skipped")
+            if baseline:
+                base = stcast_cli(baseline)
+                if not base or not runs_ok([*base, "--version"]):
+                    raise SystemExit(f"--baseline {baseline!r}: no working stcast CLI there")
+                found.append(stcast_contender("stcast_base", base))
+            if tuning is not None and cli:
+                argv = [sys.executable, "-c", TUNED_CHILD, "{src}", "{dst}", json.dumps(tuning)]
+                found.append(Contender("stcast_tuned", argv, "api", cli))
         elif name == "torch_path":
             probe = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True)
             if probe.returncode == 0:
-                found.append(Contender(name, [sys.executable, str(peers / "torch_path.py")]))
+                argv = [sys.executable, str(peers / "torch_path.py"), "{src}", "{dst}"]
+                found.append(Contender(name, argv))
             else:
                 print("torch not installed: torch_path skipped")
         elif name == "np_convert":
-            found.append(Contender(name, [sys.executable, str(peers / "np_convert.py")]))
+            argv = [sys.executable, str(peers / "np_convert.py"), "{src}", "{dst}"]
+            found.append(Contender(name, argv))
         elif name == "limit_loop":
             exe = build_limit_loop(peers / "limit_loop.rs", out / "limit_loop")
             if exe:
-                found.append(Contender(name, [str(exe)], ["16", "drop", "2"]))
+                found.append(
+                    Contender(name, [str(exe), "{src}", "{dst}", "16", "drop", "2"], "loop")
+                )
+        elif name == "dd_read":
+            if shutil.which("dd"):
+                argv = ["dd", "if={src}", "of=/dev/null", "bs=16M", "status=none"]
+                found.append(Contender(name, argv, "read", modes=["cold"]))
+            else:
+                print("dd not found: dd_read skipped")
     return found
+
+
+def runs_ok(argv: list[str]) -> bool:
+    try:
+        return subprocess.run(argv, capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
+def stcast_cli(spec: str) -> list[str] | None:
+    """Return the argv prefix that runs the stcast CLI given as spec.
+
+    spec: a name or path of the CLI (`stcast`, `/work/venv-base/bin/stcast`), a Python
+    interpreter (`/work/venv-base/bin/python`: the `stcast` script beside it, else
+    `python -m stcast`), or a whole command (`"/work/venv-base/bin/python -m stcast"`).
+    """
+    words = shlex.split(spec)
+    if len(words) != 1:
+        return words or None
+    word = words[0]
+    if Path(word).name.startswith("python"):
+        python = shutil.which(word) if os.sep not in word else word
+        if not python:
+            return None
+        beside = Path(python).parent / "stcast"
+        if beside.is_file() and os.access(beside, os.X_OK):
+            return [str(beside)]
+        return [python, "-m", "stcast"]
+    exe = resolve_cli(word)
+    return [exe] if exe else None
 
 
 def resolve_cli(name: str) -> str | None:
@@ -385,42 +677,95 @@ def build_limit_loop(source: Path, exe: Path) -> Path | None:
     return exe
 
 
-# ---------------------------------------------------------------- reporting
+# ---------------------------------------------------------------- inputs
 
 
-def machine_facts(stcast: str) -> dict[str, object]:
-    meminfo = Path("/proc/meminfo").read_text().split()
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    facts: dict[str, object] = {
-        "nproc": len(os.sched_getaffinity(0)),
-        "ram_gib": round(int(meminfo[meminfo.index("MemTotal:") + 1]) / GiB * 1024, 1),
-        "kernel": platform.release(),
-        "cpu": cpu,
-        "python": platform.python_version(),
-        "loadavg_start": os.getloadavg(),
+def checkpoint_path(directory: Path, size_gib: float, seed: int) -> Path:
+    return directory / f"input-{size_gib:g}GiB-seed{seed}.safetensors"
+
+
+def cached_checkpoint(directory: Path, size_gib: float, seed: int) -> Path:
+    """Return the input for (size, seed) in directory, generating it (in a child) on first use."""
+    return cached_input(directory, size_case(size_gib), seed)
+
+
+def cached_input(directory: Path, case: Case, seed: int) -> Path:
+    """Return case's input in directory, generating it (in a child: gen.py) on first use."""
+    path = directory / case.filename(seed)
+    if not path.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        print(f"generating {path} ...", flush=True)
+        gen = [sys.executable, str(HERE / "gen.py"), case.spec, str(path)]
+        subprocess.run([*gen, "--seed", str(seed)], check=True)
+    return path
+
+
+def header_bytes(path: Path) -> int:
+    """The safetensors header's length (the JSON, padding included), from its 8-byte prefix."""
+    with open(path, "rb") as f:
+        return int(struct.unpack("<Q", f.read(8))[0])
+
+
+def mode_usable(mode: str) -> str | None:
+    """Return why mode cannot run here at all, or None."""
+    if mode in ("cold", "cgroup") and not can_drop_caches():
+        return f"cannot write {DROP_CACHES} (needs root)"
+    if mode == "hugetmpfs" and (os.geteuid() != 0 or not shutil.which("mount")):
+        return "mounting a tmpfs needs root and mount(8)"
+    return None
+
+
+def usable(mode: str, case: Case, directory: Path, cache: Path, seed: int, ram: int) -> str | None:
+    """Return why case cannot run in mode here, or None.
+
+    directory: where the runs read and write; cache: where the input is generated (the
+    same folder, but for hugetmpfs); ram: the hugetmpfs mount's size."""
+    if mode in RAM_MODES and case.kind == "size" and case.size_gib > TMPFS_MAX_GIB:
+        return f"input above {TMPFS_MAX_GIB:g} GiB would not fit in RAM beside the peers"
+    data = int(case.size_gib * GiB) * (2 if case.kind != "size" else 1)  # the pair: 2 inputs
+    if mode == "hugetmpfs" and data * 1.6 > ram:
+        return f"input and output would not fit in the {fmt_bytes(ram)} huge-page tmpfs"
+    cache.mkdir(parents=True, exist_ok=True)
+    cached = (cache / case.filename(seed)).exists()
+    need = int(data * ((0.6 if cached else 1.6) if cache == directory else (0 if cached else 1)))
+    if shutil.disk_usage(cache).free < need:
+        return f"not enough free space in {cache} ({fmt_bytes(need)} needed)"
+    return None
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def spread(values: list[float]) -> dict[str, float] | None:
+    """Median, min, max, quartiles and count of values (None when there are none)."""
+    if not values:
+        return None
+    s = sorted(values)
+    q1, q3 = s[0], s[-1]
+    if len(s) >= 2:
+        q = statistics.quantiles(s, n=4, method="inclusive")
+        q1, q3 = q[0], q[2]
+    return {
+        "median": statistics.median(s),
+        "min": s[0],
+        "max": s[-1],
+        "q1": q1,
+        "q3": q3,
+        "n": len(s),
     }
-    try:
-        version = subprocess.run([stcast, "--version"], capture_output=True, text=True)
-        facts["stcast"] = version.stdout.strip() or version.stderr.strip()
-    except OSError:
-        facts["stcast"] = None
-    return facts
 
 
-def summarize(runs: list[Run]) -> list[dict[str, object]]:
-    """One row per (mode, size, contender): medians of wall and CPU, maxima of memory."""
-    groups: dict[tuple[str, float, str], list[Run]] = {}
+TIMES = ("wall_s", "user_s", "sys_s", "cpu_s")  # over the runs that succeeded
+MEMORY = ("peak_rss", "peak_anon", "cgroup_peak")  # over every run that has the figure
+
+
+def summarize(runs: list[Run]) -> list[dict[str, Any]]:
+    """One row per (mode, case, contender, action): median and spread of every figure."""
+    groups: dict[tuple[str, str, str, str], list[Run]] = {}
     for r in runs:
-        groups.setdefault((r.mode, r.size_gib, r.contender), []).append(r)
+        groups.setdefault(r.key, []).append(r)
     rows = []
-    for (mode, size, name), rs in groups.items():
+    for (mode, case, name, action), rs in groups.items():
         ok = [r for r in rs if r.status == "ok"]
         counts: dict[str, int] = {}
         for r in rs:
@@ -430,198 +775,738 @@ def summarize(runs: list[Run]) -> list[dict[str, object]]:
             if len(ok) == len(rs)
             else ", ".join(f"{s} {n}/{len(rs)}" for s, n in counts.items())
         )
-        row: dict[str, object] = {
+        row: dict[str, Any] = {
             "mode": mode,
-            "size_gib": size,
+            "case": case,
+            "kind": rs[0].kind,
+            "size_gib": rs[0].size_gib,
             "contender": name,
+            "action": action,
             "runs": len(rs),
+            "ok_runs": len(ok),
             "status": status,
             "input_bytes": rs[0].input_bytes,
+            "header_bytes": rs[0].header_bytes,
             "mem_limit": rs[0].mem_limit,
-            "peak_rss": max(r.peak_rss for r in rs),
-            "peak_anon": max(r.peak_anon for r in rs),
-            "cgroup_peak": max((r.cgroup_peak or 0 for r in rs), default=0) or None,
             "verified": [r.verified for r in rs if r.verified is not None],
         }
-        if ok:
-            wall = statistics.median(r.wall_s for r in ok)
-            row.update(
-                wall_s=wall,
-                cpu_s=statistics.median(r.cpu_s for r in ok),
-                gb_per_s=rs[0].input_bytes / wall / 1e9,
-            )
+        for metric in TIMES:
+            row[metric] = spread([getattr(r, metric) for r in ok])
+        for metric in MEMORY:
+            row[metric] = spread([getattr(r, metric) for r in rs if getattr(r, metric)])
+        wall = row["wall_s"]
+        if wall and wall["min"] > 0:
+            size = rs[0].input_bytes / 1e9
+            row["gb_per_s"] = {
+                "median": size / wall["median"],
+                "min": size / wall["max"],
+                "max": size / wall["min"],
+                "n": wall["n"],
+            }
+        else:
+            row["gb_per_s"] = None
         rows.append(row)
-    walls = {(r["mode"], r["size_gib"], r["contender"]): r.get("wall_s") for r in rows}
-    for row in rows:
-        for ref in ("limit_loop", "stcast"):
-            base = walls.get((row["mode"], row["size_gib"], ref))
-            if base and "wall_s" in row:
-                row["x_" + ref] = row["wall_s"] / base  # type: ignore[operator]
     return rows
 
 
-def fmt_bytes(n: object) -> str:
-    if not n:
-        return "–"
-    n = int(n)  # type: ignore[call-overload]
-    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.0f} MiB"
+def median(row: dict[str, Any] | None, metric: str) -> float | None:
+    stat = row.get(metric) if row else None
+    return stat["median"] if stat else None
 
 
-def fmt(value: object, spec: str) -> str:
-    return "–" if value is None else format(value, spec)
-
-
-def load(avg: object) -> str:
-    return " ".join(f"{x:.2f}" for x in avg)  # type: ignore[attr-defined]
-
-
-def markdown(facts: dict[str, object], config: dict[str, object], rows: list[dict]) -> str:
-    isa = facts.get("stcast_isa")
-    lines = [
-        "# stcast benchmark",
-        "",
-        f"- machine: {facts['nproc']} CPUs ({facts['cpu']}), {facts['ram_gib']} GiB RAM, "
-        f"Linux {facts['kernel']}, load average {load(facts['loadavg_start'])} at start, "
-        f"{load(facts['loadavg_end'])} at end",
-        f"- python {facts['python']}, {facts['stcast'] or 'stcast not installed'}"
-        + (f" ({isa}, {facts.get('stcast_threads')} threads)" if isa else "")
-        + f", torch {facts.get('torch') or 'not installed'}",
-        f"- command: `{config['command']}`",
-        f"- {config['repeats']} interleaved repeat(s)"
-        + (f" ({config['tmpfs_repeats']} on tmpfs)" if config.get("tmpfs_repeats") else "")
-        + "; wall and CPU are medians of the runs "
-        "that succeeded, memory figures the maxima; GB/s = input bytes / median wall / 1e9; "
-        "× columns = wall / wall of limit_loop or stcast in the same mode and size. "
-        f"Peak RSS is ru_maxrss, which cannot read below the bench's own RSS "
-        f"({fmt_bytes(facts['rss_floor'])}); peak anon is sampled every {SAMPLE_S * 1000:.0f} ms.",
-        "",
-        "| mode | size | contender | status | wall s | CPU s | GB/s | peak RSS | peak anon "
-        "| mem limit | cgroup peak | × limit_loop | × stcast |",
-        "|---|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+def ratio(
+    runs: list[Run],
+    rows: dict[tuple[str, str, str, str], dict[str, Any]],
+    num: tuple[str, str, str, str],
+    den: tuple[str, str, str, str],
+    metric: str,
+) -> dict[str, Any] | None:
+    """num's metric over den's: the ratio of their medians, and the spread of the per-round
+    ratios (the runs of one round, paired by their repeat number)."""
+    a, b = median(rows.get(num), metric), median(rows.get(den), metric)
+    if a is None or not b:
+        return None
+    by: dict[tuple[tuple[str, str, str, str], int], float] = {}
+    for r in runs:
+        if r.status == "ok" and r.key in (num, den):
+            by[(r.key, r.repeat)] = getattr(r, metric)
+    pairs = [
+        by[(num, rep)] / by[(den, rep)] for (key, rep) in by if key == num and by.get((den, rep))
     ]
-    for r in rows:
-        verified = r.get("verified") or []
-        status = r["status"] + (
-            (", verified" if all(verified) else ", VERIFY FAILED") if verified else ""
+    return {
+        "num": list(num),
+        "den": list(den),
+        "metric": metric,
+        "ratio": a / b,
+        "rounds": spread(pairs),
+    }
+
+
+def all_ratios(runs: list[Run], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ratios the report states: each contender against the bare loop and stcast, stcast
+    against its baseline, many tensors against few, stcast against dd's read."""
+    at = {row_key(r): r for r in rows}
+    out: list[dict[str, Any]] = []
+
+    def add(num: tuple[str, str, str, str], den: tuple[str, str, str, str], *metrics: str) -> None:
+        for metric in metrics:
+            r = ratio(runs, at, num, den, metric)
+            if r:
+                out.append(r)
+
+    for row in rows:
+        mode, case, name, action = row_key(row)
+        if action == "convert" and name != "limit_loop":
+            add((mode, case, name, action), (mode, case, "limit_loop", action), "wall_s", "user_s")
+        if action == "convert" and name not in ("stcast", "limit_loop"):
+            add((mode, case, name, action), (mode, case, "stcast", action), "wall_s")
+        if name in ("stcast", "stcast_tuned"):
+            add(
+                (mode, case, name, action),
+                (mode, case, "stcast_base", action),
+                *TIMES[:3],
+                "peak_rss",
+            )
+        if name == "stcast" and action == "convert":
+            add((mode, case, "dd_read", action), (mode, case, name, action), "wall_s")
+        if row["kind"] == "many" and action == "convert":
+            few = next((r["case"] for r in rows if r["mode"] == mode and r["kind"] == "few"), None)
+            if few:
+                add(
+                    (mode, case, name, action),
+                    (mode, few, name, action),
+                    "wall_s",
+                    "user_s",
+                    "sys_s",
+                )
+    return out
+
+
+def row_key(row: dict[str, Any]) -> tuple[str, str, str, str]:
+    return (row["mode"], row["case"], row["contender"], row["action"])
+
+
+def find_ratio(
+    ratios: list[dict[str, Any]],
+    num: tuple[str, str, str, str],
+    den: tuple[str, str, str, str],
+    metric: str,
+) -> dict[str, Any] | None:
+    return next(
+        (
+            r
+            for r in ratios
+            if (tuple(r["num"]), tuple(r["den"]), r["metric"]) == (num, den, metric)
+        ),
+        None,
+    )
+
+
+# ---------------------------------------------------------------- goals
+
+
+def goals(
+    rows: list[dict[str, Any]], ratios: list[dict[str, Any]], config: dict[str, Any]
+) -> list[tuple[str, str]]:
+    """Check the goals of the "Speed" issue that this run can decide: (PASS|FAIL|NOT RUN, what)."""
+    at = {row_key(r): r for r in rows}
+    out: list[tuple[str, str]] = []
+    abba = config.get("order", "abba") == "abba"
+
+    def ok_row(mode: str, case: str, name: str, action: str = "convert") -> dict[str, Any] | None:
+        row = at.get((mode, case, name, action))
+        return row if row and row.get("wall_s") else None
+
+    def note(*rs: dict[str, Any]) -> str:
+        n = min(r["wall_s"]["n"] for r in rs)
+        text = f"{n} runs each" if n == max(r["wall_s"]["n"] for r in rs) else f"at least {n} runs"
+        if n < GOAL_RUNS:
+            text += f", the goal asks for {GOAL_RUNS}"
+        if not abba:
+            text += ", NOT in ABBA order"
+        return text
+
+    def per_round(r: dict[str, Any] | None) -> str:
+        rounds = r and r.get("rounds")
+        return (
+            f"per round {rounds['min']:.3f}–{rounds['max']:.3f}×" if rounds else "no paired rounds"
         )
-        lines.append(
-            f"| {r['mode']} | {r['size_gib']:g} GiB | {r['contender']} | {status} "
-            f"| {fmt(r.get('wall_s'), '.2f')} | {fmt(r.get('cpu_s'), '.2f')} "
-            f"| {fmt(r.get('gb_per_s'), '.2f')} | {fmt_bytes(r['peak_rss'])} "
-            f"| {fmt_bytes(r['peak_anon'])} | {fmt_bytes(r['mem_limit'])} "
-            f"| {fmt_bytes(r['cgroup_peak'])} "
-            f"| {fmt(r.get('x_limit_loop'), '.2f')} | {fmt(r.get('x_stcast'), '.2f')} |"
+
+    def verdict(ok: bool) -> str:
+        return "PASS" if ok else "FAIL"
+
+    # 1. stcast against the bare loop, on the huge-page tmpfs.
+    cases = [
+        r["case"]
+        for r in rows
+        if r["mode"] == GOAL_MODE and r["kind"] == "size" and r["contender"] == "stcast"
+    ]
+    checked = False
+    for case in cases:
+        me, loop = ok_row(GOAL_MODE, case, "stcast"), ok_row(GOAL_MODE, case, "limit_loop")
+        if not me or not loop:
+            continue
+        checked = True
+        where = f"{GOAL_MODE} {case}"
+        num, den = row_key(me), row_key(loop)
+        mw, lw = median(me, "wall_s"), median(loop, "wall_s")
+        assert mw is not None and lw is not None
+        out.append(
+            (
+                verdict(mw <= GOAL_WALL_X_LOOP * lw),
+                f"{where}: stcast wall ≤ {GOAL_WALL_X_LOOP:g}× limit_loop's: {mw / lw:.3f}× "
+                f"({mw:.3f} s vs {lw:.3f} s; {per_round(find_ratio(ratios, num, den, 'wall_s'))}; "
+                f"{note(me, loop)}; numeric counts on)",
+            )
         )
-    if config.get("skipped"):
-        lines += ["", "Not run (`--peers-up-to`, `--peer-modes`): " + ", ".join(config["skipped"])]
-    checks = targets(rows)
-    if checks:
-        lines += ["", "## Targets (issue 3)", ""]
-        lines += [f"- {'PASS' if ok else 'MISS'}: {text}" for ok, text in checks]
-    return "\n".join(lines) + "\n"
+        mu, lu = median(me, "user_s"), median(loop, "user_s")
+        assert mu is not None and lu is not None
+        bound = GOAL_USER_X_LOOP * lu + GOAL_USER_START_S
+        out.append(
+            (
+                verdict(mu <= bound),
+                f"{where}: stcast user CPU ≤ {GOAL_USER_X_LOOP:g}× limit_loop's + "
+                f"{GOAL_USER_START_S:g} s: {mu:.3f} s vs {bound:.3f} s (limit_loop {lu:.3f} s; "
+                f"{mu / lu if lu else float('inf'):.3f}×, "
+                f"{per_round(find_ratio(ratios, num, den, 'user_s'))}; {note(me, loop)})",
+            )
+        )
+    if not checked:
+        out.append(
+            (
+                "NOT RUN",
+                f"stcast wall and user CPU against limit_loop's: no {GOAL_MODE} run of both "
+                f"(--modes {GOAL_MODE} --contenders stcast,limit_loop)",
+            )
+        )
+
+    # 2. Many small tensors against few large ones (and inspect, verify).
+    many_modes = list(dict.fromkeys(r["mode"] for r in rows if r["kind"] == "many"))
+    mode = GOAL_MODE if GOAL_MODE in many_modes else (many_modes[0] if many_modes else None)
+    if mode is None:
+        out.append(("NOT RUN", "many tensors against few: --many-tensors not given"))
+    else:
+        where = mode + ("" if mode == GOAL_MODE else f" (not {GOAL_MODE})")
+        mk = next(r["case"] for r in rows if r["mode"] == mode and r["kind"] == "many")
+        fk = next((r["case"] for r in rows if r["mode"] == mode and r["kind"] == "few"), "")
+        conv, conv_few = ok_row(mode, mk, "stcast"), ok_row(mode, fk, "stcast")
+        if conv and conv_few:
+            mw, fw = median(conv, "wall_s"), median(conv_few, "wall_s")
+            assert mw is not None and fw is not None
+            r = find_ratio(ratios, row_key(conv), row_key(conv_few), "wall_s")
+            out.append(
+                (
+                    verdict(mw <= GOAL_MANY_X_FEW * fw),
+                    f"{where}: convert {mk} wall ≤ {GOAL_MANY_X_FEW:g}× {fk}'s: {mw / fw:.3f}× "
+                    f"({mw:.3f} s vs {fw:.3f} s; {per_round(r)}; {note(conv, conv_few)})",
+                )
+            )
+        else:
+            out.append(("FAIL", f"{where}: convert {mk} against {fk}: a side did not succeed"))
+        head = next(r["header_bytes"] for r in rows if r["mode"] == mode and r["case"] == mk)
+        bound = GOAL_MANY_RSS_BASE + GOAL_MANY_RSS_PER_HEADER_BYTE * head
+        for action, limit in (("inspect", GOAL_INSPECT_S), ("verify", GOAL_VERIFY_S)):
+            row = ok_row(mode, mk, "stcast", action)
+            if row is None:
+                status = at.get((mode, mk, "stcast", action), {}).get("status", "not run")
+                out.append(("FAIL", f"{where}: stcast {action} {mk}: {status}"))
+                continue
+            wall = median(row, "wall_s")
+            assert wall is not None
+            out.append(
+                (
+                    verdict(wall <= limit),
+                    f"{where}: stcast {action}{' --json' if action == 'inspect' else ''} {mk} "
+                    f"wall ≤ {limit:g} s: {wall:.3f} s ({fmt_spread(row['wall_s'], '.3f')}; "
+                    f"{note(row)})",
+                )
+            )
+        for action in GOAL_MANY_RSS_ACTIONS:
+            row = at.get((mode, mk, "stcast", action))
+            rss = median(row, "peak_rss")
+            if row is None or rss is None:
+                continue
+            out.append(
+                (
+                    verdict(rss <= bound),
+                    f"{where}: stcast {action} {mk} peak RSS ≤ {fmt_bytes(GOAL_MANY_RSS_BASE)} + "
+                    f"{GOAL_MANY_RSS_PER_HEADER_BYTE}× the header's {head:,} bytes = "
+                    f"{fmt_bytes(bound)}: {fmt_mem(row['peak_rss'])}",
+                )
+            )
+
+    # 3. On disk, cold: stcast against dd's read rate, and its RSS.
+    cold = [
+        r
+        for r in rows
+        if r["mode"] == "cold" and r["contender"] == "stcast" and r["action"] == "convert"
+    ]
+    if not cold:
+        out.append(("NOT RUN", f"cold: stcast ≥ {GOAL_COLD_X_DD:g}× dd's read rate: no cold run"))
+    for me in cold:
+        where = f"cold {me['case']}"
+        dd = ok_row("cold", me["case"], "dd_read")
+        if me.get("wall_s") and dd:
+            mw, dw = median(me, "wall_s"), median(dd, "wall_s")
+            assert mw is not None and dw is not None
+            r = find_ratio(ratios, row_key(dd), row_key(me), "wall_s")
+            out.append(
+                (
+                    verdict(dw / mw >= GOAL_COLD_X_DD),
+                    f"{where}: stcast's input rate ≥ {GOAL_COLD_X_DD:g}× dd's read rate: "
+                    f"{dw / mw:.3f}× ({me['input_bytes'] / mw / 1e6:.0f} MB/s vs "
+                    f"{dd['input_bytes'] / dw / 1e6:.0f} MB/s; {per_round(r)}; {note(me, dd)})",
+                )
+            )
+        else:
+            out.append(
+                ("NOT RUN", f"{where}: stcast against dd: no successful dd_read and stcast runs")
+            )
+        rss = median(me, "peak_rss")
+        if rss:
+            out.append(
+                (
+                    verdict(rss <= GOAL_COLD_RSS),
+                    f"{where}: stcast peak RSS ≤ {fmt_bytes(GOAL_COLD_RSS)}: "
+                    f"{fmt_mem(me['peak_rss'])}",
+                )
+            )
+
+    # 4. Nothing slower than the baseline build.
+    pairs: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for me in rows:
+        base = ok_row(me["mode"], me["case"], "stcast_base", me["action"])
+        if me["contender"] == "stcast" and me.get("wall_s") and base:
+            pairs.append((me, base))
+    if not pairs:
+        out.append(("NOT RUN", "nothing slower than before: no --baseline runs"))
+    for me, base in pairs:
+        mw, bw = median(me, "wall_s"), median(base, "wall_s")
+        assert mw is not None and bw is not None
+        r = find_ratio(ratios, row_key(me), row_key(base), "wall_s")
+        ru = find_ratio(ratios, row_key(me), row_key(base), "user_s")
+        user = f"; user CPU {ru['ratio']:.3f}×" if ru else ""
+        out.append(
+            (
+                verdict(mw <= GOAL_NOT_SLOWER_X * bw),
+                f"{me['mode']} {me['case']}: {label('stcast', me['action'])} wall ≤ "
+                f"{GOAL_NOT_SLOWER_X:g}× stcast_base's: {mw / bw:.3f}× ({mw:.3f} s vs {bw:.3f} s; "
+                f"{per_round(r)}{user}; {note(me, base)})",
+            )
+        )
+    return out
 
 
 RSS_TARGET = 64 * MiB
 
 
-def targets(rows: list[dict]) -> list[tuple[bool, str]]:
+def targets(rows: list[dict[str, Any]]) -> list[tuple[bool, str]]:
     """Check the targets of issue 3 that this run's rows can decide: (holds, what)."""
-    at = {(r["mode"], r["size_gib"], r["contender"]): r for r in rows}
+    at = {row_key(r): r for r in rows}
     out: list[tuple[bool, str]] = []
 
-    def wall(mode: str, size: float, name: str) -> float | None:
-        row = at.get((mode, size, name))
-        return row.get("wall_s") if row and row["status"] == "ok" else None  # type: ignore[return-value]
+    def wall(mode: str, case: str, name: str) -> float | None:
+        row = at.get((mode, case, name, "convert"))
+        return median(row, "wall_s") if row and row["status"] == "ok" else None
 
-    me = wall("tmpfs", 4.0, "stcast")
+    me = wall("tmpfs", "4 GiB", "stcast")
     if me:
         for name, goal, text in (
             ("limit_loop", 1.1, "stcast wall <= 1.1x limit_loop"),
             ("np_convert", 1.8, "stcast >= 1.8x faster than np_convert"),
             ("torch_path", 5.0, "stcast >= 5x faster than torch_path"),
         ):
-            other = wall("tmpfs", 4.0, name)
+            other = wall("tmpfs", "4 GiB", name)
             if other is None:
                 continue
-            ratio = me / other if name == "limit_loop" else other / me
-            ok = ratio <= goal if name == "limit_loop" else ratio >= goal
-            line = f"tmpfs 4 GiB: {text}: {ratio:.2f}x ({me:.2f} s vs {other:.2f} s)"
-            floor = wall("tmpfs", 4.0, "limit_loop")
+            x = me / other if name == "limit_loop" else other / me
+            ok = x <= goal if name == "limit_loop" else x >= goal
+            line = f"tmpfs 4 GiB: {text}: {x:.2f}x ({me:.2f} s vs {other:.2f} s)"
+            floor = wall("tmpfs", "4 GiB", "limit_loop")
             if name != "limit_loop" and floor:
                 # What no converter here could beat: the bare loop's own ratio.
                 line += f"; limit_loop itself: {other / floor:.2f}x"
             out.append((ok, line))
     for r in rows:
-        if r["contender"] == "stcast" and r["mode"] in ("hot", "cold") and r["status"] == "ok":
-            ok = r["peak_rss"] <= RSS_TARGET
-            out.append(
-                (
-                    ok,
-                    f"{r['mode']} {r['size_gib']:g} GiB: stcast peak RSS "
-                    f"{fmt_bytes(r['peak_rss'])} <= 64 MiB",
-                )
-            )
-    for r in rows:
-        if r["contender"] != "stcast" or r["mode"] != "cgroup":
+        if (r["contender"], r["action"]) != ("stcast", "convert") or r["status"] != "ok":
             continue
-        limited, cold = r.get("wall_s"), wall("cold", r["size_gib"], "stcast")
+        if r["mode"] in ("hot", "cold") and r["kind"] == "size":
+            rss = r["peak_rss"]["max"]
+            text = f"{r['mode']} {r['case']}: stcast peak RSS (max) {fmt_bytes(rss)} <= 64 MiB"
+            out.append((rss <= RSS_TARGET, text))
+    for r in rows:
+        if (r["contender"], r["action"], r["mode"]) != ("stcast", "convert", "cgroup"):
+            continue
+        limited, cold = median(r, "wall_s"), wall("cold", r["case"], "stcast")
         verified = r.get("verified") or []
-        what = f"cgroup {r['size_gib']:g} GiB under {fmt_bytes(r['mem_limit'])}: stcast"
+        what = f"cgroup {r['case']} under {fmt_bytes(r['mem_limit'])}: stcast"
         out.append((r["status"] == "ok", f"{what} succeeds ({r['status']})"))
         if verified:
             out.append((all(verified), f"{what} output verified bit-exact"))
         if limited and cold:
-            ratio = limited / cold
-            out.append(
-                (
-                    ratio <= 1.5,
-                    f"{what} wall <= 1.5x unlimited cold: {ratio:.2f}x "
-                    f"({limited:.2f} s vs {cold:.2f} s)",
-                )
-            )
+            x = limited / cold
+            text = f"{what} wall <= 1.5x unlimited cold: {x:.2f}x ({limited:.2f} s vs {cold:.2f} s)"
+            out.append((x <= 1.5, text))
     return out
 
 
-def plot(runs: list[Run], rows: list[dict], out: Path) -> list[Path]:
-    """Write throughput.png (GB/s per contender per mode/size) and rss.png (RSS over time)."""
+# ---------------------------------------------------------------- reporting
+
+
+def machine_facts(cli: list[str] | None) -> dict[str, Any]:
+    meminfo_words = Path("/proc/meminfo").read_text().split()
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    facts: dict[str, Any] = {
+        "nproc": len(os.sched_getaffinity(0)),
+        "ram_gib": round(int(meminfo_words[meminfo_words.index("MemTotal:") + 1]) / GiB * 1024, 1),
+        "kernel": platform.release(),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "loadavg_start": os.getloadavg(),
+        "stcast": version(cli),
+    }
+    thp = Path("/sys/kernel/mm/transparent_hugepage")
+    for name in ("enabled", "shmem_enabled"):
+        with contextlib.suppress(OSError):
+            facts[f"thp_{name}"] = (thp / name).read_text().strip()
+    return facts
+
+
+def version(cli: list[str] | None) -> str | None:
+    if not cli:
+        return None
     try:
-        import matplotlib
+        done = subprocess.run([*cli, "--version"], capture_output=True, text=True)
+    except OSError:
+        return None
+    return done.stdout.strip() or done.stderr.strip()
+
+
+def start_up(argv: list[str], times: int = 5) -> dict[str, float]:
+    """Median wall and user CPU of starting argv (e.g. `stcast --version`): what a CLI pays
+    before any work."""
+    walls, users = [], []
+    for _ in range(times):
+        reset_peak_rss()
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _, _, usage = os.wait4(proc.pid, 0)
+        walls.append(time.perf_counter() - t0)
+        users.append(usage.ru_utime)
+    return {"wall_s": statistics.median(walls), "user_s": statistics.median(users)}
+
+
+def fmt_bytes(n: float | None) -> str:
+    if not n:
+        return "–"
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.0f} MiB"
+
+
+def fmt_size(n: int) -> str:
+    """Tensor sizes: 1 KiB, 1000 KiB, 1 MiB."""
+    for unit, name in ((GiB, "GiB"), (MiB, "MiB"), (1024, "KiB")):
+        if n >= unit and n % unit == 0:
+            return f"{n // unit} {name}"
+    return f"{n} B"
+
+
+def fmt(value: object, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def fmt_spread(stat: dict[str, float] | None, spec: str, scale: float = 1.0) -> str:
+    """`median [min–max]`, or the median alone when all runs gave the same figure."""
+    if not stat:
+        return "–"
+    m, lo, hi = (stat[k] / scale for k in ("median", "min", "max"))
+    text = format(m, spec)
+    if format(lo, spec) != format(hi, spec):
+        text += f" [{lo:{spec}}–{hi:{spec}}]"
+    return text
+
+
+def fmt_mem(stat: dict[str, float] | None) -> str:
+    if not stat:
+        return "–"
+    if stat["median"] >= GiB:
+        return fmt_spread(stat, ".2f", GiB) + " GiB"
+    return fmt_spread(stat, ".0f", MiB) + " MiB"
+
+
+def fmt_ratio(r: dict[str, Any] | None) -> str:
+    if not r:
+        return "–"
+    text = f"{r['ratio']:.3f}"
+    rounds = r.get("rounds")
+    if rounds and rounds["n"] > 1:
+        text += f" [{rounds['min']:.3f}–{rounds['max']:.3f}]"
+    return text
+
+
+def load(avg: object) -> str:
+    return " ".join(f"{x:.2f}" for x in avg)  # type: ignore[attr-defined]
+
+
+def table(header: list[str], aligns: str, lines: list[list[str]]) -> list[str]:
+    """A markdown table; columns that are "–" on every line are left out."""
+    keep = [i for i in range(len(header)) if i < 4 or any(line[i] != "–" for line in lines)]
+    out = ["| " + " | ".join(header[i] for i in keep) + " |"]
+    out.append("|" + "|".join("---" if aligns[i] == "l" else "--:" for i in keep) + "|")
+    out += ["| " + " | ".join(line[i] for i in keep) + " |" for line in lines]
+    return out
+
+
+def status_text(row: dict[str, Any]) -> str:
+    verified = row.get("verified") or []
+    if not verified:
+        return str(row["status"])
+    return row["status"] + (", verified" if all(verified) else ", VERIFY FAILED")
+
+
+def markdown(
+    facts: dict[str, Any],
+    config: dict[str, Any],
+    rows: list[dict[str, Any]],
+    ratios: list[dict[str, Any]] | None = None,
+    checks: list[tuple[str, str]] | None = None,
+) -> str:
+    ratios = ratios if ratios is not None else all_ratios([], rows)
+    checks = checks if checks is not None else goals(rows, ratios, config)
+    isa = facts.get("stcast_isa")
+    order = config.get("order", "cyclic")
+    order_text = (
+        "ABBA order (each round runs the contenders forward, the next one reversed)"
+        if order == "abba"
+        else "cyclic order (A B C A B C ...)"
+    )
+    lines = [
+        "# stcast benchmark",
+        "",
+        f"- machine: {facts['nproc']} CPUs ({facts['cpu']}), {facts['ram_gib']} GiB RAM, "
+        f"Linux {facts['kernel']}, load average {load(facts['loadavg_start'])} at start, "
+        f"{load(facts.get('loadavg_end', facts['loadavg_start']))} at end",
+        f"- python {facts['python']}, {facts['stcast'] or 'stcast not installed'}"
+        + (f" ({isa}, {facts.get('stcast_threads')} threads)" if isa else "")
+        + f", torch {facts.get('torch') or 'not installed'}",
+        f"- command: `{config['command']}`",
+    ]
+    for c in config.get("contenders", []):
+        if c["name"] == "stcast_base":
+            lines.append(f"- stcast_base: `{shlex.join(c['cli'])}` ({facts.get('stcast_base')})")
+        elif c["name"] == "stcast_tuned":
+            lines.append(f"- stcast_tuned: `stcast.convert(..., tuning={c['argv'][-1]})`")
+    starts = facts.get("start_up") or {}
+    if starts:
+        lines.append(
+            "- start-up (median of 5): "
+            + ", ".join(
+                f"`{k}` {v['wall_s']:.3f} s wall, {v['user_s']:.3f} s user"
+                for k, v in starts.items()
+            )
+        )
+    huge = facts.get("hugetmpfs")
+    if huge:
+        lines.append(
+            f"- hugetmpfs: `{huge.get('options')}`; ShmemHugePages after staging the inputs: "
+            + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in huge.get("shmem_huge", {}).items())
+            + f" (THP {facts.get('thp_enabled')}, shmem {facts.get('thp_shmem_enabled')})"
+        )
+    lines += [
+        f"- {config['repeats']} round(s)"
+        + (
+            f" ({config['tmpfs_repeats']} on tmpfs and hugetmpfs)"
+            if config.get("tmpfs_repeats")
+            else ""
+        )
+        + f", in {order_text}; each output deleted right after its run. Figures: median "
+        "[min–max] over the runs that succeeded (memory: over all runs); GB/s = input bytes / "
+        "wall / 1e9; × columns: ratio of the medians of wall [min–max of the per-round "
+        "ratios]. Peak RSS is ru_maxrss, which cannot read below the bench's own RSS "
+        f"({fmt_bytes(facts['rss_floor'])}); peak anon is sampled every {SAMPLE_S * 1000:.0f} ms.",
+        "",
+        "## Goals",
+        "",
+    ]
+    lines += [f"- {state}: {text}" for state, text in checks] or ["- (none decided by this run)"]
+
+    at = {(tuple(r["num"]), tuple(r["den"]), r["metric"]): r for r in ratios}
+    names = {r["contender"] for r in rows}
+    refs = [n for n in ("limit_loop", "stcast", "stcast_base") if n in names]
+
+    def x(row: dict[str, Any], ref: str) -> str:
+        key = row_key(row)
+        if ref == row["contender"]:
+            return "1" if row.get("wall_s") else "–"
+        return fmt_ratio(at.get((key, (key[0], key[1], ref, key[3]), "wall_s")))
+
+    header = [
+        "mode",
+        "case",
+        "contender",
+        "status",
+        "wall s",
+        "user s",
+        "sys s",
+        "GB/s",
+        "peak RSS",
+        "peak anon",
+        "mem limit",
+        "cgroup peak",
+    ] + [f"× {ref}" for ref in refs]
+
+    def line(r: dict[str, Any]) -> list[str]:
+        return [
+            r["mode"],
+            r["case"],
+            label(r["contender"], r["action"]),
+            status_text(r),
+            fmt_spread(r["wall_s"], ".3f"),
+            fmt_spread(r["user_s"], ".3f"),
+            fmt_spread(r["sys_s"], ".3f"),
+            fmt_spread(r.get("gb_per_s"), ".2f"),
+            fmt_mem(r["peak_rss"]),
+            fmt_mem(r["peak_anon"]),
+            fmt_bytes(r["mem_limit"]),
+            fmt_mem(r["cgroup_peak"]),
+        ] + [x(r, ref) for ref in refs]
+
+    sized = [r for r in rows if r["kind"] == "size"]
+    if sized:
+        lines += ["", "## Conversions", ""]
+        lines += table(header, "llll" + "r" * (len(header) - 4), [line(r) for r in sized])
+    many = [r for r in rows if r["kind"] != "size"]
+    if many:
+        head = next((r["header_bytes"] for r in many if r["kind"] == "many"), 0)
+        bound = GOAL_MANY_RSS_BASE + GOAL_MANY_RSS_PER_HEADER_BYTE * head
+        lines += [
+            "",
+            "## Many tensors",
+            "",
+            "The same data in many small or few large F32 tensors; header bytes: "
+            + ", ".join(
+                f"{r['case']} {r['header_bytes']:,}" for r in {r["case"]: r for r in many}.values()
+            )
+            + f"; the RSS bound {fmt_bytes(GOAL_MANY_RSS_BASE)} + {GOAL_MANY_RSS_PER_HEADER_BYTE}× "
+            f"the header is {fmt_bytes(bound)}. `inspect --json` writes to /dev/null; `verify` "
+            "checks the output of a convert made (untimed) before its rounds.",
+            "",
+        ]
+        lines += table(header, "llll" + "r" * (len(header) - 4), [line(r) for r in many])
+    if ratios:
+        lines += [
+            "",
+            "## Ratios",
+            "",
+            "Ratio of the medians [min–max of the per-round ratios, runs paired by round].",
+            "",
+        ]
+        body = []
+        for r in ratios:
+            (mode, case, a, action), (_, case_b, b, _) = r["num"], r["den"]
+            what = label(a, action) + (f" {case}" if case != case_b else "")
+            other = label(b, action) + (f" {case_b}" if case != case_b else "")
+            body.append(
+                [
+                    mode,
+                    case if case == case_b else "–",
+                    f"{what} / {other}",
+                    r["metric"].removesuffix("_s").replace("peak_rss", "peak RSS"),
+                    fmt_ratio(r),
+                    str((r.get("rounds") or {}).get("n", 0)),
+                ]
+            )
+        lines += table(["mode", "case", "ratio", "figure", "×", "rounds"], "llllrr", body)
+    if config.get("skipped"):
+        lines += ["", "Not run (`--peers-up-to`, `--peer-modes`): " + ", ".join(config["skipped"])]
+    old = targets(rows)
+    if old:
+        lines += ["", "## Targets (issue 3)", ""]
+        lines += [f"- {'PASS' if ok else 'MISS'}: {text}" for ok, text in old]
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: list[Run], rows: list[dict[str, Any]], out: Path) -> list[Path]:
+    """Write throughput.png (GB/s, median and min–max, per contender per mode and case),
+    cpu.png (user and sys CPU) and rss.png (RSS over time of the median run)."""
+    try:
+        import matplotlib  # type: ignore[import-not-found, unused-ignore]
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
         print("matplotlib not installed (pip install matplotlib): no plots")
         return []
-    names = [c for c in CONTENDERS if any(r["contender"] == c for r in rows)]
-    groups = list(dict.fromkeys((r["mode"], r["size_gib"]) for r in rows))
+    conv = [r for r in rows if r["action"] == "convert" and r["contender"] != "dd_read"]
+    if not conv:
+        return []
+    names = list(dict.fromkeys(r["contender"] for r in conv))
+    groups = list(dict.fromkeys((r["mode"], r["case"]) for r in conv))
+    at = {(r["mode"], r["case"], r["contender"]): r for r in conv}
     width = 0.8 / max(1, len(names))
+    written = []
 
-    fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(groups) + 3), 4.5))
-    for i, name in enumerate(names):
-        for j, group in enumerate(groups):
-            row = next(
-                (r for r in rows if (r["mode"], r["size_gib"], r["contender"]) == (*group, name)),
-                None,
-            )
-            if row is None:
-                continue
-            x = j + (i - (len(names) - 1) / 2) * width
-            value = row.get("gb_per_s", 0.0)
-            ax.bar(x, value, width, color=f"C{i}", label=name if j == 0 else None)
-            text = f"{value:.2f}" if "gb_per_s" in row else row["status"].split(" ")[0]
-            ax.annotate(text, (x, value), ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(groups)), [f"{m} {s:g} GiB" for m, s in groups])
-    ax.set_ylabel("input GB/s (higher is better)")
-    ax.set_title("F32 -> BF16 throughput")
-    ax.legend(loc="upper left", bbox_to_anchor=(1, 1))
-    fig.tight_layout()
-    fig.savefig(out / "throughput.png", dpi=120)
-    plt.close(fig)
+    def bars(metric: str, ylabel: str, title: str, filename: str) -> None:
+        fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(groups) + 3), 4.5))
+        for i, name in enumerate(names):
+            for j, group in enumerate(groups):
+                row = at.get((*group, name))
+                if row is None:
+                    continue
+                xpos = j + (i - (len(names) - 1) / 2) * width
+                if metric == "cpu":
+                    user, sys_ = row.get("user_s"), row.get("sys_s")
+                    u = user["median"] if user else 0.0
+                    s = sys_["median"] if sys_ else 0.0
+                    ax.bar(xpos, u, width, color=f"C{i}", label=name if j == 0 else None)
+                    ax.bar(xpos, s, width, bottom=u, color=f"C{i}", alpha=0.45, hatch="//")
+                    continue
+                stat = row.get(metric)
+                value = stat["median"] if stat else 0.0
+                err = [[value - stat["min"]], [stat["max"] - value]] if stat else None
+                ax.bar(
+                    xpos,
+                    value,
+                    width,
+                    yerr=err,
+                    capsize=2,
+                    color=f"C{i}",
+                    label=name if j == 0 else None,
+                )
+                text = f"{value:.2f}" if stat else row["status"].split(" ")[0]
+                ax.annotate(text, (xpos, value), ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(groups)), [f"{m}\n{c}" for m, c in groups], fontsize=8)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.legend(loc="upper left", bbox_to_anchor=(1, 1))
+        fig.tight_layout()
+        fig.savefig(out / filename, dpi=120)
+        plt.close(fig)
+        written.append(out / filename)
 
-    mode, size = rows[0]["mode"], max(s for m, s in groups if m == rows[0]["mode"])
+    bars(
+        "gb_per_s",
+        "input GB/s (higher is better)",
+        "F32 -> BF16 throughput (median, min–max)",
+        "throughput.png",
+    )
+    bars(
+        "cpu", "CPU seconds (user solid, sys hatched)", "F32 -> BF16 CPU time (medians)", "cpu.png"
+    )
+
+    sized = [
+        g for g in groups if any(r["kind"] == "size" for r in conv if (r["mode"], r["case"]) == g)
+    ]
+    mode, case = max(sized or groups, key=lambda g: (g[0] == groups[0][0], at_size(rows, g)))
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for i, name in enumerate(names):
-        rs = [r for r in runs if (r.mode, r.size_gib, r.contender) == (mode, size, name)]
+        rs = [r for r in runs if r.key == (mode, case, name, "convert")]
         if not rs:
             continue
         ok = sorted((r for r in rs if r.status == "ok"), key=lambda r: r.wall_s)
@@ -639,12 +1524,17 @@ def plot(runs: list[Run], rows: list[dict], out: Path) -> list[Path]:
     ax.set_xlabel("seconds")
     ax.set_ylabel("MiB (log scale)")
     ax.set_yscale("log")
-    ax.set_title(f"memory over time, {mode}, {size:g} GiB input (median run)")
+    ax.set_title(f"memory over time, {mode}, {case} input (median run)")
     ax.legend(loc="upper left", bbox_to_anchor=(1, 1))
     fig.tight_layout()
     fig.savefig(out / "rss.png", dpi=120)
     plt.close(fig)
-    return [out / "throughput.png", out / "rss.png"]
+    written.append(out / "rss.png")
+    return written
+
+
+def at_size(rows: list[dict[str, Any]], group: tuple[str, str]) -> float:
+    return max((r["size_gib"] for r in rows if (r["mode"], r["case"]) == group), default=0.0)
 
 
 # ---------------------------------------------------------------- driver
@@ -664,26 +1554,84 @@ def parse_caps(items: list[str]) -> dict[str, int]:
     for item in items:
         name, _, size = item.partition("=")
         name = ALIASES.get(name, name)
-        if name not in CONTENDERS or not size:
-            raise SystemExit(f"--cap {item!r}: expected CONTENDER=SIZE, CONTENDER in {CONTENDERS}")
+        if name not in CONTENDERS + EXTRA or not size:
+            raise SystemExit(
+                f"--cap {item!r}: expected CONTENDER=SIZE, CONTENDER in {CONTENDERS + EXTRA}"
+            )
         caps[name] = parse_bytes(size)
     return caps
 
 
+def split(text: str) -> list[str]:
+    return [w.strip() for w in text.split(",") if w.strip()]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="1,4", help="input sizes in GiB, comma-separated")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap = argparse.ArgumentParser(
+        description=(__doc__ or "").splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+        "  python benches/compare.py --quick\n"
+        "  python benches/compare.py --modes hugetmpfs --sizes 4 --repeats 9 "
+        "--contenders stcast,limit_loop\n"
+        "  python benches/compare.py --modes hugetmpfs --sizes '' --many-tensors --repeats 9\n"
+        "  python benches/compare.py --modes cold --sizes 4 --contenders stcast,dd_read\n"
+        "  python benches/compare.py --modes hugetmpfs --sizes 4 --contenders stcast "
+        "--baseline /work/venv-base/bin/python\n",
+    )
+    ap.add_argument(
+        "--sizes", default="1,4", help="input sizes in GiB, comma-separated ('' for none)"
+    )
+    ap.add_argument("--repeats", type=int, default=3, help="rounds per mode and case")
     ap.add_argument(
         "--tmpfs-repeats",
         type=int,
         default=None,
         metavar="N",
-        help="repeats in tmpfs mode (default --repeats): the speed comparison, and the "
-        "cheapest mode to repeat",
+        help="rounds in tmpfs and hugetmpfs modes (default --repeats): the speed comparison, "
+        f"and the cheapest modes to repeat (the goals ask for {GOAL_RUNS})",
     )
-    ap.add_argument("--modes", default=",".join(MODES), help="any of " + ",".join(MODES))
-    ap.add_argument("--contenders", default=",".join(CONTENDERS))
+    ap.add_argument("--modes", default="tmpfs,hot,cold,cgroup", help="any of " + ",".join(MODES))
+    ap.add_argument(
+        "--contenders",
+        default=",".join(CONTENDERS),
+        help="any of " + ",".join(CONTENDERS) + " (dd_read runs in cold mode only)",
+    )
+    ap.add_argument(
+        "--order",
+        choices=("abba", "cyclic"),
+        default="abba",
+        help="abba (default): each round forward, the next reversed (A B B A A B ...); "
+        "cyclic: A B C A B C ...",
+    )
+    ap.add_argument(
+        "--baseline",
+        metavar="PYTHON|CMD",
+        help="run a second stcast build as contender stcast_base, interleaved with stcast: a "
+        "Python interpreter (its venv's stcast script), a CLI path, or a command such as "
+        "'/work/venv-base/bin/python -m stcast'",
+    )
+    ap.add_argument(
+        "--tuning",
+        metavar="JSON",
+        help="add contender stcast_tuned: stcast.convert(..., tuning=JSON) in a child, e.g. "
+        '\'{"window_mib": 16, "write_behind": 2}\' (keys: window_mib, isa, populate, advise, '
+        "write_behind, step_mib)",
+    )
+    ap.add_argument(
+        "--many-tensors",
+        action="store_true",
+        help=f"add the many-tensors case: {MANY_COUNT} tensors of {fmt_size(MANY_BYTES)} against "
+        f"{FEW_COUNT} holding the same data (convert; inspect --json and verify of the first), "
+        "run by the stcast builds in the RAM modes of --modes (else the first mode)",
+    )
+    ap.add_argument("--many-modes", default=None, metavar="MODES", help="modes of --many-tensors")
+    ap.add_argument("--many-count", type=int, default=MANY_COUNT, metavar="N")
+    ap.add_argument("--many-bytes", type=int, default=MANY_BYTES, metavar="BYTES")
+    ap.add_argument("--few-count", type=int, default=FEW_COUNT, metavar="N")
+    ap.add_argument(
+        "--many-repeats", type=int, default=None, metavar="N", help="default: the mode's rounds"
+    )
     ap.add_argument("--mem-limit", default="256M", help="cgroup mode's memory limit")
     ap.add_argument(
         "--cap",
@@ -717,7 +1665,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--no-verify",
         dest="verify",
         action="store_false",
-        help="skip `stcast verify` of stcast's first output per mode and size",
+        help="skip `stcast verify` of each stcast build's first output per mode and case",
     )
     ap.add_argument(
         "--render",
@@ -726,74 +1674,292 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="only rewrite results.md and the plots in --out from this results.json",
     )
     ap.add_argument("--out", type=Path, default=HERE / "out")
-    ap.add_argument("--stcast", default="stcast", help="the stcast CLI to measure")
+    ap.add_argument("--stcast", default="stcast", help="the stcast CLI to measure (as --baseline)")
     # The peers live in benches/peers (the same contenders as the team's shared copies).
     ap.add_argument("--peers", type=Path, default=HERE / "peers")
     ap.add_argument("--tmpfs-dir", type=Path, default=Path("/dev/shm/stcast-bench"))
-    ap.add_argument("--disk-dir", type=Path, default=Path("/var/tmp/stcast-bench"))
+    ap.add_argument(
+        "--hugetmpfs-dir",
+        type=Path,
+        default=Path("/var/tmp/stcast-bench-huge"),
+        help="mount point of the huge-page tmpfs (mounted for the mode, unmounted after)",
+    )
+    ap.add_argument("--hugetmpfs-size", default="12g", help="its size= option")
+    ap.add_argument(
+        "--disk-dir",
+        type=Path,
+        default=Path("/var/tmp/stcast-bench"),
+        help="disk modes' folder, and the cache of hugetmpfs inputs",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--clean", action="store_true", help="delete the generated inputs at the end")
-    ap.add_argument(
-        "--quick", action="store_true", help="smoke run: 0.25 GiB, 1 repeat, tmpfs only"
-    )
+    ap.add_argument("--quick", action="store_true", help="smoke run: 0.25 GiB, 1 round, tmpfs only")
     args = ap.parse_args(argv)
     if args.quick:
         args.sizes, args.repeats, args.modes = "0.25", 1, "tmpfs"
-    args.sizes = [float(s) for s in args.sizes.split(",")]
-    args.modes = [m.strip() for m in args.modes.split(",")]
+    try:
+        args.sizes = [float(s) for s in split(args.sizes)]
+    except ValueError:
+        ap.error(f"--sizes {args.sizes!r}: expected GiB, comma-separated")
+    args.modes = split(args.modes)
     if args.peer_modes is not None:
-        args.peer_modes = [m.strip() for m in args.peer_modes.split(",")]
-    args.contenders = [ALIASES.get(c.strip(), c.strip()) for c in args.contenders.split(",")]
-    for m in args.modes:
+        args.peer_modes = split(args.peer_modes)
+    args.contenders = [ALIASES.get(c, c) for c in split(args.contenders)]
+    for m in args.modes + (args.peer_modes or []):
         if m not in MODES:
             ap.error(f"unknown mode {m!r}; choose from {','.join(MODES)}")
     for c in args.contenders:
         if c not in CONTENDERS:
             ap.error(f"unknown contender {c!r}; choose from {','.join(CONTENDERS)}")
+    if (args.baseline or args.tuning) and "stcast" not in args.contenders:
+        ap.error("--baseline and --tuning need the contender stcast")
+    if args.tuning is not None:
+        try:
+            args.tuning = json.loads(args.tuning)
+        except ValueError as e:
+            ap.error(f"--tuning: not JSON: {e}")
+        if not isinstance(args.tuning, dict):
+            ap.error("--tuning: expected a JSON object")
+    if args.many_tensors:
+        if args.many_modes is not None:
+            args.many_modes = split(args.many_modes)
+        else:
+            ram = [m for m in args.modes if m in RAM_MODES]
+            args.many_modes = ram or args.modes[:1]
+        for m in args.many_modes:
+            if m not in args.modes:
+                ap.error(f"--many-modes: {m!r} is not in --modes")
+    else:
+        args.many_modes = []
+    if not args.sizes and not args.many_tensors and not args.render:
+        ap.error("nothing to run: no --sizes and no --many-tensors")
     args.mem_limit = parse_bytes(args.mem_limit)
     args.caps = parse_caps(args.cap)
     return args
 
 
-def checkpoint_path(directory: Path, size_gib: float, seed: int) -> Path:
-    return directory / f"input-{size_gib:g}GiB-seed{seed}.safetensors"
-
-
-def cached_checkpoint(directory: Path, size_gib: float, seed: int) -> Path:
-    """Return the input for (size, seed) in directory, generating it (in a child) on first use."""
-    path = checkpoint_path(directory, size_gib, seed)
-    if not path.exists():
-        print(f"generating {path} ...", flush=True)
-        gen = [sys.executable, str(HERE / "gen.py"), f"{size_gib:g}", str(path)]
-        subprocess.run([*gen, "--seed", str(seed)], check=True)
-    return path
-
-
-def usable(mode: str, size: float, directory: Path, seed: int) -> str | None:
-    """Return why (mode, size) cannot run here, or None."""
-    if mode == "tmpfs" and size > TMPFS_MAX_GIB:
-        return f"input above {TMPFS_MAX_GIB:g} GiB would not fit in RAM beside the peers"
-    if mode in ("cold", "cgroup") and not can_drop_caches():
-        return f"cannot write {DROP_CACHES} (needs root)"
-    directory.mkdir(parents=True, exist_ok=True)
-    cached = checkpoint_path(directory, size, seed).exists()
-    need = int(size * GiB * (0.6 if cached else 1.6))  # output is half the input
-    if shutil.disk_usage(directory).free < need:
-        return f"not enough free space in {directory} ({fmt_bytes(need)} needed)"
-    return None
-
-
 def render(path: Path, out: Path) -> int:
     """Rewrite results.md and the plots from a results.json (e.g. after a report change)."""
     data = json.loads(path.read_text())
-    runs = [Run(**r) for r in data["runs"]]
-    table = markdown(data["machine"], data["config"], data["summary"])
+    runs = [Run.from_json(r) for r in data["runs"]]
+    rows = summarize(runs)
+    ratios = all_ratios(runs, rows)
+    text = markdown(data["machine"], data["config"], rows, ratios)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.md").write_text(table)
-    written = [out / "results.md", *plot(runs, data["summary"], out)]
-    print(table)
+    (out / "results.md").write_text(text)
+    written = [out / "results.md", *plot(runs, rows, out)]
+    print(text)
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
+
+
+class Bench:
+    """One invocation: the contenders, the runs so far, and how to run a round."""
+
+    def __init__(
+        self, args: argparse.Namespace, contenders: list[Contender], facts: dict[str, Any]
+    ):
+        self.args, self.contenders, self.facts = args, contenders, facts
+        self.runs: list[Run] = []
+        self.skipped: list[str] = []
+        self.inputs: list[Path] = []
+
+    # -- where the inputs live
+
+    def directory(self, mode: str) -> Path:
+        if mode == "tmpfs":
+            return self.args.tmpfs_dir
+        if mode == "hugetmpfs":
+            return self.args.hugetmpfs_dir
+        return self.args.disk_dir
+
+    def cache(self, mode: str, case: Case) -> Path:
+        """Where case's input is generated for mode: hugetmpfs copies it from a cache that
+        outlives its mount (the tmpfs one when it has the file, else the disk one)."""
+        if mode != "hugetmpfs":
+            return self.directory(mode)
+        if (self.args.tmpfs_dir / case.filename(self.args.seed)).exists():
+            return self.args.tmpfs_dir
+        return self.args.disk_dir
+
+    @contextlib.contextmanager
+    def staged(self, mode: str, cases: list[Case]) -> Iterator[list[Path] | None]:
+        """Yield the inputs of cases in mode's folder (None, said why, when they cannot
+        run); in hugetmpfs they are copied in, and removed again afterwards."""
+        directory = self.directory(mode)
+        ram = parse_bytes(self.args.hugetmpfs_size) if mode == "hugetmpfs" else 0
+        for case in cases:
+            why = usable(mode, case, directory, self.cache(mode, case), self.args.seed, ram)
+            if why:
+                print(f"{mode} {case.name} skipped: {why}")
+                yield None
+                return
+        srcs: list[Path] = []
+        copies: list[Path] = []
+        try:
+            for case in cases:
+                cached = cached_input(self.cache(mode, case), case, self.args.seed)
+                self.inputs.append(cached)
+                if mode == "hugetmpfs":
+                    src = directory / cached.name
+                    print(f"copying {cached} to {directory} ...", flush=True)
+                    copies.append(src)
+                    shutil.copyfile(cached, src)
+                else:
+                    src = cached
+                srcs.append(src)
+            if mode == "hugetmpfs":
+                huge = self.facts.setdefault("hugetmpfs", {})
+                huge.setdefault("shmem_huge", {})[" + ".join(c.name for c in cases)] = meminfo(
+                    "ShmemHugePages"
+                )
+            yield srcs
+        finally:
+            for src in copies:
+                src.unlink(missing_ok=True)
+
+    # -- who runs what
+
+    def allowed(self, c: Contender, mode: str, case: Case) -> bool:
+        if c.modes is not None and mode not in c.modes:
+            return False
+        if c.name in PEERS:
+            why = None
+            if self.args.peers_up_to is not None and case.size_gib > self.args.peers_up_to:
+                why = "--peers-up-to"
+            if self.args.peer_modes is not None and mode not in self.args.peer_modes:
+                why = "--peer-modes"
+            if why:
+                print(f"{mode} {case.name}: {c.name} skipped ({why})")
+                self.skipped.append(f"{c.name} at {mode} {case.name}")
+                return False
+        return True
+
+    def repeats(self, mode: str) -> int:
+        if mode in RAM_MODES and self.args.tmpfs_repeats:
+            return int(self.args.tmpfs_repeats)
+        return int(self.args.repeats)
+
+    # -- the runs
+
+    def size_case(self, mode: str, case: Case) -> None:
+        with self.staged(mode, [case]) as srcs:
+            if srcs is None:
+                return
+            jobs = [Job(c, case, srcs[0]) for c in self.contenders if self.allowed(c, mode, case)]
+            self.rounds(mode, jobs, self.repeats(mode))
+
+    def many_tensors(self, mode: str) -> None:
+        """Convert many small against few large tensors (ABBA), then inspect, then verify the
+        many-tensors file; by every stcast build."""
+        many, few = many_cases(self.args.many_count, self.args.many_bytes, self.args.few_count)
+        builds = [c for c in self.contenders if c.kind in ("stcast", "api")]
+        clis = [c for c in builds if c.kind == "stcast"]
+        repeats = self.args.many_repeats or self.repeats(mode)
+        if not builds:
+            print(f"{mode} many tensors skipped: no stcast build among the contenders")
+            return
+        with self.staged(mode, [many, few]) as srcs:
+            if srcs is None:
+                return
+            src, src_few = srcs
+            jobs = [Job(c, case, s) for c in builds for case, s in ((many, src), (few, src_few))]
+            self.rounds(mode, jobs, repeats)
+            self.rounds(mode, [Job(c, many, src, "inspect") for c in clis], repeats)
+            outputs: list[Path] = []
+            try:
+                verify_jobs = []
+                for c in clis:
+                    dst = self.directory(mode) / f"verify-{os.getpid()}-{c.name}.safetensors"
+                    outputs.append(dst)
+                    print(
+                        f"[{mode} {many.name}] {c.name}: converting once for verify ...", flush=True
+                    )
+                    done = subprocess.run(c.command(src, dst), capture_output=True, text=True)
+                    if done.returncode != 0 or not dst.exists():
+                        print(f"    failed: {done.stderr.strip()[-500:]}")
+                        continue
+                    verify_jobs.append(Job(c, many, src, "verify", dst))
+                self.rounds(mode, verify_jobs, repeats)
+            finally:
+                for dst in outputs:
+                    dst.unlink(missing_ok=True)
+
+    def rounds(self, mode: str, jobs: list[Job], repeats: int) -> None:
+        for rep in range(repeats):
+            order = jobs if self.args.order == "cyclic" or rep % 2 == 0 else jobs[::-1]
+            for pos, job in enumerate(order):
+                self.runs.append(self.execute(mode, job, rep, pos))
+
+    def execute(self, mode: str, job: Job, rep: int, pos: int) -> Run:
+        c, case, args = job.contender, job.case, self.args
+        limit = args.caps.get(c.name) or (args.mem_limit if mode == "cgroup" else None)
+        run = Run(
+            mode=mode,
+            size_gib=case.size_gib,
+            contender=c.name,
+            repeat=rep,
+            input_bytes=job.src.stat().st_size,
+            case=case.name,
+            kind=case.kind,
+            action=job.action,
+            position=pos,
+            header_bytes=header_bytes(job.src),
+        )
+        scratch = job.src.parent / f"out-{os.getpid()}"
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir()
+        prepare(mode, job.src)
+        try:
+            dst = job.target if job.action == "verify" else scratch / f"{c.name}.safetensors"
+            writes = job.action == "convert" and c.writes
+            run_once(
+                c.command(job.src, dst, job.action),
+                dst if writes else None,
+                scratch,
+                run,
+                limit,
+                args.timeout,
+                stdout_null=job.action == "inspect",
+                parse_report=c.kind == "stcast" and job.action == "convert",
+            )
+            check = args.verify and c.cli and rep == 0 and writes
+            if check and run.status == "ok" and dst is not None:
+                run.verified = verify_output(c, job.src, dst)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)  # no output left between runs
+        print(
+            f"[{mode} {case.name} #{rep + 1}.{pos + 1}] {job.label:<18} {run.status:<8} "
+            f"wall {run.wall_s:7.3f} s  user {run.user_s:6.3f} s  sys {run.sys_s:6.3f} s  "
+            f"peak RSS {fmt_bytes(run.peak_rss)}"
+            + (f"  cgroup {fmt_bytes(run.cgroup_peak)}" if limit else "")
+            + ("" if run.verified is None else f"  verified {run.verified}"),
+            flush=True,
+        )
+        if run.status.startswith("failed"):
+            last = run.stderr_tail.strip().splitlines() or ["(no stderr)"]
+            print(f"    {last[-1]}")
+        return run
+
+    def mode(self, mode: str) -> None:
+        why = mode_usable(mode)
+        if why:
+            print(f"{mode} skipped: {why}")
+            return
+        cases = [size_case(s) for s in self.args.sizes]
+        with contextlib.ExitStack() as stack:
+            if mode == "hugetmpfs":
+                mount = HugeTmpfs(self.args.hugetmpfs_dir, self.args.hugetmpfs_size)
+                try:
+                    stack.enter_context(mount)
+                except OSError as e:
+                    print(f"hugetmpfs skipped: {e}")
+                    return
+                self.facts.setdefault("hugetmpfs", {})["options"] = mount.options()
+            for case in cases:
+                self.size_case(mode, case)
+            if mode in self.args.many_modes:
+                self.many_tensors(mode)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -801,7 +1967,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.render:
         return render(args.render, args.out)
     args.out.mkdir(parents=True, exist_ok=True)
-    command = "python benches/compare.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python benches/compare.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     remove_stale_cgroups()
     needs_cgroup = "cgroup" in args.modes or args.caps
     if needs_cgroup:
@@ -810,83 +1976,43 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as e:
             raise SystemExit(f"cgroup mode and --cap need cgroup v1 memory: {e}") from e
 
-    contenders = find_contenders(args.stcast, args.peers, args.out, args.contenders)
-    facts = machine_facts(args.stcast)
-    if any(c.name == "torch_path" for c in contenders):
+    contenders = find_contenders(
+        args.stcast, args.peers, args.out, args.contenders, args.baseline, args.tuning
+    )
+    if not contenders:
+        raise SystemExit("no contender can run here")
+    by_name = {c.name: c for c in contenders}
+    facts = machine_facts(by_name["stcast"].cli if "stcast" in by_name else None)
+    if "stcast_base" in by_name:
+        facts["stcast_base"] = version(by_name["stcast_base"].cli)
+    starts = {"python -c pass": [sys.executable, "-c", "pass"]}
+    for c in contenders:
+        if c.kind == "stcast":
+            starts[f"{c.name} --version"] = [*c.cli, "--version"]
+    facts["start_up"] = {k: start_up(v) for k, v in starts.items()}
+    if "torch_path" in by_name:
         probe = [sys.executable, "-c", "import torch; print(torch.__version__)"]
         facts["torch"] = subprocess.run(probe, capture_output=True, text=True).stdout.strip()
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     reset_peak_rss()
     facts["rss_floor"] = own_rss()
 
-    runs: list[Run] = []
-    skipped: list[str] = []
-    inputs: list[Path] = []
+    bench = Bench(args, contenders, facts)
     interrupted = False
     try:
         for mode in args.modes:
-            directory = args.tmpfs_dir if mode == "tmpfs" else args.disk_dir
-            for size in args.sizes:
-                why = usable(mode, size, directory, args.seed)
-                if why:
-                    print(f"{mode} {size:g} GiB skipped: {why}")
-                    continue
-                src = cached_checkpoint(directory, size, args.seed)
-                inputs.append(src)
-                scratch = directory / f"out-{os.getpid()}"
-                repeats = args.repeats
-                if mode == "tmpfs" and args.tmpfs_repeats:
-                    repeats = args.tmpfs_repeats
-                for rep in range(repeats):
-                    for c in contenders:
-                        if c.name in PEERS:
-                            why = None
-                            if args.peers_up_to is not None and size > args.peers_up_to:
-                                why = "--peers-up-to"
-                            if args.peer_modes is not None and mode not in args.peer_modes:
-                                why = "--peer-modes"
-                            if why:
-                                if rep == 0:
-                                    print(f"{mode} {size:g} GiB: {c.name} skipped ({why})")
-                                    skipped.append(f"{c.name} at {mode} {size:g} GiB")
-                                continue
-                        limit = args.caps.get(c.name) or (
-                            args.mem_limit if mode == "cgroup" else None
-                        )
-                        run = Run(mode, size, c.name, rep, src.stat().st_size)
-                        shutil.rmtree(scratch, ignore_errors=True)
-                        scratch.mkdir()
-                        prepare(mode, src)
-                        try:
-                            dst = scratch / f"{c.name}.safetensors"
-                            run_once(c, src, dst, run, limit, args.timeout)
-                            check = args.verify and c.name == "stcast" and rep == 0
-                            if check and run.status == "ok":
-                                run.verified = verify_output(c, src, dst)
-                        finally:
-                            shutil.rmtree(scratch, ignore_errors=True)
-                        runs.append(run)
-                        print(
-                            f"[{mode} {size:g} GiB #{rep + 1}] {c.name:<10} {run.status:<8} "
-                            f"wall {run.wall_s:6.2f} s  cpu {run.cpu_s:6.2f} s  "
-                            f"peak RSS {fmt_bytes(run.peak_rss)}"
-                            + (f"  cgroup {fmt_bytes(run.cgroup_peak)}" if limit else "")
-                            + ("" if run.verified is None else f"  verified {run.verified}"),
-                            flush=True,
-                        )
-                        if run.status.startswith("failed"):
-                            last = run.stderr_tail.strip().splitlines() or ["(no stderr)"]
-                            print(f"    {last[-1]}")
+            bench.mode(mode)
     except KeyboardInterrupt:
         interrupted = True
         print("\ninterrupted: writing the results so far")
     finally:
         if args.clean:
-            for path in inputs:
+            for path in bench.inputs:
                 path.unlink(missing_ok=True)
 
+    runs = bench.runs
     facts["loadavg_end"] = os.getloadavg()
-    report = next((r.report for r in runs if r.report), None)
+    report = next((r.report for r in runs if r.report and r.contender == "stcast"), None)
     if report:
         facts["stcast_isa"], facts["stcast_threads"] = report.get("isa"), report.get("threads")
     config = {
@@ -895,33 +2021,49 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
         "tmpfs_repeats": args.tmpfs_repeats,
         "modes": args.modes,
+        "order": args.order,
+        "many_tensors": {
+            "modes": args.many_modes,
+            "count": args.many_count,
+            "bytes": args.many_bytes,
+            "few_count": args.few_count,
+            "repeats": args.many_repeats,
+        }
+        if args.many_tensors
+        else None,
+        "hugetmpfs": {"dir": str(args.hugetmpfs_dir), "size": args.hugetmpfs_size},
         "mem_limit": args.mem_limit,
         "caps": args.caps,
         "timeout_s": args.timeout,
         "seed": args.seed,
         "contenders": [asdict(c) for c in contenders],
         "peers_up_to_gib": args.peers_up_to,
-        "skipped": skipped,
+        "skipped": bench.skipped,
+        "goals": {k: v for k, v in globals().items() if k.startswith("GOAL_")},
     }
     rows = summarize(runs)
+    ratios = all_ratios(runs, rows)
+    checks = goals(rows, ratios, config)
     (args.out / "results.json").write_text(
         json.dumps(
             {
                 "machine": facts,
                 "config": config,
                 "summary": rows,
+                "ratios": ratios,
+                "goals": [{"state": s, "what": w} for s, w in checks],
                 "runs": [asdict(r) for r in runs],
             },
             indent=1,
         )
     )
-    table = markdown(facts, config, rows)
-    (args.out / "results.md").write_text(table)
+    text = markdown(facts, config, rows, ratios, checks)
+    (args.out / "results.md").write_text(text)
     written = [args.out / "results.md", args.out / "results.json"]
     if rows:
         written += plot(runs, rows, args.out)
     print()
-    print(table)
+    print(text)
     print("wrote " + ", ".join(str(p) for p in written))
     return 130 if interrupted else 0
 

@@ -3,14 +3,21 @@
 //! Prints Markdown tables of GB/s of input (1 GB = 1e9 bytes), best of 5 runs: f32 -> bf16
 //! for a cache-resident 1 MiB input and a large one (256 MiB unless given), on one thread
 //! and on every thread, beside memcpy and a plain read of the same bytes; then the other
-//! kernels on one thread; then each kernel alone and fused with `numerics::measure`, as a
-//! conversion runs them (the numeric report's cost).
+//! kernels on one thread. Then the numeric report's cost, per conversion and ISA, median
+//! [min-max] of interleaved rounds: the kernel alone, the kernel then `numerics::measure`
+//! per 16 KiB (as `convert` runs them), and `fused::convert_and_measure`.
+//!
+//! `-- --numerics[=CONV] [--rounds=N]` prints only that table; `-- --job=CONV,ISA,JOB,MIB`
+//! runs one of its jobs once, for instruction counts:
+//! `valgrind --tool=callgrind --toggle-collect='*run_numerics_job*' BENCH --job=...`.
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use stcast::kernels::{f16_to_bf16, f32_to_bf16, f32_to_f16, f64_to_bf16, f64_to_f16, Isa};
-use stcast::numerics;
+use stcast::kernels::{
+    bf16_to_f16, f16_to_bf16, f32_to_bf16, f32_to_f16, f64_to_bf16, f64_to_f16, Isa,
+};
 use stcast::Conversion;
+use stcast::{fused, numerics};
 
 type Kernel = fn(Isa, &[u8], &mut [u8]);
 
@@ -67,6 +74,11 @@ impl Job {
 /// `bytes` of ordinary values of the element size (the kernels are branch-free over
 /// values, except the scalar f16/f64 fallbacks, which see realistic data this way).
 fn input(bytes: usize, src_elem: usize) -> Vec<u8> {
+    input_of(bytes, src_elem, false)
+}
+
+/// As `input`, with 2-byte elements in bf16 when `bf16`.
+fn input_of(bytes: usize, src_elem: usize, bf16: bool) -> Vec<u8> {
     let mut state = 0x9E37_79B9_7F4A_7C15_u64;
     let mut src = Vec::with_capacity(bytes + 8);
     while src.len() < bytes {
@@ -75,6 +87,7 @@ fn input(bytes: usize, src_elem: usize) -> Vec<u8> {
         state ^= state << 17;
         let value = (state >> 11) as f64 / (1u64 << 42) as f64 - 1024.0;
         match src_elem {
+            2 if bf16 => src.extend_from_slice(&bf16_bits(value as f32).to_le_bytes()),
             2 => src.extend_from_slice(&f16_bits(value as f32).to_le_bytes()),
             4 => src.extend_from_slice(&(value as f32).to_le_bytes()),
             _ => src.extend_from_slice(&value.to_le_bytes()),
@@ -86,6 +99,10 @@ fn input(bytes: usize, src_elem: usize) -> Vec<u8> {
 
 fn f16_bits(x: f32) -> u16 {
     stcast::kernels::f16_from_f32(x.to_bits())
+}
+
+fn bf16_bits(x: f32) -> u16 {
+    stcast::kernels::bf16_from_f32(x.to_bits())
 }
 
 /// Best GB/s of input over 5 timed rounds (after an untimed one that warms caches and
@@ -128,10 +145,24 @@ fn measure(job: Job, src: &[u8], threads: usize, private: bool, reps: usize) -> 
 }
 
 fn main() {
-    let large_mib: usize = std::env::args()
-        .skip(1)
-        .find_map(|a| a.parse().ok())
-        .unwrap_or(256);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let large_mib: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(256);
+    let rounds: usize = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--rounds=")?.parse().ok())
+        .unwrap_or(11);
+    // `--job=CONV,ISA,JOB,MIB`: run one numerics job once, for instruction counts:
+    // valgrind --tool=callgrind --toggle-collect='*run_numerics_job*' BENCH --job=...
+    if let Some(spec) = args.iter().find_map(|a| a.strip_prefix("--job=")) {
+        one_job(spec);
+        return;
+    }
+    // `--numerics[=f32_to_bf16]`: only the numerics table (for one conversion).
+    if let Some(arg) = args.iter().find(|a| a.starts_with("--numerics")) {
+        let only = arg.strip_prefix("--numerics=");
+        numerics_table(large_mib, 256, rounds, only);
+        return;
+    }
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let small_reps = 256;
     let row = |label: String, cells: &[f64]| {
@@ -194,58 +225,129 @@ fn main() {
         }
     }
 
-    numerics_table(large_mib, small_reps);
+    numerics_table(large_mib, small_reps, rounds, None);
 }
 
-/// The numeric report's cost: each kernel alone, then fused with `numerics::measure` the
-/// way a conversion runs them (kernel then measure, per 16 KiB of input, while in cache).
-fn numerics_table(large_mib: usize, small_reps: usize) {
+/// The numeric report's cost, per ISA: the kernel alone; the kernel then
+/// `numerics::measure` per 16 KiB of input, as `convert` runs them today; and
+/// `fused::convert_and_measure`, over the whole buffer in one call and per 16 KiB piece.
+/// Rounds interleave the jobs (A B C D A B C D ...) so that they share the machine's
+/// noise; each cell is the median GB/s of input over the rounds, with the lowest and
+/// highest in brackets.
+fn numerics_table(large_mib: usize, small_reps: usize, rounds: usize, only: Option<&str>) {
     const SUB: usize = 16 << 10;
-    let isa = Isa::detect();
     println!(
-        "\n| numerics, 1 thread, {} | 1 MiB | {large_mib} MiB |",
-        isa.name()
+        "\n| numerics, 1 thread, median [min-max] of {rounds} rounds | 1 MiB | {large_mib} MiB |"
     );
     println!("|---|---:|---:|");
-    let all: [(&str, Kernel, Conversion); 5] = [
-        ("f32_to_bf16", f32_to_bf16, Conversion::F32ToBf16),
-        ("f16_to_bf16", f16_to_bf16, Conversion::F16ToBf16),
-        ("f64_to_bf16", f64_to_bf16, Conversion::F64ToBf16),
-        ("f32_to_f16", f32_to_f16, Conversion::F32ToF16),
-        ("f64_to_f16", f64_to_f16, Conversion::F64ToF16),
-    ];
-    for (name, kernel, conv) in all {
+    for (name, kernel, conv) in CONVERSIONS {
+        if only.is_some_and(|o| o != name) {
+            continue;
+        }
         let src_elem = conv.src_size() as usize;
-        let small = input(1 << 20, src_elem);
-        let large = input(large_mib << 20, src_elem);
-        let rate = |src: &[u8], reps: usize, measured: bool| {
-            let mut dst = vec![1u8; src.len() / src_elem * 2];
-            let mut best = Duration::MAX;
-            for round in 0..6 {
-                let start = Instant::now();
-                for _ in 0..reps {
-                    let pieces = src.chunks(SUB).zip(dst.chunks_mut(SUB / src_elem * 2));
-                    for (s, d) in pieces {
-                        kernel(isa, black_box(s), d);
-                        if measured {
-                            black_box(numerics::measure(conv, s, d));
+        let bf16 = conv == Conversion::Bf16ToF16;
+        let sizes = [
+            (input_of(1 << 20, src_elem, bf16), small_reps),
+            (input_of(large_mib << 20, src_elem, bf16), 1),
+        ];
+        for isa in Isa::available() {
+            let labels = ["kernel", "kernel + measure", "fused", "fused per 16 KiB"];
+            let mut cells = vec![Vec::new(); labels.len()];
+            for (src, reps) in &sizes {
+                let mut dst = vec![1u8; src.len() / src_elem * 2];
+                let mut times = vec![Vec::new(); labels.len()];
+                for round in 0..=rounds {
+                    for (job, t) in times.iter_mut().enumerate() {
+                        let start = Instant::now();
+                        for _ in 0..*reps {
+                            run_numerics_job(job, isa, kernel, conv, black_box(src), &mut dst, SUB);
+                        }
+                        // Round 0 warms caches and faults the pages in.
+                        if round > 0 {
+                            t.push(start.elapsed());
                         }
                     }
                 }
-                if round > 0 {
-                    best = best.min(start.elapsed());
+                for (cell, t) in cells.iter_mut().zip(&mut times) {
+                    t.sort();
+                    let gbs = |d: &Duration| (src.len() * reps) as f64 / d.as_secs_f64() / 1e9;
+                    cell.push(format!(
+                        "{:.1} [{:.1}-{:.1}]",
+                        gbs(&t[t.len() / 2]),
+                        gbs(&t[t.len() - 1]),
+                        gbs(&t[0])
+                    ));
                 }
             }
-            (src.len() * reps) as f64 / best.as_secs_f64() / 1e9
-        };
-        for measured in [false, true] {
-            let label = format!("{name}{}", if measured { " + measure" } else { "" });
-            let cells = [
-                rate(&small, small_reps, measured),
-                rate(&large, 1, measured),
-            ];
-            let cells: Vec<String> = cells.iter().map(|g| format!("{g:.1}")).collect();
-            println!("| {label} | {} |", cells.join(" | "));
+            for (label, cell) in labels.iter().zip(cells) {
+                println!("| {name} {} {label} | {} |", isa.name(), cell.join(" | "));
+            }
+        }
+    }
+}
+
+/// The conversions of the numerics table.
+const CONVERSIONS: [(&str, Kernel, Conversion); 6] = [
+    ("f32_to_bf16", f32_to_bf16, Conversion::F32ToBf16),
+    ("f16_to_bf16", f16_to_bf16, Conversion::F16ToBf16),
+    ("f64_to_bf16", f64_to_bf16, Conversion::F64ToBf16),
+    ("f32_to_f16", f32_to_f16, Conversion::F32ToF16),
+    ("f64_to_f16", f64_to_f16, Conversion::F64ToF16),
+    ("bf16_to_f16", bf16_to_f16, Conversion::Bf16ToF16),
+];
+
+/// `CONV,ISA,JOB,MIB` (e.g. `f32_to_bf16,avx2,2,16`): one run of job JOB (0 kernel,
+/// 1 kernel + measure, 2 fused, 3 fused per 16 KiB) over MIB MiB of input.
+fn one_job(spec: &str) {
+    let parts: Vec<&str> = spec.split(',').collect();
+    let [conv, isa, job, mib] = parts[..] else {
+        panic!("--job=CONV,ISA,JOB,MIB, not {spec}");
+    };
+    let (_, kernel, conv) = *CONVERSIONS
+        .iter()
+        .find(|c| c.0 == conv)
+        .expect("conversion");
+    let isa = *Isa::available()
+        .iter()
+        .find(|i| i.name() == isa)
+        .expect("isa on this CPU");
+    let (job, mib): (usize, usize) = (job.parse().expect("job"), mib.parse().expect("MiB"));
+    let src_elem = conv.src_size() as usize;
+    let src = input_of(mib << 20, src_elem, conv == Conversion::Bf16ToF16);
+    let mut dst = vec![1u8; src.len() / src_elem * 2];
+    run_numerics_job(job, isa, kernel, conv, &src, &mut dst, 16 << 10);
+    println!("{} elements", src.len() / src_elem);
+    println!("{:?}", numerics::measure(conv, &src, &dst));
+}
+
+/// One numerics job over `src` (see numerics_table).
+#[inline(never)]
+fn run_numerics_job(
+    job: usize,
+    isa: Isa,
+    kernel: Kernel,
+    conv: Conversion,
+    src: &[u8],
+    dst: &mut [u8],
+    sub: usize,
+) {
+    let src_elem = conv.src_size() as usize;
+    let pieces = src.chunks(sub).zip(dst.chunks_mut(sub / src_elem * 2));
+    match job {
+        0 => kernel(isa, src, dst),
+        1 => {
+            for (s, d) in pieces {
+                kernel(isa, s, d);
+                black_box(numerics::measure_with(isa, conv, s, d));
+            }
+        }
+        2 => {
+            black_box(fused::convert_and_measure(isa, conv, src, dst));
+        }
+        _ => {
+            for (s, d) in pieces {
+                black_box(fused::convert_and_measure(isa, conv, s, d));
+            }
         }
     }
 }

@@ -56,7 +56,7 @@ impl Isa {
     }
 
     /// `self` if this CPU supports it, else `Scalar`: a kernel never runs unsupported code.
-    fn usable(self) -> Isa {
+    pub(crate) fn usable(self) -> Isa {
         if self.rank() <= Isa::detect().rank() {
             self
         } else {
@@ -161,7 +161,7 @@ pub fn f16_from_bf16(b: u16) -> u16 {
 
 /// Widens f16 bits to the f32 bits of the same value (exact; a NaN stays a NaN).
 #[inline(always)]
-fn f32_from_f16(h: u16) -> u32 {
+pub(crate) fn f32_from_f16(h: u16) -> u32 {
     let sign = u32::from(h & 0x8000) << 16;
     let abs = u32::from(h & 0x7FFF);
     let magnitude = if abs >= 0x7C00 {

@@ -21,6 +21,7 @@ pub mod dtype;
 pub mod env;
 pub mod error;
 pub mod failpoint;
+pub mod fused;
 pub mod header;
 pub mod kernels;
 pub mod numerics;
@@ -49,7 +50,7 @@ pub use plan::{Plan, PlanOptions, Reason};
 pub use source::Source;
 pub use task::{convert, ConvertTask, InspectTask, Task};
 pub use verify::{verify, Mismatch, Verifier, VerifyOptions, VerifyReport};
-pub use vocab::{ErrorKind, OnOverflow, ReadAdvice, Target, Unmatched};
+pub use vocab::{ErrorKind, OnOverflow, ReadAdvice, Target, Unmatched, WarningKind};
 
 /// The crate version, which is also the Python package's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -63,16 +63,15 @@ pub fn measure(conv: Conversion, src: &[u8], dst: &[u8]) -> Numerics {
     measure_with(Isa::detect(), conv, src, dst)
 }
 
-/// `measure` compiled for `isa`, which must be `Isa::detect()` or one of `Isa::available()`.
-/// Every ISA gives the same numbers; only the speed differs.
-fn measure_with(isa: Isa, conv: Conversion, src: &[u8], dst: &[u8]) -> Numerics {
-    match isa {
+/// `measure` compiled for `isa` (an ISA this CPU lacks runs the scalar code). Every ISA
+/// gives the same numbers; only the speed differs.
+pub fn measure_with(isa: Isa, conv: Conversion, src: &[u8], dst: &[u8]) -> Numerics {
+    match isa.usable() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: callers pass Isa::detect() or one of Isa::available(), so the CPU has
-        // avx512f and avx512bw when isa is Avx512.
+        // SAFETY: usable() returns Avx512 only when the CPU has avx512f and avx512bw.
         Isa::Avx512 => unsafe { measure_avx512(conv, src, dst) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above; Avx2 means the CPU has avx2.
+        // SAFETY: usable() returns Avx2 only when the CPU has avx2.
         Isa::Avx2 => unsafe { measure_avx2(conv, src, dst) },
         _ => measure_any(conv, src, dst),
     }

@@ -14,9 +14,10 @@ use safetensors::tensor::Dtype;
 use crate::convert::Tuning;
 use crate::dtype::{elem_size, Action, Conversion};
 use crate::error::{Error, Result};
+use crate::fused;
 use crate::header::PREFIX;
 use crate::kernels::Isa;
-use crate::numerics::{self, Numerics};
+use crate::numerics::Numerics;
 use crate::output::{check_side_output, write_file, PathId, Replace};
 use crate::plan::{self, PlanOptions};
 use crate::source::Source;
@@ -759,9 +760,10 @@ fn first_difference(
                 Expect::Identical | Expect::KeptOverflow(_) => sb,
                 Expect::Convert(c) => {
                     let want = &mut buf[..db.len()];
-                    c.kernel()(isa, sb, want);
                     if measure {
-                        measured.merge(&numerics::measure(c, sb, want));
+                        measured.merge(&fused::convert_and_measure(isa, c, sb, want));
+                    } else {
+                        c.kernel()(isa, sb, want);
                     }
                     want
                 }

@@ -11,8 +11,9 @@ use rayon::prelude::*;
 
 use crate::dtype::{Action, Conversion};
 use crate::error::{Error, Result};
+use crate::fused;
 use crate::kernels::Isa;
-use crate::numerics::{self, Numerics};
+use crate::numerics::Numerics;
 
 /// Input bytes per window by default. Memory in use is a small multiple of this.
 pub const DEFAULT_WINDOW: usize = 8 << 20;
@@ -244,19 +245,11 @@ impl Work<'_> {
         src: &[u8],
         dst: &mut [u8],
     ) -> (Numerics, bool) {
-        /// Source bytes per piece: both sides stay in L1 between kernel and measure.
-        const PIECE: usize = 16 << 10;
         let src_size = conv.src_size() as usize;
         let isa = self.isa;
-        let kernel = conv.kernel();
-        let run = |_, src: &[u8], dst: &mut [u8]| {
-            let mut total = Numerics::default();
-            for (s, d) in src.chunks(PIECE).zip(dst.chunks_mut(PIECE / src_size * 2)) {
-                kernel(isa, s, d);
-                total.merge(&numerics::measure(conv, s, d));
-            }
-            total
-        };
+        // One fused pass per thread's share: each call starts its relative-error maximum
+        // afresh, so fewer, larger calls are cheaper (see `fused`).
+        let run = |_, src: &[u8], dst: &mut [u8]| fused::convert_and_measure(isa, conv, src, dst);
         let merge = |mut a: Numerics, b: Numerics| {
             a.merge(&b);
             a
