@@ -17,7 +17,7 @@ from typing import Any, Union
 import numpy as np
 import pytest
 import stcast
-from helpers import run_cli
+from helpers import MountNamespace, MountNamespaceUnavailable, run_cli
 
 # Bits per element of every dtype the safetensors format names.
 DTYPE_BITS = {
@@ -181,6 +181,32 @@ def cli_process():
     """The CLI in a child, `python -m stcast`: `rc, out, err = cli_process("convert", src,
     dst, env={...})`, for failpoints, exit codes of the process and the like (helpers.py)."""
     return run_cli
+
+
+@pytest.fixture
+def mount_ns():
+    """A private mount namespace (helpers.MountNamespace) for tests that mount: bind mounts,
+    small tmpfs. Skipped only without root and without user namespaces."""
+    try:
+        ns = MountNamespace()
+    except MountNamespaceUnavailable as e:
+        if os.geteuid() == 0:
+            raise
+        pytest.skip(f"mounting needs root or user namespaces: {e}")
+    yield ns
+    ns.close()
+
+
+@pytest.fixture
+def tmpfs(mount_ns, tmp_path):
+    """mount(size) -> a fresh tmpfs folder of that size, in the private mount namespace."""
+
+    def mount(size="1M", name="mnt"):
+        d = tmp_path / name
+        d.mkdir()
+        return mount_ns.tmpfs(d, size)
+
+    return mount
 
 
 @pytest.fixture
