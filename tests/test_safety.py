@@ -20,6 +20,7 @@ import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -192,6 +193,33 @@ def test_report_on_a_full_disk_fails_before_the_commit(tmp_path, model, tmpfs, c
     assert "was published" not in line
     assert not out.exists()
     assert tree(tmp_path / "full") == before
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: --force replaces a destination that is a device, FIFO or socket with a "
+    "regular file (rust/convert.rs check_destination refuses only folders; the report "
+    "path's check refuses them): as root, `stcast convert m.safetensors /dev/null --force` "
+    "replaces /dev/null",
+)
+@pytest.mark.parametrize("kind", ["char-device", "fifo", "socket"])
+def test_force_never_replaces_a_special_file(tmp_path, model, run_main, kind):
+    dst = tmp_path / "special"
+    if kind == "char-device":
+        if os.geteuid() != 0:
+            pytest.skip("mknod needs root")
+        os.mknod(dst, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a second /dev/null
+    elif kind == "fifo":
+        os.mkfifo(dst)
+    else:
+        import socket
+
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.bind(str(dst))
+    mode = os.lstat(dst).st_mode
+    rc, _, err = run_main("convert", model, dst, "--force")
+    assert os.lstat(dst).st_mode == mode, "the special file was replaced"
+    assert rc == 1 and "not a regular file" in assert_one_error_line(err), err
 
 
 # --- after the commit point ------------------------------------------------------------------
