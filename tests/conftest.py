@@ -17,7 +17,7 @@ from typing import Any, Union
 import numpy as np
 import pytest
 import stcast
-from helpers import run_cli
+from helpers import MountNamespace, MountNamespaceUnavailable, run_cli
 
 # Bits per element of every dtype the safetensors format names.
 DTYPE_BITS = {
@@ -142,6 +142,37 @@ def listing(folder: os.PathLike | str) -> list[str]:
     return sorted(os.listdir(folder))
 
 
+def tree(folder: os.PathLike | str) -> dict[str, bytes | None]:
+    """Every entry under `folder`, hidden ones included, by relative path: a regular file's
+    bytes, None for anything else (folders, links, FIFOs). Equal trees: nothing changed."""
+    out: dict[str, bytes | None] = {}
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            p = os.path.join(root, name)
+            regular = os.path.isfile(p) and not os.path.islink(p)
+            out[os.path.relpath(p, folder)] = Path(p).read_bytes() if regular else None
+    return out
+
+
+def write_checkpoint_folder(root: os.PathLike | str, files: int = 2) -> Path:
+    """A tiny sharded checkpoint: `files` weight files of one F32 tensor each, their index,
+    a config.json and a tokenizer.json (for the folder tests where only the layout
+    matters; tests/test_folder.py has realistic ones)."""
+    root = Path(root)
+    root.mkdir(parents=True)
+    weight_map = {}
+    for k in range(files):
+        name = f"model-{k + 1:05d}-of-{files:05d}.safetensors"
+        weight_map[f"layers.{k}.weight"] = name
+        x = np.linspace(-k, k + 1, 32, dtype=np.float32)
+        write_safetensors(root / name, {f"layers.{k}.weight": ("F32", [4, 8], x)})
+    index = {"metadata": {"total_size": 1}, "weight_map": weight_map}
+    (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    (root / "config.json").write_text('{\n  "torch_dtype": "float32"\n}\n')
+    (root / "tokenizer.json").write_text('{"version": "1.0"}\n')
+    return root
+
+
 def main_in_process(*args: object, cwd: os.PathLike | str | None = None) -> tuple[int, str, str]:
     """Run `stcast.cli.main(ARGS)` in this process; return (exit code, stdout, stderr).
 
@@ -181,6 +212,32 @@ def cli_process():
     """The CLI in a child, `python -m stcast`: `rc, out, err = cli_process("convert", src,
     dst, env={...})`, for failpoints, exit codes of the process and the like (helpers.py)."""
     return run_cli
+
+
+@pytest.fixture
+def mount_ns():
+    """A private mount namespace (helpers.MountNamespace) for tests that mount: bind mounts,
+    small tmpfs. Skipped only without root and without user namespaces."""
+    try:
+        ns = MountNamespace()
+    except MountNamespaceUnavailable as e:
+        if os.geteuid() == 0:
+            raise
+        pytest.skip(f"mounting needs root or user namespaces: {e}")
+    yield ns
+    ns.close()
+
+
+@pytest.fixture
+def tmpfs(mount_ns, tmp_path):
+    """mount(size) -> a fresh tmpfs folder of that size, in the private mount namespace."""
+
+    def mount(size="1M", name="mnt"):
+        d = tmp_path / name
+        d.mkdir()
+        return mount_ns.tmpfs(d, size)
+
+    return mount
 
 
 @pytest.fixture

@@ -155,6 +155,19 @@ class MountNamespace:
         assert text.startswith(self.root + "/"), text
         return text[len(self.root) :]
 
+    def bind(self, source: os.PathLike | str, target: os.PathLike | str) -> None:
+        """Bind-mount the folder `source` on the folder `target` (both absolute host paths,
+        seen alike in the namespace): the same folder, reached by a second path."""
+        self.run("mount", "--bind", source, target)
+
+    def wrap(self) -> list[str]:
+        """A command prefix that runs a command inside the namespace (`run_cli(wrap=...)`,
+        `Run(wrap=...)`), so that it sees the mounts under their real paths."""
+        enter = ["nsenter", f"--target={self.proc.pid}", "--mount"]
+        if os.geteuid() != 0:
+            enter += ["--user", "--preserve-credentials"]
+        return [*enter, "--"]
+
     def tmpfs(self, folder: Path, size: str) -> Path:
         """Mount a tmpfs of `size` on the empty `folder`; return its view."""
         self.run("mount", "-t", "tmpfs", "-o", f"size={size}", "stcast-test", folder)
@@ -182,11 +195,13 @@ class MountNamespace:
 class Run:
     """`python -m stcast ARGS` in the background, for runs that stop at a failpoint."""
 
-    def __init__(self, *args: object, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, *args: object, env: dict[str, str] | None = None, wrap: Sequence[str] = ()
+    ) -> None:
         self.out = tempfile.TemporaryFile()
         self.err = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "stcast", *map(str, args)],
+            [*wrap, sys.executable, "-m", "stcast", *map(str, args)],
             stdout=self.out,
             stderr=self.err,
             stdin=subprocess.DEVNULL,
@@ -197,11 +212,28 @@ class Run:
         self.watchdog.start()
 
     def wait_stopped(self) -> Run:
-        _, status = os.waitpid(self.proc.pid, os.WUNTRACED)
-        if not os.WIFSTOPPED(status):
-            self.proc.returncode = os.waitstatus_to_exitcode(status)
+        if not self.stops():
             raise AssertionError(f"run ended instead of stopping: {self.finish()}")
         return self
+
+    def stops(self) -> bool:
+        """Wait until the run stops (True) or ends (False)."""
+        _, status = os.waitpid(self.proc.pid, os.WUNTRACED)
+        if os.WIFSTOPPED(status):
+            return True
+        self.proc.returncode = os.waitstatus_to_exitcode(status)
+        return False
+
+    def run_through(self) -> tuple[int, str]:
+        """Resume it at every stop until it ends; return (exit code, stderr)."""
+        while True:
+            self.resume()
+            if not self.stops():
+                return self.finish()
+
+    def stdout(self) -> str:
+        self.out.seek(0)
+        return self.out.read().decode()
 
     def resume(self) -> Run:
         os.kill(self.proc.pid, signal.SIGCONT)
@@ -220,9 +252,11 @@ class Run:
         return self.proc.returncode, self.err.read().decode()
 
 
-def stopped(*args: object, at: str, env: dict[str, str] | None = None) -> Run:
+def stopped(
+    *args: object, at: str, env: dict[str, str] | None = None, wrap: Sequence[str] = ()
+) -> Run:
     """A run of `python -m stcast ARGS` stopped (SIGSTOP) at failpoint `at`."""
-    return Run(*args, env=with_points(env, f"{at}=stop")).wait_stopped()
+    return Run(*args, env=with_points(env, f"{at}=stop"), wrap=wrap).wait_stopped()
 
 
 # --- a terminal --------------------------------------------------------------------------------

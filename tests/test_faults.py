@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import stcast
 from conftest import assert_one_error_line, listing, tensor_bytes, write_safetensors
-from helpers import MountNamespace, MountNamespaceUnavailable, run_python, stopped, with_points
+from helpers import run_python, stopped, with_points
 
 # The CLI converts in 8 MiB windows: a 10 MiB first tensor spans two, so `mid-tensor` is
 # reached with half of the input read.
@@ -67,32 +67,6 @@ def temps(folder):
 
 
 # --- disk full and read-only folders (tmpfs) ---------------------------------------------------
-
-
-@pytest.fixture
-def mount_ns():
-    """A private mount namespace (helpers.MountNamespace); skipped only without root and
-    without user namespaces."""
-    try:
-        ns = MountNamespace()
-    except MountNamespaceUnavailable as e:
-        if os.geteuid() == 0:
-            raise
-        pytest.skip(f"mounting needs root or user namespaces: {e}")
-    yield ns
-    ns.close()
-
-
-@pytest.fixture
-def tmpfs(mount_ns, tmp_path):
-    """mount(size) -> a fresh tmpfs folder of that size, in the private mount namespace."""
-
-    def mount(size="1M", name="mnt"):
-        d = tmp_path / name
-        d.mkdir()
-        return mount_ns.tmpfs(d, size)
-
-    return mount
 
 
 @pytest.fixture

@@ -1,0 +1,569 @@
+"""Data safety of folder runs: the regression tests of the data-safety review
+(docs/guarantees.md, "Guarantees").
+
+- identity by device and inode: a destination that is the source, lies inside it or contains
+  it is refused, through bind mounts, symlinks and `..`, whatever the flags;
+- never delete what stcast did not write: a foreign destination is refused without --force,
+  and --force replaces only what the plan writes;
+- symlinks in a source are followed only inside it (or into a Hugging Face cache's blobs/);
+- bounded reads: files whose size lies are refused, naming them;
+- a shard replaced on disk during the run is caught: exit 1;
+- SIGTERM and SIGHUP clean up like SIGINT; the process dies of the signal;
+- a tampered or corrupt manifest is a clean refusal.
+
+Bind mounts are made in a private mount namespace (conftest `mount_ns`) and the CLI runs in
+it (`wrap=mount_ns.wrap()`), so a failed test leaks no mount.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+import stcast
+from conftest import (
+    assert_one_error_line,
+    listing,
+    tree,
+    write_checkpoint_folder,
+    write_safetensors,
+)
+from helpers import stopped, with_points
+
+NAMED = {"STCAST_FAILPOINT": "tmpfile=eopnotsupp"}
+SIGNALS = {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "sighup": signal.SIGHUP}
+WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}
+INDEX = "model.safetensors.index.json"
+FIRST = "model-00001-of-00002.safetensors"
+
+
+@pytest.fixture
+def src(tmp_path):
+    return write_checkpoint_folder(tmp_path / "src")
+
+
+@pytest.fixture
+def plain(src, tmp_path_factory):
+    """The tree a plain conversion of `src` gives."""
+    out = tmp_path_factory.mktemp("plain") / "out"
+    stcast.convert(src, out)
+    return tree(out)
+
+
+def stcast_files(folder):
+    return [n for n in listing(folder) if n.startswith(".stcast-")]
+
+
+# --- identity: bind mounts, symlinks, `..` -----------------------------------------------------
+
+FLAGS = {"plain": [], "resume": ["--resume"], "shard": ["--shard", "1/1"], "force": ["--force"]}
+
+
+@pytest.mark.parametrize("flags", list(FLAGS))
+@pytest.mark.parametrize("where", ["same", "inside", "contains", "src-via-bind"])
+def test_destination_and_source_through_a_bind_mount(
+    tmp_path, src, mount_ns, cli_process, where, flags
+):
+    """DST = SRC through a bind mount (also with --resume or --shard 1/1) deleted config.json
+    and the index from the source; DST inside SRC through a bind mount was not refused."""
+    bind = tmp_path / "b"
+    bind.mkdir()
+    if where in ("same", "inside"):
+        mount_ns.bind(src, bind)
+        args = [src, bind if where == "same" else bind / "sub"]
+    elif where == "contains":
+        mount_ns.bind(tmp_path, bind)
+        args = [bind / "src", tmp_path]
+    else:
+        mount_ns.bind(src, bind)
+        args = [bind, src]
+    before = tree(src)
+    rc, _, err = cli_process("convert", *args, *FLAGS[flags], wrap=mount_ns.wrap())
+    assert rc == 1, err
+    line = assert_one_error_line(err)
+    assert "the destination is the source folder or lies inside it" in line or (
+        "the destination contains the source folder" in line
+    ), line
+    assert tree(src) == before
+    rc, _, err = cli_process("finalize", *args, wrap=mount_ns.wrap())
+    assert rc == 1 and "source folder" in assert_one_error_line(err)
+    assert tree(src) == before
+
+
+@pytest.mark.parametrize("how", ["symlink", "dotdot", "symlink-inside"])
+def test_destination_is_the_source_by_another_path(tmp_path, src, run_main, how):
+    if how == "symlink":
+        (tmp_path / "l").symlink_to(src)
+        dst = tmp_path / "l"
+    elif how == "dotdot":
+        (src / "sub").mkdir()
+        dst = src / "sub" / ".."
+    else:
+        (tmp_path / "l").symlink_to(src)
+        dst = tmp_path / "l" / "out"
+    before = tree(src)
+    for flags in FLAGS.values():
+        rc, _, err = run_main("convert", src, dst, *flags)
+        assert rc == 1 and "source folder" in assert_one_error_line(err), err
+    assert tree(src) == before
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: a destination that is a bind mount of a folder inside SRC is not refused "
+    "(folder/ident.py check_folders walks `..` up from DST, which leaves the bound tree at "
+    "its mount point and never meets SRC): the output is written inside the source, and "
+    "with --force a source config.json is replaced",
+)
+@pytest.mark.parametrize("force", [False, True], ids=["empty-subfolder", "force"])
+def test_destination_is_a_bind_mount_of_a_folder_inside_the_source(
+    tmp_path, src, mount_ns, cli_process, force
+):
+    inner = src / "unet"
+    inner.mkdir()
+    if force:
+        (inner / "config.json").write_text('{"the unet": "config"}\n')
+    bind = tmp_path / "b"
+    bind.mkdir()
+    mount_ns.bind(inner, bind)
+    before = tree(src)
+    rc, _, err = cli_process(
+        "convert", src, bind, *(["--force"] if force else []), wrap=mount_ns.wrap()
+    )
+    assert tree(src) == before
+    assert rc == 1 and "source folder" in assert_one_error_line(err), err
+
+
+# --- never delete what stcast did not write ------------------------------------------------------
+
+
+def unrelated_folder(dst):
+    dst.mkdir()
+    (dst / "config.json").write_text('{"someone": "else"}\n')
+    (dst / INDEX).write_text('{"weight_map": {}}\n')
+    (dst / "notes.txt").write_text("mine\n")
+    return dst
+
+
+@pytest.mark.parametrize("flags", [[], ["--shard", "1/2"], ["--shard", "2/2"]], ids=str)
+def test_an_unrelated_folder_is_refused(tmp_path, src, run_main, flags):
+    """`--shard 1/2` into an existing, unrelated folder deleted its config.json and index."""
+    dst = unrelated_folder(tmp_path / "other")
+    before = tree(dst)
+    rc, _, err = run_main("convert", src, dst, *flags)
+    assert rc == 1, err
+    line = assert_one_error_line(err)
+    assert "stcast did not write" in line, line
+    assert tree(dst) == before
+    rc, _, err = run_main("finalize", src, dst)
+    assert rc == 1 and tree(dst) == before
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: --resume into a folder stcast never wrote replaces its config.json and "
+    "index without a word: folder/__init__.py _adoptable() adopts any regular file at a "
+    "config or index name (`rewritten anyway`), though the survey promises that a planned "
+    "file stcast did not write is refused rather than replaced",
+)
+def test_resume_into_an_unrelated_folder_replaces_nothing(tmp_path, src, run_main):
+    dst = unrelated_folder(tmp_path / "other")
+    before = tree(dst)
+    rc, _, err = run_main("convert", src, dst, "--resume")
+    assert {k: v for k, v in tree(dst).items() if k in before} == before
+    assert rc == 1 and "stcast did not write" in assert_one_error_line(err), err
+
+
+def test_force_replaces_only_what_the_plan_writes(tmp_path, src, run_main, plain):
+    dst = tmp_path / "other"
+    (dst / "sub").mkdir(parents=True)
+    (dst / "config.json").write_text('{"someone": "else"}\n')
+    (dst / "notes.txt").write_text("mine\n")
+    (dst / "sub" / "deep.bin").write_bytes(b"deep")
+    (dst / ".hidden").write_text("hidden\n")
+    rc, _, err = run_main("convert", src, dst, "--force", "-q")
+    assert (rc, err) == (0, "")
+    got = tree(dst)
+    assert got.pop("notes.txt") == b"mine\n"
+    assert got.pop(".hidden") == b"hidden\n"
+    assert got.pop("sub/deep.bin") == b"deep"
+    assert got.pop("sub") is None
+    assert got == plain
+
+
+def fine_tune(root, value):
+    """A checkpoint with the layout of write_checkpoint_folder and other values: what two
+    fine-tunes of one base model look like (same names, shapes, dtypes: the same header)."""
+    write_checkpoint_folder(root)
+    for k, name in enumerate([FIRST, "model-00002-of-00002.safetensors"]):
+        x = np.full(32, value + k, np.float32)
+        write_safetensors(root / name, {f"layers.{k}.weight": ("F32", [4, 8], x)})
+    return root
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: --resume adopts, without a manifest, any output whose header is the planned "
+    "one (folder/__init__.py _adoptable: same header bytes, size, newer than the source): "
+    "the conversion of another checkpoint with the same layout (a fine-tune of the same "
+    "base) is taken as done, exit 0, and the folder holds the other model's weights",
+)
+def test_resume_never_adopts_the_conversion_of_another_source(tmp_path, run_main):
+    b = fine_tune(tmp_path / "b", 2.0)
+    a = fine_tune(tmp_path / "a", 1.0)
+    dst = tmp_path / "out"
+    assert run_main("convert", a, dst, "-q") == (0, "", "")
+    # The wrong destination, with --resume: B's conversion must not be A's.
+    rc, _, err = run_main("convert", b, dst, "--resume", "-q")
+    expected = tmp_path / "expected"
+    stcast.convert(b, expected)
+    if rc == 0:
+        assert (dst / FIRST).read_bytes() == (expected / FIRST).read_bytes()
+    else:
+        assert rc == 1 and "stcast did not write" in assert_one_error_line(err)
+
+
+# --- symlinks in the source ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["outside", "relative-outside", "sibling-with-a-prefix", "chain", "folder-outside", "etc"],
+)
+def test_a_symlink_leading_out_of_the_source_is_refused(tmp_path, src, run_main, target):
+    """`tokenizer_config.json -> /etc/shadow` was copied into DST as a regular file."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the secret\n")
+    sibling = tmp_path / "src-private"  # `src` is a prefix of its name: not inside src
+    sibling.mkdir()
+    (sibling / "key").write_text("key\n")
+    link = src / "tokenizer_config.json"
+    if target == "outside":
+        link.symlink_to(secret)
+    elif target == "relative-outside":
+        link.symlink_to("../secret.txt")
+    elif target == "sibling-with-a-prefix":
+        link.symlink_to("../src-private/key")
+    elif target == "chain":  # a link inside the source to a link that leads out
+        (src / "hop").symlink_to(secret)
+        link.symlink_to("hop")
+    elif target == "folder-outside":
+        link = src / "extra"
+        link.symlink_to(sibling)
+    else:
+        link.symlink_to("/etc/passwd")
+    dst = tmp_path / "out"
+    rc, _, err = run_main("convert", src, dst)
+    assert rc == 1, err
+    line = assert_one_error_line(err)
+    assert f"{src}/" in line and "outside the source folder" in line, line
+    assert not dst.exists()
+    # Told to, stcast follows it (a file) and copies its bytes.
+    if target in ("outside", "relative-outside", "chain"):
+        rc, _, err = run_main("convert", src, dst, "--follow-links", "-q")
+        assert (rc, err) == (0, "")
+        assert not (dst / link.name).is_symlink()
+        assert (dst / link.name).read_text() == "the secret\n"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: the refusal of a symlink says `{follow_links}` literally: follow_links is "
+    "missing from the option names of rust/vocab.rs (OptionName), so the template is not "
+    "rendered as --follow-links (CLI) or follow_links=True (API)",
+)
+def test_the_symlink_refusal_names_the_option(tmp_path, src, run_main):
+    (tmp_path / "secret").write_text("s")
+    (src / "x.txt").symlink_to(tmp_path / "secret")
+    rc, _, err = run_main("convert", src, tmp_path / "out")
+    assert rc == 1 and "(--follow-links follows it)" in assert_one_error_line(err), err
+    with pytest.raises(stcast.Refused, match=r"\(follow_links=True follows it\)"):
+        stcast.convert(src, tmp_path / "out")
+
+
+@pytest.mark.parametrize("layout", ["inside", "hub-cache"])
+def test_symlinks_that_stay_within_are_followed(tmp_path, run_main, layout, rng):
+    """Links inside the source, and a Hugging Face cache snapshot (links into ../../blobs),
+    are read through and written as regular files."""
+    if layout == "inside":
+        src = write_checkpoint_folder(tmp_path / "src")
+        (src / "docs").mkdir()
+        (src / "docs" / "README.md").write_text("# readme\n")
+        (src / "README.md").symlink_to("docs/README.md")
+    else:
+        repo = tmp_path / "hub" / "models--org--name"
+        plain = write_checkpoint_folder(tmp_path / "plain")
+        (repo / "blobs").mkdir(parents=True)
+        src = repo / "snapshots" / "0123abcd"
+        src.mkdir(parents=True)
+        for name in listing(plain):
+            blob = repo / "blobs" / f"{abs(hash(name)):x}"
+            os.replace(plain / name, blob)
+            (src / name).symlink_to(os.path.relpath(blob, src))
+    dst = tmp_path / "out"
+    rc, _, err = run_main("convert", src, dst, "-q")
+    assert (rc, err) == (0, "")
+    for rel, data in tree(dst).items():
+        assert data is not None and not (dst / rel).is_symlink() or (dst / rel).is_dir(), rel
+
+
+# --- bounded reads -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, liar, words",
+    [
+        ("extra.bin", "/proc/self/pagemap", "holds more than the 0 bytes"),
+        pytest.param(
+            "config.json",
+            "/proc/self/pagemap",
+            "its size says 0 bytes",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="BUG: the error names no file (`stcast: Invalid argument`): "
+                "folder/walk.py read_bounded reads 1 byte, pagemap refuses reads that are "
+                "not a multiple of 8 (EINVAL), and the OSError carries no filename",
+            ),
+        ),
+        ("config.json", "/proc/self/status", "its size says 0 bytes, reading it gave more"),
+        ("generation_config.json", "/proc/self/status", "holds more than the 0 bytes"),
+        (INDEX, "/proc/self/status", "its size says 0 bytes, reading it gave more"),
+        ("extra.safetensors", "/proc/self/pagemap", "invalid safetensors file"),
+    ],
+)
+def test_a_file_whose_size_lies_in_a_folder(tmp_path, src, cli_process, name, liar, words):
+    """/proc/self/pagemap as a symlink inside a folder was read unboundedly, and a copy of
+    it filled the disk: it is refused (a link out of the source), and with --follow-links
+    read within its size, naming it."""
+    link = src / name
+    if link.exists():
+        link.unlink()
+    link.symlink_to(liar)
+    dst = tmp_path / "out"
+    rc, _, err = cli_process("convert", src, dst, timeout=30)
+    assert rc == 1 and "outside the source folder" in assert_one_error_line(err), err
+    assert not dst.exists()
+    rc, _, err = cli_process("convert", src, dst, "--follow-links", timeout=30)
+    assert rc == 1, err
+    line = assert_one_error_line(err)
+    if name == "extra.bin" or name == "generation_config.json":
+        # A copy: the empty-file bug below shows first ("cannot preallocate"); either way
+        # the run fails and writes no such file.
+        assert name in line, line
+    else:
+        assert f"{link}: " in line and words in line, line
+    if dst.exists():
+        assert name not in listing(dst)
+        assert not [n for n in listing(dst) if n.endswith(".tmp")]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: an empty companion file cannot be copied: `cannot preallocate the output: "
+    "Invalid argument` (rust/output.rs TempOutput::preallocate calls fallocate with len 0, "
+    "EINVAL); so any folder holding an empty file fails to convert",
+)
+def test_an_empty_file_in_a_folder_is_copied(tmp_path, src, run_main):
+    (src / "empty.txt").write_bytes(b"")
+    (src / "sub").mkdir()
+    (src / "sub" / "__init__.py").write_bytes(b"")
+    rc, _, err = run_main("convert", src, tmp_path / "out", "-q")
+    assert (rc, err) == (0, "")
+    assert (tmp_path / "out" / "empty.txt").read_bytes() == b""
+
+
+# --- the re-check: a shard replaced during the run ----------------------------------------------
+
+
+@pytest.mark.parametrize("at", ["folder-file", "folder-publish"])
+@pytest.mark.parametrize("names", ["same-tensors", "other-tensors"])
+def test_a_shard_replaced_during_the_run_fails_it(tmp_path, src, at, names):
+    """A shard replaced on disk during a folder run gave exit 0 and an index mapping tensors
+    to a shard that no longer holds them."""
+    dst = tmp_path / "out"
+    run = stopped("convert", src, dst, "-q", at=at)
+    tensor = "layers.0.weight" if names == "same-tensors" else "something.else"
+    write_safetensors(dst / "x.part", {tensor: ("BF16", [4, 8], np.zeros(32, np.uint16))})
+    os.replace(dst / "x.part", dst / FIRST)
+    rc, err = run.run_through()
+    assert rc == 1, err
+    line = assert_one_error_line(err)
+    assert f"{dst / FIRST}: " in line, line
+    assert "was replaced or removed during the run" in line or "does not hold it" in line
+    # The manifest stays: `--resume` or `--force` can finish the job.
+    assert stcast_files(dst) == [".stcast-manifest.json"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: a run whose re-check fails has already published config.json and the "
+    "index (folder/__init__.py: _write.publish runs before _write.recheck), leaving what "
+    "a loader takes for a complete checkpoint around a shard stcast did not write",
+)
+def test_a_failed_recheck_leaves_no_loader_cues(tmp_path, src):
+    dst = tmp_path / "out"
+    run = stopped("convert", src, dst, "-q", at="folder-publish")
+    write_safetensors(dst / "x.part", {"layers.0.weight": ("BF16", [4, 8], np.zeros(32, "u2"))})
+    os.replace(dst / "x.part", dst / FIRST)
+    assert run.run_through()[0] == 1
+    assert INDEX not in listing(dst) and "config.json" not in listing(dst)
+
+
+# --- signals: SIGTERM and SIGHUP clean up too ------------------------------------------------
+
+
+@pytest.mark.parametrize("point", ["prealloc", "mid-tensor", "fsync", "publish"])
+@pytest.mark.parametrize("action", ["sigterm", "sighup"])
+def test_sigterm_and_sighup_remove_the_named_temp(tmp_path, cli_process, point, action):
+    """SIGTERM and SIGHUP did no cleanup: the named temp (no O_TMPFILE) was left."""
+    n = (10 << 20) // 4  # two 8 MiB windows: `mid-tensor` is reached
+    x = np.ones(n, np.float32)
+    model = write_safetensors(tmp_path / "m.safetensors", {"x": ("F32", [n], x)})
+    before = tree(tmp_path)
+    env = with_points(NAMED, f"{point}={action}")
+    rc, _, err = cli_process("convert", model, tmp_path / "o.safetensors", env=env)
+    sig = SIGNALS[action]
+    assert (rc, assert_one_error_line(err)) == (-sig, f"stcast: {WORDS[sig]}"), err
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("sig", list(SIGNALS.values()), ids=list(SIGNALS))
+@pytest.mark.parametrize("command", ["convert", "finalize"])
+@pytest.mark.parametrize("env", [{}, NAMED], ids=["tmpfile", "named"])
+def test_a_signal_before_the_copies_leaves_no_partial_file(
+    tmp_path, src, plain, run_main, command, sig, env
+):
+    """Folder-mode partial copies were left behind by SIGTERM and SIGHUP. A signal that
+    arrives while the run stands before its copies stops it there: no copy, config or
+    index, no temp; the converted shards and the manifest stay for --resume."""
+    (src / "big.bin").write_bytes(os.urandom(3 << 20))
+    dst = tmp_path / "out"
+    if command == "finalize":
+        for i in (1, 2):
+            stcast.convert(src, dst, shard=(i, 2))
+    args = [command, src, dst]
+    run = stopped(*args, at="folder-publish", env=env)
+    os.kill(run.proc.pid, sig)
+    rc, err = run.resume().finish()
+    assert (rc, assert_one_error_line(err)) == (-sig, f"stcast: {WORDS[sig]}"), err
+    left = listing(dst)
+    assert not [n for n in left if n.endswith(".tmp")]
+    assert not {"big.bin", "config.json", INDEX, "tokenizer.json"} & set(left)
+    finish = ["convert", src, dst, "--resume"] if command == "convert" else args
+    assert run_main(*finish, "-q") == (0, "", "")
+    got = tree(dst)
+    assert got.pop("big.bin") == (src / "big.bin").read_bytes()
+    assert got == plain
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: a signal during a manifest write is an error, not a stop: the CLI exits 1 "
+    "with `.stcast-manifest.json: ...: Interrupted system call` instead of dying of the "
+    "signal (rust/python.rs write_file uses `guarded`, not Hooks::run, and folder code "
+    "does not let a stop request win over it as it does for the engine)",
+)
+@pytest.mark.parametrize("point", ["prealloc", "write-temp", "fsync", "publish"])
+@pytest.mark.parametrize("command", ["convert", "finalize"])
+def test_a_signal_during_a_manifest_write(tmp_path, src, cli_process, command, point):
+    dst = tmp_path / "out"
+    if command == "finalize":
+        for i in (1, 2):
+            stcast.convert(src, dst, shard=(i, 2))
+    rc, _, err = cli_process(command, src, dst, env={"STCAST_FAILPOINT": f"{point}=sigterm"})
+    assert (rc, err) == (-signal.SIGTERM, "stcast: terminated\n")
+
+
+# --- tampered and corrupt manifests ------------------------------------------------------------
+
+
+def _manifest(src, **edit):
+    st = os.stat(src)
+    doc = {
+        "format": 2,
+        "version": stcast.__version__,
+        "src": str(src),
+        "src_id": [st.st_dev, st.st_ino],
+        "options": {"to": "bf16"},
+        "allow_quantized": False,
+        "shard": [1, 2],
+        "planned": [FIRST],
+        "complete": False,
+        "files": {},
+    }
+    doc.update(edit)
+    return json.dumps(doc)
+
+
+TAMPERED = {
+    "not-json": lambda src: '{"format": 2,',
+    "nul": lambda src: "\0" * 64,
+    "deep-list": lambda src: "[" * 100_000 + "]" * 100_000,
+    "deep-object": lambda src: '{"a":' * 50_000 + "1" + "}" * 50_000,
+    "huge-number": lambda src: _manifest(src).replace(
+        '"complete": false', '"complete": ' + "9" * 5000
+    ),
+    "format-3": lambda src: _manifest(src, format=3),
+    "format-str": lambda src: _manifest(src, format="2"),
+    "format-list": lambda src: _manifest(src, format=[2]),
+    "src-id-str": lambda src: _manifest(src, src_id=["a", "b"]),
+    "src-id-huge": lambda src: _manifest(src, src_id=[10**40, 1]),
+    "files-list": lambda src: _manifest(src, files=[1]),
+    "file-entry-dev-str": lambda src: _manifest(src, files={FIRST: {"dev": "x", "ino": 1}}),
+    "file-entry-size-str": lambda src: _manifest(
+        src, files={FIRST: {"dev": 1, "ino": 2, "size": "x", "options": []}}
+    ),
+    "planned-int": lambda src: _manifest(src, planned=[1]),
+    "options-list": lambda src: _manifest(src, options=[]),
+    "options-to-int": lambda src: _manifest(src, options={"to": 5}),
+    "options-to-unknown": lambda src: _manifest(src, options={"to": "int4"}),
+    "shard-dict": lambda src: _manifest(src, shard={"i": 1}),
+    "shard-float": lambda src: _manifest(src, shard=[1.5, 2]),
+    "shard-str": lambda src: _manifest(src, shard=["a", "b"]),
+    "shard-null": lambda src: _manifest(src, shard=[None, None]),
+    "shard-huge": lambda src: _manifest(src, shard=[1, 10**30]),
+}
+BUGGY = {
+    "shard-str": "BUG: manifest.py load() checks only that `shard` is a list of two, then "
+    "int() raises outside its try: internal error ValueError",
+    "shard-null": "BUG: as shard-str: internal error TypeError",
+    "options-to-unknown": "BUG: finalize reports a manifest's unknown target as the user's "
+    "usage error (`--to: 'int4' is not one of bf16, fp16`, exit 2): manifest.agreed_options "
+    "calls _engine.target_name, whose error is a UsageError; it names no manifest",
+    "shard-huge": "BUG: finalize builds a list of N shards from a manifest's N "
+    "(assign_shards): OverflowError for 10**30, and ~25 s for 10**7",
+}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=BUGGY[c])) if c in BUGGY else c
+        for c in TAMPERED
+    ],
+)
+def test_a_tampered_manifest_is_a_clean_refusal(tmp_path, src, run_main, case):
+    """A tampered or deeply nested manifest was an internal error (TypeError,
+    RecursionError). Every command refuses it in one line, or ignores it where it is not
+    this source's, and touches nothing."""
+    dst = tmp_path / "out"
+    dst.mkdir()
+    (dst / ".stcast-manifest.shard-1-of-2.json").write_text(TAMPERED[case](src))
+    before = tree(dst)
+    for args in (["convert", src, dst, "--shard", "1/2"], ["finalize", src, dst]):
+        rc, _, err = run_main(*args, "-q")
+        assert rc == 1, (args, err)
+        line = assert_one_error_line(err)
+        assert "internal error" not in line, (args, line)
+        assert tree(dst) == before, args
+    # --resume may take it over (the manifest of a run with options it does not know) or
+    # refuse it; either way cleanly.
+    rc, _, err = run_main("convert", src, dst, "--resume", "-q")
+    if rc == 0:
+        assert err == "" and stcast_files(dst) == []
+    else:
+        assert rc == 1 and "internal error" not in assert_one_error_line(err)
+        assert tree(dst) == before
