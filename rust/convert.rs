@@ -15,7 +15,7 @@ use crate::error::{Error, Result, Warning};
 use crate::failpoint;
 use crate::kernels::Isa;
 use crate::numerics::Numerics;
-use crate::output::{self, PathId, Replace, TempOutput};
+use crate::output::{self, AtPath, PathId, Replace, TempOutput};
 use crate::plan::{self, KeptTensor, Plan, PlanOptions};
 use crate::source::{fadvise_dontneed, Source};
 use crate::vocab::{OnOverflow, ReadAdvice, Target};
@@ -186,26 +186,24 @@ pub fn check_destination(src: &Source, dst: &Path, force: bool) -> Result<Option
             })
         }
     }
-    let mut replaced_mode = None;
-    if let Ok(m) = std::fs::metadata(dst) {
-        if (m.dev(), m.ino()) == src.identity()? {
-            return Err(Error::DestinationIsInput {
-                path: dst.to_path_buf(),
-            });
+    let path = dst.to_path_buf();
+    match output::at_path(dst) {
+        AtPath::Nothing => Ok(None),
+        AtPath::Folder => Err(Error::DestinationIsFolder { path }),
+        AtPath::Special => Err(Error::DestinationIsSpecial { path }),
+        AtPath::File { followed } => {
+            if let Some(m) = &followed {
+                if (m.dev(), m.ino()) == src.identity()? {
+                    return Err(Error::DestinationIsInput { path });
+                }
+            }
+            if !force {
+                return Err(Error::DestinationExists { path });
+            }
+            // The replaced file's permissions carry over (a link's: those of its target).
+            Ok(followed.map(|m| m.mode()))
         }
-        if m.is_dir() {
-            return Err(Error::DestinationIsFolder {
-                path: dst.to_path_buf(),
-            });
-        }
-        if !force {
-            return Err(Error::DestinationExists {
-                path: dst.to_path_buf(),
-            });
-        }
-        replaced_mode = Some(m.mode());
     }
-    Ok(replaced_mode)
 }
 
 /// A conversion in progress. Dropping it before `finish` leaves nothing behind.

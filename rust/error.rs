@@ -55,6 +55,8 @@ pub enum Error {
     DestinationIsInput { path: PathBuf },
     /// The destination is a folder.
     DestinationIsFolder { path: PathBuf },
+    /// The destination is a FIFO, socket or device (or a link to one): never replaced.
+    DestinationIsSpecial { path: PathBuf },
     /// The destination exists and may not be replaced.
     DestinationExists { path: PathBuf },
     /// A file stcast would replace is not (or no longer) the one it wrote.
@@ -117,6 +119,7 @@ impl Error {
             | Error::NoDestinationFolder { .. }
             | Error::DestinationIsInput { .. }
             | Error::DestinationIsFolder { .. }
+            | Error::DestinationIsSpecial { .. }
             | Error::NotOurs { .. }
             | Error::SideOutput { .. }
             | Error::SameFile { .. } => ErrorKind::Refused,
@@ -144,6 +147,7 @@ impl Error {
             | Error::Overflow { path, .. }
             | Error::DestinationIsInput { path }
             | Error::DestinationIsFolder { path }
+            | Error::DestinationIsSpecial { path }
             | Error::DestinationExists { path }
             | Error::NotOurs { path }
             | Error::SideOutput { path, .. }
@@ -248,6 +252,11 @@ impl Error {
             .to_string(),
             Error::DestinationIsInput { .. } => "destination is the input file".into(),
             Error::DestinationIsFolder { .. } => "destination is a folder".into(),
+            Error::DestinationIsSpecial { .. } => {
+                "destination is not a regular file (a FIFO, socket or device): stcast \
+                 replaces only regular files"
+                    .into()
+            }
             Error::DestinationExists { .. } => "destination exists ({force} replaces it)".into(),
             Error::NotOurs { .. } => "exists, and is not the file stcast wrote there (it was \
                  replaced or changed since); stcast does not replace what it did not write \

@@ -116,19 +116,21 @@ fn names_file(path: &Path, f: &File) -> bool {
 
 /// Create and lock a named temp file in `dir`.
 ///
-/// Between creating and locking it, a cleaner in another run may find the file unlocked and
-/// remove it; so after locking, check that the name is still ours, else take a new name.
+/// The file is created as `.stcast-*.new`, a name cleaners leave alone, locked, and only
+/// then renamed to its `.tmp` name: a cleaner in another run never sees it unlocked, so it
+/// never removes a live run's temp (nor says it did).
 fn create_named(dir: &Path, tag: &str) -> Result<(File, PathBuf)> {
     let mut last = io::Error::from_raw_os_error(libc::EEXIST);
     for _ in 0..16 {
         let path = temp_name(dir, tag);
+        let fresh = path.with_extension("new");
         let f = match OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
             .mode(0o666)
             .custom_flags(libc::O_CLOEXEC)
-            .open(&path)
+            .open(&fresh)
         {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
@@ -137,22 +139,53 @@ fn create_named(dir: &Path, tag: &str) -> Result<(File, PathBuf)> {
             }
             Err(e) => return Err(Error::io(dir, "cannot create the output", e)),
         };
-        match lock(&f) {
-            // A cleaner holds it and is about to remove it.
-            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
+        // Where the file system has no locks, no cleaner can lock it either: none removes it.
+        let _ = lock(&f);
+        match rename_noreplace(&fresh, &path) {
+            Ok(()) => return Ok((f, path)),
+            Err(e) => {
+                let _ = std::fs::remove_file(&fresh);
+                if e.kind() != io::ErrorKind::AlreadyExists {
+                    return Err(Error::io(dir, "cannot create the output", e));
+                }
                 last = e;
-                continue;
             }
-            // No locks on this file system: no cleaner can lock it either, so none removes it.
-            _ => {}
         }
-        if names_file(&path, &f) {
-            return Ok((f, path));
-        }
-        last = io::Error::from_raw_os_error(libc::ENOENT);
     }
     Err(Error::io(dir, "cannot create the output", last))
 }
+
+/// rename(2) that never replaces `to`: renameat2(RENAME_NOREPLACE), or link(2) then
+/// unlink(2) where the file system lacks it. An existing `to` is `AlreadyExists`.
+fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    let (a, b) = (cstring(from)?, cstring(to)?);
+    // SAFETY: valid C strings; renameat2 does not retain them.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EINVAL) | Some(libc::ENOSYS) => {
+            std::fs::hard_link(from, to)?;
+            let _ = std::fs::remove_file(from);
+            Ok(())
+        }
+        _ => Err(err),
+    }
+}
+
+/// How old an unlocked `.stcast-*.new` file must be before a cleaner removes it: such a file
+/// only stays when a run is killed between creating and renaming its temp.
+const STALE_NEW_SECS: u64 = 3600;
 
 /// Remove the named temp files (`.stcast-*.tmp`) in `dir` whose lock nobody holds: they
 /// were left by a run that was killed. Returns one note per file removed.
@@ -169,10 +202,19 @@ pub fn remove_stale_temps(dir: &Path) -> Vec<Warning> {
     for entry in entries.flatten() {
         let name = entry.file_name();
         let name = name.as_bytes();
-        if !(name.starts_with(b".stcast-") && name.ends_with(b".tmp")) {
+        let fresh = name.ends_with(b".new");
+        if !(name.starts_with(b".stcast-") && (name.ends_with(b".tmp") || fresh)) {
             continue;
         }
-        if !entry.file_type().is_ok_and(|t| t.is_file()) {
+        let Ok(meta) = entry.metadata() else {
+            continue;
+        };
+        if !meta.is_file() {
+            continue;
+        }
+        // A `.new` file is a temp being created (see `create_named`) unless it is old.
+        let age = meta.modified().ok().and_then(|t| t.elapsed().ok());
+        if fresh && age.is_none_or(|a| a.as_secs() < STALE_NEW_SECS) {
             continue;
         }
         let path = entry.path();
@@ -310,8 +352,10 @@ impl TempOutput {
         }
         let fp = failpoint::hit("prealloc");
         // SAFETY: fallocate on our own descriptor; the range is within i64 since len came
-        // from a plan bounded by the input size.
+        // from a plan bounded by the input size. An empty file needs nothing (and
+        // fallocate refuses a zero length with EINVAL).
         let rc = match fp {
+            Ok(()) if len == 0 => 0,
             Ok(()) => unsafe { libc::fallocate(self.file.as_raw_fd(), 0, 0, len as i64) },
             Err(_) => -1,
         };
@@ -459,40 +503,15 @@ impl TempOutput {
             return std::fs::rename(tmp, &self.dst)
                 .map_err(|e| Error::io(&self.dst, "cannot publish", e));
         }
-        let (a, b) = match (cstring(tmp), cstring(&self.dst)) {
-            (Ok(a), Ok(b)) => (a, b),
-            (Err(e), _) | (_, Err(e)) => return Err(Error::io(&self.dst, "cannot publish", e)),
-        };
-        // SAFETY: valid C strings; renameat2 does not retain them.
-        let rc = unsafe {
-            libc::renameat2(
-                libc::AT_FDCWD,
-                a.as_ptr(),
-                libc::AT_FDCWD,
-                b.as_ptr(),
-                libc::RENAME_NOREPLACE,
-            )
-        };
-        if rc == 0 {
-            return Ok(());
-        }
-        let err = io::Error::last_os_error();
-        let exists = || Error::DestinationExists {
-            path: self.dst.clone(),
-        };
-        match err.raw_os_error() {
-            Some(libc::EEXIST) => Err(exists()),
-            // No RENAME_NOREPLACE here: link() also refuses an existing name.
-            Some(libc::EINVAL) | Some(libc::ENOSYS) => match std::fs::hard_link(tmp, &self.dst) {
-                Ok(()) => {
-                    let _ = std::fs::remove_file(tmp);
-                    Ok(())
+        rename_noreplace(tmp, &self.dst).map_err(|e| {
+            if e.kind() == io::ErrorKind::AlreadyExists {
+                Error::DestinationExists {
+                    path: self.dst.clone(),
                 }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(exists()),
-                Err(e) => Err(Error::io(&self.dst, "cannot publish", e)),
-            },
-            _ => Err(Error::io(&self.dst, "cannot publish", err)),
-        }
+            } else {
+                Error::io(&self.dst, "cannot publish", e)
+            }
+        })
     }
 }
 
@@ -569,14 +588,17 @@ impl Copy {
         if self.done < self.size {
             return Ok(false);
         }
-        // One byte more than the size said: a file that grew (or a pseudo-file).
-        if read_at(&self.from, &mut buf[..1], self.size).is_ok_and(|n| n > 0) {
-            return Err(Error::InputChanged {
+        // Read past the size said: a file that grew, or a pseudo-file of /proc that says 0
+        // bytes. A page's worth, as some of those refuse reads of odd sizes (EINVAL).
+        let more = buf.len().min(4096);
+        match read_at(&self.from, &mut buf[..more], self.size) {
+            Ok(0) => Ok(true),
+            Ok(_) => Err(Error::InputChanged {
                 path: self.src.clone(),
                 change: format!("it holds more than the {} bytes its size gave", self.size),
-            });
+            }),
+            Err(e) => Err(Error::io(&self.src, "cannot read", e)),
         }
-        Ok(true)
     }
 
     /// Seal and publish the copy.
@@ -671,20 +693,49 @@ pub fn check_side_output(
             return refuse(what);
         }
     }
-    let Ok(meta) = std::fs::metadata(path) else {
-        return Ok(Replace::No);
-    };
-    let ft = meta.file_type();
-    if ft.is_dir() {
-        return refuse("path is a folder");
-    }
-    if !ft.is_file() {
-        return refuse("path is not a regular file (a FIFO, socket or device)");
-    }
-    if !force {
-        return Err(Error::DestinationExists {
+    match at_path(path) {
+        AtPath::Nothing => Ok(Replace::No),
+        AtPath::Folder => refuse("path is a folder"),
+        AtPath::Special => refuse("path is not a regular file (a FIFO, socket or device)"),
+        AtPath::File { .. } if !force => Err(Error::DestinationExists {
             path: path.to_path_buf(),
-        });
+        }),
+        AtPath::File { .. } => Ok(Replace::Any),
     }
-    Ok(Replace::Any)
+}
+
+/// What an output path names now, as the checks before any work see it.
+pub enum AtPath {
+    Nothing,
+    /// A regular file, or a symlink (dangling, or to a regular file): what `force` may
+    /// replace. Publishing replaces the name, never what a link points to. `followed`: the
+    /// file a link leads to, if any.
+    File {
+        followed: Option<std::fs::Metadata>,
+    },
+    /// A folder, or a link to one.
+    Folder,
+    /// A FIFO, socket or device, or a link to one: never replaced.
+    Special,
+}
+
+/// Classify `path` without following it first (a dangling symlink exists: publishing onto
+/// it would fail after the work, or replace it unasked), then by what a link leads to.
+pub fn at_path(path: &Path) -> AtPath {
+    let Ok(own) = std::fs::symlink_metadata(path) else {
+        return AtPath::Nothing;
+    };
+    let followed = std::fs::metadata(path).ok();
+    let types = [
+        Some(own.file_type()),
+        followed.as_ref().map(|m| m.file_type()),
+    ];
+    if types.iter().flatten().any(|t| t.is_dir()) {
+        return AtPath::Folder;
+    }
+    let plain = |t: &std::fs::FileType| t.is_file() || t.is_symlink();
+    if types.iter().flatten().all(plain) {
+        return AtPath::File { followed };
+    }
+    AtPath::Special
 }

@@ -28,10 +28,13 @@ use crate::vocab::{
 use crate::window::{DEFAULT_WINDOW, MAX_THREADS};
 use crate::VERSION;
 
-/// The Python exception for an engine error (a Ctrl-C that arrived meanwhile wins).
+/// The Python exception for an engine error (a Ctrl-C that arrived meanwhile wins, unless
+/// the error came after the commit point).
 fn to_py(py: Python<'_>, e: Error) -> PyErr {
-    if let Err(interrupt) = py.check_signals() {
-        return interrupt;
+    if !matches!(e, Error::AfterCommit { .. }) {
+        if let Err(interrupt) = py.check_signals() {
+            return interrupt;
+        }
     }
     let build = || -> PyResult<PyErr> {
         let kwargs = PyDict::new(py);
@@ -112,13 +115,24 @@ impl<'py> Hooks<'py> {
     }
 
     /// `guarded`, where a stop request that arrived meanwhile (a signal the caller's
-    /// handler recorded, the cancel flag) wins over the error it caused (EINTR, say).
+    /// handler recorded, the cancel flag) wins over the error it caused (EINTR, say); not
+    /// over a failure after the commit point, which must be told as such.
     fn run<T: Send>(
         &self,
         py: Python<'py>,
         f: impl FnOnce() -> crate::Result<T> + Send,
     ) -> PyResult<T> {
-        guarded(py, f).map_err(|e| {
+        let mut after_commit = false;
+        let f = || {
+            let r = f();
+            after_commit = matches!(r, Err(Error::AfterCommit { .. }));
+            r
+        };
+        let result = guarded(py, f);
+        if after_commit {
+            return result;
+        }
+        result.map_err(|e| {
             if let Err(stop) = py.check_signals() {
                 return stop;
             }
@@ -645,16 +659,24 @@ fn replace_policy(v: Option<&Bound<'_, PyAny>>) -> PyResult<Replace> {
 /// Write `data` as the file `path`, atomically (the one write path of stcast). Returns
 /// (dev, ino, size) of what was published.
 #[pyfunction]
-#[pyo3(signature = (path, data, *, replace=None, tag=""))]
-fn write_file(
-    py: Python<'_>,
+#[pyo3(signature = (path, data, *, replace=None, tag="", cancel=None))]
+fn write_file<'py>(
+    py: Python<'py>,
     path: PathBuf,
     data: Vec<u8>,
-    replace: Option<&Bound<'_, PyAny>>,
+    replace: Option<&Bound<'py, PyAny>>,
     tag: &str,
+    cancel: Option<Bound<'py, PyAny>>,
 ) -> PyResult<(u64, u64, u64)> {
     let replace = replace_policy(replace)?;
-    let p = guarded(py, || output::write_file(&path, &data, replace, tag))?;
+    let hooks = Hooks {
+        step: Tuning::default().step,
+        progress: None,
+        cancel,
+        warn: None,
+    };
+    // A stop request that interrupted the write (EINTR) wins over the error it caused.
+    let p = hooks.run(py, || output::write_file(&path, &data, replace, tag))?;
     Ok((p.dev, p.ino, p.size))
 }
 

@@ -210,6 +210,7 @@ named! {
         AllowQuantized = "allow_quantized",
         Loose = "loose",
         Report = "report",
+        FollowLinks = "follow_links",
     }
 }
 

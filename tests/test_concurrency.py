@@ -59,13 +59,6 @@ def run_shards_at_once(src, dst, n, env):
     return [(i, p.wait(120), p.stderr.read().decode()) for i, p in enumerate(procs, 1)]
 
 
-@pytest.mark.xfail(
-    strict=False,  # a race: it shows in most loops, not all (see the deterministic tests)
-    reason="BUG: concurrent shard runs fail `holds X, which this run would write but stcast "
-    "did not write there` (test_survey_race_with_a_rival_shard, strict), ~1 run in 16 with "
-    "16 at once; and with named temps a clean run warns that it `removed ... a temp file "
-    "left by an interrupted stcast run` (another run's temp between create and flock)",
-)
 @pytest.mark.parametrize("n", [4, 16])
 def test_shard_runs_started_together_all_succeed(tmp_path, n):
     """Four runs failed 18 times in 32 (a run's manifest temp deleted by another as stale).
@@ -86,13 +79,6 @@ def test_shard_runs_started_together_all_succeed(tmp_path, n):
     assert failures == [], f"{len(failures)} of {10 * (n + 1)} runs failed: {failures[:3]}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the survey of a shard run is not atomic: it reads the manifests "
-    "(manifest.load_all), then lists the folder (_listing); a rival shard run that writes "
-    "its manifest and its file in between makes that file a foreign one, and the run is "
-    "refused (folder/__init__.py _survey). Seen in the stress loop: ~1 in 16 runs at once",
-)
 def test_survey_race_with_a_rival_shard(tmp_path, monkeypatch, run_main):
     src = write_checkpoint_folder(tmp_path / "src", files=2)
     dst = tmp_path / "out"
@@ -139,21 +125,7 @@ STEPS = ["folder-checked", "folder-manifest", "folder-file", "folder-complete"]
 
 @pytest.mark.parametrize(
     "step",
-    STEPS[:3]
-    + [
-        pytest.param(
-            "folder-complete",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="BUG: finalize does not wait for a shard run that has not finished "
-                "(its manifest says complete: false): it completes the folder and removes "
-                "that run's manifest, which the run then writes again when it ends; the "
-                "finalized folder keeps `.stcast-manifest.shard-1-of-2.json`, and a second "
-                "finalize fails naming shard 2/2 (folder/__init__.py finalize ignores "
-                "Manifest.complete)",
-            ),
-        )
-    ],
+    STEPS,
 )
 @pytest.mark.parametrize("env", [{}, NAMED], ids=["tmpfile", "named"])
 def test_a_shard_run_stopped_at_each_step(tmp_path, run_main, step, env):
@@ -167,10 +139,12 @@ def test_a_shard_run_stopped_at_each_step(tmp_path, run_main, step, env):
     written = identities(dst, theirs)
     rc, _, err = run_main("finalize", src, dst)
     if step != "folder-complete":
-        # Shard 1 has files left to convert: finalize refuses, naming one and the shard.
+        # Shard 1 has files left to convert: finalize refuses, naming the shard (and the
+        # file, before shard 1 wrote its manifest).
         assert rc == 1, err
         line = assert_one_error_line(err)
-        assert "not converted" in line and "--shard 1/2" in line, line
+        said = "not converted" if step == "folder-checked" else "has not finished"
+        assert said in line and "--shard 1/2" in line, line
     assert first.run_through() == (0, "")
     assert identities(dst, theirs) == written  # nothing of shard 2 was replaced
     assert run_main("finalize", src, dst, "-q") == (0, "", "")
@@ -213,14 +187,6 @@ def test_a_whole_run_and_a_shard_run_at_once(tmp_path, run_main, step):
     assert tree(dst) == plain_tree(src)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a whole-folder run's first manifest save may replace any file at that name "
-    "(manifest.py Manifest.save: replace='any' while unpublished), so of two runs past "
-    "their checks the second replaces the first's live manifest; then both fail (`exists, "
-    "and is not the file stcast wrote`, `destination exists`) and the folder is left "
-    "half-done",
-)
 @pytest.mark.parametrize("other", ["same-source", "another-source"])
 def test_two_whole_runs_past_their_checks(tmp_path, run_main, other):
     src = write_checkpoint_folder(tmp_path / "src", files=2)

@@ -533,8 +533,8 @@ def test_resume_skips_only_what_checks_out(tmp_path, rng):
 
 def test_resume_after_a_finished_run_adopts_exact_outputs_only(tmp_path, rng):
     """A finished run leaves no manifest: resume then recognises its outputs by their
-    planned header and size (and that they are newer than their source), and refuses to
-    replace anything else."""
+    content (the planned size and header, then a verify against the source), and refuses
+    to replace anything else."""
     src = make_hf_model(tmp_path / "m", rng)
     dst = tmp_path / "o"
     stcast.convert(src, dst)
@@ -555,10 +555,17 @@ def test_resume_after_a_finished_run_adopts_exact_outputs_only(tmp_path, rng):
     assert "model-00003-of-00003.safetensors" in str(e.value) and "force=True" in str(e.value)
     assert snapshot(dst) == before
     stcast.convert(src, dst, force=True)
-    # A source modified after its output was written is not trusted either.
+    # A source touched after its output was written, same content: still exactly its
+    # conversion, adopted.
     touched = src / "model-00001-of-00003.safetensors"
     st = (dst / "model-00001-of-00003.safetensors").stat()
     os.utime(touched, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    again = stcast.convert(src, dst, resume=True)
+    assert actions(again)["model-00001-of-00003.safetensors"] == "skipped"
+    # A source whose values changed (same header, same size) is not its conversion.
+    raw = bytearray(touched.read_bytes())
+    raw[-1] ^= 0x40
+    touched.write_bytes(bytes(raw))
     with pytest.raises(stcast.Refused, match="model-00001-of-00003.safetensors"):
         stcast.convert(src, dst, resume=True)
     report = stcast.convert(src, dst, force=True)

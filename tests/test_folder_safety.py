@@ -111,13 +111,6 @@ def test_destination_is_the_source_by_another_path(tmp_path, src, run_main, how)
     assert tree(src) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a destination that is a bind mount of a folder inside SRC is not refused "
-    "(folder/ident.py check_folders walks `..` up from DST, which leaves the bound tree at "
-    "its mount point and never meets SRC): the output is written inside the source, and "
-    "with --force a source config.json is replaced",
-)
 @pytest.mark.parametrize("force", [False, True], ids=["empty-subfolder", "force"])
 def test_destination_is_a_bind_mount_of_a_folder_inside_the_source(
     tmp_path, src, mount_ns, cli_process, force
@@ -162,13 +155,6 @@ def test_an_unrelated_folder_is_refused(tmp_path, src, run_main, flags):
     assert rc == 1 and tree(dst) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: --resume into a folder stcast never wrote replaces its config.json and "
-    "index without a word: folder/__init__.py _adoptable() adopts any regular file at a "
-    "config or index name (`rewritten anyway`), though the survey promises that a planned "
-    "file stcast did not write is refused rather than replaced",
-)
 def test_resume_into_an_unrelated_folder_replaces_nothing(tmp_path, src, run_main):
     dst = unrelated_folder(tmp_path / "other")
     before = tree(dst)
@@ -204,13 +190,6 @@ def fine_tune(root, value):
     return root
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: --resume adopts, without a manifest, any output whose header is the planned "
-    "one (folder/__init__.py _adoptable: same header bytes, size, newer than the source): "
-    "the conversion of another checkpoint with the same layout (a fine-tune of the same "
-    "base) is taken as done, exit 0, and the folder holds the other model's weights",
-)
 def test_resume_never_adopts_the_conversion_of_another_source(tmp_path, run_main):
     b = fine_tune(tmp_path / "b", 2.0)
     a = fine_tune(tmp_path / "a", 1.0)
@@ -269,12 +248,6 @@ def test_a_symlink_leading_out_of_the_source_is_refused(tmp_path, src, run_main,
         assert (dst / link.name).read_text() == "the secret\n"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the refusal of a symlink says `{follow_links}` literally: follow_links is "
-    "missing from the option names of rust/vocab.rs (OptionName), so the template is not "
-    "rendered as --follow-links (CLI) or follow_links=True (API)",
-)
 def test_the_symlink_refusal_names_the_option(tmp_path, src, run_main):
     (tmp_path / "secret").write_text("s")
     (src / "x.txt").symlink_to(tmp_path / "secret")
@@ -317,17 +290,7 @@ def test_symlinks_that_stay_within_are_followed(tmp_path, run_main, layout, rng)
     "name, liar, words",
     [
         ("extra.bin", "/proc/self/pagemap", "holds more than the 0 bytes"),
-        pytest.param(
-            "config.json",
-            "/proc/self/pagemap",
-            "its size says 0 bytes",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="BUG: the error names no file (`stcast: Invalid argument`): "
-                "folder/walk.py read_bounded reads 1 byte, pagemap refuses reads that are "
-                "not a multiple of 8 (EINVAL), and the OSError carries no filename",
-            ),
-        ),
+        ("config.json", "/proc/self/pagemap", "its size says 0 bytes"),
         ("config.json", "/proc/self/status", "its size says 0 bytes, reading it gave more"),
         ("generation_config.json", "/proc/self/status", "holds more than the 0 bytes"),
         (INDEX, "/proc/self/status", "its size says 0 bytes, reading it gave more"),
@@ -360,12 +323,6 @@ def test_a_file_whose_size_lies_in_a_folder(tmp_path, src, cli_process, name, li
         assert not [n for n in listing(dst) if n.endswith(".tmp")]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: an empty companion file cannot be copied: `cannot preallocate the output: "
-    "Invalid argument` (rust/output.rs TempOutput::preallocate calls fallocate with len 0, "
-    "EINVAL); so any folder holding an empty file fails to convert",
-)
 def test_an_empty_file_in_a_folder_is_copied(tmp_path, src, run_main):
     (src / "empty.txt").write_bytes(b"")
     (src / "sub").mkdir()
@@ -397,12 +354,6 @@ def test_a_shard_replaced_during_the_run_fails_it(tmp_path, src, at, names):
     assert stcast_files(dst) == [".stcast-manifest.json"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a run whose re-check fails has already published config.json and the "
-    "index (folder/__init__.py: _write.publish runs before _write.recheck), leaving what "
-    "a loader takes for a complete checkpoint around a shard stcast did not write",
-)
 def test_a_failed_recheck_leaves_no_loader_cues(tmp_path, src):
     dst = tmp_path / "out"
     run = stopped("convert", src, dst, "-q", at="folder-publish")
@@ -459,13 +410,6 @@ def test_a_signal_before_the_copies_leaves_no_partial_file(
     assert got == plain
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a signal during a manifest write is an error, not a stop: the CLI exits 1 "
-    "with `.stcast-manifest.json: ...: Interrupted system call` instead of dying of the "
-    "signal (rust/python.rs write_file uses `guarded`, not Hooks::run, and folder code "
-    "does not let a stop request win over it as it does for the engine)",
-)
 @pytest.mark.parametrize("point", ["prealloc", "write-temp", "fsync", "publish"])
 @pytest.mark.parametrize("command", ["convert", "finalize"])
 def test_a_signal_during_a_manifest_write(tmp_path, src, cli_process, command, point):
@@ -526,24 +470,11 @@ TAMPERED = {
     "shard-null": lambda src: _manifest(src, shard=[None, None]),
     "shard-huge": lambda src: _manifest(src, shard=[1, 10**30]),
 }
-BUGGY = {
-    "shard-str": "BUG: manifest.py load() checks only that `shard` is a list of two, then "
-    "int() raises outside its try: internal error ValueError",
-    "shard-null": "BUG: as shard-str: internal error TypeError",
-    "options-to-unknown": "BUG: finalize reports a manifest's unknown target as the user's "
-    "usage error (`--to: 'int4' is not one of bf16, fp16`, exit 2): manifest.agreed_options "
-    "calls _engine.target_name, whose error is a UsageError; it names no manifest",
-    "shard-huge": "BUG: finalize builds a list of N shards from a manifest's N "
-    "(assign_shards): OverflowError for 10**30, and ~25 s for 10**7",
-}
 
 
 @pytest.mark.parametrize(
     "case",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=BUGGY[c])) if c in BUGGY else c
-        for c in TAMPERED
-    ],
+    [c for c in TAMPERED],
 )
 def test_a_tampered_manifest_is_a_clean_refusal(tmp_path, src, run_main, case):
     """A tampered or deeply nested manifest was an internal error (TypeError,

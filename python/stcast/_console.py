@@ -361,8 +361,8 @@ class Console:
     def finish(self, code: int) -> int:
         """Write what the command printed; a failure here comes after the commit point."""
         text = self.stdout.getvalue()
-        if not text:
-            return code
+        if not text or sys.stdout is None:
+            return code  # nothing to say, or stdout was closed (`>&-`): nowhere to say it
         try:
             sys.stdout.write(text)
             sys.stdout.flush()

@@ -208,7 +208,12 @@ def escape(s: str) -> str: ...
 def option_error(option: str, value: object, expected: str) -> BaseException: ...
 def failpoint(name: str) -> None: ...
 def write_file(
-    path: str, data: bytes, *, replace: object = None, tag: str = ""
+    path: str,
+    data: bytes,
+    *,
+    replace: object = None,
+    tag: str = "",
+    cancel: _CancelFlag | None = None,
 ) -> tuple[int, int, int]: ...
 def write_numeric_report(
     path: str,

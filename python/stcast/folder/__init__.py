@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import _core, _engine
-from ..errors import NoSpace, Refused, StcastWarning
+from ..errors import DestinationExists, NoSpace, Refused, StcastWarning
 from ..reports import ConvertReport, FileReport, InspectReport, Notice
 from . import ident as _ident
+from . import jsonedit
 from . import manifest as _manifest
 from . import walk as _walk
 from . import write as _write
@@ -194,6 +195,13 @@ def convert_folder(
 
     os.makedirs(dst, exist_ok=True)
     record = _manifest.new(src, p.src_id, dst, p.options, allow_quantized, shard, p.mine)
+    # The manifest at this run's name that the survey read (resume, force) is the one to
+    # replace, still that file; with none there, another run's appearing meanwhile is not.
+    own = [m for m in survey.manifests if m.name == record.name]
+    if own:
+        record.published = own[0].published
+    elif force:
+        record.first_replace = "any"
     files: list[FileReport] = []
     for w in p.skipped:
         st = os.lstat(os.path.join(dst, w.rel))
@@ -201,7 +209,15 @@ def convert_folder(
         record.files[w.rel].update(record.weights_entry(w, plan.header_sha256[w.rel]))
         files.append(FileReport(w.rel, "weights", "skipped", w.size, st.st_size))
     # Before any output: the other runs sharing this folder know it is ours.
-    record.save()
+    try:
+        record.save(cancel)
+    except DestinationExists:
+        path = os.path.join(dst, record.name)
+        raise Refused(
+            f"{_esc(path)}: another stcast run started converting into {_esc(dst)} after this "
+            "one checked it; nothing was written (run again once it is done)",
+            path=path,
+        ) from None
     _write.failpoint("folder-manifest", cancel)
 
     meter = _write.Meter(
@@ -218,14 +234,16 @@ def convert_folder(
     files += [_write.file_report(w.rel, r) for w, r in zip(p.todo, converted)]
     if shard is None:
         files += _write.publish(run, plan)
-    _write.recheck(run)
+        _write.final_recheck(run, plan)
+    else:
+        _write.recheck(run)
     _write.failpoint("folder-complete", cancel)
     record.complete = True
     if shard is None:
         # Done: no stcast file stays behind (this source's shard manifests neither).
         _write.remove_own(run, [record, *survey.siblings])
     else:
-        record.save()
+        record.save(cancel)
     on_overflow = p.precision.get("on_overflow", "warn")
     report = _folder_report(
         src, dst, p.to, files, converted, started, shard, shard is None, on_overflow
@@ -270,6 +288,10 @@ def _survey(
     if not os.path.isdir(dst):
         return survey
     own_name = _manifest.MANIFEST if shard is None else _manifest.shard_name(*shard)
+    # The folder first, then the manifests: a rival run writes its manifest (naming what it
+    # plans) before each of its files, so every file listed here is in a manifest read
+    # after. (The other order takes a file written in between for a foreign one.)
+    present = _walk.listing(dst)
     manifests, bad = _manifest.load_all(dst)
     if bad and not force:
         b = bad[0]
@@ -312,7 +334,7 @@ def _survey(
             )
     planned_by_runs = {p for m in mine for p in m.planned}
     foreign_planned, foreign_other = [], []
-    for rel in _walk.listing(dst):
+    for rel in present:
         entry = _manifest.recorded(mine, dst, rel)
         if entry is not None:
             st = os.lstat(os.path.join(dst, rel))
@@ -325,7 +347,7 @@ def _survey(
         if rel in planned_by_runs and not force and not resume:
             continue  # a sibling run's file, in progress: not ours to touch
         if rel in outputs:
-            if resume and _adoptable(dst, rel, outputs[rel], plan):
+            if resume and _adoptable(dst, rel, outputs[rel], plan, options):
                 st = os.lstat(os.path.join(dst, rel))
                 survey.ours[rel] = (st.st_dev, st.st_ino)
                 survey.adopted.add(rel)
@@ -363,12 +385,17 @@ def _listed(rels: list[str]) -> str:
     return shown + (f" and {len(rels) - 3} more" if len(rels) > 3 else "")
 
 
-def _adoptable(dst: str, rel: str, kind: str, plan: _walk.Plan) -> bool:
-    """Under resume, is the file at `rel` what this plan writes, without a manifest to say
-    so (a finished run removes its manifest)? A converted file is, when its header is the
-    planned one byte for byte, its size the planned size, and it is newer than its source;
-    a copy, when its bytes are the source's; a config or index is rewritten anyway and need
-    only be a regular file."""
+def _adoptable(dst: str, rel: str, kind: str, plan: _walk.Plan, options: dict[str, Any]) -> bool:
+    """Under resume, is the file at `rel` exactly what this plan writes, without a manifest
+    to say so (a finished run removes its manifest)? Nothing short of its content proves
+    it: a fine-tune of the same base has the same header, and another folder may hold a
+    config of the same name.
+
+    - A converted file: the planned size and header byte for byte (cheap, first), then
+      `verify` against its source with the run's options: every value (a read of both).
+    - A copy: the source's bytes.
+    - A config or index: the bytes this run would write there.
+    """
     path = os.path.join(dst, rel)
     try:
         st = os.lstat(path)
@@ -379,15 +406,31 @@ def _adoptable(dst: str, rel: str, kind: str, plan: _walk.Plan) -> bool:
     if kind == "weights":
         info = plan.info[rel]
         source = next(w for w in plan.weights if w.rel == rel)
-        return (
+        if not (
             st.st_size == info.output_bytes
-            and st.st_mtime_ns >= source.mtime_ns
             and _manifest.header_sha256(path) == info.output_header_sha256
+        ):
+            return False
+        precision = {k: v for k, v in options.items() if k != "to"}
+        report = _engine.verify_file(
+            source.path, path, to=options["to"], numerics=False, **precision
         )
+        return report.ok
     if kind == "copy":
         src = next(f for f in [*plan.copies, *plan.late_copies] if f.rel == rel)
         return st.st_size == src.size and _same_bytes(src.path, path)
-    return True
+    if kind == "config":
+        f, content = next((f, c) for f, c in plan.configs if f.rel == rel)
+        if content is None:
+            return st.st_size == f.size and _same_bytes(f.path, path)
+        return _walk.read_bounded(path, _walk.MAX_JSON_BYTES) == content
+    # An index: the source's with the total size of the planned shards' tensors.
+    f, text, weight_map = next(i for i in plan.indexes if i[0].rel == rel)
+    total = sum(
+        t.target_bytes for shard in set(weight_map.values()) for t in plan.info[shard].tensors
+    )
+    want = jsonedit.set_total_size(text, total)
+    return _walk.read_bounded(path, _walk.MAX_JSON_BYTES) == want
 
 
 def _same_bytes(a: str, b: str) -> bool:
@@ -454,17 +497,47 @@ def finalize(
             "first (with {shard})",
             path=dst,
         )
+    # A run that has not finished (still running, or stopped) may still write: completing
+    # the folder now would race it, and it would leave its manifest behind.
+    for m in manifests:
+        # (An unfinished finalize is not: this one takes over from it.)
+        if not m.complete and not m.finalize:
+            if m.shard is None:
+                which, again = "a whole-folder run", "{resume}"
+            else:
+                part = f"{m.shard[0]}/{m.shard[1]}"
+                which, again = f"shard {part}", f"{{shard={part}}} {{resume}}"
+            raise Refused(
+                f"{_esc(os.path.join(dst, m.name))}: {which} has not finished (it is still "
+                f"running, or it stopped); wait for it, or run it again with {again}",
+                path=os.path.join(dst, m.name),
+            )
     options = _manifest.agreed_options(dst, manifests)
     to = _engine.target_name(options["to"])
     # Quantized checkpoints were refused (or allowed) by the shard runs that converted them.
     plan = _walk.plan(src, to, check_quantized=False, cancel=cancel)
     # With one shard count in the manifests, a missing file can be traced to its shard.
     counts = {m.shard[1] for m in manifests if m.shard is not None}
+    for m in manifests:
+        # A run splits at most into as many shards as there are files (see _check_shard).
+        if m.shard is not None and m.shard[1] > len(plan.weights):
+            path = os.path.join(dst, m.name)
+            raise Refused(
+                f"{_esc(path)}: says {m.shard[1]} shards, but {_esc(src)} has "
+                f"{len(plan.weights)} weight files; convert the shards again",
+                path=path,
+            )
     n = counts.pop() if len(counts) == 1 else None
     owner = assign_shards(plan.weights, n) if isinstance(n, int) and n > 0 else {}
     outputs = plan.outputs()
     survey = _survey(dst, src_id, options, outputs, plan, None, force=False, resume=True)
     record = _manifest.new(src, src_id, dst, options, None, None, sorted(outputs))
+    record.finalize = True
+    # An interrupted (or concurrent) finalize's manifest, read by the survey, is the one to
+    # replace; a whole-folder run's cannot be here (refused above, or complete and gone).
+    own = [m for m in survey.manifests if m.name == record.name]
+    if own:
+        record.published = own[0].published
     files = []
     for w in plan.weights:
         out = os.path.join(dst, w.rel)
@@ -476,12 +549,12 @@ def finalize(
         st = os.lstat(out)
         record.record(w.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
         files.append(FileReport(w.rel, "weights", "checked", w.size, st.st_size))
-    record.save()
+    record.save(cancel)
     meter = _write.Meter(sum(c.size for c in plan.copies), progress, file_progress)
     run = _write.Run(dst, to, None, meter, cancel, {}, record, False, dict(survey.ours))
     _write.unpublish(run, plan)
     files += _write.publish(run, plan)
-    _write.recheck(run)
+    _write.final_recheck(run, plan)
     _write.remove_own(run, [record, *manifests])
     return _folder_report(src, dst, to, files, [], started, None, True)
 

@@ -72,15 +72,31 @@ def check_folders(src: str, dst: str) -> tuple[Ident, Ident | None]:
     src_id = ident(st)
     if os.path.lexists(dst) and not os.path.isdir(dst):
         raise Refused(f"{_esc(dst)}: exists and is not a folder", path=dst)
-    if src_id in chain(dst):
+    # By identity, not by name: `..` from DST may leave a bind mount of a folder inside SRC
+    # at its mount point, so DST's chain is compared with every folder of SRC's tree.
+    if set(chain(dst)) & folder_ids(src):
         raise Refused(
             f"{_esc(dst)}: the destination is the source folder or lies inside it",
             path=dst,
         )
     dst_id = ident(os.stat(dst)) if os.path.isdir(dst) else None
-    if dst_id is not None and dst_id in chain(src):
+    if dst_id is not None and set(chain(src)) & folder_ids(dst):
         raise Refused(f"{_esc(dst)}: the destination contains the source folder", path=dst)
     return src_id, dst_id
+
+
+def folder_ids(root: str) -> set[Ident]:
+    """The identities of `root` and of every folder below it (symlinks not followed)."""
+    ids = {ident(os.stat(root))}
+    for top, dirs, _ in os.walk(root, followlinks=False):
+        for d in dirs:
+            try:
+                st = os.lstat(os.path.join(top, d))
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                ids.add(ident(st))
+    return ids
 
 
 def within(path: str, folder: Ident) -> bool:

@@ -18,12 +18,15 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import _core, _engine
 from ..errors import Refused
 from . import jsonedit
 from .walk import File, read_bounded
+
+if TYPE_CHECKING:
+    from .._engine import CancelFlag
 
 MANIFEST = ".stcast-manifest.json"
 _SHARD_MANIFEST = re.compile(r"\.stcast-manifest\.shard-(\d+)-of-(\d+)\.json")
@@ -61,6 +64,11 @@ class Manifest:
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The identity this run last published the manifest with (None: not yet).
     published: tuple[int, int] | None = None
+    # What the first save may replace at its name: nothing (another run's manifest there
+    # makes it fail), or, told to (`force`), any file.
+    first_replace: str | None = None
+    # Written by `finalize` (which completes shard runs), not by a conversion.
+    finalize: bool = False
 
     def record(self, rel: str, kind: str, published: tuple[int, int, int], **extra: Any) -> None:
         """Note that this run published `rel` as (dev, ino, size)."""
@@ -80,7 +88,7 @@ class Manifest:
             "output_header_sha256": header_sha256(out),
         }
 
-    def save(self) -> None:
+    def save(self, cancel: CancelFlag | None = None) -> None:
         """Write the manifest atomically (the one write path; its temp is locked)."""
         doc = {
             "format": FORMAT,
@@ -93,15 +101,17 @@ class Manifest:
             "planned": self.planned,
             "complete": self.complete,
             "files": self.files,
+            "finalize": self.finalize,
         }
         # ASCII keeps any file name (even undecodable bytes, as surrogates) round-trippable.
         text = json.dumps(doc, indent=1, ensure_ascii=True) + "\n"
-        replace = "any" if self.published is None else self.published
+        replace = self.first_replace if self.published is None else self.published
         dev, ino, _ = _core.write_file(
             os.path.join(self.dst, self.name),
             text.encode("ascii"),
             replace=replace,
             tag=_tag(self.shard),
+            cancel=cancel,
         )
         self.published = (dev, ino)
 
@@ -131,6 +141,19 @@ class Unreadable(Exception):
     def __init__(self, path: str, reason: str) -> None:
         super().__init__(f"{path}: {reason}")
         self.path, self.reason = path, reason
+
+
+# The most shards a run may be split into (as the CLI's --shard allows).
+MAX_SHARDS = 2**32 - 1
+
+
+def _is_shard(shard: object) -> bool:
+    """A manifest's `shard`: [i, n] with 1 <= i <= n <= MAX_SHARDS (ints, not bools)."""
+    if not isinstance(shard, list) or len(shard) != 2:
+        return False
+    i, n = shard
+    ints = all(isinstance(x, int) and not isinstance(x, bool) for x in shard)
+    return ints and 1 <= i <= n <= MAX_SHARDS
 
 
 def load(dst: str, name: str) -> Manifest:
@@ -167,7 +190,9 @@ def load(dst: str, name: str) -> Manifest:
             and isinstance(src_id, list)
             and len(src_id) == 2
             and all(isinstance(x, int) for x in src_id)
-            and (shard is None or (isinstance(shard, list) and len(shard) == 2))
+            and (shard is None or _is_shard(shard))
+            and isinstance(doc["options"].get("to"), str)
+            and doc["options"]["to"] in _core.TARGETS
         )
     except (KeyError, TypeError) as e:
         raise Unreadable(path, f"not a stcast manifest (no {e})") from None
@@ -183,7 +208,8 @@ def load(dst: str, name: str) -> Manifest:
         allow_quantized=doc.get("allow_quantized"),
         shard=None if shard is None else (int(shard[0]), int(shard[1])),
         planned=list(planned),
-        complete=bool(doc.get("complete")),
+        complete=doc.get("complete") is True,
+        finalize=doc.get("finalize") is True,
         files=dict(files),
         published=(st.st_dev, st.st_ino),
     )

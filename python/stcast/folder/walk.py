@@ -259,7 +259,11 @@ def read_bounded(path: str, limit: int) -> bytes:
             )
         chunks, left = [], st.st_size + 1  # one byte more reveals a file that grew
         while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
+            try:
+                # At least a page: some /proc files refuse reads of odd sizes (EINVAL).
+                chunk = os.read(fd, max(min(left, 1 << 20), 4096))
+            except OSError as e:  # named: /proc/self/pagemap refuses odd sizes (EINVAL)
+                raise OSError(e.errno, e.strerror, path) from None
             if not chunk:
                 break
             chunks.append(chunk)

@@ -134,7 +134,7 @@ def convert_files(run: Run, plan: Plan, todo: list[File]) -> list[ConvertReport]
         st = os.lstat(out)
         run.published(w.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
         run.record.files[w.rel].update(run.record.weights_entry(w, plan.header_sha256[w.rel]))
-        run.record.save()
+        run.record.save(run.cancel)
         failpoint("folder-file", run.cancel)
         reports.append(r)
     return reports
@@ -171,6 +171,13 @@ def publish(run: Run, plan: Plan) -> list[FileReport]:
         meter.finish(f.rel, f.size)
         reports.append(FileReport(f.rel, "copy", "copied", f.size, f.size))
     check_cancel(cancel)
+    # Before a loader's cues appear: every file written is still the one written, and the
+    # indexes agree with the shards (from the shards as written: what a loader will find).
+    recheck(run)
+    indexes = [
+        (f, jsonedit.set_total_size(text, check_index(dst, f.rel, weight_map)))
+        for f, text, weight_map in plan.indexes
+    ]
     for f in plan.late_copies:
         _copy(run, f, "copy", None)
         reports.append(FileReport(f.rel, "copy", "copied", f.size, f.size))
@@ -182,14 +189,31 @@ def publish(run: Run, plan: Plan) -> list[FileReport]:
         else:
             _write(run, f.rel, "config", content)
             reports.append(FileReport(f.rel, "config", "rewritten", f.size, len(content)))
-    for f, text, weight_map in plan.indexes:
+    for f, content in indexes:
         check_cancel(cancel)
-        # From the shards as written, not from the plan: what a loader will find.
-        total = check_index(dst, f.rel, weight_map)
-        content = jsonedit.set_total_size(text, total)
         _write(run, f.rel, "index", content)
         reports.append(FileReport(f.rel, "index", "rewritten", f.size, len(content)))
     return reports
+
+
+def final_recheck(run: Run, plan: Plan) -> None:
+    """`recheck` once everything is written; on failure, the loader's cues this run
+    published (indexes, configs, late copies) are withdrawn, so that the folder does not
+    look complete. Only files still the ones this run wrote are removed."""
+    try:
+        recheck(run)
+    except Refused:
+        cues = [*(i[0] for i in plan.indexes), *(c[0] for c in plan.configs), *plan.late_copies]
+        for f in cues:
+            entry = run.record.files.get(f.rel)
+            path = os.path.join(run.dst, f.rel)
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if entry is not None and (st.st_dev, st.st_ino) == (entry["dev"], entry["ino"]):
+                os.unlink(path)
+        raise
 
 
 def _copy(run: Run, f: File, kind: str, meter: Meter | None) -> None:
@@ -210,7 +234,11 @@ def _copy(run: Run, f: File, kind: str, meter: Meter | None) -> None:
 
 def _write(run: Run, rel: str, kind: str, content: bytes) -> None:
     identity = _core.write_file(
-        out_path(run.dst, rel), content, replace=run.replace_for(rel), tag=run.tag()
+        out_path(run.dst, rel),
+        content,
+        replace=run.replace_for(rel),
+        tag=run.tag(),
+        cancel=run.cancel,
     )
     run.published(rel, kind, identity)
 
