@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import signal
@@ -56,7 +57,7 @@ ALIASES = {
     "limit": "limit_loop",
     "dd": "dd_read",
 }
-ACTIONS = ("convert", "inspect", "verify")
+WARM_MODES = ("tmpfs", "hugetmpfs", "hot")  # --warmup rounds (cold and cgroup drop caches)
 SAMPLE_S = 0.05
 TMPFS_MAX_GIB = 4.0  # input + output + the torch path's copy must all fit in RAM
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
@@ -193,6 +194,7 @@ class Run:
     cpu_s: float = 0.0
     peak_rss: int = 0
     peak_anon: int = 0
+    floor_rss: int = 0  # the bench's own RSS at the spawn
     mem_limit: int | None = None
     cgroup_peak: int | None = None
     cgroup_failcnt: int | None = None
@@ -418,7 +420,6 @@ def run_once(
     timeout: float,
     *,
     stdout_null: bool = False,
-    parse_report: bool = False,
 ) -> None:
     """Run argv to completion (or OOM, or timeout) and fill in run.
 
@@ -429,6 +430,7 @@ def run_once(
     if cgroup:
         argv = cgroup.wrap(argv)
     reset_peak_rss()
+    run.floor_rss = own_rss()  # the child's ru_maxrss cannot read below this
     timed_out = threading.Event()
     cg_stats: dict[str, int] = {}
     out_log, err_log = logs / "stdout.log", logs / "stderr.log"
@@ -486,20 +488,46 @@ def run_once(
         run.status = "no output"
     if run.status != "ok":
         run.stderr_tail = err_log.read_text(errors="replace")[-2000:]
-    if parse_report:
-        try:
-            run.report = json.loads(out_log.read_text(errors="replace"))["result"]
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
 
 
-def verify_output(contender: Contender, src: Path, dst: Path) -> bool:
-    """Check, untimed and unlimited, that a stcast build's output is exactly src converted."""
-    argv = contender.command(src, dst, "verify")
-    done = subprocess.run(argv, capture_output=True, text=True)
+REPORT_MAX = 4 * MiB
+
+
+def read_report(path: Path) -> dict[str, Any] | None:
+    """The scalar fields (isa, threads, seconds, ...) of a stcast `--json` report.
+
+    The per-tensor numerics of 300000 tensors make it ~70 MB: such a report is not parsed
+    (only isa and threads are picked from its head), so that the bench's RSS, which every
+    child's ru_maxrss starts from, stays small, and results.json too."""
+    try:
+        if path.stat().st_size <= REPORT_MAX:
+            result = json.loads(path.read_text(errors="replace"))["result"]
+            return {k: v for k, v in result.items() if not isinstance(v, (list, dict))}
+        with open(path, "rb") as f:
+            head = f.read(64 * 1024).decode(errors="replace")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    found = {}
+    for key, pattern in (("isa", r'"isa":\s*"([^"]*)"'), ("threads", r'"threads":\s*(\d+)')):
+        m = re.search(pattern, head)
+        if m:
+            found[key] = int(m[1]) if key == "threads" else m[1]
+    return found or None
+
+
+def verify_output(
+    contender: Contender, src: Path, dst: Path, logs: Path
+) -> tuple[bool, dict[str, Any] | None]:
+    """Check, untimed and unlimited, that a stcast build's output is exactly src converted;
+    return that and the scalars of verify's report (isa, threads: the timed runs print none).
+    """
+    argv = [*contender.cli, "verify", str(src), str(dst), "--json"]
+    report = logs / "verify.json"
+    with open(report, "wb") as out:
+        done = subprocess.run(argv, stdout=out, stderr=subprocess.PIPE, text=True)
     if done.returncode != 0:
-        print(f"    verify failed: {(done.stderr or done.stdout).strip()[-500:]}")
-    return done.returncode == 0
+        print(f"    verify failed: {done.stderr.strip()[-500:]}")
+    return done.returncode == 0, read_report(report)
 
 
 def reset_peak_rss() -> None:
@@ -555,9 +583,10 @@ def can_drop_caches() -> bool:
 
 
 def stcast_contender(name: str, cli: list[str]) -> Contender:
-    # --json wins over -q: no summary, one report object (isa, threads) on stdout. The
-    # numeric counts stay on (the CLI's default).
-    argv = [*cli, "convert", "{src}", "{dst}", "--force", "-q", "--json"]
+    # The numeric counts stay on (the CLI's default). No --json: its per-tensor report is
+    # ~70 MB at 300000 tensors and costs seconds to print; `verify --json` of the first
+    # output (untimed) gives the ISA and threads instead.
+    argv = [*cli, "convert", "{src}", "{dst}", "--force", "-q"]
     return Contender(name, argv, "stcast", cli)
 
 
@@ -851,14 +880,15 @@ def all_ratios(runs: list[Run], rows: list[dict[str, Any]]) -> list[dict[str, An
     def add(num: tuple[str, str, str, str], den: tuple[str, str, str, str], *metrics: str) -> None:
         for metric in metrics:
             r = ratio(runs, at, num, den, metric)
-            if r:
+            if r and not find_ratio(out, num, den, metric):
                 out.append(r)
 
     for row in rows:
         mode, case, name, action = row_key(row)
-        if action == "convert" and name != "limit_loop":
-            add((mode, case, name, action), (mode, case, "limit_loop", action), "wall_s", "user_s")
-        if action == "convert" and name not in ("stcast", "limit_loop"):
+        if action == "convert" and name not in ("limit_loop", "dd_read"):
+            metrics = ("wall_s", "user_s") if name.startswith("stcast") else ("wall_s",)
+            add((mode, case, name, action), (mode, case, "limit_loop", action), *metrics)
+        if action == "convert" and name != "stcast":
             add((mode, case, name, action), (mode, case, "stcast", action), "wall_s")
         if name in ("stcast", "stcast_tuned"):
             add(
@@ -867,8 +897,6 @@ def all_ratios(runs: list[Run], rows: list[dict[str, Any]]) -> list[dict[str, An
                 *TIMES[:3],
                 "peak_rss",
             )
-        if name == "stcast" and action == "convert":
-            add((mode, case, "dd_read", action), (mode, case, name, action), "wall_s")
         if row["kind"] == "many" and action == "convert":
             few = next((r["case"] for r in rows if r["mode"] == mode and r["kind"] == "few"), None)
             if few:
@@ -880,6 +908,17 @@ def all_ratios(runs: list[Run], rows: list[dict[str, Any]]) -> list[dict[str, An
                     "sys_s",
                 )
     return out
+
+
+def headline(r: dict[str, Any]) -> bool:
+    """Whether the Ratios section lists r (the others are the tables' × columns)."""
+    (_, case, a, _), (_, case_b, b, _) = r["num"], r["den"]
+    return (
+        case != case_b
+        or a == "dd_read"
+        or (a.startswith("stcast") and b == "limit_loop")
+        or (a in ("stcast", "stcast_tuned") and b == "stcast_base")
+    )
 
 
 def row_key(row: dict[str, Any]) -> tuple[str, str, str, str]:
@@ -944,10 +983,14 @@ def goals(
     checked = False
     for case in cases:
         me, loop = ok_row(GOAL_MODE, case, "stcast"), ok_row(GOAL_MODE, case, "limit_loop")
+        where = f"{GOAL_MODE} {case}"
+        if loop and not me:
+            checked = True
+            status = at[(GOAL_MODE, case, "stcast", "convert")]["status"]
+            out.append(("FAIL", f"{where}: stcast against limit_loop: stcast {status}"))
         if not me or not loop:
             continue
         checked = True
-        where = f"{GOAL_MODE} {case}"
         num, den = row_key(me), row_key(loop)
         mw, lw = median(me, "wall_s"), median(loop, "wall_s")
         assert mw is not None and lw is not None
@@ -1058,10 +1101,10 @@ def goals(
                     f"{dd['input_bytes'] / dw / 1e6:.0f} MB/s; {per_round(r)}; {note(me, dd)})",
                 )
             )
+        elif dd:
+            out.append(("FAIL", f"{where}: stcast against dd: stcast {me['status']}"))
         else:
-            out.append(
-                ("NOT RUN", f"{where}: stcast against dd: no successful dd_read and stcast runs")
-            )
+            out.append(("NOT RUN", f"{where}: stcast against dd: no successful dd_read run"))
         rss = median(me, "peak_rss")
         if rss:
             out.append(
@@ -1315,7 +1358,10 @@ def markdown(
     if huge:
         lines.append(
             f"- hugetmpfs: `{huge.get('options')}`; ShmemHugePages after staging the inputs: "
-            + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in huge.get("shmem_huge", {}).items())
+            + ", ".join(
+                f"{fmt_bytes(x['shmem_huge_pages'])} with {x['inputs']} ({fmt_bytes(x['bytes'])})"
+                for x in huge.get("staged", [])
+            )
             + f" (THP {facts.get('thp_enabled')}, shmem {facts.get('thp_shmem_enabled')})"
         )
     lines += [
@@ -1325,11 +1371,19 @@ def markdown(
             if config.get("tmpfs_repeats")
             else ""
         )
-        + f", in {order_text}; each output deleted right after its run. Figures: median "
+        + f", in {order_text}"
+        + (
+            f", after {config['warmup']} uncounted warm-up round(s) in " + ", ".join(WARM_MODES)
+            if config.get("warmup")
+            else ""
+        )
+        + "; each output deleted right after its run. Figures: median "
         "[min–max] over the runs that succeeded (memory: over all runs); GB/s = input bytes / "
         "wall / 1e9; × columns: ratio of the medians of wall [min–max of the per-round "
         "ratios]. Peak RSS is ru_maxrss, which cannot read below the bench's own RSS "
-        f"({fmt_bytes(facts['rss_floor'])}); peak anon is sampled every {SAMPLE_S * 1000:.0f} ms.",
+        f"({fmt_bytes(facts['rss_floor'])} at start, at most "
+        f"{fmt_bytes(facts.get('rss_floor_max') or facts['rss_floor'])} at a spawn); peak anon "
+        f"is sampled every {SAMPLE_S * 1000:.0f} ms.",
         "",
         "## Goals",
         "",
@@ -1340,10 +1394,16 @@ def markdown(
     names = {r["contender"] for r in rows}
     refs = [n for n in ("limit_loop", "stcast", "stcast_base") if n in names]
 
+    group_size: dict[tuple[str, str, str], int] = {}
+    for r in rows:
+        group = (r["mode"], r["case"], r["action"])
+        group_size[group] = group_size.get(group, 0) + 1
+
     def x(row: dict[str, Any], ref: str) -> str:
         key = row_key(row)
         if ref == row["contender"]:
-            return "1" if row.get("wall_s") else "–"
+            alone = group_size[(key[0], key[1], key[3])] == 1
+            return "1" if row.get("wall_s") and not alone else "–"
         return fmt_ratio(at.get((key, (key[0], key[1], ref, key[3]), "wall_s")))
 
     header = [
@@ -1399,7 +1459,8 @@ def markdown(
             "",
         ]
         lines += table(header, "llll" + "r" * (len(header) - 4), [line(r) for r in many])
-    if ratios:
+    listed = [r for r in ratios if headline(r)]
+    if listed:
         lines += [
             "",
             "## Ratios",
@@ -1408,7 +1469,7 @@ def markdown(
             "",
         ]
         body = []
-        for r in ratios:
+        for r in listed:
             (mode, case, a, action), (_, case_b, b, _) = r["num"], r["den"]
             what = label(a, action) + (f" {case}" if case != case_b else "")
             other = label(b, action) + (f" {case_b}" if case != case_b else "")
@@ -1591,11 +1652,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="rounds in tmpfs and hugetmpfs modes (default --repeats): the speed comparison, "
         f"and the cheapest modes to repeat (the goals ask for {GOAL_RUNS})",
     )
-    ap.add_argument("--modes", default="tmpfs,hot,cold,cgroup", help="any of " + ",".join(MODES))
+    ap.add_argument("--modes", default=",".join(MODES), help="any of " + ",".join(MODES))
     ap.add_argument(
         "--contenders",
         default=",".join(CONTENDERS),
         help="any of " + ",".join(CONTENDERS) + " (dd_read runs in cold mode only)",
+    )
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        metavar="N",
+        help="untimed rounds before the counted ones in " + ", ".join(WARM_MODES) + " modes "
+        "(default 1: the first runs in a fresh mount or after generating are outliers)",
     )
     ap.add_argument(
         "--order",
@@ -1808,10 +1877,14 @@ class Bench:
                 else:
                     src = cached
                 srcs.append(src)
-            if mode == "hugetmpfs":
+            if mode == "hugetmpfs":  # whether the mount gave the inputs huge pages
                 huge = self.facts.setdefault("hugetmpfs", {})
-                huge.setdefault("shmem_huge", {})[" + ".join(c.name for c in cases)] = meminfo(
-                    "ShmemHugePages"
+                huge.setdefault("staged", []).append(
+                    {
+                        "inputs": " + ".join(c.name for c in cases),
+                        "bytes": sum(src.stat().st_size for src in srcs),
+                        "shmem_huge_pages": meminfo("ShmemHugePages"),
+                    }
                 )
             yield srcs
         finally:
@@ -1875,9 +1948,11 @@ class Bench:
                     print(
                         f"[{mode} {many.name}] {c.name}: converting once for verify ...", flush=True
                     )
-                    done = subprocess.run(c.command(src, dst), capture_output=True, text=True)
+                    done = subprocess.run(  # its --json report (~70 MB) is not kept
+                        c.command(src, dst), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+                    )
                     if done.returncode != 0 or not dst.exists():
-                        print(f"    failed: {done.stderr.strip()[-500:]}")
+                        print(f"    failed: {done.stderr.decode(errors='replace')[-500:]}")
                         continue
                     verify_jobs.append(Job(c, many, src, "verify", dst))
                 self.rounds(mode, verify_jobs, repeats)
@@ -1886,6 +1961,11 @@ class Bench:
                     dst.unlink(missing_ok=True)
 
     def rounds(self, mode: str, jobs: list[Job], repeats: int) -> None:
+        """repeats rounds of jobs in ABBA (or cyclic) order, after the warm-up rounds."""
+        if mode in WARM_MODES:
+            for _ in range(self.args.warmup):
+                for pos, job in enumerate(jobs):
+                    self.execute(mode, job, -1, pos)  # not counted
         for rep in range(repeats):
             order = jobs if self.args.order == "cyclic" or rep % 2 == 0 else jobs[::-1]
             for pos, job in enumerate(order):
@@ -1921,15 +2001,15 @@ class Bench:
                 limit,
                 args.timeout,
                 stdout_null=job.action == "inspect",
-                parse_report=c.kind == "stcast" and job.action == "convert",
             )
             check = args.verify and c.cli and rep == 0 and writes
             if check and run.status == "ok" and dst is not None:
-                run.verified = verify_output(c, job.src, dst)
+                run.verified, run.report = verify_output(c, job.src, dst, scratch)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)  # no output left between runs
+        round_ = f"#{rep + 1}.{pos + 1}" if rep >= 0 else f"warm-up {pos + 1}"
         print(
-            f"[{mode} {case.name} #{rep + 1}.{pos + 1}] {job.label:<18} {run.status:<8} "
+            f"[{mode} {case.name} {round_}] {job.label:<18} {run.status:<8} "
             f"wall {run.wall_s:7.3f} s  user {run.user_s:6.3f} s  sys {run.sys_s:6.3f} s  "
             f"peak RSS {fmt_bytes(run.peak_rss)}"
             + (f"  cgroup {fmt_bytes(run.cgroup_peak)}" if limit else "")
@@ -2012,6 +2092,7 @@ def main(argv: list[str] | None = None) -> int:
 
     runs = bench.runs
     facts["loadavg_end"] = os.getloadavg()
+    facts["rss_floor_max"] = max((r.floor_rss for r in runs), default=facts["rss_floor"])
     report = next((r.report for r in runs if r.report and r.contender == "stcast"), None)
     if report:
         facts["stcast_isa"], facts["stcast_threads"] = report.get("isa"), report.get("threads")
@@ -2022,6 +2103,7 @@ def main(argv: list[str] | None = None) -> int:
         "tmpfs_repeats": args.tmpfs_repeats,
         "modes": args.modes,
         "order": args.order,
+        "warmup": args.warmup,
         "many_tensors": {
             "modes": args.many_modes,
             "count": args.many_count,
