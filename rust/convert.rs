@@ -263,7 +263,9 @@ impl Job {
         // the plan by `preallocate`; nothing else resizes it while mapped.
         let mut out_map = unsafe { MmapMut::map_mut(&out.file) }
             .map_err(|e| Error::io(dst, "cannot map the output", e))?;
-        out_map[..plan.header.len()].copy_from_slice(&plan.header);
+        let header = plan.take_header();
+        out_map[..header.len()].copy_from_slice(&header);
+        drop(header);
         if opts.tuning.advise != ReadAdvice::Normal {
             let _ = src.map.advise(Advice::Sequential);
         }
@@ -321,6 +323,11 @@ impl Job {
             let Some(w) = self.next_window() else {
                 break;
             };
+            if let Some((items, bytes)) = self.small_batch(w) {
+                self.convert_batch(w.item, items, bytes)?;
+                spent += bytes;
+                continue;
+            }
             let t = &self.plan.tensors[w.item];
             let s = &self.src.header.tensors[t.source];
             let (action, tensor_len) = (t.action, s.len());
@@ -383,6 +390,91 @@ impl Job {
         Ok(finished)
     }
 
+    /// From window `w` at the start of a tensor smaller than a window: how many consecutive
+    /// whole tensors (and their source bytes) fit in one window, their input and output
+    /// each contiguous. None when `w` is not such a tensor, or it is alone: a window's
+    /// per-call costs (a stat, faulting in, writeback) are then paid once for the batch.
+    fn small_batch(&self, w: Window) -> Option<(usize, u64)> {
+        let window = self.tuning.window as u64;
+        let tensors = &self.plan.tensors;
+        let src = &self.src.header.tensors;
+        let first = &tensors[w.item];
+        let len = |i: usize| src[tensors[i].source].len();
+        if w.pos != 0 || w.len != len(w.item) || w.len * 2 > window {
+            return None;
+        }
+        let (mut items, mut bytes) = (1, w.len);
+        let (mut src_end, mut dst_end) = (
+            src[first.source].end,
+            first.start + first.action.out_len(w.len),
+        );
+        while let Some(t) = tensors.get(w.item + items) {
+            let s = &src[t.source];
+            if s.start != src_end || t.start != dst_end || bytes + s.len() > window {
+                break;
+            }
+            bytes += s.len();
+            src_end = s.end;
+            dst_end = t.start + t.action.out_len(s.len());
+            items += 1;
+        }
+        (items > 1).then_some((items, bytes))
+    }
+
+    /// Convert `items` whole tensors from plan index `first` (`bytes` of input), contiguous
+    /// in the input and the output, as one window.
+    fn convert_batch(&mut self, first: usize, items: usize, bytes: u64) -> Result<()> {
+        let t0 = &self.plan.tensors[first];
+        let s0 = &self.src.header.tensors[t0.source];
+        let src_abs = self.src.header.data_start() + s0.start;
+        let dst_abs = self.plan.data_start() + t0.start;
+        let last = &self.plan.tensors[first + items - 1];
+        let dst_end = self.plan.data_start()
+            + last.start
+            + last
+                .action
+                .out_len(self.src.header.tensors[last.source].len());
+        let (sa, da) = (src_abs as usize, dst_abs as usize);
+        let (sn, dn) = (bytes as usize, (dst_end - dst_abs) as usize);
+        self.src.check_unchanged()?;
+        let work = Work {
+            pool: &self.pool,
+            threads: self.threads,
+            isa: self.isa,
+            populate: self.tuning.populate,
+        };
+        let src_bytes = &self.src.map[sa..sa + sn];
+        let mut dst_bytes = &mut self.out_map[da..da + dn];
+        if work.fault_in(src_bytes, dst_bytes) {
+            self.src.check_unchanged()?;
+            return Err(Error::io(
+                &self.src.path,
+                "cannot read the input",
+                std::io::Error::from_raw_os_error(libc::EFAULT),
+            ));
+        }
+        let mut pieces = Vec::with_capacity(items);
+        let mut at = 0usize;
+        for t in &self.plan.tensors[first..first + items] {
+            let n = self.src.header.tensors[t.source].len() as usize;
+            let (d, rest) =
+                std::mem::take(&mut dst_bytes).split_at_mut(t.action.out_len(n as u64) as usize);
+            dst_bytes = rest;
+            pieces.push((t.action, &src_bytes[at..at + n], d));
+            at += n;
+        }
+        let measured = work.run_batch(&mut pieces, self.numerics.is_some());
+        if let Some(all) = &mut self.numerics {
+            for (k, m) in measured.into_iter().enumerate() {
+                all[first + k].merge(&m);
+            }
+        }
+        self.cursor.advance_items(items, bytes);
+        self.release_input(src_abs, bytes);
+        self.note_output(dst_abs, dn as u64)?;
+        Ok(())
+    }
+
     /// Warnings not handed out yet: the plan's, then the overflow warning of the last step.
     pub fn take_warnings(&mut self) -> Vec<Warning> {
         let new = self.warnings[self.taken..].to_vec();
@@ -391,7 +483,7 @@ impl Job {
     }
 
     /// The measured tensors, by name, in output order.
-    fn measured(&self) -> Vec<(String, Numerics)> {
+    fn measured(&self) -> Vec<(&str, &Numerics)> {
         let Some(all) = &self.numerics else {
             return Vec::new();
         };
@@ -400,7 +492,7 @@ impl Job {
             .iter()
             .zip(all)
             .filter(|(t, _)| matches!(t.action, Action::Convert(_)))
-            .map(|(t, n)| (self.src.header.tensors[t.source].name.clone(), n.clone()))
+            .map(|(t, n)| (self.src.header.tensors[t.source].name.as_str(), n))
             .collect()
     }
 
@@ -408,18 +500,18 @@ impl Job {
     /// published then), else warn about it; warn about values that underflowed to zero.
     fn check_overflow(&mut self) -> Result<()> {
         let measured = self.measured();
+        let mut found = Vec::new();
         if let Some((error, warning)) =
             plan::overflow_outcome(&self.src.path, self.plan.target, &measured)
         {
             if self.on_overflow == OnOverflow::Error {
                 return Err(error);
             }
-            self.warnings.push(warning);
+            found.push(warning);
         }
         // After overflow: the graver loss is read first.
-        if let Some(w) = plan::underflow_warning(&measured) {
-            self.warnings.push(w);
-        }
+        found.extend(plan::underflow_warning(&measured));
+        self.warnings.extend(found);
         Ok(())
     }
 
@@ -534,7 +626,7 @@ impl Job {
         self.out.seal()?;
         if let Some((path, replace)) = &self.report {
             let measured = self.measured();
-            let total = Numerics::total(measured.iter().map(|(_, n)| n));
+            let total = Numerics::total(measured.iter().map(|(_, n)| *n));
             let bytes = crate::report::numeric_report(
                 &self.src.path,
                 &self.dst,
@@ -554,11 +646,6 @@ impl Job {
 
     /// After `seal`: give the output its name (the commit point), then the report.
     pub fn publish(self) -> Result<Report> {
-        let numerics = if self.numerics.is_some() {
-            self.measured()
-        } else {
-            Vec::new()
-        };
         let Job {
             src,
             dst,
@@ -571,9 +658,23 @@ impl Job {
             plan,
             warnings,
             report_out,
+            numerics,
             ..
         } = self;
         drop(out_map);
+        let kept = plan.kept_tensors(&src.header);
+        // The names move from the header into the report (no copy of 300k names).
+        let mut names: Vec<String> = src.header.tensors.into_iter().map(|t| t.name).collect();
+        let numerics: Vec<(String, Numerics)> = match numerics {
+            None => Vec::new(),
+            Some(all) => plan
+                .tensors
+                .iter()
+                .zip(all)
+                .filter(|(t, _)| matches!(t.action, Action::Convert(_)))
+                .map(|(t, n)| (std::mem::take(&mut names[t.source]), n))
+                .collect(),
+        };
         out.publish()?;
         if let Some(report) = report_out {
             report.publish().map_err(|e| Error::AfterCommit {
@@ -586,7 +687,7 @@ impl Job {
             numerics,
             tensors_kept: plan.kept(),
             bytes_kept: plan.kept_bytes(),
-            kept: plan.kept_tensors(&src.header),
+            kept,
             bytes_in: src.map.len() as u64,
             bytes_out: plan.file_len(),
             src: src.path,

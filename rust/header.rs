@@ -1,5 +1,6 @@
 //! Read and validate a safetensors header: the tensors in data order and the metadata.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::fmt;
 use std::path::Path;
@@ -80,18 +81,34 @@ pub fn read_header(path: &Path, bytes: &[u8]) -> Result<SourceHeader> {
         .map_err(|e| Error::invalid_header(path, e.to_string()))?;
 
     let mut tensors = Vec::with_capacity(keys.names.len());
+    let mut bytes = 0u64;
+    let mut empty = false;
     for name in keys.names {
         let info = meta
             .info(&name)
             .ok_or_else(|| Error::invalid_header(path, format!("tensor `{name}` is missing")))?;
         let (start, end) = info.data_offsets;
+        bytes += (end - start) as u64;
+        empty |= start == end;
         tensors.push(SourceTensor {
-            name,
+            name: name.into_owned(),
             dtype: info.dtype,
             shape: info.shape.clone(),
             start: start as u64,
             end: end as u64,
         });
+    }
+    // The crate keeps one entry per name, and has checked that those cover the data
+    // exactly: a repeated name counts its bytes twice. (Empty tensors count nothing, so
+    // with any of them the names are compared.)
+    if bytes != meta.data_len() as u64 || empty {
+        let names: Vec<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
+        if let Some(name) = duplicate(&names) {
+            return Err(Error::invalid_header(
+                path,
+                format!("duplicate tensor name `{name}`"),
+            ));
+        }
     }
     // Stable: empty tensors that share an offset keep their JSON order.
     tensors.sort_by_key(|t| (t.start, t.end));
@@ -165,12 +182,41 @@ fn diagnose(bytes: &[u8]) -> Option<String> {
 }
 
 /// The top-level keys of a header in JSON order, and `__metadata__` in its order.
-struct OrderedHeader {
-    names: Vec<String>,
+struct OrderedHeader<'de> {
+    /// Borrowed from the header where no escape needs decoding: no allocation per name.
+    names: Vec<Cow<'de, str>>,
     metadata: Option<Vec<(String, String)>>,
 }
 
-impl<'de> de::Deserialize<'de> for OrderedHeader {
+/// A JSON key, borrowed when it can be.
+struct Key<'de>(Cow<'de, str>);
+
+impl<'de> de::Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(
+                self,
+                v: &'de str,
+            ) -> std::result::Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> std::result::Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(KeyVisitor)
+    }
+}
+
+impl<'de> de::Deserialize<'de> for OrderedHeader<'de> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         d.deserialize_map(HeaderVisitor)
     }
@@ -179,7 +225,7 @@ impl<'de> de::Deserialize<'de> for OrderedHeader {
 struct HeaderVisitor;
 
 impl<'de> Visitor<'de> for HeaderVisitor {
-    type Value = OrderedHeader;
+    type Value = OrderedHeader<'de>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a JSON object")
@@ -189,14 +235,16 @@ impl<'de> Visitor<'de> for HeaderVisitor {
         self,
         mut map: A,
     ) -> std::result::Result<Self::Value, A::Error> {
-        let mut seen = HashSet::new();
+        // Duplicates are found afterwards (`duplicate`), only when the counts say so.
         let mut names = Vec::new();
         let mut metadata = None;
-        while let Some(key) = map.next_key::<String>()? {
-            if !seen.insert(key.clone()) {
-                return Err(de::Error::custom(format!("duplicate tensor name `{key}`")));
-            }
+        let mut metadata_seen = false;
+        while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
             if key == "__metadata__" {
+                if metadata_seen {
+                    return Err(de::Error::custom("duplicate tensor name `__metadata__`"));
+                }
+                metadata_seen = true;
                 metadata = map.next_value::<Option<OrderedMetadata>>()?.map(|m| m.0);
             } else {
                 map.next_value::<IgnoredAny>()?;
@@ -205,6 +253,12 @@ impl<'de> Visitor<'de> for HeaderVisitor {
         }
         Ok(OrderedHeader { names, metadata })
     }
+}
+
+/// The first name that appears twice, if one does.
+fn duplicate<'a>(names: &[&'a str]) -> Option<&'a str> {
+    let mut seen = HashSet::with_capacity(names.len());
+    names.iter().copied().find(|n| !seen.insert(*n))
 }
 
 struct OrderedMetadata(Vec<(String, String)>);

@@ -1,6 +1,9 @@
 //! Plan the output of one input: each tensor's dtype and why, the order and offsets, the
 //! header bytes, and the warnings a caller should hear before anything is written.
 
+use std::borrow::Borrow;
+
+use crate::numerics::Numerics;
 use std::collections::HashSet;
 use std::path::Path;
 
@@ -117,8 +120,11 @@ pub struct TensorPlan {
 #[derive(Clone, Debug)]
 pub struct Plan {
     pub target: Target,
-    /// Prefix plus JSON header, padded with spaces to a multiple of 8.
+    /// Prefix plus JSON header, padded with spaces to a multiple of 8 (empty once a
+    /// conversion has written it: see `take_header`).
     pub header: Vec<u8>,
+    /// Its length, which stays.
+    pub header_len: u64,
     /// Tensors in output order.
     pub tensors: Vec<TensorPlan>,
     /// Why each tensor is planned as it is, in input order (indexed like
@@ -131,7 +137,12 @@ pub struct Plan {
 
 impl Plan {
     pub fn data_start(&self) -> u64 {
-        self.header.len() as u64
+        self.header_len
+    }
+
+    /// The header bytes, handed over once (a header of many tensors is tens of MB).
+    pub fn take_header(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.header)
     }
 
     pub fn data_len(&self) -> u64 {
@@ -318,6 +329,7 @@ pub fn plan(path: &Path, src: &SourceHeader, opts: &PlanOptions) -> Result<Plan>
     }
     let mut plan = Plan {
         target: opts.target,
+        header_len: header.len() as u64,
         header,
         tensors,
         reasons,
@@ -331,43 +343,51 @@ pub fn plan(path: &Path, src: &SourceHeader, opts: &PlanOptions) -> Result<Plan>
 /// The header bytes of an output holding `tensors` (planned from `src`): the length prefix,
 /// then the JSON with `__metadata__` first, padded with spaces to a multiple of 8.
 pub(crate) fn encode_header(src: &SourceHeader, tensors: &[TensorPlan]) -> Vec<u8> {
-    let quote = |s: &str| serde_json::to_string(s).expect("strings always serialize");
-    let mut json = String::from("{");
+    use std::io::Write;
+    // Written straight into one buffer about the source header's size: no allocation per
+    // tensor, and no second copy (a header of 300,000 tensors is tens of MB).
+    let mut out: Vec<u8> =
+        Vec::with_capacity(PREFIX + src.header_len as usize + src.header_len as usize / 8 + 64);
+    out.extend_from_slice(&[0u8; PREFIX]);
+    // Writing into a Vec cannot fail.
+    let quote = |out: &mut Vec<u8>, s: &str| {
+        serde_json::to_writer(&mut *out, s).expect("strings always serialize")
+    };
+    out.push(b'{');
     if let Some(meta) = &src.metadata {
-        json.push_str("\"__metadata__\":{");
+        out.extend_from_slice(b"\"__metadata__\":{");
         for (i, (k, v)) in meta.iter().enumerate() {
             if i > 0 {
-                json.push(',');
+                out.push(b',');
             }
-            json.push_str(&quote(k));
-            json.push(':');
-            json.push_str(&quote(v));
+            quote(&mut out, k);
+            out.push(b':');
+            quote(&mut out, v);
         }
-        json.push('}');
+        out.push(b'}');
     }
     for (i, t) in tensors.iter().enumerate() {
         if i > 0 || src.metadata.is_some() {
-            json.push(',');
+            out.push(b',');
         }
         let s = &src.tensors[t.source];
-        let shape: Vec<String> = s.shape.iter().map(|d| d.to_string()).collect();
-        json.push_str(&format!(
-            "{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
-            quote(&s.name),
-            t.dtype,
-            shape.join(","),
-            t.start,
-            t.end
-        ));
+        quote(&mut out, &s.name);
+        let _ = write!(out, ":{{\"dtype\":\"{}\",\"shape\":[", t.dtype);
+        for (k, d) in s.shape.iter().enumerate() {
+            if k > 0 {
+                out.push(b',');
+            }
+            let _ = write!(out, "{d}");
+        }
+        let _ = write!(out, "],\"data_offsets\":[{},{}]}}", t.start, t.end);
     }
-    json.push('}');
+    out.push(b'}');
     // Padding to 8 keeps the data section, and so every tensor, aligned.
-    while json.len() % 8 != 0 {
-        json.push(' ');
+    while !(out.len() - PREFIX).is_multiple_of(8) {
+        out.push(b' ');
     }
-    let mut out = Vec::with_capacity(PREFIX + json.len());
-    out.extend_from_slice(&(json.len() as u64).to_le_bytes());
-    out.extend_from_slice(json.as_bytes());
+    let n = (out.len() - PREFIX) as u64;
+    out[..PREFIX].copy_from_slice(&n.to_le_bytes());
     out
 }
 
@@ -455,11 +475,13 @@ fn quantized_warning(src: &SourceHeader, plan: &Plan, opts: &PlanOptions) -> Opt
 }
 
 /// The warning for values that became zero: how many, in how many tensors, the worst.
-pub fn underflow_warning(numerics: &[(String, crate::numerics::Numerics)]) -> Option<Warning> {
+pub fn underflow_warning<S: AsRef<str>, N: Borrow<Numerics>>(
+    numerics: &[(S, N)],
+) -> Option<Warning> {
     let mut hit: Vec<(&str, u64)> = numerics
         .iter()
-        .filter(|(_, n)| n.underflow_to_zero > 0)
-        .map(|(name, n)| (name.as_str(), n.underflow_to_zero))
+        .filter(|(_, n)| n.borrow().underflow_to_zero > 0)
+        .map(|(name, n)| (name.as_ref(), n.borrow().underflow_to_zero))
         .collect();
     if hit.is_empty() {
         return None;
@@ -484,15 +506,15 @@ pub fn underflow_warning(numerics: &[(String, crate::numerics::Numerics)]) -> Op
 
 /// The overflow check of a conversion whose numerics were measured: the error under
 /// `on_overflow=error`, else the warning.
-pub fn overflow_outcome(
+pub fn overflow_outcome<S: AsRef<str>, N: Borrow<Numerics>>(
     path: &Path,
     target: Target,
-    numerics: &[(String, crate::numerics::Numerics)],
+    numerics: &[(S, N)],
 ) -> Option<(Error, Warning)> {
     let mut hot: Vec<(&str, u64)> = numerics
         .iter()
-        .filter(|(_, n)| n.overflow > 0)
-        .map(|(name, n)| (name.as_str(), n.overflow))
+        .filter(|(_, n)| n.borrow().overflow > 0)
+        .map(|(name, n)| (name.as_ref(), n.borrow().overflow))
         .collect();
     if hot.is_empty() {
         return None;

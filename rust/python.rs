@@ -394,20 +394,81 @@ fn kept_list<'py>(py: Python<'py>, kept: &[KeptTensor]) -> PyResult<Bound<'py, P
     Ok(list)
 }
 
-/// `{"tensors": [{"name", counts and errors}], "total": {counts and errors}}`.
+/// `{"tensors": TensorNumerics, "total": {counts and errors}}`.
 fn numerics_dict<'py>(
     py: Python<'py>,
     tensors: &[(String, Numerics)],
     total: &Numerics,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let list = PyList::empty(py);
-    for (name, n) in tensors {
-        list.append(numerics_fields(py, Some(name), n)?)?;
-    }
+    let rows = TensorNumerics {
+        rows: tensors.to_vec(),
+    };
     let d = PyDict::new(py);
-    d.set_item("tensors", list)?;
+    d.set_item("tensors", Bound::new(py, rows)?)?;
     d.set_item("total", numerics_fields(py, None, total)?)?;
     Ok(d)
+}
+
+/// The per-tensor numeric reports of a run, as a read-only sequence of dicts built when
+/// read: a checkpoint of 300,000 tensors does not cost 300,000 dicts unless they are used.
+#[pyclass(frozen, sequence, module = "stcast._core")]
+struct TensorNumerics {
+    rows: Vec<(String, Numerics)>,
+}
+
+#[pymethods]
+impl TensorNumerics {
+    fn __len__(&self) -> usize {
+        self.rows.len()
+    }
+
+    fn __getitem__<'py>(
+        &self,
+        py: Python<'py>,
+        index: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if let Ok(slice) = index.cast::<pyo3::types::PySlice>() {
+            let ix = slice.indices(self.rows.len() as isize)?;
+            let list = PyList::empty(py);
+            let mut i = ix.start;
+            for _ in 0..ix.slicelength {
+                let (name, n) = &self.rows[i as usize];
+                list.append(numerics_fields(py, Some(name), n)?)?;
+                i += ix.step;
+            }
+            return Ok(list.into_any());
+        }
+        let i: isize = index.extract()?;
+        let len = self.rows.len() as isize;
+        let at = if i < 0 { i + len } else { i };
+        if !(0..len).contains(&at) {
+            return Err(pyo3::exceptions::PyIndexError::new_err(
+                "index out of range",
+            ));
+        }
+        let (name, n) = &self.rows[at as usize];
+        Ok(numerics_fields(py, Some(name), n)?.into_any())
+    }
+
+    /// Every row as a list of dicts.
+    fn tolist<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let list = PyList::empty(py);
+        for (name, n) in &self.rows {
+            list.append(numerics_fields(py, Some(name), n)?)?;
+        }
+        Ok(list)
+    }
+
+    fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<bool> {
+        if let Ok(other) = other.cast::<TensorNumerics>() {
+            return Ok(self.rows == other.get().rows);
+        }
+        self.tolist(py)?.eq(other)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<{} tensor reports>", self.rows.len())
+    }
 }
 
 /// One `Numerics` as a dict of its counts and errors, with the tensor name when given.
@@ -850,6 +911,7 @@ fn names<'py>(py: Python<'py>, names: &[&str]) -> PyResult<Bound<'py, PyTuple>> 
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("__version__", VERSION)?;
+    m.add_class::<TensorNumerics>()?;
     m.add("TARGETS", names(py, Target::NAMES)?)?;
     let aliases = PyDict::new(py);
     for (alias, t) in Target::ALIASES {

@@ -36,15 +36,17 @@ fn fields(file: Option<&str>, name: Option<&str>, n: &Numerics) -> Value {
 
 /// The report's bytes: `{"schema", "command": "report", "version", "result": {"src",
 /// "dst", "to", "tensors": [...], "total": {...}}}`, indented by one space per level.
-pub fn numeric_report(
+pub fn numeric_report<S: AsRef<str>, N: std::borrow::Borrow<Numerics>>(
     src: &Path,
     dst: &Path,
     target: Option<Target>,
-    tensors: &[(String, Numerics)],
+    tensors: &[(S, N)],
     total: &Numerics,
 ) -> Vec<u8> {
-    let named: Vec<(Option<&str>, &str, &Numerics)> =
-        tensors.iter().map(|(n, x)| (None, n.as_str(), x)).collect();
+    let named: Vec<(Option<&str>, &str, &Numerics)> = tensors
+        .iter()
+        .map(|(n, x)| (None, n.as_ref(), x.borrow()))
+        .collect();
     folder_report(src, dst, target, &named, total)
 }
 

@@ -90,6 +90,14 @@ impl Cursor {
         (self.done, self.total)
     }
 
+    /// Move past `items` whole items from the current one (at its start), `bytes` in all:
+    /// a batch of small items done at once.
+    pub fn advance_items(&mut self, items: usize, bytes: u64) {
+        debug_assert_eq!(self.pos, 0);
+        self.next += items;
+        self.done += bytes;
+    }
+
     /// Is every item done? (Only true once `peek` has returned None.)
     pub fn is_done(&self, count: usize) -> bool {
         self.next >= count
@@ -236,6 +244,44 @@ impl Work<'_> {
             |(), ()| (),
         )
         .1
+    }
+
+    /// Fault `src` and `dst` in (when populating), each with one call; true if the input
+    /// shrank under it (see `split`).
+    pub fn fault_in(&self, src: &[u8], dst: &mut [u8]) -> bool {
+        if !self.populate {
+            return false;
+        }
+        if prefault(src, libc::MADV_POPULATE_READ) == Some(libc::EFAULT) {
+            return true;
+        }
+        prefault(dst, libc::MADV_POPULATE_WRITE);
+        false
+    }
+
+    /// Convert (and measure, when `numerics`) a batch of small whole tensors: `pieces` are
+    /// (action, source bytes, output bytes) of consecutive tensors, already faulted in. The
+    /// tensors are spread over the threads (each one whole on one thread). Returns one
+    /// report per piece (default for copies and unmeasured conversions).
+    pub fn run_batch(
+        &self,
+        pieces: &mut [(Action, &[u8], &mut [u8])],
+        numerics: bool,
+    ) -> Vec<Numerics> {
+        let isa = self.isa;
+        let one = |(action, s, d): &mut (Action, &[u8], &mut [u8])| match *action {
+            Action::Convert(c) if numerics => fused::convert_and_measure(isa, c, s, d),
+            a => {
+                a.apply(isa, s, d);
+                Numerics::default()
+            }
+        };
+        let bytes: usize = pieces.iter().map(|p| p.1.len()).sum();
+        if !self.is_parallel(bytes) {
+            return pieces.iter_mut().map(one).collect();
+        }
+        self.pool
+            .install(|| pieces.par_iter_mut().with_min_len(16).map(one).collect())
     }
 
     /// `run` for a conversion, measuring what it does as it goes (see `numerics`).

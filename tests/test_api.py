@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import json
 import pickle
 import re
 import subprocess
@@ -188,3 +189,26 @@ def test_readme_api_lines_pass_mypy_strict(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_per_tensor_numerics_are_a_lazy_sequence(tmp_path):
+    """A report's per-tensor numerics are built when read (300k tensors cost no dicts
+    unless used), and behave as the list of dicts they stand for."""
+    from collections.abc import Sequence
+
+    x = np.float32([1, 2, 3, 1e-45])
+    tensors = {f"t{i}": ("F32", [4], x * (i + 1)) for i in range(5)}
+    src = write_safetensors(tmp_path / "in.safetensors", tensors)
+    report = stcast.convert(src, tmp_path / "out.safetensors")
+    rows = report.numerics["tensors"]
+    assert isinstance(rows, Sequence) and len(rows) == 5
+    as_list = [dict(r) for r in rows]
+    assert [r["name"] for r in as_list] == [f"t{i}" for i in range(5)]
+    assert rows[-1] == as_list[-1] and rows[1:3] == as_list[1:3] and rows[::2] == as_list[::2]
+    with pytest.raises(IndexError):
+        rows[5]
+    assert rows == as_list and rows == report.numerics["tensors"]
+    assert report.to_dict()["numerics"]["tensors"] == as_list
+    json.dumps(report.to_dict())  # plain data
+    again = stcast.verify(src, tmp_path / "out.safetensors")
+    assert again.numerics["tensors"] == rows

@@ -1,6 +1,7 @@
 """The native engine (rust/python.rs). Private: use the `stcast` package instead."""
 
-from typing import Any, Callable, Protocol, TypedDict
+from collections.abc import Sequence
+from typing import Any, Callable, Protocol, TypedDict, final, overload
 
 from stcast._types import (
     Action,
@@ -11,9 +12,13 @@ from stcast._types import (
     Reason,
     Target,
 )
+from stcast._types import (
+    TensorNumerics as _Row,
+)
 
 __all__ = [
     "__version__",
+    "TensorNumerics",
     "TARGETS",
     "TARGET_ALIASES",
     "TARGET_TORCH_NAMES",
@@ -236,3 +241,14 @@ def copy_file(
     progress: Callable[[int, int], object] | None = None,
     cancel: _CancelFlag | None = None,
 ) -> tuple[int, int, int]: ...
+
+@final
+class TensorNumerics(Sequence[_Row]):
+    """Per-tensor numeric reports, each dict built when read."""
+
+    def __len__(self) -> int: ...
+    @overload
+    def __getitem__(self, key: int, /) -> _Row: ...
+    @overload
+    def __getitem__(self, key: slice, /) -> list[_Row]: ...
+    def tolist(self) -> list[_Row]: ...

@@ -7,6 +7,7 @@ here. The `TypedDict`s describe the plain data inside reports (and their `to_dic
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal, TypedDict
 
 # Names from the engine (see rust/vocab.rs).
@@ -72,9 +73,10 @@ class TensorNumerics(NumericsTotal, _InFile):
 
 
 class Numerics(TypedDict):
-    """Per converted tensor (output order), and the total."""
+    """Per converted tensor (output order), and the total. `tensors` is a read-only
+    sequence whose dicts are built when read (a list in `to_dict()`)."""
 
-    tensors: list[TensorNumerics]
+    tensors: Sequence[TensorNumerics]
     total: NumericsTotal
 
 

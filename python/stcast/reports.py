@@ -43,9 +43,18 @@ __all__ = [
 _R = TypeVar("_R")
 
 
+# Each report class's field names, in order (looked up once: reports of 300,000 tensors).
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names = _FIELDS[cls] = tuple(f.name for f in fields(cls))
+    return names
+
+
 def _build(cls: type[_R], data: Mapping[str, Any], **overrides: Any) -> _R:
     """`cls` from the items of `data` that are its fields (and `overrides`)."""
-    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    names = _FIELDS.get(cls) or _field_names(cls)
     values = {k: v for k, v in data.items() if k in names}
     values.update(overrides)
     return cls(**values)
@@ -154,6 +163,7 @@ class ConvertReport:
         """The report as plain JSON-ready data (the `result` of `stcast convert --json`)."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["files"] = [f.to_dict() for f in self.files]
+        d["numerics"] = _plain_numerics(self.numerics)
         return d
 
 
@@ -182,7 +192,7 @@ class TensorInfo:
 
     def to_dict(self) -> dict[str, Any]:
         """The tensor as plain JSON-ready data."""
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d = self.__dict__.copy()  # the fields, in order (fast: reports of 300k tensors)
         if d["file"] is None:
             del d["file"]
         return d
@@ -299,4 +309,14 @@ class VerifyReport:
         """The report as plain JSON-ready data (the `result` of `stcast verify --json`)."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["mismatch"] = None if self.mismatch is None else self.mismatch.to_dict()
+        d["numerics"] = _plain_numerics(self.numerics)
         return d
+
+
+def _plain_numerics(n: Numerics | None) -> dict[str, Any] | None:
+    """A numeric report with its per-tensor rows as a list (JSON-ready)."""
+    if n is None:
+        return None
+    rows = n["tensors"]
+    tolist = getattr(rows, "tolist", None)
+    return {"tensors": tolist() if tolist is not None else list(rows), "total": n["total"]}
