@@ -21,12 +21,19 @@ pub struct SourceTensor {
     pub name: String,
     pub dtype: Dtype,
     pub shape: Vec<usize>,
-    /// Byte range relative to the start of the data section.
+    /// Byte range relative to the start of its file's data (`InputFile::base`); for a
+    /// gathered tensor, `start` is where its elements begin and `len()` its logical size.
     pub start: u64,
     pub end: u64,
+    /// Which file of the source holds it (`Source::files`): 0 but for composites.
+    pub input: usize,
+    /// A view that is not one little-endian run (strided, or big-endian): read by gathering
+    /// its elements window by window (`torch::gather`).
+    pub gather: Option<Box<crate::torch::TensorDesc>>,
 }
 
 impl SourceTensor {
+    /// Bytes of the tensor, written contiguously.
     pub fn len(&self) -> u64 {
         self.end - self.start
     }
@@ -53,8 +60,9 @@ impl SourceHeader {
         PREFIX as u64 + self.header_len
     }
 
+    /// Bytes of all tensors (for one safetensors file: its data section).
     pub fn data_len(&self) -> u64 {
-        self.tensors.last().map_or(0, |t| t.end)
+        self.tensors.iter().map(|t| t.len()).sum()
     }
 }
 
@@ -96,6 +104,8 @@ pub fn read_header(path: &Path, bytes: &[u8]) -> Result<SourceHeader> {
             shape: info.shape.clone(),
             start: start as u64,
             end: end as u64,
+            input: 0,
+            gather: None,
         });
     }
     // The crate keeps one entry per name, and has checked that those cover the data

@@ -548,7 +548,7 @@ fn inspect_dict<'py>(py: Python<'py>, found: &Inspection) -> PyResult<Bound<'py,
     d.set_item("path", src.path.as_os_str())?;
     d.set_item("header_bytes", h.header_len)?;
     d.set_item("data_bytes", h.data_len())?;
-    d.set_item("file_bytes", src.map.len())?;
+    d.set_item("file_bytes", src.file_bytes())?;
     match &h.metadata {
         Some(meta) => {
             let m = PyDict::new(py);

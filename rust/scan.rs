@@ -59,6 +59,8 @@ pub struct Scan {
     threads: usize,
     isa: Isa,
     scratch: Vec<u8>,
+    /// Where views that are not one run (strided, big-endian) are gathered.
+    gathered: Vec<u8>,
     cursor: Cursor,
 }
 
@@ -94,7 +96,7 @@ impl Scan {
             ScanKind::Numerics => vec![0u8; crate::window::window_size(opts.tuning.window)],
             ScanKind::MaxAbs => Vec::new(),
         };
-        let _ = src.map.advise(Advice::Sequential);
+        src.advise(Advice::Sequential);
         Ok(Scan {
             src,
             kind,
@@ -103,6 +105,7 @@ impl Scan {
             threads,
             isa: opts.tuning.isa.unwrap_or_else(Isa::detect),
             scratch,
+            gathered: Vec::new(),
             cursor,
         })
     }
@@ -139,11 +142,17 @@ impl Scan {
             let item = &self.tensors[w.item];
             let s = &self.src.header.tensors[item.source];
             let c = item.conversion;
-            let at = self.src.header.data_start() + s.start + w.pos;
-            let (a, b) = (at as usize, (at + w.len) as usize);
-            self.src.check_unchanged()?;
-            let _ = self.src.map.advise_range(Advice::PopulateRead, a, b - a);
-            let bytes = &self.src.map[a..b];
+            let (file, at) = self.src.locate(s);
+            let at = at + w.pos;
+            let input = s.input;
+            file.check_unchanged()?;
+            if s.gather.is_none() {
+                let _ = file
+                    .map
+                    .advise_range(Advice::PopulateRead, at as usize, w.len as usize);
+            }
+            let gathered = s.gather.is_some();
+            let bytes = self.src.read(s, w.pos, w.len, &mut self.gathered)?;
             let work = Work {
                 pool: &self.pool,
                 threads: self.threads,
@@ -166,7 +175,9 @@ impl Scan {
                         .merge(&measured);
                 }
             }
-            self.src.release((at, at + w.len));
+            if !gathered {
+                self.src.files[input].release((at, at + w.len));
+            }
             self.cursor.advance(w);
             spent += w.len;
         }

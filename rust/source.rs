@@ -13,17 +13,32 @@ use std::path::{Path, PathBuf};
 use memmap2::{Mmap, UncheckedAdvice};
 
 use crate::error::{Error, Result};
-use crate::header::{self, SourceHeader, PREFIX};
+use crate::header::{self, SourceHeader, SourceTensor, PREFIX};
 use crate::torch::Format;
 
-/// An opened, validated input.
-pub struct Source {
+/// One mapped input file: its path, the open file, a read-only map of exactly the size
+/// `fstat` gave, and that size and mtime (to see a change while it is read).
+pub struct InputFile {
     pub path: PathBuf,
     pub file: File,
     pub map: Mmap,
-    pub header: SourceHeader,
-    /// Size and mtime when opened: a write to the file changes one of them.
+    /// Where the offsets of this file's tensors count from: its data section (safetensors),
+    /// or 0 where they are absolute (PyTorch checkpoints).
+    pub base: u64,
     stamp: Stamp,
+}
+
+/// An opened, validated input: one or more mapped files and the tensors they hold.
+///
+/// A safetensors file is one file and its header. Other formats (PyTorch checkpoints) and
+/// composites (the files an output shard reads from) fill the same header with tensors
+/// that name their file (`SourceTensor::input`) and, for views that are not one
+/// little-endian run, how to gather them.
+pub struct Source {
+    /// What the input is called in messages: the file, or for a composite the first one.
+    pub path: PathBuf,
+    pub files: Vec<InputFile>,
+    pub header: SourceHeader,
 }
 
 /// What `fstat` says about the input's content: its size and mtime (in nanoseconds).
@@ -71,20 +86,14 @@ pub fn open_regular(path: &Path) -> Result<(File, std::fs::Metadata)> {
     Ok((file, meta))
 }
 
-impl Source {
-    /// Open and validate `path` without reading its data.
-    pub fn open(path: &Path) -> Result<Source> {
+impl InputFile {
+    /// Open and map `path` (a regular file of at least `min_len` bytes; a smaller one is
+    /// `too_small(size)`, never mapped: pseudo-files of /proc report 0 bytes and then
+    /// yield any amount).
+    pub fn open(path: &Path, min_len: u64, too_small: impl Fn(u64) -> Error) -> Result<InputFile> {
         let (file, meta) = open_regular(path)?;
-        if meta.len() < PREFIX as u64 {
-            // Nothing to map. A file whose size says so is never read: pseudo-files
-            // (`/proc/...`) report 0 bytes and then yield any amount.
-            return Err(Error::invalid_header(
-                path,
-                format!(
-                    "header too small: the file is {} bytes, the header length alone takes {PREFIX}",
-                    meta.len()
-                ),
-            ));
+        if meta.len() < min_len.max(1) {
+            return Err(too_small(meta.len()));
         }
         // SAFETY: the map is read-only. Another process truncating the file while we run
         // would fault (SIGBUS); that is the usual contract of reading through mmap. Readers
@@ -92,21 +101,11 @@ impl Source {
         // truncation during the read of one window.
         let map =
             unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, "cannot map the input", e))?;
-        let header = header::read_header(path, &map).map_err(|e| {
-            // Another format's reasons to fail as safetensors mislead: name the format.
-            match crate::torch::sniff(&map) {
-                Format::Safetensors | Format::Unknown => e,
-                other => Error::OtherFormat {
-                    path: path.to_path_buf(),
-                    what: other.describe(),
-                },
-            }
-        })?;
-        Ok(Source {
+        Ok(InputFile {
             path: path.to_path_buf(),
             file,
             map,
-            header,
+            base: 0,
             stamp: Stamp::of(&meta),
         })
     }
@@ -160,6 +159,114 @@ impl Source {
         }
         // Also drop them from the page cache: under a memory cgroup they count against us.
         fadvise_dontneed(self.file.as_raw_fd(), (a, b));
+    }
+}
+
+impl Source {
+    /// Open and validate the safetensors file `path` without reading its data.
+    pub fn open(path: &Path) -> Result<Source> {
+        let mut input = InputFile::open(path, PREFIX as u64, |len| {
+            Error::invalid_header(
+                path,
+                format!(
+                    "header too small: the file is {len} bytes, the header length alone takes {PREFIX}"
+                ),
+            )
+        })?;
+        let header = header::read_header(path, &input.map).map_err(|e| {
+            // Another format's reasons to fail as safetensors mislead: name the format.
+            match crate::torch::sniff(&input.map) {
+                Format::Safetensors | Format::Unknown => e,
+                other => Error::OtherFormat {
+                    path: path.to_path_buf(),
+                    what: other.describe(),
+                },
+            }
+        })?;
+        input.base = header.data_start();
+        Ok(Source {
+            path: path.to_path_buf(),
+            files: vec![input],
+            header,
+        })
+    }
+
+    /// A source from files already opened and the tensors they hold (other formats,
+    /// composites). `path` names it in messages.
+    pub fn from_parts(path: &Path, files: Vec<InputFile>, header: SourceHeader) -> Source {
+        Source {
+            path: path.to_path_buf(),
+            files,
+            header,
+        }
+    }
+
+    /// The first file (the only one of a safetensors source).
+    pub fn primary(&self) -> &InputFile {
+        &self.files[0]
+    }
+
+    /// Device and inode of the first file.
+    pub fn identity(&self) -> Result<(u64, u64)> {
+        self.primary().identity()
+    }
+
+    /// Device and inode of every file.
+    pub fn identities(&self) -> Result<Vec<(u64, u64)>> {
+        self.files.iter().map(InputFile::identity).collect()
+    }
+
+    /// Fail if any file changed since it was opened (see `InputFile::check_unchanged`).
+    pub fn check_unchanged(&self) -> Result<()> {
+        self.files.iter().try_for_each(InputFile::check_unchanged)
+    }
+
+    /// Bytes of every file.
+    pub fn file_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.map.len() as u64).sum()
+    }
+
+    /// Read-ahead advice for every map.
+    pub fn advise(&self, advice: memmap2::Advice) {
+        for f in &self.files {
+            let _ = f.map.advise(advice);
+        }
+    }
+
+    /// The file and absolute byte offset of tensor `t`'s first byte (for a gathered tensor,
+    /// of where its elements begin).
+    pub fn locate(&self, t: &SourceTensor) -> (&InputFile, u64) {
+        let f = &self.files[t.input];
+        (f, f.base + t.start)
+    }
+
+    /// Bytes `pos..pos + len` of tensor `t` written contiguously: a slice of its file's map,
+    /// or for a gathered view its elements copied into `scratch` (bounded: the caller asks
+    /// a window at a time). `pos` and `len` are whole elements.
+    pub fn read<'a>(
+        &'a self,
+        t: &SourceTensor,
+        pos: u64,
+        len: u64,
+        scratch: &'a mut Vec<u8>,
+    ) -> Result<&'a [u8]> {
+        let (f, at) = self.locate(t);
+        match &t.gather {
+            None => {
+                let a = (at + pos) as usize;
+                Ok(&f.map[a..a + len as usize])
+            }
+            Some(desc) => {
+                if scratch.len() < len as usize {
+                    scratch.resize(len as usize, 0);
+                }
+                let out = &mut scratch[..len as usize];
+                let first = pos / desc.elem_size().max(1);
+                crate::torch::gather(&f.map, desc, first, out)
+                    .map_err(|e| Error::invalid_header(&f.path, e.to_string()))?;
+                Ok(out)
+            }
+        }
     }
 }
 

@@ -59,6 +59,18 @@ impl ConvertTask {
     pub fn new(src: &Path, dst: &Path, opts: &Options) -> Result<ConvertTask> {
         let started = Instant::now();
         let source = Source::open(src)?;
+        Self::from_source(source, dst, opts, started)
+    }
+
+    /// `new` for a source opened already (another format, a composite of several files).
+    pub fn from_source(
+        source: Source,
+        dst: &Path,
+        opts: &Options,
+        started: Instant,
+    ) -> Result<ConvertTask> {
+        let src = source.path.clone();
+        let src = src.as_path();
         let data = source.header.data_len();
         if opts.on_overflow != OnOverflow::Keep {
             let job = Job::new(source, dst, opts, started)?;

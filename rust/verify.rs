@@ -171,6 +171,8 @@ struct Pair {
 pub struct Verifier {
     src: Source,
     dst: Source,
+    /// Where views of the source that are not one run are gathered, a window at a time.
+    gathered: Vec<u8>,
     /// In destination order: the destination is read front to back.
     pairs: Vec<Pair>,
     pool: rayon::ThreadPool,
@@ -194,6 +196,14 @@ pub fn verify(src: &Path, dst: &Path, opts: &VerifyOptions) -> Result<VerifyRepo
     let mut v = Verifier::open(src, dst, opts)?;
     while !v.step(u64::MAX)? {}
     v.finish()
+}
+
+fn s_input(src: &Source, pair: Pair) -> usize {
+    src.header.tensors[pair.src].input
+}
+
+fn d_input(dst: &Source, pair: Pair) -> usize {
+    dst.header.tensors[pair.dst].input
 }
 
 fn s_len(src: &Source, pair: Pair) -> u64 {
@@ -268,11 +278,12 @@ impl Verifier {
             .then(|| vec![Numerics::default(); pairs.len()]);
         let total: u64 = pairs.iter().map(|p| src.header.tensors[p.src].len()).sum();
         let dst_total: u64 = pairs.iter().map(|p| dst.header.tensors[p.dst].len()).sum();
-        let _ = src.map.advise(Advice::Sequential);
-        let _ = dst.map.advise(Advice::Sequential);
+        src.advise(Advice::Sequential);
+        dst.advise(Advice::Sequential);
         Ok(Verifier {
             src,
             dst,
+            gathered: Vec::new(),
             pool,
             threads,
             isa,
@@ -316,22 +327,28 @@ impl Verifier {
                 &self.dst.header.tensors[pair.dst],
             );
             let (src_size, dst_size) = pair.expect.sizes(s.dtype);
-            let sa = (self.src.header.data_start() + s.start + w.pos) as usize;
-            let da =
-                (self.dst.header.data_start() + d.start + w.pos / src_size * dst_size) as usize;
+            let (sfile, sa) = self.src.locate(s);
+            let (dfile, da) = self.dst.locate(d);
+            let (sa, da) = (
+                (sa + w.pos) as usize,
+                (da + w.pos / src_size * dst_size) as usize,
+            );
             let (sn, dn) = (w.len as usize, (w.len / src_size * dst_size) as usize);
-            self.src.check_unchanged()?;
-            self.dst.check_unchanged()?;
+            sfile.check_unchanged()?;
+            dfile.check_unchanged()?;
             // One call per window instead of a fault per page; failure only costs speed.
-            let _ = self.src.map.advise_range(Advice::PopulateRead, sa, sn);
-            let _ = self.dst.map.advise_range(Advice::PopulateRead, da, dn);
+            if s.gather.is_none() {
+                let _ = sfile.map.advise_range(Advice::PopulateRead, sa, sn);
+            }
+            let _ = dfile.map.advise_range(Advice::PopulateRead, da, dn);
             let work = Work {
                 pool: &self.pool,
                 threads: self.threads,
                 isa: self.isa,
                 populate: false,
             };
-            let (src_bytes, dst_bytes) = (&self.src.map[sa..sa + sn], &self.dst.map[da..da + dn]);
+            let dst_bytes = &dfile.map[da..da + dn];
+            let src_bytes = self.src.read(s, w.pos, w.len, &mut self.gathered)?;
             let (found, measured) = first_difference(
                 &work,
                 pair.expect,
@@ -361,8 +378,11 @@ impl Verifier {
                 self.report.mismatch = Some(self.describe(pair, index));
                 return Ok(true);
             }
-            self.src.release((sa as u64, (sa + sn) as u64));
-            self.dst.release((da as u64, (da + dn) as u64));
+            let (si, di) = (s_input(&self.src, pair), d_input(&self.dst, pair));
+            if self.src.header.tensors[pair.src].gather.is_none() {
+                self.src.files[si].release((sa as u64, (sa + sn) as u64));
+            }
+            self.dst.files[di].release((da as u64, (da + dn) as u64));
             self.cursor.advance(w);
             self.report.bytes_compared += w.len + dn as u64;
             spent += w.len;
@@ -428,10 +448,18 @@ impl Verifier {
         );
         let (src_size, dst_size) = pair.expect.sizes(s.dtype);
         let (src_size, dst_size) = (src_size as usize, dst_size as usize);
-        let sa = (self.src.header.data_start() + s.start) as usize + index as usize * src_size;
-        let da = (self.dst.header.data_start() + d.start) as usize + index as usize * dst_size;
-        let source = &self.src.map[sa..sa + src_size];
-        let found = &self.dst.map[da..da + dst_size];
+        let (dfile, da) = self.dst.locate(d);
+        let da = da as usize + index as usize * dst_size;
+        let mut element = Vec::new();
+        let source = match self
+            .src
+            .read(s, index * src_size as u64, src_size as u64, &mut element)
+        {
+            Ok(b) => b.to_vec(),
+            Err(_) => vec![0u8; src_size],
+        };
+        let source = source.as_slice();
+        let found = &dfile.map[da..da + dst_size];
         let mut expected = vec![0u8; dst_size];
         match pair.expect {
             Expect::Identical | Expect::KeptOverflow(_) => expected.copy_from_slice(source),
@@ -656,7 +684,7 @@ fn check_plan(
         );
     }
     let data_start = dh.data_start() as usize;
-    let got = &dst.map[..data_start];
+    let got = &dst.primary().map[..data_start];
     if planned.header.as_slice() != got {
         // Compare the JSON text, after the length prefix, to show where it departs.
         let (w, g) = (&planned.header[PREFIX..], &got[PREFIX.min(got.len())..]);

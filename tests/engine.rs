@@ -548,3 +548,100 @@ fn fp16_target() {
     assert_eq!(t.dtype(), Dtype::F16);
     assert_eq!(u16s(t.data()), [0x3E00, 0xC000, 0x7BFF, 0x0000, 0x2E66]);
 }
+
+/// The F32 values of `bytes` as bf16 bits, by the reference kernel.
+fn bf16_of(values: &[f32]) -> Vec<u16> {
+    values
+        .iter()
+        .map(|v| kernels::bf16_from_f32(v.to_bits()))
+        .collect()
+}
+
+#[test]
+fn a_source_of_several_files_and_gathered_views_converts_each_tensor() {
+    use stcast::header::{SourceHeader, SourceTensor};
+    use stcast::source::InputFile;
+    use stcast::torch::TensorDesc;
+    use stcast::Source;
+
+    let dir = TempDir::new("composite");
+    let a: Vec<f32> = (0..6).map(|i| i as f32 * 1.1 + 0.3).collect();
+    let b: Vec<f32> = vec![-2.5, 1e-3, 3.4e38, 7.0];
+    let le = |v: &[f32]| bytes_of(v, f32::to_le_bytes);
+    write_file(
+        &dir.path("a.safetensors"),
+        &[("a", "F32", vec![2, 3], le(&a))],
+        "",
+    );
+    write_file(
+        &dir.path("b.safetensors"),
+        &[("b", "F32", vec![4], le(&b))],
+        "",
+    );
+    // A plain file of big-endian floats: a storage as a legacy torch checkpoint has them.
+    fs::write(dir.path("be.bin"), bytes_of(&b, f32::to_be_bytes)).unwrap();
+
+    let sa = Source::open(&dir.path("a.safetensors")).unwrap();
+    let sb = Source::open(&dir.path("b.safetensors")).unwrap();
+    let be = InputFile::open(&dir.path("be.bin"), 1, |_| unreachable!()).unwrap();
+    let (ta, tb) = (sa.header.tensors[0].clone(), sb.header.tensors[0].clone());
+    let a_base = sa.files[0].base;
+    let desc = |shape: Vec<u64>, stride: Vec<u64>, data_start: u64, big_endian: bool| {
+        let data_len = shape.iter().product::<u64>() * 4;
+        Some(Box::new(TensorDesc {
+            dtype: Dtype::F32,
+            torch_dtype: "float32",
+            shape,
+            stride,
+            storage_offset: 0,
+            storage: 0,
+            data_start,
+            data_len,
+            big_endian,
+        }))
+    };
+    let transposed = SourceTensor {
+        name: "a.T".into(),
+        shape: vec![3, 2],
+        gather: desc(vec![3, 2], vec![1, 3], a_base + ta.start, false),
+        ..ta.clone()
+    };
+    let swapped = SourceTensor {
+        name: "b.be".into(),
+        shape: vec![4],
+        input: 2,
+        start: 0,
+        end: 16,
+        gather: desc(vec![4], vec![1], 0, true),
+        ..tb.clone()
+    };
+    let tb = SourceTensor { input: 1, ..tb };
+    let header = SourceHeader {
+        header_len: sa.header.header_len + sb.header.header_len,
+        metadata: None,
+        tensors: vec![ta, tb, transposed, swapped],
+    };
+    let mut files = sa.files;
+    files.extend(sb.files);
+    files.push(be);
+    let src = Source::from_parts(&dir.path("a.safetensors"), files, header);
+    let dst = dir.path("out.safetensors");
+    let mut task =
+        ConvertTask::from_source(src, &dst, &windowed(64 << 10), std::time::Instant::now())
+            .unwrap();
+    stcast::task::run(&mut task).unwrap();
+    let report = task.finish().unwrap();
+    assert_eq!(report.tensors_converted, 4);
+    let bytes = fs::read(&dst).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let got = |name: &str| u16s(st.tensor(name).unwrap().data());
+    let at: Vec<f32> = (0..3).flat_map(|j| [a[j], a[3 + j]]).collect();
+    assert_eq!(got("a"), bf16_of(&a));
+    assert_eq!(got("b"), bf16_of(&b));
+    assert_eq!(got("a.T"), bf16_of(&at));
+    assert_eq!(got("b.be"), bf16_of(&b));
+    assert_eq!(st.tensor("a.T").unwrap().shape(), &[3, 2]);
+    // The overflowing value of `b` was counted in both tensors that hold it.
+    let over: u64 = report.numerics.iter().map(|(_, n)| n.overflow).sum();
+    assert_eq!(over, 2);
+}
