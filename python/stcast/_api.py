@@ -356,39 +356,24 @@ def verify(
     name = None if to is None else _engine.target_name(to)
     keep = _engine.patterns(keep)
     keep_min_size = _engine.check_int("keep_min_size", keep_min_size, 0, 2**64 - 1)
+    options: dict[str, Any] = {
+        "loose": loose,
+        "to": name,
+        "keep": keep,
+        "keep_min_size": keep_min_size,
+        "from_bf16": from_bf16,
+        "on_overflow": on_overflow,
+        "threads": _threads(threads),
+        "progress": progress,
+        "report": None if report is None else os.fsdecode(report),
+        "force": force,
+        "tuning": dict(tuning) if tuning is not None else None,
+    }
     if os.path.isdir(src):
         from .folder.verify import verify_folder
 
-        return verify_folder(
-            src,
-            dst,
-            loose=loose,
-            to=name,
-            keep=keep,
-            keep_min_size=keep_min_size,
-            from_bf16=from_bf16,
-            on_overflow=on_overflow,
-            threads=_threads(threads),
-            progress=progress,
-            report=None if report is None else os.fsdecode(report),
-            force=force,
-            tuning=dict(tuning) if tuning is not None else None,
-        )
-    return _engine.verify_file(
-        src,
-        dst,
-        loose=loose,
-        to=name,
-        keep=keep,
-        keep_min_size=keep_min_size,
-        from_bf16=from_bf16,
-        on_overflow=on_overflow,
-        threads=_threads(threads),
-        progress=progress,
-        report=None if report is None else os.fsdecode(report),
-        force=force,
-        tuning=dict(tuning) if tuning is not None else None,
-    )
+        return verify_folder(src, dst, **options)
+    return _engine.verify_file(src, dst, **options)
 
 
 def finalize(

@@ -501,7 +501,7 @@ def _run_convert(args: argparse.Namespace, console: out.Console) -> int:
         report = stcast.convert(
             args.src,
             args.dst,
-            to=args.to,
+            **_precision(args),
             threads=args.threads,
             force=args.force,
             progress=progress,
@@ -509,11 +509,7 @@ def _run_convert(args: argparse.Namespace, console: out.Console) -> int:
             shard=args.shard,
             allow_quantized=args.allow_quantized,
             file_progress=None if progress is None else progress.set_file,
-            keep=args.keep,
-            keep_min_size=args.keep_min_size,
             strict=args.strict,
-            from_bf16=args.from_bf16,
-            on_overflow=args.on_overflow,
             report=args.report,
             follow_links=args.follow_links,
             cancel=args.stop,
@@ -633,18 +629,26 @@ def _quote(path: str) -> str:
     return quote(path)
 
 
+def _precision(args: argparse.Namespace) -> dict[str, Any]:
+    """The options that decide what each tensor becomes, as convert, inspect and verify take
+    them."""
+    return {
+        "to": args.to,
+        "keep": args.keep,
+        "keep_min_size": args.keep_min_size,
+        "from_bf16": args.from_bf16,
+        "on_overflow": args.on_overflow,
+    }
+
+
 def _run_inspect(args: argparse.Namespace, console: out.Console) -> int:
     scanning = args.scan or args.on_overflow == "keep"
     progress = _progress(args, console) if scanning else None
     report = stcast.inspect(
         args.src,
         args.dst,
-        to=args.to,
-        keep=args.keep,
-        keep_min_size=args.keep_min_size,
-        from_bf16=args.from_bf16,
+        **_precision(args),
         scan=args.scan,
-        on_overflow=args.on_overflow,
         threads=args.threads,
         progress=progress,
         force=args.force,
@@ -788,11 +792,7 @@ def _run_verify(args: argparse.Namespace, console: out.Console) -> int:
         args.src,
         args.dst,
         loose=args.loose,
-        to=args.to,
-        keep=args.keep,
-        keep_min_size=args.keep_min_size,
-        from_bf16=args.from_bf16,
-        on_overflow=args.on_overflow,
+        **_precision(args),
         threads=args.threads,
         progress=progress,
         report=args.report,
