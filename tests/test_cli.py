@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import subprocess
 import sys
 import warnings
@@ -375,6 +376,10 @@ def test_progress_lines_in_a_log(tmp_path, run_main, monkeypatch):
     assert percents == sorted(percents) and percents[-1] == 100
     assert all(b - a >= 5 for a, b in zip(percents, percents[1:])), percents
     assert "MB / 12.6 MB" in lines[-1]
+    # The last line's time is the summary's.
+    assert re.search(r"in (\d+\.\d\d) s", lines[-1]).group(1) == (
+        re.search(r"time +(\d+\.\d\d) s", out).group(1)
+    )
     # Without --progress, a log gets nothing but what went wrong.
     rc, _, err = run_main("convert", src, tmp_path / "o2.safetensors")
     assert (rc, err) == (0, "")

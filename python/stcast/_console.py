@@ -238,8 +238,10 @@ class Progress:
     def _log(self, now: float, final: bool) -> None:
         done, total = self.state
         pct = done * 100 // total if total > 0 else 100
-        if pct >= 100 or final:
-            if self.done_logged or (final and total == 0 and done == 0):
+        if pct >= 100 and not final:
+            return  # the 100% line comes from `close`, with the time the summary gives
+        if final:
+            if self.done_logged or (total == 0 and done == 0):
                 return
             self.done_logged = pct >= 100
         elif pct < self.logged_pct + 5 and now - self.logged_at < 10:
