@@ -261,6 +261,7 @@ impl Job {
             return Err(Error::NothingToConvert {
                 path: src.path.clone(),
                 target: plan.target,
+                bf16_copied: plan.copies_bf16(),
             });
         }
         let dir = output::parent_dir(dst);

@@ -22,7 +22,12 @@ pub enum Error {
     /// The file is another format (`what`: "a GGUF file (llama.cpp)", ...), not safetensors.
     OtherFormat { path: PathBuf, what: &'static str },
     /// No tensor would change: the output would be a copy of the input.
-    NothingToConvert { path: PathBuf, target: Target },
+    NothingToConvert {
+        path: PathBuf,
+        target: Target,
+        /// BF16 tensors are copied (fp16 without `from_bf16`): the way out is that option.
+        bf16_copied: bool,
+    },
     /// The input was written to, truncated or extended while it was read.
     InputChanged { path: PathBuf, change: String },
     /// The planned output header would pass the format's limit.
@@ -197,10 +202,19 @@ impl Error {
             Error::OtherFormat { what, .. } => {
                 format!("{what}, not a safetensors file")
             }
-            Error::NothingToConvert { target, .. } => format!(
-                "nothing to convert: no tensor becomes {} (each float tensor already is, or \
-                 is kept); the output would be a copy of the input",
-                target.dtype()
+            Error::NothingToConvert {
+                target,
+                bf16_copied,
+                ..
+            } => format!(
+                "nothing to convert: no tensor becomes {} ({}); the output would be a copy of \
+                 the input",
+                target.dtype(),
+                if *bf16_copied {
+                    "its BF16 tensors are copied as they are unless {from_bf16}"
+                } else {
+                    "each float tensor already is, or is kept"
+                }
             ),
             Error::InputChanged { change, .. } => format!(
                 "input changed while being read ({}); no output was written",

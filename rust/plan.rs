@@ -50,6 +50,20 @@ impl Reason {
         }
     }
 
+    /// Why, in words, for messages (option names as `{placeholders}`).
+    pub fn words(&self) -> String {
+        match self {
+            Reason::Converted => "it is converted".into(),
+            Reason::KeptByPattern(p) => format!("the {{keep}} pattern `{}` keeps it", esc(p)),
+            Reason::KeptByMinSize(n) => format!("{{keep_min_size={n}}} keeps it"),
+            Reason::KeptToAvoidOverflow => "{on_overflow=keep} keeps it: it would overflow".into(),
+            Reason::AlreadyTarget => "it already has the target dtype".into(),
+            Reason::Bf16Source => "BF16 is copied as it is unless {from_bf16}".into(),
+            Reason::NotConverted => "its dtype is never converted".into(),
+            Reason::NotFloat => "it is not a float".into(),
+        }
+    }
+
     /// The `keep` pattern behind a `KeptByPattern`.
     pub fn pattern(&self) -> Option<&str> {
         match self {
@@ -147,6 +161,11 @@ impl Plan {
 
     pub fn data_len(&self) -> u64 {
         self.tensors.last().map_or(0, |t| t.end)
+    }
+
+    /// Are BF16 tensors copied because the target is fp16 without `from_bf16`?
+    pub fn copies_bf16(&self) -> bool {
+        self.reasons.iter().any(|r| matches!(r, Reason::Bf16Source))
     }
 
     pub fn file_len(&self) -> u64 {

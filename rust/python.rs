@@ -438,13 +438,17 @@ impl TensorNumerics {
             }
             return Ok(list.into_any());
         }
-        let i: isize = index.extract()?;
+        let out_of_range = || pyo3::exceptions::PyIndexError::new_err("index out of range");
+        // An integer too large for isize is out of range too (as for a list).
+        let i: isize = match index.extract() {
+            Ok(i) => i,
+            Err(_) if index.is_instance_of::<pyo3::types::PyInt>() => return Err(out_of_range()),
+            Err(e) => return Err(e),
+        };
         let len = self.rows.len() as isize;
         let at = if i < 0 { i + len } else { i };
         if !(0..len).contains(&at) {
-            return Err(pyo3::exceptions::PyIndexError::new_err(
-                "index out of range",
-            ));
+            return Err(out_of_range());
         }
         let (name, n) = &self.rows[at as usize];
         Ok(numerics_fields(py, Some(name), n)?.into_any())
@@ -468,6 +472,30 @@ impl TensorNumerics {
 
     fn __repr__(&self) -> String {
         format!("<{} tensor reports>", self.rows.len())
+    }
+
+    /// Pickled and copied as the list it stands for.
+    fn __reduce__<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyList>,))> {
+        Ok((py.get_type::<PyList>().into_any(), (self.tolist(py)?,)))
+    }
+
+    /// As `list.index`.
+    fn index(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<usize> {
+        self.tolist(py)?.index(value)
+    }
+
+    /// As `list.count`.
+    fn count(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let mut n = 0;
+        for row in self.tolist(py)?.iter() {
+            if row.eq(value)? {
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 }
 

@@ -176,6 +176,8 @@ pub struct InspectTask {
     opts: PlanOptions,
     scan: Option<Scan>,
     keep_overflowing: bool,
+    /// `OnOverflow::Error`: an overflow the scan finds fails the dry run as it fails convert.
+    refuse_overflow: bool,
 }
 
 /// What `InspectTask` found.
@@ -209,6 +211,7 @@ impl InspectTask {
                 return Err(Error::NothingToConvert {
                     path: path.to_path_buf(),
                     target: plan.target,
+                    bf16_copied: plan.copies_bf16(),
                 });
             }
             let dir = crate::output::parent_dir(dst);
@@ -223,8 +226,11 @@ impl InspectTask {
             }
         }
         let keep_overflowing = on_overflow == OnOverflow::Keep;
-        // Keeping what would overflow needs the data: it implies the scan.
-        let (source, scan) = if scan || keep_overflowing {
+        // With a destination (or a scan asked for), refusing an overflow is one of
+        // convert's checks.
+        let refuse_overflow = on_overflow == OnOverflow::Error && (dst.is_some() || scan);
+        // Keeping (or refusing) what would overflow needs the data: it implies the scan.
+        let (source, scan) = if scan || keep_overflowing || refuse_overflow {
             (
                 None,
                 Some(Scan::new(source, &plan, ScanKind::Numerics, opts)?),
@@ -238,6 +244,7 @@ impl InspectTask {
             opts: plan_opts.clone(),
             scan,
             keep_overflowing,
+            refuse_overflow,
         })
     }
 
@@ -254,6 +261,17 @@ impl InspectTask {
             });
         };
         let (source, scanned) = scan.finish();
+        if self.refuse_overflow {
+            let measured: Vec<(&str, &crate::numerics::Numerics)> = scanned
+                .iter()
+                .filter_map(|t| t.numerics.as_ref().map(|n| (t.name.as_str(), n)))
+                .collect();
+            if let Some((error, _)) =
+                plan::overflow_outcome(&source.path, self.plan.target, &measured)
+            {
+                return Err(error);
+            }
+        }
         let plan = if self.keep_overflowing {
             let mut opts = self.opts;
             opts.keep_names = scan::overflowing(&scanned);

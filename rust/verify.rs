@@ -182,6 +182,9 @@ pub struct Verifier {
     report: VerifyReport,
     /// Where the numeric report goes once verified, and how to publish it.
     report_path: Option<(PathBuf, Replace)>,
+    /// Strict mode: a converted tensor with values that became ±inf is a difference under
+    /// `Keep` (convert would have kept it) and `Error` (convert would have refused).
+    on_overflow: OnOverflow,
     started: Instant,
     /// Per pair, when measuring.
     numerics: Option<Vec<Numerics>>,
@@ -273,8 +276,8 @@ impl Verifier {
         if targets.iter().all(|t| Some(t) == targets.first()) {
             report.to = targets.first().copied();
         }
-        let numerics = opts
-            .numerics
+        // The overflow options are checked on the data: measuring is needed for them.
+        let numerics = (opts.numerics || opts.on_overflow != OnOverflow::Warn)
             .then(|| vec![Numerics::default(); pairs.len()]);
         let total: u64 = pairs.iter().map(|p| src.header.tensors[p.src].len()).sum();
         let dst_total: u64 = pairs.iter().map(|p| dst.header.tensors[p.dst].len()).sum();
@@ -292,6 +295,7 @@ impl Verifier {
             report_path,
             started,
             kept_max: vec![0.0; pairs.len()],
+            on_overflow: opts.on_overflow,
             total: total + dst_total,
             numerics,
             pairs,
@@ -386,9 +390,16 @@ impl Verifier {
             self.cursor.advance(w);
             self.report.bytes_compared += w.len + dn as u64;
             spent += w.len;
+            let last = w.pos + w.len == s_len(&self.src, pair);
+            if let (Expect::Convert(_), true, false) = (pair.expect, last, self.report.loose) {
+                if let Some(m) = self.overflow_mismatch(pair, w.item) {
+                    self.report.mismatch = Some(m);
+                    return Ok(true);
+                }
+            }
             if let Expect::KeptOverflow(c) = pair.expect {
                 let name = &self.src.header.tensors[pair.src].name;
-                if w.pos + w.len == s_len(&self.src, pair) && !c.overflows(self.kept_max[w.item]) {
+                if last && !c.overflows(self.kept_max[w.item]) {
                     self.report.mismatch = Some(*Mismatch::header(
                         Some(name),
                         format!(
@@ -404,6 +415,32 @@ impl Verifier {
             }
         }
         Ok(self.next_window().is_none())
+    }
+
+    /// Under `on_overflow` keep or error, a converted tensor whose finite values became ±inf
+    /// is not what convert writes.
+    fn overflow_mismatch(&self, pair: Pair, item: usize) -> Option<Mismatch> {
+        let n = self.numerics.as_ref()?[item].overflow;
+        if n == 0 || self.on_overflow == OnOverflow::Warn {
+            return None;
+        }
+        let (s, d) = (
+            &self.src.header.tensors[pair.src],
+            &self.dst.header.tensors[pair.dst],
+        );
+        let values = crate::text::count(n, "finite value");
+        let why = match self.on_overflow {
+            OnOverflow::Keep => format!("{{on_overflow=keep}} keeps such a tensor in {}", s.dtype),
+            _ => "convert with {on_overflow=error} refuses such a conversion".to_string(),
+        };
+        Some(*Mismatch::header(
+            Some(&s.name),
+            format!(
+                "tensor `{}` is converted to {} in DST and {values} became ±inf; {why}",
+                esc(&s.name),
+                d.dtype
+            ),
+        ))
     }
 
     /// The report of a finished verification; once verified, the numeric report is written
@@ -631,12 +668,17 @@ fn check_plan(
                 popts.keep_names.insert(s.name.clone());
             }
             (Action::Convert(_), Expect::Identical) => {
+                // A BF16 tensor kept under fp16: convert had no `from_bf16`.
+                let options = if s.dtype == Dtype::BF16 {
+                    "without {from_bf16}"
+                } else {
+                    "the same {keep} patterns, {keep_min_size} and {on_overflow}"
+                };
                 return fail(
                     Some(&s.name),
                     format!(
                         "tensor `{name}` is kept in {} in DST, but these options convert it to \
-                         {} (the same {{keep}} patterns, {{keep_min_size}} and {{on_overflow}} \
-                         as convert? {{loose}} accepts any kept tensor)",
+                         {} ({options} as convert? {{loose}} accepts any kept tensor)",
                         s.dtype,
                         target.dtype()
                     ),
@@ -654,7 +696,7 @@ fn check_plan(
                 );
             }
             (Action::Copy, Expect::Convert(_)) => {
-                let why = planned.reasons[p.src].code().name();
+                let why = planned.reasons[p.src].words();
                 return fail(
                     Some(&s.name),
                     format!(

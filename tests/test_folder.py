@@ -550,7 +550,7 @@ def test_resume_after_a_finished_run_adopts_exact_outputs_only(tmp_path, rng):
     raw[i + 1 : i + 7] = b"FORMAT"
     out3.write_bytes(bytes(raw))
     before = snapshot(dst)
-    with pytest.raises(stcast.Refused, match="stcast did not write there") as e:
+    with pytest.raises(stcast.Refused, match="no stcast manifest says it wrote them") as e:
         stcast.convert(src, dst, resume=True)
     assert "model-00003-of-00003.safetensors" in str(e.value) and "force=True" in str(e.value)
     assert snapshot(dst) == before

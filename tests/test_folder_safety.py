@@ -149,7 +149,7 @@ def test_an_unrelated_folder_is_refused(tmp_path, src, run_main, flags):
     rc, _, err = run_main("convert", src, dst, *flags)
     assert rc == 1, err
     line = assert_one_error_line(err)
-    assert "stcast did not write" in line, line
+    assert "no stcast manifest says it wrote them" in line, line
     assert tree(dst) == before
     rc, _, err = run_main("finalize", src, dst)
     assert rc == 1 and tree(dst) == before
@@ -160,7 +160,7 @@ def test_resume_into_an_unrelated_folder_replaces_nothing(tmp_path, src, run_mai
     before = tree(dst)
     rc, _, err = run_main("convert", src, dst, "--resume")
     assert {k: v for k, v in tree(dst).items() if k in before} == before
-    assert rc == 1 and "stcast did not write" in assert_one_error_line(err), err
+    assert rc == 1 and "no stcast manifest says it wrote" in assert_one_error_line(err), err
 
 
 def test_force_replaces_only_what_the_plan_writes(tmp_path, src, run_main, plain):
@@ -202,7 +202,7 @@ def test_resume_never_adopts_the_conversion_of_another_source(tmp_path, run_main
     if rc == 0:
         assert (dst / FIRST).read_bytes() == (expected / FIRST).read_bytes()
     else:
-        assert rc == 1 and "stcast did not write" in assert_one_error_line(err)
+        assert rc == 1 and "no stcast manifest says it wrote" in assert_one_error_line(err)
 
 
 # --- symlinks in the source ------------------------------------------------------------------

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import stcast
-from conftest import assert_one_error_line, tensor_bytes, write_safetensors
+from conftest import assert_one_error_line, listing, tensor_bytes, write_safetensors
 from helpers import cli_env, run_on_pty
 
 ONES = np.ones(4, np.float32)
@@ -394,7 +394,7 @@ def test_9_a_hub_cache_repo_root_converts_its_main_snapshot(tmp_path, run_main):
     repo = _hub_repo(tmp_path, ["aaaa", "bbbb"], ref="bbbb")
     rc, out, err = run_main("convert", repo)
     assert rc == 0, err
-    dst = tmp_path / "hub" / "models--org--name-bf16"  # beside the repo, not in the cache
+    dst = tmp_path / "hub" / "name-bf16"  # beside the repo, not in the cache, not cache-like
     assert sorted(p.name for p in dst.iterdir()) == ["model.safetensors"]
     assert tensor_bytes(dst / "model.safetensors")["w"][0] == "BF16"
     assert sorted(p.name for p in (repo / "snapshots").iterdir()) == ["aaaa", "bbbb"]
@@ -408,7 +408,7 @@ def test_9_a_hub_cache_repo_root_without_a_usable_ref_is_refused(tmp_path, run_m
     assert rc == 1 and "snapshot" in line, line
     if ref is None:
         assert "aaaa, bbbb" in line
-    assert not (tmp_path / "hub" / "models--org--name-bf16").exists()
+    assert not (tmp_path / "hub" / "name-bf16").exists()
 
 
 # --- 10. help ------------------------------------------------------------------------------
@@ -559,3 +559,168 @@ def test_15_manpage_renders(run_main, tmp_path):
             env={**cli_env(), "MANWIDTH": "80", "MANPAGER": "cat", "PAGER": "cat"},
         )
         assert shown.returncode == 0 and "--on-overflow" in shown.stdout.replace("‐", "-")
+
+
+# --- found by a fresh-eyed attack on the above -----------------------------------------------
+
+
+def _overflowing(tmp_path: Path) -> Path:
+    return write_safetensors(
+        tmp_path / "a.safetensors",
+        {"w": ("F32", [4], ONES), "big": ("F32", [3], f32(1e5, 7e4, 1))},
+    )
+
+
+def test_verify_holds_convert_to_its_overflow_options(tmp_path, run_main):
+    """A DST whose tensor overflowed to inf is not what `--on-overflow keep` (or error)
+    writes: strict verify names it; the default (warn) accepts it."""
+    src = _overflowing(tmp_path)
+    dst = tmp_path / "o.safetensors"
+    stcast.convert(src, dst, to="fp16")
+    assert stcast.verify(src, dst).ok
+    for option in ("keep", "error"):
+        rc, _, err = run_main("verify", src, dst, "--on-overflow", option)
+        line = assert_one_error_line(err)
+        assert rc == 1 and "`big`" in line and "became ±inf" in line, line
+    assert stcast.verify(src, dst, on_overflow="keep", loose=True).ok
+    kept = tmp_path / "k.safetensors"
+    stcast.convert(src, kept, to="fp16", on_overflow="keep")
+    assert stcast.verify(src, kept, on_overflow="keep").ok
+
+
+def test_the_dry_run_refuses_an_overflow_as_convert(tmp_path, run_main):
+    src = _overflowing(tmp_path)
+    args = ("--to", "fp16", "--on-overflow", "error")
+    rc_c, _, err_c = run_main("convert", src, tmp_path / "o.safetensors", *args)
+    rc_d, _, err_d = run_main("convert", src, tmp_path / "o.safetensors", *args, "--dry-run")
+    assert rc_c == rc_d == 1 and err_c == err_d and "would become ±inf" in err_c
+    assert listing(tmp_path) == ["a.safetensors"]
+
+
+def test_dry_run_checks_the_default_destination(tmp_path, run_main):
+    src = write_safetensors(tmp_path / "a.safetensors", {"w": ("F32", [4], ONES)})
+    (tmp_path / "a-bf16.safetensors").write_bytes(b"mine")
+    rc, _, err = run_main("convert", src, "--dry-run")
+    assert rc == 1 and "destination exists" in assert_one_error_line(err)
+    rc, out, err = run_main("convert", src, "--dry-run", "-q")
+    assert (rc, out) == (1, "")
+    (tmp_path / "a-bf16.safetensors").unlink()
+    assert run_main("convert", src, "--dry-run", "-q") == (0, "", "")
+
+
+@pytest.mark.parametrize("command", ["convert", "verify"])
+def test_a_report_inside_the_source_or_destination_folder_is_refused(tmp_path, run_main, command):
+    src = _two_files(tmp_path)
+    (src / "README.md").write_text("mine")
+    dst = tmp_path / "out"
+    stcast.convert(src, dst)
+    before = (src / "README.md").read_bytes()
+    for inside in (src / "README.md", dst / "config.json"):
+        args = [command, src, dst, "--report", inside, "--force"]
+        if command == "convert":
+            args.append("--resume")
+        rc, _, err = run_main(*args)
+        line = assert_one_error_line(err)
+        assert rc == 1 and "lies inside the" in line, line
+    assert (src / "README.md").read_bytes() == before
+    assert stcast.verify(src, dst).ok
+
+
+def test_options_may_come_between_src_and_dst(tmp_path, run_main):
+    src = write_safetensors(tmp_path / "a.safetensors", {"w": ("F32", [4], ONES)})
+    rc, _, err = run_main("convert", src, "--to", "fp16", tmp_path / "o.safetensors")
+    assert rc == 0, err
+    assert tensor_bytes(tmp_path / "o.safetensors")["w"][0] == "F16"
+    rc, _, err = run_main("-x")
+    assert rc == 2 and "unrecognized option -x" in assert_one_error_line(err)
+
+
+def test_json_usage_errors_are_json(tmp_path, run_main):
+    src = write_safetensors(tmp_path / "a.safetensors", {"w": ("F32", [4], ONES)})
+    rc, out, _ = run_main("convert", src, "--threads", "5000", "--json")
+    doc = json.loads(out)
+    assert rc == 2 and doc["error"]["kind"] == "usage" and "--threads" in doc["error"]["message"]
+
+
+def test_lfs_pointers_and_other_files_are_named(tmp_path, run_main):
+    lfs = tmp_path / "model.safetensors"
+    lfs.write_text(
+        "version https://git-lfs.github.com/spec/v1\n"
+        "oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\n"
+        "size 12345\n"
+    )
+    rc, _, err = run_main("convert", lfs)
+    assert rc == 1 and "Git LFS pointer" in assert_one_error_line(err)
+    gz = tmp_path / "g.safetensors"
+    gz.write_bytes(b"\x1f\x8b\x08\x00" + bytes(40))
+    rc, _, err = run_main("convert", gz)
+    assert rc == 1 and "gzip" in assert_one_error_line(err)
+
+
+def test_verify_names_which_side_is_wrong(tmp_path, run_main):
+    src = write_safetensors(tmp_path / "a.safetensors", {"w": ("F32", [4], ONES)})
+    (tmp_path / "d").mkdir()
+    rc, _, err = run_main("verify", src, tmp_path / "d")
+    assert rc == 1 and "a folder, while" in assert_one_error_line(err)
+    folder_src = _two_files(tmp_path)
+    rc, _, err = run_main("verify", folder_src, tmp_path / "nowhere")
+    assert rc == 1 and "no such folder" in assert_one_error_line(err)
+
+
+def test_loose_folder_verify_compares_json_as_data(tmp_path):
+    src = _two_files(tmp_path)
+    (src / "config.json").write_text(json.dumps({"torch_dtype": "float32", "n": 1}, indent=2))
+    dst = tmp_path / "out"
+    stcast.convert(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps(config))  # other tools' layout
+    assert not stcast.verify(src, dst).ok
+    assert stcast.verify(src, dst, loose=True).ok
+    config["torch_dtype"] = "float32"
+    (dst / "config.json").write_text(json.dumps(config))
+    assert not stcast.verify(src, dst, loose=True).ok
+
+
+def test_folder_reports_stay_lazy_and_short(tmp_path):
+    src = _two_files(tmp_path)
+    report = stcast.convert(src, tmp_path / "out")
+    rows = report.numerics["tensors"]
+    assert len(rows) == 4 and rows[0]["file"] == "model-00001-of-00002.safetensors"
+    assert rows[-1]["file"] == "model-00002-of-00002.safetensors" and rows[1:2] == [rows[1]]
+    checked = stcast.verify(src, tmp_path / "out")
+    assert checked.numerics["tensors"] == rows
+    assert len(repr(checked)) < 300 and "ok" in repr(checked)
+    import copy
+    import pickle
+
+    assert pickle.loads(pickle.dumps(rows)) == rows.tolist() == copy.deepcopy(rows)
+    one = stcast.convert(src / "model-00001-of-00002.safetensors", tmp_path / "one.safetensors")
+    t = one.numerics["tensors"]
+    assert pickle.loads(pickle.dumps(t)) == list(t) == copy.deepcopy(t)
+    assert t.index(t[0]) == 0 and t.count(t[0]) == 1
+    with pytest.raises(IndexError):
+        t[2**70]
+
+
+def test_hf_download_metadata_is_not_copied(tmp_path):
+    src = _two_files(tmp_path)
+    meta = src / ".cache" / "huggingface"
+    meta.mkdir(parents=True)
+    (meta / "model-00001-of-00002.safetensors.metadata").write_text("sha of the fp32 file")
+    stcast.convert(src, tmp_path / "out")
+    assert not (tmp_path / "out" / ".cache").exists()
+
+
+def test_the_bar_fits_wide_file_names(tmp_path):
+    src = tmp_path / "模型"
+    src.mkdir()
+    x = np.ones((3 << 20) // 4, np.float32)
+    write_safetensors(src / "扩散模型权重文件非常长的名字.safetensors", {"w": ("F32", [x.size], x)})
+    rc, out, err = run_on_pty(["convert", src], columns=60, deterministic=True)
+    assert rc == 0, err
+    import pyte
+
+    screen = pyte.Screen(60, 50)
+    pyte.ByteStream(screen).feed(err)
+    lines = [ln.rstrip() for ln in screen.display if ln.strip()]
+    assert len(lines) == 1 and "100%" in lines[0], lines

@@ -149,6 +149,11 @@ def convert(
         replace = None
         if report is not None:
             report = os.fsdecode(report)
+            from .folder.ident import check_side_file
+
+            check_side_file(
+                report, "report", [(prepared.src, "source"), (prepared.dst, "destination")]
+            )
             replace = _core.check_side_output(
                 report, "report", force, [(prepared.src, "the input"), (prepared.dst, "the output")]
             )
@@ -373,6 +378,10 @@ def verify(
         from .folder.verify import verify_folder
 
         return verify_folder(src, dst, **options)
+    if os.path.isdir(dst):
+        raise Refused(
+            f"{_engine.escape(dst)}: a folder, while {_engine.escape(src)} is a file", path=dst
+        )
     return _engine.verify_file(src, dst, **options)
 
 
@@ -404,6 +413,17 @@ def finalize(
     from .folder import finalize as _finalize
 
     return _finalize(src, dst, progress=progress, file_progress=file_progress, cancel=cancel)
+
+
+def default_destination(src: StrPath, to: Target | TargetAlias = "bf16") -> str:
+    """The output `convert(src)` writes when no `dst` is given: `<stem>-bf16.safetensors`
+    beside a file, `<folder>-bf16` beside a folder (`-fp16` for fp16)."""
+    path, name = os.fsdecode(src), _engine.target_name(to)
+    if os.path.isdir(path):
+        from .folder import default_dst
+
+        return default_dst(path, name)
+    return _engine.default_dst(path, name)
 
 
 def _source(src: StrPath) -> str:

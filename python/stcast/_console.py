@@ -88,6 +88,34 @@ def size(n: float) -> str:
     return _core.format_bytes(max(0, int(n)))
 
 
+def _char_width(c: str) -> int:
+    """Terminal columns of one character: 2 for East Asian wide, 0 for combining marks."""
+    import unicodedata
+
+    if unicodedata.combining(c):
+        return 0
+    return 2 if unicodedata.east_asian_width(c) in ("W", "F") else 1
+
+
+def _width(text: str) -> int:
+    """Terminal columns of `text` (ASCII fast)."""
+    return len(text) if text.isascii() else sum(map(_char_width, text))
+
+
+def _fit_left(text: str, columns: int) -> str:
+    """`text` in at most `columns` terminal columns, its start cut to "..." if needed."""
+    if _width(text) <= columns:
+        return text
+    kept, used = [], 3
+    for c in reversed(text):
+        w = _char_width(c)
+        if used + w > columns:
+            break
+        kept.append(c)
+        used += w
+    return "..." + "".join(reversed(kept))
+
+
 def duration(seconds: float) -> str:
     s = int(seconds + 0.5)
     if s >= 3600:
@@ -227,12 +255,11 @@ class Progress:
                 break
         line = (line or pct)[:room]
         if self.label and room - len(line) - 2 > 8:
-            extra = room - len(line) - 2
-            label = self.label if len(self.label) <= extra else "..." + self.label[3 - extra :]
-            line += "  " + label
+            line += "  " + _fit_left(self.label, room - len(line) - 2)
         # Pad over what is left of a longer previous line; no escape codes needed.
-        padded = line.ljust(self.drawn)
-        self.drawn = len(line)
+        width = _width(line)
+        padded = line + " " * max(0, self.drawn - width)
+        self.drawn = width
         self._write("\r" + padded)
 
     def _log(self, now: float, final: bool) -> None:

@@ -92,18 +92,36 @@ def main(argv: list[str] | None = None, stop: _Stop | None = None) -> int:
     if not argv:
         print(_command_list(parser), file=sys.stderr)  # a usage error: stderr, exit 2
         return 2
+    if argv[0].startswith("-") and argv[0] not in ("-h", "--help", "-V", "--version"):
+        out.print_err(f"{PROG}: error: unrecognized option {argv[0]} (see `{PROG} --help`)")
+        return 2
     try:
         args, extra = parser.parse_known_args(argv)
+        # An optional DST after options (`convert SRC --to fp16 DST`): argparse leaves it.
+        if len(extra) == 1 and not extra[0].startswith("-") and getattr(args, "dst", 0) is None:
+            args.dst, extra = extra[0], []
         if extra:  # said by the command's own parser: its --help is the one to read
             sub = getattr(parser, "commands", {}).get(getattr(args, "command", None), parser)
             sub.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:  # --help, --version and usage errors
+        if isinstance(e, _UsageExit) and "--json" in argv:
+            # With --json, a usage error is JSON on stdout too, as every other error.
+            command = argv[0] if argv[0] in _HELP else None
+            out.Console(json_mode=True, command=command or PROG).fail("usage", e.message, None, 2)
         return _exit_code(e.code)
     except KeyboardInterrupt:
         out.print_err(f"{PROG}: interrupted")
         return 130
     if getattr(args, "dry_run", False):
         args.command, args.run = "inspect", _run_inspect
+        if args.dst is None:
+            # The destination convert would write: the dry run checks it as convert would.
+            from ._api import default_destination
+
+            try:
+                args.dst = default_destination(args.src, args.to)
+            except stcast.StcastError:
+                pass  # (the run reports it)
     console = out.Console(
         json_mode=getattr(args, "json", False),
         command=args.command,
@@ -153,7 +171,15 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         out.print_err(f"{PROG}: error: {message} (see `{self.prog} --help`)")
-        raise SystemExit(2)
+        raise _UsageExit(f"{message} (see `{self.prog} --help`)")
+
+
+class _UsageExit(SystemExit):
+    """A usage error (exit 2), with its message for `--json`."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(2)
+        self.message = message
 
 
 _EXAMPLES = {
@@ -662,6 +688,8 @@ def _run_inspect(args: argparse.Namespace, console: out.Console) -> int:
     console.end_progress()
     for message in report.warnings:
         console.warn(out.notice_text(message))
+    if getattr(args, "quiet", False) and not args.json:
+        return 0  # `convert --dry-run -q`: the exit status says it all
     if args.json:
         console.emit_json(report.to_dict())
         return 0

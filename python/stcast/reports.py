@@ -9,6 +9,7 @@ plain JSON-ready data that `--json` prints.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -156,7 +157,7 @@ class ConvertReport:
             f"ConvertReport({self.src!r} -> {self.dst!r}, to={self.to!r}, {what}"
             f"{self.tensors_converted} converted, {self.tensors_copied} copied, "
             f"{self.bytes_in} -> {self.bytes_out} bytes, {self.seconds:.2f} s, "
-            f"{len(self.warnings)} warnings)"
+            f"{len(self.warnings)} warning{'' if len(self.warnings) == 1 else 's'})"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -275,7 +276,7 @@ class Mismatch:
         return d
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class VerifyReport:
     """What `verify` found: `ok` is true when DST is exactly the conversion of SRC.
 
@@ -305,12 +306,84 @@ class VerifyReport:
     def __bool__(self) -> bool:
         return self.ok
 
+    def __repr__(self) -> str:
+        what = f"{self.files} files, " if self.folder else ""
+        outcome = "ok" if self.ok else f"mismatch: {self.mismatch.message if self.mismatch else ''}"
+        return (
+            f"VerifyReport({self.src!r} -> {self.dst!r}, {what}{self.tensors_converted} "
+            f"converted, {self.tensors_identical} identical, {outcome})"
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """The report as plain JSON-ready data (the `result` of `stcast verify --json`)."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["mismatch"] = None if self.mismatch is None else self.mismatch.to_dict()
         d["numerics"] = _plain_numerics(self.numerics)
         return d
+
+
+class FileRows(Sequence[Any]):
+    """The per-tensor numeric reports of several files as one read-only sequence, each row
+    with its `file` (built when read, like a file's own rows)."""
+
+    def __init__(self, parts: list[tuple[str, Sequence[Any]]]) -> None:
+        self._parts = parts
+        self._ends: list[int] = []
+        n = 0
+        for _, rows in parts:
+            n += len(rows)
+            self._ends.append(n)
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    def _row(self, i: int) -> dict[str, Any]:
+        import bisect
+
+        k = bisect.bisect_right(self._ends, i)
+        rel, rows = self._parts[k]
+        return {"file": rel, **rows[i - (self._ends[k - 1] if k else 0)]}
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self._row(i) for i in range(*index.indices(len(self)))]
+        if not isinstance(index, int):
+            raise TypeError(f"indices must be integers or slices, not {type(index).__name__}")
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError("index out of range")
+        return self._row(index % n)
+
+    def tolist(self) -> list[dict[str, Any]]:
+        return [{"file": rel, **row} for rel, rows in self._parts for row in rows]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} tensor reports of {len(self._parts)} files>"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (list, (self.tolist(),))
+
+
+def merged_numerics(parts: list[tuple[str, Numerics | None]]) -> Numerics | None:
+    """The numeric reports of a folder's files as one: the rows of each with its `file`,
+    and the totals (counts added, largest errors the largest). None if a file has none."""
+    if not parts or any(n is None for _, n in parts):
+        return None
+    total: dict[str, Any] = {}
+    for _, n in parts:
+        assert n is not None
+        for k, v in n["total"].items():
+            total[k] = max(total.get(k, 0), v) if k.startswith("max_") else total.get(k, 0) + v
+    rows = FileRows([(rel, n["tensors"]) for rel, n in parts if n is not None])
+    merged: Numerics = {"tensors": rows, "total": total}  # type: ignore[typeddict-item]
+    return merged
 
 
 def _plain_numerics(n: Numerics | None) -> dict[str, Any] | None:

@@ -90,6 +90,12 @@ pub enum Format {
     Zip,
     /// An HTML page (often a failed download).
     Html,
+    /// A Git LFS pointer: a clone without `git lfs pull`.
+    LfsPointer,
+    /// gzip-compressed data.
+    Gzip,
+    /// HDF5 (Keras `.h5`).
+    Hdf5,
     Unknown,
 }
 
@@ -106,6 +112,9 @@ impl Format {
             Format::Npy => "a NumPy .npy file",
             Format::Zip => "a zip archive without data.pkl",
             Format::Html => "an HTML page (a failed download?)",
+            Format::LfsPointer => "a Git LFS pointer, not the file itself (run `git lfs pull`)",
+            Format::Gzip => "gzip-compressed data (decompress it first)",
+            Format::Hdf5 => "an HDF5 file (Keras .h5)",
             Format::Unknown => "a file of unknown format",
         }
     }
@@ -142,6 +151,15 @@ pub fn sniff(bytes: &[u8]) -> Format {
     let starts = |p: &[u8]| text.len() >= p.len() && text[..p.len()].eq_ignore_ascii_case(p);
     if starts(b"<!doctype html") || starts(b"<html") {
         return Format::Html;
+    }
+    if text.starts_with(b"version https://git-lfs.github.com/spec/") {
+        return Format::LfsPointer;
+    }
+    if bytes.starts_with(b"\x1f\x8b") {
+        return Format::Gzip;
+    }
+    if bytes.starts_with(b"\x89HDF\r\n\x1a\n") {
+        return Format::Hdf5;
     }
     Format::Unknown
 }

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core, _engine
 from ..errors import DestinationExists, NoSpace, Refused, StcastWarning
-from ..reports import ConvertReport, FileReport, InspectReport, Notice
+from ..reports import ConvertReport, FileReport, InspectReport, Notice, merged_numerics
 from . import ident as _ident
 from . import jsonedit
 from . import manifest as _manifest
@@ -362,11 +362,12 @@ def _survey(
         hint = (
             "{force} replaces them"
             if resume
-            else "{resume} continues a run of this source, {force} replaces them"
+            else "{resume} continues a run of this source, or takes over a finished "
+            "one's exact outputs; {force} replaces them"
         )
         raise Refused(
-            f"{_esc(dst)}: holds {listed}, which this run would write but stcast did not "
-            f"write there ({hint})",
+            f"{_esc(dst)}: holds {listed}, which this run would write, and no stcast "
+            f"manifest says it wrote them there ({hint})",
             path=os.path.join(dst, foreign_planned[0]),
         )
     if foreign_other and not resume:
@@ -426,9 +427,7 @@ def _adoptable(dst: str, rel: str, kind: str, plan: _walk.Plan, options: dict[st
         return _walk.read_bounded(path, _walk.MAX_JSON_BYTES) == content
     # An index: the source's with the total size of the planned shards' tensors.
     f, text, weight_map = next(i for i in plan.indexes if i[0].rel == rel)
-    total = sum(
-        t.target_bytes for shard in set(weight_map.values()) for t in plan.info[shard].tensors
-    )
+    total = sum(plan.out_data[shard] for shard in set(weight_map.values()))
     want = jsonedit.set_total_size(text, total)
     return _walk.read_bounded(path, _walk.MAX_JSON_BYTES) == want
 
@@ -493,8 +492,8 @@ def finalize(
     manifests = [m for m in manifests if m.src_id == src_id]
     if not manifests:
         raise Refused(
-            f"{_esc(dst)}: no stcast manifest of this source; convert the shards into it "
-            "first (with {shard})",
+            f"{_esc(dst)}: no stcast manifest of this source: nothing to finalize (already "
+            "finalized, or not converted with {shard}: convert the shards into it first)",
             path=dst,
         )
     # A run that has not finished (still running, or stopped) may still write: completing
@@ -624,6 +623,10 @@ def inspect_folder(
                 f"{_esc(src)}: a directory without .safetensors files: nothing to convert",
                 path=src,
             )
+    # Keeping what would overflow reads the data; so does refusing it, one of the checks
+    # of a dry run with a destination (the engine then fails as convert would).
+    if on_overflow == "error" and dst is not None:
+        scan = True
     scanning = scan or on_overflow == "keep"
     sizes = {}
     if scanning:
@@ -687,10 +690,15 @@ def inspect_folder(
 
 
 def default_dst(src: str, to: Target) -> str:
-    """The output folder used when none is given: `<src>-bf16` beside `src`."""
+    """The output folder used when none is given: `<src>-bf16` beside `src`; beside a Hub
+    cache repo root `models--org--name`, `name-bf16` (a name the cache would not take for
+    one of its repos)."""
     base = os.path.normpath(src)
     if os.path.basename(base) in ("", ".", ".."):
         base = os.path.realpath(src)
+    name = os.path.basename(base)
+    if name.startswith(_ident.HUB_KINDS) and os.path.isdir(os.path.join(base, "snapshots")):
+        base = os.path.join(os.path.dirname(base), name.split("--")[-1])
     return f"{base}-{to}"
 
 
@@ -725,18 +733,7 @@ def _folder_report(
     last = converted[-1] if converted else None
     rels = [f.path for f in files if f.action == "converted"]
     kept: list[Any] = [{"file": rel, **k} for rel, r in zip(rels, converted) for k in r.kept]
-    numerics: Any = None
-    if converted and all(r.numerics is not None for r in converted):
-        tensors = [
-            {"file": rel, **t}
-            for rel, r in zip(rels, converted)
-            for t in (r.numerics or {"tensors": []})["tensors"]
-        ]
-        total: dict[str, Any] = {}
-        for r in converted:
-            for k, v in (r.numerics or {"total": {}})["total"].items():
-                total[k] = max(total.get(k, 0), v) if k.startswith("max_") else total.get(k, 0) + v
-        numerics = {"tensors": tensors, "total": total}
+    numerics = merged_numerics([(rel, r.numerics) for rel, r in zip(rels, converted)])
     return ConvertReport(
         src=src,
         dst=dst,

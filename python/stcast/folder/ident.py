@@ -109,11 +109,10 @@ def is_hub_blob(target: str) -> bool:
     (`.../models--org--name/blobs/<hash>`), where cache snapshots link?"""
     blobs = os.path.dirname(target)
     repo = os.path.dirname(blobs)
-    kinds = ("models--", "datasets--", "spaces--")
-    return os.path.basename(blobs) == "blobs" and os.path.basename(repo).startswith(kinds)
+    return os.path.basename(blobs) == "blobs" and os.path.basename(repo).startswith(HUB_KINDS)
 
 
-_HUB_KINDS = ("models--", "datasets--", "spaces--")
+HUB_KINDS = ("models--", "datasets--", "spaces--")
 
 
 def resolve_hub_repo(src: str) -> str:
@@ -123,7 +122,7 @@ def resolve_hub_repo(src: str) -> str:
     is refused, listing them; `blobs/` is never walked. Any other folder is itself."""
     name = os.path.basename(os.path.normpath(src))
     snapshots = os.path.join(src, "snapshots")
-    if not name.startswith(_HUB_KINDS) or not os.path.isdir(snapshots):
+    if not name.startswith(HUB_KINDS) or not os.path.isdir(snapshots):
         return src
     ref = os.path.join(src, "refs", "main")
     if os.path.isfile(ref):
@@ -146,3 +145,15 @@ def resolve_hub_repo(src: str) -> str:
         f"{len(found)} snapshots ({listed}); convert one of {_esc(snapshots)}/<snapshot>",
         path=src,
     )
+
+
+def check_side_file(path: str, role: str, folders: list[tuple[str, str]]) -> None:
+    """Refuse a side file (`--report`) that would land inside one of `folders` (the source,
+    the destination): it could replace a file of the checkpoint. By identity (`within`)."""
+    for folder, what in folders:
+        if os.path.isdir(folder) and within(path, ident(os.stat(folder))):
+            raise Refused(
+                f"{_esc(path)}: the {role} path lies inside the {what} folder "
+                f"{_esc(folder)}; write it elsewhere",
+                path=path,
+            )

@@ -3,6 +3,7 @@ copy and rewrite, and whether the indexes agree with their shards."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -20,8 +21,11 @@ if TYPE_CHECKING:
 
 # stcast's own files (manifests, temporary files) are never taken from a source folder.
 BOOKKEEPING_PREFIX = ".stcast-"
-# A git clone keeps a second copy of every LFS file under .git/: never worth copying.
+# A git clone keeps a second copy of every LFS file under .git/: never worth copying. And
+# `hf download --local-dir` keeps its download metadata (hashes of the original files)
+# under .cache/huggingface/: wrong for the converted ones.
 _SKIPPED_DIRS = frozenset({".git"})
+_SKIPPED_TOP_DIRS = frozenset({".git", ".cache"})
 WEIGHTS_SUFFIX = ".safetensors"
 INDEX_SUFFIX = ".safetensors.index.json"
 CONFIG_NAME = "config.json"
@@ -53,7 +57,8 @@ class Plan:
     copies: list[File]  # copied before the configs and indexes
     late_copies: list[File]  # copied with them (model_index.json)
     dirs: list[str]
-    info: dict[str, InspectReport]  # weights rel -> its plan
+    info: dict[str, InspectReport]  # weights rel -> its plan, without the per-tensor list
+    out_data: dict[str, int]  # weights rel -> bytes of its output's tensors
     header_sha256: dict[str, str]  # weights rel -> the hash of its header
     keep_unmatched: list[str] = field(default_factory=list)  # in no file
 
@@ -100,6 +105,13 @@ def plan(
     info: dict[str, InspectReport] = {}
     hashes = {}
     unmatched = list(keep)
+    # What the checks below need of each file's tensors; the per-tensor plans themselves
+    # are not kept (a file may hold hundreds of thousands of tensors).
+    indexed = {rel for _, _, weight_map in parsed_indexes for rel in weight_map.values()}
+    names: dict[str, set[str]] = {}
+    dtypes: dict[str, set[str]] = {}
+    scales: dict[str, str] = {}
+    out_data: dict[str, int] = {}
     for w in weights:
         if cancel is not None and cancel.is_set():
             raise Cancelled("conversion cancelled")
@@ -114,12 +126,26 @@ def plan(
         )
         unmatched = [p for p in unmatched if p in report.keep_unmatched]
         hashes[w.rel] = header_sha256(w.path)
-        info[w.rel] = report
+        if w.rel in indexed:
+            names[w.rel] = {t.name for t in report.tensors}
+        dtypes[w.rel] = {t.dtype for t in report.tensors}
+        scale = next(
+            (
+                t.name
+                for t in report.tensors
+                if t.reason == "converted" and t.dtype == "F32" and "scale" in t.name.lower()
+            ),
+            None,
+        )
+        if scale is not None:
+            scales[w.rel] = scale
+        out_data[w.rel] = sum(t.target_bytes for t in report.tensors)
+        info[w.rel] = dataclasses.replace(report, tensors=[])
     if check_quantized:
-        _check_quantized(weights, info, quantization_config, keep)
+        _check_quantized(weights, dtypes, scales, quantization_config, keep)
 
     for f, _, weight_map in parsed_indexes:
-        _check_index(f, weight_map, info)
+        _check_index(f, weight_map, names)
 
     return Plan(
         weights=weights,
@@ -129,6 +155,7 @@ def plan(
         late_copies=[f for f in others if os.path.basename(f.rel) in _PUBLISH_LAST_NAMES],
         dirs=dirs,
         info=info,
+        out_data=out_data,
         header_sha256=hashes,
         keep_unmatched=unmatched,
     )
@@ -161,7 +188,7 @@ def walk(
             if e.name.startswith(BOOKKEEPING_PREFIX):
                 continue
             if e.is_dir(follow_symlinks=False):
-                if e.name not in _SKIPPED_DIRS:
+                if e.name not in (_SKIPPED_DIRS if rel_dir else _SKIPPED_TOP_DIRS):
                     d = ident.ident(e.stat(follow_symlinks=False))
                     seen_dirs.add(d)
                     dirs.append(rel)
@@ -339,11 +366,11 @@ def _is_plain_name(name: object) -> bool:
     return all(part not in ("", ".", "..") for part in name.split("/"))
 
 
-def _check_index(f: File, weight_map: dict[str, str], info: dict[str, InspectReport]) -> None:
+def _check_index(f: File, weight_map: dict[str, str], names: dict[str, set[str]]) -> None:
     """The index and the shards it names must list the same tensors."""
     tensors_of = {}
     for rel in sorted(set(weight_map.values())):
-        tensors_of[rel] = {t.name for t in info[rel].tensors}
+        tensors_of[rel] = names[rel]
     for tensor, rel in weight_map.items():
         if tensor not in tensors_of[rel]:
             raise InvalidInput(
@@ -351,8 +378,8 @@ def _check_index(f: File, weight_map: dict[str, str], info: dict[str, InspectRep
                 f"`{_esc(os.path.basename(rel))}` but that shard does not hold it",
                 path=f.path,
             )
-    for rel, names in tensors_of.items():
-        for tensor in sorted(names):
+    for rel, held in tensors_of.items():
+        for tensor in sorted(held):
             if weight_map.get(tensor) != rel:
                 where = weight_map.get(tensor)
                 said = (
@@ -369,7 +396,8 @@ def _check_index(f: File, weight_map: dict[str, str], info: dict[str, InspectRep
 
 def _check_quantized(
     weights: list[File],
-    info: dict[str, InspectReport],
+    dtypes_of: dict[str, set[str]],
+    scales: dict[str, str],
     quantization_config: File | None,
     keep: list[str],
 ) -> None:
@@ -388,7 +416,7 @@ def _check_quantized(
         why, where = "its config has a quantization_config", quantization_config.path
     else:
         for w in weights:
-            dtypes = {t.dtype for t in info[w.rel].tensors}
+            dtypes = dtypes_of[w.rel]
             if dtypes & lowp and "F32" in dtypes:
                 odd = ", ".join(sorted(dtypes & lowp))
                 why, where = f"it holds {odd} tensors beside F32 ones", w.path
@@ -398,13 +426,13 @@ def _check_quantized(
     if not keep:
         raise _quantized_error(where, why)
     for w in weights:
-        for t in info[w.rel].tensors:
-            if t.reason == "converted" and t.dtype == "F32" and "scale" in t.name.lower():
-                raise _quantized_error(
-                    w.path,
-                    f"{why}, and tensor `{_esc(t.name)}` looks like a scale that no "
-                    "{keep} pattern keeps",
-                )
+        scale = scales.get(w.rel)
+        if scale is not None:
+            raise _quantized_error(
+                w.path,
+                f"{why}, and tensor `{_esc(scale)}` looks like a scale that no "
+                "{keep} pattern keeps",
+            )
 
 
 def _has_quantization_config(doc: Any) -> bool:
