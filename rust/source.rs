@@ -39,6 +39,8 @@ pub struct Source {
     pub path: PathBuf,
     pub files: Vec<InputFile>,
     pub header: SourceHeader,
+    /// For a PyTorch checkpoint: its format, the dict selected, what was left out.
+    pub origin: Option<crate::input::Origin>,
 }
 
 /// What `fstat` says about the input's content: its size and mtime (in nanoseconds).
@@ -165,7 +167,7 @@ impl InputFile {
 impl Source {
     /// Open and validate the safetensors file `path` without reading its data.
     pub fn open(path: &Path) -> Result<Source> {
-        let mut input = InputFile::open(path, PREFIX as u64, |len| {
+        let input = InputFile::open(path, PREFIX as u64, |len| {
             Error::invalid_header(
                 path,
                 format!(
@@ -173,13 +175,18 @@ impl Source {
                 ),
             )
         })?;
+        Source::from_safetensors(path, input)
+    }
+
+    /// Validate the safetensors file `input` (opened as `path`) without reading its data.
+    pub fn from_safetensors(path: &Path, mut input: InputFile) -> Result<Source> {
         let header = header::read_header(path, &input.map).map_err(|e| {
             // Another format's reasons to fail as safetensors mislead: name the format.
             match crate::torch::sniff(&input.map) {
                 Format::Safetensors | Format::Unknown => e,
-                other => Error::OtherFormat {
+                format => Error::OtherFormat {
                     path: path.to_path_buf(),
-                    what: other.describe(),
+                    format,
                 },
             }
         })?;
@@ -188,6 +195,7 @@ impl Source {
             path: path.to_path_buf(),
             files: vec![input],
             header,
+            origin: None,
         })
     }
 
@@ -198,6 +206,7 @@ impl Source {
             path: path.to_path_buf(),
             files,
             header,
+            origin: None,
         }
     }
 

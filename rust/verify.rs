@@ -16,6 +16,7 @@ use crate::dtype::{elem_size, Action, Conversion};
 use crate::error::{Error, Result};
 use crate::fused;
 use crate::header::PREFIX;
+use crate::input::InputOptions;
 use crate::kernels::Isa;
 use crate::numerics::Numerics;
 use crate::output::{check_side_output, write_file, PathId, Replace};
@@ -53,6 +54,8 @@ pub struct VerifyOptions {
     pub force: bool,
     /// The window size and kernels (the other knobs do not apply).
     pub tuning: Tuning,
+    /// How to read SRC when it is a PyTorch checkpoint (DST is always safetensors).
+    pub input: InputOptions,
 }
 
 impl Default for VerifyOptions {
@@ -69,6 +72,7 @@ impl Default for VerifyOptions {
             report: None,
             force: false,
             tuning: Tuning::default(),
+            input: InputOptions::default(),
         }
     }
 }
@@ -214,7 +218,7 @@ impl Verifier {
     /// Open and validate both files and compare their headers.
     pub fn open(src_path: &Path, dst_path: &Path, opts: &VerifyOptions) -> Result<Verifier> {
         let started = Instant::now();
-        let src = Source::open(src_path)?;
+        let src = Source::open_any(src_path, &opts.input)?;
         let dst = Source::open(dst_path)?;
         if src.identity()? == dst.identity()? {
             return Err(Error::SameFile {
@@ -602,9 +606,13 @@ fn check_plan(
             .iter()
             .any(|p| matches!(p.expect, Expect::Convert(_)) && dh.tensors[p.dst].dtype == dtype)
     };
+    let converted_any = pairs.iter().any(|p| matches!(p.expect, Expect::Convert(_)));
+    // A PyTorch checkpoint whose every tensor kept its dtype was converted with `keep`.
     let target = opts
         .target
-        .unwrap_or(if converted_to(Dtype::F16) && !converted_to(Dtype::BF16) {
+        .unwrap_or(if !converted_any && src.changes_format() {
+            Target::Keep
+        } else if converted_to(Dtype::F16) && !converted_to(Dtype::BF16) {
             Target::F16
         } else {
             Target::Bf16
@@ -638,7 +646,7 @@ fn check_plan(
                          {} (the same {{keep}} patterns, {{keep_min_size}} and {{on_overflow}} \
                          as convert? {{loose}} accepts any kept tensor)",
                         s.dtype,
-                        target.dtype()
+                        target.describe()
                     ),
                 );
             }
