@@ -119,11 +119,27 @@ def prepare(
             )
         warnings.append(Notice("unmatched_pattern", template))
         _engine.issue("unmatched_pattern", template, None, stacklevel=stacklevel + 1)
-    if not any(i.tensors_converted for i in plan.info.values()) and on_overflow != "keep":
+    for kind, template in _walk.skipped_notice(plan.skipped):
+        warnings.append(Notice(kind, template))
+        _engine.issue(kind, template, None, stacklevel=stacklevel + 1)
+    # PyTorch weight files change format: worth writing even with every dtype kept.
+    changes_format = any(i.format != "safetensors" for i in plan.info.values())
+    if (
+        not any(i.tensors_converted for i in plan.info.values())
+        and on_overflow != "keep"
+        and not changes_format
+    ):
+        if to == "keep":
+            why = (
+                "the folder's weights are safetensors files already and {to=keep} keeps every dtype"
+            )
+        else:
+            why = (
+                f"no tensor of any file becomes {_core.TARGET_DTYPES[to]} (each float tensor "
+                "already is, or is kept)"
+            )
         raise Refused(
-            f"{_esc(src)}: nothing to convert: no tensor of any file becomes "
-            f"{_core.TARGET_DTYPES[to]} (each float tensor already is, or is kept); the "
-            "output would be a copy of the folder",
+            f"{_esc(src)}: nothing to convert: {why}; the output would be a copy of the folder",
             path=src,
         )
 
@@ -617,11 +633,14 @@ def inspect_folder(
         others += [f for f, _ in prepared.plan.configs]
         others += [f for f, _, _ in prepared.plan.indexes]
     else:
-        weights, indexes, configs, copies, _ = _walk.walk(src, follow_links)
-        others = [*indexes, *configs, *copies]
+        walked = _walk.walk(src, follow_links)
+        weights = walked.weights
+        others = [*walked.indexes, *walked.configs, *walked.others]
+        said += [Notice(k, t) for k, t in _walk.skipped_notice(walked.skipped)]
         if not weights:
             raise Refused(
-                f"{_esc(src)}: a directory without .safetensors files: nothing to convert",
+                f"{_esc(src)}: a directory without .safetensors files or PyTorch weights "
+                "(pytorch_model*.bin): nothing to convert",
                 path=src,
             )
     scanning = scan or on_overflow == "keep"
