@@ -146,6 +146,23 @@ impl InputFile {
         })
     }
 
+    /// Unmap the pages of an absolute byte range, leaving them in the page cache: a later
+    /// read of them is a minor fault, not I/O. For views read out of order (a transposed
+    /// tensor reads across its whole storage in every window), so that only one window's
+    /// pages are mapped at a time.
+    pub fn unmap(&self, (a, b): (u64, u64)) {
+        // SAFETY: the map is read-only and shared; dropping its pages only means a later
+        // read faults them in again from the file. The caller holds no reference into the
+        // range (a gathered window was copied out).
+        unsafe {
+            let _ = self.map.unchecked_advise_range(
+                UncheckedAdvice::DontNeed,
+                a as usize,
+                b.saturating_sub(a) as usize,
+            );
+        }
+    }
+
     /// Drop the pages of an absolute byte range that we are done with, and any mapped
     /// again behind it by fault-around (see `FAULT_AROUND_MAX`).
     pub fn release(&self, (a, b): (u64, u64)) {
@@ -273,6 +290,11 @@ impl Source {
                 let first = pos / desc.elem_size().max(1);
                 crate::torch::gather(&f.map, desc, first, out)
                     .map_err(|e| Error::invalid_header(&f.path, e.to_string()))?;
+                // The window is copied out. A strided view may have touched a page of every
+                // row of its storage: unmap them now, or the whole storage ends up resident
+                // (they stay cached: the next window's faults are minor).
+                let span = desc.span();
+                f.unmap((span.start, span.end));
                 Ok(out)
             }
         }

@@ -383,8 +383,14 @@ impl Verifier {
                 return Ok(true);
             }
             let (si, di) = (s_input(&self.src, pair), d_input(&self.dst, pair));
-            if self.src.header.tensors[pair.src].gather.is_none() {
-                self.src.files[si].release((sa as u64, (sa + sn) as u64));
+            match &self.src.header.tensors[pair.src].gather {
+                None => self.src.files[si].release((sa as u64, (sa + sn) as u64)),
+                // A view's elements lie anywhere in its storage: drop its pages once done.
+                Some(d) if w.pos + w.len == s_len(&self.src, pair) => {
+                    let span = d.span();
+                    self.src.files[si].release((span.start, span.end));
+                }
+                Some(_) => {}
             }
             self.dst.files[di].release((da as u64, (da + dn) as u64));
             self.cursor.advance(w);
