@@ -150,9 +150,20 @@ def test_a_sharded_bin_folder_converts(tmp_path, rng, run_main):
     (dst / "model-00002-of-00002.safetensors").unlink()
     rc, out, err = run_main("convert", src, dst, "--resume", "--json")
     assert rc == 0, err
-    files = {f["path"]: f["action"] for f in json.loads(out)["result"]["files"]}
+    entries = json.loads(out)["result"]["files"]
+    files = {f["path"]: f["action"] for f in entries}
     assert files["model-00001-of-00002.safetensors"] == "skipped"
     assert files["model-00002-of-00002.safetensors"] == "converted"
+    sources = {f["path"]: f["source"] for f in entries}
+    assert sources["model-00002-of-00002.safetensors"] == "pytorch_model-00002-of-00002.bin"
+    assert sources["model.safetensors.index.json"] == "pytorch_model.bin.index.json"
+    assert sources["tokenizer.json"] is None
+    # inspect describes the source: its files by their own names.
+    r = stcast.inspect(src)
+    assert [f.path for f in r.files] == [
+        "pytorch_model-00001-of-00002.bin",
+        "pytorch_model-00002-of-00002.bin",
+    ]
     rc, out, err = run_main("verify", src, dst)
     assert rc == 0, err
 

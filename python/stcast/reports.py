@@ -99,7 +99,9 @@ def notices(pairs: list[tuple[str, str]], path: str | None = None) -> list[Notic
 
 @dataclass(frozen=True)
 class FileReport:
-    """One file of a folder conversion; `path` is relative to both folders."""
+    """One file of a folder conversion; `path` is relative to both folders, but for a
+    PyTorch weight file or index, written under its safetensors name: then `source` is its
+    own path in the source folder (`pytorch_model.bin` for `model.safetensors`)."""
 
     path: str
     kind: FileKind
@@ -112,6 +114,7 @@ class FileReport:
     warnings: list[Notice] = field(default_factory=list)
     tensors_kept: int = 0  # of tensors_copied: float tensors kept by keep or on_overflow
     bytes_kept: int = 0
+    source: str | None = None  # the source's relative path, when not `path`
 
     def to_dict(self) -> dict[str, Any]:
         """The entry as plain JSON-ready data."""

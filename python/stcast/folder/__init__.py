@@ -223,7 +223,7 @@ def convert_folder(
         st = os.lstat(os.path.join(dst, w.rel))
         record.record(w.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
         record.files[w.rel].update(record.weights_entry(w, plan.header_sha256[w.rel]))
-        files.append(FileReport(w.rel, "weights", "skipped", w.size, st.st_size))
+        files.append(FileReport(w.rel, "weights", "skipped", w.size, st.st_size, source=w.src_rel))
     # Before any output: the other runs sharing this folder know it is ours.
     try:
         record.save(cancel)
@@ -247,7 +247,7 @@ def convert_folder(
     if shard is None:
         _write.unpublish(run, plan)
     converted = _write.convert_files(run, plan, p.todo)
-    files += [_write.file_report(w.rel, r) for w, r in zip(p.todo, converted)]
+    files += [_write.file_report(w, r) for w, r in zip(p.todo, converted)]
     if shard is None:
         files += _write.publish(run, plan)
         _write.final_recheck(run, plan)
@@ -564,7 +564,7 @@ def finalize(
             raise Refused(f"{_esc(w.path)}: not converted, or changed since{hint}", path=w.path)
         st = os.lstat(out)
         record.record(w.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
-        files.append(FileReport(w.rel, "weights", "checked", w.size, st.st_size))
+        files.append(FileReport(w.rel, "weights", "checked", w.size, st.st_size, source=w.src_rel))
     record.save(cancel)
     meter = _write.Meter(sum(c.size for c in plan.copies), progress, file_progress)
     run = _write.Run(dst, to, None, meter, cancel, {}, record, False, dict(survey.ours))
@@ -663,7 +663,7 @@ def inspect_folder(
         files.append(
             _engine.inspect_file(
                 w.path,
-                file=w.rel,
+                file=w.source_rel,
                 to=to,
                 keep=keep,
                 keep_min_size=keep_min_size,
