@@ -16,10 +16,15 @@ run: the speed comparison of the goals; needs root), hot (on disk, page cache wa
 disk, caches dropped, each child in a cgroup v1 memory group limited to --mem-limit).
 --many-tensors adds a case of 300000 tensors of 1 KiB against 300 of 1000 KiB (the same
 307.2 MB): convert, then `inspect --json` and `verify` of the 300000-tensor file.
+--bin-sizes adds PyTorch checkpoints (`.bin`, torch's zip format, the same tensors as the
+size case; made without torch by gen_bin.py): stcast against torch_load_mmap
+(`torch.load(mmap=True)`, `.to(bfloat16)`, `save_file`) and torch_load (`torch.load`, the
+same), peers/torch_bin.py.
 
 usage: python benches/compare.py [--sizes 1,4] [--repeats 3] [--modes hugetmpfs,tmpfs,...]
-           [--many-tensors] [--baseline PYTHON|CMD] [--tuning JSON] [--order abba|cyclic]
-           [--mem-limit 256M] [--cap CONTENDER=SIZE] [--timeout S] [--out benches/out] [--quick]
+           [--many-tensors] [--bin-sizes 4] [--baseline PYTHON|CMD] [--tuning JSON]
+           [--order abba|cyclic] [--mem-limit 256M] [--cap CONTENDER=SIZE] [--timeout S]
+           [--out benches/out] [--quick]
 """
 
 from __future__ import annotations
@@ -47,9 +52,26 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 MODES = ("tmpfs", "hugetmpfs", "hot", "cold", "cgroup")
 RAM_MODES = ("tmpfs", "hugetmpfs")
-CONTENDERS = ("stcast", "torch_path", "np_convert", "limit_loop", "dd_read")
+CONTENDERS = (
+    "stcast",
+    "torch_path",
+    "np_convert",
+    "limit_loop",
+    "dd_read",
+    "torch_load_mmap",
+    "torch_load",
+)
 EXTRA = ("stcast_base", "stcast_tuned")  # added by --baseline and --tuning
-PEERS = ("torch_path", "np_convert")
+PEERS = ("torch_path", "np_convert", "torch_load_mmap", "torch_load")
+# The case kinds each contender reads (the rest read all): safetensors readers skip `.bin`
+# inputs, torch.load readers take nothing else.
+KINDS = {
+    "torch_path": ("size", "many", "few"),
+    "np_convert": ("size", "many", "few"),
+    "limit_loop": ("size", "many", "few"),
+    "torch_load_mmap": ("bin",),
+    "torch_load": ("bin",),
+}
 ALIASES = {
     "torch": "torch_path",
     "numpy": "np_convert",
@@ -131,19 +153,26 @@ class Contender:
 class Case:
     """One input: a Llama-shaped checkpoint of size_gib, or one of the many-tensors pair."""
 
-    name: str  # "4 GiB", "300000 × 1 KiB"
+    name: str  # "4 GiB", "300000 × 1 KiB", "4 GiB .bin"
     spec: str  # what gen.py is given: "4", "300000x1024"
-    kind: str = "size"  # "size" | "many" | "few"
+    kind: str = "size"  # "size" | "many" | "few" | "bin"
     size_gib: float = 0.0  # the data's GiB
 
     def filename(self, seed: int) -> str:
         if self.kind == "size":
             return checkpoint_path(Path(), self.size_gib, seed).name
+        if self.kind == "bin":
+            return checkpoint_path(Path(), self.size_gib, seed).with_suffix(".bin").name
         return f"tensors-{self.spec}-seed{seed}.safetensors"
 
 
 def size_case(size_gib: float) -> Case:
     return Case(f"{size_gib:g} GiB", f"{size_gib:g}", "size", size_gib)
+
+
+def bin_case(size_gib: float) -> Case:
+    """The size case's tensors as a PyTorch checkpoint (gen_bin.py)."""
+    return Case(f"{size_gib:g} GiB .bin", f"{size_gib:g}", "bin", size_gib)
 
 
 def many_cases(count: int, tensor_bytes: int, few: int) -> tuple[Case, Case]:
@@ -634,6 +663,14 @@ def find_contenders(
                 found.append(
                     Contender(name, [str(exe), "{src}", "{dst}", "16", "drop", "2"], "loop")
                 )
+        elif name in ("torch_load_mmap", "torch_load"):
+            probe = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True)
+            if probe.returncode == 0:
+                mmap = ["--mmap"] if name == "torch_load_mmap" else []
+                argv = [sys.executable, str(peers / "torch_bin.py"), *mmap, "{src}", "{dst}"]
+                found.append(Contender(name, argv))
+            else:
+                print(f"torch not installed: {name} skipped")
         elif name == "dd_read":
             if shutil.which("dd"):
                 argv = ["dd", "if={src}", "of=/dev/null", "bs=16M", "status=none"]
@@ -721,6 +758,11 @@ def cached_checkpoint(directory: Path, size_gib: float, seed: int) -> Path:
 def cached_input(directory: Path, case: Case, seed: int) -> Path:
     """Return case's input in directory, generating it (in a child: gen.py) on first use."""
     path = directory / case.filename(seed)
+    if case.kind == "bin" and not path.exists():
+        st = cached_input(directory, size_case(case.size_gib), seed)
+        print(f"generating {path} ...", flush=True)
+        subprocess.run([sys.executable, str(HERE / "gen_bin.py"), str(st), str(path)], check=True)
+        return path
     if not path.exists():
         directory.mkdir(parents=True, exist_ok=True)
         print(f"generating {path} ...", flush=True)
@@ -730,7 +772,10 @@ def cached_input(directory: Path, case: Case, seed: int) -> Path:
 
 
 def header_bytes(path: Path) -> int:
-    """The safetensors header's length (the JSON, padding included), from its 8-byte prefix."""
+    """The safetensors header's length (the JSON, padding included), from its 8-byte prefix;
+    0 for a PyTorch checkpoint."""
+    if path.suffix != ".safetensors":
+        return 0
     with open(path, "rb") as f:
         return int(struct.unpack("<Q", f.read(8))[0])
 
@@ -749,9 +794,10 @@ def usable(mode: str, case: Case, directory: Path, cache: Path, seed: int, ram: 
 
     directory: where the runs read and write; cache: where the input is generated (the
     same folder, but for hugetmpfs); ram: the hugetmpfs mount's size."""
-    if mode in RAM_MODES and case.kind == "size" and case.size_gib > TMPFS_MAX_GIB:
+    if mode in RAM_MODES and case.kind in ("size", "bin") and case.size_gib > TMPFS_MAX_GIB:
         return f"input above {TMPFS_MAX_GIB:g} GiB would not fit in RAM beside the peers"
-    data = int(case.size_gib * GiB) * (2 if case.kind != "size" else 1)  # the pair: 2 inputs
+    # the pair, and a .bin with the safetensors it is made from: 2 inputs
+    data = int(case.size_gib * GiB) * (1 if case.kind == "size" else 2)
     if mode == "hugetmpfs" and data * 1.6 > ram:
         return f"input and output would not fit in the {fmt_bytes(ram)} huge-page tmpfs"
     cache.mkdir(parents=True, exist_ok=True)
@@ -1441,7 +1487,19 @@ def markdown(
     if sized:
         lines += ["", "## Conversions", ""]
         lines += table(header, "llll" + "r" * (len(header) - 4), [line(r) for r in sized])
-    many = [r for r in rows if r["kind"] != "size"]
+    bins = [r for r in rows if r["kind"] == "bin"]
+    if bins:
+        lines += [
+            "",
+            "## PyTorch checkpoints",
+            "",
+            "The size case's tensors as a `.bin` (torch's zip format, made by gen_bin.py) to bf16 "
+            "safetensors: stcast against `torch.load(mmap=True)` + `.to(bfloat16)` + `save_file` "
+            "(torch_load_mmap) and `torch.load` + the same (torch_load), peers/torch_bin.py.",
+            "",
+        ]
+        lines += table(header, "llll" + "r" * (len(header) - 4), [line(r) for r in bins])
+    many = [r for r in rows if r["kind"] in ("many", "few")]
     if many:
         head = next((r["header_bytes"] for r in many if r["kind"] == "many"), 0)
         bound = GOAL_MANY_RSS_BASE + GOAL_MANY_RSS_PER_HEADER_BYTE * head
@@ -1637,11 +1695,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--contenders stcast,limit_loop\n"
         "  python benches/compare.py --modes hugetmpfs --sizes '' --many-tensors --repeats 9\n"
         "  python benches/compare.py --modes cold --sizes 4 --contenders stcast,dd_read\n"
+        "  python benches/compare.py --modes hot --sizes '' --bin-sizes 4 "
+        "--contenders stcast,torch_load_mmap,torch_load\n"
         "  python benches/compare.py --modes hugetmpfs --sizes 4 --contenders stcast "
         "--baseline /work/venv-base/bin/python\n",
     )
     ap.add_argument(
         "--sizes", default="1,4", help="input sizes in GiB, comma-separated ('' for none)"
+    )
+    ap.add_argument(
+        "--bin-sizes",
+        default="",
+        help="PyTorch checkpoint (.bin) sizes in GiB, comma-separated: stcast against "
+        "torch_load_mmap and torch_load (default none; the issue's figure: 4)",
     )
     ap.add_argument("--repeats", type=int, default=3, help="rounds per mode and case")
     ap.add_argument(
@@ -1770,6 +1836,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.sizes = [float(s) for s in split(args.sizes)]
     except ValueError:
         ap.error(f"--sizes {args.sizes!r}: expected GiB, comma-separated")
+    try:
+        args.bin_sizes = [float(s) for s in split(args.bin_sizes)]
+    except ValueError:
+        ap.error(f"--bin-sizes {args.bin_sizes!r}: expected GiB, comma-separated")
     args.modes = split(args.modes)
     if args.peer_modes is not None:
         args.peer_modes = split(args.peer_modes)
@@ -1800,8 +1870,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 ap.error(f"--many-modes: {m!r} is not in --modes")
     else:
         args.many_modes = []
-    if not args.sizes and not args.many_tensors and not args.render:
-        ap.error("nothing to run: no --sizes and no --many-tensors")
+    if not args.sizes and not args.many_tensors and not args.bin_sizes and not args.render:
+        ap.error("nothing to run: no --sizes, --bin-sizes or --many-tensors")
     args.mem_limit = parse_bytes(args.mem_limit)
     args.caps = parse_caps(args.cap)
     return args
@@ -1895,6 +1965,8 @@ class Bench:
 
     def allowed(self, c: Contender, mode: str, case: Case) -> bool:
         if c.modes is not None and mode not in c.modes:
+            return False
+        if case.kind not in KINDS.get(c.name, (case.kind,)):
             return False
         if c.name in PEERS:
             why = None
@@ -2027,6 +2099,7 @@ class Bench:
             print(f"{mode} skipped: {why}")
             return
         cases = [size_case(s) for s in self.args.sizes]
+        cases += [bin_case(s) for s in self.args.bin_sizes]
         with contextlib.ExitStack() as stack:
             if mode == "hugetmpfs":
                 mount = HugeTmpfs(self.args.hugetmpfs_dir, self.args.hugetmpfs_size)
@@ -2070,7 +2143,7 @@ def main(argv: list[str] | None = None) -> int:
         if c.kind == "stcast":
             starts[f"{c.name} --version"] = [*c.cli, "--version"]
     facts["start_up"] = {k: start_up(v) for k, v in starts.items()}
-    if "torch_path" in by_name:
+    if {"torch_path", "torch_load_mmap", "torch_load"} & set(by_name):
         probe = [sys.executable, "-c", "import torch; print(torch.__version__)"]
         facts["torch"] = subprocess.run(probe, capture_output=True, text=True).stdout.strip()
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -2099,6 +2172,7 @@ def main(argv: list[str] | None = None) -> int:
     config = {
         "command": command,
         "sizes_gib": args.sizes,
+        "bin_sizes_gib": args.bin_sizes,
         "repeats": args.repeats,
         "tmpfs_repeats": args.tmpfs_repeats,
         "modes": args.modes,

@@ -96,7 +96,7 @@ fn check_plan(src: &SourceHeader, plan: &Plan) {
                 s.len()
             }
             Action::Convert(c) => {
-                assert_eq!(t.dtype, plan.target.dtype());
+                assert_eq!(Some(t.dtype), plan.target.dtype());
                 s.len() / c.src_size() * 2
             }
         };

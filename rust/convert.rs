@@ -13,6 +13,7 @@ use memmap2::{Advice, MmapMut, UncheckedAdvice};
 use crate::dtype::Action;
 use crate::error::{Error, Result, Warning};
 use crate::failpoint;
+use crate::input::InputOptions;
 use crate::kernels::Isa;
 use crate::numerics::Numerics;
 use crate::output::{self, AtPath, PathId, Replace, TempOutput};
@@ -74,6 +75,8 @@ pub struct Options {
     /// Write the output even when no tensor changes dtype (a folder's already converted
     /// files); otherwise such a run is refused (`Error::NothingToConvert`).
     pub allow_copy: bool,
+    /// How to read a PyTorch checkpoint (its state dict, the prefixes to strip).
+    pub input: InputOptions,
     pub tuning: Tuning,
 }
 
@@ -88,6 +91,7 @@ impl Options {
             numerics: true,
             report: None,
             allow_copy: false,
+            input: InputOptions::default(),
             tuning: Tuning::default(),
         }
     }
@@ -208,6 +212,19 @@ pub fn check_destination(src: &Source, dst: &Path, force: bool) -> Result<Option
     }
 }
 
+/// Refuse an output that would be a copy of the input: no tensor changes dtype and the
+/// format stays (a PyTorch checkpoint is worth writing as safetensors as it is).
+pub fn check_something_changes(src: &Source, plan: &Plan, allow_copy: bool) -> Result<()> {
+    if plan.converted() == 0 && !allow_copy && !src.changes_format() {
+        return Err(Error::NothingToConvert {
+            path: src.path.clone(),
+            target: plan.target,
+            bf16_copied: plan.copies_bf16(),
+        });
+    }
+    Ok(())
+}
+
 /// Tensors up to this size are converted in batches (`Job::small_batch`): for them the
 /// per-window calls (a stat, faulting in, writeback) cost more than the conversion. Larger
 /// ones keep windows of their own, which release memory sooner (300 tensors of 1 MB peaked
@@ -257,13 +274,8 @@ impl Job {
     pub fn new(src: Source, dst: &Path, opts: &Options, started: Instant) -> Result<Job> {
         let outputs = check_outputs(&src, dst, opts)?;
         let mut plan = plan::plan(&src.path, &src.header, &opts.plan)?;
-        if plan.converted() == 0 && !opts.allow_copy {
-            return Err(Error::NothingToConvert {
-                path: src.path.clone(),
-                target: plan.target,
-                bf16_copied: plan.copies_bf16(),
-            });
-        }
+        check_something_changes(&src, &plan, opts.allow_copy)?;
+        plan.warnings.splice(0..0, src.warnings());
         let dir = output::parent_dir(dst);
         // Temp files of killed runs (named ones, where O_TMPFILE is missing) go first.
         plan.warnings.extend(output::remove_stale_temps(&dir));

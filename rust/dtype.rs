@@ -115,7 +115,7 @@ impl Action {
 
 /// The action for a source dtype under a target (before any `keep` rule).
 pub fn action_for(dtype: Dtype, target: Target, from_bf16: bool) -> Action {
-    match Conversion::between(dtype, target.dtype()) {
+    match target.dtype().and_then(|d| Conversion::between(dtype, d)) {
         Some(Conversion::Bf16ToF16) if !from_bf16 => Action::Copy,
         Some(c) => Action::Convert(c),
         None => Action::Copy,
@@ -155,6 +155,8 @@ mod tests {
             (Dtype::BF16, Target::F16, true, Action::Convert(Bf16ToF16)),
             (Dtype::F16, Target::F16, true, Action::Copy),
             (Dtype::I64, Target::F16, true, Action::Copy),
+            (Dtype::F32, Target::Keep, false, Action::Copy),
+            (Dtype::F64, Target::Keep, true, Action::Copy),
         ];
         for (d, t, from_bf16, want) in cases {
             assert_eq!(action_for(d, t, from_bf16), want, "{d:?} {t:?}");

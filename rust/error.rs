@@ -10,6 +10,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::text::{count, esc, esc_path, format_bytes, plain};
+use crate::torch::{Format, TensorProblem, TorchError};
 use crate::vocab::{ErrorKind, OptionName, Target, WarningKind};
 
 /// Everything that can stop the engine.
@@ -19,8 +20,9 @@ pub enum Error {
     NotAFile { path: PathBuf, what: &'static str },
     /// The safetensors header is invalid; `reason` is the crate's, with specifics added.
     InvalidHeader { path: PathBuf, reason: String },
-    /// The file is another format (`what`: "a GGUF file (llama.cpp)", ...), not safetensors.
-    OtherFormat { path: PathBuf, what: &'static str },
+    /// The file is another format (a GGUF file, an HTML page, ...), not one stcast reads
+    /// there (a PyTorch checkpoint where only safetensors will do: the side verify reads).
+    OtherFormat { path: PathBuf, format: Format },
     /// No tensor would change: the output would be a copy of the input.
     NothingToConvert {
         path: PathBuf,
@@ -28,6 +30,11 @@ pub enum Error {
         /// BF16 tensors are copied (fp16 without `from_bf16`): the way out is that option.
         bf16_copied: bool,
     },
+    /// A PyTorch checkpoint that cannot be read, is refused (a global outside the
+    /// allow-list, a tensor safetensors cannot hold), or whose state dict must be chosen.
+    Checkpoint { path: PathBuf, error: TorchError },
+    /// An option for PyTorch checkpoints (`key`, `strip_prefix`) given for another input.
+    NotACheckpoint { path: PathBuf, option: OptionName },
     /// The input was written to, truncated or extended while it was read.
     InputChanged { path: PathBuf, change: String },
     /// The planned output header would pass the format's limit.
@@ -117,6 +124,8 @@ impl Error {
             | Error::OtherFormat { .. }
             | Error::OutputHeaderTooLarge { .. } => ErrorKind::InvalidInput,
             Error::NothingToConvert { .. } => ErrorKind::Refused,
+            Error::Checkpoint { error, .. } => checkpoint_kind(error),
+            Error::NotACheckpoint { .. } => ErrorKind::Usage,
             Error::InputChanged { .. } => ErrorKind::InputChanged,
             Error::NotAFile { .. }
             | Error::UnmatchedPatterns { .. }
@@ -146,6 +155,8 @@ impl Error {
             | Error::InvalidHeader { path, .. }
             | Error::OtherFormat { path, .. }
             | Error::NothingToConvert { path, .. }
+            | Error::Checkpoint { path, .. }
+            | Error::NotACheckpoint { path, .. }
             | Error::InputChanged { path, .. }
             | Error::OutputHeaderTooLarge { path, .. }
             | Error::UnmatchedPatterns { path, .. }
@@ -168,6 +179,13 @@ impl Error {
     pub fn tensor(&self) -> Option<&str> {
         match self {
             Error::Overflow { worst, .. } => Some(worst),
+            Error::Checkpoint {
+                error:
+                    TorchError::Tensor { name, .. }
+                    | TorchError::PlaceholderValue { name, .. }
+                    | TorchError::DuplicateName { name, .. },
+                ..
+            } => Some(name),
             _ => None,
         }
     }
@@ -177,6 +195,7 @@ impl Error {
         match self {
             Error::BadOption { option, .. } => Some(*option),
             Error::BadPattern { .. } => Some(OptionName::Keep),
+            Error::NotACheckpoint { option, .. } => Some(*option),
             _ => None,
         }
     }
@@ -199,22 +218,38 @@ impl Error {
             Error::InvalidHeader { reason, .. } => {
                 format!("invalid safetensors file: {}", esc(reason))
             }
-            Error::OtherFormat { what, .. } => {
-                format!("{what}, not a safetensors file")
-            }
+            Error::OtherFormat { format, .. } => match format {
+                Format::TorchZip | Format::TorchLegacy => {
+                    format!("{}, not a safetensors file", format.describe())
+                }
+                _ => format!(
+                    "{}, not a safetensors file or a PyTorch checkpoint",
+                    format.describe()
+                ),
+            },
             Error::NothingToConvert {
                 target,
                 bf16_copied,
                 ..
-            } => format!(
-                "nothing to convert: no tensor becomes {} ({}); the output would be a copy of \
-                 the input",
-                target.dtype(),
-                if *bf16_copied {
-                    "its BF16 tensors are copied as they are unless {from_bf16}"
-                } else {
-                    "each float tensor already is, or is kept"
-                }
+            } => match target.dtype() {
+                Some(dtype) => format!(
+                    "nothing to convert: no tensor becomes {dtype} ({}); the output would be a \
+                     copy of the input",
+                    if *bf16_copied {
+                        "its BF16 tensors are copied as they are unless {from_bf16}"
+                    } else {
+                        "each float tensor already is, or is kept"
+                    }
+                ),
+                None => "nothing to convert: the input is a safetensors file already and \
+                         {to=keep} keeps every dtype; the output would be a copy of the input"
+                    .to_string(),
+            },
+            Error::Checkpoint { error, .. } => checkpoint_message(error),
+            Error::NotACheckpoint { option, .. } => format!(
+                "{{{}}} applies to PyTorch checkpoints (.bin, .pt, .pth), and this is a \
+                 safetensors file",
+                option.name()
             ),
             Error::InputChanged { change, .. } => format!(
                 "input changed while being read ({}); no output was written",
@@ -245,7 +280,7 @@ impl Error {
                  {{keep}} pattern)",
                 count(*values, "finite value"),
                 count(*tensors as u64, "tensor"),
-                target.dtype(),
+                target.describe(),
                 esc(worst)
             ),
             Error::BadOption {
@@ -307,6 +342,53 @@ impl Error {
             Some(p) => format!("{}: {}", esc_path(p), self.message()),
             None => self.message(),
         }
+    }
+}
+
+/// A refusal on principle (code it would run, a state dict to choose) or a bad file.
+fn checkpoint_kind(e: &TorchError) -> ErrorKind {
+    match e {
+        TorchError::Denied { .. }
+        | TorchError::PlaceholderValue { .. }
+        | TorchError::Ambiguous { .. }
+        | TorchError::Tensor {
+            problem: TensorProblem::CallsGlobal { .. } | TensorProblem::Subclass { .. },
+            ..
+        } => ErrorKind::Refused,
+        _ => ErrorKind::InvalidInput,
+    }
+}
+
+/// The reader's one line as a template; where it would name an option, a placeholder.
+fn checkpoint_message(e: &TorchError) -> String {
+    match e {
+        TorchError::Ambiguous { candidates } => {
+            let listed = candidates
+                .iter()
+                .take(8)
+                .map(|(path, n)| format!("`{}` ({})", esc(path), count(*n as u64, "tensor")))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let more = candidates.len().saturating_sub(8);
+            let more = if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            };
+            // A concrete example where the first key can be written in one word.
+            let example = candidates
+                .first()
+                .map(|(p, _)| p.as_str())
+                .filter(|p| {
+                    !p.is_empty() && !p.contains(|c: char| c.is_whitespace() || "{}'\"".contains(c))
+                })
+                .map_or_else(|| "{key}".to_string(), |p| format!("{{key={p}}}"));
+            format!(
+                "the checkpoint holds several dicts of tensors: {listed}{more}; choose one \
+                 with {example}"
+            )
+        }
+        other => esc(&other.to_string()).into_owned(),
     }
 }
 

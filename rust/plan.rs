@@ -210,7 +210,9 @@ impl Plan {
 
 /// Why a tensor that the target does not take is copied.
 fn copy_reason(dtype: Dtype, target: Target) -> Reason {
-    if dtype == target.dtype() {
+    let wide_float = matches!(dtype, Dtype::F64 | Dtype::F32 | Dtype::F16 | Dtype::BF16);
+    // Under `keep` every tensor's target is its own dtype.
+    if Some(dtype) == target.dtype() || (target == Target::Keep && wide_float) {
         Reason::AlreadyTarget
     } else if dtype == Dtype::BF16 {
         Reason::Bf16Source
@@ -300,7 +302,7 @@ pub fn plan(path: &Path, src: &SourceHeader, opts: &PlanOptions) -> Result<Plan>
             }
         };
         let (action, dtype) = match reason {
-            Reason::Converted => (natural, opts.target.dtype()),
+            Reason::Converted => (natural, opts.target.dtype().unwrap_or(t.dtype)),
             _ => (Action::Copy, t.dtype),
         };
         reasons.push(reason);
@@ -443,12 +445,13 @@ fn plan_warnings(src: &SourceHeader, plan: &Plan, opts: &PlanOptions) -> Vec<War
     if let Some(w) = quantized_warning(src, plan, opts) {
         warnings.push(w);
     }
-    if plan.converted() == 0 {
+    // Under `keep` nothing is converted on purpose: the format is what changes.
+    if plan.converted() == 0 && plan.target != Target::Keep {
         warnings.push(Warning::new(
             WarningKind::NothingToConvert,
             format!(
                 "nothing to convert: no tensor becomes {} (the output is a regrouped byte copy)",
-                plan.target.dtype()
+                plan.target.describe()
             ),
         ));
     }
@@ -558,7 +561,7 @@ pub fn overflow_outcome<S: AsRef<str>, N: Borrow<Numerics>>(
              {{on_overflow=keep}} or a {{keep}} pattern)",
             crate::text::count(values, "finite value"),
             crate::text::count(hot.len() as u64, "tensor"),
-            target.dtype()
+            target.describe()
         ),
     );
     let error = Error::Overflow {

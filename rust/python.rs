@@ -14,6 +14,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 
 use crate::convert::{Options, Report, Tuning};
 use crate::error::{Error, Warning};
+use crate::input::InputOptions;
 use crate::kernels::Isa;
 use crate::numerics::Numerics;
 use crate::output::{self, Replace};
@@ -265,6 +266,11 @@ fn tuning(v: Option<&Bound<'_, PyDict>>) -> PyResult<Tuning> {
     Ok(t)
 }
 
+/// How to read a PyTorch checkpoint, from the `key` and `strip_prefix` keywords.
+fn input_options(key: Option<String>, strip_prefix: Vec<String>) -> InputOptions {
+    InputOptions { key, strip_prefix }
+}
+
 /// The options that decide a plan, from `convert`'s and `inspect`'s keywords.
 fn plan_options(
     py: Python<'_>,
@@ -296,7 +302,8 @@ fn plan_options(
 #[pyo3(name = "convert", signature = (src, dst, *, to=None, threads=None, force=false,
                     progress=None, cancel=None, warn=None, keep=Vec::new(), keep_min_size=None,
                     keep_unmatched="warn", from_bf16=false, on_overflow=None, numerics=true,
-                    report=None, replaces=None, allow_copy=false, tuning=None))]
+                    report=None, replaces=None, allow_copy=false, tuning=None, key=None,
+                    strip_prefix=Vec::new()))]
 #[allow(clippy::too_many_arguments)]
 fn py_convert<'py>(
     py: Python<'py>,
@@ -318,11 +325,14 @@ fn py_convert<'py>(
     replaces: Option<(u64, u64)>,
     allow_copy: bool,
     tuning: Option<&Bound<'py, PyDict>>,
+    key: Option<String>,
+    strip_prefix: Vec<String>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = Options {
         report,
         replaces,
         allow_copy,
+        input: input_options(key, strip_prefix),
         plan: plan_options(py, to, keep, keep_min_size, keep_unmatched, from_bf16)?,
         threads: self::threads(py, threads)?,
         force,
@@ -524,7 +534,7 @@ fn numerics_fields<'py>(
 #[pyo3(name = "inspect", signature = (path, *, to=None, keep=Vec::new(), keep_min_size=None,
                     keep_unmatched="warn", from_bf16=false, scan=false, on_overflow=None,
                     threads=None, progress=None, dst=None, force=false, report=None,
-                    allow_copy=false, tuning=None))]
+                    allow_copy=false, tuning=None, key=None, strip_prefix=Vec::new()))]
 #[allow(clippy::too_many_arguments)]
 fn py_inspect<'py>(
     py: Python<'py>,
@@ -543,10 +553,13 @@ fn py_inspect<'py>(
     report: Option<PathBuf>,
     allow_copy: bool,
     tuning: Option<&Bound<'py, PyDict>>,
+    key: Option<String>,
+    strip_prefix: Vec<String>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let plan_opts = plan_options(py, to, keep, keep_min_size, keep_unmatched, from_bf16)?;
     let on_overflow = self::on_overflow(py, on_overflow)?;
     let opts = Options {
+        input: input_options(key, strip_prefix),
         threads: self::threads(py, threads)?,
         tuning: self::tuning(tuning)?,
         force,
@@ -569,11 +582,38 @@ fn py_inspect<'py>(
     inspect_dict(py, &found)
 }
 
+/// The input formats reports name (`_types.InputFormat`), and the name of one.
+const INPUT_FORMATS: &[&str] = &["safetensors", "pytorch", "pytorch-legacy"];
+
+fn format_name(f: crate::torch::Format) -> &'static str {
+    use crate::torch::Format;
+    match f {
+        Format::TorchZip => INPUT_FORMATS[1],
+        Format::TorchLegacy => INPUT_FORMATS[2],
+        _ => INPUT_FORMATS[0],
+    }
+}
+
 fn inspect_dict<'py>(py: Python<'py>, found: &Inspection) -> PyResult<Bound<'py, PyDict>> {
     let (src, plan) = (&found.source, &found.plan);
     let h = &src.header;
     let d = PyDict::new(py);
     d.set_item("path", src.path.as_os_str())?;
+    d.set_item("format", format_name(src.format()))?;
+    match &src.origin {
+        Some(o) => {
+            d.set_item("key", &o.key)?;
+            d.set_item("skipped", PyList::new(py, &o.skipped)?)?;
+            d.set_item("globals", PyList::new(py, &o.globals)?)?;
+            d.set_item("unlisted", PyList::new(py, &o.unlisted)?)?;
+        }
+        None => {
+            d.set_item("key", py.None())?;
+            d.set_item("skipped", PyList::empty(py))?;
+            d.set_item("globals", PyList::empty(py))?;
+            d.set_item("unlisted", PyList::empty(py))?;
+        }
+    }
     d.set_item("header_bytes", h.header_len)?;
     d.set_item("data_bytes", h.data_len())?;
     d.set_item("file_bytes", src.file_bytes())?;
@@ -639,7 +679,8 @@ fn inspect_dict<'py>(py: Python<'py>, found: &Inspection) -> PyResult<Bound<'py,
 #[pyfunction]
 #[pyo3(name = "verify", signature = (src, dst, *, loose=false, to=None, keep=Vec::new(),
                     keep_min_size=None, from_bf16=false, on_overflow=None, threads=None,
-                    progress=None, numerics=true, report=None, force=false, tuning=None))]
+                    progress=None, numerics=true, report=None, force=false, tuning=None,
+                    key=None, strip_prefix=Vec::new()))]
 #[allow(clippy::too_many_arguments)]
 fn py_verify<'py>(
     py: Python<'py>,
@@ -657,9 +698,12 @@ fn py_verify<'py>(
     report: Option<PathBuf>,
     force: bool,
     tuning: Option<&Bound<'py, PyDict>>,
+    key: Option<String>,
+    strip_prefix: Vec<String>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let plan = plan_options(py, to, keep, keep_min_size, "ignore", from_bf16)?;
     let opts = VerifyOptions {
+        input: input_options(key, strip_prefix),
         loose,
         target: to.map(|_| plan.target),
         keep: plan.keep,
@@ -948,12 +992,16 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TARGET_ALIASES", aliases)?;
     let torch_names = PyDict::new(py);
     for t in Target::ALL {
-        torch_names.set_item(t.name(), t.torch_name())?;
+        if let Some(name) = t.torch_name() {
+            torch_names.set_item(t.name(), name)?;
+        }
     }
     m.add("TARGET_TORCH_NAMES", torch_names)?;
     let target_dtypes = PyDict::new(py);
     for t in Target::ALL {
-        target_dtypes.set_item(t.name(), t.dtype().to_string())?;
+        if let Some(dtype) = t.dtype() {
+            target_dtypes.set_item(t.name(), dtype.to_string())?;
+        }
     }
     m.add("TARGET_DTYPES", target_dtypes)?;
     m.add("REASONS", names(py, ReasonCode::NAMES)?)?;
@@ -966,6 +1014,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ERROR_KINDS", names(py, ErrorKind::NAMES)?)?;
     m.add("WARNING_KINDS", names(py, WarningKind::NAMES)?)?;
     m.add("OPTIONS", names(py, OptionName::NAMES)?)?;
+    m.add("INPUT_FORMATS", names(py, INPUT_FORMATS)?)?;
     m.add("ON_OVERFLOW", names(py, OnOverflow::NAMES)?)?;
     m.add("UNMATCHED", names(py, Unmatched::NAMES)?)?;
     m.add("READ_ADVICE", names(py, ReadAdvice::NAMES)?)?;

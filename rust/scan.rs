@@ -151,7 +151,8 @@ impl Scan {
                     .map
                     .advise_range(Advice::PopulateRead, at as usize, w.len as usize);
             }
-            let gathered = s.gather.is_some();
+            let gathered = s.gather.as_ref().map(|d| d.span());
+            let done = w.pos + w.len == s.len();
             let bytes = self.src.read(s, w.pos, w.len, &mut self.gathered)?;
             let work = Work {
                 pool: &self.pool,
@@ -175,8 +176,11 @@ impl Scan {
                         .merge(&measured);
                 }
             }
-            if !gathered {
-                self.src.files[input].release((at, at + w.len));
+            match gathered {
+                None => self.src.files[input].release((at, at + w.len)),
+                // A view's elements lie anywhere in its storage: drop its pages once done.
+                Some(span) if done => self.src.files[input].release((span.start, span.end)),
+                Some(_) => {}
             }
             self.cursor.advance(w);
             spent += w.len;

@@ -39,6 +39,8 @@ pub struct Source {
     pub path: PathBuf,
     pub files: Vec<InputFile>,
     pub header: SourceHeader,
+    /// For a PyTorch checkpoint: its format, the dict selected, what was left out.
+    pub origin: Option<crate::input::Origin>,
 }
 
 /// What `fstat` says about the input's content: its size and mtime (in nanoseconds).
@@ -144,6 +146,23 @@ impl InputFile {
         })
     }
 
+    /// Unmap the pages of an absolute byte range, leaving them in the page cache: a later
+    /// read of them is a minor fault, not I/O. For views read out of order (a transposed
+    /// tensor reads across its whole storage in every window), so that only one window's
+    /// pages are mapped at a time.
+    pub fn unmap(&self, (a, b): (u64, u64)) {
+        // SAFETY: the map is read-only and shared; dropping its pages only means a later
+        // read faults them in again from the file. The caller holds no reference into the
+        // range (a gathered window was copied out).
+        unsafe {
+            let _ = self.map.unchecked_advise_range(
+                UncheckedAdvice::DontNeed,
+                a as usize,
+                b.saturating_sub(a) as usize,
+            );
+        }
+    }
+
     /// Drop the pages of an absolute byte range that we are done with, and any mapped
     /// again behind it by fault-around (see `FAULT_AROUND_MAX`).
     pub fn release(&self, (a, b): (u64, u64)) {
@@ -165,7 +184,7 @@ impl InputFile {
 impl Source {
     /// Open and validate the safetensors file `path` without reading its data.
     pub fn open(path: &Path) -> Result<Source> {
-        let mut input = InputFile::open(path, PREFIX as u64, |len| {
+        let input = InputFile::open(path, PREFIX as u64, |len| {
             Error::invalid_header(
                 path,
                 format!(
@@ -173,13 +192,18 @@ impl Source {
                 ),
             )
         })?;
+        Source::from_safetensors(path, input)
+    }
+
+    /// Validate the safetensors file `input` (opened as `path`) without reading its data.
+    pub fn from_safetensors(path: &Path, mut input: InputFile) -> Result<Source> {
         let header = header::read_header(path, &input.map).map_err(|e| {
             // Another format's reasons to fail as safetensors mislead: name the format.
             match crate::torch::sniff(&input.map) {
                 Format::Safetensors | Format::Unknown => e,
-                other => Error::OtherFormat {
+                format => Error::OtherFormat {
                     path: path.to_path_buf(),
-                    what: other.describe(),
+                    format,
                 },
             }
         })?;
@@ -188,6 +212,7 @@ impl Source {
             path: path.to_path_buf(),
             files: vec![input],
             header,
+            origin: None,
         })
     }
 
@@ -198,6 +223,7 @@ impl Source {
             path: path.to_path_buf(),
             files,
             header,
+            origin: None,
         }
     }
 
@@ -264,6 +290,11 @@ impl Source {
                 let first = pos / desc.elem_size().max(1);
                 crate::torch::gather(&f.map, desc, first, out)
                     .map_err(|e| Error::invalid_header(&f.path, e.to_string()))?;
+                // The window is copied out. A strided view may have touched a page of every
+                // row of its storage: unmap them now, or the whole storage ends up resident
+                // (they stay cached: the next window's faults are minor).
+                let span = desc.span();
+                f.unmap((span.start, span.end));
                 Ok(out)
             }
         }

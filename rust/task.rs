@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::convert::{check_outputs, Job, Options, Report};
+use crate::convert::{check_outputs, check_something_changes, Job, Options, Report};
 use crate::error::{Error, Result, Warning};
 use crate::plan::{self, Plan, PlanOptions};
 use crate::scan::{self, Scan, ScanKind, Scanned};
@@ -58,7 +58,7 @@ impl ConvertTask {
     /// Open `src`, check `dst` and plan; create the hidden output unless a scan comes first.
     pub fn new(src: &Path, dst: &Path, opts: &Options) -> Result<ConvertTask> {
         let started = Instant::now();
-        let source = Source::open(src)?;
+        let source = Source::open_any(src, &opts.input)?;
         Self::from_source(source, dst, opts, started)
     }
 
@@ -201,18 +201,15 @@ impl InspectTask {
         opts: &Options,
         dst: Option<&Path>,
     ) -> Result<InspectTask> {
-        let source = Source::open(path)?;
+        let source = Source::open_any(path, &opts.input)?;
         if let Some(dst) = dst {
             check_outputs(&source, dst, opts)?;
         }
-        let plan = plan::plan(path, &source.header, plan_opts)?;
+        let mut plan = plan::plan(path, &source.header, plan_opts)?;
+        plan.warnings.splice(0..0, source.warnings());
         if let Some(dst) = dst {
-            if plan.converted() == 0 && !opts.allow_copy && on_overflow != OnOverflow::Keep {
-                return Err(Error::NothingToConvert {
-                    path: path.to_path_buf(),
-                    target: plan.target,
-                    bf16_copied: plan.copies_bf16(),
-                });
+            if on_overflow != OnOverflow::Keep {
+                check_something_changes(&source, &plan, opts.allow_copy)?;
             }
             let dir = crate::output::parent_dir(dst);
             let have =
@@ -275,7 +272,9 @@ impl InspectTask {
         let plan = if self.keep_overflowing {
             let mut opts = self.opts;
             opts.keep_names = scan::overflowing(&scanned);
-            plan::plan(&source.path, &source.header, &opts)?
+            let mut plan = plan::plan(&source.path, &source.header, &opts)?;
+            plan.warnings.splice(0..0, source.warnings());
+            plan
         } else {
             self.plan
         };

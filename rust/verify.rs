@@ -16,6 +16,7 @@ use crate::dtype::{elem_size, Action, Conversion};
 use crate::error::{Error, Result};
 use crate::fused;
 use crate::header::PREFIX;
+use crate::input::InputOptions;
 use crate::kernels::Isa;
 use crate::numerics::Numerics;
 use crate::output::{check_side_output, write_file, PathId, Replace};
@@ -53,6 +54,8 @@ pub struct VerifyOptions {
     pub force: bool,
     /// The window size and kernels (the other knobs do not apply).
     pub tuning: Tuning,
+    /// How to read SRC when it is a PyTorch checkpoint (DST is always safetensors).
+    pub input: InputOptions,
 }
 
 impl Default for VerifyOptions {
@@ -69,6 +72,7 @@ impl Default for VerifyOptions {
             report: None,
             force: false,
             tuning: Tuning::default(),
+            input: InputOptions::default(),
         }
     }
 }
@@ -217,7 +221,7 @@ impl Verifier {
     /// Open and validate both files and compare their headers.
     pub fn open(src_path: &Path, dst_path: &Path, opts: &VerifyOptions) -> Result<Verifier> {
         let started = Instant::now();
-        let src = Source::open(src_path)?;
+        let src = Source::open_any(src_path, &opts.input)?;
         let dst = Source::open(dst_path)?;
         if src.identity()? == dst.identity()? {
             return Err(Error::SameFile {
@@ -383,8 +387,14 @@ impl Verifier {
                 return Ok(true);
             }
             let (si, di) = (s_input(&self.src, pair), d_input(&self.dst, pair));
-            if self.src.header.tensors[pair.src].gather.is_none() {
-                self.src.files[si].release((sa as u64, (sa + sn) as u64));
+            match &self.src.header.tensors[pair.src].gather {
+                None => self.src.files[si].release((sa as u64, (sa + sn) as u64)),
+                // A view's elements lie anywhere in its storage: drop its pages once done.
+                Some(d) if w.pos + w.len == s_len(&self.src, pair) => {
+                    let span = d.span();
+                    self.src.files[si].release((span.start, span.end));
+                }
+                Some(_) => {}
             }
             self.dst.files[di].release((da as u64, (da + dn) as u64));
             self.cursor.advance(w);
@@ -639,9 +649,13 @@ fn check_plan(
             .iter()
             .any(|p| matches!(p.expect, Expect::Convert(_)) && dh.tensors[p.dst].dtype == dtype)
     };
+    let converted_any = pairs.iter().any(|p| matches!(p.expect, Expect::Convert(_)));
+    // A PyTorch checkpoint whose every tensor kept its dtype was converted with `keep`.
     let target = opts
         .target
-        .unwrap_or(if converted_to(Dtype::F16) && !converted_to(Dtype::BF16) {
+        .unwrap_or(if !converted_any && src.changes_format() {
+            Target::Keep
+        } else if converted_to(Dtype::F16) && !converted_to(Dtype::BF16) {
             Target::F16
         } else {
             Target::Bf16
@@ -680,7 +694,7 @@ fn check_plan(
                         "tensor `{name}` is kept in {} in DST, but these options convert it to \
                          {} ({options} as convert? {{loose}} accepts any kept tensor)",
                         s.dtype,
-                        target.dtype()
+                        target.describe()
                     ),
                 );
             }

@@ -48,6 +48,8 @@ named! {
     pub enum Target {
         Bf16 = "bf16",
         F16 = "fp16",
+        /// Every tensor keeps its dtype: only the format changes (PyTorch to safetensors).
+        Keep = "keep",
     }
 }
 
@@ -72,19 +74,30 @@ impl Target {
         })
     }
 
-    /// The output dtype of a converted tensor.
-    pub fn dtype(self) -> Dtype {
+    /// The output dtype of a converted tensor; `None` for `Keep`, which converts none.
+    pub fn dtype(self) -> Option<Dtype> {
         match self {
-            Target::Bf16 => Dtype::BF16,
-            Target::F16 => Dtype::F16,
+            Target::Bf16 => Some(Dtype::BF16),
+            Target::F16 => Some(Dtype::F16),
+            Target::Keep => None,
         }
     }
 
-    /// The name torch and `config.json` (`torch_dtype`) give the target dtype.
-    pub fn torch_name(self) -> &'static str {
+    /// The name torch and `config.json` (`torch_dtype`) give the target dtype; `None` for
+    /// `Keep` (a config's dtype stays as it is).
+    pub fn torch_name(self) -> Option<&'static str> {
         match self {
-            Target::Bf16 => "bfloat16",
-            Target::F16 => "float16",
+            Target::Bf16 => Some("bfloat16"),
+            Target::F16 => Some("float16"),
+            Target::Keep => None,
+        }
+    }
+
+    /// What messages call the output's float dtype: `BF16`, `F16`, or "their own dtype".
+    pub fn describe(self) -> String {
+        match self.dtype() {
+            Some(d) => d.to_string(),
+            None => "their own dtype".to_string(),
         }
     }
 }
@@ -189,6 +202,12 @@ named! {
         Underflow = "underflow",
         /// A temp file left by a killed run was removed.
         StaleTemp = "stale_temp",
+        /// Entries of a PyTorch checkpoint's state dict that are not tensors, left out.
+        SkippedEntries = "skipped_entries",
+        /// A PyTorch checkpoint's pickle names globals outside the allow-list (not called).
+        UnlistedGlobals = "unlisted_globals",
+        /// Files of a folder left out: trainer state, or PyTorch weights beside safetensors.
+        SkippedFiles = "skipped_files",
     }
 }
 
@@ -211,6 +230,10 @@ named! {
         Loose = "loose",
         Report = "report",
         FollowLinks = "follow_links",
+        /// PyTorch checkpoints: the dotted key of the state dict to convert.
+        Key = "key",
+        /// PyTorch checkpoints: a prefix dropped from tensor names (repeatable).
+        StripPrefix = "strip_prefix",
     }
 }
 

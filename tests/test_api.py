@@ -31,8 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
         (_types.ErrorKind, _core.ERROR_KINDS),
         (_types.WarningKind, _core.WARNING_KINDS),
         (_types.ReadAdvice, _core.READ_ADVICE),
+        (_types.InputFormat, _core.INPUT_FORMATS),
     ],
-    ids=["Target", "Reason", "OnOverflow", "ErrorKind", "WarningKind", "ReadAdvice"],
+    ids=["Target", "Reason", "OnOverflow", "ErrorKind", "WarningKind", "ReadAdvice", "InputFormat"],
 )
 def test_literals_are_the_engine_names(literal, exported):
     assert typing.get_args(literal) == exported

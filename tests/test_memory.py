@@ -78,3 +78,55 @@ def test_peak_rss_is_bounded(tmp_path):
     for size_mib, peak in peaks.items():
         assert peak < 150 * MIB, f"{size_mib} MiB input: peak RSS {peak / MIB:.1f} MiB"
     assert peaks[512] <= 1.25 * peaks[128] + 16 * MIB, peaks
+
+
+def write_big_bin(path: Path, size: int) -> Path:
+    """A PyTorch checkpoint (zip) of `size` data bytes of F32 in two storages, written 8 MiB
+    at a time, with a tensor tied to the first (as tied embeddings are) and a view of the
+    first half of each of its rows (gathered, window by window)."""
+    import torchfile as tf
+
+    chunk = np.linspace(-3.0, 3.0, CHUNK // 4, dtype=np.float32).tobytes()
+
+    def storage(n: int) -> tuple[int, object]:
+        def write(f) -> None:
+            left = n
+            while left:
+                k = min(left, CHUNK)
+                f.write(chunk[:k])
+                left -= k
+
+        return (n, write)
+
+    half = size // 2
+    obj = {
+        "a": tf.tensor("0", "float32", (half // 4,)),
+        "tied": tf.tensor("0", "float32", (half // 4,)),
+        "half_rows": tf.tensor(
+            "0",
+            "float32",
+            (1024, half // 4 // 2048),
+            stride=(half // 4 // 1024, 1),
+            numel=half // 4,
+        ),
+        "b": tf.tensor("1", "float32", ((size - half) // 4,)),
+    }
+    tf.write_zip(path, obj, {"0": storage(half), "1": storage(size - half)})
+    return path
+
+
+def test_peak_rss_is_bounded_for_a_pytorch_checkpoint(tmp_path):
+    """The same bound for a .bin (its storages mapped in place, the pickle read once)."""
+    peaks = {}
+    for size_mib in (64, 320):
+        src = write_big_bin(tmp_path / f"in{size_mib}.bin", size_mib * MIB)
+        dst = tmp_path / f"out{size_mib}.safetensors"
+        peaks[size_mib] = peak_rss_of_convert(src, dst)
+        # a, tied, half_rows and b: 1.75 times the data, halved.
+        assert dst.stat().st_size < size_mib * MIB * 7 // 8 + 4096
+        src.unlink()
+        dst.unlink()
+    print({k: f"{v / MIB:.1f} MiB" for k, v in peaks.items()})
+    for size_mib, peak in peaks.items():
+        assert peak < 150 * MIB, f"{size_mib} MiB input: peak RSS {peak / MIB:.1f} MiB"
+    assert peaks[320] <= 1.25 * peaks[64] + 16 * MIB, peaks

@@ -261,12 +261,14 @@ def _others(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     legacy = tmp_path / "legacy.pt"
     # torch's legacy format starts with a pickled magic number (a long).
     legacy.write_bytes(b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19." + bytes(32))
+    not_read = ", not a safetensors file or a PyTorch checkpoint"
     return {
-        "gguf": (gguf, "a GGUF file (llama.cpp)"),
-        "html": (html, "an HTML page (a failed download?)"),
-        "torch zip": (torch_zip, "a PyTorch checkpoint (torch.save zip)"),
-        "npz": (npz, "a NumPy .npz archive"),
-        "legacy": (legacy, "a legacy PyTorch checkpoint (torch.save pickle)"),
+        "gguf": (gguf, "a GGUF file (llama.cpp)" + not_read),
+        "html": (html, "an HTML page (a failed download?)" + not_read),
+        "npz": (npz, "a NumPy .npz archive" + not_read),
+        # PyTorch checkpoints are read (tests/test_torch.py): these two say what is wrong.
+        "torch zip": (torch_zip, "the checkpoint holds no tensors"),
+        "legacy": (legacy, "legacy protocol version, byte 0: unknown opcode 0x00"),
     }
 
 
@@ -274,12 +276,17 @@ def test_5_other_formats_are_named(tmp_path, run_main):
     for what, (path, named) in _others(tmp_path).items():
         rc, out, err = run_main("convert", path, tmp_path / "o.safetensors")
         assert rc == 1 and out == "", what
-        assert assert_one_error_line(err) == (f"stcast: {path}: {named}, not a safetensors file"), (
-            what
-        )
+        assert assert_one_error_line(err).startswith(f"stcast: {path}: {named}"), (what, err)
         rc, _, err2 = run_main("inspect", path)
         assert rc == 1 and err2 == err, what
     assert not (tmp_path / "o.safetensors").exists()
+    # Where only safetensors will do (verify's DST), a checkpoint is named as such.
+    src = write_safetensors(tmp_path / "x.safetensors", {"w": ("F32", [1], ONES[:1])})
+    dst = _others(tmp_path)["torch zip"][0]
+    rc, _, err = run_main("verify", src, dst)
+    assert rc == 1 and assert_one_error_line(err) == (
+        f"stcast: {dst}: a PyTorch checkpoint (torch.save zip), not a safetensors file"
+    )
 
 
 @pytest.mark.parametrize(
@@ -536,7 +543,7 @@ def test_15_completion_scripts_parse_and_know_every_option(run_main, tmp_path):
             check = subprocess.run([exe, "-n", str(script)], capture_output=True, text=True)
             assert check.returncode == 0, (shell, check.stderr)
     _, out, _ = run_main("completion", "bash")
-    assert 'compgen -W "bf16 fp16 bfloat16' in out  # --to offers the dtype names
+    assert 'compgen -W "bf16 fp16 keep bfloat16' in out  # --to offers the dtype names
     rc, _, err = run_main("completion", "tcsh")
     assert rc == 2
 

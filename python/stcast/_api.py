@@ -46,9 +46,12 @@ def convert(
     on_overflow: OnOverflow = "warn",
     report: StrPath | None = None,
     follow_links: bool = False,
+    key: str | None = None,
+    strip_prefix: Iterable[str] = (),
     tuning: Tuning | None = None,
 ) -> ConvertReport:
-    """Convert the checkpoint `src` (a safetensors file or a folder) to `to`, writing `dst`.
+    """Convert the checkpoint `src` (a safetensors file, a PyTorch checkpoint or a folder) to
+    `to`, writing `dst` (safetensors).
 
     F32, F64 (and, for bf16, F16) tensors are rounded to nearest, ties to even, subnormals
     included; NaN keeps its sign and becomes the quiet NaN (`sign | 0x7FC0` in bf16). Every
@@ -57,12 +60,22 @@ def convert(
     Memory stays bounded whatever the size: the input is mapped and converted in small
     windows that are released once written. The output appears only once complete.
 
+    A PyTorch checkpoint (`torch.save`: `.bin`, `.pt`, `.pth`, zip or legacy format) is read
+    without torch and without running its pickle: only an allow-list of names (tensor
+    rebuild functions, storage classes, dtypes, OrderedDict, plain containers) is
+    understood, any other is an inert placeholder, and one that would build a selected
+    tensor, or a dangerous one (`os.system`, `builtins.eval`, ...) anywhere, is refused.
+    Its output gets the metadata `{"format": "pt"}`.
+
     Args:
-        src: the input file, or a checkpoint folder (Hugging Face layout, diffusers pipeline,
-            cache snapshot).
-        dst: the output; default `<stem>-bf16.safetensors` beside a file (`-fp16` for fp16),
-            `<src>-bf16` beside a folder.
-        to: the target dtype, "bf16" or "fp16" (or "bfloat16", "float16", "half").
+        src: the input file (safetensors or PyTorch checkpoint), or a checkpoint folder
+            (Hugging Face layout, diffusers pipeline, cache snapshot; `pytorch_model*.bin`
+            become `model*.safetensors`).
+        dst: the output; default `<stem>-bf16.safetensors` beside a file (`-fp16` for fp16;
+            `<stem>.safetensors` for a PyTorch checkpoint with `to="keep"`), `<src>-bf16`
+            beside a folder.
+        to: the target dtype, "bf16" or "fp16" (or "bfloat16", "float16", "half"); or
+            "keep": every tensor keeps its dtype, only the format changes (PyTorch input).
         threads: worker threads; default (None or 0): all CPUs.
         force: replace an existing `dst` (a folder: convert everything again).
         progress: called as `progress(done, total)` (bytes of tensor data, the whole folder
@@ -101,6 +114,11 @@ def convert(
         follow_links: folders: follow symlinks that lead outside the source folder (by
             default only links within it, and into a Hugging Face cache's blobs/, are
             followed; any other is refused, naming it).
+        key: PyTorch checkpoints: the dict of tensors to convert, dotted for deeper levels
+            (`"ema"`, `"state.model"`). Without it: the top level if it holds tensors, else
+            the only dict that does; with several, `Refused` lists them with their counts.
+        strip_prefix: PyTorch checkpoints: prefixes dropped from tensor names, e.g.
+            `["module.", "_orig_mod."]` (DDP, torch.compile); the first that matches.
         tuning: knobs for benchmarks (window size, kernels, read advice, write-behind
             depth); they change speed and memory, never the bytes written.
 
@@ -114,7 +132,9 @@ def convert(
 
     Raises:
         InvalidInput: the input is not a valid checkpoint (`.kind`, `.path`).
-        Refused: the operation is refused (destination inside the source, strict, ...).
+        Refused: the operation is refused (destination inside the source, strict, a pickle
+            that calls a global outside the allow-list, several dicts of tensors and no
+            `key`, ...).
         DestinationExists: `dst` exists and `force` is false (also a FileExistsError).
         NoSpace: the destination is full (also an OSError with errno ENOSPC).
         UsageError: an option is out of range.
@@ -127,9 +147,11 @@ def convert(
     keep = _engine.patterns(keep)
     threads = _threads(threads)
     keep_min_size = _engine.check_int("keep_min_size", keep_min_size, 0, 2**64 - 1)
+    key, strip_prefix = _engine.check_key(key), _engine.prefixes(strip_prefix)
     if os.path.isdir(src):
         from . import folder
 
+        _files_only(src, key, strip_prefix)
         prepared = folder.prepare(
             src,
             None if dst is None else os.fsdecode(dst),
@@ -196,6 +218,8 @@ def convert(
         on_overflow=on_overflow,
         report=None if report is None else os.fsdecode(report),
         tuning=dict(tuning) if tuning is not None else None,
+        key=key,
+        strip_prefix=strip_prefix,
         stacklevel=2,
     )
 
@@ -219,6 +243,8 @@ def inspect(
     follow_links: bool = False,
     strict: bool = False,
     report: StrPath | None = None,
+    key: str | None = None,
+    strip_prefix: Iterable[str] = (),
     tuning: Tuning | None = None,
 ) -> InspectReport:
     """Describe what `convert(path, dst, ...)` would do with the same options: a dry run.
@@ -234,7 +260,9 @@ def inspect(
     `follow_links`, `strict`, `report`), and fails exactly as the conversion would; then
     `.destination` says how much space its folder has and whether the output fits. A folder
     `path` gives a report with `folder=True` and one report per weight file in `files`.
-    Plan warnings are returned in `.warnings`, not issued.
+    Plan warnings are returned in `.warnings`, not issued. For a PyTorch checkpoint the
+    report also gives its `format`, the `key` of the dict converted, the entries `skipped`
+    and the `globals` its pickle names (`unlisted`: those outside the allow-list).
 
     Args:
         path: a .safetensors file or a checkpoint folder.
@@ -245,10 +273,11 @@ def inspect(
         progress: called as `progress(done, total)` (bytes scanned).
         force, resume, shard, allow_quantized, follow_links, report: as for `convert`:
             they change the checks that run with `dst`.
+        key, strip_prefix: as for `convert` (PyTorch checkpoints).
         tuning: knobs for benchmarks and tests (see `convert`).
 
     Raises:
-        InvalidInput: the file is not a valid safetensors file.
+        InvalidInput: the file is not a valid safetensors file or PyTorch checkpoint.
         UsageError: a `keep` pattern or another option is invalid.
         OSError: it cannot be read.
     """
@@ -264,10 +293,12 @@ def inspect(
         "threads": _threads(threads),
         "tuning": dict(tuning) if tuning is not None else None,
     }
+    key, strip_prefix = _engine.check_key(key), _engine.prefixes(strip_prefix)
     target = None if dst is None else os.fsdecode(dst)
     if os.path.isdir(path):
         from .folder import inspect_folder
 
+        _files_only(path, key, strip_prefix)
         return inspect_folder(
             path,
             target,
@@ -290,7 +321,9 @@ def inspect(
         options.update(dst=target, force=force, keep_unmatched="error" if strict else "warn")
         if report is not None:
             options["report"] = os.fsdecode(report)
-    planned = _engine.inspect_file(path, progress=progress, **options)
+    planned = _engine.inspect_file(
+        path, progress=progress, key=key, strip_prefix=strip_prefix, **options
+    )
     if target is None:
         return planned
     from dataclasses import replace
@@ -312,11 +345,15 @@ def verify(
     progress: Callable[[int, int], object] | None = None,
     report: StrPath | None = None,
     force: bool = False,
+    key: str | None = None,
+    strip_prefix: Iterable[str] = (),
     tuning: Tuning | None = None,
 ) -> VerifyReport:
     """Check that `dst` is exactly what `convert` makes of `src`, streaming both.
 
-    Files: DST must be exactly SRC converted. Every tensor must be there with its shape and
+    Files: DST must be exactly SRC converted (SRC may be a PyTorch checkpoint, read with
+    `key` and `strip_prefix` as `convert` read it; a DST whose every tensor kept its dtype is
+    checked as `to="keep"`). Every tensor must be there with its shape and
     the metadata kept; in strict mode (the default) DST must be what `convert` writes with
     these options: each float tensor converted to the target (`to`; default the target DST
     was converted to) unless `keep`, `keep_min_size` or `on_overflow="keep"` keep it (a
@@ -348,10 +385,12 @@ def verify(
         progress: called as `progress(done, total)`: data bytes of both files compared, the
             total being `bytes_compared` of a verification that finds no difference.
         report, force: write the numeric report there; replace an existing one.
+        key, strip_prefix: how `convert` read SRC, a PyTorch checkpoint.
         tuning: knobs for benchmarks and tests (see `convert`).
 
     Raises:
-        InvalidInput: a file is not a valid safetensors file.
+        InvalidInput: a file is not a valid safetensors file (or, for SRC, PyTorch
+            checkpoint).
         Refused: SRC and DST are the same file, or `report` names one of them.
         UsageError: an option is out of range.
         OSError: a file cannot be read.
@@ -361,6 +400,7 @@ def verify(
     name = None if to is None else _engine.target_name(to)
     keep = _engine.patterns(keep)
     keep_min_size = _engine.check_int("keep_min_size", keep_min_size, 0, 2**64 - 1)
+    key, strip_prefix = _engine.check_key(key), _engine.prefixes(strip_prefix)
     options: dict[str, Any] = {
         "loose": loose,
         "to": name,
@@ -377,12 +417,13 @@ def verify(
     if os.path.isdir(src):
         from .folder.verify import verify_folder
 
+        _files_only(src, key, strip_prefix)
         return verify_folder(src, dst, **options)
     if os.path.isdir(dst):
         raise Refused(
             f"{_engine.escape(dst)}: a folder, while {_engine.escape(src)} is a file", path=dst
         )
-    return _engine.verify_file(src, dst, **options)
+    return _engine.verify_file(src, dst, **options, key=key, strip_prefix=strip_prefix)
 
 
 def finalize(
@@ -444,6 +485,17 @@ def _source(src: StrPath) -> str:
             path=path,
         )
     return path
+
+
+def _files_only(src: str, key: str | None, strip_prefix: list[str]) -> None:
+    """`key` and `strip_prefix` choose within one PyTorch checkpoint: not for folders, whose
+    weight files are plain state dicts (and whose indexes name their tensors)."""
+    option = "key" if key is not None else "strip_prefix" if strip_prefix else None
+    if option is not None:
+        raise UsageError(
+            f"{{{option}}} applies to PyTorch checkpoint files; {_engine.escape(src)} is a folder",
+            option=option,
+        )
 
 
 def _after_commit(published: str, e: BaseException) -> StcastError:

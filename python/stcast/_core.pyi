@@ -5,6 +5,7 @@ from typing import Any, Callable, Protocol, TypedDict, final, overload
 
 from stcast._types import (
     Action,
+    InputFormat,
     KeptTensor,
     Numerics,
     NumericsTotal,
@@ -28,6 +29,7 @@ __all__ = [
     "ERROR_KINDS",
     "WARNING_KINDS",
     "OPTIONS",
+    "INPUT_FORMATS",
     "ON_OVERFLOW",
     "UNMATCHED",
     "READ_ADVICE",
@@ -62,6 +64,7 @@ KEPT_REASONS: tuple[str, ...]
 ERROR_KINDS: tuple[str, ...]
 WARNING_KINDS: tuple[str, ...]
 OPTIONS: tuple[str, ...]
+INPUT_FORMATS: tuple[str, ...]
 ON_OVERFLOW: tuple[str, ...]
 UNMATCHED: tuple[str, ...]
 READ_ADVICE: tuple[str, ...]
@@ -111,6 +114,11 @@ class _TensorResult(TypedDict):
 
 class _InspectResult(TypedDict):
     path: str
+    format: InputFormat
+    key: str | None
+    skipped: list[str]
+    globals: list[str]
+    unlisted: list[str]
     header_bytes: int
     data_bytes: int
     file_bytes: int
@@ -171,6 +179,8 @@ def convert(
     replaces: tuple[int, int] | None = None,
     allow_copy: bool = False,
     tuning: dict[str, Any] | None = None,
+    key: str | None = None,
+    strip_prefix: list[str] = ...,
 ) -> _ConvertResult: ...
 def inspect(
     path: str,
@@ -189,6 +199,8 @@ def inspect(
     report: str | None = None,
     allow_copy: bool = False,
     tuning: dict[str, Any] | None = None,
+    key: str | None = None,
+    strip_prefix: list[str] = ...,
 ) -> _InspectResult: ...
 def verify(
     src: str,
@@ -206,6 +218,8 @@ def verify(
     report: str | None = None,
     force: bool = False,
     tuning: dict[str, Any] | None = None,
+    key: str | None = None,
+    strip_prefix: list[str] = ...,
 ) -> _VerifyResult: ...
 def render(template: str, option: Callable[[str, str | None], str]) -> str: ...
 def format_bytes(n: int) -> str: ...

@@ -84,9 +84,30 @@ def patterns(keep: Iterable[str]) -> list[str]:
 
 
 def default_dst(src: str, to: Target) -> str:
-    """The output `convert` writes when none is given: `<stem>-bf16.safetensors` beside it."""
-    stem = os.path.splitext(src)[0]
+    """The output `convert` writes when none is given: `<stem>-bf16.safetensors` beside it;
+    with `to="keep"` (a PyTorch checkpoint changing format only) `<stem>.safetensors`."""
+    stem, ext = os.path.splitext(src)
+    if to == "keep" and ext != ".safetensors":
+        return f"{stem}.safetensors"
     return f"{stem}-{to}.safetensors"
+
+
+def prefixes(strip_prefix: Iterable[str]) -> list[str]:
+    """`strip_prefix` as a list; a lone string is one prefix."""
+    if isinstance(strip_prefix, str):
+        return [strip_prefix]
+    out = list(strip_prefix)
+    for p in out:
+        if not isinstance(p, str) or not p:
+            raise _core.option_error("strip_prefix", p, "a non-empty string (a name prefix)")
+    return out
+
+
+def check_key(key: object) -> str | None:
+    """`key` as given: None, or a dotted key (a string)."""
+    if key is None or isinstance(key, str):
+        return key
+    raise _core.option_error("key", key, "a string (a dotted key of the checkpoint)")
 
 
 def issue(kind: str, template: str, path: str | None, stacklevel: int) -> None:

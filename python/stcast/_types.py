@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Literal, TypedDict
 
 # Names from the engine (see rust/vocab.rs).
-Target = Literal["bf16", "fp16"]
+Target = Literal["bf16", "fp16", "keep"]
 TargetAlias = Literal["bfloat16", "f16", "float16", "half"]
 Reason = Literal[
     "converted",
@@ -42,10 +42,15 @@ WarningKind = Literal[
     "overflow",
     "underflow",
     "stale_temp",
+    "skipped_entries",
+    "unlisted_globals",
+    "skipped_files",
 ]
 ReadAdvice = Literal["normal", "sequential", "willneed"]
 Action = Literal["convert", "copy"]
 FileKind = Literal["weights", "index", "config", "copy"]
+# The formats `inspect` reports (`InspectReport.format`).
+InputFormat = Literal["safetensors", "pytorch", "pytorch-legacy"]
 FileAction = Literal["converted", "skipped", "checked", "rewritten", "copied"]
 
 

@@ -191,12 +191,16 @@ examples:
   stcast convert model/ model-bf16/ --resume        # continue an interrupted run
   stcast convert model/ model-bf16/ --shard 2/8     # then: stcast finalize model/ model-bf16/
   stcast convert ema.safetensors --report report.json --json
+  stcast convert pytorch_model.bin                  # -> pytorch_model-bf16.safetensors
+  stcast convert model.pt --to keep                 # -> model.safetensors, dtypes kept
+  stcast convert last.ckpt out.safetensors --key state_dict --strip-prefix model.
 """,
     "inspect": """\
 examples:
   stcast inspect ema.safetensors                    # each tensor's fate, and the totals
   stcast inspect ema.safetensors out/ --to fp16 --scan   # would it fit, and overflow?
   stcast inspect model/ model-bf16/ --resume        # every check convert --resume makes
+  stcast inspect last.ckpt                          # its dicts of tensors, globals, plan
 """,
     "verify": """\
 examples:
@@ -268,22 +272,31 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(
         "convert",
         "Convert SRC to bf16 (or fp16); other tensors and the metadata are kept. SRC may be a "
-        "checkpoint folder: every .safetensors file in it is converted, its indexes and "
-        "config.json files are updated and everything else is copied into the folder DST.",
+        "PyTorch checkpoint (torch.save: .bin, .pt, .pth), read without torch and without "
+        "running its pickle (an allow-list; anything else is refused), or a checkpoint "
+        "folder: every .safetensors file (and pytorch_model*.bin file) in it is converted, its "
+        "indexes and config.json files are updated and everything else is copied into the "
+        "folder DST.",
     )
-    p.add_argument("src", metavar="SRC", help="input .safetensors file or checkpoint folder")
+    p.add_argument(
+        "src",
+        metavar="SRC",
+        help="input .safetensors file, PyTorch checkpoint (.bin, .pt, .pth) or checkpoint folder",
+    )
     p.add_argument(
         "dst",
         metavar="DST",
         nargs="?",
         help="output (default: beside SRC, its stem + -bf16.safetensors, or -fp16 with "
-        "--to fp16; for a folder, SRC-bf16 or SRC-fp16)",
+        "--to fp16, or .safetensors for a PyTorch checkpoint with --to keep; for a folder, "
+        "SRC-bf16 or SRC-fp16)",
     )
     _add_target(p)
     _add_threads(p)
     p.add_argument("--force", action="store_true", help="replace DST (and a --report file)")
     _add_folder_arguments(p)
     _add_precision_arguments(p, convert=True)
+    _add_checkpoint_arguments(p)
     p.add_argument(
         "--report",
         metavar="FILE",
@@ -308,12 +321,17 @@ def build_parser() -> argparse.ArgumentParser:
         "makes runs too (it fails as convert would) and the free space there is shown. Only "
         "the headers are read, unless --scan.",
     )
-    p.add_argument("src", metavar="SRC", help="input .safetensors file or checkpoint folder")
+    p.add_argument(
+        "src",
+        metavar="SRC",
+        help="input .safetensors file, PyTorch checkpoint (.bin, .pt, .pth) or checkpoint folder",
+    )
     p.add_argument(
         "dst", metavar="DST", nargs="?", help="where the output would go: run convert's checks"
     )
     _add_target(p)
     _add_precision_arguments(p, convert=True)
+    _add_checkpoint_arguments(p)
     p.add_argument(
         "--scan",
         action="store_true",
@@ -333,7 +351,11 @@ def build_parser() -> argparse.ArgumentParser:
         "byte, and the header. For folders, files are paired by relative path. Exit 0 when "
         "it is, 1 on the first difference (named on stderr).",
     )
-    p.add_argument("src", metavar="SRC", help="the original .safetensors file or folder")
+    p.add_argument(
+        "src",
+        metavar="SRC",
+        help="the original .safetensors file, PyTorch checkpoint or folder",
+    )
     p.add_argument("dst", metavar="DST", help="the converted file or folder")
     p.add_argument(
         "--loose",
@@ -343,6 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_target(p, default=None)
     _add_precision_arguments(p, convert=False)
+    _add_checkpoint_arguments(p)
     _add_threads(p)
     p.add_argument(
         "--report",
@@ -407,7 +430,8 @@ def _command_list(parser: argparse.ArgumentParser) -> str:
 
 
 def _add_target(p: argparse.ArgumentParser, default: str | None = "bf16") -> None:
-    names = "bf16 (bfloat16) or fp16 (float16, half)"
+    names = "bf16 (bfloat16), fp16 (float16, half), or keep (every dtype kept: a PyTorch "
+    names += "checkpoint changes format only)"
     help_ = f"target dtype: {names}" + (
         f" (default {default})" if default else " (default: the one DST was converted to)"
     )
@@ -420,6 +444,24 @@ def _add_threads(p: argparse.ArgumentParser, what: str = "") -> None:
         type=_threads,
         metavar="N",
         help=f"worker threads, at most {_core.MAX_THREADS} (default 0: all cores){what}",
+    )
+
+
+def _add_checkpoint_arguments(p: argparse.ArgumentParser, side: str = "SRC") -> None:
+    """--key and --strip-prefix: how to read a PyTorch checkpoint."""
+    p.add_argument(
+        "--key",
+        metavar="KEY",
+        help=f"PyTorch checkpoints: convert the dict of tensors at KEY of {side} (dotted for "
+        "deeper levels, e.g. ema or state.model); needed when it holds several",
+    )
+    p.add_argument(
+        "--strip-prefix",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="PyTorch checkpoints: drop PREFIX from tensor names (repeatable), e.g. "
+        "--strip-prefix module. --strip-prefix _orig_mod.",
     )
 
 
@@ -538,6 +580,8 @@ def _run_convert(args: argparse.Namespace, console: out.Console) -> int:
             strict=args.strict,
             report=args.report,
             follow_links=args.follow_links,
+            key=args.key,
+            strip_prefix=args.strip_prefix,
             cancel=args.stop,
         )
     console.published = report.dst
@@ -684,6 +728,8 @@ def _run_inspect(args: argparse.Namespace, console: out.Console) -> int:
         follow_links=args.follow_links,
         strict=getattr(args, "strict", False),
         report=args.report,
+        key=args.key,
+        strip_prefix=args.strip_prefix,
     )
     console.end_progress()
     for message in report.warnings:
@@ -710,16 +756,24 @@ def _run_inspect(args: argparse.Namespace, console: out.Console) -> int:
     else:
         _print_tensor_table(report)
         print()
-        if report.metadata is None:
+        if report.format != "safetensors":
+            _print_checkpoint(report)
+        elif report.metadata is None:
             print("metadata: none")
         else:
             print(f"metadata: {', '.join(report.metadata) or '(empty)'}")
         _print_inspect_totals([report])
-        print(
-            f"file:     {out.size(report.file_bytes)} "
-            f"(header {out.size(report.file_bytes - report.data_bytes)}, "
-            f"data {out.size(report.data_bytes)})"
-        )
+        if report.format != "safetensors":
+            print(
+                f"file:     {out.size(report.file_bytes)} "
+                f"(pickle and archive {out.size(report.header_bytes)})"
+            )
+        else:
+            print(
+                f"file:     {out.size(report.file_bytes)} "
+                f"(header {out.size(report.file_bytes - report.data_bytes)}, "
+                f"data {out.size(report.data_bytes)})"
+            )
         print(f"output:   {out.size(report.output_bytes)} projected as {report.to}")
     d = report.destination
     if d is not None:
@@ -730,6 +784,24 @@ def _run_inspect(args: argparse.Namespace, console: out.Console) -> int:
         )
         print("checks:   every check convert makes passed: it would run")
     return 0
+
+
+def _print_checkpoint(report: stcast.InspectReport) -> None:
+    """What a PyTorch checkpoint's inspection adds: its format, the dict, the globals."""
+    what = "PyTorch checkpoint (zip)" if report.format == "pytorch" else "legacy PyTorch checkpoint"
+    where = "the top level" if not report.key else f"`{out.printable(report.key, keep='')}`"
+    print(f"format:   {what}; tensors from {where}")
+    if report.skipped:
+        shown = ", ".join(f"`{out.printable(n, keep='')}`" for n in report.skipped[:8])
+        more = f" and {len(report.skipped) - 8} more" if len(report.skipped) > 8 else ""
+        print(f"skipped:  {len(report.skipped)} entries that are not tensors: {shown}{more}")
+    unlisted = set(report.unlisted)
+    allowed = [out.printable(g, keep="") for g in report.globals if g not in unlisted]
+    print(f"globals:  allow-listed: {', '.join(allowed) or 'none'}")
+    if report.unlisted:
+        names = ", ".join(out.printable(g, keep="") for g in report.unlisted)
+        print(f"          not on the allow-list (inert, never called): {names}")
+    print('metadata: none in a pickle; the output gets {"format": "pt"}')
 
 
 # What the inspect table says of each reason (see stcast.TensorInfo.reason).
@@ -825,6 +897,8 @@ def _run_verify(args: argparse.Namespace, console: out.Console) -> int:
         progress=progress,
         report=args.report,
         force=args.force,
+        key=args.key,
+        strip_prefix=args.strip_prefix,
     )
     if args.report is not None and report.ok:
         console.published = args.report
@@ -922,7 +996,7 @@ def _target(text: str) -> str:
     name = text.lower()
     found = name if name in _core.TARGETS else _core.TARGET_ALIASES.get(name)
     if found is None:
-        raise argparse.ArgumentTypeError(f"unknown target {text!r}: bf16 or fp16")
+        raise argparse.ArgumentTypeError(f"unknown target {text!r}: bf16, fp16 or keep")
     return found
 
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         Destination,
         FileAction,
         FileKind,
+        InputFormat,
         KeptTensor,
         Numerics,
         NumericsTotal,
@@ -99,7 +100,9 @@ def notices(pairs: list[tuple[str, str]], path: str | None = None) -> list[Notic
 
 @dataclass(frozen=True)
 class FileReport:
-    """One file of a folder conversion; `path` is relative to both folders."""
+    """One file of a folder conversion; `path` is relative to both folders, but for a
+    PyTorch weight file or index, written under its safetensors name: then `source` is its
+    own path in the source folder (`pytorch_model.bin` for `model.safetensors`)."""
 
     path: str
     kind: FileKind
@@ -112,6 +115,7 @@ class FileReport:
     warnings: list[Notice] = field(default_factory=list)
     tensors_kept: int = 0  # of tensors_copied: float tensors kept by keep or on_overflow
     bytes_kept: int = 0
+    source: str | None = None  # the source's relative path, when not `path`
 
     def to_dict(self) -> dict[str, Any]:
         """The entry as plain JSON-ready data."""
@@ -205,7 +209,13 @@ class InspectReport:
 
     `tensors` are in data-offset order (for a folder: file by file, each with its `file`);
     `metadata` keeps the file's key order (None when it has no `__metadata__`, and for
-    folders); `output_bytes` is the projected size of the output. For a folder
+    folders); `output_bytes` is the projected size of the output. `format` is the input's:
+    for a PyTorch checkpoint (`"pytorch"`, `"pytorch-legacy"`), `key` is the dict converted
+    (`""`: the top level), `skipped` its entries that are not tensors (left out),
+    `globals` every global its pickle names and `unlisted` those outside the allow-list
+    (inert: never imported or called); its
+    `header_bytes` are the bytes that are not tensor data, and its `metadata` is the
+    `{"format": "pt"}` the output gets. For a folder
     (`folder=True`), `files` holds one report per weight file (paths relative to the
     folder) and `other_bytes` the files copied as they are.
     """
@@ -230,6 +240,11 @@ class InspectReport:
     folder: bool = False
     files: list[InspectReport] = field(default_factory=list)
     other_bytes: int = 0
+    format: InputFormat = "safetensors"
+    key: str | None = None  # PyTorch checkpoints: the dict converted ("": the top level)
+    skipped: list[str] = field(default_factory=list)  # its entries that are not tensors
+    globals: list[str] = field(default_factory=list)  # every global the pickle names
+    unlisted: list[str] = field(default_factory=list)  # those outside the allow-list
 
     def __repr__(self) -> str:
         what = f"{len(self.files)} files, " if self.folder else ""
@@ -244,8 +259,11 @@ class InspectReport:
         if self.folder:
             del d["tensors"]  # each file lists its own
             d["files"] = [f.to_dict() for f in self.files]
+            del d["format"], d["key"], d["skipped"], d["globals"], d["unlisted"]
         else:
             del d["files"], d["folder"], d["other_bytes"]
+            if self.format == "safetensors":
+                del d["key"], d["skipped"], d["globals"], d["unlisted"]
             d["tensors"] = [t.to_dict() for t in self.tensors]
         return d
 

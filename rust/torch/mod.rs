@@ -254,6 +254,8 @@ pub struct Checkpoint {
     pub tensors: Vec<Result<TensorDesc, TensorProblem>>,
     /// Globals outside the allow-list, `module.name`, in order of first appearance.
     pub placeholders: Vec<String>,
+    /// Every global the pickle names, allowed or not, in order of first appearance.
+    pub globals: Vec<String>,
     /// The zip archive's folder (`archive`, or the file stem); `None` for legacy files.
     pub prefix: Option<String>,
     limits: Limits,
@@ -473,12 +475,14 @@ fn finish(
         .map(|slot| slot.and_then(|raw| tensor::describe(&raw, &storages, limits.max_ndim)))
         .collect();
     let placeholders = pickle.placeholders.clone();
+    let globals = pickle.globals.clone();
     Checkpoint {
         format,
         pickle,
         storages,
         tensors,
         placeholders,
+        globals,
         prefix,
         limits: limits.clone(),
     }

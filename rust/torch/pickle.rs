@@ -219,9 +219,15 @@ pub struct Pickle {
     pub tensors: Vec<TensorSlot>,
     /// Globals outside the allow-list, `module.name`, in order of first appearance.
     pub placeholders: Vec<String>,
+    /// Every global the stream names, allowed or not, `module.name` as pickled, in order of
+    /// first appearance (at most `MAX_NAMED`).
+    pub globals: Vec<String>,
     /// Bytes consumed, through STOP.
     pub end: usize,
 }
+
+/// The most distinct global names a pickle's lists keep.
+const MAX_NAMED: usize = 10_000;
 
 impl Pickle {
     /// The object `id` (ids come from this pickle, so they are in range).
@@ -448,6 +454,8 @@ pub fn unpickle(
         tensors: Vec::new(),
         placeholders: Vec::new(),
         seen: HashMap::new(),
+        globals: Vec::new(),
+        named: HashMap::new(),
         denied: None,
         cells: 0,
         bytes: 0,
@@ -459,6 +467,7 @@ pub fn unpickle(
         root,
         tensors: u.tensors,
         placeholders: u.placeholders,
+        globals: u.globals,
         end: u.pos,
     })
 }
@@ -479,6 +488,8 @@ struct Unpickler<'a, 's> {
     tensors: Vec<TensorSlot>,
     placeholders: Vec<String>,
     seen: HashMap<String, ()>,
+    globals: Vec<String>,
+    named: HashMap<String, ()>,
     denied: Option<String>,
     /// Object ids held in containers, over the whole run.
     cells: u64,
@@ -743,6 +754,11 @@ impl Unpickler<'_, '_> {
     }
 
     fn global(&mut self, module: &str, name: &str) -> R<()> {
+        let full = format!("{module}.{name}");
+        if !self.named.contains_key(&full) && self.globals.len() < MAX_NAMED {
+            self.globals.push(full.clone());
+            self.named.insert(full, ());
+        }
         match resolve(module, name) {
             Resolved::Allowed(g) => self.push(Object::Global(g)),
             Resolved::Denied(full) => {
@@ -770,7 +786,7 @@ impl Unpickler<'_, '_> {
     }
 
     fn note_placeholder(&mut self, full: &str) {
-        if !self.seen.contains_key(full) && self.placeholders.len() < 10_000 {
+        if !self.seen.contains_key(full) && self.placeholders.len() < MAX_NAMED {
             self.seen.insert(full.to_string(), ());
             self.placeholders.push(full.to_string());
         }

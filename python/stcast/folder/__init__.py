@@ -119,11 +119,27 @@ def prepare(
             )
         warnings.append(Notice("unmatched_pattern", template))
         _engine.issue("unmatched_pattern", template, None, stacklevel=stacklevel + 1)
-    if not any(i.tensors_converted for i in plan.info.values()) and on_overflow != "keep":
+    for kind, template in _walk.skipped_notice(plan.skipped):
+        warnings.append(Notice(kind, template))
+        _engine.issue(kind, template, None, stacklevel=stacklevel + 1)
+    # PyTorch weight files change format: worth writing even with every dtype kept.
+    changes_format = any(i.format != "safetensors" for i in plan.info.values())
+    if (
+        not any(i.tensors_converted for i in plan.info.values())
+        and on_overflow != "keep"
+        and not changes_format
+    ):
+        if to == "keep":
+            why = (
+                "the folder's weights are safetensors files already and {to=keep} keeps every dtype"
+            )
+        else:
+            why = (
+                f"no tensor of any file becomes {_core.TARGET_DTYPES[to]} (each float tensor "
+                "already is, or is kept)"
+            )
         raise Refused(
-            f"{_esc(src)}: nothing to convert: no tensor of any file becomes "
-            f"{_core.TARGET_DTYPES[to]} (each float tensor already is, or is kept); the "
-            "output would be a copy of the folder",
+            f"{_esc(src)}: nothing to convert: {why}; the output would be a copy of the folder",
             path=src,
         )
 
@@ -207,7 +223,7 @@ def convert_folder(
         st = os.lstat(os.path.join(dst, w.rel))
         record.record(w.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
         record.files[w.rel].update(record.weights_entry(w, plan.header_sha256[w.rel]))
-        files.append(FileReport(w.rel, "weights", "skipped", w.size, st.st_size))
+        files.append(FileReport(w.rel, "weights", "skipped", w.size, st.st_size, source=w.src_rel))
     # Before any output: the other runs sharing this folder know it is ours.
     try:
         record.save(cancel)
@@ -231,7 +247,7 @@ def convert_folder(
     if shard is None:
         _write.unpublish(run, plan)
     converted = _write.convert_files(run, plan, p.todo)
-    files += [_write.file_report(w.rel, r) for w, r in zip(p.todo, converted)]
+    files += [_write.file_report(w, r) for w, r in zip(p.todo, converted)]
     if shard is None:
         files += _write.publish(run, plan)
         _write.final_recheck(run, plan)
@@ -547,7 +563,7 @@ def finalize(
             raise Refused(f"{_esc(w.path)}: not converted, or changed since{hint}", path=w.path)
         st = os.lstat(out)
         record.record(w.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
-        files.append(FileReport(w.rel, "weights", "checked", w.size, st.st_size))
+        files.append(FileReport(w.rel, "weights", "checked", w.size, st.st_size, source=w.src_rel))
     record.save(cancel)
     meter = _write.Meter(sum(c.size for c in plan.copies), progress, file_progress)
     run = _write.Run(dst, to, None, meter, cancel, {}, record, False, dict(survey.ours))
@@ -616,11 +632,14 @@ def inspect_folder(
         others += [f for f, _ in prepared.plan.configs]
         others += [f for f, _, _ in prepared.plan.indexes]
     else:
-        weights, indexes, configs, copies, _ = _walk.walk(src, follow_links)
-        others = [*indexes, *configs, *copies]
+        walked = _walk.walk(src, follow_links)
+        weights = walked.weights
+        others = [*walked.indexes, *walked.configs, *walked.others]
+        said += [Notice(k, t) for k, t in _walk.skipped_notice(walked.skipped)]
         if not weights:
             raise Refused(
-                f"{_esc(src)}: a directory without .safetensors files: nothing to convert",
+                f"{_esc(src)}: a directory without .safetensors files or PyTorch weights "
+                "(pytorch_model*.bin): nothing to convert",
                 path=src,
             )
     # Keeping what would overflow reads the data; so does refusing it, one of the checks
@@ -647,7 +666,7 @@ def inspect_folder(
         files.append(
             _engine.inspect_file(
                 w.path,
-                file=w.rel,
+                file=w.source_rel,
                 to=to,
                 keep=keep,
                 keep_min_size=keep_min_size,

@@ -121,3 +121,17 @@ def set_total_size(text: str, total: int) -> bytes:
         ensure_ascii=text.isascii() and "\\u" in text,
     )
     return (out + ("\n" if text.endswith("\n") else "")).encode("utf-8")
+
+
+def rename_shards(text: str, names: dict[str, str]) -> str:
+    """The index text with each `weight_map` shard name found in `names` replaced by its new
+    name, all else unchanged."""
+    spans = member_spans(text, lambda path: len(path) == 2 and path[0] == "weight_map")
+    pieces, at = [], 0
+    for start, end in sorted(spans):
+        old = json.loads(text[start:end])
+        if isinstance(old, str) and old in names:
+            pieces += [text[at:start], json.dumps(names[old])]
+            at = end
+    pieces.append(text[at:])
+    return "".join(pieces)

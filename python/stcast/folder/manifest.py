@@ -267,7 +267,7 @@ def find_entry(
         return None
     if not stat.S_ISREG(st.st_mode):
         return None
-    source_hash = header_sha256(w.path)
+    source_hash = source_sha256(w.path)
     output_hash = None
     for e in entries:
         if (
@@ -314,3 +314,26 @@ def header_sha256(path: str) -> str:
     if len(body) < n:
         return ""
     return hashlib.sha256(head + body).hexdigest()
+
+
+# How much of a file that is not safetensors `source_sha256` reads, at each end.
+_FINGERPRINT_HEAD = 64 << 10
+_FINGERPRINT_TAIL = 1 << 20
+
+
+def source_sha256(path: str) -> str:
+    """A fingerprint of a source weight file that `resume` compares: a safetensors file's
+    header hash; for a PyTorch checkpoint, the SHA-256 of its first 64 KiB and last 1 MiB
+    (a zip's central directory, with every entry's CRC-32, or a legacy file's pickle)."""
+    digest = header_sha256(path)
+    if digest:
+        return digest
+    h = hashlib.sha256(b"stcast-source-fingerprint\0")
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        h.update(fh.read(min(size, _FINGERPRINT_HEAD)))
+        tail = max(_FINGERPRINT_HEAD, size - _FINGERPRINT_TAIL)
+        if tail < size:
+            fh.seek(tail)
+            h.update(fh.read(size - tail))
+    return h.hexdigest()

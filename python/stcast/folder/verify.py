@@ -61,7 +61,7 @@ def verify_folder(
         replace = _core.check_side_output(
             report, "report", force, [(src, "the input"), (dst, "the output")]
         )
-    weights, indexes, configs, others, _ = _walk.walk(src)
+    weights, indexes, configs, others, _, _ = _walk.walk(src)
     expected = {f.rel: f for f in [*weights, *indexes, *configs, *others]}
     found = set(_walk.listing(dst))
     options: dict[str, Any] = {
@@ -133,6 +133,10 @@ def verify_folder(
                 w.rel,
             )
             break
+    if to is None and any(w.src_rel is not None for w in weights):
+        # PyTorch weights converted with no tensor changing dtype: `keep`.
+        if not any(r.tensors_converted for r in reports):
+            to = "keep"
     if mismatch is None:
         mismatch = _check_others(src, dst, to or "bf16", indexes, configs, others, fail, loose)
     ok = mismatch is None
@@ -161,12 +165,14 @@ def verify_folder(
 
 
 def _data_bytes(path: str) -> int:
-    """The data section's size of a safetensors file (its size less the header), 0 when it
-    cannot be read (the verification then says why)."""
+    """The data section's size of a safetensors file (its size less the header; for a
+    PyTorch checkpoint, its size), 0 when it cannot be read (the verification then says
+    why). Only progress counts it."""
     try:
         with open(path, "rb") as f:
             n = int.from_bytes(f.read(8), "little")
-            return max(0, os.fstat(f.fileno()).st_size - 8 - n)
+            size = os.fstat(f.fileno()).st_size
+            return size - 8 - n if 8 + n <= size else size
     except OSError:
         return 0
 
@@ -186,9 +192,10 @@ def _check_others(
     for f in others:
         if not _same_bytes(f.path, os.path.join(dst, f.rel)):
             return fail(f.rel, "differs from the file in SRC (copies must be byte for byte)")
+    torch_name = _core.TARGET_TORCH_NAMES.get(to)
     for f in configs:
         text, _ = _walk.read_json(f)
-        want = jsonedit.set_dtypes(text, _core.TARGET_TORCH_NAMES[to])
+        want = None if torch_name is None else jsonedit.set_dtypes(text, torch_name)
         want_bytes = want if want is not None else text.encode("utf-8")
         got = _walk.read_bounded(os.path.join(dst, f.rel), _walk.MAX_JSON_BYTES)
         if not _same_json(got, want_bytes, loose):

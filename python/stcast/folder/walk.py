@@ -6,9 +6,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import stat
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import _core, _engine
 from ..errors import Cancelled, InvalidInput, Refused
@@ -29,6 +30,27 @@ _SKIPPED_TOP_DIRS = frozenset({".git", ".cache"})
 WEIGHTS_SUFFIX = ".safetensors"
 INDEX_SUFFIX = ".safetensors.index.json"
 CONFIG_NAME = "config.json"
+# PyTorch weight files of the Hugging Face layouts (transformers, diffusers, PEFT), their
+# indexes, and the safetensors names the libraries load instead: `pytorch_model.bin` ->
+# `model.safetensors`, `pytorch_model-00001-of-00002.bin` -> `model-00001-of-00002.safetensors`,
+# `pytorch_model.bin.index.json` -> `model.safetensors.index.json`.
+_TORCH_WEIGHTS = re.compile(
+    r"(pytorch_model|diffusion_pytorch_model|adapter_model)(-\d+-of-\d+)?\.bin"
+)
+_TORCH_INDEX = re.compile(
+    r"(pytorch_model|diffusion_pytorch_model|adapter_model)\.bin\.index\.json"
+)
+_SAFETENSORS_STEM = {
+    "pytorch_model": "model",
+    "diffusion_pytorch_model": "diffusion_pytorch_model",
+    "adapter_model": "adapter_model",
+}
+# A training run's state beside its weights (transformers' Trainer): not weights, never
+# read (its pickles name optimizers and RNG states), never copied into a weights folder.
+_TRAINER_STATE = re.compile(
+    r"optimizer\.pt|scheduler\.pt|scaler\.pt|rng_state(_\d+)?\.pth|training_args\.bin"
+)
+_SHARD_SUFFIX = re.compile(r"-\d+-of-\d+$")
 # Files a loader reads first to decide that a folder is a checkpoint: written last.
 _PUBLISH_LAST_NAMES = frozenset({CONFIG_NAME, "model_index.json"})
 # Configs and indexes above this size are not what they claim to be.
@@ -39,12 +61,35 @@ _esc = _core.escape
 
 @dataclass(frozen=True)
 class File:
-    """A regular file of the source folder (possibly reached through a symlink)."""
+    """A regular file of the source folder (possibly reached through a symlink).
 
-    rel: str  # relative path, "/"-separated
-    path: str  # src joined with rel
+    `rel` is where it goes in the destination; a PyTorch weight file or index, renamed
+    there (`pytorch_model.bin` -> `model.safetensors`), has its own path in `src_rel`.
+    """
+
+    rel: str  # relative path in the destination, "/"-separated
+    path: str  # the file in the source folder
     size: int
     mtime_ns: int
+    src_rel: str | None = None  # relative path in the source, when not `rel`
+
+    @property
+    def source_rel(self) -> str:
+        """Its relative path in the source folder."""
+        return self.src_rel if self.src_rel is not None else self.rel
+
+
+class Walked(NamedTuple):
+    """A source folder's files, classified (see `walk`)."""
+
+    weights: list[File]
+    indexes: list[File]
+    configs: list[File]
+    others: list[File]
+    dirs: list[str]
+    # Files left out, and why: "trainer" (trainer state) or "superseded" (PyTorch
+    # weights beside their safetensors version).
+    skipped: list[tuple[File, str]]
 
 
 @dataclass
@@ -52,7 +97,8 @@ class Plan:
     """What a run will do, from a source folder that passed every check."""
 
     weights: list[File]
-    indexes: list[tuple[File, str, dict[str, str]]]  # file, text, weight_map as rel paths
+    # file, text (shard names already renamed), weight_map as destination rel paths
+    indexes: list[tuple[File, str, dict[str, str]]]
     configs: list[tuple[File, bytes | None]]  # file, new content (None: copy unchanged)
     copies: list[File]  # copied before the configs and indexes
     late_copies: list[File]  # copied with them (model_index.json)
@@ -61,6 +107,7 @@ class Plan:
     out_data: dict[str, int]  # weights rel -> bytes of its output's tensors
     header_sha256: dict[str, str]  # weights rel -> the hash of its header
     keep_unmatched: list[str] = field(default_factory=list)  # in no file
+    skipped: list[tuple[File, str]] = field(default_factory=list)  # left out, and why
 
     def outputs(self) -> dict[str, str]:
         """Every file a whole run writes (relative path -> kind)."""
@@ -80,13 +127,15 @@ def plan(
     cancel: CancelFlag | None = None,
 ) -> Plan:
     """Walk `src` and plan every file, refusing what cannot be converted safely."""
-    from .manifest import header_sha256
+    from .manifest import source_sha256
 
     precision = precision or {}
-    weights, indexes, configs, others, dirs = walk(src, follow_links)
+    weights, indexes, configs, others, dirs, skipped = walk(src, follow_links)
     if not weights:
         raise Refused(
-            f"{_esc(src)}: a directory without .safetensors files: nothing to convert", path=src
+            f"{_esc(src)}: a directory without .safetensors files or PyTorch weights "
+            "(pytorch_model*.bin): nothing to convert",
+            path=src,
         )
     found = {w.rel for w in weights}
 
@@ -100,7 +149,11 @@ def plan(
         text, doc = read_json(f)
         if quantization_config is None and _has_quantization_config(doc):
             quantization_config = f
-        new_configs.append((f, jsonedit.set_dtypes(text, _core.TARGET_TORCH_NAMES[to])))
+        # `keep` changes no dtype: the config is copied as it is.
+        torch_name = _core.TARGET_TORCH_NAMES.get(to)
+        new_configs.append(
+            (f, None if torch_name is None else jsonedit.set_dtypes(text, torch_name))
+        )
 
     info: dict[str, InspectReport] = {}
     hashes = {}
@@ -125,7 +178,7 @@ def plan(
             on_overflow="warn",
         )
         unmatched = [p for p in unmatched if p in report.keep_unmatched]
-        hashes[w.rel] = header_sha256(w.path)
+        hashes[w.rel] = source_sha256(w.path)
         if w.rel in indexed:
             names[w.rel] = {t.name for t in report.tensors}
         dtypes[w.rel] = {t.dtype for t in report.tensors}
@@ -158,13 +211,19 @@ def plan(
         out_data=out_data,
         header_sha256=hashes,
         keep_unmatched=unmatched,
+        skipped=skipped,
     )
 
 
-def walk(
-    src: str, follow_links: bool = False
-) -> tuple[list[File], list[File], list[File], list[File], list[str]]:
-    """Every file under `src`, sorted and classified: weights, indexes, configs, others, dirs.
+def walk(src: str, follow_links: bool = False) -> Walked:
+    """Every file under `src`, sorted and classified: weights, indexes, configs, others, dirs
+    and the files left out.
+
+    PyTorch weight files and indexes of the Hugging Face layouts are weights and indexes
+    too, under the safetensors names they get (see `_torch_name`), unless their folder
+    holds the safetensors version of the same model (`model*.safetensors` beside
+    `pytorch_model*.bin`): then those win, and the PyTorch files are left out. Trainer
+    state (`optimizer.pt`, `rng_state.pth`, ...) is left out unread.
 
     A symlink is followed only where it stays within what was asked for: into the source
     folder itself, or into the `blobs/` folder of a Hugging Face cache repo (cache snapshots
@@ -177,6 +236,8 @@ def walk(
 
     src_id = ident.ident(os.stat(src))
     weights, indexes, configs, others, dirs = [], [], [], [], []
+    torch_files: list[File] = []
+    skipped: list[tuple[File, str]] = []
     pending = [("", src_id)]
     seen_dirs = {src_id}
     while pending:
@@ -225,7 +286,13 @@ def walk(
             if not stat.S_ISREG(st.st_mode):
                 raise Refused(f"{_esc(e.path)}: not a regular file", path=e.path)
             f = File(rel, e.path, st.st_size, st.st_mtime_ns)
-            if e.name.endswith(INDEX_SUFFIX):
+            torch_name = _torch_name(e.name)
+            if torch_name is not None:
+                renamed = f"{rel_dir}/{torch_name}" if rel_dir else torch_name
+                torch_files.append(File(renamed, e.path, f.size, f.mtime_ns, src_rel=rel))
+            elif _TRAINER_STATE.fullmatch(e.name):
+                skipped.append((f, "trainer"))
+            elif e.name.endswith(INDEX_SUFFIX):
                 indexes.append(f)
             elif e.name.endswith(WEIGHTS_SUFFIX):
                 weights.append(f)
@@ -233,15 +300,75 @@ def walk(
                 configs.append(f)
             else:
                 others.append(f)
+    # Where a folder holds a model in both formats, the safetensors files win.
+    families = {_family(w.rel) for w in weights}
+    for f in torch_files:
+        if _family(f.rel) in families:
+            skipped.append((f, "superseded"))
+        elif f.rel.endswith(INDEX_SUFFIX):
+            indexes.append(f)
+        else:
+            weights.append(f)
+    taken: dict[str, File] = {}
+    for f in [*weights, *indexes, *configs, *others]:
+        other = taken.setdefault(f.rel, f)
+        if other is not f:
+            raise Refused(
+                f"{_esc(f.path)}: would be written as {_esc(f.rel)}, as {_esc(other.path)} is",
+                path=f.path,
+            )
     dirs.sort()
     by_rel = _by_rel
-    return (
+    return Walked(
         sorted(weights, key=by_rel),
         sorted(indexes, key=by_rel),
         sorted(configs, key=by_rel),
         sorted(others, key=by_rel),
         dirs,
+        sorted(skipped, key=lambda s: s[0].source_rel),
     )
+
+
+def _torch_name(name: str) -> str | None:
+    """The safetensors name of a PyTorch weight file or index of the Hugging Face layouts,
+    or None if `name` is not one."""
+    m = _TORCH_WEIGHTS.fullmatch(name)
+    if m is not None:
+        return f"{_SAFETENSORS_STEM[m.group(1)]}{m.group(2) or ''}{WEIGHTS_SUFFIX}"
+    m = _TORCH_INDEX.fullmatch(name)
+    if m is not None:
+        return f"{_SAFETENSORS_STEM[m.group(1)]}{INDEX_SUFFIX}"
+    return None
+
+
+def _family(rel: str) -> tuple[str, str]:
+    """The folder and model a weight file or index belongs to: `("unet",
+    "diffusion_pytorch_model")` for `unet/diffusion_pytorch_model-00001-of-00002.safetensors`."""
+    folder, name = os.path.split(rel)
+    for suffix in (INDEX_SUFFIX, WEIGHTS_SUFFIX):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return folder, _SHARD_SUFFIX.sub("", name)
+
+
+def skipped_notice(skipped: list[tuple[File, str]]) -> list[tuple[str, str]]:
+    """The notes (kind, template) that name the files left out, by reason."""
+    notes = []
+    for why, text in (
+        ("trainer", "left out: trainer state, not weights (never read)"),
+        (
+            "superseded",
+            "left out: PyTorch weights beside their safetensors version (the safetensors "
+            "files are converted)",
+        ),
+    ):
+        rels = [f.source_rel for f, w in skipped if w == why]
+        if rels:
+            shown = ", ".join(f"`{_esc(r)}`" for r in rels[:8])
+            more = f" and {len(rels) - 8} more" if len(rels) > 8 else ""
+            notes.append(("skipped_files", f"{text}: {shown}{more}"))
+    return notes
 
 
 def listing(dst: str) -> list[str]:
@@ -341,6 +468,8 @@ def read_index(f: File, found: set[str]) -> tuple[str, dict[str, str]]:
         raise InvalidInput(f"{_esc(f.path)}: `metadata` is not an object", path=f.path)
     folder = os.path.dirname(f.rel)
     out = {}
+    # A PyTorch index names `.bin` shards: they are written under their safetensors names.
+    renames: dict[str, str] = {}
     for tensor, name in weight_map.items():
         if not _is_plain_name(name):
             raise Refused(
@@ -349,12 +478,24 @@ def read_index(f: File, found: set[str]) -> tuple[str, dict[str, str]]:
                 "no absolute path, no NUL)",
                 path=f.path,
             )
+        if f.src_rel is not None:
+            new = _torch_name(name)
+            if new is None:
+                raise InvalidInput(
+                    f"{_esc(f.path)}: names shard `{_esc(name)}`, which is not a PyTorch "
+                    "weight file of the Hugging Face layout (pytorch_model*.bin)",
+                    path=f.path,
+                )
+            renames[name] = new
+            name = new
         rel = f"{folder}/{name}" if folder else name
         if rel not in found:
             raise InvalidInput(
                 f"{_esc(f.path)}: names shard `{_esc(name)}`, which is missing", path=f.path
             )
         out[tensor] = rel
+    if renames:
+        text = jsonedit.rename_shards(text, renames)
     return text, out
 
 

@@ -126,7 +126,7 @@ def convert_files(run: Run, plan: Plan, todo: list[File]) -> list[ConvertReport]
             on_overflow=run.precision.get("on_overflow", "warn"),
             keep_unmatched="ignore",
             tuning=run.tuning,
-            warn_path=w.rel,
+            warn_path=w.source_rel,
             # The user's call: convert, convert_folder, convert_files, here.
             stacklevel=5,
         )
@@ -140,10 +140,10 @@ def convert_files(run: Run, plan: Plan, todo: list[File]) -> list[ConvertReport]
     return reports
 
 
-def file_report(rel: str, r: ConvertReport) -> FileReport:
+def file_report(w: File, r: ConvertReport) -> FileReport:
     """A converted file's line in a folder report."""
     return FileReport(
-        rel,
+        w.rel,
         "weights",
         "converted",
         r.bytes_in,
@@ -154,6 +154,7 @@ def file_report(rel: str, r: ConvertReport) -> FileReport:
         list(r.warnings),
         r.tensors_kept,
         r.bytes_kept,
+        source=w.src_rel,
     )
 
 
@@ -192,7 +193,9 @@ def publish(run: Run, plan: Plan) -> list[FileReport]:
     for f, content in indexes:
         check_cancel(cancel)
         _write(run, f.rel, "index", content)
-        reports.append(FileReport(f.rel, "index", "rewritten", f.size, len(content)))
+        reports.append(
+            FileReport(f.rel, "index", "rewritten", f.size, len(content), source=f.src_rel)
+        )
     return reports
 
 

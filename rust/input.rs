@@ -1,0 +1,258 @@
+//! Open any input stcast reads: a safetensors file, or a PyTorch checkpoint (`torch.save`:
+//! `.bin`, `.pt`, `.pth`) made into the same `Source`.
+//!
+//! A checkpoint is read by `torch` (an allow-listed unpickler: nothing is imported or
+//! called), its state dict selected (`InputOptions::key`, the names stripped of
+//! `InputOptions::strip_prefix`), and each tensor located in the mapped file: a contiguous
+//! little-endian tensor is a byte range, as in a safetensors file; a strided or big-endian
+//! view is gathered window by window (`SourceTensor::gather`). Tensors that share a storage
+//! (tied weights) are each their own tensor, under their own name. So every pass (convert,
+//! scan, verify, inspect) reads a checkpoint exactly as it reads a safetensors file, with
+//! the same bounds: the pickle is parsed once (its objects are dropped once the tensors are
+//! located), and no tensor data is read before the conversion reads it.
+
+use std::path::Path;
+
+use crate::error::{Error, Result, Warning};
+use crate::header::{SourceHeader, SourceTensor, PREFIX};
+use crate::source::{InputFile, Source};
+use crate::text::{count, name_list};
+use crate::torch::{self, Format, Limits, TorchError};
+use crate::vocab::{OptionName, WarningKind};
+
+/// How to read an input that is a PyTorch checkpoint (ignored for none; refused when given
+/// for a safetensors file).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InputOptions {
+    /// The dotted key of the dict of tensors to convert (`ema`, `state.model`); `None`: the
+    /// top level if it holds tensors, else the only dict of tensors.
+    pub key: Option<String>,
+    /// Prefixes dropped from tensor names (`module.`, `_orig_mod.`): the first that matches.
+    pub strip_prefix: Vec<String>,
+}
+
+impl InputOptions {
+    /// The first option given that only PyTorch checkpoints take.
+    fn torch_only(&self) -> Option<OptionName> {
+        if self.key.is_some() {
+            Some(OptionName::Key)
+        } else if !self.strip_prefix.is_empty() {
+            Some(OptionName::StripPrefix)
+        } else {
+            None
+        }
+    }
+}
+
+/// What a source read from a PyTorch checkpoint says beyond its tensors.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Origin {
+    /// `Format::TorchZip` or `Format::TorchLegacy`.
+    pub format: Format,
+    /// The dotted key of the dict converted (`""`: the top level).
+    pub key: String,
+    /// Entries of that dict (and the dicts below it) that are not tensors: left out.
+    pub skipped: Vec<String>,
+    /// Every global the pickle names (`module.name`), in order of first appearance.
+    pub globals: Vec<String>,
+    /// Those outside the allow-list: inert placeholders, never imported or called.
+    pub unlisted: Vec<String>,
+}
+
+/// The metadata of every output made from a PyTorch checkpoint, as transformers'
+/// `save_pretrained` and safetensors' own `convert.py` write it: older transformers refuse
+/// a safetensors file without it.
+pub const TORCH_METADATA: (&str, &str) = ("format", "pt");
+
+impl Origin {
+    /// What the caller should hear: the entries left out, the globals not called.
+    pub fn warnings(&self) -> Vec<Warning> {
+        let mut out = Vec::new();
+        if !self.skipped.is_empty() {
+            let within = if self.key.is_empty() {
+                String::new()
+            } else {
+                format!(" of `{}`", crate::text::esc(&self.key))
+            };
+            let text = match self.skipped.as_slice() {
+                [one] => format!(
+                    "entry `{}`{within} is not a tensor and is left out",
+                    crate::text::esc(one)
+                ),
+                many => format!(
+                    "{} entries{within} are not tensors and are left out: {}",
+                    many.len(),
+                    name_list(many.iter().map(String::as_str), 8)
+                ),
+            };
+            out.push(Warning::new(WarningKind::SkippedEntries, text));
+        }
+        if !self.unlisted.is_empty() {
+            out.push(Warning::new(
+                WarningKind::UnlistedGlobals,
+                format!(
+                    "the pickle names {} outside the allow-list, none of them called (they \
+                     build no tensor that is converted): {}",
+                    count(self.unlisted.len() as u64, "global"),
+                    name_list(self.unlisted.iter().map(String::as_str), 8)
+                ),
+            ));
+        }
+        out
+    }
+}
+
+/// The reader's limits for inputs: the pickle may be large (a state dict of 300k tensors),
+/// the rest as the reader's defaults.
+fn limits() -> Limits {
+    Limits::default()
+}
+
+impl Source {
+    /// Open `path`, a safetensors file or a PyTorch checkpoint, without reading its data.
+    /// `opts` selects a checkpoint's state dict; given for a safetensors file, it is refused.
+    pub fn open_any(path: &Path, opts: &InputOptions) -> Result<Source> {
+        let input = InputFile::open(path, PREFIX as u64, |len| {
+            Error::invalid_header(
+                path,
+                format!(
+                    "header too small: the file is {len} bytes, the header length alone takes {PREFIX}"
+                ),
+            )
+        })?;
+        match torch::sniff(&input.map) {
+            Format::TorchZip | Format::TorchLegacy => open_checkpoint(path, input, opts),
+            _ => {
+                let source = Source::from_safetensors(path, input)?;
+                if let Some(option) = opts.torch_only() {
+                    return Err(Error::NotACheckpoint {
+                        path: path.to_path_buf(),
+                        option,
+                    });
+                }
+                Ok(source)
+            }
+        }
+    }
+
+    /// The input's format: `Format::Safetensors`, or the checkpoint's.
+    pub fn format(&self) -> Format {
+        self.origin
+            .as_ref()
+            .map_or(Format::Safetensors, |o| o.format)
+    }
+
+    /// Does converting this input change its format (a PyTorch checkpoint)? Then an output
+    /// whose tensors all keep their dtype is still worth writing.
+    pub fn changes_format(&self) -> bool {
+        self.origin.is_some()
+    }
+
+    /// What reading the input found worth saying (a checkpoint's entries left out, its
+    /// globals outside the allow-list).
+    pub fn warnings(&self) -> Vec<Warning> {
+        self.origin
+            .as_ref()
+            .map(Origin::warnings)
+            .unwrap_or_default()
+    }
+}
+
+fn open_checkpoint(path: &Path, input: InputFile, opts: &InputOptions) -> Result<Source> {
+    let (header, origin) =
+        checkpoint_header(&input.map, opts).map_err(|error| Error::Checkpoint {
+            path: path.to_path_buf(),
+            error,
+        })?;
+    let mut source = Source::from_parts(path, vec![input], header);
+    source.origin = Some(origin);
+    Ok(source)
+}
+
+/// Read the checkpoint held in `bytes` (the whole mapped file) and describe its selected
+/// tensors as a source header: offsets are absolute (the file's `base` is 0), and the
+/// tensors are in the order of their first byte in the file (ties: the pickle's order).
+pub fn checkpoint_header(
+    bytes: &[u8],
+    opts: &InputOptions,
+) -> std::result::Result<(SourceHeader, Origin), TorchError> {
+    let ck = torch::read(bytes, &limits())?;
+    let selection = ck.select(opts.key.as_deref(), &opts.strip_prefix)?;
+    let stored: u64 = ck.storages.iter().map(|s| s.len).sum();
+    let mut tensors: Vec<SourceTensor> = Vec::with_capacity(selection.tensors.len());
+    for t in selection.tensors {
+        let desc = t.desc;
+        let shape = desc
+            .shape
+            .iter()
+            .map(|&d| usize::try_from(d))
+            .collect::<std::result::Result<Vec<usize>, _>>()
+            .map_err(|_| TorchError::Tensor {
+                name: t.name.clone(),
+                problem: torch::TensorProblem::Overflow,
+            })?;
+        let (start, end, gather) = match desc.contiguous_range() {
+            Some(r) if !desc.big_endian => (r.start, r.end, None),
+            _ => {
+                let start = desc.span().start;
+                let end = start.checked_add(desc.nbytes()).ok_or(TorchError::Tensor {
+                    name: t.name.clone(),
+                    problem: torch::TensorProblem::Overflow,
+                })?;
+                (start, end, Some(Box::new(desc.clone())))
+            }
+        };
+        tensors.push(SourceTensor {
+            name: t.name,
+            dtype: desc.dtype,
+            shape,
+            start,
+            end,
+            input: 0,
+            gather,
+        });
+    }
+    // File order: the read goes front to back (stable: tied tensors keep the pickle's).
+    tensors.sort_by_key(|t| t.start);
+    let header = SourceHeader {
+        // What is not tensor data: the pickle and the archive's records.
+        header_len: (bytes.len() as u64).saturating_sub(stored),
+        metadata: Some(vec![(
+            TORCH_METADATA.0.to_string(),
+            TORCH_METADATA.1.to_string(),
+        )]),
+        tensors,
+    };
+    let origin = Origin {
+        format: ck.format,
+        key: selection.key,
+        skipped: selection.skipped,
+        globals: ck.globals.clone(),
+        unlisted: selection.placeholders,
+    };
+    Ok((header, origin))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warnings_name_what_was_left_out() {
+        let o = Origin {
+            format: Format::TorchZip,
+            key: "model".into(),
+            skipped: vec!["epoch".into()],
+            globals: Vec::new(),
+            unlisted: vec!["numpy.core.multiarray._reconstruct".into(), "a.b".into()],
+        };
+        let w = o.warnings();
+        assert_eq!(w[0].kind, WarningKind::SkippedEntries);
+        assert_eq!(
+            w[0].text,
+            "entry `epoch` of `model` is not a tensor and is left out"
+        );
+        assert_eq!(w[1].kind, WarningKind::UnlistedGlobals);
+        assert!(w[1].text.contains("2 globals"), "{}", w[1].text);
+    }
+}

@@ -1,0 +1,274 @@
+"""Folders of PyTorch weights (Hugging Face layouts) become safetensors folders.
+
+`pytorch_model.bin` -> `model.safetensors`, shards `pytorch_model-0000i-of-0000N.bin` ->
+`model-0000i-of-0000N.safetensors`, `pytorch_model.bin.index.json` ->
+`model.safetensors.index.json` (the new names, the new total size), diffusers'
+`diffusion_pytorch_model.bin` -> `diffusion_pytorch_model.safetensors`; configs rewritten as
+for safetensors; `.bin` weights not copied; beside a safetensors version the PyTorch files
+are left out; trainer state is left out unread. Resume, shards and finalize work as for
+safetensors folders.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+import safetensors.numpy
+import stcast
+import torchfile as tf
+from conftest import assert_one_error_line
+from reference import bf16_bits_ml_dtypes
+
+pytestmark = pytest.mark.filterwarnings("ignore::stcast.StcastWarning")
+
+CANARY = "stcast-canary"
+
+
+class _System:
+    def __init__(self, cmd: str) -> None:
+        self.cmd = cmd
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (self.cmd,))
+
+
+def save_bin(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    objs, storages = tf.StateDict(dict(arrays)).pickled()
+    tf.write_zip(
+        path, tf.Ordered(list(objs.items()), {"_metadata": {"": {"version": 1}}}), storages
+    )
+
+
+def layer(rng, k: int) -> dict[str, np.ndarray]:
+    return {
+        f"model.layers.{k}.mlp.weight": rng.standard_normal((4, 8), dtype=np.float32),
+        f"model.layers.{k}.norm.weight": rng.standard_normal(8).astype(np.float16),
+        f"model.layers.{k}.position_ids": np.arange(5, dtype=np.int64),
+    }
+
+
+def make_bin_model(root: Path, rng, shards: int = 2, trainer: bool = True) -> dict[str, dict]:
+    """A sharded `pytorch_model-*.bin` checkpoint as transformers saves it, with trainer
+    state beside it (whose optimizer.pt would create the canary if it were unpickled)."""
+    root.mkdir(parents=True)
+    weight_map, arrays = {}, {}
+    for k in range(shards):
+        name = f"pytorch_model-{k + 1:05d}-of-{shards:05d}.bin"
+        a = layer(rng, k)
+        save_bin(root / name, a)
+        weight_map.update({t: name for t in a})
+        arrays[name] = a
+    index = {"metadata": {"total_size": 12345}, "weight_map": dict(sorted(weight_map.items()))}
+    (root / "pytorch_model.bin.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    (root / "config.json").write_text('{\n  "torch_dtype": "float32",\n  "hidden": 8\n}\n')
+    (root / "tokenizer.json").write_text('{"version": "1.0"}\n')
+    if trainer:
+        canary = root.parent / CANARY
+        (root / "optimizer.pt").write_bytes(pickle.dumps(_System(f"touch {canary}"), protocol=2))
+        (root / "scheduler.pt").write_bytes(b"\x80\x02}q\x00.")
+        (root / "rng_state_0.pth").write_bytes(b"not even a pickle")
+        (root / "training_args.bin").write_bytes(pickle.dumps(_System(f"touch {canary}")))
+    return arrays
+
+
+def bf16(a: np.ndarray) -> np.ndarray:
+    if a.dtype in (np.float32, np.float16):
+        return bf16_bits_ml_dtypes(a).view(ml_dtypes.bfloat16)
+    return a
+
+
+def check_shards(dst: Path, arrays: dict[str, dict], to: str = "bf16") -> None:
+    for name, a in arrays.items():
+        out = dst / name.replace("pytorch_model", "model").replace(".bin", ".safetensors")
+        with safetensors.safe_open(str(out), framework="numpy") as f:
+            assert f.metadata() == {"format": "pt"}
+            assert set(f.keys()) == set(a)
+        raw = Path(out).read_bytes()
+        n = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8 : 8 + n])
+        for t, x in a.items():
+            want = bf16(x) if to == "bf16" else x
+            lo, hi = header[t]["data_offsets"]
+            assert raw[8 + n + lo : 8 + n + hi] == want.tobytes(), t
+
+
+def test_a_sharded_bin_folder_converts(tmp_path, rng, run_main):
+    src = tmp_path / "ckpt"
+    arrays = make_bin_model(src, rng)
+    dst = tmp_path / "out"
+    rc, out, err = run_main("convert", src, dst)
+    assert rc == 0, err
+    assert (
+        "left out: trainer state, not weights (never read): `optimizer.pt`, `rng_state_0.pth`, "
+        "`scheduler.pt`, `training_args.bin`" in err
+    )
+    assert not (tmp_path / CANARY).exists()
+    assert sorted(p.name for p in dst.iterdir()) == [
+        "config.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+    ]
+    check_shards(dst, arrays)
+    index_text = (dst / "model.safetensors.index.json").read_text()
+    index = json.loads(index_text)
+    want_map = {
+        t: n.replace("pytorch_model", "model").replace(".bin", ".safetensors")
+        for n, a in arrays.items()
+        for t in a
+    }
+    assert index["weight_map"] == dict(sorted(want_map.items()))
+    sizes = sum(
+        len(Path(dst / n).read_bytes())
+        - 8
+        - int.from_bytes(Path(dst / n).read_bytes()[:8], "little")
+        for n in set(want_map.values())
+    )
+    assert index["metadata"]["total_size"] == sizes
+    # Only the names and the total size changed in the text.
+    src_text = (src / "pytorch_model.bin.index.json").read_text()
+    src_text = src_text.replace("pytorch_model-", "model-").replace(".bin", ".safetensors")
+    assert index_text == src_text.replace("12345", str(sizes))
+    assert (
+        dst / "config.json"
+    ).read_text() == '{\n  "torch_dtype": "bfloat16",\n  "hidden": 8\n}\n'
+    rc, out, err = run_main("verify", src, dst)
+    assert rc == 0, err
+    # Resume: everything is done already.
+    rc, out, err = run_main("convert", src, dst, "--resume")
+    assert rc == 0 and "nothing to do" in out, (out, err)
+    # One output gone: resume converts it alone.
+    (dst / "model-00002-of-00002.safetensors").unlink()
+    rc, out, err = run_main("convert", src, dst, "--resume", "--json")
+    assert rc == 0, err
+    entries = json.loads(out)["result"]["files"]
+    files = {f["path"]: f["action"] for f in entries}
+    assert files["model-00001-of-00002.safetensors"] == "skipped"
+    assert files["model-00002-of-00002.safetensors"] == "converted"
+    sources = {f["path"]: f["source"] for f in entries}
+    assert sources["model-00002-of-00002.safetensors"] == "pytorch_model-00002-of-00002.bin"
+    assert sources["model.safetensors.index.json"] == "pytorch_model.bin.index.json"
+    assert sources["tokenizer.json"] is None
+    # inspect describes the source: its files by their own names.
+    r = stcast.inspect(src)
+    assert [f.path for f in r.files] == [
+        "pytorch_model-00001-of-00002.bin",
+        "pytorch_model-00002-of-00002.bin",
+    ]
+    rc, out, err = run_main("verify", src, dst)
+    assert rc == 0, err
+
+
+def test_keep_changes_the_format_only(tmp_path, rng):
+    src = tmp_path / "ckpt"
+    arrays = make_bin_model(src, rng, shards=1, trainer=False)
+    dst = tmp_path / "out"
+    report = stcast.convert(src, dst, to="keep")
+    assert report.tensors_converted == 0
+    check_shards(dst, arrays, to="keep")
+    assert (dst / "config.json").read_text() == (src / "config.json").read_text()
+    assert stcast.verify(src, dst).ok  # the target inferred: keep
+    assert stcast.verify(src, dst, to="keep").ok
+    assert not stcast.verify(src, dst, to="bf16").ok
+    # A folder that is safetensors already: keep would change nothing.
+    with pytest.raises(stcast.Refused) as e:
+        stcast.convert(dst, tmp_path / "again", to="keep")
+    assert "nothing to convert" in str(e.value) and 'to="keep"' in str(e.value)
+
+
+def test_sharded_runs_and_finalize(tmp_path, rng, run_main):
+    src = tmp_path / "ckpt"
+    arrays = make_bin_model(src, rng, shards=3)
+    dst = tmp_path / "out"
+    for i in (1, 2, 3):
+        rc, out, err = run_main("convert", src, dst, "--shard", f"{i}/3")
+        assert rc == 0, err
+    rc, out, err = run_main("finalize", src, dst)
+    assert rc == 0, err
+    check_shards(dst, arrays)
+    assert not [p for p in dst.iterdir() if p.name.startswith(".stcast")]
+    rc, out, err = run_main("verify", src, dst)
+    assert rc == 0, err
+
+
+def test_safetensors_win_beside_pytorch_weights(tmp_path, rng, run_main):
+    src = tmp_path / "repo"
+    src.mkdir()
+    a = layer(rng, 0)
+    save_bin(src / "pytorch_model.bin", a)
+    safetensors.numpy.save_file(a, str(src / "model.safetensors"), metadata={"format": "pt"})
+    (src / "config.json").write_text('{"torch_dtype": "float32"}')
+    dst = tmp_path / "out"
+    rc, out, err = run_main("convert", src, dst)
+    assert rc == 0, err
+    assert (
+        "left out: PyTorch weights beside their safetensors version (the safetensors files are "
+        "converted): `pytorch_model.bin`" in err
+    )
+    assert sorted(p.name for p in dst.iterdir()) == ["config.json", "model.safetensors"]
+    rc, out, err = run_main("verify", src, dst)
+    assert rc == 0, err
+    r = stcast.inspect(src)
+    assert [f.path for f in r.files] == ["model.safetensors"]
+    assert any(w.kind == "skipped_files" for w in r.warnings)
+
+
+def test_diffusers_and_peft_names(tmp_path, rng):
+    src = tmp_path / "pipe"
+    save_bin(src / "unet" / "diffusion_pytorch_model.bin", layer(rng, 0))
+    (src / "vae").mkdir()
+    safetensors.numpy.save_file(
+        layer(rng, 1), str(src / "vae" / "diffusion_pytorch_model.safetensors")
+    )
+    save_bin(src / "lora" / "adapter_model.bin", layer(rng, 2))
+    (src / "model_index.json").write_text('{"_class_name": "Pipeline"}')
+    (src / "unet" / "config.json").write_text('{"torch_dtype": "float32"}')
+    dst = tmp_path / "out"
+    stcast.convert(src, dst)
+    got = sorted(str(p.relative_to(dst)) for p in dst.rglob("*") if p.is_file())
+    assert got == [
+        "lora/adapter_model.safetensors",
+        "model_index.json",
+        "unet/config.json",
+        "unet/diffusion_pytorch_model.safetensors",
+        "vae/diffusion_pytorch_model.safetensors",
+    ]
+    assert stcast.verify(src, dst).ok
+
+
+def test_a_hostile_weight_file_fails_the_folder_before_anything_is_written(tmp_path, rng, run_main):
+    src = tmp_path / "ckpt"
+    make_bin_model(src, rng, shards=2, trainer=False)
+    tf.write_zip(
+        src / "pytorch_model-00002-of-00002.bin",
+        None,
+        {},
+        pickle=pickle.dumps({"w": _System(f"touch {tmp_path / CANARY}")}, protocol=2),
+    )
+    dst = tmp_path / "out"
+    rc, out, err = run_main("convert", src, dst)
+    line = assert_one_error_line(err)
+    assert (
+        rc == 1
+        and "pytorch_model-00002-of-00002.bin: refusing to load: the pickle calls posix.system"
+        in line
+    )
+    assert not dst.exists() and not (tmp_path / CANARY).exists()
+
+
+def test_key_and_prefix_are_for_files(tmp_path, rng):
+    src = tmp_path / "ckpt"
+    make_bin_model(src, rng, shards=1, trainer=False)
+    with pytest.raises(stcast.UsageError):
+        stcast.convert(src, tmp_path / "out", key="model")
+    with pytest.raises(stcast.UsageError):
+        stcast.inspect(src, strip_prefix="module.")
