@@ -189,6 +189,10 @@ named! {
         Underflow = "underflow",
         /// A temp file left by a killed run was removed.
         StaleTemp = "stale_temp",
+        /// Re-sharding added `"format": "pt"` to the `__metadata__` of indexed shards.
+        FormatAdded = "format_added",
+        /// The files of one re-sharded group carry different `__metadata__`.
+        MetadataDiffers = "metadata_differs",
     }
 }
 
@@ -211,6 +215,7 @@ named! {
         Loose = "loose",
         Report = "report",
         FollowLinks = "follow_links",
+        MaxShardSize = "max_shard_size",
     }
 }
 
