@@ -46,6 +46,7 @@ def convert(
     on_overflow: OnOverflow = "warn",
     report: StrPath | None = None,
     follow_links: bool = False,
+    max_shard_size: int | str | None = None,
     tuning: Tuning | None = None,
 ) -> ConvertReport:
     """Convert the checkpoint `src` (a safetensors file or a folder) to `to`, writing `dst`.
@@ -101,6 +102,15 @@ def convert(
         follow_links: folders: follow symlinks that lead outside the source folder (by
             default only links within it, and into a Hugging Face cache's blobs/, are
             followed; any other is refused, naming it).
+        max_shard_size: re-shard: write the tensors as shards of at most this many bytes
+            on disk, header included (an int, or a string with a unit: "5GB" = 5*10^9,
+            "4.5GiB" = 4.5*2^30; KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB of 1024,
+            any case), greedily in input order; a tensor larger than that gets a shard of
+            its own. `src` may then be a file too; `dst` is a folder (default
+            `<stem>-bf16` beside a file). Each index's shards (or a lone file) become
+            `<stem>-00001-of-0000N.safetensors` and `<stem>.safetensors.index.json`, or
+            one `<stem>.safetensors` when all fit in one; `resume`, `shard` and
+            `finalize` work per output shard.
         tuning: knobs for benchmarks (window size, kernels, read advice, write-behind
             depth); they change speed and memory, never the bytes written.
 
@@ -127,7 +137,8 @@ def convert(
     keep = _engine.patterns(keep)
     threads = _threads(threads)
     keep_min_size = _engine.check_int("keep_min_size", keep_min_size, 0, 2**64 - 1)
-    if os.path.isdir(src):
+    max_size = None if max_shard_size is None else _core.parse_size(max_shard_size)
+    if os.path.isdir(src) or max_size is not None:
         from . import folder
 
         prepared = folder.prepare(
@@ -145,6 +156,7 @@ def convert(
             on_overflow=on_overflow,
             follow_links=follow_links,
             cancel=cancel,
+            max_shard_size=max_size,
         )
         replace = None
         if report is not None:
@@ -214,6 +226,7 @@ def inspect(
     follow_links: bool = False,
     strict: bool = False,
     report: StrPath | None = None,
+    max_shard_size: int | str | None = None,
     tuning: Tuning | None = None,
 ) -> InspectReport:
     """Describe what `convert(path, dst, ...)` would do with the same options: a dry run.
@@ -240,6 +253,8 @@ def inspect(
         progress: called as `progress(done, total)` (bytes scanned).
         force, resume, shard, allow_quantized, follow_links, report: as for `convert`:
             they change the checks that run with `dst`.
+        max_shard_size: as for `convert`: the report's `shards` and `indexes` give the
+            shard plan (each output file, its size, tensors and the input files it reads).
         tuning: knobs for benchmarks and tests (see `convert`).
 
     Raises:
@@ -260,7 +275,8 @@ def inspect(
         "tuning": dict(tuning) if tuning is not None else None,
     }
     target = None if dst is None else os.fsdecode(dst)
-    if os.path.isdir(path):
+    max_size = None if max_shard_size is None else _core.parse_size(max_shard_size)
+    if os.path.isdir(path) or max_size is not None:
         from .folder import inspect_folder
 
         return inspect_folder(
@@ -273,6 +289,7 @@ def inspect(
             allow_quantized=allow_quantized,
             follow_links=follow_links,
             strict=strict,
+            max_shard_size=max_size,
             **options,
         )
     if resume or shard is not None:
@@ -326,7 +343,11 @@ def verify(
     Folders: files are paired by relative path; each weight file is verified as above, copies
     must hold the source's bytes, configs the source's text with only the dtype changed,
     indexes the source's weight map with the total size of DST's shards. The mismatch names
-    the file.
+    the file. When DST is sharded differently (`max_shard_size`), tensors are paired by
+    name through the indexes: each index's shards (or a lone file) of SRC with the DST
+    files of the same stem, every tensor in exactly one of them, each DST shard exactly
+    what `convert` writes for the tensors it holds, its index listing them. SRC may then
+    be a file, and DST the folder it was re-sharded into.
 
     A difference is not an exception: the report says `ok=False` and gives the first
     `mismatch`. Memory stays bounded; the GIL is released in steps of 64 MiB, between
@@ -356,7 +377,7 @@ def verify(
     name = None if to is None else _engine.target_name(to)
     keep = _engine.patterns(keep)
     keep_min_size = _engine.check_int("keep_min_size", keep_min_size, 0, 2**64 - 1)
-    if os.path.isdir(src):
+    if os.path.isdir(src) or os.path.isdir(dst):
         from .folder.verify import verify_folder
 
         return verify_folder(

@@ -164,6 +164,7 @@ examples:
   stcast convert model/ model-bf16/ --keep '*norm*' --keep-min-size 4096
   stcast convert model/ model-bf16/ --resume        # continue an interrupted run
   stcast convert model/ model-bf16/ --shard 2/8     # then: stcast finalize model/ model-bf16/
+  stcast convert ema.safetensors ema-bf16/ --max-shard-size 5GB   # 5 GB shards + index
   stcast convert ema.safetensors --report report.json --json
 """,
     "inspect": """\
@@ -171,6 +172,7 @@ examples:
   stcast inspect ema.safetensors                    # each tensor's fate, and the totals
   stcast inspect ema.safetensors out/ --to fp16 --scan   # would it fit, and overflow?
   stcast inspect model/ model-bf16/ --resume        # every check convert --resume makes
+  stcast inspect model/ --max-shard-size 2GB        # the shard plan: files, sizes, tensors
 """,
     "verify": """\
 examples:
@@ -257,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_threads(p)
     p.add_argument("--force", action="store_true", help="replace DST (and a --report file)")
     _add_folder_arguments(p)
+    _add_max_shard_size(p)
     _add_precision_arguments(p, convert=True)
     p.add_argument(
         "--report",
@@ -296,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_threads(p, what=" (with --scan)")
     p.add_argument("--force", action="store_true", help="as for convert: DST may exist")
     _add_folder_arguments(p)
+    _add_max_shard_size(p)
     p.add_argument("--report", metavar="FILE", help="as for convert: check this report path")
     _add_output_arguments(p, quiet=False)
     p.set_defaults(run=_run_inspect)
@@ -423,6 +427,17 @@ def _add_folder_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_max_shard_size(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--max-shard-size",
+        type=_max_shard_size,
+        metavar="SIZE",
+        help="re-shard: write shards of at most SIZE bytes each, header included, and an "
+        "index (SIZE: 5GB, 4.5GiB, 500MB...; KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB "
+        "of 1024, any case); SRC a file or folder, DST a folder",
+    )
+
+
 def _add_output_arguments(p: argparse.ArgumentParser, quiet: bool = True) -> None:
     """--json, --progress, and -q/--quiet unless `quiet` is False."""
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
@@ -517,6 +532,7 @@ def _run_convert(args: argparse.Namespace, console: out.Console) -> int:
             report=args.report,
             follow_links=args.follow_links,
             cancel=args.stop,
+            max_shard_size=args.max_shard_size,
         )
     console.published = report.dst
     console.end_progress()
@@ -616,6 +632,9 @@ def _print_folder_summary(report: stcast.ConvertReport, console: out.Console) ->
     print(f"  size     {out.size(report.bytes_in)} -> {out.size(report.bytes_out)} converted")
     print(f"  tensors  {report.tensors_converted} converted, {report.tensors_copied} copied")
     _print_kept(report.tensors_kept, report.bytes_kept, report.kept)
+    if report.max_shard_size is not None:
+        shards = sum(1 for f in report.files if f.kind == "weights")
+        print(f"  shards   {shards} of at most {out.size(report.max_shard_size)}")
     seconds = console.elapsed()
     rate = report.bytes_in / seconds if seconds > 0 else 0.0
     engine = ""
@@ -654,6 +673,7 @@ def _run_inspect(args: argparse.Namespace, console: out.Console) -> int:
         follow_links=args.follow_links,
         strict=getattr(args, "strict", False),
         report=args.report,
+        max_shard_size=args.max_shard_size,
     )
     console.end_progress()
     for message in report.warnings:
@@ -675,6 +695,8 @@ def _run_inspect(args: argparse.Namespace, console: out.Console) -> int:
             f"(weights {out.size(report.output_bytes - report.other_bytes)}, "
             f"other files {out.size(report.other_bytes)})"
         )
+        if report.max_shard_size is not None:
+            _print_shard_plan(report)
     else:
         _print_tensor_table(report)
         print()
@@ -698,6 +720,40 @@ def _run_inspect(args: argparse.Namespace, console: out.Console) -> int:
         )
         print("checks:   every check convert makes passed: it would run")
     return 0
+
+
+def _print_shard_plan(report: stcast.InspectReport) -> None:
+    """The output shards (file, size, tensors, the input files each reads) and indexes."""
+    assert report.max_shard_size is not None
+    n = len(report.shards)
+    print(
+        f"shards:   {n} file{'s' if n != 1 else ''} of at most "
+        f"{out.size(report.max_shard_size)} ({report.max_shard_size} bytes)"
+    )
+    head = ["  FILE", "SIZE", "TENSORS", "FROM"]
+    rows = []
+    for s in report.shards:
+        inputs = s["inputs"]
+        source = out.printable(inputs[0], keep="")
+        if len(inputs) > 1:
+            source += f" .. {out.printable(inputs[-1], keep='')} ({len(inputs)} files)"
+        rows.append(
+            [
+                "  " + out.printable(s["path"], keep=""),
+                out.size(s["bytes"]),
+                str(s["tensors"]),
+                source,
+            ]
+        )
+    widths = [max(map(len, column)) for column in zip(head, *rows)]
+    just = [str.ljust, str.rjust, str.rjust, str.ljust]
+    for row in [head, *rows]:
+        print("  ".join(j(c, w) for j, c, w in zip(just, row, widths)).rstrip())
+    for i in report.indexes:
+        print(
+            f"index:    {out.printable(i['path'], keep='')}: {i['shards']} shards, total_size "
+            f"{i['total_size']}"
+        )
 
 
 # What the inspect table says of each reason (see stcast.TensorInfo.reason).
@@ -925,6 +981,14 @@ def _shard(text: str) -> tuple[int, int]:
     if not slash or not 1 <= shard[0] <= shard[1] or shard[1] >= 2**32:
         raise argparse.ArgumentTypeError(f"expected I/N with 1 <= I <= N, e.g. 2/8: {text!r}")
     return shard
+
+
+def _max_shard_size(text: str) -> int:
+    try:
+        size: int = _core.parse_size(text)
+    except stcast.StcastError as e:
+        raise argparse.ArgumentTypeError(e.render("cli")) from None
+    return size
 
 
 def _size_gib(text: str) -> float:

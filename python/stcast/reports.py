@@ -22,11 +22,13 @@ if TYPE_CHECKING:
         Destination,
         FileAction,
         FileKind,
+        IndexInfo,
         KeptTensor,
         Numerics,
         NumericsTotal,
         OnOverflow,
         Reason,
+        ShardInfo,
         Target,
     )
 
@@ -149,6 +151,7 @@ class ConvertReport:
     files: list[FileReport] = field(default_factory=list)
     shard: list[int] | None = None
     complete: bool = True
+    max_shard_size: int | None = None  # re-sharded: each output file at most this size
 
     def __repr__(self) -> str:
         what = f"{len(self.files)} files, " if self.folder else ""
@@ -164,6 +167,8 @@ class ConvertReport:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["files"] = [f.to_dict() for f in self.files]
         d["numerics"] = _plain_numerics(self.numerics)
+        if self.max_shard_size is None:
+            del d["max_shard_size"]
         return d
 
 
@@ -229,6 +234,11 @@ class InspectReport:
     folder: bool = False
     files: list[InspectReport] = field(default_factory=list)
     other_bytes: int = 0
+    # With max_shard_size: the output shards planned (each `path`, `bytes`, `tensors`,
+    # `inputs`, ...: see `ShardInfo`) and the indexes written (`IndexInfo`).
+    max_shard_size: int | None = None
+    shards: list[ShardInfo] = field(default_factory=list)
+    indexes: list[IndexInfo] = field(default_factory=list)
 
     def __repr__(self) -> str:
         what = f"{len(self.files)} files, " if self.folder else ""
@@ -246,6 +256,8 @@ class InspectReport:
         else:
             del d["files"], d["folder"], d["other_bytes"]
             d["tensors"] = [t.to_dict() for t in self.tensors]
+        if self.max_shard_size is None:
+            del d["max_shard_size"], d["shards"], d["indexes"]
         return d
 
 

@@ -6,6 +6,9 @@ for bit, under the same precision options as `convert`); copies must hold the so
 bytes; configs the source's text with only the dtype values changed; indexes the source's
 weight map, with `total_size` that of the shards in the destination. The first difference
 is reported, naming the file.
+
+A checkpoint that DST holds sharded differently (`max_shard_size`) is paired by tensor name
+instead, through the indexes: see `reshard.verify_group`. SRC may then be a single file.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from .. import _core, _engine
 from ..errors import Refused, StcastError
 from ..reports import Mismatch, Notice, VerifyReport
 from . import ident, jsonedit
+from . import reshard as _reshard
 from . import walk as _walk
 
 if TYPE_CHECKING:
@@ -52,14 +56,39 @@ def verify_folder(
     src_id = ident.ident(os.stat(src))
     if src_id == ident.ident(os.stat(dst)):
         raise Refused(f"{_esc(dst)}: SRC and DST are the same folder", path=dst)
+    single = not os.path.isdir(src)  # a file re-sharded into the folder DST
     replace = None
     if report is not None:
         replace = _core.check_side_output(
             report, "report", force, [(src, "the input"), (dst, "the output")]
         )
-    weights, indexes, configs, others, _ = _walk.walk(src)
-    expected = {f.rel: f for f in [*weights, *indexes, *configs, *others]}
+    if single:
+        st = os.stat(src)
+        weights = [_walk.File(os.path.basename(src), src, st.st_size, st.st_mtime_ns)]
+        indexes: list[_walk.File] = []
+        configs: list[_walk.File] = []
+        others: list[_walk.File] = []
+    else:
+        weights, indexes, configs, others, _ = _walk.walk(src)
     found = set(_walk.listing(dst))
+    # Checkpoints DST holds sharded differently are paired by tensor name, not by path.
+    names = {w.rel for w in weights}
+    parsed = [(f, *_walk.read_index(f, names)) for f in indexes]
+    pairs: list[tuple[_reshard.Group, _reshard.Group]] = []
+    first_error = None
+    try:
+        pairs = _reshard.resharded_pairs(dst, weights, parsed, found)
+    except StcastError as e:  # an index of DST that names no file of DST
+        rel = os.path.relpath(e.path, dst) if e.path else "."
+        first_error = (rel, e.template)
+    moved = {w.rel for g, _ in pairs for w in g.inputs}
+    moved |= {g.index.rel for g, _ in pairs if g.index is not None}
+    theirs = {w.rel for _, d in pairs for w in d.inputs}
+    theirs |= {d.index.rel for _, d in pairs if d.index is not None}
+    weights = [w for w in weights if w.rel not in moved]
+    indexes = [f for f in indexes if f.rel not in moved]
+    found -= theirs
+    expected = {f.rel: f for f in [*weights, *indexes, *configs, *others]}
     options: dict[str, Any] = {
         "loose": loose,
         "keep": keep,
@@ -76,6 +105,7 @@ def verify_folder(
         for w in weights
         if w.rel in found
     )
+    total += sum(_data_bytes(f.path) for g, d in pairs for f in [*g.inputs, *d.inputs])
     done = 0
     first: VerifyReport | None = None
     mismatch: Mismatch | None = None
@@ -94,7 +124,9 @@ def verify_folder(
 
     missing = sorted(set(expected) - found)
     extra = sorted(found - set(expected))
-    if missing:
+    if first_error is not None:
+        mismatch = fail(*first_error)
+    elif missing:
         mismatch = fail(missing[0], "is in SRC but not in DST")
     elif extra and not loose:
         mismatch = fail(extra[0], "is in DST but not in SRC ({loose} ignores extra files)")
@@ -129,10 +161,51 @@ def verify_folder(
                 w.rel,
             )
             break
+    rels = [w.rel for w in weights][: len(reports)]
+    for g, d in pairs if mismatch is None else []:
+
+        def group_step(d_: int, t: int, base: int = done) -> None:
+            if progress is not None:
+                progress(base + d_, total)
+
+        check = _reshard.verify_group(
+            dst,
+            g,
+            d,
+            loose=loose,
+            options={k: v for k, v in options.items() if k != "loose"} | {"to": to},
+            progress=group_step if progress is not None else None,
+        )
+        for rel, r in check.reports:
+            report_ = _engine_report(r)
+            done += report_.bytes_compared
+            reports.append(report_)
+            rels.append(rel)
+            first = first or report_
+            if to is None and report_.to is not None:
+                to = report_.to
+        if check.failure is not None:
+            rel, template, tensor = check.failure
+            last = check.reports[-1][1]["mismatch"] if check.reports else None
+            found_m = _engine_report(check.reports[-1][1]).mismatch if check.reports else None
+            if last is not None and found_m is not None and check.reports[-1][0] == rel:
+                mismatch = Mismatch(
+                    Notice("mismatch", found_m.message.template, rel),
+                    found_m.tensor,
+                    found_m.index,
+                    found_m.source_bits,
+                    found_m.source_value,
+                    found_m.expected_bits,
+                    found_m.found_bits,
+                    rel,
+                )
+            else:
+                mismatch = fail(rel, template, tensor)
+            break
     if mismatch is None:
         mismatch = _check_others(src, dst, to or "bf16", indexes, configs, others, fail)
     ok = mismatch is None
-    numerics = _merged(reports, [w.rel for w in weights]) if ok else None
+    numerics = _merged(reports, rels) if ok else None
     if ok and report is not None and numerics is not None:
         _core.write_numeric_report(report, src, dst, to, numerics, replace=replace)
     threads_used = first.threads if first is not None else 0
@@ -151,8 +224,19 @@ def verify_folder(
         to=to,
         numerics=numerics,
         folder=True,
-        files=len(expected),
+        files=len(expected) + len(theirs),
     )
+
+
+def _engine_report(r: dict[str, Any]) -> VerifyReport:
+    """A verify report from the engine's dict (as `_engine.verify_file` builds it)."""
+    from ..reports import _build
+
+    m = r["mismatch"]
+    if m is None:
+        return _build(VerifyReport, r, mismatch=None)
+    message = Notice("mismatch", m["message"])
+    return _build(VerifyReport, r, mismatch=_build(Mismatch, m, message=message))
 
 
 def _data_bytes(path: str) -> int:
@@ -187,7 +271,7 @@ def _check_others(
         got = _walk.read_bounded(os.path.join(dst, f.rel), _walk.MAX_JSON_BYTES)
         if got != want_bytes:
             return fail(f.rel, "is not SRC's config with the dtype set to the target")
-    found = {w.rel for w in _walk.walk(src)[0]}
+    found = {w.rel for w in _walk.walk(src)[0]} if indexes else set()
     for f in indexes:
         text, weight_map = _walk.read_index(f, found)
         from .write import check_index
