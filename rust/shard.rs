@@ -152,6 +152,10 @@ impl Group {
                 }
             }
             let Source { files, header, .. } = source;
+            // Held open for the whole run: what reading the header mapped goes now.
+            for f in &files {
+                f.release_head(header.data_start());
+            }
             inputs.extend(files);
             headers.push(header);
         }

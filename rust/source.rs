@@ -134,6 +134,14 @@ impl InputFile {
         })
     }
 
+    /// Drop the pages reading the first `len` bytes mapped: the header, and what
+    /// fault-around and large folios mapped around it (see `FAULT_AROUND_MAX`). For a file
+    /// held open while others are read: nothing else would ever drop them.
+    pub fn release_head(&self, len: u64) {
+        let end = len.saturating_add(FAULT_AROUND_MAX);
+        self.release((0, end.min(self.map.len() as u64)));
+    }
+
     /// Device and inode of the open file.
     pub fn identity(&self) -> Result<(u64, u64)> {
         let m = self

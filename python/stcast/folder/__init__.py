@@ -781,8 +781,6 @@ def inspect_folder(
                 walked = _walk.plan(
                     src, to, check_quantized=False, precision=precision, follow_links=follow_links
                 )
-                others = [*walked.copies, *walked.late_copies, *(f for f, _ in walked.configs)]
-                other = sum(f.size for f in others)
             else:
                 walked = _reshard.file_plan(src, to, precision)
             found = {
@@ -791,10 +789,15 @@ def inspect_folder(
             }
             reshard = _reshard.plan(walked, max_shard_size, to, precision, found)
             warnings += [n for n in reshard.warnings if n not in warnings]
+        else:
+            walked = prepared.plan
+        # What a re-sharding run writes besides the shards, to the byte.
+        other = sum(f.size for f in [*walked.copies, *walked.late_copies])
+        other += sum(f.size if c is None else len(c) for f, c in walked.configs)
+        other += sum(len(content) for _, content, _ in reshard.indexes())
         shards = _reshard.shard_infos(reshard)
         new_indexes = _reshard.index_infos(reshard)
         output = sum(u.size for u in reshard.units()) + other
-        output += sum(len(content) for _, content, _ in reshard.indexes())
     return InspectReport(
         path=src,
         to=to,
