@@ -433,6 +433,32 @@ def test_resume_after_the_plan_changed_converts_again(tmp_path, run_main):
     assert rc == 0, err  # the same plan: adopted, every shard verified
 
 
+def test_an_input_changed_between_two_shards_is_refused(tmp_path):
+    """The inputs are held open from the start: one written to after the first shard is
+    reported when a later shard reads it, and the index is never published; one replaced by
+    a rename is not a change (the run reads the file it opened)."""
+    from helpers import stopped
+
+    src = write_sharded(tmp_path / "hf", np.random.default_rng(19), 4, rows=[30] * 4)
+    stcast.convert(src, tmp_path / "whole", max_shard_size="3kB")
+    last = sorted(src.glob("model-*.safetensors"))[-1]
+    args = ("convert", src, tmp_path / "out", "--max-shard-size", "3kB", "-q")
+    run = stopped(*args, at="folder-file")
+    original = last.read_bytes()
+    with open(last, "ab") as f:  # grows: no longer what was validated
+        f.write(b"\0")
+    rc, err = run.run_through()
+    assert rc == 1 and "input changed" in assert_one_error_line(err) and last.name in err
+    assert not (tmp_path / "out" / "model.safetensors.index.json").exists()
+    last.write_bytes(original)
+    run = stopped(*args[:2], tmp_path / "out2", *args[3:], at="folder-file")
+    twin = last.with_suffix(".new")
+    twin.write_bytes(original[:-8] + bytes(8))  # other data, renamed over the input
+    os.replace(twin, last)
+    assert run.run_through() == (0, "")
+    assert tree(tmp_path / "out2") == tree(tmp_path / "whole")
+
+
 def test_shard_runs_and_finalize(tmp_path, run_main):
     src = write_sharded(tmp_path / "hf", np.random.default_rng(12), 4, rows=[30] * 4)
     stcast.convert(src, tmp_path / "whole", max_shard_size="3kB")
