@@ -732,3 +732,29 @@ def test_peak_rss_is_the_single_file_bound(tmp_path):
     print({k: f"{v / mib:.1f} MiB" for k, v in dict(plain=plain, split=split, merge=merge).items()})
     for peak in (split, merge):
         assert peak < 150 * mib and peak <= 1.25 * plain + 16 * mib, (plain, split, merge)
+
+
+def test_a_file_resharded_into_its_own_folder(tmp_path, run_main):
+    """With --force into the folder that holds it, a shard named like the input would
+    replace it: refused before anything is written (no manifest either)."""
+    src = write_single(tmp_path / "m.safetensors", np.random.default_rng(20), 2)
+    before = tree(tmp_path)
+    rc, _, err = run_main("convert", src, tmp_path, "--max-shard-size", "1GB", "--force")
+    assert rc == 1 and "the input file itself" in assert_one_error_line(err)
+    assert tree(tmp_path) == before
+    # Shards named otherwise may go beside it, with --force (the folder is not empty).
+    rc, _, err = run_main("convert", src, tmp_path, "--max-shard-size", "600", "--force", "-q")
+    assert rc == 0, err
+    assert (tmp_path / "m.safetensors.index.json").exists()
+    assert (tmp_path / "m.safetensors").read_bytes() == before["m.safetensors"]
+
+
+def test_an_empty_checkpoint(tmp_path, run_main):
+    src = write_safetensors(tmp_path / "empty.safetensors", {}, metadata=META)
+    rc, out, err = run_main("inspect", src, "--max-shard-size", "1kB")
+    assert rc == 0, err
+    assert "empty.safetensors" in out and "  -" in out
+    stcast.convert(src, tmp_path / "out", max_shard_size="1kB")
+    assert os.listdir(tmp_path / "out") == ["empty.safetensors"]
+    assert tensor_bytes(tmp_path / "out" / "empty.safetensors") == {}
+    assert stcast.verify(src, tmp_path / "out").ok

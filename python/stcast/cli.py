@@ -688,7 +688,8 @@ def _run_inspect(args: argparse.Namespace, console: out.Console) -> int:
             _print_tensor_table(f, indent="  ")
             print()
         files = len(report.files)
-        print(f"folder:   {report.path}, {files} weight file{'s' if files != 1 else ''}")
+        what = "folder:" if os.path.isdir(report.path) else "file:  "
+        print(f"{what}   {report.path}, {files} weight file{'s' if files != 1 else ''}")
         _print_inspect_totals(report.files)
         print(
             f"output:   {out.size(report.output_bytes)} projected as {report.to} "
@@ -733,7 +734,7 @@ def _print_shard_plan(report: stcast.InspectReport) -> None:
     head = ["  FILE", "SIZE", "TENSORS", "FROM"]
     rows = []
     for s in report.shards:
-        inputs = s["inputs"]
+        inputs = s["inputs"] or ["-"]  # an empty checkpoint's one file reads none
         source = out.printable(inputs[0], keep="")
         if len(inputs) > 1:
             source += f" .. {out.printable(inputs[-1], keep='')} ({len(inputs)} files)"

@@ -264,6 +264,23 @@ def file_source(src: str, dst: str) -> tuple[int, int]:
     return (st.st_dev, st.st_ino)
 
 
+def check_not_the_input(src_id: tuple[int, int], dst: str, reshard: Reshard) -> None:
+    """Refuse, before anything is written, a planned output that is the input file itself
+    (a file re-sharded into its own folder, where one shard takes its name)."""
+    for rel in [u.rel for u in reshard.units()] + [r for r, _, _ in reshard.indexes()]:
+        path = os.path.join(dst, rel)
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == src_id:
+            raise Refused(
+                f"{_esc(path)}: this output would be the input file itself; re-shard into "
+                "another folder",
+                path=path,
+            )
+
+
 def file_plan(src: str, to: Target, precision: dict[str, Any]) -> _walk.Plan:
     """The plan of a folder holding only the file `src` (its name kept)."""
     from .manifest import header_sha256
