@@ -381,6 +381,11 @@ impl ShardGroup {
         self.group.names().collect()
     }
 
+    /// Its tensors' bytes, in input order.
+    fn sizes(&self) -> Vec<u64> {
+        self.group.sizes().collect()
+    }
+
     /// Its output shards of at most `max_size` bytes under these plan options.
     #[pyo3(signature = (max_size, *, to=None, keep=Vec::new(), keep_min_size=None,
                         from_bf16=false, keep_names=Vec::new()))]
@@ -401,6 +406,7 @@ impl ShardGroup {
         let d = PyDict::new(py);
         d.set_item("indexed", plan.indexed)?;
         d.set_item("warnings", warnings_list(py, &plan.warnings)?)?;
+        d.set_item("keep_unmatched", PyList::new(py, &plan.keep_unmatched)?)?;
         let shards = PyList::empty(py);
         for s in &plan.shards {
             let e = PyDict::new(py);

@@ -115,6 +115,8 @@ pub struct ShardPlan {
     pub indexed: bool,
     /// Warnings of the plan: the group's, and `"format": "pt"` added.
     pub warnings: Vec<Warning>,
+    /// The `keep` patterns that match no tensor of the group, in the order given.
+    pub keep_unmatched: Vec<String>,
 }
 
 /// The metadata key transformers requires in shards, and the value it writes.
@@ -317,7 +319,7 @@ impl Group {
     /// larger than that alone), greedily in input order, under `opts`.
     pub fn plan(&self, max_size: u64, opts: &PlanOptions) -> Result<ShardPlan> {
         let opts = quiet(opts);
-        let items = self.items(&opts)?;
+        let (items, keep_unmatched) = self.items(&opts)?;
         let mut warnings = self.warnings.clone();
         let meta_len = |indexed: bool| {
             self.metadata(indexed).0.map(|m| {
@@ -360,16 +362,19 @@ impl Group {
             shards,
             indexed,
             warnings,
+            keep_unmatched,
         })
     }
 
     /// Each tensor's output dtype, size and header entry, from the plan of its own file
-    /// (what a tensor becomes depends on it alone).
-    fn items(&self, opts: &PlanOptions) -> Result<Vec<Item>> {
+    /// (what a tensor becomes depends on it alone); and the keep patterns no file matches.
+    fn items(&self, opts: &PlanOptions) -> Result<(Vec<Item>, Vec<String>)> {
         let mut items = Vec::new();
         let mut buf = Vec::new();
+        let mut unmatched = opts.keep.clone();
         for (f, h) in self.inputs.iter().zip(&self.headers) {
             let planned = plan::plan(&f.path, h, opts)?;
+            unmatched.retain(|p| planned.keep_unmatched.contains(p));
             let mut out = vec![(Dtype::U8, 0u64); h.tensors.len()];
             for t in &planned.tensors {
                 out[t.source] = (t.dtype, t.end - t.start);
@@ -384,7 +389,12 @@ impl Group {
                 });
             }
         }
-        Ok(items)
+        Ok((items, unmatched))
+    }
+
+    /// Every tensor's bytes, in input order.
+    pub fn sizes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.all().map(|t| self.tensor(t).len())
     }
 
     /// The spec of the shard holding `tensors`, from its real plan.
@@ -610,7 +620,7 @@ mod tests {
             } else {
                 Target::Bf16
             });
-            let items = group.items(&opts).unwrap();
+            let (items, _) = group.items(&opts).unwrap();
             let all: Vec<At> = group.all().collect();
             let mut rng = Rng(seed);
             for _ in 0..20 {

@@ -261,6 +261,7 @@ class _ShardResult(TypedDict):
 class _ShardPlanResult(TypedDict):
     indexed: bool
     warnings: list[tuple[str, str]]
+    keep_unmatched: list[str]
     shards: list[_ShardResult]
 
 @final
@@ -270,6 +271,7 @@ class ShardGroup:
     def __new__(cls, paths: list[str]) -> ShardGroup: ...
     def paths(self) -> list[str]: ...
     def names(self) -> list[str]: ...
+    def sizes(self) -> list[int]: ...
     def plan(
         self,
         max_size: int,

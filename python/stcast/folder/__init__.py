@@ -104,6 +104,7 @@ def prepare(
     )
     if max_shard_size is not None:
         plan.reshard = _reshard.plan(plan, max_shard_size, to, precision, keep_names, cancel)
+        plan.keep_unmatched = plan.reshard.keep_unmatched
         _reshard.check_not_the_input(src_id, dst, plan.reshard)
     units = plan.units()
     if shard is not None and shard[1] > len(units):
