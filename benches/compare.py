@@ -20,11 +20,14 @@ disk, caches dropped, each child in a cgroup v1 memory group limited to --mem-li
 size case; made without torch by gen_bin.py): stcast against torch_load_mmap
 (`torch.load(mmap=True)`, `.to(bfloat16)`, `save_file`) and torch_load (`torch.load`, the
 same), peers/torch_bin.py.
+--reshard SIZE adds contender stcast_reshard: `convert SRC DST --max-shard-size SIZE` (a
+folder of shards and an index) beside stcast's plain conversion of the same input; the
+"Re-sharding" issue's goal is its median wall <= 1.05x stcast's (4 GiB into 1 GB shards).
 
 usage: python benches/compare.py [--sizes 1,4] [--repeats 3] [--modes hugetmpfs,tmpfs,...]
            [--many-tensors] [--bin-sizes 4] [--baseline PYTHON|CMD] [--tuning JSON]
-           [--order abba|cyclic] [--mem-limit 256M] [--cap CONTENDER=SIZE] [--timeout S]
-           [--out benches/out] [--quick]
+           [--reshard SIZE] [--order abba|cyclic] [--mem-limit 256M] [--cap CONTENDER=SIZE]
+           [--timeout S] [--out benches/out] [--quick]
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ CONTENDERS = (
     "torch_load_mmap",
     "torch_load",
 )
-EXTRA = ("stcast_base", "stcast_tuned")  # added by --baseline and --tuning
+EXTRA = ("stcast_base", "stcast_tuned", "stcast_reshard")  # --baseline, --tuning, --reshard
 PEERS = ("torch_path", "np_convert", "torch_load_mmap", "torch_load")
 # The case kinds each contender reads (the rest read all): safetensors readers skip `.bin`
 # inputs, torch.load readers take nothing else.
@@ -71,6 +74,7 @@ KINDS = {
     "limit_loop": ("size", "many", "few"),
     "torch_load_mmap": ("bin",),
     "torch_load": ("bin",),
+    "stcast_reshard": ("size", "bin"),
 }
 ALIASES = {
     "torch": "torch_path",
@@ -104,6 +108,7 @@ GOAL_VERIFY_S = 5.0  # `stcast verify` of it, wall
 GOAL_COLD_X_DD = 0.9  # cold: stcast's input rate >= this x `dd`'s read rate
 GOAL_COLD_RSS = 64 * MiB
 GOAL_NOT_SLOWER_X = 1.05  # stcast wall <= this x stcast_base's (run-to-run noise allowed)
+GOAL_RESHARD_X_PLAIN = 1.05  # stcast_reshard wall <= this x stcast's, same input and mode
 
 # ---- The many-tensors case: the same bytes of data in many small or few large tensors.
 MANY_COUNT = 300_000
@@ -123,7 +128,8 @@ class Contender:
     """A command line run per input; `{src}` and `{dst}` in argv are replaced.
 
     kind: "stcast" (a stcast CLI: cli runs it, and inspect / verify come from it), "api"
-    (stcast through its Python API: --tuning), "peer", "loop" (the bare loop), "read" (dd).
+    (stcast through its Python API: --tuning), "reshard" (a stcast CLI re-sharding into a
+    folder: --reshard; size and .bin cases), "peer", "loop" (the bare loop), "read" (dd).
     modes: the modes it runs in (None: all).
     """
 
@@ -626,10 +632,12 @@ def find_contenders(
     wanted: list[str],
     baseline: str | None = None,
     tuning: dict[str, object] | None = None,
+    reshard: str | None = None,
 ) -> list[Contender]:
     """Return the contenders that can run here, in the order asked; say why others cannot.
 
-    stcast_base (--baseline) and stcast_tuned (--tuning) come right after stcast.
+    stcast_base (--baseline), stcast_tuned (--tuning) and stcast_reshard (--reshard) come
+    right after stcast.
     """
     found: list[Contender] = []
     for name in wanted:
@@ -647,6 +655,10 @@ def find_contenders(
             if tuning is not None and cli:
                 argv = [sys.executable, "-c", TUNED_CHILD, "{src}", "{dst}", json.dumps(tuning)]
                 found.append(Contender("stcast_tuned", argv, "api", cli))
+            if reshard is not None and cli:
+                # DST is a folder (of shards and an index); each run gets a fresh one.
+                argv = [*cli, "convert", "{src}", "{dst}", "--max-shard-size", reshard, "-q"]
+                found.append(Contender("stcast_reshard", argv, "reshard", cli))
         elif name == "torch_path":
             probe = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True)
             if probe.returncode == 0:
@@ -964,6 +976,7 @@ def headline(r: dict[str, Any]) -> bool:
         or a == "dd_read"
         or (a.startswith("stcast") and b == "limit_loop")
         or (a in ("stcast", "stcast_tuned") and b == "stcast_base")
+        or (a == "stcast_reshard" and b == "stcast")
     )
 
 
@@ -1169,6 +1182,34 @@ def goals(
             pairs.append((me, base))
     if not pairs:
         out.append(("NOT RUN", "nothing slower than before: no --baseline runs"))
+
+    # 5. Re-sharding costs no more than a plain conversion of the same input.
+    resharded = [
+        (me, plain)
+        for me in rows
+        if me["contender"] == "stcast_reshard" and me["action"] == "convert"
+        for plain in [ok_row(me["mode"], me["case"], "stcast")]
+        if plain
+    ]
+    if not resharded:
+        out.append(("NOT RUN", "re-sharding against a plain conversion: no --reshard runs"))
+    for me, plain in resharded:
+        where = f"{me['mode']} {me['case']}"
+        if not me.get("wall_s"):
+            out.append(("FAIL", f"{where}: stcast_reshard {me['status']}"))
+            continue
+        mw, pw = median(me, "wall_s"), median(plain, "wall_s")
+        assert mw is not None and pw is not None
+        r = find_ratio(ratios, row_key(me), row_key(plain), "wall_s")
+        out.append(
+            (
+                verdict(mw <= GOAL_RESHARD_X_PLAIN * pw),
+                f"{where}: re-sharding (stcast_reshard) wall ≤ {GOAL_RESHARD_X_PLAIN:g}× a plain "
+                f"conversion's: {mw / pw:.3f}× ({mw:.3f} s vs {pw:.3f} s; {per_round(r)}; "
+                f"peak RSS {fmt_mem(me['peak_rss'])} vs {fmt_mem(plain['peak_rss'])}; "
+                f"{note(me, plain)})",
+            )
+        )
     for me, base in pairs:
         mw, bw = median(me, "wall_s"), median(base, "wall_s")
         assert mw is not None and bw is not None
@@ -1391,6 +1432,10 @@ def markdown(
             lines.append(f"- stcast_base: `{shlex.join(c['cli'])}` ({facts.get('stcast_base')})")
         elif c["name"] == "stcast_tuned":
             lines.append(f"- stcast_tuned: `stcast.convert(..., tuning={c['argv'][-1]})`")
+        elif c["name"] == "stcast_reshard":
+            lines.append(
+                f"- stcast_reshard: `stcast convert SRC DST {shlex.join(c['argv'][-3:-1])}`"
+            )
     starts = facts.get("start_up") or {}
     if starts:
         lines.append(
@@ -1698,7 +1743,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "  python benches/compare.py --modes hot --sizes '' --bin-sizes 4 "
         "--contenders stcast,torch_load_mmap,torch_load\n"
         "  python benches/compare.py --modes hugetmpfs --sizes 4 --contenders stcast "
-        "--baseline /work/venv-base/bin/python\n",
+        "--baseline /work/venv-base/bin/python\n"
+        "  python benches/compare.py --modes hugetmpfs --sizes 4 --repeats 9 --contenders "
+        "stcast --reshard 1GB\n",
     )
     ap.add_argument(
         "--sizes", default="1,4", help="input sizes in GiB, comma-separated ('' for none)"
@@ -1752,6 +1799,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="add contender stcast_tuned: stcast.convert(..., tuning=JSON) in a child, e.g. "
         '\'{"window_mib": 16, "write_behind": 2}\' (keys: window_mib, isa, populate, advise, '
         "write_behind, step_mib)",
+    )
+    ap.add_argument(
+        "--reshard",
+        metavar="SIZE",
+        help="add contender stcast_reshard: convert with --max-shard-size SIZE into a folder, "
+        "interleaved with stcast's plain conversion (the goal: 4 GiB into 1GB shards)",
     )
     ap.add_argument(
         "--many-tensors",
@@ -1850,8 +1903,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for c in args.contenders:
         if c not in CONTENDERS:
             ap.error(f"unknown contender {c!r}; choose from {','.join(CONTENDERS)}")
-    if (args.baseline or args.tuning) and "stcast" not in args.contenders:
-        ap.error("--baseline and --tuning need the contender stcast")
+    if (args.baseline or args.tuning or args.reshard) and "stcast" not in args.contenders:
+        ap.error("--baseline, --tuning and --reshard need the contender stcast")
     if args.tuning is not None:
         try:
             args.tuning = json.loads(args.tuning)
@@ -2130,7 +2183,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"cgroup mode and --cap need cgroup v1 memory: {e}") from e
 
     contenders = find_contenders(
-        args.stcast, args.peers, args.out, args.contenders, args.baseline, args.tuning
+        args.stcast, args.peers, args.out, args.contenders, args.baseline, args.tuning, args.reshard
     )
     if not contenders:
         raise SystemExit("no contender can run here")

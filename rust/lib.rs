@@ -10,6 +10,7 @@
 //! - `kernels`, `numerics`: convert numbers, and measure what rounding did;
 //! - `window`: the window cursor and parallel split every streaming pass uses;
 //! - `convert`, `scan`, `verify`: the streaming passes;
+//! - `shard`: re-sharding: output shards of a bounded size, planned from the headers;
 //! - `task`: those passes as steppable tasks with one progress count;
 //! - `output`: every file stcast writes appears atomically, only when complete;
 //! - `report`: the numeric report file;
@@ -33,6 +34,7 @@ pub mod plan;
 mod python;
 pub mod report;
 pub mod scan;
+pub mod shard;
 pub mod source;
 pub mod task;
 #[cfg(test)]

@@ -364,43 +364,21 @@ pub fn plan(path: &Path, src: &SourceHeader, opts: &PlanOptions) -> Result<Plan>
 /// The header bytes of an output holding `tensors` (planned from `src`): the length prefix,
 /// then the JSON with `__metadata__` first, padded with spaces to a multiple of 8.
 pub(crate) fn encode_header(src: &SourceHeader, tensors: &[TensorPlan]) -> Vec<u8> {
-    use std::io::Write;
     // Written straight into one buffer about the source header's size: no allocation per
     // tensor, and no second copy (a header of 300,000 tensors is tens of MB).
     let mut out: Vec<u8> =
         Vec::with_capacity(PREFIX + src.header_len as usize + src.header_len as usize / 8 + 64);
     out.extend_from_slice(&[0u8; PREFIX]);
-    // Writing into a Vec cannot fail.
-    let quote = |out: &mut Vec<u8>, s: &str| {
-        serde_json::to_writer(&mut *out, s).expect("strings always serialize")
-    };
     out.push(b'{');
     if let Some(meta) = &src.metadata {
-        out.extend_from_slice(b"\"__metadata__\":{");
-        for (i, (k, v)) in meta.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            quote(&mut out, k);
-            out.push(b':');
-            quote(&mut out, v);
-        }
-        out.push(b'}');
+        encode_metadata(&mut out, meta);
     }
     for (i, t) in tensors.iter().enumerate() {
         if i > 0 || src.metadata.is_some() {
             out.push(b',');
         }
         let s = &src.tensors[t.source];
-        quote(&mut out, &s.name);
-        let _ = write!(out, ":{{\"dtype\":\"{}\",\"shape\":[", t.dtype);
-        for (k, d) in s.shape.iter().enumerate() {
-            if k > 0 {
-                out.push(b',');
-            }
-            let _ = write!(out, "{d}");
-        }
-        let _ = write!(out, "],\"data_offsets\":[{},{}]}}", t.start, t.end);
+        encode_entry(&mut out, &s.name, t.dtype, &s.shape, (t.start, t.end));
     }
     out.push(b'}');
     // Padding to 8 keeps the data section, and so every tensor, aligned.
@@ -410,6 +388,46 @@ pub(crate) fn encode_header(src: &SourceHeader, tensors: &[TensorPlan]) -> Vec<u
     let n = (out.len() - PREFIX) as u64;
     out[..PREFIX].copy_from_slice(&n.to_le_bytes());
     out
+}
+
+/// A JSON string, quoted and escaped as serde_json writes it.
+fn quote(out: &mut Vec<u8>, s: &str) {
+    // Writing into a Vec cannot fail.
+    serde_json::to_writer(&mut *out, s).expect("strings always serialize")
+}
+
+/// `"__metadata__":{...}`, keys in the given order.
+pub(crate) fn encode_metadata(out: &mut Vec<u8>, meta: &[(String, String)]) {
+    out.extend_from_slice(b"\"__metadata__\":{");
+    for (i, (k, v)) in meta.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        quote(out, k);
+        out.push(b':');
+        quote(out, v);
+    }
+    out.push(b'}');
+}
+
+/// One tensor's entry: `"name":{"dtype":...,"shape":[...],"data_offsets":[start,end]}`.
+pub(crate) fn encode_entry(
+    out: &mut Vec<u8>,
+    name: &str,
+    dtype: Dtype,
+    shape: &[usize],
+    (start, end): (u64, u64),
+) {
+    use std::io::Write;
+    quote(out, name);
+    let _ = write!(out, ":{{\"dtype\":\"{dtype}\",\"shape\":[");
+    for (k, d) in shape.iter().enumerate() {
+        if k > 0 {
+            out.push(b',');
+        }
+        let _ = write!(out, "{d}");
+    }
+    let _ = write!(out, "],\"data_offsets\":[{start},{end}]}}");
 }
 
 fn plan_warnings(src: &SourceHeader, plan: &Plan, opts: &PlanOptions) -> Vec<Warning> {

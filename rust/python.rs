@@ -20,6 +20,7 @@ use crate::numerics::Numerics;
 use crate::output::{self, Replace};
 use crate::plan::{KeptTensor, PlanOptions};
 use crate::scan::Scanned;
+use crate::shard::{self, Group};
 use crate::task::{ConvertTask, InspectTask, Inspection, Task};
 use crate::text;
 use crate::verify::{Verifier, VerifyOptions, VerifyReport};
@@ -346,7 +347,17 @@ fn py_convert<'py>(
         cancel,
         warn,
     };
-    let mut task = hooks.run(py, || ConvertTask::new(&src, &dst, &opts))?;
+    let task = hooks.run(py, || ConvertTask::new(&src, &dst, &opts))?;
+    finish_convert(py, &hooks, task, numerics)
+}
+
+/// Step a conversion to its end, seal and publish it; its report as a dict.
+fn finish_convert<'py>(
+    py: Python<'py>,
+    hooks: &Hooks<'py>,
+    mut task: ConvertTask,
+    numerics: bool,
+) -> PyResult<Bound<'py, PyDict>> {
     // Dropping `task` on any early return removes the unpublished output.
     hooks.drive(py, &mut task)?;
     hooks.run(py, || task.seal())?;
@@ -354,6 +365,219 @@ fn py_convert<'py>(
     hooks.visit(py, &mut task)?;
     let report = hooks.run(py, move || task.publish())?;
     report_dict(py, &report, numerics)
+}
+
+/// The input files of one re-sharded group, opened and validated (`shard::Group`).
+#[pyclass(frozen, module = "stcast._core")]
+struct ShardGroup {
+    group: Group,
+}
+
+#[pymethods]
+impl ShardGroup {
+    #[new]
+    #[pyo3(signature = (paths, *, key=None, strip_prefix=Vec::new()))]
+    fn new(
+        py: Python<'_>,
+        paths: Vec<PathBuf>,
+        key: Option<String>,
+        strip_prefix: Vec<String>,
+    ) -> PyResult<ShardGroup> {
+        let input = input_options(key, strip_prefix);
+        let group = guarded(py, || Group::open(&paths, &input))?;
+        Ok(ShardGroup { group })
+    }
+
+    /// Its files, in input order.
+    fn paths(&self) -> Vec<PathBuf> {
+        self.group.paths().map(|p| p.to_path_buf()).collect()
+    }
+
+    /// Its tensors' names, in input order.
+    fn names(&self) -> Vec<&str> {
+        self.group.names().collect()
+    }
+
+    /// Its tensors' bytes, in input order.
+    fn sizes(&self) -> Vec<u64> {
+        self.group.sizes().collect()
+    }
+
+    /// Its output shards of at most `max_size` bytes under these plan options.
+    #[pyo3(signature = (max_size, *, to=None, keep=Vec::new(), keep_min_size=None,
+                        from_bf16=false, keep_names=Vec::new()))]
+    #[allow(clippy::too_many_arguments)]
+    fn plan<'py>(
+        &self,
+        py: Python<'py>,
+        max_size: u64,
+        to: Option<&Bound<'py, PyAny>>,
+        keep: Vec<String>,
+        keep_min_size: Option<&Bound<'py, PyAny>>,
+        from_bf16: bool,
+        keep_names: Vec<String>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let mut opts = plan_options(py, to, keep, keep_min_size, "ignore", from_bf16)?;
+        opts.keep_names = keep_names.into_iter().collect();
+        let plan = guarded(py, || self.group.plan(max_size, &opts))?;
+        let d = PyDict::new(py);
+        d.set_item("indexed", plan.indexed)?;
+        d.set_item("warnings", warnings_list(py, &plan.warnings)?)?;
+        d.set_item("keep_unmatched", PyList::new(py, &plan.keep_unmatched)?)?;
+        let shards = PyList::empty(py);
+        for s in &plan.shards {
+            let e = PyDict::new(py);
+            let names: Vec<&str> = s
+                .tensors
+                .iter()
+                .map(|&t| self.group.tensor(t).name.as_str())
+                .collect();
+            let mut inputs: Vec<usize> = s.tensors.iter().map(|t| t.0).collect();
+            inputs.dedup();
+            e.set_item("tensors", PyList::new(py, names)?)?;
+            e.set_item("inputs", inputs)?;
+            e.set_item("file_bytes", s.file_len)?;
+            e.set_item("data_bytes", s.data_in)?;
+            e.set_item("target_bytes", s.data_out)?;
+            e.set_item("header_sha256", &s.header_sha256)?;
+            e.set_item("tensors_converted", s.converted)?;
+            e.set_item("tensors_kept", s.kept)?;
+            shards.append(e)?;
+        }
+        d.set_item("shards", shards)?;
+        Ok(d)
+    }
+}
+
+/// Convert the output shard of `group` holding the tensors `names` into `dst` (see
+/// `shard::Group::task`); `indexed` says whether the group's output has an index.
+#[pyfunction]
+#[pyo3(signature = (group, names, indexed, dst, *, to=None, keep=Vec::new(),
+                    keep_min_size=None, from_bf16=false, keep_names=Vec::new(),
+                    on_overflow=None, threads=None, force=false, replaces=None, progress=None,
+                    cancel=None, warn=None, numerics=true, tuning=None))]
+#[allow(clippy::too_many_arguments)]
+fn convert_shard<'py>(
+    py: Python<'py>,
+    group: &Bound<'py, ShardGroup>,
+    names: Vec<String>,
+    indexed: bool,
+    dst: PathBuf,
+    to: Option<&Bound<'py, PyAny>>,
+    keep: Vec<String>,
+    keep_min_size: Option<&Bound<'py, PyAny>>,
+    from_bf16: bool,
+    keep_names: Vec<String>,
+    on_overflow: Option<&Bound<'py, PyAny>>,
+    threads: Option<&Bound<'py, PyAny>>,
+    force: bool,
+    replaces: Option<(u64, u64)>,
+    progress: Option<Bound<'py, PyAny>>,
+    cancel: Option<Bound<'py, PyAny>>,
+    warn: Option<Bound<'py, PyAny>>,
+    numerics: bool,
+    tuning: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let mut plan = plan_options(py, to, keep, keep_min_size, "ignore", from_bf16)?;
+    plan.keep_names = keep_names.into_iter().collect();
+    let opts = Options {
+        plan,
+        input: InputOptions::default(),
+        threads: self::threads(py, threads)?,
+        force,
+        replaces,
+        on_overflow: self::on_overflow(py, on_overflow)?,
+        numerics,
+        report: None,
+        allow_copy: true,
+        tuning: self::tuning(tuning)?,
+    };
+    let hooks = Hooks {
+        step: opts.tuning.step,
+        progress,
+        cancel,
+        warn,
+    };
+    let group = &group.get().group;
+    let task = hooks.run(py, || group.task(&names, indexed, &dst, &opts))?;
+    finish_convert(py, &hooks, task, numerics)
+}
+
+/// Verify the file `dst` as an output shard of `group` (see `shard::Group::verifier`).
+#[pyfunction]
+#[pyo3(signature = (group, dst, indexed, *, loose=false, to=None, keep=Vec::new(),
+                    keep_min_size=None, from_bf16=false, on_overflow=None, threads=None,
+                    progress=None, numerics=true, tuning=None))]
+#[allow(clippy::too_many_arguments)]
+fn verify_shard<'py>(
+    py: Python<'py>,
+    group: &Bound<'py, ShardGroup>,
+    dst: PathBuf,
+    indexed: bool,
+    loose: bool,
+    to: Option<&Bound<'py, PyAny>>,
+    keep: Vec<String>,
+    keep_min_size: Option<&Bound<'py, PyAny>>,
+    from_bf16: bool,
+    on_overflow: Option<&Bound<'py, PyAny>>,
+    threads: Option<&Bound<'py, PyAny>>,
+    progress: Option<Bound<'py, PyAny>>,
+    numerics: bool,
+    tuning: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let opts = verify_options(
+        py,
+        loose,
+        to,
+        keep,
+        keep_min_size,
+        from_bf16,
+        on_overflow,
+        threads,
+        numerics,
+        None,
+        false,
+        tuning,
+    )?;
+    let group = &group.get().group;
+    let mut verifier = guarded(py, || group.verifier(&dst, indexed, &opts))?;
+    let hooks = Hooks {
+        step: opts.tuning.step,
+        progress,
+        cancel: None,
+        warn: None,
+    };
+    hooks.drive(py, &mut verifier)?;
+    let report = guarded(py, move || verifier.finish())?;
+    verify_dict(py, &report, numerics)
+}
+
+/// A size option (`max_shard_size`): a whole number of bytes, or a string with a unit
+/// (`shard::parse_size`); anything else is a usage error.
+#[pyfunction]
+fn parse_size(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<u64> {
+    let expected = "a size in bytes: a number with an optional unit, B, KB, MB, GB, TB (powers \
+                    of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. 5GB";
+    let parsed = if value.is_instance_of::<pyo3::types::PyBool>() {
+        None
+    } else if let Ok(s) = value.extract::<String>() {
+        shard::parse_size(&s)
+    } else {
+        value.extract::<u64>().ok().filter(|&n| n > 0)
+    };
+    parsed.ok_or_else(|| to_py(py, bad_option(OptionName::MaxShardSize, value, expected)))
+}
+
+/// The file name of output shard `i` of `n` of the group `stem` (`shard::shard_file_name`).
+#[pyfunction]
+fn shard_file_name(stem: &str, i: usize, n: usize) -> String {
+    shard::shard_file_name(stem, i, n)
+}
+
+/// The index file of the group `stem`.
+#[pyfunction]
+fn index_file_name(stem: &str) -> String {
+    shard::index_file_name(stem)
 }
 
 fn warnings_list<'py>(py: Python<'py>, ws: &[Warning]) -> PyResult<Bound<'py, PyList>> {
@@ -701,9 +925,52 @@ fn py_verify<'py>(
     key: Option<String>,
     strip_prefix: Vec<String>,
 ) -> PyResult<Bound<'py, PyDict>> {
+    let mut opts = verify_options(
+        py,
+        loose,
+        to,
+        keep,
+        keep_min_size,
+        from_bf16,
+        on_overflow,
+        threads,
+        numerics,
+        report,
+        force,
+        tuning,
+    )?;
+    opts.input = input_options(key, strip_prefix);
+    let mut verifier = guarded(py, || Verifier::open(&src, &dst, &opts))?;
+    let hooks = Hooks {
+        step: opts.tuning.step,
+        progress,
+        cancel: None,
+        warn: None,
+    };
+    hooks.drive(py, &mut verifier)?;
+    let report = guarded(py, move || verifier.finish())?;
+    verify_dict(py, &report, numerics)
+}
+
+/// `verify`'s keywords as engine options.
+#[allow(clippy::too_many_arguments)]
+fn verify_options<'py>(
+    py: Python<'py>,
+    loose: bool,
+    to: Option<&Bound<'py, PyAny>>,
+    keep: Vec<String>,
+    keep_min_size: Option<&Bound<'py, PyAny>>,
+    from_bf16: bool,
+    on_overflow: Option<&Bound<'py, PyAny>>,
+    threads: Option<&Bound<'py, PyAny>>,
+    numerics: bool,
+    report: Option<PathBuf>,
+    force: bool,
+    tuning: Option<&Bound<'py, PyDict>>,
+) -> PyResult<VerifyOptions> {
     let plan = plan_options(py, to, keep, keep_min_size, "ignore", from_bf16)?;
-    let opts = VerifyOptions {
-        input: input_options(key, strip_prefix),
+    Ok(VerifyOptions {
+        input: InputOptions::default(),
         loose,
         target: to.map(|_| plan.target),
         keep: plan.keep,
@@ -715,17 +982,7 @@ fn py_verify<'py>(
         report,
         force,
         tuning: self::tuning(tuning)?,
-    };
-    let mut verifier = guarded(py, || Verifier::open(&src, &dst, &opts))?;
-    let hooks = Hooks {
-        step: opts.tuning.step,
-        progress,
-        cancel: None,
-        warn: None,
-    };
-    hooks.drive(py, &mut verifier)?;
-    let report = guarded(py, move || verifier.finish())?;
-    verify_dict(py, &report, numerics)
+    })
 }
 
 fn verify_dict<'py>(
@@ -1042,5 +1299,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(copy_file, m)?)?;
     m.add_function(wrap_pyfunction!(write_numeric_report, m)?)?;
     m.add_function(wrap_pyfunction!(check_side_output, m)?)?;
+    m.add_class::<ShardGroup>()?;
+    m.add_function(wrap_pyfunction!(convert_shard, m)?)?;
+    m.add_function(wrap_pyfunction!(verify_shard, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_size, m)?)?;
+    m.add_function(wrap_pyfunction!(shard_file_name, m)?)?;
+    m.add_function(wrap_pyfunction!(index_file_name, m)?)?;
     Ok(())
 }

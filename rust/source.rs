@@ -112,6 +112,38 @@ impl InputFile {
         })
     }
 
+    /// Another handle on the same open file (the same inode, whatever its name is now),
+    /// mapped again, with the size and mtime taken when it was first opened: a change since
+    /// then is refused here and seen by every later check. For passes that read a file
+    /// long after it was opened and validated (one output shard after another).
+    pub fn duplicate(&self) -> Result<InputFile> {
+        // Before mapping: a truncated file would be mapped short of its tensors.
+        self.check_unchanged()?;
+        let file = self
+            .file
+            .try_clone()
+            .map_err(|e| Error::io(&self.path, "cannot open the input", e))?;
+        // SAFETY: as in `open`: a read-only map of a file checked just now to be the size
+        // it had when validated.
+        let map = unsafe { Mmap::map(&file) }
+            .map_err(|e| Error::io(&self.path, "cannot map the input", e))?;
+        Ok(InputFile {
+            path: self.path.clone(),
+            file,
+            map,
+            base: self.base,
+            stamp: self.stamp,
+        })
+    }
+
+    /// Drop the pages reading the first `len` bytes mapped: the header, and what
+    /// fault-around and large folios mapped around it (see `FAULT_AROUND_MAX`). For a file
+    /// held open while others are read: nothing else would ever drop them.
+    pub fn release_head(&self, len: u64) {
+        let end = len.saturating_add(FAULT_AROUND_MAX);
+        self.release((0, end.min(self.map.len() as u64)));
+    }
+
     /// Device and inode of the open file.
     pub fn identity(&self) -> Result<(u64, u64)> {
         let m = self

@@ -223,7 +223,20 @@ impl Verifier {
         let started = Instant::now();
         let src = Source::open_any(src_path, &opts.input)?;
         let dst = Source::open(dst_path)?;
-        if src.identity()? == dst.identity()? {
+        Self::from_sources(src, dst, opts, started)
+    }
+
+    /// `open` for sources opened already: a composite SRC (the tensors of one output shard,
+    /// read from the input files that hold them) against the DST file.
+    pub fn from_sources(
+        src: Source,
+        dst: Source,
+        opts: &VerifyOptions,
+        started: Instant,
+    ) -> Result<Verifier> {
+        let (src_path, dst_path) = (src.path.clone(), dst.path.clone());
+        let (src_path, dst_path) = (src_path.as_path(), dst_path.as_path());
+        if src.identities()?.contains(&dst.identity()?) {
             return Err(Error::SameFile {
                 path: dst_path.to_path_buf(),
             });

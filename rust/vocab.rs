@@ -208,6 +208,10 @@ named! {
         UnlistedGlobals = "unlisted_globals",
         /// Files of a folder left out: trainer state, or PyTorch weights beside safetensors.
         SkippedFiles = "skipped_files",
+        /// Re-sharding added `"format": "pt"` to the `__metadata__` of indexed shards.
+        FormatAdded = "format_added",
+        /// The files of one re-sharded group carry different `__metadata__`.
+        MetadataDiffers = "metadata_differs",
     }
 }
 
@@ -234,6 +238,7 @@ named! {
         Key = "key",
         /// PyTorch checkpoints: a prefix dropped from tensor names (repeatable).
         StripPrefix = "strip_prefix",
+        MaxShardSize = "max_shard_size",
     }
 }
 

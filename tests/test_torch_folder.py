@@ -272,3 +272,100 @@ def test_key_and_prefix_are_for_files(tmp_path, rng):
         stcast.convert(src, tmp_path / "out", key="model")
     with pytest.raises(stcast.UsageError):
         stcast.inspect(src, strip_prefix="module.")
+
+
+# --- re-sharding PyTorch input ---------------------------------------------------------------
+
+
+def _all_tensors(folder: Path) -> dict[str, bytes]:
+    out: dict[str, bytes] = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        raw = f.read_bytes()
+        n = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8 : 8 + n])
+        for t, e in header.items():
+            if t != "__metadata__":
+                lo, hi = e["data_offsets"]
+                assert t not in out
+                out[t] = raw[8 + n + lo : 8 + n + hi]
+    return out
+
+
+def test_a_bin_folder_is_resharded_under_safetensors_names(tmp_path, rng, run_main):
+    """Three `pytorch_model-*.bin` shards merged into one `model.safetensors`, and cut into
+    shards of 200 bytes: safetensors names, a new index, each value bit for bit, verified."""
+    src = tmp_path / "ckpt"
+    arrays = make_bin_model(src, rng, shards=3)
+    want = {t: bf16(x).tobytes() for a in arrays.values() for t, x in a.items()}
+
+    merged = tmp_path / "merged"
+    rc, _, err = run_main("convert", src, merged, "--max-shard-size", "1TB", "-q")
+    assert rc == 0, err
+    names = sorted(p.name for p in merged.iterdir())
+    assert names == ["config.json", "model.safetensors", "tokenizer.json"], names
+    assert _all_tensors(merged) == want
+    assert stcast.verify(src, merged).ok
+
+    cut = tmp_path / "cut"
+    rc, _, err = run_main("convert", src, cut, "--max-shard-size", "200", "-q")
+    assert rc == 0, err
+    shards = sorted(p.name for p in cut.glob("*.safetensors"))
+    assert len(shards) > 3 and all(s.startswith("model-0000") for s in shards), shards
+    index = json.loads((cut / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(want) and set(index["weight_map"].values()) == set(
+        shards
+    )
+    assert _all_tensors(cut) == want
+    for s in shards:
+        with safetensors.safe_open(str(cut / s), framework="numpy") as f:
+            assert f.metadata() == {"format": "pt"}
+    assert not (cut / "pytorch_model.bin.index.json").exists()
+    assert not (tmp_path / CANARY).exists()
+    rc, out, err = run_main("verify", src, cut)
+    assert rc == 0, err + out
+    # Resume finds every shard done; a changed input makes its shards stale.
+    r = stcast.convert(src, cut, max_shard_size=200, resume=True)
+    assert all(f.action != "converted" for f in r.files), r.files
+    plan = stcast.inspect(src, max_shard_size="200")
+    assert [s["path"] for s in plan.shards] == shards
+    assert {i for s in plan.shards for i in s["inputs"]} == set(arrays)  # the .bin names
+
+
+def test_a_checkpoint_file_is_resharded_with_key_and_prefix(tmp_path, rng, run_main):
+    a, b = rng.standard_normal(64, dtype=np.float32), rng.standard_normal(64, dtype=np.float32)
+    obj = {
+        "epoch": 3,
+        "model": {"module.w": tf.tensor("0", "float32", (64,))},
+        "ema": {
+            "module.w": tf.tensor("1", "float32", (8, 8)),
+            "module.b": tf.tensor("0", "float32", (64,)),
+        },
+    }
+    src = tmp_path / "last.ckpt"
+    tf.write_zip(src, obj, {"0": a.tobytes(), "1": b.tobytes()})
+    dst = tmp_path / "ema-bf16"
+    rc, _, err = run_main("convert", src, dst, "--max-shard-size", "200")
+    assert rc == 1 and "--key" in assert_one_error_line(err) and not dst.exists()
+    rc, _, err = run_main(
+        "convert", src, dst, "--max-shard-size", "200", "--key", "ema", "--strip-prefix", "module."
+    )
+    assert rc == 0, err
+    assert sorted(p.name for p in dst.iterdir()) == [
+        "last-00001-of-00002.safetensors",
+        "last-00002-of-00002.safetensors",
+        "last.safetensors.index.json",
+    ]
+    got = _all_tensors(dst)
+    assert got == {"w": bf16(b).tobytes(), "b": bf16(a).tobytes()}
+    # verify reads SRC as convert read it; without the key it cannot.
+    ok = stcast.verify(src, dst, key="ema", strip_prefix=["module."])
+    assert ok.ok, ok.mismatch
+    rc, _, err = run_main("verify", src, dst)
+    assert rc == 1 and "--key" in assert_one_error_line(err)
+    rc, out, err = run_main(
+        "inspect", src, "--max-shard-size", "200", "--key", "ema", "--strip-prefix", "module."
+    )
+    assert rc == 0 and "last-00002-of-00002.safetensors" in out, err
+    # A folder still takes neither.
+    with pytest.raises(stcast.UsageError):
+        stcast.convert(tmp_path / "ema-bf16", tmp_path / "x", max_shard_size=200, key="ema")

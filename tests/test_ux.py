@@ -668,7 +668,7 @@ def test_verify_names_which_side_is_wrong(tmp_path, run_main):
     src = write_safetensors(tmp_path / "a.safetensors", {"w": ("F32", [4], ONES)})
     (tmp_path / "d").mkdir()
     rc, _, err = run_main("verify", src, tmp_path / "d")
-    assert rc == 1 and "a folder, while" in assert_one_error_line(err)
+    assert rc == 1 and "a folder without .safetensors files, while" in assert_one_error_line(err)
     folder_src = _two_files(tmp_path)
     rc, _, err = run_main("verify", folder_src, tmp_path / "nowhere")
     assert rc == 1 and "no such folder" in assert_one_error_line(err)

@@ -46,6 +46,7 @@ def convert(
     on_overflow: OnOverflow = "warn",
     report: StrPath | None = None,
     follow_links: bool = False,
+    max_shard_size: int | str | None = None,
     key: str | None = None,
     strip_prefix: Iterable[str] = (),
     tuning: Tuning | None = None,
@@ -114,6 +115,15 @@ def convert(
         follow_links: folders: follow symlinks that lead outside the source folder (by
             default only links within it, and into a Hugging Face cache's blobs/, are
             followed; any other is refused, naming it).
+        max_shard_size: re-shard: write the tensors as shards of at most this many bytes
+            on disk, header included (an int, or a string with a unit: "5GB" = 5*10^9,
+            "4.5GiB" = 4.5*2^30; KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB of 1024,
+            any case), greedily in input order; a tensor larger than that gets a shard of
+            its own. `src` may then be a file too; `dst` is a folder (default
+            `<stem>-bf16` beside a file). Each index's shards (or a lone file) become
+            `<stem>-00001-of-0000N.safetensors` and `<stem>.safetensors.index.json`, or
+            one `<stem>.safetensors` when all fit in one; `resume`, `shard` and
+            `finalize` work per output shard.
         key: PyTorch checkpoints: the dict of tensors to convert, dotted for deeper levels
             (`"ema"`, `"state.model"`). Without it: the top level if it holds tensors, else
             the only dict that does; with several, `Refused` lists them with their counts.
@@ -148,7 +158,8 @@ def convert(
     threads = _threads(threads)
     keep_min_size = _engine.check_int("keep_min_size", keep_min_size, 0, 2**64 - 1)
     key, strip_prefix = _engine.check_key(key), _engine.prefixes(strip_prefix)
-    if os.path.isdir(src):
+    max_size = None if max_shard_size is None else _core.parse_size(max_shard_size)
+    if os.path.isdir(src) or max_size is not None:
         from . import folder
 
         _files_only(src, key, strip_prefix)
@@ -167,6 +178,9 @@ def convert(
             on_overflow=on_overflow,
             follow_links=follow_links,
             cancel=cancel,
+            max_shard_size=max_size,
+            key=key,
+            strip_prefix=strip_prefix,
         )
         replace = None
         if report is not None:
@@ -243,6 +257,7 @@ def inspect(
     follow_links: bool = False,
     strict: bool = False,
     report: StrPath | None = None,
+    max_shard_size: int | str | None = None,
     key: str | None = None,
     strip_prefix: Iterable[str] = (),
     tuning: Tuning | None = None,
@@ -273,6 +288,8 @@ def inspect(
         progress: called as `progress(done, total)` (bytes scanned).
         force, resume, shard, allow_quantized, follow_links, report: as for `convert`:
             they change the checks that run with `dst`.
+        max_shard_size: as for `convert`: the report's `shards` and `indexes` give the
+            shard plan (each output file, its size, tensors and the input files it reads).
         key, strip_prefix: as for `convert` (PyTorch checkpoints).
         tuning: knobs for benchmarks and tests (see `convert`).
 
@@ -295,7 +312,8 @@ def inspect(
     }
     key, strip_prefix = _engine.check_key(key), _engine.prefixes(strip_prefix)
     target = None if dst is None else os.fsdecode(dst)
-    if os.path.isdir(path):
+    max_size = None if max_shard_size is None else _core.parse_size(max_shard_size)
+    if os.path.isdir(path) or max_size is not None:
         from .folder import inspect_folder
 
         _files_only(path, key, strip_prefix)
@@ -309,6 +327,9 @@ def inspect(
             allow_quantized=allow_quantized,
             follow_links=follow_links,
             strict=strict,
+            max_shard_size=max_size,
+            key=key,
+            strip_prefix=strip_prefix,
             **options,
         )
     if resume or shard is not None:
@@ -368,7 +389,11 @@ def verify(
     Folders: files are paired by relative path; each weight file is verified as above, copies
     must hold the source's bytes, configs the source's text with only the dtype changed,
     indexes the source's weight map with the total size of DST's shards. The mismatch names
-    the file.
+    the file. When DST is sharded differently (`max_shard_size`), tensors are paired by
+    name through the indexes: each index's shards (or a lone file) of SRC with the DST
+    files of the same stem, every tensor in exactly one of them, each DST shard exactly
+    what `convert` writes for the tensors it holds, its index listing them. SRC may then
+    be a file, and DST the folder it was re-sharded into.
 
     A difference is not an exception: the report says `ok=False` and gives the first
     `mismatch`. Memory stays bounded; the GIL is released in steps of 64 MiB, between
@@ -414,15 +439,11 @@ def verify(
         "force": force,
         "tuning": dict(tuning) if tuning is not None else None,
     }
-    if os.path.isdir(src):
+    if os.path.isdir(src) or os.path.isdir(dst):
         from .folder.verify import verify_folder
 
         _files_only(src, key, strip_prefix)
-        return verify_folder(src, dst, **options)
-    if os.path.isdir(dst):
-        raise Refused(
-            f"{_engine.escape(dst)}: a folder, while {_engine.escape(src)} is a file", path=dst
-        )
+        return verify_folder(src, dst, **options, key=key, strip_prefix=strip_prefix)
     return _engine.verify_file(src, dst, **options, key=key, strip_prefix=strip_prefix)
 
 
@@ -489,9 +510,10 @@ def _source(src: StrPath) -> str:
 
 def _files_only(src: str, key: str | None, strip_prefix: list[str]) -> None:
     """`key` and `strip_prefix` choose within one PyTorch checkpoint: not for folders, whose
-    weight files are plain state dicts (and whose indexes name their tensors)."""
+    weight files are plain state dicts (and whose indexes name their tensors). A file
+    re-sharded into a folder takes them."""
     option = "key" if key is not None else "strip_prefix" if strip_prefix else None
-    if option is not None:
+    if option is not None and os.path.isdir(src):
         raise UsageError(
             f"{{{option}}} applies to PyTorch checkpoint files; {_engine.escape(src)} is a folder",
             option=option,

@@ -50,6 +50,12 @@ __all__ = [
     "copy_file",
     "write_numeric_report",
     "check_side_output",
+    "ShardGroup",
+    "convert_shard",
+    "verify_shard",
+    "parse_size",
+    "shard_file_name",
+    "index_file_name",
 ]
 
 __version__: str
@@ -255,6 +261,84 @@ def copy_file(
     progress: Callable[[int, int], object] | None = None,
     cancel: _CancelFlag | None = None,
 ) -> tuple[int, int, int]: ...
+
+class _ShardResult(TypedDict):
+    tensors: list[str]
+    inputs: list[int]
+    file_bytes: int
+    data_bytes: int
+    target_bytes: int
+    header_sha256: str
+    tensors_converted: int
+    tensors_kept: int
+
+class _ShardPlanResult(TypedDict):
+    indexed: bool
+    warnings: list[tuple[str, str]]
+    keep_unmatched: list[str]
+    shards: list[_ShardResult]
+
+@final
+class ShardGroup:
+    """The input files of one re-sharded group, opened and validated."""
+
+    def __new__(
+        cls, paths: list[str], *, key: str | None = None, strip_prefix: list[str] = ...
+    ) -> ShardGroup: ...
+    def paths(self) -> list[str]: ...
+    def names(self) -> list[str]: ...
+    def sizes(self) -> list[int]: ...
+    def plan(
+        self,
+        max_size: int,
+        *,
+        to: str | None = None,
+        keep: list[str] = ...,
+        keep_min_size: int | None = None,
+        from_bf16: bool = False,
+        keep_names: list[str] = ...,
+    ) -> _ShardPlanResult: ...
+
+def convert_shard(
+    group: ShardGroup,
+    names: list[str],
+    indexed: bool,
+    dst: str,
+    *,
+    to: str | None = None,
+    keep: list[str] = ...,
+    keep_min_size: int | None = None,
+    from_bf16: bool = False,
+    keep_names: list[str] = ...,
+    on_overflow: str | None = None,
+    threads: int | None = None,
+    force: bool = False,
+    replaces: tuple[int, int] | None = None,
+    progress: Callable[[int, int], object] | None = None,
+    cancel: _CancelFlag | None = None,
+    warn: Callable[[str, str], object] | None = None,
+    numerics: bool = True,
+    tuning: dict[str, Any] | None = None,
+) -> _ConvertResult: ...
+def verify_shard(
+    group: ShardGroup,
+    dst: str,
+    indexed: bool,
+    *,
+    loose: bool = False,
+    to: str | None = None,
+    keep: list[str] = ...,
+    keep_min_size: int | None = None,
+    from_bf16: bool = False,
+    on_overflow: str | None = None,
+    threads: int | None = None,
+    progress: Callable[[int, int], object] | None = None,
+    numerics: bool = True,
+    tuning: dict[str, Any] | None = None,
+) -> _VerifyResult: ...
+def parse_size(value: object) -> int: ...
+def shard_file_name(stem: str, i: int, n: int) -> str: ...
+def index_file_name(stem: str) -> str: ...
 
 @final
 class TensorNumerics(Sequence[_Row]):

@@ -45,13 +45,15 @@ WarningKind = Literal[
     "skipped_entries",
     "unlisted_globals",
     "skipped_files",
+    "format_added",
+    "metadata_differs",
 ]
 ReadAdvice = Literal["normal", "sequential", "willneed"]
 Action = Literal["convert", "copy"]
 FileKind = Literal["weights", "index", "config", "copy"]
 # The formats `inspect` reports (`InspectReport.format`).
 InputFormat = Literal["safetensors", "pytorch", "pytorch-legacy"]
-FileAction = Literal["converted", "skipped", "checked", "rewritten", "copied"]
+FileAction = Literal["converted", "skipped", "checked", "rewritten", "written", "copied"]
 
 
 class NumericsTotal(TypedDict):
@@ -103,6 +105,29 @@ class Destination(TypedDict):
     free_bytes: int
     need_bytes: int
     fits: bool
+
+
+class ShardInfo(TypedDict):
+    """One output shard of a re-sharding plan (`inspect` with `max_shard_size`)."""
+
+    path: str  # relative to the destination folder
+    bytes: int  # the file, header included
+    tensors: int
+    tensors_converted: int
+    tensors_kept: int
+    data_bytes: int  # its tensors' bytes in the input
+    target_bytes: int  # and in the output
+    inputs: list[str]  # the input files it reads, relative to the source
+    index: str | None  # the index that names it (None: a single file)
+
+
+class IndexInfo(TypedDict):
+    """An index a re-sharding writes."""
+
+    path: str
+    bytes: int
+    total_size: int  # `metadata.total_size`: the bytes of every tensor of its shards
+    shards: int
 
 
 class Tuning(TypedDict, total=False):

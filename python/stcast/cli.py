@@ -190,6 +190,7 @@ examples:
   stcast convert model/ model-bf16/ --keep '*norm*' --keep-min-size 4096
   stcast convert model/ model-bf16/ --resume        # continue an interrupted run
   stcast convert model/ model-bf16/ --shard 2/8     # then: stcast finalize model/ model-bf16/
+  stcast convert ema.safetensors ema-bf16/ --max-shard-size 5GB   # 5 GB shards + index
   stcast convert ema.safetensors --report report.json --json
   stcast convert pytorch_model.bin                  # -> pytorch_model-bf16.safetensors
   stcast convert model.pt --to keep                 # -> model.safetensors, dtypes kept
@@ -201,6 +202,7 @@ examples:
   stcast inspect ema.safetensors out/ --to fp16 --scan   # would it fit, and overflow?
   stcast inspect model/ model-bf16/ --resume        # every check convert --resume makes
   stcast inspect last.ckpt                          # its dicts of tensors, globals, plan
+  stcast inspect model/ --max-shard-size 2GB        # the shard plan: files, sizes, tensors
 """,
     "verify": """\
 examples:
@@ -295,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_threads(p)
     p.add_argument("--force", action="store_true", help="replace DST (and a --report file)")
     _add_folder_arguments(p)
+    _add_max_shard_size(p)
     _add_precision_arguments(p, convert=True)
     _add_checkpoint_arguments(p)
     p.add_argument(
@@ -340,6 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_threads(p, what=" (with --scan)")
     p.add_argument("--force", action="store_true", help="as for convert: DST may exist")
     _add_folder_arguments(p)
+    _add_max_shard_size(p)
     p.add_argument("--report", metavar="FILE", help="as for convert: check this report path")
     _add_output_arguments(p, quiet=False)
     p.set_defaults(run=_run_inspect)
@@ -491,6 +495,17 @@ def _add_folder_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_max_shard_size(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--max-shard-size",
+        type=_max_shard_size,
+        metavar="SIZE",
+        help="re-shard: write shards of at most SIZE bytes each, header included, and an "
+        "index (SIZE: 5GB, 4.5GiB, 500MB...; KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB "
+        "of 1024, any case); SRC a file or folder, DST a folder",
+    )
+
+
 def _add_output_arguments(p: argparse.ArgumentParser, quiet: bool = True) -> None:
     """--json, --progress, and -q/--quiet unless `quiet` is False."""
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
@@ -583,6 +598,7 @@ def _run_convert(args: argparse.Namespace, console: out.Console) -> int:
             key=args.key,
             strip_prefix=args.strip_prefix,
             cancel=args.stop,
+            max_shard_size=args.max_shard_size,
         )
     console.published = report.dst
     console.end_progress()
@@ -682,6 +698,9 @@ def _print_folder_summary(report: stcast.ConvertReport, console: out.Console) ->
     print(f"  size     {out.size(report.bytes_in)} -> {out.size(report.bytes_out)} converted")
     print(f"  tensors  {report.tensors_converted} converted, {report.tensors_copied} copied")
     _print_kept(report.tensors_kept, report.bytes_kept, report.kept)
+    if report.max_shard_size is not None:
+        shards = sum(1 for f in report.files if f.kind == "weights")
+        print(f"  shards   {shards} of at most {out.size(report.max_shard_size)}")
     seconds = console.elapsed()
     rate = report.bytes_in / seconds if seconds > 0 else 0.0
     engine = ""
@@ -730,6 +749,7 @@ def _run_inspect(args: argparse.Namespace, console: out.Console) -> int:
         report=args.report,
         key=args.key,
         strip_prefix=args.strip_prefix,
+        max_shard_size=args.max_shard_size,
     )
     console.end_progress()
     for message in report.warnings:
@@ -746,13 +766,16 @@ def _run_inspect(args: argparse.Namespace, console: out.Console) -> int:
             _print_tensor_table(f, indent="  ")
             print()
         files = len(report.files)
-        print(f"folder:   {report.path}, {files} weight file{'s' if files != 1 else ''}")
+        what = "folder:" if os.path.isdir(report.path) else "file:  "
+        print(f"{what}   {report.path}, {files} weight file{'s' if files != 1 else ''}")
         _print_inspect_totals(report.files)
         print(
             f"output:   {out.size(report.output_bytes)} projected as {report.to} "
             f"(weights {out.size(report.output_bytes - report.other_bytes)}, "
             f"other files {out.size(report.other_bytes)})"
         )
+        if report.max_shard_size is not None:
+            _print_shard_plan(report)
     else:
         _print_tensor_table(report)
         print()
@@ -802,6 +825,40 @@ def _print_checkpoint(report: stcast.InspectReport) -> None:
         names = ", ".join(out.printable(g, keep="") for g in report.unlisted)
         print(f"          not on the allow-list (inert, never called): {names}")
     print('metadata: none in a pickle; the output gets {"format": "pt"}')
+
+
+def _print_shard_plan(report: stcast.InspectReport) -> None:
+    """The output shards (file, size, tensors, the input files each reads) and indexes."""
+    assert report.max_shard_size is not None
+    n = len(report.shards)
+    print(
+        f"shards:   {n} file{'s' if n != 1 else ''} of at most "
+        f"{out.size(report.max_shard_size)} ({report.max_shard_size} bytes)"
+    )
+    head = ["  FILE", "SIZE", "TENSORS", "FROM"]
+    rows = []
+    for s in report.shards:
+        inputs = s["inputs"] or ["-"]  # an empty checkpoint's one file reads none
+        source = out.printable(inputs[0], keep="")
+        if len(inputs) > 1:
+            source += f" .. {out.printable(inputs[-1], keep='')} ({len(inputs)} files)"
+        rows.append(
+            [
+                "  " + out.printable(s["path"], keep=""),
+                out.size(s["bytes"]),
+                str(s["tensors"]),
+                source,
+            ]
+        )
+    widths = [max(map(len, column)) for column in zip(head, *rows)]
+    just = [str.ljust, str.rjust, str.rjust, str.ljust]
+    for row in [head, *rows]:
+        print("  ".join(j(c, w) for j, c, w in zip(just, row, widths)).rstrip())
+    for i in report.indexes:
+        print(
+            f"index:    {out.printable(i['path'], keep='')}: {i['shards']} shards, total_size "
+            f"{i['total_size']}"
+        )
 
 
 # What the inspect table says of each reason (see stcast.TensorInfo.reason).
@@ -1027,6 +1084,14 @@ def _shard(text: str) -> tuple[int, int]:
     if not slash or not 1 <= shard[0] <= shard[1] or shard[1] >= 2**32:
         raise argparse.ArgumentTypeError(f"expected I/N with 1 <= I <= N, e.g. 2/8: {text!r}")
     return shard
+
+
+def _max_shard_size(text: str) -> int:
+    try:
+        size: int = _core.parse_size(text)
+    except stcast.StcastError as e:
+        raise argparse.ArgumentTypeError(e.render("cli")) from None
+    return size
 
 
 def _size_gib(text: str) -> float:

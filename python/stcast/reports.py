@@ -23,12 +23,14 @@ if TYPE_CHECKING:
         Destination,
         FileAction,
         FileKind,
+        IndexInfo,
         InputFormat,
         KeptTensor,
         Numerics,
         NumericsTotal,
         OnOverflow,
         Reason,
+        ShardInfo,
         Target,
     )
 
@@ -154,6 +156,7 @@ class ConvertReport:
     files: list[FileReport] = field(default_factory=list)
     shard: list[int] | None = None
     complete: bool = True
+    max_shard_size: int | None = None  # re-sharded: each output file at most this size
 
     def __repr__(self) -> str:
         what = f"{len(self.files)} files, " if self.folder else ""
@@ -169,6 +172,8 @@ class ConvertReport:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["files"] = [f.to_dict() for f in self.files]
         d["numerics"] = _plain_numerics(self.numerics)
+        if self.max_shard_size is None:
+            del d["max_shard_size"]
         return d
 
 
@@ -245,6 +250,11 @@ class InspectReport:
     skipped: list[str] = field(default_factory=list)  # its entries that are not tensors
     globals: list[str] = field(default_factory=list)  # every global the pickle names
     unlisted: list[str] = field(default_factory=list)  # those outside the allow-list
+    # With max_shard_size: the output shards planned (each `path`, `bytes`, `tensors`,
+    # `inputs`, ...: see `ShardInfo`) and the indexes written (`IndexInfo`).
+    max_shard_size: int | None = None
+    shards: list[ShardInfo] = field(default_factory=list)
+    indexes: list[IndexInfo] = field(default_factory=list)
 
     def __repr__(self) -> str:
         what = f"{len(self.files)} files, " if self.folder else ""
@@ -265,6 +275,8 @@ class InspectReport:
             if self.format == "safetensors":
                 del d["key"], d["skipped"], d["globals"], d["unlisted"]
             d["tensors"] = [t.to_dict() for t in self.tensors]
+        if self.max_shard_size is None:
+            del d["max_shard_size"], d["shards"], d["indexes"]
         return d
 
 

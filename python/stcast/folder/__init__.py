@@ -25,10 +25,12 @@ from ..reports import ConvertReport, FileReport, InspectReport, Notice, merged_n
 from . import ident as _ident
 from . import jsonedit
 from . import manifest as _manifest
+from . import reshard as _reshard
 from . import walk as _walk
 from . import write as _write
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Callable
 
     from .._engine import CancelFlag, Progress
@@ -52,11 +54,11 @@ class Prepared:
     precision: dict[str, Any]
     options: dict[str, Any]
     shard: tuple[int, int] | None
-    weights: list[_walk.File]  # this run's (all, or the shard's)
+    weights: list[Any]  # this run's units (all, or the shard's): files, or output shards
     mine: list[str]  # the files this run will write
     survey: _Survey
-    todo: list[_walk.File]
-    skipped: list[_walk.File]
+    todo: list[Any]
+    skipped: list[Any]
     copies: list[_walk.File]
     need: int  # bytes the run will write
     warnings: list[Notice]
@@ -79,33 +81,45 @@ def prepare(
     follow_links: bool = False,
     cancel: CancelFlag | None = None,
     stacklevel: int = 3,
+    max_shard_size: int | None = None,
+    keep_names: dict[str, list[str]] | None = None,
+    key: str | None = None,
+    strip_prefix: Sequence[str] = (),
 ) -> Prepared:
     """Make every check a folder run makes before writing anything, in order: folder
     identities, the source (`walk.plan`), the shard range, the keep patterns, what the
     destination holds (`_survey`), that something changes, free space. `inspect SRC DST`
-    runs exactly this; `convert` runs it, then writes."""
+    runs exactly this; `convert` runs it, then writes.
+
+    With `max_shard_size`, the output is re-sharded (see `reshard`) and `src` may also be
+    a single file."""
     # The default DST is named after what was given: beside a cache repo root, never
     # inside the cache's snapshots/.
-    dst = default_dst(src, to) if dst is None else dst
+    if dst is None:
+        resharding_a_file = max_shard_size is not None and not os.path.isdir(src)
+        dst = _reshard.default_dst(src, to) if resharding_a_file else default_dst(src, to)
     src = _ident.resolve_hub_repo(src)
     if shard is not None:
         shard = _check_shard(shard)
-    src_id, _ = _ident.check_folders(src, dst)
     precision = _precision_options(keep, keep_min_size, from_bf16, on_overflow)
-    plan = _walk.plan(
-        src,
-        to,
-        check_quantized=not allow_quantized,
-        precision=precision,
-        follow_links=follow_links,
-        cancel=cancel,
+    source = _reshard.source_options(key, strip_prefix)
+    src_id, plan = _source_plan(
+        src, dst, to, precision, max_shard_size, not allow_quantized, follow_links, cancel
     )
-    if shard is not None and shard[1] > len(plan.weights):
-        n = len(plan.weights)
+    if max_shard_size is not None:
+        plan.reshard = _reshard.plan(
+            plan, max_shard_size, to, precision, keep_names, cancel, source=source
+        )
+        plan.keep_unmatched = plan.reshard.keep_unmatched
+        _reshard.check_not_the_input(src_id, dst, plan.reshard)
+    units = plan.units()
+    if shard is not None and shard[1] > len(units):
+        n = len(units)
+        what = "output shards" if plan.reshard is not None else "weight files"
         raise _core.option_error(
             "shard",
             f"{shard[0]}/{shard[1]}",
-            f"I/N with N at most {n}, the number of weight files",
+            f"I/N with N at most {n}, the number of {what}",
         )
     # A keep pattern is judged over the whole folder: one warning (or, strict, one error
     # before anything is written) for a pattern that matches no tensor of any file.
@@ -124,7 +138,12 @@ def prepare(
         _engine.issue(kind, template, None, stacklevel=stacklevel + 1)
     # PyTorch weight files change format: worth writing even with every dtype kept.
     changes_format = any(i.format != "safetensors" for i in plan.info.values())
-    if (
+    if plan.reshard is not None:
+        # A re-sharding changes the files whatever the dtypes: never "nothing to do".
+        warnings += plan.reshard.warnings
+        for notice in plan.reshard.warnings:
+            _engine.issue(notice.kind, notice.template, notice.path, stacklevel=stacklevel + 1)
+    elif (
         not any(i.tensors_converted for i in plan.info.values())
         and on_overflow != "keep"
         and not changes_format
@@ -145,8 +164,10 @@ def prepare(
 
     # Options that change the output; the defaults are left out, so that manifests of
     # plain runs stay as they were.
-    options: dict[str, Any] = {"to": to, **precision}
-    weights = plan.weights
+    options: dict[str, Any] = {"to": to, **precision, **source}
+    if plan.reshard is not None:
+        options["max_shard_size"] = plan.reshard.max_size
+    weights = units
     if shard is not None:
         owner = assign_shards(weights, shard[1])
         weights = [w for w in weights if owner[w.rel] == shard[0]]
@@ -162,7 +183,7 @@ def prepare(
             not force
             and w.rel in survey.ours
             and (
-                _manifest.find_entry(survey.entries.get(w.rel, []), w, options, out)
+                _find_entry(plan, survey.entries.get(w.rel, []), w, options, out)
                 or w.rel in survey.adopted
             )
         ):
@@ -220,8 +241,15 @@ def convert_folder(
         record.first_replace = "any"
     files: list[FileReport] = []
     for w in p.skipped:
-        st = os.lstat(os.path.join(dst, w.rel))
+        out = os.path.join(dst, w.rel)
+        st = os.lstat(out)
         record.record(w.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
+        if isinstance(w, _reshard.Unit):
+            shards = None if shard is None else shard[1]
+            entry = _reshard.entry(w, p.options, shards, plan.header_sha256, out)
+            record.files[w.rel].update(entry)
+            files.append(FileReport(w.rel, "weights", "skipped", w.data_bytes, st.st_size))
+            continue
         record.files[w.rel].update(record.weights_entry(w, plan.header_sha256[w.rel]))
         files.append(FileReport(w.rel, "weights", "skipped", w.size, st.st_size, source=w.src_rel))
     # Before any output: the other runs sharing this folder know it is ours.
@@ -237,7 +265,7 @@ def convert_folder(
     _write.failpoint("folder-manifest", cancel)
 
     meter = _write.Meter(
-        sum(plan.info[w.rel].data_bytes for w in p.todo) + sum(c.size for c in p.copies),
+        sum(_data_bytes(plan, w) for w in p.todo) + sum(c.size for c in p.copies),
         progress,
         file_progress,
     )
@@ -246,8 +274,12 @@ def convert_folder(
     )
     if shard is None:
         _write.unpublish(run, plan)
-    converted = _write.convert_files(run, plan, p.todo)
-    files += [_write.file_report(w, r) for w, r in zip(p.todo, converted)]
+    if plan.reshard is not None:
+        converted = _reshard.convert_units(run, plan.reshard, plan.header_sha256, p.todo)
+        files += [_reshard.file_report(u, r) for u, r in zip(p.todo, converted)]
+    else:
+        converted = _write.convert_files(run, plan, p.todo)
+        files += [_write.file_report(w, r) for w, r in zip(p.todo, converted)]
     if shard is None:
         files += _write.publish(run, plan)
         _write.final_recheck(run, plan)
@@ -264,7 +296,56 @@ def convert_folder(
     report = _folder_report(
         src, dst, p.to, files, converted, started, shard, shard is None, on_overflow
     )
+    if plan.reshard is not None:
+        from dataclasses import replace
+
+        report = replace(report, max_shard_size=plan.reshard.max_size)
     return _with_warnings(report, p.warnings)
+
+
+def _source_plan(
+    src: str,
+    dst: str,
+    to: Target,
+    precision: dict[str, Any],
+    max_shard_size: int | None,
+    check_quantized: bool,
+    follow_links: bool,
+    cancel: CancelFlag | None,
+) -> tuple[tuple[int, int], _walk.Plan]:
+    """The source's identity and plan, its checks made: a folder, or with `max_shard_size`
+    also a single file (re-sharded into the folder `dst`)."""
+    if max_shard_size is not None and not os.path.isdir(src):
+        return _reshard.file_source(src, dst), _reshard.file_plan(src, to, precision)
+    src_id, _ = _ident.check_folders(src, dst)
+    plan = _walk.plan(
+        src,
+        to,
+        check_quantized=check_quantized,
+        precision=precision,
+        follow_links=follow_links,
+        cancel=cancel,
+    )
+    return src_id, plan
+
+
+def _find_entry(
+    plan: _walk.Plan, entries: list[dict[str, Any]], w: Any, options: dict[str, Any], out: str
+) -> dict[str, Any] | None:
+    """The manifest entry that shows the unit `w` done (see `manifest.find_entry`)."""
+    if isinstance(w, _reshard.Unit):
+        return _reshard.find_entry(entries, w, options, out)
+    return _manifest.find_entry(entries, w, options, out)
+
+
+def _data_bytes(plan: _walk.Plan, w: Any) -> int:
+    """Tensor bytes the unit `w` reads."""
+    return w.data_bytes if isinstance(w, _reshard.Unit) else plan.info[w.rel].data_bytes
+
+
+def _output_bytes(plan: _walk.Plan, w: Any) -> int:
+    """Bytes of the unit `w`'s output."""
+    return w.size if isinstance(w, _reshard.Unit) else plan.info[w.rel].output_bytes
 
 
 class _Survey:
@@ -420,6 +501,8 @@ def _adoptable(dst: str, rel: str, kind: str, plan: _walk.Plan, options: dict[st
         return False
     if not os.path.isfile(path) or os.path.islink(path):
         return False
+    if plan.reshard is not None and kind in ("weights", "index"):
+        return _reshard.adoptable(dst, rel, kind, plan.reshard, options)
     if kind == "weights":
         info = plan.info[rel]
         source = next(w for w in plan.weights if w.rel == rel)
@@ -459,14 +542,17 @@ def _same_bytes(a: str, b: str) -> bool:
 
 
 def _check_space(
-    dst: str, plan: _walk.Plan, todo: list[_walk.File], copies: list[_walk.File], whole: bool
+    dst: str, plan: _walk.Plan, todo: list[Any], copies: list[_walk.File], whole: bool
 ) -> int:
     """Refuse before any work when the destination's file system cannot hold the output."""
-    need = sum(plan.info[w.rel].output_bytes for w in todo) + sum(c.size for c in copies)
+    need = sum(_output_bytes(plan, w) for w in todo) + sum(c.size for c in copies)
     if whole:
         need += sum(f.size for f in plan.late_copies)
         need += sum(f.size if c is None else len(c) for f, c in plan.configs)
-        need += sum(f.size + 64 for f, _, _ in plan.indexes)
+        if plan.reshard is not None:
+            need += sum(len(content) for _, content, _ in plan.reshard.indexes())
+        else:
+            need += sum(f.size + 64 for f, _, _ in plan.indexes)
     folder = _ident.nearest_existing(dst)
     if not os.path.isdir(folder):
         folder = os.path.dirname(folder)
@@ -492,7 +578,10 @@ def finalize(
     """Complete `dst` once every shard ran: see `stcast.finalize`."""
     started = time.monotonic()
     src, dst = os.fsdecode(src), os.fsdecode(dst)
-    src_id, _ = _ident.check_folders(src, dst)
+    if os.path.isdir(src) or not os.path.exists(src):
+        src_id, _ = _ident.check_folders(src, dst)
+    else:
+        src_id = _reshard.file_source(src, dst)  # a file re-sharded with shard runs
     if not os.path.isdir(dst):
         raise Refused(
             f"{_esc(dst)}: no such folder; convert the shards into it first (with {{shard}})",
@@ -529,21 +618,31 @@ def finalize(
             )
     options = _manifest.agreed_options(dst, manifests)
     to = _engine.target_name(options["to"])
-    # Quantized checkpoints were refused (or allowed) by the shard runs that converted them.
-    plan = _walk.plan(src, to, check_quantized=False, cancel=cancel)
+    max_size = options.get("max_shard_size")
+    if max_size is None:
+        # Quantized checkpoints were refused (or allowed) by the shard runs that converted
+        # them.
+        plan = _walk.plan(src, to, check_quantized=False, cancel=cancel)
+    else:
+        # The shards' cut depends on every option that changes a tensor's size.
+        precision = {k: v for k, v in options.items() if k not in ("to", "max_shard_size")}
+        _, plan = _source_plan(src, dst, to, precision, max_size, False, False, cancel)
+        plan.reshard = _reshard.plan(plan, max_size, to, precision, None, cancel)
+    units = plan.units()
     # With one shard count in the manifests, a missing file can be traced to its shard.
     counts = {m.shard[1] for m in manifests if m.shard is not None}
     for m in manifests:
         # A run splits at most into as many shards as there are files (see _check_shard).
-        if m.shard is not None and m.shard[1] > len(plan.weights):
+        if m.shard is not None and m.shard[1] > len(units):
             path = os.path.join(dst, m.name)
+            what = "output shards" if plan.reshard is not None else "weight files"
             raise Refused(
                 f"{_esc(path)}: says {m.shard[1]} shards, but {_esc(src)} has "
-                f"{len(plan.weights)} weight files; convert the shards again",
+                f"{len(units)} {what}; convert the shards again",
                 path=path,
             )
     n = counts.pop() if len(counts) == 1 else None
-    owner = assign_shards(plan.weights, n) if isinstance(n, int) and n > 0 else {}
+    owner = assign_shards(units, n) if isinstance(n, int) and n > 0 else {}
     outputs = plan.outputs()
     survey = _survey(dst, src_id, options, outputs, plan, None, force=False, resume=True)
     record = _manifest.new(src, src_id, dst, options, None, None, sorted(outputs))
@@ -554,16 +653,24 @@ def finalize(
     if own:
         record.published = own[0].published
     files = []
-    for w in plan.weights:
+    for w in units:
         out = os.path.join(dst, w.rel)
         entries = [m.files[w.rel] for m in manifests if w.rel in m.files]
-        entry = _manifest.find_entry(entries, w, options, out)
+        entry = _find_entry(plan, entries, w, options, out)
         if entry is None:
             hint = f"; convert it again with {{shard={owner[w.rel]}/{n}}}" if owner else ""
-            raise Refused(f"{_esc(w.path)}: not converted, or changed since{hint}", path=w.path)
+            # A file is named by its source; an output shard by itself.
+            path = out if isinstance(w, _reshard.Unit) else w.path
+            what = "not written" if isinstance(w, _reshard.Unit) else "not converted"
+            raise Refused(f"{_esc(path)}: {what}, or changed since{hint}", path=path)
         st = os.lstat(out)
         record.record(w.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
-        files.append(FileReport(w.rel, "weights", "checked", w.size, st.st_size, source=w.src_rel))
+        if isinstance(w, _reshard.Unit):
+            files.append(FileReport(w.rel, "weights", "checked", w.data_bytes, st.st_size))
+        else:
+            files.append(
+                FileReport(w.rel, "weights", "checked", w.size, st.st_size, source=w.src_rel)
+            )
     record.save(cancel)
     meter = _write.Meter(sum(c.size for c in plan.copies), progress, file_progress)
     run = _write.Run(dst, to, None, meter, cancel, {}, record, False, dict(survey.ours))
@@ -571,7 +678,12 @@ def finalize(
     files += _write.publish(run, plan)
     _write.final_recheck(run, plan)
     _write.remove_own(run, [record, *manifests])
-    return _folder_report(src, dst, to, files, [], started, None, True)
+    report = _folder_report(src, dst, to, files, [], started, None, True)
+    if plan.reshard is not None:
+        from dataclasses import replace
+
+        report = replace(report, max_shard_size=plan.reshard.max_size)
+    return report
 
 
 def inspect_folder(
@@ -593,14 +705,20 @@ def inspect_folder(
     allow_quantized: bool = False,
     follow_links: bool = False,
     strict: bool = False,
+    max_shard_size: int | None = None,
+    key: str | None = None,
+    strip_prefix: Sequence[str] = (),
 ) -> InspectReport:
     """A dry run of a folder conversion with the same options: see `stcast.inspect`.
 
     With `dst`, every check the conversion would make runs first (`prepare`), and fails as
-    the conversion would; without it, the folder is only described.
+    the conversion would; without it, the folder is only described. With
+    `max_shard_size`, `src` may be a file, and the report gives the shard plan.
     """
     src = _ident.resolve_hub_repo(src)
     said: list[Notice] = []
+    reshard: _reshard.Reshard | None = None
+    source = _reshard.source_options(key, strip_prefix)
     if dst is not None:
         # inspect returns its warnings (`.warnings`), it does not issue them.
         with _warnings.catch_warnings(record=True) as caught:
@@ -620,6 +738,9 @@ def inspect_folder(
                 on_overflow=on_overflow,
                 follow_links=follow_links,
                 stacklevel=4,
+                max_shard_size=max_shard_size,
+                key=key,
+                strip_prefix=strip_prefix,
             )
         for record in caught:
             m = record.message
@@ -630,7 +751,11 @@ def inspect_folder(
         weights = prepared.plan.weights
         others = [*prepared.plan.copies, *prepared.plan.late_copies]
         others += [f for f, _ in prepared.plan.configs]
-        others += [f for f, _, _ in prepared.plan.indexes]
+        reshard = prepared.plan.reshard
+        if reshard is None:
+            others += [f for f, _, _ in prepared.plan.indexes]
+    elif max_shard_size is not None and not os.path.isdir(src):
+        weights, others = _reshard.file_plan(src, to, {}).weights, []
     else:
         walked = _walk.walk(src, follow_links)
         weights = walked.weights
@@ -652,7 +777,7 @@ def inspect_folder(
         # One progress bar over every file's scan: each file's total is known from its header.
         for w in weights:
             sizes[w.rel] = _engine.inspect_file(
-                w.path, to=to, keep_min_size=0, on_overflow="warn"
+                w.path, to=to, keep_min_size=0, on_overflow="warn", **source
             ).data_bytes
     total = sum(sizes.values())
     files = []
@@ -677,6 +802,7 @@ def inspect_folder(
                 threads=threads,
                 progress=step if progress is not None else None,
                 tuning=tuning,
+                **source,
             )
         )
         done += sizes.get(w.rel, 0)
@@ -685,6 +811,35 @@ def inspect_folder(
     warnings += said + [w for f in files for w in f.warnings]
     other = sum(f.size for f in others)
     output = sum(f.output_bytes for f in files) + other
+    shards: list[Any] = []
+    new_indexes: list[Any] = []
+    if max_shard_size is not None:
+        if reshard is None:
+            # Without DST nothing is checked: the plan of what is there, as convert cuts it.
+            precision = _precision_options(keep, keep_min_size, from_bf16, on_overflow)
+            if os.path.isdir(src):
+                source_plan = _walk.plan(
+                    src, to, check_quantized=False, precision=precision, follow_links=follow_links
+                )
+            else:
+                source_plan = _reshard.file_plan(src, to, precision)
+            found = {
+                w.rel: [t.name for t in f.tensors if t.reason == "keep_overflow"]
+                for w, f in zip(weights, files)
+            }
+            reshard = _reshard.plan(
+                source_plan, max_shard_size, to, precision, found, source=source
+            )
+            warnings += [n for n in reshard.warnings if n not in warnings]
+        else:
+            source_plan = prepared.plan
+        # What a re-sharding run writes besides the shards, to the byte.
+        other = sum(f.size for f in [*source_plan.copies, *source_plan.late_copies])
+        other += sum(f.size if c is None else len(c) for f, c in source_plan.configs)
+        other += sum(len(content) for _, content, _ in reshard.indexes())
+        shards = _reshard.shard_infos(reshard)
+        new_indexes = _reshard.index_infos(reshard)
+        output = sum(u.size for u in reshard.units()) + other
     return InspectReport(
         path=src,
         to=to,
@@ -705,6 +860,9 @@ def inspect_folder(
         folder=True,
         files=files,
         other_bytes=other,
+        max_shard_size=max_shard_size,
+        shards=shards,
+        indexes=new_indexes,
     )
 
 

@@ -298,6 +298,15 @@ def agreed_options(dst: str, manifests: list[Manifest]) -> dict[str, Any]:
             path=dst,
         )
     _engine.target_name(options["to"])
+    size = options.get("max_shard_size")
+    if "max_shard_size" in options and (
+        not isinstance(size, int) or isinstance(size, bool) or not 0 < size < 2**64
+    ):
+        raise Refused(
+            f"{_esc(dst)}: the manifests give max_shard_size {_esc(repr(size))}, not a size; "
+            "convert the shards again",
+            path=dst,
+        )
     return dict(options)
 
 

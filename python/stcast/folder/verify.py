@@ -6,12 +6,16 @@ for bit, under the same precision options as `convert`); copies must hold the so
 bytes; configs the source's text with only the dtype values changed; indexes the source's
 weight map, with `total_size` that of the shards in the destination. The first difference
 is reported, naming the file.
+
+A checkpoint that DST holds sharded differently (`max_shard_size`) is paired by tensor name
+instead, through the indexes: see `reshard.verify_group`. SRC may then be a single file.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -19,9 +23,11 @@ from .. import _core, _engine
 from ..errors import Refused, StcastError
 from ..reports import Mismatch, Notice, VerifyReport, merged_numerics
 from . import ident, jsonedit
+from . import reshard as _reshard
 from . import walk as _walk
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Callable
 
     from .._engine import Progress
@@ -45,7 +51,12 @@ def verify_folder(
     report: str | None,
     force: bool,
     tuning: dict[str, Any] | None,
+    key: str | None = None,
+    strip_prefix: Sequence[str] = (),
 ) -> VerifyReport:
+    """Verify the folder `dst` against the folder `src` (or the file `src` re-sharded into
+    it: then `key` and `strip_prefix` say how a PyTorch checkpoint was read); see
+    `stcast.verify`."""
     started = time.monotonic()
     src = ident.resolve_hub_repo(src)
     if not os.path.lexists(dst):
@@ -55,15 +66,46 @@ def verify_folder(
     src_id = ident.ident(os.stat(src))
     if src_id == ident.ident(os.stat(dst)):
         raise Refused(f"{_esc(dst)}: SRC and DST are the same folder", path=dst)
+    single = not os.path.isdir(src)  # a file re-sharded into the folder DST
+    source: dict[str, Any] = {}
+    if single:
+        if not stat.S_ISREG(os.stat(src).st_mode):
+            raise Refused(f"{_esc(src)}: not a regular file", path=src)
+        source = _reshard.source_options(key, strip_prefix)
     replace = None
     if report is not None:
         ident.check_side_file(report, "report", [(src, "source"), (dst, "destination")])
         replace = _core.check_side_output(
             report, "report", force, [(src, "the input"), (dst, "the output")]
         )
-    weights, indexes, configs, others, _, _ = _walk.walk(src)
-    expected = {f.rel: f for f in [*weights, *indexes, *configs, *others]}
+    if single:
+        weights = [_reshard.single_file(src)]
+        indexes: list[_walk.File] = []
+        configs: list[_walk.File] = []
+        others: list[_walk.File] = []
+    else:
+        weights, indexes, configs, others, _, _ = _walk.walk(src)
     found = set(_walk.listing(dst))
+    dst_weights = any(r.endswith(_walk.WEIGHTS_SUFFIX) for r in found)
+    # Checkpoints DST holds sharded differently are paired by tensor name, not by path.
+    names = {w.rel for w in weights}
+    parsed = [(f, *_walk.read_index(f, names)) for f in indexes]
+    pairs: list[tuple[_reshard.Group, _reshard.Group]] = []
+    first_error = None
+    try:
+        pairs = _reshard.resharded_pairs(dst, weights, parsed, found)
+    except StcastError as e:  # an index of DST that names no file of DST
+        rel = os.path.relpath(e.path, dst) if e.path else "."
+        first_error = (rel, e.template)
+    moved = {w.rel for g, _ in pairs for w in g.inputs}
+    moved |= {g.index.rel for g, _ in pairs if g.index is not None}
+    theirs = {w.rel for _, d in pairs for w in d.inputs}
+    theirs |= {d.index.rel for _, d in pairs if d.index is not None}
+    from_pytorch = any(w.src_rel is not None for w in weights)
+    weights = [w for w in weights if w.rel not in moved]
+    indexes = [f for f in indexes if f.rel not in moved]
+    found -= theirs
+    expected = {f.rel: f for f in [*weights, *indexes, *configs, *others]}
     options: dict[str, Any] = {
         "loose": loose,
         "keep": keep,
@@ -80,6 +122,7 @@ def verify_folder(
         for w in weights
         if w.rel in found
     )
+    total += sum(_data_bytes(f.path) for g, d in pairs for f in [*g.inputs, *d.inputs])
     done = 0
     first: VerifyReport | None = None
     mismatch: Mismatch | None = None
@@ -98,7 +141,15 @@ def verify_folder(
 
     missing = sorted(set(expected) - found)
     extra = sorted(found - set(expected))
-    if missing:
+    if first_error is not None:
+        mismatch = fail(*first_error)
+    elif single and not dst_weights:
+        mismatch = fail(
+            ".",
+            "a folder without .safetensors files, while SRC is a file (a file's DST folder is "
+            "the one it was re-sharded into)",
+        )
+    elif missing:
         mismatch = fail(missing[0], "is in SRC but not in DST")
     elif extra and not loose:
         mismatch = fail(extra[0], "is in DST but not in SRC ({loose} ignores extra files)")
@@ -114,6 +165,7 @@ def verify_folder(
             to=to,
             progress=step if progress is not None else None,
             **options,
+            **source,
         )
         done += r.bytes_compared
         reports.append(r)
@@ -133,15 +185,54 @@ def verify_folder(
                 w.rel,
             )
             break
-    if to is None and any(w.src_rel is not None for w in weights):
-        # PyTorch weights converted with no tensor changing dtype: `keep`.
-        if not any(r.tensors_converted for r in reports):
-            to = "keep"
+    rels = [w.rel for w in weights][: len(reports)]
+    for g, d in pairs if mismatch is None else []:
+
+        def group_step(d_: int, t: int, base: int = done) -> None:
+            if progress is not None:
+                progress(base + d_, total)
+
+        check = _reshard.verify_group(
+            dst,
+            g,
+            d,
+            loose=loose,
+            options={k: v for k, v in options.items() if k != "loose"} | {"to": to},
+            progress=group_step if progress is not None else None,
+            source=source,
+        )
+        for rel, r in check.reports:
+            report_ = _engine_report(r)
+            done += report_.bytes_compared
+            reports.append(report_)
+            rels.append(rel)
+            first = first or report_
+            if to is None and report_.to is not None:
+                to = report_.to
+        if check.failure is not None:
+            rel, template, tensor = check.failure
+            last = check.reports[-1][1]["mismatch"] if check.reports else None
+            found_m = _engine_report(check.reports[-1][1]).mismatch if check.reports else None
+            if last is not None and found_m is not None and check.reports[-1][0] == rel:
+                mismatch = Mismatch(
+                    Notice("mismatch", found_m.message.template, rel),
+                    found_m.tensor,
+                    found_m.index,
+                    found_m.source_bits,
+                    found_m.source_value,
+                    found_m.expected_bits,
+                    found_m.found_bits,
+                    rel,
+                )
+            else:
+                mismatch = fail(rel, template, tensor)
+            break
+    if to is None and from_pytorch and not any(r.tensors_converted for r in reports):
+        to = "keep"  # PyTorch weights converted with no tensor changing dtype
     if mismatch is None:
         mismatch = _check_others(src, dst, to or "bf16", indexes, configs, others, fail, loose)
     ok = mismatch is None
-    parts = [(w.rel, r.numerics) for w, r in zip(weights, reports)]
-    numerics = merged_numerics(parts) if ok else None
+    numerics = merged_numerics([(rel, r.numerics) for rel, r in zip(rels, reports)]) if ok else None
     if ok and report is not None and numerics is not None:
         _core.write_numeric_report(report, src, dst, to, numerics, replace=replace)
     threads_used = first.threads if first is not None else 0
@@ -160,8 +251,19 @@ def verify_folder(
         to=to,
         numerics=numerics,
         folder=True,
-        files=len(expected),
+        files=len(expected) + len(theirs),
     )
+
+
+def _engine_report(r: dict[str, Any]) -> VerifyReport:
+    """A verify report from the engine's dict (as `_engine.verify_file` builds it)."""
+    from ..reports import _build
+
+    m = r["mismatch"]
+    if m is None:
+        return _build(VerifyReport, r, mismatch=None)
+    message = Notice("mismatch", m["message"])
+    return _build(VerifyReport, r, mismatch=_build(Mismatch, m, message=message))
 
 
 def _data_bytes(path: str) -> int:
@@ -200,7 +302,7 @@ def _check_others(
         got = _walk.read_bounded(os.path.join(dst, f.rel), _walk.MAX_JSON_BYTES)
         if not _same_json(got, want_bytes, loose):
             return fail(f.rel, "is not SRC's config with the dtype set to the target")
-    found = {w.rel for w in _walk.walk(src)[0]}
+    found = {w.rel for w in _walk.walk(src)[0]} if indexes else set()
     for f in indexes:
         text, weight_map = _walk.read_index(f, found)
         from .write import check_index

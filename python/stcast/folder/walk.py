@@ -16,9 +16,12 @@ from ..errors import Cancelled, InvalidInput, Refused
 from . import jsonedit
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from .._engine import CancelFlag
     from .._types import Target
     from ..reports import InspectReport
+    from .reshard import Reshard, Unit
 
 # stcast's own files (manifests, temporary files) are never taken from a source folder.
 BOOKKEEPING_PREFIX = ".stcast-"
@@ -108,14 +111,29 @@ class Plan:
     header_sha256: dict[str, str]  # weights rel -> the hash of its header
     keep_unmatched: list[str] = field(default_factory=list)  # in no file
     skipped: list[tuple[File, str]] = field(default_factory=list)  # left out, and why
+    # With `max_shard_size`: the output shards and indexes that replace the weights' and
+    # indexes' outputs (see `reshard`).
+    reshard: Reshard | None = None
 
     def outputs(self) -> dict[str, str]:
         """Every file a whole run writes (relative path -> kind)."""
-        out = {w.rel: "weights" for w in self.weights}
+        out = {u.rel: "weights" for u in self.units()}
         out.update({f.rel: "copy" for f in [*self.copies, *self.late_copies]})
         out.update({f.rel: "config" for f, _ in self.configs})
-        out.update({f.rel: "index" for f, _, _ in self.indexes})
+        out.update({rel: "index" for rel in self.index_rels()})
         return out
+
+    def units(self) -> list[File | Unit]:
+        """The units of work, each one output: the weight files, or the output shards."""
+        if self.reshard is not None:
+            return list(self.reshard.units())
+        return list(self.weights)
+
+    def index_rels(self) -> list[str]:
+        """The indexes a whole run writes."""
+        if self.reshard is not None:
+            return [rel for rel, _, _ in self.reshard.indexes()]
+        return [f.rel for f, _, _ in self.indexes]
 
 
 def plan(
@@ -339,6 +357,14 @@ def _torch_name(name: str) -> str | None:
     if m is not None:
         return f"{_SAFETENSORS_STEM[m.group(1)]}{INDEX_SUFFIX}"
     return None
+
+
+def safetensors_name(name: str) -> str:
+    """The safetensors name of a weight file: a Hugging Face PyTorch name renamed as in a
+    folder, any other its stem with `.safetensors`."""
+    if name.endswith(WEIGHTS_SUFFIX):
+        return name
+    return _torch_name(name) or os.path.splitext(name)[0] + WEIGHTS_SUFFIX
 
 
 def _family(rel: str) -> tuple[str, str]:
@@ -595,8 +621,9 @@ def _quantized_error(path: str, why: str) -> Refused:
     )
 
 
-def assign_shards(weights: list[File], n: int) -> dict[str, int]:
-    """Split the weight files into `n` shards of similar size: rel path -> shard (1-based).
+def assign_shards(weights: Sequence[File | Unit], n: int) -> dict[str, int]:
+    """Split the units (weight files, or output shards) into `n` shards of similar size:
+    rel path -> shard (1-based).
 
     Largest files first, each to the lightest shard so far (ties: the lowest number). It
     depends only on the names and sizes, so every machine computes the same split.

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from typing import Callable
 
     from .._engine import CancelFlag, Progress
-    from .._types import Target
+    from .._types import FileAction, Target
     from ..reports import ConvertReport
     from .manifest import Manifest
 
@@ -175,10 +175,22 @@ def publish(run: Run, plan: Plan) -> list[FileReport]:
     # Before a loader's cues appear: every file written is still the one written, and the
     # indexes agree with the shards (from the shards as written: what a loader will find).
     recheck(run)
-    indexes = [
-        (f, jsonedit.set_total_size(text, check_index(dst, f.rel, weight_map)))
-        for f, text, weight_map in plan.indexes
-    ]
+    # Each index: its path, content, source size (None: new) and source path (if renamed).
+    indexes: list[tuple[str, bytes, int | None, str | None]]
+    if plan.reshard is not None:
+        from .reshard import checked_indexes
+
+        indexes = [(rel, text, None, None) for rel, text in checked_indexes(dst, plan.reshard)]
+    else:
+        indexes = [
+            (
+                f.rel,
+                jsonedit.set_total_size(text, check_index(dst, f.rel, weight_map)),
+                f.size,
+                f.src_rel,
+            )
+            for f, text, weight_map in plan.indexes
+        ]
     for f in plan.late_copies:
         _copy(run, f, "copy", None)
         reports.append(FileReport(f.rel, "copy", "copied", f.size, f.size))
@@ -190,12 +202,11 @@ def publish(run: Run, plan: Plan) -> list[FileReport]:
         else:
             _write(run, f.rel, "config", content)
             reports.append(FileReport(f.rel, "config", "rewritten", f.size, len(content)))
-    for f, content in indexes:
+    for rel, content, size, source in indexes:
         check_cancel(cancel)
-        _write(run, f.rel, "index", content)
-        reports.append(
-            FileReport(f.rel, "index", "rewritten", f.size, len(content), source=f.src_rel)
-        )
+        _write(run, rel, "index", content)
+        action: FileAction = "rewritten" if size is not None else "written"
+        reports.append(FileReport(rel, "index", action, size or 0, len(content), source=source))
     return reports
 
 
@@ -206,10 +217,11 @@ def final_recheck(run: Run, plan: Plan) -> None:
     try:
         recheck(run)
     except Refused:
-        cues = [*(i[0] for i in plan.indexes), *(c[0] for c in plan.configs), *plan.late_copies]
-        for f in cues:
-            entry = run.record.files.get(f.rel)
-            path = os.path.join(run.dst, f.rel)
+        cues = [*plan.index_rels(), *(c[0].rel for c in plan.configs)]
+        cues += [f.rel for f in plan.late_copies]
+        for rel in cues:
+            entry = run.record.files.get(rel)
+            path = os.path.join(run.dst, rel)
             try:
                 st = os.lstat(path)
             except FileNotFoundError:
@@ -252,9 +264,10 @@ def check_index(dst: str, rel: str, weight_map: dict[str, str]) -> int:
     total = 0
     shards: dict[str, set[str]] = {}
     for shard in sorted(set(weight_map.values())):
-        report = _engine.inspect_file(os.path.join(dst, shard), keep_min_size=0)
-        shards[shard] = {t.name for t in report.tensors}
-        total += sum(t.bytes for t in report.tensors)
+        # Only the header is read (and validated), without a report per tensor.
+        written = _core.ShardGroup([os.path.join(dst, shard)])
+        shards[shard] = set(written.names())
+        total += sum(written.sizes())
     for tensor, shard in weight_map.items():
         if tensor not in shards[shard]:
             raise InvalidInput(
@@ -298,19 +311,20 @@ def recheck(run: Run) -> None:
 def unpublish(run: Run, plan: Plan) -> None:
     """Remove the old indexes and configs before anything in the destination changes, so
     that a folder holding them is complete. Only files stcast may replace are removed."""
-    for f in [*(i[0] for i in plan.indexes), *(c[0] for c in plan.configs), *plan.late_copies]:
-        path = os.path.join(run.dst, f.rel)
+    cues = [*plan.index_rels(), *(c[0].rel for c in plan.configs)]
+    for rel in cues + [f.rel for f in plan.late_copies]:
+        path = os.path.join(run.dst, rel)
         try:
             st = os.lstat(path)
         except FileNotFoundError:
             continue
-        replace = run.replace_for(f.rel)
+        replace = run.replace_for(rel)
         if replace is None or stat.S_ISDIR(st.st_mode):
             continue  # the survey refused what may not be replaced; a folder stays
         if replace != "any" and (st.st_dev, st.st_ino) != replace:
             continue
         os.unlink(path)
-        run.ours.pop(f.rel, None)
+        run.ours.pop(rel, None)
 
 
 def out_path(dst: str, rel: str) -> str:

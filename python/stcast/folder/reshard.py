@@ -1,0 +1,736 @@
+"""Re-sharding (`max_shard_size`): a checkpoint's tensors written as output shards of at most
+a given size on disk, with new indexes, in the same streaming pass as the conversion.
+
+A group is the set of weight files one index names; every other weight file is a group of
+its own. The engine plans each group from the headers alone (`_core.ShardGroup.plan`):
+tensors in input order, assigned greedily, each shard an ordinary stcast output. Output
+names follow the group's stem (`model` -> `model-00001-of-00003.safetensors` and
+`model.safetensors.index.json`, or `model.safetensors` when one shard holds everything).
+The old shards and the old index are never written.
+
+Each output shard is a unit of work as a weight file is in a plain folder run: `resume`
+skips it once its manifest entry shows it done (the inputs it reads unchanged, the planned
+header), `shard=(i, n)` runs split the output shards, and `finalize` writes the indexes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .. import _core, _engine
+from ..errors import Cancelled, InvalidInput, Refused
+from ..reports import ConvertReport, FileReport, Notice, _build, notices
+from . import manifest as _manifest
+from . import walk as _walk
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Callable
+
+    from .._engine import CancelFlag
+    from .._types import Target
+    from .write import Run
+
+_esc = _core.escape
+_WEIGHTS = _walk.WEIGHTS_SUFFIX
+_INDEX = _walk.INDEX_SUFFIX
+
+
+@dataclass(frozen=True)
+class Group:
+    """Input files that make one output: an index's shards, or a lone weight file."""
+
+    dir: str  # the relative folder ("" at the top)
+    stem: str  # of the index, or of the file
+    inputs: list[_walk.File]  # input order
+    index: _walk.File | None  # the index that names them
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One output shard: the unit of work of a re-sharding run (as a file is otherwise)."""
+
+    rel: str  # the output's relative path
+    group: int  # in `Reshard.groups`
+    number: int  # 0-based, in its group
+    names: list[str]  # its tensors, input order
+    size: int  # the output file's bytes (also what `--shard` balances)
+    data_bytes: int  # tensor bytes read from the input
+    target_bytes: int  # tensor bytes written
+    header_sha256: str  # of the planned output header
+    inputs: list[_walk.File]  # the input files it reads
+    tensors_converted: int
+    tensors_kept: int
+
+
+@dataclass
+class GroupPlan:
+    group: Group
+    core: Any  # _core.ShardGroup
+    indexed: bool
+    units: list[Unit]
+    index: tuple[str, bytes, dict[str, str]] | None  # rel, content, weight_map (rel paths)
+
+
+@dataclass
+class Reshard:
+    """A re-sharding plan: every group's output shards and indexes."""
+
+    max_size: int
+    groups: list[GroupPlan]
+    keep_names: dict[str, list[str]]  # input rel -> tensors kept to avoid overflow
+    warnings: list[Notice] = field(default_factory=list)
+    keep_unmatched: list[str] = field(default_factory=list)  # keep patterns matching nothing
+
+    def units(self) -> list[Unit]:
+        return [u for g in self.groups for u in g.units]
+
+    def unit(self, rel: str) -> Unit:
+        return next(u for u in self.units() if u.rel == rel)
+
+    def indexes(self) -> list[tuple[str, bytes, dict[str, str]]]:
+        return [g.index for g in self.groups if g.index is not None]
+
+
+def groups_of(
+    weights: list[_walk.File], indexes: list[tuple[_walk.File, str, dict[str, str]]]
+) -> list[Group]:
+    """The groups of a folder's weight files and (parsed) indexes: one per index, and one
+    per weight file no index names; sorted by path. A file two indexes name is refused."""
+    by_rel = {w.rel: w for w in weights}
+    owner: dict[str, str] = {}
+    groups = []
+    for f, _, weight_map in indexes:
+        rels = sorted(set(weight_map.values()))
+        for rel in rels:
+            if rel in owner:
+                raise Refused(
+                    f"{_esc(f.path)}: names {_esc(rel)}, which {_esc(owner[rel])} names too; "
+                    "stcast cannot tell which checkpoint it belongs to",
+                    path=f.path,
+                )
+            owner[rel] = f.rel
+        if rels:
+            name = os.path.basename(f.rel)
+            stem = name[: -len(_INDEX)]
+            groups.append(Group(os.path.dirname(f.rel), stem, [by_rel[r] for r in rels], f))
+    for w in weights:
+        if w.rel not in owner:
+            stem = os.path.basename(w.rel)[: -len(_WEIGHTS)]
+            groups.append(Group(os.path.dirname(w.rel), stem, [w], None))
+    return sorted(groups, key=lambda g: g.inputs[0].rel)
+
+
+def plan(
+    walked: _walk.Plan,
+    max_size: int,
+    to: Target,
+    precision: dict[str, Any],
+    keep_names: dict[str, list[str]] | None = None,
+    cancel: CancelFlag | None = None,
+    *,
+    source: dict[str, Any] | None = None,
+) -> Reshard:
+    """Plan every group of `walked` into output shards of at most `max_size` bytes.
+
+    With `on_overflow="keep"` the tensors that would overflow are found first (a read of
+    the float tensors, as `convert` makes), unless `keep_names` gives them: which tensors
+    keep their dtype decides the sizes, so it must be known before the shards are cut.
+    `source` (`key`, `strip_prefix`) says how a single PyTorch checkpoint is read.
+    """
+    source = source or {}
+    if keep_names is None:
+        keep_names = {}
+        if precision.get("on_overflow") == "keep":
+            keep_names = _overflowing(walked.weights, to, precision, cancel, source)
+    groups = groups_of(walked.weights, walked.indexes)
+    reshard = Reshard(max_size, [], keep_names, [], list(precision.get("keep", [])))
+    taken: dict[str, str] = {}  # output rel -> what writes it
+    for f, _ in walked.configs:
+        taken[f.rel] = "a config"
+    for f in [*walked.copies, *walked.late_copies]:
+        taken[f.rel] = "a copied file"
+    for k, g in enumerate(groups):
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("conversion cancelled")
+        core = _core.ShardGroup([w.path for w in g.inputs], **source)
+        names = [n for w in g.inputs for n in keep_names.get(w.rel, [])]
+        planned = core.plan(
+            max_size,
+            to=to,
+            keep=precision.get("keep", []),
+            keep_min_size=precision.get("keep_min_size", 0),
+            from_bf16=precision.get("from_bf16", False),
+            keep_names=names,
+        )
+        first = g.inputs[0].source_rel
+        reshard.warnings += [Notice(kind, text, first) for kind, text in planned["warnings"]]
+        unmatched = planned["keep_unmatched"]
+        reshard.keep_unmatched = [p for p in reshard.keep_unmatched if p in unmatched]
+        shards = planned["shards"]
+        units = []
+        for i, s in enumerate(shards):
+            name = _core.shard_file_name(g.stem, i + 1, len(shards))
+            units.append(
+                Unit(
+                    rel=_join(g.dir, name),
+                    group=k,
+                    number=i,
+                    names=s["tensors"],
+                    size=s["file_bytes"],
+                    data_bytes=s["data_bytes"],
+                    target_bytes=s["target_bytes"],
+                    header_sha256=s["header_sha256"],
+                    inputs=[g.inputs[j] for j in s["inputs"]],
+                    tensors_converted=s["tensors_converted"],
+                    tensors_kept=s["tensors_kept"],
+                )
+            )
+        index = _index(g, units) if planned["indexed"] else None
+        outputs = [u.rel for u in units] + ([index[0]] if index is not None else [])
+        what = f"the output of {g.index.source_rel if g.index is not None else first}"
+        for rel in outputs:
+            if rel in taken:
+                raise Refused(
+                    f"{_esc(rel)}: both {_esc(taken[rel])} and {_esc(what)} would be written "
+                    "there; re-sharding names outputs after their input's stem, and these "
+                    "two share one (convert them into separate folders)",
+                    path=rel,
+                )
+            taken[rel] = what
+        reshard.groups.append(GroupPlan(g, core, planned["indexed"], units, index))
+    return reshard
+
+
+def _join(folder: str, name: str) -> str:
+    return f"{folder}/{name}" if folder else name
+
+
+def _index(g: Group, units: list[Unit]) -> tuple[str, bytes, dict[str, str]]:
+    """A group's index: its path, its bytes and its weight map (relative paths)."""
+    names: dict[str, str] = {}
+    weight_map: dict[str, str] = {}
+    for u in units:
+        base = os.path.basename(u.rel)
+        names.update(dict.fromkeys(u.names, base))
+        weight_map.update(dict.fromkeys(u.names, u.rel))
+    text = index_text(g.index, names, sum(u.target_bytes for u in units))
+    return _join(g.dir, _core.index_file_name(g.stem)), text, weight_map
+
+
+def index_text(source: _walk.File | None, weight_map: dict[str, str], total: int) -> bytes:
+    """An index as `save_pretrained` writes one (indent 2, sorted keys, a final newline):
+    `metadata.total_size` the bytes of every tensor, `weight_map` each tensor's shard (its
+    file name). What else the source index held (`metadata.total_parameters`, ...) stays."""
+    doc: dict[str, Any] = {}
+    if source is not None:
+        _, parsed = _walk.read_json(source)
+        if isinstance(parsed, dict):
+            doc = dict(parsed)
+    metadata = doc.get("metadata")
+    doc["metadata"] = {**(metadata if isinstance(metadata, dict) else {}), "total_size": total}
+    # json.dumps(doc, indent=2, sort_keys=True) byte for byte, but with indent the json
+    # module encodes in Python: seconds for 300,000 names. The weight map (one level down,
+    # flat strings) is written here, each string by the C encoder, and spliced in.
+    mark = "\0weight_map\0"
+    doc["weight_map"] = mark
+    text = json.dumps(doc, indent=2, sort_keys=True)
+    if weight_map:
+        from json.encoder import encode_basestring_ascii as quote  # what dumps calls
+
+        items = ",\n".join(f"    {quote(k)}: {quote(v)}" for k, v in sorted(weight_map.items()))
+        body = "{\n" + items + "\n  }"
+    else:
+        body = "{}"
+    text = text.replace(json.dumps(mark), body, 1)
+    return (text + "\n").encode("utf-8")
+
+
+def _overflowing(
+    weights: list[_walk.File],
+    to: Target,
+    precision: dict[str, Any],
+    cancel: CancelFlag | None,
+    source: dict[str, Any],
+) -> dict[str, list[str]]:
+    """Per input file, the tensors `on_overflow="keep"` keeps (a read of each float tensor)."""
+    found = {}
+    for w in weights:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("conversion cancelled")
+        report = _engine.inspect_file(
+            w.path,
+            to=to,
+            keep=precision.get("keep", []),
+            keep_min_size=precision.get("keep_min_size", 0),
+            from_bf16=precision.get("from_bf16", False),
+            keep_unmatched="ignore",
+            on_overflow="keep",
+            **source,
+        )
+        found[w.rel] = [t.name for t in report.tensors if t.reason == "keep_overflow"]
+    return found
+
+
+# --- a single file as the source ------------------------------------------------------------
+
+
+def file_source(src: str, dst: str) -> tuple[int, int]:
+    """Checks for a single file re-sharded into the folder `dst`; its identity."""
+    try:
+        st = os.stat(src)
+    except FileNotFoundError:
+        raise Refused(f"{_esc(src)}: no such file", path=src) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise Refused(f"{_esc(src)}: not a regular file", path=src)
+    if os.path.lexists(dst) and not os.path.isdir(dst):
+        raise Refused(
+            f"{_esc(dst)}: exists and is not a folder (re-sharding writes a folder)", path=dst
+        )
+    return (st.st_dev, st.st_ino)
+
+
+def check_not_the_input(src_id: tuple[int, int], dst: str, reshard: Reshard) -> None:
+    """Refuse, before anything is written, a planned output that is the input file itself
+    (a file re-sharded into its own folder, where one shard takes its name)."""
+    for rel in [u.rel for u in reshard.units()] + [r for r, _, _ in reshard.indexes()]:
+        path = os.path.join(dst, rel)
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == src_id:
+            raise Refused(
+                f"{_esc(path)}: this output would be the input file itself; re-shard into "
+                "another folder",
+                path=path,
+            )
+
+
+def source_options(key: str | None, strip_prefix: Sequence[str]) -> dict[str, Any]:
+    """How a single PyTorch checkpoint re-sharded is read (`key`, `strip_prefix`), without
+    the defaults: keywords for the engine, and options of the manifest."""
+    options: dict[str, Any] = {}
+    if key is not None:
+        options["key"] = key
+    if strip_prefix:
+        options["strip_prefix"] = list(strip_prefix)
+    return options
+
+
+def single_file(src: str) -> _walk.File:
+    """The file `src` as the only weight file of a folder: its name kept, but a PyTorch
+    checkpoint's made a safetensors name."""
+    st = os.stat(src)
+    name = os.path.basename(src)
+    rel = _walk.safetensors_name(name)
+    return _walk.File(rel, src, st.st_size, st.st_mtime_ns, None if rel == name else name)
+
+
+def file_plan(src: str, to: Target, precision: dict[str, Any]) -> _walk.Plan:
+    """The plan of a folder holding only the file `src`: its name kept, but a PyTorch
+    checkpoint's made a safetensors name (`pytorch_model.bin` -> `model.safetensors`, as in
+    a folder; `ema.pt` -> `ema.safetensors`)."""
+    from .manifest import source_sha256
+
+    w = single_file(src)
+    # No per-file plan (`info`): the re-sharding plan decides everything, and says which
+    # keep patterns match nothing.
+    return _walk.Plan(
+        weights=[w],
+        indexes=[],
+        configs=[],
+        copies=[],
+        late_copies=[],
+        dirs=[],
+        info={},
+        out_data={},
+        header_sha256={w.rel: source_sha256(w.path)},
+    )
+
+
+def default_dst(src: str, to: Target) -> str:
+    """The folder a re-sharded file goes to when none is given: `<stem>-bf16` beside it."""
+    return f"{os.path.splitext(src)[0]}-{to}"
+
+
+# --- the runs: entries, resume, conversion, indexes -----------------------------------------
+
+
+def entry(
+    unit: Unit,
+    options: dict[str, Any],
+    shards: int | None,
+    hashes: dict[str, str],
+    out: str,
+) -> dict[str, Any]:
+    """What `resume` and `finalize` need to trust an output shard without reading it: the
+    inputs it reads as they were, the options, and its header."""
+    return {
+        "inputs": [[w.rel, w.size, w.mtime_ns, hashes[w.rel]] for w in unit.inputs],
+        "options": options,
+        "version": _core.__version__,
+        "shards": shards,
+        "output_header_sha256": _manifest.header_sha256(out),
+    }
+
+
+def find_entry(
+    entries: list[dict[str, Any]],
+    unit: Unit,
+    options: dict[str, Any],
+    out: str,
+) -> dict[str, Any] | None:
+    """The manifest entry that shows `out` is `unit` written with `options`, if one does:
+    its inputs unchanged, its header the planned one, the file the one recorded."""
+    if not entries:
+        return None
+    try:
+        st = os.lstat(out)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    inputs = [[w.rel, w.size, w.mtime_ns, _manifest.source_sha256(w.path)] for w in unit.inputs]
+    output_hash = None
+    for e in entries:
+        if (
+            e.get("version") != _core.__version__
+            or e.get("options") != options
+            or e.get("inputs") != inputs
+            or (e.get("dev"), e.get("ino"), e.get("size")) != (st.st_dev, st.st_ino, st.st_size)
+            or e.get("output_header_sha256") != unit.header_sha256
+        ):
+            continue
+        if output_hash is None:
+            output_hash = _manifest.header_sha256(out)
+        if output_hash == unit.header_sha256:
+            return e
+    return None
+
+
+def adoptable(dst: str, rel: str, kind: str, reshard: Reshard, options: dict[str, Any]) -> bool:
+    """Under resume, without a manifest: is the regular file at `rel` exactly what this plan
+    writes? A shard: its planned size and header, then every value verified against the
+    inputs. An index: the planned bytes."""
+    path = os.path.join(dst, rel)
+    if kind == "index":
+        want = next(c for r, c, _ in reshard.indexes() if r == rel)
+        return _walk.read_bounded(path, _walk.MAX_JSON_BYTES) == want
+    unit = reshard.unit(rel)
+    st = os.lstat(path)
+    if st.st_size != unit.size or _manifest.header_sha256(path) != unit.header_sha256:
+        return False
+    g = reshard.groups[unit.group]
+    precision = {k: v for k, v in options.items() if k not in ("to", "max_shard_size")}
+    report = _core.verify_shard(
+        g.core, path, g.indexed, to=options["to"], numerics=False, **precision
+    )
+    return report["mismatch"] is None
+
+
+def convert_units(
+    run: Run, reshard: Reshard, hashes: dict[str, str], todo: list[Unit]
+) -> list[ConvertReport]:
+    """Write the output shards one after another (all cores on each), recording each."""
+    from .write import check_cancel, failpoint, out_path
+
+    reports = []
+    precision = run.precision
+    keep_names = reshard.keep_names
+    # Kept-for-overflow tensors are planned already: the shards need no scan of their own.
+    on_overflow = precision.get("on_overflow", "warn")
+    on_overflow = "warn" if on_overflow == "keep" else on_overflow
+    for u in todo:
+        check_cancel(run.cancel)
+        g = reshard.groups[u.group]
+        out = out_path(run.dst, u.rel)
+        replace_ = run.replace_for(u.rel)
+
+        def step(done: int, total: int, rel: str = u.rel) -> None:
+            run.meter.step(rel, done, total)
+
+        def warn(kind: str, template: str, rel: str = u.rel) -> None:
+            # A shard of integer or BF16 tensors only is no surprise here.
+            if kind != "nothing_to_convert":
+                _engine.issue(kind, template, rel, stacklevel=6)
+
+        run.meter.step(u.rel, 0, u.data_bytes)
+        with _engine.gc_paused():
+            result = _core.convert_shard(
+                g.core,
+                u.names,
+                g.indexed,
+                out,
+                to=run.to,
+                keep=precision.get("keep", []),
+                keep_min_size=precision.get("keep_min_size", 0),
+                from_bf16=precision.get("from_bf16", False),
+                keep_names=[n for w in g.group.inputs for n in keep_names.get(w.rel, [])],
+                on_overflow=on_overflow,
+                threads=run.threads,
+                force=replace_ is not None,
+                replaces=replace_ if isinstance(replace_, tuple) else None,
+                progress=step if run.meter.is_on() else None,
+                cancel=run.cancel,
+                warn=warn,
+                tuning=run.tuning,
+            )
+        warnings = [w for w in result["warnings"] if w[0] != "nothing_to_convert"]
+        r = _build(ConvertReport, result, warnings=notices(warnings, u.rel), bytes_in=u.data_bytes)
+        run.meter.finish(u.rel, u.data_bytes)
+        st = os.lstat(out)
+        run.published(u.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
+        shards = None if run.record.shard is None else run.record.shard[1]
+        run.record.files[u.rel].update(entry(u, run.record.options, shards, hashes, out))
+        run.record.save(run.cancel)
+        failpoint("folder-file", run.cancel)
+        reports.append(r)
+    return reports
+
+
+def checked_indexes(dst: str, reshard: Reshard) -> list[tuple[str, bytes]]:
+    """The indexes to write, each checked against the shards as written (every tensor where
+    it says, every shard tensor listed, the planned total size)."""
+    from .write import check_index
+
+    out = []
+    for rel, content, weight_map in reshard.indexes():
+        total = check_index(dst, rel, weight_map)
+        planned = json.loads(content)["metadata"]["total_size"]
+        if total != planned:
+            path = os.path.join(dst, rel)
+            raise InvalidInput(
+                f"{_esc(path)}: the shards written hold {total} tensor bytes, the plan "
+                f"{planned} (was the source changed during the run?)",
+                path=path,
+            )
+        out.append((rel, content))
+    return out
+
+
+def file_report(u: Unit, r: ConvertReport) -> FileReport:
+    """An output shard's line in a folder report."""
+    return FileReport(
+        u.rel,
+        "weights",
+        "converted",
+        u.data_bytes,
+        r.bytes_out,
+        r.tensors_converted,
+        r.tensors_copied,
+        r.seconds,
+        list(r.warnings),
+        r.tensors_kept,
+        r.bytes_kept,
+    )
+
+
+def shard_infos(reshard: Reshard) -> list[dict[str, Any]]:
+    """The shard plan as plain data (`inspect`): each output shard, and each index."""
+    out = []
+    for g in reshard.groups:
+        index = None if g.index is None else g.index[0]
+        for u in g.units:
+            out.append(
+                {
+                    "path": u.rel,
+                    "bytes": u.size,
+                    "tensors": len(u.names),
+                    "tensors_converted": u.tensors_converted,
+                    "tensors_kept": u.tensors_kept,
+                    "data_bytes": u.data_bytes,
+                    "target_bytes": u.target_bytes,
+                    "inputs": [w.src_rel or w.rel for w in u.inputs],
+                    "index": index,
+                }
+            )
+    return out
+
+
+def index_infos(reshard: Reshard) -> list[dict[str, Any]]:
+    """Each index the plan writes: its path, total size and shard count."""
+    return [
+        {
+            "path": g.index[0],
+            "bytes": len(g.index[1]),
+            "total_size": sum(u.target_bytes for u in g.units),
+            "shards": len(g.units),
+        }
+        for g in reshard.groups
+        if g.index is not None
+    ]
+
+
+# --- verify across shardings ----------------------------------------------------------------
+
+
+def _stat_file(root: str, rel: str) -> _walk.File:
+    path = os.path.join(root, rel)
+    st = os.stat(path)
+    return _walk.File(rel, path, st.st_size, st.st_mtime_ns)
+
+
+def resharded_pairs(
+    dst: str,
+    weights: list[_walk.File],
+    indexes: list[tuple[_walk.File, str, dict[str, str]]],
+    found: set[str],
+) -> list[tuple[Group, Group]]:
+    """The groups of SRC that DST holds sharded differently, each with DST's group of the
+    same folder and stem. A group whose files, and index weight map, are the same in both
+    is verified file by file instead (as is one DST lacks: its files are missing)."""
+    dst_weights = [_stat_file(dst, r) for r in sorted(found) if r.endswith(_WEIGHTS)]
+    names = {w.rel for w in dst_weights}
+    dst_indexes = []
+    for rel in sorted(r for r in found if r.endswith(_INDEX)):
+        f = _stat_file(dst, rel)
+        dst_indexes.append((f, *_walk.read_index(f, names)))
+    theirs = {(g.dir, g.stem): g for g in groups_of(dst_weights, dst_indexes)}
+    src_maps = {f.rel: m for f, _, m in indexes}
+    dst_maps = {f.rel: m for f, _, m in dst_indexes}
+    pairs = []
+    for g in groups_of(weights, indexes):
+        d = theirs.get((g.dir, g.stem))
+        if d is None:
+            continue
+        same_files = [w.rel for w in g.inputs] == [w.rel for w in d.inputs]
+        same_index = (g.index is None and d.index is None) or (
+            g.index is not None
+            and d.index is not None
+            and g.index.rel == d.index.rel
+            and src_maps[g.index.rel] == dst_maps[d.index.rel]
+        )
+        if not (same_files and same_index):
+            pairs.append((g, d))
+    return pairs
+
+
+@dataclass
+class GroupCheck:
+    """The outcome of verifying one re-sharded group."""
+
+    reports: list[tuple[str, Any]]  # (DST rel, engine verify report), in DST order
+    failure: tuple[str, str, str | None] | None  # (rel, template, tensor) of the first
+
+
+def verify_group(
+    dst: str,
+    s: Group,
+    d: Group,
+    *,
+    loose: bool,
+    options: dict[str, Any],
+    progress: Callable[[int, int], object] | None,
+    source: dict[str, Any] | None = None,
+) -> GroupCheck:
+    """Verify DST's group `d` as the re-sharding of SRC's group `s`: every tensor of `s` in
+    exactly one file of `d`, each file exactly what `convert` writes for the tensors it
+    holds (strict; `loose`: any layout, as `verify` of a file), the index listing them.
+
+    Strict mode also wants stcast's names and cut: `<stem>-0000i-of-0000N.safetensors` (or
+    one `<stem>.safetensors`), the tensors in SRC's order across the shards."""
+    core = _core.ShardGroup([w.path for w in s.inputs], **(source or {}))
+    src_names = core.names()
+    check = GroupCheck([], None)
+
+    def fail(rel: str, template: str, tensor: str | None = None) -> GroupCheck:
+        check.failure = (rel, template, tensor)
+        return check
+
+    held: list[list[str]] = []
+    where: dict[str, str] = {}
+    for f in d.inputs:
+        names = _core.ShardGroup([f.path]).names()
+        for n in names:
+            if n in where:
+                return fail(f.rel, f"tensor `{_esc(n)}` is also in {_esc(where[n])}", n)
+            where[n] = f.rel
+        held.append(names)
+    group = s.index.rel if s.index is not None else s.inputs[0].rel
+    for n in src_names:
+        if n not in where:
+            return fail(
+                d.inputs[0].rel, f"tensor `{_esc(n)}` of SRC ({_esc(group)}) is in no DST file", n
+            )
+    n_files = len(d.inputs)
+    if not loose:
+        for i, f in enumerate(d.inputs):
+            want = _core.shard_file_name(s.stem, i + 1, n_files)
+            if os.path.basename(f.rel) != want:
+                return fail(
+                    f.rel,
+                    f"stcast names the shard {i + 1} of {n_files} `{_esc(want)}` ({{loose}} "
+                    "accepts any names)",
+                )
+        if (d.index is None) != (n_files == 1):
+            what = "an index beside one file" if n_files == 1 else f"{n_files} files, no index"
+            rel = d.index.rel if d.index is not None else d.inputs[0].rel
+            return fail(rel, f"{what}: stcast writes an index exactly when there are shards")
+        position = {n: i for i, n in enumerate(src_names)}
+        order = [p for names in held for p in sorted(position[n] for n in names if n in position)]
+        if order != sorted(order):
+            at = next(i for i in range(len(order)) if order[i] != sorted(order)[i])
+            return fail(
+                d.inputs[0].rel,
+                f"the shards do not hold SRC's tensors in input order (at tensor "
+                f"`{_esc(src_names[order[at]])}`); stcast cuts them in order ({{loose}} "
+                "accepts any cut)",
+                src_names[order[at]],
+            )
+    done = 0
+    for f in d.inputs:
+
+        def step(done_now: int, total: int, base: int = done) -> None:
+            if progress is not None:
+                progress(base + done_now, total)
+
+        with _engine.gc_paused():
+            r = _core.verify_shard(
+                core,
+                f.path,
+                n_files > 1,
+                loose=loose,
+                progress=step if progress is not None else None,
+                **options,
+            )
+        check.reports.append((f.rel, r))
+        done += r["bytes_compared"]
+        m = r["mismatch"]
+        if m is not None:
+            return fail(f.rel, m["message"], m["tensor"])
+    if d.index is not None:
+        from ..errors import StcastError
+        from .write import check_index
+
+        weight_map = {n: rel for n, rel in where.items()}
+        try:
+            total = check_index(dst, d.index.rel, weight_map)
+        except StcastError as e:
+            return fail(d.index.rel, e.template)
+        got = _walk.read_bounded(d.index.path, _walk.MAX_JSON_BYTES)
+        if loose:
+            _, doc = _walk.read_json(d.index)
+            meta = doc.get("metadata") if isinstance(doc, dict) else None
+            if not isinstance(meta, dict) or meta.get("total_size") != total:
+                return fail(
+                    d.index.rel,
+                    f"its metadata.total_size is not {total}, the bytes "
+                    "of the tensors of its shards",
+                )
+        else:
+            by_file = {n: os.path.basename(rel) for n, rel in where.items()}
+            if got != index_text(s.index, by_file, total):
+                return fail(
+                    d.index.rel,
+                    "is not the index stcast writes for these shards ({loose} only checks "
+                    "that it lists them)",
+                )
+    return check
+
+
+__all__ = ["Group", "Reshard", "Unit", "groups_of", "plan", "resharded_pairs", "verify_group"]

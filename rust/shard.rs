@@ -1,0 +1,681 @@
+//! Re-sharding: the tensors of a group of input files (the shards one index names, or a
+//! single file) written as output shards of at most a given size on disk.
+//!
+//! The whole output plan comes from the headers alone. Tensors are taken in input order
+//! (file by file, each in data order) and assigned greedily: a shard is closed when the
+//! next tensor would make its file, header included, larger than the limit; a tensor
+//! larger than the limit gets a shard of its own. Each shard is then an ordinary output of
+//! `plan::plan`, read from a composite `Source` of the files it spans, so the conversion,
+//! its memory bound and its atomic publication are those of one file.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use safetensors::tensor::Dtype;
+
+use crate::convert::Options;
+use crate::task::ConvertTask;
+use crate::verify::{Verifier, VerifyOptions};
+
+use crate::dtype::width_rank;
+use crate::error::{Error, Result, Warning};
+use crate::header::{SourceHeader, SourceTensor, PREFIX};
+use crate::input::{InputOptions, TORCH_METADATA};
+use crate::plan::{self, encode_entry, encode_metadata, Plan, PlanOptions};
+use crate::source::{InputFile, Source};
+use crate::text::esc_path;
+use crate::torch::Format;
+use crate::vocab::{Unmatched, WarningKind};
+
+/// What a size option says, in bytes: a number (maybe with a decimal point) and an optional
+/// unit, case-insensitive: B; KB, MB, GB, TB (powers of 1000); KiB, MiB, GiB, TiB (powers
+/// of 1024). A lowercase `b` means bytes, never bits. Fractions of a byte round down; None
+/// for anything else, zero, or more than 64 bits hold.
+pub fn parse_size(text: &str) -> Option<u64> {
+    let s = text.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let multiplier: u128 = match unit.trim_start().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        "tib" => 1 << 40,
+        _ => return None,
+    };
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    let digits = format!("{whole}{fraction}");
+    // 20 digits keep every product below u128::MAX; more is no size anyone means.
+    if digits.is_empty() || digits.len() > 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let mantissa: u128 = digits.parse().ok()?;
+    let bytes = mantissa * multiplier / 10u128.pow(fraction.len() as u32);
+    u64::try_from(bytes).ok().filter(|&b| b > 0)
+}
+
+/// The file name of output shard `i` (1-based) of `n` of a group with stem `stem`, as
+/// transformers writes them: `model-00001-of-00003.safetensors`, or `model.safetensors`
+/// when there is one.
+pub fn shard_file_name(stem: &str, i: usize, n: usize) -> String {
+    if n == 1 {
+        return format!("{stem}.safetensors");
+    }
+    let w = n.to_string().len().max(5);
+    format!("{stem}-{i:0w$}-of-{n:0w$}.safetensors")
+}
+
+/// The index file of a group with stem `stem`: `model.safetensors.index.json`.
+pub fn index_file_name(stem: &str) -> String {
+    format!("{stem}.safetensors.index.json")
+}
+
+/// A tensor of a group: its input file and its position in that file's header.
+pub type At = (usize, usize);
+
+/// The input files of one group, opened and validated, and what every output shard
+/// carries.
+pub struct Group {
+    /// Its files in input order, each held open: a later pass reads the very files that
+    /// were validated, and sees any change since (`InputFile::duplicate`).
+    inputs: Vec<InputFile>,
+    headers: Vec<SourceHeader>,
+    by_name: HashMap<String, At>,
+    /// Warnings about the group itself (metadata that differs between its files).
+    pub warnings: Vec<Warning>,
+}
+
+/// One output shard: which tensors, and what its file will be.
+#[derive(Clone, Debug)]
+pub struct ShardSpec {
+    /// Its tensors in input order.
+    pub tensors: Vec<At>,
+    /// The output file's size, header included.
+    pub file_len: u64,
+    /// Bytes of its tensors in the input, and in the output (what an index's `total_size`
+    /// adds up).
+    pub data_in: u64,
+    pub data_out: u64,
+    /// The SHA-256 of the output header (what `resume` compares).
+    pub header_sha256: String,
+    pub converted: usize,
+    pub kept: usize,
+}
+
+/// A group's output shards.
+#[derive(Clone, Debug)]
+pub struct ShardPlan {
+    pub shards: Vec<ShardSpec>,
+    /// More than one shard: the group gets an index, and its shards `"format"` metadata.
+    pub indexed: bool,
+    /// Warnings of the plan: the group's, and `"format": "pt"` added.
+    pub warnings: Vec<Warning>,
+    /// The `keep` patterns that match no tensor of the group, in the order given.
+    pub keep_unmatched: Vec<String>,
+}
+
+/// One tensor as the size arithmetic sees it.
+struct Item {
+    /// `width_rank` of its output dtype: the output groups by it, widest first.
+    rank: usize,
+    /// Bytes of its header entry without the digits of its two offsets.
+    fixed: u64,
+    /// Bytes in the output.
+    out_len: u64,
+}
+
+impl Group {
+    /// Open and validate the files `paths` (in input order: safetensors files or PyTorch
+    /// checkpoints, read under `input`), without reading their data. A tensor name may
+    /// appear once in the whole group.
+    pub fn open(paths: &[PathBuf], input: &InputOptions) -> Result<Group> {
+        let mut inputs = Vec::with_capacity(paths.len());
+        let mut headers = Vec::with_capacity(paths.len());
+        let mut by_name = HashMap::new();
+        let mut warnings = Vec::new();
+        for (i, path) in paths.iter().enumerate() {
+            let source = Source::open_any(path, input)?;
+            warnings.extend(source.warnings());
+            let safetensors = source.format() == Format::Safetensors;
+            for (j, t) in source.header.tensors.iter().enumerate() {
+                if let Some((k, _)) = by_name.insert(t.name.clone(), (i, j)) {
+                    return Err(Error::invalid_header(
+                        path,
+                        format!(
+                            "tensor `{}` is also in {}, of the same checkpoint",
+                            t.name,
+                            paths[k].display()
+                        ),
+                    ));
+                }
+            }
+            let Source { files, header, .. } = source;
+            // Held open for the whole run: what reading the header mapped goes now. (A
+            // checkpoint's pickle is at its end, among its data.)
+            for f in files.iter().filter(|_| safetensors) {
+                f.release_head(header.data_start());
+            }
+            inputs.extend(files);
+            headers.push(header);
+        }
+        if let Some(k) = (1..headers.len()).find(|&k| headers[k].metadata != headers[0].metadata) {
+            warnings.push(Warning::new(
+                WarningKind::MetadataDiffers,
+                format!(
+                    "{} and {} have different __metadata__; every output shard carries the \
+                     first one's",
+                    esc_path(&paths[0]),
+                    esc_path(&paths[k])
+                ),
+            ));
+        }
+        Ok(Group {
+            inputs,
+            headers,
+            by_name,
+            warnings,
+        })
+    }
+
+    /// What the group is called in messages: its first file.
+    pub fn path(&self) -> &Path {
+        &self.inputs[0].path
+    }
+
+    /// Its files, in input order.
+    pub fn paths(&self) -> impl Iterator<Item = &Path> {
+        self.inputs.iter().map(|f| f.path.as_path())
+    }
+
+    /// Every tensor's name, in input order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.all().map(|t| self.tensor(t).name.as_str())
+    }
+
+    /// The tensor at `at`.
+    pub fn tensor(&self, (i, j): At) -> &SourceTensor {
+        &self.headers[i].tensors[j]
+    }
+
+    /// Every tensor, in input order.
+    fn all(&self) -> impl Iterator<Item = At> + '_ {
+        self.headers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, h)| (0..h.tensors.len()).map(move |j| (i, j)))
+    }
+
+    /// The `__metadata__` of every output shard: the first file's, with `"format": "pt"`
+    /// added when the shards get an index and it has none (transformers refuses shards
+    /// without it). Also says whether it was added.
+    pub fn metadata(&self, indexed: bool) -> (Option<Vec<(String, String)>>, bool) {
+        let meta = self.headers[0].metadata.clone();
+        let has_format = meta
+            .as_ref()
+            .is_some_and(|m| m.iter().any(|(k, _)| k == TORCH_METADATA.0));
+        if !indexed || has_format {
+            return (meta, false);
+        }
+        let mut meta = meta.unwrap_or_default();
+        meta.push((TORCH_METADATA.0.to_string(), TORCH_METADATA.1.to_string()));
+        (Some(meta), true)
+    }
+
+    /// The tensors named that the group holds, in input order.
+    pub fn select<'a>(&self, names: impl IntoIterator<Item = &'a str>) -> Vec<At> {
+        let mut out: Vec<At> = names
+            .into_iter()
+            .filter_map(|n| self.by_name.get(n).copied())
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// The conversion of the output shard holding the tensors `names` (a shard of `plan`)
+    /// into `dst`: the usual task, reading from the files they are in.
+    pub fn task(
+        &self,
+        names: &[String],
+        indexed: bool,
+        dst: &Path,
+        opts: &Options,
+    ) -> Result<ConvertTask> {
+        let at = self.select(names.iter().map(String::as_str));
+        if at.len() != names.len() {
+            let missing = names.iter().find(|n| !self.by_name.contains_key(*n));
+            return Err(Error::invalid_header(
+                self.path(),
+                format!(
+                    "no tensor `{}` in this checkpoint",
+                    missing.map_or("?", |n| n)
+                ),
+            ));
+        }
+        ConvertTask::from_source(self.source(&at, indexed)?, dst, opts, Instant::now())
+    }
+
+    /// The verification of the file `dst`, an output shard of this group: its tensors are
+    /// paired by name with the group's, and it must be what `task` writes for them (in
+    /// strict mode; see `Verifier`). A tensor the group lacks is a mismatch.
+    pub fn verifier(&self, dst: &Path, indexed: bool, opts: &VerifyOptions) -> Result<Verifier> {
+        let started = Instant::now();
+        let out = Source::open(dst)?;
+        let at = self.select(out.header.tensors.iter().map(|t| t.name.as_str()));
+        let src = self.source(&at, indexed)?;
+        Verifier::from_sources(src, out, opts, started)
+    }
+
+    /// The header of an output holding `tensors` (in input order), before planning; each
+    /// tensor's `input` is its place in the returned list of input files.
+    fn header(&self, tensors: &[At], indexed: bool) -> (SourceHeader, Vec<usize>) {
+        let mut used: Vec<usize> = tensors.iter().map(|t| t.0).collect();
+        used.dedup();
+        if used.is_empty() {
+            used.push(0); // an empty shard still names a file in messages
+        }
+        let mut header_len = 64;
+        let list = tensors
+            .iter()
+            .map(|&(i, j)| {
+                let t = &self.headers[i].tensors[j];
+                header_len += t.name.len() as u64 + 80;
+                SourceTensor {
+                    input: used.partition_point(|&u| u < i),
+                    ..t.clone()
+                }
+            })
+            .collect();
+        let header = SourceHeader {
+            header_len,
+            metadata: self.metadata(indexed).0,
+            tensors: list,
+        };
+        (header, used)
+    }
+
+    /// The plan of one output holding `tensors` (in input order).
+    pub fn plan_output(&self, tensors: &[At], indexed: bool, opts: &PlanOptions) -> Result<Plan> {
+        let (header, used) = self.header(tensors, indexed);
+        plan::plan(&self.inputs[used[0]].path, &header, &quiet(opts))
+    }
+
+    /// A source holding `tensors` (in input order) read from the files they are in, for a
+    /// conversion or a verification. Each file is the one opened by `open`; one that
+    /// changed since is refused.
+    pub fn source(&self, tensors: &[At], indexed: bool) -> Result<Source> {
+        let (header, used) = self.header(tensors, indexed);
+        let files = used
+            .iter()
+            .map(|&i| self.inputs[i].duplicate())
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Source::from_parts(&files[0].path.clone(), files, header))
+    }
+
+    /// Assign the tensors to output shards of at most `max_size` bytes on disk (a tensor
+    /// larger than that alone), greedily in input order, under `opts`.
+    pub fn plan(&self, max_size: u64, opts: &PlanOptions) -> Result<ShardPlan> {
+        let opts = quiet(opts);
+        let (items, keep_unmatched) = self.items(&opts)?;
+        let mut warnings = self.warnings.clone();
+        let meta_len = |indexed: bool| {
+            self.metadata(indexed).0.map(|m| {
+                let mut buf = Vec::new();
+                encode_metadata(&mut buf, &m);
+                buf.len() as u64
+            })
+        };
+        let single = file_len(&items, meta_len(false));
+        let mut groups: Vec<std::ops::Range<usize>> = Vec::new();
+        if single > max_size && items.len() > 1 {
+            let meta = meta_len(true);
+            let fits = |a: usize, b: usize| file_len(&items[a..b], meta) <= max_size;
+            let mut a = 0;
+            while a < items.len() {
+                groups.push(a..longest_run(a, items.len(), fits));
+                a = groups.last().map_or(a, |g| g.end);
+            }
+        }
+        if groups.len() <= 1 {
+            groups = std::iter::once(0..items.len()).collect();
+        }
+        let indexed = groups.len() > 1;
+        if indexed && self.metadata(true).1 {
+            warnings.push(Warning::new(
+                WarningKind::FormatAdded,
+                "__metadata__ has no \"format\": each shard gets \"format\": \"pt\", which \
+                 transformers requires of a sharded checkpoint"
+                    .to_string(),
+            ));
+        }
+        let all: Vec<At> = self.all().collect();
+        let shards = groups
+            .into_iter()
+            .map(|g| self.spec(&all[g], indexed, &opts))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ShardPlan {
+            shards,
+            indexed,
+            warnings,
+            keep_unmatched,
+        })
+    }
+
+    /// Each tensor's output dtype, size and header entry, from the plan of its own file
+    /// (what a tensor becomes depends on it alone); and the keep patterns no file matches.
+    fn items(&self, opts: &PlanOptions) -> Result<(Vec<Item>, Vec<String>)> {
+        let mut items = Vec::new();
+        let mut buf = Vec::new();
+        let mut unmatched = opts.keep.clone();
+        for (f, h) in self.inputs.iter().zip(&self.headers) {
+            let planned = plan::plan(&f.path, h, opts)?;
+            unmatched.retain(|p| planned.keep_unmatched.contains(p));
+            let mut out = vec![(Dtype::U8, 0u64); h.tensors.len()];
+            for t in &planned.tensors {
+                out[t.source] = (t.dtype, t.end - t.start);
+            }
+            for (t, (dtype, out_len)) in h.tensors.iter().zip(out) {
+                buf.clear();
+                encode_entry(&mut buf, &t.name, dtype, &t.shape, (0, 0));
+                items.push(Item {
+                    rank: width_rank(dtype),
+                    fixed: buf.len() as u64 - 2,
+                    out_len,
+                });
+            }
+        }
+        Ok((items, unmatched))
+    }
+
+    /// Every tensor's bytes, in input order.
+    pub fn sizes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.all().map(|t| self.tensor(t).len())
+    }
+
+    /// The spec of the shard holding `tensors`, from its real plan.
+    fn spec(&self, tensors: &[At], indexed: bool, opts: &PlanOptions) -> Result<ShardSpec> {
+        let plan = self.plan_output(tensors, indexed, opts)?;
+        let data_in = tensors.iter().map(|&t| self.tensor(t).len()).sum();
+        Ok(ShardSpec {
+            tensors: tensors.to_vec(),
+            file_len: plan.file_len(),
+            data_in,
+            data_out: plan.data_len(),
+            header_sha256: crate::text::sha256_hex(&plan.header),
+            converted: plan.converted(),
+            kept: plan.kept(),
+        })
+    }
+}
+
+/// Plan options for one shard: keep patterns are judged over the whole checkpoint by the
+/// caller, so one that matches nothing in this shard says nothing.
+fn quiet(opts: &PlanOptions) -> PlanOptions {
+    PlanOptions {
+        unmatched: Unmatched::Ignore,
+        ..opts.clone()
+    }
+}
+
+/// From `a`, the end of the longest run of items that `fits(a, end)`, at least one item:
+/// galloping, then bisecting (sizes only grow as items are added).
+fn longest_run(a: usize, n: usize, fits: impl Fn(usize, usize) -> bool) -> usize {
+    let mut lo = a + 1; // one item always makes a shard
+    let mut hi = n + 1; // the first end known not to fit
+    let mut step = 1;
+    while lo < n {
+        let b = (lo + step).min(n);
+        if fits(a, b) {
+            lo = b;
+            step *= 2;
+        } else {
+            hi = b;
+            break;
+        }
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(a, mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// The exact size of the file `plan::plan` writes for `items` (in input order) with a
+/// `__metadata__` entry of `meta` bytes: the arithmetic of `plan::encode_header` and the
+/// width grouping of `plan::plan`, without building the header.
+fn file_len(items: &[Item], meta: Option<u64>) -> u64 {
+    let n = items.len() as u64;
+    // `{`, `}`, the entries, a comma between two entries and one after the metadata.
+    let mut json = 2 + meta.unwrap_or(0) + n.saturating_sub(1);
+    if meta.is_some() && n > 0 {
+        json += 1;
+    }
+    let mut ranks: Vec<usize> = items.iter().map(|t| t.rank).collect();
+    ranks.sort_unstable_by(|a, b| b.cmp(a));
+    ranks.dedup();
+    let mut offset = 0u64;
+    for rank in ranks {
+        for t in items.iter().filter(|t| t.rank == rank) {
+            json += t.fixed + digits(offset) + digits(offset + t.out_len);
+            offset += t.out_len;
+        }
+    }
+    PREFIX as u64 + json.div_ceil(8) * 8 + offset
+}
+
+/// Decimal digits of `n`.
+fn digits(n: u64) -> u64 {
+    n.checked_ilog10().map_or(1, |d| d as u64 + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::Rng;
+    use crate::vocab::Target;
+
+    #[test]
+    fn sizes_parse_with_units_decimals_and_any_case() {
+        let cases: &[(&str, u64)] = &[
+            ("5GB", 5_000_000_000),
+            ("5gb", 5_000_000_000),
+            ("5 GB", 5_000_000_000),
+            ("5Gb", 5_000_000_000),
+            ("1.5GiB", 3 << 29),
+            ("0.5kb", 500),
+            (".5KiB", 512),
+            ("2.", 2),
+            ("1234", 1234),
+            ("1234b", 1234),
+            ("1TiB", 1 << 40),
+            ("1tb", 1_000_000_000_000),
+            ("3MiB", 3 << 20),
+            ("1.0001KB", 1000),
+            ("18446744073709551615", u64::MAX),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse_size(text), Some(*want), "{text}");
+        }
+        for bad in [
+            "",
+            "GB",
+            ".",
+            "5XB",
+            "5 G",
+            "5g",
+            "-1",
+            "1e9",
+            "0",
+            "0.1B",
+            "1.2.3",
+            "5 GB B",
+            "18446744073709551616",
+            "99999999999999999999999",
+            "5 bits",
+            "+5",
+        ] {
+            assert_eq!(parse_size(bad), None, "{bad:?}");
+        }
+        assert_eq!(parse_size(" 5 gib "), Some(5 << 30));
+    }
+
+    #[test]
+    fn names_are_those_transformers_writes() {
+        assert_eq!(shard_file_name("model", 1, 1), "model.safetensors");
+        assert_eq!(
+            shard_file_name("model", 2, 3),
+            "model-00002-of-00003.safetensors"
+        );
+        assert_eq!(
+            shard_file_name("ema", 7, 123_456),
+            "ema-000007-of-123456.safetensors"
+        );
+        assert_eq!(index_file_name("ema"), "ema.safetensors.index.json");
+    }
+
+    #[test]
+    fn galloping_finds_the_longest_run() {
+        for n in 1..40 {
+            for limit in 0..45 {
+                // Item k weighs 1: the run from a fits while it holds at most `limit` items.
+                let end = longest_run(3.min(n - 1), n, |a, b| b - a <= limit);
+                let a = 3.min(n - 1);
+                let want = (a + limit.max(1)).min(n);
+                assert_eq!(end, want, "n={n} limit={limit}");
+            }
+        }
+    }
+
+    /// A group of `files` files of random tensors (names, dtypes, shapes), in a temp folder.
+    fn random_group(tag: &str, seed: u64, files: usize) -> (PathBuf, Vec<PathBuf>) {
+        let dir = std::env::temp_dir().join(format!("stcast-shard-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut rng = Rng(seed);
+        let dtypes = [
+            "F32", "F64", "F16", "BF16", "I64", "U8", "F8_E4M3", "I32", "F4",
+        ];
+        let mut paths = Vec::new();
+        for f in 0..files {
+            let mut json = String::from("{");
+            if f == 0 && seed.is_multiple_of(2) {
+                json.push_str(r#""__metadata__":{"step":"7","é":"x"},"#);
+            }
+            let mut at = 0u64;
+            let count = 1 + rng.below(9);
+            for k in 0..count {
+                let dtype = dtypes[rng.below(dtypes.len() as u64) as usize];
+                let size = match dtype {
+                    "F64" | "I64" => 8,
+                    "F32" | "I32" => 4,
+                    "F16" | "BF16" => 2,
+                    _ => 1,
+                };
+                let shape: Vec<u64> = (0..rng.below(3)).map(|_| rng.below(300)).collect();
+                let mut elems: u64 = shape.iter().product();
+                if dtype == "F4" && !elems.is_multiple_of(2) {
+                    elems += 1; // F4 packs two per byte: keep whole bytes
+                }
+                let shape = if dtype == "F4" { vec![elems] } else { shape };
+                let len = if dtype == "F4" {
+                    elems / 2
+                } else {
+                    elems * size
+                };
+                if k > 0 {
+                    json.push(',');
+                }
+                let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
+                json.push_str(&format!(
+                    r#""t{f}.{k}\"q":{{"dtype":"{dtype}","shape":[{}],"data_offsets":[{at},{}]}}"#,
+                    dims.join(","),
+                    at + len
+                ));
+                at += len;
+            }
+            json.push('}');
+            let path = dir.join(format!("m{f}.safetensors"));
+            std::fs::write(&path, crate::testutil::file(&json, at as usize)).unwrap();
+            paths.push(path);
+        }
+        (dir, paths)
+    }
+
+    #[test]
+    fn the_size_arithmetic_is_the_planned_file_size() {
+        for seed in 1..60u64 {
+            let (dir, paths) = random_group(&format!("arith{seed}"), seed, 1 + seed as usize % 4);
+            let group = Group::open(&paths, &InputOptions::default()).unwrap();
+            let opts = PlanOptions::new(if seed % 3 == 0 {
+                Target::F16
+            } else {
+                Target::Bf16
+            });
+            let (items, _) = group.items(&opts).unwrap();
+            let all: Vec<At> = group.all().collect();
+            let mut rng = Rng(seed);
+            for _ in 0..20 {
+                let a = rng.below(all.len() as u64 + 1) as usize;
+                let b = a + rng.below((all.len() - a) as u64 + 1) as usize;
+                for indexed in [false, true] {
+                    let plan = group.plan_output(&all[a..b], indexed, &opts).unwrap();
+                    let meta = group.metadata(indexed).0.map(|m| {
+                        let mut buf = Vec::new();
+                        encode_metadata(&mut buf, &m);
+                        buf.len() as u64
+                    });
+                    assert_eq!(file_len(&items[a..b], meta), plan.file_len(), "seed {seed}");
+                }
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+
+    #[test]
+    fn shards_are_greedy_bounded_and_cover_every_tensor_once() {
+        let (mut split, mut alone) = (0, 0);
+        for seed in 1..40u64 {
+            let (dir, paths) = random_group(&format!("greedy{seed}"), seed, 1 + seed as usize % 3);
+            let group = Group::open(&paths, &InputOptions::default()).unwrap();
+            let opts = PlanOptions::new(Target::Bf16);
+            let all: Vec<At> = group.all().collect();
+            for max in [1, 200, 700, 1500, 5000, 1 << 40] {
+                let plan = group.plan(max, &opts).unwrap();
+                let got: Vec<At> = plan.shards.iter().flat_map(|s| s.tensors.clone()).collect();
+                assert_eq!(got, all, "seed {seed} max {max}");
+                assert_eq!(plan.indexed, plan.shards.len() > 1);
+                let mut next = 0;
+                for s in &plan.shards {
+                    next += s.tensors.len();
+                    assert!(s.file_len <= max || s.tensors.len() == 1, "seed {seed}");
+                    split += usize::from(plan.indexed && s.tensors.len() > 1);
+                    alone += usize::from(s.file_len > max);
+                    // Closed only when the next tensor would not fit.
+                    if plan.indexed && next < all.len() {
+                        let mut more = s.tensors.clone();
+                        more.push(all[next]);
+                        let bigger = group.plan_output(&more, true, &opts).unwrap();
+                        assert!(bigger.file_len() > max, "seed {seed} max {max}");
+                    }
+                }
+                if plan.shards.len() == 1 {
+                    let whole = group.plan_output(&all, false, &opts).unwrap();
+                    assert!(whole.file_len() <= max || all.len() <= 1, "seed {seed}");
+                }
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        // Both cases were met: shards of several tensors, and tensors too big alone.
+        assert!(split > 20 && alone > 20, "{split} {alone}");
+    }
+}
