@@ -320,11 +320,13 @@ impl Source {
                 }
                 let out = &mut scratch[..len as usize];
                 let first = pos / desc.elem_size().max(1);
-                crate::torch::gather(&f.map, desc, first, out)
-                    .map_err(|e| Error::invalid_header(&f.path, e.to_string()))?;
-                // The window is copied out. A strided view may have touched a page of every
-                // row of its storage: unmap them now, or the whole storage ends up resident
-                // (they stay cached: the next window's faults are minor).
+                // A strided view reads a page of many rows of its storage: each block's
+                // pages are unmapped once it is copied out, or the whole storage ends up
+                // resident (they stay cached: the next window's faults are minor).
+                crate::torch::gather_releasing(&f.map, desc, first, out, &mut |r| {
+                    f.unmap((r.start, r.end))
+                })
+                .map_err(|e| Error::invalid_header(&f.path, e.to_string()))?;
                 let span = desc.span();
                 f.unmap((span.start, span.end));
                 Ok(out)

@@ -64,7 +64,7 @@ use std::collections::HashMap;
 pub use error::{PickleProblem, TensorProblem, TorchError};
 pub use pickle::{Global, ObjId, Object, Pickle};
 pub use select::{NamedTensor, Selection, TensorDict};
-pub use tensor::{gather, TensorDesc};
+pub use tensor::{gather, gather_releasing, TensorDesc};
 
 use dtype::TorchDtype;
 use pickle::{StorageRef, Storages};
