@@ -433,6 +433,31 @@ def test_resume_after_the_plan_changed_converts_again(tmp_path, run_main):
     assert rc == 0, err  # the same plan: adopted, every shard verified
 
 
+def test_resume_with_another_size_removes_the_interrupted_runs_shards(tmp_path, cli_process):
+    """Stopped after a shard at one size, resumed at another: the first run's shard (its
+    manifest proves stcast wrote it) would sit beside the new ones, named by no index, and
+    make `verify` fail. It is removed; a file no manifest records stays."""
+    src = write_sharded(tmp_path / "hf", np.random.default_rng(12), 4, rows=[30] * 4)
+    dst = tmp_path / "out"
+    args = ("convert", src, dst, "--max-shard-size", "1500", "-q")
+    rc, _, err = cli_process(*args, env=with_points(None, "folder-file=eio"))
+    assert rc == 1, err
+    assert [p.name for p in shard_files(dst)] == ["model-00001-of-00005.safetensors"]
+    rc, _, err = cli_process("convert", src, dst, "--max-shard-size", "3kB", "--resume", "-q")
+    assert rc == 0, err
+    stcast.convert(src, tmp_path / "fresh", max_shard_size="3kB")
+    assert tree(dst) == tree(tmp_path / "fresh")
+    assert stcast.verify(src, dst).ok
+    # The same with --force, and a file of someone else's beside: that one stays.
+    shutil.rmtree(dst)
+    rc, _, err = cli_process(*args, env=with_points(None, "folder-file=eio"))
+    assert rc == 1, err
+    (dst / "notes.safetensors").write_bytes(b"mine")
+    rc, _, err = cli_process("convert", src, dst, "--max-shard-size", "3kB", "--force", "-q")
+    assert rc == 0, err
+    assert tree(dst) == {**tree(tmp_path / "fresh"), "notes.safetensors": b"mine"}
+
+
 def test_an_input_changed_between_two_shards_is_refused(tmp_path):
     """The inputs are held open from the start: one written to after the first shard is
     reported when a later shard reads it, and the index is never published; one replaced by
