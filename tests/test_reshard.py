@@ -175,7 +175,7 @@ def test_bad_sizes_are_usage_errors(tmp_path, run_main, text):
         rc, _, err = run_main(command, src, str(tmp_path / "out"), "--max-shard-size", text)
         assert rc == 2, (command, err)
         line = assert_one_error_line(err)
-        assert "--max-shard-size" in line, line
+        assert line.count("--max-shard-size") == 1, line  # argparse names it: once
     with pytest.raises(stcast.UsageError) as info:
         stcast.convert(src, tmp_path / "out", max_shard_size=text)
     assert info.value.option == "max_shard_size"
@@ -562,6 +562,12 @@ def test_verify_across_shardings_names_the_failing_file(tmp_path, run_main):
     assert rc == 1
     line = assert_one_error_line(err)
     assert str(victim) in line and "tensor `" in line, line
+    # A shard the index names is gone: the index and the shard named, each once.
+    victim.unlink()
+    rc, _, err = run_main("verify", src, dst)
+    line = assert_one_error_line(err)
+    index = dst / "model.safetensors.index.json"
+    assert rc == 1 and line.count(str(index)) == 1 and victim.name in line, line
 
 
 def test_verify_a_file_against_its_shards(tmp_path, run_main):

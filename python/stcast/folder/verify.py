@@ -96,7 +96,8 @@ def verify_folder(
         pairs = _reshard.resharded_pairs(dst, weights, parsed, found)
     except StcastError as e:  # an index of DST that names no file of DST
         rel = os.path.relpath(e.path, dst) if e.path else "."
-        first_error = (rel, e.template)
+        # The mismatch names the file: the template need not (it starts with its path).
+        first_error = (rel, e.template.removeprefix(f"{_esc(e.path or '')}: "))
     moved = {w.rel for g, _ in pairs for w in g.inputs}
     moved |= {g.index.rel for g, _ in pairs if g.index is not None}
     theirs = {w.rel for _, d in pairs for w in d.inputs}
