@@ -175,7 +175,7 @@ def test_bad_sizes_are_usage_errors(tmp_path, run_main, text):
         rc, _, err = run_main(command, src, str(tmp_path / "out"), "--max-shard-size", text)
         assert rc == 2, (command, err)
         line = assert_one_error_line(err)
-        assert "--max-shard-size" in line, line
+        assert line.count("--max-shard-size") == 1, line  # argparse names it: once
     with pytest.raises(stcast.UsageError) as info:
         stcast.convert(src, tmp_path / "out", max_shard_size=text)
     assert info.value.option == "max_shard_size"
@@ -461,6 +461,31 @@ def test_resume_after_the_plan_changed_converts_again(tmp_path, run_main):
     assert rc == 0, err  # the same plan: adopted, every shard verified
 
 
+def test_resume_with_another_size_removes_the_interrupted_runs_shards(tmp_path, cli_process):
+    """Stopped after a shard at one size, resumed at another: the first run's shard (its
+    manifest proves stcast wrote it) would sit beside the new ones, named by no index, and
+    make `verify` fail. It is removed; a file no manifest records stays."""
+    src = write_sharded(tmp_path / "hf", np.random.default_rng(12), 4, rows=[30] * 4)
+    dst = tmp_path / "out"
+    args = ("convert", src, dst, "--max-shard-size", "1500", "-q")
+    rc, _, err = cli_process(*args, env=with_points(None, "folder-file=eio"))
+    assert rc == 1, err
+    assert [p.name for p in shard_files(dst)] == ["model-00001-of-00005.safetensors"]
+    rc, _, err = cli_process("convert", src, dst, "--max-shard-size", "3kB", "--resume", "-q")
+    assert rc == 0, err
+    stcast.convert(src, tmp_path / "fresh", max_shard_size="3kB")
+    assert tree(dst) == tree(tmp_path / "fresh")
+    assert stcast.verify(src, dst).ok
+    # The same with --force, and a file of someone else's beside: that one stays.
+    shutil.rmtree(dst)
+    rc, _, err = cli_process(*args, env=with_points(None, "folder-file=eio"))
+    assert rc == 1, err
+    (dst / "notes.safetensors").write_bytes(b"mine")
+    rc, _, err = cli_process("convert", src, dst, "--max-shard-size", "3kB", "--force", "-q")
+    assert rc == 0, err
+    assert tree(dst) == {**tree(tmp_path / "fresh"), "notes.safetensors": b"mine"}
+
+
 def test_an_input_changed_between_two_shards_is_refused(tmp_path):
     """The inputs are held open from the start: one written to after the first shard is
     reported when a later shard reads it, and the index is never published; one replaced by
@@ -565,6 +590,12 @@ def test_verify_across_shardings_names_the_failing_file(tmp_path, run_main):
     assert rc == 1
     line = assert_one_error_line(err)
     assert str(victim) in line and "tensor `" in line, line
+    # A shard the index names is gone: the index and the shard named, each once.
+    victim.unlink()
+    rc, _, err = run_main("verify", src, dst)
+    line = assert_one_error_line(err)
+    index = dst / "model.safetensors.index.json"
+    assert rc == 1 and line.count(str(index)) == 1 and victim.name in line, line
 
 
 def test_verify_a_file_against_its_shards(tmp_path, run_main):
@@ -583,6 +614,63 @@ def test_verify_a_file_against_its_shards(tmp_path, run_main):
     )
     rc, _, err = run_main("verify", src, dst)
     assert rc == 1 and "ema.safetensors.index.json" in assert_one_error_line(err)
+
+
+def write_one_tensor_shards(folder: Path, rng, metadata: list) -> Path:
+    """Shards of one 8 KiB F32 tensor each (each file's own metadata), their index as
+    `json.dump` writes it (not save_pretrained's layout)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    n = len(metadata)
+    weight_map = {}
+    for k, meta in enumerate(metadata):
+        name = f"model-{k + 1:05d}-of-{n:05d}.safetensors"
+        w = rng.standard_normal((32, 64), dtype=np.float32)
+        write_safetensors(folder / name, {f"l{k}.w": ("F32", [32, 64], w)}, metadata=meta)
+        weight_map[f"l{k}.w"] = name
+    text = json.dumps({"metadata": {"total_size": 1}, "weight_map": weight_map})
+    (folder / "model.safetensors.index.json").write_text(text)
+    return folder
+
+
+@pytest.mark.filterwarnings("ignore::stcast.StcastWarning")  # format_added, metadata_differs
+@pytest.mark.parametrize("metadata", [[None] * 3, [META, {"format": "pt", "k": "2"}, META]])
+def test_verify_a_resharding_cut_where_the_source_was(tmp_path, run_main, metadata):
+    """A cut that falls where SRC's did gives SRC's file names: those shards are still a
+    re-sharding (its index, `format` added, the first file's metadata everywhere), and verify
+    says so; a plain conversion of SRC still verifies too, and each reports a flipped bit."""
+    src = write_one_tensor_shards(tmp_path / "hf", np.random.default_rng(30), metadata)
+    dst, plain = tmp_path / "out", tmp_path / "plain"
+    stcast.convert(src, dst, max_shard_size="5kB")
+    stcast.convert(src, plain)
+    assert sorted(os.listdir(dst)) == sorted(os.listdir(src))
+    for out in (dst, plain):
+        for loose in (False, True):
+            report = stcast.verify(src, out, loose=loose)
+            assert report.ok, (out, loose, report.mismatch)
+        assert run_main("verify", src, out, "-q")[0] == 0
+        victim = out / "model-00002-of-00003.safetensors"
+        raw = bytearray(victim.read_bytes())
+        raw[-7] ^= 1
+        victim.write_bytes(bytes(raw))
+        rc, _, err = run_main("verify", src, out)
+        line = assert_one_error_line(err)
+        assert rc == 1 and str(victim) in line and "tensor `l1.w`" in line, line
+
+
+def test_loose_verify_checks_where_the_index_puts_each_tensor(tmp_path, run_main):
+    src = write_sharded(tmp_path / "hf", np.random.default_rng(31), 3, rows=[30] * 3)
+    dst = tmp_path / "out"
+    stcast.convert(src, dst, max_shard_size="3kB")
+    index = dst / "model.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    first = sorted(doc["weight_map"])[0]
+    shards = sorted(set(doc["weight_map"].values()))
+    doc["weight_map"][first] = next(s for s in shards if s != doc["weight_map"][first])
+    index.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    for loose in ((), ("--loose",)):
+        rc, _, err = run_main("verify", src, dst, *loose)
+        line = assert_one_error_line(err)
+        assert rc == 1 and str(index) in line and f"`{first}`" in line, (loose, line)
 
 
 def test_verify_strict_and_loose_across_shardings(tmp_path, run_main):

@@ -1090,7 +1090,9 @@ def _max_shard_size(text: str) -> int:
     try:
         size: int = _core.parse_size(text)
     except stcast.StcastError as e:
-        raise argparse.ArgumentTypeError(e.render("cli")) from None
+        # argparse names the option already ("argument --max-shard-size: ...").
+        message = e.render("cli").removeprefix("--max-shard-size: ")
+        raise argparse.ArgumentTypeError(message) from None
     return size
 
 

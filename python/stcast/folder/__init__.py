@@ -274,6 +274,7 @@ def convert_folder(
     )
     if shard is None:
         _write.unpublish(run, plan)
+        _write.remove_stale(run, survey.stale)
     if plan.reshard is not None:
         converted = _reshard.convert_units(run, plan.reshard, plan.header_sha256, p.todo)
         files += [_reshard.file_report(u, r) for u, r in zip(p.todo, converted)]
@@ -357,6 +358,9 @@ class _Survey:
         self.ours: dict[str, tuple[int, int]] = {}  # rel -> identity stcast wrote
         self.adopted: set[str] = set()  # outputs resume recognised without a manifest
         self.entries: dict[str, list[dict[str, Any]]] = {}  # rel -> manifest entries
+        # Files an earlier run of this source wrote (a manifest says so, and they are still
+        # those files) that this plan does not write: shards cut at another size.
+        self.stale: dict[str, tuple[int, int]] = {}
 
 
 def _survey(
@@ -436,6 +440,8 @@ def _survey(
         if entry is not None:
             st = os.lstat(os.path.join(dst, rel))
             survey.ours[rel] = (st.st_dev, st.st_ino)
+            if rel not in outputs:
+                survey.stale[rel] = (st.st_dev, st.st_ino)
             for m in same_options:
                 e = m.files.get(rel)
                 if e is not None:

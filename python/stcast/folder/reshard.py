@@ -580,10 +580,13 @@ def resharded_pairs(
     weights: list[_walk.File],
     indexes: list[tuple[_walk.File, str, dict[str, str]]],
     found: set[str],
+    same: list[tuple[Group, Group]] | None = None,
 ) -> list[tuple[Group, Group]]:
     """The groups of SRC that DST holds sharded differently, each with DST's group of the
     same folder and stem. A group whose files, and index weight map, are the same in both
-    is verified file by file instead (as is one DST lacks: its files are missing)."""
+    is verified file by file instead (as is one DST lacks: its files are missing); those
+    with an index go to `same` too: a re-sharding whose cut fell where SRC's did has the
+    same files, but its index and metadata are a re-sharding's."""
     dst_weights = [_stat_file(dst, r) for r in sorted(found) if r.endswith(_WEIGHTS)]
     names = {w.rel for w in dst_weights}
     dst_indexes = []
@@ -607,6 +610,8 @@ def resharded_pairs(
         )
         if not (same_files and same_index):
             pairs.append((g, d))
+        elif g.index is not None and same is not None:
+            same.append((g, d))
     return pairs
 
 
@@ -682,6 +687,40 @@ def verify_group(
                 "accepts any cut)",
                 src_names[order[at]],
             )
+    # The index first (headers only): a loader finds each tensor through it.
+    if d.index is not None:
+        from ..errors import StcastError
+        from .write import check_index
+
+        try:
+            _, listed = _walk.read_index(d.index, {f.rel for f in d.inputs})
+            total = check_index(dst, d.index.rel, where)
+        except StcastError as e:
+            return fail(d.index.rel, e.template.removeprefix(f"{_esc(e.path or '')}: "))
+        wrong = sorted(n for n in {*listed, *where} if listed.get(n) != where.get(n))
+        if wrong:
+            n = wrong[0]
+            said = f"in {_esc(listed[n])}" if n in listed else "nowhere"
+            holder = f"{_esc(where[n])} holds it" if n in where else "no DST file holds it"
+            return fail(d.index.rel, f"lists tensor `{_esc(n)}` {said}, but {holder}", n)
+        got = _walk.read_bounded(d.index.path, _walk.MAX_JSON_BYTES)
+        if loose:
+            _, doc = _walk.read_json(d.index)
+            meta = doc.get("metadata") if isinstance(doc, dict) else None
+            if not isinstance(meta, dict) or meta.get("total_size") != total:
+                return fail(
+                    d.index.rel,
+                    f"its metadata.total_size is not {total}, the bytes "
+                    "of the tensors of its shards",
+                )
+        else:
+            by_file = {n: os.path.basename(rel) for n, rel in where.items()}
+            if got != index_text(s.index, by_file, total):
+                return fail(
+                    d.index.rel,
+                    "is not the index stcast writes for these shards ({loose} only checks "
+                    "that it lists them)",
+                )
     done = 0
     for f in d.inputs:
 
@@ -703,33 +742,6 @@ def verify_group(
         m = r["mismatch"]
         if m is not None:
             return fail(f.rel, m["message"], m["tensor"])
-    if d.index is not None:
-        from ..errors import StcastError
-        from .write import check_index
-
-        weight_map = {n: rel for n, rel in where.items()}
-        try:
-            total = check_index(dst, d.index.rel, weight_map)
-        except StcastError as e:
-            return fail(d.index.rel, e.template)
-        got = _walk.read_bounded(d.index.path, _walk.MAX_JSON_BYTES)
-        if loose:
-            _, doc = _walk.read_json(d.index)
-            meta = doc.get("metadata") if isinstance(doc, dict) else None
-            if not isinstance(meta, dict) or meta.get("total_size") != total:
-                return fail(
-                    d.index.rel,
-                    f"its metadata.total_size is not {total}, the bytes "
-                    "of the tensors of its shards",
-                )
-        else:
-            by_file = {n: os.path.basename(rel) for n, rel in where.items()}
-            if got != index_text(s.index, by_file, total):
-                return fail(
-                    d.index.rel,
-                    "is not the index stcast writes for these shards ({loose} only checks "
-                    "that it lists them)",
-                )
     return check
 
 

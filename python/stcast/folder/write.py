@@ -327,6 +327,22 @@ def unpublish(run: Run, plan: Plan) -> None:
         run.ours.pop(rel, None)
 
 
+def remove_stale(run: Run, stale: dict[str, tuple[int, int]]) -> None:
+    """Remove what an earlier run of this source wrote and this plan does not (the shards
+    of another `max_shard_size`, under `resume` or `force`): left there, they would sit
+    beside the new shards, named by no index. Only files still the ones a manifest
+    recorded are removed."""
+    for rel, identity in stale.items():
+        path = os.path.join(run.dst, rel)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if (st.st_dev, st.st_ino) == identity and stat.S_ISREG(st.st_mode):
+            os.unlink(path)
+        run.ours.pop(rel, None)
+
+
 def out_path(dst: str, rel: str) -> str:
     """Where `rel` goes in `dst`, its folders created."""
     return os.path.join(ensure_dir(dst, os.path.dirname(rel)), os.path.basename(rel))
