@@ -212,6 +212,8 @@ named! {
         FormatAdded = "format_added",
         /// The files of one re-sharded group carry different `__metadata__`.
         MetadataDiffers = "metadata_differs",
+        /// Re-sharding: DST holds shards of another cut that no manifest proves stcast's.
+        UnindexedShards = "unindexed_shards",
     }
 }
 

@@ -10,6 +10,7 @@ import contextlib
 import io
 import json
 import os
+import signal
 import warnings
 from pathlib import Path
 from typing import Any, Union
@@ -289,6 +290,10 @@ def check_raising_progress(folder: Path, raised: type[BaseException], at_call: i
 
 
 def pytest_configure(config):
+    # Started in the background by a script (`cmd &` without job control), the suite
+    # inherits SIGINT ignored, and so would every child: the Ctrl-C tests need it delivered.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     # A plan warning a test did not ask for is a failure: expected ones use pytest.warns.
     config.addinivalue_line("filterwarnings", "error::stcast.StcastWarning")
     # Except the overflow guard's (--on-overflow warn): edge-value tables overflow on purpose.

@@ -925,3 +925,31 @@ def test_index_text_is_json_dumps_indent_2_sorted(tmp_path):
         doc["metadata"] = {**doc.get("metadata", {}), "total_size": 42}
         doc["weight_map"] = wm
         assert got == (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
+
+def test_shards_of_another_cut_that_are_not_provably_ours_are_named(tmp_path, run_main):
+    """A finished run leaves no manifest, so a later `--force` at another size cannot prove
+    the old shards are stcast's: they stay, and a warning names them (before anything is
+    written, in inspect too); verify then says DST holds files SRC lacks."""
+    src = write_sharded(tmp_path / "hf", np.random.default_rng(21), 3)
+    dst = tmp_path / "out"
+    assert run_main("convert", src, dst, "--max-shard-size", "1300", "-q")[0] == 0
+    old = sorted(p.name for p in dst.glob("model-*.safetensors"))
+    (dst / "notes.txt").write_text("mine")
+    rc, out, err = run_main("inspect", src, dst, "--max-shard-size", "1TB", "--force")
+    assert rc == 0 and "left from another cut" in out + err, out + err
+    rc, _, err = run_main("convert", src, dst, "--max-shard-size", "1TB", "--force")
+    assert rc == 0, err
+    assert err.count("warning") == 1 and "unindexed" not in err  # the kind is for JSON
+    assert f"{len(old)} files named as shards of this checkpoint are left" in err, err
+    assert old[0] in err
+    assert sorted(p.name for p in dst.glob("model-*.safetensors")) == old  # left as they were
+    assert (dst / "model.safetensors").exists() and (dst / "notes.txt").read_text() == "mine"
+    with pytest.warns(stcast.StcastWarning) as w:
+        stcast.convert(src, dst, max_shard_size="1TB", force=True)
+    assert [x.message.kind for x in w] == ["unindexed_shards"]
+    # Removed, nothing is said.
+    for name in old:
+        (dst / name).unlink()
+    rc, _, err = run_main("convert", src, dst, "--max-shard-size", "1TB", "--force")
+    assert rc == 0 and err == "", err

@@ -326,6 +326,10 @@ def test_a_bin_folder_is_resharded_under_safetensors_names(tmp_path, rng, run_ma
     # Resume finds every shard done; a changed input makes its shards stale.
     r = stcast.convert(src, cut, max_shard_size=200, resume=True)
     assert all(f.action != "converted" for f in r.files), r.files
+    # The shards' input bytes add up to the input files' (headers and pickles included).
+    r = stcast.convert(src, tmp_path / "cut2", max_shard_size=200)
+    assert r.bytes_in == sum(p.stat().st_size for p in src.glob("pytorch_model-*.bin"))
+    assert r.bytes_out == sum(p.stat().st_size for p in (tmp_path / "cut2").glob("*.safetensors"))
     plan = stcast.inspect(src, max_shard_size="200")
     assert [s["path"] for s in plan.shards] == shards
     assert {i for s in plan.shards for i in s["inputs"]} == set(arrays)  # the .bin names

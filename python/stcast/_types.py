@@ -47,6 +47,7 @@ WarningKind = Literal[
     "skipped_files",
     "format_added",
     "metadata_differs",
+    "unindexed_shards",
 ]
 ReadAdvice = Literal["normal", "sequential", "willneed"]
 Action = Literal["convert", "copy"]

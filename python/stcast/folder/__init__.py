@@ -192,6 +192,14 @@ def prepare(
             todo.append(w)
     copies = [] if shard is not None else plan.copies
     need = _check_space(dst, plan, todo, copies, shard is None)
+    if plan.reshard is not None:
+        # Shards of another cut that no manifest proves ours stay; a loader that reads
+        # every .safetensors file of a folder would load them too: say so.
+        left = _reshard.leftover_shards(dst, plan.reshard, set(outputs) | set(survey.stale))
+        if left:
+            notice = Notice("unindexed_shards", _reshard.leftover_template(left))
+            warnings.append(notice)
+            _engine.issue(notice.kind, notice.template, None, stacklevel=stacklevel + 1)
     return Prepared(
         src,
         dst,
@@ -248,7 +256,7 @@ def convert_folder(
             shards = None if shard is None else shard[1]
             entry = _reshard.entry(w, p.options, shards, plan.header_sha256, out)
             record.files[w.rel].update(entry)
-            files.append(FileReport(w.rel, "weights", "skipped", w.data_bytes, st.st_size))
+            files.append(FileReport(w.rel, "weights", "skipped", w.input_bytes, st.st_size))
             continue
         record.files[w.rel].update(record.weights_entry(w, plan.header_sha256[w.rel]))
         files.append(FileReport(w.rel, "weights", "skipped", w.size, st.st_size, source=w.src_rel))
@@ -672,7 +680,7 @@ def finalize(
         st = os.lstat(out)
         record.record(w.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
         if isinstance(w, _reshard.Unit):
-            files.append(FileReport(w.rel, "weights", "checked", w.data_bytes, st.st_size))
+            files.append(FileReport(w.rel, "weights", "checked", w.input_bytes, st.st_size))
         else:
             files.append(
                 FileReport(w.rel, "weights", "checked", w.size, st.st_size, source=w.src_rel)

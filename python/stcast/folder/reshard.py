@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -60,6 +61,10 @@ class Unit:
     names: list[str]  # its tensors, input order
     size: int  # the output file's bytes (also what `--shard` balances)
     data_bytes: int  # tensor bytes read from the input
+    # Input bytes it stands for in reports: its tensor bytes, the first shard of a group also
+    # the rest of the group's input files (headers, pickles), so that the shards of a group
+    # add up to its input files' size.
+    input_bytes: int
     target_bytes: int  # tensor bytes written
     header_sha256: str  # of the planned output header
     inputs: list[_walk.File]  # the input files it reads
@@ -172,6 +177,7 @@ def plan(
         unmatched = planned["keep_unmatched"]
         reshard.keep_unmatched = [p for p in reshard.keep_unmatched if p in unmatched]
         shards = planned["shards"]
+        overhead = max(0, sum(w.size for w in g.inputs) - sum(s["data_bytes"] for s in shards))
         units = []
         for i, s in enumerate(shards):
             name = _core.shard_file_name(g.stem, i + 1, len(shards))
@@ -183,6 +189,7 @@ def plan(
                     names=s["tensors"],
                     size=s["file_bytes"],
                     data_bytes=s["data_bytes"],
+                    input_bytes=s["data_bytes"] + (overhead if i == 0 else 0),
                     target_bytes=s["target_bytes"],
                     header_sha256=s["header_sha256"],
                     inputs=[g.inputs[j] for j in s["inputs"]],
@@ -204,6 +211,37 @@ def plan(
             taken[rel] = what
         reshard.groups.append(GroupPlan(g, core, planned["indexed"], units, index))
     return reshard
+
+
+def leftover_shards(dst: str, reshard: Reshard, written: set[str]) -> list[str]:
+    """Files of `dst` named as shards (or the single file) of a group's stem, in its
+    folder, that this plan does not write and no manifest proves ours: an earlier cut."""
+    left = []
+    for g in reshard.groups:
+        folder = os.path.join(dst, g.group.dir)
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        shard = re.compile(re.escape(g.group.stem) + r"(-\d+-of-\d+)?" + re.escape(_WEIGHTS))
+        for name in sorted(names):
+            rel = _join(g.group.dir, name)
+            if shard.fullmatch(name) and rel not in written:
+                left.append(rel)
+    return left
+
+
+def leftover_template(left: list[str]) -> str:
+    shown = ", ".join(_esc(r) for r in left[:4])
+    more = f" and {len(left) - 4} more" if len(left) > 4 else ""
+    many = len(left) != 1
+    them = "them" if many else "it"
+    return (
+        f"{len(left)} file{'s' if many else ''} named as shards of this checkpoint "
+        f"{'are' if many else 'is'} left from another cut: {shown}{more}; no index names "
+        f"{them}, but a loader reading every .safetensors file would load {them} (stcast "
+        f"cannot prove it wrote {them}: remove {them})"
+    )
 
 
 def _join(folder: str, name: str) -> str:
@@ -481,7 +519,7 @@ def convert_units(
                 tuning=run.tuning,
             )
         warnings = [w for w in result["warnings"] if w[0] != "nothing_to_convert"]
-        r = _build(ConvertReport, result, warnings=notices(warnings, u.rel), bytes_in=u.data_bytes)
+        r = _build(ConvertReport, result, warnings=notices(warnings, u.rel), bytes_in=u.input_bytes)
         run.meter.finish(u.rel, u.data_bytes)
         st = os.lstat(out)
         run.published(u.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
@@ -519,7 +557,7 @@ def file_report(u: Unit, r: ConvertReport) -> FileReport:
         u.rel,
         "weights",
         "converted",
-        u.data_bytes,
+        u.input_bytes,
         r.bytes_out,
         r.tensors_converted,
         r.tensors_copied,
