@@ -349,6 +349,7 @@ def test_nested_key_and_prefixes(tmp_path, run_main, rng):
     assert (
         rc == 1 and "key `nope` is not in the checkpoint" in line and "`model` (2 tensors)" in line
     )
+    assert "`ema` (1 tensor)" in line, line  # not "1 tensors"
     rc, out, err = run_main("convert", src, dst, "--force", "--key", "epoch")
     assert rc == 1 and "key `epoch` names an int, not a dict of tensors" in assert_one_error_line(
         err

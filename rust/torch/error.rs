@@ -263,7 +263,8 @@ fn list(candidates: &[(String, usize)]) -> String {
             s.push_str(", ");
         }
         let path = if path.is_empty() { "(top level)" } else { path };
-        s.push_str(&format!("`{path}` ({n} tensors)"));
+        let unit = if *n == 1 { "tensor" } else { "tensors" };
+        s.push_str(&format!("`{path}` ({n} {unit})"));
     }
     if candidates.len() > SHOWN {
         s.push_str(&format!(" and {} more", candidates.len() - SHOWN));

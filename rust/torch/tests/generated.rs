@@ -269,7 +269,7 @@ fn nested_checkpoints_select_by_key() {
     let err = ck.select(None, &[]).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "the checkpoint holds several dicts of tensors: `model` (2 tensors), `ema` (1 tensors); select one with the key option"
+        "the checkpoint holds several dicts of tensors: `model` (2 tensors), `ema` (1 tensor); select one with the key option"
     );
     let sel = ck.select(Some("model"), &[]).unwrap();
     assert_eq!(sel.key, "model");
