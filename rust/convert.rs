@@ -182,6 +182,19 @@ pub struct Outputs {
 /// Refuse a destination that cannot be written: a missing folder, the input itself, a
 /// folder, an existing file without `force`. Returns the mode of the file `force` replaces.
 pub fn check_destination(src: &Source, dst: &Path, force: bool) -> Result<Option<u32>> {
+    // `out/` names a folder even where none exists (or where `out` is a file): refused now,
+    // not when publishing fails after the whole conversion.
+    if output::names_a_folder(dst) {
+        return Err(match output::at_path(dst) {
+            AtPath::Folder => Error::DestinationIsFolder {
+                path: dst.to_path_buf(),
+            },
+            _ => Error::NoDestinationFolder {
+                dir: dst.to_path_buf(),
+                exists: std::fs::symlink_metadata(dst.components().as_path()).is_ok(),
+            },
+        });
+    }
     let dir = output::parent_dir(dst);
     match std::fs::metadata(&dir) {
         Ok(m) if m.is_dir() => {}

@@ -32,6 +32,20 @@ pub fn parent_dir(dst: &Path) -> PathBuf {
     }
 }
 
+/// Does `path` as written name a folder: ending with `/`, `/.` or `/..` (or being `.` or
+/// `..`)? `Path` drops such endings (its `file_name` and `parent` of `out/` are those of
+/// `out`), but the final `linkat` or `rename` onto it fails, after all the work.
+pub fn names_a_folder(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let last = path
+        .as_os_str()
+        .as_bytes()
+        .rsplit(|&c| c == b'/')
+        .next()
+        .unwrap_or_default();
+    matches!(last, b"" | b"." | b"..")
+}
+
 /// Free bytes for an unprivileged writer in `dir`.
 pub fn free_space(dir: &Path) -> io::Result<u64> {
     let c = cstring(dir)?;
@@ -679,7 +693,7 @@ pub fn check_side_output(
             what,
         })
     };
-    if path.file_name().is_none() {
+    if path.file_name().is_none() || names_a_folder(path) {
         return refuse("path names no file");
     }
     match std::fs::metadata(parent_dir(path)) {

@@ -21,7 +21,7 @@ use crate::verify::{Verifier, VerifyOptions};
 use crate::dtype::width_rank;
 use crate::error::{Error, Result, Warning};
 use crate::header::{SourceHeader, SourceTensor, PREFIX};
-use crate::input::{InputOptions, TORCH_METADATA};
+use crate::input::{InputOptions, Origin, TORCH_METADATA};
 use crate::plan::{self, encode_entry, encode_metadata, Plan, PlanOptions};
 use crate::source::{InputFile, Source};
 use crate::text::esc_path;
@@ -88,6 +88,9 @@ pub struct Group {
     inputs: Vec<InputFile>,
     headers: Vec<SourceHeader>,
     by_name: HashMap<String, At>,
+    /// Per file: how its checkpoint was read (`None`: a safetensors file). `verify` infers
+    /// `keep` from it as for a single checkpoint.
+    origins: Vec<Option<Origin>>,
     /// Warnings about the group itself (metadata that differs between its files).
     pub warnings: Vec<Warning>,
 }
@@ -138,6 +141,7 @@ impl Group {
     pub fn open(paths: &[PathBuf], input: &InputOptions) -> Result<Group> {
         let mut inputs = Vec::with_capacity(paths.len());
         let mut headers = Vec::with_capacity(paths.len());
+        let mut origins = Vec::with_capacity(paths.len());
         let mut by_name = HashMap::new();
         let mut warnings = Vec::new();
         for (i, path) in paths.iter().enumerate() {
@@ -156,7 +160,13 @@ impl Group {
                     ));
                 }
             }
-            let Source { files, header, .. } = source;
+            let Source {
+                files,
+                header,
+                origin,
+                ..
+            } = source;
+            origins.push(origin);
             // Held open for the whole run: what reading the header mapped goes now. (A
             // checkpoint's pickle is at its end, among its data.)
             for f in files.iter().filter(|_| safetensors) {
@@ -180,6 +190,7 @@ impl Group {
             inputs,
             headers,
             by_name,
+            origins,
             warnings,
         })
     }
@@ -268,7 +279,10 @@ impl Group {
         let started = Instant::now();
         let out = Source::open(dst)?;
         let at = self.select(out.header.tensors.iter().map(|t| t.name.as_str()));
-        let src = self.source(&at, indexed)?;
+        let mut src = self.source(&at, indexed)?;
+        // A shard of PyTorch input whose every tensor kept its dtype was converted with
+        // `keep`, as `verify` infers for one checkpoint.
+        src.origin = self.origins[at.first().map_or(0, |t| t.0)].clone();
         Verifier::from_sources(src, out, opts, started)
     }
 

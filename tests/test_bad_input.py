@@ -454,6 +454,36 @@ def test_missing_destination_folder(small_model):
     assert str(small_model.parent / "nope") in line
 
 
+@pytest.mark.parametrize("suffix", ["/", "/.", "//"])
+def test_destination_written_as_a_folder_is_refused_before_converting(small_model, suffix):
+    """`out/` names a folder: Path objects drop the slash, but publishing onto it fails, so
+    it was refused only after the whole conversion (`cannot publish`, exit 1, kind io), and
+    with --report only after the output was published. Now: refused up front."""
+    folder = small_model.parent
+    before = listing(folder)
+    (folder / "afile").write_bytes(b"precious")
+    for dst, words in (
+        (f"{folder}/newdir{suffix}", "destination folder does not exist"),
+        (f"{folder}/afile{suffix}", "destination folder is not a folder"),
+    ):
+        rc, out, err = main_in_process("convert", small_model, dst, "--force")
+        line = assert_one_error_line(err)
+        assert rc == 1 and line == f"stcast: {dst}: {words}", line
+        with pytest.raises(stcast.Refused):
+            stcast.convert(small_model, dst, force=True)
+    (folder / "sub").mkdir()
+    rc, out, err = main_in_process("convert", small_model, f"{folder}/sub{suffix}")
+    assert rc == 1 and "destination is a folder" in assert_one_error_line(err)
+    # The report path too: refused before the output is written.
+    dst = folder / "out.safetensors"
+    report = f"{folder}/newrep{suffix}"
+    rc, out, err = main_in_process("convert", small_model, dst, "--report", report)
+    line = assert_one_error_line(err)
+    assert rc == 1 and line == f"stcast: {report}: the report path names no file", line
+    assert listing(folder) == sorted([*before, "afile", "sub"])
+    assert (folder / "afile").read_bytes() == b"precious"
+
+
 # --- sources that are not regular files -----------------------------------------------------
 
 

@@ -349,6 +349,7 @@ def test_nested_key_and_prefixes(tmp_path, run_main, rng):
     assert (
         rc == 1 and "key `nope` is not in the checkpoint" in line and "`model` (2 tensors)" in line
     )
+    assert "`ema` (1 tensor)" in line, line  # not "1 tensors"
     rc, out, err = run_main("convert", src, dst, "--force", "--key", "epoch")
     assert rc == 1 and "key `epoch` names an int, not a dict of tensors" in assert_one_error_line(
         err
@@ -383,6 +384,53 @@ def test_nested_key_and_prefixes(tmp_path, run_main, rng):
     )
     line = assert_one_error_line(err)
     assert rc == 1 and "would both be named `v`" in line, line
+
+
+def test_names_a_safetensors_header_cannot_hold_are_refused(tmp_path, run_main, rng):
+    """A tensor named `__metadata__` (as saved, or once a prefix is stripped) would write a
+    header with that key twice, a file no loader (nor stcast) reads; a tensor under a bytes
+    or tuple dict key has no name. Both are refused before anything is written."""
+    storages = {"0": f32(4, rng).tobytes()}
+    t = tf.tensor("0", "float32", (4,))
+    src, dst = tmp_path / "m.pt", tmp_path / "out.safetensors"
+    tf.write_zip(src, {"__metadata__": t, "w": t}, storages)
+    for extra in ([], ["--max-shard-size", "1KB"], ["--to", "keep"]):
+        out_path = tmp_path / "shards" if extra[:1] == ["--max-shard-size"] else dst
+        rc, out, err = run_main("convert", src, out_path, *extra)
+        line = assert_one_error_line(err)
+        assert rc == 1 and line == (
+            f"stcast: {src}: tensor `__metadata__`: its name would be `__metadata__`, which a "
+            "safetensors header reserves for the file's metadata"
+        ), line
+    tf.write_zip(src, {"module.__metadata__": t, "module.w": t}, storages)
+    rc, out, err = run_main("convert", src, dst, "--strip-prefix", "module.")
+    line = assert_one_error_line(err)
+    assert rc == 1 and "tensor `module.__metadata__`: its name would be `__metadata__`" in line
+    with pytest.raises(stcast.InvalidInput, match="__metadata__"):
+        stcast.convert(src, dst, strip_prefix=["module."])
+    # Unstripped, the name is an ordinary one.
+    rc, out, err = run_main("convert", src, dst)
+    assert rc == 0, err
+    assert set(tensor_bytes(dst)) == {"module.__metadata__", "module.w"}
+    dst.unlink()
+    # A folder of PyTorch weights: one line, nothing written.
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    tf.write_zip(folder / "pytorch_model.bin", {"__metadata__": t}, storages)
+    rc, out, err = run_main("convert", folder, tmp_path / "folder-out")
+    line = assert_one_error_line(err)
+    assert rc == 1 and "pytorch_model.bin: tensor `__metadata__`" in line, line
+    assert not (tmp_path / "folder-out").exists()
+    # Dict keys that are not strings.
+    tf.write_zip(src, {b"w": t}, storages)
+    rc, out, err = run_main("convert", src, dst)
+    line = assert_one_error_line(err)
+    assert rc == 1 and "tensor `<bytes key>`: its dict key is bytes, not a string" in line, line
+    tf.write_zip(src, {"x": t, "m": {("a", 1): {"w": t}}}, storages)
+    rc, out, err = run_main("convert", src, dst)
+    line = assert_one_error_line(err)
+    assert rc == 1 and "tensor `m.<a tuple key>.w`: its dict key is a tuple" in line, line
+    assert listing(tmp_path) == ["folder", "m.pt"]
 
 
 def test_key_and_prefix_options_are_for_checkpoints(tmp_path, run_main):

@@ -168,17 +168,27 @@ def test_a_sharded_bin_folder_converts(tmp_path, rng, run_main):
     assert rc == 0, err
 
 
-def test_keep_changes_the_format_only(tmp_path, rng):
+@pytest.mark.parametrize("shards", [1, 2])
+def test_keep_changes_the_format_only(tmp_path, rng, shards):
     src = tmp_path / "ckpt"
-    arrays = make_bin_model(src, rng, shards=1, trainer=False)
+    arrays = make_bin_model(src, rng, shards=shards, trainer=False)
     dst = tmp_path / "out"
     report = stcast.convert(src, dst, to="keep")
     assert report.tensors_converted == 0
     check_shards(dst, arrays, to="keep")
     assert (dst / "config.json").read_text() == (src / "config.json").read_text()
-    assert stcast.verify(src, dst).ok  # the target inferred: keep
+    # The target inferred: keep (sharded folders are checked through their index first, as
+    # a re-sharding: the inference holds there too).
+    assert stcast.verify(src, dst).ok
     assert stcast.verify(src, dst, to="keep").ok
     assert not stcast.verify(src, dst, to="bf16").ok
+    # Re-sharded, a folder or a single checkpoint file.
+    first = src / next(iter(arrays))
+    for source, out in ((src, tmp_path / "resharded"), (first, tmp_path / "single")):
+        stcast.convert(source, out, to="keep", max_shard_size=200)
+        assert len(list(out.glob("*.safetensors"))) > 1
+        assert stcast.verify(source, out).ok, stcast.verify(source, out).mismatch
+        assert not stcast.verify(source, out, to="bf16").ok
     # A folder that is safetensors already: keep would change nothing.
     with pytest.raises(stcast.Refused) as e:
         stcast.convert(dst, tmp_path / "again", to="keep")

@@ -30,6 +30,10 @@ pub enum TensorProblem {
     Overflow,
     /// More dimensions than the limit.
     TooManyDims { ndim: usize, limit: usize },
+    /// Its name would be `__metadata__`, the header's metadata entry.
+    ReservedName,
+    /// A dict key on its path is neither a str nor an int (bytes, a tuple, ...).
+    KeyNotString { kind: &'static str },
 }
 
 impl fmt::Display for TensorProblem {
@@ -63,6 +67,16 @@ impl fmt::Display for TensorProblem {
             TensorProblem::TooManyDims { ndim, limit } => {
                 write!(f, "has {ndim} dimensions, more than the limit of {limit}")
             }
+            TensorProblem::ReservedName => write!(
+                f,
+                "its name would be `__metadata__`, which a safetensors header reserves for \
+                 the file's metadata"
+            ),
+            TensorProblem::KeyNotString { kind } => write!(
+                f,
+                "its dict key is {kind}, not a string: a safetensors file names each tensor \
+                 by a string"
+            ),
         }
     }
 }
@@ -249,7 +263,8 @@ fn list(candidates: &[(String, usize)]) -> String {
             s.push_str(", ");
         }
         let path = if path.is_empty() { "(top level)" } else { path };
-        s.push_str(&format!("`{path}` ({n} tensors)"));
+        let unit = if *n == 1 { "tensor" } else { "tensors" };
+        s.push_str(&format!("`{path}` ({n} {unit})"));
     }
     if candidates.len() > SHOWN {
         s.push_str(&format!(" and {} more", candidates.len() - SHOWN));

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use super::error::TorchError;
+use super::error::{TensorProblem, TorchError};
 use super::pickle::{Dict, ObjId, Object};
 use super::tensor::TensorDesc;
 use super::Checkpoint;
@@ -293,6 +293,12 @@ impl Checkpoint {
                 .filter(|n| !n.is_empty())
                 .unwrap_or(&source)
                 .to_string();
+            if name == "__metadata__" {
+                return Err(TorchError::Tensor {
+                    name: source,
+                    problem: TensorProblem::ReservedName,
+                });
+            }
             if let Some(&other) = names.get(&name) {
                 let first: &NamedTensor = &tensors[other];
                 return Err(TorchError::DuplicateName {
@@ -384,16 +390,31 @@ impl Checkpoint {
         let entries = self.entries(d);
         budget.spend(entries.len(), self)?;
         // Each frame: a dict's entries, the next to visit, and the dict's dotted path.
-        let mut stack: Vec<(Vec<(Key, ObjId)>, usize, String)> = vec![(entries, 0, String::new())];
-        while let Some((entries, next, path)) = stack.last_mut() {
+        // Each frame also carries the kind of the first key on its path that is neither a
+        // str nor an int (a bytes or tuple key): a tensor below it has no name to write.
+        type Frame = (Vec<(Key, ObjId)>, usize, String, Option<&'static str>);
+        let mut stack: Vec<Frame> = vec![(entries, 0, String::new(), None)];
+        while let Some((entries, next, path, odd)) = stack.last_mut() {
             let Some((key, value)) = entries.get(*next).cloned() else {
                 stack.pop();
                 continue;
             };
             *next += 1;
             let name = join(path, &key.render(self));
+            let odd = odd.or(match key {
+                Key::Other(id) => Some(self.pickle.get(id).kind()),
+                _ => None,
+            });
             match self.pickle.get(value) {
-                Object::Tensor(i) => tensors.push((name, *i as usize)),
+                Object::Tensor(i) => {
+                    if let Some(kind) = odd {
+                        return Err(TorchError::Tensor {
+                            name,
+                            problem: TensorProblem::KeyNotString { kind },
+                        });
+                    }
+                    tensors.push((name, *i as usize))
+                }
                 Object::Dict(d) => {
                     if stack.len() >= self.limits.max_depth {
                         return Err(TorchError::WalkTooLarge {
@@ -402,7 +423,7 @@ impl Checkpoint {
                     }
                     let entries = self.entries(d);
                     budget.spend(entries.len() + 1, self)?;
-                    stack.push((entries, 0, name));
+                    stack.push((entries, 0, name, odd));
                 }
                 Object::Placeholder(p) => {
                     return Err(TorchError::PlaceholderValue {

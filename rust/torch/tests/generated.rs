@@ -269,7 +269,7 @@ fn nested_checkpoints_select_by_key() {
     let err = ck.select(None, &[]).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "the checkpoint holds several dicts of tensors: `model` (2 tensors), `ema` (1 tensors); select one with the key option"
+        "the checkpoint holds several dicts of tensors: `model` (2 tensors), `ema` (1 tensor); select one with the key option"
     );
     let sel = ck.select(Some("model"), &[]).unwrap();
     assert_eq!(sel.key, "model");
@@ -389,6 +389,56 @@ fn prefixes_are_stripped_and_collisions_named() {
         err.to_string(),
         "tensors `module.w` and `w` would both be named `w`"
     );
+}
+
+#[test]
+fn names_safetensors_cannot_hold_are_refused() {
+    let t = || tensor("FloatStorage", "0", 2, 0, &[2], &[1]);
+    let err = |v: V, strip: &[String]| {
+        let bytes = torch_zip("archive", &pickle(&v), &[("0", f32s(&[1., 2.]))], "little");
+        read_ok(&bytes).select(None, strip).unwrap_err().to_string()
+    };
+    // `__metadata__` is the header's metadata entry, never a tensor: as named, or once a
+    // prefix is stripped.
+    let reserved = "its name would be `__metadata__`, which a safetensors header reserves \
+                    for the file's metadata";
+    assert_eq!(
+        err(V::Dict(vec![(s("__metadata__"), t()), (s("x"), t())]), &[]),
+        format!("tensor `__metadata__`: {reserved}")
+    );
+    assert_eq!(
+        err(
+            V::Dict(vec![(s("module.__metadata__"), t())]),
+            &["module.".to_string()]
+        ),
+        format!("tensor `module.__metadata__`: {reserved}")
+    );
+    // A key that is neither a str nor an int gives no name to write.
+    assert_eq!(
+        err(V::Dict(vec![(V::Tuple(vec![s("a")]), t())]), &[]),
+        "tensor `<a tuple key>`: its dict key is a tuple, not a string: a safetensors file \
+         names each tensor by a string"
+    );
+    assert_eq!(
+        err(
+            V::Dict(vec![
+                (s("x"), t()),
+                (
+                    s("m"),
+                    V::Dict(vec![(V::Float(1.5), V::Dict(vec![(s("w"), t())]))])
+                )
+            ]),
+            &[]
+        ),
+        "tensor `m.<a float key>.w`: its dict key is a float, not a string: a safetensors \
+         file names each tensor by a string"
+    );
+    // Such keys on entries that are not tensors stay left out, as other non-tensors are.
+    let v = V::Dict(vec![(V::Float(1.5), V::Int(3)), (s("w"), t())]);
+    let bytes = torch_zip("archive", &pickle(&v), &[("0", f32s(&[1., 2.]))], "little");
+    let sel = read_ok(&bytes).select(None, &[]).unwrap();
+    assert_eq!(sel.tensors.len(), 1);
+    assert_eq!(sel.skipped, ["<a float key>"]);
 }
 
 #[test]
