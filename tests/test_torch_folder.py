@@ -383,3 +383,33 @@ def test_a_checkpoint_file_is_resharded_with_key_and_prefix(tmp_path, rng, run_m
     # A folder still takes neither.
     with pytest.raises(stcast.UsageError):
         stcast.convert(tmp_path / "ema-bf16", tmp_path / "x", max_shard_size=200, key="ema")
+
+
+def test_an_incomplete_set_of_shards_is_refused(tmp_path, rng, run_main):
+    """Shards `-0000i-of-0000N` with one missing and no index (an interrupted download) are
+    refused before anything is written: converted, they would look like a whole checkpoint.
+    Beside complete PyTorch shards of the same name, the message says those were not used."""
+    src = tmp_path / "ckpt"
+    arrays = make_bin_model(src, rng, shards=2, trainer=False)
+    first = next(iter(arrays))
+    safetensors.numpy.save_file(
+        {k: v for k, v in arrays[first].items()},
+        str(src / "model-00001-of-00002.safetensors"),
+        metadata={"format": "pt"},
+    )
+    dst = tmp_path / "out"
+    rc, out, err = run_main("convert", src, dst)
+    line = assert_one_error_line(err)
+    assert rc == 1 and "model-00002-of-00002.safetensors: missing" in line, line
+    assert "PyTorch shards beside them are not used" in line and not dst.exists()
+    # Without the PyTorch ones: the same refusal, without that clause; inspect too.
+    for f in src.glob("pytorch_model*"):
+        f.unlink()
+    rc, out, err = run_main("inspect", src)
+    line = assert_one_error_line(err)
+    assert rc == 1 and "incomplete (an interrupted download?)" in line and "PyTorch" not in line
+    # Complete, it converts.
+    safetensors.numpy.save_file(
+        dict(arrays[list(arrays)[1]]), str(src / "model-00002-of-00002.safetensors")
+    )
+    assert run_main("convert", src, dst, "-q")[0] == 0

@@ -327,6 +327,7 @@ def walk(src: str, follow_links: bool = False) -> Walked:
             indexes.append(f)
         else:
             weights.append(f)
+    _check_complete(weights, indexes, skipped)
     taken: dict[str, File] = {}
     for f in [*weights, *indexes, *configs, *others]:
         other = taken.setdefault(f.rel, f)
@@ -345,6 +346,49 @@ def walk(src: str, follow_links: bool = False) -> Walked:
         dirs,
         sorted(skipped, key=lambda s: s[0].source_rel),
     )
+
+
+_SHARD_NUMBERS = re.compile(r"(.*)-(\d+)-of-(\d+)\.safetensors")
+
+
+def _check_complete(
+    weights: list[File], indexes: list[File], skipped: list[tuple[File, str]]
+) -> None:
+    """Refuse a set of `STEM-0000i-of-0000N` shards with one missing and no index (which
+    would say so itself): converted, it would look like a whole checkpoint (an interrupted
+    download). Where PyTorch shards of the same name stood beside it, say they were not used."""
+    indexed = {(os.path.dirname(f.rel), os.path.basename(f.rel)) for f in indexes}
+    sets: dict[tuple[str, str, str], set[int]] = {}
+    for w in weights:
+        m = _SHARD_NUMBERS.fullmatch(os.path.basename(w.rel))
+        if m is not None:
+            sets.setdefault((os.path.dirname(w.rel), m.group(1), m.group(3)), set()).add(
+                int(m.group(2))
+            )
+    for (folder, stem, total), have in sorted(sets.items()):
+        n = int(total)
+        if (folder, stem + INDEX_SUFFIX) in indexed or n > 99_999:
+            continue
+        missing = [i for i in range(1, n + 1) if i not in have]
+        if not missing:
+            continue
+        name = f"{stem}-{missing[0]:0{len(total)}d}-of-{total}{WEIGHTS_SUFFIX}"
+        rel = f"{folder}/{name}" if folder else name
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        pytorch = any(
+            why == "superseded" and _family(f.rel) == (folder, stem) for f, why in skipped
+        )
+        beside = (
+            "; the PyTorch shards beside them are not used in their place (remove the "
+            "safetensors ones to convert those)"
+            if pytorch
+            else ""
+        )
+        raise Refused(
+            f"{_esc(rel)}: missing{more}: the shards {_esc(stem)}-*-of-{total} are incomplete "
+            f"(an interrupted download?){beside}; nothing was written",
+            path=rel,
+        )
 
 
 def _torch_name(name: str) -> str | None:
