@@ -167,16 +167,15 @@ mod tests {
             plain(&t),
             "tensor `a{force}b` and force (on_overflow=keep or keep)"
         );
-        let cli = render(&t, |p| {
-            let flag = format!("--{}", p.option.name().replace('_', "-"));
-            match p.value {
-                Some(v) => format!("{flag} {v}"),
-                None => flag,
-            }
+        // Any renderer gets each placeholder's option and value (the CLI's flags are
+        // rendered and tested on the Python side, tests/test_api.py).
+        let tagged = render(&t, |p| match p.value {
+            Some(v) => format!("<{}:{v}>", p.option.name()),
+            None => format!("<{}>", p.option.name()),
         });
         assert_eq!(
-            cli,
-            "tensor `a{force}b` and --force (--on-overflow keep or --keep)"
+            tagged,
+            "tensor `a{force}b` and <force> (<on_overflow:keep> or <keep>)"
         );
         // Not placeholders: unknown names, odd values, lone braces.
         for s in ["{nope}", "{force=a b}", "{", "}", "{force", "x{}y"] {

@@ -751,9 +751,8 @@ def test_keep_and_on_overflow_keep_change_sizes_before_the_cut(tmp_path, run_mai
 # --- transformers ----------------------------------------------------------------------------
 
 
-def test_transformers_loads_a_resharded_bert(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    torch = pytest.importorskip("torch")
+def tiny_bert(transformers, torch):
+    """A 2-layer BERT with a fixed seed."""
     config = transformers.BertConfig(
         vocab_size=64,
         hidden_size=32,
@@ -763,12 +762,12 @@ def test_transformers_loads_a_resharded_bert(tmp_path):
         max_position_embeddings=32,
     )
     torch.manual_seed(0)
-    model = transformers.BertModel(config)
-    src = tmp_path / "bert"
-    model.save_pretrained(src, safe_serialization=True)
-    dst = tmp_path / "bert-bf16"
-    stcast.convert(src, dst, max_shard_size="20kB")
-    assert len(shard_files(dst)) > 1 and (dst / "model.safetensors.index.json").exists()
+    return transformers.BertModel(config)
+
+
+def check_bert_loads(transformers, torch, model, dst: Path) -> None:
+    """transformers loads DST with no missing or unexpected key, every parameter the
+    model's in bf16."""
     loaded, info = transformers.BertModel.from_pretrained(dst, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     for name, p in model.state_dict().items():
@@ -776,20 +775,23 @@ def test_transformers_loads_a_resharded_bert(tmp_path):
         assert torch.equal(p.to(torch.bfloat16), q.to(torch.bfloat16)), name
 
 
+def test_transformers_loads_a_resharded_bert(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    model = tiny_bert(transformers, torch)
+    src = tmp_path / "bert"
+    model.save_pretrained(src, safe_serialization=True)
+    dst = tmp_path / "bert-bf16"
+    stcast.convert(src, dst, max_shard_size="20kB")
+    assert len(shard_files(dst)) > 1 and (dst / "model.safetensors.index.json").exists()
+    check_bert_loads(transformers, torch, model, dst)
+
+
 def test_transformers_loads_a_resharded_pytorch_bert(tmp_path):
     """The same from `pytorch_model.bin` (torch.save): re-sharded into model-*.safetensors."""
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
-    config = transformers.BertConfig(
-        vocab_size=64,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=37,
-        max_position_embeddings=32,
-    )
-    torch.manual_seed(0)
-    model = transformers.BertModel(config)
+    model = tiny_bert(transformers, torch)
     src = tmp_path / "bert"
     model.save_pretrained(src)
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
@@ -800,11 +802,7 @@ def test_transformers_loads_a_resharded_pytorch_bert(tmp_path):
     stcast.convert(src, dst, max_shard_size="20kB")
     assert not list(dst.glob("*.bin")) and (dst / "model.safetensors.index.json").exists()
     assert len(shard_files(dst)) > 1
-    loaded, info = transformers.BertModel.from_pretrained(dst, output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
-    for name, p in model.state_dict().items():
-        q = loaded.state_dict()[name]
-        assert torch.equal(p.to(torch.bfloat16), q.to(torch.bfloat16)), name
+    check_bert_loads(transformers, torch, model, dst)
     assert stcast.verify(src, dst).ok
 
 

@@ -366,19 +366,7 @@ fn blocked(
             lo = lo.min(offset);
             hi = hi.max(offset + (n - 1) * inner_stride + 1);
             let at = ((a - first) as usize) * es;
-            let dst = &mut out[at..at + n * es];
-            match es {
-                1 => step::<1>(dst, data, offset, inner_stride),
-                2 => step::<2>(dst, data, offset, inner_stride),
-                4 => step::<4>(dst, data, offset, inner_stride),
-                8 => step::<8>(dst, data, offset, inner_stride),
-                _ => {
-                    for (k, d) in dst.chunks_exact_mut(es).enumerate() {
-                        let at = (offset + k * inner_stride) * es;
-                        d.copy_from_slice(&data[at..at + es]);
-                    }
-                }
-            }
+            copy_strided(&mut out[at..at + n * es], data, es, offset, inner_stride);
         }
         if lo < hi {
             done(lo, hi);
@@ -422,18 +410,7 @@ fn strided(
         if inner_stride == 1 {
             dst.copy_from_slice(&data[offset * es..(offset + n) * es]);
         } else {
-            match es {
-                1 => step::<1>(dst, data, offset, inner_stride),
-                2 => step::<2>(dst, data, offset, inner_stride),
-                4 => step::<4>(dst, data, offset, inner_stride),
-                8 => step::<8>(dst, data, offset, inner_stride),
-                _ => {
-                    for (k, d) in dst.chunks_exact_mut(es).enumerate() {
-                        let at = (offset + k * inner_stride) * es;
-                        d.copy_from_slice(&data[at..at + es]);
-                    }
-                }
-            }
+            copy_strided(dst, data, es, offset, inner_stride);
         }
         written += n * es;
         if written == out.len() {
@@ -453,6 +430,23 @@ fn strided(
             }
             offset -= (idx[d] * strides[d]) as usize;
             idx[d] = 0;
+        }
+    }
+}
+
+/// Copy `dst.len() / es` elements of `es` bytes, `stride` elements apart from `offset`
+/// (fixed-size copies for the usual widths).
+fn copy_strided(dst: &mut [u8], data: &[u8], es: usize, offset: usize, stride: usize) {
+    match es {
+        1 => step::<1>(dst, data, offset, stride),
+        2 => step::<2>(dst, data, offset, stride),
+        4 => step::<4>(dst, data, offset, stride),
+        8 => step::<8>(dst, data, offset, stride),
+        _ => {
+            for (k, d) in dst.chunks_exact_mut(es).enumerate() {
+                let at = (offset + k * stride) * es;
+                d.copy_from_slice(&data[at..at + es]);
+            }
         }
     }
 }

@@ -78,7 +78,7 @@ class Run:
     ours: dict[str, tuple[int, int]] = field(default_factory=dict)
     tuning: dict[str, Any] | None = None
 
-    def replace_for(self, rel: str) -> object:
+    def replace_for(self, rel: str) -> tuple[int, int] | str | None:
         """How publishing `rel` may treat a file already there (see `_core.write_file`)."""
         if rel in self.ours:
             return self.ours[rel]
@@ -313,18 +313,11 @@ def unpublish(run: Run, plan: Plan) -> None:
     that a folder holding them is complete. Only files stcast may replace are removed."""
     cues = [*plan.index_rels(), *(c[0].rel for c in plan.configs)]
     for rel in cues + [f.rel for f in plan.late_copies]:
-        path = os.path.join(run.dst, rel)
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            continue
         replace = run.replace_for(rel)
-        if replace is None or stat.S_ISDIR(st.st_mode):
-            continue  # the survey refused what may not be replaced; a folder stays
-        if replace != "any" and (st.st_dev, st.st_ino) != replace:
-            continue
-        os.unlink(path)
-        run.ours.pop(rel, None)
+        if replace is None:
+            continue  # the survey refused what may not be replaced
+        if _unlink_if(run, rel, None if isinstance(replace, str) else replace):
+            run.ours.pop(rel, None)
 
 
 def remove_stale(run: Run, stale: dict[str, tuple[int, int]]) -> None:
@@ -333,14 +326,22 @@ def remove_stale(run: Run, stale: dict[str, tuple[int, int]]) -> None:
     beside the new shards, named by no index. Only files still the ones a manifest
     recorded are removed."""
     for rel, identity in stale.items():
-        path = os.path.join(run.dst, rel)
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            continue
-        if (st.st_dev, st.st_ino) == identity and stat.S_ISREG(st.st_mode):
-            os.unlink(path)
-        run.ours.pop(rel, None)
+        if _unlink_if(run, rel, identity) is not None:
+            run.ours.pop(rel, None)
+
+
+def _unlink_if(run: Run, rel: str, identity: tuple[int, int] | None) -> bool | None:
+    """Unlink `rel` of DST if it is not a folder and, given `identity`, is still that file
+    (device and inode). True if removed, False if left, None if there was nothing."""
+    path = os.path.join(run.dst, rel)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISDIR(st.st_mode) or (identity is not None and (st.st_dev, st.st_ino) != identity):
+        return False  # a folder stays; so does a file that is no longer the one proven
+    os.unlink(path)
+    return True
 
 
 def out_path(dst: str, rel: str) -> str:
