@@ -2,6 +2,9 @@
 //!
 //! Shared by path (`#[path]`), so the fuzzer and CI test exactly the same thing:
 //! - `read_header` and `plan` never panic, whatever the bytes;
+//! - `read_header` accepts exactly what the `safetensors` crate's `read_metadata` accepts,
+//!   less headers with a repeated name (which the crate's map hides), and reads the same
+//!   tensors and metadata;
 //! - a header they accept is consistent: tensors sorted, contiguous from 0, covering the file;
 //! - its plan, for both targets, is contiguous and aligned, and for small files an
 //!   in-memory conversion (the same plan and slice kernels as a real run, without files)
@@ -21,7 +24,9 @@ pub const CONVERT_MAX: usize = 1 << 16;
 /// Check `data`; returns whether `read_header` accepted it.
 pub fn check(data: &[u8]) -> bool {
     let path = Path::new("fuzz.safetensors");
-    let Ok(src) = header::read_header(path, data) else {
+    let ours = header::read_header(path, data);
+    same_as_the_crate(&ours, data);
+    let Ok(src) = ours else {
         return false;
     };
     check_source(&src, data.len() as u64);
@@ -42,6 +47,37 @@ pub fn check(data: &[u8]) -> bool {
         }
     }
     true
+}
+
+/// Our single-pass header reader against the crate's own validation.
+fn same_as_the_crate(ours: &stcast::error::Result<SourceHeader>, data: &[u8]) {
+    match (ours, safetensors::SafeTensors::read_metadata(data)) {
+        (Ok(src), Ok((n, meta))) => {
+            assert_eq!(src.header_len, n as u64);
+            assert_eq!(src.tensors.len(), meta.offset_keys().len(), "tensor count");
+            for t in &src.tensors {
+                let info = meta.info(&t.name).expect("a tensor the crate has");
+                assert_eq!(info.dtype, t.dtype, "tensor `{}`", t.name);
+                assert_eq!(info.shape, t.shape, "tensor `{}`", t.name);
+                assert_eq!(info.data_offsets, (t.start as usize, t.end as usize));
+            }
+            let theirs = meta.metadata().clone().unwrap_or_default();
+            let ours = src.metadata.clone().unwrap_or_default();
+            assert_eq!(ours.len(), theirs.len(), "metadata keys");
+            for (k, v) in &ours {
+                assert_eq!(theirs.get(k), Some(v), "metadata `{k}`");
+            }
+        }
+        (Ok(_), Err(e)) => panic!("accepted a header the crate refuses: {e}"),
+        (Err(e), Ok(_)) => {
+            let e = e.to_string();
+            assert!(
+                e.contains(": duplicate "),
+                "refused a header the crate accepts: {e}"
+            );
+        }
+        (Err(_), Err(_)) => {}
+    }
 }
 
 fn check_source(src: &SourceHeader, file_len: u64) {
