@@ -84,6 +84,10 @@ CONFIGS = [
     # mode neither populates nor drops pages (and `pwrite-drop` still maps the output: the
     # mode test is `mode != "pwrite"`), so the pair to compare is `plain` against `pwrite`.
     Config("limit_loop popdrop", limit_loop=["8", "popdrop", "2"]),
+    # compare.py's bare loop (16 MiB windows, drop, no populate) and the same at stcast's
+    # 8 MiB window: what the window size alone is worth to the loop.
+    Config("limit_loop drop 16", limit_loop=["16", "drop", "2"]),
+    Config("limit_loop drop 8", limit_loop=["8", "drop", "2"]),
     Config("limit_loop plain (mmap out)", limit_loop=["8", "plain", "2"]),
     Config("limit_loop pwrite", limit_loop=["8", "pwrite", "2"]),
 ]

@@ -213,6 +213,9 @@ impl InputFile {
     }
 }
 
+/// Headers from this size on have their pages dropped once parsed (`from_safetensors`).
+const LARGE_HEADER: u64 = 4 << 20;
+
 impl Source {
     /// Open and validate the safetensors file `path` without reading its data.
     pub fn open(path: &Path) -> Result<Source> {
@@ -240,6 +243,12 @@ impl Source {
             }
         })?;
         input.base = header.data_start();
+        // The names and shapes are copied out: a large header's pages (33.8 MB at 300,000
+        // tensors) need not stay resident while the data streams. (A small one is left:
+        // its pages share the first data pages.)
+        if header.header_len >= LARGE_HEADER {
+            input.release_head(header.data_start());
+        }
         Ok(Source {
             path: path.to_path_buf(),
             files: vec![input],
