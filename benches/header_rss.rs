@@ -1,4 +1,5 @@
-//! What reading a safetensors header costs: wall time and peak RSS of stcast's single-pass
+//! What reading a safetensors header costs: wall time and peak RSS of a bare serde_json walk
+//! (the floor of any serde parse), of stcast's single-pass
 //! `header::read_header`, then of the `safetensors` crate's `SafeTensors::read_metadata`
 //! (which `read_header` is fuzzed against), on one file. Ours runs first, so the peak after
 //! it is its own. The many-tensors evidence: a 300,000-tensor header of 33.8 MB took the
@@ -30,6 +31,16 @@ fn main() {
     // SAFETY: read-only map of a file this process does not modify; a benchmark probe.
     let map = unsafe { memmap2::Mmap::map(&file) }.unwrap_or_else(|e| panic!("{path}: {e}"));
     println!("before: {}", peaks());
+    // The floor of any serde_json pass: the JSON walked and checked, nothing kept.
+    let n = u64::from_le_bytes(map[..8].try_into().expect("8 bytes")) as usize;
+    let started = Instant::now();
+    let text = std::str::from_utf8(&map[8..8 + n]).expect("UTF-8");
+    serde_json::from_str::<serde::de::IgnoredAny>(text).expect("JSON");
+    println!(
+        "serde_json IgnoredAny: {:.3?} (UTF-8 check and JSON walk, nothing kept); {}",
+        started.elapsed(),
+        peaks()
+    );
     let started = Instant::now();
     let ours = stcast::header::read_header(std::path::Path::new(&path), &map[..])
         .unwrap_or_else(|e| panic!("{e}"));
