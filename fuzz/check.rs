@@ -51,6 +51,12 @@ pub fn check(data: &[u8]) -> bool {
 
 /// Our single-pass header reader against the crate's own validation.
 fn same_as_the_crate(ours: &stcast::error::Result<SourceHeader>, data: &[u8]) {
+    if let Err(e) = ours {
+        // Offsets ending past u64: the crate's unchecked addition would panic on these.
+        if e.to_string().contains(header::END_OVERFLOWS) {
+            return;
+        }
+    }
     match (ours, safetensors::SafeTensors::read_metadata(data)) {
         (Ok(src), Ok((n, meta))) => {
             assert_eq!(src.header_len, n as u64);

@@ -6,12 +6,14 @@ use std::fmt;
 use std::path::Path;
 
 use safetensors::tensor::{Dtype, SafeTensors, TensorInfo};
-use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::error::{Error, Result};
 
 /// Size of the little-endian header-length prefix.
 pub const PREFIX: usize = 8;
+/// The reason given for data offsets that end past what a file offset can hold.
+pub const END_OVERFLOWS: &str = "the tensors' data offsets end past any file size";
 /// The safetensors format's limit on the header, which we keep for our output too.
 pub const MAX_HEADER: usize = 100_000_000;
 
@@ -81,15 +83,17 @@ impl SourceHeader {
 pub fn read_header(path: &Path, bytes: &[u8]) -> Result<SourceHeader> {
     match parse(bytes) {
         Ok(header) => Ok(header),
-        Err(Refused::Duplicate(what)) => Err(Error::invalid_header(path, what)),
+        Err(Refused::Ours(what)) => Err(Error::invalid_header(path, what)),
         Err(Refused::Invalid(ours)) => Err(crate_refusal(path, bytes, ours)),
     }
 }
 
 /// Why `parse` refused a header.
 enum Refused {
-    /// A duplicate tensor name or `__metadata__` key: refused by us, whatever the crate says.
-    Duplicate(String),
+    /// Refused by us, whatever the crate says: a duplicate tensor name or `__metadata__`
+    /// key (which the crate's maps would hide), or data offsets whose end overflows (on
+    /// which the crate's unchecked addition would panic: it is never asked about those).
+    Ours(String),
     /// Invalid as the crate defines it; our reason, used if the crate had none.
     Invalid(String),
 }
@@ -117,7 +121,7 @@ fn parse(bytes: &[u8]) -> std::result::Result<SourceHeader, Refused> {
         let reason = e.to_string();
         // The crate's map would keep one of two equal `__metadata__` keys: ours to refuse.
         if reason.starts_with("duplicate __metadata__ key") {
-            Refused::Duplicate(reason)
+            Refused::Ours(reason)
         } else {
             invalid(format!("invalid JSON in header: {reason}"))
         }
@@ -128,12 +132,13 @@ fn parse(bytes: &[u8]) -> std::result::Result<SourceHeader, Refused> {
     // Before the offsets: a repeated name may hold contiguous bytes (`"h":[8,12]`,
     // `"h":[12,15]`) or break them, and either way the name is the reason.
     if let Some(name) = duplicate(&tensors) {
-        return Err(Refused::Duplicate(format!(
-            "duplicate tensor name `{name}`"
-        )));
+        return Err(Refused::Ours(format!("duplicate tensor name `{name}`")));
     }
     let end = validate(&tensors)?;
-    if Some(bytes.len() as u64) != end.checked_add((PREFIX + n) as u64) {
+    let Some(file_end) = end.checked_add((PREFIX + n) as u64) else {
+        return Err(Refused::Ours(format!("{END_OVERFLOWS} ({end} bytes)")));
+    };
+    if file_end != bytes.len() as u64 {
         return Err(invalid(
             "the data offsets do not cover the data section exactly",
         ));
@@ -314,8 +319,7 @@ impl<'de> Visitor<'de> for HeaderVisitor {
                 metadata_seen = true;
                 metadata = map.next_value::<Option<OrderedMetadata>>()?.map(|m| m.0);
             } else {
-                // The crate's own entry type: its dtype names and field rules.
-                let info: TensorInfo = map.next_value()?;
+                let Entry(info) = map.next_value()?;
                 let (start, end) = info.data_offsets;
                 tensors.push(SourceTensor {
                     name: key.into_owned(),
@@ -329,6 +333,72 @@ impl<'de> Visitor<'de> for HeaderVisitor {
             }
         }
         Ok(OrderedHeader { tensors, metadata })
+    }
+}
+
+/// One tensor entry, read as the crate reads it: its `TensorInfo` fields (the crate's
+/// dtype names, shape and offsets types) from an object or a 3-element array, a repeated
+/// or missing field refused. A field the crate does not know is parsed whole, as the
+/// crate's buffered (`flatten`) parse does: a lone surrogate, a number out of range or a
+/// nesting past serde_json's limit in it refuses the file there too. (Skipping it with
+/// `IgnoredAny`, as `TensorInfo`'s own derive does, checks none of those.)
+struct Entry(TensorInfo);
+
+const FIELDS: &[&str] = &["dtype", "shape", "data_offsets"];
+
+impl<'de> de::Deserialize<'de> for Entry {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        d.deserialize_struct("TensorInfo", FIELDS, EntryVisitor)
+    }
+}
+
+struct EntryVisitor;
+
+impl<'de> Visitor<'de> for EntryVisitor {
+    type Value = Entry;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a tensor entry")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Entry, A::Error> {
+        let dtype = seq
+            .next_element()?
+            .ok_or_else(|| de::Error::invalid_length(0, &self))?;
+        let shape = seq
+            .next_element()?
+            .ok_or_else(|| de::Error::invalid_length(1, &self))?;
+        let data_offsets = seq
+            .next_element()?
+            .ok_or_else(|| de::Error::invalid_length(2, &self))?;
+        Ok(Entry(TensorInfo {
+            dtype,
+            shape,
+            data_offsets,
+        }))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Entry, A::Error> {
+        let (mut dtype, mut shape, mut data_offsets) = (None, None, None);
+        while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
+            match &*key {
+                "dtype" if dtype.is_none() => dtype = Some(map.next_value()?),
+                "shape" if shape.is_none() => shape = Some(map.next_value()?),
+                "data_offsets" if data_offsets.is_none() => data_offsets = Some(map.next_value()?),
+                "dtype" | "shape" | "data_offsets" => {
+                    let field = FIELDS.iter().find(|f| **f == key).expect("a field");
+                    return Err(de::Error::duplicate_field(field));
+                }
+                _ => {
+                    map.next_value::<serde_json::Value>()?;
+                }
+            }
+        }
+        Ok(Entry(TensorInfo {
+            dtype: dtype.ok_or_else(|| de::Error::missing_field("dtype"))?,
+            shape: shape.ok_or_else(|| de::Error::missing_field("shape"))?,
+            data_offsets: data_offsets.ok_or_else(|| de::Error::missing_field("data_offsets"))?,
+        }))
     }
 }
 
@@ -446,6 +516,50 @@ mod tests {
                 4,
             ),
             (r#"{"__metadata__":null}"#.to_string(), 0),
+            // Found by review: a field the crate does not know is parsed whole by it.
+            (
+                r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":"\ud800"}}"#
+                    .to_string(),
+                4,
+            ),
+            (
+                r#"{"a":{"x":"\udfff","dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#
+                    .to_string(),
+                4,
+            ),
+            (
+                r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1e400}}"#.to_string(),
+                4,
+            ),
+            (
+                format!(
+                    r#"{{"a":{{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":{}{}}}}}"#,
+                    "[".repeat(125),
+                    "]".repeat(125)
+                ),
+                4,
+            ),
+            (
+                format!(
+                    r#"{{"a":{{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":{}{}}}}}"#,
+                    "[".repeat(126),
+                    "]".repeat(126)
+                ),
+                4,
+            ),
+            (
+                r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":{"y":[1,"z",null]}}}"#
+                    .to_string(),
+                4,
+            ),
+            (r#"{"a":["F32",[1],[0,4]]}"#.to_string(), 4),
+            (r#"{"a":["F32",[1],[0,4],1]}"#.to_string(), 4),
+            (r#"{"a":["F32",[1]]}"#.to_string(), 4),
+            (
+                r#"{"a":{"dtype":"F32","dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#
+                    .to_string(),
+                4,
+            ),
             // Found by the fuzzer: a repeated name whose two entries are contiguous.
             (
                 format!(
@@ -488,6 +602,25 @@ mod tests {
             }
             assert_eq!(ours.is_ok(), theirs.is_ok(), "{h} + {data}: {ours:?}");
         }
+    }
+
+    /// Offsets whose end passes u64 are ours to refuse: the crate's unchecked addition
+    /// would panic on them (found by review).
+    #[test]
+    fn offsets_ending_past_u64_are_refused_without_the_crate() {
+        let s = (1u64 << 61) - 1;
+        let entries: Vec<String> = (0..8)
+            .map(|i| {
+                format!(
+                    r#""t{i}":{{"dtype":"U8","shape":[{s}],"data_offsets":[{},{}]}}"#,
+                    i * s,
+                    (i + 1) * s
+                )
+            })
+            .collect();
+        let h = format!("{{{}}}", entries.join(","));
+        let err = read_header(p(), &file(&h, 0)).unwrap_err().to_string();
+        assert!(err.contains(END_OVERFLOWS), "{err}");
     }
 
     #[test]
