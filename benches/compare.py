@@ -100,6 +100,9 @@ GOAL_WALL_X_LOOP = 1.15  # stcast wall <= this x limit_loop's
 GOAL_USER_X_LOOP = 1.15  # stcast user CPU <= this x limit_loop's ...
 GOAL_USER_START_S = 0.05  # ... + this, for the interpreter's start
 GOAL_MANY_X_FEW = 1.5  # 300000 x 1 KiB wall <= this x 300 x 1000 KiB wall
+# Re-planned from the issue's evidence (a serde walk of the 33.8 MB header alone is 50 ms):
+# (many wall - few wall) / many tensors <= this, the cost per tensor of the same data.
+GOAL_PER_TENSOR_S = 1e-6
 GOAL_MANY_RSS_BASE = 64 * MiB  # peak RSS <= this + GOAL_MANY_RSS_PER_HEADER_BYTE x header
 GOAL_MANY_RSS_PER_HEADER_BYTE = 4
 GOAL_MANY_RSS_ACTIONS = ("convert", "verify")  # the actions held to that RSS bound
@@ -1101,6 +1104,16 @@ def goals(
                     verdict(mw <= GOAL_MANY_X_FEW * fw),
                     f"{where}: convert {mk} wall ≤ {GOAL_MANY_X_FEW:g}× {fk}'s: {mw / fw:.3f}× "
                     f"({mw:.3f} s vs {fw:.3f} s; {per_round(r)}; {note(conv, conv_few)})",
+                )
+            )
+            count = int(mk.split(" ×")[0])  # the case is named "COUNT × SIZE" (many_cases)
+            per = (mw - fw) / count
+            out.append(
+                (
+                    verdict(per <= GOAL_PER_TENSOR_S),
+                    f"{where}: convert {mk}: the cost per tensor over {fk}'s wall ≤ "
+                    f"{GOAL_PER_TENSOR_S * 1e6:g} µs: {per * 1e6:.2f} µs "
+                    f"(({mw:.3f} s − {fw:.3f} s) / {count:,})",
                 )
             )
         else:
