@@ -83,9 +83,10 @@ def test_peak_rss_is_bounded(tmp_path):
 def write_big_bin(path: Path, size: int) -> Path:
     """A PyTorch checkpoint (zip) of `size` data bytes of F32 in two storages, written 8 MiB
     at a time, with a tensor tied to the first (as tied embeddings are), a view of the
-    first half of each of its rows, and a transposed view of the second (each gathered,
-    window by window: the transposed one reads a page of every row of its storage for each
-    row it writes)."""
+    first half of each of its rows, a transposed view of the second and a view of every
+    1024th element of the second (each gathered, window by window: the transposed one reads
+    a page of every row of its storage for each row it writes, the strided one a page per
+    element)."""
     import torchfile as tf
 
     chunk = np.linspace(-3.0, 3.0, CHUNK // 4, dtype=np.float32).tobytes()
@@ -118,6 +119,10 @@ def write_big_bin(path: Path, size: int) -> Path:
             ((size - half) // 4 // 1024, 1024),
             stride=(1, (size - half) // 4 // 1024),
         ),
+        # x[::1024]: one element per 4 KiB page of the whole storage, in one small window.
+        "every_1024th": tf.tensor(
+            "1", "float32", ((size - half) // 4 // 1024,), stride=(1024,), numel=(size - half) // 4
+        ),
     }
     tf.write_zip(path, obj, {"0": storage(half), "1": storage(size - half)})
     return path
@@ -130,8 +135,9 @@ def test_peak_rss_is_bounded_for_a_pytorch_checkpoint(tmp_path):
         src = write_big_bin(tmp_path / f"in{size_mib}.bin", size_mib * MIB)
         dst = tmp_path / f"out{size_mib}.safetensors"
         peaks[size_mib] = peak_rss_of_convert(src, dst)
-        # a, tied, half_rows, b and transposed: 2.25 times the data, halved.
-        assert dst.stat().st_size < size_mib * MIB * 9 // 8 + 4096
+        # a, tied, half_rows, b and transposed: 2.25 times the data, halved; every_1024th:
+        # 1/2048 of it, halved.
+        assert dst.stat().st_size < size_mib * MIB * 9 // 8 + size_mib * MIB // 4096 + 4096
         src.unlink()
         dst.unlink()
     print({k: f"{v / MIB:.1f} MiB" for k, v in peaks.items()})

@@ -231,6 +231,10 @@ pub fn gather(
 /// (see `gather_releasing`).
 pub const GATHER_BLOCK: usize = 64;
 
+/// Bytes of storage a run of a strided one-dimensional view spans before it is released
+/// (see `gather_blocked`).
+const SPAN_BLOCK: usize = 1 << 20;
+
 /// `gather`, calling `release` with each byte range of `map` it is done with, while it
 /// gathers. A view whose innermost dimension is strided (a transposed weight) reads one
 /// element of many storage rows for every output row: walked row by row, one window would
@@ -304,6 +308,16 @@ fn gather_blocked(
         let mut done = |lo: usize, hi: usize| release(at(lo)..at(hi));
         blocked(
             data, es, base, &sizes, &strides, first_elem, out, block, &mut done,
+        );
+    } else if sizes.len() == 1 && strides[0] > 1 && sizes[0] > block as u64 {
+        // One strided dimension (`x[::k]`): a window of its elements spans k times its
+        // bytes of storage, a page per element once k is large. Copied in runs spanning
+        // about `SPAN_BLOCK` bytes of storage, each released after it is read.
+        let run = (SPAN_BLOCK / (strides[0] as usize * es)).max(block);
+        let at = |elem: usize| t.data_start + (elem * es) as u64;
+        let mut done = |lo: usize, hi: usize| release(at(lo)..at(hi));
+        blocked(
+            data, es, base, &sizes, &strides, first_elem, out, run, &mut done,
         );
     } else {
         strided(data, es, base, &sizes, &strides, first_elem, out);
@@ -515,7 +529,8 @@ mod tests {
     #[test]
     fn blocked_gathers_equal_the_reference_and_release_what_they_read() {
         // Strided innermost dimensions longer than the block: transposed, permuted, with
-        // an offset, a size-1 dimension, a broadcast row; every window, blocks of 1 to 4.
+        // an offset, a size-1 dimension, a broadcast row, one dimension; every window,
+        // blocks of 1 to 4.
         let map = map16(400);
         let cases: &[(&[u64], &[u64], u64)] = &[
             (&[3, 7], &[1, 3], 0),
@@ -524,6 +539,10 @@ mod tests {
             (&[3, 2, 5], &[2, 1, 6], 1),
             (&[4, 1, 6], &[1, 50, 4], 3),
             (&[3, 6], &[0, 2], 0),
+            // One strided dimension (`x[::k]`), longer than the block.
+            (&[9], &[3], 0),
+            (&[7], &[2], 5),
+            (&[6], &[40], 1),
         ];
         for &(shape, stride, off) in cases {
             let t = desc(Dtype::U16, shape, stride, off, 800);
