@@ -18,7 +18,7 @@ use crate::kernels::Isa;
 use crate::numerics::Numerics;
 use crate::output::{self, AtPath, PathId, Replace, TempOutput};
 use crate::plan::{self, KeptTensor, Plan, PlanOptions};
-use crate::source::{fadvise_dontneed, Source};
+use crate::source::{fadvise_dontneed, PendingRelease, Source};
 use crate::vocab::{OnOverflow, ReadAdvice, Target};
 use crate::window::{worker_pool, Cursor, Window, Work, DEFAULT_STEP, DEFAULT_WINDOW};
 
@@ -256,8 +256,8 @@ pub struct Job {
     isa: Isa,
     tuning: Tuning,
     cursor: Cursor,
-    /// Input pages read but not yet released: a file of the source and an absolute range.
-    in_pending: Option<(usize, u64, u64)>,
+    /// Input pages read but not yet released.
+    in_pending: PendingRelease,
     /// Where gathered tensors (strided or big-endian views) are copied, a window at a time.
     scratch: Vec<u8>,
     /// Output written since the last writeback start: an absolute file range.
@@ -320,7 +320,7 @@ impl Job {
             isa: opts.tuning.isa.unwrap_or_else(Isa::detect),
             tuning: opts.tuning.clone(),
             cursor,
-            in_pending: None,
+            in_pending: PendingRelease::default(),
             scratch: Vec::new(),
             out_pending: None,
             out_inflight: VecDeque::new(),
@@ -578,20 +578,9 @@ impl Job {
 
     /// Drop input pages that are done with, in contiguous batches of about a window.
     fn release_input(&mut self, input: usize, at: u64, n: u64) {
-        match self.in_pending {
-            Some((i, a, b)) if i == input && b == at => self.in_pending = Some((i, a, b + n)),
-            Some((i, a, b)) => {
-                self.src.files[i].release((a, b));
-                self.in_pending = Some((input, at, at + n));
-            }
-            None => self.in_pending = Some((input, at, at + n)),
-        }
-        if let Some((i, a, b)) = self.in_pending {
-            if b - a >= self.tuning.window as u64 {
-                self.src.files[i].release((a, b));
-                self.in_pending = None;
-            }
-        }
+        let window = self.tuning.window as u64;
+        self.in_pending
+            .add(&self.src.files, input, (at, at + n), window);
     }
 
     /// Start writeback of finished output and drop the window written before it.
@@ -658,9 +647,7 @@ impl Job {
     }
 
     fn flush_pages(&mut self) -> Result<()> {
-        if let Some((i, a, b)) = self.in_pending.take() {
-            self.src.files[i].release((a, b));
-        }
+        self.in_pending.flush(&self.src.files);
         if let Some(r) = self.out_pending.take() {
             self.write_behind(r)?;
         }

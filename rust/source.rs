@@ -213,6 +213,39 @@ impl InputFile {
     }
 }
 
+/// Input pages read and not yet released, gathered into contiguous runs of about a window,
+/// so that many small reads (tensors of a few KiB) cost one release call (convert, verify).
+#[derive(Debug, Default)]
+pub struct PendingRelease(Option<(usize, u64, u64)>);
+
+impl PendingRelease {
+    /// `[a, b)` of `files[i]` is read: release it with its contiguous neighbours once they
+    /// make `window` bytes (a run that does not follow on is released first).
+    pub fn add(&mut self, files: &[InputFile], i: usize, (a, b): (u64, u64), window: u64) {
+        self.0 = match self.0 {
+            Some((f, x, y)) if f == i && y == a => Some((f, x, b)),
+            Some((f, x, y)) => {
+                files[f].release((x, y));
+                Some((i, a, b))
+            }
+            None => Some((i, a, b)),
+        };
+        if let Some((f, x, y)) = self.0 {
+            if y - x >= window {
+                files[f].release((x, y));
+                self.0 = None;
+            }
+        }
+    }
+
+    /// Release what is pending.
+    pub fn flush(&mut self, files: &[InputFile]) {
+        if let Some((f, x, y)) = self.0.take() {
+            files[f].release((x, y));
+        }
+    }
+}
+
 /// Headers from this size on have their pages dropped once parsed (`from_safetensors`).
 const LARGE_HEADER: u64 = 4 << 20;
 

@@ -21,7 +21,7 @@ use crate::kernels::Isa;
 use crate::numerics::Numerics;
 use crate::output::{check_side_output, write_file, PathId, Replace};
 use crate::plan::{self, PlanOptions};
-use crate::source::{InputFile, Source};
+use crate::source::{InputFile, PendingRelease, Source};
 use crate::text::esc;
 use crate::vocab::{OnOverflow, Target, Unmatched};
 use crate::window::{worker_pool, Cursor, Window, Work};
@@ -196,8 +196,6 @@ pub struct Verifier {
     kept_max: Vec<f64>,
     /// Data bytes of both files to compare.
     total: u64,
-    /// Input bytes per window.
-    window: u64,
     /// What each side has checked and read (small tensors batched, as convert does).
     src_reads: Reads,
     dst_reads: Reads,
@@ -215,8 +213,8 @@ const POPULATE_MIN: usize = 64 << 10;
 struct Reads {
     /// A file and the absolute range that its last check covers.
     checked: Option<(usize, u64, u64)>,
-    /// Pages read and not yet released: a file and an absolute range.
-    pending: Option<(usize, u64, u64)>,
+    /// Pages read and not yet released.
+    pending: PendingRelease,
 }
 
 impl Reads {
@@ -242,25 +240,9 @@ impl Reads {
     /// `[a, b)` of file `i` is read: drop it now if it is large, else with its contiguous
     /// small neighbours once they make a window.
     fn release(&mut self, files: &[InputFile], i: usize, (a, b): (u64, u64), window: u64) {
-        self.pending = match self.pending {
-            Some((f, x, y)) if f == i && y == a => Some((f, x, b)),
-            Some((f, x, y)) => {
-                files[f].release((x, y));
-                Some((i, a, b))
-            }
-            None => Some((i, a, b)),
-        };
-        if let Some((f, x, y)) = self.pending {
-            if y - x >= window || b - a >= POPULATE_MIN as u64 {
-                files[f].release((x, y));
-                self.pending = None;
-            }
-        }
-    }
-
-    fn flush(&mut self, files: &[InputFile]) {
-        if let Some((f, x, y)) = self.pending.take() {
-            files[f].release((x, y));
+        self.pending.add(files, i, (a, b), window);
+        if b - a >= POPULATE_MIN as u64 {
+            self.pending.flush(files);
         }
     }
 }
@@ -383,7 +365,6 @@ impl Verifier {
             total: total + dst_total,
             numerics,
             pairs,
-            window: crate::window::window_size(opts.tuning.window) as u64,
             src_reads: Reads::default(),
             dst_reads: Reads::default(),
         })
@@ -426,7 +407,7 @@ impl Verifier {
             );
             let (sn, dn) = (w.len as usize, (w.len / src_size * dst_size) as usize);
             let (si, di) = (s_input(&self.src, pair), d_input(&self.dst, pair));
-            let window = self.window;
+            let window = self.cursor.window();
             self.src_reads
                 .check(&self.src.files, si, (sa as u64, sn as u64), window)?;
             self.dst_reads
@@ -520,8 +501,8 @@ impl Verifier {
         }
         let done = self.next_window().is_none();
         if done {
-            self.src_reads.flush(&self.src.files);
-            self.dst_reads.flush(&self.dst.files);
+            self.src_reads.pending.flush(&self.src.files);
+            self.dst_reads.pending.flush(&self.dst.files);
         }
         Ok(done)
     }

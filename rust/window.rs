@@ -85,6 +85,11 @@ impl Cursor {
         self.done += w.len;
     }
 
+    /// Bytes per window.
+    pub fn window(&self) -> u64 {
+        self.window
+    }
+
     /// Bytes done and in all.
     pub fn progress(&self) -> (u64, u64) {
         (self.done, self.total)
