@@ -1,7 +1,8 @@
 """Independent references for the bf16 conversion.
 
 F32 and F16 go through ml_dtypes (the contract: same bits, NaN included). F64 is rounded
-once, exactly, with `fractions.Fraction`: ml_dtypes (and torch) round F64 twice via F32.
+once, exactly, with `fractions.Fraction`: torch, and ml_dtypes before 0.7, round F64 twice
+via F32, so no package is the F64 oracle.
 """
 
 from __future__ import annotations

@@ -4,8 +4,10 @@
   ml_dtypes, NaN encodings included. The full 2^32 sweep against an independent rule runs in
   `cargo test --release` (rust/kernels.rs).
 - F16: all 2^16 patterns against ml_dtypes.
-- F64: ml_dtypes and torch round twice (via F32), so they are no oracle: an exact reference,
-  vectorised below and itself checked against `fractions` (tests/reference.py).
+- F64: the oracle is an exact reference (one correct rounding), vectorised below and itself
+  checked against `fractions` (tests/reference.py), never a package: torch rounds F64 twice
+  (via F32), ml_dtypes did before 0.7 and rounds once from 0.7 on. A test states which rounding
+  the installed ml_dtypes does and checks it.
 - torch, when installed: equal on every non-NaN value.
 """
 
@@ -275,6 +277,18 @@ def test_f64_to_bf16_is_rounded_once(f64_case, tmp_path, isa):
     assert first_difference(got, want, x.view(np.uint64)) == ""
 
 
+def double_rounded(x: np.ndarray) -> np.ndarray:
+    """bf16 bits of float64 values rounded twice, to F32 and then to BF16 (torch's way)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return x.astype(np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+
+
+def ml_dtypes_rounds_f64_once() -> bool:
+    """ml_dtypes rounds F64 -> BF16 once from 0.7.0 on; before, twice via F32."""
+    major, minor = (int(p) for p in ml_dtypes.__version__.split(".")[:2])
+    return (major, minor) >= (0, 7)
+
+
 def test_f64_witnesses_in_verify(tmp_path):
     """verify recomputes F64 correctly too: a double-rounded file is refused, ours accepted."""
     x = np.array([w for w, _ in WITNESSES])
@@ -282,11 +296,30 @@ def test_f64_witnesses_in_verify(tmp_path):
     ours = tmp_path / "ours.safetensors"
     _core.convert(str(src), str(ours))
     assert stcast.verify(src, ours).ok
-    with np.errstate(over="ignore", invalid="ignore"):
-        twice = x.astype(ml_dtypes.bfloat16).view(np.uint16)  # via F32
+    twice = double_rounded(x)
     theirs = write_safetensors(tmp_path / "twice.safetensors", {"w": ("BF16", [len(x)], twice)})
     m = stcast.verify(src, theirs, loose=True).mismatch
     assert m is not None and (m.index, m.expected_bits, m.found_bits) == (0, "0x3F81", "0x3F80")
+
+
+def test_ml_dtypes_f64_rounding_is_what_its_version_says(f64_case):
+    """The installed ml_dtypes rounds F64 as its version says: once (>= 0.7), else twice.
+
+    Either way stcast is checked against the exact reference above, not against ml_dtypes;
+    this test only keeps the docs' statement about ml_dtypes true for the version installed.
+    """
+    _, _, x, want = f64_case
+    with np.errstate(over="ignore", invalid="ignore"):
+        theirs = x.astype(ml_dtypes.bfloat16).view(np.uint16)
+    nan = np.isnan(x)
+    expected = want if ml_dtypes_rounds_f64_once() else double_rounded(x)
+    print(
+        f"ml_dtypes {ml_dtypes.__version__} rounds F64 -> BF16",
+        "once" if ml_dtypes_rounds_f64_once() else "twice (via F32)",
+    )
+    assert first_difference(theirs[~nan], expected[~nan], x.view(np.uint64)[~nan]) == ""
+    # The witnesses tell the two roundings apart.
+    assert not np.array_equal(want[: len(WITNESSES)], double_rounded(x[: len(WITNESSES)]))
 
 
 # --- torch --------------------------------------------------------------------------------

@@ -57,7 +57,8 @@ def convert(
     F32, F64 (and, for bf16, F16) tensors are rounded to nearest, ties to even, subnormals
     included; NaN keeps its sign and becomes the quiet NaN (`sign | 0x7FC0` in bf16). Every
     other tensor is copied byte for byte, and `__metadata__` is kept. stcast rounds F64 once,
-    correctly; torch and ml_dtypes round it twice, via F32, and can differ in the last bit.
+    correctly, as ml_dtypes >= 0.7 does; torch (and ml_dtypes < 0.7) round it twice, via F32,
+    and can differ in the last bit.
     Memory stays bounded whatever the size: the input is mapped and converted in small
     windows that are released once written. The output appears only once complete.
 
