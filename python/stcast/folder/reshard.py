@@ -5,7 +5,9 @@ A group is the set of weight files one index names; every other weight file is a
 its own. The engine plans each group from the headers alone (`_core.ShardGroup.plan`):
 tensors in input order, assigned greedily, each shard an ordinary stcast output. Output
 names follow the group's stem (`model` -> `model-00001-of-00003.safetensors` and
-`model.safetensors.index.json`, or `model.safetensors` when one shard holds everything).
+`model.safetensors.index.json`, or `model.safetensors` when one shard holds everything),
+or the stem `name` gives for a checkpoint of one group (`ema.safetensors` with
+`name="model"` -> `model-00001-of-00003.safetensors`: what `from_pretrained` looks for).
 The old shards and the old index are never written.
 
 Each output shard is a unit of work as a weight file is in a plain folder run: `resume`
@@ -19,11 +21,11 @@ import json
 import os
 import re
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from .. import _core, _engine
-from ..errors import Cancelled, InvalidInput, Refused
+from ..errors import Cancelled, InvalidInput, Refused, UsageError
 from ..reports import ConvertReport, FileReport, Notice, _build, notices
 from . import manifest as _manifest
 from . import walk as _walk
@@ -130,6 +132,25 @@ def groups_of(
     return sorted(groups, key=lambda g: g.inputs[0].rel)
 
 
+def named(groups: list[Group], name: str | None) -> list[Group]:
+    """The groups with the output stem `name` (the `name` option), when given: it names the
+    output of one group only, so a folder of several is a usage error."""
+    if name is None:
+        return groups
+    if len(groups) > 1:
+        listed = ", ".join(
+            f"`{_esc(g.index.rel if g.index is not None else g.inputs[0].rel)}`" for g in groups[:3]
+        )
+        more = f" and {len(groups) - 3} more" if len(groups) > 3 else ""
+        raise UsageError(
+            f"{{name}} names the output of one checkpoint, but SRC holds {len(groups)} "
+            f"({listed}{more}); leave it out (each keeps its own stem), or convert them "
+            "one at a time",
+            option="name",
+        )
+    return [replace(g, stem=name) for g in groups]
+
+
 def plan(
     walked: _walk.Plan,
     max_size: int,
@@ -139,20 +160,22 @@ def plan(
     cancel: CancelFlag | None = None,
     *,
     source: dict[str, Any] | None = None,
+    name: str | None = None,
 ) -> Reshard:
     """Plan every group of `walked` into output shards of at most `max_size` bytes.
 
     With `on_overflow="keep"` the tensors that would overflow are found first (a read of
     the float tensors, as `convert` makes), unless `keep_names` gives them: which tensors
     keep their dtype decides the sizes, so it must be known before the shards are cut.
-    `source` (`key`, `strip_prefix`) says how a single PyTorch checkpoint is read.
+    `source` (`key`, `strip_prefix`) says how a single PyTorch checkpoint is read; `name`
+    is the output stem of a checkpoint of one group (see `named`).
     """
     source = source or {}
+    groups = named(groups_of(walked.weights, walked.indexes), name)
     if keep_names is None:
         keep_names = {}
         if precision.get("on_overflow") == "keep":
             keep_names = _overflowing(walked.weights, to, precision, cancel, source)
-    groups = groups_of(walked.weights, walked.indexes)
     reshard = Reshard(max_size, [], keep_names, [], list(precision.get("keep", [])))
     taken: dict[str, str] = {}  # output rel -> what writes it
     for f, _ in walked.configs:
@@ -464,7 +487,7 @@ def adoptable(dst: str, rel: str, kind: str, reshard: Reshard, options: dict[str
     if st.st_size != unit.size or _manifest.header_sha256(path) != unit.header_sha256:
         return False
     g = reshard.groups[unit.group]
-    precision = {k: v for k, v in options.items() if k not in ("to", "max_shard_size")}
+    precision = {k: v for k, v in options.items() if k not in ("to", "max_shard_size", "name")}
     report = _core.verify_shard(
         g.core, path, g.indexed, to=options["to"], numerics=False, **precision
     )
@@ -619,12 +642,15 @@ def resharded_pairs(
     indexes: list[tuple[_walk.File, str, dict[str, str]]],
     found: set[str],
     same: list[tuple[Group, Group]] | None = None,
+    name: str | None = None,
 ) -> list[tuple[Group, Group]]:
     """The groups of SRC that DST holds sharded differently, each with DST's group of the
     same folder and stem. A group whose files, and index weight map, are the same in both
     is verified file by file instead (as is one DST lacks: its files are missing); those
     with an index go to `same` too: a re-sharding whose cut fell where SRC's did has the
-    same files, but its index and metadata are a re-sharding's."""
+    same files, but its index and metadata are a re-sharding's. With `name` (a SRC of one
+    group: see `named`), DST's group is the one of that stem; its files are then checked
+    against that stem's names."""
     dst_weights = [_stat_file(dst, r) for r in sorted(found) if r.endswith(_WEIGHTS)]
     names = {w.rel for w in dst_weights}
     dst_indexes = []
@@ -635,7 +661,7 @@ def resharded_pairs(
     src_maps = {f.rel: m for f, _, m in indexes}
     dst_maps = {f.rel: m for f, _, m in dst_indexes}
     pairs = []
-    for g in groups_of(weights, indexes):
+    for g in named(groups_of(weights, indexes), name):
         d = theirs.get((g.dir, g.stem))
         if d is None:
             continue
