@@ -1151,3 +1151,22 @@ def test_transformers_loads_a_named_resharded_file(tmp_path):
     assert len(shard_files(dst)) > 1 and (dst / "model.safetensors.index.json").exists()
     shutil.copy(saved / "config.json", dst / "config.json")
     check_bert_loads(transformers, torch, model, dst)
+
+
+def test_shards_of_the_own_stem_left_beside_a_named_output_are_named(tmp_path, run_main):
+    """A finished run under the input's stem, then `--force --name model`: the old shards
+    (no manifest proves them stcast's) stay and a warning names them; the input file itself,
+    re-sharded into its own folder, is never called a leftover."""
+    src = write_single(tmp_path / "ema.safetensors", np.random.default_rng(40), 4, rows=30)
+    dst = tmp_path / "out"
+    assert run_main("convert", src, dst, "--max-shard-size", "3kB", "-q")[0] == 0
+    old = sorted(p.name for p in dst.glob("ema-*.safetensors"))
+    assert old
+    args = ("--max-shard-size", "3kB", "--name", "model", "--force")
+    rc, _, err = run_main("convert", src, dst, *args)
+    assert rc == 0 and "left from another cut" in err and old[0] in err, err
+    assert sorted(p.name for p in dst.glob("ema-*.safetensors")) == old
+    # Into the input's own folder: the input is not a leftover of anything.
+    rc, _, err = run_main("convert", src, tmp_path, *args)
+    assert rc == 0 and "left from another cut" not in err, err
+    assert (tmp_path / "model.safetensors.index.json").exists() and src.exists()

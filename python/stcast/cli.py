@@ -744,9 +744,8 @@ def _print_name_hint(report: stcast.ConvertReport) -> None:
     if not weights or any(model.fullmatch(w) for w in weights):
         return
     print(
-        "  names    transformers' from_pretrained looks for model.safetensors or "
-        "model.safetensors.index.json: --name model writes the shards and index under those "
-        "names"
+        "  hint     transformers' from_pretrained loads model.safetensors[.index.json]: "
+        "add --name model"
     )
 
 

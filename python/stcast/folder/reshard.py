@@ -51,6 +51,7 @@ class Group:
     stem: str  # of the index, or of the file
     inputs: list[_walk.File]  # input order
     index: _walk.File | None  # the index that names them
+    renamed_from: str | None = None  # its own stem, when `name` gave `stem`
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ def named(groups: list[Group], name: str | None) -> list[Group]:
             "one at a time",
             option="name",
         )
-    return [replace(g, stem=name) for g in groups]
+    return [replace(g, stem=name, renamed_from=g.stem) for g in groups]
 
 
 def plan(
@@ -238,7 +239,9 @@ def plan(
 
 def leftover_shards(dst: str, reshard: Reshard, written: set[str]) -> list[str]:
     """Files of `dst` named as shards (or the single file) of a group's stem, in its
-    folder, that this plan does not write and no manifest proves ours: an earlier cut."""
+    folder, that this plan does not write and no manifest proves ours: an earlier cut (or,
+    for a group given another `name`, one under its own stem). The input files themselves
+    (a file re-sharded into its own folder) are not."""
     left = []
     for g in reshard.groups:
         folder = os.path.join(dst, g.group.dir)
@@ -246,12 +249,24 @@ def leftover_shards(dst: str, reshard: Reshard, written: set[str]) -> list[str]:
             names = os.listdir(folder)
         except OSError:
             continue
-        shard = re.compile(re.escape(g.group.stem) + r"(-\d+-of-\d+)?" + re.escape(_WEIGHTS))
+        stems = [g.group.stem] + [s for s in [g.group.renamed_from] if s is not None]
+        alt = "|".join(re.escape(s) for s in stems)
+        shard = re.compile(f"(?:{alt})" + r"(-\d+-of-\d+)?" + re.escape(_WEIGHTS))
+        inputs = {_ident_of(w.path) for w in g.group.inputs} - {None}
         for name in sorted(names):
             rel = _join(g.group.dir, name)
             if shard.fullmatch(name) and rel not in written:
-                left.append(rel)
+                if _ident_of(os.path.join(folder, name)) not in inputs:
+                    left.append(rel)
     return left
+
+
+def _ident_of(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 def leftover_template(left: list[str]) -> str:
