@@ -568,6 +568,19 @@ fn parse_size(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<u64> {
     parsed.ok_or_else(|| to_py(py, bad_option(OptionName::MaxShardSize, value, expected)))
 }
 
+/// The `name` option: the stem of a re-sharded group's outputs, a string that
+/// `shard::check_stem` accepts; anything else is a usage error.
+#[pyfunction]
+fn check_name(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<String> {
+    match value.extract::<String>() {
+        Ok(s) if shard::check_stem(&s).is_ok() => Ok(s),
+        _ => Err(to_py(
+            py,
+            bad_option(OptionName::Name, value, shard::STEM_EXPECTED),
+        )),
+    }
+}
+
 /// The file name of output shard `i` of `n` of the group `stem` (`shard::shard_file_name`).
 #[pyfunction]
 fn shard_file_name(stem: &str, i: usize, n: usize) -> String {
@@ -1303,6 +1316,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(convert_shard, m)?)?;
     m.add_function(wrap_pyfunction!(verify_shard, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
+    m.add_function(wrap_pyfunction!(check_name, m)?)?;
     m.add_function(wrap_pyfunction!(shard_file_name, m)?)?;
     m.add_function(wrap_pyfunction!(index_file_name, m)?)?;
     Ok(())

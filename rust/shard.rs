@@ -26,7 +26,7 @@ use crate::plan::{self, encode_entry, encode_metadata, Plan, PlanOptions};
 use crate::source::{InputFile, Source};
 use crate::text::esc_path;
 use crate::torch::Format;
-use crate::vocab::{Unmatched, WarningKind};
+use crate::vocab::{OptionName, Unmatched, WarningKind};
 
 /// What a size option says, in bytes: a number (maybe with a decimal point) and an optional
 /// unit, case-insensitive: B; KB, MB, GB, TB (powers of 1000); KiB, MiB, GiB, TiB (powers
@@ -75,6 +75,24 @@ pub fn shard_file_name(stem: &str, i: usize, n: usize) -> String {
 /// The index file of a group with stem `stem`: `model.safetensors.index.json`.
 pub fn index_file_name(stem: &str) -> String {
     format!("{stem}.safetensors.index.json")
+}
+
+/// What a stem given for the output (the `name` option) must be.
+pub const STEM_EXPECTED: &str =
+    "a file name stem: not empty, not `.` or `..`, without `/` or NUL (e.g. model)";
+
+/// Check a stem given for the output shards (the `name` option): one file name component,
+/// so that `shard_file_name` and `index_file_name` stay in their group's folder. A usage
+/// error otherwise.
+pub fn check_stem(stem: &str) -> Result<()> {
+    if stem.is_empty() || stem == "." || stem == ".." || stem.contains(['/', '\0']) {
+        return Err(Error::BadOption {
+            option: OptionName::Name,
+            value: format!("{stem:?}"),
+            expected: STEM_EXPECTED.to_string(),
+        });
+    }
+    Ok(())
 }
 
 /// A tensor of a group: its input file and its position in that file's header.
@@ -555,6 +573,26 @@ mod tests {
             "ema-000007-of-123456.safetensors"
         );
         assert_eq!(index_file_name("ema"), "ema.safetensors.index.json");
+    }
+
+    #[test]
+    fn stems_are_one_file_name_component() {
+        for good in [
+            "model",
+            "ema",
+            "a.b",
+            "...",
+            " x",
+            "model-00001-of-00002",
+            "é",
+        ] {
+            assert!(check_stem(good).is_ok(), "{good:?}");
+        }
+        for bad in ["", ".", "..", "a/b", "/", "x/", "/x", "a\0b", "\0"] {
+            let e = check_stem(bad).unwrap_err();
+            assert_eq!(e.option(), Some(OptionName::Name), "{bad:?}");
+            assert_eq!(e.kind(), crate::vocab::ErrorKind::Usage);
+        }
     }
 
     #[test]

@@ -241,6 +241,8 @@ named! {
         /// PyTorch checkpoints: a prefix dropped from tensor names (repeatable).
         StripPrefix = "strip_prefix",
         MaxShardSize = "max_shard_size",
+        /// Re-sharding: the stem of the output shards and index (`shard::check_stem`).
+        Name = "name",
     }
 }
 

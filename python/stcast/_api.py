@@ -50,6 +50,7 @@ def convert(
     key: str | None = None,
     strip_prefix: Iterable[str] = (),
     tuning: Tuning | None = None,
+    name: str | None = None,
 ) -> ConvertReport:
     """Convert the checkpoint `src` (a safetensors file, a PyTorch checkpoint or a folder) to
     `to`, writing `dst` (safetensors).
@@ -125,6 +126,13 @@ def convert(
             `<stem>-00001-of-0000N.safetensors` and `<stem>.safetensors.index.json`, or
             one `<stem>.safetensors` when all fit in one; `resume`, `shard` and
             `finalize` work per output shard.
+        name: re-sharding: the stem of the output of a checkpoint of one group (a lone
+            file, or a folder whose shards one index names): `<name>-00001-of-0000N
+            .safetensors` and `<name>.safetensors.index.json`, or `<name>.safetensors`.
+            `name="model"` gives the names transformers' `from_pretrained` looks for (a
+            re-sharded `ema.safetensors` is otherwise `ema-...` and
+            `ema.safetensors.index.json`). Not empty, `.` or `..`, without `/` or NUL; a
+            folder of several checkpoints is a `UsageError`.
         key: PyTorch checkpoints: the dict of tensors to convert, dotted for deeper levels
             (`"ema"`, `"state.model"`). Without it: the top level if it holds tensors, else
             the only dict that does; with several, `Refused` lists them with their counts.
@@ -154,12 +162,13 @@ def convert(
         KeyboardInterrupt: Ctrl-C.
     """
     src = _source(src)
-    name = _engine.target_name(to)
+    target = _engine.target_name(to)
     keep = _engine.patterns(keep)
     threads = _threads(threads)
     keep_min_size = _engine.check_int("keep_min_size", keep_min_size, 0, 2**64 - 1)
     key, strip_prefix = _engine.check_key(key), _engine.prefixes(strip_prefix)
     max_size = None if max_shard_size is None else _core.parse_size(max_shard_size)
+    stem = _name(name, max_size)
     if os.path.isdir(src) or max_size is not None:
         from . import folder
 
@@ -167,7 +176,7 @@ def convert(
         prepared = folder.prepare(
             src,
             None if dst is None else os.fsdecode(dst),
-            to=name,
+            to=target,
             force=force,
             resume=resume,
             shard=shard,
@@ -182,6 +191,7 @@ def convert(
             max_shard_size=max_size,
             key=key,
             strip_prefix=strip_prefix,
+            name=stem,
         )
         replace = None
         if report is not None:
@@ -220,8 +230,8 @@ def convert(
         )
     return _engine.convert_file(
         src,
-        _engine.default_dst(src, name) if dst is None else os.fsdecode(dst),
-        to=name,
+        _engine.default_dst(src, target) if dst is None else os.fsdecode(dst),
+        to=target,
         threads=threads,
         force=force,
         progress=progress,
@@ -262,6 +272,7 @@ def inspect(
     key: str | None = None,
     strip_prefix: Iterable[str] = (),
     tuning: Tuning | None = None,
+    name: str | None = None,
 ) -> InspectReport:
     """Describe what `convert(path, dst, ...)` would do with the same options: a dry run.
 
@@ -291,6 +302,7 @@ def inspect(
             they change the checks that run with `dst`.
         max_shard_size: as for `convert`: the report's `shards` and `indexes` give the
             shard plan (each output file, its size, tensors and the input files it reads).
+        name: as for `convert`: the output stem the shard plan names.
         key, strip_prefix: as for `convert` (PyTorch checkpoints).
         tuning: knobs for benchmarks and tests (see `convert`).
 
@@ -300,9 +312,9 @@ def inspect(
         OSError: it cannot be read.
     """
     path = _source(path)
-    name = _engine.target_name(to)
+    target_name = _engine.target_name(to)
     options: dict[str, Any] = {
-        "to": name,
+        "to": target_name,
         "keep": _engine.patterns(keep),
         "keep_min_size": _engine.check_int("keep_min_size", keep_min_size, 0, 2**64 - 1),
         "from_bf16": from_bf16,
@@ -314,6 +326,7 @@ def inspect(
     key, strip_prefix = _engine.check_key(key), _engine.prefixes(strip_prefix)
     target = None if dst is None else os.fsdecode(dst)
     max_size = None if max_shard_size is None else _core.parse_size(max_shard_size)
+    stem = _name(name, max_size)
     if os.path.isdir(path) or max_size is not None:
         from .folder import inspect_folder
 
@@ -331,6 +344,7 @@ def inspect(
             max_shard_size=max_size,
             key=key,
             strip_prefix=strip_prefix,
+            name=stem,
             **options,
         )
     if resume or shard is not None:
@@ -370,6 +384,7 @@ def verify(
     key: str | None = None,
     strip_prefix: Iterable[str] = (),
     tuning: Tuning | None = None,
+    name: str | None = None,
 ) -> VerifyReport:
     """Check that `dst` is exactly what `convert` makes of `src`, streaming both.
 
@@ -412,6 +427,8 @@ def verify(
             total being `bytes_compared` of a verification that finds no difference.
         report, force: write the numeric report there; replace an existing one.
         key, strip_prefix: how `convert` read SRC, a PyTorch checkpoint.
+        name: the `name` `convert` re-sharded SRC (one checkpoint) under: DST's files of
+            that stem are its re-sharding.
         tuning: knobs for benchmarks and tests (see `convert`).
 
     Raises:
@@ -423,13 +440,13 @@ def verify(
         KeyboardInterrupt: Ctrl-C.
     """
     src, dst = _source(src), os.fsdecode(dst)
-    name = None if to is None else _engine.target_name(to)
+    target = None if to is None else _engine.target_name(to)
     keep = _engine.patterns(keep)
     keep_min_size = _engine.check_int("keep_min_size", keep_min_size, 0, 2**64 - 1)
     key, strip_prefix = _engine.check_key(key), _engine.prefixes(strip_prefix)
     options: dict[str, Any] = {
         "loose": loose,
-        "to": name,
+        "to": target,
         "keep": keep,
         "keep_min_size": keep_min_size,
         "from_bf16": from_bf16,
@@ -440,11 +457,17 @@ def verify(
         "force": force,
         "tuning": dict(tuning) if tuning is not None else None,
     }
+    stem = None if name is None else _core.check_name(name)
     if os.path.isdir(src) or os.path.isdir(dst):
         from .folder.verify import verify_folder
 
         _files_only(src, key, strip_prefix)
-        return verify_folder(src, dst, **options, key=key, strip_prefix=strip_prefix)
+        return verify_folder(src, dst, **options, key=key, strip_prefix=strip_prefix, name=stem)
+    if stem is not None:
+        raise UsageError(
+            "{name} names the files of a re-sharded checkpoint: it applies to a DST folder",
+            option="name",
+        )
     return _engine.verify_file(src, dst, **options, key=key, strip_prefix=strip_prefix)
 
 
@@ -519,6 +542,19 @@ def _files_only(src: str, key: str | None, strip_prefix: list[str]) -> None:
             f"{{{option}}} applies to PyTorch checkpoint files; {_engine.escape(src)} is a folder",
             option=option,
         )
+
+
+def _name(name: str | None, max_size: int | None) -> str | None:
+    """`name` checked (`_core.check_name`): the stem of re-sharded outputs only."""
+    if name is None:
+        return None
+    stem = _core.check_name(name)
+    if max_size is None:
+        raise UsageError(
+            "{name} names the files of a re-sharded output: it applies with {max_shard_size}",
+            option="name",
+        )
+    return stem
 
 
 def _after_commit(published: str, e: BaseException) -> StcastError:

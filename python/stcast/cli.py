@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import sys
 import warnings
 
@@ -298,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace DST (and a --report file)")
     _add_folder_arguments(p)
     _add_max_shard_size(p)
+    _add_name(p)
     _add_precision_arguments(p, convert=True)
     _add_checkpoint_arguments(p)
     p.add_argument(
@@ -344,6 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="as for convert: DST may exist")
     _add_folder_arguments(p)
     _add_max_shard_size(p)
+    _add_name(p)
     p.add_argument("--report", metavar="FILE", help="as for convert: check this report path")
     _add_output_arguments(p, quiet=False)
     p.set_defaults(run=_run_inspect)
@@ -370,6 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target(p, default=None)
     _add_precision_arguments(p, convert=False)
     _add_checkpoint_arguments(p)
+    _add_name(p, verify=True)
     _add_threads(p)
     p.add_argument(
         "--report",
@@ -506,6 +510,19 @@ def _add_max_shard_size(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_name(p: argparse.ArgumentParser, verify: bool = False) -> None:
+    help_ = (
+        "the STEM DST's re-sharded files were written under (convert --name STEM): they are "
+        "SRC's re-sharding"
+        if verify
+        else "with --max-shard-size: name the output STEM-00001-of-0000N.safetensors and "
+        "STEM.safetensors.index.json (STEM.safetensors for one shard) instead of after the "
+        "input's stem; --name model gives the names transformers' from_pretrained loads. "
+        "For one checkpoint: a file, or a folder of one index's shards"
+    )
+    p.add_argument("--name", type=_stem, metavar="STEM", help=help_)
+
+
 def _add_output_arguments(p: argparse.ArgumentParser, quiet: bool = True) -> None:
     """--json, --progress, and -q/--quiet unless `quiet` is False."""
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
@@ -599,6 +616,7 @@ def _run_convert(args: argparse.Namespace, console: out.Console) -> int:
             strip_prefix=args.strip_prefix,
             cancel=args.stop,
             max_shard_size=args.max_shard_size,
+            name=args.name,
         )
     console.published = report.dst
     console.end_progress()
@@ -607,7 +625,7 @@ def _run_convert(args: argparse.Namespace, console: out.Console) -> int:
     elif args.quiet:
         pass
     elif report.folder:
-        _print_folder_summary(report, console)
+        _print_folder_summary(report, console, named=args.name is not None)
     else:
         seconds = console.elapsed()
         rate = report.bytes_in / seconds if seconds > 0 else 0.0
@@ -672,7 +690,9 @@ def _run_finalize(args: argparse.Namespace, console: out.Console) -> int:
     return 0
 
 
-def _print_folder_summary(report: stcast.ConvertReport, console: out.Console) -> None:
+def _print_folder_summary(
+    report: stcast.ConvertReport, console: out.Console, named: bool = False
+) -> None:
     count: dict[str, int] = {}
     for f in report.files:
         count[f.action] = count.get(f.action, 0) + 1
@@ -701,6 +721,8 @@ def _print_folder_summary(report: stcast.ConvertReport, console: out.Console) ->
     if report.max_shard_size is not None:
         shards = sum(1 for f in report.files if f.kind == "weights")
         print(f"  shards   {shards} of at most {out.size(report.max_shard_size)}")
+        if not named:
+            _print_name_hint(report)
     seconds = console.elapsed()
     rate = report.bytes_in / seconds if seconds > 0 else 0.0
     engine = ""
@@ -710,6 +732,21 @@ def _print_folder_summary(report: stcast.ConvertReport, console: out.Console) ->
     if not report.complete:
         src, dst = os.path.abspath(report.src), os.path.abspath(report.dst)
         print(f"  then, once every shard is done:  stcast finalize {_quote(src)} {_quote(dst)}")
+
+
+def _print_name_hint(report: stcast.ConvertReport) -> None:
+    """After a lone file re-sharded under its own stem (not `model`): how to get the names
+    transformers' `from_pretrained` loads."""
+    if os.path.isdir(report.src):
+        return
+    weights = [os.path.basename(f.path) for f in report.files if f.kind == "weights"]
+    model = re.compile(r"model(-\d+-of-\d+)?\.safetensors")
+    if not weights or any(model.fullmatch(w) for w in weights):
+        return
+    print(
+        "  hint     transformers' from_pretrained loads model.safetensors[.index.json]: "
+        "add --name model"
+    )
 
 
 def _quote(path: str) -> str:
@@ -750,6 +787,7 @@ def _run_inspect(args: argparse.Namespace, console: out.Console) -> int:
         key=args.key,
         strip_prefix=args.strip_prefix,
         max_shard_size=args.max_shard_size,
+        name=args.name,
     )
     console.end_progress()
     for message in report.warnings:
@@ -956,6 +994,7 @@ def _run_verify(args: argparse.Namespace, console: out.Console) -> int:
         force=args.force,
         key=args.key,
         strip_prefix=args.strip_prefix,
+        name=args.name,
     )
     if args.report is not None and report.ok:
         console.published = args.report
@@ -1094,6 +1133,16 @@ def _max_shard_size(text: str) -> int:
         message = e.render("cli").removeprefix("--max-shard-size: ")
         raise argparse.ArgumentTypeError(message) from None
     return size
+
+
+def _stem(text: str) -> str:
+    try:
+        stem: str = _core.check_name(text)
+    except stcast.StcastError as e:
+        # argparse names the option already ("argument --name: ...").
+        message = e.render("cli").removeprefix("--name: ")
+        raise argparse.ArgumentTypeError(message) from None
+    return stem
 
 
 def _size_gib(text: str) -> float:

@@ -85,6 +85,7 @@ def prepare(
     keep_names: dict[str, list[str]] | None = None,
     key: str | None = None,
     strip_prefix: Sequence[str] = (),
+    name: str | None = None,
 ) -> Prepared:
     """Make every check a folder run makes before writing anything, in order: folder
     identities, the source (`walk.plan`), the shard range, the keep patterns, what the
@@ -92,7 +93,7 @@ def prepare(
     runs exactly this; `convert` runs it, then writes.
 
     With `max_shard_size`, the output is re-sharded (see `reshard`) and `src` may also be
-    a single file."""
+    a single file; `name` is then the output stem of its one group (`reshard.named`)."""
     # The default DST is named after what was given: beside a cache repo root, never
     # inside the cache's snapshots/.
     if dst is None:
@@ -108,7 +109,7 @@ def prepare(
     )
     if max_shard_size is not None:
         plan.reshard = _reshard.plan(
-            plan, max_shard_size, to, precision, keep_names, cancel, source=source
+            plan, max_shard_size, to, precision, keep_names, cancel, source=source, name=name
         )
         plan.keep_unmatched = plan.reshard.keep_unmatched
         _reshard.check_not_the_input(src_id, dst, plan.reshard)
@@ -167,6 +168,10 @@ def prepare(
     options: dict[str, Any] = {"to": to, **precision, **source}
     if plan.reshard is not None:
         options["max_shard_size"] = plan.reshard.max_size
+        if name is not None:
+            # Another name is another output, as another size is: under resume, the files
+            # a manifest proves this source's that the plan no longer writes are stale.
+            options["name"] = name
     weights = units
     if shard is not None:
         owner = assign_shards(weights, shard[1])
@@ -639,9 +644,11 @@ def finalize(
         plan = _walk.plan(src, to, check_quantized=False, cancel=cancel)
     else:
         # The shards' cut depends on every option that changes a tensor's size.
-        precision = {k: v for k, v in options.items() if k not in ("to", "max_shard_size")}
+        precision = {k: v for k, v in options.items() if k not in ("to", "max_shard_size", "name")}
         _, plan = _source_plan(src, dst, to, precision, max_size, False, False, cancel)
-        plan.reshard = _reshard.plan(plan, max_size, to, precision, None, cancel)
+        plan.reshard = _reshard.plan(
+            plan, max_size, to, precision, None, cancel, name=options.get("name")
+        )
     units = plan.units()
     # With one shard count in the manifests, a missing file can be traced to its shard.
     counts = {m.shard[1] for m in manifests if m.shard is not None}
@@ -722,6 +729,7 @@ def inspect_folder(
     max_shard_size: int | None = None,
     key: str | None = None,
     strip_prefix: Sequence[str] = (),
+    name: str | None = None,
 ) -> InspectReport:
     """A dry run of a folder conversion with the same options: see `stcast.inspect`.
 
@@ -755,6 +763,7 @@ def inspect_folder(
                 max_shard_size=max_shard_size,
                 key=key,
                 strip_prefix=strip_prefix,
+                name=name,
             )
         for record in caught:
             m = record.message
@@ -842,7 +851,7 @@ def inspect_folder(
                 for w, f in zip(weights, files)
             }
             reshard = _reshard.plan(
-                source_plan, max_shard_size, to, precision, found, source=source
+                source_plan, max_shard_size, to, precision, found, source=source, name=name
             )
             warnings += [n for n in reshard.warnings if n not in warnings]
         else:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import _core, _engine
-from ..errors import Refused
+from ..errors import Refused, StcastError
 from . import jsonedit
 from .walk import File, read_bounded
 
@@ -307,6 +307,15 @@ def agreed_options(dst: str, manifests: list[Manifest]) -> dict[str, Any]:
             "convert the shards again",
             path=dst,
         )
+    if "name" in options:
+        try:
+            _core.check_name(options["name"])
+        except StcastError:
+            raise Refused(
+                f"{_esc(dst)}: the manifests give name {_esc(repr(options['name']))}, not a "
+                "file name stem; convert the shards again",
+                path=dst,
+            ) from None
     return dict(options)
 
 

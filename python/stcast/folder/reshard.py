@@ -5,7 +5,9 @@ A group is the set of weight files one index names; every other weight file is a
 its own. The engine plans each group from the headers alone (`_core.ShardGroup.plan`):
 tensors in input order, assigned greedily, each shard an ordinary stcast output. Output
 names follow the group's stem (`model` -> `model-00001-of-00003.safetensors` and
-`model.safetensors.index.json`, or `model.safetensors` when one shard holds everything).
+`model.safetensors.index.json`, or `model.safetensors` when one shard holds everything),
+or the stem `name` gives for a checkpoint of one group (`ema.safetensors` with
+`name="model"` -> `model-00001-of-00003.safetensors`: what `from_pretrained` looks for).
 The old shards and the old index are never written.
 
 Each output shard is a unit of work as a weight file is in a plain folder run: `resume`
@@ -19,11 +21,11 @@ import json
 import os
 import re
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from .. import _core, _engine
-from ..errors import Cancelled, InvalidInput, Refused
+from ..errors import Cancelled, InvalidInput, Refused, UsageError
 from ..reports import ConvertReport, FileReport, Notice, _build, notices
 from . import manifest as _manifest
 from . import walk as _walk
@@ -49,6 +51,7 @@ class Group:
     stem: str  # of the index, or of the file
     inputs: list[_walk.File]  # input order
     index: _walk.File | None  # the index that names them
+    renamed_from: str | None = None  # its own stem, when `name` gave `stem`
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,25 @@ def groups_of(
     return sorted(groups, key=lambda g: g.inputs[0].rel)
 
 
+def named(groups: list[Group], name: str | None) -> list[Group]:
+    """The groups with the output stem `name` (the `name` option), when given: it names the
+    output of one group only, so a folder of several is a usage error."""
+    if name is None:
+        return groups
+    if len(groups) > 1:
+        listed = ", ".join(
+            f"`{_esc(g.index.rel if g.index is not None else g.inputs[0].rel)}`" for g in groups[:3]
+        )
+        more = f" and {len(groups) - 3} more" if len(groups) > 3 else ""
+        raise UsageError(
+            f"{{name}} names the output of one checkpoint, but SRC holds {len(groups)} "
+            f"({listed}{more}); leave it out (each keeps its own stem), or convert them "
+            "one at a time",
+            option="name",
+        )
+    return [replace(g, stem=name, renamed_from=g.stem) for g in groups]
+
+
 def plan(
     walked: _walk.Plan,
     max_size: int,
@@ -139,20 +161,22 @@ def plan(
     cancel: CancelFlag | None = None,
     *,
     source: dict[str, Any] | None = None,
+    name: str | None = None,
 ) -> Reshard:
     """Plan every group of `walked` into output shards of at most `max_size` bytes.
 
     With `on_overflow="keep"` the tensors that would overflow are found first (a read of
     the float tensors, as `convert` makes), unless `keep_names` gives them: which tensors
     keep their dtype decides the sizes, so it must be known before the shards are cut.
-    `source` (`key`, `strip_prefix`) says how a single PyTorch checkpoint is read.
+    `source` (`key`, `strip_prefix`) says how a single PyTorch checkpoint is read; `name`
+    is the output stem of a checkpoint of one group (see `named`).
     """
     source = source or {}
+    groups = named(groups_of(walked.weights, walked.indexes), name)
     if keep_names is None:
         keep_names = {}
         if precision.get("on_overflow") == "keep":
             keep_names = _overflowing(walked.weights, to, precision, cancel, source)
-    groups = groups_of(walked.weights, walked.indexes)
     reshard = Reshard(max_size, [], keep_names, [], list(precision.get("keep", [])))
     taken: dict[str, str] = {}  # output rel -> what writes it
     for f, _ in walked.configs:
@@ -215,7 +239,9 @@ def plan(
 
 def leftover_shards(dst: str, reshard: Reshard, written: set[str]) -> list[str]:
     """Files of `dst` named as shards (or the single file) of a group's stem, in its
-    folder, that this plan does not write and no manifest proves ours: an earlier cut."""
+    folder, that this plan does not write and no manifest proves ours: an earlier cut (or,
+    for a group given another `name`, one under its own stem). The input files themselves
+    (a file re-sharded into its own folder) are not."""
     left = []
     for g in reshard.groups:
         folder = os.path.join(dst, g.group.dir)
@@ -223,12 +249,24 @@ def leftover_shards(dst: str, reshard: Reshard, written: set[str]) -> list[str]:
             names = os.listdir(folder)
         except OSError:
             continue
-        shard = re.compile(re.escape(g.group.stem) + r"(-\d+-of-\d+)?" + re.escape(_WEIGHTS))
+        stems = [g.group.stem] + [s for s in [g.group.renamed_from] if s is not None]
+        alt = "|".join(re.escape(s) for s in stems)
+        shard = re.compile(f"(?:{alt})" + r"(-\d+-of-\d+)?" + re.escape(_WEIGHTS))
+        inputs = {_ident_of(w.path) for w in g.group.inputs} - {None}
         for name in sorted(names):
             rel = _join(g.group.dir, name)
             if shard.fullmatch(name) and rel not in written:
-                left.append(rel)
+                if _ident_of(os.path.join(folder, name)) not in inputs:
+                    left.append(rel)
     return left
+
+
+def _ident_of(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 def leftover_template(left: list[str]) -> str:
@@ -464,7 +502,7 @@ def adoptable(dst: str, rel: str, kind: str, reshard: Reshard, options: dict[str
     if st.st_size != unit.size or _manifest.header_sha256(path) != unit.header_sha256:
         return False
     g = reshard.groups[unit.group]
-    precision = {k: v for k, v in options.items() if k not in ("to", "max_shard_size")}
+    precision = {k: v for k, v in options.items() if k not in ("to", "max_shard_size", "name")}
     report = _core.verify_shard(
         g.core, path, g.indexed, to=options["to"], numerics=False, **precision
     )
@@ -619,12 +657,15 @@ def resharded_pairs(
     indexes: list[tuple[_walk.File, str, dict[str, str]]],
     found: set[str],
     same: list[tuple[Group, Group]] | None = None,
+    name: str | None = None,
 ) -> list[tuple[Group, Group]]:
     """The groups of SRC that DST holds sharded differently, each with DST's group of the
     same folder and stem. A group whose files, and index weight map, are the same in both
     is verified file by file instead (as is one DST lacks: its files are missing); those
     with an index go to `same` too: a re-sharding whose cut fell where SRC's did has the
-    same files, but its index and metadata are a re-sharding's."""
+    same files, but its index and metadata are a re-sharding's. With `name` (a SRC of one
+    group: see `named`), DST's group is the one of that stem; its files are then checked
+    against that stem's names."""
     dst_weights = [_stat_file(dst, r) for r in sorted(found) if r.endswith(_WEIGHTS)]
     names = {w.rel for w in dst_weights}
     dst_indexes = []
@@ -635,7 +676,7 @@ def resharded_pairs(
     src_maps = {f.rel: m for f, _, m in indexes}
     dst_maps = {f.rel: m for f, _, m in dst_indexes}
     pairs = []
-    for g in groups_of(weights, indexes):
+    for g in named(groups_of(weights, indexes), name):
         d = theirs.get((g.dir, g.stem))
         if d is None:
             continue

@@ -53,10 +53,11 @@ def verify_folder(
     tuning: dict[str, Any] | None,
     key: str | None = None,
     strip_prefix: Sequence[str] = (),
+    name: str | None = None,
 ) -> VerifyReport:
     """Verify the folder `dst` against the folder `src` (or the file `src` re-sharded into
     it: then `key` and `strip_prefix` say how a PyTorch checkpoint was read); see
-    `stcast.verify`."""
+    `stcast.verify`. With `name`, SRC's one group was re-sharded under that stem."""
     started = time.monotonic()
     src = ident.resolve_hub_repo(src)
     if not os.path.lexists(dst):
@@ -90,11 +91,12 @@ def verify_folder(
     # Checkpoints DST holds sharded differently are paired by tensor name, not by path.
     names = {w.rel for w in weights}
     parsed = [(f, *_walk.read_index(f, names)) for f in indexes]
+    _reshard.named(_reshard.groups_of(weights, parsed), name)  # one group, or a usage error
     pairs: list[tuple[_reshard.Group, _reshard.Group]] = []
     same: list[tuple[_reshard.Group, _reshard.Group]] = []
     first_error = None
     try:
-        pairs = _reshard.resharded_pairs(dst, weights, parsed, found, same)
+        pairs = _reshard.resharded_pairs(dst, weights, parsed, found, same, name)
     except StcastError as e:  # an index of DST that names no file of DST
         rel = os.path.relpath(e.path, dst) if e.path else "."
         # The mismatch names the file: the template need not (it starts with its path).
