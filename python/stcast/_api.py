@@ -74,7 +74,9 @@ def convert(
             become `model*.safetensors`).
         dst: the output; default `<stem>-bf16.safetensors` beside a file (`-fp16` for fp16;
             `<stem>.safetensors` for a PyTorch checkpoint with `to="keep"`), `<src>-bf16`
-            beside a folder.
+            beside a folder. For a file, a folder (one that exists, or a path ending in
+            `/`) gets that default name inside it; missing folders are made once every
+            check has passed.
         to: the target dtype, "bf16" or "fp16" (or "bfloat16", "float16", "half"); or
             "keep": every tensor keeps its dtype, only the format changes (PyTorch input).
         threads: worker threads; default (None or 0): all CPUs.

@@ -292,7 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         help="output (default: beside SRC, its stem + -bf16.safetensors, or -fp16 with "
         "--to fp16, or .safetensors for a PyTorch checkpoint with --to keep; for a folder, "
-        "SRC-bf16 or SRC-fp16)",
+        "SRC-bf16 or SRC-fp16); a folder (existing, or ending in /) gets that name inside "
+        "it; missing folders are made",
     )
     _add_target(p)
     _add_threads(p)
