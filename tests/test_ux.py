@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import signal
 import subprocess
 import sys
 import warnings
@@ -777,6 +778,29 @@ def test_21_2_a_refused_run_creates_no_folder(tmp_path, run_main):
     with pytest.raises(stcast.Refused):
         stcast.convert(big, tmp_path / "new" / "x.safetensors", to="fp16", on_overflow="error")
     assert listing(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("point", "code"),
+    [
+        ("mid-tensor=sigint", -signal.SIGINT),
+        ("tmpfile=eopnotsupp,mid-tensor=sigterm", -signal.SIGTERM),
+        ("publish=eio", 1),
+    ],
+)
+def test_21_2_an_interrupted_or_failed_run_removes_the_folders_it_made(
+    tmp_path, cli_process, point, code
+):
+    # 10 MiB: two of the CLI's 8 MiB windows, so that `mid-tensor` is reached.
+    n = 10 << 18
+    src = write_safetensors(
+        tmp_path / "big.safetensors", {"w": ("F32", [n], np.ones(n, np.float32))}
+    )
+    rc, out, err = cli_process(
+        "convert", src, "new/a/b.safetensors", cwd=tmp_path, env={"STCAST_FAILPOINT": point}
+    )
+    assert rc == code, err
+    assert listing(tmp_path) == ["big.safetensors"]
 
 
 @pytest.mark.parametrize("existing", [True, False], ids=["existing", "slash"])
