@@ -407,7 +407,9 @@ def verify(
     it); an existing file needs `force`.
 
     Args:
-        src, dst: the original and the converted file (or folder).
+        src, dst: the original and the converted file (or folder). For a file `src`, a
+            folder `dst` holding the file `convert` names by default (for `to`; without
+            it, for bf16 or fp16) means that file, as `convert(src, dst)` writes it.
         loose: accept what other tools write (see above).
         to, keep, keep_min_size, from_bf16, on_overflow: the precision options `convert`
             had; strict mode expects exactly the tensors they keep to be kept.
