@@ -195,15 +195,14 @@ pub fn check_destination(src: &Source, dst: &Path, force: bool) -> Result<Option
             },
         });
     }
+    // Missing folders are created (once every check has passed) inside the nearest one
+    // that exists.
     let dir = output::parent_dir(dst);
-    match std::fs::metadata(&dir) {
-        Ok(m) if m.is_dir() => {}
-        other => {
-            return Err(Error::NoDestinationFolder {
-                dir,
-                exists: other.is_ok(),
-            })
-        }
+    if let Err(at) = output::missing_dirs(&dir) {
+        return Err(Error::NoDestinationFolder {
+            dir: at,
+            exists: true,
+        });
     }
     let path = dst.to_path_buf();
     match output::at_path(dst) {
@@ -275,6 +274,9 @@ pub struct Job {
     /// Where the numeric report goes, and once sealed its hidden file.
     report: Option<(PathBuf, Replace)>,
     report_out: Option<TempOutput>,
+    /// The destination's folders this job created: removed unless it publishes. Last, so
+    /// that it drops after the outputs inside them.
+    made_dirs: output::MadeDirs,
 }
 
 impl Job {
@@ -293,6 +295,8 @@ impl Job {
         // Temp files of killed runs (named ones, where O_TMPFILE is missing) go first.
         plan.warnings.extend(output::remove_stale_temps(&dir));
 
+        // Every refusal is behind us: the destination's missing folders are made now.
+        let made_dirs = output::MadeDirs::for_output(dst)?;
         let out = TempOutput::create(dst, outputs.replace, outputs.mode, "")?;
         out.preallocate(plan.file_len())?;
         // SAFETY: the file is ours alone (unnamed, or named and locked), and sized to
@@ -337,6 +341,7 @@ impl Job {
             report: outputs.report,
             report_out: None,
             src,
+            made_dirs,
         })
     }
 
@@ -699,6 +704,7 @@ impl Job {
             warnings,
             report_out,
             numerics,
+            made_dirs,
             ..
         } = self;
         drop(out_map);
@@ -717,6 +723,7 @@ impl Job {
                 .collect(),
         };
         out.publish()?;
+        made_dirs.keep();
         if let Some(report) = report_out {
             report.publish().map_err(|e| Error::AfterCommit {
                 published: dst.clone(),

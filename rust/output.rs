@@ -46,6 +46,93 @@ pub fn names_a_folder(path: &Path) -> bool {
     matches!(last, b"" | b"." | b"..")
 }
 
+/// The folders to create for `dir` to exist, outermost first: none when it is a folder;
+/// `Err(path)` when the nearest ancestor that exists (`path`) is not a folder.
+pub fn missing_dirs(dir: &Path) -> std::result::Result<Vec<PathBuf>, PathBuf> {
+    let mut missing = Vec::new();
+    let mut at = dir.to_path_buf();
+    loop {
+        match std::fs::metadata(&at) {
+            Ok(m) if m.is_dir() => break,
+            Ok(_) => return Err(at),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            // ENOTDIR and the like: an ancestor is not a folder; name it if it can be found
+            // (`Path::parent` skips a `.` component, so this does not push on).
+            Err(_) => {
+                let mut up = at.as_path();
+                while let Some(p) = up.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    match std::fs::symlink_metadata(p) {
+                        Ok(m) if !m.is_dir() => return Err(p.to_path_buf()),
+                        Ok(_) => break,
+                        Err(_) => up = p,
+                    }
+                }
+                return Err(at);
+            }
+        }
+        missing.push(at.clone());
+        match at.parent() {
+            Some(p) if !p.as_os_str().is_empty() => at = p.to_path_buf(),
+            _ => break,
+        }
+    }
+    missing.reverse();
+    Ok(missing)
+}
+
+/// `dir`, or the nearest of its ancestors that is a folder.
+pub fn nearest_dir(dir: &Path) -> PathBuf {
+    let mut at = dir.to_path_buf();
+    while !at.is_dir() {
+        match at.parent() {
+            Some(p) if !p.as_os_str().is_empty() => at = p.to_path_buf(),
+            _ => return PathBuf::from(if dir.is_absolute() { "/" } else { "." }),
+        }
+    }
+    at
+}
+
+/// The folders one output created for its destination (`mkdir -p`), removed again (when
+/// still empty) if it is dropped before `keep`: a failed run leaves nothing behind.
+#[derive(Debug, Default)]
+pub struct MadeDirs {
+    made: Vec<PathBuf>,
+}
+
+impl MadeDirs {
+    /// Create the missing folders above `dst` (only once every check has passed).
+    pub fn for_output(dst: &Path) -> Result<MadeDirs> {
+        let dir = parent_dir(dst);
+        let missing = missing_dirs(&dir).map_err(|at| Error::NoDestinationFolder {
+            dir: at,
+            exists: true,
+        })?;
+        let mut made = MadeDirs::default();
+        for d in missing {
+            match std::fs::create_dir(&d) {
+                Ok(()) => made.made.push(d),
+                // Made meanwhile by someone else: theirs, not ours to remove.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && d.is_dir() => {}
+                Err(e) => return Err(Error::io(&d, "cannot create the folder", e)),
+            }
+        }
+        Ok(made)
+    }
+
+    /// The output was published: the folders stay.
+    pub fn keep(mut self) {
+        self.made.clear();
+    }
+}
+
+impl Drop for MadeDirs {
+    fn drop(&mut self) {
+        for d in self.made.iter().rev() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
 /// Free bytes for an unprivileged writer in `dir`.
 pub fn free_space(dir: &Path) -> io::Result<u64> {
     let c = cstring(dir)?;

@@ -211,7 +211,8 @@ impl InspectTask {
             if on_overflow != OnOverflow::Keep {
                 check_something_changes(&source, &plan, opts.allow_copy)?;
             }
-            let dir = crate::output::parent_dir(dst);
+            // A folder to create is created inside the nearest one that exists.
+            let dir = crate::output::nearest_dir(&crate::output::parent_dir(dst));
             let have =
                 crate::output::free_space(&dir).map_err(|e| Error::io(&dir, "statvfs", e))?;
             if have < plan.file_len() {

@@ -494,14 +494,34 @@ fn destination_equal_to_source_is_refused() {
 }
 
 #[test]
-fn missing_folder_and_input_are_errors() {
+fn missing_folders_are_made_and_a_missing_input_is_an_error() {
     let dir = TempDir::new("missing");
     let src = small_src(&dir);
-    let err = convert(&src, &dir.path("no/out.safetensors"), &Options::default()).unwrap_err();
-    assert!(
-        matches!(err, Error::NoDestinationFolder { exists: false, .. }),
-        "{err:?}"
-    );
+    let dst = dir.path("no/deeper/out.safetensors");
+    convert(&src, &dst, &Options::default()).unwrap();
+    assert!(dst.is_file());
+    // Above a file, no folder can be made: refused, naming it, before anything is made.
+    fs::write(dir.path("afile"), b"x").unwrap();
+    let err = convert(
+        &src,
+        &dir.path("afile/no/out.safetensors"),
+        &Options::default(),
+    )
+    .unwrap_err();
+    match &err {
+        Error::NoDestinationFolder { dir: at, exists } => {
+            assert!(*exists && at == &dir.path("afile"), "{err:?}")
+        }
+        _ => panic!("{err:?}"),
+    }
+    // Folders made for an output that is never published are removed again.
+    let made = stcast::output::MadeDirs::for_output(&dir.path("x/y/out.safetensors")).unwrap();
+    assert!(dir.path("x/y").is_dir());
+    drop(made);
+    stcast::output::MadeDirs::for_output(&dir.path("kept/out.safetensors"))
+        .unwrap()
+        .keep();
+    assert!(dir.path("kept").is_dir());
     let missing = dir.path("missing.safetensors");
     let err = convert(&missing, &dir.path("out.safetensors"), &Options::default()).unwrap_err();
     match &err {
@@ -511,7 +531,7 @@ fn missing_folder_and_input_are_errors() {
         }
         other => panic!("expected an I/O error, got {other:?}"),
     }
-    assert_eq!(dir.listing(), ["in.safetensors"]);
+    assert_eq!(dir.listing(), ["afile", "in.safetensors", "kept", "no"]);
 }
 
 #[test]

@@ -442,16 +442,21 @@ def test_default_destination_exists(small_model, run_main):
 
 
 def test_destination_is_a_folder(small_model):
+    """A folder DST gets convert's default name inside it (as `cp` does): a folder there is
+    refused."""
     folder = small_model.parent / "sub"
-    folder.mkdir()
+    (folder / "model-bf16.safetensors").mkdir(parents=True)
     check_refused(small_model, folder, ["destination is a folder"], "--force")
-    assert listing(folder) == []
+    assert listing(folder) == ["model-bf16.safetensors"]
 
 
-def test_missing_destination_folder(small_model):
-    dst = small_model.parent / "nope" / "out.safetensors"
-    line = check_refused(small_model, dst, ["destination folder does not exist"])
-    assert str(small_model.parent / "nope") in line
+def test_destination_folder_under_a_file(small_model):
+    """Missing folders are created, inside the nearest one that exists: a file there is
+    refused, naming it."""
+    (small_model.parent / "afile").write_bytes(b"precious")
+    dst = small_model.parent / "afile" / "nope" / "out.safetensors"
+    line = check_refused(small_model, dst, ["destination folder is not a folder"])
+    assert line == f"stcast: {small_model.parent / 'afile'}: destination folder is not a folder"
 
 
 @pytest.mark.parametrize("suffix", ["/", "/.", "//"])
@@ -462,16 +467,14 @@ def test_destination_written_as_a_folder_is_refused_before_converting(small_mode
     folder = small_model.parent
     before = listing(folder)
     (folder / "afile").write_bytes(b"precious")
-    for dst, words in (
-        (f"{folder}/newdir{suffix}", "destination folder does not exist"),
-        (f"{folder}/afile{suffix}", "destination folder is not a folder"),
-    ):
-        rc, out, err = main_in_process("convert", small_model, dst, "--force")
-        line = assert_one_error_line(err)
-        assert rc == 1 and line == f"stcast: {dst}: {words}", line
-        with pytest.raises(stcast.Refused):
-            stcast.convert(small_model, dst, force=True)
-    (folder / "sub").mkdir()
+    dst = f"{folder}/afile{suffix}"
+    rc, out, err = main_in_process("convert", small_model, dst, "--force")
+    line = assert_one_error_line(err)
+    assert rc == 1 and line == f"stcast: {folder}/afile: destination folder is not a folder", line
+    with pytest.raises(stcast.Refused):
+        stcast.convert(small_model, dst, force=True)
+    # A folder, made or not: the output goes inside it, under convert's default name.
+    (folder / "sub" / "model-bf16.safetensors").mkdir(parents=True)
     rc, out, err = main_in_process("convert", small_model, f"{folder}/sub{suffix}")
     assert rc == 1 and "destination is a folder" in assert_one_error_line(err)
     # The report path too: refused before the output is written.

@@ -358,10 +358,10 @@ def test_a_checkpoint_file_is_resharded_with_key_and_prefix(tmp_path, rng, run_m
     src = tmp_path / "last.ckpt"
     tf.write_zip(src, obj, {"0": a.tobytes(), "1": b.tobytes()})
     dst = tmp_path / "ema-bf16"
-    rc, _, err = run_main("convert", src, dst, "--max-shard-size", "200")
+    rc, _, err = run_main("convert", src, dst, "--max-shard-size", "200B")
     assert rc == 1 and "--key" in assert_one_error_line(err) and not dst.exists()
     rc, _, err = run_main(
-        "convert", src, dst, "--max-shard-size", "200", "--key", "ema", "--strip-prefix", "module."
+        "convert", src, dst, "--max-shard-size", "200B", "--key", "ema", "--strip-prefix", "module."
     )
     assert rc == 0, err
     assert sorted(p.name for p in dst.iterdir()) == [
@@ -377,7 +377,7 @@ def test_a_checkpoint_file_is_resharded_with_key_and_prefix(tmp_path, rng, run_m
     rc, _, err = run_main("verify", src, dst)
     assert rc == 1 and "--key" in assert_one_error_line(err)
     rc, out, err = run_main(
-        "inspect", src, "--max-shard-size", "200", "--key", "ema", "--strip-prefix", "module."
+        "inspect", src, "--max-shard-size", "200B", "--key", "ema", "--strip-prefix", "module."
     )
     assert rc == 0 and "last-00002-of-00002.safetensors" in out, err
     # A folder still takes neither.

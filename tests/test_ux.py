@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import signal
 import subprocess
 import sys
 import warnings
@@ -92,14 +93,14 @@ def test_1_quantized_checkpoints_are_still_refused(tmp_path, run_main, case):
 def _dry_run_cases(tmp_path: Path) -> list[tuple[str, list[object], str]]:
     one = write_safetensors(tmp_path / "one.safetensors", {"w": ("F32", [4], ONES)})
     src = folder(tmp_path / "model", {"model.safetensors": {"w": ("F32", [4], ONES)}})
-    (tmp_path / "a-folder").mkdir()
+    (tmp_path / "a-folder" / "one-bf16.safetensors").mkdir(parents=True)
     full = tmp_path / "full"
     full.mkdir()
     (full / "notes.txt").write_text("mine")
     existing = tmp_path / "existing.safetensors"
     existing.write_bytes(b"someone's file")
     return [
-        ("missing folder", [one, tmp_path / "nope" / "x.safetensors"], "does not exist"),
+        ("folder is a file", [one, existing / "nope" / "x.safetensors"], "not a folder"),
         ("dst is a folder", [one, tmp_path / "a-folder"], "is a folder"),
         ("non-empty folder", [src, full], "full"),
         ("existing file", [one, existing], "exists"),
@@ -731,3 +732,189 @@ def test_the_bar_fits_wide_file_names(tmp_path):
     pyte.ByteStream(screen).feed(err)
     lines = [ln.rstrip() for ln in screen.display if ln.strip()]
     assert len(lines) == 1 and "100%" in lines[0], lines
+
+
+# --- issue 21, 2: DST as users type it --------------------------------------------------------
+
+
+def _ema(tmp_path: Path) -> Path:
+    return write_safetensors(tmp_path / "ema.safetensors", {"w": ("F32", [4], f32(1, 2, 3, 4))})
+
+
+def test_21_2_a_file_dst_gets_its_missing_folders(tmp_path, run_main):
+    """The README's `convert ema.safetensors out/ema-bf16.safetensors`: the folders are made,
+    nested ones too, as for a folder DST; the API alike."""
+    src = _ema(tmp_path)
+    rc, out, err = run_main(
+        "convert", src, "out/ema-bf16.safetensors", "--threads", "2", cwd=tmp_path
+    )
+    assert rc == 0, err
+    assert tensor_bytes(tmp_path / "out" / "ema-bf16.safetensors")["w"][0] == "BF16"
+    report = stcast.convert(src, tmp_path / "a" / "b" / "c.safetensors")
+    assert report.dst == str(tmp_path / "a" / "b" / "c.safetensors")
+    rc, out, err = run_main("verify", src, tmp_path / "a" / "b" / "c.safetensors")
+    assert rc == 0, err
+
+
+def test_21_2_a_refused_run_creates_no_folder(tmp_path, run_main):
+    """Every refusal is checked before the folders are made; a run that fails after (an
+    overflow under `--on-overflow error`, found while converting) removes those it made."""
+    src = _ema(tmp_path)
+    big = write_safetensors(tmp_path / "big.safetensors", {"w": ("F32", [2], f32(1e6, 1))})
+    (tmp_path / "exists.safetensors").write_bytes(b"mine")
+    before = listing(tmp_path)
+    for args in (
+        [src, "new/a/b.safetensors", "--report", "nope/r.json"],
+        [src, "new/a/b.safetensors", "--keep", "nothing*", "--strict"],
+        [src, "new/a/ema.safetensors", "--to", "keep"],
+        [big, "new/a/b.safetensors", "--to", "fp16", "--on-overflow", "error"],
+        [src, "exists.safetensors/"],
+    ):
+        rc, out, err = run_main("convert", *args, cwd=tmp_path)
+        assert rc == 1, (args, err)
+        assert_one_error_line(err)
+        assert listing(tmp_path) == before, args
+        assert (tmp_path / "exists.safetensors").read_bytes() == b"mine"
+    with pytest.raises(stcast.Refused):
+        stcast.convert(big, tmp_path / "new" / "x.safetensors", to="fp16", on_overflow="error")
+    assert listing(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("point", "code"),
+    [
+        ("mid-tensor=sigint", -signal.SIGINT),
+        ("tmpfile=eopnotsupp,mid-tensor=sigterm", -signal.SIGTERM),
+        ("publish=eio", 1),
+    ],
+)
+def test_21_2_an_interrupted_or_failed_run_removes_the_folders_it_made(
+    tmp_path, cli_process, point, code
+):
+    # 10 MiB: two of the CLI's 8 MiB windows, so that `mid-tensor` is reached.
+    n = 10 << 18
+    src = write_safetensors(
+        tmp_path / "big.safetensors", {"w": ("F32", [n], np.ones(n, np.float32))}
+    )
+    rc, out, err = cli_process(
+        "convert", src, "new/a/b.safetensors", cwd=tmp_path, env={"STCAST_FAILPOINT": point}
+    )
+    assert rc == code, err
+    assert listing(tmp_path) == ["big.safetensors"]
+
+
+@pytest.mark.parametrize("existing", [True, False], ids=["existing", "slash"])
+def test_21_2_a_folder_dst_gets_the_default_name(tmp_path, run_main, existing):
+    """A file SRC into a folder (one that exists, or a path ending in `/`) is written as
+    convert names it by default, as `cp` does; inspect and verify look for the same name."""
+    src = _ema(tmp_path)
+    pt = tmp_path / "model.pt"
+    from torchfile import StateDict, write_zip
+
+    objs, storages = StateDict({"w": f32(1, 2)}).pickled()
+    write_zip(pt, objs, storages)
+    out = tmp_path / "out"
+    if existing:
+        out.mkdir()
+    dst = str(out) if existing else f"{out}/"
+    for args, name in (
+        ([src, dst], "ema-bf16.safetensors"),
+        ([src, dst, "--to", "fp16"], "ema-fp16.safetensors"),
+        ([pt, dst, "--to", "keep"], "model.safetensors"),
+    ):
+        rc, text, err = run_main("inspect", *args)
+        assert rc == 0 and "every check convert makes passed" in text, err
+        rc, text, err = run_main("convert", *args)
+        assert rc == 0, err
+        assert f"-> {out / name}" in text
+        rc, text, err = run_main("verify", *args)
+        assert rc == 0 and f"verified {out / name}" in text, err
+        rc, text, err = run_main("inspect", *args)
+        assert rc == 1 and "destination exists" in assert_one_error_line(err)
+    assert listing(out) == ["ema-bf16.safetensors", "ema-fp16.safetensors", "model.safetensors"]
+    # The API the same.
+    for f in listing(out):
+        (out / f).unlink()
+    assert stcast.convert(src, out).dst == str(out / "ema-bf16.safetensors")
+    assert stcast.verify(src, out).dst == str(out / "ema-bf16.safetensors")
+    assert stcast.inspect(src, out, force=True).destination is not None
+    # Both targets there: verify is told which.
+    stcast.convert(src, out, to="fp16")
+    rc, text, err = run_main("verify", src, out)
+    assert rc == 2 and "--to" in assert_one_error_line(err)
+    with pytest.raises(stcast.UsageError, match=r"give to\b"):
+        stcast.verify(src, out)
+    assert stcast.verify(src, out, to="fp16").ok
+
+
+def test_21_2_with_max_shard_size_dst_stays_the_shard_folder(tmp_path, run_main):
+    src = _ema(tmp_path)
+    rc, text, err = run_main("convert", src, tmp_path / "shards", "--max-shard-size", "1GB")
+    assert rc == 0, err
+    assert listing(tmp_path / "shards") == ["ema.safetensors"]
+    rc, text, err = run_main("verify", src, tmp_path / "shards")
+    assert rc == 0 and f"verified {tmp_path / 'shards'}" in text, err
+
+
+@pytest.mark.parametrize("exists", [True, False])
+def test_21_2_inspect_out_folder_from_its_help(tmp_path, run_main, exists):
+    """`stcast inspect ema.safetensors out/ --to fp16 --scan` and the guide's
+    `inspect model.safetensors /data/out`, with the folder there or not."""
+    _ema(tmp_path)
+    if exists:
+        (tmp_path / "out").mkdir()
+    for dst in ("out/", "out"):
+        rc, text, err = run_main(
+            "inspect", "ema.safetensors", dst, "--to", "fp16", "--scan", cwd=tmp_path
+        )
+        assert rc == 0 and "every check convert makes passed" in text, err
+    assert listing(tmp_path) == ["ema.safetensors", *(["out"] if exists else [])]
+
+
+# --- issue 21, 3: re-sharding footguns ------------------------------------------------------
+
+
+@pytest.mark.parametrize("unit", ["GB", "gb", "MiB", "kB", "B", "tib"])
+def test_21_3_a_unit_as_dst_is_a_usage_error(tmp_path, run_main, unit):
+    """`--max-shard-size 5 GB` (a space): `GB` would become DST, a folder of 5-byte shards."""
+    src = _ema(tmp_path)
+    before = listing(tmp_path)
+    for args in (
+        [src, "--max-shard-size", "5", unit],
+        [src, "--max-shard-size", "5", f"{unit}/"],
+        [src, f"{tmp_path}/shards/", "--max-shard-size", "5", unit],
+    ):
+        for command in ("convert", "inspect"):
+            rc, out, err = run_main(command, *args, cwd=tmp_path)
+            line = assert_one_error_line(err)
+            assert rc == 2 and f"--max-shard-size 5{unit}" in line, line
+            assert listing(tmp_path) == before
+    # The API reads "5 GB" as 5 GB: there the space is unambiguous.
+    assert stcast.inspect(src, max_shard_size="5 GB").max_shard_size == 5 * 10**9
+
+
+def test_21_3_a_bare_small_number_warns_and_runs(tmp_path, run_main):
+    src = write_safetensors(
+        tmp_path / "ema.safetensors", {"a": ("F32", [4], ONES), "b": ("F32", [4], ONES)}
+    )
+    rc, out, err = run_main("convert", src, tmp_path / "shards", "--max-shard-size", "5")
+    assert rc == 0, err
+    warned = [ln for ln in err.splitlines() if "--max-shard-size 5 " in ln]
+    assert len(warned) == 1 and "5GB" in warned[0], err
+    assert "ema.safetensors.index.json" in listing(tmp_path / "shards")
+    rc, out, err = run_main("convert", src, tmp_path / "big", "--max-shard-size", "5000000")
+    assert rc == 0 and "--max-shard-size" not in err, err
+
+
+@pytest.mark.parametrize("command", ["convert", "inspect"])
+def test_21_3_a_shard_folder_named_like_a_file_is_refused(tmp_path, run_main, command):
+    src = _ema(tmp_path)
+    before = listing(tmp_path)
+    rc, out, err = run_main(command, src, tmp_path / "out.safetensors", "--max-shard-size", "1GB")
+    line = assert_one_error_line(err)
+    assert rc == 2 and "out.safetensors" in line and "--max-shard-size" in line, line
+    assert listing(tmp_path) == before
+    with pytest.raises(stcast.UsageError) as info:
+        stcast.convert(src, tmp_path / "out.safetensors", max_shard_size="1GB")
+    assert "--" not in str(info.value) and "max_shard_size" in str(info.value)
+    assert listing(tmp_path) == before

@@ -76,7 +76,9 @@ def convert(
             become `model*.safetensors`).
         dst: the output; default `<stem>-bf16.safetensors` beside a file (`-fp16` for fp16;
             `<stem>.safetensors` for a PyTorch checkpoint with `to="keep"`), `<src>-bf16`
-            beside a folder.
+            beside a folder. For a file, a folder (one that exists, or a path ending in
+            `/`) gets that default name inside it; missing folders are made once every
+            check has passed.
         to: the target dtype, "bf16" or "fp16" (or "bfloat16", "float16", "half"); or
             "keep": every tensor keeps its dtype, only the format changes (PyTorch input).
         threads: worker threads; default (None or 0): all CPUs.
@@ -173,6 +175,7 @@ def convert(
         from . import folder
 
         _files_only(src, key, strip_prefix)
+        _shard_folder(dst, max_size)
         prepared = folder.prepare(
             src,
             None if dst is None else os.fsdecode(dst),
@@ -230,7 +233,7 @@ def convert(
         )
     return _engine.convert_file(
         src,
-        _engine.default_dst(src, target) if dst is None else os.fsdecode(dst),
+        _engine.default_dst(src, target) if dst is None else _file_dst(src, dst, target),
         to=target,
         threads=threads,
         force=force,
@@ -331,6 +334,7 @@ def inspect(
         from .folder import inspect_folder
 
         _files_only(path, key, strip_prefix)
+        _shard_folder(target, max_size)
         return inspect_folder(
             path,
             target,
@@ -353,6 +357,7 @@ def inspect(
             f"{{{option}}} applies to folders; {_engine.escape(path)} is not one", option=option
         )
     if target is not None:
+        target = _file_dst(path, target, target_name)
         # The checks `convert` makes before writing, failing as it would.
         options.update(dst=target, force=force, keep_unmatched="error" if strict else "warn")
         if report is not None:
@@ -418,7 +423,9 @@ def verify(
     it); an existing file needs `force`.
 
     Args:
-        src, dst: the original and the converted file (or folder).
+        src, dst: the original and the converted file (or folder). For a file `src`, a
+            folder `dst` holding the file `convert` names by default (for `to`; without
+            it, for bf16 or fp16) means that file, as `convert(src, dst)` writes it.
         loose: accept what other tools write (see above).
         to, keep, keep_min_size, from_bf16, on_overflow: the precision options `convert`
             had; strict mode expects exactly the tensors they keep to be kept.
@@ -458,6 +465,8 @@ def verify(
         "tuning": dict(tuning) if tuning is not None else None,
     }
     stem = None if name is None else _core.check_name(name)
+    if not os.path.isdir(src) and stem is None:
+        dst = _verified_file(src, dst, target)
     if os.path.isdir(src) or os.path.isdir(dst):
         from .folder.verify import verify_folder
 
@@ -510,6 +519,57 @@ def default_destination(src: StrPath, to: Target | TargetAlias = "bf16") -> str:
 
         return default_dst(path, name)
     return _engine.default_dst(path, name)
+
+
+def _names_folder(path: str) -> bool:
+    """Does `path` as typed name a folder: ending with `/` (or `/.`, `/..`; or `.`, `..`)?"""
+    return os.path.basename(path) in ("", ".", "..")
+
+
+def _file_dst(src: str, dst: StrPath, to: Target) -> str:
+    """A file's DST as users type it: a folder (one that exists, or a path ending with `/`)
+    gets the name `convert` gives the output by default, inside it (as `cp` does)."""
+    path = os.fsdecode(dst)
+    if _names_folder(path) or os.path.isdir(path):
+        return os.path.join(path, os.path.basename(_engine.default_dst(src, to)))
+    return path
+
+
+def _verified_file(src: str, dst: str, to: Target | None) -> str:
+    """The file `verify` compares a file SRC with, when DST is a folder: the one `convert`
+    writes into that folder by default (for `to`, else for bf16 or fp16, whichever is
+    there). A folder holding neither is a re-sharded one, verified as such."""
+    if not (_names_folder(dst) or os.path.isdir(dst)):
+        return dst
+    targets: list[Target] = [to] if to is not None else ["bf16", "fp16"]
+    names = [_file_dst(src, dst, t) for t in targets]
+    found = [n for n in names if os.path.isfile(n)]
+    if len(found) > 1:
+        raise UsageError(
+            f"{_engine.escape(dst)} holds both {_engine.escape(os.path.basename(found[0]))} and "
+            f"{_engine.escape(os.path.basename(found[1]))}: name the file, or give {{to}}",
+            path=dst,
+            option="to",
+        )
+    if found:
+        return found[0]
+    return dst if os.path.isdir(dst) else names[0]
+
+
+def _shard_folder(dst: StrPath | None, max_size: int | None) -> None:
+    """Re-sharding writes a folder: a DST named like a file (`out.safetensors`) that is not
+    one already would become a folder no loader opens."""
+    if dst is None or max_size is None:
+        return
+    path = os.fsdecode(dst)
+    if path.rstrip("/").lower().endswith(".safetensors") and not os.path.isdir(path):
+        raise UsageError(
+            f"{_engine.escape(path)}: {{max_shard_size}} writes a folder of shards and an "
+            "index, not one file: name a folder (e.g. "
+            f"{_engine.escape(path.rstrip('/')[: -len('.safetensors')] or 'out')}/)",
+            path=path,
+            option="max_shard_size",
+        )
 
 
 def _source(src: StrPath) -> str:

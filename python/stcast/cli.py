@@ -101,8 +101,9 @@ def main(argv: list[str] | None = None, stop: _Stop | None = None) -> int:
         # An optional DST after options (`convert SRC --to fp16 DST`): argparse leaves it.
         if len(extra) == 1 and not extra[0].startswith("-") and getattr(args, "dst", 0) is None:
             args.dst, extra = extra[0], []
+        sub = getattr(parser, "commands", {}).get(getattr(args, "command", None), parser)
+        _check_max_shard_size(args, sub, extra)
         if extra:  # said by the command's own parser: its --help is the one to read
-            sub = getattr(parser, "commands", {}).get(getattr(args, "command", None), parser)
             sub.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:  # --help, --version and usage errors
         if isinstance(e, _UsageExit) and "--json" in argv:
@@ -292,7 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         help="output (default: beside SRC, its stem + -bf16.safetensors, or -fp16 with "
         "--to fp16, or .safetensors for a PyTorch checkpoint with --to keep; for a folder, "
-        "SRC-bf16 or SRC-fp16)",
+        "SRC-bf16 or SRC-fp16); a folder (existing, or ending in /) gets that name inside "
+        "it; missing folders are made",
     )
     _add_target(p)
     _add_threads(p)
@@ -1125,13 +1127,20 @@ def _shard(text: str) -> tuple[int, int]:
     return shard
 
 
+class _Size(int):
+    """A --max-shard-size in bytes that remembers how it was typed."""
+
+    text: str
+
+
 def _max_shard_size(text: str) -> int:
     try:
-        size: int = _core.parse_size(text)
+        size = _Size(_core.parse_size(text))
     except stcast.StcastError as e:
         # argparse names the option already ("argument --max-shard-size: ...").
         message = e.render("cli").removeprefix("--max-shard-size: ")
         raise argparse.ArgumentTypeError(message) from None
+    size.text = text
     return size
 
 
@@ -1143,6 +1152,44 @@ def _stem(text: str) -> str:
         message = e.render("cli").removeprefix("--name: ")
         raise argparse.ArgumentTypeError(message) from None
     return stem
+
+
+# A size unit alone: what `--max-shard-size 5 GB` leaves as DST (or SRC).
+_UNIT = r"(?:[kmgt]i?)?b"
+
+
+def _check_max_shard_size(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, extra: list[str]
+) -> None:
+    """`--max-shard-size 5 GB` (a space) makes `GB` the DST: 5-byte shards in a folder `GB`.
+    Refused (exit 2, nothing written), showing the fix; a bare number of bytes under 1 MB
+    (`--max-shard-size 5`) is probably such a slip too, and warned about."""
+    import re
+
+    size = getattr(args, "max_shard_size", None)
+    if size is None:
+        return
+    text = getattr(size, "text", str(size))
+    typed = [("DST", getattr(args, "dst", None)), ("SRC", getattr(args, "src", None))]
+    for what, value in [*typed, *(("argument", e) for e in extra)]:
+        if value is None or not re.fullmatch(_UNIT, os.path.basename(value.rstrip("/")), re.I):
+            continue
+        if what == "SRC" and os.path.lexists(value):
+            continue
+        unit = os.path.basename(value.rstrip("/"))
+        parser.error(
+            f"{what} {value!r} is a size unit: write the size as one word, "
+            f"--max-shard-size {text.strip()}{unit}"
+        )
+    if (
+        re.fullmatch(r"\s*[0-9]+(\.[0-9]*)?\s*", text)
+        and size < 1_000_000
+        and not getattr(args, "quiet", False)
+    ):
+        out.print_err(
+            f"{PROG}: warning: --max-shard-size {text.strip()} is {int(size)} bytes per shard; "
+            f"for gigabytes write {text.strip()}GB"
+        )
 
 
 def _size_gib(text: str) -> float:
