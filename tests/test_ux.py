@@ -731,3 +731,33 @@ def test_the_bar_fits_wide_file_names(tmp_path):
     pyte.ByteStream(screen).feed(err)
     lines = [ln.rstrip() for ln in screen.display if ln.strip()]
     assert len(lines) == 1 and "100%" in lines[0], lines
+
+
+# --- issue 21, point 4: docs that are true -------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benches/README-bench.md"]
+
+
+def test_21_docs_name_only_what_exists():
+    """Every `stcast.X` and every report class the docs name is real; no doc sends readers
+    to the team's old `shared/peers` (they live in benches/peers)."""
+    from stcast import reports
+
+    assert (ROOT / "benches" / "peers").is_dir()
+    for doc in DOCS:
+        text = doc.read_text()
+        assert "shared/peers" not in text, doc
+        for name in set(re.findall(r"\bstcast\.([A-Za-z_]\w*)", text)):
+            assert hasattr(stcast, name), f"{doc.name}: stcast.{name}"
+        for name in set(re.findall(r"`([A-Z]\w*(?:Report|Info))`", text)):
+            assert hasattr(reports, name) and name in stcast.__all__, f"{doc.name}: {name}"
+
+
+def test_21_readme_claims_the_sizes_the_benchmarks_measured():
+    readme = (ROOT / "README.md").read_text()
+    bench = (ROOT / "docs" / "benchmarks.md").read_text()
+    claimed = re.search(r"measured from 1 to (\d+) GiB", readme)
+    assert claimed is not None
+    largest = max(int(g) for g in re.findall(r"\| (\d+) GiB \| stcast \|", bench))
+    assert int(claimed.group(1)) == largest == 16
