@@ -761,3 +761,15 @@ def test_21_readme_claims_the_sizes_the_benchmarks_measured():
     assert claimed is not None
     largest = max(int(g) for g in re.findall(r"\| (\d+) GiB \| stcast \|", bench))
     assert int(claimed.group(1)) == largest == 16
+
+
+# --- issue 21, point 5: the smaller findings -----------------------------------------------
+
+
+def test_21_dir_shows_the_public_names_only():
+    names = dir(stcast)
+    assert set(stcast.__all__) <= set(names)
+    assert "TYPE_CHECKING" not in names and "annotations" not in names and "_LAZY" not in names
+    assert "__version__" in names and "__doc__" in names
+    stcast.convert  # noqa: B018 -- a loaded name or submodule adds nothing
+    assert dir(stcast) == names
