@@ -773,3 +773,29 @@ def test_21_dir_shows_the_public_names_only():
     assert "__version__" in names and "__doc__" in names
     stcast.convert  # noqa: B018 -- a loaded name or submodule adds nothing
     assert dir(stcast) == names
+
+
+def test_21_the_inspect_table_pads_by_display_width(tmp_path, run_main):
+    """CJK and emoji names take two columns each: the columns after them still line up (as
+    a terminal draws them, which pyte does)."""
+    import pyte
+
+    names = ["w", "中文名字", "😀x", "e\u0301"]  # the last with a combining accent
+    src = tmp_path / "m.safetensors"
+    write_safetensors(src, {n: ("F32", [4], ONES) for n in names})
+    rc, out, err = run_main("inspect", src)
+    assert rc == 0, err
+    screen = pyte.Screen(100, 20)
+    pyte.Stream(screen).feed(out.replace("\n", "\r\n"))
+
+    def column(word: str) -> set[int]:
+        """The screen columns where `word` starts, one per line that has it."""
+        found = set()
+        for y in range(screen.lines):
+            cells = "".join(screen.buffer[y][x].data[:1] or "?" for x in range(screen.columns))
+            if word in cells:
+                found.add(cells.index(word))
+        return found
+
+    assert out.count("F32") == len(names)
+    assert len(column("F32")) == 1 and len(column("BF16")) == 1, screen.display

@@ -23,7 +23,7 @@ from stcast import _core
 
 TYPE_CHECKING = False  # importing `typing` would add ~5 ms to every start
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
     from typing import Any, NoReturn
 
 PROG = out.PROG
@@ -850,8 +850,9 @@ def _print_shard_plan(report: stcast.InspectReport) -> None:
                 source,
             ]
         )
-    widths = [max(map(len, column)) for column in zip(head, *rows)]
-    just = [str.ljust, str.rjust, str.rjust, str.ljust]
+    width, left, right = _justifiers(rows)
+    widths = [max(map(width, column)) for column in zip(head, *rows)]
+    just = [left, right, right, left]
     for row in [head, *rows]:
         print("  ".join(j(c, w) for j, c, w in zip(just, row, widths)).rstrip())
     for i in report.indexes:
@@ -859,6 +860,16 @@ def _print_shard_plan(report: stcast.InspectReport) -> None:
             f"index:    {out.printable(i['path'], keep='')}: {i['shards']} shards, total_size "
             f"{i['total_size']}"
         )
+
+
+def _justifiers(
+    rows: list[list[str]],
+) -> tuple[Callable[[str], int], Callable[[str, int], str], Callable[[str, int], str]]:
+    """How to measure and pad a table's cells: by terminal columns, not code points (a CJK
+    or emoji name takes two per character), with str's own methods when all are ASCII."""
+    if all(c.isascii() for row in rows for c in row):
+        return len, str.ljust, str.rjust
+    return out.display_width, out.ljust, out.rjust
 
 
 # What the inspect table says of each reason (see stcast.TensorInfo.reason).
@@ -900,9 +911,11 @@ def _print_tensor_table(report: stcast.InspectReport, indent: str = "") -> None:
             n = t.numerics
             cells = ["-", "-"] if n is None else [str(n["overflow"]), str(n["underflow_to_zero"])]
             row[6:6] = cells
-    widths = [max(map(len, column)) for column in zip(head, *rows)]
-    right = {3, 5, 6, 7} if report.scanned else {3, 5}  # numbers line up on the right
-    just = [str.rjust if i in right else str.ljust for i in range(len(head))]
+    # Padded by terminal columns, not code points: CJK and emoji names take two each.
+    width, left, right = _justifiers(rows)
+    widths = [max(map(width, column)) for column in zip(head, *rows)]
+    on_right = {3, 5, 6, 7} if report.scanned else {3, 5}  # numbers line up on the right
+    just = [right if i in on_right else left for i in range(len(head))]
     lines = [
         indent + "  ".join([j(c, w) for j, c, w in zip(just, row, widths)]).rstrip()
         for row in [head, *rows]
