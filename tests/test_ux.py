@@ -261,8 +261,16 @@ def _others(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     legacy = tmp_path / "legacy.pt"
     # torch's legacy format starts with a pickled magic number (a long).
     legacy.write_bytes(b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19." + bytes(32))
+    readme = tmp_path / "README.md"
+    readme.write_text("# Llama-3.1-8B\n\nThe weights are in model.safetensors, café.\n")
+    config = tmp_path / "config.json"
+    config.write_text('\n  {"architectures": ["LlamaForCausalLM"]}')
     not_read = ", not a safetensors file or a PyTorch checkpoint"
     return {
+        # Text used to be "invalid safetensors file: header too large" (its first 8 bytes
+        # read as a huge header length).
+        "text": (readme, "a text file" + not_read),
+        "json": (config, "a JSON text file (a config or an index?)" + not_read),
         "gguf": (gguf, "a GGUF file (llama.cpp)" + not_read),
         "html": (html, "an HTML page (a failed download?)" + not_read),
         "npz": (npz, "a NumPy .npz archive" + not_read),
