@@ -807,3 +807,34 @@ def test_21_the_inspect_table_pads_by_display_width(tmp_path, run_main):
 
     assert out.count("F32") == len(names)
     assert len(column("F32")) == 1 and len(column("BF16")) == 1, screen.display
+
+
+def test_21_progress_hears_of_the_end_once(tmp_path):
+    """`progress(total, total)` comes once, last (it came twice: after the last step and
+    after sealing; a folder's per-file end again from the folder's own bookkeeping)."""
+    src = _two_files(tmp_path)
+    one = src / "model-00001-of-00002.safetensors"
+
+    def calls(run) -> list[tuple[int, int]]:
+        seen: list[tuple[int, int]] = []
+        run(lambda done, total: seen.append((done, total)))
+        return seen
+
+    runs = {
+        "file": lambda p: stcast.convert(one, tmp_path / "one.safetensors", progress=p),
+        "folder": lambda p: stcast.convert(src, tmp_path / "out", progress=p),
+        "verify": lambda p: stcast.verify(one, tmp_path / "one.safetensors", progress=p),
+        "verify folder": lambda p: stcast.verify(src, tmp_path / "out", progress=p),
+        "scan": lambda p: stcast.inspect(one, scan=True, progress=p),
+        "scan folder": lambda p: stcast.inspect(src, scan=True, progress=p),
+    }
+    for what, run in runs.items():
+        seen = calls(run)
+        total = seen[-1][1]
+        assert total > 0 and seen[-1] == (total, total), (what, seen)
+        assert seen.count((total, total)) == 1, (what, seen)
+        assert all(a[0] <= b[0] for a, b in zip(seen, seen[1:])), (what, seen)
+    files: list[tuple[str, int, int]] = []
+    stcast.convert(src, tmp_path / "again", file_progress=lambda *a: files.append(a))
+    ends = [f for f in files if f[1] == f[2]]
+    assert len(ends) == len({f[0] for f in files}), files

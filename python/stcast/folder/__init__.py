@@ -798,9 +798,11 @@ def inspect_folder(
     done = 0
     for w in weights:
 
-        def step(d: int, t: int, base: int = done) -> None:
+        def step(d: int, t: int, base: int = done, size: int = sizes.get(w.rel, 0)) -> None:
+            # A scan reads the tensors it measures, not every data byte: its end counts the
+            # whole file, so that the last file's end is (total, total).
             if progress is not None:
-                progress(base + d, total)
+                progress(base + (size if d >= t else min(d, size)), total)
 
         files.append(
             _engine.inspect_file(
