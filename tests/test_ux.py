@@ -838,3 +838,26 @@ def test_21_progress_hears_of_the_end_once(tmp_path):
     stcast.convert(src, tmp_path / "again", file_progress=lambda *a: files.append(a))
     ends = [f for f in files if f[1] == f[2]]
     assert len(ends) == len({f[0] for f in files}), files
+
+
+def test_21_a_strict_metadata_order_mismatch_hints_at_loose(tmp_path, run_main):
+    """Every strict-only mismatch says that --loose accepts it; metadata key order did not."""
+    meta = {"a": "1", "z": "2"}
+    src = write_safetensors(tmp_path / "m.safetensors", {"w": ("F32", [4], ONES)}, meta)
+    out_ = tmp_path / "o.safetensors"
+    stcast.convert(src, out_)
+    bad = write_safetensors(tmp_path / "bad.safetensors", tensor_bytes(out_), {"z": "2", "a": "1"})
+    rc, out, err = run_main("verify", src, bad)
+    assert rc == 1 and assert_one_error_line(out + err).endswith(
+        'key order differs at position 0: expected "a", found "z" (--loose accepts any key order)'
+    ), (out, err)
+    assert stcast.verify(src, bad, loose=True).ok
+    # No __metadata__ for an empty one: also strict only.
+    empty = write_safetensors(tmp_path / "e.safetensors", {"w": ("F32", [4], ONES)}, {})
+    none = write_safetensors(tmp_path / "none.safetensors", tensor_bytes(out_))
+    m = stcast.verify(empty, none).mismatch
+    assert m is not None and m.message == (
+        "__metadata__ differs: SRC has a __metadata__ entry, DST has none "
+        "(loose=True takes no __metadata__ for an empty one)"
+    )
+    assert stcast.verify(empty, none, loose=True).ok
