@@ -861,3 +861,57 @@ def test_21_a_strict_metadata_order_mismatch_hints_at_loose(tmp_path, run_main):
         "(loose=True takes no __metadata__ for an empty one)"
     )
     assert stcast.verify(empty, none, loose=True).ok
+
+
+def _stdout_on_pty(args: list[object], columns: int) -> str:
+    """The CLI's stdout as a terminal `columns` wide shows it (stderr left out)."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stcast", *map(str, args)],
+        stdout=slave,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        env=cli_env(),
+    )
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed its end
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert proc.wait(timeout=60) == 0
+    return b"".join(chunks).decode().replace("\r\n", "\n")
+
+
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_21_the_summary_wraps_at_spaces_on_a_narrow_terminal(tmp_path, run_main, kind):
+    """At 50 columns the summary's `time` line (about 60 wide) wrapped mid-word; now every
+    line fits and is cut at a space, the rest indented under the value."""
+    src = _two_files(tmp_path) if kind == "folder" else tmp_path / "m.safetensors"
+    if kind == "file":
+        write_safetensors(src, {"w": ("F32", [4], ONES)})
+    shown = _stdout_on_pty(["convert", src, tmp_path / "o", "--threads", "2"], columns=50)
+    rc, piped, _ = run_main("convert", src, tmp_path / "p", "--threads", "2")
+    assert rc == 0
+    lines = shown.rstrip("\n").split("\n")
+    assert all(len(ln) <= 50 for ln in lines if " " in ln.strip()), lines
+    time_at = next(i for i, ln in enumerate(lines) if ln.startswith("  time     "))
+    assert lines[time_at + 1].startswith(" " * 11) and lines[time_at + 1][11] != " ", lines
+
+    # The same words as a pipe gets them on one line each (paths and figures aside).
+    def words(text: str) -> list[str]:
+        return [w for w in text.split() if tmp_path.name not in w and not re.search(r"\d", w)]
+
+    assert words(shown) == words(piped)

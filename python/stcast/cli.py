@@ -611,15 +611,42 @@ def _run_convert(args: argparse.Namespace, console: out.Console) -> int:
     else:
         seconds = console.elapsed()
         rate = report.bytes_in / seconds if seconds > 0 else 0.0
-        print(f"converted {report.src} -> {report.dst}")
-        print(f"  size     {out.size(report.bytes_in)} -> {out.size(report.bytes_out)}")
-        print(f"  tensors  {report.tensors_converted} converted, {report.tensors_copied} copied")
+        _say(f"converted {report.src} -> {report.dst}")
+        _say(f"  size     {out.size(report.bytes_in)} -> {out.size(report.bytes_out)}")
+        _say(f"  tensors  {report.tensors_converted} converted, {report.tensors_copied} copied")
         _print_kept(report.tensors_kept, report.bytes_kept, report.kept)
-        print(
+        _say(
             f"  time     {seconds:.2f} s ({out.size(rate)}/s of input, "
             f"{_threads_text(report.threads)}, {report.isa})"
         )
     return 0
+
+
+def _say(line: str) -> None:
+    """Print a summary line; on a terminal narrower than it, wrapped at spaces (the terminal
+    would cut a word in two), the rest indented under the value (`  time     ...`)."""
+    # Committing commands buffer their stdout (Console.stdout): ask the real one.
+    real = sys.__stdout__
+    width = out.columns(real) if real is not None and out.is_tty(real) else 0
+    if width <= 0 or out.display_width(line) <= width:
+        print(line)
+        return
+    import textwrap
+
+    stripped = line.lstrip(" ")
+    lead = len(line) - len(stripped)
+    label = stripped.split("  ", 1)[0] if lead else ""
+    hang = lead + len(label) + len(stripped[len(label) :]) - len(stripped[len(label) :].lstrip())
+    indent = " " * (hang if lead and hang < width // 2 else lead + 2)
+    wrapped = textwrap.wrap(
+        line,
+        width,
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+        drop_whitespace=True,
+    )
+    print("\n".join(wrapped) if wrapped else line)
 
 
 @contextlib.contextmanager
@@ -651,7 +678,7 @@ def _print_kept(count: int, size: int, kept: Sequence[Mapping[str, Any]] | None 
             if len(overflow) > 5:
                 shown += f" and {len(overflow) - 5} more"
             line += f"; to avoid overflow: {shown}"
-    print(line)
+    _say(line)
 
 
 def _run_finalize(args: argparse.Namespace, console: out.Console) -> int:
@@ -679,37 +706,35 @@ def _print_folder_summary(report: stcast.ConvertReport, console: out.Console) ->
     actions = ("converted", "skipped", "checked", "rewritten", "copied")
     files = ", ".join(f"{count[a]} {a}" for a in actions if count.get(a))
     if count.get("checked"):
-        print(f"finalized {report.src} -> {report.dst}")
-        print(f"  files    {files}")
-        print("  the shard runs' outputs are intact; configs and indexes written last")
+        _say(f"finalized {report.src} -> {report.dst}")
+        _say(f"  files    {files}")
+        _say("  the shard runs' outputs are intact; configs and indexes written last")
         return
     if not count.get("converted"):
         what = "the shard's files are" if report.shard is not None else "every file is"
-        print(f"nothing to do: {what} already converted in {report.dst}")
-        print(f"  files    {files}")
+        _say(f"nothing to do: {what} already converted in {report.dst}")
+        _say(f"  files    {files}")
         return
     if report.shard is not None:
-        print(
-            f"converted shard {report.shard[0]}/{report.shard[1]} of {report.src} -> {report.dst}"
-        )
+        _say(f"converted shard {report.shard[0]}/{report.shard[1]} of {report.src} -> {report.dst}")
     else:
-        print(f"converted {report.src} -> {report.dst}")
-    print(f"  files    {files}")
-    print(f"  size     {out.size(report.bytes_in)} -> {out.size(report.bytes_out)} converted")
-    print(f"  tensors  {report.tensors_converted} converted, {report.tensors_copied} copied")
+        _say(f"converted {report.src} -> {report.dst}")
+    _say(f"  files    {files}")
+    _say(f"  size     {out.size(report.bytes_in)} -> {out.size(report.bytes_out)} converted")
+    _say(f"  tensors  {report.tensors_converted} converted, {report.tensors_copied} copied")
     _print_kept(report.tensors_kept, report.bytes_kept, report.kept)
     if report.max_shard_size is not None:
         shards = sum(1 for f in report.files if f.kind == "weights")
-        print(f"  shards   {shards} of at most {out.size(report.max_shard_size)}")
+        _say(f"  shards   {shards} of at most {out.size(report.max_shard_size)}")
     seconds = console.elapsed()
     rate = report.bytes_in / seconds if seconds > 0 else 0.0
     engine = ""
     if report.threads is not None:
         engine = f", {_threads_text(report.threads)}, {report.isa}"
-    print(f"  time     {seconds:.2f} s ({out.size(rate)}/s of input{engine})")
+    _say(f"  time     {seconds:.2f} s ({out.size(rate)}/s of input{engine})")
     if not report.complete:
         src, dst = os.path.abspath(report.src), os.path.abspath(report.dst)
-        print(f"  then, once every shard is done:  stcast finalize {_quote(src)} {_quote(dst)}")
+        _say(f"  then, once every shard is done:  stcast finalize {_quote(src)} {_quote(dst)}")
 
 
 def _quote(path: str) -> str:
