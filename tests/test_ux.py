@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import re
 import subprocess
 import sys
@@ -915,3 +916,28 @@ def test_21_the_summary_wraps_at_spaces_on_a_narrow_terminal(tmp_path, run_main,
         return [w for w in text.split() if tmp_path.name not in w and not re.search(r"\d", w)]
 
     assert words(shown) == words(piped)
+
+
+def test_21_paths_are_shown_as_the_user_spelled_them(tmp_path, run_main, monkeypatch):
+    """SRC and DST as given (relative stays relative), joined with the file's name inside a
+    folder; `inspect`'s space line and `convert .`'s default DST were absolute."""
+    monkeypatch.chdir(tmp_path)
+    folder(Path("adir"), {"model.safetensors": {"w": ("F32", [4], ONES)}})
+    (tmp_path / "adir" / "bad.safetensors").write_text("# not weights\n")
+    for given in ["adir", "adir/.", "./adir", str(tmp_path / "adir")]:
+        for args in (["convert", given, "out"], ["inspect", given]):
+            rc, out, err = run_main(*args)
+            assert rc == 1 and assert_one_error_line(err).startswith(
+                f"stcast: {os.path.join(given, 'bad.safetensors')}: a text file, not"
+            ), (args, err)
+    (tmp_path / "adir" / "bad.safetensors").unlink()
+    for dst, shown in [("x.safetensors", "."), ("new/sub", "."), ("../y", "..")]:
+        src = "adir/model.safetensors" if dst == "x.safetensors" else "adir"
+        rc, out, err = run_main("inspect", src, dst)
+        assert rc == 0 and f"\nspace:    {shown} has " in out, (dst, out, err)
+    rc, out, err = run_main("inspect", "adir", str(tmp_path / "new"))
+    assert rc == 0 and f"\nspace:    {tmp_path} has " in out, (out, err)
+    monkeypatch.chdir(tmp_path / "adir")
+    rc, out, err = run_main("convert", ".")
+    assert rc == 0 and out.startswith("converted . -> ../adir-bf16\n"), (out, err)
+    assert (tmp_path / "adir-bf16" / "model.safetensors").is_file()
