@@ -5,6 +5,7 @@
 //! steps), and converts what the engine returns into plain Python data. Exceptions are the
 //! classes of `stcast.errors`, one per `vocab::ErrorKind`, built by `errors._from_engine`.
 
+use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 
@@ -81,6 +82,9 @@ struct Hooks<'py> {
     progress: Option<Bound<'py, PyAny>>,
     cancel: Option<Bound<'py, PyAny>>,
     warn: Option<Bound<'py, PyAny>>,
+    /// `progress` was told `(total, total)`: the visits after the last step (sealing,
+    /// publishing) do not tell it again, so that a caller hears of the end once.
+    ended: Cell<bool>,
 }
 
 impl<'py> Hooks<'py> {
@@ -98,7 +102,11 @@ impl<'py> Hooks<'py> {
             }
         }
         if let Some(p) = &self.progress {
-            p.call1(task.progress())?;
+            let (done, total) = task.progress();
+            if !self.ended.get() {
+                self.ended.set(done >= total);
+                p.call1((done, total))?;
+            }
         }
         Ok(())
     }
@@ -346,6 +354,7 @@ fn py_convert<'py>(
         progress,
         cancel,
         warn,
+        ended: Cell::new(false),
     };
     let task = hooks.run(py, || ConvertTask::new(&src, &dst, &opts))?;
     finish_convert(py, &hooks, task, numerics)
@@ -497,6 +506,7 @@ fn convert_shard<'py>(
         progress,
         cancel,
         warn,
+        ended: Cell::new(false),
     };
     let group = &group.get().group;
     let task = hooks.run(py, || group.task(&names, indexed, &dst, &opts))?;
@@ -546,6 +556,7 @@ fn verify_shard<'py>(
         progress,
         cancel: None,
         warn: None,
+        ended: Cell::new(false),
     };
     hooks.drive(py, &mut verifier)?;
     let report = guarded(py, move || verifier.finish())?;
@@ -813,6 +824,7 @@ fn py_inspect<'py>(
         progress,
         cancel: None,
         warn: None,
+        ended: Cell::new(false),
     };
     hooks.drive(py, &mut task)?;
     let found = guarded(py, move || task.finish())?;
@@ -959,6 +971,7 @@ fn py_verify<'py>(
         progress,
         cancel: None,
         warn: None,
+        ended: Cell::new(false),
     };
     hooks.drive(py, &mut verifier)?;
     let report = guarded(py, move || verifier.finish())?;
@@ -1077,6 +1090,7 @@ fn write_file<'py>(
         progress: None,
         cancel,
         warn: None,
+        ended: Cell::new(false),
     };
     // A stop request that interrupted the write (EINTR) wins over the error it caused.
     let p = hooks.run(py, || output::write_file(&path, &data, replace, tag))?;
@@ -1102,6 +1116,7 @@ fn copy_file<'py>(
         progress,
         cancel,
         warn: None,
+        ended: Cell::new(false),
     };
     let mut copy = hooks.run(py, || output::Copy::new(&src, &dst, replace, tag))?;
     hooks.drive(py, &mut copy)?;

@@ -702,8 +702,8 @@ fn check_headers(
             format!("tensor `{}` is in SRC but not in DST", esc(missing)),
         );
     }
-    if let Some(why) = metadata_difference(&sh.metadata, &dh.metadata, opts.loose) {
-        return fail(None, format!("__metadata__ differs: {}", esc(&why)));
+    if let Some((why, hint)) = metadata_difference(&sh.metadata, &dh.metadata, opts.loose) {
+        return fail(None, format!("__metadata__ differs: {}{hint}", esc(&why)));
     }
     if opts.loose {
         return Ok(Ok(pairs));
@@ -852,13 +852,14 @@ fn conversion_dtype(c: Conversion) -> Dtype {
     }
 }
 
-/// Why two `__metadata__` differ, or None. Loose: key order is free and no metadata
-/// equals an empty one.
+/// Why two `__metadata__` differ, or None; with a hint (a template) when only the strict
+/// rules fail them. Loose: key order is free and no metadata equals an empty one.
 fn metadata_difference(
     src: &Option<Vec<(String, String)>>,
     dst: &Option<Vec<(String, String)>>,
     loose: bool,
-) -> Option<String> {
+) -> Option<(String, &'static str)> {
+    let plain = |why: String| Some((why, ""));
     let empty = Vec::new();
     let (s, d) = (
         src.as_ref().unwrap_or(&empty),
@@ -870,28 +871,38 @@ fn metadata_difference(
         } else {
             ("DST", "SRC")
         };
-        return Some(format!("{has} has a __metadata__ entry, {lacks} has none"));
+        // Loose takes none for an empty one; entries in it are still compared below.
+        let hint = if s.is_empty() && d.is_empty() {
+            " ({loose} takes no __metadata__ for an empty one)"
+        } else {
+            ""
+        };
+        return Some((
+            format!("{has} has a __metadata__ entry, {lacks} has none"),
+            hint,
+        ));
     }
     let dmap: HashMap<&str, &str> = d.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let smap: HashMap<&str, &str> = s.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     for (k, v) in s {
         match dmap.get(k.as_str()) {
-            None => return Some(format!("key {k:?} is missing in DST")),
+            None => return plain(format!("key {k:?} is missing in DST")),
             Some(dv) if dv != v => {
-                return Some(format!("key {k:?} is {v:?} in SRC, {dv:?} in DST"))
+                return plain(format!("key {k:?} is {v:?} in SRC, {dv:?} in DST"))
             }
             _ => {}
         }
     }
     if let Some((k, _)) = d.iter().find(|(k, _)| !smap.contains_key(k.as_str())) {
-        return Some(format!("key {k:?} is in DST but not in SRC"));
+        return plain(format!("key {k:?} is in DST but not in SRC"));
     }
     if !loose && s != d {
         let at = s.iter().zip(d).position(|(a, b)| a.0 != b.0).unwrap_or(0);
-        return Some(format!(
+        let why = format!(
             "key order differs at position {at}: expected {:?}, found {:?}",
             s[at].0, d[at].0
-        ));
+        );
+        return Some((why, " ({loose} accepts any key order)"));
     }
     None
 }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import re
 import signal
 import subprocess
@@ -262,8 +263,16 @@ def _others(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     legacy = tmp_path / "legacy.pt"
     # torch's legacy format starts with a pickled magic number (a long).
     legacy.write_bytes(b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19." + bytes(32))
+    readme = tmp_path / "README.md"
+    readme.write_text("# Llama-3.1-8B\n\nThe weights are in model.safetensors, café.\n")
+    config = tmp_path / "config.json"
+    config.write_text('\n  {"architectures": ["LlamaForCausalLM"]}')
     not_read = ", not a safetensors file or a PyTorch checkpoint"
     return {
+        # Text used to be "invalid safetensors file: header too large" (its first 8 bytes
+        # read as a huge header length).
+        "text": (readme, "a text file" + not_read),
+        "json": (config, "a JSON text file (a config or an index?)" + not_read),
         "gguf": (gguf, "a GGUF file (llama.cpp)" + not_read),
         "html": (html, "an HTML page (a failed download?)" + not_read),
         "npz": (npz, "a NumPy .npz archive" + not_read),
@@ -918,3 +927,204 @@ def test_21_3_a_shard_folder_named_like_a_file_is_refused(tmp_path, run_main, co
         stcast.convert(src, tmp_path / "out.safetensors", max_shard_size="1GB")
     assert "--" not in str(info.value) and "max_shard_size" in str(info.value)
     assert listing(tmp_path) == before
+
+
+# --- issue 21, point 4: docs that are true -------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benches/README-bench.md"]
+
+
+def test_21_docs_name_only_what_exists():
+    """Every `stcast.X` and every report class the docs name is real; no doc sends readers
+    to the team's old `shared/peers` (they live in benches/peers)."""
+    from stcast import reports
+
+    assert (ROOT / "benches" / "peers").is_dir()
+    for doc in DOCS:
+        text = doc.read_text()
+        assert "shared/peers" not in text, doc
+        for name in set(re.findall(r"\bstcast\.([A-Za-z_]\w*)", text)):
+            assert hasattr(stcast, name), f"{doc.name}: stcast.{name}"
+        for name in set(re.findall(r"`([A-Z]\w*(?:Report|Info))`", text)):
+            assert hasattr(reports, name) and name in stcast.__all__, f"{doc.name}: {name}"
+
+
+def test_21_readme_claims_the_sizes_the_benchmarks_measured():
+    readme = (ROOT / "README.md").read_text()
+    bench = (ROOT / "docs" / "benchmarks.md").read_text()
+    claimed = re.search(r"measured from 1 to (\d+) GiB", readme)
+    assert claimed is not None
+    largest = max(int(g) for g in re.findall(r"\| (\d+) GiB \| stcast \|", bench))
+    assert int(claimed.group(1)) == largest == 16
+
+
+# --- issue 21, point 5: the smaller findings -----------------------------------------------
+
+
+def test_21_dir_shows_the_public_names_only():
+    names = dir(stcast)
+    assert set(stcast.__all__) <= set(names)
+    assert "TYPE_CHECKING" not in names and "annotations" not in names and "_LAZY" not in names
+    assert "__version__" in names and "__doc__" in names
+    stcast.convert  # noqa: B018 -- a loaded name or submodule adds nothing
+    assert dir(stcast) == names
+
+
+def test_21_the_inspect_table_pads_by_display_width(tmp_path, run_main):
+    """CJK and emoji names take two columns each: the columns after them still line up (as
+    a terminal draws them, which pyte does)."""
+    import pyte
+
+    names = ["w", "中文名字", "😀x", "e\u0301"]  # the last with a combining accent
+    src = tmp_path / "m.safetensors"
+    write_safetensors(src, {n: ("F32", [4], ONES) for n in names})
+    rc, out, err = run_main("inspect", src)
+    assert rc == 0, err
+    screen = pyte.Screen(100, 20)
+    pyte.Stream(screen).feed(out.replace("\n", "\r\n"))
+
+    def column(word: str) -> set[int]:
+        """The screen columns where `word` starts, one per line that has it."""
+        found = set()
+        for y in range(screen.lines):
+            cells = "".join(screen.buffer[y][x].data[:1] or "?" for x in range(screen.columns))
+            if word in cells:
+                found.add(cells.index(word))
+        return found
+
+    assert out.count("F32") == len(names)
+    assert len(column("F32")) == 1 and len(column("BF16")) == 1, screen.display
+
+
+def test_21_progress_hears_of_the_end_once(tmp_path):
+    """`progress(total, total)` comes once, last (it came twice: after the last step and
+    after sealing; a folder's per-file end again from the folder's own bookkeeping)."""
+    src = _two_files(tmp_path)
+    one = src / "model-00001-of-00002.safetensors"
+
+    def calls(run) -> list[tuple[int, int]]:
+        seen: list[tuple[int, int]] = []
+        run(lambda done, total: seen.append((done, total)))
+        return seen
+
+    runs = {
+        "file": lambda p: stcast.convert(one, tmp_path / "one.safetensors", progress=p),
+        "folder": lambda p: stcast.convert(src, tmp_path / "out", progress=p),
+        "verify": lambda p: stcast.verify(one, tmp_path / "one.safetensors", progress=p),
+        "verify folder": lambda p: stcast.verify(src, tmp_path / "out", progress=p),
+        "scan": lambda p: stcast.inspect(one, scan=True, progress=p),
+        "scan folder": lambda p: stcast.inspect(src, scan=True, progress=p),
+    }
+    for what, run in runs.items():
+        seen = calls(run)
+        total = seen[-1][1]
+        assert total > 0 and seen[-1] == (total, total), (what, seen)
+        assert seen.count((total, total)) == 1, (what, seen)
+        assert all(a[0] <= b[0] for a, b in zip(seen, seen[1:])), (what, seen)
+    files: list[tuple[str, int, int]] = []
+    stcast.convert(src, tmp_path / "again", file_progress=lambda *a: files.append(a))
+    ends = [f for f in files if f[1] == f[2]]
+    assert len(ends) == len({f[0] for f in files}), files
+
+
+def test_21_a_strict_metadata_order_mismatch_hints_at_loose(tmp_path, run_main):
+    """Every strict-only mismatch says that --loose accepts it; metadata key order did not."""
+    meta = {"a": "1", "z": "2"}
+    src = write_safetensors(tmp_path / "m.safetensors", {"w": ("F32", [4], ONES)}, meta)
+    out_ = tmp_path / "o.safetensors"
+    stcast.convert(src, out_)
+    bad = write_safetensors(tmp_path / "bad.safetensors", tensor_bytes(out_), {"z": "2", "a": "1"})
+    rc, out, err = run_main("verify", src, bad)
+    assert rc == 1 and assert_one_error_line(out + err).endswith(
+        'key order differs at position 0: expected "a", found "z" (--loose accepts any key order)'
+    ), (out, err)
+    assert stcast.verify(src, bad, loose=True).ok
+    # No __metadata__ for an empty one: also strict only.
+    empty = write_safetensors(tmp_path / "e.safetensors", {"w": ("F32", [4], ONES)}, {})
+    none = write_safetensors(tmp_path / "none.safetensors", tensor_bytes(out_))
+    m = stcast.verify(empty, none).mismatch
+    assert m is not None and m.message == (
+        "__metadata__ differs: SRC has a __metadata__ entry, DST has none "
+        "(loose=True takes no __metadata__ for an empty one)"
+    )
+    assert stcast.verify(empty, none, loose=True).ok
+
+
+def _stdout_on_pty(args: list[object], columns: int) -> str:
+    """The CLI's stdout as a terminal `columns` wide shows it (stderr left out)."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stcast", *map(str, args)],
+        stdout=slave,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        env=cli_env(),
+    )
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed its end
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert proc.wait(timeout=60) == 0
+    return b"".join(chunks).decode().replace("\r\n", "\n")
+
+
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_21_the_summary_wraps_at_spaces_on_a_narrow_terminal(tmp_path, run_main, kind):
+    """At 50 columns the summary's `time` line (about 60 wide) wrapped mid-word; now every
+    line fits and is cut at a space, the rest indented under the value."""
+    src = _two_files(tmp_path) if kind == "folder" else tmp_path / "m.safetensors"
+    if kind == "file":
+        write_safetensors(src, {"w": ("F32", [4], ONES)})
+    shown = _stdout_on_pty(["convert", src, tmp_path / "o", "--threads", "2"], columns=50)
+    rc, piped, _ = run_main("convert", src, tmp_path / "p", "--threads", "2")
+    assert rc == 0
+    lines = shown.rstrip("\n").split("\n")
+    assert all(len(ln) <= 50 for ln in lines if " " in ln.strip()), lines
+    time_at = next(i for i, ln in enumerate(lines) if ln.startswith("  time     "))
+    assert lines[time_at + 1].startswith(" " * 11) and lines[time_at + 1][11] != " ", lines
+
+    # The same words as a pipe gets them on one line each (paths and figures aside).
+    def words(text: str) -> list[str]:
+        return [w for w in text.split() if tmp_path.name not in w and not re.search(r"\d", w)]
+
+    assert words(shown) == words(piped)
+
+
+def test_21_paths_are_shown_as_the_user_spelled_them(tmp_path, run_main, monkeypatch):
+    """SRC and DST as given (relative stays relative), joined with the file's name inside a
+    folder; `inspect`'s space line and `convert .`'s default DST were absolute."""
+    monkeypatch.chdir(tmp_path)
+    folder(Path("adir"), {"model.safetensors": {"w": ("F32", [4], ONES)}})
+    (tmp_path / "adir" / "bad.safetensors").write_text("# not weights\n")
+    for given in ["adir", "adir/.", "./adir", str(tmp_path / "adir")]:
+        for args in (["convert", given, "out"], ["inspect", given]):
+            rc, out, err = run_main(*args)
+            assert rc == 1 and assert_one_error_line(err).startswith(
+                f"stcast: {os.path.join(given, 'bad.safetensors')}: a text file, not"
+            ), (args, err)
+    (tmp_path / "adir" / "bad.safetensors").unlink()
+    for dst, shown in [("x.safetensors", "."), ("new/sub", "."), ("../y", "..")]:
+        src = "adir/model.safetensors" if dst == "x.safetensors" else "adir"
+        rc, out, err = run_main("inspect", src, dst)
+        assert rc == 0 and f"\nspace:    {shown} has " in out, (dst, out, err)
+    rc, out, err = run_main("inspect", "adir", str(tmp_path / "new"))
+    assert rc == 0 and f"\nspace:    {tmp_path} has " in out, (out, err)
+    monkeypatch.chdir(tmp_path / "adir")
+    rc, out, err = run_main("convert", ".")
+    assert rc == 0 and out.startswith("converted . -> ../adir-bf16\n"), (out, err)
+    assert (tmp_path / "adir-bf16" / "model.safetensors").is_file()

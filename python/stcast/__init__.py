@@ -102,4 +102,6 @@ def __getattr__(name: str) -> object:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    # The public names and the module's dunders: not the helpers of this file
+    # (`TYPE_CHECKING`, the `annotations` future, `_LAZY`) nor submodules loaded so far.
+    return sorted({*__all__, *(n for n in globals() if n.startswith("__") and n.endswith("__"))})

@@ -89,22 +89,37 @@ def size(n: float) -> str:
 
 
 def _char_width(c: str) -> int:
-    """Terminal columns of one character: 2 for East Asian wide, 0 for combining marks."""
-    import unicodedata
+    """Terminal columns of one character: 2 for East Asian wide and emoji, 0 for combining
+    marks and zero-width characters (wcwidth's tables, loaded only for non-ASCII text)."""
+    from wcwidth import wcwidth
 
-    if unicodedata.combining(c):
-        return 0
-    return 2 if unicodedata.east_asian_width(c) in ("W", "F") else 1
+    return max(0, wcwidth(c))
 
 
-def _width(text: str) -> int:
+def display_width(text: str) -> int:
     """Terminal columns of `text` (ASCII fast)."""
-    return len(text) if text.isascii() else sum(map(_char_width, text))
+    if text.isascii():
+        return len(text)
+    from wcwidth import wcswidth
+
+    w = wcswidth(text)  # -1 if a control character is left (callers escape them first)
+    return w if w >= 0 else sum(map(_char_width, text))
+
+
+def ljust(text: str, columns: int) -> str:
+    """`text` padded on the right to `columns` terminal columns (str.ljust counts code
+    points: a CJK or emoji name would push the next column right)."""
+    return text + " " * (columns - display_width(text))
+
+
+def rjust(text: str, columns: int) -> str:
+    """`text` padded on the left to `columns` terminal columns."""
+    return " " * (columns - display_width(text)) + text
 
 
 def _fit_left(text: str, columns: int) -> str:
     """`text` in at most `columns` terminal columns, its start cut to "..." if needed."""
-    if _width(text) <= columns:
+    if display_width(text) <= columns:
         return text
     kept, used = [], 3
     for c in reversed(text):
@@ -257,7 +272,7 @@ class Progress:
         if self.label and room - len(line) - 2 > 8:
             line += "  " + _fit_left(self.label, room - len(line) - 2)
         # Pad over what is left of a longer previous line; no escape codes needed.
-        width = _width(line)
+        width = display_width(line)
         padded = line + " " * max(0, self.drawn - width)
         self.drawn = width
         self._write("\r" + padded)

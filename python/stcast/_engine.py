@@ -168,12 +168,22 @@ def check_int(option: str, value: object, minimum: int, maximum: int) -> int:
     return value
 
 
+def nearest_folder(path: str) -> str:
+    """The folder `path` names, or its nearest existing ancestor (where a folder that does
+    not exist yet is created), spelled from `path`'s own words as messages show it: a
+    relative path stays relative ("" is ".")."""
+    p = path or "."
+    while not os.path.isdir(p):
+        parent = os.path.dirname(p.rstrip(os.sep)) or ("." if not p.startswith(os.sep) else p)
+        if parent == p:
+            break
+        p = parent
+    return p
+
+
 def destination(dst: str, need: int) -> Destination:
     """Free space where `dst` would be written (a file, or a folder to create or fill)."""
-    folder = dst if os.path.isdir(dst) else os.path.dirname(os.path.abspath(dst))
-    # A folder that does not exist yet is created inside its nearest existing ancestor.
-    while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
-        folder = os.path.dirname(folder)
+    folder = dst if os.path.isdir(dst) else nearest_folder(os.path.dirname(dst))
     st = os.statvfs(folder)
     free = st.f_bavail * st.f_frsize
     return {

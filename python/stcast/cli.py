@@ -24,7 +24,7 @@ from stcast import _core
 
 TYPE_CHECKING = False  # importing `typing` would add ~5 ms to every start
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
     from typing import Any, NoReturn
 
 PROG = out.PROG
@@ -631,15 +631,42 @@ def _run_convert(args: argparse.Namespace, console: out.Console) -> int:
     else:
         seconds = console.elapsed()
         rate = report.bytes_in / seconds if seconds > 0 else 0.0
-        print(f"converted {report.src} -> {report.dst}")
-        print(f"  size     {out.size(report.bytes_in)} -> {out.size(report.bytes_out)}")
-        print(f"  tensors  {report.tensors_converted} converted, {report.tensors_copied} copied")
+        _say(f"converted {report.src} -> {report.dst}")
+        _say(f"  size     {out.size(report.bytes_in)} -> {out.size(report.bytes_out)}")
+        _say(f"  tensors  {report.tensors_converted} converted, {report.tensors_copied} copied")
         _print_kept(report.tensors_kept, report.bytes_kept, report.kept)
-        print(
+        _say(
             f"  time     {seconds:.2f} s ({out.size(rate)}/s of input, "
             f"{_threads_text(report.threads)}, {report.isa})"
         )
     return 0
+
+
+def _say(line: str) -> None:
+    """Print a summary line; on a terminal narrower than it, wrapped at spaces (the terminal
+    would cut a word in two), the rest indented under the value (`  time     ...`)."""
+    # Committing commands buffer their stdout (Console.stdout): ask the real one.
+    real = sys.__stdout__
+    width = out.columns(real) if real is not None and out.is_tty(real) else 0
+    if width <= 0 or out.display_width(line) <= width:
+        print(line)
+        return
+    import textwrap
+
+    stripped = line.lstrip(" ")
+    lead = len(line) - len(stripped)
+    label = stripped.split("  ", 1)[0] if lead else ""
+    hang = lead + len(label) + len(stripped[len(label) :]) - len(stripped[len(label) :].lstrip())
+    indent = " " * (hang if lead and hang < width // 2 else lead + 2)
+    wrapped = textwrap.wrap(
+        line,
+        width,
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+        drop_whitespace=True,
+    )
+    print("\n".join(wrapped) if wrapped else line)
 
 
 @contextlib.contextmanager
@@ -671,7 +698,7 @@ def _print_kept(count: int, size: int, kept: Sequence[Mapping[str, Any]] | None 
             if len(overflow) > 5:
                 shown += f" and {len(overflow) - 5} more"
             line += f"; to avoid overflow: {shown}"
-    print(line)
+    _say(line)
 
 
 def _run_finalize(args: argparse.Namespace, console: out.Console) -> int:
@@ -701,28 +728,26 @@ def _print_folder_summary(
     actions = ("converted", "skipped", "checked", "rewritten", "copied")
     files = ", ".join(f"{count[a]} {a}" for a in actions if count.get(a))
     if count.get("checked"):
-        print(f"finalized {report.src} -> {report.dst}")
-        print(f"  files    {files}")
-        print("  the shard runs' outputs are intact; configs and indexes written last")
+        _say(f"finalized {report.src} -> {report.dst}")
+        _say(f"  files    {files}")
+        _say("  the shard runs' outputs are intact; configs and indexes written last")
         return
     if not count.get("converted"):
         what = "the shard's files are" if report.shard is not None else "every file is"
-        print(f"nothing to do: {what} already converted in {report.dst}")
-        print(f"  files    {files}")
+        _say(f"nothing to do: {what} already converted in {report.dst}")
+        _say(f"  files    {files}")
         return
     if report.shard is not None:
-        print(
-            f"converted shard {report.shard[0]}/{report.shard[1]} of {report.src} -> {report.dst}"
-        )
+        _say(f"converted shard {report.shard[0]}/{report.shard[1]} of {report.src} -> {report.dst}")
     else:
-        print(f"converted {report.src} -> {report.dst}")
-    print(f"  files    {files}")
-    print(f"  size     {out.size(report.bytes_in)} -> {out.size(report.bytes_out)} converted")
-    print(f"  tensors  {report.tensors_converted} converted, {report.tensors_copied} copied")
+        _say(f"converted {report.src} -> {report.dst}")
+    _say(f"  files    {files}")
+    _say(f"  size     {out.size(report.bytes_in)} -> {out.size(report.bytes_out)} converted")
+    _say(f"  tensors  {report.tensors_converted} converted, {report.tensors_copied} copied")
     _print_kept(report.tensors_kept, report.bytes_kept, report.kept)
     if report.max_shard_size is not None:
         shards = sum(1 for f in report.files if f.kind == "weights")
-        print(f"  shards   {shards} of at most {out.size(report.max_shard_size)}")
+        _say(f"  shards   {shards} of at most {out.size(report.max_shard_size)}")
         if not named:
             _print_name_hint(report)
     seconds = console.elapsed()
@@ -730,10 +755,10 @@ def _print_folder_summary(
     engine = ""
     if report.threads is not None:
         engine = f", {_threads_text(report.threads)}, {report.isa}"
-    print(f"  time     {seconds:.2f} s ({out.size(rate)}/s of input{engine})")
+    _say(f"  time     {seconds:.2f} s ({out.size(rate)}/s of input{engine})")
     if not report.complete:
         src, dst = os.path.abspath(report.src), os.path.abspath(report.dst)
-        print(f"  then, once every shard is done:  stcast finalize {_quote(src)} {_quote(dst)}")
+        _say(f"  then, once every shard is done:  stcast finalize {_quote(src)} {_quote(dst)}")
 
 
 def _print_name_hint(report: stcast.ConvertReport) -> None:
@@ -745,7 +770,7 @@ def _print_name_hint(report: stcast.ConvertReport) -> None:
     model = re.compile(r"model(-\d+-of-\d+)?\.safetensors")
     if not weights or any(model.fullmatch(w) for w in weights):
         return
-    print(
+    _say(
         "  hint     transformers' from_pretrained loads model.safetensors[.index.json]: "
         "add --name model"
     )
@@ -890,8 +915,9 @@ def _print_shard_plan(report: stcast.InspectReport) -> None:
                 source,
             ]
         )
-    widths = [max(map(len, column)) for column in zip(head, *rows)]
-    just = [str.ljust, str.rjust, str.rjust, str.ljust]
+    width, left, right = _justifiers(rows)
+    widths = [max(map(width, column)) for column in zip(head, *rows)]
+    just = [left, right, right, left]
     for row in [head, *rows]:
         print("  ".join(j(c, w) for j, c, w in zip(just, row, widths)).rstrip())
     for i in report.indexes:
@@ -899,6 +925,16 @@ def _print_shard_plan(report: stcast.InspectReport) -> None:
             f"index:    {out.printable(i['path'], keep='')}: {i['shards']} shards, total_size "
             f"{i['total_size']}"
         )
+
+
+def _justifiers(
+    rows: list[list[str]],
+) -> tuple[Callable[[str], int], Callable[[str, int], str], Callable[[str, int], str]]:
+    """How to measure and pad a table's cells: by terminal columns, not code points (a CJK
+    or emoji name takes two per character), with str's own methods when all are ASCII."""
+    if all(c.isascii() for row in rows for c in row):
+        return len, str.ljust, str.rjust
+    return out.display_width, out.ljust, out.rjust
 
 
 # What the inspect table says of each reason (see stcast.TensorInfo.reason).
@@ -940,9 +976,11 @@ def _print_tensor_table(report: stcast.InspectReport, indent: str = "") -> None:
             n = t.numerics
             cells = ["-", "-"] if n is None else [str(n["overflow"]), str(n["underflow_to_zero"])]
             row[6:6] = cells
-    widths = [max(map(len, column)) for column in zip(head, *rows)]
-    right = {3, 5, 6, 7} if report.scanned else {3, 5}  # numbers line up on the right
-    just = [str.rjust if i in right else str.ljust for i in range(len(head))]
+    # Padded by terminal columns, not code points: CJK and emoji names take two each.
+    width, left, right = _justifiers(rows)
+    widths = [max(map(width, column)) for column in zip(head, *rows)]
+    on_right = {3, 5, 6, 7} if report.scanned else {3, 5}  # numbers line up on the right
+    just = [right if i in on_right else left for i in range(len(head))]
     lines = [
         indent + "  ".join([j(c, w) for j, c, w in zip(just, row, widths)]).rstrip()
         for row in [head, *rows]

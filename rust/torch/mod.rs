@@ -96,6 +96,10 @@ pub enum Format {
     Gzip,
     /// HDF5 (Keras `.h5`).
     Hdf5,
+    /// Text that is a JSON object or array (a config or an index given for a weight file).
+    Json,
+    /// Other text (a README, a model card...).
+    Text,
     Unknown,
 }
 
@@ -115,6 +119,8 @@ impl Format {
             Format::LfsPointer => "a Git LFS pointer, not the file itself (run `git lfs pull`)",
             Format::Gzip => "gzip-compressed data (decompress it first)",
             Format::Hdf5 => "an HDF5 file (Keras .h5)",
+            Format::Json => "a JSON text file (a config or an index?)",
+            Format::Text => "a text file",
             Format::Unknown => "a file of unknown format",
         }
     }
@@ -161,7 +167,32 @@ pub fn sniff(bytes: &[u8]) -> Format {
     if bytes.starts_with(b"\x89HDF\r\n\x1a\n") {
         return Format::Hdf5;
     }
+    if looks_like_text(bytes) {
+        return if text.starts_with(b"{") || text.starts_with(b"[") {
+            Format::Json
+        } else {
+            Format::Text
+        };
+    }
     Format::Unknown
+}
+
+/// Whether the file's first KiB is text: UTF-8 without control characters but tabs and
+/// line breaks. A safetensors file never is: its 8-byte header length has zero high bytes.
+fn looks_like_text(bytes: &[u8]) -> bool {
+    let head = &bytes[..bytes.len().min(1024)];
+    let valid = match std::str::from_utf8(head) {
+        Ok(s) => s,
+        // A character cut at the 1 KiB mark is still text; an invalid byte before it is not.
+        Err(e) if e.error_len().is_none() => {
+            std::str::from_utf8(&head[..e.valid_up_to()]).unwrap_or_default()
+        }
+        Err(_) => return false,
+    };
+    !valid.trim().is_empty()
+        && valid
+            .chars()
+            .all(|c| !c.is_control() || matches!(c, '\t' | '\n' | '\r' | '\x0c'))
 }
 
 fn is_pickle_name(name: &str) -> bool {

@@ -572,9 +572,7 @@ def _check_space(
             need += sum(len(content) for _, content, _ in plan.reshard.indexes())
         else:
             need += sum(f.size + 64 for f, _, _ in plan.indexes)
-    folder = _ident.nearest_existing(dst)
-    if not os.path.isdir(folder):
-        folder = os.path.dirname(folder)
+    folder = _engine.nearest_folder(dst)  # as the user spelled DST: relative stays relative
     st = os.statvfs(folder)
     have = st.f_bavail * st.f_frsize
     if need > have:
@@ -807,9 +805,11 @@ def inspect_folder(
     done = 0
     for w in weights:
 
-        def step(d: int, t: int, base: int = done) -> None:
+        def step(d: int, t: int, base: int = done, size: int = sizes.get(w.rel, 0)) -> None:
+            # A scan reads the tensors it measures, not every data byte: its end counts the
+            # whole file, so that the last file's end is (total, total).
             if progress is not None:
-                progress(base + d, total)
+                progress(base + (size if d >= t else min(d, size)), total)
 
         files.append(
             _engine.inspect_file(
@@ -895,7 +895,10 @@ def default_dst(src: str, to: Target) -> str:
     one of its repos)."""
     base = os.path.normpath(src)
     if os.path.basename(base) in ("", ".", ".."):
-        base = os.path.realpath(src)
+        # `.` or `..`: the folder's real name, beside it as `..` reaches it (relative stays
+        # relative: `stcast convert .` writes ../NAME-bf16).
+        name = os.path.basename(os.path.realpath(src))
+        base = os.path.normpath(os.path.join(base, os.pardir, name)) if name else base
     name = os.path.basename(base)
     if name.startswith(_ident.HUB_KINDS) and os.path.isdir(os.path.join(base, "snapshots")):
         base = os.path.join(os.path.dirname(base), name.split("--")[-1])

@@ -46,15 +46,22 @@ class Meter:
         self.done = 0
         self.progress = progress
         self.file_progress = file_progress
+        # What each callback was last told: a file's end, told by the engine and again by
+        # `finish`, reaches the caller once.
+        self.told: tuple[int, int] | None = None
+        self.file_told: tuple[str, int, int] | None = None
 
     def is_on(self) -> bool:
         return self.progress is not None or self.file_progress is not None
 
     def step(self, rel: str, done: int, total: int) -> None:
-        if self.file_progress is not None:
+        if self.file_progress is not None and self.file_told != (rel, done, total):
+            self.file_told = (rel, done, total)
             self.file_progress(rel, done, total)
-        if self.progress is not None:
-            self.progress(min(self.done + done, self.total), self.total)
+        told = (min(self.done + done, self.total), self.total)
+        if self.progress is not None and self.told != told:
+            self.told = told
+            self.progress(*told)
 
     def finish(self, rel: str, size: int) -> None:
         self.step(rel, size, size)

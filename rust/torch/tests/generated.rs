@@ -667,7 +667,20 @@ fn sniffing() {
     assert_eq!(sniff(b"<HTML><body>"), Format::Html);
     assert_eq!(sniff(b"\x80\x04\x95"), Format::Pickle);
     assert_eq!(sniff(b""), Format::Unknown);
-    assert_eq!(sniff(b"hello"), Format::Unknown);
+    assert_eq!(sniff(b"hello"), Format::Text);
+    assert_eq!(sniff(b"# Model card\n\nWeights in bf16.\n"), Format::Text);
+    assert_eq!(
+        sniff("\u{feff}  {\"weight_map\": {}}".as_bytes()),
+        Format::Json
+    );
+    assert_eq!(sniff(b"[1, 2]"), Format::Json);
+    assert_eq!(sniff(b"  \n\t "), Format::Unknown);
+    assert_eq!(sniff(b"ab\x00cdefgh"), Format::Unknown);
+    assert_eq!(sniff(b"abc\xff"), Format::Unknown);
+    // A character cut at the 1 KiB mark is still text.
+    let mut long = vec![b'a'; 1023];
+    long.extend_from_slice("\u{e9}\u{e9}".as_bytes());
+    assert_eq!(sniff(&long), Format::Text);
     let mut st = 2u64.to_le_bytes().to_vec();
     st.extend_from_slice(b"{}");
     assert_eq!(sniff(&st), Format::Safetensors);
