@@ -183,7 +183,16 @@ def _stand_in(folder: Path, name: str, options: dict[str, list[str]]) -> None:
 
 
 # The options of a verify line that convert shares (how DST was converted).
-_CONVERT_OPTIONS = ("--to", "--keep", "--keep-min-size", "--from-bf16", "--key", "--strip-prefix")
+_CONVERT_OPTIONS = (
+    "--to",
+    "--keep",
+    "--keep-min-size",
+    "--from-bf16",
+    "--key",
+    "--strip-prefix",
+    "--name",
+    "--max-shard-size",
+)
 
 
 def _run(folder: Path, *args: str) -> tuple[int, str, str]:
@@ -207,6 +216,8 @@ def test_doc_line_works_as_written(tmp_path, where, line):
                 before += [o, v]
             if o in options and not options[o]:
                 before.append(o)
+        if "--name" in options and "--max-shard-size" not in options:
+            before += ["--max-shard-size", "5GB"]  # --name names re-sharded output
         rc, _, err = _run(tmp_path, *before)
         assert rc == 0, (before, err)
     elif command == "finalize":
