@@ -900,6 +900,9 @@ def test_21_3_a_unit_as_dst_is_a_usage_error(tmp_path, run_main, unit):
             assert listing(tmp_path) == before
     # The API reads "5 GB" as 5 GB: there the space is unambiguous.
     assert stcast.inspect(src, max_shard_size="5 GB").max_shard_size == 5 * 10**9
+    # A size with its unit has lost nothing: a folder named like a unit is just a folder.
+    rc, _, err = run_main("convert", src, unit, "--max-shard-size", "3kB", cwd=tmp_path)
+    assert rc == 0 and (tmp_path / unit).is_dir(), err
 
 
 def test_21_3_a_bare_small_number_warns_and_runs(tmp_path, run_main):

@@ -1208,8 +1208,11 @@ def _check_max_shard_size(
     if size is None:
         return
     text = getattr(size, "text", str(size))
+    # Only a size without a unit can have lost its unit to the next argument: with
+    # `--max-shard-size 3kB b`, `b` is a folder.
+    bare = re.fullmatch(r"\s*[0-9]+(\.[0-9]*)?\s*", text) is not None
     typed = [("DST", getattr(args, "dst", None)), ("SRC", getattr(args, "src", None))]
-    for what, value in [*typed, *(("argument", e) for e in extra)]:
+    for what, value in [*typed, *(("argument", e) for e in extra)] if bare else []:
         if value is None or not re.fullmatch(_UNIT, os.path.basename(value.rstrip("/")), re.I):
             continue
         if what == "SRC" and os.path.lexists(value):
@@ -1219,11 +1222,7 @@ def _check_max_shard_size(
             f"{what} {value!r} is a size unit: write the size as one word, "
             f"--max-shard-size {text.strip()}{unit}"
         )
-    if (
-        re.fullmatch(r"\s*[0-9]+(\.[0-9]*)?\s*", text)
-        and size < 1_000_000
-        and not getattr(args, "quiet", False)
-    ):
+    if bare and size < 1_000_000 and not getattr(args, "quiet", False):
         out.print_err(
             f"{PROG}: warning: --max-shard-size {text.strip()} is {int(size)} bytes per shard; "
             f"for gigabytes write {text.strip()}GB"
