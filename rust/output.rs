@@ -93,10 +93,11 @@ pub fn nearest_dir(dir: &Path) -> PathBuf {
 }
 
 /// The folders one output created for its destination (`mkdir -p`), removed again (when
-/// still empty) if it is dropped before `keep`: a failed run leaves nothing behind.
+/// still empty, and still the very folder made: device and inode) if it is dropped before
+/// `keep`: a failed run leaves nothing behind, and never removes a folder put in its place.
 #[derive(Debug, Default)]
 pub struct MadeDirs {
-    made: Vec<PathBuf>,
+    made: Vec<(PathBuf, (u64, u64))>,
 }
 
 impl MadeDirs {
@@ -110,7 +111,10 @@ impl MadeDirs {
         let mut made = MadeDirs::default();
         for d in missing {
             match std::fs::create_dir(&d) {
-                Ok(()) => made.made.push(d),
+                Ok(()) => match std::fs::symlink_metadata(&d) {
+                    Ok(m) => made.made.push((d, (m.dev(), m.ino()))),
+                    Err(e) => return Err(Error::io(&d, "cannot create the folder", e)),
+                },
                 // Made meanwhile by someone else: theirs, not ours to remove.
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists && d.is_dir() => {}
                 Err(e) => return Err(Error::io(&d, "cannot create the folder", e)),
@@ -127,8 +131,12 @@ impl MadeDirs {
 
 impl Drop for MadeDirs {
     fn drop(&mut self) {
-        for d in self.made.iter().rev() {
-            let _ = std::fs::remove_dir(d);
+        for (d, id) in self.made.iter().rev() {
+            let ours =
+                std::fs::symlink_metadata(d).is_ok_and(|m| m.is_dir() && (m.dev(), m.ino()) == *id);
+            if ours {
+                let _ = std::fs::remove_dir(d);
+            }
         }
     }
 }

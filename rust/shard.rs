@@ -79,13 +79,28 @@ pub fn index_file_name(stem: &str) -> String {
 
 /// What a stem given for the output (the `name` option) must be.
 pub const STEM_EXPECTED: &str =
-    "a file name stem: not empty, not `.` or `..`, without `/` or NUL (e.g. model)";
+    "a file name stem (e.g. model): not empty, not starting with `-` or `.`, without `/`, control \
+     characters, surrounding spaces or a `.safetensors` ending, at most 228 bytes";
+
+/// The longest stem whose names fit in a file name of 255 bytes (NAME_MAX on Linux, macOS
+/// and Windows): the shard suffix `-00001-of-00001.safetensors` takes 27.
+pub const MAX_STEM_BYTES: usize = 255 - 27;
 
 /// Check a stem given for the output shards (the `name` option): one file name component,
 /// so that `shard_file_name` and `index_file_name` stay in their group's folder. A usage
 /// error otherwise.
+/// Refused before anything is written: what would fail at publish (too long), escape the
+/// folder (`/`, `..`), hide the files (`.x`), read as an option (`-x`), break a listing
+/// (control characters, spaces at either end) or double the extension (`m.safetensors`).
 pub fn check_stem(stem: &str) -> Result<()> {
-    if stem.is_empty() || stem == "." || stem == ".." || stem.contains(['/', '\0']) {
+    let odd = stem.is_empty()
+        || stem.len() > MAX_STEM_BYTES
+        || stem.starts_with(['-', '.'])
+        || stem.contains('/')
+        || stem.chars().any(char::is_control)
+        || stem.trim() != stem
+        || stem.to_ascii_lowercase().ends_with(".safetensors");
+    if odd {
         return Err(Error::BadOption {
             option: OptionName::Name,
             value: format!("{stem:?}"),
@@ -581,14 +596,38 @@ mod tests {
             "model",
             "ema",
             "a.b",
-            "...",
-            " x",
             "model-00001-of-00002",
             "é",
+            "my model",
+            &"x".repeat(MAX_STEM_BYTES),
         ] {
             assert!(check_stem(good).is_ok(), "{good:?}");
         }
-        for bad in ["", ".", "..", "a/b", "/", "x/", "/x", "a\0b", "\0"] {
+        let long = "x".repeat(MAX_STEM_BYTES + 1);
+        let bad_stems = [
+            "",
+            ".",
+            "..",
+            "...",
+            ".hidden",
+            "a/b",
+            "/",
+            "x/",
+            "/x",
+            "a\0b",
+            "\0",
+            "-x",
+            "--x",
+            " ",
+            " x",
+            "x ",
+            "a\nb",
+            "a\tb",
+            "m.safetensors",
+            "M.SafeTensors",
+            &long,
+        ];
+        for bad in bad_stems {
             let e = check_stem(bad).unwrap_err();
             assert_eq!(e.option(), Some(OptionName::Name), "{bad:?}");
             assert_eq!(e.kind(), crate::vocab::ErrorKind::Usage);

@@ -518,6 +518,15 @@ fn missing_folders_are_made_and_a_missing_input_is_an_error() {
     let made = stcast::output::MadeDirs::for_output(&dir.path("x/y/out.safetensors")).unwrap();
     assert!(dir.path("x/y").is_dir());
     drop(made);
+    assert!(!dir.path("x").exists());
+    // A folder put in place of one it made (that one moved away, another made under its
+    // name) is not the run's: it stays (device and inode differ), and so does the moved one.
+    let made = stcast::output::MadeDirs::for_output(&dir.path("p/q/out.safetensors")).unwrap();
+    fs::rename(dir.path("p/q"), dir.path("p/moved")).unwrap();
+    fs::create_dir(dir.path("p/q")).unwrap();
+    drop(made);
+    assert!(dir.path("p/q").is_dir() && dir.path("p/moved").is_dir());
+    fs::remove_dir_all(dir.path("p")).unwrap();
     stcast::output::MadeDirs::for_output(&dir.path("kept/out.safetensors"))
         .unwrap()
         .keep();

@@ -1040,7 +1040,10 @@ def test_name_of_a_folder_of_two_groups_is_a_usage_error(tmp_path, run_main):
     assert rc == 2 and "--name" in assert_one_error_line(err)
 
 
-@pytest.mark.parametrize("stem", ["", ".", "..", "a/b", "/model", "model/"])
+@pytest.mark.parametrize(
+    "stem",
+    ["", ".", "..", "a/b", "/model", "model/", ".hidden", " ", "a\nb", "m.safetensors", "x" * 229],
+)
 def test_bad_names_are_usage_errors(tmp_path, run_main, stem):
     src = write_single(tmp_path / "ema.safetensors", np.random.default_rng(34), 1)
     dst = tmp_path / "out"

@@ -1025,6 +1025,14 @@ def test_21_progress_hears_of_the_end_once(tmp_path):
         assert total > 0 and seen[-1] == (total, total), (what, seen)
         assert seen.count((total, total)) == 1, (what, seen)
         assert all(a[0] <= b[0] for a, b in zip(seen, seen[1:])), (what, seen)
+    # A run with nothing left to do hears of its end too, once.
+    for resumed in (
+        lambda p: stcast.convert(src, tmp_path / "out", resume=True, progress=p),
+        lambda p: stcast.convert(src, tmp_path / "half", shard=(1, 2), resume=True, progress=p),
+    ):
+        resumed(lambda done, total: None)  # the first time (the shard run does its half)
+        seen = calls(resumed)
+        assert seen and seen[-1][0] == seen[-1][1] and seen.count(seen[-1]) == 1, seen
     files: list[tuple[str, int, int]] = []
     stcast.convert(src, tmp_path / "again", file_progress=lambda *a: files.append(a))
     ends = [f for f in files if f[1] == f[2]]

@@ -1002,7 +1002,7 @@ def _print_inspect_totals(reports: list[stcast.InspectReport]) -> None:
     if kept:
         parts.append(f"{len(kept)} kept in their dtype ({out.size(sum(t.bytes for t in kept))})")
     parts.append(f"{len(copied)} to copy ({out.size(sum(t.bytes for t in copied))})")
-    print(f"tensors:  {len(tensors)}: {', '.join(parts)}")
+    _say(f"tensors:  {len(tensors)}: {', '.join(parts)}")
     if not any(r.scanned for r in reports):
         return
     measured: list[tuple[str, Mapping[str, Any]]] = [
@@ -1018,7 +1018,7 @@ def _print_inspect_totals(reports: list[stcast.InspectReport]) -> None:
         worst = ", ".join(f"`{name}` {count}" for name, count in hit[:3])
         plural = "s" if len(hit) != 1 else ""
         lines.append(f"{total} values would {what} in {len(hit)} tensor{plural} (worst: {worst})")
-    print(f"scan:     {'; '.join(lines)}")
+    _say(f"scan:     {'; '.join(lines)}")
 
 
 def _run_verify(args: argparse.Namespace, console: out.Console) -> int:
@@ -1050,15 +1050,15 @@ def _run_verify(args: argparse.Namespace, console: out.Console) -> int:
         console.error(f"{where}: {text}")
     elif not args.quiet:
         mode = " (loose)" if report.loose else ""
-        print(f"verified {report.dst}: exactly the conversion of {report.src}{mode}")
+        _say(f"verified {report.dst}: exactly the conversion of {report.src}{mode}")
         if report.folder:
-            print(f"  files    {report.files} compared")
-        print(
+            _say(f"  files    {report.files} compared")
+        _say(
             f"  tensors  {report.tensors_converted} converted, {report.tensors_identical} identical"
         )
         seconds = console.elapsed()
         rate = report.bytes_compared / seconds if seconds > 0 else 0.0
-        print(
+        _say(
             f"  time     {seconds:.2f} s ({out.size(report.bytes_compared)} compared, "
             f"{out.size(rate)}/s, {_threads_text(report.threads)}, {report.isa})"
         )
@@ -1223,9 +1223,11 @@ def _check_max_shard_size(
             f"--max-shard-size {text.strip()}{unit}"
         )
     if bare and size < 1_000_000 and not getattr(args, "quiet", False):
+        t = text.strip()
+        # `5` was surely meant as 5GB; `300000` maybe as bytes, maybe not.
+        fix = f"for gigabytes write {t}GB" if size < 1000 else "give a unit, or B to mean bytes"
         out.print_err(
-            f"{PROG}: warning: --max-shard-size {text.strip()} is {int(size)} bytes per shard; "
-            f"for gigabytes write {text.strip()}GB"
+            f"{PROG}: warning: --max-shard-size {t} is {int(size)} bytes per shard; {fix}"
         )
 
 

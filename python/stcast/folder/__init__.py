@@ -300,6 +300,7 @@ def convert_folder(
     else:
         _write.recheck(run)
     _write.failpoint("folder-complete", cancel)
+    meter.close()
     record.complete = True
     if shard is None:
         # Done: no stcast file stays behind (this source's shard manifests neither).
@@ -697,6 +698,7 @@ def finalize(
     files += _write.publish(run, plan)
     _write.final_recheck(run, plan)
     _write.remove_own(run, [record, *manifests])
+    meter.close()
     report = _folder_report(src, dst, to, files, [], started, None, True)
     if plan.reshard is not None:
         from dataclasses import replace

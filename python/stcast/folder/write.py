@@ -67,6 +67,13 @@ class Meter:
         self.step(rel, size, size)
         self.done += size
 
+    def close(self) -> None:
+        """The run's end: `(total, total)` once, also when nothing was left to do."""
+        told = (self.total, self.total)
+        if self.progress is not None and self.told != told:
+            self.told = told
+            self.progress(*told)
+
 
 @dataclass
 class Run:
