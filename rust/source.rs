@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use memmap2::{Mmap, UncheckedAdvice};
 
 use crate::error::{Error, Result, Warning};
+use crate::gather::{Gather, PiecesError};
 use crate::header::SourceHeader;
 use crate::header::SourceTensor;
 use crate::input::format::Format;
@@ -346,6 +347,17 @@ impl Source {
         }
     }
 
+    /// Drop the pages of every byte a gathered tensor's elements lie in (once it is read
+    /// whole: a view's elements, or a piece's, lie anywhere in their span). Nothing for a
+    /// tensor that is one run.
+    pub fn release_gathered(&self, t: &SourceTensor) {
+        if let Some(g) = &t.gather {
+            for (i, span) in g.spans(t.input) {
+                self.files[i].release((span.start, span.end));
+            }
+        }
+    }
+
     /// The file and absolute byte offset of tensor `t`'s first byte (for a gathered tensor,
     /// of where its elements begin).
     pub fn locate(&self, t: &SourceTensor) -> (&InputFile, u64) {
@@ -369,11 +381,35 @@ impl Source {
                 let a = (at + pos) as usize;
                 Ok(&f.map[a..a + len as usize])
             }
-            Some(desc) => {
+            Some(g) => {
                 if scratch.len() < len as usize {
                     scratch.resize(len as usize, 0);
                 }
                 let out = &mut scratch[..len as usize];
+                let desc = match &**g {
+                    Gather::View(desc) => desc,
+                    Gather::Pieces(p) => {
+                        let first = pos / p.elem_size();
+                        // Before their pages are read: a file truncated since it was
+                        // opened is reported, not faulted on.
+                        for q in p.touching(first, len / p.elem_size()) {
+                            self.files[q.input].check_unchanged()?;
+                        }
+                        let maps: Vec<&[u8]> = self.files.iter().map(|f| &f.map[..]).collect();
+                        // As a view's blocks: each piece's pages are unmapped once copied out.
+                        p.gather(&maps, first, out, &mut |i, r| {
+                            self.files[i].unmap((r.start, r.end))
+                        })
+                        .map_err(|problem| {
+                            let e = PiecesError {
+                                tensor: t.name.clone(),
+                                problem,
+                            };
+                            Error::invalid_header(&self.path, e.to_string())
+                        })?;
+                        return Ok(out);
+                    }
+                };
                 let first = pos / desc.elem_size().max(1);
                 // A strided view reads a page of many rows of its storage: each block's
                 // pages are unmapped once it is copied out, or the whole storage ends up

@@ -462,9 +462,9 @@ impl Verifier {
                     window,
                 ),
                 // A view's elements lie anywhere in its storage: drop its pages once done.
-                Some(d) if w.pos + w.len == s_len(&self.src, pair) => {
-                    let span = d.span();
-                    self.src.files[si].release((span.start, span.end));
+                Some(_) if w.pos + w.len == s_len(&self.src, pair) => {
+                    self.src
+                        .release_gathered(&self.src.header.tensors[pair.src]);
                 }
                 Some(_) => {}
             }

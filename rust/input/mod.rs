@@ -21,6 +21,7 @@ pub mod sniff;
 use std::path::Path;
 
 use crate::error::{Error, Result, Warning};
+use crate::gather::Gather;
 use crate::header::{SourceHeader, SourceTensor, PREFIX};
 use crate::source::{InputFile, Source};
 use crate::torch::{self, Limits, TorchError};
@@ -156,7 +157,7 @@ pub fn checkpoint_header(
                     name: t.name.clone(),
                     problem: torch::TensorProblem::Overflow,
                 })?;
-                (start, end, Some(Box::new(desc.clone())))
+                (start, end, Some(Box::new(Gather::View(desc.clone()))))
             }
         };
         tensors.push(SourceTensor {
