@@ -355,18 +355,8 @@ impl Pieces {
                     have: map.len() as u64,
                 });
             }
-            // The first run that ends after `first` (starts are increasing).
-            let (mut lo, mut hi) = (0u64, r.count);
-            while lo < hi {
-                let mid = lo + (hi - lo) / 2;
-                if run_start(&self.shape, p, r, mid) + r.len <= first {
-                    lo = mid + 1;
-                } else {
-                    hi = mid;
-                }
-            }
             let (mut read_lo, mut read_hi) = (u64::MAX, 0u64);
-            let mut n = lo;
+            let mut n = first_run_ending_after(&self.shape, p, r, first);
             while n < r.count {
                 let at = run_start(&self.shape, p, r, n);
                 if at >= end {
@@ -442,8 +432,9 @@ fn run_start(shape: &[u64], p: &Piece, r: &Runs, n: u64) -> u64 {
     at
 }
 
-/// Whether box `p` holds an element of the window `[first, end)` (its span does).
-fn intersects(p: &Piece, r: &Runs, shape: &[u64], first: u64, end: u64) -> bool {
+/// The first run of box `p` that ends after tensor element `first` (`r.count` if none):
+/// runs start in increasing order, so a binary search.
+fn first_run_ending_after(shape: &[u64], p: &Piece, r: &Runs, first: u64) -> u64 {
     let (mut lo, mut hi) = (0u64, r.count);
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
@@ -453,7 +444,13 @@ fn intersects(p: &Piece, r: &Runs, shape: &[u64], first: u64, end: u64) -> bool 
             hi = mid;
         }
     }
-    lo < r.count && run_start(shape, p, r, lo) < end
+    lo
+}
+
+/// Whether box `p` holds an element of the window `[first, end)` (its span may without).
+fn intersects(p: &Piece, r: &Runs, shape: &[u64], first: u64, end: u64) -> bool {
+    let n = first_run_ending_after(shape, p, r, first);
+    n < r.count && run_start(shape, p, r, n) < end
 }
 
 #[cfg(test)]

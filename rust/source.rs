@@ -392,8 +392,11 @@ impl Source {
                         let first = pos / p.elem_size();
                         // Before their pages are read: a file truncated since it was
                         // opened is reported, not faulted on.
+                        // (A file the source lacks is `gather`'s to refuse.)
                         for q in p.touching(first, len / p.elem_size()) {
-                            self.files[q.input].check_unchanged()?;
+                            if let Some(f) = self.files.get(q.input) {
+                                f.check_unchanged()?;
+                            }
                         }
                         let maps: Vec<&[u8]> = self.files.iter().map(|f| &f.map[..]).collect();
                         // As a view's blocks: each piece's pages are unmapped once copied out.
