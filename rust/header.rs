@@ -24,7 +24,8 @@ pub struct SourceTensor {
     pub dtype: Dtype,
     pub shape: Vec<usize>,
     /// Byte range relative to the start of its file's data (`InputFile::base`); for a
-    /// gathered tensor, `start` is where its elements begin and `len()` its logical size.
+    /// gathered tensor, `start` is where its elements begin (for pieces: the first piece's
+    /// first byte, in its file) and `len()` its logical size.
     pub start: u64,
     pub end: u64,
     /// Which file of the source holds it (`Source::files`): 0 but for composites.

@@ -14,8 +14,7 @@ use memmap2::{Mmap, UncheckedAdvice};
 
 use crate::error::{Error, Result, Warning};
 use crate::gather::{Gather, PiecesError};
-use crate::header::SourceHeader;
-use crate::header::SourceTensor;
+use crate::header::{SourceHeader, SourceTensor};
 use crate::input::format::Format;
 use crate::text::{count, name_list};
 use crate::vocab::WarningKind;
@@ -37,7 +36,8 @@ pub struct InputFile {
 /// A safetensors file is one file and its header. Other formats (PyTorch checkpoints) and
 /// composites (the files an output shard reads from) fill the same header with tensors
 /// that name their file (`SourceTensor::input`) and, for views that are not one
-/// little-endian run, how to gather them.
+/// little-endian run or tensors in pieces across files, how to gather them
+/// (`SourceTensor::gather`).
 pub struct Source {
     /// What the input is called in messages: the file, or for a composite the first one.
     pub path: PathBuf,
