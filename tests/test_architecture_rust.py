@@ -289,3 +289,12 @@ def test_expand_use():
         "crate::a::e",
     ]
     assert resolve("super::super::x::Y", ("a", "b", "c")) == ("a", "x", "Y")
+
+
+def test_cycles_are_found_and_shown():
+    a, b, c, d = ("a",), ("b",), ("c",), ("d",)
+    graph = {a: {b}, b: {c}, c: {a}, d: {a}}
+    (comp,) = cycles(graph)
+    assert comp == [a, b, c]
+    assert one_cycle(graph, comp) == [a, b, c, a]
+    assert cycles({a: {b}, b: set()}) == []
