@@ -782,4 +782,15 @@ fn a_tensor_of_pieces_in_several_files_converts_and_verifies_as_the_whole() {
     let report = v.finish().unwrap();
     assert!(report.mismatch.is_none(), "{:?}", report.mismatch);
     assert_eq!(report.tensors_converted, 2);
+    // A piece's file truncated after it was opened is reported, not read past its end.
+    let src = source();
+    let f = fs::OpenOptions::new().write(true).open(&names[3]).unwrap();
+    f.set_len(contents[3].len() as u64 / 2).unwrap();
+    let dst = dir.path("out2.safetensors");
+    let mut task =
+        ConvertTask::from_source(src, &dst, &windowed(16 << 10), std::time::Instant::now())
+            .unwrap();
+    let err = stcast::task::run(&mut task).unwrap_err();
+    assert!(matches!(err, stcast::Error::InputChanged { .. }), "{err}");
+    assert!(err.to_string().contains("rank3.bin"), "{err}");
 }
