@@ -420,10 +420,7 @@ impl Job {
             } else if w.pos + w.len == tensor_len {
                 // A view's elements lie anywhere in its storage: drop its pages once done.
                 let s = &self.src.header.tensors[t_source_of(&self.plan, w.item)];
-                if let Some(desc) = &s.gather {
-                    let span = desc.span();
-                    self.src.files[input].release((span.start, span.end));
-                }
+                self.src.release_gathered(s);
             }
             self.note_output(dst_abs, dst_n)?;
             if w.pos + w.len < tensor_len && !self.mid_tensor_hit {

@@ -18,7 +18,7 @@ pub enum Conversion {
 }
 
 /// A kernel: source bytes in, output bytes out, any alignment
-/// (`dst.len() == src.len() / src_size * 2`).
+/// (`dst.len() == src.len() / conv.src_size() * conv.dst_size()`).
 pub type Kernel = fn(Isa, &[u8], &mut [u8]);
 
 /// The smallest magnitude that rounds to infinity in bf16: the f32 midpoint 0x7F7F8000
@@ -28,33 +28,94 @@ pub const BF16_OVERFLOW: f64 = 339_617_752_923_046_005_526_922_703_901_628_039_1
 /// 65504 (0x7BFF, odd) and 2^16, which ties upwards.
 pub const F16_OVERFLOW: f64 = 65520.0;
 
+/// Every conversion, with its source and output dtypes and its kernel: the one table
+/// `between`, the sizes, `kernel` (and through it `fused`'s reference path) read. A new
+/// target (an FP8 one) adds its rows here and its arms to `overflows`, `numerics::measure`
+/// and `fused::step` (`None` there: no fast path, the kernel then `measure`).
+const TABLE: [(Conversion, Dtype, Dtype, Kernel); 6] = [
+    (
+        Conversion::F32ToBf16,
+        Dtype::F32,
+        Dtype::BF16,
+        kernels::f32_to_bf16,
+    ),
+    (
+        Conversion::F16ToBf16,
+        Dtype::F16,
+        Dtype::BF16,
+        kernels::f16_to_bf16,
+    ),
+    (
+        Conversion::F64ToBf16,
+        Dtype::F64,
+        Dtype::BF16,
+        kernels::f64_to_bf16,
+    ),
+    (
+        Conversion::F32ToF16,
+        Dtype::F32,
+        Dtype::F16,
+        kernels::f32_to_f16,
+    ),
+    (
+        Conversion::F64ToF16,
+        Dtype::F64,
+        Dtype::F16,
+        kernels::f64_to_f16,
+    ),
+    (
+        Conversion::Bf16ToF16,
+        Dtype::BF16,
+        Dtype::F16,
+        kernels::bf16_to_f16,
+    ),
+];
+
 impl Conversion {
+    /// Every conversion, in the table's order.
+    pub const ALL: [Conversion; TABLE.len()] = {
+        let mut all = [Conversion::F32ToBf16; TABLE.len()];
+        let mut i = 0;
+        while i < TABLE.len() {
+            all[i] = TABLE[i].0;
+            i += 1;
+        }
+        all
+    };
+
+    /// This conversion's row of the table.
+    fn row(self) -> &'static (Conversion, Dtype, Dtype, Kernel) {
+        // The table lists every variant once, in declaration order (tested).
+        &TABLE[self as usize]
+    }
+
     /// The conversion from `src` to `dst`, if there is one.
     pub fn between(src: Dtype, dst: Dtype) -> Option<Conversion> {
-        use Conversion::*;
-        Some(match (src, dst) {
-            (Dtype::F32, Dtype::BF16) => F32ToBf16,
-            (Dtype::F16, Dtype::BF16) => F16ToBf16,
-            (Dtype::F64, Dtype::BF16) => F64ToBf16,
-            (Dtype::F32, Dtype::F16) => F32ToF16,
-            (Dtype::F64, Dtype::F16) => F64ToF16,
-            (Dtype::BF16, Dtype::F16) => Bf16ToF16,
-            _ => return None,
-        })
+        TABLE
+            .iter()
+            .find(|(_, s, d, _)| *s == src && *d == dst)
+            .map(|row| row.0)
+    }
+
+    /// The source dtype.
+    pub fn src(self) -> Dtype {
+        self.row().1
+    }
+
+    /// The output dtype.
+    pub fn dst(self) -> Dtype {
+        self.row().2
     }
 
     /// Bytes per source element.
     pub fn src_size(self) -> u64 {
-        match self {
-            Conversion::F16ToBf16 | Conversion::Bf16ToF16 => 2,
-            Conversion::F32ToBf16 | Conversion::F32ToF16 => 4,
-            Conversion::F64ToBf16 | Conversion::F64ToF16 => 8,
-        }
+        elem_size(self.src())
     }
 
-    /// Bytes per output element (every target is 16-bit).
-    pub const fn dst_size(self) -> u64 {
-        2
+    /// Bytes per output element: the output dtype's (2 for every target so far; 1 for an
+    /// FP8 one).
+    pub fn dst_size(self) -> u64 {
+        elem_size(self.dst())
     }
 
     /// Does a finite source value of magnitude `max_abs` become infinite?
@@ -71,14 +132,7 @@ impl Conversion {
 
     /// The kernel that performs this conversion.
     pub fn kernel(self) -> Kernel {
-        match self {
-            Conversion::F32ToBf16 => kernels::f32_to_bf16,
-            Conversion::F16ToBf16 => kernels::f16_to_bf16,
-            Conversion::F64ToBf16 => kernels::f64_to_bf16,
-            Conversion::F32ToF16 => kernels::f32_to_f16,
-            Conversion::F64ToF16 => kernels::f64_to_f16,
-            Conversion::Bf16ToF16 => kernels::bf16_to_f16,
-        }
+        self.row().3
     }
 }
 
@@ -140,6 +194,31 @@ pub fn elem_size(d: Dtype) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_table_lists_every_conversion_once_in_order() {
+        for (i, row) in TABLE.iter().enumerate() {
+            assert_eq!(row.0 as usize, i, "{:?}", row.0);
+            assert_eq!(Conversion::between(row.1, row.2), Some(row.0));
+        }
+        for c in Conversion::ALL {
+            // Each variant's match arm (compile-checked exhaustive) is in the table.
+            let n = match c {
+                Conversion::F32ToBf16
+                | Conversion::F16ToBf16
+                | Conversion::F64ToBf16
+                | Conversion::F32ToF16
+                | Conversion::F64ToF16
+                | Conversion::Bf16ToF16 => c as usize,
+            };
+            assert_eq!(TABLE[n].0, c);
+        }
+        let sizes: Vec<_> = Conversion::ALL
+            .iter()
+            .map(|c| (c.src_size(), c.dst_size()))
+            .collect();
+        assert_eq!(sizes, [(4, 2), (2, 2), (8, 2), (4, 2), (8, 2), (2, 2)]);
+    }
 
     #[test]
     fn actions_per_target() {

@@ -37,7 +37,8 @@ use crate::numerics::{self, Numerics};
 /// Converts `src` into `dst` as the kernel for `conv` does and returns what
 /// `numerics::measure(conv, src, dst)` would report for the result.
 ///
-/// Lengths as the kernels take them: `dst.len() == src.len() / conv.src_size() * 2`; with
+/// Lengths as the kernels take them: `dst.len() == src.len() / conv.src_size() *
+/// conv.dst_size()`; with
 /// mismatched lengths only the elements both sides hold are converted and measured, and the
 /// rest of `dst` is left alone. Any alignment. `isa` as for the kernels (an ISA this CPU
 /// lacks runs the scalar code). Reports of pieces merge (`Numerics::merge`) into the
@@ -45,15 +46,15 @@ use crate::numerics::{self, Numerics};
 /// with no maximum relative error, so its first vectors divide (one call per 16 KiB costs
 /// about 5-10% more in cache than one call over the same bytes).
 pub fn convert_and_measure(isa: Isa, conv: Conversion, src: &[u8], dst: &mut [u8]) -> Numerics {
-    let size = conv.src_size() as usize;
-    let n = (src.len() / size).min(dst.len() / 2);
-    let (src, dst) = (&src[..n * size], &mut dst[..n * 2]);
+    let (size, out) = (conv.src_size() as usize, conv.dst_size() as usize);
+    let n = (src.len() / size).min(dst.len() / out);
+    let (src, dst) = (&src[..n * size], &mut dst[..n * out]);
     // The kernels run with the ISA asked for, the fast loops with what they can use.
     let (kernel_isa, isa) = (isa.usable(), lanes(isa));
     let exact = |s: &[u8], d: &mut [u8]| exact(kernel_isa, conv, s, d);
     let Some(step) = step(isa, conv) else {
         let mut total = Numerics::default();
-        for (s, d) in src.chunks(2048 * size).zip(dst.chunks_mut(2048 * 2)) {
+        for (s, d) in src.chunks(2048 * size).zip(dst.chunks_mut(2048 * out)) {
             total.merge(&exact(s, d));
         }
         return total;
@@ -63,10 +64,10 @@ pub fn convert_and_measure(isa: Isa, conv: Conversion, src: &[u8], dst: &mut [u8
     // values): after one, the next 1, 3, 7 ... 63 blocks go straight to the kernel and
     // measure, so that such data costs at most ~2% more than kernel + measure.
     let (mut skip, mut backoff) = (0u32, 0u32);
-    for (s, d) in src.chunks(BLOCK * size).zip(dst.chunks_mut(BLOCK * 2)) {
-        let whole = d.len() / 2 / step * step;
+    for (s, d) in src.chunks(BLOCK * size).zip(dst.chunks_mut(BLOCK * out)) {
+        let whole = d.len() / out / step * step;
         let (s, s_tail) = s.split_at(whole * size);
-        let (d, d_tail) = d.split_at_mut(whole * 2);
+        let (d, d_tail) = d.split_at_mut(whole * out);
         if whole > 0 && skip > 0 {
             skip -= 1;
             total.merge(&exact(s, d));
@@ -102,7 +103,12 @@ fn lanes(isa: Isa) -> Isa {
 
 /// Elements per step of `isa`'s fast loop for `conv`; None where there is none.
 fn step(isa: Isa, conv: Conversion) -> Option<usize> {
-    let f64_source = matches!(conv, Conversion::F64ToBf16 | Conversion::F64ToF16);
+    use Conversion::*;
+    // Every conversion named: one without fast loops (a new target's) returns None here.
+    let f64_source = match conv {
+        F64ToBf16 | F64ToF16 => true,
+        F32ToBf16 | F16ToBf16 | F32ToF16 | Bf16ToF16 => false,
+    };
     match isa {
         Isa::Avx512 if f64_source => Some(16),
         Isa::Avx512 => Some(32),
@@ -164,7 +170,7 @@ fn fast_block(
         },
     }?;
     Some(Numerics {
-        elements: (dst.len() / 2) as u64,
+        elements: dst.len() as u64 / conv.dst_size(),
         subnormal: summary.subnormal,
         max_abs_error: summary.max_abs_error,
         max_rel_error: summary.max_rel_error,
@@ -185,15 +191,7 @@ struct Summary {
 /// The reference way: the kernel for `isa`, then `numerics::measure` over its output (from
 /// L1), with the best ISA as `convert` runs it (its report does not depend on the ISA).
 fn exact(isa: Isa, conv: Conversion, src: &[u8], dst: &mut [u8]) -> Numerics {
-    let kernel = match conv {
-        Conversion::F32ToBf16 => kernels::f32_to_bf16,
-        Conversion::F16ToBf16 => kernels::f16_to_bf16,
-        Conversion::F64ToBf16 => kernels::f64_to_bf16,
-        Conversion::F32ToF16 => kernels::f32_to_f16,
-        Conversion::F64ToF16 => kernels::f64_to_f16,
-        Conversion::Bf16ToF16 => kernels::bf16_to_f16,
-    };
-    kernel(isa, src, dst);
+    conv.kernel()(isa, src, dst);
     numerics::measure(conv, src, dst)
 }
 

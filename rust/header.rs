@@ -24,14 +24,16 @@ pub struct SourceTensor {
     pub dtype: Dtype,
     pub shape: Vec<usize>,
     /// Byte range relative to the start of its file's data (`InputFile::base`); for a
-    /// gathered tensor, `start` is where its elements begin and `len()` its logical size.
+    /// gathered tensor, `start` is where its elements begin (for pieces: the first piece's
+    /// first byte, in its file) and `len()` its logical size.
     pub start: u64,
     pub end: u64,
     /// Which file of the source holds it (`Source::files`): 0 but for composites.
     pub input: usize,
-    /// A view that is not one little-endian run (strided, or big-endian): read by gathering
-    /// its elements window by window (`torch::gather`).
-    pub gather: Option<Box<crate::torch::TensorDesc>>,
+    /// A tensor that is not one little-endian run of its file (a strided or big-endian view,
+    /// or boxes in several files): read by gathering its elements window by window
+    /// (`Source::read`, `gather`).
+    pub gather: Option<Box<crate::gather::Gather>>,
 }
 
 impl SourceTensor {

@@ -5,7 +5,9 @@
 //! - `error`, `text`: typed errors and warnings, message templates;
 //! - `source`, `header`: open an input and validate its safetensors header;
 //! - `torch`: read PyTorch checkpoints (zip and legacy) without running their pickles;
-//! - `input`: open any input (safetensors, or a PyTorch checkpoint) as one `Source`;
+//! - `input`: open any input (safetensors, or a PyTorch checkpoint) as one `Source`, the
+//!   `Format` of every file kind and the sniffing that names it;
+//! - `gather`: tensors read by gathering: strided views, and boxes in several files;
 //! - `plan`, `dtype`: what each tensor becomes and where it goes;
 //! - `kernels`, `numerics`: convert numbers, and measure what rounding did;
 //! - `window`: the window cursor and parallel split every streaming pass uses;
@@ -24,6 +26,7 @@ pub mod env;
 pub mod error;
 pub mod failpoint;
 pub mod fused;
+pub mod gather;
 pub mod header;
 pub mod input;
 pub mod kernels;

@@ -144,14 +144,14 @@ impl Scan {
             let c = item.conversion;
             let (file, at) = self.src.locate(s);
             let at = at + w.pos;
-            let input = s.input;
+            let (input, item_source) = (s.input, item.source);
             file.check_unchanged()?;
             if s.gather.is_none() {
                 let _ = file
                     .map
                     .advise_range(Advice::PopulateRead, at as usize, w.len as usize);
             }
-            let gathered = s.gather.as_ref().map(|d| d.span());
+            let gathered = s.gather.is_some();
             let done = w.pos + w.len == s.len();
             let bytes = self.src.read(s, w.pos, w.len, &mut self.gathered)?;
             let work = Work {
@@ -176,11 +176,12 @@ impl Scan {
                         .merge(&measured);
                 }
             }
-            match gathered {
-                None => self.src.files[input].release((at, at + w.len)),
+            if !gathered {
+                self.src.files[input].release((at, at + w.len));
+            } else if done {
                 // A view's elements lie anywhere in its storage: drop its pages once done.
-                Some(span) if done => self.src.files[input].release((span.start, span.end)),
-                Some(_) => {}
+                self.src
+                    .release_gathered(&self.src.header.tensors[item_source]);
             }
             self.cursor.advance(w);
             spent += w.len;

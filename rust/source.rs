@@ -12,9 +12,12 @@ use std::path::{Path, PathBuf};
 
 use memmap2::{Mmap, UncheckedAdvice};
 
-use crate::error::{Error, Result};
-use crate::header::{self, SourceHeader, SourceTensor, PREFIX};
-use crate::torch::Format;
+use crate::error::{Error, Result, Warning};
+use crate::gather::{Gather, PiecesError};
+use crate::header::{SourceHeader, SourceTensor};
+use crate::input::format::Format;
+use crate::text::{count, name_list};
+use crate::vocab::WarningKind;
 
 /// One mapped input file: its path, the open file, a read-only map of exactly the size
 /// `fstat` gave, and that size and mtime (to see a change while it is read).
@@ -33,14 +36,68 @@ pub struct InputFile {
 /// A safetensors file is one file and its header. Other formats (PyTorch checkpoints) and
 /// composites (the files an output shard reads from) fill the same header with tensors
 /// that name their file (`SourceTensor::input`) and, for views that are not one
-/// little-endian run, how to gather them.
+/// little-endian run or tensors in pieces across files, how to gather them
+/// (`SourceTensor::gather`).
 pub struct Source {
     /// What the input is called in messages: the file, or for a composite the first one.
     pub path: PathBuf,
     pub files: Vec<InputFile>,
     pub header: SourceHeader,
     /// For a PyTorch checkpoint: its format, the dict selected, what was left out.
-    pub origin: Option<crate::input::Origin>,
+    pub origin: Option<Origin>,
+}
+
+/// What a source read from a PyTorch checkpoint says beyond its tensors.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Origin {
+    /// `Format::TorchZip` or `Format::TorchLegacy`.
+    pub format: Format,
+    /// The dotted key of the dict converted (`""`: the top level).
+    pub key: String,
+    /// Entries of that dict (and the dicts below it) that are not tensors: left out.
+    pub skipped: Vec<String>,
+    /// Every global the pickle names (`module.name`), in order of first appearance.
+    pub globals: Vec<String>,
+    /// Those outside the allow-list: inert placeholders, never imported or called.
+    pub unlisted: Vec<String>,
+}
+
+impl Origin {
+    /// What the caller should hear: the entries left out, the globals not called.
+    pub fn warnings(&self) -> Vec<Warning> {
+        let mut out = Vec::new();
+        if !self.skipped.is_empty() {
+            let within = if self.key.is_empty() {
+                String::new()
+            } else {
+                format!(" of `{}`", crate::text::esc(&self.key))
+            };
+            let text = match self.skipped.as_slice() {
+                [one] => format!(
+                    "entry `{}`{within} is not a tensor and is left out",
+                    crate::text::esc(one)
+                ),
+                many => format!(
+                    "{} entries{within} are not tensors and are left out: {}",
+                    many.len(),
+                    name_list(many.iter().map(String::as_str), 8)
+                ),
+            };
+            out.push(Warning::new(WarningKind::SkippedEntries, text));
+        }
+        if !self.unlisted.is_empty() {
+            out.push(Warning::new(
+                WarningKind::UnlistedGlobals,
+                format!(
+                    "the pickle names {} outside the allow-list, none of them called (they \
+                     build no tensor that is converted): {}",
+                    count(self.unlisted.len() as u64, "global"),
+                    name_list(self.unlisted.iter().map(String::as_str), 8)
+                ),
+            ));
+        }
+        out
+    }
 }
 
 /// What `fstat` says about the input's content: its size and mtime (in nanoseconds).
@@ -246,50 +303,7 @@ impl PendingRelease {
     }
 }
 
-/// Headers from this size on have their pages dropped once parsed (`from_safetensors`).
-const LARGE_HEADER: u64 = 4 << 20;
-
 impl Source {
-    /// Open and validate the safetensors file `path` without reading its data.
-    pub fn open(path: &Path) -> Result<Source> {
-        let input = InputFile::open(path, PREFIX as u64, |len| {
-            Error::invalid_header(
-                path,
-                format!(
-                    "header too small: the file is {len} bytes, the header length alone takes {PREFIX}"
-                ),
-            )
-        })?;
-        Source::from_safetensors(path, input)
-    }
-
-    /// Validate the safetensors file `input` (opened as `path`) without reading its data.
-    pub fn from_safetensors(path: &Path, mut input: InputFile) -> Result<Source> {
-        let header = header::read_header(path, &input.map).map_err(|e| {
-            // Another format's reasons to fail as safetensors mislead: name the format.
-            match crate::torch::sniff(&input.map) {
-                Format::Safetensors | Format::Unknown => e,
-                format => Error::OtherFormat {
-                    path: path.to_path_buf(),
-                    format,
-                },
-            }
-        })?;
-        input.base = header.data_start();
-        // The names and shapes are copied out: a large header's pages (33.8 MB at 300,000
-        // tensors) need not stay resident while the data streams. (A small one is left:
-        // its pages share the first data pages.)
-        if header.header_len >= LARGE_HEADER {
-            input.release_head(header.data_start());
-        }
-        Ok(Source {
-            path: path.to_path_buf(),
-            files: vec![input],
-            header,
-            origin: None,
-        })
-    }
-
     /// A source from files already opened and the tensors they hold (other formats,
     /// composites). `path` names it in messages.
     pub fn from_parts(path: &Path, files: Vec<InputFile>, header: SourceHeader) -> Source {
@@ -333,6 +347,17 @@ impl Source {
         }
     }
 
+    /// Drop the pages of every byte a gathered tensor's elements lie in (once it is read
+    /// whole: a view's elements, or a piece's, lie anywhere in their span). Nothing for a
+    /// tensor that is one run.
+    pub fn release_gathered(&self, t: &SourceTensor) {
+        if let Some(g) = &t.gather {
+            for (i, span) in g.spans(t.input) {
+                self.files[i].release((span.start, span.end));
+            }
+        }
+    }
+
     /// The file and absolute byte offset of tensor `t`'s first byte (for a gathered tensor,
     /// of where its elements begin).
     pub fn locate(&self, t: &SourceTensor) -> (&InputFile, u64) {
@@ -356,11 +381,38 @@ impl Source {
                 let a = (at + pos) as usize;
                 Ok(&f.map[a..a + len as usize])
             }
-            Some(desc) => {
+            Some(g) => {
                 if scratch.len() < len as usize {
                     scratch.resize(len as usize, 0);
                 }
                 let out = &mut scratch[..len as usize];
+                let desc = match &**g {
+                    Gather::View(desc) => desc,
+                    Gather::Pieces(p) => {
+                        let first = pos / p.elem_size();
+                        // Before their pages are read: a file truncated since it was
+                        // opened is reported, not faulted on.
+                        // (A file the source lacks is `gather`'s to refuse.)
+                        for q in p.touching(first, len / p.elem_size()) {
+                            if let Some(f) = self.files.get(q.input) {
+                                f.check_unchanged()?;
+                            }
+                        }
+                        let maps: Vec<&[u8]> = self.files.iter().map(|f| &f.map[..]).collect();
+                        // As a view's blocks: each piece's pages are unmapped once copied out.
+                        p.gather(&maps, first, out, &mut |i, r| {
+                            self.files[i].unmap((r.start, r.end))
+                        })
+                        .map_err(|problem| {
+                            let e = PiecesError {
+                                tensor: t.name.clone(),
+                                problem,
+                            };
+                            Error::invalid_header(&self.path, e.to_string())
+                        })?;
+                        return Ok(out);
+                    }
+                };
                 let first = pos / desc.elem_size().max(1);
                 // A strided view reads a page of many rows of its storage: each block's
                 // pages are unmapped once it is copied out, or the whole storage ends up

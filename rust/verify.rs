@@ -332,15 +332,13 @@ impl Verifier {
                 Expect::Identical | Expect::KeptOverflow(_) => report.tensors_identical += 1,
                 Expect::Convert(_) => {
                     report.tensors_converted += 1;
-                    targets.push(match dst.header.tensors[p.dst].dtype {
-                        Dtype::F16 => Target::F16,
-                        _ => Target::Bf16,
-                    });
+                    targets.push(target_of(dst.header.tensors[p.dst].dtype));
                 }
             }
         }
+        // One target for every converted tensor, and a known one: else none is claimed.
         if targets.iter().all(|t| Some(t) == targets.first()) {
-            report.to = targets.first().copied();
+            report.to = targets.first().copied().flatten();
         }
         // The overflow options are checked on the data: measuring is needed for them.
         let numerics = (opts.numerics || opts.on_overflow != OnOverflow::Warn)
@@ -464,9 +462,9 @@ impl Verifier {
                     window,
                 ),
                 // A view's elements lie anywhere in its storage: drop its pages once done.
-                Some(d) if w.pos + w.len == s_len(&self.src, pair) => {
-                    let span = d.span();
-                    self.src.files[si].release((span.start, span.end));
+                Some(_) if w.pos + w.len == s_len(&self.src, pair) => {
+                    self.src
+                        .release_gathered(&self.src.header.tensors[pair.src]);
                 }
                 Some(_) => {}
             }
@@ -617,6 +615,32 @@ impl Verifier {
     }
 }
 
+/// The target whose converted tensors have `dtype`; `None` for a dtype no target writes.
+/// Every target is named: a new one must say here what it writes.
+fn target_of(dtype: Dtype) -> Option<Target> {
+    Target::ALL.iter().copied().find(|&t| match t {
+        Target::Bf16 | Target::F16 => t.dtype() == Some(dtype),
+        Target::Keep => false,
+    })
+}
+
+/// The target a run had, from which dtypes its converted tensors have in DST
+/// (`converted_to`). Only a bf16 run writes converted BF16 tensors (fp16 copies BF16 or
+/// converts it to F16), so any converted BF16 tensor means bf16, whatever else DST holds;
+/// else converted F16 tensors mean fp16. With no tensor converted, the default, bf16.
+/// Every target is named: a new one must say where it stands.
+fn inferred_target(converted_to: impl Fn(Dtype) -> bool) -> Target {
+    // In order of precedence.
+    let evidence = |t: Target| match t {
+        Target::Bf16 | Target::F16 => t.dtype().is_some_and(&converted_to),
+        Target::Keep => false,
+    };
+    [Target::Bf16, Target::F16]
+        .into_iter()
+        .find(|&t| evidence(t))
+        .unwrap_or(Target::Bf16)
+}
+
 /// Compare names, shapes, dtypes and metadata; in strict mode also what `convert` plans with
 /// the options (each tensor converted or kept, the order, the header byte for byte). Returns
 /// the pairs in destination order, or the first difference. `Err` only for options that
@@ -721,9 +745,7 @@ fn check_plan(
 ) -> Result<std::result::Result<Vec<Pair>, Box<Mismatch>>> {
     let (sh, dh) = (&src.header, &dst.header);
     let fail = |tensor: Option<&str>, message: String| Ok(Err(Mismatch::header(tensor, message)));
-    // The target: as asked, else the one DST's converted tensors have. Only a bf16 run
-    // writes converted BF16 tensors (fp16 copies BF16 or converts it to F16), so any
-    // converted BF16 tensor means bf16, whatever else DST holds.
+    // The target: as asked, else the one DST's converted tensors have (`inferred_target`).
     let converted_to = |dtype: Dtype| {
         pairs
             .iter()
@@ -735,10 +757,8 @@ fn check_plan(
         .target
         .unwrap_or(if !converted_any && src.changes_format() {
             Target::Keep
-        } else if converted_to(Dtype::F16) && !converted_to(Dtype::BF16) {
-            Target::F16
         } else {
-            Target::Bf16
+            inferred_target(converted_to)
         });
     let mut popts = PlanOptions {
         keep: opts.keep.clone(),
@@ -1051,6 +1071,23 @@ fn hex(le: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn targets_from_dst_dtypes_name_each_target() {
+        assert_eq!(target_of(Dtype::BF16), Some(Target::Bf16));
+        assert_eq!(target_of(Dtype::F16), Some(Target::F16));
+        // No target writes these: no guess.
+        assert_eq!(target_of(Dtype::F32), None);
+        assert_eq!(target_of(Dtype::F8_E4M3), None);
+        let only = |d: &'static [Dtype]| move |x: Dtype| d.contains(&x);
+        assert_eq!(inferred_target(only(&[])), Target::Bf16);
+        assert_eq!(inferred_target(only(&[Dtype::BF16])), Target::Bf16);
+        assert_eq!(inferred_target(only(&[Dtype::F16])), Target::F16);
+        assert_eq!(
+            inferred_target(only(&[Dtype::F16, Dtype::BF16])),
+            Target::Bf16
+        );
+    }
     use crate::convert::Options;
     use crate::task::convert;
     use crate::vocab::Target;

@@ -617,17 +617,20 @@ fn a_source_of_several_files_and_gathered_views_converts_each_tensor() {
     let a_base = sa.files[0].base;
     let desc = |shape: Vec<u64>, stride: Vec<u64>, data_start: u64, big_endian: bool| {
         let data_len = shape.iter().product::<u64>() * 4;
-        Some(Box::new(TensorDesc {
-            dtype: Dtype::F32,
-            torch_dtype: "float32",
-            shape,
-            stride,
-            storage_offset: 0,
-            storage: 0,
-            data_start,
-            data_len,
-            big_endian,
-        }))
+        Some(Box::new(
+            TensorDesc {
+                dtype: Dtype::F32,
+                torch_dtype: "float32",
+                shape,
+                stride,
+                storage_offset: 0,
+                storage: 0,
+                data_start,
+                data_len,
+                big_endian,
+            }
+            .into(),
+        ))
     };
     let transposed = SourceTensor {
         name: "a.T".into(),
@@ -673,4 +676,130 @@ fn a_source_of_several_files_and_gathered_views_converts_each_tensor() {
     // The overflowing value of `b` was counted in both tensors that hold it.
     let over: u64 = report.numerics.iter().map(|(_, n)| n.overflow).sum();
     assert_eq!(over, 2);
+}
+
+/// One tensor assembled from boxes in several files (as a distributed checkpoint holds it):
+/// 2x2 tiles in 4 files, and row bands in 2, converted and verified in windows smaller
+/// than the tensor, equal to converting the whole tensor.
+#[test]
+fn a_tensor_of_pieces_in_several_files_converts_and_verifies_as_the_whole() {
+    use stcast::gather::{Piece, Pieces};
+    use stcast::header::{SourceHeader, SourceTensor};
+    use stcast::source::InputFile;
+    use stcast::{Source, Verifier, VerifyOptions};
+
+    let dir = TempDir::new("pieces");
+    let (rows, cols) = (96u64, 200u64);
+    let whole: Vec<f32> = (0..rows * cols)
+        .map(|i| (i as f32 * 0.37).sin() * 1e3 + i as f32 * 1e-3)
+        .collect();
+    // (file, offsets, sizes) of each box; each file holds its boxes one after another.
+    let tiles: Vec<(usize, [u64; 2], [u64; 2])> = vec![
+        (0, [0, 0], [40, 120]),
+        (1, [0, 120], [40, 80]),
+        (2, [40, 0], [56, 120]),
+        (3, [40, 120], [56, 80]),
+    ];
+    let bands: Vec<(usize, [u64; 2], [u64; 2])> =
+        vec![(4, [0, 0], [30, cols]), (5, [30, 0], [66, cols])];
+    let mut contents: Vec<Vec<u8>> = vec![b"junk".to_vec(); 6];
+    let mut make = |boxes: &[(usize, [u64; 2], [u64; 2])]| -> Vec<Piece> {
+        boxes
+            .iter()
+            .map(|&(file, o, z)| {
+                let start = contents[file].len() as u64;
+                for r in o[0]..o[0] + z[0] {
+                    for c in o[1]..o[1] + z[1] {
+                        let v = whole[(r * cols + c) as usize];
+                        contents[file].extend_from_slice(&v.to_le_bytes());
+                    }
+                }
+                Piece {
+                    input: file,
+                    bytes: start..contents[file].len() as u64,
+                    offsets: o.to_vec(),
+                    sizes: z.to_vec(),
+                }
+            })
+            .collect()
+    };
+    let tiled = make(&tiles);
+    let banded = make(&bands);
+    let names: Vec<PathBuf> = (0..6).map(|i| dir.path(&format!("rank{i}.bin"))).collect();
+    for (name, bytes) in names.iter().zip(&contents) {
+        fs::write(name, bytes).unwrap();
+    }
+    let shape = [rows, cols];
+    let tensor = |name: &str, pieces: Vec<Piece>| {
+        let p = Pieces::new(name, Dtype::F32, &shape, pieces).unwrap();
+        let start = p.pieces()[0].bytes.start;
+        SourceTensor {
+            name: name.into(),
+            dtype: Dtype::F32,
+            shape: vec![rows as usize, cols as usize],
+            start,
+            end: start + p.nbytes(),
+            input: p.pieces()[0].input,
+            gather: Some(Box::new(p.into())),
+        }
+    };
+    let source = || {
+        let files: Vec<InputFile> = names
+            .iter()
+            .map(|n| InputFile::open(n, 1, |_| unreachable!()).unwrap())
+            .collect();
+        let header = SourceHeader {
+            header_len: 0,
+            metadata: None,
+            tensors: vec![
+                tensor("tiled", tiled.clone()),
+                tensor("banded", banded.clone()),
+            ],
+        };
+        Source::from_parts(&names[0], files, header)
+    };
+    let dst = dir.path("out.safetensors");
+    // 16 KiB windows: a tensor of 75 KiB is read in 5, each crossing boxes.
+    let mut task = ConvertTask::from_source(
+        source(),
+        &dst,
+        &windowed(16 << 10),
+        std::time::Instant::now(),
+    )
+    .unwrap();
+    stcast::task::run(&mut task).unwrap();
+    let report = task.finish().unwrap();
+    assert_eq!(report.tensors_converted, 2);
+    let bytes = fs::read(&dst).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    for name in ["tiled", "banded"] {
+        assert_eq!(
+            u16s(st.tensor(name).unwrap().data()),
+            bf16_of(&whole),
+            "{name}"
+        );
+        assert_eq!(
+            st.tensor(name).unwrap().shape(),
+            &[rows as usize, cols as usize]
+        );
+    }
+    // Verify reads the pieces through the same gather, and finds the output exact.
+    let out = Source::open(&dst).unwrap();
+    let opts = VerifyOptions::default();
+    let mut v = Verifier::from_sources(source(), out, &opts, std::time::Instant::now()).unwrap();
+    while !v.step(16 << 10).unwrap() {}
+    let report = v.finish().unwrap();
+    assert!(report.mismatch.is_none(), "{:?}", report.mismatch);
+    assert_eq!(report.tensors_converted, 2);
+    // A piece's file truncated after it was opened is reported, not read past its end.
+    let src = source();
+    let f = fs::OpenOptions::new().write(true).open(&names[3]).unwrap();
+    f.set_len(contents[3].len() as u64 / 2).unwrap();
+    let dst = dir.path("out2.safetensors");
+    let mut task =
+        ConvertTask::from_source(src, &dst, &windowed(16 << 10), std::time::Instant::now())
+            .unwrap();
+    let err = stcast::task::run(&mut task).unwrap_err();
+    assert!(matches!(err, stcast::Error::InputChanged { .. }), "{err}");
+    assert!(err.to_string().contains("rank3.bin"), "{err}");
 }

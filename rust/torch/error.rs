@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use super::Format;
+use crate::input::format::Format;
 
 /// Why a tensor found in the pickle cannot be described (reported with its name by
 /// [`crate::torch::Checkpoint::select`], and only for tensors that are selected).

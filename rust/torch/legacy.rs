@@ -18,25 +18,11 @@ use super::error::TorchError;
 use super::pickle::{self, NoStorages, ObjId, Object, Pickle, StorageRef, Storages};
 use super::{parse_pid, Limits, Storage};
 
-/// `0x1950a86a20f9469cfc6c`, little-endian, as LONG1 holds it.
-pub const MAGIC: [u8; 10] = [0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19];
+pub use crate::input::sniff::LEGACY_MAGIC as MAGIC;
 /// The legacy protocol version torch writes.
 pub const PROTOCOL_VERSION: i64 = 1001;
 
-/// Whether `bytes` starts with the pickled legacy magic number (any pickle protocol).
-pub fn looks_legacy(bytes: &[u8]) -> bool {
-    let mut b = bytes;
-    if b.first() == Some(&0x80) && b.len() >= 2 {
-        b = &b[2..];
-        if b.first() == Some(&0x95) {
-            b = b.get(9..).unwrap_or(&[]);
-        }
-        b.len() >= 12 && b[0] == 0x8a && b[1] == 10 && b[2..12] == MAGIC
-    } else {
-        // Protocols 0 and 1 write the number as text.
-        b.starts_with(b"L119547037146038801333356")
-    }
-}
+pub use crate::input::sniff::looks_legacy;
 
 struct LegacyStorages {
     storages: Vec<Storage>,

@@ -10,15 +10,26 @@
 //! scan, verify, inspect) reads a checkpoint exactly as it reads a safetensors file, with
 //! the same bounds: the pickle is parsed once (its objects are dropped once the tensors are
 //! located), and no tensor data is read before the conversion reads it.
+//!
+//! Submodules: `format` (the enum of every file kind), `sniff` (telling them apart from the
+//! bytes), `safetensors` (the safetensors opener).
+
+pub mod format;
+pub mod safetensors;
+pub mod sniff;
 
 use std::path::Path;
 
 use crate::error::{Error, Result, Warning};
+use crate::gather::Gather;
 use crate::header::{SourceHeader, SourceTensor, PREFIX};
 use crate::source::{InputFile, Source};
-use crate::text::{count, name_list};
-use crate::torch::{self, Format, Limits, TorchError};
-use crate::vocab::{OptionName, WarningKind};
+use crate::torch::{self, Limits, TorchError};
+use crate::vocab::OptionName;
+
+pub use crate::source::Origin;
+pub use format::Format;
+pub use sniff::sniff;
 
 /// How to read an input that is a PyTorch checkpoint (ignored for none; refused when given
 /// for a safetensors file).
@@ -44,63 +55,10 @@ impl InputOptions {
     }
 }
 
-/// What a source read from a PyTorch checkpoint says beyond its tensors.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Origin {
-    /// `Format::TorchZip` or `Format::TorchLegacy`.
-    pub format: Format,
-    /// The dotted key of the dict converted (`""`: the top level).
-    pub key: String,
-    /// Entries of that dict (and the dicts below it) that are not tensors: left out.
-    pub skipped: Vec<String>,
-    /// Every global the pickle names (`module.name`), in order of first appearance.
-    pub globals: Vec<String>,
-    /// Those outside the allow-list: inert placeholders, never imported or called.
-    pub unlisted: Vec<String>,
-}
-
 /// The metadata of every output made from a PyTorch checkpoint, as transformers'
 /// `save_pretrained` and safetensors' own `convert.py` write it: older transformers refuse
 /// a safetensors file without it.
 pub const TORCH_METADATA: (&str, &str) = ("format", "pt");
-
-impl Origin {
-    /// What the caller should hear: the entries left out, the globals not called.
-    pub fn warnings(&self) -> Vec<Warning> {
-        let mut out = Vec::new();
-        if !self.skipped.is_empty() {
-            let within = if self.key.is_empty() {
-                String::new()
-            } else {
-                format!(" of `{}`", crate::text::esc(&self.key))
-            };
-            let text = match self.skipped.as_slice() {
-                [one] => format!(
-                    "entry `{}`{within} is not a tensor and is left out",
-                    crate::text::esc(one)
-                ),
-                many => format!(
-                    "{} entries{within} are not tensors and are left out: {}",
-                    many.len(),
-                    name_list(many.iter().map(String::as_str), 8)
-                ),
-            };
-            out.push(Warning::new(WarningKind::SkippedEntries, text));
-        }
-        if !self.unlisted.is_empty() {
-            out.push(Warning::new(
-                WarningKind::UnlistedGlobals,
-                format!(
-                    "the pickle names {} outside the allow-list, none of them called (they \
-                     build no tensor that is converted): {}",
-                    count(self.unlisted.len() as u64, "global"),
-                    name_list(self.unlisted.iter().map(String::as_str), 8)
-                ),
-            ));
-        }
-        out
-    }
-}
 
 /// The reader's limits for inputs: the pickle may be large (a state dict of 300k tensors),
 /// the rest as the reader's defaults.
@@ -120,7 +78,7 @@ impl Source {
                 ),
             )
         })?;
-        match torch::sniff(&input.map) {
+        match sniff(&input.map) {
             Format::TorchZip | Format::TorchLegacy => open_checkpoint(path, input, opts),
             _ => {
                 let source = Source::from_safetensors(path, input)?;
@@ -199,7 +157,7 @@ pub fn checkpoint_header(
                     name: t.name.clone(),
                     problem: torch::TensorProblem::Overflow,
                 })?;
-                (start, end, Some(Box::new(desc.clone())))
+                (start, end, Some(Box::new(Gather::View(desc.clone()))))
             }
         };
         tensors.push(SourceTensor {
@@ -236,6 +194,7 @@ pub fn checkpoint_header(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vocab::WarningKind;
 
     #[test]
     fn warnings_name_what_was_left_out() {

@@ -1,0 +1,125 @@
+//! Tell what a file is from its first bytes (and, for a zip, its entry names).
+
+use crate::input::format::Format;
+use crate::torch::zip;
+
+/// `0x1950a86a20f9469cfc6c`, little-endian, as LONG1 holds it.
+pub const LEGACY_MAGIC: [u8; 10] = [0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19];
+
+/// Whether `bytes` starts with the pickled legacy magic number (any pickle protocol).
+pub fn looks_legacy(bytes: &[u8]) -> bool {
+    let mut b = bytes;
+    if b.first() == Some(&0x80) && b.len() >= 2 {
+        b = &b[2..];
+        if b.first() == Some(&0x95) {
+            b = b.get(9..).unwrap_or(&[]);
+        }
+        b.len() >= 12 && b[0] == 0x8a && b[1] == 10 && b[2..12] == LEGACY_MAGIC
+    } else {
+        // Protocols 0 and 1 write the number as text.
+        b.starts_with(b"L119547037146038801333356")
+    }
+}
+
+/// Name what `bytes` (the whole file, or at least its start) look like.
+pub fn sniff(bytes: &[u8]) -> Format {
+    if bytes.len() >= 10 {
+        let mut n = [0u8; 8];
+        n.copy_from_slice(&bytes[..8]);
+        let n = u64::from_le_bytes(n);
+        if bytes[8] == b'{' && n >= 2 && n <= bytes.len() as u64 - 8 {
+            return Format::Safetensors;
+        }
+    }
+    if zip::looks_like_zip(bytes) {
+        return sniff_zip(bytes);
+    }
+    if looks_legacy(bytes) {
+        return Format::TorchLegacy;
+    }
+    if bytes.starts_with(b"GGUF") {
+        return Format::Gguf;
+    }
+    if bytes.starts_with(b"\x93NUMPY") {
+        return Format::Npy;
+    }
+    if bytes.first() == Some(&0x80) && bytes.get(1).is_some_and(|&p| p <= 5) {
+        return Format::Pickle;
+    }
+    let text = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
+    let start = text.iter().position(|b| !b.is_ascii_whitespace());
+    let text = &text[start.unwrap_or(text.len())..];
+    let starts = |p: &[u8]| text.len() >= p.len() && text[..p.len()].eq_ignore_ascii_case(p);
+    if starts(b"<!doctype html") || starts(b"<html") {
+        return Format::Html;
+    }
+    if text.starts_with(b"version https://git-lfs.github.com/spec/") {
+        return Format::LfsPointer;
+    }
+    if bytes.starts_with(b"\x1f\x8b") {
+        return Format::Gzip;
+    }
+    if bytes.starts_with(b"\x89HDF\r\n\x1a\n") {
+        return Format::Hdf5;
+    }
+    if looks_like_text(bytes) {
+        return if text.starts_with(b"{") || text.starts_with(b"[") {
+            Format::Json
+        } else {
+            Format::Text
+        };
+    }
+    Format::Unknown
+}
+
+/// Whether the file's first KiB is text: UTF-8 without control characters but tabs and
+/// line breaks. A safetensors file never is: its 8-byte header length has zero high bytes.
+fn looks_like_text(bytes: &[u8]) -> bool {
+    let head = &bytes[..bytes.len().min(1024)];
+    let valid = match std::str::from_utf8(head) {
+        Ok(s) => s,
+        // A character cut at the 1 KiB mark is still text; an invalid byte before it is not.
+        Err(e) if e.error_len().is_none() => {
+            std::str::from_utf8(&head[..e.valid_up_to()]).unwrap_or_default()
+        }
+        Err(_) => return false,
+    };
+    !valid.trim().is_empty()
+        && valid
+            .chars()
+            .all(|c| !c.is_control() || matches!(c, '\t' | '\n' | '\r' | '\x0c'))
+}
+
+/// Whether a zip entry is a checkpoint's pickle: `data.pkl`, at the top or one folder down.
+pub fn is_pickle_name(name: &str) -> bool {
+    name == "data.pkl"
+        || name
+            .strip_suffix("/data.pkl")
+            .is_some_and(|d| !d.contains('/'))
+}
+
+fn sniff_zip(bytes: &[u8]) -> Format {
+    let classify = |names: &mut dyn Iterator<Item = &str>| {
+        let (mut any, mut all_npy) = (false, true);
+        for n in names {
+            if is_pickle_name(n) {
+                return Format::TorchZip;
+            }
+            any = true;
+            all_npy &= n.ends_with(".npy");
+        }
+        if any && all_npy {
+            Format::Npz
+        } else {
+            Format::Zip
+        }
+    };
+    match zip::parse(bytes) {
+        Ok(a) => classify(&mut a.entries.iter().map(|e| e.name.as_str())),
+        // A damaged or refused archive: go by the first entry, and let `read` say what is wrong.
+        Err(_) => {
+            let first = zip::first_name(bytes).and_then(|n| std::str::from_utf8(n).ok());
+            classify(&mut first.into_iter())
+        }
+    }
+}
