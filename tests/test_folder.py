@@ -660,7 +660,7 @@ def test_shards_then_finalize_equal_a_plain_run(tmp_path, rng, run_main):
 
 
 def test_shard_assignment_is_balanced_and_deterministic(tmp_path, rng):
-    from stcast.folder.walk import File as _File
+    from stcast.folder.common import File as _File
 
     files = [_File(f"f{i}", f"/x/f{i}", size, 0) for i, size in enumerate([9, 1, 5, 5, 3, 7, 2])]
     a = assign_shards(files, 3)

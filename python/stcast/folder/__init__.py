@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _core, _engine
 from ..errors import DestinationExists, NoSpace, Refused, StcastWarning
 from ..reports import ConvertReport, FileReport, InspectReport, Notice, merged_numerics
+from . import common as _common
 from . import ident as _ident
 from . import jsonedit
 from . import manifest as _manifest
@@ -59,7 +60,7 @@ class Prepared:
     survey: _Survey
     todo: list[Any]
     skipped: list[Any]
-    copies: list[_walk.File]
+    copies: list[_common.File]
     need: int  # bytes the run will write
     warnings: list[Notice]
 
@@ -241,7 +242,7 @@ def convert_folder(
     p = prepared
     src, dst, plan, shard, survey = p.src, p.dst, p.plan, p.shard, p.survey
     # Every refusal is behind us: from here on, files are written.
-    _write.failpoint("folder-checked", cancel)
+    _common.failpoint("folder-checked", cancel)
 
     os.makedirs(dst, exist_ok=True)
     record = _manifest.new(src, p.src_id, dst, p.options, allow_quantized, shard, p.mine)
@@ -275,7 +276,7 @@ def convert_folder(
             "one checked it; nothing was written (run again once it is done)",
             path=path,
         ) from None
-    _write.failpoint("folder-manifest", cancel)
+    _common.failpoint("folder-manifest", cancel)
 
     meter = _write.Meter(
         sum(_data_bytes(plan, w) for w in p.todo) + sum(c.size for c in p.copies),
@@ -299,7 +300,7 @@ def convert_folder(
         _write.final_recheck(run, plan)
     else:
         _write.recheck(run)
-    _write.failpoint("folder-complete", cancel)
+    _common.failpoint("folder-complete", cancel)
     record.complete = True
     if shard is None:
         # Done: no stcast file stays behind (this source's shard manifests neither).
@@ -527,7 +528,7 @@ def _adoptable(dst: str, rel: str, kind: str, plan: _walk.Plan, options: dict[st
         source = next(w for w in plan.weights if w.rel == rel)
         if not (
             st.st_size == info.output_bytes
-            and _manifest.header_sha256(path) == info.output_header_sha256
+            and _common.header_sha256(path) == info.output_header_sha256
         ):
             return False
         precision = {k: v for k, v in options.items() if k != "to"}
@@ -542,12 +543,12 @@ def _adoptable(dst: str, rel: str, kind: str, plan: _walk.Plan, options: dict[st
         f, content = next((f, c) for f, c in plan.configs if f.rel == rel)
         if content is None:
             return st.st_size == f.size and _same_bytes(f.path, path)
-        return _walk.read_bounded(path, _walk.MAX_JSON_BYTES) == content
+        return _common.read_bounded(path, _common.MAX_JSON_BYTES) == content
     # An index: the source's with the total size of the planned shards' tensors.
     f, text, weight_map = next(i for i in plan.indexes if i[0].rel == rel)
     total = sum(plan.out_data[shard] for shard in set(weight_map.values()))
     want = jsonedit.set_total_size(text, total)
-    return _walk.read_bounded(path, _walk.MAX_JSON_BYTES) == want
+    return _common.read_bounded(path, _common.MAX_JSON_BYTES) == want
 
 
 def _same_bytes(a: str, b: str) -> bool:
@@ -561,7 +562,7 @@ def _same_bytes(a: str, b: str) -> bool:
 
 
 def _check_space(
-    dst: str, plan: _walk.Plan, todo: list[Any], copies: list[_walk.File], whole: bool
+    dst: str, plan: _walk.Plan, todo: list[Any], copies: list[_common.File], whole: bool
 ) -> int:
     """Refuse before any work when the destination's file system cannot hold the output."""
     need = sum(_output_bytes(plan, w) for w in todo) + sum(c.size for c in copies)

@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import _core, _engine
-from ..errors import Cancelled, InvalidInput, Refused
+from ..errors import Refused
 from ..reports import FileReport
-from . import jsonedit
-from . import manifest as _manifest
+from .common import check_cancel, check_index, ensure_dir, failpoint, out_path
+from .jsonedit import set_total_size
+from .manifest import remove as remove_manifest
+from .reshard import checked_indexes
 from .walk import File, Plan
 
 if TYPE_CHECKING:
@@ -185,14 +187,12 @@ def publish(run: Run, plan: Plan) -> list[FileReport]:
     # Each index: its path, content, source size (None: new) and source path (if renamed).
     indexes: list[tuple[str, bytes, int | None, str | None]]
     if plan.reshard is not None:
-        from .reshard import checked_indexes
-
         indexes = [(rel, text, None, None) for rel, text in checked_indexes(dst, plan.reshard)]
     else:
         indexes = [
             (
                 f.rel,
-                jsonedit.set_total_size(text, check_index(dst, f.rel, weight_map)),
+                set_total_size(text, check_index(dst, f.rel, weight_map)),
                 f.size,
                 f.src_rel,
             )
@@ -265,36 +265,6 @@ def _write(run: Run, rel: str, kind: str, content: bytes) -> None:
     run.published(rel, kind, identity)
 
 
-def check_index(dst: str, rel: str, weight_map: dict[str, str]) -> int:
-    """The index at `rel` against the shards written: every tensor where it says, every
-    shard tensor listed; returns the total size of the tensors (the index's total_size)."""
-    total = 0
-    shards: dict[str, set[str]] = {}
-    for shard in sorted(set(weight_map.values())):
-        # Only the header is read (and validated), without a report per tensor.
-        written = _core.ShardGroup([os.path.join(dst, shard)])
-        shards[shard] = set(written.names())
-        total += sum(written.sizes())
-    for tensor, shard in weight_map.items():
-        if tensor not in shards[shard]:
-            raise InvalidInput(
-                f"{_esc(os.path.join(dst, shard))}: the index {_esc(rel)} lists tensor "
-                f"`{_esc(tensor)}` there, but the file written does not hold it (was the "
-                "source changed during the run?)",
-                path=os.path.join(dst, shard),
-            )
-    for shard, names in shards.items():
-        for tensor in sorted(names):
-            if weight_map.get(tensor) != shard:
-                raise InvalidInput(
-                    f"{_esc(os.path.join(dst, shard))}: holds tensor `{_esc(tensor)}`, which "
-                    f"the index {_esc(rel)} does not list there (was the source changed "
-                    "during the run?)",
-                    path=os.path.join(dst, shard),
-                )
-    return total
-
-
 def recheck(run: Run) -> None:
     """Before declaring success: every file this run wrote is still the one it wrote."""
     for rel, entry in run.record.files.items():
@@ -351,46 +321,7 @@ def _unlink_if(run: Run, rel: str, identity: tuple[int, int] | None) -> bool | N
     return True
 
 
-def out_path(dst: str, rel: str) -> str:
-    """Where `rel` goes in `dst`, its folders created."""
-    return os.path.join(ensure_dir(dst, os.path.dirname(rel)), os.path.basename(rel))
-
-
-def ensure_dir(dst: str, rel_dir: str) -> str:
-    """`dst/rel_dir`, created as needed; an existing link or file on the way is refused.
-
-    So nothing is written outside `dst`, whatever a previous occupant of the folder left.
-    """
-    path = dst
-    for part in rel_dir.split("/") if rel_dir else []:
-        path = os.path.join(path, part)
-        try:
-            os.mkdir(path)
-        except FileExistsError:
-            if not stat.S_ISDIR(os.lstat(path).st_mode):
-                raise Refused(
-                    f"{_esc(path)}: exists and is not a folder (stcast does not write "
-                    "through links)",
-                    path=path,
-                ) from None
-    return path
-
-
-def failpoint(name: str, cancel: CancelFlag | None) -> None:
-    """A test hook (see rust/failpoint.rs); a stop request it caused wins over its error."""
-    try:
-        _core.failpoint(name)
-    except OSError:
-        check_cancel(cancel)
-        raise
-
-
-def check_cancel(cancel: CancelFlag | None) -> None:
-    if cancel is not None and cancel.is_set():
-        raise Cancelled("conversion cancelled")
-
-
 def remove_own(run: Run, manifests: list[Manifest]) -> None:
     """At completion: the manifests go, so that the folder holds no stcast files."""
     for m in manifests:
-        _manifest.remove(m)
+        remove_manifest(m)
