@@ -26,17 +26,14 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core, _engine
 from ..errors import Cancelled, InvalidInput, Refused, StcastError, UsageError
-from ..reports import ConvertReport, FileReport, Notice, _build, notices
+from ..reports import Notice
 from .common import (
     INDEX_SUFFIX,
     MAX_JSON_BYTES,
     WEIGHTS_SUFFIX,
     File,
-    check_cancel,
     check_index,
-    failpoint,
     header_sha256,
-    out_path,
     read_bounded,
     source_sha256,
 )
@@ -48,7 +45,6 @@ if TYPE_CHECKING:
 
     from .._engine import CancelFlag
     from .._types import Target
-    from .write import Run
 
 _esc = _core.escape
 _WEIGHTS = WEIGHTS_SUFFIX
@@ -517,64 +513,6 @@ def adoptable(dst: str, rel: str, kind: str, reshard: Reshard, options: dict[str
     return report["mismatch"] is None
 
 
-def convert_units(
-    run: Run, reshard: Reshard, hashes: dict[str, str], todo: list[Unit]
-) -> list[ConvertReport]:
-    """Write the output shards one after another (all cores on each), recording each."""
-    reports = []
-    precision = run.precision
-    keep_names = reshard.keep_names
-    # Kept-for-overflow tensors are planned already: the shards need no scan of their own.
-    on_overflow = precision.get("on_overflow", "warn")
-    on_overflow = "warn" if on_overflow == "keep" else on_overflow
-    for u in todo:
-        check_cancel(run.cancel)
-        g = reshard.groups[u.group]
-        out = out_path(run.dst, u.rel)
-        replace_ = run.replace_for(u.rel)
-
-        def step(done: int, total: int, rel: str = u.rel) -> None:
-            run.meter.step(rel, done, total)
-
-        def warn(kind: str, template: str, rel: str = u.rel) -> None:
-            # A shard of integer or BF16 tensors only is no surprise here.
-            if kind != "nothing_to_convert":
-                _engine.issue(kind, template, rel, stacklevel=6)
-
-        run.meter.step(u.rel, 0, u.data_bytes)
-        with _engine.gc_paused():
-            result = _core.convert_shard(
-                g.core,
-                u.names,
-                g.indexed,
-                out,
-                to=run.to,
-                keep=precision.get("keep", []),
-                keep_min_size=precision.get("keep_min_size", 0),
-                from_bf16=precision.get("from_bf16", False),
-                keep_names=[n for w in g.group.inputs for n in keep_names.get(w.rel, [])],
-                on_overflow=on_overflow,
-                threads=run.threads,
-                force=replace_ is not None,
-                replaces=replace_ if isinstance(replace_, tuple) else None,
-                progress=step if run.meter.is_on() else None,
-                cancel=run.cancel,
-                warn=warn,
-                tuning=run.tuning,
-            )
-        warnings = [w for w in result["warnings"] if w[0] != "nothing_to_convert"]
-        r = _build(ConvertReport, result, warnings=notices(warnings, u.rel), bytes_in=u.input_bytes)
-        run.meter.finish(u.rel, u.data_bytes)
-        st = os.lstat(out)
-        run.published(u.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
-        shards = None if run.record.shard is None else run.record.shard[1]
-        run.record.files[u.rel].update(entry(u, run.record.options, shards, hashes, out))
-        run.record.save(run.cancel)
-        failpoint("folder-file", run.cancel)
-        reports.append(r)
-    return reports
-
-
 def checked_indexes(dst: str, reshard: Reshard) -> list[tuple[str, bytes]]:
     """The indexes to write, each checked against the shards as written (every tensor where
     it says, every shard tensor listed, the planned total size)."""
@@ -591,23 +529,6 @@ def checked_indexes(dst: str, reshard: Reshard) -> list[tuple[str, bytes]]:
             )
         out.append((rel, content))
     return out
-
-
-def file_report(u: Unit, r: ConvertReport) -> FileReport:
-    """An output shard's line in a folder report."""
-    return FileReport(
-        u.rel,
-        "weights",
-        "converted",
-        u.input_bytes,
-        r.bytes_out,
-        r.tensors_converted,
-        r.tensors_copied,
-        r.seconds,
-        list(r.warnings),
-        r.tensors_kept,
-        r.bytes_kept,
-    )
 
 
 def shard_infos(reshard: Reshard) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from .. import _core, _engine
 from ..errors import Cancelled, InvalidInput, Refused
@@ -595,7 +595,17 @@ def _quantized_error(path: str, why: str) -> Refused:
     )
 
 
-def assign_shards(weights: Sequence[File | Unit], n: int) -> dict[str, int]:
+class _Sized(Protocol):
+    """What `assign_shards` balances: a work item (see `work.Item`), or a file."""
+
+    @property
+    def rel(self) -> str: ...
+
+    @property
+    def size(self) -> int: ...
+
+
+def assign_shards(weights: Sequence[_Sized], n: int) -> dict[str, int]:
     """Split the units (weight files, or output shards) into `n` shards of similar size:
     rel path -> shard (1-based).
 

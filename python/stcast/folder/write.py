@@ -15,7 +15,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .. import _core, _engine
+from .. import _core
 from ..errors import Refused
 from ..reports import FileReport
 from .common import check_cancel, check_index, ensure_dir, failpoint, out_path
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
     from .._engine import CancelFlag, Progress
     from .._types import FileAction, Target
-    from ..reports import ConvertReport
     from .manifest import Manifest
 
 _esc = _core.escape
@@ -101,70 +100,6 @@ class Run:
         """Record a published file: in this run's manifest, and as ours from now on."""
         self.record.record(rel, kind, identity)
         self.ours[rel] = identity[:2]
-
-
-def convert_files(run: Run, plan: Plan, todo: list[File]) -> list[ConvertReport]:
-    """Convert the files one after another (all cores on each), recording each when done."""
-    reports = []
-    for w in todo:
-        check_cancel(run.cancel)
-        out = out_path(run.dst, w.rel)
-        size = plan.info[w.rel].data_bytes
-        # The engine replaces only as this run may: see Run.replace_for.
-        replace = run.replace_for(w.rel)
-
-        def step(done: int, total: int, rel: str = w.rel) -> None:
-            run.meter.step(rel, done, total)
-
-        run.meter.step(w.rel, 0, size)
-        # Unmatched keep patterns were judged over the whole folder (in walk.plan).
-        r = _engine.convert_file(
-            w.path,
-            out,
-            to=run.to,
-            threads=run.threads,
-            force=replace is not None,
-            replaces=None if replace in (None, "any") else replace,
-            # A folder partly converted already is fine: its files pass as they are.
-            allow_copy=True,
-            progress=step if run.meter.is_on() else None,
-            cancel=run.cancel,
-            keep=run.precision.get("keep", []),
-            keep_min_size=run.precision.get("keep_min_size", 0),
-            from_bf16=run.precision.get("from_bf16", False),
-            on_overflow=run.precision.get("on_overflow", "warn"),
-            keep_unmatched="ignore",
-            tuning=run.tuning,
-            warn_path=w.source_rel,
-            # The user's call: convert, convert_folder, convert_files, here.
-            stacklevel=5,
-        )
-        run.meter.finish(w.rel, size)
-        st = os.lstat(out)
-        run.published(w.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
-        run.record.files[w.rel].update(run.record.weights_entry(w, plan.header_sha256[w.rel]))
-        run.record.save(run.cancel)
-        failpoint("folder-file", run.cancel)
-        reports.append(r)
-    return reports
-
-
-def file_report(w: File, r: ConvertReport) -> FileReport:
-    """A converted file's line in a folder report."""
-    return FileReport(
-        w.rel,
-        "weights",
-        "converted",
-        r.bytes_in,
-        r.bytes_out,
-        r.tensors_converted,
-        r.tensors_copied,
-        r.seconds,
-        list(r.warnings),
-        r.tensors_kept,
-        r.bytes_kept,
-        source=w.src_rel,
-    )
 
 
 def publish(run: Run, plan: Plan) -> list[FileReport]:
