@@ -1170,3 +1170,21 @@ def test_shards_of_the_own_stem_left_beside_a_named_output_are_named(tmp_path, r
     rc, _, err = run_main("convert", src, tmp_path, *args)
     assert rc == 0 and "left from another cut" not in err, err
     assert (tmp_path / "model.safetensors.index.json").exists() and src.exists()
+
+
+def test_a_shard_warning_points_at_the_callers_line(tmp_path: Path) -> None:
+    """An output shard's warning names the line that called stcast, as a file's does."""
+    import warnings
+
+    from safetensors.numpy import save_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    save_file({"a": np.array([1e39, 1.0]), "b": np.ones(4, np.float32)}, str(src / "m.safetensors"))
+    for i, options in enumerate(({}, {"max_shard_size": 10**6})):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            stcast.convert(src, tmp_path / f"out{i}", **options)  # type: ignore[arg-type]
+        assert [(w.filename, w.category) for w in caught] == [(__file__, stcast.StcastWarning)], (
+            options
+        )

@@ -229,7 +229,7 @@ class ShardItem:
         def warn(kind: str, template: str, rel: str = u.rel) -> None:
             # A shard of integer or BF16 tensors only is no surprise here.
             if kind != "nothing_to_convert":
-                _engine.issue(kind, template, rel, stacklevel=7)
+                _engine.issue(kind, template, rel, stacklevel=6)
 
         with _engine.gc_paused():
             result = _core.convert_shard(
