@@ -22,8 +22,6 @@ WEIGHTS_SUFFIX = ".safetensors"
 INDEX_SUFFIX = ".safetensors.index.json"
 # Configs and indexes above this size are not what they claim to be.
 MAX_JSON_BYTES = 256 << 20
-# A sane bound for a header we read ourselves (the engine enforces the format's own limit).
-_MAX_HEADER = 100 << 20
 
 _esc = _core.escape
 
@@ -89,18 +87,12 @@ def read_bounded(path: str, limit: int) -> bytes:
 
 
 def header_sha256(path: str) -> str:
-    """SHA-256 of a safetensors file's length prefix and header; "" when it has none."""
-    with open(path, "rb") as fh:
-        head = fh.read(8)
-        if len(head) < 8:
-            return ""
-        n = int.from_bytes(head, "little")
-        if n > _MAX_HEADER:
-            return ""
-        body = fh.read(n)
-    if len(body) < n:
+    """SHA-256 of a safetensors file's length prefix and header; "" when it is not a valid
+    safetensors file (the engine reads and validates it: `_core.read_header`)."""
+    try:
+        return _core.read_header(path)[1]
+    except InvalidInput:
         return ""
-    return hashlib.sha256(head + body).hexdigest()
 
 
 # How much of a file that is not safetensors `source_sha256` reads, at each end.

@@ -301,12 +301,14 @@ def _data_bytes(path: str) -> int:
     PyTorch checkpoint, its size), 0 when it cannot be read (the verification then says
     why). Only progress counts it."""
     try:
-        with open(path, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            size = os.fstat(f.fileno()).st_size
-            return size - 8 - n if 8 + n <= size else size
+        size = os.stat(path).st_size
     except OSError:
         return 0
+    try:
+        header_len = _core.read_header(path)[0]
+    except (StcastError, OSError):
+        return size
+    return size - 8 - header_len
 
 
 def _check_others(
