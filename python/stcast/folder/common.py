@@ -18,8 +18,9 @@ from ..errors import Cancelled, InvalidInput, Refused
 if TYPE_CHECKING:
     from .._engine import CancelFlag
 
-WEIGHTS_SUFFIX = ".safetensors"
-INDEX_SUFFIX = ".safetensors.index.json"
+# The names of weight files and indexes, as the engine names its outputs (`rust/shard.rs`).
+WEIGHTS_SUFFIX = _core.shard_file_name("", 1, 1)  # ".safetensors"
+INDEX_SUFFIX = _core.index_file_name("")  # ".safetensors.index.json"
 # Configs and indexes above this size are not what they claim to be.
 MAX_JSON_BYTES = 256 << 20
 
