@@ -256,7 +256,7 @@ def convert_folder(
     converted = _work.convert_items(run, p.todo)
     files += [w.converted(r) for w, r in zip(p.todo, converted)]
     if shard is None:
-        files += _write.publish(run, plan)
+        files += _write.publish(run, plan, p.work)
         _write.final_recheck(run, plan)
     else:
         _write.recheck(run)
@@ -612,7 +612,7 @@ def finalize(
     meter = _write.Meter(sum(c.size for c in plan.copies), progress, file_progress)
     run = _write.Run(dst, to, None, meter, cancel, {}, record, False, dict(survey.ours))
     _write.unpublish(run, plan)
-    files += _write.publish(run, plan)
+    files += _write.publish(run, plan, work)
     _write.final_recheck(run, plan)
     _write.remove_own(run, [record, *manifests])
     return work.finish(_folder_report(src, dst, to, files, [], started, None, True))

@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING, Any, Protocol, Union
 from .. import _core, _engine
 from ..errors import Refused
 from ..reports import ConvertReport, FileReport, Notice, _build, notices
-from .common import MAX_JSON_BYTES, File, check_cancel, failpoint, header_sha256, out_path
+from .common import (
+    MAX_JSON_BYTES,
+    File,
+    check_cancel,
+    check_index,
+    failpoint,
+    header_sha256,
+    out_path,
+)
 from .common import read_bounded as _read_bounded
 from .jsonedit import set_total_size
 from .manifest import find_entry as _find_file_entry
@@ -28,6 +36,7 @@ from .reshard import (
     Reshard,
     Unit,
     adoptable,
+    checked_indexes,
     entry,
     leftover_shards,
     leftover_template,
@@ -375,6 +384,19 @@ class FileWork:
         """The space the indexes take (an index may grow by its total size's digits)."""
         return sum(f.size + 64 for f, _, _ in self.plan.indexes)
 
+    def checked_indexes(self, dst: str) -> list[tuple[str, bytes, int | None, str | None]]:
+        """The indexes to write once the weights are, each checked against the shards as
+        written: its path, content, source size (None: new) and source path (if renamed)."""
+        return [
+            (
+                f.rel,
+                set_total_size(text, check_index(dst, f.rel, weight_map)),
+                f.size,
+                f.src_rel,
+            )
+            for f, text, weight_map in self.plan.indexes
+        ]
+
     def finish(self, report: ConvertReport) -> ConvertReport:
         """The run's report, with what this kind of run adds."""
         return report
@@ -416,6 +438,9 @@ class ShardWork:
 
     def index_bytes(self) -> int:
         return sum(len(content) for _, content, _ in self.reshard.indexes())
+
+    def checked_indexes(self, dst: str) -> list[tuple[str, bytes, int | None, str | None]]:
+        return [(rel, text, None, None) for rel, text in checked_indexes(dst, self.reshard)]
 
     def finish(self, report: ConvertReport) -> ConvertReport:
         return replace(report, max_shard_size=self.reshard.max_size)

@@ -18,10 +18,8 @@ from typing import TYPE_CHECKING, Any
 from .. import _core
 from ..errors import Refused
 from ..reports import FileReport
-from .common import check_cancel, check_index, ensure_dir, failpoint, out_path
-from .jsonedit import set_total_size
+from .common import check_cancel, ensure_dir, failpoint, out_path
 from .manifest import remove as remove_manifest
-from .reshard import checked_indexes
 from .walk import File, Plan
 
 if TYPE_CHECKING:
@@ -30,6 +28,7 @@ if TYPE_CHECKING:
     from .._engine import CancelFlag, Progress
     from .._types import FileAction, Target
     from .manifest import Manifest
+    from .work import Work
 
 _esc = _core.escape
 
@@ -102,7 +101,7 @@ class Run:
         self.ours[rel] = identity[:2]
 
 
-def publish(run: Run, plan: Plan) -> list[FileReport]:
+def publish(run: Run, plan: Plan, work: Work) -> list[FileReport]:
     """Copy the other files, then write configs and indexes: a loader's cues come last."""
     reports = []
     dst, meter, cancel = run.dst, run.meter, run.cancel
@@ -119,20 +118,7 @@ def publish(run: Run, plan: Plan) -> list[FileReport]:
     # Before a loader's cues appear: every file written is still the one written, and the
     # indexes agree with the shards (from the shards as written: what a loader will find).
     recheck(run)
-    # Each index: its path, content, source size (None: new) and source path (if renamed).
-    indexes: list[tuple[str, bytes, int | None, str | None]]
-    if plan.reshard is not None:
-        indexes = [(rel, text, None, None) for rel, text in checked_indexes(dst, plan.reshard)]
-    else:
-        indexes = [
-            (
-                f.rel,
-                set_total_size(text, check_index(dst, f.rel, weight_map)),
-                f.size,
-                f.src_rel,
-            )
-            for f, text, weight_map in plan.indexes
-        ]
+    indexes = work.checked_indexes(dst)
     for f in plan.late_copies:
         _copy(run, f, "copy", None)
         reports.append(FileReport(f.rel, "copy", "copied", f.size, f.size))
