@@ -10,9 +10,10 @@ or the stem `name` gives for a checkpoint of one group (`ema.safetensors` with
 `name="model"` -> `model-00001-of-00003.safetensors`: what `from_pretrained` looks for).
 The old shards and the old index are never written.
 
-Each output shard is a unit of work as a weight file is in a plain folder run: `resume`
-skips it once its manifest entry shows it done (the inputs it reads unchanged, the planned
-header), `shard=(i, n)` runs split the output shards, and `finalize` writes the indexes.
+Each output shard is a work item as a weight file is in a plain folder run (`work.ShardItem`
+beside `work.FileItem`): `resume` skips it once its manifest entry shows it done (the inputs
+it reads unchanged, the planned header), `shard=(i, n)` runs split the output shards, and
+`finalize` writes the indexes.
 """
 
 from __future__ import annotations
@@ -438,7 +439,7 @@ def default_dst(src: str, to: Target) -> str:
     return f"{os.path.splitext(src)[0]}-{to}"
 
 
-# --- the runs: entries, resume, conversion, indexes -----------------------------------------
+# --- the runs: entries, resume, indexes (the conversion: work.ShardItem) --------------------
 
 
 def entry(
