@@ -604,6 +604,46 @@ fn index_file_name(stem: &str) -> String {
     shard::index_file_name(stem)
 }
 
+/// The header of the safetensors file `path`, read and validated by the engine
+/// (`source::Source::open`, `header::read_header`): `(header_len, sha256, metadata,
+/// tensors)`. `header_len` is the JSON's length (the data start at `8 + header_len`),
+/// `sha256` the hex SHA-256 of the length prefix and the header, `metadata` the
+/// `__metadata__` pairs in file order (or None), `tensors` each `(name, dtype, shape,
+/// start, end)` in data order, offsets relative to the data section. A file that is no
+/// valid safetensors file raises `InvalidInput`.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn read_header(
+    py: Python<'_>,
+    path: PathBuf,
+) -> PyResult<(
+    u64,
+    String,
+    Option<Vec<(String, String)>>,
+    Vec<(String, String, Vec<usize>, u64, u64)>,
+)> {
+    guarded(py, || {
+        let source = crate::source::Source::open(&path)?;
+        let header = &source.header;
+        let end = usize::try_from(header.data_start()).unwrap_or(usize::MAX);
+        let sha256 = text::sha256_hex(&source.primary().map[..end]);
+        let tensors = header
+            .tensors
+            .iter()
+            .map(|t| {
+                (
+                    t.name.clone(),
+                    t.dtype.to_string(),
+                    t.shape.clone(),
+                    t.start,
+                    t.end,
+                )
+            })
+            .collect();
+        Ok((header.header_len, sha256, header.metadata.clone(), tensors))
+    })
+}
+
 fn warnings_list<'py>(py: Python<'py>, ws: &[Warning]) -> PyResult<Bound<'py, PyList>> {
     let list = PyList::empty(py);
     for w in ws {
@@ -1334,5 +1374,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_name, m)?)?;
     m.add_function(wrap_pyfunction!(shard_file_name, m)?)?;
     m.add_function(wrap_pyfunction!(index_file_name, m)?)?;
+    m.add_function(wrap_pyfunction!(read_header, m)?)?;
     Ok(())
 }

@@ -660,7 +660,7 @@ def test_shards_then_finalize_equal_a_plain_run(tmp_path, rng, run_main):
 
 
 def test_shard_assignment_is_balanced_and_deterministic(tmp_path, rng):
-    from stcast.folder.walk import File as _File
+    from stcast.folder.common import File as _File
 
     files = [_File(f"f{i}", f"/x/f{i}", size, 0) for i, size in enumerate([9, 1, 5, 5, 3, 7, 2])]
     a = assign_shards(files, 3)
@@ -847,3 +847,41 @@ def test_bad_json_is_refused(tmp_path, rng, file, text, match):
     else:
         path.write_text(text)
     assert_refused_cleanly(tmp_path, src, tmp_path / "o", match, "invalid_input")
+
+
+def test_the_engine_reads_headers_for_the_folder_code(tmp_path: Path) -> None:
+    """`_core.read_header` is the one header reader Python uses: its length, the hash
+    manifests keep (of the prefix and the header, as written), metadata and tensors in
+    data order; what is not safetensors is InvalidInput (the fingerprint then differs)."""
+    import hashlib
+
+    from stcast import _core
+    from stcast.folder.common import header_sha256
+
+    path = tmp_path / "m.safetensors"
+    safetensors.numpy.save_file(
+        {"b": np.ones((2, 3), np.float32), "a": np.zeros(4, np.float16)},
+        str(path),
+        metadata={"z": "1", "format": "pt"},
+    )
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header_len, digest, metadata, tensors = _core.read_header(str(path))
+    assert header_len == n
+    assert digest == hashlib.sha256(raw[: 8 + n]).hexdigest() == header_sha256(str(path))
+    doc = json.loads(raw[8 : 8 + n])
+    assert metadata is not None and dict(metadata) == doc["__metadata__"]
+    names = [k for k in doc if k != "__metadata__"]
+    by_offset = sorted(names, key=lambda k: doc[k]["data_offsets"])
+    assert [t[0] for t in tensors] == by_offset
+    for name, dtype, shape, start, end in tensors:
+        assert [dtype, shape, [start, end]] == [
+            doc[name]["dtype"],
+            doc[name]["shape"],
+            doc[name]["data_offsets"],
+        ]
+    other = tmp_path / "notes.bin"
+    other.write_bytes(b"\xff" * 64)
+    with pytest.raises(stcast.InvalidInput):
+        _core.read_header(str(other))
+    assert header_sha256(str(other)) == ""

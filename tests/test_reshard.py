@@ -909,14 +909,14 @@ def test_an_empty_checkpoint(tmp_path, run_main):
 def test_index_text_is_json_dumps_indent_2_sorted(tmp_path):
     """The index is written as save_pretrained writes it (json.dumps, indent 2, sorted
     keys), byte for byte, whatever the names and the source index's other keys."""
-    from stcast.folder import reshard, walk
+    from stcast.folder import common, reshard
 
     names = ["b", "a\u00e9\u2713", 'q"uote', "back\\slash", "ctl\x01", "z" * 300, "\ud7ff"]
     weight_map = {n: f"m-{i:05d}.safetensors" for i, n in enumerate(names)}
     source = tmp_path / "src.safetensors.index.json"
     other = {"zzz": [1, {"b": 2, "a": None}], "metadata": {"total_parameters": 3}, "aaa": 1.5}
     source.write_text(json.dumps(other))
-    f = walk.File(source.name, str(source), source.stat().st_size, 0)
+    f = common.File(source.name, str(source), source.stat().st_size, 0)
     for src, wm in ((f, weight_map), (None, weight_map), (f, {}), (None, {})):
         got = reshard.index_text(src, wm, 42)
         doc = dict(other) if src is not None else {}
@@ -1173,3 +1173,21 @@ def test_shards_of_the_own_stem_left_beside_a_named_output_are_named(tmp_path, r
     rc, _, err = run_main("convert", src, tmp_path, *args)
     assert rc == 0 and "left from another cut" not in err, err
     assert (tmp_path / "model.safetensors.index.json").exists() and src.exists()
+
+
+def test_a_shard_warning_points_at_the_callers_line(tmp_path: Path) -> None:
+    """An output shard's warning names the line that called stcast, as a file's does."""
+    import warnings
+
+    from safetensors.numpy import save_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    save_file({"a": np.array([1e39, 1.0]), "b": np.ones(4, np.float32)}, str(src / "m.safetensors"))
+    for i, options in enumerate(({}, {"max_shard_size": 10**6})):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            stcast.convert(src, tmp_path / f"out{i}", **options)  # type: ignore[arg-type]
+        assert [(w.filename, w.category) for w in caught] == [(__file__, stcast.StcastWarning)], (
+            options
+        )

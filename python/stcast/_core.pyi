@@ -57,6 +57,7 @@ __all__ = [
     "check_name",
     "shard_file_name",
     "index_file_name",
+    "read_header",
 ]
 
 __version__: str
@@ -341,6 +342,9 @@ def parse_size(value: object) -> int: ...
 def check_name(value: object) -> str: ...
 def shard_file_name(stem: str, i: int, n: int) -> str: ...
 def index_file_name(stem: str) -> str: ...
+def read_header(
+    path: str,
+) -> tuple[int, str, list[tuple[str, str]] | None, list[tuple[str, str, list[int], int, int]]]: ...
 
 @final
 class TensorNumerics(Sequence[_Row]):

@@ -27,6 +27,8 @@ import time
 from typing import IO, Any, NamedTuple
 
 from ._core import format_bytes
+from ._core import read_header as read_safetensors_header
+from .errors import StcastError
 
 SEED = 20240229
 CHUNK_BYTES = 64 << 20  # generation and verification work in pieces this big
@@ -314,13 +316,18 @@ def _write_main(argv: list[str]) -> int:
 
 
 def read_header(path: str) -> tuple[int, dict[str, Any]]:
-    """(offset of the data section, parsed header) of a safetensors file."""
-    with open(path, "rb") as f:
-        prefix = f.read(8)
-        if len(prefix) != 8:
-            raise DemoFailed(f"{path}: shorter than a safetensors header")
-        (n,) = struct.unpack("<Q", prefix)
-        return 8 + n, json.loads(f.read(n))
+    """(offset of the data section, header as the file's JSON has it) of a safetensors
+    file, read and validated by the engine (`_core.read_header`)."""
+    try:
+        header_len, _, metadata, tensors = read_safetensors_header(path)
+    except StcastError as e:
+        raise DemoFailed(str(e)) from None
+    header: dict[str, Any] = {}
+    if metadata is not None:
+        header["__metadata__"] = dict(metadata)
+    for name, dtype, shape, start, end in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [start, end]}
+    return 8 + header_len, header
 
 
 def verify(src: str, dst: str) -> tuple[int, int]:

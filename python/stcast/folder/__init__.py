@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any
 from .. import _core, _engine
 from ..errors import DestinationExists, NoSpace, Refused, StcastWarning
 from ..reports import ConvertReport, FileReport, InspectReport, Notice, merged_numerics
+from . import common as _common
 from . import ident as _ident
-from . import jsonedit
 from . import manifest as _manifest
 from . import reshard as _reshard
 from . import walk as _walk
+from . import work as _work
 from . import write as _write
 
 if TYPE_CHECKING:
@@ -51,15 +52,16 @@ class Prepared:
     src_id: tuple[int, int]
     to: Target
     plan: _walk.Plan
+    work: _work.Work
     precision: dict[str, Any]
     options: dict[str, Any]
     shard: tuple[int, int] | None
-    weights: list[Any]  # this run's units (all, or the shard's): files, or output shards
+    weights: list[_work.Item]  # this run's items (all, or the shard's): files, or output shards
     mine: list[str]  # the files this run will write
     survey: _Survey
-    todo: list[Any]
-    skipped: list[Any]
-    copies: list[_walk.File]
+    todo: list[_work.Item]
+    skipped: list[_work.Item]
+    copies: list[_common.File]
     need: int  # bytes the run will write
     warnings: list[Notice]
 
@@ -113,14 +115,14 @@ def prepare(
         )
         plan.keep_unmatched = plan.reshard.keep_unmatched
         _reshard.check_not_the_input(src_id, dst, plan.reshard)
-    units = plan.units()
+    work = _work.of(plan)
+    units = work.items
     if shard is not None and shard[1] > len(units):
         n = len(units)
-        what = "output shards" if plan.reshard is not None else "weight files"
         raise _core.option_error(
             "shard",
             f"{shard[0]}/{shard[1]}",
-            f"I/N with N at most {n}, the number of {what}",
+            f"I/N with N at most {n}, the number of {work.noun}",
         )
     # A keep pattern is judged over the whole folder: one warning (or, strict, one error
     # before anything is written) for a pattern that matches no tensor of any file.
@@ -137,48 +139,21 @@ def prepare(
     for kind, template in _walk.skipped_notice(plan.skipped):
         warnings.append(Notice(kind, template))
         _engine.issue(kind, template, None, stacklevel=stacklevel + 1)
-    # PyTorch weight files change format: worth writing even with every dtype kept.
-    changes_format = any(i.format != "safetensors" for i in plan.info.values())
-    if plan.reshard is not None:
-        # A re-sharding changes the files whatever the dtypes: never "nothing to do".
-        warnings += plan.reshard.warnings
-        for notice in plan.reshard.warnings:
-            _engine.issue(notice.kind, notice.template, notice.path, stacklevel=stacklevel + 1)
-    elif (
-        not any(i.tensors_converted for i in plan.info.values())
-        and on_overflow != "keep"
-        and not changes_format
-    ):
-        if to == "keep":
-            why = (
-                "the folder's weights are safetensors files already and {to=keep} keeps every dtype"
-            )
-        else:
-            why = (
-                f"no tensor of any file becomes {_core.TARGET_DTYPES[to]} (each float tensor "
-                "already is, or is kept)"
-            )
-        raise Refused(
-            f"{_esc(src)}: nothing to convert: {why}; the output would be a copy of the folder",
-            path=src,
-        )
+    # That something changes (or else a refusal), and what the kind of run has to say.
+    for notice in work.check(src, to, on_overflow):
+        warnings.append(notice)
+        _engine.issue(notice.kind, notice.template, notice.path, stacklevel=stacklevel + 1)
 
     # Options that change the output; the defaults are left out, so that manifests of
     # plain runs stay as they were.
-    options: dict[str, Any] = {"to": to, **precision, **source}
-    if plan.reshard is not None:
-        options["max_shard_size"] = plan.reshard.max_size
-        if name is not None:
-            # Another name is another output, as another size is: under resume, the files
-            # a manifest proves this source's that the plan no longer writes are stale.
-            options["name"] = name
+    options: dict[str, Any] = {"to": to, **precision, **source, **work.options(name)}
     weights = units
     if shard is not None:
         owner = assign_shards(weights, shard[1])
         weights = [w for w in weights if owner[w.rel] == shard[0]]
     outputs = plan.outputs()
     mine = sorted(w.rel for w in weights) if shard is not None else sorted(outputs)
-    survey = _survey(dst, src_id, options, outputs, plan, shard, force=force, resume=resume)
+    survey = _survey(dst, src_id, options, outputs, plan, work, shard, force=force, resume=resume)
 
     # Skipped under resume: what a manifest (or the output's own header) shows done.
     todo, skipped = [], []
@@ -188,29 +163,25 @@ def prepare(
             not force
             and w.rel in survey.ours
             and (
-                _find_entry(plan, survey.entries.get(w.rel, []), w, options, out)
-                or w.rel in survey.adopted
+                w.find_entry(survey.entries.get(w.rel, []), options, out) or w.rel in survey.adopted
             )
         ):
             skipped.append(w)
         else:
             todo.append(w)
     copies = [] if shard is not None else plan.copies
-    need = _check_space(dst, plan, todo, copies, shard is None)
-    if plan.reshard is not None:
-        # Shards of another cut that no manifest proves ours stay; a loader that reads
-        # every .safetensors file of a folder would load them too: say so.
-        left = _reshard.leftover_shards(dst, plan.reshard, set(outputs) | set(survey.stale))
-        if left:
-            notice = Notice("unindexed_shards", _reshard.leftover_template(left))
-            warnings.append(notice)
-            _engine.issue(notice.kind, notice.template, None, stacklevel=stacklevel + 1)
+    need = _check_space(dst, plan, work, todo, copies, shard is None)
+    left = work.leftover(dst, set(outputs) | set(survey.stale))
+    if left is not None:
+        warnings.append(left)
+        _engine.issue(left.kind, left.template, None, stacklevel=stacklevel + 1)
     return Prepared(
         src,
         dst,
         src_id,
         to,
         plan,
+        work,
         precision,
         options,
         shard,
@@ -241,7 +212,7 @@ def convert_folder(
     p = prepared
     src, dst, plan, shard, survey = p.src, p.dst, p.plan, p.shard, p.survey
     # Every refusal is behind us: from here on, files are written.
-    _write.failpoint("folder-checked", cancel)
+    _common.failpoint("folder-checked", cancel)
 
     os.makedirs(dst, exist_ok=True)
     record = _manifest.new(src, p.src_id, dst, p.options, allow_quantized, shard, p.mine)
@@ -257,14 +228,8 @@ def convert_folder(
         out = os.path.join(dst, w.rel)
         st = os.lstat(out)
         record.record(w.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
-        if isinstance(w, _reshard.Unit):
-            shards = None if shard is None else shard[1]
-            entry = _reshard.entry(w, p.options, shards, plan.header_sha256, out)
-            record.files[w.rel].update(entry)
-            files.append(FileReport(w.rel, "weights", "skipped", w.input_bytes, st.st_size))
-            continue
-        record.files[w.rel].update(record.weights_entry(w, plan.header_sha256[w.rel]))
-        files.append(FileReport(w.rel, "weights", "skipped", w.size, st.st_size, source=w.src_rel))
+        record.files[w.rel].update(w.manifest_entry(record, out))
+        files.append(w.report("skipped", st.st_size))
     # Before any output: the other runs sharing this folder know it is ours.
     try:
         record.save(cancel)
@@ -275,10 +240,10 @@ def convert_folder(
             "one checked it; nothing was written (run again once it is done)",
             path=path,
         ) from None
-    _write.failpoint("folder-manifest", cancel)
+    _common.failpoint("folder-manifest", cancel)
 
     meter = _write.Meter(
-        sum(_data_bytes(plan, w) for w in p.todo) + sum(c.size for c in p.copies),
+        sum(w.data_bytes for w in p.todo) + sum(c.size for c in p.copies),
         progress,
         file_progress,
     )
@@ -288,18 +253,14 @@ def convert_folder(
     if shard is None:
         _write.unpublish(run, plan)
         _write.remove_stale(run, survey.stale)
-    if plan.reshard is not None:
-        converted = _reshard.convert_units(run, plan.reshard, plan.header_sha256, p.todo)
-        files += [_reshard.file_report(u, r) for u, r in zip(p.todo, converted)]
-    else:
-        converted = _write.convert_files(run, plan, p.todo)
-        files += [_write.file_report(w, r) for w, r in zip(p.todo, converted)]
+    converted = _work.convert_items(run, p.todo)
+    files += [w.converted(r) for w, r in zip(p.todo, converted)]
     if shard is None:
-        files += _write.publish(run, plan)
+        files += _write.publish(run, plan, p.work)
         _write.final_recheck(run, plan)
     else:
         _write.recheck(run)
-    _write.failpoint("folder-complete", cancel)
+    _common.failpoint("folder-complete", cancel)
     meter.close()
     record.complete = True
     if shard is None:
@@ -311,11 +272,7 @@ def convert_folder(
     report = _folder_report(
         src, dst, p.to, files, converted, started, shard, shard is None, on_overflow
     )
-    if plan.reshard is not None:
-        from dataclasses import replace
-
-        report = replace(report, max_shard_size=plan.reshard.max_size)
-    return _with_warnings(report, p.warnings)
+    return _with_warnings(p.work.finish(report), p.warnings)
 
 
 def _source_plan(
@@ -344,25 +301,6 @@ def _source_plan(
     return src_id, plan
 
 
-def _find_entry(
-    plan: _walk.Plan, entries: list[dict[str, Any]], w: Any, options: dict[str, Any], out: str
-) -> dict[str, Any] | None:
-    """The manifest entry that shows the unit `w` done (see `manifest.find_entry`)."""
-    if isinstance(w, _reshard.Unit):
-        return _reshard.find_entry(entries, w, options, out)
-    return _manifest.find_entry(entries, w, options, out)
-
-
-def _data_bytes(plan: _walk.Plan, w: Any) -> int:
-    """Tensor bytes the unit `w` reads."""
-    return w.data_bytes if isinstance(w, _reshard.Unit) else plan.info[w.rel].data_bytes
-
-
-def _output_bytes(plan: _walk.Plan, w: Any) -> int:
-    """Bytes of the unit `w`'s output."""
-    return w.size if isinstance(w, _reshard.Unit) else plan.info[w.rel].output_bytes
-
-
 class _Survey:
     """What the destination holds, as far as this run is concerned."""
 
@@ -383,6 +321,7 @@ def _survey(
     options: dict[str, Any],
     outputs: dict[str, str],
     plan: _walk.Plan,
+    work: _work.Work,
     shard: tuple[int, int] | None,
     *,
     force: bool,
@@ -464,7 +403,7 @@ def _survey(
         if rel in planned_by_runs and not force and not resume:
             continue  # a sibling run's file, in progress: not ours to touch
         if rel in outputs:
-            if resume and _adoptable(dst, rel, outputs[rel], plan, options):
+            if resume and _adoptable(dst, rel, outputs[rel], plan, work, options):
                 st = os.lstat(os.path.join(dst, rel))
                 survey.ours[rel] = (st.st_dev, st.st_ino)
                 survey.adopted.add(rel)
@@ -503,7 +442,9 @@ def _listed(rels: list[str]) -> str:
     return shown + (f" and {len(rels) - 3} more" if len(rels) > 3 else "")
 
 
-def _adoptable(dst: str, rel: str, kind: str, plan: _walk.Plan, options: dict[str, Any]) -> bool:
+def _adoptable(
+    dst: str, rel: str, kind: str, plan: _walk.Plan, work: _work.Work, options: dict[str, Any]
+) -> bool:
     """Under resume, is the file at `rel` exactly what this plan writes, without a manifest
     to say so (a finished run removes its manifest)? Nothing short of its content proves
     it: a fine-tune of the same base has the same header, and another folder may hold a
@@ -521,34 +462,16 @@ def _adoptable(dst: str, rel: str, kind: str, plan: _walk.Plan, options: dict[st
         return False
     if not os.path.isfile(path) or os.path.islink(path):
         return False
-    if plan.reshard is not None and kind in ("weights", "index"):
-        return _reshard.adoptable(dst, rel, kind, plan.reshard, options)
-    if kind == "weights":
-        info = plan.info[rel]
-        source = next(w for w in plan.weights if w.rel == rel)
-        if not (
-            st.st_size == info.output_bytes
-            and _manifest.header_sha256(path) == info.output_header_sha256
-        ):
-            return False
-        precision = {k: v for k, v in options.items() if k != "to"}
-        report = _engine.verify_file(
-            source.path, path, to=options["to"], numerics=False, **precision
-        )
-        return report.ok
+    if kind in ("weights", "index"):
+        return work.adoptable(dst, rel, kind, options)
     if kind == "copy":
         src = next(f for f in [*plan.copies, *plan.late_copies] if f.rel == rel)
         return st.st_size == src.size and _same_bytes(src.path, path)
-    if kind == "config":
-        f, content = next((f, c) for f, c in plan.configs if f.rel == rel)
-        if content is None:
-            return st.st_size == f.size and _same_bytes(f.path, path)
-        return _walk.read_bounded(path, _walk.MAX_JSON_BYTES) == content
-    # An index: the source's with the total size of the planned shards' tensors.
-    f, text, weight_map = next(i for i in plan.indexes if i[0].rel == rel)
-    total = sum(plan.out_data[shard] for shard in set(weight_map.values()))
-    want = jsonedit.set_total_size(text, total)
-    return _walk.read_bounded(path, _walk.MAX_JSON_BYTES) == want
+    # A config.
+    f, content = next((f, c) for f, c in plan.configs if f.rel == rel)
+    if content is None:
+        return st.st_size == f.size and _same_bytes(f.path, path)
+    return _common.read_bounded(path, _common.MAX_JSON_BYTES) == content
 
 
 def _same_bytes(a: str, b: str) -> bool:
@@ -562,17 +485,19 @@ def _same_bytes(a: str, b: str) -> bool:
 
 
 def _check_space(
-    dst: str, plan: _walk.Plan, todo: list[Any], copies: list[_walk.File], whole: bool
+    dst: str,
+    plan: _walk.Plan,
+    work: _work.Work,
+    todo: list[_work.Item],
+    copies: list[_common.File],
+    whole: bool,
 ) -> int:
     """Refuse before any work when the destination's file system cannot hold the output."""
-    need = sum(_output_bytes(plan, w) for w in todo) + sum(c.size for c in copies)
+    need = sum(w.output_bytes for w in todo) + sum(c.size for c in copies)
     if whole:
         need += sum(f.size for f in plan.late_copies)
         need += sum(f.size if c is None else len(c) for f, c in plan.configs)
-        if plan.reshard is not None:
-            need += sum(len(content) for _, content, _ in plan.reshard.indexes())
-        else:
-            need += sum(f.size + 64 for f, _, _ in plan.indexes)
+        need += work.index_bytes()
     folder = _engine.nearest_folder(dst)  # as the user spelled DST: relative stays relative
     st = os.statvfs(folder)
     have = st.f_bavail * st.f_frsize
@@ -648,23 +573,23 @@ def finalize(
         plan.reshard = _reshard.plan(
             plan, max_size, to, precision, None, cancel, name=options.get("name")
         )
-    units = plan.units()
+    work = _work.of(plan)
+    units = work.items
     # With one shard count in the manifests, a missing file can be traced to its shard.
     counts = {m.shard[1] for m in manifests if m.shard is not None}
     for m in manifests:
         # A run splits at most into as many shards as there are files (see _check_shard).
         if m.shard is not None and m.shard[1] > len(units):
             path = os.path.join(dst, m.name)
-            what = "output shards" if plan.reshard is not None else "weight files"
             raise Refused(
                 f"{_esc(path)}: says {m.shard[1]} shards, but {_esc(src)} has "
-                f"{len(units)} {what}; convert the shards again",
+                f"{len(units)} {work.noun}; convert the shards again",
                 path=path,
             )
     n = counts.pop() if len(counts) == 1 else None
     owner = assign_shards(units, n) if isinstance(n, int) and n > 0 else {}
     outputs = plan.outputs()
-    survey = _survey(dst, src_id, options, outputs, plan, None, force=False, resume=True)
+    survey = _survey(dst, src_id, options, outputs, plan, work, None, force=False, resume=True)
     record = _manifest.new(src, src_id, dst, options, None, None, sorted(outputs))
     record.finalize = True
     # An interrupted (or concurrent) finalize's manifest, read by the survey, is the one to
@@ -676,35 +601,23 @@ def finalize(
     for w in units:
         out = os.path.join(dst, w.rel)
         entries = [m.files[w.rel] for m in manifests if w.rel in m.files]
-        entry = _find_entry(plan, entries, w, options, out)
+        entry = w.find_entry(entries, options, out)
         if entry is None:
             hint = f"; convert it again with {{shard={owner[w.rel]}/{n}}}" if owner else ""
-            # A file is named by its source; an output shard by itself.
-            path = out if isinstance(w, _reshard.Unit) else w.path
-            what = "not written" if isinstance(w, _reshard.Unit) else "not converted"
+            path, what = w.missing(out)
             raise Refused(f"{_esc(path)}: {what}, or changed since{hint}", path=path)
         st = os.lstat(out)
         record.record(w.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
-        if isinstance(w, _reshard.Unit):
-            files.append(FileReport(w.rel, "weights", "checked", w.input_bytes, st.st_size))
-        else:
-            files.append(
-                FileReport(w.rel, "weights", "checked", w.size, st.st_size, source=w.src_rel)
-            )
+        files.append(w.report("checked", st.st_size))
     record.save(cancel)
     meter = _write.Meter(sum(c.size for c in plan.copies), progress, file_progress)
     run = _write.Run(dst, to, None, meter, cancel, {}, record, False, dict(survey.ours))
     _write.unpublish(run, plan)
-    files += _write.publish(run, plan)
+    files += _write.publish(run, plan, work)
     _write.final_recheck(run, plan)
     _write.remove_own(run, [record, *manifests])
     meter.close()
-    report = _folder_report(src, dst, to, files, [], started, None, True)
-    if plan.reshard is not None:
-        from dataclasses import replace
-
-        report = replace(report, max_shard_size=plan.reshard.max_size)
-    return report
+    return work.finish(_folder_report(src, dst, to, files, [], started, None, True))
 
 
 def inspect_folder(

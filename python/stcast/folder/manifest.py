@@ -12,7 +12,6 @@ manifests, so the destination can be uploaded as it is.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -22,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core, _engine
 from ..errors import Refused, StcastError
-from . import jsonedit
-from .walk import File, read_bounded
+from .common import File, header_sha256, read_bounded, source_sha256
+from .jsonedit import depth
 
 if TYPE_CHECKING:
     from .._engine import CancelFlag
@@ -33,9 +32,6 @@ _SHARD_MANIFEST = re.compile(r"\.stcast-manifest\.shard-(\d+)-of-(\d+)\.json")
 FORMAT = 2
 # A manifest lists at most every file of a checkpoint: far below this.
 _MAX_MANIFEST = 64 << 20
-# A sane bound for a header we read ourselves (the engine enforces the format's own limit).
-_MAX_HEADER = 100 << 20
-
 _esc = _core.escape
 
 
@@ -166,7 +162,7 @@ def load(dst: str, name: str) -> Manifest:
         raise Unreadable(path, f"cannot be read ({type(e).__name__})") from None
     except Exception as e:  # bounded read refusals (a FIFO, too large)
         raise Unreadable(path, str(e)) from None
-    if not isinstance(doc, dict) or jsonedit.depth(doc) > 8:
+    if not isinstance(doc, dict) or depth(doc) > 8:
         raise Unreadable(path, "not a stcast manifest")
     try:
         if doc["format"] != FORMAT:
@@ -317,41 +313,3 @@ def agreed_options(dst: str, manifests: list[Manifest]) -> dict[str, Any]:
                 path=dst,
             ) from None
     return dict(options)
-
-
-def header_sha256(path: str) -> str:
-    """SHA-256 of a safetensors file's length prefix and header; "" when it has none."""
-    with open(path, "rb") as fh:
-        head = fh.read(8)
-        if len(head) < 8:
-            return ""
-        n = int.from_bytes(head, "little")
-        if n > _MAX_HEADER:
-            return ""
-        body = fh.read(n)
-    if len(body) < n:
-        return ""
-    return hashlib.sha256(head + body).hexdigest()
-
-
-# How much of a file that is not safetensors `source_sha256` reads, at each end.
-_FINGERPRINT_HEAD = 64 << 10
-_FINGERPRINT_TAIL = 1 << 20
-
-
-def source_sha256(path: str) -> str:
-    """A fingerprint of a source weight file that `resume` compares: a safetensors file's
-    header hash; for a PyTorch checkpoint, the SHA-256 of its first 64 KiB and last 1 MiB
-    (a zip's central directory, with every entry's CRC-32, or a legacy file's pickle)."""
-    digest = header_sha256(path)
-    if digest:
-        return digest
-    h = hashlib.sha256(b"stcast-source-fingerprint\0")
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        h.update(fh.read(min(size, _FINGERPRINT_HEAD)))
-        tail = max(_FINGERPRINT_HEAD, size - _FINGERPRINT_TAIL)
-        if tail < size:
-            fh.seek(tail)
-            h.update(fh.read(size - tail))
-    return h.hexdigest()

@@ -10,9 +10,10 @@ or the stem `name` gives for a checkpoint of one group (`ema.safetensors` with
 `name="model"` -> `model-00001-of-00003.safetensors`: what `from_pretrained` looks for).
 The old shards and the old index are never written.
 
-Each output shard is a unit of work as a weight file is in a plain folder run: `resume`
-skips it once its manifest entry shows it done (the inputs it reads unchanged, the planned
-header), `shard=(i, n)` runs split the output shards, and `finalize` writes the indexes.
+Each output shard is a work item as a weight file is in a plain folder run (`work.ShardItem`
+beside `work.FileItem`): `resume` skips it once its manifest entry shows it done (the inputs
+it reads unchanged, the planned header), `shard=(i, n)` runs split the output shards, and
+`finalize` writes the indexes.
 """
 
 from __future__ import annotations
@@ -25,10 +26,19 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from .. import _core, _engine
-from ..errors import Cancelled, InvalidInput, Refused, UsageError
-from ..reports import ConvertReport, FileReport, Notice, _build, notices
-from . import manifest as _manifest
-from . import walk as _walk
+from ..errors import Cancelled, InvalidInput, Refused, StcastError, UsageError
+from ..reports import Notice
+from .common import (
+    INDEX_SUFFIX,
+    MAX_JSON_BYTES,
+    WEIGHTS_SUFFIX,
+    File,
+    check_index,
+    header_sha256,
+    read_bounded,
+    source_sha256,
+)
+from .walk import Plan, read_index, read_json, safetensors_name
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -36,11 +46,10 @@ if TYPE_CHECKING:
 
     from .._engine import CancelFlag
     from .._types import Target
-    from .write import Run
 
 _esc = _core.escape
-_WEIGHTS = _walk.WEIGHTS_SUFFIX
-_INDEX = _walk.INDEX_SUFFIX
+_WEIGHTS = WEIGHTS_SUFFIX
+_INDEX = INDEX_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -49,8 +58,8 @@ class Group:
 
     dir: str  # the relative folder ("" at the top)
     stem: str  # of the index, or of the file
-    inputs: list[_walk.File]  # input order
-    index: _walk.File | None  # the index that names them
+    inputs: list[File]  # input order
+    index: File | None  # the index that names them
     renamed_from: str | None = None  # its own stem, when `name` gave `stem`
 
 
@@ -70,7 +79,7 @@ class Unit:
     input_bytes: int
     target_bytes: int  # tensor bytes written
     header_sha256: str  # of the planned output header
-    inputs: list[_walk.File]  # the input files it reads
+    inputs: list[File]  # the input files it reads
     tensors_converted: int
     tensors_kept: int
 
@@ -104,9 +113,7 @@ class Reshard:
         return [g.index for g in self.groups if g.index is not None]
 
 
-def groups_of(
-    weights: list[_walk.File], indexes: list[tuple[_walk.File, str, dict[str, str]]]
-) -> list[Group]:
+def groups_of(weights: list[File], indexes: list[tuple[File, str, dict[str, str]]]) -> list[Group]:
     """The groups of a folder's weight files and (parsed) indexes: one per index, and one
     per weight file no index names; sorted by path. A file two indexes name is refused."""
     by_rel = {w.rel: w for w in weights}
@@ -153,7 +160,7 @@ def named(groups: list[Group], name: str | None) -> list[Group]:
 
 
 def plan(
-    walked: _walk.Plan,
+    walked: Plan,
     max_size: int,
     to: Target,
     precision: dict[str, Any],
@@ -298,13 +305,13 @@ def _index(g: Group, units: list[Unit]) -> tuple[str, bytes, dict[str, str]]:
     return _join(g.dir, _core.index_file_name(g.stem)), text, weight_map
 
 
-def index_text(source: _walk.File | None, weight_map: dict[str, str], total: int) -> bytes:
+def index_text(source: File | None, weight_map: dict[str, str], total: int) -> bytes:
     """An index as `save_pretrained` writes one (indent 2, sorted keys, a final newline):
     `metadata.total_size` the bytes of every tensor, `weight_map` each tensor's shard (its
     file name). What else the source index held (`metadata.total_parameters`, ...) stays."""
     doc: dict[str, Any] = {}
     if source is not None:
-        _, parsed = _walk.read_json(source)
+        _, parsed = read_json(source)
         if isinstance(parsed, dict):
             doc = dict(parsed)
     metadata = doc.get("metadata")
@@ -327,7 +334,7 @@ def index_text(source: _walk.File | None, weight_map: dict[str, str], total: int
 
 
 def _overflowing(
-    weights: list[_walk.File],
+    weights: list[File],
     to: Target,
     precision: dict[str, Any],
     cancel: CancelFlag | None,
@@ -398,25 +405,23 @@ def source_options(key: str | None, strip_prefix: Sequence[str]) -> dict[str, An
     return options
 
 
-def single_file(src: str) -> _walk.File:
+def single_file(src: str) -> File:
     """The file `src` as the only weight file of a folder: its name kept, but a PyTorch
     checkpoint's made a safetensors name."""
     st = os.stat(src)
     name = os.path.basename(src)
-    rel = _walk.safetensors_name(name)
-    return _walk.File(rel, src, st.st_size, st.st_mtime_ns, None if rel == name else name)
+    rel = safetensors_name(name)
+    return File(rel, src, st.st_size, st.st_mtime_ns, None if rel == name else name)
 
 
-def file_plan(src: str, to: Target, precision: dict[str, Any]) -> _walk.Plan:
+def file_plan(src: str, to: Target, precision: dict[str, Any]) -> Plan:
     """The plan of a folder holding only the file `src`: its name kept, but a PyTorch
     checkpoint's made a safetensors name (`pytorch_model.bin` -> `model.safetensors`, as in
     a folder; `ema.pt` -> `ema.safetensors`)."""
-    from .manifest import source_sha256
-
     w = single_file(src)
     # No per-file plan (`info`): the re-sharding plan decides everything, and says which
     # keep patterns match nothing.
-    return _walk.Plan(
+    return Plan(
         weights=[w],
         indexes=[],
         configs=[],
@@ -434,7 +439,7 @@ def default_dst(src: str, to: Target) -> str:
     return f"{os.path.splitext(src)[0]}-{to}"
 
 
-# --- the runs: entries, resume, conversion, indexes -----------------------------------------
+# --- the runs: entries, resume, indexes (the conversion: work.ShardItem) --------------------
 
 
 def entry(
@@ -451,7 +456,7 @@ def entry(
         "options": options,
         "version": _core.__version__,
         "shards": shards,
-        "output_header_sha256": _manifest.header_sha256(out),
+        "output_header_sha256": header_sha256(out),
     }
 
 
@@ -471,7 +476,7 @@ def find_entry(
         return None
     if not stat.S_ISREG(st.st_mode):
         return None
-    inputs = [[w.rel, w.size, w.mtime_ns, _manifest.source_sha256(w.path)] for w in unit.inputs]
+    inputs = [[w.rel, w.size, w.mtime_ns, source_sha256(w.path)] for w in unit.inputs]
     output_hash = None
     for e in entries:
         if (
@@ -483,7 +488,7 @@ def find_entry(
         ):
             continue
         if output_hash is None:
-            output_hash = _manifest.header_sha256(out)
+            output_hash = header_sha256(out)
         if output_hash == unit.header_sha256:
             return e
     return None
@@ -496,10 +501,10 @@ def adoptable(dst: str, rel: str, kind: str, reshard: Reshard, options: dict[str
     path = os.path.join(dst, rel)
     if kind == "index":
         want = next(c for r, c, _ in reshard.indexes() if r == rel)
-        return _walk.read_bounded(path, _walk.MAX_JSON_BYTES) == want
+        return read_bounded(path, MAX_JSON_BYTES) == want
     unit = reshard.unit(rel)
     st = os.lstat(path)
-    if st.st_size != unit.size or _manifest.header_sha256(path) != unit.header_sha256:
+    if st.st_size != unit.size or header_sha256(path) != unit.header_sha256:
         return False
     g = reshard.groups[unit.group]
     precision = {k: v for k, v in options.items() if k not in ("to", "max_shard_size", "name")}
@@ -509,71 +514,9 @@ def adoptable(dst: str, rel: str, kind: str, reshard: Reshard, options: dict[str
     return report["mismatch"] is None
 
 
-def convert_units(
-    run: Run, reshard: Reshard, hashes: dict[str, str], todo: list[Unit]
-) -> list[ConvertReport]:
-    """Write the output shards one after another (all cores on each), recording each."""
-    from .write import check_cancel, failpoint, out_path
-
-    reports = []
-    precision = run.precision
-    keep_names = reshard.keep_names
-    # Kept-for-overflow tensors are planned already: the shards need no scan of their own.
-    on_overflow = precision.get("on_overflow", "warn")
-    on_overflow = "warn" if on_overflow == "keep" else on_overflow
-    for u in todo:
-        check_cancel(run.cancel)
-        g = reshard.groups[u.group]
-        out = out_path(run.dst, u.rel)
-        replace_ = run.replace_for(u.rel)
-
-        def step(done: int, total: int, rel: str = u.rel) -> None:
-            run.meter.step(rel, done, total)
-
-        def warn(kind: str, template: str, rel: str = u.rel) -> None:
-            # A shard of integer or BF16 tensors only is no surprise here.
-            if kind != "nothing_to_convert":
-                _engine.issue(kind, template, rel, stacklevel=6)
-
-        run.meter.step(u.rel, 0, u.data_bytes)
-        with _engine.gc_paused():
-            result = _core.convert_shard(
-                g.core,
-                u.names,
-                g.indexed,
-                out,
-                to=run.to,
-                keep=precision.get("keep", []),
-                keep_min_size=precision.get("keep_min_size", 0),
-                from_bf16=precision.get("from_bf16", False),
-                keep_names=[n for w in g.group.inputs for n in keep_names.get(w.rel, [])],
-                on_overflow=on_overflow,
-                threads=run.threads,
-                force=replace_ is not None,
-                replaces=replace_ if isinstance(replace_, tuple) else None,
-                progress=step if run.meter.is_on() else None,
-                cancel=run.cancel,
-                warn=warn,
-                tuning=run.tuning,
-            )
-        warnings = [w for w in result["warnings"] if w[0] != "nothing_to_convert"]
-        r = _build(ConvertReport, result, warnings=notices(warnings, u.rel), bytes_in=u.input_bytes)
-        run.meter.finish(u.rel, u.data_bytes)
-        st = os.lstat(out)
-        run.published(u.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
-        shards = None if run.record.shard is None else run.record.shard[1]
-        run.record.files[u.rel].update(entry(u, run.record.options, shards, hashes, out))
-        run.record.save(run.cancel)
-        failpoint("folder-file", run.cancel)
-        reports.append(r)
-    return reports
-
-
 def checked_indexes(dst: str, reshard: Reshard) -> list[tuple[str, bytes]]:
     """The indexes to write, each checked against the shards as written (every tensor where
     it says, every shard tensor listed, the planned total size)."""
-    from .write import check_index
-
     out = []
     for rel, content, weight_map in reshard.indexes():
         total = check_index(dst, rel, weight_map)
@@ -587,23 +530,6 @@ def checked_indexes(dst: str, reshard: Reshard) -> list[tuple[str, bytes]]:
             )
         out.append((rel, content))
     return out
-
-
-def file_report(u: Unit, r: ConvertReport) -> FileReport:
-    """An output shard's line in a folder report."""
-    return FileReport(
-        u.rel,
-        "weights",
-        "converted",
-        u.input_bytes,
-        r.bytes_out,
-        r.tensors_converted,
-        r.tensors_copied,
-        r.seconds,
-        list(r.warnings),
-        r.tensors_kept,
-        r.bytes_kept,
-    )
 
 
 def shard_infos(reshard: Reshard) -> list[dict[str, Any]]:
@@ -645,16 +571,16 @@ def index_infos(reshard: Reshard) -> list[dict[str, Any]]:
 # --- verify across shardings ----------------------------------------------------------------
 
 
-def _stat_file(root: str, rel: str) -> _walk.File:
+def _stat_file(root: str, rel: str) -> File:
     path = os.path.join(root, rel)
     st = os.stat(path)
-    return _walk.File(rel, path, st.st_size, st.st_mtime_ns)
+    return File(rel, path, st.st_size, st.st_mtime_ns)
 
 
 def resharded_pairs(
     dst: str,
-    weights: list[_walk.File],
-    indexes: list[tuple[_walk.File, str, dict[str, str]]],
+    weights: list[File],
+    indexes: list[tuple[File, str, dict[str, str]]],
     found: set[str],
     same: list[tuple[Group, Group]] | None = None,
     name: str | None = None,
@@ -671,7 +597,7 @@ def resharded_pairs(
     dst_indexes = []
     for rel in sorted(r for r in found if r.endswith(_INDEX)):
         f = _stat_file(dst, rel)
-        dst_indexes.append((f, *_walk.read_index(f, names)))
+        dst_indexes.append((f, *read_index(f, names)))
     theirs = {(g.dir, g.stem): g for g in groups_of(dst_weights, dst_indexes)}
     src_maps = {f.rel: m for f, _, m in indexes}
     dst_maps = {f.rel: m for f, _, m in dst_indexes}
@@ -768,11 +694,8 @@ def verify_group(
             )
     # The index first (headers only): a loader finds each tensor through it.
     if d.index is not None:
-        from ..errors import StcastError
-        from .write import check_index
-
         try:
-            _, listed = _walk.read_index(d.index, {f.rel for f in d.inputs})
+            _, listed = read_index(d.index, {f.rel for f in d.inputs})
             total = check_index(dst, d.index.rel, where)
         except StcastError as e:
             return fail(d.index.rel, e.template.removeprefix(f"{_esc(e.path or '')}: "))
@@ -782,9 +705,9 @@ def verify_group(
             said = f"in {_esc(listed[n])}" if n in listed else "nowhere"
             holder = f"{_esc(where[n])} holds it" if n in where else "no DST file holds it"
             return fail(d.index.rel, f"lists tensor `{_esc(n)}` {said}, but {holder}", n)
-        got = _walk.read_bounded(d.index.path, _walk.MAX_JSON_BYTES)
+        got = read_bounded(d.index.path, MAX_JSON_BYTES)
         if loose:
-            _, doc = _walk.read_json(d.index)
+            _, doc = read_json(d.index)
             meta = doc.get("metadata") if isinstance(doc, dict) else None
             if not isinstance(meta, dict) or meta.get("total_size") != total:
                 return fail(

@@ -21,10 +21,22 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core, _engine
 from ..errors import Refused, StcastError
-from ..reports import Mismatch, Notice, VerifyReport, merged_numerics
-from . import ident, jsonedit
-from . import reshard as _reshard
-from . import walk as _walk
+from ..reports import Mismatch, Notice, VerifyReport, _build, merged_numerics
+from .common import MAX_JSON_BYTES, WEIGHTS_SUFFIX, File, check_index, read_bounded
+from .ident import check_side_file, resolve_hub_repo
+from .ident import ident as ident_of
+from .jsonedit import set_dtypes, set_total_size
+from .reshard import (
+    Group,
+    GroupCheck,
+    groups_of,
+    named,
+    resharded_pairs,
+    single_file,
+    source_options,
+    verify_group,
+)
+from .walk import listing, read_index, read_json, walk
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -59,44 +71,44 @@ def verify_folder(
     it: then `key` and `strip_prefix` say how a PyTorch checkpoint was read); see
     `stcast.verify`. With `name`, SRC's one group was re-sharded under that stem."""
     started = time.monotonic()
-    src = ident.resolve_hub_repo(src)
+    src = resolve_hub_repo(src)
     if not os.path.lexists(dst):
         raise Refused(f"{_esc(dst)}: no such folder", path=dst)
     if not os.path.isdir(dst):
         raise Refused(f"{_esc(dst)}: not a folder, while {_esc(src)} is one", path=dst)
-    src_id = ident.ident(os.stat(src))
-    if src_id == ident.ident(os.stat(dst)):
+    src_id = ident_of(os.stat(src))
+    if src_id == ident_of(os.stat(dst)):
         raise Refused(f"{_esc(dst)}: SRC and DST are the same folder", path=dst)
     single = not os.path.isdir(src)  # a file re-sharded into the folder DST
     source: dict[str, Any] = {}
     if single:
         if not stat.S_ISREG(os.stat(src).st_mode):
             raise Refused(f"{_esc(src)}: not a regular file", path=src)
-        source = _reshard.source_options(key, strip_prefix)
+        source = source_options(key, strip_prefix)
     replace = None
     if report is not None:
-        ident.check_side_file(report, "report", [(src, "source"), (dst, "destination")])
+        check_side_file(report, "report", [(src, "source"), (dst, "destination")])
         replace = _core.check_side_output(
             report, "report", force, [(src, "the input"), (dst, "the output")]
         )
     if single:
-        weights = [_reshard.single_file(src)]
-        indexes: list[_walk.File] = []
-        configs: list[_walk.File] = []
-        others: list[_walk.File] = []
+        weights = [single_file(src)]
+        indexes: list[File] = []
+        configs: list[File] = []
+        others: list[File] = []
     else:
-        weights, indexes, configs, others, _, _ = _walk.walk(src)
-    found = set(_walk.listing(dst))
-    dst_weights = any(r.endswith(_walk.WEIGHTS_SUFFIX) for r in found)
+        weights, indexes, configs, others, _, _ = walk(src)
+    found = set(listing(dst))
+    dst_weights = any(r.endswith(WEIGHTS_SUFFIX) for r in found)
     # Checkpoints DST holds sharded differently are paired by tensor name, not by path.
     names = {w.rel for w in weights}
-    parsed = [(f, *_walk.read_index(f, names)) for f in indexes]
-    _reshard.named(_reshard.groups_of(weights, parsed), name)  # one group, or a usage error
-    pairs: list[tuple[_reshard.Group, _reshard.Group]] = []
-    same: list[tuple[_reshard.Group, _reshard.Group]] = []
+    parsed = [(f, *read_index(f, names)) for f in indexes]
+    named(groups_of(weights, parsed), name)  # one group, or a usage error
+    pairs: list[tuple[Group, Group]] = []
+    same: list[tuple[Group, Group]] = []
     first_error = None
     try:
-        pairs = _reshard.resharded_pairs(dst, weights, parsed, found, same, name)
+        pairs = resharded_pairs(dst, weights, parsed, found, same, name)
     except StcastError as e:  # an index of DST that names no file of DST
         rel = os.path.relpath(e.path, dst) if e.path else "."
         # The mismatch names the file: the template need not (it starts with its path).
@@ -115,10 +127,10 @@ def verify_folder(
     # where SRC was cut (its index and shard metadata are then a re-sharding's): checked as
     # one first (the index first, headers only). It is one when that passes, or fails on a
     # tensor (past the index, names and metadata); else it is checked file by file.
-    checked: dict[int, _reshard.GroupCheck] = {}
+    checked: dict[int, GroupCheck] = {}
     for g, d in same if first_error is None else []:
         try:
-            check = _reshard.verify_group(
+            check = verify_group(
                 dst, g, d, loose=loose, options=group_options | {"to": to}, progress=None
             )
         except StcastError:
@@ -212,7 +224,7 @@ def verify_folder(
             if progress is not None:
                 progress(base + d_, total)
 
-        check = checked.get(k) or _reshard.verify_group(
+        check = checked.get(k) or verify_group(
             dst,
             g,
             d,
@@ -277,8 +289,6 @@ def verify_folder(
 
 def _engine_report(r: dict[str, Any]) -> VerifyReport:
     """A verify report from the engine's dict (as `_engine.verify_file` builds it)."""
-    from ..reports import _build
-
     m = r["mismatch"]
     if m is None:
         return _build(VerifyReport, r, mismatch=None)
@@ -291,21 +301,23 @@ def _data_bytes(path: str) -> int:
     PyTorch checkpoint, its size), 0 when it cannot be read (the verification then says
     why). Only progress counts it."""
     try:
-        with open(path, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            size = os.fstat(f.fileno()).st_size
-            return size - 8 - n if 8 + n <= size else size
+        size = os.stat(path).st_size
     except OSError:
         return 0
+    try:
+        header_len = _core.read_header(path)[0]
+    except (StcastError, OSError):
+        return size
+    return size - 8 - header_len
 
 
 def _check_others(
     src: str,
     dst: str,
     to: Target,
-    indexes: list[_walk.File],
-    configs: list[_walk.File],
-    others: list[_walk.File],
+    indexes: list[File],
+    configs: list[File],
+    others: list[File],
     fail: Callable[[str, str], Mismatch],
     loose: bool = False,
 ) -> Mismatch | None:
@@ -316,23 +328,22 @@ def _check_others(
             return fail(f.rel, "differs from the file in SRC (copies must be byte for byte)")
     torch_name = _core.TARGET_TORCH_NAMES.get(to)
     for f in configs:
-        text, _ = _walk.read_json(f)
-        want = None if torch_name is None else jsonedit.set_dtypes(text, torch_name)
+        text, _ = read_json(f)
+        want = None if torch_name is None else set_dtypes(text, torch_name)
         want_bytes = want if want is not None else text.encode("utf-8")
-        got = _walk.read_bounded(os.path.join(dst, f.rel), _walk.MAX_JSON_BYTES)
+        got = read_bounded(os.path.join(dst, f.rel), MAX_JSON_BYTES)
         if not _same_json(got, want_bytes, loose):
             return fail(f.rel, "is not SRC's config with the dtype set to the target")
-    found = {w.rel for w in _walk.walk(src)[0]} if indexes else set()
+    found = {w.rel for w in walk(src)[0]} if indexes else set()
     for f in indexes:
-        text, weight_map = _walk.read_index(f, found)
-        from .write import check_index
+        text, weight_map = read_index(f, found)
 
         try:
             total = check_index(dst, f.rel, weight_map)
         except StcastError as e:  # the shards do not hold what the index says
             return fail(f.rel, e.template)
-        want = jsonedit.set_total_size(text, total)
-        got = _walk.read_bounded(os.path.join(dst, f.rel), _walk.MAX_JSON_BYTES)
+        want = set_total_size(text, total)
+        got = read_bounded(os.path.join(dst, f.rel), MAX_JSON_BYTES)
         if not _same_json(got, want, loose):
             return fail(f.rel, "is not SRC's index with the total size of DST's shards")
     return None

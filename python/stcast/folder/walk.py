@@ -9,11 +9,14 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from .. import _core, _engine
 from ..errors import Cancelled, InvalidInput, Refused
-from . import jsonedit
+from .common import INDEX_SUFFIX, MAX_JSON_BYTES, WEIGHTS_SUFFIX, File, read_bounded, source_sha256
+from .ident import chain, is_hub_blob, within
+from .ident import ident as ident_of
+from .jsonedit import MAX_DEPTH, depth, rename_shards, set_dtypes
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -30,8 +33,6 @@ BOOKKEEPING_PREFIX = ".stcast-"
 # under .cache/huggingface/: wrong for the converted ones.
 _SKIPPED_DIRS = frozenset({".git"})
 _SKIPPED_TOP_DIRS = frozenset({".git", ".cache"})
-WEIGHTS_SUFFIX = ".safetensors"
-INDEX_SUFFIX = ".safetensors.index.json"
 CONFIG_NAME = "config.json"
 # PyTorch weight files of the Hugging Face layouts (transformers, diffusers, PEFT), their
 # indexes, and the safetensors names the libraries load instead: `pytorch_model.bin` ->
@@ -56,30 +57,7 @@ _TRAINER_STATE = re.compile(
 _SHARD_SUFFIX = re.compile(r"-\d+-of-\d+$")
 # Files a loader reads first to decide that a folder is a checkpoint: written last.
 _PUBLISH_LAST_NAMES = frozenset({CONFIG_NAME, "model_index.json"})
-# Configs and indexes above this size are not what they claim to be.
-MAX_JSON_BYTES = 256 << 20
-
 _esc = _core.escape
-
-
-@dataclass(frozen=True)
-class File:
-    """A regular file of the source folder (possibly reached through a symlink).
-
-    `rel` is where it goes in the destination; a PyTorch weight file or index, renamed
-    there (`pytorch_model.bin` -> `model.safetensors`), has its own path in `src_rel`.
-    """
-
-    rel: str  # relative path in the destination, "/"-separated
-    path: str  # the file in the source folder
-    size: int
-    mtime_ns: int
-    src_rel: str | None = None  # relative path in the source, when not `rel`
-
-    @property
-    def source_rel(self) -> str:
-        """Its relative path in the source folder."""
-        return self.src_rel if self.src_rel is not None else self.rel
 
 
 class Walked(NamedTuple):
@@ -145,8 +123,6 @@ def plan(
     cancel: CancelFlag | None = None,
 ) -> Plan:
     """Walk `src` and plan every file, refusing what cannot be converted safely."""
-    from .manifest import source_sha256
-
     precision = precision or {}
     weights, indexes, configs, others, dirs, skipped = walk(src, follow_links)
     if not weights:
@@ -169,9 +145,7 @@ def plan(
             quantization_config = f
         # `keep` changes no dtype: the config is copied as it is.
         torch_name = _core.TARGET_TORCH_NAMES.get(to)
-        new_configs.append(
-            (f, None if torch_name is None else jsonedit.set_dtypes(text, torch_name))
-        )
+        new_configs.append((f, None if torch_name is None else set_dtypes(text, torch_name)))
 
     info: dict[str, InspectReport] = {}
     hashes = {}
@@ -250,9 +224,7 @@ def walk(src: str, follow_links: bool = False) -> Walked:
     carry a copy of `/etc/shadow`. Links to folders are followed only with `follow_links`,
     and never round a loop. Special files are refused.
     """
-    from . import ident
-
-    src_id = ident.ident(os.stat(src))
+    src_id = ident_of(os.stat(src))
     weights, indexes, configs, others, dirs = [], [], [], [], []
     torch_files: list[File] = []
     skipped: list[tuple[File, str]] = []
@@ -268,7 +240,7 @@ def walk(src: str, follow_links: bool = False) -> Walked:
                 continue
             if e.is_dir(follow_symlinks=False):
                 if e.name not in (_SKIPPED_DIRS if rel_dir else _SKIPPED_TOP_DIRS):
-                    d = ident.ident(e.stat(follow_symlinks=False))
+                    d = ident_of(e.stat(follow_symlinks=False))
                     seen_dirs.add(d)
                     dirs.append(rel)
                     pending.append((rel, d))
@@ -280,9 +252,7 @@ def walk(src: str, follow_links: bool = False) -> Walked:
                 raise InvalidInput(f"{_esc(e.path)}: broken symlink", path=e.path) from None
             if link and not follow_links:
                 target = os.path.realpath(e.path)
-                if stat.S_ISDIR(st.st_mode) or not (
-                    ident.within(target, src_id) or ident.is_hub_blob(target)
-                ):
+                if stat.S_ISDIR(st.st_mode) or not (within(target, src_id) or is_hub_blob(target)):
                     what = "a folder" if stat.S_ISDIR(st.st_mode) else "a file"
                     raise Refused(
                         f"{_esc(e.path)}: a symlink to {what} outside the source folder "
@@ -291,8 +261,8 @@ def walk(src: str, follow_links: bool = False) -> Walked:
                         path=e.path,
                     )
             if stat.S_ISDIR(st.st_mode):
-                d = ident.ident(st)
-                if d in seen_dirs or src_id in ident.chain(e.path):
+                d = ident_of(st)
+                if d in seen_dirs or src_id in chain(e.path):
                     raise Refused(
                         f"{_esc(e.path)}: a symlink to a folder already walked (a loop)",
                         path=e.path,
@@ -464,46 +434,6 @@ def _by_rel(f: File) -> str:
     return f.rel
 
 
-def read_bounded(path: str, limit: int) -> bytes:
-    """The whole content of the regular file `path`, refusing one over `limit` bytes.
-
-    Exactly the size `fstat` gives is read: a file that yields more (a pseudo-file of
-    /proc reports 0 bytes) or fewer (truncated meanwhile) is refused, naming it.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise Refused(f"{_esc(path)}: not a regular file", path=path)
-        if st.st_size > limit:
-            raise Refused(
-                f"{_esc(path)}: {_core.format_bytes(st.st_size)}, more than the "
-                f"{_core.format_bytes(limit)} a file of this kind may have",
-                path=path,
-            )
-        chunks, left = [], st.st_size + 1  # one byte more reveals a file that grew
-        while left > 0:
-            try:
-                # At least a page: some /proc files refuse reads of odd sizes (EINVAL).
-                chunk = os.read(fd, max(min(left, 1 << 20), 4096))
-            except OSError as e:  # named: /proc/self/pagemap refuses odd sizes (EINVAL)
-                raise OSError(e.errno, e.strerror, path) from None
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        data = b"".join(chunks)
-    finally:
-        os.close(fd)
-    if len(data) != st.st_size:
-        raise InvalidInput(
-            f"{_esc(path)}: its size says {st.st_size} bytes, reading it gave "
-            f"{'more' if len(data) > st.st_size else len(data)}",
-            path=path,
-        )
-    return data
-
-
 def read_json(f: File) -> tuple[str, Any]:
     """The text and the parsed document of a JSON file, refusing invalid or deep ones."""
     raw = read_bounded(f.path, MAX_JSON_BYTES)
@@ -514,9 +444,9 @@ def read_json(f: File) -> tuple[str, Any]:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise InvalidInput(f"{_esc(f.path)}: not valid JSON: {_esc(reason)}", path=f.path) from None
     # The walks over it below recurse: bound the depth once, here.
-    if jsonedit.depth(doc) > jsonedit.MAX_DEPTH:
+    if depth(doc) > MAX_DEPTH:
         raise InvalidInput(
-            f"{_esc(f.path)}: JSON nested deeper than {jsonedit.MAX_DEPTH} levels", path=f.path
+            f"{_esc(f.path)}: JSON nested deeper than {MAX_DEPTH} levels", path=f.path
         )
     return text, doc
 
@@ -565,7 +495,7 @@ def read_index(f: File, found: set[str]) -> tuple[str, dict[str, str]]:
             )
         out[tensor] = rel
     if renames:
-        text = jsonedit.rename_shards(text, renames)
+        text = rename_shards(text, renames)
     return text, out
 
 
@@ -665,7 +595,17 @@ def _quantized_error(path: str, why: str) -> Refused:
     )
 
 
-def assign_shards(weights: Sequence[File | Unit], n: int) -> dict[str, int]:
+class _Sized(Protocol):
+    """What `assign_shards` balances: a work item (see `work.Item`), or a file."""
+
+    @property
+    def rel(self) -> str: ...
+
+    @property
+    def size(self) -> int: ...
+
+
+def assign_shards(weights: Sequence[_Sized], n: int) -> dict[str, int]:
     """Split the units (weight files, or output shards) into `n` shards of similar size:
     rel path -> shard (1-based).
 

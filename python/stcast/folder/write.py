@@ -15,11 +15,11 @@ import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .. import _core, _engine
-from ..errors import Cancelled, InvalidInput, Refused
+from .. import _core
+from ..errors import Refused
 from ..reports import FileReport
-from . import jsonedit
-from . import manifest as _manifest
+from .common import check_cancel, ensure_dir, failpoint, out_path
+from .manifest import remove as remove_manifest
 from .walk import File, Plan
 
 if TYPE_CHECKING:
@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
     from .._engine import CancelFlag, Progress
     from .._types import FileAction, Target
-    from ..reports import ConvertReport
     from .manifest import Manifest
+    from .work import Work
 
 _esc = _core.escape
 
@@ -108,71 +108,7 @@ class Run:
         self.ours[rel] = identity[:2]
 
 
-def convert_files(run: Run, plan: Plan, todo: list[File]) -> list[ConvertReport]:
-    """Convert the files one after another (all cores on each), recording each when done."""
-    reports = []
-    for w in todo:
-        check_cancel(run.cancel)
-        out = out_path(run.dst, w.rel)
-        size = plan.info[w.rel].data_bytes
-        # The engine replaces only as this run may: see Run.replace_for.
-        replace = run.replace_for(w.rel)
-
-        def step(done: int, total: int, rel: str = w.rel) -> None:
-            run.meter.step(rel, done, total)
-
-        run.meter.step(w.rel, 0, size)
-        # Unmatched keep patterns were judged over the whole folder (in walk.plan).
-        r = _engine.convert_file(
-            w.path,
-            out,
-            to=run.to,
-            threads=run.threads,
-            force=replace is not None,
-            replaces=None if replace in (None, "any") else replace,
-            # A folder partly converted already is fine: its files pass as they are.
-            allow_copy=True,
-            progress=step if run.meter.is_on() else None,
-            cancel=run.cancel,
-            keep=run.precision.get("keep", []),
-            keep_min_size=run.precision.get("keep_min_size", 0),
-            from_bf16=run.precision.get("from_bf16", False),
-            on_overflow=run.precision.get("on_overflow", "warn"),
-            keep_unmatched="ignore",
-            tuning=run.tuning,
-            warn_path=w.source_rel,
-            # The user's call: convert, convert_folder, convert_files, here.
-            stacklevel=5,
-        )
-        run.meter.finish(w.rel, size)
-        st = os.lstat(out)
-        run.published(w.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
-        run.record.files[w.rel].update(run.record.weights_entry(w, plan.header_sha256[w.rel]))
-        run.record.save(run.cancel)
-        failpoint("folder-file", run.cancel)
-        reports.append(r)
-    return reports
-
-
-def file_report(w: File, r: ConvertReport) -> FileReport:
-    """A converted file's line in a folder report."""
-    return FileReport(
-        w.rel,
-        "weights",
-        "converted",
-        r.bytes_in,
-        r.bytes_out,
-        r.tensors_converted,
-        r.tensors_copied,
-        r.seconds,
-        list(r.warnings),
-        r.tensors_kept,
-        r.bytes_kept,
-        source=w.src_rel,
-    )
-
-
-def publish(run: Run, plan: Plan) -> list[FileReport]:
+def publish(run: Run, plan: Plan, work: Work) -> list[FileReport]:
     """Copy the other files, then write configs and indexes: a loader's cues come last."""
     reports = []
     dst, meter, cancel = run.dst, run.meter, run.cancel
@@ -189,22 +125,7 @@ def publish(run: Run, plan: Plan) -> list[FileReport]:
     # Before a loader's cues appear: every file written is still the one written, and the
     # indexes agree with the shards (from the shards as written: what a loader will find).
     recheck(run)
-    # Each index: its path, content, source size (None: new) and source path (if renamed).
-    indexes: list[tuple[str, bytes, int | None, str | None]]
-    if plan.reshard is not None:
-        from .reshard import checked_indexes
-
-        indexes = [(rel, text, None, None) for rel, text in checked_indexes(dst, plan.reshard)]
-    else:
-        indexes = [
-            (
-                f.rel,
-                jsonedit.set_total_size(text, check_index(dst, f.rel, weight_map)),
-                f.size,
-                f.src_rel,
-            )
-            for f, text, weight_map in plan.indexes
-        ]
+    indexes = work.checked_indexes(dst)
     for f in plan.late_copies:
         _copy(run, f, "copy", None)
         reports.append(FileReport(f.rel, "copy", "copied", f.size, f.size))
@@ -272,36 +193,6 @@ def _write(run: Run, rel: str, kind: str, content: bytes) -> None:
     run.published(rel, kind, identity)
 
 
-def check_index(dst: str, rel: str, weight_map: dict[str, str]) -> int:
-    """The index at `rel` against the shards written: every tensor where it says, every
-    shard tensor listed; returns the total size of the tensors (the index's total_size)."""
-    total = 0
-    shards: dict[str, set[str]] = {}
-    for shard in sorted(set(weight_map.values())):
-        # Only the header is read (and validated), without a report per tensor.
-        written = _core.ShardGroup([os.path.join(dst, shard)])
-        shards[shard] = set(written.names())
-        total += sum(written.sizes())
-    for tensor, shard in weight_map.items():
-        if tensor not in shards[shard]:
-            raise InvalidInput(
-                f"{_esc(os.path.join(dst, shard))}: the index {_esc(rel)} lists tensor "
-                f"`{_esc(tensor)}` there, but the file written does not hold it (was the "
-                "source changed during the run?)",
-                path=os.path.join(dst, shard),
-            )
-    for shard, names in shards.items():
-        for tensor in sorted(names):
-            if weight_map.get(tensor) != shard:
-                raise InvalidInput(
-                    f"{_esc(os.path.join(dst, shard))}: holds tensor `{_esc(tensor)}`, which "
-                    f"the index {_esc(rel)} does not list there (was the source changed "
-                    "during the run?)",
-                    path=os.path.join(dst, shard),
-                )
-    return total
-
-
 def recheck(run: Run) -> None:
     """Before declaring success: every file this run wrote is still the one it wrote."""
     for rel, entry in run.record.files.items():
@@ -358,46 +249,7 @@ def _unlink_if(run: Run, rel: str, identity: tuple[int, int] | None) -> bool | N
     return True
 
 
-def out_path(dst: str, rel: str) -> str:
-    """Where `rel` goes in `dst`, its folders created."""
-    return os.path.join(ensure_dir(dst, os.path.dirname(rel)), os.path.basename(rel))
-
-
-def ensure_dir(dst: str, rel_dir: str) -> str:
-    """`dst/rel_dir`, created as needed; an existing link or file on the way is refused.
-
-    So nothing is written outside `dst`, whatever a previous occupant of the folder left.
-    """
-    path = dst
-    for part in rel_dir.split("/") if rel_dir else []:
-        path = os.path.join(path, part)
-        try:
-            os.mkdir(path)
-        except FileExistsError:
-            if not stat.S_ISDIR(os.lstat(path).st_mode):
-                raise Refused(
-                    f"{_esc(path)}: exists and is not a folder (stcast does not write "
-                    "through links)",
-                    path=path,
-                ) from None
-    return path
-
-
-def failpoint(name: str, cancel: CancelFlag | None) -> None:
-    """A test hook (see rust/failpoint.rs); a stop request it caused wins over its error."""
-    try:
-        _core.failpoint(name)
-    except OSError:
-        check_cancel(cancel)
-        raise
-
-
-def check_cancel(cancel: CancelFlag | None) -> None:
-    if cancel is not None and cancel.is_set():
-        raise Cancelled("conversion cancelled")
-
-
 def remove_own(run: Run, manifests: list[Manifest]) -> None:
     """At completion: the manifests go, so that the folder holds no stcast files."""
     for m in manifests:
-        _manifest.remove(m)
+        remove_manifest(m)
