@@ -103,11 +103,15 @@ impl Default for Options {
     }
 }
 
-/// What a finished conversion did.
-#[derive(Clone, Debug)]
+/// What a finished conversion did (serialized without its paths and numerics, which the
+/// adapter adds as Python holds them).
+#[derive(Clone, Debug, serde::Serialize)]
 pub struct Report {
+    #[serde(skip)]
     pub src: PathBuf,
+    #[serde(skip)]
     pub dst: PathBuf,
+    #[serde(rename = "to")]
     pub target: Target,
     pub tensors_converted: usize,
     /// Tensors copied, the kept ones included.
@@ -127,7 +131,9 @@ pub struct Report {
     pub warnings: Vec<Warning>,
     /// What rounding did to each converted tensor, in output order (empty without
     /// `Options::numerics`), and to all of them.
+    #[serde(skip)]
     pub numerics: Vec<(String, Numerics)>,
+    #[serde(skip)]
     pub numerics_total: Numerics,
 }
 

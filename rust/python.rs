@@ -7,22 +7,21 @@
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
-use crate::convert::{Options, Report, Tuning};
-use crate::error::{Error, Warning};
+use crate::convert::{Options, Tuning};
+use crate::error::Error;
 use crate::input::InputOptions;
 use crate::kernels::Isa;
 use crate::numerics::Numerics;
 use crate::output::{self, Replace};
-use crate::plan::{KeptTensor, PlanOptions};
-use crate::scan::Scanned;
+use crate::plan::PlanOptions;
 use crate::shard::{self, Group};
-use crate::task::{ConvertTask, InspectTask, Inspection, Task};
+use crate::task::{ConvertTask, InspectTask, Task};
 use crate::text;
 use crate::verify::{Verifier, VerifyOptions, VerifyReport};
 use crate::vocab::{
@@ -372,8 +371,11 @@ fn finish_convert<'py>(
     hooks.run(py, || task.seal())?;
     // The last chance to stop: a signal or cancel until here leaves nothing behind.
     hooks.visit(py, &mut task)?;
-    let report = hooks.run(py, move || task.publish())?;
-    report_dict(py, &report, numerics)
+    let r = hooks.run(py, move || task.publish())?;
+    let d = crossed(py, &r, &[("src", &r.src), ("dst", &r.dst)])?;
+    let measured = numerics.then(|| numerics_dict(py, &r.numerics, &r.numerics_total));
+    d.set_item("numerics", measured.transpose()?)?;
+    Ok(d)
 }
 
 /// The input files of one re-sharded group, opened and validated (`shard::Group`).
@@ -429,32 +431,7 @@ impl ShardGroup {
         let mut opts = plan_options(py, to, keep, keep_min_size, "ignore", from_bf16)?;
         opts.keep_names = keep_names.into_iter().collect();
         let plan = guarded(py, || self.group.plan(max_size, &opts))?;
-        let d = PyDict::new(py);
-        d.set_item("indexed", plan.indexed)?;
-        d.set_item("warnings", warnings_list(py, &plan.warnings)?)?;
-        d.set_item("keep_unmatched", PyList::new(py, &plan.keep_unmatched)?)?;
-        let shards = PyList::empty(py);
-        for s in &plan.shards {
-            let e = PyDict::new(py);
-            let names: Vec<&str> = s
-                .tensors
-                .iter()
-                .map(|&t| self.group.tensor(t).name.as_str())
-                .collect();
-            let mut inputs: Vec<usize> = s.tensors.iter().map(|t| t.0).collect();
-            inputs.dedup();
-            e.set_item("tensors", PyList::new(py, names)?)?;
-            e.set_item("inputs", inputs)?;
-            e.set_item("file_bytes", s.file_len)?;
-            e.set_item("data_bytes", s.data_in)?;
-            e.set_item("target_bytes", s.data_out)?;
-            e.set_item("header_sha256", &s.header_sha256)?;
-            e.set_item("tensors_converted", s.converted)?;
-            e.set_item("tensors_kept", s.kept)?;
-            shards.append(e)?;
-        }
-        d.set_item("shards", shards)?;
-        Ok(d)
+        crossed(py, &self.group.rows(&plan), &[])
     }
 }
 
@@ -604,52 +581,18 @@ fn index_file_name(stem: &str) -> String {
     shard::index_file_name(stem)
 }
 
-fn warnings_list<'py>(py: Python<'py>, ws: &[Warning]) -> PyResult<Bound<'py, PyList>> {
-    let list = PyList::empty(py);
-    for w in ws {
-        list.append((w.kind.name(), &w.text))?;
+/// An engine report as a dict (its serde form, once), with its paths as Python holds them
+/// (any bytes: serde would refuse a path that is not UTF-8).
+fn crossed<'py>(
+    py: Python<'py>,
+    value: &impl serde::Serialize,
+    paths: &[(&str, &Path)],
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = pythonize::pythonize(py, value)?.cast_into::<PyDict>()?;
+    for (k, p) in paths {
+        d.set_item(*k, p.as_os_str())?;
     }
-    Ok(list)
-}
-
-fn report_dict<'py>(py: Python<'py>, r: &Report, numerics: bool) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("src", r.src.as_os_str())?;
-    d.set_item("dst", r.dst.as_os_str())?;
-    d.set_item("to", r.target.name())?;
-    d.set_item("tensors_converted", r.tensors_converted)?;
-    d.set_item("tensors_copied", r.tensors_copied)?;
-    d.set_item("bytes_in", r.bytes_in)?;
-    d.set_item("bytes_out", r.bytes_out)?;
-    d.set_item("seconds", r.seconds)?;
-    d.set_item("threads", r.threads)?;
-    d.set_item("isa", r.isa.name())?;
-    d.set_item("warnings", warnings_list(py, &r.warnings)?)?;
-    d.set_item("tensors_kept", r.tensors_kept)?;
-    d.set_item("bytes_kept", r.bytes_kept)?;
-    d.set_item("kept", kept_list(py, &r.kept)?)?;
-    d.set_item("on_overflow", r.on_overflow.name())?;
-    let measured = if numerics {
-        Some(numerics_dict(py, &r.numerics, &r.numerics_total)?)
-    } else {
-        None
-    };
-    d.set_item("numerics", measured)?;
     Ok(d)
-}
-
-fn kept_list<'py>(py: Python<'py>, kept: &[KeptTensor]) -> PyResult<Bound<'py, PyList>> {
-    let list = PyList::empty(py);
-    for k in kept {
-        let e = PyDict::new(py);
-        e.set_item("name", &k.name)?;
-        e.set_item("dtype", k.dtype.to_string())?;
-        e.set_item("bytes", k.bytes)?;
-        e.set_item("reason", k.reason.code().name())?;
-        e.set_item("pattern", k.reason.pattern())?;
-        list.append(e)?;
-    }
-    Ok(list)
 }
 
 /// `{"tensors": TensorNumerics, "total": {counts and errors}}`.
@@ -663,7 +606,7 @@ fn numerics_dict<'py>(
     };
     let d = PyDict::new(py);
     d.set_item("tensors", Bound::new(py, rows)?)?;
-    d.set_item("total", numerics_fields(py, None, total)?)?;
+    d.set_item("total", pythonize::pythonize(py, total)?)?;
     Ok(d)
 }
 
@@ -690,8 +633,7 @@ impl TensorNumerics {
             let list = PyList::empty(py);
             let mut i = ix.start;
             for _ in 0..ix.slicelength {
-                let (name, n) = &self.rows[i as usize];
-                list.append(numerics_fields(py, Some(name), n)?)?;
+                list.append(row(py, &self.rows[i as usize])?)?;
                 i += ix.step;
             }
             return Ok(list.into_any());
@@ -708,15 +650,14 @@ impl TensorNumerics {
         if !(0..len).contains(&at) {
             return Err(out_of_range());
         }
-        let (name, n) = &self.rows[at as usize];
-        Ok(numerics_fields(py, Some(name), n)?.into_any())
+        row(py, &self.rows[at as usize])
     }
 
     /// Every row as a list of dicts.
     fn tolist<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let list = PyList::empty(py);
-        for (name, n) in &self.rows {
-            list.append(numerics_fields(py, Some(name), n)?)?;
+        for r in &self.rows {
+            list.append(row(py, r)?)?;
         }
         Ok(list)
     }
@@ -757,25 +698,15 @@ impl TensorNumerics {
     }
 }
 
-/// One `Numerics` as a dict of its counts and errors, with the tensor name when given.
-fn numerics_fields<'py>(
-    py: Python<'py>,
-    name: Option<&str>,
-    n: &Numerics,
-) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    if let Some(name) = name {
-        d.set_item("name", name)?;
+/// One tensor's `Numerics` as a dict: its name, then its counts and errors.
+fn row<'py>(py: Python<'py>, (name, n): &(String, Numerics)) -> PyResult<Bound<'py, PyAny>> {
+    #[derive(serde::Serialize)]
+    struct Row<'a> {
+        name: &'a str,
+        #[serde(flatten)]
+        n: &'a Numerics,
     }
-    d.set_item("elements", n.elements)?;
-    d.set_item("overflow", n.overflow)?;
-    d.set_item("underflow_to_zero", n.underflow_to_zero)?;
-    d.set_item("subnormal", n.subnormal)?;
-    d.set_item("nan_in", n.nan_in)?;
-    d.set_item("inf_in", n.inf_in)?;
-    d.set_item("max_abs_error", n.max_abs_error)?;
-    d.set_item("max_rel_error", n.max_rel_error)?;
-    Ok(d)
+    Ok(pythonize::pythonize(py, &Row { name, n })?)
 }
 
 #[pyfunction]
@@ -828,101 +759,7 @@ fn py_inspect<'py>(
     };
     hooks.drive(py, &mut task)?;
     let found = guarded(py, move || task.finish())?;
-    inspect_dict(py, &found)
-}
-
-/// The input formats reports name (`_types.InputFormat`), and the name of one.
-const INPUT_FORMATS: &[&str] = &["safetensors", "pytorch", "pytorch-legacy"];
-
-fn format_name(f: crate::torch::Format) -> &'static str {
-    use crate::torch::Format;
-    match f {
-        Format::TorchZip => INPUT_FORMATS[1],
-        Format::TorchLegacy => INPUT_FORMATS[2],
-        _ => INPUT_FORMATS[0],
-    }
-}
-
-fn inspect_dict<'py>(py: Python<'py>, found: &Inspection) -> PyResult<Bound<'py, PyDict>> {
-    let (src, plan) = (&found.source, &found.plan);
-    let h = &src.header;
-    let d = PyDict::new(py);
-    d.set_item("path", src.path.as_os_str())?;
-    d.set_item("format", format_name(src.format()))?;
-    match &src.origin {
-        Some(o) => {
-            d.set_item("key", &o.key)?;
-            d.set_item("skipped", PyList::new(py, &o.skipped)?)?;
-            d.set_item("globals", PyList::new(py, &o.globals)?)?;
-            d.set_item("unlisted", PyList::new(py, &o.unlisted)?)?;
-        }
-        None => {
-            d.set_item("key", py.None())?;
-            d.set_item("skipped", PyList::empty(py))?;
-            d.set_item("globals", PyList::empty(py))?;
-            d.set_item("unlisted", PyList::empty(py))?;
-        }
-    }
-    d.set_item("header_bytes", h.header_len)?;
-    d.set_item("data_bytes", h.data_len())?;
-    d.set_item("file_bytes", src.file_bytes())?;
-    match &h.metadata {
-        Some(meta) => {
-            let m = PyDict::new(py);
-            for (k, v) in meta {
-                m.set_item(k, v)?;
-            }
-            d.set_item("metadata", m)?;
-        }
-        None => d.set_item("metadata", py.None())?,
-    }
-    // The plan is in output order; report tensors in input order with their fate.
-    let mut fate = vec![None; h.tensors.len()];
-    for t in &plan.tensors {
-        fate[t.source] = Some(t);
-    }
-    let mut measured: Vec<Option<&Numerics>> = vec![None; h.tensors.len()];
-    for t in found.scanned.as_deref().unwrap_or_default() {
-        let t: &Scanned = t;
-        measured[t.source] = t.numerics.as_ref();
-    }
-    let tensors = PyList::empty(py);
-    for (i, (t, planned)) in h.tensors.iter().zip(fate).enumerate() {
-        let planned = planned.expect("every source tensor is planned");
-        let e = PyDict::new(py);
-        e.set_item("name", &t.name)?;
-        e.set_item("dtype", t.dtype.to_string())?;
-        e.set_item("shape", &t.shape)?;
-        e.set_item("bytes", t.len())?;
-        e.set_item("data_offsets", [t.start, t.end])?;
-        e.set_item("target_dtype", planned.dtype.to_string())?;
-        e.set_item("target_bytes", planned.end - planned.start)?;
-        let action = match planned.action {
-            crate::dtype::Action::Copy => "copy",
-            crate::dtype::Action::Convert(_) => "convert",
-        };
-        e.set_item("action", action)?;
-        e.set_item("target_offsets", [planned.start, planned.end])?;
-        e.set_item("reason", plan.reasons[i].code().name())?;
-        e.set_item("pattern", plan.reasons[i].pattern())?;
-        match measured[i] {
-            Some(n) => e.set_item("numerics", numerics_fields(py, None, n)?)?,
-            None => e.set_item("numerics", py.None())?,
-        }
-        tensors.append(e)?;
-    }
-    d.set_item("tensors", tensors)?;
-    d.set_item("output_bytes", plan.file_len())?;
-    d.set_item("output_header_sha256", text::sha256_hex(&plan.header))?;
-    d.set_item("to", plan.target.name())?;
-    d.set_item("warnings", warnings_list(py, &plan.warnings)?)?;
-    d.set_item("tensors_converted", plan.converted())?;
-    d.set_item("tensors_copied", plan.tensors.len() - plan.converted())?;
-    d.set_item("tensors_kept", plan.kept())?;
-    d.set_item("bytes_kept", plan.kept_bytes())?;
-    d.set_item("keep_unmatched", PyList::new(py, &plan.keep_unmatched)?)?;
-    d.set_item("scanned", found.scanned.is_some())?;
-    Ok(d)
+    crossed(py, &found.rows(), &[("path", &found.source.path)])
 }
 
 #[pyfunction]
@@ -1016,39 +853,12 @@ fn verify_dict<'py>(
     r: &VerifyReport,
     numerics: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("src", r.src.as_os_str())?;
-    d.set_item("dst", r.dst.as_os_str())?;
+    let d = crossed(py, r, &[("src", &r.src), ("dst", &r.dst)])?;
     d.set_item("ok", r.is_ok())?;
-    d.set_item("loose", r.loose)?;
-    d.set_item("tensors_converted", r.tensors_converted)?;
-    d.set_item("tensors_identical", r.tensors_identical)?;
-    d.set_item("bytes_compared", r.bytes_compared)?;
-    d.set_item("seconds", r.seconds)?;
-    d.set_item("threads", r.threads)?;
-    d.set_item("isa", r.isa.name())?;
-    match &r.mismatch {
-        None => d.set_item("mismatch", py.None())?,
-        Some(m) => {
-            let e = PyDict::new(py);
-            e.set_item("message", &m.message)?;
-            e.set_item("tensor", &m.tensor)?;
-            e.set_item("index", m.index)?;
-            e.set_item("source_bits", &m.source_bits)?;
-            e.set_item("source_value", m.source_value)?;
-            e.set_item("expected_bits", &m.expected_bits)?;
-            e.set_item("found_bits", &m.found_bits)?;
-            d.set_item("mismatch", e)?;
-        }
-    }
-    d.set_item("to", r.to.map(Target::name))?;
     // Only a verified pair has the numbers of a conversion.
-    let measured = if numerics && r.is_ok() {
-        Some(numerics_dict(py, &r.numerics, &r.numerics_total)?)
-    } else {
-        None
-    };
-    d.set_item("numerics", measured)?;
+    let measured =
+        (numerics && r.is_ok()).then(|| numerics_dict(py, &r.numerics, &r.numerics_total));
+    d.set_item("numerics", measured.transpose()?)?;
     Ok(d)
 }
 
@@ -1299,7 +1109,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ERROR_KINDS", names(py, ErrorKind::NAMES)?)?;
     m.add("WARNING_KINDS", names(py, WarningKind::NAMES)?)?;
     m.add("OPTIONS", names(py, OptionName::NAMES)?)?;
-    m.add("INPUT_FORMATS", names(py, INPUT_FORMATS)?)?;
+    m.add("INPUT_FORMATS", names(py, vocab::InputFormat::NAMES)?)?;
     m.add("ON_OVERFLOW", names(py, OnOverflow::NAMES)?)?;
     m.add("UNMATCHED", names(py, Unmatched::NAMES)?)?;
     m.add("READ_ADVICE", names(py, ReadAdvice::NAMES)?)?;

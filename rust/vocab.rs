@@ -40,7 +40,36 @@ macro_rules! named {
                 }
             }
         }
+
+        /// Reports carry the stable name.
+        impl serde::Serialize for $ty {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.name())
+            }
+        }
     };
+}
+
+named! {
+    /// The input formats reports name (`InspectReport.format`).
+    pub enum InputFormat {
+        Safetensors = "safetensors",
+        Pytorch = "pytorch",
+        PytorchLegacy = "pytorch-legacy",
+    }
+}
+
+impl InputFormat {
+    /// The name reports give a file of this format (what is not PyTorch was read as
+    /// safetensors).
+    pub fn of(f: crate::torch::Format) -> InputFormat {
+        use crate::torch::Format;
+        match f {
+            Format::TorchZip => InputFormat::Pytorch,
+            Format::TorchLegacy => InputFormat::PytorchLegacy,
+            _ => InputFormat::Safetensors,
+        }
+    }
 }
 
 named! {

@@ -1,21 +1,10 @@
 """The native engine (rust/python.rs). Private: use the `stcast` package instead."""
 
 from collections.abc import Sequence
-from typing import Any, Callable, Protocol, TypedDict, final, overload
+from typing import Any, Callable, Protocol, final, overload
 
-from stcast._types import (
-    Action,
-    InputFormat,
-    KeptTensor,
-    Numerics,
-    NumericsTotal,
-    OnOverflow,
-    Reason,
-    Target,
-)
-from stcast._types import (
-    TensorNumerics as _Row,
-)
+from stcast._types import Numerics
+from stcast._types import TensorNumerics as _Row
 
 __all__ = [
     "__version__",
@@ -84,87 +73,10 @@ DEFAULT_WINDOW_MIB: int
 class _CancelFlag(Protocol):
     def is_set(self) -> bool: ...
 
-# Warnings come as (kind, template) pairs; see stcast.errors.render.
-_Warning = tuple[str, str]
-
-class _ConvertResult(TypedDict):
-    src: str
-    dst: str
-    to: Target
-    tensors_converted: int
-    tensors_copied: int
-    bytes_in: int
-    bytes_out: int
-    seconds: float
-    threads: int
-    isa: str
-    warnings: list[_Warning]
-    tensors_kept: int
-    bytes_kept: int
-    kept: list[KeptTensor]
-    on_overflow: OnOverflow
-    numerics: Numerics | None
-
-class _TensorResult(TypedDict):
-    name: str
-    dtype: str
-    shape: list[int]
-    bytes: int
-    data_offsets: list[int]
-    target_dtype: str
-    target_bytes: int
-    action: Action
-    target_offsets: list[int]
-    reason: Reason
-    pattern: str | None
-    numerics: NumericsTotal | None
-
-class _InspectResult(TypedDict):
-    path: str
-    format: InputFormat
-    key: str | None
-    skipped: list[str]
-    globals: list[str]
-    unlisted: list[str]
-    header_bytes: int
-    data_bytes: int
-    file_bytes: int
-    metadata: dict[str, str] | None
-    tensors: list[_TensorResult]
-    output_bytes: int
-    to: Target
-    warnings: list[_Warning]
-    tensors_converted: int
-    tensors_copied: int
-    tensors_kept: int
-    bytes_kept: int
-    keep_unmatched: list[str]
-    scanned: bool
-    output_header_sha256: str
-
-class _MismatchResult(TypedDict):
-    message: str
-    tensor: str | None
-    index: int | None
-    source_bits: str | None
-    source_value: float | None
-    expected_bits: str | None
-    found_bits: str | None
-
-class _VerifyResult(TypedDict):
-    src: str
-    dst: str
-    ok: bool
-    loose: bool
-    tensors_converted: int
-    tensors_identical: int
-    bytes_compared: int
-    seconds: float
-    threads: int
-    isa: str
-    mismatch: _MismatchResult | None
-    to: Target | None
-    numerics: Numerics | None
+# Reports cross as plain dicts of the engine's serde form (rust/python.rs `crossed`): the
+# fields of stcast.reports' dataclasses (a test checks both ways); warnings are
+# (kind, template) pairs, `numerics` {"tensors": TensorNumerics, "total": NumericsTotal}.
+_Report = dict[str, Any]
 
 def convert(
     src: str,
@@ -188,7 +100,7 @@ def convert(
     tuning: dict[str, Any] | None = None,
     key: str | None = None,
     strip_prefix: list[str] = ...,
-) -> _ConvertResult: ...
+) -> _Report: ...
 def inspect(
     path: str,
     *,
@@ -208,7 +120,7 @@ def inspect(
     tuning: dict[str, Any] | None = None,
     key: str | None = None,
     strip_prefix: list[str] = ...,
-) -> _InspectResult: ...
+) -> _Report: ...
 def verify(
     src: str,
     dst: str,
@@ -227,7 +139,7 @@ def verify(
     tuning: dict[str, Any] | None = None,
     key: str | None = None,
     strip_prefix: list[str] = ...,
-) -> _VerifyResult: ...
+) -> _Report: ...
 def render(template: str, option: Callable[[str, str | None], str]) -> str: ...
 def format_bytes(n: int) -> str: ...
 def escape(s: str) -> str: ...
@@ -263,22 +175,6 @@ def copy_file(
     cancel: _CancelFlag | None = None,
 ) -> tuple[int, int, int]: ...
 
-class _ShardResult(TypedDict):
-    tensors: list[str]
-    inputs: list[int]
-    file_bytes: int
-    data_bytes: int
-    target_bytes: int
-    header_sha256: str
-    tensors_converted: int
-    tensors_kept: int
-
-class _ShardPlanResult(TypedDict):
-    indexed: bool
-    warnings: list[tuple[str, str]]
-    keep_unmatched: list[str]
-    shards: list[_ShardResult]
-
 @final
 class ShardGroup:
     """The input files of one re-sharded group, opened and validated."""
@@ -298,7 +194,7 @@ class ShardGroup:
         keep_min_size: int | None = None,
         from_bf16: bool = False,
         keep_names: list[str] = ...,
-    ) -> _ShardPlanResult: ...
+    ) -> _Report: ...
 
 def convert_shard(
     group: ShardGroup,
@@ -320,7 +216,7 @@ def convert_shard(
     warn: Callable[[str, str], object] | None = None,
     numerics: bool = True,
     tuning: dict[str, Any] | None = None,
-) -> _ConvertResult: ...
+) -> _Report: ...
 def verify_shard(
     group: ShardGroup,
     dst: str,
@@ -336,7 +232,7 @@ def verify_shard(
     progress: Callable[[int, int], object] | None = None,
     numerics: bool = True,
     tuning: dict[str, Any] | None = None,
-) -> _VerifyResult: ...
+) -> _Report: ...
 def parse_size(value: object) -> int: ...
 def check_name(value: object) -> str: ...
 def shard_file_name(stem: str, i: int, n: int) -> str: ...
