@@ -3,7 +3,7 @@
 //! It holds no logic of its own: it converts arguments into engine options, steps an engine
 //! task with the GIL released (checking signals, the cancel flag and progress between
 //! steps), and converts what the engine returns into plain Python data. Exceptions are the
-//! classes of `stcast.errors`, one per `vocab::ErrorKind`, built by `errors._from_engine`.
+//! classes `stcast.errors` hands over at import, one per `vocab::ErrorKind` (`to_py`).
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{IntoPyDict, PyDict, PyList, PyTuple};
 
 use crate::convert::{Options, Tuning};
 use crate::error::Error;
@@ -30,6 +31,30 @@ use crate::vocab::{
 use crate::window::{DEFAULT_WINDOW, MAX_THREADS};
 use crate::VERSION;
 
+/// What `stcast.errors` hands over at import (`_set_exceptions`): for each error kind, the
+/// class (or, for `io` and `cancelled`, the factory) of its exception, called as
+/// `f(template, *, message, path, tensor, option, errno)`.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+struct Exceptions {
+    invalid_input: Py<PyAny>,
+    input_changed: Py<PyAny>,
+    refused: Py<PyAny>,
+    destination_exists: Py<PyAny>,
+    no_space: Py<PyAny>,
+    usage: Py<PyAny>,
+    io: Py<PyAny>,
+    cancelled: Py<PyAny>,
+}
+
+static EXCEPTIONS: PyOnceLock<Exceptions> = PyOnceLock::new();
+
+/// Called once, by `stcast.errors` (a second call keeps the first classes).
+#[pyfunction]
+fn _set_exceptions(py: Python<'_>, classes: Exceptions) {
+    let _ = EXCEPTIONS.set(py, classes);
+}
+
 /// The Python exception for an engine error (a Ctrl-C that arrived meanwhile wins, unless
 /// the error came after the commit point).
 fn to_py(py: Python<'_>, e: Error) -> PyErr {
@@ -39,18 +64,31 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
         }
     }
     let build = || -> PyResult<PyErr> {
-        let kwargs = PyDict::new(py);
-        kwargs.set_item("kind", e.kind().name())?;
-        kwargs.set_item("template", e.template())?;
-        kwargs.set_item("message", e.message())?;
-        kwargs.set_item("path", e.path().map(|p| p.as_os_str()))?;
-        kwargs.set_item("tensor", e.tensor())?;
-        kwargs.set_item("option", e.option().map(OptionName::name))?;
-        kwargs.set_item("errno", e.errno())?;
-        let exc = py
-            .import("stcast.errors")?
-            .getattr("_from_engine")?
-            .call((), Some(&kwargs))?;
+        let Some(x) = EXCEPTIONS.get(py) else {
+            return Ok(PyRuntimeError::new_err(e.message()));
+        };
+        let class = match e.kind() {
+            ErrorKind::InvalidInput => &x.invalid_input,
+            ErrorKind::InputChanged => &x.input_changed,
+            ErrorKind::Refused => &x.refused,
+            ErrorKind::DestinationExists => &x.destination_exists,
+            ErrorKind::NoSpace => &x.no_space,
+            ErrorKind::Usage => &x.usage,
+            ErrorKind::Io => &x.io,
+            ErrorKind::Cancelled => &x.cancelled,
+        };
+        let kwargs = [
+            ("message", e.message().into_pyobject(py)?.into_any()),
+            ("path", e.path().map(|p| p.as_os_str()).into_pyobject(py)?),
+            ("tensor", e.tensor().into_pyobject(py)?),
+            (
+                "option",
+                e.option().map(OptionName::name).into_pyobject(py)?,
+            ),
+            ("errno", e.errno().into_pyobject(py)?),
+        ]
+        .into_py_dict(py)?;
+        let exc = class.bind(py).call((e.template(),), Some(&kwargs))?;
         Ok(PyErr::from_value(exc))
     };
     build().unwrap_or_else(|failed| failed)
@@ -1125,6 +1163,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ISAS", names(py, &isas)?)?;
     m.add("MAX_THREADS", MAX_THREADS)?;
     m.add("DEFAULT_WINDOW_MIB", DEFAULT_WINDOW >> 20)?;
+    m.add_function(wrap_pyfunction!(_set_exceptions, m)?)?;
     m.add_function(wrap_pyfunction!(py_convert, m)?)?;
     m.add_function(wrap_pyfunction!(py_inspect, m)?)?;
     m.add_function(wrap_pyfunction!(py_verify, m)?)?;
