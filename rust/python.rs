@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{IntoPyDict, PyDict, PyList, PyTuple};
 
-use crate::convert::{Options, Tuning};
+use crate::convert::{Knobs, Options, Tuning};
 use crate::error::Error;
 use crate::input::InputOptions;
 use crate::kernels::Isa;
@@ -26,7 +26,8 @@ use crate::task::{ConvertTask, InspectTask, Task};
 use crate::text;
 use crate::verify::{Verifier, VerifyOptions, VerifyReport};
 use crate::vocab::{
-    self, ErrorKind, OnOverflow, OptionName, ReadAdvice, ReasonCode, Target, Unmatched, WarningKind,
+    self, ErrorKind, OnOverflow, OptionName, ReadAdvice, ReasonCode, Taken, Target, Unmatched,
+    WarningKind,
 };
 use crate::window::{DEFAULT_WINDOW, MAX_THREADS};
 use crate::VERSION;
@@ -264,52 +265,21 @@ fn on_overflow(py: Python<'_>, v: Option<&Bound<'_, PyAny>>) -> PyResult<OnOverf
     }
 }
 
-/// The tuning knobs of `tuning=` (benchmarks): window_mib, isa, populate, advise,
-/// write_behind. They change speed and memory, never the bytes written.
+/// The knobs of `tuning=` (benchmarks; `convert::Knobs`, `Tuning::new`). They change speed
+/// and memory, never the bytes written.
 fn tuning(v: Option<&Bound<'_, PyDict>>) -> PyResult<Tuning> {
-    let mut t = Tuning::default();
-    let Some(d) = v else {
-        return Ok(t);
+    let knobs: Knobs = match v {
+        None => Knobs::default(),
+        Some(d) => pythonize::depythonize(d).map_err(|e| {
+            let e = PyErr::from(e);
+            if e.is_instance_of::<pyo3::exceptions::PyTypeError>(d.py()) {
+                e
+            } else {
+                PyValueError::new_err(format!("tuning: {}", e.value(d.py())))
+            }
+        })?,
     };
-    for (k, v) in d.iter() {
-        let key: String = k.extract()?;
-        if v.is_none() {
-            continue; // the default
-        }
-        match key.as_str() {
-            "window_mib" => {
-                let mib: usize = v.extract()?;
-                t.window = mib.clamp(1, 1 << 12) << 20;
-            }
-            "isa" => {
-                let name: String = v.extract()?;
-                t.isa = Some(
-                    Isa::available()
-                        .into_iter()
-                        .find(|i| i.name() == name)
-                        .ok_or_else(|| {
-                            PyValueError::new_err(format!("isa {name:?} is not available here"))
-                        })?,
-                );
-            }
-            "populate" => t.populate = v.extract()?,
-            "advise" => {
-                let name: String = v.extract()?;
-                t.advise = ReadAdvice::from_name(&name).ok_or_else(|| {
-                    PyValueError::new_err(format!("advise must be one of {:?}", ReadAdvice::NAMES))
-                })?;
-            }
-            "write_behind" => t.write_behind = v.extract::<usize>()?.clamp(1, 64),
-            "step_mib" => t.step = v.extract::<u64>()?.clamp(1, 1 << 16) << 20,
-            _ => {
-                return Err(PyValueError::new_err(format!(
-                    "unknown tuning knob {key:?}: window_mib, isa, populate, advise, write_behind, \
-                     step_mib"
-                )))
-            }
-        }
-    }
-    Ok(t)
+    Tuning::new(&knobs).map_err(PyValueError::new_err)
 }
 
 /// How to read a PyTorch checkpoint, from the `key` and `strip_prefix` keywords.
@@ -641,6 +611,7 @@ fn numerics_dict<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let rows = TensorNumerics {
         rows: tensors.to_vec(),
+        total: total.clone(),
     };
     let d = PyDict::new(py);
     d.set_item("tensors", Bound::new(py, rows)?)?;
@@ -653,6 +624,8 @@ fn numerics_dict<'py>(
 #[pyclass(frozen, sequence, module = "stcast._core")]
 struct TensorNumerics {
     rows: Vec<(String, Numerics)>,
+    /// Their total (what a folder's numeric report adds up, `write_numeric_report`).
+    total: Numerics,
 }
 
 #[pymethods]
@@ -972,47 +945,31 @@ fn copy_file<'py>(
     Ok((p.dev, p.ino, p.size))
 }
 
-fn numerics_from(d: &Bound<'_, PyAny>) -> PyResult<Numerics> {
-    Ok(Numerics {
-        elements: d.get_item("elements")?.extract()?,
-        overflow: d.get_item("overflow")?.extract()?,
-        underflow_to_zero: d.get_item("underflow_to_zero")?.extract()?,
-        subnormal: d.get_item("subnormal")?.extract()?,
-        nan_in: d.get_item("nan_in")?.extract()?,
-        inf_in: d.get_item("inf_in")?.extract()?,
-        max_abs_error: d.get_item("max_abs_error")?.extract()?,
-        max_rel_error: d.get_item("max_rel_error")?.extract()?,
-    })
-}
-
-/// Write the numeric report of a folder (`numerics` as a folder's report holds it, each
-/// tensor with its `file`) to `path`, atomically; the layout is the engine's.
+/// Write the numeric report of a folder to `path`, atomically, from the engine's own rows:
+/// `parts` are each file's `TensorNumerics` (as the folder's report holds them) with its
+/// path relative to the folder; the totals are merged here. The layout is the engine's.
 #[pyfunction]
-#[pyo3(signature = (path, src, dst, to, numerics, *, replace=None))]
-fn write_numeric_report(
-    py: Python<'_>,
+#[pyo3(signature = (path, src, dst, to, parts, *, replace=None))]
+fn write_numeric_report<'py>(
+    py: Python<'py>,
     path: PathBuf,
     src: PathBuf,
     dst: PathBuf,
     to: Option<&str>,
-    numerics: &Bound<'_, PyAny>,
-    replace: Option<&Bound<'_, PyAny>>,
+    parts: Vec<(Option<String>, Bound<'py, TensorNumerics>)>,
+    replace: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<(u64, u64, u64)> {
-    let mut rows = Vec::new();
-    for t in numerics.get_item("tensors")?.try_iter()? {
-        let t = t?;
-        let file: Option<String> = match t.get_item("file") {
-            Ok(f) => Some(f.extract()?),
-            Err(_) => None,
-        };
-        let name: String = t.get_item("name")?.extract()?;
-        rows.push((file, name, numerics_from(&t)?));
+    let mut total = Numerics::default();
+    let mut named = Vec::new();
+    for (file, rows) in &parts {
+        let rows = rows.get();
+        total.merge(&rows.total);
+        named.extend(
+            rows.rows
+                .iter()
+                .map(|(n, x)| (file.as_deref(), n.as_str(), x)),
+        );
     }
-    let total = numerics_from(&numerics.get_item("total")?)?;
-    let named: Vec<(Option<&str>, &str, &Numerics)> = rows
-        .iter()
-        .map(|(f, n, x)| (f.as_deref(), n.as_str(), x))
-        .collect();
     let target = to.and_then(Target::from_name);
     let bytes = crate::report::folder_report(&src, &dst, target, &named, &total);
     let replace = replace_policy(replace)?;
@@ -1021,7 +978,8 @@ fn write_numeric_report(
 }
 
 /// Check a side output's path before any work (see `output::check_side_output`): `taken`
-/// are the paths it must not be. Returns the replace policy for `write_file`.
+/// are the paths it must not be, each with what it is (`vocab::Taken`). Returns the replace
+/// policy for `write_file`.
 #[pyfunction]
 #[pyo3(signature = (path, role, force, taken))]
 fn check_side_output<'py>(
@@ -1032,17 +990,12 @@ fn check_side_output<'py>(
     taken: Vec<(PathBuf, String)>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let role: &'static str = if role == "report" { "report" } else { "output" };
-    let ids: Vec<(output::PathId, &'static str)> = taken
-        .iter()
-        .map(|(p, what)| {
-            let what: &'static str = if what.contains("input") {
-                "path is the input"
-            } else {
-                "path is the output"
-            };
-            (output::PathId::of(p), what)
-        })
-        .collect();
+    let mut ids = Vec::new();
+    for (p, what) in &taken {
+        let what = Taken::from_name(what)
+            .ok_or_else(|| PyValueError::new_err(format!("taken: one of {:?}", Taken::NAMES)))?;
+        ids.push((output::PathId::of(p), what.what()));
+    }
     let refs: Vec<(&output::PathId, &'static str)> = ids.iter().map(|(i, w)| (i, *w)).collect();
     let replace = guarded(py, || output::check_side_output(&path, role, force, &refs))?;
     Ok(match replace {

@@ -73,6 +73,24 @@ impl InputFormat {
 }
 
 named! {
+    /// What a path a side output (`report=`) must not be is.
+    pub enum Taken {
+        Input = "input",
+        Output = "output",
+    }
+}
+
+impl Taken {
+    /// Why a side output at that path is refused.
+    pub fn what(self) -> &'static str {
+        match self {
+            Taken::Input => "path is the input",
+            Taken::Output => "path is the output",
+        }
+    }
+}
+
+named! {
     /// What floating-point tensors become.
     pub enum Target {
         Bf16 = "bf16",

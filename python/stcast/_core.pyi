@@ -3,7 +3,6 @@
 from collections.abc import Sequence
 from typing import Any, Callable, Protocol, final, overload
 
-from stcast._types import Numerics
 from stcast._types import TensorNumerics as _Row
 
 __all__ = [
@@ -160,7 +159,7 @@ def write_numeric_report(
     src: str,
     dst: str,
     to: str | None,
-    numerics: Numerics,
+    parts: list[tuple[str | None, TensorNumerics]],
     *,
     replace: object = None,
 ) -> tuple[int, int, int]: ...

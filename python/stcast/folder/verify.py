@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core, _engine
 from ..errors import Refused, StcastError
-from ..reports import Mismatch, Notice, VerifyReport, merged_numerics
+from ..reports import Mismatch, Notice, VerifyReport, merged_numerics, numeric_parts
 from . import ident, jsonedit
 from . import reshard as _reshard
 from . import walk as _walk
@@ -77,7 +77,7 @@ def verify_folder(
     if report is not None:
         ident.check_side_file(report, "report", [(src, "source"), (dst, "destination")])
         replace = _core.check_side_output(
-            report, "report", force, [(src, "the input"), (dst, "the output")]
+            report, "report", force, [(src, "input"), (dst, "output")]
         )
     if single:
         weights = [_reshard.single_file(src)]
@@ -254,7 +254,7 @@ def verify_folder(
     ok = mismatch is None
     numerics = merged_numerics([(rel, r.numerics) for rel, r in zip(rels, reports)]) if ok else None
     if ok and report is not None and numerics is not None:
-        _core.write_numeric_report(report, src, dst, to, numerics, replace=replace)
+        _core.write_numeric_report(report, src, dst, to, numeric_parts(numerics), replace=replace)
     threads_used = first.threads if first is not None else 0
     return VerifyReport(
         src=src,
