@@ -282,89 +282,185 @@ fn tuning(v: Option<&Bound<'_, PyDict>>) -> PyResult<Tuning> {
     Tuning::new(&knobs).map_err(PyValueError::new_err)
 }
 
-/// How to read a PyTorch checkpoint, from the `key` and `strip_prefix` keywords.
-fn input_options(key: Option<String>, strip_prefix: Vec<String>) -> InputOptions {
-    InputOptions { key, strip_prefix }
-}
-
-/// The options that decide a plan, from `convert`'s and `inspect`'s keywords.
-fn plan_options(
-    py: Python<'_>,
-    to: Option<&Bound<'_, PyAny>>,
-    keep: Vec<String>,
-    keep_min_size: Option<&Bound<'_, PyAny>>,
-    keep_unmatched: &str,
-    from_bf16: bool,
-) -> PyResult<PlanOptions> {
-    let keep_min_size = match keep_min_size {
-        None => 0,
-        Some(v) => whole(py, OptionName::KeepMinSize, v, u64::MAX)?,
-    };
-    Ok(PlanOptions {
-        keep,
-        keep_min_size,
-        from_bf16,
-        unmatched: Unmatched::from_name(keep_unmatched).ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "keep_unmatched must be one of {:?}",
-                Unmatched::NAMES
-            ))
-        })?,
-        ..PlanOptions::new(target(py, to)?)
-    })
-}
-
-#[pyfunction]
-#[pyo3(name = "convert", signature = (src, dst, *, to=None, threads=None, force=false,
-                    progress=None, cancel=None, warn=None, keep=Vec::new(), keep_min_size=None,
-                    keep_unmatched="warn", from_bf16=false, on_overflow=None, numerics=true,
-                    report=None, replaces=None, allow_copy=false, tuning=None, key=None,
-                    strip_prefix=Vec::new()))]
-#[allow(clippy::too_many_arguments)]
-fn py_convert<'py>(
-    py: Python<'py>,
-    src: PathBuf,
-    dst: PathBuf,
-    to: Option<&Bound<'py, PyAny>>,
-    threads: Option<&Bound<'py, PyAny>>,
+/// Every option of an engine call, as the keywords `stcast._engine` and the folder code
+/// pass (absent: the default), converted once into engine options (`convert`, `plan`,
+/// `verify`). Values are checked there, as usage errors naming the keyword.
+struct Opts<'py> {
+    to: Option<Bound<'py, PyAny>>,
+    threads: Option<Bound<'py, PyAny>>,
     force: bool,
-    progress: Option<Bound<'py, PyAny>>,
-    cancel: Option<Bound<'py, PyAny>>,
-    warn: Option<Bound<'py, PyAny>>,
     keep: Vec<String>,
-    keep_min_size: Option<&Bound<'py, PyAny>>,
-    keep_unmatched: &str,
+    keep_min_size: Option<Bound<'py, PyAny>>,
+    keep_unmatched: String,
     from_bf16: bool,
-    on_overflow: Option<&Bound<'py, PyAny>>,
+    keep_names: Vec<String>,
+    on_overflow: Option<Bound<'py, PyAny>>,
     numerics: bool,
     report: Option<PathBuf>,
     replaces: Option<(u64, u64)>,
     allow_copy: bool,
-    tuning: Option<&Bound<'py, PyDict>>,
+    tuning: Option<Bound<'py, PyDict>>,
     key: Option<String>,
     strip_prefix: Vec<String>,
-) -> PyResult<Bound<'py, PyDict>> {
-    let opts = Options {
-        report,
-        replaces,
-        allow_copy,
-        input: input_options(key, strip_prefix),
-        plan: plan_options(py, to, keep, keep_min_size, keep_unmatched, from_bf16)?,
-        threads: self::threads(py, threads)?,
-        force,
-        on_overflow: self::on_overflow(py, on_overflow)?,
-        numerics,
-        tuning: self::tuning(tuning)?,
-    };
-    let hooks = Hooks {
-        step: opts.tuning.step,
+    loose: bool,
+}
+
+impl<'py> Opts<'py> {
+    const KEYS: &'static [&'static str] = &[
+        "to",
+        "threads",
+        "force",
+        "keep",
+        "keep_min_size",
+        "keep_unmatched",
+        "from_bf16",
+        "keep_names",
+        "on_overflow",
+        "numerics",
+        "report",
+        "replaces",
+        "allow_copy",
+        "tuning",
+        "key",
+        "strip_prefix",
+        "loose",
+    ];
+
+    /// The keywords of a call (`**options`); an absent or None one is the default.
+    fn of(py: Python<'py>, kwargs: Option<&Bound<'py, PyDict>>) -> PyResult<Opts<'py>> {
+        let d = kwargs.cloned().unwrap_or_else(|| PyDict::new(py));
+        for k in d.keys() {
+            let k: String = k.extract()?;
+            if !Opts::KEYS.contains(&k.as_str()) {
+                let msg = format!("unexpected keyword argument {k:?}");
+                return Err(pyo3::exceptions::PyTypeError::new_err(msg));
+            }
+        }
+        macro_rules! get {
+            ($k:literal, $default:expr) => {
+                match d.get_item($k)? {
+                    Some(v) if !v.is_none() => v.extract()?,
+                    _ => $default,
+                }
+            };
+        }
+        Ok(Opts {
+            to: get!("to", Default::default()),
+            threads: get!("threads", Default::default()),
+            force: get!("force", Default::default()),
+            keep: get!("keep", Default::default()),
+            keep_min_size: get!("keep_min_size", Default::default()),
+            keep_unmatched: get!("keep_unmatched", "warn".to_string()),
+            from_bf16: get!("from_bf16", Default::default()),
+            keep_names: get!("keep_names", Default::default()),
+            on_overflow: get!("on_overflow", Default::default()),
+            numerics: get!("numerics", true),
+            report: get!("report", Default::default()),
+            replaces: get!("replaces", Default::default()),
+            allow_copy: get!("allow_copy", Default::default()),
+            tuning: get!("tuning", Default::default()),
+            key: get!("key", Default::default()),
+            strip_prefix: get!("strip_prefix", Default::default()),
+            loose: get!("loose", Default::default()),
+        })
+    }
+
+    fn input(&self) -> InputOptions {
+        InputOptions {
+            key: self.key.clone(),
+            strip_prefix: self.strip_prefix.clone(),
+        }
+    }
+
+    /// The options that decide a plan.
+    fn plan(&self, py: Python<'py>) -> PyResult<PlanOptions> {
+        let keep_min_size = match &self.keep_min_size {
+            None => 0,
+            Some(v) => whole(py, OptionName::KeepMinSize, v, u64::MAX)?,
+        };
+        Ok(PlanOptions {
+            keep: self.keep.clone(),
+            keep_min_size,
+            from_bf16: self.from_bf16,
+            keep_names: self.keep_names.iter().cloned().collect(),
+            unmatched: Unmatched::from_name(&self.keep_unmatched).ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "keep_unmatched must be one of {:?}",
+                    Unmatched::NAMES
+                ))
+            })?,
+            ..PlanOptions::new(target(py, self.to.as_ref())?)
+        })
+    }
+
+    /// The options of a conversion (and of a dry run's checks).
+    fn convert(&self, py: Python<'py>) -> PyResult<Options> {
+        Ok(Options {
+            report: self.report.clone(),
+            replaces: self.replaces,
+            allow_copy: self.allow_copy,
+            input: self.input(),
+            plan: self.plan(py)?,
+            threads: threads(py, self.threads.as_ref())?,
+            force: self.force,
+            on_overflow: on_overflow(py, self.on_overflow.as_ref())?,
+            numerics: self.numerics,
+            tuning: tuning(self.tuning.as_ref())?,
+        })
+    }
+
+    /// The options of a verification.
+    fn verify(&self, py: Python<'py>) -> PyResult<VerifyOptions> {
+        let plan = self.plan(py)?;
+        Ok(VerifyOptions {
+            input: self.input(),
+            loose: self.loose,
+            target: self.to.as_ref().map(|_| plan.target),
+            keep: plan.keep,
+            keep_min_size: plan.keep_min_size,
+            from_bf16: self.from_bf16,
+            on_overflow: on_overflow(py, self.on_overflow.as_ref())?,
+            threads: threads(py, self.threads.as_ref())?,
+            numerics: self.numerics,
+            report: self.report.clone(),
+            force: self.force,
+            tuning: tuning(self.tuning.as_ref())?,
+        })
+    }
+}
+
+/// The callbacks of a call, stepping by the tuning's step.
+fn hooks<'py>(
+    step: u64,
+    progress: Option<Bound<'py, PyAny>>,
+    cancel: Option<Bound<'py, PyAny>>,
+    warn: Option<Bound<'py, PyAny>>,
+) -> Hooks<'py> {
+    Hooks {
+        step,
         progress,
         cancel,
         warn,
         ended: Cell::new(false),
-    };
+    }
+}
+
+#[pyfunction]
+#[pyo3(name = "convert", signature = (src, dst, *, progress=None, cancel=None, warn=None,
+                                      **options))]
+fn py_convert<'py>(
+    py: Python<'py>,
+    src: PathBuf,
+    dst: PathBuf,
+    progress: Option<Bound<'py, PyAny>>,
+    cancel: Option<Bound<'py, PyAny>>,
+    warn: Option<Bound<'py, PyAny>>,
+    options: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let opts = Opts::of(py, options)?.convert(py)?;
+    let hooks = hooks(opts.tuning.step, progress, cancel, warn);
     let task = hooks.run(py, || ConvertTask::new(&src, &dst, &opts))?;
-    finish_convert(py, &hooks, task, numerics)
+    finish_convert(py, &hooks, task, opts.numerics)
 }
 
 /// Step a conversion to its end, seal and publish it; its report as a dict.
@@ -402,7 +498,7 @@ impl ShardGroup {
         key: Option<String>,
         strip_prefix: Vec<String>,
     ) -> PyResult<ShardGroup> {
-        let input = input_options(key, strip_prefix);
+        let input = InputOptions { key, strip_prefix };
         let group = guarded(py, || Group::open(&paths, &input))?;
         Ok(ShardGroup { group })
     }
@@ -422,22 +518,17 @@ impl ShardGroup {
         self.group.sizes().collect()
     }
 
-    /// Its output shards of at most `max_size` bytes under these plan options.
-    #[pyo3(signature = (max_size, *, to=None, keep=Vec::new(), keep_min_size=None,
-                        from_bf16=false, keep_names=Vec::new()))]
-    #[allow(clippy::too_many_arguments)]
+    /// Its output shards of at most `max_size` bytes under these plan options (`to`,
+    /// `keep`, `keep_min_size`, `from_bf16`, `keep_names`).
+    #[pyo3(signature = (max_size, **options))]
     fn plan<'py>(
         &self,
         py: Python<'py>,
         max_size: u64,
-        to: Option<&Bound<'py, PyAny>>,
-        keep: Vec<String>,
-        keep_min_size: Option<&Bound<'py, PyAny>>,
-        from_bf16: bool,
-        keep_names: Vec<String>,
+        options: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let mut opts = plan_options(py, to, keep, keep_min_size, "ignore", from_bf16)?;
-        opts.keep_names = keep_names.into_iter().collect();
+        let mut opts = Opts::of(py, options)?.plan(py)?;
+        opts.unmatched = Unmatched::Ignore;
         let plan = guarded(py, || self.group.plan(max_size, &opts))?;
         crossed(py, &self.group.rows(&plan), &[])
     }
@@ -446,10 +537,8 @@ impl ShardGroup {
 /// Convert the output shard of `group` holding the tensors `names` into `dst` (see
 /// `shard::Group::task`); `indexed` says whether the group's output has an index.
 #[pyfunction]
-#[pyo3(signature = (group, names, indexed, dst, *, to=None, keep=Vec::new(),
-                    keep_min_size=None, from_bf16=false, keep_names=Vec::new(),
-                    on_overflow=None, threads=None, force=false, replaces=None, progress=None,
-                    cancel=None, warn=None, numerics=true, tuning=None))]
+#[pyo3(signature = (group, names, indexed, dst, *, progress=None, cancel=None, warn=None,
+                    **options))]
 #[allow(clippy::too_many_arguments)]
 fn convert_shard<'py>(
     py: Python<'py>,
@@ -457,95 +546,40 @@ fn convert_shard<'py>(
     names: Vec<String>,
     indexed: bool,
     dst: PathBuf,
-    to: Option<&Bound<'py, PyAny>>,
-    keep: Vec<String>,
-    keep_min_size: Option<&Bound<'py, PyAny>>,
-    from_bf16: bool,
-    keep_names: Vec<String>,
-    on_overflow: Option<&Bound<'py, PyAny>>,
-    threads: Option<&Bound<'py, PyAny>>,
-    force: bool,
-    replaces: Option<(u64, u64)>,
     progress: Option<Bound<'py, PyAny>>,
     cancel: Option<Bound<'py, PyAny>>,
     warn: Option<Bound<'py, PyAny>>,
-    numerics: bool,
-    tuning: Option<&Bound<'py, PyDict>>,
+    options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let mut plan = plan_options(py, to, keep, keep_min_size, "ignore", from_bf16)?;
-    plan.keep_names = keep_names.into_iter().collect();
-    let opts = Options {
-        plan,
-        input: InputOptions::default(),
-        threads: self::threads(py, threads)?,
-        force,
-        replaces,
-        on_overflow: self::on_overflow(py, on_overflow)?,
-        numerics,
-        report: None,
-        allow_copy: true,
-        tuning: self::tuning(tuning)?,
-    };
-    let hooks = Hooks {
-        step: opts.tuning.step,
-        progress,
-        cancel,
-        warn,
-        ended: Cell::new(false),
-    };
+    let mut opts = Opts::of(py, options)?.convert(py)?;
+    // The group was opened with its input options; its report is the folder's.
+    (opts.plan.unmatched, opts.input, opts.report) = (Unmatched::Ignore, Default::default(), None);
+    opts.allow_copy = true;
+    let hooks = hooks(opts.tuning.step, progress, cancel, warn);
     let group = &group.get().group;
     let task = hooks.run(py, || group.task(&names, indexed, &dst, &opts))?;
-    finish_convert(py, &hooks, task, numerics)
+    finish_convert(py, &hooks, task, opts.numerics)
 }
 
 /// Verify the file `dst` as an output shard of `group` (see `shard::Group::verifier`).
 #[pyfunction]
-#[pyo3(signature = (group, dst, indexed, *, loose=false, to=None, keep=Vec::new(),
-                    keep_min_size=None, from_bf16=false, on_overflow=None, threads=None,
-                    progress=None, numerics=true, tuning=None))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (group, dst, indexed, *, progress=None, **options))]
 fn verify_shard<'py>(
     py: Python<'py>,
     group: &Bound<'py, ShardGroup>,
     dst: PathBuf,
     indexed: bool,
-    loose: bool,
-    to: Option<&Bound<'py, PyAny>>,
-    keep: Vec<String>,
-    keep_min_size: Option<&Bound<'py, PyAny>>,
-    from_bf16: bool,
-    on_overflow: Option<&Bound<'py, PyAny>>,
-    threads: Option<&Bound<'py, PyAny>>,
     progress: Option<Bound<'py, PyAny>>,
-    numerics: bool,
-    tuning: Option<&Bound<'py, PyDict>>,
+    options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let opts = verify_options(
-        py,
-        loose,
-        to,
-        keep,
-        keep_min_size,
-        from_bf16,
-        on_overflow,
-        threads,
-        numerics,
-        None,
-        false,
-        tuning,
-    )?;
+    let mut opts = Opts::of(py, options)?.verify(py)?;
+    (opts.input, opts.report, opts.force) = (Default::default(), None, false);
     let group = &group.get().group;
     let mut verifier = guarded(py, || group.verifier(&dst, indexed, &opts))?;
-    let hooks = Hooks {
-        step: opts.tuning.step,
-        progress,
-        cancel: None,
-        warn: None,
-        ended: Cell::new(false),
-    };
+    let hooks = hooks(opts.tuning.step, progress, None, None);
     hooks.drive(py, &mut verifier)?;
     let report = guarded(py, move || verifier.finish())?;
-    verify_dict(py, &report, numerics)
+    verify_dict(py, &report, opts.numerics)
 }
 
 /// A size option (`max_shard_size`): a whole number of bytes, or a string with a unit
@@ -721,142 +755,49 @@ fn row<'py>(py: Python<'py>, (name, n): &(String, Numerics)) -> PyResult<Bound<'
 }
 
 #[pyfunction]
-#[pyo3(name = "inspect", signature = (path, *, to=None, keep=Vec::new(), keep_min_size=None,
-                    keep_unmatched="warn", from_bf16=false, scan=false, on_overflow=None,
-                    threads=None, progress=None, dst=None, force=false, report=None,
-                    allow_copy=false, tuning=None, key=None, strip_prefix=Vec::new()))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(name = "inspect", signature = (path, *, scan=false, dst=None, progress=None,
+                                      **options))]
 fn py_inspect<'py>(
     py: Python<'py>,
     path: PathBuf,
-    to: Option<&Bound<'py, PyAny>>,
-    keep: Vec<String>,
-    keep_min_size: Option<&Bound<'py, PyAny>>,
-    keep_unmatched: &str,
-    from_bf16: bool,
     scan: bool,
-    on_overflow: Option<&Bound<'py, PyAny>>,
-    threads: Option<&Bound<'py, PyAny>>,
-    progress: Option<Bound<'py, PyAny>>,
     dst: Option<PathBuf>,
-    force: bool,
-    report: Option<PathBuf>,
-    allow_copy: bool,
-    tuning: Option<&Bound<'py, PyDict>>,
-    key: Option<String>,
-    strip_prefix: Vec<String>,
+    progress: Option<Bound<'py, PyAny>>,
+    options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let plan_opts = plan_options(py, to, keep, keep_min_size, keep_unmatched, from_bf16)?;
-    let on_overflow = self::on_overflow(py, on_overflow)?;
-    let opts = Options {
-        input: input_options(key, strip_prefix),
-        threads: self::threads(py, threads)?,
-        tuning: self::tuning(tuning)?,
-        force,
-        report,
-        allow_copy,
-        on_overflow,
-        ..Options::new(plan_opts.target)
-    };
+    let o = Opts::of(py, options)?;
+    let opts = o.convert(py)?;
     let mut task = guarded(py, || {
-        InspectTask::new(&path, &plan_opts, scan, on_overflow, &opts, dst.as_deref())
+        InspectTask::new(
+            &path,
+            &opts.plan,
+            scan,
+            opts.on_overflow,
+            &opts,
+            dst.as_deref(),
+        )
     })?;
-    let hooks = Hooks {
-        step: opts.tuning.step,
-        progress,
-        cancel: None,
-        warn: None,
-        ended: Cell::new(false),
-    };
+    let hooks = hooks(opts.tuning.step, progress, None, None);
     hooks.drive(py, &mut task)?;
     let found = guarded(py, move || task.finish())?;
     crossed(py, &found.rows(), &[("path", &found.source.path)])
 }
 
 #[pyfunction]
-#[pyo3(name = "verify", signature = (src, dst, *, loose=false, to=None, keep=Vec::new(),
-                    keep_min_size=None, from_bf16=false, on_overflow=None, threads=None,
-                    progress=None, numerics=true, report=None, force=false, tuning=None,
-                    key=None, strip_prefix=Vec::new()))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(name = "verify", signature = (src, dst, *, progress=None, **options))]
 fn py_verify<'py>(
     py: Python<'py>,
     src: PathBuf,
     dst: PathBuf,
-    loose: bool,
-    to: Option<&Bound<'py, PyAny>>,
-    keep: Vec<String>,
-    keep_min_size: Option<&Bound<'py, PyAny>>,
-    from_bf16: bool,
-    on_overflow: Option<&Bound<'py, PyAny>>,
-    threads: Option<&Bound<'py, PyAny>>,
     progress: Option<Bound<'py, PyAny>>,
-    numerics: bool,
-    report: Option<PathBuf>,
-    force: bool,
-    tuning: Option<&Bound<'py, PyDict>>,
-    key: Option<String>,
-    strip_prefix: Vec<String>,
+    options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let mut opts = verify_options(
-        py,
-        loose,
-        to,
-        keep,
-        keep_min_size,
-        from_bf16,
-        on_overflow,
-        threads,
-        numerics,
-        report,
-        force,
-        tuning,
-    )?;
-    opts.input = input_options(key, strip_prefix);
+    let opts = Opts::of(py, options)?.verify(py)?;
     let mut verifier = guarded(py, || Verifier::open(&src, &dst, &opts))?;
-    let hooks = Hooks {
-        step: opts.tuning.step,
-        progress,
-        cancel: None,
-        warn: None,
-        ended: Cell::new(false),
-    };
+    let hooks = hooks(opts.tuning.step, progress, None, None);
     hooks.drive(py, &mut verifier)?;
     let report = guarded(py, move || verifier.finish())?;
-    verify_dict(py, &report, numerics)
-}
-
-/// `verify`'s keywords as engine options.
-#[allow(clippy::too_many_arguments)]
-fn verify_options<'py>(
-    py: Python<'py>,
-    loose: bool,
-    to: Option<&Bound<'py, PyAny>>,
-    keep: Vec<String>,
-    keep_min_size: Option<&Bound<'py, PyAny>>,
-    from_bf16: bool,
-    on_overflow: Option<&Bound<'py, PyAny>>,
-    threads: Option<&Bound<'py, PyAny>>,
-    numerics: bool,
-    report: Option<PathBuf>,
-    force: bool,
-    tuning: Option<&Bound<'py, PyDict>>,
-) -> PyResult<VerifyOptions> {
-    let plan = plan_options(py, to, keep, keep_min_size, "ignore", from_bf16)?;
-    Ok(VerifyOptions {
-        input: InputOptions::default(),
-        loose,
-        target: to.map(|_| plan.target),
-        keep: plan.keep,
-        keep_min_size: plan.keep_min_size,
-        from_bf16,
-        on_overflow: self::on_overflow(py, on_overflow)?,
-        threads: self::threads(py, threads)?,
-        numerics,
-        report,
-        force,
-        tuning: self::tuning(tuning)?,
-    })
+    verify_dict(py, &report, opts.numerics)
 }
 
 fn verify_dict<'py>(
@@ -906,13 +847,7 @@ fn write_file<'py>(
     cancel: Option<Bound<'py, PyAny>>,
 ) -> PyResult<(u64, u64, u64)> {
     let replace = replace_policy(replace)?;
-    let hooks = Hooks {
-        step: Tuning::default().step,
-        progress: None,
-        cancel,
-        warn: None,
-        ended: Cell::new(false),
-    };
+    let hooks = hooks(Tuning::default().step, None, cancel, None);
     // A stop request that interrupted the write (EINTR) wins over the error it caused.
     let p = hooks.run(py, || output::write_file(&path, &data, replace, tag))?;
     Ok((p.dev, p.ino, p.size))
@@ -932,13 +867,7 @@ fn copy_file<'py>(
     cancel: Option<Bound<'py, PyAny>>,
 ) -> PyResult<(u64, u64, u64)> {
     let replace = replace_policy(replace)?;
-    let hooks = Hooks {
-        step: Tuning::default().step,
-        progress,
-        cancel,
-        warn: None,
-        ended: Cell::new(false),
-    };
+    let hooks = hooks(Tuning::default().step, progress, cancel, None);
     let mut copy = hooks.run(py, || output::Copy::new(&src, &dst, replace, tag))?;
     hooks.drive(py, &mut copy)?;
     let p = hooks.run(py, move || copy.finish())?;

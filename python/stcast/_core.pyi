@@ -1,7 +1,9 @@
 """The native engine (rust/python.rs). Private: use the `stcast` package instead."""
 
 from collections.abc import Sequence
-from typing import Any, Callable, Protocol, final, overload
+from typing import Any, Callable, Protocol, TypedDict, final, overload
+
+from typing_extensions import Unpack
 
 from stcast._types import TensorNumerics as _Row
 
@@ -78,67 +80,50 @@ class _CancelFlag(Protocol):
 # (kind, template) pairs, `numerics` {"tensors": TensorNumerics, "total": NumericsTotal}.
 _Report = dict[str, Any]
 
+class _Options(TypedDict, total=False):
+    """The options every engine call takes as keywords (rust/python.rs `Opts`); each call
+    reads those it needs, and an absent or None one is the default."""
+
+    to: str | None
+    threads: int | None
+    force: bool
+    keep: list[str]
+    keep_min_size: int | None
+    keep_unmatched: str
+    from_bf16: bool
+    keep_names: list[str]
+    on_overflow: str | None
+    numerics: bool
+    report: str | None
+    replaces: tuple[int, int] | None
+    allow_copy: bool
+    tuning: dict[str, Any] | None
+    key: str | None
+    strip_prefix: list[str]
+    loose: bool
+
+_Progress = Callable[[int, int], object] | None
+_Warn = Callable[[str, str], object] | None
+
 def convert(
     src: str,
     dst: str,
     *,
-    to: str | None = None,
-    threads: int | None = None,
-    force: bool = False,
-    progress: Callable[[int, int], object] | None = None,
+    progress: _Progress = None,
     cancel: _CancelFlag | None = None,
-    warn: Callable[[str, str], object] | None = None,
-    keep: list[str] = ...,
-    keep_min_size: int | None = None,
-    keep_unmatched: str = "warn",
-    from_bf16: bool = False,
-    on_overflow: str | None = None,
-    numerics: bool = True,
-    report: str | None = None,
-    replaces: tuple[int, int] | None = None,
-    allow_copy: bool = False,
-    tuning: dict[str, Any] | None = None,
-    key: str | None = None,
-    strip_prefix: list[str] = ...,
+    warn: _Warn = None,
+    **options: Unpack[_Options],
 ) -> _Report: ...
 def inspect(
     path: str,
     *,
-    to: str | None = None,
-    keep: list[str] = ...,
-    keep_min_size: int | None = None,
-    keep_unmatched: str = "warn",
-    from_bf16: bool = False,
     scan: bool = False,
-    on_overflow: str | None = None,
-    threads: int | None = None,
-    progress: Callable[[int, int], object] | None = None,
     dst: str | None = None,
-    force: bool = False,
-    report: str | None = None,
-    allow_copy: bool = False,
-    tuning: dict[str, Any] | None = None,
-    key: str | None = None,
-    strip_prefix: list[str] = ...,
+    progress: _Progress = None,
+    **options: Unpack[_Options],
 ) -> _Report: ...
 def verify(
-    src: str,
-    dst: str,
-    *,
-    loose: bool = False,
-    to: str | None = None,
-    keep: list[str] = ...,
-    keep_min_size: int | None = None,
-    from_bf16: bool = False,
-    on_overflow: str | None = None,
-    threads: int | None = None,
-    progress: Callable[[int, int], object] | None = None,
-    numerics: bool = True,
-    report: str | None = None,
-    force: bool = False,
-    tuning: dict[str, Any] | None = None,
-    key: str | None = None,
-    strip_prefix: list[str] = ...,
+    src: str, dst: str, *, progress: _Progress = None, **options: Unpack[_Options]
 ) -> _Report: ...
 def _set_exceptions(classes: dict[str, Callable[..., BaseException]]) -> None: ...
 def render(template: str, option: Callable[[str, str | None], str]) -> str: ...
@@ -186,16 +171,7 @@ class ShardGroup:
     def paths(self) -> list[str]: ...
     def names(self) -> list[str]: ...
     def sizes(self) -> list[int]: ...
-    def plan(
-        self,
-        max_size: int,
-        *,
-        to: str | None = None,
-        keep: list[str] = ...,
-        keep_min_size: int | None = None,
-        from_bf16: bool = False,
-        keep_names: list[str] = ...,
-    ) -> _Report: ...
+    def plan(self, max_size: int, **options: Unpack[_Options]) -> _Report: ...
 
 def convert_shard(
     group: ShardGroup,
@@ -203,36 +179,18 @@ def convert_shard(
     indexed: bool,
     dst: str,
     *,
-    to: str | None = None,
-    keep: list[str] = ...,
-    keep_min_size: int | None = None,
-    from_bf16: bool = False,
-    keep_names: list[str] = ...,
-    on_overflow: str | None = None,
-    threads: int | None = None,
-    force: bool = False,
-    replaces: tuple[int, int] | None = None,
-    progress: Callable[[int, int], object] | None = None,
+    progress: _Progress = None,
     cancel: _CancelFlag | None = None,
-    warn: Callable[[str, str], object] | None = None,
-    numerics: bool = True,
-    tuning: dict[str, Any] | None = None,
+    warn: _Warn = None,
+    **options: Unpack[_Options],
 ) -> _Report: ...
 def verify_shard(
     group: ShardGroup,
     dst: str,
     indexed: bool,
     *,
-    loose: bool = False,
-    to: str | None = None,
-    keep: list[str] = ...,
-    keep_min_size: int | None = None,
-    from_bf16: bool = False,
-    on_overflow: str | None = None,
-    threads: int | None = None,
-    progress: Callable[[int, int], object] | None = None,
-    numerics: bool = True,
-    tuning: dict[str, Any] | None = None,
+    progress: _Progress = None,
+    **options: Unpack[_Options],
 ) -> _Report: ...
 def parse_size(value: object) -> int: ...
 def check_name(value: object) -> str: ...
