@@ -12,12 +12,11 @@ use std::path::{Path, PathBuf};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{IntoPyDict, PyDict, PyList, PyTuple};
+use pyo3::types::{IntoPyDict, PyDict, PyList};
 
 use crate::convert::{Knobs, Options, Tuning};
 use crate::error::Error;
 use crate::input::InputOptions;
-use crate::kernels::Isa;
 use crate::numerics::Numerics;
 use crate::output::{self, Replace};
 use crate::plan::PlanOptions;
@@ -25,11 +24,8 @@ use crate::shard::{self, Group};
 use crate::task::{ConvertTask, InspectTask, Task};
 use crate::text;
 use crate::verify::{Verifier, VerifyOptions, VerifyReport};
-use crate::vocab::{
-    self, ErrorKind, OnOverflow, OptionName, ReadAdvice, ReasonCode, Taken, Target, Unmatched,
-    WarningKind,
-};
-use crate::window::{DEFAULT_WINDOW, MAX_THREADS};
+use crate::vocab::{self, ErrorKind, OnOverflow, OptionName, Taken, Target, Unmatched};
+use crate::window::MAX_THREADS;
 use crate::VERSION;
 
 /// What `stcast.errors` hands over at import (`_set_exceptions`): for each error kind, the
@@ -983,6 +979,13 @@ fn option_error<'py>(
         .into_any())
 }
 
+/// The canonical name of a target or one of its aliases ("bfloat16" -> "bf16"), as
+/// `Target::parse` reads it; anything else is the usage error of `to`.
+#[pyfunction]
+fn target_name(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<&'static str> {
+    Ok(target(py, Some(value))?.name())
+}
+
 /// Hit a failpoint of the Python side (`failpoint` module): raises the injected error.
 #[pyfunction]
 fn failpoint(py: Python<'_>, name: &str) -> PyResult<()> {
@@ -990,61 +993,15 @@ fn failpoint(py: Python<'_>, name: &str) -> PyResult<()> {
         .map_err(|e| to_py(py, Error::io(std::path::Path::new(name), "failpoint", e)))
 }
 
-fn names<'py>(py: Python<'py>, names: &[&str]) -> PyResult<Bound<'py, PyTuple>> {
-    PyTuple::new(py, names)
-}
-
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("__version__", VERSION)?;
     m.add_class::<TensorNumerics>()?;
-    m.add("TARGETS", names(py, Target::NAMES)?)?;
-    let aliases = PyDict::new(py);
-    for (alias, t) in Target::ALIASES {
-        aliases.set_item(*alias, t.name())?;
+    let exports = pythonize::pythonize(py, &vocab::Exports::default())?;
+    for (name, value) in exports.cast_into::<PyDict>()?.iter() {
+        m.add(name.cast_into::<pyo3::types::PyString>()?, value)?;
     }
-    m.add("TARGET_ALIASES", aliases)?;
-    let torch_names = PyDict::new(py);
-    for t in Target::ALL {
-        if let Some(name) = t.torch_name() {
-            torch_names.set_item(t.name(), name)?;
-        }
-    }
-    m.add("TARGET_TORCH_NAMES", torch_names)?;
-    let target_dtypes = PyDict::new(py);
-    for t in Target::ALL {
-        if let Some(dtype) = t.dtype() {
-            target_dtypes.set_item(t.name(), dtype.to_string())?;
-        }
-    }
-    m.add("TARGET_DTYPES", target_dtypes)?;
-    m.add("REASONS", names(py, ReasonCode::NAMES)?)?;
-    let kept: Vec<&str> = ReasonCode::ALL
-        .iter()
-        .filter(|r| r.is_kept())
-        .map(|r| r.name())
-        .collect();
-    m.add("KEPT_REASONS", names(py, &kept)?)?;
-    m.add("ERROR_KINDS", names(py, ErrorKind::NAMES)?)?;
-    m.add("WARNING_KINDS", names(py, WarningKind::NAMES)?)?;
-    m.add("OPTIONS", names(py, OptionName::NAMES)?)?;
-    m.add("INPUT_FORMATS", names(py, vocab::InputFormat::NAMES)?)?;
-    m.add("ON_OVERFLOW", names(py, OnOverflow::NAMES)?)?;
-    m.add("UNMATCHED", names(py, Unmatched::NAMES)?)?;
-    m.add("READ_ADVICE", names(py, ReadAdvice::NAMES)?)?;
-    let dtypes: Vec<String> = vocab::DTYPES.iter().map(|d| d.to_string()).collect();
-    m.add("DTYPES", PyTuple::new(py, &dtypes)?)?;
-    let quantized: Vec<String> = vocab::DTYPES
-        .iter()
-        .filter(|d| vocab::is_quantized_dtype(**d))
-        .map(|d| d.to_string())
-        .collect();
-    m.add("QUANTIZED_DTYPES", PyTuple::new(py, &quantized)?)?;
-    let isas: Vec<&str> = Isa::available().iter().map(|i| i.name()).collect();
-    m.add("ISAS", names(py, &isas)?)?;
-    m.add("MAX_THREADS", MAX_THREADS)?;
-    m.add("DEFAULT_WINDOW_MIB", DEFAULT_WINDOW >> 20)?;
     m.add_function(wrap_pyfunction!(_set_exceptions, m)?)?;
     m.add_function(wrap_pyfunction!(py_convert, m)?)?;
     m.add_function(wrap_pyfunction!(py_inspect, m)?)?;
@@ -1053,6 +1010,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(format_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(escape, m)?)?;
     m.add_function(wrap_pyfunction!(option_error, m)?)?;
+    m.add_function(wrap_pyfunction!(target_name, m)?)?;
     m.add_function(wrap_pyfunction!(failpoint, m)?)?;
     m.add_function(wrap_pyfunction!(write_file, m)?)?;
     m.add_function(wrap_pyfunction!(copy_file, m)?)?;

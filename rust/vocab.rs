@@ -401,3 +401,98 @@ mod tests {
         assert_eq!(DTYPES.len(), 22);
     }
 }
+
+/// A list of names, serialized as a tuple (the constants of `_core` are tuples).
+pub struct Names(pub Vec<String>);
+
+impl Names {
+    fn of<T: ToString>(items: impl IntoIterator<Item = T>) -> Names {
+        Names(items.into_iter().map(|x| x.to_string()).collect())
+    }
+}
+
+impl serde::Serialize for Names {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeTuple;
+        let mut t = s.serialize_tuple(self.0.len())?;
+        for n in &self.0 {
+            t.serialize_element(n)?;
+        }
+        t.end()
+    }
+}
+
+/// Every name and limit the Python package reads from the engine, as `_core`'s constants
+/// (`TARGETS`, `TARGET_ALIASES`, ...): the adapter adds each field as a module attribute.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub struct Exports {
+    pub targets: Names,
+    #[serde(serialize_with = "pairs")]
+    pub target_aliases: Vec<(&'static str, &'static str)>,
+    #[serde(serialize_with = "pairs")]
+    pub target_torch_names: Vec<(&'static str, &'static str)>,
+    #[serde(serialize_with = "pairs")]
+    pub target_dtypes: Vec<(&'static str, String)>,
+    pub reasons: Names,
+    pub kept_reasons: Names,
+    pub error_kinds: Names,
+    pub warning_kinds: Names,
+    pub options: Names,
+    pub input_formats: Names,
+    pub on_overflow: Names,
+    pub unmatched: Names,
+    pub read_advice: Names,
+    pub dtypes: Names,
+    pub quantized_dtypes: Names,
+    pub isas: Names,
+    pub max_threads: usize,
+    pub default_window_mib: usize,
+}
+
+/// Serialize key-value pairs as a map, in their order.
+fn pairs<K: serde::Serialize, V: serde::Serialize, S: serde::Serializer>(
+    pairs: &[(K, V)],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_map(pairs.iter().map(|(k, v)| (k, v)))
+}
+
+impl Default for Exports {
+    fn default() -> Exports {
+        let targets = Target::ALL.iter();
+        Exports {
+            targets: Names::of(Target::NAMES),
+            target_aliases: Target::ALIASES
+                .iter()
+                .map(|(a, t)| (*a, t.name()))
+                .collect(),
+            target_torch_names: targets
+                .clone()
+                .filter_map(|t| Some((t.name(), t.torch_name()?)))
+                .collect(),
+            target_dtypes: targets
+                .filter_map(|t| Some((t.name(), t.dtype()?.to_string())))
+                .collect(),
+            reasons: Names::of(ReasonCode::NAMES),
+            kept_reasons: Names::of(
+                ReasonCode::ALL
+                    .iter()
+                    .filter(|r| r.is_kept())
+                    .map(|r| r.name()),
+            ),
+            error_kinds: Names::of(ErrorKind::NAMES),
+            warning_kinds: Names::of(WarningKind::NAMES),
+            options: Names::of(OptionName::NAMES),
+            input_formats: Names::of(InputFormat::NAMES),
+            on_overflow: Names::of(OnOverflow::NAMES),
+            unmatched: Names::of(Unmatched::NAMES),
+            read_advice: Names::of(ReadAdvice::NAMES),
+            dtypes: Names::of(DTYPES),
+            quantized_dtypes: Names::of(DTYPES.iter().filter(|d| is_quantized_dtype(**d))),
+            isas: Names::of(crate::kernels::Isa::available().iter().map(|i| i.name())),
+            max_threads: crate::window::MAX_THREADS,
+            default_window_mib: crate::window::DEFAULT_WINDOW >> 20,
+        }
+    }
+}
