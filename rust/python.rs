@@ -278,89 +278,59 @@ fn tuning(v: Option<&Bound<'_, PyDict>>) -> PyResult<Tuning> {
     Tuning::new(&knobs).map_err(PyValueError::new_err)
 }
 
-/// Every option of an engine call, as the keywords `stcast._engine` and the folder code
-/// pass (absent: the default), converted once into engine options (`convert`, `plan`,
+/// `Opts`: every option of an engine call, as the keywords `stcast._engine` and the folder
+/// code pass (absent: the default), converted once into engine options (`convert`, `plan`,
 /// `verify`). Values are checked there, as usage errors naming the keyword.
-struct Opts<'py> {
-    to: Option<Bound<'py, PyAny>>,
-    threads: Option<Bound<'py, PyAny>>,
-    force: bool,
-    keep: Vec<String>,
-    keep_min_size: Option<Bound<'py, PyAny>>,
-    keep_unmatched: String,
-    from_bf16: bool,
-    keep_names: Vec<String>,
-    on_overflow: Option<Bound<'py, PyAny>>,
-    numerics: bool,
-    report: Option<PathBuf>,
-    replaces: Option<(u64, u64)>,
-    allow_copy: bool,
-    tuning: Option<Bound<'py, PyDict>>,
-    key: Option<String>,
-    strip_prefix: Vec<String>,
-    loose: bool,
+macro_rules! options {
+    ($($name:ident: $ty:ty = $default:expr,)*) => {
+        struct Opts<'py> {
+            $($name: $ty,)*
+        }
+
+        impl<'py> Opts<'py> {
+            /// The keywords of a call (`**options`); an absent or None one is the default,
+            /// an unknown one a TypeError.
+            fn of(py: Python<'py>, kwargs: Option<&Bound<'py, PyDict>>) -> PyResult<Opts<'py>> {
+                let d = kwargs.cloned().unwrap_or_else(|| PyDict::new(py));
+                for k in d.keys() {
+                    let k: String = k.extract()?;
+                    if ![$(stringify!($name),)*].contains(&k.as_str()) {
+                        let msg = format!("unexpected keyword argument {k:?}");
+                        return Err(pyo3::exceptions::PyTypeError::new_err(msg));
+                    }
+                }
+                Ok(Opts {
+                    $($name: match d.get_item(stringify!($name))? {
+                        Some(v) if !v.is_none() => v.extract()?,
+                        _ => $default,
+                    },)*
+                })
+            }
+        }
+    };
+}
+
+options! {
+    to: Option<Bound<'py, PyAny>> = None,
+    threads: Option<Bound<'py, PyAny>> = None,
+    force: bool = false,
+    keep: Vec<String> = Vec::new(),
+    keep_min_size: Option<Bound<'py, PyAny>> = None,
+    keep_unmatched: String = "warn".to_string(),
+    from_bf16: bool = false,
+    keep_names: Vec<String> = Vec::new(),
+    on_overflow: Option<Bound<'py, PyAny>> = None,
+    numerics: bool = true,
+    report: Option<PathBuf> = None,
+    replaces: Option<(u64, u64)> = None,
+    allow_copy: bool = false,
+    tuning: Option<Bound<'py, PyDict>> = None,
+    key: Option<String> = None,
+    strip_prefix: Vec<String> = Vec::new(),
+    loose: bool = false,
 }
 
 impl<'py> Opts<'py> {
-    const KEYS: &'static [&'static str] = &[
-        "to",
-        "threads",
-        "force",
-        "keep",
-        "keep_min_size",
-        "keep_unmatched",
-        "from_bf16",
-        "keep_names",
-        "on_overflow",
-        "numerics",
-        "report",
-        "replaces",
-        "allow_copy",
-        "tuning",
-        "key",
-        "strip_prefix",
-        "loose",
-    ];
-
-    /// The keywords of a call (`**options`); an absent or None one is the default.
-    fn of(py: Python<'py>, kwargs: Option<&Bound<'py, PyDict>>) -> PyResult<Opts<'py>> {
-        let d = kwargs.cloned().unwrap_or_else(|| PyDict::new(py));
-        for k in d.keys() {
-            let k: String = k.extract()?;
-            if !Opts::KEYS.contains(&k.as_str()) {
-                let msg = format!("unexpected keyword argument {k:?}");
-                return Err(pyo3::exceptions::PyTypeError::new_err(msg));
-            }
-        }
-        macro_rules! get {
-            ($k:literal, $default:expr) => {
-                match d.get_item($k)? {
-                    Some(v) if !v.is_none() => v.extract()?,
-                    _ => $default,
-                }
-            };
-        }
-        Ok(Opts {
-            to: get!("to", Default::default()),
-            threads: get!("threads", Default::default()),
-            force: get!("force", Default::default()),
-            keep: get!("keep", Default::default()),
-            keep_min_size: get!("keep_min_size", Default::default()),
-            keep_unmatched: get!("keep_unmatched", "warn".to_string()),
-            from_bf16: get!("from_bf16", Default::default()),
-            keep_names: get!("keep_names", Default::default()),
-            on_overflow: get!("on_overflow", Default::default()),
-            numerics: get!("numerics", true),
-            report: get!("report", Default::default()),
-            replaces: get!("replaces", Default::default()),
-            allow_copy: get!("allow_copy", Default::default()),
-            tuning: get!("tuning", Default::default()),
-            key: get!("key", Default::default()),
-            strip_prefix: get!("strip_prefix", Default::default()),
-            loose: get!("loose", Default::default()),
-        })
-    }
-
     fn input(&self) -> InputOptions {
         InputOptions {
             key: self.key.clone(),
