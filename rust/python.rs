@@ -24,8 +24,7 @@ use crate::shard::{self, Group};
 use crate::task::{ConvertTask, InspectTask, Task};
 use crate::text;
 use crate::verify::{Verifier, VerifyOptions, VerifyReport};
-use crate::vocab::{self, ErrorKind, OnOverflow, OptionName, Taken, Target, Unmatched};
-use crate::window::MAX_THREADS;
+use crate::vocab::{self, ErrorKind, Given, OnOverflow, OptionName, Taken, Target, Unmatched};
 use crate::VERSION;
 
 /// What `stcast.errors` hands over at import (`_set_exceptions`): for each error kind, the
@@ -193,71 +192,27 @@ impl<'py> Hooks<'py> {
     }
 }
 
-/// An option's value as an engine error when it is out of range.
-fn bad_option(option: OptionName, value: &Bound<'_, PyAny>, expected: &str) -> Error {
-    let value = value
-        .repr()
-        .map_or_else(|_| "?".to_string(), |r| r.to_string());
-    Error::BadOption {
-        option,
-        value,
-        expected: expected.to_string(),
+/// A Python value as the engine checks an option's value (`vocab::Given`).
+fn given(v: &Bound<'_, PyAny>) -> Given {
+    let repr = v.repr().map_or_else(|_| "?".to_string(), |r| r.to_string());
+    let is_bool = v.is_instance_of::<pyo3::types::PyBool>();
+    Given {
+        text: v.extract().ok(),
+        whole: if is_bool { None } else { v.extract().ok() },
+        repr,
     }
 }
 
-/// A whole number in `0..=max` (bools are refused: `threads=True` is a mistake).
-fn whole(py: Python<'_>, option: OptionName, v: &Bound<'_, PyAny>, max: u64) -> PyResult<u64> {
-    let expected = format!("a whole number from 0 to {max}");
-    if v.is_instance_of::<pyo3::types::PyBool>() {
-        return Err(to_py(py, bad_option(option, v, &expected)));
-    }
-    match v.extract::<u64>() {
-        Ok(n) if n <= max => Ok(n),
-        _ => Err(to_py(py, bad_option(option, v, &expected))),
-    }
-}
-
-fn threads(py: Python<'_>, v: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
-    match v {
-        None => Ok(0),
-        Some(v) if v.is_none() => Ok(0),
-        Some(v) => Ok(whole(py, OptionName::Threads, v, MAX_THREADS as u64)? as usize),
-    }
-}
-
-fn named<T>(
+/// An optional value's check, or the default when absent.
+fn check<T>(
     py: Python<'_>,
-    option: OptionName,
-    v: &Bound<'_, PyAny>,
-    names: &[&str],
-    parse: impl Fn(&str) -> Option<T>,
+    v: Option<&Bound<'_, PyAny>>,
+    default: T,
+    f: impl FnOnce(&Given) -> crate::Result<T>,
 ) -> PyResult<T> {
-    v.extract::<String>()
-        .ok()
-        .and_then(|s| parse(&s))
-        .ok_or_else(|| {
-            let expected = format!("one of {}", names.join(", "));
-            to_py(py, bad_option(option, v, &expected))
-        })
-}
-
-fn target(py: Python<'_>, v: Option<&Bound<'_, PyAny>>) -> PyResult<Target> {
     match v {
-        None => Ok(Target::Bf16),
-        Some(v) => named(py, OptionName::To, v, Target::NAMES, Target::parse),
-    }
-}
-
-fn on_overflow(py: Python<'_>, v: Option<&Bound<'_, PyAny>>) -> PyResult<OnOverflow> {
-    match v {
-        None => Ok(OnOverflow::Warn),
-        Some(v) => named(
-            py,
-            OptionName::OnOverflow,
-            v,
-            OnOverflow::NAMES,
-            OnOverflow::from_name,
-        ),
+        None => Ok(default),
+        Some(v) => f(&given(v)).map_err(|e| to_py(py, e)),
     }
 }
 
@@ -340,10 +295,9 @@ impl<'py> Opts<'py> {
 
     /// The options that decide a plan.
     fn plan(&self, py: Python<'py>) -> PyResult<PlanOptions> {
-        let keep_min_size = match &self.keep_min_size {
-            None => 0,
-            Some(v) => whole(py, OptionName::KeepMinSize, v, u64::MAX)?,
-        };
+        let keep_min_size = check(py, self.keep_min_size.as_ref(), 0, |g| {
+            g.whole(OptionName::KeepMinSize, u64::MAX)
+        })?;
         Ok(PlanOptions {
             keep: self.keep.clone(),
             keep_min_size,
@@ -355,7 +309,7 @@ impl<'py> Opts<'py> {
                     Unmatched::NAMES
                 ))
             })?,
-            ..PlanOptions::new(target(py, self.to.as_ref())?)
+            ..PlanOptions::new(check(py, self.to.as_ref(), Target::Bf16, Given::target)?)
         })
     }
 
@@ -367,9 +321,14 @@ impl<'py> Opts<'py> {
             allow_copy: self.allow_copy,
             input: self.input(),
             plan: self.plan(py)?,
-            threads: threads(py, self.threads.as_ref())?,
+            threads: check(py, self.threads.as_ref(), 0, Given::threads)?,
             force: self.force,
-            on_overflow: on_overflow(py, self.on_overflow.as_ref())?,
+            on_overflow: check(
+                py,
+                self.on_overflow.as_ref(),
+                OnOverflow::Warn,
+                Given::on_overflow,
+            )?,
             numerics: self.numerics,
             tuning: tuning(self.tuning.as_ref())?,
         })
@@ -385,8 +344,13 @@ impl<'py> Opts<'py> {
             keep: plan.keep,
             keep_min_size: plan.keep_min_size,
             from_bf16: self.from_bf16,
-            on_overflow: on_overflow(py, self.on_overflow.as_ref())?,
-            threads: threads(py, self.threads.as_ref())?,
+            on_overflow: check(
+                py,
+                self.on_overflow.as_ref(),
+                OnOverflow::Warn,
+                Given::on_overflow,
+            )?,
+            threads: check(py, self.threads.as_ref(), 0, Given::threads)?,
             numerics: self.numerics,
             report: self.report.clone(),
             force: self.force,
@@ -549,32 +513,16 @@ fn verify_shard<'py>(
 }
 
 /// A size option (`max_shard_size`): a whole number of bytes, or a string with a unit
-/// (`shard::parse_size`); anything else is a usage error.
+/// (`Given::size`); anything else is a usage error.
 #[pyfunction]
 fn parse_size(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<u64> {
-    let expected = "a size in bytes: a number with an optional unit, B, KB, MB, GB, TB (powers \
-                    of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. 5GB";
-    let parsed = if value.is_instance_of::<pyo3::types::PyBool>() {
-        None
-    } else if let Ok(s) = value.extract::<String>() {
-        shard::parse_size(&s)
-    } else {
-        value.extract::<u64>().ok().filter(|&n| n > 0)
-    };
-    parsed.ok_or_else(|| to_py(py, bad_option(OptionName::MaxShardSize, value, expected)))
+    check(py, Some(value), 0, Given::size)
 }
 
-/// The `name` option: the stem of a re-sharded group's outputs, a string that
-/// `shard::check_stem` accepts; anything else is a usage error.
+/// The `name` option: the stem of a re-sharded group's outputs (`Given::stem`).
 #[pyfunction]
 fn check_name(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<String> {
-    match value.extract::<String>() {
-        Ok(s) if shard::check_stem(&s).is_ok() => Ok(s),
-        _ => Err(to_py(
-            py,
-            bad_option(OptionName::Name, value, shard::STEM_EXPECTED),
-        )),
-    }
+    check(py, Some(value), String::new(), Given::stem)
 }
 
 /// The file name of output shard `i` of `n` of the group `stem` (`shard::shard_file_name`).
@@ -943,7 +891,7 @@ fn option_error<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let option = OptionName::from_name(option)
         .ok_or_else(|| PyValueError::new_err(format!("unknown option {option:?}")))?;
-    Ok(to_py(py, bad_option(option, value, expected))
+    Ok(to_py(py, given(value).bad(option, expected))
         .into_value(py)
         .into_bound(py)
         .into_any())
@@ -953,7 +901,7 @@ fn option_error<'py>(
 /// `Target::parse` reads it; anything else is the usage error of `to`.
 #[pyfunction]
 fn target_name(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<&'static str> {
-    Ok(target(py, Some(value))?.name())
+    Ok(check(py, Some(value), Target::Bf16, Given::target)?.name())
 }
 
 /// Hit a failpoint of the Python side (`failpoint` module): raises the injected error.

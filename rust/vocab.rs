@@ -496,3 +496,120 @@ impl Default for Exports {
         }
     }
 }
+
+/// An option's value as a caller gave it, for the checks every front end shares (ranges,
+/// choices and aliases are checked here, once): its text when it is a string, its number
+/// when it is a whole number (never a bool: `threads=True` is a mistake), and how the
+/// caller writes it, for the message.
+#[derive(Clone, Debug, Default)]
+pub struct Given {
+    pub text: Option<String>,
+    pub whole: Option<u64>,
+    pub repr: String,
+}
+
+impl Given {
+    /// The usage error of `option` with this value.
+    pub fn bad(&self, option: OptionName, expected: impl Into<String>) -> crate::Error {
+        crate::Error::BadOption {
+            option,
+            value: self.repr.clone(),
+            expected: expected.into(),
+        }
+    }
+
+    /// A whole number in `0..=max`.
+    pub fn whole(&self, option: OptionName, max: u64) -> crate::Result<u64> {
+        match self.whole {
+            Some(n) if n <= max => Ok(n),
+            _ => Err(self.bad(option, format!("a whole number from 0 to {max}"))),
+        }
+    }
+
+    /// One of `names`, as `parse` reads it.
+    pub fn choice<T>(
+        &self,
+        option: OptionName,
+        names: &[&str],
+        parse: impl Fn(&str) -> Option<T>,
+    ) -> crate::Result<T> {
+        let found = self.text.as_deref().and_then(parse);
+        found.ok_or_else(|| self.bad(option, format!("one of {}", names.join(", "))))
+    }
+
+    /// `to`: a target or one of its aliases.
+    pub fn target(&self) -> crate::Result<Target> {
+        self.choice(OptionName::To, Target::NAMES, Target::parse)
+    }
+
+    /// `on_overflow`.
+    pub fn on_overflow(&self) -> crate::Result<OnOverflow> {
+        self.choice(
+            OptionName::OnOverflow,
+            OnOverflow::NAMES,
+            OnOverflow::from_name,
+        )
+    }
+
+    /// `threads`: 0 (one per core) to `MAX_THREADS`.
+    pub fn threads(&self) -> crate::Result<usize> {
+        Ok(self.whole(OptionName::Threads, crate::window::MAX_THREADS as u64)? as usize)
+    }
+
+    /// `max_shard_size`: a whole number of bytes, or a string with a unit.
+    pub fn size(&self) -> crate::Result<u64> {
+        let parsed = match &self.text {
+            Some(s) => crate::shard::parse_size(s),
+            None => self.whole.filter(|&n| n > 0),
+        };
+        parsed.ok_or_else(|| {
+            self.bad(
+                OptionName::MaxShardSize,
+                "a size in bytes: a number with an optional unit, B, KB, MB, GB, TB (powers of \
+                 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. 5GB",
+            )
+        })
+    }
+
+    /// `name`: the stem of a re-sharded group's outputs.
+    pub fn stem(&self) -> crate::Result<String> {
+        match &self.text {
+            Some(s) if crate::shard::check_stem(s).is_ok() => Ok(s.clone()),
+            _ => Err(self.bad(OptionName::Name, crate::shard::STEM_EXPECTED)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod given_tests {
+    use super::*;
+
+    fn text(s: &str) -> Given {
+        Given {
+            text: Some(s.into()),
+            repr: format!("'{s}'"),
+            ..Given::default()
+        }
+    }
+
+    #[test]
+    fn checks_ranges_choices_and_aliases() {
+        assert_eq!(text("BFloat16").target().unwrap(), Target::Bf16);
+        let e = text("bf17").target().unwrap_err().to_string();
+        assert!(
+            e.contains("'bf17'") && e.contains("one of bf16, fp16, keep"),
+            "{e}"
+        );
+        let n = |n| Given {
+            whole: Some(n),
+            repr: n.to_string(),
+            ..Given::default()
+        };
+        assert_eq!(n(4).threads().unwrap(), 4);
+        assert!(n(1 << 20).threads().is_err());
+        assert!(Given::default().threads().is_err()); // a bool, a float, None
+        assert_eq!(text("3kB").size().unwrap(), 3000);
+        assert!(n(0).size().is_err());
+        assert!(text("a/b").stem().is_err());
+    }
+}
