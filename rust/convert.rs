@@ -54,6 +54,50 @@ impl Default for Tuning {
     }
 }
 
+/// The knobs of `tuning=` as given (benchmarks), each `None` for its default: input MiB
+/// per window, the kernel family by name, `populate`, read-ahead advice by name, output
+/// ranges in flight, and MiB between two visits of the driver.
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Knobs {
+    pub window_mib: Option<usize>,
+    pub isa: Option<String>,
+    pub populate: Option<bool>,
+    pub advise: Option<String>,
+    pub write_behind: Option<usize>,
+    pub step_mib: Option<u64>,
+}
+
+impl Tuning {
+    /// The tuning `knobs` ask for, clamped to what the engine supports (a window of 1 MiB
+    /// to 4 GiB, 1 to 64 ranges in flight, steps of 1 MiB to 64 GiB). An ISA this CPU
+    /// lacks or an unknown advice is refused, in a message for the caller.
+    pub fn new(knobs: &Knobs) -> std::result::Result<Tuning, String> {
+        let mut t = Tuning::default();
+        if let Some(mib) = knobs.window_mib {
+            t.window = mib.clamp(1, 1 << 12) << 20;
+        }
+        if let Some(name) = &knobs.isa {
+            let isa = Isa::available().into_iter().find(|i| i.name() == name);
+            t.isa = Some(isa.ok_or_else(|| format!("isa {name:?} is not available here"))?);
+        }
+        if let Some(populate) = knobs.populate {
+            t.populate = populate;
+        }
+        if let Some(name) = &knobs.advise {
+            t.advise = ReadAdvice::from_name(name)
+                .ok_or_else(|| format!("advise must be one of {:?}", ReadAdvice::NAMES))?;
+        }
+        if let Some(n) = knobs.write_behind {
+            t.write_behind = n.clamp(1, 64);
+        }
+        if let Some(mib) = knobs.step_mib {
+            t.step = mib.clamp(1, 1 << 16) << 20;
+        }
+        Ok(t)
+    }
+}
+
 /// How to convert.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -103,11 +147,15 @@ impl Default for Options {
     }
 }
 
-/// What a finished conversion did.
-#[derive(Clone, Debug)]
+/// What a finished conversion did (serialized without its paths and numerics, which the
+/// adapter adds as Python holds them).
+#[derive(Clone, Debug, serde::Serialize)]
 pub struct Report {
+    #[serde(skip)]
     pub src: PathBuf,
+    #[serde(skip)]
     pub dst: PathBuf,
+    #[serde(rename = "to")]
     pub target: Target,
     pub tensors_converted: usize,
     /// Tensors copied, the kept ones included.
@@ -127,7 +175,9 @@ pub struct Report {
     pub warnings: Vec<Warning>,
     /// What rounding did to each converted tensor, in output order (empty without
     /// `Options::numerics`), and to all of them.
+    #[serde(skip)]
     pub numerics: Vec<(String, Numerics)>,
+    #[serde(skip)]
     pub numerics_total: Numerics,
 }
 
@@ -762,4 +812,44 @@ fn sync_range(fd: i32, (a, b): (u64, u64), flags: libc::c_uint) -> std::io::Resu
 /// The source tensor of the plan's tensor `i`.
 fn t_source_of(plan: &Plan, i: usize) -> usize {
     plan.tensors[i].source
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tuning_clamps_and_refuses() {
+        let t = Tuning::new(&Knobs::default()).unwrap();
+        assert_eq!(
+            (t.window, t.write_behind, t.step),
+            (DEFAULT_WINDOW, 1, DEFAULT_STEP)
+        );
+        let knobs = Knobs {
+            window_mib: Some(0),
+            write_behind: Some(1000),
+            step_mib: Some(1 << 20),
+            advise: Some("willneed".into()),
+            populate: Some(false),
+            ..Knobs::default()
+        };
+        let t = Tuning::new(&knobs).unwrap();
+        assert_eq!((t.window, t.write_behind, t.step), (1 << 20, 64, 1 << 36));
+        assert_eq!((t.advise, t.populate), (ReadAdvice::WillNeed, false));
+        let bad = Knobs {
+            advise: Some("later".into()),
+            ..Knobs::default()
+        };
+        assert!(Tuning::new(&bad)
+            .unwrap_err()
+            .contains("advise must be one of"));
+        let bad = Knobs {
+            isa: Some("vax".into()),
+            ..Knobs::default()
+        };
+        assert_eq!(
+            Tuning::new(&bad).unwrap_err(),
+            "isa \"vax\" is not available here"
+        );
+    }
 }

@@ -11,7 +11,7 @@ use crate::dtype::Conversion;
 use crate::kernels::Isa;
 
 /// What the rounding of one tensor (or several, merged) did, counted in elements.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct Numerics {
     /// Elements measured.
     pub elements: u64,

@@ -3,33 +3,53 @@
 //! It holds no logic of its own: it converts arguments into engine options, steps an engine
 //! task with the GIL released (checking signals, the cancel flag and progress between
 //! steps), and converts what the engine returns into plain Python data. Exceptions are the
-//! classes of `stcast.errors`, one per `vocab::ErrorKind`, built by `errors._from_engine`.
+//! classes `stcast.errors` hands over at import, one per `vocab::ErrorKind` (`to_py`).
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{IntoPyDict, PyDict, PyList};
 
-use crate::convert::{Options, Report, Tuning};
-use crate::error::{Error, Warning};
+use crate::convert::{Knobs, Options, Tuning};
+use crate::error::Error;
 use crate::input::InputOptions;
-use crate::kernels::Isa;
 use crate::numerics::Numerics;
 use crate::output::{self, Replace};
-use crate::plan::{KeptTensor, PlanOptions};
-use crate::scan::Scanned;
+use crate::plan::PlanOptions;
 use crate::shard::{self, Group};
-use crate::task::{ConvertTask, InspectTask, Inspection, Task};
+use crate::task::{ConvertTask, InspectTask, Task};
 use crate::text;
 use crate::verify::{Verifier, VerifyOptions, VerifyReport};
-use crate::vocab::{
-    self, ErrorKind, OnOverflow, OptionName, ReadAdvice, ReasonCode, Target, Unmatched, WarningKind,
-};
-use crate::window::{DEFAULT_WINDOW, MAX_THREADS};
+use crate::vocab::{self, ErrorKind, Given, OnOverflow, OptionName, Taken, Target, Unmatched};
 use crate::VERSION;
+
+/// What `stcast.errors` hands over at import (`_set_exceptions`): for each error kind, the
+/// class (or, for `io` and `cancelled`, the factory) of its exception, called as
+/// `f(template, *, message, path, tensor, option, errno)`.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+struct Exceptions {
+    invalid_input: Py<PyAny>,
+    input_changed: Py<PyAny>,
+    refused: Py<PyAny>,
+    destination_exists: Py<PyAny>,
+    no_space: Py<PyAny>,
+    usage: Py<PyAny>,
+    io: Py<PyAny>,
+    cancelled: Py<PyAny>,
+}
+
+static EXCEPTIONS: PyOnceLock<Exceptions> = PyOnceLock::new();
+
+/// Called once, by `stcast.errors` (a second call keeps the first classes).
+#[pyfunction]
+fn _set_exceptions(py: Python<'_>, classes: Exceptions) {
+    let _ = EXCEPTIONS.set(py, classes);
+}
 
 /// The Python exception for an engine error (a Ctrl-C that arrived meanwhile wins, unless
 /// the error came after the commit point).
@@ -40,18 +60,31 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
         }
     }
     let build = || -> PyResult<PyErr> {
-        let kwargs = PyDict::new(py);
-        kwargs.set_item("kind", e.kind().name())?;
-        kwargs.set_item("template", e.template())?;
-        kwargs.set_item("message", e.message())?;
-        kwargs.set_item("path", e.path().map(|p| p.as_os_str()))?;
-        kwargs.set_item("tensor", e.tensor())?;
-        kwargs.set_item("option", e.option().map(OptionName::name))?;
-        kwargs.set_item("errno", e.errno())?;
-        let exc = py
-            .import("stcast.errors")?
-            .getattr("_from_engine")?
-            .call((), Some(&kwargs))?;
+        let Some(x) = EXCEPTIONS.get(py) else {
+            return Ok(PyRuntimeError::new_err(e.message()));
+        };
+        let class = match e.kind() {
+            ErrorKind::InvalidInput => &x.invalid_input,
+            ErrorKind::InputChanged => &x.input_changed,
+            ErrorKind::Refused => &x.refused,
+            ErrorKind::DestinationExists => &x.destination_exists,
+            ErrorKind::NoSpace => &x.no_space,
+            ErrorKind::Usage => &x.usage,
+            ErrorKind::Io => &x.io,
+            ErrorKind::Cancelled => &x.cancelled,
+        };
+        let kwargs = [
+            ("message", e.message().into_pyobject(py)?.into_any()),
+            ("path", e.path().map(|p| p.as_os_str()).into_pyobject(py)?),
+            ("tensor", e.tensor().into_pyobject(py)?),
+            (
+                "option",
+                e.option().map(OptionName::name).into_pyobject(py)?,
+            ),
+            ("errno", e.errno().into_pyobject(py)?),
+        ]
+        .into_py_dict(py)?;
+        let exc = class.bind(py).call((e.template(),), Some(&kwargs))?;
         Ok(PyErr::from_value(exc))
     };
     build().unwrap_or_else(|failed| failed)
@@ -159,205 +192,205 @@ impl<'py> Hooks<'py> {
     }
 }
 
-/// An option's value as an engine error when it is out of range.
-fn bad_option(option: OptionName, value: &Bound<'_, PyAny>, expected: &str) -> Error {
-    let value = value
-        .repr()
-        .map_or_else(|_| "?".to_string(), |r| r.to_string());
-    Error::BadOption {
-        option,
-        value,
-        expected: expected.to_string(),
+/// A Python value as the engine checks an option's value (`vocab::Given`).
+fn given(v: &Bound<'_, PyAny>) -> Given {
+    let repr = v.repr().map_or_else(|_| "?".to_string(), |r| r.to_string());
+    let is_bool = v.is_instance_of::<pyo3::types::PyBool>();
+    Given {
+        text: v.extract().ok(),
+        whole: if is_bool { None } else { v.extract().ok() },
+        repr,
     }
 }
 
-/// A whole number in `0..=max` (bools are refused: `threads=True` is a mistake).
-fn whole(py: Python<'_>, option: OptionName, v: &Bound<'_, PyAny>, max: u64) -> PyResult<u64> {
-    let expected = format!("a whole number from 0 to {max}");
-    if v.is_instance_of::<pyo3::types::PyBool>() {
-        return Err(to_py(py, bad_option(option, v, &expected)));
-    }
-    match v.extract::<u64>() {
-        Ok(n) if n <= max => Ok(n),
-        _ => Err(to_py(py, bad_option(option, v, &expected))),
-    }
-}
-
-fn threads(py: Python<'_>, v: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
-    match v {
-        None => Ok(0),
-        Some(v) if v.is_none() => Ok(0),
-        Some(v) => Ok(whole(py, OptionName::Threads, v, MAX_THREADS as u64)? as usize),
-    }
-}
-
-fn named<T>(
+/// An optional value's check, or the default when absent.
+fn check<T>(
     py: Python<'_>,
-    option: OptionName,
-    v: &Bound<'_, PyAny>,
-    names: &[&str],
-    parse: impl Fn(&str) -> Option<T>,
+    v: Option<&Bound<'_, PyAny>>,
+    default: T,
+    f: impl FnOnce(&Given) -> crate::Result<T>,
 ) -> PyResult<T> {
-    v.extract::<String>()
-        .ok()
-        .and_then(|s| parse(&s))
-        .ok_or_else(|| {
-            let expected = format!("one of {}", names.join(", "));
-            to_py(py, bad_option(option, v, &expected))
-        })
-}
-
-fn target(py: Python<'_>, v: Option<&Bound<'_, PyAny>>) -> PyResult<Target> {
     match v {
-        None => Ok(Target::Bf16),
-        Some(v) => named(py, OptionName::To, v, Target::NAMES, Target::parse),
+        None => Ok(default),
+        Some(v) => f(&given(v)).map_err(|e| to_py(py, e)),
     }
 }
 
-fn on_overflow(py: Python<'_>, v: Option<&Bound<'_, PyAny>>) -> PyResult<OnOverflow> {
-    match v {
-        None => Ok(OnOverflow::Warn),
-        Some(v) => named(
-            py,
-            OptionName::OnOverflow,
-            v,
-            OnOverflow::NAMES,
-            OnOverflow::from_name,
-        ),
-    }
-}
-
-/// The tuning knobs of `tuning=` (benchmarks): window_mib, isa, populate, advise,
-/// write_behind. They change speed and memory, never the bytes written.
+/// The knobs of `tuning=` (benchmarks; `convert::Knobs`, `Tuning::new`). They change speed
+/// and memory, never the bytes written.
 fn tuning(v: Option<&Bound<'_, PyDict>>) -> PyResult<Tuning> {
-    let mut t = Tuning::default();
-    let Some(d) = v else {
-        return Ok(t);
+    let knobs: Knobs = match v {
+        None => Knobs::default(),
+        Some(d) => pythonize::depythonize(d).map_err(|e| {
+            let e = PyErr::from(e);
+            if e.is_instance_of::<pyo3::exceptions::PyTypeError>(d.py()) {
+                e
+            } else {
+                PyValueError::new_err(format!("tuning: {}", e.value(d.py())))
+            }
+        })?,
     };
-    for (k, v) in d.iter() {
-        let key: String = k.extract()?;
-        if v.is_none() {
-            continue; // the default
+    Tuning::new(&knobs).map_err(PyValueError::new_err)
+}
+
+/// `Opts`: every option of an engine call, as the keywords `stcast._engine` and the folder
+/// code pass (absent: the default), converted once into engine options (`convert`, `plan`,
+/// `verify`). Values are checked there, as usage errors naming the keyword.
+macro_rules! options {
+    ($($name:ident: $ty:ty = $default:expr,)*) => {
+        struct Opts<'py> {
+            $($name: $ty,)*
         }
-        match key.as_str() {
-            "window_mib" => {
-                let mib: usize = v.extract()?;
-                t.window = mib.clamp(1, 1 << 12) << 20;
+
+        impl<'py> Opts<'py> {
+            /// The keywords of a call (`**options`); an absent or None one is the default,
+            /// an unknown one a TypeError.
+            fn of(py: Python<'py>, kwargs: Option<&Bound<'py, PyDict>>) -> PyResult<Opts<'py>> {
+                let d = kwargs.cloned().unwrap_or_else(|| PyDict::new(py));
+                for k in d.keys() {
+                    let k: String = k.extract()?;
+                    if ![$(stringify!($name),)*].contains(&k.as_str()) {
+                        let msg = format!("unexpected keyword argument {k:?}");
+                        return Err(pyo3::exceptions::PyTypeError::new_err(msg));
+                    }
+                }
+                Ok(Opts {
+                    $($name: match d.get_item(stringify!($name))? {
+                        Some(v) if !v.is_none() => v.extract()?,
+                        _ => $default,
+                    },)*
+                })
             }
-            "isa" => {
-                let name: String = v.extract()?;
-                t.isa = Some(
-                    Isa::available()
-                        .into_iter()
-                        .find(|i| i.name() == name)
-                        .ok_or_else(|| {
-                            PyValueError::new_err(format!("isa {name:?} is not available here"))
-                        })?,
-                );
-            }
-            "populate" => t.populate = v.extract()?,
-            "advise" => {
-                let name: String = v.extract()?;
-                t.advise = ReadAdvice::from_name(&name).ok_or_else(|| {
-                    PyValueError::new_err(format!("advise must be one of {:?}", ReadAdvice::NAMES))
-                })?;
-            }
-            "write_behind" => t.write_behind = v.extract::<usize>()?.clamp(1, 64),
-            "step_mib" => t.step = v.extract::<u64>()?.clamp(1, 1 << 16) << 20,
-            _ => {
-                return Err(PyValueError::new_err(format!(
-                    "unknown tuning knob {key:?}: window_mib, isa, populate, advise, write_behind, \
-                     step_mib"
-                )))
-            }
+        }
+    };
+}
+
+options! {
+    to: Option<Bound<'py, PyAny>> = None,
+    threads: Option<Bound<'py, PyAny>> = None,
+    force: bool = false,
+    keep: Vec<String> = Vec::new(),
+    keep_min_size: Option<Bound<'py, PyAny>> = None,
+    keep_unmatched: String = "warn".to_string(),
+    from_bf16: bool = false,
+    keep_names: Vec<String> = Vec::new(),
+    on_overflow: Option<Bound<'py, PyAny>> = None,
+    numerics: bool = true,
+    report: Option<PathBuf> = None,
+    replaces: Option<(u64, u64)> = None,
+    allow_copy: bool = false,
+    tuning: Option<Bound<'py, PyDict>> = None,
+    key: Option<String> = None,
+    strip_prefix: Vec<String> = Vec::new(),
+    loose: bool = false,
+}
+
+impl<'py> Opts<'py> {
+    fn input(&self) -> InputOptions {
+        InputOptions {
+            key: self.key.clone(),
+            strip_prefix: self.strip_prefix.clone(),
         }
     }
-    Ok(t)
+
+    /// The options that decide a plan.
+    fn plan(&self, py: Python<'py>) -> PyResult<PlanOptions> {
+        let keep_min_size = check(py, self.keep_min_size.as_ref(), 0, |g| {
+            g.whole(OptionName::KeepMinSize, u64::MAX)
+        })?;
+        Ok(PlanOptions {
+            keep: self.keep.clone(),
+            keep_min_size,
+            from_bf16: self.from_bf16,
+            keep_names: self.keep_names.iter().cloned().collect(),
+            unmatched: Unmatched::from_name(&self.keep_unmatched).ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "keep_unmatched must be one of {:?}",
+                    Unmatched::NAMES
+                ))
+            })?,
+            ..PlanOptions::new(check(py, self.to.as_ref(), Target::Bf16, Given::target)?)
+        })
+    }
+
+    /// The options of a conversion (and of a dry run's checks).
+    fn convert(&self, py: Python<'py>) -> PyResult<Options> {
+        Ok(Options {
+            report: self.report.clone(),
+            replaces: self.replaces,
+            allow_copy: self.allow_copy,
+            input: self.input(),
+            plan: self.plan(py)?,
+            threads: check(py, self.threads.as_ref(), 0, Given::threads)?,
+            force: self.force,
+            on_overflow: check(
+                py,
+                self.on_overflow.as_ref(),
+                OnOverflow::Warn,
+                Given::on_overflow,
+            )?,
+            numerics: self.numerics,
+            tuning: tuning(self.tuning.as_ref())?,
+        })
+    }
+
+    /// The options of a verification.
+    fn verify(&self, py: Python<'py>) -> PyResult<VerifyOptions> {
+        let plan = self.plan(py)?;
+        Ok(VerifyOptions {
+            input: self.input(),
+            loose: self.loose,
+            target: self.to.as_ref().map(|_| plan.target),
+            keep: plan.keep,
+            keep_min_size: plan.keep_min_size,
+            from_bf16: self.from_bf16,
+            on_overflow: check(
+                py,
+                self.on_overflow.as_ref(),
+                OnOverflow::Warn,
+                Given::on_overflow,
+            )?,
+            threads: check(py, self.threads.as_ref(), 0, Given::threads)?,
+            numerics: self.numerics,
+            report: self.report.clone(),
+            force: self.force,
+            tuning: tuning(self.tuning.as_ref())?,
+        })
+    }
 }
 
-/// How to read a PyTorch checkpoint, from the `key` and `strip_prefix` keywords.
-fn input_options(key: Option<String>, strip_prefix: Vec<String>) -> InputOptions {
-    InputOptions { key, strip_prefix }
-}
-
-/// The options that decide a plan, from `convert`'s and `inspect`'s keywords.
-fn plan_options(
-    py: Python<'_>,
-    to: Option<&Bound<'_, PyAny>>,
-    keep: Vec<String>,
-    keep_min_size: Option<&Bound<'_, PyAny>>,
-    keep_unmatched: &str,
-    from_bf16: bool,
-) -> PyResult<PlanOptions> {
-    let keep_min_size = match keep_min_size {
-        None => 0,
-        Some(v) => whole(py, OptionName::KeepMinSize, v, u64::MAX)?,
-    };
-    Ok(PlanOptions {
-        keep,
-        keep_min_size,
-        from_bf16,
-        unmatched: Unmatched::from_name(keep_unmatched).ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "keep_unmatched must be one of {:?}",
-                Unmatched::NAMES
-            ))
-        })?,
-        ..PlanOptions::new(target(py, to)?)
-    })
-}
-
-#[pyfunction]
-#[pyo3(name = "convert", signature = (src, dst, *, to=None, threads=None, force=false,
-                    progress=None, cancel=None, warn=None, keep=Vec::new(), keep_min_size=None,
-                    keep_unmatched="warn", from_bf16=false, on_overflow=None, numerics=true,
-                    report=None, replaces=None, allow_copy=false, tuning=None, key=None,
-                    strip_prefix=Vec::new()))]
-#[allow(clippy::too_many_arguments)]
-fn py_convert<'py>(
-    py: Python<'py>,
-    src: PathBuf,
-    dst: PathBuf,
-    to: Option<&Bound<'py, PyAny>>,
-    threads: Option<&Bound<'py, PyAny>>,
-    force: bool,
+/// The callbacks of a call, stepping by the tuning's step.
+fn hooks<'py>(
+    step: u64,
     progress: Option<Bound<'py, PyAny>>,
     cancel: Option<Bound<'py, PyAny>>,
     warn: Option<Bound<'py, PyAny>>,
-    keep: Vec<String>,
-    keep_min_size: Option<&Bound<'py, PyAny>>,
-    keep_unmatched: &str,
-    from_bf16: bool,
-    on_overflow: Option<&Bound<'py, PyAny>>,
-    numerics: bool,
-    report: Option<PathBuf>,
-    replaces: Option<(u64, u64)>,
-    allow_copy: bool,
-    tuning: Option<&Bound<'py, PyDict>>,
-    key: Option<String>,
-    strip_prefix: Vec<String>,
-) -> PyResult<Bound<'py, PyDict>> {
-    let opts = Options {
-        report,
-        replaces,
-        allow_copy,
-        input: input_options(key, strip_prefix),
-        plan: plan_options(py, to, keep, keep_min_size, keep_unmatched, from_bf16)?,
-        threads: self::threads(py, threads)?,
-        force,
-        on_overflow: self::on_overflow(py, on_overflow)?,
-        numerics,
-        tuning: self::tuning(tuning)?,
-    };
-    let hooks = Hooks {
-        step: opts.tuning.step,
+) -> Hooks<'py> {
+    Hooks {
+        step,
         progress,
         cancel,
         warn,
         ended: Cell::new(false),
-    };
+    }
+}
+
+#[pyfunction]
+#[pyo3(name = "convert", signature = (src, dst, *, progress=None, cancel=None, warn=None,
+                                      **options))]
+fn py_convert<'py>(
+    py: Python<'py>,
+    src: PathBuf,
+    dst: PathBuf,
+    progress: Option<Bound<'py, PyAny>>,
+    cancel: Option<Bound<'py, PyAny>>,
+    warn: Option<Bound<'py, PyAny>>,
+    options: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let opts = Opts::of(py, options)?.convert(py)?;
+    let hooks = hooks(opts.tuning.step, progress, cancel, warn);
     let task = hooks.run(py, || ConvertTask::new(&src, &dst, &opts))?;
-    finish_convert(py, &hooks, task, numerics)
+    finish_convert(py, &hooks, task, opts.numerics)
 }
 
 /// Step a conversion to its end, seal and publish it; its report as a dict.
@@ -372,8 +405,11 @@ fn finish_convert<'py>(
     hooks.run(py, || task.seal())?;
     // The last chance to stop: a signal or cancel until here leaves nothing behind.
     hooks.visit(py, &mut task)?;
-    let report = hooks.run(py, move || task.publish())?;
-    report_dict(py, &report, numerics)
+    let r = hooks.run(py, move || task.publish())?;
+    let d = crossed(py, &r, &[("src", &r.src), ("dst", &r.dst)])?;
+    let measured = numerics.then(|| numerics_dict(py, &r.numerics, &r.numerics_total));
+    d.set_item("numerics", measured.transpose()?)?;
+    Ok(d)
 }
 
 /// The input files of one re-sharded group, opened and validated (`shard::Group`).
@@ -392,7 +428,7 @@ impl ShardGroup {
         key: Option<String>,
         strip_prefix: Vec<String>,
     ) -> PyResult<ShardGroup> {
-        let input = input_options(key, strip_prefix);
+        let input = InputOptions { key, strip_prefix };
         let group = guarded(py, || Group::open(&paths, &input))?;
         Ok(ShardGroup { group })
     }
@@ -412,59 +448,27 @@ impl ShardGroup {
         self.group.sizes().collect()
     }
 
-    /// Its output shards of at most `max_size` bytes under these plan options.
-    #[pyo3(signature = (max_size, *, to=None, keep=Vec::new(), keep_min_size=None,
-                        from_bf16=false, keep_names=Vec::new()))]
-    #[allow(clippy::too_many_arguments)]
+    /// Its output shards of at most `max_size` bytes under these plan options (`to`,
+    /// `keep`, `keep_min_size`, `from_bf16`, `keep_names`).
+    #[pyo3(signature = (max_size, **options))]
     fn plan<'py>(
         &self,
         py: Python<'py>,
         max_size: u64,
-        to: Option<&Bound<'py, PyAny>>,
-        keep: Vec<String>,
-        keep_min_size: Option<&Bound<'py, PyAny>>,
-        from_bf16: bool,
-        keep_names: Vec<String>,
+        options: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let mut opts = plan_options(py, to, keep, keep_min_size, "ignore", from_bf16)?;
-        opts.keep_names = keep_names.into_iter().collect();
+        let mut opts = Opts::of(py, options)?.plan(py)?;
+        opts.unmatched = Unmatched::Ignore;
         let plan = guarded(py, || self.group.plan(max_size, &opts))?;
-        let d = PyDict::new(py);
-        d.set_item("indexed", plan.indexed)?;
-        d.set_item("warnings", warnings_list(py, &plan.warnings)?)?;
-        d.set_item("keep_unmatched", PyList::new(py, &plan.keep_unmatched)?)?;
-        let shards = PyList::empty(py);
-        for s in &plan.shards {
-            let e = PyDict::new(py);
-            let names: Vec<&str> = s
-                .tensors
-                .iter()
-                .map(|&t| self.group.tensor(t).name.as_str())
-                .collect();
-            let mut inputs: Vec<usize> = s.tensors.iter().map(|t| t.0).collect();
-            inputs.dedup();
-            e.set_item("tensors", PyList::new(py, names)?)?;
-            e.set_item("inputs", inputs)?;
-            e.set_item("file_bytes", s.file_len)?;
-            e.set_item("data_bytes", s.data_in)?;
-            e.set_item("target_bytes", s.data_out)?;
-            e.set_item("header_sha256", &s.header_sha256)?;
-            e.set_item("tensors_converted", s.converted)?;
-            e.set_item("tensors_kept", s.kept)?;
-            shards.append(e)?;
-        }
-        d.set_item("shards", shards)?;
-        Ok(d)
+        crossed(py, &self.group.rows(&plan), &[])
     }
 }
 
 /// Convert the output shard of `group` holding the tensors `names` into `dst` (see
 /// `shard::Group::task`); `indexed` says whether the group's output has an index.
 #[pyfunction]
-#[pyo3(signature = (group, names, indexed, dst, *, to=None, keep=Vec::new(),
-                    keep_min_size=None, from_bf16=false, keep_names=Vec::new(),
-                    on_overflow=None, threads=None, force=false, replaces=None, progress=None,
-                    cancel=None, warn=None, numerics=true, tuning=None))]
+#[pyo3(signature = (group, names, indexed, dst, *, progress=None, cancel=None, warn=None,
+                    **options))]
 #[allow(clippy::too_many_arguments)]
 fn convert_shard<'py>(
     py: Python<'py>,
@@ -472,124 +476,53 @@ fn convert_shard<'py>(
     names: Vec<String>,
     indexed: bool,
     dst: PathBuf,
-    to: Option<&Bound<'py, PyAny>>,
-    keep: Vec<String>,
-    keep_min_size: Option<&Bound<'py, PyAny>>,
-    from_bf16: bool,
-    keep_names: Vec<String>,
-    on_overflow: Option<&Bound<'py, PyAny>>,
-    threads: Option<&Bound<'py, PyAny>>,
-    force: bool,
-    replaces: Option<(u64, u64)>,
     progress: Option<Bound<'py, PyAny>>,
     cancel: Option<Bound<'py, PyAny>>,
     warn: Option<Bound<'py, PyAny>>,
-    numerics: bool,
-    tuning: Option<&Bound<'py, PyDict>>,
+    options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let mut plan = plan_options(py, to, keep, keep_min_size, "ignore", from_bf16)?;
-    plan.keep_names = keep_names.into_iter().collect();
-    let opts = Options {
-        plan,
-        input: InputOptions::default(),
-        threads: self::threads(py, threads)?,
-        force,
-        replaces,
-        on_overflow: self::on_overflow(py, on_overflow)?,
-        numerics,
-        report: None,
-        allow_copy: true,
-        tuning: self::tuning(tuning)?,
-    };
-    let hooks = Hooks {
-        step: opts.tuning.step,
-        progress,
-        cancel,
-        warn,
-        ended: Cell::new(false),
-    };
+    let mut opts = Opts::of(py, options)?.convert(py)?;
+    // The group was opened with its input options; its report is the folder's.
+    (opts.plan.unmatched, opts.input, opts.report) = (Unmatched::Ignore, Default::default(), None);
+    opts.allow_copy = true;
+    let hooks = hooks(opts.tuning.step, progress, cancel, warn);
     let group = &group.get().group;
     let task = hooks.run(py, || group.task(&names, indexed, &dst, &opts))?;
-    finish_convert(py, &hooks, task, numerics)
+    finish_convert(py, &hooks, task, opts.numerics)
 }
 
 /// Verify the file `dst` as an output shard of `group` (see `shard::Group::verifier`).
 #[pyfunction]
-#[pyo3(signature = (group, dst, indexed, *, loose=false, to=None, keep=Vec::new(),
-                    keep_min_size=None, from_bf16=false, on_overflow=None, threads=None,
-                    progress=None, numerics=true, tuning=None))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (group, dst, indexed, *, progress=None, **options))]
 fn verify_shard<'py>(
     py: Python<'py>,
     group: &Bound<'py, ShardGroup>,
     dst: PathBuf,
     indexed: bool,
-    loose: bool,
-    to: Option<&Bound<'py, PyAny>>,
-    keep: Vec<String>,
-    keep_min_size: Option<&Bound<'py, PyAny>>,
-    from_bf16: bool,
-    on_overflow: Option<&Bound<'py, PyAny>>,
-    threads: Option<&Bound<'py, PyAny>>,
     progress: Option<Bound<'py, PyAny>>,
-    numerics: bool,
-    tuning: Option<&Bound<'py, PyDict>>,
+    options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let opts = verify_options(
-        py,
-        loose,
-        to,
-        keep,
-        keep_min_size,
-        from_bf16,
-        on_overflow,
-        threads,
-        numerics,
-        None,
-        false,
-        tuning,
-    )?;
+    let mut opts = Opts::of(py, options)?.verify(py)?;
+    (opts.input, opts.report, opts.force) = (Default::default(), None, false);
     let group = &group.get().group;
     let mut verifier = guarded(py, || group.verifier(&dst, indexed, &opts))?;
-    let hooks = Hooks {
-        step: opts.tuning.step,
-        progress,
-        cancel: None,
-        warn: None,
-        ended: Cell::new(false),
-    };
+    let hooks = hooks(opts.tuning.step, progress, None, None);
     hooks.drive(py, &mut verifier)?;
     let report = guarded(py, move || verifier.finish())?;
-    verify_dict(py, &report, numerics)
+    verify_dict(py, &report, opts.numerics)
 }
 
 /// A size option (`max_shard_size`): a whole number of bytes, or a string with a unit
-/// (`shard::parse_size`); anything else is a usage error.
+/// (`Given::size`); anything else is a usage error.
 #[pyfunction]
 fn parse_size(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<u64> {
-    let expected = "a size in bytes: a number with an optional unit, B, KB, MB, GB, TB (powers \
-                    of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. 5GB";
-    let parsed = if value.is_instance_of::<pyo3::types::PyBool>() {
-        None
-    } else if let Ok(s) = value.extract::<String>() {
-        shard::parse_size(&s)
-    } else {
-        value.extract::<u64>().ok().filter(|&n| n > 0)
-    };
-    parsed.ok_or_else(|| to_py(py, bad_option(OptionName::MaxShardSize, value, expected)))
+    check(py, Some(value), 0, Given::size)
 }
 
-/// The `name` option: the stem of a re-sharded group's outputs, a string that
-/// `shard::check_stem` accepts; anything else is a usage error.
+/// The `name` option: the stem of a re-sharded group's outputs (`Given::stem`).
 #[pyfunction]
 fn check_name(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<String> {
-    match value.extract::<String>() {
-        Ok(s) if shard::check_stem(&s).is_ok() => Ok(s),
-        _ => Err(to_py(
-            py,
-            bad_option(OptionName::Name, value, shard::STEM_EXPECTED),
-        )),
-    }
+    check(py, Some(value), String::new(), Given::stem)
 }
 
 /// The file name of output shard `i` of `n` of the group `stem` (`shard::shard_file_name`).
@@ -644,52 +577,18 @@ fn read_header(
     })
 }
 
-fn warnings_list<'py>(py: Python<'py>, ws: &[Warning]) -> PyResult<Bound<'py, PyList>> {
-    let list = PyList::empty(py);
-    for w in ws {
-        list.append((w.kind.name(), &w.text))?;
+/// An engine report as a dict (its serde form, once), with its paths as Python holds them
+/// (any bytes: serde would refuse a path that is not UTF-8).
+fn crossed<'py>(
+    py: Python<'py>,
+    value: &impl serde::Serialize,
+    paths: &[(&str, &Path)],
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = pythonize::pythonize(py, value)?.cast_into::<PyDict>()?;
+    for (k, p) in paths {
+        d.set_item(*k, p.as_os_str())?;
     }
-    Ok(list)
-}
-
-fn report_dict<'py>(py: Python<'py>, r: &Report, numerics: bool) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("src", r.src.as_os_str())?;
-    d.set_item("dst", r.dst.as_os_str())?;
-    d.set_item("to", r.target.name())?;
-    d.set_item("tensors_converted", r.tensors_converted)?;
-    d.set_item("tensors_copied", r.tensors_copied)?;
-    d.set_item("bytes_in", r.bytes_in)?;
-    d.set_item("bytes_out", r.bytes_out)?;
-    d.set_item("seconds", r.seconds)?;
-    d.set_item("threads", r.threads)?;
-    d.set_item("isa", r.isa.name())?;
-    d.set_item("warnings", warnings_list(py, &r.warnings)?)?;
-    d.set_item("tensors_kept", r.tensors_kept)?;
-    d.set_item("bytes_kept", r.bytes_kept)?;
-    d.set_item("kept", kept_list(py, &r.kept)?)?;
-    d.set_item("on_overflow", r.on_overflow.name())?;
-    let measured = if numerics {
-        Some(numerics_dict(py, &r.numerics, &r.numerics_total)?)
-    } else {
-        None
-    };
-    d.set_item("numerics", measured)?;
     Ok(d)
-}
-
-fn kept_list<'py>(py: Python<'py>, kept: &[KeptTensor]) -> PyResult<Bound<'py, PyList>> {
-    let list = PyList::empty(py);
-    for k in kept {
-        let e = PyDict::new(py);
-        e.set_item("name", &k.name)?;
-        e.set_item("dtype", k.dtype.to_string())?;
-        e.set_item("bytes", k.bytes)?;
-        e.set_item("reason", k.reason.code().name())?;
-        e.set_item("pattern", k.reason.pattern())?;
-        list.append(e)?;
-    }
-    Ok(list)
 }
 
 /// `{"tensors": TensorNumerics, "total": {counts and errors}}`.
@@ -700,10 +599,11 @@ fn numerics_dict<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let rows = TensorNumerics {
         rows: tensors.to_vec(),
+        total: total.clone(),
     };
     let d = PyDict::new(py);
     d.set_item("tensors", Bound::new(py, rows)?)?;
-    d.set_item("total", numerics_fields(py, None, total)?)?;
+    d.set_item("total", pythonize::pythonize(py, total)?)?;
     Ok(d)
 }
 
@@ -712,6 +612,8 @@ fn numerics_dict<'py>(
 #[pyclass(frozen, sequence, module = "stcast._core")]
 struct TensorNumerics {
     rows: Vec<(String, Numerics)>,
+    /// Their total (what a folder's numeric report adds up, `write_numeric_report`).
+    total: Numerics,
 }
 
 #[pymethods]
@@ -730,8 +632,7 @@ impl TensorNumerics {
             let list = PyList::empty(py);
             let mut i = ix.start;
             for _ in 0..ix.slicelength {
-                let (name, n) = &self.rows[i as usize];
-                list.append(numerics_fields(py, Some(name), n)?)?;
+                list.append(row(py, &self.rows[i as usize])?)?;
                 i += ix.step;
             }
             return Ok(list.into_any());
@@ -748,15 +649,14 @@ impl TensorNumerics {
         if !(0..len).contains(&at) {
             return Err(out_of_range());
         }
-        let (name, n) = &self.rows[at as usize];
-        Ok(numerics_fields(py, Some(name), n)?.into_any())
+        row(py, &self.rows[at as usize])
     }
 
     /// Every row as a list of dicts.
     fn tolist<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let list = PyList::empty(py);
-        for (name, n) in &self.rows {
-            list.append(numerics_fields(py, Some(name), n)?)?;
+        for r in &self.rows {
+            list.append(row(py, r)?)?;
         }
         Ok(list)
     }
@@ -797,258 +697,61 @@ impl TensorNumerics {
     }
 }
 
-/// One `Numerics` as a dict of its counts and errors, with the tensor name when given.
-fn numerics_fields<'py>(
-    py: Python<'py>,
-    name: Option<&str>,
-    n: &Numerics,
-) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    if let Some(name) = name {
-        d.set_item("name", name)?;
+/// One tensor's `Numerics` as a dict: its name, then its counts and errors.
+fn row<'py>(py: Python<'py>, (name, n): &(String, Numerics)) -> PyResult<Bound<'py, PyAny>> {
+    #[derive(serde::Serialize)]
+    struct Row<'a> {
+        name: &'a str,
+        #[serde(flatten)]
+        n: &'a Numerics,
     }
-    d.set_item("elements", n.elements)?;
-    d.set_item("overflow", n.overflow)?;
-    d.set_item("underflow_to_zero", n.underflow_to_zero)?;
-    d.set_item("subnormal", n.subnormal)?;
-    d.set_item("nan_in", n.nan_in)?;
-    d.set_item("inf_in", n.inf_in)?;
-    d.set_item("max_abs_error", n.max_abs_error)?;
-    d.set_item("max_rel_error", n.max_rel_error)?;
-    Ok(d)
+    Ok(pythonize::pythonize(py, &Row { name, n })?)
 }
 
 #[pyfunction]
-#[pyo3(name = "inspect", signature = (path, *, to=None, keep=Vec::new(), keep_min_size=None,
-                    keep_unmatched="warn", from_bf16=false, scan=false, on_overflow=None,
-                    threads=None, progress=None, dst=None, force=false, report=None,
-                    allow_copy=false, tuning=None, key=None, strip_prefix=Vec::new()))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(name = "inspect", signature = (path, *, scan=false, dst=None, progress=None,
+                                      **options))]
 fn py_inspect<'py>(
     py: Python<'py>,
     path: PathBuf,
-    to: Option<&Bound<'py, PyAny>>,
-    keep: Vec<String>,
-    keep_min_size: Option<&Bound<'py, PyAny>>,
-    keep_unmatched: &str,
-    from_bf16: bool,
     scan: bool,
-    on_overflow: Option<&Bound<'py, PyAny>>,
-    threads: Option<&Bound<'py, PyAny>>,
-    progress: Option<Bound<'py, PyAny>>,
     dst: Option<PathBuf>,
-    force: bool,
-    report: Option<PathBuf>,
-    allow_copy: bool,
-    tuning: Option<&Bound<'py, PyDict>>,
-    key: Option<String>,
-    strip_prefix: Vec<String>,
+    progress: Option<Bound<'py, PyAny>>,
+    options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let plan_opts = plan_options(py, to, keep, keep_min_size, keep_unmatched, from_bf16)?;
-    let on_overflow = self::on_overflow(py, on_overflow)?;
-    let opts = Options {
-        input: input_options(key, strip_prefix),
-        threads: self::threads(py, threads)?,
-        tuning: self::tuning(tuning)?,
-        force,
-        report,
-        allow_copy,
-        on_overflow,
-        ..Options::new(plan_opts.target)
-    };
+    let o = Opts::of(py, options)?;
+    let opts = o.convert(py)?;
     let mut task = guarded(py, || {
-        InspectTask::new(&path, &plan_opts, scan, on_overflow, &opts, dst.as_deref())
+        InspectTask::new(
+            &path,
+            &opts.plan,
+            scan,
+            opts.on_overflow,
+            &opts,
+            dst.as_deref(),
+        )
     })?;
-    let hooks = Hooks {
-        step: opts.tuning.step,
-        progress,
-        cancel: None,
-        warn: None,
-        ended: Cell::new(false),
-    };
+    let hooks = hooks(opts.tuning.step, progress, None, None);
     hooks.drive(py, &mut task)?;
     let found = guarded(py, move || task.finish())?;
-    inspect_dict(py, &found)
-}
-
-/// The input formats reports name (`_types.InputFormat`), and the name of one.
-const INPUT_FORMATS: &[&str] = &["safetensors", "pytorch", "pytorch-legacy"];
-
-fn format_name(f: crate::torch::Format) -> &'static str {
-    use crate::torch::Format;
-    match f {
-        Format::TorchZip => INPUT_FORMATS[1],
-        Format::TorchLegacy => INPUT_FORMATS[2],
-        _ => INPUT_FORMATS[0],
-    }
-}
-
-fn inspect_dict<'py>(py: Python<'py>, found: &Inspection) -> PyResult<Bound<'py, PyDict>> {
-    let (src, plan) = (&found.source, &found.plan);
-    let h = &src.header;
-    let d = PyDict::new(py);
-    d.set_item("path", src.path.as_os_str())?;
-    d.set_item("format", format_name(src.format()))?;
-    match &src.origin {
-        Some(o) => {
-            d.set_item("key", &o.key)?;
-            d.set_item("skipped", PyList::new(py, &o.skipped)?)?;
-            d.set_item("globals", PyList::new(py, &o.globals)?)?;
-            d.set_item("unlisted", PyList::new(py, &o.unlisted)?)?;
-        }
-        None => {
-            d.set_item("key", py.None())?;
-            d.set_item("skipped", PyList::empty(py))?;
-            d.set_item("globals", PyList::empty(py))?;
-            d.set_item("unlisted", PyList::empty(py))?;
-        }
-    }
-    d.set_item("header_bytes", h.header_len)?;
-    d.set_item("data_bytes", h.data_len())?;
-    d.set_item("file_bytes", src.file_bytes())?;
-    match &h.metadata {
-        Some(meta) => {
-            let m = PyDict::new(py);
-            for (k, v) in meta {
-                m.set_item(k, v)?;
-            }
-            d.set_item("metadata", m)?;
-        }
-        None => d.set_item("metadata", py.None())?,
-    }
-    // The plan is in output order; report tensors in input order with their fate.
-    let mut fate = vec![None; h.tensors.len()];
-    for t in &plan.tensors {
-        fate[t.source] = Some(t);
-    }
-    let mut measured: Vec<Option<&Numerics>> = vec![None; h.tensors.len()];
-    for t in found.scanned.as_deref().unwrap_or_default() {
-        let t: &Scanned = t;
-        measured[t.source] = t.numerics.as_ref();
-    }
-    let tensors = PyList::empty(py);
-    for (i, (t, planned)) in h.tensors.iter().zip(fate).enumerate() {
-        let planned = planned.expect("every source tensor is planned");
-        let e = PyDict::new(py);
-        e.set_item("name", &t.name)?;
-        e.set_item("dtype", t.dtype.to_string())?;
-        e.set_item("shape", &t.shape)?;
-        e.set_item("bytes", t.len())?;
-        e.set_item("data_offsets", [t.start, t.end])?;
-        e.set_item("target_dtype", planned.dtype.to_string())?;
-        e.set_item("target_bytes", planned.end - planned.start)?;
-        let action = match planned.action {
-            crate::dtype::Action::Copy => "copy",
-            crate::dtype::Action::Convert(_) => "convert",
-        };
-        e.set_item("action", action)?;
-        e.set_item("target_offsets", [planned.start, planned.end])?;
-        e.set_item("reason", plan.reasons[i].code().name())?;
-        e.set_item("pattern", plan.reasons[i].pattern())?;
-        match measured[i] {
-            Some(n) => e.set_item("numerics", numerics_fields(py, None, n)?)?,
-            None => e.set_item("numerics", py.None())?,
-        }
-        tensors.append(e)?;
-    }
-    d.set_item("tensors", tensors)?;
-    d.set_item("output_bytes", plan.file_len())?;
-    d.set_item("output_header_sha256", text::sha256_hex(&plan.header))?;
-    d.set_item("to", plan.target.name())?;
-    d.set_item("warnings", warnings_list(py, &plan.warnings)?)?;
-    d.set_item("tensors_converted", plan.converted())?;
-    d.set_item("tensors_copied", plan.tensors.len() - plan.converted())?;
-    d.set_item("tensors_kept", plan.kept())?;
-    d.set_item("bytes_kept", plan.kept_bytes())?;
-    d.set_item("keep_unmatched", PyList::new(py, &plan.keep_unmatched)?)?;
-    d.set_item("scanned", found.scanned.is_some())?;
-    Ok(d)
+    crossed(py, &found.rows(), &[("path", &found.source.path)])
 }
 
 #[pyfunction]
-#[pyo3(name = "verify", signature = (src, dst, *, loose=false, to=None, keep=Vec::new(),
-                    keep_min_size=None, from_bf16=false, on_overflow=None, threads=None,
-                    progress=None, numerics=true, report=None, force=false, tuning=None,
-                    key=None, strip_prefix=Vec::new()))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(name = "verify", signature = (src, dst, *, progress=None, **options))]
 fn py_verify<'py>(
     py: Python<'py>,
     src: PathBuf,
     dst: PathBuf,
-    loose: bool,
-    to: Option<&Bound<'py, PyAny>>,
-    keep: Vec<String>,
-    keep_min_size: Option<&Bound<'py, PyAny>>,
-    from_bf16: bool,
-    on_overflow: Option<&Bound<'py, PyAny>>,
-    threads: Option<&Bound<'py, PyAny>>,
     progress: Option<Bound<'py, PyAny>>,
-    numerics: bool,
-    report: Option<PathBuf>,
-    force: bool,
-    tuning: Option<&Bound<'py, PyDict>>,
-    key: Option<String>,
-    strip_prefix: Vec<String>,
+    options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let mut opts = verify_options(
-        py,
-        loose,
-        to,
-        keep,
-        keep_min_size,
-        from_bf16,
-        on_overflow,
-        threads,
-        numerics,
-        report,
-        force,
-        tuning,
-    )?;
-    opts.input = input_options(key, strip_prefix);
+    let opts = Opts::of(py, options)?.verify(py)?;
     let mut verifier = guarded(py, || Verifier::open(&src, &dst, &opts))?;
-    let hooks = Hooks {
-        step: opts.tuning.step,
-        progress,
-        cancel: None,
-        warn: None,
-        ended: Cell::new(false),
-    };
+    let hooks = hooks(opts.tuning.step, progress, None, None);
     hooks.drive(py, &mut verifier)?;
     let report = guarded(py, move || verifier.finish())?;
-    verify_dict(py, &report, numerics)
-}
-
-/// `verify`'s keywords as engine options.
-#[allow(clippy::too_many_arguments)]
-fn verify_options<'py>(
-    py: Python<'py>,
-    loose: bool,
-    to: Option<&Bound<'py, PyAny>>,
-    keep: Vec<String>,
-    keep_min_size: Option<&Bound<'py, PyAny>>,
-    from_bf16: bool,
-    on_overflow: Option<&Bound<'py, PyAny>>,
-    threads: Option<&Bound<'py, PyAny>>,
-    numerics: bool,
-    report: Option<PathBuf>,
-    force: bool,
-    tuning: Option<&Bound<'py, PyDict>>,
-) -> PyResult<VerifyOptions> {
-    let plan = plan_options(py, to, keep, keep_min_size, "ignore", from_bf16)?;
-    Ok(VerifyOptions {
-        input: InputOptions::default(),
-        loose,
-        target: to.map(|_| plan.target),
-        keep: plan.keep,
-        keep_min_size: plan.keep_min_size,
-        from_bf16,
-        on_overflow: self::on_overflow(py, on_overflow)?,
-        threads: self::threads(py, threads)?,
-        numerics,
-        report,
-        force,
-        tuning: self::tuning(tuning)?,
-    })
+    verify_dict(py, &report, opts.numerics)
 }
 
 fn verify_dict<'py>(
@@ -1056,39 +759,12 @@ fn verify_dict<'py>(
     r: &VerifyReport,
     numerics: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("src", r.src.as_os_str())?;
-    d.set_item("dst", r.dst.as_os_str())?;
+    let d = crossed(py, r, &[("src", &r.src), ("dst", &r.dst)])?;
     d.set_item("ok", r.is_ok())?;
-    d.set_item("loose", r.loose)?;
-    d.set_item("tensors_converted", r.tensors_converted)?;
-    d.set_item("tensors_identical", r.tensors_identical)?;
-    d.set_item("bytes_compared", r.bytes_compared)?;
-    d.set_item("seconds", r.seconds)?;
-    d.set_item("threads", r.threads)?;
-    d.set_item("isa", r.isa.name())?;
-    match &r.mismatch {
-        None => d.set_item("mismatch", py.None())?,
-        Some(m) => {
-            let e = PyDict::new(py);
-            e.set_item("message", &m.message)?;
-            e.set_item("tensor", &m.tensor)?;
-            e.set_item("index", m.index)?;
-            e.set_item("source_bits", &m.source_bits)?;
-            e.set_item("source_value", m.source_value)?;
-            e.set_item("expected_bits", &m.expected_bits)?;
-            e.set_item("found_bits", &m.found_bits)?;
-            d.set_item("mismatch", e)?;
-        }
-    }
-    d.set_item("to", r.to.map(Target::name))?;
     // Only a verified pair has the numbers of a conversion.
-    let measured = if numerics && r.is_ok() {
-        Some(numerics_dict(py, &r.numerics, &r.numerics_total)?)
-    } else {
-        None
-    };
-    d.set_item("numerics", measured)?;
+    let measured =
+        (numerics && r.is_ok()).then(|| numerics_dict(py, &r.numerics, &r.numerics_total));
+    d.set_item("numerics", measured.transpose()?)?;
     Ok(d)
 }
 
@@ -1125,13 +801,7 @@ fn write_file<'py>(
     cancel: Option<Bound<'py, PyAny>>,
 ) -> PyResult<(u64, u64, u64)> {
     let replace = replace_policy(replace)?;
-    let hooks = Hooks {
-        step: Tuning::default().step,
-        progress: None,
-        cancel,
-        warn: None,
-        ended: Cell::new(false),
-    };
+    let hooks = hooks(Tuning::default().step, None, cancel, None);
     // A stop request that interrupted the write (EINTR) wins over the error it caused.
     let p = hooks.run(py, || output::write_file(&path, &data, replace, tag))?;
     Ok((p.dev, p.ino, p.size))
@@ -1151,60 +821,38 @@ fn copy_file<'py>(
     cancel: Option<Bound<'py, PyAny>>,
 ) -> PyResult<(u64, u64, u64)> {
     let replace = replace_policy(replace)?;
-    let hooks = Hooks {
-        step: Tuning::default().step,
-        progress,
-        cancel,
-        warn: None,
-        ended: Cell::new(false),
-    };
+    let hooks = hooks(Tuning::default().step, progress, cancel, None);
     let mut copy = hooks.run(py, || output::Copy::new(&src, &dst, replace, tag))?;
     hooks.drive(py, &mut copy)?;
     let p = hooks.run(py, move || copy.finish())?;
     Ok((p.dev, p.ino, p.size))
 }
 
-fn numerics_from(d: &Bound<'_, PyAny>) -> PyResult<Numerics> {
-    Ok(Numerics {
-        elements: d.get_item("elements")?.extract()?,
-        overflow: d.get_item("overflow")?.extract()?,
-        underflow_to_zero: d.get_item("underflow_to_zero")?.extract()?,
-        subnormal: d.get_item("subnormal")?.extract()?,
-        nan_in: d.get_item("nan_in")?.extract()?,
-        inf_in: d.get_item("inf_in")?.extract()?,
-        max_abs_error: d.get_item("max_abs_error")?.extract()?,
-        max_rel_error: d.get_item("max_rel_error")?.extract()?,
-    })
-}
-
-/// Write the numeric report of a folder (`numerics` as a folder's report holds it, each
-/// tensor with its `file`) to `path`, atomically; the layout is the engine's.
+/// Write the numeric report of a folder to `path`, atomically, from the engine's own rows:
+/// `parts` are each file's `TensorNumerics` (as the folder's report holds them) with its
+/// path relative to the folder; the totals are merged here. The layout is the engine's.
 #[pyfunction]
-#[pyo3(signature = (path, src, dst, to, numerics, *, replace=None))]
-fn write_numeric_report(
-    py: Python<'_>,
+#[pyo3(signature = (path, src, dst, to, parts, *, replace=None))]
+fn write_numeric_report<'py>(
+    py: Python<'py>,
     path: PathBuf,
     src: PathBuf,
     dst: PathBuf,
     to: Option<&str>,
-    numerics: &Bound<'_, PyAny>,
-    replace: Option<&Bound<'_, PyAny>>,
+    parts: Vec<(Option<String>, Bound<'py, TensorNumerics>)>,
+    replace: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<(u64, u64, u64)> {
-    let mut rows = Vec::new();
-    for t in numerics.get_item("tensors")?.try_iter()? {
-        let t = t?;
-        let file: Option<String> = match t.get_item("file") {
-            Ok(f) => Some(f.extract()?),
-            Err(_) => None,
-        };
-        let name: String = t.get_item("name")?.extract()?;
-        rows.push((file, name, numerics_from(&t)?));
+    let mut total = Numerics::default();
+    let mut named = Vec::new();
+    for (file, rows) in &parts {
+        let rows = rows.get();
+        total.merge(&rows.total);
+        named.extend(
+            rows.rows
+                .iter()
+                .map(|(n, x)| (file.as_deref(), n.as_str(), x)),
+        );
     }
-    let total = numerics_from(&numerics.get_item("total")?)?;
-    let named: Vec<(Option<&str>, &str, &Numerics)> = rows
-        .iter()
-        .map(|(f, n, x)| (f.as_deref(), n.as_str(), x))
-        .collect();
     let target = to.and_then(Target::from_name);
     let bytes = crate::report::folder_report(&src, &dst, target, &named, &total);
     let replace = replace_policy(replace)?;
@@ -1213,7 +861,8 @@ fn write_numeric_report(
 }
 
 /// Check a side output's path before any work (see `output::check_side_output`): `taken`
-/// are the paths it must not be. Returns the replace policy for `write_file`.
+/// are the paths it must not be, each with what it is (`vocab::Taken`). Returns the replace
+/// policy for `write_file`.
 #[pyfunction]
 #[pyo3(signature = (path, role, force, taken))]
 fn check_side_output<'py>(
@@ -1224,17 +873,12 @@ fn check_side_output<'py>(
     taken: Vec<(PathBuf, String)>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let role: &'static str = if role == "report" { "report" } else { "output" };
-    let ids: Vec<(output::PathId, &'static str)> = taken
-        .iter()
-        .map(|(p, what)| {
-            let what: &'static str = if what.contains("input") {
-                "path is the input"
-            } else {
-                "path is the output"
-            };
-            (output::PathId::of(p), what)
-        })
-        .collect();
+    let mut ids = Vec::new();
+    for (p, what) in &taken {
+        let what = Taken::from_name(what)
+            .ok_or_else(|| PyValueError::new_err(format!("taken: one of {:?}", Taken::NAMES)))?;
+        ids.push((output::PathId::of(p), what.what()));
+    }
     let refs: Vec<(&output::PathId, &'static str)> = ids.iter().map(|(i, w)| (i, *w)).collect();
     let replace = guarded(py, || output::check_side_output(&path, role, force, &refs))?;
     Ok(match replace {
@@ -1287,10 +931,17 @@ fn option_error<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let option = OptionName::from_name(option)
         .ok_or_else(|| PyValueError::new_err(format!("unknown option {option:?}")))?;
-    Ok(to_py(py, bad_option(option, value, expected))
+    Ok(to_py(py, given(value).bad(option, expected))
         .into_value(py)
         .into_bound(py)
         .into_any())
+}
+
+/// The canonical name of a target or one of its aliases ("bfloat16" -> "bf16"), as
+/// `Target::parse` reads it; anything else is the usage error of `to`.
+#[pyfunction]
+fn target_name(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<&'static str> {
+    Ok(check(py, Some(value), Target::Bf16, Given::target)?.name())
 }
 
 /// Hit a failpoint of the Python side (`failpoint` module): raises the injected error.
@@ -1300,61 +951,16 @@ fn failpoint(py: Python<'_>, name: &str) -> PyResult<()> {
         .map_err(|e| to_py(py, Error::io(std::path::Path::new(name), "failpoint", e)))
 }
 
-fn names<'py>(py: Python<'py>, names: &[&str]) -> PyResult<Bound<'py, PyTuple>> {
-    PyTuple::new(py, names)
-}
-
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("__version__", VERSION)?;
     m.add_class::<TensorNumerics>()?;
-    m.add("TARGETS", names(py, Target::NAMES)?)?;
-    let aliases = PyDict::new(py);
-    for (alias, t) in Target::ALIASES {
-        aliases.set_item(*alias, t.name())?;
+    let exports = pythonize::pythonize(py, &vocab::Exports::default())?;
+    for (name, value) in exports.cast_into::<PyDict>()?.iter() {
+        m.add(name.cast_into::<pyo3::types::PyString>()?, value)?;
     }
-    m.add("TARGET_ALIASES", aliases)?;
-    let torch_names = PyDict::new(py);
-    for t in Target::ALL {
-        if let Some(name) = t.torch_name() {
-            torch_names.set_item(t.name(), name)?;
-        }
-    }
-    m.add("TARGET_TORCH_NAMES", torch_names)?;
-    let target_dtypes = PyDict::new(py);
-    for t in Target::ALL {
-        if let Some(dtype) = t.dtype() {
-            target_dtypes.set_item(t.name(), dtype.to_string())?;
-        }
-    }
-    m.add("TARGET_DTYPES", target_dtypes)?;
-    m.add("REASONS", names(py, ReasonCode::NAMES)?)?;
-    let kept: Vec<&str> = ReasonCode::ALL
-        .iter()
-        .filter(|r| r.is_kept())
-        .map(|r| r.name())
-        .collect();
-    m.add("KEPT_REASONS", names(py, &kept)?)?;
-    m.add("ERROR_KINDS", names(py, ErrorKind::NAMES)?)?;
-    m.add("WARNING_KINDS", names(py, WarningKind::NAMES)?)?;
-    m.add("OPTIONS", names(py, OptionName::NAMES)?)?;
-    m.add("INPUT_FORMATS", names(py, INPUT_FORMATS)?)?;
-    m.add("ON_OVERFLOW", names(py, OnOverflow::NAMES)?)?;
-    m.add("UNMATCHED", names(py, Unmatched::NAMES)?)?;
-    m.add("READ_ADVICE", names(py, ReadAdvice::NAMES)?)?;
-    let dtypes: Vec<String> = vocab::DTYPES.iter().map(|d| d.to_string()).collect();
-    m.add("DTYPES", PyTuple::new(py, &dtypes)?)?;
-    let quantized: Vec<String> = vocab::DTYPES
-        .iter()
-        .filter(|d| vocab::is_quantized_dtype(**d))
-        .map(|d| d.to_string())
-        .collect();
-    m.add("QUANTIZED_DTYPES", PyTuple::new(py, &quantized)?)?;
-    let isas: Vec<&str> = Isa::available().iter().map(|i| i.name()).collect();
-    m.add("ISAS", names(py, &isas)?)?;
-    m.add("MAX_THREADS", MAX_THREADS)?;
-    m.add("DEFAULT_WINDOW_MIB", DEFAULT_WINDOW >> 20)?;
+    m.add_function(wrap_pyfunction!(_set_exceptions, m)?)?;
     m.add_function(wrap_pyfunction!(py_convert, m)?)?;
     m.add_function(wrap_pyfunction!(py_inspect, m)?)?;
     m.add_function(wrap_pyfunction!(py_verify, m)?)?;
@@ -1362,6 +968,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(format_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(escape, m)?)?;
     m.add_function(wrap_pyfunction!(option_error, m)?)?;
+    m.add_function(wrap_pyfunction!(target_name, m)?)?;
     m.add_function(wrap_pyfunction!(failpoint, m)?)?;
     m.add_function(wrap_pyfunction!(write_file, m)?)?;
     m.add_function(wrap_pyfunction!(copy_file, m)?)?;

@@ -3,12 +3,20 @@
 //! `convert` writes it from the numbers it measured while converting; `verify` writes the
 //! same from a pair it verified. It is complete in its hidden temp before the output is
 //! published, and published right after it.
+//!
+//! It also says how the engine's reports serialize (serde) where their shape is not the
+//! derived one: the Python adapter turns them into plain dicts with `pythonize`, once.
 
 use std::path::Path;
 
+use serde::ser::{SerializeStruct, SerializeTuple};
+use serde::{Serialize, Serializer};
 use serde_json::{json, Map, Value};
 
+use crate::error::Warning;
+use crate::kernels::Isa;
 use crate::numerics::Numerics;
+use crate::plan::KeptTensor;
 use crate::vocab::Target;
 use crate::VERSION;
 
@@ -79,4 +87,62 @@ pub fn folder_report(
     serde::Serialize::serialize(&doc, &mut ser).expect("JSON of plain values always serializes");
     out.push(b'\n');
     out
+}
+
+impl Serialize for Isa {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+/// A warning crosses as `(kind, template)`.
+impl Serialize for Warning {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut t = s.serialize_tuple(2)?;
+        t.serialize_element(&self.kind)?;
+        t.serialize_element(&self.text)?;
+        t.end()
+    }
+}
+
+/// A kept tensor: its name, dtype, bytes, reason code and the pattern that kept it.
+impl Serialize for KeptTensor {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_struct("KeptTensor", 5)?;
+        m.serialize_field("name", &self.name)?;
+        m.serialize_field("dtype", &Shown(&self.dtype))?;
+        m.serialize_field("bytes", &self.bytes)?;
+        m.serialize_field("reason", &self.reason.code())?;
+        m.serialize_field("pattern", &self.reason.pattern())?;
+        m.end()
+    }
+}
+
+/// A value serialized as its `Display` text (dtypes: "F32").
+pub struct Shown<'a, T: std::fmt::Display>(pub &'a T);
+
+impl<T: std::fmt::Display> Serialize for Shown<'_, T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self.0)
+    }
+}
+
+/// A byte range, serialized as a two-element list.
+pub struct Span(pub u64, pub u64);
+
+impl Serialize for Span {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq([self.0, self.1])
+    }
+}
+
+/// Key-value pairs in their order, serialized as a map (`__metadata__`).
+pub fn pairs_as_map<S: Serializer>(
+    pairs: &Option<&[(String, String)]>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match pairs {
+        None => s.serialize_none(),
+        Some(pairs) => s.collect_map(pairs.iter().map(|(k, v)| (k, v))),
+    }
 }

@@ -157,6 +157,28 @@ pub struct ShardPlan {
     pub keep_unmatched: Vec<String>,
 }
 
+/// A `ShardPlan` as reports show it (serialized; see `Group::rows`).
+#[derive(serde::Serialize)]
+pub struct ShardPlanRows<'a> {
+    pub indexed: bool,
+    pub warnings: &'a [Warning],
+    pub keep_unmatched: &'a [String],
+    pub shards: Vec<ShardRow<'a>>,
+}
+
+/// One output shard: its tensors' names, the input files it reads (indexes), its sizes.
+#[derive(serde::Serialize)]
+pub struct ShardRow<'a> {
+    pub tensors: Vec<&'a str>,
+    pub inputs: Vec<usize>,
+    pub file_bytes: u64,
+    pub data_bytes: u64,
+    pub target_bytes: u64,
+    pub header_sha256: &'a str,
+    pub tensors_converted: usize,
+    pub tensors_kept: usize,
+}
+
 /// One tensor as the size arithmetic sees it.
 struct Item {
     /// `width_rank` of its output dtype: the output groups by it, widest first.
@@ -363,6 +385,38 @@ impl Group {
             .map(|&i| self.inputs[i].duplicate())
             .collect::<Result<Vec<_>>>()?;
         Ok(Source::from_parts(&files[0].path.clone(), files, header))
+    }
+
+    /// `plan` as reports show it: each shard's tensors by name, and the input files it reads.
+    pub fn rows<'a>(&'a self, plan: &'a ShardPlan) -> ShardPlanRows<'a> {
+        let shards = plan
+            .shards
+            .iter()
+            .map(|s| {
+                let mut inputs: Vec<usize> = s.tensors.iter().map(|t| t.0).collect();
+                inputs.dedup();
+                ShardRow {
+                    tensors: s
+                        .tensors
+                        .iter()
+                        .map(|&t| self.tensor(t).name.as_str())
+                        .collect(),
+                    inputs,
+                    file_bytes: s.file_len,
+                    data_bytes: s.data_in,
+                    target_bytes: s.data_out,
+                    header_sha256: &s.header_sha256,
+                    tensors_converted: s.converted,
+                    tensors_kept: s.kept,
+                }
+            })
+            .collect();
+        ShardPlanRows {
+            indexed: plan.indexed,
+            warnings: &plan.warnings,
+            keep_unmatched: &plan.keep_unmatched,
+            shards,
+        }
     }
 
     /// Assign the tensors to output shards of at most `max_size` bytes on disk (a tensor

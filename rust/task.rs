@@ -9,12 +9,17 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::convert::{check_outputs, check_something_changes, Job, Options, Report};
+use crate::dtype::Action;
 use crate::error::{Error, Result, Warning};
+use crate::input::Origin;
+use crate::numerics::Numerics;
 use crate::plan::{self, Plan, PlanOptions};
+use crate::report::{Shown, Span};
 use crate::scan::{self, Scan, ScanKind, Scanned};
 use crate::source::Source;
 use crate::verify::Verifier;
-use crate::vocab::OnOverflow;
+use crate::vocab::{InputFormat, OnOverflow, ReasonCode, Target};
+use safetensors::tensor::Dtype;
 
 /// Long work, done in steps.
 pub trait Task {
@@ -186,6 +191,122 @@ pub struct Inspection {
     pub plan: Plan,
     /// The scanned tensors (file order), when scanned.
     pub scanned: Option<Vec<Scanned>>,
+}
+
+/// An `Inspection` as reports show it (serialized; its path the adapter adds): the input's
+/// layout, each tensor in input order with its fate, and the output's totals.
+#[derive(serde::Serialize)]
+pub struct InspectRows<'a> {
+    pub format: InputFormat,
+    /// For a PyTorch checkpoint: the dict converted, its entries left out, the globals its
+    /// pickle names and those outside the allow-list (empty for safetensors).
+    pub key: Option<&'a str>,
+    pub skipped: &'a [String],
+    pub globals: &'a [String],
+    pub unlisted: &'a [String],
+    pub header_bytes: u64,
+    pub data_bytes: u64,
+    pub file_bytes: u64,
+    #[serde(serialize_with = "crate::report::pairs_as_map")]
+    pub metadata: Option<&'a [(String, String)]>,
+    pub tensors: Vec<TensorRow<'a>>,
+    pub output_bytes: u64,
+    pub output_header_sha256: String,
+    pub to: Target,
+    pub warnings: &'a [Warning],
+    pub tensors_converted: usize,
+    pub tensors_copied: usize,
+    pub tensors_kept: usize,
+    pub bytes_kept: u64,
+    pub keep_unmatched: &'a [String],
+    pub scanned: bool,
+}
+
+/// One input tensor and what the conversion does with it.
+#[derive(serde::Serialize)]
+pub struct TensorRow<'a> {
+    pub name: &'a str,
+    pub dtype: Shown<'a, Dtype>,
+    pub shape: &'a [usize],
+    pub bytes: u64,
+    pub data_offsets: Span,
+    pub target_dtype: Shown<'a, Dtype>,
+    pub target_bytes: u64,
+    /// "convert" or "copy".
+    pub action: &'static str,
+    pub target_offsets: Span,
+    pub reason: ReasonCode,
+    pub pattern: Option<&'a str>,
+    /// With a scan, for the tensors it measured.
+    pub numerics: Option<&'a Numerics>,
+}
+
+impl Inspection {
+    /// What reports show of it.
+    pub fn rows(&self) -> InspectRows<'_> {
+        let (src, plan) = (&self.source, &self.plan);
+        let h = &src.header;
+        // The plan is in output order; report tensors in input order with their fate.
+        let mut fate = vec![None; h.tensors.len()];
+        for t in &plan.tensors {
+            fate[t.source] = Some(t);
+        }
+        let mut measured: Vec<Option<&Numerics>> = vec![None; h.tensors.len()];
+        for t in self.scanned.as_deref().unwrap_or_default() {
+            measured[t.source] = t.numerics.as_ref();
+        }
+        let tensors = h
+            .tensors
+            .iter()
+            .zip(fate)
+            .zip(measured)
+            .zip(&plan.reasons)
+            .map(|(((t, planned), numerics), reason)| {
+                let planned = planned.expect("every source tensor is planned");
+                TensorRow {
+                    name: &t.name,
+                    dtype: Shown(&t.dtype),
+                    shape: &t.shape,
+                    bytes: t.len(),
+                    data_offsets: Span(t.start, t.end),
+                    target_dtype: Shown(&planned.dtype),
+                    target_bytes: planned.end - planned.start,
+                    action: match planned.action {
+                        Action::Copy => "copy",
+                        Action::Convert(_) => "convert",
+                    },
+                    target_offsets: Span(planned.start, planned.end),
+                    reason: reason.code(),
+                    pattern: reason.pattern(),
+                    numerics,
+                }
+            })
+            .collect();
+        let origin = src.origin.as_ref();
+        let list = |f: fn(&Origin) -> &[String]| origin.map_or(&[][..], f);
+        InspectRows {
+            format: InputFormat::of(src.format()),
+            key: origin.map(|o| o.key.as_str()),
+            skipped: list(|o| &o.skipped),
+            globals: list(|o| &o.globals),
+            unlisted: list(|o| &o.unlisted),
+            header_bytes: h.header_len,
+            data_bytes: h.data_len(),
+            file_bytes: src.file_bytes(),
+            metadata: h.metadata.as_deref(),
+            tensors,
+            output_bytes: plan.file_len(),
+            output_header_sha256: crate::text::sha256_hex(&plan.header),
+            to: plan.target,
+            warnings: &plan.warnings,
+            tensors_converted: plan.converted(),
+            tensors_copied: plan.tensors.len() - plan.converted(),
+            tensors_kept: plan.kept(),
+            bytes_kept: plan.kept_bytes(),
+            keep_unmatched: &plan.keep_unmatched,
+            scanned: self.scanned.is_some(),
+        }
+    }
 }
 
 impl InspectTask {

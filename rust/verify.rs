@@ -78,7 +78,7 @@ impl Default for VerifyOptions {
 }
 
 /// The first difference found.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Mismatch {
     /// One line saying what differs.
     pub message: String,
@@ -107,10 +107,13 @@ impl Mismatch {
     }
 }
 
-/// The outcome of a verification.
-#[derive(Clone, Debug)]
+/// The outcome of a verification (serialized without its paths and numerics, which the
+/// adapter adds as Python holds them).
+#[derive(Clone, Debug, serde::Serialize)]
 pub struct VerifyReport {
+    #[serde(skip)]
     pub src: PathBuf,
+    #[serde(skip)]
     pub dst: PathBuf,
     pub loose: bool,
     pub tensors_converted: usize,
@@ -125,7 +128,9 @@ pub struct VerifyReport {
     pub to: Option<Target>,
     /// What rounding did to each converted tensor, in DST order, as `Report::numerics` of
     /// the conversion (empty without `VerifyOptions::numerics`; partial after a mismatch).
+    #[serde(skip)]
     pub numerics: Vec<(String, Numerics)>,
+    #[serde(skip)]
     pub numerics_total: Numerics,
 }
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from . import _core, _engine
 from .errors import InvalidInput, Refused, StcastError, UsageError
-from .reports import ConvertReport, InspectReport, VerifyReport
+from .reports import ConvertReport, InspectReport, VerifyReport, numeric_parts
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -205,7 +205,7 @@ def convert(
                 report, "report", [(prepared.src, "source"), (prepared.dst, "destination")]
             )
             replace = _core.check_side_output(
-                report, "report", force, [(prepared.src, "the input"), (prepared.dst, "the output")]
+                report, "report", force, [(prepared.src, "input"), (prepared.dst, "output")]
             )
         result = folder.convert_folder(
             prepared,
@@ -220,8 +220,9 @@ def convert(
         if report is not None and result.numerics is not None:
             # The folder's own commit point is behind it: a failure here says so.
             try:
+                parts = numeric_parts(result.numerics)
                 _core.write_numeric_report(
-                    report, result.src, result.dst, result.to, result.numerics, replace=replace
+                    report, result.src, result.dst, result.to, parts, replace=replace
                 )
             except (OSError, StcastError) as e:
                 raise _after_commit(result.dst, e) from None

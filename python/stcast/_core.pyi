@@ -3,19 +3,9 @@
 from collections.abc import Sequence
 from typing import Any, Callable, Protocol, TypedDict, final, overload
 
-from stcast._types import (
-    Action,
-    InputFormat,
-    KeptTensor,
-    Numerics,
-    NumericsTotal,
-    OnOverflow,
-    Reason,
-    Target,
-)
-from stcast._types import (
-    TensorNumerics as _Row,
-)
+from typing_extensions import Unpack
+
+from stcast._types import TensorNumerics as _Row
 
 __all__ = [
     "__version__",
@@ -38,6 +28,7 @@ __all__ = [
     "ISAS",
     "MAX_THREADS",
     "DEFAULT_WINDOW_MIB",
+    "_set_exceptions",
     "convert",
     "inspect",
     "verify",
@@ -45,6 +36,7 @@ __all__ = [
     "format_bytes",
     "escape",
     "option_error",
+    "target_name",
     "failpoint",
     "write_file",
     "copy_file",
@@ -85,154 +77,62 @@ DEFAULT_WINDOW_MIB: int
 class _CancelFlag(Protocol):
     def is_set(self) -> bool: ...
 
-# Warnings come as (kind, template) pairs; see stcast.errors.render.
-_Warning = tuple[str, str]
+# Reports cross as plain dicts of the engine's serde form (rust/python.rs `crossed`): the
+# fields of stcast.reports' dataclasses (a test checks both ways); warnings are
+# (kind, template) pairs, `numerics` {"tensors": TensorNumerics, "total": NumericsTotal}.
+_Report = dict[str, Any]
 
-class _ConvertResult(TypedDict):
-    src: str
-    dst: str
-    to: Target
-    tensors_converted: int
-    tensors_copied: int
-    bytes_in: int
-    bytes_out: int
-    seconds: float
-    threads: int
-    isa: str
-    warnings: list[_Warning]
-    tensors_kept: int
-    bytes_kept: int
-    kept: list[KeptTensor]
-    on_overflow: OnOverflow
-    numerics: Numerics | None
+class _Options(TypedDict, total=False):
+    """The options every engine call takes as keywords (rust/python.rs `Opts`); each call
+    reads those it needs, and an absent or None one is the default."""
 
-class _TensorResult(TypedDict):
-    name: str
-    dtype: str
-    shape: list[int]
-    bytes: int
-    data_offsets: list[int]
-    target_dtype: str
-    target_bytes: int
-    action: Action
-    target_offsets: list[int]
-    reason: Reason
-    pattern: str | None
-    numerics: NumericsTotal | None
-
-class _InspectResult(TypedDict):
-    path: str
-    format: InputFormat
+    to: str | None
+    threads: int | None
+    force: bool
+    keep: list[str]
+    keep_min_size: int | None
+    keep_unmatched: str
+    from_bf16: bool
+    keep_names: list[str]
+    on_overflow: str | None
+    numerics: bool
+    report: str | None
+    replaces: tuple[int, int] | None
+    allow_copy: bool
+    tuning: dict[str, Any] | None
     key: str | None
-    skipped: list[str]
-    globals: list[str]
-    unlisted: list[str]
-    header_bytes: int
-    data_bytes: int
-    file_bytes: int
-    metadata: dict[str, str] | None
-    tensors: list[_TensorResult]
-    output_bytes: int
-    to: Target
-    warnings: list[_Warning]
-    tensors_converted: int
-    tensors_copied: int
-    tensors_kept: int
-    bytes_kept: int
-    keep_unmatched: list[str]
-    scanned: bool
-    output_header_sha256: str
-
-class _MismatchResult(TypedDict):
-    message: str
-    tensor: str | None
-    index: int | None
-    source_bits: str | None
-    source_value: float | None
-    expected_bits: str | None
-    found_bits: str | None
-
-class _VerifyResult(TypedDict):
-    src: str
-    dst: str
-    ok: bool
+    strip_prefix: list[str]
     loose: bool
-    tensors_converted: int
-    tensors_identical: int
-    bytes_compared: int
-    seconds: float
-    threads: int
-    isa: str
-    mismatch: _MismatchResult | None
-    to: Target | None
-    numerics: Numerics | None
+
+_Progress = Callable[[int, int], object] | None
+_Warn = Callable[[str, str], object] | None
 
 def convert(
     src: str,
     dst: str,
     *,
-    to: str | None = None,
-    threads: int | None = None,
-    force: bool = False,
-    progress: Callable[[int, int], object] | None = None,
+    progress: _Progress = None,
     cancel: _CancelFlag | None = None,
-    warn: Callable[[str, str], object] | None = None,
-    keep: list[str] = ...,
-    keep_min_size: int | None = None,
-    keep_unmatched: str = "warn",
-    from_bf16: bool = False,
-    on_overflow: str | None = None,
-    numerics: bool = True,
-    report: str | None = None,
-    replaces: tuple[int, int] | None = None,
-    allow_copy: bool = False,
-    tuning: dict[str, Any] | None = None,
-    key: str | None = None,
-    strip_prefix: list[str] = ...,
-) -> _ConvertResult: ...
+    warn: _Warn = None,
+    **options: Unpack[_Options],
+) -> _Report: ...
 def inspect(
     path: str,
     *,
-    to: str | None = None,
-    keep: list[str] = ...,
-    keep_min_size: int | None = None,
-    keep_unmatched: str = "warn",
-    from_bf16: bool = False,
     scan: bool = False,
-    on_overflow: str | None = None,
-    threads: int | None = None,
-    progress: Callable[[int, int], object] | None = None,
     dst: str | None = None,
-    force: bool = False,
-    report: str | None = None,
-    allow_copy: bool = False,
-    tuning: dict[str, Any] | None = None,
-    key: str | None = None,
-    strip_prefix: list[str] = ...,
-) -> _InspectResult: ...
+    progress: _Progress = None,
+    **options: Unpack[_Options],
+) -> _Report: ...
 def verify(
-    src: str,
-    dst: str,
-    *,
-    loose: bool = False,
-    to: str | None = None,
-    keep: list[str] = ...,
-    keep_min_size: int | None = None,
-    from_bf16: bool = False,
-    on_overflow: str | None = None,
-    threads: int | None = None,
-    progress: Callable[[int, int], object] | None = None,
-    numerics: bool = True,
-    report: str | None = None,
-    force: bool = False,
-    tuning: dict[str, Any] | None = None,
-    key: str | None = None,
-    strip_prefix: list[str] = ...,
-) -> _VerifyResult: ...
+    src: str, dst: str, *, progress: _Progress = None, **options: Unpack[_Options]
+) -> _Report: ...
+def _set_exceptions(classes: dict[str, Callable[..., BaseException]]) -> None: ...
 def render(template: str, option: Callable[[str, str | None], str]) -> str: ...
 def format_bytes(n: int) -> str: ...
 def escape(s: str) -> str: ...
 def option_error(option: str, value: object, expected: str) -> BaseException: ...
+def target_name(value: object) -> str: ...
 def failpoint(name: str) -> None: ...
 def write_file(
     path: str,
@@ -247,7 +147,7 @@ def write_numeric_report(
     src: str,
     dst: str,
     to: str | None,
-    numerics: Numerics,
+    parts: list[tuple[str | None, TensorNumerics]],
     *,
     replace: object = None,
 ) -> tuple[int, int, int]: ...
@@ -264,22 +164,6 @@ def copy_file(
     cancel: _CancelFlag | None = None,
 ) -> tuple[int, int, int]: ...
 
-class _ShardResult(TypedDict):
-    tensors: list[str]
-    inputs: list[int]
-    file_bytes: int
-    data_bytes: int
-    target_bytes: int
-    header_sha256: str
-    tensors_converted: int
-    tensors_kept: int
-
-class _ShardPlanResult(TypedDict):
-    indexed: bool
-    warnings: list[tuple[str, str]]
-    keep_unmatched: list[str]
-    shards: list[_ShardResult]
-
 @final
 class ShardGroup:
     """The input files of one re-sharded group, opened and validated."""
@@ -290,16 +174,7 @@ class ShardGroup:
     def paths(self) -> list[str]: ...
     def names(self) -> list[str]: ...
     def sizes(self) -> list[int]: ...
-    def plan(
-        self,
-        max_size: int,
-        *,
-        to: str | None = None,
-        keep: list[str] = ...,
-        keep_min_size: int | None = None,
-        from_bf16: bool = False,
-        keep_names: list[str] = ...,
-    ) -> _ShardPlanResult: ...
+    def plan(self, max_size: int, **options: Unpack[_Options]) -> _Report: ...
 
 def convert_shard(
     group: ShardGroup,
@@ -307,37 +182,19 @@ def convert_shard(
     indexed: bool,
     dst: str,
     *,
-    to: str | None = None,
-    keep: list[str] = ...,
-    keep_min_size: int | None = None,
-    from_bf16: bool = False,
-    keep_names: list[str] = ...,
-    on_overflow: str | None = None,
-    threads: int | None = None,
-    force: bool = False,
-    replaces: tuple[int, int] | None = None,
-    progress: Callable[[int, int], object] | None = None,
+    progress: _Progress = None,
     cancel: _CancelFlag | None = None,
-    warn: Callable[[str, str], object] | None = None,
-    numerics: bool = True,
-    tuning: dict[str, Any] | None = None,
-) -> _ConvertResult: ...
+    warn: _Warn = None,
+    **options: Unpack[_Options],
+) -> _Report: ...
 def verify_shard(
     group: ShardGroup,
     dst: str,
     indexed: bool,
     *,
-    loose: bool = False,
-    to: str | None = None,
-    keep: list[str] = ...,
-    keep_min_size: int | None = None,
-    from_bf16: bool = False,
-    on_overflow: str | None = None,
-    threads: int | None = None,
-    progress: Callable[[int, int], object] | None = None,
-    numerics: bool = True,
-    tuning: dict[str, Any] | None = None,
-) -> _VerifyResult: ...
+    progress: _Progress = None,
+    **options: Unpack[_Options],
+) -> _Report: ...
 def parse_size(value: object) -> int: ...
 def check_name(value: object) -> str: ...
 def shard_file_name(stem: str, i: int, n: int) -> str: ...

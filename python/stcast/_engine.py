@@ -62,14 +62,9 @@ def gc_paused() -> Iterator[None]:
 
 
 def target_name(to: object) -> Target:
-    """The canonical name of a target or one of its aliases ("bfloat16" -> "bf16")."""
-    name = to.lower() if isinstance(to, str) else None
-    if name in _core.TARGETS:
-        return name  # type: ignore[return-value]
-    alias = _core.TARGET_ALIASES.get(name or "")
-    if alias is None:
-        raise _core.option_error("to", to, "one of " + ", ".join(_core.TARGETS))
-    return alias  # type: ignore[return-value]
+    """The canonical name of a target or one of its aliases ("bfloat16" -> "bf16"), as the
+    engine resolves them; anything else is the engine's usage error of `to`."""
+    return _core.target_name(to)  # type: ignore[return-value]
 
 
 def patterns(keep: Iterable[str]) -> list[str]:

@@ -1129,11 +1129,10 @@ def _exit_code(code: object) -> int:
 
 
 def _target(text: str) -> str:
-    name = text.lower()
-    found = name if name in _core.TARGETS else _core.TARGET_ALIASES.get(name)
-    if found is None:
-        raise argparse.ArgumentTypeError(f"unknown target {text!r}: bf16, fp16 or keep")
-    return found
+    try:
+        return _core.target_name(text)  # the engine resolves aliases
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"unknown target {text!r}: bf16, fp16 or keep") from None
 
 
 def _whole(text: str, low: int, high: int) -> int:

@@ -94,6 +94,8 @@ class StcastError(ValueError):
         path: str | None = None,
         tensor: str | None = None,
         option: str | None = None,
+        message: str | None = None,  # the engine's full message: unused but by OSErrors
+        errno: int | None = None,
     ) -> None:
         super().__init__(template)
         self._engine_fields(template, path, tensor, option)
@@ -153,7 +155,7 @@ class DestinationExists(FileExistsError, StcastError):
 
     kind = "destination_exists"
 
-    def __init__(self, template: str, *, message: str, path: str | None) -> None:
+    def __init__(self, template: str, *, message: str, path: str | None, **_: object) -> None:
         FileExistsError.__init__(self, _errno.EEXIST, render(message, "api"), path)
         self._engine_fields(template, path, None, None)
 
@@ -167,9 +169,15 @@ class NoSpace(OSError, StcastError):
     kind = "no_space"
 
     def __init__(
-        self, template: str, *, message: str, path: str | None, errno: int = _errno.ENOSPC
+        self,
+        template: str,
+        *,
+        message: str,
+        path: str | None,
+        errno: int | None = _errno.ENOSPC,
+        **_: object,
     ) -> None:
-        OSError.__init__(self, errno, render(message, "api"), path)
+        OSError.__init__(self, errno or _errno.ENOSPC, render(message, "api"), path)
         self._engine_fields(template, path, None, None)
 
     __str__ = StcastError.__str__
@@ -196,29 +204,27 @@ class StcastWarning(UserWarning):
         self.path = path
 
 
-_CLASSES: dict[str, type[StcastError]] = {
-    c.kind: c for c in (InvalidInput, InputChanged, Refused, UsageError)
-}
+def _os_error(
+    template: str, *, message: str, path: str | None, errno: int | None, **_: object
+) -> OSError:
+    # OSError(errno, ...) instantiates the matching subclass (FileNotFoundError, ...).
+    return OSError(errno or _errno.EIO, render(message, "api"), path)
 
 
-def _from_engine(
-    *,
-    kind: str,
-    template: str,
-    message: str,
-    path: str | None,
-    tensor: str | None,
-    option: str | None,
-    errno: int | None,
-) -> BaseException:
-    """The exception for an engine error (called by the native module)."""
-    if kind == "destination_exists":
-        return DestinationExists(template, message=message, path=path)
-    if kind == "no_space":
-        return NoSpace(template, message=message, path=path, errno=errno or _errno.ENOSPC)
-    if kind == "cancelled":
-        return Cancelled("conversion cancelled")
-    if kind == "io":
-        # OSError(errno, ...) instantiates the matching subclass (FileNotFoundError, ...).
-        return OSError(errno or _errno.EIO, render(message, "api"), path)
-    return _CLASSES[kind](template, path=path, tensor=tensor, option=option)
+def _cancelled(template: str, **_: object) -> Cancelled:
+    return Cancelled("conversion cancelled")
+
+
+# The engine raises these, one per error kind (rust/python.rs `to_py`).
+_core._set_exceptions(
+    {
+        "invalid_input": InvalidInput,
+        "input_changed": InputChanged,
+        "refused": Refused,
+        "usage": UsageError,
+        "destination_exists": DestinationExists,
+        "no_space": NoSpace,
+        "io": _os_error,
+        "cancelled": _cancelled,
+    }
+)

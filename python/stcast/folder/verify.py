@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core, _engine
 from ..errors import Refused, StcastError
-from ..reports import Mismatch, Notice, VerifyReport, _build, merged_numerics
+from ..reports import Mismatch, Notice, VerifyReport, _build, merged_numerics, numeric_parts
 from .common import MAX_JSON_BYTES, WEIGHTS_SUFFIX, File, check_index, read_bounded
 from .ident import check_side_file, resolve_hub_repo
 from .ident import ident as ident_of
@@ -89,7 +89,7 @@ def verify_folder(
     if report is not None:
         check_side_file(report, "report", [(src, "source"), (dst, "destination")])
         replace = _core.check_side_output(
-            report, "report", force, [(src, "the input"), (dst, "the output")]
+            report, "report", force, [(src, "input"), (dst, "output")]
         )
     if single:
         weights = [single_file(src)]
@@ -266,7 +266,7 @@ def verify_folder(
     ok = mismatch is None
     numerics = merged_numerics([(rel, r.numerics) for rel, r in zip(rels, reports)]) if ok else None
     if ok and report is not None and numerics is not None:
-        _core.write_numeric_report(report, src, dst, to, numerics, replace=replace)
+        _core.write_numeric_report(report, src, dst, to, numeric_parts(numerics), replace=replace)
     threads_used = first.threads if first is not None else 0
     return VerifyReport(
         src=src,
