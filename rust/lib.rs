@@ -2,6 +2,7 @@
 //!
 //! The engine is plain Rust and knows neither Python nor the command line:
 //! - `vocab`: every name that crosses the language boundary, defined once;
+//! - `given`: option values as the front ends give them, checked once; the exported names;
 //! - `error`, `text`: typed errors and warnings, message templates;
 //! - `source`, `header`: open an input and validate its safetensors header;
 //! - `torch`: read PyTorch checkpoints (zip and legacy) without running their pickles;
@@ -12,6 +13,7 @@
 //! - `kernels`, `numerics`: convert numbers, and measure what rounding did;
 //! - `window`: the window cursor and parallel split every streaming pass uses;
 //! - `convert`, `scan`, `verify`: the streaming passes;
+//! - `naming`: output file names, stems and sizes (a leaf every other module may ask);
 //! - `shard`: re-sharding: output shards of a bounded size, planned from the headers;
 //! - `task`: those passes as steppable tasks with one progress count;
 //! - `output`: every file stcast writes appears atomically, only when complete;
@@ -27,9 +29,11 @@ pub mod error;
 pub mod failpoint;
 pub mod fused;
 pub mod gather;
+pub mod given;
 pub mod header;
 pub mod input;
 pub mod kernels;
+pub mod naming;
 pub mod numerics;
 pub mod output;
 pub mod plan;

@@ -16,6 +16,7 @@ use pyo3::types::{IntoPyDict, PyDict, PyList};
 
 use crate::convert::{Knobs, Options, Tuning};
 use crate::error::Error;
+use crate::given::{Exports, Given};
 use crate::input::InputOptions;
 use crate::numerics::Numerics;
 use crate::output::{self, Replace};
@@ -24,7 +25,7 @@ use crate::shard::{self, Group};
 use crate::task::{ConvertTask, InspectTask, Task};
 use crate::text;
 use crate::verify::{Verifier, VerifyOptions, VerifyReport};
-use crate::vocab::{self, ErrorKind, Given, OnOverflow, OptionName, Taken, Target, Unmatched};
+use crate::vocab::{ErrorKind, OnOverflow, OptionName, Taken, Target, Unmatched};
 use crate::VERSION;
 
 /// What `stcast.errors` hands over at import (`_set_exceptions`): for each error kind, the
@@ -956,7 +957,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("__version__", VERSION)?;
     m.add_class::<TensorNumerics>()?;
-    let exports = pythonize::pythonize(py, &vocab::Exports::default())?;
+    let exports = pythonize::pythonize(py, &Exports::default())?;
     for (name, value) in exports.cast_into::<PyDict>()?.iter() {
         m.add(name.cast_into::<pyo3::types::PyString>()?, value)?;
     }

@@ -1,0 +1,220 @@
+//! What the front ends give and get at the boundary: option values checked once, here,
+//! whatever their source (`Given`), and the names and values the package exports
+//! (`Exports`). Above `vocab`, `window`, `kernels` and `naming`, so that those stay leaves.
+
+use crate::vocab::{
+    is_quantized_dtype, ErrorKind, InputFormat, OnOverflow, OptionName, ReadAdvice, ReasonCode,
+    Target, Unmatched, WarningKind, DTYPES,
+};
+
+/// A list of names, serialized as a tuple (the constants of `_core` are tuples).
+pub struct Names(pub Vec<String>);
+
+impl Names {
+    fn of<T: ToString>(items: impl IntoIterator<Item = T>) -> Names {
+        Names(items.into_iter().map(|x| x.to_string()).collect())
+    }
+}
+
+impl serde::Serialize for Names {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeTuple;
+        let mut t = s.serialize_tuple(self.0.len())?;
+        for n in &self.0 {
+            t.serialize_element(n)?;
+        }
+        t.end()
+    }
+}
+
+/// Every name and limit the Python package reads from the engine, as `_core`'s constants
+/// (`TARGETS`, `TARGET_ALIASES`, ...): the adapter adds each field as a module attribute.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub struct Exports {
+    pub targets: Names,
+    #[serde(serialize_with = "pairs")]
+    pub target_aliases: Vec<(&'static str, &'static str)>,
+    #[serde(serialize_with = "pairs")]
+    pub target_torch_names: Vec<(&'static str, &'static str)>,
+    #[serde(serialize_with = "pairs")]
+    pub target_dtypes: Vec<(&'static str, String)>,
+    pub reasons: Names,
+    pub kept_reasons: Names,
+    pub error_kinds: Names,
+    pub warning_kinds: Names,
+    pub options: Names,
+    pub input_formats: Names,
+    pub on_overflow: Names,
+    pub unmatched: Names,
+    pub read_advice: Names,
+    pub dtypes: Names,
+    pub quantized_dtypes: Names,
+    pub isas: Names,
+    pub max_threads: usize,
+    pub default_window_mib: usize,
+}
+
+/// Serialize key-value pairs as a map, in their order.
+fn pairs<K: serde::Serialize, V: serde::Serialize, S: serde::Serializer>(
+    pairs: &[(K, V)],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_map(pairs.iter().map(|(k, v)| (k, v)))
+}
+
+impl Default for Exports {
+    fn default() -> Exports {
+        let targets = Target::ALL.iter();
+        Exports {
+            targets: Names::of(Target::NAMES),
+            target_aliases: Target::ALIASES
+                .iter()
+                .map(|(a, t)| (*a, t.name()))
+                .collect(),
+            target_torch_names: targets
+                .clone()
+                .filter_map(|t| Some((t.name(), t.torch_name()?)))
+                .collect(),
+            target_dtypes: targets
+                .filter_map(|t| Some((t.name(), t.dtype()?.to_string())))
+                .collect(),
+            reasons: Names::of(ReasonCode::NAMES),
+            kept_reasons: Names::of(
+                ReasonCode::ALL
+                    .iter()
+                    .filter(|r| r.is_kept())
+                    .map(|r| r.name()),
+            ),
+            error_kinds: Names::of(ErrorKind::NAMES),
+            warning_kinds: Names::of(WarningKind::NAMES),
+            options: Names::of(OptionName::NAMES),
+            input_formats: Names::of(InputFormat::NAMES),
+            on_overflow: Names::of(OnOverflow::NAMES),
+            unmatched: Names::of(Unmatched::NAMES),
+            read_advice: Names::of(ReadAdvice::NAMES),
+            dtypes: Names::of(DTYPES),
+            quantized_dtypes: Names::of(DTYPES.iter().filter(|d| is_quantized_dtype(**d))),
+            isas: Names::of(crate::kernels::Isa::available().iter().map(|i| i.name())),
+            max_threads: crate::window::MAX_THREADS,
+            default_window_mib: crate::window::DEFAULT_WINDOW >> 20,
+        }
+    }
+}
+
+/// An option's value as a caller gave it, for the checks every front end shares (ranges,
+/// choices and aliases are checked here, once): its text when it is a string, its number
+/// when it is a whole number (never a bool: `threads=True` is a mistake), and how the
+/// caller writes it, for the message.
+#[derive(Clone, Debug, Default)]
+pub struct Given {
+    pub text: Option<String>,
+    pub whole: Option<u64>,
+    pub repr: String,
+}
+
+impl Given {
+    /// The usage error of `option` with this value.
+    pub fn bad(&self, option: OptionName, expected: impl Into<String>) -> crate::Error {
+        crate::Error::BadOption {
+            option,
+            value: self.repr.clone(),
+            expected: expected.into(),
+        }
+    }
+
+    /// A whole number in `0..=max`.
+    pub fn whole(&self, option: OptionName, max: u64) -> crate::Result<u64> {
+        match self.whole {
+            Some(n) if n <= max => Ok(n),
+            _ => Err(self.bad(option, format!("a whole number from 0 to {max}"))),
+        }
+    }
+
+    /// One of `names`, as `parse` reads it.
+    pub fn choice<T>(
+        &self,
+        option: OptionName,
+        names: &[&str],
+        parse: impl Fn(&str) -> Option<T>,
+    ) -> crate::Result<T> {
+        let found = self.text.as_deref().and_then(parse);
+        found.ok_or_else(|| self.bad(option, format!("one of {}", names.join(", "))))
+    }
+
+    /// `to`: a target or one of its aliases.
+    pub fn target(&self) -> crate::Result<Target> {
+        self.choice(OptionName::To, Target::NAMES, Target::parse)
+    }
+
+    /// `on_overflow`.
+    pub fn on_overflow(&self) -> crate::Result<OnOverflow> {
+        self.choice(
+            OptionName::OnOverflow,
+            OnOverflow::NAMES,
+            OnOverflow::from_name,
+        )
+    }
+
+    /// `threads`: 0 (one per core) to `MAX_THREADS`.
+    pub fn threads(&self) -> crate::Result<usize> {
+        Ok(self.whole(OptionName::Threads, crate::window::MAX_THREADS as u64)? as usize)
+    }
+
+    /// `max_shard_size`: a whole number of bytes, or a string with a unit.
+    pub fn size(&self) -> crate::Result<u64> {
+        let parsed = match &self.text {
+            Some(s) => crate::naming::parse_size(s),
+            None => self.whole.filter(|&n| n > 0),
+        };
+        parsed.ok_or_else(|| {
+            self.bad(
+                OptionName::MaxShardSize,
+                "a size in bytes: a number with an optional unit, B, KB, MB, GB, TB (powers of \
+                 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. 5GB",
+            )
+        })
+    }
+
+    /// `name`: the stem of a re-sharded group's outputs.
+    pub fn stem(&self) -> crate::Result<String> {
+        match &self.text {
+            Some(s) if crate::naming::is_stem(s) => Ok(s.clone()),
+            _ => Err(self.bad(OptionName::Name, crate::naming::STEM_EXPECTED)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod given_tests {
+    use super::*;
+
+    fn text(s: &str) -> Given {
+        Given {
+            text: Some(s.into()),
+            repr: format!("'{s}'"),
+            ..Given::default()
+        }
+    }
+
+    #[test]
+    fn checks_ranges_choices_and_aliases() {
+        assert_eq!(text("BFloat16").target().unwrap(), Target::Bf16);
+        let e = text("bf17").target().unwrap_err().to_string();
+        assert!(
+            e.contains("'bf17'") && e.contains("one of bf16, fp16, keep"),
+            "{e}"
+        );
+        let n = |n| Given {
+            whole: Some(n),
+            repr: n.to_string(),
+            ..Given::default()
+        };
+        assert_eq!(n(4).threads().unwrap(), 4);
+        assert!(n(1 << 20).threads().is_err());
+        assert!(Given::default().threads().is_err()); // a bool, a float, None
+        assert_eq!(text("3kB").size().unwrap(), 3000);
+        assert!(n(0).size().is_err());
+        assert!(text("a/b").stem().is_err());
+    }
+}
