@@ -222,6 +222,18 @@ impl Error {
                 Format::TorchZip | Format::TorchLegacy => {
                     format!("{}, not a safetensors file", format.describe())
                 }
+                Format::Dcp => format!(
+                    "{}: stcast does not read these yet; consolidate it first \
+                     (torch.distributed.checkpoint.format_utils.dcp_to_torch_save) and convert \
+                     the file that writes",
+                    format.describe()
+                ),
+                Format::DeepSpeed => format!(
+                    "{}: stcast does not read these yet; consolidate it first (the \
+                     zero_to_fp32.py script DeepSpeed saves beside it) and convert what that \
+                     writes",
+                    format.describe()
+                ),
                 _ => format!(
                     "{}, not a safetensors file or a PyTorch checkpoint",
                     format.describe()

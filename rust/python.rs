@@ -538,6 +538,12 @@ fn index_file_name(stem: &str) -> String {
     shard::index_file_name(stem)
 }
 
+/// Refuse a folder that is a distributed training checkpoint (DCP, DeepSpeed), naming it.
+#[pyfunction]
+fn check_folder(py: Python<'_>, path: PathBuf) -> PyResult<()> {
+    guarded(py, || crate::input::folder::check_folder(&path))
+}
+
 /// The header of the safetensors file `path`, read and validated by the engine
 /// (`source::Source::open`, `header::read_header`): `(header_len, sha256, metadata,
 /// tensors)`. `header_len` is the JSON's length (the data start at `8 + header_len`),
@@ -982,6 +988,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_name, m)?)?;
     m.add_function(wrap_pyfunction!(shard_file_name, m)?)?;
     m.add_function(wrap_pyfunction!(index_file_name, m)?)?;
+    m.add_function(wrap_pyfunction!(check_folder, m)?)?;
     m.add_function(wrap_pyfunction!(read_header, m)?)?;
     Ok(())
 }

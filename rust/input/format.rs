@@ -35,6 +35,11 @@ pub enum Format {
     Json,
     /// Other text (a README, a model card...).
     Text,
+    /// A `torch.distributed.checkpoint` folder: `.metadata` and `__{rank}_{n}.distcp` files
+    /// (FSDP, torchtitan, Megatron `torch_dist`). A folder, told apart by `input::folder`.
+    Dcp,
+    /// A DeepSpeed checkpoint folder: `latest` and the tag folder's ZeRO partitions.
+    DeepSpeed,
     Unknown,
 }
 
@@ -56,6 +61,8 @@ impl Format {
             Format::Hdf5 => "an HDF5 file (Keras .h5)",
             Format::Json => "a JSON text file (a config or an index?)",
             Format::Text => "a text file",
+            Format::Dcp => "a torch.distributed.checkpoint (DCP) folder",
+            Format::DeepSpeed => "a DeepSpeed checkpoint folder (ZeRO partitions)",
             Format::Unknown => "a file of unknown format",
         }
     }

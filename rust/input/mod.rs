@@ -12,8 +12,10 @@
 //! located), and no tensor data is read before the conversion reads it.
 //!
 //! Submodules: `format` (the enum of every file kind), `sniff` (telling them apart from the
-//! bytes), `safetensors` (the safetensors opener).
+//! bytes), `safetensors` (the safetensors opener), `folder` (a folder that is a distributed
+//! training checkpoint, not a Hugging Face folder).
 
+pub mod folder;
 pub mod format;
 pub mod safetensors;
 pub mod sniff;

@@ -1,0 +1,155 @@
+//! What kind of checkpoint a folder holds. A Hugging Face folder (safetensors or
+//! `pytorch_model*.bin` shards, an index, configs) is converted file by file by the folder
+//! code; a training checkpoint written by a distributed run is not a set of files to convert
+//! one by one: `torch.distributed.checkpoint` (DCP: `.metadata` beside `__{rank}_{n}.distcp`
+//! files) and DeepSpeed (`latest` naming a tag folder of `*_model_states.pt` and
+//! `*_optim_states.pt` partitions). This is where such a folder is told apart, before
+//! anything reads it as a Hugging Face folder; an opener for it goes beside this module.
+//!
+//! The listing is bounded: at most `MAX_ENTRIES` names are looked at, and none is read.
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+use super::format::Format;
+
+/// Entries of a folder looked at to tell its kind (a DCP folder of 10,000 ranks lists
+/// 10,001 names; past this many, the names seen decide).
+const MAX_ENTRIES: usize = 100_000;
+
+/// The checkpoint format of folder `dir` when it is a distributed training checkpoint
+/// (`Format::Dcp`, `Format::DeepSpeed`); `None` for any other folder (a Hugging Face one, as
+/// far as this can tell).
+pub fn folder_format(dir: &Path) -> Option<Format> {
+    let listed = names(dir);
+    let has = |n: &str| listed.iter().any(|x| x == n);
+    if has(".metadata") && listed.iter().any(|n| n.ends_with(".distcp")) {
+        return Some(Format::Dcp);
+    }
+    if listed.iter().any(|n| is_model_states(n)) {
+        return Some(Format::DeepSpeed);
+    }
+    // `latest` names the tag folder holding the partitions (`global_step100`).
+    if has("latest") {
+        let tag = std::fs::read(dir.join("latest"))
+            .ok()
+            .filter(|t| t.len() <= 4096);
+        let tag = tag.and_then(|t| String::from_utf8(t).ok());
+        if let Some(tag) = tag.map(|t| t.trim().to_string()).filter(|t| is_one_name(t)) {
+            if names(&dir.join(tag)).iter().any(|n| is_model_states(n)) {
+                return Some(Format::DeepSpeed);
+            }
+        }
+    }
+    None
+}
+
+/// Refuse a folder stcast cannot read yet (a distributed training checkpoint), naming what
+/// it is; any other folder passes.
+pub fn check_folder(dir: &Path) -> Result<()> {
+    match folder_format(dir) {
+        Some(format) => Err(Error::OtherFormat {
+            path: dir.to_path_buf(),
+            format,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// `mp_rank_00_model_states.pt` (ZeRO-1/2), `zero_pp_rank_0_mp_rank_00_model_states.pt`
+/// (ZeRO-3): DeepSpeed's model states, one per model-parallel rank.
+fn is_model_states(name: &str) -> bool {
+    name.ends_with("_model_states.pt")
+        && (name.starts_with("mp_rank_") || name.starts_with("zero_pp_rank_"))
+}
+
+/// A single folder name: no separator, not `.` or `..`.
+fn is_one_name(s: &str) -> bool {
+    !s.is_empty() && s != "." && s != ".." && !s.contains(['/', '\0'])
+}
+
+/// Up to `MAX_ENTRIES` names of `dir` (none if it cannot be listed).
+fn names(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .take(MAX_ENTRIES)
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn folder(tag: &str, files: &[&str]) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("stcast-folder-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for f in files {
+            let p = dir.join(f);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, if *f == "latest" { "global_step7\n" } else { "" }).unwrap();
+        }
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn distributed_checkpoints_are_told_apart_from_hugging_face_folders() {
+        let cases: &[(&str, &[&str], Option<Format>)] = &[
+            (
+                "dcp",
+                &[".metadata", "__0_0.distcp", "__1_0.distcp"],
+                Some(Format::Dcp),
+            ),
+            ("meta-only", &[".metadata", "model.safetensors"], None),
+            (
+                "zero2",
+                &[
+                    "mp_rank_00_model_states.pt",
+                    "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                ],
+                Some(Format::DeepSpeed),
+            ),
+            (
+                "zero3",
+                &["zero_pp_rank_1_mp_rank_00_model_states.pt"],
+                Some(Format::DeepSpeed),
+            ),
+            (
+                "latest",
+                &[
+                    "latest",
+                    "global_step7/mp_rank_00_model_states.pt",
+                    "zero_to_fp32.py",
+                ],
+                Some(Format::DeepSpeed),
+            ),
+            (
+                "latest-elsewhere",
+                &["latest", "other/mp_rank_00_model_states.pt"],
+                None,
+            ),
+            ("hf", &["model.safetensors", "config.json"], None),
+            ("empty", &[], None),
+        ];
+        for (tag, files, want) in cases {
+            let dir = folder(tag, files);
+            assert_eq!(folder_format(&dir), *want, "{tag}");
+            let refused = check_folder(&dir).is_err();
+            assert_eq!(refused, want.is_some(), "{tag}");
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_latest_that_escapes_its_folder_is_not_followed() {
+        let dir = folder("escape", &["latest"]);
+        std::fs::write(dir.join("latest"), "../elsewhere").unwrap();
+        assert_eq!(folder_format(&dir), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
