@@ -7,6 +7,7 @@
 use std::fmt;
 
 use crate::input::format::Format;
+use crate::torch::pickle::StorageConflict;
 
 /// Why a tensor found in the pickle cannot be described (reported with its name by
 /// [`crate::torch::Checkpoint::select`], and only for tensors that are selected).
@@ -28,6 +29,13 @@ pub enum TensorProblem {
     OutOfBounds { last: u64, available: u64 },
     /// Shape, stride or offset arithmetic overflows 64 bits.
     Overflow,
+    /// Its storage reference names another dtype, of another byte size, than the first
+    /// reference of the same storage key (see [`crate::torch::pickle::StorageConflict`]).
+    StorageConflict {
+        key: String,
+        conflict: Box<StorageConflict>,
+        legacy: bool,
+    },
     /// More dimensions than the limit.
     TooManyDims { ndim: usize, limit: usize },
     /// Its name would be `__metadata__`, the header's metadata entry.
@@ -64,6 +72,27 @@ impl fmt::Display for TensorProblem {
                 "its last element is element {last} of a storage that holds {available}"
             ),
             TensorProblem::Overflow => write!(f, "its shape, stride or offset overflows 64 bits"),
+            TensorProblem::StorageConflict {
+                key,
+                conflict: c,
+                legacy,
+            } => write!(
+                f,
+                "its reference to storage `{key}` says {} of {} bytes, but the storage's first \
+                 reference says {} of {} bytes; {}",
+                c.dtype.name,
+                c.bytes,
+                c.first_dtype.name,
+                c.first_bytes,
+                if c.big_endian {
+                    "the storage is big-endian, and torch.load swaps its bytes by the first \
+                     reference's element size"
+                } else if *legacy {
+                    "torch.load rebuilds such a tensor over uninitialised memory"
+                } else {
+                    "torch.load refuses such a file (the record's size must match)"
+                }
+            ),
             TensorProblem::TooManyDims { ndim, limit } => {
                 write!(f, "has {ndim} dimensions, more than the limit of {limit}")
             }

@@ -19,14 +19,42 @@ use super::Limits;
 pub type ObjId = u32;
 
 /// A reference from the pickle to (a view of) one storage of the file.
+///
+/// Each reference carries its own dtype, the storage class its persistent id names: torch
+/// (checked with torch 2.15.0, zip and legacy files, `weights_only` True and False) gives a
+/// tensor rebuilt by `_rebuild_tensor_v2` the dtype of its own reference, over the same
+/// bytes, when two references of one storage key name different classes of the same byte
+/// size. References of one key whose byte sizes differ are a [`StorageConflict`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StorageRef {
     /// Index into [`crate::torch::Checkpoint::storages`].
     pub storage: usize,
+    /// The dtype of this reference's storage class (`uint8` for an untyped storage).
+    pub dtype: &'static TorchDtype,
     /// Byte offset of the view within the storage (legacy storage views; else 0).
     pub offset: u64,
     /// Byte length of the view, or `None` for the whole storage.
     pub len: Option<u64>,
+    /// Set when this reference cannot be served by the storage its key first named.
+    pub conflict: Option<StorageConflict>,
+}
+
+/// A storage reference whose dtype differs from the first reference of its key and whose
+/// byte size (`numel * element size`) differs too. torch 2.15.0 refuses such a zip file
+/// ("record size ... does not match expected size") unless it maps the file, and rebuilds
+/// such a legacy tensor over uninitialised memory, so a tensor built on it is refused. In a
+/// big-endian zip file, another element size is a conflict too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StorageConflict {
+    /// This reference's dtype and byte size.
+    pub dtype: &'static TorchDtype,
+    pub bytes: u64,
+    /// The first reference's dtype and byte size.
+    pub first_dtype: &'static TorchDtype,
+    pub first_bytes: u64,
+    /// Whether the conflict is the element size of a big-endian storage (torch swaps its
+    /// bytes by the first reference's element size).
+    pub big_endian: bool,
 }
 
 /// A dict (or `collections.OrderedDict`) in insertion order. Duplicate keys are kept as
@@ -189,8 +217,6 @@ pub type TensorSlot = Result<RawTensor, TensorProblem>;
 pub trait Storages {
     /// Resolve the persistent id `pid` (an object of `objects`) to a storage.
     fn load(&mut self, objects: &[Object], pid: ObjId) -> Result<StorageRef, TorchError>;
-    /// The dtype of storage `index` (the dtype of its first reference).
-    fn dtype(&self, index: usize) -> &'static TorchDtype;
 }
 
 /// A persistent-id handler that refuses every persistent id (for the legacy header pickles).
@@ -205,9 +231,6 @@ impl Storages for NoStorages {
                 reason: "no storage is allowed here".into(),
             },
         })
-    }
-    fn dtype(&self, _: usize) -> &'static TorchDtype {
-        dtype::uint8()
     }
 }
 
@@ -1117,8 +1140,9 @@ impl Unpickler<'_, '_> {
                 Object::Global(Global::Dtype(t)) => (*t, a.get(7)),
                 other => return Err(bad(format!("its dtype is {}", other.kind()))),
             },
-            Global::RebuildTensor => (self.storages.dtype(storage.storage), None),
-            _ => (self.storages.dtype(storage.storage), a.get(6)),
+            // As torch: the dtype of the storage this reference names.
+            Global::RebuildTensor => (storage.dtype, None),
+            _ => (storage.dtype, a.get(6)),
         };
         if let Some(&meta) = meta {
             match self.obj(meta) {
