@@ -202,7 +202,8 @@ pub enum TorchError {
     ZipDirectory { reason: String },
     /// One entry is malformed or lies outside the file.
     ZipEntry { entry: String, reason: String },
-    /// An entry is compressed; torch stores every entry.
+    /// An entry the reader maps in place (`data.pkl`, `byteorder`, a storage) is compressed;
+    /// torch stores every entry.
     ZipCompressed { entry: String, method: u16 },
     /// An entry is encrypted.
     ZipEncrypted { entry: String },
@@ -315,7 +316,8 @@ impl fmt::Display for TorchError {
             TorchError::ZipEntry { entry, reason } => write!(f, "zip entry `{entry}`: {reason}"),
             TorchError::ZipCompressed { entry, method } => write!(
                 f,
-                "zip entry `{entry}` is compressed (method {method}); torch never compresses storages"
+                "zip entry `{entry}` is compressed (method {method}); its data is read in place, so it \
+                 must be stored, as torch.save writes it"
             ),
             TorchError::ZipEncrypted { entry } => write!(f, "zip entry `{entry}` is encrypted"),
             TorchError::ZipUnsafeName { entry } => write!(

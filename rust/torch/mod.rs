@@ -195,6 +195,11 @@ pub(crate) fn parse_pid(objects: &[Object], pid: ObjId) -> Result<Pid, TorchErro
     let key = text(t[2]).ok_or_else(|| pid_error("its key is not a str"))?;
     let numel = match get(t[4]) {
         Object::Int(n) if *n >= 0 => *n as u64,
+        Object::BigInt(_) => {
+            return Err(pid_error(
+                "its element count is too large: an integer wider than 64 bits",
+            ))
+        }
         _ => return Err(pid_error("its element count is not a non-negative int")),
     };
     let view = match t.get(5).map(|&v| get(v)) {
@@ -270,7 +275,7 @@ impl Storages for ZipStorages<'_> {
             return Ok(reference(index, first, s.len, &pid, self.big_endian));
         }
         let name = format!("{}data/{}", self.prefix, pid.key);
-        let Some(entry) = self.archive.get(&name) else {
+        let Some(entry) = self.archive.get_stored(&name)? else {
             return Err(TorchError::MissingStorage {
                 key: pid.key,
                 entry: format!("entry `{name}`"),
@@ -314,7 +319,13 @@ fn read_zip(bytes: &[u8], limits: &Limits) -> Result<Checkpoint, TorchError> {
         });
     }
     let prefix = &pkl.name[..pkl.name.len() - "data.pkl".len()];
-    let big_endian = match archive.get(&format!("{prefix}byteorder")) {
+    if pkl.method != 0 {
+        return Err(TorchError::ZipCompressed {
+            entry: pkl.name.clone(),
+            method: pkl.method,
+        });
+    }
+    let big_endian = match archive.get_stored(&format!("{prefix}byteorder"))? {
         None => false,
         Some(e) => {
             let raw = archive.data(bytes, e);

@@ -1103,6 +1103,11 @@ impl Unpickler<'_, '_> {
         let storage = **storage;
         let offset = match self.obj(a[1]) {
             Object::Int(i) => u64::try_from(*i).map_err(|_| bad(format!("offset {i}")))?,
+            Object::BigInt(_) => {
+                return Err(bad(
+                    "its offset is too large: an integer wider than 64 bits".into(),
+                ))
+            }
             other => return Err(bad(format!("its offset is {}", other.kind()))),
         };
         let ints = |id: ObjId, what: &str| -> Result<Vec<u64>, TensorProblem> {
