@@ -514,7 +514,11 @@ def test_files_whose_size_lies_are_read_within_their_size(tmp_path, cli_process,
         # pagemap and status say 0 bytes: "an empty file"; a /sys file cannot even be mapped.
         assert any(
             words in line
-            for words in ["invalid safetensors file", "an empty file (0 bytes)", "cannot map the input"]
+            for words in [
+                "invalid safetensors file",
+                "an empty file (0 bytes)",
+                "cannot map the input",
+            ]
         ), line
     assert sorted(listing(tmp_path)) == ["g.safetensors", "l.safetensors"]
 
