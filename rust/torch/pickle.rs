@@ -480,6 +480,8 @@ pub fn unpickle(
         globals: Vec::new(),
         named: HashMap::new(),
         denied: None,
+        allowed: HashMap::new(),
+        small: vec![None; 259],
         cells: 0,
         bytes: 0,
         storages,
@@ -514,6 +516,11 @@ struct Unpickler<'a, 's> {
     globals: Vec<String>,
     named: HashMap<String, ()>,
     denied: Option<String>,
+    /// Allowed globals by their GLOBAL operand (`module\nname\n`), once resolved.
+    allowed: HashMap<&'a [u8], Global>,
+    /// The ids of None, False, True and the ints 0 to 255, once made: immutable values,
+    /// shared (as Python shares them) rather than made once per occurrence.
+    small: Vec<Option<ObjId>>,
     /// Object ids held in containers, over the whole run.
     cells: u64,
     /// Bytes of strings and byte strings made, over the whole run.
@@ -523,7 +530,7 @@ struct Unpickler<'a, 's> {
 
 type R<T> = Result<T, TorchError>;
 
-impl Unpickler<'_, '_> {
+impl<'a> Unpickler<'a, '_> {
     fn err(&self, problem: PickleProblem) -> TorchError {
         TorchError::Pickle {
             pickle: self.label,
@@ -542,7 +549,9 @@ impl Unpickler<'_, '_> {
         }
     }
 
-    fn take(&mut self, n: usize) -> R<&[u8]> {
+    /// The next `n` bytes, borrowed from the pickle (not from `self`, so that they can be
+    /// handed to `push_*` without a copy).
+    fn take(&mut self, n: usize) -> R<&'a [u8]> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.data.len());
         let Some(end) = end else {
             return Err(self.short());
@@ -552,7 +561,7 @@ impl Unpickler<'_, '_> {
         Ok(s)
     }
 
-    fn take_len(&mut self, n: u64) -> R<&[u8]> {
+    fn take_len(&mut self, n: u64) -> R<&'a [u8]> {
         let n = usize::try_from(n).map_err(|_| self.short())?;
         self.take(n)
     }
@@ -579,8 +588,9 @@ impl Unpickler<'_, '_> {
     }
 
     /// A protocol-0 text line, without its newline.
-    fn line(&mut self, op: &'static str) -> R<&str> {
-        let rest = &self.data[self.pos..];
+    fn line(&mut self, op: &'static str) -> R<&'a str> {
+        let data = self.data;
+        let rest = &data[self.pos..];
         let Some(n) = rest.iter().position(|&b| b == b'\n') else {
             return Err(self.short());
         };
@@ -652,7 +662,24 @@ impl Unpickler<'_, '_> {
     }
 
     fn push(&mut self, obj: Object) -> R<()> {
-        let id = self.alloc(obj, 0)?;
+        let slot = match obj {
+            Object::None => Some(256),
+            Object::Bool(b) => Some(257 + usize::from(b)),
+            Object::Int(i @ 0..=255) => Some(i as usize),
+            _ => None,
+        };
+        let Some(slot) = slot else {
+            let id = self.alloc(obj, 0)?;
+            return self.push_id(id);
+        };
+        let id = match self.small[slot] {
+            Some(id) => id,
+            None => {
+                let id = self.alloc(obj, 0)?;
+                self.small[slot] = Some(id);
+                id
+            }
+        };
         self.push_id(id)
     }
 
@@ -731,9 +758,8 @@ impl Unpickler<'_, '_> {
 
     fn push_str(&mut self, raw: &[u8], op: &'static str) -> R<()> {
         let s = std::str::from_utf8(raw).map_err(|_| self.err(PickleProblem::BadText { op }))?;
-        let s: Box<str> = s.into();
         self.charge_bytes(s.len())?;
-        self.push(Object::Str(s))
+        self.push(Object::Str(s.into()))
     }
 
     fn push_bytes(&mut self, raw: Vec<u8>) -> R<()> {
@@ -1268,6 +1294,7 @@ impl Unpickler<'_, '_> {
         let d = items.iter().map(|&i| self.depth_of(i)).max().unwrap_or(0) + 1;
         self.charge_cells(items.len())?;
         match self.obj_mut(target) {
+            Some(Object::List(l)) if l.is_empty() => *l = items,
             Some(Object::List(l)) => l.extend(items),
             Some(Object::Placeholder(p)) if p.called => p.items.extend(items),
             _ => return Err(self.wrong(op, "a list", target)),
@@ -1417,8 +1444,8 @@ impl Unpickler<'_, '_> {
                 }
                 0x8a => {
                     let n = self.u8()?;
-                    let raw = self.take(usize::from(n))?.to_vec();
-                    self.push_long(&raw)?;
+                    let raw = self.take(usize::from(n))?;
+                    self.push_long(raw)?;
                 }
                 0x8b => {
                     let n = self.u32()? as i32;
@@ -1430,8 +1457,8 @@ impl Unpickler<'_, '_> {
                         })
                     })?;
                     self.check_long_len(n)?;
-                    let raw = self.take_len(n)?.to_vec();
-                    self.push_long(&raw)?;
+                    let raw = self.take_len(n)?;
+                    self.push_long(raw)?;
                 }
                 b'F' => {
                     let line = self.line("FLOAT")?;
@@ -1473,18 +1500,18 @@ impl Unpickler<'_, '_> {
                 }
                 b'X' => {
                     let n = self.u32()?;
-                    let raw = self.take_len(u64::from(n))?.to_vec();
-                    self.push_str(&raw, "BINUNICODE")?;
+                    let raw = self.take_len(u64::from(n))?;
+                    self.push_str(raw, "BINUNICODE")?;
                 }
                 0x8c => {
                     let n = self.u8()?;
-                    let raw = self.take(usize::from(n))?.to_vec();
-                    self.push_str(&raw, "SHORT_BINUNICODE")?;
+                    let raw = self.take(usize::from(n))?;
+                    self.push_str(raw, "SHORT_BINUNICODE")?;
                 }
                 0x8d => {
                     let n = self.u64()?;
-                    let raw = self.take_len(n)?.to_vec();
-                    self.push_str(&raw, "BINUNICODE8")?;
+                    let raw = self.take_len(n)?;
+                    self.push_str(raw, "BINUNICODE8")?;
                 }
                 b'B' => {
                     let n = self.u32()?;
@@ -1570,9 +1597,22 @@ impl Unpickler<'_, '_> {
                     self.push_container(Object::Set(items.clone()), &items)?;
                 }
                 b'c' => {
-                    let module = self.line("GLOBAL")?.to_string();
-                    let name = self.line("GLOBAL")?.to_string();
-                    self.global(&module, &name)?;
+                    let start = self.pos;
+                    let module = self.line("GLOBAL")?;
+                    let name = self.line("GLOBAL")?;
+                    // An allowed global named again (a pickle without memo names one per
+                    // tensor) is the same stub: no need to resolve and record it again.
+                    let raw = &self.data[start..self.pos];
+                    if let Some(&g) = self.allowed.get(raw) {
+                        self.push(Object::Global(g))?;
+                    } else {
+                        self.global(module, name)?;
+                        if let Some(&id) = self.stack.last() {
+                            if let Object::Global(g) = *self.obj(id) {
+                                self.allowed.insert(raw, g);
+                            }
+                        }
+                    }
                 }
                 0x93 => {
                     let name = self.pop(op)?;
