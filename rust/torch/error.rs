@@ -7,7 +7,25 @@
 use std::fmt;
 
 use crate::input::format::Format;
-use crate::torch::pickle::StorageConflict;
+use crate::torch::dtype::TorchDtype;
+
+/// A storage reference whose dtype differs from the first reference of its key and whose
+/// byte size (`numel * element size`) differs too. torch 2.15.0 refuses such a zip file
+/// ("record size ... does not match expected size") unless it maps the file, and rebuilds
+/// such a legacy tensor over uninitialised memory, so a tensor built on it is refused. In a
+/// big-endian zip file, another element size is a conflict too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StorageConflict {
+    /// This reference's dtype and byte size.
+    pub dtype: &'static TorchDtype,
+    pub bytes: u64,
+    /// The first reference's dtype and byte size.
+    pub first_dtype: &'static TorchDtype,
+    pub first_bytes: u64,
+    /// Whether the conflict is the element size of a big-endian storage (torch swaps its
+    /// bytes by the first reference's element size).
+    pub big_endian: bool,
+}
 
 /// Why a tensor found in the pickle cannot be described (reported with its name by
 /// [`crate::torch::Checkpoint::select`], and only for tensors that are selected).
@@ -30,7 +48,7 @@ pub enum TensorProblem {
     /// Shape, stride or offset arithmetic overflows 64 bits.
     Overflow,
     /// Its storage reference names another dtype, of another byte size, than the first
-    /// reference of the same storage key (see [`crate::torch::pickle::StorageConflict`]).
+    /// reference of the same storage key (see [`StorageConflict`]).
     StorageConflict {
         key: String,
         conflict: Box<StorageConflict>,

@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 
 use super::dtype::{self, TorchDtype};
+pub use super::error::StorageConflict;
 use super::error::{PickleProblem, TensorProblem, TorchError};
 use super::Limits;
 
@@ -37,24 +38,6 @@ pub struct StorageRef {
     pub len: Option<u64>,
     /// Set when this reference cannot be served by the storage its key first named.
     pub conflict: Option<StorageConflict>,
-}
-
-/// A storage reference whose dtype differs from the first reference of its key and whose
-/// byte size (`numel * element size`) differs too. torch 2.15.0 refuses such a zip file
-/// ("record size ... does not match expected size") unless it maps the file, and rebuilds
-/// such a legacy tensor over uninitialised memory, so a tensor built on it is refused. In a
-/// big-endian zip file, another element size is a conflict too.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StorageConflict {
-    /// This reference's dtype and byte size.
-    pub dtype: &'static TorchDtype,
-    pub bytes: u64,
-    /// The first reference's dtype and byte size.
-    pub first_dtype: &'static TorchDtype,
-    pub first_bytes: u64,
-    /// Whether the conflict is the element size of a big-endian storage (torch swaps its
-    /// bytes by the first reference's element size).
-    pub big_endian: bool,
 }
 
 /// A dict (or `collections.OrderedDict`) in insertion order. Duplicate keys are kept as
