@@ -170,7 +170,7 @@ pub fn read(bytes: &[u8], limits: &Limits) -> Result<(Pickle, Vec<Storage>), Tor
     )?;
     pos += keys.end;
     let ids: Vec<ObjId> = match keys.get(keys.root) {
-        Object::List(l) => l.clone(),
+        Object::List(l) => l.to_vec(),
         Object::Tuple(t) => t.to_vec(),
         other => {
             return Err(TorchError::LegacyKeys {

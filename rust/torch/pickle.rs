@@ -149,8 +149,9 @@ pub enum Object {
     Str(Box<str>),
     Bytes(Box<[u8]>),
     Tuple(Box<[ObjId]>),
-    List(Vec<ObjId>),
-    Set(Vec<ObjId>),
+    /// Boxed, as sets, so that an object takes 24 bytes (a pickle may hold millions).
+    List(Box<Vec<ObjId>>),
+    Set(Box<Vec<ObjId>>),
     Dict(Box<Dict>),
     Global(Global),
     Placeholder(Box<Placeholder>),
@@ -674,6 +675,14 @@ impl<'a> Unpickler<'a, '_> {
         self.push_id(id)
     }
 
+    /// A container made of `items` (moved, not copied), one deeper than its deepest item.
+    fn push_items(&mut self, items: Vec<ObjId>, make: impl FnOnce(Vec<ObjId>) -> Object) -> R<()> {
+        let d = items.iter().map(|&i| self.depth_of(i)).max().unwrap_or(0) + 1;
+        self.charge_cells(items.len())?;
+        let id = self.alloc(make(items), d)?;
+        self.push_id(id)
+    }
+
     fn floor(&self) -> usize {
         self.marks.last().copied().unwrap_or(0)
     }
@@ -977,7 +986,7 @@ impl<'a> Unpickler<'a, '_> {
                     [] => {}
                     [src] => {
                         let pairs = match self.obj(*src) {
-                            Object::List(v) => v.clone(),
+                            Object::List(v) => v.to_vec(),
                             Object::Tuple(v) => v.to_vec(),
                             Object::Dict(d) => {
                                 dict.items = d.items.clone();
@@ -1006,7 +1015,7 @@ impl<'a> Unpickler<'a, '_> {
                 let items = match a.as_slice() {
                     [] => Vec::new(),
                     [src] => match self.obj(*src) {
-                        Object::List(v) | Object::Set(v) => v.clone(),
+                        Object::List(v) | Object::Set(v) => v.to_vec(),
                         Object::Tuple(v) => v.to_vec(),
                         other => {
                             let reason = format!("its argument is {}", other.kind());
@@ -1017,7 +1026,7 @@ impl<'a> Unpickler<'a, '_> {
                 };
                 self.charge_cells(items.len())?;
                 let d = items.iter().map(|&i| self.depth_of(i)).max().unwrap_or(0) + 1;
-                self.alloc(Object::Set(items), d)
+                self.alloc(Object::Set(Box::new(items)), d)
             }
             Global::Complex => {
                 let num = |o: &Object| match o {
@@ -1067,7 +1076,7 @@ impl<'a> Unpickler<'a, '_> {
                 [t] if matches!(self.obj(*t), Object::Tuple(_)) => Ok(*t),
                 [l] if matches!(self.obj(*l), Object::List(_)) => {
                     let items = match self.obj(*l) {
-                        Object::List(v) => v.clone(),
+                        Object::List(v) => v.to_vec(),
                         _ => Vec::new(),
                     };
                     self.charge_cells(items.len())?;
@@ -1277,7 +1286,7 @@ impl<'a> Unpickler<'a, '_> {
         let d = items.iter().map(|&i| self.depth_of(i)).max().unwrap_or(0) + 1;
         self.charge_cells(items.len())?;
         match self.obj_mut(target) {
-            Some(Object::List(l)) if l.is_empty() => *l = items,
+            Some(Object::List(l)) if l.is_empty() => **l = items,
             Some(Object::List(l)) => l.extend(items),
             Some(Object::Placeholder(p)) if p.called => p.items.extend(items),
             _ => return Err(self.wrong(op, "a list", target)),
@@ -1520,7 +1529,7 @@ impl<'a> Unpickler<'a, '_> {
                 b')' => self.push_container(Object::Tuple(Box::new([])), &[])?,
                 b't' => {
                     let items = self.pop_mark(op)?;
-                    self.push_container(Object::Tuple(items.clone().into_boxed_slice()), &items)?;
+                    self.push_items(items, |v| Object::Tuple(v.into_boxed_slice()))?;
                 }
                 0x85..=0x87 => {
                     let n = usize::from(op - 0x84);
@@ -1528,12 +1537,12 @@ impl<'a> Unpickler<'a, '_> {
                     for slot in items.iter_mut().rev() {
                         *slot = self.pop(op)?;
                     }
-                    self.push_container(Object::Tuple(items.clone().into_boxed_slice()), &items)?;
+                    self.push_items(items, |v| Object::Tuple(v.into_boxed_slice()))?;
                 }
-                b']' => self.push_container(Object::List(Vec::new()), &[])?,
+                b']' => self.push_container(Object::List(Box::default()), &[])?,
                 b'l' => {
                     let items = self.pop_mark(op)?;
-                    self.push_container(Object::List(items.clone()), &items)?;
+                    self.push_items(items, |v| Object::List(Box::new(v)))?;
                 }
                 b'a' => {
                     let item = self.pop(op)?;
@@ -1570,14 +1579,14 @@ impl<'a> Unpickler<'a, '_> {
                     let items = self.pop_mark(op)?;
                     self.setitems(op, items)?;
                 }
-                0x8f => self.push_container(Object::Set(Vec::new()), &[])?,
+                0x8f => self.push_container(Object::Set(Box::default()), &[])?,
                 0x90 => {
                     let items = self.pop_mark(op)?;
                     self.additems(op, items)?;
                 }
                 0x91 => {
                     let items = self.pop_mark(op)?;
-                    self.push_container(Object::Set(items.clone()), &items)?;
+                    self.push_items(items, |v| Object::Set(Box::new(v)))?;
                 }
                 b'c' => {
                     let start = self.pos;
@@ -1762,6 +1771,12 @@ fn raw_unicode_unescape(s: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn objects_stay_small() {
+        // 15 M ints outside the tensors cost this much each (plus 4 bytes of depth).
+        assert!(std::mem::size_of::<Object>() <= 24);
+    }
 
     #[test]
     fn longs() {
