@@ -49,7 +49,7 @@ DEEP = 100_000
 
 # (id, file bytes, words the message must contain)
 BAD_FILES = [
-    ("empty", b"", ["header too small"]),
+    ("empty", b"", ["an empty file (0 bytes)"]),
     ("short", b"\x05\x00\x00", ["header too small"]),
     ("seven-bytes", b"\x00" * 7, ["header too small"]),
     ("length-past-eof", with_length(100, b'{"a":1}'), ["invalid header length"]),

@@ -11,6 +11,8 @@ pub enum Format {
     Safetensors,
     /// A zip archive with a `data.pkl`: `torch.save` since torch 1.6.
     TorchZip,
+    /// A TorchScript archive (`torch.jit.save`): a zip with `constants.pkl` and `code/`.
+    TorchScript,
     /// A pickled torch magic number: `torch.save` before 1.6 or with the legacy option.
     TorchLegacy,
     /// Some other pickle.
@@ -27,6 +29,8 @@ pub enum Format {
     Html,
     /// A Git LFS pointer: a clone without `git lfs pull`.
     LfsPointer,
+    /// An empty file (0 bytes).
+    Empty,
     /// gzip-compressed data.
     Gzip,
     /// HDF5 (Keras `.h5`).
@@ -54,9 +58,14 @@ impl Format {
             Format::Gguf => "a GGUF file (llama.cpp)",
             Format::Npz => "a NumPy .npz archive",
             Format::Npy => "a NumPy .npy file",
+            Format::TorchScript => {
+                "a TorchScript archive (torch.jit.save: get a state dict with \
+                 `torch.save(torch.jit.load(path).state_dict(), 'model.pt')`)"
+            }
             Format::Zip => "a zip archive without data.pkl",
             Format::Html => "an HTML page (a failed download?)",
             Format::LfsPointer => "a Git LFS pointer, not the file itself (run `git lfs pull`)",
+            Format::Empty => "an empty file (0 bytes)",
             Format::Gzip => "gzip-compressed data (decompress it first)",
             Format::Hdf5 => "an HDF5 file (Keras .h5)",
             Format::Json => "a JSON text file (a config or an index?)",

@@ -25,6 +25,7 @@ use std::path::Path;
 use crate::error::{Error, Result, Warning};
 use crate::gather::Gather;
 use crate::header::{SourceHeader, SourceTensor, PREFIX};
+use crate::input::safetensors::too_small;
 use crate::source::{InputFile, Source};
 use crate::torch::{self, Limits, TorchError};
 use crate::vocab::OptionName;
@@ -72,14 +73,7 @@ impl Source {
     /// Open `path`, a safetensors file or a PyTorch checkpoint, without reading its data.
     /// `opts` selects a checkpoint's state dict; given for a safetensors file, it is refused.
     pub fn open_any(path: &Path, opts: &InputOptions) -> Result<Source> {
-        let input = InputFile::open(path, PREFIX as u64, |len| {
-            Error::invalid_header(
-                path,
-                format!(
-                    "header too small: the file is {len} bytes, the header length alone takes {PREFIX}"
-                ),
-            )
-        })?;
+        let input = InputFile::open(path, PREFIX as u64, |len| too_small(path, len))?;
         match sniff(&input.map) {
             Format::TorchZip | Format::TorchLegacy => open_checkpoint(path, input, opts),
             _ => {

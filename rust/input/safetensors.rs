@@ -12,17 +12,27 @@ use crate::source::{InputFile, Source};
 /// Headers from this size on have their pages dropped once parsed (`from_safetensors`).
 const LARGE_HEADER: u64 = 4 << 20;
 
+/// The error for a file shorter than a safetensors header's length prefix: an empty file is
+/// named as one (it is no format at all), a shorter one as a header too small.
+pub(crate) fn too_small(path: &Path, len: u64) -> Error {
+    if len == 0 {
+        return Error::OtherFormat {
+            path: path.to_path_buf(),
+            format: Format::Empty,
+        };
+    }
+    Error::invalid_header(
+        path,
+        format!(
+            "header too small: the file is {len} bytes, the header length alone takes {PREFIX}"
+        ),
+    )
+}
+
 impl Source {
     /// Open and validate the safetensors file `path` without reading its data.
     pub fn open(path: &Path) -> Result<Source> {
-        let input = InputFile::open(path, PREFIX as u64, |len| {
-            Error::invalid_header(
-                path,
-                format!(
-                    "header too small: the file is {len} bytes, the header length alone takes {PREFIX}"
-                ),
-            )
-        })?;
+        let input = InputFile::open(path, PREFIX as u64, |len| too_small(path, len))?;
         Source::from_safetensors(path, input)
     }
 

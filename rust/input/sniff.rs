@@ -23,6 +23,9 @@ pub fn looks_legacy(bytes: &[u8]) -> bool {
 
 /// Name what `bytes` (the whole file, or at least its start) look like.
 pub fn sniff(bytes: &[u8]) -> Format {
+    if bytes.is_empty() {
+        return Format::Empty;
+    }
     if bytes.len() >= 10 {
         let mut n = [0u8; 8];
         n.copy_from_slice(&bytes[..8]);
@@ -98,17 +101,29 @@ pub fn is_pickle_name(name: &str) -> bool {
             .is_some_and(|d| !d.contains('/'))
 }
 
+/// Whether a zip entry belongs to a TorchScript archive (`torch.jit.save`): its
+/// `constants.pkl` or a file under `code/`, at the top or one folder down.
+fn is_torchscript_name(name: &str) -> bool {
+    let below = name.split_once('/').map_or(name, |(_, rest)| rest);
+    [name, below]
+        .iter()
+        .any(|n| *n == "constants.pkl" || n.starts_with("code/"))
+}
+
 fn sniff_zip(bytes: &[u8]) -> Format {
     let classify = |names: &mut dyn Iterator<Item = &str>| {
-        let (mut any, mut all_npy) = (false, true);
+        let (mut any, mut all_npy, mut pickle) = (false, true, false);
         for n in names {
-            if is_pickle_name(n) {
-                return Format::TorchZip;
+            if is_torchscript_name(n) {
+                return Format::TorchScript;
             }
+            pickle |= is_pickle_name(n);
             any = true;
             all_npy &= n.ends_with(".npy");
         }
-        if any && all_npy {
+        if pickle {
+            Format::TorchZip
+        } else if any && all_npy {
             Format::Npz
         } else {
             Format::Zip

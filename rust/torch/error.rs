@@ -7,6 +7,25 @@
 use std::fmt;
 
 use crate::input::format::Format;
+use crate::torch::dtype::TorchDtype;
+
+/// A storage reference whose dtype differs from the first reference of its key and whose
+/// byte size (`numel * element size`) differs too. torch 2.15.0 refuses such a zip file
+/// ("record size ... does not match expected size") unless it maps the file, and rebuilds
+/// such a legacy tensor over uninitialised memory, so a tensor built on it is refused. In a
+/// big-endian zip file, another element size is a conflict too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StorageConflict {
+    /// This reference's dtype and byte size.
+    pub dtype: &'static TorchDtype,
+    pub bytes: u64,
+    /// The first reference's dtype and byte size.
+    pub first_dtype: &'static TorchDtype,
+    pub first_bytes: u64,
+    /// Whether the conflict is the element size of a big-endian storage (torch swaps its
+    /// bytes by the first reference's element size).
+    pub big_endian: bool,
+}
 
 /// Why a tensor found in the pickle cannot be described (reported with its name by
 /// [`crate::torch::Checkpoint::select`], and only for tensors that are selected).
@@ -28,6 +47,13 @@ pub enum TensorProblem {
     OutOfBounds { last: u64, available: u64 },
     /// Shape, stride or offset arithmetic overflows 64 bits.
     Overflow,
+    /// Its storage reference names another dtype, of another byte size, than the first
+    /// reference of the same storage key (see [`StorageConflict`]).
+    StorageConflict {
+        key: String,
+        conflict: Box<StorageConflict>,
+        legacy: bool,
+    },
     /// More dimensions than the limit.
     TooManyDims { ndim: usize, limit: usize },
     /// Its name would be `__metadata__`, the header's metadata entry.
@@ -64,6 +90,27 @@ impl fmt::Display for TensorProblem {
                 "its last element is element {last} of a storage that holds {available}"
             ),
             TensorProblem::Overflow => write!(f, "its shape, stride or offset overflows 64 bits"),
+            TensorProblem::StorageConflict {
+                key,
+                conflict: c,
+                legacy,
+            } => write!(
+                f,
+                "its reference to storage `{key}` says {} of {} bytes, but the storage's first \
+                 reference says {} of {} bytes; {}",
+                c.dtype.name,
+                c.bytes,
+                c.first_dtype.name,
+                c.first_bytes,
+                if c.big_endian {
+                    "the storage is big-endian, and torch.load swaps its bytes by the first \
+                     reference's element size"
+                } else if *legacy {
+                    "torch.load rebuilds such a tensor over uninitialised memory"
+                } else {
+                    "torch.load refuses such a file (the record's size must match)"
+                }
+            ),
             TensorProblem::TooManyDims { ndim, limit } => {
                 write!(f, "has {ndim} dimensions, more than the limit of {limit}")
             }
@@ -173,7 +220,8 @@ pub enum TorchError {
     ZipDirectory { reason: String },
     /// One entry is malformed or lies outside the file.
     ZipEntry { entry: String, reason: String },
-    /// An entry is compressed; torch stores every entry.
+    /// An entry the reader maps in place (`data.pkl`, `byteorder`, a storage) is compressed;
+    /// torch stores every entry.
     ZipCompressed { entry: String, method: u16 },
     /// An entry is encrypted.
     ZipEncrypted { entry: String },
@@ -286,7 +334,8 @@ impl fmt::Display for TorchError {
             TorchError::ZipEntry { entry, reason } => write!(f, "zip entry `{entry}`: {reason}"),
             TorchError::ZipCompressed { entry, method } => write!(
                 f,
-                "zip entry `{entry}` is compressed (method {method}); torch never compresses storages"
+                "zip entry `{entry}` is compressed (method {method}); its data is read in place, so it \
+                 must be stored, as torch.save writes it"
             ),
             TorchError::ZipEncrypted { entry } => write!(f, "zip entry `{entry}` is encrypted"),
             TorchError::ZipUnsafeName { entry } => write!(

@@ -13,10 +13,10 @@
 
 use std::collections::HashMap;
 
-use super::dtype::{self, TorchDtype};
+use super::dtype;
 use super::error::TorchError;
 use super::pickle::{self, NoStorages, ObjId, Object, Pickle, StorageRef, Storages};
-use super::{parse_pid, Limits, Storage};
+use super::{parse_pid, pid_error, reference, Limits, Storage};
 
 pub use crate::input::sniff::LEGACY_MAGIC as MAGIC;
 /// The legacy protocol version torch writes.
@@ -27,12 +27,21 @@ pub use crate::input::sniff::looks_legacy;
 struct LegacyStorages {
     storages: Vec<Storage>,
     by_key: HashMap<String, usize>,
+    /// Views by view key: torch caches a view under its key, so every later reference with
+    /// that key gets the first one's range and dtype.
+    views: HashMap<String, StorageRef>,
 }
 
 impl Storages for LegacyStorages {
     fn load(&mut self, objects: &[Object], pid: ObjId) -> Result<StorageRef, TorchError> {
         let pid = parse_pid(objects, pid)?;
         let es = u64::from(pid.dtype.size);
+        if self.views.contains_key(&pid.key) {
+            return Err(pid_error(format!(
+                "storage key `{}` names an earlier view",
+                pid.key
+            )));
+        }
         let index = match self.by_key.get(&pid.key) {
             Some(&i) => i,
             None => {
@@ -59,35 +68,36 @@ impl Storages for LegacyStorages {
             }
         };
         let root = &self.storages[index];
-        let Some((_, off, size)) = pid.view else {
-            return Ok(StorageRef {
-                storage: index,
-                offset: 0,
-                len: None,
-            });
+        let first = dtype::by_name(root.dtype).unwrap_or_else(dtype::uint8);
+        let whole = reference(index, first, root.len, &pid, false);
+        let Some((view_key, off, size)) = pid.view else {
+            return Ok(whole);
         };
-        // Offsets and sizes of views count elements of the root storage's dtype.
-        let es = root.elem_size;
+        if self.by_key.contains_key(&view_key) {
+            return Err(pid_error(format!("view key `{view_key}` names a storage")));
+        }
+        if let Some(&cached) = self.views.get(&view_key) {
+            return Ok(cached);
+        }
+        // As torch: the view's offset and size count elements of this reference's dtype.
         let end = off.checked_add(size).and_then(|e| e.checked_mul(es));
-        match end {
-            Some(end) if end <= root.len => Ok(StorageRef {
-                storage: index,
+        let view = match end {
+            _ if whole.conflict.is_some() => whole,
+            Some(end) if end <= root.len => StorageRef {
                 offset: off * es,
                 len: Some(size * es),
-            }),
-            _ => Err(TorchError::StorageView {
-                key: root.key.clone(),
-                end: end.unwrap_or(u64::MAX),
-                available: root.len,
-            }),
-        }
-    }
-
-    fn dtype(&self, index: usize) -> &'static TorchDtype {
-        self.storages
-            .get(index)
-            .and_then(|s| dtype::by_name(s.dtype))
-            .unwrap_or_else(dtype::uint8)
+                ..whole
+            },
+            _ => {
+                return Err(TorchError::StorageView {
+                    key: root.key.clone(),
+                    end: end.unwrap_or(u64::MAX),
+                    available: root.len,
+                })
+            }
+        };
+        self.views.insert(view_key, view);
+        Ok(view)
     }
 }
 
@@ -148,6 +158,7 @@ pub fn read(bytes: &[u8], limits: &Limits) -> Result<(Pickle, Vec<Storage>), Tor
     let mut loader = LegacyStorages {
         storages: Vec::new(),
         by_key: HashMap::new(),
+        views: HashMap::new(),
     };
     let main = pickle::unpickle(&bytes[pos..], "legacy pickle", limits, &mut loader)?;
     pos += main.end;
@@ -159,7 +170,7 @@ pub fn read(bytes: &[u8], limits: &Limits) -> Result<(Pickle, Vec<Storage>), Tor
     )?;
     pos += keys.end;
     let ids: Vec<ObjId> = match keys.get(keys.root) {
-        Object::List(l) => l.clone(),
+        Object::List(l) => l.to_vec(),
         Object::Tuple(t) => t.to_vec(),
         other => {
             return Err(TorchError::LegacyKeys {

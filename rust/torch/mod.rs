@@ -67,7 +67,7 @@ pub use select::{NamedTensor, Selection, TensorDict};
 pub use tensor::{gather, gather_releasing, TensorDesc};
 
 use dtype::TorchDtype;
-use pickle::{StorageRef, Storages};
+use pickle::{StorageConflict, StorageRef, Storages};
 
 // The one enum of file kinds and the sniffing live with the inputs; named here as before.
 pub use crate::input::format::Format;
@@ -161,7 +161,7 @@ pub(crate) struct Pid {
     pub view: Option<(String, u64, u64)>,
 }
 
-fn pid_error(reason: impl Into<String>) -> TorchError {
+pub(crate) fn pid_error(reason: impl Into<String>) -> TorchError {
     TorchError::Pickle {
         pickle: "pickle",
         at: 0,
@@ -195,6 +195,11 @@ pub(crate) fn parse_pid(objects: &[Object], pid: ObjId) -> Result<Pid, TorchErro
     let key = text(t[2]).ok_or_else(|| pid_error("its key is not a str"))?;
     let numel = match get(t[4]) {
         Object::Int(n) if *n >= 0 => *n as u64,
+        Object::BigInt(_) => {
+            return Err(pid_error(
+                "its element count is too large: an integer wider than 64 bits",
+            ))
+        }
         _ => return Err(pid_error("its element count is not a non-negative int")),
     };
     let view = match t.get(5).map(|&v| get(v)) {
@@ -226,6 +231,38 @@ struct ZipStorages<'a> {
     by_key: HashMap<String, usize>,
 }
 
+/// The reference `pid` makes to storage `index`, first named with dtype `first` and length
+/// `first_bytes`: as torch 2.15.0's `persistent_load` (zip and legacy): the same dtype, or
+/// another dtype of the same byte size, shares the storage's bytes under the reference's own
+/// dtype; another byte size under another dtype is a conflict, and so is another element size
+/// in a big-endian file (torch swaps the bytes by the first reference's element size).
+pub(crate) fn reference(
+    index: usize,
+    first: &'static TorchDtype,
+    first_bytes: u64,
+    pid: &Pid,
+    big_endian: bool,
+) -> StorageRef {
+    let bytes = pid.numel.saturating_mul(u64::from(pid.dtype.size));
+    let swapped = big_endian && pid.dtype.size != first.size;
+    let conflict =
+        (pid.dtype != first && (bytes != first_bytes || swapped)).then_some(StorageConflict {
+            dtype: pid.dtype,
+            bytes,
+            first_dtype: first,
+            first_bytes,
+            big_endian: swapped,
+        });
+    StorageRef {
+        storage: index,
+        // The same dtype returns the cached storage (its first reference's).
+        dtype: if conflict.is_some() { first } else { pid.dtype },
+        offset: 0,
+        len: None,
+        conflict,
+    }
+}
+
 impl Storages for ZipStorages<'_> {
     fn load(&mut self, objects: &[Object], pid: ObjId) -> Result<StorageRef, TorchError> {
         let pid = parse_pid(objects, pid)?;
@@ -233,14 +270,12 @@ impl Storages for ZipStorages<'_> {
             return Err(pid_error("storage views exist only in legacy files"));
         }
         if let Some(&index) = self.by_key.get(&pid.key) {
-            return Ok(StorageRef {
-                storage: index,
-                offset: 0,
-                len: None,
-            });
+            let s = &self.storages[index];
+            let first = dtype::by_name(s.dtype).unwrap_or_else(dtype::uint8);
+            return Ok(reference(index, first, s.len, &pid, self.big_endian));
         }
         let name = format!("{}data/{}", self.prefix, pid.key);
-        let Some(entry) = self.archive.get(&name) else {
+        let Some(entry) = self.archive.get_stored(&name)? else {
             return Err(TorchError::MissingStorage {
                 key: pid.key,
                 entry: format!("entry `{name}`"),
@@ -266,19 +301,8 @@ impl Storages for ZipStorages<'_> {
             entry: Some(name),
         });
         let index = self.storages.len() - 1;
-        self.by_key.insert(pid.key, index);
-        Ok(StorageRef {
-            storage: index,
-            offset: 0,
-            len: None,
-        })
-    }
-
-    fn dtype(&self, index: usize) -> &'static TorchDtype {
-        self.storages
-            .get(index)
-            .and_then(|s| dtype::by_name(s.dtype))
-            .unwrap_or_else(dtype::uint8)
+        self.by_key.insert(pid.key.clone(), index);
+        Ok(reference(index, pid.dtype, need, &pid, false))
     }
 }
 
@@ -295,7 +319,13 @@ fn read_zip(bytes: &[u8], limits: &Limits) -> Result<Checkpoint, TorchError> {
         });
     }
     let prefix = &pkl.name[..pkl.name.len() - "data.pkl".len()];
-    let big_endian = match archive.get(&format!("{prefix}byteorder")) {
+    if pkl.method != 0 {
+        return Err(TorchError::ZipCompressed {
+            entry: pkl.name.clone(),
+            method: pkl.method,
+        });
+    }
+    let big_endian = match archive.get_stored(&format!("{prefix}byteorder"))? {
         None => false,
         Some(e) => {
             let raw = archive.data(bytes, e);

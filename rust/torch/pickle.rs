@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 
 use super::dtype::{self, TorchDtype};
+pub use super::error::StorageConflict;
 use super::error::{PickleProblem, TensorProblem, TorchError};
 use super::Limits;
 
@@ -19,14 +20,24 @@ use super::Limits;
 pub type ObjId = u32;
 
 /// A reference from the pickle to (a view of) one storage of the file.
+///
+/// Each reference carries its own dtype, the storage class its persistent id names: torch
+/// (checked with torch 2.15.0, zip and legacy files, `weights_only` True and False) gives a
+/// tensor rebuilt by `_rebuild_tensor_v2` the dtype of its own reference, over the same
+/// bytes, when two references of one storage key name different classes of the same byte
+/// size. References of one key whose byte sizes differ are a [`StorageConflict`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StorageRef {
     /// Index into [`crate::torch::Checkpoint::storages`].
     pub storage: usize,
+    /// The dtype of this reference's storage class (`uint8` for an untyped storage).
+    pub dtype: &'static TorchDtype,
     /// Byte offset of the view within the storage (legacy storage views; else 0).
     pub offset: u64,
     /// Byte length of the view, or `None` for the whole storage.
     pub len: Option<u64>,
+    /// Set when this reference cannot be served by the storage its key first named.
+    pub conflict: Option<StorageConflict>,
 }
 
 /// A dict (or `collections.OrderedDict`) in insertion order. Duplicate keys are kept as
@@ -138,8 +149,9 @@ pub enum Object {
     Str(Box<str>),
     Bytes(Box<[u8]>),
     Tuple(Box<[ObjId]>),
-    List(Vec<ObjId>),
-    Set(Vec<ObjId>),
+    /// Boxed, as sets, so that an object takes 24 bytes (a pickle may hold millions).
+    List(Box<Vec<ObjId>>),
+    Set(Box<Vec<ObjId>>),
     Dict(Box<Dict>),
     Global(Global),
     Placeholder(Box<Placeholder>),
@@ -189,8 +201,6 @@ pub type TensorSlot = Result<RawTensor, TensorProblem>;
 pub trait Storages {
     /// Resolve the persistent id `pid` (an object of `objects`) to a storage.
     fn load(&mut self, objects: &[Object], pid: ObjId) -> Result<StorageRef, TorchError>;
-    /// The dtype of storage `index` (the dtype of its first reference).
-    fn dtype(&self, index: usize) -> &'static TorchDtype;
 }
 
 /// A persistent-id handler that refuses every persistent id (for the legacy header pickles).
@@ -205,9 +215,6 @@ impl Storages for NoStorages {
                 reason: "no storage is allowed here".into(),
             },
         })
-    }
-    fn dtype(&self, _: usize) -> &'static TorchDtype {
-        dtype::uint8()
     }
 }
 
@@ -457,6 +464,8 @@ pub fn unpickle(
         globals: Vec::new(),
         named: HashMap::new(),
         denied: None,
+        allowed: HashMap::new(),
+        small: vec![None; 259],
         cells: 0,
         bytes: 0,
         storages,
@@ -491,6 +500,11 @@ struct Unpickler<'a, 's> {
     globals: Vec<String>,
     named: HashMap<String, ()>,
     denied: Option<String>,
+    /// Allowed globals by their GLOBAL operand (`module\nname\n`), once resolved.
+    allowed: HashMap<&'a [u8], Global>,
+    /// The ids of None, False, True and the ints 0 to 255, once made: immutable values,
+    /// shared (as Python shares them) rather than made once per occurrence.
+    small: Vec<Option<ObjId>>,
     /// Object ids held in containers, over the whole run.
     cells: u64,
     /// Bytes of strings and byte strings made, over the whole run.
@@ -500,7 +514,7 @@ struct Unpickler<'a, 's> {
 
 type R<T> = Result<T, TorchError>;
 
-impl Unpickler<'_, '_> {
+impl<'a> Unpickler<'a, '_> {
     fn err(&self, problem: PickleProblem) -> TorchError {
         TorchError::Pickle {
             pickle: self.label,
@@ -519,7 +533,9 @@ impl Unpickler<'_, '_> {
         }
     }
 
-    fn take(&mut self, n: usize) -> R<&[u8]> {
+    /// The next `n` bytes, borrowed from the pickle (not from `self`, so that they can be
+    /// handed to `push_*` without a copy).
+    fn take(&mut self, n: usize) -> R<&'a [u8]> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.data.len());
         let Some(end) = end else {
             return Err(self.short());
@@ -529,7 +545,7 @@ impl Unpickler<'_, '_> {
         Ok(s)
     }
 
-    fn take_len(&mut self, n: u64) -> R<&[u8]> {
+    fn take_len(&mut self, n: u64) -> R<&'a [u8]> {
         let n = usize::try_from(n).map_err(|_| self.short())?;
         self.take(n)
     }
@@ -556,8 +572,9 @@ impl Unpickler<'_, '_> {
     }
 
     /// A protocol-0 text line, without its newline.
-    fn line(&mut self, op: &'static str) -> R<&str> {
-        let rest = &self.data[self.pos..];
+    fn line(&mut self, op: &'static str) -> R<&'a str> {
+        let data = self.data;
+        let rest = &data[self.pos..];
         let Some(n) = rest.iter().position(|&b| b == b'\n') else {
             return Err(self.short());
         };
@@ -629,7 +646,24 @@ impl Unpickler<'_, '_> {
     }
 
     fn push(&mut self, obj: Object) -> R<()> {
-        let id = self.alloc(obj, 0)?;
+        let slot = match obj {
+            Object::None => Some(256),
+            Object::Bool(b) => Some(257 + usize::from(b)),
+            Object::Int(i @ 0..=255) => Some(i as usize),
+            _ => None,
+        };
+        let Some(slot) = slot else {
+            let id = self.alloc(obj, 0)?;
+            return self.push_id(id);
+        };
+        let id = match self.small[slot] {
+            Some(id) => id,
+            None => {
+                let id = self.alloc(obj, 0)?;
+                self.small[slot] = Some(id);
+                id
+            }
+        };
         self.push_id(id)
     }
 
@@ -638,6 +672,14 @@ impl Unpickler<'_, '_> {
         let d = items.iter().map(|&i| self.depth_of(i)).max().unwrap_or(0) + 1;
         self.charge_cells(items.len())?;
         let id = self.alloc(obj, d)?;
+        self.push_id(id)
+    }
+
+    /// A container made of `items` (moved, not copied), one deeper than its deepest item.
+    fn push_items(&mut self, items: Vec<ObjId>, make: impl FnOnce(Vec<ObjId>) -> Object) -> R<()> {
+        let d = items.iter().map(|&i| self.depth_of(i)).max().unwrap_or(0) + 1;
+        self.charge_cells(items.len())?;
+        let id = self.alloc(make(items), d)?;
         self.push_id(id)
     }
 
@@ -708,9 +750,8 @@ impl Unpickler<'_, '_> {
 
     fn push_str(&mut self, raw: &[u8], op: &'static str) -> R<()> {
         let s = std::str::from_utf8(raw).map_err(|_| self.err(PickleProblem::BadText { op }))?;
-        let s: Box<str> = s.into();
         self.charge_bytes(s.len())?;
-        self.push(Object::Str(s))
+        self.push(Object::Str(s.into()))
     }
 
     fn push_bytes(&mut self, raw: Vec<u8>) -> R<()> {
@@ -945,7 +986,7 @@ impl Unpickler<'_, '_> {
                     [] => {}
                     [src] => {
                         let pairs = match self.obj(*src) {
-                            Object::List(v) => v.clone(),
+                            Object::List(v) => v.to_vec(),
                             Object::Tuple(v) => v.to_vec(),
                             Object::Dict(d) => {
                                 dict.items = d.items.clone();
@@ -974,7 +1015,7 @@ impl Unpickler<'_, '_> {
                 let items = match a.as_slice() {
                     [] => Vec::new(),
                     [src] => match self.obj(*src) {
-                        Object::List(v) | Object::Set(v) => v.clone(),
+                        Object::List(v) | Object::Set(v) => v.to_vec(),
                         Object::Tuple(v) => v.to_vec(),
                         other => {
                             let reason = format!("its argument is {}", other.kind());
@@ -985,7 +1026,7 @@ impl Unpickler<'_, '_> {
                 };
                 self.charge_cells(items.len())?;
                 let d = items.iter().map(|&i| self.depth_of(i)).max().unwrap_or(0) + 1;
-                self.alloc(Object::Set(items), d)
+                self.alloc(Object::Set(Box::new(items)), d)
             }
             Global::Complex => {
                 let num = |o: &Object| match o {
@@ -1035,7 +1076,7 @@ impl Unpickler<'_, '_> {
                 [t] if matches!(self.obj(*t), Object::Tuple(_)) => Ok(*t),
                 [l] if matches!(self.obj(*l), Object::List(_)) => {
                     let items = match self.obj(*l) {
-                        Object::List(v) => v.clone(),
+                        Object::List(v) => v.to_vec(),
                         _ => Vec::new(),
                     };
                     self.charge_cells(items.len())?;
@@ -1080,6 +1121,11 @@ impl Unpickler<'_, '_> {
         let storage = **storage;
         let offset = match self.obj(a[1]) {
             Object::Int(i) => u64::try_from(*i).map_err(|_| bad(format!("offset {i}")))?,
+            Object::BigInt(_) => {
+                return Err(bad(
+                    "its offset is too large: an integer wider than 64 bits".into(),
+                ))
+            }
             other => return Err(bad(format!("its offset is {}", other.kind()))),
         };
         let ints = |id: ObjId, what: &str| -> Result<Vec<u64>, TensorProblem> {
@@ -1117,8 +1163,9 @@ impl Unpickler<'_, '_> {
                 Object::Global(Global::Dtype(t)) => (*t, a.get(7)),
                 other => return Err(bad(format!("its dtype is {}", other.kind()))),
             },
-            Global::RebuildTensor => (self.storages.dtype(storage.storage), None),
-            _ => (self.storages.dtype(storage.storage), a.get(6)),
+            // As torch: the dtype of the storage this reference names.
+            Global::RebuildTensor => (storage.dtype, None),
+            _ => (storage.dtype, a.get(6)),
         };
         if let Some(&meta) = meta {
             match self.obj(meta) {
@@ -1239,6 +1286,7 @@ impl Unpickler<'_, '_> {
         let d = items.iter().map(|&i| self.depth_of(i)).max().unwrap_or(0) + 1;
         self.charge_cells(items.len())?;
         match self.obj_mut(target) {
+            Some(Object::List(l)) if l.is_empty() => **l = items,
             Some(Object::List(l)) => l.extend(items),
             Some(Object::Placeholder(p)) if p.called => p.items.extend(items),
             _ => return Err(self.wrong(op, "a list", target)),
@@ -1388,8 +1436,8 @@ impl Unpickler<'_, '_> {
                 }
                 0x8a => {
                     let n = self.u8()?;
-                    let raw = self.take(usize::from(n))?.to_vec();
-                    self.push_long(&raw)?;
+                    let raw = self.take(usize::from(n))?;
+                    self.push_long(raw)?;
                 }
                 0x8b => {
                     let n = self.u32()? as i32;
@@ -1401,8 +1449,8 @@ impl Unpickler<'_, '_> {
                         })
                     })?;
                     self.check_long_len(n)?;
-                    let raw = self.take_len(n)?.to_vec();
-                    self.push_long(&raw)?;
+                    let raw = self.take_len(n)?;
+                    self.push_long(raw)?;
                 }
                 b'F' => {
                     let line = self.line("FLOAT")?;
@@ -1444,18 +1492,18 @@ impl Unpickler<'_, '_> {
                 }
                 b'X' => {
                     let n = self.u32()?;
-                    let raw = self.take_len(u64::from(n))?.to_vec();
-                    self.push_str(&raw, "BINUNICODE")?;
+                    let raw = self.take_len(u64::from(n))?;
+                    self.push_str(raw, "BINUNICODE")?;
                 }
                 0x8c => {
                     let n = self.u8()?;
-                    let raw = self.take(usize::from(n))?.to_vec();
-                    self.push_str(&raw, "SHORT_BINUNICODE")?;
+                    let raw = self.take(usize::from(n))?;
+                    self.push_str(raw, "SHORT_BINUNICODE")?;
                 }
                 0x8d => {
                     let n = self.u64()?;
-                    let raw = self.take_len(n)?.to_vec();
-                    self.push_str(&raw, "BINUNICODE8")?;
+                    let raw = self.take_len(n)?;
+                    self.push_str(raw, "BINUNICODE8")?;
                 }
                 b'B' => {
                     let n = self.u32()?;
@@ -1481,7 +1529,7 @@ impl Unpickler<'_, '_> {
                 b')' => self.push_container(Object::Tuple(Box::new([])), &[])?,
                 b't' => {
                     let items = self.pop_mark(op)?;
-                    self.push_container(Object::Tuple(items.clone().into_boxed_slice()), &items)?;
+                    self.push_items(items, |v| Object::Tuple(v.into_boxed_slice()))?;
                 }
                 0x85..=0x87 => {
                     let n = usize::from(op - 0x84);
@@ -1489,12 +1537,12 @@ impl Unpickler<'_, '_> {
                     for slot in items.iter_mut().rev() {
                         *slot = self.pop(op)?;
                     }
-                    self.push_container(Object::Tuple(items.clone().into_boxed_slice()), &items)?;
+                    self.push_items(items, |v| Object::Tuple(v.into_boxed_slice()))?;
                 }
-                b']' => self.push_container(Object::List(Vec::new()), &[])?,
+                b']' => self.push_container(Object::List(Box::default()), &[])?,
                 b'l' => {
                     let items = self.pop_mark(op)?;
-                    self.push_container(Object::List(items.clone()), &items)?;
+                    self.push_items(items, |v| Object::List(Box::new(v)))?;
                 }
                 b'a' => {
                     let item = self.pop(op)?;
@@ -1531,19 +1579,32 @@ impl Unpickler<'_, '_> {
                     let items = self.pop_mark(op)?;
                     self.setitems(op, items)?;
                 }
-                0x8f => self.push_container(Object::Set(Vec::new()), &[])?,
+                0x8f => self.push_container(Object::Set(Box::default()), &[])?,
                 0x90 => {
                     let items = self.pop_mark(op)?;
                     self.additems(op, items)?;
                 }
                 0x91 => {
                     let items = self.pop_mark(op)?;
-                    self.push_container(Object::Set(items.clone()), &items)?;
+                    self.push_items(items, |v| Object::Set(Box::new(v)))?;
                 }
                 b'c' => {
-                    let module = self.line("GLOBAL")?.to_string();
-                    let name = self.line("GLOBAL")?.to_string();
-                    self.global(&module, &name)?;
+                    let start = self.pos;
+                    let module = self.line("GLOBAL")?;
+                    let name = self.line("GLOBAL")?;
+                    // An allowed global named again (a pickle without memo names one per
+                    // tensor) is the same stub: no need to resolve and record it again.
+                    let raw = &self.data[start..self.pos];
+                    if let Some(&g) = self.allowed.get(raw) {
+                        self.push(Object::Global(g))?;
+                    } else {
+                        self.global(module, name)?;
+                        if let Some(&id) = self.stack.last() {
+                            if let Object::Global(g) = *self.obj(id) {
+                                self.allowed.insert(raw, g);
+                            }
+                        }
+                    }
                 }
                 0x93 => {
                     let name = self.pop(op)?;
@@ -1710,6 +1771,12 @@ fn raw_unicode_unescape(s: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn objects_stay_small() {
+        // 15 M ints outside the tensors cost this much each (plus 4 bytes of depth).
+        assert!(std::mem::size_of::<Object>() <= 24);
+    }
 
     #[test]
     fn longs() {

@@ -107,20 +107,32 @@ impl Checkpoint {
     /// A dict's entries with duplicate keys resolved as Python does: the last value wins,
     /// in the place of the first.
     fn entries(&self, d: &Dict) -> Vec<(Key, ObjId)> {
+        /// A key borrowed from the pickle, to find duplicates without copying each key.
+        #[derive(PartialEq, Eq, Hash)]
+        enum Seen<'p> {
+            Str(&'p str),
+            Int(i64),
+            Other(ObjId),
+        }
         let mut out: Vec<(Key, ObjId)> = Vec::with_capacity(d.items.len());
-        let mut seen: HashMap<Key, usize> = HashMap::new();
+        let mut seen: HashMap<Seen<'_>, usize> = HashMap::with_capacity(d.items.len());
         for &(k, v) in &d.items {
             let key = match self.pickle.get(k) {
-                Object::Str(s) => Key::Str(s.to_string()),
-                Object::Int(i) => Key::Int(*i),
-                Object::Bool(b) => Key::Int(i64::from(*b)),
-                _ => Key::Other(k),
+                Object::Str(s) => Seen::Str(s),
+                Object::Int(i) => Seen::Int(*i),
+                Object::Bool(b) => Seen::Int(i64::from(*b)),
+                _ => Seen::Other(k),
             };
-            match seen.get(&key) {
-                Some(&i) => out[i].1 = v,
-                None => {
-                    seen.insert(key.clone(), out.len());
-                    out.push((key, v));
+            match seen.entry(key) {
+                std::collections::hash_map::Entry::Occupied(e) => out[*e.get()].1 = v,
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let owned = match e.key() {
+                        Seen::Str(s) => Key::Str(s.to_string()),
+                        Seen::Int(i) => Key::Int(*i),
+                        Seen::Other(id) => Key::Other(*id),
+                    };
+                    e.insert(out.len());
+                    out.push((owned, v));
                 }
             }
         }

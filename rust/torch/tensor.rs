@@ -167,6 +167,13 @@ pub(crate) fn describe(
             reason: "it names an unknown storage".into(),
         });
     };
+    if let Some(c) = raw.storage.conflict {
+        return Err(TensorProblem::StorageConflict {
+            key: s.key.clone(),
+            conflict: Box::new(c),
+            legacy: s.entry.is_none(),
+        });
+    }
     // Views (legacy files) were checked against their storage when the storage was located.
     let start = s.offset.checked_add(raw.storage.offset);
     let len = raw.storage.len.unwrap_or(s.len);

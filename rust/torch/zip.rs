@@ -2,7 +2,10 @@
 //!
 //! Only the end record, the ZIP64 end record and the central directory are read, plus each
 //! entry's 30-byte local header for the data offset; entry data is never read here, and
-//! nothing is ever decompressed: a compressed or encrypted entry is refused. Sizes come from
+//! nothing is ever decompressed. An encrypted entry is refused; a compressed one is listed
+//! (with its method), and refused by the reader only where it reads the entry: `data.pkl`,
+//! `byteorder` and storages must be stored (torch writes every entry stored, but a re-zipped
+//! file may deflate `.format_version` or a TorchScript archive's `code/`). Sizes come from
 //! the central directory (torch sets flag bit 3, so local headers hold zeros).
 
 use std::collections::HashMap;
@@ -26,8 +29,10 @@ pub struct ZipEntry {
     pub header: u64,
     /// Offset of the first data byte.
     pub data: u64,
-    /// Data length (stored, so compressed and uncompressed lengths agree).
+    /// Data length in the file (for a stored entry, also its uncompressed length).
     pub size: u64,
+    /// The compression method, 0 for a stored entry (whose data can be mapped in place).
+    pub method: u16,
 }
 
 /// The archive's entries, in central-directory order, with a name index.
@@ -40,6 +45,17 @@ pub struct ZipArchive {
 impl ZipArchive {
     pub fn get(&self, name: &str) -> Option<&ZipEntry> {
         self.by_name.get(name).and_then(|&i| self.entries.get(i))
+    }
+
+    /// The entry `name`, which the reader maps in place, so it must be stored.
+    pub fn get_stored(&self, name: &str) -> Result<Option<&ZipEntry>, TorchError> {
+        match self.get(name) {
+            Some(e) if e.method != 0 => Err(TorchError::ZipCompressed {
+                entry: e.name.clone(),
+                method: e.method,
+            }),
+            other => Ok(other),
+        }
     }
 
     /// The entry's data within `bytes` (validated at parse time against the same bytes).
@@ -260,19 +276,13 @@ pub fn parse(bytes: &[u8]) -> Result<ZipArchive, TorchError> {
         if flags & 1 != 0 {
             return Err(TorchError::ZipEncrypted { entry: name });
         }
-        if method != 0 {
-            return Err(TorchError::ZipCompressed {
-                entry: name,
-                method,
-            });
-        }
         if disk != 0 {
             return Err(TorchError::ZipEntry {
                 entry: name,
                 reason: format!("it lies on disk {disk}"),
             });
         }
-        if csize != usize_ {
+        if method == 0 && csize != usize_ {
             return Err(TorchError::ZipEntry {
                 entry: name,
                 reason: format!("stored, yet its sizes differ ({csize} and {usize_})"),
@@ -293,12 +303,12 @@ pub fn parse(bytes: &[u8]) -> Result<ZipArchive, TorchError> {
         let lnlen = u64::from(u16_at(local, 26));
         let lelen = u64::from(u16_at(local, 28));
         let data = header + LOCAL_LEN + lnlen + lelen;
-        let data_end = data.checked_add(usize_).filter(|&e| e <= end.cd_offset);
+        let data_end = data.checked_add(csize).filter(|&e| e <= end.cd_offset);
         let Some(_) = data_end else {
             return Err(TorchError::ZipEntry {
                 entry: name,
                 reason: format!(
-                    "its {usize_} bytes at offset {data} run past the start of the directory at {}",
+                    "its {csize} bytes at offset {data} run past the start of the directory at {}",
                     end.cd_offset
                 ),
             });
@@ -317,7 +327,8 @@ pub fn parse(bytes: &[u8]) -> Result<ZipArchive, TorchError> {
             name,
             header,
             data,
-            size: usize_,
+            size: csize,
+            method,
         });
     }
     // No two entries may share bytes (header through data).

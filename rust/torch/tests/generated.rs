@@ -666,7 +666,7 @@ fn sniffing() {
     assert_eq!(sniff(b"  \n<!DOCTYPE html><html>"), Format::Html);
     assert_eq!(sniff(b"<HTML><body>"), Format::Html);
     assert_eq!(sniff(b"\x80\x04\x95"), Format::Pickle);
-    assert_eq!(sniff(b""), Format::Unknown);
+    assert_eq!(sniff(b""), Format::Empty);
     assert_eq!(sniff(b"hello"), Format::Text);
     assert_eq!(sniff(b"# Model card\n\nWeights in bf16.\n"), Format::Text);
     assert_eq!(

@@ -377,11 +377,78 @@ fn storage_entry(method: u16, name: &str) -> Vec<u8> {
 }
 
 #[test]
+fn torchscript_archives_are_named() {
+    // torch.jit.save: data.pkl beside constants.pkl and deflated code/ entries.
+    let pkl = pickle(&V::Dict(vec![(s("w"), w())]));
+    let mut code = entry("m/code/__torch__/m.py", b"class M: ...");
+    code.method = 8;
+    let bytes = zip(&[
+        entry("m/data.pkl", &pkl),
+        code,
+        entry("m/constants.pkl", &pickle(&V::Tuple(vec![]))),
+        entry("m/data/0", &f32s(&[1., 2.])),
+    ])
+    .to_vec();
+    assert_eq!(sniff(&bytes), Format::TorchScript);
+    assert_eq!(
+        read_err(&bytes).to_string(),
+        "this is a TorchScript archive (torch.jit.save: get a state dict with \
+         `torch.save(torch.jit.load(path).state_dict(), 'model.pt')`), not a PyTorch checkpoint"
+    );
+}
+
+#[test]
+fn integers_wider_than_64_bits_are_too_large() {
+    // 2**100 as LONG1: 13 bytes, little-endian.
+    let mut big = vec![0u8; 13];
+    big[12] = 0x10;
+    let mut ops = Vec::new();
+    ops.extend_from_slice(b"}X\x01\x00\x00\x00w");
+    ops.extend_from_slice(b"ctorch._utils\n_rebuild_tensor_v2\n(");
+    ops.extend_from_slice(b"(X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x000X\x03\x00\x00\x00cpuK\x02tQ");
+    ops.extend_from_slice(&[0x8a, 13]);
+    ops.extend_from_slice(&big);
+    ops.extend_from_slice(b"(K\x02t(K\x01t\x89NtRs");
+    let err = select_err(&raw_zip(&ops)).to_string();
+    assert_eq!(
+        err,
+        "tensor `w`: malformed call to torch._utils._rebuild_tensor_v2: its offset is too \
+         large: an integer wider than 64 bits"
+    );
+}
+
+#[test]
 fn zip_bombs_slips_and_duplicates() {
     assert_eq!(
         read_err(&storage_entry(8, "archive/data/0")).to_string(),
-        "zip entry `archive/data/0` is compressed (method 8); torch never compresses storages"
+        "zip entry `archive/data/0` is compressed (method 8); its data is read in place, so \
+         it must be stored, as torch.save writes it"
     );
+    // Entries the reader never maps may be compressed (a re-zipped `.format_version`, a
+    // TorchScript archive's `code/`); data.pkl and byteorder may not.
+    let pkl = pickle(&V::Dict(vec![(s("w"), w())]));
+    let mut fv = entry("archive/.format_version", b"1");
+    fv.method = 8;
+    let ok = zip(&[
+        entry("archive/data.pkl", &pkl),
+        fv,
+        entry("archive/data/0", &f32s(&[1., 2.])),
+    ])
+    .to_vec();
+    assert_eq!(read_ok(&ok).select(None, &[]).unwrap().tensors.len(), 1);
+    for name in ["archive/data.pkl", "archive/byteorder"] {
+        let mut entries = vec![
+            entry("archive/data.pkl", &pkl),
+            entry("archive/byteorder", b"little"),
+            entry("archive/data/0", &f32s(&[1., 2.])),
+        ];
+        entries.iter_mut().find(|e| e.name == name).unwrap().method = 8;
+        let err = read_err(&zip(&entries).to_vec()).to_string();
+        assert!(
+            err.starts_with(&format!("zip entry `{name}` is compressed (method 8)")),
+            "{err}"
+        );
+    }
     for name in ["archive/../../etc/passwd", "/etc/passwd", "..", "C:\\x"] {
         assert_eq!(
             read_err(&storage_entry(0, name)),

@@ -4,4 +4,5 @@ mod corpus;
 mod fixtures;
 mod generated;
 mod hostile;
+mod shared;
 mod writer;
