@@ -417,7 +417,7 @@ impl Source {
                 // A strided view reads a page of many rows of its storage: each block's
                 // pages are unmapped once it is copied out, or the whole storage ends up
                 // resident (they stay cached: the next window's faults are minor).
-                crate::torch::gather_releasing(&f.map, desc, first, out, &mut |r| {
+                crate::input::torch::gather_releasing(&f.map, desc, first, out, &mut |r| {
                     f.unmap((r.start, r.end))
                 })
                 .map_err(|e| Error::invalid_header(&f.path, e.to_string()))?;

@@ -19,6 +19,7 @@ pub mod folder;
 pub mod format;
 pub mod safetensors;
 pub mod sniff;
+pub mod torch;
 
 use std::path::Path;
 
@@ -27,8 +28,8 @@ use crate::gather::Gather;
 use crate::header::{SourceHeader, SourceTensor, PREFIX};
 use crate::input::safetensors::too_small;
 use crate::source::{InputFile, Source};
-use crate::torch::{self, Limits, TorchError};
 use crate::vocab::OptionName;
+use torch::{Limits, TorchError};
 
 pub use crate::source::Origin;
 pub use format::Format;
