@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from .. import _core, _engine
+from .._options import Options
 from ..errors import DestinationExists, NoSpace, Refused, StcastWarning
 from ..reports import ConvertReport, FileReport, InspectReport, Notice, merged_numerics
 from . import common as _common
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
     from typing import Callable
 
     from .._engine import CancelFlag, Progress
-    from .._options import Options
     from .._types import OnOverflow, Target
 
 __all__ = ["assign_shards", "convert_folder", "default_dst", "finalize", "inspect_folder"]
@@ -561,7 +561,7 @@ def finalize(
         plan = _walk.plan(src, to, check_quantized=False, cancel=cancel)
     else:
         # The shards' cut depends on every option that changes a tensor's size.
-        precision = {k: v for k, v in options.items() if k not in ("to", "max_shard_size", "name")}
+        precision = Options.given(options).precision
         _, plan = _source_plan(src, dst, to, precision, max_size, False, False, cancel)
         plan.reshard = _reshard.plan(
             plan, max_size, to, precision, None, cancel, name=options.get("name")

@@ -153,10 +153,7 @@ class FileItem:
             allow_copy=True,
             progress=step,
             cancel=run.cancel,
-            keep=run.precision.get("keep", []),
-            keep_min_size=run.precision.get("keep_min_size", 0),
-            from_bf16=run.precision.get("from_bf16", False),
-            on_overflow=run.precision.get("on_overflow", "warn"),
+            **run.precision,
             keep_unmatched="ignore",
             tuning=run.tuning,
             warn_path=self.file.source_rel,
@@ -230,10 +227,13 @@ class ShardItem:
         replaces: tuple[int, int] | str | None,
         step: Callable[[int, int], None] | None,
     ) -> ConvertReport:
-        u, g, precision = self.unit, self.group, run.precision
+        u, g = self.unit, self.group
         # Kept-for-overflow tensors are planned already: the shards need no scan of their own.
-        on_overflow = precision.get("on_overflow", "warn")
-        on_overflow = "warn" if on_overflow == "keep" else on_overflow
+        on_overflow = run.precision.get("on_overflow", "warn")
+        precision = {
+            **run.precision,
+            "on_overflow": "warn" if on_overflow == "keep" else on_overflow,
+        }
 
         def warn(kind: str, template: str, rel: str = u.rel) -> None:
             # A shard of integer or BF16 tensors only is no surprise here.
@@ -247,11 +247,8 @@ class ShardItem:
                 g.indexed,
                 out,
                 to=run.to,
-                keep=precision.get("keep", []),
-                keep_min_size=precision.get("keep_min_size", 0),
-                from_bf16=precision.get("from_bf16", False),
+                **precision,
                 keep_names=self.keep_names,
-                on_overflow=on_overflow,
                 threads=run.threads,
                 force=replaces is not None,
                 replaces=replaces if isinstance(replaces, tuple) else None,
