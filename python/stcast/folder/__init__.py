@@ -54,7 +54,6 @@ class Prepared:
     given: Options  # the call's options
     plan: _walk.Plan
     work: _work.Work
-    precision: dict[str, Any]
     options: dict[str, Any]
     shard: tuple[int, int] | None
     weights: list[_work.Item]  # this run's items (all, or the shard's): files, or output shards
@@ -178,7 +177,6 @@ def prepare(
         given,
         plan,
         work,
-        precision,
         options,
         shard,
         weights,
@@ -203,7 +201,7 @@ def convert_folder(
     see `stcast.convert` for them."""
     started = time.monotonic()
     p = prepared
-    threads, force, tuning = p.given.threads, p.given.force, p.given.tuning
+    force = p.given.force
     src, dst, plan, shard, survey = p.src, p.dst, p.plan, p.shard, p.survey
     # Every refusal is behind us: from here on, files are written.
     _common.failpoint("folder-checked", cancel)
@@ -241,9 +239,7 @@ def convert_folder(
         progress,
         file_progress,
     )
-    run = _write.Run(
-        dst, p.to, threads, meter, cancel, p.precision, record, force, dict(survey.ours), tuning
-    )
+    run = _write.Run(dst, p.to, p.given, meter, cancel, record, force, dict(survey.ours))
     if shard is None:
         _write.unpublish(run, plan)
         _write.remove_stale(run, survey.stale)
@@ -604,7 +600,7 @@ def finalize(
         files.append(w.report("checked", st.st_size))
     record.save(cancel)
     meter = _write.Meter(sum(c.size for c in plan.copies), progress, file_progress)
-    run = _write.Run(dst, to, None, meter, cancel, {}, record, False, dict(survey.ours))
+    run = _write.Run(dst, to, Options(to=to), meter, cancel, record, False, dict(survey.ours))
     _write.unpublish(run, plan)
     files += _write.publish(run, plan, work)
     _write.final_recheck(run, plan)

@@ -145,17 +145,15 @@ class FileItem:
         return _engine.convert_file(
             self.file.path,
             out,
+            run.given,
             to=run.to,
-            threads=run.threads,
             force=replaces is not None,
             replaces=None if replaces in (None, "any") else replaces,
             # A folder partly converted already is fine: its files pass as they are.
             allow_copy=True,
             progress=step,
             cancel=run.cancel,
-            **run.precision,
             keep_unmatched="ignore",
-            tuning=run.tuning,
             warn_path=self.file.source_rel,
             # The user's call: convert, convert_folder, convert_items, here.
             stacklevel=6,
@@ -229,9 +227,9 @@ class ShardItem:
     ) -> ConvertReport:
         u, g = self.unit, self.group
         # Kept-for-overflow tensors are planned already: the shards need no scan of their own.
-        on_overflow = run.precision.get("on_overflow", "warn")
+        on_overflow = run.given.on_overflow
         precision = {
-            **run.precision,
+            **run.given.precision,
             "on_overflow": "warn" if on_overflow == "keep" else on_overflow,
         }
 
@@ -249,13 +247,13 @@ class ShardItem:
                 to=run.to,
                 **precision,
                 keep_names=self.keep_names,
-                threads=run.threads,
+                threads=run.given.threads,
                 force=replaces is not None,
                 replaces=replaces if isinstance(replaces, tuple) else None,
                 progress=step,
                 cancel=run.cancel,
                 warn=warn,
-                tuning=run.tuning,
+                tuning=run.given.tuning,
             )
         warnings = [w for w in result["warnings"] if w[0] != "nothing_to_convert"]
         return _build(
