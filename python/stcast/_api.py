@@ -177,6 +177,7 @@ def convert(
         _shard_folder(dst, o.max_shard_size)
         prepared = folder.prepare(src, None if dst is None else os.fsdecode(dst), o, cancel=cancel)
         replace_report = None
+        o = _report(o)
         if o.report is not None:
             from .folder.ident import check_side_file
 
@@ -208,7 +209,7 @@ def convert(
         progress=progress,
         cancel=cancel,
         keep_unmatched="error" if o.strict else "warn",
-        report=o.report,
+        report=_report(o).report,
         **o.source,
         stacklevel=2,
     )
@@ -295,7 +296,7 @@ def inspect(
         # The checks `convert` makes before writing, failing as it would.
         extra.update(dst=target, force=o.force, keep_unmatched="error" if o.strict else "warn")
         if o.report is not None:
-            extra["report"] = o.report
+            extra["report"] = _report(o).report
     planned = _engine.inspect_file(path, o, scan=o.scan, progress=progress, **o.source, **extra)
     if target is None:
         return planned
@@ -378,7 +379,7 @@ def verify(
     """
     given = Options.given(locals())
     src, dst = _source(src), os.fsdecode(dst)
-    o = _plain(_checked(given, to_given=False))
+    o = _plain(_report(_checked(given, to_given=False)))
     o = replace(o, name=None if name is None else _core.check_name(name))
     if not os.path.isdir(src) and o.name is None:
         dst = _verified_file(src, dst, o.to)
@@ -537,12 +538,13 @@ def _checked(o: Options, to_given: bool = True) -> Options:
 
 
 def _plain(o: Options) -> Options:
-    """`tuning` as a dict, `report` as a `str`."""
-    return replace(
-        o,
-        tuning=None if o.tuning is None else dict(o.tuning),
-        report=None if o.report is None else os.fsdecode(o.report),
-    )
+    """`tuning` as a dict."""
+    return replace(o, tuning=None if o.tuning is None else dict(o.tuning))
+
+
+def _report(o: Options) -> Options:
+    """`report` as a `str`."""
+    return replace(o, report=None if o.report is None else os.fsdecode(o.report))
 
 
 def _size(max_shard_size: int | str | None) -> int | None:
