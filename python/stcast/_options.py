@@ -80,6 +80,8 @@ class Options:
         return options
 
     def engine(self) -> dict[str, Any]:
-        """The keywords every engine call of this run shares (`_core.convert`, `inspect`,
-        `verify`: each reads those it needs; an absent one is the default)."""
-        return {"to": self.to, **self.precision, "threads": self.threads, "tuning": self.tuning}
+        """The keywords the engine calls of this call share (`_core.convert`, `inspect`,
+        `verify`: each reads those it needs): `to`, the precision options as given (the
+        engine checks them), `threads`, `tuning`."""
+        given = {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("precision")}
+        return {"to": self.to, **given, "threads": self.threads, "tuning": self.tuning}

@@ -145,15 +145,18 @@ class FileItem:
         return _engine.convert_file(
             self.file.path,
             out,
-            run.given,
             to=run.to,
+            threads=run.given.threads,
             force=replaces is not None,
             replaces=None if replaces in (None, "any") else replaces,
             # A folder partly converted already is fine: its files pass as they are.
             allow_copy=True,
             progress=step,
             cancel=run.cancel,
+            # As the manifest records them (the folder's checks ran with these).
+            **run.given.precision,
             keep_unmatched="ignore",
+            tuning=run.given.tuning,
             warn_path=self.file.source_rel,
             # The user's call: convert, convert_folder, convert_items, here.
             stacklevel=6,
