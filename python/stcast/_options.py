@@ -59,13 +59,16 @@ class Options:
         were)."""
         options: dict[str, Any] = {}
         for f in fields(self):
-            if f.metadata.get("precision"):
-                value = getattr(self, f.name)
-                default = f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc,operator]
-                if value != default:
-                    options[f.name] = True if f.type == "bool" else value
-                    if isinstance(value, list):
-                        options[f.name] = list(value)
+            if not f.metadata.get("precision"):
+                continue
+            value = getattr(self, f.name)
+            if f.type == "bool":
+                if value:  # a flag: recorded as True when set
+                    options[f.name] = True
+                continue
+            default = f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc,operator]
+            if value != default:
+                options[f.name] = list(value) if isinstance(value, list) else value
         return options
 
     @property
