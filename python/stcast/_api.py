@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING
+from dataclasses import replace
+from typing import TYPE_CHECKING, cast
 
 from . import _core, _engine
+from ._options import Options
 from .errors import InvalidInput, Refused, StcastError, UsageError
 from .reports import ConvertReport, InspectReport, VerifyReport, numeric_parts
 
@@ -163,92 +165,52 @@ def convert(
         Cancelled: `cancel.is_set()` became true.
         KeyboardInterrupt: Ctrl-C.
     """
+    given = Options.given(locals())
     src = _source(src)
-    target = _engine.target_name(to)
-    keep = _engine.patterns(keep)
-    threads = _threads(threads)
-    keep_min_size = _engine.check_int("keep_min_size", keep_min_size, 0, 2**64 - 1)
-    key, strip_prefix = _engine.check_key(key), _engine.prefixes(strip_prefix)
-    max_size = None if max_shard_size is None else _core.parse_size(max_shard_size)
-    stem = _name(name, max_size)
-    if os.path.isdir(src) or max_size is not None:
+    o = _checked(given)
+    o = replace(o, max_shard_size=_size(max_shard_size))
+    o = _plain(replace(o, name=_name(name, o.max_shard_size)))
+    if os.path.isdir(src) or o.max_shard_size is not None:
         from . import folder
 
-        _files_only(src, key, strip_prefix)
-        _shard_folder(dst, max_size)
-        prepared = folder.prepare(
-            src,
-            None if dst is None else os.fsdecode(dst),
-            to=target,
-            force=force,
-            resume=resume,
-            shard=shard,
-            allow_quantized=allow_quantized,
-            keep=keep,
-            keep_min_size=keep_min_size,
-            strict=strict,
-            from_bf16=from_bf16,
-            on_overflow=on_overflow,
-            follow_links=follow_links,
-            cancel=cancel,
-            max_shard_size=max_size,
-            key=key,
-            strip_prefix=strip_prefix,
-            name=stem,
-        )
-        replace = None
-        if report is not None:
-            report = os.fsdecode(report)
+        _files_only(src, o)
+        _shard_folder(dst, o.max_shard_size)
+        prepared = folder.prepare(src, None if dst is None else os.fsdecode(dst), o, cancel=cancel)
+        replace_report = None
+        o = _report(o)
+        if o.report is not None:
             from .folder.ident import check_side_file
 
             check_side_file(
-                report, "report", [(prepared.src, "source"), (prepared.dst, "destination")]
+                o.report, "report", [(prepared.src, "source"), (prepared.dst, "destination")]
             )
-            replace = _core.check_side_output(
-                report, "report", force, [(prepared.src, "input"), (prepared.dst, "output")]
+            replace_report = _core.check_side_output(
+                o.report, "report", o.force, [(prepared.src, "input"), (prepared.dst, "output")]
             )
         result = folder.convert_folder(
-            prepared,
-            threads=threads,
-            force=force,
-            allow_quantized=allow_quantized,
-            progress=progress,
-            file_progress=file_progress,
-            cancel=cancel,
-            tuning=dict(tuning) if tuning is not None else None,
+            prepared, progress=progress, file_progress=file_progress, cancel=cancel
         )
-        if report is not None and result.numerics is not None:
+        if o.report is not None and result.numerics is not None:
             # The folder's own commit point is behind it: a failure here says so.
             try:
                 parts = numeric_parts(result.numerics)
                 _core.write_numeric_report(
-                    report, result.src, result.dst, result.to, parts, replace=replace
+                    o.report, result.src, result.dst, result.to, parts, replace=replace_report
                 )
             except (OSError, StcastError) as e:
                 raise _after_commit(result.dst, e) from None
         return result
-    if resume or shard is not None:
-        option = "resume" if resume else "shard"
-        raise UsageError(
-            f"{{{option}}} applies to folders; {_engine.escape(src)} is not one", option=option
-        )
+    _folders_only(src, o)
     return _engine.convert_file(
         src,
-        _engine.default_dst(src, target) if dst is None else _file_dst(src, dst, target),
-        to=target,
-        threads=threads,
-        force=force,
+        _engine.default_dst(src, _target(o)) if dst is None else _file_dst(src, dst, _target(o)),
+        o,
+        force=o.force,
         progress=progress,
         cancel=cancel,
-        keep=keep,
-        keep_min_size=keep_min_size,
-        keep_unmatched="error" if strict else "warn",
-        from_bf16=from_bf16,
-        on_overflow=on_overflow,
-        report=None if report is None else os.fsdecode(report),
-        tuning=dict(tuning) if tuning is not None else None,
-        key=key,
-        strip_prefix=strip_prefix,
+        keep_unmatched="error" if o.strict else "warn",
+        report=_report(o).report,
+        **o.source,
         stacklevel=2,
     )
 
@@ -315,61 +277,29 @@ def inspect(
         UsageError: a `keep` pattern or another option is invalid.
         OSError: it cannot be read.
     """
+    given = Options.given(locals())
     path = _source(path)
-    target_name = _engine.target_name(to)
-    options: dict[str, Any] = {
-        "to": target_name,
-        "keep": _engine.patterns(keep),
-        "keep_min_size": _engine.check_int("keep_min_size", keep_min_size, 0, 2**64 - 1),
-        "from_bf16": from_bf16,
-        "scan": scan,
-        "on_overflow": on_overflow,
-        "threads": _threads(threads),
-        "tuning": dict(tuning) if tuning is not None else None,
-    }
-    key, strip_prefix = _engine.check_key(key), _engine.prefixes(strip_prefix)
+    o = _checked(given)
     target = None if dst is None else os.fsdecode(dst)
-    max_size = None if max_shard_size is None else _core.parse_size(max_shard_size)
-    stem = _name(name, max_size)
-    if os.path.isdir(path) or max_size is not None:
+    o = replace(o, max_shard_size=_size(max_shard_size))
+    o = _plain(replace(o, name=_name(name, o.max_shard_size)))
+    if os.path.isdir(path) or o.max_shard_size is not None:
         from .folder import inspect_folder
 
-        _files_only(path, key, strip_prefix)
-        _shard_folder(target, max_size)
-        return inspect_folder(
-            path,
-            target,
-            progress=progress,
-            force=force,
-            resume=resume,
-            shard=shard,
-            allow_quantized=allow_quantized,
-            follow_links=follow_links,
-            strict=strict,
-            max_shard_size=max_size,
-            key=key,
-            strip_prefix=strip_prefix,
-            name=stem,
-            **options,
-        )
-    if resume or shard is not None:
-        option = "resume" if resume else "shard"
-        raise UsageError(
-            f"{{{option}}} applies to folders; {_engine.escape(path)} is not one", option=option
-        )
+        _files_only(path, o)
+        _shard_folder(target, o.max_shard_size)
+        return inspect_folder(path, target, o, progress=progress)
+    _folders_only(path, o)
+    extra: dict[str, Any] = {}
     if target is not None:
-        target = _file_dst(path, target, target_name)
+        target = _file_dst(path, target, _target(o))
         # The checks `convert` makes before writing, failing as it would.
-        options.update(dst=target, force=force, keep_unmatched="error" if strict else "warn")
-        if report is not None:
-            options["report"] = os.fsdecode(report)
-    planned = _engine.inspect_file(
-        path, progress=progress, key=key, strip_prefix=strip_prefix, **options
-    )
+        extra.update(dst=target, force=o.force, keep_unmatched="error" if o.strict else "warn")
+        if o.report is not None:
+            extra["report"] = _report(o).report
+    planned = _engine.inspect_file(path, o, scan=o.scan, progress=progress, **o.source, **extra)
     if target is None:
         return planned
-    from dataclasses import replace
-
     return replace(planned, destination=_engine.destination(target, planned.output_bytes))
 
 
@@ -447,38 +377,32 @@ def verify(
         OSError: a file cannot be read.
         KeyboardInterrupt: Ctrl-C.
     """
+    given = Options.given(locals())
     src, dst = _source(src), os.fsdecode(dst)
-    target = None if to is None else _engine.target_name(to)
-    keep = _engine.patterns(keep)
-    keep_min_size = _engine.check_int("keep_min_size", keep_min_size, 0, 2**64 - 1)
-    key, strip_prefix = _engine.check_key(key), _engine.prefixes(strip_prefix)
-    options: dict[str, Any] = {
-        "loose": loose,
-        "to": target,
-        "keep": keep,
-        "keep_min_size": keep_min_size,
-        "from_bf16": from_bf16,
-        "on_overflow": on_overflow,
-        "threads": _threads(threads),
-        "progress": progress,
-        "report": None if report is None else os.fsdecode(report),
-        "force": force,
-        "tuning": dict(tuning) if tuning is not None else None,
-    }
-    stem = None if name is None else _core.check_name(name)
-    if not os.path.isdir(src) and stem is None:
-        dst = _verified_file(src, dst, target)
+    o = _plain(_report(_checked(given, to_given=False)))
+    o = replace(o, name=None if name is None else _core.check_name(name))
+    if not os.path.isdir(src) and o.name is None:
+        dst = _verified_file(src, dst, o.to)
     if os.path.isdir(src) or os.path.isdir(dst):
         from .folder.verify import verify_folder
 
-        _files_only(src, key, strip_prefix)
-        return verify_folder(src, dst, **options, key=key, strip_prefix=strip_prefix, name=stem)
-    if stem is not None:
+        _files_only(src, o)
+        return verify_folder(src, dst, o, progress=progress)
+    if o.name is not None:
         raise UsageError(
             "{name} names the files of a re-sharded checkpoint: it applies to a DST folder",
             option="name",
         )
-    return _engine.verify_file(src, dst, **options, key=key, strip_prefix=strip_prefix)
+    return _engine.verify_file(
+        src,
+        dst,
+        o,
+        loose=o.loose,
+        progress=progress,
+        report=o.report,
+        force=o.force,
+        **o.source,
+    )
 
 
 def finalize(
@@ -593,11 +517,54 @@ def _source(src: StrPath) -> str:
     return path
 
 
-def _files_only(src: str, key: str | None, strip_prefix: list[str]) -> None:
+def _target(o: Options) -> Target:
+    """The target of a conversion (resolved by `_checked`: not None)."""
+    return cast("Target", o.to)
+
+
+def _checked(o: Options, to_given: bool = True) -> Options:
+    """The options as the engine and the folder code take them: the target's alias resolved
+    (`to_given=False`: `to` may be None, not given), patterns and prefixes as lists (a lone
+    string is one), whole numbers checked. (Every other value is the engine's to check.)"""
+    return replace(
+        o,
+        to=_engine.target_name(o.to) if to_given or o.to is not None else None,
+        keep=_engine.patterns(o.keep),
+        threads=_threads(o.threads),
+        keep_min_size=_engine.check_int("keep_min_size", o.keep_min_size, 0, 2**64 - 1),
+        key=_engine.check_key(o.key),
+        strip_prefix=_engine.prefixes(o.strip_prefix),
+    )
+
+
+def _plain(o: Options) -> Options:
+    """`tuning` as a dict."""
+    return replace(o, tuning=None if o.tuning is None else dict(o.tuning))
+
+
+def _report(o: Options) -> Options:
+    """`report` as a `str`."""
+    return replace(o, report=None if o.report is None else os.fsdecode(o.report))
+
+
+def _size(max_shard_size: int | str | None) -> int | None:
+    return None if max_shard_size is None else _core.parse_size(max_shard_size)
+
+
+def _folders_only(src: str, o: Options) -> None:
+    """`resume` and `shard` apply to folders (and re-shardings) only."""
+    if o.resume or o.shard is not None:
+        option = "resume" if o.resume else "shard"
+        raise UsageError(
+            f"{{{option}}} applies to folders; {_engine.escape(src)} is not one", option=option
+        )
+
+
+def _files_only(src: str, o: Options) -> None:
     """`key` and `strip_prefix` choose within one PyTorch checkpoint: not for folders, whose
     weight files are plain state dicts (and whose indexes name their tensors). A file
     re-sharded into a folder takes them."""
-    option = "key" if key is not None else "strip_prefix" if strip_prefix else None
+    option = "key" if o.key is not None else "strip_prefix" if o.strip_prefix else None
     if option is not None and os.path.isdir(src):
         raise UsageError(
             f"{{{option}}} applies to PyTorch checkpoint files; {_engine.escape(src)} is a folder",

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
     from typing import Callable, Protocol
 
+    from ._options import Options
     from ._types import Destination, Target
 
     class CancelFlag(Protocol):
@@ -110,30 +111,40 @@ def issue(kind: str, template: str, path: str | None, stacklevel: int) -> None:
     _warnings.warn(StcastWarning(kind, template, path), stacklevel=stacklevel + 1)
 
 
+def keywords(options: Options | None, extra: dict[str, Any]) -> dict[str, Any]:
+    """The engine call's keywords: those of the run's `options` (`Options.engine`), then
+    `extra` (this call's own, which win)."""
+    return {**(options.engine() if options is not None else {}), **extra}
+
+
 def convert_file(
     src: str,
     dst: str,
+    options: Options | None = None,
     *,
     stacklevel: int,
     warn_path: str | None = None,
-    **options: Any,
+    **extra: Any,
 ) -> ConvertReport:
-    """Convert one file; `options` are `_core.convert`'s. Warnings are issued as they come,
-    pointing `stacklevel` frames up from here (the user's call), prefixed by `warn_path`."""
+    """Convert one file with `options` and `extra` (`_core.convert`'s keywords, see
+    `keywords`). Warnings are issued as they come, pointing `stacklevel` frames up from
+    here (the user's call), prefixed by `warn_path`."""
 
     def warn(kind: str, template: str) -> None:
         # No Python frame lies between this callback and here (the engine is native).
         issue(kind, template, warn_path, stacklevel + 1)
 
     with gc_paused():
-        result = _core.convert(src, dst, warn=warn, **options)
+        result = _core.convert(src, dst, warn=warn, **keywords(options, extra))
         return _build(ConvertReport, result, warnings=_notices(result["warnings"], warn_path))
 
 
-def inspect_file(path: str, *, file: str | None = None, **options: Any) -> InspectReport:
+def inspect_file(
+    path: str, options: Options | None = None, *, file: str | None = None, **extra: Any
+) -> InspectReport:
     """Plan one file (and scan it, if asked); `file` names it inside a folder."""
     with gc_paused():
-        result = _core.inspect(path, **options)
+        result = _core.inspect(path, **keywords(options, extra))
         # The engine's tensor dicts hold exactly TensorInfo's fields (a test checks it).
         tensors = [TensorInfo(file=file, **t) for t in result["tensors"]]
         return _build(
@@ -145,10 +156,10 @@ def inspect_file(path: str, *, file: str | None = None, **options: Any) -> Inspe
         )
 
 
-def verify_file(src: str, dst: str, **options: Any) -> VerifyReport:
-    """Verify one pair of files; `options` are `_core.verify`'s."""
+def verify_file(src: str, dst: str, options: Options | None = None, **extra: Any) -> VerifyReport:
+    """Verify one pair of files (`_core.verify`'s keywords, see `keywords`)."""
     with gc_paused():
-        result = _core.verify(src, dst, **options)
+        result = _core.verify(src, dst, **keywords(options, extra))
     m = result["mismatch"]
     if m is None:
         return _build(VerifyReport, result, mismatch=None)

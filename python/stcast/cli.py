@@ -541,35 +541,39 @@ def _add_output_arguments(p: argparse.ArgumentParser, quiet: bool = True) -> Non
 
 
 def _add_precision_arguments(p: argparse.ArgumentParser, convert: bool) -> None:
-    """--keep, --keep-min-size, --from-bf16, --on-overflow (and --strict for convert)."""
-    p.add_argument(
-        "--keep",
-        action="append",
-        default=[],
-        metavar="GLOB",
-        help="keep float tensors whose name matches GLOB (fnmatch: * ? [seq]) in their dtype; "
-        "repeatable, e.g. --keep '*norm*'",
-    )
-    p.add_argument(
-        "--keep-min-size",
-        type=_size_arg,
-        default=0,
-        metavar="N",
-        help="keep float tensors with fewer than N elements in their dtype (default 0: none)",
-    )
-    p.add_argument(
-        "--from-bf16",
-        action="store_true",
-        help="with --to fp16, convert BF16 tensors too (else they are copied as BF16)",
-    )
-    p.add_argument(
-        "--on-overflow",
-        choices=["warn", "error", "keep"],
-        default="warn",
-        help="finite values that would become inf (|x| >= 65520 in fp16): warn (default), "
-        "error (exit 1, nothing written), or keep those tensors in their dtype (reads the "
-        "float tensors once more first)",
-    )
+    """--keep, --keep-min-size, --from-bf16, --on-overflow (and --strict for convert); their
+    destinations are the API's keywords (`_precision` passes them on)."""
+    added = [
+        p.add_argument(
+            "--keep",
+            action="append",
+            default=[],
+            metavar="GLOB",
+            help="keep float tensors whose name matches GLOB (fnmatch: * ? [seq]) in their dtype; "
+            "repeatable, e.g. --keep '*norm*'",
+        ),
+        p.add_argument(
+            "--keep-min-size",
+            type=_size_arg,
+            default=0,
+            metavar="N",
+            help="keep float tensors with fewer than N elements in their dtype (default 0: none)",
+        ),
+        p.add_argument(
+            "--from-bf16",
+            action="store_true",
+            help="with --to fp16, convert BF16 tensors too (else they are copied as BF16)",
+        ),
+        p.add_argument(
+            "--on-overflow",
+            choices=["warn", "error", "keep"],
+            default="warn",
+            help="finite values that would become inf (|x| >= 65520 in fp16): warn (default), "
+            "error (exit 1, nothing written), or keep those tensors in their dtype (reads the "
+            "float tensors once more first)",
+        ),
+    ]
+    p.set_defaults(precision=[a.dest for a in added])
     if convert:
         p.add_argument(
             "--strict",
@@ -784,14 +788,8 @@ def _quote(path: str) -> str:
 
 def _precision(args: argparse.Namespace) -> dict[str, Any]:
     """The options that decide what each tensor becomes, as convert, inspect and verify take
-    them."""
-    return {
-        "to": args.to,
-        "keep": args.keep,
-        "keep_min_size": args.keep_min_size,
-        "from_bf16": args.from_bf16,
-        "on_overflow": args.on_overflow,
-    }
+    them: `--to` and those `_add_precision_arguments` adds."""
+    return {"to": args.to, **{dest: getattr(args, dest) for dest in args.precision}}
 
 
 def _run_inspect(args: argparse.Namespace, console: out.Console) -> int:

@@ -17,9 +17,10 @@ import os
 import time
 import warnings as _warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .. import _core, _engine
+from .._options import Options
 from ..errors import DestinationExists, NoSpace, Refused, StcastWarning
 from ..reports import ConvertReport, FileReport, InspectReport, Notice, merged_numerics
 from . import common as _common
@@ -31,7 +32,6 @@ from . import work as _work
 from . import write as _write
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
     from typing import Callable
 
     from .._engine import CancelFlag, Progress
@@ -51,9 +51,9 @@ class Prepared:
     dst: str
     src_id: tuple[int, int]
     to: Target
+    given: Options  # the call's options
     plan: _walk.Plan
     work: _work.Work
-    precision: dict[str, Any]
     options: dict[str, Any]
     shard: tuple[int, int] | None
     weights: list[_work.Item]  # this run's items (all, or the shard's): files, or output shards
@@ -69,25 +69,11 @@ class Prepared:
 def prepare(
     src: str,
     dst: str | None,
+    given: Options,
     *,
-    to: Target,
-    force: bool,
-    resume: bool,
-    shard: tuple[int, int] | None,
-    allow_quantized: bool,
-    keep: list[str],
-    keep_min_size: int,
-    strict: bool,
-    from_bf16: bool,
-    on_overflow: OnOverflow,
-    follow_links: bool = False,
     cancel: CancelFlag | None = None,
     stacklevel: int = 3,
-    max_shard_size: int | None = None,
     keep_names: dict[str, list[str]] | None = None,
-    key: str | None = None,
-    strip_prefix: Sequence[str] = (),
-    name: str | None = None,
 ) -> Prepared:
     """Make every check a folder run makes before writing anything, in order: folder
     identities, the source (`walk.plan`), the shard range, the keep patterns, what the
@@ -96,6 +82,8 @@ def prepare(
 
     With `max_shard_size`, the output is re-sharded (see `reshard`) and `src` may also be
     a single file; `name` is then the output stem of its one group (`reshard.named`)."""
+    to, shard, max_shard_size, name = _target(given), given.shard, given.max_shard_size, given.name
+    force, resume, on_overflow = given.force, given.resume, given.on_overflow
     # The default DST is named after what was given: beside a cache repo root, never
     # inside the cache's snapshots/.
     if dst is None:
@@ -104,10 +92,16 @@ def prepare(
     src = _ident.resolve_hub_repo(src)
     if shard is not None:
         shard = _check_shard(shard)
-    precision = _precision_options(keep, keep_min_size, from_bf16, on_overflow)
-    source = _reshard.source_options(key, strip_prefix)
+    precision, source = given.precision, given.source
     src_id, plan = _source_plan(
-        src, dst, to, precision, max_shard_size, not allow_quantized, follow_links, cancel
+        src,
+        dst,
+        to,
+        precision,
+        max_shard_size,
+        not given.allow_quantized,
+        given.follow_links,
+        cancel,
     )
     if max_shard_size is not None:
         plan.reshard = _reshard.plan(
@@ -129,7 +123,7 @@ def prepare(
     warnings = []
     if plan.keep_unmatched:
         template = _unmatched_template(plan.keep_unmatched)
-        if strict:
+        if given.strict:
             raise Refused(
                 f"{_esc(src)}: {template}; nothing was written ({{strict}} makes this an error)",
                 path=src,
@@ -180,9 +174,9 @@ def prepare(
         dst,
         src_id,
         to,
+        given,
         plan,
         work,
-        precision,
         options,
         shard,
         weights,
@@ -199,23 +193,21 @@ def prepare(
 def convert_folder(
     prepared: Prepared,
     *,
-    threads: int | None,
-    force: bool,
-    allow_quantized: bool,
     progress: Progress | None,
     file_progress: Callable[[str, int, int], object] | None,
     cancel: CancelFlag | None,
-    tuning: dict[str, Any] | None = None,
 ) -> ConvertReport:
-    """Convert a prepared folder run (see `prepare`); see `stcast.convert` for the options."""
+    """Convert a prepared folder run (see `prepare`) with the options it was prepared with;
+    see `stcast.convert` for them."""
     started = time.monotonic()
     p = prepared
+    force = p.given.force
     src, dst, plan, shard, survey = p.src, p.dst, p.plan, p.shard, p.survey
     # Every refusal is behind us: from here on, files are written.
     _common.failpoint("folder-checked", cancel)
 
     os.makedirs(dst, exist_ok=True)
-    record = _manifest.new(src, p.src_id, dst, p.options, allow_quantized, shard, p.mine)
+    record = _manifest.new(src, p.src_id, dst, p.options, p.given.allow_quantized, shard, p.mine)
     # The manifest at this run's name that the survey read (resume, force) is the one to
     # replace, still that file; with none there, another run's appearing meanwhile is not.
     own = [m for m in survey.manifests if m.name == record.name]
@@ -247,9 +239,7 @@ def convert_folder(
         progress,
         file_progress,
     )
-    run = _write.Run(
-        dst, p.to, threads, meter, cancel, p.precision, record, force, dict(survey.ours), tuning
-    )
+    run = _write.Run(dst, p.to, p.given, meter, cancel, record, force, dict(survey.ours))
     if shard is None:
         _write.unpublish(run, plan)
         _write.remove_stale(run, survey.stale)
@@ -268,9 +258,8 @@ def convert_folder(
         _write.remove_own(run, [record, *survey.siblings])
     else:
         record.save(cancel)
-    on_overflow = p.precision.get("on_overflow", "warn")
     report = _folder_report(
-        src, dst, p.to, files, converted, started, shard, shard is None, on_overflow
+        src, dst, p.to, files, converted, started, shard, shard is None, p.given.on_overflow
     )
     return _with_warnings(p.work.finish(report), p.warnings)
 
@@ -568,7 +557,7 @@ def finalize(
         plan = _walk.plan(src, to, check_quantized=False, cancel=cancel)
     else:
         # The shards' cut depends on every option that changes a tensor's size.
-        precision = {k: v for k, v in options.items() if k not in ("to", "max_shard_size", "name")}
+        precision = Options.given(options).precision
         _, plan = _source_plan(src, dst, to, precision, max_size, False, False, cancel)
         plan.reshard = _reshard.plan(
             plan, max_size, to, precision, None, cancel, name=options.get("name")
@@ -611,7 +600,7 @@ def finalize(
         files.append(w.report("checked", st.st_size))
     record.save(cancel)
     meter = _write.Meter(sum(c.size for c in plan.copies), progress, file_progress)
-    run = _write.Run(dst, to, None, meter, cancel, {}, record, False, dict(survey.ours))
+    run = _write.Run(dst, to, Options(to=to), meter, cancel, record, False, dict(survey.ours))
     _write.unpublish(run, plan)
     files += _write.publish(run, plan, work)
     _write.final_recheck(run, plan)
@@ -623,26 +612,9 @@ def finalize(
 def inspect_folder(
     src: str,
     dst: str | None,
+    given: Options,
     *,
-    to: Target,
-    keep: list[str],
-    keep_min_size: int,
-    from_bf16: bool,
-    scan: bool,
-    on_overflow: OnOverflow,
-    threads: int | None,
     progress: Progress | None,
-    tuning: dict[str, Any] | None = None,
-    force: bool = False,
-    resume: bool = False,
-    shard: tuple[int, int] | None = None,
-    allow_quantized: bool = False,
-    follow_links: bool = False,
-    strict: bool = False,
-    max_shard_size: int | None = None,
-    key: str | None = None,
-    strip_prefix: Sequence[str] = (),
-    name: str | None = None,
 ) -> InspectReport:
     """A dry run of a folder conversion with the same options: see `stcast.inspect`.
 
@@ -650,34 +622,21 @@ def inspect_folder(
     the conversion would; without it, the folder is only described. With
     `max_shard_size`, `src` may be a file, and the report gives the shard plan.
     """
+    to, scan, on_overflow, max_shard_size = (
+        _target(given),
+        given.scan,
+        given.on_overflow,
+        given.max_shard_size,
+    )
     src = _ident.resolve_hub_repo(src)
     said: list[Notice] = []
     reshard: _reshard.Reshard | None = None
-    source = _reshard.source_options(key, strip_prefix)
+    source = given.source
     if dst is not None:
         # inspect returns its warnings (`.warnings`), it does not issue them.
         with _warnings.catch_warnings(record=True) as caught:
             _warnings.simplefilter("always")
-            prepared = prepare(
-                src,
-                dst,
-                to=to,
-                force=force,
-                resume=resume,
-                shard=shard,
-                allow_quantized=allow_quantized,
-                keep=keep,
-                keep_min_size=keep_min_size,
-                strict=strict,
-                from_bf16=from_bf16,
-                on_overflow=on_overflow,
-                follow_links=follow_links,
-                stacklevel=4,
-                max_shard_size=max_shard_size,
-                key=key,
-                strip_prefix=strip_prefix,
-                name=name,
-            )
+            prepared = prepare(src, dst, given, stacklevel=4)
         for record in caught:
             m = record.message
             if isinstance(m, StcastWarning) and m.kind != "unmatched_pattern":
@@ -693,7 +652,7 @@ def inspect_folder(
     elif max_shard_size is not None and not os.path.isdir(src):
         weights, others = _reshard.file_plan(src, to, {}).weights, []
     else:
-        walked = _walk.walk(src, follow_links)
+        walked = _walk.walk(src, given.follow_links)
         weights = walked.weights
         others = [*walked.indexes, *walked.configs, *walked.others]
         said += [Notice(k, t) for k, t in _walk.skipped_notice(walked.skipped)]
@@ -712,9 +671,7 @@ def inspect_folder(
     if scanning:
         # One progress bar over every file's scan: each file's total is known from its header.
         for w in weights:
-            sizes[w.rel] = _engine.inspect_file(
-                w.path, to=to, keep_min_size=0, on_overflow="warn", **source
-            ).data_bytes
+            sizes[w.rel] = _engine.inspect_file(w.path, to=to, **source).data_bytes
     total = sum(sizes.values())
     files = []
     done = 0
@@ -729,22 +686,17 @@ def inspect_folder(
         files.append(
             _engine.inspect_file(
                 w.path,
+                given,
                 file=w.source_rel,
                 to=to,
-                keep=keep,
-                keep_min_size=keep_min_size,
-                from_bf16=from_bf16,
                 keep_unmatched="ignore",
                 scan=scan,
-                on_overflow=on_overflow,
-                threads=threads,
                 progress=step if progress is not None else None,
-                tuning=tuning,
                 **source,
             )
         )
         done += sizes.get(w.rel, 0)
-    unmatched = [p for p in keep if all(p in f.keep_unmatched for f in files)]
+    unmatched = [p for p in given.keep if all(p in f.keep_unmatched for f in files)]
     warnings = [Notice("unmatched_pattern", _unmatched_template(unmatched))] if unmatched else []
     warnings += said + [w for f in files for w in f.warnings]
     other = sum(f.size for f in others)
@@ -754,10 +706,14 @@ def inspect_folder(
     if max_shard_size is not None:
         if reshard is None:
             # Without DST nothing is checked: the plan of what is there, as convert cuts it.
-            precision = _precision_options(keep, keep_min_size, from_bf16, on_overflow)
+            precision = given.precision
             if os.path.isdir(src):
                 source_plan = _walk.plan(
-                    src, to, check_quantized=False, precision=precision, follow_links=follow_links
+                    src,
+                    to,
+                    check_quantized=False,
+                    precision=precision,
+                    follow_links=given.follow_links,
                 )
             else:
                 source_plan = _reshard.file_plan(src, to, precision)
@@ -766,7 +722,7 @@ def inspect_folder(
                 for w, f in zip(weights, files)
             }
             reshard = _reshard.plan(
-                source_plan, max_shard_size, to, precision, found, source=source, name=name
+                source_plan, max_shard_size, to, precision, found, source=source, name=given.name
             )
             warnings += [n for n in reshard.warnings if n not in warnings]
         else:
@@ -876,20 +832,9 @@ def _folder_report(
     )
 
 
-def _precision_options(
-    keep: list[str], keep_min_size: int, from_bf16: bool, on_overflow: OnOverflow
-) -> dict[str, Any]:
-    """The options beside `to` that change the output, without the defaults."""
-    options: dict[str, Any] = {}
-    if keep:
-        options["keep"] = list(keep)
-    if keep_min_size:
-        options["keep_min_size"] = keep_min_size
-    if from_bf16:
-        options["from_bf16"] = True
-    if on_overflow != "warn":
-        options["on_overflow"] = on_overflow
-    return options
+def _target(given: Options) -> Target:
+    """The target of a conversion (`stcast._api` resolved it: never None here)."""
+    return cast("Target", given.to)
 
 
 def _check_shard(shard: tuple[int, int]) -> tuple[int, int]:

@@ -198,9 +198,7 @@ def plan(
         planned = core.plan(
             max_size,
             to=to,
-            keep=precision.get("keep", []),
-            keep_min_size=precision.get("keep_min_size", 0),
-            from_bf16=precision.get("from_bf16", False),
+            **precision,
             keep_names=names,
         )
         first = g.inputs[0].source_rel
@@ -348,11 +346,8 @@ def _overflowing(
         report = _engine.inspect_file(
             w.path,
             to=to,
-            keep=precision.get("keep", []),
-            keep_min_size=precision.get("keep_min_size", 0),
-            from_bf16=precision.get("from_bf16", False),
+            **{**precision, "on_overflow": "keep"},
             keep_unmatched="ignore",
-            on_overflow="keep",
             **source,
         )
         found[w.rel] = [t.name for t in report.tensors if t.reason == "keep_overflow"]

@@ -33,44 +33,26 @@ from .reshard import (
     named,
     resharded_pairs,
     single_file,
-    source_options,
     verify_group,
 )
 from .walk import listing, read_index, read_json, walk
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
     from typing import Callable
 
     from .._engine import Progress
-    from .._types import OnOverflow, Target
+    from .._options import Options
+    from .._types import Target
 
 _esc = _core.escape
 
 
-def verify_folder(
-    src: str,
-    dst: str,
-    *,
-    loose: bool,
-    to: Target | None,
-    keep: list[str],
-    keep_min_size: int,
-    from_bf16: bool,
-    on_overflow: OnOverflow,
-    threads: int | None,
-    progress: Progress | None,
-    report: str | None,
-    force: bool,
-    tuning: dict[str, Any] | None,
-    key: str | None = None,
-    strip_prefix: Sequence[str] = (),
-    name: str | None = None,
-) -> VerifyReport:
+def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | None) -> VerifyReport:
     """Verify the folder `dst` against the folder `src` (or the file `src` re-sharded into
     it: then `key` and `strip_prefix` say how a PyTorch checkpoint was read); see
     `stcast.verify`. With `name`, SRC's one group was re-sharded under that stem."""
     started = time.monotonic()
+    loose, to, report, name = given.loose, given.to, given.report, given.name
     src = resolve_hub_repo(src)
     if not os.path.lexists(dst):
         raise Refused(f"{_esc(dst)}: no such folder", path=dst)
@@ -84,12 +66,12 @@ def verify_folder(
     if single:
         if not stat.S_ISREG(os.stat(src).st_mode):
             raise Refused(f"{_esc(src)}: not a regular file", path=src)
-        source = source_options(key, strip_prefix)
+        source = given.source
     replace = None
     if report is not None:
         check_side_file(report, "report", [(src, "source"), (dst, "destination")])
         replace = _core.check_side_output(
-            report, "report", force, [(src, "input"), (dst, "output")]
+            report, "report", given.force, [(src, "input"), (dst, "output")]
         )
     if single:
         weights = [single_file(src)]
@@ -113,16 +95,7 @@ def verify_folder(
         rel = os.path.relpath(e.path, dst) if e.path else "."
         # The mismatch names the file: the template need not (it starts with its path).
         first_error = (rel, e.template.removeprefix(f"{_esc(e.path or '')}: "))
-    options: dict[str, Any] = {
-        "loose": loose,
-        "keep": keep,
-        "keep_min_size": keep_min_size,
-        "from_bf16": from_bf16,
-        "on_overflow": on_overflow,
-        "threads": threads,
-        "tuning": tuning,
-    }
-    group_options = {k: v for k, v in options.items() if k != "loose"}
+    group_options = given.engine()
     # A group whose files have SRC's names is still a re-sharding when --max-shard-size cut
     # where SRC was cut (its index and shard metadata are then a re-sharding's): checked as
     # one first (the index first, headers only). It is one when that passes, or fails on a
@@ -194,9 +167,10 @@ def verify_folder(
         r = _engine.verify_file(
             w.path,
             os.path.join(dst, w.rel),
+            given,
             to=to,
+            loose=loose,
             progress=step if progress is not None else None,
-            **options,
             **source,
         )
         done += r.bytes_compared

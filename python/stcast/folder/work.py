@@ -146,19 +146,17 @@ class FileItem:
             self.file.path,
             out,
             to=run.to,
-            threads=run.threads,
+            threads=run.given.threads,
             force=replaces is not None,
             replaces=None if replaces in (None, "any") else replaces,
             # A folder partly converted already is fine: its files pass as they are.
             allow_copy=True,
             progress=step,
             cancel=run.cancel,
-            keep=run.precision.get("keep", []),
-            keep_min_size=run.precision.get("keep_min_size", 0),
-            from_bf16=run.precision.get("from_bf16", False),
-            on_overflow=run.precision.get("on_overflow", "warn"),
+            # As the manifest records them (the folder's checks ran with these).
+            **run.given.precision,
             keep_unmatched="ignore",
-            tuning=run.tuning,
+            tuning=run.given.tuning,
             warn_path=self.file.source_rel,
             # The user's call: convert, convert_folder, convert_items, here.
             stacklevel=6,
@@ -230,10 +228,13 @@ class ShardItem:
         replaces: tuple[int, int] | str | None,
         step: Callable[[int, int], None] | None,
     ) -> ConvertReport:
-        u, g, precision = self.unit, self.group, run.precision
+        u, g = self.unit, self.group
         # Kept-for-overflow tensors are planned already: the shards need no scan of their own.
-        on_overflow = precision.get("on_overflow", "warn")
-        on_overflow = "warn" if on_overflow == "keep" else on_overflow
+        on_overflow = run.given.on_overflow
+        precision = {
+            **run.given.precision,
+            "on_overflow": "warn" if on_overflow == "keep" else on_overflow,
+        }
 
         def warn(kind: str, template: str, rel: str = u.rel) -> None:
             # A shard of integer or BF16 tensors only is no surprise here.
@@ -247,18 +248,15 @@ class ShardItem:
                 g.indexed,
                 out,
                 to=run.to,
-                keep=precision.get("keep", []),
-                keep_min_size=precision.get("keep_min_size", 0),
-                from_bf16=precision.get("from_bf16", False),
+                **precision,
                 keep_names=self.keep_names,
-                on_overflow=on_overflow,
-                threads=run.threads,
+                threads=run.given.threads,
                 force=replaces is not None,
                 replaces=replaces if isinstance(replaces, tuple) else None,
                 progress=step,
                 cancel=run.cancel,
                 warn=warn,
-                tuning=run.tuning,
+                tuning=run.given.tuning,
             )
         warnings = [w for w in result["warnings"] if w[0] != "nothing_to_convert"]
         return _build(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .. import _core
 from ..errors import Refused
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from typing import Callable
 
     from .._engine import CancelFlag, Progress
+    from .._options import Options
     from .._types import FileAction, Target
     from .manifest import Manifest
     from .work import Work
@@ -81,16 +82,14 @@ class Run:
 
     dst: str
     to: Target
-    threads: int | None
+    given: Options  # the call's options (threads, precision, tuning)
     meter: Meter
     cancel: CancelFlag | None
-    precision: dict[str, Any]
     record: Manifest
     force: bool
     # Files that stcast wrote (recorded by a manifest, or adopted by `resume`): rel ->
     # (dev, ino) they must still have to be replaced.
     ours: dict[str, tuple[int, int]] = field(default_factory=dict)
-    tuning: dict[str, Any] | None = None
 
     def replace_for(self, rel: str) -> tuple[int, int] | str | None:
         """How publishing `rel` may treat a file already there (see `_core.write_file`)."""
