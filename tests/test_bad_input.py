@@ -758,3 +758,35 @@ def test_raising_warn_hook_leaves_nothing(tmp_path):
         with pytest.raises(stcast.StcastWarning, match="keep pattern `typo`"):
             stcast.convert(src, tmp_path / "out.safetensors", keep=["typo"])
     assert listing(tmp_path) == ["bf.safetensors"]
+
+
+@pytest.mark.parametrize(
+    ("files", "words"),
+    [
+        (
+            {".metadata": b"", "__0_0.distcp": b"", "__1_0.distcp": b""},
+            "torch.distributed.checkpoint",
+        ),
+        (
+            {"latest": b"global_step7\n", "global_step7/mp_rank_00_model_states.pt": b""},
+            "DeepSpeed",
+        ),
+        ({"zero_pp_rank_0_mp_rank_00_model_states.pt": b""}, "DeepSpeed"),
+    ],
+)
+def test_a_distributed_training_checkpoint_folder_is_named(tmp_path, run_main, files, words):
+    """A DCP or DeepSpeed folder is no Hugging Face folder: before, it was "a directory
+    without .safetensors files"; the engine now names it and how to consolidate it, for every
+    command, before anything is written."""
+    src = tmp_path / "ckpt"
+    for rel, data in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for args in (["convert", src], ["inspect", src], ["verify", src, tmp_path / "out"]):
+        rc, _, err = run_main(*args)
+        line = assert_one_error_line(err)
+        assert rc == 1 and words in line and "consolidate" in line, line
+    with pytest.raises(stcast.InvalidInput, match=words):
+        stcast.convert(src, tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

@@ -498,9 +498,13 @@ def _shard_folder(dst: StrPath | None, max_size: int | None) -> None:
 
 
 def _source(src: StrPath) -> str:
-    """`src` as a path; one that does not exist but reads like a Hub id or URL gets a hint."""
+    """`src` as a path; one that does not exist but reads like a Hub id or URL gets a hint. A
+    folder that is a distributed training checkpoint (DCP, DeepSpeed) is refused by the
+    engine, naming it, before any folder code reads it as a Hugging Face folder."""
     path = os.fsdecode(src)
     if os.path.lexists(path):
+        if os.path.isdir(path):
+            _core.check_folder(path)
         return path
     hub = re.fullmatch(
         r"(?:https?://(?:www\.)?huggingface\.co/|hf://(?:models/)?)?([\w.-]+/[\w.-]+)"

@@ -191,8 +191,8 @@ class TensorInfo:
     action: Action
     # Where the tensor would be in the output's data section (after header and padding).
     target_offsets: list[int] = field(default_factory=list)
-    # Why: "converted"; kept in its dtype: "keep_pattern" (`pattern` says which),
-    # "keep_min_size", "keep_overflow"; copied: "already_target", "bf16_source" (fp16 without
+    # Why: "converted"; kept in its dtype: one of `_core.KEPT_REASONS` (for "keep_pattern",
+    # `pattern` says which); copied: "already_target", "bf16_source" (fp16 without
     # from_bf16), "not_converted" (F8/F6/F4/complex), "not_float".
     reason: Reason = "converted"
     pattern: str | None = None
