@@ -284,6 +284,8 @@ options! {
     key: Option<String> = None,
     strip_prefix: Vec<String> = Vec::new(),
     loose: bool = false,
+    allow_quantized: Option<bool> = None,
+    quantization_config: Option<PathBuf> = None,
 }
 
 impl<'py> Opts<'py> {
@@ -304,6 +306,8 @@ impl<'py> Opts<'py> {
             keep_min_size,
             from_bf16: self.from_bf16,
             keep_names: self.keep_names.iter().cloned().collect(),
+            allow_quantized: self.allow_quantized.unwrap_or(false),
+            quantization_config: self.quantization_config.clone(),
             unmatched: Unmatched::from_name(&self.keep_unmatched).ok_or_else(|| {
                 PyValueError::new_err(format!(
                     "keep_unmatched must be one of {:?}",
@@ -721,7 +725,10 @@ fn py_inspect<'py>(
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let o = Opts::of(py, options)?;
-    let opts = o.convert(py)?;
+    let mut opts = o.convert(py)?;
+    // A plain inspection tells of a quantized checkpoint (a warning); a dry run (`dst`), or
+    // a caller that says `allow_quantized`, is judged as the conversion would be.
+    opts.plan.allow_quantized |= dst.is_none() && o.allow_quantized.is_none();
     let mut task = guarded(py, || {
         InspectTask::new(
             &path,

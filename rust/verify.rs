@@ -770,6 +770,8 @@ fn check_plan(
         keep_min_size: opts.keep_min_size,
         from_bf16: opts.from_bf16,
         unmatched: Unmatched::Ignore,
+        // What was converted is checked, not judged again.
+        allow_quantized: true,
         ..PlanOptions::new(target)
     };
     let planned = plan::plan(&src.path, sh, &popts)?;

@@ -103,6 +103,8 @@ class _Options(TypedDict, total=False):
     key: str | None
     strip_prefix: list[str]
     loose: bool
+    allow_quantized: bool | None
+    quantization_config: str | None
 
 _Progress = Callable[[int, int], object] | None
 _Warn = Callable[[str, str], object] | None
