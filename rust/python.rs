@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{IntoPyDict, PyDict, PyList};
+use pyo3::types::{IntoPyDict, PyDict};
 
 use crate::convert::{Knobs, Options, Tuning};
 use crate::error::Error;
@@ -542,44 +542,10 @@ fn index_file_name(stem: &str) -> String {
     shard::index_file_name(stem)
 }
 
-/// The header of the safetensors file `path`, read and validated by the engine
-/// (`source::Source::open`, `header::read_header`): `(header_len, sha256, metadata,
-/// tensors)`. `header_len` is the JSON's length (the data start at `8 + header_len`),
-/// `sha256` the hex SHA-256 of the length prefix and the header, `metadata` the
-/// `__metadata__` pairs in file order (or None), `tensors` each `(name, dtype, shape,
-/// start, end)` in data order, offsets relative to the data section. A file that is no
-/// valid safetensors file raises `InvalidInput`.
+/// The header of a safetensors file (`source::read_header`).
 #[pyfunction]
-#[allow(clippy::type_complexity)]
-fn read_header(
-    py: Python<'_>,
-    path: PathBuf,
-) -> PyResult<(
-    u64,
-    String,
-    Option<Vec<(String, String)>>,
-    Vec<(String, String, Vec<usize>, u64, u64)>,
-)> {
-    guarded(py, || {
-        let source = crate::source::Source::open(&path)?;
-        let header = &source.header;
-        let end = usize::try_from(header.data_start()).unwrap_or(usize::MAX);
-        let sha256 = text::sha256_hex(&source.primary().map[..end]);
-        let tensors = header
-            .tensors
-            .iter()
-            .map(|t| {
-                (
-                    t.name.clone(),
-                    t.dtype.to_string(),
-                    t.shape.clone(),
-                    t.start,
-                    t.end,
-                )
-            })
-            .collect();
-        Ok((header.header_len, sha256, header.metadata.clone(), tensors))
-    })
+fn read_header(py: Python<'_>, path: PathBuf) -> PyResult<crate::source::HeaderSummary> {
+    guarded(py, || crate::source::read_header(&path))
 }
 
 /// An engine report as a dict (its serde form, once), with its paths as Python holds them
@@ -612,9 +578,10 @@ fn numerics_dict<'py>(
     Ok(d)
 }
 
-/// The per-tensor numeric reports of a run, as a read-only sequence of dicts built when
-/// read: a checkpoint of 300,000 tensors does not cost 300,000 dicts unless they are used.
-#[pyclass(frozen, sequence, module = "stcast._core")]
+/// The per-tensor numeric reports of a run, each row a dict built when read (a checkpoint
+/// of 300,000 tensors costs no 300,000 dicts unless they are used): `stcast.reports`
+/// makes the sequence of them.
+#[pyclass(frozen, module = "stcast._core")]
 struct TensorNumerics {
     rows: Vec<(String, Numerics)>,
     /// Their total (what a folder's numeric report adds up, `write_numeric_report`).
@@ -627,90 +594,20 @@ impl TensorNumerics {
         self.rows.len()
     }
 
-    fn __getitem__<'py>(
-        &self,
-        py: Python<'py>,
-        index: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        if let Ok(slice) = index.cast::<pyo3::types::PySlice>() {
-            let ix = slice.indices(self.rows.len() as isize)?;
-            let list = PyList::empty(py);
-            let mut i = ix.start;
-            for _ in 0..ix.slicelength {
-                list.append(row(py, &self.rows[i as usize])?)?;
-                i += ix.step;
-            }
-            return Ok(list.into_any());
+    /// Row `i` (`0 <= i < len`) as a dict: its name, then its counts and errors.
+    fn row<'py>(&self, py: Python<'py>, i: usize) -> PyResult<Bound<'py, PyAny>> {
+        #[derive(serde::Serialize)]
+        struct Row<'a> {
+            name: &'a str,
+            #[serde(flatten)]
+            n: &'a Numerics,
         }
-        let out_of_range = || pyo3::exceptions::PyIndexError::new_err("index out of range");
-        // An integer too large for isize is out of range too (as for a list).
-        let i: isize = match index.extract() {
-            Ok(i) => i,
-            Err(_) if index.is_instance_of::<pyo3::types::PyInt>() => return Err(out_of_range()),
-            Err(e) => return Err(e),
-        };
-        let len = self.rows.len() as isize;
-        let at = if i < 0 { i + len } else { i };
-        if !(0..len).contains(&at) {
-            return Err(out_of_range());
-        }
-        row(py, &self.rows[at as usize])
+        let (name, n) = self
+            .rows
+            .get(i)
+            .ok_or_else(|| pyo3::exceptions::PyIndexError::new_err("index out of range"))?;
+        Ok(pythonize::pythonize(py, &Row { name, n })?)
     }
-
-    /// Every row as a list of dicts.
-    fn tolist<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let list = PyList::empty(py);
-        for r in &self.rows {
-            list.append(row(py, r)?)?;
-        }
-        Ok(list)
-    }
-
-    fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<bool> {
-        if let Ok(other) = other.cast::<TensorNumerics>() {
-            return Ok(self.rows == other.get().rows);
-        }
-        self.tolist(py)?.eq(other)
-    }
-
-    fn __repr__(&self) -> String {
-        format!("<{} tensor reports>", self.rows.len())
-    }
-
-    /// Pickled and copied as the list it stands for.
-    fn __reduce__<'py>(
-        &self,
-        py: Python<'py>,
-    ) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyList>,))> {
-        Ok((py.get_type::<PyList>().into_any(), (self.tolist(py)?,)))
-    }
-
-    /// As `list.index`.
-    fn index(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<usize> {
-        self.tolist(py)?.index(value)
-    }
-
-    /// As `list.count`.
-    fn count(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let mut n = 0;
-        for row in self.tolist(py)?.iter() {
-            if row.eq(value)? {
-                n += 1;
-            }
-        }
-        Ok(n)
-    }
-}
-
-/// One tensor's `Numerics` as a dict: its name, then its counts and errors.
-fn row<'py>(py: Python<'py>, (name, n): &(String, Numerics)) -> PyResult<Bound<'py, PyAny>> {
-    #[derive(serde::Serialize)]
-    struct Row<'a> {
-        name: &'a str,
-        #[serde(flatten)]
-        n: &'a Numerics,
-    }
-    Ok(pythonize::pythonize(py, &Row { name, n })?)
 }
 
 #[pyfunction]
@@ -850,19 +747,13 @@ fn write_numeric_report<'py>(
     parts: Vec<(Option<String>, Bound<'py, TensorNumerics>)>,
     replace: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<(u64, u64, u64)> {
-    let mut total = Numerics::default();
-    let mut named = Vec::new();
-    for (file, rows) in &parts {
-        let rows = rows.get();
-        total.merge(&rows.total);
-        named.extend(
-            rows.rows
-                .iter()
-                .map(|(n, x)| (file.as_deref(), n.as_str(), x)),
-        );
-    }
+    let parts: Vec<_> = parts.iter().map(|(f, r)| (f.as_deref(), r.get())).collect();
+    let parts: Vec<_> = parts
+        .iter()
+        .map(|(f, r)| (*f, &r.rows[..], &r.total))
+        .collect();
     let target = to.and_then(Target::from_name);
-    let bytes = crate::report::folder_report(&src, &dst, target, &named, &total);
+    let bytes = crate::report::files_report(&src, &dst, target, &parts);
     let replace = replace_policy(replace)?;
     let p = guarded(py, || output::write_file(&path, &bytes, replace, ""))?;
     Ok((p.dev, p.ino, p.size))
