@@ -16,7 +16,7 @@ use pyo3::types::{IntoPyDict, PyDict};
 
 use crate::convert::{Knobs, Options, Tuning};
 use crate::error::Error;
-use crate::given::{Exports, Given};
+use crate::given::{Exports, Given, Settings};
 use crate::input::InputOptions;
 use crate::numerics::Numerics;
 use crate::output::{self, Replace};
@@ -25,7 +25,7 @@ use crate::shard::{self, Group};
 use crate::task::{ConvertTask, InspectTask, Task};
 use crate::text;
 use crate::verify::{Verifier, VerifyOptions, VerifyReport};
-use crate::vocab::{ErrorKind, OnOverflow, OptionName, Taken, Target, Unmatched};
+use crate::vocab::{ErrorKind, OptionName, Side, Taken, Target, Unmatched};
 use crate::VERSION;
 
 /// What `stcast.errors` hands over at import (`_set_exceptions`): for each error kind, the
@@ -234,133 +234,91 @@ fn tuning(v: Option<&Bound<'_, PyDict>>) -> PyResult<Tuning> {
     Tuning::new(&knobs).map_err(PyValueError::new_err)
 }
 
-/// `Opts`: every option of an engine call, as the keywords `stcast._engine` and the folder
-/// code pass (absent: the default), converted once into engine options (`convert`, `plan`,
-/// `verify`). Values are checked there, as usage errors naming the keyword.
-macro_rules! options {
-    ($($name:ident: $ty:ty = $default:expr,)*) => {
-        struct Opts<'py> {
-            $($name: $ty,)*
-        }
+/// Reading a keyword's Python value into the `Settings` field it sets.
+trait Read: Sized {
+    fn read(v: &Bound<'_, PyAny>) -> PyResult<Self>;
+}
 
-        impl<'py> Opts<'py> {
-            /// The keywords of a call (`**options`); an absent or None one is the default,
-            /// an unknown one a TypeError.
-            fn of(py: Python<'py>, kwargs: Option<&Bound<'py, PyDict>>) -> PyResult<Opts<'py>> {
-                let d = kwargs.cloned().unwrap_or_else(|| PyDict::new(py));
-                for k in d.keys() {
-                    let k: String = k.extract()?;
-                    if ![$(stringify!($name),)*].contains(&k.as_str()) {
-                        let msg = format!("unexpected keyword argument {k:?}");
-                        return Err(pyo3::exceptions::PyTypeError::new_err(msg));
+macro_rules! read_by_extract {
+    ($($t:ty),*) => {$(
+        impl Read for $t {
+            fn read(v: &Bound<'_, PyAny>) -> PyResult<Self> {
+                v.extract()
+            }
+        }
+    )*};
+}
+
+read_by_extract! {
+    bool, Vec<String>, Option<String>, Option<PathBuf>, Option<(u64, u64)>, Option<bool>
+}
+
+impl Read for Option<Given> {
+    fn read(v: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Ok(Some(given(v)))
+    }
+}
+
+impl Read for Unmatched {
+    fn read(v: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Unmatched::from_name(&v.extract::<String>()?).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "keep_unmatched must be one of {:?}",
+                Unmatched::NAMES
+            ))
+        })
+    }
+}
+
+/// The keywords of an engine call (`**options`, as `stcast._engine` and the folder code
+/// pass them) read into the engine's `given::Settings`, and `tuning=`: an absent or None
+/// one is the default, an unknown one a TypeError.
+struct Opts {
+    settings: Settings,
+    tuning: Tuning,
+}
+
+macro_rules! options {
+    ($($name:ident),* $(,)?) => {
+        impl Opts {
+            fn of(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Opts> {
+                let (mut s, mut knobs) = (Settings::default(), None);
+                for (k, v) in kwargs.into_iter().flat_map(|d| d.iter()) {
+                    let given = !v.is_none();
+                    match k.extract::<String>()?.as_str() {
+                        $(stringify!($name) if given => s.$name = Read::read(&v)?,)*
+                        "tuning" if given => knobs = Some(v.cast_into::<PyDict>()?),
+                        $(stringify!($name))|* | "tuning" => {}
+                        k => {
+                            let msg = format!("unexpected keyword argument {k:?}");
+                            return Err(pyo3::exceptions::PyTypeError::new_err(msg));
+                        }
                     }
                 }
-                Ok(Opts {
-                    $($name: match d.get_item(stringify!($name))? {
-                        Some(v) if !v.is_none() => v.extract()?,
-                        _ => $default,
-                    },)*
-                })
+                let tuning = tuning(knobs.as_ref())?;
+                Ok(Opts { settings: s, tuning })
             }
         }
     };
 }
 
 options! {
-    to: Option<Bound<'py, PyAny>> = None,
-    threads: Option<Bound<'py, PyAny>> = None,
-    force: bool = false,
-    keep: Vec<String> = Vec::new(),
-    keep_min_size: Option<Bound<'py, PyAny>> = None,
-    keep_unmatched: String = "warn".to_string(),
-    from_bf16: bool = false,
-    keep_names: Vec<String> = Vec::new(),
-    on_overflow: Option<Bound<'py, PyAny>> = None,
-    numerics: bool = true,
-    report: Option<PathBuf> = None,
-    replaces: Option<(u64, u64)> = None,
-    allow_copy: bool = false,
-    tuning: Option<Bound<'py, PyDict>> = None,
-    key: Option<String> = None,
-    strip_prefix: Vec<String> = Vec::new(),
-    loose: bool = false,
-    allow_quantized: Option<bool> = None,
-    quantization_config: Option<PathBuf> = None,
+    to, threads, force, keep, keep_min_size, keep_unmatched, from_bf16, keep_names, on_overflow,
+    numerics, report, replaces, allow_copy, key, strip_prefix, loose, allow_quantized,
+    quantization_config,
 }
 
-impl<'py> Opts<'py> {
-    fn input(&self) -> InputOptions {
-        InputOptions {
-            key: self.key.clone(),
-            strip_prefix: self.strip_prefix.clone(),
-        }
+impl Opts {
+    fn plan(&self, py: Python<'_>) -> PyResult<PlanOptions> {
+        self.settings.plan().map_err(|e| to_py(py, e))
     }
 
-    /// The options that decide a plan.
-    fn plan(&self, py: Python<'py>) -> PyResult<PlanOptions> {
-        let keep_min_size = check(py, self.keep_min_size.as_ref(), 0, |g| {
-            g.whole(OptionName::KeepMinSize, u64::MAX)
-        })?;
-        Ok(PlanOptions {
-            keep: self.keep.clone(),
-            keep_min_size,
-            from_bf16: self.from_bf16,
-            keep_names: self.keep_names.iter().cloned().collect(),
-            allow_quantized: self.allow_quantized.unwrap_or(false),
-            quantization_config: self.quantization_config.clone(),
-            unmatched: Unmatched::from_name(&self.keep_unmatched).ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "keep_unmatched must be one of {:?}",
-                    Unmatched::NAMES
-                ))
-            })?,
-            ..PlanOptions::new(check(py, self.to.as_ref(), Target::Bf16, Given::target)?)
-        })
+    fn convert(self, py: Python<'_>) -> PyResult<Options> {
+        self.settings.convert(self.tuning).map_err(|e| to_py(py, e))
     }
 
-    /// The options of a conversion (and of a dry run's checks).
-    fn convert(&self, py: Python<'py>) -> PyResult<Options> {
-        Ok(Options {
-            report: self.report.clone(),
-            replaces: self.replaces,
-            allow_copy: self.allow_copy,
-            input: self.input(),
-            plan: self.plan(py)?,
-            threads: check(py, self.threads.as_ref(), 0, Given::threads)?,
-            force: self.force,
-            on_overflow: check(
-                py,
-                self.on_overflow.as_ref(),
-                OnOverflow::Warn,
-                Given::on_overflow,
-            )?,
-            numerics: self.numerics,
-            tuning: tuning(self.tuning.as_ref())?,
-        })
-    }
-
-    /// The options of a verification.
-    fn verify(&self, py: Python<'py>) -> PyResult<VerifyOptions> {
-        let plan = self.plan(py)?;
-        Ok(VerifyOptions {
-            input: self.input(),
-            loose: self.loose,
-            target: self.to.as_ref().map(|_| plan.target),
-            keep: plan.keep,
-            keep_min_size: plan.keep_min_size,
-            from_bf16: self.from_bf16,
-            on_overflow: check(
-                py,
-                self.on_overflow.as_ref(),
-                OnOverflow::Warn,
-                Given::on_overflow,
-            )?,
-            threads: check(py, self.threads.as_ref(), 0, Given::threads)?,
-            numerics: self.numerics,
-            report: self.report.clone(),
-            force: self.force,
-            tuning: tuning(self.tuning.as_ref())?,
-        })
+    fn verify(self, py: Python<'_>) -> PyResult<VerifyOptions> {
+        self.settings.verify(self.tuning).map_err(|e| to_py(py, e))
     }
 }
 
@@ -392,7 +350,7 @@ fn py_convert<'py>(
     warn: Option<Bound<'py, PyAny>>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let opts = Opts::of(py, options)?.convert(py)?;
+    let opts = Opts::of(options)?.convert(py)?;
     let hooks = hooks(opts.tuning.step, progress, cancel, warn);
     let task = hooks.run(py, || ConvertTask::new(&src, &dst, &opts))?;
     finish_convert(py, &hooks, task, opts.numerics)
@@ -462,7 +420,7 @@ impl ShardGroup {
         max_size: u64,
         options: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let mut opts = Opts::of(py, options)?.plan(py)?;
+        let mut opts = Opts::of(options)?.plan(py)?;
         opts.unmatched = Unmatched::Ignore;
         let plan = guarded(py, || self.group.plan(max_size, &opts))?;
         crossed(py, &self.group.rows(&plan), &[])
@@ -486,7 +444,7 @@ fn convert_shard<'py>(
     warn: Option<Bound<'py, PyAny>>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let mut opts = Opts::of(py, options)?.convert(py)?;
+    let mut opts = Opts::of(options)?.convert(py)?;
     // The group was opened with its input options; its report is the folder's.
     (opts.plan.unmatched, opts.input, opts.report) = (Unmatched::Ignore, Default::default(), None);
     opts.allow_copy = true;
@@ -507,7 +465,7 @@ fn verify_shard<'py>(
     progress: Option<Bound<'py, PyAny>>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let mut opts = Opts::of(py, options)?.verify(py)?;
+    let mut opts = Opts::of(options)?.verify(py)?;
     (opts.input, opts.report, opts.force) = (Default::default(), None, false);
     let group = &group.get().group;
     let mut verifier = guarded(py, || group.verifier(&dst, indexed, &opts))?;
@@ -621,11 +579,12 @@ fn py_inspect<'py>(
     progress: Option<Bound<'py, PyAny>>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let o = Opts::of(py, options)?;
-    let mut opts = o.convert(py)?;
+    let o = Opts::of(options)?;
     // A plain inspection tells of a quantized checkpoint (a warning); a dry run (`dst`), or
     // a caller that says `allow_quantized`, is judged as the conversion would be.
-    opts.plan.allow_quantized |= dst.is_none() && o.allow_quantized.is_none();
+    let tell = dst.is_none() && o.settings.allow_quantized.is_none();
+    let mut opts = o.convert(py)?;
+    opts.plan.allow_quantized |= tell;
     let mut task = guarded(py, || {
         InspectTask::new(
             &path,
@@ -651,7 +610,7 @@ fn py_verify<'py>(
     progress: Option<Bound<'py, PyAny>>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let opts = Opts::of(py, options)?.verify(py)?;
+    let opts = Opts::of(options)?.verify(py)?;
     let mut verifier = guarded(py, || Verifier::open(&src, &dst, &opts))?;
     let hooks = hooks(opts.tuning.step, progress, None, None);
     hooks.drive(py, &mut verifier)?;
@@ -759,8 +718,8 @@ fn write_numeric_report<'py>(
     Ok((p.dev, p.ino, p.size))
 }
 
-/// Check a side output's path before any work (see `output::check_side_output`): `taken`
-/// are the paths it must not be, each with what it is (`vocab::Taken`). Returns the replace
+/// Check a side output's path before any work (`output::check_side_path`): `taken` are
+/// the paths it must not be, each with what it is (`vocab::Taken`). Returns the replace
 /// policy for `write_file`.
 #[pyfunction]
 #[pyo3(signature = (path, role, force, taken))]
@@ -771,15 +730,19 @@ fn check_side_output<'py>(
     force: bool,
     taken: Vec<(PathBuf, String)>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let role: &'static str = if role == "report" { "report" } else { "output" };
-    let mut ids = Vec::new();
-    for (p, what) in &taken {
-        let what = Taken::from_name(what)
-            .ok_or_else(|| PyValueError::new_err(format!("taken: one of {:?}", Taken::NAMES)))?;
-        ids.push((output::PathId::of(p), what.what()));
-    }
-    let refs: Vec<(&output::PathId, &'static str)> = ids.iter().map(|(i, w)| (i, *w)).collect();
-    let replace = guarded(py, || output::check_side_output(&path, role, force, &refs))?;
+    let bad =
+        |what: &str, names: &[&str]| PyValueError::new_err(format!("{what}: one of {names:?}"));
+    let role = Side::from_name(role).ok_or_else(|| bad("role", Side::NAMES))?;
+    let taken = taken
+        .into_iter()
+        .map(|(p, w)| {
+            Ok((
+                p,
+                Taken::from_name(&w).ok_or_else(|| bad("taken", Taken::NAMES))?,
+            ))
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let replace = guarded(py, || output::check_side_path(&path, role, force, &taken))?;
     Ok(match replace {
         Replace::No => py.None().into_bound(py),
         _ => "any".into_pyobject(py)?.into_any(),

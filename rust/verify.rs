@@ -303,7 +303,8 @@ impl Verifier {
                     (&a, "path is the input file"),
                     (&b, "path is the output file"),
                 ];
-                let replace = check_side_output(path, "report", opts.force, &taken)?;
+                let replace =
+                    check_side_output(path, crate::vocab::Side::Report, opts.force, &taken)?;
                 Some((path.clone(), replace))
             }
         };
