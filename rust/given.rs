@@ -295,6 +295,15 @@ impl Settings {
         })
     }
 
+    /// The options of an inspection, a dry run when `dry_run` (a destination is given): a
+    /// plain inspection only warns of a quantized checkpoint unless `allow_quantized` is
+    /// said; a dry run, or a caller that says it, is judged as the conversion would be.
+    pub fn inspect(&self, tuning: Tuning, dry_run: bool) -> crate::Result<Options> {
+        let mut opts = self.convert(tuning)?;
+        opts.plan.allow_quantized |= !dry_run && self.allow_quantized.is_none();
+        Ok(opts)
+    }
+
     /// The options of a verification (`to`: the target it must have, if given).
     pub fn verify(&self, tuning: Tuning) -> crate::Result<VerifyOptions> {
         let plan = self.plan()?;

@@ -580,11 +580,10 @@ fn py_inspect<'py>(
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let o = Opts::of(options)?;
-    // A plain inspection tells of a quantized checkpoint (a warning); a dry run (`dst`), or
-    // a caller that says `allow_quantized`, is judged as the conversion would be.
-    let tell = dst.is_none() && o.settings.allow_quantized.is_none();
-    let mut opts = o.convert(py)?;
-    opts.plan.allow_quantized |= tell;
+    let opts = o
+        .settings
+        .inspect(o.tuning, dst.is_some())
+        .map_err(|e| to_py(py, e))?;
     let mut task = guarded(py, || {
         InspectTask::new(
             &path,

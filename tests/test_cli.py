@@ -453,6 +453,11 @@ def test_quantized_file_is_refused(tmp_path, run_main):
     assert "`layer.0.weight_scale`" in line and "`layer.0.input_scale`" in line
     assert "`norm.weight`" not in line
     assert "--keep '*scale*'" in line and "--allow-quantized" in line
+    # The dry run refuses as convert does; a plain inspect only warns.
+    rc, out, err = run_main("inspect", src, dst)
+    assert rc == 1 and "quantized checkpoint" in assert_one_error_line(err)
+    rc, out, err = run_main("inspect", src)
+    assert rc == 0 and "warning: " in err and "quantized checkpoint" in err
     # Kept scales are what the refusal asks for: then nothing is said.
     rc, out, err = run_main("convert", "-q", src, dst, "--keep", "*scale*")
     assert (rc, out, err) == (0, "", "")
