@@ -209,7 +209,8 @@ pub fn check_outputs(src: &Source, dst: &Path, opts: &Options) -> Result<Outputs
                 .map(|p| (p, "path is the input file"))
                 .collect();
             taken.push((&output, "path is the output file"));
-            let replace = output::check_side_output(path, "report", opts.force, &taken)?;
+            let replace =
+                output::check_side_output(path, crate::vocab::Side::Report, opts.force, &taken)?;
             Some((path.clone(), replace))
         }
     };

@@ -10,7 +10,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::input::torch::{Format, TensorProblem, TorchError};
-use crate::text::{count, esc, esc_path, format_bytes, plain};
+use crate::text::{count, esc, esc_path, format_bytes, name_list, plain};
 use crate::vocab::{ErrorKind, OptionName, Target, WarningKind};
 
 /// Everything that can stop the engine.
@@ -54,6 +54,13 @@ pub enum Error {
         tensors: usize,
         worst: String,
         worst_values: u64,
+    },
+    /// A quantized checkpoint, without `allow_quantized` (`plan::quantized`): `why` (a
+    /// template) says what makes it so, `tensors` are the F32 tensors that would change.
+    Quantized {
+        path: PathBuf,
+        why: String,
+        tensors: Vec<String>,
     },
     /// An option's value is out of range.
     BadOption {
@@ -130,6 +137,7 @@ impl Error {
             Error::NotAFile { .. }
             | Error::UnmatchedPatterns { .. }
             | Error::Overflow { .. }
+            | Error::Quantized { .. }
             | Error::NoDestinationFolder { .. }
             | Error::DestinationIsInput { .. }
             | Error::DestinationIsFolder { .. }
@@ -161,6 +169,7 @@ impl Error {
             | Error::OutputHeaderTooLarge { path, .. }
             | Error::UnmatchedPatterns { path, .. }
             | Error::Overflow { path, .. }
+            | Error::Quantized { path, .. }
             | Error::DestinationIsInput { path }
             | Error::DestinationIsFolder { path }
             | Error::DestinationIsSpecial { path }
@@ -294,6 +303,12 @@ impl Error {
                 count(*tensors as u64, "tensor"),
                 target.describe(),
                 esc(worst)
+            ),
+            Error::Quantized { why, tensors, .. } => format!(
+                "quantized checkpoint ({why}): converting it would silently round its F32 \
+                 scale tensors too ({}); nothing was written (keep them with {{keep=*scale*}}, \
+                 or convert anyway with {{allow_quantized}})",
+                name_list(tensors.iter().map(String::as_str), 3)
             ),
             Error::BadOption {
                 option,

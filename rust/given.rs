@@ -2,6 +2,12 @@
 //! whatever their source (`Given`), and the names and values the package exports
 //! (`Exports`). Above `vocab`, `window`, `kernels` and `naming`, so that those stay leaves.
 
+use std::path::PathBuf;
+
+use crate::convert::{Options, Tuning};
+use crate::input::InputOptions;
+use crate::plan::PlanOptions;
+use crate::verify::VerifyOptions;
 use crate::vocab::{
     is_quantized_dtype, ErrorKind, InputFormat, OnOverflow, OptionName, ReadAdvice, ReasonCode,
     Target, Unmatched, WarningKind, DTYPES,
@@ -182,6 +188,139 @@ impl Given {
             Some(s) if crate::naming::is_stem(s) => Ok(s.clone()),
             _ => Err(self.bad(OptionName::Name, crate::naming::STEM_EXPECTED)),
         }
+    }
+}
+
+/// Every option of an engine call as a front end gave it (absent: the default), made once
+/// into the engine's options of a plan, a conversion or a verification. Values are checked
+/// here (`Given`), as usage errors naming the option.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub to: Option<Given>,
+    pub threads: Option<Given>,
+    pub force: bool,
+    pub keep: Vec<String>,
+    pub keep_min_size: Option<Given>,
+    pub keep_unmatched: Unmatched,
+    pub from_bf16: bool,
+    pub keep_names: Vec<String>,
+    pub on_overflow: Option<Given>,
+    pub numerics: bool,
+    pub report: Option<PathBuf>,
+    pub replaces: Option<(u64, u64)>,
+    pub allow_copy: bool,
+    pub key: Option<String>,
+    pub strip_prefix: Vec<String>,
+    pub loose: bool,
+    /// None: not said (a plain inspection then only warns of a quantized checkpoint).
+    pub allow_quantized: Option<bool>,
+    pub quantization_config: Option<PathBuf>,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            to: None,
+            threads: None,
+            force: false,
+            keep: Vec::new(),
+            keep_min_size: None,
+            keep_unmatched: Unmatched::Warn,
+            from_bf16: false,
+            keep_names: Vec::new(),
+            on_overflow: None,
+            numerics: true,
+            report: None,
+            replaces: None,
+            allow_copy: false,
+            key: None,
+            strip_prefix: Vec::new(),
+            loose: false,
+            allow_quantized: None,
+            quantization_config: None,
+        }
+    }
+}
+
+impl Settings {
+    fn input(&self) -> InputOptions {
+        InputOptions {
+            key: self.key.clone(),
+            strip_prefix: self.strip_prefix.clone(),
+        }
+    }
+
+    fn on_overflow(&self) -> crate::Result<OnOverflow> {
+        self.on_overflow
+            .as_ref()
+            .map_or(Ok(OnOverflow::Warn), Given::on_overflow)
+    }
+
+    fn threads(&self) -> crate::Result<usize> {
+        self.threads.as_ref().map_or(Ok(0), Given::threads)
+    }
+
+    /// The options that decide a plan.
+    pub fn plan(&self) -> crate::Result<PlanOptions> {
+        let keep_min_size = match &self.keep_min_size {
+            Some(g) => g.whole(OptionName::KeepMinSize, u64::MAX)?,
+            None => 0,
+        };
+        let target = self.to.as_ref().map_or(Ok(Target::Bf16), Given::target)?;
+        Ok(PlanOptions {
+            keep: self.keep.clone(),
+            keep_min_size,
+            from_bf16: self.from_bf16,
+            keep_names: self.keep_names.iter().cloned().collect(),
+            unmatched: self.keep_unmatched,
+            allow_quantized: self.allow_quantized.unwrap_or(false),
+            quantization_config: self.quantization_config.clone(),
+            ..PlanOptions::new(target)
+        })
+    }
+
+    /// The options of a conversion (and of a dry run's checks).
+    pub fn convert(&self, tuning: Tuning) -> crate::Result<Options> {
+        Ok(Options {
+            report: self.report.clone(),
+            replaces: self.replaces,
+            allow_copy: self.allow_copy,
+            input: self.input(),
+            plan: self.plan()?,
+            threads: self.threads()?,
+            force: self.force,
+            on_overflow: self.on_overflow()?,
+            numerics: self.numerics,
+            tuning,
+        })
+    }
+
+    /// The options of an inspection, a dry run when `dry_run` (a destination is given): a
+    /// plain inspection only warns of a quantized checkpoint unless `allow_quantized` is
+    /// said; a dry run, or a caller that says it, is judged as the conversion would be.
+    pub fn inspect(&self, tuning: Tuning, dry_run: bool) -> crate::Result<Options> {
+        let mut opts = self.convert(tuning)?;
+        opts.plan.allow_quantized |= !dry_run && self.allow_quantized.is_none();
+        Ok(opts)
+    }
+
+    /// The options of a verification (`to`: the target it must have, if given).
+    pub fn verify(&self, tuning: Tuning) -> crate::Result<VerifyOptions> {
+        let plan = self.plan()?;
+        Ok(VerifyOptions {
+            input: self.input(),
+            loose: self.loose,
+            target: self.to.as_ref().map(|_| plan.target),
+            keep: plan.keep,
+            keep_min_size: plan.keep_min_size,
+            from_bf16: self.from_bf16,
+            on_overflow: self.on_overflow()?,
+            threads: self.threads()?,
+            numerics: self.numerics,
+            report: self.report.clone(),
+            force: self.force,
+            tuning,
+        })
     }
 }
 

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result, Warning};
 use crate::failpoint;
 use crate::text::esc_path;
-use crate::vocab::WarningKind;
+use crate::vocab::{Side, Taken, WarningKind};
 
 /// The folder a destination path lives in.
 pub fn parent_dir(dst: &Path) -> PathBuf {
@@ -777,14 +777,14 @@ impl PathId {
 /// folder, FIFO or device; an existing file needs `force`. Returns how to publish it.
 pub fn check_side_output(
     path: &Path,
-    role: &'static str,
+    role: Side,
     force: bool,
     taken: &[(&PathId, &'static str)],
 ) -> Result<Replace> {
     let refuse = |what| {
         Err(Error::SideOutput {
             path: path.to_path_buf(),
-            role,
+            role: role.name(),
             what,
         })
     };
@@ -811,6 +811,21 @@ pub fn check_side_output(
         }),
         AtPath::File { .. } => Ok(Replace::Any),
     }
+}
+
+/// `check_side_output` with `taken` given as paths and what each one is.
+pub fn check_side_path(
+    path: &Path,
+    role: Side,
+    force: bool,
+    taken: &[(PathBuf, Taken)],
+) -> Result<Replace> {
+    let ids: Vec<(PathId, &'static str)> = taken
+        .iter()
+        .map(|(p, t)| (PathId::of(p), t.what()))
+        .collect();
+    let refs: Vec<(&PathId, &'static str)> = ids.iter().map(|(i, w)| (i, *w)).collect();
+    check_side_output(path, role, force, &refs)
 }
 
 /// What an output path names now, as the checks before any work see it.

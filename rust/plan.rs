@@ -5,14 +5,14 @@ use std::borrow::Borrow;
 
 use crate::numerics::Numerics;
 use std::collections::HashSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use safetensors::tensor::Dtype;
 
 use crate::dtype::{action_for, width_rank, Action};
 use crate::error::{unmatched_message, Error, Result, Warning};
 use crate::header::{SourceHeader, MAX_HEADER, PREFIX};
-use crate::text::{esc, name_list};
+use crate::text::{esc, esc_path, name_list};
 use crate::vocab::{is_quantized_dtype, ReasonCode, Target, Unmatched, WarningKind};
 
 /// Why a tensor is converted, kept in its source dtype, or copied.
@@ -102,6 +102,12 @@ pub struct PlanOptions {
     pub keep_names: HashSet<String>,
     /// What a `keep` pattern that matches no tensor name does.
     pub unmatched: Unmatched,
+    /// Plan a quantized checkpoint anyway (with a warning); otherwise it is refused
+    /// (`quantized`).
+    pub allow_quantized: bool,
+    /// The config of the folder this file is in, when it has a `quantization_config`:
+    /// the file is then quantized whatever its dtypes (its I8/U8 weights count too).
+    pub quantization_config: Option<PathBuf>,
 }
 
 impl PlanOptions {
@@ -114,6 +120,8 @@ impl PlanOptions {
             from_bf16: false,
             keep_names: HashSet::new(),
             unmatched: Unmatched::Warn,
+            allow_quantized: false,
+            quantization_config: None,
         }
     }
 }
@@ -357,7 +365,15 @@ pub fn plan(path: &Path, src: &SourceHeader, opts: &PlanOptions) -> Result<Plan>
         keep_unmatched,
         warnings: Vec::new(),
     };
-    plan.warnings = plan_warnings(src, &plan, opts);
+    let quantized = quantized(src, &plan, opts);
+    if let (Some((why, tensors)), false) = (&quantized, opts.allow_quantized) {
+        return Err(Error::Quantized {
+            path: path.to_path_buf(),
+            why: why.clone(),
+            tensors: tensors.clone(),
+        });
+    }
+    plan.warnings = plan_warnings(&plan, opts, quantized);
     Ok(plan)
 }
 
@@ -436,7 +452,12 @@ pub(crate) fn encode_entry(
     out.extend_from_slice(b"]}");
 }
 
-fn plan_warnings(src: &SourceHeader, plan: &Plan, opts: &PlanOptions) -> Vec<Warning> {
+/// `quantized`: what `quantized` found (a checkpoint converted anyway).
+fn plan_warnings(
+    plan: &Plan,
+    opts: &PlanOptions,
+    quantized: Option<(String, Vec<String>)>,
+) -> Vec<Warning> {
     let mut warnings = Vec::new();
     if opts.unmatched == Unmatched::Warn && !plan.keep_unmatched.is_empty() {
         warnings.push(Warning::new(
@@ -466,8 +487,8 @@ fn plan_warnings(src: &SourceHeader, plan: &Plan, opts: &PlanOptions) -> Vec<War
             format!("{what} {verb} copied unchanged, so {mix} ({{from_bf16}} converts them too)"),
         ));
     }
-    if let Some(w) = quantized_warning(src, plan, opts) {
-        warnings.push(w);
+    if let Some((why, named)) = quantized {
+        warnings.push(quantized_warning(&why, &named, plan.target));
     }
     // Under `keep` nothing is converted on purpose: the format is what changes.
     if plan.converted() == 0 && plan.target != Target::Keep {
@@ -482,12 +503,31 @@ fn plan_warnings(src: &SourceHeader, plan: &Plan, opts: &PlanOptions) -> Vec<War
     warnings
 }
 
-/// F8/F4/F6 tensors beside F32 ones that are converted: a quantized checkpoint whose F32
-/// scales would change, unless whoever chose what to keep kept every scale-like tensor.
-fn quantized_warning(src: &SourceHeader, plan: &Plan, opts: &PlanOptions) -> Option<Warning> {
-    if !src.tensors.iter().any(|t| is_quantized_dtype(t.dtype)) {
-        return None;
-    }
+/// The one quantized policy, for files and folders alike: a checkpoint is quantized when
+/// its folder's config has a `quantization_config`, or when it holds F8/F4/F6 tensors
+/// beside F32 ones (a tensor's name alone never makes it so: ordinary models carry F32
+/// tensors named `scale`, and U8 buffers). Its conversion is refused unless
+/// `allow_quantized` when it would convert F32 tensors: any, without `keep` patterns; with
+/// them (the caller chose what stays) a scale-like one. Returns why it is quantized (a
+/// template) and the F32 tensors that would change (the scale-like ones, if any).
+fn quantized(src: &SourceHeader, plan: &Plan, opts: &PlanOptions) -> Option<(String, Vec<String>)> {
+    let why = match &opts.quantization_config {
+        Some(config) => format!("{} has a quantization_config", esc_path(config)),
+        None => {
+            let mut lowp: Vec<String> = src
+                .tensors
+                .iter()
+                .filter(|t| is_quantized_dtype(t.dtype))
+                .map(|t| t.dtype.to_string())
+                .collect();
+            if lowp.is_empty() || !src.tensors.iter().any(|t| t.dtype == Dtype::F32) {
+                return None;
+            }
+            lowp.sort();
+            lowp.dedup();
+            format!("it holds {} tensors beside F32 ones", lowp.join(", "))
+        }
+    };
     let f32_names: Vec<&str> = src
         .tensors
         .iter()
@@ -500,24 +540,24 @@ fn quantized_warning(src: &SourceHeader, plan: &Plan, opts: &PlanOptions) -> Opt
         .copied()
         .filter(|n| n.to_ascii_lowercase().contains("scale"))
         .collect();
-    let kept_scales = !opts.keep.is_empty() && scales.is_empty();
-    if f32_names.is_empty() || kept_scales {
+    if f32_names.is_empty() || (!opts.keep.is_empty() && scales.is_empty()) {
         return None;
     }
-    let named = if scales.is_empty() {
-        &f32_names
-    } else {
-        &scales
-    };
-    Some(Warning::new(
+    let named = if scales.is_empty() { f32_names } else { scales };
+    Some((why, named.into_iter().map(String::from).collect()))
+}
+
+/// The warning of a quantized checkpoint converted anyway (`allow_quantized`).
+fn quantized_warning(why: &str, named: &[String], target: Target) -> Warning {
+    Warning::new(
         WarningKind::Quantized,
         format!(
-            "this looks like a quantized checkpoint (F8/F4/F6 tensors beside F32 ones): its \
-             F32 scale tensors will be converted too, which changes the model; scale-like \
-             tensors: {} (keep them with {{keep}})",
-            name_list(named.iter().copied(), 5)
+            "quantized checkpoint ({why}): its F32 scale tensors become {} \
+             too, which changes the model; scale-like tensors: {} (keep them with {{keep}})",
+            target.describe(),
+            name_list(named.iter().map(String::as_str), 5)
         ),
-    ))
+    )
 }
 
 /// The warning for values that became zero: how many, in how many tensors, the worst.
@@ -858,16 +898,26 @@ mod tests {
     }
 
     #[test]
-    fn quantized_checkpoint_warns_with_scale_names() {
+    fn quantized_checkpoints_are_refused_unless_allowed() {
         let h = r#"{"w":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]},"w.weight_scale":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#;
         let src = read_header(p(), &file(h, 8)).unwrap();
-        let plan1 = plan(p(), &src, &PlanOptions::new(Target::Bf16)).unwrap();
+        let e = plan(p(), &src, &PlanOptions::new(Target::Bf16)).unwrap_err();
+        assert_eq!(e.kind(), crate::vocab::ErrorKind::Refused);
+        let text = e.template();
+        assert!(text.contains("F8_E4M3 tensors beside F32"), "{text}");
+        assert!(text.contains("`w.weight_scale`") && text.contains("{allow_quantized}"));
+        let allowed = PlanOptions {
+            allow_quantized: true,
+            ..PlanOptions::new(Target::Bf16)
+        };
+        let plan1 = plan(p(), &src, &allowed).unwrap();
+        assert_eq!(plan1.warnings[0].kind, WarningKind::Quantized);
         assert!(
             plan1.warnings[0].text.contains("`w.weight_scale`"),
             "{:?}",
             plan1.warnings
         );
-        // Kept scales are safe: no warning, even with other F32 tensors converted.
+        // Kept scales are safe: neither refused nor warned, even with other F32 converted.
         let h = r#"{"w":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]},"w.weight_scale":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},"norm":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}}"#;
         let src = read_header(p(), &file(h, 12)).unwrap();
         let kept = plan(p(), &src, &keep_opts(Target::Bf16, &["*scale"], 0)).unwrap();
@@ -878,6 +928,28 @@ mod tests {
                 .any(|w| w.kind == WarningKind::Quantized),
             "{:?}",
             kept.warnings
+        );
+        // A scale that no pattern keeps is named.
+        let e = plan(p(), &src, &keep_opts(Target::Bf16, &["norm"], 0)).unwrap_err();
+        assert!(e.template().contains("`w.weight_scale`"));
+    }
+
+    #[test]
+    fn a_quantization_config_makes_any_file_quantized() {
+        let h = r#"{"q":{"dtype":"I8","shape":[4],"data_offsets":[0,4]},"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#;
+        let src = read_header(p(), &file(h, 8)).unwrap();
+        // I8 beside F32 alone is no quantized checkpoint.
+        assert!(plan(p(), &src, &PlanOptions::new(Target::Bf16)).is_ok());
+        let opts = PlanOptions {
+            quantization_config: Some(PathBuf::from("m/config.json")),
+            ..PlanOptions::new(Target::Bf16)
+        };
+        let e = plan(p(), &src, &opts).unwrap_err();
+        assert!(
+            e.template()
+                .contains("(m/config.json has a quantization_config)"),
+            "{}",
+            e.template()
         );
     }
 }

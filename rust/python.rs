@@ -12,11 +12,11 @@ use std::path::{Path, PathBuf};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{IntoPyDict, PyDict, PyList};
+use pyo3::types::{IntoPyDict, PyDict};
 
 use crate::convert::{Knobs, Options, Tuning};
 use crate::error::Error;
-use crate::given::{Exports, Given};
+use crate::given::{Exports, Given, Settings};
 use crate::input::InputOptions;
 use crate::numerics::Numerics;
 use crate::output::{self, Replace};
@@ -25,7 +25,7 @@ use crate::shard::{self, Group};
 use crate::task::{ConvertTask, InspectTask, Task};
 use crate::text;
 use crate::verify::{Verifier, VerifyOptions, VerifyReport};
-use crate::vocab::{ErrorKind, OnOverflow, OptionName, Taken, Target, Unmatched};
+use crate::vocab::{ErrorKind, OptionName, Side, Taken, Target, Unmatched};
 use crate::VERSION;
 
 /// What `stcast.errors` hands over at import (`_set_exceptions`): for each error kind, the
@@ -234,129 +234,91 @@ fn tuning(v: Option<&Bound<'_, PyDict>>) -> PyResult<Tuning> {
     Tuning::new(&knobs).map_err(PyValueError::new_err)
 }
 
-/// `Opts`: every option of an engine call, as the keywords `stcast._engine` and the folder
-/// code pass (absent: the default), converted once into engine options (`convert`, `plan`,
-/// `verify`). Values are checked there, as usage errors naming the keyword.
-macro_rules! options {
-    ($($name:ident: $ty:ty = $default:expr,)*) => {
-        struct Opts<'py> {
-            $($name: $ty,)*
-        }
+/// Reading a keyword's Python value into the `Settings` field it sets.
+trait Read: Sized {
+    fn read(v: &Bound<'_, PyAny>) -> PyResult<Self>;
+}
 
-        impl<'py> Opts<'py> {
-            /// The keywords of a call (`**options`); an absent or None one is the default,
-            /// an unknown one a TypeError.
-            fn of(py: Python<'py>, kwargs: Option<&Bound<'py, PyDict>>) -> PyResult<Opts<'py>> {
-                let d = kwargs.cloned().unwrap_or_else(|| PyDict::new(py));
-                for k in d.keys() {
-                    let k: String = k.extract()?;
-                    if ![$(stringify!($name),)*].contains(&k.as_str()) {
-                        let msg = format!("unexpected keyword argument {k:?}");
-                        return Err(pyo3::exceptions::PyTypeError::new_err(msg));
+macro_rules! read_by_extract {
+    ($($t:ty),*) => {$(
+        impl Read for $t {
+            fn read(v: &Bound<'_, PyAny>) -> PyResult<Self> {
+                v.extract()
+            }
+        }
+    )*};
+}
+
+read_by_extract! {
+    bool, Vec<String>, Option<String>, Option<PathBuf>, Option<(u64, u64)>, Option<bool>
+}
+
+impl Read for Option<Given> {
+    fn read(v: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Ok(Some(given(v)))
+    }
+}
+
+impl Read for Unmatched {
+    fn read(v: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Unmatched::from_name(&v.extract::<String>()?).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "keep_unmatched must be one of {:?}",
+                Unmatched::NAMES
+            ))
+        })
+    }
+}
+
+/// The keywords of an engine call (`**options`, as `stcast._engine` and the folder code
+/// pass them) read into the engine's `given::Settings`, and `tuning=`: an absent or None
+/// one is the default, an unknown one a TypeError.
+struct Opts {
+    settings: Settings,
+    tuning: Tuning,
+}
+
+macro_rules! options {
+    ($($name:ident),* $(,)?) => {
+        impl Opts {
+            fn of(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Opts> {
+                let (mut s, mut knobs) = (Settings::default(), None);
+                for (k, v) in kwargs.into_iter().flat_map(|d| d.iter()) {
+                    let given = !v.is_none();
+                    match k.extract::<String>()?.as_str() {
+                        $(stringify!($name) if given => s.$name = Read::read(&v)?,)*
+                        "tuning" if given => knobs = Some(v.cast_into::<PyDict>()?),
+                        $(stringify!($name))|* | "tuning" => {}
+                        k => {
+                            let msg = format!("unexpected keyword argument {k:?}");
+                            return Err(pyo3::exceptions::PyTypeError::new_err(msg));
+                        }
                     }
                 }
-                Ok(Opts {
-                    $($name: match d.get_item(stringify!($name))? {
-                        Some(v) if !v.is_none() => v.extract()?,
-                        _ => $default,
-                    },)*
-                })
+                let tuning = tuning(knobs.as_ref())?;
+                Ok(Opts { settings: s, tuning })
             }
         }
     };
 }
 
 options! {
-    to: Option<Bound<'py, PyAny>> = None,
-    threads: Option<Bound<'py, PyAny>> = None,
-    force: bool = false,
-    keep: Vec<String> = Vec::new(),
-    keep_min_size: Option<Bound<'py, PyAny>> = None,
-    keep_unmatched: String = "warn".to_string(),
-    from_bf16: bool = false,
-    keep_names: Vec<String> = Vec::new(),
-    on_overflow: Option<Bound<'py, PyAny>> = None,
-    numerics: bool = true,
-    report: Option<PathBuf> = None,
-    replaces: Option<(u64, u64)> = None,
-    allow_copy: bool = false,
-    tuning: Option<Bound<'py, PyDict>> = None,
-    key: Option<String> = None,
-    strip_prefix: Vec<String> = Vec::new(),
-    loose: bool = false,
+    to, threads, force, keep, keep_min_size, keep_unmatched, from_bf16, keep_names, on_overflow,
+    numerics, report, replaces, allow_copy, key, strip_prefix, loose, allow_quantized,
+    quantization_config,
 }
 
-impl<'py> Opts<'py> {
-    fn input(&self) -> InputOptions {
-        InputOptions {
-            key: self.key.clone(),
-            strip_prefix: self.strip_prefix.clone(),
-        }
+impl Opts {
+    fn plan(&self, py: Python<'_>) -> PyResult<PlanOptions> {
+        self.settings.plan().map_err(|e| to_py(py, e))
     }
 
-    /// The options that decide a plan.
-    fn plan(&self, py: Python<'py>) -> PyResult<PlanOptions> {
-        let keep_min_size = check(py, self.keep_min_size.as_ref(), 0, |g| {
-            g.whole(OptionName::KeepMinSize, u64::MAX)
-        })?;
-        Ok(PlanOptions {
-            keep: self.keep.clone(),
-            keep_min_size,
-            from_bf16: self.from_bf16,
-            keep_names: self.keep_names.iter().cloned().collect(),
-            unmatched: Unmatched::from_name(&self.keep_unmatched).ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "keep_unmatched must be one of {:?}",
-                    Unmatched::NAMES
-                ))
-            })?,
-            ..PlanOptions::new(check(py, self.to.as_ref(), Target::Bf16, Given::target)?)
-        })
+    fn convert(self, py: Python<'_>) -> PyResult<Options> {
+        self.settings.convert(self.tuning).map_err(|e| to_py(py, e))
     }
 
-    /// The options of a conversion (and of a dry run's checks).
-    fn convert(&self, py: Python<'py>) -> PyResult<Options> {
-        Ok(Options {
-            report: self.report.clone(),
-            replaces: self.replaces,
-            allow_copy: self.allow_copy,
-            input: self.input(),
-            plan: self.plan(py)?,
-            threads: check(py, self.threads.as_ref(), 0, Given::threads)?,
-            force: self.force,
-            on_overflow: check(
-                py,
-                self.on_overflow.as_ref(),
-                OnOverflow::Warn,
-                Given::on_overflow,
-            )?,
-            numerics: self.numerics,
-            tuning: tuning(self.tuning.as_ref())?,
-        })
-    }
-
-    /// The options of a verification.
-    fn verify(&self, py: Python<'py>) -> PyResult<VerifyOptions> {
-        let plan = self.plan(py)?;
-        Ok(VerifyOptions {
-            input: self.input(),
-            loose: self.loose,
-            target: self.to.as_ref().map(|_| plan.target),
-            keep: plan.keep,
-            keep_min_size: plan.keep_min_size,
-            from_bf16: self.from_bf16,
-            on_overflow: check(
-                py,
-                self.on_overflow.as_ref(),
-                OnOverflow::Warn,
-                Given::on_overflow,
-            )?,
-            threads: check(py, self.threads.as_ref(), 0, Given::threads)?,
-            numerics: self.numerics,
-            report: self.report.clone(),
-            force: self.force,
-            tuning: tuning(self.tuning.as_ref())?,
-        })
+    fn verify(self, py: Python<'_>) -> PyResult<VerifyOptions> {
+        self.settings.verify(self.tuning).map_err(|e| to_py(py, e))
     }
 }
 
@@ -388,7 +350,7 @@ fn py_convert<'py>(
     warn: Option<Bound<'py, PyAny>>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let opts = Opts::of(py, options)?.convert(py)?;
+    let opts = Opts::of(options)?.convert(py)?;
     let hooks = hooks(opts.tuning.step, progress, cancel, warn);
     let task = hooks.run(py, || ConvertTask::new(&src, &dst, &opts))?;
     finish_convert(py, &hooks, task, opts.numerics)
@@ -458,7 +420,7 @@ impl ShardGroup {
         max_size: u64,
         options: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let mut opts = Opts::of(py, options)?.plan(py)?;
+        let mut opts = Opts::of(options)?.plan(py)?;
         opts.unmatched = Unmatched::Ignore;
         let plan = guarded(py, || self.group.plan(max_size, &opts))?;
         crossed(py, &self.group.rows(&plan), &[])
@@ -482,7 +444,7 @@ fn convert_shard<'py>(
     warn: Option<Bound<'py, PyAny>>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let mut opts = Opts::of(py, options)?.convert(py)?;
+    let mut opts = Opts::of(options)?.convert(py)?;
     // The group was opened with its input options; its report is the folder's.
     (opts.plan.unmatched, opts.input, opts.report) = (Unmatched::Ignore, Default::default(), None);
     opts.allow_copy = true;
@@ -503,7 +465,7 @@ fn verify_shard<'py>(
     progress: Option<Bound<'py, PyAny>>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let mut opts = Opts::of(py, options)?.verify(py)?;
+    let mut opts = Opts::of(options)?.verify(py)?;
     (opts.input, opts.report, opts.force) = (Default::default(), None, false);
     let group = &group.get().group;
     let mut verifier = guarded(py, || group.verifier(&dst, indexed, &opts))?;
@@ -544,44 +506,10 @@ fn check_folder(py: Python<'_>, path: PathBuf) -> PyResult<()> {
     guarded(py, || crate::input::folder::check_folder(&path))
 }
 
-/// The header of the safetensors file `path`, read and validated by the engine
-/// (`source::Source::open`, `header::read_header`): `(header_len, sha256, metadata,
-/// tensors)`. `header_len` is the JSON's length (the data start at `8 + header_len`),
-/// `sha256` the hex SHA-256 of the length prefix and the header, `metadata` the
-/// `__metadata__` pairs in file order (or None), `tensors` each `(name, dtype, shape,
-/// start, end)` in data order, offsets relative to the data section. A file that is no
-/// valid safetensors file raises `InvalidInput`.
+/// The header of a safetensors file (`source::read_header`).
 #[pyfunction]
-#[allow(clippy::type_complexity)]
-fn read_header(
-    py: Python<'_>,
-    path: PathBuf,
-) -> PyResult<(
-    u64,
-    String,
-    Option<Vec<(String, String)>>,
-    Vec<(String, String, Vec<usize>, u64, u64)>,
-)> {
-    guarded(py, || {
-        let source = crate::source::Source::open(&path)?;
-        let header = &source.header;
-        let end = usize::try_from(header.data_start()).unwrap_or(usize::MAX);
-        let sha256 = text::sha256_hex(&source.primary().map[..end]);
-        let tensors = header
-            .tensors
-            .iter()
-            .map(|t| {
-                (
-                    t.name.clone(),
-                    t.dtype.to_string(),
-                    t.shape.clone(),
-                    t.start,
-                    t.end,
-                )
-            })
-            .collect();
-        Ok((header.header_len, sha256, header.metadata.clone(), tensors))
-    })
+fn read_header(py: Python<'_>, path: PathBuf) -> PyResult<crate::source::HeaderSummary> {
+    guarded(py, || crate::source::read_header(&path))
 }
 
 /// An engine report as a dict (its serde form, once), with its paths as Python holds them
@@ -614,9 +542,10 @@ fn numerics_dict<'py>(
     Ok(d)
 }
 
-/// The per-tensor numeric reports of a run, as a read-only sequence of dicts built when
-/// read: a checkpoint of 300,000 tensors does not cost 300,000 dicts unless they are used.
-#[pyclass(frozen, sequence, module = "stcast._core")]
+/// The per-tensor numeric reports of a run, each row a dict built when read (a checkpoint
+/// of 300,000 tensors costs no 300,000 dicts unless they are used): `stcast.reports`
+/// makes the sequence of them.
+#[pyclass(frozen, module = "stcast._core")]
 struct TensorNumerics {
     rows: Vec<(String, Numerics)>,
     /// Their total (what a folder's numeric report adds up, `write_numeric_report`).
@@ -629,90 +558,20 @@ impl TensorNumerics {
         self.rows.len()
     }
 
-    fn __getitem__<'py>(
-        &self,
-        py: Python<'py>,
-        index: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        if let Ok(slice) = index.cast::<pyo3::types::PySlice>() {
-            let ix = slice.indices(self.rows.len() as isize)?;
-            let list = PyList::empty(py);
-            let mut i = ix.start;
-            for _ in 0..ix.slicelength {
-                list.append(row(py, &self.rows[i as usize])?)?;
-                i += ix.step;
-            }
-            return Ok(list.into_any());
+    /// Row `i` (`0 <= i < len`) as a dict: its name, then its counts and errors.
+    fn row<'py>(&self, py: Python<'py>, i: usize) -> PyResult<Bound<'py, PyAny>> {
+        #[derive(serde::Serialize)]
+        struct Row<'a> {
+            name: &'a str,
+            #[serde(flatten)]
+            n: &'a Numerics,
         }
-        let out_of_range = || pyo3::exceptions::PyIndexError::new_err("index out of range");
-        // An integer too large for isize is out of range too (as for a list).
-        let i: isize = match index.extract() {
-            Ok(i) => i,
-            Err(_) if index.is_instance_of::<pyo3::types::PyInt>() => return Err(out_of_range()),
-            Err(e) => return Err(e),
-        };
-        let len = self.rows.len() as isize;
-        let at = if i < 0 { i + len } else { i };
-        if !(0..len).contains(&at) {
-            return Err(out_of_range());
-        }
-        row(py, &self.rows[at as usize])
+        let (name, n) = self
+            .rows
+            .get(i)
+            .ok_or_else(|| pyo3::exceptions::PyIndexError::new_err("index out of range"))?;
+        Ok(pythonize::pythonize(py, &Row { name, n })?)
     }
-
-    /// Every row as a list of dicts.
-    fn tolist<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let list = PyList::empty(py);
-        for r in &self.rows {
-            list.append(row(py, r)?)?;
-        }
-        Ok(list)
-    }
-
-    fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<bool> {
-        if let Ok(other) = other.cast::<TensorNumerics>() {
-            return Ok(self.rows == other.get().rows);
-        }
-        self.tolist(py)?.eq(other)
-    }
-
-    fn __repr__(&self) -> String {
-        format!("<{} tensor reports>", self.rows.len())
-    }
-
-    /// Pickled and copied as the list it stands for.
-    fn __reduce__<'py>(
-        &self,
-        py: Python<'py>,
-    ) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyList>,))> {
-        Ok((py.get_type::<PyList>().into_any(), (self.tolist(py)?,)))
-    }
-
-    /// As `list.index`.
-    fn index(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<usize> {
-        self.tolist(py)?.index(value)
-    }
-
-    /// As `list.count`.
-    fn count(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let mut n = 0;
-        for row in self.tolist(py)?.iter() {
-            if row.eq(value)? {
-                n += 1;
-            }
-        }
-        Ok(n)
-    }
-}
-
-/// One tensor's `Numerics` as a dict: its name, then its counts and errors.
-fn row<'py>(py: Python<'py>, (name, n): &(String, Numerics)) -> PyResult<Bound<'py, PyAny>> {
-    #[derive(serde::Serialize)]
-    struct Row<'a> {
-        name: &'a str,
-        #[serde(flatten)]
-        n: &'a Numerics,
-    }
-    Ok(pythonize::pythonize(py, &Row { name, n })?)
 }
 
 #[pyfunction]
@@ -726,8 +585,11 @@ fn py_inspect<'py>(
     progress: Option<Bound<'py, PyAny>>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let o = Opts::of(py, options)?;
-    let opts = o.convert(py)?;
+    let o = Opts::of(options)?;
+    let opts = o
+        .settings
+        .inspect(o.tuning, dst.is_some())
+        .map_err(|e| to_py(py, e))?;
     let mut task = guarded(py, || {
         InspectTask::new(
             &path,
@@ -753,7 +615,7 @@ fn py_verify<'py>(
     progress: Option<Bound<'py, PyAny>>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let opts = Opts::of(py, options)?.verify(py)?;
+    let opts = Opts::of(options)?.verify(py)?;
     let mut verifier = guarded(py, || Verifier::open(&src, &dst, &opts))?;
     let hooks = hooks(opts.tuning.step, progress, None, None);
     hooks.drive(py, &mut verifier)?;
@@ -849,26 +711,20 @@ fn write_numeric_report<'py>(
     parts: Vec<(Option<String>, Bound<'py, TensorNumerics>)>,
     replace: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<(u64, u64, u64)> {
-    let mut total = Numerics::default();
-    let mut named = Vec::new();
-    for (file, rows) in &parts {
-        let rows = rows.get();
-        total.merge(&rows.total);
-        named.extend(
-            rows.rows
-                .iter()
-                .map(|(n, x)| (file.as_deref(), n.as_str(), x)),
-        );
-    }
+    let parts: Vec<_> = parts.iter().map(|(f, r)| (f.as_deref(), r.get())).collect();
+    let parts: Vec<_> = parts
+        .iter()
+        .map(|(f, r)| (*f, &r.rows[..], &r.total))
+        .collect();
     let target = to.and_then(Target::from_name);
-    let bytes = crate::report::folder_report(&src, &dst, target, &named, &total);
+    let bytes = crate::report::files_report(&src, &dst, target, &parts);
     let replace = replace_policy(replace)?;
     let p = guarded(py, || output::write_file(&path, &bytes, replace, ""))?;
     Ok((p.dev, p.ino, p.size))
 }
 
-/// Check a side output's path before any work (see `output::check_side_output`): `taken`
-/// are the paths it must not be, each with what it is (`vocab::Taken`). Returns the replace
+/// Check a side output's path before any work (`output::check_side_path`): `taken` are
+/// the paths it must not be, each with what it is (`vocab::Taken`). Returns the replace
 /// policy for `write_file`.
 #[pyfunction]
 #[pyo3(signature = (path, role, force, taken))]
@@ -879,15 +735,19 @@ fn check_side_output<'py>(
     force: bool,
     taken: Vec<(PathBuf, String)>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let role: &'static str = if role == "report" { "report" } else { "output" };
-    let mut ids = Vec::new();
-    for (p, what) in &taken {
-        let what = Taken::from_name(what)
-            .ok_or_else(|| PyValueError::new_err(format!("taken: one of {:?}", Taken::NAMES)))?;
-        ids.push((output::PathId::of(p), what.what()));
-    }
-    let refs: Vec<(&output::PathId, &'static str)> = ids.iter().map(|(i, w)| (i, *w)).collect();
-    let replace = guarded(py, || output::check_side_output(&path, role, force, &refs))?;
+    let bad =
+        |what: &str, names: &[&str]| PyValueError::new_err(format!("{what}: one of {names:?}"));
+    let role = Side::from_name(role).ok_or_else(|| bad("role", Side::NAMES))?;
+    let taken = taken
+        .into_iter()
+        .map(|(p, w)| {
+            Ok((
+                p,
+                Taken::from_name(&w).ok_or_else(|| bad("taken", Taken::NAMES))?,
+            ))
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let replace = guarded(py, || output::check_side_path(&path, role, force, &taken))?;
     Ok(match replace {
         Replace::No => py.None().into_bound(py),
         _ => "any".into_pyobject(py)?.into_any(),

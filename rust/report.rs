@@ -58,6 +58,26 @@ pub fn numeric_report<S: AsRef<str>, N: std::borrow::Borrow<Numerics>>(
     folder_report(src, dst, target, &named, total)
 }
 
+/// One file's part of a folder's report: its path relative to the folder (or None), its
+/// rows and their total.
+pub type FilePart<'a> = (Option<&'a str>, &'a [(String, Numerics)], &'a Numerics);
+
+/// `folder_report` from each file's rows and total, the totals merged.
+pub fn files_report(
+    src: &Path,
+    dst: &Path,
+    target: Option<Target>,
+    parts: &[FilePart<'_>],
+) -> Vec<u8> {
+    let mut total = Numerics::default();
+    let mut named = Vec::new();
+    for (file, rows, t) in parts {
+        total.merge(t);
+        named.extend(rows.iter().map(|(n, x)| (*file, n.as_str(), x)));
+    }
+    folder_report(src, dst, target, &named, &total)
+}
+
 /// `numeric_report` for a folder: each tensor also names its file (relative path).
 pub fn folder_report(
     src: &Path,

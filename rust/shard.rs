@@ -696,11 +696,15 @@ mod tests {
         for seed in 1..60u64 {
             let (dir, paths) = random_group(&format!("arith{seed}"), seed, 1 + seed as usize % 4);
             let group = Group::open(&paths, &InputOptions::default()).unwrap();
-            let opts = PlanOptions::new(if seed % 3 == 0 {
-                Target::F16
-            } else {
-                Target::Bf16
-            });
+            // Random dtypes: F8/F4 beside F32 too (`allow_quantized`).
+            let opts = PlanOptions {
+                allow_quantized: true,
+                ..PlanOptions::new(if seed % 3 == 0 {
+                    Target::F16
+                } else {
+                    Target::Bf16
+                })
+            };
             let (items, _) = group.items(&opts).unwrap();
             let all: Vec<At> = group.all().collect();
             let mut rng = Rng(seed);
@@ -727,7 +731,10 @@ mod tests {
         for seed in 1..40u64 {
             let (dir, paths) = random_group(&format!("greedy{seed}"), seed, 1 + seed as usize % 3);
             let group = Group::open(&paths, &InputOptions::default()).unwrap();
-            let opts = PlanOptions::new(Target::Bf16);
+            let opts = PlanOptions {
+                allow_quantized: true,
+                ..PlanOptions::new(Target::Bf16)
+            };
             let all: Vec<At> = group.all().collect();
             for max in [1, 200, 700, 1500, 5000, 1 << 40] {
                 let plan = group.plan(max, &opts).unwrap();

@@ -303,6 +303,41 @@ impl PendingRelease {
     }
 }
 
+/// What `read_header` tells of a safetensors file: `(header_len, sha256, metadata,
+/// tensors)`. `header_len` is the JSON's length (the data start at `8 + header_len`),
+/// `sha256` the hex SHA-256 of the length prefix and the header, `metadata` the
+/// `__metadata__` pairs in file order (or None), `tensors` each `(name, dtype, shape,
+/// start, end)` in data order, offsets relative to the data section.
+pub type HeaderSummary = (
+    u64,
+    String,
+    Option<Vec<(String, String)>>,
+    Vec<(String, String, Vec<usize>, u64, u64)>,
+);
+
+/// The header of the safetensors file `path`, read and validated (`Source::open`); a file
+/// that is no valid safetensors file is `InvalidHeader`.
+pub fn read_header(path: &Path) -> Result<HeaderSummary> {
+    let source = Source::open(path)?;
+    let header = &source.header;
+    let end = usize::try_from(header.data_start()).unwrap_or(usize::MAX);
+    let sha256 = crate::text::sha256_hex(&source.primary().map[..end]);
+    let tensors = header
+        .tensors
+        .iter()
+        .map(|t| {
+            (
+                t.name.clone(),
+                t.dtype.to_string(),
+                t.shape.clone(),
+                t.start,
+                t.end,
+            )
+        })
+        .collect();
+    Ok((header.header_len, sha256, header.metadata.clone(), tensors))
+}
+
 impl Source {
     /// A source from files already opened and the tensors they hold (other formats,
     /// composites). `path` names it in messages.

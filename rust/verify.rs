@@ -303,7 +303,8 @@ impl Verifier {
                     (&a, "path is the input file"),
                     (&b, "path is the output file"),
                 ];
-                let replace = check_side_output(path, "report", opts.force, &taken)?;
+                let replace =
+                    check_side_output(path, crate::vocab::Side::Report, opts.force, &taken)?;
                 Some((path.clone(), replace))
             }
         };
@@ -770,6 +771,8 @@ fn check_plan(
         keep_min_size: opts.keep_min_size,
         from_bf16: opts.from_bf16,
         unmatched: Unmatched::Ignore,
+        // What was converted is checked, not judged again.
+        allow_quantized: true,
         ..PlanOptions::new(target)
     };
     let planned = plan::plan(&src.path, sh, &popts)?;

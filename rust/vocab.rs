@@ -80,6 +80,14 @@ named! {
     }
 }
 
+named! {
+    /// What a side output is, as its messages name it (`output::check_side_output`).
+    pub enum Side {
+        Report = "report",
+        Output = "output",
+    }
+}
+
 impl Taken {
     /// Why a side output at that path is refused.
     pub fn what(self) -> &'static str {

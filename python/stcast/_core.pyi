@@ -1,7 +1,6 @@
 """The native engine (rust/python.rs). Private: use the `stcast` package instead."""
 
-from collections.abc import Sequence
-from typing import Any, Callable, Protocol, TypedDict, final, overload
+from typing import Any, Callable, Protocol, TypedDict, final
 
 from typing_extensions import Unpack
 
@@ -104,6 +103,8 @@ class _Options(TypedDict, total=False):
     key: str | None
     strip_prefix: list[str]
     loose: bool
+    allow_quantized: bool | None
+    quantization_config: str | None
 
 _Progress = Callable[[int, int], object] | None
 _Warn = Callable[[str, str], object] | None
@@ -206,14 +207,8 @@ def read_header(
 ) -> tuple[int, str, list[tuple[str, str]] | None, list[tuple[str, str, list[int], int, int]]]: ...
 
 @final
-class TensorNumerics(Sequence[_Row]):
-    """Per-tensor numeric reports, each dict built when read."""
+class TensorNumerics:
+    """Per-tensor numeric reports (`stcast.reports.TensorRows` is their sequence)."""
 
     def __len__(self) -> int: ...
-    @overload
-    def __getitem__(self, key: int, /) -> _Row: ...
-    @overload
-    def __getitem__(self, key: slice, /) -> list[_Row]: ...
-    def tolist(self) -> list[_Row]: ...
-    def index(self, value: object) -> int: ...  # type: ignore[override]
-    def count(self, value: object) -> int: ...
+    def row(self, i: int) -> _Row: ...

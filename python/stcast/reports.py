@@ -9,10 +9,12 @@ plain JSON-ready data that `--json` prints.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import operator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from . import _core
 from .errors import render
 
 if TYPE_CHECKING:
@@ -57,11 +59,59 @@ def _field_names(cls: type) -> tuple[str, ...]:
 
 
 def _build(cls: type[_R], data: Mapping[str, Any], **overrides: Any) -> _R:
-    """`cls` from the items of `data` that are its fields (and `overrides`)."""
+    """`cls` from the items of `data` that are its fields (and `overrides`); the engine's
+    per-tensor numeric rows become a `TensorRows`."""
     names = _FIELDS.get(cls) or _field_names(cls)
     values = {k: v for k, v in data.items() if k in names}
     values.update(overrides)
+    n = values.get("numerics")
+    if n is not None and isinstance(n["tensors"], _core.TensorNumerics):
+        values["numerics"] = {"tensors": TensorRows(n["tensors"]), "total": n["total"]}
     return cls(**values)
+
+
+class TensorRows(Sequence[Any]):
+    """The per-tensor numeric reports of one file (the engine's `_core.TensorNumerics`) as
+    a read-only sequence of dicts, each built when read; equal to the list it stands for,
+    and pickled as that list."""
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, rows: _core.TensorNumerics) -> None:
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self._rows.row(i) for i in range(*index.indices(len(self._rows)))]
+        index = operator.index(index)
+        n = len(self._rows)
+        if not -n <= index < n:
+            raise IndexError("index out of range")
+        return self._rows.row(index % n)
+
+    def __iter__(self) -> Iterator[Any]:
+        return map(self._rows.row, range(len(self._rows)))
+
+    def tolist(self) -> list[dict[str, Any]]:
+        return list(self)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TensorRows):
+            return other._rows is self._rows or self.tolist() == other.tolist()
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} tensor reports>"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (list, (self.tolist(),))
 
 
 class Notice(str):
@@ -420,9 +470,8 @@ def numeric_parts(n: Numerics) -> list[tuple[str | None, Any]]:
     """The engine's own per-tensor rows of a numeric report, each with its file (None for a
     single file's): what `_core.write_numeric_report` writes from."""
     rows = n["tensors"]
-    if isinstance(rows, FileRows):
-        return list(rows._parts)
-    return [(None, rows)]
+    parts = rows._parts if isinstance(rows, FileRows) else [(None, rows)]
+    return [(rel, r._rows if isinstance(r, TensorRows) else r) for rel, r in parts]
 
 
 def _plain_numerics(n: Numerics | None) -> dict[str, Any] | None:

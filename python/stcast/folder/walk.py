@@ -122,7 +122,11 @@ def plan(
     follow_links: bool = False,
     cancel: CancelFlag | None = None,
 ) -> Plan:
-    """Walk `src` and plan every file, refusing what cannot be converted safely."""
+    """Walk `src` and plan every file, refusing what cannot be converted safely.
+
+    With `check_quantized`, a quantized checkpoint is refused (by the engine, as a single
+    file is: `quantization_config` is the config that makes every file quantized).
+    """
     precision = precision or {}
     weights, indexes, configs, others, dirs, skipped = walk(src, follow_links)
     if not weights:
@@ -154,8 +158,6 @@ def plan(
     # are not kept (a file may hold hundreds of thousands of tensors).
     indexed = {rel for _, _, weight_map in parsed_indexes for rel in weight_map.values()}
     names: dict[str, set[str]] = {}
-    dtypes: dict[str, set[str]] = {}
-    scales: dict[str, str] = {}
     out_data: dict[str, int] = {}
     for w in weights:
         if cancel is not None and cancel.is_set():
@@ -168,26 +170,17 @@ def plan(
             from_bf16=precision.get("from_bf16", False),
             keep_unmatched="ignore",
             on_overflow="warn",
+            # The engine's quantized policy (one for files and folders): it refuses here,
+            # before anything is written, unless allowed.
+            allow_quantized=not check_quantized,
+            quantization_config=None if quantization_config is None else quantization_config.path,
         )
         unmatched = [p for p in unmatched if p in report.keep_unmatched]
         hashes[w.rel] = source_sha256(w.path)
         if w.rel in indexed:
             names[w.rel] = {t.name for t in report.tensors}
-        dtypes[w.rel] = {t.dtype for t in report.tensors}
-        scale = next(
-            (
-                t.name
-                for t in report.tensors
-                if t.reason == "converted" and t.dtype == "F32" and "scale" in t.name.lower()
-            ),
-            None,
-        )
-        if scale is not None:
-            scales[w.rel] = scale
         out_data[w.rel] = sum(t.target_bytes for t in report.tensors)
         info[w.rel] = dataclasses.replace(report, tensors=[])
-    if check_quantized:
-        _check_quantized(weights, dtypes, scales, quantization_config, keep)
 
     for f, _, weight_map in parsed_indexes:
         _check_index(f, weight_map, names)
@@ -535,47 +528,6 @@ def _check_index(f: File, weight_map: dict[str, str], names: dict[str, set[str]]
                 )
 
 
-def _check_quantized(
-    weights: list[File],
-    dtypes_of: dict[str, set[str]],
-    scales: dict[str, str],
-    quantization_config: File | None,
-    keep: list[str],
-) -> None:
-    """Refuse a quantized checkpoint, whose F32 scales would silently become bf16 too.
-
-    A checkpoint is quantized when a config has a `quantization_config` (then I8/U8 weights
-    count too), or when a file holds F8/F6/F4 tensors beside F32 ones. A tensor's name alone
-    never makes it so: ordinary models carry F32 tensors named `scale` and U8 buffers. With
-    keep patterns the user chose what stays: it is then enough that no scale-like F32
-    tensor is still converted.
-    """
-    lowp = set(_core.QUANTIZED_DTYPES)
-    why = None
-    where = None
-    if quantization_config is not None:
-        why, where = "its config has a quantization_config", quantization_config.path
-    else:
-        for w in weights:
-            dtypes = dtypes_of[w.rel]
-            if dtypes & lowp and "F32" in dtypes:
-                odd = ", ".join(sorted(dtypes & lowp))
-                why, where = f"it holds {odd} tensors beside F32 ones", w.path
-                break
-    if why is None or where is None:
-        return
-    if not keep:
-        raise _quantized_error(where, why)
-    for w in weights:
-        scale = scales.get(w.rel)
-        if scale is not None:
-            raise _quantized_error(
-                w.path,
-                f"{why}, and tensor `{_esc(scale)}` looks like a scale that no "
-                "{keep} pattern keeps",
-            )
-
-
 def _has_quantization_config(doc: Any) -> bool:
     if isinstance(doc, dict):
         if doc.get("quantization_config") is not None:
@@ -584,15 +536,6 @@ def _has_quantization_config(doc: Any) -> bool:
     if isinstance(doc, list):
         return any(_has_quantization_config(v) for v in doc)
     return False
-
-
-def _quantized_error(path: str, why: str) -> Refused:
-    return Refused(
-        f"{_esc(path)}: quantized checkpoint ({why}): converting it would silently round its "
-        "F32 scale tensors to bf16 too; keep them with {keep=*scale*}, or convert anyway "
-        "with {allow_quantized}",
-        path=path,
-    )
 
 
 class _Sized(Protocol):
