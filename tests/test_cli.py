@@ -463,9 +463,6 @@ def test_quantized_file_is_refused(tmp_path, run_main):
     assert (rc, out, err) == (0, "", "")
 
 
-@pytest.mark.xfail(
-    strict=True, reason="_api.convert does not yet forward allow_quantized for single files"
-)
 def test_quantized_file_allowed_warns(tmp_path, run_main):
     src = write_safetensors(tmp_path / "in.safetensors", QUANTIZED)
     rc, out, err = run_main(

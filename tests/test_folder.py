@@ -806,9 +806,6 @@ def test_quantized_checkpoints_are_refused(tmp_path, rng, run_main):
     assert_refused_cleanly(tmp_path, src, tmp_path / "o", r"fp8\.safetensors.*F8_E4M3", "refused")
 
 
-@pytest.mark.xfail(
-    strict=True, reason="folder/work.py does not yet forward allow_quantized to the engine"
-)
 def test_quantized_checkpoints_convert_when_allowed(tmp_path, rng):
     src = make_hf_model(tmp_path / "m", rng)
     cfg = dict(HF_CONFIG, quantization_config={"quant_method": "fp8", "dtype": "float8"})

@@ -94,12 +94,6 @@ def test_real_torch_fixtures_convert_exactly(tmp_path, request, name, to):
     if name == "dtypes.pt" and to != "keep":
         # Every dtype: F8 beside F32, a quantized checkpoint, converted only when allowed.
         options["allow_quantized"] = True
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="_api.convert does not yet forward allow_quantized for single files",
-            )
-        )
     report = stcast.convert(src, dst, to=to, **options)
     got = tensor_bytes(dst)
     assert list(got) == sorted(got, key=list(got).index)  # (dict order: the file's)

@@ -77,16 +77,9 @@ def test_1_quantized_checkpoints_are_still_refused(tmp_path, run_main, case):
     assert not (tmp_path / "q-bf16").exists()
 
 
-# The folder's files are converted one by one, each judged by the engine again: that needs
-# folder/work.py to forward allow_quantized (the whole folder was judged in walk.plan).
-_UNWIRED = pytest.mark.xfail(
-    strict=True, reason="folder/work.py does not yet forward allow_quantized to the engine"
-)
-
-
 @pytest.mark.parametrize(
     "case",
-    ["config", pytest.param("f8_beside_f32", marks=_UNWIRED), "i8_with_config"],
+    ["config", "f8_beside_f32", "i8_with_config"],
 )
 def test_1_quantized_checkpoints_convert_when_allowed(tmp_path, run_main, case):
     src = _quantized_folder(tmp_path, case)

@@ -95,7 +95,7 @@ def convert(
         shard: folders: `(i, n)` converts only the i-th of n subsets of the weight files
             (1-based, the same split on every machine); `finalize(src, dst)` completes the
             folder once all n ran.
-        allow_quantized: folders: convert a quantized checkpoint anyway (its F32 scales
+        allow_quantized: convert a quantized checkpoint anyway (its F32 scales
             become bf16 too).
         file_progress: folders: called as `file_progress(path, done, total)` per file.
         keep: fnmatch patterns (`*`, `?`, `[seq]`, `[!seq]`; case-sensitive) on tensor names:
@@ -210,6 +210,7 @@ def convert(
         cancel=cancel,
         keep_unmatched="error" if o.strict else "warn",
         report=_report(o).report,
+        allow_quantized=o.allow_quantized,
         **o.source,
         stacklevel=2,
     )
@@ -295,6 +296,8 @@ def inspect(
         target = _file_dst(path, target, _target(o))
         # The checks `convert` makes before writing, failing as it would.
         extra.update(dst=target, force=o.force, keep_unmatched="error" if o.strict else "warn")
+        # A plain inspect only warns of a quantized checkpoint; a dry run refuses as convert.
+        extra["allow_quantized"] = o.allow_quantized
         if o.report is not None:
             extra["report"] = _report(o).report
     planned = _engine.inspect_file(path, o, scan=o.scan, progress=progress, **o.source, **extra)

@@ -11,7 +11,6 @@ import contextlib
 import gc
 import os
 import warnings as _warnings
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _core
@@ -26,9 +25,6 @@ from .reports import (
     _build,
 )
 from .reports import notices as _notices
-
-# The engine's lazy per-tensor rows are a read-only sequence.
-Sequence.register(_core.TensorNumerics)
 
 # Engine names the package passes on.
 escape = _core.escape

@@ -491,7 +491,7 @@ def _add_folder_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--allow-quantized",
         action="store_true",
-        help="folders: convert a quantized checkpoint anyway (its F32 scales become bf16 too)",
+        help="convert a quantized checkpoint anyway (its F32 scales become bf16 too)",
     )
     p.add_argument(
         "--follow-links",

@@ -105,7 +105,15 @@ def prepare(
     )
     if max_shard_size is not None:
         plan.reshard = _reshard.plan(
-            plan, max_shard_size, to, precision, keep_names, cancel, source=source, name=name
+            plan,
+            max_shard_size,
+            to,
+            precision,
+            keep_names,
+            cancel,
+            source=source,
+            name=name,
+            allow_quantized=given.allow_quantized or os.path.isdir(src),
         )
         plan.keep_unmatched = plan.reshard.keep_unmatched
         _reshard.check_not_the_input(src_id, dst, plan.reshard)

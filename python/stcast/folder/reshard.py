@@ -169,8 +169,11 @@ def plan(
     *,
     source: dict[str, Any] | None = None,
     name: str | None = None,
+    allow_quantized: bool = True,
 ) -> Reshard:
     """Plan every group of `walked` into output shards of at most `max_size` bytes.
+    `allow_quantized=False` has the engine refuse a quantized group (a lone file's only
+    check: a folder's files were judged by `walk.plan`).
 
     With `on_overflow="keep"` the tensors that would overflow are found first (a read of
     the float tensors, as `convert` makes), unless `keep_names` gives them: which tensors
@@ -200,6 +203,7 @@ def plan(
             to=to,
             **precision,
             keep_names=names,
+            allow_quantized=allow_quantized,
         )
         first = g.inputs[0].source_rel
         reshard.warnings += [Notice(kind, text, first) for kind, text in planned["warnings"]]

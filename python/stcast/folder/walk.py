@@ -165,11 +165,9 @@ def plan(
         report = _engine.inspect_file(
             w.path,
             to=to,
-            keep=keep,
-            keep_min_size=precision.get("keep_min_size", 0),
-            from_bf16=precision.get("from_bf16", False),
+            # The precision options as the manifest records them; overflow only measured.
+            **{**precision, "on_overflow": "warn"},
             keep_unmatched="ignore",
-            on_overflow="warn",
             # The engine's quantized policy (one for files and folders): it refuses here,
             # before anything is written, unless allowed.
             allow_quantized=not check_quantized,

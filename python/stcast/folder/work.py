@@ -156,6 +156,8 @@ class FileItem:
             # As the manifest records them (the folder's checks ran with these).
             **run.given.precision,
             keep_unmatched="ignore",
+            # walk.plan judged the whole folder's quantization (its config included).
+            allow_quantized=True,
             tuning=run.given.tuning,
             warn_path=self.file.source_rel,
             # The user's call: convert, convert_folder, convert_items, here.
@@ -250,6 +252,8 @@ class ShardItem:
                 to=run.to,
                 **precision,
                 keep_names=self.keep_names,
+                # The re-sharding plan judged the group's quantization (reshard.plan).
+                allow_quantized=True,
                 threads=run.given.threads,
                 force=replaces is not None,
                 replaces=replaces if isinstance(replaces, tuple) else None,
