@@ -322,6 +322,39 @@ impl Settings {
             tuning,
         })
     }
+
+    /// These settings for a re-sharded group's work (`shard::Group`): it was opened with
+    /// its input options, and its report (of unmatched tensors too) is the folder's.
+    fn shard(&self) -> Settings {
+        Settings {
+            keep_unmatched: Unmatched::Ignore,
+            key: None,
+            strip_prefix: Vec::new(),
+            report: None,
+            allow_copy: true,
+            ..self.clone()
+        }
+    }
+
+    /// The options of a re-sharded group's plan (`shard::Group::plan`).
+    pub fn shard_plan(&self) -> crate::Result<PlanOptions> {
+        self.shard().plan()
+    }
+
+    /// The options of an output shard's conversion (`shard::Group::task`).
+    pub fn shard_convert(&self, tuning: Tuning) -> crate::Result<Options> {
+        self.shard().convert(tuning)
+    }
+
+    /// The options of an output shard's verification (`shard::Group::verifier`).
+    pub fn shard_verify(&self, tuning: Tuning) -> crate::Result<VerifyOptions> {
+        let force = false;
+        Settings {
+            force,
+            ..self.shard()
+        }
+        .verify(tuning)
+    }
 }
 
 #[cfg(test)]

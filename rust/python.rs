@@ -14,42 +14,32 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{IntoPyDict, PyDict};
 
-use crate::convert::{Knobs, Options, Tuning};
+use crate::convert::{Knobs, Tuning};
 use crate::error::Error;
 use crate::given::{Exports, Given, Settings};
 use crate::input::InputOptions;
 use crate::numerics::Numerics;
 use crate::output::{self, Replace};
-use crate::plan::PlanOptions;
 use crate::shard::{self, Group};
 use crate::task::{ConvertTask, InspectTask, Task};
 use crate::text;
-use crate::verify::{Verifier, VerifyOptions, VerifyReport};
+use crate::verify::{Verifier, VerifyOptions};
 use crate::vocab::{ErrorKind, OptionName, Side, Taken, Target, Unmatched};
 use crate::VERSION;
 
-/// What `stcast.errors` hands over at import (`_set_exceptions`): for each error kind, the
-/// class (or, for `io` and `cancelled`, the factory) of its exception, called as
-/// `f(template, *, message, path, tensor, option, errno)`.
-#[derive(FromPyObject)]
-#[pyo3(from_item_all)]
-struct Exceptions {
-    invalid_input: Py<PyAny>,
-    input_changed: Py<PyAny>,
-    refused: Py<PyAny>,
-    destination_exists: Py<PyAny>,
-    no_space: Py<PyAny>,
-    usage: Py<PyAny>,
-    io: Py<PyAny>,
-    cancelled: Py<PyAny>,
-}
+/// What `stcast.errors` hands over at import (`_set_exceptions`), in `ErrorKind::ALL`
+/// order: for each error kind, the class (or, for `io` and `cancelled`, the factory) of its
+/// exception, called as `f(template, *, message, path, tensor, option, errno)`.
+static EXCEPTIONS: PyOnceLock<Vec<Py<PyAny>>> = PyOnceLock::new();
 
-static EXCEPTIONS: PyOnceLock<Exceptions> = PyOnceLock::new();
-
-/// Called once, by `stcast.errors` (a second call keeps the first classes).
+/// Called once, by `stcast.errors` with each kind by name (a second call keeps the first).
 #[pyfunction]
-fn _set_exceptions(py: Python<'_>, classes: Exceptions) {
-    let _ = EXCEPTIONS.set(py, classes);
+fn _set_exceptions(py: Python<'_>, classes: &Bound<'_, PyAny>) -> PyResult<()> {
+    let classes = ErrorKind::ALL
+        .iter()
+        .map(|k| Ok(classes.get_item(k.name())?.unbind()));
+    let _ = EXCEPTIONS.set(py, classes.collect::<PyResult<_>>()?);
+    Ok(())
 }
 
 /// The Python exception for an engine error (a Ctrl-C that arrived meanwhile wins, unless
@@ -64,16 +54,7 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
         let Some(x) = EXCEPTIONS.get(py) else {
             return Ok(PyRuntimeError::new_err(e.message()));
         };
-        let class = match e.kind() {
-            ErrorKind::InvalidInput => &x.invalid_input,
-            ErrorKind::InputChanged => &x.input_changed,
-            ErrorKind::Refused => &x.refused,
-            ErrorKind::DestinationExists => &x.destination_exists,
-            ErrorKind::NoSpace => &x.no_space,
-            ErrorKind::Usage => &x.usage,
-            ErrorKind::Io => &x.io,
-            ErrorKind::Cancelled => &x.cancelled,
-        };
+        let class = &x[e.kind() as usize];
         let kwargs = [
             ("message", e.message().into_pyobject(py)?.into_any()),
             ("path", e.path().map(|p| p.as_os_str()).into_pyobject(py)?),
@@ -271,17 +252,16 @@ impl Read for Unmatched {
 }
 
 /// The keywords of an engine call (`**options`, as `stcast._engine` and the folder code
-/// pass them) read into the engine's `given::Settings`, and `tuning=`: an absent or None
-/// one is the default, an unknown one a TypeError.
-struct Opts {
-    settings: Settings,
-    tuning: Tuning,
-}
-
+/// pass them) read into the engine's `given::Settings`, and `tuning=`, made into the
+/// engine's options by `make` (a `Settings` method): an absent or None keyword is the
+/// default, an unknown one a TypeError.
 macro_rules! options {
     ($($name:ident),* $(,)?) => {
-        impl Opts {
-            fn of(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Opts> {
+            fn read_options<T>(
+                py: Python<'_>,
+                kwargs: Option<&Bound<'_, PyDict>>,
+                make: impl FnOnce(&Settings, Tuning) -> crate::Result<T>,
+            ) -> PyResult<T> {
                 let (mut s, mut knobs) = (Settings::default(), None);
                 for (k, v) in kwargs.into_iter().flat_map(|d| d.iter()) {
                     let given = !v.is_none();
@@ -295,10 +275,8 @@ macro_rules! options {
                         }
                     }
                 }
-                let tuning = tuning(knobs.as_ref())?;
-                Ok(Opts { settings: s, tuning })
+                make(&s, tuning(knobs.as_ref())?).map_err(|e| to_py(py, e))
             }
-        }
     };
 }
 
@@ -306,20 +284,6 @@ options! {
     to, threads, force, keep, keep_min_size, keep_unmatched, from_bf16, keep_names, on_overflow,
     numerics, report, replaces, allow_copy, key, strip_prefix, loose, allow_quantized,
     quantization_config,
-}
-
-impl Opts {
-    fn plan(&self, py: Python<'_>) -> PyResult<PlanOptions> {
-        self.settings.plan().map_err(|e| to_py(py, e))
-    }
-
-    fn convert(self, py: Python<'_>) -> PyResult<Options> {
-        self.settings.convert(self.tuning).map_err(|e| to_py(py, e))
-    }
-
-    fn verify(self, py: Python<'_>) -> PyResult<VerifyOptions> {
-        self.settings.verify(self.tuning).map_err(|e| to_py(py, e))
-    }
 }
 
 /// The callbacks of a call, stepping by the tuning's step.
@@ -350,7 +314,7 @@ fn py_convert<'py>(
     warn: Option<Bound<'py, PyAny>>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let opts = Opts::of(options)?.convert(py)?;
+    let opts = read_options(py, options, Settings::convert)?;
     let hooks = hooks(opts.tuning.step, progress, cancel, warn);
     let task = hooks.run(py, || ConvertTask::new(&src, &dst, &opts))?;
     finish_convert(py, &hooks, task, opts.numerics)
@@ -420,8 +384,7 @@ impl ShardGroup {
         max_size: u64,
         options: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let mut opts = Opts::of(options)?.plan(py)?;
-        opts.unmatched = Unmatched::Ignore;
+        let opts = read_options(py, options, |s, _| s.shard_plan())?;
         let plan = guarded(py, || self.group.plan(max_size, &opts))?;
         crossed(py, &self.group.rows(&plan), &[])
     }
@@ -444,10 +407,7 @@ fn convert_shard<'py>(
     warn: Option<Bound<'py, PyAny>>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let mut opts = Opts::of(options)?.convert(py)?;
-    // The group was opened with its input options; its report is the folder's.
-    (opts.plan.unmatched, opts.input, opts.report) = (Unmatched::Ignore, Default::default(), None);
-    opts.allow_copy = true;
+    let opts = read_options(py, options, Settings::shard_convert)?;
     let hooks = hooks(opts.tuning.step, progress, cancel, warn);
     let group = &group.get().group;
     let task = hooks.run(py, || group.task(&names, indexed, &dst, &opts))?;
@@ -465,14 +425,10 @@ fn verify_shard<'py>(
     progress: Option<Bound<'py, PyAny>>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let mut opts = Opts::of(options)?.verify(py)?;
-    (opts.input, opts.report, opts.force) = (Default::default(), None, false);
+    let opts = read_options(py, options, Settings::shard_verify)?;
     let group = &group.get().group;
-    let mut verifier = guarded(py, || group.verifier(&dst, indexed, &opts))?;
-    let hooks = hooks(opts.tuning.step, progress, None, None);
-    hooks.drive(py, &mut verifier)?;
-    let report = guarded(py, move || verifier.finish())?;
-    verify_dict(py, &report, opts.numerics)
+    let verifier = guarded(py, || group.verifier(&dst, indexed, &opts))?;
+    finish_verify(py, progress, verifier, &opts)
 }
 
 /// A size option (`max_shard_size`): a whole number of bytes, or a string with a unit
@@ -585,21 +541,8 @@ fn py_inspect<'py>(
     progress: Option<Bound<'py, PyAny>>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let o = Opts::of(options)?;
-    let opts = o
-        .settings
-        .inspect(o.tuning, dst.is_some())
-        .map_err(|e| to_py(py, e))?;
-    let mut task = guarded(py, || {
-        InspectTask::new(
-            &path,
-            &opts.plan,
-            scan,
-            opts.on_overflow,
-            &opts,
-            dst.as_deref(),
-        )
-    })?;
+    let opts = read_options(py, options, |s, t| s.inspect(t, dst.is_some()))?;
+    let mut task = guarded(py, || InspectTask::new(&path, scan, &opts, dst.as_deref()))?;
     let hooks = hooks(opts.tuning.step, progress, None, None);
     hooks.drive(py, &mut task)?;
     let found = guarded(py, move || task.finish())?;
@@ -615,24 +558,25 @@ fn py_verify<'py>(
     progress: Option<Bound<'py, PyAny>>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let opts = Opts::of(options)?.verify(py)?;
-    let mut verifier = guarded(py, || Verifier::open(&src, &dst, &opts))?;
-    let hooks = hooks(opts.tuning.step, progress, None, None);
-    hooks.drive(py, &mut verifier)?;
-    let report = guarded(py, move || verifier.finish())?;
-    verify_dict(py, &report, opts.numerics)
+    let opts = read_options(py, options, Settings::verify)?;
+    let verifier = guarded(py, || Verifier::open(&src, &dst, &opts))?;
+    finish_verify(py, progress, verifier, &opts)
 }
 
-fn verify_dict<'py>(
+/// Step a verification to its end; its report as a dict.
+fn finish_verify<'py>(
     py: Python<'py>,
-    r: &VerifyReport,
-    numerics: bool,
+    progress: Option<Bound<'py, PyAny>>,
+    mut verifier: Verifier,
+    opts: &VerifyOptions,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let d = crossed(py, r, &[("src", &r.src), ("dst", &r.dst)])?;
+    hooks(opts.tuning.step, progress, None, None).drive(py, &mut verifier)?;
+    let r = guarded(py, move || verifier.finish())?;
+    let d = crossed(py, &r, &[("src", &r.src), ("dst", &r.dst)])?;
     d.set_item("ok", r.is_ok())?;
     // Only a verified pair has the numbers of a conversion.
     let measured =
-        (numerics && r.is_ok()).then(|| numerics_dict(py, &r.numerics, &r.numerics_total));
+        (opts.numerics && r.is_ok()).then(|| numerics_dict(py, &r.numerics, &r.numerics_total));
     d.set_item("numerics", measured.transpose()?)?;
     Ok(d)
 }
@@ -818,6 +762,13 @@ fn failpoint(py: Python<'_>, name: &str) -> PyResult<()> {
         .map_err(|e| to_py(py, Error::io(std::path::Path::new(name), "failpoint", e)))
 }
 
+/// Add each `#[pyfunction]` to the module.
+macro_rules! add_functions {
+    ($m:ident: $($f:ident),* $(,)?) => {
+        $($m.add_function(wrap_pyfunction!($f, $m)?)?;)*
+    };
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -827,28 +778,12 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     for (name, value) in exports.cast_into::<PyDict>()?.iter() {
         m.add(name.cast_into::<pyo3::types::PyString>()?, value)?;
     }
-    m.add_function(wrap_pyfunction!(_set_exceptions, m)?)?;
-    m.add_function(wrap_pyfunction!(py_convert, m)?)?;
-    m.add_function(wrap_pyfunction!(py_inspect, m)?)?;
-    m.add_function(wrap_pyfunction!(py_verify, m)?)?;
-    m.add_function(wrap_pyfunction!(render, m)?)?;
-    m.add_function(wrap_pyfunction!(format_bytes, m)?)?;
-    m.add_function(wrap_pyfunction!(escape, m)?)?;
-    m.add_function(wrap_pyfunction!(option_error, m)?)?;
-    m.add_function(wrap_pyfunction!(target_name, m)?)?;
-    m.add_function(wrap_pyfunction!(failpoint, m)?)?;
-    m.add_function(wrap_pyfunction!(write_file, m)?)?;
-    m.add_function(wrap_pyfunction!(copy_file, m)?)?;
-    m.add_function(wrap_pyfunction!(write_numeric_report, m)?)?;
-    m.add_function(wrap_pyfunction!(check_side_output, m)?)?;
     m.add_class::<ShardGroup>()?;
-    m.add_function(wrap_pyfunction!(convert_shard, m)?)?;
-    m.add_function(wrap_pyfunction!(verify_shard, m)?)?;
-    m.add_function(wrap_pyfunction!(parse_size, m)?)?;
-    m.add_function(wrap_pyfunction!(check_name, m)?)?;
-    m.add_function(wrap_pyfunction!(shard_file_name, m)?)?;
-    m.add_function(wrap_pyfunction!(index_file_name, m)?)?;
-    m.add_function(wrap_pyfunction!(check_folder, m)?)?;
-    m.add_function(wrap_pyfunction!(read_header, m)?)?;
+    add_functions! {
+        m: _set_exceptions, py_convert, py_inspect, py_verify, render, format_bytes, escape,
+        option_error, target_name, failpoint, write_file, copy_file, write_numeric_report,
+        check_side_output, convert_shard, verify_shard, parse_size, check_name,
+        shard_file_name, index_file_name, check_folder, read_header,
+    }
     Ok(())
 }
