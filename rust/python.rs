@@ -174,7 +174,7 @@ impl<'py> Hooks<'py> {
     }
 }
 
-/// A Python value as the engine checks an option's value (`vocab::Given`).
+/// A Python value as the engine checks an option's value (`given::Given`).
 fn given(v: &Bound<'_, PyAny>) -> Given {
     let repr = v.repr().map_or_else(|_| "?".to_string(), |r| r.to_string());
     let is_bool = v.is_instance_of::<pyo3::types::PyBool>();
@@ -182,6 +182,22 @@ fn given(v: &Bound<'_, PyAny>) -> Given {
         text: v.extract().ok(),
         whole: if is_bool { None } else { v.extract().ok() },
         repr,
+    }
+}
+
+impl FromPyObject<'_, '_> for Given {
+    type Error = PyErr;
+    fn extract(v: Borrowed<'_, '_, PyAny>) -> PyResult<Given> {
+        Ok(given(&v))
+    }
+}
+
+impl FromPyObject<'_, '_> for Unmatched {
+    type Error = PyErr;
+    fn extract(v: Borrowed<'_, '_, PyAny>) -> PyResult<Unmatched> {
+        let msg = || format!("keep_unmatched must be one of {:?}", Unmatched::NAMES);
+        let name = v.extract::<String>()?;
+        Unmatched::from_name(&name).ok_or_else(|| PyValueError::new_err(msg()))
     }
 }
 
@@ -215,68 +231,32 @@ fn tuning(v: Option<&Bound<'_, PyDict>>) -> PyResult<Tuning> {
     Tuning::new(&knobs).map_err(PyValueError::new_err)
 }
 
-/// Reading a keyword's Python value into the `Settings` field it sets.
-trait Read: Sized {
-    fn read(v: &Bound<'_, PyAny>) -> PyResult<Self>;
-}
-
-macro_rules! read_by_extract {
-    ($($t:ty),*) => {$(
-        impl Read for $t {
-            fn read(v: &Bound<'_, PyAny>) -> PyResult<Self> {
-                v.extract()
-            }
-        }
-    )*};
-}
-
-read_by_extract! {
-    bool, Vec<String>, Option<String>, Option<PathBuf>, Option<(u64, u64)>, Option<bool>
-}
-
-impl Read for Option<Given> {
-    fn read(v: &Bound<'_, PyAny>) -> PyResult<Self> {
-        Ok(Some(given(v)))
-    }
-}
-
-impl Read for Unmatched {
-    fn read(v: &Bound<'_, PyAny>) -> PyResult<Self> {
-        Unmatched::from_name(&v.extract::<String>()?).ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "keep_unmatched must be one of {:?}",
-                Unmatched::NAMES
-            ))
-        })
-    }
-}
-
 /// The keywords of an engine call (`**options`, as `stcast._engine` and the folder code
 /// pass them) read into the engine's `given::Settings`, and `tuning=`, made into the
 /// engine's options by `make` (a `Settings` method): an absent or None keyword is the
 /// default, an unknown one a TypeError.
 macro_rules! options {
     ($($name:ident),* $(,)?) => {
-            fn read_options<T>(
-                py: Python<'_>,
-                kwargs: Option<&Bound<'_, PyDict>>,
-                make: impl FnOnce(&Settings, Tuning) -> crate::Result<T>,
-            ) -> PyResult<T> {
-                let (mut s, mut knobs) = (Settings::default(), None);
-                for (k, v) in kwargs.into_iter().flat_map(|d| d.iter()) {
-                    let given = !v.is_none();
-                    match k.extract::<String>()?.as_str() {
-                        $(stringify!($name) if given => s.$name = Read::read(&v)?,)*
-                        "tuning" if given => knobs = Some(v.cast_into::<PyDict>()?),
-                        $(stringify!($name))|* | "tuning" => {}
-                        k => {
-                            let msg = format!("unexpected keyword argument {k:?}");
-                            return Err(pyo3::exceptions::PyTypeError::new_err(msg));
-                        }
+        fn read_options<T>(
+            py: Python<'_>,
+            kwargs: Option<&Bound<'_, PyDict>>,
+            make: impl FnOnce(&Settings, Tuning) -> crate::Result<T>,
+        ) -> PyResult<T> {
+            let (mut s, mut knobs) = (Settings::default(), None);
+            for (k, v) in kwargs.into_iter().flat_map(|d| d.iter()) {
+                let given = !v.is_none();
+                match k.extract::<String>()?.as_str() {
+                    $(stringify!($name) if given => s.$name = v.extract()?,)*
+                    "tuning" if given => knobs = Some(v.cast_into::<PyDict>()?),
+                    $(stringify!($name))|* | "tuning" => {}
+                    k => {
+                        let msg = format!("unexpected keyword argument {k:?}");
+                        return Err(pyo3::exceptions::PyTypeError::new_err(msg));
                     }
                 }
-                make(&s, tuning(knobs.as_ref())?).map_err(|e| to_py(py, e))
             }
+            make(&s, tuning(knobs.as_ref())?).map_err(|e| to_py(py, e))
+        }
     };
 }
 
@@ -584,18 +564,12 @@ fn finish_verify<'py>(
 /// How to publish over an existing name: None (never), "any", or (dev, ino) of the file
 /// stcast wrote there.
 fn replace_policy(v: Option<&Bound<'_, PyAny>>) -> PyResult<Replace> {
-    match v {
+    match v.filter(|v| !v.is_none()) {
         None => Ok(Replace::No),
-        Some(v) if v.is_none() => Ok(Replace::No),
+        Some(v) if v.extract::<String>().is_ok_and(|s| s == "any") => Ok(Replace::Any),
         Some(v) => {
-            if let Ok(s) = v.extract::<String>() {
-                if s == "any" {
-                    return Ok(Replace::Any);
-                }
-            }
-            let (dev, ino): (u64, u64) = v.extract().map_err(|_| {
-                PyValueError::new_err("replace must be None, \"any\" or (dev, ino)")
-            })?;
+            let msg = "replace must be None, \"any\" or (dev, ino)";
+            let (dev, ino) = v.extract().map_err(|_| PyValueError::new_err(msg))?;
             Ok(Replace::Same { dev, ino })
         }
     }
@@ -617,7 +591,7 @@ fn write_file<'py>(
     let hooks = hooks(Tuning::default().step, None, cancel, None);
     // A stop request that interrupted the write (EINTR) wins over the error it caused.
     let p = hooks.run(py, || output::write_file(&path, &data, replace, tag))?;
-    Ok((p.dev, p.ino, p.size))
+    Ok(p.into())
 }
 
 /// Copy the regular file `src` to `dst` atomically, exactly its size, in bounded steps.
@@ -638,7 +612,7 @@ fn copy_file<'py>(
     let mut copy = hooks.run(py, || output::Copy::new(&src, &dst, replace, tag))?;
     hooks.drive(py, &mut copy)?;
     let p = hooks.run(py, move || copy.finish())?;
-    Ok((p.dev, p.ino, p.size))
+    Ok(p.into())
 }
 
 /// Write the numeric report of a folder to `path`, atomically, from the engine's own rows:
@@ -664,7 +638,7 @@ fn write_numeric_report<'py>(
     let bytes = crate::report::files_report(&src, &dst, target, &parts);
     let replace = replace_policy(replace)?;
     let p = guarded(py, || output::write_file(&path, &bytes, replace, ""))?;
-    Ok((p.dev, p.ino, p.size))
+    Ok(p.into())
 }
 
 /// Check a side output's path before any work (`output::check_side_path`): `taken` are
@@ -672,30 +646,25 @@ fn write_numeric_report<'py>(
 /// policy for `write_file`.
 #[pyfunction]
 #[pyo3(signature = (path, role, force, taken))]
-fn check_side_output<'py>(
-    py: Python<'py>,
+fn check_side_output(
+    py: Python<'_>,
     path: PathBuf,
     role: &str,
     force: bool,
     taken: Vec<(PathBuf, String)>,
-) -> PyResult<Bound<'py, PyAny>> {
-    let bad =
-        |what: &str, names: &[&str]| PyValueError::new_err(format!("{what}: one of {names:?}"));
-    let role = Side::from_name(role).ok_or_else(|| bad("role", Side::NAMES))?;
+) -> PyResult<Option<&'static str>> {
+    let role = named("role", role, Side::from_name, Side::NAMES)?;
     let taken = taken
         .into_iter()
-        .map(|(p, w)| {
-            Ok((
-                p,
-                Taken::from_name(&w).ok_or_else(|| bad("taken", Taken::NAMES))?,
-            ))
-        })
-        .collect::<PyResult<Vec<_>>>()?;
+        .map(|(p, w)| Ok((p, named("taken", &w, Taken::from_name, Taken::NAMES)?)));
+    let taken = taken.collect::<PyResult<Vec<_>>>()?;
     let replace = guarded(py, || output::check_side_path(&path, role, force, &taken))?;
-    Ok(match replace {
-        Replace::No => py.None().into_bound(py),
-        _ => "any".into_pyobject(py)?.into_any(),
-    })
+    Ok((!matches!(replace, Replace::No)).then_some("any"))
+}
+
+/// A name of the engine's vocabulary (`from_name`), or a ValueError naming `what`.
+fn named<T>(what: &str, name: &str, from: fn(&str) -> Option<T>, names: &[&str]) -> PyResult<T> {
+    from(name).ok_or_else(|| PyValueError::new_err(format!("{what}: one of {names:?}")))
 }
 
 /// Render a message template, calling `option(name, value)` for each placeholder.
