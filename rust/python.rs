@@ -20,6 +20,7 @@ use crate::given::{Exports, Given, Settings};
 use crate::input::InputOptions;
 use crate::numerics::Numerics;
 use crate::output::{self, Replace};
+use crate::report::NumericsRow;
 use crate::shard::{self, Group};
 use crate::task::{ConvertTask, InspectTask, Task};
 use crate::text;
@@ -35,10 +36,11 @@ static EXCEPTIONS: PyOnceLock<Vec<Py<PyAny>>> = PyOnceLock::new();
 /// Called once, by `stcast.errors` with each kind by name (a second call keeps the first).
 #[pyfunction]
 fn _set_exceptions(py: Python<'_>, classes: &Bound<'_, PyAny>) -> PyResult<()> {
-    let classes = ErrorKind::ALL
-        .iter()
-        .map(|k| Ok(classes.get_item(k.name())?.unbind()));
-    let _ = EXCEPTIONS.set(py, classes.collect::<PyResult<_>>()?);
+    let class = |k: &ErrorKind| Ok(classes.get_item(k.name())?.unbind());
+    let _ = EXCEPTIONS.set(
+        py,
+        ErrorKind::ALL.iter().map(class).collect::<PyResult<_>>()?,
+    );
     Ok(())
 }
 
@@ -55,14 +57,12 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
             return Ok(PyRuntimeError::new_err(e.message()));
         };
         let class = &x[e.kind() as usize];
+        let option = e.option().map(OptionName::name);
         let kwargs = [
             ("message", e.message().into_pyobject(py)?.into_any()),
             ("path", e.path().map(|p| p.as_os_str()).into_pyobject(py)?),
             ("tensor", e.tensor().into_pyobject(py)?),
-            (
-                "option",
-                e.option().map(OptionName::name).into_pyobject(py)?,
-            ),
+            ("option", option.into_pyobject(py)?),
             ("errno", e.errno().into_pyobject(py)?),
         ]
         .into_py_dict(py)?;
@@ -77,26 +77,22 @@ fn guarded<T: Send>(py: Python<'_>, f: impl FnOnce() -> crate::Result<T> + Send)
     match py.detach(|| catch_unwind(AssertUnwindSafe(f))) {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(to_py(py, e)),
-        Err(panic) => {
-            let msg = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            Err(PyRuntimeError::new_err(format!(
-                "internal error (please report it): {msg}"
-            )))
-        }
+        Err(panic) => Err(PyRuntimeError::new_err(crate::error::panic_message(
+            &*panic,
+        ))),
     }
 }
+
+/// A callback the caller may give (`progress`, `cancel`, `warn`).
+type Hook<'py> = Option<Bound<'py, PyAny>>;
 
 /// The callbacks a task reports to between steps.
 struct Hooks<'py> {
     /// Source bytes per step (`Tuning::step`).
     step: u64,
-    progress: Option<Bound<'py, PyAny>>,
-    cancel: Option<Bound<'py, PyAny>>,
-    warn: Option<Bound<'py, PyAny>>,
+    progress: Hook<'py>,
+    cancel: Hook<'py>,
+    warn: Hook<'py>,
     /// `progress` was told `(total, total)`: the visits after the last step (sealing,
     /// publishing) do not tell it again, so that a caller hears of the end once.
     ended: Cell<bool>,
@@ -106,10 +102,8 @@ impl<'py> Hooks<'py> {
     /// Ctrl-C, the cancel flag, warnings, then progress (any of which may raise).
     fn visit(&self, py: Python<'py>, task: &mut impl Task) -> PyResult<()> {
         py.check_signals()?;
-        if let Some(c) = &self.cancel {
-            if c.call_method0("is_set")?.is_truthy()? {
-                return Err(to_py(py, Error::Cancelled));
-            }
+        if self.cancelled()? {
+            return Err(to_py(py, Error::Cancelled));
         }
         for w in task.take_warnings() {
             if let Some(f) = &self.warn {
@@ -161,16 +155,18 @@ impl<'py> Hooks<'py> {
             if let Err(stop) = py.check_signals() {
                 return stop;
             }
-            match &self.cancel {
-                Some(c)
-                    if c.call_method0("is_set")
-                        .is_ok_and(|v| v.is_truthy().unwrap_or(false)) =>
-                {
-                    to_py(py, Error::Cancelled)
-                }
+            match self.cancelled() {
+                Ok(true) => to_py(py, Error::Cancelled),
                 _ => e,
             }
         })
+    }
+
+    /// Whether the caller's cancel flag is set.
+    fn cancelled(&self) -> PyResult<bool> {
+        self.cancel
+            .as_ref()
+            .map_or(Ok(false), |c| c.call_method0("is_set")?.is_truthy())
     }
 }
 
@@ -204,14 +200,10 @@ impl FromPyObject<'_, '_> for Unmatched {
 /// An optional value's check, or the default when absent.
 fn check<T>(
     py: Python<'_>,
-    v: Option<&Bound<'_, PyAny>>,
-    default: T,
+    v: &Bound<'_, PyAny>,
     f: impl FnOnce(&Given) -> crate::Result<T>,
 ) -> PyResult<T> {
-    match v {
-        None => Ok(default),
-        Some(v) => f(&given(v)).map_err(|e| to_py(py, e)),
-    }
+    f(&given(v)).map_err(|e| to_py(py, e))
 }
 
 /// The knobs of `tuning=` (benchmarks; `convert::Knobs`, `Tuning::new`). They change speed
@@ -267,12 +259,7 @@ options! {
 }
 
 /// The callbacks of a call, stepping by the tuning's step.
-fn hooks<'py>(
-    step: u64,
-    progress: Option<Bound<'py, PyAny>>,
-    cancel: Option<Bound<'py, PyAny>>,
-    warn: Option<Bound<'py, PyAny>>,
-) -> Hooks<'py> {
+fn hooks<'py>(step: u64, progress: Hook<'py>, cancel: Hook<'py>, warn: Hook<'py>) -> Hooks<'py> {
     Hooks {
         step,
         progress,
@@ -289,9 +276,9 @@ fn py_convert<'py>(
     py: Python<'py>,
     src: PathBuf,
     dst: PathBuf,
-    progress: Option<Bound<'py, PyAny>>,
-    cancel: Option<Bound<'py, PyAny>>,
-    warn: Option<Bound<'py, PyAny>>,
+    progress: Hook<'py>,
+    cancel: Hook<'py>,
+    warn: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = read_options(py, options, Settings::convert)?;
@@ -355,8 +342,7 @@ impl ShardGroup {
         self.group.sizes().collect()
     }
 
-    /// Its output shards of at most `max_size` bytes under these plan options (`to`,
-    /// `keep`, `keep_min_size`, `from_bf16`, `keep_names`).
+    /// Its output shards of at most `max_size` bytes (`shard::Group::plan`).
     #[pyo3(signature = (max_size, **options))]
     fn plan<'py>(
         &self,
@@ -370,8 +356,7 @@ impl ShardGroup {
     }
 }
 
-/// Convert the output shard of `group` holding the tensors `names` into `dst` (see
-/// `shard::Group::task`); `indexed` says whether the group's output has an index.
+/// Convert the output shard of `group` holding `names` into `dst` (`shard::Group::task`).
 #[pyfunction]
 #[pyo3(signature = (group, names, indexed, dst, *, progress=None, cancel=None, warn=None,
                     **options))]
@@ -382,9 +367,9 @@ fn convert_shard<'py>(
     names: Vec<String>,
     indexed: bool,
     dst: PathBuf,
-    progress: Option<Bound<'py, PyAny>>,
-    cancel: Option<Bound<'py, PyAny>>,
-    warn: Option<Bound<'py, PyAny>>,
+    progress: Hook<'py>,
+    cancel: Hook<'py>,
+    warn: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = read_options(py, options, Settings::shard_convert)?;
@@ -402,7 +387,7 @@ fn verify_shard<'py>(
     group: &Bound<'py, ShardGroup>,
     dst: PathBuf,
     indexed: bool,
-    progress: Option<Bound<'py, PyAny>>,
+    progress: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = read_options(py, options, Settings::shard_verify)?;
@@ -411,17 +396,16 @@ fn verify_shard<'py>(
     finish_verify(py, progress, verifier, &opts)
 }
 
-/// A size option (`max_shard_size`): a whole number of bytes, or a string with a unit
-/// (`Given::size`); anything else is a usage error.
+/// A size option (`max_shard_size`), as `Given::size` reads it.
 #[pyfunction]
 fn parse_size(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<u64> {
-    check(py, Some(value), 0, Given::size)
+    check(py, value, Given::size)
 }
 
 /// The `name` option: the stem of a re-sharded group's outputs (`Given::stem`).
 #[pyfunction]
 fn check_name(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<String> {
-    check(py, Some(value), String::new(), Given::stem)
+    check(py, value, Given::stem)
 }
 
 /// The file name of output shard `i` of `n` of the group `stem` (`shard::shard_file_name`).
@@ -496,17 +480,11 @@ impl TensorNumerics {
 
     /// Row `i` (`0 <= i < len`) as a dict: its name, then its counts and errors.
     fn row<'py>(&self, py: Python<'py>, i: usize) -> PyResult<Bound<'py, PyAny>> {
-        #[derive(serde::Serialize)]
-        struct Row<'a> {
-            name: &'a str,
-            #[serde(flatten)]
-            n: &'a Numerics,
-        }
-        let (name, n) = self
+        let (name, numerics) = self
             .rows
             .get(i)
             .ok_or_else(|| pyo3::exceptions::PyIndexError::new_err("index out of range"))?;
-        Ok(pythonize::pythonize(py, &Row { name, n })?)
+        Ok(pythonize::pythonize(py, &NumericsRow { name, numerics })?)
     }
 }
 
@@ -518,7 +496,7 @@ fn py_inspect<'py>(
     path: PathBuf,
     scan: bool,
     dst: Option<PathBuf>,
-    progress: Option<Bound<'py, PyAny>>,
+    progress: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = read_options(py, options, |s, t| s.inspect(t, dst.is_some()))?;
@@ -535,7 +513,7 @@ fn py_verify<'py>(
     py: Python<'py>,
     src: PathBuf,
     dst: PathBuf,
-    progress: Option<Bound<'py, PyAny>>,
+    progress: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = read_options(py, options, Settings::verify)?;
@@ -546,7 +524,7 @@ fn py_verify<'py>(
 /// Step a verification to its end; its report as a dict.
 fn finish_verify<'py>(
     py: Python<'py>,
-    progress: Option<Bound<'py, PyAny>>,
+    progress: Hook<'py>,
     mut verifier: Verifier,
     opts: &VerifyOptions,
 ) -> PyResult<Bound<'py, PyDict>> {
@@ -575,8 +553,7 @@ fn replace_policy(v: Option<&Bound<'_, PyAny>>) -> PyResult<Replace> {
     }
 }
 
-/// Write `data` as the file `path`, atomically (the one write path of stcast). Returns
-/// (dev, ino, size) of what was published.
+/// Write `data` as the file `path`, atomically (`output::write_file`).
 #[pyfunction]
 #[pyo3(signature = (path, data, *, replace=None, tag="", cancel=None))]
 fn write_file<'py>(
@@ -585,7 +562,7 @@ fn write_file<'py>(
     data: Vec<u8>,
     replace: Option<&Bound<'py, PyAny>>,
     tag: &str,
-    cancel: Option<Bound<'py, PyAny>>,
+    cancel: Hook<'py>,
 ) -> PyResult<(u64, u64, u64)> {
     let replace = replace_policy(replace)?;
     let hooks = hooks(Tuning::default().step, None, cancel, None);
@@ -594,8 +571,7 @@ fn write_file<'py>(
     Ok(p.into())
 }
 
-/// Copy the regular file `src` to `dst` atomically, exactly its size, in bounded steps.
-/// Returns (dev, ino, size) of what was published.
+/// Copy the regular file `src` to `dst` atomically, in bounded steps (`output::Copy`).
 #[pyfunction]
 #[pyo3(signature = (src, dst, *, replace=None, tag="", progress=None, cancel=None))]
 fn copy_file<'py>(
@@ -604,8 +580,8 @@ fn copy_file<'py>(
     dst: PathBuf,
     replace: Option<&Bound<'py, PyAny>>,
     tag: &str,
-    progress: Option<Bound<'py, PyAny>>,
-    cancel: Option<Bound<'py, PyAny>>,
+    progress: Hook<'py>,
+    cancel: Hook<'py>,
 ) -> PyResult<(u64, u64, u64)> {
     let replace = replace_policy(replace)?;
     let hooks = hooks(Tuning::default().step, progress, cancel, None);
@@ -615,9 +591,7 @@ fn copy_file<'py>(
     Ok(p.into())
 }
 
-/// Write the numeric report of a folder to `path`, atomically, from the engine's own rows:
-/// `parts` are each file's `TensorNumerics` (as the folder's report holds them) with its
-/// path relative to the folder; the totals are merged here. The layout is the engine's.
+/// Write a folder's numeric report to `path` from each file's rows (`report::files_report`).
 #[pyfunction]
 #[pyo3(signature = (path, src, dst, to, parts, *, replace=None))]
 fn write_numeric_report<'py>(
@@ -641,9 +615,7 @@ fn write_numeric_report<'py>(
     Ok(p.into())
 }
 
-/// Check a side output's path before any work (`output::check_side_path`): `taken` are
-/// the paths it must not be, each with what it is (`vocab::Taken`). Returns the replace
-/// policy for `write_file`.
+/// Check a side output's path before any work (`output::check_side_path`); its replace policy.
 #[pyfunction]
 #[pyo3(signature = (path, role, force, taken))]
 fn check_side_output(
@@ -672,21 +644,13 @@ fn named<T>(what: &str, name: &str, from: fn(&str) -> Option<T>, names: &[&str])
 fn render(template: &str, option: &Bound<'_, PyAny>) -> PyResult<String> {
     let mut failed = None;
     let out = text::render(template, |p| {
-        match option
-            .call1((p.option.name(), p.value))
-            .and_then(|r| r.extract::<String>())
-        {
-            Ok(s) => s,
-            Err(e) => {
-                failed.get_or_insert(e);
-                String::new()
-            }
-        }
+        let r = option.call1((p.option.name(), p.value));
+        r.and_then(|r| r.extract()).unwrap_or_else(|e| {
+            failed.get_or_insert(e);
+            String::new()
+        })
     });
-    match failed {
-        Some(e) => Err(e),
-        None => Ok(out),
-    }
+    failed.map_or(Ok(out), Err)
 }
 
 /// Bytes in the one unit system of every message: decimal, three significant digits.
@@ -708,27 +672,22 @@ fn option_error<'py>(
     option: &str,
     value: &Bound<'py, PyAny>,
     expected: &str,
-) -> PyResult<Bound<'py, PyAny>> {
+) -> PyResult<Py<pyo3::exceptions::PyBaseException>> {
     let option = OptionName::from_name(option)
         .ok_or_else(|| PyValueError::new_err(format!("unknown option {option:?}")))?;
-    Ok(to_py(py, given(value).bad(option, expected))
-        .into_value(py)
-        .into_bound(py)
-        .into_any())
+    Ok(to_py(py, given(value).bad(option, expected)).into_value(py))
 }
 
-/// The canonical name of a target or one of its aliases ("bfloat16" -> "bf16"), as
-/// `Target::parse` reads it; anything else is the usage error of `to`.
+/// The canonical name of a target or one of its aliases, as `Given::target` reads it.
 #[pyfunction]
 fn target_name(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<&'static str> {
-    Ok(check(py, Some(value), Target::Bf16, Given::target)?.name())
+    Ok(check(py, value, Given::target)?.name())
 }
 
 /// Hit a failpoint of the Python side (`failpoint` module): raises the injected error.
 #[pyfunction]
 fn failpoint(py: Python<'_>, name: &str) -> PyResult<()> {
-    crate::failpoint::hit(name)
-        .map_err(|e| to_py(py, Error::io(std::path::Path::new(name), "failpoint", e)))
+    crate::failpoint::hit(name).map_err(|e| to_py(py, Error::io(Path::new(name), "failpoint", e)))
 }
 
 /// Add each `#[pyfunction]` to the module.
