@@ -9,7 +9,7 @@ use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{IntoPyDict, PyDict};
@@ -197,27 +197,13 @@ impl FromPyObject<'_, '_> for Unmatched {
     }
 }
 
-/// An optional value's check, or the default when absent.
-fn check<T>(
-    py: Python<'_>,
-    v: &Bound<'_, PyAny>,
-    f: impl FnOnce(&Given) -> crate::Result<T>,
-) -> PyResult<T> {
-    f(&given(v)).map_err(|e| to_py(py, e))
-}
-
-/// The knobs of `tuning=` (benchmarks; `convert::Knobs`, `Tuning::new`). They change speed
-/// and memory, never the bytes written.
+/// The knobs of `tuning=` (`convert::Knobs`, `Tuning::new`): speed and memory, never the bytes.
 fn tuning(v: Option<&Bound<'_, PyDict>>) -> PyResult<Tuning> {
     let knobs: Knobs = match v {
         None => Knobs::default(),
-        Some(d) => pythonize::depythonize(d).map_err(|e| {
-            let e = PyErr::from(e);
-            if e.is_instance_of::<pyo3::exceptions::PyTypeError>(d.py()) {
-                e
-            } else {
-                PyValueError::new_err(format!("tuning: {}", e.value(d.py())))
-            }
+        Some(d) => pythonize::depythonize(d).map_err(|e| match PyErr::from(e) {
+            e if e.is_instance_of::<PyTypeError>(d.py()) => e,
+            e => PyValueError::new_err(format!("tuning: {}", e.value(d.py()))),
         })?,
     };
     Tuning::new(&knobs).map_err(PyValueError::new_err)
@@ -243,7 +229,7 @@ macro_rules! options {
                     $(stringify!($name))|* | "tuning" => {}
                     k => {
                         let msg = format!("unexpected keyword argument {k:?}");
-                        return Err(pyo3::exceptions::PyTypeError::new_err(msg));
+                        return Err(PyTypeError::new_err(msg));
                     }
                 }
             }
@@ -399,13 +385,13 @@ fn verify_shard<'py>(
 /// A size option (`max_shard_size`), as `Given::size` reads it.
 #[pyfunction]
 fn parse_size(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<u64> {
-    check(py, value, Given::size)
+    given(value).size().map_err(|e| to_py(py, e))
 }
 
 /// The `name` option: the stem of a re-sharded group's outputs (`Given::stem`).
 #[pyfunction]
 fn check_name(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<String> {
-    check(py, value, Given::stem)
+    given(value).stem().map_err(|e| to_py(py, e))
 }
 
 /// The file name of output shard `i` of `n` of the group `stem` (`shard::shard_file_name`).
@@ -462,9 +448,8 @@ fn numerics_dict<'py>(
     Ok(d)
 }
 
-/// The per-tensor numeric reports of a run, each row a dict built when read (a checkpoint
-/// of 300,000 tensors costs no 300,000 dicts unless they are used): `stcast.reports`
-/// makes the sequence of them.
+/// The per-tensor numeric reports of a run, each row a dict built when read (300,000 tensors
+/// cost no 300,000 dicts unless used): `stcast.reports` makes the sequence of them.
 #[pyclass(frozen, module = "stcast._core")]
 struct TensorNumerics {
     rows: Vec<(String, Numerics)>,
@@ -483,7 +468,7 @@ impl TensorNumerics {
         let (name, numerics) = self
             .rows
             .get(i)
-            .ok_or_else(|| pyo3::exceptions::PyIndexError::new_err("index out of range"))?;
+            .ok_or_else(|| PyIndexError::new_err("index out of range"))?;
         Ok(pythonize::pythonize(py, &NumericsRow { name, numerics })?)
     }
 }
@@ -539,8 +524,7 @@ fn finish_verify<'py>(
     Ok(d)
 }
 
-/// How to publish over an existing name: None (never), "any", or (dev, ino) of the file
-/// stcast wrote there.
+/// How to publish over an existing name (`output::Replace`): None, "any", or (dev, ino).
 fn replace_policy(v: Option<&Bound<'_, PyAny>>) -> PyResult<Replace> {
     match v.filter(|v| !v.is_none()) {
         None => Ok(Replace::No),
@@ -681,7 +665,7 @@ fn option_error<'py>(
 /// The canonical name of a target or one of its aliases, as `Given::target` reads it.
 #[pyfunction]
 fn target_name(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<&'static str> {
-    Ok(check(py, value, Given::target)?.name())
+    Ok(given(value).target().map_err(|e| to_py(py, e))?.name())
 }
 
 /// Hit a failpoint of the Python side (`failpoint` module): raises the injected error.
@@ -699,10 +683,9 @@ macro_rules! add_functions {
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    let py = m.py();
     m.add("__version__", VERSION)?;
     m.add_class::<TensorNumerics>()?;
-    let exports = pythonize::pythonize(py, &Exports::default())?;
+    let exports = pythonize::pythonize(m.py(), &Exports::default())?;
     for (name, value) in exports.cast_into::<PyDict>()?.iter() {
         m.add(name.cast_into::<pyo3::types::PyString>()?, value)?;
     }
