@@ -370,6 +370,32 @@ mod given_tests {
     }
 
     #[test]
+    fn a_resharded_group_keeps_its_own_input_report_and_unmatched() {
+        let s = Settings {
+            key: Some("model".into()),
+            strip_prefix: vec!["module.".into()],
+            report: Some("r.json".into()),
+            force: true,
+            ..Settings::default()
+        };
+        let c = s.shard_convert(Tuning::default()).unwrap();
+        assert_eq!(c.input, InputOptions::default());
+        assert_eq!((c.report, c.allow_copy, c.force), (None, true, true));
+        assert_eq!(c.plan.unmatched, Unmatched::Ignore);
+        assert_eq!(s.shard_plan().unwrap().unmatched, Unmatched::Ignore);
+        let v = s.shard_verify(Tuning::default()).unwrap();
+        assert_eq!(
+            (v.input, v.report, v.force),
+            (InputOptions::default(), None, false)
+        );
+        // The plain options keep what was given.
+        assert_eq!(
+            s.convert(Tuning::default()).unwrap().input.key.as_deref(),
+            Some("model")
+        );
+    }
+
+    #[test]
     fn checks_ranges_choices_and_aliases() {
         assert_eq!(text("BFloat16").target().unwrap(), Target::Bf16);
         let e = text("bf17").target().unwrap_err().to_string();
