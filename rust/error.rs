@@ -423,6 +423,16 @@ fn is_no_space(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
 }
 
+/// The one-line message of a panic caught at the boundary (a bug of ours, never the input's).
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    let msg = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    format!("internal error (please report it): {msg}")
+}
+
 /// "keep pattern `x` matches no tensor name", for one or several patterns.
 pub fn unmatched_message(patterns: &[String]) -> String {
     let list = crate::text::name_list(patterns.iter().map(String::as_str), usize::MAX);

@@ -322,6 +322,39 @@ impl Settings {
             tuning,
         })
     }
+
+    /// These settings for a re-sharded group's work (`shard::Group`): it was opened with
+    /// its input options, and its report (of unmatched tensors too) is the folder's.
+    fn shard(&self) -> Settings {
+        Settings {
+            keep_unmatched: Unmatched::Ignore,
+            key: None,
+            strip_prefix: Vec::new(),
+            report: None,
+            allow_copy: true,
+            ..self.clone()
+        }
+    }
+
+    /// The options of a re-sharded group's plan (`shard::Group::plan`).
+    pub fn shard_plan(&self) -> crate::Result<PlanOptions> {
+        self.shard().plan()
+    }
+
+    /// The options of an output shard's conversion (`shard::Group::task`).
+    pub fn shard_convert(&self, tuning: Tuning) -> crate::Result<Options> {
+        self.shard().convert(tuning)
+    }
+
+    /// The options of an output shard's verification (`shard::Group::verifier`).
+    pub fn shard_verify(&self, tuning: Tuning) -> crate::Result<VerifyOptions> {
+        let force = false;
+        Settings {
+            force,
+            ..self.shard()
+        }
+        .verify(tuning)
+    }
 }
 
 #[cfg(test)]
@@ -334,6 +367,32 @@ mod given_tests {
             repr: format!("'{s}'"),
             ..Given::default()
         }
+    }
+
+    #[test]
+    fn a_resharded_group_keeps_its_own_input_report_and_unmatched() {
+        let s = Settings {
+            key: Some("model".into()),
+            strip_prefix: vec!["module.".into()],
+            report: Some("r.json".into()),
+            force: true,
+            ..Settings::default()
+        };
+        let c = s.shard_convert(Tuning::default()).unwrap();
+        assert_eq!(c.input, InputOptions::default());
+        assert_eq!((c.report, c.allow_copy, c.force), (None, true, true));
+        assert_eq!(c.plan.unmatched, Unmatched::Ignore);
+        assert_eq!(s.shard_plan().unwrap().unmatched, Unmatched::Ignore);
+        let v = s.shard_verify(Tuning::default()).unwrap();
+        assert_eq!(
+            (v.input, v.report, v.force),
+            (InputOptions::default(), None, false)
+        );
+        // The plain options keep what was given.
+        assert_eq!(
+            s.convert(Tuning::default()).unwrap().input.key.as_deref(),
+            Some("model")
+        );
     }
 
     #[test]

@@ -373,6 +373,13 @@ pub struct Published {
     pub size: u64,
 }
 
+/// As the front ends record it: (dev, ino, size).
+impl From<Published> for (u64, u64, u64) {
+    fn from(p: Published) -> (u64, u64, u64) {
+        (p.dev, p.ino, p.size)
+    }
+}
+
 enum Kind {
     /// `O_TMPFILE`: no name until published.
     Anonymous,

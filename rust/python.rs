@@ -9,47 +9,39 @@ use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{IntoPyDict, PyDict};
 
-use crate::convert::{Knobs, Options, Tuning};
+use crate::convert::{Knobs, Tuning};
 use crate::error::Error;
 use crate::given::{Exports, Given, Settings};
 use crate::input::InputOptions;
 use crate::numerics::Numerics;
 use crate::output::{self, Replace};
-use crate::plan::PlanOptions;
+use crate::report::NumericsRow;
 use crate::shard::{self, Group};
 use crate::task::{ConvertTask, InspectTask, Task};
 use crate::text;
-use crate::verify::{Verifier, VerifyOptions, VerifyReport};
+use crate::verify::{Verifier, VerifyOptions};
 use crate::vocab::{ErrorKind, OptionName, Side, Taken, Target, Unmatched};
 use crate::VERSION;
 
-/// What `stcast.errors` hands over at import (`_set_exceptions`): for each error kind, the
-/// class (or, for `io` and `cancelled`, the factory) of its exception, called as
-/// `f(template, *, message, path, tensor, option, errno)`.
-#[derive(FromPyObject)]
-#[pyo3(from_item_all)]
-struct Exceptions {
-    invalid_input: Py<PyAny>,
-    input_changed: Py<PyAny>,
-    refused: Py<PyAny>,
-    destination_exists: Py<PyAny>,
-    no_space: Py<PyAny>,
-    usage: Py<PyAny>,
-    io: Py<PyAny>,
-    cancelled: Py<PyAny>,
-}
+/// What `stcast.errors` hands over at import (`_set_exceptions`), in `ErrorKind::ALL`
+/// order: for each error kind, the class (or, for `io` and `cancelled`, the factory) of its
+/// exception, called as `f(template, *, message, path, tensor, option, errno)`.
+static EXCEPTIONS: PyOnceLock<Vec<Py<PyAny>>> = PyOnceLock::new();
 
-static EXCEPTIONS: PyOnceLock<Exceptions> = PyOnceLock::new();
-
-/// Called once, by `stcast.errors` (a second call keeps the first classes).
+/// Called once, by `stcast.errors` with each kind by name (a second call keeps the first).
 #[pyfunction]
-fn _set_exceptions(py: Python<'_>, classes: Exceptions) {
-    let _ = EXCEPTIONS.set(py, classes);
+fn _set_exceptions(py: Python<'_>, classes: &Bound<'_, PyAny>) -> PyResult<()> {
+    let class = |k: &ErrorKind| Ok(classes.get_item(k.name())?.unbind());
+    let _ = EXCEPTIONS.set(
+        py,
+        ErrorKind::ALL.iter().map(class).collect::<PyResult<_>>()?,
+    );
+    Ok(())
 }
 
 /// The Python exception for an engine error (a Ctrl-C that arrived meanwhile wins, unless
@@ -64,24 +56,13 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
         let Some(x) = EXCEPTIONS.get(py) else {
             return Ok(PyRuntimeError::new_err(e.message()));
         };
-        let class = match e.kind() {
-            ErrorKind::InvalidInput => &x.invalid_input,
-            ErrorKind::InputChanged => &x.input_changed,
-            ErrorKind::Refused => &x.refused,
-            ErrorKind::DestinationExists => &x.destination_exists,
-            ErrorKind::NoSpace => &x.no_space,
-            ErrorKind::Usage => &x.usage,
-            ErrorKind::Io => &x.io,
-            ErrorKind::Cancelled => &x.cancelled,
-        };
+        let class = &x[e.kind() as usize];
+        let option = e.option().map(OptionName::name);
         let kwargs = [
             ("message", e.message().into_pyobject(py)?.into_any()),
             ("path", e.path().map(|p| p.as_os_str()).into_pyobject(py)?),
             ("tensor", e.tensor().into_pyobject(py)?),
-            (
-                "option",
-                e.option().map(OptionName::name).into_pyobject(py)?,
-            ),
+            ("option", option.into_pyobject(py)?),
             ("errno", e.errno().into_pyobject(py)?),
         ]
         .into_py_dict(py)?;
@@ -96,26 +77,22 @@ fn guarded<T: Send>(py: Python<'_>, f: impl FnOnce() -> crate::Result<T> + Send)
     match py.detach(|| catch_unwind(AssertUnwindSafe(f))) {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(to_py(py, e)),
-        Err(panic) => {
-            let msg = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            Err(PyRuntimeError::new_err(format!(
-                "internal error (please report it): {msg}"
-            )))
-        }
+        Err(panic) => Err(PyRuntimeError::new_err(crate::error::panic_message(
+            &*panic,
+        ))),
     }
 }
+
+/// A callback the caller may give (`progress`, `cancel`, `warn`).
+type Hook<'py> = Option<Bound<'py, PyAny>>;
 
 /// The callbacks a task reports to between steps.
 struct Hooks<'py> {
     /// Source bytes per step (`Tuning::step`).
     step: u64,
-    progress: Option<Bound<'py, PyAny>>,
-    cancel: Option<Bound<'py, PyAny>>,
-    warn: Option<Bound<'py, PyAny>>,
+    progress: Hook<'py>,
+    cancel: Hook<'py>,
+    warn: Hook<'py>,
     /// `progress` was told `(total, total)`: the visits after the last step (sealing,
     /// publishing) do not tell it again, so that a caller hears of the end once.
     ended: Cell<bool>,
@@ -125,10 +102,8 @@ impl<'py> Hooks<'py> {
     /// Ctrl-C, the cancel flag, warnings, then progress (any of which may raise).
     fn visit(&self, py: Python<'py>, task: &mut impl Task) -> PyResult<()> {
         py.check_signals()?;
-        if let Some(c) = &self.cancel {
-            if c.call_method0("is_set")?.is_truthy()? {
-                return Err(to_py(py, Error::Cancelled));
-            }
+        if self.cancelled()? {
+            return Err(to_py(py, Error::Cancelled));
         }
         for w in task.take_warnings() {
             if let Some(f) = &self.warn {
@@ -180,20 +155,22 @@ impl<'py> Hooks<'py> {
             if let Err(stop) = py.check_signals() {
                 return stop;
             }
-            match &self.cancel {
-                Some(c)
-                    if c.call_method0("is_set")
-                        .is_ok_and(|v| v.is_truthy().unwrap_or(false)) =>
-                {
-                    to_py(py, Error::Cancelled)
-                }
+            match self.cancelled() {
+                Ok(true) => to_py(py, Error::Cancelled),
                 _ => e,
             }
         })
     }
+
+    /// Whether the caller's cancel flag is set.
+    fn cancelled(&self) -> PyResult<bool> {
+        self.cancel
+            .as_ref()
+            .map_or(Ok(false), |c| c.call_method0("is_set")?.is_truthy())
+    }
 }
 
-/// A Python value as the engine checks an option's value (`vocab::Given`).
+/// A Python value as the engine checks an option's value (`given::Given`).
 fn given(v: &Bound<'_, PyAny>) -> Given {
     let repr = v.repr().map_or_else(|_| "?".to_string(), |r| r.to_string());
     let is_bool = v.is_instance_of::<pyo3::types::PyBool>();
@@ -204,100 +181,59 @@ fn given(v: &Bound<'_, PyAny>) -> Given {
     }
 }
 
-/// An optional value's check, or the default when absent.
-fn check<T>(
-    py: Python<'_>,
-    v: Option<&Bound<'_, PyAny>>,
-    default: T,
-    f: impl FnOnce(&Given) -> crate::Result<T>,
-) -> PyResult<T> {
-    match v {
-        None => Ok(default),
-        Some(v) => f(&given(v)).map_err(|e| to_py(py, e)),
+impl FromPyObject<'_, '_> for Given {
+    type Error = PyErr;
+    fn extract(v: Borrowed<'_, '_, PyAny>) -> PyResult<Given> {
+        Ok(given(&v))
     }
 }
 
-/// The knobs of `tuning=` (benchmarks; `convert::Knobs`, `Tuning::new`). They change speed
-/// and memory, never the bytes written.
+impl FromPyObject<'_, '_> for Unmatched {
+    type Error = PyErr;
+    fn extract(v: Borrowed<'_, '_, PyAny>) -> PyResult<Unmatched> {
+        let msg = || format!("keep_unmatched must be one of {:?}", Unmatched::NAMES);
+        let name = v.extract::<String>()?;
+        Unmatched::from_name(&name).ok_or_else(|| PyValueError::new_err(msg()))
+    }
+}
+
+/// The knobs of `tuning=` (`convert::Knobs`, `Tuning::new`): speed and memory, never the bytes.
 fn tuning(v: Option<&Bound<'_, PyDict>>) -> PyResult<Tuning> {
     let knobs: Knobs = match v {
         None => Knobs::default(),
-        Some(d) => pythonize::depythonize(d).map_err(|e| {
-            let e = PyErr::from(e);
-            if e.is_instance_of::<pyo3::exceptions::PyTypeError>(d.py()) {
-                e
-            } else {
-                PyValueError::new_err(format!("tuning: {}", e.value(d.py())))
-            }
+        Some(d) => pythonize::depythonize(d).map_err(|e| match PyErr::from(e) {
+            e if e.is_instance_of::<PyTypeError>(d.py()) => e,
+            e => PyValueError::new_err(format!("tuning: {}", e.value(d.py()))),
         })?,
     };
     Tuning::new(&knobs).map_err(PyValueError::new_err)
 }
 
-/// Reading a keyword's Python value into the `Settings` field it sets.
-trait Read: Sized {
-    fn read(v: &Bound<'_, PyAny>) -> PyResult<Self>;
-}
-
-macro_rules! read_by_extract {
-    ($($t:ty),*) => {$(
-        impl Read for $t {
-            fn read(v: &Bound<'_, PyAny>) -> PyResult<Self> {
-                v.extract()
-            }
-        }
-    )*};
-}
-
-read_by_extract! {
-    bool, Vec<String>, Option<String>, Option<PathBuf>, Option<(u64, u64)>, Option<bool>
-}
-
-impl Read for Option<Given> {
-    fn read(v: &Bound<'_, PyAny>) -> PyResult<Self> {
-        Ok(Some(given(v)))
-    }
-}
-
-impl Read for Unmatched {
-    fn read(v: &Bound<'_, PyAny>) -> PyResult<Self> {
-        Unmatched::from_name(&v.extract::<String>()?).ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "keep_unmatched must be one of {:?}",
-                Unmatched::NAMES
-            ))
-        })
-    }
-}
-
 /// The keywords of an engine call (`**options`, as `stcast._engine` and the folder code
-/// pass them) read into the engine's `given::Settings`, and `tuning=`: an absent or None
-/// one is the default, an unknown one a TypeError.
-struct Opts {
-    settings: Settings,
-    tuning: Tuning,
-}
-
+/// pass them) read into the engine's `given::Settings`, and `tuning=`, made into the
+/// engine's options by `make` (a `Settings` method): an absent or None keyword is the
+/// default, an unknown one a TypeError.
 macro_rules! options {
     ($($name:ident),* $(,)?) => {
-        impl Opts {
-            fn of(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Opts> {
-                let (mut s, mut knobs) = (Settings::default(), None);
-                for (k, v) in kwargs.into_iter().flat_map(|d| d.iter()) {
-                    let given = !v.is_none();
-                    match k.extract::<String>()?.as_str() {
-                        $(stringify!($name) if given => s.$name = Read::read(&v)?,)*
-                        "tuning" if given => knobs = Some(v.cast_into::<PyDict>()?),
-                        $(stringify!($name))|* | "tuning" => {}
-                        k => {
-                            let msg = format!("unexpected keyword argument {k:?}");
-                            return Err(pyo3::exceptions::PyTypeError::new_err(msg));
-                        }
+        fn read_options<T>(
+            py: Python<'_>,
+            kwargs: Option<&Bound<'_, PyDict>>,
+            make: impl FnOnce(&Settings, Tuning) -> crate::Result<T>,
+        ) -> PyResult<T> {
+            let (mut s, mut knobs) = (Settings::default(), None);
+            for (k, v) in kwargs.into_iter().flat_map(|d| d.iter()) {
+                let given = !v.is_none();
+                match k.extract::<String>()?.as_str() {
+                    $(stringify!($name) if given => s.$name = v.extract()?,)*
+                    "tuning" if given => knobs = Some(v.cast_into::<PyDict>()?),
+                    $(stringify!($name))|* | "tuning" => {}
+                    k => {
+                        let msg = format!("unexpected keyword argument {k:?}");
+                        return Err(PyTypeError::new_err(msg));
                     }
                 }
-                let tuning = tuning(knobs.as_ref())?;
-                Ok(Opts { settings: s, tuning })
             }
+            make(&s, tuning(knobs.as_ref())?).map_err(|e| to_py(py, e))
         }
     };
 }
@@ -308,27 +244,8 @@ options! {
     quantization_config,
 }
 
-impl Opts {
-    fn plan(&self, py: Python<'_>) -> PyResult<PlanOptions> {
-        self.settings.plan().map_err(|e| to_py(py, e))
-    }
-
-    fn convert(self, py: Python<'_>) -> PyResult<Options> {
-        self.settings.convert(self.tuning).map_err(|e| to_py(py, e))
-    }
-
-    fn verify(self, py: Python<'_>) -> PyResult<VerifyOptions> {
-        self.settings.verify(self.tuning).map_err(|e| to_py(py, e))
-    }
-}
-
 /// The callbacks of a call, stepping by the tuning's step.
-fn hooks<'py>(
-    step: u64,
-    progress: Option<Bound<'py, PyAny>>,
-    cancel: Option<Bound<'py, PyAny>>,
-    warn: Option<Bound<'py, PyAny>>,
-) -> Hooks<'py> {
+fn hooks<'py>(step: u64, progress: Hook<'py>, cancel: Hook<'py>, warn: Hook<'py>) -> Hooks<'py> {
     Hooks {
         step,
         progress,
@@ -345,12 +262,12 @@ fn py_convert<'py>(
     py: Python<'py>,
     src: PathBuf,
     dst: PathBuf,
-    progress: Option<Bound<'py, PyAny>>,
-    cancel: Option<Bound<'py, PyAny>>,
-    warn: Option<Bound<'py, PyAny>>,
+    progress: Hook<'py>,
+    cancel: Hook<'py>,
+    warn: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let opts = Opts::of(options)?.convert(py)?;
+    let opts = read_options(py, options, Settings::convert)?;
     let hooks = hooks(opts.tuning.step, progress, cancel, warn);
     let task = hooks.run(py, || ConvertTask::new(&src, &dst, &opts))?;
     finish_convert(py, &hooks, task, opts.numerics)
@@ -411,8 +328,7 @@ impl ShardGroup {
         self.group.sizes().collect()
     }
 
-    /// Its output shards of at most `max_size` bytes under these plan options (`to`,
-    /// `keep`, `keep_min_size`, `from_bf16`, `keep_names`).
+    /// Its output shards of at most `max_size` bytes (`shard::Group::plan`).
     #[pyo3(signature = (max_size, **options))]
     fn plan<'py>(
         &self,
@@ -420,15 +336,13 @@ impl ShardGroup {
         max_size: u64,
         options: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let mut opts = Opts::of(options)?.plan(py)?;
-        opts.unmatched = Unmatched::Ignore;
+        let opts = read_options(py, options, |s, _| s.shard_plan())?;
         let plan = guarded(py, || self.group.plan(max_size, &opts))?;
         crossed(py, &self.group.rows(&plan), &[])
     }
 }
 
-/// Convert the output shard of `group` holding the tensors `names` into `dst` (see
-/// `shard::Group::task`); `indexed` says whether the group's output has an index.
+/// Convert the output shard of `group` holding `names` into `dst` (`shard::Group::task`).
 #[pyfunction]
 #[pyo3(signature = (group, names, indexed, dst, *, progress=None, cancel=None, warn=None,
                     **options))]
@@ -439,15 +353,12 @@ fn convert_shard<'py>(
     names: Vec<String>,
     indexed: bool,
     dst: PathBuf,
-    progress: Option<Bound<'py, PyAny>>,
-    cancel: Option<Bound<'py, PyAny>>,
-    warn: Option<Bound<'py, PyAny>>,
+    progress: Hook<'py>,
+    cancel: Hook<'py>,
+    warn: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let mut opts = Opts::of(options)?.convert(py)?;
-    // The group was opened with its input options; its report is the folder's.
-    (opts.plan.unmatched, opts.input, opts.report) = (Unmatched::Ignore, Default::default(), None);
-    opts.allow_copy = true;
+    let opts = read_options(py, options, Settings::shard_convert)?;
     let hooks = hooks(opts.tuning.step, progress, cancel, warn);
     let group = &group.get().group;
     let task = hooks.run(py, || group.task(&names, indexed, &dst, &opts))?;
@@ -462,30 +373,25 @@ fn verify_shard<'py>(
     group: &Bound<'py, ShardGroup>,
     dst: PathBuf,
     indexed: bool,
-    progress: Option<Bound<'py, PyAny>>,
+    progress: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let mut opts = Opts::of(options)?.verify(py)?;
-    (opts.input, opts.report, opts.force) = (Default::default(), None, false);
+    let opts = read_options(py, options, Settings::shard_verify)?;
     let group = &group.get().group;
-    let mut verifier = guarded(py, || group.verifier(&dst, indexed, &opts))?;
-    let hooks = hooks(opts.tuning.step, progress, None, None);
-    hooks.drive(py, &mut verifier)?;
-    let report = guarded(py, move || verifier.finish())?;
-    verify_dict(py, &report, opts.numerics)
+    let verifier = guarded(py, || group.verifier(&dst, indexed, &opts))?;
+    finish_verify(py, progress, verifier, &opts)
 }
 
-/// A size option (`max_shard_size`): a whole number of bytes, or a string with a unit
-/// (`Given::size`); anything else is a usage error.
+/// A size option (`max_shard_size`), as `Given::size` reads it.
 #[pyfunction]
 fn parse_size(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<u64> {
-    check(py, Some(value), 0, Given::size)
+    given(value).size().map_err(|e| to_py(py, e))
 }
 
 /// The `name` option: the stem of a re-sharded group's outputs (`Given::stem`).
 #[pyfunction]
 fn check_name(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<String> {
-    check(py, Some(value), String::new(), Given::stem)
+    given(value).stem().map_err(|e| to_py(py, e))
 }
 
 /// The file name of output shard `i` of `n` of the group `stem` (`shard::shard_file_name`).
@@ -542,9 +448,8 @@ fn numerics_dict<'py>(
     Ok(d)
 }
 
-/// The per-tensor numeric reports of a run, each row a dict built when read (a checkpoint
-/// of 300,000 tensors costs no 300,000 dicts unless they are used): `stcast.reports`
-/// makes the sequence of them.
+/// The per-tensor numeric reports of a run, each row a dict built when read (300,000 tensors
+/// cost no 300,000 dicts unless used): `stcast.reports` makes the sequence of them.
 #[pyclass(frozen, module = "stcast._core")]
 struct TensorNumerics {
     rows: Vec<(String, Numerics)>,
@@ -560,17 +465,11 @@ impl TensorNumerics {
 
     /// Row `i` (`0 <= i < len`) as a dict: its name, then its counts and errors.
     fn row<'py>(&self, py: Python<'py>, i: usize) -> PyResult<Bound<'py, PyAny>> {
-        #[derive(serde::Serialize)]
-        struct Row<'a> {
-            name: &'a str,
-            #[serde(flatten)]
-            n: &'a Numerics,
-        }
-        let (name, n) = self
+        let (name, numerics) = self
             .rows
             .get(i)
-            .ok_or_else(|| pyo3::exceptions::PyIndexError::new_err("index out of range"))?;
-        Ok(pythonize::pythonize(py, &Row { name, n })?)
+            .ok_or_else(|| PyIndexError::new_err("index out of range"))?;
+        Ok(pythonize::pythonize(py, &NumericsRow { name, numerics })?)
     }
 }
 
@@ -582,24 +481,11 @@ fn py_inspect<'py>(
     path: PathBuf,
     scan: bool,
     dst: Option<PathBuf>,
-    progress: Option<Bound<'py, PyAny>>,
+    progress: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let o = Opts::of(options)?;
-    let opts = o
-        .settings
-        .inspect(o.tuning, dst.is_some())
-        .map_err(|e| to_py(py, e))?;
-    let mut task = guarded(py, || {
-        InspectTask::new(
-            &path,
-            &opts.plan,
-            scan,
-            opts.on_overflow,
-            &opts,
-            dst.as_deref(),
-        )
-    })?;
+    let opts = read_options(py, options, |s, t| s.inspect(t, dst.is_some()))?;
+    let mut task = guarded(py, || InspectTask::new(&path, scan, &opts, dst.as_deref()))?;
     let hooks = hooks(opts.tuning.step, progress, None, None);
     hooks.drive(py, &mut task)?;
     let found = guarded(py, move || task.finish())?;
@@ -612,53 +498,46 @@ fn py_verify<'py>(
     py: Python<'py>,
     src: PathBuf,
     dst: PathBuf,
-    progress: Option<Bound<'py, PyAny>>,
+    progress: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let opts = Opts::of(options)?.verify(py)?;
-    let mut verifier = guarded(py, || Verifier::open(&src, &dst, &opts))?;
-    let hooks = hooks(opts.tuning.step, progress, None, None);
-    hooks.drive(py, &mut verifier)?;
-    let report = guarded(py, move || verifier.finish())?;
-    verify_dict(py, &report, opts.numerics)
+    let opts = read_options(py, options, Settings::verify)?;
+    let verifier = guarded(py, || Verifier::open(&src, &dst, &opts))?;
+    finish_verify(py, progress, verifier, &opts)
 }
 
-fn verify_dict<'py>(
+/// Step a verification to its end; its report as a dict.
+fn finish_verify<'py>(
     py: Python<'py>,
-    r: &VerifyReport,
-    numerics: bool,
+    progress: Hook<'py>,
+    mut verifier: Verifier,
+    opts: &VerifyOptions,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let d = crossed(py, r, &[("src", &r.src), ("dst", &r.dst)])?;
+    hooks(opts.tuning.step, progress, None, None).drive(py, &mut verifier)?;
+    let r = guarded(py, move || verifier.finish())?;
+    let d = crossed(py, &r, &[("src", &r.src), ("dst", &r.dst)])?;
     d.set_item("ok", r.is_ok())?;
     // Only a verified pair has the numbers of a conversion.
     let measured =
-        (numerics && r.is_ok()).then(|| numerics_dict(py, &r.numerics, &r.numerics_total));
+        (opts.numerics && r.is_ok()).then(|| numerics_dict(py, &r.numerics, &r.numerics_total));
     d.set_item("numerics", measured.transpose()?)?;
     Ok(d)
 }
 
-/// How to publish over an existing name: None (never), "any", or (dev, ino) of the file
-/// stcast wrote there.
+/// How to publish over an existing name (`output::Replace`): None, "any", or (dev, ino).
 fn replace_policy(v: Option<&Bound<'_, PyAny>>) -> PyResult<Replace> {
-    match v {
+    match v.filter(|v| !v.is_none()) {
         None => Ok(Replace::No),
-        Some(v) if v.is_none() => Ok(Replace::No),
+        Some(v) if v.extract::<String>().is_ok_and(|s| s == "any") => Ok(Replace::Any),
         Some(v) => {
-            if let Ok(s) = v.extract::<String>() {
-                if s == "any" {
-                    return Ok(Replace::Any);
-                }
-            }
-            let (dev, ino): (u64, u64) = v.extract().map_err(|_| {
-                PyValueError::new_err("replace must be None, \"any\" or (dev, ino)")
-            })?;
+            let msg = "replace must be None, \"any\" or (dev, ino)";
+            let (dev, ino) = v.extract().map_err(|_| PyValueError::new_err(msg))?;
             Ok(Replace::Same { dev, ino })
         }
     }
 }
 
-/// Write `data` as the file `path`, atomically (the one write path of stcast). Returns
-/// (dev, ino, size) of what was published.
+/// Write `data` as the file `path`, atomically (`output::write_file`).
 #[pyfunction]
 #[pyo3(signature = (path, data, *, replace=None, tag="", cancel=None))]
 fn write_file<'py>(
@@ -667,17 +546,16 @@ fn write_file<'py>(
     data: Vec<u8>,
     replace: Option<&Bound<'py, PyAny>>,
     tag: &str,
-    cancel: Option<Bound<'py, PyAny>>,
+    cancel: Hook<'py>,
 ) -> PyResult<(u64, u64, u64)> {
     let replace = replace_policy(replace)?;
     let hooks = hooks(Tuning::default().step, None, cancel, None);
     // A stop request that interrupted the write (EINTR) wins over the error it caused.
     let p = hooks.run(py, || output::write_file(&path, &data, replace, tag))?;
-    Ok((p.dev, p.ino, p.size))
+    Ok(p.into())
 }
 
-/// Copy the regular file `src` to `dst` atomically, exactly its size, in bounded steps.
-/// Returns (dev, ino, size) of what was published.
+/// Copy the regular file `src` to `dst` atomically, in bounded steps (`output::Copy`).
 #[pyfunction]
 #[pyo3(signature = (src, dst, *, replace=None, tag="", progress=None, cancel=None))]
 fn copy_file<'py>(
@@ -686,20 +564,18 @@ fn copy_file<'py>(
     dst: PathBuf,
     replace: Option<&Bound<'py, PyAny>>,
     tag: &str,
-    progress: Option<Bound<'py, PyAny>>,
-    cancel: Option<Bound<'py, PyAny>>,
+    progress: Hook<'py>,
+    cancel: Hook<'py>,
 ) -> PyResult<(u64, u64, u64)> {
     let replace = replace_policy(replace)?;
     let hooks = hooks(Tuning::default().step, progress, cancel, None);
     let mut copy = hooks.run(py, || output::Copy::new(&src, &dst, replace, tag))?;
     hooks.drive(py, &mut copy)?;
     let p = hooks.run(py, move || copy.finish())?;
-    Ok((p.dev, p.ino, p.size))
+    Ok(p.into())
 }
 
-/// Write the numeric report of a folder to `path`, atomically, from the engine's own rows:
-/// `parts` are each file's `TensorNumerics` (as the folder's report holds them) with its
-/// path relative to the folder; the totals are merged here. The layout is the engine's.
+/// Write a folder's numeric report to `path` from each file's rows (`report::files_report`).
 #[pyfunction]
 #[pyo3(signature = (path, src, dst, to, parts, *, replace=None))]
 fn write_numeric_report<'py>(
@@ -720,38 +596,31 @@ fn write_numeric_report<'py>(
     let bytes = crate::report::files_report(&src, &dst, target, &parts);
     let replace = replace_policy(replace)?;
     let p = guarded(py, || output::write_file(&path, &bytes, replace, ""))?;
-    Ok((p.dev, p.ino, p.size))
+    Ok(p.into())
 }
 
-/// Check a side output's path before any work (`output::check_side_path`): `taken` are
-/// the paths it must not be, each with what it is (`vocab::Taken`). Returns the replace
-/// policy for `write_file`.
+/// Check a side output's path before any work (`output::check_side_path`); its replace policy.
 #[pyfunction]
 #[pyo3(signature = (path, role, force, taken))]
-fn check_side_output<'py>(
-    py: Python<'py>,
+fn check_side_output(
+    py: Python<'_>,
     path: PathBuf,
     role: &str,
     force: bool,
     taken: Vec<(PathBuf, String)>,
-) -> PyResult<Bound<'py, PyAny>> {
-    let bad =
-        |what: &str, names: &[&str]| PyValueError::new_err(format!("{what}: one of {names:?}"));
-    let role = Side::from_name(role).ok_or_else(|| bad("role", Side::NAMES))?;
+) -> PyResult<Option<&'static str>> {
+    let role = named("role", role, Side::from_name, Side::NAMES)?;
     let taken = taken
         .into_iter()
-        .map(|(p, w)| {
-            Ok((
-                p,
-                Taken::from_name(&w).ok_or_else(|| bad("taken", Taken::NAMES))?,
-            ))
-        })
-        .collect::<PyResult<Vec<_>>>()?;
+        .map(|(p, w)| Ok((p, named("taken", &w, Taken::from_name, Taken::NAMES)?)));
+    let taken = taken.collect::<PyResult<Vec<_>>>()?;
     let replace = guarded(py, || output::check_side_path(&path, role, force, &taken))?;
-    Ok(match replace {
-        Replace::No => py.None().into_bound(py),
-        _ => "any".into_pyobject(py)?.into_any(),
-    })
+    Ok((!matches!(replace, Replace::No)).then_some("any"))
+}
+
+/// A name of the engine's vocabulary (`from_name`), or a ValueError naming `what`.
+fn named<T>(what: &str, name: &str, from: fn(&str) -> Option<T>, names: &[&str]) -> PyResult<T> {
+    from(name).ok_or_else(|| PyValueError::new_err(format!("{what}: one of {names:?}")))
 }
 
 /// Render a message template, calling `option(name, value)` for each placeholder.
@@ -759,21 +628,13 @@ fn check_side_output<'py>(
 fn render(template: &str, option: &Bound<'_, PyAny>) -> PyResult<String> {
     let mut failed = None;
     let out = text::render(template, |p| {
-        match option
-            .call1((p.option.name(), p.value))
-            .and_then(|r| r.extract::<String>())
-        {
-            Ok(s) => s,
-            Err(e) => {
-                failed.get_or_insert(e);
-                String::new()
-            }
-        }
+        let r = option.call1((p.option.name(), p.value));
+        r.and_then(|r| r.extract()).unwrap_or_else(|e| {
+            failed.get_or_insert(e);
+            String::new()
+        })
     });
-    match failed {
-        Some(e) => Err(e),
-        None => Ok(out),
-    }
+    failed.map_or(Ok(out), Err)
 }
 
 /// Bytes in the one unit system of every message: decimal, three significant digits.
@@ -795,60 +656,45 @@ fn option_error<'py>(
     option: &str,
     value: &Bound<'py, PyAny>,
     expected: &str,
-) -> PyResult<Bound<'py, PyAny>> {
+) -> PyResult<Py<pyo3::exceptions::PyBaseException>> {
     let option = OptionName::from_name(option)
         .ok_or_else(|| PyValueError::new_err(format!("unknown option {option:?}")))?;
-    Ok(to_py(py, given(value).bad(option, expected))
-        .into_value(py)
-        .into_bound(py)
-        .into_any())
+    Ok(to_py(py, given(value).bad(option, expected)).into_value(py))
 }
 
-/// The canonical name of a target or one of its aliases ("bfloat16" -> "bf16"), as
-/// `Target::parse` reads it; anything else is the usage error of `to`.
+/// The canonical name of a target or one of its aliases, as `Given::target` reads it.
 #[pyfunction]
 fn target_name(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<&'static str> {
-    Ok(check(py, Some(value), Target::Bf16, Given::target)?.name())
+    Ok(given(value).target().map_err(|e| to_py(py, e))?.name())
 }
 
 /// Hit a failpoint of the Python side (`failpoint` module): raises the injected error.
 #[pyfunction]
 fn failpoint(py: Python<'_>, name: &str) -> PyResult<()> {
-    crate::failpoint::hit(name)
-        .map_err(|e| to_py(py, Error::io(std::path::Path::new(name), "failpoint", e)))
+    crate::failpoint::hit(name).map_err(|e| to_py(py, Error::io(Path::new(name), "failpoint", e)))
+}
+
+/// Add each `#[pyfunction]` to the module.
+macro_rules! add_functions {
+    ($m:ident: $($f:ident),* $(,)?) => {
+        $($m.add_function(wrap_pyfunction!($f, $m)?)?;)*
+    };
 }
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    let py = m.py();
     m.add("__version__", VERSION)?;
     m.add_class::<TensorNumerics>()?;
-    let exports = pythonize::pythonize(py, &Exports::default())?;
+    let exports = pythonize::pythonize(m.py(), &Exports::default())?;
     for (name, value) in exports.cast_into::<PyDict>()?.iter() {
         m.add(name.cast_into::<pyo3::types::PyString>()?, value)?;
     }
-    m.add_function(wrap_pyfunction!(_set_exceptions, m)?)?;
-    m.add_function(wrap_pyfunction!(py_convert, m)?)?;
-    m.add_function(wrap_pyfunction!(py_inspect, m)?)?;
-    m.add_function(wrap_pyfunction!(py_verify, m)?)?;
-    m.add_function(wrap_pyfunction!(render, m)?)?;
-    m.add_function(wrap_pyfunction!(format_bytes, m)?)?;
-    m.add_function(wrap_pyfunction!(escape, m)?)?;
-    m.add_function(wrap_pyfunction!(option_error, m)?)?;
-    m.add_function(wrap_pyfunction!(target_name, m)?)?;
-    m.add_function(wrap_pyfunction!(failpoint, m)?)?;
-    m.add_function(wrap_pyfunction!(write_file, m)?)?;
-    m.add_function(wrap_pyfunction!(copy_file, m)?)?;
-    m.add_function(wrap_pyfunction!(write_numeric_report, m)?)?;
-    m.add_function(wrap_pyfunction!(check_side_output, m)?)?;
     m.add_class::<ShardGroup>()?;
-    m.add_function(wrap_pyfunction!(convert_shard, m)?)?;
-    m.add_function(wrap_pyfunction!(verify_shard, m)?)?;
-    m.add_function(wrap_pyfunction!(parse_size, m)?)?;
-    m.add_function(wrap_pyfunction!(check_name, m)?)?;
-    m.add_function(wrap_pyfunction!(shard_file_name, m)?)?;
-    m.add_function(wrap_pyfunction!(index_file_name, m)?)?;
-    m.add_function(wrap_pyfunction!(check_folder, m)?)?;
-    m.add_function(wrap_pyfunction!(read_header, m)?)?;
+    add_functions! {
+        m: _set_exceptions, py_convert, py_inspect, py_verify, render, format_bytes, escape,
+        option_error, target_name, failpoint, write_file, copy_file, write_numeric_report,
+        check_side_output, convert_shard, verify_shard, parse_size, check_name,
+        shard_file_name, index_file_name, check_folder, read_header,
+    }
     Ok(())
 }

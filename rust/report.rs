@@ -20,6 +20,15 @@ use crate::plan::KeptTensor;
 use crate::vocab::Target;
 use crate::VERSION;
 
+/// One tensor's numeric report as a row (`_core.TensorNumerics.row`): its name, then its
+/// counts and errors.
+#[derive(Serialize)]
+pub struct NumericsRow<'a> {
+    pub name: &'a str,
+    #[serde(flatten)]
+    pub numerics: &'a Numerics,
+}
+
 /// The version of the report's JSON layout (that of the CLI's `--json` output).
 pub const SCHEMA: u64 = 1;
 

@@ -314,14 +314,8 @@ impl InspectTask {
     /// With `dst`, first make every check a conversion into `dst` with `opts` would make
     /// (the destination, the report path, nothing to convert, free space), failing as it
     /// would: a dry run that says "fits" is one that converts.
-    pub fn new(
-        path: &Path,
-        plan_opts: &PlanOptions,
-        scan: bool,
-        on_overflow: OnOverflow,
-        opts: &Options,
-        dst: Option<&Path>,
-    ) -> Result<InspectTask> {
+    pub fn new(path: &Path, scan: bool, opts: &Options, dst: Option<&Path>) -> Result<InspectTask> {
+        let (plan_opts, on_overflow) = (&opts.plan, opts.on_overflow);
         let source = Source::open_any(path, &opts.input)?;
         if let Some(dst) = dst {
             check_outputs(&source, dst, opts)?;
