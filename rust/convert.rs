@@ -62,10 +62,35 @@ impl Default for Tuning {
 pub struct Knobs {
     pub window_mib: Option<usize>,
     pub isa: Option<String>,
+    #[serde(default, deserialize_with = "strict_bool")]
     pub populate: Option<bool>,
     pub advise: Option<String>,
     pub write_behind: Option<usize>,
     pub step_mib: Option<u64>,
+}
+
+/// A knob that is a bool only when given as one: a string `"false"` is an error, not true
+/// (a deserializer may read any value's truth for a bool).
+fn strict_bool<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<bool>, D::Error> {
+    struct Strict;
+    impl serde::de::Visitor<'_> for Strict {
+        type Value = Option<bool>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("true or false")
+        }
+        fn visit_bool<E>(self, v: bool) -> std::result::Result<Option<bool>, E> {
+            Ok(Some(v))
+        }
+        fn visit_none<E>(self) -> std::result::Result<Option<bool>, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> std::result::Result<Option<bool>, E> {
+            Ok(None)
+        }
+    }
+    d.deserialize_any(Strict)
 }
 
 impl Tuning {

@@ -508,8 +508,10 @@ fn plan_warnings(
 /// beside F32 ones (a tensor's name alone never makes it so: ordinary models carry F32
 /// tensors named `scale`, and U8 buffers). Its conversion is refused unless
 /// `allow_quantized` when it would convert F32 tensors: any, without `keep` patterns; with
-/// them (the caller chose what stays) a scale-like one. Returns why it is quantized (a
-/// template) and the F32 tensors that would change (the scale-like ones, if any).
+/// them (the caller chose what stays) a scale-like one, or any at all when no F32 tensor is
+/// named like a scale (then any of them may be one: `--keep zzz` must not let `s` through).
+/// Returns why it is quantized (a template) and the F32 tensors that would change (the
+/// scale-like ones, if any).
 fn quantized(src: &SourceHeader, plan: &Plan, opts: &PlanOptions) -> Option<(String, Vec<String>)> {
     let why = match &opts.quantization_config {
         Some(config) => format!("{} has a quantization_config", esc_path(config)),
@@ -540,7 +542,11 @@ fn quantized(src: &SourceHeader, plan: &Plan, opts: &PlanOptions) -> Option<(Str
         .copied()
         .filter(|n| n.to_ascii_lowercase().contains("scale"))
         .collect();
-    if f32_names.is_empty() || (!opts.keep.is_empty() && scales.is_empty()) {
+    let scales_named = src
+        .tensors
+        .iter()
+        .any(|t| t.dtype == Dtype::F32 && t.name.to_ascii_lowercase().contains("scale"));
+    if f32_names.is_empty() || (!opts.keep.is_empty() && scales_named && scales.is_empty()) {
         return None;
     }
     let named = if scales.is_empty() { f32_names } else { scales };
@@ -932,6 +938,13 @@ mod tests {
         // A scale that no pattern keeps is named.
         let e = plan(p(), &src, &keep_opts(Target::Bf16, &["norm"], 0)).unwrap_err();
         assert!(e.template().contains("`w.weight_scale`"));
+        // Where no F32 tensor is named like a scale, any may be one: a pattern that keeps
+        // none of them lets nothing through.
+        let h = r#"{"w":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]},"s":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#;
+        let src = read_header(p(), &file(h, 8)).unwrap();
+        let e = plan(p(), &src, &keep_opts(Target::Bf16, &["zzz"], 0)).unwrap_err();
+        assert!(e.template().contains("`s`"), "{}", e.template());
+        assert!(plan(p(), &src, &keep_opts(Target::Bf16, &["s"], 0)).is_ok());
     }
 
     #[test]

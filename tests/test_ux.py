@@ -1151,3 +1151,49 @@ def test_21_paths_are_shown_as_the_user_spelled_them(tmp_path, run_main, monkeyp
     rc, out, err = run_main("convert", ".")
     assert rc == 0 and out.startswith("converted . -> ../adir-bf16\n"), (out, err)
     assert (tmp_path / "adir-bf16" / "model.safetensors").is_file()
+
+
+# --- found by the review of the boundary work (issue 22) ------------------------------------
+
+
+def test_22_a_tuning_flag_must_be_a_bool(tmp_path):
+    """`{"populate": "false"}` was read as true (a deserializer took the string's truth)."""
+    src = _ema(tmp_path)
+    for bad in ("false", "yes", 2):
+        with pytest.raises((TypeError, ValueError)):
+            stcast.convert(src, tmp_path / "o.safetensors", tuning={"populate": bad})
+        assert not (tmp_path / "o.safetensors").exists()
+    stcast.convert(src, tmp_path / "o.safetensors", tuning={"populate": False})
+
+
+def test_22_a_trainer_checkpoint_under_deepspeed_is_a_hugging_face_folder(tmp_path, run_main):
+    """The Trainer's checkpoint-N/ holds model.safetensors beside DeepSpeed's `latest` and
+    partitions: its weights are there, so it converts as a folder, not refused as ZeRO."""
+    src = tmp_path / "checkpoint-10"
+    src.mkdir()
+    x = np.arange(8, dtype=np.float32)
+    write_safetensors(src / "model.safetensors", {"w": ("F32", [8], x)})
+    (src / "latest").write_text("global_step10\n")
+    (src / "global_step10").mkdir()
+    (src / "global_step10" / "mp_rank_00_model_states.pt").write_bytes(b"")
+    rc, _, err = run_main("convert", src, tmp_path / "out")
+    assert rc == 0, err
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
+def test_22_a_keep_pattern_lets_no_unnamed_scale_through(tmp_path, run_main):
+    """F8 beside an F32 tensor not named like a scale: a pattern that keeps nothing
+    (`--keep zzz`) converted it silently; any F32 tensor may be the scale there."""
+    w = np.zeros(4, np.uint8)
+    src = write_safetensors(
+        tmp_path / "q.safetensors",
+        {"w": ("F8_E4M3", [4], w), "s": ("F32", [1], np.ones(1, np.float32))},
+    )
+    rc, _, err = run_main("convert", src, tmp_path / "o.safetensors", "--keep", "zzz")
+    line = assert_one_error_line(err)
+    assert rc == 1 and "quantized checkpoint" in line and "`s`" in line, line
+    assert not (tmp_path / "o.safetensors").exists()
+    rc, _, err = run_main(
+        "convert", src, tmp_path / "o.safetensors", "--keep", "zzz", "--allow-quantized", "-q"
+    )
+    assert rc == 0, err

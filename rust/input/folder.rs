@@ -23,6 +23,12 @@ const MAX_ENTRIES: usize = 100_000;
 /// far as this can tell).
 pub fn folder_format(dir: &Path) -> Option<Format> {
     let listed = names(dir);
+    // Weights stcast converts make it a Hugging Face folder, whatever else it holds: the
+    // Trainer saves `checkpoint-N/` with `model.safetensors` beside DeepSpeed's `latest`
+    // and `global_stepN/`.
+    if listed.iter().any(|n| is_weights(n)) {
+        return None;
+    }
     let has = |n: &str| listed.iter().any(|x| x == n);
     if has(".metadata") && listed.iter().any(|n| n.ends_with(".distcp")) {
         return Some(Format::Dcp);
@@ -62,6 +68,11 @@ pub fn check_folder(dir: &Path) -> Result<()> {
 fn is_model_states(name: &str) -> bool {
     name.ends_with("_model_states.pt")
         && (name.starts_with("mp_rank_") || name.starts_with("zero_pp_rank_"))
+}
+
+/// A weight file of a Hugging Face folder: `*.safetensors`, `pytorch_model*.bin`.
+fn is_weights(name: &str) -> bool {
+    name.ends_with(".safetensors") || (name.starts_with("pytorch_model") && name.ends_with(".bin"))
 }
 
 /// A single folder name: no separator, not `.` or `..`.
@@ -134,6 +145,30 @@ mod tests {
                 None,
             ),
             ("hf", &["model.safetensors", "config.json"], None),
+            // The Trainer's checkpoint-N/ under DeepSpeed: the weights are there already.
+            (
+                "trainer",
+                &[
+                    "model.safetensors",
+                    "latest",
+                    "global_step7/mp_rank_00_model_states.pt",
+                ],
+                None,
+            ),
+            (
+                "trainer-bin",
+                &["pytorch_model.bin", "mp_rank_00_model_states.pt"],
+                None,
+            ),
+            (
+                "dcp-beside-weights",
+                &[
+                    ".metadata",
+                    "__0_0.distcp",
+                    "model-00001-of-00002.safetensors",
+                ],
+                None,
+            ),
             ("empty", &[], None),
         ];
         for (tag, files, want) in cases {
