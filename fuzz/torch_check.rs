@@ -1,5 +1,5 @@
 //! The property the `torch` fuzz target checks on arbitrary bytes, shared by path (`#[path]`)
-//! with the reader's unit tests (`rust/input/torch/tests/corpus.rs`), which run it over mutated
+//! with the reader's unit tests (`rust/torch/tests/corpus.rs`), which run it over mutated
 //! fixtures without a fuzzer. The includer provides `torch` (`stcast::torch` or
 //! `crate::torch`) in the parent module.
 //!

@@ -9,8 +9,8 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::input::torch::{Format, TensorProblem, TorchError};
 use crate::text::{count, esc, esc_path, format_bytes, name_list, plain};
+use crate::torch::{Format, TensorProblem, TorchError};
 use crate::vocab::{ErrorKind, OptionName, Target, WarningKind};
 
 /// Everything that can stop the engine.

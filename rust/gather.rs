@@ -18,7 +18,7 @@ use std::ops::Range;
 
 use safetensors::Dtype;
 
-use crate::input::torch::TensorDesc;
+use crate::torch::TensorDesc;
 
 /// How a tensor is gathered.
 #[derive(Clone, Debug, PartialEq, Eq)]

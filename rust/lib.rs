@@ -5,7 +5,7 @@
 //! - `given`: option values as the front ends give them, checked once; the exported names;
 //! - `error`, `text`: typed errors and warnings, message templates;
 //! - `source`, `header`: open an input and validate its safetensors header;
-//! - `input::torch`: read PyTorch checkpoints (zip and legacy) without running their pickles;
+//! - `torch`: read PyTorch checkpoints (zip and legacy) without running their pickles;
 //! - `input`: open any input (safetensors, or a PyTorch checkpoint) as one `Source`, the
 //!   `Format` of every file kind and the sniffing that names it;
 //! - `gather`: tensors read by gathering: strided views, and boxes in several files;
@@ -27,6 +27,7 @@ pub mod dtype;
 pub mod env;
 pub mod error;
 pub mod failpoint;
+pub mod format;
 pub mod fused;
 pub mod gather;
 pub mod given;
@@ -47,6 +48,7 @@ pub mod task;
 #[cfg(test)]
 mod testutil;
 pub mod text;
+pub mod torch;
 pub mod verify;
 pub mod vocab;
 pub mod window;
@@ -54,8 +56,6 @@ pub mod window;
 pub use convert::{Job, Options, Report, Tuning};
 pub use dtype::{Action, Conversion};
 pub use error::{Error, Result, Warning};
-/// `crate::torch` is `input::torch`: the PyTorch reader sits in the input seam.
-pub use input::torch;
 pub use input::InputOptions;
 pub use kernels::Isa;
 pub use numerics::Numerics;

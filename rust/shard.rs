@@ -21,11 +21,11 @@ use crate::verify::{Verifier, VerifyOptions};
 use crate::dtype::width_rank;
 use crate::error::{Error, Result, Warning};
 use crate::header::{SourceHeader, SourceTensor, PREFIX};
-use crate::input::torch::Format;
 use crate::input::{InputOptions, Origin, TORCH_METADATA};
 use crate::plan::{self, encode_entry, encode_metadata, Plan, PlanOptions};
 use crate::source::{InputFile, Source};
 use crate::text::esc_path;
+use crate::torch::Format;
 use crate::vocab::{OptionName, Unmatched, WarningKind};
 
 pub use crate::naming::{

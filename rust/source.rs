@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use memmap2::{Mmap, UncheckedAdvice};
 
 use crate::error::{Error, Result, Warning};
+use crate::format::Format;
 use crate::gather::{Gather, PiecesError};
 use crate::header::{SourceHeader, SourceTensor};
-use crate::input::format::Format;
 use crate::text::{count, name_list};
 use crate::vocab::WarningKind;
 
@@ -452,7 +452,7 @@ impl Source {
                 // A strided view reads a page of many rows of its storage: each block's
                 // pages are unmapped once it is copied out, or the whole storage ends up
                 // resident (they stay cached: the next window's faults are minor).
-                crate::input::torch::gather_releasing(&f.map, desc, first, out, &mut |r| {
+                crate::torch::gather_releasing(&f.map, desc, first, out, &mut |r| {
                     f.unmap((r.start, r.end))
                 })
                 .map_err(|e| Error::invalid_header(&f.path, e.to_string()))?;

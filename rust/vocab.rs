@@ -62,8 +62,8 @@ named! {
 impl InputFormat {
     /// The name reports give a file of this format (what is not PyTorch was read as
     /// safetensors).
-    pub fn of(f: crate::input::torch::Format) -> InputFormat {
-        use crate::input::torch::Format;
+    pub fn of(f: crate::torch::Format) -> InputFormat {
+        use crate::torch::Format;
         match f {
             Format::TorchZip => InputFormat::Pytorch,
             Format::TorchLegacy => InputFormat::PytorchLegacy,

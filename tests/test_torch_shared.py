@@ -1,6 +1,6 @@
 """One storage key under several storage classes, end to end (issue 23, point A), and the
 messages of point 7 for PyTorch inputs. What torch 2.15.0 does with these files is recorded
-in tests/fixtures/torch/probe_shared_storage.py and rust/input/torch/tests/shared.rs."""
+in tests/fixtures/torch/probe_shared_storage.py and rust/torch/tests/shared.rs."""
 
 from __future__ import annotations
 

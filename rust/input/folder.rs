@@ -12,7 +12,7 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 
-use super::format::Format;
+use crate::format::Format;
 
 /// Entries of a folder looked at to tell its kind (a DCP folder of 10,000 ranks lists
 /// 10,001 names; past this many, the names seen decide).

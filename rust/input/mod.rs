@@ -16,10 +16,7 @@
 //! training checkpoint, not a Hugging Face folder).
 
 pub mod folder;
-pub mod format;
 pub mod safetensors;
-pub mod sniff;
-pub mod torch;
 
 use std::path::Path;
 
@@ -28,12 +25,12 @@ use crate::gather::Gather;
 use crate::header::{SourceHeader, SourceTensor, PREFIX};
 use crate::input::safetensors::too_small;
 use crate::source::{InputFile, Source};
+use crate::torch::{self, Limits, TorchError};
 use crate::vocab::OptionName;
-use torch::{Limits, TorchError};
 
+pub use crate::format::Format;
 pub use crate::source::Origin;
-pub use format::Format;
-pub use sniff::sniff;
+pub use crate::torch::sniff;
 
 /// How to read an input that is a PyTorch checkpoint (ignored for none; refused when given
 /// for a safetensors file).

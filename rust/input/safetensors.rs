@@ -4,10 +4,10 @@
 use std::path::Path;
 
 use crate::error::{Error, Result};
+use crate::format::Format;
 use crate::header::{self, PREFIX};
-use crate::input::format::Format;
-use crate::input::sniff::sniff;
 use crate::source::{InputFile, Source};
+use crate::torch::sniff::sniff;
 
 /// Headers from this size on have their pages dropped once parsed (`from_safetensors`).
 const LARGE_HEADER: u64 = 4 << 20;

@@ -1,7 +1,7 @@
 //! What kind of file an input is: the one enum of every format stcast recognises (those
 //! it reads, and those it names in a refusal: GGUF, an HTML page, a Git LFS pointer...).
 //!
-//! A leaf: the sniffing that tells them apart is `input::sniff`, which reads zip
+//! A leaf: the sniffing that tells them apart is `torch::sniff`, which reads zip
 //! directories; keeping the enum apart lets every reader name a format without a cycle.
 
 /// What a file looks like, from its first bytes (and, for zips, its entry names).

@@ -21,7 +21,7 @@ pub struct TensorDesc {
     pub stride: Vec<u64>,
     /// Elements from the start of the storage (view) to the tensor's first element.
     pub storage_offset: u64,
-    /// Index into [`crate::input::torch::Checkpoint::storages`]; tensors that share a storage (tied
+    /// Index into [`crate::torch::Checkpoint::storages`]; tensors that share a storage (tied
     /// weights) share this index.
     pub storage: usize,
     /// File offset of the storage (view)'s first byte.

@@ -28,7 +28,7 @@ pub type ObjId = u32;
 /// size. References of one key whose byte sizes differ are a [`StorageConflict`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StorageRef {
-    /// Index into [`crate::input::torch::Checkpoint::storages`].
+    /// Index into [`crate::torch::Checkpoint::storages`].
     pub storage: usize,
     /// The dtype of this reference's storage class (`uint8` for an untyped storage).
     pub dtype: &'static TorchDtype,
@@ -41,7 +41,7 @@ pub struct StorageRef {
 }
 
 /// A dict (or `collections.OrderedDict`) in insertion order. Duplicate keys are kept as
-/// written; [`crate::input::torch::Checkpoint`] resolves them (the last value wins, as in Python).
+/// written; [`crate::torch::Checkpoint`] resolves them (the last value wins, as in Python).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Dict {
     pub items: Vec<(ObjId, ObjId)>,

@@ -1,9 +1,9 @@
 //! The fuzz target's property (`fuzz/torch_check.rs`) run as a plain test: over the fixtures
 //! and over deterministic mutations of them (bit flips, byte sets, truncations, splices).
 
-use crate::input::torch;
+use crate::torch;
 
-#[path = "../../../../fuzz/torch_check.rs"]
+#[path = "../../../fuzz/torch_check.rs"]
 mod check;
 
 /// xorshift64*: a fixed, dependency-free sequence.

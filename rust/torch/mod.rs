@@ -53,6 +53,7 @@ pub mod error;
 pub mod legacy;
 pub mod pickle;
 mod select;
+pub mod sniff;
 pub mod tensor;
 pub mod zip;
 
@@ -70,8 +71,8 @@ use dtype::TorchDtype;
 use pickle::{StorageConflict, StorageRef, Storages};
 
 // The one enum of file kinds and the sniffing live with the inputs; named here as before.
-pub use crate::input::format::Format;
-pub use crate::input::sniff::{is_pickle_name, sniff};
+pub use crate::format::Format;
+pub use sniff::{is_pickle_name, sniff};
 
 /// Bounds on everything the reader allocates or walks.
 #[derive(Debug, Clone, PartialEq, Eq)]

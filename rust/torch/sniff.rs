@@ -1,7 +1,7 @@
 //! Tell what a file is from its first bytes (and, for a zip, its entry names).
 
-use crate::input::format::Format;
-use crate::input::torch::zip;
+use super::zip;
+use crate::format::Format;
 
 /// `0x1950a86a20f9469cfc6c`, little-endian, as LONG1 holds it.
 pub const LEGACY_MAGIC: [u8; 10] = [0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19];

@@ -16,7 +16,7 @@
 
 use super::generated::{f32s, gather_all, read_ok};
 use super::writer::*;
-use crate::input::torch::*;
+use crate::torch::*;
 
 fn data() -> Vec<u8> {
     f32s(&(0..64).map(|i| i as f32 + 0.5).collect::<Vec<_>>())

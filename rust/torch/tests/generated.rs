@@ -3,7 +3,7 @@
 use safetensors::Dtype;
 
 use super::writer::*;
-use crate::input::torch::*;
+use crate::torch::*;
 
 pub fn f32s(xs: &[f32]) -> Vec<u8> {
     xs.iter().flat_map(|x| x.to_le_bytes()).collect()

@@ -6,8 +6,8 @@
 
 use std::fmt;
 
-use crate::input::format::Format;
-use crate::input::torch::dtype::TorchDtype;
+use crate::format::Format;
+use crate::torch::dtype::TorchDtype;
 
 /// A storage reference whose dtype differs from the first reference of its key and whose
 /// byte size (`numel * element size`) differs too. torch 2.15.0 refuses such a zip file
@@ -28,7 +28,7 @@ pub struct StorageConflict {
 }
 
 /// Why a tensor found in the pickle cannot be described (reported with its name by
-/// [`crate::input::torch::Checkpoint::select`], and only for tensors that are selected).
+/// [`crate::torch::Checkpoint::select`], and only for tensors that are selected).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TensorProblem {
     /// A torch dtype that safetensors has no equivalent for (complex128, qint8, bits8, ...).

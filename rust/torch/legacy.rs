@@ -18,11 +18,11 @@ use super::error::TorchError;
 use super::pickle::{self, NoStorages, ObjId, Object, Pickle, StorageRef, Storages};
 use super::{parse_pid, pid_error, reference, Limits, Storage};
 
-pub use crate::input::sniff::LEGACY_MAGIC as MAGIC;
+pub use super::sniff::LEGACY_MAGIC as MAGIC;
 /// The legacy protocol version torch writes.
 pub const PROTOCOL_VERSION: i64 = 1001;
 
-pub use crate::input::sniff::looks_legacy;
+pub use super::sniff::looks_legacy;
 
 struct LegacyStorages {
     storages: Vec<Storage>,

@@ -358,7 +358,7 @@ pub fn torch_zip(
 pub fn legacy(main: &[u8], storages: &[(&str, u64, Vec<u8>)], little_endian: bool) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(&[0x80, 2, 0x8a, 10]);
-    out.extend_from_slice(&crate::input::torch::legacy::MAGIC);
+    out.extend_from_slice(&crate::torch::legacy::MAGIC);
     out.push(b'.');
     out.extend_from_slice(&pickle(&V::Int(1001)));
     out.extend_from_slice(&pickle(&V::Dict(vec![

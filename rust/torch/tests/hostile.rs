@@ -3,7 +3,7 @@
 
 use super::generated::{f32s, read_ok};
 use super::writer::*;
-use crate::input::torch::*;
+use crate::torch::*;
 
 fn zipped(v: &V, storages: &[(&str, Vec<u8>)]) -> Vec<u8> {
     torch_zip("archive", &pickle(v), storages, "little")
