@@ -286,16 +286,18 @@ def run_on_pty(
     timeout: float = 60,
     columns: int = 80,
     deterministic: bool = False,
+    terminal: str = "stderr",
 ) -> tuple[int, str, bytes]:
-    """Run the CLI with stderr on a pseudo-terminal `columns` wide; return (rc, stdout,
-    stderr bytes)."""
+    """Run the CLI with `terminal` (stderr, or stdout) on a pseudo-terminal `columns` wide;
+    return (rc, the other stream's text, the terminal's bytes)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
     entry = ["-c", DETERMINISTIC_PROGRESS] if deterministic else ["-m", "stcast"]
+    on_pty = terminal == "stdout"
     proc = subprocess.Popen(
         [sys.executable, *entry, *map(str, args)],
-        stdout=subprocess.PIPE,
-        stderr=slave,
+        stdout=slave if on_pty else subprocess.PIPE,
+        stderr=subprocess.PIPE if on_pty else slave,
         stdin=subprocess.DEVNULL,
         env=cli_env(),
     )
@@ -316,6 +318,8 @@ def run_on_pty(
             break
         assert time.monotonic() < deadline, "the CLI hung"
     os.close(master)
-    out = proc.stdout.read().decode()
-    proc.stdout.close()
+    other = proc.stderr if on_pty else proc.stdout
+    assert other is not None
+    out = other.read().decode()
+    other.close()
     return proc.wait(timeout), out, b"".join(chunks)

@@ -1076,34 +1076,9 @@ def test_21_a_strict_metadata_order_mismatch_hints_at_loose(tmp_path, run_main):
 
 def _stdout_on_pty(args: list[object], columns: int) -> str:
     """The CLI's stdout as a terminal `columns` wide shows it (stderr left out)."""
-    import fcntl
-    import os
-    import pty
-    import struct
-    import termios
-
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stcast", *map(str, args)],
-        stdout=slave,
-        stderr=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL,
-        env=cli_env(),
-    )
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 65536)
-        except OSError:  # EIO: the child closed its end
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
-    assert proc.wait(timeout=60) == 0
-    return b"".join(chunks).decode().replace("\r\n", "\n")
+    rc, _, shown = run_on_pty(args, columns=columns, terminal="stdout")
+    assert rc == 0
+    return shown.decode().replace("\r\n", "\n")
 
 
 @pytest.mark.parametrize("kind", ["file", "folder"])
