@@ -16,7 +16,7 @@ use crate::dtype::{elem_size, Action, Conversion};
 use crate::error::{Error, Result};
 use crate::fused;
 use crate::header::PREFIX;
-use crate::input::InputOptions;
+use crate::input::{InputOptions, TORCH_METADATA};
 use crate::kernels::Isa;
 use crate::numerics::Numerics;
 use crate::output::{check_side_output, write_file, PathId, Replace};
@@ -732,7 +732,10 @@ fn check_headers(
             format!("tensor `{}` is in SRC but not in DST", esc(missing)),
         );
     }
-    if let Some((why, hint)) = metadata_difference(&sh.metadata, &dh.metadata, opts.loose) {
+    // The entry stcast gives every output of a PyTorch checkpoint: another tool's output
+    // need not have it (loose).
+    let added = src.origin.is_some().then_some(TORCH_METADATA.0);
+    if let Some((why, hint)) = metadata_difference(&sh.metadata, &dh.metadata, opts.loose, added) {
         return fail(None, format!("__metadata__ differs: {}{hint}", esc(&why)));
     }
     if opts.loose {
@@ -881,11 +884,13 @@ fn conversion_dtype(c: Conversion) -> Dtype {
 }
 
 /// Why two `__metadata__` differ, or None; with a hint (a template) when only the strict
-/// rules fail them. Loose: key order is free and no metadata equals an empty one.
+/// rules fail them. Loose: key order is free, no metadata equals an empty one, and DST may
+/// lack the key `added`, which stcast adds to SRC's own (`format` for a PyTorch checkpoint).
 fn metadata_difference(
     src: &Option<Vec<(String, String)>>,
     dst: &Option<Vec<(String, String)>>,
     loose: bool,
+    added: Option<&str>,
 ) -> Option<(String, &'static str)> {
     let plain = |why: String| Some((why, ""));
     let empty = Vec::new();
@@ -914,6 +919,7 @@ fn metadata_difference(
     let smap: HashMap<&str, &str> = s.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     for (k, v) in s {
         match dmap.get(k.as_str()) {
+            None if loose && added == Some(k.as_str()) => {}
             None => return plain(format!("key {k:?} is missing in DST")),
             Some(dv) if dv != v => {
                 return plain(format!("key {k:?} is {v:?} in SRC, {dv:?} in DST"))

@@ -205,3 +205,15 @@ def test_per_tensor_numerics_are_a_lazy_sequence(tmp_path):
     json.dumps(report.to_dict())  # plain data
     again = stcast.verify(src, tmp_path / "out.safetensors")
     assert again.numerics["tensors"] == rows
+
+
+def test_cancelled_is_a_stcast_error():
+    """One `except stcast.StcastError` catches every way a call ends without a result,
+    a cancelled one too (issue 23, point 7)."""
+    import pickle
+
+    e = stcast.Cancelled()
+    assert isinstance(e, stcast.StcastError)
+    assert (e.kind, str(e), e.path) == ("cancelled", "conversion cancelled", None)
+    again = pickle.loads(pickle.dumps(e))
+    assert (type(again), str(again)) == (stcast.Cancelled, "conversion cancelled")

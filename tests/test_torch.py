@@ -390,6 +390,35 @@ def test_nested_key_and_prefixes(tmp_path, run_main, rng):
     assert rc == 1 and "would both be named `v`" in line, line
 
 
+@pytest.mark.parametrize(
+    "obj, first, second",
+    [
+        ({"a": {"b": "T"}, "a.b": "T"}, "['a']['b']", "['a.b']"),
+        ({"1": "T", 1: "T"}, "['1']", "[1]"),
+        ({"it's": {"x": "T"}, "it's.x": "T"}, "[\"it's\"]['x']", '["it\'s.x"]'),
+    ],
+)
+def test_a_name_clash_names_the_keys_as_python_writes_them(tmp_path, run_main, obj, first, second):
+    """Two tensors whose dotted names are one string are told apart by their keys, not named
+    twice as "`a.b` and `a.b`" (issue 23, point 7)."""
+    src, dst = tmp_path / "clash.pt", tmp_path / "out.safetensors"
+    storages = {"0": np.arange(4, dtype=np.float32).tobytes()}
+
+    def fill(d):
+        return {
+            k: fill(v) if isinstance(v, dict) else tf.tensor("0", "float32", (4,))
+            for k, v in d.items()
+        }
+
+    tf.write_zip(src, fill(obj), storages)
+    rc, out, err = run_main("convert", src, dst)
+    line = assert_one_error_line(err)
+    assert rc == 1, err
+    name = next(iter(k for k in obj if isinstance(k, str) and "." in k), "1")
+    assert f"tensors `{first}` and `{second}` would both be named `{name}`" in line, line
+    assert not dst.exists()
+
+
 def test_names_a_safetensors_header_cannot_hold_are_refused(tmp_path, run_main, rng):
     """A tensor named `__metadata__` (as saved, or once a prefix is stripped) would write a
     header with that key twice, a file no loader (nor stcast) reads; a tensor under a bytes

@@ -588,3 +588,29 @@ def test_loose_accepts_the_torch_path(tmp_path, rng):
     else:
         m = mismatch_of(witness, tmp_path / "f64-torch.safetensors", loose=True)
         assert (m.tensor, m.index, m.expected_bits, m.found_bits) == ("x", 1, "0x3F81", "0x3F80")
+
+
+def test_loose_accepts_a_pickle_converted_without_the_format_metadata(tmp_path, rng):
+    """`safetensors.torch.save_file` of a `.pt` writes no `__metadata__`; stcast adds
+    `format: pt` to its own outputs of pickles, and what it adds itself must not count
+    against another tool's file (issue 23, point 7). Strict verify still wants it."""
+    import torchfile as tf
+    from reference import bf16_bits_ml_dtypes
+
+    x = rng.standard_normal(64).astype(np.float32)
+    src = tmp_path / "model.pt"
+    tf.write_zip(src, {"x": tf.tensor("0", "float32", (64,))}, {"0": x.tobytes()})
+    theirs = write_safetensors(
+        tmp_path / "theirs.safetensors", {"x": ("BF16", [64], bf16_bits_ml_dtypes(x))}
+    )
+    report = stcast.verify(src, theirs, loose=True)
+    assert report.ok, report.mismatch
+    strict = stcast.verify(src, theirs)
+    assert not strict.ok and "__metadata__" in strict.mismatch.message
+    # A key of the source's own is still compared, loose or not.
+    other = write_safetensors(
+        tmp_path / "other.safetensors",
+        {"x": ("BF16", [64], bf16_bits_ml_dtypes(x))},
+        metadata={"format": "np"},
+    )
+    assert not stcast.verify(src, other, loose=True).ok

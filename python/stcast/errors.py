@@ -5,14 +5,17 @@ Every class has the engine's `kind` name (`stcast._core.ERROR_KINDS`), and insta
 the message with options written neutrally (`{force}`, `{on_overflow=keep}`). `str(e)`
 renders it in Python's words (`force=True`); the command line renders it with its flags.
 
-- `StcastError` (a `ValueError`): the base of everything below but `Cancelled`.
+- `StcastError` (a `ValueError`): the base of everything below, so that one `except`
+  catches every way a call of stcast can end without a result.
 - `InvalidInput`: the input is not a valid checkpoint; `InputChanged`: it changed while
   being read.
 - `Refused`: stcast refuses what was asked (it would lose data or change the model unasked).
 - `UsageError`: an argument is out of range or malformed (exit status 2 in the CLI).
 - `DestinationExists`: also a `FileExistsError` (errno EEXIST).
 - `NoSpace`: also an `OSError` with errno ENOSPC, whichever step ran out of space.
-- `Cancelled`: the `cancel` flag was set.
+- `Cancelled`: the `cancel` flag was set (or, in the CLI, a signal arrived): no output
+  was left behind, except a folder run's manifest and finished files, which `resume`
+  continues from.
 
 Other I/O failures raise the matching `OSError` subclass (`FileNotFoundError`, ...) with
 the path as `filename`.
@@ -184,10 +187,15 @@ class NoSpace(OSError, StcastError):
     __reduce__ = StcastError.__reduce__
 
 
-class Cancelled(Exception):
-    """The conversion was cancelled through its `cancel` object; nothing was left behind."""
+class Cancelled(StcastError):
+    """The conversion was cancelled through its `cancel` object. A file conversion leaves
+    nothing behind; a folder run keeps its manifest and the files it finished, so that
+    `resume=True` goes on from there (or `force=True` starts again)."""
 
-    kind: ClassVar[str] = "cancelled"
+    kind = "cancelled"
+
+    def __init__(self, template: str = "conversion cancelled", *, path: str | None = None) -> None:
+        super().__init__(template, path=path)
 
 
 class StcastWarning(UserWarning):

@@ -70,6 +70,34 @@ impl Key {
             Key::Other(id) => format!("<{} key>", ck.pickle.get(*id).kind()),
         }
     }
+    /// The key as Python subscripts it: `['a.b']`, `[1]`.
+    fn subscript(&self, ck: &Checkpoint) -> String {
+        match self {
+            Key::Str(s) => format!("[{}]", quoted(s)),
+            Key::Int(i) => format!("[{i}]"),
+            Key::Other(id) => format!("[<{} key>]", ck.pickle.get(*id).kind()),
+        }
+    }
+}
+
+/// A str key as Python's `repr` quotes it (control characters are left to the printer,
+/// which escapes them in every message).
+fn quoted(s: &str) -> String {
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push(quote);
+    for c in s.chars() {
+        if c == '\\' || c == quote {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push(quote);
+    out
 }
 
 fn join(path: &str, name: &str) -> String {
@@ -285,8 +313,8 @@ impl Checkpoint {
             }
             None => self.auto_select()?,
         };
-        let (named, skipped) = self.flatten(dict)?;
-        let mut tensors = Vec::with_capacity(named.len());
+        let (named, skipped) = self.flatten(dict, false)?;
+        let mut tensors: Vec<NamedTensor> = Vec::with_capacity(named.len());
         let mut names: HashMap<String, usize> = HashMap::new();
         for (source, index) in named {
             let desc = match self.tensors.get(index) {
@@ -312,11 +340,19 @@ impl Checkpoint {
                 });
             }
             if let Some(&other) = names.get(&name) {
-                let first: &NamedTensor = &tensors[other];
+                let mut first = tensors[other].source.clone();
+                let mut second = source;
+                if first == second {
+                    // `{'a': {'b': t}}` and `{'a.b': t}`, or `'1'` and `1`: name them by
+                    // their keys, as Python subscripts them.
+                    let (paths, _) = self.flatten(dict, true)?;
+                    first = paths[other].0.clone();
+                    second = paths[tensors.len()].0.clone();
+                }
                 return Err(TorchError::DuplicateName {
                     name,
-                    first: first.source.clone(),
-                    second: source,
+                    first,
+                    second,
                 });
             }
             names.insert(name.clone(), tensors.len());
@@ -392,7 +428,13 @@ impl Checkpoint {
 
     /// The tensors (dotted name, tensor index) and skipped entry names below `dict`.
     #[allow(clippy::type_complexity)]
-    fn flatten(&self, dict: ObjId) -> Result<(Vec<(String, usize)>, Vec<String>), TorchError> {
+    /// The tensors below `dict`, named by their dotted paths (or, with `subscripts`, by
+    /// their keys as Python writes them: `['a']['b']`), and the names of what is skipped.
+    fn flatten(
+        &self,
+        dict: ObjId,
+        subscripts: bool,
+    ) -> Result<(Vec<(String, usize)>, Vec<String>), TorchError> {
         let mut tensors = Vec::new();
         let mut skipped = Vec::new();
         let mut budget = Budget(self.limits.max_objects as u64);
@@ -412,7 +454,11 @@ impl Checkpoint {
                 continue;
             };
             *next += 1;
-            let name = join(path, &key.render(self));
+            let name = if subscripts {
+                format!("{path}{}", key.subscript(self))
+            } else {
+                join(path, &key.render(self))
+            };
             let odd = odd.or(match key {
                 Key::Other(id) => Some(self.pickle.get(id).kind()),
                 _ => None,
