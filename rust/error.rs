@@ -13,6 +13,63 @@ use crate::text::{count, esc, esc_path, format_bytes, name_list, plain};
 use crate::torch::{Format, TensorProblem, TorchError};
 use crate::vocab::{ErrorKind, OptionName, Target, WarningKind};
 
+/// What is wrong with a distributed checkpoint, beyond what its pickles' reader says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DistProblem {
+    /// `.metadata` is not what `torch.distributed.checkpoint` writes: `what` says where.
+    Metadata { what: String },
+    /// A tensor stored through a transform (compression, ...): stcast reads plain items.
+    Transformed { descriptors: Vec<String> },
+    /// An item's file: not a plain name inside the folder, or unreadable.
+    ItemFile { file: String, reason: String },
+    /// An item's bytes lie past the end of its file.
+    PastEnd { file: String, end: u64, len: u64 },
+    /// An item is not the tensor the metadata says.
+    Item {
+        file: String,
+        offset: u64,
+        reason: String,
+    },
+    /// The chunks do not tile the tensor (overlap, gap, outside its size).
+    Chunks { reason: String },
+}
+
+impl fmt::Display for DistProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DistProblem::Metadata { what } => write!(
+                f,
+                "not a torch.distributed.checkpoint .metadata: {}",
+                esc(what)
+            ),
+            DistProblem::Transformed { descriptors } => write!(
+                f,
+                "stored through the transforms {}; stcast reads untransformed items only",
+                name_list(descriptors.iter().map(String::as_str), 3)
+            ),
+            DistProblem::ItemFile { file, reason } => {
+                write!(f, "its item file `{}`: {}", esc(file), esc(reason))
+            }
+            DistProblem::PastEnd { file, end, len } => write!(
+                f,
+                "its item ends at byte {end} of `{}`, past the file's {len} bytes",
+                esc(file)
+            ),
+            DistProblem::Item {
+                file,
+                offset,
+                reason,
+            } => write!(
+                f,
+                "its item at byte {offset} of `{}`: {}",
+                esc(file),
+                esc(reason)
+            ),
+            DistProblem::Chunks { reason } => write!(f, "its chunks {}", esc(reason)),
+        }
+    }
+}
+
 /// Everything that can stop the engine.
 #[derive(Debug)]
 pub enum Error {
@@ -35,6 +92,13 @@ pub enum Error {
     Checkpoint { path: PathBuf, error: TorchError },
     /// An option for PyTorch checkpoints (`key`, `strip_prefix`) given for another input.
     NotACheckpoint { path: PathBuf, option: OptionName },
+    /// A distributed training checkpoint (a DCP folder) that cannot be read as it says:
+    /// `path` is the file at fault (`.metadata`, a `.distcp` file).
+    Distributed {
+        path: PathBuf,
+        tensor: Option<String>,
+        problem: DistProblem,
+    },
     /// The input was written to, truncated or extended while it was read.
     InputChanged { path: PathBuf, change: String },
     /// The planned output header would pass the format's limit.
@@ -124,6 +188,15 @@ impl Error {
         }
     }
 
+    /// A `DistProblem` of file `path` (of tensor `tensor`, where one is concerned).
+    pub fn distributed(path: &Path, tensor: Option<&str>, problem: DistProblem) -> Error {
+        Error::Distributed {
+            path: path.to_path_buf(),
+            tensor: tensor.map(str::to_string),
+            problem,
+        }
+    }
+
     /// The category: the Python exception class and the CLI's JSON `kind`.
     pub fn kind(&self) -> ErrorKind {
         match self {
@@ -132,6 +205,10 @@ impl Error {
             | Error::OutputHeaderTooLarge { .. } => ErrorKind::InvalidInput,
             Error::NothingToConvert { .. } => ErrorKind::Refused,
             Error::Checkpoint { error, .. } => checkpoint_kind(error),
+            Error::Distributed { problem, .. } => match problem {
+                DistProblem::Transformed { .. } => ErrorKind::Refused,
+                _ => ErrorKind::InvalidInput,
+            },
             Error::NotACheckpoint { .. } => ErrorKind::Usage,
             Error::InputChanged { .. } => ErrorKind::InputChanged,
             Error::NotAFile { .. }
@@ -164,6 +241,7 @@ impl Error {
             | Error::OtherFormat { path, .. }
             | Error::NothingToConvert { path, .. }
             | Error::Checkpoint { path, .. }
+            | Error::Distributed { path, .. }
             | Error::NotACheckpoint { path, .. }
             | Error::InputChanged { path, .. }
             | Error::OutputHeaderTooLarge { path, .. }
@@ -188,6 +266,9 @@ impl Error {
     pub fn tensor(&self) -> Option<&str> {
         match self {
             Error::Overflow { worst, .. } => Some(worst),
+            Error::Distributed {
+                tensor: Some(t), ..
+            } => Some(t),
             Error::Checkpoint {
                 error:
                     TorchError::Tensor { name, .. }
@@ -267,6 +348,12 @@ impl Error {
                     .to_string(),
             },
             Error::Checkpoint { error, .. } => checkpoint_message(error),
+            Error::Distributed {
+                tensor, problem, ..
+            } => match tensor {
+                Some(t) => format!("tensor `{}`: {problem}", esc(t)),
+                None => problem.to_string(),
+            },
             Error::NotACheckpoint { option, .. } => format!(
                 "{{{}}} applies to PyTorch checkpoints (.bin, .pt, .pth), and this is a \
                  safetensors file",

@@ -406,9 +406,9 @@ fn index_file_name(stem: &str) -> String {
     shard::index_file_name(stem)
 }
 
-/// Refuse a folder that is a distributed training checkpoint (DCP, DeepSpeed), naming it.
+/// Is the folder one checkpoint (DCP)? One stcast cannot read is refused, naming it.
 #[pyfunction]
-fn check_folder(py: Python<'_>, path: PathBuf) -> PyResult<()> {
+fn check_folder(py: Python<'_>, path: PathBuf) -> PyResult<bool> {
     guarded(py, || crate::input::folder::check_folder(&path))
 }
 

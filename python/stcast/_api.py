@@ -170,7 +170,7 @@ def convert(
     o = _checked(given)
     o = replace(o, max_shard_size=_size(max_shard_size))
     o = _plain(replace(o, name=_name(name, o.max_shard_size)))
-    if os.path.isdir(src) or o.max_shard_size is not None:
+    if _tree(src) or o.max_shard_size is not None:
         from . import folder
 
         _files_only(src, o)
@@ -284,7 +284,7 @@ def inspect(
     target = None if dst is None else os.fsdecode(dst)
     o = replace(o, max_shard_size=_size(max_shard_size))
     o = _plain(replace(o, name=_name(name, o.max_shard_size)))
-    if os.path.isdir(path) or o.max_shard_size is not None:
+    if _tree(path) or o.max_shard_size is not None:
         from .folder import inspect_folder
 
         _files_only(path, o)
@@ -384,9 +384,9 @@ def verify(
     src, dst = _source(src), os.fsdecode(dst)
     o = _plain(_report(_checked(given, to_given=False)))
     o = replace(o, name=None if name is None else _core.check_name(name))
-    if not os.path.isdir(src) and o.name is None:
+    if not _tree(src) and o.name is None:
         dst = _verified_file(src, dst, o.to)
-    if os.path.isdir(src) or os.path.isdir(dst):
+    if _tree(src) or os.path.isdir(dst):
         from .folder.verify import verify_folder
 
         _files_only(src, o)
@@ -442,7 +442,7 @@ def default_destination(src: StrPath, to: Target | TargetAlias = "bf16") -> str:
     """The output `convert(src)` writes when no `dst` is given: `<stem>-bf16.safetensors`
     beside a file, `<folder>-bf16` beside a folder (`-fp16` for fp16)."""
     path, name = os.fsdecode(src), _engine.target_name(to)
-    if os.path.isdir(path):
+    if _tree(path):
         from .folder import default_dst
 
         return default_dst(path, name)
@@ -458,9 +458,19 @@ def _file_dst(src: str, dst: StrPath, to: Target) -> str:
     """A file's DST as users type it: a folder (one that exists, or a path ending with `/`)
     gets the name `convert` gives the output by default, inside it (as `cp` does)."""
     path = os.fsdecode(dst)
-    if _names_folder(path) or os.path.isdir(path):
+    # A checkpoint folder's (DCP's) output is one file: a DST not named `*.safetensors` is
+    # the Hugging Face folder that holds it.
+    one = os.path.isdir(src) and not path.rstrip("/").lower().endswith(".safetensors")
+    if _names_folder(path) or os.path.isdir(path) or one:
         return os.path.join(path, os.path.basename(_engine.default_dst(src, to)))
     return path
+
+
+def _tree(path: str) -> bool:
+    """Is `path` a folder of files (a Hugging Face folder), rather than one checkpoint (a
+    DCP folder, read as one source)? A distributed checkpoint stcast cannot read yet is
+    refused here, naming it."""
+    return os.path.isdir(path) and not _core.check_folder(path)
 
 
 def _verified_file(src: str, dst: str, to: Target | None) -> str:
@@ -470,7 +480,7 @@ def _verified_file(src: str, dst: str, to: Target | None) -> str:
     if not (_names_folder(dst) or os.path.isdir(dst)):
         return dst
     targets: list[Target] = [to] if to is not None else ["bf16", "fp16"]
-    names = [_file_dst(src, dst, t) for t in targets]
+    names = list(dict.fromkeys(_file_dst(src, dst, t) for t in targets))  # DCP: one name
     found = [n for n in names if os.path.isfile(n)]
     if len(found) > 1:
         raise UsageError(
@@ -506,8 +516,7 @@ def _source(src: StrPath) -> str:
     engine, naming it, before any folder code reads it as a Hugging Face folder."""
     path = os.fsdecode(src)
     if os.path.lexists(path):
-        if os.path.isdir(path):
-            _core.check_folder(path)
+        _tree(path)
         return path
     hub = re.fullmatch(
         r"(?:https?://(?:www\.)?huggingface\.co/|hf://(?:models/)?)?([\w.-]+/[\w.-]+)"
@@ -572,7 +581,7 @@ def _files_only(src: str, o: Options) -> None:
     weight files are plain state dicts (and whose indexes name their tensors). A file
     re-sharded into a folder takes them."""
     option = "key" if o.key is not None else "strip_prefix" if o.strip_prefix else None
-    if option is not None and os.path.isdir(src):
+    if option is not None and _tree(src):
         raise UsageError(
             f"{{{option}}} applies to PyTorch checkpoint files; {_engine.escape(src)} is a folder",
             option=option,

@@ -78,6 +78,10 @@ def patterns(keep: Iterable[str]) -> list[str]:
 def default_dst(src: str, to: Target) -> str:
     """The output `convert` writes when none is given: `<stem>-bf16.safetensors` beside it;
     with `to="keep"` (a PyTorch checkpoint changing format only) `<stem>.safetensors`."""
+    if os.path.isdir(src):
+        # One checkpoint in a folder (DCP): a Hugging Face folder beside it, holding one file.
+        base = src.rstrip("/") or src
+        return os.path.join(f"{base}-{'safetensors' if to == 'keep' else to}", "model.safetensors")
     stem, ext = os.path.splitext(src)
     if to == "keep" and ext != ".safetensors":
         return f"{stem}.safetensors"

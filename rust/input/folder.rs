@@ -23,15 +23,17 @@ const MAX_ENTRIES: usize = 100_000;
 /// far as this can tell).
 pub fn folder_format(dir: &Path) -> Option<Format> {
     let listed = names(dir);
+    let has = |n: &str| listed.iter().any(|x| x == n);
+    // `.metadata` beside the ranks' `.distcp` files is a DCP checkpoint, whatever else was
+    // put beside it (a consolidated `model.safetensors`).
+    if has(".metadata") && listed.iter().any(|n| n.ends_with(".distcp")) {
+        return Some(Format::Dcp);
+    }
     // Weights stcast converts make it a Hugging Face folder, whatever else it holds: the
     // Trainer saves `checkpoint-N/` with `model.safetensors` beside DeepSpeed's `latest`
     // and `global_stepN/`.
     if listed.iter().any(|n| is_weights(n)) {
         return None;
-    }
-    let has = |n: &str| listed.iter().any(|x| x == n);
-    if has(".metadata") && listed.iter().any(|n| n.ends_with(".distcp")) {
-        return Some(Format::Dcp);
     }
     if listed.iter().any(|n| is_model_states(n)) {
         return Some(Format::DeepSpeed);
@@ -51,15 +53,17 @@ pub fn folder_format(dir: &Path) -> Option<Format> {
     None
 }
 
-/// Refuse a folder stcast cannot read yet (a distributed training checkpoint), naming what
-/// it is; any other folder passes.
-pub fn check_folder(dir: &Path) -> Result<()> {
+/// Is folder `dir` one checkpoint, read as one source (a DCP folder: `true`), or a folder
+/// of files (`false`)? A distributed checkpoint stcast cannot read yet is refused, naming
+/// what it is.
+pub fn check_folder(dir: &Path) -> Result<bool> {
     match folder_format(dir) {
+        Some(Format::Dcp) => Ok(true),
         Some(format) => Err(Error::OtherFormat {
             path: dir.to_path_buf(),
             format,
         }),
-        None => Ok(()),
+        None => Ok(false),
     }
 }
 
@@ -167,15 +171,18 @@ mod tests {
                     "__0_0.distcp",
                     "model-00001-of-00002.safetensors",
                 ],
-                None,
+                Some(Format::Dcp),
             ),
             ("empty", &[], None),
         ];
         for (tag, files, want) in cases {
             let dir = folder(tag, files);
             assert_eq!(folder_format(&dir), *want, "{tag}");
-            let refused = check_folder(&dir).is_err();
-            assert_eq!(refused, want.is_some(), "{tag}");
+            // A DCP folder is read as one checkpoint; DeepSpeed's is refused (not read yet).
+            match check_folder(&dir) {
+                Ok(one) => assert_eq!(one, *want == Some(Format::Dcp), "{tag}"),
+                Err(_) => assert_eq!(*want, Some(Format::DeepSpeed), "{tag}"),
+            }
             std::fs::remove_dir_all(&dir).unwrap();
         }
     }

@@ -15,6 +15,7 @@
 //! bytes), `safetensors` (the safetensors opener), `folder` (a folder that is a distributed
 //! training checkpoint, not a Hugging Face folder).
 
+pub mod dcp;
 pub mod folder;
 pub mod safetensors;
 
@@ -71,6 +72,11 @@ impl Source {
     /// Open `path`, a safetensors file or a PyTorch checkpoint, without reading its data.
     /// `opts` selects a checkpoint's state dict; given for a safetensors file, it is refused.
     pub fn open_any(path: &Path, opts: &InputOptions) -> Result<Source> {
+        if path.is_dir() {
+            if let Some(Format::Dcp) = folder::folder_format(path) {
+                return dcp::open(path, opts);
+            }
+        }
         let input = InputFile::open(path, PREFIX as u64, |len| too_small(path, len))?;
         match sniff(&input.map) {
             Format::TorchZip | Format::TorchLegacy => open_checkpoint(path, input, opts),

@@ -87,6 +87,9 @@ pub struct Limits {
     pub max_long_bytes: usize,
     /// Most dimensions of a tensor.
     pub max_ndim: usize,
+    /// Whether `pathlib` paths stand as inert records rather than being refused: in a
+    /// `torch.distributed.checkpoint` `.metadata` only (its `StorageMeta.checkpoint_id`).
+    pub inert_paths: bool,
 }
 
 impl Default for Limits {
@@ -97,6 +100,7 @@ impl Default for Limits {
             max_depth: 1000,
             max_long_bytes: 1024,
             max_ndim: 64,
+            inert_paths: false,
         }
     }
 }

@@ -321,6 +321,15 @@ const HARMLESS_BUILTINS: &[&str] = &[
     "callable",
 ];
 
+/// A `pathlib` path class: an inert record where `Limits::inert_paths` allows it.
+fn is_path_class(module: &str, name: &str) -> bool {
+    module == "pathlib"
+        && matches!(
+            name,
+            "PosixPath" | "PurePosixPath" | "WindowsPath" | "PureWindowsPath" | "Path"
+        )
+}
+
 /// What `(module, name)` is, after protocol-2 name mapping.
 enum Resolved {
     Allowed(Global),
@@ -802,6 +811,16 @@ impl<'a> Unpickler<'a, '_> {
         }
         match resolve(module, name) {
             Resolved::Allowed(g) => self.push(Object::Global(g)),
+            Resolved::Denied(full) if self.limits.inert_paths && is_path_class(module, name) => {
+                self.note_placeholder(&full);
+                self.push(Object::Placeholder(Box::new(Placeholder {
+                    global: full,
+                    called: false,
+                    args: None,
+                    state: None,
+                    items: Vec::new(),
+                })))
+            }
             Resolved::Denied(full) => {
                 self.denied.get_or_insert_with(|| full.clone());
                 self.note_placeholder(&full);
@@ -835,6 +854,13 @@ impl<'a> Unpickler<'a, '_> {
 
     fn is_denied(&self, global: &str) -> bool {
         let root = global.split('.').next().unwrap_or(global);
+        if self.limits.inert_paths {
+            if let Some(("pathlib", name)) = global.split_once('.') {
+                if is_path_class("pathlib", name) {
+                    return false;
+                }
+            }
+        }
         DENIED_MODULES.contains(&root)
             || global
                 .strip_prefix("builtins.")

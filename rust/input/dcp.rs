@@ -1,0 +1,667 @@
+//! A `torch.distributed.checkpoint` (DCP) folder as one `Source`, read without torch.
+//!
+//! The folder holds `.metadata`, a plain `pickle.dump` of a `Metadata`, and the ranks'
+//! `__{rank}_{n}.distcp` files. `.metadata` is read by the allow-listed unpickler: its
+//! classes stand as inert records (`DCP_RECORDS`), nothing is imported or called.
+//! - `state_dict_metadata`: fqn → `TensorStorageMetadata(properties, size, chunks)` (each
+//!   chunk a box: `offsets`, `sizes`) or `BytesStorageMetadata` (a pickled object: skipped);
+//! - `storage_data`: `MetadataIndex(fqn, offset)` → `_StorageInfo(relative_path, offset,
+//!   length[, transform_descriptors])`: where each chunk's item is;
+//! - `planner_data`: fqn → the key path in the saved state dict (`("model", "w")`).
+//!
+//! Each tensor item is a whole `torch.save(tensor)` zip archive at `offset` of its file,
+//! `length` bytes long, read in place by the PyTorch reader. A tensor of the output is its
+//! chunks' items gathered window by window (`gather::Pieces`): nothing but the items of the
+//! selected tensors is read, and optimizer states beside them are never touched.
+//!
+//! Names are torch's: the `planner_data` path below the selected key, joined with dots, as
+//! `dcp_to_torch_save` then `torch.load(...)[key]` gives them (flattened as stcast flattens
+//! any nested dict).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use crate::error::{DistProblem, Error, Result};
+use crate::format::Format;
+use crate::gather::{Gather, Piece, Pieces};
+use crate::header::{SourceHeader, SourceTensor};
+use crate::input::{InputOptions, TORCH_METADATA};
+use crate::source::{InputFile, Origin, Source};
+use crate::torch::pickle::{unpickle, NoStorages};
+use crate::torch::{self, Limits, ObjId, Object, Pickle, TorchError};
+
+/// The classes a `.metadata` pickle names that stand as inert records (never imported or
+/// called): DCP's own dataclasses, the enum of memory formats, the path of the checkpoint
+/// (`StorageMeta.checkpoint_id`) and the layouts. Any other class is a note, as in a
+/// PyTorch checkpoint.
+pub const DCP_RECORDS: &[&str] = &[
+    "torch.distributed.checkpoint.metadata.Metadata",
+    "torch.distributed.checkpoint.metadata.TensorStorageMetadata",
+    "torch.distributed.checkpoint.metadata.BytesStorageMetadata",
+    "torch.distributed.checkpoint.metadata.ChunkStorageMetadata",
+    "torch.distributed.checkpoint.metadata.TensorProperties",
+    "torch.distributed.checkpoint.metadata.MetadataIndex",
+    "torch.distributed.checkpoint.metadata.StorageMeta",
+    "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING",
+    "torch.distributed.checkpoint.filesystem._StorageInfo",
+    "torch.serialization._get_layout",
+    "torch.strided",
+    "torch.sparse_coo",
+    "torch.contiguous_format",
+    "pathlib.PosixPath",
+    "pathlib.PurePosixPath",
+    "pathlib.WindowsPath",
+    "pathlib.PureWindowsPath",
+    "pathlib.Path",
+];
+
+/// The name of the metadata file in a DCP folder.
+pub const METADATA: &str = ".metadata";
+
+/// One tensor of the checkpoint as `.metadata` describes it.
+struct Entry {
+    fqn: String,
+    /// The key path in the saved state dict.
+    path: Vec<String>,
+    /// `None`: a bytes item (a pickled object), not a tensor.
+    tensor: Option<TensorMeta>,
+}
+
+struct TensorMeta {
+    dtype: &'static torch::dtype::TorchDtype,
+    size: Vec<u64>,
+    /// Each chunk's box: (offsets, sizes).
+    chunks: Vec<(Vec<u64>, Vec<u64>)>,
+}
+
+/// Where one chunk's item is.
+struct Item {
+    file: String,
+    offset: u64,
+    length: u64,
+    transforms: Vec<String>,
+}
+
+/// The parsed `.metadata`.
+struct Metadata {
+    entries: Vec<Entry>,
+    /// (fqn, chunk offsets) → the item.
+    items: HashMap<(String, Vec<u64>), Item>,
+    pickle: Pickle,
+}
+
+/// Open the DCP folder `dir`: read `.metadata`, select the tensors (`opts`), and locate
+/// every chunk of them in its item; no tensor data is read.
+pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
+    let meta_path = dir.join(METADATA);
+    let meta_file = InputFile::open(&meta_path, 1, |_| {
+        Error::distributed(&meta_path, None, meta_problem("an empty file"))
+    })?;
+    let limits = Limits {
+        inert_paths: true,
+        ..Limits::default()
+    };
+    let pickle = unpickle(
+        &meta_file.map,
+        "the .metadata pickle",
+        &limits,
+        &mut NoStorages,
+    )
+    .map_err(|error| Error::Checkpoint {
+        path: meta_path.clone(),
+        error,
+    })?;
+    let meta = read_metadata(pickle)
+        .map_err(|what| Error::distributed(&meta_path, None, DistProblem::Metadata { what }))?;
+    drop(meta_file);
+
+    let (key, chosen, skipped) =
+        select(&meta.entries, opts).map_err(|error| Error::Checkpoint {
+            path: meta_path.clone(),
+            error,
+        })?;
+
+    let mut files: Vec<InputFile> = Vec::new();
+    let mut file_index: HashMap<String, usize> = HashMap::new();
+    let mut tensors: Vec<SourceTensor> = Vec::with_capacity(chosen.len());
+    let mut item_bytes = 0u64;
+    for (name, e) in chosen {
+        let t = e.tensor.as_ref().expect("selected entries are tensors");
+        let fail = |path: &Path, problem| Error::distributed(path, Some(&name), problem);
+        let dtype = t.dtype.safetensors.ok_or_else(|| {
+            fail(
+                &meta_path,
+                DistProblem::Metadata {
+                    what: format!("its dtype {} has no safetensors dtype", t.dtype.name),
+                },
+            )
+        })?;
+        let mut pieces = Vec::with_capacity(t.chunks.len());
+        for (offsets, sizes) in &t.chunks {
+            let item = meta
+                .items
+                .get(&(e.fqn.clone(), offsets.clone()))
+                .ok_or_else(|| {
+                    fail(
+                        &meta_path,
+                        meta_problem(&format!(
+                            "no storage_data entry for its chunk at {offsets:?}"
+                        )),
+                    )
+                })?;
+            if !item.transforms.is_empty() {
+                return Err(fail(
+                    &meta_path,
+                    DistProblem::Transformed {
+                        descriptors: item.transforms.clone(),
+                    },
+                ));
+            }
+            let input = match file_index.get(&item.file) {
+                Some(&i) => i,
+                None => {
+                    let path = item_path(dir, &item.file).map_err(|reason| {
+                        fail(
+                            &meta_path,
+                            DistProblem::ItemFile {
+                                file: item.file.clone(),
+                                reason,
+                            },
+                        )
+                    })?;
+                    let f = InputFile::open(&path, 0, |_| unreachable_small(&path))?;
+                    files.push(f);
+                    file_index.insert(item.file.clone(), files.len() - 1);
+                    files.len() - 1
+                }
+            };
+            let f = &files[input];
+            let bytes = locate_item(&f.map, item, dtype, sizes)
+                .map_err(|problem| fail(&f.path, problem))?;
+            item_bytes += item.length;
+            pieces.push(Piece {
+                input,
+                bytes,
+                offsets: offsets.clone(),
+                sizes: sizes.clone(),
+            });
+        }
+        let pieces = Pieces::new(&name, dtype, &t.size, pieces).map_err(|e| {
+            fail(
+                dir,
+                DistProblem::Chunks {
+                    reason: e.problem.to_string(),
+                },
+            )
+        })?;
+        let shape = t
+            .size
+            .iter()
+            .map(|&d| usize::try_from(d))
+            .collect::<std::result::Result<Vec<usize>, _>>()
+            .map_err(|_| fail(&meta_path, meta_problem("a size past the address space")))?;
+        // Where its elements begin: the first piece's first byte.
+        let (input, start) = pieces
+            .pieces()
+            .first()
+            .map_or((files.len().saturating_sub(1), 0), |q| {
+                (q.input, q.bytes.start)
+            });
+        let len = pieces.nbytes();
+        tensors.push(SourceTensor {
+            name,
+            dtype,
+            shape,
+            start,
+            end: start + len,
+            input,
+            gather: Some(Box::new(Gather::Pieces(pieces))),
+        });
+    }
+    // Read order: file by file, front to back.
+    tensors.sort_by_key(|t| (t.input, t.start));
+    let stored: u64 = files.iter().map(|f| f.map.len() as u64).sum();
+    let header = SourceHeader {
+        header_len: stored.saturating_sub(item_bytes),
+        metadata: Some(vec![(
+            TORCH_METADATA.0.to_string(),
+            TORCH_METADATA.1.to_string(),
+        )]),
+        tensors,
+    };
+    let unlisted: Vec<String> = meta
+        .pickle
+        .placeholders
+        .iter()
+        .filter(|g| !DCP_RECORDS.contains(&g.as_str()))
+        .cloned()
+        .collect();
+    let origin = Origin {
+        format: Format::Dcp,
+        key,
+        skipped,
+        globals: meta.pickle.globals.clone(),
+        unlisted,
+    };
+    if files.is_empty() {
+        // A checkpoint of no tensors: the source still needs a file to stand for it.
+        let path = dir.join(METADATA);
+        files.push(InputFile::open(&path, 1, |_| unreachable_small(&path))?);
+    }
+    let mut source = Source::from_parts(dir, files, header);
+    source.origin = Some(origin);
+    Ok(source)
+}
+
+fn unreachable_small(path: &Path) -> Error {
+    Error::distributed(path, None, meta_problem("an empty file"))
+}
+
+fn meta_problem(what: &str) -> DistProblem {
+    DistProblem::Metadata {
+        what: what.to_string(),
+    }
+}
+
+/// The item file `name` inside `dir`: a plain file name, as DCP writes them.
+fn item_path(dir: &Path, name: &str) -> std::result::Result<PathBuf, String> {
+    if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\\', '\0']) {
+        return Err("not a file name inside the checkpoint folder".into());
+    }
+    Ok(dir.join(name))
+}
+
+/// The byte range (in the file) of the tensor data of the item `item`: a `torch.save` zip
+/// of one contiguous little-endian tensor of `dtype` and `sizes`.
+fn locate_item(
+    map: &[u8],
+    item: &Item,
+    dtype: safetensors::Dtype,
+    sizes: &[u64],
+) -> std::result::Result<std::ops::Range<u64>, DistProblem> {
+    let len = map.len() as u64;
+    let end = item.offset.saturating_add(item.length);
+    if end > len {
+        return Err(DistProblem::PastEnd {
+            file: item.file.clone(),
+            end,
+            len,
+        });
+    }
+    let bad = |reason: String| DistProblem::Item {
+        file: item.file.clone(),
+        offset: item.offset,
+        reason,
+    };
+    let bytes = &map[item.offset as usize..end as usize];
+    let ck = torch::read(bytes, &Limits::default()).map_err(|e| bad(e.to_string()))?;
+    let desc = match ck.tensor_of(ck.pickle.root) {
+        Some(Ok(d)) => d,
+        Some(Err(p)) => return Err(bad(p.to_string())),
+        None => {
+            return Err(bad(format!(
+                "{}, not a tensor",
+                ck.pickle.get(ck.pickle.root).kind()
+            )))
+        }
+    };
+    if desc.dtype != dtype {
+        return Err(bad(format!(
+            "a {:?} tensor, where the metadata says {dtype:?}",
+            desc.dtype
+        )));
+    }
+    if desc.shape != sizes {
+        return Err(bad(format!(
+            "a tensor of shape {:?}, where the chunk is {sizes:?}",
+            desc.shape
+        )));
+    }
+    match desc.contiguous_range() {
+        Some(r) if !desc.big_endian => Ok(item.offset + r.start..item.offset + r.end),
+        _ => Err(bad(
+            "a strided or big-endian view; stcast reads contiguous items".into(),
+        )),
+    }
+}
+
+// --- reading the inert records of `.metadata` ---
+
+fn state_dict(p: &Pickle, id: ObjId) -> Option<&[(ObjId, ObjId)]> {
+    let state = match p.get(id) {
+        Object::Placeholder(ph) => ph.state?,
+        _ => return None,
+    };
+    match p.get(state) {
+        Object::Dict(d) => Some(&d.items),
+        _ => None,
+    }
+}
+
+fn str_of(p: &Pickle, id: ObjId) -> Option<&str> {
+    match p.get(id) {
+        Object::Str(s) => Some(s),
+        _ => None,
+    }
+}
+
+fn field(p: &Pickle, id: ObjId, name: &str) -> Option<ObjId> {
+    state_dict(p, id)?
+        .iter()
+        .rev()
+        .find(|(k, _)| str_of(p, *k) == Some(name))
+        .map(|&(_, v)| v)
+}
+
+fn class_of(p: &Pickle, id: ObjId) -> Option<&str> {
+    match p.get(id) {
+        Object::Placeholder(ph) => Some(ph.global.as_str()),
+        _ => None,
+    }
+}
+
+fn ints(p: &Pickle, id: ObjId) -> Option<Vec<u64>> {
+    let items: &[ObjId] = match p.get(id) {
+        Object::Tuple(t) => t,
+        Object::List(l) => l,
+        _ => return None,
+    };
+    items
+        .iter()
+        .map(|&i| match p.get(i) {
+            Object::Int(n) => u64::try_from(*n).ok(),
+            _ => None,
+        })
+        .collect()
+}
+
+fn dict_items(p: &Pickle, id: ObjId) -> Option<&[(ObjId, ObjId)]> {
+    match p.get(id) {
+        Object::Dict(d) => Some(&d.items),
+        _ => None,
+    }
+}
+
+fn read_metadata(pickle: Pickle) -> std::result::Result<Metadata, String> {
+    let p = &pickle;
+    let root = p.root;
+    if !class_of(p, root).is_some_and(|c| c.ends_with(".Metadata")) {
+        return Err(format!(
+            "its object is {}, not a Metadata",
+            p.get(root).kind()
+        ));
+    }
+    let sdm = field(p, root, "state_dict_metadata")
+        .and_then(|d| dict_items(p, d))
+        .ok_or("no state_dict_metadata dict")?;
+    let planner: HashMap<&str, Vec<String>> = field(p, root, "planner_data")
+        .and_then(|d| dict_items(p, d))
+        .unwrap_or(&[])
+        .iter()
+        .filter_map(|&(k, v)| {
+            let path = match p.get(v) {
+                Object::Tuple(t) => t
+                    .iter()
+                    .map(|&i| match p.get(i) {
+                        Object::Str(s) => Some(s.to_string()),
+                        Object::Int(n) => Some(n.to_string()),
+                        _ => None,
+                    })
+                    .collect::<Option<Vec<String>>>()?,
+                _ => return None,
+            };
+            Some((str_of(p, k)?, path))
+        })
+        .collect();
+    let mut entries = Vec::with_capacity(sdm.len());
+    for &(k, v) in sdm {
+        let fqn = str_of(p, k).ok_or("a state_dict_metadata key that is not a str")?;
+        let class = class_of(p, v).unwrap_or("");
+        let tensor = if class.ends_with(".BytesStorageMetadata") {
+            None
+        } else if class.ends_with(".TensorStorageMetadata") {
+            Some(tensor_meta(p, v).map_err(|w| format!("`{fqn}`: {w}"))?)
+        } else {
+            return Err(format!(
+                "`{fqn}` is {}, not a storage metadata",
+                p.get(v).kind()
+            ));
+        };
+        let path = planner
+            .get(fqn)
+            .cloned()
+            .unwrap_or_else(|| vec![fqn.to_string()]);
+        entries.push(Entry {
+            fqn: fqn.to_string(),
+            path,
+            tensor,
+        });
+    }
+    let mut items = HashMap::new();
+    let sd = field(p, root, "storage_data")
+        .and_then(|d| dict_items(p, d))
+        .ok_or("no storage_data dict")?;
+    for &(k, v) in sd {
+        let fqn = field(p, k, "fqn")
+            .and_then(|f| str_of(p, f))
+            .ok_or("a storage_data key without an fqn")?;
+        let offsets = match field(p, k, "offset") {
+            Some(o) if matches!(p.get(o), Object::None) => Vec::new(),
+            Some(o) => ints(p, o).ok_or("a storage_data key whose offset is not a size")?,
+            None => Vec::new(),
+        };
+        let file = field(p, v, "relative_path")
+            .and_then(|f| str_of(p, f))
+            .ok_or_else(|| format!("`{fqn}`: a storage entry without a relative_path"))?;
+        let int = |name: &str| match field(p, v, name).map(|i| p.get(i)) {
+            Some(Object::Int(n)) => u64::try_from(*n).ok(),
+            _ => None,
+        };
+        let (Some(offset), Some(length)) = (int("offset"), int("length")) else {
+            return Err(format!(
+                "`{fqn}`: a storage entry without an offset and a length"
+            ));
+        };
+        let transforms = match field(p, v, "transform_descriptors") {
+            None => Vec::new(),
+            Some(t) => match p.get(t) {
+                Object::None => Vec::new(),
+                Object::List(l) => l
+                    .iter()
+                    .map(|&i| str_of(p, i).unwrap_or("?").to_string())
+                    .collect(),
+                Object::Tuple(l) => l
+                    .iter()
+                    .map(|&i| str_of(p, i).unwrap_or("?").to_string())
+                    .collect(),
+                _ => vec!["?".to_string()],
+            },
+        };
+        items.insert(
+            (fqn.to_string(), offsets),
+            Item {
+                file: file.to_string(),
+                offset,
+                length,
+                transforms,
+            },
+        );
+    }
+    drop(planner);
+    Ok(Metadata {
+        entries,
+        items,
+        pickle,
+    })
+}
+
+fn tensor_meta(p: &Pickle, id: ObjId) -> std::result::Result<TensorMeta, String> {
+    let props = field(p, id, "properties").ok_or("no properties")?;
+    // TensorProperties pickles its state as a tuple: (dtype, layout, requires_grad,
+    // memory format, pin_memory[, strides]); older releases as a dict.
+    let dtype_obj = match p.get(props) {
+        Object::Placeholder(ph) => match ph.state.map(|s| p.get(s)) {
+            Some(Object::Tuple(t)) => t.first().copied(),
+            Some(Object::Dict(_)) => field(p, props, "dtype"),
+            _ => None,
+        },
+        _ => None,
+    }
+    .ok_or("properties without a dtype")?;
+    let dtype = match p.get(dtype_obj) {
+        Object::Global(torch::Global::Dtype(t)) => *t,
+        other => return Err(format!("its dtype is {}", other.kind())),
+    };
+    let size = field(p, id, "size")
+        .and_then(|s| ints(p, s))
+        .ok_or("no size")?;
+    let chunk_list: &[ObjId] = match field(p, id, "chunks").map(|c| p.get(c)) {
+        Some(Object::List(l)) => l,
+        _ => return Err("no chunks list".into()),
+    };
+    let mut chunks = Vec::with_capacity(chunk_list.len());
+    for &c in chunk_list {
+        let offsets = field(p, c, "offsets").and_then(|o| ints(p, o));
+        let sizes = field(p, c, "sizes").and_then(|o| ints(p, o));
+        match (offsets, sizes) {
+            (Some(o), Some(s)) => chunks.push((o, s)),
+            _ => return Err("a chunk without offsets and sizes".into()),
+        }
+    }
+    Ok(TensorMeta {
+        dtype,
+        size,
+        chunks,
+    })
+}
+
+type Chosen<'m> = Vec<(String, &'m Entry)>;
+
+/// Select the tensors under `opts.key` (a dotted prefix of their key paths; without one,
+/// the only group of tensors, descending through single candidates, as for a nested
+/// pickle) and name them by the rest of their path, stripped of `opts.strip_prefix`.
+/// Returns the key chosen, the tensors with their names, and the entries left out below
+/// the key (bytes items).
+fn select<'m>(
+    entries: &'m [Entry],
+    opts: &InputOptions,
+) -> std::result::Result<(String, Chosen<'m>, Vec<String>), TorchError> {
+    // (entry, index in its path where the name starts)
+    let mut below: Vec<(&Entry, usize)> = Vec::new();
+    let key = match opts.key.as_deref() {
+        Some(key) => {
+            for e in entries {
+                if let Some(at) = prefix_len(&e.path, key) {
+                    below.push((e, at));
+                }
+            }
+            if below.iter().all(|(e, _)| e.tensor.is_none()) {
+                return Err(TorchError::KeyNotFound {
+                    key: key.to_string(),
+                    candidates: candidates(entries, 0),
+                });
+            }
+            key.to_string()
+        }
+        None => {
+            let mut at = 0;
+            let tensors: Vec<&Entry> = entries.iter().filter(|e| e.tensor.is_some()).collect();
+            loop {
+                let groups = candidates_of(&tensors, at);
+                let top_level = tensors.iter().any(|e| e.path.len() == at + 1);
+                if groups.len() == 1 && !top_level {
+                    at += 1;
+                    continue;
+                }
+                if groups.len() > 1 && !top_level {
+                    return Err(TorchError::Ambiguous {
+                        candidates: groups.into_iter().map(|(g, n)| (g.join("."), n)).collect(),
+                    });
+                }
+                break;
+            }
+            let prefix: Vec<String> = tensors
+                .first()
+                .map(|e| e.path[..at.min(e.path.len())].to_vec())
+                .unwrap_or_default();
+            for e in entries {
+                if e.path.len() > at && e.path[..at] == prefix[..] {
+                    below.push((e, at));
+                }
+            }
+            prefix.join(".")
+        }
+    };
+    let mut chosen = Vec::new();
+    let mut skipped = Vec::new();
+    let mut names: HashMap<String, String> = HashMap::new();
+    for (e, at) in below {
+        let source = e.path[at..].join(".");
+        if e.tensor.is_none() {
+            skipped.push(source);
+            continue;
+        }
+        let name = opts
+            .strip_prefix
+            .iter()
+            .find_map(|p| source.strip_prefix(p.as_str()))
+            .filter(|n| !n.is_empty())
+            .unwrap_or(&source)
+            .to_string();
+        if let Some(first) = names.get(&name) {
+            return Err(TorchError::DuplicateName {
+                name,
+                first: first.clone(),
+                second: e.fqn.clone(),
+            });
+        }
+        names.insert(name.clone(), e.fqn.clone());
+        chosen.push((name, e));
+    }
+    Ok((key, chosen, skipped))
+}
+
+/// How many components of `path` the dotted `key` spans, if it is a prefix of it.
+fn prefix_len(path: &[String], key: &str) -> Option<usize> {
+    if key.is_empty() {
+        return Some(0);
+    }
+    let mut joined = String::new();
+    for (i, part) in path.iter().enumerate().take(path.len().saturating_sub(1)) {
+        if i > 0 {
+            joined.push('.');
+        }
+        joined.push_str(part);
+        if joined == key {
+            return Some(i + 1);
+        }
+        if !key.starts_with(&joined) {
+            return None;
+        }
+    }
+    None
+}
+
+/// The groups of tensors at depth `at` of their paths, with counts, in first-seen order.
+fn candidates_of(tensors: &[&Entry], at: usize) -> Vec<(Vec<String>, usize)> {
+    let mut groups: Vec<(Vec<String>, usize)> = Vec::new();
+    for e in tensors {
+        if e.path.len() <= at + 1 {
+            continue;
+        }
+        let g = &e.path[..=at];
+        match groups.iter_mut().find(|(x, _)| x == g) {
+            Some((_, n)) => *n += 1,
+            None => groups.push((g.to_vec(), 1)),
+        }
+    }
+    groups
+}
+
+fn candidates(entries: &[Entry], at: usize) -> Vec<(String, usize)> {
+    let tensors: Vec<&Entry> = entries.iter().filter(|e| e.tensor.is_some()).collect();
+    candidates_of(&tensors, at)
+        .into_iter()
+        .map(|(g, n)| (g.join("."), n))
+        .collect()
+}

@@ -1,0 +1,215 @@
+"""torch.distributed.checkpoint (DCP) folders: converted as one checkpoint, streaming, without
+torch. The fixtures in `fixtures/dcp/` were written once by torch 2.15 (FSDP2 on 3 ranks,
+HSDP 2x2, FSDP x tensor parallel 2x2: see their README); `expected-model-*.safetensors` is
+what torch's own path gives (`dcp_to_torch_save`, `torch.load(...)["model"]`, `.to(bf16)`).
+The generated cases (`dcpfile.py`) cover what torch would not write."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import stcast
+from conftest import assert_one_error_line, listing, tensor_bytes
+from dcpfile import Tensor, rows, write_dcp
+
+FIXTURES = Path(__file__).parent / "fixtures" / "dcp"
+REAL = ["fsdp2-1d-3ranks", "hsdp-2x2", "fsdp-tp-2x2"]
+
+
+def checkpoint(name: str, tmp_path: Path) -> Path:
+    """The fixture's checkpoint files alone (`.metadata`, `*.distcp`), copied."""
+    src = FIXTURES / name
+    dst = tmp_path / name
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name == ".metadata" or f.name.endswith(".distcp"):
+            shutil.copy(f, dst / f.name)
+    return dst
+
+
+@pytest.mark.parametrize("name", REAL)
+@pytest.mark.parametrize("to", ["bf16", "keep"])
+def test_real_dcp_checkpoints_convert_as_torch_consolidates_them(tmp_path, name, to):
+    ck = checkpoint(name, tmp_path)
+    out = tmp_path / "out.safetensors"
+    stcast.convert(ck, out, key="model", to=to)
+    want = tensor_bytes(
+        FIXTURES / name / f"expected-model-{'bf16' if to == 'bf16' else 'fp32'}.safetensors"
+    )
+    got = tensor_bytes(out)
+    assert set(got) == set(want)
+    for k in want:
+        assert got[k] == want[k], k
+    assert stcast.verify(ck, out, key="model", to=None if to == "bf16" else to).ok
+
+
+def test_the_cli_default_destination_is_a_hugging_face_folder(tmp_path, run_main):
+    ck = checkpoint("fsdp2-1d-3ranks", tmp_path)
+    rc, out, err = run_main("convert", ck, "--key", "model")
+    assert rc == 0, err
+    dst = tmp_path / "fsdp2-1d-3ranks-bf16" / "model.safetensors"
+    assert tensor_bytes(dst) == tensor_bytes(
+        FIXTURES / "fsdp2-1d-3ranks" / "expected-model-bf16.safetensors"
+    )
+    rc, out, err = run_main("verify", ck, tmp_path / "fsdp2-1d-3ranks-bf16", "--key", "model")
+    assert rc == 0, err
+    # A DST folder named: the file goes inside it.
+    rc, out, err = run_main("convert", ck, tmp_path / "hf", "--key", "model")
+    assert rc == 0, err
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+
+
+def test_several_dicts_without_a_key_are_refused_listing_them(tmp_path, run_main):
+    ck = checkpoint("fsdp2-1d-3ranks", tmp_path)
+    before = listing(tmp_path)
+    rc, out, err = run_main("convert", ck, tmp_path / "o.safetensors")
+    line = assert_one_error_line(err)
+    assert rc == 1 and "`model` (10 tensors)" in line and "`optim`" in line, line
+    assert listing(tmp_path) == before
+
+
+def test_inspect_lists_the_tensors(tmp_path, run_main):
+    ck = checkpoint("fsdp-tp-2x2", tmp_path)
+    rc, out, err = run_main("inspect", ck)
+    assert rc == 0, err
+    assert "fc2.weight" in out and "[5, 7]" in out
+
+
+def test_strip_prefix_and_nested_keys(tmp_path, rng):
+    w = rng.standard_normal((5, 3)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    ck = tmp_path / "ck"
+    write_dcp(
+        ck,
+        {
+            "app.model.module.w": Tensor(w, rows(w, [0, 2, 4]), ("app", "model", "module.w")),
+            "app.model.module.b": Tensor(b, rows(b, [0, 3]), ("app", "model", "module.b")),
+        },
+        ranks=3,
+    )
+    out = tmp_path / "o.safetensors"
+    stcast.convert(ck, out, to="keep", strip_prefix=["module."])
+    got = tensor_bytes(out)
+    assert got["w"] == ("F32", [5, 3], w.tobytes()) and got["b"] == ("F32", [4], b.tobytes())
+    stcast.convert(ck, out, to="keep", key="app.model", force=True)
+    assert set(tensor_bytes(out)) == {"module.w", "module.b"}
+
+
+def test_tiles_in_any_order_and_an_empty_chunk(tmp_path, rng):
+    w = rng.standard_normal((5, 7)).astype(np.float32)
+    tiles = [
+        ((3, 4), (2, 3)),
+        ((0, 0), (3, 4)),
+        ((3, 0), (2, 4)),
+        ((0, 4), (3, 3)),
+        ((5, 0), (0, 7)),
+    ]
+    ck = tmp_path / "ck"
+    write_dcp(ck, {"w": Tensor(w, tiles, ("w",))}, ranks=4)
+    out = tmp_path / "o.safetensors"
+    stcast.convert(ck, out, to="keep")
+    assert tensor_bytes(out)["w"] == ("F32", [5, 7], w.tobytes())
+
+
+def hostile(tmp_path: Path, **kwargs) -> Path:
+    w = np.arange(12, dtype=np.float32).reshape(4, 3)
+    ck = tmp_path / "ck"
+    tensors = kwargs.pop("tensors", {"w": Tensor(w, rows(w, [0, 2]), ("w",))})
+    write_dcp(ck, tensors, **kwargs)
+    return ck
+
+
+def refused(run_main, tmp_path: Path, ck: Path, *words: str) -> str:
+    before = listing(tmp_path)
+    rc, out, err = run_main("convert", ck, tmp_path / "o.safetensors")
+    line = assert_one_error_line(err)
+    assert rc == 1, err
+    for w in words:
+        assert w in line, line
+    assert listing(tmp_path) == before
+    return line
+
+
+def test_overlapping_chunks_and_gaps_are_refused_naming_the_tensor(tmp_path, run_main):
+    w = np.arange(12, dtype=np.float32).reshape(4, 3)
+    ck = hostile(tmp_path, tensors={"w": Tensor(w, [((0, 0), (3, 3)), ((2, 0), (2, 3))], ("w",))})
+    refused(run_main, tmp_path, ck, "`w`")
+    shutil.rmtree(ck)
+    ck = hostile(tmp_path, tensors={"w": Tensor(w, [((0, 0), (1, 3)), ((2, 0), (2, 3))], ("w",))})
+    refused(run_main, tmp_path, ck, "`w`")
+    shutil.rmtree(ck)
+    ck = hostile(tmp_path, tensors={"w": Tensor(w, [((0, 0), (2, 3)), ((2, 0), (3, 3))], ("w",))})
+    refused(run_main, tmp_path, ck, "`w`")
+
+
+def test_an_item_past_its_file_or_outside_the_folder_is_refused(tmp_path, run_main):
+    def past(fqn, i, info):
+        return {**info, "offset": info["offset"] + 10_000}
+
+    ck = hostile(tmp_path, storage_info=past)
+    refused(run_main, tmp_path, ck, "`w`", "past the file")
+    shutil.rmtree(ck)
+
+    def escape(fqn, i, info):
+        return {**info, "relative_path": "../secret.distcp"}
+
+    ck = hostile(tmp_path, storage_info=escape)
+    refused(run_main, tmp_path, ck, "`w`", "not a file name inside")
+
+
+def test_an_item_that_is_not_its_chunk_is_refused(tmp_path, run_main):
+    w = np.arange(12, dtype=np.float32).reshape(4, 3)
+    lie = Tensor(w, rows(w, [0, 2]), ("w",), lie={1: np.zeros((2, 2), np.float32)})
+    ck = hostile(tmp_path, tensors={"w": lie})
+    refused(run_main, tmp_path, ck, "`w`", "shape")
+    shutil.rmtree(ck)
+    lie = Tensor(w, rows(w, [0, 2]), ("w",), lie={1: np.zeros((2, 3), np.float64)})
+    ck = hostile(tmp_path, tensors={"w": lie})
+    refused(run_main, tmp_path, ck, "`w`")
+
+
+def test_transformed_items_are_refused(tmp_path, run_main):
+    def zstd(fqn, i, info):
+        return {**info, "transform_descriptors": ["zstd"]}
+
+    ck = hostile(tmp_path, storage_info=zstd)
+    refused(run_main, tmp_path, ck, "`w`", "zstd")
+
+
+def test_a_metadata_that_calls_a_dangerous_global_is_refused(tmp_path, run_main):
+    import torchfile as tf
+
+    canary = tmp_path / "canary"
+
+    def evil(state):
+        return tf.Call(tf.Global("os", "system"), (f"touch {canary}",))
+
+    ck = hostile(tmp_path, metadata=evil)
+    refused(run_main, tmp_path, ck, ".metadata", "os.system")
+    assert not canary.exists()
+
+
+def test_bytes_items_are_skipped_unread(tmp_path, rng):
+    w = rng.standard_normal((3, 2)).astype(np.float32)
+    ck = tmp_path / "ck"
+    write_dcp(
+        ck,
+        {"model.w": Tensor(w, rows(w, [0, 1]), ("model", "w"))},
+        bytes_items=[("model.step", ("model", "step"))],
+    )
+    out = tmp_path / "o.safetensors"
+    with pytest.warns(stcast.StcastWarning, match="step"):
+        stcast.convert(ck, out)
+    assert list(tensor_bytes(out)) == ["w"]
+
+
+def test_the_default_destination_is_beside_the_checkpoint(tmp_path):
+    ck = checkpoint("hsdp-2x2", tmp_path)
+    before = sorted(os.listdir(ck))
+    stcast.convert(ck)
+    assert (tmp_path / "hsdp-2x2-bf16" / "model.safetensors").is_file()
+    assert sorted(os.listdir(ck)) == before
