@@ -56,6 +56,8 @@ named! {
         Safetensors = "safetensors",
         Pytorch = "pytorch",
         PytorchLegacy = "pytorch-legacy",
+        Dcp = "dcp",
+        DcpSafetensors = "dcp-safetensors",
     }
 }
 
@@ -67,6 +69,8 @@ impl InputFormat {
         match f {
             Format::TorchZip => InputFormat::Pytorch,
             Format::TorchLegacy => InputFormat::PytorchLegacy,
+            Format::Dcp => InputFormat::Dcp,
+            Format::DcpSafetensors => InputFormat::DcpSafetensors,
             _ => InputFormat::Safetensors,
         }
     }

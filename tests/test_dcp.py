@@ -213,3 +213,24 @@ def test_the_default_destination_is_beside_the_checkpoint(tmp_path):
     stcast.convert(ck)
     assert (tmp_path / "hsdp-2x2-bf16" / "model.safetensors").is_file()
     assert sorted(os.listdir(ck)) == before
+
+
+@pytest.mark.parametrize("to", ["bf16", "keep"])
+def test_huggingface_storage_writer_shards_are_gathered(tmp_path, to):
+    """A distributed save of DCP's HuggingFaceStorageWriter: one safetensors file per rank,
+    its chunks placed by `DCP_SHARDING_INFO`, no `.metadata`. Read as a plain Hugging Face
+    folder it would be two half checkpoints; it is one, sized where its chunks end."""
+    ck = tmp_path / "hf"
+    ck.mkdir()
+    for f in (FIXTURES / "hf-variant").glob("shard-*.safetensors"):
+        shutil.copy(f, ck / f.name)
+    out = tmp_path / "o.safetensors"
+    stcast.convert(ck, out, to=to)
+    want = (
+        FIXTURES / "hf-variant" / f"expected-model-{'bf16' if to == 'bf16' else 'fp32'}.safetensors"
+    )
+    assert tensor_bytes(out) == tensor_bytes(want)
+    assert stcast.verify(ck, out).ok
+    _, items, _ = __import__("conftest").read_safetensors(out)
+    meta = dict(dict(items).get("__metadata__", []))
+    assert "DCP_SHARDING_INFO" not in meta and meta.get("format") == "pt"

@@ -73,8 +73,18 @@ impl Source {
     /// `opts` selects a checkpoint's state dict; given for a safetensors file, it is refused.
     pub fn open_any(path: &Path, opts: &InputOptions) -> Result<Source> {
         if path.is_dir() {
-            if let Some(Format::Dcp) = folder::folder_format(path) {
-                return dcp::open(path, opts);
+            match folder::folder_format(path) {
+                Some(Format::Dcp) => return dcp::open(path, opts),
+                Some(Format::DcpSafetensors) => {
+                    if let Some(option) = opts.torch_only() {
+                        return Err(Error::NotACheckpoint {
+                            path: path.to_path_buf(),
+                            option,
+                        });
+                    }
+                    return dcp::open_sharded_safetensors(path, &folder::dcp_shards(path));
+                }
+                _ => {}
             }
         }
         let input = InputFile::open(path, PREFIX as u64, |len| too_small(path, len))?;
