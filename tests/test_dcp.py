@@ -234,3 +234,49 @@ def test_huggingface_storage_writer_shards_are_gathered(tmp_path, to):
     _, items, _ = __import__("conftest").read_safetensors(out)
     meta = dict(dict(items).get("__metadata__", []))
     assert "DCP_SHARDING_INFO" not in meta and meta.get("format") == "pt"
+
+
+def test_optimizer_items_are_never_read(tmp_path, rng):
+    """`--key model` touches the model's items only: the optimizer's, beside them in the
+    same rank files, are garbage here and the conversion is still exact."""
+    w = rng.standard_normal((8, 3)).astype(np.float32)
+    garbage = {0: np.zeros(1, np.int8), 1: np.zeros(1, np.int8)}
+    ck = tmp_path / "ck"
+    write_dcp(
+        ck,
+        {
+            "model.w": Tensor(w, rows(w, [0, 4]), ("model", "w")),
+            "optim.state.w.exp_avg": Tensor(
+                w, rows(w, [0, 4]), ("optim", "state", "w", "exp_avg"), lie=garbage
+            ),
+        },
+    )
+    out = tmp_path / "o.safetensors"
+    stcast.convert(ck, out, key="model", to="keep")
+    assert tensor_bytes(out)["w"] == ("F32", [8, 3], w.tobytes())
+    with pytest.raises(stcast.InvalidInput, match="exp_avg"):
+        stcast.convert(ck, out, key="optim", force=True)
+
+
+def test_peak_rss_is_bounded_for_a_dcp_folder(tmp_path):
+    """A DCP folder converts in the same bounded memory as a file, whatever its size: each
+    window gathers from the ranks' items in place (and their pages are released)."""
+    from test_memory import MIB, peak_rss_of_convert
+
+    peaks = {}
+    for size_mib in (32, 160):
+        n = size_mib * MIB // 4 // 1024
+        w = np.linspace(-3, 3, n * 1024, dtype=np.float32).reshape(n, 1024)
+        ck = tmp_path / f"ck{size_mib}"
+        cuts = [0, n // 4 + 3, n // 2, 3 * n // 4 - 5]
+        write_dcp(ck, {"w": Tensor(w, rows(w, cuts), ("w",))}, ranks=4)
+        del w
+        dst = tmp_path / f"out{size_mib}.safetensors"
+        peaks[size_mib] = peak_rss_of_convert(ck, dst)
+        assert dst.stat().st_size < size_mib * MIB // 2 + 4096
+        shutil.rmtree(ck)
+        dst.unlink()
+    print({k: f"{v / MIB:.1f} MiB" for k, v in peaks.items()})
+    for size_mib, peak in peaks.items():
+        assert peak < 150 * MIB, f"{size_mib} MiB input: peak RSS {peak / MIB:.1f} MiB"
+    assert peaks[160] <= 1.25 * peaks[32] + 16 * MIB, peaks
