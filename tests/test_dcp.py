@@ -280,3 +280,57 @@ def test_peak_rss_is_bounded_for_a_dcp_folder(tmp_path):
     for size_mib, peak in peaks.items():
         assert peak < 150 * MIB, f"{size_mib} MiB input: peak RSS {peak / MIB:.1f} MiB"
     assert peaks[160] <= 1.25 * peaks[32] + 16 * MIB, peaks
+
+
+def test_resharded_shard_runs_finalize_and_resume(tmp_path, run_main, cli_process):
+    """`--max-shard-size`, `--shard I/N` + `finalize` (a SLURM array), `--resume`: as for a
+    file. The shards hold exactly the tensors of the one-file conversion. (finalize reads
+    the source with the shard runs' --key: it once read it without.)"""
+    ck = checkpoint("fsdp2-1d-3ranks", tmp_path)
+    one = tmp_path / "one.safetensors"
+    stcast.convert(ck, one, key="model")
+    want = tensor_bytes(one)
+
+    def shards(folder: Path) -> dict:
+        got: dict = {}
+        for f in sorted(folder.glob("model-*.safetensors")):
+            got.update(tensor_bytes(f))
+        return got
+
+    rc, out, err = run_main(
+        "convert", ck, tmp_path / "rs", "--key", "model", "--max-shard-size", "300B"
+    )
+    assert rc == 0, err
+    assert (tmp_path / "rs" / "model.safetensors.index.json").is_file()
+    assert shards(tmp_path / "rs") == want
+    rc, out, err = run_main("verify", ck, tmp_path / "rs", "--key", "model")
+    assert rc == 0, err
+    for i in (1, 2):
+        rc, out, err = run_main(
+            "convert",
+            ck,
+            tmp_path / "sh",
+            "--key",
+            "model",
+            "--max-shard-size",
+            "300B",
+            "--shard",
+            f"{i}/2",
+        )
+        assert rc == 0, err
+    rc, out, err = run_main("finalize", ck, tmp_path / "sh")
+    assert rc == 0, err
+    assert sorted(os.listdir(tmp_path / "sh")) == sorted(os.listdir(tmp_path / "rs"))
+    assert shards(tmp_path / "sh") == want
+    # Stopped after the first shard, then resumed.
+    env = {"STCAST_FAILPOINT": "folder-file=sigint"}
+    rc, out, err = cli_process(
+        "convert", ck, tmp_path / "re", "--key", "model", "--max-shard-size", "300B", env=env
+    )
+    assert rc != 0 and (tmp_path / "re" / ".stcast-manifest.json").is_file(), err
+    rc, out, err = run_main(
+        "convert", ck, tmp_path / "re", "--key", "model", "--max-shard-size", "300B", "--resume"
+    )
+    assert rc == 0, err
+    assert shards(tmp_path / "re") == want
+    assert sorted(os.listdir(tmp_path / "re")) == sorted(os.listdir(tmp_path / "rs"))

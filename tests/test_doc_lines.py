@@ -166,13 +166,34 @@ def _folder(root: Path, files: int = 8) -> None:
     (root / "config.json").write_text('{\n  "torch_dtype": "float32"\n}\n')
 
 
+def _dcp(root: Path, options: dict[str, list[str]]) -> None:
+    """A DCP folder (`step-1000/`): a model under `--key`'s path, and an optimizer beside."""
+    from dcpfile import Tensor, rows, write_dcp
+
+    key = tuple(options.get("--key", ["model"])[0].split("."))
+    x = np.resize(np.linspace(-2, 2, 32, dtype=np.float32), 4096).reshape(64, 64)
+    norm = np.linspace(-1, 1, 8, dtype=np.float32)
+    tensors = {
+        ".".join((*key, "layers.0.weight")): Tensor(
+            x, rows(x, [0, 20, 41]), (*key, "layers.0.weight")
+        ),
+        ".".join((*key, "norm.weight")): Tensor(norm, rows(norm, [0, 5]), (*key, "norm.weight")),
+        "optim.state.norm.weight.exp_avg": Tensor(
+            norm, rows(norm, [0, 5]), ("optim", "state", "norm.weight", "exp_avg")
+        ),
+    }
+    write_dcp(root, tensors, ranks=3)
+
+
 def _stand_in(folder: Path, name: str, options: dict[str, list[str]]) -> None:
     path = folder / name
     if path.exists():
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     suffix = Path(name.rstrip("/")).suffix
-    if name.endswith("/") or not suffix:
+    if name.startswith("step-"):
+        _dcp(path, options)
+    elif name.endswith("/") or not suffix:
         _folder(path)
     elif suffix == ".safetensors":
         _safetensors(path)

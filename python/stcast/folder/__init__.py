@@ -87,7 +87,7 @@ def prepare(
     # The default DST is named after what was given: beside a cache repo root, never
     # inside the cache's snapshots/.
     if dst is None:
-        resharding_a_file = max_shard_size is not None and not os.path.isdir(src)
+        resharding_a_file = max_shard_size is not None and not _engine.is_tree(src)
         dst = _reshard.default_dst(src, to) if resharding_a_file else default_dst(src, to)
     src = _ident.resolve_hub_repo(src)
     if shard is not None:
@@ -113,7 +113,7 @@ def prepare(
             cancel,
             source=source,
             name=name,
-            allow_quantized=given.allow_quantized or os.path.isdir(src),
+            allow_quantized=given.allow_quantized or _engine.is_tree(src),
         )
         plan.keep_unmatched = plan.reshard.keep_unmatched
         _reshard.check_not_the_input(src_id, dst, plan.reshard)
@@ -284,7 +284,7 @@ def _source_plan(
 ) -> tuple[tuple[int, int], _walk.Plan]:
     """The source's identity and plan, its checks made: a folder, or with `max_shard_size`
     also a single file (re-sharded into the folder `dst`)."""
-    if max_shard_size is not None and not os.path.isdir(src):
+    if max_shard_size is not None and not _engine.is_tree(src):
         return _reshard.file_source(src, dst), _reshard.file_plan(src, to, precision)
     src_id, _ = _ident.check_folders(src, dst)
     plan = _walk.plan(
@@ -518,7 +518,7 @@ def finalize(
     """Complete `dst` once every shard ran: see `stcast.finalize`."""
     started = time.monotonic()
     src, dst = os.fsdecode(src), os.fsdecode(dst)
-    if os.path.isdir(src) or not os.path.exists(src):
+    if _engine.is_tree(src) or not os.path.exists(src):
         src_id, _ = _ident.check_folders(src, dst)
     else:
         src_id = _reshard.file_source(src, dst)  # a file re-sharded with shard runs
@@ -565,10 +565,19 @@ def finalize(
         plan = _walk.plan(src, to, check_quantized=False, cancel=cancel)
     else:
         # The shards' cut depends on every option that changes a tensor's size.
-        precision = Options.given(options).precision
+        recorded = Options.given(options)
+        precision = recorded.precision
         _, plan = _source_plan(src, dst, to, precision, max_size, False, False, cancel)
+        # As the shard runs read the source: the same key and prefixes.
         plan.reshard = _reshard.plan(
-            plan, max_size, to, precision, None, cancel, name=options.get("name")
+            plan,
+            max_size,
+            to,
+            precision,
+            None,
+            cancel,
+            source=recorded.source,
+            name=options.get("name"),
         )
     work = _work.of(plan)
     units = work.items
@@ -657,7 +666,7 @@ def inspect_folder(
         reshard = prepared.plan.reshard
         if reshard is None:
             others += [f for f, _, _ in prepared.plan.indexes]
-    elif max_shard_size is not None and not os.path.isdir(src):
+    elif max_shard_size is not None and not _engine.is_tree(src):
         weights, others = _reshard.file_plan(src, to, {}).weights, []
     else:
         walked = _walk.walk(src, given.follow_links)
@@ -715,7 +724,7 @@ def inspect_folder(
         if reshard is None:
             # Without DST nothing is checked: the plan of what is there, as convert cuts it.
             precision = given.precision
-            if os.path.isdir(src):
+            if _engine.is_tree(src):
                 source_plan = _walk.plan(
                     src,
                     to,
