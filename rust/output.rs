@@ -500,6 +500,20 @@ impl TempOutput {
             .map_err(|e| Error::io(&self.dst, "fsync", e))
     }
 
+    /// The hidden file's device, inode and size: what it will be once published (a link
+    /// or a rename keeps the inode), for a manifest to record before it has a name.
+    pub fn identity(&self) -> Result<Published> {
+        let meta = self
+            .file
+            .metadata()
+            .map_err(|e| Error::io(&self.dst, "cannot stat the output", e))?;
+        Ok(Published {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.len(),
+        })
+    }
+
     /// Give the sealed file its final name, then fsync the folder. This is the commit
     /// point: before it nothing is visible, after it the file stays.
     pub fn publish(mut self) -> Result<Published> {

@@ -257,7 +257,8 @@ fn hooks<'py>(step: u64, progress: Hook<'py>, cancel: Hook<'py>, warn: Hook<'py>
 
 #[pyfunction]
 #[pyo3(name = "convert", signature = (src, dst, *, progress=None, cancel=None, warn=None,
-                                      **options))]
+                                      sealed=None, **options))]
+#[allow(clippy::too_many_arguments)]
 fn py_convert<'py>(
     py: Python<'py>,
     src: PathBuf,
@@ -265,26 +266,36 @@ fn py_convert<'py>(
     progress: Hook<'py>,
     cancel: Hook<'py>,
     warn: Hook<'py>,
+    sealed: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = read_options(py, options, Settings::convert)?;
     let hooks = hooks(opts.tuning.step, progress, cancel, warn);
     let task = hooks.run(py, || ConvertTask::new(&src, &dst, &opts))?;
-    finish_convert(py, &hooks, task, opts.numerics)
+    finish_convert(py, &hooks, task, opts.numerics, sealed)
 }
 
-/// Step a conversion to its end, seal and publish it; its report as a dict.
+/// Step a conversion to its end, seal and publish it; its report as a dict. `sealed`, if
+/// given, is called with the hidden output's (dev, ino, size) between sealing and
+/// publishing (a folder run records them in its manifest before the file has a name);
+/// if it raises, nothing is published.
 fn finish_convert<'py>(
     py: Python<'py>,
     hooks: &Hooks<'py>,
     mut task: ConvertTask,
     numerics: bool,
+    sealed: Hook<'py>,
 ) -> PyResult<Bound<'py, PyDict>> {
     // Dropping `task` on any early return removes the unpublished output.
     hooks.drive(py, &mut task)?;
     hooks.run(py, || task.seal())?;
     // The last chance to stop: a signal or cancel until here leaves nothing behind.
     hooks.visit(py, &mut task)?;
+    if let Some(f) = &sealed {
+        let id = task.sealed().map_err(|e| to_py(py, e))?;
+        f.call1((id.dev, id.ino, id.size))?;
+        hooks.visit(py, &mut task)?;
+    }
     let r = hooks.run(py, move || task.publish())?;
     let d = crossed(py, &r, &[("src", &r.src), ("dst", &r.dst)])?;
     let measured = numerics.then(|| numerics_dict(py, &r.numerics, &r.numerics_total));
@@ -345,7 +356,7 @@ impl ShardGroup {
 /// Convert the output shard of `group` holding `names` into `dst` (`shard::Group::task`).
 #[pyfunction]
 #[pyo3(signature = (group, names, indexed, dst, *, progress=None, cancel=None, warn=None,
-                    **options))]
+                    sealed=None, **options))]
 #[allow(clippy::too_many_arguments)]
 fn convert_shard<'py>(
     py: Python<'py>,
@@ -356,13 +367,14 @@ fn convert_shard<'py>(
     progress: Hook<'py>,
     cancel: Hook<'py>,
     warn: Hook<'py>,
+    sealed: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = read_options(py, options, Settings::shard_convert)?;
     let hooks = hooks(opts.tuning.step, progress, cancel, warn);
     let group = &group.get().group;
     let task = hooks.run(py, || group.task(&names, indexed, &dst, &opts))?;
-    finish_convert(py, &hooks, task, opts.numerics)
+    finish_convert(py, &hooks, task, opts.numerics, sealed)
 }
 
 /// Verify the file `dst` as an output shard of `group` (see `shard::Group::verifier`).

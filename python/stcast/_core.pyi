@@ -108,6 +108,8 @@ class _Options(TypedDict, total=False):
 
 _Progress = Callable[[int, int], object] | None
 _Warn = Callable[[str, str], object] | None
+# Called with the hidden output's (dev, ino, size) between sealing and publishing.
+_Sealed = Callable[[int, int, int], object] | None
 
 def convert(
     src: str,
@@ -116,6 +118,7 @@ def convert(
     progress: _Progress = None,
     cancel: _CancelFlag | None = None,
     warn: _Warn = None,
+    sealed: _Sealed = None,
     **options: Unpack[_Options],
 ) -> _Report: ...
 def inspect(
@@ -187,6 +190,7 @@ def convert_shard(
     progress: _Progress = None,
     cancel: _CancelFlag | None = None,
     warn: _Warn = None,
+    sealed: _Sealed = None,
     **options: Unpack[_Options],
 ) -> _Report: ...
 def verify_shard(
