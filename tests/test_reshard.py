@@ -486,6 +486,34 @@ def test_resume_with_another_size_removes_the_interrupted_runs_shards(tmp_path, 
     assert tree(dst) == {**tree(tmp_path / "fresh"), "notes.safetensors": b"mine"}
 
 
+@pytest.mark.parametrize("at", ["folder-sealed", "folder-published"])
+@pytest.mark.parametrize("named", [False, True], ids=["tmpfile", "named"])
+def test_sigkill_around_a_shard_publish_then_resume_at_another_size(tmp_path, at, named):
+    """Killed once a shard is sealed and recorded as intended (`folder-sealed`), or once it
+    is published but before the manifest records it (`folder-published`), then resumed at
+    another size: the shard of the first cut, if it got its name, is proven this run's by
+    the identity its manifest recorded before publishing; it is removed, and the folder is
+    exactly a fresh conversion at the new size, which verify accepts. (Issue 23, point 5:
+    it used to stay beside the new cut, named by no index.)"""
+    from helpers import stopped
+
+    src = write_sharded(tmp_path / "hf", np.random.default_rng(12), 4, rows=[30] * 4)
+    dst = tmp_path / "out"
+    env = {"STCAST_FAILPOINT": "tmpfile=eopnotsupp"} if named else None
+    run = stopped("convert", src, dst, "--max-shard-size", "1500", "-q", at=at, env=env)
+    first = dst / "model-00001-of-00005.safetensors"
+    assert first.exists() == (at == "folder-published")
+    run.kill()
+    rc, _, err = run_cli("convert", src, dst, "--max-shard-size", "3kB", "--resume", "-q")
+    assert rc == 0, err
+    assert "unindexed" not in err and "left from another cut" not in err, err
+    assert not first.exists()
+    stcast.convert(src, tmp_path / "fresh", max_shard_size="3kB")
+    assert tree(dst) == tree(tmp_path / "fresh")
+    rc, _, err = run_cli("verify", src, dst, "-q")
+    assert rc == 0, err
+
+
 def test_an_input_changed_between_two_shards_is_refused(tmp_path):
     """The inputs are held open from the start: one written to after the first shard is
     reported when a later shard reads it, and the index is never published; one replaced by

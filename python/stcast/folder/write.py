@@ -222,6 +222,7 @@ def unpublish(run: Run, plan: Plan) -> None:
             continue  # the survey refused what may not be replaced
         if _unlink_if(run, rel, None if isinstance(replace, str) else replace):
             run.ours.pop(rel, None)
+            run.record.pending.pop(rel, None)
 
 
 def remove_stale(run: Run, stale: dict[str, tuple[int, int]]) -> None:
@@ -232,6 +233,7 @@ def remove_stale(run: Run, stale: dict[str, tuple[int, int]]) -> None:
     for rel, identity in stale.items():
         if _unlink_if(run, rel, identity) is not None:
             run.ours.pop(rel, None)
+            run.record.pending.pop(rel, None)
 
 
 def _unlink_if(run: Run, rel: str, identity: tuple[int, int] | None) -> bool | None:
