@@ -647,6 +647,11 @@ impl TempOutput {
 
 /// Write `bytes` as the file `dst`, whole or not at all: a hidden temp, fsync, publish.
 pub fn write_file(dst: &Path, bytes: &[u8], replace: Replace, tag: &str) -> Result<Published> {
+    sealed_file(dst, bytes, replace, tag)?.publish()
+}
+
+/// `write_file` up to the publish: the hidden file, written and sealed.
+pub fn sealed_file(dst: &Path, bytes: &[u8], replace: Replace, tag: &str) -> Result<TempOutput> {
     let out = TempOutput::create(dst, replace, None, tag)?;
     out.preallocate(bytes.len() as u64)?;
     failpoint::hit("write-temp").map_err(|e| Error::io(dst, "write failed", e))?;
@@ -654,7 +659,7 @@ pub fn write_file(dst: &Path, bytes: &[u8], replace: Replace, tag: &str) -> Resu
         .write_all(bytes)
         .map_err(|e| Error::io(dst, "write failed", e))?;
     out.seal()?;
-    out.publish()
+    Ok(out)
 }
 
 /// A copy of a regular file in progress, step by step (a companion file of a folder can be
@@ -733,8 +738,13 @@ impl Copy {
 
     /// Seal and publish the copy.
     pub fn finish(self) -> Result<Published> {
+        self.seal()?.publish()
+    }
+
+    /// Seal the copy: only its name is missing then.
+    pub fn seal(self) -> Result<TempOutput> {
         self.out.seal()?;
-        self.out.publish()
+        Ok(self.out)
     }
 }
 

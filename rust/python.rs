@@ -551,7 +551,7 @@ fn replace_policy(v: Option<&Bound<'_, PyAny>>) -> PyResult<Replace> {
 
 /// Write `data` as the file `path`, atomically (`output::write_file`).
 #[pyfunction]
-#[pyo3(signature = (path, data, *, replace=None, tag="", cancel=None))]
+#[pyo3(signature = (path, data, *, replace=None, tag="", cancel=None, sealed=None))]
 fn write_file<'py>(
     py: Python<'py>,
     path: PathBuf,
@@ -559,17 +559,40 @@ fn write_file<'py>(
     replace: Option<&Bound<'py, PyAny>>,
     tag: &str,
     cancel: Hook<'py>,
+    sealed: Hook<'py>,
 ) -> PyResult<(u64, u64, u64)> {
     let replace = replace_policy(replace)?;
     let hooks = hooks(Tuning::default().step, None, cancel, None);
     // A stop request that interrupted the write (EINTR) wins over the error it caused.
-    let p = hooks.run(py, || output::write_file(&path, &data, replace, tag))?;
+    let out = hooks.run(py, || output::sealed_file(&path, &data, replace, tag))?;
+    publish_sealed(py, &hooks, out, sealed)
+}
+
+/// Publish a sealed output, telling `sealed` (if given) its (dev, ino, size) first; if
+/// that raises, or a stop request comes meanwhile, nothing is published.
+fn publish_sealed<'py>(
+    py: Python<'py>,
+    hooks: &Hooks<'py>,
+    out: output::TempOutput,
+    sealed: Hook<'py>,
+) -> PyResult<(u64, u64, u64)> {
+    if let Some(f) = &sealed {
+        let id = out.identity().map_err(|e| to_py(py, e))?;
+        f.call1((id.dev, id.ino, id.size))?;
+        py.check_signals()?;
+        if hooks.cancelled()? {
+            return Err(to_py(py, Error::Cancelled));
+        }
+    }
+    let p = hooks.run(py, move || out.publish())?;
     Ok(p.into())
 }
 
 /// Copy the regular file `src` to `dst` atomically, in bounded steps (`output::Copy`).
 #[pyfunction]
-#[pyo3(signature = (src, dst, *, replace=None, tag="", progress=None, cancel=None))]
+#[pyo3(signature = (src, dst, *, replace=None, tag="", progress=None, cancel=None,
+                    sealed=None))]
+#[allow(clippy::too_many_arguments)]
 fn copy_file<'py>(
     py: Python<'py>,
     src: PathBuf,
@@ -578,13 +601,14 @@ fn copy_file<'py>(
     tag: &str,
     progress: Hook<'py>,
     cancel: Hook<'py>,
+    sealed: Hook<'py>,
 ) -> PyResult<(u64, u64, u64)> {
     let replace = replace_policy(replace)?;
     let hooks = hooks(Tuning::default().step, progress, cancel, None);
     let mut copy = hooks.run(py, || output::Copy::new(&src, &dst, replace, tag))?;
     hooks.drive(py, &mut copy)?;
-    let p = hooks.run(py, move || copy.finish())?;
-    Ok(p.into())
+    let out = hooks.run(py, move || copy.seal())?;
+    publish_sealed(py, &hooks, out, sealed)
 }
 
 /// Write a folder's numeric report to `path` from each file's rows (`report::files_report`).

@@ -146,6 +146,7 @@ def write_file(
     replace: object = None,
     tag: str = "",
     cancel: _CancelFlag | None = None,
+    sealed: _Sealed = None,
 ) -> tuple[int, int, int]: ...
 def write_numeric_report(
     path: str,
@@ -167,6 +168,7 @@ def copy_file(
     tag: str = "",
     progress: Callable[[int, int], object] | None = None,
     cancel: _CancelFlag | None = None,
+    sealed: _Sealed = None,
 ) -> tuple[int, int, int]: ...
 
 @final

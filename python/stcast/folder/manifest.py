@@ -66,16 +66,27 @@ class Manifest:
     # Written by `finalize` (which completes shard runs), not by a conversion.
     finalize: bool = False
     # Files this run may have published, or that stcast wrote and this run has not yet
-    # replaced or removed: rel -> dev, ino, size and (if known) the output header's hash
-    # ("": none). A file there with that identity is proven stcast's. An output is
-    # claimed once sealed, before it has a name (a link or a rename keeps its inode), so
-    # a run killed just after publishing it still proves it wrote it.
-    pending: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # replaced or removed: rel -> claims, each dev, ino, size and (if known) the output
+    # header's hash ("": none). A file there with a claimed identity is proven stcast's.
+    # An output is claimed once sealed, before it has a name (a link or a rename keeps
+    # its inode), so a run killed just after publishing it still proves it wrote it; the
+    # file it replaces stays claimed until then.
+    pending: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def claim(self, rel: str, identity: tuple[int, int, int], header: str = "") -> None:
         """Note that `rel` may be (or become) the file (dev, ino, size) stcast wrote."""
         dev, ino, size = identity
-        self.pending[rel] = {"dev": dev, "ino": ino, "size": size, "output_header_sha256": header}
+        claims = [c for c in self.pending.get(rel, []) if (c["dev"], c["ino"]) != (dev, ino)]
+        claims.append({"dev": dev, "ino": ino, "size": size, "output_header_sha256": header})
+        self.pending[rel] = claims
+
+    def save_claims(self, cancel: CancelFlag | None = None) -> None:
+        """`save`, once this manifest was saved, unless it is gone: another run completed
+        the folder and removed it meanwhile (a finalize racing this one). The file about
+        to be published then finds its name taken, as it would have without the claim."""
+        if not os.path.lexists(os.path.join(self.dst, self.name)):
+            return
+        self.save(cancel)
 
     def record(self, rel: str, kind: str, published: tuple[int, int, int], **extra: Any) -> None:
         """Note that this run published `rel` as (dev, ino, size)."""
@@ -202,10 +213,14 @@ def load(dst: str, name: str) -> Manifest:
             and isinstance(pending, dict)
             and all(
                 isinstance(k, str)
-                and isinstance(v, dict)
-                and all(_is_int(v.get(f)) for f in ("dev", "ino", "size"))
-                and isinstance(v.get("output_header_sha256"), str)
-                for k, v in pending.items()
+                and isinstance(claims, list)
+                and all(
+                    isinstance(v, dict)
+                    and all(_is_int(v.get(f)) for f in ("dev", "ino", "size"))
+                    and isinstance(v.get("output_header_sha256"), str)
+                    for v in claims
+                )
+                for k, claims in pending.items()
             )
             and isinstance(planned, list)
             and all(isinstance(p, str) for p in planned)
@@ -234,7 +249,7 @@ def load(dst: str, name: str) -> Manifest:
         finalize=doc.get("finalize") is True,
         files=dict(files),
         published=(st.st_dev, st.st_ino),
-        pending=dict(pending),
+        pending={k: list(v) for k, v in pending.items()},
     )
 
 
@@ -267,15 +282,15 @@ def recorded(manifests: list[Manifest], dst: str, rel: str) -> dict[str, Any] | 
         e = m.files.get(rel)
         if e is not None and (e.get("dev"), e.get("ino")) == (st.st_dev, st.st_ino):
             return e
+    if not stat.S_ISREG(st.st_mode):
+        return None
     for m in manifests:
-        e = m.pending.get(rel)
-        if e is None or (e["dev"], e["ino"], e["size"]) != (st.st_dev, st.st_ino, st.st_size):
-            continue
-        if not stat.S_ISREG(st.st_mode):
-            continue
-        header = e["output_header_sha256"]
-        if not header or header_sha256(path) == header:
-            return e
+        for e in m.pending.get(rel, []):
+            if (e["dev"], e["ino"], e["size"]) != (st.st_dev, st.st_ino, st.st_size):
+                continue
+            header = e["output_header_sha256"]
+            if not header or header_sha256(path) == header:
+                return e
     return None
 
 

@@ -322,7 +322,7 @@ def convert_items(run: Run, todo: Sequence[Item]) -> list[ConvertReport]:
             # Before the output has its name, the manifest claims it: a run killed once
             # it is published, before it is recorded, still proves it wrote it.
             run.record.claim(w.rel, (dev, ino, size), w.planned_header(run))
-            run.record.save(run.cancel)
+            run.record.save_claims(run.cancel)
             failpoint("folder-sealed", run.cancel)
 
         run.meter.step(w.rel, 0, w.data_bytes)
