@@ -541,6 +541,32 @@ def test_sigkill_while_replacing_a_shard_keeps_the_old_one_proven(tmp_path):
     assert tree(dst) == tree(tmp_path / "fresh")
 
 
+def test_a_claim_proves_only_the_header_it_names(tmp_path):
+    """A claim whose file never got its name (killed before the publish) could meet a file
+    of someone else's at that name that took over the freed inode: the claim names the
+    planned header too, so a file with the same device, inode and size but another header
+    is not taken for stcast's. It stays, and the run names it."""
+    from helpers import stopped
+
+    src = write_sharded(tmp_path / "hf", np.random.default_rng(12), 4, rows=[30] * 4)
+    dst = tmp_path / "out"
+    run = stopped("convert", src, dst, "--max-shard-size", "1500B", "-q", at="folder-sealed")
+    run.kill()
+    rel = "model-00001-of-00005.safetensors"
+    theirs = write_single(dst / rel, np.random.default_rng(99), 1)
+    mine = theirs.read_bytes()
+    manifest = dst / ".stcast-manifest.json"
+    doc = json.loads(manifest.read_text())
+    [claim] = doc["pending"][rel]
+    st = theirs.stat()
+    claim.update(dev=st.st_dev, ino=st.st_ino, size=st.st_size)  # as if the inode was reused
+    manifest.write_text(json.dumps(doc))
+    rc, _, err = run_cli("convert", src, dst, "--max-shard-size", "3kB", "--resume")
+    assert rc == 0, err
+    assert "unindexed" in err or "left from another cut" in err, err
+    assert theirs.read_bytes() == mine
+
+
 def test_an_input_changed_between_two_shards_is_refused(tmp_path):
     """The inputs are held open from the start: one written to after the first shard is
     reported when a later shard reads it, and the index is never published; one replaced by
