@@ -424,6 +424,31 @@ def test_a_signal_during_a_manifest_write(tmp_path, src, cli_process, command, p
 # --- tampered and corrupt manifests ------------------------------------------------------------
 
 
+@pytest.mark.parametrize("at", ["folder-sealed", "folder-published", "folder-complete"])
+@pytest.mark.parametrize("again", [[], ["--to", "fp16"]], ids=["same", "fp16"])
+@pytest.mark.parametrize("env", [{}, NAMED], ids=["tmpfile", "named"])
+def test_sigkill_around_a_file_publish_then_resume(tmp_path, src, at, again, env):
+    """A folder run killed with its first file sealed and claimed in the manifest, just
+    published and not yet recorded, or with everything published (index and configs too):
+    `--resume` (with the same options, or others) proves each file its own by the
+    identity the manifest claimed before publishing, replaces it, and ends with exactly a
+    fresh conversion, which verify accepts. (Before, with other options, those files were
+    ones no manifest recorded: the run refused.)"""
+    from helpers import run_cli
+
+    dst = tmp_path / "out"
+    run = stopped("convert", src, dst, "-q", at=at, env=env)
+    assert (dst / FIRST).exists() == (at != "folder-sealed")
+    run.kill()
+    rc, _, err = run_cli("convert", src, dst, "--resume", "-q", *again)
+    assert rc == 0, err
+    fresh = tmp_path / "fresh"
+    stcast.convert(src, fresh, to="fp16" if again else "bf16")
+    assert tree(dst) == tree(fresh)
+    rc, _, err = run_cli("verify", src, dst, "-q", *again)
+    assert rc == 0, err
+
+
 def _manifest(src, **edit):
     st = os.stat(src)
     doc = {

@@ -230,6 +230,7 @@ def convert_folder(
         record.record(w.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
         record.files[w.rel].update(w.manifest_entry(record, out))
         files.append(w.report("skipped", st.st_size))
+    _manifest.carry(record, survey.ours)
     # Before any output: the other runs sharing this folder know it is ours.
     try:
         record.save(cancel)

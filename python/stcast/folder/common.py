@@ -156,7 +156,13 @@ def ensure_dir(dst: str, rel_dir: str) -> str:
 
 
 def failpoint(name: str, cancel: CancelFlag | None) -> None:
-    """A test hook (see rust/failpoint.rs); a stop request it caused wins over its error."""
+    """A test hook (see rust/failpoint.rs); a stop request it caused wins over its error.
+
+    The folder code's points, in a run's order: `folder-checked`, `folder-manifest`, then
+    for each output `folder-sealed` (claimed in the manifest, no name yet) and
+    `folder-published` (named, not yet recorded) and `folder-file` (recorded), then
+    `folder-publish` and `folder-complete`.
+    """
     try:
         _core.failpoint(name)
     except OSError:

@@ -65,11 +65,34 @@ class Manifest:
     first_replace: str | None = None
     # Written by `finalize` (which completes shard runs), not by a conversion.
     finalize: bool = False
+    # Files this run may have published, or that stcast wrote and this run has not yet
+    # replaced or removed: rel -> claims, each dev, ino, size and (if known) the output
+    # header's hash ("": none). A file there with a claimed identity is proven stcast's.
+    # An output is claimed once sealed, before it has a name (a link or a rename keeps
+    # its inode), so a run killed just after publishing it still proves it wrote it; the
+    # file it replaces stays claimed until then.
+    pending: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def claim(self, rel: str, identity: tuple[int, int, int], header: str = "") -> None:
+        """Note that `rel` may be (or become) the file (dev, ino, size) stcast wrote."""
+        dev, ino, size = identity
+        claims = [c for c in self.pending.get(rel, []) if (c["dev"], c["ino"]) != (dev, ino)]
+        claims.append({"dev": dev, "ino": ino, "size": size, "output_header_sha256": header})
+        self.pending[rel] = claims
+
+    def save_claims(self, cancel: CancelFlag | None = None) -> None:
+        """`save`, once this manifest was saved, unless it is gone: another run completed
+        the folder and removed it meanwhile (a finalize racing this one). The file about
+        to be published then finds its name taken, as it would have without the claim."""
+        if not os.path.lexists(os.path.join(self.dst, self.name)):
+            return
+        self.save(cancel)
 
     def record(self, rel: str, kind: str, published: tuple[int, int, int], **extra: Any) -> None:
         """Note that this run published `rel` as (dev, ino, size)."""
         dev, ino, size = published
         self.files[rel] = {"kind": kind, "dev": dev, "ino": ino, "size": size, **extra}
+        self.pending.pop(rel, None)
 
     def weights_entry(self, w: File, source_header_sha256: str) -> dict[str, Any]:
         """What `resume` and `finalize` need to trust the output of `w` without reading it."""
@@ -97,6 +120,7 @@ class Manifest:
             "planned": self.planned,
             "complete": self.complete,
             "files": self.files,
+            "pending": self.pending,
             "finalize": self.finalize,
         }
         # ASCII keeps any file name (even undecodable bytes, as surrogates) round-trippable.
@@ -152,6 +176,10 @@ def _is_shard(shard: object) -> bool:
     return ints and 1 <= i <= n <= MAX_SHARDS
 
 
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def load(dst: str, name: str) -> Manifest:
     """The manifest `dst/name`, checked field by field; `Unreadable` if it is not one."""
     path = os.path.join(dst, name)
@@ -172,6 +200,7 @@ def load(dst: str, name: str) -> Manifest:
         files = doc["files"]
         planned = doc["planned"]
         src_id = doc["src_id"]
+        pending = doc.get("pending", {})
         ok = (
             isinstance(doc["src"], str)
             and isinstance(doc["options"], dict)
@@ -180,6 +209,18 @@ def load(dst: str, name: str) -> Manifest:
             and all(
                 isinstance(v.get("dev"), int) and isinstance(v.get("ino"), int)
                 for v in files.values()
+            )
+            and isinstance(pending, dict)
+            and all(
+                isinstance(k, str)
+                and isinstance(claims, list)
+                and all(
+                    isinstance(v, dict)
+                    and all(_is_int(v.get(f)) for f in ("dev", "ino", "size"))
+                    and isinstance(v.get("output_header_sha256"), str)
+                    for v in claims
+                )
+                for k, claims in pending.items()
             )
             and isinstance(planned, list)
             and all(isinstance(p, str) for p in planned)
@@ -208,6 +249,7 @@ def load(dst: str, name: str) -> Manifest:
         finalize=doc.get("finalize") is True,
         files=dict(files),
         published=(st.st_dev, st.st_ino),
+        pending={k: list(v) for k, v in pending.items()},
     )
 
 
@@ -228,16 +270,43 @@ def load_all(dst: str) -> tuple[list[Manifest], list[Unreadable]]:
 
 
 def recorded(manifests: list[Manifest], dst: str, rel: str) -> dict[str, Any] | None:
-    """The entry of a manifest that wrote `dst/rel`, if the file there is still that one."""
+    """The entry of a manifest that wrote `dst/rel`, if the file there is still that one;
+    else a manifest's claim on it (`Manifest.pending`), if the file there is the one
+    claimed: the same device, inode and size, and the header claimed."""
+    path = os.path.join(dst, rel)
     try:
-        st = os.lstat(os.path.join(dst, rel))
+        st = os.lstat(path)
     except FileNotFoundError:
         return None
     for m in manifests:
         e = m.files.get(rel)
         if e is not None and (e.get("dev"), e.get("ino")) == (st.st_dev, st.st_ino):
             return e
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    for m in manifests:
+        for e in m.pending.get(rel, []):
+            if (e["dev"], e["ino"], e["size"]) != (st.st_dev, st.st_ino, st.st_size):
+                continue
+            header = e["output_header_sha256"]
+            if not header or header_sha256(path) == header:
+                return e
     return None
+
+
+def carry(record: Manifest, ours: dict[str, tuple[int, int]]) -> None:
+    """Claim in the new `record` each file stcast wrote here (`ours`: rel -> dev, ino) that
+    it does not record as done: the earlier manifest that proves it is replaced by this
+    one, and a run killed before it replaces or removes such a file must still prove it."""
+    for rel, (dev, ino) in ours.items():
+        if rel in record.files:
+            continue
+        try:
+            st = os.lstat(os.path.join(record.dst, rel))
+        except FileNotFoundError:
+            continue
+        if (st.st_dev, st.st_ino) == (dev, ino):
+            record.claim(rel, (dev, ino, st.st_size))
 
 
 def remove(m: Manifest) -> None:

@@ -38,7 +38,7 @@ from .common import (
     read_bounded,
     source_sha256,
 )
-from .walk import Plan, read_index, read_json, safetensors_name
+from .walk import Plan, index_owners, read_index, read_json, safetensors_name
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -117,18 +117,10 @@ def groups_of(weights: list[File], indexes: list[tuple[File, str, dict[str, str]
     """The groups of a folder's weight files and (parsed) indexes: one per index, and one
     per weight file no index names; sorted by path. A file two indexes name is refused."""
     by_rel = {w.rel: w for w in weights}
-    owner: dict[str, str] = {}
+    owner = index_owners(indexes)
     groups = []
     for f, _, weight_map in indexes:
         rels = sorted(set(weight_map.values()))
-        for rel in rels:
-            if rel in owner:
-                raise Refused(
-                    f"{_esc(f.path)}: names {_esc(rel)}, which {_esc(owner[rel])} names too; "
-                    "stcast cannot tell which checkpoint it belongs to",
-                    path=f.path,
-                )
-            owner[rel] = f.rel
         if rels:
             name = os.path.basename(f.rel)
             stem = name[: -len(_INDEX)]

@@ -101,6 +101,17 @@ class Run:
         shard = self.record.shard
         return "" if shard is None else f"s{shard[0]}of{shard[1]}"
 
+    def claimer(self, rel: str) -> Callable[[int, int, int], None]:
+        """What the engine calls once `rel`'s hidden file is sealed, before it has a name:
+        this run's manifest claims it, so a run killed just after publishing it still
+        proves it wrote it."""
+
+        def sealed(dev: int, ino: int, size: int) -> None:
+            self.record.claim(rel, (dev, ino, size))
+            self.record.save_claims(self.cancel)
+
+        return sealed
+
     def published(self, rel: str, kind: str, identity: tuple[int, int, int]) -> None:
         """Record a published file: in this run's manifest, and as ours from now on."""
         self.record.record(rel, kind, identity)
@@ -177,6 +188,7 @@ def _copy(run: Run, f: File, kind: str, meter: Meter | None) -> None:
         tag=run.tag(),
         progress=step if meter is not None and meter.is_on() else None,
         cancel=run.cancel,
+        sealed=run.claimer(f.rel),
     )
     run.published(f.rel, kind, identity)
 
@@ -188,6 +200,7 @@ def _write(run: Run, rel: str, kind: str, content: bytes) -> None:
         replace=run.replace_for(rel),
         tag=run.tag(),
         cancel=run.cancel,
+        sealed=run.claimer(rel),
     )
     run.published(rel, kind, identity)
 
@@ -222,6 +235,7 @@ def unpublish(run: Run, plan: Plan) -> None:
             continue  # the survey refused what may not be replaced
         if _unlink_if(run, rel, None if isinstance(replace, str) else replace):
             run.ours.pop(rel, None)
+            run.record.pending.pop(rel, None)
 
 
 def remove_stale(run: Run, stale: dict[str, tuple[int, int]]) -> None:
@@ -232,6 +246,7 @@ def remove_stale(run: Run, stale: dict[str, tuple[int, int]]) -> None:
     for rel, identity in stale.items():
         if _unlink_if(run, rel, identity) is not None:
             run.ours.pop(rel, None)
+            run.record.pending.pop(rel, None)
 
 
 def _unlink_if(run: Run, rel: str, identity: tuple[int, int] | None) -> bool | None:
