@@ -44,6 +44,11 @@ def is_manifest(name: str) -> bool:
     return name == MANIFEST or _SHARD_MANIFEST.fullmatch(name) is not None
 
 
+class TakenOver(Refused):
+    """Another run took this run's folder over (see `Manifest.check_still_ours`): what this
+    run wrote is that run's to keep or replace now, not this one's to roll back."""
+
+
 @dataclass
 class Manifest:
     """One run's record, saved as `dst/name`."""
@@ -61,8 +66,9 @@ class Manifest:
     # The identity this run last published the manifest with (None: not yet).
     published: tuple[int, int] | None = None
     # What the first save may replace at its name: nothing (another run's manifest there
-    # makes it fail), or, told to (`force`), any file.
-    first_replace: str | None = None
+    # makes it fail), or, told to (`force`), the file the survey found there (device and
+    # inode: not another run's manifest written since).
+    first_replace: tuple[int, int] | str | None = None
     # Written by `finalize` (which completes shard runs), not by a conversion.
     finalize: bool = False
 
@@ -101,6 +107,8 @@ class Manifest:
         }
         # ASCII keeps any file name (even undecodable bytes, as surrogates) round-trippable.
         text = json.dumps(doc, indent=1, ensure_ascii=True) + "\n"
+        if self.published is not None:
+            self.check_still_ours()
         replace = self.first_replace if self.published is None else self.published
         dev, ino, _ = _core.write_file(
             os.path.join(self.dst, self.name),
@@ -110,6 +118,25 @@ class Manifest:
             cancel=cancel,
         )
         self.published = (dev, ino)
+
+    def check_still_ours(self) -> None:
+        """Refuse to go on once another run took the folder over: this run's manifest was
+        replaced (another run's `force` or `resume` took it for an interrupted run's) or
+        removed (that run finished). Writing on would replace that run's files."""
+        path = os.path.join(self.dst, self.name)
+        try:
+            st = os.lstat(path)
+            same = (st.st_dev, st.st_ino) == self.published
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise TakenOver(
+                f"{_esc(path)}: another stcast run took {_esc(self.dst)} over while this one "
+                "ran (it replaced or removed this run's manifest, as {force}, {resume} and "
+                "`finalize` do with a stopped run's); this run stopped there, leaving the "
+                "folder to that run (run again once it is done, if need be)",
+                path=path,
+            )
 
 
 def _tag(shard: tuple[int, int] | None) -> str:
