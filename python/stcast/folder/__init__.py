@@ -278,7 +278,9 @@ def convert_folder(
         if not set(record.files) - {w.rel for w in p.skipped}:
             _write.roll_back(run, survey.present, had_manifest, missing)
         raise
-    except (Refused, InvalidInput):
+    except (Refused, InvalidInput) as e:
+        if _write.NOT_OURS in e.template:
+            raise  # a file changed in DST since the survey: what is done stays for resume
         # A failed run (a value that overflows under on_overflow="error", an input that
         # is not what its header says): `resume` would fail again. What it added goes;
         # the files that were there stay (those `force` replaced too: their old bytes are

@@ -124,7 +124,7 @@ def rival(run: Run, e: DestinationExists | Refused) -> None:
     survey (where none was, or under `force` another than the survey found). Returns when
     the failure is none of these (it is then raised as it is)."""
     run.record.check_still_ours()
-    if isinstance(e, DestinationExists) or (run.force and _NOT_OURS in e.template):
+    if isinstance(e, DestinationExists) or (run.force and NOT_OURS in e.template):
         path = e.path or run.dst
         message = (
             "destination exists: another stcast run (or another program) wrote it after "
@@ -135,7 +135,7 @@ def rival(run: Run, e: DestinationExists | Refused) -> None:
 
 
 # The engine's refusal of a file that is not the one a replace was allowed for.
-_NOT_OURS = "is not the file stcast wrote there"
+NOT_OURS = "is not the file stcast wrote there"
 
 
 def publish(run: Run, plan: Plan, work: Work) -> list[FileReport]:
