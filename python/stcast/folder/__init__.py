@@ -250,6 +250,11 @@ def convert_folder(
         record.save(cancel)
     except DestinationExists:
         path = os.path.join(dst, record.name)
+        for folder in missing:  # the folders made for this run, left empty
+            try:
+                os.rmdir(folder)
+            except OSError:
+                pass
         raise Refused(
             f"{_esc(path)}: another stcast run started converting into {_esc(dst)} after this "
             "one checked it; nothing was written (run again once it is done)",

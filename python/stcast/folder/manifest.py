@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -71,6 +72,10 @@ class Manifest:
     first_replace: tuple[int, int] | str | None = None
     # Written by `finalize` (which completes shard runs), not by a conversion.
     finalize: bool = False
+    # This run's mark in what it saves: a device and inode can be another file's once the
+    # file is gone (a rival's manifest replacing this one may take its inode number).
+    token: str = field(default_factory=lambda: secrets.token_hex(16))
+    saved: bool = False  # has this run saved it (so that the file there holds `token`)
 
     def record(self, rel: str, kind: str, published: tuple[int, int, int], **extra: Any) -> None:
         """Note that this run published `rel` as (dev, ino, size)."""
@@ -104,6 +109,7 @@ class Manifest:
             "complete": self.complete,
             "files": self.files,
             "finalize": self.finalize,
+            "run": self.token,
         }
         # ASCII keeps any file name (even undecodable bytes, as surrogates) round-trippable.
         text = json.dumps(doc, indent=1, ensure_ascii=True) + "\n"
@@ -118,6 +124,7 @@ class Manifest:
             cancel=cancel,
         )
         self.published = (dev, ino)
+        self.saved = True
 
     def check_still_ours(self) -> None:
         """Refuse to go on once another run took the folder over: this run's manifest was
@@ -127,8 +134,13 @@ class Manifest:
         try:
             st = os.lstat(path)
             same = (st.st_dev, st.st_ino) == self.published
+            if same and self.saved:
+                mark = json.dumps({"run": self.token})[1:-1].encode("ascii")
+                same = mark in read_bounded(path, _MAX_MANIFEST)
         except FileNotFoundError:
             same = False
+        except (OSError, StcastError):
+            same = False  # not a file this run wrote (a FIFO, too large)
         if not same:
             raise TakenOver(
                 f"{_esc(path)}: another stcast run took {_esc(self.dst)} over while this one "
