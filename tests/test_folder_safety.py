@@ -703,3 +703,31 @@ def test_the_take_over_message_in_the_words_of_each(tmp_path, src, plain, cli_pr
     assert rival == [(0, "", "")]
     assert "another stcast run took" in str(e.value) and "force=True, resume=True" in str(e.value)
     assert tree(dst) == plain
+
+
+@pytest.mark.parametrize("old_index", ["same-map", "another-map"])
+def test_an_interrupted_force_never_leaves_an_index_that_misleads(
+    tmp_path, run_main, cli_process, old_index
+):
+    """The old index stays through an interrupted `--force` when every state of the run
+    keeps it true (the same tensor-to-file map as the new one); one that maps a tensor to
+    another file than the new index does, and names a file the run replaces, is withdrawn
+    before the first shard is replaced: no loader is sent to the wrong file."""
+    src = write_checkpoint_folder(tmp_path / "src", files=3)
+    dst = tmp_path / "dst"
+    assert run_main("convert", src, dst, "-q") == (0, "", "")
+    index = json.loads((dst / INDEX).read_text())
+    if old_index == "another-map":
+        names = list(index["weight_map"])
+        files = [index["weight_map"][n] for n in names]
+        index["weight_map"] = dict(zip(names, files[1:] + files[:1]))
+        (dst / INDEX).write_text(json.dumps(index))
+    before = (dst / INDEX).read_bytes()
+    env = {"STCAST_FAILPOINT": "folder-file=sigint"}
+    rc, _, err = cli_process("convert", src, dst, "--force", env=env)
+    assert (rc, assert_one_error_line(err)) == (-signal.SIGINT, "stcast: interrupted"), err
+    if old_index == "same-map":
+        assert (dst / INDEX).read_bytes() == before
+        loads_consistently(dst)
+    else:
+        assert not (dst / INDEX).exists()
