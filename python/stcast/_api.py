@@ -145,7 +145,13 @@ def convert(
         tuning: knobs for benchmarks (window size, kernels, read advice, write-behind
             depth); they change speed and memory, never the bytes written.
 
-    Ctrl-C raises KeyboardInterrupt within a second and leaves nothing behind. The GIL is
+    Ctrl-C raises KeyboardInterrupt within a second and leaves no temp or partial file: a
+    file `dst` is as it was. A folder run (also one a raising `progress` callback stops)
+    keeps the files it finished and its manifest `dst/.stcast-manifest.json`:
+    `resume=True` continues it, `force=True` converts everything again, and without
+    either the next run into `dst` is refused; remove `dst` to discard it. A folder run
+    that fails while converting (an overflow under `on_overflow="error"`) removes what it
+    added, and keeps what was there. The GIL is
     released while converting, but Python checks for signals only on the main thread: when
     `convert` runs in another thread, pass `cancel=threading.Event()` and set it to stop.
 

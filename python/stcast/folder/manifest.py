@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,11 @@ def is_manifest(name: str) -> bool:
     return name == MANIFEST or _SHARD_MANIFEST.fullmatch(name) is not None
 
 
+class TakenOver(Refused):
+    """Another run took this run's folder over (see `Manifest.check_still_ours`): what this
+    run wrote is that run's to keep or replace now, not this one's to roll back."""
+
+
 @dataclass
 class Manifest:
     """One run's record, saved as `dst/name`."""
@@ -61,10 +67,15 @@ class Manifest:
     # The identity this run last published the manifest with (None: not yet).
     published: tuple[int, int] | None = None
     # What the first save may replace at its name: nothing (another run's manifest there
-    # makes it fail), or, told to (`force`), any file.
-    first_replace: str | None = None
+    # makes it fail), or, told to (`force`), the file the survey found there (device and
+    # inode: not another run's manifest written since).
+    first_replace: tuple[int, int] | str | None = None
     # Written by `finalize` (which completes shard runs), not by a conversion.
     finalize: bool = False
+    # This run's mark in what it saves: a device and inode can be another file's once the
+    # file is gone (a rival's manifest replacing this one may take its inode number).
+    token: str = field(default_factory=lambda: secrets.token_hex(16))
+    saved: bool = False  # has this run saved it (so that the file there holds `token`)
     # Files this run may have published, or that stcast wrote and this run has not yet
     # replaced or removed: rel -> claims, each dev, ino, size and (if known) the output
     # header's hash ("": none). A file there with a claimed identity is proven stcast's.
@@ -122,9 +133,12 @@ class Manifest:
             "files": self.files,
             "pending": self.pending,
             "finalize": self.finalize,
+            "run": self.token,
         }
         # ASCII keeps any file name (even undecodable bytes, as surrogates) round-trippable.
         text = json.dumps(doc, indent=1, ensure_ascii=True) + "\n"
+        if self.published is not None:
+            self.check_still_ours()
         replace = self.first_replace if self.published is None else self.published
         dev, ino, _ = _core.write_file(
             os.path.join(self.dst, self.name),
@@ -134,6 +148,31 @@ class Manifest:
             cancel=cancel,
         )
         self.published = (dev, ino)
+        self.saved = True
+
+    def check_still_ours(self) -> None:
+        """Refuse to go on once another run took the folder over: this run's manifest was
+        replaced (another run's `force` or `resume` took it for an interrupted run's) or
+        removed (that run finished). Writing on would replace that run's files."""
+        path = os.path.join(self.dst, self.name)
+        try:
+            st = os.lstat(path)
+            same = (st.st_dev, st.st_ino) == self.published
+            if same and self.saved:
+                mark = json.dumps({"run": self.token})[1:-1].encode("ascii")
+                same = mark in read_bounded(path, _MAX_MANIFEST)
+        except FileNotFoundError:
+            same = False
+        except (OSError, StcastError):
+            same = False  # not a file this run wrote (a FIFO, too large)
+        if not same:
+            raise TakenOver(
+                f"{_esc(path)}: another stcast run took {_esc(self.dst)} over while this one "
+                "ran (it replaced or removed this run's manifest, as {force}, {resume} and "
+                "`finalize` do with a stopped run's); this run stopped there, leaving the "
+                "folder to that run (run again once it is done, if need be)",
+                path=path,
+            )
 
 
 def _tag(shard: tuple[int, int] | None) -> str:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from .. import _core, _engine
-from ..errors import Refused
+from ..errors import DestinationExists, Refused
 from ..reports import ConvertReport, FileReport, Notice, _build, notices
 from .common import (
     MAX_JSON_BYTES,
@@ -43,6 +43,7 @@ from .reshard import (
 )
 from .reshard import find_entry as _find_unit_entry
 from .walk import Plan
+from .write import rival
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -311,6 +312,8 @@ def convert_items(run: Run, todo: Sequence[Item]) -> list[ConvertReport]:
     reports = []
     for w in todo:
         check_cancel(run.cancel)
+        # Not into a folder another run took over since (it would replace its files).
+        run.record.check_still_ours()
         out = out_path(run.dst, w.rel)
         # The engine replaces only as this run may: see Run.replace_for.
         replaces = run.replace_for(w.rel)
@@ -326,7 +329,12 @@ def convert_items(run: Run, todo: Sequence[Item]) -> list[ConvertReport]:
             failpoint("folder-sealed", run.cancel)
 
         run.meter.step(w.rel, 0, w.data_bytes)
-        r = w.convert(run, out, replaces, step if run.meter.is_on() else None, sealed)
+        try:
+            r = w.convert(run, out, replaces, step if run.meter.is_on() else None, sealed)
+        except (DestinationExists, Refused) as e:
+            # A rival's file where this run replaces none, or not the file found.
+            rival(run, e)
+            raise
         run.meter.finish(w.rel, w.data_bytes)
         # The output has its name; the manifest does not say so yet.
         failpoint("folder-published", run.cancel)
