@@ -334,3 +334,17 @@ def test_resharded_shard_runs_finalize_and_resume(tmp_path, run_main, cli_proces
     assert rc == 0, err
     assert shards(tmp_path / "re") == want
     assert sorted(os.listdir(tmp_path / "re")) == sorted(os.listdir(tmp_path / "rs"))
+
+
+def test_a_destination_that_is_a_checkpoint_file_is_refused(tmp_path, run_main):
+    """The rank files and `.metadata` are the input: a DST that is one of them (here a hard
+    link named like an output) is refused, with `--force` too, and nothing changes."""
+    ck = checkpoint("hsdp-2x2", tmp_path)
+    for name in (".metadata", "__1_0.distcp"):
+        link = tmp_path / f"link-{name.strip('.')}.safetensors"
+        os.link(ck / name, link)
+        before = (ck / name).read_bytes()
+        rc, out, err = run_main("convert", ck, link, "--key", "model", "--force")
+        line = assert_one_error_line(err)
+        assert rc == 1 and "destination is the input" in line, line
+        assert (ck / name).read_bytes() == before

@@ -120,7 +120,9 @@ pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
     })?;
     let meta = read_metadata(pickle)
         .map_err(|what| Error::distributed(&meta_path, None, DistProblem::Metadata { what }))?;
-    drop(meta_file);
+    // Kept among the source's files (after the ranks'): a DST that is it is refused as the
+    // input, and a change to it while converting is seen. Its parsed pages go.
+    meta_file.unmap((0, meta_file.map.len() as u64));
 
     let (key, chosen, skipped) =
         select(&meta.entries, opts).map_err(|error| Error::Checkpoint {
@@ -250,11 +252,7 @@ pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
         globals: meta.pickle.globals.clone(),
         unlisted,
     };
-    if files.is_empty() {
-        // A checkpoint of no tensors: the source still needs a file to stand for it.
-        let path = dir.join(METADATA);
-        files.push(InputFile::open(&path, 1, |_| unreachable_small(&path))?);
-    }
+    files.push(meta_file);
     let mut source = Source::from_parts(dir, files, header);
     source.origin = Some(origin);
     Ok(source)
