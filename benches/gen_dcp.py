@@ -157,6 +157,9 @@ def dumps(v: Any) -> bytes:
     return bytes(out + b".")
 
 
+ORDERED_DICT = Call(Global("collections", "OrderedDict"))
+
+
 def tensor_pickle(shape: Sequence[int]) -> bytes:
     """What `torch.save` pickles for one contiguous F32 tensor in storage "0"."""
     stride, n = [], 1
@@ -167,7 +170,7 @@ def tensor_pickle(shape: Sequence[int]) -> bytes:
     return dumps(
         Call(
             Global("torch._utils", "_rebuild_tensor_v2"),
-            (Pid(pid), 0, tuple(shape), tuple(stride), False, Call(Global("collections", "OrderedDict"))),
+            (Pid(pid), 0, tuple(shape), tuple(stride), False, ORDERED_DICT),
         )
     )
 
@@ -318,7 +321,8 @@ def entries(size_gib: float, optim: bool) -> list[Entry]:
             for moment in ("step", "exp_avg", "exp_avg_sq"):
                 shape = () if moment == "step" else tuple(s)
                 fill = "step" if moment == "step" else "pool"
-                out.append(Entry(f"optim.state.{n}.{moment}", ("optim", "state", n, moment), shape, fill))
+                path = ("optim", "state", n, moment)
+                out.append(Entry(f"optim.state.{n}.{moment}", path, shape, fill))
     return out
 
 
@@ -346,7 +350,8 @@ def write_dcp(folder: Path, size_gib: float, ranks: int, optim: bool, seed: int)
     tmp = folder.with_name(folder.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    pool = (np.random.default_rng([seed, 1 << 20]).standard_normal(CHUNK_BYTES // 4, dtype=np.float32) * 1e-3).data.cast("B")
+    rng = np.random.default_rng([seed, 1 << 20])
+    pool = (rng.standard_normal(CHUNK_BYTES // 4, dtype=np.float32) * 1e-3).data.cast("B")
     storage: list[tuple[Any, Any]] = []
     chunks: dict[str, list[Build]] = {t.fqn: [] for t in tensors}
     groups = param_groups([n for n, _ in plan_tensors(size_gib)]) if optim else []
@@ -378,11 +383,19 @@ def write_dcp(folder: Path, size_gib: float, ranks: int, optim: bool, seed: int)
                 data_bytes += nbytes
                 at = f.tell()
                 length = save_zip(f, tensor_pickle(sizes), (nbytes, writer))
-                index = record("MetadataIndex", {"fqn": t.fqn, "index": len(chunks[t.fqn]), "offset": torch_size(offsets)})
+                at_index = {
+                    "fqn": t.fqn,
+                    "index": len(chunks[t.fqn]),
+                    "offset": torch_size(offsets),
+                }
+                index = record("MetadataIndex", at_index)
                 info = {"relative_path": name, "offset": at, "length": length}
                 storage.append((index, record("_StorageInfo", info, FS)))
                 chunks[t.fqn].append(
-                    record("ChunkStorageMetadata", {"offsets": torch_size(offsets), "sizes": torch_size(sizes)})
+                    record(
+                        "ChunkStorageMetadata",
+                        {"offsets": torch_size(offsets), "sizes": torch_size(sizes)},
+                    )
                 )
     sdm: list[tuple[Any, Any]] = []
     planner: list[tuple[Any, Any]] = []
@@ -396,7 +409,11 @@ def write_dcp(folder: Path, size_gib: float, ranks: int, optim: bool, seed: int)
                 t.fqn,
                 record(
                     "TensorStorageMetadata",
-                    {"properties": properties(strides), "size": torch_size(t.shape), "chunks": chunks[t.fqn]},
+                    {
+                        "properties": properties(strides),
+                        "size": torch_size(t.shape),
+                        "chunks": chunks[t.fqn],
+                    },
                 ),
             )
         )
@@ -440,7 +457,8 @@ def chunk_writer(t: Entry, rank: int, seed: int, count: int, pool: memoryview) -
                 put(values.data.cast("B"))
                 left -= 4 * n
             return
-        at = zlib.crc32(t.fqn.encode()) % 16384 * 4096 % len(pool)  # any slice: torch reads it, no one checks
+        # any slice of the pool: torch reads it, no one checks it
+        at = zlib.crc32(t.fqn.encode()) % 16384 * 4096 % len(pool)
         while left:
             n = min(left, len(pool) - at)
             put(pool[at : at + n])
