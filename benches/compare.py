@@ -2459,7 +2459,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.clean:
             for path in bench.inputs:
-                path.unlink(missing_ok=True)
+                if path.is_dir():  # a DCP folder
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
 
     runs = bench.runs
     facts["loadavg_end"] = os.getloadavg()
