@@ -20,12 +20,20 @@ disk, caches dropped, each child in a cgroup v1 memory group limited to --mem-li
 size case; made without torch by gen_bin.py): stcast against torch_load_mmap
 (`torch.load(mmap=True)`, `.to(bfloat16)`, `save_file`) and torch_load (`torch.load`, the
 same), peers/torch_bin.py.
+--dcp-sizes adds torch.distributed.checkpoint (DCP) folders: a model of that many GiB of F32,
+sharded FSDP-style over --dcp-ranks ranks, saved with Adam's state beside it (`{"model",
+"optim"}`: the folder is 3x the model; made without torch by gen_dcp.py): stcast (`convert
+SRC DST --key model`) against torch_dcp (`dcp_to_torch_save` to a temporary file,
+`torch.load(...)["model"]`, `.to(bfloat16)`, `save_file`) and torch_dcp_inmem
+(`_load_state_dict_from_keys({"model"})`, the same), peers/torch_dcp.py; each peer's first
+output is compared with stcast's, tensor by tensor, bit for bit (same_tensors.py).
 --reshard SIZE adds contender stcast_reshard: `convert SRC DST --max-shard-size SIZE` (a
 folder of shards and an index) beside stcast's plain conversion of the same input; the
 "Re-sharding" issue's goal is its median wall <= 1.05x stcast's (4 GiB into 1 GB shards).
 
 usage: python benches/compare.py [--sizes 1,4] [--repeats 3] [--modes hugetmpfs,tmpfs,...]
-           [--many-tensors] [--bin-sizes 4] [--baseline PYTHON|CMD] [--tuning JSON]
+           [--many-tensors] [--bin-sizes 4] [--dcp-sizes 1] [--dcp-ranks 3]
+           [--baseline PYTHON|CMD] [--tuning JSON]
            [--reshard SIZE] [--order abba|cyclic] [--mem-limit 256M] [--cap CONTENDER=SIZE]
            [--timeout S] [--out benches/out] [--quick]
 """
@@ -63,11 +71,15 @@ CONTENDERS = (
     "dd_read",
     "torch_load_mmap",
     "torch_load",
+    "torch_dcp",
+    "torch_dcp_inmem",
 )
 EXTRA = ("stcast_base", "stcast_tuned", "stcast_reshard")  # --baseline, --tuning, --reshard
-PEERS = ("torch_path", "np_convert", "torch_load_mmap", "torch_load")
+TORCH_PEERS = ("torch_path", "torch_load_mmap", "torch_load", "torch_dcp", "torch_dcp_inmem")
+PEERS = ("np_convert", *TORCH_PEERS)
 # The case kinds each contender reads (the rest read all): safetensors readers skip `.bin`
-# inputs, torch.load readers take nothing else.
+# inputs, torch.load readers take nothing else; DCP folders are read by stcast's CLIs and the
+# DCP peers only.
 KINDS = {
     "torch_path": ("size", "many", "few"),
     "np_convert": ("size", "many", "few"),
@@ -75,6 +87,10 @@ KINDS = {
     "torch_load_mmap": ("bin",),
     "torch_load": ("bin",),
     "stcast_reshard": ("size", "bin"),
+    "stcast_tuned": ("size", "many", "few", "bin"),
+    "dd_read": ("size", "many", "few", "bin"),
+    "torch_dcp": ("dcp",),
+    "torch_dcp_inmem": ("dcp",),
 }
 ALIASES = {
     "torch": "torch_path",
@@ -112,6 +128,13 @@ GOAL_COLD_X_DD = 0.9  # cold: stcast's input rate >= this x `dd`'s read rate
 GOAL_COLD_RSS = 64 * MiB
 GOAL_NOT_SLOWER_X = 1.05  # stcast wall <= this x stcast_base's (run-to-run noise allowed)
 GOAL_RESHARD_X_PLAIN = 1.05  # stcast_reshard wall <= this x stcast's, same input and mode
+# DCP folders (--dcp-sizes): stcast peak RSS <= BASE + this x the .metadata file's bytes (the
+# parsed Metadata, which stcast holds for the whole run), and torch_dcp's wall >= this x stcast's.
+GOAL_DCP_RSS_BASE = 64 * MiB
+GOAL_DCP_RSS_PER_METADATA_BYTE = 4
+GOAL_DCP_X_TORCH = 3.0
+DCP_KEY = "model"  # the dict of the checkpoint that is converted (the rest is the optimizer's)
+DCP_FILE_FACTOR = 3  # the folder's bytes over the model's: the model, exp_avg, exp_avg_sq
 
 # ---- The many-tensors case: the same bytes of data in many small or few large tensors.
 MANY_COUNT = 300_000
@@ -146,7 +169,14 @@ class Contender:
     def writes(self) -> bool:
         return any("{dst}" in a for a in self.argv)
 
-    def command(self, src: Path, dst: Path | None = None, action: str = "convert") -> list[str]:
+    def command(
+        self,
+        src: Path,
+        dst: Path | None = None,
+        action: str = "convert",
+        options: tuple[str, ...] = (),
+    ) -> list[str]:
+        """The argv of action; options (a case's, e.g. `--key model`) go to stcast's CLIs."""
         if action == "convert":
             template = self.argv
         elif action == "inspect":
@@ -155,6 +185,8 @@ class Contender:
             template = [*self.cli, "verify", "{src}", "{dst}", "-q"]
         else:
             raise ValueError(action)
+        if self.kind in ("stcast", "reshard"):
+            template = [*template, *options]
         return [a.replace("{src}", str(src)).replace("{dst}", str(dst)) for a in template]
 
 
@@ -162,17 +194,25 @@ class Contender:
 class Case:
     """One input: a Llama-shaped checkpoint of size_gib, or one of the many-tensors pair."""
 
-    name: str  # "4 GiB", "300000 × 1 KiB", "4 GiB .bin"
+    name: str  # "4 GiB", "300000 × 1 KiB", "4 GiB .bin", "1 GiB DCP 3 ranks"
     spec: str  # what gen.py is given: "4", "300000x1024"
-    kind: str = "size"  # "size" | "many" | "few" | "bin"
-    size_gib: float = 0.0  # the data's GiB
+    kind: str = "size"  # "size" | "many" | "few" | "bin" | "dcp"
+    size_gib: float = 0.0  # the data's GiB (dcp: the model's, the folder is 3x)
+    ranks: int = 0  # dcp: the ranks it is sharded over
 
     def filename(self, seed: int) -> str:
         if self.kind == "size":
             return checkpoint_path(Path(), self.size_gib, seed).name
         if self.kind == "bin":
             return checkpoint_path(Path(), self.size_gib, seed).with_suffix(".bin").name
+        if self.kind == "dcp":
+            return f"dcp-{self.size_gib:g}GiB-{self.ranks}ranks-optim-seed{seed}"
         return f"tensors-{self.spec}-seed{seed}.safetensors"
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """What stcast's CLIs are given beside SRC and DST for this input."""
+        return ("--key", DCP_KEY) if self.kind == "dcp" else ()
 
 
 def size_case(size_gib: float) -> Case:
@@ -182,6 +222,11 @@ def size_case(size_gib: float) -> Case:
 def bin_case(size_gib: float) -> Case:
     """The size case's tensors as a PyTorch checkpoint (gen_bin.py)."""
     return Case(f"{size_gib:g} GiB .bin", f"{size_gib:g}", "bin", size_gib)
+
+
+def dcp_case(size_gib: float, ranks: int) -> Case:
+    """A DCP folder: a model of size_gib sharded over ranks, with Adam's state (gen_dcp.py)."""
+    return Case(f"{size_gib:g} GiB DCP ×{ranks}", f"{size_gib:g}", "dcp", size_gib, ranks)
 
 
 def many_cases(count: int, tensor_bytes: int, few: int) -> tuple[Case, Case]:
@@ -240,6 +285,7 @@ class Run:
     report: dict | None = None
     stderr_tail: str = ""
     verified: bool | None = None  # stcast builds: `stcast verify SRC DST` of this output
+    same_as_stcast: bool | None = None  # dcp peers: their output's tensors are stcast's
 
     def __post_init__(self) -> None:
         if not self.case:  # a results.json from before cases
@@ -554,18 +600,32 @@ def read_report(path: Path) -> dict[str, Any] | None:
 
 
 def verify_output(
-    contender: Contender, src: Path, dst: Path, logs: Path
+    contender: Contender, src: Path, dst: Path, logs: Path, options: tuple[str, ...] = ()
 ) -> tuple[bool, dict[str, Any] | None]:
     """Check, untimed and unlimited, that a stcast build's output is exactly src converted;
     return that and the scalars of verify's report (isa, threads: the timed runs print none).
     """
-    argv = [*contender.cli, "verify", str(src), str(dst), "--json"]
+    argv = [*contender.cli, "verify", str(src), str(dst), "--json", *options]
     report = logs / "verify.json"
     with open(report, "wb") as out:
         done = subprocess.run(argv, stdout=out, stderr=subprocess.PIPE, text=True)
     if done.returncode != 0:
         print(f"    verify failed: {done.stderr.strip()[-500:]}")
     return done.returncode == 0, read_report(report)
+
+
+def same_tensors(a: Path, b: Path) -> bool:
+    """Whether two safetensors files hold the same tensors (names, dtypes, shapes, and every
+    value bit for bit, NaN payloads aside), whatever their order and header layout: checked
+    in a child (same_tensors.py: numpy, which the bench itself never imports)."""
+    done = subprocess.run(
+        [sys.executable, str(HERE / "same_tensors.py"), str(a), str(b)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        print(f"    same_tensors: {(done.stdout + done.stderr).strip()[-500:]}")
+    return done.returncode == 0
 
 
 def reset_peak_rss() -> None:
@@ -601,11 +661,19 @@ def drop_caches() -> None:
 
 
 def warm(path: Path) -> None:
-    """Read the whole file so that it sits in the page cache."""
+    """Read the whole file (every file of a folder) so that it sits in the page cache."""
     buf = bytearray(64 * MiB)
-    with open(path, "rb", buffering=0) as f:
-        while f.readinto(buf):
-            pass
+    for p in sorted(path.iterdir()) if path.is_dir() else [path]:
+        with open(p, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+
+
+def path_bytes(path: Path) -> int:
+    """A file's bytes, or the sum of a folder's files' (a DCP checkpoint)."""
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+    return path.stat().st_size
 
 
 def prepare(mode: str, src: Path) -> None:
@@ -686,6 +754,14 @@ def find_contenders(
                 found.append(Contender(name, argv))
             else:
                 print(f"torch not installed: {name} skipped")
+        elif name in ("torch_dcp", "torch_dcp_inmem"):
+            probe = [sys.executable, "-c", "import torch.distributed.checkpoint, safetensors"]
+            if subprocess.run(probe, capture_output=True).returncode == 0:
+                inmem = ["--inmem"] if name == "torch_dcp_inmem" else []
+                argv = [sys.executable, str(peers / "torch_dcp.py"), *inmem, "{src}", "{dst}"]
+                found.append(Contender(name, argv))
+            else:
+                print(f"torch.distributed.checkpoint or safetensors not importable: {name} skipped")
         elif name == "dd_read":
             if shutil.which("dd"):
                 argv = ["dd", "if={src}", "of=/dev/null", "bs=16M", "status=none"]
@@ -773,6 +849,12 @@ def cached_checkpoint(directory: Path, size_gib: float, seed: int) -> Path:
 def cached_input(directory: Path, case: Case, seed: int) -> Path:
     """Return case's input in directory, generating it (in a child: gen.py) on first use."""
     path = directory / case.filename(seed)
+    if case.kind == "dcp" and not path.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        print(f"generating {path} ...", flush=True)
+        gen = [sys.executable, str(HERE / "gen_dcp.py"), case.spec, str(path), "--optim"]
+        subprocess.run([*gen, "--ranks", str(case.ranks), "--seed", str(seed)], check=True)
+        return path
     if case.kind == "bin" and not path.exists():
         st = cached_input(directory, size_case(case.size_gib), seed)
         print(f"generating {path} ...", flush=True)
@@ -788,7 +870,10 @@ def cached_input(directory: Path, case: Case, seed: int) -> Path:
 
 def header_bytes(path: Path) -> int:
     """The safetensors header's length (the JSON, padding included), from its 8-byte prefix;
-    0 for a PyTorch checkpoint."""
+    a DCP folder's `.metadata` bytes; 0 for a PyTorch checkpoint."""
+    if path.is_dir():
+        meta = path / ".metadata"
+        return meta.stat().st_size if meta.exists() else 0
     if path.suffix != ".safetensors":
         return 0
     with open(path, "rb") as f:
@@ -809,10 +894,12 @@ def usable(mode: str, case: Case, directory: Path, cache: Path, seed: int, ram: 
 
     directory: where the runs read and write; cache: where the input is generated (the
     same folder, but for hugetmpfs); ram: the hugetmpfs mount's size."""
-    if mode in RAM_MODES and case.kind in ("size", "bin") and case.size_gib > TMPFS_MAX_GIB:
+    folder = case.size_gib * (DCP_FILE_FACTOR if case.kind == "dcp" else 1)
+    if mode in RAM_MODES and case.kind in ("size", "bin", "dcp") and folder > TMPFS_MAX_GIB:
         return f"input above {TMPFS_MAX_GIB:g} GiB would not fit in RAM beside the peers"
-    # the pair, and a .bin with the safetensors it is made from: 2 inputs
-    data = int(case.size_gib * GiB) * (1 if case.kind == "size" else 2)
+    # the pair, and a .bin with the safetensors it is made from: 2 inputs; a DCP folder is 3x
+    # its model and torch_dcp writes a copy of it (dcp_to_torch_save) beside the output
+    data = int(case.size_gib * GiB) * {"size": 1, "dcp": 2 * DCP_FILE_FACTOR}.get(case.kind, 2)
     if mode == "hugetmpfs" and data * 1.6 > ram:
         return f"input and output would not fit in the {fmt_bytes(ram)} huge-page tmpfs"
     cache.mkdir(parents=True, exist_ok=True)
@@ -879,6 +966,7 @@ def summarize(runs: list[Run]) -> list[dict[str, Any]]:
             "header_bytes": rs[0].header_bytes,
             "mem_limit": rs[0].mem_limit,
             "verified": [r.verified for r in rs if r.verified is not None],
+            "same_as_stcast": [r.same_as_stcast for r in rs if r.same_as_stcast is not None],
         }
         for metric in TIMES:
             row[metric] = spread([getattr(r, metric) for r in ok])
@@ -950,7 +1038,10 @@ def all_ratios(runs: list[Run], rows: list[dict[str, Any]]) -> list[dict[str, An
             metrics = ("wall_s", "user_s") if name.startswith("stcast") else ("wall_s",)
             add((mode, case, name, action), (mode, case, "limit_loop", action), *metrics)
         if action == "convert" and name != "stcast":
-            add((mode, case, name, action), (mode, case, "stcast", action), "wall_s")
+            metrics = ("wall_s",)
+            if row["kind"] == "dcp":  # the report states CPU and memory against stcast too
+                metrics = ("wall_s", "user_s", "sys_s", "cpu_s", "peak_rss")
+            add((mode, case, name, action), (mode, case, "stcast", action), *metrics)
         if name in ("stcast", "stcast_tuned"):
             add(
                 (mode, case, name, action),
@@ -971,11 +1062,15 @@ def all_ratios(runs: list[Run], rows: list[dict[str, Any]]) -> list[dict[str, An
     return out
 
 
+METRIC_NAMES = {"peak_rss": "peak RSS", "cpu_s": "CPU"}
+
+
 def headline(r: dict[str, Any]) -> bool:
     """Whether the Ratios section lists r (the others are the tables' × columns)."""
     (_, case, a, _), (_, case_b, b, _) = r["num"], r["den"]
     return (
         case != case_b
+        or (" DCP " in case and b == "stcast")
         or a == "dd_read"
         or (a.startswith("stcast") and b == "limit_loop")
         or (a in ("stcast", "stcast_tuned") and b == "stcast_base")
@@ -1230,6 +1325,62 @@ def goals(
                 f"{note(me, plain)})",
             )
         )
+    # 6. DCP folders: stcast's memory, its speed against the torch path, the same tensors.
+    dcp = [r for r in rows if r["kind"] == "dcp" and r["contender"] == "stcast"]
+    if not dcp:
+        out.append(("NOT RUN", "DCP folders against the torch path: no --dcp-sizes runs"))
+    for me in dcp:
+        where = f"{me['mode']} {me['case']}"
+        if me["action"] != "convert":
+            continue
+        meta = me.get("header_bytes") or 0
+        rss = median(me, "peak_rss")
+        if not me.get("wall_s") or rss is None:
+            out.append(("FAIL", f"{where}: stcast {me['status']}"))
+            continue
+        bound = GOAL_DCP_RSS_BASE + GOAL_DCP_RSS_PER_METADATA_BYTE * meta
+        out.append(
+            (
+                verdict(me["peak_rss"]["max"] <= bound),
+                f"{where}: stcast peak RSS ≤ {fmt_bytes(GOAL_DCP_RSS_BASE)} + "
+                f"{GOAL_DCP_RSS_PER_METADATA_BYTE}× the .metadata's {meta:,} bytes = "
+                f"{fmt_bytes(bound)} (every run): {fmt_mem(me['peak_rss'])}",
+            )
+        )
+        for peer in ("torch_dcp", "torch_dcp_inmem"):
+            row = at.get((me["mode"], me["case"], peer, "convert"))
+            if row is None:
+                continue
+            if not row.get("wall_s"):
+                out.append(("NOT RUN", f"{where}: stcast against {peer}: {peer} {row['status']}"))
+                continue
+            mw, pw = median(me, "wall_s"), median(row, "wall_s")
+            assert mw is not None and pw is not None
+            r = find_ratio(ratios, row_key(row), row_key(me), "wall_s")
+            rc = find_ratio(ratios, row_key(row), row_key(me), "cpu_s")
+            goal = peer == "torch_dcp"  # the path users are told to take; inmem is shown
+            out.append(
+                (
+                    verdict(pw >= GOAL_DCP_X_TORCH * mw) if goal else "INFO",
+                    f"{where}: stcast ≥ {GOAL_DCP_X_TORCH:g}× faster than {peer} (wall): "
+                    f"{pw / mw:.2f}× ({mw:.3f} s vs {pw:.3f} s; {per_round(r)}"
+                    + (f"; CPU {rc['ratio']:.2f}×" if rc else "")
+                    + f"; peak RSS {fmt_mem(me['peak_rss'])} vs {fmt_mem(row['peak_rss'])}; "
+                    f"{note(me, row)})",
+                )
+            )
+            same = row.get("same_as_stcast") or []
+            if same:
+                out.append(
+                    (
+                        verdict(all(same)),
+                        f"{where}: {peer}'s output holds stcast's tensors bit for bit (NaN "
+                        "payloads aside; round 1)",
+                    )
+                )
+        verified = me.get("verified") or []
+        if verified:
+            out.append((verdict(all(verified)), f"{where}: `stcast verify --key model` passes"))
     for me, base in pairs:
         mw, bw = median(me, "wall_s"), median(base, "wall_s")
         assert mw is not None and bw is not None
@@ -1414,10 +1565,14 @@ def table(header: list[str], aligns: str, lines: list[list[str]]) -> list[str]:
 
 
 def status_text(row: dict[str, Any]) -> str:
+    text = str(row["status"])
     verified = row.get("verified") or []
-    if not verified:
-        return str(row["status"])
-    return row["status"] + (", verified" if all(verified) else ", VERIFY FAILED")
+    if verified:
+        text += ", verified" if all(verified) else ", VERIFY FAILED"
+    same = row.get("same_as_stcast") or []
+    if same:
+        text += ", = stcast's tensors" if all(same) else ", DIFFERS FROM STCAST"
+    return text
 
 
 def markdown(
@@ -1564,6 +1719,25 @@ def markdown(
             "",
         ]
         lines += table(header, "llll" + "r" * (len(header) - 4), [line(r) for r in bins])
+    dcps = [r for r in rows if r["kind"] == "dcp"]
+    if dcps:
+        meta = next((r["header_bytes"] for r in dcps if r["contender"] == "stcast"), 0)
+        lines += [
+            "",
+            "## DCP checkpoints",
+            "",
+            "torch.distributed.checkpoint folders made by gen_dcp.py: the size case's model "
+            f"(F32) in FSDP row bands over {config.get('dcp_ranks', '?')} ranks, saved with "
+            "Adam's exp_avg and exp_avg_sq (`{'model': ..., 'optim': ...}`: the folder is "
+            f"{DCP_FILE_FACTOR}× the model; `.metadata` {meta:,} bytes; GB/s counts the whole "
+            "folder). stcast: `convert SRC DST --key model`; torch_dcp: `dcp_to_torch_save(SRC, "
+            "TMP)` + `torch.load(TMP)['model']` + `.to(bfloat16)` + `save_file` (what users are "
+            "told to do; TMP beside DST); torch_dcp_inmem: `_load_state_dict_from_keys({'model'}, "
+            "checkpoint_id=SRC)` + the same, no temporary file (peers/torch_dcp.py). Each peer's "
+            "round-1 output is compared with stcast's round-1 output (same_tensors.py).",
+            "",
+        ]
+        lines += table(header, "llll" + "r" * (len(header) - 4), [line(r) for r in dcps])
     many = [r for r in rows if r["kind"] in ("many", "few")]
     if many:
         head = next(
@@ -1605,7 +1779,7 @@ def markdown(
                     mode,
                     case if case == case_b else "–",
                     f"{what} / {other}",
-                    r["metric"].removesuffix("_s").replace("peak_rss", "peak RSS"),
+                    METRIC_NAMES.get(r["metric"], r["metric"].removesuffix("_s")),
                     fmt_ratio(r),
                     str((r.get("rounds") or {}).get("n", 0)),
                 ]
@@ -1768,6 +1942,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--contenders stcast,torch_load_mmap,torch_load\n"
         "  python benches/compare.py --modes hugetmpfs --sizes 4 --contenders stcast "
         "--baseline /work/venv-base/bin/python\n"
+        "  /work/venv-torch/bin/python benches/compare.py --modes hugetmpfs --sizes '' "
+        "--dcp-sizes 1 --repeats 5 --contenders stcast,torch_dcp,torch_dcp_inmem "
+        "--stcast /work/venv-bench/bin/stcast\n"
         "  python benches/compare.py --modes hugetmpfs --sizes 4 --repeats 9 --contenders "
         "stcast --reshard 1GB\n",
     )
@@ -1779,6 +1956,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="",
         help="PyTorch checkpoint (.bin) sizes in GiB, comma-separated: stcast against "
         "torch_load_mmap and torch_load (default none; the issue's figure: 4)",
+    )
+    ap.add_argument(
+        "--dcp-sizes",
+        default="",
+        help="DCP folder model sizes in GiB, comma-separated: the model sharded over "
+        "--dcp-ranks ranks with Adam's state (3x the model); stcast --key model against "
+        "torch_dcp and torch_dcp_inmem (default none)",
+    )
+    ap.add_argument(
+        "--dcp-ranks", type=int, default=3, help="FSDP ranks of --dcp-sizes (default 3: uneven)"
     )
     ap.add_argument("--repeats", type=int, default=3, help="rounds per mode and case")
     ap.add_argument(
@@ -1917,6 +2104,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.bin_sizes = [float(s) for s in split(args.bin_sizes)]
     except ValueError:
         ap.error(f"--bin-sizes {args.bin_sizes!r}: expected GiB, comma-separated")
+    try:
+        args.dcp_sizes = [float(s) for s in split(args.dcp_sizes)]
+    except ValueError:
+        ap.error(f"--dcp-sizes {args.dcp_sizes!r}: expected GiB, comma-separated")
+    if args.dcp_ranks < 1:
+        ap.error("--dcp-ranks must be at least 1")
     args.modes = split(args.modes)
     if args.peer_modes is not None:
         args.peer_modes = split(args.peer_modes)
@@ -1947,8 +2140,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 ap.error(f"--many-modes: {m!r} is not in --modes")
     else:
         args.many_modes = []
-    if not args.sizes and not args.many_tensors and not args.bin_sizes and not args.render:
-        ap.error("nothing to run: no --sizes, --bin-sizes or --many-tensors")
+    nothing = not (args.sizes or args.many_tensors or args.bin_sizes or args.dcp_sizes)
+    if nothing and not args.render:
+        ap.error("nothing to run: no --sizes, --bin-sizes, --dcp-sizes or --many-tensors")
     args.mem_limit = parse_bytes(args.mem_limit)
     args.caps = parse_caps(args.cap)
     return args
@@ -2020,7 +2214,11 @@ class Bench:
                     src = directory / cached.name
                     print(f"copying {cached} to {directory} ...", flush=True)
                     copies.append(src)
-                    shutil.copyfile(cached, src)
+                    if cached.is_dir():  # a DCP folder
+                        shutil.rmtree(src, ignore_errors=True)
+                        shutil.copytree(cached, src)
+                    else:
+                        shutil.copyfile(cached, src)
                 else:
                     src = cached
                 srcs.append(src)
@@ -2029,14 +2227,17 @@ class Bench:
                 huge.setdefault("staged", []).append(
                     {
                         "inputs": " + ".join(c.name for c in cases),
-                        "bytes": sum(src.stat().st_size for src in srcs),
+                        "bytes": sum(path_bytes(src) for src in srcs),
                         "shmem_huge_pages": meminfo("ShmemHugePages"),
                     }
                 )
             yield srcs
         finally:
             for src in copies:
-                src.unlink(missing_ok=True)
+                if src.is_dir():
+                    shutil.rmtree(src, ignore_errors=True)
+                else:
+                    src.unlink(missing_ok=True)
 
     # -- who runs what
 
@@ -2069,7 +2270,14 @@ class Bench:
             if srcs is None:
                 return
             jobs = [Job(c, case, srcs[0]) for c in self.contenders if self.allowed(c, mode, case)]
-            self.rounds(mode, jobs, self.repeats(mode))
+            try:
+                self.rounds(mode, jobs, self.repeats(mode))
+            finally:
+                self.reference(srcs[0]).unlink(missing_ok=True)
+
+    def reference(self, src: Path) -> Path:
+        """Where stcast's first counted output of a DCP case is kept, for the peers' check."""
+        return src.parent / f"reference-{os.getpid()}-stcast.safetensors"
 
     def many_tensors(self, mode: str) -> None:
         """Convert many small against few large tensors (ABBA), then inspect, then verify the
@@ -2128,7 +2336,7 @@ class Bench:
             size_gib=case.size_gib,
             contender=c.name,
             repeat=rep,
-            input_bytes=job.src.stat().st_size,
+            input_bytes=path_bytes(job.src),
             case=case.name,
             kind=case.kind,
             action=job.action,
@@ -2145,7 +2353,7 @@ class Bench:
             dst = job.target if job.action == "verify" else scratch / f"{c.name}.safetensors"
             writes = job.action == "convert" and c.writes
             run_once(
-                c.command(job.src, dst, job.action),
+                c.command(job.src, dst, job.action, case.options),
                 dst if writes else None,
                 scratch,
                 run,
@@ -2155,7 +2363,16 @@ class Bench:
             )
             check = args.verify and c.cli and rep == 0 and writes
             if check and run.status == "ok" and dst is not None:
-                run.verified, run.report = verify_output(c, job.src, dst, scratch)
+                run.verified, run.report = verify_output(c, job.src, dst, scratch, case.options)
+            ref = self.reference(job.src)
+            if case.kind == "dcp" and rep == 0 and run.status == "ok" and dst is not None:
+                if c.name == "stcast":  # kept for the peers of this round (they run after it)
+                    os.replace(dst, ref)
+                elif c.name in PEERS and args.verify:
+                    if ref.exists():
+                        run.same_as_stcast = same_tensors(ref, dst)
+                    else:
+                        print(f"    {c.name}: no stcast output of round 1 before it to compare")
         finally:
             shutil.rmtree(scratch, ignore_errors=True)  # no output left between runs
         round_ = f"#{rep + 1}.{pos + 1}" if rep >= 0 else f"warm-up {pos + 1}"
@@ -2164,7 +2381,8 @@ class Bench:
             f"wall {run.wall_s:7.3f} s  user {run.user_s:6.3f} s  sys {run.sys_s:6.3f} s  "
             f"peak RSS {fmt_bytes(run.peak_rss)}"
             + (f"  cgroup {fmt_bytes(run.cgroup_peak)}" if limit else "")
-            + ("" if run.verified is None else f"  verified {run.verified}"),
+            + ("" if run.verified is None else f"  verified {run.verified}")
+            + ("" if run.same_as_stcast is None else f"  same as stcast {run.same_as_stcast}"),
             flush=True,
         )
         if run.status.startswith("failed"):
@@ -2179,6 +2397,7 @@ class Bench:
             return
         cases = [size_case(s) for s in self.args.sizes]
         cases += [bin_case(s) for s in self.args.bin_sizes]
+        cases += [dcp_case(s, self.args.dcp_ranks) for s in self.args.dcp_sizes]
         with contextlib.ExitStack() as stack:
             if mode == "hugetmpfs":
                 mount = HugeTmpfs(self.args.hugetmpfs_dir, self.args.hugetmpfs_size)
@@ -2222,7 +2441,7 @@ def main(argv: list[str] | None = None) -> int:
         if c.kind == "stcast":
             starts[f"{c.name} --version"] = [*c.cli, "--version"]
     facts["start_up"] = {k: start_up(v) for k, v in starts.items()}
-    if {"torch_path", "torch_load_mmap", "torch_load"} & set(by_name):
+    if set(TORCH_PEERS) & set(by_name):
         probe = [sys.executable, "-c", "import torch; print(torch.__version__)"]
         facts["torch"] = subprocess.run(probe, capture_output=True, text=True).stdout.strip()
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -2240,7 +2459,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.clean:
             for path in bench.inputs:
-                path.unlink(missing_ok=True)
+                if path.is_dir():  # a DCP folder
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
 
     runs = bench.runs
     facts["loadavg_end"] = os.getloadavg()
@@ -2252,6 +2474,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": command,
         "sizes_gib": args.sizes,
         "bin_sizes_gib": args.bin_sizes,
+        "dcp_sizes_gib": args.dcp_sizes,
+        "dcp_ranks": args.dcp_ranks,
         "repeats": args.repeats,
         "tmpfs_repeats": args.tmpfs_repeats,
         "modes": args.modes,
