@@ -1,8 +1,8 @@
 """Write `torch.distributed.checkpoint` (DCP) folders without torch, for tests.
 
 `write_dcp(dir, tensors)` lays out what `dcp.save` writes: `.metadata`, a pickle of
-`Metadata` whose dataclasses are records (a class called with no arguments, then BUILD with
-its state, as `copyreg.__newobj__` pickles them), and `__{rank}_0.distcp` files that hold one
+`Metadata` whose dataclasses are records (NEWOBJ of the class, then BUILD with its state,
+as `copyreg.__newobj__` pickles them: torch 2.15 reads what this writes), and `__{rank}_0.distcp` files that hold one
 `torch.save` zip per chunk, back to back. The real tool's output is in `fixtures/dcp/`
 (made by torch 2.15); this makes the cases torch would not write (hostile ones, big ones).
 """
@@ -23,8 +23,15 @@ M = "torch.distributed.checkpoint.metadata"
 FS = "torch.distributed.checkpoint.filesystem"
 
 
+def newobj(cls: str, module: str = M) -> tf.Raw:
+    """`cls.__new__(cls)`, as `copyreg.__newobj__` pickles a dataclass: the class, an empty
+    tuple, NEWOBJ (torch's own unpickler refuses a call of the class, REDUCE)."""
+    return tf.Raw(b"c" + module.encode() + b"\n" + cls.encode() + b"\n)\x81")
+
+
 def record(cls: str, state: Any, module: str = M) -> tf.Build:
-    return tf.Build(tf.Call(tf.Global(module, cls), ()), state)
+    """A dataclass record: NEWOBJ, then BUILD with its state."""
+    return tf.Build(newobj(cls, module), state)
 
 
 def size(dims: Sequence[int]) -> tf.Call:
@@ -61,6 +68,15 @@ def item_bytes(value: np.ndarray) -> bytes:
     with tempfile.TemporaryDirectory() as d:
         p = os.path.join(d, "t.pt")
         tf.write_zip(p, tf.tensor("0", value.dtype.name, value.shape), {"0": value.tobytes()})
+        with open(p, "rb") as f:
+            return f.read()
+
+
+def _saved(obj: Any) -> bytes:
+    """`torch.save(obj)` of an object that is no tensor, as a zip in memory."""
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "o.pt")
+        tf.write_zip(p, obj, {})
         with open(p, "rb") as f:
             return f.read()
 
@@ -124,10 +140,10 @@ def write_dcp(
         planner.append((fqn, tuple(t.path)))
     for fqn, path in bytes_items:
         f = files[0]
-        data = b"PK-not-read"
+        data = _saved(3)  # torch.save of a plain object (a step count)
         at = f.tell()
         f.write(data)
-        sdm.append((fqn, tf.Call(tf.Global(M, "BytesStorageMetadata"), ())))
+        sdm.append((fqn, newobj("BytesStorageMetadata")))
         key = record("MetadataIndex", {"fqn": fqn, "index": None, "offset": None})
         info = {"relative_path": "__0_0.distcp", "offset": at, "length": len(data)}
         storage.append((key, record("_StorageInfo", info, FS)))
