@@ -2,9 +2,10 @@
 
 `write_dcp(dir, tensors)` lays out what `dcp.save` writes: `.metadata`, a pickle of
 `Metadata` whose dataclasses are records (NEWOBJ of the class, then BUILD with its state,
-as `copyreg.__newobj__` pickles them: torch 2.15 reads what this writes), and `__{rank}_0.distcp` files that hold one
-`torch.save` zip per chunk, back to back. The real tool's output is in `fixtures/dcp/`
-(made by torch 2.15); this makes the cases torch would not write (hostile ones, big ones).
+as `copyreg.__newobj__` pickles them: torch 2.15 reads what this writes), and
+`__{rank}_0.distcp` files that hold one `torch.save` zip per chunk, back to back. The real
+tool's output is in `fixtures/dcp/` (made by torch 2.15); this makes the cases torch would
+not write (hostile ones, big ones).
 """
 
 from __future__ import annotations
