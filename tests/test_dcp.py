@@ -7,6 +7,7 @@ The generated cases (`dcpfile.py`) cover what torch would not write."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -77,6 +78,10 @@ def test_inspect_lists_the_tensors(tmp_path, run_main):
     rc, out, err = run_main("inspect", ck)
     assert rc == 0, err
     assert "fc2.weight" in out and "[5, 7]" in out
+    # What is read, and what is left unread (the optimizer states, had it any).
+    assert re.search(
+        r"\nfolder: .* in its files; reads .* of tensor data, leaves .* unread", out
+    ), out
 
 
 def test_strip_prefix_and_nested_keys(tmp_path, rng):

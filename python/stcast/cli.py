@@ -849,7 +849,15 @@ def _run_inspect(args: argparse.Namespace, console: out.Console) -> int:
         else:
             print(f"metadata: {', '.join(report.metadata) or '(empty)'}")
         _print_inspect_totals([report])
-        if report.format != "safetensors":
+        if report.format in ("dcp", "dcp-safetensors"):
+            # Only the selected tensors' bytes are read: the rest is never touched.
+            print(
+                f"folder:   {out.size(report.file_bytes)} in its files; reads "
+                f"{out.size(report.data_bytes)} of tensor data, leaves "
+                f"{out.size(report.file_bytes - report.data_bytes)} unread (other dicts, "
+                "optimizer states, archive records)"
+            )
+        elif report.format != "safetensors":
             print(
                 f"file:     {out.size(report.file_bytes)} "
                 f"(pickle and archive {out.size(report.header_bytes)})"
