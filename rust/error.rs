@@ -309,15 +309,9 @@ impl Error {
                 format!("invalid safetensors file: {}", esc(reason))
             }
             Error::OtherFormat { format, .. } => match format {
-                Format::TorchZip | Format::TorchLegacy => {
+                Format::TorchZip | Format::TorchLegacy | Format::Dcp | Format::DcpSafetensors => {
                     format!("{}, not a safetensors file", format.describe())
                 }
-                Format::Dcp => format!(
-                    "{}: stcast does not read these yet; consolidate it first \
-                     (torch.distributed.checkpoint.format_utils.dcp_to_torch_save) and convert \
-                     the file that writes",
-                    format.describe()
-                ),
                 Format::DeepSpeed => format!(
                     "{}: stcast does not read these yet; consolidate it first (the \
                      zero_to_fp32.py script DeepSpeed saves beside it) and convert what that \
