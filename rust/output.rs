@@ -380,6 +380,27 @@ impl From<Published> for (u64, u64, u64) {
     }
 }
 
+/// An output sealed and not yet published (its data durable, only its name missing): what
+/// a front end publishes once it has recorded it (a folder run's manifest), or not at all.
+pub trait Sealed {
+    /// What publishing it returns.
+    type Done;
+    /// The hidden output's device, inode and size, as they will be once published.
+    fn identity(&self) -> Result<Published>;
+    /// Give it its name: the commit point.
+    fn publish(self) -> Result<Self::Done>;
+}
+
+impl Sealed for TempOutput {
+    type Done = Published;
+    fn identity(&self) -> Result<Published> {
+        TempOutput::identity(self)
+    }
+    fn publish(self) -> Result<Published> {
+        TempOutput::publish(self)
+    }
+}
+
 enum Kind {
     /// `O_TMPFILE`: no name until published.
     Anonymous,

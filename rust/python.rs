@@ -5,6 +5,8 @@
 //! steps), and converts what the engine returns into plain Python data. Exceptions are the
 //! classes `stcast.errors` hands over at import, one per `vocab::ErrorKind` (`to_py`).
 
+#![allow(clippy::too_many_arguments, reason = "pyfunctions mirror Python calls")]
+
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -14,19 +16,19 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{IntoPyDict, PyDict};
 
-use crate::convert::{Knobs, Tuning};
-use crate::error::Error;
+use crate::convert::{Knobs, Options as ConvertOptions, Tuning};
+use crate::error::{panic_message, Error};
 use crate::given::{Exports, Given, Settings};
 use crate::input::InputOptions;
 use crate::numerics::Numerics;
-use crate::output::{self, Replace};
+use crate::output::{self, Replace, Sealed};
 use crate::report::NumericsRow;
 use crate::shard::{self, Group};
 use crate::task::{ConvertTask, InspectTask, Task};
 use crate::text;
 use crate::verify::{Verifier, VerifyOptions};
 use crate::vocab::{ErrorKind, OptionName, Side, Taken, Target, Unmatched};
-use crate::VERSION;
+use crate::{Result, VERSION};
 
 /// What `stcast.errors` hands over at import (`_set_exceptions`), in `ErrorKind::ALL`
 /// order: for each error kind, the class (or, for `io` and `cancelled`, the factory) of its
@@ -37,10 +39,8 @@ static EXCEPTIONS: PyOnceLock<Vec<Py<PyAny>>> = PyOnceLock::new();
 #[pyfunction]
 fn _set_exceptions(py: Python<'_>, classes: &Bound<'_, PyAny>) -> PyResult<()> {
     let class = |k: &ErrorKind| Ok(classes.get_item(k.name())?.unbind());
-    let _ = EXCEPTIONS.set(
-        py,
-        ErrorKind::ALL.iter().map(class).collect::<PyResult<_>>()?,
-    );
+    let all = ErrorKind::ALL.iter().map(class).collect::<PyResult<_>>()?;
+    let _ = EXCEPTIONS.set(py, all);
     Ok(())
 }
 
@@ -73,32 +73,41 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
 }
 
 /// Run engine work without the GIL; a panic becomes a one-line Python error.
-fn guarded<T: Send>(py: Python<'_>, f: impl FnOnce() -> crate::Result<T> + Send) -> PyResult<T> {
+fn guarded<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T> + Send) -> PyResult<T> {
     match py.detach(|| catch_unwind(AssertUnwindSafe(f))) {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(to_py(py, e)),
-        Err(panic) => Err(PyRuntimeError::new_err(crate::error::panic_message(
-            &*panic,
-        ))),
+        Err(panic) => Err(PyRuntimeError::new_err(panic_message(&*panic))),
     }
 }
 
-/// A callback the caller may give (`progress`, `cancel`, `warn`).
+/// A callback the caller may give (`progress`, `cancel`, `warn`, `sealed`).
 type Hook<'py> = Option<Bound<'py, PyAny>>;
 
-/// The callbacks a task reports to between steps.
+/// The callbacks of a call, which a task reports to between steps.
 struct Hooks<'py> {
-    /// Source bytes per step (`Tuning::step`).
-    step: u64,
     progress: Hook<'py>,
     cancel: Hook<'py>,
     warn: Hook<'py>,
+    /// Told a sealed output's (dev, ino, size) before it is published (`publish`).
+    sealed: Hook<'py>,
     /// `progress` was told `(total, total)`: the visits after the last step (sealing,
     /// publishing) do not tell it again, so that a caller hears of the end once.
     ended: Cell<bool>,
 }
 
 impl<'py> Hooks<'py> {
+    /// The callbacks as the call was given them (None: not given).
+    fn new(progress: Hook<'py>, cancel: Hook<'py>, warn: Hook<'py>, sealed: Hook<'py>) -> Self {
+        Hooks {
+            progress,
+            cancel,
+            warn,
+            sealed,
+            ended: Cell::new(false),
+        }
+    }
+
     /// Ctrl-C, the cancel flag, warnings, then progress (any of which may raise).
     fn visit(&self, py: Python<'py>, task: &mut impl Task) -> PyResult<()> {
         py.check_signals()?;
@@ -110,56 +119,54 @@ impl<'py> Hooks<'py> {
                 f.call1((w.kind.name(), &w.text))?;
             }
         }
-        if let Some(p) = &self.progress {
+        if let Some(p) = self.progress.as_ref().filter(|_| !self.ended.get()) {
             let (done, total) = task.progress();
-            if !self.ended.get() {
-                self.ended.set(done >= total);
-                p.call1((done, total))?;
-            }
+            self.ended.set(done >= total);
+            p.call1((done, total))?;
         }
         Ok(())
     }
 
-    /// Step `task` to its end, visiting Python between steps.
-    fn drive(&self, py: Python<'py>, task: &mut (impl Task + Send)) -> PyResult<()> {
+    /// Step `task` to its end, `step` source bytes at a time (`Tuning::step`), visiting
+    /// Python between steps.
+    fn drive(&self, py: Python<'py>, task: &mut (impl Task + Send), step: u64) -> PyResult<()> {
         self.visit(py, task)?;
-        loop {
-            let step = self.step;
-            let finished = self.run(py, || task.step(step))?;
+        while !self.run(py, || task.step(step))? {
             self.visit(py, task)?;
-            if finished {
-                return Ok(());
-            }
         }
+        self.visit(py, task)
     }
 
     /// `guarded`, where a stop request that arrived meanwhile (a signal the caller's
     /// handler recorded, the cancel flag) wins over the error it caused (EINTR, say); not
     /// over a failure after the commit point, which must be told as such.
-    fn run<T: Send>(
-        &self,
-        py: Python<'py>,
-        f: impl FnOnce() -> crate::Result<T> + Send,
-    ) -> PyResult<T> {
+    fn run<T: Send>(&self, py: Python<'py>, f: impl FnOnce() -> Result<T> + Send) -> PyResult<T> {
         let mut after_commit = false;
-        let f = || {
-            let r = f();
-            after_commit = matches!(r, Err(Error::AfterCommit { .. }));
-            r
-        };
+        let f = || f().inspect_err(|e| after_commit = matches!(e, Error::AfterCommit { .. }));
         let result = guarded(py, f);
         if after_commit {
             return result;
         }
-        result.map_err(|e| {
-            if let Err(stop) = py.check_signals() {
-                return stop;
-            }
-            match self.cancelled() {
-                Ok(true) => to_py(py, Error::Cancelled),
-                _ => e,
-            }
+        result.map_err(|e| match py.check_signals() {
+            Err(stop) => stop,
+            Ok(()) if self.cancelled().unwrap_or(false) => to_py(py, Error::Cancelled),
+            Ok(()) => e,
         })
+    }
+
+    /// Publish a sealed output (the commit point), telling `sealed` (if given) its
+    /// (dev, ino, size) first: a folder run records them in its manifest before the file
+    /// has a name. If that raises, or a stop request comes meanwhile, nothing is published.
+    fn publish<S: Sealed<Done: Send> + Send>(&self, py: Python<'py>, out: S) -> PyResult<S::Done> {
+        if let Some(f) = &self.sealed {
+            let id = out.identity().map_err(|e| to_py(py, e))?;
+            f.call1((id.dev, id.ino, id.size))?;
+            py.check_signals()?;
+            if self.cancelled()? {
+                return Err(to_py(py, Error::Cancelled));
+            }
+        }
+        self.run(py, move || out.publish())
     }
 
     /// Whether the caller's cancel flag is set.
@@ -171,31 +178,35 @@ impl<'py> Hooks<'py> {
 }
 
 /// A Python value as the engine checks an option's value (`given::Given`).
-fn given(v: &Bound<'_, PyAny>) -> Given {
-    let repr = v.repr().map_or_else(|_| "?".to_string(), |r| r.to_string());
-    let is_bool = v.is_instance_of::<pyo3::types::PyBool>();
-    Given {
-        text: v.extract().ok(),
-        whole: if is_bool { None } else { v.extract().ok() },
-        repr,
-    }
-}
-
 impl FromPyObject<'_, '_> for Given {
     type Error = PyErr;
     fn extract(v: Borrowed<'_, '_, PyAny>) -> PyResult<Given> {
-        Ok(given(&v))
+        let repr = v.repr().map_or_else(|_| "?".to_string(), |r| r.to_string());
+        let is_bool = v.is_instance_of::<pyo3::types::PyBool>();
+        Ok(Given {
+            text: v.extract().ok(),
+            whole: if is_bool { None } else { v.extract().ok() },
+            repr,
+        })
     }
 }
 
-impl FromPyObject<'_, '_> for Unmatched {
-    type Error = PyErr;
-    fn extract(v: Borrowed<'_, '_, PyAny>) -> PyResult<Unmatched> {
-        let msg = || format!("keep_unmatched must be one of {:?}", Unmatched::NAMES);
-        let name = v.extract::<String>()?;
-        Unmatched::from_name(&name).ok_or_else(|| PyValueError::new_err(msg()))
-    }
+/// A name of the engine's vocabulary (`from_name`) as an argument; another name is a
+/// ValueError saying what it is for, with the names.
+macro_rules! named {
+    ($($ty:ident: $what:literal),* $(,)?) => {$(
+        impl FromPyObject<'_, '_> for $ty {
+            type Error = PyErr;
+            fn extract(v: Borrowed<'_, '_, PyAny>) -> PyResult<$ty> {
+                let msg = || format!(concat!($what, " {:?}"), $ty::NAMES);
+                let name = v.extract::<String>()?;
+                $ty::from_name(&name).ok_or_else(|| PyValueError::new_err(msg()))
+            }
+        }
+    )*};
 }
+
+named! { Unmatched: "keep_unmatched must be one of", Side: "role: one of", Taken: "taken: one of" }
 
 /// The knobs of `tuning=` (`convert::Knobs`, `Tuning::new`): speed and memory, never the bytes.
 fn tuning(v: Option<&Bound<'_, PyDict>>) -> PyResult<Tuning> {
@@ -218,7 +229,7 @@ macro_rules! options {
         fn read_options<T>(
             py: Python<'_>,
             kwargs: Option<&Bound<'_, PyDict>>,
-            make: impl FnOnce(&Settings, Tuning) -> crate::Result<T>,
+            make: impl FnOnce(&Settings, Tuning) -> Result<T>,
         ) -> PyResult<T> {
             let (mut s, mut knobs) = (Settings::default(), None);
             for (k, v) in kwargs.into_iter().flat_map(|d| d.iter()) {
@@ -244,21 +255,9 @@ options! {
     quantization_config,
 }
 
-/// The callbacks of a call, stepping by the tuning's step.
-fn hooks<'py>(step: u64, progress: Hook<'py>, cancel: Hook<'py>, warn: Hook<'py>) -> Hooks<'py> {
-    Hooks {
-        step,
-        progress,
-        cancel,
-        warn,
-        ended: Cell::new(false),
-    }
-}
-
 #[pyfunction]
 #[pyo3(name = "convert", signature = (src, dst, *, progress=None, cancel=None, warn=None,
                                       sealed=None, **options))]
-#[allow(clippy::too_many_arguments)]
 fn py_convert<'py>(
     py: Python<'py>,
     src: PathBuf,
@@ -270,34 +269,27 @@ fn py_convert<'py>(
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = read_options(py, options, Settings::convert)?;
-    let hooks = hooks(opts.tuning.step, progress, cancel, warn);
-    let task = hooks.run(py, || ConvertTask::new(&src, &dst, &opts))?;
-    finish_convert(py, &hooks, task, opts.numerics, sealed)
+    let hooks = Hooks::new(progress, cancel, warn, sealed);
+    finish_convert(py, &hooks, &opts, || ConvertTask::new(&src, &dst, &opts))
 }
 
-/// Step a conversion to its end, seal and publish it; its report as a dict. `sealed`, if
-/// given, is called with the hidden output's (dev, ino, size) between sealing and
-/// publishing (a folder run records them in its manifest before the file has a name);
-/// if it raises, nothing is published.
+/// Make a conversion (`new`), step it to its end, seal and publish it (`Hooks::publish`);
+/// its report as a dict.
 fn finish_convert<'py>(
     py: Python<'py>,
     hooks: &Hooks<'py>,
-    mut task: ConvertTask,
-    numerics: bool,
-    sealed: Hook<'py>,
+    opts: &ConvertOptions,
+    new: impl FnOnce() -> Result<ConvertTask> + Send,
 ) -> PyResult<Bound<'py, PyDict>> {
     // Dropping `task` on any early return removes the unpublished output.
-    hooks.drive(py, &mut task)?;
+    let mut task = hooks.run(py, new)?;
+    hooks.drive(py, &mut task, opts.tuning.step)?;
     hooks.run(py, || task.seal())?;
-    // The last chance to stop: a signal or cancel until here leaves nothing behind.
+    // A signal or cancel until here (or until `sealed` returns) leaves nothing behind.
     hooks.visit(py, &mut task)?;
-    if let Some(f) = &sealed {
-        let id = task.sealed().map_err(|e| to_py(py, e))?;
-        f.call1((id.dev, id.ino, id.size))?;
-        hooks.visit(py, &mut task)?;
-    }
-    let r = hooks.run(py, move || task.publish())?;
+    let r = hooks.publish(py, task)?;
     let d = crossed(py, &r, &[("src", &r.src), ("dst", &r.dst)])?;
+    let numerics = opts.numerics;
     let measured = numerics.then(|| numerics_dict(py, &r.numerics, &r.numerics_total));
     d.set_item("numerics", measured.transpose()?)?;
     Ok(d)
@@ -357,7 +349,6 @@ impl ShardGroup {
 #[pyfunction]
 #[pyo3(signature = (group, names, indexed, dst, *, progress=None, cancel=None, warn=None,
                     sealed=None, **options))]
-#[allow(clippy::too_many_arguments)]
 fn convert_shard<'py>(
     py: Python<'py>,
     group: &Bound<'py, ShardGroup>,
@@ -371,10 +362,10 @@ fn convert_shard<'py>(
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = read_options(py, options, Settings::shard_convert)?;
-    let hooks = hooks(opts.tuning.step, progress, cancel, warn);
+    let hooks = Hooks::new(progress, cancel, warn, sealed);
     let group = &group.get().group;
-    let task = hooks.run(py, || group.task(&names, indexed, &dst, &opts))?;
-    finish_convert(py, &hooks, task, opts.numerics, sealed)
+    let new = || group.task(&names, indexed, &dst, &opts);
+    finish_convert(py, &hooks, &opts, new)
 }
 
 /// Verify the file `dst` as an output shard of `group` (see `shard::Group::verifier`).
@@ -396,14 +387,14 @@ fn verify_shard<'py>(
 
 /// A size option (`max_shard_size`), as `Given::size` reads it.
 #[pyfunction]
-fn parse_size(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<u64> {
-    given(value).size().map_err(|e| to_py(py, e))
+fn parse_size(py: Python<'_>, value: Given) -> PyResult<u64> {
+    value.size().map_err(|e| to_py(py, e))
 }
 
 /// The `name` option: the stem of a re-sharded group's outputs (`Given::stem`).
 #[pyfunction]
-fn check_name(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<String> {
-    given(value).stem().map_err(|e| to_py(py, e))
+fn check_name(py: Python<'_>, value: Given) -> PyResult<String> {
+    value.stem().map_err(|e| to_py(py, e))
 }
 
 /// The file name of output shard `i` of `n` of the group `stem` (`shard::shard_file_name`).
@@ -477,10 +468,9 @@ impl TensorNumerics {
 
     /// Row `i` (`0 <= i < len`) as a dict: its name, then its counts and errors.
     fn row<'py>(&self, py: Python<'py>, i: usize) -> PyResult<Bound<'py, PyAny>> {
-        let (name, numerics) = self
-            .rows
-            .get(i)
-            .ok_or_else(|| PyIndexError::new_err("index out of range"))?;
+        let Some((name, numerics)) = self.rows.get(i) else {
+            return Err(PyIndexError::new_err("index out of range"));
+        };
         Ok(pythonize::pythonize(py, &NumericsRow { name, numerics })?)
     }
 }
@@ -498,8 +488,7 @@ fn py_inspect<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = read_options(py, options, |s, t| s.inspect(t, dst.is_some()))?;
     let mut task = guarded(py, || InspectTask::new(&path, scan, &opts, dst.as_deref()))?;
-    let hooks = hooks(opts.tuning.step, progress, None, None);
-    hooks.drive(py, &mut task)?;
+    Hooks::new(progress, None, None, None).drive(py, &mut task, opts.tuning.step)?;
     let found = guarded(py, move || task.finish())?;
     crossed(py, &found.rows(), &[("path", &found.source.path)])
 }
@@ -525,7 +514,7 @@ fn finish_verify<'py>(
     mut verifier: Verifier,
     opts: &VerifyOptions,
 ) -> PyResult<Bound<'py, PyDict>> {
-    hooks(opts.tuning.step, progress, None, None).drive(py, &mut verifier)?;
+    Hooks::new(progress, None, None, None).drive(py, &mut verifier, opts.tuning.step)?;
     let r = guarded(py, move || verifier.finish())?;
     let d = crossed(py, &r, &[("src", &r.src), ("dst", &r.dst)])?;
     d.set_item("ok", r.is_ok())?;
@@ -562,37 +551,16 @@ fn write_file<'py>(
     sealed: Hook<'py>,
 ) -> PyResult<(u64, u64, u64)> {
     let replace = replace_policy(replace)?;
-    let hooks = hooks(Tuning::default().step, None, cancel, None);
+    let hooks = Hooks::new(None, cancel, None, sealed);
     // A stop request that interrupted the write (EINTR) wins over the error it caused.
     let out = hooks.run(py, || output::sealed_file(&path, &data, replace, tag))?;
-    publish_sealed(py, &hooks, out, sealed)
-}
-
-/// Publish a sealed output, telling `sealed` (if given) its (dev, ino, size) first; if
-/// that raises, or a stop request comes meanwhile, nothing is published.
-fn publish_sealed<'py>(
-    py: Python<'py>,
-    hooks: &Hooks<'py>,
-    out: output::TempOutput,
-    sealed: Hook<'py>,
-) -> PyResult<(u64, u64, u64)> {
-    if let Some(f) = &sealed {
-        let id = out.identity().map_err(|e| to_py(py, e))?;
-        f.call1((id.dev, id.ino, id.size))?;
-        py.check_signals()?;
-        if hooks.cancelled()? {
-            return Err(to_py(py, Error::Cancelled));
-        }
-    }
-    let p = hooks.run(py, move || out.publish())?;
-    Ok(p.into())
+    Ok(hooks.publish(py, out)?.into())
 }
 
 /// Copy the regular file `src` to `dst` atomically, in bounded steps (`output::Copy`).
 #[pyfunction]
 #[pyo3(signature = (src, dst, *, replace=None, tag="", progress=None, cancel=None,
                     sealed=None))]
-#[allow(clippy::too_many_arguments)]
 fn copy_file<'py>(
     py: Python<'py>,
     src: PathBuf,
@@ -604,11 +572,11 @@ fn copy_file<'py>(
     sealed: Hook<'py>,
 ) -> PyResult<(u64, u64, u64)> {
     let replace = replace_policy(replace)?;
-    let hooks = hooks(Tuning::default().step, progress, cancel, None);
+    let hooks = Hooks::new(progress, cancel, None, sealed);
     let mut copy = hooks.run(py, || output::Copy::new(&src, &dst, replace, tag))?;
-    hooks.drive(py, &mut copy)?;
+    hooks.drive(py, &mut copy, Tuning::default().step)?;
     let out = hooks.run(py, move || copy.seal())?;
-    publish_sealed(py, &hooks, out, sealed)
+    Ok(hooks.publish(py, out)?.into())
 }
 
 /// Write a folder's numeric report to `path` from each file's rows (`report::files_report`).
@@ -623,16 +591,14 @@ fn write_numeric_report<'py>(
     parts: Vec<(Option<String>, Bound<'py, TensorNumerics>)>,
     replace: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<(u64, u64, u64)> {
-    let parts: Vec<_> = parts.iter().map(|(f, r)| (f.as_deref(), r.get())).collect();
     let parts: Vec<_> = parts
         .iter()
-        .map(|(f, r)| (*f, &r.rows[..], &r.total))
+        .map(|(f, r)| (f.as_deref(), &r.get().rows[..], &r.get().total))
         .collect();
     let target = to.and_then(Target::from_name);
     let bytes = crate::report::files_report(&src, &dst, target, &parts);
     let replace = replace_policy(replace)?;
-    let p = guarded(py, || output::write_file(&path, &bytes, replace, ""))?;
-    Ok(p.into())
+    Ok(guarded(py, || output::write_file(&path, &bytes, replace, ""))?.into())
 }
 
 /// Check a side output's path before any work (`output::check_side_path`); its replace policy.
@@ -641,22 +607,12 @@ fn write_numeric_report<'py>(
 fn check_side_output(
     py: Python<'_>,
     path: PathBuf,
-    role: &str,
+    role: Side,
     force: bool,
-    taken: Vec<(PathBuf, String)>,
+    taken: Vec<(PathBuf, Taken)>,
 ) -> PyResult<Option<&'static str>> {
-    let role = named("role", role, Side::from_name, Side::NAMES)?;
-    let taken = taken
-        .into_iter()
-        .map(|(p, w)| Ok((p, named("taken", &w, Taken::from_name, Taken::NAMES)?)));
-    let taken = taken.collect::<PyResult<Vec<_>>>()?;
     let replace = guarded(py, || output::check_side_path(&path, role, force, &taken))?;
     Ok((!matches!(replace, Replace::No)).then_some("any"))
-}
-
-/// A name of the engine's vocabulary (`from_name`), or a ValueError naming `what`.
-fn named<T>(what: &str, name: &str, from: fn(&str) -> Option<T>, names: &[&str]) -> PyResult<T> {
-    from(name).ok_or_else(|| PyValueError::new_err(format!("{what}: one of {names:?}")))
 }
 
 /// Render a message template, calling `option(name, value)` for each placeholder.
@@ -690,18 +646,18 @@ fn escape(s: &str) -> String {
 fn option_error<'py>(
     py: Python<'py>,
     option: &str,
-    value: &Bound<'py, PyAny>,
+    value: Given,
     expected: &str,
 ) -> PyResult<Py<pyo3::exceptions::PyBaseException>> {
     let option = OptionName::from_name(option)
         .ok_or_else(|| PyValueError::new_err(format!("unknown option {option:?}")))?;
-    Ok(to_py(py, given(value).bad(option, expected)).into_value(py))
+    Ok(to_py(py, value.bad(option, expected)).into_value(py))
 }
 
 /// The canonical name of a target or one of its aliases, as `Given::target` reads it.
 #[pyfunction]
-fn target_name(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<&'static str> {
-    Ok(given(value).target().map_err(|e| to_py(py, e))?.name())
+fn target_name(py: Python<'_>, value: Given) -> PyResult<&'static str> {
+    Ok(value.target().map_err(|e| to_py(py, e))?.name())
 }
 
 /// Hit a failpoint of the Python side (`failpoint` module): raises the injected error.

@@ -13,6 +13,7 @@ use crate::dtype::Action;
 use crate::error::{Error, Result, Warning};
 use crate::input::Origin;
 use crate::numerics::Numerics;
+use crate::output::{Published, Sealed};
 use crate::plan::{self, Plan, PlanOptions};
 use crate::report::{Shown, Span};
 use crate::scan::{self, Scan, ScanKind, Scanned};
@@ -118,14 +119,6 @@ impl ConvertTask {
         }
     }
 
-    /// After `seal`: the hidden output's device, inode and size, as published.
-    pub fn sealed(&self) -> Result<crate::output::Published> {
-        match &self.phase {
-            Phase::Convert(job) => job.sealed(),
-            _ => Err(Error::Cancelled),
-        }
-    }
-
     /// After `seal`: publish (the commit point).
     pub fn publish(self) -> Result<Report> {
         match self.phase {
@@ -138,6 +131,20 @@ impl ConvertTask {
     pub fn finish(mut self) -> Result<Report> {
         self.seal()?;
         self.publish()
+    }
+}
+
+/// A conversion after `seal`, known by its output's identity.
+impl Sealed for ConvertTask {
+    type Done = Report;
+    fn identity(&self) -> Result<Published> {
+        match &self.phase {
+            Phase::Convert(job) => job.sealed(),
+            _ => Err(Error::Cancelled),
+        }
+    }
+    fn publish(self) -> Result<Report> {
+        ConvertTask::publish(self)
     }
 }
 
