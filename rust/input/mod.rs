@@ -72,8 +72,9 @@ impl Source {
     /// `opts` selects a checkpoint's state dict; given for a safetensors file, it is refused.
     pub fn open_any(path: &Path, opts: &InputOptions) -> Result<Source> {
         let input = InputFile::open(path, PREFIX as u64, |len| too_small(path, len))?;
-        match sniff(&input.map) {
-            Format::TorchZip | Format::TorchLegacy => open_checkpoint(path, input, opts),
+        let sniffed = torch::sniff::sniff_parsed(&input.map);
+        match sniffed.format {
+            Format::TorchZip | Format::TorchLegacy => open_checkpoint(path, input, sniffed, opts),
             _ => {
                 let source = Source::from_safetensors(path, input)?;
                 if let Some(option) = opts.torch_only() {
@@ -110,9 +111,14 @@ impl Source {
     }
 }
 
-fn open_checkpoint(path: &Path, input: InputFile, opts: &InputOptions) -> Result<Source> {
+fn open_checkpoint(
+    path: &Path,
+    input: InputFile,
+    sniffed: torch::sniff::Sniffed,
+    opts: &InputOptions,
+) -> Result<Source> {
     let (header, origin) =
-        checkpoint_header(&input.map, opts).map_err(|error| Error::Checkpoint {
+        sniffed_header(&input.map, sniffed, opts).map_err(|error| Error::Checkpoint {
             path: path.to_path_buf(),
             error,
         })?;
@@ -128,7 +134,16 @@ pub fn checkpoint_header(
     bytes: &[u8],
     opts: &InputOptions,
 ) -> std::result::Result<(SourceHeader, Origin), TorchError> {
-    let ck = torch::read(bytes, &limits())?;
+    sniffed_header(bytes, torch::sniff::sniff_parsed(bytes), opts)
+}
+
+/// [`checkpoint_header`] of bytes already sniffed (their zip directory parsed once).
+fn sniffed_header(
+    bytes: &[u8],
+    sniffed: torch::sniff::Sniffed,
+    opts: &InputOptions,
+) -> std::result::Result<(SourceHeader, Origin), TorchError> {
+    let ck = torch::read_sniffed(bytes, sniffed, &limits())?;
     let selection = ck.select(opts.key.as_deref(), &opts.strip_prefix)?;
     let stored: u64 = ck.storages.iter().map(|s| s.len).sum();
     let mut tensors: Vec<SourceTensor> = Vec::with_capacity(selection.tensors.len());

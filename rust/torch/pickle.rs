@@ -9,6 +9,7 @@
 //! yields another placeholder. A few globals (os, posix, sys, subprocess, `builtins.eval`,
 //! ...) are refused outright. Every resource is bounded by [`Limits`].
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use super::dtype::{self, TorchDtype};
@@ -16,8 +17,67 @@ pub use super::error::StorageConflict;
 use super::error::{PickleProblem, TensorProblem, TorchError};
 use super::Limits;
 
-/// Index of an object in [`Pickle::objects`].
+/// Index of an object in [`Pickle::objects`], or (with [`INLINE`] set) an int held in the
+/// id itself: an int of 0 to 2**31 - 1 costs no object (a list of 15 M ints, 4 bytes each).
 pub type ObjId = u32;
+
+/// The bit of an [`ObjId`] that marks an inline int (its value in the other 31 bits).
+pub const INLINE: ObjId = 1 << 31;
+
+/// The id of `v` held inline, if it fits.
+fn inline_int(v: i64) -> Option<ObjId> {
+    // Not 2**31 - 1: its id would be `u32::MAX`, which the memo keeps for "no entry".
+    u32::try_from(v)
+        .ok()
+        .filter(|&v| v < INLINE - 1)
+        .map(|v| v | INLINE)
+}
+
+/// The memo: a vector (4 bytes an entry) for the dense indices picklers write (0, 1, 2, ...),
+/// a map for any far beyond them, so that one PUT of index 2**32 - 1 allocates nothing big.
+#[derive(Default)]
+struct Memo {
+    dense: Vec<ObjId>,
+    sparse: HashMap<u64, ObjId>,
+    len: usize,
+}
+
+/// A dense memo slot without an entry.
+const NO_ENTRY: ObjId = u32::MAX;
+
+impl Memo {
+    fn get(&self, index: u64) -> Option<ObjId> {
+        match usize::try_from(index).ok().and_then(|i| self.dense.get(i)) {
+            Some(&id) if id != NO_ENTRY => Some(id),
+            // (An index the vector grew over may still be in the map.)
+            _ => self.sparse.get(&index).copied(),
+        }
+    }
+
+    fn contains(&self, index: u64) -> bool {
+        self.get(index).is_some()
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn insert(&mut self, index: u64, id: ObjId) {
+        // The vector grows to at most twice the entries (and 4096 slots) beyond them.
+        let near = (2 * self.len + 4096) as u64;
+        if index < self.dense.len() as u64 || index <= near {
+            let i = index as usize;
+            if i >= self.dense.len() {
+                self.dense.resize(i + 1, NO_ENTRY);
+            }
+            let new = self.dense[i] == NO_ENTRY && self.sparse.remove(&index).is_none();
+            self.len += usize::from(new);
+            self.dense[i] = id;
+        } else if self.sparse.insert(index, id).is_none() {
+            self.len += 1;
+        }
+    }
+}
 
 /// A reference from the pickle to (a view of) one storage of the file.
 ///
@@ -136,9 +196,10 @@ impl Global {
     }
 }
 
-/// One unpickled value.
+/// One unpickled value. Strings and byte strings are borrowed from the pickle's (mapped)
+/// bytes, never copied, unless the pickle spells them with escapes (protocol 0).
 #[derive(Debug, Clone, PartialEq)]
-pub enum Object {
+pub enum Object<'a> {
     None,
     Bool(bool),
     Int(i64),
@@ -146,8 +207,12 @@ pub enum Object {
     BigInt(Box<[u8]>),
     Float(f64),
     Complex(f64, f64),
-    Str(Box<str>),
-    Bytes(Box<[u8]>),
+    Str(&'a str),
+    /// A str decoded from escapes (protocol 0's STRING and UNICODE).
+    OwnedStr(Box<str>),
+    Bytes(&'a [u8]),
+    /// Bytes made, not borrowed (decoded escapes, `_codecs.encode`, `bytearray`).
+    OwnedBytes(Box<[u8]>),
     Tuple(Box<[ObjId]>),
     /// Boxed, as sets, so that an object takes 24 bytes (a pickle may hold millions).
     List(Box<Vec<ObjId>>),
@@ -160,7 +225,25 @@ pub enum Object {
     Tensor(u32),
 }
 
-impl Object {
+impl Object<'_> {
+    /// The text of a str.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Object::Str(s) => Some(s),
+            Object::OwnedStr(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The bytes of a byte string.
+    pub fn as_bytes(&self) -> Option<&[u8]> {
+        match self {
+            Object::Bytes(b) => Some(b),
+            Object::OwnedBytes(b) => Some(b),
+            _ => None,
+        }
+    }
+
     /// A short name of the value's type, for messages.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -169,8 +252,8 @@ impl Object {
             Object::Int(_) | Object::BigInt(_) => "an int",
             Object::Float(_) => "a float",
             Object::Complex(..) => "a complex number",
-            Object::Str(_) => "a str",
-            Object::Bytes(_) => "bytes",
+            Object::Str(_) | Object::OwnedStr(_) => "a str",
+            Object::Bytes(_) | Object::OwnedBytes(_) => "bytes",
             Object::Tuple(_) => "a tuple",
             Object::List(_) => "a list",
             Object::Set(_) => "a set",
@@ -197,17 +280,39 @@ pub struct RawTensor {
 /// A tensor slot: a well-formed call of a rebuild function, or why it is not one.
 pub type TensorSlot = Result<RawTensor, TensorProblem>;
 
+/// A view of an arena of objects that resolves ids, inline ints included.
+#[derive(Debug, Clone, Copy)]
+pub struct Objects<'p, 'a>(pub &'p [Object<'a>]);
+
+impl<'p, 'a> Objects<'p, 'a> {
+    /// The object `id` (an inline int is made; others are borrowed).
+    pub fn get(self, id: ObjId) -> Cow<'p, Object<'a>> {
+        if id & INLINE != 0 {
+            return Cow::Owned(Object::Int(i64::from(id & !INLINE)));
+        }
+        Cow::Borrowed(self.0.get(id as usize).unwrap_or(&Object::None))
+    }
+
+    /// The object `id` if it lives in the arena (every object but an inline int).
+    pub fn arena(self, id: ObjId) -> Option<&'p Object<'a>> {
+        if id & INLINE != 0 {
+            return None;
+        }
+        self.0.get(id as usize)
+    }
+}
+
 /// What a persistent id (a storage reference) resolves to; supplied by the file format.
 pub trait Storages {
     /// Resolve the persistent id `pid` (an object of `objects`) to a storage.
-    fn load(&mut self, objects: &[Object], pid: ObjId) -> Result<StorageRef, TorchError>;
+    fn load(&mut self, objects: Objects<'_, '_>, pid: ObjId) -> Result<StorageRef, TorchError>;
 }
 
 /// A persistent-id handler that refuses every persistent id (for the legacy header pickles).
 pub struct NoStorages;
 
 impl Storages for NoStorages {
-    fn load(&mut self, _: &[Object], _: ObjId) -> Result<StorageRef, TorchError> {
+    fn load(&mut self, _: Objects<'_, '_>, _: ObjId) -> Result<StorageRef, TorchError> {
         Err(TorchError::Pickle {
             pickle: "header pickle",
             at: 0,
@@ -220,8 +325,8 @@ impl Storages for NoStorages {
 
 /// The result of unpickling one stream.
 #[derive(Debug, Clone)]
-pub struct Pickle {
-    pub objects: Vec<Object>,
+pub struct Pickle<'a> {
+    pub objects: Vec<Object<'a>>,
     pub root: ObjId,
     pub tensors: Vec<TensorSlot>,
     /// Globals outside the allow-list, `module.name`, in order of first appearance.
@@ -236,11 +341,22 @@ pub struct Pickle {
 /// The most distinct global names a pickle's lists keep.
 const MAX_NAMED: usize = 10_000;
 
-impl Pickle {
-    /// The object `id` (ids come from this pickle, so they are in range).
-    pub fn get(&self, id: ObjId) -> &Object {
+impl<'a> Pickle<'a> {
+    /// The object `id` (ids come from this pickle, so they are in range): borrowed from the
+    /// arena, or made for an inline int.
+    pub fn get(&self, id: ObjId) -> Cow<'_, Object<'a>> {
         // Ids are only ever made by `Unpickler::push`, which checks them against the arena.
-        self.objects.get(id as usize).unwrap_or(&Object::None)
+        Objects(&self.objects).get(id)
+    }
+
+    /// The text of `id` if it is a str (borrowed for as long as the pickle).
+    pub fn str_of(&self, id: ObjId) -> Option<&str> {
+        Objects(&self.objects).arena(id).and_then(Object::as_str)
+    }
+
+    /// The object `id` if it lives in the arena (every object but an inline int).
+    pub fn arena(&self, id: ObjId) -> Option<&Object<'a>> {
+        Objects(&self.objects).arena(id)
     }
 }
 
@@ -438,12 +554,12 @@ fn op_name(op: u8) -> &'static str {
 }
 
 /// Unpickle one stream from the start of `data`, which may continue past its STOP.
-pub fn unpickle(
-    data: &[u8],
+pub fn unpickle<'a>(
+    data: &'a [u8],
     label: &'static str,
     limits: &Limits,
     storages: &mut dyn Storages,
-) -> Result<Pickle, TorchError> {
+) -> Result<Pickle<'a>, TorchError> {
     let cap = usize::try_from(limits.max_pickle_bytes).unwrap_or(usize::MAX);
     let capped = data.len() > cap;
     let mut u = Unpickler {
@@ -452,12 +568,12 @@ pub fn unpickle(
         pos: 0,
         op_at: 0,
         label,
-        limits,
+        limits: limits.clone(),
         objects: Vec::new(),
         depth: Vec::new(),
         stack: Vec::new(),
         marks: Vec::new(),
-        memo: HashMap::new(),
+        memo: Memo::default(),
         tensors: Vec::new(),
         placeholders: Vec::new(),
         seen: HashMap::new(),
@@ -465,7 +581,7 @@ pub fn unpickle(
         named: HashMap::new(),
         denied: None,
         allowed: HashMap::new(),
-        small: vec![None; 259],
+        small: vec![None; 3],
         cells: 0,
         bytes: 0,
         storages,
@@ -488,12 +604,12 @@ struct Unpickler<'a, 's> {
     pos: usize,
     op_at: usize,
     label: &'static str,
-    limits: &'a Limits,
-    objects: Vec<Object>,
+    limits: Limits,
+    objects: Vec<Object<'a>>,
     depth: Vec<u32>,
     stack: Vec<ObjId>,
     marks: Vec<usize>,
-    memo: HashMap<u64, ObjId>,
+    memo: Memo,
     tensors: Vec<TensorSlot>,
     placeholders: Vec<String>,
     seen: HashMap<String, ()>,
@@ -502,8 +618,8 @@ struct Unpickler<'a, 's> {
     denied: Option<String>,
     /// Allowed globals by their GLOBAL operand (`module\nname\n`), once resolved.
     allowed: HashMap<&'a [u8], Global>,
-    /// The ids of None, False, True and the ints 0 to 255, once made: immutable values,
-    /// shared (as Python shares them) rather than made once per occurrence.
+    /// The ids of None, False and True, once made: immutable values, shared (as Python
+    /// shares them) rather than made once per occurrence.
     small: Vec<Option<ObjId>>,
     /// Object ids held in containers, over the whole run.
     cells: u64,
@@ -620,8 +736,8 @@ impl<'a> Unpickler<'a, '_> {
     }
 
     /// Add an object to the arena, with the nesting depth of its contents.
-    fn alloc(&mut self, obj: Object, depth: u32) -> R<ObjId> {
-        if self.objects.len() >= self.limits.max_objects {
+    fn alloc(&mut self, obj: Object<'a>, depth: u32) -> R<ObjId> {
+        if self.objects.len() >= self.limits.max_objects.min(INLINE as usize) {
             return Err(self.err(PickleProblem::TooMany {
                 what: "objects",
                 limit: self.limits.max_objects as u64,
@@ -645,11 +761,15 @@ impl<'a> Unpickler<'a, '_> {
         Ok(())
     }
 
-    fn push(&mut self, obj: Object) -> R<()> {
+    fn push(&mut self, obj: Object<'a>) -> R<()> {
+        if let Object::Int(v) = obj {
+            if let Some(id) = inline_int(v) {
+                return self.push_id(id);
+            }
+        }
         let slot = match obj {
-            Object::None => Some(256),
-            Object::Bool(b) => Some(257 + usize::from(b)),
-            Object::Int(i @ 0..=255) => Some(i as usize),
+            Object::None => Some(0),
+            Object::Bool(b) => Some(1 + usize::from(b)),
             _ => None,
         };
         let Some(slot) = slot else {
@@ -668,7 +788,7 @@ impl<'a> Unpickler<'a, '_> {
     }
 
     /// A container of `items`, one deeper than its deepest item.
-    fn push_container(&mut self, obj: Object, items: &[ObjId]) -> R<()> {
+    fn push_container(&mut self, obj: Object<'a>, items: &[ObjId]) -> R<()> {
         let d = items.iter().map(|&i| self.depth_of(i)).max().unwrap_or(0) + 1;
         self.charge_cells(items.len())?;
         let id = self.alloc(obj, d)?;
@@ -676,7 +796,11 @@ impl<'a> Unpickler<'a, '_> {
     }
 
     /// A container made of `items` (moved, not copied), one deeper than its deepest item.
-    fn push_items(&mut self, items: Vec<ObjId>, make: impl FnOnce(Vec<ObjId>) -> Object) -> R<()> {
+    fn push_items(
+        &mut self,
+        items: Vec<ObjId>,
+        make: impl FnOnce(Vec<ObjId>) -> Object<'a>,
+    ) -> R<()> {
         let d = items.iter().map(|&i| self.depth_of(i)).max().unwrap_or(0) + 1;
         self.charge_cells(items.len())?;
         let id = self.alloc(make(items), d)?;
@@ -713,11 +837,22 @@ impl<'a> Unpickler<'a, '_> {
         Ok(self.stack.split_off(mark.min(self.stack.len())))
     }
 
-    fn obj(&self, id: ObjId) -> &Object {
-        self.objects.get(id as usize).unwrap_or(&Object::None)
+    fn obj(&self, id: ObjId) -> Cow<'_, Object<'a>> {
+        Objects(&self.objects).get(id)
     }
 
-    fn obj_mut(&mut self, id: ObjId) -> Option<&mut Object> {
+    fn arena(&self, id: ObjId) -> Option<&Object<'a>> {
+        Objects(&self.objects).arena(id)
+    }
+
+    fn str_of(&self, id: ObjId) -> Option<&str> {
+        self.arena(id).and_then(Object::as_str)
+    }
+
+    fn obj_mut(&mut self, id: ObjId) -> Option<&mut Object<'a>> {
+        if id & INLINE != 0 {
+            return None;
+        }
         self.objects.get_mut(id as usize)
     }
 
@@ -731,7 +866,7 @@ impl<'a> Unpickler<'a, '_> {
 
     fn memo_put(&mut self, index: u64, op: u8) -> R<()> {
         let top = self.top(op)?;
-        if !self.memo.contains_key(&index) && self.memo.len() >= self.limits.max_objects {
+        if !self.memo.contains(index) && self.memo.len() >= self.limits.max_objects {
             return Err(self.err(PickleProblem::TooMany {
                 what: "memo entries",
                 limit: self.limits.max_objects as u64,
@@ -742,36 +877,44 @@ impl<'a> Unpickler<'a, '_> {
     }
 
     fn memo_get(&mut self, index: u64) -> R<()> {
-        let Some(&id) = self.memo.get(&index) else {
+        let Some(id) = self.memo.get(index) else {
             return Err(self.err(PickleProblem::MemoMissing { index }));
         };
         self.push_id(id)
     }
 
-    fn push_str(&mut self, raw: &[u8], op: &'static str) -> R<()> {
+    /// A str borrowed from the pickle (checked to be UTF-8, not copied).
+    fn push_str(&mut self, raw: &'a [u8], op: &'static str) -> R<()> {
         let s = std::str::from_utf8(raw).map_err(|_| self.err(PickleProblem::BadText { op }))?;
-        self.charge_bytes(s.len())?;
-        self.push(Object::Str(s.into()))
+        self.push(Object::Str(s))
     }
 
-    fn push_bytes(&mut self, raw: Vec<u8>) -> R<()> {
+    /// Python 2 `str` (BINSTRING, SHORT_BINSTRING) borrowed from the pickle: text if UTF-8,
+    /// as torch's default `encoding="utf-8"` decodes it, else bytes.
+    fn push_py2_raw(&mut self, raw: &'a [u8]) -> R<()> {
+        match std::str::from_utf8(raw) {
+            Ok(s) => self.push(Object::Str(s)),
+            Err(_) => self.push(Object::Bytes(raw)),
+        }
+    }
+
+    fn push_owned_bytes(&mut self, raw: Vec<u8>) -> R<()> {
         self.charge_bytes(raw.len())?;
-        self.push(Object::Bytes(raw.into_boxed_slice()))
+        self.push(Object::OwnedBytes(raw.into_boxed_slice()))
     }
 
-    /// Python 2 `str` (STRING, BINSTRING, SHORT_BINSTRING): text if UTF-8, as torch's default
-    /// `encoding="utf-8"` decodes it, else bytes.
+    /// Python 2 `str` decoded from a STRING line: text if UTF-8, else bytes.
     fn push_py2_str(&mut self, raw: Vec<u8>) -> R<()> {
         match String::from_utf8(raw) {
             Ok(s) => {
                 self.charge_bytes(s.len())?;
-                self.push(Object::Str(s.into_boxed_str()))
+                self.push(Object::OwnedStr(s.into_boxed_str()))
             }
-            Err(e) => self.push_bytes(e.into_bytes()),
+            Err(e) => self.push_owned_bytes(e.into_bytes()),
         }
     }
 
-    fn push_long(&mut self, raw: &[u8]) -> R<()> {
+    fn push_long(&mut self, raw: &'a [u8]) -> R<()> {
         let obj = long_from_le(raw);
         if let Object::BigInt(b) = &obj {
             if b.len() > self.limits.max_long_bytes {
@@ -843,7 +986,8 @@ impl<'a> Unpickler<'a, '_> {
 
     /// A call (REDUCE, NEWOBJ) of a placeholder: another, inert, placeholder.
     fn call_placeholder(&mut self, callee: ObjId, args: ObjId) -> R<ObjId> {
-        let Object::Placeholder(p) = self.obj(callee) else {
+        let callee_obj = self.obj(callee);
+        let Object::Placeholder(p) = &*callee_obj else {
             return Err(self.wrong(b'R', "a callable", callee));
         };
         let global = p.global.clone();
@@ -855,7 +999,7 @@ impl<'a> Unpickler<'a, '_> {
         }
         // Called with a storage (in its arguments, or one tuple down), it stands for a
         // tensor that an unlisted function would build: a tensor slot that says so.
-        let has_storage = |id: ObjId| matches!(self.obj(id), Object::Storage(_));
+        let has_storage = |id: ObjId| matches!(&*self.obj(id), Object::Storage(_));
         let storage_arg = self.tuple_items(args).is_some_and(|a| {
             a.iter().any(|&i| {
                 has_storage(i)
@@ -899,8 +1043,8 @@ impl<'a> Unpickler<'a, '_> {
     }
 
     fn tuple_items(&self, id: ObjId) -> Option<&[ObjId]> {
-        match self.obj(id) {
-            Object::Tuple(t) => Some(t),
+        match self.arena(id) {
+            Some(Object::Tuple(t)) => Some(t),
             _ => None,
         }
     }
@@ -924,7 +1068,7 @@ impl<'a> Unpickler<'a, '_> {
                         reason: "no arguments".into(),
                     }));
                 };
-                match self.obj(data) {
+                match &*self.obj(data) {
                     Object::Tensor(_) => Ok(data),
                     Object::Placeholder(p) => {
                         let global = p.global.clone();
@@ -947,7 +1091,7 @@ impl<'a> Unpickler<'a, '_> {
                 if a.len() != 4 {
                     return self.new_tensor(Err(bad(format!("{} arguments", a.len()))));
                 }
-                match self.obj(a[1]) {
+                match &*self.obj(a[1]) {
                     Object::Global(Global::TensorClass | Global::ParameterClass) => {}
                     Object::Placeholder(p) => {
                         let global = p.global.clone();
@@ -958,7 +1102,7 @@ impl<'a> Unpickler<'a, '_> {
                         return self.new_tensor(Err(bad(reason)));
                     }
                 }
-                match self.obj(a[0]) {
+                match &*self.obj(a[0]) {
                     Object::Global(inner) if !nested && *inner != Global::RebuildFromType => {
                         let inner = *inner;
                         self.call_global(inner, a[2], true)
@@ -985,7 +1129,7 @@ impl<'a> Unpickler<'a, '_> {
                 match a.as_slice() {
                     [] => {}
                     [src] => {
-                        let pairs = match self.obj(*src) {
+                        let pairs = match &*self.obj(*src) {
                             Object::List(v) => v.to_vec(),
                             Object::Tuple(v) => v.to_vec(),
                             Object::Dict(d) => {
@@ -1014,7 +1158,7 @@ impl<'a> Unpickler<'a, '_> {
             Global::Set | Global::FrozenSet => {
                 let items = match a.as_slice() {
                     [] => Vec::new(),
-                    [src] => match self.obj(*src) {
+                    [src] => match &*self.obj(*src) {
                         Object::List(v) | Object::Set(v) => v.to_vec(),
                         Object::Tuple(v) => v.to_vec(),
                         other => {
@@ -1037,8 +1181,8 @@ impl<'a> Unpickler<'a, '_> {
                 };
                 let (re, im) = match a.as_slice() {
                     [] => (Some(0.0), Some(0.0)),
-                    [r] => (num(self.obj(*r)), Some(0.0)),
-                    [r, i] => (num(self.obj(*r)), num(self.obj(*i))),
+                    [r] => (num(&self.obj(*r)), Some(0.0)),
+                    [r, i] => (num(&self.obj(*r)), num(&self.obj(*i))),
                     _ => (None, None),
                 };
                 match (re, im) {
@@ -1049,15 +1193,15 @@ impl<'a> Unpickler<'a, '_> {
             Global::Encode | Global::Bytearray => {
                 let out = match a.as_slice() {
                     [] if g == Global::Bytearray => Vec::new(),
-                    [b] if g == Global::Bytearray => match self.obj(*b) {
-                        Object::Bytes(b) => b.to_vec(),
-                        other => {
-                            let reason = format!("its argument is {}", other.kind());
+                    [b] if g == Global::Bytearray => match self.obj(*b).as_bytes() {
+                        Some(b) => b.to_vec(),
+                        None => {
+                            let reason = format!("its argument is {}", self.obj(*b).kind());
                             return Err(self.bad_call(g, reason));
                         }
                     },
-                    [s, enc] => match (self.obj(*s), self.obj(*enc)) {
-                        (Object::Str(s), Object::Str(enc)) => match encode(s, enc) {
+                    [s, enc] => match (self.obj(*s).as_str(), self.obj(*enc).as_str()) {
+                        (Some(s), Some(enc)) => match encode(s, enc) {
                             Some(b) => b,
                             None => {
                                 let reason = format!("cannot encode with `{enc}`");
@@ -1069,13 +1213,13 @@ impl<'a> Unpickler<'a, '_> {
                     _ => return Err(self.bad_call(g, format!("{} arguments", a.len()))),
                 };
                 self.charge_bytes(out.len())?;
-                self.alloc(Object::Bytes(out.into_boxed_slice()), 0)
+                self.alloc(Object::OwnedBytes(out.into_boxed_slice()), 0)
             }
             Global::Size => match a.as_slice() {
                 [] => self.alloc(Object::Tuple(Box::new([])), 1),
-                [t] if matches!(self.obj(*t), Object::Tuple(_)) => Ok(*t),
-                [l] if matches!(self.obj(*l), Object::List(_)) => {
-                    let items = match self.obj(*l) {
+                [t] if matches!(&*self.obj(*t), Object::Tuple(_)) => Ok(*t),
+                [l] if matches!(&*self.obj(*l), Object::List(_)) => {
+                    let items = match &*self.obj(*l) {
                         Object::List(v) => v.to_vec(),
                         _ => Vec::new(),
                     };
@@ -1109,17 +1253,17 @@ impl<'a> Unpickler<'a, '_> {
         }
         // Any placeholder among the arguments means an unlisted global builds this tensor.
         for &arg in a {
-            if let Object::Placeholder(p) = self.obj(arg) {
+            if let Object::Placeholder(p) = &*self.obj(arg) {
                 return Err(TensorProblem::CallsGlobal {
                     global: p.global.clone(),
                 });
             }
         }
-        let Object::Storage(storage) = self.obj(a[0]) else {
+        let Some(Object::Storage(storage)) = self.arena(a[0]) else {
             return Err(bad(format!("its storage is {}", self.obj(a[0]).kind())));
         };
         let storage = **storage;
-        let offset = match self.obj(a[1]) {
+        let offset = match &*self.obj(a[1]) {
             Object::Int(i) => u64::try_from(*i).map_err(|_| bad(format!("offset {i}")))?,
             Object::BigInt(_) => {
                 return Err(bad(
@@ -1129,10 +1273,10 @@ impl<'a> Unpickler<'a, '_> {
             other => return Err(bad(format!("its offset is {}", other.kind()))),
         };
         let ints = |id: ObjId, what: &str| -> Result<Vec<u64>, TensorProblem> {
-            let items: &[ObjId] = match self.obj(id) {
-                Object::Tuple(t) => t,
-                Object::List(l) => l,
-                other => return Err(bad(format!("its {what} is {}", other.kind()))),
+            let items: &[ObjId] = match self.arena(id) {
+                Some(Object::Tuple(t)) => t,
+                Some(Object::List(l)) => l,
+                _ => return Err(bad(format!("its {what} is {}", self.obj(id).kind()))),
             };
             if items.len() > self.limits.max_ndim {
                 return Err(TensorProblem::TooManyDims {
@@ -1142,7 +1286,7 @@ impl<'a> Unpickler<'a, '_> {
             }
             items
                 .iter()
-                .map(|&i| match self.obj(i) {
+                .map(|&i| match &*self.obj(i) {
                     Object::Int(v) => u64::try_from(*v).map_err(|_| bad(format!("{what} {v}"))),
                     Object::BigInt(_) => Err(TensorProblem::Overflow),
                     other => Err(bad(format!("its {what} holds {}", other.kind()))),
@@ -1159,7 +1303,7 @@ impl<'a> Unpickler<'a, '_> {
             )));
         }
         let (dtype, meta) = match g {
-            Global::RebuildTensorV3 => match self.obj(a[6]) {
+            Global::RebuildTensorV3 => match &*self.obj(a[6]) {
                 Object::Global(Global::Dtype(t)) => (*t, a.get(7)),
                 other => return Err(bad(format!("its dtype is {}", other.kind()))),
             },
@@ -1168,13 +1312,13 @@ impl<'a> Unpickler<'a, '_> {
             _ => (storage.dtype, a.get(6)),
         };
         if let Some(&meta) = meta {
-            match self.obj(meta) {
+            match &*self.obj(meta) {
                 Object::None => {}
                 Object::Dict(d) => {
                     for &(k, v) in &d.items {
-                        let on = !matches!(self.obj(v), Object::Bool(false) | Object::None);
-                        if let Object::Str(k) = self.obj(k) {
-                            if on && (&**k == "conj" || &**k == "neg") {
+                        let on = !matches!(&*self.obj(v), Object::Bool(false) | Object::None);
+                        if let Some(k) = self.obj(k).as_str() {
+                            if on && (k == "conj" || k == "neg") {
                                 return Err(TensorProblem::LazyBit { bit: k.to_string() });
                             }
                         }
@@ -1201,7 +1345,7 @@ impl<'a> Unpickler<'a, '_> {
             let args = self.pop(op)?;
             (self.pop(op)?, args)
         };
-        let callee = match self.obj(cls) {
+        let callee = match &*self.obj(cls) {
             Object::Global(g) => Some(*g),
             Object::Placeholder(_) => None,
             _ => return Err(self.wrong(op, "a class", cls)),
@@ -1226,7 +1370,7 @@ impl<'a> Unpickler<'a, '_> {
         let op = b'R';
         let args = self.pop(op)?;
         let func = self.pop(op)?;
-        let id = match self.obj(func) {
+        let id = match &*self.obj(func) {
             Object::Global(g) => {
                 let g = *g;
                 self.call_global(g, args, false)?
@@ -1242,8 +1386,8 @@ impl<'a> Unpickler<'a, '_> {
         let state = self.pop(op)?;
         let inst = self.top(op)?;
         let state_kind = self.obj(state).kind();
-        let state_ok_for_tensor =
-            matches!(self.obj(state), Object::None) || matches!(self.obj(state), Object::Dict(_));
+        let state_ok_for_tensor = matches!(&*self.obj(state), Object::None)
+            || matches!(&*self.obj(state), Object::Dict(_));
         let d = self.depth_of(state) + 1;
         let target = match self.obj_mut(inst) {
             Some(Object::Dict(dict)) if dict.ordered => {
@@ -1260,7 +1404,7 @@ impl<'a> Unpickler<'a, '_> {
             None => Some("nothing".to_string()),
         };
         if let Some(target) = target {
-            if let Object::Placeholder(p) = self.obj(inst) {
+            if let Object::Placeholder(p) = &*self.obj(inst) {
                 if self.is_denied(&p.global) {
                     return Err(TorchError::Denied {
                         global: p.global.clone(),
@@ -1331,7 +1475,7 @@ impl<'a> Unpickler<'a, '_> {
         let at = self.op_at as u64;
         let storage = self
             .storages
-            .load(&self.objects, pid)
+            .load(Objects(&self.objects), pid)
             .map_err(|e| match e {
                 TorchError::Pickle { problem, .. } => TorchError::Pickle {
                     pickle: self.label,
@@ -1475,20 +1619,20 @@ impl<'a> Unpickler<'a, '_> {
                 b'T' => {
                     let n = self.u32()? as i32;
                     let n = u64::try_from(n).map_err(|_| self.short())?;
-                    let raw = self.take_len(n)?.to_vec();
-                    self.push_py2_str(raw)?;
+                    let raw = self.take_len(n)?;
+                    self.push_py2_raw(raw)?;
                 }
                 b'U' => {
                     let n = self.u8()?;
-                    let raw = self.take(usize::from(n))?.to_vec();
-                    self.push_py2_str(raw)?;
+                    let raw = self.take(usize::from(n))?;
+                    self.push_py2_raw(raw)?;
                 }
                 b'V' => {
                     let line = self.line("UNICODE")?.to_string();
                     let s = raw_unicode_unescape(&line)
                         .ok_or_else(|| self.err(PickleProblem::BadText { op: "UNICODE" }))?;
                     self.charge_bytes(s.len())?;
-                    self.push(Object::Str(s.into_boxed_str()))?;
+                    self.push(Object::OwnedStr(s.into_boxed_str()))?;
                 }
                 b'X' => {
                     let n = self.u32()?;
@@ -1507,18 +1651,18 @@ impl<'a> Unpickler<'a, '_> {
                 }
                 b'B' => {
                     let n = self.u32()?;
-                    let raw = self.take_len(u64::from(n))?.to_vec();
-                    self.push_bytes(raw)?;
+                    let raw = self.take_len(u64::from(n))?;
+                    self.push(Object::Bytes(raw))?;
                 }
                 b'C' => {
                     let n = self.u8()?;
-                    let raw = self.take(usize::from(n))?.to_vec();
-                    self.push_bytes(raw)?;
+                    let raw = self.take(usize::from(n))?;
+                    self.push(Object::Bytes(raw))?;
                 }
                 0x8e | 0x96 => {
                     let n = self.u64()?;
-                    let raw = self.take_len(n)?.to_vec();
-                    self.push_bytes(raw)?;
+                    let raw = self.take_len(n)?;
+                    self.push(Object::Bytes(raw))?;
                 }
                 0x97 => return Err(self.err(PickleProblem::Forbidden { op: "NEXT_BUFFER" })),
                 0x98 => {
@@ -1609,8 +1753,7 @@ impl<'a> Unpickler<'a, '_> {
                 0x93 => {
                     let name = self.pop(op)?;
                     let module = self.pop(op)?;
-                    let (Object::Str(m), Object::Str(n)) = (self.obj(module), self.obj(name))
-                    else {
+                    let (Some(m), Some(n)) = (self.str_of(module), self.str_of(name)) else {
                         return Err(self.wrong(op, "two strs", name));
                     };
                     let (m, n) = (m.to_string(), n.to_string());
@@ -1669,7 +1812,7 @@ impl<'a> Unpickler<'a, '_> {
 }
 
 /// A LONG1/LONG4 payload (little-endian two's complement) as an int, or a big int.
-fn long_from_le(raw: &[u8]) -> Object {
+fn long_from_le(raw: &[u8]) -> Object<'static> {
     if raw.is_empty() {
         return Object::Int(0);
     }
