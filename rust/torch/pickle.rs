@@ -62,6 +62,22 @@ impl Memo {
         self.len
     }
 
+    /// Every id the memo holds.
+    fn ids(&self) -> impl Iterator<Item = ObjId> + '_ {
+        let dense = self.dense.iter().copied().filter(|&id| id != NO_ENTRY);
+        dense.chain(self.sparse.values().copied())
+    }
+
+    /// Rewrite every id the memo holds.
+    fn remap(&mut self, map: impl Fn(ObjId) -> ObjId) {
+        for id in self.dense.iter_mut().filter(|id| **id != NO_ENTRY) {
+            *id = map(*id);
+        }
+        for id in self.sparse.values_mut() {
+            *id = map(*id);
+        }
+    }
+
     fn insert(&mut self, index: u64, id: ObjId) {
         // The vector grows to at most twice the entries (and 4096 slots) beyond them.
         let near = (2 * self.len + 4096) as u64;
@@ -225,6 +241,46 @@ pub enum Object<'a> {
     Tensor(u32),
 }
 
+/// Call `f` on each id `o` holds (its items, keys, values, arguments and state).
+fn each_child(o: &Object<'_>, mut f: impl FnMut(ObjId)) {
+    match o {
+        Object::Tuple(t) => t.iter().copied().for_each(f),
+        Object::List(l) | Object::Set(l) => l.iter().copied().for_each(f),
+        Object::Dict(d) => {
+            d.items.iter().for_each(|&(k, v)| {
+                f(k);
+                f(v)
+            });
+            d.state.into_iter().for_each(f);
+        }
+        Object::Placeholder(p) => {
+            p.args.into_iter().chain(p.state).for_each(&mut f);
+            p.items.iter().copied().for_each(f);
+        }
+        _ => {}
+    }
+}
+
+/// Rewrite each id `o` holds.
+fn remap_children(o: &mut Object<'_>, f: impl Fn(ObjId) -> ObjId) {
+    match o {
+        Object::Tuple(t) => t.iter_mut().for_each(|id| *id = f(*id)),
+        Object::List(l) | Object::Set(l) => l.iter_mut().for_each(|id| *id = f(*id)),
+        Object::Dict(d) => {
+            for (k, v) in d.items.iter_mut() {
+                (*k, *v) = (f(*k), f(*v));
+            }
+            d.state = d.state.map(&f);
+        }
+        Object::Placeholder(p) => {
+            p.args = p.args.map(&f);
+            p.state = p.state.map(&f);
+            p.items.iter_mut().for_each(|id| *id = f(*id));
+        }
+        _ => {}
+    }
+}
+
 impl Object<'_> {
     /// The text of a str.
     pub fn as_str(&self) -> Option<&str> {
@@ -336,6 +392,20 @@ pub struct Pickle<'a> {
     pub globals: Vec<String>,
     /// Bytes consumed, through STOP.
     pub end: usize,
+}
+
+/// The arena size below which unreachable objects are not reclaimed.
+const MIN_COLLECT: usize = 1 << 16;
+
+#[cfg(not(test))]
+fn min_collect() -> usize {
+    MIN_COLLECT
+}
+
+/// Tests may set it per thread (0: reclaim before every opcode).
+#[cfg(test)]
+fn min_collect() -> usize {
+    tests::COLLECT_AT.with(|c| c.get())
 }
 
 /// The most distinct global names a pickle's lists keep.
@@ -582,11 +652,19 @@ pub fn unpickle<'a>(
         denied: None,
         allowed: HashMap::new(),
         small: vec![None; 3],
+        made: 0,
+        next_collect: min_collect(),
         cells: 0,
         bytes: 0,
         storages,
     };
     let root = u.run()?;
+    // Only what the result reaches is kept.
+    u.stack.clear();
+    u.memo = Memo::default();
+    let root = u.collect(Some(root));
+    u.objects.shrink_to_fit();
+    u.depth.shrink_to_fit();
     Ok(Pickle {
         objects: u.objects,
         root,
@@ -621,6 +699,10 @@ struct Unpickler<'a, 's> {
     /// The ids of None, False and True, once made: immutable values, shared (as Python
     /// shares them) rather than made once per occurrence.
     small: Vec<Option<ObjId>>,
+    /// Objects made, over the whole run (the arena holds only those still reachable).
+    made: usize,
+    /// The arena size at which unreachable objects are next reclaimed.
+    next_collect: usize,
     /// Object ids held in containers, over the whole run.
     cells: u64,
     /// Bytes of strings and byte strings made, over the whole run.
@@ -737,7 +819,7 @@ impl<'a> Unpickler<'a, '_> {
 
     /// Add an object to the arena, with the nesting depth of its contents.
     fn alloc(&mut self, obj: Object<'a>, depth: u32) -> R<ObjId> {
-        if self.objects.len() >= self.limits.max_objects.min(INLINE as usize) {
+        if self.made >= self.limits.max_objects || self.objects.len() >= INLINE as usize {
             return Err(self.err(PickleProblem::TooMany {
                 what: "objects",
                 limit: self.limits.max_objects as u64,
@@ -745,6 +827,7 @@ impl<'a> Unpickler<'a, '_> {
         }
         self.check_depth(depth)?;
         let id = self.objects.len() as ObjId;
+        self.made += 1;
         self.objects.push(obj);
         self.depth.push(depth);
         Ok(id)
@@ -1487,8 +1570,76 @@ impl<'a> Unpickler<'a, '_> {
         self.push(Object::Storage(Box::new(storage)))
     }
 
+    /// Reclaim the objects nothing reaches any more (such as a tensor's rebuild arguments,
+    /// its persistent id and strings, once the tensor is made), as Python's reference counts
+    /// would: mark from the stack, the memo, the shared constants and `root`, then compact
+    /// the arena, renumbering every id. Called between opcodes only, where no id is held
+    /// anywhere else. Returns `root`'s new id.
+    fn collect(&mut self, root: Option<ObjId>) -> ObjId {
+        let n = self.objects.len();
+        // `NO_ENTRY` for an unreached object; its new id once reached.
+        let mut new_id = vec![NO_ENTRY; n];
+        // Ids still to visit: never an inline int (a list of 15 M ints pushes none).
+        let mut todo: Vec<ObjId> = Vec::new();
+        let roots = self.stack.iter().copied().chain(self.memo.ids());
+        let roots = roots
+            .chain(self.small.iter().flatten().copied())
+            .chain(root);
+        for id in roots {
+            if id & INLINE == 0 {
+                todo.push(id);
+            }
+            while let Some(id) = todo.pop() {
+                let i = id as usize;
+                if i >= n || new_id[i] != NO_ENTRY {
+                    continue;
+                }
+                new_id[i] = 0;
+                each_child(&self.objects[i], |c| {
+                    if c & INLINE == 0 && new_id.get(c as usize) == Some(&NO_ENTRY) {
+                        todo.push(c)
+                    }
+                });
+            }
+        }
+        let mut kept = 0usize;
+        for (i, slot) in new_id.iter_mut().enumerate() {
+            if *slot != NO_ENTRY {
+                *slot = kept as ObjId;
+                self.objects.swap(kept, i);
+                self.depth.swap(kept, i);
+                kept += 1;
+            }
+        }
+        self.objects.truncate(kept);
+        self.depth.truncate(kept);
+        let map = |id: ObjId| match new_id.get(id as usize) {
+            Some(&new) if id & INLINE == 0 => new,
+            _ => id,
+        };
+        for o in self.objects.iter_mut() {
+            remap_children(o, map);
+        }
+        for id in self.stack.iter_mut() {
+            *id = map(*id);
+        }
+        self.memo.remap(map);
+        for id in self.small.iter_mut().flatten() {
+            *id = map(*id);
+        }
+        // Twice the survivors: the marking and moving stay linear over the whole run.
+        self.next_collect = match min_collect() {
+            0 => 0,
+            min => (2 * kept).max(min),
+        };
+        root.map_or(0, map)
+    }
+
     fn run(&mut self) -> R<ObjId> {
         loop {
+            if self.objects.len() >= self.next_collect {
+                self.collect(None);
+            }
             self.op_at = self.pos;
             let op = self.u8()?;
             match op {
@@ -1912,8 +2063,137 @@ fn raw_unicode_unescape(s: &str) -> Option<String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use std::cell::Cell;
+    use std::collections::HashSet;
+
+    thread_local! {
+        /// [`min_collect`] in tests: this thread's arena size that triggers reclaiming.
+        pub(crate) static COLLECT_AT: Cell<usize> = const { Cell::new(MIN_COLLECT) };
+    }
+
+    /// Whether `x` of `a` and `y` of `b` are the same tree (ids may differ; cycles and shared
+    /// objects must match).
+    fn same_tree(a: &Pickle<'_>, x: ObjId, b: &Pickle<'_>, y: ObjId) -> bool {
+        let mut seen = HashSet::new();
+        let mut todo = vec![(x, y)];
+        while let Some((x, y)) = todo.pop() {
+            if !seen.insert((x, y)) {
+                continue;
+            }
+            let (ox, oy) = (a.get(x), b.get(y));
+            let (mut cx, mut cy) = (Vec::new(), Vec::new());
+            each_child(&ox, |c| cx.push(c));
+            each_child(&oy, |c| cy.push(c));
+            let flat = |o: &Object<'_>| match o {
+                Object::Tuple(_) | Object::List(_) | Object::Set(_) => o.kind().to_string(),
+                Object::Dict(d) => format!("dict {} {:?}", d.ordered, d.state.is_some()),
+                Object::Placeholder(p) => format!(
+                    "{} {} {:?} {:?}",
+                    p.global,
+                    p.called,
+                    p.args.is_some(),
+                    p.state.is_some()
+                ),
+                other => format!("{other:?}"),
+            };
+            if flat(&ox) != flat(&oy) || cx.len() != cy.len() {
+                return false;
+            }
+            todo.extend(cx.into_iter().zip(cy));
+        }
+        true
+    }
+
+    /// Unpickle `data` with reclaiming before every opcode, and never: the same tree.
+    fn check_collect(data: &[u8]) -> bool {
+        let run = |at: usize| {
+            COLLECT_AT.with(|c| c.set(at));
+            let r = unpickle(data, "test", &Limits::default(), &mut NoStorages);
+            COLLECT_AT.with(|c| c.set(MIN_COLLECT));
+            r
+        };
+        let (eager, never) = (run(0), run(usize::MAX));
+        match (eager, never) {
+            (Ok(e), Ok(n)) => {
+                assert!(same_tree(&e, e.root, &n, n.root), "{data:?}");
+                // Nothing the root does not reach is kept.
+                assert!(e.objects.len() <= n.objects.len());
+                true
+            }
+            (Err(e), Err(n)) => {
+                assert_eq!(e.to_string(), n.to_string());
+                false
+            }
+            (e, n) => panic!("{:?} vs {:?}", e.map(|p| p.root), n.map(|p| p.root)),
+        }
+    }
+
+    #[test]
+    fn reclaiming_keeps_the_tree() {
+        // Shared (memoized) objects, a self-containing list, garbage between, a dict whose
+        // keys and values are made and dropped around it, nested tuples, a placeholder with
+        // state and items, sets, an OrderedDict rebuilt from a list of pairs.
+        let cases: &[&[u8]] = &[
+            b"\x80\x02]q\x00(h\x00K\x01X\x01\x00\x00\x00ae.",
+            b"\x80\x02}(X\x01\x00\x00\x00aX\x01\x00\x00\x00bX\x01\x00\x00\x00z0X\x01\x00\x00\x00c]q\x01(K\x01K\x02eX\x01\x00\x00\x00dh\x01u.",
+            b"\x80\x02((K\x01K\x02t(J\xff\xff\xff\xffNt\x88\x89\x87\x94h\x00h\x00\x86.",
+            b"\x80\x02cfoo\nBar\n)\x81}X\x01\x00\x00\x00x]\x94sb(K\x01K\x02e.",
+            b"\x80\x04\x8f(K\x01K\x02\x90(\x8c\x01a\x94\x91\x94h\x01\x86.",
+            b"\x80\x02ccollections\nOrderedDict\n]X\x01\x00\x00\x00kK\x07\x86a\x85R}b.",
+            b"\x80\x02]q\x00(h\x00h\x00e]q\x01h\x00a2\x86.",
+        ];
+        for c in cases {
+            assert!(check_collect(c), "{c:?} does not unpickle");
+        }
+        // A long run of garbage, with a shared object kept across many reclaims.
+        let mut big = b"\x80\x02]q\x00".to_vec();
+        for i in 0..5000u32 {
+            big.extend_from_slice(b"(X\x03\x00\x00\x00abcJ");
+            big.extend_from_slice(&(i as i32 - 2500).to_le_bytes());
+            big.extend_from_slice(b"t0h\x00(J\xfe\xff\xff\xff\x85e");
+        }
+        big.push(b'.');
+        assert!(check_collect(&big));
+    }
+
+    #[test]
+    fn reclaiming_keeps_every_fixture() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/torch");
+        let mut n = 0;
+        for e in std::fs::read_dir(dir).unwrap() {
+            let path = e.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().to_string();
+            if name.ends_with(".json") || name.ends_with(".py") {
+                continue;
+            }
+            let bytes = std::fs::read(&path).unwrap();
+            let read = |at: usize| {
+                COLLECT_AT.with(|c| c.set(at));
+                let r = crate::torch::read(&bytes, &Limits::default());
+                COLLECT_AT.with(|c| c.set(MIN_COLLECT));
+                r
+            };
+            match (read(0), read(usize::MAX)) {
+                (Ok(e), Ok(v)) => {
+                    assert!(same_tree(
+                        &e.pickle,
+                        e.pickle.root,
+                        &v.pickle,
+                        v.pickle.root
+                    ));
+                    assert_eq!(e.tensors, v.tensors, "{name}");
+                    let (se, sv) = (e.select(None, &[]), v.select(None, &[]));
+                    assert_eq!(format!("{se:?}"), format!("{sv:?}"), "{name}");
+                    n += 1;
+                }
+                (Err(e), Err(v)) => assert_eq!(e.to_string(), v.to_string(), "{name}"),
+                (e, v) => panic!("{name}: {:?} vs {:?}", e.is_ok(), v.is_ok()),
+            }
+        }
+        assert!(n >= 10, "{n} fixtures read");
+    }
 
     #[test]
     fn objects_stay_small() {
