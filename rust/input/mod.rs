@@ -117,8 +117,14 @@ fn open_checkpoint(
     sniffed: torch::sniff::Sniffed,
     opts: &InputOptions,
 ) -> Result<Source> {
+    // Long strs of the pickle, once checked, are dropped from the mapping (not copied).
+    let base = input.map.as_ptr() as usize;
+    let release = |part: &[u8]| {
+        let a = (part.as_ptr() as usize).saturating_sub(base) as u64;
+        input.unmap((a, a + part.len() as u64));
+    };
     let (header, origin) =
-        sniffed_header(&input.map, sniffed, opts).map_err(|error| Error::Checkpoint {
+        sniffed_header(&input.map, sniffed, opts, &release).map_err(|error| Error::Checkpoint {
             path: path.to_path_buf(),
             error,
         })?;
@@ -134,7 +140,7 @@ pub fn checkpoint_header(
     bytes: &[u8],
     opts: &InputOptions,
 ) -> std::result::Result<(SourceHeader, Origin), TorchError> {
-    sniffed_header(bytes, torch::sniff::sniff_parsed(bytes), opts)
+    sniffed_header(bytes, torch::sniff::sniff_parsed(bytes), opts, &|_| {})
 }
 
 /// [`checkpoint_header`] of bytes already sniffed (their zip directory parsed once).
@@ -142,8 +148,9 @@ fn sniffed_header(
     bytes: &[u8],
     sniffed: torch::sniff::Sniffed,
     opts: &InputOptions,
+    release: &dyn Fn(&[u8]),
 ) -> std::result::Result<(SourceHeader, Origin), TorchError> {
-    let ck = torch::read_sniffed(bytes, sniffed, &limits())?;
+    let ck = torch::read_releasing(bytes, sniffed, &limits(), release)?;
     let selection = ck.select(opts.key.as_deref(), &opts.strip_prefix)?;
     let stored: u64 = ck.storages.iter().map(|s| s.len).sum();
     let mut tensors: Vec<SourceTensor> = Vec::with_capacity(selection.tensors.len());

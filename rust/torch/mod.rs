@@ -233,6 +233,7 @@ struct ZipStorages<'a> {
     big_endian: bool,
     storages: Vec<Storage>,
     by_key: HashMap<String, usize>,
+    release: &'a dyn Fn(&[u8]),
 }
 
 /// The reference `pid` makes to storage `index`, first named with dtype `first` and length
@@ -268,6 +269,10 @@ pub(crate) fn reference(
 }
 
 impl Storages for ZipStorages<'_> {
+    fn release(&mut self, bytes: &[u8]) {
+        (self.release)(bytes)
+    }
+
     fn load(&mut self, objects: Objects<'_, '_>, pid: ObjId) -> Result<StorageRef, TorchError> {
         let pid = parse_pid(objects, pid)?;
         if pid.view.is_some() {
@@ -314,6 +319,7 @@ fn read_zip<'a>(
     bytes: &'a [u8],
     archive: Option<zip::ZipArchive>,
     limits: &Limits,
+    release: &dyn Fn(&[u8]),
 ) -> Result<Checkpoint<'a>, TorchError> {
     // Sniffing parsed the directory already; only a damaged one is parsed again, for its error.
     let archive = match archive {
@@ -368,6 +374,7 @@ fn read_zip<'a>(
         big_endian,
         storages: Vec::new(),
         by_key: HashMap::new(),
+        release,
     };
     let pickle = pickle::unpickle(archive.data(bytes, pkl), "data.pkl", limits, &mut loader)?;
     let storages = loader.storages;
@@ -419,8 +426,19 @@ pub fn read_sniffed<'a>(
     sniffed: sniff::Sniffed,
     limits: &Limits,
 ) -> Result<Checkpoint<'a>, TorchError> {
+    read_releasing(bytes, sniffed, limits, &|_| {})
+}
+
+/// [`read_sniffed`], handing `release` the parts of `bytes` the reader is done with (a long
+/// str of the pickle, once checked), whose pages the caller may drop from its mapping.
+pub fn read_releasing<'a>(
+    bytes: &'a [u8],
+    sniffed: sniff::Sniffed,
+    limits: &Limits,
+    release: &dyn Fn(&[u8]),
+) -> Result<Checkpoint<'a>, TorchError> {
     match sniffed.format {
-        Format::TorchZip | Format::Zip => read_zip(bytes, sniffed.archive, limits),
+        Format::TorchZip | Format::Zip => read_zip(bytes, sniffed.archive, limits, release),
         Format::TorchLegacy => {
             let (pickle, storages) = legacy::read(bytes, limits)?;
             Ok(finish(Format::TorchLegacy, pickle, storages, None, limits))

@@ -362,7 +362,15 @@ impl<'p, 'a> Objects<'p, 'a> {
 pub trait Storages {
     /// Resolve the persistent id `pid` (an object of `objects`) to a storage.
     fn load(&mut self, objects: Objects<'_, '_>, pid: ObjId) -> Result<StorageRef, TorchError>;
+
+    /// The unpickler is done reading `bytes`, a part of the (mapped) pickle that it keeps
+    /// only borrowed (a long str, checked): their pages may be dropped, to be read again
+    /// from the file if ever needed. By default nothing is dropped.
+    fn release(&mut self, _bytes: &[u8]) {}
 }
+
+/// Strs longer than this are checked and released (see [`Storages::release`]) in chunks.
+const RELEASE_CHUNK: usize = 8 << 20;
 
 /// A persistent-id handler that refuses every persistent id (for the legacy header pickles).
 pub struct NoStorages;
@@ -917,7 +925,17 @@ impl<'a> Unpickler<'a, '_> {
         let Some(mark) = self.marks.pop() else {
             return Err(self.err(PickleProblem::NoMark { op: op_name(op) }));
         };
-        Ok(self.stack.split_off(mark.min(self.stack.len())))
+        let mark = mark.min(self.stack.len());
+        if mark >= self.stack.len() - mark {
+            return Ok(self.stack.split_off(mark));
+        }
+        // More items above the mark than below (APPENDS of a long list): they keep the
+        // stack's buffer, and the few below move to a new one, so that 15 M items are never
+        // held twice.
+        let mut items = std::mem::take(&mut self.stack);
+        self.stack = items[..mark].to_vec();
+        items.drain(..mark);
+        Ok(items)
     }
 
     fn obj(&self, id: ObjId) -> Cow<'_, Object<'a>> {
@@ -968,7 +986,30 @@ impl<'a> Unpickler<'a, '_> {
 
     /// A str borrowed from the pickle (checked to be UTF-8, not copied).
     fn push_str(&mut self, raw: &'a [u8], op: &'static str) -> R<()> {
-        let s = std::str::from_utf8(raw).map_err(|_| self.err(PickleProblem::BadText { op }))?;
+        let bad = |u: &Self| u.err(PickleProblem::BadText { op });
+        if raw.len() <= RELEASE_CHUNK {
+            let s = std::str::from_utf8(raw).map_err(|_| bad(self))?;
+            return self.push(Object::Str(s));
+        }
+        // A long str (a 200 MB one outside the tensors): checked a chunk at a time, each
+        // chunk's pages handed back once checked, so that it costs no memory while kept.
+        let mut at = 0;
+        while at < raw.len() {
+            let end = (at + RELEASE_CHUNK).min(raw.len());
+            let checked = match std::str::from_utf8(&raw[at..end]) {
+                Ok(_) => end - at,
+                // A character cut at the chunk's end: it starts the next chunk.
+                Err(e) if e.error_len().is_none() && end < raw.len() && e.valid_up_to() > 0 => {
+                    e.valid_up_to()
+                }
+                Err(_) => return Err(bad(self)),
+            };
+            self.storages.release(&raw[at..at + checked]);
+            at += checked;
+        }
+        // SAFETY: every byte of `raw` was checked above, in pieces that each end on a
+        // character boundary; valid UTF-8 pieces make valid UTF-8.
+        let s = unsafe { std::str::from_utf8_unchecked(raw) };
         self.push(Object::Str(s))
     }
 
@@ -2156,6 +2197,54 @@ pub(crate) mod tests {
         }
         big.push(b'.');
         assert!(check_collect(&big));
+    }
+
+    #[test]
+    fn long_strs_are_checked_in_chunks() {
+        struct Released(usize);
+        impl Storages for Released {
+            fn load(&mut self, o: Objects<'_, '_>, p: ObjId) -> Result<StorageRef, TorchError> {
+                NoStorages.load(o, p)
+            }
+            fn release(&mut self, bytes: &[u8]) {
+                self.0 += bytes.len();
+            }
+        }
+        let pickle = |text: &[u8]| {
+            let mut p = b"\x80\x04\x8d".to_vec();
+            p.extend_from_slice(&(text.len() as u64).to_le_bytes());
+            p.extend_from_slice(text);
+            p.push(b'.');
+            p
+        };
+        // "é" (2 bytes) cut by the first chunk's end, and a 4-byte character at the very end.
+        let mut text = vec![b'a'; RELEASE_CHUNK - 1];
+        text.extend_from_slice("é".as_bytes());
+        text.extend_from_slice(&vec![b'b'; RELEASE_CHUNK]);
+        text.extend_from_slice("😀".as_bytes());
+        let data = pickle(&text);
+        let mut released = Released(0);
+        let p = unpickle(&data, "test", &Limits::default(), &mut released).unwrap();
+        assert_eq!(p.str_of(p.root).map(str::as_bytes), Some(&text[..]));
+        assert_eq!(released.0, text.len());
+        // A bad byte anywhere is refused, as in a short str; so is a cut character at the end.
+        for at in [0, RELEASE_CHUNK - 1, RELEASE_CHUNK, text.len() - 1] {
+            let mut bad = text.clone();
+            bad[at] = 0xff;
+            let bad = pickle(&bad);
+            let e = unpickle(&bad, "test", &Limits::default(), &mut NoStorages);
+            assert!(matches!(
+                e,
+                Err(TorchError::Pickle {
+                    problem: PickleProblem::BadText { .. },
+                    ..
+                })
+            ));
+        }
+        let cut = &text[..text.len() - 1];
+        let cut = pickle(cut);
+        let e = unpickle(&cut, "test", &Limits::default(), &mut NoStorages);
+        assert!(e.is_err());
     }
 
     #[test]
