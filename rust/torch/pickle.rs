@@ -2,7 +2,13 @@
 //!
 //! Objects live in an arena ([`Pickle::objects`]) and refer to each other by [`ObjId`], so
 //! the memo's shared references behave as in Python, no value is ever copied by GET, and
-//! dropping or walking the result needs no recursion. The allow-list follows torch's own
+//! dropping or walking the result needs no recursion. Memory: strs and bytes borrow the
+//! pickle's (mapped) bytes, never copied, and a long str's pages are handed back once checked
+//! ([`Storages::release`]); ints of 0 to 2**31 - 2 live in their [`ObjId`] ([`INLINE`]), not
+//! in the arena; and objects nothing reaches any more (a tensor's rebuild arguments, once it
+//! is made) are reclaimed between opcodes, so the arena holds what the stack, the memo and
+//! the result reach, and the finished [`Pickle`] only what its root reaches: a full, inert
+//! object tree, for any pickle read as data. The allow-list follows torch's own
 //! `torch/_weights_only_unpickler.py`: the tensor rebuild functions, storage classes, dtypes,
 //! `collections.OrderedDict` and the protocol-2 helpers for sets, complex numbers and bytes
 //! map to inert stubs ([`Global`]). Any other global becomes a [`Placeholder`]; calling one
