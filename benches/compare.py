@@ -2093,7 +2093,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--clean", action="store_true", help="delete the generated inputs at the end")
     ap.add_argument("--quick", action="store_true", help="smoke run: 0.25 GiB, 1 round, tmpfs only")
+    ap.add_argument(
+        "--pickle-memory",
+        action="store_true",
+        help="only the pickle-memory cases (gen_pickle_memory.py): medians of --repeats runs",
+    )
+    ap.add_argument("--pickle-dir", type=Path, default=Path("/var/tmp/stcast-bench/pickle"))
+    ap.add_argument("--pickle-scale", type=float, default=1.0)
     args = ap.parse_args(argv)
+    if args.pickle_memory:
+        return args
     if args.quick:
         args.sizes, args.repeats, args.modes = "0.25", 1, "tmpfs"
     try:
@@ -2413,8 +2422,64 @@ class Bench:
                 self.many_tensors(mode)
 
 
+# Issue 23, point 6: the unpickler's cost when the pickle, not the data, is large.
+# (case, command, goal wall s, goal peak RSS MB); the inputs come from gen_pickle_memory.py.
+PICKLE_CASES = (
+    ("views.pt", "convert", 5.0, 400),
+    ("storages.pt", "convert", 5.0, 400),
+    ("views.pt", "inspect --json", 10.0, 600),
+    ("ints.pt", "convert", None, 150),
+    ("string.pt", "convert", None, 100),
+)
+
+
+def pickle_memory(stcast: str, directory: Path, repeats: int, scale: float) -> int:
+    """Run each PICKLE_CASES case `repeats` times; print the medians (wall, user+sys CPU,
+    peak RSS from wait4) against the goals, as a markdown table."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if not (directory / "views.pt").exists():
+        gen = [sys.executable, str(HERE / "gen_pickle_memory.py"), str(directory)]
+        subprocess.run([*gen, "--scale", str(scale)], check=True)
+    cli = shlex.split(stcast)
+    lines = ["| case | goal | wall s | CPU s | peak RSS MB |", "|---|---|---|---|---|"]
+    failed = 0
+    for name, action, goal_s, goal_mb in PICKLE_CASES:
+        walls, cpus, rss = [], [], []
+        for _ in range(repeats):
+            out = directory / "out.safetensors"
+            out.unlink(missing_ok=True)
+            argv = [*cli, *action.split(), str(directory / name)]
+            if action == "convert":
+                argv.append(str(out))
+            t0 = time.monotonic()
+            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            _, status, usage = os.wait4(proc.pid, 0)
+            walls.append(time.monotonic() - t0)
+            assert proc.stderr is not None
+            err = proc.stderr.read().decode(errors="replace")
+            proc.stderr.close()
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            if proc.returncode != 0:
+                raise SystemExit(f"{shlex.join(argv)}: exit {proc.returncode}: {err.strip()}")
+            cpus.append(usage.ru_utime + usage.ru_stime)
+            rss.append(usage.ru_maxrss / 1024)
+            out.unlink(missing_ok=True)
+        wall, cpu, mb = (statistics.median(v) for v in (walls, cpus, rss))
+        ok = (goal_s is None or wall <= goal_s) and mb <= goal_mb
+        failed += not ok
+        goal = " and ".join(g for g in (goal_s and f"<= {goal_s:g} s", f"<= {goal_mb} MB") if g)
+        state = "PASS" if ok else "FAIL"
+        lines.append(f"| {name} {action} | {goal} ({state}) | {wall:.2f} | {cpu:.2f} | {mb:.0f} |")
+        print(lines[-1], flush=True)
+    print(f"\nmedians of {repeats} runs, {shlex.join(cli)}, scale {scale:g}\n")
+    print("\n".join(lines))
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.pickle_memory:
+        return pickle_memory(args.stcast, args.pickle_dir, args.repeats, args.pickle_scale)
     if args.render:
         return render(args.render, args.out)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,7 @@ time the unpickler takes per object. No torch needed (tests/torchfile.py writes 
 
     python benches/gen_pickle_memory.py OUT_DIR [--scale 1.0]
     /usr/bin/time -v stcast convert OUT_DIR/views.pt /tmp/o.safetensors   # peak RSS
+    python benches/compare.py --pickle-memory --pickle-dir OUT_DIR --repeats 3   # all, medians
 
 Cases (at scale 1):
 - views.pt: 500,000 tensors, each a view (one float) of one storage;

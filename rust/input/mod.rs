@@ -88,8 +88,9 @@ impl Source {
             }
         }
         let input = InputFile::open(path, PREFIX as u64, |len| too_small(path, len))?;
-        match sniff(&input.map) {
-            Format::TorchZip | Format::TorchLegacy => open_checkpoint(path, input, opts),
+        let sniffed = torch::sniff::sniff_parsed(&input.map);
+        match sniffed.format {
+            Format::TorchZip | Format::TorchLegacy => open_checkpoint(path, input, sniffed, opts),
             _ => {
                 let source = Source::from_safetensors(path, input)?;
                 if let Some(option) = opts.torch_only() {
@@ -126,9 +127,20 @@ impl Source {
     }
 }
 
-fn open_checkpoint(path: &Path, input: InputFile, opts: &InputOptions) -> Result<Source> {
+fn open_checkpoint(
+    path: &Path,
+    input: InputFile,
+    sniffed: torch::sniff::Sniffed,
+    opts: &InputOptions,
+) -> Result<Source> {
+    // Long strs of the pickle, once checked, are dropped from the mapping (not copied).
+    let base = input.map.as_ptr() as usize;
+    let release = |part: &[u8]| {
+        let a = (part.as_ptr() as usize).saturating_sub(base) as u64;
+        input.unmap((a, a + part.len() as u64));
+    };
     let (header, origin) =
-        checkpoint_header(&input.map, opts).map_err(|error| Error::Checkpoint {
+        sniffed_header(&input.map, sniffed, opts, &release).map_err(|error| Error::Checkpoint {
             path: path.to_path_buf(),
             error,
         })?;
@@ -144,7 +156,17 @@ pub fn checkpoint_header(
     bytes: &[u8],
     opts: &InputOptions,
 ) -> std::result::Result<(SourceHeader, Origin), TorchError> {
-    let ck = torch::read(bytes, &limits())?;
+    sniffed_header(bytes, torch::sniff::sniff_parsed(bytes), opts, &|_| {})
+}
+
+/// [`checkpoint_header`] of bytes already sniffed (their zip directory parsed once).
+fn sniffed_header(
+    bytes: &[u8],
+    sniffed: torch::sniff::Sniffed,
+    opts: &InputOptions,
+    release: &dyn Fn(&[u8]),
+) -> std::result::Result<(SourceHeader, Origin), TorchError> {
+    let ck = torch::read_releasing(bytes, sniffed, &limits(), release)?;
     let selection = ck.select(opts.key.as_deref(), &opts.strip_prefix)?;
     let stored: u64 = ck.storages.iter().map(|s| s.len).sum();
     let mut tensors: Vec<SourceTensor> = Vec::with_capacity(selection.tensors.len());

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 use super::dtype;
 use super::error::TorchError;
-use super::pickle::{self, NoStorages, ObjId, Object, Pickle, StorageRef, Storages};
+use super::pickle::{self, NoStorages, ObjId, Object, Objects, Pickle, StorageRef, Storages};
 use super::{parse_pid, pid_error, reference, Limits, Storage};
 
 pub use super::sniff::LEGACY_MAGIC as MAGIC;
@@ -33,7 +33,7 @@ struct LegacyStorages {
 }
 
 impl Storages for LegacyStorages {
-    fn load(&mut self, objects: &[Object], pid: ObjId) -> Result<StorageRef, TorchError> {
+    fn load(&mut self, objects: Objects<'_, '_>, pid: ObjId) -> Result<StorageRef, TorchError> {
         let pid = parse_pid(objects, pid)?;
         let es = u64::from(pid.dtype.size);
         if self.views.contains_key(&pid.key) {
@@ -108,15 +108,19 @@ fn header(reason: impl Into<String>) -> TorchError {
 }
 
 fn str_of(p: &Pickle, id: ObjId) -> Option<String> {
-    match p.get(id) {
-        Object::Str(s) => Some(s.to_string()),
-        Object::Bytes(b) => std::str::from_utf8(b).ok().map(str::to_string),
+    let o = p.arena(id)?;
+    match (o.as_str(), o.as_bytes()) {
+        (Some(s), _) => Some(s.to_string()),
+        (_, Some(b)) => std::str::from_utf8(b).ok().map(str::to_string),
         _ => None,
     }
 }
 
 /// Read a legacy file: the main pickle and its storages, located in `bytes`.
-pub fn read(bytes: &[u8], limits: &Limits) -> Result<(Pickle, Vec<Storage>), TorchError> {
+pub fn read<'a>(
+    bytes: &'a [u8],
+    limits: &Limits,
+) -> Result<(Pickle<'a>, Vec<Storage>), TorchError> {
     // The header pickles are tiny; their own bounds, whatever the main pickle's.
     let small = Limits {
         max_pickle_bytes: 1 << 20,
@@ -125,7 +129,7 @@ pub fn read(bytes: &[u8], limits: &Limits) -> Result<(Pickle, Vec<Storage>), Tor
     };
     let magic = pickle::unpickle(bytes, "legacy magic number", &small, &mut NoStorages)?;
     let mut pos = magic.end;
-    match magic.get(magic.root) {
+    match &*magic.get(magic.root) {
         Object::BigInt(b) if **b == MAGIC => {}
         other => return Err(header(format!("the magic number is {}", other.kind()))),
     }
@@ -136,7 +140,7 @@ pub fn read(bytes: &[u8], limits: &Limits) -> Result<(Pickle, Vec<Storage>), Tor
         &mut NoStorages,
     )?;
     pos += version.end;
-    match version.get(version.root) {
+    match &*version.get(version.root) {
         Object::Int(PROTOCOL_VERSION) => {}
         Object::Int(v) => return Err(header(format!("protocol version {v}, expected 1001"))),
         other => return Err(header(format!("the protocol version is {}", other.kind()))),
@@ -144,11 +148,11 @@ pub fn read(bytes: &[u8], limits: &Limits) -> Result<(Pickle, Vec<Storage>), Tor
     let info = pickle::unpickle(&bytes[pos..], "legacy sys_info", &small, &mut NoStorages)?;
     pos += info.end;
     let mut little_endian = true;
-    match info.get(info.root) {
+    match &*info.get(info.root) {
         Object::Dict(d) => {
             for &(k, v) in &d.items {
                 if str_of(&info, k).as_deref() == Some("little_endian") {
-                    little_endian = !matches!(info.get(v), Object::Bool(false));
+                    little_endian = !matches!(&*info.get(v), Object::Bool(false));
                 }
             }
         }
@@ -169,7 +173,7 @@ pub fn read(bytes: &[u8], limits: &Limits) -> Result<(Pickle, Vec<Storage>), Tor
         &mut NoStorages,
     )?;
     pos += keys.end;
-    let ids: Vec<ObjId> = match keys.get(keys.root) {
+    let ids: Vec<ObjId> = match &*keys.get(keys.root) {
         Object::List(l) => l.to_vec(),
         Object::Tuple(t) => t.to_vec(),
         other => {

@@ -68,7 +68,7 @@ pub use select::{NamedTensor, Selection, TensorDict};
 pub use tensor::{gather, gather_releasing, TensorDesc};
 
 use dtype::TorchDtype;
-use pickle::{StorageConflict, StorageRef, Storages};
+use pickle::{Objects, StorageConflict, StorageRef, Storages};
 
 // The one enum of file kinds and the sniffing live with the inputs; named here as before.
 pub use crate::format::Format;
@@ -126,10 +126,10 @@ pub struct Storage {
 
 /// A parsed checkpoint. Nothing of the storages' data has been read.
 #[derive(Debug, Clone)]
-pub struct Checkpoint {
+pub struct Checkpoint<'a> {
     pub format: Format,
     /// The unpickled object, as inert values.
-    pub pickle: Pickle,
+    pub pickle: Pickle<'a>,
     pub storages: Vec<Storage>,
     /// One entry per tensor the pickle builds, indexed by [`Object::Tensor`].
     pub tensors: Vec<Result<TensorDesc, TensorProblem>>,
@@ -142,7 +142,7 @@ pub struct Checkpoint {
     limits: Limits,
 }
 
-impl Checkpoint {
+impl Checkpoint<'_> {
     /// The limits it was read with (selection walks obey them too).
     pub fn limits(&self) -> &Limits {
         &self.limits
@@ -150,7 +150,7 @@ impl Checkpoint {
 
     /// The tensor an object stands for, if it is one.
     pub fn tensor_of(&self, id: ObjId) -> Option<&Result<TensorDesc, TensorProblem>> {
-        match self.pickle.get(id) {
+        match &*self.pickle.get(id) {
             Object::Tensor(i) => self.tensors.get(*i as usize),
             _ => None,
         }
@@ -176,14 +176,17 @@ pub(crate) fn pid_error(reason: impl Into<String>) -> TorchError {
     }
 }
 
-pub(crate) fn parse_pid(objects: &[Object], pid: ObjId) -> Result<Pid, TorchError> {
-    let get = |id: ObjId| objects.get(id as usize).unwrap_or(&Object::None);
-    let text = |id: ObjId| match get(id) {
-        Object::Str(s) => Some(s.to_string()),
-        Object::Bytes(b) => std::str::from_utf8(b).ok().map(str::to_string),
-        _ => None,
+pub(crate) fn parse_pid(objects: Objects<'_, '_>, pid: ObjId) -> Result<Pid, TorchError> {
+    let get = |id: ObjId| objects.get(id);
+    let text = |id: ObjId| {
+        let o = objects.arena(id)?;
+        match (o.as_str(), o.as_bytes()) {
+            (Some(s), _) => Some(s.to_string()),
+            (_, Some(b)) => std::str::from_utf8(b).ok().map(str::to_string),
+            _ => None,
+        }
     };
-    let Object::Tuple(t) = get(pid) else {
+    let Some(Object::Tuple(t)) = objects.arena(pid) else {
         return Err(pid_error(format!("it is {}", get(pid).kind())));
     };
     if t.len() != 5 && t.len() != 6 {
@@ -192,13 +195,13 @@ pub(crate) fn parse_pid(objects: &[Object], pid: ObjId) -> Result<Pid, TorchErro
     if text(t[0]).as_deref() != Some("storage") {
         return Err(pid_error("its first item is not `storage`"));
     }
-    let dtype = match get(t[1]) {
+    let dtype = match &*get(t[1]) {
         Object::Global(Global::StorageClass(d)) => *d,
         Object::Global(Global::UntypedStorage) => dtype::uint8(),
         other => return Err(pid_error(format!("its storage type is {}", other.kind()))),
     };
     let key = text(t[2]).ok_or_else(|| pid_error("its key is not a str"))?;
-    let numel = match get(t[4]) {
+    let numel = match &*get(t[4]) {
         Object::Int(n) if *n >= 0 => *n as u64,
         Object::BigInt(_) => {
             return Err(pid_error(
@@ -207,11 +210,11 @@ pub(crate) fn parse_pid(objects: &[Object], pid: ObjId) -> Result<Pid, TorchErro
         }
         _ => return Err(pid_error("its element count is not a non-negative int")),
     };
-    let view = match t.get(5).map(|&v| get(v)) {
+    let view = match t.get(5).map(|&v| get(v)).as_deref() {
         None | Some(Object::None) => None,
         Some(Object::Tuple(v)) if v.len() == 3 => {
             let view_key = text(v[0]).ok_or_else(|| pid_error("its view key is not a str"))?;
-            match (get(v[1]), get(v[2])) {
+            match (&*get(v[1]), &*get(v[2])) {
                 (Object::Int(o), Object::Int(s)) if *o >= 0 && *s >= 0 => {
                     Some((view_key, *o as u64, *s as u64))
                 }
@@ -234,6 +237,7 @@ struct ZipStorages<'a> {
     big_endian: bool,
     storages: Vec<Storage>,
     by_key: HashMap<String, usize>,
+    release: &'a dyn Fn(&[u8]),
 }
 
 /// The reference `pid` makes to storage `index`, first named with dtype `first` and length
@@ -269,7 +273,11 @@ pub(crate) fn reference(
 }
 
 impl Storages for ZipStorages<'_> {
-    fn load(&mut self, objects: &[Object], pid: ObjId) -> Result<StorageRef, TorchError> {
+    fn release(&mut self, bytes: &[u8]) {
+        (self.release)(bytes)
+    }
+
+    fn load(&mut self, objects: Objects<'_, '_>, pid: ObjId) -> Result<StorageRef, TorchError> {
         let pid = parse_pid(objects, pid)?;
         if pid.view.is_some() {
             return Err(pid_error("storage views exist only in legacy files"));
@@ -311,8 +319,17 @@ impl Storages for ZipStorages<'_> {
     }
 }
 
-fn read_zip(bytes: &[u8], limits: &Limits) -> Result<Checkpoint, TorchError> {
-    let archive = zip::parse(bytes)?;
+fn read_zip<'a>(
+    bytes: &'a [u8],
+    archive: Option<zip::ZipArchive>,
+    limits: &Limits,
+    release: &dyn Fn(&[u8]),
+) -> Result<Checkpoint<'a>, TorchError> {
+    // Sniffing parsed the directory already; only a damaged one is parsed again, for its error.
+    let archive = match archive {
+        Some(a) => a,
+        None => zip::parse(bytes)?,
+    };
     let mut pickles = archive.entries.iter().filter(|e| is_pickle_name(&e.name));
     let Some(pkl) = pickles.next() else {
         return Err(TorchError::ZipNoPickle);
@@ -361,6 +378,7 @@ fn read_zip(bytes: &[u8], limits: &Limits) -> Result<Checkpoint, TorchError> {
         big_endian,
         storages: Vec::new(),
         by_key: HashMap::new(),
+        release,
     };
     let pickle = pickle::unpickle(archive.data(bytes, pkl), "data.pkl", limits, &mut loader)?;
     let storages = loader.storages;
@@ -374,13 +392,13 @@ fn read_zip(bytes: &[u8], limits: &Limits) -> Result<Checkpoint, TorchError> {
     ))
 }
 
-fn finish(
+fn finish<'a>(
     format: Format,
-    mut pickle: Pickle,
+    mut pickle: Pickle<'a>,
     storages: Vec<Storage>,
     prefix: Option<String>,
     limits: &Limits,
-) -> Checkpoint {
+) -> Checkpoint<'a> {
     let tensors = std::mem::take(&mut pickle.tensors)
         .into_iter()
         .map(|slot| slot.and_then(|raw| tensor::describe(&raw, &storages, limits.max_ndim)))
@@ -401,9 +419,30 @@ fn finish(
 
 /// Parse a PyTorch checkpoint: `bytes` is the whole (mapped) file. Reads the zip directory
 /// or legacy headers and the pickle; locates every storage; reads no tensor data.
-pub fn read(bytes: &[u8], limits: &Limits) -> Result<Checkpoint, TorchError> {
-    match sniff(bytes) {
-        Format::TorchZip | Format::Zip => read_zip(bytes, limits),
+pub fn read<'a>(bytes: &'a [u8], limits: &Limits) -> Result<Checkpoint<'a>, TorchError> {
+    read_sniffed(bytes, sniff::sniff_parsed(bytes), limits)
+}
+
+/// [`read`] of bytes already sniffed by [`sniff::sniff_parsed`]: the zip directory it
+/// parsed is used, not parsed again.
+pub fn read_sniffed<'a>(
+    bytes: &'a [u8],
+    sniffed: sniff::Sniffed,
+    limits: &Limits,
+) -> Result<Checkpoint<'a>, TorchError> {
+    read_releasing(bytes, sniffed, limits, &|_| {})
+}
+
+/// [`read_sniffed`], handing `release` the parts of `bytes` the reader is done with (a long
+/// str of the pickle, once checked), whose pages the caller may drop from its mapping.
+pub fn read_releasing<'a>(
+    bytes: &'a [u8],
+    sniffed: sniff::Sniffed,
+    limits: &Limits,
+    release: &dyn Fn(&[u8]),
+) -> Result<Checkpoint<'a>, TorchError> {
+    match sniffed.format {
+        Format::TorchZip | Format::Zip => read_zip(bytes, sniffed.archive, limits, release),
         Format::TorchLegacy => {
             let (pickle, storages) = legacy::read(bytes, limits)?;
             Ok(finish(Format::TorchLegacy, pickle, storages, None, limits))

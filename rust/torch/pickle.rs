@@ -2,13 +2,20 @@
 //!
 //! Objects live in an arena ([`Pickle::objects`]) and refer to each other by [`ObjId`], so
 //! the memo's shared references behave as in Python, no value is ever copied by GET, and
-//! dropping or walking the result needs no recursion. The allow-list follows torch's own
+//! dropping or walking the result needs no recursion. Memory: strs and bytes borrow the
+//! pickle's (mapped) bytes, never copied, and a long str's pages are handed back once checked
+//! ([`Storages::release`]); ints of 0 to 2**31 - 2 live in their [`ObjId`] ([`INLINE`]), not
+//! in the arena; and objects nothing reaches any more (a tensor's rebuild arguments, once it
+//! is made) are reclaimed between opcodes, so the arena holds what the stack, the memo and
+//! the result reach, and the finished [`Pickle`] only what its root reaches: a full, inert
+//! object tree, for any pickle read as data. The allow-list follows torch's own
 //! `torch/_weights_only_unpickler.py`: the tensor rebuild functions, storage classes, dtypes,
 //! `collections.OrderedDict` and the protocol-2 helpers for sets, complex numbers and bytes
 //! map to inert stubs ([`Global`]). Any other global becomes a [`Placeholder`]; calling one
 //! yields another placeholder. A few globals (os, posix, sys, subprocess, `builtins.eval`,
 //! ...) are refused outright. Every resource is bounded by [`Limits`].
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use super::dtype::{self, TorchDtype};
@@ -16,8 +23,83 @@ pub use super::error::StorageConflict;
 use super::error::{PickleProblem, TensorProblem, TorchError};
 use super::Limits;
 
-/// Index of an object in [`Pickle::objects`].
+/// Index of an object in [`Pickle::objects`], or (with [`INLINE`] set) an int held in the
+/// id itself: an int of 0 to 2**31 - 1 costs no object (a list of 15 M ints, 4 bytes each).
 pub type ObjId = u32;
+
+/// The bit of an [`ObjId`] that marks an inline int (its value in the other 31 bits).
+pub const INLINE: ObjId = 1 << 31;
+
+/// The id of `v` held inline, if it fits.
+fn inline_int(v: i64) -> Option<ObjId> {
+    // Not 2**31 - 1: its id would be `u32::MAX`, which the memo keeps for "no entry".
+    u32::try_from(v)
+        .ok()
+        .filter(|&v| v < INLINE - 1)
+        .map(|v| v | INLINE)
+}
+
+/// The memo: a vector (4 bytes an entry) for the dense indices picklers write (0, 1, 2, ...),
+/// a map for any far beyond them, so that one PUT of index 2**32 - 1 allocates nothing big.
+#[derive(Default)]
+struct Memo {
+    dense: Vec<ObjId>,
+    sparse: HashMap<u64, ObjId>,
+    len: usize,
+}
+
+/// A dense memo slot without an entry.
+const NO_ENTRY: ObjId = u32::MAX;
+
+impl Memo {
+    fn get(&self, index: u64) -> Option<ObjId> {
+        match usize::try_from(index).ok().and_then(|i| self.dense.get(i)) {
+            Some(&id) if id != NO_ENTRY => Some(id),
+            // (An index the vector grew over may still be in the map.)
+            _ => self.sparse.get(&index).copied(),
+        }
+    }
+
+    fn contains(&self, index: u64) -> bool {
+        self.get(index).is_some()
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Every id the memo holds.
+    fn ids(&self) -> impl Iterator<Item = ObjId> + '_ {
+        let dense = self.dense.iter().copied().filter(|&id| id != NO_ENTRY);
+        dense.chain(self.sparse.values().copied())
+    }
+
+    /// Rewrite every id the memo holds.
+    fn remap(&mut self, map: impl Fn(ObjId) -> ObjId) {
+        for id in self.dense.iter_mut().filter(|id| **id != NO_ENTRY) {
+            *id = map(*id);
+        }
+        for id in self.sparse.values_mut() {
+            *id = map(*id);
+        }
+    }
+
+    fn insert(&mut self, index: u64, id: ObjId) {
+        // The vector grows to at most twice the entries (and 4096 slots) beyond them.
+        let near = (2 * self.len + 4096) as u64;
+        if index < self.dense.len() as u64 || index <= near {
+            let i = index as usize;
+            if i >= self.dense.len() {
+                self.dense.resize(i + 1, NO_ENTRY);
+            }
+            let new = self.dense[i] == NO_ENTRY && self.sparse.remove(&index).is_none();
+            self.len += usize::from(new);
+            self.dense[i] = id;
+        } else if self.sparse.insert(index, id).is_none() {
+            self.len += 1;
+        }
+    }
+}
 
 /// A reference from the pickle to (a view of) one storage of the file.
 ///
@@ -136,9 +218,10 @@ impl Global {
     }
 }
 
-/// One unpickled value.
+/// One unpickled value. Strings and byte strings are borrowed from the pickle's (mapped)
+/// bytes, never copied, unless the pickle spells them with escapes (protocol 0).
 #[derive(Debug, Clone, PartialEq)]
-pub enum Object {
+pub enum Object<'a> {
     None,
     Bool(bool),
     Int(i64),
@@ -146,8 +229,12 @@ pub enum Object {
     BigInt(Box<[u8]>),
     Float(f64),
     Complex(f64, f64),
-    Str(Box<str>),
-    Bytes(Box<[u8]>),
+    Str(&'a str),
+    /// A str decoded from escapes (protocol 0's STRING and UNICODE).
+    OwnedStr(Box<str>),
+    Bytes(&'a [u8]),
+    /// Bytes made, not borrowed (decoded escapes, `_codecs.encode`, `bytearray`).
+    OwnedBytes(Box<[u8]>),
     Tuple(Box<[ObjId]>),
     /// Boxed, as sets, so that an object takes 24 bytes (a pickle may hold millions).
     List(Box<Vec<ObjId>>),
@@ -160,7 +247,65 @@ pub enum Object {
     Tensor(u32),
 }
 
-impl Object {
+/// Call `f` on each id `o` holds (its items, keys, values, arguments and state).
+fn each_child(o: &Object<'_>, mut f: impl FnMut(ObjId)) {
+    match o {
+        Object::Tuple(t) => t.iter().copied().for_each(f),
+        Object::List(l) | Object::Set(l) => l.iter().copied().for_each(f),
+        Object::Dict(d) => {
+            d.items.iter().for_each(|&(k, v)| {
+                f(k);
+                f(v)
+            });
+            d.state.into_iter().for_each(f);
+        }
+        Object::Placeholder(p) => {
+            p.args.into_iter().chain(p.state).for_each(&mut f);
+            p.items.iter().copied().for_each(f);
+        }
+        _ => {}
+    }
+}
+
+/// Rewrite each id `o` holds.
+fn remap_children(o: &mut Object<'_>, f: impl Fn(ObjId) -> ObjId) {
+    match o {
+        Object::Tuple(t) => t.iter_mut().for_each(|id| *id = f(*id)),
+        Object::List(l) | Object::Set(l) => l.iter_mut().for_each(|id| *id = f(*id)),
+        Object::Dict(d) => {
+            for (k, v) in d.items.iter_mut() {
+                (*k, *v) = (f(*k), f(*v));
+            }
+            d.state = d.state.map(&f);
+        }
+        Object::Placeholder(p) => {
+            p.args = p.args.map(&f);
+            p.state = p.state.map(&f);
+            p.items.iter_mut().for_each(|id| *id = f(*id));
+        }
+        _ => {}
+    }
+}
+
+impl Object<'_> {
+    /// The text of a str.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Object::Str(s) => Some(s),
+            Object::OwnedStr(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The bytes of a byte string.
+    pub fn as_bytes(&self) -> Option<&[u8]> {
+        match self {
+            Object::Bytes(b) => Some(b),
+            Object::OwnedBytes(b) => Some(b),
+            _ => None,
+        }
+    }
+
     /// A short name of the value's type, for messages.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -169,8 +314,8 @@ impl Object {
             Object::Int(_) | Object::BigInt(_) => "an int",
             Object::Float(_) => "a float",
             Object::Complex(..) => "a complex number",
-            Object::Str(_) => "a str",
-            Object::Bytes(_) => "bytes",
+            Object::Str(_) | Object::OwnedStr(_) => "a str",
+            Object::Bytes(_) | Object::OwnedBytes(_) => "bytes",
             Object::Tuple(_) => "a tuple",
             Object::List(_) => "a list",
             Object::Set(_) => "a set",
@@ -197,17 +342,47 @@ pub struct RawTensor {
 /// A tensor slot: a well-formed call of a rebuild function, or why it is not one.
 pub type TensorSlot = Result<RawTensor, TensorProblem>;
 
+/// A view of an arena of objects that resolves ids, inline ints included.
+#[derive(Debug, Clone, Copy)]
+pub struct Objects<'p, 'a>(pub &'p [Object<'a>]);
+
+impl<'p, 'a> Objects<'p, 'a> {
+    /// The object `id` (an inline int is made; others are borrowed).
+    pub fn get(self, id: ObjId) -> Cow<'p, Object<'a>> {
+        if id & INLINE != 0 {
+            return Cow::Owned(Object::Int(i64::from(id & !INLINE)));
+        }
+        Cow::Borrowed(self.0.get(id as usize).unwrap_or(&Object::None))
+    }
+
+    /// The object `id` if it lives in the arena (every object but an inline int).
+    pub fn arena(self, id: ObjId) -> Option<&'p Object<'a>> {
+        if id & INLINE != 0 {
+            return None;
+        }
+        self.0.get(id as usize)
+    }
+}
+
 /// What a persistent id (a storage reference) resolves to; supplied by the file format.
 pub trait Storages {
     /// Resolve the persistent id `pid` (an object of `objects`) to a storage.
-    fn load(&mut self, objects: &[Object], pid: ObjId) -> Result<StorageRef, TorchError>;
+    fn load(&mut self, objects: Objects<'_, '_>, pid: ObjId) -> Result<StorageRef, TorchError>;
+
+    /// The unpickler is done reading `bytes`, a part of the (mapped) pickle that it keeps
+    /// only borrowed (a long str, checked): their pages may be dropped, to be read again
+    /// from the file if ever needed. By default nothing is dropped.
+    fn release(&mut self, _bytes: &[u8]) {}
 }
+
+/// Strs longer than this are checked and released (see [`Storages::release`]) in chunks.
+const RELEASE_CHUNK: usize = 8 << 20;
 
 /// A persistent-id handler that refuses every persistent id (for the legacy header pickles).
 pub struct NoStorages;
 
 impl Storages for NoStorages {
-    fn load(&mut self, _: &[Object], _: ObjId) -> Result<StorageRef, TorchError> {
+    fn load(&mut self, _: Objects<'_, '_>, _: ObjId) -> Result<StorageRef, TorchError> {
         Err(TorchError::Pickle {
             pickle: "header pickle",
             at: 0,
@@ -220,8 +395,8 @@ impl Storages for NoStorages {
 
 /// The result of unpickling one stream.
 #[derive(Debug, Clone)]
-pub struct Pickle {
-    pub objects: Vec<Object>,
+pub struct Pickle<'a> {
+    pub objects: Vec<Object<'a>>,
     pub root: ObjId,
     pub tensors: Vec<TensorSlot>,
     /// Globals outside the allow-list, `module.name`, in order of first appearance.
@@ -233,14 +408,39 @@ pub struct Pickle {
     pub end: usize,
 }
 
+/// The arena size below which unreachable objects are not reclaimed.
+const MIN_COLLECT: usize = 1 << 16;
+
+#[cfg(not(test))]
+fn min_collect() -> usize {
+    MIN_COLLECT
+}
+
+/// Tests may set it per thread (0: reclaim before every opcode).
+#[cfg(test)]
+fn min_collect() -> usize {
+    tests::COLLECT_AT.with(|c| c.get())
+}
+
 /// The most distinct global names a pickle's lists keep.
 const MAX_NAMED: usize = 10_000;
 
-impl Pickle {
-    /// The object `id` (ids come from this pickle, so they are in range).
-    pub fn get(&self, id: ObjId) -> &Object {
+impl<'a> Pickle<'a> {
+    /// The object `id` (ids come from this pickle, so they are in range): borrowed from the
+    /// arena, or made for an inline int.
+    pub fn get(&self, id: ObjId) -> Cow<'_, Object<'a>> {
         // Ids are only ever made by `Unpickler::push`, which checks them against the arena.
-        self.objects.get(id as usize).unwrap_or(&Object::None)
+        Objects(&self.objects).get(id)
+    }
+
+    /// The text of `id` if it is a str (borrowed for as long as the pickle).
+    pub fn str_of(&self, id: ObjId) -> Option<&str> {
+        Objects(&self.objects).arena(id).and_then(Object::as_str)
+    }
+
+    /// The object `id` if it lives in the arena (every object but an inline int).
+    pub fn arena(&self, id: ObjId) -> Option<&Object<'a>> {
+        Objects(&self.objects).arena(id)
     }
 }
 
@@ -447,12 +647,12 @@ fn op_name(op: u8) -> &'static str {
 }
 
 /// Unpickle one stream from the start of `data`, which may continue past its STOP.
-pub fn unpickle(
-    data: &[u8],
+pub fn unpickle<'a>(
+    data: &'a [u8],
     label: &'static str,
     limits: &Limits,
     storages: &mut dyn Storages,
-) -> Result<Pickle, TorchError> {
+) -> Result<Pickle<'a>, TorchError> {
     let cap = usize::try_from(limits.max_pickle_bytes).unwrap_or(usize::MAX);
     let capped = data.len() > cap;
     let mut u = Unpickler {
@@ -461,12 +661,12 @@ pub fn unpickle(
         pos: 0,
         op_at: 0,
         label,
-        limits,
+        limits: limits.clone(),
         objects: Vec::new(),
         depth: Vec::new(),
         stack: Vec::new(),
         marks: Vec::new(),
-        memo: HashMap::new(),
+        memo: Memo::default(),
         tensors: Vec::new(),
         placeholders: Vec::new(),
         seen: HashMap::new(),
@@ -474,12 +674,20 @@ pub fn unpickle(
         named: HashMap::new(),
         denied: None,
         allowed: HashMap::new(),
-        small: vec![None; 259],
+        small: vec![None; 3],
+        made: 0,
+        next_collect: min_collect(),
         cells: 0,
         bytes: 0,
         storages,
     };
     let root = u.run()?;
+    // Only what the result reaches is kept.
+    u.stack.clear();
+    u.memo = Memo::default();
+    let root = u.collect(Some(root));
+    u.objects.shrink_to_fit();
+    u.depth.shrink_to_fit();
     Ok(Pickle {
         objects: u.objects,
         root,
@@ -497,12 +705,12 @@ struct Unpickler<'a, 's> {
     pos: usize,
     op_at: usize,
     label: &'static str,
-    limits: &'a Limits,
-    objects: Vec<Object>,
+    limits: Limits,
+    objects: Vec<Object<'a>>,
     depth: Vec<u32>,
     stack: Vec<ObjId>,
     marks: Vec<usize>,
-    memo: HashMap<u64, ObjId>,
+    memo: Memo,
     tensors: Vec<TensorSlot>,
     placeholders: Vec<String>,
     seen: HashMap<String, ()>,
@@ -511,9 +719,13 @@ struct Unpickler<'a, 's> {
     denied: Option<String>,
     /// Allowed globals by their GLOBAL operand (`module\nname\n`), once resolved.
     allowed: HashMap<&'a [u8], Global>,
-    /// The ids of None, False, True and the ints 0 to 255, once made: immutable values,
-    /// shared (as Python shares them) rather than made once per occurrence.
+    /// The ids of None, False and True, once made: immutable values, shared (as Python
+    /// shares them) rather than made once per occurrence.
     small: Vec<Option<ObjId>>,
+    /// Objects made, over the whole run (the arena holds only those still reachable).
+    made: usize,
+    /// The arena size at which unreachable objects are next reclaimed.
+    next_collect: usize,
     /// Object ids held in containers, over the whole run.
     cells: u64,
     /// Bytes of strings and byte strings made, over the whole run.
@@ -629,8 +841,8 @@ impl<'a> Unpickler<'a, '_> {
     }
 
     /// Add an object to the arena, with the nesting depth of its contents.
-    fn alloc(&mut self, obj: Object, depth: u32) -> R<ObjId> {
-        if self.objects.len() >= self.limits.max_objects {
+    fn alloc(&mut self, obj: Object<'a>, depth: u32) -> R<ObjId> {
+        if self.made >= self.limits.max_objects || self.objects.len() >= INLINE as usize {
             return Err(self.err(PickleProblem::TooMany {
                 what: "objects",
                 limit: self.limits.max_objects as u64,
@@ -638,6 +850,7 @@ impl<'a> Unpickler<'a, '_> {
         }
         self.check_depth(depth)?;
         let id = self.objects.len() as ObjId;
+        self.made += 1;
         self.objects.push(obj);
         self.depth.push(depth);
         Ok(id)
@@ -654,11 +867,15 @@ impl<'a> Unpickler<'a, '_> {
         Ok(())
     }
 
-    fn push(&mut self, obj: Object) -> R<()> {
+    fn push(&mut self, obj: Object<'a>) -> R<()> {
+        if let Object::Int(v) = obj {
+            if let Some(id) = inline_int(v) {
+                return self.push_id(id);
+            }
+        }
         let slot = match obj {
-            Object::None => Some(256),
-            Object::Bool(b) => Some(257 + usize::from(b)),
-            Object::Int(i @ 0..=255) => Some(i as usize),
+            Object::None => Some(0),
+            Object::Bool(b) => Some(1 + usize::from(b)),
             _ => None,
         };
         let Some(slot) = slot else {
@@ -677,7 +894,7 @@ impl<'a> Unpickler<'a, '_> {
     }
 
     /// A container of `items`, one deeper than its deepest item.
-    fn push_container(&mut self, obj: Object, items: &[ObjId]) -> R<()> {
+    fn push_container(&mut self, obj: Object<'a>, items: &[ObjId]) -> R<()> {
         let d = items.iter().map(|&i| self.depth_of(i)).max().unwrap_or(0) + 1;
         self.charge_cells(items.len())?;
         let id = self.alloc(obj, d)?;
@@ -685,7 +902,11 @@ impl<'a> Unpickler<'a, '_> {
     }
 
     /// A container made of `items` (moved, not copied), one deeper than its deepest item.
-    fn push_items(&mut self, items: Vec<ObjId>, make: impl FnOnce(Vec<ObjId>) -> Object) -> R<()> {
+    fn push_items(
+        &mut self,
+        items: Vec<ObjId>,
+        make: impl FnOnce(Vec<ObjId>) -> Object<'a>,
+    ) -> R<()> {
         let d = items.iter().map(|&i| self.depth_of(i)).max().unwrap_or(0) + 1;
         self.charge_cells(items.len())?;
         let id = self.alloc(make(items), d)?;
@@ -719,14 +940,35 @@ impl<'a> Unpickler<'a, '_> {
         let Some(mark) = self.marks.pop() else {
             return Err(self.err(PickleProblem::NoMark { op: op_name(op) }));
         };
-        Ok(self.stack.split_off(mark.min(self.stack.len())))
+        let mark = mark.min(self.stack.len());
+        if mark >= self.stack.len() - mark {
+            return Ok(self.stack.split_off(mark));
+        }
+        // More items above the mark than below (APPENDS of a long list): they keep the
+        // stack's buffer, and the few below move to a new one, so that 15 M items are never
+        // held twice.
+        let mut items = std::mem::take(&mut self.stack);
+        self.stack = items[..mark].to_vec();
+        items.drain(..mark);
+        Ok(items)
     }
 
-    fn obj(&self, id: ObjId) -> &Object {
-        self.objects.get(id as usize).unwrap_or(&Object::None)
+    fn obj(&self, id: ObjId) -> Cow<'_, Object<'a>> {
+        Objects(&self.objects).get(id)
     }
 
-    fn obj_mut(&mut self, id: ObjId) -> Option<&mut Object> {
+    fn arena(&self, id: ObjId) -> Option<&Object<'a>> {
+        Objects(&self.objects).arena(id)
+    }
+
+    fn str_of(&self, id: ObjId) -> Option<&str> {
+        self.arena(id).and_then(Object::as_str)
+    }
+
+    fn obj_mut(&mut self, id: ObjId) -> Option<&mut Object<'a>> {
+        if id & INLINE != 0 {
+            return None;
+        }
         self.objects.get_mut(id as usize)
     }
 
@@ -740,7 +982,7 @@ impl<'a> Unpickler<'a, '_> {
 
     fn memo_put(&mut self, index: u64, op: u8) -> R<()> {
         let top = self.top(op)?;
-        if !self.memo.contains_key(&index) && self.memo.len() >= self.limits.max_objects {
+        if !self.memo.contains(index) && self.memo.len() >= self.limits.max_objects {
             return Err(self.err(PickleProblem::TooMany {
                 what: "memo entries",
                 limit: self.limits.max_objects as u64,
@@ -751,36 +993,67 @@ impl<'a> Unpickler<'a, '_> {
     }
 
     fn memo_get(&mut self, index: u64) -> R<()> {
-        let Some(&id) = self.memo.get(&index) else {
+        let Some(id) = self.memo.get(index) else {
             return Err(self.err(PickleProblem::MemoMissing { index }));
         };
         self.push_id(id)
     }
 
-    fn push_str(&mut self, raw: &[u8], op: &'static str) -> R<()> {
-        let s = std::str::from_utf8(raw).map_err(|_| self.err(PickleProblem::BadText { op }))?;
-        self.charge_bytes(s.len())?;
-        self.push(Object::Str(s.into()))
+    /// A str borrowed from the pickle (checked to be UTF-8, not copied).
+    fn push_str(&mut self, raw: &'a [u8], op: &'static str) -> R<()> {
+        let bad = |u: &Self| u.err(PickleProblem::BadText { op });
+        if raw.len() <= RELEASE_CHUNK {
+            let s = std::str::from_utf8(raw).map_err(|_| bad(self))?;
+            return self.push(Object::Str(s));
+        }
+        // A long str (a 200 MB one outside the tensors): checked a chunk at a time, each
+        // chunk's pages handed back once checked, so that it costs no memory while kept.
+        let mut at = 0;
+        while at < raw.len() {
+            let end = (at + RELEASE_CHUNK).min(raw.len());
+            let checked = match std::str::from_utf8(&raw[at..end]) {
+                Ok(_) => end - at,
+                // A character cut at the chunk's end: it starts the next chunk.
+                Err(e) if e.error_len().is_none() && end < raw.len() && e.valid_up_to() > 0 => {
+                    e.valid_up_to()
+                }
+                Err(_) => return Err(bad(self)),
+            };
+            self.storages.release(&raw[at..at + checked]);
+            at += checked;
+        }
+        // SAFETY: every byte of `raw` was checked above, in pieces that each end on a
+        // character boundary; valid UTF-8 pieces make valid UTF-8.
+        let s = unsafe { std::str::from_utf8_unchecked(raw) };
+        self.push(Object::Str(s))
     }
 
-    fn push_bytes(&mut self, raw: Vec<u8>) -> R<()> {
+    /// Python 2 `str` (BINSTRING, SHORT_BINSTRING) borrowed from the pickle: text if UTF-8,
+    /// as torch's default `encoding="utf-8"` decodes it, else bytes.
+    fn push_py2_raw(&mut self, raw: &'a [u8]) -> R<()> {
+        match std::str::from_utf8(raw) {
+            Ok(s) => self.push(Object::Str(s)),
+            Err(_) => self.push(Object::Bytes(raw)),
+        }
+    }
+
+    fn push_owned_bytes(&mut self, raw: Vec<u8>) -> R<()> {
         self.charge_bytes(raw.len())?;
-        self.push(Object::Bytes(raw.into_boxed_slice()))
+        self.push(Object::OwnedBytes(raw.into_boxed_slice()))
     }
 
-    /// Python 2 `str` (STRING, BINSTRING, SHORT_BINSTRING): text if UTF-8, as torch's default
-    /// `encoding="utf-8"` decodes it, else bytes.
+    /// Python 2 `str` decoded from a STRING line: text if UTF-8, else bytes.
     fn push_py2_str(&mut self, raw: Vec<u8>) -> R<()> {
         match String::from_utf8(raw) {
             Ok(s) => {
                 self.charge_bytes(s.len())?;
-                self.push(Object::Str(s.into_boxed_str()))
+                self.push(Object::OwnedStr(s.into_boxed_str()))
             }
-            Err(e) => self.push_bytes(e.into_bytes()),
+            Err(e) => self.push_owned_bytes(e.into_bytes()),
         }
     }
 
-    fn push_long(&mut self, raw: &[u8]) -> R<()> {
+    fn push_long(&mut self, raw: &'a [u8]) -> R<()> {
         let obj = long_from_le(raw);
         if let Object::BigInt(b) = &obj {
             if b.len() > self.limits.max_long_bytes {
@@ -869,7 +1142,8 @@ impl<'a> Unpickler<'a, '_> {
 
     /// A call (REDUCE, NEWOBJ) of a placeholder: another, inert, placeholder.
     fn call_placeholder(&mut self, callee: ObjId, args: ObjId) -> R<ObjId> {
-        let Object::Placeholder(p) = self.obj(callee) else {
+        let callee_obj = self.obj(callee);
+        let Object::Placeholder(p) = &*callee_obj else {
             return Err(self.wrong(b'R', "a callable", callee));
         };
         let global = p.global.clone();
@@ -881,7 +1155,7 @@ impl<'a> Unpickler<'a, '_> {
         }
         // Called with a storage (in its arguments, or one tuple down), it stands for a
         // tensor that an unlisted function would build: a tensor slot that says so.
-        let has_storage = |id: ObjId| matches!(self.obj(id), Object::Storage(_));
+        let has_storage = |id: ObjId| matches!(&*self.obj(id), Object::Storage(_));
         let storage_arg = self.tuple_items(args).is_some_and(|a| {
             a.iter().any(|&i| {
                 has_storage(i)
@@ -925,8 +1199,8 @@ impl<'a> Unpickler<'a, '_> {
     }
 
     fn tuple_items(&self, id: ObjId) -> Option<&[ObjId]> {
-        match self.obj(id) {
-            Object::Tuple(t) => Some(t),
+        match self.arena(id) {
+            Some(Object::Tuple(t)) => Some(t),
             _ => None,
         }
     }
@@ -950,7 +1224,7 @@ impl<'a> Unpickler<'a, '_> {
                         reason: "no arguments".into(),
                     }));
                 };
-                match self.obj(data) {
+                match &*self.obj(data) {
                     Object::Tensor(_) => Ok(data),
                     Object::Placeholder(p) => {
                         let global = p.global.clone();
@@ -973,7 +1247,7 @@ impl<'a> Unpickler<'a, '_> {
                 if a.len() != 4 {
                     return self.new_tensor(Err(bad(format!("{} arguments", a.len()))));
                 }
-                match self.obj(a[1]) {
+                match &*self.obj(a[1]) {
                     Object::Global(Global::TensorClass | Global::ParameterClass) => {}
                     Object::Placeholder(p) => {
                         let global = p.global.clone();
@@ -984,7 +1258,7 @@ impl<'a> Unpickler<'a, '_> {
                         return self.new_tensor(Err(bad(reason)));
                     }
                 }
-                match self.obj(a[0]) {
+                match &*self.obj(a[0]) {
                     Object::Global(inner) if !nested && *inner != Global::RebuildFromType => {
                         let inner = *inner;
                         self.call_global(inner, a[2], true)
@@ -1011,7 +1285,7 @@ impl<'a> Unpickler<'a, '_> {
                 match a.as_slice() {
                     [] => {}
                     [src] => {
-                        let pairs = match self.obj(*src) {
+                        let pairs = match &*self.obj(*src) {
                             Object::List(v) => v.to_vec(),
                             Object::Tuple(v) => v.to_vec(),
                             Object::Dict(d) => {
@@ -1040,7 +1314,7 @@ impl<'a> Unpickler<'a, '_> {
             Global::Set | Global::FrozenSet => {
                 let items = match a.as_slice() {
                     [] => Vec::new(),
-                    [src] => match self.obj(*src) {
+                    [src] => match &*self.obj(*src) {
                         Object::List(v) | Object::Set(v) => v.to_vec(),
                         Object::Tuple(v) => v.to_vec(),
                         other => {
@@ -1063,8 +1337,8 @@ impl<'a> Unpickler<'a, '_> {
                 };
                 let (re, im) = match a.as_slice() {
                     [] => (Some(0.0), Some(0.0)),
-                    [r] => (num(self.obj(*r)), Some(0.0)),
-                    [r, i] => (num(self.obj(*r)), num(self.obj(*i))),
+                    [r] => (num(&self.obj(*r)), Some(0.0)),
+                    [r, i] => (num(&self.obj(*r)), num(&self.obj(*i))),
                     _ => (None, None),
                 };
                 match (re, im) {
@@ -1075,15 +1349,15 @@ impl<'a> Unpickler<'a, '_> {
             Global::Encode | Global::Bytearray => {
                 let out = match a.as_slice() {
                     [] if g == Global::Bytearray => Vec::new(),
-                    [b] if g == Global::Bytearray => match self.obj(*b) {
-                        Object::Bytes(b) => b.to_vec(),
-                        other => {
-                            let reason = format!("its argument is {}", other.kind());
+                    [b] if g == Global::Bytearray => match self.obj(*b).as_bytes() {
+                        Some(b) => b.to_vec(),
+                        None => {
+                            let reason = format!("its argument is {}", self.obj(*b).kind());
                             return Err(self.bad_call(g, reason));
                         }
                     },
-                    [s, enc] => match (self.obj(*s), self.obj(*enc)) {
-                        (Object::Str(s), Object::Str(enc)) => match encode(s, enc) {
+                    [s, enc] => match (self.obj(*s).as_str(), self.obj(*enc).as_str()) {
+                        (Some(s), Some(enc)) => match encode(s, enc) {
                             Some(b) => b,
                             None => {
                                 let reason = format!("cannot encode with `{enc}`");
@@ -1095,13 +1369,13 @@ impl<'a> Unpickler<'a, '_> {
                     _ => return Err(self.bad_call(g, format!("{} arguments", a.len()))),
                 };
                 self.charge_bytes(out.len())?;
-                self.alloc(Object::Bytes(out.into_boxed_slice()), 0)
+                self.alloc(Object::OwnedBytes(out.into_boxed_slice()), 0)
             }
             Global::Size => match a.as_slice() {
                 [] => self.alloc(Object::Tuple(Box::new([])), 1),
-                [t] if matches!(self.obj(*t), Object::Tuple(_)) => Ok(*t),
-                [l] if matches!(self.obj(*l), Object::List(_)) => {
-                    let items = match self.obj(*l) {
+                [t] if matches!(&*self.obj(*t), Object::Tuple(_)) => Ok(*t),
+                [l] if matches!(&*self.obj(*l), Object::List(_)) => {
+                    let items = match &*self.obj(*l) {
                         Object::List(v) => v.to_vec(),
                         _ => Vec::new(),
                     };
@@ -1135,17 +1409,17 @@ impl<'a> Unpickler<'a, '_> {
         }
         // Any placeholder among the arguments means an unlisted global builds this tensor.
         for &arg in a {
-            if let Object::Placeholder(p) = self.obj(arg) {
+            if let Object::Placeholder(p) = &*self.obj(arg) {
                 return Err(TensorProblem::CallsGlobal {
                     global: p.global.clone(),
                 });
             }
         }
-        let Object::Storage(storage) = self.obj(a[0]) else {
+        let Some(Object::Storage(storage)) = self.arena(a[0]) else {
             return Err(bad(format!("its storage is {}", self.obj(a[0]).kind())));
         };
         let storage = **storage;
-        let offset = match self.obj(a[1]) {
+        let offset = match &*self.obj(a[1]) {
             Object::Int(i) => u64::try_from(*i).map_err(|_| bad(format!("offset {i}")))?,
             Object::BigInt(_) => {
                 return Err(bad(
@@ -1155,10 +1429,10 @@ impl<'a> Unpickler<'a, '_> {
             other => return Err(bad(format!("its offset is {}", other.kind()))),
         };
         let ints = |id: ObjId, what: &str| -> Result<Vec<u64>, TensorProblem> {
-            let items: &[ObjId] = match self.obj(id) {
-                Object::Tuple(t) => t,
-                Object::List(l) => l,
-                other => return Err(bad(format!("its {what} is {}", other.kind()))),
+            let items: &[ObjId] = match self.arena(id) {
+                Some(Object::Tuple(t)) => t,
+                Some(Object::List(l)) => l,
+                _ => return Err(bad(format!("its {what} is {}", self.obj(id).kind()))),
             };
             if items.len() > self.limits.max_ndim {
                 return Err(TensorProblem::TooManyDims {
@@ -1168,7 +1442,7 @@ impl<'a> Unpickler<'a, '_> {
             }
             items
                 .iter()
-                .map(|&i| match self.obj(i) {
+                .map(|&i| match &*self.obj(i) {
                     Object::Int(v) => u64::try_from(*v).map_err(|_| bad(format!("{what} {v}"))),
                     Object::BigInt(_) => Err(TensorProblem::Overflow),
                     other => Err(bad(format!("its {what} holds {}", other.kind()))),
@@ -1185,7 +1459,7 @@ impl<'a> Unpickler<'a, '_> {
             )));
         }
         let (dtype, meta) = match g {
-            Global::RebuildTensorV3 => match self.obj(a[6]) {
+            Global::RebuildTensorV3 => match &*self.obj(a[6]) {
                 Object::Global(Global::Dtype(t)) => (*t, a.get(7)),
                 other => return Err(bad(format!("its dtype is {}", other.kind()))),
             },
@@ -1194,13 +1468,13 @@ impl<'a> Unpickler<'a, '_> {
             _ => (storage.dtype, a.get(6)),
         };
         if let Some(&meta) = meta {
-            match self.obj(meta) {
+            match &*self.obj(meta) {
                 Object::None => {}
                 Object::Dict(d) => {
                     for &(k, v) in &d.items {
-                        let on = !matches!(self.obj(v), Object::Bool(false) | Object::None);
-                        if let Object::Str(k) = self.obj(k) {
-                            if on && (&**k == "conj" || &**k == "neg") {
+                        let on = !matches!(&*self.obj(v), Object::Bool(false) | Object::None);
+                        if let Some(k) = self.obj(k).as_str() {
+                            if on && (k == "conj" || k == "neg") {
                                 return Err(TensorProblem::LazyBit { bit: k.to_string() });
                             }
                         }
@@ -1227,7 +1501,7 @@ impl<'a> Unpickler<'a, '_> {
             let args = self.pop(op)?;
             (self.pop(op)?, args)
         };
-        let callee = match self.obj(cls) {
+        let callee = match &*self.obj(cls) {
             Object::Global(g) => Some(*g),
             Object::Placeholder(_) => None,
             _ => return Err(self.wrong(op, "a class", cls)),
@@ -1252,7 +1526,7 @@ impl<'a> Unpickler<'a, '_> {
         let op = b'R';
         let args = self.pop(op)?;
         let func = self.pop(op)?;
-        let id = match self.obj(func) {
+        let id = match &*self.obj(func) {
             Object::Global(g) => {
                 let g = *g;
                 self.call_global(g, args, false)?
@@ -1268,8 +1542,8 @@ impl<'a> Unpickler<'a, '_> {
         let state = self.pop(op)?;
         let inst = self.top(op)?;
         let state_kind = self.obj(state).kind();
-        let state_ok_for_tensor =
-            matches!(self.obj(state), Object::None) || matches!(self.obj(state), Object::Dict(_));
+        let state_ok_for_tensor = matches!(&*self.obj(state), Object::None)
+            || matches!(&*self.obj(state), Object::Dict(_));
         let d = self.depth_of(state) + 1;
         let target = match self.obj_mut(inst) {
             Some(Object::Dict(dict)) if dict.ordered => {
@@ -1286,7 +1560,7 @@ impl<'a> Unpickler<'a, '_> {
             None => Some("nothing".to_string()),
         };
         if let Some(target) = target {
-            if let Object::Placeholder(p) = self.obj(inst) {
+            if let Object::Placeholder(p) = &*self.obj(inst) {
                 if self.is_denied(&p.global) {
                     return Err(TorchError::Denied {
                         global: p.global.clone(),
@@ -1357,7 +1631,7 @@ impl<'a> Unpickler<'a, '_> {
         let at = self.op_at as u64;
         let storage = self
             .storages
-            .load(&self.objects, pid)
+            .load(Objects(&self.objects), pid)
             .map_err(|e| match e {
                 TorchError::Pickle { problem, .. } => TorchError::Pickle {
                     pickle: self.label,
@@ -1369,8 +1643,76 @@ impl<'a> Unpickler<'a, '_> {
         self.push(Object::Storage(Box::new(storage)))
     }
 
+    /// Reclaim the objects nothing reaches any more (such as a tensor's rebuild arguments,
+    /// its persistent id and strings, once the tensor is made), as Python's reference counts
+    /// would: mark from the stack, the memo, the shared constants and `root`, then compact
+    /// the arena, renumbering every id. Called between opcodes only, where no id is held
+    /// anywhere else. Returns `root`'s new id.
+    fn collect(&mut self, root: Option<ObjId>) -> ObjId {
+        let n = self.objects.len();
+        // `NO_ENTRY` for an unreached object; its new id once reached.
+        let mut new_id = vec![NO_ENTRY; n];
+        // Ids still to visit: never an inline int (a list of 15 M ints pushes none).
+        let mut todo: Vec<ObjId> = Vec::new();
+        let roots = self.stack.iter().copied().chain(self.memo.ids());
+        let roots = roots
+            .chain(self.small.iter().flatten().copied())
+            .chain(root);
+        for id in roots {
+            if id & INLINE == 0 {
+                todo.push(id);
+            }
+            while let Some(id) = todo.pop() {
+                let i = id as usize;
+                if i >= n || new_id[i] != NO_ENTRY {
+                    continue;
+                }
+                new_id[i] = 0;
+                each_child(&self.objects[i], |c| {
+                    if c & INLINE == 0 && new_id.get(c as usize) == Some(&NO_ENTRY) {
+                        todo.push(c)
+                    }
+                });
+            }
+        }
+        let mut kept = 0usize;
+        for (i, slot) in new_id.iter_mut().enumerate() {
+            if *slot != NO_ENTRY {
+                *slot = kept as ObjId;
+                self.objects.swap(kept, i);
+                self.depth.swap(kept, i);
+                kept += 1;
+            }
+        }
+        self.objects.truncate(kept);
+        self.depth.truncate(kept);
+        let map = |id: ObjId| match new_id.get(id as usize) {
+            Some(&new) if id & INLINE == 0 => new,
+            _ => id,
+        };
+        for o in self.objects.iter_mut() {
+            remap_children(o, map);
+        }
+        for id in self.stack.iter_mut() {
+            *id = map(*id);
+        }
+        self.memo.remap(map);
+        for id in self.small.iter_mut().flatten() {
+            *id = map(*id);
+        }
+        // Twice the survivors: the marking and moving stay linear over the whole run.
+        self.next_collect = match min_collect() {
+            0 => 0,
+            min => (2 * kept).max(min),
+        };
+        root.map_or(0, map)
+    }
+
     fn run(&mut self) -> R<ObjId> {
         loop {
+            if self.objects.len() >= self.next_collect {
+                self.collect(None);
+            }
             self.op_at = self.pos;
             let op = self.u8()?;
             match op {
@@ -1501,20 +1843,20 @@ impl<'a> Unpickler<'a, '_> {
                 b'T' => {
                     let n = self.u32()? as i32;
                     let n = u64::try_from(n).map_err(|_| self.short())?;
-                    let raw = self.take_len(n)?.to_vec();
-                    self.push_py2_str(raw)?;
+                    let raw = self.take_len(n)?;
+                    self.push_py2_raw(raw)?;
                 }
                 b'U' => {
                     let n = self.u8()?;
-                    let raw = self.take(usize::from(n))?.to_vec();
-                    self.push_py2_str(raw)?;
+                    let raw = self.take(usize::from(n))?;
+                    self.push_py2_raw(raw)?;
                 }
                 b'V' => {
                     let line = self.line("UNICODE")?.to_string();
                     let s = raw_unicode_unescape(&line)
                         .ok_or_else(|| self.err(PickleProblem::BadText { op: "UNICODE" }))?;
                     self.charge_bytes(s.len())?;
-                    self.push(Object::Str(s.into_boxed_str()))?;
+                    self.push(Object::OwnedStr(s.into_boxed_str()))?;
                 }
                 b'X' => {
                     let n = self.u32()?;
@@ -1533,18 +1875,18 @@ impl<'a> Unpickler<'a, '_> {
                 }
                 b'B' => {
                     let n = self.u32()?;
-                    let raw = self.take_len(u64::from(n))?.to_vec();
-                    self.push_bytes(raw)?;
+                    let raw = self.take_len(u64::from(n))?;
+                    self.push(Object::Bytes(raw))?;
                 }
                 b'C' => {
                     let n = self.u8()?;
-                    let raw = self.take(usize::from(n))?.to_vec();
-                    self.push_bytes(raw)?;
+                    let raw = self.take(usize::from(n))?;
+                    self.push(Object::Bytes(raw))?;
                 }
                 0x8e | 0x96 => {
                     let n = self.u64()?;
-                    let raw = self.take_len(n)?.to_vec();
-                    self.push_bytes(raw)?;
+                    let raw = self.take_len(n)?;
+                    self.push(Object::Bytes(raw))?;
                 }
                 0x97 => return Err(self.err(PickleProblem::Forbidden { op: "NEXT_BUFFER" })),
                 0x98 => {
@@ -1635,8 +1977,7 @@ impl<'a> Unpickler<'a, '_> {
                 0x93 => {
                     let name = self.pop(op)?;
                     let module = self.pop(op)?;
-                    let (Object::Str(m), Object::Str(n)) = (self.obj(module), self.obj(name))
-                    else {
+                    let (Some(m), Some(n)) = (self.str_of(module), self.str_of(name)) else {
                         return Err(self.wrong(op, "two strs", name));
                     };
                     let (m, n) = (m.to_string(), n.to_string());
@@ -1695,7 +2036,7 @@ impl<'a> Unpickler<'a, '_> {
 }
 
 /// A LONG1/LONG4 payload (little-endian two's complement) as an int, or a big int.
-fn long_from_le(raw: &[u8]) -> Object {
+fn long_from_le(raw: &[u8]) -> Object<'static> {
     if raw.is_empty() {
         return Object::Int(0);
     }
@@ -1795,8 +2136,185 @@ fn raw_unicode_unescape(s: &str) -> Option<String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use std::cell::Cell;
+    use std::collections::HashSet;
+
+    thread_local! {
+        /// [`min_collect`] in tests: this thread's arena size that triggers reclaiming.
+        pub(crate) static COLLECT_AT: Cell<usize> = const { Cell::new(MIN_COLLECT) };
+    }
+
+    /// Whether `x` of `a` and `y` of `b` are the same tree (ids may differ; cycles and shared
+    /// objects must match).
+    fn same_tree(a: &Pickle<'_>, x: ObjId, b: &Pickle<'_>, y: ObjId) -> bool {
+        let mut seen = HashSet::new();
+        let mut todo = vec![(x, y)];
+        while let Some((x, y)) = todo.pop() {
+            if !seen.insert((x, y)) {
+                continue;
+            }
+            let (ox, oy) = (a.get(x), b.get(y));
+            let (mut cx, mut cy) = (Vec::new(), Vec::new());
+            each_child(&ox, |c| cx.push(c));
+            each_child(&oy, |c| cy.push(c));
+            let flat = |o: &Object<'_>| match o {
+                Object::Tuple(_) | Object::List(_) | Object::Set(_) => o.kind().to_string(),
+                Object::Dict(d) => format!("dict {} {:?}", d.ordered, d.state.is_some()),
+                Object::Placeholder(p) => format!(
+                    "{} {} {:?} {:?}",
+                    p.global,
+                    p.called,
+                    p.args.is_some(),
+                    p.state.is_some()
+                ),
+                other => format!("{other:?}"),
+            };
+            if flat(&ox) != flat(&oy) || cx.len() != cy.len() {
+                return false;
+            }
+            todo.extend(cx.into_iter().zip(cy));
+        }
+        true
+    }
+
+    /// Unpickle `data` with reclaiming before every opcode, and never: the same tree.
+    fn check_collect(data: &[u8]) -> bool {
+        let run = |at: usize| {
+            COLLECT_AT.with(|c| c.set(at));
+            let r = unpickle(data, "test", &Limits::default(), &mut NoStorages);
+            COLLECT_AT.with(|c| c.set(MIN_COLLECT));
+            r
+        };
+        let (eager, never) = (run(0), run(usize::MAX));
+        match (eager, never) {
+            (Ok(e), Ok(n)) => {
+                assert!(same_tree(&e, e.root, &n, n.root), "{data:?}");
+                // Nothing the root does not reach is kept.
+                assert!(e.objects.len() <= n.objects.len());
+                true
+            }
+            (Err(e), Err(n)) => {
+                assert_eq!(e.to_string(), n.to_string());
+                false
+            }
+            (e, n) => panic!("{:?} vs {:?}", e.map(|p| p.root), n.map(|p| p.root)),
+        }
+    }
+
+    #[test]
+    fn reclaiming_keeps_the_tree() {
+        // Shared (memoized) objects, a self-containing list, garbage between, a dict whose
+        // keys and values are made and dropped around it, nested tuples, a placeholder with
+        // state and items, sets, an OrderedDict rebuilt from a list of pairs.
+        let cases: &[&[u8]] = &[
+            b"\x80\x02]q\x00(h\x00K\x01X\x01\x00\x00\x00ae.",
+            b"\x80\x02}(X\x01\x00\x00\x00aX\x01\x00\x00\x00bX\x01\x00\x00\x00z0X\x01\x00\x00\x00c]q\x01(K\x01K\x02eX\x01\x00\x00\x00dh\x01u.",
+            b"\x80\x02((K\x01K\x02t(J\xff\xff\xff\xffNt\x88\x89\x87\x94h\x00h\x00\x86.",
+            b"\x80\x02cfoo\nBar\n)\x81}X\x01\x00\x00\x00x]\x94sb(K\x01K\x02e.",
+            b"\x80\x04\x8f(K\x01K\x02\x90(\x8c\x01a\x94\x91\x94h\x01\x86.",
+            b"\x80\x02ccollections\nOrderedDict\n]X\x01\x00\x00\x00kK\x07\x86a\x85R}b.",
+            b"\x80\x02]q\x00(h\x00h\x00e]q\x01h\x00a2\x86.",
+        ];
+        for c in cases {
+            assert!(check_collect(c), "{c:?} does not unpickle");
+        }
+        // A long run of garbage, with a shared object kept across many reclaims.
+        let mut big = b"\x80\x02]q\x00".to_vec();
+        for i in 0..5000u32 {
+            big.extend_from_slice(b"(X\x03\x00\x00\x00abcJ");
+            big.extend_from_slice(&(i as i32 - 2500).to_le_bytes());
+            big.extend_from_slice(b"t0h\x00(J\xfe\xff\xff\xff\x85e");
+        }
+        big.push(b'.');
+        assert!(check_collect(&big));
+    }
+
+    #[test]
+    fn long_strs_are_checked_in_chunks() {
+        struct Released(usize);
+        impl Storages for Released {
+            fn load(&mut self, o: Objects<'_, '_>, p: ObjId) -> Result<StorageRef, TorchError> {
+                NoStorages.load(o, p)
+            }
+            fn release(&mut self, bytes: &[u8]) {
+                self.0 += bytes.len();
+            }
+        }
+        let pickle = |text: &[u8]| {
+            let mut p = b"\x80\x04\x8d".to_vec();
+            p.extend_from_slice(&(text.len() as u64).to_le_bytes());
+            p.extend_from_slice(text);
+            p.push(b'.');
+            p
+        };
+        // "é" (2 bytes) cut by the first chunk's end, and a 4-byte character at the very end.
+        let mut text = vec![b'a'; RELEASE_CHUNK - 1];
+        text.extend_from_slice("é".as_bytes());
+        text.extend_from_slice(&vec![b'b'; RELEASE_CHUNK]);
+        text.extend_from_slice("😀".as_bytes());
+        let data = pickle(&text);
+        let mut released = Released(0);
+        let p = unpickle(&data, "test", &Limits::default(), &mut released).unwrap();
+        assert_eq!(p.str_of(p.root).map(str::as_bytes), Some(&text[..]));
+        assert_eq!(released.0, text.len());
+        // A bad byte anywhere is refused, as in a short str; so is a cut character at the end.
+        for at in [0, RELEASE_CHUNK - 1, RELEASE_CHUNK, text.len() - 1] {
+            let mut bad = text.clone();
+            bad[at] = 0xff;
+            let bad = pickle(&bad);
+            let e = unpickle(&bad, "test", &Limits::default(), &mut NoStorages);
+            assert!(matches!(
+                e,
+                Err(TorchError::Pickle {
+                    problem: PickleProblem::BadText { .. },
+                    ..
+                })
+            ));
+        }
+        let cut = &text[..text.len() - 1];
+        let cut = pickle(cut);
+        let e = unpickle(&cut, "test", &Limits::default(), &mut NoStorages);
+        assert!(e.is_err());
+    }
+
+    #[test]
+    fn reclaiming_keeps_every_fixture() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/torch");
+        let mut n = 0;
+        for e in std::fs::read_dir(dir).unwrap() {
+            let path = e.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().to_string();
+            if name.ends_with(".json") || name.ends_with(".py") {
+                continue;
+            }
+            let bytes = std::fs::read(&path).unwrap();
+            let read = |at: usize| {
+                COLLECT_AT.with(|c| c.set(at));
+                let r = crate::torch::read(&bytes, &Limits::default());
+                COLLECT_AT.with(|c| c.set(MIN_COLLECT));
+                r
+            };
+            match (read(0), read(usize::MAX)) {
+                (Ok(e), Ok(v)) => {
+                    assert!(same_tree(
+                        &e.pickle,
+                        e.pickle.root,
+                        &v.pickle,
+                        v.pickle.root
+                    ));
+                    assert_eq!(e.tensors, v.tensors, "{name}");
+                    let (se, sv) = (e.select(None, &[]), v.select(None, &[]));
+                    assert_eq!(format!("{se:?}"), format!("{sv:?}"), "{name}");
+                    n += 1;
+                }
+                (Err(e), Err(v)) => assert_eq!(e.to_string(), v.to_string(), "{name}"),
+                (e, v) => panic!("{name}: {:?} vs {:?}", e.is_ok(), v.is_ok()),
+            }
+        }
+        assert!(n >= 10, "{n} fixtures read");
+    }
 
     #[test]
     fn objects_stay_small() {

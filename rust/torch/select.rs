@@ -124,10 +124,10 @@ impl Budget {
     }
 }
 
-impl Checkpoint {
+impl Checkpoint<'_> {
     fn dict(&self, id: ObjId) -> Option<&Dict> {
-        match self.pickle.get(id) {
-            Object::Dict(d) => Some(d),
+        match self.pickle.arena(id) {
+            Some(Object::Dict(d)) => Some(d),
             _ => None,
         }
     }
@@ -145,10 +145,10 @@ impl Checkpoint {
         let mut out: Vec<(Key, ObjId)> = Vec::with_capacity(d.items.len());
         let mut seen: HashMap<Seen<'_>, usize> = HashMap::with_capacity(d.items.len());
         for &(k, v) in &d.items {
-            let key = match self.pickle.get(k) {
-                Object::Str(s) => Seen::Str(s),
-                Object::Int(i) => Seen::Int(*i),
-                Object::Bool(b) => Seen::Int(i64::from(*b)),
+            let key = match (self.pickle.str_of(k), &*self.pickle.get(k)) {
+                (Some(s), _) => Seen::Str(s),
+                (_, Object::Int(i)) => Seen::Int(*i),
+                (_, Object::Bool(b)) => Seen::Int(i64::from(*b)),
                 _ => Seen::Other(k),
             };
             match seen.entry(key) {
@@ -205,7 +205,7 @@ impl Checkpoint {
             };
             top.next += 1;
             let index = top.index;
-            match self.pickle.get(value) {
+            match &*self.pickle.get(value) {
                 Object::Tensor(_) => {
                     all[index].direct += 1;
                     all[index].total += 1;
@@ -367,7 +367,7 @@ impl Checkpoint {
     }
 
     fn not_a_dict(&self, key: &str, id: ObjId) -> TorchError {
-        let found = match self.pickle.get(id) {
+        let found = match &*self.pickle.get(id) {
             Object::Placeholder(p) if p.called => {
                 format!("an object of the unlisted class {}", p.global)
             }
@@ -463,7 +463,7 @@ impl Checkpoint {
                 Key::Other(id) => Some(self.pickle.get(id).kind()),
                 _ => None,
             });
-            match self.pickle.get(value) {
+            match &*self.pickle.get(value) {
                 Object::Tensor(i) => {
                     if let Some(kind) = odd {
                         return Err(TorchError::Tensor {

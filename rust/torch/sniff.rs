@@ -21,21 +21,47 @@ pub fn looks_legacy(bytes: &[u8]) -> bool {
     }
 }
 
+/// What [`sniff_parsed`] found: the format, and the zip directory it parsed to tell (so that
+/// the reader does not parse a directory of 500k entries a second time).
+#[derive(Debug, Clone)]
+pub struct Sniffed {
+    pub format: Format,
+    /// The parsed directory of a zip archive (`None` if not a zip, or a damaged one).
+    pub archive: Option<zip::ZipArchive>,
+}
+
+fn looks_safetensors(bytes: &[u8]) -> bool {
+    if bytes.len() < 10 {
+        return false;
+    }
+    let mut n = [0u8; 8];
+    n.copy_from_slice(&bytes[..8]);
+    let n = u64::from_le_bytes(n);
+    bytes[8] == b'{' && n >= 2 && n <= bytes.len() as u64 - 8
+}
+
+/// [`sniff`], keeping the zip directory it parses.
+pub fn sniff_parsed(bytes: &[u8]) -> Sniffed {
+    if !bytes.is_empty() && !looks_safetensors(bytes) && zip::looks_like_zip(bytes) {
+        let (format, archive) = sniff_zip(bytes);
+        return Sniffed { format, archive };
+    }
+    Sniffed {
+        format: sniff(bytes),
+        archive: None,
+    }
+}
+
 /// Name what `bytes` (the whole file, or at least its start) look like.
 pub fn sniff(bytes: &[u8]) -> Format {
     if bytes.is_empty() {
         return Format::Empty;
     }
-    if bytes.len() >= 10 {
-        let mut n = [0u8; 8];
-        n.copy_from_slice(&bytes[..8]);
-        let n = u64::from_le_bytes(n);
-        if bytes[8] == b'{' && n >= 2 && n <= bytes.len() as u64 - 8 {
-            return Format::Safetensors;
-        }
+    if looks_safetensors(bytes) {
+        return Format::Safetensors;
     }
     if zip::looks_like_zip(bytes) {
-        return sniff_zip(bytes);
+        return sniff_zip(bytes).0;
     }
     if looks_legacy(bytes) {
         return Format::TorchLegacy;
@@ -110,7 +136,7 @@ fn is_torchscript_name(name: &str) -> bool {
         .any(|n| *n == "constants.pkl" || n.starts_with("code/"))
 }
 
-fn sniff_zip(bytes: &[u8]) -> Format {
+fn sniff_zip(bytes: &[u8]) -> (Format, Option<zip::ZipArchive>) {
     let classify = |names: &mut dyn Iterator<Item = &str>| {
         let (mut any, mut all_npy, mut pickle) = (false, true, false);
         for n in names {
@@ -130,11 +156,14 @@ fn sniff_zip(bytes: &[u8]) -> Format {
         }
     };
     match zip::parse(bytes) {
-        Ok(a) => classify(&mut a.entries.iter().map(|e| e.name.as_str())),
+        Ok(a) => (
+            classify(&mut a.entries.iter().map(|e| e.name.as_str())),
+            Some(a),
+        ),
         // A damaged or refused archive: go by the first entry, and let `read` say what is wrong.
         Err(_) => {
             let first = zip::first_name(bytes).and_then(|n| std::str::from_utf8(n).ok());
-            classify(&mut first.into_iter())
+            (classify(&mut first.into_iter()), None)
         }
     }
 }

@@ -25,20 +25,21 @@ fn strs(v: &Value) -> Vec<String> {
 }
 
 /// Check one fixture; returns the checkpoint when it is expected to load.
-fn check(json: &Path) -> Option<(Vec<u8>, Checkpoint, Selection)> {
+fn check(json: &Path) -> Option<(&'static [u8], Checkpoint<'static>, Selection)> {
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
     let file = dir().join(doc["file"].as_str().unwrap());
-    let bytes = std::fs::read(&file).unwrap();
+    // The checkpoint borrows the file's bytes (as a mapping): kept for the test's life.
+    let bytes: &'static [u8] = Box::leak(std::fs::read(&file).unwrap().into_boxed_slice());
     let name = file.display();
     let want_format = match doc["format"].as_str().unwrap() {
         "zip" => Format::TorchZip,
         "torchscript" => Format::TorchScript,
         _ => Format::TorchLegacy,
     };
-    assert_eq!(sniff(&bytes), want_format, "{name}");
+    assert_eq!(sniff(bytes), want_format, "{name}");
     let key = doc["key"].as_str();
     let strip = strs(&doc["strip"]);
-    let result = read(&bytes, &Limits::default()).and_then(|ck| {
+    let result = read(bytes, &Limits::default()).and_then(|ck| {
         let sel = ck.select(key, &strip)?;
         Ok((ck, sel))
     });
@@ -98,13 +99,13 @@ fn check(json: &Path) -> Option<(Vec<u8>, Checkpoint, Selection)> {
         );
         let expected = unhex(w["hex"].as_str().unwrap());
         let mut out = vec![0u8; t.desc.nbytes() as usize];
-        gather(&bytes, &t.desc, 0, &mut out).unwrap();
+        gather(bytes, &t.desc, 0, &mut out).unwrap();
         assert_eq!(out, expected, "{tn}");
         // Window by window, three elements at a time.
         let es = t.desc.elem_size() as usize;
         for (i, chunk) in expected.chunks(3 * es).enumerate() {
             let mut w = vec![0u8; chunk.len()];
-            gather(&bytes, &t.desc, (i * 3) as u64, &mut w).unwrap();
+            gather(bytes, &t.desc, (i * 3) as u64, &mut w).unwrap();
             assert_eq!(w, chunk, "{tn} window {i}");
         }
         // Contiguous little-endian tensors can be copied from the file as they are.
@@ -133,7 +134,7 @@ fn every_fixture_matches_torch() {
     }
 }
 
-fn fixture(name: &str) -> (Vec<u8>, Checkpoint, Selection) {
+fn fixture(name: &str) -> (&'static [u8], Checkpoint<'static>, Selection) {
     check(&dir().join(format!("{name}.json"))).unwrap()
 }
 
@@ -183,6 +184,6 @@ fn nested_fixture_selects_each_dict() {
     assert!(all.skipped.iter().any(|s| s == "param_groups"));
     for t in &all.tensors {
         let mut out = vec![0u8; t.desc.nbytes() as usize];
-        gather(&bytes, &t.desc, 0, &mut out).unwrap();
+        gather(bytes, &t.desc, 0, &mut out).unwrap();
     }
 }

@@ -9,7 +9,7 @@ pub fn f32s(xs: &[f32]) -> Vec<u8> {
     xs.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-pub fn read_ok(bytes: &[u8]) -> Checkpoint {
+pub fn read_ok(bytes: &[u8]) -> Checkpoint<'_> {
     read(bytes, &Limits::default()).unwrap_or_else(|e| panic!("read failed: {e}"))
 }
 

@@ -765,8 +765,9 @@ fn deep_nesting_does_not_overflow_the_stack() {
             b'0',
         ]);
     }
+    let zip = raw_zip(&ops);
     let ck = read(
-        &raw_zip(&ops),
+        &zip,
         &Limits {
             max_depth: 50,
             ..Limits::default()
@@ -827,7 +828,8 @@ fn cycles_and_shared_dicts_are_bounded() {
         max_objects: 100_000,
         ..Limits::default()
     };
-    let ck = read(&raw_zip(&ops), &limits).unwrap();
+    let zip = raw_zip(&ops);
+    let ck = read(&zip, &limits).unwrap();
     assert!(matches!(
         ck.select(Some(""), &[]),
         Err(TorchError::WalkTooLarge { .. })

@@ -127,7 +127,8 @@ fn references_of_another_size_are_refused_by_name() {
          tensor over uninitialised memory"
     );
     // Unselected, it is no obstacle: the other tensor reads as before.
-    let ckpt = read_ok(&zip_of(&refs));
+    let zip = zip_of(&refs);
+    let ckpt = read_ok(&zip);
     assert!(matches!(ckpt.tensors[0], Ok(ref t) if t.torch_dtype == "float32"));
     assert!(matches!(
         ckpt.tensors[1],
