@@ -94,7 +94,9 @@ struct Metadata {
     entries: Vec<Entry>,
     /// (fqn, chunk offsets) → the item.
     items: HashMap<(String, Vec<u64>), Item>,
-    pickle: Pickle,
+    /// Every global the pickle names, and those outside the allow-list.
+    globals: Vec<String>,
+    placeholders: Vec<String>,
 }
 
 /// Open the DCP folder `dir`: read `.metadata`, select the tensors (`opts`), and locate
@@ -118,7 +120,7 @@ pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
         path: meta_path.clone(),
         error,
     })?;
-    let meta = read_metadata(pickle)
+    let meta = read_metadata(&pickle)
         .map_err(|what| Error::distributed(&meta_path, None, DistProblem::Metadata { what }))?;
     // Kept among the source's files (after the ranks'): a DST that is it is refused as the
     // input, and a change to it while converting is seen. Its parsed pages go.
@@ -242,7 +244,6 @@ pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
         tensors,
     };
     let unlisted: Vec<String> = meta
-        .pickle
         .placeholders
         .iter()
         .filter(|g| !DCP_RECORDS.contains(&g.as_str()))
@@ -252,7 +253,7 @@ pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
         format: Format::Dcp,
         key,
         skipped,
-        globals: meta.pickle.globals.clone(),
+        globals: meta.globals.clone(),
         unlisted,
     };
     files.push(meta_file);
@@ -335,25 +336,22 @@ fn locate_item(
 
 // --- reading the inert records of `.metadata` ---
 
-fn state_dict(p: &Pickle, id: ObjId) -> Option<&[(ObjId, ObjId)]> {
-    let state = match p.get(id) {
+fn state_dict<'p>(p: &'p Pickle<'_>, id: ObjId) -> Option<&'p [(ObjId, ObjId)]> {
+    let state = match p.arena(id)? {
         Object::Placeholder(ph) => ph.state?,
         _ => return None,
     };
-    match p.get(state) {
+    match p.arena(state)? {
         Object::Dict(d) => Some(&d.items),
         _ => None,
     }
 }
 
-fn str_of(p: &Pickle, id: ObjId) -> Option<&str> {
-    match p.get(id) {
-        Object::Str(s) => Some(s),
-        _ => None,
-    }
+fn str_of<'p>(p: &'p Pickle<'_>, id: ObjId) -> Option<&'p str> {
+    p.str_of(id)
 }
 
-fn field(p: &Pickle, id: ObjId, name: &str) -> Option<ObjId> {
+fn field(p: &Pickle<'_>, id: ObjId, name: &str) -> Option<ObjId> {
     state_dict(p, id)?
         .iter()
         .rev()
@@ -361,37 +359,41 @@ fn field(p: &Pickle, id: ObjId, name: &str) -> Option<ObjId> {
         .map(|&(_, v)| v)
 }
 
-fn class_of(p: &Pickle, id: ObjId) -> Option<&str> {
-    match p.get(id) {
+fn class_of<'p>(p: &'p Pickle<'_>, id: ObjId) -> Option<&'p str> {
+    match p.arena(id)? {
         Object::Placeholder(ph) => Some(ph.global.as_str()),
         _ => None,
     }
 }
 
-fn ints(p: &Pickle, id: ObjId) -> Option<Vec<u64>> {
-    let items: &[ObjId] = match p.get(id) {
+fn int(p: &Pickle<'_>, id: ObjId) -> Option<i64> {
+    match &*p.get(id) {
+        Object::Int(n) => Some(*n),
+        _ => None,
+    }
+}
+
+fn ints(p: &Pickle<'_>, id: ObjId) -> Option<Vec<u64>> {
+    let items: &[ObjId] = match p.arena(id)? {
         Object::Tuple(t) => t,
         Object::List(l) => l,
         _ => return None,
     };
     items
         .iter()
-        .map(|&i| match p.get(i) {
-            Object::Int(n) => u64::try_from(*n).ok(),
-            _ => None,
-        })
+        .map(|&i| int(p, i).and_then(|n| u64::try_from(n).ok()))
         .collect()
 }
 
-fn dict_items(p: &Pickle, id: ObjId) -> Option<&[(ObjId, ObjId)]> {
-    match p.get(id) {
+fn dict_items<'p>(p: &'p Pickle<'_>, id: ObjId) -> Option<&'p [(ObjId, ObjId)]> {
+    match p.arena(id)? {
         Object::Dict(d) => Some(&d.items),
         _ => None,
     }
 }
 
-fn read_metadata(pickle: Pickle) -> std::result::Result<Metadata, String> {
-    let p = &pickle;
+fn read_metadata(pickle: &Pickle<'_>) -> std::result::Result<Metadata, String> {
+    let p = pickle;
     let root = p.root;
     if !class_of(p, root).is_some_and(|c| c.ends_with(".Metadata")) {
         return Err(format!(
@@ -407,13 +409,13 @@ fn read_metadata(pickle: Pickle) -> std::result::Result<Metadata, String> {
         .unwrap_or(&[])
         .iter()
         .filter_map(|&(k, v)| {
-            let path = match p.get(v) {
+            let path = match p.arena(v)? {
                 Object::Tuple(t) => t
                     .iter()
-                    .map(|&i| match p.get(i) {
-                        Object::Str(s) => Some(s.to_string()),
-                        Object::Int(n) => Some(n.to_string()),
-                        _ => None,
+                    .map(|&i| {
+                        p.str_of(i)
+                            .map(str::to_string)
+                            .or_else(|| int(p, i).map(|n| n.to_string()))
                     })
                     .collect::<Option<Vec<String>>>()?,
                 _ => return None,
@@ -454,25 +456,26 @@ fn read_metadata(pickle: Pickle) -> std::result::Result<Metadata, String> {
             .and_then(|f| str_of(p, f))
             .ok_or("a storage_data key without an fqn")?;
         let offsets = match field(p, k, "offset") {
-            Some(o) if matches!(p.get(o), Object::None) => Vec::new(),
+            Some(o) if matches!(&*p.get(o), Object::None) => Vec::new(),
             Some(o) => ints(p, o).ok_or("a storage_data key whose offset is not a size")?,
             None => Vec::new(),
         };
         let file = field(p, v, "relative_path")
             .and_then(|f| str_of(p, f))
             .ok_or_else(|| format!("`{fqn}`: a storage entry without a relative_path"))?;
-        let int = |name: &str| match field(p, v, name).map(|i| p.get(i)) {
-            Some(Object::Int(n)) => u64::try_from(*n).ok(),
-            _ => None,
+        let number = |name: &str| {
+            field(p, v, name)
+                .and_then(|i| int(p, i))
+                .and_then(|n| u64::try_from(n).ok())
         };
-        let (Some(offset), Some(length)) = (int("offset"), int("length")) else {
+        let (Some(offset), Some(length)) = (number("offset"), number("length")) else {
             return Err(format!(
                 "`{fqn}`: a storage entry without an offset and a length"
             ));
         };
         let transforms = match field(p, v, "transform_descriptors") {
             None => Vec::new(),
-            Some(t) => match p.get(t) {
+            Some(t) => match &*p.get(t) {
                 Object::None => Vec::new(),
                 Object::List(l) => l
                     .iter()
@@ -499,16 +502,17 @@ fn read_metadata(pickle: Pickle) -> std::result::Result<Metadata, String> {
     Ok(Metadata {
         entries,
         items,
-        pickle,
+        globals: pickle.globals.clone(),
+        placeholders: pickle.placeholders.clone(),
     })
 }
 
-fn tensor_meta(p: &Pickle, id: ObjId) -> std::result::Result<TensorMeta, String> {
+fn tensor_meta(p: &Pickle<'_>, id: ObjId) -> std::result::Result<TensorMeta, String> {
     let props = field(p, id, "properties").ok_or("no properties")?;
     // TensorProperties pickles its state as a tuple: (dtype, layout, requires_grad,
     // memory format, pin_memory[, strides]); older releases as a dict.
-    let dtype_obj = match p.get(props) {
-        Object::Placeholder(ph) => match ph.state.map(|s| p.get(s)) {
+    let dtype_obj = match p.arena(props) {
+        Some(Object::Placeholder(ph)) => match ph.state.and_then(|s| p.arena(s)) {
             Some(Object::Tuple(t)) => t.first().copied(),
             Some(Object::Dict(_)) => field(p, props, "dtype"),
             _ => None,
@@ -516,14 +520,14 @@ fn tensor_meta(p: &Pickle, id: ObjId) -> std::result::Result<TensorMeta, String>
         _ => None,
     }
     .ok_or("properties without a dtype")?;
-    let dtype = match p.get(dtype_obj) {
+    let dtype = match &*p.get(dtype_obj) {
         Object::Global(torch::Global::Dtype(t)) => *t,
         other => return Err(format!("its dtype is {}", other.kind())),
     };
     let size = field(p, id, "size")
         .and_then(|s| ints(p, s))
         .ok_or("no size")?;
-    let chunk_list: &[ObjId] = match field(p, id, "chunks").map(|c| p.get(c)) {
+    let chunk_list: &[ObjId] = match field(p, id, "chunks").and_then(|c| p.arena(c)) {
         Some(Object::List(l)) => l,
         _ => return Err("no chunks list".into()),
     };
