@@ -13,11 +13,13 @@
 //!
 //! Submodules: `format` (the enum of every file kind), `sniff` (telling them apart from the
 //! bytes), `safetensors` (the safetensors opener), `folder` (a folder that is a distributed
-//! training checkpoint, not a Hugging Face folder).
+//! training checkpoint, not a Hugging Face folder), `dcp` and `zero` (the openers of those:
+//! torch.distributed.checkpoint and DeepSpeed ZeRO folders).
 
 pub mod dcp;
 pub mod folder;
 pub mod safetensors;
+pub mod zero;
 
 use std::path::Path;
 
@@ -73,8 +75,10 @@ impl Source {
     /// `opts` selects a checkpoint's state dict; given for a safetensors file, it is refused.
     pub fn open_any(path: &Path, opts: &InputOptions) -> Result<Source> {
         if path.is_dir() {
-            if let Some(Format::Dcp) = folder::folder_format(path) {
-                return dcp::open(path, opts);
+            match folder::folder_format(path) {
+                Some(Format::Dcp) => return dcp::open(path, opts),
+                Some(Format::DeepSpeed) => return zero::open(path, opts),
+                _ => {}
             }
         }
         let input = InputFile::open(path, PREFIX as u64, |len| too_small(path, len))?;

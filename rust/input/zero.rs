@@ -1,0 +1,1024 @@
+//! A DeepSpeed ZeRO checkpoint folder as one `Source`, read without torch or DeepSpeed.
+//!
+//! The folder is the top one (`latest` names the tag) or the tag folder itself. The tag
+//! folder holds, for one model-parallel rank (`mp_rank_00`):
+//! - the model states: `mp_rank_00_model_states.pt` (ZeRO-1/2) or one
+//!   `zero_pp_rank_{r}_mp_rank_00_model_states.pt` per rank (ZeRO-3): `module` (the buffers,
+//!   by `buffer_names`), `param_shapes` (per group, name → shape: the flat layout),
+//!   `frozen_param_shapes` and `frozen_param_fragments`, `shared_params` (alias → name);
+//! - per data-parallel rank, `[bf16_]zero_pp_rank_{r}_mp_rank_00_optim_states.pt`, whose
+//!   `optimizer_state_dict` holds `zero_stage`, `partition_count` (the world size is its
+//!   largest) and the fp32 masters:
+//!   - ZeRO-1/2 `single_partition_of_fp32_groups`: per group, the ranks' partitions
+//!     concatenated are the group's parameters one after another in `param_shapes` order
+//!     (`param_alignment_paddings[g][i]` elements after each), the tail padded to a multiple
+//!     of 2 × world;
+//!   - ZeRO-3 `fp32_flat_groups`: each parameter takes `ceil(numel / world)` elements of every
+//!     rank's flat vector (its groups end to end) at the same running offset; the ranks'
+//!     pieces joined, cut to `numel`, are the parameter.
+//!
+//! Every pickle goes through the allow-listed unpickler: DeepSpeed's classes stand as inert
+//! records (`ZERO_RECORDS`), nothing is imported or called. The files are mapped and only
+//! the storages are located: a parameter is `Gather::Pieces` over the flat runs it takes of
+//! the ranks' partitions (`Pieces::from_runs`), so converting reads those bytes and no
+//! others: the Adam moments beside them are never touched.
+//!
+//! Names and order are `zero_to_fp32`'s (`get_fp32_state_dict_from_zero_checkpoint`):
+//! buffers (in `module` order), frozen parameters, trainable ones in `param_shapes` order,
+//! then the shared ones (each its own tensor, the bytes of the one it aliases). Buffers keep
+//! their dtype (`zero_to_fp32` upcasts fp16/bf16 buffers to fp32; stcast converts them as
+//! any tensor). `--strip-prefix` applies; `--key` does not (one state dict).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use safetensors::Dtype;
+
+use crate::error::{DistProblem, Error, Result};
+use crate::format::Format;
+use crate::gather::{FlatRun, Gather, Pieces};
+use crate::header::{SourceHeader, SourceTensor};
+use crate::input::{InputOptions, TORCH_METADATA};
+use crate::source::{InputFile, Origin, Source};
+use crate::torch::{self, Checkpoint, Limits, ObjId, Object, TensorDesc, TorchError};
+
+/// The classes DeepSpeed's pickles name that stand as inert records (never imported or
+/// called): the ZeRO stage enum, the loss scalers, the fragment addresses of
+/// `param_slice_mappings`. Any other unlisted class is a note, as in a PyTorch checkpoint.
+pub const ZERO_RECORDS: &[&str] = &[
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+];
+
+/// Names of a folder looked at (a tag folder of 10,000 ranks lists 20,000 files).
+const MAX_ENTRIES: usize = 1_000_000;
+
+/// What a file of the tag folder is, by its name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Kind {
+    /// `mp_rank_{mp}_model_states.pt` (`rank: None`) or
+    /// `zero_pp_rank_{rank}_mp_rank_{mp}_model_states.pt`.
+    Model { rank: Option<u64>, mp: u64 },
+    /// `[bf16_]zero_pp_rank_{rank}_mp_rank_{mp}_optim_states.pt`.
+    Optim { rank: u64, mp: u64 },
+    /// Another `*model_states.pt` / `*optim_states.pt` (pipeline layers, experts).
+    Other,
+}
+
+fn number(s: &str) -> Option<u64> {
+    (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| s.parse().ok())
+        .flatten()
+}
+
+/// `{rank}_mp_rank_{mp}`.
+fn rank_mp(s: &str) -> Option<(u64, u64)> {
+    let (r, mp) = s.split_once("_mp_rank_")?;
+    Some((number(r)?, number(mp)?))
+}
+
+fn kind(name: &str) -> Option<Kind> {
+    if let Some(stem) = name.strip_suffix("_model_states.pt") {
+        if let Some(mp) = stem.strip_prefix("mp_rank_").and_then(number) {
+            return Some(Kind::Model { rank: None, mp });
+        }
+        if let Some((rank, mp)) = stem.strip_prefix("zero_pp_rank_").and_then(rank_mp) {
+            return Some(Kind::Model {
+                rank: Some(rank),
+                mp,
+            });
+        }
+        return Some(Kind::Other);
+    }
+    if let Some(stem) = name.strip_suffix("_optim_states.pt") {
+        let stem = stem.strip_prefix("bf16_").unwrap_or(stem);
+        if let Some((rank, mp)) = stem.strip_prefix("zero_pp_rank_").and_then(rank_mp) {
+            return Some(Kind::Optim { rank, mp });
+        }
+        return Some(Kind::Other);
+    }
+    if name.ends_with("model_states.pt") || name.ends_with("optim_states.pt") {
+        return Some(Kind::Other);
+    }
+    None
+}
+
+fn list(dir: &Path) -> Result<Vec<String>> {
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| Error::io(dir, "cannot list the folder", e))?;
+    let mut names: Vec<String> = entries
+        .take(MAX_ENTRIES)
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+fn zero(path: &Path, tensor: Option<&str>, what: impl Into<String>) -> Error {
+    Error::distributed(path, tensor, DistProblem::Zero { what: what.into() })
+}
+
+fn unsupported(path: &Path, what: impl Into<String>) -> Error {
+    Error::distributed(
+        path,
+        None,
+        DistProblem::ZeroUnsupported { what: what.into() },
+    )
+}
+
+/// The tag folder of `dir`: `dir` itself when it holds model states, else the one its
+/// `latest` names.
+fn tag_folder(dir: &Path) -> Result<PathBuf> {
+    let names = list(dir)?;
+    if names
+        .iter()
+        .any(|n| matches!(kind(n), Some(Kind::Model { .. })))
+    {
+        return Ok(dir.to_path_buf());
+    }
+    let latest = dir.join("latest");
+    let tag = std::fs::read(&latest)
+        .ok()
+        .filter(|t| t.len() <= 4096)
+        .and_then(|t| String::from_utf8(t).ok())
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty() && t != "." && t != ".." && !t.contains(['/', '\\', '\0']))
+        .ok_or_else(|| {
+            zero(
+                &latest,
+                None,
+                "`latest` does not name a tag folder beside it",
+            )
+        })?;
+    Ok(dir.join(tag))
+}
+
+/// The files of the tag folder, by rank.
+struct Layout {
+    /// `mp_rank_00_model_states.pt`, if there.
+    model: Option<PathBuf>,
+    /// `zero_pp_rank_{r}_mp_rank_00_model_states.pt` by rank.
+    model_ranks: HashMap<u64, PathBuf>,
+    /// The optimizer states by rank.
+    optim: HashMap<u64, PathBuf>,
+}
+
+fn layout(tag: &Path) -> Result<Layout> {
+    let mut out = Layout {
+        model: None,
+        model_ranks: HashMap::new(),
+        optim: HashMap::new(),
+    };
+    for name in list(tag)? {
+        let path = tag.join(&name);
+        match kind(&name) {
+            None => {}
+            Some(Kind::Other) => {
+                return Err(unsupported(
+                    &path,
+                    format!(
+                        "`{name}` (a pipeline-parallel layer or an expert's states: another \
+                         layout than zero_to_fp32 reads)"
+                    ),
+                ))
+            }
+            Some(Kind::Model { mp, .. } | Kind::Optim { mp, .. }) if mp != 0 => {
+                return Err(unsupported(
+                    &path,
+                    format!("model parallelism (`{name}`: model-parallel rank {mp})"),
+                ))
+            }
+            Some(Kind::Model { rank: None, .. }) => out.model = Some(path),
+            Some(Kind::Model {
+                rank: Some(rank), ..
+            }) => {
+                out.model_ranks.insert(rank, path);
+            }
+            Some(Kind::Optim { rank, .. }) => {
+                if let Some(other) = out.optim.insert(rank, path.clone()) {
+                    return Err(zero(
+                        &path,
+                        None,
+                        format!(
+                            "two optimizer-state files of rank {rank} (`{}` too)",
+                            other.file_name().unwrap_or_default().to_string_lossy()
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+// --- reading the inert pickles ---
+
+fn get(ck: &Checkpoint, id: ObjId) -> &Object {
+    ck.pickle.get(id)
+}
+
+/// The value of `key` in the dict `id`.
+fn item(ck: &Checkpoint, id: ObjId, key: &str) -> Option<ObjId> {
+    match get(ck, id) {
+        Object::Dict(d) => d
+            .items
+            .iter()
+            .rev()
+            .find(|(k, _)| matches!(get(ck, *k), Object::Str(s) if &**s == key))
+            .map(|&(_, v)| v),
+        _ => None,
+    }
+}
+
+fn pairs(ck: &Checkpoint, id: ObjId) -> Option<&[(ObjId, ObjId)]> {
+    match get(ck, id) {
+        Object::Dict(d) => Some(&d.items),
+        _ => None,
+    }
+}
+
+fn seq(ck: &Checkpoint, id: ObjId) -> Option<&[ObjId]> {
+    match get(ck, id) {
+        Object::List(l) => Some(l),
+        Object::Tuple(t) => Some(t),
+        _ => None,
+    }
+}
+
+fn text(ck: &Checkpoint, id: ObjId) -> Option<&str> {
+    match get(ck, id) {
+        Object::Str(s) => Some(s),
+        _ => None,
+    }
+}
+
+fn int(ck: &Checkpoint, id: ObjId) -> Option<i64> {
+    match get(ck, id) {
+        Object::Int(n) => Some(*n),
+        Object::Bool(b) => Some(i64::from(*b)),
+        _ => None,
+    }
+}
+
+fn ints(ck: &Checkpoint, id: ObjId) -> Option<Vec<u64>> {
+    seq(ck, id)?
+        .iter()
+        .map(|&i| int(ck, i).and_then(|n| u64::try_from(n).ok()))
+        .collect()
+}
+
+/// A dict of name → shape (`param_shapes[g]`, `frozen_param_shapes`).
+fn shapes(ck: &Checkpoint, id: ObjId) -> Option<Vec<(String, Vec<u64>)>> {
+    pairs(ck, id)?
+        .iter()
+        .map(|&(k, v)| Some((text(ck, k)?.to_string(), ints(ck, v)?)))
+        .collect()
+}
+
+/// The tensor `id` stands for, or why it is none.
+fn tensor(ck: &Checkpoint, id: ObjId) -> std::result::Result<TensorDesc, String> {
+    match ck.tensor_of(id) {
+        Some(Ok(d)) => Ok(d.clone()),
+        Some(Err(p)) => Err(p.to_string()),
+        None => Err(format!("{}, not a tensor", get(ck, id).kind())),
+    }
+}
+
+/// A tensor as a flat vector: its dtype, first byte and elements (contiguous, little-endian).
+#[derive(Clone, Copy, Debug)]
+struct Flat {
+    dtype: Dtype,
+    start: u64,
+    numel: u64,
+}
+
+fn flat(desc: &TensorDesc) -> std::result::Result<Flat, String> {
+    match desc.contiguous_range() {
+        Some(r) if !desc.big_endian => Ok(Flat {
+            dtype: desc.dtype,
+            start: r.start,
+            numel: desc.numel(),
+        }),
+        _ => Err("a strided or big-endian view; stcast reads contiguous partitions".into()),
+    }
+}
+
+fn read(path: &Path, file: &InputFile) -> Result<Checkpoint> {
+    torch::read(&file.map, &Limits::default()).map_err(|error| Error::Checkpoint {
+        path: path.to_path_buf(),
+        error,
+    })
+}
+
+/// What an optimizer-states file says.
+struct Optim {
+    stage: i64,
+    world: u64,
+    /// The fp32 master groups of this rank.
+    groups: Vec<Flat>,
+    /// ZeRO-1/2: the gap after each parameter, per group (DeepSpeed >= 0.19).
+    paddings: Option<Vec<Vec<u64>>>,
+}
+
+fn read_optim(ck: &Checkpoint) -> std::result::Result<Optim, String> {
+    let osd = item(ck, ck.pickle.root, "optimizer_state_dict")
+        .filter(|&o| pairs(ck, o).is_some())
+        .ok_or("no optimizer_state_dict dict")?;
+    let stage_obj =
+        item(ck, osd, "zero_stage").ok_or("no zero_stage in its optimizer_state_dict")?;
+    // A ZeroStageEnum(n) (an inert record called with its value), or a plain int.
+    let stage = match get(ck, stage_obj) {
+        Object::Placeholder(p) => p
+            .args
+            .and_then(|a| seq(ck, a))
+            .and_then(|a| a.first().copied())
+            .and_then(|v| int(ck, v)),
+        _ => int(ck, stage_obj),
+    }
+    .ok_or("its zero_stage is not a ZeroStageEnum of a stage")?;
+    let world = match item(ck, osd, "partition_count") {
+        Some(p) => match int(ck, p) {
+            Some(n) => u64::try_from(n).ok(),
+            None => ints(ck, p).and_then(|v| v.into_iter().max()),
+        },
+        None => None,
+    }
+    .filter(|&n| n > 0)
+    .ok_or("no partition_count (an int or a list of them)")?;
+    let key = match stage {
+        1 | 2 => "single_partition_of_fp32_groups",
+        3 => "fp32_flat_groups",
+        n => return Err(format!("zero_stage {n}: not a ZeRO stage (1, 2 or 3)")),
+    };
+    let list = item(ck, osd, key)
+        .and_then(|l| seq(ck, l))
+        .ok_or_else(|| format!("no {key} list (ZeRO stage {stage})"))?;
+    let groups = list
+        .iter()
+        .enumerate()
+        .map(|(g, &t)| {
+            tensor(ck, t)
+                .and_then(|d| flat(&d))
+                .map_err(|w| format!("{key}[{g}]: {w}"))
+        })
+        .collect::<std::result::Result<Vec<Flat>, String>>()?;
+    let paddings = match item(ck, osd, "param_alignment_paddings") {
+        None => None,
+        Some(p) if matches!(get(ck, p), Object::None) => None,
+        Some(p) => Some(
+            seq(ck, p)
+                .and_then(|gs| gs.iter().map(|&g| ints(ck, g)).collect::<Option<Vec<_>>>())
+                .ok_or("its param_alignment_paddings is not a list of lists of ints")?,
+        ),
+    };
+    Ok(Optim {
+        stage,
+        world,
+        groups,
+        paddings,
+    })
+}
+
+/// What a model-states file says.
+struct Model {
+    /// The buffers, in `module` order.
+    buffers: Vec<(String, std::result::Result<TensorDesc, String>)>,
+    groups: Vec<Vec<(String, Vec<u64>)>>,
+    frozen: Vec<(String, Vec<u64>)>,
+    fragments: HashMap<String, std::result::Result<TensorDesc, String>>,
+    /// (alias, name).
+    shared: Vec<(String, String)>,
+}
+
+fn read_model(ck: &Checkpoint) -> std::result::Result<Model, String> {
+    let root = ck.pickle.root;
+    let names: Vec<&str> = item(ck, root, "buffer_names")
+        .and_then(|b| seq(ck, b))
+        .and_then(|b| b.iter().map(|&n| text(ck, n)).collect::<Option<Vec<_>>>())
+        .ok_or("no buffer_names list: not a model-states file")?;
+    let module = item(ck, root, "module")
+        .and_then(|m| pairs(ck, m))
+        .ok_or("no module dict")?;
+    let mut buffers = Vec::new();
+    for &(k, v) in module {
+        let Some(name) = text(ck, k) else { continue };
+        if names.contains(&name) {
+            buffers.push((name.to_string(), tensor(ck, v)));
+        }
+    }
+    let groups = item(ck, root, "param_shapes")
+        .and_then(|p| seq(ck, p))
+        .and_then(|gs| {
+            gs.iter()
+                .map(|&g| shapes(ck, g))
+                .collect::<Option<Vec<_>>>()
+        })
+        .ok_or("no param_shapes list of name → shape dicts")?;
+    let none = |id: Option<ObjId>| id.filter(|&i| !matches!(get(ck, i), Object::None));
+    let frozen = match none(item(ck, root, "frozen_param_shapes")) {
+        None => Vec::new(),
+        Some(f) => shapes(ck, f).ok_or("its frozen_param_shapes is not a name → shape dict")?,
+    };
+    let fragments = match none(item(ck, root, "frozen_param_fragments")) {
+        None => HashMap::new(),
+        Some(f) => pairs(ck, f)
+            .ok_or("its frozen_param_fragments is not a dict")?
+            .iter()
+            .filter_map(|&(k, v)| Some((text(ck, k)?.to_string(), tensor(ck, v))))
+            .collect(),
+    };
+    let shared = match none(item(ck, root, "shared_params")) {
+        None => Vec::new(),
+        Some(s) => pairs(ck, s)
+            .ok_or("its shared_params is not a dict")?
+            .iter()
+            .map(|&(k, v)| Some((text(ck, k)?.to_string(), text(ck, v)?.to_string())))
+            .collect::<Option<Vec<_>>>()
+            .ok_or("its shared_params is not a dict of names")?,
+    };
+    Ok(Model {
+        buffers,
+        groups,
+        frozen,
+        fragments,
+        shared,
+    })
+}
+
+// --- building the tensors ---
+
+/// The output state dict as zero_to_fp32 fills it: an insertion-ordered dict (a name set
+/// again keeps its place).
+#[derive(Default)]
+struct StateDict {
+    tensors: Vec<SourceTensor>,
+    index: HashMap<String, usize>,
+}
+
+impl StateDict {
+    fn insert(&mut self, t: SourceTensor) {
+        match self.index.get(&t.name) {
+            Some(&i) => self.tensors[i] = t,
+            None => {
+                self.index.insert(t.name.clone(), self.tensors.len());
+                self.tensors.push(t);
+            }
+        }
+    }
+}
+
+fn usize_shape(shape: &[u64]) -> Option<Vec<usize>> {
+    shape.iter().map(|&d| usize::try_from(d).ok()).collect()
+}
+
+fn numel(shape: &[u64]) -> Option<u64> {
+    shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d))
+}
+
+/// A tensor of file `input` read as a PyTorch checkpoint's (a range, or a gathered view),
+/// of `shape` (a contiguous tensor may be reshaped to it: the same elements).
+fn whole(
+    name: &str,
+    desc: &TensorDesc,
+    input: usize,
+    shape: &[u64],
+) -> std::result::Result<SourceTensor, String> {
+    let ushape = usize_shape(shape).ok_or("a size past the address space")?;
+    let (start, end, gather) = match desc.contiguous_range() {
+        Some(r) if !desc.big_endian => (r.start, r.end, None),
+        _ if desc.shape == shape => {
+            let start = desc.span().start;
+            (
+                start,
+                start.saturating_add(desc.nbytes()),
+                Some(Box::new(Gather::View(desc.clone()))),
+            )
+        }
+        _ => return Err("a strided view of another shape".into()),
+    };
+    Ok(SourceTensor {
+        name: name.to_string(),
+        dtype: desc.dtype,
+        shape: ushape,
+        start,
+        end,
+        input,
+        gather,
+    })
+}
+
+/// A tensor made of flat runs.
+fn pieced(
+    name: &str,
+    dtype: Dtype,
+    shape: &[u64],
+    runs: &[FlatRun],
+) -> std::result::Result<SourceTensor, String> {
+    let ushape = usize_shape(shape).ok_or("a size past the address space")?;
+    let pieces = Pieces::from_runs(name, dtype, shape, runs).map_err(|e| e.problem.to_string())?;
+    let (input, start) = pieces
+        .pieces()
+        .first()
+        .map_or((runs.first().map_or(0, |r| r.input), 0), |q| {
+            (q.input, q.bytes.start)
+        });
+    let end = start + pieces.nbytes();
+    Ok(SourceTensor {
+        name: name.to_string(),
+        dtype,
+        shape: ushape,
+        start,
+        end,
+        input,
+        gather: Some(Box::new(Gather::Pieces(pieces))),
+    })
+}
+
+/// The runs elements `first..first + count` of a rank's vector take of its segments
+/// (`segs`: (file, flat, offset of the segment in the vector)), as tensor elements from `at`.
+fn runs_of(segs: &[(usize, Flat, u64)], first: u64, count: u64, at: u64, out: &mut Vec<FlatRun>) {
+    let end = first + count;
+    for &(input, f, off) in segs {
+        let (lo, hi) = (first.max(off), end.min(off + f.numel));
+        if lo < hi {
+            let es = (f.dtype.bitsize() / 8) as u64;
+            out.push(FlatRun {
+                input,
+                start: f.start + (lo - off) * es,
+                first: at + (lo - first),
+                count: hi - lo,
+            });
+        }
+    }
+}
+
+/// Open the ZeRO checkpoint folder `dir` (the top folder or a tag folder): read the
+/// pickles, lay out every parameter over the ranks' partitions; no tensor data is read.
+pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
+    if let Some(key) = &opts.key {
+        return Err(Error::distributed(
+            dir,
+            None,
+            DistProblem::ZeroKey { key: key.clone() },
+        ));
+    }
+    let tag = tag_folder(dir)?;
+    let lay = layout(&tag)?;
+    let optim_name = |r: u64| format!("zero_pp_rank_{r}_mp_rank_00_optim_states.pt");
+    let mut files: Vec<InputFile> = Vec::new();
+    let mut globals: Vec<String> = Vec::new();
+    let mut placeholders: Vec<String> = Vec::new();
+    let mut note = |ck: &Checkpoint| {
+        for g in &ck.globals {
+            if !globals.contains(g) {
+                globals.push(g.clone());
+            }
+        }
+        for g in &ck.placeholders {
+            if !ZERO_RECORDS.contains(&g.as_str()) && !placeholders.contains(g) {
+                placeholders.push(g.clone());
+            }
+        }
+    };
+    let open_file = |path: &Path| {
+        InputFile::open(path, 1, |_| {
+            zero(
+                path,
+                None,
+                "an empty file where DeepSpeed writes a torch.save archive",
+            )
+        })
+    };
+
+    // The optimizer states, rank by rank: rank 0 says the world size.
+    let Some(first) = lay.optim.get(&0) else {
+        return Err(zero(
+            &tag.join(optim_name(0)),
+            None,
+            "rank 0's optimizer states are missing (no `*zero_pp_rank_0_mp_rank_00_optim_states.pt`)",
+        ));
+    };
+    let mut optims: Vec<Optim> = Vec::new();
+    let mut world = 0;
+    let mut rank = 0u64;
+    let mut path = first.clone();
+    loop {
+        let f = open_file(&path)?;
+        let ck = read(&path, &f)?;
+        note(&ck);
+        let o = read_optim(&ck).map_err(|w| zero(&path, None, w))?;
+        drop(ck);
+        if rank == 0 {
+            world = o.world;
+        } else if o.stage != optims[0].stage || o.world != world {
+            return Err(zero(
+                &path,
+                None,
+                format!(
+                    "ZeRO stage {} of {} ranks, where rank 0's says stage {} of {world}",
+                    o.stage, o.world, optims[0].stage
+                ),
+            ));
+        }
+        files.push(f);
+        optims.push(o);
+        rank += 1;
+        if rank == world {
+            break;
+        }
+        path = match lay.optim.get(&rank) {
+            Some(p) => p.clone(),
+            None => {
+                return Err(zero(
+                    &tag.join(optim_name(rank)),
+                    None,
+                    format!(
+                        "rank {rank}'s optimizer states are missing: partition_count says {world} \
+                         ranks, the folder holds {}",
+                        lay.optim.len()
+                    ),
+                ))
+            }
+        };
+    }
+    if let Some(extra) = lay.optim.keys().copied().filter(|&r| r >= world).min() {
+        return Err(zero(
+            &lay.optim[&extra],
+            None,
+            format!("optimizer states of rank {extra}, where partition_count says {world} ranks"),
+        ));
+    }
+    let stage = optims[0].stage;
+    let dtype = optims[0].groups.first().map_or(Dtype::F32, |g| g.dtype);
+    for (r, o) in optims.iter().enumerate() {
+        if let Some(g) = o.groups.iter().position(|g| g.dtype != dtype) {
+            return Err(zero(
+                files[r].path.as_path(),
+                None,
+                format!(
+                    "its fp32 group {g} is {:?}, where rank 0's are {dtype:?}",
+                    o.groups[g].dtype
+                ),
+            ));
+        }
+    }
+
+    // The model states: rank 0's (ZeRO-3: every rank's, for the frozen fragments).
+    let model_path = if stage <= 2 {
+        lay.model.clone()
+    } else {
+        lay.model_ranks.get(&0).cloned()
+    }
+    .ok_or_else(|| {
+        let name = if stage <= 2 {
+            "mp_rank_00_model_states.pt".to_string()
+        } else {
+            "zero_pp_rank_0_mp_rank_00_model_states.pt".to_string()
+        };
+        zero(
+            &tag.join(&name),
+            None,
+            format!("`{name}` is missing (ZeRO stage {stage})"),
+        )
+    })?;
+    let mut read_model_file = |path: &Path, files: &mut Vec<InputFile>| -> Result<(Model, usize)> {
+        let f = open_file(path)?;
+        let ck = read(path, &f)?;
+        note(&ck);
+        let m = read_model(&ck).map_err(|w| zero(path, None, w))?;
+        files.push(f);
+        Ok((m, files.len() - 1))
+    };
+    let (model, model_input) = read_model_file(&model_path, &mut files)?;
+
+    let mut sd = StateDict::default();
+    for (name, desc) in &model.buffers {
+        let t = desc
+            .as_ref()
+            .map_err(String::clone)
+            .and_then(|d| whole(name, d, model_input, &d.shape))
+            .map_err(|w| zero(&model_path, Some(name), w))?;
+        sd.insert(t);
+    }
+
+    // Frozen parameters: rank 0's fragments whole (ZeRO-1/2), the ranks' joined (ZeRO-3).
+    if !model.frozen.is_empty() {
+        let mut ranks: Vec<(Model, usize, PathBuf)> = Vec::new();
+        if stage == 3 {
+            for r in 1..world {
+                let name = format!("zero_pp_rank_{r}_mp_rank_00_model_states.pt");
+                let path = lay.model_ranks.get(&r).cloned().ok_or_else(|| {
+                    zero(
+                        &tag.join(&name),
+                        None,
+                        format!("rank {r}'s model states (`{name}`) are missing: they hold its fragments of the frozen parameters"),
+                    )
+                })?;
+                let (m, input) = read_model_file(&path, &mut files)?;
+                ranks.push((m, input, path));
+            }
+        }
+        for (name, shape) in &model.frozen {
+            let n =
+                numel(shape).ok_or_else(|| zero(&model_path, Some(name), "its shape overflows"))?;
+            let fragment = |m: &Model, path: &Path| {
+                m.fragments
+                    .get(name)
+                    .ok_or_else(|| zero(path, Some(name), "no frozen_param_fragments entry"))?
+                    .as_ref()
+                    .map_err(|w| zero(path, Some(name), w.clone()))
+                    .cloned()
+            };
+            let d0 = fragment(&model, &model_path)?;
+            let t = if stage <= 2 {
+                if d0.numel() != n {
+                    return Err(zero(
+                        &model_path,
+                        Some(name),
+                        format!(
+                            "its fragment holds {} elements, its shape {shape:?} {n}",
+                            d0.numel()
+                        ),
+                    ));
+                }
+                whole(name, &d0, model_input, shape)
+                    .map_err(|w| zero(&model_path, Some(name), w))?
+            } else {
+                let mut runs = Vec::new();
+                let mut at = 0u64;
+                let all = std::iter::once((&model, model_input, &model_path))
+                    .chain(ranks.iter().map(|(m, i, p)| (m, *i, p)));
+                for (m, input, path) in all {
+                    let d = fragment(m, path)?;
+                    let f = flat(&d).map_err(|w| zero(path, Some(name), w))?;
+                    if f.dtype != d0.dtype {
+                        return Err(zero(
+                            path,
+                            Some(name),
+                            format!("its fragment is {:?}, rank 0's {:?}", f.dtype, d0.dtype),
+                        ));
+                    }
+                    let take = f.numel.min(n - at);
+                    runs_of(&[(input, f, 0)], 0, take, at, &mut runs);
+                    at += take;
+                }
+                if at < n {
+                    return Err(zero(
+                        &model_path,
+                        Some(name),
+                        format!("the ranks' fragments hold {at} elements, its shape {shape:?} {n}"),
+                    ));
+                }
+                pieced(name, d0.dtype, shape, &runs)
+                    .map_err(|w| zero(&model_path, Some(name), w))?
+            };
+            sd.insert(t);
+        }
+    }
+
+    // Trainable parameters, from the fp32 masters.
+    let ngroups = model.groups.len();
+    for (r, o) in optims.iter().enumerate() {
+        if stage <= 2 && o.groups.len() != ngroups {
+            return Err(zero(
+                &files[r].path,
+                None,
+                format!(
+                    "{} fp32 partitions, where param_shapes has {ngroups} groups",
+                    o.groups.len()
+                ),
+            ));
+        }
+    }
+    if stage <= 2 {
+        for (g, params) in model.groups.iter().enumerate() {
+            // The ranks' partitions end to end: (file, flat, offset in the group).
+            let mut segs = Vec::with_capacity(optims.len());
+            let mut total = 0u64;
+            for (r, o) in optims.iter().enumerate() {
+                segs.push((r, o.groups[g], total));
+                total += o.groups[g].numel;
+            }
+            let pads = match &optims[0].paddings {
+                Some(p) => {
+                    let pads = p.get(g).cloned().unwrap_or_default();
+                    if pads.len() != params.len() {
+                        return Err(zero(
+                            &files[0].path,
+                            None,
+                            format!(
+                                "param_alignment_paddings[{g}] has {} entries for the {} parameters of group {g}",
+                                pads.len(),
+                                params.len()
+                            ),
+                        ));
+                    }
+                    pads
+                }
+                None => vec![0; params.len()],
+            };
+            let mut offset = 0u64;
+            for ((name, shape), pad) in params.iter().zip(pads) {
+                let n = numel(shape)
+                    .ok_or_else(|| zero(&model_path, Some(name), "its shape overflows"))?;
+                let end = offset.checked_add(n).filter(|&e| e <= total).ok_or_else(|| {
+                    zero(
+                        &files[optims.len() - 1].path,
+                        Some(name),
+                        format!(
+                            "its elements end at {}, past the {total} elements of group {g}'s partitions (the ranks' sizes do not add up)",
+                            offset.saturating_add(n)
+                        ),
+                    )
+                })?;
+                let mut runs = Vec::new();
+                runs_of(&segs, offset, n, 0, &mut runs);
+                let t = pieced(name, dtype, shape, &runs)
+                    .map_err(|w| zero(&model_path, Some(name), w))?;
+                sd.insert(t);
+                offset = end.saturating_add(pad);
+            }
+            let align = 2 * world;
+            let up = |x: u64| x.div_ceil(align).saturating_mul(align);
+            if up(offset) != up(total) {
+                return Err(zero(
+                    &files[0].path,
+                    None,
+                    format!(
+                        "group {g}'s parameters take {offset} elements, its partitions hold {total} (rounded to {align}: {} and {}); the ranks' sizes do not add up",
+                        up(offset),
+                        up(total)
+                    ),
+                ));
+            }
+        }
+    } else {
+        // Each rank's groups end to end, as rank 0's.
+        let sizes0: Vec<u64> = optims[0].groups.iter().map(|g| g.numel).collect();
+        let per_rank: u64 = sizes0.iter().sum();
+        let mut segs: Vec<Vec<(usize, Flat, u64)>> = Vec::with_capacity(optims.len());
+        for (r, o) in optims.iter().enumerate() {
+            let sizes: Vec<u64> = o.groups.iter().map(|g| g.numel).collect();
+            if sizes != sizes0 {
+                return Err(zero(
+                    &files[r].path,
+                    None,
+                    format!("its fp32_flat_groups hold {sizes:?} elements, rank 0's {sizes0:?}"),
+                ));
+            }
+            let mut off = 0;
+            segs.push(
+                o.groups
+                    .iter()
+                    .map(|&f| {
+                        off += f.numel;
+                        (r, f, off - f.numel)
+                    })
+                    .collect(),
+            );
+        }
+        let mut seen: HashMap<&str, ()> = HashMap::new();
+        let mut offset = 0u64;
+        for (name, shape) in model.groups.iter().flatten() {
+            if seen.insert(name, ()).is_some() {
+                return Err(zero(&model_path, Some(name), "named twice in param_shapes"));
+            }
+            let n =
+                numel(shape).ok_or_else(|| zero(&model_path, Some(name), "its shape overflows"))?;
+            let part = n.div_ceil(world);
+            if offset.saturating_add(part) > per_rank {
+                return Err(zero(
+                    &files[0].path,
+                    Some(name),
+                    format!(
+                        "its partitions end at {}, past the {per_rank} elements of each rank's fp32_flat_groups",
+                        offset.saturating_add(part)
+                    ),
+                ));
+            }
+            let mut runs = Vec::new();
+            for (r, s) in segs.iter().enumerate() {
+                let at = r as u64 * part;
+                if at >= n {
+                    break;
+                }
+                runs_of(s, offset, part.min(n - at), at, &mut runs);
+            }
+            let t =
+                pieced(name, dtype, shape, &runs).map_err(|w| zero(&model_path, Some(name), w))?;
+            sd.insert(t);
+            offset += part;
+        }
+        if offset != per_rank {
+            return Err(zero(
+                &files[0].path,
+                None,
+                format!(
+                    "the parameters take {offset} elements of each rank's fp32_flat_groups, which hold {per_rank}; the sizes do not add up"
+                ),
+            ));
+        }
+    }
+
+    // Shared parameters: the bytes of the one each aliases, under its own name.
+    for (alias, name) in &model.shared {
+        if let Some(&i) = sd.index.get(name) {
+            let mut t = sd.tensors[i].clone();
+            t.name = alias.clone();
+            sd.insert(t);
+        }
+    }
+
+    // Names stripped of the first prefix that matches.
+    let mut tensors = sd.tensors;
+    if !opts.strip_prefix.is_empty() {
+        let mut names: HashMap<String, String> = HashMap::new();
+        for t in &mut tensors {
+            let stripped = opts
+                .strip_prefix
+                .iter()
+                .find_map(|p| t.name.strip_prefix(p.as_str()))
+                .filter(|n| !n.is_empty())
+                .map(str::to_string);
+            let source = t.name.clone();
+            if let Some(s) = stripped {
+                t.name = s;
+            }
+            if let Some(first) = names.insert(t.name.clone(), source.clone()) {
+                return Err(Error::Checkpoint {
+                    path: dir.to_path_buf(),
+                    error: TorchError::DuplicateName {
+                        name: t.name.clone(),
+                        first,
+                        second: source,
+                    },
+                });
+            }
+        }
+    }
+
+    let stored: u64 = files.iter().map(|f| f.map.len() as u64).sum();
+    let data: u64 = tensors.iter().map(SourceTensor::len).sum();
+    let header = SourceHeader {
+        header_len: stored.saturating_sub(data),
+        metadata: Some(vec![(
+            TORCH_METADATA.0.to_string(),
+            TORCH_METADATA.1.to_string(),
+        )]),
+        tensors,
+    };
+    let origin = Origin {
+        format: Format::DeepSpeed,
+        key: String::new(),
+        skipped: Vec::new(),
+        globals,
+        unlisted: placeholders,
+    };
+    let mut source = Source::from_parts(dir, files, header);
+    source.origin = Some(origin);
+    Ok(source)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_are_told_by_their_names() {
+        let cases: &[(&str, Option<Kind>)] = &[
+            (
+                "mp_rank_00_model_states.pt",
+                Some(Kind::Model { rank: None, mp: 0 }),
+            ),
+            (
+                "zero_pp_rank_12_mp_rank_00_model_states.pt",
+                Some(Kind::Model {
+                    rank: Some(12),
+                    mp: 0,
+                }),
+            ),
+            (
+                "zero_pp_rank_3_mp_rank_01_optim_states.pt",
+                Some(Kind::Optim { rank: 3, mp: 1 }),
+            ),
+            (
+                "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                Some(Kind::Optim { rank: 0, mp: 0 }),
+            ),
+            ("layer_01-model_states.pt", Some(Kind::Other)),
+            ("expp_rank_0_mp_rank_00_optim_states.pt", Some(Kind::Other)),
+            (
+                "zero_pp_rank_x_mp_rank_00_optim_states.pt",
+                Some(Kind::Other),
+            ),
+            ("zero_to_fp32.py", None),
+            ("latest", None),
+        ];
+        for (name, want) in cases {
+            assert_eq!(kind(name), *want, "{name}");
+        }
+    }
+}
