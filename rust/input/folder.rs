@@ -35,7 +35,10 @@ pub fn folder_format(dir: &Path) -> Option<Format> {
     if listed.iter().any(|n| is_weights(n)) {
         return None;
     }
-    if listed.iter().any(|n| is_model_states(n)) {
+    if listed
+        .iter()
+        .any(|n| is_model_states(n) || is_optim_states(n))
+    {
         return Some(Format::DeepSpeed);
     }
     // `latest` names the tag folder holding the partitions (`global_step100`).
@@ -72,6 +75,12 @@ pub fn check_folder(dir: &Path) -> Result<bool> {
 fn is_model_states(name: &str) -> bool {
     name.ends_with("_model_states.pt")
         && (name.starts_with("mp_rank_") || name.starts_with("zero_pp_rank_"))
+}
+
+/// `zero_pp_rank_0_mp_rank_00_optim_states.pt` (`bf16_` before it in bf16 runs): a rank's
+/// ZeRO partition of the optimizer states.
+fn is_optim_states(name: &str) -> bool {
+    name.ends_with("_optim_states.pt") && name.contains("zero_pp_rank_")
 }
 
 /// A weight file of a Hugging Face folder: `*.safetensors`, `pytorch_model*.bin`.
@@ -141,6 +150,11 @@ mod tests {
                     "global_step7/mp_rank_00_model_states.pt",
                     "zero_to_fp32.py",
                 ],
+                Some(Format::DeepSpeed),
+            ),
+            (
+                "optim-only",
+                &["bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"],
                 Some(Format::DeepSpeed),
             ),
             (

@@ -129,13 +129,13 @@ fn unsupported(path: &Path, what: impl Into<String>) -> Error {
     )
 }
 
-/// The tag folder of `dir`: `dir` itself when it holds model states, else the one its
-/// `latest` names.
+/// The tag folder of `dir`: `dir` itself when it holds model or optimizer states, else the
+/// one its `latest` names.
 fn tag_folder(dir: &Path) -> Result<PathBuf> {
     let names = list(dir)?;
     if names
         .iter()
-        .any(|n| matches!(kind(n), Some(Kind::Model { .. })))
+        .any(|n| matches!(kind(n), Some(Kind::Model { .. } | Kind::Optim { .. })))
     {
         return Ok(dir.to_path_buf());
     }
