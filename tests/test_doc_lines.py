@@ -5,7 +5,8 @@ and each line that starts with `stcast ` inside a fenced block of README.md, doc
 and docs/reference.md. Each runs through the CLI's `main`, in a folder of its own that holds
 tiny stand-ins named as the line names them: a safetensors file for `*.safetensors`, a
 PyTorch checkpoint for `*.bin`, `*.pt`, `*.pth`, `*.ckpt` (its dict at `--key`, its names
-under the `--strip-prefix` prefixes), a sharded Hugging Face folder for any other SRC. What
+under the `--strip-prefix` prefixes), a DeepSpeed ZeRO checkpoint for `ds_ckpt/...` (its
+tag the `global_step*` part named), a sharded Hugging Face folder for any other SRC. What
 a line needs from an earlier line is made first: `verify SRC DST` gets DST from
 `convert SRC DST` with the same precision options, `finalize SRC DST` from
 `convert SRC DST --shard 1/1`.
@@ -166,13 +167,29 @@ def _folder(root: Path, files: int = 8) -> None:
     (root / "config.json").write_text('{\n  "torch_dtype": "float32"\n}\n')
 
 
+def _zero(root: Path, tag: str) -> None:
+    """A DeepSpeed ZeRO-3 checkpoint folder (`latest` naming `tag`) of 2 ranks."""
+    from zerofile import write_zero
+
+    x = np.linspace(-2, 2, 32, dtype=np.float32)
+    params = {"layers.0.weight": np.resize(x, (64, 64)), "norm.weight": x[:8].copy()}
+    write_zero(root, [params], stage=3, ranks=2, tag=tag)
+
+
 def _stand_in(folder: Path, name: str, options: dict[str, list[str]]) -> None:
     path = folder / name
     if path.exists():
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     suffix = Path(name.rstrip("/")).suffix
-    if name.endswith("/") or not suffix:
+    parts = Path(name).parts
+    if parts[0] == "ds_ckpt":
+        # A DeepSpeed checkpoint, its tag the `global_step*` part named, if one is.
+        _zero(
+            folder / parts[0],
+            next((p for p in parts if p.startswith("global_step")), "global_step1"),
+        )
+    elif name.endswith("/") or not suffix:
         _folder(path)
     elif suffix == ".safetensors":
         _safetensors(path)

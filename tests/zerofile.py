@@ -1,8 +1,8 @@
 """Write DeepSpeed ZeRO checkpoint folders without torch or DeepSpeed, for tests.
 
 `write_zero(dir, groups, stage=2 or 3, ranks=N)` lays out what `engine.save_checkpoint`
-writes (see `fixtures/zero/README.md`, made by DeepSpeed 0.19.8): `latest` naming
-`global_step1/`, the model states (`mp_rank_00_model_states.pt` for ZeRO-1/2, one
+writes (see `fixtures/zero/README.md`, made by DeepSpeed 0.19.8): `latest` naming the tag
+folder (`global_step1/`), the model states (`mp_rank_00_model_states.pt` for ZeRO-1/2, one
 `zero_pp_rank_{r}_mp_rank_00_model_states.pt` per rank for ZeRO-3) and one
 `zero_pp_rank_{r}_mp_rank_00_optim_states.pt` per rank holding the fp32 masters:
 
@@ -68,14 +68,16 @@ def write_zero(
     shared: dict[str, str] | None = None,
     paddings: list[list[int]] | None = None,
     tail: int = 0,
+    tag: str = TAG,
     optim_hook: Callable[[int, dict[str, Any]], Any] | None = None,
     model_hook: Callable[[int, dict[str, Any]], Any] | None = None,
 ) -> Path:
     """Write the checkpoint under `root` (`latest`, `global_step1/`); return the tag folder."""
     root = Path(root)
-    tag = root / TAG
-    tag.mkdir(parents=True)
-    (root / "latest").write_text(TAG)
+    (root / "latest").parent.mkdir(parents=True, exist_ok=True)
+    (root / "latest").write_text(tag)
+    tag_dir = root / tag
+    tag_dir.mkdir()
     buffers = buffers or {}
     frozen = frozen or {}
 
@@ -141,7 +143,7 @@ def write_zero(
             osd = optim_hook(r, osd)
         name = f"zero_pp_rank_{r}_mp_rank_00_optim_states"
         tf.write_zip(
-            tag / f"{name}.pt",
+            tag_dir / f"{name}.pt",
             {"optimizer_state_dict": osd, "ds_version": "0.19.8"},
             st.data,
             prefix=name,
@@ -176,5 +178,5 @@ def write_zero(
         name = (
             "mp_rank_00_model_states" if stage <= 2 else f"zero_pp_rank_{r}_mp_rank_00_model_states"
         )
-        tf.write_zip(tag / f"{name}.pt", model, st.data, prefix=name)
-    return tag
+        tf.write_zip(tag_dir / f"{name}.pt", model, st.data, prefix=name)
+    return tag_dir
