@@ -48,7 +48,11 @@ pub fn folder_format(dir: &Path) -> Option<Format> {
             .filter(|t| t.len() <= 4096);
         let tag = tag.and_then(|t| String::from_utf8(t).ok());
         if let Some(tag) = tag.map(|t| t.trim().to_string()).filter(|t| is_one_name(t)) {
-            if names(&dir.join(tag)).iter().any(|n| is_model_states(n)) {
+            let tagged = names(&dir.join(tag));
+            if tagged
+                .iter()
+                .any(|n| is_model_states(n) || is_optim_states(n))
+            {
                 return Some(Format::DeepSpeed);
             }
         }

@@ -306,13 +306,6 @@ fn flat(desc: &TensorDesc) -> std::result::Result<Flat, String> {
     }
 }
 
-fn read(path: &Path, file: &InputFile) -> Result<Checkpoint> {
-    torch::read(&file.map, &Limits::default()).map_err(|error| Error::Checkpoint {
-        path: path.to_path_buf(),
-        error,
-    })
-}
-
 /// What an optimizer-states file says.
 struct Optim {
     stage: i64,
@@ -555,6 +548,380 @@ fn runs_of(segs: &[(usize, Flat, u64)], first: u64, count: u64, at: u64, out: &m
     }
 }
 
+/// The files opened so far (the source's, in order) and the globals their pickles name.
+#[derive(Default)]
+struct Reader {
+    files: Vec<InputFile>,
+    globals: Vec<String>,
+    /// Globals outside the allow-list and `ZERO_RECORDS`.
+    unlisted: Vec<String>,
+}
+
+impl Reader {
+    /// Map `path` and read its pickle: the checkpoint and the file's index in the source.
+    fn load(&mut self, path: &Path) -> Result<(Checkpoint, usize)> {
+        let f = InputFile::open(path, 1, |_| {
+            zero(
+                path,
+                None,
+                "an empty file where DeepSpeed writes a torch.save archive",
+            )
+        })?;
+        let ck = torch::read(&f.map, &Limits::default()).map_err(|error| Error::Checkpoint {
+            path: path.to_path_buf(),
+            error,
+        })?;
+        for g in &ck.globals {
+            if !self.globals.contains(g) {
+                self.globals.push(g.clone());
+            }
+        }
+        for g in &ck.placeholders {
+            if !ZERO_RECORDS.contains(&g.as_str()) && !self.unlisted.contains(g) {
+                self.unlisted.push(g.clone());
+            }
+        }
+        self.files.push(f);
+        Ok((ck, self.files.len() - 1))
+    }
+
+    fn path(&self, input: usize) -> &Path {
+        &self.files[input].path
+    }
+}
+
+/// The optimizer states of every rank, rank 0 first (it says the world size); the file of
+/// rank r is the source's file r.
+fn read_optims(tag: &Path, lay: &Layout, rd: &mut Reader) -> Result<Vec<Optim>> {
+    let missing = |rank: u64, why: String| {
+        let name = format!("zero_pp_rank_{rank}_mp_rank_00_optim_states.pt");
+        zero(&tag.join(&name), None, why.replace("NAME", &name))
+    };
+    let mut optims: Vec<Optim> = Vec::new();
+    let mut rank = 0u64;
+    loop {
+        let path = match lay.optim.get(&rank) {
+            Some(p) => p.clone(),
+            None if rank == 0 => {
+                return Err(missing(
+                    0,
+                    "rank 0's optimizer states are missing (no `*NAME`)".into(),
+                ))
+            }
+            None => {
+                let (world, held) = (optims[0].world, lay.optim.len());
+                return Err(missing(
+                    rank,
+                    format!(
+                        "rank {rank}'s optimizer states are missing: partition_count says \
+                         {world} ranks, the folder holds {held}"
+                    ),
+                ));
+            }
+        };
+        let (ck, _) = rd.load(&path)?;
+        let o = read_optim(&ck).map_err(|w| zero(&path, None, w))?;
+        if let Some(first) = optims.first() {
+            if o.stage != first.stage || o.world != first.world {
+                return Err(zero(
+                    &path,
+                    None,
+                    format!(
+                        "ZeRO stage {} of {} ranks, where rank 0's says stage {} of {}",
+                        o.stage, o.world, first.stage, first.world
+                    ),
+                ));
+            }
+        }
+        optims.push(o);
+        rank += 1;
+        if rank == optims[0].world {
+            break;
+        }
+    }
+    let world = optims[0].world;
+    if let Some(extra) = lay.optim.keys().copied().filter(|&r| r >= world).min() {
+        return Err(zero(
+            &lay.optim[&extra],
+            None,
+            format!("optimizer states of rank {extra}, where partition_count says {world} ranks"),
+        ));
+    }
+    let dtype = optims[0].groups.first().map_or(Dtype::F32, |g| g.dtype);
+    for (r, o) in optims.iter().enumerate() {
+        if let Some(g) = o.groups.iter().position(|g| g.dtype != dtype) {
+            return Err(zero(
+                rd.path(r),
+                None,
+                format!(
+                    "its fp32 group {g} is {:?}, where rank 0's are {dtype:?}",
+                    o.groups[g].dtype
+                ),
+            ));
+        }
+    }
+    Ok(optims)
+}
+
+/// What the tensors are built from: the optimizer states (file r: rank r's) and rank 0's
+/// model states (file `model_input`).
+struct Parts<'a> {
+    optims: &'a [Optim],
+    world: u64,
+    stage: i64,
+    /// The fp32 masters' dtype (one for every group of every rank).
+    dtype: Dtype,
+    model: &'a Model,
+    model_path: &'a Path,
+    model_input: usize,
+}
+
+/// The frozen parameters: rank 0's fragments whole (ZeRO-1/2), the ranks' joined and cut
+/// to their shape (ZeRO-3: every rank's model states are read).
+fn frozen(
+    p: &Parts<'_>,
+    tag: &Path,
+    lay: &Layout,
+    rd: &mut Reader,
+    sd: &mut StateDict,
+) -> Result<()> {
+    if p.model.frozen.is_empty() {
+        return Ok(());
+    }
+    // (model states, file, path) of ranks 1.. (ZeRO-3).
+    let mut ranks: Vec<(Model, usize, PathBuf)> = Vec::new();
+    if p.stage == 3 {
+        for r in 1..p.world {
+            let name = format!("zero_pp_rank_{r}_mp_rank_00_model_states.pt");
+            let path = lay.model_ranks.get(&r).cloned().ok_or_else(|| {
+                zero(
+                    &tag.join(&name),
+                    None,
+                    format!(
+                        "rank {r}'s model states (`{name}`) are missing: they hold its \
+                         fragments of the frozen parameters"
+                    ),
+                )
+            })?;
+            let (ck, input) = rd.load(&path)?;
+            let m = read_model(&ck).map_err(|w| zero(&path, None, w))?;
+            ranks.push((m, input, path));
+        }
+    }
+    for (name, shape) in &p.model.frozen {
+        let fail = |path: &Path, what: String| zero(path, Some(name), what);
+        let n = numel(shape).ok_or_else(|| fail(p.model_path, "its shape overflows".into()))?;
+        let fragment = |m: &Model, path: &Path| {
+            m.fragments
+                .get(name)
+                .ok_or_else(|| fail(path, "no frozen_param_fragments entry".into()))?
+                .as_ref()
+                .map_err(|w| fail(path, w.clone()))
+                .cloned()
+        };
+        let d0 = fragment(p.model, p.model_path)?;
+        let t = if p.stage <= 2 {
+            if d0.numel() != n {
+                let what = format!(
+                    "its fragment holds {} elements, its shape {shape:?} {n}",
+                    d0.numel()
+                );
+                return Err(fail(p.model_path, what));
+            }
+            whole(name, &d0, p.model_input, shape).map_err(|w| fail(p.model_path, w))?
+        } else {
+            let mut runs = Vec::new();
+            let mut at = 0u64;
+            let all = std::iter::once((p.model, p.model_input, p.model_path))
+                .chain(ranks.iter().map(|(m, i, path)| (m, *i, path.as_path())));
+            for (m, input, path) in all {
+                let d = fragment(m, path)?;
+                let f = flat(&d).map_err(|w| fail(path, w))?;
+                if f.dtype != d0.dtype {
+                    let what = format!("its fragment is {:?}, rank 0's {:?}", f.dtype, d0.dtype);
+                    return Err(fail(path, what));
+                }
+                let take = f.numel.min(n - at);
+                runs_of(&[(input, f, 0)], 0, take, at, &mut runs);
+                at += take;
+            }
+            if at < n {
+                let what =
+                    format!("the ranks' fragments hold {at} elements, its shape {shape:?} {n}");
+                return Err(fail(p.model_path, what));
+            }
+            pieced(name, d0.dtype, shape, &runs).map_err(|w| fail(p.model_path, w))?
+        };
+        sd.insert(t);
+    }
+    Ok(())
+}
+
+/// ZeRO-1/2: per group, the ranks' partitions end to end hold the parameters one after
+/// another (each followed by its alignment padding); the tail is padded to 2 × world.
+fn zero2(p: &Parts<'_>, rd: &Reader, sd: &mut StateDict) -> Result<()> {
+    let ngroups = p.model.groups.len();
+    for (r, o) in p.optims.iter().enumerate() {
+        if o.groups.len() != ngroups {
+            let what = format!(
+                "{} fp32 partitions, where param_shapes has {ngroups} groups",
+                o.groups.len()
+            );
+            return Err(zero(rd.path(r), None, what));
+        }
+    }
+    let last = rd.path(p.optims.len() - 1);
+    for (g, params) in p.model.groups.iter().enumerate() {
+        // The ranks' partitions end to end: (file, flat, offset in the group).
+        let mut segs = Vec::with_capacity(p.optims.len());
+        let mut total = 0u64;
+        for (r, o) in p.optims.iter().enumerate() {
+            segs.push((r, o.groups[g], total));
+            total += o.groups[g].numel;
+        }
+        let pads = match &p.optims[0].paddings {
+            Some(all) => {
+                let pads = all.get(g).cloned().unwrap_or_default();
+                if pads.len() != params.len() {
+                    let what = format!(
+                        "param_alignment_paddings[{g}] has {} entries for the {} parameters \
+                         of group {g}",
+                        pads.len(),
+                        params.len()
+                    );
+                    return Err(zero(rd.path(0), None, what));
+                }
+                pads
+            }
+            None => vec![0; params.len()],
+        };
+        let mut offset = 0u64;
+        for ((name, shape), pad) in params.iter().zip(pads) {
+            let fail = |path: &Path, what: String| zero(path, Some(name), what);
+            let n = numel(shape).ok_or_else(|| fail(p.model_path, "its shape overflows".into()))?;
+            let end = offset
+                .checked_add(n)
+                .filter(|&e| e <= total)
+                .ok_or_else(|| {
+                    let what = format!(
+                        "its elements end at {}, past the {total} elements of group {g}'s \
+                     partitions (the ranks' sizes do not add up)",
+                        offset.saturating_add(n)
+                    );
+                    fail(last, what)
+                })?;
+            let mut runs = Vec::new();
+            runs_of(&segs, offset, n, 0, &mut runs);
+            let t = pieced(name, p.dtype, shape, &runs).map_err(|w| fail(p.model_path, w))?;
+            sd.insert(t);
+            offset = end.saturating_add(pad);
+        }
+        let align = 2 * p.world;
+        let up = |x: u64| x.div_ceil(align).saturating_mul(align);
+        if up(offset) != up(total) {
+            let what = format!(
+                "group {g}'s parameters take {offset} elements, its partitions hold {total} \
+                 (rounded to {align}: {} and {}); the ranks' sizes do not add up",
+                up(offset),
+                up(total)
+            );
+            return Err(zero(rd.path(0), None, what));
+        }
+    }
+    Ok(())
+}
+
+/// ZeRO-3: each parameter takes `ceil(numel / world)` elements of every rank's flat vector
+/// (its groups end to end) at the same running offset; rank r's are its elements from
+/// `r × ceil(numel / world)`, the last rank's cut to `numel`.
+fn zero3(p: &Parts<'_>, rd: &Reader, sd: &mut StateDict) -> Result<()> {
+    let sizes0: Vec<u64> = p.optims[0].groups.iter().map(|g| g.numel).collect();
+    let per_rank: u64 = sizes0.iter().sum();
+    // Per rank, its groups: (file, flat, offset in the rank's vector).
+    let mut segs: Vec<Vec<(usize, Flat, u64)>> = Vec::with_capacity(p.optims.len());
+    for (r, o) in p.optims.iter().enumerate() {
+        let sizes: Vec<u64> = o.groups.iter().map(|g| g.numel).collect();
+        if sizes != sizes0 {
+            let what = format!("its fp32_flat_groups hold {sizes:?} elements, rank 0's {sizes0:?}");
+            return Err(zero(rd.path(r), None, what));
+        }
+        let mut off = 0;
+        let mut s = Vec::with_capacity(o.groups.len());
+        for &f in &o.groups {
+            s.push((r, f, off));
+            off += f.numel;
+        }
+        segs.push(s);
+    }
+    let mut seen: HashMap<&str, ()> = HashMap::new();
+    let mut offset = 0u64;
+    for (name, shape) in p.model.groups.iter().flatten() {
+        let fail = |path: &Path, what: String| zero(path, Some(name), what);
+        if seen.insert(name, ()).is_some() {
+            return Err(fail(p.model_path, "named twice in param_shapes".into()));
+        }
+        let n = numel(shape).ok_or_else(|| fail(p.model_path, "its shape overflows".into()))?;
+        let part = n.div_ceil(p.world);
+        if offset.saturating_add(part) > per_rank {
+            let what = format!(
+                "its partitions end at {}, past the {per_rank} elements of each rank's \
+                 fp32_flat_groups",
+                offset.saturating_add(part)
+            );
+            return Err(fail(rd.path(0), what));
+        }
+        let mut runs = Vec::new();
+        for (r, s) in segs.iter().enumerate() {
+            let at = r as u64 * part;
+            if at >= n {
+                break;
+            }
+            runs_of(s, offset, part.min(n - at), at, &mut runs);
+        }
+        let t = pieced(name, p.dtype, shape, &runs).map_err(|w| fail(p.model_path, w))?;
+        sd.insert(t);
+        offset += part;
+    }
+    if offset != per_rank {
+        let what = format!(
+            "the parameters take {offset} elements of each rank's fp32_flat_groups, which hold \
+             {per_rank}; the sizes do not add up"
+        );
+        return Err(zero(rd.path(0), None, what));
+    }
+    Ok(())
+}
+
+/// The names stripped of the first prefix of `prefixes` that matches; two tensors that
+/// would get one name are refused.
+fn strip(tensors: &mut [SourceTensor], prefixes: &[String], dir: &Path) -> Result<()> {
+    if prefixes.is_empty() {
+        return Ok(());
+    }
+    let mut names: HashMap<String, String> = HashMap::new();
+    for t in tensors {
+        let source = t.name.clone();
+        if let Some(s) = prefixes
+            .iter()
+            .find_map(|p| source.strip_prefix(p.as_str()))
+            .filter(|n| !n.is_empty())
+        {
+            t.name = s.to_string();
+        }
+        if let Some(first) = names.insert(t.name.clone(), source.clone()) {
+            return Err(Error::Checkpoint {
+                path: dir.to_path_buf(),
+                error: TorchError::DuplicateName {
+                    name: t.name.clone(),
+                    first,
+                    second: source,
+                },
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Open the ZeRO checkpoint folder `dir` (the top folder or a tag folder): read the
 /// pickles, lay out every parameter over the ranks' partitions; no tensor data is read.
 pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
@@ -567,132 +934,26 @@ pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
     }
     let tag = tag_folder(dir)?;
     let lay = layout(&tag)?;
-    let optim_name = |r: u64| format!("zero_pp_rank_{r}_mp_rank_00_optim_states.pt");
-    let mut files: Vec<InputFile> = Vec::new();
-    let mut globals: Vec<String> = Vec::new();
-    let mut placeholders: Vec<String> = Vec::new();
-    let mut note = |ck: &Checkpoint| {
-        for g in &ck.globals {
-            if !globals.contains(g) {
-                globals.push(g.clone());
-            }
-        }
-        for g in &ck.placeholders {
-            if !ZERO_RECORDS.contains(&g.as_str()) && !placeholders.contains(g) {
-                placeholders.push(g.clone());
-            }
-        }
-    };
-    let open_file = |path: &Path| {
-        InputFile::open(path, 1, |_| {
-            zero(
-                path,
-                None,
-                "an empty file where DeepSpeed writes a torch.save archive",
-            )
-        })
-    };
+    let mut rd = Reader::default();
+    let optims = read_optims(&tag, &lay, &mut rd)?;
+    let (stage, world) = (optims[0].stage, optims[0].world);
 
-    // The optimizer states, rank by rank: rank 0 says the world size.
-    let Some(first) = lay.optim.get(&0) else {
-        return Err(zero(
-            &tag.join(optim_name(0)),
-            None,
-            "rank 0's optimizer states are missing (no `*zero_pp_rank_0_mp_rank_00_optim_states.pt`)",
-        ));
-    };
-    let mut optims: Vec<Optim> = Vec::new();
-    let mut world = 0;
-    let mut rank = 0u64;
-    let mut path = first.clone();
-    loop {
-        let f = open_file(&path)?;
-        let ck = read(&path, &f)?;
-        note(&ck);
-        let o = read_optim(&ck).map_err(|w| zero(&path, None, w))?;
-        drop(ck);
-        if rank == 0 {
-            world = o.world;
-        } else if o.stage != optims[0].stage || o.world != world {
-            return Err(zero(
-                &path,
-                None,
-                format!(
-                    "ZeRO stage {} of {} ranks, where rank 0's says stage {} of {world}",
-                    o.stage, o.world, optims[0].stage
-                ),
-            ));
-        }
-        files.push(f);
-        optims.push(o);
-        rank += 1;
-        if rank == world {
-            break;
-        }
-        path = match lay.optim.get(&rank) {
-            Some(p) => p.clone(),
-            None => {
-                return Err(zero(
-                    &tag.join(optim_name(rank)),
-                    None,
-                    format!(
-                        "rank {rank}'s optimizer states are missing: partition_count says {world} \
-                         ranks, the folder holds {}",
-                        lay.optim.len()
-                    ),
-                ))
-            }
-        };
-    }
-    if let Some(extra) = lay.optim.keys().copied().filter(|&r| r >= world).min() {
-        return Err(zero(
-            &lay.optim[&extra],
-            None,
-            format!("optimizer states of rank {extra}, where partition_count says {world} ranks"),
-        ));
-    }
-    let stage = optims[0].stage;
-    let dtype = optims[0].groups.first().map_or(Dtype::F32, |g| g.dtype);
-    for (r, o) in optims.iter().enumerate() {
-        if let Some(g) = o.groups.iter().position(|g| g.dtype != dtype) {
-            return Err(zero(
-                files[r].path.as_path(),
-                None,
-                format!(
-                    "its fp32 group {g} is {:?}, where rank 0's are {dtype:?}",
-                    o.groups[g].dtype
-                ),
-            ));
-        }
-    }
-
-    // The model states: rank 0's (ZeRO-3: every rank's, for the frozen fragments).
-    let model_path = if stage <= 2 {
-        lay.model.clone()
+    // Rank 0's model states (ZeRO-3: `zero_pp_rank_0_...`).
+    let (model_path, name) = if stage <= 2 {
+        (lay.model.clone(), "mp_rank_00_model_states.pt")
     } else {
-        lay.model_ranks.get(&0).cloned()
-    }
-    .ok_or_else(|| {
-        let name = if stage <= 2 {
-            "mp_rank_00_model_states.pt".to_string()
-        } else {
-            "zero_pp_rank_0_mp_rank_00_model_states.pt".to_string()
-        };
-        zero(
-            &tag.join(&name),
-            None,
-            format!("`{name}` is missing (ZeRO stage {stage})"),
+        (
+            lay.model_ranks.get(&0).cloned(),
+            "zero_pp_rank_0_mp_rank_00_model_states.pt",
         )
-    })?;
-    let mut read_model_file = |path: &Path, files: &mut Vec<InputFile>| -> Result<(Model, usize)> {
-        let f = open_file(path)?;
-        let ck = read(path, &f)?;
-        note(&ck);
-        let m = read_model(&ck).map_err(|w| zero(path, None, w))?;
-        files.push(f);
-        Ok((m, files.len() - 1))
     };
-    let (model, model_input) = read_model_file(&model_path, &mut files)?;
+    let model_path = model_path.ok_or_else(|| {
+        let what = format!("`{name}` is missing (ZeRO stage {stage})");
+        zero(&tag.join(name), None, what)
+    })?;
+    let (ck, model_input) = rd.load(&model_path)?;
+    let model = read_model(&ck).map_err(|w| zero(&model_path, None, w))?;
+    drop(ck);
 
     let mut sd = StateDict::default();
     for (name, desc) in &model.buffers {
@@ -703,227 +964,23 @@ pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
             .map_err(|w| zero(&model_path, Some(name), w))?;
         sd.insert(t);
     }
-
-    // Frozen parameters: rank 0's fragments whole (ZeRO-1/2), the ranks' joined (ZeRO-3).
-    if !model.frozen.is_empty() {
-        let mut ranks: Vec<(Model, usize, PathBuf)> = Vec::new();
-        if stage == 3 {
-            for r in 1..world {
-                let name = format!("zero_pp_rank_{r}_mp_rank_00_model_states.pt");
-                let path = lay.model_ranks.get(&r).cloned().ok_or_else(|| {
-                    zero(
-                        &tag.join(&name),
-                        None,
-                        format!("rank {r}'s model states (`{name}`) are missing: they hold its fragments of the frozen parameters"),
-                    )
-                })?;
-                let (m, input) = read_model_file(&path, &mut files)?;
-                ranks.push((m, input, path));
-            }
-        }
-        for (name, shape) in &model.frozen {
-            let n =
-                numel(shape).ok_or_else(|| zero(&model_path, Some(name), "its shape overflows"))?;
-            let fragment = |m: &Model, path: &Path| {
-                m.fragments
-                    .get(name)
-                    .ok_or_else(|| zero(path, Some(name), "no frozen_param_fragments entry"))?
-                    .as_ref()
-                    .map_err(|w| zero(path, Some(name), w.clone()))
-                    .cloned()
-            };
-            let d0 = fragment(&model, &model_path)?;
-            let t = if stage <= 2 {
-                if d0.numel() != n {
-                    return Err(zero(
-                        &model_path,
-                        Some(name),
-                        format!(
-                            "its fragment holds {} elements, its shape {shape:?} {n}",
-                            d0.numel()
-                        ),
-                    ));
-                }
-                whole(name, &d0, model_input, shape)
-                    .map_err(|w| zero(&model_path, Some(name), w))?
-            } else {
-                let mut runs = Vec::new();
-                let mut at = 0u64;
-                let all = std::iter::once((&model, model_input, &model_path))
-                    .chain(ranks.iter().map(|(m, i, p)| (m, *i, p)));
-                for (m, input, path) in all {
-                    let d = fragment(m, path)?;
-                    let f = flat(&d).map_err(|w| zero(path, Some(name), w))?;
-                    if f.dtype != d0.dtype {
-                        return Err(zero(
-                            path,
-                            Some(name),
-                            format!("its fragment is {:?}, rank 0's {:?}", f.dtype, d0.dtype),
-                        ));
-                    }
-                    let take = f.numel.min(n - at);
-                    runs_of(&[(input, f, 0)], 0, take, at, &mut runs);
-                    at += take;
-                }
-                if at < n {
-                    return Err(zero(
-                        &model_path,
-                        Some(name),
-                        format!("the ranks' fragments hold {at} elements, its shape {shape:?} {n}"),
-                    ));
-                }
-                pieced(name, d0.dtype, shape, &runs)
-                    .map_err(|w| zero(&model_path, Some(name), w))?
-            };
-            sd.insert(t);
-        }
-    }
-
-    // Trainable parameters, from the fp32 masters.
-    let ngroups = model.groups.len();
-    for (r, o) in optims.iter().enumerate() {
-        if stage <= 2 && o.groups.len() != ngroups {
-            return Err(zero(
-                &files[r].path,
-                None,
-                format!(
-                    "{} fp32 partitions, where param_shapes has {ngroups} groups",
-                    o.groups.len()
-                ),
-            ));
-        }
-    }
+    let parts = Parts {
+        optims: &optims,
+        world,
+        stage,
+        dtype: optims[0].groups.first().map_or(Dtype::F32, |g| g.dtype),
+        model: &model,
+        model_path: &model_path,
+        model_input,
+    };
+    frozen(&parts, &tag, &lay, &mut rd, &mut sd)?;
     if stage <= 2 {
-        for (g, params) in model.groups.iter().enumerate() {
-            // The ranks' partitions end to end: (file, flat, offset in the group).
-            let mut segs = Vec::with_capacity(optims.len());
-            let mut total = 0u64;
-            for (r, o) in optims.iter().enumerate() {
-                segs.push((r, o.groups[g], total));
-                total += o.groups[g].numel;
-            }
-            let pads = match &optims[0].paddings {
-                Some(p) => {
-                    let pads = p.get(g).cloned().unwrap_or_default();
-                    if pads.len() != params.len() {
-                        return Err(zero(
-                            &files[0].path,
-                            None,
-                            format!(
-                                "param_alignment_paddings[{g}] has {} entries for the {} parameters of group {g}",
-                                pads.len(),
-                                params.len()
-                            ),
-                        ));
-                    }
-                    pads
-                }
-                None => vec![0; params.len()],
-            };
-            let mut offset = 0u64;
-            for ((name, shape), pad) in params.iter().zip(pads) {
-                let n = numel(shape)
-                    .ok_or_else(|| zero(&model_path, Some(name), "its shape overflows"))?;
-                let end = offset.checked_add(n).filter(|&e| e <= total).ok_or_else(|| {
-                    zero(
-                        &files[optims.len() - 1].path,
-                        Some(name),
-                        format!(
-                            "its elements end at {}, past the {total} elements of group {g}'s partitions (the ranks' sizes do not add up)",
-                            offset.saturating_add(n)
-                        ),
-                    )
-                })?;
-                let mut runs = Vec::new();
-                runs_of(&segs, offset, n, 0, &mut runs);
-                let t = pieced(name, dtype, shape, &runs)
-                    .map_err(|w| zero(&model_path, Some(name), w))?;
-                sd.insert(t);
-                offset = end.saturating_add(pad);
-            }
-            let align = 2 * world;
-            let up = |x: u64| x.div_ceil(align).saturating_mul(align);
-            if up(offset) != up(total) {
-                return Err(zero(
-                    &files[0].path,
-                    None,
-                    format!(
-                        "group {g}'s parameters take {offset} elements, its partitions hold {total} (rounded to {align}: {} and {}); the ranks' sizes do not add up",
-                        up(offset),
-                        up(total)
-                    ),
-                ));
-            }
-        }
+        zero2(&parts, &rd, &mut sd)?;
     } else {
-        // Each rank's groups end to end, as rank 0's.
-        let sizes0: Vec<u64> = optims[0].groups.iter().map(|g| g.numel).collect();
-        let per_rank: u64 = sizes0.iter().sum();
-        let mut segs: Vec<Vec<(usize, Flat, u64)>> = Vec::with_capacity(optims.len());
-        for (r, o) in optims.iter().enumerate() {
-            let sizes: Vec<u64> = o.groups.iter().map(|g| g.numel).collect();
-            if sizes != sizes0 {
-                return Err(zero(
-                    &files[r].path,
-                    None,
-                    format!("its fp32_flat_groups hold {sizes:?} elements, rank 0's {sizes0:?}"),
-                ));
-            }
-            let mut off = 0;
-            segs.push(
-                o.groups
-                    .iter()
-                    .map(|&f| {
-                        off += f.numel;
-                        (r, f, off - f.numel)
-                    })
-                    .collect(),
-            );
-        }
-        let mut seen: HashMap<&str, ()> = HashMap::new();
-        let mut offset = 0u64;
-        for (name, shape) in model.groups.iter().flatten() {
-            if seen.insert(name, ()).is_some() {
-                return Err(zero(&model_path, Some(name), "named twice in param_shapes"));
-            }
-            let n =
-                numel(shape).ok_or_else(|| zero(&model_path, Some(name), "its shape overflows"))?;
-            let part = n.div_ceil(world);
-            if offset.saturating_add(part) > per_rank {
-                return Err(zero(
-                    &files[0].path,
-                    Some(name),
-                    format!(
-                        "its partitions end at {}, past the {per_rank} elements of each rank's fp32_flat_groups",
-                        offset.saturating_add(part)
-                    ),
-                ));
-            }
-            let mut runs = Vec::new();
-            for (r, s) in segs.iter().enumerate() {
-                let at = r as u64 * part;
-                if at >= n {
-                    break;
-                }
-                runs_of(s, offset, part.min(n - at), at, &mut runs);
-            }
-            let t =
-                pieced(name, dtype, shape, &runs).map_err(|w| zero(&model_path, Some(name), w))?;
-            sd.insert(t);
-            offset += part;
-        }
-        if offset != per_rank {
-            return Err(zero(
-                &files[0].path,
-                None,
-                format!(
-                    "the parameters take {offset} elements of each rank's fp32_flat_groups, which hold {per_rank}; the sizes do not add up"
-                ),
-            ));
-        }
+        zero3(&parts, &rd, &mut sd)?;
     }
-
-    // Shared parameters: the bytes of the one each aliases, under its own name.
+    // Shared parameters: the bytes of the one each aliases, under its own name (an alias of
+    // no tensor is left out, as zero_to_fp32 does).
     for (alias, name) in &model.shared {
         if let Some(&i) = sd.index.get(name) {
             let mut t = sd.tensors[i].clone();
@@ -931,36 +988,10 @@ pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
             sd.insert(t);
         }
     }
-
-    // Names stripped of the first prefix that matches.
     let mut tensors = sd.tensors;
-    if !opts.strip_prefix.is_empty() {
-        let mut names: HashMap<String, String> = HashMap::new();
-        for t in &mut tensors {
-            let stripped = opts
-                .strip_prefix
-                .iter()
-                .find_map(|p| t.name.strip_prefix(p.as_str()))
-                .filter(|n| !n.is_empty())
-                .map(str::to_string);
-            let source = t.name.clone();
-            if let Some(s) = stripped {
-                t.name = s;
-            }
-            if let Some(first) = names.insert(t.name.clone(), source.clone()) {
-                return Err(Error::Checkpoint {
-                    path: dir.to_path_buf(),
-                    error: TorchError::DuplicateName {
-                        name: t.name.clone(),
-                        first,
-                        second: source,
-                    },
-                });
-            }
-        }
-    }
+    strip(&mut tensors, &opts.strip_prefix, dir)?;
 
-    let stored: u64 = files.iter().map(|f| f.map.len() as u64).sum();
+    let stored: u64 = rd.files.iter().map(|f| f.map.len() as u64).sum();
     let data: u64 = tensors.iter().map(SourceTensor::len).sum();
     let header = SourceHeader {
         header_len: stored.saturating_sub(data),
@@ -974,10 +1005,10 @@ pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
         format: Format::DeepSpeed,
         key: String::new(),
         skipped: Vec::new(),
-        globals,
-        unlisted: placeholders,
+        globals: rd.globals,
+        unlisted: rd.unlisted,
     };
-    let mut source = Source::from_parts(dir, files, header);
+    let mut source = Source::from_parts(dir, rd.files, header);
     source.origin = Some(origin);
     Ok(source)
 }
@@ -1020,5 +1051,38 @@ mod tests {
         for (name, want) in cases {
             assert_eq!(kind(name), *want, "{name}");
         }
+    }
+
+    #[test]
+    fn a_rank_vector_splits_into_runs_at_its_group_boundaries() {
+        let f = |start, numel| Flat {
+            dtype: Dtype::F32,
+            start,
+            numel,
+        };
+        // Groups of 5 and 4 elements, in files 3 and 4 (bytes 100.., 200..).
+        let segs = [(3, f(100, 5), 0), (4, f(200, 4), 5)];
+        let mut runs = Vec::new();
+        runs_of(&segs, 3, 4, 10, &mut runs);
+        assert_eq!(
+            runs,
+            [
+                FlatRun {
+                    input: 3,
+                    start: 112,
+                    first: 10,
+                    count: 2
+                },
+                FlatRun {
+                    input: 4,
+                    start: 200,
+                    first: 12,
+                    count: 2
+                },
+            ]
+        );
+        runs.clear();
+        runs_of(&segs, 9, 0, 0, &mut runs);
+        assert!(runs.is_empty());
     }
 }
