@@ -56,6 +56,10 @@ named! {
         Safetensors = "safetensors",
         Pytorch = "pytorch",
         PytorchLegacy = "pytorch-legacy",
+        /// A torch.distributed.checkpoint folder.
+        Dcp = "dcp",
+        /// A DeepSpeed ZeRO checkpoint folder.
+        DeepSpeed = "deepspeed",
     }
 }
 
@@ -67,6 +71,8 @@ impl InputFormat {
         match f {
             Format::TorchZip => InputFormat::Pytorch,
             Format::TorchLegacy => InputFormat::PytorchLegacy,
+            Format::Dcp => InputFormat::Dcp,
+            Format::DeepSpeed => InputFormat::DeepSpeed,
             _ => InputFormat::Safetensors,
         }
     }

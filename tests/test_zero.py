@@ -105,6 +105,12 @@ def test_inspect_lists_the_tensors(tmp_path, run_main):
     rc, out, err = run_main("inspect", ck)
     assert rc == 0, err
     assert "fc2.weight" in out and "[5, 7]" in out and "out.weight" in out
+    assert "format:   DeepSpeed ZeRO checkpoint folder" in out, out
+    # DeepSpeed's classes are listed records: shown among the allowed, none unlisted.
+    assert "ZeroStageEnum" in out and "not on the allow-list" not in out, out
+    r = stcast.inspect(ck)
+    assert r.format == "deepspeed" and r.unlisted == []
+    assert "deepspeed.runtime.fp16.loss_scaler.LossScaler" in r.globals
 
 
 @pytest.mark.parametrize("name", REAL)
