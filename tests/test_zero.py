@@ -356,3 +356,27 @@ def test_the_default_destination_is_beside_the_checkpoint(tmp_path):
     stcast.convert(ck)
     assert (tmp_path / "stage2-3ranks-bf16" / "model.safetensors").is_file()
     assert sorted(os.listdir(ck / "global_step1")) == before
+
+
+def test_peak_rss_is_bounded_and_the_moments_stay_unread(tmp_path):
+    """ZeRO-3 on 4 ranks: the peak RSS does not grow with the checkpoint (its parameters
+    gathered window by window from the mapped partitions; the moments, twice the masters,
+    never touched)."""
+    from test_memory import MIB, peak_rss_of_convert
+
+    peaks = {}
+    for size_mib in (16, 96):
+        n = size_mib * MIB // 4 // 8
+        x = np.linspace(-3.0, 3.0, n, dtype=np.float32)
+        groups = [{f"layers.{i}.w": x.reshape(-1, 1024) for i in range(8)}]
+        ck = tmp_path / f"ck{size_mib}"
+        write_zero(ck, groups, stage=3, ranks=4)
+        dst = tmp_path / f"out{size_mib}.safetensors"
+        peaks[size_mib] = peak_rss_of_convert(ck, dst)
+        assert dst.stat().st_size < size_mib * MIB // 2 + 4096
+        shutil.rmtree(ck)
+        dst.unlink()
+    print({k: f"{v / MIB:.1f} MiB" for k, v in peaks.items()})
+    for size_mib, peak in peaks.items():
+        assert peak < 150 * MIB, f"{size_mib} MiB of masters: peak RSS {peak / MIB:.1f} MiB"
+    assert peaks[96] <= 1.25 * peaks[16] + 16 * MIB, peaks
