@@ -16,7 +16,7 @@ use crate::failpoint;
 use crate::input::InputOptions;
 use crate::kernels::Isa;
 use crate::numerics::Numerics;
-use crate::output::{self, AtPath, PathId, Replace, TempOutput};
+use crate::output::{self, AtPath, PathId, Published, Replace, TempOutput};
 use crate::plan::{self, KeptTensor, Plan, PlanOptions};
 use crate::source::{fadvise_dontneed, PendingRelease, Source};
 use crate::vocab::{OnOverflow, ReadAdvice, Target};
@@ -760,6 +760,11 @@ impl Job {
             self.report_out = Some(out);
         }
         Ok(())
+    }
+
+    /// After `seal`: what the output will be once published (`TempOutput::identity`).
+    pub fn sealed(&self) -> Result<Published> {
+        self.out.identity()
     }
 
     /// After `seal`: give the output its name (the commit point), then the report.

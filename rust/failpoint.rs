@@ -4,8 +4,11 @@
 //! `tmpfile`, `prealloc`, `mid-tensor`, `fsync`, `publish`, `write-temp`; the Python side
 //! hits its own through `_core.failpoint(name)`: `folder-checked` (every refusal done,
 //! nothing written), `folder-manifest` (the run's manifest written, no output yet),
-//! `folder-file` (after each converted file), `folder-publish` (before the copies, configs
-//! and indexes), `folder-complete` (all written and re-checked, manifests still there).
+//! `folder-sealed` (an output sealed and claimed in the manifest, not yet published),
+//! `folder-published` (that output published, the manifest not yet recording it),
+//! `folder-file` (after each converted file, recorded), `folder-publish` (before the
+//! copies, configs and indexes), `folder-complete` (all written and re-checked, manifests
+//! still there).
 //! Actions:
 //! - `eio`, `enospc`, `eopnotsupp`: fail the step with that error (`tmpfile=eopnotsupp`
 //!   makes the file system look like one without `O_TMPFILE`, so the named-temp path runs);

@@ -42,6 +42,9 @@ pub enum Format {
     /// A `torch.distributed.checkpoint` folder: `.metadata` and `__{rank}_{n}.distcp` files
     /// (FSDP, torchtitan, Megatron `torch_dist`). A folder, told apart by `input::folder`.
     Dcp,
+    /// A folder of safetensors shards that DCP's `HuggingFaceStorageWriter` wrote in a
+    /// distributed save: each rank's chunks, placed by `__metadata__["DCP_SHARDING_INFO"]`.
+    DcpSafetensors,
     /// A DeepSpeed checkpoint folder: `latest` and the tag folder's ZeRO partitions.
     DeepSpeed,
     Unknown,
@@ -71,6 +74,10 @@ impl Format {
             Format::Json => "a JSON text file (a config or an index?)",
             Format::Text => "a text file",
             Format::Dcp => "a torch.distributed.checkpoint (DCP) folder",
+            Format::DcpSafetensors => {
+                "a torch.distributed.checkpoint folder of safetensors shards \
+                 (HuggingFaceStorageWriter)"
+            }
             Format::DeepSpeed => "a DeepSpeed checkpoint folder (ZeRO partitions)",
             Format::Unknown => "a file of unknown format",
         }

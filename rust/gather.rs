@@ -51,6 +51,15 @@ impl Gather {
         }
     }
 
+    /// Count its files from `by` on: the tensor's source put after `by` other files.
+    pub fn offset_inputs(&mut self, by: usize) {
+        if let Gather::Pieces(p) = self {
+            for q in &mut p.pieces {
+                q.input += by;
+            }
+        }
+    }
+
     /// Every byte range the tensor's elements lie in, with the file it is in (`default`:
     /// the tensor's own file, for a view): for read-ahead advice and page release.
     pub fn spans(&self, default: usize) -> Vec<(usize, Range<u64>)> {

@@ -500,6 +500,20 @@ impl TempOutput {
             .map_err(|e| Error::io(&self.dst, "fsync", e))
     }
 
+    /// The hidden file's device, inode and size: what it will be once published (a link
+    /// or a rename keeps the inode), for a manifest to record before it has a name.
+    pub fn identity(&self) -> Result<Published> {
+        let meta = self
+            .file
+            .metadata()
+            .map_err(|e| Error::io(&self.dst, "cannot stat the output", e))?;
+        Ok(Published {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.len(),
+        })
+    }
+
     /// Give the sealed file its final name, then fsync the folder. This is the commit
     /// point: before it nothing is visible, after it the file stays.
     pub fn publish(mut self) -> Result<Published> {
@@ -633,6 +647,11 @@ impl TempOutput {
 
 /// Write `bytes` as the file `dst`, whole or not at all: a hidden temp, fsync, publish.
 pub fn write_file(dst: &Path, bytes: &[u8], replace: Replace, tag: &str) -> Result<Published> {
+    sealed_file(dst, bytes, replace, tag)?.publish()
+}
+
+/// `write_file` up to the publish: the hidden file, written and sealed.
+pub fn sealed_file(dst: &Path, bytes: &[u8], replace: Replace, tag: &str) -> Result<TempOutput> {
     let out = TempOutput::create(dst, replace, None, tag)?;
     out.preallocate(bytes.len() as u64)?;
     failpoint::hit("write-temp").map_err(|e| Error::io(dst, "write failed", e))?;
@@ -640,7 +659,7 @@ pub fn write_file(dst: &Path, bytes: &[u8], replace: Replace, tag: &str) -> Resu
         .write_all(bytes)
         .map_err(|e| Error::io(dst, "write failed", e))?;
     out.seal()?;
-    out.publish()
+    Ok(out)
 }
 
 /// A copy of a regular file in progress, step by step (a companion file of a folder can be
@@ -719,8 +738,13 @@ impl Copy {
 
     /// Seal and publish the copy.
     pub fn finish(self) -> Result<Published> {
+        self.seal()?.publish()
+    }
+
+    /// Seal the copy: only its name is missing then.
+    pub fn seal(self) -> Result<TempOutput> {
         self.out.seal()?;
-        self.out.publish()
+        Ok(self.out)
     }
 }
 

@@ -257,7 +257,8 @@ fn hooks<'py>(step: u64, progress: Hook<'py>, cancel: Hook<'py>, warn: Hook<'py>
 
 #[pyfunction]
 #[pyo3(name = "convert", signature = (src, dst, *, progress=None, cancel=None, warn=None,
-                                      **options))]
+                                      sealed=None, **options))]
+#[allow(clippy::too_many_arguments)]
 fn py_convert<'py>(
     py: Python<'py>,
     src: PathBuf,
@@ -265,26 +266,36 @@ fn py_convert<'py>(
     progress: Hook<'py>,
     cancel: Hook<'py>,
     warn: Hook<'py>,
+    sealed: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = read_options(py, options, Settings::convert)?;
     let hooks = hooks(opts.tuning.step, progress, cancel, warn);
     let task = hooks.run(py, || ConvertTask::new(&src, &dst, &opts))?;
-    finish_convert(py, &hooks, task, opts.numerics)
+    finish_convert(py, &hooks, task, opts.numerics, sealed)
 }
 
-/// Step a conversion to its end, seal and publish it; its report as a dict.
+/// Step a conversion to its end, seal and publish it; its report as a dict. `sealed`, if
+/// given, is called with the hidden output's (dev, ino, size) between sealing and
+/// publishing (a folder run records them in its manifest before the file has a name);
+/// if it raises, nothing is published.
 fn finish_convert<'py>(
     py: Python<'py>,
     hooks: &Hooks<'py>,
     mut task: ConvertTask,
     numerics: bool,
+    sealed: Hook<'py>,
 ) -> PyResult<Bound<'py, PyDict>> {
     // Dropping `task` on any early return removes the unpublished output.
     hooks.drive(py, &mut task)?;
     hooks.run(py, || task.seal())?;
     // The last chance to stop: a signal or cancel until here leaves nothing behind.
     hooks.visit(py, &mut task)?;
+    if let Some(f) = &sealed {
+        let id = task.sealed().map_err(|e| to_py(py, e))?;
+        f.call1((id.dev, id.ino, id.size))?;
+        hooks.visit(py, &mut task)?;
+    }
     let r = hooks.run(py, move || task.publish())?;
     let d = crossed(py, &r, &[("src", &r.src), ("dst", &r.dst)])?;
     let measured = numerics.then(|| numerics_dict(py, &r.numerics, &r.numerics_total));
@@ -345,7 +356,7 @@ impl ShardGroup {
 /// Convert the output shard of `group` holding `names` into `dst` (`shard::Group::task`).
 #[pyfunction]
 #[pyo3(signature = (group, names, indexed, dst, *, progress=None, cancel=None, warn=None,
-                    **options))]
+                    sealed=None, **options))]
 #[allow(clippy::too_many_arguments)]
 fn convert_shard<'py>(
     py: Python<'py>,
@@ -356,13 +367,14 @@ fn convert_shard<'py>(
     progress: Hook<'py>,
     cancel: Hook<'py>,
     warn: Hook<'py>,
+    sealed: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = read_options(py, options, Settings::shard_convert)?;
     let hooks = hooks(opts.tuning.step, progress, cancel, warn);
     let group = &group.get().group;
     let task = hooks.run(py, || group.task(&names, indexed, &dst, &opts))?;
-    finish_convert(py, &hooks, task, opts.numerics)
+    finish_convert(py, &hooks, task, opts.numerics, sealed)
 }
 
 /// Verify the file `dst` as an output shard of `group` (see `shard::Group::verifier`).
@@ -539,7 +551,7 @@ fn replace_policy(v: Option<&Bound<'_, PyAny>>) -> PyResult<Replace> {
 
 /// Write `data` as the file `path`, atomically (`output::write_file`).
 #[pyfunction]
-#[pyo3(signature = (path, data, *, replace=None, tag="", cancel=None))]
+#[pyo3(signature = (path, data, *, replace=None, tag="", cancel=None, sealed=None))]
 fn write_file<'py>(
     py: Python<'py>,
     path: PathBuf,
@@ -547,17 +559,40 @@ fn write_file<'py>(
     replace: Option<&Bound<'py, PyAny>>,
     tag: &str,
     cancel: Hook<'py>,
+    sealed: Hook<'py>,
 ) -> PyResult<(u64, u64, u64)> {
     let replace = replace_policy(replace)?;
     let hooks = hooks(Tuning::default().step, None, cancel, None);
     // A stop request that interrupted the write (EINTR) wins over the error it caused.
-    let p = hooks.run(py, || output::write_file(&path, &data, replace, tag))?;
+    let out = hooks.run(py, || output::sealed_file(&path, &data, replace, tag))?;
+    publish_sealed(py, &hooks, out, sealed)
+}
+
+/// Publish a sealed output, telling `sealed` (if given) its (dev, ino, size) first; if
+/// that raises, or a stop request comes meanwhile, nothing is published.
+fn publish_sealed<'py>(
+    py: Python<'py>,
+    hooks: &Hooks<'py>,
+    out: output::TempOutput,
+    sealed: Hook<'py>,
+) -> PyResult<(u64, u64, u64)> {
+    if let Some(f) = &sealed {
+        let id = out.identity().map_err(|e| to_py(py, e))?;
+        f.call1((id.dev, id.ino, id.size))?;
+        py.check_signals()?;
+        if hooks.cancelled()? {
+            return Err(to_py(py, Error::Cancelled));
+        }
+    }
+    let p = hooks.run(py, move || out.publish())?;
     Ok(p.into())
 }
 
 /// Copy the regular file `src` to `dst` atomically, in bounded steps (`output::Copy`).
 #[pyfunction]
-#[pyo3(signature = (src, dst, *, replace=None, tag="", progress=None, cancel=None))]
+#[pyo3(signature = (src, dst, *, replace=None, tag="", progress=None, cancel=None,
+                    sealed=None))]
+#[allow(clippy::too_many_arguments)]
 fn copy_file<'py>(
     py: Python<'py>,
     src: PathBuf,
@@ -566,13 +601,14 @@ fn copy_file<'py>(
     tag: &str,
     progress: Hook<'py>,
     cancel: Hook<'py>,
+    sealed: Hook<'py>,
 ) -> PyResult<(u64, u64, u64)> {
     let replace = replace_policy(replace)?;
     let hooks = hooks(Tuning::default().step, progress, cancel, None);
     let mut copy = hooks.run(py, || output::Copy::new(&src, &dst, replace, tag))?;
     hooks.drive(py, &mut copy)?;
-    let p = hooks.run(py, move || copy.finish())?;
-    Ok(p.into())
+    let out = hooks.run(py, move || copy.seal())?;
+    publish_sealed(py, &hooks, out, sealed)
 }
 
 /// Write a folder's numeric report to `path` from each file's rows (`report::files_report`).

@@ -54,6 +54,9 @@ pub struct Group {
     /// Its files in input order, each held open: a later pass reads the very files that
     /// were validated, and sees any change since (`InputFile::duplicate`).
     inputs: Vec<InputFile>,
+    /// Per input path, its files in `inputs` (one, but for a checkpoint of several files:
+    /// a DCP folder's rank files).
+    spans: Vec<std::ops::Range<usize>>,
     headers: Vec<SourceHeader>,
     by_name: HashMap<String, At>,
     /// Per file: how its checkpoint was read (`None`: a safetensors file). `verify` infers
@@ -129,7 +132,8 @@ impl Group {
     /// checkpoints, read under `input`), without reading their data. A tensor name may
     /// appear once in the whole group.
     pub fn open(paths: &[PathBuf], input: &InputOptions) -> Result<Group> {
-        let mut inputs = Vec::with_capacity(paths.len());
+        let mut inputs: Vec<InputFile> = Vec::with_capacity(paths.len());
+        let mut spans = Vec::with_capacity(paths.len());
         let mut headers = Vec::with_capacity(paths.len());
         let mut origins = Vec::with_capacity(paths.len());
         let mut by_name = HashMap::new();
@@ -162,6 +166,7 @@ impl Group {
             for f in files.iter().filter(|_| safetensors) {
                 f.release_head(header.data_start());
             }
+            spans.push(inputs.len()..inputs.len() + files.len());
             inputs.extend(files);
             headers.push(header);
         }
@@ -178,6 +183,7 @@ impl Group {
         }
         Ok(Group {
             inputs,
+            spans,
             headers,
             by_name,
             origins,
@@ -277,12 +283,19 @@ impl Group {
     }
 
     /// The header of an output holding `tensors` (in input order), before planning; each
-    /// tensor's `input` is its place in the returned list of input files.
+    /// tensor's `input` is its place in the returned list of input files (of `inputs`).
     fn header(&self, tensors: &[At], indexed: bool) -> (SourceHeader, Vec<usize>) {
-        let mut used: Vec<usize> = tensors.iter().map(|t| t.0).collect();
-        used.dedup();
-        if used.is_empty() {
-            used.push(0); // an empty shard still names a file in messages
+        let mut paths: Vec<usize> = tensors.iter().map(|t| t.0).collect();
+        paths.dedup();
+        if paths.is_empty() {
+            paths.push(0); // an empty shard still names a file in messages
+        }
+        // Each used path's files, in order; where each path's first one lands.
+        let mut used = Vec::new();
+        let mut base = HashMap::new();
+        for &p in &paths {
+            base.insert(p, used.len());
+            used.extend(self.spans[p].clone());
         }
         let mut header_len = 64;
         let list = tensors
@@ -290,10 +303,15 @@ impl Group {
             .map(|&(i, j)| {
                 let t = &self.headers[i].tensors[j];
                 header_len += t.name.len() as u64 + 80;
-                SourceTensor {
-                    input: used.partition_point(|&u| u < i),
+                let at = base[&i];
+                let mut out = SourceTensor {
+                    input: at + t.input,
                     ..t.clone()
+                };
+                if let Some(g) = out.gather.as_deref_mut() {
+                    g.offset_inputs(at);
                 }
+                out
             })
             .collect();
         let header = SourceHeader {
@@ -409,8 +427,8 @@ impl Group {
         let mut items = Vec::new();
         let mut buf = Vec::new();
         let mut unmatched = opts.keep.clone();
-        for (f, h) in self.inputs.iter().zip(&self.headers) {
-            let planned = plan::plan(&f.path, h, opts)?;
+        for (span, h) in self.spans.iter().zip(&self.headers) {
+            let planned = plan::plan(&self.inputs[span.start].path, h, opts)?;
             unmatched.retain(|p| planned.keep_unmatched.contains(p));
             let mut out = vec![(Dtype::U8, 0u64); h.tensors.len()];
             for t in &planned.tensors {

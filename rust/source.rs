@@ -50,7 +50,7 @@ pub struct Source {
 /// What a source read from a PyTorch checkpoint says beyond its tensors.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Origin {
-    /// `Format::TorchZip` or `Format::TorchLegacy`.
+    /// `Format::TorchZip` or `Format::TorchLegacy`, or a distributed checkpoint's format.
     pub format: Format,
     /// The dotted key of the dict converted (`""`: the top level).
     pub key: String,

@@ -118,6 +118,14 @@ impl ConvertTask {
         }
     }
 
+    /// After `seal`: the hidden output's device, inode and size, as published.
+    pub fn sealed(&self) -> Result<crate::output::Published> {
+        match &self.phase {
+            Phase::Convert(job) => job.sealed(),
+            _ => Err(Error::Cancelled),
+        }
+    }
+
     /// After `seal`: publish (the commit point).
     pub fn publish(self) -> Result<Report> {
         match self.phase {

@@ -56,8 +56,8 @@ named! {
         Safetensors = "safetensors",
         Pytorch = "pytorch",
         PytorchLegacy = "pytorch-legacy",
-        /// A torch.distributed.checkpoint folder.
         Dcp = "dcp",
+        DcpSafetensors = "dcp-safetensors",
         /// A DeepSpeed ZeRO checkpoint folder.
         DeepSpeed = "deepspeed",
     }
@@ -72,6 +72,7 @@ impl InputFormat {
             Format::TorchZip => InputFormat::Pytorch,
             Format::TorchLegacy => InputFormat::PytorchLegacy,
             Format::Dcp => InputFormat::Dcp,
+            Format::DcpSafetensors => InputFormat::DcpSafetensors,
             Format::DeepSpeed => InputFormat::DeepSpeed,
             _ => InputFormat::Safetensors,
         }

@@ -163,7 +163,8 @@ def test_two_finalize_runs_at_once(tmp_path, run_main):
     assert run_cli("finalize", src, dst, "-q") == (0, "", "")
     rc, err = first.run_through()
     if rc != 0:
-        assert rc == 1 and "destination exists" in assert_one_error_line(err), err
+        line = assert_one_error_line(err)
+        assert rc == 1 and ("destination exists" in line or "another stcast run took" in line)
     assert tree(dst) == plain_tree(src)
 
 
@@ -205,6 +206,33 @@ def test_two_whole_runs_past_their_checks(tmp_path, run_main, other):
     assert results == [0, 1], (ra, rb)
     winner = src if ra[0] == 0 else rival
     assert tree(dst) == plain_tree(winner)
+
+
+POINTS = ["folder-checked", "folder-manifest", "folder-file", "folder-publish"]
+
+
+@pytest.mark.parametrize("second", POINTS)
+@pytest.mark.parametrize("first", POINTS)
+@pytest.mark.parametrize("earlier", [False, True], ids=["new", "over-an-earlier-output"])
+def test_two_force_runs_at_once(tmp_path, run_main, first, second, earlier):
+    """Two `--force` runs into one folder, A stopped at one point, B at another, then A
+    run through, then B. The loser was told `... (--force does)`, though it had used
+    --force, and both could fail (A replaced a shard B had written, B then failed its
+    re-check), leaving a manifest. Now a run whose manifest another run replaced or removed
+    stops before writing on, saying so; at least one run succeeds, with a plain output."""
+    src = write_checkpoint_folder(tmp_path / "src", files=3)
+    dst = tmp_path / "out"
+    if earlier:
+        assert run_main("convert", src, dst, "-q") == (0, "", "")
+    a = stopped("convert", src, dst, "--force", "-q", at=first)
+    b = stopped("convert", src, dst, "--force", "-q", at=second)
+    ra, rb = a.run_through(), b.run_through()
+    assert 0 in (ra[0], rb[0]), (ra, rb)
+    for rc, err in (ra, rb):
+        if rc != 0:
+            line = assert_one_error_line(err)
+            assert rc == 1 and "another stcast run" in line and "--force does" not in line, err
+    assert tree(dst) == plain_tree(src)
 
 
 def test_the_same_shard_twice_is_refused(tmp_path, run_main):

@@ -213,3 +213,124 @@ def test_the_default_destination_is_beside_the_checkpoint(tmp_path):
     stcast.convert(ck)
     assert (tmp_path / "hsdp-2x2-bf16" / "model.safetensors").is_file()
     assert sorted(os.listdir(ck)) == before
+
+
+@pytest.mark.parametrize("to", ["bf16", "keep"])
+def test_huggingface_storage_writer_shards_are_gathered(tmp_path, to):
+    """A distributed save of DCP's HuggingFaceStorageWriter: one safetensors file per rank,
+    its chunks placed by `DCP_SHARDING_INFO`, no `.metadata`. Read as a plain Hugging Face
+    folder it would be two half checkpoints; it is one, sized where its chunks end."""
+    ck = tmp_path / "hf"
+    ck.mkdir()
+    for f in (FIXTURES / "hf-variant").glob("shard-*.safetensors"):
+        shutil.copy(f, ck / f.name)
+    out = tmp_path / "o.safetensors"
+    stcast.convert(ck, out, to=to)
+    want = (
+        FIXTURES / "hf-variant" / f"expected-model-{'bf16' if to == 'bf16' else 'fp32'}.safetensors"
+    )
+    assert tensor_bytes(out) == tensor_bytes(want)
+    assert stcast.verify(ck, out).ok
+    _, items, _ = __import__("conftest").read_safetensors(out)
+    meta = dict(dict(items).get("__metadata__", []))
+    assert "DCP_SHARDING_INFO" not in meta and meta.get("format") == "pt"
+
+
+def test_optimizer_items_are_never_read(tmp_path, rng):
+    """`--key model` touches the model's items only: the optimizer's, beside them in the
+    same rank files, are garbage here and the conversion is still exact."""
+    w = rng.standard_normal((8, 3)).astype(np.float32)
+    garbage = {0: np.zeros(1, np.int8), 1: np.zeros(1, np.int8)}
+    ck = tmp_path / "ck"
+    write_dcp(
+        ck,
+        {
+            "model.w": Tensor(w, rows(w, [0, 4]), ("model", "w")),
+            "optim.state.w.exp_avg": Tensor(
+                w, rows(w, [0, 4]), ("optim", "state", "w", "exp_avg"), lie=garbage
+            ),
+        },
+    )
+    out = tmp_path / "o.safetensors"
+    stcast.convert(ck, out, key="model", to="keep")
+    assert tensor_bytes(out)["w"] == ("F32", [8, 3], w.tobytes())
+    with pytest.raises(stcast.InvalidInput, match="exp_avg"):
+        stcast.convert(ck, out, key="optim", force=True)
+
+
+def test_peak_rss_is_bounded_for_a_dcp_folder(tmp_path):
+    """A DCP folder converts in the same bounded memory as a file, whatever its size: each
+    window gathers from the ranks' items in place (and their pages are released)."""
+    from test_memory import MIB, peak_rss_of_convert
+
+    peaks = {}
+    for size_mib in (32, 160):
+        n = size_mib * MIB // 4 // 1024
+        w = np.linspace(-3, 3, n * 1024, dtype=np.float32).reshape(n, 1024)
+        ck = tmp_path / f"ck{size_mib}"
+        cuts = [0, n // 4 + 3, n // 2, 3 * n // 4 - 5]
+        write_dcp(ck, {"w": Tensor(w, rows(w, cuts), ("w",))}, ranks=4)
+        del w
+        dst = tmp_path / f"out{size_mib}.safetensors"
+        peaks[size_mib] = peak_rss_of_convert(ck, dst)
+        assert dst.stat().st_size < size_mib * MIB // 2 + 4096
+        shutil.rmtree(ck)
+        dst.unlink()
+    print({k: f"{v / MIB:.1f} MiB" for k, v in peaks.items()})
+    for size_mib, peak in peaks.items():
+        assert peak < 150 * MIB, f"{size_mib} MiB input: peak RSS {peak / MIB:.1f} MiB"
+    assert peaks[160] <= 1.25 * peaks[32] + 16 * MIB, peaks
+
+
+def test_resharded_shard_runs_finalize_and_resume(tmp_path, run_main, cli_process):
+    """`--max-shard-size`, `--shard I/N` + `finalize` (a SLURM array), `--resume`: as for a
+    file. The shards hold exactly the tensors of the one-file conversion. (finalize reads
+    the source with the shard runs' --key: it once read it without.)"""
+    ck = checkpoint("fsdp2-1d-3ranks", tmp_path)
+    one = tmp_path / "one.safetensors"
+    stcast.convert(ck, one, key="model")
+    want = tensor_bytes(one)
+
+    def shards(folder: Path) -> dict:
+        got: dict = {}
+        for f in sorted(folder.glob("model-*.safetensors")):
+            got.update(tensor_bytes(f))
+        return got
+
+    rc, out, err = run_main(
+        "convert", ck, tmp_path / "rs", "--key", "model", "--max-shard-size", "300B"
+    )
+    assert rc == 0, err
+    assert (tmp_path / "rs" / "model.safetensors.index.json").is_file()
+    assert shards(tmp_path / "rs") == want
+    rc, out, err = run_main("verify", ck, tmp_path / "rs", "--key", "model")
+    assert rc == 0, err
+    for i in (1, 2):
+        rc, out, err = run_main(
+            "convert",
+            ck,
+            tmp_path / "sh",
+            "--key",
+            "model",
+            "--max-shard-size",
+            "300B",
+            "--shard",
+            f"{i}/2",
+        )
+        assert rc == 0, err
+    rc, out, err = run_main("finalize", ck, tmp_path / "sh")
+    assert rc == 0, err
+    assert sorted(os.listdir(tmp_path / "sh")) == sorted(os.listdir(tmp_path / "rs"))
+    assert shards(tmp_path / "sh") == want
+    # Stopped after the first shard, then resumed.
+    env = {"STCAST_FAILPOINT": "folder-file=sigint"}
+    rc, out, err = cli_process(
+        "convert", ck, tmp_path / "re", "--key", "model", "--max-shard-size", "300B", env=env
+    )
+    assert rc != 0 and (tmp_path / "re" / ".stcast-manifest.json").is_file(), err
+    rc, out, err = run_main(
+        "convert", ck, tmp_path / "re", "--key", "model", "--max-shard-size", "300B", "--resume"
+    )
+    assert rc == 0, err
+    assert shards(tmp_path / "re") == want
+    assert sorted(os.listdir(tmp_path / "re")) == sorted(os.listdir(tmp_path / "rs"))

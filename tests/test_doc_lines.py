@@ -5,8 +5,8 @@ and each line that starts with `stcast ` inside a fenced block of README.md, doc
 and docs/reference.md. Each runs through the CLI's `main`, in a folder of its own that holds
 tiny stand-ins named as the line names them: a safetensors file for `*.safetensors`, a
 PyTorch checkpoint for `*.bin`, `*.pt`, `*.pth`, `*.ckpt` (its dict at `--key`, its names
-under the `--strip-prefix` prefixes), a DeepSpeed ZeRO checkpoint for `ds_ckpt/...` (its
-tag the `global_step*` part named), a sharded Hugging Face folder for any other SRC. What
+under the `--strip-prefix` prefixes), a DCP folder for `step-*`, a DeepSpeed ZeRO checkpoint
+for `ds_ckpt/...` (its tag the `global_step*` part named), a sharded Hugging Face folder for any other SRC. What
 a line needs from an earlier line is made first: `verify SRC DST` gets DST from
 `convert SRC DST` with the same precision options, `finalize SRC DST` from
 `convert SRC DST --shard 1/1`.
@@ -176,6 +176,25 @@ def _zero(root: Path, tag: str) -> None:
     write_zero(root, [params], stage=3, ranks=2, tag=tag)
 
 
+def _dcp(root: Path, options: dict[str, list[str]]) -> None:
+    """A DCP folder (`step-1000/`): a model under `--key`'s path, and an optimizer beside."""
+    from dcpfile import Tensor, rows, write_dcp
+
+    key = tuple(options.get("--key", ["model"])[0].split("."))
+    x = np.resize(np.linspace(-2, 2, 32, dtype=np.float32), 4096).reshape(64, 64)
+    norm = np.linspace(-1, 1, 8, dtype=np.float32)
+    tensors = {
+        ".".join((*key, "layers.0.weight")): Tensor(
+            x, rows(x, [0, 20, 41]), (*key, "layers.0.weight")
+        ),
+        ".".join((*key, "norm.weight")): Tensor(norm, rows(norm, [0, 5]), (*key, "norm.weight")),
+        "optim.state.norm.weight.exp_avg": Tensor(
+            norm, rows(norm, [0, 5]), ("optim", "state", "norm.weight", "exp_avg")
+        ),
+    }
+    write_dcp(root, tensors, ranks=3)
+
+
 def _stand_in(folder: Path, name: str, options: dict[str, list[str]]) -> None:
     path = folder / name
     if path.exists():
@@ -189,6 +208,8 @@ def _stand_in(folder: Path, name: str, options: dict[str, list[str]]) -> None:
             folder / parts[0],
             next((p for p in parts if p.startswith("global_step")), "global_step1"),
         )
+    elif name.startswith("step-"):
+        _dcp(path, options)
     elif name.endswith("/") or not suffix:
         _folder(path)
     elif suffix == ".safetensors":

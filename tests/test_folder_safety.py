@@ -424,6 +424,31 @@ def test_a_signal_during_a_manifest_write(tmp_path, src, cli_process, command, p
 # --- tampered and corrupt manifests ------------------------------------------------------------
 
 
+@pytest.mark.parametrize("at", ["folder-sealed", "folder-published", "folder-complete"])
+@pytest.mark.parametrize("again", [[], ["--to", "fp16"]], ids=["same", "fp16"])
+@pytest.mark.parametrize("env", [{}, NAMED], ids=["tmpfile", "named"])
+def test_sigkill_around_a_file_publish_then_resume(tmp_path, src, at, again, env):
+    """A folder run killed with its first file sealed and claimed in the manifest, just
+    published and not yet recorded, or with everything published (index and configs too):
+    `--resume` (with the same options, or others) proves each file its own by the
+    identity the manifest claimed before publishing, replaces it, and ends with exactly a
+    fresh conversion, which verify accepts. (Before, with other options, those files were
+    ones no manifest recorded: the run refused.)"""
+    from helpers import run_cli
+
+    dst = tmp_path / "out"
+    run = stopped("convert", src, dst, "-q", at=at, env=env)
+    assert (dst / FIRST).exists() == (at != "folder-sealed")
+    run.kill()
+    rc, _, err = run_cli("convert", src, dst, "--resume", "-q", *again)
+    assert rc == 0, err
+    fresh = tmp_path / "fresh"
+    stcast.convert(src, fresh, to="fp16" if again else "bf16")
+    assert tree(dst) == tree(fresh)
+    rc, _, err = run_cli("verify", src, dst, "-q", *again)
+    assert rc == 0, err
+
+
 def _manifest(src, **edit):
     st = os.stat(src)
     doc = {
@@ -498,3 +523,236 @@ def test_a_tampered_manifest_is_a_clean_refusal(tmp_path, src, run_main, case):
     else:
         assert rc == 1 and "internal error" not in assert_one_error_line(err)
         assert tree(dst) == before
+
+
+# --- refused, failed and interrupted runs leave DST as it was (issue 23) -----------------------
+
+THREE = [f"model-{k:05d}-of-00003.safetensors" for k in (1, 2, 3)]
+
+
+def error_line(err):
+    """stderr is warnings, then one error line, without a traceback: that line."""
+    lines = err.splitlines()
+    assert lines and "Traceback" not in err, err
+    assert all(n.startswith("stcast: warning: ") for n in lines[:-1]), err
+    return assert_one_error_line(lines[-1] + "\n")
+
+
+def snapshot(folder):
+    """Everything about a folder a run could change: each entry's name, inode, size, mtime
+    and bytes (by hash), hidden ones included."""
+    import hashlib
+
+    out = {}
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            p = os.path.join(root, name)
+            st = os.lstat(p)
+            digest = None
+            if os.path.isfile(p) and not os.path.islink(p):
+                with open(p, "rb") as f:
+                    digest = hashlib.sha256(f.read()).hexdigest()
+            out[os.path.relpath(p, folder)] = (st.st_ino, st.st_size, st.st_mtime_ns, digest)
+    return out
+
+
+def loads_consistently(folder):
+    """What a loader finds: the index names shards that are there, each holding the tensors
+    the index gives it; the config is there. Returns the weight map."""
+    from safetensors import safe_open
+
+    assert (folder / "config.json").is_file()
+    if not (folder / INDEX).exists():
+        with safe_open(folder / "model.safetensors", "numpy") as f:
+            return dict.fromkeys(f.keys(), "model.safetensors")
+    index = json.loads((folder / INDEX).read_text())
+    for name, shard in index["weight_map"].items():
+        with safe_open(folder / shard, "numpy") as f:
+            assert name in f.keys(), (name, shard)
+    return index["weight_map"]
+
+
+@pytest.mark.parametrize(
+    "linked",
+    [THREE[1], "config.json", INDEX, "tokenizer.json"],
+    ids=["shard", "config", "index", "copy"],
+)
+@pytest.mark.parametrize("flags", [["--force"], ["--force", "--max-shard-size", "200B"]], ids=str)
+def test_a_refused_force_run_changes_nothing(tmp_path, run_main, linked, flags):
+    """DST a `cp -a` copy of SRC but for one file, a hard link of SRC's: `--force` deleted
+    config.json and the index and replaced the first shard before refusing the linked shard
+    as "the input file". Every output is identity-checked before the first byte now."""
+    import shutil
+
+    src = write_checkpoint_folder(tmp_path / "src", files=3)
+    dst = tmp_path / "dst"
+    shutil.copytree(src, dst, copy_function=shutil.copy2)
+    (dst / linked).unlink()
+    os.link(src / linked, dst / linked)
+    before, src_before = snapshot(dst), snapshot(src)
+    rc, _, err = run_main("convert", src, dst, *flags)
+    line = error_line(err)
+    assert rc == 1 and f"{dst / linked}: destination is the input file" in line, err
+    assert snapshot(dst) == before
+    assert snapshot(src) == src_before
+
+
+def overflowing_folder(root):
+    """A 3-shard checkpoint whose last shard holds a value that overflows bf16."""
+    write_checkpoint_folder(root, files=3)
+    for k, name in enumerate(THREE):
+        x = np.full(32, np.finfo(np.float32).max if k == 2 else k, np.float32)
+        tensors = {f"layers.{k}.weight": ("F32", [4, 8], x)}
+        write_safetensors(root / name, tensors, metadata={"format": "pt"})
+    return root
+
+
+@pytest.mark.parametrize("flags", [[], ["--max-shard-size", "200B"]], ids=["plain", "reshard"])
+@pytest.mark.parametrize("dst_is", ["new", "empty", "the-users"])
+def test_an_overflow_error_leaves_the_destination_as_it_was(tmp_path, run_main, flags, dst_is):
+    """`--on-overflow error` found the overflow in the last file and left the folder it
+    made, its manifest and the files converted before. A failed run now rolls back what it
+    made (files that were not there before, by identity), and keeps everything else."""
+    src = overflowing_folder(tmp_path / "src")
+    dst = tmp_path / "dst"
+    force = []
+    if dst_is != "new":
+        (dst / "sub").mkdir(parents=True)
+    if dst_is == "the-users":
+        (dst / "notes.txt").write_text("mine\n")
+        (dst / "config.json").write_text('{"someone": "else"}\n')
+        force = ["--force"]
+    before = snapshot(dst) if dst.exists() else None
+    rc, _, err = run_main("convert", src, dst, "--on-overflow", "error", *flags, *force)
+    line = assert_one_error_line(err)
+    assert rc == 1 and "would become ±inf" in line, err
+    assert (snapshot(dst) if dst.exists() else None) == before
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        "folder-manifest",
+        "publish",
+        "folder-file",
+        "folder-publish",
+        "folder-complete",
+    ],
+)
+@pytest.mark.parametrize(
+    "before,again",
+    [
+        ([], []),
+        (["--max-shard-size", "200B"], ["--max-shard-size", "1GB"]),
+        (["--max-shard-size", "1GB"], ["--max-shard-size", "200B"]),
+    ],
+    ids=["plain", "reshard-to-one", "reshard-to-three"],
+)
+def test_an_interrupted_force_keeps_the_earlier_output_loadable(
+    tmp_path, run_main, cli_process, point, before, again
+):
+    """SIGINT during `--force` over a complete earlier output removed its config.json and
+    index up front: exit 130, and no checkpoint left. The old configs and indexes are
+    replaced only once the new ones are written, and the shards of another cut only then
+    removed: whenever the run stops, a loader finds a consistent checkpoint."""
+    src = write_checkpoint_folder(tmp_path / "src", files=3)
+    dst = tmp_path / "dst"
+    assert run_main("convert", src, dst, "-q", *before) == (0, "", "")
+    old_map = loads_consistently(dst)
+    old_config = (dst / "config.json").read_bytes()
+    env = {"STCAST_FAILPOINT": f"{point}=sigint"}
+    rc, _, err = cli_process("convert", src, dst, "--force", *again, env=env)
+    assert (rc, error_line(err)) == (-signal.SIGINT, "stcast: interrupted"), err
+    expected = tmp_path / "expected"
+    assert run_main("convert", src, expected, "-q", *again) == (0, "", "")
+    # The old checkpoint, or (stopped once all is written) the new one.
+    assert loads_consistently(dst) in (old_map, loads_consistently(expected))
+    assert (dst / "config.json").read_bytes() == old_config
+    assert not [n for n in listing(dst) if n.endswith(".tmp")]
+    # And the run can be completed, to what a plain run of these options writes.
+    assert run_main("convert", src, dst, "--force", "-q", *again)[0] == 0
+    assert {k: v for k, v in tree(dst).items() if k in tree(expected)} == tree(expected)
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, RuntimeError])
+def test_a_stopped_folder_run_is_refused_naming_resume_and_force(
+    tmp_path, src, plain, run_main, raised
+):
+    """A folder run stopped by Ctrl-C in Python (or a progress callback that raises) keeps
+    its manifest and the files it finished, for `resume`: the next run without `resume` is
+    refused, naming both ways on, in the words of the API and of the CLI."""
+    dst = tmp_path / "out"
+    calls = []
+
+    def progress(done, total):
+        calls.append(done)
+        if len(calls) == 3:
+            raise raised("stop")
+
+    with pytest.raises(raised):
+        stcast.convert(src, dst, progress=progress)
+    assert ".stcast-manifest.json" in listing(dst)
+    assert FIRST in listing(dst)
+    with pytest.raises(stcast.Refused) as e:
+        stcast.convert(src, dst)
+    message = str(e.value)
+    assert "stopped here before it finished" in message, message
+    assert "resume=True" in message and "force=True" in message, message
+    assert "--" not in message
+    rc, _, err = run_main("convert", src, dst)
+    line = assert_one_error_line(err)
+    assert rc == 1 and "--resume" in line and "--force" in line and "=True" not in line, line
+    assert stcast.convert(src, dst, resume=True).complete
+    assert tree(dst) == plain
+
+
+def test_the_take_over_message_in_the_words_of_each(tmp_path, src, plain, cli_process):
+    """The loser of two `--force` runs into one folder is told that another run took the
+    folder over (not to use `--force`), in the words of the CLI and of the API."""
+    dst = tmp_path / "out"
+    run = stopped("convert", src, dst, "--force", "-q", at="folder-file")
+    assert stcast.convert(src, dst, force=True).complete
+    rc, err = run.run_through()
+    line = assert_one_error_line(err)
+    assert rc == 1 and "another stcast run took" in line and "--force, --resume" in line, err
+    assert tree(dst) == plain
+
+    rival = []
+
+    def progress(done, total):
+        if not rival:  # A has its manifest and is converting: B runs through meanwhile
+            rival.append(cli_process("convert", src, dst, "--force", "-q"))
+
+    with pytest.raises(stcast.Refused) as e:
+        stcast.convert(src, dst, force=True, progress=progress)
+    assert rival == [(0, "", "")]
+    assert "another stcast run took" in str(e.value) and "force=True, resume=True" in str(e.value)
+    assert tree(dst) == plain
+
+
+@pytest.mark.parametrize("old_index", ["same-map", "another-map"])
+def test_an_interrupted_force_never_leaves_an_index_that_misleads(
+    tmp_path, run_main, cli_process, old_index
+):
+    """The old index stays through an interrupted `--force` when every state of the run
+    keeps it true (the same tensor-to-file map as the new one); one that maps a tensor to
+    another file than the new index does, and names a file the run replaces, is withdrawn
+    before the first shard is replaced: no loader is sent to the wrong file."""
+    src = write_checkpoint_folder(tmp_path / "src", files=3)
+    dst = tmp_path / "dst"
+    assert run_main("convert", src, dst, "-q") == (0, "", "")
+    index = json.loads((dst / INDEX).read_text())
+    if old_index == "another-map":
+        names = list(index["weight_map"])
+        files = [index["weight_map"][n] for n in names]
+        index["weight_map"] = dict(zip(names, files[1:] + files[:1]))
+        (dst / INDEX).write_text(json.dumps(index))
+    before = (dst / INDEX).read_bytes()
+    env = {"STCAST_FAILPOINT": "folder-file=sigint"}
+    rc, _, err = cli_process("convert", src, dst, "--force", env=env)
+    assert (rc, assert_one_error_line(err)) == (-signal.SIGINT, "stcast: interrupted"), err
+    if old_index == "same-map":
+        assert (dst / INDEX).read_bytes() == before
+        loads_consistently(dst)
+    else:
+        assert not (dst / INDEX).exists()

@@ -486,6 +486,87 @@ def test_resume_with_another_size_removes_the_interrupted_runs_shards(tmp_path, 
     assert tree(dst) == {**tree(tmp_path / "fresh"), "notes.safetensors": b"mine"}
 
 
+@pytest.mark.parametrize("at", ["folder-sealed", "folder-published", "folder-complete"])
+@pytest.mark.parametrize("named", [False, True], ids=["tmpfile", "named"])
+def test_sigkill_around_a_shard_publish_then_resume_at_another_size(tmp_path, at, named):
+    """Killed once a shard is sealed and claimed in the manifest (`folder-sealed`), once it
+    is published but before the manifest records it (`folder-published`), or once the
+    index and configs are published too (`folder-complete`), then resumed at another size:
+    each file of the first run that got its name is proven this run's by the identity its
+    manifest claimed before publishing; the shards are removed, the index and configs
+    replaced, and the folder is exactly a fresh conversion at the new size, which verify
+    accepts. (Issue 23, point 5: the shard used to stay beside the new cut, named by no
+    index; the index made the run refuse.)"""
+    from helpers import stopped
+
+    src = write_sharded(tmp_path / "hf", np.random.default_rng(12), 4, rows=[30] * 4)
+    dst = tmp_path / "out"
+    env = {"STCAST_FAILPOINT": "tmpfile=eopnotsupp"} if named else None
+    run = stopped("convert", src, dst, "--max-shard-size", "1500", "-q", at=at, env=env)
+    first = dst / "model-00001-of-00005.safetensors"
+    assert first.exists() == (at != "folder-sealed")
+    run.kill()
+    rc, _, err = run_cli("convert", src, dst, "--max-shard-size", "3kB", "--resume", "-q")
+    assert rc == 0, err
+    assert "unindexed" not in err and "left from another cut" not in err, err
+    assert not first.exists()
+    stcast.convert(src, tmp_path / "fresh", max_shard_size="3kB")
+    assert tree(dst) == tree(tmp_path / "fresh")
+    rc, _, err = run_cli("verify", src, dst, "-q")
+    assert rc == 0, err
+
+
+def test_sigkill_while_replacing_a_shard_keeps_the_old_one_proven(tmp_path):
+    """A resume that writes a shard again (an input of it changed) is killed once the new
+    shard is sealed and claimed, before it replaces the old one: the old shard is still
+    claimed too, so a resume at another size removes it."""
+    from helpers import stopped
+
+    src = write_sharded(tmp_path / "hf", np.random.default_rng(12), 4, rows=[30] * 4)
+    dst = tmp_path / "out"
+    args = ("convert", src, dst, "--max-shard-size", "1500B", "-q")
+    rc, _, err = run_cli(*args, env=with_points(None, "folder-file=eio"))
+    assert rc == 1, err
+    first = dst / "model-00001-of-00005.safetensors"
+    old = first.stat().st_ino
+    inp = sorted(src.glob("model-*.safetensors"))[0]
+    os.utime(inp, ns=(inp.stat().st_atime_ns, inp.stat().st_mtime_ns + 10**9))
+    run = stopped(*args, "--resume", at="folder-sealed")
+    assert first.stat().st_ino == old  # not replaced yet
+    run.kill()
+    rc, _, err = run_cli("convert", src, dst, "--max-shard-size", "3kB", "--resume", "-q")
+    assert rc == 0, err
+    assert not first.exists()
+    stcast.convert(src, tmp_path / "fresh", max_shard_size="3kB")
+    assert tree(dst) == tree(tmp_path / "fresh")
+
+
+def test_a_claim_proves_only_the_header_it_names(tmp_path):
+    """A claim whose file never got its name (killed before the publish) could meet a file
+    of someone else's at that name that took over the freed inode: the claim names the
+    planned header too, so a file with the same device, inode and size but another header
+    is not taken for stcast's. It stays, and the run names it."""
+    from helpers import stopped
+
+    src = write_sharded(tmp_path / "hf", np.random.default_rng(12), 4, rows=[30] * 4)
+    dst = tmp_path / "out"
+    run = stopped("convert", src, dst, "--max-shard-size", "1500B", "-q", at="folder-sealed")
+    run.kill()
+    rel = "model-00001-of-00005.safetensors"
+    theirs = write_single(dst / rel, np.random.default_rng(99), 1)
+    mine = theirs.read_bytes()
+    manifest = dst / ".stcast-manifest.json"
+    doc = json.loads(manifest.read_text())
+    [claim] = doc["pending"][rel]
+    st = theirs.stat()
+    claim.update(dev=st.st_dev, ino=st.st_ino, size=st.st_size)  # as if the inode was reused
+    manifest.write_text(json.dumps(doc))
+    rc, _, err = run_cli("convert", src, dst, "--max-shard-size", "3kB", "--resume")
+    assert rc == 0, err
+    assert "unindexed" in err or "left from another cut" in err, err
+    assert theirs.read_bytes() == mine
+
+
 def test_an_input_changed_between_two_shards_is_refused(tmp_path):
     """The inputs are held open from the start: one written to after the first shard is
     reported when a later shard reads it, and the index is never published; one replaced by

@@ -145,7 +145,13 @@ def convert(
         tuning: knobs for benchmarks (window size, kernels, read advice, write-behind
             depth); they change speed and memory, never the bytes written.
 
-    Ctrl-C raises KeyboardInterrupt within a second and leaves nothing behind. The GIL is
+    Ctrl-C raises KeyboardInterrupt within a second and leaves no temp or partial file: a
+    file `dst` is as it was. A folder run (also one a raising `progress` callback stops)
+    keeps the files it finished and its manifest `dst/.stcast-manifest.json`:
+    `resume=True` continues it, `force=True` converts everything again, and without
+    either the next run into `dst` is refused; remove `dst` to discard it. A folder run
+    that fails while converting (an overflow under `on_overflow="error"`) removes what it
+    added, and keeps what was there. The GIL is
     released while converting, but Python checks for signals only on the main thread: when
     `convert` runs in another thread, pass `cancel=threading.Event()` and set it to stop.
 
@@ -170,7 +176,7 @@ def convert(
     o = _checked(given)
     o = replace(o, max_shard_size=_size(max_shard_size))
     o = _plain(replace(o, name=_name(name, o.max_shard_size)))
-    if _tree(src) or o.max_shard_size is not None:
+    if _engine.is_tree(src) or o.max_shard_size is not None:
         from . import folder
 
         _files_only(src, o)
@@ -284,7 +290,7 @@ def inspect(
     target = None if dst is None else os.fsdecode(dst)
     o = replace(o, max_shard_size=_size(max_shard_size))
     o = _plain(replace(o, name=_name(name, o.max_shard_size)))
-    if _tree(path) or o.max_shard_size is not None:
+    if _engine.is_tree(path) or o.max_shard_size is not None:
         from .folder import inspect_folder
 
         _files_only(path, o)
@@ -384,9 +390,9 @@ def verify(
     src, dst = _source(src), os.fsdecode(dst)
     o = _plain(_report(_checked(given, to_given=False)))
     o = replace(o, name=None if name is None else _core.check_name(name))
-    if not _tree(src) and o.name is None:
+    if not _engine.is_tree(src) and o.name is None:
         dst = _verified_file(src, dst, o.to)
-    if _tree(src) or os.path.isdir(dst):
+    if _engine.is_tree(src) or os.path.isdir(dst):
         from .folder.verify import verify_folder
 
         _files_only(src, o)
@@ -442,7 +448,7 @@ def default_destination(src: StrPath, to: Target | TargetAlias = "bf16") -> str:
     """The output `convert(src)` writes when no `dst` is given: `<stem>-bf16.safetensors`
     beside a file, `<folder>-bf16` beside a folder (`-fp16` for fp16)."""
     path, name = os.fsdecode(src), _engine.target_name(to)
-    if _tree(path):
+    if _engine.is_tree(path):
         from .folder import default_dst
 
         return default_dst(path, name)
@@ -464,13 +470,6 @@ def _file_dst(src: str, dst: StrPath, to: Target) -> str:
     if _names_folder(path) or os.path.isdir(path) or one:
         return os.path.join(path, os.path.basename(_engine.default_dst(src, to)))
     return path
-
-
-def _tree(path: str) -> bool:
-    """Is `path` a folder of files (a Hugging Face folder), rather than one checkpoint (a
-    DCP folder, read as one source)? A distributed checkpoint stcast cannot read yet is
-    refused here, naming it."""
-    return os.path.isdir(path) and not _core.check_folder(path)
 
 
 def _verified_file(src: str, dst: str, to: Target | None) -> str:
@@ -516,7 +515,7 @@ def _source(src: StrPath) -> str:
     engine, naming it, before any folder code reads it as a Hugging Face folder."""
     path = os.fsdecode(src)
     if os.path.lexists(path):
-        _tree(path)
+        _engine.is_tree(path)
         return path
     hub = re.fullmatch(
         r"(?:https?://(?:www\.)?huggingface\.co/|hf://(?:models/)?)?([\w.-]+/[\w.-]+)"
@@ -581,7 +580,7 @@ def _files_only(src: str, o: Options) -> None:
     weight files are plain state dicts (and whose indexes name their tensors). A file
     re-sharded into a folder takes them."""
     option = "key" if o.key is not None else "strip_prefix" if o.strip_prefix else None
-    if option is not None and _tree(src):
+    if option is not None and _engine.is_tree(src):
         raise UsageError(
             f"{{{option}}} applies to PyTorch checkpoint files; {_engine.escape(src)} is a folder",
             option=option,

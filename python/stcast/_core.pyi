@@ -108,6 +108,8 @@ class _Options(TypedDict, total=False):
 
 _Progress = Callable[[int, int], object] | None
 _Warn = Callable[[str, str], object] | None
+# Called with the hidden output's (dev, ino, size) between sealing and publishing.
+_Sealed = Callable[[int, int, int], object] | None
 
 def convert(
     src: str,
@@ -116,6 +118,7 @@ def convert(
     progress: _Progress = None,
     cancel: _CancelFlag | None = None,
     warn: _Warn = None,
+    sealed: _Sealed = None,
     **options: Unpack[_Options],
 ) -> _Report: ...
 def inspect(
@@ -143,6 +146,7 @@ def write_file(
     replace: object = None,
     tag: str = "",
     cancel: _CancelFlag | None = None,
+    sealed: _Sealed = None,
 ) -> tuple[int, int, int]: ...
 def write_numeric_report(
     path: str,
@@ -164,6 +168,7 @@ def copy_file(
     tag: str = "",
     progress: Callable[[int, int], object] | None = None,
     cancel: _CancelFlag | None = None,
+    sealed: _Sealed = None,
 ) -> tuple[int, int, int]: ...
 
 @final
@@ -187,6 +192,7 @@ def convert_shard(
     progress: _Progress = None,
     cancel: _CancelFlag | None = None,
     warn: _Warn = None,
+    sealed: _Sealed = None,
     **options: Unpack[_Options],
 ) -> _Report: ...
 def verify_shard(

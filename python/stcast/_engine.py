@@ -75,6 +75,13 @@ def patterns(keep: Iterable[str]) -> list[str]:
     return out
 
 
+def is_tree(path: str) -> bool:
+    """Is `path` a folder of files (a Hugging Face folder), rather than one checkpoint (a
+    DCP folder, read as one source, as a file is)? A distributed checkpoint stcast cannot
+    read yet is refused here, naming it."""
+    return os.path.isdir(path) and not _core.check_folder(path)
+
+
 def default_dst(src: str, to: Target) -> str:
     """The output `convert` writes when none is given: `<stem>-bf16.safetensors` beside it;
     with `to="keep"` (a PyTorch checkpoint changing format only) `<stem>.safetensors`."""

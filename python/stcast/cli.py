@@ -877,6 +877,7 @@ def _print_checkpoint(report: stcast.InspectReport) -> None:
     what = {
         "pytorch": "PyTorch checkpoint (zip)",
         "dcp": "torch.distributed.checkpoint (DCP) folder",
+        "dcp-safetensors": "torch.distributed.checkpoint folder of safetensors shards",
         "deepspeed": "DeepSpeed ZeRO checkpoint folder",
     }.get(report.format, "legacy PyTorch checkpoint")
     where = "the top level" if not report.key else f"`{out.printable(report.key, keep='')}`"

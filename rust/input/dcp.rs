@@ -58,6 +58,13 @@ pub const DCP_RECORDS: &[&str] = &[
 /// The name of the metadata file in a DCP folder.
 pub const METADATA: &str = ".metadata";
 
+/// The `__metadata__` key of the safetensors shards `HuggingFaceStorageWriter` writes:
+/// a JSON object, `{fqn: {"saved_offsets": [...]}}`, where this file's chunks start.
+pub const SHARDING_INFO: &str = "DCP_SHARDING_INFO";
+
+/// The other `__metadata__` key those shards carry, left out of the output with it.
+const DCP_VERSION: &str = "DCP_VERSION";
+
 /// One tensor of the checkpoint as `.metadata` describes it.
 struct Entry {
     fqn: String,
@@ -664,4 +671,162 @@ fn candidates(entries: &[Entry], at: usize) -> Vec<(String, usize)> {
         .into_iter()
         .map(|(g, n)| (g.join("."), n))
         .collect()
+}
+
+/// Open a folder of safetensors shards written by DCP's `HuggingFaceStorageWriter` (a
+/// distributed save: each file holds its rank's chunks, placed by `DCP_SHARDING_INFO`, and
+/// there is no `.metadata`) as one source: each tensor's size is where its chunks end, as
+/// `HuggingFaceStorageReader` computes it, and it is gathered from them.
+pub fn open_sharded_safetensors(dir: &Path, names: &[String]) -> Result<Source> {
+    let mut files: Vec<InputFile> = Vec::with_capacity(names.len());
+    // name -> (dtype, pieces), in order of first appearance.
+    let mut order: Vec<String> = Vec::new();
+    let mut found: HashMap<String, (safetensors::Dtype, Vec<Piece>)> = HashMap::new();
+    let mut metadata: Option<Vec<(String, String)>> = None;
+    for name in names {
+        let path = dir.join(name);
+        let source = Source::open(&path)?;
+        let header = source.header;
+        let file = source
+            .files
+            .into_iter()
+            .next()
+            .expect("a safetensors source has a file");
+        let meta = header.metadata.clone().unwrap_or_default();
+        let info = meta
+            .iter()
+            .find(|(k, _)| k == SHARDING_INFO)
+            .map(|(_, v)| v.as_str())
+            .ok_or_else(|| {
+                Error::distributed(
+                    &path,
+                    None,
+                    meta_problem(&format!("no {SHARDING_INFO} entry")),
+                )
+            })?;
+        let info: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(info).map_err(|e| {
+                Error::distributed(&path, None, meta_problem(&format!("{SHARDING_INFO}: {e}")))
+            })?;
+        if metadata.is_none() {
+            let kept: Vec<(String, String)> = meta
+                .into_iter()
+                .filter(|(k, _)| k != SHARDING_INFO && k != DCP_VERSION)
+                .collect();
+            metadata = Some(kept);
+        }
+        let input = files.len();
+        for t in &header.tensors {
+            let offsets: Option<Vec<u64>> = info
+                .get(&t.name)
+                .and_then(|v| v.get("saved_offsets"))
+                .and_then(|v| v.as_array())
+                .and_then(|a| a.iter().map(|x| x.as_u64()).collect());
+            let offsets = offsets.ok_or_else(|| {
+                Error::distributed(
+                    &path,
+                    Some(&t.name),
+                    meta_problem(&format!("no saved_offsets in {SHARDING_INFO}")),
+                )
+            })?;
+            let sizes: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
+            let piece = Piece {
+                input,
+                bytes: file.base + t.start..file.base + t.end,
+                offsets,
+                sizes,
+            };
+            match found.get_mut(&t.name) {
+                Some((dtype, pieces)) => {
+                    if *dtype != t.dtype {
+                        return Err(Error::distributed(
+                            &path,
+                            Some(&t.name),
+                            DistProblem::Chunks {
+                                reason: format!(
+                                    "disagree on the dtype: {dtype:?} in one file, {:?} here",
+                                    t.dtype
+                                ),
+                            },
+                        ));
+                    }
+                    pieces.push(piece);
+                }
+                None => {
+                    order.push(t.name.clone());
+                    found.insert(t.name.clone(), (t.dtype, vec![piece]));
+                }
+            }
+        }
+        files.push(file);
+    }
+    let mut tensors = Vec::with_capacity(order.len());
+    for name in order {
+        let (dtype, pieces) = found.remove(&name).expect("every name was found");
+        let rank = pieces[0].offsets.len();
+        let mut size = vec![0u64; rank];
+        for q in &pieces {
+            if q.offsets.len() != rank || q.sizes.len() != rank {
+                return Err(Error::distributed(
+                    dir,
+                    Some(&name),
+                    DistProblem::Chunks {
+                        reason: "disagree on the number of dimensions".into(),
+                    },
+                ));
+            }
+            for (d, (o, n)) in q.offsets.iter().zip(&q.sizes).enumerate() {
+                size[d] = size[d].max(o.saturating_add(*n));
+            }
+        }
+        let pieces = Pieces::new(&name, dtype, &size, pieces).map_err(|e| {
+            Error::distributed(
+                dir,
+                Some(&name),
+                DistProblem::Chunks {
+                    reason: e.problem.to_string(),
+                },
+            )
+        })?;
+        let shape = size
+            .iter()
+            .map(|&d| usize::try_from(d))
+            .collect::<std::result::Result<Vec<usize>, _>>()
+            .map_err(|_| {
+                Error::distributed(
+                    dir,
+                    Some(&name),
+                    meta_problem("a size past the address space"),
+                )
+            })?;
+        let (input, start) = pieces
+            .pieces()
+            .first()
+            .map_or((0, 0), |q| (q.input, q.bytes.start - files[q.input].base));
+        let len = pieces.nbytes();
+        tensors.push(SourceTensor {
+            name,
+            dtype,
+            shape,
+            start,
+            end: start + len,
+            input,
+            gather: Some(Box::new(Gather::Pieces(pieces))),
+        });
+    }
+    let header = SourceHeader {
+        header_len: files.iter().map(|f| f.base).sum(),
+        metadata: metadata.filter(|m| !m.is_empty()),
+        tensors,
+    };
+    let mut source = Source::from_parts(dir, files, header);
+    // Gathered into one file, a checkpoint changes format even where no dtype changes.
+    source.origin = Some(Origin {
+        format: Format::DcpSafetensors,
+        key: String::new(),
+        skipped: Vec::new(),
+        globals: Vec::new(),
+        unlisted: Vec::new(),
+    });
+    Ok(source)
 }

@@ -29,6 +29,13 @@ pub fn folder_format(dir: &Path) -> Option<Format> {
     if has(".metadata") && listed.iter().any(|n| n.ends_with(".distcp")) {
         return Some(Format::Dcp);
     }
+    // Safetensors shards that DCP's HuggingFaceStorageWriter wrote, each a rank's chunks:
+    // told by the first one's `__metadata__` (read within its header's size).
+    if let Some(first) = sharded_safetensors(&listed).first() {
+        if is_dcp_shard(&dir.join(first)) {
+            return Some(Format::DcpSafetensors);
+        }
+    }
     // Weights stcast converts make it a Hugging Face folder, whatever else it holds: the
     // Trainer saves `checkpoint-N/` with `model.safetensors` beside DeepSpeed's `latest`
     // and `global_stepN/`.
@@ -65,7 +72,7 @@ pub fn folder_format(dir: &Path) -> Option<Format> {
 /// refused, naming what it is.
 pub fn check_folder(dir: &Path) -> Result<bool> {
     match folder_format(dir) {
-        Some(Format::Dcp | Format::DeepSpeed) => Ok(true),
+        Some(Format::Dcp | Format::DcpSafetensors | Format::DeepSpeed) => Ok(true),
         Some(format) => Err(Error::OtherFormat {
             path: dir.to_path_buf(),
             format,
@@ -95,6 +102,32 @@ fn is_weights(name: &str) -> bool {
 /// A single folder name: no separator, not `.` or `..`.
 fn is_one_name(s: &str) -> bool {
     !s.is_empty() && s != "." && s != ".." && !s.contains(['/', '\0'])
+}
+
+/// The `*.safetensors` names among `listed`, sorted.
+fn sharded_safetensors(listed: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = listed
+        .iter()
+        .filter(|n| n.ends_with(".safetensors"))
+        .cloned()
+        .collect();
+    out.sort();
+    out
+}
+
+/// The `*.safetensors` files of `dir`, sorted: the shards of a `DcpSafetensors` folder.
+pub fn dcp_shards(dir: &Path) -> Vec<String> {
+    sharded_safetensors(&names(dir))
+}
+
+/// Is `path` a safetensors shard of DCP's HuggingFaceStorageWriter (its `__metadata__`
+/// has `DCP_SHARDING_INFO`)? Unreadable or invalid: no.
+fn is_dcp_shard(path: &Path) -> bool {
+    crate::source::Source::open(path).is_ok_and(|s| {
+        s.header
+            .metadata
+            .is_some_and(|m| m.iter().any(|(k, _)| k == super::dcp::SHARDING_INFO))
+    })
 }
 
 /// Up to `MAX_ENTRIES` names of `dir` (none if it cannot be listed).

@@ -77,6 +77,15 @@ impl Source {
         if path.is_dir() {
             match folder::folder_format(path) {
                 Some(Format::Dcp) => return dcp::open(path, opts),
+                Some(Format::DcpSafetensors) => {
+                    if let Some(option) = opts.torch_only() {
+                        return Err(Error::NotACheckpoint {
+                            path: path.to_path_buf(),
+                            option,
+                        });
+                    }
+                    return dcp::open_sharded_safetensors(path, &folder::dcp_shards(path));
+                }
                 Some(Format::DeepSpeed) => return zero::open(path, opts),
                 _ => {}
             }

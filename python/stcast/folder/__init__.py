@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .. import _core, _engine
 from .._options import Options
-from ..errors import DestinationExists, NoSpace, Refused, StcastWarning
+from ..errors import DestinationExists, InvalidInput, NoSpace, Refused, StcastWarning
 from ..reports import ConvertReport, FileReport, InspectReport, Notice, merged_numerics
 from . import common as _common
 from . import ident as _ident
@@ -87,7 +87,7 @@ def prepare(
     # The default DST is named after what was given: beside a cache repo root, never
     # inside the cache's snapshots/.
     if dst is None:
-        resharding_a_file = max_shard_size is not None and not os.path.isdir(src)
+        resharding_a_file = max_shard_size is not None and not _engine.is_tree(src)
         dst = _reshard.default_dst(src, to) if resharding_a_file else default_dst(src, to)
     src = _ident.resolve_hub_repo(src)
     if shard is not None:
@@ -113,7 +113,7 @@ def prepare(
             cancel,
             source=source,
             name=name,
-            allow_quantized=given.allow_quantized or os.path.isdir(src),
+            allow_quantized=given.allow_quantized or _engine.is_tree(src),
         )
         plan.keep_unmatched = plan.reshard.keep_unmatched
         _reshard.check_not_the_input(src_id, dst, plan.reshard)
@@ -155,6 +155,15 @@ def prepare(
         weights = [w for w in weights if owner[w.rel] == shard[0]]
     outputs = plan.outputs()
     mine = sorted(w.rel for w in weights) if shard is not None else sorted(outputs)
+    # Every name the plan may write (its manifest too), against every file of the source,
+    # by identity: the engine's own check comes per file, after others were written.
+    own_manifest = _manifest.MANIFEST if shard is None else _manifest.shard_name(*shard)
+    _ident.check_outputs(
+        dst,
+        [*sorted(outputs), own_manifest],
+        _source_files(plan),
+        _ident.folder_ids(src) if os.path.isdir(src) else set(),
+    )
     survey = _survey(dst, src_id, options, outputs, plan, work, shard, force=force, resume=resume)
 
     # Skipped under resume: what a manifest (or the output's own header) shows done.
@@ -214,6 +223,9 @@ def convert_folder(
     # Every refusal is behind us: from here on, files are written.
     _common.failpoint("folder-checked", cancel)
 
+    # What is there before this run writes anything: a failed run removes only what it
+    # added (`_write.roll_back`).
+    missing = _missing_folders(dst, plan)
     os.makedirs(dst, exist_ok=True)
     record = _manifest.new(src, p.src_id, dst, p.options, p.given.allow_quantized, shard, p.mine)
     # The manifest at this run's name that the survey read (resume, force) is the one to
@@ -222,7 +234,9 @@ def convert_folder(
     if own:
         record.published = own[0].published
     elif force:
-        record.first_replace = "any"
+        # What the survey found at this name (an unreadable manifest, another source's),
+        # and nothing else: a manifest that appeared since is a rival run's.
+        record.first_replace = survey.at_own_name
     files: list[FileReport] = []
     for w in p.skipped:
         out = os.path.join(dst, w.rel)
@@ -230,11 +244,18 @@ def convert_folder(
         record.record(w.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
         record.files[w.rel].update(w.manifest_entry(record, out))
         files.append(w.report("skipped", st.st_size))
+    _manifest.carry(record, survey.ours)
+    had_manifest = os.path.lexists(os.path.join(dst, record.name))
     # Before any output: the other runs sharing this folder know it is ours.
     try:
         record.save(cancel)
     except DestinationExists:
         path = os.path.join(dst, record.name)
+        for folder in missing:  # the folders made for this run, left empty
+            try:
+                os.rmdir(folder)
+            except OSError:
+                pass
         raise Refused(
             f"{_esc(path)}: another stcast run started converting into {_esc(dst)} after this "
             "one checked it; nothing was written (run again once it is done)",
@@ -247,15 +268,37 @@ def convert_folder(
         progress,
         file_progress,
     )
-    run = _write.Run(dst, p.to, p.given, meter, cancel, record, force, dict(survey.ours))
+    run = _write.Run(
+        dst, p.to, p.given, meter, cancel, record, force, dict(survey.ours), dict(survey.found)
+    )
     if shard is None:
-        _write.unpublish(run, plan)
-        _write.remove_stale(run, survey.stale)
-    converted = _work.convert_items(run, p.todo)
+        _write.unpublish(run, plan, {w.rel for w in p.todo})
+    try:
+        converted = _work.convert_items(run, p.todo)
+    except _manifest.TakenOver:
+        raise
+    except DestinationExists:
+        # A rival's file where this run would write (a run that started meanwhile): what
+        # this run finished stays for `resume`; having written nothing, it takes its
+        # manifest back.
+        if not set(record.files) - {w.rel for w in p.skipped}:
+            _write.roll_back(run, survey.present, had_manifest, missing)
+        raise
+    except (Refused, InvalidInput) as e:
+        if _write.NOT_OURS in e.template:
+            raise  # a file changed in DST since the survey: what is done stays for resume
+        # A failed run (a value that overflows under on_overflow="error", an input that
+        # is not what its header says): `resume` would fail again. What it added goes;
+        # the files that were there stay (those `force` replaced too: their old bytes are
+        # gone, their names still hold a conversion).
+        _write.roll_back(run, survey.present, had_manifest, missing)
+        raise
     files += [w.converted(r) for w, r in zip(p.todo, converted)]
     if shard is None:
         files += _write.publish(run, plan, p.work)
         _write.final_recheck(run, plan)
+        # The new indexes name none of them: only now may the shards of another cut go.
+        _write.remove_stale(run, survey.stale)
     else:
         _write.recheck(run)
     _common.failpoint("folder-complete", cancel)
@@ -272,6 +315,36 @@ def convert_folder(
     return _with_warnings(p.work.finish(report), p.warnings)
 
 
+def _missing_folders(dst: str, plan: _walk.Plan) -> list[str]:
+    """The folders a run of `plan` may make (DST, the folders above it, those below it
+    that it writes into) that do not exist yet, deepest first."""
+    wanted = {dst}
+    for rel in [*plan.outputs(), *(f"{d}/x" for d in plan.dirs)]:
+        parts = rel.split("/")[:-1]
+        wanted.update(os.path.join(dst, *parts[: k + 1]) for k in range(len(parts)))
+    up = os.path.dirname(os.path.abspath(dst))
+    while up and not os.path.lexists(up) and up != os.path.dirname(up):
+        wanted.add(up)
+        up = os.path.dirname(up)
+    missing = [d for d in wanted if not os.path.lexists(d)]
+    return sorted(missing, key=lambda d: os.path.abspath(d).count(os.sep), reverse=True)
+
+
+def _source_files(plan: _walk.Plan) -> list[tuple[str, tuple[int, int]]]:
+    """Every file of the source the plan reads or leaves out, with its identity."""
+    files = [*plan.weights, *plan.copies, *plan.late_copies]
+    files += [f for f, _ in plan.configs] + [f for f, _, _ in plan.indexes]
+    files += [f for f, _ in plan.skipped]
+    out = []
+    for f in files:
+        try:
+            st = os.stat(f.path)
+        except OSError:
+            continue
+        out.append((f.path, (st.st_dev, st.st_ino)))
+    return out
+
+
 def _source_plan(
     src: str,
     dst: str,
@@ -284,7 +357,7 @@ def _source_plan(
 ) -> tuple[tuple[int, int], _walk.Plan]:
     """The source's identity and plan, its checks made: a folder, or with `max_shard_size`
     also a single file (re-sharded into the folder `dst`)."""
-    if max_shard_size is not None and not os.path.isdir(src):
+    if max_shard_size is not None and not _engine.is_tree(src):
         return _reshard.file_source(src, dst), _reshard.file_plan(src, to, precision)
     src_id, _ = _ident.check_folders(src, dst)
     plan = _walk.plan(
@@ -310,6 +383,11 @@ class _Survey:
         # Files an earlier run of this source wrote (a manifest says so, and they are still
         # those files) that this plan does not write: shards cut at another size.
         self.stale: dict[str, tuple[int, int]] = {}
+        self.present: set[str] = set()  # the files there (not stcast's bookkeeping)
+        self.at_own_name: tuple[int, int] | None = None  # what is at this run's manifest name
+        # Under force: every file there, as the survey found it (rel -> identity). `force`
+        # replaces those, not a file a rival run wrote there since.
+        self.found: dict[str, tuple[int, int]] = {}
 
 
 def _survey(
@@ -343,6 +421,12 @@ def _survey(
     # plans) before each of its files, so every file listed here is in a manifest read
     # after. (The other order takes a file written in between for a foreign one.)
     present = _walk.listing(dst)
+    survey.present = set(present)
+    try:
+        st = os.lstat(os.path.join(dst, own_name))
+        survey.at_own_name = (st.st_dev, st.st_ino)
+    except FileNotFoundError:
+        pass
     manifests, bad = _manifest.load_all(dst)
     if bad and not force:
         b = bad[0]
@@ -365,10 +449,14 @@ def _survey(
     survey.siblings = [m for m in mine if m.name != own_name]
     if not force and not resume:
         if any(m.name == own_name for m in mine):
-            what = "a previous run" if shard is None else "this shard already ran here"
+            what = (
+                "a previous run of this source stopped here before it finished"
+                if shard is None
+                else "this shard already ran here"
+            )
             raise Refused(
-                f"{_esc(dst)}: {what} ({own_name}); {{resume}} continues it, {{force}} "
-                "converts again",
+                f"{_esc(dst)}: {what} (its manifest {own_name} records the files it "
+                "finished); {resume} continues it, {force} converts everything again",
                 path=dst,
             )
         if shard is None and mine:
@@ -409,6 +497,12 @@ def _survey(
         else:
             foreign_other.append(rel)
     if force:
+        for rel in present:
+            try:
+                st = os.lstat(os.path.join(dst, rel))
+            except FileNotFoundError:
+                continue
+            survey.found[rel] = (st.st_dev, st.st_ino)
         return survey
     if foreign_planned:
         listed = _listed(foreign_planned)
@@ -518,7 +612,7 @@ def finalize(
     """Complete `dst` once every shard ran: see `stcast.finalize`."""
     started = time.monotonic()
     src, dst = os.fsdecode(src), os.fsdecode(dst)
-    if os.path.isdir(src) or not os.path.exists(src):
+    if _engine.is_tree(src) or not os.path.exists(src):
         src_id, _ = _ident.check_folders(src, dst)
     else:
         src_id = _reshard.file_source(src, dst)  # a file re-sharded with shard runs
@@ -565,10 +659,19 @@ def finalize(
         plan = _walk.plan(src, to, check_quantized=False, cancel=cancel)
     else:
         # The shards' cut depends on every option that changes a tensor's size.
-        precision = Options.given(options).precision
+        recorded = Options.given(options)
+        precision = recorded.precision
         _, plan = _source_plan(src, dst, to, precision, max_size, False, False, cancel)
+        # As the shard runs read the source: the same key and prefixes.
         plan.reshard = _reshard.plan(
-            plan, max_size, to, precision, None, cancel, name=options.get("name")
+            plan,
+            max_size,
+            to,
+            precision,
+            None,
+            cancel,
+            source=recorded.source,
+            name=options.get("name"),
         )
     work = _work.of(plan)
     units = work.items
@@ -609,7 +712,7 @@ def finalize(
     record.save(cancel)
     meter = _write.Meter(sum(c.size for c in plan.copies), progress, file_progress)
     run = _write.Run(dst, to, Options(to=to), meter, cancel, record, False, dict(survey.ours))
-    _write.unpublish(run, plan)
+    _write.unpublish(run, plan, set())
     files += _write.publish(run, plan, work)
     _write.final_recheck(run, plan)
     _write.remove_own(run, [record, *manifests])
@@ -657,7 +760,7 @@ def inspect_folder(
         reshard = prepared.plan.reshard
         if reshard is None:
             others += [f for f, _, _ in prepared.plan.indexes]
-    elif max_shard_size is not None and not os.path.isdir(src):
+    elif max_shard_size is not None and not _engine.is_tree(src):
         weights, others = _reshard.file_plan(src, to, {}).weights, []
     else:
         walked = _walk.walk(src, given.follow_links)
@@ -715,7 +818,7 @@ def inspect_folder(
         if reshard is None:
             # Without DST nothing is checked: the plan of what is there, as convert cuts it.
             precision = given.precision
-            if os.path.isdir(src):
+            if _engine.is_tree(src):
                 source_plan = _walk.plan(
                     src,
                     to,

@@ -97,7 +97,6 @@ def header_sha256(path: str) -> str:
 
 
 # How much of a file that is not safetensors `source_sha256` reads, at each end.
-# How much of a file that is not safetensors `source_sha256` reads, at each end.
 _FINGERPRINT_HEAD = 64 << 10
 _FINGERPRINT_TAIL = 1 << 20
 
@@ -105,7 +104,18 @@ _FINGERPRINT_TAIL = 1 << 20
 def source_sha256(path: str) -> str:
     """A fingerprint of a source weight file that `resume` compares: a safetensors file's
     header hash; for a PyTorch checkpoint, the SHA-256 of its first 64 KiB and last 1 MiB
-    (a zip's central directory, with every entry's CRC-32, or a legacy file's pickle)."""
+    (a zip's central directory, with every entry's CRC-32, or a legacy file's pickle); for
+    a checkpoint folder (DCP), of each of its files' fingerprints, names, sizes and mtimes."""
+    if os.path.isdir(path):
+        h = hashlib.sha256(b"stcast-folder-fingerprint\0")
+        for name in sorted(os.listdir(path)):
+            f = os.path.join(path, name)
+            if not os.path.isfile(f):
+                continue
+            st = os.stat(f)
+            h.update(f"{name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode("utf-8", "surrogateescape"))
+            h.update(source_sha256(f).encode())
+        return h.hexdigest()
     digest = header_sha256(path)
     if digest:
         return digest
@@ -146,7 +156,13 @@ def ensure_dir(dst: str, rel_dir: str) -> str:
 
 
 def failpoint(name: str, cancel: CancelFlag | None) -> None:
-    """A test hook (see rust/failpoint.rs); a stop request it caused wins over its error."""
+    """A test hook (see rust/failpoint.rs); a stop request it caused wins over its error.
+
+    The folder code's points, in a run's order: `folder-checked`, `folder-manifest`, then
+    for each output `folder-sealed` (claimed in the manifest, no name yet) and
+    `folder-published` (named, not yet recorded) and `folder-file` (recorded), then
+    `folder-publish` and `folder-complete`.
+    """
     try:
         _core.failpoint(name)
     except OSError:

@@ -157,3 +157,46 @@ def check_side_file(path: str, role: str, folders: list[tuple[str, str]]) -> Non
                 f"{_esc(folder)}; write it elsewhere",
                 path=path,
             )
+
+
+def check_outputs(
+    dst: str, rels: list[str], inputs: list[tuple[str, Ident]], folders: set[Ident]
+) -> None:
+    """Refuse, before anything is written, a planned output of `dst` that is an input file
+    (`inputs`: its path and identity; a hard link, or a symlink to it), or that is, or lies
+    in, a folder of the source (`folders`: a bind mount of one under `dst`). Every output
+    is checked here, so that a refusal never comes after a file was replaced."""
+    by_id: dict[Ident, str] = {}
+    for path, i in inputs:
+        by_id.setdefault(i, path)
+    seen: set[str] = set()
+    for rel in rels:
+        path = os.path.join(dst, rel)
+        try:
+            st = os.stat(path)
+        except OSError:
+            st = None  # nothing there (or a dangling link, which is replaced as a link)
+        if st is not None and ident(st) in by_id:
+            raise Refused(
+                f"{_esc(path)}: destination is the input file {_esc(by_id[ident(st)])} (the "
+                "same file by device and inode: a hard link or a symlink); nothing was "
+                "written (convert into a folder that holds no links to the source's files)",
+                path=path,
+            )
+        # The folders the output goes into, below DST.
+        parts = rel.split("/")
+        for k in range(1, len(parts) + (0 if st is None or not stat.S_ISDIR(st.st_mode) else 1)):
+            sub = os.path.join(dst, *parts[:k])
+            if sub in seen:
+                continue
+            seen.add(sub)
+            try:
+                sst = os.stat(sub)
+            except OSError:
+                break
+            if ident(sst) in folders:
+                raise Refused(
+                    f"{_esc(sub)}: is a folder of the source (by device and inode: a bind "
+                    "mount or a link); nothing was written",
+                    path=sub,
+                )

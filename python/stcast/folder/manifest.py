@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,11 @@ def is_manifest(name: str) -> bool:
     return name == MANIFEST or _SHARD_MANIFEST.fullmatch(name) is not None
 
 
+class TakenOver(Refused):
+    """Another run took this run's folder over (see `Manifest.check_still_ours`): what this
+    run wrote is that run's to keep or replace now, not this one's to roll back."""
+
+
 @dataclass
 class Manifest:
     """One run's record, saved as `dst/name`."""
@@ -61,15 +67,43 @@ class Manifest:
     # The identity this run last published the manifest with (None: not yet).
     published: tuple[int, int] | None = None
     # What the first save may replace at its name: nothing (another run's manifest there
-    # makes it fail), or, told to (`force`), any file.
-    first_replace: str | None = None
+    # makes it fail), or, told to (`force`), the file the survey found there (device and
+    # inode: not another run's manifest written since).
+    first_replace: tuple[int, int] | str | None = None
     # Written by `finalize` (which completes shard runs), not by a conversion.
     finalize: bool = False
+    # This run's mark in what it saves: a device and inode can be another file's once the
+    # file is gone (a rival's manifest replacing this one may take its inode number).
+    token: str = field(default_factory=lambda: secrets.token_hex(16))
+    saved: bool = False  # has this run saved it (so that the file there holds `token`)
+    # Files this run may have published, or that stcast wrote and this run has not yet
+    # replaced or removed: rel -> claims, each dev, ino, size and (if known) the output
+    # header's hash ("": none). A file there with a claimed identity is proven stcast's.
+    # An output is claimed once sealed, before it has a name (a link or a rename keeps
+    # its inode), so a run killed just after publishing it still proves it wrote it; the
+    # file it replaces stays claimed until then.
+    pending: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def claim(self, rel: str, identity: tuple[int, int, int], header: str = "") -> None:
+        """Note that `rel` may be (or become) the file (dev, ino, size) stcast wrote."""
+        dev, ino, size = identity
+        claims = [c for c in self.pending.get(rel, []) if (c["dev"], c["ino"]) != (dev, ino)]
+        claims.append({"dev": dev, "ino": ino, "size": size, "output_header_sha256": header})
+        self.pending[rel] = claims
+
+    def save_claims(self, cancel: CancelFlag | None = None) -> None:
+        """`save`, once this manifest was saved, unless it is gone: another run completed
+        the folder and removed it meanwhile (a finalize racing this one). The file about
+        to be published then finds its name taken, as it would have without the claim."""
+        if not os.path.lexists(os.path.join(self.dst, self.name)):
+            return
+        self.save(cancel)
 
     def record(self, rel: str, kind: str, published: tuple[int, int, int], **extra: Any) -> None:
         """Note that this run published `rel` as (dev, ino, size)."""
         dev, ino, size = published
         self.files[rel] = {"kind": kind, "dev": dev, "ino": ino, "size": size, **extra}
+        self.pending.pop(rel, None)
 
     def weights_entry(self, w: File, source_header_sha256: str) -> dict[str, Any]:
         """What `resume` and `finalize` need to trust the output of `w` without reading it."""
@@ -97,10 +131,14 @@ class Manifest:
             "planned": self.planned,
             "complete": self.complete,
             "files": self.files,
+            "pending": self.pending,
             "finalize": self.finalize,
+            "run": self.token,
         }
         # ASCII keeps any file name (even undecodable bytes, as surrogates) round-trippable.
         text = json.dumps(doc, indent=1, ensure_ascii=True) + "\n"
+        if self.published is not None:
+            self.check_still_ours()
         replace = self.first_replace if self.published is None else self.published
         dev, ino, _ = _core.write_file(
             os.path.join(self.dst, self.name),
@@ -110,6 +148,31 @@ class Manifest:
             cancel=cancel,
         )
         self.published = (dev, ino)
+        self.saved = True
+
+    def check_still_ours(self) -> None:
+        """Refuse to go on once another run took the folder over: this run's manifest was
+        replaced (another run's `force` or `resume` took it for an interrupted run's) or
+        removed (that run finished). Writing on would replace that run's files."""
+        path = os.path.join(self.dst, self.name)
+        try:
+            st = os.lstat(path)
+            same = (st.st_dev, st.st_ino) == self.published
+            if same and self.saved:
+                mark = json.dumps({"run": self.token})[1:-1].encode("ascii")
+                same = mark in read_bounded(path, _MAX_MANIFEST)
+        except FileNotFoundError:
+            same = False
+        except (OSError, StcastError):
+            same = False  # not a file this run wrote (a FIFO, too large)
+        if not same:
+            raise TakenOver(
+                f"{_esc(path)}: another stcast run took {_esc(self.dst)} over while this one "
+                "ran (it replaced or removed this run's manifest, as {force}, {resume} and "
+                "`finalize` do with a stopped run's); this run stopped there, leaving the "
+                "folder to that run (run again once it is done, if need be)",
+                path=path,
+            )
 
 
 def _tag(shard: tuple[int, int] | None) -> str:
@@ -152,6 +215,10 @@ def _is_shard(shard: object) -> bool:
     return ints and 1 <= i <= n <= MAX_SHARDS
 
 
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def load(dst: str, name: str) -> Manifest:
     """The manifest `dst/name`, checked field by field; `Unreadable` if it is not one."""
     path = os.path.join(dst, name)
@@ -172,6 +239,7 @@ def load(dst: str, name: str) -> Manifest:
         files = doc["files"]
         planned = doc["planned"]
         src_id = doc["src_id"]
+        pending = doc.get("pending", {})
         ok = (
             isinstance(doc["src"], str)
             and isinstance(doc["options"], dict)
@@ -180,6 +248,18 @@ def load(dst: str, name: str) -> Manifest:
             and all(
                 isinstance(v.get("dev"), int) and isinstance(v.get("ino"), int)
                 for v in files.values()
+            )
+            and isinstance(pending, dict)
+            and all(
+                isinstance(k, str)
+                and isinstance(claims, list)
+                and all(
+                    isinstance(v, dict)
+                    and all(_is_int(v.get(f)) for f in ("dev", "ino", "size"))
+                    and isinstance(v.get("output_header_sha256"), str)
+                    for v in claims
+                )
+                for k, claims in pending.items()
             )
             and isinstance(planned, list)
             and all(isinstance(p, str) for p in planned)
@@ -208,6 +288,7 @@ def load(dst: str, name: str) -> Manifest:
         finalize=doc.get("finalize") is True,
         files=dict(files),
         published=(st.st_dev, st.st_ino),
+        pending={k: list(v) for k, v in pending.items()},
     )
 
 
@@ -228,16 +309,43 @@ def load_all(dst: str) -> tuple[list[Manifest], list[Unreadable]]:
 
 
 def recorded(manifests: list[Manifest], dst: str, rel: str) -> dict[str, Any] | None:
-    """The entry of a manifest that wrote `dst/rel`, if the file there is still that one."""
+    """The entry of a manifest that wrote `dst/rel`, if the file there is still that one;
+    else a manifest's claim on it (`Manifest.pending`), if the file there is the one
+    claimed: the same device, inode and size, and the header claimed."""
+    path = os.path.join(dst, rel)
     try:
-        st = os.lstat(os.path.join(dst, rel))
+        st = os.lstat(path)
     except FileNotFoundError:
         return None
     for m in manifests:
         e = m.files.get(rel)
         if e is not None and (e.get("dev"), e.get("ino")) == (st.st_dev, st.st_ino):
             return e
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    for m in manifests:
+        for e in m.pending.get(rel, []):
+            if (e["dev"], e["ino"], e["size"]) != (st.st_dev, st.st_ino, st.st_size):
+                continue
+            header = e["output_header_sha256"]
+            if not header or header_sha256(path) == header:
+                return e
     return None
+
+
+def carry(record: Manifest, ours: dict[str, tuple[int, int]]) -> None:
+    """Claim in the new `record` each file stcast wrote here (`ours`: rel -> dev, ino) that
+    it does not record as done: the earlier manifest that proves it is replaced by this
+    one, and a run killed before it replaces or removes such a file must still prove it."""
+    for rel, (dev, ino) in ours.items():
+        if rel in record.files:
+            continue
+        try:
+            st = os.lstat(os.path.join(record.dst, rel))
+        except FileNotFoundError:
+            continue
+        if (st.st_dev, st.st_ino) == (dev, ino):
+            record.claim(rel, (dev, ino, st.st_size))
 
 
 def remove(m: Manifest) -> None:

@@ -38,7 +38,7 @@ from .common import (
     read_bounded,
     source_sha256,
 )
-from .walk import Plan, read_index, read_json, safetensors_name
+from .walk import Plan, index_owners, read_index, read_json, safetensors_name
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -117,18 +117,10 @@ def groups_of(weights: list[File], indexes: list[tuple[File, str, dict[str, str]
     """The groups of a folder's weight files and (parsed) indexes: one per index, and one
     per weight file no index names; sorted by path. A file two indexes name is refused."""
     by_rel = {w.rel: w for w in weights}
-    owner: dict[str, str] = {}
+    owner = index_owners(indexes)
     groups = []
     for f, _, weight_map in indexes:
         rels = sorted(set(weight_map.values()))
-        for rel in rels:
-            if rel in owner:
-                raise Refused(
-                    f"{_esc(f.path)}: names {_esc(rel)}, which {_esc(owner[rel])} names too; "
-                    "stcast cannot tell which checkpoint it belongs to",
-                    path=f.path,
-                )
-            owner[rel] = f.rel
         if rels:
             name = os.path.basename(f.rel)
             stem = name[: -len(_INDEX)]
@@ -367,7 +359,7 @@ def file_source(src: str, dst: str) -> tuple[int, int]:
         st = os.stat(src)
     except FileNotFoundError:
         raise Refused(f"{_esc(src)}: no such file", path=src) from None
-    if not stat.S_ISREG(st.st_mode):
+    if not stat.S_ISREG(st.st_mode) and not os.path.isdir(src):  # (a DCP folder is one)
         raise Refused(f"{_esc(src)}: not a regular file", path=src)
     if os.path.lexists(dst) and not os.path.isdir(dst):
         raise Refused(
@@ -408,6 +400,11 @@ def single_file(src: str) -> File:
     """The file `src` as the only weight file of a folder: its name kept, but a PyTorch
     checkpoint's made a safetensors name."""
     st = os.stat(src)
+    if os.path.isdir(src):  # a DCP folder: one checkpoint, shards named `model-*`
+        files = [os.stat(os.path.join(src, n)) for n in os.listdir(src)]
+        size = sum(f.st_size for f in files if stat.S_ISREG(f.st_mode))
+        mtime = max([f.st_mtime_ns for f in files], default=st.st_mtime_ns)
+        return File("model.safetensors", src, size, mtime, ".")
     name = os.path.basename(src)
     rel = safetensors_name(name)
     return File(rel, src, st.st_size, st.st_mtime_ns, None if rel == name else name)
@@ -435,6 +432,8 @@ def file_plan(src: str, to: Target, precision: dict[str, Any]) -> Plan:
 
 def default_dst(src: str, to: Target) -> str:
     """The folder a re-sharded file goes to when none is given: `<stem>-bf16` beside it."""
+    if os.path.isdir(src):  # a DCP folder
+        return f"{src.rstrip('/') or src}-{'safetensors' if to == 'keep' else to}"
     return f"{os.path.splitext(src)[0]}-{to}"
 
 

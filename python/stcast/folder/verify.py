@@ -61,10 +61,10 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
     src_id = ident_of(os.stat(src))
     if src_id == ident_of(os.stat(dst)):
         raise Refused(f"{_esc(dst)}: SRC and DST are the same folder", path=dst)
-    single = not os.path.isdir(src)  # a file re-sharded into the folder DST
+    single = not _engine.is_tree(src)  # a file (or a DCP folder) re-sharded into DST
     source: dict[str, Any] = {}
     if single:
-        if not stat.S_ISREG(os.stat(src).st_mode):
+        if not stat.S_ISREG(os.stat(src).st_mode) and not os.path.isdir(src):
             raise Refused(f"{_esc(src)}: not a regular file", path=src)
         source = given.source
     replace = None

@@ -139,6 +139,7 @@ def plan(
 
     # Index names are checked before anything else is opened.
     parsed_indexes = [(f, *read_index(f, found)) for f in indexes]
+    index_owners(parsed_indexes)
 
     keep = precision.get("keep", [])
     new_configs = []
@@ -457,6 +458,13 @@ def read_index(f: File, found: set[str]) -> tuple[str, dict[str, str]]:
     metadata = doc.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         raise InvalidInput(f"{_esc(f.path)}: `metadata` is not an object", path=f.path)
+    if not weight_map:
+        # Nothing to convert it with, and a loader reading it would load no tensor.
+        raise InvalidInput(
+            f"{_esc(f.path)}: its weight_map is empty: the index names no shard (remove it, "
+            "or list the shards' tensors)",
+            path=f.path,
+        )
     folder = os.path.dirname(f.rel)
     out = {}
     # A PyTorch index names `.bin` shards: they are written under their safetensors names.
@@ -488,6 +496,24 @@ def read_index(f: File, found: set[str]) -> tuple[str, dict[str, str]]:
     if renames:
         text = rename_shards(text, renames)
     return text, out
+
+
+def index_owners(indexes: list[tuple[File, str, dict[str, str]]]) -> dict[str, str]:
+    """Each shard named by an index: shard rel -> the index's rel. A shard that two indexes
+    name is refused (by a folder conversion, a re-sharding and verify alike): which
+    checkpoint it belongs to, and which index a loader should read, is anyone's guess."""
+    owner: dict[str, str] = {}
+    for f, _, weight_map in indexes:
+        for rel in sorted(set(weight_map.values())):
+            if rel in owner:
+                raise Refused(
+                    f"{_esc(f.path)}: names {_esc(rel)}, which {_esc(owner[rel])} names too; "
+                    "stcast cannot tell which checkpoint it belongs to (remove one of the "
+                    "two indexes)",
+                    path=f.path,
+                )
+            owner[rel] = f.rel
+    return owner
 
 
 def _is_plain_name(name: object) -> bool:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from .. import _core, _engine
-from ..errors import Refused
+from ..errors import DestinationExists, Refused
 from ..reports import ConvertReport, FileReport, Notice, _build, notices
 from .common import (
     MAX_JSON_BYTES,
@@ -43,6 +43,7 @@ from .reshard import (
 )
 from .reshard import find_entry as _find_unit_entry
 from .walk import Plan
+from .write import rival
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -74,6 +75,9 @@ class Item(Protocol):
     def output_bytes(self) -> int:
         """Bytes of its output (what the space check counts)."""
 
+    def planned_header(self, run: Run) -> str:
+        """The hash of its output's header as planned ("": not known before it is written)."""
+
     def find_entry(
         self, entries: list[dict[str, Any]], options: dict[str, Any], out: str
     ) -> dict[str, Any] | None:
@@ -88,8 +92,10 @@ class Item(Protocol):
         out: str,
         replaces: tuple[int, int] | str | None,
         step: Callable[[int, int], None] | None,
+        sealed: Callable[[int, int, int], None] | None = None,
     ) -> ConvertReport:
-        """Write the output at `out` (see `Run.replace_for` for `replaces`)."""
+        """Write the output at `out` (see `Run.replace_for` for `replaces`); `sealed` is
+        called with the hidden output's (dev, ino, size) before it is published."""
 
     def report(self, status: FileAction, bytes_out: int) -> FileReport:
         """Its line in a folder report, for an output not converted by this run."""
@@ -126,6 +132,10 @@ class FileItem:
     def output_bytes(self) -> int:
         return self.info.output_bytes
 
+    def planned_header(self, run: Run) -> str:
+        # Tensors kept for overflow are found while converting: the header is known then.
+        return self.info.output_header_sha256 if run.given.on_overflow != "keep" else ""
+
     def find_entry(
         self, entries: list[dict[str, Any]], options: dict[str, Any], out: str
     ) -> dict[str, Any] | None:
@@ -140,6 +150,7 @@ class FileItem:
         out: str,
         replaces: tuple[int, int] | str | None,
         step: Callable[[int, int], None] | None,
+        sealed: Callable[[int, int, int], None] | None = None,
     ) -> ConvertReport:
         # Unmatched keep patterns were judged over the whole folder (in walk.plan).
         return _engine.convert_file(
@@ -153,6 +164,7 @@ class FileItem:
             allow_copy=True,
             progress=step,
             cancel=run.cancel,
+            sealed=sealed,
             # As the manifest records them (the folder's checks ran with these).
             **run.given.precision,
             keep_unmatched="ignore",
@@ -214,6 +226,9 @@ class ShardItem:
     def output_bytes(self) -> int:
         return self.unit.size
 
+    def planned_header(self, run: Run) -> str:
+        return self.unit.header_sha256  # kept-for-overflow tensors are planned already
+
     def find_entry(
         self, entries: list[dict[str, Any]], options: dict[str, Any], out: str
     ) -> dict[str, Any] | None:
@@ -229,6 +244,7 @@ class ShardItem:
         out: str,
         replaces: tuple[int, int] | str | None,
         step: Callable[[int, int], None] | None,
+        sealed: Callable[[int, int, int], None] | None = None,
     ) -> ConvertReport:
         u, g = self.unit, self.group
         # Kept-for-overflow tensors are planned already: the shards need no scan of their own.
@@ -260,6 +276,7 @@ class ShardItem:
                 progress=step,
                 cancel=run.cancel,
                 warn=warn,
+                sealed=sealed,
                 tuning=run.given.tuning,
             )
         warnings = [w for w in result["warnings"] if w[0] != "nothing_to_convert"]
@@ -295,6 +312,8 @@ def convert_items(run: Run, todo: Sequence[Item]) -> list[ConvertReport]:
     reports = []
     for w in todo:
         check_cancel(run.cancel)
+        # Not into a folder another run took over since (it would replace its files).
+        run.record.check_still_ours()
         out = out_path(run.dst, w.rel)
         # The engine replaces only as this run may: see Run.replace_for.
         replaces = run.replace_for(w.rel)
@@ -302,9 +321,23 @@ def convert_items(run: Run, todo: Sequence[Item]) -> list[ConvertReport]:
         def step(done: int, total: int, rel: str = w.rel) -> None:
             run.meter.step(rel, done, total)
 
+        def sealed(dev: int, ino: int, size: int, w: Item = w) -> None:
+            # Before the output has its name, the manifest claims it: a run killed once
+            # it is published, before it is recorded, still proves it wrote it.
+            run.record.claim(w.rel, (dev, ino, size), w.planned_header(run))
+            run.record.save_claims(run.cancel)
+            failpoint("folder-sealed", run.cancel)
+
         run.meter.step(w.rel, 0, w.data_bytes)
-        r = w.convert(run, out, replaces, step if run.meter.is_on() else None)
+        try:
+            r = w.convert(run, out, replaces, step if run.meter.is_on() else None, sealed)
+        except (DestinationExists, Refused) as e:
+            # A rival's file where this run replaces none, or not the file found.
+            rival(run, e)
+            raise
         run.meter.finish(w.rel, w.data_bytes)
+        # The output has its name; the manifest does not say so yet.
+        failpoint("folder-published", run.cancel)
         st = os.lstat(out)
         run.published(w.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
         run.record.files[w.rel].update(w.manifest_entry(run.record, out))

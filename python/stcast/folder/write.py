@@ -4,21 +4,26 @@ indexes, so that an interrupted run never leaves what a loader takes for a check
 Every file goes through the engine's one atomic write path (`_core.write_file`,
 `_core.copy_file`, `_core.convert`): a hidden, locked temp, fsync, then the name. A name
 that exists is replaced only as `Run.replace_for` allows: a file a manifest records this
-source's runs wrote (with its identity unchanged), or anything the plan writes under
-`force`.
+source's runs wrote (with its identity unchanged), or under `force` a file the plan
+writes that the survey found there (also unchanged: not a rival run's written since).
+Old configs and indexes are replaced, not removed first: a run that stops leaves an
+earlier output loadable (`unpublish`). A run that fails while converting removes what it
+added (`roll_back`).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import posixpath
 import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .. import _core
-from ..errors import Refused
+from ..errors import DestinationExists, Refused, StcastError
 from ..reports import FileReport
-from .common import check_cancel, ensure_dir, failpoint, out_path
+from .common import MAX_JSON_BYTES, check_cancel, ensure_dir, failpoint, out_path, read_bounded
 from .manifest import remove as remove_manifest
 from .walk import File, Plan
 
@@ -90,16 +95,33 @@ class Run:
     # Files that stcast wrote (recorded by a manifest, or adopted by `resume`): rel ->
     # (dev, ino) they must still have to be replaced.
     ours: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Under `force`: the files the survey found (rel -> identity), which it may replace.
+    found: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def replace_for(self, rel: str) -> tuple[int, int] | str | None:
-        """How publishing `rel` may treat a file already there (see `_core.write_file`)."""
+        """How publishing `rel` may treat a file already there (see `_core.write_file`):
+        the file stcast wrote there, or under `force` the one the survey found (if none
+        was there, none is replaced: a file that appeared since is a rival run's)."""
         if rel in self.ours:
             return self.ours[rel]
-        return "any" if self.force else None
+        if self.force and rel in self.found:
+            return self.found[rel]
+        return None
 
     def tag(self) -> str:
         shard = self.record.shard
         return "" if shard is None else f"s{shard[0]}of{shard[1]}"
+
+    def claimer(self, rel: str) -> Callable[[int, int, int], None]:
+        """What the engine calls once `rel`'s hidden file is sealed, before it has a name:
+        this run's manifest claims it, so a run killed just after publishing it still
+        proves it wrote it."""
+
+        def sealed(dev: int, ino: int, size: int) -> None:
+            self.record.claim(rel, (dev, ino, size))
+            self.record.save_claims(self.cancel)
+
+        return sealed
 
     def published(self, rel: str, kind: str, identity: tuple[int, int, int]) -> None:
         """Record a published file: in this run's manifest, and as ours from now on."""
@@ -107,11 +129,32 @@ class Run:
         self.ours[rel] = identity[:2]
 
 
+def rival(run: Run, e: DestinationExists | Refused) -> None:
+    """Say what happened when publishing found a file it may not replace: another run took
+    this folder over (`Manifest.check_still_ours`), or wrote that file after this run's
+    survey (where none was, or under `force` another than the survey found). Returns when
+    the failure is none of these (it is then raised as it is)."""
+    run.record.check_still_ours()
+    if isinstance(e, DestinationExists) or (run.force and NOT_OURS in e.template):
+        path = e.path or run.dst
+        message = (
+            "destination exists: another stcast run (or another program) wrote it after "
+            f"this run checked {_esc(run.dst)}; this run replaced nothing of it and stopped "
+            "(run again once that run is done)"
+        )
+        raise DestinationExists(f"{_esc(path)}: {message}", message=message, path=path) from None
+
+
+# The engine's refusal of a file that is not the one a replace was allowed for.
+NOT_OURS = "is not the file stcast wrote there"
+
+
 def publish(run: Run, plan: Plan, work: Work) -> list[FileReport]:
     """Copy the other files, then write configs and indexes: a loader's cues come last."""
     reports = []
     dst, meter, cancel = run.dst, run.meter, run.cancel
     failpoint("folder-publish", cancel)
+    run.record.check_still_ours()
     for d in plan.dirs:
         ensure_dir(dst, d)
     for f in plan.copies:
@@ -124,6 +167,7 @@ def publish(run: Run, plan: Plan, work: Work) -> list[FileReport]:
     # Before a loader's cues appear: every file written is still the one written, and the
     # indexes agree with the shards (from the shards as written: what a loader will find).
     recheck(run)
+    run.record.check_still_ours()
     indexes = work.checked_indexes(dst)
     for f in plan.late_copies:
         _copy(run, f, "copy", None)
@@ -170,25 +214,35 @@ def _copy(run: Run, f: File, kind: str, meter: Meter | None) -> None:
         if meter is not None:
             meter.step(f.rel, done, total)
 
-    identity = _core.copy_file(
-        f.path,
-        out_path(run.dst, f.rel),
-        replace=run.replace_for(f.rel),
-        tag=run.tag(),
-        progress=step if meter is not None and meter.is_on() else None,
-        cancel=run.cancel,
-    )
+    try:
+        identity = _core.copy_file(
+            f.path,
+            out_path(run.dst, f.rel),
+            replace=run.replace_for(f.rel),
+            tag=run.tag(),
+            progress=step if meter is not None and meter.is_on() else None,
+            cancel=run.cancel,
+            sealed=run.claimer(f.rel),
+        )
+    except (DestinationExists, Refused) as e:
+        rival(run, e)
+        raise
     run.published(f.rel, kind, identity)
 
 
 def _write(run: Run, rel: str, kind: str, content: bytes) -> None:
-    identity = _core.write_file(
-        out_path(run.dst, rel),
-        content,
-        replace=run.replace_for(rel),
-        tag=run.tag(),
-        cancel=run.cancel,
-    )
+    try:
+        identity = _core.write_file(
+            out_path(run.dst, rel),
+            content,
+            replace=run.replace_for(rel),
+            tag=run.tag(),
+            cancel=run.cancel,
+            sealed=run.claimer(rel),
+        )
+    except (DestinationExists, Refused) as e:
+        rival(run, e)
+        raise
     run.published(rel, kind, identity)
 
 
@@ -212,16 +266,79 @@ def recheck(run: Run) -> None:
             )
 
 
-def unpublish(run: Run, plan: Plan) -> None:
-    """Remove the old indexes and configs before anything in the destination changes, so
-    that a folder holding them is complete. Only files stcast may replace are removed."""
-    cues = [*plan.index_rels(), *(c[0].rel for c in plan.configs)]
-    for rel in cues + [f.rel for f in plan.late_copies]:
+def unpublish(run: Run, plan: Plan, writes: set[str]) -> None:
+    """Before anything in the destination changes: withdraw the old indexes that this run
+    would make inconsistent, and only those.
+
+    The old configs and indexes stay until the new ones replace them at publish (the
+    atomic write path renames over them), so that a run that fails or is interrupted
+    leaves an earlier output loadable: its index names shards that are still there, or
+    that this run replaced by shards of the same names and tensors. An old index that
+    maps a tensor to another file than the new one does, and names a file this run
+    replaces (`writes`), would point a loader at the wrong shard: it goes first. Only
+    files stcast may replace are removed."""
+    new_maps = {rel: weight_map for rel, _, weight_map in _new_indexes(plan)}
+    for rel, new_map in new_maps.items():
         replace = run.replace_for(rel)
         if replace is None:
             continue  # the survey refused what may not be replaced
+        old_map = _old_weight_map(run.dst, rel)
+        if old_map is None or old_map == new_map or not set(old_map.values()) & writes:
+            continue  # nothing a loader reads, or still consistent whenever the run stops
         if _unlink_if(run, rel, None if isinstance(replace, str) else replace):
             run.ours.pop(rel, None)
+            run.record.pending.pop(rel, None)
+
+
+def _new_indexes(plan: Plan) -> list[tuple[str, bytes | str, dict[str, str]]]:
+    if plan.reshard is not None:
+        return list(plan.reshard.indexes())
+    return [(f.rel, text, weight_map) for f, text, weight_map in plan.indexes]
+
+
+def _old_weight_map(dst: str, rel: str) -> dict[str, str] | None:
+    """The weight map of the index at `dst/rel` as destination rel paths; None if there is
+    none a loader could read."""
+    path = os.path.join(dst, rel)
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+        doc = json.loads(read_bounded(path, MAX_JSON_BYTES).decode("utf-8"))
+    except (OSError, ValueError, RecursionError, StcastError):
+        return None
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict):
+        return None
+    folder = os.path.dirname(rel)
+    return {
+        str(k): posixpath.normpath(posixpath.join(folder, v)) if isinstance(v, str) else ""
+        for k, v in weight_map.items()
+    }
+
+
+def roll_back(run: Run, before: set[str], had_manifest: bool, made: list[str]) -> None:
+    """Undo what a failed run added: the files it wrote where nothing was (each still the
+    one it wrote: device and inode), its manifest if there was none, and the folders it
+    made, once empty (`made`, deepest first). Nothing that was there before is removed;
+    an older manifest of this run's name stays, saved without the files removed."""
+    for rel, entry in list(run.record.files.items()):
+        if rel in before:
+            continue
+        if _unlink_if(run, rel, (entry["dev"], entry["ino"])):
+            del run.record.files[rel]
+            run.ours.pop(rel, None)
+    try:
+        if had_manifest:
+            run.record.save(None)
+        else:
+            remove_manifest(run.record)
+    except (OSError, StcastError):
+        pass  # the run's own failure is the one to report
+    for folder in made:
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass  # not empty (or not there): not only this run's
 
 
 def remove_stale(run: Run, stale: dict[str, tuple[int, int]]) -> None:
@@ -229,9 +346,11 @@ def remove_stale(run: Run, stale: dict[str, tuple[int, int]]) -> None:
     of another `max_shard_size`, under `resume` or `force`): left there, they would sit
     beside the new shards, named by no index. Only files still the ones a manifest
     recorded are removed."""
-    for rel, identity in stale.items():
+    # The indexes first: whenever this stops, no index names a shard that is gone.
+    for rel, identity in sorted(stale.items(), key=lambda kv: not kv[0].endswith(".json")):
         if _unlink_if(run, rel, identity) is not None:
             run.ours.pop(rel, None)
+            run.record.pending.pop(rel, None)
 
 
 def _unlink_if(run: Run, rel: str, identity: tuple[int, int] | None) -> bool | None:
