@@ -6,8 +6,8 @@ and docs/reference.md. Each runs through the CLI's `main`, in a folder of its ow
 tiny stand-ins named as the line names them: a safetensors file for `*.safetensors`, a
 PyTorch checkpoint for `*.bin`, `*.pt`, `*.pth`, `*.ckpt` (its dict at `--key`, its names
 under the `--strip-prefix` prefixes), a DCP folder for `step-*`, a DeepSpeed ZeRO checkpoint
-for `ds_ckpt/...` (its tag the `global_step*` part named), a sharded Hugging Face folder for any other SRC. What
-a line needs from an earlier line is made first: `verify SRC DST` gets DST from
+for `ds_ckpt/...` (its tag the `global_step*` part named), a sharded Hugging Face folder for
+any other SRC. What a line needs from an earlier line is made first: `verify SRC DST` gets DST from
 `convert SRC DST` with the same precision options, `finalize SRC DST` from
 `convert SRC DST --shard 1/1`.
 
