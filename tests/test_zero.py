@@ -380,3 +380,41 @@ def test_peak_rss_is_bounded_and_the_moments_stay_unread(tmp_path):
     for size_mib, peak in peaks.items():
         assert peak < 150 * MIB, f"{size_mib} MiB of masters: peak RSS {peak / MIB:.1f} MiB"
     assert peaks[96] <= 1.25 * peaks[16] + 16 * MIB, peaks
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_resharded_shard_runs_finalize_and_resume(tmp_path, run_main, cli_process, name):
+    """`--max-shard-size`, `--shard I/N` + `finalize` (a SLURM array), `--resume`: as for a
+    file; the shards hold exactly zero_to_fp32's tensors in bf16."""
+    ck = checkpoint(name, tmp_path)
+    want = expected(name, "bf16")
+
+    def shards(folder: Path) -> dict:
+        got: dict = {}
+        for f in sorted(folder.glob("model-*.safetensors")):
+            got.update(tensor_bytes(f))
+        return got
+
+    rc, out, err = run_main("convert", ck, tmp_path / "rs", "--max-shard-size", "300B")
+    assert rc == 0, err
+    assert (tmp_path / "rs" / "model.safetensors.index.json").is_file()
+    assert shards(tmp_path / "rs") == want
+    rc, out, err = run_main("verify", ck, tmp_path / "rs")
+    assert rc == 0, err
+    for i in (1, 2):
+        rc, out, err = run_main(
+            "convert", ck, tmp_path / "sh", "--max-shard-size", "300B", "--shard", f"{i}/2"
+        )
+        assert rc == 0, err
+    rc, out, err = run_main("finalize", ck, tmp_path / "sh")
+    assert rc == 0, err
+    assert sorted(os.listdir(tmp_path / "sh")) == sorted(os.listdir(tmp_path / "rs"))
+    assert shards(tmp_path / "sh") == want
+    # Stopped after the first shard, then resumed.
+    env = {"STCAST_FAILPOINT": "folder-file=sigint"}
+    rc, out, err = cli_process("convert", ck, tmp_path / "re", "--max-shard-size", "300B", env=env)
+    assert rc != 0 and (tmp_path / "re" / ".stcast-manifest.json").is_file(), err
+    rc, out, err = run_main("convert", ck, tmp_path / "re", "--max-shard-size", "300B", "--resume")
+    assert rc == 0, err
+    assert shards(tmp_path / "re") == want
+    assert sorted(os.listdir(tmp_path / "re")) == sorted(os.listdir(tmp_path / "rs"))
