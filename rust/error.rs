@@ -350,10 +350,9 @@ impl Error {
                      the file that writes",
                     format.describe()
                 ),
+                // Read as a source (`input::zero`); named so where only safetensors will do.
                 Format::DeepSpeed => format!(
-                    "{}: stcast does not read these yet; consolidate it first (the \
-                     zero_to_fp32.py script DeepSpeed saves beside it) and convert what that \
-                     writes",
+                    "{}: a checkpoint to convert (a SRC), not a safetensors file",
                     format.describe()
                 ),
                 _ => format!(
