@@ -32,6 +32,14 @@ pub enum DistProblem {
     },
     /// The chunks do not tile the tensor (overlap, gap, outside its size).
     Chunks { reason: String },
+    /// A DeepSpeed ZeRO checkpoint whose files disagree with each other or with what
+    /// DeepSpeed writes (partition sizes that do not add up, a missing rank): `what` says.
+    Zero { what: String },
+    /// A DeepSpeed checkpoint of a layout stcast does not read (model or pipeline
+    /// parallel): `what` names it.
+    ZeroUnsupported { what: String },
+    /// `key` given for a DeepSpeed ZeRO checkpoint, which holds one state dict.
+    ZeroKey { key: String },
 }
 
 impl fmt::Display for DistProblem {
@@ -66,6 +74,23 @@ impl fmt::Display for DistProblem {
                 esc(reason)
             ),
             DistProblem::Chunks { reason } => write!(f, "its chunks {}", esc(reason)),
+            DistProblem::Zero { what } => write!(
+                f,
+                "not a consistent DeepSpeed ZeRO checkpoint: {}",
+                esc(what)
+            ),
+            DistProblem::ZeroUnsupported { what } => write!(
+                f,
+                "{} is not supported: stcast reads ZeRO checkpoints of data-parallel ranks (one \
+                 model-parallel rank); consolidate it with DeepSpeed's own tools",
+                esc(what)
+            ),
+            DistProblem::ZeroKey { key } => write!(
+                f,
+                "{{key}} `{}` does not apply: a DeepSpeed ZeRO checkpoint holds one state dict, \
+                 named as zero_to_fp32 names it (leave {{key}} out; {{strip_prefix}} applies)",
+                esc(key)
+            ),
         }
     }
 }
@@ -206,7 +231,10 @@ impl Error {
             Error::NothingToConvert { .. } => ErrorKind::Refused,
             Error::Checkpoint { error, .. } => checkpoint_kind(error),
             Error::Distributed { problem, .. } => match problem {
-                DistProblem::Transformed { .. } => ErrorKind::Refused,
+                DistProblem::Transformed { .. } | DistProblem::ZeroUnsupported { .. } => {
+                    ErrorKind::Refused
+                }
+                DistProblem::ZeroKey { .. } => ErrorKind::Usage,
                 _ => ErrorKind::InvalidInput,
             },
             Error::NotACheckpoint { .. } => ErrorKind::Usage,
@@ -286,6 +314,10 @@ impl Error {
             Error::BadOption { option, .. } => Some(*option),
             Error::BadPattern { .. } => Some(OptionName::Keep),
             Error::NotACheckpoint { option, .. } => Some(*option),
+            Error::Distributed {
+                problem: DistProblem::ZeroKey { .. },
+                ..
+            } => Some(OptionName::Key),
             _ => None,
         }
     }
@@ -312,10 +344,9 @@ impl Error {
                 Format::TorchZip | Format::TorchLegacy | Format::Dcp | Format::DcpSafetensors => {
                     format!("{}, not a safetensors file", format.describe())
                 }
+                // Read as a source (`input::zero`); named so where only safetensors will do.
                 Format::DeepSpeed => format!(
-                    "{}: stcast does not read these yet; consolidate it first (the \
-                     zero_to_fp32.py script DeepSpeed saves beside it) and convert what that \
-                     writes",
+                    "{}: a checkpoint to convert (a SRC), not a safetensors file",
                     format.describe()
                 ),
                 _ => format!(

@@ -389,6 +389,115 @@ impl Pieces {
     }
 }
 
+/// A run of a tensor's elements, row-major, held contiguously (little-endian) in a file:
+/// what a flat partition gives (DeepSpeed ZeRO's fp32 master vectors).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlatRun {
+    /// The file that holds it: an index into `Source::files`.
+    pub input: usize,
+    /// Its first byte in that file (absolute).
+    pub start: u64,
+    /// The tensor elements it holds: `first..first + count`, row-major.
+    pub first: u64,
+    pub count: u64,
+}
+
+/// The boxes that make up elements `a..b` (row-major) of a tensor of `shape`, in order:
+/// each a row-major run of the tensor (its leading dimensions of size 1, one partial
+/// dimension, the trailing ones whole), so its elements in box order are the run's. At most
+/// `2N - 1` boxes for `N` dimensions (one for a scalar). `b` is at most the tensor's size.
+pub fn flat_boxes(shape: &[u64], a: u64, b: u64) -> Vec<(Vec<u64>, Vec<u64>)> {
+    let mut out = Vec::new();
+    boxes_into(shape, a, b, &[], &mut out);
+    out
+}
+
+fn boxes_into(shape: &[u64], a: u64, b: u64, lead: &[u64], out: &mut Vec<(Vec<u64>, Vec<u64>)>) {
+    if a >= b {
+        return;
+    }
+    let Some((_, rest)) = shape.split_first() else {
+        // A scalar: its one element.
+        out.push((lead.to_vec(), vec![1; lead.len()]));
+        return;
+    };
+    // Not 0: the tensor holds elements (`b > 0`).
+    let inner: u64 = rest.iter().product();
+    let (i0, r0, i1, r1) = (a / inner, a % inner, b / inner, b % inner);
+    let sub = |i: u64, lo: u64, hi: u64, out: &mut Vec<_>| {
+        let mut l = lead.to_vec();
+        l.push(i);
+        boxes_into(rest, lo, hi, &l, out);
+    };
+    if i0 == i1 {
+        sub(i0, r0, r1, out);
+        return;
+    }
+    let mut i = i0;
+    if r0 != 0 {
+        sub(i0, r0, inner, out);
+        i += 1;
+    }
+    if i1 > i {
+        let mut offsets = lead.to_vec();
+        offsets.push(i);
+        offsets.extend(std::iter::repeat_n(0, rest.len()));
+        let mut sizes = vec![1; lead.len()];
+        sizes.push(i1 - i);
+        sizes.extend_from_slice(rest);
+        out.push((offsets, sizes));
+    }
+    if r1 != 0 {
+        sub(i1, 0, r1, out);
+    }
+}
+
+impl Pieces {
+    /// The tensor `name` made of flat runs (each a row-major range of its elements, held
+    /// contiguously in a file), checked as `Pieces::new` checks boxes: every element in
+    /// exactly one run.
+    pub fn from_runs(
+        name: &str,
+        dtype: Dtype,
+        shape: &[u64],
+        runs: &[FlatRun],
+    ) -> Result<Pieces, PiecesError> {
+        let fail = |problem| PiecesError {
+            tensor: name.to_string(),
+            problem,
+        };
+        let bits = dtype.bitsize();
+        if bits == 0 || !bits.is_multiple_of(8) {
+            return Err(fail(PieceProblem::SubByte { dtype }));
+        }
+        let es = (bits / 8) as u64;
+        let numel = product(shape).ok_or_else(|| fail(PieceProblem::Overflow))?;
+        let mut pieces = Vec::new();
+        for (i, r) in runs.iter().enumerate() {
+            let end = r.first.checked_add(r.count);
+            if end.is_none_or(|e| e > numel) {
+                return Err(fail(PieceProblem::OutOfShape { piece: i }));
+            }
+            let mut at = r.start;
+            for (offsets, sizes) in flat_boxes(shape, r.first, r.first + r.count) {
+                // Inside the shape: no overflow (checked against `numel` above).
+                let n = product(&sizes).unwrap_or(0) * es;
+                let end = at
+                    .checked_add(n)
+                    .ok_or_else(|| fail(PieceProblem::Overflow))?;
+                pieces.push(Piece {
+                    input: r.input,
+                    bytes: at..end,
+                    offsets,
+                    sizes,
+                });
+                at = end;
+            }
+        }
+        Pieces::new(name, dtype, shape, pieces)
+    }
+}
+
 /// The runs of a (non-empty, in-shape) box of a tensor of `shape`.
 fn runs_of(shape: &[u64], p: &Piece) -> Runs {
     let rank = shape.len();
@@ -644,5 +753,135 @@ mod tests {
         assert_eq!(touched, [0]);
         let touched: Vec<usize> = p.touching(1, 2).map(|q| q.input).collect();
         assert_eq!(touched, [0, 1]);
+    }
+
+    /// The flat (row-major) index of every element of box (`offsets`, `sizes`) of a tensor
+    /// of `shape`, in the box's own row-major order.
+    fn box_elements(shape: &[u64], offsets: &[u64], sizes: &[u64]) -> Vec<u64> {
+        let n = product(sizes).unwrap();
+        (0..n)
+            .map(|k| {
+                let (mut rem, mut lin, mut stride) = (k, 0u64, 1u64);
+                for d in (0..shape.len()).rev() {
+                    lin += (offsets[d] + rem % sizes[d]) * stride;
+                    rem /= sizes[d];
+                    stride *= shape[d];
+                }
+                lin
+            })
+            .collect()
+    }
+
+    fn shape_and_range() -> impl proptest::strategy::Strategy<Value = (Vec<u64>, u64, u64)> {
+        use proptest::prelude::*;
+        proptest::collection::vec(1u64..6, 0..5).prop_flat_map(|shape| {
+            let n = product(&shape).unwrap();
+            (Just(shape), 0..=n, 0..=n).prop_map(|(s, x, y)| (s, x.min(y), x.max(y)))
+        })
+    }
+
+    fn shape_and_cuts() -> impl proptest::strategy::Strategy<Value = (Vec<u64>, Vec<u64>, u64)> {
+        use proptest::prelude::*;
+        proptest::collection::vec(1u64..5, 0..4).prop_flat_map(|shape| {
+            let n = product(&shape).unwrap();
+            (
+                Just(shape),
+                proptest::collection::vec(0..=n, 0..5),
+                any::<u64>(),
+            )
+        })
+    }
+
+    proptest::proptest! {
+        /// A flat range is at most 2N-1 boxes, in order, each a run of the tensor, together
+        /// exactly the range.
+        #[test]
+        fn flat_ranges_are_a_few_boxes_covering_them_exactly((shape, a, b) in shape_and_range()) {
+            let boxes = flat_boxes(&shape, a, b);
+            let bound = (2 * shape.len()).saturating_sub(1).max(1);
+            proptest::prop_assert!(boxes.len() <= bound, "{} boxes", boxes.len());
+            let mut all = Vec::new();
+            for (offsets, sizes) in &boxes {
+                proptest::prop_assert!(sizes.iter().all(|&z| z > 0));
+                proptest::prop_assert!(offsets.iter().zip(sizes).zip(&shape).all(|((o, z), s)| o + z <= *s));
+                all.extend(box_elements(&shape, offsets, sizes));
+            }
+            proptest::prop_assert_eq!(all, (a..b).collect::<Vec<u64>>());
+        }
+
+        /// A tensor cut into flat runs at random points, the runs in files in any order,
+        /// reads back whole in every window.
+        #[test]
+        fn flat_runs_in_files_read_as_the_whole(
+            (shape, cuts, order) in shape_and_cuts()
+        ) {
+            let n = product(&shape).unwrap();
+            let mut cuts = cuts;
+            cuts.push(0);
+            cuts.push(n);
+            cuts.sort_unstable();
+            let values = whole(&shape);
+            let mut maps = vec![vec![0xEEu8; 3]; 3];
+            let mut runs = Vec::new();
+            for (k, w) in cuts.windows(2).enumerate() {
+                let file = (k + order as usize) % 3;
+                let start = maps[file].len() as u64;
+                for i in w[0]..w[1] {
+                    maps[file].extend_from_slice(&values[i as usize].to_le_bytes());
+                }
+                maps[file].push(0xDD);
+                runs.push(FlatRun { input: file, start, first: w[0], count: w[1] - w[0] });
+            }
+            if order % 2 == 1 {
+                runs.reverse();
+            }
+            let p = Pieces::from_runs("t", Dtype::U16, &shape, &runs).unwrap();
+            for first in 0..=n {
+                for count in 0..=(n - first) {
+                    proptest::prop_assert_eq!(
+                        read(&p, &maps, first, count),
+                        &values[first as usize..(first + count) as usize]
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn flat_boxes_of_a_known_range() {
+        // Elements 5..27 of a [3, 3, 4] tensor: the rest of row (0, 1), row (0, 2), the
+        // slab 1, then (2, 0, 0..3).
+        assert_eq!(
+            flat_boxes(&[3, 3, 4], 5, 27),
+            vec![
+                (vec![0, 1, 1], vec![1, 1, 3]),
+                (vec![0, 2, 0], vec![1, 1, 4]),
+                (vec![1, 0, 0], vec![1, 3, 4]),
+                (vec![2, 0, 0], vec![1, 1, 3]),
+            ]
+        );
+        assert_eq!(flat_boxes(&[], 0, 1), vec![(vec![], vec![])]);
+        assert!(flat_boxes(&[4, 0], 0, 0).is_empty());
+        assert_eq!(flat_boxes(&[7], 2, 5), vec![(vec![2], vec![3])]);
+    }
+
+    #[test]
+    fn runs_that_overlap_leave_gaps_or_pass_the_end_are_refused() {
+        let run = |first, count| FlatRun {
+            input: 0,
+            start: 0,
+            first,
+            count,
+        };
+        let e = Pieces::from_runs("w", Dtype::F32, &[2, 3], &[run(0, 4), run(3, 3)]).unwrap_err();
+        assert!(matches!(e.problem, PieceProblem::Overlap { .. }), "{e}");
+        let e = Pieces::from_runs("w", Dtype::F32, &[2, 3], &[run(0, 4)]).unwrap_err();
+        assert_eq!(e.problem, PieceProblem::Gap { missing: 2 });
+        let e = Pieces::from_runs("w", Dtype::F32, &[2, 3], &[run(0, 4), run(4, 3)]).unwrap_err();
+        assert_eq!(e.problem, PieceProblem::OutOfShape { piece: 1 });
+        assert_eq!(
+            e.to_string(),
+            "tensor `w`: piece 1 reaches past the tensor's shape"
+        );
     }
 }

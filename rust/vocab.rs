@@ -58,6 +58,8 @@ named! {
         PytorchLegacy = "pytorch-legacy",
         Dcp = "dcp",
         DcpSafetensors = "dcp-safetensors",
+        /// A DeepSpeed ZeRO checkpoint folder.
+        DeepSpeed = "deepspeed",
     }
 }
 
@@ -71,6 +73,7 @@ impl InputFormat {
             Format::TorchLegacy => InputFormat::PytorchLegacy,
             Format::Dcp => InputFormat::Dcp,
             Format::DcpSafetensors => InputFormat::DcpSafetensors,
+            Format::DeepSpeed => InputFormat::DeepSpeed,
             _ => InputFormat::Safetensors,
         }
     }

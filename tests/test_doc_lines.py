@@ -5,8 +5,9 @@ and each line that starts with `stcast ` inside a fenced block of README.md, doc
 and docs/reference.md. Each runs through the CLI's `main`, in a folder of its own that holds
 tiny stand-ins named as the line names them: a safetensors file for `*.safetensors`, a
 PyTorch checkpoint for `*.bin`, `*.pt`, `*.pth`, `*.ckpt` (its dict at `--key`, its names
-under the `--strip-prefix` prefixes), a sharded Hugging Face folder for any other SRC. What
-a line needs from an earlier line is made first: `verify SRC DST` gets DST from
+under the `--strip-prefix` prefixes), a DCP folder for `step-*`, a DeepSpeed ZeRO checkpoint
+for `ds_ckpt/...` (its tag the `global_step*` part named), a sharded Hugging Face folder for
+any other SRC. What a line needs from an earlier line is made first: `verify SRC DST` gets DST from
 `convert SRC DST` with the same precision options, `finalize SRC DST` from
 `convert SRC DST --shard 1/1`.
 
@@ -166,6 +167,15 @@ def _folder(root: Path, files: int = 8) -> None:
     (root / "config.json").write_text('{\n  "torch_dtype": "float32"\n}\n')
 
 
+def _zero(root: Path, tag: str) -> None:
+    """A DeepSpeed ZeRO-3 checkpoint folder (`latest` naming `tag`) of 2 ranks."""
+    from zerofile import write_zero
+
+    x = np.linspace(-2, 2, 32, dtype=np.float32)
+    params = {"layers.0.weight": np.resize(x, (64, 64)), "norm.weight": x[:8].copy()}
+    write_zero(root, [params], stage=3, ranks=2, tag=tag)
+
+
 def _dcp(root: Path, options: dict[str, list[str]]) -> None:
     """A DCP folder (`step-1000/`): a model under `--key`'s path, and an optimizer beside."""
     from dcpfile import Tensor, rows, write_dcp
@@ -191,7 +201,14 @@ def _stand_in(folder: Path, name: str, options: dict[str, list[str]]) -> None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     suffix = Path(name.rstrip("/")).suffix
-    if name.startswith("step-"):
+    parts = Path(name).parts
+    if parts[0] == "ds_ckpt":
+        # A DeepSpeed checkpoint, its tag the `global_step*` part named, if one is.
+        _zero(
+            folder / parts[0],
+            next((p for p in parts if p.startswith("global_step")), "global_step1"),
+        )
+    elif name.startswith("step-"):
         _dcp(path, options)
     elif name.endswith("/") or not suffix:
         _folder(path)

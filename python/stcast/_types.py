@@ -53,7 +53,9 @@ ReadAdvice = Literal["normal", "sequential", "willneed"]
 Action = Literal["convert", "copy"]
 FileKind = Literal["weights", "index", "config", "copy"]
 # The formats `inspect` reports (`InspectReport.format`).
-InputFormat = Literal["safetensors", "pytorch", "pytorch-legacy", "dcp", "dcp-safetensors"]
+InputFormat = Literal[
+    "safetensors", "pytorch", "pytorch-legacy", "dcp", "dcp-safetensors", "deepspeed"
+]
 FileAction = Literal["converted", "skipped", "checked", "rewritten", "written", "copied"]
 
 

@@ -882,8 +882,15 @@ def _run_inspect(args: argparse.Namespace, console: out.Console) -> int:
 
 def _print_checkpoint(report: stcast.InspectReport) -> None:
     """What a PyTorch checkpoint's inspection adds: its format, the dict, the globals."""
-    what = "PyTorch checkpoint (zip)" if report.format == "pytorch" else "legacy PyTorch checkpoint"
+    what = {
+        "pytorch": "PyTorch checkpoint (zip)",
+        "dcp": "torch.distributed.checkpoint (DCP) folder",
+        "dcp-safetensors": "torch.distributed.checkpoint folder of safetensors shards",
+        "deepspeed": "DeepSpeed ZeRO checkpoint folder",
+    }.get(report.format, "legacy PyTorch checkpoint")
     where = "the top level" if not report.key else f"`{out.printable(report.key, keep='')}`"
+    if report.format == "deepspeed":
+        where = "the state dict zero_to_fp32 rebuilds (the fp32 masters, buffers, frozen)"
     print(f"format:   {what}; tensors from {where}")
     if report.skipped:
         shown = ", ".join(f"`{out.printable(n, keep='')}`" for n in report.skipped[:8])

@@ -265,8 +265,9 @@ class InspectReport:
     `tensors` are in data-offset order (for a folder: file by file, each with its `file`);
     `metadata` keeps the file's key order (None when it has no `__metadata__`, and for
     folders); `output_bytes` is the projected size of the output. `format` is the input's:
-    for a PyTorch checkpoint (`"pytorch"`, `"pytorch-legacy"`) or a DCP folder (`"dcp"`;
-    `"dcp-safetensors"` for HuggingFaceStorageWriter's shards), `key` is the dict converted
+    for a PyTorch checkpoint (`"pytorch"`, `"pytorch-legacy"`), a DCP folder (`"dcp"`;
+    `"dcp-safetensors"` for HuggingFaceStorageWriter's shards) or a DeepSpeed ZeRO folder
+    (`"deepspeed"`), `key` is the dict converted
     (`""`: the top level), `skipped` its entries that are not tensors (left out),
     `globals` every global its pickle names and `unlisted` those outside the allow-list
     (inert: never imported or called); its

@@ -42,7 +42,10 @@ pub fn folder_format(dir: &Path) -> Option<Format> {
     if listed.iter().any(|n| is_weights(n)) {
         return None;
     }
-    if listed.iter().any(|n| is_model_states(n)) {
+    if listed
+        .iter()
+        .any(|n| is_model_states(n) || is_optim_states(n))
+    {
         return Some(Format::DeepSpeed);
     }
     // `latest` names the tag folder holding the partitions (`global_step100`).
@@ -52,7 +55,11 @@ pub fn folder_format(dir: &Path) -> Option<Format> {
             .filter(|t| t.len() <= 4096);
         let tag = tag.and_then(|t| String::from_utf8(t).ok());
         if let Some(tag) = tag.map(|t| t.trim().to_string()).filter(|t| is_one_name(t)) {
-            if names(&dir.join(tag)).iter().any(|n| is_model_states(n)) {
+            let tagged = names(&dir.join(tag));
+            if tagged
+                .iter()
+                .any(|n| is_model_states(n) || is_optim_states(n))
+            {
                 return Some(Format::DeepSpeed);
             }
         }
@@ -60,12 +67,12 @@ pub fn folder_format(dir: &Path) -> Option<Format> {
     None
 }
 
-/// Is folder `dir` one checkpoint, read as one source (a DCP folder: `true`), or a folder
-/// of files (`false`)? A distributed checkpoint stcast cannot read yet is refused, naming
-/// what it is.
+/// Is folder `dir` one checkpoint, read as one source (a DCP or DeepSpeed ZeRO folder:
+/// `true`), or a folder of files (`false`)? A distributed checkpoint stcast cannot read is
+/// refused, naming what it is.
 pub fn check_folder(dir: &Path) -> Result<bool> {
     match folder_format(dir) {
-        Some(Format::Dcp | Format::DcpSafetensors) => Ok(true),
+        Some(Format::Dcp | Format::DcpSafetensors | Format::DeepSpeed) => Ok(true),
         Some(format) => Err(Error::OtherFormat {
             path: dir.to_path_buf(),
             format,
@@ -79,6 +86,12 @@ pub fn check_folder(dir: &Path) -> Result<bool> {
 fn is_model_states(name: &str) -> bool {
     name.ends_with("_model_states.pt")
         && (name.starts_with("mp_rank_") || name.starts_with("zero_pp_rank_"))
+}
+
+/// `zero_pp_rank_0_mp_rank_00_optim_states.pt` (`bf16_` before it in bf16 runs): a rank's
+/// ZeRO partition of the optimizer states.
+fn is_optim_states(name: &str) -> bool {
+    name.ends_with("_optim_states.pt") && name.contains("zero_pp_rank_")
 }
 
 /// A weight file of a Hugging Face folder: `*.safetensors`, `pytorch_model*.bin`.
@@ -177,6 +190,11 @@ mod tests {
                 Some(Format::DeepSpeed),
             ),
             (
+                "optim-only",
+                &["bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"],
+                Some(Format::DeepSpeed),
+            ),
+            (
                 "latest-elsewhere",
                 &["latest", "other/mp_rank_00_model_states.pt"],
                 None,
@@ -211,11 +229,8 @@ mod tests {
         for (tag, files, want) in cases {
             let dir = folder(tag, files);
             assert_eq!(folder_format(&dir), *want, "{tag}");
-            // A DCP folder is read as one checkpoint; DeepSpeed's is refused (not read yet).
-            match check_folder(&dir) {
-                Ok(one) => assert_eq!(one, *want == Some(Format::Dcp), "{tag}"),
-                Err(_) => assert_eq!(*want, Some(Format::DeepSpeed), "{tag}"),
-            }
+            // DCP and DeepSpeed folders are read as one checkpoint.
+            assert_eq!(check_folder(&dir).unwrap(), want.is_some(), "{tag}");
             std::fs::remove_dir_all(&dir).unwrap();
         }
     }

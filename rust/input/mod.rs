@@ -13,11 +13,13 @@
 //!
 //! Submodules: `format` (the enum of every file kind), `sniff` (telling them apart from the
 //! bytes), `safetensors` (the safetensors opener), `folder` (a folder that is a distributed
-//! training checkpoint, not a Hugging Face folder).
+//! training checkpoint, not a Hugging Face folder), `dcp` and `zero` (the openers of those:
+//! torch.distributed.checkpoint and DeepSpeed ZeRO folders).
 
 pub mod dcp;
 pub mod folder;
 pub mod safetensors;
+pub mod zero;
 
 use std::path::Path;
 
@@ -84,6 +86,7 @@ impl Source {
                     }
                     return dcp::open_sharded_safetensors(path, &folder::dcp_shards(path));
                 }
+                Some(Format::DeepSpeed) => return zero::open(path, opts),
                 _ => {}
             }
         }
