@@ -32,6 +32,8 @@ pub enum DistProblem {
     },
     /// The chunks do not tile the tensor (overlap, gap, outside its size).
     Chunks { reason: String },
+    /// A file of a folder of HuggingFaceStorageWriter shards that is not one of them.
+    Shard { what: String },
     /// A DeepSpeed ZeRO checkpoint whose files disagree with each other or with what
     /// DeepSpeed writes (partition sizes that do not add up, a missing rank): `what` says.
     Zero { what: String },
@@ -73,7 +75,14 @@ impl fmt::Display for DistProblem {
                 esc(file),
                 esc(reason)
             ),
-            DistProblem::Chunks { reason } => write!(f, "its chunks {}", esc(reason)),
+            DistProblem::Chunks { reason } => {
+                write!(f, "its chunks do not make the tensor: {}", esc(reason))
+            }
+            DistProblem::Shard { what } => write!(
+                f,
+                "not a shard of torch.distributed.checkpoint's HuggingFaceStorageWriter: {}",
+                esc(what)
+            ),
             DistProblem::Zero { what } => write!(
                 f,
                 "not a consistent DeepSpeed ZeRO checkpoint: {}",

@@ -61,14 +61,24 @@ class Tensor:
     ranks: list[int] | None = None
     # Per chunk: what to write instead of the chunk's own values (a lie), if any.
     lie: dict[int, np.ndarray] = field(default_factory=dict)
+    # Save each (2-D) chunk as torch saves `x.t()` of a contiguous `x`: a transposed view over
+    # its whole storage (DCP writes such a tensor as it is).
+    transposed: bool = False
 
 
-def item_bytes(value: np.ndarray) -> bytes:
-    """`torch.save(tensor)` of a contiguous tensor, as a zip in memory."""
-    value = np.ascontiguousarray(value)
+def item_bytes(value: np.ndarray, transposed: bool = False) -> bytes:
+    """`torch.save(tensor)` of a contiguous tensor (or of a transposed view of one), as a zip
+    in memory."""
+    if transposed:
+        rows_, cols = value.shape
+        obj = tf.tensor("0", value.dtype.name, (rows_, cols), stride=(1, rows_))
+        data = np.ascontiguousarray(value.T).tobytes()
+    else:
+        value = np.ascontiguousarray(value)
+        obj, data = tf.tensor("0", value.dtype.name, value.shape), value.tobytes()
     with tempfile.TemporaryDirectory() as d:
         p = os.path.join(d, "t.pt")
-        tf.write_zip(p, tf.tensor("0", value.dtype.name, value.shape), {"0": value.tobytes()})
+        tf.write_zip(p, obj, {"0": data})
         with open(p, "rb") as f:
             return f.read()
 
@@ -109,7 +119,7 @@ def write_dcp(
         for i, (offsets, sizes) in enumerate(t.chunks):
             rank = t.ranks[i] if t.ranks is not None else i % ranks
             f = files[rank]
-            data = item_bytes(t.lie.get(i, box(t.value, offsets, sizes)))
+            data = item_bytes(t.lie.get(i, box(t.value, offsets, sizes)), t.transposed)
             at = f.tell()
             f.write(data)
             info: dict[str, Any] = {

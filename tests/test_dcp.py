@@ -353,3 +353,63 @@ def test_a_destination_that_is_a_checkpoint_file_is_refused(tmp_path, run_main):
         line = assert_one_error_line(err)
         assert rc == 1 and "destination is the input" in line, line
         assert (ck / name).read_bytes() == before
+
+
+def test_a_transposed_tensor_saved_whole_is_gathered(tmp_path, rng, run_main):
+    """`dcp.save` of `w.t()` (a view over its whole storage: DCP clones only views of a
+    larger storage) writes the item with its strides; torch reads it, and so does stcast.
+    Strided chunks of a sharded tensor are refused, naming the tensor."""
+    w = rng.standard_normal((6, 8)).astype(np.float32)
+    ck = tmp_path / "ck"
+    write_dcp(ck, {"w": Tensor(w, [((0, 0), (6, 8))], ("w",), transposed=True)}, ranks=1)
+    out = tmp_path / "o.safetensors"
+    stcast.convert(ck, out, to="keep")
+    assert tensor_bytes(out)["w"] == ("F32", [6, 8], w.tobytes())
+    assert stcast.verify(ck, out, to="keep").ok
+    shutil.rmtree(ck)
+    write_dcp(ck, {"w": Tensor(w, rows(w, [0, 3]), ("w",), transposed=True)}, ranks=2)
+    refused(run_main, tmp_path, ck, "`w`", "strided")
+
+
+def test_review_findings_dst_inside_messages_and_dot(tmp_path, run_main, monkeypatch):
+    """From the adversarial review: a DST inside the checkpoint folder is refused (it would
+    become part of it); a safetensors file beside HuggingFaceStorageWriter's shards is named,
+    not taken for a Hugging Face folder; rank files without `.metadata` are an incomplete
+    checkpoint; --shard without --max-shard-size says what it needs; `convert .` writes
+    beside the folder."""
+    ck = checkpoint("hsdp-2x2", tmp_path)
+    for dst in (ck / "out.safetensors", ck / "sub" / "hf"):
+        rc, out, err = run_main("convert", ck, dst, "--key", "model")
+        line = assert_one_error_line(err)
+        assert rc == 1 and "inside the checkpoint folder" in line, line
+        assert not dst.exists()
+    rc, out, err = run_main("convert", ck, ck / "rs", "--key", "model", "--max-shard-size", "300B")
+    assert rc == 1 and "inside the checkpoint folder" in assert_one_error_line(err)
+    rc, out, err = run_main(
+        "convert", ck, tmp_path / "x.safetensors", "--key", "model", "--shard", "1/2"
+    )
+    line = assert_one_error_line(err)
+    assert rc == 2 and "--max-shard-size" in line and "one checkpoint" in line, line
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    for f in (FIXTURES / "hf-variant").glob("shard-*.safetensors"):
+        shutil.copy(f, hf / f.name)
+    shutil.copy(FIXTURES / "hf-variant" / "expected-model-fp32.safetensors", hf / "a.safetensors")
+    before = listing(tmp_path)
+    rc, out, err = run_main("convert", hf, tmp_path / "o")
+    line = assert_one_error_line(err)
+    assert rc == 1 and "a.safetensors" in line and "HuggingFaceStorageWriter" in line, line
+    assert listing(tmp_path) == before
+
+    (ck / ".metadata").unlink()
+    rc, out, err = run_main("convert", ck, tmp_path / "o.safetensors", "--key", "model")
+    line = assert_one_error_line(err)
+    assert rc == 1 and "no .metadata" in line, line
+
+    ck2 = checkpoint("fsdp-tp-2x2", tmp_path)
+    monkeypatch.chdir(ck2)
+    rc, out, err = run_main("convert", ".", "--key", "model")
+    assert rc == 0, err
+    assert (tmp_path / "fsdp-tp-2x2-bf16" / "model.safetensors").is_file()
+    assert not any(n.endswith("-bf16") for n in os.listdir(ck2))

@@ -207,9 +207,15 @@ def convert(
                 raise _after_commit(result.dst, e) from None
         return result
     _folders_only(src, o)
+    to = _target(o)
+    target = _engine.default_dst(src, to) if dst is None else _file_dst(src, dst, to)
+    if os.path.isdir(src):
+        from .folder.ident import outside_checkpoint
+
+        outside_checkpoint(src, target)
     return _engine.convert_file(
         src,
-        _engine.default_dst(src, _target(o)) if dst is None else _file_dst(src, dst, _target(o)),
+        target,
         o,
         force=o.force,
         progress=progress,
@@ -570,6 +576,12 @@ def _folders_only(src: str, o: Options) -> None:
     """`resume` and `shard` apply to folders (and re-shardings) only."""
     if o.resume or o.shard is not None:
         option = "resume" if o.resume else "shard"
+        if os.path.isdir(src):  # one checkpoint in a folder (DCP, ZeRO): one output file
+            raise UsageError(
+                f"{{{option}}} applies to an output of several files: {_engine.escape(src)} is "
+                "one checkpoint, written as one file; give {max_shard_size} to split it",
+                option=option,
+            )
         raise UsageError(
             f"{{{option}}} applies to folders; {_engine.escape(src)} is not one", option=option
         )

@@ -103,6 +103,11 @@ struct Metadata {
 /// every chunk of them in its item; no tensor data is read.
 pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
     let meta_path = dir.join(METADATA);
+    if !meta_path.exists() {
+        let what = "no .metadata beside the rank files (dcp.save writes it last: the save did \
+                    not finish, or the folder is not all there)";
+        return Err(Error::distributed(&meta_path, None, meta_problem(what)));
+    }
     let meta_file = InputFile::open(&meta_path, 1, |_| {
         Error::distributed(&meta_path, None, meta_problem("an empty file"))
     })?;
@@ -148,6 +153,7 @@ pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
             )
         })?;
         let mut pieces = Vec::with_capacity(t.chunks.len());
+        let mut whole: Option<(usize, torch::TensorDesc)> = None;
         for (offsets, sizes) in &t.chunks {
             let item = meta
                 .items
@@ -187,12 +193,31 @@ pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
                 }
             };
             let f = &files[input];
-            let bytes = locate_item(&f.map, item, dtype, sizes)
+            let located = locate_item(&f.map, item, dtype, sizes)
                 .map_err(|problem| fail(&f.path, problem))?;
             // Parsing the item's archive mapped its records' pages (a 2 MiB page each on a
             // huge-page mount): none stays mapped for the hundreds of items of a checkpoint.
             f.unmap((item.offset, item.offset.saturating_add(item.length)));
             item_bytes += item.length;
+            let bytes = match located {
+                Located::Run(bytes) => bytes,
+                // The whole tensor in one strided item: gathered as a PyTorch view is.
+                Located::View(view) if t.chunks.len() == 1 && sizes == &t.size => {
+                    whole = Some((input, view));
+                    continue;
+                }
+                Located::View(_) => {
+                    let reason = "a strided view, one chunk of several; stcast reads those \
+                                  contiguous"
+                        .to_string();
+                    let problem = DistProblem::Item {
+                        file: item.file.clone(),
+                        offset: item.offset,
+                        reason,
+                    };
+                    return Err(fail(&files[input].path, problem));
+                }
+            };
             pieces.push(Piece {
                 input,
                 bytes,
@@ -200,20 +225,36 @@ pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
                 sizes: sizes.clone(),
             });
         }
-        let pieces = Pieces::new(&name, dtype, &t.size, pieces).map_err(|e| {
-            fail(
-                dir,
-                DistProblem::Chunks {
-                    reason: e.problem.to_string(),
-                },
-            )
-        })?;
         let shape = t
             .size
             .iter()
             .map(|&d| usize::try_from(d))
             .collect::<std::result::Result<Vec<usize>, _>>()
             .map_err(|_| fail(&meta_path, meta_problem("a size past the address space")))?;
+        if let Some((input, view)) = whole {
+            let start = view.span().start;
+            let end = start
+                .checked_add(view.nbytes())
+                .ok_or_else(|| fail(&meta_path, meta_problem("a size past the address space")))?;
+            tensors.push(SourceTensor {
+                name,
+                dtype,
+                shape,
+                start,
+                end,
+                input,
+                gather: Some(Box::new(Gather::View(view))),
+            });
+            continue;
+        }
+        let pieces = Pieces::new(&name, dtype, &t.size, pieces).map_err(|e| {
+            fail(
+                &meta_path,
+                DistProblem::Chunks {
+                    reason: e.problem.to_string(),
+                },
+            )
+        })?;
         // Where its elements begin: the first piece's first byte.
         let (input, start) = pieces
             .pieces()
@@ -287,7 +328,7 @@ fn locate_item(
     item: &Item,
     dtype: safetensors::Dtype,
     sizes: &[u64],
-) -> std::result::Result<std::ops::Range<u64>, DistProblem> {
+) -> std::result::Result<Located, DistProblem> {
     let len = map.len() as u64;
     let end = item.offset.saturating_add(item.length);
     if end > len {
@@ -327,11 +368,22 @@ fn locate_item(
         )));
     }
     match desc.contiguous_range() {
-        Some(r) if !desc.big_endian => Ok(item.offset + r.start..item.offset + r.end),
-        _ => Err(bad(
-            "a strided or big-endian view; stcast reads contiguous items".into(),
-        )),
+        Some(r) if !desc.big_endian => Ok(Located::Run(item.offset + r.start..item.offset + r.end)),
+        // A transposed or permuted tensor over its whole storage: DCP saves it as it is.
+        _ => {
+            let mut view = desc.clone();
+            view.data_start += item.offset;
+            Ok(Located::View(view))
+        }
     }
+}
+
+/// Where a chunk's elements are in its file.
+enum Located {
+    /// One row-major little-endian run of bytes.
+    Run(std::ops::Range<u64>),
+    /// A strided (or big-endian) view of the item's storage, offsets in the file.
+    View(torch::TensorDesc),
 }
 
 // --- reading the inert records of `.metadata` ---
@@ -441,6 +493,9 @@ fn read_metadata(pickle: &Pickle<'_>) -> std::result::Result<Metadata, String> {
             .get(fqn)
             .cloned()
             .unwrap_or_else(|| vec![fqn.to_string()]);
+        if path.is_empty() {
+            return Err(format!("`{fqn}` has an empty planner_data path"));
+        }
         entries.push(Entry {
             fqn: fqn.to_string(),
             path,
@@ -703,15 +758,15 @@ pub fn open_sharded_safetensors(dir: &Path, names: &[String]) -> Result<Source> 
             .find(|(k, _)| k == SHARDING_INFO)
             .map(|(_, v)| v.as_str())
             .ok_or_else(|| {
-                Error::distributed(
-                    &path,
-                    None,
-                    meta_problem(&format!("no {SHARDING_INFO} entry")),
-                )
+                let what = format!(
+                    "no {SHARDING_INFO} in its __metadata__, beside the shards: move it out"
+                );
+                Error::distributed(&path, None, DistProblem::Shard { what })
             })?;
         let info: serde_json::Map<String, serde_json::Value> =
             serde_json::from_str(info).map_err(|e| {
-                Error::distributed(&path, None, meta_problem(&format!("{SHARDING_INFO}: {e}")))
+                let what = format!("its {SHARDING_INFO} is not a JSON object: {e}");
+                Error::distributed(&path, None, DistProblem::Shard { what })
             })?;
         if metadata.is_none() {
             let kept: Vec<(String, String)> = meta
@@ -731,7 +786,9 @@ pub fn open_sharded_safetensors(dir: &Path, names: &[String]) -> Result<Source> 
                 Error::distributed(
                     &path,
                     Some(&t.name),
-                    meta_problem(&format!("no saved_offsets in {SHARDING_INFO}")),
+                    DistProblem::Shard {
+                        what: format!("no saved_offsets of whole numbers in {SHARDING_INFO}"),
+                    },
                 )
             })?;
             let sizes: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();

@@ -26,15 +26,28 @@ pub fn folder_format(dir: &Path) -> Option<Format> {
     let has = |n: &str| listed.iter().any(|x| x == n);
     // `.metadata` beside the ranks' `.distcp` files is a DCP checkpoint, whatever else was
     // put beside it (a consolidated `model.safetensors`).
-    if has(".metadata") && listed.iter().any(|n| n.ends_with(".distcp")) {
-        return Some(Format::Dcp);
+    // Either without the other is an incomplete one (`dcp.save` writes `.metadata` last),
+    // refused as such when read.
+    if has(".metadata") || listed.iter().any(|n| n.ends_with(".distcp")) {
+        let distcp = listed.iter().any(|n| n.ends_with(".distcp"));
+        if distcp || !listed.iter().any(|n| is_weights(n)) {
+            return Some(Format::Dcp);
+        }
     }
     // Safetensors shards that DCP's HuggingFaceStorageWriter wrote, each a rank's chunks:
     // told by the first one's `__metadata__` (read within its header's size).
-    if let Some(first) = sharded_safetensors(&listed).first() {
-        if is_dcp_shard(&dir.join(first)) {
-            return Some(Format::DcpSafetensors);
-        }
+    // The first file, and any named as that writer names them (`shard-00001-model-...`):
+    // a folder of its shards with another file beside it is still one (and is refused,
+    // naming that file, when read).
+    let shards = sharded_safetensors(&listed);
+    let named = shards.iter().filter(|n| n.starts_with("shard-")).take(64);
+    if shards
+        .first()
+        .into_iter()
+        .chain(named)
+        .any(|n| is_dcp_shard(&dir.join(n)))
+    {
+        return Some(Format::DcpSafetensors);
     }
     // Weights stcast converts make it a Hugging Face folder, whatever else it holds: the
     // Trainer saves `checkpoint-N/` with `model.safetensors` beside DeepSpeed's `latest`

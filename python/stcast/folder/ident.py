@@ -104,6 +104,20 @@ def within(path: str, folder: Ident) -> bool:
     return folder in chain(os.path.dirname(os.path.realpath(path)) or "/")
 
 
+def outside_checkpoint(src: str, dst: str) -> None:
+    """Refuse a DST inside the checkpoint folder `src` (DCP, ZeRO: one checkpoint, read as
+    one source): what is written there would become part of the checkpoint (a safetensors
+    file beside HuggingFaceStorageWriter's shards changes what the folder is)."""
+    folder = ident(os.stat(src))
+    near = nearest_existing(dst)
+    if ident(os.stat(near)) == folder or within(near, folder):
+        raise Refused(
+            f"{_esc(dst)}: inside the checkpoint folder {_esc(src)}, whose files are the "
+            "input; write the output beside it (the default: leave DST out)",
+            path=dst,
+        )
+
+
 def is_hub_blob(target: str) -> bool:
     """Is `target` (resolved) a file in the `blobs/` folder of a Hugging Face cache repo
     (`.../models--org--name/blobs/<hash>`), where cache snapshots link?"""

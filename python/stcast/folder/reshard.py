@@ -361,6 +361,10 @@ def file_source(src: str, dst: str) -> tuple[int, int]:
         raise Refused(f"{_esc(src)}: no such file", path=src) from None
     if not stat.S_ISREG(st.st_mode) and not os.path.isdir(src):  # (a DCP folder is one)
         raise Refused(f"{_esc(src)}: not a regular file", path=src)
+    if os.path.isdir(src):
+        from .ident import outside_checkpoint
+
+        outside_checkpoint(src, dst)
     if os.path.lexists(dst) and not os.path.isdir(dst):
         raise Refused(
             f"{_esc(dst)}: exists and is not a folder (re-sharding writes a folder)", path=dst
@@ -432,8 +436,8 @@ def file_plan(src: str, to: Target, precision: dict[str, Any]) -> Plan:
 
 def default_dst(src: str, to: Target) -> str:
     """The folder a re-sharded file goes to when none is given: `<stem>-bf16` beside it."""
-    if os.path.isdir(src):  # a DCP folder
-        return f"{src.rstrip('/') or src}-{'safetensors' if to == 'keep' else to}"
+    if os.path.isdir(src):  # a checkpoint folder (DCP, ZeRO)
+        return _engine.checkpoint_folder_dst(src, to)
     return f"{os.path.splitext(src)[0]}-{to}"
 
 
