@@ -17,11 +17,12 @@ it into every checkpoint) and the tag folder `global_step1/` with:
   padding: `group_paddings`), `base_optimizer_state` (Adam's `step` and `exp_avg` and
   `exp_avg_sq` of P elements each), `param_slice_mappings` (`fragment_address`es),
   `param_alignment_paddings` (zeros), `partition_count` [RANKS], `zero_stage`, `loss_scaler`.
-- ZeRO-3: per rank `zero_pp_rank_{r}_mp_rank_00_model_states.pt` (module params empty `(0,)`
-  tensors) and `zero_pp_rank_{r}_mp_rank_00_optim_states.pt` whose `fp32_flat_groups[0]`
-  holds, for each parameter in `param_shapes` order, its `ceil(numel / RANKS)` elements of
-  rank r (zero-padded at the parameter's end), pickled with `_rebuild_from_type_v2` and a
-  `ds_id`; the Adam moments of the same size beside it, in a nested `optimizer_state_dict`.
+- ZeRO-3 (`stage3_param_persistence_threshold: 0`, as in the fixture): per rank
+  `zero_pp_rank_{r}_mp_rank_00_model_states.pt` (module params empty `(0,)` tensors) and
+  `zero_pp_rank_{r}_mp_rank_00_optim_states.pt` whose `fp32_flat_groups[0]` holds, for each
+  parameter in `param_shapes` order, its `ceil(numel / RANKS)` elements of rank r
+  (zero-padded at the parameter's end), pickled with `_rebuild_from_type_v2` and a `ds_id`;
+  the Adam moments of the same size beside it, in a nested `optimizer_state_dict`.
 
 Every `.pt` is a `torch.save` zip (pickle protocol 2, archive folder named after the file,
 one entry per storage: gen_dcp.py's zip writer), written 64 MiB at a time, so the model is
@@ -33,7 +34,10 @@ slices of one random 64 MiB pool (read by DeepSpeed's loader, never compared).
 Checked against DeepSpeed 0.19.8 + torch 2.15.0 (/work/venv-ds, DS_ACCELERATOR=cpu): with
 --check, `deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(DIR)` reads
 the folder and gives every parameter the values written here, bit for bit (checked on 0.02
-GiB over 3 and 4 ranks and 1 GiB over 3 ranks, stages 2 and 3).
+GiB over 1, 3 and 4 ranks and 1 GiB over 3 ranks, stages 2 and 3); and (--check over 3
+ranks) `torch.load` of each file gives the same structure as the fixture's file of that name: the
+same keys in the same order (the model's own names aside), types, tensor dtypes,
+requires_grad flags and tensor subclass state (`ds_id`).
 
 usage: python benches/gen_zero.py SIZE_GIB DIR [--ranks 3] [--stage 2|3] [--seed N] [--check]
 compare.py runs this in a child process, so that the bench itself stays small.
@@ -182,7 +186,11 @@ def ds_config(stage: int) -> dict[str, Any]:
     return {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
-        "zero_optimization": {"stage": stage},
+        # ZeRO-3: no parameter stays whole on every rank (the fixtures' setting; DeepSpeed's
+        # default keeps those under 1e5 elements whole in the module, not in the partitions)
+        "zero_optimization": {"stage": 2}
+        if stage == 2
+        else {"stage": 3, "stage3_param_persistence_threshold": 0},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 1000,
     }
@@ -420,6 +428,59 @@ def check(folder: Path, size_gib: float, seed: int) -> None:
         print(f"check: torch.load gives the module's {len(shapes)} parameters, the same values")
 
 
+# the model's own names (the fixture's Tiny model is another model): keys not compared
+MODEL_KEYED = ("module", "param_shapes", "param_slice_mappings", "frozen", "shared_params")
+
+
+def same_structure(ours: Any, theirs: Any, path: str = "") -> list[str]:
+    """Where a loaded `.pt` differs from the fixture's file of the same name: dict types, keys
+    and key order (but under the model's own names), value types, tensor dtypes, tensor
+    types, requires_grad and subclass state (`ds_id`); lists by their first item."""
+    import torch
+
+    if isinstance(theirs, dict):
+        if type(ours) is not type(theirs):
+            return [f"{path}: {type(ours).__name__}, not {type(theirs).__name__}"]
+        if any(k in path for k in MODEL_KEYED):
+            return []
+        if list(ours) != list(theirs):
+            return [f"{path}: keys {list(ours)}, not {list(theirs)}"]
+        return [d for k in theirs for d in same_structure(ours[k], theirs[k], f"{path}.{k}")]
+    if isinstance(theirs, list) and isinstance(ours, list):
+        return same_structure(ours[0], theirs[0], f"{path}[0]") if ours and theirs else []
+    if isinstance(theirs, torch.Tensor):
+        a = (type(ours), getattr(ours, "dtype", None), getattr(ours, "requires_grad", None))
+        b = (type(theirs), theirs.dtype, theirs.requires_grad)
+        if a != b or set(vars(ours)) != set(vars(theirs)):
+            return [f"{path}: tensor {a} {vars(ours)}, not {b} {vars(theirs)}"]
+        return []
+    if type(ours) is not type(theirs):
+        return [f"{path}: {type(ours).__name__}, not {type(theirs).__name__}"]
+    return []
+
+
+def check_structure(folder: Path, stage: int) -> None:
+    """Compare every file's structure with the real fixture's (tests/fixtures/zero)."""
+    import torch
+
+    fixture = FIXTURES / f"stage{stage}-3ranks" / TAG
+    if not fixture.is_dir():
+        print(f"check: no {fixture} to compare the structure with")
+        return
+    names = sorted(p.name for p in fixture.glob("*.pt"))
+    if sorted(p.name for p in (folder / TAG).glob("*.pt")) != names:
+        sys.exit(f"check: the files are not {names} (the fixture's: compare with --ranks 3)")
+    for name in names:
+        ours, theirs = (
+            torch.load(d / name, map_location="cpu", mmap=True, weights_only=False)
+            for d in (folder / TAG, fixture)
+        )
+        diffs = same_structure(ours, theirs)
+        if diffs:
+            sys.exit(f"check: {name} differs from the fixture's: " + "; ".join(diffs[:5]))
+    print(f"check: the {len(names)} files have the structure of {fixture.parent.name}'s")
+
+
 def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
@@ -444,6 +505,8 @@ def main() -> None:
     )
     if args.check:
         check(args.dir, args.size, args.seed)
+        if args.ranks == 3:
+            check_structure(args.dir, args.stage)
 
 
 if __name__ == "__main__":
