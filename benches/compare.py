@@ -27,12 +27,21 @@ SRC DST --key model`) against torch_dcp (`dcp_to_torch_save` to a temporary file
 `torch.load(...)["model"]`, `.to(bfloat16)`, `save_file`) and torch_dcp_inmem
 (`_load_state_dict_from_keys({"model"})`, the same), peers/torch_dcp.py; each peer's first
 output is compared with stcast's, tensor by tensor, bit for bit (same_tensors.py).
+--zero-sizes adds DeepSpeed ZeRO checkpoint folders (`latest` + `global_step1/`): a model of
+that many GiB of F32 trained over --zero-ranks ranks at --zero-stage (2: the whole module in
+mp_rank_00_model_states.pt and the fp32 partitions with Adam's moments per rank, the folder
+4x the model; 3: only the partitions, 3x; made without torch by gen_zero.py): stcast
+(`convert SRC DST`) against torch_zero (`get_fp32_state_dict_from_zero_checkpoint(SRC)`,
+`.to(bfloat16)`, `save_file`), peers/torch_zero.py, whose first output is compared with
+stcast's the same way. A stcast that refuses ZeRO folders (exit 1, "does not read these
+yet") is reported "not run" for the case; torch_zero is measured anyway.
 --reshard SIZE adds contender stcast_reshard: `convert SRC DST --max-shard-size SIZE` (a
 folder of shards and an index) beside stcast's plain conversion of the same input; the
 "Re-sharding" issue's goal is its median wall <= 1.05x stcast's (4 GiB into 1 GB shards).
 
 usage: python benches/compare.py [--sizes 1,4] [--repeats 3] [--modes hugetmpfs,tmpfs,...]
            [--many-tensors] [--bin-sizes 4] [--dcp-sizes 1] [--dcp-ranks 3]
+           [--zero-sizes 1] [--zero-ranks 3] [--zero-stage 2]
            [--baseline PYTHON|CMD] [--tuning JSON]
            [--reshard SIZE] [--order abba|cyclic] [--mem-limit 256M] [--cap CONTENDER=SIZE]
            [--timeout S] [--out benches/out] [--quick]
@@ -73,13 +82,21 @@ CONTENDERS = (
     "torch_load",
     "torch_dcp",
     "torch_dcp_inmem",
+    "torch_zero",
 )
 EXTRA = ("stcast_base", "stcast_tuned", "stcast_reshard")  # --baseline, --tuning, --reshard
-TORCH_PEERS = ("torch_path", "torch_load_mmap", "torch_load", "torch_dcp", "torch_dcp_inmem")
+TORCH_PEERS = (
+    "torch_path",
+    "torch_load_mmap",
+    "torch_load",
+    "torch_dcp",
+    "torch_dcp_inmem",
+    "torch_zero",
+)
 PEERS = ("np_convert", *TORCH_PEERS)
 # The case kinds each contender reads (the rest read all): safetensors readers skip `.bin`
 # inputs, torch.load readers take nothing else; DCP folders are read by stcast's CLIs and the
-# DCP peers only.
+# DCP peers only, ZeRO folders by stcast's CLIs and torch_zero.
 KINDS = {
     "torch_path": ("size", "many", "few"),
     "np_convert": ("size", "many", "few"),
@@ -91,6 +108,7 @@ KINDS = {
     "dd_read": ("size", "many", "few", "bin"),
     "torch_dcp": ("dcp",),
     "torch_dcp_inmem": ("dcp",),
+    "torch_zero": ("zero",),
 }
 ALIASES = {
     "torch": "torch_path",
@@ -135,6 +153,17 @@ GOAL_DCP_RSS_PER_METADATA_BYTE = 4
 GOAL_DCP_X_TORCH = 3.0
 DCP_KEY = "model"  # the dict of the checkpoint that is converted (the rest is the optimizer's)
 DCP_FILE_FACTOR = 3  # the folder's bytes over the model's: the model, exp_avg, exp_avg_sq
+# ZeRO folders (--zero-sizes): stcast peak RSS <= BASE + this x the pickles' bytes (every .pt's
+# data.pkl: what stcast parses), and torch_zero's wall >= this x stcast's.
+GOAL_ZERO_RSS_BASE = 64 * MiB
+GOAL_ZERO_RSS_PER_PICKLE_BYTE = 4
+GOAL_ZERO_X_TORCH = 3.0
+# the folder's bytes over the model's: ZeRO-2 the module, the fp32 partitions, exp_avg and
+# exp_avg_sq; ZeRO-3 the last three (its module holds empty tensors)
+ZERO_FILE_FACTOR = {2: 4, 3: 3}
+# What a stcast without the ZeRO reader says of such a folder (exit 1): its runs are "not run".
+ZERO_REFUSAL = "does not read these yet"
+ZERO_NOT_RUN = "not run: stcast cannot read ZeRO yet"
 
 # ---- The many-tensors case: the same bytes of data in many small or few large tensors.
 MANY_COUNT = 300_000
@@ -194,11 +223,12 @@ class Contender:
 class Case:
     """One input: a Llama-shaped checkpoint of size_gib, or one of the many-tensors pair."""
 
-    name: str  # "4 GiB", "300000 × 1 KiB", "4 GiB .bin", "1 GiB DCP 3 ranks"
+    name: str  # "4 GiB", "300000 × 1 KiB", "4 GiB .bin", "1 GiB DCP ×3", "1 GiB ZeRO-2 ×3"
     spec: str  # what gen.py is given: "4", "300000x1024"
-    kind: str = "size"  # "size" | "many" | "few" | "bin" | "dcp"
-    size_gib: float = 0.0  # the data's GiB (dcp: the model's, the folder is 3x)
-    ranks: int = 0  # dcp: the ranks it is sharded over
+    kind: str = "size"  # "size" | "many" | "few" | "bin" | "dcp" | "zero"
+    size_gib: float = 0.0  # the data's GiB (dcp, zero: the model's, the folder is 3-4x)
+    ranks: int = 0  # dcp, zero: the ranks it is sharded over
+    stage: int = 0  # zero: the ZeRO stage
 
     def filename(self, seed: int) -> str:
         if self.kind == "size":
@@ -207,6 +237,8 @@ class Case:
             return checkpoint_path(Path(), self.size_gib, seed).with_suffix(".bin").name
         if self.kind == "dcp":
             return f"dcp-{self.size_gib:g}GiB-{self.ranks}ranks-optim-seed{seed}"
+        if self.kind == "zero":
+            return f"zero{self.stage}-{self.size_gib:g}GiB-{self.ranks}ranks-seed{seed}"
         return f"tensors-{self.spec}-seed{seed}.safetensors"
 
     @property
@@ -227,6 +259,21 @@ def bin_case(size_gib: float) -> Case:
 def dcp_case(size_gib: float, ranks: int) -> Case:
     """A DCP folder: a model of size_gib sharded over ranks, with Adam's state (gen_dcp.py)."""
     return Case(f"{size_gib:g} GiB DCP ×{ranks}", f"{size_gib:g}", "dcp", size_gib, ranks)
+
+
+def zero_case(size_gib: float, ranks: int, stage: int) -> Case:
+    """A DeepSpeed ZeRO folder: a model of size_gib over ranks at stage (gen_zero.py)."""
+    name = f"{size_gib:g} GiB ZeRO-{stage} ×{ranks}"
+    return Case(name, f"{size_gib:g}", "zero", size_gib, ranks, stage)
+
+
+def file_factor(case: Case) -> int:
+    """A folder's bytes over its model's (1 for a single file)."""
+    if case.kind == "dcp":
+        return DCP_FILE_FACTOR
+    if case.kind == "zero":
+        return ZERO_FILE_FACTOR[case.stage]
+    return 1
 
 
 def many_cases(count: int, tensor_bytes: int, few: int) -> tuple[Case, Case]:
@@ -285,7 +332,7 @@ class Run:
     report: dict | None = None
     stderr_tail: str = ""
     verified: bool | None = None  # stcast builds: `stcast verify SRC DST` of this output
-    same_as_stcast: bool | None = None  # dcp peers: their output's tensors are stcast's
+    same_as_stcast: bool | None = None  # dcp, zero peers: their output's tensors are stcast's
 
     def __post_init__(self) -> None:
         if not self.case:  # a results.json from before cases
@@ -660,19 +707,24 @@ def drop_caches() -> None:
     DROP_CACHES.write_text("3\n")
 
 
+def folder_files(path: Path) -> list[Path]:
+    """A folder's files, those of its subfolders too (a ZeRO checkpoint's tag folder)."""
+    return sorted(p for p in path.rglob("*") if p.is_file())
+
+
 def warm(path: Path) -> None:
     """Read the whole file (every file of a folder) so that it sits in the page cache."""
     buf = bytearray(64 * MiB)
-    for p in sorted(path.iterdir()) if path.is_dir() else [path]:
+    for p in folder_files(path) if path.is_dir() else [path]:
         with open(p, "rb", buffering=0) as f:
             while f.readinto(buf):
                 pass
 
 
 def path_bytes(path: Path) -> int:
-    """A file's bytes, or the sum of a folder's files' (a DCP checkpoint)."""
+    """A file's bytes, or the sum of a folder's files' (a DCP or ZeRO checkpoint)."""
     if path.is_dir():
-        return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+        return sum(p.stat().st_size for p in folder_files(path))
     return path.stat().st_size
 
 
@@ -762,6 +814,14 @@ def find_contenders(
                 found.append(Contender(name, argv))
             else:
                 print(f"torch.distributed.checkpoint or safetensors not importable: {name} skipped")
+        elif name == "torch_zero":
+            probe = [sys.executable, "-c", "import deepspeed.utils.zero_to_fp32, safetensors"]
+            env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
+            if subprocess.run(probe, capture_output=True, env=env).returncode == 0:
+                argv = [sys.executable, str(peers / "torch_zero.py"), "{src}", "{dst}"]
+                found.append(Contender(name, argv))
+            else:
+                print(f"deepspeed or safetensors not importable: {name} skipped")
         elif name == "dd_read":
             if shutil.which("dd"):
                 argv = ["dd", "if={src}", "of=/dev/null", "bs=16M", "status=none"]
@@ -855,6 +915,13 @@ def cached_input(directory: Path, case: Case, seed: int) -> Path:
         gen = [sys.executable, str(HERE / "gen_dcp.py"), case.spec, str(path), "--optim"]
         subprocess.run([*gen, "--ranks", str(case.ranks), "--seed", str(seed)], check=True)
         return path
+    if case.kind == "zero" and not path.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        print(f"generating {path} ...", flush=True)
+        gen = [sys.executable, str(HERE / "gen_zero.py"), case.spec, str(path)]
+        gen += ["--ranks", str(case.ranks), "--stage", str(case.stage), "--seed", str(seed)]
+        subprocess.run(gen, check=True)
+        return path
     if case.kind == "bin" and not path.exists():
         st = cached_input(directory, size_case(case.size_gib), seed)
         print(f"generating {path} ...", flush=True)
@@ -870,14 +937,35 @@ def cached_input(directory: Path, case: Case, seed: int) -> Path:
 
 def header_bytes(path: Path) -> int:
     """The safetensors header's length (the JSON, padding included), from its 8-byte prefix;
-    a DCP folder's `.metadata` bytes; 0 for a PyTorch checkpoint."""
+    a DCP folder's `.metadata` bytes; a ZeRO folder's pickles' (every .pt's data.pkl); 0 for
+    a PyTorch checkpoint."""
     if path.is_dir():
         meta = path / ".metadata"
-        return meta.stat().st_size if meta.exists() else 0
+        if meta.exists():
+            return meta.stat().st_size
+        return sum(pickle_bytes(p) for p in folder_files(path) if p.suffix == ".pt")
     if path.suffix != ".safetensors":
         return 0
     with open(path, "rb") as f:
         return int(struct.unpack("<Q", f.read(8))[0])
+
+
+def pickle_bytes(path: Path) -> int:
+    """The bytes of a torch.save zip's data.pkl (its central directory: zipfile reads only
+    that; 0 when it is no zip)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            return sum(i.file_size for i in z.infolist() if i.filename.endswith("/data.pkl"))
+    except (OSError, zipfile.BadZipFile):
+        return 0
+
+
+def refused(run: Run) -> bool:
+    """Whether a stcast run failed saying it does not read the ZeRO folder (a build without
+    the ZeRO reader: exit 1 and `... does not read these yet ...`)."""
+    return run.status == "failed (exit 1)" and ZERO_REFUSAL in run.stderr_tail
 
 
 def mode_usable(mode: str) -> str | None:
@@ -894,12 +982,15 @@ def usable(mode: str, case: Case, directory: Path, cache: Path, seed: int, ram: 
 
     directory: where the runs read and write; cache: where the input is generated (the
     same folder, but for hugetmpfs); ram: the hugetmpfs mount's size."""
-    folder = case.size_gib * (DCP_FILE_FACTOR if case.kind == "dcp" else 1)
-    if mode in RAM_MODES and case.kind in ("size", "bin", "dcp") and folder > TMPFS_MAX_GIB:
+    folder = case.size_gib * file_factor(case)
+    big = case.kind in ("size", "bin", "dcp", "zero")
+    if mode in RAM_MODES and big and folder > TMPFS_MAX_GIB:
         return f"input above {TMPFS_MAX_GIB:g} GiB would not fit in RAM beside the peers"
     # the pair, and a .bin with the safetensors it is made from: 2 inputs; a DCP folder is 3x
-    # its model and torch_dcp writes a copy of it (dcp_to_torch_save) beside the output
-    data = int(case.size_gib * GiB) * {"size": 1, "dcp": 2 * DCP_FILE_FACTOR}.get(case.kind, 2)
+    # its model and torch_dcp writes a copy of it (dcp_to_torch_save) beside the output; a
+    # ZeRO folder is 3-4x its model, and an output (bf16: half the model) sits beside it
+    factor = {"size": 1, "dcp": 2 * DCP_FILE_FACTOR, "zero": file_factor(case) + 1}
+    data = int(case.size_gib * GiB) * factor.get(case.kind, 2)
     if mode == "hugetmpfs" and data * 1.6 > ram:
         return f"input and output would not fit in the {fmt_bytes(ram)} huge-page tmpfs"
     cache.mkdir(parents=True, exist_ok=True)
@@ -1039,7 +1130,7 @@ def all_ratios(runs: list[Run], rows: list[dict[str, Any]]) -> list[dict[str, An
             add((mode, case, name, action), (mode, case, "limit_loop", action), *metrics)
         if action == "convert" and name != "stcast":
             metrics = ("wall_s",)
-            if row["kind"] == "dcp":  # the report states CPU and memory against stcast too
+            if row["kind"] in ("dcp", "zero"):  # the report states CPU and memory against stcast
                 metrics = ("wall_s", "user_s", "sys_s", "cpu_s", "peak_rss")
             add((mode, case, name, action), (mode, case, "stcast", action), *metrics)
         if name in ("stcast", "stcast_tuned"):
@@ -1070,7 +1161,7 @@ def headline(r: dict[str, Any]) -> bool:
     (_, case, a, _), (_, case_b, b, _) = r["num"], r["den"]
     return (
         case != case_b
-        or (" DCP " in case and b == "stcast")
+        or ((" DCP " in case or " ZeRO-" in case) and b == "stcast")
         or a == "dd_read"
         or (a.startswith("stcast") and b == "limit_loop")
         or (a in ("stcast", "stcast_tuned") and b == "stcast_base")
@@ -1381,6 +1472,70 @@ def goals(
         verified = me.get("verified") or []
         if verified:
             out.append((verdict(all(verified)), f"{where}: `stcast verify --key model` passes"))
+    # 7. ZeRO folders: the same, against DeepSpeed's own consolidation.
+    zero = [r for r in rows if r["kind"] == "zero" and r["contender"] == "stcast"]
+    if not zero:
+        out.append(("NOT RUN", "ZeRO folders against the torch path: no --zero-sizes runs"))
+    for me in zero:
+        where = f"{me['mode']} {me['case']}"
+        if me["action"] != "convert":
+            continue
+        pickles = me.get("header_bytes") or 0
+        rss = median(me, "peak_rss")
+        peer = at.get((me["mode"], me["case"], "torch_zero", "convert"))
+        if me["status"].startswith(ZERO_NOT_RUN):
+            theirs = ""
+            if peer and peer.get("wall_s"):
+                theirs = (
+                    f" (torch_zero: wall {fmt_spread(peer['wall_s'], '.2f')} s, "
+                    f"CPU {fmt_spread(peer['cpu_s'], '.2f')} s, "
+                    f"peak RSS {fmt_mem(peer['peak_rss'])})"
+                )
+            out.append(("NOT RUN", f"{where}: {ZERO_NOT_RUN}{theirs}"))
+            continue
+        if not me.get("wall_s") or rss is None:
+            out.append(("FAIL", f"{where}: stcast {me['status']}"))
+            continue
+        bound = GOAL_ZERO_RSS_BASE + GOAL_ZERO_RSS_PER_PICKLE_BYTE * pickles
+        out.append(
+            (
+                verdict(me["peak_rss"]["max"] <= bound),
+                f"{where}: stcast peak RSS ≤ {fmt_bytes(GOAL_ZERO_RSS_BASE)} + "
+                f"{GOAL_ZERO_RSS_PER_PICKLE_BYTE}× the pickles' {pickles:,} bytes = "
+                f"{fmt_bytes(bound)} (every run): {fmt_mem(me['peak_rss'])}",
+            )
+        )
+        if peer is None:
+            continue
+        if not peer.get("wall_s"):
+            out.append(("NOT RUN", f"{where}: stcast against torch_zero: {peer['status']}"))
+            continue
+        mw, pw = median(me, "wall_s"), median(peer, "wall_s")
+        assert mw is not None and pw is not None
+        r = find_ratio(ratios, row_key(peer), row_key(me), "wall_s")
+        rc = find_ratio(ratios, row_key(peer), row_key(me), "cpu_s")
+        out.append(
+            (
+                verdict(pw >= GOAL_ZERO_X_TORCH * mw),
+                f"{where}: stcast ≥ {GOAL_ZERO_X_TORCH:g}× faster than torch_zero (wall): "
+                f"{pw / mw:.2f}× ({mw:.3f} s vs {pw:.3f} s; {per_round(r)}"
+                + (f"; CPU {rc['ratio']:.2f}×" if rc else "")
+                + f"; peak RSS {fmt_mem(me['peak_rss'])} vs {fmt_mem(peer['peak_rss'])}; "
+                f"{note(me, peer)})",
+            )
+        )
+        same = peer.get("same_as_stcast") or []
+        if same:
+            out.append(
+                (
+                    verdict(all(same)),
+                    f"{where}: torch_zero's output holds stcast's tensors bit for bit (NaN "
+                    "payloads aside; round 1)",
+                )
+            )
+        verified = me.get("verified") or []
+        if verified:
+            out.append((verdict(all(verified)), f"{where}: `stcast verify` passes"))
     for me, base in pairs:
         mw, bw = median(me, "wall_s"), median(base, "wall_s")
         assert mw is not None and bw is not None
@@ -1738,6 +1893,29 @@ def markdown(
             "",
         ]
         lines += table(header, "llll" + "r" * (len(header) - 4), [line(r) for r in dcps])
+    zeros = [r for r in rows if r["kind"] == "zero"]
+    if zeros:
+        pickles = next((r["header_bytes"] for r in zeros if r["header_bytes"]), 0)
+        stage = config.get("zero_stage", "?")
+        factor = ZERO_FILE_FACTOR.get(stage, "?") if isinstance(stage, int) else "?"
+        lines += [
+            "",
+            "## ZeRO checkpoints",
+            "",
+            f"DeepSpeed ZeRO-{stage} folders made by gen_zero.py (`latest` + `global_step1/`, "
+            "laid out as DeepSpeed 0.19.8 writes them): the size case's model (F32) trained "
+            f"over {config.get('zero_ranks', '?')} data-parallel ranks, the fp32 partitions "
+            "with Adam's exp_avg and exp_avg_sq beside them"
+            + (", the whole module in mp_rank_00_model_states.pt" if stage == 2 else "")
+            + f" (the folder is {factor}× the model; the pickles {pickles:,} bytes; GB/s counts "
+            "the whole folder). stcast: `convert SRC DST`; torch_zero: "
+            "`get_fp32_state_dict_from_zero_checkpoint(SRC)` + `.to(bfloat16)` + `save_file` "
+            "(what users are told to do; peers/torch_zero.py). torch_zero's round-1 output is "
+            "compared with stcast's round-1 output (same_tensors.py). A stcast without the "
+            f'ZeRO reader is shown as "{ZERO_NOT_RUN}".',
+            "",
+        ]
+        lines += table(header, "llll" + "r" * (len(header) - 4), [line(r) for r in zeros])
     many = [r for r in rows if r["kind"] in ("many", "few")]
     if many:
         head = next(
@@ -1945,6 +2123,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "  /work/venv-torch/bin/python benches/compare.py --modes hugetmpfs --sizes '' "
         "--dcp-sizes 1 --repeats 5 --contenders stcast,torch_dcp,torch_dcp_inmem "
         "--stcast /work/venv-bench/bin/stcast\n"
+        "  /work/venv-ds/bin/python benches/compare.py --modes hugetmpfs --sizes '' "
+        "--zero-sizes 1 --repeats 3 --contenders stcast,torch_zero "
+        "--stcast /work/venv-zero/bin/stcast\n"
         "  python benches/compare.py --modes hugetmpfs --sizes 4 --repeats 9 --contenders "
         "stcast --reshard 1GB\n",
     )
@@ -1966,6 +2147,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--dcp-ranks", type=int, default=3, help="FSDP ranks of --dcp-sizes (default 3: uneven)"
+    )
+    ap.add_argument(
+        "--zero-sizes",
+        default="",
+        help="DeepSpeed ZeRO folder model sizes in GiB, comma-separated: the model over "
+        "--zero-ranks ranks at --zero-stage, with Adam's state; stcast against torch_zero "
+        "(default none)",
+    )
+    ap.add_argument(
+        "--zero-ranks", type=int, default=3, help="data-parallel ranks of --zero-sizes (default 3)"
+    )
+    ap.add_argument(
+        "--zero-stage", type=int, default=2, choices=(2, 3), help="ZeRO stage (default 2)"
     )
     ap.add_argument("--repeats", type=int, default=3, help="rounds per mode and case")
     ap.add_argument(
@@ -2119,6 +2313,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--dcp-sizes {args.dcp_sizes!r}: expected GiB, comma-separated")
     if args.dcp_ranks < 1:
         ap.error("--dcp-ranks must be at least 1")
+    try:
+        args.zero_sizes = [float(s) for s in split(args.zero_sizes)]
+    except ValueError:
+        ap.error(f"--zero-sizes {args.zero_sizes!r}: expected GiB, comma-separated")
+    if args.zero_ranks < 1:
+        ap.error("--zero-ranks must be at least 1")
     args.modes = split(args.modes)
     if args.peer_modes is not None:
         args.peer_modes = split(args.peer_modes)
@@ -2149,9 +2349,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 ap.error(f"--many-modes: {m!r} is not in --modes")
     else:
         args.many_modes = []
-    nothing = not (args.sizes or args.many_tensors or args.bin_sizes or args.dcp_sizes)
+    nothing = not (
+        args.sizes or args.many_tensors or args.bin_sizes or args.dcp_sizes or args.zero_sizes
+    )
     if nothing and not args.render:
-        ap.error("nothing to run: no --sizes, --bin-sizes, --dcp-sizes or --many-tensors")
+        ap.error(
+            "nothing to run: no --sizes, --bin-sizes, --dcp-sizes, --zero-sizes or --many-tensors"
+        )
     args.mem_limit = parse_bytes(args.mem_limit)
     args.caps = parse_caps(args.cap)
     return args
@@ -2182,6 +2386,9 @@ class Bench:
         self.runs: list[Run] = []
         self.skipped: list[str] = []
         self.inputs: list[Path] = []
+        # (mode, case, contender): a stcast that refused the case's ZeRO folder; its later
+        # runs of that case are recorded as not run, without starting it again
+        self.refused: set[tuple[str, str, str]] = set()
 
     # -- where the inputs live
 
@@ -2285,7 +2492,8 @@ class Bench:
                 self.reference(srcs[0]).unlink(missing_ok=True)
 
     def reference(self, src: Path) -> Path:
-        """Where stcast's first counted output of a DCP case is kept, for the peers' check."""
+        """Where stcast's first counted output of a DCP or ZeRO case is kept, for the peers'
+        check."""
         return src.parent / f"reference-{os.getpid()}-stcast.safetensors"
 
     def many_tensors(self, mode: str) -> None:
@@ -2339,6 +2547,11 @@ class Bench:
 
     def execute(self, mode: str, job: Job, rep: int, pos: int) -> Run:
         c, case, args = job.contender, job.case, self.args
+        if (mode, case.name, c.name) in self.refused:
+            run = Run(mode, case.size_gib, c.name, rep, path_bytes(job.src), case.name, case.kind)
+            run.action, run.position, run.status = job.action, pos, ZERO_NOT_RUN
+            print(f"[{mode} {case.name} #{rep + 1}.{pos + 1}] {job.label:<18} {ZERO_NOT_RUN}")
+            return run
         limit = args.caps.get(c.name) or (args.mem_limit if mode == "cgroup" else None)
         run = Run(
             mode=mode,
@@ -2374,7 +2587,13 @@ class Bench:
             if check and run.status == "ok" and dst is not None:
                 run.verified, run.report = verify_output(c, job.src, dst, scratch, case.options)
             ref = self.reference(job.src)
-            if case.kind == "dcp" and rep == 0 and run.status == "ok" and dst is not None:
+            if c.kind == "stcast" and case.kind == "zero" and refused(run):
+                run.status = ZERO_NOT_RUN  # its figures are a refusal's: none shown
+                run.peak_rss = run.peak_anon = 0
+                run.cgroup_peak, run.samples = None, []
+                self.refused.add((mode, case.name, c.name))
+            compared = case.kind in ("dcp", "zero")
+            if compared and rep == 0 and run.status == "ok" and dst is not None:
                 if c.name == "stcast":  # kept for the peers of this round (they run after it)
                     os.replace(dst, ref)
                 elif c.name in PEERS and args.verify:
@@ -2407,6 +2626,8 @@ class Bench:
         cases = [size_case(s) for s in self.args.sizes]
         cases += [bin_case(s) for s in self.args.bin_sizes]
         cases += [dcp_case(s, self.args.dcp_ranks) for s in self.args.dcp_sizes]
+        z = self.args.zero_ranks, self.args.zero_stage
+        cases += [zero_case(s, *z) for s in self.args.zero_sizes]
         with contextlib.ExitStack() as stack:
             if mode == "hugetmpfs":
                 mount = HugeTmpfs(self.args.hugetmpfs_dir, self.args.hugetmpfs_size)
@@ -2541,6 +2762,9 @@ def main(argv: list[str] | None = None) -> int:
         "bin_sizes_gib": args.bin_sizes,
         "dcp_sizes_gib": args.dcp_sizes,
         "dcp_ranks": args.dcp_ranks,
+        "zero_sizes_gib": args.zero_sizes,
+        "zero_ranks": args.zero_ranks,
+        "zero_stage": args.zero_stage,
         "repeats": args.repeats,
         "tmpfs_repeats": args.tmpfs_repeats,
         "modes": args.modes,
