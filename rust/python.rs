@@ -273,8 +273,7 @@ fn py_convert<'py>(
     finish_convert(py, &hooks, &opts, || ConvertTask::new(&src, &dst, &opts))
 }
 
-/// Make a conversion (`new`), step it to its end, seal and publish it (`Hooks::publish`);
-/// its report as a dict.
+/// Make a conversion (`new`), step it to its end, seal, publish (`Hooks::publish`): a dict.
 fn finish_convert<'py>(
     py: Python<'py>,
     hooks: &Hooks<'py>,
@@ -477,20 +476,29 @@ impl TensorNumerics {
 
 #[pyfunction]
 #[pyo3(name = "inspect", signature = (path, *, scan=false, dst=None, progress=None,
-                                      **options))]
+                                      row=None, **options))]
 fn py_inspect<'py>(
     py: Python<'py>,
     path: PathBuf,
     scan: bool,
     dst: Option<PathBuf>,
     progress: Hook<'py>,
+    row: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = read_options(py, options, |s, t| s.inspect(t, dst.is_some()))?;
     let mut task = guarded(py, || InspectTask::new(&path, scan, &opts, dst.as_deref()))?;
     Hooks::new(progress, None, None, None).drive(py, &mut task, opts.tuning.step)?;
     let found = guarded(py, move || task.finish())?;
-    crossed(py, &found.rows(), &[("path", &found.source.path)])
+    let mut rows = found.rows();
+    let tensors = std::mem::take(&mut rows.tensors); // made one by one, each given to `row`
+    let d = crossed(py, &rows, &[("path", &found.source.path)])?;
+    let made = tensors.iter().map(|t| {
+        let t = pythonize::pythonize(py, t)?;
+        row.as_ref().map_or(Ok(t.clone()), |f| f.call1((t,)))
+    });
+    d.set_item("tensors", made.collect::<PyResult<Vec<_>>>()?)?;
+    Ok(d)
 }
 
 #[pyfunction]

@@ -21,6 +21,7 @@ from conftest import (
     write_safetensors,
 )
 from helpers import cli_env, run_on_pty, run_python
+from stcast._console import cli_words as out_words
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -108,6 +109,21 @@ def test_inspect_json_matches_fixture(tmp_path, run_main):
     assert listing(tmp_path) == before
     rc, out2, _ = run_main("convert", src, "--json")
     assert doc["result"]["output_bytes"] == json.loads(out2)["result"]["bytes_out"]
+
+
+def test_inspect_json_is_the_whole_document_dumped_at_once(tmp_path, run_main):
+    """The tensors array is written a chunk at a time: the text is still exactly `json.dumps`
+    of the whole document (names needing escapes, metadata before the tensors, 5,000 rows:
+    more than one chunk)."""
+    tensors = {f'w"\\{i}\u00e9\U0001f600\x7f': ("F32", [2], bytes(8)) for i in range(5000)}
+    src = write_safetensors(tmp_path / "m.safetensors", tensors, {"k": "tensors"})
+    rc, out, err = run_main("inspect", src, "--json")
+    assert rc == 0, err
+    report = stcast.inspect(src)
+    result = out_words(report.to_dict())
+    doc = {"schema": 1, "command": "inspect", "version": stcast.__version__, "result": result}
+    assert out == json.dumps(doc) + "\n"
+    assert len(json.loads(out)["result"]["tensors"]) == 5000
 
 
 def test_inspect_human(tmp_path, run_main):

@@ -108,8 +108,7 @@ class _Options(TypedDict, total=False):
 
 _Progress = Callable[[int, int], object] | None
 _Warn = Callable[[str, str], object] | None
-# Called with the hidden output's (dev, ino, size) between sealing and publishing.
-_Sealed = Callable[[int, int, int], object] | None
+_Sealed = Callable[[int, int, int], object] | None  # (dev, ino, size): sealed, not published
 
 def convert(
     src: str,
@@ -127,6 +126,7 @@ def inspect(
     scan: bool = False,
     dst: str | None = None,
     progress: _Progress = None,
+    row: Callable[[dict[str, Any]], object] | None = None,  # what each tensor's dict becomes
     **options: Unpack[_Options],
 ) -> _Report: ...
 def verify(

@@ -157,19 +157,30 @@ def convert_file(
         return _build(ConvertReport, result, warnings=_notices(result["warnings"], warn_path))
 
 
+# A tensor's fields that take few values (one str for all the tensors that share one).
+_WORDS = ("dtype", "target_dtype", "action", "reason")
+
+
 def inspect_file(
     path: str, options: Options | None = None, *, file: str | None = None, **extra: Any
 ) -> InspectReport:
     """Plan one file (and scan it, if asked); `file` names it inside a folder."""
     with gc_paused():
-        result = _core.inspect(path, **keywords(options, extra))
-        # The engine's tensor dicts hold exactly TensorInfo's fields (a test checks it).
-        tensors = [TensorInfo(file=file, **t) for t in result["tensors"]]
+        # The engine's tensor dicts hold exactly TensorInfo's fields (a test checks it); each
+        # becomes one as it is made, so that 500,000 tensors never cost 500,000 dicts at once.
+        # Their words are shared, not one str per tensor.
+        words: dict[str, str] = {}
+
+        def row(t: dict[str, Any]) -> TensorInfo:
+            for k in _WORDS:
+                t[k] = words.setdefault(t[k], t[k])
+            return TensorInfo(file=file, **t)
+
+        result = _core.inspect(path, row=row, **keywords(options, extra))
         return _build(
             InspectReport,
             result,
             path=file if file is not None else result["path"],
-            tensors=tensors,
             warnings=_notices(result["warnings"], file),
         )
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import re
 import sys
@@ -819,6 +820,11 @@ def _run_inspect(args: argparse.Namespace, console: out.Console) -> int:
         console.warn(out.notice_text(message))
     if getattr(args, "quiet", False) and not args.json:
         return 0  # `convert --dry-run -q`: the exit status says it all
+    if args.json and not report.folder:
+        # The tensors are written as they are rendered (500,000 make 130 MB of text).
+        head = dataclasses.replace(report, tensors=[]).to_dict()
+        console.emit_json(head, rows=("tensors", report.tensors))
+        return 0
     if args.json:
         console.emit_json(report.to_dict())
         return 0

@@ -136,7 +136,9 @@ fn open_checkpoint(
     sniffed: torch::sniff::Sniffed,
     opts: &InputOptions,
 ) -> Result<Source> {
-    // Long strs of the pickle, once checked, are dropped from the mapping (not copied).
+    // The zip's records, read by the sniff, leave the process (not the page cache); the
+    // pickle's pages are dropped as the unpickler passes them, long strs once checked.
+    input.unmap((0, input.map.len() as u64));
     let base = input.map.as_ptr() as usize;
     let release = |part: &[u8]| {
         let a = (part.as_ptr() as usize).saturating_sub(base) as u64;
@@ -147,6 +149,14 @@ fn open_checkpoint(
             path: path.to_path_buf(),
             error,
         })?;
+    // Read: the pages touched since (the names borrowed from the pickle) go too, and the
+    // parse's freed heap goes back to the system (Python's objects never reuse it).
+    input.unmap((0, input.map.len() as u64));
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free memory of the allocator to the system.
+    unsafe {
+        libc::malloc_trim(0);
+    }
     let mut source = Source::from_parts(path, vec![input], header);
     source.origin = Some(origin);
     Ok(source)
@@ -170,7 +180,9 @@ fn sniffed_header(
     release: &dyn Fn(&[u8]),
 ) -> std::result::Result<(SourceHeader, Origin), TorchError> {
     let ck = torch::read_releasing(bytes, sniffed, &limits(), release)?;
-    let selection = ck.select(opts.key.as_deref(), &opts.strip_prefix)?;
+    // The names it reads (borrowed from the pickle) are copied: their pages may go again.
+    let selection =
+        ck.select_releasing(opts.key.as_deref(), &opts.strip_prefix, &|| release(bytes))?;
     let stored: u64 = ck.storages.iter().map(|s| s.len).sum();
     let mut tensors: Vec<SourceTensor> = Vec::with_capacity(selection.tensors.len());
     for t in selection.tensors {

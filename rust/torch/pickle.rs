@@ -370,8 +370,9 @@ pub trait Storages {
     fn load(&mut self, objects: Objects<'_, '_>, pid: ObjId) -> Result<StorageRef, TorchError>;
 
     /// The unpickler is done reading `bytes`, a part of the (mapped) pickle that it keeps
-    /// only borrowed (a long str, checked): their pages may be dropped, to be read again
-    /// from the file if ever needed. By default nothing is dropped.
+    /// only borrowed (a long str, checked; the pickle behind it, a chunk at a time): their
+    /// pages may be dropped, to be read again from the file if ever needed. By default
+    /// nothing is dropped.
     fn release(&mut self, _bytes: &[u8]) {}
 }
 
@@ -659,6 +660,7 @@ pub fn unpickle<'a>(
         data: &data[..data.len().min(cap)],
         capped,
         pos: 0,
+        released: 0,
         op_at: 0,
         label,
         limits: limits.clone(),
@@ -703,6 +705,8 @@ struct Unpickler<'a, 's> {
     /// Whether `data` was cut at the size limit (so running out means "too large").
     capped: bool,
     pos: usize,
+    /// Where the pickle's pages not yet handed to `Storages::release` begin.
+    released: usize,
     op_at: usize,
     label: &'static str,
     limits: Limits,
@@ -1713,6 +1717,12 @@ impl<'a> Unpickler<'a, '_> {
             if self.objects.len() >= self.next_collect {
                 self.collect(None);
             }
+            if self.pos - self.released >= RELEASE_CHUNK {
+                // The pickle behind us: its pages may go (a str borrowed from them is read
+                // again from the file if ever needed).
+                self.storages.release(&self.data[self.released..self.pos]);
+                self.released = self.pos;
+            }
             self.op_at = self.pos;
             let op = self.u8()?;
             match op {
@@ -2258,7 +2268,8 @@ pub(crate) mod tests {
         let mut released = Released(0);
         let p = unpickle(&data, "test", &Limits::default(), &mut released).unwrap();
         assert_eq!(p.str_of(p.root).map(str::as_bytes), Some(&text[..]));
-        assert_eq!(released.0, text.len());
+        // The str once checked, then the pickle behind STOP (opcode, length and str).
+        assert_eq!(released.0, text.len() + (3 + 8 + text.len()));
         // A bad byte anywhere is refused, as in a short str; so is a cut character at the end.
         for at in [0, RELEASE_CHUNK - 1, RELEASE_CHUNK, text.len() - 1] {
             let mut bad = text.clone();

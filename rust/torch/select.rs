@@ -293,6 +293,17 @@ impl Checkpoint<'_> {
         key: Option<&str>,
         strip_prefixes: &[String],
     ) -> Result<Selection, TorchError> {
+        self.select_releasing(key, strip_prefixes, &|| {})
+    }
+
+    /// [`Self::select`], calling `read` once the names are read from the pickle (copied):
+    /// the pages they were borrowed from may then be dropped.
+    pub fn select_releasing(
+        &self,
+        key: Option<&str>,
+        strip_prefixes: &[String],
+        read: &dyn Fn(),
+    ) -> Result<Selection, TorchError> {
         let (path, dict) = match key {
             Some(key) => {
                 let candidates = || -> Vec<(String, usize)> {
@@ -314,6 +325,7 @@ impl Checkpoint<'_> {
             None => self.auto_select()?,
         };
         let (named, skipped) = self.flatten(dict, false)?;
+        read();
         let mut tensors: Vec<NamedTensor> = Vec::with_capacity(named.len());
         let mut names: HashMap<String, usize> = HashMap::new();
         for (source, index) in named {
