@@ -319,6 +319,11 @@ pub fn check_something_changes(src: &Source, plan: &Plan, allow_copy: bool) -> R
 /// at 52 MiB RSS batched, 40 MiB not).
 const SMALL_TENSOR: u64 = 256 << 10;
 
+/// Small tensors this far apart in the input (a zip entry's local header between two
+/// storages of a torch checkpoint) still make one batch: the bytes between are faulted in
+/// and released with them.
+const SMALL_GAP: u64 = 4096;
+
 /// A conversion in progress. Dropping it before `finish` leaves nothing behind.
 pub struct Job {
     src: Source,
@@ -441,8 +446,8 @@ impl Job {
             let Some(w) = self.next_window() else {
                 break;
             };
-            if let Some((items, bytes)) = self.small_batch(w) {
-                self.convert_batch(w.item, items, bytes)?;
+            if let Some((items, bytes, span)) = self.small_batch(w) {
+                self.convert_batch(w.item, items, bytes, span)?;
                 spent += bytes;
                 continue;
             }
@@ -517,7 +522,7 @@ impl Job {
     /// whole tensors (and their source bytes) fit in one window, their input and output
     /// each contiguous. None when `w` is not such a tensor, or it is alone: a window's
     /// per-call costs (a stat, faulting in, writeback) are then paid once for the batch.
-    fn small_batch(&self, w: Window) -> Option<(usize, u64)> {
+    fn small_batch(&self, w: Window) -> Option<(usize, u64, u64)> {
         let window = self.tuning.window as u64;
         let tensors = &self.plan.tensors;
         let src = &self.src.header.tensors;
@@ -537,9 +542,10 @@ impl Job {
             if s.input != head.input
                 || s.gather.is_some()
                 || s.len() > SMALL_TENSOR
-                || s.start != src_end
+                || s.start < src_end
+                || s.start - src_end > SMALL_GAP
                 || t.start != dst_end
-                || bytes + s.len() > window
+                || s.end - head.start > window
             {
                 break;
             }
@@ -548,12 +554,13 @@ impl Job {
             dst_end = t.start + t.action.out_len(s.len());
             items += 1;
         }
-        (items > 1).then_some((items, bytes))
+        (items > 1).then_some((items, bytes, src_end - head.start))
     }
 
-    /// Convert `items` whole tensors from plan index `first` (`bytes` of input), contiguous
-    /// in the input and the output, as one window.
-    fn convert_batch(&mut self, first: usize, items: usize, bytes: u64) -> Result<()> {
+    /// Convert `items` whole tensors from plan index `first` (`bytes` of input, within `span`
+    /// bytes of the input from the first's start), in input order with gaps of at most
+    /// `SMALL_GAP` between them and contiguous in the output, as one window.
+    fn convert_batch(&mut self, first: usize, items: usize, bytes: u64, span: u64) -> Result<()> {
         let t0 = &self.plan.tensors[first];
         let s0 = &self.src.header.tensors[t0.source];
         let input = s0.input;
@@ -566,7 +573,7 @@ impl Job {
                 .action
                 .out_len(self.src.header.tensors[last.source].len());
         let (sa, da) = (src_abs as usize, dst_abs as usize);
-        let (sn, dn) = (bytes as usize, (dst_end - dst_abs) as usize);
+        let (sn, dn) = (span as usize, (dst_end - dst_abs) as usize);
         file.check_unchanged()?;
         let work = Work {
             pool: &self.pool,
@@ -585,14 +592,13 @@ impl Job {
             ));
         }
         let mut pieces = Vec::with_capacity(items);
-        let mut at = 0usize;
         for t in &self.plan.tensors[first..first + items] {
-            let n = self.src.header.tensors[t.source].len() as usize;
+            let s = &self.src.header.tensors[t.source];
+            let (at, n) = ((s.start - s0.start) as usize, s.len() as usize);
             let (d, rest) =
                 std::mem::take(&mut dst_bytes).split_at_mut(t.action.out_len(n as u64) as usize);
             dst_bytes = rest;
             pieces.push((t.action, &src_bytes[at..at + n], d));
-            at += n;
         }
         let measured = work.run_batch(&mut pieces, self.numerics.is_some());
         if let Some(all) = &mut self.numerics {
@@ -601,7 +607,7 @@ impl Job {
             }
         }
         self.cursor.advance_items(items, bytes);
-        self.release_input(input, src_abs, bytes);
+        self.release_input(input, src_abs, span);
         self.note_output(dst_abs, dn as u64)?;
         Ok(())
     }
