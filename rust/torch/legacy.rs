@@ -61,7 +61,7 @@ impl Storages for LegacyStorages {
                     offset: 0,
                     len,
                     big_endian: false,
-                    entry: None,
+                    in_zip: false,
                 });
                 self.by_key.insert(pid.key.clone(), self.storages.len() - 1);
                 self.storages.len() - 1

@@ -120,8 +120,8 @@ pub struct Storage {
     /// Its length in bytes (`numel * elem_size`).
     pub len: u64,
     pub big_endian: bool,
-    /// The zip entry holding it (`None` in legacy files).
-    pub entry: Option<String>,
+    /// Whether it is a zip entry, `{prefix}/data/{key}` (false in legacy files).
+    pub in_zip: bool,
 }
 
 /// A parsed checkpoint. Nothing of the storages' data has been read.
@@ -231,11 +231,25 @@ pub(crate) fn parse_pid(objects: Objects<'_, '_>, pid: ObjId) -> Result<Pid, Tor
     })
 }
 
+/// The value of a key written as torch writes one (decimal digits, no leading zero), so that
+/// two keys have the same value exactly when they are the same text.
+fn decimal(key: &str) -> Option<u64> {
+    let b = key.as_bytes();
+    let canonical = !b.is_empty()
+        && b.len() <= 19
+        && b.iter().all(u8::is_ascii_digit)
+        && (b[0] != b'0' || b.len() == 1);
+    canonical.then(|| key.parse().ok()).flatten()
+}
+
 struct ZipStorages<'a> {
     archive: &'a zip::ZipArchive,
     prefix: &'a str,
     big_endian: bool,
     storages: Vec<Storage>,
+    /// Storages by key: a decimal key (torch writes `0`, `1`, ...) by its value, any
+    /// other by its text; no copy of a decimal key's text (500k storages: some 25 MB).
+    by_number: HashMap<u64, usize>,
     by_key: HashMap<String, usize>,
     release: &'a dyn Fn(&[u8]),
 }
@@ -282,7 +296,12 @@ impl Storages for ZipStorages<'_> {
         if pid.view.is_some() {
             return Err(pid_error("storage views exist only in legacy files"));
         }
-        if let Some(&index) = self.by_key.get(&pid.key) {
+        let number = decimal(&pid.key);
+        let found = match number {
+            Some(n) => self.by_number.get(&n),
+            None => self.by_key.get(&pid.key),
+        };
+        if let Some(&index) = found {
             let s = &self.storages[index];
             let first = dtype::by_name(s.dtype).unwrap_or_else(dtype::uint8);
             return Ok(reference(index, first, s.len, &pid, self.big_endian));
@@ -311,10 +330,13 @@ impl Storages for ZipStorages<'_> {
             offset: entry.data,
             len: need,
             big_endian: self.big_endian,
-            entry: Some(name),
+            in_zip: true,
         });
         let index = self.storages.len() - 1;
-        self.by_key.insert(pid.key.clone(), index);
+        match number {
+            Some(n) => self.by_number.insert(n, index),
+            None => self.by_key.insert(pid.key.clone(), index),
+        };
         Ok(reference(index, pid.dtype, need, &pid, false))
     }
 }
@@ -377,6 +399,7 @@ fn read_zip<'a>(
         prefix,
         big_endian,
         storages: Vec::new(),
+        by_number: HashMap::new(),
         by_key: HashMap::new(),
         release,
     };

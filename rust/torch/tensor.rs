@@ -171,7 +171,7 @@ pub(crate) fn describe(
         return Err(TensorProblem::StorageConflict {
             key: s.key.clone(),
             conflict: Box::new(c),
-            legacy: s.entry.is_none(),
+            legacy: !s.in_zip,
         });
     }
     // Views (legacy files) were checked against their storage when the storage was located.

@@ -8,8 +8,6 @@
 //! file may deflate `.format_version` or a TorchScript archive's `code/`). Sizes come from
 //! the central directory (torch sets flag bit 3, so local headers hold zeros).
 
-use std::collections::HashMap;
-
 use super::error::TorchError;
 
 const EOCD_SIG: u32 = 0x0605_4b50;
@@ -39,12 +37,19 @@ pub struct ZipEntry {
 #[derive(Debug, Clone, Default)]
 pub struct ZipArchive {
     pub entries: Vec<ZipEntry>,
-    pub by_name: HashMap<String, usize>,
+    /// Indices into `entries` in order of name (unique names), for binary search: no
+    /// second copy of the names (500k storages' entries cost a hash map of their names
+    /// some 40 MB and a second of hashing).
+    pub by_name: Vec<u32>,
 }
 
 impl ZipArchive {
     pub fn get(&self, name: &str) -> Option<&ZipEntry> {
-        self.by_name.get(name).and_then(|&i| self.entries.get(i))
+        let i = self
+            .by_name
+            .binary_search_by(|&i| self.entries[i as usize].name.as_str().cmp(name))
+            .ok()?;
+        self.entries.get(self.by_name[i] as usize)
     }
 
     /// The entry `name`, which the reader maps in place, so it must be stored.
@@ -210,6 +215,9 @@ pub fn parse(bytes: &[u8]) -> Result<ZipArchive, TorchError> {
             end.entries, end.cd_size
         )));
     }
+    if u32::try_from(end.entries).is_err() {
+        return Err(dir(format!("{} entries are too many", end.entries)));
+    }
     let mut archive = ZipArchive::default();
     let mut p = end.cd_offset;
     for i in 0..end.entries {
@@ -319,10 +327,6 @@ pub fn parse(bytes: &[u8]) -> Result<ZipArchive, TorchError> {
                 reason: "its local header names another entry".into(),
             });
         }
-        if archive.by_name.contains_key(&name) {
-            return Err(TorchError::ZipDuplicate { entry: name });
-        }
-        archive.by_name.insert(name.clone(), archive.entries.len());
         archive.entries.push(ZipEntry {
             name,
             header,
@@ -331,6 +335,25 @@ pub fn parse(bytes: &[u8]) -> Result<ZipArchive, TorchError> {
             method,
         });
     }
+    // No two entries may share a name: of the names that repeat, the one repeated first
+    // in directory order is reported.
+    let entries = &archive.entries;
+    let mut by_name: Vec<u32> = (0..entries.len() as u32).collect();
+    by_name.sort_unstable_by(|&a, &b| {
+        let (x, y) = (&entries[a as usize], &entries[b as usize]);
+        x.name.cmp(&y.name).then(a.cmp(&b))
+    });
+    let repeat = by_name
+        .windows(2)
+        .filter(|w| entries[w[0] as usize].name == entries[w[1] as usize].name)
+        .map(|w| w[1])
+        .min();
+    if let Some(i) = repeat {
+        return Err(TorchError::ZipDuplicate {
+            entry: entries[i as usize].name.clone(),
+        });
+    }
+    archive.by_name = by_name;
     // No two entries may share bytes (header through data).
     let mut order: Vec<usize> = (0..archive.entries.len()).collect();
     order.sort_by_key(|&i| archive.entries[i].header);
