@@ -247,9 +247,10 @@ struct ZipStorages<'a> {
     prefix: &'a str,
     big_endian: bool,
     storages: Vec<Storage>,
-    /// Storages by key: a decimal key (torch writes `0`, `1`, ...) by its value, any
-    /// other by its text; no copy of a decimal key's text (500k storages: some 25 MB).
-    by_number: HashMap<u64, usize>,
+    /// Storages by key: a decimal key (torch writes `0`, `1`, ...) below the number of
+    /// zip entries at that index (`u32::MAX` for none), any other by its text; no copy
+    /// or hash of torch's keys (500k storages: some 40 MB).
+    by_number: Vec<u32>,
     by_key: HashMap<String, usize>,
     release: &'a dyn Fn(&[u8]),
 }
@@ -296,12 +297,14 @@ impl Storages for ZipStorages<'_> {
         if pid.view.is_some() {
             return Err(pid_error("storage views exist only in legacy files"));
         }
-        let number = decimal(&pid.key);
+        let number = decimal(&pid.key)
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|&n| n < self.by_number.len());
         let found = match number {
-            Some(n) => self.by_number.get(&n),
-            None => self.by_key.get(&pid.key),
+            Some(n) => Some(self.by_number[n] as usize).filter(|&i| i != u32::MAX as usize),
+            None => self.by_key.get(&pid.key).copied(),
         };
-        if let Some(&index) = found {
+        if let Some(index) = found {
             let s = &self.storages[index];
             let first = dtype::by_name(s.dtype).unwrap_or_else(dtype::uint8);
             return Ok(reference(index, first, s.len, &pid, self.big_endian));
@@ -334,9 +337,12 @@ impl Storages for ZipStorages<'_> {
         });
         let index = self.storages.len() - 1;
         match number {
-            Some(n) => self.by_number.insert(n, index),
-            None => self.by_key.insert(pid.key.clone(), index),
-        };
+            // At most one storage per zip entry, so the index fits.
+            Some(n) => self.by_number[n] = index as u32,
+            None => {
+                self.by_key.insert(pid.key.clone(), index);
+            }
+        }
         Ok(reference(index, pid.dtype, need, &pid, false))
     }
 }
@@ -358,14 +364,14 @@ fn read_zip<'a>(
     };
     if let Some(other) = pickles.next() {
         return Err(TorchError::ZipManyPickles {
-            first: pkl.name.clone(),
-            second: other.name.clone(),
+            first: pkl.name.to_string(),
+            second: other.name.to_string(),
         });
     }
     let prefix = &pkl.name[..pkl.name.len() - "data.pkl".len()];
     if pkl.method != 0 {
         return Err(TorchError::ZipCompressed {
-            entry: pkl.name.clone(),
+            entry: pkl.name.to_string(),
             method: pkl.method,
         });
     }
@@ -378,7 +384,7 @@ fn read_zip<'a>(
                 "big" => true,
                 other => {
                     return Err(TorchError::ByteOrder {
-                        entry: e.name.clone(),
+                        entry: e.name.to_string(),
                         value: other.chars().take(40).collect(),
                     })
                 }
@@ -399,7 +405,7 @@ fn read_zip<'a>(
         prefix,
         big_endian,
         storages: Vec::new(),
-        by_number: HashMap::new(),
+        by_number: vec![u32::MAX; archive.entries.len()],
         by_key: HashMap::new(),
         release,
     };

@@ -156,10 +156,7 @@ fn sniff_zip(bytes: &[u8]) -> (Format, Option<zip::ZipArchive>) {
         }
     };
     match zip::parse(bytes) {
-        Ok(a) => (
-            classify(&mut a.entries.iter().map(|e| e.name.as_str())),
-            Some(a),
-        ),
+        Ok(a) => (classify(&mut a.entries.iter().map(|e| &*e.name)), Some(a)),
         // A damaged or refused archive: go by the first entry, and let `read` say what is wrong.
         Err(_) => {
             let first = zip::first_name(bytes).and_then(|n| std::str::from_utf8(n).ok());

@@ -22,7 +22,7 @@ const LOCAL_LEN: u64 = 30;
 /// One stored entry: where its header and data lie in the file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ZipEntry {
-    pub name: String,
+    pub name: Box<str>,
     /// Offset of the local header.
     pub header: u64,
     /// Offset of the first data byte.
@@ -47,7 +47,7 @@ impl ZipArchive {
     pub fn get(&self, name: &str) -> Option<&ZipEntry> {
         let i = self
             .by_name
-            .binary_search_by(|&i| self.entries[i as usize].name.as_str().cmp(name))
+            .binary_search_by(|&i| (*self.entries[i as usize].name).cmp(name))
             .ok()?;
         self.entries.get(self.by_name[i] as usize)
     }
@@ -56,7 +56,7 @@ impl ZipArchive {
     pub fn get_stored(&self, name: &str) -> Result<Option<&ZipEntry>, TorchError> {
         match self.get(name) {
             Some(e) if e.method != 0 => Err(TorchError::ZipCompressed {
-                entry: e.name.clone(),
+                entry: e.name.to_string(),
                 method: e.method,
             }),
             other => Ok(other),
@@ -218,7 +218,11 @@ pub fn parse(bytes: &[u8]) -> Result<ZipArchive, TorchError> {
     if u32::try_from(end.entries).is_err() {
         return Err(dir(format!("{} entries are too many", end.entries)));
     }
-    let mut archive = ZipArchive::default();
+    // The count is bounded by the directory's size, which lies within the file.
+    let mut archive = ZipArchive {
+        entries: Vec::with_capacity(end.entries as usize),
+        by_name: Vec::new(),
+    };
     let mut p = end.cd_offset;
     for i in 0..end.entries {
         let h = at(bytes, p, CENTRAL_LEN as usize)
@@ -328,7 +332,7 @@ pub fn parse(bytes: &[u8]) -> Result<ZipArchive, TorchError> {
             });
         }
         archive.entries.push(ZipEntry {
-            name,
+            name: name.into_boxed_str(),
             header,
             data,
             size: csize,
@@ -350,7 +354,7 @@ pub fn parse(bytes: &[u8]) -> Result<ZipArchive, TorchError> {
         .min();
     if let Some(i) = repeat {
         return Err(TorchError::ZipDuplicate {
-            entry: entries[i as usize].name.clone(),
+            entry: entries[i as usize].name.to_string(),
         });
     }
     archive.by_name = by_name;
@@ -361,8 +365,8 @@ pub fn parse(bytes: &[u8]) -> Result<ZipArchive, TorchError> {
         let (a, b) = (&archive.entries[w[0]], &archive.entries[w[1]]);
         if b.header < a.data + a.size {
             return Err(TorchError::ZipOverlap {
-                entry: b.name.clone(),
-                other: a.name.clone(),
+                entry: b.name.to_string(),
+                other: a.name.to_string(),
             });
         }
     }
