@@ -7,9 +7,11 @@
 use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use stcast::input::InputOptions;
 use stcast::Source;
+
+#[path = "common/mutate.rs"]
+mod mutate;
 
 const REAL: [&str; 3] = ["fsdp2-1d-3ranks", "hsdp-2x2", "fsdp-tp-2x2"];
 
@@ -41,26 +43,6 @@ fn copy(name: &str, tag: &str) -> PathBuf {
     dir
 }
 
-/// Every tensor of `src`, whole and in windows of `step` elements.
-fn read_all(src: &Source, step: u64) -> stcast::Result<Vec<(String, Vec<u8>)>> {
-    let mut scratch = Vec::new();
-    let mut out = Vec::new();
-    for t in &src.header.tensors {
-        let es = (t.dtype.bitsize() / 8).max(1) as u64;
-        let whole = src.read(t, 0, t.len(), &mut scratch)?.to_vec();
-        let mut parts = Vec::new();
-        let mut at = 0;
-        while at < t.len() {
-            let n = (step * es).min(t.len() - at);
-            parts.extend_from_slice(src.read(t, at, n, &mut scratch)?);
-            at += n;
-        }
-        assert_eq!(parts, whole, "`{}`", t.name);
-        out.push((t.name.clone(), whole));
-    }
-    Ok(out)
-}
-
 #[test]
 fn real_checkpoints_read_back_as_torch_consolidates_them() {
     for name in REAL {
@@ -71,7 +53,7 @@ fn real_checkpoints_read_back_as_torch_consolidates_them() {
         let want = safetensors::SafeTensors::deserialize(&want_bytes).unwrap();
         assert_eq!(src.header.tensors.len(), want.len(), "{name}");
         for step in [1, 3, 1 << 20] {
-            for (n, bytes) in read_all(&src, step).unwrap() {
+            for (n, bytes) in mutate::read_all(&src, step).unwrap() {
                 let w = want.tensor(&n).unwrap();
                 assert_eq!(bytes, w.data(), "{name} `{n}`");
                 let t = src.header.tensors.iter().find(|t| t.name == n).unwrap();
@@ -82,44 +64,13 @@ fn real_checkpoints_read_back_as_torch_consolidates_them() {
     }
 }
 
-#[derive(Debug, Clone)]
-enum Mutation {
-    /// XOR a byte of the file at a position (a fraction of its length).
-    Flip { file: usize, at: f64, mask: u8 },
-    /// Cut the file at a fraction of its length.
-    Cut { file: usize, at: f64 },
-}
-
-fn mutation() -> impl Strategy<Value = Mutation> {
-    prop_oneof![
-        (0..5usize, 0.0..1.0f64, 1..=255u8).prop_map(|(file, at, mask)| Mutation::Flip {
-            file,
-            at,
-            mask
-        }),
-        (0..5usize, 0.0..1.0f64).prop_map(|(file, at)| Mutation::Cut { file, at }),
-    ]
-}
-
 #[test]
 fn mutated_checkpoints_never_panic() {
-    let seed = std::env::var("STCAST_PROPTEST_SEED")
-        .ok()
-        .and_then(|s| s.parse::<u64>().ok())
-        .unwrap_or(0x0dc9_5eed);
-    println!("dcp mutations: proptest ChaCha seed {seed} (STCAST_PROPTEST_SEED)");
-    let mut bytes = [0u8; 32];
-    for chunk in bytes.chunks_mut(8) {
-        chunk.copy_from_slice(&seed.to_le_bytes());
-    }
-    let config = Config {
-        cases: 300,
-        failure_persistence: None,
-        ..Config::default()
-    };
-    let mut runner =
-        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
-    let case = (0..REAL.len(), proptest::collection::vec(mutation(), 1..4));
+    let mut runner = mutate::runner("dcp mutations", 0x0dc9_5eed, 300);
+    let case = (
+        0..REAL.len(),
+        proptest::collection::vec(mutate::mutation(5), 1..4),
+    );
     let (read, refused) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
     runner
         .run(&case, |(which, mutations)| {
@@ -129,22 +80,9 @@ fn mutated_checkpoints_never_panic() {
                 .map(|e| e.unwrap().path())
                 .collect();
             files.sort();
-            for m in &mutations {
-                let (file, at) = match m {
-                    Mutation::Flip { file, at, .. } | Mutation::Cut { file, at } => (*file, *at),
-                };
-                let path = &files[file % files.len()];
-                let mut data = std::fs::read(path).unwrap();
-                let pos = ((data.len() as f64) * at) as usize;
-                match m {
-                    Mutation::Flip { mask, .. } if pos < data.len() => data[pos] ^= mask,
-                    Mutation::Cut { .. } => data.truncate(pos),
-                    _ => {}
-                }
-                std::fs::write(path, data).unwrap();
-            }
+            mutate::apply(&files, &mutations);
             for opts in [model(), InputOptions::default()] {
-                match Source::open_any(&dir, &opts).and_then(|s| read_all(&s, 7)) {
+                match Source::open_any(&dir, &opts).and_then(|s| mutate::read_all(&s, 7)) {
                     Ok(_) => read.set(read.get() + 1),
                     Err(e) => {
                         let text = e.to_string();
