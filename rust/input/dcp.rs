@@ -399,47 +399,17 @@ fn state_dict<'p>(p: &'p Pickle<'_>, id: ObjId) -> Option<&'p [(ObjId, ObjId)]> 
     }
 }
 
-fn str_of<'p>(p: &'p Pickle<'_>, id: ObjId) -> Option<&'p str> {
-    p.str_of(id)
-}
-
 fn field(p: &Pickle<'_>, id: ObjId, name: &str) -> Option<ObjId> {
     state_dict(p, id)?
         .iter()
         .rev()
-        .find(|(k, _)| str_of(p, *k) == Some(name))
+        .find(|(k, _)| p.str_of(*k) == Some(name))
         .map(|&(_, v)| v)
 }
 
 fn class_of<'p>(p: &'p Pickle<'_>, id: ObjId) -> Option<&'p str> {
     match p.arena(id)? {
         Object::Placeholder(ph) => Some(ph.global.as_str()),
-        _ => None,
-    }
-}
-
-fn int(p: &Pickle<'_>, id: ObjId) -> Option<i64> {
-    match &*p.get(id) {
-        Object::Int(n) => Some(*n),
-        _ => None,
-    }
-}
-
-fn ints(p: &Pickle<'_>, id: ObjId) -> Option<Vec<u64>> {
-    let items: &[ObjId] = match p.arena(id)? {
-        Object::Tuple(t) => t,
-        Object::List(l) => l,
-        _ => return None,
-    };
-    items
-        .iter()
-        .map(|&i| int(p, i).and_then(|n| u64::try_from(n).ok()))
-        .collect()
-}
-
-fn dict_items<'p>(p: &'p Pickle<'_>, id: ObjId) -> Option<&'p [(ObjId, ObjId)]> {
-    match p.arena(id)? {
-        Object::Dict(d) => Some(&d.items),
         _ => None,
     }
 }
@@ -454,10 +424,10 @@ fn read_metadata(pickle: &Pickle<'_>) -> std::result::Result<Metadata, String> {
         ));
     }
     let sdm = field(p, root, "state_dict_metadata")
-        .and_then(|d| dict_items(p, d))
+        .and_then(|d| p.dict_items(d))
         .ok_or("no state_dict_metadata dict")?;
     let planner: HashMap<&str, Vec<String>> = field(p, root, "planner_data")
-        .and_then(|d| dict_items(p, d))
+        .and_then(|d| p.dict_items(d))
         .unwrap_or(&[])
         .iter()
         .filter_map(|&(k, v)| {
@@ -467,17 +437,19 @@ fn read_metadata(pickle: &Pickle<'_>) -> std::result::Result<Metadata, String> {
                     .map(|&i| {
                         p.str_of(i)
                             .map(str::to_string)
-                            .or_else(|| int(p, i).map(|n| n.to_string()))
+                            .or_else(|| p.int(i).map(|n| n.to_string()))
                     })
                     .collect::<Option<Vec<String>>>()?,
                 _ => return None,
             };
-            Some((str_of(p, k)?, path))
+            Some((p.str_of(k)?, path))
         })
         .collect();
     let mut entries = Vec::with_capacity(sdm.len());
     for &(k, v) in sdm {
-        let fqn = str_of(p, k).ok_or("a state_dict_metadata key that is not a str")?;
+        let fqn = p
+            .str_of(k)
+            .ok_or("a state_dict_metadata key that is not a str")?;
         let class = class_of(p, v).unwrap_or("");
         let tensor = if class.ends_with(".BytesStorageMetadata") {
             None
@@ -504,23 +476,25 @@ fn read_metadata(pickle: &Pickle<'_>) -> std::result::Result<Metadata, String> {
     }
     let mut items = HashMap::new();
     let sd = field(p, root, "storage_data")
-        .and_then(|d| dict_items(p, d))
+        .and_then(|d| p.dict_items(d))
         .ok_or("no storage_data dict")?;
     for &(k, v) in sd {
         let fqn = field(p, k, "fqn")
-            .and_then(|f| str_of(p, f))
+            .and_then(|f| p.str_of(f))
             .ok_or("a storage_data key without an fqn")?;
         let offsets = match field(p, k, "offset") {
             Some(o) if matches!(&*p.get(o), Object::None) => Vec::new(),
-            Some(o) => ints(p, o).ok_or("a storage_data key whose offset is not a size")?,
+            Some(o) => p
+                .sizes(o)
+                .ok_or("a storage_data key whose offset is not a size")?,
             None => Vec::new(),
         };
         let file = field(p, v, "relative_path")
-            .and_then(|f| str_of(p, f))
+            .and_then(|f| p.str_of(f))
             .ok_or_else(|| format!("`{fqn}`: a storage entry without a relative_path"))?;
         let number = |name: &str| {
             field(p, v, name)
-                .and_then(|i| int(p, i))
+                .and_then(|i| p.int(i))
                 .and_then(|n| u64::try_from(n).ok())
         };
         let (Some(offset), Some(length)) = (number("offset"), number("length")) else {
@@ -534,11 +508,11 @@ fn read_metadata(pickle: &Pickle<'_>) -> std::result::Result<Metadata, String> {
                 Object::None => Vec::new(),
                 Object::List(l) => l
                     .iter()
-                    .map(|&i| str_of(p, i).unwrap_or("?").to_string())
+                    .map(|&i| p.str_of(i).unwrap_or("?").to_string())
                     .collect(),
                 Object::Tuple(l) => l
                     .iter()
-                    .map(|&i| str_of(p, i).unwrap_or("?").to_string())
+                    .map(|&i| p.str_of(i).unwrap_or("?").to_string())
                     .collect(),
                 _ => vec!["?".to_string()],
             },
@@ -580,7 +554,7 @@ fn tensor_meta(p: &Pickle<'_>, id: ObjId) -> std::result::Result<TensorMeta, Str
         other => return Err(format!("its dtype is {}", other.kind())),
     };
     let size = field(p, id, "size")
-        .and_then(|s| ints(p, s))
+        .and_then(|s| p.sizes(s))
         .ok_or("no size")?;
     let chunk_list: &[ObjId] = match field(p, id, "chunks").and_then(|c| p.arena(c)) {
         Some(Object::List(l)) => l,
@@ -588,8 +562,8 @@ fn tensor_meta(p: &Pickle<'_>, id: ObjId) -> std::result::Result<TensorMeta, Str
     };
     let mut chunks = Vec::with_capacity(chunk_list.len());
     for &c in chunk_list {
-        let offsets = field(p, c, "offsets").and_then(|o| ints(p, o));
-        let sizes = field(p, c, "sizes").and_then(|o| ints(p, o));
+        let offsets = field(p, c, "offsets").and_then(|o| p.sizes(o));
+        let sizes = field(p, c, "sizes").and_then(|o| p.sizes(o));
         match (offsets, sizes) {
             (Some(o), Some(s)) => chunks.push((o, s)),
             _ => return Err("a chunk without offsets and sizes".into()),

@@ -235,18 +235,11 @@ fn item(ck: &Checkpoint<'_>, id: ObjId, key: &str) -> Option<ObjId> {
 }
 
 fn pairs<'c>(ck: &'c Checkpoint<'_>, id: ObjId) -> Option<&'c [(ObjId, ObjId)]> {
-    match ck.pickle.arena(id)? {
-        Object::Dict(d) => Some(&d.items),
-        _ => None,
-    }
+    ck.pickle.dict_items(id)
 }
 
 fn seq<'c>(ck: &'c Checkpoint<'_>, id: ObjId) -> Option<&'c [ObjId]> {
-    match ck.pickle.arena(id)? {
-        Object::List(l) => Some(l),
-        Object::Tuple(t) => Some(t),
-        _ => None,
-    }
+    ck.pickle.seq(id)
 }
 
 fn text<'c>(ck: &'c Checkpoint<'_>, id: ObjId) -> Option<&'c str> {

@@ -443,6 +443,39 @@ impl<'a> Pickle<'a> {
     pub fn arena(&self, id: ObjId) -> Option<&Object<'a>> {
         Objects(&self.objects).arena(id)
     }
+
+    /// The items of `id` if it is a dict, in insertion order.
+    pub fn dict_items(&self, id: ObjId) -> Option<&[(ObjId, ObjId)]> {
+        match self.arena(id)? {
+            Object::Dict(d) => Some(&d.items),
+            _ => None,
+        }
+    }
+
+    /// The items of `id` if it is a list or a tuple.
+    pub fn seq(&self, id: ObjId) -> Option<&[ObjId]> {
+        match self.arena(id)? {
+            Object::List(l) => Some(l),
+            Object::Tuple(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// `id` if it is an int that fits in 64 bits.
+    pub fn int(&self, id: ObjId) -> Option<i64> {
+        match &*self.get(id) {
+            Object::Int(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    /// `id` if it is a list or tuple of non-negative ints (a shape, a size).
+    pub fn sizes(&self, id: ObjId) -> Option<Vec<u64>> {
+        self.seq(id)?
+            .iter()
+            .map(|&i| self.int(i).and_then(|n| u64::try_from(n).ok()))
+            .collect()
+    }
 }
 
 /// Modules none of whose globals may appear at all, as in torch's blocklist (and more).
