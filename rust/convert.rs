@@ -13,13 +13,15 @@ use memmap2::{Advice, MmapMut, UncheckedAdvice};
 use crate::dtype::Action;
 use crate::error::{Error, Result, Warning};
 use crate::failpoint;
+use crate::fp8::{self, Fp8Stats};
 use crate::input::InputOptions;
 use crate::kernels::Isa;
 use crate::numerics::Numerics;
 use crate::output::{self, AtPath, PathId, Published, Replace, TempOutput};
-use crate::plan::{self, KeptTensor, Plan, PlanOptions};
+use crate::plan::{self, KeptTensor, Plan, PlanOptions, Role, TensorPlan};
+use crate::quant::Quant;
 use crate::source::{fadvise_dontneed, PendingRelease, Source};
-use crate::vocab::{OnOverflow, ReadAdvice, Target};
+use crate::vocab::{OnOverflow, ReadAdvice, Strategy, Target};
 use crate::window::{worker_pool, Cursor, Window, Work, DEFAULT_STEP, DEFAULT_WINDOW};
 
 /// Knobs that change speed and memory, never the output bytes. The defaults are the
@@ -198,12 +200,51 @@ pub struct Report {
     pub isa: Isa,
     pub on_overflow: OnOverflow,
     pub warnings: Vec<Warning>,
+    /// FP8 targets: the weights quantized, and what quantizing did to each (output order).
+    pub tensors_quantized: usize,
+    pub quantized: Vec<QuantizedTensor>,
+    /// FP8 targets: the modules whose 2-D weight stays unquantized (a config's `ignore`).
+    pub unquantized: Vec<String>,
     /// What rounding did to each converted tensor, in output order (empty without
     /// `Options::numerics`), and to all of them.
     #[serde(skip)]
     pub numerics: Vec<(String, Numerics)>,
     #[serde(skip)]
     pub numerics_total: Numerics,
+}
+
+/// One weight an FP8 target quantized, and what that did to its values.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct QuantizedTensor {
+    pub name: String,
+    pub strategy: Strategy,
+    /// The scale's dtype (the weight's).
+    pub scale_dtype: String,
+    pub elements: u64,
+    pub groups: u64,
+    /// Groups whose values are all zero (their scale is the dtype's eps).
+    pub zero_groups: u64,
+    /// Non-zero values that became zero.
+    pub flushed: u64,
+    /// The largest |dequantized - source|, and the error's norm over the source's.
+    pub max_abs_error: f64,
+    pub rel_error: f64,
+}
+
+impl QuantizedTensor {
+    fn new(name: String, q: Quant, st: &Fp8Stats) -> QuantizedTensor {
+        QuantizedTensor {
+            name,
+            strategy: q.strategy,
+            scale_dtype: q.d.to_string(),
+            elements: st.elements,
+            groups: st.groups,
+            zero_groups: st.zero_groups,
+            flushed: st.flushed,
+            max_abs_error: st.max_abs_err,
+            rel_error: st.rel_err(),
+        }
+    }
 }
 
 /// Every refusal a conversion can make before reading any data: the destination (see
@@ -349,6 +390,8 @@ pub struct Job {
     started: Instant,
     /// Per tensor of `plan.tensors`, when measuring.
     numerics: Option<Vec<Numerics>>,
+    /// Per tensor of `plan.tensors` under an FP8 target (empty otherwise): what quantizing did.
+    fp8: Vec<Fp8Stats>,
     /// Every warning so far (the plan's first), and how many `take_warnings` handed out.
     warnings: Vec<Warning>,
     taken: usize,
@@ -371,6 +414,7 @@ impl Job {
         let outputs = check_outputs(&src, dst, opts)?;
         let mut plan = plan::plan(&src.path, &src.header, &opts.plan)?;
         check_something_changes(&src, &plan, opts.allow_copy)?;
+        check_groups(&src, &plan)?;
         plan.warnings.splice(0..0, src.warnings());
         let dir = output::parent_dir(dst);
         // Temp files of killed runs (named ones, where O_TMPFILE is missing) go first.
@@ -417,6 +461,10 @@ impl Job {
                 || opts.on_overflow == OnOverflow::Error
                 || outputs.report.is_some())
             .then(|| vec![Numerics::default(); plan_len]),
+            fp8: match opts.plan.target.strategy() {
+                Some(_) => vec![Fp8Stats::default(); plan_len],
+                None => Vec::new(),
+            },
             warnings,
             taken: 0,
             report: outputs.report,
@@ -470,20 +518,41 @@ impl Job {
                 }
             }
             let src_bytes = self.src.read(s, w.pos, w.len, &mut self.scratch)?;
-            let dst_bytes = &mut self.out_map[da..da + dst_n as usize];
-            let work = Work {
-                pool: &self.pool,
-                threads: self.threads,
-                isa: self.isa,
-                populate: self.tuning.populate,
-            };
-            let faulted = match (action, &mut self.numerics) {
-                (Action::Convert(c), Some(all)) => {
-                    let (measured, faulted) = work.convert_and_measure(c, src_bytes, dst_bytes);
-                    all[w.item].merge(&measured);
-                    faulted
+            let faulted = if let Action::Quantize(q) = action {
+                if fp8::has_nonfinite(q.d, src_bytes) {
+                    return Err(Error::NonFiniteWeight {
+                        path: self.src.path.clone(),
+                        tensor: s.name.clone(),
+                    });
                 }
-                _ => work.run(action, src_bytes, dst_bytes),
+                let (s0, _) = self.plan.scales[w.item].expect("a quantized weight has a scale");
+                let per = q.scales_per_granule() * q.size();
+                let at = self.plan.data_start() + s0 + w.pos / q.granule() * per;
+                let n = w.len.div_ceil(q.granule()) * per;
+                let (qd, sd) = two_mut(
+                    &mut self.out_map,
+                    (da, dst_n as usize),
+                    (at as usize, n as usize),
+                );
+                let stats = quantize_window(&self.pool, self.threads, q, src_bytes, qd, sd);
+                self.fp8[w.item].merge(&stats);
+                false
+            } else {
+                let dst_bytes = &mut self.out_map[da..da + dst_n as usize];
+                let work = Work {
+                    pool: &self.pool,
+                    threads: self.threads,
+                    isa: self.isa,
+                    populate: self.tuning.populate,
+                };
+                match (action, &mut self.numerics) {
+                    (Action::Convert(c), Some(all)) => {
+                        let (measured, faulted) = work.convert_and_measure(c, src_bytes, dst_bytes);
+                        all[w.item].merge(&measured);
+                        faulted
+                    }
+                    _ => work.run(action, src_bytes, dst_bytes),
+                }
             };
             if faulted {
                 // Pages past the end of a file truncated just now: say so rather than fault.
@@ -504,6 +573,14 @@ impl Job {
                 self.src.release_gathered(s);
             }
             self.note_output(dst_abs, dst_n)?;
+            if let (Some((a, b)), true) = (
+                self.plan.scales.get(w.item).copied().flatten(),
+                w.pos + w.len == tensor_len,
+            ) {
+                // The weight is done, so is its scale: written back and dropped like the rest.
+                let base = self.plan.data_start();
+                self.write_behind((base + a, base + b))?;
+            }
             if w.pos + w.len < tensor_len && !self.mid_tensor_hit {
                 self.mid_tensor_hit = true;
                 failpoint::hit("mid-tensor")
@@ -529,7 +606,14 @@ impl Job {
         let first = &tensors[w.item];
         let len = |i: usize| src[tensors[i].source].len();
         let head = &src[first.source];
-        if w.pos != 0 || w.len != len(w.item) || w.len > SMALL_TENSOR || head.gather.is_some() {
+        let plain =
+            |t: &TensorPlan| t.role == Role::Tensor && !matches!(t.action, Action::Quantize(_));
+        if w.pos != 0
+            || w.len != len(w.item)
+            || w.len > SMALL_TENSOR
+            || head.gather.is_some()
+            || !plain(first)
+        {
             return None;
         }
         let (mut items, mut bytes) = (1, w.len);
@@ -539,7 +623,8 @@ impl Job {
         );
         while let Some(t) = tensors.get(w.item + items) {
             let s = &src[t.source];
-            if s.input != head.input
+            if !plain(t)
+                || s.input != head.input
                 || s.gather.is_some()
                 || s.len() > SMALL_TENSOR
                 || s.start < src_end
@@ -612,6 +697,11 @@ impl Job {
         Ok(())
     }
 
+    /// Give the input back (to plan again: see `task::ConvertTask`); the hidden output goes.
+    pub fn into_source(self) -> Source {
+        self.src
+    }
+
     /// Warnings not handed out yet: the plan's, then the overflow warning of the last step.
     pub fn take_warnings(&mut self) -> Vec<Warning> {
         let new = self.warnings[self.taken..].to_vec();
@@ -652,12 +742,19 @@ impl Job {
         Ok(())
     }
 
-    /// The next window of the plan's tensors, in output order.
+    /// The next window of the plan's tensors, in output order. A quantized weight's windows
+    /// hold whole groups (rows, or bands of 128 rows): at least one, however long.
     fn next_window(&mut self) -> Option<Window> {
         let (plan, src) = (&self.plan, &self.src);
-        self.cursor.peek(plan.tensors.len(), |i| {
-            src.header.tensors[plan.tensors[i].source].len()
-        })
+        let mut w = self
+            .cursor
+            .peek(plan.tensors.len(), |i| plan.tensors[i].src_len(&src.header))?;
+        if let Action::Quantize(q) = plan.tensors[w.item].action {
+            let left = plan.tensors[w.item].src_len(&src.header) - w.pos;
+            let g = q.granule();
+            w.len = (w.len / g * g).max(g).min(left);
+        }
+        Some(w)
     }
 
     /// Drop input pages that are done with, in contiguous batches of about a window.
@@ -789,9 +886,24 @@ impl Job {
             report_out,
             numerics,
             made_dirs,
+            fp8,
             ..
         } = self;
         drop(out_map);
+        let quantized: Vec<QuantizedTensor> = plan
+            .tensors
+            .iter()
+            .zip(&fp8)
+            .filter_map(|(t, st)| match t.action {
+                Action::Quantize(q) => Some(QuantizedTensor::new(
+                    src.header.tensors[t.source].name.clone(),
+                    q,
+                    st,
+                )),
+                _ => None,
+            })
+            .collect();
+        let unquantized = plan.unquantized_modules(&src.header);
         let kept = plan.kept_tensors(&src.header);
         // The names move from the header into the report (no copy of 300k names).
         let bytes_in = src.file_bytes();
@@ -826,7 +938,10 @@ impl Job {
             dst,
             target: plan.target,
             tensors_converted: plan.converted(),
-            tensors_copied: plan.tensors.len() - plan.converted(),
+            tensors_copied: plan.inputs() - plan.converted(),
+            tensors_quantized: quantized.len(),
+            quantized,
+            unquantized,
             seconds: started.elapsed().as_secs_f64(),
             threads,
             isa,
@@ -844,6 +959,83 @@ fn sync_range(fd: i32, (a, b): (u64, u64), flags: libc::c_uint) -> std::io::Resu
     } else {
         Err(std::io::Error::last_os_error())
     }
+}
+
+/// Refuse, before any output exists, a quantized weight whose group the window bound cannot
+/// hold.
+fn check_groups(src: &Source, plan: &Plan) -> Result<()> {
+    for t in &plan.tensors {
+        if let Action::Quantize(q) = t.action {
+            if q.granule() > crate::quant::MAX_GROUP {
+                return Err(Error::GroupTooLarge {
+                    path: src.path.clone(),
+                    tensor: src.header.tensors[t.source].name.clone(),
+                    bytes: q.granule(),
+                    limit: crate::quant::MAX_GROUP,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Two disjoint ranges `(start, len)` of `buf`, mutably.
+fn two_mut(buf: &mut [u8], a: (usize, usize), b: (usize, usize)) -> (&mut [u8], &mut [u8]) {
+    if a.0 <= b.0 {
+        let (x, y) = buf.split_at_mut(b.0);
+        (&mut x[a.0..a.0 + a.1], &mut y[..b.1])
+    } else {
+        let (x, y) = buf.split_at_mut(a.0);
+        (&mut y[..a.1], &mut x[b.0..b.0 + b.1])
+    }
+}
+
+/// Quantize one window of whole groups of `q`'s weight into `qd` (E4M3) and `sd` (their
+/// scales), the groups split over the pool's threads.
+fn quantize_window(
+    pool: &rayon::ThreadPool,
+    threads: usize,
+    q: Quant,
+    src: &[u8],
+    qd: &mut [u8],
+    sd: &mut [u8],
+) -> Fp8Stats {
+    use rayon::prelude::*;
+    let g = q.granule() as usize;
+    let size = q.size() as usize;
+    let per = (q.scales_per_granule() * q.size()) as usize;
+    let groups = src.len().div_ceil(g);
+    let run = |s: &[u8], qd: &mut [u8], sd: &mut [u8]| -> Fp8Stats {
+        let cols = q.cols as usize;
+        match q.strategy {
+            Strategy::Channel => fp8::quantize_channel(q.d, cols, s, qd, sd),
+            Strategy::Block => {
+                let mut all = Fp8Stats::default();
+                for ((s, qd), sd) in s
+                    .chunks(g)
+                    .zip(qd.chunks_mut(g / size))
+                    .zip(sd.chunks_mut(per))
+                {
+                    all.merge(&fp8::quantize_band(q.d, cols, s, qd, sd));
+                }
+                all
+            }
+        }
+    };
+    if groups < 2 || threads < 2 || src.len() < (512 << 10) {
+        return run(src, qd, sd);
+    }
+    let chunk = groups.div_ceil(threads * 4).max(1);
+    pool.install(|| {
+        src.par_chunks(chunk * g)
+            .zip(qd.par_chunks_mut(chunk * g / size))
+            .zip(sd.par_chunks_mut(chunk * per))
+            .map(|((s, qd), sd)| run(s, qd, sd))
+            .reduce(Fp8Stats::default, |mut a, b| {
+                a.merge(&b);
+                a
+            })
+    })
 }
 
 /// The source tensor of the plan's tensor `i`.

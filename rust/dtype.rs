@@ -130,6 +130,18 @@ impl Conversion {
         }
     }
 
+    /// A conversion whose source dtype is `d` (F32, F16 or BF16), for passes that read `d`
+    /// whatever it becomes (a scan of an FP8 target's weights).
+    pub fn from_src(d: Dtype) -> Option<Conversion> {
+        match d {
+            Dtype::F32 => Some(Conversion::F32ToBf16),
+            Dtype::F16 => Some(Conversion::F16ToBf16),
+            Dtype::BF16 => Some(Conversion::Bf16ToF16),
+            Dtype::F64 => Some(Conversion::F64ToBf16),
+            _ => None,
+        }
+    }
+
     /// The kernel that performs this conversion.
     pub fn kernel(self) -> Kernel {
         self.row().3
@@ -141,6 +153,9 @@ impl Conversion {
 pub enum Action {
     Copy,
     Convert(Conversion),
+    /// An FP8 target's weight: E4M3 bytes, and its scale (a tensor of its own, written by the
+    /// conversion as each group is done: see `convert::Job`).
+    Quantize(crate::quant::Quant),
 }
 
 impl Action {
@@ -149,7 +164,13 @@ impl Action {
         match self {
             Action::Copy => (1, 1),
             Action::Convert(c) => (c.src_size(), c.dst_size()),
+            Action::Quantize(q) => (q.size(), 1),
         }
+    }
+
+    /// Does this action change the tensor's dtype?
+    pub fn converts(self) -> bool {
+        !matches!(self, Action::Copy)
     }
 
     /// Output bytes for `len` source bytes.
@@ -158,11 +179,13 @@ impl Action {
         len / s * d
     }
 
-    /// Copy or convert `src` into `dst`.
+    /// Copy or convert `src` into `dst`. A quantized weight never comes here: its scale is
+    /// written beside it (`convert::Job::quantize`), and the batches leave it out.
     pub fn apply(self, isa: Isa, src: &[u8], dst: &mut [u8]) {
         match self {
             Action::Copy => dst.copy_from_slice(src),
             Action::Convert(c) => c.kernel()(isa, src, dst),
+            Action::Quantize(_) => unreachable!("quantized weights are not batched"),
         }
     }
 }

@@ -160,6 +160,17 @@ pub enum Error {
         why: String,
         tensors: Vec<String>,
     },
+    /// An FP8 target met NaN or inf in a weight it planned to quantize. `ConvertTask` catches
+    /// it, finds every such weight and plans again with them unquantized.
+    NonFiniteWeight { path: PathBuf, tensor: String },
+    /// An FP8 target's weight whose group (a row, or a band of 128 rows) is larger than the
+    /// window bound holds.
+    GroupTooLarge {
+        path: PathBuf,
+        tensor: String,
+        bytes: u64,
+        limit: u64,
+    },
     /// An option's value is out of range.
     BadOption {
         option: OptionName,
@@ -236,7 +247,8 @@ impl Error {
         match self {
             Error::InvalidHeader { .. }
             | Error::OtherFormat { .. }
-            | Error::OutputHeaderTooLarge { .. } => ErrorKind::InvalidInput,
+            | Error::OutputHeaderTooLarge { .. }
+            | Error::NonFiniteWeight { .. } => ErrorKind::InvalidInput,
             Error::NothingToConvert { .. } => ErrorKind::Refused,
             Error::Checkpoint { error, .. } => checkpoint_kind(error),
             Error::Distributed { problem, .. } => match problem {
@@ -252,6 +264,7 @@ impl Error {
             | Error::UnmatchedPatterns { .. }
             | Error::Overflow { .. }
             | Error::Quantized { .. }
+            | Error::GroupTooLarge { .. }
             | Error::NoDestinationFolder { .. }
             | Error::DestinationIsInput { .. }
             | Error::DestinationIsFolder { .. }
@@ -285,6 +298,8 @@ impl Error {
             | Error::UnmatchedPatterns { path, .. }
             | Error::Overflow { path, .. }
             | Error::Quantized { path, .. }
+            | Error::NonFiniteWeight { path, .. }
+            | Error::GroupTooLarge { path, .. }
             | Error::DestinationIsInput { path }
             | Error::DestinationIsFolder { path }
             | Error::DestinationIsSpecial { path }
@@ -424,6 +439,20 @@ impl Error {
                 count(*tensors as u64, "tensor"),
                 target.describe(),
                 esc(worst)
+            ),
+            Error::NonFiniteWeight { tensor, .. } => format!(
+                "tensor `{}` holds NaN or inf: it cannot be quantized to FP8",
+                esc(tensor)
+            ),
+            Error::GroupTooLarge {
+                tensor,
+                bytes,
+                limit,
+                ..
+            } => format!(
+                "tensor `{}`: one FP8 group of it is {bytes} bytes, more than the {limit} a \
+                 window may hold; keep it with {{keep}}",
+                esc(tensor)
             ),
             Error::Quantized { why, tensors, .. } => format!(
                 "quantized checkpoint ({why}): converting it would silently round its F32 \

@@ -28,6 +28,7 @@ pub mod env;
 pub mod error;
 pub mod failpoint;
 pub mod format;
+pub mod fp8;
 pub mod fused;
 pub mod gather;
 pub mod given;
@@ -40,6 +41,7 @@ pub mod output;
 pub mod plan;
 #[cfg(feature = "python")]
 mod python;
+pub mod quant;
 pub mod report;
 pub mod scan;
 pub mod shard;

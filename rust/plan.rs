@@ -12,13 +12,16 @@ use safetensors::tensor::Dtype;
 use crate::dtype::{action_for, width_rank, Action};
 use crate::error::{unmatched_message, Error, Result, Warning};
 use crate::header::{SourceHeader, MAX_HEADER, PREFIX};
+use crate::quant;
 use crate::text::{esc, esc_path, name_list};
-use crate::vocab::{is_quantized_dtype, ReasonCode, Target, Unmatched, WarningKind};
+use crate::vocab::{is_quantized_dtype, Fp8Skip, ReasonCode, Target, Unmatched, WarningKind};
 
 /// Why a tensor is converted, kept in its source dtype, or copied.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reason {
     Converted,
+    /// An FP8 target's weight: F8_E4M3 with its scale.
+    Quantized,
     /// A float tensor that a `keep` pattern (this one, the first that matched) keeps.
     KeptByPattern(String),
     /// A float tensor with fewer elements than `keep_min_size` (this number).
@@ -40,6 +43,7 @@ impl Reason {
     pub fn code(&self) -> ReasonCode {
         match self {
             Reason::Converted => ReasonCode::Converted,
+            Reason::Quantized => ReasonCode::Quantized,
             Reason::KeptByPattern(_) => ReasonCode::KeepPattern,
             Reason::KeptByMinSize(_) => ReasonCode::KeepMinSize,
             Reason::KeptToAvoidOverflow => ReasonCode::KeepOverflow,
@@ -54,6 +58,7 @@ impl Reason {
     pub fn words(&self) -> String {
         match self {
             Reason::Converted => "it is converted".into(),
+            Reason::Quantized => "it is quantized to FP8".into(),
             Reason::KeptByPattern(p) => format!("the {{keep}} pattern `{}` keeps it", esc(p)),
             Reason::KeptByMinSize(n) => format!("{{keep_min_size={n}}} keeps it"),
             Reason::KeptToAvoidOverflow => "{on_overflow=keep} keeps it: it would overflow".into(),
@@ -108,6 +113,8 @@ pub struct PlanOptions {
     /// The config of the folder this file is in, when it has a `quantization_config`:
     /// the file is then quantized whatever its dtypes (its I8/U8 weights count too).
     pub quantization_config: Option<PathBuf>,
+    /// FP8 targets: weights that hold NaN or inf (a scan found them), left unquantized.
+    pub unquantized: HashSet<String>,
 }
 
 impl PlanOptions {
@@ -122,6 +129,7 @@ impl PlanOptions {
             unmatched: Unmatched::Warn,
             allow_quantized: false,
             quantization_config: None,
+            unquantized: HashSet::new(),
         }
     }
 }
@@ -136,6 +144,37 @@ pub struct TensorPlan {
     /// Byte range relative to the start of the output data section.
     pub start: u64,
     pub end: u64,
+    /// What this entry is: a tensor of the input, or the scale of a quantized one.
+    pub role: Role,
+}
+
+/// An output tensor's part in the plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// A tensor of the input (converted, quantized or copied).
+    Tensor,
+    /// The scale of the quantized weight `source` (no input bytes of its own: the
+    /// conversion writes it while quantizing the weight).
+    Scale(crate::quant::Quant),
+}
+
+impl TensorPlan {
+    /// Input bytes this entry reads (none for a scale).
+    pub fn src_len(&self, src: &SourceHeader) -> u64 {
+        match self.role {
+            Role::Tensor => src.tensors[self.source].len(),
+            Role::Scale(_) => 0,
+        }
+    }
+
+    /// Output bytes.
+    pub fn len(&self) -> u64 {
+        self.end - self.start
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.start == self.end
+    }
 }
 
 /// The whole output: its header bytes and where each tensor goes.
@@ -154,6 +193,12 @@ pub struct Plan {
     pub reasons: Vec<Reason>,
     /// The `keep` patterns that match no tensor name of this file, in the order given.
     pub keep_unmatched: Vec<String>,
+    /// FP8 targets: why each float tensor of the input that is not quantized is not (indexed
+    /// like `reasons`; empty for the other targets).
+    pub fp8_skips: Vec<Option<crate::vocab::Fp8Skip>>,
+    /// FP8 targets: where each quantized weight's scale goes in the output data (indexed
+    /// like `tensors`).
+    pub scales: Vec<Option<(u64, u64)>>,
     pub warnings: Vec<Warning>,
 }
 
@@ -180,11 +225,40 @@ impl Plan {
         self.data_start() + self.data_len()
     }
 
+    /// Tensors of the input that change dtype (quantized ones included).
     pub fn converted(&self) -> usize {
+        self.tensors.iter().filter(|t| t.action.converts()).count()
+    }
+
+    /// Weights quantized to FP8.
+    pub fn quantized(&self) -> usize {
         self.tensors
             .iter()
-            .filter(|t| matches!(t.action, Action::Convert(_)))
+            .filter(|t| matches!(t.action, Action::Quantize(_)))
             .count()
+    }
+
+    /// FP8 targets: the modules whose 2-D float weight is not quantized, in input order (the
+    /// config's `ignore`: vLLM then loads them unquantized). Empty for the other targets.
+    pub fn unquantized_modules(&self, src: &SourceHeader) -> Vec<String> {
+        if self.target.strategy().is_none() {
+            return Vec::new();
+        }
+        src.tensors
+            .iter()
+            .zip(&self.reasons)
+            .filter(|(t, r)| {
+                **r != Reason::Quantized
+                    && t.shape.len() == 2
+                    && matches!(t.dtype, Dtype::F64 | Dtype::F32 | Dtype::F16 | Dtype::BF16)
+            })
+            .filter_map(|(t, _)| quant::module_of(&t.name).map(String::from))
+            .collect()
+    }
+
+    /// Tensors of the input in the output (scales not counted).
+    pub fn inputs(&self) -> usize {
+        self.reasons.len()
     }
 
     /// The tensors that keep their source dtype, in output order.
@@ -292,11 +366,43 @@ pub fn plan(path: &Path, src: &SourceHeader, opts: &PlanOptions) -> Result<Plan>
     let mut patterns = KeepPatterns::compile(&opts.keep)?;
     let mut reasons = Vec::with_capacity(src.tensors.len());
     let mut tensors: Vec<TensorPlan> = Vec::with_capacity(src.tensors.len());
+    let strategy = opts.target.strategy();
+    let mut fp8_skips = Vec::new();
     for (i, t) in src.tensors.iter().enumerate() {
         let hit = patterns.first_match(&t.name);
+        if let Some(strategy) = strategy {
+            let float = matches!(t.dtype, Dtype::F64 | Dtype::F32 | Dtype::F16 | Dtype::BF16);
+            let choice = match quant::choose(&t.name, t.dtype, &t.shape, strategy) {
+                Ok(_) if opts.unquantized.contains(&t.name) => Err(Fp8Skip::NonFinite),
+                c => c,
+            };
+            let keep_min = t.len() / crate::dtype::elem_size(t.dtype) < opts.keep_min_size;
+            if let (Ok(q), None, false) = (choice, hit, keep_min) {
+                reasons.push(Reason::Quantized);
+                fp8_skips.push(None);
+                tensors.push(TensorPlan {
+                    source: i,
+                    dtype: Dtype::F8_E4M3,
+                    action: Action::Quantize(q),
+                    start: 0,
+                    end: 0,
+                    role: Role::Tensor,
+                });
+                tensors.push(TensorPlan {
+                    source: i,
+                    dtype: q.d,
+                    action: Action::Copy,
+                    start: 0,
+                    end: 0,
+                    role: Role::Scale(q),
+                });
+                continue;
+            }
+            fp8_skips.push(if float { choice.err() } else { None });
+        }
         let natural = action_for(t.dtype, opts.target, opts.from_bf16);
         let reason = match natural {
-            Action::Copy => copy_reason(t.dtype, opts.target),
+            Action::Copy | Action::Quantize(_) => copy_reason(t.dtype, opts.target),
             Action::Convert(c) => {
                 if let Some(k) = hit {
                     Reason::KeptByPattern(opts.keep[k].clone())
@@ -320,6 +426,7 @@ pub fn plan(path: &Path, src: &SourceHeader, opts: &PlanOptions) -> Result<Plan>
             action,
             start: 0,
             end: 0,
+            role: Role::Tensor,
         });
     }
     let keep_unmatched: Vec<String> = opts
@@ -342,12 +449,36 @@ pub fn plan(path: &Path, src: &SourceHeader, opts: &PlanOptions) -> Result<Plan>
     // the converted 16-bit ones).
     tensors.sort_by_key(|t| std::cmp::Reverse(width_rank(t.dtype)));
     let mut offset = 0u64;
+    let mut scale_at = vec![
+        None;
+        if strategy.is_some() {
+            src.tensors.len()
+        } else {
+            0
+        }
+    ];
     for t in &mut tensors {
-        let len = t.action.out_len(src.tensors[t.source].len());
+        let len = match t.role {
+            Role::Tensor => t.action.out_len(src.tensors[t.source].len()),
+            Role::Scale(q) => q.scale_len(),
+        };
         t.start = offset;
         t.end = offset + len;
         offset = t.end;
+        if let Role::Scale(_) = t.role {
+            scale_at[t.source] = Some((t.start, t.end));
+        }
     }
+    let scales: Vec<Option<(u64, u64)>> = match strategy {
+        None => Vec::new(),
+        Some(_) => tensors
+            .iter()
+            .map(|t| match t.action {
+                Action::Quantize(_) => scale_at[t.source],
+                _ => None,
+            })
+            .collect(),
+    };
 
     let header = encode_header(src, &tensors);
     if header.len() - PREFIX > MAX_HEADER {
@@ -363,6 +494,8 @@ pub fn plan(path: &Path, src: &SourceHeader, opts: &PlanOptions) -> Result<Plan>
         tensors,
         reasons,
         keep_unmatched,
+        fp8_skips,
+        scales,
         warnings: Vec::new(),
     };
     let quantized = quantized(src, &plan, opts);
@@ -373,7 +506,7 @@ pub fn plan(path: &Path, src: &SourceHeader, opts: &PlanOptions) -> Result<Plan>
             tensors: tensors.clone(),
         });
     }
-    plan.warnings = plan_warnings(&plan, opts, quantized);
+    plan.warnings = plan_warnings(&plan, src, opts, quantized);
     Ok(plan)
 }
 
@@ -394,7 +527,16 @@ pub(crate) fn encode_header(src: &SourceHeader, tensors: &[TensorPlan]) -> Vec<u
             out.push(b',');
         }
         let s = &src.tensors[t.source];
-        encode_entry(&mut out, &s.name, t.dtype, &s.shape, (t.start, t.end));
+        match t.role {
+            Role::Tensor => encode_entry(&mut out, &s.name, t.dtype, &s.shape, (t.start, t.end)),
+            Role::Scale(q) => encode_entry(
+                &mut out,
+                &quant::scale_name(&s.name),
+                t.dtype,
+                &q.scale_shape(),
+                (t.start, t.end),
+            ),
+        }
     }
     out.push(b'}');
     // Padding to 8 keeps the data section, and so every tensor, aligned.
@@ -455,6 +597,7 @@ pub(crate) fn encode_entry(
 /// `quantized`: what `quantized` found (a checkpoint converted anyway).
 fn plan_warnings(
     plan: &Plan,
+    src: &SourceHeader,
     opts: &PlanOptions,
     quantized: Option<(String, Vec<String>)>,
 ) -> Vec<Warning> {
@@ -490,6 +633,7 @@ fn plan_warnings(
     if let Some((why, named)) = quantized {
         warnings.push(quantized_warning(&why, &named, plan.target));
     }
+    warnings.extend(fp8_warnings(plan, src));
     // Under `keep` nothing is converted on purpose: the format is what changes.
     if plan.converted() == 0 && plan.target != Target::Keep {
         warnings.push(Warning::new(
@@ -501,6 +645,70 @@ fn plan_warnings(
         ));
     }
     warnings
+}
+
+/// FP8 targets: the weights left unquantized that a user would not expect (NaN or inf in
+/// them, 3-D experts), and under blocks the fused layers vLLM needs in multiples of 128.
+fn fp8_warnings(plan: &Plan, src: &SourceHeader) -> Vec<Warning> {
+    let mut out = Vec::new();
+    let named = |skip: Fp8Skip| -> Vec<&str> {
+        plan.fp8_skips
+            .iter()
+            .zip(&src.tensors)
+            .filter(|(s, _)| **s == Some(skip))
+            .map(|(_, t)| t.name.as_str())
+            .collect()
+    };
+    let nonfinite = named(Fp8Skip::NonFinite);
+    if !nonfinite.is_empty() {
+        out.push(Warning::new(
+            WarningKind::NotQuantized,
+            format!(
+                "{} hold NaN or inf, so no finite scale exists: left unquantized in BF16 and \
+                 listed in the config's ignore: {}",
+                count_of(nonfinite.len(), "weight"),
+                name_list(nonfinite.iter().copied(), 5)
+            ),
+        ));
+    }
+    let experts = named(Fp8Skip::Experts);
+    if !experts.is_empty() {
+        out.push(Warning::new(
+            WarningKind::NotQuantized,
+            format!(
+                "{} of fused MoE experts (3-D) stay BF16, unquantized: {}",
+                count_of(experts.len(), "weight"),
+                name_list(experts.iter().copied(), 5)
+            ),
+        ));
+    }
+    if plan.target.strategy() == Some(crate::vocab::Strategy::Block) {
+        let misfit =
+            quant::misfit_fused_parts(plan.tensors.iter().filter_map(|t| match t.action {
+                Action::Quantize(q) => Some((src.tensors[t.source].name.as_str(), q.rows)),
+                _ => None,
+            }));
+        if !misfit.is_empty() {
+            out.push(Warning::new(
+                WarningKind::BlockShape,
+                format!(
+                    "vLLM fuses these layers with the next ones and needs their output size \
+                     in multiples of 128 under FP8 blocks; it may refuse: {}",
+                    name_list(misfit.iter().map(String::as_str), 5)
+                ),
+            ));
+        }
+    }
+    out
+}
+
+/// "1 weight", "3 weights".
+fn count_of(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
 }
 
 /// The one quantized policy, for files and folders alike: a checkpoint is quantized when

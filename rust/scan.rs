@@ -25,6 +25,8 @@ pub enum ScanKind {
     MaxAbs,
     /// Convert into a scratch window and measure it (overflow, underflow, errors).
     Numerics,
+    /// An FP8 target's weights: does any hold NaN or inf?
+    NonFinite,
 }
 
 /// One tensor of a finished scan.
@@ -38,6 +40,8 @@ pub struct Scanned {
     pub max_abs: f64,
     /// `Numerics` scans only.
     pub numerics: Option<Numerics>,
+    /// `NonFinite` scans: it holds NaN or inf.
+    pub nonfinite: bool,
 }
 
 impl Scanned {
@@ -70,17 +74,21 @@ impl Scan {
         let mut tensors: Vec<Scanned> = plan
             .tensors
             .iter()
-            .filter_map(|t| match t.action {
-                Action::Convert(c) if kind == ScanKind::Numerics || c.overflows(f64::MAX) => {
-                    Some(Scanned {
-                        source: t.source,
-                        name: src.header.tensors[t.source].name.clone(),
-                        conversion: c,
-                        max_abs: 0.0,
-                        numerics: None,
-                    })
-                }
-                _ => None,
+            .filter_map(|t| {
+                let c = match (t.action, kind) {
+                    (Action::Quantize(q), ScanKind::NonFinite) => Conversion::from_src(q.d)?,
+                    (Action::Convert(c), ScanKind::Numerics) => c,
+                    (Action::Convert(c), ScanKind::MaxAbs) if c.overflows(f64::MAX) => c,
+                    _ => return None,
+                };
+                Some(Scanned {
+                    source: t.source,
+                    name: src.header.tensors[t.source].name.clone(),
+                    conversion: c,
+                    max_abs: 0.0,
+                    numerics: None,
+                    nonfinite: false,
+                })
             })
             .collect();
         // File order: the read goes front to back.
@@ -94,7 +102,7 @@ impl Scan {
         let scratch = match kind {
             // Every conversion at least halves the size: half a window holds its output.
             ScanKind::Numerics => vec![0u8; crate::window::window_size(opts.tuning.window)],
-            ScanKind::MaxAbs => Vec::new(),
+            ScanKind::MaxAbs | ScanKind::NonFinite => Vec::new(),
         };
         src.advise(Advice::Sequential);
         Ok(Scan {
@@ -168,6 +176,17 @@ impl Scan {
                     let m = work.split_one(bytes, (size, 1024), |s| max_finite_abs(c, s), f64::max);
                     item.max_abs = item.max_abs.max(m);
                 }
+                ScanKind::NonFinite => {
+                    let d = c.src();
+                    let size = c.src_size() as usize;
+                    let found = work.split_one(
+                        bytes,
+                        (size, 1024),
+                        |s| crate::fp8::has_nonfinite(d, s),
+                        |a, b| a || b,
+                    );
+                    item.nonfinite |= found;
+                }
                 ScanKind::Numerics => {
                     let out = &mut self.scratch[..Action::Convert(c).out_len(w.len) as usize];
                     let (measured, _) = work.convert_and_measure(c, bytes, out);
@@ -193,6 +212,15 @@ impl Scan {
     pub fn finish(self) -> (Source, Vec<Scanned>) {
         (self.src, self.tensors)
     }
+}
+
+/// The names of the scanned tensors that hold NaN or inf (`ScanKind::NonFinite`).
+pub fn nonfinite(scanned: &[Scanned]) -> HashSet<String> {
+    scanned
+        .iter()
+        .filter(|t| t.nonfinite)
+        .map(|t| t.name.clone())
+        .collect()
 }
 
 /// The names of the scanned tensors that would overflow.

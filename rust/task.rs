@@ -14,6 +14,7 @@ use crate::error::{Error, Result, Warning};
 use crate::input::Origin;
 use crate::numerics::Numerics;
 use crate::output::{Published, Sealed};
+use crate::plan::Role;
 use crate::plan::{self, Plan, PlanOptions};
 use crate::report::{Shown, Span};
 use crate::scan::{self, Scan, ScanKind, Scanned};
@@ -56,6 +57,13 @@ enum Phase {
         opts: Box<Options>,
     },
     Convert(Box<Job>),
+    /// An FP8 target's conversion, which may meet a weight holding NaN or inf: it then
+    /// scans for every such weight and starts again with them unquantized.
+    Quantize {
+        job: Box<Job>,
+        dst: PathBuf,
+        opts: Box<Options>,
+    },
     /// Between phases, or after a failure.
     Empty,
 }
@@ -79,9 +87,17 @@ impl ConvertTask {
         let src = src.as_path();
         let data = source.header.data_len();
         if opts.on_overflow != OnOverflow::Keep {
-            let job = Job::new(source, dst, opts, started)?;
+            let job = Box::new(Job::new(source, dst, opts, started)?);
+            let phase = match opts.plan.target.strategy() {
+                None => Phase::Convert(job),
+                Some(_) => Phase::Quantize {
+                    job,
+                    dst: dst.to_path_buf(),
+                    opts: Box::new(opts.clone()),
+                },
+            };
             return Ok(ConvertTask {
-                phase: Phase::Convert(Box::new(job)),
+                phase,
                 scanned: 0,
                 data,
                 started,
@@ -105,8 +121,12 @@ impl ConvertTask {
 
     /// The plan, once the conversion has started (after the scan, if any).
     pub fn plan(&self) -> Option<&Plan> {
+        self.job().map(Job::plan)
+    }
+
+    fn job(&self) -> Option<&Job> {
         match &self.phase {
-            Phase::Convert(job) => Some(job.plan()),
+            Phase::Convert(job) | Phase::Quantize { job, .. } => Some(job),
             _ => None,
         }
     }
@@ -114,7 +134,7 @@ impl ConvertTask {
     /// After the last step: make everything durable; only the names are missing then.
     pub fn seal(&mut self) -> Result<()> {
         match &mut self.phase {
-            Phase::Convert(job) => job.seal(),
+            Phase::Convert(job) | Phase::Quantize { job, .. } => job.seal(),
             _ => Err(Error::Cancelled),
         }
     }
@@ -122,7 +142,7 @@ impl ConvertTask {
     /// After `seal`: publish (the commit point).
     pub fn publish(self) -> Result<Report> {
         match self.phase {
-            Phase::Convert(job) => job.publish(),
+            Phase::Convert(job) | Phase::Quantize { job, .. } => job.publish(),
             _ => Err(Error::Cancelled),
         }
     }
@@ -138,9 +158,9 @@ impl ConvertTask {
 impl Sealed for ConvertTask {
     type Done = Report;
     fn identity(&self) -> Result<Published> {
-        match &self.phase {
-            Phase::Convert(job) => job.sealed(),
-            _ => Err(Error::Cancelled),
+        match self.job() {
+            Some(job) => job.sealed(),
+            None => Err(Error::Cancelled),
         }
     }
     fn publish(self) -> Result<Report> {
@@ -162,11 +182,37 @@ impl Task for ConvertTask {
                 };
                 let (source, found) = scan.finish();
                 let mut opts = *opts;
+                if opts.plan.target.strategy().is_some() {
+                    opts.plan.unquantized.extend(scan::nonfinite(&found));
+                    let job = Box::new(Job::new(source, &dst, &opts, self.started)?);
+                    self.phase = Phase::Convert(job);
+                    return Ok(false);
+                }
                 opts.plan.keep_names.extend(scan::overflowing(&found));
                 let job = Job::new(source, &dst, &opts, self.started)?;
                 self.phase = Phase::Convert(Box::new(job));
                 Ok(false)
             }
+            Phase::Quantize { job, .. } => match job.step(budget) {
+                Err(Error::NonFiniteWeight { .. }) => {
+                    let Phase::Quantize { job, dst, opts } =
+                        std::mem::replace(&mut self.phase, Phase::Empty)
+                    else {
+                        unreachable!()
+                    };
+                    // Find them all in one read, then plan once more (the output so far goes).
+                    let plan = job.plan().clone();
+                    let scan = Scan::new(job.into_source(), &plan, ScanKind::NonFinite, &opts)?;
+                    self.scanned += scan.progress().1;
+                    self.phase = Phase::Scan {
+                        scan: Box::new(scan),
+                        dst,
+                        opts,
+                    };
+                    Ok(false)
+                }
+                other => other,
+            },
             Phase::Convert(job) => job.step(budget),
             Phase::Empty => Ok(true),
         }
@@ -176,14 +222,16 @@ impl Task for ConvertTask {
         let total = self.scanned + self.data;
         match &self.phase {
             Phase::Scan { scan, .. } => (scan.progress().0, total),
-            Phase::Convert(job) => (self.scanned + job.progress().0, total),
+            Phase::Convert(job) | Phase::Quantize { job, .. } => {
+                (self.scanned + job.progress().0, total)
+            }
             Phase::Empty => (0, total),
         }
     }
 
     fn take_warnings(&mut self) -> Vec<Warning> {
         match &mut self.phase {
-            Phase::Convert(job) => job.take_warnings(),
+            Phase::Convert(job) | Phase::Quantize { job, .. } => job.take_warnings(),
             _ => Vec::new(),
         }
     }
@@ -263,7 +311,7 @@ impl Inspection {
         let h = &src.header;
         // The plan is in output order; report tensors in input order with their fate.
         let mut fate = vec![None; h.tensors.len()];
-        for t in &plan.tensors {
+        for t in plan.tensors.iter().filter(|t| t.role == Role::Tensor) {
             fate[t.source] = Some(t);
         }
         let mut measured: Vec<Option<&Numerics>> = vec![None; h.tensors.len()];
@@ -289,6 +337,7 @@ impl Inspection {
                     action: match planned.action {
                         Action::Copy => "copy",
                         Action::Convert(_) => "convert",
+                        Action::Quantize(_) => "quantize",
                     },
                     target_offsets: Span(planned.start, planned.end),
                     reason: reason.code(),
@@ -315,7 +364,7 @@ impl Inspection {
             to: plan.target,
             warnings: &plan.warnings,
             tensors_converted: plan.converted(),
-            tensors_copied: plan.tensors.len() - plan.converted(),
+            tensors_copied: plan.inputs() - plan.converted(),
             tensors_kept: plan.kept(),
             bytes_kept: plan.kept_bytes(),
             keep_unmatched: &plan.keep_unmatched,

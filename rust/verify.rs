@@ -626,7 +626,8 @@ impl Verifier {
 fn target_of(dtype: Dtype) -> Option<Target> {
     Target::ALL.iter().copied().find(|&t| match t {
         Target::Bf16 | Target::F16 => t.dtype() == Some(dtype),
-        Target::Keep => false,
+        // Its weights are F8_E4M3 (which the FP8 check reads), its other tensors BF16.
+        Target::Keep | Target::Fp8 | Target::Fp8Block => false,
     })
 }
 
@@ -639,7 +640,7 @@ fn inferred_target(converted_to: impl Fn(Dtype) -> bool) -> Target {
     // In order of precedence.
     let evidence = |t: Target| match t {
         Target::Bf16 | Target::F16 => t.dtype().is_some_and(&converted_to),
-        Target::Keep => false,
+        Target::Keep | Target::Fp8 | Target::Fp8Block => false,
     };
     [Target::Bf16, Target::F16]
         .into_iter()

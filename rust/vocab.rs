@@ -112,6 +112,66 @@ named! {
         F16 = "fp16",
         /// Every tensor keeps its dtype: only the format changes (PyTorch to safetensors).
         Keep = "keep",
+        /// FP8 E4M3 weights with one scale per output channel (compressed-tensors
+        /// `FP8_DYNAMIC`); every other float tensor becomes BF16.
+        Fp8 = "fp8",
+        /// FP8 E4M3 weights with one scale per 128x128 block (compressed-tensors
+        /// `FP8_BLOCK`); every other float tensor becomes BF16.
+        Fp8Block = "fp8-block",
+    }
+}
+
+named! {
+    /// How an FP8 target groups a weight's values under one scale.
+    pub enum Strategy {
+        /// One scale per row (output channel).
+        Channel = "channel",
+        /// One scale per 128x128 tile, partial at the edges.
+        Block = "block",
+    }
+}
+
+named! {
+    /// Why a float tensor is not quantized under an FP8 target (it becomes BF16 instead).
+    pub enum Fp8Skip {
+        /// Its name's last part is not `weight`.
+        NotWeight = "not_weight",
+        /// Not 2-D.
+        NotMatrix = "not_2d",
+        /// 3-D fused MoE experts: splitting them into 2-D weights comes later.
+        Experts = "experts",
+        /// Its module's name ends in `norm` (any case: BERT's `LayerNorm` too).
+        Norm = "norm",
+        /// Embeddings (`embed_tokens`, `*embeddings*`, `wte`, `wpe`): vLLM loads them unquantized.
+        Embedding = "embedding",
+        /// The output head (`lm_head`): vLLM loads it unquantized.
+        LmHead = "lm_head",
+        /// A MoE router gate (`*.mlp.gate`, `*.router`): kept precise for routing.
+        Router = "router",
+        /// F64 (compressed-tensors quantizes F32, F16 and BF16 weights).
+        Dtype = "dtype",
+        /// No elements.
+        Empty = "empty",
+        /// It holds NaN or infinity: a scale would be NaN or infinite, which vLLM cannot use.
+        NonFinite = "nonfinite",
+    }
+}
+
+impl Fp8Skip {
+    /// Why, in words, for inspect and messages.
+    pub fn words(self) -> &'static str {
+        match self {
+            Fp8Skip::NotWeight => "not a weight",
+            Fp8Skip::NotMatrix => "not 2-D",
+            Fp8Skip::Experts => "3-D MoE experts (not split yet)",
+            Fp8Skip::Norm => "a norm",
+            Fp8Skip::Embedding => "an embedding",
+            Fp8Skip::LmHead => "the output head",
+            Fp8Skip::Router => "a MoE router gate",
+            Fp8Skip::Dtype => "F64",
+            Fp8Skip::Empty => "empty",
+            Fp8Skip::NonFinite => "holds NaN or inf",
+        }
     }
 }
 
@@ -123,6 +183,10 @@ impl Target {
         ("f16", Target::F16),
         ("float16", Target::F16),
         ("half", Target::F16),
+        ("fp8-dynamic", Target::Fp8),
+        ("fp8_dynamic", Target::Fp8),
+        ("fp8-channel", Target::Fp8),
+        ("fp8_block", Target::Fp8Block),
     ];
 
     /// The target a name or alias means, case-insensitively.
@@ -139,7 +203,7 @@ impl Target {
     /// The output dtype of a converted tensor; `None` for `Keep`, which converts none.
     pub fn dtype(self) -> Option<Dtype> {
         match self {
-            Target::Bf16 => Some(Dtype::BF16),
+            Target::Bf16 | Target::Fp8 | Target::Fp8Block => Some(Dtype::BF16),
             Target::F16 => Some(Dtype::F16),
             Target::Keep => None,
         }
@@ -149,9 +213,18 @@ impl Target {
     /// `Keep` (a config's dtype stays as it is).
     pub fn torch_name(self) -> Option<&'static str> {
         match self {
-            Target::Bf16 => Some("bfloat16"),
+            Target::Bf16 | Target::Fp8 | Target::Fp8Block => Some("bfloat16"),
             Target::F16 => Some("float16"),
             Target::Keep => None,
+        }
+    }
+
+    /// How an FP8 target quantizes weights; `None` for the others.
+    pub fn strategy(self) -> Option<Strategy> {
+        match self {
+            Target::Fp8 => Some(Strategy::Channel),
+            Target::Fp8Block => Some(Strategy::Block),
+            _ => None,
         }
     }
 
@@ -168,6 +241,8 @@ named! {
     /// Why a tensor is converted, kept in its source dtype, or copied (see `plan::Reason`).
     pub enum ReasonCode {
         Converted = "converted",
+        /// An FP8 target's weight, written as F8_E4M3 with its scale.
+        Quantized = "quantized",
         KeepPattern = "keep_pattern",
         KeepMinSize = "keep_min_size",
         KeepOverflow = "keep_overflow",
@@ -276,6 +351,10 @@ named! {
         MetadataDiffers = "metadata_differs",
         /// Re-sharding: DST holds shards of another cut that no manifest proves stcast's.
         UnindexedShards = "unindexed_shards",
+        /// An FP8 target leaves weights unquantized (NaN or inf in them, 3-D experts).
+        NotQuantized = "not_quantized",
+        /// An FP8 block target: fused layers whose parts vLLM needs in multiples of 128.
+        BlockShape = "block_shape",
     }
 }
 

@@ -11,10 +11,13 @@ from collections.abc import Sequence
 from typing import Literal, TypedDict
 
 # Names from the engine (see rust/vocab.rs).
-Target = Literal["bf16", "fp16", "keep"]
-TargetAlias = Literal["bfloat16", "f16", "float16", "half"]
+Target = Literal["bf16", "fp16", "keep", "fp8", "fp8-block"]
+TargetAlias = Literal[
+    "bfloat16", "f16", "float16", "half", "fp8-dynamic", "fp8_dynamic", "fp8-channel", "fp8_block"
+]
 Reason = Literal[
     "converted",
+    "quantized",
     "keep_pattern",
     "keep_min_size",
     "keep_overflow",
@@ -48,15 +51,34 @@ WarningKind = Literal[
     "format_added",
     "metadata_differs",
     "unindexed_shards",
+    "not_quantized",
+    "block_shape",
 ]
 ReadAdvice = Literal["normal", "sequential", "willneed"]
-Action = Literal["convert", "copy"]
+Action = Literal["convert", "copy", "quantize"]
 FileKind = Literal["weights", "index", "config", "copy"]
 # The formats `inspect` reports (`InspectReport.format`).
 InputFormat = Literal[
     "safetensors", "pytorch", "pytorch-legacy", "dcp", "dcp-safetensors", "deepspeed"
 ]
 FileAction = Literal["converted", "skipped", "checked", "rewritten", "written", "copied"]
+
+
+Strategy = Literal["channel", "block"]
+
+
+class QuantizedTensor(TypedDict):
+    """One weight an FP8 target quantized, and what that did to its values."""
+
+    name: str
+    strategy: Strategy
+    scale_dtype: str
+    elements: int
+    groups: int
+    zero_groups: int  # all-zero groups (their scale is the dtype's eps)
+    flushed: int  # non-zero values that became zero
+    max_abs_error: float
+    rel_error: float  # the error's norm over the source's
 
 
 class NumericsTotal(TypedDict):

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         Numerics,
         NumericsTotal,
         OnOverflow,
+        QuantizedTensor,
         Reason,
         ShardInfo,
         Target,
@@ -207,6 +208,11 @@ class ConvertReport:
     shard: list[int] | None = None
     complete: bool = True
     max_shard_size: int | None = None  # re-sharded: each output file at most this size
+    # FP8 targets: the weights quantized (what it did to each), and the modules whose 2-D
+    # weight stays unquantized (the config's `ignore`).
+    tensors_quantized: int = 0
+    quantized: list[QuantizedTensor] = field(default_factory=list)
+    unquantized: list[str] = field(default_factory=list)
 
     def __repr__(self) -> str:
         what = f"{len(self.files)} files, " if self.folder else ""
@@ -224,6 +230,10 @@ class ConvertReport:
         d["numerics"] = _plain_numerics(self.numerics)
         if self.max_shard_size is None:
             del d["max_shard_size"]
+        if not self.to.startswith("fp8"):
+            # Only FP8 targets quantize: other reports keep their documented keys.
+            for k in ("tensors_quantized", "quantized", "unquantized"):
+                del d[k]
         return d
 
 

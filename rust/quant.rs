@@ -1,0 +1,233 @@
+//! FP8 targets: which weights are quantized, how their groups and scales are laid out, and
+//! the warnings vLLM's constraints call for. The arithmetic is `fp8`'s.
+//!
+//! The rule (stcast's, close to llm-compressor's `model_free_ptq`, see docs/guide.md): a
+//! tensor is quantized when it is a 2-D F32, F16 or BF16 tensor named `*.weight`, not kept
+//! by a `keep` pattern, and its module is none of: a norm (a name ending in `norm`, any
+//! case), an embedding, the output head, a MoE router gate. 3-D fused experts stay BF16.
+
+use safetensors::tensor::Dtype;
+
+use crate::vocab::{Fp8Skip, Strategy};
+
+/// Rows and columns of one FP8 block.
+pub const BLOCK: u64 = 128;
+
+/// The largest group, in source bytes, a window may have to hold whole (one row, or one
+/// band of 128 rows): a bound on memory whatever the weight.
+pub const MAX_GROUP: u64 = 48 << 20;
+
+/// How one weight is quantized: its dtype D (of the source and the scale), its strategy and
+/// its shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quant {
+    pub d: Dtype,
+    pub strategy: Strategy,
+    pub rows: u64,
+    pub cols: u64,
+}
+
+impl Quant {
+    /// Bytes per source element (and per scale).
+    pub fn size(&self) -> u64 {
+        (self.d.bitsize() / 8) as u64
+    }
+
+    /// Source bytes of one group of rows: a row per channel, a band of 128 rows per block.
+    pub fn granule(&self) -> u64 {
+        let rows = match self.strategy {
+            Strategy::Channel => 1,
+            Strategy::Block => BLOCK,
+        };
+        rows * self.cols * self.size()
+    }
+
+    /// The scale tensor's shape: `[O, 1]` per channel, `[ceil(O/128), ceil(I/128)]` per block.
+    pub fn scale_shape(&self) -> [usize; 2] {
+        match self.strategy {
+            Strategy::Channel => [self.rows as usize, 1],
+            Strategy::Block => [
+                self.rows.div_ceil(BLOCK) as usize,
+                self.cols.div_ceil(BLOCK) as usize,
+            ],
+        }
+    }
+
+    /// The scale tensor's bytes.
+    pub fn scale_len(&self) -> u64 {
+        let [a, b] = self.scale_shape();
+        (a * b) as u64 * self.size()
+    }
+
+    /// Scales (in elements) per group of rows (`granule`): 1 per row, a row of tiles per band.
+    pub fn scales_per_granule(&self) -> u64 {
+        match self.strategy {
+            Strategy::Channel => 1,
+            Strategy::Block => self.cols.div_ceil(BLOCK),
+        }
+    }
+}
+
+/// The scale tensor's name for weight `name`.
+pub fn scale_name(name: &str) -> String {
+    format!("{name}_scale")
+}
+
+/// The module a weight belongs to (`a.b.weight` -> `a.b`); None when the last name part is
+/// not `weight`.
+pub fn module_of(name: &str) -> Option<&str> {
+    if name == "weight" {
+        Some("")
+    } else {
+        name.strip_suffix(".weight")
+    }
+}
+
+/// Quantize a tensor under `strategy`, or why not.
+pub fn choose(
+    name: &str,
+    dtype: Dtype,
+    shape: &[usize],
+    strategy: Strategy,
+) -> Result<Quant, Fp8Skip> {
+    let module = module_of(name).ok_or(Fp8Skip::NotWeight)?;
+    let lower = module.to_ascii_lowercase();
+    let last = lower.rsplit('.').next().unwrap_or("");
+    let parent = lower.rsplit_once('.').map_or("", |(p, _)| p);
+    if lower.ends_with("norm") {
+        return Err(Fp8Skip::Norm);
+    }
+    if last == "lm_head" {
+        return Err(Fp8Skip::LmHead);
+    }
+    if lower
+        .split('.')
+        .any(|p| p == "embed_tokens" || p == "wte" || p == "wpe" || p.contains("embeddings"))
+    {
+        return Err(Fp8Skip::Embedding);
+    }
+    if last == "router" || (last == "gate" && (parent.ends_with("mlp") || parent.ends_with("moe")))
+    {
+        return Err(Fp8Skip::Router);
+    }
+    match shape.len() {
+        2 => {}
+        3 => return Err(Fp8Skip::Experts),
+        _ => return Err(Fp8Skip::NotMatrix),
+    }
+    if !matches!(dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16) {
+        return Err(Fp8Skip::Dtype);
+    }
+    if shape[0] == 0 || shape[1] == 0 {
+        return Err(Fp8Skip::Empty);
+    }
+    Ok(Quant {
+        d: dtype,
+        strategy,
+        rows: shape[0] as u64,
+        cols: shape[1] as u64,
+    })
+}
+
+/// Fused layers vLLM loads as one (q/k/v, gate/up): under blocks every part but the last
+/// needs an output dim that is a multiple of 128. Returns the modules where one does not,
+/// from `(name, rows)` of the quantized weights.
+pub fn misfit_fused_parts<'a>(weights: impl Iterator<Item = (&'a str, u64)>) -> Vec<String> {
+    const LEADING: [&str; 3] = ["q_proj", "k_proj", "gate_proj"];
+    let mut out: Vec<String> = weights
+        .filter_map(|(name, rows)| {
+            let module = module_of(name)?;
+            let last = module.rsplit('.').next()?;
+            (LEADING.contains(&last) && !rows.is_multiple_of(BLOCK)).then(|| module.to_string())
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rule() {
+        let c = Strategy::Channel;
+        let q = |n: &str| choose(n, Dtype::F32, &[4, 8], c);
+        assert!(q("model.layers.0.self_attn.q_proj.weight").is_ok());
+        assert!(q("model.layers.0.mlp.experts.3.down_proj.weight").is_ok());
+        assert!(q("weight").is_ok());
+        assert_eq!(
+            q("model.layers.0.input_layernorm.weight"),
+            Err(Fp8Skip::Norm)
+        );
+        assert_eq!(
+            q("bert.encoder.layer.0.output.LayerNorm.weight"),
+            Err(Fp8Skip::Norm)
+        );
+        assert_eq!(q("model.norm.weight"), Err(Fp8Skip::Norm));
+        assert_eq!(q("lm_head.weight"), Err(Fp8Skip::LmHead));
+        assert_eq!(q("model.embed_tokens.weight"), Err(Fp8Skip::Embedding));
+        assert_eq!(
+            q("bert.embeddings.word_embeddings.weight"),
+            Err(Fp8Skip::Embedding)
+        );
+        assert_eq!(q("transformer.wte.weight"), Err(Fp8Skip::Embedding));
+        assert_eq!(q("model.layers.0.mlp.gate.weight"), Err(Fp8Skip::Router));
+        assert_eq!(
+            q("model.layers.0.block_sparse_moe.gate.weight"),
+            Err(Fp8Skip::Router)
+        );
+        assert_eq!(
+            q("model.layers.0.mlp.gate_proj.bias"),
+            Err(Fp8Skip::NotWeight)
+        );
+        assert_eq!(q("model.layers.0.mlp.weight_g"), Err(Fp8Skip::NotWeight));
+        let e = choose(
+            "model.layers.0.mlp.experts.down_proj.weight",
+            Dtype::BF16,
+            &[8, 4, 4],
+            c,
+        );
+        assert_eq!(e, Err(Fp8Skip::Experts));
+        assert_eq!(
+            choose("a.weight", Dtype::F32, &[8], c),
+            Err(Fp8Skip::NotMatrix)
+        );
+        assert_eq!(
+            choose("a.weight", Dtype::F64, &[8, 8], c),
+            Err(Fp8Skip::Dtype)
+        );
+        assert_eq!(
+            choose("a.weight", Dtype::F16, &[0, 8], c),
+            Err(Fp8Skip::Empty)
+        );
+    }
+
+    #[test]
+    fn groups_and_scales() {
+        let q = Quant {
+            d: Dtype::F32,
+            strategy: Strategy::Block,
+            rows: 300,
+            cols: 130,
+        };
+        assert_eq!(q.scale_shape(), [3, 2]);
+        assert_eq!(q.scale_len(), 24);
+        assert_eq!(q.granule(), 128 * 130 * 4);
+        let c = Quant {
+            strategy: Strategy::Channel,
+            d: Dtype::BF16,
+            ..q
+        };
+        assert_eq!(
+            (c.scale_shape(), c.scale_len(), c.granule()),
+            ([300, 1], 600, 260)
+        );
+        let w = [
+            ("m.q_proj.weight", 96),
+            ("m.k_proj.weight", 128),
+            ("m.v_proj.weight", 8),
+        ];
+        assert_eq!(misfit_fused_parts(w.into_iter()), ["m.q_proj"]);
+    }
+}
