@@ -992,7 +992,7 @@ fn two_mut(buf: &mut [u8], a: (usize, usize), b: (usize, usize)) -> (&mut [u8], 
 
 /// Quantize one window of whole groups of `q`'s weight into `qd` (E4M3) and `sd` (their
 /// scales), the groups split over the pool's threads.
-fn quantize_window(
+pub(crate) fn quantize_window(
     pool: &rayon::ThreadPool,
     threads: usize,
     q: Quant,

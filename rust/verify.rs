@@ -20,10 +20,11 @@ use crate::input::{InputOptions, TORCH_METADATA};
 use crate::kernels::Isa;
 use crate::numerics::Numerics;
 use crate::output::{check_side_output, write_file, PathId, Replace};
-use crate::plan::{self, PlanOptions};
+use crate::plan::{self, PlanOptions, Role};
+use crate::quant::Quant;
 use crate::source::{InputFile, PendingRelease, Source};
 use crate::text::esc;
-use crate::vocab::{OnOverflow, Target, Unmatched};
+use crate::vocab::{OnOverflow, Strategy, Target, Unmatched};
 use crate::window::{worker_pool, Cursor, Window, Work};
 
 /// Elements recomputed and compared at once: the recomputed block stays in L1.
@@ -148,6 +149,9 @@ enum Expect {
     /// The source's bytes, kept because converting them would overflow: the data must show
     /// a finite value that `Conversion` turns into infinity.
     KeptOverflow(Conversion),
+    /// An FP8 target's weight: E4M3 bytes, and the scale that DST tensor `usize` holds, both
+    /// recomputed group by group from the source.
+    Quantize(Quant, usize),
 }
 
 fn expectation(src: Dtype, dst: Dtype) -> Option<Expect> {
@@ -164,6 +168,7 @@ impl Expect {
         match self {
             Expect::Identical | Expect::KeptOverflow(_) => (elem_size(src), elem_size(src)),
             Expect::Convert(c) => (c.src_size(), c.dst_size()),
+            Expect::Quantize(q, _) => (q.size(), 1),
         }
     }
 }
@@ -340,6 +345,21 @@ impl Verifier {
                     report.tensors_converted += 1;
                     targets.push(target_of(dst.header.tensors[p.dst].dtype));
                 }
+                Expect::Quantize(q, _) => {
+                    report.tensors_converted += 1;
+                    targets.push(Some(match q.strategy {
+                        Strategy::Channel => Target::Fp8,
+                        Strategy::Block => Target::Fp8Block,
+                    }));
+                }
+            }
+        }
+        // Under an FP8 target the tensors not quantized become BF16: one target still.
+        if let Some(fp8) = targets.iter().copied().flatten().find(|t| t.strategy().is_some()) {
+            for t in &mut targets {
+                if *t == Some(Target::Bf16) {
+                    *t = Some(fp8);
+                }
             }
         }
         // One target for every converted tensor, and a known one: else none is claimed.
@@ -385,8 +405,16 @@ impl Verifier {
             return None;
         }
         let (pairs, src) = (&self.pairs, &self.src);
-        self.cursor
-            .peek(pairs.len(), |i| src.header.tensors[pairs[i].src].len())
+        let mut w = self
+            .cursor
+            .peek(pairs.len(), |i| src.header.tensors[pairs[i].src].len())?;
+        // Whole groups, as convert reads them (`convert::Job::next_window`).
+        if let Expect::Quantize(q, _) = pairs[w.item].expect {
+            let left = src.header.tensors[pairs[w.item].src].len() - w.pos;
+            let g = q.granule();
+            w.len = (w.len / g * g).max(g).min(left);
+        }
+        Some(w)
     }
 
     /// Compare about `budget` source bytes (whole windows). Returns true when all is done
@@ -431,16 +459,33 @@ impl Verifier {
             };
             let dst_bytes = &dfile.map[da..da + dn];
             let src_bytes = self.src.read(s, w.pos, w.len, &mut self.gathered)?;
-            let (found, measured) = first_difference(
-                &work,
-                pair.expect,
-                s.dtype,
-                d.dtype,
-                self.report.loose,
-                self.numerics.is_some(),
-                src_bytes,
-                dst_bytes,
-            );
+            let (found, measured) = if let Expect::Quantize(q, k) = pair.expect {
+                let scale = &self.dst.header.tensors[k];
+                let (sf, at) = self.dst.locate(scale);
+                let per = q.scales_per_granule() * q.size();
+                let at = (at + w.pos / q.granule() * per) as usize;
+                let n = (w.len.div_ceil(q.granule()) * per) as usize;
+                let scales = &sf.map[at..at + n];
+                let first = w.pos / q.granule();
+                if let Some(m) =
+                    quantized_difference(&work, &s.name, q, first, src_bytes, dst_bytes, scales)
+                {
+                    self.report.mismatch = Some(m);
+                    return Ok(true);
+                }
+                (None, Numerics::default())
+            } else {
+                first_difference(
+                    &work,
+                    pair.expect,
+                    s.dtype,
+                    d.dtype,
+                    self.report.loose,
+                    self.numerics.is_some(),
+                    src_bytes,
+                    dst_bytes,
+                )
+            };
             if let Expect::KeptOverflow(c) = pair.expect {
                 let m = work.split_one(
                     src_bytes,
@@ -593,7 +638,9 @@ impl Verifier {
         let found = &dfile.map[da..da + dst_size];
         let mut expected = vec![0u8; dst_size];
         match pair.expect {
-            Expect::Identical | Expect::KeptOverflow(_) => expected.copy_from_slice(source),
+            Expect::Identical | Expect::KeptOverflow(_) | Expect::Quantize(..) => {
+                expected.copy_from_slice(source)
+            }
             Expect::Convert(c) => c.kernel()(self.isa, source, &mut expected),
         }
         let value = float_value(s.dtype, source);
@@ -681,8 +728,20 @@ fn check_headers(
         );
     }
     let mut pairs = Vec::with_capacity(dh.tensors.len());
+    let scales = fp8_scales(sh, dh, &by_name);
     for (di, d) in dh.tensors.iter().enumerate() {
         let name = esc(&d.name);
+        if scales.values().any(|&(k, _)| k == di) {
+            continue; // checked with its weight
+        }
+        if let Some(&(k, q)) = scales.get(&di) {
+            pairs.push(Pair {
+                src: by_name[d.name.as_str()],
+                dst: di,
+                expect: Expect::Quantize(q, k),
+            });
+            continue;
+        }
         let Some(&si) = by_name.get(d.name.as_str()) else {
             return fail(
                 Some(&d.name),
@@ -721,7 +780,7 @@ fn check_headers(
             expect,
         });
     }
-    if sh.tensors.len() != dh.tensors.len() {
+    if sh.tensors.len() + scales.len() != dh.tensors.len() {
         let in_dst: HashSet<&str> = dh.tensors.iter().map(|t| t.name.as_str()).collect();
         let missing = sh
             .tensors
@@ -745,6 +804,122 @@ fn check_headers(
     check_plan(src, dst, opts, pairs)
 }
 
+/// The first group of a quantized weight's window (whole groups from group `first`) whose
+/// recomputed scale or E4M3 bytes differ from DST's, described; None if all agree.
+fn quantized_difference(
+    work: &Work,
+    name: &str,
+    q: Quant,
+    first: u64,
+    src: &[u8],
+    dst: &[u8],
+    scales: &[u8],
+) -> Option<Mismatch> {
+    let e = esc(name);
+    let fail = |message: String| Some(*Mismatch::header(Some(name), message));
+    if crate::fp8::has_nonfinite(q.d, src) {
+        return fail(format!(
+            "tensor `{e}` is quantized to FP8 in DST, but it holds NaN or inf: convert leaves \
+             such a weight unquantized, in BF16"
+        ));
+    }
+    let mut want_q = vec![0u8; dst.len()];
+    let mut want_s = vec![0u8; scales.len()];
+    crate::convert::quantize_window(work.pool, work.threads, q, src, &mut want_q, &mut want_s);
+    let size = q.size() as usize;
+    // The group of scale `i` of this window, in words.
+    let group = |i: u64| -> String {
+        let g = first * q.scales_per_granule() + i;
+        match q.strategy {
+            Strategy::Channel => format!("row {g}"),
+            Strategy::Block => {
+                let tiles = q.cols.div_ceil(crate::quant::BLOCK);
+                format!("block ({}, {})", g / tiles, g % tiles)
+            }
+        }
+    };
+    let hexs = |b: &[u8]| {
+        b.iter()
+            .rev()
+            .map(|x| format!("{x:02x}"))
+            .collect::<String>()
+    };
+    if let Some(i) = want_s
+        .chunks(size)
+        .zip(scales.chunks(size))
+        .position(|(a, b)| a != b)
+    {
+        let (a, b) = (&want_s[i * size..][..size], &scales[i * size..][..size]);
+        return fail(format!(
+            "tensor `{e}` {}: scale should be 0x{}, found 0x{} (a tampered scale, or not \
+             model_free_ptq's arithmetic)",
+            group(i as u64),
+            hexs(a),
+            hexs(b)
+        ));
+    }
+    let i = want_q.iter().zip(dst).position(|(a, b)| a != b)? as u64;
+    let cols = q.cols;
+    let row = first * (q.granule() / q.size() / cols) + i / cols;
+    let col = i % cols;
+    let g = match q.strategy {
+        Strategy::Channel => i / cols,
+        Strategy::Block => {
+            (i / cols / crate::quant::BLOCK) * cols.div_ceil(crate::quant::BLOCK)
+                + col / crate::quant::BLOCK
+        }
+    };
+    fail(format!(
+        "tensor `{e}` element ({row}, {col}) in {}: E4M3 0x{:02x} expected, found 0x{:02x}",
+        group(g),
+        want_q[i as usize],
+        dst[i as usize]
+    ))
+}
+
+/// DST's FP8 weights (by DST index): each an F8_E4M3 tensor whose SRC tensor is a 2-D F32,
+/// F16 or BF16 one and that has a scale `X_scale` in SRC's dtype, shaped per channel or per
+/// block; with the scale's DST index and how it was quantized.
+fn fp8_scales(
+    sh: &crate::header::SourceHeader,
+    dh: &crate::header::SourceHeader,
+    by_name: &HashMap<&str, usize>,
+) -> HashMap<usize, (usize, Quant)> {
+    let in_dst: HashMap<&str, usize> = dh
+        .tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.name.as_str(), i))
+        .collect();
+    let mut out = HashMap::new();
+    for (di, d) in dh.tensors.iter().enumerate() {
+        let Some(&si) = by_name.get(d.name.as_str()) else {
+            continue;
+        };
+        let s = &sh.tensors[si];
+        if d.dtype != Dtype::F8_E4M3 || s.shape.len() != 2 || s.shape != d.shape {
+            continue;
+        }
+        let Some(&k) = in_dst.get(crate::quant::scale_name(&d.name).as_str()) else {
+            continue;
+        };
+        let scale = &dh.tensors[k];
+        if scale.dtype != s.dtype || by_name.contains_key(scale.name.as_str()) {
+            continue;
+        }
+        let found = [Strategy::Channel, Strategy::Block]
+            .into_iter()
+            .find_map(|st| {
+                let q = crate::quant::choose("weight", s.dtype, &s.shape, st).ok()?;
+                (q.scale_shape()[..] == scale.shape[..]).then_some(q)
+            });
+        if let Some(q) = found {
+            out.insert(di, (k, q));
+        }
+    }
+    out
+}
+
 /// Strict mode: DST must be what `convert` writes with `opts`: every float tensor converted
 /// unless the options keep it, in the planned order, with the planned header bytes.
 fn check_plan(
@@ -761,10 +936,20 @@ fn check_plan(
             .iter()
             .any(|p| matches!(p.expect, Expect::Convert(_)) && dh.tensors[p.dst].dtype == dtype)
     };
-    let converted_any = pairs.iter().any(|p| matches!(p.expect, Expect::Convert(_)));
+    let converted_any = pairs
+        .iter()
+        .any(|p| matches!(p.expect, Expect::Convert(_) | Expect::Quantize(..)));
+    let fp8 = pairs.iter().find_map(|p| match p.expect {
+        Expect::Quantize(q, _) => Some(match q.strategy {
+            Strategy::Channel => Target::Fp8,
+            Strategy::Block => Target::Fp8Block,
+        }),
+        _ => None,
+    });
     // A PyTorch checkpoint whose every tensor kept its dtype was converted with `keep`.
     let target = opts
         .target
+        .or(fp8)
         .unwrap_or(if !converted_any && src.changes_format() {
             Target::Keep
         } else {
@@ -781,7 +966,7 @@ fn check_plan(
     };
     let planned = plan::plan(&src.path, sh, &popts)?;
     let mut actions = vec![Action::Copy; sh.tensors.len()];
-    for t in &planned.tensors {
+    for t in planned.tensors.iter().filter(|t| t.role == Role::Tensor) {
         actions[t.source] = t.action;
     }
     for p in &mut pairs {
@@ -789,6 +974,33 @@ fn check_plan(
         let name = esc(&s.name);
         match (actions[p.src], p.expect) {
             (Action::Convert(c), Expect::Convert(got)) if c == got => {}
+            (Action::Quantize(q), Expect::Quantize(got, _)) if q == got => {}
+            (Action::Quantize(q), _) => {
+                return fail(
+                    Some(&s.name),
+                    format!(
+                        "tensor `{name}` is {} in DST, but {{to={}}} quantizes it to FP8 with \
+                         a {} scale ({{to}} and {{keep}} as convert had them?)",
+                        d.dtype,
+                        target.name(),
+                        q.strategy.name()
+                    ),
+                );
+            }
+            (_, Expect::Quantize(..)) => {
+                let why = match planned.fp8_skips.get(p.src).copied().flatten() {
+                    Some(skip) => format!("it is {}", skip.words()),
+                    None => planned.reasons[p.src].words(),
+                };
+                return fail(
+                    Some(&s.name),
+                    format!(
+                        "tensor `{name}` is quantized to FP8 in DST, but {{to={}}} does not \
+                         quantize it ({why})",
+                        target.name()
+                    ),
+                );
+            }
             (Action::Convert(c), Expect::Identical) if opts.on_overflow == OnOverflow::Keep => {
                 p.expect = Expect::KeptOverflow(c);
                 popts.keep_names.insert(s.name.clone());
@@ -838,7 +1050,12 @@ fn check_plan(
     // With the tensors kept to avoid overflow, the plan is the one `convert` made.
     let planned = plan::plan(&src.path, sh, &popts)?;
     let order: Vec<usize> = pairs.iter().map(|p| p.src).collect();
-    let want: Vec<usize> = planned.tensors.iter().map(|t| t.source).collect();
+    let want: Vec<usize> = planned
+        .tensors
+        .iter()
+        .filter(|t| t.role == Role::Tensor)
+        .map(|t| t.source)
+        .collect();
     if let Some(at) = want.iter().zip(&order).position(|(a, b)| a != b) {
         let (w, g) = (&sh.tensors[want[at]].name, &sh.tensors[order[at]].name);
         return fail(
@@ -967,7 +1184,8 @@ fn first_difference(
         let blocks = s.chunks(BLOCK * src_size).zip(d.chunks(BLOCK * dst_size));
         for (k, (sb, db)) in blocks.enumerate() {
             let want: &[u8] = match expect {
-                Expect::Identical | Expect::KeptOverflow(_) => sb,
+                // Quantized weights are compared by `quantized_difference`.
+                Expect::Identical | Expect::KeptOverflow(_) | Expect::Quantize(..) => sb,
                 Expect::Convert(c) => {
                     let want = &mut buf[..db.len()];
                     if measure {

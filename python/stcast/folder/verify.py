@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _core, _engine
 from ..errors import Refused, StcastError
 from ..reports import Mismatch, Notice, VerifyReport, _build, merged_numerics, numeric_parts
+from . import fp8 as _fp8
 from .common import MAX_JSON_BYTES, WEIGHTS_SUFFIX, File, check_index, read_bounded
 from .ident import check_side_file, resolve_hub_repo
 from .ident import ident as ident_of
@@ -305,6 +306,12 @@ def _check_others(
         text, _ = read_json(f)
         want = None if torch_name is None else set_dtypes(text, torch_name)
         want_bytes = want if want is not None else text.encode("utf-8")
+        if _fp8.is_fp8(to) and _fp8.is_model_config(f.rel):
+            here = os.path.join(dst, os.path.dirname(f.rel))
+            shards = [os.path.join(here, n) for n in sorted(os.listdir(here))]
+            shards = [p for p in shards if p.endswith(WEIGHTS_SUFFIX) and os.path.isfile(p)]
+            ignore = _fp8.unquantized_modules(shards)
+            want_bytes = _fp8.config_text(want_bytes.decode("utf-8"), to, ignore)
         got = read_bounded(os.path.join(dst, f.rel), MAX_JSON_BYTES)
         if not _same_json(got, want_bytes, loose):
             return fail(f.rel, "is not SRC's config with the dtype set to the target")
@@ -317,6 +324,11 @@ def _check_others(
         except StcastError as e:  # the shards do not hold what the index says
             return fail(f.rel, e.template)
         want = set_total_size(text, total)
+        if _fp8.is_fp8(to):
+            try:
+                want = _fp8.index_text(dst, f.rel, text, weight_map)
+            except StcastError as e:
+                return fail(f.rel, e.template)
         got = read_bounded(os.path.join(dst, f.rel), MAX_JSON_BYTES)
         if not _same_json(got, want, loose):
             return fail(f.rel, "is not SRC's index with the total size of DST's shards")

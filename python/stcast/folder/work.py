@@ -29,6 +29,7 @@ from .common import (
     out_path,
 )
 from .common import read_bounded as _read_bounded
+from . import fp8 as _fp8
 from .jsonedit import set_total_size
 from .manifest import find_entry as _find_file_entry
 from .reshard import (
@@ -419,16 +420,20 @@ class FileWork:
         """The space the indexes take (an index may grow by its total size's digits)."""
         return sum(f.size + 64 for f, _, _ in self.plan.indexes)
 
-    def checked_indexes(self, dst: str) -> list[tuple[str, bytes, int | None, str | None]]:
+    def checked_indexes(
+        self, dst: str, to: Target
+    ) -> list[tuple[str, bytes, int | None, str | None]]:
         """The indexes to write once the weights are, each checked against the shards as
-        written: its path, content, source size (None: new) and source path (if renamed)."""
+        written: its path, content, source size (None: new) and source path (if renamed).
+        An FP8 target's also list the scales the shards hold."""
+
+        def content(rel: str, text: str, weight_map: dict[str, str]) -> bytes:
+            if _fp8.is_fp8(to):
+                return _fp8.index_text(dst, rel, text, weight_map)
+            return set_total_size(text, check_index(dst, rel, weight_map))
+
         return [
-            (
-                f.rel,
-                set_total_size(text, check_index(dst, f.rel, weight_map)),
-                f.size,
-                f.src_rel,
-            )
+            (f.rel, content(f.rel, text, weight_map), f.size, f.src_rel)
             for f, text, weight_map in self.plan.indexes
         ]
 
@@ -474,7 +479,9 @@ class ShardWork:
     def index_bytes(self) -> int:
         return sum(len(content) for _, content, _ in self.reshard.indexes())
 
-    def checked_indexes(self, dst: str) -> list[tuple[str, bytes, int | None, str | None]]:
+    def checked_indexes(
+        self, dst: str, to: Target
+    ) -> list[tuple[str, bytes, int | None, str | None]]:
         return [(rel, text, None, None) for rel, text in checked_indexes(dst, self.reshard)]
 
     def finish(self, report: ConvertReport) -> ConvertReport:

@@ -25,7 +25,8 @@ from ..errors import DestinationExists, Refused, StcastError
 from ..reports import FileReport
 from .common import MAX_JSON_BYTES, check_cancel, ensure_dir, failpoint, out_path, read_bounded
 from .manifest import remove as remove_manifest
-from .walk import File, Plan
+from . import fp8 as _fp8
+from .walk import File, Plan, read_json
 
 if TYPE_CHECKING:
     from typing import Callable
@@ -168,12 +169,14 @@ def publish(run: Run, plan: Plan, work: Work) -> list[FileReport]:
     # indexes agree with the shards (from the shards as written: what a loader will find).
     recheck(run)
     run.record.check_still_ours()
-    indexes = work.checked_indexes(dst)
+    indexes = work.checked_indexes(dst, run.to)
     for f in plan.late_copies:
         _copy(run, f, "copy", None)
         reports.append(FileReport(f.rel, "copy", "copied", f.size, f.size))
     for f, content in plan.configs:
         check_cancel(cancel)
+        if _fp8.is_fp8(run.to) and _fp8.is_model_config(f.rel):
+            content = fp8_config(dst, run.to, plan, f, content)
         if content is None:
             _copy(run, f, "config", None)
             reports.append(FileReport(f.rel, "config", "copied", f.size, f.size))
@@ -186,6 +189,16 @@ def publish(run: Run, plan: Plan, work: Work) -> list[FileReport]:
         action: FileAction = "rewritten" if size is not None else "written"
         reports.append(FileReport(rel, "index", action, size or 0, len(content), source=source))
     return reports
+
+
+def fp8_config(dst: str, to: Target, plan: Plan, f: File, content: bytes | None) -> bytes:
+    """The model config `f` of an FP8 output: its dtype set (`content`, None: unchanged)
+    and the quantization_config, whose `ignore` lists what the shards beside it, as
+    written, hold unquantized."""
+    text = content.decode("utf-8") if content is not None else read_json(f)[0]
+    here = posixpath.dirname(f.rel)
+    shards = [os.path.join(dst, u.rel) for u in plan.units() if posixpath.dirname(u.rel) == here]
+    return _fp8.config_text(text, to, _fp8.unquantized_modules(shards))
 
 
 def final_recheck(run: Run, plan: Plan) -> None:

@@ -1,0 +1,128 @@
+"""FP8 targets in folders: the `quantization_config` a loader (vLLM, transformers with
+compressed-tensors) reads, and the index entries of the scales.
+
+Both come from the shards as written, not from the plan: a weight that held NaN or inf is
+found only while converting, and stays BF16 (unquantized, without a scale), so the config's
+`ignore` and the index must be read from what the run wrote.
+
+The key set is compressed-tensors' own serialisation (0.20.1, `QuantizationConfig`), less
+the keys that one version writes and an older one refuses (`QuantizationArgs` forbids
+extra keys): `scale_dtype`, `zp_dtype` (0.19 writes them as null) and `moe_sparsity_config`
+(new in 0.20). compressed-tensors 0.19.0 and 0.20.1 both validate it (docs/guide.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from typing import TYPE_CHECKING
+
+from .. import _engine
+from .common import check_index
+
+if TYPE_CHECKING:
+    from ..reports import TensorInfo
+
+# The preset names compressed-tensors gives the two schemes, used as the group's name.
+_GROUP = {"fp8": "FP8_DYNAMIC", "fp8-block": "FP8_BLOCK"}
+
+
+def is_fp8(to: str) -> bool:
+    """Is `to` an FP8 target?"""
+    return to in _GROUP
+
+
+def quantization_config(to: str, ignore: list[str]) -> dict[str, Any]:
+    """The `quantization_config` of an FP8 target's output, `ignore` the modules whose 2-D
+    weight stays unquantized."""
+    block = to == "fp8-block"
+    weights: dict[str, Any] = {"dynamic": False, "group_size": None, "num_bits": 8}
+    if block:
+        weights = {"block_structure": [128, 128], **weights}
+    weights.update(strategy="block" if block else "channel", symmetric=True, type="float")
+    activations = {
+        "dynamic": True,
+        "group_size": 128 if block else None,
+        "num_bits": 8,
+        "strategy": "group" if block else "token",
+        "symmetric": True,
+        "type": "float",
+    }
+    return {
+        "config_groups": {
+            _GROUP[to]: {
+                "format": "float-quantized",
+                "input_activations": activations,
+                "output_activations": None,
+                "targets": ["Linear"],
+                "weights": weights,
+            }
+        },
+        "format": "float-quantized",
+        "global_compression_ratio": None,
+        "ignore": ignore,
+        "kv_cache_scheme": None,
+        "quant_method": "compressed-tensors",
+        "quantization_status": "compressed",
+        "transform_config": {},
+        "version": "0.20.1",
+    }
+
+
+def unquantized_modules(shards: list[str]) -> list[str]:
+    """The modules whose 2-D float weight the shards at `shards` (paths) hold unquantized:
+    a weight `M.weight` that is 2-D and not F8_E4M3. Sorted, each once."""
+    out: set[str] = set()
+    for path in shards:
+        for t in _layout(path):
+            if t.name == "weight" or t.name.endswith(".weight"):
+                if len(t.shape) == 2 and t.dtype in _FLOATS:
+                    out.add(t.name[: -len(".weight")] if t.name != "weight" else "")
+    return sorted(out)
+
+
+def _layout(path: str) -> list[TensorInfo]:
+    """The tensors of a safetensors file written (its header only)."""
+    return _engine.inspect_file(path, to="keep").tensors
+
+
+_FLOATS = frozenset({"F64", "F32", "F16", "BF16"})
+
+
+def config_text(text: str, to: str, ignore: list[str]) -> bytes:
+    """A model config (its text, the dtype set already) with the FP8 `quantization_config`,
+    written as compressed-tensors writes it (indent 2, keys sorted)."""
+    doc = json.loads(text)
+    doc["quantization_config"] = quantization_config(to, ignore)
+    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
+def is_model_config(rel: str) -> bool:
+    """Is this the model's config (`config.json`), which gets the quantization_config?"""
+    return os.path.basename(rel) == "config.json"
+
+
+def with_scales(dst: str, weight_map: dict[str, str]) -> dict[str, str]:
+    """`weight_map` with each quantized weight's scale (`X.weight_scale`, in X's shard)
+    added, as the shards written hold them."""
+    out = dict(weight_map)
+    for shard in sorted(set(weight_map.values())):
+        for t in _layout(os.path.join(dst, shard)):
+            name = t.name
+            base = name.removesuffix("_scale")
+            if name.endswith("_scale") and weight_map.get(base) == shard and name not in out:
+                out[name] = shard
+    return dict(sorted(out.items()))
+
+
+def index_text(dst: str, rel: str, text: str, weight_map: dict[str, str]) -> bytes:
+    """The index at `rel` (source text, shards renamed) for an FP8 output: the scales in its
+    weight map and the total size of the shards written, as model_free_ptq writes it."""
+    full = with_scales(dst, weight_map)
+    total = check_index(dst, rel, full)
+    doc = json.loads(text)
+    metadata = {**(doc.get("metadata") or {}), "total_size": total}
+    doc = {**doc, "metadata": metadata, "weight_map": full}
+    return (json.dumps(doc, indent=2) + "\n").encode("utf-8")
