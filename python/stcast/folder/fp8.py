@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import _engine
 from .common import check_index

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Union
 from .. import _core, _engine
 from ..errors import DestinationExists, Refused
 from ..reports import ConvertReport, FileReport, Notice, _build, notices
+from . import fp8 as _fp8
 from .common import (
     MAX_JSON_BYTES,
     File,
@@ -29,7 +30,6 @@ from .common import (
     out_path,
 )
 from .common import read_bounded as _read_bounded
-from . import fp8 as _fp8
 from .jsonedit import set_total_size
 from .manifest import find_entry as _find_file_entry
 from .reshard import (

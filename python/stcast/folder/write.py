@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 from .. import _core
 from ..errors import DestinationExists, Refused, StcastError
 from ..reports import FileReport
+from . import fp8 as _fp8
 from .common import MAX_JSON_BYTES, check_cancel, ensure_dir, failpoint, out_path, read_bounded
 from .manifest import remove as remove_manifest
-from . import fp8 as _fp8
 from .walk import File, Plan, read_json
 
 if TYPE_CHECKING:
