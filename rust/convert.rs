@@ -19,7 +19,7 @@ use crate::kernels::Isa;
 use crate::numerics::Numerics;
 use crate::output::{self, AtPath, PathId, Published, Replace, TempOutput};
 use crate::plan::{self, KeptTensor, Plan, PlanOptions, Role, TensorPlan};
-use crate::quant::Quant;
+use crate::quant::{Deq, Layout, Quant};
 use crate::source::{fadvise_dontneed, PendingRelease, Source};
 use crate::vocab::{OnOverflow, ReadAdvice, Strategy, Target};
 use crate::window::{worker_pool, Cursor, Window, Work, DEFAULT_STEP, DEFAULT_WINDOW};
@@ -537,6 +537,22 @@ impl Job {
                 let stats = quantize_window(&self.pool, self.threads, q, src_bytes, qd, sd);
                 self.fp8[w.item].merge(&stats);
                 false
+            } else if let Action::Dequantize(d) = action {
+                let scale = &self.src.header.tensors[d.scale];
+                let (sfile, at) = self.src.locate(scale);
+                let scales = &sfile.map[at as usize..(at + scale.len()) as usize];
+                let dst_bytes = &mut self.out_map[da..da + dst_n as usize];
+                let row0 = w.pos / d.cols;
+                dequantize_window(
+                    &self.pool,
+                    self.threads,
+                    d,
+                    scales,
+                    row0,
+                    src_bytes,
+                    dst_bytes,
+                );
+                false
             } else {
                 let dst_bytes = &mut self.out_map[da..da + dst_n as usize];
                 let work = Work {
@@ -606,8 +622,10 @@ impl Job {
         let first = &tensors[w.item];
         let len = |i: usize| src[tensors[i].source].len();
         let head = &src[first.source];
-        let plain =
-            |t: &TensorPlan| t.role == Role::Tensor && !matches!(t.action, Action::Quantize(_));
+        let plain = |t: &TensorPlan| {
+            t.role == Role::Tensor
+                && !matches!(t.action, Action::Quantize(_) | Action::Dequantize(_))
+        };
         if w.pos != 0
             || w.len != len(w.item)
             || w.len > SMALL_TENSOR
@@ -749,9 +767,14 @@ impl Job {
         let mut w = self
             .cursor
             .peek(plan.tensors.len(), |i| plan.tensors[i].src_len(&src.header))?;
-        if let Action::Quantize(q) = plan.tensors[w.item].action {
+        let granule = match plan.tensors[w.item].action {
+            Action::Quantize(q) => Some(q.granule()),
+            // E4M3 is one byte an element: a row is `cols` bytes.
+            Action::Dequantize(d) => Some(d.cols),
+            _ => None,
+        };
+        if let Some(g) = granule {
             let left = plan.tensors[w.item].src_len(&src.header) - w.pos;
-            let g = q.granule();
             w.len = (w.len / g * g).max(g).min(left);
         }
         Some(w)
@@ -1036,6 +1059,44 @@ pub(crate) fn quantize_window(
                 a
             })
     })
+}
+
+/// Dequantize one window of whole rows (from row `row0`) of an FP8 input's weight into
+/// `dst`, the rows split over the pool's threads; `scales` is the whole scale tensor.
+pub(crate) fn dequantize_window(
+    pool: &rayon::ThreadPool,
+    threads: usize,
+    d: Deq,
+    scales: &[u8],
+    row0: u64,
+    src: &[u8],
+    dst: &mut [u8],
+) {
+    use rayon::prelude::*;
+    let cols = d.cols as usize;
+    let out = d.out_size() as usize;
+    let layout = match d.layout {
+        Layout::Tensor => fp8::ScaleLayout::Tensor,
+        Layout::Channel => fp8::ScaleLayout::Channel,
+        Layout::Block => fp8::ScaleLayout::Block {
+            rows: crate::quant::BLOCK as usize,
+            cols: crate::quant::BLOCK as usize,
+        },
+    };
+    let rows = src.len() / cols.max(1);
+    let run = |r0: usize, s: &[u8], o: &mut [u8]| {
+        fp8::dequantize(layout, d.s_dtype, scales, cols, r0, s, d.target, o);
+    };
+    if threads < 2 || src.len() < (512 << 10) || rows < 2 {
+        return run(row0 as usize, src, dst);
+    }
+    let per = rows.div_ceil(threads * 4).max(1);
+    pool.install(|| {
+        src.par_chunks(per * cols)
+            .zip(dst.par_chunks_mut(per * cols * out))
+            .enumerate()
+            .for_each(|(k, (s, o))| run(row0 as usize + k * per, s, o));
+    });
 }
 
 /// The source tensor of the plan's tensor `i`.

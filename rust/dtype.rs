@@ -156,6 +156,9 @@ pub enum Action {
     /// An FP8 target's weight: E4M3 bytes, and its scale (a tensor of its own, written by the
     /// conversion as each group is done: see `convert::Job`).
     Quantize(crate::quant::Quant),
+    /// An FP8 input's weight: E4M3 times its scale, in the target dtype (`convert::Job`
+    /// reads the scale beside it).
+    Dequantize(crate::quant::Deq),
 }
 
 impl Action {
@@ -165,6 +168,7 @@ impl Action {
             Action::Copy => (1, 1),
             Action::Convert(c) => (c.src_size(), c.dst_size()),
             Action::Quantize(q) => (q.size(), 1),
+            Action::Dequantize(d) => (1, d.out_size()),
         }
     }
 
@@ -185,7 +189,9 @@ impl Action {
         match self {
             Action::Copy => dst.copy_from_slice(src),
             Action::Convert(c) => c.kernel()(isa, src, dst),
-            Action::Quantize(_) => unreachable!("quantized weights are not batched"),
+            Action::Quantize(_) | Action::Dequantize(_) => {
+                unreachable!("FP8 weights are not batched")
+            }
         }
     }
 }

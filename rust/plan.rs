@@ -22,6 +22,10 @@ pub enum Reason {
     Converted,
     /// An FP8 target's weight: F8_E4M3 with its scale.
     Quantized,
+    /// An FP8 input's weight, dequantized with its scale.
+    Dequantized,
+    /// An FP8 input's scale, or activation scale: not in the output.
+    Dropped,
     /// A float tensor that a `keep` pattern (this one, the first that matched) keeps.
     KeptByPattern(String),
     /// A float tensor with fewer elements than `keep_min_size` (this number).
@@ -44,6 +48,8 @@ impl Reason {
         match self {
             Reason::Converted => ReasonCode::Converted,
             Reason::Quantized => ReasonCode::Quantized,
+            Reason::Dequantized => ReasonCode::Dequantized,
+            Reason::Dropped => ReasonCode::Dropped,
             Reason::KeptByPattern(_) => ReasonCode::KeepPattern,
             Reason::KeptByMinSize(_) => ReasonCode::KeepMinSize,
             Reason::KeptToAvoidOverflow => ReasonCode::KeepOverflow,
@@ -59,6 +65,8 @@ impl Reason {
         match self {
             Reason::Converted => "it is converted".into(),
             Reason::Quantized => "it is quantized to FP8".into(),
+            Reason::Dequantized => "it is dequantized from FP8 with its scale".into(),
+            Reason::Dropped => "it is an FP8 scale, used to dequantize and not written".into(),
             Reason::KeptByPattern(p) => format!("the {{keep}} pattern `{}` keeps it", esc(p)),
             Reason::KeptByMinSize(n) => format!("{{keep_min_size={n}}} keeps it"),
             Reason::KeptToAvoidOverflow => "{on_overflow=keep} keeps it: it would overflow".into(),
@@ -258,7 +266,10 @@ impl Plan {
 
     /// Tensors of the input in the output (scales not counted).
     pub fn inputs(&self) -> usize {
-        self.reasons.len()
+        self.tensors
+            .iter()
+            .filter(|t| t.role == Role::Tensor)
+            .count()
     }
 
     /// The tensors that keep their source dtype, in output order.
@@ -368,8 +379,28 @@ pub fn plan(path: &Path, src: &SourceHeader, opts: &PlanOptions) -> Result<Plan>
     let mut tensors: Vec<TensorPlan> = Vec::with_capacity(src.tensors.len());
     let strategy = opts.target.strategy();
     let mut fp8_skips = Vec::new();
+    let (deq, dropped) = match (opts.target.dtype(), strategy) {
+        (Some(d), None) => quant::dequantizable(&src.tensors, d),
+        _ => (Vec::new(), Vec::new()),
+    };
     for (i, t) in src.tensors.iter().enumerate() {
         let hit = patterns.first_match(&t.name);
+        if dropped.get(i) == Some(&true) {
+            reasons.push(Reason::Dropped);
+            continue;
+        }
+        if let Some(Some(d)) = deq.get(i) {
+            reasons.push(Reason::Dequantized);
+            tensors.push(TensorPlan {
+                source: i,
+                dtype: d.target,
+                action: Action::Dequantize(*d),
+                start: 0,
+                end: 0,
+                role: Role::Tensor,
+            });
+            continue;
+        }
         if let Some(strategy) = strategy {
             let float = matches!(t.dtype, Dtype::F64 | Dtype::F32 | Dtype::F16 | Dtype::BF16);
             let choice = match quant::choose(&t.name, t.dtype, &t.shape, strategy) {
@@ -402,7 +433,9 @@ pub fn plan(path: &Path, src: &SourceHeader, opts: &PlanOptions) -> Result<Plan>
         }
         let natural = action_for(t.dtype, opts.target, opts.from_bf16);
         let reason = match natural {
-            Action::Copy | Action::Quantize(_) => copy_reason(t.dtype, opts.target),
+            Action::Copy | Action::Quantize(_) | Action::Dequantize(_) => {
+                copy_reason(t.dtype, opts.target)
+            }
             Action::Convert(c) => {
                 if let Some(k) = hit {
                     Reason::KeptByPattern(opts.keep[k].clone())
@@ -724,11 +757,13 @@ fn quantized(src: &SourceHeader, plan: &Plan, opts: &PlanOptions) -> Option<(Str
     let why = match &opts.quantization_config {
         Some(config) => format!("{} has a quantization_config", esc_path(config)),
         None => {
+            // FP8 weights with their scales are dequantized: what is left is quantized.
             let mut lowp: Vec<String> = src
                 .tensors
                 .iter()
-                .filter(|t| is_quantized_dtype(t.dtype))
-                .map(|t| t.dtype.to_string())
+                .zip(&plan.reasons)
+                .filter(|(t, r)| is_quantized_dtype(t.dtype) && **r != Reason::Dequantized)
+                .map(|(t, _)| t.dtype.to_string())
                 .collect();
             if lowp.is_empty() || !src.tensors.iter().any(|t| t.dtype == Dtype::F32) {
                 return None;

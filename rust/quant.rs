@@ -68,6 +68,107 @@ impl Quant {
     }
 }
 
+/// How a quantized input's weight maps to its scales.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// One scale for the whole tensor (`[]` or `[1]`).
+    Tensor,
+    /// One per row (`[O, 1]`).
+    Channel,
+    /// One per 128x128 tile (`[ceil(O/128), ceil(I/128)]`).
+    Block,
+}
+
+/// An FP8 input weight to dequantize: E4M3 `rows x cols`, its scale (input tensor `scale`,
+/// of dtype `s_dtype`), the target dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deq {
+    pub scale: usize,
+    pub s_dtype: Dtype,
+    pub layout: Layout,
+    pub rows: u64,
+    pub cols: u64,
+    pub target: Dtype,
+}
+
+impl Deq {
+    /// Bytes per output element.
+    pub fn out_size(&self) -> u64 {
+        (self.target.bitsize() / 8) as u64
+    }
+}
+
+/// The names a quantized checkpoint gives a weight's scale: compressed-tensors'
+/// `weight_scale`, DeepSeek's `weight_scale_inv` (both multiply).
+pub const SCALE_SUFFIXES: [&str; 2] = ["_scale", "_scale_inv"];
+
+/// The FP8 weights of an input that can be dequantized to `target` (BF16 or F16): an
+/// F8_E4M3 2-D `X.weight` with `X.weight_scale` or `X.weight_scale_inv` in F32, BF16 or F16,
+/// shaped per tensor, channel or 128x128 block. Returns, per input tensor, the weight's
+/// `Deq`; and which input tensors are its scales, or activation scales (`X.input_scale`)
+/// that mean nothing once dequantized: dropped.
+pub fn dequantizable(
+    tensors: &[crate::header::SourceTensor],
+    target: Dtype,
+) -> (Vec<Option<Deq>>, Vec<bool>) {
+    use std::collections::HashMap;
+    let by_name: HashMap<&str, usize> = tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.name.as_str(), i))
+        .collect();
+    let mut deq = vec![None; tensors.len()];
+    let mut dropped = vec![false; tensors.len()];
+    for (i, t) in tensors.iter().enumerate() {
+        if t.dtype != Dtype::F8_E4M3 || t.shape.len() != 2 || t.gather.is_some() {
+            continue;
+        }
+        let Some(module) = module_of(&t.name) else {
+            continue;
+        };
+        let (rows, cols) = (t.shape[0] as u64, t.shape[1] as u64);
+        let found = SCALE_SUFFIXES.iter().find_map(|suffix| {
+            let k = *by_name.get(format!("{}{suffix}", t.name).as_str())?;
+            let s = &tensors[k];
+            let ok_dtype = matches!(s.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16);
+            if !ok_dtype || s.gather.is_some() || s.input != t.input {
+                return None;
+            }
+            let n: usize = s.shape.iter().product();
+            let layout = if n == 1 && s.shape.len() <= 2 {
+                Layout::Tensor
+            } else if s.shape == [rows as usize, 1] {
+                Layout::Channel
+            } else if s.shape == [rows.div_ceil(BLOCK) as usize, cols.div_ceil(BLOCK) as usize] {
+                Layout::Block
+            } else {
+                return None;
+            };
+            Some((k, s.dtype, layout))
+        });
+        if let Some((k, s_dtype, layout)) = found {
+            deq[i] = Some(Deq {
+                scale: k,
+                s_dtype,
+                layout,
+                rows,
+                cols,
+                target,
+            });
+            dropped[k] = true;
+            let input = if module.is_empty() {
+                "input_scale".to_string()
+            } else {
+                format!("{module}.input_scale")
+            };
+            if let Some(&k) = by_name.get(input.as_str()) {
+                dropped[k] = true;
+            }
+        }
+    }
+    (deq, dropped)
+}
+
 /// The scale tensor's name for weight `name`.
 pub fn scale_name(name: &str) -> String {
     format!("{name}_scale")

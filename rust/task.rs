@@ -325,21 +325,30 @@ impl Inspection {
             .zip(measured)
             .zip(&plan.reasons)
             .map(|(((t, planned), numerics), reason)| {
-                let planned = planned.expect("every source tensor is planned");
+                // An FP8 input's scales are not written (`Reason::Dropped`).
+                let (dtype, action, (a, b)) = match planned {
+                    None => (&t.dtype, "drop", (0, 0)),
+                    Some(p) => (
+                        &p.dtype,
+                        match p.action {
+                            Action::Copy => "copy",
+                            Action::Convert(_) => "convert",
+                            Action::Quantize(_) => "quantize",
+                            Action::Dequantize(_) => "dequantize",
+                        },
+                        (p.start, p.end),
+                    ),
+                };
                 TensorRow {
                     name: &t.name,
                     dtype: Shown(&t.dtype),
                     shape: &t.shape,
                     bytes: t.len(),
                     data_offsets: Span(t.start, t.end),
-                    target_dtype: Shown(&planned.dtype),
-                    target_bytes: planned.end - planned.start,
-                    action: match planned.action {
-                        Action::Copy => "copy",
-                        Action::Convert(_) => "convert",
-                        Action::Quantize(_) => "quantize",
-                    },
-                    target_offsets: Span(planned.start, planned.end),
+                    target_dtype: Shown(dtype),
+                    target_bytes: b - a,
+                    action,
+                    target_offsets: Span(a, b),
                     reason: reason.code(),
                     pattern: reason.pattern(),
                     numerics,

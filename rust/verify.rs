@@ -21,7 +21,7 @@ use crate::kernels::Isa;
 use crate::numerics::Numerics;
 use crate::output::{check_side_output, write_file, PathId, Replace};
 use crate::plan::{self, PlanOptions, Role};
-use crate::quant::Quant;
+use crate::quant::{Deq, Quant};
 use crate::source::{InputFile, PendingRelease, Source};
 use crate::text::esc;
 use crate::vocab::{OnOverflow, Strategy, Target, Unmatched};
@@ -152,6 +152,8 @@ enum Expect {
     /// An FP8 target's weight: E4M3 bytes, and the scale that DST tensor `usize` holds, both
     /// recomputed group by group from the source.
     Quantize(Quant, usize),
+    /// An FP8 input's weight: E4M3 times its scale (`Deq::scale`, in SRC), recomputed.
+    Dequantize(Deq),
 }
 
 fn expectation(src: Dtype, dst: Dtype) -> Option<Expect> {
@@ -169,6 +171,7 @@ impl Expect {
             Expect::Identical | Expect::KeptOverflow(_) => (elem_size(src), elem_size(src)),
             Expect::Convert(c) => (c.src_size(), c.dst_size()),
             Expect::Quantize(q, _) => (q.size(), 1),
+            Expect::Dequantize(d) => (1, d.out_size()),
         }
     }
 }
@@ -345,6 +348,10 @@ impl Verifier {
                     report.tensors_converted += 1;
                     targets.push(target_of(dst.header.tensors[p.dst].dtype));
                 }
+                Expect::Dequantize(q) => {
+                    report.tensors_converted += 1;
+                    targets.push(target_of(q.target));
+                }
                 Expect::Quantize(q, _) => {
                     report.tensors_converted += 1;
                     targets.push(Some(match q.strategy {
@@ -355,7 +362,12 @@ impl Verifier {
             }
         }
         // Under an FP8 target the tensors not quantized become BF16: one target still.
-        if let Some(fp8) = targets.iter().copied().flatten().find(|t| t.strategy().is_some()) {
+        if let Some(fp8) = targets
+            .iter()
+            .copied()
+            .flatten()
+            .find(|t| t.strategy().is_some())
+        {
             for t in &mut targets {
                 if *t == Some(Target::Bf16) {
                     *t = Some(fp8);
@@ -409,9 +421,13 @@ impl Verifier {
             .cursor
             .peek(pairs.len(), |i| src.header.tensors[pairs[i].src].len())?;
         // Whole groups, as convert reads them (`convert::Job::next_window`).
-        if let Expect::Quantize(q, _) = pairs[w.item].expect {
+        let granule = match pairs[w.item].expect {
+            Expect::Quantize(q, _) => Some(q.granule()),
+            Expect::Dequantize(d) => Some(d.cols),
+            _ => None,
+        };
+        if let Some(g) = granule {
             let left = src.header.tensors[pairs[w.item].src].len() - w.pos;
-            let g = q.granule();
             w.len = (w.len / g * g).max(g).min(left);
         }
         Some(w)
@@ -474,6 +490,28 @@ impl Verifier {
                     return Ok(true);
                 }
                 (None, Numerics::default())
+            } else if let Expect::Dequantize(q) = pair.expect {
+                let scale = &self.src.header.tensors[q.scale];
+                let (sf, at) = self.src.locate(scale);
+                let scales = &sf.map[at as usize..(at + scale.len()) as usize];
+                let mut want = vec![0u8; dn];
+                let row0 = w.pos / q.cols;
+                crate::convert::dequantize_window(
+                    &self.pool,
+                    self.threads,
+                    q,
+                    scales,
+                    row0,
+                    src_bytes,
+                    &mut want,
+                );
+                let size = q.out_size() as usize;
+                let at = want
+                    .chunks(size)
+                    .zip(dst_bytes.chunks(size))
+                    .position(|(a, b)| a != b);
+                // E4M3 is one byte an element: the element is the source offset.
+                (at, Numerics::default())
             } else {
                 first_difference(
                     &work,
@@ -641,6 +679,21 @@ impl Verifier {
             Expect::Identical | Expect::KeptOverflow(_) | Expect::Quantize(..) => {
                 expected.copy_from_slice(source)
             }
+            Expect::Dequantize(q) => {
+                let scale = &self.src.header.tensors[q.scale];
+                let (sf, at) = self.src.locate(scale);
+                let scales = &sf.map[at as usize..(at + scale.len()) as usize];
+                let (row, col) = (index / q.cols, index % q.cols);
+                // The element's whole row, dequantized as convert does it.
+                let mut row_out = vec![0u8; (q.cols * q.out_size()) as usize];
+                let mut row_in = Vec::new();
+                if let Ok(b) = self.src.read(s, row * q.cols, q.cols, &mut row_in) {
+                    let pool = &self.pool;
+                    crate::convert::dequantize_window(pool, 1, q, scales, row, b, &mut row_out);
+                }
+                let o = (col * q.out_size()) as usize;
+                expected.copy_from_slice(&row_out[o..o + dst_size]);
+            }
             Expect::Convert(c) => c.kernel()(self.isa, source, &mut expected),
         }
         let value = float_value(s.dtype, source);
@@ -729,6 +782,18 @@ fn check_headers(
     }
     let mut pairs = Vec::with_capacity(dh.tensors.len());
     let scales = fp8_scales(sh, dh, &by_name);
+    // An FP8 input dequantized: its weights' scales are not in DST.
+    let (deq, dropped) = match dh
+        .tensors
+        .iter()
+        .map(|t| t.dtype)
+        .find(|d| matches!(d, Dtype::BF16 | Dtype::F16))
+    {
+        Some(d) if sh.tensors.iter().any(|t| t.dtype == Dtype::F8_E4M3) => {
+            crate::quant::dequantizable(&sh.tensors, d)
+        }
+        _ => (Vec::new(), Vec::new()),
+    };
     for (di, d) in dh.tensors.iter().enumerate() {
         let name = esc(&d.name);
         if scales.values().any(|&(k, _)| k == di) {
@@ -758,6 +823,28 @@ fn check_headers(
                 ),
             );
         }
+        if let Some(Some(q)) = deq.get(si) {
+            if d.dtype == q.target {
+                pairs.push(Pair {
+                    src: si,
+                    dst: di,
+                    expect: Expect::Dequantize(*q),
+                });
+                continue;
+            }
+            // A dequantization to the other 16-bit dtype.
+            if let (Some(q), true) = (
+                crate::quant::dequantizable(&sh.tensors, d.dtype).0[si],
+                matches!(d.dtype, Dtype::BF16 | Dtype::F16),
+            ) {
+                pairs.push(Pair {
+                    src: si,
+                    dst: di,
+                    expect: Expect::Dequantize(q),
+                });
+                continue;
+            }
+        }
         let Some(expect) = expectation(s.dtype, d.dtype) else {
             // A narrow float in SRC and a wide one in DST: the arguments the wrong way round?
             let swapped = expectation(d.dtype, s.dtype).is_some();
@@ -780,12 +867,15 @@ fn check_headers(
             expect,
         });
     }
-    if sh.tensors.len() + scales.len() != dh.tensors.len() {
+    let dropped = dropped.iter().filter(|&&d| d).count();
+    if sh.tensors.len() + scales.len() != dh.tensors.len() + dropped {
         let in_dst: HashSet<&str> = dh.tensors.iter().map(|t| t.name.as_str()).collect();
         let missing = sh
             .tensors
             .iter()
-            .find(|t| !in_dst.contains(t.name.as_str()))
+            .enumerate()
+            .find(|(i, t)| !in_dst.contains(t.name.as_str()) && !deq_dropped(&deq, *i))
+            .map(|(_, t)| t)
             .map_or("?", |t| t.name.as_str());
         return fail(
             Some(missing),
@@ -875,6 +965,11 @@ fn quantized_difference(
         want_q[i as usize],
         dst[i as usize]
     ))
+}
+
+/// Is input tensor `i` a scale of a weight in `deq`?
+fn deq_dropped(deq: &[Option<Deq>], i: usize) -> bool {
+    deq.iter().flatten().any(|d| d.scale == i)
 }
 
 /// DST's FP8 weights (by DST index): each an F8_E4M3 tensor whose SRC tensor is a 2-D F32,
@@ -975,6 +1070,7 @@ fn check_plan(
         match (actions[p.src], p.expect) {
             (Action::Convert(c), Expect::Convert(got)) if c == got => {}
             (Action::Quantize(q), Expect::Quantize(got, _)) if q == got => {}
+            (Action::Dequantize(q), Expect::Dequantize(got)) if q == got => {}
             (Action::Quantize(q), _) => {
                 return fail(
                     Some(&s.name),
@@ -1184,8 +1280,12 @@ fn first_difference(
         let blocks = s.chunks(BLOCK * src_size).zip(d.chunks(BLOCK * dst_size));
         for (k, (sb, db)) in blocks.enumerate() {
             let want: &[u8] = match expect {
-                // Quantized weights are compared by `quantized_difference`.
-                Expect::Identical | Expect::KeptOverflow(_) | Expect::Quantize(..) => sb,
+                // Quantized weights are compared by `quantized_difference`, dequantized ones
+                // after `dequantize_window` (see `step`).
+                Expect::Identical
+                | Expect::KeptOverflow(_)
+                | Expect::Quantize(..)
+                | Expect::Dequantize(_) => sb,
                 Expect::Convert(c) => {
                     let want = &mut buf[..db.len()];
                     if measure {

@@ -243,6 +243,10 @@ named! {
         Converted = "converted",
         /// An FP8 target's weight, written as F8_E4M3 with its scale.
         Quantized = "quantized",
+        /// An FP8 input's weight, multiplied by its scale into the target dtype.
+        Dequantized = "dequantized",
+        /// An FP8 input's scale (or activation scale): used to dequantize, not written.
+        Dropped = "dropped",
         KeepPattern = "keep_pattern",
         KeepMinSize = "keep_min_size",
         KeepOverflow = "keep_overflow",
