@@ -18,6 +18,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from .. import _engine
+from ..errors import StcastError
 from .common import check_index
 
 if TYPE_CHECKING:
@@ -95,6 +96,66 @@ def config_text(text: str, to: str, ignore: list[str]) -> bytes:
     doc = json.loads(text)
     doc["quantization_config"] = quantization_config(to, ignore)
     return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
+def dequantizes(doc: Any, to: str) -> bool:
+    """Does a config say its checkpoint is FP8 (E4M3) that `to` (bf16, fp16) dequantizes:
+    compressed-tensors' float-quantized 8-bit weights, or DeepSeek's `fp8` e4m3 blocks?"""
+    if to not in ("bf16", "fp16") or not isinstance(doc, dict):
+        return False
+    q = doc.get("quantization_config")
+    if not isinstance(q, dict):
+        return False
+    if q.get("quant_method") == "fp8":
+        return q.get("fmt", "e4m3") == "e4m3"
+    if q.get("quant_method") != "compressed-tensors":
+        return False
+    groups = q.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        return False
+    for g in groups.values():
+        w = g.get("weights") if isinstance(g, dict) else None
+        if not isinstance(w, dict) or (w.get("type"), w.get("num_bits")) != ("float", 8):
+            return False
+    return True
+
+
+def without_quantization(content: bytes) -> bytes:
+    """A config (dtype set already) without its quantization_config, the rest as it was
+    laid out (re-dumped with the source's indentation)."""
+    text = content.decode("utf-8")
+    doc = json.loads(text)
+    doc.pop("quantization_config", None)
+    indent = 2 if "\n" in text else None
+    return (json.dumps(doc, indent=indent) + ("\n" if text.endswith("\n") else "")).encode()
+
+
+def written_only(dst: str, rel: str, text: str, weight_map: dict[str, str]) -> bytes:
+    """The index at `rel` of a dequantized checkpoint: its weight map without the tensors
+    the shards written no longer hold (the scales), and their total size."""
+    kept = {}
+    for shard in sorted(set(weight_map.values())):
+        names = {t.name for t in _layout(os.path.join(dst, shard))}
+        kept.update({k: v for k, v in weight_map.items() if v == shard and k in names})
+    total = check_index(dst, rel, kept)
+    doc = json.loads(text)
+    metadata = {**(doc.get("metadata") or {}), "total_size": total}
+    doc = {**doc, "metadata": metadata, "weight_map": kept}
+    return (json.dumps(doc, indent=2) + "\n").encode("utf-8")
+
+
+def dequantized(dst: str, weight_map: dict[str, str]) -> bool:
+    """Does DST hold a dequantization of the checkpoint `weight_map` indexes: scales it
+    lists are not in the shards written?"""
+    scales = [k for k in weight_map if k.endswith(("_scale", "_scale_inv"))]
+    if not scales:
+        return False
+    shard = weight_map[scales[0]]
+    try:
+        names = {t.name for t in _layout(os.path.join(dst, shard))}
+    except (OSError, StcastError):
+        return False
+    return scales[0] not in names
 
 
 def is_model_config(rel: str) -> bool:

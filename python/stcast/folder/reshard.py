@@ -613,13 +613,48 @@ def resharded_pairs(
             g.index is not None
             and d.index is not None
             and g.index.rel == d.index.rel
-            and src_maps[g.index.rel] == dst_maps[d.index.rel]
+            and _same_map(src_maps[g.index.rel], dst_maps[d.index.rel])
         )
         if not (same_files and same_index):
             pairs.append((g, d))
         elif g.index is not None and same is not None:
             same.append((g, d))
     return pairs
+
+
+_SCALES = (".weight_scale", ".weight_scale_inv", ".input_scale")
+
+
+def _dropped_scale(name: str, where: dict[str, str]) -> bool:
+    """Is `name` an FP8 scale whose weight DST holds (dequantized: the scale is gone)?"""
+    for suffix in _SCALES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)] + ".weight" in where
+    return False
+
+
+def _same_map(a: dict[str, str], b: dict[str, str]) -> bool:
+    """Two weight maps of the same files: equal, or equal but for FP8 scales that one has
+    and the other not (a quantization or dequantization), each beside its weight."""
+    if a == b:
+        return True
+
+    def base(name: str) -> str | None:
+        for suffix in _SCALES:
+            if name.endswith(suffix):
+                return name[: -len(suffix)] + ".weight"
+        return None
+
+    def plain(m: dict[str, str], other: dict[str, str]) -> dict[str, str]:
+        out = {}
+        for k, v in m.items():
+            w = base(k)
+            if k not in other and w is not None and m.get(w) == v and other.get(w) == v:
+                continue
+            out[k] = v
+        return out
+
+    return plain(a, b) == plain(b, a)
 
 
 @dataclass
@@ -665,7 +700,7 @@ def verify_group(
         held.append(names)
     group = s.index.rel if s.index is not None else s.inputs[0].rel
     for n in src_names:
-        if n not in where:
+        if n not in where and not _dropped_scale(n, where):
             return fail(
                 d.inputs[0].rel, f"tensor `{_esc(n)}` of SRC ({_esc(group)}) is in no DST file", n
             )

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from .. import _core, _engine
 from ..errors import Cancelled, InvalidInput, Refused
+from . import fp8 as _fp8
 from .common import INDEX_SUFFIX, MAX_JSON_BYTES, WEIGHTS_SUFFIX, File, read_bounded, source_sha256
 from .ident import chain, is_hub_blob, within
 from .ident import ident as ident_of
@@ -92,6 +93,8 @@ class Plan:
     # With `max_shard_size`: the output shards and indexes that replace the weights' and
     # indexes' outputs (see `reshard`).
     reshard: Reshard | None = None
+    # An FP8 checkpoint dequantized: its indexes lose the scales the shards no longer hold.
+    dequantize: bool = False
 
     def outputs(self) -> dict[str, str]:
         """Every file a whole run writes (relative path -> kind)."""
@@ -144,13 +147,21 @@ def plan(
     keep = precision.get("keep", [])
     new_configs = []
     quantization_config = None
+    dequantize = False
     for f in configs:
         text, doc = read_json(f)
-        if quantization_config is None and _has_quantization_config(doc):
-            quantization_config = f
         # `keep` changes no dtype: the config is copied as it is.
         torch_name = _core.TARGET_TORCH_NAMES.get(to)
-        new_configs.append((f, None if torch_name is None else set_dtypes(text, torch_name)))
+        content = None if torch_name is None else set_dtypes(text, torch_name)
+        if _fp8.dequantizes(doc, to):
+            # FP8 weights with their scales: each file's are dequantized (the engine
+            # refuses any other quantized tensor), and the config loses its
+            # quantization_config.
+            dequantize = True
+            content = _fp8.without_quantization(content or text.encode("utf-8"))
+        elif quantization_config is None and _has_quantization_config(doc):
+            quantization_config = f
+        new_configs.append((f, content))
 
     info: dict[str, InspectReport] = {}
     hashes = {}
@@ -196,6 +207,7 @@ def plan(
         header_sha256=hashes,
         keep_unmatched=unmatched,
         skipped=skipped,
+        dequantize=dequantize,
     )
 
 

@@ -430,6 +430,8 @@ class FileWork:
         def content(rel: str, text: str, weight_map: dict[str, str]) -> bytes:
             if _fp8.is_fp8(to):
                 return _fp8.index_text(dst, rel, text, weight_map)
+            if self.plan.dequantize:
+                return _fp8.written_only(dst, rel, text, weight_map)
             return set_total_size(text, check_index(dst, rel, weight_map))
 
         return [
