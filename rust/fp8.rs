@@ -360,37 +360,117 @@ impl Acc {
     }
 }
 
-/// Quantizes one element with scale `s` (as f32): returns the code and records its error
-/// in lane `l` of `acc`.
+/// The code of one element `x` with scale `s` (as f32).
 #[inline(always)]
-fn quantize_one<E: Elem>(x: f32, s: f32, acc: &mut Acc, l: usize) -> u8 {
-    let y = E::round(x / s);
-    let b = e4m3_from_f32(y);
+fn quantize_one<E: Elem>(x: f32, s: f32) -> u8 {
+    e4m3_from_f32(E::round(x / s))
+}
+
+/// Records the error of element `x`, quantized to code `b` with scale `s`, in lane `l`.
+#[inline(always)]
+fn measure_one(x: f32, b: u8, s: f32, acc: &mut Acc, l: usize) {
     let finite = x.is_finite();
     let xd = f64::from(x);
     let err = (f64::from(e4m3_value(b)) * f64::from(s) - xd).abs();
     let (err, xd) = if finite { (err, xd) } else { (0.0, 0.0) };
-    acc.max_err[l] = acc.max_err[l].max(err);
+    acc.max_err[l] = if err > acc.max_err[l] {
+        err
+    } else {
+        acc.max_err[l]
+    };
     acc.sq_err[l] += err * err;
     acc.sq_src[l] += xd * xd;
     acc.flushed[l] += u64::from(finite & (x != 0.0) & (b & 0x7F == 0));
-    b
 }
 
-/// Quantizes the elements of `src` (whole elements of E) with scale `s` into `q`.
+/// Quantizes the elements of `src` (whole elements of E) with scale `s` into `q`, then
+/// measures them: two flat loops the compiler vectorizes (the codes), and lane-wise
+/// accumulators (the statistics).
 #[inline(always)]
 fn quantize_run<E: Elem>(src: &[u8], s: f32, q: &mut [u8], acc: &mut Acc) {
     let n = (src.len() / E::SIZE).min(q.len());
+    let (src, q) = (&src[..n * E::SIZE], &mut q[..n]);
+    for (b, x) in q.iter_mut().zip(src.chunks_exact(E::SIZE)) {
+        *b = quantize_one::<E>(E::f32_at(x, 0), s);
+    }
     let full = n / LANES * LANES;
-    for c in (0..full).step_by(LANES) {
+    // Local lane accumulators (registers, not the caller's memory), one straight-line
+    // step per chunk: the compiler packs the lanes into vectors.
+    let mut local = Acc::default();
+    for (sc, qc) in src[..full * E::SIZE]
+        .chunks_exact(LANES * E::SIZE)
+        .zip(q[..full].chunks_exact(LANES))
+    {
+        let mut x = [0f32; LANES];
+        let mut v = [0f32; LANES];
         for l in 0..LANES {
-            q[c + l] = quantize_one::<E>(E::f32_at(src, c + l), s, acc, l);
+            x[l] = E::f32_at(sc, l);
+            v[l] = e4m3_value(qc[l]);
+        }
+        for l in 0..LANES {
+            let finite = x[l].is_finite();
+            let xd = if finite { f64::from(x[l]) } else { 0.0 };
+            let dq = if finite {
+                f64::from(v[l]) * f64::from(s)
+            } else {
+                0.0
+            };
+            let err = (dq - xd).abs();
+            local.max_err[l] = if err > local.max_err[l] {
+                err
+            } else {
+                local.max_err[l]
+            };
+            local.sq_err[l] += err * err;
+            local.sq_src[l] += xd * xd;
+            local.flushed[l] += u64::from(finite & (x[l] != 0.0) & (qc[l] & 0x7F == 0));
         }
     }
-    for (i, b) in q.iter_mut().enumerate().take(n).skip(full) {
-        *b = quantize_one::<E>(E::f32_at(src, i), s, acc, 0);
+    for l in 0..LANES {
+        acc.max_err[l] = acc.max_err[l].max(local.max_err[l]);
+        acc.sq_err[l] += local.sq_err[l];
+        acc.sq_src[l] += local.sq_src[l];
+        acc.flushed[l] += local.flushed[l];
+    }
+    for (i, &b) in q.iter().enumerate().skip(full) {
+        measure_one(E::f32_at(src, i), b, s, acc, 0);
     }
     acc.elements += n as u64;
+}
+
+/// Defines `$name`, which runs `$body` (an `#[inline(always)]` fn generic over `$g`)
+/// compiled for the best instruction set this CPU has (AVX-512, AVX2 or the baseline): the
+/// same Rust code, so the same results (IEEE operations only, never contracted), in wider
+/// vectors.
+macro_rules! best_isa {
+    ($name:ident, $body:ident, <$($g:ident: $b:path),*>, ($($p:ident: $t:ty),*) -> $ret:ty) => {
+        #[inline(never)]
+        #[allow(clippy::too_many_arguments)]
+        fn $name<$($g: $b),*>($($p: $t),*) -> $ret {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+                #[allow(clippy::too_many_arguments)]
+                fn avx512<$($g: $b),*>($($p: $t),*) -> $ret {
+                    $body::<$($g),*>($($p),*)
+                }
+                #[target_feature(enable = "avx2,f16c")]
+                #[allow(clippy::too_many_arguments)]
+                fn avx2<$($g: $b),*>($($p: $t),*) -> $ret {
+                    $body::<$($g),*>($($p),*)
+                }
+                match crate::kernels::Isa::detect() {
+                    // SAFETY: detect() returns Avx512 only when the CPU has avx512f,
+                    // avx512bw, avx2 and f16c.
+                    crate::kernels::Isa::Avx512 => return unsafe { avx512::<$($g),*>($($p),*) },
+                    // SAFETY: detect() returns Avx2 only when the CPU has avx2 and f16c.
+                    crate::kernels::Isa::Avx2 => return unsafe { avx2::<$($g),*>($($p),*) },
+                    crate::kernels::Isa::Scalar => {}
+                }
+            }
+            $body::<$($g),*>($($p),*)
+        }
+    };
 }
 
 /// Saves the caller's MXCSR and sets the default one (RNE, no FTZ/DAZ, exceptions
@@ -459,8 +539,10 @@ pub fn quantize_channel(
     }
 }
 
-#[inline(never)]
-fn channel<E: Elem>(cols: usize, src: &[u8], q: &mut [u8], scales: &mut [u8]) -> Fp8Stats {
+best_isa!(channel, channel_body, <E: Elem>, (cols: usize, src: &[u8], q: &mut [u8], scales: &mut [u8]) -> Fp8Stats);
+
+#[inline(always)]
+fn channel_body<E: Elem>(cols: usize, src: &[u8], q: &mut [u8], scales: &mut [u8]) -> Fp8Stats {
     if cols == 0 {
         return Fp8Stats::default();
     }
@@ -508,8 +590,10 @@ pub fn quantize_band(
     }
 }
 
-#[inline(never)]
-fn band<E: Elem>(cols: usize, src: &[u8], q: &mut [u8], scales: &mut [u8]) -> Fp8Stats {
+best_isa!(band, band_body, <E: Elem>, (cols: usize, src: &[u8], q: &mut [u8], scales: &mut [u8]) -> Fp8Stats);
+
+#[inline(always)]
+fn band_body<E: Elem>(cols: usize, src: &[u8], q: &mut [u8], scales: &mut [u8]) -> Fp8Stats {
     if cols == 0 {
         return Fp8Stats::default();
     }
@@ -625,12 +709,14 @@ pub fn dequantize(
     }
 }
 
+best_isa!(dequant, dequant_body, <F: Fn(f32) -> u16>, (layout: ScaleLayout, scales: &[u8], cols: usize, row0: usize, q: &[u8], dst: &mut [u8], reader: ScaleReader, out: F) -> ());
+
 /// The dequantization loop for one (scale dtype, target) pair: `scale_at` reads scale `i`
 /// (of `s_size` bytes),
 /// `out` rounds the f32 product to the target's bits through S.
-#[inline(never)]
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn dequant(
+fn dequant_body<F: Fn(f32) -> u16>(
     layout: ScaleLayout,
     scales: &[u8],
     cols: usize,
@@ -638,7 +724,7 @@ fn dequant(
     q: &[u8],
     dst: &mut [u8],
     (s_size, scale_at): ScaleReader,
-    out: impl Fn(f32) -> u16,
+    out: F,
 ) {
     let n_scales = scales.len() / s_size;
     let scale = |i: usize| {
