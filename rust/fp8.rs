@@ -543,10 +543,10 @@ best_isa!(channel, channel_body, <E: Elem>, (cols: usize, src: &[u8], q: &mut [u
 
 #[inline(always)]
 fn channel_body<E: Elem>(cols: usize, src: &[u8], q: &mut [u8], scales: &mut [u8]) -> Fp8Stats {
-    if cols == 0 {
+    // A width no slice can hold (from a corrupt shape) quantizes nothing.
+    let Some(row_bytes) = cols.checked_mul(E::SIZE).filter(|&b| b > 0) else {
         return Fp8Stats::default();
-    }
-    let row_bytes = cols * E::SIZE;
+    };
     let n = src.len() / row_bytes;
     debug_assert_eq!(src.len(), n * row_bytes, "src holds whole rows");
     debug_assert_eq!(q.len(), n * cols, "q holds n*cols bytes");
@@ -594,10 +594,10 @@ best_isa!(band, band_body, <E: Elem>, (cols: usize, src: &[u8], q: &mut [u8], sc
 
 #[inline(always)]
 fn band_body<E: Elem>(cols: usize, src: &[u8], q: &mut [u8], scales: &mut [u8]) -> Fp8Stats {
-    if cols == 0 {
+    // A width no slice can hold (from a corrupt shape) quantizes nothing.
+    let Some(row_bytes) = cols.checked_mul(E::SIZE).filter(|&b| b > 0) else {
         return Fp8Stats::default();
-    }
-    let row_bytes = cols * E::SIZE;
+    };
     let rows = src.len() / row_bytes;
     let tiles = cols.div_ceil(BLOCK);
     debug_assert_eq!(src.len(), rows * row_bytes, "src holds whole rows");
@@ -739,7 +739,7 @@ fn dequant_body<F: Fn(f32) -> u16>(
         ScaleLayout::Channel => (1, usize::MAX),
         ScaleLayout::Block { rows, cols } => (rows, cols),
     };
-    if cols == 0 || block_rows == 0 || block_cols == 0 {
+    if cols == 0 || cols > q.len() || block_rows == 0 || block_cols == 0 {
         return;
     }
     let tiles_per_row = cols.div_ceil(block_cols);
@@ -759,17 +759,19 @@ fn dequant_body<F: Fn(f32) -> u16>(
         .zip(dst.chunks_exact_mut(2 * cols))
         .enumerate()
     {
-        let tile_row = (row0 + r) / block_rows;
+        let row = row0.saturating_add(r);
+        let tile_row = row / block_rows;
         match layout {
             ScaleLayout::Tensor => run(qrow, scale(0), drow),
-            ScaleLayout::Channel => run(qrow, scale(row0 + r), drow),
+            ScaleLayout::Channel => run(qrow, scale(row), drow),
             ScaleLayout::Block { .. } => {
                 for (t, (qt, dt)) in qrow
                     .chunks(block_cols)
-                    .zip(drow.chunks_mut(2 * block_cols))
+                    .zip(drow.chunks_mut(block_cols.saturating_mul(2)))
                     .enumerate()
                 {
-                    run(qt, scale(tile_row * tiles_per_row + t), dt);
+                    let i = tile_row.saturating_mul(tiles_per_row).saturating_add(t);
+                    run(qt, scale(i), dt);
                 }
             }
         }

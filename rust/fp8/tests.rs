@@ -614,6 +614,45 @@ fn other_dtypes_and_empty_inputs_write_nothing() {
         Fp8Stats::default()
     );
     assert_eq!((q, s), ([0xAA; 4], [0xAA; 8]));
+    // Widths and row indices no slice can hold: nothing written, no overflow panic.
+    assert_eq!(
+        quantize_channel(Dtype::F32, usize::MAX, &[0; 8], &mut q, &mut s),
+        Fp8Stats::default()
+    );
+    assert_eq!(
+        quantize_band(Dtype::BF16, usize::MAX / 2 + 1, &[0; 8], &mut q, &mut s),
+        Fp8Stats::default()
+    );
+    let mut out = [0xAAu8; 8];
+    // (Debug builds assert that q holds whole rows.)
+    if !cfg!(debug_assertions) {
+        let t = ScaleLayout::Tensor;
+        dequantize(
+            t,
+            Dtype::F32,
+            &[0; 4],
+            usize::MAX,
+            0,
+            &q,
+            Dtype::BF16,
+            &mut out,
+        );
+        assert_eq!(out, [0xAA; 8]);
+    }
+    let block = ScaleLayout::Block { rows: 1, cols: 1 };
+    dequantize(
+        block,
+        Dtype::F32,
+        &[0; 4],
+        4,
+        usize::MAX,
+        &q,
+        Dtype::BF16,
+        &mut out,
+    );
+    assert!(out
+        .chunks_exact(2)
+        .all(|o| u16::from_le_bytes([o[0], o[1]]) & 0x7FFF > 0x7F80));
 }
 
 // ---- dequantization -------------------------------------------------------------------
