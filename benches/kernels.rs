@@ -7,6 +7,8 @@
 //! [min-max] of interleaved rounds: the kernel alone, the kernel then `numerics::measure`
 //! per 16 KiB (as `convert` runs them), and `fused::convert_and_measure`.
 //!
+//! Last, FP8 (`stcast::fp8`) on a 4096 x 4096 weight; `-- --fp8` prints only that table.
+//!
 //! `-- --numerics[=CONV] [--rounds=N]` prints only that table; `-- --job=CONV,ISA,JOB,MIB`
 //! runs one of its jobs once, for instruction counts:
 //! `valgrind --tool=callgrind --toggle-collect='*run_numerics_job*' BENCH --job=...`.
@@ -157,6 +159,11 @@ fn main() {
         one_job(spec);
         return;
     }
+    // `--fp8`: only the FP8 table.
+    if args.iter().any(|a| a == "--fp8") {
+        fp8_table();
+        return;
+    }
     // `--numerics[=f32_to_bf16]`: only the numerics table (for one conversion).
     if let Some(arg) = args.iter().find(|a| a.starts_with("--numerics")) {
         let only = arg.strip_prefix("--numerics=");
@@ -226,6 +233,98 @@ fn main() {
     }
 
     numerics_table(large_mib, small_reps, rounds, None);
+    fp8_table();
+}
+
+/// FP8 quantization and dequantization of a 4096 x 4096 weight on one thread, GB/s of
+/// input (the weight for quantization, the e4m3 bytes for dequantization), best of 5 after
+/// a warm-up round: per-row (FP8_DYNAMIC) over all rows in one call, 128x128 blocks
+/// (FP8_BLOCK) band by band, dequantization to bf16, and the non-finite check.
+fn fp8_table() {
+    use safetensors::tensor::Dtype;
+    use stcast::fp8;
+    const N: usize = 4096;
+    let best = |bytes: usize, f: &mut dyn FnMut()| {
+        f();
+        let t = (0..5)
+            .map(|_| {
+                let start = Instant::now();
+                f();
+                start.elapsed()
+            })
+            .min()
+            .unwrap_or(Duration::MAX);
+        bytes as f64 / t.as_secs_f64() / 1e9
+    };
+    println!("\n| fp8, {N} x {N}, 1 thread | GB/s of input |");
+    println!("|---|---:|");
+    let mut q = vec![0u8; N * N];
+    for (d, name, size) in [
+        (Dtype::F32, "f32", 4),
+        (Dtype::BF16, "bf16", 2),
+        (Dtype::F16, "f16", 2),
+    ] {
+        // Values of +-1024 scaled to ordinary weight magnitudes per element size.
+        let src = input_of(N * N * size, size, d == Dtype::BF16);
+        let mut scales = vec![0u8; N * size];
+        let g = best(src.len(), &mut || {
+            black_box(fp8::quantize_channel(d, N, &src, &mut q, &mut scales));
+        });
+        println!("| quantize_channel {name} | {g:.2} |");
+        let mut bscales = vec![0u8; N.div_ceil(128) * size];
+        let g = best(src.len(), &mut || {
+            for (band, qb) in src.chunks(128 * N * size).zip(q.chunks_mut(128 * N)) {
+                black_box(fp8::quantize_band(d, N, band, qb, &mut bscales));
+            }
+        });
+        println!("| quantize_band {name} (per 128-row band) | {g:.2} |");
+        let g = best(src.len(), &mut || {
+            black_box(fp8::has_nonfinite(d, &src));
+        });
+        println!("| has_nonfinite {name} | {g:.2} |");
+    }
+    let src = input_of(N * N * 4, 4, false);
+    let mut scales = vec![0u8; N * 4];
+    fp8::quantize_channel(Dtype::F32, N, &src, &mut q, &mut scales);
+    let mut dst = vec![0u8; 2 * N * N];
+    for (s_dtype, name) in [
+        (Dtype::F32, "f32"),
+        (Dtype::BF16, "bf16"),
+        (Dtype::F16, "f16"),
+    ] {
+        let g = best(q.len(), &mut || {
+            fp8::dequantize(
+                fp8::ScaleLayout::Channel,
+                s_dtype,
+                &scales,
+                N,
+                0,
+                &q,
+                Dtype::BF16,
+                &mut dst,
+            );
+            black_box(&dst);
+        });
+        println!("| dequantize channel, {name} scales -> bf16 | {g:.2} |");
+    }
+    let block = fp8::ScaleLayout::Block {
+        rows: 128,
+        cols: 128,
+    };
+    let g = best(q.len(), &mut || {
+        fp8::dequantize(
+            block,
+            Dtype::F32,
+            &scales[..32 * 32 * 4],
+            N,
+            0,
+            &q,
+            Dtype::BF16,
+            &mut dst,
+        );
+        black_box(&dst);
+    });
+    println!("| dequantize 128x128 blocks, f32 scales -> bf16 | {g:.2} |");
 }
 
 /// The numeric report's cost, per ISA: the kernel alone; the kernel then

@@ -11,6 +11,7 @@
 //! - `gather`: tensors read by gathering: strided views, and boxes in several files;
 //! - `plan`, `dtype`: what each tensor becomes and where it goes;
 //! - `kernels`, `numerics`: convert numbers, and measure what rounding did;
+//! - `fp8`: FP8 E4M3 quantization (as llm-compressor's `model_free_ptq`) and dequantization;
 //! - `window`: the window cursor and parallel split every streaming pass uses;
 //! - `convert`, `scan`, `verify`: the streaming passes;
 //! - `naming`: output file names, stems and sizes (a leaf every other module may ask);
