@@ -20,7 +20,7 @@ use crate::report::{Shown, Span};
 use crate::scan::{self, Scan, ScanKind, Scanned};
 use crate::source::Source;
 use crate::verify::Verifier;
-use crate::vocab::{InputFormat, OnOverflow, ReasonCode, Target};
+use crate::vocab::{Fp8Skip, InputFormat, OnOverflow, ReasonCode, Target};
 use safetensors::tensor::Dtype;
 
 /// Long work, done in steps.
@@ -300,6 +300,8 @@ pub struct TensorRow<'a> {
     pub target_offsets: Span,
     pub reason: ReasonCode,
     pub pattern: Option<&'a str>,
+    /// FP8 targets: why a float tensor that is converted to BF16 is not quantized.
+    pub not_quantized: Option<Fp8Skip>,
     /// With a scan, for the tensors it measured.
     pub numerics: Option<&'a Numerics>,
 }
@@ -324,7 +326,8 @@ impl Inspection {
             .zip(fate)
             .zip(measured)
             .zip(&plan.reasons)
-            .map(|(((t, planned), numerics), reason)| {
+            .enumerate()
+            .map(|(i, (((t, planned), numerics), reason))| {
                 // An FP8 input's scales are not written (`Reason::Dropped`).
                 let (dtype, action, (a, b)) = match planned {
                     None => (&t.dtype, "drop", (0, 0)),
@@ -351,6 +354,7 @@ impl Inspection {
                     target_offsets: Span(a, b),
                     reason: reason.code(),
                     pattern: reason.pattern(),
+                    not_quantized: plan.fp8_skips.get(i).copied().flatten(),
                     numerics,
                 }
             })

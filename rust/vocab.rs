@@ -185,7 +185,6 @@ impl Target {
         ("half", Target::F16),
         ("fp8-dynamic", Target::Fp8),
         ("fp8_dynamic", Target::Fp8),
-        ("fp8-channel", Target::Fp8),
         ("fp8_block", Target::Fp8Block),
     ];
 

@@ -565,7 +565,7 @@ def test_15_completion_scripts_parse_and_know_every_option(run_main, tmp_path):
             check = subprocess.run([exe, "-n", str(script)], capture_output=True, text=True)
             assert check.returncode == 0, (shell, check.stderr)
     _, out, _ = run_main("completion", "bash")
-    assert 'compgen -W "bf16 fp16 keep bfloat16' in out  # --to offers the dtype names
+    assert 'compgen -W "bf16 fp16 keep fp8 fp8-block bfloat16' in out  # --to offers the dtype names
     rc, _, err = run_main("completion", "tcsh")
     assert rc == 2
 

@@ -13,11 +13,13 @@ from typing import Literal, TypedDict
 # Names from the engine (see rust/vocab.rs).
 Target = Literal["bf16", "fp16", "keep", "fp8", "fp8-block"]
 TargetAlias = Literal[
-    "bfloat16", "f16", "float16", "half", "fp8-dynamic", "fp8_dynamic", "fp8-channel", "fp8_block"
+    "bfloat16", "f16", "float16", "half", "fp8-dynamic", "fp8_dynamic", "fp8_block"
 ]
 Reason = Literal[
     "converted",
     "quantized",
+    "dequantized",
+    "dropped",
     "keep_pattern",
     "keep_min_size",
     "keep_overflow",
@@ -55,7 +57,7 @@ WarningKind = Literal[
     "block_shape",
 ]
 ReadAdvice = Literal["normal", "sequential", "willneed"]
-Action = Literal["convert", "copy", "quantize"]
+Action = Literal["convert", "copy", "quantize", "dequantize", "drop"]
 FileKind = Literal["weights", "index", "config", "copy"]
 # The formats `inspect` reports (`InspectReport.format`).
 InputFormat = Literal[

@@ -964,6 +964,23 @@ _REASONS = {
     "bf16_source": "copy: BF16 (convert with --from-bf16)",
     "not_converted": "copy: not converted",
     "not_float": "copy: not a float",
+    "quantized": "quantize: FP8 + scale",
+    "dequantized": "dequantize: FP8 x scale",
+    "dropped": "drop: a scale, used to dequantize",
+}
+
+# Why an FP8 target does not quantize a float tensor it converts to BF16.
+_NOT_QUANTIZED = {
+    "not_weight": "not a weight",
+    "not_2d": "not 2-D",
+    "experts": "3-D experts",
+    "norm": "a norm",
+    "embedding": "an embedding",
+    "lm_head": "the output head",
+    "router": "a router gate",
+    "dtype": "F64",
+    "empty": "empty",
+    "nonfinite": "NaN or inf",
 }
 
 
@@ -972,6 +989,8 @@ def _reason(t: stcast.TensorInfo) -> str:
         return f"keep: --keep '{t.pattern or ''}'"
     if t.reason == "keep_min_size":
         return "keep: under --keep-min-size"
+    if t.reason == "converted" and t.not_quantized is not None:
+        return f"convert: {_NOT_QUANTIZED.get(t.not_quantized, t.not_quantized)}, not FP8"
     return _REASONS.get(t.reason, t.reason)
 
 
@@ -1011,9 +1030,14 @@ def _print_tensor_table(report: stcast.InspectReport, indent: str = "") -> None:
 
 def _print_inspect_totals(reports: list[stcast.InspectReport]) -> None:
     tensors = [t for r in reports for t in r.tensors]
-    converted = [t for t in tensors if t.reason == "converted"]
+    changed = ("converted", "quantized", "dequantized")
+    converted = [t for t in tensors if t.reason in changed]
     kept = [t for t in tensors if t.reason in _core.KEPT_REASONS]
-    copied = [t for t in tensors if t.reason != "converted" and t.reason not in _core.KEPT_REASONS]
+    copied = [
+        t
+        for t in tensors
+        if t.reason not in changed and t.reason not in _core.KEPT_REASONS and t.reason != "dropped"
+    ]
     parts = [
         f"{len(converted)} to convert ({out.size(sum(t.bytes for t in converted))} -> "
         f"{out.size(sum(t.target_bytes for t in converted))})"

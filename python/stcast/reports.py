@@ -256,6 +256,10 @@ class TensorInfo:
     # from_bf16), "not_converted" (F8/F6/F4/complex), "not_float".
     reason: Reason = "converted"
     pattern: str | None = None
+    # FP8 targets: why a float tensor that becomes BF16 is not quantized: "not_weight",
+    # "not_2d", "experts", "norm", "embedding", "lm_head", "router", "dtype", "empty",
+    # "nonfinite" (rust/vocab.rs `Fp8Skip`).
+    not_quantized: str | None = None
     # With scan=True, for converted (and overflow-kept) tensors.
     numerics: NumericsTotal | None = None
     file: str | None = None  # for folders: the file holding it, relative to the folder

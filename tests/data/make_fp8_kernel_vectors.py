@@ -14,6 +14,7 @@ Everything is hex bits (little-endian bytes for `q` and `out`, one string per ro
 - `dequant`: rows of quantized weights with their scales and the bf16 that
   compressed-tensors' own dequantizer gave (`expected-dequant-bf16.safetensors`).
 """
+
 import json
 import struct
 import sys
@@ -28,7 +29,10 @@ def read_st(path):
     header = json.loads(data[8 : 8 + n])
     header.pop("__metadata__", None)
     body = data[8 + n :]
-    return {k: (v["dtype"], v["shape"], body[v["data_offsets"][0] : v["data_offsets"][1]]) for k, v in header.items()}
+    return {
+        k: (v["dtype"], v["shape"], body[v["data_offsets"][0] : v["data_offsets"][1]])
+        for k, v in header.items()
+    }
 
 
 def f32_of(dtype, b):
@@ -75,7 +79,11 @@ def dequant_rows(folder, tensor, layout, want):
     picked += [r for r in dict.fromkeys(spread) if r not in picked][: want - len(picked)]
     res = []
     for r in sorted(picked):
-        srow = sb[(r // 128) * tcols * ssz : ((r // 128) + 1) * tcols * ssz] if layout == "block" else sb[r * ssz : (r + 1) * ssz]
+        srow = (
+            sb[(r // 128) * tcols * ssz : ((r // 128) + 1) * tcols * ssz]
+            if layout == "block"
+            else sb[r * ssz : (r + 1) * ssz]
+        )
         res.append(
             {
                 "fixture": folder.name,
@@ -99,9 +107,16 @@ def main():
     out = {
         "about": "made by tests/data/make_fp8_kernel_vectors.py from the FP8 fixtures' kernel_vectors.json "
         "and expected-dequant-bf16 files (torch %s, llmcompressor %s, compressed-tensors %s)"
-        % (kv["versions"]["torch"], kv["versions"]["llmcompressor"], kv["versions"]["compressed_tensors"]),
+        % (
+            kv["versions"]["torch"],
+            kv["versions"]["llmcompressor"],
+            kv["versions"]["compressed_tensors"],
+        ),
         "codes": [c["f32_bits"] for c in kv["e4m3fn_codes"]],
-        "casts": {d: [c["in_bits"] + c["e4m3"] for c in kv["casts_rne"][d]] for d in ("f32", "bf16", "f16")},
+        "casts": {
+            d: [c["in_bits"] + c["e4m3"] for c in kv["casts_rne"][d]]
+            for d in ("f32", "bf16", "f16")
+        },
         "groups": [
             {
                 "fixture": g["fixture"],

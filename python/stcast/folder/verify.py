@@ -22,8 +22,18 @@ from typing import TYPE_CHECKING, Any
 from .. import _core, _engine
 from ..errors import Refused, StcastError
 from ..reports import Mismatch, Notice, VerifyReport, _build, merged_numerics, numeric_parts
-from . import fp8 as _fp8
 from .common import MAX_JSON_BYTES, WEIGHTS_SUFFIX, File, check_index, read_bounded
+from .fp8 import (
+    config_text,
+    dequantized,
+    dequantizes,
+    index_text,
+    is_fp8,
+    is_model_config,
+    unquantized_modules,
+    without_quantization,
+    written_only,
+)
 from .ident import check_side_file, resolve_hub_repo
 from .ident import ident as ident_of
 from .jsonedit import set_dtypes, set_total_size
@@ -306,14 +316,14 @@ def _check_others(
         text, _ = read_json(f)
         want = None if torch_name is None else set_dtypes(text, torch_name)
         want_bytes = want if want is not None else text.encode("utf-8")
-        if _fp8.dequantizes(json.loads(text), to):
-            want_bytes = _fp8.without_quantization(want_bytes)
-        elif _fp8.is_fp8(to) and _fp8.is_model_config(f.rel):
+        if dequantizes(json.loads(text), to):
+            want_bytes = without_quantization(want_bytes)
+        elif is_fp8(to) and is_model_config(f.rel):
             here = os.path.join(dst, os.path.dirname(f.rel))
             shards = [os.path.join(here, n) for n in sorted(os.listdir(here))]
             shards = [p for p in shards if p.endswith(WEIGHTS_SUFFIX) and os.path.isfile(p)]
-            ignore = _fp8.unquantized_modules(shards)
-            want_bytes = _fp8.config_text(want_bytes.decode("utf-8"), to, ignore)
+            ignore = unquantized_modules(shards)
+            want_bytes = config_text(want_bytes.decode("utf-8"), to, ignore)
         got = read_bounded(os.path.join(dst, f.rel), MAX_JSON_BYTES)
         if not _same_json(got, want_bytes, loose):
             return fail(f.rel, "is not SRC's config with the dtype set to the target")
@@ -322,10 +332,10 @@ def _check_others(
         text, weight_map = read_index(f, found)
 
         try:  # the shards must hold what the index says
-            if _fp8.dequantized(dst, weight_map):
-                want = _fp8.written_only(dst, f.rel, text, weight_map)
-            elif _fp8.is_fp8(to):
-                want = _fp8.index_text(dst, f.rel, text, weight_map)
+            if dequantized(dst, weight_map):
+                want = written_only(dst, f.rel, text, weight_map)
+            elif is_fp8(to):
+                want = index_text(dst, f.rel, text, weight_map)
             else:
                 want = set_total_size(text, check_index(dst, f.rel, weight_map))
         except StcastError as e:

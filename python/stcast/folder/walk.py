@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from .. import _core, _engine
 from ..errors import Cancelled, InvalidInput, Refused
-from . import fp8 as _fp8
 from .common import INDEX_SUFFIX, MAX_JSON_BYTES, WEIGHTS_SUFFIX, File, read_bounded, source_sha256
+from .fp8 import dequantizes, without_quantization
 from .ident import chain, is_hub_blob, within
 from .ident import ident as ident_of
 from .jsonedit import MAX_DEPTH, depth, rename_shards, set_dtypes
@@ -147,21 +147,24 @@ def plan(
     keep = precision.get("keep", [])
     new_configs = []
     quantization_config = None
-    dequantize = False
+    # FP8 configs (compressed-tensors float 8-bit, DeepSeek fp8): their checkpoint is
+    # dequantized when its files hold FP8 weights with scales (the engine refuses any other
+    # quantized tensor), and the config loses its quantization_config.
+    fp8_configs: dict[str, bytes] = {}
     for f in configs:
         text, doc = read_json(f)
         # `keep` changes no dtype: the config is copied as it is.
         torch_name = _core.TARGET_TORCH_NAMES.get(to)
         content = None if torch_name is None else set_dtypes(text, torch_name)
-        if _fp8.dequantizes(doc, to):
-            # FP8 weights with their scales: each file's are dequantized (the engine
-            # refuses any other quantized tensor), and the config loses its
-            # quantization_config.
-            dequantize = True
-            content = _fp8.without_quantization(content or text.encode("utf-8"))
-        elif quantization_config is None and _has_quantization_config(doc):
+        if dequantizes(doc, to):
+            fp8_configs[f.rel] = without_quantization(content or text.encode("utf-8"))
+        if quantization_config is None and _has_quantization_config(doc):
             quantization_config = f
         new_configs.append((f, content))
+    dequantize = bool(fp8_configs) and _dequantizes_any(weights, to, precision)
+    if dequantize:
+        quantization_config = None
+        new_configs = [(f, fp8_configs.get(f.rel, c)) for f, c in new_configs]
 
     info: dict[str, InspectReport] = {}
     hashes = {}
@@ -562,6 +565,21 @@ def _check_index(f: File, weight_map: dict[str, str], names: dict[str, set[str]]
                     f"`{_esc(os.path.basename(rel))}` {said}",
                     path=f.path,
                 )
+
+
+def _dequantizes_any(weights: list[File], to: Target, precision: dict[str, Any]) -> bool:
+    """Does any weight file hold an FP8 weight with its scale, which `to` dequantizes?"""
+    for w in weights:
+        report = _engine.inspect_file(
+            w.path,
+            to=to,
+            **{**precision, "on_overflow": "warn"},
+            keep_unmatched="ignore",
+            allow_quantized=True,
+        )
+        if any(t.reason == "dequantized" for t in report.tensors):
+            return True
+    return False
 
 
 def _has_quantization_config(doc: Any) -> bool:

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Protocol, Union
 from .. import _core, _engine
 from ..errors import DestinationExists, Refused
 from ..reports import ConvertReport, FileReport, Notice, _build, notices
-from . import fp8 as _fp8
 from .common import (
     MAX_JSON_BYTES,
     File,
@@ -30,6 +29,7 @@ from .common import (
     out_path,
 )
 from .common import read_bounded as _read_bounded
+from .fp8 import index_text, is_fp8, written_only
 from .jsonedit import set_total_size
 from .manifest import find_entry as _find_file_entry
 from .reshard import (
@@ -428,10 +428,10 @@ class FileWork:
         An FP8 target's also list the scales the shards hold."""
 
         def content(rel: str, text: str, weight_map: dict[str, str]) -> bytes:
-            if _fp8.is_fp8(to):
-                return _fp8.index_text(dst, rel, text, weight_map)
+            if is_fp8(to):
+                return index_text(dst, rel, text, weight_map)
             if self.plan.dequantize:
-                return _fp8.written_only(dst, rel, text, weight_map)
+                return written_only(dst, rel, text, weight_map)
             return set_total_size(text, check_index(dst, rel, weight_map))
 
         return [

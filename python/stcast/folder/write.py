@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 from .. import _core
 from ..errors import DestinationExists, Refused, StcastError
 from ..reports import FileReport
-from . import fp8 as _fp8
 from .common import MAX_JSON_BYTES, check_cancel, ensure_dir, failpoint, out_path, read_bounded
+from .fp8 import config_text, is_fp8, is_model_config, unquantized_modules
 from .manifest import remove as remove_manifest
 from .walk import File, Plan, read_json
 
@@ -175,7 +175,7 @@ def publish(run: Run, plan: Plan, work: Work) -> list[FileReport]:
         reports.append(FileReport(f.rel, "copy", "copied", f.size, f.size))
     for f, content in plan.configs:
         check_cancel(cancel)
-        if _fp8.is_fp8(run.to) and _fp8.is_model_config(f.rel):
+        if is_fp8(run.to) and is_model_config(f.rel):
             content = fp8_config(dst, run.to, plan, f, content)
         if content is None:
             _copy(run, f, "config", None)
@@ -198,7 +198,7 @@ def fp8_config(dst: str, to: Target, plan: Plan, f: File, content: bytes | None)
     text = content.decode("utf-8") if content is not None else read_json(f)[0]
     here = posixpath.dirname(f.rel)
     shards = [os.path.join(dst, u.rel) for u in plan.units() if posixpath.dirname(u.rel) == here]
-    return _fp8.config_text(text, to, _fp8.unquantized_modules(shards))
+    return config_text(text, to, unquantized_modules(shards))
 
 
 def final_recheck(run: Run, plan: Plan) -> None:
