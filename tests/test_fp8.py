@@ -725,3 +725,88 @@ def test_inspect_to_fp8(tmp_path, rng, run_main):
     q = tensors["model.layers.0.mlp.up_proj.weight"]
     assert q["action"] == "quantize" and q["target_dtype"] == "F8_E4M3"
     assert tensors["lm_head.weight"]["target_dtype"] == "BF16"
+
+
+def test_nonfinite_in_a_later_window(tmp_path, rng):
+    """The NaN is in the last element of a 16 MiB weight (a later window): the task scans and
+    plans again; the weights before and after it are still quantized exactly."""
+    a = rng.standard_normal((4096, 1024)).astype("f4")
+    b = rng.standard_normal((4096, 1024)).astype("f4")
+    c = rng.standard_normal((300, 200)).astype("f4")
+    b[-1, -1] = np.nan
+    src = write_safetensors(
+        tmp_path / "in.safetensors",
+        {
+            "m.a.weight": ("F32", [4096, 1024], a),
+            "m.b.weight": ("F32", [4096, 1024], b),
+            "m.c.weight": ("F32", [300, 200], c),
+        },
+    )
+    out = tmp_path / "out.safetensors"
+    report, caught = quiet_convert(src, out, to="fp8-block")
+    assert [k for k, m in caught if "m.b.weight" in m] == ["not_quantized"]
+    got = tensor_bytes(out)
+    for name, w in (("m.a.weight", a), ("m.c.weight", c)):
+        q, s = ref_quantize(w, "F32", "fp8-block")
+        assert got[name][2] == q.tobytes() and got[name + "_scale"][2] == s.tobytes()
+    assert got["m.b.weight"] == ("BF16", [4096, 1024], b.astype(ml_dtypes.bfloat16).tobytes())
+    assert "m.b.weight_scale" not in got
+    assert report.tensors_quantized == 2
+
+
+def test_nonfinite_with_shards_and_finalize(tmp_path, rng, run_main):
+    folder = sharded(tmp_path, rng)
+    shard = "model-00002-of-00002.safetensors"
+    t = tensor_bytes(folder / shard)
+    name = "model.layers.0.mlp.up_proj.weight"
+    arr = np.frombuffer(t[name][2], "f4").copy()
+    arr[0] = np.nan
+    t[name] = ("F32", t[name][1], arr)
+    write_safetensors(folder / shard, t, metadata={"format": "pt"})
+    whole = tmp_path / "whole"
+    rc, _, err = run_main("convert", folder, whole, "--to", "fp8")
+    assert rc == 0, err
+    out = tmp_path / "dst"
+    for i in (2, 1):
+        rc, _, err = run_main("convert", folder, out, "--to", "fp8", "--shard", f"{i}/2")
+        assert rc == 0, err
+    rc, _, err = run_main("finalize", folder, out)
+    assert rc == 0, err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == {
+        p.name: p.read_bytes() for p in whole.iterdir()
+    }
+    ignore = json.loads((out / "config.json").read_text())["quantization_config"]["ignore"]
+    assert "model.layers.0.mlp.up_proj" in ignore
+
+
+def test_verify_other_strategy_fails(tmp_path, rng, run_main):
+    src = write_safetensors(tmp_path / "in.safetensors", small_model(rng))
+    out = tmp_path / "out.safetensors"
+    quiet_convert(src, out, to="fp8")
+    rc, _, err = run_main("verify", src, out)
+    assert rc == 0, err
+    rc, _, err = run_main("verify", src, out, "--to", "fp8-block")
+    assert rc == 1
+    assert "q_proj" in assert_one_error_line(err)
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: the warning reads '1 weight hold NaN or inf' (holds)")
+def test_nonfinite_warning_grammar(tmp_path, rng):
+    tensors = with_nonfinite(rng, (NAN, np.nan))
+    src = write_safetensors(tmp_path / "in.safetensors", tensors)
+    _, caught = quiet_convert(src, tmp_path / "out.safetensors", to="fp8")
+    (message,) = [m for k, m in caught if k == "not_quantized"]
+    assert message.startswith("1 weight holds NaN or inf"), message
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: inspect --to fp8's summary counts quantized weights as copies ('2 to "
+    "convert ..., 2 to copy') while its JSON says tensors_converted 4, tensors_copied 0",
+)
+def test_inspect_summary_counts_quantized(tmp_path, rng, run_main):
+    t = small_model(rng)
+    src = write_safetensors(tmp_path / "in.safetensors", t)
+    rc, out, err = run_main("inspect", src, "--to", "fp8")
+    assert rc == 0, err
+    assert "to copy" not in out, out
