@@ -676,8 +676,8 @@ def test_shards_then_finalize(tmp_path, rng, run_main):
 
 
 def test_sigint_mid_tensor(tmp_path, rng, cli_process):
-    w = rng.standard_normal((4096, 1024)).astype("f4")  # 16 MiB: more than one window
-    src = write_safetensors(tmp_path / "in.safetensors", {"m.l.weight": ("F32", [4096, 1024], w)})
+    w = rng.standard_normal((2176, 1024)).astype("f4")  # 8.5 MiB: more than one window
+    src = write_safetensors(tmp_path / "in.safetensors", {"m.l.weight": ("F32", [2176, 1024], w)})
     out = tmp_path / "out.safetensors"
     rc, _, err = cli_process(
         "convert", src, out, "--to", "fp8", env={"STCAST_FAILPOINT": "mid-tensor=sigint"}
@@ -728,17 +728,17 @@ def test_inspect_to_fp8(tmp_path, rng, run_main):
 
 
 def test_nonfinite_in_a_later_window(tmp_path, rng):
-    """The NaN is in the last element of a 16 MiB weight (a later window): the task scans and
-    plans again; the weights before and after it are still quantized exactly."""
-    a = rng.standard_normal((4096, 1024)).astype("f4")
-    b = rng.standard_normal((4096, 1024)).astype("f4")
+    """The NaN is in the last element of a 8.5 MiB weight (its second 8 MiB window): the task
+    scans and plans again; the weights before and after it are still quantized exactly."""
+    a = rng.standard_normal((256, 1024)).astype("f4")
+    b = rng.standard_normal((2176, 1024)).astype("f4")
     c = rng.standard_normal((300, 200)).astype("f4")
     b[-1, -1] = np.nan
     src = write_safetensors(
         tmp_path / "in.safetensors",
         {
-            "m.a.weight": ("F32", [4096, 1024], a),
-            "m.b.weight": ("F32", [4096, 1024], b),
+            "m.a.weight": ("F32", [256, 1024], a),
+            "m.b.weight": ("F32", [2176, 1024], b),
             "m.c.weight": ("F32", [300, 200], c),
         },
     )
@@ -749,7 +749,7 @@ def test_nonfinite_in_a_later_window(tmp_path, rng):
     for name, w in (("m.a.weight", a), ("m.c.weight", c)):
         q, s = ref_quantize(w, "F32", "fp8-block")
         assert got[name][2] == q.tobytes() and got[name + "_scale"][2] == s.tobytes()
-    assert got["m.b.weight"] == ("BF16", [4096, 1024], b.astype(ml_dtypes.bfloat16).tobytes())
+    assert got["m.b.weight"] == ("BF16", [2176, 1024], b.astype(ml_dtypes.bfloat16).tobytes())
     assert "m.b.weight_scale" not in got
     assert report.tensors_quantized == 2
 
