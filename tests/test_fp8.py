@@ -908,3 +908,41 @@ def test_huge_row_dry_run(tmp_path, run_main):
     src = huge_row(tmp_path)
     rc, _, err = run_main("convert", src, tmp_path / "out.safetensors", "--to", "fp8", "--dry-run")
     assert rc == 1, err
+
+
+def test_torch_bin_folder(tmp_path, rng, run_main):
+    from test_torch_folder import make_bin_model
+
+    arrays = make_bin_model(tmp_path / "src", rng, trainer=False)
+    out = tmp_path / "dst"
+    rc, _, err = run_main("convert", tmp_path / "src", out, "--to", "fp8-block")
+    assert rc == 0, err
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    total = 0
+    for k, a in enumerate(arrays.values()):
+        shard = f"model-{k + 1:05d}-of-00002.safetensors"
+        got = tensor_bytes(out / shard)
+        total += sum(len(raw) for _, _, raw in got.values())
+        w = a[f"model.layers.{k}.mlp.weight"]
+        q, s = ref_quantize(w, "F32", "fp8-block")
+        assert got[f"model.layers.{k}.mlp.weight"][2] == q.tobytes()
+        assert got[f"model.layers.{k}.mlp.weight_scale"][2] == s.tobytes()
+        assert index["weight_map"][f"model.layers.{k}.mlp.weight_scale"] == shard
+    assert index["metadata"]["total_size"] == total
+    rc, _, err = run_main("verify", tmp_path / "src", out)
+    assert rc == 0, err
+
+
+def test_torch_bf16_storage(tmp_path, rng):
+    import torchfile as tf
+
+    w = rng.standard_normal((130, 70)).astype(ml_dtypes.bfloat16)
+    src = tmp_path / "in.pt"
+    tf.write_zip(src, {"m.a.weight": tf.tensor("0", "bfloat16", (130, 70))}, {"0": w.tobytes()})
+    for to in SCHEME:
+        out = tmp_path / f"{to}.safetensors"
+        quiet_convert(src, out, to=to)
+        q, s = ref_quantize(w, "BF16", to)
+        got = tensor_bytes(out)
+        assert got["m.a.weight"][2] == q.tobytes()
+        assert got["m.a.weight_scale"] == ("BF16", list(s.shape), s.tobytes())
