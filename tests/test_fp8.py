@@ -946,3 +946,16 @@ def test_torch_bf16_storage(tmp_path, rng):
         got = tensor_bytes(out)
         assert got["m.a.weight"][2] == q.tobytes()
         assert got["m.a.weight_scale"] == ("BF16", list(s.shape), s.tobytes())
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG (or design gap): verify --loose ('for files from other tools') refuses "
+    "model_free_ptq's own FP8 output: '__metadata__ differs: key \"format\" is missing in "
+    "DST' (model_free_ptq writes no __metadata__), though every quantized byte matches",
+)
+@pytest.mark.parametrize("to", list(SCHEME))
+def test_verify_loose_model_free_ptq_output(run_main, to):
+    folder = EXPECTED["runs"]["llama-fp32"][SCHEME[to]]["folder"]
+    rc, _, err = run_main("verify", FIX / "llama-fp32", FIX / folder, "--to", to, "--loose")
+    assert rc == 0, err
