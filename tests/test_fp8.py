@@ -139,6 +139,10 @@ def check_against_fixture(source: str, to: str, src_file: Path, out_file: Path) 
 RUNS = [(s, to) for s in SOURCES for to in SCHEME]
 
 
+def run_folder(source: str, to: str) -> str:
+    return EXPECTED["runs"][source][SCHEME[to]]["folder"]
+
+
 @pytest.mark.parametrize("source, to", RUNS)
 def test_fixture_file(tmp_path, source, to):
     src = derive(source, tmp_path)
@@ -161,8 +165,11 @@ def test_fixture_folder(tmp_path, source, to):
     quiet_convert(folder, out, to=to)
     check_against_fixture(source, to, src_file, out / "model.safetensors")
     config = json.loads((out / "config.json").read_text())
-    qc = config["quantization_config"]
+    qc = config.pop("quantization_config")
     assert set(qc["ignore"]) == {"lm_head", "model.embed_tokens"}
+    theirs = json.loads((FIX / run_folder(source, to) / "config.json").read_text())
+    del theirs["quantization_config"]
+    assert config == {**theirs, "dtype": "bfloat16"}
     assert qc["config_groups"][SCHEME[to]]["weights"]["strategy"] == (
         "block" if to == "fp8-block" else "channel"
     )
