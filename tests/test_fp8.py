@@ -966,3 +966,18 @@ def test_verify_loose_model_free_ptq_output(run_main, to):
     folder = EXPECTED["runs"]["llama-fp32"][SCHEME[to]]["folder"]
     rc, _, err = run_main("verify", FIX / "llama-fp32", FIX / folder, "--to", to, "--loose")
     assert rc == 0, err
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: the CLI does not name the FP8 targets: `convert --help` says --to is 'bf16 "
+    "(bfloat16), fp16 (float16, half), or keep', and `--to fp8block` says \"unknown target: "
+    'bf16, fp16 or keep" (the API lists fp8, fp8-block)',
+)
+def test_cli_names_fp8_targets(tmp_path, rng, run_main):
+    src = write_safetensors(tmp_path / "in.safetensors", small_model(rng))
+    rc, out, err = run_main("convert", src, tmp_path / "o.safetensors", "--to", "fp8block")
+    assert rc == 2
+    assert "fp8-block" in err, err
+    rc, out, _ = run_main("convert", "--help")
+    assert rc == 0 and "fp8-block" in out
