@@ -150,6 +150,8 @@ def test_fixture_file(tmp_path, source, to):
     report, _ = quiet_convert(src, out, to=to)
     check_against_fixture(source, to, src, out)
     assert report.tensors_quantized == 7
+    assert stcast.verify(src, out, to=to).ok
+    assert stcast.verify(src, out).ok
 
 
 @pytest.mark.parametrize("source, to", RUNS)
@@ -517,9 +519,9 @@ def test_verify_tampered(tmp_path, rng, run_main, to, what):
     line = assert_one_error_line(err)
     assert name in line, line
     if to == "fp8":
-        assert "row" in line and ("3" if what == "scale" else "5") in line, line
+        assert ("row 3" if what == "scale" else "(5, 2) in row 5") in line, line
     else:
-        assert "block" in line, line
+        assert ("block (0, 0)" if what == "scale" else "(5, 2) in block (0, 0)") in line, line
 
 
 def test_verify_tampered_config(tmp_path, rng, run_main):
