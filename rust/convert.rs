@@ -414,7 +414,6 @@ impl Job {
         let outputs = check_outputs(&src, dst, opts)?;
         let mut plan = plan::plan(&src.path, &src.header, &opts.plan)?;
         check_something_changes(&src, &plan, opts.allow_copy)?;
-        check_groups(&src, &plan)?;
         plan.warnings.splice(0..0, src.warnings());
         let dir = output::parent_dir(dst);
         // Temp files of killed runs (named ones, where O_TMPFILE is missing) go first.
@@ -982,24 +981,6 @@ fn sync_range(fd: i32, (a, b): (u64, u64), flags: libc::c_uint) -> std::io::Resu
     } else {
         Err(std::io::Error::last_os_error())
     }
-}
-
-/// Refuse, before any output exists, a quantized weight whose group the window bound cannot
-/// hold.
-fn check_groups(src: &Source, plan: &Plan) -> Result<()> {
-    for t in &plan.tensors {
-        if let Action::Quantize(q) = t.action {
-            if q.granule() > crate::quant::MAX_GROUP {
-                return Err(Error::GroupTooLarge {
-                    path: src.path.clone(),
-                    tensor: src.header.tensors[t.source].name.clone(),
-                    bytes: q.granule(),
-                    limit: crate::quant::MAX_GROUP,
-                });
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Two disjoint ranges `(start, len)` of `buf`, mutably.

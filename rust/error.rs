@@ -163,14 +163,6 @@ pub enum Error {
     /// An FP8 target met NaN or inf in a weight it planned to quantize. `ConvertTask` catches
     /// it, finds every such weight and plans again with them unquantized.
     NonFiniteWeight { path: PathBuf, tensor: String },
-    /// An FP8 target's weight whose group (a row, or a band of 128 rows) is larger than the
-    /// window bound holds.
-    GroupTooLarge {
-        path: PathBuf,
-        tensor: String,
-        bytes: u64,
-        limit: u64,
-    },
     /// An option's value is out of range.
     BadOption {
         option: OptionName,
@@ -264,7 +256,6 @@ impl Error {
             | Error::UnmatchedPatterns { .. }
             | Error::Overflow { .. }
             | Error::Quantized { .. }
-            | Error::GroupTooLarge { .. }
             | Error::NoDestinationFolder { .. }
             | Error::DestinationIsInput { .. }
             | Error::DestinationIsFolder { .. }
@@ -299,7 +290,6 @@ impl Error {
             | Error::Overflow { path, .. }
             | Error::Quantized { path, .. }
             | Error::NonFiniteWeight { path, .. }
-            | Error::GroupTooLarge { path, .. }
             | Error::DestinationIsInput { path }
             | Error::DestinationIsFolder { path }
             | Error::DestinationIsSpecial { path }
@@ -442,16 +432,6 @@ impl Error {
             ),
             Error::NonFiniteWeight { tensor, .. } => format!(
                 "tensor `{}` holds NaN or inf: it cannot be quantized to FP8",
-                esc(tensor)
-            ),
-            Error::GroupTooLarge {
-                tensor,
-                bytes,
-                limit,
-                ..
-            } => format!(
-                "tensor `{}`: one FP8 group of it is {bytes} bytes, more than the {limit} a \
-                 window may hold; keep it with {{keep}}",
                 esc(tensor)
             ),
             Error::Quantized { why, tensors, .. } => format!(

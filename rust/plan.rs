@@ -379,6 +379,10 @@ pub fn plan(path: &Path, src: &SourceHeader, opts: &PlanOptions) -> Result<Plan>
     let mut tensors: Vec<TensorPlan> = Vec::with_capacity(src.tensors.len());
     let strategy = opts.target.strategy();
     let mut fp8_skips = Vec::new();
+    let names: HashSet<&str> = match strategy {
+        Some(_) => src.tensors.iter().map(|t| t.name.as_str()).collect(),
+        None => HashSet::new(),
+    };
     let (deq, dropped) = match (opts.target.dtype(), strategy) {
         (Some(d), None) => quant::dequantizable(&src.tensors, d),
         _ => (Vec::new(), Vec::new()),
@@ -405,6 +409,10 @@ pub fn plan(path: &Path, src: &SourceHeader, opts: &PlanOptions) -> Result<Plan>
             let float = matches!(t.dtype, Dtype::F64 | Dtype::F32 | Dtype::F16 | Dtype::BF16);
             let choice = match quant::choose(&t.name, t.dtype, &t.shape, strategy) {
                 Ok(_) if opts.unquantized.contains(&t.name) => Err(Fp8Skip::NonFinite),
+                Ok(_) if names.contains(quant::scale_name(&t.name).as_str()) => {
+                    Err(Fp8Skip::ScaleNameTaken)
+                }
+                Ok(q) if q.granule() > quant::MAX_GROUP => Err(Fp8Skip::GroupTooLarge),
                 c => c,
             };
             let keep_min = t.len() / crate::dtype::elem_size(t.dtype) < opts.keep_min_size;
@@ -697,10 +705,31 @@ fn fp8_warnings(plan: &Plan, src: &SourceHeader) -> Vec<Warning> {
         out.push(Warning::new(
             WarningKind::NotQuantized,
             format!(
-                "{} hold NaN or inf, so no finite scale exists: left unquantized in BF16 and \
+                "{} NaN or inf, so no finite scale exists: left unquantized in BF16 and \
                  listed in the config's ignore: {}",
-                count_of(nonfinite.len(), "weight"),
+                if nonfinite.len() == 1 {
+                    "1 weight holds".to_string()
+                } else {
+                    format!("{} weights hold", nonfinite.len())
+                },
                 name_list(nonfinite.iter().copied(), 5)
+            ),
+        ));
+    }
+    let big = named(Fp8Skip::GroupTooLarge);
+    if !big.is_empty() {
+        out.push(Warning::new(
+            WarningKind::NotQuantized,
+            format!(
+                "{} a group (a row, or a band of 128 rows) larger than the {} MiB a window \
+                 holds: left unquantized in BF16: {}",
+                if big.len() == 1 {
+                    "1 weight has".to_string()
+                } else {
+                    format!("{} weights have", big.len())
+                },
+                quant::MAX_GROUP >> 20,
+                name_list(big.iter().copied(), 5)
             ),
         ));
     }

@@ -290,6 +290,17 @@ mod tests {
             c,
         );
         assert_eq!(e, Err(Fp8Skip::Experts));
+        let e = choose(
+            "model.layers.0.mlp.experts.gate_up_proj",
+            Dtype::BF16,
+            &[8, 4, 4],
+            c,
+        );
+        assert_eq!(e, Err(Fp8Skip::Experts));
+        let conv = choose("model.conv1d.weight", Dtype::F32, &[8, 4, 4], c);
+        assert_eq!(conv, Err(Fp8Skip::NotMatrix));
+        let shared = q("model.layers.0.mlp.shared_expert_gate.weight");
+        assert_eq!(shared, Err(Fp8Skip::Router));
         assert_eq!(
             choose("a.weight", Dtype::F32, &[8], c),
             Err(Fp8Skip::NotMatrix)

@@ -154,6 +154,10 @@ named! {
         Empty = "empty",
         /// It holds NaN or infinity: a scale would be NaN or infinite, which vLLM cannot use.
         NonFinite = "nonfinite",
+        /// The input already has a tensor named like its scale (`X.weight_scale`).
+        ScaleNameTaken = "scale_name_taken",
+        /// One of its groups (a row, or a band of 128 rows) is larger than a window holds.
+        GroupTooLarge = "group_too_large",
     }
 }
 
@@ -171,6 +175,8 @@ impl Fp8Skip {
             Fp8Skip::Dtype => "F64",
             Fp8Skip::Empty => "empty",
             Fp8Skip::NonFinite => "holds NaN or inf",
+            Fp8Skip::ScaleNameTaken => "its scale's name is taken by another tensor",
+            Fp8Skip::GroupTooLarge => "a group (row or 128-row band) larger than 48 MiB",
         }
     }
 }
