@@ -184,6 +184,10 @@ fn sniffed_header(
     let selection =
         ck.select_releasing(opts.key.as_deref(), &opts.strip_prefix, &|| release(bytes))?;
     let stored: u64 = ck.storages.iter().map(|s| s.len).sum();
+    let (format, globals) = (ck.format, ck.globals.clone());
+    // The selection holds what is needed: the parsed pickle, its storages and tensors go
+    // before the header is built beside it.
+    drop(ck);
     let mut tensors: Vec<SourceTensor> = Vec::with_capacity(selection.tensors.len());
     for t in selection.tensors {
         let desc = t.desc;
@@ -229,10 +233,10 @@ fn sniffed_header(
         tensors,
     };
     let origin = Origin {
-        format: ck.format,
+        format,
         key: selection.key,
         skipped: selection.skipped,
-        globals: ck.globals.clone(),
+        globals,
         unlisted: selection.placeholders,
     };
     Ok((header, origin))

@@ -410,8 +410,11 @@ fn read_zip<'a>(
         release,
     };
     let pickle = pickle::unpickle(archive.data(bytes, pkl), "data.pkl", limits, &mut loader)?;
-    let storages = loader.storages;
+    let ZipStorages { mut storages, .. } = loader;
+    storages.shrink_to_fit();
     let prefix = prefix.trim_end_matches('/').to_string();
+    // The directory (500k entries: some 40 MB) is not needed to describe the tensors.
+    drop(archive);
     Ok(finish(
         Format::TorchZip,
         pickle,
@@ -428,10 +431,12 @@ fn finish<'a>(
     prefix: Option<String>,
     limits: &Limits,
 ) -> Checkpoint<'a> {
-    let tensors = std::mem::take(&mut pickle.tensors)
+    let mut tensors: Vec<_> = std::mem::take(&mut pickle.tensors)
         .into_iter()
         .map(|slot| slot.and_then(|raw| tensor::describe(&raw, &storages, limits.max_ndim)))
         .collect();
+    // Collected in place, in the raw tensors' larger (and doubled) allocation.
+    tensors.shrink_to_fit();
     let placeholders = pickle.placeholders.clone();
     let globals = pickle.globals.clone();
     Checkpoint {
