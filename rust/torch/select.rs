@@ -101,11 +101,20 @@ fn quoted(s: &str) -> String {
     out
 }
 
-fn join(path: &str, name: &str) -> String {
+/// `path.key`, or the key alone at the top (one string made, not two).
+fn join(path: &str, key: Key<'_>, ck: &Checkpoint) -> String {
     if path.is_empty() {
-        name.to_string()
-    } else {
-        format!("{path}.{name}")
+        return key.render(ck);
+    }
+    match key {
+        Key::Str(s) => {
+            let mut out = String::with_capacity(path.len() + 1 + s.len());
+            out.push_str(path);
+            out.push('.');
+            out.push_str(s);
+            out
+        }
+        _ => format!("{path}.{}", key.render(ck)),
     }
 }
 
@@ -209,7 +218,7 @@ impl Checkpoint<'_> {
                     }
                     let entries = self.entries(d);
                     budget.spend(entries.len() + 1, self)?;
-                    let path = join(&all[index].path, &key.render(self));
+                    let path = join(&all[index].path, key, self);
                     all.push(TensorDict {
                         path,
                         direct: 0,
@@ -475,7 +484,7 @@ impl Checkpoint<'_> {
             let name = if subscripts {
                 format!("{path}{}", key.subscript(self))
             } else {
-                join(path, &key.render(self))
+                join(path, key, self)
             };
             let odd = odd.or(match key {
                 Key::Other(id) => Some(self.pickle.get(id).kind()),
