@@ -190,30 +190,36 @@ fn sniffed_header(
     drop(ck);
     let mut tensors: Vec<SourceTensor> = Vec::with_capacity(selection.tensors.len());
     for t in selection.tensors {
-        let desc = t.desc;
-        let shape = desc
-            .shape
-            .iter()
-            .map(|&d| usize::try_from(d))
-            .collect::<std::result::Result<Vec<usize>, _>>()
-            .map_err(|_| TorchError::Tensor {
-                name: t.name.clone(),
+        let mut desc = t.desc;
+        if desc.shape.iter().any(|&d| usize::try_from(d).is_err()) {
+            return Err(TorchError::Tensor {
+                name: t.name,
                 problem: torch::TensorProblem::Overflow,
-            })?;
-        let (start, end, gather) = match desc.contiguous_range() {
-            Some(r) if !desc.big_endian => (r.start, r.end, None),
+            });
+        }
+        // Each dimension fits (checked above). The shape's allocation is reused where the
+        // description is not kept: nothing new is allocated per tensor once the checkpoint
+        // is gone, so nothing lands in the holes it left (which `malloc_trim` returns).
+        let to_usize = |d: u64| d as usize;
+        let dtype = desc.dtype;
+        let (start, end, shape, gather) = match desc.contiguous_range() {
+            Some(r) if !desc.big_endian => {
+                let shape = std::mem::take(&mut desc.shape).into_iter().map(to_usize);
+                (r.start, r.end, shape.collect(), None)
+            }
             _ => {
                 let start = desc.span().start;
                 let end = start.checked_add(desc.nbytes()).ok_or(TorchError::Tensor {
                     name: t.name.clone(),
                     problem: torch::TensorProblem::Overflow,
                 })?;
-                (start, end, Some(Box::new(Gather::View(desc.clone()))))
+                let shape = desc.shape.iter().copied().map(to_usize).collect();
+                (start, end, shape, Some(Box::new(Gather::View(desc))))
             }
         };
         tensors.push(SourceTensor {
             name: t.name,
-            dtype: desc.dtype,
+            dtype,
             shape,
             start,
             end,
