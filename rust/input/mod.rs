@@ -184,32 +184,42 @@ fn sniffed_header(
     let selection =
         ck.select_releasing(opts.key.as_deref(), &opts.strip_prefix, &|| release(bytes))?;
     let stored: u64 = ck.storages.iter().map(|s| s.len).sum();
+    let (format, globals) = (ck.format, ck.globals.clone());
+    // The selection holds what is needed: the parsed pickle, its storages and tensors go
+    // before the header is built beside it.
+    drop(ck);
     let mut tensors: Vec<SourceTensor> = Vec::with_capacity(selection.tensors.len());
     for t in selection.tensors {
-        let desc = t.desc;
-        let shape = desc
-            .shape
-            .iter()
-            .map(|&d| usize::try_from(d))
-            .collect::<std::result::Result<Vec<usize>, _>>()
-            .map_err(|_| TorchError::Tensor {
-                name: t.name.clone(),
+        let mut desc = t.desc;
+        if desc.shape.iter().any(|&d| usize::try_from(d).is_err()) {
+            return Err(TorchError::Tensor {
+                name: t.name,
                 problem: torch::TensorProblem::Overflow,
-            })?;
-        let (start, end, gather) = match desc.contiguous_range() {
-            Some(r) if !desc.big_endian => (r.start, r.end, None),
+            });
+        }
+        // Each dimension fits (checked above). The shape's allocation is reused where the
+        // description is not kept: nothing new is allocated per tensor once the checkpoint
+        // is gone, so nothing lands in the holes it left (which `malloc_trim` returns).
+        let to_usize = |d: u64| d as usize;
+        let dtype = desc.dtype;
+        let (start, end, shape, gather) = match desc.contiguous_range() {
+            Some(r) if !desc.big_endian => {
+                let shape = std::mem::take(&mut desc.shape).into_iter().map(to_usize);
+                (r.start, r.end, shape.collect(), None)
+            }
             _ => {
                 let start = desc.span().start;
                 let end = start.checked_add(desc.nbytes()).ok_or(TorchError::Tensor {
                     name: t.name.clone(),
                     problem: torch::TensorProblem::Overflow,
                 })?;
-                (start, end, Some(Box::new(Gather::View(desc.clone()))))
+                let shape = desc.shape.iter().copied().map(to_usize).collect();
+                (start, end, shape, Some(Box::new(Gather::View(desc))))
             }
         };
         tensors.push(SourceTensor {
             name: t.name,
-            dtype: desc.dtype,
+            dtype,
             shape,
             start,
             end,
@@ -229,10 +239,10 @@ fn sniffed_header(
         tensors,
     };
     let origin = Origin {
-        format: ck.format,
+        format,
         key: selection.key,
         skipped: selection.skipped,
-        globals: ck.globals.clone(),
+        globals,
         unlisted: selection.placeholders,
     };
     Ok((header, origin))

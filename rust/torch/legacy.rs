@@ -13,7 +13,6 @@
 
 use std::collections::HashMap;
 
-use super::dtype;
 use super::error::TorchError;
 use super::pickle::{self, NoStorages, ObjId, Object, Objects, Pickle, StorageRef, Storages};
 use super::{parse_pid, pid_error, reference, Limits, Storage};
@@ -36,26 +35,26 @@ impl Storages for LegacyStorages {
     fn load(&mut self, objects: Objects<'_, '_>, pid: ObjId) -> Result<StorageRef, TorchError> {
         let pid = parse_pid(objects, pid)?;
         let es = u64::from(pid.dtype.size);
-        if self.views.contains_key(&pid.key) {
+        if self.views.contains_key(pid.key) {
             return Err(pid_error(format!(
                 "storage key `{}` names an earlier view",
                 pid.key
             )));
         }
-        let index = match self.by_key.get(&pid.key) {
+        let index = match self.by_key.get(pid.key) {
             Some(&i) => i,
             None => {
                 let len = pid
                     .numel
                     .checked_mul(es)
                     .ok_or(TorchError::StorageTooShort {
-                        key: pid.key.clone(),
+                        key: pid.key.to_string(),
                         need: u64::MAX,
                         have: 0,
                     })?;
                 self.storages.push(Storage {
-                    key: pid.key.clone(),
-                    dtype: pid.dtype.name,
+                    key: super::StorageKey::new(pid.key),
+                    dtype: pid.dtype,
                     elem_size: es,
                     numel: pid.numel,
                     offset: 0,
@@ -63,20 +62,20 @@ impl Storages for LegacyStorages {
                     big_endian: false,
                     in_zip: false,
                 });
-                self.by_key.insert(pid.key.clone(), self.storages.len() - 1);
+                self.by_key
+                    .insert(pid.key.to_string(), self.storages.len() - 1);
                 self.storages.len() - 1
             }
         };
         let root = &self.storages[index];
-        let first = dtype::by_name(root.dtype).unwrap_or_else(dtype::uint8);
-        let whole = reference(index, first, root.len, &pid, false);
+        let whole = reference(index, root.dtype, root.len, &pid, false);
         let Some((view_key, off, size)) = pid.view else {
             return Ok(whole);
         };
-        if self.by_key.contains_key(&view_key) {
+        if self.by_key.contains_key(view_key) {
             return Err(pid_error(format!("view key `{view_key}` names a storage")));
         }
-        if let Some(&cached) = self.views.get(&view_key) {
+        if let Some(&cached) = self.views.get(view_key) {
             return Ok(cached);
         }
         // As torch: the view's offset and size count elements of this reference's dtype.
@@ -90,13 +89,13 @@ impl Storages for LegacyStorages {
             },
             _ => {
                 return Err(TorchError::StorageView {
-                    key: root.key.clone(),
+                    key: root.key.to_string(),
                     end: end.unwrap_or(u64::MAX),
                     available: root.len,
                 })
             }
         };
-        self.views.insert(view_key, view);
+        self.views.insert(view_key.to_string(), view);
         Ok(view)
     }
 }

@@ -109,9 +109,9 @@ impl Default for Limits {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Storage {
     /// The key the pickle names it by (`0`, `1`, ... in zips; a number in legacy files).
-    pub key: String,
-    /// Torch name of the dtype of its first reference (`uint8` for untyped storages).
-    pub dtype: &'static str,
+    pub key: StorageKey,
+    /// The dtype of its first reference (`uint8` for untyped storages).
+    pub dtype: &'static TorchDtype,
     pub elem_size: u64,
     /// Elements, as the pickle records them.
     pub numel: u64,
@@ -122,6 +122,42 @@ pub struct Storage {
     pub big_endian: bool,
     /// Whether it is a zip entry, `{prefix}/data/{key}` (false in legacy files).
     pub in_zip: bool,
+}
+
+/// A storage's key: one written as torch writes keys (`0`, `1`, ...: decimal, no leading
+/// zero) is held as its value, so that 500k storages keep no text each (some 20 MB).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StorageKey {
+    Number(u64),
+    Text(Box<str>),
+}
+
+impl StorageKey {
+    pub fn new(key: &str) -> StorageKey {
+        match decimal(key) {
+            Some(n) => StorageKey::Number(n),
+            None => StorageKey::Text(key.into()),
+        }
+    }
+}
+
+impl std::fmt::Display for StorageKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StorageKey::Number(n) => write!(f, "{n}"),
+            StorageKey::Text(t) => f.write_str(t),
+        }
+    }
+}
+
+impl PartialEq<&str> for StorageKey {
+    fn eq(&self, other: &&str) -> bool {
+        match self {
+            // A number is only ever made of the one text that spells it.
+            StorageKey::Number(n) => decimal(other) == Some(*n),
+            StorageKey::Text(t) => **t == **other,
+        }
+    }
 }
 
 /// A parsed checkpoint. Nothing of the storages' data has been read.
@@ -157,13 +193,14 @@ impl Checkpoint<'_> {
     }
 }
 
-/// A persistent id, `('storage', storage_type, key, location, numel[, view_metadata])`.
-pub(crate) struct Pid {
+/// A persistent id, `('storage', storage_type, key, location, numel[, view_metadata])`; its
+/// keys are borrowed from the pickle.
+pub(crate) struct Pid<'p> {
     pub dtype: &'static TorchDtype,
-    pub key: String,
+    pub key: &'p str,
     pub numel: u64,
     /// `(view_key, offset, size)` of a legacy storage view.
-    pub view: Option<(String, u64, u64)>,
+    pub view: Option<(&'p str, u64, u64)>,
 }
 
 pub(crate) fn pid_error(reason: impl Into<String>) -> TorchError {
@@ -176,13 +213,13 @@ pub(crate) fn pid_error(reason: impl Into<String>) -> TorchError {
     }
 }
 
-pub(crate) fn parse_pid(objects: Objects<'_, '_>, pid: ObjId) -> Result<Pid, TorchError> {
+pub(crate) fn parse_pid<'p>(objects: Objects<'p, '_>, pid: ObjId) -> Result<Pid<'p>, TorchError> {
     let get = |id: ObjId| objects.get(id);
-    let text = |id: ObjId| {
+    let text = |id: ObjId| -> Option<&'p str> {
         let o = objects.arena(id)?;
         match (o.as_str(), o.as_bytes()) {
-            (Some(s), _) => Some(s.to_string()),
-            (_, Some(b)) => std::str::from_utf8(b).ok().map(str::to_string),
+            (Some(s), _) => Some(s),
+            (_, Some(b)) => std::str::from_utf8(b).ok(),
             _ => None,
         }
     };
@@ -192,7 +229,7 @@ pub(crate) fn parse_pid(objects: Objects<'_, '_>, pid: ObjId) -> Result<Pid, Tor
     if t.len() != 5 && t.len() != 6 {
         return Err(pid_error(format!("a tuple of {} items", t.len())));
     }
-    if text(t[0]).as_deref() != Some("storage") {
+    if text(t[0]) != Some("storage") {
         return Err(pid_error("its first item is not `storage`"));
     }
     let dtype = match &*get(t[1]) {
@@ -251,7 +288,12 @@ struct ZipStorages<'a> {
     /// zip entries at that index (`u32::MAX` for none), any other by its text; no copy
     /// or hash of torch's keys (500k storages: some 40 MB).
     by_number: Vec<u32>,
+    /// The entry `{prefix}data/{n}` by `n` (a decimal key, as above; `u32::MAX` for none):
+    /// found in one pass over the directory, not searched for by name per storage.
+    entry_of: Vec<u32>,
     by_key: HashMap<String, usize>,
+    /// The name of the entry last looked up.
+    name: String,
     release: &'a dyn Fn(&[u8]),
 }
 
@@ -297,22 +339,39 @@ impl Storages for ZipStorages<'_> {
         if pid.view.is_some() {
             return Err(pid_error("storage views exist only in legacy files"));
         }
-        let number = decimal(&pid.key)
+        let number = decimal(pid.key)
             .and_then(|n| usize::try_from(n).ok())
             .filter(|&n| n < self.by_number.len());
         let found = match number {
             Some(n) => Some(self.by_number[n] as usize).filter(|&i| i != u32::MAX as usize),
-            None => self.by_key.get(&pid.key).copied(),
+            None => self.by_key.get(pid.key).copied(),
         };
         if let Some(index) = found {
             let s = &self.storages[index];
-            let first = dtype::by_name(s.dtype).unwrap_or_else(dtype::uint8);
-            return Ok(reference(index, first, s.len, &pid, self.big_endian));
+            return Ok(reference(index, s.dtype, s.len, &pid, self.big_endian));
         }
-        let name = format!("{}data/{}", self.prefix, pid.key);
-        let Some(entry) = self.archive.get_stored(&name)? else {
+        // The entry's name, in one buffer reused for every storage.
+        let name = &mut self.name;
+        name.clear();
+        name.push_str(self.prefix);
+        name.push_str("data/");
+        name.push_str(pid.key);
+        let entry = match number {
+            Some(n) => match self.entry_of[n] {
+                u32::MAX => None,
+                i => Some(&self.archive.entries[i as usize]),
+            },
+            None => self.archive.get(name),
+        };
+        if let Some(e) = entry.filter(|e| e.method != 0) {
+            return Err(TorchError::ZipCompressed {
+                entry: e.name.to_string(),
+                method: e.method,
+            });
+        }
+        let Some(entry) = entry else {
             return Err(TorchError::MissingStorage {
-                key: pid.key,
+                key: pid.key.to_string(),
                 entry: format!("entry `{name}`"),
             });
         };
@@ -320,14 +379,14 @@ impl Storages for ZipStorages<'_> {
         let need = pid.numel.saturating_mul(es);
         if need > entry.size {
             return Err(TorchError::StorageTooShort {
-                key: pid.key,
+                key: pid.key.to_string(),
                 need,
                 have: entry.size,
             });
         }
         self.storages.push(Storage {
-            key: pid.key.clone(),
-            dtype: pid.dtype.name,
+            key: StorageKey::new(pid.key),
+            dtype: pid.dtype,
             elem_size: es,
             numel: pid.numel,
             offset: entry.data,
@@ -340,11 +399,30 @@ impl Storages for ZipStorages<'_> {
             // At most one storage per zip entry, so the index fits.
             Some(n) => self.by_number[n] = index as u32,
             None => {
-                self.by_key.insert(pid.key.clone(), index);
+                self.by_key.insert(pid.key.to_string(), index);
             }
         }
         Ok(reference(index, pid.dtype, need, &pid, false))
     }
+}
+
+/// For each `n` below the number of entries, the index of the entry `{prefix}data/{n}` (`n`
+/// in decimal, as [`decimal`] reads keys), or `u32::MAX`.
+fn entries_by_number(archive: &zip::ZipArchive, prefix: &str) -> Vec<u32> {
+    let mut out = vec![u32::MAX; archive.entries.len()];
+    for (i, e) in archive.entries.iter().enumerate() {
+        let n = e
+            .name
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.strip_prefix("data/"))
+            .and_then(decimal)
+            .and_then(|n| usize::try_from(n).ok());
+        if let Some(slot) = n.and_then(|n| out.get_mut(n)) {
+            // Names are unique (the directory was checked), so each slot is set once.
+            *slot = i as u32;
+        }
+    }
+    out
 }
 
 fn read_zip<'a>(
@@ -406,12 +484,17 @@ fn read_zip<'a>(
         big_endian,
         storages: Vec::new(),
         by_number: vec![u32::MAX; archive.entries.len()],
+        entry_of: entries_by_number(&archive, prefix),
         by_key: HashMap::new(),
+        name: String::new(),
         release,
     };
     let pickle = pickle::unpickle(archive.data(bytes, pkl), "data.pkl", limits, &mut loader)?;
-    let storages = loader.storages;
+    let ZipStorages { mut storages, .. } = loader;
+    storages.shrink_to_fit();
     let prefix = prefix.trim_end_matches('/').to_string();
+    // The directory (500k entries: some 40 MB) is not needed to describe the tensors.
+    drop(archive);
     Ok(finish(
         Format::TorchZip,
         pickle,
@@ -428,10 +511,12 @@ fn finish<'a>(
     prefix: Option<String>,
     limits: &Limits,
 ) -> Checkpoint<'a> {
-    let tensors = std::mem::take(&mut pickle.tensors)
+    let mut tensors: Vec<_> = std::mem::take(&mut pickle.tensors)
         .into_iter()
-        .map(|slot| slot.and_then(|raw| tensor::describe(&raw, &storages, limits.max_ndim)))
+        .map(|slot| slot.and_then(|raw| tensor::describe(raw, &storages, limits.max_ndim)))
         .collect();
+    // Collected in place, in the raw tensors' larger (and doubled) allocation.
+    tensors.shrink_to_fit();
     let placeholders = pickle.placeholders.clone();
     let globals = pickle.globals.clone();
     Checkpoint {

@@ -49,14 +49,15 @@ pub struct Selection {
 }
 
 /// A dict key as Python tells keys apart (a str and an int may render alike).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum Key {
-    Str(String),
+/// Its str is borrowed from the pickle: no copy of every key while walking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Key<'p> {
+    Str(&'p str),
     Int(i64),
     Other(ObjId),
 }
 
-impl Key {
+impl Key<'_> {
     fn name(&self) -> Option<&str> {
         match self {
             Key::Str(s) => Some(s),
@@ -65,7 +66,7 @@ impl Key {
     }
     fn render(&self, ck: &Checkpoint) -> String {
         match self {
-            Key::Str(s) => s.clone(),
+            Key::Str(s) => s.to_string(),
             Key::Int(i) => i.to_string(),
             Key::Other(id) => format!("<{} key>", ck.pickle.get(*id).kind()),
         }
@@ -100,11 +101,20 @@ fn quoted(s: &str) -> String {
     out
 }
 
-fn join(path: &str, name: &str) -> String {
+/// `path.key`, or the key alone at the top (one string made, not two).
+fn join(path: &str, key: Key<'_>, ck: &Checkpoint) -> String {
     if path.is_empty() {
-        name.to_string()
-    } else {
-        format!("{path}.{name}")
+        return key.render(ck);
+    }
+    match key {
+        Key::Str(s) => {
+            let mut out = String::with_capacity(path.len() + 1 + s.len());
+            out.push_str(path);
+            out.push('.');
+            out.push_str(s);
+            out
+        }
+        _ => format!("{path}.{}", key.render(ck)),
     }
 }
 
@@ -134,33 +144,21 @@ impl Checkpoint<'_> {
 
     /// A dict's entries with duplicate keys resolved as Python does: the last value wins,
     /// in the place of the first.
-    fn entries(&self, d: &Dict) -> Vec<(Key, ObjId)> {
-        /// A key borrowed from the pickle, to find duplicates without copying each key.
-        #[derive(PartialEq, Eq, Hash)]
-        enum Seen<'p> {
-            Str(&'p str),
-            Int(i64),
-            Other(ObjId),
-        }
-        let mut out: Vec<(Key, ObjId)> = Vec::with_capacity(d.items.len());
-        let mut seen: HashMap<Seen<'_>, usize> = HashMap::with_capacity(d.items.len());
+    fn entries<'p>(&'p self, d: &'p Dict) -> Vec<(Key<'p>, ObjId)> {
+        let mut out: Vec<(Key<'p>, ObjId)> = Vec::with_capacity(d.items.len());
+        let mut seen: HashMap<Key<'p>, usize> = HashMap::with_capacity(d.items.len());
         for &(k, v) in &d.items {
             let key = match (self.pickle.str_of(k), &*self.pickle.get(k)) {
-                (Some(s), _) => Seen::Str(s),
-                (_, Object::Int(i)) => Seen::Int(*i),
-                (_, Object::Bool(b)) => Seen::Int(i64::from(*b)),
-                _ => Seen::Other(k),
+                (Some(s), _) => Key::Str(s),
+                (_, Object::Int(i)) => Key::Int(*i),
+                (_, Object::Bool(b)) => Key::Int(i64::from(*b)),
+                _ => Key::Other(k),
             };
             match seen.entry(key) {
                 std::collections::hash_map::Entry::Occupied(e) => out[*e.get()].1 = v,
                 std::collections::hash_map::Entry::Vacant(e) => {
-                    let owned = match e.key() {
-                        Seen::Str(s) => Key::Str(s.to_string()),
-                        Seen::Int(i) => Key::Int(*i),
-                        Seen::Other(id) => Key::Other(*id),
-                    };
                     e.insert(out.len());
-                    out.push((owned, v));
+                    out.push((key, v));
                 }
             }
         }
@@ -174,8 +172,8 @@ impl Checkpoint<'_> {
         let Some(root) = self.dict(self.pickle.root) else {
             return Ok(all);
         };
-        struct Frame {
-            entries: Vec<(Key, ObjId)>,
+        struct Frame<'p> {
+            entries: Vec<(Key<'p>, ObjId)>,
             next: usize,
             index: usize,
         }
@@ -210,7 +208,9 @@ impl Checkpoint<'_> {
                     all[index].direct += 1;
                     all[index].total += 1;
                 }
-                Object::Dict(d) => {
+                Object::Dict(_) => {
+                    // Borrowed from the arena (not the match's temporary): its keys are.
+                    let Some(d) = self.dict(value) else { continue };
                     if stack.len() >= self.limits.max_depth {
                         return Err(TorchError::WalkTooLarge {
                             limit: self.limits.max_depth as u64,
@@ -218,7 +218,7 @@ impl Checkpoint<'_> {
                     }
                     let entries = self.entries(d);
                     budget.spend(entries.len() + 1, self)?;
-                    let path = join(&all[index].path, &key.render(self));
+                    let path = join(&all[index].path, key, self);
                     all.push(TensorDict {
                         path,
                         direct: 0,
@@ -326,9 +326,30 @@ impl Checkpoint<'_> {
         };
         let (named, skipped) = self.flatten(dict, false)?;
         read();
-        let mut tensors: Vec<NamedTensor> = Vec::with_capacity(named.len());
-        let mut names: HashMap<String, usize> = HashMap::new();
-        for (source, index) in named {
+        let stripped = |source: &'_ str| -> usize {
+            strip_prefixes
+                .iter()
+                .find_map(|p| source.strip_prefix(p.as_str()))
+                .filter(|n| !n.is_empty())
+                .map_or(0, |n| source.len() - n.len())
+        };
+        let name_of = |i: usize| &named[i].0[stripped(&named[i].0)..];
+        // Two tensors of one name: the first tensor whose name an earlier one has (and
+        // that earlier one), found by sorting indices by name rather than by a map of
+        // every name (500k tensors: some 50 MB).
+        let mut order: Vec<u32> = (0..named.len() as u32).collect();
+        order.sort_unstable_by(|&a, &b| {
+            name_of(a as usize).cmp(name_of(b as usize)).then(a.cmp(&b))
+        });
+        let repeat = order
+            .windows(2)
+            .filter(|w| name_of(w[0] as usize) == name_of(w[1] as usize))
+            .map(|w| (w[0] as usize, w[1] as usize))
+            .min_by_key(|&(_, second)| second);
+        drop(order);
+        let until = repeat.map_or(named.len(), |(_, second)| second + 1);
+        let mut tensors: Vec<NamedTensor> = Vec::with_capacity(until);
+        for (i, (source, index)) in named.into_iter().take(until).enumerate() {
             let desc = match self.tensors.get(index) {
                 Some(Ok(desc)) => desc.clone(),
                 Some(Err(problem)) => {
@@ -339,19 +360,14 @@ impl Checkpoint<'_> {
                 }
                 None => return Err(too_large(self)),
             };
-            let name = strip_prefixes
-                .iter()
-                .find_map(|p| source.strip_prefix(p.as_str()))
-                .filter(|n| !n.is_empty())
-                .unwrap_or(&source)
-                .to_string();
+            let name = source[stripped(&source)..].to_string();
             if name == "__metadata__" {
                 return Err(TorchError::Tensor {
                     name: source,
                     problem: TensorProblem::ReservedName,
                 });
             }
-            if let Some(&other) = names.get(&name) {
+            if let Some((other, _)) = repeat.filter(|&(_, second)| second == i) {
                 let mut first = tensors[other].source.clone();
                 let mut second = source;
                 if first == second {
@@ -359,7 +375,7 @@ impl Checkpoint<'_> {
                     // their keys, as Python subscripts them.
                     let (paths, _) = self.flatten(dict, true)?;
                     first = paths[other].0.clone();
-                    second = paths[tensors.len()].0.clone();
+                    second = paths[i].0.clone();
                 }
                 return Err(TorchError::DuplicateName {
                     name,
@@ -367,7 +383,6 @@ impl Checkpoint<'_> {
                     second,
                 });
             }
-            names.insert(name.clone(), tensors.len());
             tensors.push(NamedTensor { name, source, desc });
         }
         Ok(Selection {
@@ -458,8 +473,8 @@ impl Checkpoint<'_> {
         // Each frame: a dict's entries, the next to visit, and the dict's dotted path.
         // Each frame also carries the kind of the first key on its path that is neither a
         // str nor an int (a bytes or tuple key): a tensor below it has no name to write.
-        type Frame = (Vec<(Key, ObjId)>, usize, String, Option<&'static str>);
-        let mut stack: Vec<Frame> = vec![(entries, 0, String::new(), None)];
+        type Frame<'p> = (Vec<(Key<'p>, ObjId)>, usize, String, Option<&'static str>);
+        let mut stack: Vec<Frame<'_>> = vec![(entries, 0, String::new(), None)];
         while let Some((entries, next, path, odd)) = stack.last_mut() {
             let Some((key, value)) = entries.get(*next).cloned() else {
                 stack.pop();
@@ -469,7 +484,7 @@ impl Checkpoint<'_> {
             let name = if subscripts {
                 format!("{path}{}", key.subscript(self))
             } else {
-                join(path, &key.render(self))
+                join(path, key, self)
             };
             let odd = odd.or(match key {
                 Key::Other(id) => Some(self.pickle.get(id).kind()),
@@ -485,7 +500,9 @@ impl Checkpoint<'_> {
                     }
                     tensors.push((name, *i as usize))
                 }
-                Object::Dict(d) => {
+                Object::Dict(_) => {
+                    // Borrowed from the arena (not the match's temporary): its keys are.
+                    let Some(d) = self.dict(value) else { continue };
                     if stack.len() >= self.limits.max_depth {
                         return Err(TorchError::WalkTooLarge {
                             limit: self.limits.max_depth as u64,

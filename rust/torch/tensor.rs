@@ -145,7 +145,7 @@ fn last_element(offset: u64, shape: &[u64], stride: &[u64]) -> Result<Option<u64
 
 /// Turn a pickled tensor into a checked description, now that storages are located.
 pub(crate) fn describe(
-    raw: &RawTensor,
+    raw: RawTensor,
     storages: &[Storage],
     max_ndim: usize,
 ) -> Result<TensorDesc, TensorProblem> {
@@ -169,7 +169,7 @@ pub(crate) fn describe(
     };
     if let Some(c) = raw.storage.conflict {
         return Err(TensorProblem::StorageConflict {
-            key: s.key.clone(),
+            key: s.key.to_string(),
             conflict: Box::new(c),
             legacy: !s.in_zip,
         });
@@ -183,8 +183,8 @@ pub(crate) fn describe(
     let desc = TensorDesc {
         dtype,
         torch_dtype: t.name,
-        shape: raw.shape.clone(),
-        stride: raw.stride.clone(),
+        shape: raw.shape,
+        stride: raw.stride,
         storage_offset: raw.offset,
         storage: raw.storage.storage,
         data_start,
