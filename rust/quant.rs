@@ -191,6 +191,10 @@ pub fn choose(
     shape: &[usize],
     strategy: Strategy,
 ) -> Result<Quant, Fp8Skip> {
+    // Fused MoE experts (`mlp.experts.gate_up_proj`, with or without `.weight`) are 3-D.
+    if shape.len() == 3 && name.to_ascii_lowercase().contains("expert") {
+        return Err(Fp8Skip::Experts);
+    }
     let module = module_of(name).ok_or(Fp8Skip::NotWeight)?;
     let lower = module.to_ascii_lowercase();
     let last = lower.rsplit('.').next().unwrap_or("");
@@ -207,14 +211,13 @@ pub fn choose(
     {
         return Err(Fp8Skip::Embedding);
     }
-    if last == "router" || (last == "gate" && (parent.ends_with("mlp") || parent.ends_with("moe")))
-    {
+    // Qwen2-MoE's `shared_expert_gate` ([1, hidden]) is a gate too.
+    let gate = last == "gate" && (parent.ends_with("mlp") || parent.ends_with("moe"));
+    if last == "router" || last == "shared_expert_gate" || gate {
         return Err(Fp8Skip::Router);
     }
-    match shape.len() {
-        2 => {}
-        3 => return Err(Fp8Skip::Experts),
-        _ => return Err(Fp8Skip::NotMatrix),
+    if shape.len() != 2 {
+        return Err(Fp8Skip::NotMatrix);
     }
     if !matches!(dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16) {
         return Err(Fp8Skip::Dtype);

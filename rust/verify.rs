@@ -182,6 +182,8 @@ struct Pair {
     src: usize,
     dst: usize,
     expect: Expect,
+    /// An FP8 target's weight left in BF16: its data must hold a NaN or an inf.
+    nonfinite: bool,
 }
 
 /// A verification in progress: headers compared at `open`, data step by step.
@@ -207,6 +209,8 @@ pub struct Verifier {
     numerics: Option<Vec<Numerics>>,
     /// Per pair kept to avoid overflow: the largest finite |x| seen so far.
     kept_max: Vec<f64>,
+    /// Per pair that must hold NaN or inf (`Pair::nonfinite`): has it so far.
+    seen_nonfinite: Vec<bool>,
     /// Data bytes of both files to compare.
     total: u64,
     /// What each side has checked and read (small tensors batched, as convert does).
@@ -397,6 +401,7 @@ impl Verifier {
             report_path,
             started,
             kept_max: vec![0.0; pairs.len()],
+            seen_nonfinite: vec![false; pairs.len()],
             on_overflow: opts.on_overflow,
             total: total + dst_total,
             numerics,
@@ -536,6 +541,9 @@ impl Verifier {
             if let Some(all) = &mut self.numerics {
                 all[w.item].merge(&measured);
             }
+            if pair.nonfinite && !self.seen_nonfinite[w.item] {
+                self.seen_nonfinite[w.item] = crate::fp8::has_nonfinite(s.dtype, src_bytes);
+            }
             if let Some(offset) = found {
                 let offset = offset as u64;
                 let index = (w.pos + offset) / src_size;
@@ -568,6 +576,18 @@ impl Verifier {
                     self.report.mismatch = Some(m);
                     return Ok(true);
                 }
+            }
+            if pair.nonfinite && last && !self.seen_nonfinite[w.item] {
+                let name = &self.src.header.tensors[pair.src].name;
+                self.report.mismatch = Some(*Mismatch::header(
+                    Some(name),
+                    format!(
+                        "tensor `{}` is BF16 in DST, but it holds no NaN or inf: an FP8 target \
+                         quantizes it",
+                        esc(name)
+                    ),
+                ));
+                return Ok(true);
             }
             if let Expect::KeptOverflow(c) = pair.expect {
                 let name = &self.src.header.tensors[pair.src].name;
@@ -804,6 +824,7 @@ fn check_headers(
                 src: by_name[d.name.as_str()],
                 dst: di,
                 expect: Expect::Quantize(q, k),
+                nonfinite: false,
             });
             continue;
         }
@@ -829,6 +850,7 @@ fn check_headers(
                     src: si,
                     dst: di,
                     expect: Expect::Dequantize(*q),
+                    nonfinite: false,
                 });
                 continue;
             }
@@ -841,6 +863,7 @@ fn check_headers(
                     src: si,
                     dst: di,
                     expect: Expect::Dequantize(q),
+                    nonfinite: false,
                 });
                 continue;
             }
@@ -865,6 +888,7 @@ fn check_headers(
             src: si,
             dst: di,
             expect,
+            nonfinite: false,
         });
     }
     let dropped = dropped.iter().filter(|&&d| d).count();
@@ -884,7 +908,8 @@ fn check_headers(
     }
     // The entry stcast gives every output of a PyTorch checkpoint: another tool's output
     // need not have it (loose).
-    let added = src.origin.is_some().then_some(TORCH_METADATA.0);
+    // Nor its `format` (`pt`), which tools drop (model_free_ptq writes no metadata).
+    let added = (src.origin.is_some() || opts.loose).then_some(TORCH_METADATA.0);
     if let Some((why, hint)) = metadata_difference(&sh.metadata, &dh.metadata, opts.loose, added) {
         return fail(None, format!("__metadata__ differs: {}{hint}", esc(&why)));
     }
@@ -1071,6 +1096,11 @@ fn check_plan(
             (Action::Convert(c), Expect::Convert(got)) if c == got => {}
             (Action::Quantize(q), Expect::Quantize(got, _)) if q == got => {}
             (Action::Dequantize(q), Expect::Dequantize(got)) if q == got => {}
+            // Convert leaves a weight holding NaN or inf in BF16: the data must show one.
+            (Action::Quantize(_), Expect::Convert(c)) if c.dst() == Dtype::BF16 => {
+                p.nonfinite = true;
+                popts.unquantized.insert(s.name.clone());
+            }
             (Action::Quantize(q), _) => {
                 return fail(
                     Some(&s.name),

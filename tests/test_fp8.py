@@ -2,7 +2,7 @@
 on the fixtures (tests/fixtures/fp8), a numpy reference of the arithmetic on generated
 weights, which weights are quantized, NaN/inf weights, folders, verify, reports.
 
-Bugs found are tests marked `xfail(strict=True, reason="BUG: ...")`.
+(The bugs an adversarial round found are fixed; each has its test here.)
 """
 
 from __future__ import annotations
@@ -308,11 +308,6 @@ def test_nonfinite_weights_stay_bf16(tmp_path, rng, to, run_main):
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: verify refuses a NaN/inf weight left BF16 ('is BF16 in DST, but --to fp8 "
-    "quantizes it'): it does not re-plan with such weights unquantized as convert does",
-)
 @pytest.mark.parametrize("to", [*SCHEME, None])
 def test_verify_nonfinite_file(tmp_path, rng, to, run_main):
     tensors = with_nonfinite(rng, (NAN, np.nan), (INF, -np.inf))
@@ -344,9 +339,6 @@ def test_nonfinite_weights_folder(tmp_path, rng, run_main):
     assert got[NAN][0] == got[INF][0] == "BF16"
 
 
-@pytest.mark.xfail(
-    strict=True, reason="BUG: verify refuses a folder whose NaN/inf weight stayed BF16"
-)
 def test_verify_nonfinite_folder(tmp_path, rng, run_main):
     tensors = with_nonfinite(rng, (NAN, np.inf), (INF, np.nan))
     folder = tmp_path / "src"
@@ -474,11 +466,6 @@ def test_sharded_folder(tmp_path, rng, to, run_main):
     assert rc == 0, err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: verify of an FP8 folder whose indexed shards have no __metadata__ fails: "
-    "'__metadata__ differs: SRC has a __metadata__ entry, DST has none' (bf16 verifies)",
-)
 @pytest.mark.parametrize("to", list(SCHEME))
 def test_verify_sharded_without_metadata(tmp_path, rng, to, run_main):
     folder = sharded(tmp_path, rng, metadata={})
@@ -636,12 +623,6 @@ def test_dcp_input(tmp_path, rng):
         assert stcast.verify(ck, out, to=to).ok
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: --resume on a complete FP8 folder output refuses ('holds config.json, "
-    "model.safetensors.index.json ... no stcast manifest says it wrote them'); bf16 says "
-    "'nothing to do'",
-)
 def test_resume_complete_folder(tmp_path, rng, run_main):
     folder = sharded(tmp_path, rng)
     out = tmp_path / "dst"
@@ -706,9 +687,12 @@ def test_huge_row_refused(tmp_path, cli_process):
     with open(src, "wb") as f:
         f.write(encode_header(header))
         f.truncate(f.tell() + 4 * cols)  # sparse zeros
-    rc, _, err = cli_process("convert", src, tmp_path / "out.safetensors", "--to", "fp8")
-    assert rc == 1, err
-    assert "m.l.weight" in assert_one_error_line(err)
+    out = tmp_path / "out.safetensors"
+    rc, _, err = cli_process("convert", src, out, "--to", "fp8")
+    # Left unquantized in BF16 (a window holds whole groups, at most 48 MiB), and named.
+    assert rc == 0, err
+    assert "m.l.weight" in err and "48 MiB" in err
+    assert tensor_bytes(out)["m.l.weight"][0] == "BF16"
 
 
 def test_zero_rows_f64_and_bare_weight(tmp_path, rng):
@@ -801,7 +785,6 @@ def test_verify_other_strategy_fails(tmp_path, rng, run_main):
     assert "q_proj" in assert_one_error_line(err)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the warning reads '1 weight hold NaN or inf' (holds)")
 def test_nonfinite_warning_grammar(tmp_path, rng):
     tensors = with_nonfinite(rng, (NAN, np.nan))
     src = write_safetensors(tmp_path / "in.safetensors", tensors)
@@ -810,25 +793,14 @@ def test_nonfinite_warning_grammar(tmp_path, rng):
     assert message.startswith("1 weight holds NaN or inf"), message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: inspect --to fp8's summary counts quantized weights as copies ('2 to "
-    "convert ..., 2 to copy') while its JSON says tensors_converted 4, tensors_copied 0",
-)
 def test_inspect_summary_counts_quantized(tmp_path, rng, run_main):
     t = small_model(rng)
     src = write_safetensors(tmp_path / "in.safetensors", t)
     rc, out, err = run_main("inspect", src, "--to", "fp8")
     assert rc == 0, err
-    assert "to copy" not in out, out
+    assert f"{len(t)} to convert" in out and "0 to copy" in out, out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a float `X.weight` beside an existing `X.weight_scale` gives an output with "
-    "two `X.weight_scale` entries in its header (the F32 one copied, the new BF16 one): "
-    "an invalid file, exit 0",
-)
 @pytest.mark.parametrize("scale_shape", [[4, 1], [3]])
 def test_existing_scale_name(tmp_path, scale_shape, run_main):
     src = write_safetensors(
@@ -899,24 +871,18 @@ def huge_row(tmp_path: Path) -> Path:
 def test_huge_row_keep(tmp_path, run_main):
     src = huge_row(tmp_path)
     out = tmp_path / "out.safetensors"
-    rc, _, err = run_main("convert", src, out, "--to", "fp8")
-    assert rc == 1
-    assert "m.l.weight" in assert_one_error_line(err)
-    assert not out.exists()
     rc, _, err = run_main("convert", src, out, "--to", "fp8", "--keep", "m.l.weight")
     assert rc == 0, err
     assert tensor_bytes(out)["m.s.weight"][0] == "F8_E4M3"
+    assert tensor_bytes(out)["m.l.weight"][0] == "F32"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: convert --dry-run says 'every check convert makes passed: it would run' for "
-    "a weight whose FP8 group exceeds the 48 MiB window limit, which convert refuses (exit 1)",
-)
 def test_huge_row_dry_run(tmp_path, run_main):
     src = huge_row(tmp_path)
     rc, _, err = run_main("convert", src, tmp_path / "out.safetensors", "--to", "fp8", "--dry-run")
-    assert rc == 1, err
+    # What convert does (the weight stays BF16, with the warning), the dry run says.
+    assert rc == 0, err
+    assert "m.l.weight" in err and "48 MiB" in err
 
 
 def test_torch_bin_folder(tmp_path, rng, run_main):
@@ -957,12 +923,6 @@ def test_torch_bf16_storage(tmp_path, rng):
         assert got["m.a.weight_scale"] == ("BF16", list(s.shape), s.tobytes())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (or design gap): verify --loose ('for files from other tools') refuses "
-    "model_free_ptq's own FP8 output: '__metadata__ differs: key \"format\" is missing in "
-    "DST' (model_free_ptq writes no __metadata__), though every quantized byte matches",
-)
 @pytest.mark.parametrize("to", list(SCHEME))
 def test_verify_loose_model_free_ptq_output(run_main, to):
     folder = EXPECTED["runs"]["llama-fp32"][SCHEME[to]]["folder"]
@@ -970,12 +930,6 @@ def test_verify_loose_model_free_ptq_output(run_main, to):
     assert rc == 0, err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the CLI does not name the FP8 targets: `convert --help` says --to is 'bf16 "
-    "(bfloat16), fp16 (float16, half), or keep', and `--to fp8block` says \"unknown target: "
-    'bf16, fp16 or keep" (the API lists fp8, fp8-block)',
-)
 def test_cli_names_fp8_targets(tmp_path, rng, run_main):
     src = write_safetensors(tmp_path / "in.safetensors", small_model(rng))
     rc, out, err = run_main("convert", src, tmp_path / "o.safetensors", "--to", "fp8block")
@@ -985,12 +939,6 @@ def test_cli_names_fp8_targets(tmp_path, rng, run_main):
     assert rc == 0 and "fp8-block" in out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Qwen2-MoE / Qwen3-Next `mlp.shared_expert_gate.weight` ([1, hidden], a "
-    "gate like the router) is quantized; vLLM loads it as a plain unquantized Linear, and "
-    "llm-compressor's MoE examples ignore `re:.*mlp.shared_expert_gate$`",
-)
 def test_shared_expert_gate_not_quantized(tmp_path, rng):
     name = "model.layers.0.mlp.shared_expert_gate.weight"
     t = small_model(rng, extra={name: ("F32", [1, 16], rng.standard_normal((1, 16)).astype("f4"))})
@@ -1026,12 +974,6 @@ def test_router_gates_not_quantized(tmp_path, rng):
     assert got["model.layers.0.mlp.shared_expert.gate_proj.weight"][0] == "F8_E4M3"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: fused 3-D experts named without `.weight` (GPT-OSS / transformers 5: "
-    "`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`) stay BF16 with no not_quantized "
-    "warning, while `*.weight` 3-D ones get one",
-)
 def test_fused_experts_without_weight_suffix_warned(tmp_path, rng):
     t = small_model(
         rng,

@@ -82,7 +82,9 @@ def convert(
             `/`) gets that default name inside it; missing folders are made once every
             check has passed.
         to: the target dtype, "bf16" or "fp16" (or "bfloat16", "float16", "half"); or
-            "keep": every tensor keeps its dtype, only the format changes (PyTorch input).
+            "keep": every tensor keeps its dtype, only the format changes (PyTorch input);
+            or "fp8" / "fp8-block": 2-D weights become FP8 E4M3 with a scale per output
+            channel / per 128x128 block (compressed-tensors, for vLLM), the rest bf16.
         threads: worker threads; default (None or 0): all CPUs.
         force: replace an existing `dst` (a folder: convert everything again).
         progress: called as `progress(done, total)` (bytes of tensor data, the whole folder

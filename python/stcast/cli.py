@@ -441,8 +441,9 @@ def _command_list(parser: argparse.ArgumentParser) -> str:
 
 
 def _add_target(p: argparse.ArgumentParser, default: str | None = "bf16") -> None:
-    names = "bf16 (bfloat16), fp16 (float16, half), or keep (every dtype kept: a PyTorch "
-    names += "checkpoint changes format only)"
+    names = "bf16 (bfloat16), fp16 (float16, half), keep (every dtype kept: a PyTorch "
+    names += "checkpoint changes format only), or fp8 / fp8-block (FP8 weights for vLLM, "
+    names += "one scale per channel / per 128x128 block; the rest bf16)"
     help_ = f"target dtype: {names}" + (
         f" (default {default})" if default else " (default: the one DST was converted to)"
     )
@@ -1175,7 +1176,9 @@ def _target(text: str) -> str:
     try:
         return _core.target_name(text)  # the engine resolves aliases
     except ValueError:
-        raise argparse.ArgumentTypeError(f"unknown target {text!r}: bf16, fp16 or keep") from None
+        raise argparse.ArgumentTypeError(
+            f"unknown target {text!r}: {', '.join(_core.TARGETS[:-1])} or {_core.TARGETS[-1]}"
+        ) from None
 
 
 def _whole(text: str, low: int, high: int) -> int:

@@ -21,7 +21,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .. import _core, _engine
 from .._options import Options
-from ..errors import DestinationExists, InvalidInput, NoSpace, Refused, StcastWarning
+from ..errors import (
+    DestinationExists,
+    InvalidInput,
+    NoSpace,
+    Refused,
+    StcastError,
+    StcastWarning,
+)
 from ..reports import ConvertReport, FileReport, InspectReport, Notice, merged_numerics
 from . import common as _common
 from . import ident as _ident
@@ -30,6 +37,8 @@ from . import reshard as _reshard
 from . import walk as _walk
 from . import work as _work
 from . import write as _write
+from .fp8 import is_fp8, is_model_config
+from .write import fp8_config
 
 if TYPE_CHECKING:
     from typing import Callable
@@ -560,6 +569,11 @@ def _adoptable(
         return st.st_size == src.size and _same_bytes(src.path, path)
     # A config.
     f, content = next((f, c) for f, c in plan.configs if f.rel == rel)
+    if is_fp8(options["to"]) and is_model_config(rel):
+        try:
+            content = fp8_config(dst, options["to"], plan, f, content)
+        except (OSError, StcastError):
+            return False
     if content is None:
         return st.st_size == f.size and _same_bytes(f.path, path)
     return _common.read_bounded(path, _common.MAX_JSON_BYTES) == content

@@ -158,6 +158,34 @@ def dequantized(dst: str, weight_map: dict[str, str]) -> bool:
     return scales[0] not in names
 
 
+def same_fp8_config(got: bytes, src_text: str, to: str) -> bool:
+    """Loose verify: is `got` (another tool's output config) SRC's config, but for its dtype
+    keys, with a compressed-tensors FP8 quantization_config of `to`'s strategy?"""
+    try:
+        doc, src = json.loads(got), json.loads(src_text)
+    except ValueError:
+        return False
+    if not isinstance(doc, dict) or not isinstance(src, dict):
+        return False
+    q = doc.get("quantization_config")
+    if not isinstance(q, dict) or q.get("quant_method") != "compressed-tensors":
+        return False
+    groups = q.get("config_groups")
+    strategy = "block" if to == "fp8-block" else "channel"
+    if not isinstance(groups, dict) or not groups:
+        return False
+    for g in groups.values():
+        w = g.get("weights") if isinstance(g, dict) else None
+        if not isinstance(w, dict):
+            return False
+        if (w.get("type"), w.get("num_bits"), w.get("strategy")) != ("float", 8, strategy):
+            return False
+    plain = {"quantization_config", "torch_dtype", "dtype"}
+    return {k: v for k, v in doc.items() if k not in plain} == {
+        k: v for k, v in src.items() if k not in plain
+    }
+
+
 def is_model_config(rel: str) -> bool:
     """Is this the model's config (`config.json`), which gets the quantization_config?"""
     return os.path.basename(rel) == "config.json"

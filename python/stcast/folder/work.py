@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from .. import _core, _engine
-from ..errors import DestinationExists, Refused
+from ..errors import DestinationExists, Refused, StcastError
 from ..reports import ConvertReport, FileReport, Notice, _build, notices
 from .common import (
     MAX_JSON_BYTES,
@@ -410,10 +410,19 @@ class FileWork:
                 source.path, path, to=options["to"], numerics=False, **precision
             )
             return report.ok
-        # An index: the source's with the total size of the planned shards' tensors.
+        # An index: the source's with the total size of the planned shards' tensors (FP8:
+        # what the shards there, checked before it, make it).
         f, text, weight_map = next(i for i in plan.indexes if i[0].rel == rel)
-        total = sum(plan.out_data[shard] for shard in set(weight_map.values()))
-        want = set_total_size(text, total)
+        try:
+            if is_fp8(options["to"]):
+                want = index_text(dst, rel, text, weight_map)
+            elif plan.dequantize:
+                want = written_only(dst, rel, text, weight_map)
+            else:
+                total = sum(plan.out_data[shard] for shard in set(weight_map.values()))
+                want = set_total_size(text, total)
+        except (OSError, StcastError):
+            return False
         return _read_bounded(path, MAX_JSON_BYTES) == want
 
     def index_bytes(self) -> int:
