@@ -319,7 +319,7 @@ def test_changed_shape(converted_pair, tmp_path):
             "(loose=True accepts any key order)",
             None,
         ),
-        (None, "SRC has a __metadata__ entry, DST has none", '"format"'),
+        (None, "SRC has a __metadata__ entry, DST has none", '"z"'),
     ],
 )
 def test_changed_metadata(converted_pair, tmp_path, metadata, strict, loose):

@@ -69,20 +69,6 @@ FileAction = Literal["converted", "skipped", "checked", "rewritten", "written", 
 Strategy = Literal["channel", "block"]
 
 
-class QuantizedTensor(TypedDict):
-    """One weight an FP8 target quantized, and what that did to its values."""
-
-    name: str
-    strategy: Strategy
-    scale_dtype: str
-    elements: int
-    groups: int
-    zero_groups: int  # all-zero groups (their scale is the dtype's eps)
-    flushed: int  # non-zero values that became zero
-    max_abs_error: float
-    rel_error: float  # the error's norm over the source's
-
-
 class NumericsTotal(TypedDict):
     """What rounding did to a set of values (README: numeric report)."""
 
@@ -98,6 +84,20 @@ class NumericsTotal(TypedDict):
 
 class _InFile(TypedDict, total=False):
     file: str  # for folders: the file, relative to the folder
+
+
+class QuantizedTensor(_InFile):
+    """One weight an FP8 target quantized, and what that did to its values."""
+
+    name: str
+    strategy: Strategy
+    scale_dtype: str
+    elements: int
+    groups: int
+    zero_groups: int  # all-zero groups (their scale is the dtype's eps)
+    flushed: int  # non-zero values that became zero
+    max_abs_error: float
+    rel_error: float  # the error's norm over the source's
 
 
 class TensorNumerics(NumericsTotal, _InFile):

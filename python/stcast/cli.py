@@ -641,6 +641,7 @@ def _run_convert(args: argparse.Namespace, console: out.Console) -> int:
         _say(f"  size     {out.size(report.bytes_in)} -> {out.size(report.bytes_out)}")
         _say(f"  tensors  {report.tensors_converted} converted, {report.tensors_copied} copied")
         _print_kept(report.tensors_kept, report.bytes_kept, report.kept)
+        _print_fp8(report.quantized)
         _say(
             f"  time     {seconds:.2f} s ({out.size(rate)}/s of input, "
             f"{_threads_text(report.threads)}, {report.isa})"
@@ -681,6 +682,27 @@ def _showing_warnings(console: out.Console) -> Any:
         warnings.simplefilter("always", stcast.StcastWarning)
         warnings.showwarning = console.show_warning
         yield
+
+
+def _print_fp8(quantized: Sequence[Mapping[str, Any]]) -> None:
+    """The summary line of what FP8 did: weights, the worst relative error, values that
+    became zero, all-zero groups (each weight's figures: --json, or the API's report)."""
+    if not quantized:
+        return
+    worst = max(quantized, key=lambda q: q["rel_error"])
+    flushed = sum(q["flushed"] for q in quantized)
+    elements = sum(q["elements"] for q in quantized)
+    zero = sum(q["zero_groups"] for q in quantized)
+    n = len(quantized)
+    name = out.printable(worst["name"], keep="")
+    line = (
+        f"  fp8      {n} weight{'s' if n != 1 else ''} quantized ({worst['strategy']} scales); "
+        f"worst relative error {worst['rel_error']:.2%} in `{name}`; "
+        f"{flushed} of {elements} values became 0"
+    )
+    if zero:
+        line += f"; {zero} all-zero group{'s' if zero != 1 else ''}"
+    _say(line)
 
 
 def _threads_text(n: int | None) -> str:
@@ -751,6 +773,7 @@ def _print_folder_summary(
     _say(f"  size     {out.size(report.bytes_in)} -> {out.size(report.bytes_out)} converted")
     _say(f"  tensors  {report.tensors_converted} converted, {report.tensors_copied} copied")
     _print_kept(report.tensors_kept, report.bytes_kept, report.kept)
+    _print_fp8(report.quantized)
     if report.max_shard_size is not None:
         shards = sum(1 for f in report.files if f.kind == "weights")
         _say(f"  shards   {shards} of at most {out.size(report.max_shard_size)}")

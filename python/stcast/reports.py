@@ -269,6 +269,8 @@ class TensorInfo:
         d = self.__dict__.copy()  # the fields, in order (fast: reports of 300k tensors)
         if d["file"] is None:
             del d["file"]
+        if d["not_quantized"] is None:
+            del d["not_quantized"]  # only FP8 targets say why a tensor is not quantized
         return d
 
 

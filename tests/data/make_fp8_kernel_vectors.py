@@ -7,8 +7,8 @@ FP8_FIXTURES_DIR is the fixture folder written by real torch 2.14 + llm-compress
 Everything is hex bits (little-endian bytes for `q` and `out`, one string per row).
 
 - `codes`: f32 bits of each of the 256 e4m3 bytes (torch's `.to(float32)`).
-- `casts`: per input dtype, `in_bits` then the e4m3 byte, of all of `casts_rne` (specials, every e4m3 value,
-  every midpoint and its neighbours in f32 / bf16 / f16, negated).
+- `casts`: per input dtype, `in_bits` then the e4m3 byte, of all of `casts_rne` (specials,
+  every e4m3 value, every midpoint and its neighbours in f32 / bf16 / f16, negated).
 - `groups`: the eager groups (rows; for tiles the first 32 elements) with D, w, amax,
   the scale written, y rounded to D and the bytes model_free_ptq wrote.
 - `dequant`: rows of quantized weights with their scales and the bf16 that
@@ -105,9 +105,11 @@ def main():
     src = Path(sys.argv[1])
     kv = json.loads((src / "kernel_vectors.json").read_text())
     out = {
-        "about": "made by tests/data/make_fp8_kernel_vectors.py from the FP8 fixtures' kernel_vectors.json "
-        "and expected-dequant-bf16 files (torch %s, llmcompressor %s, compressed-tensors %s)"
-        % (
+        "about": (
+            "made by tests/data/make_fp8_kernel_vectors.py from the FP8 fixtures' "
+            "kernel_vectors.json and expected-dequant-bf16 files (torch {}, llmcompressor {}, "
+            "compressed-tensors {})"
+        ).format(
             kv["versions"]["torch"],
             kv["versions"]["llmcompressor"],
             kv["versions"]["compressed_tensors"],

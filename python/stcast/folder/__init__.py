@@ -954,6 +954,9 @@ def _folder_report(
         files=files,
         shard=None if shard is None else list(shard),
         complete=complete,
+        tensors_quantized=sum(r.tensors_quantized for r in converted),
+        quantized=[{"file": rel, **q} for rel, r in zip(rels, converted) for q in r.quantized],
+        unquantized=sorted({m for r in converted for m in r.unquantized}),
     )
 
 
