@@ -163,6 +163,13 @@ pub enum Error {
     /// An FP8 target met NaN or inf in a weight it planned to quantize. `ConvertTask` catches
     /// it, finds every such weight and plans again with them unquantized.
     NonFiniteWeight { path: PathBuf, tensor: String },
+    /// An FP8 checkpoint being dequantized holds a quantized tensor it cannot dequantize
+    /// (no scale stcast reads beside it), or a scale without its weight in the same file.
+    Fp8Unpaired {
+        path: PathBuf,
+        tensor: String,
+        scale: bool,
+    },
     /// An option's value is out of range.
     BadOption {
         option: OptionName,
@@ -256,6 +263,7 @@ impl Error {
             | Error::UnmatchedPatterns { .. }
             | Error::Overflow { .. }
             | Error::Quantized { .. }
+            | Error::Fp8Unpaired { .. }
             | Error::NoDestinationFolder { .. }
             | Error::DestinationIsInput { .. }
             | Error::DestinationIsFolder { .. }
@@ -289,6 +297,7 @@ impl Error {
             | Error::UnmatchedPatterns { path, .. }
             | Error::Overflow { path, .. }
             | Error::Quantized { path, .. }
+            | Error::Fp8Unpaired { path, .. }
             | Error::NonFiniteWeight { path, .. }
             | Error::DestinationIsInput { path }
             | Error::DestinationIsFolder { path }
@@ -434,6 +443,20 @@ impl Error {
                 "tensor `{}` holds NaN or inf: it cannot be quantized to FP8",
                 esc(tensor)
             ),
+            Error::Fp8Unpaired { tensor, scale, .. } => {
+                let what = if *scale {
+                    "is an FP8 scale whose weight is not in this file"
+                } else {
+                    "is quantized without a scale stcast reads beside it (`X.weight_scale` or \
+                     `X.weight_scale_inv` in F32, BF16 or F16, per tensor, channel or 128x128 \
+                     block)"
+                };
+                format!(
+                    "tensor `{}` {what}: this FP8 checkpoint cannot be dequantized whole; \
+                     nothing was written",
+                    esc(tensor)
+                )
+            }
             Error::Quantized { why, tensors, .. } => format!(
                 "quantized checkpoint ({why}): converting it would silently round its F32 \
                  scale tensors too ({}); nothing was written (keep them with {{keep=*scale*}}, \

@@ -470,6 +470,10 @@ pub fn plan(path: &Path, src: &SourceHeader, opts: &PlanOptions) -> Result<Plan>
             role: Role::Tensor,
         });
     }
+    // Dequantizing: every quantized tensor with its scale, every scale with its weight.
+    if reasons.contains(&Reason::Dequantized) {
+        check_fp8_pairs(path, src, &reasons)?;
+    }
     let keep_unmatched: Vec<String> = opts
         .keep
         .iter()
@@ -686,6 +690,28 @@ fn plan_warnings(
         ));
     }
     warnings
+}
+
+/// An FP8 checkpoint is dequantized whole or not at all: refuse a quantized tensor left as
+/// it is, or a weight's scale left without its weight (another file holds it).
+fn check_fp8_pairs(path: &Path, src: &SourceHeader, reasons: &[Reason]) -> Result<()> {
+    for (t, r) in src.tensors.iter().zip(reasons) {
+        let lowp = is_quantized_dtype(t.dtype) && *r != Reason::Dequantized;
+        let scale = *r != Reason::Dropped
+            && quant::SCALE_SUFFIXES.iter().any(|s| {
+                t.name
+                    .strip_suffix(s)
+                    .is_some_and(|w| quant::module_of(w).is_some())
+            });
+        if lowp || scale {
+            return Err(Error::Fp8Unpaired {
+                path: path.to_path_buf(),
+                tensor: t.name.clone(),
+                scale,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// FP8 targets: the weights left unquantized that a user would not expect (NaN or inf in

@@ -156,17 +156,21 @@ pub fn dequantizable(
                 target,
             });
             dropped[k] = true;
-            let input = if module.is_empty() {
-                "input_scale".to_string()
-            } else {
-                format!("{module}.input_scale")
-            };
-            if let Some(&k) = by_name.get(input.as_str()) {
+            if let Some(&k) = by_name.get(input_scale_name(module).as_str()) {
                 dropped[k] = true;
             }
         }
     }
     (deq, dropped)
+}
+
+/// The name of module `module`'s activation scale (static FP8 activations).
+pub fn input_scale_name(module: &str) -> String {
+    if module.is_empty() {
+        "input_scale".to_string()
+    } else {
+        format!("{module}.input_scale")
+    }
 }
 
 /// The scale tensor's name for weight `name`.

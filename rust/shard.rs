@@ -274,7 +274,23 @@ impl Group {
     pub fn verifier(&self, dst: &Path, indexed: bool, opts: &VerifyOptions) -> Result<Verifier> {
         let started = Instant::now();
         let out = Source::open(dst)?;
-        let at = self.select(out.header.tensors.iter().map(|t| t.name.as_str()));
+        // A dequantized FP8 weight's scales are not in DST, but verifying it reads them.
+        let mut names: Vec<String> = Vec::new();
+        for t in &out.header.tensors {
+            names.push(t.name.clone());
+            if t.dtype == safetensors::tensor::Dtype::F8_E4M3 {
+                continue; // still FP8: its scale is in DST too
+            }
+            for suffix in crate::quant::SCALE_SUFFIXES {
+                names.push(format!("{}{suffix}", t.name));
+            }
+            if let Some(module) = crate::quant::module_of(&t.name) {
+                names.push(crate::quant::input_scale_name(module));
+            }
+        }
+        names.sort_unstable();
+        names.dedup();
+        let at = self.select(names.iter().map(String::as_str));
         let mut src = self.source(&at, indexed)?;
         // A shard of PyTorch input whose every tensor kept its dtype was converted with
         // `keep`, as `verify` infers for one checkpoint.

@@ -1052,13 +1052,17 @@ fn check_plan(
     let fail = |tensor: Option<&str>, message: String| Ok(Err(Mismatch::header(tensor, message)));
     // The target: as asked, else the one DST's converted tensors have (`inferred_target`).
     let converted_to = |dtype: Dtype| {
-        pairs
-            .iter()
-            .any(|p| matches!(p.expect, Expect::Convert(_)) && dh.tensors[p.dst].dtype == dtype)
+        pairs.iter().any(|p| {
+            matches!(p.expect, Expect::Convert(_) | Expect::Dequantize(_))
+                && dh.tensors[p.dst].dtype == dtype
+        })
     };
-    let converted_any = pairs
-        .iter()
-        .any(|p| matches!(p.expect, Expect::Convert(_) | Expect::Quantize(..)));
+    let converted_any = pairs.iter().any(|p| {
+        matches!(
+            p.expect,
+            Expect::Convert(_) | Expect::Quantize(..) | Expect::Dequantize(_)
+        )
+    });
     let fp8 = pairs.iter().find_map(|p| match p.expect {
         Expect::Quantize(q, _) => Some(match q.strategy {
             Strategy::Channel => Target::Fp8,

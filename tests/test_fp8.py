@@ -678,7 +678,7 @@ def test_sigint_mid_tensor(tmp_path, rng, cli_process):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.safetensors"]
 
 
-def test_huge_row_refused(tmp_path, cli_process):
+def test_huge_row_left_bf16(tmp_path, cli_process):
     cols = 16 << 20  # one row of 64 MiB F32: over the 48 MiB group limit
     src = tmp_path / "in.safetensors"
     header = {"m.l.weight": {"dtype": "F32", "shape": [1, cols], "data_offsets": [0, 4 * cols]}}
@@ -994,3 +994,91 @@ def test_fused_experts_without_weight_suffix_warned(tmp_path, rng):
     _, caught = quiet_convert(src, tmp_path / "out.safetensors", to="fp8")
     warned = " ".join(m for k, m in caught if k == "not_quantized")
     assert "mlp.experts.gate_up_proj" in warned, caught
+
+
+# --- FP8 in: dequantization --------------------------------------------------------------------
+
+DEQUANT = json.loads((FIX / "expected-dequant.json").read_text())["folders"]
+
+
+def tensor_hashes(path: Path) -> dict[str, tuple[str, list[int], str]]:
+    """name -> (dtype, shape, sha256 of its bytes)."""
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    base = 8 + n
+    return {
+        k: (
+            v["dtype"],
+            v["shape"],
+            sha(raw[base + v["data_offsets"][0] : base + v["data_offsets"][1]]),
+        )
+        for k, v in header.items()
+        if k != "__metadata__"
+    }
+
+
+@pytest.mark.parametrize("to", ["bf16", "fp16"])
+@pytest.mark.parametrize("folder", sorted(DEQUANT))
+def test_dequantize_fixtures(tmp_path, folder, to):
+    """compressed-tensors' own dequantization (`q.to(s.dtype) * s`, then to the target),
+    and DeepSeek's `weight_dequant` for odd-deepseek-fp8, byte for byte; every scale
+    dropped; verify proves it."""
+    src = FIX / folder / "model.safetensors"
+    out = tmp_path / "out.safetensors"
+    # fp16: the BF16 tensors the reference casts too (stcast copies BF16 unless asked).
+    report, _ = quiet_convert(src, out, to=to, from_bf16=True)
+    want = DEQUANT[folder][to]
+    got = tensor_hashes(out)
+    assert set(got) == set(want)
+    for name, w in want.items():
+        assert got[name] == (w["dtype"], w["shape"], w["sha256"]), name
+    assert stcast.verify(src, out, from_bf16=True).ok
+    reasons = {t.name: t.reason for t in stcast.inspect(src, to=to).tensors}
+    scales = [n for n in reasons if n.endswith(("_scale", "_scale_inv"))]
+    assert scales and all(reasons[n] == "dropped" for n in scales)
+
+
+@pytest.mark.parametrize("folder", ["llama-fp32.fp8-block", "odd-deepseek-fp8"])
+def test_dequantize_folder(tmp_path, folder, run_main):
+    """A folder: the config loses its quantization_config, the index its scales (and its
+    total_size is the shards'); verify proves the folder; a tampered element is named."""
+    dst = tmp_path / "out"
+    rc, _, err = run_main("convert", FIX / folder, dst, "--to", "bf16")
+    assert rc == 0, err
+    config = json.loads((dst / "config.json").read_text())
+    assert "quantization_config" not in config
+    assert config.get("torch_dtype", config.get("dtype")) == "bfloat16"
+    index = dst / "model.safetensors.index.json"
+    if index.exists():
+        doc = json.loads(index.read_text())
+        assert not [k for k in doc["weight_map"] if k.endswith(("_scale", "_scale_inv"))]
+        layout = tensor_hashes(dst / "model.safetensors")
+        assert set(doc["weight_map"]) == set(layout)
+        data = (dst / "model.safetensors").stat().st_size
+        n = int.from_bytes((dst / "model.safetensors").read_bytes()[:8], "little")
+        assert doc["metadata"]["total_size"] == data - 8 - n
+    rc, _, err = run_main("verify", FIX / folder, dst)
+    assert rc == 0, err
+    path = dst / "model.safetensors"
+    raw = bytearray(path.read_bytes())
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    weight = next(k for k in header if k.endswith("q_proj.weight"))
+    raw[8 + n + header[weight]["data_offsets"][0] + 10] ^= 1
+    path.write_bytes(bytes(raw))
+    rc, _, err = run_main("verify", FIX / folder, dst)
+    assert rc == 1 and weight in err, err
+
+
+def test_fp8_without_a_scale_stays_refused(tmp_path):
+    """An F8_E4M3 weight with no scale beside it is not dequantizable: the quantized
+    refusal, in one line, and nothing written."""
+    t = {
+        "m.w.weight": ("F8_E4M3", [2, 2], np.zeros(4, np.uint8)),
+        "m.s": ("F32", [1], np.ones(1, np.float32)),
+    }
+    src = write_safetensors(tmp_path / "in.safetensors", t)
+    with pytest.raises(stcast.StcastError, match="quantized"):
+        stcast.convert(src, tmp_path / "out.safetensors")
+    assert not (tmp_path / "out.safetensors").exists()

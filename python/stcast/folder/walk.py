@@ -188,6 +188,8 @@ def plan(
             allow_quantized=not check_quantized,
             quantization_config=None if quantization_config is None else quantization_config.path,
         )
+        if dequantize:
+            _check_dequantized(w, report)
         unmatched = [p for p in unmatched if p in report.keep_unmatched]
         hashes[w.rel] = source_sha256(w.path)
         if w.rel in indexed:
@@ -565,6 +567,28 @@ def _check_index(f: File, weight_map: dict[str, str], names: dict[str, set[str]]
                     f"`{_esc(os.path.basename(rel))}` {said}",
                     path=f.path,
                 )
+
+
+_SCALE_SUFFIXES = (".weight_scale", ".weight_scale_inv")
+
+
+def _check_dequantized(w: File, report: InspectReport) -> None:
+    """A dequantized folder's every file: no quantized tensor left as it is (a weight
+    whose scale another file holds, or none), no weight scale left without its weight."""
+    for t in report.tensors:
+        lowp = t.dtype in _core.QUANTIZED_DTYPES and t.reason != "dequantized"
+        scale = t.name.endswith(_SCALE_SUFFIXES) and t.reason != "dropped"
+        if lowp or scale:
+            what = (
+                "is an FP8 scale whose weight is not in this file"
+                if scale
+                else "is quantized without a scale beside it in this file"
+            )
+            raise Refused(
+                f"{_esc(w.path)}: tensor `{_esc(t.name)}` {what}: this FP8 checkpoint cannot "
+                "be dequantized whole; nothing was written",
+                path=w.path,
+            )
 
 
 def _dequantizes_any(weights: list[File], to: Target, precision: dict[str, Any]) -> bool:
