@@ -466,3 +466,25 @@ def test_sigint_mid_dequantization_leaves_dst(tmp_path, rng, cli_process):
     )
     assert rc != 0
     assert dst.read_bytes() == b"old"
+
+
+@pytest.mark.parametrize("to", ["fp8", "fp8-block"])
+def test_fp8_out_odd_shapes_exact(tmp_path, rng, run_main, to):
+    """[1, n], [n, 1], 129x129 near F16's largest values, subnormal amax in F16 and BF16."""
+    from test_fp8 import ref_quantize
+
+    tensors = {}
+    for i, shape in enumerate([(1, 300), (300, 1), (129, 129)]):
+        w = np.clip(rng.standard_normal(shape) * 3e4, -65504, 65504).astype(np.float16)
+        tensors[f"l{i}.weight"] = ("F16", list(shape), w)
+    tensors["sub.weight"] = ("F16", [3, 4], np.full((3, 4), 6e-8, np.float16))
+    tensors["bsub.weight"] = ("BF16", [3, 4], np.full((3, 4), 1e-39, ml_dtypes.bfloat16))
+    tensors["big.weight"] = ("F16", [2, 2], np.array([[65504, -65504], [1, 0]], np.float16))
+    src = write_safetensors(tmp_path / "in.safetensors", tensors)
+    dst = tmp_path / "out.safetensors"
+    assert run_main("convert", src, dst, "--to", to, "-q")[0] == 0
+    out = tensor_bytes(dst)
+    for name, (d, _, w) in tensors.items():
+        q, s = ref_quantize(w, d, to)
+        assert out[name][2] == q.tobytes() and out[f"{name}_scale"][2] == s.tobytes(), name
+    assert run_main("verify", src, dst)[0] == 0
