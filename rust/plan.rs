@@ -820,7 +820,8 @@ fn quantized(src: &SourceHeader, plan: &Plan, opts: &PlanOptions) -> Option<(Str
                 .filter(|(t, r)| is_quantized_dtype(t.dtype) && **r != Reason::Dequantized)
                 .map(|(t, _)| t.dtype.to_string())
                 .collect();
-            if lowp.is_empty() || !src.tensors.iter().any(|t| t.dtype == Dtype::F32) {
+            let wide = |d: Dtype| matches!(d, Dtype::F32 | Dtype::F64);
+            if lowp.is_empty() || !src.tensors.iter().any(|t| wide(t.dtype)) {
                 return None;
             }
             lowp.sort();
@@ -832,7 +833,7 @@ fn quantized(src: &SourceHeader, plan: &Plan, opts: &PlanOptions) -> Option<(Str
         .tensors
         .iter()
         .zip(&plan.reasons)
-        .filter(|(t, r)| t.dtype == Dtype::F32 && **r == Reason::Converted)
+        .filter(|(t, r)| matches!(t.dtype, Dtype::F32 | Dtype::F64) && **r == Reason::Converted)
         .map(|(t, _)| t.name.as_str())
         .collect();
     let scales: Vec<&str> = f32_names

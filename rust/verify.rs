@@ -835,6 +835,15 @@ fn check_headers(
             );
         };
         let s = &sh.tensors[si];
+        if dropped.get(si) == Some(&true) {
+            return fail(
+                Some(&d.name),
+                format!(
+                    "tensor `{name}` is a scale of a weight DST holds dequantized: convert \
+                     does not write it"
+                ),
+            );
+        }
         if s.shape != d.shape {
             return fail(
                 Some(&d.name),
@@ -891,14 +900,14 @@ fn check_headers(
             nonfinite: false,
         });
     }
-    let dropped = dropped.iter().filter(|&&d| d).count();
-    if sh.tensors.len() + scales.len() != dh.tensors.len() + dropped {
+    let n_dropped = dropped.iter().filter(|&&d| d).count();
+    if sh.tensors.len() + scales.len() != dh.tensors.len() + n_dropped {
         let in_dst: HashSet<&str> = dh.tensors.iter().map(|t| t.name.as_str()).collect();
         let missing = sh
             .tensors
             .iter()
             .enumerate()
-            .find(|(i, t)| !in_dst.contains(t.name.as_str()) && !deq_dropped(&deq, *i))
+            .find(|(i, t)| !in_dst.contains(t.name.as_str()) && dropped.get(*i) != Some(&true))
             .map(|(_, t)| t)
             .map_or("?", |t| t.name.as_str());
         return fail(
@@ -990,11 +999,6 @@ fn quantized_difference(
         want_q[i as usize],
         dst[i as usize]
     ))
-}
-
-/// Is input tensor `i` a scale of a weight in `deq`?
-fn deq_dropped(deq: &[Option<Deq>], i: usize) -> bool {
-    deq.iter().flatten().any(|d| d.scale == i)
 }
 
 /// DST's FP8 weights (by DST index): each an F8_E4M3 tensor whose SRC tensor is a 2-D F32,

@@ -1,5 +1,5 @@
 """Adversarial round on FP8 in (dequantization to BF16/F16): exact bits against a numpy
-reference, refusals, folders, verify. Bugs are strict xfails naming them."""
+reference, refusals, folders, verify. The bugs this round found are fixed; each has its test."""
 
 from __future__ import annotations
 
@@ -241,11 +241,6 @@ def no_raw_fp8_left(rc: int, err: str, dst: Path) -> None:
         assert "F8_E4M3" not in dtypes_in(dst).values()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: verify rejects stcast's own dequantization of a multi-shard FP8 folder "
-    "(the re-sharding group check says `a.weight`: F8_E4M3 cannot become BF16)",
-)
 def test_verify_two_shard_dequantized_folder(tmp_path, run_main):
     src = folder(
         tmp_path / "in",
@@ -260,11 +255,6 @@ def test_verify_two_shard_dequantized_folder(tmp_path, run_main):
     assert rc == 0, err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: verify without --to rejects a --to fp16 dequantization whose tensors are "
-    "all dequantized (it expects BF16 in the header)",
-)
 def test_verify_fp16_dequantization_without_to(tmp_path, run_main):
     src = fp8_file(tmp_path / "in.safetensors", W, "a.weight_scale", "F32", S)
     dst = tmp_path / "out.safetensors"
@@ -273,11 +263,6 @@ def test_verify_fp16_dequantization_without_to(tmp_path, run_main):
     assert rc == 0, err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a scale in another shard than its weight: the FP8 weight is copied raw, its "
-    "F32 scale rounded to BF16, and config.json loses its quantization_config (silent)",
-)
 def test_scale_in_other_shard(tmp_path, run_main):
     src = folder(
         tmp_path / "in",
@@ -295,11 +280,6 @@ def test_scale_in_other_shard(tmp_path, run_main):
     no_raw_fp8_left(rc, err, dst)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: in an FP8 folder, an F8_E4M3 weight without a usable scale in a shard "
-    "without F32 tensors is copied raw while config.json loses its quantization_config",
-)
 @pytest.mark.parametrize("scale", ["none", "bad_shape"])
 def test_unscaled_fp8_weight_in_bf16_shard(tmp_path, run_main, scale):
     second = {"b.weight": ("F8_E4M3", [4, 8], W), "norm.weight": ones_bf16(8)}
@@ -314,11 +294,6 @@ def test_unscaled_fp8_weight_in_bf16_shard(tmp_path, run_main, scale):
     no_raw_fp8_left(rc, err, dst)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: an F8_E4M3 weight with an F64 weight_scale is not refused: the weight is "
-    "copied raw and the scale silently rounded to BF16",
-)
 def test_f64_scale(tmp_path, run_main):
     src = write_safetensors(
         tmp_path / "in.safetensors",
@@ -332,11 +307,6 @@ def test_f64_scale(tmp_path, run_main):
     no_raw_fp8_left(rc, err, dst)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: verify of a dequantized output missing a tensor names the dropped "
-    "input_scale instead of the missing tensor",
-)
 def test_verify_names_the_missing_tensor(tmp_path, run_main):
     src = fp8_file(
         tmp_path / "in.safetensors",
@@ -358,11 +328,6 @@ def test_verify_names_the_missing_tensor(tmp_path, run_main):
     assert "norm.weight" in assert_one_error_line(err)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: verify --loose accepts a dequantized DST that lacks a tensor of SRC when "
-    "a dropped scale takes its place (the count check only)",
-)
 def test_verify_loose_missing_tensor_for_a_readded_scale(tmp_path, run_main):
     src = fp8_file(
         tmp_path / "in.safetensors",
@@ -382,11 +347,6 @@ def test_verify_loose_missing_tensor_for_a_readded_scale(tmp_path, run_main):
     assert run_main("verify", src, t, "--loose")[0] == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a file with one dequantizable FP8 weight and one F8_E4M3 weight without a "
-    "scale converts (rc 0) into a half-dequantized file with the raw FP8 weight, silently",
-)
 def test_file_fp8_weight_without_scale_beside_a_dequantized_one(tmp_path, run_main):
     src = fp8_file(
         tmp_path / "in.safetensors",
