@@ -774,6 +774,11 @@ impl Job {
         };
         if let Some(g) = granule {
             let left = plan.tensors[w.item].src_len(&src.header) - w.pos;
+            if let Action::Dequantize(d) = plan.tensors[w.item].action {
+                // Each E4M3 byte becomes 2: a window's output stays what a bf16 window's
+                // is (half the window), so memory does too.
+                w.len = w.len.min(self.cursor.window() / 2 / d.out_size());
+            }
             w.len = (w.len / g * g).max(g).min(left);
         }
         Some(w)
