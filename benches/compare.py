@@ -35,6 +35,12 @@ mp_rank_00_model_states.pt and the fp32 partitions with Adam's moments per rank,
 `.to(bfloat16)`, `save_file`), peers/torch_zero.py, whose first output is compared with
 stcast's the same way. A stcast that refuses ZeRO folders (exit 1, "does not read these
 yet") is reported "not run" for the case; torch_zero is measured anyway.
+--fp8 runs only the FP8 case: stcast's `--to fp8` / `--to fp8-block` against llm-compressor's
+model_free_ptq (peers/model_free_ptq.py, FP8_DYNAMIC / FP8_BLOCK, run with --fp8-python) on a
+1.08 GiB Llama-shaped F32 folder (gen_fp8.py), and stcast's FP8 -> bf16 of model_free_ptq's
+FP8_BLOCK output, in ABBA rounds per --fp8-modes (hugetmpfs, hot); then every quantized
+weight and weight_scale stcast wrote is compared byte for byte with model_free_ptq's, and
+the dequantization with compressed-tensors' own (fp8_dequant_check.py). fp8.md, fp8.json.
 --reshard SIZE adds contender stcast_reshard: `convert SRC DST --max-shard-size SIZE` (a
 folder of shards and an index) beside stcast's plain conversion of the same input; the
 "Re-sharding" issue's goal is its median wall <= 1.05x stcast's (4 GiB into 1 GB shards).
@@ -45,6 +51,8 @@ usage: python benches/compare.py [--sizes 1,4] [--repeats 3] [--modes hugetmpfs,
            [--baseline PYTHON|CMD] [--tuning JSON]
            [--reshard SIZE] [--order abba|cyclic] [--mem-limit 256M] [--cap CONTENDER=SIZE]
            [--timeout S] [--out benches/out] [--quick]
+       python benches/compare.py --fp8 [--repeats 3] [--fp8-modes hugetmpfs,hot]
+           [--fp8-python /work/venv-llmc/bin/python] [--stcast CLI]
 """
 
 from __future__ import annotations
@@ -2294,8 +2302,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--pickle-dir", type=Path, default=Path("/var/tmp/stcast-bench/pickle"))
     ap.add_argument("--pickle-scale", type=float, default=1.0)
+    ap.add_argument(
+        "--fp8",
+        action="store_true",
+        help="only the FP8 case: stcast --to fp8 / fp8-block and FP8 -> bf16 against "
+        "model_free_ptq (gen_fp8.py, peers/model_free_ptq.py)",
+    )
+    ap.add_argument(
+        "--fp8-python",
+        default="/work/venv-llmc/bin/python",
+        help="a Python with llmcompressor (the peer, and the dequantization check)",
+    )
+    ap.add_argument("--fp8-modes", default="hugetmpfs,hot", help="hugetmpfs and/or hot")
+    ap.add_argument("--fp8-tmpfs-dir", type=Path, default=Path("/mnt/fp8b"))
+    ap.add_argument("--fp8-tmpfs-size", default="6g")
     args = ap.parse_args(argv)
     if args.pickle_memory:
+        return args
+    if args.fp8:
+        args.fp8_modes = split(args.fp8_modes)
+        for m in args.fp8_modes:
+            if m not in ("hugetmpfs", "hot"):
+                ap.error(f"--fp8-modes: {m!r} is not hugetmpfs or hot")
         return args
     if args.quick:
         args.sizes, args.repeats, args.modes = "0.25", 1, "tmpfs"
@@ -2697,10 +2725,288 @@ def pickle_memory(stcast: str, directory: Path, repeats: int, scale: float) -> i
     return 1 if failed else 0
 
 
+# ---------------------------------------------------------------- the FP8 case (--fp8)
+
+# The "FP8" issue's goals: stcast's peak RSS, and model_free_ptq's wall over stcast's (same
+# scheme, medians).
+GOAL_FP8_RSS = 64 * MiB
+GOAL_FP8_X_MFP = 3.0
+FP8_SCHEMES = (("fp8", "FP8_DYNAMIC"), ("fp8-block", "FP8_BLOCK"))
+# (name, what it runs); {src} the Llama folder, {fp8} model_free_ptq's FP8_BLOCK output
+FP8_CONTENDERS = (
+    ("stcast fp8", "stcast convert {src} {dst} --to fp8"),
+    ("stcast fp8-block", "stcast convert {src} {dst} --to fp8-block"),
+    ("model_free_ptq FP8_DYNAMIC", "peers/model_free_ptq.py {src} {dst} FP8_DYNAMIC"),
+    ("model_free_ptq FP8_BLOCK", "peers/model_free_ptq.py {src} {dst} FP8_BLOCK"),
+    ("stcast dequant", "stcast convert {fp8} {dst} --to bf16"),
+)
+
+
+def st_entries(folder: Path) -> dict[str, tuple[Path, str, list[int], int, int]]:
+    """Every tensor of a folder's safetensors files: name -> (file, dtype, shape, start, end),
+    start and end absolute offsets in the file (read from the headers only)."""
+    out = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            n = struct.unpack("<Q", fh.read(8))[0]
+            header = json.loads(fh.read(n))
+        for name, e in header.items():
+            if name != "__metadata__":
+                a, b = e["data_offsets"]
+                out[name] = (f, e["dtype"], e["shape"], 8 + n + a, 8 + n + b)
+    return out
+
+
+def tensor_bytes(entry: tuple[Path, str, list[int], int, int]) -> bytes:
+    f, _, _, a, b = entry
+    with open(f, "rb") as fh:
+        fh.seek(a)
+        return fh.read(b - a)
+
+
+def fp8_identity(ours: Path, theirs: Path) -> tuple[int, int, list[str]]:
+    """stcast's FP8 folder against model_free_ptq's: every F8_E4M3 weight model_free_ptq
+    wrote and its weight_scale must be in stcast's with the same dtype, shape and bytes, and
+    stcast must quantize no other weight. Returns (weights, scales, differences)."""
+    a, b = st_entries(ours), st_entries(theirs)
+    fp8 = sorted(k for k, e in b.items() if e[1] == "F8_E4M3")
+    ours_fp8 = sorted(k for k, e in a.items() if e[1] == "F8_E4M3")
+    bad = [] if ours_fp8 == fp8 else [f"F8_E4M3 names differ: {set(ours_fp8) ^ set(fp8)}"]
+    weights = scales = 0
+    for w in fp8:
+        for name in (w, w.removesuffix(".weight") + ".weight_scale"):
+            if name not in b or name not in a:
+                bad.append(f"{name}: missing")
+            elif a[name][1:3] != b[name][1:3]:
+                bad.append(f"{name}: {a[name][1:3]} vs {b[name][1:3]}")
+            elif tensor_bytes(a[name]) != tensor_bytes(b[name]):
+                bad.append(f"{name}: bytes differ")
+            elif name == w:
+                weights += 1
+            else:
+                scales += 1
+    return weights, scales, bad
+
+
+def fp8_bench(args: argparse.Namespace) -> int:
+    """--fp8: stcast's FP8 targets against llm-compressor's model_free_ptq on a 1.08 GiB
+    Llama-shaped F32 folder (gen_fp8.py), per mode: ABBA rounds of the five FP8_CONTENDERS,
+    then the byte identity of stcast's quantized weights and scales with model_free_ptq's, and
+    compressed-tensors' dequantization against stcast's (fp8_dequant_check.py). Prints and
+    writes fp8.md and fp8.json to --out."""
+    stcast, llmc = shlex.split(args.stcast), shlex.split(args.fp8_python)
+    cache = args.disk_dir / f"fp8-llama-{args.seed}"
+    if not cache.exists():
+        gen = [sys.executable, str(HERE / "gen_fp8.py"), str(cache), "--seed", str(args.seed)]
+        subprocess.run(gen, check=True)
+    argv_of: dict[str, list[str]] = {}
+    for name, text in FP8_CONTENDERS:
+        words = text.split()
+        if words[0] == "stcast":
+            argv_of[name] = [*stcast, *words[1:]]
+        else:
+            argv_of[name] = [*llmc, str(args.peers / Path(words[0]).name), *words[1:]]
+    names = [n for n, _ in FP8_CONTENDERS]
+    facts = {
+        "stcast": version(stcast),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "loadavg_start": os.getloadavg(),
+        "peer": subprocess.run(
+            [
+                *llmc,
+                "-c",
+                "import llmcompressor, compressed_tensors, torch, transformers; "
+                "print(llmcompressor.__version__, compressed_tensors.__version__, "
+                "torch.__version__, transformers.__version__)",
+            ],
+            capture_output=True,
+            text=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1:],  # its last line: llmcompressor logs a warning first
+    }
+    runs: list[Run] = []
+    checks: list[tuple[str, str]] = []
+    for mode in args.fp8_modes:
+        with contextlib.ExitStack() as stack:
+            if mode == "hugetmpfs":
+                root = stack.enter_context(HugeTmpfs(args.fp8_tmpfs_dir, args.fp8_tmpfs_size))
+            else:
+                root = args.disk_dir / "fp8-run"
+                shutil.rmtree(root, ignore_errors=True)
+                root.mkdir(parents=True)
+                stack.callback(shutil.rmtree, root, True)
+            src = cache
+            if mode == "hugetmpfs":
+                src = root / cache.name
+                shutil.copytree(cache, src)
+            logs, kept = root / "logs", root / "kept"
+            logs.mkdir()
+            kept.mkdir()
+            ref = kept / "mfp-block-ref"  # untimed: the input of "stcast dequant"
+            done = subprocess.run(
+                [*llmc, str(args.peers / "model_free_ptq.py"), str(src), str(ref), "FP8_BLOCK"],
+                capture_output=True,
+                text=True,
+            )
+            if done.returncode != 0:
+                raise SystemExit(f"model_free_ptq failed: {done.stderr[-2000:]}")
+            first: dict[str, Path] = {}
+            for r in range(args.repeats):
+                order = names if r % 2 == 0 else names[::-1]
+                for pos, name in enumerate(order):
+                    dst = root / "out"
+                    shutil.rmtree(dst, ignore_errors=True)
+                    argv = [
+                        a.format(src=src, dst=dst, fp8=ref) if "{" in a else a
+                        for a in argv_of[name]
+                    ]
+                    if mode == "hot":
+                        warm(ref if name == "stcast dequant" else src)
+                    run = Run(mode, 0.0, name, r, path_bytes(src), case="fp8", kind="fp8")
+                    run.position = pos
+                    run_once(argv, dst, logs, run, None, args.timeout)
+                    runs.append(run)
+                    print(
+                        f"{mode} round {r} {name}: {run.status}, {run.wall_s:.2f} s wall, "
+                        f"{run.cpu_s:.2f} s CPU, {run.peak_rss / MiB:.0f} MiB",
+                        flush=True,
+                    )
+                    if run.status != "ok":
+                        print(run.stderr_tail)
+                    elif name not in first:
+                        first[name] = kept / name.replace(" ", "_")
+                        dst.rename(first[name])
+                    shutil.rmtree(dst, ignore_errors=True)
+            for ours, scheme in FP8_SCHEMES:
+                a, b = first.get(f"stcast {ours}"), first.get(f"model_free_ptq {scheme}")
+                if a and b:
+                    w, s, bad = fp8_identity(a, b)
+                    state = "PASS" if not bad and w else "FAIL"
+                    what = (
+                        f"{mode}: stcast --to {ours} = model_free_ptq {scheme}: {w} weights and "
+                        f"{s} weight_scales byte-identical"
+                        + (f"; {len(bad)} differ: {bad[:3]}" if bad else "")
+                    )
+                    checks.append((state, what))
+            if "stcast dequant" in first:
+                check = [*llmc, str(HERE / "fp8_dequant_check.py"), str(ref)]
+                done = subprocess.run(
+                    [*check, str(first["stcast dequant"])], capture_output=True, text=True
+                )
+                state = "PASS" if done.returncode == 0 else "FAIL"
+                lines = (done.stdout + done.stderr).strip().splitlines()[-5:]
+                checks.append((state, f"{mode}: " + " / ".join(lines)))
+            for state, what in checks[-3:]:
+                print(f"{state}: {what}")
+    facts["loadavg_end"] = os.getloadavg()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "fp8.json").write_text(
+        json.dumps(
+            {
+                "machine": facts,
+                "checks": [{"state": s, "what": w} for s, w in checks],
+                "runs": [asdict(r) for r in runs],
+            },
+            indent=1,
+        )
+    )
+    text = fp8_markdown(runs, checks, facts, args)
+    (args.out / "fp8.md").write_text(text)
+    print()
+    print(text)
+    return 0 if all(s == "PASS" for s, _ in checks) else 1
+
+
+def fp8_markdown(
+    runs: list[Run], checks: list[tuple[str, str]], facts: dict[str, Any], args: argparse.Namespace
+) -> str:
+    """The table (medians [min–max]), the ratios (per round [min–max]) and the goals."""
+    lines = [
+        "# FP8: stcast against model_free_ptq",
+        "",
+        f"{facts['stcast']}; llmcompressor, compressed-tensors, torch, transformers "
+        f"{' '.join(facts['peer'])}; {facts['cpus']} CPUs, load "
+        f"{load(facts['loadavg_start'])} at the start, {load(facts['loadavg_end'])} at the "
+        f"end; {args.repeats} ABBA rounds.",
+        "",
+    ]
+    head = ["mode", "contender", "runs", "wall s", "user+sys CPU s", "peak RSS"]
+    body = []
+    stats: dict[tuple[str, str], dict[str, Any]] = {}
+    for mode in args.fp8_modes:
+        for name, _ in FP8_CONTENDERS:
+            ok = [r for r in runs if r.mode == mode and r.contender == name and r.status == "ok"]
+            if not ok:
+                continue
+            st = {m: spread([getattr(r, m) for r in ok]) for m in ("wall_s", "cpu_s", "peak_rss")}
+            stats[mode, name] = st
+            body.append(
+                [
+                    mode,
+                    name,
+                    str(len(ok)),
+                    fmt_spread(st["wall_s"], ".2f"),
+                    fmt_spread(st["cpu_s"], ".2f"),
+                    fmt_mem(st["peak_rss"]),
+                ]
+            )
+    lines += table(head, "lllrrr", body)
+    lines += ["", "model_free_ptq over stcast, same scheme (median; [min–max] per round):", ""]
+    rbody = []
+    states = []
+    for mode in args.fp8_modes:
+        for ours, scheme in FP8_SCHEMES:
+            a, b = f"stcast {ours}", f"model_free_ptq {scheme}"
+            if (mode, a) not in stats or (mode, b) not in stats:
+                continue
+            cells = [mode, f"{b} / {a}"]
+            for m in ("wall_s", "cpu_s", "peak_rss"):
+                per = [
+                    rb.__getattribute__(m) / ra.__getattribute__(m)
+                    for ra in runs
+                    for rb in runs
+                    if ra.mode == rb.mode == mode
+                    and ra.repeat == rb.repeat
+                    and (ra.contender, rb.contender) == (a, b)
+                    and ra.status == rb.status == "ok"
+                ]
+                med = stats[mode, b][m]["median"] / stats[mode, a][m]["median"]
+                cells.append(f"{med:.1f}x" + (f" [{min(per):.1f}–{max(per):.1f}]" if per else ""))
+            rbody.append(cells)
+            x = stats[mode, b]["wall_s"]["median"] / stats[mode, a]["wall_s"]["median"]
+            states.append(
+                (
+                    "PASS" if x >= GOAL_FP8_X_MFP else "FAIL",
+                    f"{mode}: model_free_ptq {scheme} wall {x:.1f}x stcast --to {ours}'s "
+                    f"(goal >= {GOAL_FP8_X_MFP:g}x)",
+                )
+            )
+        for name in ("stcast fp8", "stcast fp8-block", "stcast dequant"):
+            if (mode, name) in stats:
+                peak = stats[mode, name]["peak_rss"]["max"]
+                states.append(
+                    (
+                        "PASS" if peak <= GOAL_FP8_RSS else "FAIL",
+                        f"{mode}: {name} peak RSS {peak / MiB:.1f} MiB, largest of its runs "
+                        f"(goal <= {GOAL_FP8_RSS // MiB} MiB)",
+                    )
+                )
+    lines += table(["mode", "ratio", "wall", "CPU", "peak RSS"], "llrrr", rbody)
+    lines += ["", "## Goals and checks", ""]
+    lines += [f"- {s}: {w}" for s, w in states + checks]
+    lines += ["", "Commands (`{src}`: the folder, `{fp8}`: model_free_ptq's FP8_BLOCK output):", ""]
+    lines += [f"- {n}: `{t}`" for n, t in FP8_CONTENDERS]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.pickle_memory:
         return pickle_memory(args.stcast, args.pickle_dir, args.repeats, args.pickle_scale)
+    if args.fp8:
+        return fp8_bench(args)
     if args.render:
         return render(args.render, args.out)
     args.out.mkdir(parents=True, exist_ok=True)
