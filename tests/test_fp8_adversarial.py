@@ -39,8 +39,9 @@ def ref_dequant(q: np.ndarray, s: np.ndarray, s_dtype: str, target: str) -> np.n
         full = s
     else:
         full = np.repeat(np.repeat(s, 128, axis=0), 128, axis=1)[:rows, :cols]
-    prod = q.view(ml_dtypes.float8_e4m3fn).astype(sd) * full.astype(sd)
-    return prod.astype(sd).astype(NP[target]).view(np.uint16)
+    with np.errstate(over="ignore", invalid="ignore"):  # F16 products may overflow, as in torch
+        prod = q.view(ml_dtypes.float8_e4m3fn).astype(sd) * full.astype(sd)
+        return prod.astype(sd).astype(NP[target]).view(np.uint16)
 
 
 def fp8_file(path: Path, q, scale_name: str, s_dtype: str, scale, extra=None) -> Path:
