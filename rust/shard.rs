@@ -22,7 +22,7 @@ use crate::dtype::width_rank;
 use crate::error::{Error, Result, Warning};
 use crate::header::{SourceHeader, SourceTensor, PREFIX};
 use crate::input::{InputOptions, Origin, TORCH_METADATA};
-use crate::plan::{self, encode_entry, encode_metadata, Plan, PlanOptions};
+use crate::plan::{self, encode_entry, encode_metadata, Plan, PlanOptions, Role};
 use crate::source::{InputFile, Source};
 use crate::text::esc_path;
 use crate::torch::Format;
@@ -81,6 +81,11 @@ pub struct ShardSpec {
     pub header_sha256: String,
     pub converted: usize,
     pub kept: usize,
+    /// FP8 targets: the scale tensors it writes beside its quantized weights (an index
+    /// lists them with the weights).
+    pub scales: Vec<String>,
+    /// FP8 input: the scales a dequantization uses and does not write (nor index).
+    pub dropped: Vec<String>,
 }
 
 /// A group's output shards.
@@ -115,10 +120,18 @@ pub struct ShardRow<'a> {
     pub header_sha256: &'a str,
     pub tensors_converted: usize,
     pub tensors_kept: usize,
+    pub scales: &'a [String],
+    pub dropped: &'a [String],
 }
 
-/// One tensor as the size arithmetic sees it.
+/// One tensor as the size arithmetic sees it: its output entries (none for an FP8 scale a
+/// dequantization drops; two for a quantized weight, with its scale).
 struct Item {
+    entries: Vec<Entry>,
+}
+
+/// One output header entry and its data.
+struct Entry {
     /// `width_rank` of its output dtype: the output groups by it, widest first.
     rank: usize,
     /// Bytes of its header entry without the digits of its two offsets.
@@ -278,7 +291,7 @@ impl Group {
         let mut names: Vec<String> = Vec::new();
         for t in &out.header.tensors {
             names.push(t.name.clone());
-            if t.dtype == safetensors::tensor::Dtype::F8_E4M3 {
+            if t.dtype == Dtype::F8_E4M3 {
                 continue; // still FP8: its scale is in DST too
             }
             for suffix in crate::quant::SCALE_SUFFIXES {
@@ -377,6 +390,8 @@ impl Group {
                     header_sha256: &s.header_sha256,
                     tensors_converted: s.converted,
                     tensors_kept: s.kept,
+                    scales: &s.scales,
+                    dropped: &s.dropped,
                 }
             })
             .collect();
@@ -392,7 +407,11 @@ impl Group {
     /// larger than that alone), greedily in input order, under `opts`.
     pub fn plan(&self, max_size: u64, opts: &PlanOptions) -> Result<ShardPlan> {
         let opts = quiet(opts);
-        let (items, keep_unmatched) = self.items(&opts)?;
+        let (items, order, keep_unmatched) = self.items(&opts)?;
+        // The cut runs in `order`: input order, but an FP8 weight being dequantized with its
+        // scales right after it, so that no cut parts them.
+        let mut slots: Vec<Option<Item>> = items.into_iter().map(Some).collect();
+        let items: Vec<Item> = order.iter().filter_map(|&k| slots[k].take()).collect();
         let mut warnings = self.warnings.clone();
         let meta_len = |indexed: bool| {
             self.metadata(indexed).0.map(|m| {
@@ -424,10 +443,15 @@ impl Group {
                     .to_string(),
             ));
         }
-        let all: Vec<At> = self.all().collect();
+        let in_order: Vec<At> = self.all().collect();
+        let all: Vec<At> = order.iter().map(|&k| in_order[k]).collect();
         let shards = groups
             .into_iter()
-            .map(|g| self.spec(&all[g], indexed, &opts))
+            .map(|g| {
+                let mut tensors = all[g].to_vec();
+                tensors.sort_unstable();
+                self.spec(&tensors, indexed, &opts)
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(ShardPlan {
             shards,
@@ -439,28 +463,40 @@ impl Group {
 
     /// Each tensor's output dtype, size and header entry, from the plan of its own file
     /// (what a tensor becomes depends on it alone); and the keep patterns no file matches.
-    fn items(&self, opts: &PlanOptions) -> Result<(Vec<Item>, Vec<String>)> {
+    fn items(&self, opts: &PlanOptions) -> Result<(Vec<Item>, Vec<usize>, Vec<String>)> {
         let mut items = Vec::new();
+        let mut order = Vec::new();
         let mut buf = Vec::new();
         let mut unmatched = opts.keep.clone();
         for (span, h) in self.spans.iter().zip(&self.headers) {
             let planned = plan::plan(&self.inputs[span.start].path, h, opts)?;
             unmatched.retain(|p| planned.keep_unmatched.contains(p));
-            let mut out = vec![(Dtype::U8, 0u64); h.tensors.len()];
+            let first = items.len();
+            items.extend((0..h.tensors.len()).map(|_| Item {
+                entries: Vec::new(),
+            }));
+            order.extend(fp8_order(h, &planned).into_iter().map(|k| first + k));
             for t in &planned.tensors {
-                out[t.source] = (t.dtype, t.end - t.start);
-            }
-            for (t, (dtype, out_len)) in h.tensors.iter().zip(out) {
+                let s = &h.tensors[t.source];
                 buf.clear();
-                encode_entry(&mut buf, &t.name, dtype, &t.shape, (0, 0));
-                items.push(Item {
-                    rank: width_rank(dtype),
+                match t.role {
+                    Role::Tensor => encode_entry(&mut buf, &s.name, t.dtype, &s.shape, (0, 0)),
+                    Role::Scale(q) => encode_entry(
+                        &mut buf,
+                        &crate::quant::scale_name(&s.name),
+                        t.dtype,
+                        &q.scale_shape(),
+                        (0, 0),
+                    ),
+                }
+                items[first + t.source].entries.push(Entry {
+                    rank: width_rank(t.dtype),
                     fixed: buf.len() as u64 - 2,
-                    out_len,
+                    out_len: t.end - t.start,
                 });
             }
         }
-        Ok((items, unmatched))
+        Ok((items, order, unmatched))
     }
 
     /// Every tensor's bytes, in input order.
@@ -480,8 +516,60 @@ impl Group {
             header_sha256: crate::text::sha256_hex(&plan.header),
             converted: plan.converted(),
             kept: plan.kept(),
+            scales: plan
+                .tensors
+                .iter()
+                .filter(|t| matches!(t.role, Role::Scale(_)))
+                .map(|t| crate::quant::scale_name(&self.tensor(tensors[t.source]).name))
+                .collect(),
+            dropped: plan
+                .reasons
+                .iter()
+                .zip(tensors)
+                .filter(|(r, _)| **r == plan::Reason::Dropped)
+                .map(|(_, &t)| self.tensor(t).name.clone())
+                .collect(),
         })
     }
+}
+
+/// The order the cut walks one file's tensors in: input order, each FP8 weight that `planned`
+/// dequantizes followed by the scales it is dequantized with (`Reason::Dropped`), which
+/// must land in its shard.
+fn fp8_order(h: &SourceHeader, planned: &Plan) -> Vec<usize> {
+    let n = h.tensors.len();
+    if !planned.reasons.contains(&plan::Reason::Dequantized) {
+        return (0..n).collect();
+    }
+    let mut with: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let mut attached = vec![false; n];
+    let by_name: HashMap<&str, usize> = h
+        .tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.name.as_str(), i))
+        .collect();
+    for t in &planned.tensors {
+        if let crate::dtype::Action::Dequantize(d) = t.action {
+            let mut own = vec![d.scale];
+            let module = crate::quant::module_of(&h.tensors[t.source].name).unwrap_or("");
+            if let Some(&k) = by_name.get(crate::quant::input_scale_name(module).as_str()) {
+                own.push(k);
+            }
+            for k in own {
+                if planned.reasons[k] == plan::Reason::Dropped && !attached[k] {
+                    attached[k] = true;
+                    with[t.source].push(k);
+                }
+            }
+        }
+    }
+    let mut order = Vec::with_capacity(n);
+    for i in (0..n).filter(|&i| !attached[i]) {
+        order.push(i);
+        order.extend(&with[i]);
+    }
+    order
 }
 
 /// Plan options for one shard: keep patterns are judged over the whole checkpoint by the
@@ -524,18 +612,19 @@ fn longest_run(a: usize, n: usize, fits: impl Fn(usize, usize) -> bool) -> usize
 /// `__metadata__` entry of `meta` bytes: the arithmetic of `plan::encode_header` and the
 /// width grouping of `plan::plan`, without building the header.
 fn file_len(items: &[Item], meta: Option<u64>) -> u64 {
-    let n = items.len() as u64;
+    let entries: Vec<&Entry> = items.iter().flat_map(|t| &t.entries).collect();
+    let n = entries.len() as u64;
     // `{`, `}`, the entries, a comma between two entries and one after the metadata.
     let mut json = 2 + meta.unwrap_or(0) + n.saturating_sub(1);
     if meta.is_some() && n > 0 {
         json += 1;
     }
-    let mut ranks: Vec<usize> = items.iter().map(|t| t.rank).collect();
+    let mut ranks: Vec<usize> = entries.iter().map(|t| t.rank).collect();
     ranks.sort_unstable_by(|a, b| b.cmp(a));
     ranks.dedup();
     let mut offset = 0u64;
     for rank in ranks {
-        for t in items.iter().filter(|t| t.rank == rank) {
+        for t in entries.iter().filter(|t| t.rank == rank) {
             json += t.fixed + digits(offset) + digits(offset + t.out_len);
             offset += t.out_len;
         }
@@ -710,8 +799,9 @@ mod tests {
                     json.push(',');
                 }
                 let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
+                let suffix = if seed % 4 == 1 { ".weight" } else { "" };
                 json.push_str(&format!(
-                    r#""t{f}.{k}\"q":{{"dtype":"{dtype}","shape":[{}],"data_offsets":[{at},{}]}}"#,
+                    r#""t{f}.{k}\"q{suffix}":{{"dtype":"{dtype}","shape":[{}],"data_offsets":[{at},{}]}}"#,
                     dims.join(","),
                     at + len
                 ));
@@ -727,19 +817,24 @@ mod tests {
 
     #[test]
     fn the_size_arithmetic_is_the_planned_file_size() {
+        let mut quantized = 0;
         for seed in 1..60u64 {
             let (dir, paths) = random_group(&format!("arith{seed}"), seed, 1 + seed as usize % 4);
             let group = Group::open(&paths, &InputOptions::default()).unwrap();
             // Random dtypes: F8/F4 beside F32 too (`allow_quantized`).
             let opts = PlanOptions {
                 allow_quantized: true,
-                ..PlanOptions::new(if seed % 3 == 0 {
-                    Target::F16
-                } else {
-                    Target::Bf16
+                // Seeds 1 mod 4 name their tensors `*.weight`: FP8 targets quantize the 2-D
+                // float ones, each with a scale entry.
+                ..PlanOptions::new(match seed % 8 {
+                    1 => Target::Fp8,
+                    5 => Target::Fp8Block,
+                    _ if seed % 3 == 0 => Target::F16,
+                    _ => Target::Bf16,
                 })
             };
-            let (items, _) = group.items(&opts).unwrap();
+            let (items, order, _) = group.items(&opts).unwrap();
+            assert_eq!(order, (0..items.len()).collect::<Vec<_>>());
             let all: Vec<At> = group.all().collect();
             let mut rng = Rng(seed);
             for _ in 0..20 {
@@ -753,10 +848,12 @@ mod tests {
                         buf.len() as u64
                     });
                     assert_eq!(file_len(&items[a..b], meta), plan.file_len(), "seed {seed}");
+                    quantized += plan.quantized();
                 }
             }
             let _ = std::fs::remove_dir_all(&dir);
         }
+        assert!(quantized > 0, "the FP8 seeds quantize weights");
     }
 
     #[test]

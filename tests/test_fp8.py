@@ -524,13 +524,58 @@ def test_verify_tampered_config(tmp_path, rng, run_main):
     assert "config.json" in assert_one_error_line(err)
 
 
-def test_max_shard_size_refused(tmp_path, rng, run_main):
-    folder = sharded(tmp_path, rng)
-    rc, _, err = run_main(
-        "convert", folder, tmp_path / "dst", "--to", "fp8", "--max-shard-size", "1MB"
+def shard_layouts(dst: Path) -> dict[str, dict[str, tuple[str, list[int], str]]]:
+    """Each output shard's tensors (file name -> tensor_hashes)."""
+    return {p.name: tensor_hashes(p) for p in sorted(dst.glob("*.safetensors"))}
+
+
+@pytest.mark.parametrize("to", ["fp8", "fp8-block"])
+@pytest.mark.parametrize("whole", [False, True])
+def test_reshard_to_fp8(tmp_path, to, whole, run_main):
+    """--max-shard-size with an FP8 target: every shard within the size, each scale in its
+    weight's shard and in the index, the same tensors as a conversion without re-sharding,
+    verify passes (from the folder, and from a single file)."""
+    src = FIX / "llama-fp32" / ("model.safetensors" if whole else "")
+    plain, dst = tmp_path / "plain.safetensors", tmp_path / "dst"
+    quiet_convert(FIX / "llama-fp32" / "model.safetensors", plain, to=to)
+    rc, _, err = run_main("convert", src, dst, "--to", to, "--max-shard-size", "100KB")
+    assert rc == 0, err
+    shards = shard_layouts(dst)
+    assert len(shards) > 1
+    assert all((dst / n).stat().st_size <= 100_000 for n in shards)
+    index = json.loads((dst / "model.safetensors.index.json").read_text())
+    where = {t: n for n, layout in shards.items() for t in layout}
+    assert index["weight_map"] == where
+    for name in where:
+        if name.endswith("_scale"):
+            assert where[name] == where[name.removesuffix("_scale")]
+    merged = {t: v for layout in shards.values() for t, v in layout.items()}
+    assert merged == tensor_hashes(plain)
+    data = sum(
+        (dst / n).stat().st_size - 8 - int.from_bytes((dst / n).read_bytes()[:8], "little")
+        for n in shards
     )
-    assert rc == 2, err
-    assert not (tmp_path / "dst").exists()
+    assert index["metadata"]["total_size"] == data
+    rc, _, err = run_main("verify", src, dst)
+    assert rc == 0, err
+
+
+def test_reshard_dequantized(tmp_path, run_main):
+    """FP8 in, re-sharded: each weight cut with its scales (model_free_ptq stores every F32
+    scale before the FP8 weights), the bytes of the reference, no scale in the index."""
+    src, dst = FIX / "llama-fp32.fp8-block", tmp_path / "dst"
+    rc, _, err = run_main("convert", src, dst, "--to", "bf16", "--max-shard-size", "100KB")
+    assert rc == 0, err
+    shards = shard_layouts(dst)
+    assert len(shards) > 1
+    merged = {t: v for layout in shards.values() for t, v in layout.items()}
+    want = DEQUANT["llama-fp32.fp8-block"]["bf16"]
+    assert merged == {k: (w["dtype"], w["shape"], w["sha256"]) for k, w in want.items()}
+    index = json.loads((dst / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(want)
+    assert "quantization_config" not in json.loads((dst / "config.json").read_text())
+    rc, _, err = run_main("verify", src, dst)
+    assert rc == 0, err
 
 
 # --- reports ----------------------------------------------------------------------------------

@@ -178,7 +178,6 @@ def convert(
     o = _checked(given)
     o = replace(o, max_shard_size=_size(max_shard_size))
     o = _plain(replace(o, name=_name(name, o.max_shard_size)))
-    _fp8_whole_shards(o)
     if _engine.is_tree(src) or o.max_shard_size is not None:
         from . import folder
 
@@ -299,7 +298,6 @@ def inspect(
     target = None if dst is None else os.fsdecode(dst)
     o = replace(o, max_shard_size=_size(max_shard_size))
     o = _plain(replace(o, name=_name(name, o.max_shard_size)))
-    _fp8_whole_shards(o)
     if _engine.is_tree(path) or o.max_shard_size is not None:
         from .folder import inspect_folder
 
@@ -501,16 +499,6 @@ def _verified_file(src: str, dst: str, to: Target | None) -> str:
     if found:
         return found[0]
     return dst if os.path.isdir(dst) else names[0]
-
-
-def _fp8_whole_shards(o: Options) -> None:
-    """Re-sharding plans shard sizes without the scales an FP8 target adds: not yet."""
-    if o.max_shard_size is not None and o.to in ("fp8", "fp8-block"):
-        raise UsageError(
-            f"{{max_shard_size}} with {{to={o.to}}} is not supported yet: convert to FP8 "
-            "with the source's shards, then re-shard the output with {to=keep}",
-            option="max_shard_size",
-        )
 
 
 def _shard_folder(dst: StrPath | None, max_size: int | None) -> None:

@@ -82,6 +82,10 @@ class Unit:
     inputs: list[File]  # the input files it reads
     tensors_converted: int
     tensors_kept: int
+    # FP8 targets: the scales it writes beside its quantized weights (in its index too).
+    scales: list[str] = field(default_factory=list)
+    # FP8 input: the scales it reads to dequantize and does not write.
+    dropped: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -220,6 +224,8 @@ def plan(
                     inputs=[g.inputs[j] for j in s["inputs"]],
                     tensors_converted=s["tensors_converted"],
                     tensors_kept=s["tensors_kept"],
+                    scales=s["scales"],
+                    dropped=s["dropped"],
                 )
             )
         index = _index(g, units) if planned["indexed"] else None
@@ -293,8 +299,10 @@ def _index(g: Group, units: list[Unit]) -> tuple[str, bytes, dict[str, str]]:
     weight_map: dict[str, str] = {}
     for u in units:
         base = os.path.basename(u.rel)
-        names.update(dict.fromkeys(u.names, base))
-        weight_map.update(dict.fromkeys(u.names, u.rel))
+        dropped = set(u.dropped)
+        written = [n for n in u.names if n not in dropped] + u.scales
+        names.update(dict.fromkeys(written, base))
+        weight_map.update(dict.fromkeys(written, u.rel))
     text = index_text(g.index, names, sum(u.target_bytes for u in units))
     return _join(g.dir, _core.index_file_name(g.stem)), text, weight_map
 
