@@ -19,7 +19,7 @@ use crate::kernels::Isa;
 use crate::numerics::Numerics;
 use crate::output::{self, AtPath, PathId, Published, Replace, TempOutput};
 use crate::plan::{self, KeptTensor, Plan, PlanOptions, Role, TensorPlan};
-use crate::quant::{Deq, Layout, Quant};
+use crate::quant::{Deq, Layout, Quant, QuantizedTensor};
 use crate::source::{fadvise_dontneed, PendingRelease, Source};
 use crate::vocab::{OnOverflow, ReadAdvice, Strategy, Target};
 use crate::window::{worker_pool, Cursor, Window, Work, DEFAULT_STEP, DEFAULT_WINDOW};
@@ -211,40 +211,6 @@ pub struct Report {
     pub numerics: Vec<(String, Numerics)>,
     #[serde(skip)]
     pub numerics_total: Numerics,
-}
-
-/// One weight an FP8 target quantized, and what that did to its values.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct QuantizedTensor {
-    pub name: String,
-    pub strategy: Strategy,
-    /// The scale's dtype (the weight's).
-    pub scale_dtype: String,
-    pub elements: u64,
-    pub groups: u64,
-    /// Groups whose values are all zero (their scale is the dtype's eps).
-    pub zero_groups: u64,
-    /// Non-zero values that became zero.
-    pub flushed: u64,
-    /// The largest |dequantized - source|, and the error's norm over the source's.
-    pub max_abs_error: f64,
-    pub rel_error: f64,
-}
-
-impl QuantizedTensor {
-    fn new(name: String, q: Quant, st: &Fp8Stats) -> QuantizedTensor {
-        QuantizedTensor {
-            name,
-            strategy: q.strategy,
-            scale_dtype: q.d.to_string(),
-            elements: st.elements,
-            groups: st.groups,
-            zero_groups: st.zero_groups,
-            flushed: st.flushed,
-            max_abs_error: st.max_abs_err,
-            rel_error: st.rel_err(),
-        }
-    }
 }
 
 /// Every refusal a conversion can make before reading any data: the destination (see
@@ -714,6 +680,11 @@ impl Job {
         Ok(())
     }
 
+    /// What FP8 did to each quantized weight, in output order (empty for other targets).
+    fn quantized(&self) -> Vec<QuantizedTensor> {
+        quantized_tensors(&self.plan, &self.src, &self.fp8)
+    }
+
     /// Give the input back (to plan again: see `task::ConvertTask`); the hidden output goes.
     pub fn into_source(self) -> Source {
         self.src
@@ -875,12 +846,14 @@ impl Job {
         if let Some((path, replace)) = &self.report {
             let measured = self.measured();
             let total = Numerics::total(measured.iter().map(|(_, n)| *n));
+            let quantized = self.quantized();
             let bytes = crate::report::numeric_report(
                 &self.src.path,
                 &self.dst,
                 Some(self.plan.target),
                 &measured,
                 &total,
+                &quantized,
             );
             let out = TempOutput::create(path, *replace, None, "")?;
             (&out.file)
@@ -917,19 +890,7 @@ impl Job {
             ..
         } = self;
         drop(out_map);
-        let quantized: Vec<QuantizedTensor> = plan
-            .tensors
-            .iter()
-            .zip(&fp8)
-            .filter_map(|(t, st)| match t.action {
-                Action::Quantize(q) => Some(QuantizedTensor::new(
-                    src.header.tensors[t.source].name.clone(),
-                    q,
-                    st,
-                )),
-                _ => None,
-            })
-            .collect();
+        let quantized = quantized_tensors(&plan, &src, &fp8);
         let unquantized = plan.unquantized_modules(&src.header);
         let kept = plan.kept_tensors(&src.header);
         // The names move from the header into the report (no copy of 300k names).
@@ -986,6 +947,22 @@ fn sync_range(fd: i32, (a, b): (u64, u64), flags: libc::c_uint) -> std::io::Resu
     } else {
         Err(std::io::Error::last_os_error())
     }
+}
+
+/// What FP8 did to each weight `plan` quantizes (`fp8`: per plan tensor), in output order.
+fn quantized_tensors(plan: &Plan, src: &Source, fp8: &[Fp8Stats]) -> Vec<QuantizedTensor> {
+    plan.tensors
+        .iter()
+        .zip(fp8)
+        .filter_map(|(t, st)| match t.action {
+            Action::Quantize(q) => Some(QuantizedTensor::new(
+                src.header.tensors[t.source].name.clone(),
+                q,
+                st,
+            )),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Two disjoint ranges `(start, len)` of `buf`, mutably.

@@ -68,6 +68,40 @@ impl Quant {
     }
 }
 
+/// One weight an FP8 target quantized, and what that did to its values.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct QuantizedTensor {
+    pub name: String,
+    pub strategy: Strategy,
+    /// The scale's dtype (the weight's).
+    pub scale_dtype: String,
+    pub elements: u64,
+    pub groups: u64,
+    /// Groups whose values are all zero (their scale is the dtype's eps).
+    pub zero_groups: u64,
+    /// Non-zero values that became zero.
+    pub flushed: u64,
+    /// The largest |dequantized - source|, and the error's norm over the source's.
+    pub max_abs_error: f64,
+    pub rel_error: f64,
+}
+
+impl QuantizedTensor {
+    pub fn new(name: String, q: Quant, st: &crate::fp8::Fp8Stats) -> QuantizedTensor {
+        QuantizedTensor {
+            name,
+            strategy: q.strategy,
+            scale_dtype: q.d.to_string(),
+            elements: st.elements,
+            groups: st.groups,
+            zero_groups: st.zero_groups,
+            flushed: st.flushed,
+            max_abs_error: st.max_abs_err,
+            rel_error: st.rel_err(),
+        }
+    }
+}
+
 /// How a quantized input's weight maps to its scales.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layout {

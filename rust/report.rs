@@ -17,6 +17,7 @@ use crate::error::Warning;
 use crate::kernels::Isa;
 use crate::numerics::Numerics;
 use crate::plan::KeptTensor;
+use crate::quant::QuantizedTensor;
 use crate::vocab::Target;
 use crate::VERSION;
 
@@ -59,12 +60,13 @@ pub fn numeric_report<S: AsRef<str>, N: std::borrow::Borrow<Numerics>>(
     target: Option<Target>,
     tensors: &[(S, N)],
     total: &Numerics,
+    quantized: &[QuantizedTensor],
 ) -> Vec<u8> {
     let named: Vec<(Option<&str>, &str, &Numerics)> = tensors
         .iter()
         .map(|(n, x)| (None, n.as_ref(), x.borrow()))
         .collect();
-    folder_report(src, dst, target, &named, total)
+    folder_report(src, dst, target, &named, total, quantized)
 }
 
 /// One file's part of a folder's report: its path relative to the folder (or None), its
@@ -84,7 +86,7 @@ pub fn files_report(
         total.merge(t);
         named.extend(rows.iter().map(|(n, x)| (*file, n.as_str(), x)));
     }
-    folder_report(src, dst, target, &named, &total)
+    folder_report(src, dst, target, &named, &total, &[])
 }
 
 /// `numeric_report` for a folder: each tensor also names its file (relative path).
@@ -94,8 +96,9 @@ pub fn folder_report(
     target: Option<Target>,
     tensors: &[(Option<&str>, &str, &Numerics)],
     total: &Numerics,
+    quantized: &[QuantizedTensor],
 ) -> Vec<u8> {
-    let doc = json!({
+    let mut doc = json!({
         "schema": SCHEMA,
         "command": "report",
         "version": VERSION,
@@ -110,6 +113,10 @@ pub fn folder_report(
             "total": fields(None, None, total),
         },
     });
+    // FP8 targets: what quantizing did to each weight (the rounding rows are the rest's).
+    if !quantized.is_empty() {
+        doc["result"]["quantized"] = serde_json::to_value(quantized).unwrap_or_default();
+    }
     let mut out = Vec::new();
     let fmt = serde_json::ser::PrettyFormatter::with_indent(b" ");
     let mut ser = serde_json::Serializer::with_formatter(&mut out, fmt);

@@ -652,6 +652,7 @@ impl Verifier {
                 report.to,
                 &report.numerics,
                 &report.numerics_total,
+                &[],
             );
             write_file(&path, &bytes, replace, "")?;
         }

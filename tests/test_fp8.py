@@ -1127,3 +1127,17 @@ def test_fp8_without_a_scale_stays_refused(tmp_path):
     with pytest.raises(stcast.StcastError, match="quantized"):
         stcast.convert(src, tmp_path / "out.safetensors")
     assert not (tmp_path / "out.safetensors").exists()
+
+
+def test_numeric_report_file_has_the_fp8_rows(tmp_path):
+    """--report: the bf16 rows as for any conversion, and a `quantized` row per weight."""
+    src = FIX / "llama-fp32" / "model.safetensors"
+    out, report = tmp_path / "out.safetensors", tmp_path / "report.json"
+    r, _ = quiet_convert(src, out, to="fp8-block", report=report)
+    doc = json.loads(report.read_text())["result"]
+    assert [q["name"] for q in doc["quantized"]] == [q["name"] for q in r.quantized]
+    assert doc["quantized"] == [dict(q) for q in r.quantized]
+    assert all(q["strategy"] == "block" and q["groups"] > 0 for q in doc["quantized"])
+    assert {t["name"] for t in doc["tensors"]} == {
+        n for n in tensor_hashes(out) if not n.endswith("_scale")
+    } - {q["name"] for q in doc["quantized"]}
