@@ -261,6 +261,8 @@ impl Plan {
                     && matches!(t.dtype, Dtype::F64 | Dtype::F32 | Dtype::F16 | Dtype::BF16)
             })
             .filter_map(|(t, _)| quant::module_of(&t.name).map(String::from))
+            // A bare `weight` (the root module's): an empty pattern would name every module.
+            .filter(|m| !m.is_empty())
             .collect()
     }
 

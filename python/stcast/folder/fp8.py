@@ -77,8 +77,10 @@ def unquantized_modules(shards: list[str]) -> list[str]:
     for path in shards:
         for t in _layout(path):
             if t.name == "weight" or t.name.endswith(".weight"):
-                if len(t.shape) == 2 and t.dtype in _FLOATS:
-                    out.add(t.name[: -len(".weight")] if t.name != "weight" else "")
+                # A bare `weight` is the root module's: an empty name in `ignore` would
+                # name every module, so it is left out.
+                if len(t.shape) == 2 and t.dtype in _FLOATS and t.name != "weight":
+                    out.add(t.name[: -len(".weight")])
     return sorted(out)
 
 
