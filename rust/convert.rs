@@ -484,12 +484,6 @@ impl Job {
             }
             let src_bytes = self.src.read(s, w.pos, w.len, &mut self.scratch)?;
             let faulted = if let Action::Quantize(q) = action {
-                if fp8::has_nonfinite(q.d, src_bytes) {
-                    return Err(Error::NonFiniteWeight {
-                        path: self.src.path.clone(),
-                        tensor: s.name.clone(),
-                    });
-                }
                 let (s0, _) = self.plan.scales[w.item].expect("a quantized weight has a scale");
                 let per = q.scales_per_granule() * q.size();
                 let at = self.plan.data_start() + s0 + w.pos / q.granule() * per;
@@ -500,6 +494,14 @@ impl Job {
                     (at as usize, n as usize),
                 );
                 let stats = quantize_window(&self.pool, self.threads, q, src_bytes, qd, sd);
+                // A NaN or inf in a group makes its amax, so its scale, NaN or inf: the scales
+                // tell, without a second pass over the elements.
+                if fp8::has_nonfinite(q.d, sd) {
+                    return Err(Error::NonFiniteWeight {
+                        path: self.src.path.clone(),
+                        tensor: s.name.clone(),
+                    });
+                }
                 self.fp8[w.item].merge(&stats);
                 false
             } else if let Action::Dequantize(d) = action {

@@ -192,6 +192,9 @@ pub struct Verifier {
     dst: Source,
     /// Where views of the source that are not one run are gathered, a window at a time.
     gathered: Vec<u8>,
+    /// Where an FP8 window is recomputed (quantized bytes and scales, or dequantized values):
+    /// one buffer for the whole verification, not one per window.
+    fp8_scratch: Vec<u8>,
     /// In destination order: the destination is read front to back.
     pairs: Vec<Pair>,
     pool: rayon::ThreadPool,
@@ -393,6 +396,7 @@ impl Verifier {
             src,
             dst,
             gathered: Vec::new(),
+            fp8_scratch: Vec::new(),
             pool,
             threads,
             isa,
@@ -488,8 +492,10 @@ impl Verifier {
                 let n = (w.len.div_ceil(q.granule()) * per) as usize;
                 let scales = &sf.map[at..at + n];
                 let first = w.pos / q.granule();
+                let (src, dst) = (src_bytes, dst_bytes);
+                let scratch = &mut self.fp8_scratch;
                 if let Some(m) =
-                    quantized_difference(&work, &s.name, q, first, src_bytes, dst_bytes, scales)
+                    quantized_difference(&work, &s.name, q, first, src, dst, scales, scratch)
                 {
                     self.report.mismatch = Some(m);
                     return Ok(true);
@@ -499,7 +505,9 @@ impl Verifier {
                 let scale = &self.src.header.tensors[q.scale];
                 let (sf, at) = self.src.locate(scale);
                 let scales = &sf.map[at as usize..(at + scale.len()) as usize];
-                let mut want = vec![0u8; dn];
+                // Every byte of it is written below.
+                self.fp8_scratch.resize(dn, 0);
+                let want = &mut self.fp8_scratch[..dn];
                 let row0 = w.pos / q.cols;
                 crate::convert::dequantize_window(
                     &self.pool,
@@ -508,7 +516,7 @@ impl Verifier {
                     scales,
                     row0,
                     src_bytes,
-                    &mut want,
+                    want,
                 );
                 let size = q.out_size() as usize;
                 let at = want
@@ -803,6 +811,7 @@ fn check_headers(
     }
     let mut pairs = Vec::with_capacity(dh.tensors.len());
     let scales = fp8_scales(sh, dh, &by_name);
+    let scale_tensors: HashSet<usize> = scales.values().map(|&(k, _)| k).collect();
     // An FP8 input dequantized: its weights' scales are not in DST.
     let (deq, dropped) = match dh
         .tensors
@@ -817,7 +826,7 @@ fn check_headers(
     };
     for (di, d) in dh.tensors.iter().enumerate() {
         let name = esc(&d.name);
-        if scales.values().any(|&(k, _)| k == di) {
+        if scale_tensors.contains(&di) {
             continue; // checked with its weight
         }
         if let Some(&(k, q)) = scales.get(&di) {
@@ -931,6 +940,8 @@ fn check_headers(
 
 /// The first group of a quantized weight's window (whole groups from group `first`) whose
 /// recomputed scale or E4M3 bytes differ from DST's, described; None if all agree.
+/// `scratch` holds the recomputed window.
+#[allow(clippy::too_many_arguments)]
 fn quantized_difference(
     work: &Work,
     name: &str,
@@ -939,6 +950,7 @@ fn quantized_difference(
     src: &[u8],
     dst: &[u8],
     scales: &[u8],
+    scratch: &mut Vec<u8>,
 ) -> Option<Mismatch> {
     let e = esc(name);
     let fail = |message: String| Some(*Mismatch::header(Some(name), message));
@@ -948,9 +960,11 @@ fn quantized_difference(
              such a weight unquantized, in BF16"
         ));
     }
-    let mut want_q = vec![0u8; dst.len()];
-    let mut want_s = vec![0u8; scales.len()];
-    crate::convert::quantize_window(work.pool, work.threads, q, src, &mut want_q, &mut want_s);
+    // Every byte of both is written by the quantizer.
+    scratch.resize(dst.len() + scales.len(), 0);
+    let (want_q, want_s) = scratch.split_at_mut(dst.len());
+    let want_s = &mut want_s[..scales.len()];
+    crate::convert::quantize_window(work.pool, work.threads, q, src, want_q, want_s);
     let size = q.size() as usize;
     // The group of scale `i` of this window, in words.
     let group = |i: u64| -> String {

@@ -24,6 +24,11 @@ from .common import check_index
 if TYPE_CHECKING:
     from ..reports import TensorInfo
 
+# How FP8 checkpoints name a weight `X.weight`'s scale (compressed-tensors, DeepSeek) and
+# its static activation scale (rust/quant.rs `SCALE_SUFFIXES`, `input_scale_name`).
+WEIGHT_SCALE_SUFFIXES = (".weight_scale", ".weight_scale_inv")
+INPUT_SCALE_SUFFIX = ".input_scale"
+
 # The preset names compressed-tensors gives the two schemes, used as the group's name.
 _GROUP = {"fp8": "FP8_DYNAMIC", "fp8-block": "FP8_BLOCK"}
 
@@ -149,7 +154,7 @@ def written_only(dst: str, rel: str, text: str, weight_map: dict[str, str]) -> b
 def dequantized(dst: str, weight_map: dict[str, str]) -> bool:
     """Does DST hold a dequantization of the checkpoint `weight_map` indexes: scales it
     lists are not in the shards written?"""
-    scales = [k for k in weight_map if k.endswith(("_scale", "_scale_inv"))]
+    scales = [k for k in weight_map if k.endswith(WEIGHT_SCALE_SUFFIXES)]
     if not scales:
         return False
     shard = weight_map[scales[0]]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from .. import _core, _engine
 from ..errors import Cancelled, InvalidInput, Refused
 from .common import INDEX_SUFFIX, MAX_JSON_BYTES, WEIGHTS_SUFFIX, File, read_bounded, source_sha256
-from .fp8 import dequantizes, without_quantization
+from .fp8 import WEIGHT_SCALE_SUFFIXES, dequantizes, without_quantization
 from .ident import chain, is_hub_blob, within
 from .ident import ident as ident_of
 from .jsonedit import MAX_DEPTH, depth, rename_shards, set_dtypes
@@ -569,15 +569,12 @@ def _check_index(f: File, weight_map: dict[str, str], names: dict[str, set[str]]
                 )
 
 
-_SCALE_SUFFIXES = (".weight_scale", ".weight_scale_inv")
-
-
 def _check_dequantized(w: File, report: InspectReport) -> None:
     """A dequantized folder's every file: no quantized tensor left as it is (a weight
     whose scale another file holds, or none), no weight scale left without its weight."""
     for t in report.tensors:
         lowp = t.dtype in _core.QUANTIZED_DTYPES and t.reason != "dequantized"
-        scale = t.name.endswith(_SCALE_SUFFIXES) and t.reason != "dropped"
+        scale = t.name.endswith(WEIGHT_SCALE_SUFFIXES) and t.reason != "dropped"
         if lowp or scale:
             what = (
                 "is an FP8 scale whose weight is not in this file"
