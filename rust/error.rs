@@ -465,7 +465,7 @@ impl Error {
             }
             Error::AlreadyQuantized { why, .. } => format!(
                 "already quantized ({why}): an FP8 target quantizes F32, F16 and BF16 \
-                 weights, not a quantized checkpoint; nothing was written"
+                 weights, not a quantized checkpoint"
             ),
             Error::Quantized { why, tensors, .. } => format!(
                 "quantized checkpoint ({why}): converting it would silently round its F32 \

@@ -281,3 +281,21 @@ def test_quantized_config_refused_under_fp8(tmp_path, run_main):
         line = assert_one_error_line(err)
         assert "already quantized" in line and "config.json" in line, line
         assert "--allow-quantized" not in line and "--keep" not in line, line
+
+
+def test_dequantized_folder_with_an_fp8_config_is_a_config_difference(tmp_path, run_main):
+    """DST's config says FP8 but SRC is the FP8 one: verify does not take DST's strategy for
+    the target (that would ask for FP8 input quantized again), the config differs."""
+    src = FIX / THEIRS["fp8"]
+    out = tmp_path / "bf16"
+    rc, _, err = run_main("convert", src, out, "--to", "bf16")
+    assert rc == 0, err
+    rc, _, err = run_main("verify", src, out)
+    assert rc == 0, err
+    doc = json.loads((out / "config.json").read_text())
+    doc["quantization_config"] = json.loads((src / "config.json").read_text())[
+        "quantization_config"
+    ]
+    (out / "config.json").write_text(json.dumps(doc, indent=2) + "\n")
+    rc, _, err = run_main("verify", src, out)
+    assert rc == 1 and "config.json" in err and "already quantized" not in err, err

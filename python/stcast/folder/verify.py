@@ -96,7 +96,7 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
     found = set(listing(dst))
     if to is None:
         # An FP8 output's strategy is its config's: a weight's scale can fit both.
-        to = next(filter(None, (_configured(dst, f.rel) for f in configs if f.rel in found)), None)
+        to = next(filter(None, (_configured(dst, f) for f in configs if f.rel in found)), None)
     dst_weights = any(r.endswith(WEIGHTS_SUFFIX) for r in found)
     # Checkpoints DST holds sharded differently are paired by tensor name, not by path.
     names = {w.rel for w in weights}
@@ -277,12 +277,16 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
     )
 
 
-def _configured(dst: str, rel: str) -> Target | None:
-    """The FP8 target the model config `rel` of DST describes, if it is one."""
-    if not is_model_config(rel):
+def _configured(dst: str, f: File) -> Target | None:
+    """The FP8 target DST's model config `f` describes, if it is one and SRC's config is
+    not quantized (an FP8 input is dequantized, never quantized again)."""
+    if not is_model_config(f.rel):
+        return None
+    src_doc = read_json(f)[1]
+    if not isinstance(src_doc, dict) or src_doc.get("quantization_config") is not None:
         return None
     try:
-        text = read_bounded(os.path.join(dst, rel), MAX_JSON_BYTES).decode("utf-8")
+        text = read_bounded(os.path.join(dst, f.rel), MAX_JSON_BYTES).decode("utf-8")
     except (OSError, StcastError, UnicodeDecodeError):
         return None  # the config check says what is wrong with it
     return strategy_target(text)
