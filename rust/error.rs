@@ -160,6 +160,10 @@ pub enum Error {
         why: String,
         tensors: Vec<String>,
     },
+    /// An FP8 target given a checkpoint that is quantized already (`plan::already_quantized`):
+    /// `why` (a template) names the tensor, or the config, that makes it so. No option
+    /// converts it: re-quantizing codes and scales would write a checkpoint that loads wrong.
+    AlreadyQuantized { path: PathBuf, why: String },
     /// An FP8 target met NaN or inf in a weight it planned to quantize. `ConvertTask` catches
     /// it, finds every such weight and plans again with them unquantized.
     NonFiniteWeight { path: PathBuf, tensor: String },
@@ -263,6 +267,7 @@ impl Error {
             | Error::UnmatchedPatterns { .. }
             | Error::Overflow { .. }
             | Error::Quantized { .. }
+            | Error::AlreadyQuantized { .. }
             | Error::Fp8Unpaired { .. }
             | Error::NoDestinationFolder { .. }
             | Error::DestinationIsInput { .. }
@@ -297,6 +302,7 @@ impl Error {
             | Error::UnmatchedPatterns { path, .. }
             | Error::Overflow { path, .. }
             | Error::Quantized { path, .. }
+            | Error::AlreadyQuantized { path, .. }
             | Error::Fp8Unpaired { path, .. }
             | Error::NonFiniteWeight { path, .. }
             | Error::DestinationIsInput { path }
@@ -457,6 +463,10 @@ impl Error {
                     esc(tensor)
                 )
             }
+            Error::AlreadyQuantized { why, .. } => format!(
+                "already quantized ({why}): an FP8 target quantizes F32, F16 and BF16 \
+                 weights, not a quantized checkpoint"
+            ),
             Error::Quantized { why, tensors, .. } => format!(
                 "quantized checkpoint ({why}): converting it would silently round its F32 \
                  scale tensors too ({}); nothing was written (keep them with {{keep=*scale*}}, \

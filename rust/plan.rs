@@ -246,8 +246,10 @@ impl Plan {
             .count()
     }
 
-    /// FP8 targets: the modules whose 2-D float weight is not quantized, in input order (the
-    /// config's `ignore`: vLLM then loads them unquantized). Empty for the other targets.
+    /// FP8 targets: the modules whose 2-D weight is not quantized, whatever its dtype, in
+    /// input order (the config's `ignore`: a loader then leaves them as they are; one not
+    /// listed would be read as FP8 codes with a made-up scale). `quant::unquantized_module`
+    /// is the rule. Empty for the other targets.
     pub fn unquantized_modules(&self, src: &SourceHeader) -> Vec<String> {
         if self.target.strategy().is_none() {
             return Vec::new();
@@ -255,14 +257,8 @@ impl Plan {
         src.tensors
             .iter()
             .zip(&self.reasons)
-            .filter(|(t, r)| {
-                **r != Reason::Quantized
-                    && t.shape.len() == 2
-                    && matches!(t.dtype, Dtype::F64 | Dtype::F32 | Dtype::F16 | Dtype::BF16)
-            })
-            .filter_map(|(t, _)| quant::module_of(&t.name).map(String::from))
-            // A bare `weight` (the root module's): an empty pattern would name every module.
-            .filter(|m| !m.is_empty())
+            .filter(|(_, r)| **r != Reason::Quantized)
+            .filter_map(|(t, _)| quant::unquantized_module(&t.name, &t.shape).map(String::from))
             .collect()
     }
 
@@ -376,6 +372,12 @@ fn collapse_stars(pattern: &str) -> String {
 /// Plan the output of `src` under `opts`: order, offsets, header bytes, reasons, warnings.
 /// `path` is the input's, for messages.
 pub fn plan(path: &Path, src: &SourceHeader, opts: &PlanOptions) -> Result<Plan> {
+    if let Some(why) = already_quantized(src, opts) {
+        return Err(Error::AlreadyQuantized {
+            path: path.to_path_buf(),
+            why,
+        });
+    }
     let mut patterns = KeepPatterns::compile(&opts.keep)?;
     let mut reasons = Vec::with_capacity(src.tensors.len());
     let mut tensors: Vec<TensorPlan> = Vec::with_capacity(src.tensors.len());
@@ -854,6 +856,19 @@ fn quantized(src: &SourceHeader, plan: &Plan, opts: &PlanOptions) -> Option<(Str
     Some((why, named.into_iter().map(String::from).collect()))
 }
 
+/// An FP8 target's input that is quantized already: why (a template naming a quantized
+/// tensor, or the config), or None. Neither `allow_quantized` nor `keep` lets it through:
+/// its codes would be copied without the scales that give them meaning (or its scales
+/// quantized as weights), and the output's config would describe them wrong.
+fn already_quantized(src: &SourceHeader, opts: &PlanOptions) -> Option<String> {
+    opts.target.strategy()?;
+    if let Some(t) = src.tensors.iter().find(|t| is_quantized_dtype(t.dtype)) {
+        return Some(format!("tensor `{}` is {}", esc(&t.name), t.dtype));
+    }
+    let config = opts.quantization_config.as_ref()?;
+    Some(format!("{} has a quantization_config", esc_path(config)))
+}
+
 /// The warning of a quantized checkpoint converted anyway (`allow_quantized`).
 fn quantized_warning(why: &str, named: &[String], target: Target) -> Warning {
     Warning::new(
@@ -1202,6 +1217,47 @@ mod tests {
         assert_eq!(plan.reasons[2], Reason::NotFloat);
         assert_eq!(plan.converted(), 0);
         assert_eq!(plan.kept(), 2);
+    }
+
+    #[test]
+    fn fp8_targets_refuse_a_quantized_input_whatever_the_options() {
+        let h = r#"{"a.weight":{"dtype":"F8_E4M3","shape":[1,4],"data_offsets":[0,4]},"a.weight_scale":{"dtype":"F32","shape":[1,1],"data_offsets":[4,8]}}"#;
+        let src = read_header(p(), &file(h, 8)).unwrap();
+        for target in [Target::Fp8, Target::Fp8Block] {
+            for (allow, keep) in [(false, &[][..]), (true, &[][..]), (true, &["*scale*"][..])] {
+                let opts = PlanOptions {
+                    allow_quantized: allow,
+                    ..keep_opts(target, keep, 0)
+                };
+                let e = plan(p(), &src, &opts).unwrap_err();
+                assert!(matches!(e, Error::AlreadyQuantized { .. }), "{e:?}");
+                let text = e.template();
+                assert!(text.contains("`a.weight` is F8_E4M3"), "{text}");
+                assert!(!text.contains("{allow_quantized}") && !text.contains("{keep"));
+            }
+        }
+        // A quantization_config says so too, whatever the dtypes.
+        let h = r#"{"a.weight":{"dtype":"F32","shape":[1,1],"data_offsets":[0,4]}}"#;
+        let src = read_header(p(), &file(h, 4)).unwrap();
+        let opts = PlanOptions {
+            allow_quantized: true,
+            quantization_config: Some(PathBuf::from("config.json")),
+            ..PlanOptions::new(Target::Fp8)
+        };
+        let e = plan(p(), &src, &opts).unwrap_err();
+        assert!(e
+            .template()
+            .contains("config.json has a quantization_config"));
+        // Other targets keep their policy.
+        assert!(plan(p(), &src, &PlanOptions::new(Target::Bf16)).is_ok());
+    }
+
+    #[test]
+    fn fp8_ignore_lists_every_unquantized_matrix_weight() {
+        let h = r#"{"m.a.weight":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},"m.i.weight":{"dtype":"I8","shape":[2,2],"data_offsets":[16,20]},"m.f.weight":{"dtype":"F64","shape":[1,1],"data_offsets":[20,28]},"m.n.weight":{"dtype":"F32","shape":[2],"data_offsets":[28,36]},"weight":{"dtype":"I8","shape":[2,2],"data_offsets":[36,40]}}"#;
+        let src = read_header(p(), &file(h, 40)).unwrap();
+        let plan = plan(p(), &src, &PlanOptions::new(Target::Fp8)).unwrap();
+        assert_eq!(plan.unquantized_modules(&src), ["m.i", "m.f"]);
     }
 
     #[test]

@@ -222,6 +222,15 @@ pub fn module_of(name: &str) -> Option<&str> {
     }
 }
 
+/// The module an FP8 output's `ignore` must name for a weight `name` of `shape` that is not
+/// quantized: that of every 2-D `*.weight`, whatever its dtype (an I8 or F64 matrix is no
+/// more FP8 than a BF16 one). None for other tensors, and for a bare root `weight` (an
+/// empty pattern would name every module).
+pub fn unquantized_module<'a>(name: &'a str, shape: &[usize]) -> Option<&'a str> {
+    let module = module_of(name).filter(|m| !m.is_empty())?;
+    (shape.len() == 2).then_some(module)
+}
+
 /// Quantize a tensor under `strategy`, or why not.
 pub fn choose(
     name: &str,

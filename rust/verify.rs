@@ -810,7 +810,7 @@ fn check_headers(
         );
     }
     let mut pairs = Vec::with_capacity(dh.tensors.len());
-    let scales = fp8_scales(sh, dh, &by_name);
+    let scales = fp8_scales(sh, dh, &by_name, opts.target.and_then(|t| t.strategy()));
     let scale_tensors: HashSet<usize> = scales.values().map(|&(k, _)| k).collect();
     // An FP8 input dequantized: its weights' scales are not in DST.
     let (deq, dropped) = match dh
@@ -1019,10 +1019,16 @@ fn quantized_difference(
 /// DST's FP8 weights (by DST index): each an F8_E4M3 tensor whose SRC tensor is a 2-D F32,
 /// F16 or BF16 one and that has a scale `X_scale` in SRC's dtype, shaped per channel or per
 /// block; with the scale's DST index and how it was quantized.
+///
+/// A scale shape can fit both strategies (one row of at most 128 columns: `[1, 1]`, one
+/// group either way, the same bytes). Such a weight takes the strategy `want` names (the
+/// target asked), else the one the file's other weights show; only a file whose every
+/// weight fits both is read per channel (and then either reading holds).
 fn fp8_scales(
     sh: &crate::header::SourceHeader,
     dh: &crate::header::SourceHeader,
     by_name: &HashMap<&str, usize>,
+    want: Option<Strategy>,
 ) -> HashMap<usize, (usize, Quant)> {
     let in_dst: HashMap<&str, usize> = dh
         .tensors
@@ -1030,7 +1036,7 @@ fn fp8_scales(
         .enumerate()
         .map(|(i, t)| (t.name.as_str(), i))
         .collect();
-    let mut out = HashMap::new();
+    let mut fits = Vec::new();
     for (di, d) in dh.tensors.iter().enumerate() {
         let Some(&si) = by_name.get(d.name.as_str()) else {
             continue;
@@ -1046,17 +1052,31 @@ fn fp8_scales(
         if scale.dtype != s.dtype || by_name.contains_key(scale.name.as_str()) {
             continue;
         }
-        let found = [Strategy::Channel, Strategy::Block]
+        let found: Vec<Quant> = [Strategy::Channel, Strategy::Block]
             .into_iter()
-            .find_map(|st| {
+            .filter_map(|st| {
                 let q = crate::quant::choose("weight", s.dtype, &s.shape, st).ok()?;
                 (q.scale_shape()[..] == scale.shape[..]).then_some(q)
-            });
-        if let Some(q) = found {
-            out.insert(di, (k, q));
+            })
+            .collect();
+        if !found.is_empty() {
+            fits.push((di, k, found));
         }
     }
-    out
+    let shown = want.or_else(|| {
+        fits.iter()
+            .find(|(_, _, f)| f.len() == 1)
+            .map(|(_, _, f)| f[0].strategy)
+    });
+    fits.into_iter()
+        .map(|(di, k, found)| {
+            let q = found
+                .iter()
+                .find(|q| Some(q.strategy) == shown)
+                .unwrap_or(&found[0]);
+            (di, (k, *q))
+        })
+        .collect()
 }
 
 /// Strict mode: DST must be what `convert` writes with `opts`: every float tensor converted

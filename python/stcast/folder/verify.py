@@ -27,11 +27,12 @@ from .fp8 import (
     config_text,
     dequantized,
     dequantizes,
+    fp8_tensors,
     index_text,
     is_fp8,
     is_model_config,
     same_fp8_config,
-    unquantized_modules,
+    strategy_target,
     without_quantization,
     written_only,
 )
@@ -93,6 +94,9 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
     else:
         weights, indexes, configs, others, _, _ = walk(src)
     found = set(listing(dst))
+    if to is None:
+        # An FP8 output's strategy is its config's: a weight's scale can fit both.
+        to = next(filter(None, (_configured(dst, f) for f in configs if f.rel in found)), None)
     dst_weights = any(r.endswith(WEIGHTS_SUFFIX) for r in found)
     # Checkpoints DST holds sharded differently are paired by tensor name, not by path.
     names = {w.rel for w in weights}
@@ -273,6 +277,21 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
     )
 
 
+def _configured(dst: str, f: File) -> Target | None:
+    """The FP8 target DST's model config `f` describes, if it is one and SRC's config is
+    not quantized (an FP8 input is dequantized, never quantized again)."""
+    if not is_model_config(f.rel):
+        return None
+    src_doc = read_json(f)[1]
+    if not isinstance(src_doc, dict) or src_doc.get("quantization_config") is not None:
+        return None
+    try:
+        text = read_bounded(os.path.join(dst, f.rel), MAX_JSON_BYTES).decode("utf-8")
+    except (OSError, StcastError, UnicodeDecodeError):
+        return None  # the config check says what is wrong with it
+    return strategy_target(text)
+
+
 def _engine_report(r: dict[str, Any]) -> VerifyReport:
     """A verify report from the engine's dict (as `_engine.verify_file` builds it)."""
     m = r["mismatch"]
@@ -319,23 +338,22 @@ def _check_others(
         want_bytes = want if want is not None else text.encode("utf-8")
         if dequantizes(json.loads(text), to):
             want_bytes = without_quantization(want_bytes)
-        elif is_fp8(to) and is_model_config(f.rel):
+        got = read_bounded(os.path.join(dst, f.rel), MAX_JSON_BYTES)
+        if is_fp8(to) and is_model_config(f.rel):
+            # The config must describe the tensors beside it (strict and loose alike): a
+            # loader trusts its `ignore`, strategy and format. Strict mode then wants
+            # stcast's bytes; loose (another tool's config) SRC's other keys.
             here = os.path.join(dst, os.path.dirname(f.rel))
             shards = [os.path.join(here, n) for n in sorted(os.listdir(here))]
             shards = [p for p in shards if p.endswith(WEIGHTS_SUFFIX) and os.path.isfile(p)]
-            ignore = unquantized_modules(shards)
-            want_bytes = config_text(want_bytes.decode("utf-8"), to, ignore)
-        got = read_bounded(os.path.join(dst, f.rel), MAX_JSON_BYTES)
-        if loose and is_fp8(to) and is_model_config(f.rel):
-            # Another tool's FP8 config: SRC's but for the dtype and a quantization_config
-            # of this scheme (its `ignore` in that tool's own terms).
-            if not same_fp8_config(got, text, to):
-                return fail(
-                    f.rel,
-                    "is not SRC's config with a compressed-tensors FP8 quantization_config "
-                    "of this scheme",
-                )
-        elif not _same_json(got, want_bytes, loose):
+            tensors = fp8_tensors(shards)
+            problem = same_fp8_config(got, text, to, tensors)
+            if problem is not None:
+                return fail(f.rel, f"does not describe the FP8 tensors beside it: {problem}")
+            if loose:
+                continue
+            want_bytes = config_text(want_bytes.decode("utf-8"), to, tensors.unquantized)
+        if not _same_json(got, want_bytes, loose):
             return fail(f.rel, "is not SRC's config with the dtype set to the target")
     found = {w.rel for w in walk(src)[0]} if indexes else set()
     for f in indexes:
