@@ -44,6 +44,9 @@ pub struct InputOptions {
     pub key: Option<String>,
     /// Prefixes dropped from tensor names (`module.`, `_orig_mod.`): the first that matches.
     pub strip_prefix: Vec<String>,
+    /// A checkpoint folder's symlinks that lead outside it are followed (by default they are
+    /// refused, naming them: `folder::check_links`).
+    pub follow_links: bool,
 }
 
 impl InputOptions {
@@ -75,19 +78,27 @@ impl Source {
     /// `opts` selects a checkpoint's state dict; given for a safetensors file, it is refused.
     pub fn open_any(path: &Path, opts: &InputOptions) -> Result<Source> {
         if path.is_dir() {
-            match folder::folder_format(path) {
-                Some(Format::Dcp) => return dcp::open(path, opts),
-                Some(Format::DcpSafetensors) => {
-                    if let Some(option) = opts.torch_only() {
-                        return Err(Error::NotACheckpoint {
-                            path: path.to_path_buf(),
-                            option,
-                        });
-                    }
-                    return dcp::open_sharded_safetensors(path, &folder::dcp_shards(path));
-                }
-                Some(Format::DeepSpeed) => return zero::open(path, opts),
-                _ => {}
+            let format = folder::folder_format(path);
+            if let Some(format) = format {
+                // Before any of its files is opened: a link out is not read.
+                folder::check_links(path, format, opts.follow_links)?;
+            }
+            let source = match format {
+                Some(Format::Dcp) => Some(dcp::open(path, opts)),
+                Some(Format::DcpSafetensors) => Some(match opts.torch_only() {
+                    Some(option) => Err(Error::NotACheckpoint {
+                        path: path.to_path_buf(),
+                        option,
+                    }),
+                    None => dcp::open_sharded_safetensors(path, &folder::dcp_shards(path)),
+                }),
+                Some(Format::DeepSpeed) => Some(zero::open(path, opts)),
+                _ => None,
+            };
+            if let Some(source) = source {
+                let mut source = source?;
+                source.folders = vec![path.to_path_buf()];
+                return Ok(source);
             }
         }
         let input = InputFile::open(path, PREFIX as u64, |len| too_small(path, len))?;
