@@ -685,7 +685,8 @@ def finalize(
             precision,
             None,
             cancel,
-            source=recorded.source,
+            # The shard runs judged a checkpoint folder's links (`follow_links`).
+            source={**recorded.source, "follow_links": True},
             name=options.get("name"),
         )
     work = _work.of(plan)
