@@ -393,10 +393,12 @@ mod given_tests {
         assert_eq!(c.plan.unmatched, Unmatched::Ignore);
         assert_eq!(s.shard_plan().unwrap().unmatched, Unmatched::Ignore);
         let v = s.shard_verify(Tuning::default()).unwrap();
-        assert_eq!(
-            (v.input, v.report, v.force),
-            (InputOptions::default(), None, false)
-        );
+        // verify follows links, always (it writes nothing of the source).
+        let followed = InputOptions {
+            follow_links: true,
+            ..InputOptions::default()
+        };
+        assert_eq!((v.input, v.report, v.force), (followed, None, false));
         // The plain options keep what was given.
         assert_eq!(
             s.convert(Tuning::default()).unwrap().input.key.as_deref(),
