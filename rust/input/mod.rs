@@ -76,29 +76,36 @@ fn limits() -> Limits {
 impl Source {
     /// Open `path`, a safetensors file or a PyTorch checkpoint, without reading its data.
     /// `opts` selects a checkpoint's state dict; given for a safetensors file, it is refused.
+    /// A checkpoint folder (DCP, ZeRO) is recorded in `Source::folders`, and its links are
+    /// checked first (`folder::check_links`): one that leads out is never read.
     pub fn open_any(path: &Path, opts: &InputOptions) -> Result<Source> {
+        let format = path.is_dir().then(|| folder::folder_format(path)).flatten();
+        if let Some(format) = format {
+            folder::check_links(path, format, opts.follow_links)?;
+        }
+        let mut source = Self::open_checked(path, opts)?;
+        if format.is_some() {
+            source.folders = vec![path.to_path_buf()];
+        }
+        Ok(source)
+    }
+
+    /// `open_any` once a checkpoint folder's links are checked.
+    fn open_checked(path: &Path, opts: &InputOptions) -> Result<Source> {
         if path.is_dir() {
-            let format = folder::folder_format(path);
-            if let Some(format) = format {
-                // Before any of its files is opened: a link out is not read.
-                folder::check_links(path, format, opts.follow_links)?;
-            }
-            let source = match format {
-                Some(Format::Dcp) => Some(dcp::open(path, opts)),
-                Some(Format::DcpSafetensors) => Some(match opts.torch_only() {
-                    Some(option) => Err(Error::NotACheckpoint {
-                        path: path.to_path_buf(),
-                        option,
-                    }),
-                    None => dcp::open_sharded_safetensors(path, &folder::dcp_shards(path)),
-                }),
-                Some(Format::DeepSpeed) => Some(zero::open(path, opts)),
-                _ => None,
-            };
-            if let Some(source) = source {
-                let mut source = source?;
-                source.folders = vec![path.to_path_buf()];
-                return Ok(source);
+            match folder::folder_format(path) {
+                Some(Format::Dcp) => return dcp::open(path, opts),
+                Some(Format::DcpSafetensors) => {
+                    if let Some(option) = opts.torch_only() {
+                        return Err(Error::NotACheckpoint {
+                            path: path.to_path_buf(),
+                            option,
+                        });
+                    }
+                    return dcp::open_sharded_safetensors(path, &folder::dcp_shards(path));
+                }
+                Some(Format::DeepSpeed) => return zero::open(path, opts),
+                _ => {}
             }
         }
         let input = InputFile::open(path, PREFIX as u64, |len| too_small(path, len))?;
