@@ -17,11 +17,11 @@ use crate::fp8::{self, Fp8Stats};
 use crate::input::InputOptions;
 use crate::kernels::Isa;
 use crate::numerics::Numerics;
-use crate::output::{self, AtPath, PathId, Published, Replace, TempOutput};
+use crate::output::{self, AtPath, Published, Replace, TempOutput, Territory};
 use crate::plan::{self, KeptTensor, Plan, PlanOptions, Role, TensorPlan};
 use crate::quant::{Deq, Layout, Quant, QuantizedTensor};
 use crate::source::{fadvise_dontneed, PendingRelease, Source};
-use crate::vocab::{OnOverflow, ReadAdvice, Strategy, Target};
+use crate::vocab::{OnOverflow, ReadAdvice, Side, Strategy, Taken, Target};
 use crate::window::{worker_pool, Cursor, Window, Work, DEFAULT_STEP, DEFAULT_WINDOW};
 
 /// Knobs that change speed and memory, never the output bytes. The defaults are the
@@ -216,6 +216,8 @@ pub struct Report {
 /// Every refusal a conversion can make before reading any data: the destination (see
 /// `check_destination`) and the report's path. Returns how to write each.
 pub fn check_outputs(src: &Source, dst: &Path, opts: &Options) -> Result<Outputs> {
+    let mut taken = Territory::of_source(src);
+    taken.check(dst, Side::Output)?;
     let replaced_mode = check_destination(src, dst, opts.force)?;
     let replace = match (opts.force, opts.replaces) {
         (false, _) => Replace::No,
@@ -234,15 +236,8 @@ pub fn check_outputs(src: &Source, dst: &Path, opts: &Options) -> Result<Outputs
     let report = match &opts.report {
         None => None,
         Some(path) => {
-            let inputs: Vec<PathId> = src.files.iter().map(|f| PathId::of(&f.path)).collect();
-            let output = PathId::of(dst);
-            let mut taken: Vec<(&PathId, &'static str)> = inputs
-                .iter()
-                .map(|p| (p, "path is the input file"))
-                .collect();
-            taken.push((&output, "path is the output file"));
-            let replace =
-                output::check_side_output(path, crate::vocab::Side::Report, opts.force, &taken)?;
+            taken.add_name(dst, Taken::Output);
+            let replace = output::check_side_output(path, Side::Report, opts.force, &taken)?;
             Some((path.clone(), replace))
         }
     };

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use crate::text::{count, esc, esc_path, format_bytes, name_list, plain};
 use crate::torch::{Format, TensorProblem, TorchError};
-use crate::vocab::{ErrorKind, OptionName, Target, WarningKind};
+use crate::vocab::{ErrorKind, OptionName, Side, Taken, Target, WarningKind};
 
 /// What is wrong with a distributed checkpoint, beyond what its pickles' reader says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -184,6 +184,24 @@ pub enum Error {
     NoDestinationFolder { dir: PathBuf, exists: bool },
     /// The destination is the input file itself.
     DestinationIsInput { path: PathBuf },
+    /// An output (`role`) would lie inside a folder of the source (or of the destination,
+    /// for a side output): it would become part of that checkpoint, or replace a file of it.
+    InsideFolder {
+        path: PathBuf,
+        role: Side,
+        folder: PathBuf,
+        taken: Taken,
+    },
+    /// A symlink among a checkpoint's files leads outside its folder (and not into a Hugging
+    /// Face cache's `blobs/`): not followed unless asked (`{follow_links}`).
+    LinkOutside {
+        link: PathBuf,
+        target: PathBuf,
+        folder: bool,
+    },
+    /// A DST to verify that is a checkpoint to convert (a DCP or ZeRO folder), not what
+    /// `convert` writes: SRC and DST swapped, most likely.
+    NotAnOutput { path: PathBuf, format: Format },
     /// The destination is a folder.
     DestinationIsFolder { path: PathBuf },
     /// The destination is a FIFO, socket or device (or a link to one): never replaced.
@@ -271,6 +289,9 @@ impl Error {
             | Error::Fp8Unpaired { .. }
             | Error::NoDestinationFolder { .. }
             | Error::DestinationIsInput { .. }
+            | Error::InsideFolder { .. }
+            | Error::LinkOutside { .. }
+            | Error::NotAnOutput { .. }
             | Error::DestinationIsFolder { .. }
             | Error::DestinationIsSpecial { .. }
             | Error::NotOurs { .. }
@@ -306,6 +327,9 @@ impl Error {
             | Error::Fp8Unpaired { path, .. }
             | Error::NonFiniteWeight { path, .. }
             | Error::DestinationIsInput { path }
+            | Error::InsideFolder { path, .. }
+            | Error::NotAnOutput { path, .. }
+            | Error::LinkOutside { link: path, .. }
             | Error::DestinationIsFolder { path }
             | Error::DestinationIsSpecial { path }
             | Error::DestinationExists { path }
@@ -490,6 +514,45 @@ impl Error {
             }
             .to_string(),
             Error::DestinationIsInput { .. } => "destination is the input file".into(),
+            Error::InsideFolder {
+                role,
+                folder,
+                taken,
+                ..
+            } => {
+                let what = match role {
+                    Side::Output => "destination".to_string(),
+                    other => format!("{} path", other.name()),
+                };
+                match taken {
+                    Taken::Input => format!(
+                        "the {what} lies inside the checkpoint folder {}, whose files are the \
+                         input: write it elsewhere{}",
+                        esc_path(folder),
+                        if *role == Side::Output {
+                            " (DST left out goes beside the folder)"
+                        } else {
+                            ""
+                        }
+                    ),
+                    Taken::Output => format!(
+                        "the {what} lies inside the destination folder {}: write it elsewhere",
+                        esc_path(folder)
+                    ),
+                }
+            }
+            Error::NotAnOutput { format, .. } => format!(
+                "DST is {}: a checkpoint to convert, not a conversion output (verify takes the \
+                 checkpoint as SRC, then what convert wrote as DST: were they swapped?)",
+                format.describe()
+            ),
+            Error::LinkOutside { target, folder, .. } => format!(
+                "a symlink to {} outside the source folder ({}); stcast follows links only \
+                 within the source and into a Hugging Face cache's blobs/ ({{follow_links}} \
+                 follows it)",
+                if *folder { "a folder" } else { "a file" },
+                esc_path(target)
+            ),
             Error::DestinationIsFolder { .. } => "destination is a folder".into(),
             Error::DestinationIsSpecial { .. } => {
                 "destination is not a regular file (a FIFO, socket or device): stcast \

@@ -215,6 +215,7 @@ pub struct Settings {
     /// None: not said (a plain inspection then only warns of a quantized checkpoint).
     pub allow_quantized: Option<bool>,
     pub quantization_config: Option<PathBuf>,
+    pub follow_links: bool,
 }
 
 impl Default for Settings {
@@ -238,15 +239,18 @@ impl Default for Settings {
             loose: false,
             allow_quantized: None,
             quantization_config: None,
+            follow_links: false,
         }
     }
 }
 
 impl Settings {
-    fn input(&self) -> InputOptions {
+    /// How the input is read (a PyTorch checkpoint's dict, a checkpoint folder's links).
+    pub fn input(&self) -> InputOptions {
         InputOptions {
             key: self.key.clone(),
             strip_prefix: self.strip_prefix.clone(),
+            follow_links: self.follow_links,
         }
     }
 
@@ -308,7 +312,12 @@ impl Settings {
     pub fn verify(&self, tuning: Tuning) -> crate::Result<VerifyOptions> {
         let plan = self.plan()?;
         Ok(VerifyOptions {
-            input: self.input(),
+            // What `convert` read with `follow_links` is verified as it was read: verify
+            // writes nothing of the source (a report holds numbers only).
+            input: InputOptions {
+                follow_links: true,
+                ..self.input()
+            },
             loose: self.loose,
             target: self.to.as_ref().map(|_| plan.target),
             keep: plan.keep,
@@ -384,10 +393,12 @@ mod given_tests {
         assert_eq!(c.plan.unmatched, Unmatched::Ignore);
         assert_eq!(s.shard_plan().unwrap().unmatched, Unmatched::Ignore);
         let v = s.shard_verify(Tuning::default()).unwrap();
-        assert_eq!(
-            (v.input, v.report, v.force),
-            (InputOptions::default(), None, false)
-        );
+        // verify follows links, always (it writes nothing of the source).
+        let followed = InputOptions {
+            follow_links: true,
+            ..InputOptions::default()
+        };
+        assert_eq!((v.input, v.report, v.force), (followed, None, false));
         // The plain options keep what was given.
         assert_eq!(
             s.convert(Tuning::default()).unwrap().input.key.as_deref(),

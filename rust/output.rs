@@ -824,14 +824,182 @@ impl PathId {
     }
 }
 
+/// Entries of one folder looked at for its identities (a DCP folder of 10,000 ranks lists
+/// 10,001 names).
+const MAX_ENTRIES: usize = 100_000;
+
+/// Deeper than any real tree: a bound on the walk up a folder's parents.
+const MAX_DEPTH: usize = 4096;
+
+/// The identities (device, inode) of the folder `dir` (the nearest that exists of it and its
+/// ancestors, by the path's words) and of every folder above it, by the kernel's `..`: a
+/// symlink, `..` or a bind mount leads to the same chain as the real path does.
+pub fn folder_chain(dir: &Path) -> Vec<(u64, u64)> {
+    let start = nearest_dir(dir);
+    let mut out = Vec::new();
+    let Ok(c) = cstring(&start) else {
+        return out;
+    };
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC;
+    // SAFETY: a valid C path; the descriptor is ours and closed below.
+    let mut fd = unsafe { libc::open(c.as_ptr(), flags) };
+    let up = CString::new("..").expect("no NUL");
+    for _ in 0..MAX_DEPTH {
+        if fd < 0 {
+            break;
+        }
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `fd` is open and `st` a properly sized out-parameter.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 {
+            break;
+        }
+        let here = (st.st_dev, st.st_ino);
+        if out.last() == Some(&here) {
+            break; // the root is its own parent
+        }
+        out.push(here);
+        // SAFETY: `fd` is an open folder and `up` a valid C string; the old descriptor is
+        // closed once the parent is open.
+        let parent = unsafe { libc::openat(fd, up.as_ptr(), flags) };
+        unsafe { libc::close(fd) };
+        fd = parent;
+    }
+    if fd >= 0 {
+        // SAFETY: ours, open.
+        unsafe { libc::close(fd) };
+    }
+    out
+}
+
+/// What a source is made of, and what else a run writes, by identity: the paths no output
+/// may be (a file, or a name not yet created: `PathId`) and the folders no output may lie in
+/// (a checkpoint folder and the folders inside it, through links too: a ZeRO tag folder that
+/// is a link leads to its real folder). Every path a run writes is checked against it before
+/// the first byte: the destination, the report, a folder run's outputs.
+#[derive(Debug, Default)]
+pub struct Territory {
+    names: Vec<(PathId, PathBuf, Taken)>,
+    folders: Vec<((u64, u64), PathBuf, Taken)>,
+}
+
+/// What a path would overwrite or land in (`Territory::clash`).
+#[derive(Debug)]
+pub struct Clash {
+    pub taken: Taken,
+    /// The folder it lies in; `None`: it is the file (or name) itself.
+    pub folder: Option<PathBuf>,
+}
+
+impl Territory {
+    /// The file (or name to be created) `path`.
+    pub fn add_name(&mut self, path: &Path, taken: Taken) {
+        self.names
+            .push((PathId::of(path), path.to_path_buf(), taken));
+    }
+
+    /// A folder that is all `taken`: nothing may be written inside it. Its entries are
+    /// looked at one level down, followed: a file or folder there that is a link leads out
+    /// of it, and what it leads to is part of it too.
+    pub fn add_folder(&mut self, dir: &Path, taken: Taken) {
+        let Ok(m) = std::fs::metadata(dir) else {
+            return;
+        };
+        self.folders
+            .push(((m.dev(), m.ino()), dir.to_path_buf(), taken));
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.take(MAX_ENTRIES).flatten() {
+            let linked = e.file_type().is_ok_and(|t| t.is_symlink());
+            let path = e.path();
+            match std::fs::metadata(&path) {
+                Ok(m) if linked && m.is_dir() => {
+                    self.folders.push(((m.dev(), m.ino()), path, taken));
+                }
+                Ok(m) if linked && m.is_file() => {
+                    self.names.push((PathId::of(&path), path, taken));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// What the source is made of: its files, and the checkpoint folders it was read from.
+    pub fn of_source(src: &crate::source::Source) -> Territory {
+        let mut t = Territory::default();
+        for f in &src.files {
+            t.add_name(&f.path, Taken::Input);
+        }
+        for d in &src.folders {
+            t.add_folder(d, Taken::Input);
+        }
+        t
+    }
+
+    /// Add `path`: a folder as `add_folder`, anything else as `add_name`.
+    pub fn add(&mut self, path: &Path, taken: Taken) {
+        if path.is_dir() {
+            self.add_folder(path, taken);
+        } else {
+            self.add_name(path, taken);
+        }
+    }
+
+    /// Is `path` one of the names, or does it lie inside one of the folders (its folder's
+    /// chain of parents, by identity, meets one)?
+    pub fn clash(&self, path: &Path) -> Option<Clash> {
+        let id = PathId::of(path);
+        if let Some((_, _, taken)) = self.names.iter().find(|(n, _, _)| n.same(&id)) {
+            return Some(Clash {
+                taken: *taken,
+                folder: None,
+            });
+        }
+        if self.folders.is_empty() {
+            return None;
+        }
+        let chain = folder_chain(&parent_dir(path));
+        self.folders
+            .iter()
+            .find(|(f, _, _)| chain.contains(f))
+            .map(|(_, dir, taken)| Clash {
+                taken: *taken,
+                folder: Some(dir.clone()),
+            })
+    }
+
+    /// Refuse `path`, which a run writes as `role`, where it clashes.
+    pub fn check(&self, path: &Path, role: Side) -> Result<()> {
+        let Some(clash) = self.clash(path) else {
+            return Ok(());
+        };
+        let path = path.to_path_buf();
+        Err(match (clash.folder, role) {
+            (Some(folder), role) => Error::InsideFolder {
+                path,
+                role,
+                folder,
+                taken: clash.taken,
+            },
+            (None, Side::Output) => Error::DestinationIsInput { path },
+            (None, role) => Error::SideOutput {
+                path,
+                role: role.name(),
+                what: clash.taken.what(),
+            },
+        })
+    }
+}
+
 /// Check where a side output (`role`: "report") would go, before any work: its folder must
-/// exist, it must not be one of `taken` (the inputs and the output, by identity), nor a
-/// folder, FIFO or device; an existing file needs `force`. Returns how to publish it.
+/// exist, it must not be in `taken` (the inputs and the output, by identity: a file, or
+/// inside a folder), nor a folder, FIFO or device; an existing file needs `force`. Returns
+/// how to publish it.
 pub fn check_side_output(
     path: &Path,
     role: Side,
     force: bool,
-    taken: &[(&PathId, &'static str)],
+    taken: &Territory,
 ) -> Result<Replace> {
     let refuse = |what| {
         Err(Error::SideOutput {
@@ -843,16 +1011,11 @@ pub fn check_side_output(
     if path.file_name().is_none() || names_a_folder(path) {
         return refuse("path names no file");
     }
+    taken.check(path, role)?;
     match std::fs::metadata(parent_dir(path)) {
         Ok(m) if m.is_dir() => {}
         Ok(_) => return refuse("folder is not a folder"),
         Err(_) => return refuse("folder does not exist"),
-    }
-    let id = PathId::of(path);
-    for (other, what) in taken {
-        if id.same(other) {
-            return refuse(what);
-        }
     }
     match at_path(path) {
         AtPath::Nothing => Ok(Replace::No),
@@ -865,19 +1028,19 @@ pub fn check_side_output(
     }
 }
 
-/// `check_side_output` with `taken` given as paths and what each one is.
+/// `check_side_output` with `taken` given as paths (files, or folders: nothing inside them)
+/// and what each one is.
 pub fn check_side_path(
     path: &Path,
     role: Side,
     force: bool,
     taken: &[(PathBuf, Taken)],
 ) -> Result<Replace> {
-    let ids: Vec<(PathId, &'static str)> = taken
-        .iter()
-        .map(|(p, t)| (PathId::of(p), t.what()))
-        .collect();
-    let refs: Vec<(&PathId, &'static str)> = ids.iter().map(|(i, w)| (i, *w)).collect();
-    check_side_output(path, role, force, &refs)
+    let mut territory = Territory::default();
+    for (p, t) in taken {
+        territory.add(p, *t);
+    }
+    check_side_output(path, role, force, &territory)
 }
 
 /// What an output path names now, as the checks before any work see it.
@@ -914,4 +1077,79 @@ pub fn at_path(path: &Path) -> AtPath {
         return AtPath::File { followed };
     }
     AtPath::Special
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("stcast-out-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_territory_holds_its_folders_through_links_and_by_any_path() {
+        let dir = scratch("territory");
+        let (ck, real) = (dir.join("ck"), dir.join("real-tag"));
+        std::fs::create_dir_all(ck.join("sub")).unwrap();
+        std::fs::create_dir_all(&real).unwrap();
+        std::fs::write(ck.join("latest"), "tag").unwrap();
+        std::fs::write(real.join("rank.pt"), "x").unwrap();
+        std::os::unix::fs::symlink(&real, ck.join("tag")).unwrap();
+        std::os::unix::fs::symlink(&ck, dir.join("to-ck")).unwrap();
+        let mut t = Territory::default();
+        t.add(&ck, Taken::Input);
+        let inside = [
+            ck.join("latest"),
+            ck.join("new.json"),
+            ck.join("sub/a/b/new.json"),
+            ck.join("sub/../x"),
+            ck.join("tag/rank.pt"),
+            real.join("new.json"),
+            dir.join("to-ck/new.json"),
+        ];
+        for p in &inside {
+            let clash = t.clash(p).unwrap_or_else(|| panic!("{}", p.display()));
+            assert_eq!(clash.taken, Taken::Input);
+            assert!(clash.folder.is_some(), "{}", p.display());
+            let e = t.check(p, Side::Report).unwrap_err();
+            assert!(matches!(e, Error::InsideFolder { .. }), "{e:?}");
+        }
+        for p in [dir.join("o.json"), dir.join("ck-bf16/model.safetensors")] {
+            assert!(t.clash(&p).is_none(), "{}", p.display());
+        }
+        // A file of a source read from no folder: only itself (and its other names).
+        let mut t = Territory::default();
+        t.add(&real.join("rank.pt"), Taken::Input);
+        t.add_name(&dir.join("out.safetensors"), Taken::Output);
+        std::os::unix::fs::symlink(real.join("rank.pt"), dir.join("l.json")).unwrap();
+        let e = t.check(&dir.join("l.json"), Side::Output).unwrap_err();
+        assert!(matches!(e, Error::DestinationIsInput { .. }), "{e:?}");
+        let clash = t.clash(&dir.join("out.safetensors")).unwrap();
+        assert_eq!((clash.taken, clash.folder), (Taken::Output, None));
+        assert!(t.clash(&real.join("beside.json")).is_none());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_folder_chain_follows_the_kernel_not_the_words() {
+        let dir = scratch("chain");
+        std::fs::create_dir_all(dir.join("a/b")).unwrap();
+        std::os::unix::fs::symlink(dir.join("a/b"), dir.join("l")).unwrap();
+        let id = |p: &Path| {
+            let m = std::fs::metadata(p).unwrap();
+            (m.dev(), m.ino())
+        };
+        // `l/..` is `a`, not `dir`: the link's target's parent.
+        let chain = folder_chain(&dir.join("l/missing/deeper"));
+        assert_eq!(
+            &chain[..3],
+            &[id(&dir.join("a/b")), id(&dir.join("a")), id(&dir)]
+        );
+        assert_eq!(chain.last(), Some(&id(Path::new("/"))));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -19,7 +19,6 @@ use pyo3::types::{IntoPyDict, PyDict};
 use crate::convert::{Knobs, Options as ConvertOptions, Tuning};
 use crate::error::{panic_message, Error};
 use crate::given::{Exports, Given, Settings};
-use crate::input::InputOptions;
 use crate::numerics::Numerics;
 use crate::output::{self, Replace, Sealed};
 use crate::report::NumericsRow;
@@ -252,7 +251,7 @@ macro_rules! options {
 options! {
     to, threads, force, keep, keep_min_size, keep_unmatched, from_bf16, keep_names, on_overflow,
     numerics, report, replaces, allow_copy, key, strip_prefix, loose, allow_quantized,
-    quantization_config,
+    quantization_config, follow_links,
 }
 
 #[pyfunction]
@@ -303,14 +302,14 @@ struct ShardGroup {
 #[pymethods]
 impl ShardGroup {
     #[new]
-    #[pyo3(signature = (paths, *, key=None, strip_prefix=Vec::new()))]
+    #[pyo3(signature = (paths, **options))]
     fn new(
         py: Python<'_>,
         paths: Vec<PathBuf>,
-        key: Option<String>,
-        strip_prefix: Vec<String>,
+        options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<ShardGroup> {
-        let input = InputOptions { key, strip_prefix };
+        // How its files are read (`key`, `strip_prefix`, `follow_links`).
+        let input = read_options(py, options, |s, _| Ok(s.input()))?;
         let group = guarded(py, || Group::open(&paths, &input))?;
         Ok(ShardGroup { group })
     }
@@ -408,10 +407,11 @@ fn index_file_name(stem: &str) -> String {
     shard::index_file_name(stem)
 }
 
-/// Is the folder one checkpoint (DCP)? One stcast cannot read is refused, naming it.
+/// Is the folder one checkpoint (DCP)? Refused: one stcast cannot read; any, as an `output`.
 #[pyfunction]
-fn check_folder(py: Python<'_>, path: PathBuf) -> PyResult<bool> {
-    guarded(py, || crate::input::folder::check_folder(&path))
+#[pyo3(signature = (path, *, output=false))]
+fn check_folder(py: Python<'_>, path: PathBuf, output: bool) -> PyResult<bool> {
+    guarded(py, || crate::input::folder::check_folder(&path, output))
 }
 
 /// The header of a safetensors file (`source::read_header`).

@@ -62,6 +62,9 @@ pub struct Group {
     /// Per file: how its checkpoint was read (`None`: a safetensors file). `verify` infers
     /// `keep` from it as for a single checkpoint.
     origins: Vec<Option<Origin>>,
+    /// The checkpoint folders its files were read from (a DCP or ZeRO folder): every
+    /// output shard's source carries them, so that no output lands in one.
+    folders: Vec<std::path::PathBuf>,
     /// Warnings about the group itself (metadata that differs between its files).
     pub warnings: Vec<Warning>,
 }
@@ -151,6 +154,7 @@ impl Group {
         let mut origins = Vec::with_capacity(paths.len());
         let mut by_name = HashMap::new();
         let mut warnings = Vec::new();
+        let mut folders = Vec::new();
         for (i, path) in paths.iter().enumerate() {
             let source = Source::open_any(path, input)?;
             warnings.extend(source.warnings());
@@ -171,8 +175,10 @@ impl Group {
                 files,
                 header,
                 origin,
+                folders: read_from,
                 ..
             } = source;
+            folders.extend(read_from);
             origins.push(origin);
             // Held open for the whole run: what reading the header mapped goes now. (A
             // checkpoint's pickle is at its end, among its data.)
@@ -200,6 +206,7 @@ impl Group {
             headers,
             by_name,
             origins,
+            folders,
             warnings,
         })
     }
@@ -366,7 +373,9 @@ impl Group {
             .iter()
             .map(|&i| self.inputs[i].duplicate())
             .collect::<Result<Vec<_>>>()?;
-        Ok(Source::from_parts(&files[0].path.clone(), files, header))
+        let mut source = Source::from_parts(&files[0].path.clone(), files, header);
+        source.folders = self.folders.clone();
+        Ok(source)
     }
 
     /// `plan` as reports show it: each shard's tensors by name, and the input files it reads.

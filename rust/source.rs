@@ -45,6 +45,9 @@ pub struct Source {
     pub header: SourceHeader,
     /// For a PyTorch checkpoint: its format, the dict selected, what was left out.
     pub origin: Option<Origin>,
+    /// The checkpoint folders it was read from (a DCP or ZeRO folder): every file and
+    /// folder in them is the source's, which no output may replace or lie in.
+    pub folders: Vec<PathBuf>,
 }
 
 /// What a source read from a PyTorch checkpoint says beyond its tensors.
@@ -347,6 +350,7 @@ impl Source {
             files,
             header,
             origin: None,
+            folders: Vec::new(),
         }
     }
 

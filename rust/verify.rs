@@ -19,12 +19,12 @@ use crate::header::PREFIX;
 use crate::input::{InputOptions, TORCH_METADATA};
 use crate::kernels::Isa;
 use crate::numerics::Numerics;
-use crate::output::{check_side_output, write_file, PathId, Replace};
+use crate::output::{check_side_output, write_file, Replace, Territory};
 use crate::plan::{self, PlanOptions, Role};
 use crate::quant::{Deq, Quant};
 use crate::source::{InputFile, PendingRelease, Source};
 use crate::text::esc;
-use crate::vocab::{OnOverflow, Strategy, Target, Unmatched};
+use crate::vocab::{OnOverflow, Strategy, Taken, Target, Unmatched};
 use crate::window::{worker_pool, Cursor, Window, Work};
 
 /// Elements recomputed and compared at once: the recomputed block stays in L1.
@@ -313,11 +313,9 @@ impl Verifier {
         let report_path = match &opts.report {
             None => None,
             Some(path) => {
-                let (a, b) = (PathId::of(src_path), PathId::of(dst_path));
-                let taken = [
-                    (&a, "path is the input file"),
-                    (&b, "path is the output file"),
-                ];
+                let mut taken = Territory::of_source(&src);
+                taken.add_name(src_path, Taken::Input);
+                taken.add_name(dst_path, Taken::Output);
                 let replace =
                     check_side_output(path, crate::vocab::Side::Report, opts.force, &taken)?;
                 Some((path.clone(), replace))

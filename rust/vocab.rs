@@ -99,8 +99,8 @@ impl Taken {
     /// Why a side output at that path is refused.
     pub fn what(self) -> &'static str {
         match self {
-            Taken::Input => "path is the input",
-            Taken::Output => "path is the output",
+            Taken::Input => "path is the input file",
+            Taken::Output => "path is the output file",
         }
     }
 }

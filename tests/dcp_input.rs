@@ -24,7 +24,7 @@ fn fixture(name: &str) -> PathBuf {
 fn model() -> InputOptions {
     InputOptions {
         key: Some("model".into()),
-        strip_prefix: Vec::new(),
+        ..InputOptions::default()
     }
 }
 

@@ -28,6 +28,7 @@ fn options(doc: &serde_json::Value) -> InputOptions {
                     .collect()
             })
             .unwrap_or_default(),
+        ..InputOptions::default()
     }
 }
 
@@ -98,7 +99,7 @@ fn options_for_checkpoints_are_refused_for_safetensors() {
     std::fs::write(&p, bytes).unwrap();
     let opts = InputOptions {
         key: Some("model".into()),
-        strip_prefix: Vec::new(),
+        ..InputOptions::default()
     };
     let e = Source::open_any(&p, &opts).err().unwrap();
     assert_eq!(e.kind(), ErrorKind::Usage);

@@ -19,6 +19,7 @@ fuzz_target!(|data: &[u8]| {
         InputOptions {
             key: Some(String::new()),
             strip_prefix: vec!["module.".into(), "_orig_mod.".into()],
+            ..InputOptions::default()
         },
     ];
     for opts in &choices {

@@ -120,9 +120,9 @@ def convert(
             the output is published and published right after it; its path is checked
             before any work (not the input, not the output, its folder exists; an existing
             file needs `force`).
-        follow_links: folders: follow symlinks that lead outside the source folder (by
-            default only links within it, and into a Hugging Face cache's blobs/, are
-            followed; any other is refused, naming it).
+        follow_links: folders (DCP and ZeRO folders too): follow symlinks that lead outside
+            the source folder (by default only links within it, and into a Hugging Face
+            cache's blobs/, are followed; any other is refused, naming it).
         max_shard_size: re-shard: write the tensors as shards of at most this many bytes
             on disk, header included (an int, or a string with a unit: "5GB" = 5*10^9,
             "4.5GiB" = 4.5*2^30; KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB of 1024,
@@ -187,11 +187,8 @@ def convert(
         replace_report = None
         o = _report(o)
         if o.report is not None:
-            from .folder.ident import check_side_file
-
-            check_side_file(
-                o.report, "report", [(prepared.src, "source"), (prepared.dst, "destination")]
-            )
+            # Not inside the source (any kind: its folders, a ZeRO tag folder through a link)
+            # nor the destination folder; not one of their files.
             replace_report = _core.check_side_output(
                 o.report, "report", o.force, [(prepared.src, "input"), (prepared.dst, "output")]
             )
@@ -211,10 +208,6 @@ def convert(
     _folders_only(src, o)
     to = _target(o)
     target = _engine.default_dst(src, to) if dst is None else _file_dst(src, dst, to)
-    if os.path.isdir(src):
-        from .folder.ident import outside_checkpoint
-
-        outside_checkpoint(src, target)
     return _engine.convert_file(
         src,
         target,
@@ -225,6 +218,7 @@ def convert(
         keep_unmatched="error" if o.strict else "warn",
         report=_report(o).report,
         allow_quantized=o.allow_quantized,
+        follow_links=o.follow_links,
         **o.source,
         stacklevel=2,
     )
@@ -303,7 +297,7 @@ def inspect(
 
         _files_only(path, o)
         _shard_folder(target, o.max_shard_size)
-        return inspect_folder(path, target, o, progress=progress)
+        return inspect_folder(path, target, _report(o), progress=progress)
     _folders_only(path, o)
     extra: dict[str, Any] = {}
     if target is not None:
@@ -314,6 +308,7 @@ def inspect(
         extra["allow_quantized"] = o.allow_quantized
         if o.report is not None:
             extra["report"] = _report(o).report
+    extra["follow_links"] = o.follow_links
     planned = _engine.inspect_file(path, o, scan=o.scan, progress=progress, **o.source, **extra)
     if target is None:
         return planned
@@ -398,6 +393,8 @@ def verify(
     src, dst = _source(src), os.fsdecode(dst)
     o = _plain(_report(_checked(given, to_given=False)))
     o = replace(o, name=None if name is None else _core.check_name(name))
+    if os.path.isdir(dst):  # not a checkpoint to convert (SRC and DST swapped)
+        _core.check_folder(dst, output=True)
     if not _engine.is_tree(src) and o.name is None:
         dst = _verified_file(src, dst, o.to)
     if _engine.is_tree(src) or os.path.isdir(dst):

@@ -498,8 +498,8 @@ def _add_folder_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--follow-links",
         action="store_true",
-        help="folders: follow symlinks that lead outside SRC (by default only links within it "
-        "and into a Hugging Face cache's blobs/ are followed)",
+        help="folders (checkpoint folders too): follow symlinks that lead outside SRC (by "
+        "default only links within it and into a Hugging Face cache's blobs/ are followed)",
     )
 
 

@@ -63,11 +63,7 @@ pub fn folder_format(dir: &Path) -> Option<Format> {
     }
     // `latest` names the tag folder holding the partitions (`global_step100`).
     if has("latest") {
-        let tag = std::fs::read(dir.join("latest"))
-            .ok()
-            .filter(|t| t.len() <= 4096);
-        let tag = tag.and_then(|t| String::from_utf8(t).ok());
-        if let Some(tag) = tag.map(|t| t.trim().to_string()).filter(|t| is_one_name(t)) {
+        if let Some(tag) = latest_tag(dir) {
             let tagged = names(&dir.join(tag));
             if tagged
                 .iter()
@@ -80,11 +76,91 @@ pub fn folder_format(dir: &Path) -> Option<Format> {
     None
 }
 
+/// The tag folder DeepSpeed's `latest` in `dir` names: one name inside `dir`, or none.
+fn latest_tag(dir: &Path) -> Option<String> {
+    let tag = std::fs::read(dir.join("latest"))
+        .ok()
+        .filter(|t| t.len() <= 4096);
+    let tag = tag.and_then(|t| String::from_utf8(t).ok());
+    tag.map(|t| t.trim().to_string()).filter(|t| is_one_name(t))
+}
+
+/// Refuse a symlink among the entries of the checkpoint folder `dir` (and of the tag folder
+/// its `latest` names, for DeepSpeed) that leads outside `dir`, unless `follow`: the one
+/// link policy of every input kind, as a Hugging Face folder's walk applies it. A link is
+/// followed when it resolves inside `dir` (by identity: the real folder's chain of parents
+/// holds `dir`), or, for a file, into the `blobs/` of a Hugging Face cache repo, where
+/// cache snapshots link. A broken link is left to the reader, which names it if it reads it.
+pub fn check_links(dir: &Path, format: Format, follow: bool) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(root) = std::fs::metadata(dir) else {
+        return Ok(());
+    };
+    if follow {
+        return Ok(());
+    }
+    let root = (root.dev(), root.ino());
+    let mut folders = vec![dir.to_path_buf()];
+    if format == Format::DeepSpeed {
+        folders.extend(latest_tag(dir).map(|tag| dir.join(tag)));
+    }
+    for folder in &folders {
+        let Ok(entries) = std::fs::read_dir(folder) else {
+            continue;
+        };
+        for e in entries.take(MAX_ENTRIES).flatten() {
+            if !e.file_type().is_ok_and(|t| t.is_symlink()) {
+                continue;
+            }
+            let link = e.path();
+            let (Ok(target), Ok(meta)) = (std::fs::canonicalize(&link), std::fs::metadata(&link))
+            else {
+                continue;
+            };
+            let is_dir = meta.is_dir();
+            let home = if is_dir {
+                target.clone()
+            } else {
+                crate::output::parent_dir(&target)
+            };
+            let inside = crate::output::folder_chain(&home).contains(&root);
+            if !(inside || (!is_dir && is_hub_blob(&target))) {
+                return Err(Error::LinkOutside {
+                    link,
+                    target,
+                    folder: is_dir,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Is `target` (resolved) a file in the `blobs/` folder of a Hugging Face cache repo
+/// (`.../models--org--name/blobs/<hash>`)?
+fn is_hub_blob(target: &Path) -> bool {
+    let blobs = target.parent();
+    let repo = blobs.and_then(Path::parent);
+    let name = |p: Option<&Path>| {
+        p.and_then(Path::file_name)
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    name(blobs) == "blobs"
+        && ["models--", "datasets--", "spaces--"]
+            .iter()
+            .any(|k| name(repo).starts_with(k))
+}
+
 /// Is folder `dir` one checkpoint, read as one source (a DCP or DeepSpeed ZeRO folder:
 /// `true`), or a folder of files (`false`)? A distributed checkpoint stcast cannot read is
-/// refused, naming what it is.
-pub fn check_folder(dir: &Path) -> Result<bool> {
+/// refused, naming what it is; as an `output` (a DST to verify), any is.
+pub fn check_folder(dir: &Path, output: bool) -> Result<bool> {
     match folder_format(dir) {
+        Some(format) if output => Err(Error::NotAnOutput {
+            path: dir.to_path_buf(),
+            format,
+        }),
         Some(Format::Dcp | Format::DcpSafetensors | Format::DeepSpeed) => Ok(true),
         Some(format) => Err(Error::OtherFormat {
             path: dir.to_path_buf(),
@@ -243,9 +319,54 @@ mod tests {
             let dir = folder(tag, files);
             assert_eq!(folder_format(&dir), *want, "{tag}");
             // DCP and DeepSpeed folders are read as one checkpoint.
-            assert_eq!(check_folder(&dir).unwrap(), want.is_some(), "{tag}");
+            assert_eq!(check_folder(&dir, false).unwrap(), want.is_some(), "{tag}");
+            assert_eq!(check_folder(&dir, true).is_err(), want.is_some(), "{tag}");
             std::fs::remove_dir_all(&dir).unwrap();
         }
+    }
+
+    #[test]
+    fn links_out_of_a_checkpoint_are_refused_unless_followed() {
+        use std::os::unix::fs::symlink;
+        let dir = folder(
+            "links",
+            &["latest", "global_step7/mp_rank_00_model_states.pt"],
+        );
+        let away = dir.with_extension("away");
+        let _ = std::fs::remove_dir_all(&away);
+        std::fs::create_dir_all(&away).unwrap();
+        std::fs::write(away.join("rank.pt"), "").unwrap();
+        // Inside: followed.
+        symlink("global_step7", dir.join("alias")).unwrap();
+        symlink("mp_rank_00_model_states.pt", dir.join("global_step7/l.pt")).unwrap();
+        check_links(&dir, Format::DeepSpeed, false).unwrap();
+        // A file of the tag folder that leads out: named, whatever the folder's kind.
+        symlink(away.join("rank.pt"), dir.join("global_step7/out.pt")).unwrap();
+        let e = check_links(&dir, Format::DeepSpeed, false).unwrap_err();
+        let Error::LinkOutside { link, folder, .. } = &e else {
+            panic!("{e:?}")
+        };
+        assert_eq!((link, *folder), (&dir.join("global_step7/out.pt"), false));
+        assert!(e.message().contains("{follow_links}"), "{}", e.message());
+        check_links(&dir, Format::DeepSpeed, true).unwrap();
+        std::fs::remove_file(dir.join("global_step7/out.pt")).unwrap();
+        // The tag folder itself.
+        std::fs::rename(dir.join("global_step7"), away.join("tag")).unwrap();
+        symlink(away.join("tag"), dir.join("global_step7")).unwrap();
+        let e = check_links(&dir, Format::DeepSpeed, false).unwrap_err();
+        assert!(
+            matches!(e, Error::LinkOutside { folder: true, .. }),
+            "{e:?}"
+        );
+        // A cache snapshot's links into its repo's blobs/ are followed.
+        let repo = away.join("models--org--name");
+        std::fs::create_dir_all(repo.join("blobs")).unwrap();
+        std::fs::create_dir_all(repo.join("snapshots/abc")).unwrap();
+        std::fs::write(repo.join("blobs/0123"), "").unwrap();
+        symlink("../../blobs/0123", repo.join("snapshots/abc/.metadata")).unwrap();
+        check_links(&repo.join("snapshots/abc"), Format::Dcp, false).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(&away).unwrap();
     }
 
     #[test]

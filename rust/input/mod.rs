@@ -44,6 +44,9 @@ pub struct InputOptions {
     pub key: Option<String>,
     /// Prefixes dropped from tensor names (`module.`, `_orig_mod.`): the first that matches.
     pub strip_prefix: Vec<String>,
+    /// A checkpoint folder's symlinks that lead outside it are followed (by default they are
+    /// refused, naming them: `folder::check_links`).
+    pub follow_links: bool,
 }
 
 impl InputOptions {
@@ -73,7 +76,22 @@ fn limits() -> Limits {
 impl Source {
     /// Open `path`, a safetensors file or a PyTorch checkpoint, without reading its data.
     /// `opts` selects a checkpoint's state dict; given for a safetensors file, it is refused.
+    /// A checkpoint folder (DCP, ZeRO) is recorded in `Source::folders`, and its links are
+    /// checked first (`folder::check_links`): one that leads out is never read.
     pub fn open_any(path: &Path, opts: &InputOptions) -> Result<Source> {
+        let format = path.is_dir().then(|| folder::folder_format(path)).flatten();
+        if let Some(format) = format {
+            folder::check_links(path, format, opts.follow_links)?;
+        }
+        let mut source = Self::open_checked(path, opts)?;
+        if format.is_some() {
+            source.folders = vec![path.to_path_buf()];
+        }
+        Ok(source)
+    }
+
+    /// `open_any` once a checkpoint folder's links are checked.
+    fn open_checked(path: &Path, opts: &InputOptions) -> Result<Source> {
         if path.is_dir() {
             match folder::folder_format(path) {
                 Some(Format::Dcp) => return dcp::open(path, opts),

@@ -55,11 +55,6 @@ impl Source {
         if header.header_len >= LARGE_HEADER {
             input.release_head(header.data_start());
         }
-        Ok(Source {
-            path: path.to_path_buf(),
-            files: vec![input],
-            header,
-            origin: None,
-        })
+        Ok(Source::from_parts(path, vec![input], header))
     }
 }

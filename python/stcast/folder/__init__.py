@@ -120,7 +120,8 @@ def prepare(
             precision,
             keep_names,
             cancel,
-            source=source,
+            # A checkpoint folder (DCP, ZeRO) re-sharded: its links, as for one output.
+            source={**source, "follow_links": given.follow_links},
             name=name,
             allow_quantized=given.allow_quantized or _engine.is_tree(src),
         )
@@ -684,7 +685,8 @@ def finalize(
             precision,
             None,
             cancel,
-            source=recorded.source,
+            # The shard runs judged a checkpoint folder's links (`follow_links`).
+            source={**recorded.source, "follow_links": True},
             name=options.get("name"),
         )
     work = _work.of(plan)
@@ -756,12 +758,20 @@ def inspect_folder(
     src = _ident.resolve_hub_repo(src)
     said: list[Notice] = []
     reshard: _reshard.Reshard | None = None
-    source = given.source
+    # A checkpoint folder (DCP, ZeRO) re-sharded is read as `convert` reads it: its links too.
+    source = {**given.source, "follow_links": given.follow_links}
     if dst is not None:
         # inspect returns its warnings (`.warnings`), it does not issue them.
         with _warnings.catch_warnings(record=True) as caught:
             _warnings.simplefilter("always")
             prepared = prepare(src, dst, given, stacklevel=4)
+        if given.report is not None:  # as `convert` checks it
+            _core.check_side_output(
+                given.report,
+                "report",
+                given.force,
+                [(prepared.src, "input"), (prepared.dst, "output")],
+            )
         for record in caught:
             m = record.message
             if isinstance(m, StcastWarning) and m.kind != "unmatched_pattern":

@@ -106,14 +106,19 @@ def within(path: str, folder: Ident) -> bool:
 
 def outside_checkpoint(src: str, dst: str) -> None:
     """Refuse a DST inside the checkpoint folder `src` (DCP, ZeRO: one checkpoint, read as
-    one source): what is written there would become part of the checkpoint (a safetensors
-    file beside HuggingFaceStorageWriter's shards changes what the folder is)."""
-    folder = ident(os.stat(src))
-    near = nearest_existing(dst)
-    if ident(os.stat(near)) == folder or within(near, folder):
+    one source) or inside a folder one of its entries links to (a ZeRO tag folder): what is
+    written there would become part of the checkpoint (a safetensors file beside
+    HuggingFaceStorageWriter's shards changes what the folder is). As the engine's
+    `output::Territory` checks each file written."""
+    folders = {ident(os.stat(src))}
+    with os.scandir(src) as it:
+        for e in it:
+            if e.is_symlink() and e.is_dir():
+                folders.add(ident(e.stat()))
+    if set(chain(dst)) & folders:
         raise Refused(
-            f"{_esc(dst)}: inside the checkpoint folder {_esc(src)}, whose files are the "
-            "input; write the output beside it (the default: leave DST out)",
+            f"{_esc(dst)}: the destination lies inside the checkpoint folder {_esc(src)}, whose "
+            "files are the input: write it elsewhere (DST left out goes beside the folder)",
             path=dst,
         )
 
@@ -159,18 +164,6 @@ def resolve_hub_repo(src: str) -> str:
         f"{len(found)} snapshots ({listed}); convert one of {_esc(snapshots)}/<snapshot>",
         path=src,
     )
-
-
-def check_side_file(path: str, role: str, folders: list[tuple[str, str]]) -> None:
-    """Refuse a side file (`--report`) that would land inside one of `folders` (the source,
-    the destination): it could replace a file of the checkpoint. By identity (`within`)."""
-    for folder, what in folders:
-        if os.path.isdir(folder) and within(path, ident(os.stat(folder))):
-            raise Refused(
-                f"{_esc(path)}: the {role} path lies inside the {what} folder "
-                f"{_esc(folder)}; write it elsewhere",
-                path=path,
-            )
 
 
 def check_outputs(

@@ -36,8 +36,8 @@ from .fp8 import (
     without_quantization,
     written_only,
 )
-from .ident import check_side_file, resolve_hub_repo
 from .ident import ident as ident_of
+from .ident import resolve_hub_repo
 from .jsonedit import set_dtypes, set_total_size
 from .reshard import (
     Group,
@@ -79,10 +79,10 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
     if single:
         if not stat.S_ISREG(os.stat(src).st_mode) and not os.path.isdir(src):
             raise Refused(f"{_esc(src)}: not a regular file", path=src)
-        source = given.source
+        # Read as `convert` read it, links followed: verify writes nothing of the source.
+        source = {**given.source, "follow_links": True}
     replace = None
     if report is not None:
-        check_side_file(report, "report", [(src, "source"), (dst, "destination")])
         replace = _core.check_side_output(
             report, "report", given.force, [(src, "input"), (dst, "output")]
         )
@@ -92,7 +92,7 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         configs: list[File] = []
         others: list[File] = []
     else:
-        weights, indexes, configs, others, _, _ = walk(src)
+        weights, indexes, configs, others, _, _ = walk(src, follow_links=True)
     found = set(listing(dst))
     if to is None:
         # An FP8 output's strategy is its config's: a weight's scale can fit both.
@@ -355,7 +355,7 @@ def _check_others(
             want_bytes = config_text(want_bytes.decode("utf-8"), to, tensors.unquantized)
         if not _same_json(got, want_bytes, loose):
             return fail(f.rel, "is not SRC's config with the dtype set to the target")
-    found = {w.rel for w in walk(src)[0]} if indexes else set()
+    found = {w.rel for w in walk(src, follow_links=True)[0]} if indexes else set()
     for f in indexes:
         text, weight_map = read_index(f, found)
 
