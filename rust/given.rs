@@ -215,6 +215,9 @@ pub struct Settings {
     /// None: not said (a plain inspection then only warns of a quantized checkpoint).
     pub allow_quantized: Option<bool>,
     pub quantization_config: Option<PathBuf>,
+    /// FP8 targets: the weights a read before planning found to hold NaN or inf (a
+    /// re-sharded group's, read once for all its shards). None: the task reads them.
+    pub unquantized: Option<Vec<String>>,
 }
 
 impl Default for Settings {
@@ -238,6 +241,7 @@ impl Default for Settings {
             loose: false,
             allow_quantized: None,
             quantization_config: None,
+            unquantized: None,
         }
     }
 }
@@ -275,6 +279,10 @@ impl Settings {
             unmatched: self.keep_unmatched,
             allow_quantized: self.allow_quantized.unwrap_or(false),
             quantization_config: self.quantization_config.clone(),
+            unquantized: self
+                .unquantized
+                .as_ref()
+                .map(|u| u.iter().cloned().collect()),
             ..PlanOptions::new(target)
         })
     }
