@@ -2,8 +2,10 @@
 a given size on disk, with new indexes, in the same streaming pass as the conversion.
 
 A group is the set of weight files one index names; every other weight file is a group of
-its own. The engine plans each group from the headers alone (`_core.ShardGroup.plan`):
-tensors in input order, assigned greedily, each shard an ordinary stcast output. Output
+its own. The engine plans each group from the headers (`_core.ShardGroup.plan`), given
+what was read first where a tensor's fate depends on its values (kept from overflow; FP8
+weights holding NaN or inf, which stay BF16): tensors in input order, assigned greedily,
+each shard an ordinary stcast output. Output
 names follow the group's stem (`model` -> `model-00001-of-00003.safetensors` and
 `model.safetensors.index.json`, or `model.safetensors` when one shard holds everything),
 or the stem `name` gives for a checkpoint of one group (`ema.safetensors` with
