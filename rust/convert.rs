@@ -867,6 +867,12 @@ impl Job {
         self.out.identity()
     }
 
+    /// The SHA-256 of the header in the output (its length prefix and JSON), read back from
+    /// the output's mapping: the header written.
+    pub fn header_sha256(&self) -> String {
+        crate::text::sha256_hex(&self.out_map[..self.plan.header_len as usize])
+    }
+
     /// After `seal`: give the output its name (the commit point), then the report.
     pub fn publish(self) -> Result<Report> {
         let Job {

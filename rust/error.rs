@@ -164,8 +164,8 @@ pub enum Error {
     /// `why` (a template) names the tensor, or the config, that makes it so. No option
     /// converts it: re-quantizing codes and scales would write a checkpoint that loads wrong.
     AlreadyQuantized { path: PathBuf, why: String },
-    /// An FP8 target met NaN or inf in a weight it planned to quantize. `ConvertTask` catches
-    /// it, finds every such weight and plans again with them unquantized.
+    /// An FP8 target met NaN or inf in a weight it planned to quantize: the weights were
+    /// read before planning (`ConvertTask`), so the input changed since.
     NonFiniteWeight { path: PathBuf, tensor: String },
     /// An FP8 checkpoint being dequantized holds a quantized tensor it cannot dequantize
     /// (no scale stcast reads beside it), or a scale without its weight in the same file.
@@ -470,7 +470,8 @@ impl Error {
                 esc(worst)
             ),
             Error::NonFiniteWeight { tensor, .. } => format!(
-                "tensor `{}` holds NaN or inf: it cannot be quantized to FP8",
+                "tensor `{}` holds NaN or inf, which the read of the weights before planning \
+                 did not find (was the source changed during the run?)",
                 esc(tensor)
             ),
             Error::Fp8Unpaired { tensor, scale, .. } => {

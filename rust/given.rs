@@ -216,6 +216,9 @@ pub struct Settings {
     pub allow_quantized: Option<bool>,
     pub quantization_config: Option<PathBuf>,
     pub follow_links: bool,
+    /// FP8 targets: the weights a read before planning found to hold NaN or inf (a
+    /// re-sharded group's, read once for all its shards). None: the task reads them.
+    pub unquantized: Option<Vec<String>>,
 }
 
 impl Default for Settings {
@@ -240,6 +243,7 @@ impl Default for Settings {
             allow_quantized: None,
             quantization_config: None,
             follow_links: false,
+            unquantized: None,
         }
     }
 }
@@ -279,6 +283,10 @@ impl Settings {
             unmatched: self.keep_unmatched,
             allow_quantized: self.allow_quantized.unwrap_or(false),
             quantization_config: self.quantization_config.clone(),
+            unquantized: self
+                .unquantized
+                .as_ref()
+                .map(|u| u.iter().cloned().collect()),
             ..PlanOptions::new(target)
         })
     }

@@ -387,6 +387,11 @@ pub trait Sealed {
     type Done;
     /// The hidden output's device, inode and size, as they will be once published.
     fn identity(&self) -> Result<Published>;
+    /// The SHA-256 of its safetensors header (length prefix and JSON) as written, for an
+    /// output that has one: what a front end's record of it names, never a plan's guess.
+    fn header_sha256(&self) -> Option<String> {
+        None
+    }
     /// Give it its name: the commit point.
     fn publish(self) -> Result<Self::Done>;
 }

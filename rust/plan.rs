@@ -121,8 +121,12 @@ pub struct PlanOptions {
     /// The config of the folder this file is in, when it has a `quantization_config`:
     /// the file is then quantized whatever its dtypes (its I8/U8 weights count too).
     pub quantization_config: Option<PathBuf>,
-    /// FP8 targets: weights that hold NaN or inf (a scan found them), left unquantized.
-    pub unquantized: HashSet<String>,
+    /// FP8 targets: the weights that hold NaN or inf, left unquantized in BF16. What a weight
+    /// becomes decides the output's sizes and header, so these are found by reading the
+    /// weights before anything is planned to be written (`ConvertTask`, `InspectTask`, or
+    /// the caller, for a re-sharded group). `None`: not read yet; a plan made without them
+    /// takes every weight for finite.
+    pub unquantized: Option<HashSet<String>>,
 }
 
 impl PlanOptions {
@@ -137,8 +141,13 @@ impl PlanOptions {
             unmatched: Unmatched::Warn,
             allow_quantized: false,
             quantization_config: None,
-            unquantized: HashSet::new(),
+            unquantized: None,
         }
+    }
+
+    /// Was the weight `name` found to hold NaN or inf (an FP8 target leaves it BF16)?
+    pub fn holds_nonfinite(&self, name: &str) -> bool {
+        self.unquantized.as_ref().is_some_and(|u| u.contains(name))
     }
 }
 
@@ -412,7 +421,7 @@ pub fn plan(path: &Path, src: &SourceHeader, opts: &PlanOptions) -> Result<Plan>
         if let Some(strategy) = strategy {
             let float = matches!(t.dtype, Dtype::F64 | Dtype::F32 | Dtype::F16 | Dtype::BF16);
             let choice = match quant::choose(&t.name, t.dtype, &t.shape, strategy) {
-                Ok(_) if opts.unquantized.contains(&t.name) => Err(Fp8Skip::NonFinite),
+                Ok(_) if opts.holds_nonfinite(&t.name) => Err(Fp8Skip::NonFinite),
                 Ok(_) if names.contains(quant::scale_name(&t.name).as_str()) => {
                     Err(Fp8Skip::ScaleNameTaken)
                 }

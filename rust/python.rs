@@ -88,7 +88,7 @@ struct Hooks<'py> {
     progress: Hook<'py>,
     cancel: Hook<'py>,
     warn: Hook<'py>,
-    /// Told a sealed output's (dev, ino, size) before it is published (`publish`).
+    /// Told a sealed output's (dev, ino, size, header hash) before it is published.
     sealed: Hook<'py>,
     /// `progress` was told `(total, total)`: the visits after the last step (sealing,
     /// publishing) do not tell it again, so that a caller hears of the end once.
@@ -153,13 +153,13 @@ impl<'py> Hooks<'py> {
         })
     }
 
-    /// Publish a sealed output (the commit point), telling `sealed` (if given) its
-    /// (dev, ino, size) first: a folder run records them in its manifest before the file
-    /// has a name. If that raises, or a stop request comes meanwhile, nothing is published.
+    /// Publish a sealed output (the commit point), telling `sealed` (if given) its (dev, ino,
+    /// size, header hash or None) first: a folder run records them in its manifest before the
+    /// file has a name. If that raises, or a stop request comes meanwhile, nothing is published.
     fn publish<S: Sealed<Done: Send> + Send>(&self, py: Python<'py>, out: S) -> PyResult<S::Done> {
         if let Some(f) = &self.sealed {
             let id = out.identity().map_err(|e| to_py(py, e))?;
-            f.call1((id.dev, id.ino, id.size))?;
+            f.call1((id.dev, id.ino, id.size, out.header_sha256()))?;
             py.check_signals()?;
             if self.cancelled()? {
                 return Err(to_py(py, Error::Cancelled));
@@ -251,7 +251,7 @@ macro_rules! options {
 options! {
     to, threads, force, keep, keep_min_size, keep_unmatched, from_bf16, keep_names, on_overflow,
     numerics, report, replaces, allow_copy, key, strip_prefix, loose, allow_quantized,
-    quantization_config, follow_links,
+    quantization_config, follow_links, unquantized,
 }
 
 #[pyfunction]

@@ -1,5 +1,7 @@
 //! Read the tensors a plan converts, writing nothing: their largest finite magnitude (to keep
-//! those that would overflow, `OnOverflow::Keep`) or their full numerics (`inspect --scan`).
+//! those that would overflow, `OnOverflow::Keep`) or their full numerics (`inspect --scan`);
+//! and, for an FP8 target whose NaN/inf weights are not known yet, whether each weight it
+//! would quantize holds NaN or inf (what the weight becomes, so the plan, depends on it).
 //!
 //! A scan is one extra read of the input, window by window with the pages released behind
 //! it, so its memory is bounded like a conversion's. It is stepped like a `Job`.
@@ -25,7 +27,8 @@ pub enum ScanKind {
     MaxAbs,
     /// Convert into a scratch window and measure it (overflow, underflow, errors).
     Numerics,
-    /// An FP8 target's weights: does any hold NaN or inf?
+    /// An FP8 target's weights: does any hold NaN or inf? (Every scan of a plan whose
+    /// `unquantized` is not known reads its weights so; this kind reads nothing else.)
     NonFinite,
 }
 
@@ -36,6 +39,8 @@ pub struct Scanned {
     pub source: usize,
     pub name: String,
     pub conversion: Conversion,
+    /// What is read of it: a weight to quantize, `NonFinite`; another tensor, the scan's kind.
+    pub kind: ScanKind,
     /// The largest finite |x| (`MaxAbs` scans; 0 otherwise).
     pub max_abs: f64,
     /// `Numerics` scans only.
@@ -57,7 +62,6 @@ impl Scanned {
 /// A scan in progress over the tensors a plan converts, in file order.
 pub struct Scan {
     src: Source,
-    kind: ScanKind,
     tensors: Vec<Scanned>,
     pool: rayon::ThreadPool,
     threads: usize,
@@ -69,22 +73,27 @@ pub struct Scan {
 }
 
 impl Scan {
-    /// Plan to read every tensor that `plan` converts (of `src`'s header).
+    /// Plan to read every tensor that `plan` converts (of `src`'s header) as `kind` says,
+    /// and every weight it quantizes when `opts` does not know yet which hold NaN or inf.
     pub fn new(src: Source, plan: &Plan, kind: ScanKind, opts: &Options) -> Result<Scan> {
+        let weights = opts.plan.unquantized.is_none();
         let mut tensors: Vec<Scanned> = plan
             .tensors
             .iter()
             .filter_map(|t| {
-                let c = match (t.action, kind) {
-                    (Action::Quantize(q), ScanKind::NonFinite) => Conversion::from_src(q.d)?,
-                    (Action::Convert(c), ScanKind::Numerics) => c,
-                    (Action::Convert(c), ScanKind::MaxAbs) if c.overflows(f64::MAX) => c,
+                let (c, kind) = match (t.action, kind) {
+                    (Action::Quantize(q), _) if weights => {
+                        (Conversion::from_src(q.d)?, ScanKind::NonFinite)
+                    }
+                    (Action::Convert(c), ScanKind::Numerics) => (c, kind),
+                    (Action::Convert(c), ScanKind::MaxAbs) if c.overflows(f64::MAX) => (c, kind),
                     _ => return None,
                 };
                 Some(Scanned {
                     source: t.source,
                     name: src.header.tensors[t.source].name.clone(),
                     conversion: c,
+                    kind,
                     max_abs: 0.0,
                     numerics: None,
                     nonfinite: false,
@@ -107,7 +116,6 @@ impl Scan {
         src.advise(Advice::Sequential);
         Ok(Scan {
             src,
-            kind,
             tensors,
             pool,
             threads,
@@ -170,7 +178,7 @@ impl Scan {
                 populate: false,
             };
             let item = &mut self.tensors[w.item];
-            match self.kind {
+            match item.kind {
                 ScanKind::MaxAbs => {
                     let size = c.src_size() as usize;
                     let m = work.split_one(bytes, (size, 1024), |s| max_finite_abs(c, s), f64::max);

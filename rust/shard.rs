@@ -1,10 +1,13 @@
 //! Re-sharding: the tensors of a group of input files (the shards one index names, or a
 //! single file) written as output shards of at most a given size on disk.
 //!
-//! The whole output plan comes from the headers alone. Tensors are taken in input order
-//! (file by file, each in data order) and assigned greedily: a shard is closed when the
-//! next tensor would make its file, header included, larger than the limit; a tensor
-//! larger than the limit gets a shard of its own. Each shard is then an ordinary output of
+//! The whole output plan comes from the headers, and from what the caller read of the data
+//! beforehand where a tensor's fate depends on it (`PlanOptions::keep_names`, the tensors
+//! that would overflow; `PlanOptions::unquantized`, an FP8 target's weights holding NaN or
+//! inf), so that each shard's plan is the one its conversion writes. Tensors are taken in
+//! input order (file by file, each in data order) and assigned greedily: a shard is closed
+//! when the next tensor would make its file, header included, larger than the limit; a
+//! tensor larger than the limit gets a shard of its own. Each shard is then an ordinary output of
 //! `plan::plan`, read from a composite `Source` of the files it spans, so the conversion,
 //! its memory bound and its atomic publication are those of one file.
 

@@ -39,8 +39,9 @@ pub fn run<T: Task>(task: &mut T) -> Result<()> {
     Ok(())
 }
 
-/// A conversion: with `OnOverflow::Keep` a scan for the tensors that would overflow first,
-/// then the conversion that keeps them.
+/// A conversion: first a scan where the plan depends on the data (`OnOverflow::Keep`: the
+/// tensors that would overflow; an FP8 target: the weights holding NaN or inf, which stay
+/// BF16), then the conversion of that plan.
 pub struct ConvertTask {
     phase: Phase,
     /// Bytes the scan read (0 without one), counted before the conversion's.
@@ -57,15 +58,15 @@ enum Phase {
         opts: Box<Options>,
     },
     Convert(Box<Job>),
-    /// An FP8 target's conversion, which may meet a weight holding NaN or inf: it then
-    /// scans for every such weight and starts again with them unquantized.
-    Quantize {
-        job: Box<Job>,
-        dst: PathBuf,
-        opts: Box<Options>,
-    },
     /// Between phases, or after a failure.
     Empty,
+}
+
+/// Does a plan under `opts` need the data first: the tensors that would overflow (`Keep`),
+/// or an FP8 target's weights that hold NaN or inf, when not known yet?
+fn reads_first(opts: &Options) -> bool {
+    opts.on_overflow == OnOverflow::Keep
+        || (opts.plan.target.strategy().is_some() && opts.plan.unquantized.is_none())
 }
 
 impl ConvertTask {
@@ -86,18 +87,10 @@ impl ConvertTask {
         let src = source.path.clone();
         let src = src.as_path();
         let data = source.header.data_len();
-        if opts.on_overflow != OnOverflow::Keep {
+        if !reads_first(opts) {
             let job = Box::new(Job::new(source, dst, opts, started)?);
-            let phase = match opts.plan.target.strategy() {
-                None => Phase::Convert(job),
-                Some(_) => Phase::Quantize {
-                    job,
-                    dst: dst.to_path_buf(),
-                    opts: Box::new(opts.clone()),
-                },
-            };
             return Ok(ConvertTask {
-                phase,
+                phase: Phase::Convert(job),
                 scanned: 0,
                 data,
                 started,
@@ -106,7 +99,14 @@ impl ConvertTask {
         // Refuse a bad destination, report path or plan before the long read.
         check_outputs(&source, dst, opts)?;
         let plan = plan::plan(src, &source.header, &opts.plan)?;
-        let scan = Scan::new(source, &plan, ScanKind::MaxAbs, opts)?;
+        let kind = if opts.on_overflow == OnOverflow::Keep {
+            ScanKind::MaxAbs
+        } else {
+            // Nothing to convert even with every weight quantized: refused before the read.
+            check_something_changes(&source, &plan, opts.allow_copy)?;
+            ScanKind::NonFinite
+        };
+        let scan = Scan::new(source, &plan, kind, opts)?;
         Ok(ConvertTask {
             scanned: scan.progress().1,
             phase: Phase::Scan {
@@ -126,7 +126,7 @@ impl ConvertTask {
 
     fn job(&self) -> Option<&Job> {
         match &self.phase {
-            Phase::Convert(job) | Phase::Quantize { job, .. } => Some(job),
+            Phase::Convert(job) => Some(job),
             _ => None,
         }
     }
@@ -134,7 +134,7 @@ impl ConvertTask {
     /// After the last step: make everything durable; only the names are missing then.
     pub fn seal(&mut self) -> Result<()> {
         match &mut self.phase {
-            Phase::Convert(job) | Phase::Quantize { job, .. } => job.seal(),
+            Phase::Convert(job) => job.seal(),
             _ => Err(Error::Cancelled),
         }
     }
@@ -142,7 +142,7 @@ impl ConvertTask {
     /// After `seal`: publish (the commit point).
     pub fn publish(self) -> Result<Report> {
         match self.phase {
-            Phase::Convert(job) | Phase::Quantize { job, .. } => job.publish(),
+            Phase::Convert(job) => job.publish(),
             _ => Err(Error::Cancelled),
         }
     }
@@ -163,6 +163,9 @@ impl Sealed for ConvertTask {
             None => Err(Error::Cancelled),
         }
     }
+    fn header_sha256(&self) -> Option<String> {
+        self.job().map(Job::header_sha256)
+    }
     fn publish(self) -> Result<Report> {
         ConvertTask::publish(self)
     }
@@ -182,37 +185,16 @@ impl Task for ConvertTask {
                 };
                 let (source, found) = scan.finish();
                 let mut opts = *opts;
-                if opts.plan.target.strategy().is_some() {
-                    opts.plan.unquantized.extend(scan::nonfinite(&found));
-                    let job = Box::new(Job::new(source, &dst, &opts, self.started)?);
-                    self.phase = Phase::Convert(job);
-                    return Ok(false);
+                if opts.on_overflow == OnOverflow::Keep {
+                    opts.plan.keep_names.extend(scan::overflowing(&found));
                 }
-                opts.plan.keep_names.extend(scan::overflowing(&found));
+                if opts.plan.target.strategy().is_some() && opts.plan.unquantized.is_none() {
+                    opts.plan.unquantized = Some(scan::nonfinite(&found));
+                }
                 let job = Job::new(source, &dst, &opts, self.started)?;
                 self.phase = Phase::Convert(Box::new(job));
                 Ok(false)
             }
-            Phase::Quantize { job, .. } => match job.step(budget) {
-                Err(Error::NonFiniteWeight { .. }) => {
-                    let Phase::Quantize { job, dst, opts } =
-                        std::mem::replace(&mut self.phase, Phase::Empty)
-                    else {
-                        unreachable!()
-                    };
-                    // Find them all in one read, then plan once more (the output so far goes).
-                    let plan = job.plan().clone();
-                    let scan = Scan::new(job.into_source(), &plan, ScanKind::NonFinite, &opts)?;
-                    self.scanned += scan.progress().1;
-                    self.phase = Phase::Scan {
-                        scan: Box::new(scan),
-                        dst,
-                        opts,
-                    };
-                    Ok(false)
-                }
-                other => other,
-            },
             Phase::Convert(job) => job.step(budget),
             Phase::Empty => Ok(true),
         }
@@ -222,16 +204,14 @@ impl Task for ConvertTask {
         let total = self.scanned + self.data;
         match &self.phase {
             Phase::Scan { scan, .. } => (scan.progress().0, total),
-            Phase::Convert(job) | Phase::Quantize { job, .. } => {
-                (self.scanned + job.progress().0, total)
-            }
+            Phase::Convert(job) => (self.scanned + job.progress().0, total),
             Phase::Empty => (0, total),
         }
     }
 
     fn take_warnings(&mut self) -> Vec<Warning> {
         match &mut self.phase {
-            Phase::Convert(job) | Phase::Quantize { job, .. } => job.take_warnings(),
+            Phase::Convert(job) => job.take_warnings(),
             _ => Vec::new(),
         }
     }
@@ -243,9 +223,14 @@ pub struct InspectTask {
     plan: Plan,
     opts: PlanOptions,
     scan: Option<Scan>,
+    /// The scan measures the tensors converted (`scan`, or overflow kept or refused), not
+    /// only an FP8 target's weights.
+    measured: bool,
     keep_overflowing: bool,
     /// `OnOverflow::Error`: an overflow the scan finds fails the dry run as it fails convert.
     refuse_overflow: bool,
+    /// A dry run's destination: its free space is checked against the final plan too.
+    dst: Option<PathBuf>,
 }
 
 /// What `InspectTask` found.
@@ -388,6 +373,8 @@ impl Inspection {
 
 impl InspectTask {
     /// Plan `path`; with `scan` (implied by `OnOverflow::Keep`), read the tensors to convert.
+    /// An FP8 target reads the weights it would quantize (unless `opts` says which hold NaN
+    /// or inf): those that do stay BF16, as in the conversion, whose plan this then is.
     /// With `dst`, first make every check a conversion into `dst` with `opts` would make
     /// (the destination, the report path, nothing to convert, free space), failing as it
     /// would: a dry run that says "fits" is one that converts.
@@ -403,28 +390,21 @@ impl InspectTask {
             if on_overflow != OnOverflow::Keep {
                 check_something_changes(&source, &plan, opts.allow_copy)?;
             }
-            // A folder to create is created inside the nearest one that exists.
-            let dir = crate::output::nearest_dir(&crate::output::parent_dir(dst));
-            let have =
-                crate::output::free_space(&dir).map_err(|e| Error::io(&dir, "statvfs", e))?;
-            if have < plan.file_len() {
-                return Err(Error::NoSpace {
-                    dir,
-                    need: plan.file_len(),
-                    have,
-                });
-            }
+            check_space(dst, &plan)?;
         }
         let keep_overflowing = on_overflow == OnOverflow::Keep;
         // With a destination (or a scan asked for), refusing an overflow is one of
         // convert's checks.
         let refuse_overflow = on_overflow == OnOverflow::Error && (dst.is_some() || scan);
         // Keeping (or refusing) what would overflow needs the data: it implies the scan.
-        let (source, scan) = if scan || keep_overflowing || refuse_overflow {
-            (
-                None,
-                Some(Scan::new(source, &plan, ScanKind::Numerics, opts)?),
-            )
+        let measure = scan || keep_overflowing || refuse_overflow;
+        let (source, scan) = if measure || reads_first(opts) {
+            let kind = if measure {
+                ScanKind::Numerics
+            } else {
+                ScanKind::NonFinite
+            };
+            (None, Some(Scan::new(source, &plan, kind, opts)?))
         } else {
             (Some(source), None)
         };
@@ -433,12 +413,15 @@ impl InspectTask {
             plan,
             opts: plan_opts.clone(),
             scan,
+            measured: measure,
             keep_overflowing,
             refuse_overflow,
+            dst: dst.map(Path::to_path_buf),
         })
     }
 
-    /// The plan (and the scan's results), re-planned to keep what would overflow if asked.
+    /// The plan (and the scan's results), planned again with what the scan found (the
+    /// tensors kept from overflow, the FP8 weights holding NaN or inf) if anything.
     pub fn finish(self) -> Result<Inspection> {
         let Some(scan) = self.scan else {
             let source = self
@@ -462,11 +445,20 @@ impl InspectTask {
                 return Err(error);
             }
         }
-        let plan = if self.keep_overflowing {
-            let mut opts = self.opts;
-            opts.keep_names = scan::overflowing(&scanned);
+        let mut opts = self.opts;
+        let weights = opts.target.strategy().is_some() && opts.unquantized.is_none();
+        let plan = if self.keep_overflowing || weights {
+            if self.keep_overflowing {
+                opts.keep_names = scan::overflowing(&scanned);
+            }
+            if weights {
+                opts.unquantized = Some(scan::nonfinite(&scanned));
+            }
             let mut plan = plan::plan(&source.path, &source.header, &opts)?;
             plan.warnings.splice(0..0, source.warnings());
+            if let Some(dst) = &self.dst {
+                check_space(dst, &plan)?; // NaN/inf weights in BF16 take more
+            }
             plan
         } else {
             self.plan
@@ -474,9 +466,24 @@ impl InspectTask {
         Ok(Inspection {
             source,
             plan,
-            scanned: Some(scanned),
+            scanned: self.measured.then_some(scanned),
         })
     }
+}
+
+/// A dry run's free-space check: the file `plan` writes fits where `dst` would be made.
+fn check_space(dst: &Path, plan: &Plan) -> Result<()> {
+    // A folder to create is created inside the nearest one that exists.
+    let dir = crate::output::nearest_dir(&crate::output::parent_dir(dst));
+    let have = crate::output::free_space(&dir).map_err(|e| Error::io(&dir, "statvfs", e))?;
+    if have < plan.file_len() {
+        return Err(Error::NoSpace {
+            dir,
+            need: plan.file_len(),
+            have,
+        });
+    }
+    Ok(())
 }
 
 impl Task for InspectTask {

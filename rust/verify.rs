@@ -1140,7 +1140,10 @@ fn check_plan(
             // Convert leaves a weight holding NaN or inf in BF16: the data must show one.
             (Action::Quantize(_), Expect::Convert(c)) if c.dst() == Dtype::BF16 => {
                 p.nonfinite = true;
-                popts.unquantized.insert(s.name.clone());
+                popts
+                    .unquantized
+                    .get_or_insert_default()
+                    .insert(s.name.clone());
             }
             (Action::Quantize(q), _) => {
                 return fail(

@@ -106,10 +106,11 @@ class _Options(TypedDict, total=False):
     allow_quantized: bool | None
     quantization_config: str | None
     follow_links: bool
+    unquantized: list[str] | None  # FP8: the weights holding NaN/inf (None: the call reads)
 
 _Progress = Callable[[int, int], object] | None
 _Warn = Callable[[str, str], object] | None
-_Sealed = Callable[[int, int, int], object] | None  # (dev, ino, size): sealed, not published
+_Sealed = Callable[[int, int, int, str | None], object] | None  # (dev, ino, size, header)
 
 def convert(
     src: str,

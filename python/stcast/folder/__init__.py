@@ -38,6 +38,7 @@ from . import walk as _walk
 from . import work as _work
 from . import write as _write
 from .fp8 import is_fp8, is_model_config
+from .fp8 import nonfinite as fp8_nonfinite
 from .write import fp8_config
 
 if TYPE_CHECKING:
@@ -856,8 +857,17 @@ def inspect_folder(
                 w.rel: [t.name for t in f.tensors if t.reason == "keep_overflow"]
                 for w, f in zip(weights, files)
             }
+            # Each file's inspection read its weights for an FP8 target, as convert does.
+            nonfinite = {w.rel: fp8_nonfinite(f.tensors) for w, f in zip(weights, files)}
             reshard = _reshard.plan(
-                source_plan, max_shard_size, to, precision, found, source=source, name=given.name
+                source_plan,
+                max_shard_size,
+                to,
+                precision,
+                found,
+                source=source,
+                name=given.name,
+                unquantized=nonfinite if is_fp8(to) else None,
             )
             warnings += [n for n in reshard.warnings if n not in warnings]
         else:

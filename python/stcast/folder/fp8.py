@@ -24,6 +24,8 @@ from ..errors import StcastError
 from .common import check_index
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from .._types import Target
     from ..reports import TensorInfo
 
@@ -39,6 +41,12 @@ _GROUP = {"fp8": "FP8_DYNAMIC", "fp8-block": "FP8_BLOCK"}
 def is_fp8(to: str) -> bool:
     """Is `to` an FP8 target?"""
     return to in _GROUP
+
+
+def nonfinite(tensors: Sequence[TensorInfo]) -> list[str]:
+    """The weights of an FP8 plan (`inspect` of one file, which reads them) that hold NaN or
+    inf: left unquantized, in BF16."""
+    return [t.name for t in tensors if t.not_quantized == "nonfinite"]
 
 
 def quantization_config(to: str, ignore: list[str]) -> dict[str, Any]:

@@ -2,8 +2,10 @@
 a given size on disk, with new indexes, in the same streaming pass as the conversion.
 
 A group is the set of weight files one index names; every other weight file is a group of
-its own. The engine plans each group from the headers alone (`_core.ShardGroup.plan`):
-tensors in input order, assigned greedily, each shard an ordinary stcast output. Output
+its own. The engine plans each group from the headers (`_core.ShardGroup.plan`), given
+what was read first where a tensor's fate depends on its values (kept from overflow; FP8
+weights holding NaN or inf, which stay BF16): tensors in input order, assigned greedily,
+each shard an ordinary stcast output. Output
 names follow the group's stem (`model` -> `model-00001-of-00003.safetensors` and
 `model.safetensors.index.json`, or `model.safetensors` when one shard holds everything),
 or the stem `name` gives for a checkpoint of one group (`ema.safetensors` with
@@ -38,7 +40,8 @@ from .common import (
     read_bounded,
     source_sha256,
 )
-from .fp8 import INPUT_SCALE_SUFFIX, WEIGHT_SCALE_SUFFIXES
+from .fp8 import INPUT_SCALE_SUFFIX, WEIGHT_SCALE_SUFFIXES, is_fp8
+from .fp8 import nonfinite as fp8_nonfinite
 from .walk import Plan, index_owners, read_index, read_json, safetensors_name
 
 if TYPE_CHECKING:
@@ -107,6 +110,15 @@ class Reshard:
     keep_names: dict[str, list[str]]  # input rel -> tensors kept to avoid overflow
     warnings: list[Notice] = field(default_factory=list)
     keep_unmatched: list[str] = field(default_factory=list)  # keep patterns matching nothing
+    # FP8 targets: input rel -> its weights that hold NaN or inf, which stay BF16 (None:
+    # another target). Read before the cut, which depends on them.
+    unquantized: dict[str, list[str]] | None = None
+
+    def group_unquantized(self, group: Group) -> list[str] | None:
+        """A group's weights that hold NaN or inf (None: not an FP8 target)."""
+        if self.unquantized is None:
+            return None
+        return [n for w in group.inputs for n in self.unquantized.get(w.rel, [])]
 
     def units(self) -> list[Unit]:
         return [u for g in self.groups for u in g.units]
@@ -167,24 +179,26 @@ def plan(
     source: dict[str, Any] | None = None,
     name: str | None = None,
     allow_quantized: bool = True,
+    unquantized: dict[str, list[str]] | None = None,
 ) -> Reshard:
     """Plan every group of `walked` into output shards of at most `max_size` bytes.
     `allow_quantized=False` has the engine refuse a quantized group (a lone file's only
     check: a folder's files were judged by `walk.plan`).
 
-    With `on_overflow="keep"` the tensors that would overflow are found first (a read of
-    the float tensors, as `convert` makes), unless `keep_names` gives them: which tensors
-    keep their dtype decides the sizes, so it must be known before the shards are cut.
+    What a tensor becomes decides the sizes, so it is known before the shards are cut:
+    with `on_overflow="keep"`, the tensors that would overflow (a read of the float
+    tensors, as `convert` makes), unless `keep_names` gives them; with an FP8 target, the
+    weights that hold NaN or inf and stay BF16 (a read of the weights), unless
+    `unquantized` or `walked` (whose `walk.plan` read them) gives them.
     `source` (`key`, `strip_prefix`) says how a single PyTorch checkpoint is read; `name`
     is the output stem of a checkpoint of one group (see `named`).
     """
     source = source or {}
     groups = named(groups_of(walked.weights, walked.indexes), name)
-    if keep_names is None:
-        keep_names = {}
-        if precision.get("on_overflow") == "keep":
-            keep_names = _overflowing(walked.weights, to, precision, cancel, source)
-    reshard = Reshard(max_size, [], keep_names, [], list(precision.get("keep", [])))
+    keep_names, unquantized = _read_first(
+        walked, to, precision, keep_names, unquantized, cancel, source
+    )
+    reshard = Reshard(max_size, [], keep_names, [], list(precision.get("keep", [])), unquantized)
     taken: dict[str, str] = {}  # output rel -> what writes it
     for f, _ in walked.configs:
         taken[f.rel] = "a config"
@@ -200,6 +214,7 @@ def plan(
             to=to,
             **precision,
             keep_names=names,
+            unquantized=reshard.group_unquantized(g),
             allow_quantized=allow_quantized,
         )
         first = g.inputs[0].source_rel
@@ -336,27 +351,41 @@ def index_text(source: File | None, weight_map: dict[str, str], total: int) -> b
     return (text + "\n").encode("utf-8")
 
 
-def _overflowing(
-    weights: list[File],
+def _read_first(
+    walked: Plan,
     to: Target,
     precision: dict[str, Any],
+    keep_names: dict[str, list[str]] | None,
+    unquantized: dict[str, list[str]] | None,
     cancel: CancelFlag | None,
     source: dict[str, Any],
-) -> dict[str, list[str]]:
-    """Per input file, the tensors `on_overflow="keep"` keeps (a read of each float tensor)."""
-    found = {}
-    for w in weights:
+) -> tuple[dict[str, list[str]], dict[str, list[str]] | None]:
+    """Per input file, the tensors `on_overflow="keep"` keeps and, for an FP8 target, the
+    weights that hold NaN or inf (None: another target): those given, else read (one
+    inspection of each file whose are not known, as `convert` reads it)."""
+    keep = precision.get("on_overflow") == "keep" and keep_names is None
+    found = {} if keep_names is None else dict(keep_names)
+    nonfinite = None
+    if is_fp8(to):
+        nonfinite = dict(walked.unquantized if unquantized is None else unquantized)
+    for w in walked.weights:
+        if not keep and (nonfinite is None or w.rel in nonfinite):
+            continue
         if cancel is not None and cancel.is_set():
             raise Cancelled("conversion cancelled")
         report = _engine.inspect_file(
             w.path,
             to=to,
-            **{**precision, "on_overflow": "keep"},
+            **{**precision, "on_overflow": "keep" if keep else "warn"},
             keep_unmatched="ignore",
+            allow_quantized=True,
             **source,
         )
-        found[w.rel] = [t.name for t in report.tensors if t.reason == "keep_overflow"]
-    return found
+        if keep:
+            found[w.rel] = [t.name for t in report.tensors if t.reason == "keep_overflow"]
+        if nonfinite is not None:
+            nonfinite[w.rel] = fp8_nonfinite(report.tensors)
+    return found, nonfinite
 
 
 # --- a single file as the source ------------------------------------------------------------

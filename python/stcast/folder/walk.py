@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from .. import _core, _engine
 from ..errors import Cancelled, InvalidInput, Refused
 from .common import INDEX_SUFFIX, MAX_JSON_BYTES, WEIGHTS_SUFFIX, File, read_bounded, source_sha256
-from .fp8 import WEIGHT_SCALE_SUFFIXES, dequantizes, without_quantization
+from .fp8 import WEIGHT_SCALE_SUFFIXES, dequantizes, is_fp8, nonfinite, without_quantization
 from .ident import chain, is_hub_blob, within
 from .ident import ident as ident_of
 from .jsonedit import MAX_DEPTH, depth, rename_shards, set_dtypes
@@ -95,6 +95,10 @@ class Plan:
     reshard: Reshard | None = None
     # An FP8 checkpoint dequantized: its indexes lose the scales the shards no longer hold.
     dequantize: bool = False
+    # FP8 targets: weights rel -> its weights that hold NaN or inf, found by reading them
+    # while planning (they stay BF16: the plan above is the one written), handed to the
+    # conversion so that it does not read them again.
+    unquantized: dict[str, list[str]] = field(default_factory=dict)
 
     def outputs(self) -> dict[str, str]:
         """Every file a whole run writes (relative path -> kind)."""
@@ -174,6 +178,7 @@ def plan(
     indexed = {rel for _, _, weight_map in parsed_indexes for rel in weight_map.values()}
     names: dict[str, set[str]] = {}
     out_data: dict[str, int] = {}
+    unquantized: dict[str, list[str]] = {}
     for w in weights:
         if cancel is not None and cancel.is_set():
             raise Cancelled("conversion cancelled")
@@ -195,6 +200,8 @@ def plan(
         if w.rel in indexed:
             names[w.rel] = {t.name for t in report.tensors}
         out_data[w.rel] = sum(t.target_bytes for t in report.tensors)
+        if is_fp8(to):
+            unquantized[w.rel] = nonfinite(report.tensors)
         info[w.rel] = dataclasses.replace(report, tensors=[])
 
     for f, _, weight_map in parsed_indexes:
@@ -213,6 +220,7 @@ def plan(
         keep_unmatched=unmatched,
         skipped=skipped,
         dequantize=dequantize,
+        unquantized=unquantized,
     )
 
 

@@ -76,9 +76,6 @@ class Item(Protocol):
     def output_bytes(self) -> int:
         """Bytes of its output (what the space check counts)."""
 
-    def planned_header(self, run: Run) -> str:
-        """The hash of its output's header as planned ("": not known before it is written)."""
-
     def find_entry(
         self, entries: list[dict[str, Any]], options: dict[str, Any], out: str
     ) -> dict[str, Any] | None:
@@ -93,10 +90,11 @@ class Item(Protocol):
         out: str,
         replaces: tuple[int, int] | str | None,
         step: Callable[[int, int], None] | None,
-        sealed: Callable[[int, int, int], None] | None = None,
+        sealed: Callable[[int, int, int, str | None], None] | None = None,
     ) -> ConvertReport:
         """Write the output at `out` (see `Run.replace_for` for `replaces`); `sealed` is
-        called with the hidden output's (dev, ino, size) before it is published."""
+        called with the hidden output's (dev, ino, size, header hash) before it is
+        published."""
 
     def report(self, status: FileAction, bytes_out: int) -> FileReport:
         """Its line in a folder report, for an output not converted by this run."""
@@ -116,6 +114,8 @@ class FileItem:
     file: File
     info: InspectReport  # its plan
     source_header_sha256: str
+    # FP8 targets: its weights that hold NaN or inf (read while planning: see walk.Plan).
+    unquantized: list[str] | None = None
 
     @property
     def rel(self) -> str:
@@ -133,10 +133,6 @@ class FileItem:
     def output_bytes(self) -> int:
         return self.info.output_bytes
 
-    def planned_header(self, run: Run) -> str:
-        # Tensors kept for overflow are found while converting: the header is known then.
-        return self.info.output_header_sha256 if run.given.on_overflow != "keep" else ""
-
     def find_entry(
         self, entries: list[dict[str, Any]], options: dict[str, Any], out: str
     ) -> dict[str, Any] | None:
@@ -151,7 +147,7 @@ class FileItem:
         out: str,
         replaces: tuple[int, int] | str | None,
         step: Callable[[int, int], None] | None,
-        sealed: Callable[[int, int, int], None] | None = None,
+        sealed: Callable[[int, int, int, str | None], None] | None = None,
     ) -> ConvertReport:
         # Unmatched keep patterns were judged over the whole folder (in walk.plan).
         return _engine.convert_file(
@@ -171,6 +167,8 @@ class FileItem:
             keep_unmatched="ignore",
             # walk.plan judged the whole folder's quantization (its config included).
             allow_quantized=True,
+            # What each weight becomes was decided by reading them in walk.plan.
+            unquantized=self.unquantized,
             tuning=run.given.tuning,
             warn_path=self.file.source_rel,
             # The user's call: convert, convert_folder, convert_items, here.
@@ -210,6 +208,8 @@ class ShardItem:
     group: GroupPlan
     keep_names: list[str]  # the group's tensors kept to avoid overflow
     hashes: dict[str, str]  # input rel -> the hash of its header
+    # FP8 targets: the group's weights that hold NaN or inf (the cut was planned with them).
+    unquantized: list[str] | None = None
 
     @property
     def rel(self) -> str:
@@ -227,9 +227,6 @@ class ShardItem:
     def output_bytes(self) -> int:
         return self.unit.size
 
-    def planned_header(self, run: Run) -> str:
-        return self.unit.header_sha256  # kept-for-overflow tensors are planned already
-
     def find_entry(
         self, entries: list[dict[str, Any]], options: dict[str, Any], out: str
     ) -> dict[str, Any] | None:
@@ -245,7 +242,7 @@ class ShardItem:
         out: str,
         replaces: tuple[int, int] | str | None,
         step: Callable[[int, int], None] | None,
-        sealed: Callable[[int, int, int], None] | None = None,
+        sealed: Callable[[int, int, int, str | None], None] | None = None,
     ) -> ConvertReport:
         u, g = self.unit, self.group
         # Kept-for-overflow tensors are planned already: the shards need no scan of their own.
@@ -269,6 +266,7 @@ class ShardItem:
                 to=run.to,
                 **precision,
                 keep_names=self.keep_names,
+                unquantized=self.unquantized,
                 # The re-sharding plan judged the group's quantization (reshard.plan).
                 allow_quantized=True,
                 threads=run.given.threads,
@@ -322,10 +320,11 @@ def convert_items(run: Run, todo: Sequence[Item]) -> list[ConvertReport]:
         def step(done: int, total: int, rel: str = w.rel) -> None:
             run.meter.step(rel, done, total)
 
-        def sealed(dev: int, ino: int, size: int, w: Item = w) -> None:
+        def sealed(dev: int, ino: int, size: int, header: str | None, w: Item = w) -> None:
             # Before the output has its name, the manifest claims it: a run killed once
-            # it is published, before it is recorded, still proves it wrote it.
-            run.record.claim(w.rel, (dev, ino, size), w.planned_header(run))
+            # it is published, before it is recorded, still proves it wrote it. The
+            # claim names the header written (the engine read it back), not a plan's.
+            run.record.claim(w.rel, (dev, ino, size), header or "")
             run.record.save_claims(run.cancel)
             failpoint("folder-sealed", run.cancel)
 
@@ -356,7 +355,8 @@ class FileWork:
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.items: list[Item] = [
-            FileItem(w, plan.info[w.rel], plan.header_sha256[w.rel]) for w in plan.weights
+            FileItem(w, plan.info[w.rel], plan.header_sha256[w.rel], plan.unquantized.get(w.rel))
+            for w in plan.weights
         ]
 
     def check(self, src: str, to: Target, on_overflow: OnOverflow) -> list[Notice]:
@@ -464,7 +464,8 @@ class ShardWork:
         self.items: list[Item] = []
         for g in reshard.groups:
             kept = [n for w in g.group.inputs for n in reshard.keep_names.get(w.rel, [])]
-            self.items += [ShardItem(u, g, kept, plan.header_sha256) for u in g.units]
+            nonfinite = reshard.group_unquantized(g.group)
+            self.items += [ShardItem(u, g, kept, plan.header_sha256, nonfinite) for u in g.units]
 
     def check(self, src: str, to: Target, on_overflow: OnOverflow) -> list[Notice]:
         # A re-sharding changes the files whatever the dtypes: never "nothing to do".

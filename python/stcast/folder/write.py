@@ -113,13 +113,13 @@ class Run:
         shard = self.record.shard
         return "" if shard is None else f"s{shard[0]}of{shard[1]}"
 
-    def claimer(self, rel: str) -> Callable[[int, int, int], None]:
+    def claimer(self, rel: str) -> Callable[[int, int, int, str | None], None]:
         """What the engine calls once `rel`'s hidden file is sealed, before it has a name:
         this run's manifest claims it, so a run killed just after publishing it still
         proves it wrote it."""
 
-        def sealed(dev: int, ino: int, size: int) -> None:
-            self.record.claim(rel, (dev, ino, size))
+        def sealed(dev: int, ino: int, size: int, header: str | None) -> None:
+            self.record.claim(rel, (dev, ino, size), header or "")
             self.record.save_claims(self.cancel)
 
         return sealed
