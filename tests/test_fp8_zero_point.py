@@ -445,7 +445,8 @@ def test_scale_shape_refused_naming_it(tmp_path, run_main):
 
 
 def test_verify_names_a_source_convert_refuses(tmp_path, run_main):
-    """verify of a SRC whose zero point convert refuses: a mismatch naming it."""
+    """verify of a SRC whose zero point convert refuses (F32) fails naming it, even against
+    what stcast wrote before: `q * s`, the zero point converted as any F32 tensor."""
     src = write_safetensors(
         tmp_path / "in.safetensors",
         {
@@ -454,11 +455,16 @@ def test_verify_names_a_source_convert_refuses(tmp_path, run_main):
             "a.weight_zero_point": ("F32", [4, 1], S),
         },
     )
+    without = ref_dequant(W, S, None, None, "F32", "BF16", "channel")
     dst = write_safetensors(
-        tmp_path / "out.safetensors", {"a.weight": ("BF16", [4, 8], np.zeros(32, np.uint16))}
+        tmp_path / "out.safetensors",
+        {
+            "a.weight": ("BF16", [4, 8], without),
+            "a.weight_zero_point": ("BF16", [4, 1], S.astype(ml_dtypes.bfloat16)),
+        },
     )
     rc, _, err = run_main("verify", src, dst)
-    assert rc == 1 and "a.weight_zero_point" in err, err
+    assert rc == 1 and "a.weight_zero_point" in err and "F32" in err, err
 
 
 # --- model_free_ptq's own asymmetric FP8 output --------------------------------------------
