@@ -500,20 +500,10 @@ impl Job {
                 self.fp8[w.item].merge(&stats);
                 false
             } else if let Action::Dequantize(d) = action {
-                let scale = &self.src.header.tensors[d.scale];
-                let (sfile, at) = self.src.locate(scale);
-                let scales = &sfile.map[at as usize..(at + scale.len()) as usize];
                 let dst_bytes = &mut self.out_map[da..da + dst_n as usize];
                 let row0 = w.pos / d.cols;
-                dequantize_window(
-                    &self.pool,
-                    self.threads,
-                    d,
-                    scales,
-                    row0,
-                    src_bytes,
-                    dst_bytes,
-                );
+                let (pool, src) = (&self.pool, &self.src);
+                dequantize_window(pool, self.threads, d, src, row0, src_bytes, dst_bytes);
                 false
             } else {
                 let dst_bytes = &mut self.out_map[da..da + dst_n as usize];
@@ -1028,17 +1018,28 @@ pub(crate) fn quantize_window(
 }
 
 /// Dequantize one window of whole rows (from row `row0`) of an FP8 input's weight into
-/// `dst`, the rows split over the pool's threads; `scales` is the whole scale tensor.
+/// `dst`, the rows split over the pool's threads; its scale and zero point (whole) are read
+/// from `input`, where `dequantizable` found them beside the weight.
 pub(crate) fn dequantize_window(
     pool: &rayon::ThreadPool,
     threads: usize,
     d: Deq,
-    scales: &[u8],
+    input: &Source,
     row0: u64,
     src: &[u8],
     dst: &mut [u8],
 ) {
     use rayon::prelude::*;
+    let whole = |k: usize| {
+        let t = &input.header.tensors[k];
+        let (file, at) = input.locate(t);
+        &file.map[at as usize..(at + t.len()) as usize]
+    };
+    let scales = whole(d.scale);
+    let zero_points = d.zero_point.map(|z| fp8::ZeroPoints {
+        dtype: z.dtype,
+        data: whole(z.tensor),
+    });
     let cols = d.cols as usize;
     let out = d.out_size() as usize;
     let layout = match d.layout {
@@ -1048,10 +1049,24 @@ pub(crate) fn dequantize_window(
             rows: crate::quant::BLOCK as usize,
             cols: crate::quant::BLOCK as usize,
         },
+        Layout::Group(size) => fp8::ScaleLayout::Block {
+            rows: 1,
+            cols: size as usize,
+        },
     };
     let rows = src.len() / cols.max(1);
     let run = |r0: usize, s: &[u8], o: &mut [u8]| {
-        fp8::dequantize(layout, d.s_dtype, scales, cols, r0, s, d.target, o);
+        fp8::dequantize(
+            layout,
+            d.s_dtype,
+            scales,
+            zero_points,
+            cols,
+            r0,
+            s,
+            d.target,
+            o,
+        );
     };
     if threads < 2 || src.len() < (512 << 10) || rows < 2 {
         return run(row0 as usize, src, dst);

@@ -44,6 +44,114 @@ pub enum DistProblem {
     ZeroKey { key: String },
 }
 
+/// What keeps a tensor of an FP8 checkpoint from being dequantized as compressed-tensors
+/// does it (`quant::dequantizable`); the text follows "tensor `X`".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fp8Problem {
+    /// A quantized tensor without a scale stcast reads beside it.
+    NoScale,
+    /// A scale (or, `zero_point`, a zero point) whose FP8 weight is not in this file.
+    NoWeight { zero_point: bool },
+    /// An FP8 weight with both `X.weight_scale` and `X.weight_scale_inv`.
+    TwoScales { scale: String, scale_inv: String },
+    /// A scale or zero point of FP8 weight `weight` in a dtype stcast does not dequantize
+    /// with.
+    Dtype {
+        weight: String,
+        zero_point: bool,
+        dtype: String,
+    },
+    /// A scale of a shape that no layout of the weight's gives (`expected`: the weight's
+    /// shape), or a zero point not shaped as its scale (`expected`: the scale's).
+    Shape {
+        weight: String,
+        zero_point: bool,
+        shape: Vec<usize>,
+        expected: Vec<usize>,
+    },
+    /// A scale or zero point not stored whole beside its weight (a strided or big-endian
+    /// view, pieces, or another file of the checkpoint).
+    NotBeside { weight: String, zero_point: bool },
+    /// A zero point beside DeepSeek's `weight_scale_inv`, a format without zero points.
+    ZeroPointWithScaleInv { weight: String, scale_inv: String },
+}
+
+impl fmt::Display for Fp8Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let role = |zp: bool| if zp { "zero point" } else { "scale" };
+        match self {
+            Fp8Problem::NoScale => write!(
+                f,
+                "is quantized without a scale stcast reads beside it (`X.weight_scale` or \
+                 `X.weight_scale_inv` in F32, BF16 or F16, per tensor, channel, group or \
+                 128x128 block, and optionally `X.weight_zero_point`)"
+            ),
+            Fp8Problem::NoWeight { zero_point } => write!(
+                f,
+                "is an FP8 {} whose weight is not in this file",
+                role(*zero_point)
+            ),
+            Fp8Problem::TwoScales { scale, scale_inv } => write!(
+                f,
+                "has two scales, `{}` and `{}`: which one it is dequantized with is ambiguous",
+                esc(scale),
+                esc(scale_inv)
+            ),
+            Fp8Problem::Dtype {
+                weight,
+                zero_point,
+                dtype,
+            } => write!(
+                f,
+                "is the {} of FP8 weight `{}` in {dtype}: stcast dequantizes with {}",
+                role(*zero_point),
+                esc(weight),
+                if *zero_point {
+                    "zero points in F8_E4M3, I8, I16 or I32"
+                } else {
+                    "scales in F32, BF16 or F16"
+                }
+            ),
+            Fp8Problem::Shape {
+                weight,
+                zero_point: false,
+                shape,
+                expected: weight_shape,
+            } => write!(
+                f,
+                "is the scale of FP8 weight `{}` {weight_shape:?} with shape {shape:?}, which \
+                 is no per-tensor, per-channel, per-group or 128x128-block layout of it",
+                esc(weight)
+            ),
+            Fp8Problem::Shape {
+                weight,
+                zero_point: true,
+                shape,
+                expected: scale_shape,
+            } => write!(
+                f,
+                "is the zero point of FP8 weight `{}` with shape {shape:?}, not its scale's \
+                 {scale_shape:?}",
+                esc(weight)
+            ),
+            Fp8Problem::NotBeside { weight, zero_point } => write!(
+                f,
+                "is the {} of FP8 weight `{}` but is not stored whole beside it (a strided or \
+                 big-endian view, pieces, or another file)",
+                role(*zero_point),
+                esc(weight)
+            ),
+            Fp8Problem::ZeroPointWithScaleInv { weight, scale_inv } => write!(
+                f,
+                "is a zero point of FP8 weight `{}`, whose scale `{}` is DeepSeek's \
+                 `weight_scale_inv`, a format without zero points",
+                esc(weight),
+                esc(scale_inv)
+            ),
+        }
+    }
+}
+
 impl fmt::Display for DistProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -167,12 +275,13 @@ pub enum Error {
     /// An FP8 target met NaN or inf in a weight it planned to quantize: the weights were
     /// read before planning (`ConvertTask`), so the input changed since.
     NonFiniteWeight { path: PathBuf, tensor: String },
-    /// An FP8 checkpoint being dequantized holds a quantized tensor it cannot dequantize
-    /// (no scale stcast reads beside it), or a scale without its weight in the same file.
+    /// An FP8 checkpoint being dequantized holds a tensor it cannot dequantize as
+    /// compressed-tensors would (`problem` says why): a quantized tensor without a scale, a
+    /// scale or zero point without its weight, or one whose form stcast cannot prove exact.
     Fp8Unpaired {
         path: PathBuf,
         tensor: String,
-        scale: bool,
+        problem: Box<Fp8Problem>,
     },
     /// An option's value is out of range.
     BadOption {
@@ -474,20 +583,13 @@ impl Error {
                  did not find (was the source changed during the run?)",
                 esc(tensor)
             ),
-            Error::Fp8Unpaired { tensor, scale, .. } => {
-                let what = if *scale {
-                    "is an FP8 scale whose weight is not in this file"
-                } else {
-                    "is quantized without a scale stcast reads beside it (`X.weight_scale` or \
-                     `X.weight_scale_inv` in F32, BF16 or F16, per tensor, channel or 128x128 \
-                     block)"
-                };
-                format!(
-                    "tensor `{}` {what}: this FP8 checkpoint cannot be dequantized whole; \
-                     nothing was written",
-                    esc(tensor)
-                )
-            }
+            Error::Fp8Unpaired {
+                tensor, problem, ..
+            } => format!(
+                "tensor `{}` {problem}: this FP8 checkpoint cannot be dequantized whole; \
+                 nothing was written",
+                esc(tensor)
+            ),
             Error::AlreadyQuantized { why, .. } => format!(
                 "already quantized ({why}): an FP8 target quantizes F32, F16 and BF16 \
                  weights, not a quantized checkpoint"

@@ -1,6 +1,6 @@
 //! FP8 E4M3 ("e4m3fn") quantization as llm-compressor's `model_free_ptq` does it on the CPU
 //! (compressed-tensors 0.19, torch 2.14, eager path), bit for bit, and dequantization as
-//! compressed-tensors' `q.to(scale.dtype) * scale` does it.
+//! compressed-tensors' `(q.to(s.dtype) - zp.to(s.dtype)) * s` does it.
 //!
 //! A group (a row for FP8_DYNAMIC, a 128x128 tile for FP8_BLOCK) of weights `w` in dtype D
 //! (F32, F16 or BF16) is quantized as:
@@ -638,30 +638,66 @@ pub enum ScaleLayout {
     Tensor,
     /// One scale per row (`[R, 1]`).
     Channel,
-    /// One scale per tile of `rows` x `cols` (128x128 for compressed-tensors and DeepSeek);
-    /// scales row-major `[ceil(R/rows), ceil(C/cols)]`, edge tiles partial.
+    /// One scale per tile of `rows` x `cols` (128x128 for compressed-tensors and DeepSeek
+    /// blocks, 1 x the group size for groups); scales row-major `[ceil(R/rows),
+    /// ceil(C/cols)]`, edge tiles partial.
     Block { rows: usize, cols: usize },
+}
+
+/// A weight's zero points (compressed-tensors' asymmetric schemes): the WHOLE tensor,
+/// little-endian `dtype` (F8_E4M3, I8, I16 or I32; see `quant::ZERO_POINT_DTYPES`), element
+/// `i` belonging to the group of scale `i`.
+#[derive(Clone, Copy, Debug)]
+pub struct ZeroPoints<'a> {
+    pub dtype: Dtype,
+    pub data: &'a [u8],
+}
+
+impl ZeroPoints<'_> {
+    /// Zero point `i` as f32, as torch's `.to(float32)` gives it: exact for E4M3, I8 and
+    /// I16; I32 rounded to nearest even (Rust's `as`, as C's int-to-float conversion under
+    /// the default rounding mode). None for a zero point the tensor lacks, or another dtype.
+    fn at(&self, i: usize) -> Option<f32> {
+        let d = self.data;
+        Some(match self.dtype {
+            Dtype::F8_E4M3 => e4m3_to_f32(*d.get(i)?),
+            Dtype::I8 => f32::from(*d.get(i)? as i8),
+            Dtype::I16 => f32::from(i16::from_le_bytes(*d.get(2 * i..)?.first_chunk()?)),
+            Dtype::I32 => i32::from_le_bytes(*d.get(4 * i..)?.first_chunk()?) as f32,
+            _ => return None,
+        })
+    }
 }
 
 /// How the dequantization loop reads a scale: its byte size and a reader of element `i`.
 type ScaleReader = (usize, fn(&[u8], usize) -> f32);
 
 /// Dequantize whole rows of e4m3 `q` (starting at row `row0` of the tensor, `cols` wide)
-/// into `dst` of dtype `target` (BF16 or F16): out = target( round_S( f32(q) * f32(s) ) )
-/// where S is the scale dtype (F32, BF16, F16): i.e. the product is computed as torch does
-/// `q.to(S) * s` in S (for bf16/f16 on CPU: f32 multiply rounded RNE to S), then
-/// `.to(target)` (RNE). `scales` is the WHOLE scale tensor (little-endian S); `layout` says
-/// which scale an element uses.
+/// into `dst` of dtype `target` (BF16 or F16) as compressed-tensors' `_dequantize` does in
+/// the scale's dtype S (F32, BF16 or F16), each step rounded to S (for bf16/f16 on CPU torch
+/// computes in f32 and rounds RNE to S):
 ///
-/// Sizes: `q.len()` is a multiple of `cols`, `dst.len() == 2 * q.len()`, and `scales` holds
-/// every scale the rows use. A scale the tensor lacks reads as NaN (never a panic); an
-/// unsupported dtype, `cols == 0` or an empty tile size writes nothing.
+/// ```text
+/// x   = f32(q)                                   (q.to(S): exact in every S)
+/// x   = round_S(x - round_S(f32(zp)))            (only with zero points: zp.to(S), then -)
+/// out = target(round_S(x * f32(s)))              (* scale, then .to(target), RNE)
+/// ```
+///
+/// `scales` is the WHOLE scale tensor (little-endian S), `zero_points` the whole zero-point
+/// tensor if the weight has one; `layout` says which scale (and zero point) an element
+/// uses. docs/rounding.md derives these steps from compressed-tensors' source.
+///
+/// Sizes: `q.len()` is a multiple of `cols`, `dst.len() == 2 * q.len()`, and `scales` (and
+/// `zero_points`) hold every one the rows use. A scale or zero point the tensor lacks reads
+/// as NaN (never a panic); an unsupported dtype, `cols == 0` or an empty tile size writes
+/// nothing.
 // The signature is the converter's interface, agreed as is.
 #[allow(clippy::too_many_arguments)]
 pub fn dequantize(
     layout: ScaleLayout,
     s_dtype: Dtype,
     scales: &[u8],
+    zero_points: Option<ZeroPoints<'_>>,
     cols: usize,
     row0: usize,
     q: &[u8],
@@ -674,56 +710,97 @@ pub fn dequantize(
     );
     debug_assert_eq!(dst.len(), 2 * q.len(), "dst holds 2 bytes per element");
     let _env = FpEnv::enter();
+    let z = zero_points;
     match (s_dtype, target) {
-        (Dtype::F32, Dtype::BF16) => {
-            dequant(layout, scales, cols, row0, q, dst, (4, F32::f32_at), |p| {
-                bf16_from_f32(p.to_bits())
-            })
-        }
-        (Dtype::F32, Dtype::F16) => {
-            dequant(layout, scales, cols, row0, q, dst, (4, F32::f32_at), |p| {
-                f16_from_f32(p.to_bits())
-            })
-        }
-        (Dtype::BF16, Dtype::BF16) => {
-            dequant(layout, scales, cols, row0, q, dst, (2, Bf16::f32_at), |p| {
-                bf16_from_f32(p.to_bits())
-            })
-        }
-        (Dtype::BF16, Dtype::F16) => {
-            dequant(layout, scales, cols, row0, q, dst, (2, Bf16::f32_at), |p| {
-                f16_from_bf16(bf16_from_f32(p.to_bits()))
-            })
-        }
-        (Dtype::F16, Dtype::BF16) => {
-            dequant(layout, scales, cols, row0, q, dst, (2, F16::f32_at), |p| {
-                bf16_from_f16(f16_from_f32(p.to_bits()))
-            })
-        }
-        (Dtype::F16, Dtype::F16) => {
-            dequant(layout, scales, cols, row0, q, dst, (2, F16::f32_at), |p| {
-                f16_from_f32(p.to_bits())
-            })
-        }
+        (Dtype::F32, Dtype::BF16) => dequant(
+            layout,
+            (scales, z),
+            cols,
+            row0,
+            q,
+            dst,
+            (4, F32::f32_at),
+            F32::round,
+            |p| bf16_from_f32(p.to_bits()),
+        ),
+        (Dtype::F32, Dtype::F16) => dequant(
+            layout,
+            (scales, z),
+            cols,
+            row0,
+            q,
+            dst,
+            (4, F32::f32_at),
+            F32::round,
+            |p| f16_from_f32(p.to_bits()),
+        ),
+        (Dtype::BF16, Dtype::BF16) => dequant(
+            layout,
+            (scales, z),
+            cols,
+            row0,
+            q,
+            dst,
+            (2, Bf16::f32_at),
+            Bf16::round,
+            |p| bf16_from_f32(p.to_bits()),
+        ),
+        (Dtype::BF16, Dtype::F16) => dequant(
+            layout,
+            (scales, z),
+            cols,
+            row0,
+            q,
+            dst,
+            (2, Bf16::f32_at),
+            Bf16::round,
+            |p| f16_from_bf16(bf16_from_f32(p.to_bits())),
+        ),
+        (Dtype::F16, Dtype::BF16) => dequant(
+            layout,
+            (scales, z),
+            cols,
+            row0,
+            q,
+            dst,
+            (2, F16::f32_at),
+            F16::round,
+            |p| bf16_from_f16(f16_from_f32(p.to_bits())),
+        ),
+        (Dtype::F16, Dtype::F16) => dequant(
+            layout,
+            (scales, z),
+            cols,
+            row0,
+            q,
+            dst,
+            (2, F16::f32_at),
+            F16::round,
+            |p| f16_from_f32(p.to_bits()),
+        ),
         _ => {}
     }
 }
 
-best_isa!(dequant, dequant_body, <F: Fn(f32) -> u16>, (layout: ScaleLayout, scales: &[u8], cols: usize, row0: usize, q: &[u8], dst: &mut [u8], reader: ScaleReader, out: F) -> ());
+/// A weight's scale tensor and zero points, as `dequant_body` reads them.
+type Params<'a> = (&'a [u8], Option<ZeroPoints<'a>>);
+
+best_isa!(dequant, dequant_body, <R: Fn(f32) -> f32, F: Fn(f32) -> u16>, (layout: ScaleLayout, params: Params<'_>, cols: usize, row0: usize, q: &[u8], dst: &mut [u8], reader: ScaleReader, round: R, out: F) -> ());
 
 /// The dequantization loop for one (scale dtype, target) pair: `scale_at` reads scale `i`
-/// (of `s_size` bytes),
-/// `out` rounds the f32 product to the target's bits through S.
+/// (of `s_size` bytes), `round` rounds an f32 to S, `out` rounds the f32 product to the
+/// target's bits through S.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn dequant_body<F: Fn(f32) -> u16>(
+fn dequant_body<R: Fn(f32) -> f32, F: Fn(f32) -> u16>(
     layout: ScaleLayout,
-    scales: &[u8],
+    (scales, zero_points): Params<'_>,
     cols: usize,
     row0: usize,
     q: &[u8],
     dst: &mut [u8],
     (s_size, scale_at): ScaleReader,
+    round: R,
     out: F,
 ) {
     let n_scales = scales.len() / s_size;
@@ -734,6 +811,8 @@ fn dequant_body<F: Fn(f32) -> u16>(
             f32::NAN
         }
     };
+    // zp.to(S), as f32; None without zero points.
+    let zero = |i: usize| zero_points.map(|z| round(z.at(i).unwrap_or(f32::NAN)));
     let (block_rows, block_cols) = match layout {
         ScaleLayout::Tensor => (usize::MAX, usize::MAX),
         ScaleLayout::Channel => (1, usize::MAX),
@@ -743,14 +822,30 @@ fn dequant_body<F: Fn(f32) -> u16>(
         return;
     }
     let tiles_per_row = cols.div_ceil(block_cols);
-    let run = |q: &[u8], s: f32, d: &mut [u8]| {
-        for (b, o) in q.iter().zip(d.as_chunks_mut::<2>().0) {
-            *o = out(e4m3_value(*b) * s).to_le_bytes();
-        }
-        // NaN codes (0x7F/0xFF) are rare: patched after the vectorized loop.
-        for (b, o) in q.iter().zip(d.as_chunks_mut::<2>().0) {
-            if *b & 0x7F == 0x7F {
-                *o = out(e4m3_to_f32(*b) * s).to_le_bytes();
+    let run = |q: &[u8], i: usize, d: &mut [u8]| {
+        let s = scale(i);
+        let d = d.as_chunks_mut::<2>().0;
+        match zero(i) {
+            None => {
+                for (b, o) in q.iter().zip(d.iter_mut()) {
+                    *o = out(e4m3_value(*b) * s).to_le_bytes();
+                }
+                // NaN codes (0x7F/0xFF) are rare: patched after the vectorized loop.
+                for (b, o) in q.iter().zip(d.iter_mut()) {
+                    if *b & 0x7F == 0x7F {
+                        *o = out(e4m3_to_f32(*b) * s).to_le_bytes();
+                    }
+                }
+            }
+            Some(z) => {
+                for (b, o) in q.iter().zip(d.iter_mut()) {
+                    *o = out(round(e4m3_value(*b) - z) * s).to_le_bytes();
+                }
+                for (b, o) in q.iter().zip(d.iter_mut()) {
+                    if *b & 0x7F == 0x7F {
+                        *o = out(round(e4m3_to_f32(*b) - z) * s).to_le_bytes();
+                    }
+                }
             }
         }
     };
@@ -762,8 +857,8 @@ fn dequant_body<F: Fn(f32) -> u16>(
         let row = row0.saturating_add(r);
         let tile_row = row / block_rows;
         match layout {
-            ScaleLayout::Tensor => run(qrow, scale(0), drow),
-            ScaleLayout::Channel => run(qrow, scale(row), drow),
+            ScaleLayout::Tensor => run(qrow, 0, drow),
+            ScaleLayout::Channel => run(qrow, row, drow),
             ScaleLayout::Block { .. } => {
                 for (t, (qt, dt)) in qrow
                     .chunks(block_cols)
@@ -771,7 +866,7 @@ fn dequant_body<F: Fn(f32) -> u16>(
                     .enumerate()
                 {
                     let i = tile_row.saturating_mul(tiles_per_row).saturating_add(t);
-                    run(qt, scale(i), dt);
+                    run(qt, i, dt);
                 }
             }
         }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use safetensors::tensor::Dtype;
 
 use crate::dtype::{action_for, width_rank, Action};
-use crate::error::{unmatched_message, Error, Result, Warning};
+use crate::error::{unmatched_message, Error, Fp8Problem, Result, Warning};
 use crate::header::{SourceHeader, MAX_HEADER, PREFIX};
 use crate::quant;
 use crate::text::{esc, esc_path, name_list};
@@ -66,7 +66,9 @@ impl Reason {
             Reason::Converted => "it is converted".into(),
             Reason::Quantized => "it is quantized to FP8".into(),
             Reason::Dequantized => "it is dequantized from FP8 with its scale".into(),
-            Reason::Dropped => "it is an FP8 scale, used to dequantize and not written".into(),
+            Reason::Dropped => {
+                "it is an FP8 scale or zero point, used to dequantize and not written".into()
+            }
             Reason::KeptByPattern(p) => format!("the {{keep}} pattern `{}` keeps it", esc(p)),
             Reason::KeptByMinSize(n) => format!("{{keep_min_size={n}}} keeps it"),
             Reason::KeptToAvoidOverflow => "{on_overflow=keep} keeps it: it would overflow".into(),
@@ -397,7 +399,13 @@ pub fn plan(path: &Path, src: &SourceHeader, opts: &PlanOptions) -> Result<Plan>
         None => HashSet::new(),
     };
     let (deq, dropped) = match (opts.target.dtype(), strategy) {
-        (Some(d), None) => quant::dequantizable(&src.tensors, d),
+        (Some(d), None) => quant::dequantizable(&src.tensors, d).map_err(|(tensor, problem)| {
+            Error::Fp8Unpaired {
+                path: path.to_path_buf(),
+                tensor,
+                problem: Box::new(problem),
+            }
+        })?,
         _ => (Vec::new(), Vec::new()),
     };
     for (i, t) in src.tensors.iter().enumerate() {
@@ -706,23 +714,24 @@ fn plan_warnings(
 }
 
 /// An FP8 checkpoint is dequantized whole or not at all: refuse a quantized tensor left as
-/// it is, or a weight's scale left without its weight (another file holds it).
+/// it is, or a weight's scale or zero point left without its weight (another file holds it).
 fn check_fp8_pairs(path: &Path, src: &SourceHeader, reasons: &[Reason]) -> Result<()> {
     for (t, r) in src.tensors.iter().zip(reasons) {
-        let lowp = is_quantized_dtype(t.dtype) && *r != Reason::Dequantized;
-        let scale = *r != Reason::Dropped
-            && quant::SCALE_SUFFIXES.iter().any(|s| {
-                t.name
-                    .strip_suffix(s)
-                    .is_some_and(|w| quant::module_of(w).is_some())
-            });
-        if lowp || scale {
-            return Err(Error::Fp8Unpaired {
-                path: path.to_path_buf(),
-                tensor: t.name.clone(),
-                scale,
-            });
-        }
+        let problem = if *r != Reason::Dropped && quant::is_companion_name(&t.name) {
+            Fp8Problem::NoWeight {
+                zero_point: t.name.ends_with(quant::ZERO_POINT_SUFFIX),
+            }
+        } else if is_quantized_dtype(t.dtype) && !matches!(r, Reason::Dequantized | Reason::Dropped)
+        {
+            Fp8Problem::NoScale
+        } else {
+            continue;
+        };
+        return Err(Error::Fp8Unpaired {
+            path: path.to_path_buf(),
+            tensor: t.name.clone(),
+            problem: Box::new(problem),
+        });
     }
     Ok(())
 }
@@ -825,12 +834,16 @@ fn quantized(src: &SourceHeader, plan: &Plan, opts: &PlanOptions) -> Option<(Str
     let why = match &opts.quantization_config {
         Some(config) => format!("{} has a quantization_config", esc_path(config)),
         None => {
-            // FP8 weights with their scales are dequantized: what is left is quantized.
+            // FP8 weights with their scales (and zero points, dropped) are dequantized: what
+            // is left is quantized.
             let mut lowp: Vec<String> = src
                 .tensors
                 .iter()
                 .zip(&plan.reasons)
-                .filter(|(t, r)| is_quantized_dtype(t.dtype) && **r != Reason::Dequantized)
+                .filter(|(t, r)| {
+                    is_quantized_dtype(t.dtype)
+                        && !matches!(r, Reason::Dequantized | Reason::Dropped)
+                })
                 .map(|(t, _)| t.dtype.to_string())
                 .collect();
             let wide = |d: Dtype| matches!(d, Dtype::F32 | Dtype::F64);

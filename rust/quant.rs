@@ -8,6 +8,7 @@
 
 use safetensors::tensor::Dtype;
 
+use crate::error::Fp8Problem;
 use crate::vocab::{Fp8Skip, Strategy};
 
 /// Rows and columns of one FP8 block.
@@ -102,23 +103,34 @@ impl QuantizedTensor {
     }
 }
 
-/// How a quantized input's weight maps to its scales.
+/// How a quantized input's weight maps to its scales (and zero points, shaped alike).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layout {
-    /// One scale for the whole tensor (`[]` or `[1]`).
+    /// One scale for the whole tensor (`[]` or a one-element `[1]`, `[1, 1]`).
     Tensor,
     /// One per row (`[O, 1]`).
     Channel,
     /// One per 128x128 tile (`[ceil(O/128), ceil(I/128)]`).
     Block,
+    /// One per run of this many columns of a row (`[O, I / size]`, `size` dividing I).
+    Group(u64),
+}
+
+/// An FP8 input weight's zero point: input tensor `tensor` of dtype `dtype`, shaped as the
+/// scale (compressed-tensors' asymmetric schemes: `(q - zp) * s`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ZeroPoint {
+    pub tensor: usize,
+    pub dtype: Dtype,
 }
 
 /// An FP8 input weight to dequantize: E4M3 `rows x cols`, its scale (input tensor `scale`,
-/// of dtype `s_dtype`), the target dtype.
+/// of dtype `s_dtype`) and zero point if it has one, the target dtype.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Deq {
     pub scale: usize,
     pub s_dtype: Dtype,
+    pub zero_point: Option<ZeroPoint>,
     pub layout: Layout,
     pub rows: u64,
     pub cols: u64,
@@ -130,21 +142,50 @@ impl Deq {
     pub fn out_size(&self) -> u64 {
         (self.target.bitsize() / 8) as u64
     }
+
+    /// The input tensors dequantizing it reads beside the weight: its scale, its zero point.
+    pub fn companions(&self) -> impl Iterator<Item = usize> {
+        std::iter::once(self.scale).chain(self.zero_point.map(|z| z.tensor))
+    }
 }
 
 /// The names a quantized checkpoint gives a weight's scale: compressed-tensors'
 /// `weight_scale`, DeepSeek's `weight_scale_inv` (both multiply).
 pub const SCALE_SUFFIXES: [&str; 2] = ["_scale", "_scale_inv"];
 
+/// The name compressed-tensors gives a weight's zero point (asymmetric schemes).
+pub const ZERO_POINT_SUFFIX: &str = "_zero_point";
+
+/// Does `name` end as a scale or zero point of a weight (`X.weight_scale`, ...)?
+pub fn is_companion_name(name: &str) -> bool {
+    SCALE_SUFFIXES
+        .iter()
+        .chain(std::iter::once(&ZERO_POINT_SUFFIX))
+        .any(|s| name.strip_suffix(s).is_some_and(|w| module_of(w).is_some()))
+}
+
+/// The dtypes of a zero point stcast dequantizes with: compressed-tensors' `zp_dtype` for
+/// FP8 (E4M3) and for integer schemes (int8, int16, int32); each converts to the scale's
+/// dtype as torch's `.to()` does (`fp8::dequantize`).
+pub const ZERO_POINT_DTYPES: [Dtype; 4] = [Dtype::F8_E4M3, Dtype::I8, Dtype::I16, Dtype::I32];
+
+/// Per input tensor: its weight's `Deq` (an FP8 weight dequantized), and whether it is
+/// dropped (a scale, zero point or activation scale of one).
+pub type Pairing = (Vec<Option<Deq>>, Vec<bool>);
+
 /// The FP8 weights of an input that can be dequantized to `target` (BF16 or F16): an
 /// F8_E4M3 2-D `X.weight` with `X.weight_scale` or `X.weight_scale_inv` in F32, BF16 or F16,
-/// shaped per tensor, channel or 128x128 block. Returns, per input tensor, the weight's
-/// `Deq`; and which input tensors are its scales, or activation scales (`X.input_scale`)
-/// that mean nothing once dequantized: dropped.
+/// shaped per tensor, channel, group or 128x128 block, and beside a `weight_scale` perhaps
+/// `X.weight_zero_point` (see `ZERO_POINT_DTYPES`) shaped as the scale. Returns, per input
+/// tensor, the weight's `Deq`; and which input tensors are its scales and zero points, or
+/// activation scales (`X.input_scale`) that mean nothing once dequantized: dropped.
+///
+/// A scale or zero point beside such a weight that stcast cannot use as compressed-tensors
+/// (or DeepSeek) would is an error naming it: `(tensor, problem)`, never a silent copy.
 pub fn dequantizable(
     tensors: &[crate::header::SourceTensor],
     target: Dtype,
-) -> (Vec<Option<Deq>>, Vec<bool>) {
+) -> Result<Pairing, (String, Fp8Problem)> {
     use std::collections::HashMap;
     let by_name: HashMap<&str, usize> = tensors
         .iter()
@@ -161,41 +202,140 @@ pub fn dequantizable(
             continue;
         };
         let (rows, cols) = (t.shape[0] as u64, t.shape[1] as u64);
-        let found = SCALE_SUFFIXES.iter().find_map(|suffix| {
-            let k = *by_name.get(format!("{}{suffix}", t.name).as_str())?;
-            let s = &tensors[k];
-            let ok_dtype = matches!(s.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16);
-            if !ok_dtype || s.gather.is_some() || s.input != t.input {
-                return None;
+        let named = |suffix: &str| {
+            let name = format!("{}{suffix}", t.name);
+            by_name.get(name.as_str()).map(|&k| (k, name))
+        };
+        // A companion must be one little-endian run of the weight's own file: the kernel
+        // reads it in place.
+        let beside = |k: usize, name: &str, zero_point: bool| {
+            let c = &tensors[k];
+            if c.gather.is_some() || c.input != t.input {
+                return Err((
+                    name.to_string(),
+                    Fp8Problem::NotBeside {
+                        weight: t.name.clone(),
+                        zero_point,
+                    },
+                ));
             }
-            let n: usize = s.shape.iter().product();
-            let layout = if n == 1 && s.shape.len() <= 2 {
-                Layout::Tensor
-            } else if s.shape == [rows as usize, 1] {
-                Layout::Channel
-            } else if s.shape == [rows.div_ceil(BLOCK) as usize, cols.div_ceil(BLOCK) as usize] {
-                Layout::Block
-            } else {
-                return None;
-            };
-            Some((k, s.dtype, layout))
+            Ok(())
+        };
+        let (k, scale_name, inv) = match (named(SCALE_SUFFIXES[0]), named(SCALE_SUFFIXES[1])) {
+            (None, None) => continue,
+            (Some((_, scale)), Some((_, scale_inv))) => {
+                return Err((t.name.clone(), Fp8Problem::TwoScales { scale, scale_inv }));
+            }
+            (Some((k, n)), None) => (k, n, false),
+            (None, Some((k, n))) => (k, n, true),
+        };
+        beside(k, &scale_name, false)?;
+        let s = &tensors[k];
+        if !matches!(s.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+            return Err((
+                scale_name,
+                Fp8Problem::Dtype {
+                    weight: t.name.clone(),
+                    zero_point: false,
+                    dtype: s.dtype.to_string(),
+                },
+            ));
+        }
+        let Some(layout) = layout_of(&s.shape, rows, cols) else {
+            return Err((
+                scale_name,
+                Fp8Problem::Shape {
+                    weight: t.name.clone(),
+                    zero_point: false,
+                    shape: s.shape.clone(),
+                    expected: t.shape.clone(),
+                },
+            ));
+        };
+        let zero_point = match named(ZERO_POINT_SUFFIX) {
+            None => None,
+            Some((_, zp_name)) if inv => {
+                return Err((
+                    zp_name,
+                    Fp8Problem::ZeroPointWithScaleInv {
+                        weight: t.name.clone(),
+                        scale_inv: scale_name,
+                    },
+                ));
+            }
+            Some((z, zp_name)) => {
+                beside(z, &zp_name, true)?;
+                let zp = &tensors[z];
+                if !ZERO_POINT_DTYPES.contains(&zp.dtype) {
+                    return Err((
+                        zp_name,
+                        Fp8Problem::Dtype {
+                            weight: t.name.clone(),
+                            zero_point: true,
+                            dtype: zp.dtype.to_string(),
+                        },
+                    ));
+                }
+                // Shaped as the scale (one element, whatever its rank, for one scale), as
+                // compressed-tensors makes it: then element i of both is one group's.
+                let same = zp.shape == s.shape || (layout == Layout::Tensor && is_one(&zp.shape));
+                if !same {
+                    return Err((
+                        zp_name,
+                        Fp8Problem::Shape {
+                            weight: t.name.clone(),
+                            zero_point: true,
+                            shape: zp.shape.clone(),
+                            expected: s.shape.clone(),
+                        },
+                    ));
+                }
+                dropped[z] = true;
+                Some(ZeroPoint {
+                    tensor: z,
+                    dtype: zp.dtype,
+                })
+            }
+        };
+        deq[i] = Some(Deq {
+            scale: k,
+            s_dtype: s.dtype,
+            zero_point,
+            layout,
+            rows,
+            cols,
+            target,
         });
-        if let Some((k, s_dtype, layout)) = found {
-            deq[i] = Some(Deq {
-                scale: k,
-                s_dtype,
-                layout,
-                rows,
-                cols,
-                target,
-            });
+        dropped[k] = true;
+        if let Some(&k) = by_name.get(input_scale_name(module).as_str()) {
             dropped[k] = true;
-            if let Some(&k) = by_name.get(input_scale_name(module).as_str()) {
-                dropped[k] = true;
-            }
         }
     }
-    (deq, dropped)
+    Ok((deq, dropped))
+}
+
+/// The layout of a scale of shape `shape` for a `rows x cols` weight, or None. A shape two
+/// layouts give is read as the first of tensor, channel, block, group; where two give it,
+/// they group the elements alike, but for a one-row weight whose columns 128 does not
+/// divide (block `[1, ceil(I/128)]`, or group `[1, G]` with I/G columns), read as block.
+fn layout_of(shape: &[usize], rows: u64, cols: u64) -> Option<Layout> {
+    let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+    if is_one(shape) {
+        Some(Layout::Tensor)
+    } else if dims == [rows, 1] {
+        Some(Layout::Channel)
+    } else if dims == [rows.div_ceil(BLOCK), cols.div_ceil(BLOCK)] {
+        Some(Layout::Block)
+    } else if let [r, g] = dims[..] {
+        (r == rows && g > 1 && cols.is_multiple_of(g)).then(|| Layout::Group(cols / g))
+    } else {
+        None
+    }
+}
+
+/// Is a tensor of this shape one value (of rank 0, 1 or 2)?
+fn is_one(shape: &[usize]) -> bool {
+    shape.len() <= 2 && shape.iter().product::<usize>() == 1
 }
 
 /// The name of module `module`'s activation scale (static FP8 activations).
@@ -363,6 +503,138 @@ mod tests {
             choose("a.weight", Dtype::F16, &[0, 8], c),
             Err(Fp8Skip::Empty)
         );
+    }
+
+    fn t(name: &str, dtype: Dtype, shape: &[usize]) -> crate::header::SourceTensor {
+        crate::header::SourceTensor {
+            name: name.into(),
+            dtype,
+            shape: shape.to_vec(),
+            start: 0,
+            end: 0,
+            input: 0,
+            gather: None,
+        }
+    }
+
+    #[test]
+    fn layouts_of_scales() {
+        let l = |s: &[usize], r, c| layout_of(s, r, c);
+        assert_eq!(l(&[], 4, 8), Some(Layout::Tensor));
+        assert_eq!(l(&[1, 1], 300, 700), Some(Layout::Tensor));
+        assert_eq!(l(&[4, 1], 4, 8), Some(Layout::Channel));
+        assert_eq!(l(&[3, 6], 257, 700), Some(Layout::Block));
+        assert_eq!(l(&[7, 3], 7, 384), Some(Layout::Group(128)));
+        assert_eq!(l(&[5, 4], 5, 384), Some(Layout::Group(96)));
+        // A one-row weight: block and group give [1, ceil(I/128)]; read as block.
+        assert_eq!(l(&[1, 2], 1, 200), Some(Layout::Block));
+        assert_eq!(l(&[1, 4], 1, 200), Some(Layout::Group(50)));
+        assert_eq!(l(&[7, 5], 7, 384), None); // 5 does not divide 384
+        assert_eq!(l(&[2, 1], 4, 8), None);
+        assert_eq!(l(&[4], 4, 8), None);
+        assert_eq!(l(&[4, 1, 1], 4, 8), None);
+    }
+
+    #[test]
+    fn zero_points_paired_and_dropped() {
+        let ts = [
+            t("a.weight", Dtype::F8_E4M3, &[4, 8]),
+            t("a.weight_scale", Dtype::BF16, &[4, 1]),
+            t("a.weight_zero_point", Dtype::F8_E4M3, &[4, 1]),
+            t("a.input_scale", Dtype::F32, &[1]),
+            t("b.weight", Dtype::F8_E4M3, &[4, 8]),
+            t("b.weight_scale", Dtype::F32, &[]),
+            t("b.weight_zero_point", Dtype::I32, &[1]),
+        ];
+        let (deq, dropped) = dequantizable(&ts, Dtype::F16).unwrap();
+        let a = deq[0].unwrap();
+        assert_eq!(
+            a.zero_point,
+            Some(ZeroPoint {
+                tensor: 2,
+                dtype: Dtype::F8_E4M3
+            })
+        );
+        assert_eq!(a.companions().collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(deq[4].unwrap().layout, Layout::Tensor);
+        assert_eq!(dropped, [false, true, true, true, false, true, true]);
+    }
+
+    #[test]
+    fn what_is_refused() {
+        let w = t("a.weight", Dtype::F8_E4M3, &[4, 8]);
+        let refused = |others: &[crate::header::SourceTensor]| {
+            let mut ts = vec![w.clone()];
+            ts.extend_from_slice(others);
+            dequantizable(&ts, Dtype::BF16).unwrap_err()
+        };
+        let s = t("a.weight_scale", Dtype::F32, &[4, 1]);
+        let (n, p) = refused(&[s.clone(), t("a.weight_scale_inv", Dtype::F32, &[4, 1])]);
+        assert_eq!(n, "a.weight");
+        assert!(matches!(p, Fp8Problem::TwoScales { .. }));
+        let (n, p) = refused(&[t("a.weight_scale", Dtype::I32, &[4, 1])]);
+        assert_eq!(n, "a.weight_scale");
+        assert!(
+            matches!(p, Fp8Problem::Dtype { zero_point: false, ref dtype, .. } if dtype == "I32")
+        );
+        let (n, p) = refused(&[t("a.weight_scale", Dtype::F32, &[2, 1])]);
+        assert_eq!(n, "a.weight_scale");
+        assert!(matches!(
+            p,
+            Fp8Problem::Shape {
+                zero_point: false,
+                ..
+            }
+        ));
+        let zp = |d, shape: &[usize]| t("a.weight_zero_point", d, shape);
+        for bad in [
+            zp(Dtype::F32, &[4, 1]),
+            zp(Dtype::U8, &[4, 1]),
+            zp(Dtype::I64, &[4, 1]),
+        ] {
+            let (n, p) = refused(&[s.clone(), bad]);
+            assert_eq!(n, "a.weight_zero_point");
+            assert!(matches!(
+                p,
+                Fp8Problem::Dtype {
+                    zero_point: true,
+                    ..
+                }
+            ));
+        }
+        // Packed (int4 in int32: [O, G/8]) or any other shape than the scale's.
+        for shape in [&[4, 2][..], &[4], &[1, 1]] {
+            let (_, p) = refused(&[s.clone(), zp(Dtype::I32, shape)]);
+            assert!(matches!(
+                p,
+                Fp8Problem::Shape {
+                    zero_point: true,
+                    ..
+                }
+            ));
+        }
+        let inv = t("a.weight_scale_inv", Dtype::F32, &[4, 1]);
+        let (_, p) = refused(&[inv, zp(Dtype::I8, &[4, 1])]);
+        assert!(matches!(p, Fp8Problem::ZeroPointWithScaleInv { .. }));
+        let elsewhere = crate::header::SourceTensor {
+            input: 1,
+            ..zp(Dtype::I8, &[4, 1])
+        };
+        let (_, p) = refused(&[s.clone(), elsewhere]);
+        assert!(matches!(
+            p,
+            Fp8Problem::NotBeside {
+                zero_point: true,
+                ..
+            }
+        ));
+        // One scale: the zero point may be any one-element shape.
+        let one = [
+            w.clone(),
+            t("a.weight_scale", Dtype::F32, &[1]),
+            zp(Dtype::I8, &[]),
+        ];
+        assert!(dequantizable(&one, Dtype::BF16).unwrap().0[0].is_some());
     }
 
     #[test]

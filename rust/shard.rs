@@ -304,7 +304,8 @@ impl Group {
             if t.dtype == Dtype::F8_E4M3 {
                 continue; // still FP8: its scale is in DST too
             }
-            for suffix in crate::quant::SCALE_SUFFIXES {
+            let zero_point = std::iter::once(&crate::quant::ZERO_POINT_SUFFIX);
+            for suffix in crate::quant::SCALE_SUFFIXES.iter().chain(zero_point) {
                 names.push(format!("{}{suffix}", t.name));
             }
             if let Some(module) = crate::quant::module_of(&t.name) {
@@ -439,8 +440,15 @@ impl Group {
             let fits = |a: usize, b: usize| file_len(&items[a..b], meta) <= max_size;
             let mut a = 0;
             while a < items.len() {
-                groups.push(a..longest_run(a, items.len(), fits));
-                a = groups.last().map_or(a, |g| g.end);
+                let mut b = longest_run(a, items.len(), fits);
+                // A weight alone over the size still takes the scales and zero points it is
+                // dequantized with (they follow it, and write nothing): apart, its shard
+                // would hold FP8 without a scale.
+                while b < items.len() && items[b].entries.is_empty() {
+                    b += 1;
+                }
+                groups.push(a..b);
+                a = b;
             }
         }
         if groups.len() <= 1 {
@@ -546,8 +554,8 @@ impl Group {
 }
 
 /// The order the cut walks one file's tensors in: input order, each FP8 weight that `planned`
-/// dequantizes followed by the scales it is dequantized with (`Reason::Dropped`), which
-/// must land in its shard.
+/// dequantizes followed by the scales and zero points it is dequantized with
+/// (`Reason::Dropped`), which must land in its shard.
 fn fp8_order(h: &SourceHeader, planned: &Plan) -> Vec<usize> {
     let n = h.tensors.len();
     if !planned.reasons.contains(&plan::Reason::Dequantized) {
@@ -563,7 +571,7 @@ fn fp8_order(h: &SourceHeader, planned: &Plan) -> Vec<usize> {
         .collect();
     for t in &planned.tensors {
         if let crate::dtype::Action::Dequantize(d) = t.action {
-            let mut own = vec![d.scale];
+            let mut own: Vec<usize> = d.companions().collect();
             let module = crate::quant::module_of(&h.tensors[t.source].name).unwrap_or("");
             if let Some(&k) = by_name.get(crate::quant::input_scale_name(module).as_str()) {
                 own.push(k);

@@ -500,18 +500,16 @@ impl Verifier {
                 }
                 (None, Numerics::default())
             } else if let Expect::Dequantize(q) = pair.expect {
-                let scale = &self.src.header.tensors[q.scale];
-                let (sf, at) = self.src.locate(scale);
-                let scales = &sf.map[at as usize..(at + scale.len()) as usize];
                 // Every byte of it is written below.
                 self.fp8_scratch.resize(dn, 0);
                 let want = &mut self.fp8_scratch[..dn];
                 let row0 = w.pos / q.cols;
+                let (pool, input) = (&self.pool, &self.src);
                 crate::convert::dequantize_window(
-                    &self.pool,
+                    pool,
                     self.threads,
                     q,
-                    scales,
+                    input,
                     row0,
                     src_bytes,
                     want,
@@ -707,16 +705,13 @@ impl Verifier {
                 expected.copy_from_slice(source)
             }
             Expect::Dequantize(q) => {
-                let scale = &self.src.header.tensors[q.scale];
-                let (sf, at) = self.src.locate(scale);
-                let scales = &sf.map[at as usize..(at + scale.len()) as usize];
                 let (row, col) = (index / q.cols, index % q.cols);
                 // The element's whole row, dequantized as convert does it.
                 let mut row_out = vec![0u8; (q.cols * q.out_size()) as usize];
                 let mut row_in = Vec::new();
                 if let Ok(b) = self.src.read(s, row * q.cols, q.cols, &mut row_in) {
-                    let pool = &self.pool;
-                    crate::convert::dequantize_window(pool, 1, q, scales, row, b, &mut row_out);
+                    let (pool, input) = (&self.pool, &self.src);
+                    crate::convert::dequantize_window(pool, 1, q, input, row, b, &mut row_out);
                 }
                 let o = (col * q.out_size()) as usize;
                 expected.copy_from_slice(&row_out[o..o + dst_size]);
@@ -818,7 +813,18 @@ fn check_headers(
         .find(|d| matches!(d, Dtype::BF16 | Dtype::F16))
     {
         Some(d) if sh.tensors.iter().any(|t| t.dtype == Dtype::F8_E4M3) => {
-            crate::quant::dequantizable(&sh.tensors, d)
+            match crate::quant::dequantizable(&sh.tensors, d) {
+                Ok(found) => found,
+                Err((tensor, problem)) => {
+                    return fail(
+                        Some(&tensor),
+                        format!(
+                            "SRC tensor `{}` {problem}: convert does not dequantize SRC",
+                            esc(&tensor)
+                        ),
+                    );
+                }
+            }
         }
         _ => (Vec::new(), Vec::new()),
     };
@@ -847,8 +853,8 @@ fn check_headers(
             return fail(
                 Some(&d.name),
                 format!(
-                    "tensor `{name}` is a scale of a weight DST holds dequantized: convert \
-                     does not write it"
+                    "tensor `{name}` is a scale or zero point of a weight DST holds \
+                     dequantized: convert does not write it"
                 ),
             );
         }
@@ -873,7 +879,9 @@ fn check_headers(
             }
             // A dequantization to the other 16-bit dtype.
             if let (Some(q), true) = (
-                crate::quant::dequantizable(&sh.tensors, d.dtype).0[si],
+                crate::quant::dequantizable(&sh.tensors, d.dtype)
+                    .ok()
+                    .and_then(|(deq, _)| deq[si]),
                 matches!(d.dtype, Dtype::BF16 | Dtype::F16),
             ) {
                 pairs.push(Pair {

@@ -250,7 +250,8 @@ named! {
         Quantized = "quantized",
         /// An FP8 input's weight, multiplied by its scale into the target dtype.
         Dequantized = "dequantized",
-        /// An FP8 input's scale (or activation scale): used to dequantize, not written.
+        /// An FP8 input's scale or zero point (or activation scale): used to dequantize, not
+        /// written.
         Dropped = "dropped",
         KeepPattern = "keep_pattern",
         KeepMinSize = "keep_min_size",

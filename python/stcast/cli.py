@@ -990,7 +990,7 @@ _REASONS = {
     "not_float": "copy: not a float",
     "quantized": "quantize: FP8 + scale",
     "dequantized": "dequantize: FP8 x scale",
-    "dropped": "drop: a scale, used to dequantize",
+    "dropped": "drop: a scale or zero point, used to dequantize",
 }
 
 # Why an FP8 target does not quantize a float tensor it converts to BF16.

@@ -630,6 +630,7 @@ fn other_dtypes_and_empty_inputs_write_nothing() {
             t,
             Dtype::F32,
             &[0; 4],
+            None,
             usize::MAX,
             0,
             &q,
@@ -643,6 +644,7 @@ fn other_dtypes_and_empty_inputs_write_nothing() {
         block,
         Dtype::F32,
         &[0; 4],
+        None,
         4,
         usize::MAX,
         &q,
@@ -699,14 +701,34 @@ fn dequant_matches_compressed_tensors() {
             (ScaleLayout::Channel, all)
         };
         let mut out = vec![0u8; 2 * cols];
-        dequantize(layout, sd, &scales, cols, row, &q, Dtype::BF16, &mut out);
+        dequantize(
+            layout,
+            sd,
+            &scales,
+            None,
+            cols,
+            row,
+            &q,
+            Dtype::BF16,
+            &mut out,
+        );
         assert_eq!(out, want, "{name}");
         if sd == Dtype::F16 {
             f16_diffs += r["f32_product_diffs"].as_u64().expect("diffs");
         }
         // F16 target: the same product rounded to f16 (through S).
         let mut out16 = vec![0u8; 2 * cols];
-        dequantize(layout, sd, &scales, cols, row, &q, Dtype::F16, &mut out16);
+        dequantize(
+            layout,
+            sd,
+            &scales,
+            None,
+            cols,
+            row,
+            &q,
+            Dtype::F16,
+            &mut out16,
+        );
         let s = scales_f32(sd, &scales);
         for (c, (b, o)) in q.iter().zip(out16.chunks_exact(2)).enumerate() {
             let si = match layout {
@@ -749,6 +771,7 @@ fn dequant_layouts_and_subnormal_scales() {
             layout,
             Dtype::F32,
             &scales,
+            None,
             64,
             row0,
             q,
@@ -777,4 +800,93 @@ fn dequant_layouts_and_subnormal_scales() {
     assert!(out
         .chunks_exact(2)
         .all(|o| u16::from_le_bytes([o[0], o[1]]) & 0x7FFF > 0x7F80));
+}
+
+/// Zero points: `(q - zp) * s`, each step rounded to S, against values worked by hand
+/// (and checked with torch 2.14 / compressed-tensors 0.19); every zero-point dtype.
+#[test]
+fn dequant_with_zero_points() {
+    let e = |x: f32| e4m3_from_f32(x);
+    let q = [e(3.0), e(-448.0), e(0.0625), 0x7F];
+    let run = |s_dtype: Dtype, scales: &[u8], zp: ZeroPoints<'_>, target: Dtype| {
+        let mut out = vec![0u8; 8];
+        let t = ScaleLayout::Tensor;
+        dequantize(t, s_dtype, scales, Some(zp), 4, 0, &q, target, &mut out);
+        out.chunks(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+            .collect::<Vec<_>>()
+    };
+    let bf = |x: f32| bf16_from_f32(x.to_bits());
+    let half = 0.5f32.to_le_bytes();
+    // F32 scale, I32 zero point 257: exact in f32.
+    let z = 257i32.to_le_bytes();
+    let zp = ZeroPoints {
+        dtype: Dtype::I32,
+        data: &z,
+    };
+    let got = run(Dtype::F32, &half, zp, Dtype::BF16);
+    let want = [
+        (3.0 - 257.0) * 0.5,
+        (-448.0 - 257.0) * 0.5,
+        (0.0625 - 257.0) * 0.5,
+    ];
+    assert_eq!(got[..3], want.map(bf));
+    assert_eq!(got[3] & 0x7FFF, 0x7FC0); // a NaN code stays NaN
+                                         // BF16 scale: zp 257 is 256 in bf16; 0.0625 - 256 = -255.9375 rounds to -256 in bf16.
+    let half_bf = 0x3F00u16.to_le_bytes();
+    let got = run(Dtype::BF16, &half_bf, zp, Dtype::BF16);
+    assert_eq!(got[..3], [-126.5f32, -352.0, -128.0].map(bf));
+    // I32 rounded twice, as torch does (f32, then bf16): 2^24+2^16+1 -> 2^24, not 2^24+2^17.
+    let z = (16_777_216i32 + 65_536 + 1).to_le_bytes();
+    let zp = ZeroPoints {
+        dtype: Dtype::I32,
+        data: &z,
+    };
+    let one_bf = 0x3F80u16.to_le_bytes();
+    assert_eq!(
+        run(Dtype::BF16, &one_bf, zp, Dtype::BF16)[0],
+        bf(-16_777_216.0)
+    );
+    // F16 scale: an I32 zero point over 65504 is inf in f16; q - inf = -inf.
+    let z = 70_000i32.to_le_bytes();
+    let zp = ZeroPoints {
+        dtype: Dtype::I32,
+        data: &z,
+    };
+    let one_h = 0x3C00u16.to_le_bytes();
+    assert_eq!(run(Dtype::F16, &one_h, zp, Dtype::F16)[0], 0xFC00);
+    // E4M3, I8 and I16 zero points: exact in every S.
+    for (dtype, data) in [
+        (Dtype::F8_E4M3, vec![e(-7.0)]),
+        (Dtype::I8, vec![(-7i8) as u8]),
+        (Dtype::I16, (-7i16).to_le_bytes().to_vec()),
+    ] {
+        let zp = ZeroPoints { dtype, data: &data };
+        let got = run(Dtype::F32, &half, zp, Dtype::F16);
+        let h = |x: f32| f16_from_f32(x.to_bits());
+        assert_eq!(got[..3], [5.0f32, -220.5, 3.53125].map(h), "{dtype}");
+    }
+    // A zero point the tensor lacks reads as NaN (channel layout, row 1 of one zero point).
+    let zp = ZeroPoints {
+        dtype: Dtype::I8,
+        data: &[1],
+    };
+    let mut out = vec![0u8; 16];
+    let two = [half, half].concat();
+    let q2 = [q, q].concat();
+    let c = ScaleLayout::Channel;
+    dequantize(
+        c,
+        Dtype::F32,
+        &two,
+        Some(zp),
+        4,
+        0,
+        &q2,
+        Dtype::BF16,
+        &mut out,
+    );
+    assert!(out[8..]
+        .chunks(2)
+        .all(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7FFF > 0x7F80));
 }

@@ -29,9 +29,12 @@ if TYPE_CHECKING:
     from .._types import Target
     from ..reports import TensorInfo
 
-# How FP8 checkpoints name a weight `X.weight`'s scale (compressed-tensors, DeepSeek) and
-# its static activation scale (rust/quant.rs `SCALE_SUFFIXES`, `input_scale_name`).
+# How FP8 checkpoints name a weight `X.weight`'s scale (compressed-tensors, DeepSeek), the
+# tensors a dequantization reads beside it (those, and compressed-tensors' zero point) and
+# its static activation scale (rust/quant.rs `SCALE_SUFFIXES`, `ZERO_POINT_SUFFIX`,
+# `input_scale_name`).
 WEIGHT_SCALE_SUFFIXES = (".weight_scale", ".weight_scale_inv")
+WEIGHT_COMPANION_SUFFIXES = (*WEIGHT_SCALE_SUFFIXES, ".weight_zero_point")
 INPUT_SCALE_SUFFIX = ".input_scale"
 
 # The preset names compressed-tensors gives the two schemes, used as the group's name.

@@ -40,7 +40,7 @@ from .common import (
     read_bounded,
     source_sha256,
 )
-from .fp8 import INPUT_SCALE_SUFFIX, WEIGHT_SCALE_SUFFIXES, is_fp8
+from .fp8 import INPUT_SCALE_SUFFIX, WEIGHT_COMPANION_SUFFIXES, is_fp8
 from .fp8 import nonfinite as fp8_nonfinite
 from .walk import Plan, index_owners, read_index, read_json, safetensors_name
 
@@ -660,7 +660,7 @@ def resharded_pairs(
     return pairs
 
 
-_SCALES = (*WEIGHT_SCALE_SUFFIXES, INPUT_SCALE_SUFFIX)
+_SCALES = (*WEIGHT_COMPANION_SUFFIXES, INPUT_SCALE_SUFFIX)
 
 
 def _dropped_scale(name: str, where: dict[str, str]) -> bool:

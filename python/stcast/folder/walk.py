@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from .. import _core, _engine
 from ..errors import Cancelled, InvalidInput, Refused
 from .common import INDEX_SUFFIX, MAX_JSON_BYTES, WEIGHTS_SUFFIX, File, read_bounded, source_sha256
-from .fp8 import WEIGHT_SCALE_SUFFIXES, dequantizes, is_fp8, nonfinite, without_quantization
+from .fp8 import (
+    WEIGHT_COMPANION_SUFFIXES,
+    dequantizes,
+    is_fp8,
+    nonfinite,
+    without_quantization,
+)
 from .ident import chain, is_hub_blob, within
 from .ident import ident as ident_of
 from .jsonedit import MAX_DEPTH, depth, rename_shards, set_dtypes
@@ -579,13 +585,15 @@ def _check_index(f: File, weight_map: dict[str, str], names: dict[str, set[str]]
 
 def _check_dequantized(w: File, report: InspectReport) -> None:
     """A dequantized folder's every file: no quantized tensor left as it is (a weight
-    whose scale another file holds, or none), no weight scale left without its weight."""
+    whose scale another file holds, or none), no weight scale or zero point left without
+    its weight."""
     for t in report.tensors:
-        lowp = t.dtype in _core.QUANTIZED_DTYPES and t.reason != "dequantized"
-        scale = t.name.endswith(WEIGHT_SCALE_SUFFIXES) and t.reason != "dropped"
+        lowp = t.dtype in _core.QUANTIZED_DTYPES and t.reason not in ("dequantized", "dropped")
+        scale = t.name.endswith(WEIGHT_COMPANION_SUFFIXES) and t.reason != "dropped"
         if lowp or scale:
+            role = "zero point" if t.name.endswith("_zero_point") else "scale"
             what = (
-                "is an FP8 scale whose weight is not in this file"
+                f"is an FP8 {role} whose weight is not in this file"
                 if scale
                 else "is quantized without a scale beside it in this file"
             )
