@@ -578,6 +578,28 @@ def test_reshard_dequantized(tmp_path, run_main):
     assert rc == 0, err
 
 
+@pytest.mark.parametrize("reshard", [False, True])
+def test_dequantized_folder_without_a_config(tmp_path, run_main, reshard):
+    """A folder of FP8 weights with their scales and no config.json: the files decide, as
+    for a lone file. Before, the shards were dequantized but the index kept the scales, and
+    the run failed its re-check with "the file written does not hold it (was the source
+    changed during the run?)"."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    shutil.copytree(FIX / "llama-fp32.fp8-block", src)
+    (src / "config.json").unlink()
+    extra = ["--max-shard-size", "100KB"] if reshard else []
+    rc, _, err = run_main("convert", src, dst, *extra)
+    assert rc == 0, err
+    merged = {t: v for layout in shard_layouts(dst).values() for t, v in layout.items()}
+    want = DEQUANT["llama-fp32.fp8-block"]["bf16"]
+    assert merged == {k: (w["dtype"], w["shape"], w["sha256"]) for k, w in want.items()}
+    index = json.loads((dst / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(want)
+    assert not list(dst.glob(".stcast-*"))
+    rc, _, err = run_main("verify", src, dst)
+    assert rc == 0, err
+
+
 # --- reports ----------------------------------------------------------------------------------
 
 

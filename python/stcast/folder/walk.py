@@ -185,6 +185,8 @@ def plan(
     names: dict[str, set[str]] = {}
     out_data: dict[str, int] = {}
     unquantized: dict[str, list[str]] = {}
+    files_dequantize = False
+    problem: Refused | None = None
     for w in weights:
         if cancel is not None and cancel.is_set():
             raise Cancelled("conversion cancelled")
@@ -199,8 +201,13 @@ def plan(
             allow_quantized=not check_quantized,
             quantization_config=None if quantization_config is None else quantization_config.path,
         )
-        if dequantize:
-            _check_dequantized(w, report)
+        # Without a quantization_config the files decide, as for a lone file: a folder
+        # whose files hold FP8 weights with their scales is dequantized (its indexes then
+        # lose the scales), and then whole.
+        if dequantize or quantization_config is None:
+            if any(t.reason == "dequantized" for t in report.tensors):
+                files_dequantize = True
+            problem = problem or _dequantize_problem(w, report)
         unmatched = [p for p in unmatched if p in report.keep_unmatched]
         hashes[w.rel] = source_sha256(w.path)
         if w.rel in indexed:
@@ -210,6 +217,9 @@ def plan(
             unquantized[w.rel] = nonfinite(report.tensors)
         info[w.rel] = dataclasses.replace(report, tensors=[])
 
+    dequantize = dequantize or files_dequantize
+    if dequantize and problem is not None:
+        raise problem
     for f, _, weight_map in parsed_indexes:
         _check_index(f, weight_map, names)
 
@@ -583,10 +593,10 @@ def _check_index(f: File, weight_map: dict[str, str], names: dict[str, set[str]]
                 )
 
 
-def _check_dequantized(w: File, report: InspectReport) -> None:
-    """A dequantized folder's every file: no quantized tensor left as it is (a weight
-    whose scale another file holds, or none), no weight scale or zero point left without
-    its weight."""
+def _dequantize_problem(w: File, report: InspectReport) -> Refused | None:
+    """Why a dequantized folder's file cannot be dequantized whole, if it cannot: a
+    quantized tensor left as it is (a weight whose scale another file holds, or none), a
+    weight scale or zero point left without its weight."""
     for t in report.tensors:
         lowp = t.dtype in _core.QUANTIZED_DTYPES and t.reason not in ("dequantized", "dropped")
         scale = t.name.endswith(WEIGHT_COMPANION_SUFFIXES) and t.reason != "dropped"
@@ -597,11 +607,12 @@ def _check_dequantized(w: File, report: InspectReport) -> None:
                 if scale
                 else "is quantized without a scale beside it in this file"
             )
-            raise Refused(
+            return Refused(
                 f"{_esc(w.path)}: tensor `{_esc(t.name)}` {what}: this FP8 checkpoint cannot "
                 "be dequantized whole; nothing was written",
                 path=w.path,
             )
+    return None
 
 
 def _dequantizes_any(weights: list[File], to: Target, precision: dict[str, Any]) -> bool:
