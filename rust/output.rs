@@ -159,8 +159,17 @@ fn cstring(p: &Path) -> io::Result<CString> {
 
 fn random_suffix() -> u64 {
     let mut x: u64 = 0;
+    // The system call, not glibc's wrapper (glibc 2.25): the release wheel is manylinux2014
+    // (glibc 2.17), where a call to the wrapper fails the import (scripts/build-wheel.sh).
     // SAFETY: writes at most 8 bytes into `x`.
-    let n = unsafe { libc::getrandom((&mut x as *mut u64).cast(), 8, libc::GRND_NONBLOCK) };
+    let n = unsafe {
+        libc::syscall(
+            libc::SYS_getrandom,
+            (&mut x as *mut u64).cast::<libc::c_void>(),
+            8usize,
+            libc::GRND_NONBLOCK,
+        )
+    };
     if n != 8 {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -268,9 +277,12 @@ fn create_named(dir: &Path, tag: &str) -> Result<(File, PathBuf)> {
 /// unlink(2) where the file system lacks it. An existing `to` is `AlreadyExists`.
 fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     let (a, b) = (cstring(from)?, cstring(to)?);
+    // The system call, not glibc's wrapper (glibc 2.28): see `random_suffix`. A kernel
+    // without it answers ENOSYS, handled below.
     // SAFETY: valid C strings; renameat2 does not retain them.
     let rc = unsafe {
-        libc::renameat2(
+        libc::syscall(
+            libc::SYS_renameat2,
             libc::AT_FDCWD,
             a.as_ptr(),
             libc::AT_FDCWD,
