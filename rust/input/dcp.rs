@@ -27,7 +27,7 @@ use crate::gather::{Gather, Piece, Pieces};
 use crate::header::{SourceHeader, SourceTensor};
 use crate::input::{InputOptions, TORCH_METADATA};
 use crate::source::{InputFile, Origin, Source};
-use crate::torch::pickle::{unpickle, NoStorages};
+use crate::torch::pickle::{unpickle, NoStorages, Objects, StorageRef, Storages};
 use crate::torch::{self, Limits, ObjId, Object, Pickle, TorchError};
 
 /// The classes a `.metadata` pickle names that stand as inert records (never imported or
@@ -111,31 +111,33 @@ pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
     let meta_file = InputFile::open(&meta_path, 1, |_| {
         Error::distributed(&meta_path, None, meta_problem("an empty file"))
     })?;
-    let limits = Limits {
-        inert_paths: true,
-        ..Limits::default()
+    // With a key, the entries outside it are dropped as they are parsed: an optimizer's
+    // hundreds of thousands of chunks beside a small model cost nothing kept.
+    let key = opts.key.as_deref().filter(|k| !k.is_empty());
+    let meta = read_metadata_file(&meta_file, key)?;
+    let selected = match select(&meta.entries, opts) {
+        // No entry under the key: the candidates are among those dropped.
+        Err(TorchError::KeyNotFound { .. }) if key.is_some() => {
+            let whole = read_metadata_file(&meta_file, None)?;
+            let error = match select(&whole.entries, opts) {
+                Err(e) => e,
+                Ok(_) => TorchError::KeyNotFound {
+                    key: key.unwrap_or_default().to_string(),
+                    candidates: candidates(&whole.entries, 0),
+                },
+            };
+            Err(error)
+        }
+        other => other,
     };
-    let pickle = unpickle(
-        &meta_file.map,
-        "the .metadata pickle",
-        &limits,
-        &mut NoStorages,
-    )
-    .map_err(|error| Error::Checkpoint {
-        path: meta_path.clone(),
-        error,
-    })?;
-    let meta = read_metadata(&pickle)
-        .map_err(|what| Error::distributed(&meta_path, None, DistProblem::Metadata { what }))?;
     // Kept among the source's files (after the ranks'): a DST that is it is refused as the
     // input, and a change to it while converting is seen. Its parsed pages go.
     meta_file.unmap((0, meta_file.map.len() as u64));
 
-    let (key, chosen, skipped) =
-        select(&meta.entries, opts).map_err(|error| Error::Checkpoint {
-            path: meta_path.clone(),
-            error,
-        })?;
+    let (key, chosen, skipped) = selected.map_err(|error| Error::Checkpoint {
+        path: meta_path.clone(),
+        error,
+    })?;
 
     let mut files: Vec<InputFile> = Vec::new();
     let mut file_index: HashMap<String, usize> = HashMap::new();
@@ -301,6 +303,97 @@ pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
     let mut source = Source::from_parts(dir, files, header);
     source.origin = Some(origin);
     Ok(source)
+}
+
+/// Read `.metadata`; with `key`, only the entries whose names start with it and a dot are
+/// kept (a name is its `planner_data` path joined with dots, as `dcp.save` makes it; the
+/// entries under the key are then chosen by their paths, as without one).
+fn read_metadata_file(meta_file: &InputFile, key: Option<&str>) -> Result<Metadata> {
+    let path = &meta_file.path;
+    let limits = Limits {
+        inert_paths: true,
+        ..Limits::default()
+    };
+    let label = "the .metadata pickle";
+    let pickle = match key {
+        Some(key) => {
+            let mut hooks = Selecting {
+                prefix: format!("{key}."),
+            };
+            unpickle(&meta_file.map, label, &limits, &mut hooks)
+        }
+        None => unpickle(&meta_file.map, label, &limits, &mut NoStorages),
+    }
+    .map_err(|error| Error::Checkpoint {
+        path: path.clone(),
+        error,
+    })?;
+    read_metadata(&pickle)
+        .map_err(|what| Error::distributed(path, None, DistProblem::Metadata { what }))
+}
+
+/// The unpickler's hooks that drop, as they are parsed, the entries of `state_dict_metadata`,
+/// `planner_data` and `storage_data` whose names do not start with `prefix` (never read, so
+/// never checked).
+struct Selecting {
+    prefix: String,
+}
+
+impl Selecting {
+    fn selects(&self, o: Objects<'_, '_>, fqn: ObjId) -> bool {
+        o.arena(fqn)
+            .and_then(Object::as_str)
+            .is_none_or(|f| f.starts_with(&self.prefix))
+    }
+}
+
+fn str_in<'o>(o: Objects<'o, '_>, id: ObjId) -> Option<&'o str> {
+    o.arena(id).and_then(Object::as_str)
+}
+
+impl Storages for Selecting {
+    fn load(
+        &mut self,
+        objects: Objects<'_, '_>,
+        pid: ObjId,
+    ) -> std::result::Result<StorageRef, TorchError> {
+        NoStorages.load(objects, pid)
+    }
+
+    fn prunes(&self) -> bool {
+        true
+    }
+
+    fn skips_value(&mut self, o: Objects<'_, '_>, parent: ObjId, key: ObjId, first: ObjId) -> bool {
+        let record = matches!(o.arena(first), Some(Object::Placeholder(p))
+            if !p.called && p.global.ends_with("StorageMetadata"));
+        record
+            && str_in(o, parent) == Some("state_dict_metadata")
+            && str_in(o, key).is_some()
+            && !self.selects(o, key)
+    }
+
+    fn keeps_item(&mut self, o: Objects<'_, '_>, parent: ObjId, key: ObjId, _: ObjId) -> bool {
+        match str_in(o, parent) {
+            Some("state_dict_metadata" | "planner_data") => self.selects(o, key),
+            Some("storage_data") => {
+                let fqn = match o.arena(key) {
+                    Some(Object::Placeholder(p)) => p.state.and_then(|s| match o.arena(s) {
+                        Some(Object::Dict(d)) => d
+                            .items
+                            .iter()
+                            .rev()
+                            .find(|(k, _)| str_in(o, *k) == Some("fqn"))
+                            .map(|&(_, v)| v),
+                        _ => None,
+                    }),
+                    _ => None,
+                };
+                fqn.is_none_or(|f| self.selects(o, f))
+            }
+            _ => true,
+        }
+    }
 }
 
 fn unreachable_small(path: &Path) -> Error {

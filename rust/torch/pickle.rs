@@ -41,11 +41,17 @@ fn inline_int(v: i64) -> Option<ObjId> {
 
 /// The memo: a vector (4 bytes an entry) for the dense indices picklers write (0, 1, 2, ...),
 /// a map for any far beyond them, so that one PUT of index 2**32 - 1 allocates nothing big.
+///
+/// Pruning (see [`Storages::prunes`]), the memo keeps only the entries some GET reads (the
+/// indices `read`, found by [`memo_reads`] before the run): an object memoized and never
+/// read again is then held by nothing but its container, and goes with it.
 #[derive(Default)]
 struct Memo {
     dense: Vec<ObjId>,
     sparse: HashMap<u64, ObjId>,
     len: usize,
+    /// Sorted: the only indices whose objects are kept (`None`: every index).
+    read: Option<Vec<u64>>,
 }
 
 /// A dense memo slot without an entry.
@@ -84,7 +90,22 @@ impl Memo {
         }
     }
 
+    /// Whether `index` is one that the memo keeps.
+    fn keeps(&self, index: u64) -> bool {
+        self.read
+            .as_ref()
+            .is_none_or(|r| r.binary_search(&index).is_ok())
+    }
+
     fn insert(&mut self, index: u64, id: ObjId) {
+        if self.read.is_some() {
+            // Only MEMOIZE numbers the entries then (`memo_reads`): each index is new.
+            self.len += 1;
+            if self.keeps(index) {
+                self.sparse.insert(index, id);
+            }
+            return;
+        }
         // The vector grows to at most twice the entries (and 4096 slots) beyond them.
         let near = (2 * self.len + 4096) as u64;
         if index < self.dense.len() as u64 || index <= near {
@@ -374,6 +395,138 @@ pub trait Storages {
     /// pages may be dropped, to be read again from the file if ever needed. By default
     /// nothing is dropped.
     fn release(&mut self, _bytes: &[u8]) {}
+
+    /// Whether this reader drops, as they are parsed, the dict items it will never read
+    /// ([`Storages::skips_value`], [`Storages::keeps_item`]). The objects that the items
+    /// dropped held are reclaimed as they go; a pickle whose dropped objects are reached
+    /// again (a GET of one into an item kept) is read again whole. By default nothing is.
+    fn prunes(&self) -> bool {
+        false
+    }
+
+    /// Whether the value now begun under `key`, in a dict that is itself the value of the
+    /// key `parent` of its dict, is never read: it is parsed but its containers are left
+    /// empty. `first`: the value's first object (the class of a record).
+    fn skips_value(
+        &mut self,
+        _: Objects<'_, '_>,
+        _parent: ObjId,
+        _key: ObjId,
+        _first: ObjId,
+    ) -> bool {
+        false
+    }
+
+    /// Whether the item `key: value`, set in a dict that is the value of the key `parent` of
+    /// its dict, is kept.
+    fn keeps_item(
+        &mut self,
+        _: Objects<'_, '_>,
+        _parent: ObjId,
+        _key: ObjId,
+        _value: ObjId,
+    ) -> bool {
+        true
+    }
+}
+
+/// The memo indices that a GET reads, sorted, if the pickle (through its STOP) numbers its
+/// entries with MEMOIZE only and every opcode is one this unpickler reads; else `None`.
+fn memo_reads(data: &[u8]) -> Option<Vec<u64>> {
+    let mut reads = Vec::new();
+    let mut pos = 0usize;
+    let take = |pos: &mut usize, n: usize| -> Option<usize> {
+        let at = *pos;
+        *pos = at.checked_add(n).filter(|&e| e <= data.len())?;
+        Some(at)
+    };
+    let int = |at: usize, n: usize| -> u64 {
+        let mut a = [0u8; 8];
+        a[..n].copy_from_slice(&data[at..at + n]);
+        u64::from_le_bytes(a)
+    };
+    let line = |pos: &mut usize| -> Option<&[u8]> {
+        let n = data.get(*pos..)?.iter().position(|&b| b == b'\n')?;
+        let l = &data[*pos..*pos + n];
+        *pos += n + 1;
+        Some(l)
+    };
+    loop {
+        let op = data[take(&mut pos, 1)?];
+        match op {
+            b'.' => break,
+            b'('
+            | b'0'
+            | b'1'
+            | b'2'
+            | b'N'
+            | 0x88
+            | 0x89
+            | b')'
+            | b't'
+            | 0x85..=0x87
+            | b']'
+            | b'l'
+            | b'a'
+            | b'e'
+            | b'}'
+            | b'd'
+            | b's'
+            | b'u'
+            | 0x8f
+            | 0x90
+            | 0x91
+            | 0x93
+            | b'R'
+            | b'b'
+            | 0x81
+            | 0x92
+            | b'Q'
+            | 0x94 => {}
+            0x80 | b'K' => {
+                take(&mut pos, 1)?;
+            }
+            b'M' => {
+                take(&mut pos, 2)?;
+            }
+            b'J' => {
+                take(&mut pos, 4)?;
+            }
+            b'G' | 0x95 => {
+                take(&mut pos, 8)?;
+            }
+            b'I' | b'L' | b'F' | b'S' | b'V' => {
+                line(&mut pos)?;
+            }
+            b'c' => {
+                line(&mut pos)?;
+                line(&mut pos)?;
+            }
+            0x8a | b'U' | 0x8c | b'C' => {
+                let n = int(take(&mut pos, 1)?, 1);
+                take(&mut pos, usize::try_from(n).ok()?)?;
+            }
+            0x8b | b'T' | b'X' | b'B' => {
+                let n = int(take(&mut pos, 4)?, 4);
+                take(&mut pos, usize::try_from(n).ok()?)?;
+            }
+            0x8d | 0x8e | 0x96 => {
+                let n = int(take(&mut pos, 8)?, 8);
+                take(&mut pos, usize::try_from(n).ok()?)?;
+            }
+            b'h' => reads.push(int(take(&mut pos, 1)?, 1)),
+            b'j' => reads.push(int(take(&mut pos, 4)?, 4)),
+            b'g' => {
+                let l = line(&mut pos)?;
+                reads.push(std::str::from_utf8(l).ok()?.trim().parse().ok()?);
+            }
+            // PUT (numbered by the pickle), and what the unpickler refuses anyway.
+            _ => return None,
+        }
+    }
+    reads.sort_unstable();
+    reads.dedup();
+    Some(reads)
 }
 
 /// Strs longer than this are checked and released (see [`Storages::release`]) in chunks.
@@ -687,8 +840,38 @@ pub fn unpickle<'a>(
     limits: &Limits,
     storages: &mut dyn Storages,
 ) -> Result<Pickle<'a>, TorchError> {
+    if storages.prunes() {
+        let read = memo_reads(data);
+        match unpickle_pass(data, label, limits, storages, Some(read)) {
+            Err(Pass::Unsound) => {}
+            Err(Pass::Failed(e)) => return Err(e),
+            Ok(p) => return Ok(p),
+        }
+    }
+    unpickle_pass(data, label, limits, storages, None).map_err(|e| match e {
+        Pass::Failed(e) => e,
+        Pass::Unsound => unreachable!("only a pruning pass is unsound"),
+    })
+}
+
+/// Why a pass did not give a pickle.
+enum Pass {
+    Failed(TorchError),
+    /// Pruning, an object dropped was reached again: the pickle is read again whole.
+    Unsound,
+}
+
+/// One pass over the pickle; `prune`: with the memo entries that a GET reads, if known.
+fn unpickle_pass<'a>(
+    data: &'a [u8],
+    label: &'static str,
+    limits: &Limits,
+    storages: &mut dyn Storages,
+    prune: Option<Option<Vec<u64>>>,
+) -> Result<Pickle<'a>, Pass> {
     let cap = usize::try_from(limits.max_pickle_bytes).unwrap_or(usize::MAX);
     let capped = data.len() > cap;
+    let pruning = prune.is_some();
     let mut u = Unpickler {
         data: &data[..data.len().min(cap)],
         capped,
@@ -701,7 +884,10 @@ pub fn unpickle<'a>(
         depth: Vec::new(),
         stack: Vec::new(),
         marks: Vec::new(),
-        memo: Memo::default(),
+        memo: Memo {
+            read: prune.flatten(),
+            ..Memo::default()
+        },
         tensors: Vec::new(),
         placeholders: Vec::new(),
         seen: HashMap::new(),
@@ -715,12 +901,30 @@ pub fn unpickle<'a>(
         cells: 0,
         bytes: 0,
         storages,
+        pruning,
+        flags: Vec::new(),
+        skipping: None,
+        asked: None,
+        made_from: 0,
+        unsound: false,
     };
-    let root = u.run()?;
+    let root = match u.run() {
+        Ok(root) if !u.unsound => root,
+        _ if u.unsound => return Err(Pass::Unsound),
+        Ok(_) => unreachable!(),
+        Err(e) => return Err(Pass::Failed(e)),
+    };
     // Only what the result reaches is kept.
     u.stack.clear();
     u.memo = Memo::default();
     let root = u.collect(Some(root));
+    // Nothing made inside a value skipped may be in the result but what no container
+    // emptied can stand for (a str, a class named again).
+    if pruning
+        && (0..u.objects.len()).any(|i| u.flags[i] & SKIP_MADE != 0 && !u.is_inert(i as ObjId))
+    {
+        return Err(Pass::Unsound);
+    }
     u.objects.shrink_to_fit();
     u.depth.shrink_to_fit();
     Ok(Pickle {
@@ -768,7 +972,26 @@ struct Unpickler<'a, 's> {
     /// Bytes of strings and byte strings made, over the whole run.
     bytes: u64,
     storages: &'s mut dyn Storages,
+    /// Whether dict items the reader never reads are dropped as they are parsed.
+    pruning: bool,
+    /// Per object: `SKIP_MADE`, `HOLLOW`, `PINNED`.
+    flags: Vec<u8>,
+    /// (mark level, stack slot) of the dict value being skipped, if one is.
+    skipping: Option<(usize, usize)>,
+    /// (mark level, stack slot) of the dict value last asked about.
+    asked: Option<(usize, usize)>,
+    /// The arena's length when the opcode now read began.
+    made_from: usize,
+    /// A pruning pass reached an object it had emptied.
+    unsound: bool,
 }
+
+/// An object made while a value was skipped.
+const SKIP_MADE: u8 = 1;
+/// A container left empty (its items, state or appended items dropped).
+const HOLLOW: u8 = 2;
+/// An object a GET will read again: never emptied.
+const PINNED: u8 = 4;
 
 type R<T> = Result<T, TorchError>;
 
@@ -890,6 +1113,11 @@ impl<'a> Unpickler<'a, '_> {
         self.made += 1;
         self.objects.push(obj);
         self.depth.push(depth);
+        self.flags.push(if self.skipping.is_some() {
+            SKIP_MADE
+        } else {
+            0
+        });
         Ok(id)
     }
 
@@ -1025,6 +1253,11 @@ impl<'a> Unpickler<'a, '_> {
                 limit: self.limits.max_objects as u64,
             }));
         }
+        if self.pruning && self.memo.keeps(index) {
+            if let Some(f) = self.flags.get_mut(top as usize) {
+                *f |= PINNED;
+            }
+        }
         self.memo.insert(index, top);
         Ok(())
     }
@@ -1033,7 +1266,105 @@ impl<'a> Unpickler<'a, '_> {
         let Some(id) = self.memo.get(index) else {
             return Err(self.err(PickleProblem::MemoMissing { index }));
         };
+        if self.pruning && self.skipping.is_none() && self.skip_made(id) && !self.is_inert(id) {
+            // Made inside a skipped value, and read into one kept: it may have been emptied.
+            self.unsound = true;
+            return Err(self.err(PickleProblem::MemoMissing { index }));
+        }
         self.push_id(id)
+    }
+
+    fn skip_made(&self, id: ObjId) -> bool {
+        self.flags
+            .get(id as usize)
+            .is_some_and(|f| f & SKIP_MADE != 0)
+    }
+
+    /// Whether `id` holds no other object, so that no emptying can have changed it.
+    fn is_inert(&self, id: ObjId) -> bool {
+        match self.arena(id) {
+            None => true,
+            Some(Object::Tuple(t)) => t.is_empty(),
+            Some(Object::List(_) | Object::Set(_) | Object::Dict(_) | Object::Tensor(_)) => false,
+            Some(Object::Storage(_)) => false,
+            Some(Object::Placeholder(p)) => {
+                !p.called && p.args.is_none() && p.state.is_none() && p.items.is_empty()
+            }
+            Some(_) => true,
+        }
+    }
+
+    /// Whether a change to `target` (APPEND, SETITEM, BUILD, ADDITEMS) is dropped: it was
+    /// made inside the value being skipped and no GET reads it. Marks it so.
+    fn hollows(&mut self, target: ObjId) -> bool {
+        if !self.pruning || self.skipping.is_none() {
+            return false;
+        }
+        match self.flags.get_mut(target as usize) {
+            Some(f) if *f & SKIP_MADE != 0 && *f & PINNED == 0 => {
+                *f |= HOLLOW;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The key under which the container at stack slot `at` is the value of the dict being
+    /// filled just below it (the innermost mark below `at`), if it is one.
+    fn parent_key(&self, at: usize) -> Option<ObjId> {
+        let below = self.marks.iter().rev().copied().find(|&m| m <= at)?;
+        let owner = *self.stack.get(below.checked_sub(1)?)?;
+        if !matches!(self.arena(owner), Some(Object::Dict(_))) {
+            return None;
+        }
+        (at > below && (at - below) % 2 == 1).then(|| self.stack[at - 1])
+    }
+
+    /// After each opcode, pruning: when a value of a dict begins (its key below it, just
+    /// above the dict's mark), ask the reader whether it skips it.
+    fn track_slot(&mut self) {
+        let level = self.marks.len();
+        let len = self.stack.len();
+        if let Some((l, v)) = self.skipping {
+            if level < l || len <= v {
+                self.skipping = None;
+            } else if level > l {
+                return;
+            }
+        }
+        if let Some((l, v)) = self.asked {
+            if level < l || len <= v {
+                self.asked = None;
+            }
+        }
+        let Some(&m) = self.marks.last() else {
+            return;
+        };
+        if m == 0 || len < m + 2 || (len - m) % 2 != 0 {
+            return;
+        }
+        let v = len - 1;
+        if self.asked == Some((level, v)) {
+            return;
+        }
+        let dict = self.stack[m - 1];
+        if !matches!(self.arena(dict), Some(Object::Dict(_))) {
+            return;
+        }
+        self.asked = Some((level, v));
+        let (key, first) = (self.stack[v - 1], self.stack[v]);
+        let skip = self.parent_key(m - 1).is_some_and(|parent| {
+            self.storages
+                .skips_value(Objects(&self.objects), parent, key, first)
+        });
+        if skip {
+            self.skipping = Some((level, v));
+            if first & INLINE == 0 && first as usize >= self.made_from {
+                self.flags[first as usize] |= SKIP_MADE;
+            }
+        } else if self.skipping.is_some_and(|(l, _)| l == level) {
+            self.skipping = None;
+        }
     }
 
     /// A str borrowed from the pickle (checked to be UTF-8, not copied).
@@ -1582,6 +1913,9 @@ impl<'a> Unpickler<'a, '_> {
         let state_ok_for_tensor = matches!(&*self.obj(state), Object::None)
             || matches!(&*self.obj(state), Object::Dict(_));
         let d = self.depth_of(state) + 1;
+        if self.hollows(inst) {
+            return Ok(());
+        }
         let target = match self.obj_mut(inst) {
             Some(Object::Dict(dict)) if dict.ordered => {
                 dict.state = Some(state);
@@ -1620,6 +1954,9 @@ impl<'a> Unpickler<'a, '_> {
 
     fn append(&mut self, op: u8, items: Vec<ObjId>) -> R<()> {
         let target = self.top(op)?;
+        if self.hollows(target) {
+            return Ok(());
+        }
         let d = items.iter().map(|&i| self.depth_of(i)).max().unwrap_or(0) + 1;
         self.charge_cells(items.len())?;
         match self.obj_mut(target) {
@@ -1631,14 +1968,30 @@ impl<'a> Unpickler<'a, '_> {
         self.raise_depth(target, d)
     }
 
-    fn setitems(&mut self, op: u8, items: Vec<ObjId>) -> R<()> {
+    fn setitems(&mut self, op: u8, mut items: Vec<ObjId>) -> R<()> {
         let target = self.top(op)?;
+        if self.hollows(target) {
+            return Ok(());
+        }
         if !items.len().is_multiple_of(2) {
             return Err(self.err(PickleProblem::WrongType {
                 op: op_name(op),
                 expected: "key-value pairs",
                 found: "an odd number of items",
             }));
+        }
+        if self.pruning && matches!(self.arena(target), Some(Object::Dict(_))) {
+            if let Some(parent) = self.parent_key(self.stack.len() - 1) {
+                let objects = Objects(&self.objects);
+                let storages = &mut *self.storages;
+                let mut kept = Vec::with_capacity(items.len());
+                for kv in items.chunks_exact(2) {
+                    if storages.keeps_item(objects, parent, kv[0], kv[1]) {
+                        kept.extend_from_slice(kv);
+                    }
+                }
+                items = kept;
+            }
         }
         let d = items.iter().map(|&i| self.depth_of(i)).max().unwrap_or(0) + 1;
         self.charge_cells(items.len())?;
@@ -1654,6 +2007,9 @@ impl<'a> Unpickler<'a, '_> {
 
     fn additems(&mut self, op: u8, items: Vec<ObjId>) -> R<()> {
         let target = self.top(op)?;
+        if self.hollows(target) {
+            return Ok(());
+        }
         let d = items.iter().map(|&i| self.depth_of(i)).max().unwrap_or(0) + 1;
         self.charge_cells(items.len())?;
         match self.obj_mut(target) {
@@ -1718,11 +2074,13 @@ impl<'a> Unpickler<'a, '_> {
                 *slot = kept as ObjId;
                 self.objects.swap(kept, i);
                 self.depth.swap(kept, i);
+                self.flags.swap(kept, i);
                 kept += 1;
             }
         }
         self.objects.truncate(kept);
         self.depth.truncate(kept);
+        self.flags.truncate(kept);
         let map = |id: ObjId| match new_id.get(id as usize) {
             Some(&new) if id & INLINE == 0 => new,
             _ => id,
@@ -1747,9 +2105,13 @@ impl<'a> Unpickler<'a, '_> {
 
     fn run(&mut self) -> R<ObjId> {
         loop {
+            if self.pruning {
+                self.track_slot();
+            }
             if self.objects.len() >= self.next_collect {
                 self.collect(None);
             }
+            self.made_from = self.objects.len();
             if self.pos - self.released >= RELEASE_CHUNK {
                 // The pickle behind us: its pages may go (a str borrowed from them is read
                 // again from the file if ever needed).
