@@ -1317,7 +1317,7 @@ impl<'a> Unpickler<'a, '_> {
         if !matches!(self.arena(owner), Some(Object::Dict(_))) {
             return None;
         }
-        (at > below && (at - below) % 2 == 1).then(|| self.stack[at - 1])
+        (at > below && !(at - below).is_multiple_of(2)).then(|| self.stack[at - 1])
     }
 
     /// After each opcode, pruning: when a value of a dict begins (its key below it, just
@@ -1340,7 +1340,7 @@ impl<'a> Unpickler<'a, '_> {
         let Some(&m) = self.marks.last() else {
             return;
         };
-        if m == 0 || len < m + 2 || (len - m) % 2 != 0 {
+        if m == 0 || len < m + 2 || !(len - m).is_multiple_of(2) {
             return;
         }
         let v = len - 1;
