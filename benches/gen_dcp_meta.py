@@ -84,6 +84,7 @@ def _get_layout(name: str) -> Any:
     raise NotImplementedError
 
 
+_get_layout.__module__ = "torch.serialization"
 _register("torch.serialization", _get_layout, "_get_layout")
 
 

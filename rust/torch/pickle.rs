@@ -50,7 +50,7 @@ struct Memo {
     dense: Vec<ObjId>,
     sparse: HashMap<u64, ObjId>,
     len: usize,
-    /// Sorted: the only indices whose objects are kept (`None`: every index).
+    /// A bit per index: the only indices whose objects are kept (`None`: every index).
     read: Option<Vec<u64>>,
 }
 
@@ -92,9 +92,10 @@ impl Memo {
 
     /// Whether `index` is one that the memo keeps.
     fn keeps(&self, index: u64) -> bool {
-        self.read
-            .as_ref()
-            .is_none_or(|r| r.binary_search(&index).is_ok())
+        self.read.as_ref().is_none_or(|r| {
+            let word = usize::try_from(index / 64).ok().and_then(|w| r.get(w));
+            word.is_some_and(|w| w & (1 << (index % 64)) != 0)
+        })
     }
 
     fn insert(&mut self, index: u64, id: ObjId) {
@@ -383,6 +384,44 @@ impl<'p, 'a> Objects<'p, 'a> {
         }
         self.0.get(id as usize)
     }
+
+    /// The text of `id` if it is a str.
+    pub fn str_of(self, id: ObjId) -> Option<&'p str> {
+        self.arena(id).and_then(Object::as_str)
+    }
+
+    /// The items of `id` if it is a dict, in insertion order.
+    pub fn dict_items(self, id: ObjId) -> Option<&'p [(ObjId, ObjId)]> {
+        match self.arena(id)? {
+            Object::Dict(d) => Some(&d.items),
+            _ => None,
+        }
+    }
+
+    /// The items of `id` if it is a list or a tuple.
+    pub fn seq(self, id: ObjId) -> Option<&'p [ObjId]> {
+        match self.arena(id)? {
+            Object::List(l) => Some(l),
+            Object::Tuple(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// `id` if it is an int that fits in 64 bits.
+    pub fn int(self, id: ObjId) -> Option<i64> {
+        match &*self.get(id) {
+            Object::Int(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    /// `id` if it is a list or tuple of non-negative ints (a shape, a size).
+    pub fn sizes(self, id: ObjId) -> Option<Vec<u64>> {
+        self.seq(id)?
+            .iter()
+            .map(|&i| self.int(i).and_then(|n| u64::try_from(n).ok()))
+            .collect()
+    }
 }
 
 /// What a persistent id (a storage reference) resolves to; supplied by the file format.
@@ -430,11 +469,25 @@ pub trait Storages {
     }
 }
 
-/// The memo indices that a GET reads, sorted, if the pickle (through its STOP) numbers its
-/// entries with MEMOIZE only and every opcode is one this unpickler reads; else `None`.
-fn memo_reads(data: &[u8]) -> Option<Vec<u64>> {
-    let mut reads = Vec::new();
+/// The memo indices that a GET reads, a bit per index, if the pickle (through its STOP)
+/// numbers its entries with MEMOIZE only and every opcode is one this unpickler reads;
+/// else `None`. (A GET of an index not yet memoized, which the run refuses, is left out:
+/// the bits never outnumber the MEMOIZEs.)
+/// The pages scanned are handed to `storages` to drop as it goes.
+fn memo_reads(data: &[u8], storages: &mut dyn Storages) -> Option<Vec<u64>> {
+    let mut reads: Vec<u64> = Vec::new();
+    let mut memoized = 0u64;
+    let mut read = |i: u64, memoized: u64| {
+        if i < memoized {
+            let w = (i / 64) as usize;
+            if w >= reads.len() {
+                reads.resize(w + 1, 0);
+            }
+            reads[w] |= 1 << (i % 64);
+        }
+    };
     let mut pos = 0usize;
+    let mut released = 0usize;
     let take = |pos: &mut usize, n: usize| -> Option<usize> {
         let at = *pos;
         *pos = at.checked_add(n).filter(|&e| e <= data.len())?;
@@ -452,6 +505,10 @@ fn memo_reads(data: &[u8]) -> Option<Vec<u64>> {
         Some(l)
     };
     loop {
+        if pos - released >= RELEASE_CHUNK {
+            storages.release(&data[released..pos]);
+            released = pos;
+        }
         let op = data[take(&mut pos, 1)?];
         match op {
             b'.' => break,
@@ -481,8 +538,8 @@ fn memo_reads(data: &[u8]) -> Option<Vec<u64>> {
             | b'b'
             | 0x81
             | 0x92
-            | b'Q'
-            | 0x94 => {}
+            | b'Q' => {}
+            0x94 => memoized += 1,
             0x80 | b'K' => {
                 take(&mut pos, 1)?;
             }
@@ -514,18 +571,16 @@ fn memo_reads(data: &[u8]) -> Option<Vec<u64>> {
                 let n = int(take(&mut pos, 8)?, 8);
                 take(&mut pos, usize::try_from(n).ok()?)?;
             }
-            b'h' => reads.push(int(take(&mut pos, 1)?, 1)),
-            b'j' => reads.push(int(take(&mut pos, 4)?, 4)),
+            b'h' => read(int(take(&mut pos, 1)?, 1), memoized),
+            b'j' => read(int(take(&mut pos, 4)?, 4), memoized),
             b'g' => {
                 let l = line(&mut pos)?;
-                reads.push(std::str::from_utf8(l).ok()?.trim().parse().ok()?);
+                read(std::str::from_utf8(l).ok()?.trim().parse().ok()?, memoized);
             }
             // PUT (numbered by the pickle), and what the unpickler refuses anyway.
             _ => return None,
         }
     }
-    reads.sort_unstable();
-    reads.dedup();
     Some(reads)
 }
 
@@ -560,6 +615,9 @@ pub struct Pickle<'a> {
     pub globals: Vec<String>,
     /// Bytes consumed, through STOP.
     pub end: usize,
+    /// Whether the reader's hooks pruned it ([`Storages::prunes`]): the items they did not
+    /// keep are not in it.
+    pub pruned: bool,
 }
 
 /// The arena size below which unreachable objects are not reclaimed.
@@ -589,45 +647,37 @@ impl<'a> Pickle<'a> {
 
     /// The text of `id` if it is a str (borrowed for as long as the pickle).
     pub fn str_of(&self, id: ObjId) -> Option<&str> {
-        Objects(&self.objects).arena(id).and_then(Object::as_str)
+        self.view().str_of(id)
     }
 
     /// The object `id` if it lives in the arena (every object but an inline int).
     pub fn arena(&self, id: ObjId) -> Option<&Object<'a>> {
-        Objects(&self.objects).arena(id)
+        self.view().arena(id)
     }
 
     /// The items of `id` if it is a dict, in insertion order.
     pub fn dict_items(&self, id: ObjId) -> Option<&[(ObjId, ObjId)]> {
-        match self.arena(id)? {
-            Object::Dict(d) => Some(&d.items),
-            _ => None,
-        }
+        self.view().dict_items(id)
     }
 
     /// The items of `id` if it is a list or a tuple.
     pub fn seq(&self, id: ObjId) -> Option<&[ObjId]> {
-        match self.arena(id)? {
-            Object::List(l) => Some(l),
-            Object::Tuple(t) => Some(t),
-            _ => None,
-        }
+        self.view().seq(id)
     }
 
     /// `id` if it is an int that fits in 64 bits.
     pub fn int(&self, id: ObjId) -> Option<i64> {
-        match &*self.get(id) {
-            Object::Int(n) => Some(*n),
-            _ => None,
-        }
+        self.view().int(id)
     }
 
     /// `id` if it is a list or tuple of non-negative ints (a shape, a size).
     pub fn sizes(&self, id: ObjId) -> Option<Vec<u64>> {
-        self.seq(id)?
-            .iter()
-            .map(|&i| self.int(i).and_then(|n| u64::try_from(n).ok()))
-            .collect()
+        self.view().sizes(id)
+    }
+
+    /// The arena as a view that resolves ids.
+    pub fn view(&self) -> Objects<'_, 'a> {
+        Objects(&self.objects)
     }
 }
 
@@ -841,7 +891,7 @@ pub fn unpickle<'a>(
     storages: &mut dyn Storages,
 ) -> Result<Pickle<'a>, TorchError> {
     if storages.prunes() {
-        let read = memo_reads(data);
+        let read = memo_reads(data, storages);
         match unpickle_pass(data, label, limits, storages, Some(read)) {
             Err(Pass::Unsound) => {}
             Err(Pass::Failed(e)) => return Err(e),
@@ -934,6 +984,7 @@ fn unpickle_pass<'a>(
         placeholders: u.placeholders,
         globals: u.globals,
         end: u.pos,
+        pruned: pruning,
     })
 }
 
