@@ -1408,11 +1408,18 @@ impl<'a> Unpickler<'a, '_> {
             self.storages
                 .skips_value(Objects(&self.objects), parent, key, first)
         });
+        // The value's first object, made by the opcode just read, is the value's: skipped
+        // with it, or kept with it (made while the value before it was being skipped).
+        if first & INLINE == 0 && first as usize >= self.made_from {
+            let f = &mut self.flags[first as usize];
+            *f = if skip {
+                *f | SKIP_MADE
+            } else {
+                *f & !SKIP_MADE
+            };
+        }
         if skip {
             self.skipping = Some((level, v));
-            if first & INLINE == 0 && first as usize >= self.made_from {
-                self.flags[first as usize] |= SKIP_MADE;
-            }
         } else if self.skipping.is_some_and(|(l, _)| l == level) {
             self.skipping = None;
         }
@@ -2596,6 +2603,86 @@ pub(crate) mod tests {
     use super::*;
     use std::cell::Cell;
     use std::collections::HashSet;
+
+    /// `{'a': 0, 'sd': {'drop': [1, 2, [5, 6]], 'keep': [3, 4]}}`, Python's protocol 4.
+    const PRUNED: &[u8] = &[
+        128, 4, 149, 58, 0, 0, 0, 0, 0, 0, 0, 125, 148, 40, 140, 1, 97, 148, 75, 0, 140, 2, 115,
+        100, 148, 125, 148, 40, 140, 4, 100, 114, 111, 112, 148, 93, 148, 40, 75, 1, 75, 2, 93,
+        148, 40, 75, 5, 75, 6, 101, 101, 140, 4, 107, 101, 101, 112, 148, 93, 148, 40, 75, 3, 75,
+        4, 101, 117, 117, 46,
+    ];
+
+    /// The same, but the list inside 'drop' is `s` and 'keep' is `[3, s]` (a GET of it).
+    const SHARED: &[u8] = &[
+        128, 4, 149, 62, 0, 0, 0, 0, 0, 0, 0, 125, 148, 40, 140, 1, 97, 148, 75, 0, 140, 2, 115,
+        100, 148, 125, 148, 40, 140, 4, 100, 114, 111, 112, 148, 93, 148, 40, 75, 1, 75, 2, 93,
+        148, 40, 140, 1, 120, 148, 140, 1, 121, 148, 101, 101, 140, 4, 107, 101, 101, 112, 148, 93,
+        148, 40, 75, 3, 104, 6, 101, 117, 117, 46,
+    ];
+
+    /// Hooks that skip and drop the item `drop` of the dict under `sd`.
+    struct DropOne {
+        skipped: usize,
+    }
+
+    impl Storages for DropOne {
+        fn load(&mut self, o: Objects<'_, '_>, pid: ObjId) -> Result<StorageRef, TorchError> {
+            NoStorages.load(o, pid)
+        }
+        fn prunes(&self) -> bool {
+            true
+        }
+        fn skips_value(&mut self, o: Objects<'_, '_>, parent: ObjId, key: ObjId, _: ObjId) -> bool {
+            let skip = o.str_of(parent) == Some("sd") && o.str_of(key) == Some("drop");
+            self.skipped += usize::from(skip);
+            skip
+        }
+        fn keeps_item(&mut self, o: Objects<'_, '_>, parent: ObjId, key: ObjId, _: ObjId) -> bool {
+            !(o.str_of(parent) == Some("sd") && o.str_of(key) == Some("drop"))
+        }
+    }
+
+    /// The keys of the dict under `sd`, and whether the pickle was pruned.
+    fn sd_keys(data: &[u8]) -> (Vec<String>, bool) {
+        let mut hooks = DropOne { skipped: 0 };
+        let p = unpickle(data, "test", &Limits::default(), &mut hooks).unwrap();
+        let root = p.dict_items(p.root).unwrap();
+        let sd = root
+            .iter()
+            .find(|(k, _)| p.str_of(*k) == Some("sd"))
+            .unwrap()
+            .1;
+        let keys = p.dict_items(sd).unwrap().iter();
+        let keys = keys
+            .map(|&(k, _)| p.str_of(k).unwrap().to_string())
+            .collect();
+        assert_eq!(hooks.skipped, 1);
+        (keys, p.pruned)
+    }
+
+    #[test]
+    fn pruning_drops_the_items_skipped() {
+        COLLECT_AT.with(|c| c.set(0));
+        assert_eq!(sd_keys(PRUNED), (vec!["keep".to_string()], true));
+        let mut hooks = DropOne { skipped: 0 };
+        let p = unpickle(PRUNED, "test", &Limits::default(), &mut hooks).unwrap();
+        // Nothing of the value skipped is left: 'a', 0, 'sd', 'keep', [3, 4] and the dicts.
+        assert!(p.objects.len() <= 6, "{:?}", p.objects);
+    }
+
+    #[test]
+    fn pruning_reads_again_whole_when_a_skipped_object_is_reached_again() {
+        COLLECT_AT.with(|c| c.set(0));
+        // `s` was made inside 'drop' and is read into 'keep': the pass is read again whole,
+        // and the tree is the one a plain read gives.
+        let (keys, pruned) = sd_keys(SHARED);
+        assert_eq!(keys, vec!["drop".to_string(), "keep".to_string()]);
+        assert!(!pruned);
+        let whole = unpickle(SHARED, "test", &Limits::default(), &mut NoStorages).unwrap();
+        let mut hooks = DropOne { skipped: 0 };
+        let again = unpickle(SHARED, "test", &Limits::default(), &mut hooks).unwrap();
+        assert!(same_tree(&whole, whole.root, &again, again.root));
+    }
 
     thread_local! {
         /// [`min_collect`] in tests: this thread's arena size that triggers reclaiming.
