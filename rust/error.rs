@@ -42,6 +42,10 @@ pub enum DistProblem {
     ZeroUnsupported { what: String },
     /// `key` given for a DeepSpeed ZeRO checkpoint, which holds one state dict.
     ZeroKey { key: String },
+    /// One rank's file of a distributed checkpoint given alone (a ZeRO-3 model states file,
+    /// whose parameters are empty placeholders; a `.distcp` file): `what` says which, and
+    /// `folder` is the checkpoint to convert instead.
+    RankFile { what: String, folder: PathBuf },
 }
 
 /// What keeps a tensor of an FP8 checkpoint from being dequantized as compressed-tensors
@@ -208,6 +212,12 @@ impl fmt::Display for DistProblem {
                  named as zero_to_fp32 names it (leave {{key}} out; {{strip_prefix}} applies)",
                 esc(key)
             ),
+            DistProblem::RankFile { what, folder } => write!(
+                f,
+                "{}, not a model on its own: convert the checkpoint folder `{}`",
+                esc(what),
+                esc(&folder.display().to_string())
+            ),
         }
     }
 }
@@ -233,7 +243,12 @@ pub enum Error {
     /// allow-list, a tensor safetensors cannot hold), or whose state dict must be chosen.
     Checkpoint { path: PathBuf, error: TorchError },
     /// An option for PyTorch checkpoints (`key`, `strip_prefix`) given for another input.
-    NotACheckpoint { path: PathBuf, option: OptionName },
+    NotACheckpoint {
+        path: PathBuf,
+        option: OptionName,
+        /// What the input is: `Safetensors`, `DcpSafetensors`.
+        format: crate::format::Format,
+    },
     /// A distributed training checkpoint (a DCP folder) that cannot be read as it says:
     /// `path` is the file at fault (`.metadata`, a `.distcp` file).
     Distributed {
@@ -541,10 +556,17 @@ impl Error {
                 Some(t) => format!("tensor `{}`: {problem}", esc(t)),
                 None => problem.to_string(),
             },
-            Error::NotACheckpoint { option, .. } => format!(
-                "{{{}}} applies to PyTorch checkpoints (.bin, .pt, .pth), and this is a \
-                 safetensors file",
-                option.name()
+            Error::NotACheckpoint { option, format, .. } => format!(
+                "{{{}}} applies to PyTorch checkpoints (.bin, .pt, .pth), and this is {}",
+                option.name(),
+                match format {
+                    crate::format::Format::DcpSafetensors => {
+                        "a folder of the safetensors shards that torch.distributed.checkpoint's \
+                         HuggingFaceStorageWriter writes (one state dict, its tensors named as \
+                         saved)"
+                    }
+                    _ => "a safetensors file",
+                }
             ),
             Error::InputChanged { change, .. } => format!(
                 "input changed while being read ({}); no output was written",

@@ -413,3 +413,27 @@ def test_review_findings_dst_inside_messages_and_dot(tmp_path, run_main, monkeyp
     assert rc == 0, err
     assert (tmp_path / "fsdp-tp-2x2-bf16" / "model.safetensors").is_file()
     assert not any(n.endswith("-bf16") for n in os.listdir(ck2))
+
+
+def test_a_rank_file_or_a_key_for_hf_shards_says_what_it_is(tmp_path, run_main):
+    """Issue 30, finding 11: a `.distcp` file as SRC got the zip reader's wording; it is one
+    rank's file of a DCP folder, and the line says to convert the folder. `--key` on a
+    folder of HuggingFaceStorageWriter shards said "this is a safetensors file"; it names
+    what the folder is."""
+    ck = tmp_path / "ck"
+    shutil.copytree(FIXTURES / "fsdp2-1d-3ranks", ck)
+    for cmd in ("convert", "inspect"):
+        args = [tmp_path / "o.safetensors"] if cmd == "convert" else []
+        rc, _, err = run_main(cmd, ck / "__0_0.distcp", *args)
+        line = assert_one_error_line(err)
+        assert rc == 1 and "a rank file of a torch.distributed.checkpoint" in line, line
+        assert f"convert the checkpoint folder `{ck}`" in line and "zip" not in line, line
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    for f in (FIXTURES / "hf-variant").glob("shard-*.safetensors"):
+        shutil.copy(f, hf / f.name)
+    rc, _, err = run_main("convert", hf, tmp_path / "o.safetensors", "--key", "model")
+    line = assert_one_error_line(err)
+    assert rc == 2 and "HuggingFaceStorageWriter" in line, line
+    assert "this is a safetensors file" not in line, line
+    assert not (tmp_path / "o.safetensors").exists()

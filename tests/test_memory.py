@@ -47,10 +47,12 @@ print(json.dumps({"rc": proc.returncode, "maxrss_kib": usage.ru_maxrss}))
 """
 
 
-def peak_rss_of_convert(src: Path, dst: Path) -> int:
-    """Run `python -m stcast convert SRC DST -q --json`; return its peak RSS in bytes."""
+def peak_rss_of_convert(src: Path, dst: Path, *options: str) -> int:
+    """Run `python -m stcast convert SRC DST -q --json [OPTIONS]`; return its peak RSS in
+    bytes."""
     out_path, err_path = dst.with_suffix(".out"), dst.with_suffix(".err")
     cmd = [sys.executable, "-m", "stcast", "convert", str(src), str(dst), "-q", "--json"]
+    cmd += options
     launcher = subprocess.run(
         [sys.executable, "-c", LAUNCHER, str(out_path), str(err_path), *cmd],
         capture_output=True,
@@ -144,3 +146,22 @@ def test_peak_rss_is_bounded_for_a_pytorch_checkpoint(tmp_path):
     for size_mib, peak in peaks.items():
         assert peak < 150 * MIB, f"{size_mib} MiB input: peak RSS {peak / MIB:.1f} MiB"
     assert peaks[320] <= 1.25 * peaks[64] + 16 * MIB, peaks
+
+
+def test_dcp_entries_outside_the_key_are_dropped_as_parsed(tmp_path):
+    """Issue 30, finding 9: 18 small model tensors beside an optimizer of 1000 tensors cut
+    over 64 ranks (64,000 chunks, a 12 MB `.metadata` pickled as `dcp.save` pickles it):
+    `--key model` keeps none of the optimizer's entries (the whole tree was built, then
+    filtered: 140 MB), so the peak stays within 64 MiB beside the `.metadata` it maps."""
+    src = tmp_path / "dcp"
+    gen = Path(__file__).resolve().parent.parent / "benches" / "gen_dcp_meta.py"
+    subprocess.run(
+        [sys.executable, str(gen), "moe", str(src), "--ranks", "64"],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    meta = (src / ".metadata").stat().st_size
+    assert meta > 8_000_000
+    peak = peak_rss_of_convert(src, tmp_path / "out.safetensors", "--key", "model")
+    assert peak <= 64 * MIB + meta, f"peak RSS {peak / MIB:.1f} MiB, .metadata {meta / MIB:.1f} MiB"

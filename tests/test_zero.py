@@ -341,7 +341,7 @@ def test_a_model_states_pickle_that_calls_a_global_is_refused(tmp_path, run_main
 def test_a_missing_or_bad_latest_is_refused(tmp_path, run_main):
     ck = hostile(tmp_path)
     (ck / "latest").write_text("global_step9")
-    # `latest` names no folder holding model states: not a DeepSpeed folder at all.
+    # `latest` names no folder holding model states: refused (what it says: below).
     rc, _, err = run_main("convert", ck, tmp_path / "o.safetensors")
     assert rc == 1, err
     (ck / "latest").write_text("global_step1")
@@ -418,3 +418,53 @@ def test_resharded_shard_runs_finalize_and_resume(tmp_path, run_main, cli_proces
     assert rc == 0, err
     assert shards(tmp_path / "re") == want
     assert sorted(os.listdir(tmp_path / "re")) == sorted(os.listdir(tmp_path / "rs"))
+
+
+def test_a_latest_naming_a_missing_tag_or_tags_without_latest_say_so(tmp_path, run_main):
+    """Issue 30, finding 11: a ZeRO folder whose `latest` names a tag that is not there, or
+    that has tag folders and no `latest`, was "a directory without .safetensors files ...
+    nothing to convert". It is a DeepSpeed checkpoint: the line says so, names `latest`, the
+    tag it names and the tag folders found."""
+    ck = hostile(tmp_path)
+    (ck / "latest").write_text("global_step9\n")
+    line = refused(run_main, tmp_path, ck, "DeepSpeed", "`latest`", "`global_step9`")
+    assert "`global_step1`" in line and "nothing to convert" not in line
+    (ck / "latest").unlink()
+    line = refused(run_main, tmp_path, ck, "DeepSpeed", "no `latest`", "`global_step1`")
+    assert "nothing to convert" not in line
+    for cmd in ("inspect", "verify"):
+        rc, _, err = run_main(cmd, ck, *([tmp_path / "o.safetensors"] if cmd == "verify" else []))
+        line = assert_one_error_line(err)
+        assert rc == 1 and "DeepSpeed" in line and "no `latest`" in line, line
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_one_rank_file_alone_is_refused_naming_the_checkpoint(tmp_path, run_main, stage):
+    """Issue 30, finding 10: one ZeRO-3 rank's model states as SRC suggested `--key module`,
+    which then wrote ZeRO-3's empty `[0]` placeholders as the model (exit 0); a rank's
+    optimizer states converted its flat partition. Told by their content (renamed, too),
+    both are refused (the model states with and without --key: any key reads placeholders
+    or partitions), naming the checkpoint folder to convert. An optimizer states file with
+    a key reads what the key names (test_the_adam_moments_are_never_read)."""
+    ck = tmp_path / "ck"
+    w = np.arange(21, dtype=np.float32).reshape(7, 3)
+    write_zero(ck, [{"w": w}], stage=stage, ranks=3, module_params=True)
+    tag = ck / "global_step1"
+    files = [tag / "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    if stage == 3:
+        renamed = tag / "rank0.pt"
+        shutil.copy(tag / "zero_pp_rank_0_mp_rank_00_model_states.pt", renamed)
+        files += [tag / "zero_pp_rank_0_mp_rank_00_model_states.pt", renamed]
+    for f in files:
+        for key in ([], ["--key", "module"])[: 1 if "optim" in f.name else 2]:
+            before = listing(tmp_path)
+            rc, _, err = run_main("convert", f, tmp_path / "o.safetensors", *key)
+            line = assert_one_error_line(err)
+            assert rc == 1 and "one data-parallel rank's" in line and "DeepSpeed" in line, line
+            assert f"convert the checkpoint folder `{ck}`" in line, line
+            assert listing(tmp_path) == before
+    if stage == 2:
+        # ZeRO-1/2's model states hold the whole 16-bit module: a model, still converted.
+        out = tmp_path / "m.safetensors"
+        stcast.convert(tag / "mp_rank_00_model_states.pt", out, key="module")
+        assert out.exists()

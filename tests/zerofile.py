@@ -78,6 +78,7 @@ def write_zero(
     tag: str = TAG,
     optim_hook: Callable[[int, dict[str, Any]], Any] | None = None,
     model_hook: Callable[[int, dict[str, Any]], Any] | None = None,
+    module_params: bool = False,
 ) -> Path:
     """Write the checkpoint under `root` (`latest`, `global_step1/`); return the tag folder."""
     root = Path(root)
@@ -159,6 +160,13 @@ def write_zero(
     for r in range(ranks if stage == 3 else 1):
         st = Storages()
         module = [(n, st.add(b)) for n, b in buffers.items()]
+        if module_params:
+            # As DeepSpeed saves `module`: ZeRO-1/2 the 16-bit parameters, ZeRO-3 an empty
+            # placeholder per parameter (its weights are in the ranks' partitions).
+            for params in groups:
+                for n, a in params.items():
+                    value = a.astype(np.float16) if stage <= 2 else np.zeros(0, np.float16)
+                    module.append((n, st.add(value)))
         fragments = []
         for n, a in frozen.items():
             if stage <= 2:

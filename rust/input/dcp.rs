@@ -27,7 +27,7 @@ use crate::gather::{Gather, Piece, Pieces};
 use crate::header::{SourceHeader, SourceTensor};
 use crate::input::{InputOptions, TORCH_METADATA};
 use crate::source::{InputFile, Origin, Source};
-use crate::torch::pickle::{unpickle, NoStorages};
+use crate::torch::pickle::{unpickle, NoStorages, Objects, StorageRef, Storages};
 use crate::torch::{self, Limits, ObjId, Object, Pickle, TorchError};
 
 /// The classes a `.metadata` pickle names that stand as inert records (never imported or
@@ -111,31 +111,33 @@ pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
     let meta_file = InputFile::open(&meta_path, 1, |_| {
         Error::distributed(&meta_path, None, meta_problem("an empty file"))
     })?;
-    let limits = Limits {
-        inert_paths: true,
-        ..Limits::default()
+    // With a key, the entries outside it are dropped as they are parsed: an optimizer's
+    // hundreds of thousands of chunks beside a small model cost nothing kept.
+    let key = opts.key.as_deref().filter(|k| !k.is_empty());
+    let meta = read_metadata_file(&meta_file, key)?;
+    let selected = match select(&meta.entries, opts) {
+        // No entry under the key: the candidates are among those dropped.
+        Err(TorchError::KeyNotFound { .. }) if key.is_some() => {
+            let whole = read_metadata_file(&meta_file, None)?;
+            let error = match select(&whole.entries, opts) {
+                Err(e) => e,
+                Ok(_) => TorchError::KeyNotFound {
+                    key: key.unwrap_or_default().to_string(),
+                    candidates: candidates(&whole.entries, 0),
+                },
+            };
+            Err(error)
+        }
+        other => other,
     };
-    let pickle = unpickle(
-        &meta_file.map,
-        "the .metadata pickle",
-        &limits,
-        &mut NoStorages,
-    )
-    .map_err(|error| Error::Checkpoint {
-        path: meta_path.clone(),
-        error,
-    })?;
-    let meta = read_metadata(&pickle)
-        .map_err(|what| Error::distributed(&meta_path, None, DistProblem::Metadata { what }))?;
     // Kept among the source's files (after the ranks'): a DST that is it is refused as the
     // input, and a change to it while converting is seen. Its parsed pages go.
     meta_file.unmap((0, meta_file.map.len() as u64));
 
-    let (key, chosen, skipped) =
-        select(&meta.entries, opts).map_err(|error| Error::Checkpoint {
-            path: meta_path.clone(),
-            error,
-        })?;
+    let (key, chosen, skipped) = selected.map_err(|error| Error::Checkpoint {
+        path: meta_path.clone(),
+        error,
+    })?;
 
     let mut files: Vec<InputFile> = Vec::new();
     let mut file_index: HashMap<String, usize> = HashMap::new();
@@ -303,6 +305,111 @@ pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
     Ok(source)
 }
 
+/// Read `.metadata`; with `key`, only the entries whose names start with it and a dot are
+/// kept (a name is its `planner_data` path joined with dots, as `dcp.save` makes it; the
+/// entries under the key are then chosen by their paths, as without one). Each entry kept
+/// is read into a compact record as it is parsed, and its objects go.
+fn read_metadata_file(meta_file: &InputFile, key: Option<&str>) -> Result<Metadata> {
+    let path = &meta_file.path;
+    let limits = Limits {
+        inert_paths: true,
+        ..Limits::default()
+    };
+    let mut hooks = Reading {
+        prefix: key.map(|k| format!("{k}.")),
+        records: Records::default(),
+        file: meta_file,
+    };
+    let pickle =
+        unpickle(&meta_file.map, "the .metadata pickle", &limits, &mut hooks).map_err(|error| {
+            Error::Checkpoint {
+                path: path.clone(),
+                error,
+            }
+        })?;
+    // Read again whole (a dropped object was reached again): the records of the first
+    // pass are not the pickle's.
+    let records = if pickle.pruned {
+        hooks.records
+    } else {
+        Records::default()
+    };
+    read_metadata(&pickle, records)
+        .map_err(|what| Error::distributed(path, None, DistProblem::Metadata { what }))
+}
+
+/// The unpickler's hooks for `.metadata`: the entries of `state_dict_metadata`,
+/// `planner_data` and `storage_data` whose names do not start with `prefix` are dropped as
+/// they are parsed (never read, so never checked); the others are read into `records`
+/// and dropped too.
+struct Reading<'f> {
+    prefix: Option<String>,
+    records: Records,
+    /// `.metadata`, mapped: the pages the unpickler is done with go as it goes.
+    file: &'f InputFile,
+}
+
+impl Reading<'_> {
+    fn selects(&self, o: Objects<'_, '_>, fqn: ObjId) -> bool {
+        match (&self.prefix, o.str_of(fqn)) {
+            (Some(prefix), Some(f)) => f.starts_with(prefix.as_str()),
+            _ => true,
+        }
+    }
+}
+
+fn part_of(o: Objects<'_, '_>, parent: ObjId) -> Option<Part> {
+    match o.str_of(parent)? {
+        "state_dict_metadata" => Some(Part::StateDict),
+        "planner_data" => Some(Part::Planner),
+        "storage_data" => Some(Part::Storage),
+        _ => None,
+    }
+}
+
+impl Storages for Reading<'_> {
+    fn load(
+        &mut self,
+        objects: Objects<'_, '_>,
+        pid: ObjId,
+    ) -> std::result::Result<StorageRef, TorchError> {
+        NoStorages.load(objects, pid)
+    }
+
+    fn prunes(&self) -> bool {
+        true
+    }
+
+    fn release(&mut self, bytes: &[u8]) {
+        let base = self.file.map.as_ptr() as usize;
+        let a = (bytes.as_ptr() as usize).saturating_sub(base) as u64;
+        self.file.unmap((a, a + bytes.len() as u64));
+    }
+
+    fn skips_value(&mut self, o: Objects<'_, '_>, parent: ObjId, key: ObjId, first: ObjId) -> bool {
+        let record = matches!(o.arena(first), Some(Object::Placeholder(p))
+            if !p.called && p.global.ends_with("StorageMetadata"));
+        record
+            && part_of(o, parent) == Some(Part::StateDict)
+            && o.str_of(key).is_some()
+            && !self.selects(o, key)
+    }
+
+    fn keeps_item(&mut self, o: Objects<'_, '_>, parent: ObjId, key: ObjId, value: ObjId) -> bool {
+        let Some(part) = part_of(o, parent) else {
+            return true;
+        };
+        let fqn = match part {
+            Part::StateDict | Part::Planner => Some(key),
+            Part::Storage => field(o, key, "fqn"),
+        };
+        if fqn.is_none_or(|f| self.selects(o, f)) {
+            self.records.add(o, part, key, value);
+        }
+        false
+    }
+}
+
 fn unreachable_small(path: &Path) -> Error {
     Error::distributed(path, None, meta_problem("an empty file"))
 }
@@ -388,18 +495,15 @@ enum Located {
 
 // --- reading the inert records of `.metadata` ---
 
-fn state_dict<'p>(p: &'p Pickle<'_>, id: ObjId) -> Option<&'p [(ObjId, ObjId)]> {
+fn state_dict<'p>(p: Objects<'p, '_>, id: ObjId) -> Option<&'p [(ObjId, ObjId)]> {
     let state = match p.arena(id)? {
         Object::Placeholder(ph) => ph.state?,
         _ => return None,
     };
-    match p.arena(state)? {
-        Object::Dict(d) => Some(&d.items),
-        _ => None,
-    }
+    p.dict_items(state)
 }
 
-fn field(p: &Pickle<'_>, id: ObjId, name: &str) -> Option<ObjId> {
+fn field(p: Objects<'_, '_>, id: ObjId, name: &str) -> Option<ObjId> {
     state_dict(p, id)?
         .iter()
         .rev()
@@ -407,16 +511,150 @@ fn field(p: &Pickle<'_>, id: ObjId, name: &str) -> Option<ObjId> {
         .map(|&(_, v)| v)
 }
 
-fn class_of<'p>(p: &'p Pickle<'_>, id: ObjId) -> Option<&'p str> {
+fn class_of<'p>(p: Objects<'p, '_>, id: ObjId) -> Option<&'p str> {
     match p.arena(id)? {
         Object::Placeholder(ph) => Some(ph.global.as_str()),
         _ => None,
     }
 }
 
-fn read_metadata(pickle: &Pickle<'_>) -> std::result::Result<Metadata, String> {
-    let p = pickle;
-    let root = p.root;
+/// The entries of `.metadata` as they are read, item by item: compact, owned records (the
+/// pickle's objects of an item go once it is read).
+#[derive(Default)]
+struct Records {
+    /// state_dict_metadata, in order: (fqn, tensor or `None` for a bytes item).
+    sdm: Vec<(String, Option<TensorMeta>)>,
+    planner: HashMap<String, Vec<String>>,
+    items: HashMap<(String, Vec<u64>), Item>,
+    /// The first entry that is not what DCP writes.
+    error: Option<String>,
+}
+
+/// Which of `.metadata`'s dicts an item is set in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Part {
+    StateDict,
+    Planner,
+    Storage,
+}
+
+impl Records {
+    /// Read the item `k: v` of `part` into the records.
+    fn add(&mut self, p: Objects<'_, '_>, part: Part, k: ObjId, v: ObjId) {
+        let read = match part {
+            Part::StateDict => sdm_entry(p, k, v).map(|e| self.sdm.push(e)),
+            Part::Planner => {
+                if let Some((fqn, path)) = planner_entry(p, k, v) {
+                    self.planner.insert(fqn, path);
+                }
+                Ok(())
+            }
+            Part::Storage => storage_entry(p, k, v).map(|(key, item)| {
+                self.items.insert(key, item);
+            }),
+        };
+        if let Err(what) = read {
+            self.error.get_or_insert(what);
+        }
+    }
+}
+
+fn sdm_entry(
+    p: Objects<'_, '_>,
+    k: ObjId,
+    v: ObjId,
+) -> std::result::Result<(String, Option<TensorMeta>), String> {
+    let fqn = p
+        .str_of(k)
+        .ok_or("a state_dict_metadata key that is not a str")?;
+    let class = class_of(p, v).unwrap_or("");
+    let tensor = if class.ends_with(".BytesStorageMetadata") {
+        None
+    } else if class.ends_with(".TensorStorageMetadata") {
+        Some(tensor_meta(p, v).map_err(|w| format!("`{fqn}`: {w}"))?)
+    } else {
+        return Err(format!(
+            "`{fqn}` is {}, not a storage metadata",
+            p.get(v).kind()
+        ));
+    };
+    Ok((fqn.to_string(), tensor))
+}
+
+fn planner_entry(p: Objects<'_, '_>, k: ObjId, v: ObjId) -> Option<(String, Vec<String>)> {
+    let path = match p.arena(v)? {
+        Object::Tuple(t) => t
+            .iter()
+            .map(|&i| {
+                p.str_of(i)
+                    .map(str::to_string)
+                    .or_else(|| p.int(i).map(|n| n.to_string()))
+            })
+            .collect::<Option<Vec<String>>>()?,
+        _ => return None,
+    };
+    Some((p.str_of(k)?.to_string(), path))
+}
+
+fn storage_entry(
+    p: Objects<'_, '_>,
+    k: ObjId,
+    v: ObjId,
+) -> std::result::Result<((String, Vec<u64>), Item), String> {
+    let fqn = field(p, k, "fqn")
+        .and_then(|f| p.str_of(f))
+        .ok_or("a storage_data key without an fqn")?;
+    let offsets = match field(p, k, "offset") {
+        Some(o) if matches!(&*p.get(o), Object::None) => Vec::new(),
+        Some(o) => p
+            .sizes(o)
+            .ok_or("a storage_data key whose offset is not a size")?,
+        None => Vec::new(),
+    };
+    let file = field(p, v, "relative_path")
+        .and_then(|f| p.str_of(f))
+        .ok_or_else(|| format!("`{fqn}`: a storage entry without a relative_path"))?;
+    let number = |name: &str| {
+        field(p, v, name)
+            .and_then(|i| p.int(i))
+            .and_then(|n| u64::try_from(n).ok())
+    };
+    let (Some(offset), Some(length)) = (number("offset"), number("length")) else {
+        return Err(format!(
+            "`{fqn}`: a storage entry without an offset and a length"
+        ));
+    };
+    let names = |l: &[ObjId]| -> Vec<String> {
+        l.iter()
+            .map(|&i| p.str_of(i).unwrap_or("?").to_string())
+            .collect()
+    };
+    let transforms = match field(p, v, "transform_descriptors") {
+        None => Vec::new(),
+        Some(t) => match &*p.get(t) {
+            Object::None => Vec::new(),
+            Object::List(l) => names(l),
+            Object::Tuple(l) => names(l),
+            _ => vec!["?".to_string()],
+        },
+    };
+    let item = Item {
+        file: file.to_string(),
+        offset,
+        length,
+        transforms,
+    };
+    Ok(((fqn.to_string(), offsets), item))
+}
+
+/// The parsed `.metadata`: `records` read as the pickle was parsed, then the items left in
+/// its dicts (all of them when no hook read any).
+fn read_metadata(
+    pickle: &Pickle<'_>,
+    mut records: Records,
+) -> std::result::Result<Metadata, String> {
+    let p = pickle.view();
+    let root = pickle.root;
     if !class_of(p, root).is_some_and(|c| c.ends_with(".Metadata")) {
         return Err(format!(
             "its object is {}, not a Metadata",
@@ -426,117 +664,45 @@ fn read_metadata(pickle: &Pickle<'_>) -> std::result::Result<Metadata, String> {
     let sdm = field(p, root, "state_dict_metadata")
         .and_then(|d| p.dict_items(d))
         .ok_or("no state_dict_metadata dict")?;
-    let planner: HashMap<&str, Vec<String>> = field(p, root, "planner_data")
-        .and_then(|d| p.dict_items(d))
-        .unwrap_or(&[])
-        .iter()
-        .filter_map(|&(k, v)| {
-            let path = match p.arena(v)? {
-                Object::Tuple(t) => t
-                    .iter()
-                    .map(|&i| {
-                        p.str_of(i)
-                            .map(str::to_string)
-                            .or_else(|| p.int(i).map(|n| n.to_string()))
-                    })
-                    .collect::<Option<Vec<String>>>()?,
-                _ => return None,
-            };
-            Some((p.str_of(k)?, path))
-        })
-        .collect();
-    let mut entries = Vec::with_capacity(sdm.len());
-    for &(k, v) in sdm {
-        let fqn = p
-            .str_of(k)
-            .ok_or("a state_dict_metadata key that is not a str")?;
-        let class = class_of(p, v).unwrap_or("");
-        let tensor = if class.ends_with(".BytesStorageMetadata") {
-            None
-        } else if class.ends_with(".TensorStorageMetadata") {
-            Some(tensor_meta(p, v).map_err(|w| format!("`{fqn}`: {w}"))?)
-        } else {
-            return Err(format!(
-                "`{fqn}` is {}, not a storage metadata",
-                p.get(v).kind()
-            ));
-        };
-        let path = planner
-            .get(fqn)
-            .cloned()
-            .unwrap_or_else(|| vec![fqn.to_string()]);
-        if path.is_empty() {
-            return Err(format!("`{fqn}` has an empty planner_data path"));
-        }
-        entries.push(Entry {
-            fqn: fqn.to_string(),
-            path,
-            tensor,
-        });
-    }
-    let mut items = HashMap::new();
     let sd = field(p, root, "storage_data")
         .and_then(|d| p.dict_items(d))
         .ok_or("no storage_data dict")?;
-    for &(k, v) in sd {
-        let fqn = field(p, k, "fqn")
-            .and_then(|f| p.str_of(f))
-            .ok_or("a storage_data key without an fqn")?;
-        let offsets = match field(p, k, "offset") {
-            Some(o) if matches!(&*p.get(o), Object::None) => Vec::new(),
-            Some(o) => p
-                .sizes(o)
-                .ok_or("a storage_data key whose offset is not a size")?,
-            None => Vec::new(),
-        };
-        let file = field(p, v, "relative_path")
-            .and_then(|f| p.str_of(f))
-            .ok_or_else(|| format!("`{fqn}`: a storage entry without a relative_path"))?;
-        let number = |name: &str| {
-            field(p, v, name)
-                .and_then(|i| p.int(i))
-                .and_then(|n| u64::try_from(n).ok())
-        };
-        let (Some(offset), Some(length)) = (number("offset"), number("length")) else {
-            return Err(format!(
-                "`{fqn}`: a storage entry without an offset and a length"
-            ));
-        };
-        let transforms = match field(p, v, "transform_descriptors") {
-            None => Vec::new(),
-            Some(t) => match &*p.get(t) {
-                Object::None => Vec::new(),
-                Object::List(l) => l
-                    .iter()
-                    .map(|&i| p.str_of(i).unwrap_or("?").to_string())
-                    .collect(),
-                Object::Tuple(l) => l
-                    .iter()
-                    .map(|&i| p.str_of(i).unwrap_or("?").to_string())
-                    .collect(),
-                _ => vec!["?".to_string()],
-            },
-        };
-        items.insert(
-            (fqn.to_string(), offsets),
-            Item {
-                file: file.to_string(),
-                offset,
-                length,
-                transforms,
-            },
-        );
+    let planner = field(p, root, "planner_data")
+        .and_then(|d| p.dict_items(d))
+        .unwrap_or(&[]);
+    for (part, items) in [
+        (Part::Planner, planner),
+        (Part::StateDict, sdm),
+        (Part::Storage, sd),
+    ] {
+        for &(k, v) in items {
+            records.add(p, part, k, v);
+        }
     }
-    drop(planner);
+    if let Some(what) = records.error {
+        return Err(what);
+    }
+    let mut entries = Vec::with_capacity(records.sdm.len());
+    for (fqn, tensor) in records.sdm {
+        let path = records
+            .planner
+            .get(&fqn)
+            .cloned()
+            .unwrap_or_else(|| vec![fqn.clone()]);
+        if path.is_empty() {
+            return Err(format!("`{fqn}` has an empty planner_data path"));
+        }
+        entries.push(Entry { fqn, path, tensor });
+    }
     Ok(Metadata {
         entries,
-        items,
+        items: records.items,
         globals: pickle.globals.clone(),
         placeholders: pickle.placeholders.clone(),
     })
 }
 
-fn tensor_meta(p: &Pickle<'_>, id: ObjId) -> std::result::Result<TensorMeta, String> {
+fn tensor_meta(p: Objects<'_, '_>, id: ObjId) -> std::result::Result<TensorMeta, String> {
     let props = field(p, id, "properties").ok_or("no properties")?;
     // TensorProperties pickles its state as a tuple: (dtype, layout, requires_grad,
     // memory format, pin_memory[, strides]); older releases as a dict.

@@ -61,23 +61,17 @@ pub fn folder_format(dir: &Path) -> Option<Format> {
     {
         return Some(Format::DeepSpeed);
     }
-    // `latest` names the tag folder holding the partitions (`global_step100`).
-    if has("latest") {
-        if let Some(tag) = latest_tag(dir) {
-            let tagged = names(&dir.join(tag));
-            if tagged
-                .iter()
-                .any(|n| is_model_states(n) || is_optim_states(n))
-            {
-                return Some(Format::DeepSpeed);
-            }
-        }
+    // `latest` names the tag folder holding the partitions (`global_step100`): a folder
+    // with it, or with tag folders of partitions, is a DeepSpeed checkpoint even when one is
+    // missing (read, it is refused saying what is missing).
+    if has("latest") && latest_tag(dir).is_some() || !zero_tags(dir).is_empty() {
+        return Some(Format::DeepSpeed);
     }
     None
 }
 
-/// The tag folder DeepSpeed's `latest` in `dir` names: one name inside `dir`, or none.
-fn latest_tag(dir: &Path) -> Option<String> {
+/// The tag `dir/latest` names: one folder name (its whitespace trimmed).
+pub fn latest_tag(dir: &Path) -> Option<String> {
     let tag = std::fs::read(dir.join("latest"))
         .ok()
         .filter(|t| t.len() <= 4096);
@@ -150,6 +144,23 @@ fn is_hub_blob(target: &Path) -> bool {
         && ["models--", "datasets--", "spaces--"]
             .iter()
             .any(|k| name(repo).starts_with(k))
+}
+
+/// The folders of `dir` (the first 64 of them, sorted) that hold DeepSpeed model or
+/// optimizer states: its tag folders.
+pub fn zero_tags(dir: &Path) -> Vec<String> {
+    let mut tags: Vec<String> = names(dir)
+        .into_iter()
+        .filter(|n| is_one_name(n) && dir.join(n).is_dir())
+        .take(64)
+        .filter(|n| {
+            names(&dir.join(n))
+                .iter()
+                .any(|f| is_model_states(f) || is_optim_states(f))
+        })
+        .collect();
+    tags.sort();
+    tags
 }
 
 /// Is folder `dir` one checkpoint, read as one source (a DCP or DeepSpeed ZeRO folder:

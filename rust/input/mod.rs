@@ -23,7 +23,7 @@ pub mod zero;
 
 use std::path::Path;
 
-use crate::error::{Error, Result, Warning};
+use crate::error::{DistProblem, Error, Result, Warning};
 use crate::gather::Gather;
 use crate::header::{SourceHeader, SourceTensor, PREFIX};
 use crate::input::safetensors::too_small;
@@ -100,6 +100,7 @@ impl Source {
                         return Err(Error::NotACheckpoint {
                             path: path.to_path_buf(),
                             option,
+                            format: Format::DcpSafetensors,
                         });
                     }
                     return dcp::open_sharded_safetensors(path, &folder::dcp_shards(path));
@@ -107,6 +108,22 @@ impl Source {
                 Some(Format::DeepSpeed) => return zero::open(path, opts),
                 _ => {}
             }
+        }
+        if path.extension().is_some_and(|e| e == "distcp") && path.is_file() {
+            let folder = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => Path::new(".").to_path_buf(),
+            };
+            let what = "a rank file of a torch.distributed.checkpoint (DCP) folder: its items \
+                        are placed by the folder's .metadata";
+            return Err(Error::distributed(
+                path,
+                None,
+                DistProblem::RankFile {
+                    what: what.into(),
+                    folder,
+                },
+            ));
         }
         let input = InputFile::open(path, PREFIX as u64, |len| too_small(path, len))?;
         let sniffed = torch::sniff::sniff_parsed(&input.map);
@@ -118,6 +135,7 @@ impl Source {
                     return Err(Error::NotACheckpoint {
                         path: path.to_path_buf(),
                         option,
+                        format: Format::Safetensors,
                     });
                 }
                 Ok(source)
@@ -162,11 +180,22 @@ fn open_checkpoint(
         let a = (part.as_ptr() as usize).saturating_sub(base) as u64;
         input.unmap((a, a + part.len() as u64));
     };
-    let (header, origin) =
+    let opened =
         sniffed_header(&input.map, sniffed, opts, &release).map_err(|error| Error::Checkpoint {
             path: path.to_path_buf(),
             error,
         })?;
+    let (header, origin) = match opened {
+        Ok(read) => read,
+        Err(what) => {
+            let folder = zero::checkpoint_folder(path);
+            return Err(Error::distributed(
+                path,
+                None,
+                DistProblem::RankFile { what, folder },
+            ));
+        }
+    };
     // Read: the pages touched since (the names borrowed from the pickle) go too, and the
     // parse's freed heap goes back to the system (Python's objects never reuse it).
     input.unmap((0, input.map.len() as u64));
@@ -180,24 +209,26 @@ fn open_checkpoint(
     Ok(source)
 }
 
-/// Read the checkpoint held in `bytes` (the whole mapped file) and describe its selected
-/// tensors as a source header: offsets are absolute (the file's `base` is 0), and the
-/// tensors are in the order of their first byte in the file (ties: the pickle's order).
-pub fn checkpoint_header(
-    bytes: &[u8],
-    opts: &InputOptions,
-) -> std::result::Result<(SourceHeader, Origin), TorchError> {
-    sniffed_header(bytes, torch::sniff::sniff_parsed(bytes), opts, &|_| {})
-}
+/// A checkpoint's selected tensors as a source header, or (`Err`) what it is when it is one
+/// rank's file of a DeepSpeed checkpoint (no model on its own).
+type Opened = std::result::Result<(SourceHeader, Origin), String>;
 
-/// [`checkpoint_header`] of bytes already sniffed (their zip directory parsed once).
+/// Read the checkpoint held in `bytes` (the whole mapped file, already sniffed: its zip
+/// directory parsed once) and describe its selected tensors as a source header: offsets
+/// are absolute (the file's `base` is 0), and the tensors are in the order of their first
+/// byte in the file (ties: the pickle's order).
 fn sniffed_header(
     bytes: &[u8],
     sniffed: torch::sniff::Sniffed,
     opts: &InputOptions,
     release: &dyn Fn(&[u8]),
-) -> std::result::Result<(SourceHeader, Origin), TorchError> {
+) -> std::result::Result<Opened, TorchError> {
     let ck = torch::read_releasing(bytes, sniffed, &limits(), release)?;
+    // Told by what it holds, whatever its name: a selection of it would be placeholders or
+    // one rank's partition.
+    if let Some(what) = zero::rank_file(&ck, opts.key.as_deref()) {
+        return Ok(Err(what));
+    }
     // The names it reads (borrowed from the pickle) are copied: their pages may go again.
     let selection =
         ck.select_releasing(opts.key.as_deref(), &opts.strip_prefix, &|| release(bytes))?;
@@ -263,7 +294,7 @@ fn sniffed_header(
         globals,
         unlisted: selection.placeholders,
     };
-    Ok((header, origin))
+    Ok(Ok((header, origin)))
 }
 
 #[cfg(test)]

@@ -140,19 +140,29 @@ fn tag_folder(dir: &Path) -> Result<PathBuf> {
         return Ok(dir.to_path_buf());
     }
     let latest = dir.join("latest");
-    let tag = std::fs::read(&latest)
-        .ok()
-        .filter(|t| t.len() <= 4096)
-        .and_then(|t| String::from_utf8(t).ok())
-        .map(|t| t.trim().to_string())
-        .filter(|t| !t.is_empty() && t != "." && t != ".." && !t.contains(['/', '\\', '\0']))
+    let tags = super::folder::zero_tags(dir);
+    let found = if tags.is_empty() {
+        String::new()
+    } else {
+        let named: Vec<String> = tags.iter().map(|t| format!("`{t}`")).collect();
+        format!("; the tag folders here: {}", named.join(", "))
+    };
+    if !latest.exists() {
+        let what = format!(
+            "no `latest` file naming the tag folder to read{found} (convert the one meant)"
+        );
+        return Err(zero(&latest, None, what));
+    }
+    let tag = super::folder::latest_tag(dir)
+        .filter(|t| !t.contains('\\'))
         .ok_or_else(|| {
-            zero(
-                &latest,
-                None,
-                "`latest` does not name a tag folder beside it",
-            )
+            let what = format!("`latest` does not name a tag folder beside it{found}");
+            zero(&latest, None, what)
         })?;
+    if !dir.join(&tag).is_dir() {
+        let what = format!("`latest` names the tag `{tag}`, which is not a folder here{found}");
+        return Err(zero(&latest, None, what));
+    }
     Ok(dir.join(tag))
 }
 
@@ -212,6 +222,75 @@ fn layout(tag: &Path) -> Result<Layout> {
         }
     }
     Ok(out)
+}
+
+/// What the checkpoint `ck` is when it is one data-parallel rank's file of a DeepSpeed ZeRO
+/// checkpoint, which holds no model on its own: an optimizer states file (a partition of
+/// the flat fp32 weights), or ZeRO-3 model states (its parameters are empty placeholders).
+/// Told by its content, whatever its name. ZeRO-1/2's `mp_rank_00_model_states.pt` holds
+/// the whole 16-bit module: it is a model, and `None`. An optimizer states file with a `key`
+/// is read for what the key names (its moments, its partitions): `None`.
+pub fn rank_file(ck: &Checkpoint<'_>, key: Option<&str>) -> Option<String> {
+    let root = ck.pickle.root;
+    if let Some(osd) = item(ck, root, "optimizer_state_dict").filter(|_| key.is_none()) {
+        if item(ck, osd, "zero_stage").is_some() {
+            return Some(
+                "one data-parallel rank's optimizer states of a DeepSpeed ZeRO checkpoint (a \
+                 partition of the flat fp32 weights)"
+                    .into(),
+            );
+        }
+    }
+    let groups = seq(ck, item(ck, root, "param_shapes")?)?;
+    let module = pairs(ck, item(ck, root, "module")?)?;
+    let placeholder = module.iter().any(|&(k, v)| {
+        let Some(name) = text(ck, k) else {
+            return false;
+        };
+        let empty = tensor(ck, v).is_ok_and(|d| d.shape.iter().product::<u64>() == 0);
+        empty
+            && groups.iter().any(|&g| {
+                shapes(ck, g).is_some_and(|s| {
+                    s.iter()
+                        .any(|(n, shape)| n == name && shape.iter().product::<u64>() > 0)
+                })
+            })
+    });
+    placeholder.then(|| {
+        "one data-parallel rank's model states of a DeepSpeed ZeRO-3 checkpoint (its parameters \
+         are empty placeholders: the weights are partitioned over every rank's optimizer \
+         states)"
+            .into()
+    })
+}
+
+/// The checkpoint folder a rank's file at `path` belongs to: its tag folder's parent when
+/// that one's `latest` names the tag, else the tag folder.
+pub fn checkpoint_folder(path: &Path) -> PathBuf {
+    let tag = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    // (`.` or `..`: the real name of the folder.)
+    let tag = match tag.file_name() {
+        Some(_) => tag,
+        None => std::fs::canonicalize(&tag).unwrap_or(tag),
+    };
+    let named = tag.file_name().map(|n| n.to_string_lossy().into_owned());
+    if let (Some(top), Some(named)) = (tag.parent(), named) {
+        let latest = std::fs::read(top.join("latest"))
+            .ok()
+            .filter(|t| t.len() <= 4096);
+        let latest = latest.and_then(|t| String::from_utf8(t).ok());
+        if latest.is_some_and(|t| t.trim() == named) {
+            return if top.as_os_str().is_empty() {
+                PathBuf::from(".")
+            } else {
+                top.to_path_buf()
+            };
+        }
+    }
+    tag
 }
 
 // --- reading the inert pickles ---

@@ -41,11 +41,17 @@ fn inline_int(v: i64) -> Option<ObjId> {
 
 /// The memo: a vector (4 bytes an entry) for the dense indices picklers write (0, 1, 2, ...),
 /// a map for any far beyond them, so that one PUT of index 2**32 - 1 allocates nothing big.
+///
+/// Pruning (see [`Storages::prunes`]), the memo keeps only the entries some GET reads (the
+/// indices `read`, found by [`memo_reads`] before the run): an object memoized and never
+/// read again is then held by nothing but its container, and goes with it.
 #[derive(Default)]
 struct Memo {
     dense: Vec<ObjId>,
     sparse: HashMap<u64, ObjId>,
     len: usize,
+    /// A bit per index: the only indices whose objects are kept (`None`: every index).
+    read: Option<Vec<u64>>,
 }
 
 /// A dense memo slot without an entry.
@@ -84,7 +90,23 @@ impl Memo {
         }
     }
 
+    /// Whether `index` is one that the memo keeps.
+    fn keeps(&self, index: u64) -> bool {
+        self.read.as_ref().is_none_or(|r| {
+            let word = usize::try_from(index / 64).ok().and_then(|w| r.get(w));
+            word.is_some_and(|w| w & (1 << (index % 64)) != 0)
+        })
+    }
+
     fn insert(&mut self, index: u64, id: ObjId) {
+        if self.read.is_some() {
+            // Only MEMOIZE numbers the entries then (`memo_reads`): each index is new.
+            self.len += 1;
+            if self.keeps(index) {
+                self.sparse.insert(index, id);
+            }
+            return;
+        }
         // The vector grows to at most twice the entries (and 4096 slots) beyond them.
         let near = (2 * self.len + 4096) as u64;
         if index < self.dense.len() as u64 || index <= near {
@@ -362,6 +384,44 @@ impl<'p, 'a> Objects<'p, 'a> {
         }
         self.0.get(id as usize)
     }
+
+    /// The text of `id` if it is a str.
+    pub fn str_of(self, id: ObjId) -> Option<&'p str> {
+        self.arena(id).and_then(Object::as_str)
+    }
+
+    /// The items of `id` if it is a dict, in insertion order.
+    pub fn dict_items(self, id: ObjId) -> Option<&'p [(ObjId, ObjId)]> {
+        match self.arena(id)? {
+            Object::Dict(d) => Some(&d.items),
+            _ => None,
+        }
+    }
+
+    /// The items of `id` if it is a list or a tuple.
+    pub fn seq(self, id: ObjId) -> Option<&'p [ObjId]> {
+        match self.arena(id)? {
+            Object::List(l) => Some(l),
+            Object::Tuple(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// `id` if it is an int that fits in 64 bits.
+    pub fn int(self, id: ObjId) -> Option<i64> {
+        match &*self.get(id) {
+            Object::Int(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    /// `id` if it is a list or tuple of non-negative ints (a shape, a size).
+    pub fn sizes(self, id: ObjId) -> Option<Vec<u64>> {
+        self.seq(id)?
+            .iter()
+            .map(|&i| self.int(i).and_then(|n| u64::try_from(n).ok()))
+            .collect()
+    }
 }
 
 /// What a persistent id (a storage reference) resolves to; supplied by the file format.
@@ -374,6 +434,154 @@ pub trait Storages {
     /// pages may be dropped, to be read again from the file if ever needed. By default
     /// nothing is dropped.
     fn release(&mut self, _bytes: &[u8]) {}
+
+    /// Whether this reader drops, as they are parsed, the dict items it will never read
+    /// ([`Storages::skips_value`], [`Storages::keeps_item`]). The objects that the items
+    /// dropped held are reclaimed as they go; a pickle whose dropped objects are reached
+    /// again (a GET of one into an item kept) is read again whole. By default nothing is.
+    fn prunes(&self) -> bool {
+        false
+    }
+
+    /// Whether the value now begun under `key`, in a dict that is itself the value of the
+    /// key `parent` of its dict, is never read: it is parsed but its containers are left
+    /// empty. `first`: the value's first object (the class of a record).
+    fn skips_value(
+        &mut self,
+        _: Objects<'_, '_>,
+        _parent: ObjId,
+        _key: ObjId,
+        _first: ObjId,
+    ) -> bool {
+        false
+    }
+
+    /// Whether the item `key: value`, set in a dict that is the value of the key `parent` of
+    /// its dict, is kept.
+    fn keeps_item(
+        &mut self,
+        _: Objects<'_, '_>,
+        _parent: ObjId,
+        _key: ObjId,
+        _value: ObjId,
+    ) -> bool {
+        true
+    }
+}
+
+/// The memo indices that a GET reads, a bit per index, if the pickle (through its STOP)
+/// numbers its entries with MEMOIZE only and every opcode is one this unpickler reads;
+/// else `None`. (A GET of an index not yet memoized, which the run refuses, is left out:
+/// the bits never outnumber the MEMOIZEs.)
+/// The pages scanned are handed to `storages` to drop as it goes.
+fn memo_reads(data: &[u8], storages: &mut dyn Storages) -> Option<Vec<u64>> {
+    let mut reads: Vec<u64> = Vec::new();
+    let mut memoized = 0u64;
+    let mut read = |i: u64, memoized: u64| {
+        if i < memoized {
+            let w = (i / 64) as usize;
+            if w >= reads.len() {
+                reads.resize(w + 1, 0);
+            }
+            reads[w] |= 1 << (i % 64);
+        }
+    };
+    let mut pos = 0usize;
+    let mut released = 0usize;
+    let take = |pos: &mut usize, n: usize| -> Option<usize> {
+        let at = *pos;
+        *pos = at.checked_add(n).filter(|&e| e <= data.len())?;
+        Some(at)
+    };
+    let int = |at: usize, n: usize| -> u64 {
+        let mut a = [0u8; 8];
+        a[..n].copy_from_slice(&data[at..at + n]);
+        u64::from_le_bytes(a)
+    };
+    let line = |pos: &mut usize| -> Option<&[u8]> {
+        let n = data.get(*pos..)?.iter().position(|&b| b == b'\n')?;
+        let l = &data[*pos..*pos + n];
+        *pos += n + 1;
+        Some(l)
+    };
+    loop {
+        if pos - released >= RELEASE_CHUNK {
+            storages.release(&data[released..pos]);
+            released = pos;
+        }
+        let op = data[take(&mut pos, 1)?];
+        match op {
+            b'.' => break,
+            b'('
+            | b'0'
+            | b'1'
+            | b'2'
+            | b'N'
+            | 0x88
+            | 0x89
+            | b')'
+            | b't'
+            | 0x85..=0x87
+            | b']'
+            | b'l'
+            | b'a'
+            | b'e'
+            | b'}'
+            | b'd'
+            | b's'
+            | b'u'
+            | 0x8f
+            | 0x90
+            | 0x91
+            | 0x93
+            | b'R'
+            | b'b'
+            | 0x81
+            | 0x92
+            | b'Q' => {}
+            0x94 => memoized += 1,
+            0x80 | b'K' => {
+                take(&mut pos, 1)?;
+            }
+            b'M' => {
+                take(&mut pos, 2)?;
+            }
+            b'J' => {
+                take(&mut pos, 4)?;
+            }
+            b'G' | 0x95 => {
+                take(&mut pos, 8)?;
+            }
+            b'I' | b'L' | b'F' | b'S' | b'V' => {
+                line(&mut pos)?;
+            }
+            b'c' => {
+                line(&mut pos)?;
+                line(&mut pos)?;
+            }
+            0x8a | b'U' | 0x8c | b'C' => {
+                let n = int(take(&mut pos, 1)?, 1);
+                take(&mut pos, usize::try_from(n).ok()?)?;
+            }
+            0x8b | b'T' | b'X' | b'B' => {
+                let n = int(take(&mut pos, 4)?, 4);
+                take(&mut pos, usize::try_from(n).ok()?)?;
+            }
+            0x8d | 0x8e | 0x96 => {
+                let n = int(take(&mut pos, 8)?, 8);
+                take(&mut pos, usize::try_from(n).ok()?)?;
+            }
+            b'h' => read(int(take(&mut pos, 1)?, 1), memoized),
+            b'j' => read(int(take(&mut pos, 4)?, 4), memoized),
+            b'g' => {
+                let l = line(&mut pos)?;
+                read(std::str::from_utf8(l).ok()?.trim().parse().ok()?, memoized);
+            }
+            // PUT (numbered by the pickle), and what the unpickler refuses anyway.
+            _ => return None,
+        }
+    }
+    Some(reads)
 }
 
 /// Strs longer than this are checked and released (see [`Storages::release`]) in chunks.
@@ -407,6 +615,9 @@ pub struct Pickle<'a> {
     pub globals: Vec<String>,
     /// Bytes consumed, through STOP.
     pub end: usize,
+    /// Whether the reader's hooks pruned it ([`Storages::prunes`]): the items they did not
+    /// keep are not in it.
+    pub pruned: bool,
 }
 
 /// The arena size below which unreachable objects are not reclaimed.
@@ -436,45 +647,37 @@ impl<'a> Pickle<'a> {
 
     /// The text of `id` if it is a str (borrowed for as long as the pickle).
     pub fn str_of(&self, id: ObjId) -> Option<&str> {
-        Objects(&self.objects).arena(id).and_then(Object::as_str)
+        self.view().str_of(id)
     }
 
     /// The object `id` if it lives in the arena (every object but an inline int).
     pub fn arena(&self, id: ObjId) -> Option<&Object<'a>> {
-        Objects(&self.objects).arena(id)
+        self.view().arena(id)
     }
 
     /// The items of `id` if it is a dict, in insertion order.
     pub fn dict_items(&self, id: ObjId) -> Option<&[(ObjId, ObjId)]> {
-        match self.arena(id)? {
-            Object::Dict(d) => Some(&d.items),
-            _ => None,
-        }
+        self.view().dict_items(id)
     }
 
     /// The items of `id` if it is a list or a tuple.
     pub fn seq(&self, id: ObjId) -> Option<&[ObjId]> {
-        match self.arena(id)? {
-            Object::List(l) => Some(l),
-            Object::Tuple(t) => Some(t),
-            _ => None,
-        }
+        self.view().seq(id)
     }
 
     /// `id` if it is an int that fits in 64 bits.
     pub fn int(&self, id: ObjId) -> Option<i64> {
-        match &*self.get(id) {
-            Object::Int(n) => Some(*n),
-            _ => None,
-        }
+        self.view().int(id)
     }
 
     /// `id` if it is a list or tuple of non-negative ints (a shape, a size).
     pub fn sizes(&self, id: ObjId) -> Option<Vec<u64>> {
-        self.seq(id)?
-            .iter()
-            .map(|&i| self.int(i).and_then(|n| u64::try_from(n).ok()))
-            .collect()
+        self.view().sizes(id)
+    }
+
+    /// The arena as a view that resolves ids.
+    pub fn view(&self) -> Objects<'_, 'a> {
+        Objects(&self.objects)
     }
 }
 
@@ -687,8 +890,38 @@ pub fn unpickle<'a>(
     limits: &Limits,
     storages: &mut dyn Storages,
 ) -> Result<Pickle<'a>, TorchError> {
+    if storages.prunes() {
+        let read = memo_reads(data, storages);
+        match unpickle_pass(data, label, limits, storages, Some(read)) {
+            Err(Pass::Unsound) => {}
+            Err(Pass::Failed(e)) => return Err(e),
+            Ok(p) => return Ok(p),
+        }
+    }
+    unpickle_pass(data, label, limits, storages, None).map_err(|e| match e {
+        Pass::Failed(e) => e,
+        Pass::Unsound => unreachable!("only a pruning pass is unsound"),
+    })
+}
+
+/// Why a pass did not give a pickle.
+enum Pass {
+    Failed(TorchError),
+    /// Pruning, an object dropped was reached again: the pickle is read again whole.
+    Unsound,
+}
+
+/// One pass over the pickle; `prune`: with the memo entries that a GET reads, if known.
+fn unpickle_pass<'a>(
+    data: &'a [u8],
+    label: &'static str,
+    limits: &Limits,
+    storages: &mut dyn Storages,
+    prune: Option<Option<Vec<u64>>>,
+) -> Result<Pickle<'a>, Pass> {
     let cap = usize::try_from(limits.max_pickle_bytes).unwrap_or(usize::MAX);
     let capped = data.len() > cap;
+    let pruning = prune.is_some();
     let mut u = Unpickler {
         data: &data[..data.len().min(cap)],
         capped,
@@ -701,7 +934,10 @@ pub fn unpickle<'a>(
         depth: Vec::new(),
         stack: Vec::new(),
         marks: Vec::new(),
-        memo: Memo::default(),
+        memo: Memo {
+            read: prune.flatten(),
+            ..Memo::default()
+        },
         tensors: Vec::new(),
         placeholders: Vec::new(),
         seen: HashMap::new(),
@@ -715,12 +951,30 @@ pub fn unpickle<'a>(
         cells: 0,
         bytes: 0,
         storages,
+        pruning,
+        flags: Vec::new(),
+        skipping: None,
+        asked: None,
+        made_from: 0,
+        unsound: false,
     };
-    let root = u.run()?;
+    let root = match u.run() {
+        Ok(root) if !u.unsound => root,
+        _ if u.unsound => return Err(Pass::Unsound),
+        Ok(_) => unreachable!(),
+        Err(e) => return Err(Pass::Failed(e)),
+    };
     // Only what the result reaches is kept.
     u.stack.clear();
     u.memo = Memo::default();
     let root = u.collect(Some(root));
+    // Nothing made inside a value skipped may be in the result but what no container
+    // emptied can stand for (a str, a class named again).
+    if pruning
+        && (0..u.objects.len()).any(|i| u.flags[i] & SKIP_MADE != 0 && !u.is_inert(i as ObjId))
+    {
+        return Err(Pass::Unsound);
+    }
     u.objects.shrink_to_fit();
     u.depth.shrink_to_fit();
     Ok(Pickle {
@@ -730,6 +984,7 @@ pub fn unpickle<'a>(
         placeholders: u.placeholders,
         globals: u.globals,
         end: u.pos,
+        pruned: pruning,
     })
 }
 
@@ -768,7 +1023,26 @@ struct Unpickler<'a, 's> {
     /// Bytes of strings and byte strings made, over the whole run.
     bytes: u64,
     storages: &'s mut dyn Storages,
+    /// Whether dict items the reader never reads are dropped as they are parsed.
+    pruning: bool,
+    /// Per object: `SKIP_MADE`, `HOLLOW`, `PINNED`.
+    flags: Vec<u8>,
+    /// (mark level, stack slot) of the dict value being skipped, if one is.
+    skipping: Option<(usize, usize)>,
+    /// (mark level, stack slot) of the dict value last asked about.
+    asked: Option<(usize, usize)>,
+    /// The arena's length when the opcode now read began.
+    made_from: usize,
+    /// A pruning pass reached an object it had emptied.
+    unsound: bool,
 }
+
+/// An object made while a value was skipped.
+const SKIP_MADE: u8 = 1;
+/// A container left empty (its items, state or appended items dropped).
+const HOLLOW: u8 = 2;
+/// An object a GET will read again: never emptied.
+const PINNED: u8 = 4;
 
 type R<T> = Result<T, TorchError>;
 
@@ -890,6 +1164,11 @@ impl<'a> Unpickler<'a, '_> {
         self.made += 1;
         self.objects.push(obj);
         self.depth.push(depth);
+        self.flags.push(if self.skipping.is_some() {
+            SKIP_MADE
+        } else {
+            0
+        });
         Ok(id)
     }
 
@@ -1025,6 +1304,11 @@ impl<'a> Unpickler<'a, '_> {
                 limit: self.limits.max_objects as u64,
             }));
         }
+        if self.pruning && self.memo.keeps(index) {
+            if let Some(f) = self.flags.get_mut(top as usize) {
+                *f |= PINNED;
+            }
+        }
         self.memo.insert(index, top);
         Ok(())
     }
@@ -1033,7 +1317,112 @@ impl<'a> Unpickler<'a, '_> {
         let Some(id) = self.memo.get(index) else {
             return Err(self.err(PickleProblem::MemoMissing { index }));
         };
+        if self.pruning && self.skipping.is_none() && self.skip_made(id) && !self.is_inert(id) {
+            // Made inside a skipped value, and read into one kept: it may have been emptied.
+            self.unsound = true;
+            return Err(self.err(PickleProblem::MemoMissing { index }));
+        }
         self.push_id(id)
+    }
+
+    fn skip_made(&self, id: ObjId) -> bool {
+        self.flags
+            .get(id as usize)
+            .is_some_and(|f| f & SKIP_MADE != 0)
+    }
+
+    /// Whether `id` holds no other object, so that no emptying can have changed it.
+    fn is_inert(&self, id: ObjId) -> bool {
+        match self.arena(id) {
+            None => true,
+            Some(Object::Tuple(t)) => t.is_empty(),
+            Some(Object::List(_) | Object::Set(_) | Object::Dict(_) | Object::Tensor(_)) => false,
+            Some(Object::Storage(_)) => false,
+            Some(Object::Placeholder(p)) => {
+                !p.called && p.args.is_none() && p.state.is_none() && p.items.is_empty()
+            }
+            Some(_) => true,
+        }
+    }
+
+    /// Whether a change to `target` (APPEND, SETITEM, BUILD, ADDITEMS) is dropped: it was
+    /// made inside the value being skipped and no GET reads it. Marks it so.
+    fn hollows(&mut self, target: ObjId) -> bool {
+        if !self.pruning || self.skipping.is_none() {
+            return false;
+        }
+        match self.flags.get_mut(target as usize) {
+            Some(f) if *f & SKIP_MADE != 0 && *f & PINNED == 0 => {
+                *f |= HOLLOW;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The key under which the container at stack slot `at` is the value of the dict being
+    /// filled just below it (the innermost mark below `at`), if it is one.
+    fn parent_key(&self, at: usize) -> Option<ObjId> {
+        let below = self.marks.iter().rev().copied().find(|&m| m <= at)?;
+        let owner = *self.stack.get(below.checked_sub(1)?)?;
+        if !matches!(self.arena(owner), Some(Object::Dict(_))) {
+            return None;
+        }
+        (at > below && !(at - below).is_multiple_of(2)).then(|| self.stack[at - 1])
+    }
+
+    /// After each opcode, pruning: when a value of a dict begins (its key below it, just
+    /// above the dict's mark), ask the reader whether it skips it.
+    fn track_slot(&mut self) {
+        let level = self.marks.len();
+        let len = self.stack.len();
+        if let Some((l, v)) = self.skipping {
+            if level < l || len <= v {
+                self.skipping = None;
+            } else if level > l {
+                return;
+            }
+        }
+        if let Some((l, v)) = self.asked {
+            if level < l || len <= v {
+                self.asked = None;
+            }
+        }
+        let Some(&m) = self.marks.last() else {
+            return;
+        };
+        if m == 0 || len < m + 2 || !(len - m).is_multiple_of(2) {
+            return;
+        }
+        let v = len - 1;
+        if self.asked == Some((level, v)) {
+            return;
+        }
+        let dict = self.stack[m - 1];
+        if !matches!(self.arena(dict), Some(Object::Dict(_))) {
+            return;
+        }
+        self.asked = Some((level, v));
+        let (key, first) = (self.stack[v - 1], self.stack[v]);
+        let skip = self.parent_key(m - 1).is_some_and(|parent| {
+            self.storages
+                .skips_value(Objects(&self.objects), parent, key, first)
+        });
+        // The value's first object, made by the opcode just read, is the value's: skipped
+        // with it, or kept with it (made while the value before it was being skipped).
+        if first & INLINE == 0 && first as usize >= self.made_from {
+            let f = &mut self.flags[first as usize];
+            *f = if skip {
+                *f | SKIP_MADE
+            } else {
+                *f & !SKIP_MADE
+            };
+        }
+        if skip {
+            self.skipping = Some((level, v));
+        } else if self.skipping.is_some_and(|(l, _)| l == level) {
+            self.skipping = None;
+        }
     }
 
     /// A str borrowed from the pickle (checked to be UTF-8, not copied).
@@ -1582,6 +1971,9 @@ impl<'a> Unpickler<'a, '_> {
         let state_ok_for_tensor = matches!(&*self.obj(state), Object::None)
             || matches!(&*self.obj(state), Object::Dict(_));
         let d = self.depth_of(state) + 1;
+        if self.hollows(inst) {
+            return Ok(());
+        }
         let target = match self.obj_mut(inst) {
             Some(Object::Dict(dict)) if dict.ordered => {
                 dict.state = Some(state);
@@ -1620,6 +2012,9 @@ impl<'a> Unpickler<'a, '_> {
 
     fn append(&mut self, op: u8, items: Vec<ObjId>) -> R<()> {
         let target = self.top(op)?;
+        if self.hollows(target) {
+            return Ok(());
+        }
         let d = items.iter().map(|&i| self.depth_of(i)).max().unwrap_or(0) + 1;
         self.charge_cells(items.len())?;
         match self.obj_mut(target) {
@@ -1631,14 +2026,30 @@ impl<'a> Unpickler<'a, '_> {
         self.raise_depth(target, d)
     }
 
-    fn setitems(&mut self, op: u8, items: Vec<ObjId>) -> R<()> {
+    fn setitems(&mut self, op: u8, mut items: Vec<ObjId>) -> R<()> {
         let target = self.top(op)?;
+        if self.hollows(target) {
+            return Ok(());
+        }
         if !items.len().is_multiple_of(2) {
             return Err(self.err(PickleProblem::WrongType {
                 op: op_name(op),
                 expected: "key-value pairs",
                 found: "an odd number of items",
             }));
+        }
+        if self.pruning && matches!(self.arena(target), Some(Object::Dict(_))) {
+            if let Some(parent) = self.parent_key(self.stack.len() - 1) {
+                let objects = Objects(&self.objects);
+                let storages = &mut *self.storages;
+                let mut kept = Vec::with_capacity(items.len());
+                for kv in items.chunks_exact(2) {
+                    if storages.keeps_item(objects, parent, kv[0], kv[1]) {
+                        kept.extend_from_slice(kv);
+                    }
+                }
+                items = kept;
+            }
         }
         let d = items.iter().map(|&i| self.depth_of(i)).max().unwrap_or(0) + 1;
         self.charge_cells(items.len())?;
@@ -1654,6 +2065,9 @@ impl<'a> Unpickler<'a, '_> {
 
     fn additems(&mut self, op: u8, items: Vec<ObjId>) -> R<()> {
         let target = self.top(op)?;
+        if self.hollows(target) {
+            return Ok(());
+        }
         let d = items.iter().map(|&i| self.depth_of(i)).max().unwrap_or(0) + 1;
         self.charge_cells(items.len())?;
         match self.obj_mut(target) {
@@ -1718,11 +2132,13 @@ impl<'a> Unpickler<'a, '_> {
                 *slot = kept as ObjId;
                 self.objects.swap(kept, i);
                 self.depth.swap(kept, i);
+                self.flags.swap(kept, i);
                 kept += 1;
             }
         }
         self.objects.truncate(kept);
         self.depth.truncate(kept);
+        self.flags.truncate(kept);
         let map = |id: ObjId| match new_id.get(id as usize) {
             Some(&new) if id & INLINE == 0 => new,
             _ => id,
@@ -1747,9 +2163,13 @@ impl<'a> Unpickler<'a, '_> {
 
     fn run(&mut self) -> R<ObjId> {
         loop {
+            if self.pruning {
+                self.track_slot();
+            }
             if self.objects.len() >= self.next_collect {
                 self.collect(None);
             }
+            self.made_from = self.objects.len();
             if self.pos - self.released >= RELEASE_CHUNK {
                 // The pickle behind us: its pages may go (a str borrowed from them is read
                 // again from the file if ever needed).
@@ -2183,6 +2603,86 @@ pub(crate) mod tests {
     use super::*;
     use std::cell::Cell;
     use std::collections::HashSet;
+
+    /// `{'a': 0, 'sd': {'drop': [1, 2, [5, 6]], 'keep': [3, 4]}}`, Python's protocol 4.
+    const PRUNED: &[u8] = &[
+        128, 4, 149, 58, 0, 0, 0, 0, 0, 0, 0, 125, 148, 40, 140, 1, 97, 148, 75, 0, 140, 2, 115,
+        100, 148, 125, 148, 40, 140, 4, 100, 114, 111, 112, 148, 93, 148, 40, 75, 1, 75, 2, 93,
+        148, 40, 75, 5, 75, 6, 101, 101, 140, 4, 107, 101, 101, 112, 148, 93, 148, 40, 75, 3, 75,
+        4, 101, 117, 117, 46,
+    ];
+
+    /// The same, but the list inside 'drop' is `s` and 'keep' is `[3, s]` (a GET of it).
+    const SHARED: &[u8] = &[
+        128, 4, 149, 62, 0, 0, 0, 0, 0, 0, 0, 125, 148, 40, 140, 1, 97, 148, 75, 0, 140, 2, 115,
+        100, 148, 125, 148, 40, 140, 4, 100, 114, 111, 112, 148, 93, 148, 40, 75, 1, 75, 2, 93,
+        148, 40, 140, 1, 120, 148, 140, 1, 121, 148, 101, 101, 140, 4, 107, 101, 101, 112, 148, 93,
+        148, 40, 75, 3, 104, 6, 101, 117, 117, 46,
+    ];
+
+    /// Hooks that skip and drop the item `drop` of the dict under `sd`.
+    struct DropOne {
+        skipped: usize,
+    }
+
+    impl Storages for DropOne {
+        fn load(&mut self, o: Objects<'_, '_>, pid: ObjId) -> Result<StorageRef, TorchError> {
+            NoStorages.load(o, pid)
+        }
+        fn prunes(&self) -> bool {
+            true
+        }
+        fn skips_value(&mut self, o: Objects<'_, '_>, parent: ObjId, key: ObjId, _: ObjId) -> bool {
+            let skip = o.str_of(parent) == Some("sd") && o.str_of(key) == Some("drop");
+            self.skipped += usize::from(skip);
+            skip
+        }
+        fn keeps_item(&mut self, o: Objects<'_, '_>, parent: ObjId, key: ObjId, _: ObjId) -> bool {
+            !(o.str_of(parent) == Some("sd") && o.str_of(key) == Some("drop"))
+        }
+    }
+
+    /// The keys of the dict under `sd`, and whether the pickle was pruned.
+    fn sd_keys(data: &[u8]) -> (Vec<String>, bool) {
+        let mut hooks = DropOne { skipped: 0 };
+        let p = unpickle(data, "test", &Limits::default(), &mut hooks).unwrap();
+        let root = p.dict_items(p.root).unwrap();
+        let sd = root
+            .iter()
+            .find(|(k, _)| p.str_of(*k) == Some("sd"))
+            .unwrap()
+            .1;
+        let keys = p.dict_items(sd).unwrap().iter();
+        let keys = keys
+            .map(|&(k, _)| p.str_of(k).unwrap().to_string())
+            .collect();
+        assert_eq!(hooks.skipped, 1);
+        (keys, p.pruned)
+    }
+
+    #[test]
+    fn pruning_drops_the_items_skipped() {
+        COLLECT_AT.with(|c| c.set(0));
+        assert_eq!(sd_keys(PRUNED), (vec!["keep".to_string()], true));
+        let mut hooks = DropOne { skipped: 0 };
+        let p = unpickle(PRUNED, "test", &Limits::default(), &mut hooks).unwrap();
+        // Nothing of the value skipped is left: 'a', 0, 'sd', 'keep', [3, 4] and the dicts.
+        assert!(p.objects.len() <= 6, "{:?}", p.objects);
+    }
+
+    #[test]
+    fn pruning_reads_again_whole_when_a_skipped_object_is_reached_again() {
+        COLLECT_AT.with(|c| c.set(0));
+        // `s` was made inside 'drop' and is read into 'keep': the pass is read again whole,
+        // and the tree is the one a plain read gives.
+        let (keys, pruned) = sd_keys(SHARED);
+        assert_eq!(keys, vec!["drop".to_string(), "keep".to_string()]);
+        assert!(!pruned);
+        let whole = unpickle(SHARED, "test", &Limits::default(), &mut NoStorages).unwrap();
+        let mut hooks = DropOne { skipped: 0 };
+        let again = unpickle(SHARED, "test", &Limits::default(), &mut hooks).unwrap();
+        assert!(same_tree(&whole, whole.root, &again, again.root));
+    }
 
     thread_local! {
         /// [`min_collect`] in tests: this thread's arena size that triggers reclaiming.
