@@ -785,9 +785,15 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let mut rng = Rng(seed);
-        let dtypes = [
-            "F32", "F64", "F16", "BF16", "I64", "U8", "F8_E4M3", "I32", "F4",
-        ];
+        // Seeds 1 mod 4 are planned for FP8 targets, which refuse a quantized input whole
+        // (`plan::already_quantized`): their files hold no F8/F4 tensor.
+        let dtypes: &[&str] = if seed % 4 == 1 {
+            &["F32", "F64", "F16", "BF16", "I64", "U8", "I32"]
+        } else {
+            &[
+                "F32", "F64", "F16", "BF16", "I64", "U8", "F8_E4M3", "I32", "F4",
+            ]
+        };
         let mut paths = Vec::new();
         for f in 0..files {
             let mut json = String::from("{");

@@ -72,11 +72,26 @@ pub fn folder_format(dir: &Path) -> Option<Format> {
 
 /// The tag `dir/latest` names: one folder name (its whitespace trimmed).
 pub fn latest_tag(dir: &Path) -> Option<String> {
-    let tag = std::fs::read(dir.join("latest"))
-        .ok()
-        .filter(|t| t.len() <= 4096);
-    let tag = tag.and_then(|t| String::from_utf8(t).ok());
-    tag.map(|t| t.trim().to_string()).filter(|t| is_one_name(t))
+    let tag = read_latest(&dir.join("latest"))?;
+    Some(tag.trim().to_string()).filter(|t| is_one_name(t))
+}
+
+/// DeepSpeed's `latest` file at `path` as text: read only when it is a regular file of at
+/// most 4096 bytes (opened without blocking, so a FIFO never hangs, and never read past
+/// that bound, so a huge file saved there by mistake costs nothing).
+pub fn read_latest(path: &Path) -> Option<String> {
+    use std::io::Read;
+    const MAX: u64 = 4096;
+    let (file, meta) = crate::source::open_regular(path).ok()?;
+    if meta.len() > MAX {
+        return None;
+    }
+    let mut text = Vec::new();
+    file.take(MAX + 1).read_to_end(&mut text).ok()?;
+    if text.len() as u64 > MAX {
+        return None;
+    }
+    String::from_utf8(text).ok()
 }
 
 /// Refuse a symlink among the entries of the checkpoint folder `dir` (and of the tag folder
@@ -294,10 +309,12 @@ mod tests {
                 &["bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"],
                 Some(Format::DeepSpeed),
             ),
+            // A folder of DeepSpeed partitions whose `latest` names no tag folder of them is
+            // DeepSpeed still: read, it is refused naming `latest` and the tags found.
             (
                 "latest-elsewhere",
                 &["latest", "other/mp_rank_00_model_states.pt"],
-                None,
+                Some(Format::DeepSpeed),
             ),
             ("hf", &["model.safetensors", "config.json"], None),
             // The Trainer's checkpoint-N/ under DeepSpeed: the weights are there already.

@@ -278,10 +278,7 @@ pub fn checkpoint_folder(path: &Path) -> PathBuf {
     };
     let named = tag.file_name().map(|n| n.to_string_lossy().into_owned());
     if let (Some(top), Some(named)) = (tag.parent(), named) {
-        let latest = std::fs::read(top.join("latest"))
-            .ok()
-            .filter(|t| t.len() <= 4096);
-        let latest = latest.and_then(|t| String::from_utf8(t).ok());
+        let latest = super::folder::read_latest(&top.join("latest"));
         if latest.is_some_and(|t| t.trim() == named) {
             return if top.as_os_str().is_empty() {
                 PathBuf::from(".")
