@@ -18,6 +18,7 @@ from .fp8 import (
     WEIGHT_COMPANION_SUFFIXES,
     dequantizes,
     is_fp8,
+    is_model_config,
     nonfinite,
     without_quantization,
 )
@@ -163,6 +164,13 @@ def plan(
     fp8_configs: dict[str, bytes] = {}
     for f in configs:
         text, doc = read_json(f)
+        if is_fp8(to) and is_model_config(f.rel) and not isinstance(doc, dict):
+            # The FP8 quantization_config is written into it: refused before anything is.
+            raise InvalidInput(
+                f"{_esc(f.path)}: not a JSON object, so an FP8 target cannot add its "
+                "quantization_config to it",
+                path=f.path,
+            )
         # `keep` changes no dtype: the config is copied as it is.
         torch_name = _core.TARGET_TORCH_NAMES.get(to)
         content = None if torch_name is None else set_dtypes(text, torch_name)
