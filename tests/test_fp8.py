@@ -1163,3 +1163,64 @@ def test_numeric_report_file_has_the_fp8_rows(tmp_path):
     assert {t["name"] for t in doc["tensors"]} == {
         n for n in tensor_hashes(out) if not n.endswith("_scale")
     } - {q["name"] for q in doc["quantized"]}
+
+
+@pytest.mark.parametrize("to", ["fp8", "fp8-block"])
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_fp8_bf16_nonfinite_weight_verify(tmp_path, run_main, to, value):
+    """A BF16 source whose `q.weight` holds one NaN (or inf): convert --to fp8 leaves it BF16,
+    byte for byte; verify with the same options must pass it. It refused it ("tensor
+    `q.weight` is BF16 in DST, but --to fp8 quantizes it"): rust/verify.rs exempted only
+    weights converted to BF16 (an F32 or F16 source), not ones kept in it. It must still
+    refuse a BF16 weight without NaN or inf left unquantized."""
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((4, 8)).astype(ml_dtypes.bfloat16)
+    q.flat[1] = value
+    k = rng.standard_normal((4, 8)).astype(ml_dtypes.bfloat16)
+    src = write_safetensors(
+        tmp_path / "in.safetensors",
+        {"q.weight": ("BF16", [4, 8], q), "k.weight": ("BF16", [4, 8], k)},
+    )
+    out = tmp_path / "out.safetensors"
+    rc, _, err = run_main("convert", src, out, "--to", to)
+    assert rc == 0, err
+    assert tensor_bytes(out)["q.weight"][0] == "BF16"
+    rc, _, err = run_main("verify", src, out, "--to", to)
+    assert rc == 0, err
+    # The same output against a source whose `q.weight` is finite: the BF16 copy is wrong.
+    q.flat[1] = 1.0
+    finite = write_safetensors(
+        tmp_path / "finite.safetensors",
+        {"q.weight": ("BF16", [4, 8], q), "k.weight": ("BF16", [4, 8], k)},
+    )
+    rc, _, err = run_main("verify", finite, out, "--to", to)
+    assert rc == 1 and "q.weight" in err, err
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '"x"'])
+def test_fp8_config_not_an_object(tmp_path, run_main, text):
+    """A config.json that is JSON but not an object (a list, a string): --to fp8 failed with
+    "internal error: TypeError" after the weights were written (DST left with a manifest and
+    model.safetensors), and inspect passed it. Now convert and inspect refuse it in
+    one line naming the file, before anything is written."""
+    src = tmp_path / "src"
+    src.mkdir()
+    write_safetensors(
+        src / "model.safetensors", {"a.weight": ("F32", [4, 4], np.ones((4, 4), np.float32))}
+    )
+    (src / "config.json").write_text(text)
+    out = tmp_path / "out"
+    rc, _, err = run_main("convert", src, out, "--to", "fp8")
+    assert rc == 1
+    assert_one_error_line(err)
+    assert "internal error" not in err, err
+    assert "config.json" in err and "not a JSON object" in err, err
+    assert not out.exists()
+    # inspect, with DST or without, says the same.
+    for dst in ([out], []):
+        rc, _, err = run_main("inspect", src, *dst, "--to", "fp8")
+        assert rc == 1 and "not a JSON object" in err, err
+    assert not out.exists()
+    # --to bf16 copies such a config (no quantization_config goes into it).
+    assert run_main("convert", src, out)[0] == 0
+    assert run_main("verify", src, out)[0] == 0

@@ -299,3 +299,81 @@ def test_dequantized_folder_with_an_fp8_config_is_a_config_difference(tmp_path, 
     (out / "config.json").write_text(json.dumps(doc, indent=2) + "\n")
     rc, _, err = run_main("verify", src, out)
     assert rc == 1 and "config.json" in err and "already quantized" not in err, err
+
+
+def ct_matches(entry: str, module: str, classes: tuple[str, ...]) -> bool:
+    """compressed-tensors' rule for an `ignore` or `targets` entry (utils/match.py): `re:X`
+    is `re.match(X, name)`; another entry is the module's name or the name of its class or
+    a class it derives from."""
+    import re
+
+    if entry.startswith("re:"):
+        return re.match(entry[3:], module) is not None
+    return entry == module or entry in classes
+
+
+@pytest.mark.parametrize("module", ["re:.*", "Linear", "Module", "re:b"])
+def test_fp8_ignore_entry_from_module_name(tmp_path, run_main, module):
+    """`MODULE.weight` holds a NaN (so it stays BF16 and goes into `ignore`), `b.weight` is
+    quantized. The module's name went into `ignore` as it is, which compressed-tensors reads
+    as a regex (`re:.*`) or a class name (`Linear`, `Module`: every Linear module), naming
+    `b` too; verify then refused convert's own output. Now such a name is written as an
+    escaped regex anchored at both ends, naming that module only; verify passes it."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((4, 8)).astype(np.float32)
+    w[0, 0] = np.nan
+    src = tmp_path / "src"
+    src.mkdir()
+    write_safetensors(
+        src / "model.safetensors",
+        {
+            f"{module}.weight": ("F32", [4, 8], w),
+            "b.weight": ("F32", [4, 8], rng.standard_normal((4, 8)).astype(np.float32)),
+            "lm_head.weight": ("F32", [4, 8], w),
+        },
+    )
+    (src / "config.json").write_text(json.dumps({"model_type": "x"}))
+    out = tmp_path / "out"
+    rc, _, err = run_main("convert", src, out, "--to", "fp8")
+    assert rc == 0, err
+    ignore = json.loads((out / "config.json").read_text())["quantization_config"]["ignore"]
+    linear = ("Linear", "Module")
+    for name in (module, "lm_head"):
+        assert [e for e in ignore if ct_matches(e, name, linear)], (name, ignore)
+    assert not [e for e in ignore if ct_matches(e, "b", linear)], ignore
+    assert not [e for e in ignore if ct_matches(e, module + "x", linear)], ignore
+    assert "lm_head" in ignore  # a plain name stays as llm-compressor writes it
+    rc, _, err = run_main("verify", src, out, "--to", "fp8")
+    assert rc == 0, err
+    rc, _, err = run_main("verify", src, out, "--to", "fp8", "--loose")
+    assert rc == 0, err
+
+
+def test_loose_fp8_dcp_output_with_copied_config(tmp_path, run_main):
+    """`convert DCP hf/ --key model --to fp8 --max-shard-size 1KB`, then the model's
+    config.json copied into hf/ (without a quantization_config, a loader reads the E4M3
+    codes as the weights). `verify --loose` passed it (loose ignores extra files); now a
+    model config added beside FP8 shards must describe them, strict and loose. One with
+    the quantization_config a folder conversion writes passes loose."""
+    dcp = Path(__file__).parent / "fixtures" / "dcp" / "fsdp2-1d-3ranks"
+    out = tmp_path / "hf"
+    rc, _, err = run_main(
+        "convert", dcp, out, "--key", "model", "--to", "fp8", "--max-shard-size", "1KB"
+    )
+    assert rc == 0, err
+    assert run_main("verify", dcp, out, "--key", "model")[0] == 0
+    (out / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    rc, _, err = run_main("verify", dcp, out, "--key", "model", "--loose")
+    assert rc == 1, err
+    line = assert_one_error_line(err)
+    assert "config.json" in line and "quantization_config" in line, line
+    rc, _, err = run_main("verify", dcp, out, "--key", "model")
+    assert rc == 1 and "config.json" in err, err
+    # A config that describes the shards (an FP8 folder conversion's own) passes loose.
+    from stcast.folder.fp8 import config_text, fp8_tensors
+
+    shards = sorted(str(p) for p in out.glob("*.safetensors"))
+    text = config_text('{"model_type": "llama"}', "fp8", fp8_tensors(shards).unquantized)
+    (out / "config.json").write_bytes(text)
+    rc, _, err = run_main("verify", dcp, out, "--key", "model", "--loose")
+    assert rc == 0, err

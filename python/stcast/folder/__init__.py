@@ -789,6 +789,8 @@ def inspect_folder(
         weights, others = _reshard.file_plan(src, to, {}).weights, []
     else:
         walked = _walk.walk(src, given.follow_links)
+        for f in walked.configs:  # as convert refuses it, before any weight is read
+            _walk.check_fp8_config(f, _walk.read_json(f)[1], to)
         weights = walked.weights
         others = [*walked.indexes, *walked.configs, *walked.others]
         said += [Notice(k, t) for k, t in _walk.skipped_notice(walked.skipped)]

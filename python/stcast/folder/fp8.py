@@ -134,11 +134,24 @@ def _layout(path: str) -> list[TensorInfo]:
     return _engine.inspect_file(path, to="keep").tensors
 
 
+def ignore_entry(module: str) -> str:
+    """The `ignore` entry that names `module` and no other for compressed-tensors, which
+    reads `re:X` as a regex matched at the start of a name and any other entry as a name or
+    a class name (a module's class or one it derives from: `Linear`, `Module`). A name that
+    could be read so, one starting with `re:` or an undotted name starting with a capital
+    (class names are CapWords; a dotted name is never one), is written as an escaped regex
+    anchored at both ends; any other name as it is, as llm-compressor writes `lm_head`."""
+    if module.startswith("re:") or ("." not in module and module[:1].isupper()):
+        return "re:" + re.escape(module) + r"\Z"
+    return module
+
+
 def config_text(text: str, to: str, ignore: list[str]) -> bytes:
     """A model config (its text, the dtype set already) with the FP8 `quantization_config`,
-    written as compressed-tensors writes it (indent 2, keys sorted)."""
+    written as compressed-tensors writes it (indent 2, keys sorted); `ignore` the modules
+    left unquantized, each named by its own entry (`ignore_entry`)."""
     doc = json.loads(text)
-    doc["quantization_config"] = quantization_config(to, ignore)
+    doc["quantization_config"] = quantization_config(to, [ignore_entry(m) for m in ignore])
     return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
 

@@ -24,6 +24,7 @@ from ..errors import Refused, StcastError
 from ..reports import Mismatch, Notice, VerifyReport, _build, merged_numerics, numeric_parts
 from .common import MAX_JSON_BYTES, WEIGHTS_SUFFIX, File, check_index, read_bounded
 from .fp8 import (
+    config_problem,
     config_text,
     dequantized,
     dequantizes,
@@ -253,6 +254,11 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         to = "keep"  # PyTorch weights converted with no tensor changing dtype
     if mismatch is None:
         mismatch = _check_others(src, dst, to or "bf16", indexes, configs, others, fail, loose)
+    if mismatch is None and to is not None and is_fp8(to):
+        # Loose ignores extra files, but not a model config beside FP8 shards (one copied in
+        # after a DCP or single-file source was re-sharded): a loader trusts it.
+        extra_configs = [r for r in sorted(found - set(expected)) if is_model_config(r)]
+        mismatch = _check_added_configs(dst, to, extra_configs, fail)
     ok = mismatch is None
     numerics = merged_numerics([(rel, r.numerics) for rel, r in zip(rels, reports)]) if ok else None
     if ok and report is not None and numerics is not None:
@@ -343,10 +349,7 @@ def _check_others(
             # The config must describe the tensors beside it (strict and loose alike): a
             # loader trusts its `ignore`, strategy and format. Strict mode then wants
             # stcast's bytes; loose (another tool's config) SRC's other keys.
-            here = os.path.join(dst, os.path.dirname(f.rel))
-            shards = [os.path.join(here, n) for n in sorted(os.listdir(here))]
-            shards = [p for p in shards if p.endswith(WEIGHTS_SUFFIX) and os.path.isfile(p)]
-            tensors = fp8_tensors(shards)
+            tensors = fp8_tensors(_shards_beside(dst, f.rel))
             problem = same_fp8_config(got, text, to, tensors)
             if problem is not None:
                 return fail(f.rel, f"does not describe the FP8 tensors beside it: {problem}")
@@ -371,6 +374,36 @@ def _check_others(
         got = read_bounded(os.path.join(dst, f.rel), MAX_JSON_BYTES)
         if not _same_json(got, want, loose):
             return fail(f.rel, "is not SRC's index with the total size of DST's shards")
+    return None
+
+
+def _shards_beside(dst: str, rel: str) -> list[str]:
+    """The safetensors files in the folder of DST's file `rel` (paths)."""
+    here = os.path.join(dst, os.path.dirname(rel))
+    shards = [os.path.join(here, n) for n in sorted(os.listdir(here))]
+    return [p for p in shards if p.endswith(WEIGHTS_SUFFIX) and os.path.isfile(p)]
+
+
+def _check_added_configs(
+    dst: str, to: Target, rels: list[str], fail: Callable[[str, str], Mismatch]
+) -> Mismatch | None:
+    """Model configs in an FP8 output that SRC has none of (added after the run) must hold
+    a quantization_config that describes the FP8 tensors beside them: without one, a loader
+    reads the E4M3 codes as the weights. A file that is not a JSON object is no model
+    config."""
+    for rel in rels:
+        try:
+            doc = json.loads(read_bounded(os.path.join(dst, rel), MAX_JSON_BYTES))
+        except (OSError, StcastError, ValueError, RecursionError):
+            continue
+        if not isinstance(doc, dict):
+            continue
+        tensors = fp8_tensors(_shards_beside(dst, rel))
+        if not tensors.quantized:
+            continue
+        problem = config_problem(doc.get("quantization_config"), to, tensors)
+        if problem is not None:
+            return fail(rel, f"does not describe the FP8 tensors beside it: {problem}")
     return None
 
 

@@ -18,6 +18,7 @@ from .fp8 import (
     WEIGHT_COMPANION_SUFFIXES,
     dequantizes,
     is_fp8,
+    is_model_config,
     nonfinite,
     without_quantization,
 )
@@ -163,6 +164,7 @@ def plan(
     fp8_configs: dict[str, bytes] = {}
     for f in configs:
         text, doc = read_json(f)
+        check_fp8_config(f, doc, to)
         # `keep` changes no dtype: the config is copied as it is.
         torch_name = _core.TARGET_TORCH_NAMES.get(to)
         content = None if torch_name is None else set_dtypes(text, torch_name)
@@ -465,6 +467,17 @@ def listing(dst: str) -> list[str]:
 
 def _by_rel(f: File) -> str:
     return f.rel
+
+
+def check_fp8_config(f: File, doc: Any, to: Target) -> None:
+    """An FP8 target writes its quantization_config into the model config `f` (`doc`, as
+    parsed): one that is not a JSON object is refused, before anything is written."""
+    if is_fp8(to) and is_model_config(f.rel) and not isinstance(doc, dict):
+        raise InvalidInput(
+            f"{_esc(f.path)}: not a JSON object, so an FP8 target cannot add its "
+            "quantization_config to it",
+            path=f.path,
+        )
 
 
 def read_json(f: File) -> tuple[str, Any]:
