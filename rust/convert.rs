@@ -519,6 +519,7 @@ impl Job {
                         ..Numerics::default()
                     });
                 }
+                self.release_companions(d, row0 + w.len / d.cols);
                 false
             } else {
                 let dst_bytes = &mut self.out_map[da..da + dst_n as usize];
@@ -805,6 +806,27 @@ impl Job {
         let window = self.tuning.window as u64;
         self.in_pending
             .add(&self.src.files, input, (at, at + n), window);
+    }
+
+    /// A dequantized weight's rows before `row_end` are done: drop the pages of the scale
+    /// and zero point rows they read, so that a big scale (small groups: a quarter of the
+    /// weight in F32 for groups of 16) stays resident a window at a time, not whole.
+    fn release_companions(&self, d: Deq, row_end: u64) {
+        let done = match d.layout {
+            Layout::Tensor => return,
+            Layout::Channel | Layout::Group(_) => row_end,
+            Layout::Block => row_end / crate::quant::BLOCK,
+        };
+        for k in d.companions() {
+            let t = &self.src.header.tensors[k];
+            // Channel, group and block scales (and their zero points) are [rows, n].
+            let rows = t.shape.first().map_or(1, |&r| r.max(1) as u64);
+            let bytes = done.min(rows) * (t.len() / rows);
+            if bytes > 0 {
+                let (file, at) = self.src.locate(t);
+                file.release((at, at + bytes));
+            }
+        }
     }
 
     /// Start writeback of finished output and drop the window written before it.
