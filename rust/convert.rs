@@ -398,6 +398,12 @@ impl Job {
         let (pool, threads) = worker_pool(opts.threads, "stcast", dst)?;
         let cursor = Cursor::new(opts.tuning.window, src.header.data_len());
         let plan_len = plan.tensors.len();
+        // A dequantized weight can overflow an F16 target (code x scale beyond 65504): its
+        // overflow is counted as any conversion's, whatever the options.
+        let dequantizes = plan
+            .tensors
+            .iter()
+            .any(|t| matches!(t.action, Action::Dequantize(_)));
         let warnings = plan.warnings.clone();
         Ok(Job {
             dst: dst.to_path_buf(),
@@ -419,6 +425,7 @@ impl Job {
             // The overflow guard and the report need the counts whatever `opts.numerics` says.
             numerics: (opts.numerics
                 || opts.on_overflow == OnOverflow::Error
+                || dequantizes
                 || outputs.report.is_some())
             .then(|| vec![Numerics::default(); plan_len]),
             fp8: match opts.plan.target.strategy() {
@@ -504,6 +511,15 @@ impl Job {
                 let row0 = w.pos / d.cols;
                 let (pool, src) = (&self.pool, &self.src);
                 dequantize_window(pool, self.threads, d, src, row0, src_bytes, dst_bytes);
+                if let Some(all) = &mut self.numerics {
+                    // E4M3 holds no infinity: every one written is a finite value overflowed.
+                    all[w.item].merge(&Numerics {
+                        elements: w.len,
+                        overflow: fp8::count_inf(d.target, dst_bytes),
+                        ..Numerics::default()
+                    });
+                }
+                self.release_companions(d, row0 + w.len / d.cols);
                 false
             } else {
                 let dst_bytes = &mut self.out_map[da..da + dst_n as usize];
@@ -698,13 +714,56 @@ impl Job {
             .collect()
     }
 
+    /// The dequantized weights that overflowed the target, and how many values did.
+    fn dequantized_overflow(&self) -> Vec<(&str, u64)> {
+        let Some(all) = &self.numerics else {
+            return Vec::new();
+        };
+        self.plan
+            .tensors
+            .iter()
+            .zip(all)
+            .filter(|(t, n)| matches!(t.action, Action::Dequantize(_)) && n.overflow > 0)
+            .map(|(t, n)| (self.src.header.tensors[t.source].name.as_str(), n.overflow))
+            .collect()
+    }
+
     /// Once everything is converted: refuse overflow under `OnOverflow::Error` (nothing is
     /// published then), else warn about it; warn about values that underflowed to zero.
     fn check_overflow(&mut self) -> Result<()> {
         let measured = self.measured();
+        let dequantized = self.dequantized_overflow();
+        if let (OnOverflow::Keep, Some((tensor, values))) = (self.on_overflow, dequantized.first())
+        {
+            // A dequantized weight has no dtype of its own to keep: its FP8 codes mean
+            // nothing without the scale dequantization drops.
+            return Err(Error::Fp8Unpaired {
+                path: self.src.path.clone(),
+                tensor: tensor.to_string(),
+                problem: Box::new(crate::error::Fp8Problem::Overflow {
+                    values: *values,
+                    target: self.plan.target,
+                }),
+            });
+        }
+        let overflowed: Vec<(&str, Numerics)> = dequantized
+            .iter()
+            .map(|&(name, overflow)| {
+                let n = Numerics {
+                    overflow,
+                    ..Numerics::default()
+                };
+                (name, n)
+            })
+            .collect();
+        let all: Vec<(&str, &Numerics)> = measured
+            .iter()
+            .copied()
+            .chain(overflowed.iter().map(|(name, n)| (*name, n)))
+            .collect();
         let mut found = Vec::new();
         if let Some((error, warning)) =
-            plan::overflow_outcome(&self.src.path, self.plan.target, &measured)
+            plan::overflow_outcome(&self.src.path, self.plan.target, &all)
         {
             if self.on_overflow == OnOverflow::Error {
                 return Err(error);
@@ -747,6 +806,27 @@ impl Job {
         let window = self.tuning.window as u64;
         self.in_pending
             .add(&self.src.files, input, (at, at + n), window);
+    }
+
+    /// A dequantized weight's rows before `row_end` are done: drop the pages of the scale
+    /// and zero point rows they read, so that a big scale (small groups: a quarter of the
+    /// weight in F32 for groups of 16) stays resident a window at a time, not whole.
+    fn release_companions(&self, d: Deq, row_end: u64) {
+        let done = match d.layout {
+            Layout::Tensor => return,
+            Layout::Channel | Layout::Group(_) => row_end,
+            Layout::Block => row_end / crate::quant::BLOCK,
+        };
+        for k in d.companions() {
+            let t = &self.src.header.tensors[k];
+            // Channel, group and block scales (and their zero points) are [rows, n].
+            let rows = t.shape.first().map_or(1, |&r| r.max(1) as u64);
+            let bytes = done.min(rows) * (t.len() / rows);
+            if bytes > 0 {
+                let (file, at) = self.src.locate(t);
+                file.release((at, at + bytes));
+            }
+        }
     }
 
     /// Start writeback of finished output and drop the window written before it.

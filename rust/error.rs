@@ -78,6 +78,19 @@ pub enum Fp8Problem {
     NotBeside { weight: String, zero_point: bool },
     /// A zero point beside DeepSeek's `weight_scale_inv`, a format without zero points.
     ZeroPointWithScaleInv { weight: String, scale_inv: String },
+    /// A scale whose shape fits two layouts of its one-row weight (`expected`) that group
+    /// the columns differently: 128-column blocks, or groups of cols/G.
+    AmbiguousScale {
+        weight: String,
+        shape: Vec<usize>,
+        expected: Vec<usize>,
+    },
+    /// `values` of the weight, once dequantized, overflow `target` while overflowing
+    /// tensors are to be kept: a dequantized weight has no dtype of its own to keep.
+    Overflow {
+        values: u64,
+        target: crate::vocab::Target,
+    },
 }
 
 impl fmt::Display for Fp8Problem {
@@ -144,6 +157,27 @@ impl fmt::Display for Fp8Problem {
                  big-endian view, pieces, or another file)",
                 role(*zero_point),
                 esc(weight)
+            ),
+            Fp8Problem::AmbiguousScale {
+                weight,
+                shape,
+                expected: weight_shape,
+            } => write!(
+                f,
+                "is the scale of one-row FP8 weight `{}` {weight_shape:?} with shape {shape:?}, \
+                 which is both its 128x128-block layout and a per-group one of {} columns: \
+                 which groups its columns is ambiguous",
+                esc(weight),
+                weight_shape.last().copied().unwrap_or(0)
+                    / shape.last().copied().unwrap_or(1).max(1)
+            ),
+            Fp8Problem::Overflow { values, target } => write!(
+                f,
+                "has {} that would become ±inf in {} once dequantized, and its FP8 codes \
+                 cannot be kept without the scale dequantization drops ({{on_overflow=keep}} \
+                 keeps no dequantized weight; BF16 holds them)",
+                crate::text::count(*values, "value"),
+                target.describe()
             ),
             Fp8Problem::ZeroPointWithScaleInv { weight, scale_inv } => write!(
                 f,

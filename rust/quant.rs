@@ -241,6 +241,16 @@ pub fn dequantizable(
                 },
             ));
         }
+        if ambiguous(&s.shape, rows, cols) {
+            return Err((
+                scale_name,
+                Fp8Problem::AmbiguousScale {
+                    weight: t.name.clone(),
+                    shape: s.shape.clone(),
+                    expected: t.shape.clone(),
+                },
+            ));
+        }
         let Some(layout) = layout_of(&s.shape, rows, cols) else {
             return Err((
                 scale_name,
@@ -314,10 +324,28 @@ pub fn dequantizable(
     Ok((deq, dropped))
 }
 
+/// Does a scale of shape `shape` for a `rows x cols` weight fit two layouts that group its
+/// elements differently? Only a one-row weight's `[1, G]` can: 128-column blocks, or groups
+/// of cols/G columns. The two agree when cols/G is 128 (or G is 1, a per-tensor scale); a
+/// file does not say which it is, so any other such scale is ambiguous.
+fn ambiguous(shape: &[usize], rows: u64, cols: u64) -> bool {
+    let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+    match dims[..] {
+        [1, g] => {
+            rows == 1
+                && g > 1
+                && g == cols.div_ceil(BLOCK)
+                && cols.is_multiple_of(g)
+                && cols / g != BLOCK
+        }
+        _ => false,
+    }
+}
+
 /// The layout of a scale of shape `shape` for a `rows x cols` weight, or None. A shape two
 /// layouts give is read as the first of tensor, channel, block, group; where two give it,
-/// they group the elements alike, but for a one-row weight whose columns 128 does not
-/// divide (block `[1, ceil(I/128)]`, or group `[1, G]` with I/G columns), read as block.
+/// they group the elements alike (`ambiguous` refuses the one-row shapes where they do
+/// not, before this).
 fn layout_of(shape: &[usize], rows: u64, cols: u64) -> Option<Layout> {
     let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
     if is_one(shape) {
@@ -526,8 +554,14 @@ mod tests {
         assert_eq!(l(&[3, 6], 257, 700), Some(Layout::Block));
         assert_eq!(l(&[7, 3], 7, 384), Some(Layout::Group(128)));
         assert_eq!(l(&[5, 4], 5, 384), Some(Layout::Group(96)));
-        // A one-row weight: block and group give [1, ceil(I/128)]; read as block.
-        assert_eq!(l(&[1, 2], 1, 200), Some(Layout::Block));
+        // A one-row weight: block and group give [1, ceil(I/128)]; alike only when the
+        // groups are 128 columns wide, else ambiguous.
+        assert!(ambiguous(&[1, 2], 1, 200));
+        assert!(!ambiguous(&[1, 2], 1, 256));
+        assert!(!ambiguous(&[1, 2], 1, 201)); // no group layout: 2 does not divide 201
+        assert!(!ambiguous(&[1, 1], 1, 200));
+        assert!(!ambiguous(&[1, 2], 2, 200));
+        assert_eq!(l(&[1, 2], 1, 256), Some(Layout::Block));
         assert_eq!(l(&[1, 4], 1, 200), Some(Layout::Group(50)));
         assert_eq!(l(&[7, 5], 7, 384), None); // 5 does not divide 384
         assert_eq!(l(&[2, 1], 4, 8), None);

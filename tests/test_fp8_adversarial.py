@@ -451,3 +451,192 @@ def test_fp8_out_odd_shapes_exact(tmp_path, rng, run_main, to):
         q, s = ref_quantize(w, d, to)
         assert out[name][2] == q.tobytes() and out[f"{name}_scale"][2] == s.tobytes(), name
     assert run_main("verify", src, dst)[0] == 0
+
+
+# --- Adversarial round 2 (branch `attack`): overflow of a dequantization, config keys ---
+
+
+def fp8_overflow_file(path: Path, scale: float) -> Path:
+    """`l.weight` E4M3 codes 448 with a per-channel F32 scale [scale, 1], and a norm."""
+    codes = np.full((2, 4), 448, np.float32).astype(ml_dtypes.float8_e4m3fn)
+    return write_safetensors(
+        path,
+        {
+            "l.weight": ("F8_E4M3", [2, 4], codes.tobytes()),
+            "l.weight_scale": ("F32", [2, 1], np.float32([[scale], [1.0]]).tobytes()),
+            "n.weight": ("F32", [4], np.ones(4, np.float32)),
+        },
+    )
+
+
+def test_fp8_dequant_to_fp16_overflow_error(tmp_path, run_main):
+    """448 * 1000 is finite and beyond fp16. Was: `--on-overflow error` exit 0 with four inf
+    written (a dequantization's overflow was not counted). Now: exit 1, nothing written."""
+    src = fp8_overflow_file(tmp_path / "in.safetensors", 1000.0)
+    out = tmp_path / "out.safetensors"
+    rc, _, err = run_main("convert", src, out, "--to", "fp16", "--on-overflow", "error")
+    assert rc == 1, err
+    assert_one_error_line(err)
+    assert "l.weight" in err and "4 finite values" in err, err
+    assert not out.exists()
+
+
+def test_fp8_dequant_to_fp16_overflow_warned(tmp_path, run_main):
+    """Was: `--on-overflow warn` wrote inf silently. Now the inf are written and warned
+    about, naming the tensor, as any conversion's; verify passes what convert wrote."""
+    src = fp8_overflow_file(tmp_path / "in.safetensors", 1000.0)
+    out = tmp_path / "out.safetensors"
+    rc, _, err = run_main("convert", src, out, "--to", "fp16", "--on-overflow", "warn")
+    assert rc == 0, err
+    assert "4 finite values" in err and "l.weight" in err, err
+    raw = tensor_bytes(out)["l.weight"][2]
+    assert int(np.isinf(np.frombuffer(raw, np.float16)).sum()) == 4
+    rc, _, err = run_main("verify", src, out)
+    assert rc == 0, err
+
+
+def test_fp8_dequant_to_fp16_overflow_keep_refused(tmp_path, run_main):
+    """Was: `--on-overflow keep` wrote inf silently. A dequantized weight has no dtype of its
+    own to keep (its FP8 codes mean nothing without the scale dequantization drops): the
+    run is refused in one line naming the tensor, nothing written. Within range it passes."""
+    src = fp8_overflow_file(tmp_path / "in.safetensors", 1000.0)
+    out = tmp_path / "out.safetensors"
+    rc, _, err = run_main("convert", src, out, "--to", "fp16", "--on-overflow", "keep")
+    assert rc == 1, err
+    # The notice of keep's extra read, then the error line.
+    assert_one_error_line(err.splitlines(keepends=True)[-1])
+    assert "`l.weight`" in err and "once dequantized" in err, err
+    assert not out.exists()
+    ok = fp8_overflow_file(tmp_path / "ok.safetensors", 2.0)
+    rc, _, err = run_main("convert", ok, out, "--to", "fp16", "--on-overflow", "keep")
+    assert rc == 0, err
+    assert tensor_bytes(out)["l.weight"][0] == "F16"
+
+
+def modelopt_folder(path: Path, quantization_config: dict, index: bool = True) -> Path:
+    """FP8 weights with per-tensor F32 scales (as NVIDIA ModelOpt's FP8 releases hold them),
+    an index and a config.json with `quantization_config`."""
+    path.mkdir()
+    codes = np.full((4, 8), 1.0, np.float32).astype(ml_dtypes.float8_e4m3fn)
+    half = np.float32(0.5).reshape(())
+    tensors = {
+        "l.weight": ("F8_E4M3", [4, 8], codes.tobytes()),
+        "l.weight_scale": ("F32", [], half.tobytes()),
+        "l.input_scale": ("F32", [], half.tobytes()),
+        "n.weight": ("BF16", [8], np.ones(8, ml_dtypes.bfloat16)),
+    }
+    write_safetensors(path / "model.safetensors", tensors)
+    if index:
+        doc = {"metadata": {}, "weight_map": dict.fromkeys(tensors, "model.safetensors")}
+        (path / "model.safetensors.index.json").write_text(json.dumps(doc))
+    config = {"model_type": "llama", "quantization_config": quantization_config}
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+UNREAD = pytest.mark.parametrize(
+    "qc",
+    [{"quant_method": "modelopt", "quant_algo": "FP8"}, {"quant_method": "compressed-tensors"}],
+    ids=["modelopt", "ct-no-groups"],
+)
+
+
+@UNREAD
+@pytest.mark.parametrize("index", [True, False])
+def test_fp8_folder_unknown_config_refused_up_front(tmp_path, run_main, qc, index):
+    """A config whose quantization stcast does not read (ModelOpt's, compressed-tensors
+    without config_groups) over FP8 weights with scales. Was: with an index, exit 1 mid-run
+    leaving a manifest and a shard in DST; without, dequantized with the config still
+    saying quantized, and verify passed. Now refused before anything is written, naming the
+    config, whatever flag; verify refuses an output of such a source."""
+    src = modelopt_folder(tmp_path / "src", qc, index)
+    out = tmp_path / "out"
+    for extra in ([], ["--allow-quantized"]):
+        rc, _, err = run_main("convert", src, out, "--to", "bf16", *extra)
+        assert rc == 1, err
+        assert_one_error_line(err)
+        assert "config.json" in err and "not a scheme stcast dequantizes" in err, err
+        assert not out.exists()
+    # Another tool's dequantization that kept the config: verify refuses it.
+    out.mkdir()
+    for f in src.iterdir():
+        (out / f.name).write_bytes(f.read_bytes())
+    (out / "model.safetensors").unlink()
+    codes = np.full((4, 8), 0.5, ml_dtypes.bfloat16)
+    write_safetensors(
+        out / "model.safetensors",
+        {
+            "l.weight": ("BF16", [4, 8], codes),
+            "n.weight": ("BF16", [8], np.ones(8, ml_dtypes.bfloat16)),
+        },
+    )
+    if index:
+        (out / "model.safetensors.index.json").unlink()
+    for loose in ([], ["--loose"]):
+        rc, _, err = run_main("verify", src, out, *loose)
+        assert rc == 1, err
+
+
+def test_fp8_folder_compression_config_dropped_after_dequantization(tmp_path, run_main):
+    """The committed model_free_ptq output with its scheme under `compression_config` (the
+    older key, which vLLM still reads). Was: dequantized, but config.json kept the key and
+    verify passed. Now the key is dropped as `quantization_config` is, and verify wants so."""
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "fp8" / "llama-fp32.fp8-dynamic", src)
+    doc = json.loads((src / "config.json").read_text())
+    doc["compression_config"] = doc.pop("quantization_config")
+    (src / "config.json").write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    rc, _, err = run_main("convert", src, out, "--to", "bf16")
+    assert rc == 0, err
+    got = json.loads((out / "config.json").read_text())
+    assert "compression_config" not in got and "quantization_config" not in got
+    rc, _, err = run_main("verify", src, out)
+    assert rc == 0, err
+    (out / "config.json").write_text((src / "config.json").read_text())
+    rc, _, err = run_main("verify", src, out, "--loose")
+    assert rc == 1, err
+
+
+def test_fp8_one_row_group_scale_ambiguous_refused(tmp_path, run_main):
+    """Weight [1, 200], scales [1, 2], config `strategy: group, group_size: 100`. Was: read
+    as 128-column blocks (columns 100..127 scaled by 1, not 2), exit 0, verify agreeing.
+    `[1, 2]` is both layouts of a one-row weight 128 does not divide: refused as ambiguous,
+    naming the scale, nothing written; a width 128 divides is dequantized as before."""
+    src = tmp_path / "src"
+    src.mkdir()
+    codes = np.ones((1, 200), np.float32).astype(ml_dtypes.float8_e4m3fn)
+    write_safetensors(
+        src / "model.safetensors",
+        {
+            "a.weight": ("F8_E4M3", [1, 200], codes.tobytes()),
+            "a.weight_scale": ("F32", [1, 2], np.float32([[1.0, 2.0]]).tobytes()),
+        },
+    )
+    group = json.loads(json.dumps(CT))
+    group["config_groups"]["group_0"]["weights"].update(strategy="group", group_size=100)
+    config = {"model_type": "llama", "quantization_config": group}
+    (src / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "out"
+    rc, _, err = run_main("convert", src, out, "--to", "bf16")
+    assert rc == 1, err
+    assert_one_error_line(err)
+    assert "a.weight_scale" in err and "ambiguous" in err, err
+    assert not out.exists()
+    lone = tmp_path / "one.safetensors"
+    rc, _, err = run_main("convert", src / "model.safetensors", lone, "--to", "bf16")
+    assert rc == 1 and "ambiguous" in err, err
+    codes = np.ones((1, 256), np.float32).astype(ml_dtypes.float8_e4m3fn)
+    wide = write_safetensors(
+        tmp_path / "wide.safetensors",
+        {
+            "a.weight": ("F8_E4M3", [1, 256], codes.tobytes()),
+            "a.weight_scale": ("F32", [1, 2], np.float32([[1.0, 2.0]]).tobytes()),
+        },
+    )
+    rc, _, err = run_main("convert", wide, lone, "--to", "bf16")
+    assert rc == 0, err
+    got = np.frombuffer(tensor_bytes(lone)["a.weight"][2], ml_dtypes.bfloat16).astype(np.float32)
+    assert got.tolist() == [1.0] * 128 + [2.0] * 128

@@ -155,12 +155,26 @@ def config_text(text: str, to: str, ignore: list[str]) -> bytes:
     return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
 
+# The keys under which a model config describes its quantization: transformers'
+# `quantization_config`, and `compression_config`, the older name compressed-tensors wrote
+# (vLLM still reads it). A dequantized checkpoint's config loses every one of them.
+QUANTIZATION_KEYS = ("quantization_config", "compression_config")
+
+
+def quantization_of(doc: Any) -> tuple[str, Any] | None:
+    """The first quantization key a config sets (not null) and its value."""
+    if not isinstance(doc, dict):
+        return None
+    return next(((k, doc[k]) for k in QUANTIZATION_KEYS if doc.get(k) is not None), None)
+
+
 def dequantizes(doc: Any, to: str) -> bool:
     """Does a config say its checkpoint is FP8 (E4M3) that `to` (bf16, fp16) dequantizes:
     compressed-tensors' float-quantized 8-bit weights, or DeepSeek's `fp8` e4m3 blocks?"""
     if to not in ("bf16", "fp16") or not isinstance(doc, dict):
         return False
-    q = doc.get("quantization_config")
+    found = quantization_of(doc)
+    q = None if found is None else found[1]
     if not isinstance(q, dict):
         return False
     if q.get("quant_method") == "fp8":
@@ -177,12 +191,34 @@ def dequantizes(doc: Any, to: str) -> bool:
     return True
 
 
+def unread_quantization(doc: Any, to: str) -> str | None:
+    """Why a config's quantization cannot be dequantized to `to` (bf16, fp16) by stcast: it
+    sets a quantization key that is not a compressed-tensors float 8-bit or DeepSeek fp8
+    scheme (ModelOpt's, one without config_groups, ...). Such a checkpoint's FP8 weights are
+    not dequantized: the scheme may scale them otherwise, and the config would still call
+    them quantized. None when there is no such key, or stcast reads it."""
+    if to not in ("bf16", "fp16"):
+        return None
+    found = quantization_of(doc)
+    if found is None or dequantizes(doc, to):
+        return None
+    key, q = found
+    method = q.get("quant_method") if isinstance(q, dict) else None
+    what = f"quant_method {_show(method)}" if method is not None else "no quant_method"
+    return (
+        f"its {key} ({what}) is not a scheme stcast dequantizes (compressed-tensors float "
+        "8-bit, DeepSeek fp8), and the files hold FP8 weights with scales: they are not "
+        "dequantized under a config that would still call them quantized"
+    )
+
+
 def without_quantization(content: bytes) -> bytes:
     """A config (dtype set already) without its quantization_config, the rest as it was
     laid out (re-dumped with the source's indentation)."""
     text = content.decode("utf-8")
     doc = json.loads(text)
-    doc.pop("quantization_config", None)
+    for key in QUANTIZATION_KEYS:
+        doc.pop(key, None)
     indent = 2 if "\n" in text else None
     return (json.dumps(doc, indent=indent) + ("\n" if text.endswith("\n") else "")).encode()
 

@@ -32,8 +32,10 @@ from .fp8 import (
     index_text,
     is_fp8,
     is_model_config,
+    quantization_of,
     same_fp8_config,
     strategy_target,
+    unread_quantization,
     without_quantization,
     written_only,
 )
@@ -49,7 +51,7 @@ from .reshard import (
     single_file,
     verify_group,
 )
-from .walk import listing, read_index, read_json, walk
+from .walk import dequantizes_any, listing, read_index, read_json, walk
 
 if TYPE_CHECKING:
     from typing import Callable
@@ -289,7 +291,7 @@ def _configured(dst: str, f: File) -> Target | None:
     if not is_model_config(f.rel):
         return None
     src_doc = read_json(f)[1]
-    if not isinstance(src_doc, dict) or src_doc.get("quantization_config") is not None:
+    if not isinstance(src_doc, dict) or quantization_of(src_doc) is not None:
         return None
     try:
         text = read_bounded(os.path.join(dst, f.rel), MAX_JSON_BYTES).decode("utf-8")
@@ -339,7 +341,11 @@ def _check_others(
             return fail(f.rel, "differs from the file in SRC (copies must be byte for byte)")
     torch_name = _core.TARGET_TORCH_NAMES.get(to)
     for f in configs:
-        text, _ = read_json(f)
+        text, doc = read_json(f)
+        why = unread_quantization(doc, to)
+        if why is not None and dequantizes_any(walk(src, follow_links=True)[0], to, {}):
+            # convert refuses such a source: no output of it is stcast's (or loaded right).
+            return fail(f.rel, f"in SRC: {why}")
         want = None if torch_name is None else set_dtypes(text, torch_name)
         want_bytes = want if want is not None else text.encode("utf-8")
         if dequantizes(json.loads(text), to):

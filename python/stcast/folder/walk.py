@@ -20,6 +20,8 @@ from .fp8 import (
     is_fp8,
     is_model_config,
     nonfinite,
+    quantization_of,
+    unread_quantization,
     without_quantization,
 )
 from .ident import chain, is_hub_blob, within
@@ -162,9 +164,12 @@ def plan(
     # dequantized when its files hold FP8 weights with scales (the engine refuses any other
     # quantized tensor), and the config loses its quantization_config.
     fp8_configs: dict[str, bytes] = {}
+    unread: tuple[File, str] | None = None
     for f in configs:
         text, doc = read_json(f)
         check_fp8_config(f, doc, to)
+        why = unread_quantization(doc, to)
+        unread = unread or (None if why is None else (f, why))
         # `keep` changes no dtype: the config is copied as it is.
         torch_name = _core.TARGET_TORCH_NAMES.get(to)
         content = None if torch_name is None else set_dtypes(text, torch_name)
@@ -173,10 +178,14 @@ def plan(
         if quantization_config is None and _has_quantization_config(doc):
             quantization_config = f
         new_configs.append((f, content))
-    dequantize = bool(fp8_configs) and _dequantizes_any(weights, to, precision)
+    dequantize = bool(fp8_configs) and dequantizes_any(weights, to, precision)
     if dequantize:
         quantization_config = None
         new_configs = [(f, fp8_configs.get(f.rel, c)) for f, c in new_configs]
+    # A config decides before the first byte whether its checkpoint is dequantized: FP8
+    # weights with scales under a scheme stcast does not read are refused here.
+    if unread is not None and dequantizes_any(weights, to, precision):
+        raise Refused(f"{_esc(unread[0].path)}: {unread[1]}", path=unread[0].path)
 
     info: dict[str, InspectReport] = {}
     hashes = {}
@@ -628,7 +637,7 @@ def _dequantize_problem(w: File, report: InspectReport) -> Refused | None:
     return None
 
 
-def _dequantizes_any(weights: list[File], to: Target, precision: dict[str, Any]) -> bool:
+def dequantizes_any(weights: list[File], to: Target, precision: dict[str, Any]) -> bool:
     """Does any weight file hold an FP8 weight with its scale, which `to` dequantizes?"""
     for w in weights:
         report = _engine.inspect_file(
@@ -645,7 +654,7 @@ def _dequantizes_any(weights: list[File], to: Target, precision: dict[str, Any])
 
 def _has_quantization_config(doc: Any) -> bool:
     if isinstance(doc, dict):
-        if doc.get("quantization_config") is not None:
+        if quantization_of(doc) is not None:
             return True
         return any(_has_quantization_config(v) for v in doc.values())
     if isinstance(doc, list):
