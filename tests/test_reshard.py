@@ -1033,11 +1033,213 @@ def test_shards_of_another_cut_that_are_not_provably_ours_are_named(tmp_path, ru
     assert (dst / "model.safetensors").exists() and (dst / "notes.txt").read_text() == "mine"
 
 
+# --- --name: the output stem -----------------------------------------------------------------
+
+
+def test_name_a_split_file(tmp_path, run_main):
+    """`ema.safetensors --name model`: model-0000i-of-0000N and model.safetensors.index.json,
+    which `verify --name model` (and inspect's plan) expect; no hint is printed then."""
+    src = write_single(tmp_path / "ema.safetensors", np.random.default_rng(30), 6, rows=32)
+    dst = tmp_path / "out"
+    args = ("--max-shard-size", 4000, "--name", "model")
+    rc, out, err = run_main("inspect", src, dst, *args, "--json")
+    assert rc == 0, err
+    planned = [s["path"] for s in json.loads(out)["result"]["shards"]]
+    rc, out, err = run_main("convert", src, dst, *args)
+    assert rc == 0, err
+    assert "--name" not in out
+    files = shard_files(dst)
+    n = len(files)
+    assert n > 2
+    names = [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+    assert [f.name for f in files] == names == planned
+    assert sorted(os.listdir(dst)) == sorted([*names, "model.safetensors.index.json"])
+    check_against_input(dst, input_tensors([src]), files)
+    check_cut(files, 4000, src)
+    check_index(dst, "model", files)
+    rc, _, err = run_main("verify", src, dst, "--name", "model")
+    assert rc == 0, err
+    assert stcast.verify(src, dst, name="model").ok
+    # Without --name, verify looks for ema-* files and finds none.
+    rc, _, err = run_main("verify", src, dst)
+    assert rc == 1 and "ema.safetensors" in assert_one_error_line(err)
+    # Another name: DST holds no files of that stem.
+    assert not stcast.verify(src, dst, name="other").ok
+
+
+def test_name_with_one_shard(tmp_path, run_main):
+    src = write_single(tmp_path / "ema.safetensors", np.random.default_rng(31), 2)
+    dst = tmp_path / "out"
+    rc, out, err = run_main("convert", src, dst, "--max-shard-size", "1GB", "--name", "model")
+    assert rc == 0, err
+    assert os.listdir(dst) == ["model.safetensors"]
+    check_against_input(dst, input_tensors([src]), [dst / "model.safetensors"])
+    assert run_main("verify", src, dst, "--name", "model")[0] == 0
+
+
+def test_name_a_folder_of_one_group(tmp_path, run_main):
+    src = write_sharded(tmp_path / "hf", np.random.default_rng(32), 3, stem="consolidated")
+    dst = tmp_path / "out"
+    rc, _, err = run_main("convert", src, dst, "--max-shard-size", "2kB", "--name", "model")
+    assert rc == 0, err
+    files = shard_files(dst)
+    n = len(files)
+    assert n > 1
+    assert [f.name for f in files] == [
+        f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)
+    ]
+    assert sorted(os.listdir(dst)) == sorted(
+        [f.name for f in files] + ["model.safetensors.index.json", "config.json", "tokenizer.json"]
+    )
+    index = check_index(dst, "model", files)
+    assert index["metadata"]["total_parameters"] == 7  # the source index's, kept
+    check_against_input(dst, input_tensors(sorted(src.glob("*.safetensors"))), files)
+    rc, _, err = run_main("verify", src, dst, "--name", "model")
+    assert rc == 0, err
+
+
+def test_name_of_a_folder_of_two_groups_is_a_usage_error(tmp_path, run_main):
+    rng = np.random.default_rng(33)
+    src = write_sharded(tmp_path / "hf", rng, 2)
+    write_single(src / "ema.safetensors", rng, 1)
+    dst = tmp_path / "out"
+    for command in ("convert", "inspect"):
+        rc, _, err = run_main(command, src, dst, "--max-shard-size", "1kB", "--name", "model")
+        assert rc == 2, (command, err)
+        line = assert_one_error_line(err)
+        assert "--name" in line and "2" in line and "ema.safetensors" in line, line
+    assert not dst.exists()
+    with pytest.raises(stcast.UsageError) as info:
+        stcast.convert(src, dst, max_shard_size="1kB", name="model")
+    assert info.value.option == "name"
+    assert "name" in str(info.value) and "--" not in str(info.value)
+    assert not dst.exists()
+    # verify too, before reading anything of DST.
+    stcast.convert(src, dst, max_shard_size="1kB")
+    rc, _, err = run_main("verify", src, dst, "--name", "model")
+    assert rc == 2 and "--name" in assert_one_error_line(err)
+
+
+@pytest.mark.parametrize(
+    "stem",
+    ["", ".", "..", "a/b", "/model", "model/", ".hidden", " ", "a\nb", "m.safetensors", "x" * 229],
+)
+def test_bad_names_are_usage_errors(tmp_path, run_main, stem):
+    src = write_single(tmp_path / "ema.safetensors", np.random.default_rng(34), 1)
+    dst = tmp_path / "out"
+    for command in ("convert", "inspect", "verify"):
+        args = ("--max-shard-size", "1kB") if command != "verify" else ()
+        rc, _, err = run_main(command, src, dst, *args, "--name", stem)
+        assert rc == 2, (command, err)
+        assert assert_one_error_line(err).count("--name") == 1, err  # argparse names it
+    for bad in (stem, "a\0b", 5):
+        with pytest.raises(stcast.UsageError) as info:
+            stcast.convert(src, dst, max_shard_size="1kB", name=bad)  # type: ignore[arg-type]
+        assert info.value.option == "name" and "--" not in str(info.value)
+        with pytest.raises(stcast.UsageError):
+            stcast.verify(src, dst, name=bad)  # type: ignore[arg-type]
+    assert not dst.exists()
+
+
+def test_name_needs_max_shard_size(tmp_path, run_main):
+    src = write_single(tmp_path / "ema.safetensors", np.random.default_rng(35), 1)
+    dst = tmp_path / "out.safetensors"
+    rc, _, err = run_main("convert", src, dst, "--name", "model")
+    assert rc == 2 and "--max-shard-size" in assert_one_error_line(err)
+    with pytest.raises(stcast.UsageError) as info:
+        stcast.inspect(src, name="model")
+    assert info.value.option == "name" and "max_shard_size" in str(info.value)
+    assert not dst.exists()
+    stcast.convert(src, dst)
+    with pytest.raises(stcast.UsageError):  # two files: nothing is re-sharded
+        stcast.verify(src, dst, name="model")
+
+
+def test_name_in_the_api(tmp_path):
+    src = write_single(tmp_path / "ema.safetensors", np.random.default_rng(36), 4, rows=32)
+    dst = tmp_path / "out"
+    plan = stcast.inspect(src, max_shard_size="3kB", name="model")
+    n = len(plan.shards)
+    assert n > 1 and [s["path"] for s in plan.shards] == [
+        f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)
+    ]
+    assert [i["path"] for i in plan.indexes] == ["model.safetensors.index.json"]
+    report = stcast.convert(src, dst, max_shard_size="3kB", name="model")
+    assert sorted(f.path for f in report.files) == sorted(
+        [s["path"] for s in plan.shards] + ["model.safetensors.index.json"]
+    )
+    assert stcast.verify(src, dst, name="model").ok
+    assert not stcast.verify(src, dst).ok
+
+
+def test_the_summary_says_how_to_get_from_pretrained_names(tmp_path, run_main):
+    rng = np.random.default_rng(37)
+    src = write_single(tmp_path / "ema.safetensors", rng, 4, rows=32)
+    rc, out, err = run_main("convert", src, tmp_path / "a", "--max-shard-size", "3kB")
+    assert rc == 0, err
+    hint = [line for line in out.splitlines() if "from_pretrained" in line]
+    assert len(hint) == 1 and "--name model" in hint[0], out
+    # Not with --name, not for a file named so already, not for a folder.
+    rc, out, _ = run_main("convert", src, tmp_path / "b", "--max-shard-size", "3kB", "--name", "x")
+    assert rc == 0 and "from_pretrained" not in out
+    model = write_single(tmp_path / "model.safetensors", rng, 4, rows=32)
+    rc, out, _ = run_main("convert", model, tmp_path / "c", "--max-shard-size", "3kB")
+    assert rc == 0 and "from_pretrained" not in out
+    folder = write_sharded(tmp_path / "hf", rng, 2, stem="consolidated")
+    rc, out, _ = run_main("convert", folder, tmp_path / "d", "--max-shard-size", "1kB")
+    assert rc == 0 and "from_pretrained" not in out
+
+
+def test_resume_with_another_name_removes_the_interrupted_runs_shards(tmp_path, cli_process):
+    """As for another size: the first run's shard, which its manifest proves stcast's, is
+    not left beside the shards of the new name."""
+    src = write_single(tmp_path / "ema.safetensors", np.random.default_rng(38), 4, rows=30)
+    dst = tmp_path / "out"
+    args = ("convert", src, dst, "--max-shard-size", "3kB", "-q")
+    rc, _, err = cli_process(*args, "--name", "first", env=with_points(None, "folder-file=eio"))
+    assert rc == 1, err
+    assert [p.name for p in shard_files(dst)][0].startswith("first-00001-of-")
+    rc, _, err = cli_process(*args, "--name", "model", "--resume")
+    assert rc == 0, err
+    stcast.convert(src, tmp_path / "fresh", max_shard_size="3kB", name="model")
+    assert tree(dst) == tree(tmp_path / "fresh")
+    assert stcast.verify(src, dst, name="model").ok
+
+
+def test_shard_runs_and_finalize_with_a_name(tmp_path, run_main):
+    src = write_single(tmp_path / "ema.safetensors", np.random.default_rng(39), 4, rows=30)
+    stcast.convert(src, tmp_path / "whole", max_shard_size="3kB", name="model")
+    dst = tmp_path / "out"
+    for i in (1, 2):
+        rc, _, err = run_main(
+            "convert", src, dst, "--max-shard-size", "3kB", "--name", "model", "--shard", f"{i}/2"
+        )
+        assert rc == 0, err
+    rc, _, err = run_main("finalize", src, dst)
+    assert rc == 0, err
+    assert tree(dst) == tree(tmp_path / "whole")
+
+
+def test_transformers_loads_a_named_resharded_file(tmp_path):
+    """A lone `ema.safetensors` re-sharded with `--name model` beside a config loads."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    model = tiny_bert(transformers, torch)
+    saved = tmp_path / "bert"
+    model.save_pretrained(saved, safe_serialization=True)
+    src = tmp_path / "ema.safetensors"
+    shutil.move(saved / "model.safetensors", src)
+    dst = tmp_path / "ema-bf16"
+    stcast.convert(src, dst, max_shard_size="20kB", name="model")
+    assert len(shard_files(dst)) > 1 and (dst / "model.safetensors.index.json").exists()
+    shutil.copy(saved / "config.json", dst / "config.json")
+    check_bert_loads(transformers, torch, model, dst)
+
+
 def test_shards_of_the_own_stem_left_beside_a_named_output_are_named(tmp_path, run_main):
     """A finished run under the input's stem, then `--force --name model`: the old shards
     (no manifest proves them stcast's) stay and the run is refused naming them; the input
-    file itself,
-    re-sharded into its own folder, is never called a leftover."""
+    file itself, re-sharded into its own folder, is never called a leftover."""
     src = write_single(tmp_path / "ema.safetensors", np.random.default_rng(40), 4, rows=30)
     dst = tmp_path / "out"
     assert run_main("convert", src, dst, "--max-shard-size", "3kB", "-q")[0] == 0
