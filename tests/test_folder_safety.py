@@ -657,7 +657,15 @@ def test_an_interrupted_force_keeps_the_earlier_output_loadable(
     removed: whenever the run stops, a loader finds a consistent checkpoint."""
     src = write_checkpoint_folder(tmp_path / "src", files=3)
     dst = tmp_path / "dst"
-    assert run_main("convert", src, dst, "-q", *before) == (0, "", "")
+    if before:
+        # A finished run's files of another cut, which no manifest proves stcast's, refuse
+        # the run (test_force_over_resharded_output_leaves_stale_index): stopped once all is
+        # written, the earlier run's manifest proves them, and `--force` removes them.
+        stop = {"STCAST_FAILPOINT": "folder-complete=sigint"}
+        rc, _, err = cli_process("convert", src, dst, "-q", *before, env=stop)
+        assert rc == -signal.SIGINT, err
+    else:
+        assert run_main("convert", src, dst, "-q", *before) == (0, "", "")
     old_map = loads_consistently(dst)
     old_config = (dst / "config.json").read_bytes()
     env = {"STCAST_FAILPOINT": f"{point}=sigint"}
@@ -756,3 +764,95 @@ def test_an_interrupted_force_never_leaves_an_index_that_misleads(
         loads_consistently(dst)
     else:
         assert not (dst / INDEX).exists()
+
+
+# --- what an earlier run left beside the output ------------------------------------------------
+
+
+def hf_folder(path):
+    """A one-file Hugging Face folder: model.safetensors (F32 2-D weights) and config.json."""
+    rng = np.random.default_rng(0)
+    path.mkdir()
+    write_safetensors(
+        path / "model.safetensors",
+        {
+            f"l{i}.weight": ("F32", [32, 32], rng.standard_normal((32, 32)).astype(np.float32))
+            for i in range(4)
+        },
+    )
+    (path / "config.json").write_text(json.dumps({"model_type": "x"}))
+    return path
+
+
+def test_force_over_resharded_output_leaves_stale_index(tmp_path, run_main):
+    """`convert SRC DST --to fp8 --max-shard-size 2KB`, then `convert SRC DST --force` (bf16,
+    one file). It exited 0 leaving the old FP8 shards and the index naming them beside the
+    new model.safetensors (a loader reading the index, as vLLM does, loads the stale FP8
+    shards) and verify refused the folder. A finished run leaves no manifest, so nothing
+    proves those files stcast's: the run is refused before anything is written, naming them,
+    and DST stays as it was; once they are removed, the run goes through."""
+    src = hf_folder(tmp_path / "src")
+    out = tmp_path / "out"
+    rc, _, err = run_main("convert", src, out, "--to", "fp8", "--max-shard-size", "2KB")
+    assert rc == 0, err
+    before = tree(out)
+    rc, _, err = run_main("convert", src, out, "--force")
+    assert rc == 1, err
+    line = assert_one_error_line(err)
+    assert INDEX in line and "model-00001-of-0000" in line, line
+    assert "--force" not in line and "--resume" not in line, line
+    assert tree(out) == before
+    rc, out_, err = run_main("inspect", src, out, "--force")
+    assert rc == 1 and INDEX in err, out_ + err
+    for name in listing(out):
+        if name.startswith("model-") or name == INDEX:
+            (out / name).unlink()
+    rc, _, err = run_main("convert", src, out, "--force", "-q")
+    assert (rc, err) == (0, "")
+    rc, _, err = run_main("verify", src, out)
+    assert rc == 0, err
+
+
+def test_a_stale_index_under_the_output_stem_is_refused(tmp_path, run_main):
+    """The same for an index alone (another tool's, or a file's of the user): `--force`
+    writes model.safetensors, and model.safetensors.index.json would stay beside it naming
+    other shards. Refused, named, left as it was."""
+    src = hf_folder(tmp_path / "src")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / INDEX).write_text(json.dumps({"weight_map": {"l0.weight": FIRST}}))
+    rc, _, err = run_main("convert", src, out, "--force")
+    assert rc == 1 and INDEX in assert_one_error_line(err), err
+    assert listing(out) == [INDEX]
+
+
+@pytest.mark.parametrize("name", ["weights", "a-link"])
+def test_inside_folder_link_called_outside(tmp_path, run_main, name):
+    """SRC/real/model.safetensors and SRC/weights -> real (a link within SRC) was refused as
+    "a symlink to a folder outside the source folder ... (--follow-links follows it)", and
+    --follow-links then either refused it as "a loop" (the link walked after its target) or
+    wrote the folder's files twice (`a-link`, walked before it). Either way the output is
+    not the folder's: refused, with or without --follow-links, in words that say why and
+    name no option."""
+    src = tmp_path / "src"
+    (src / "real").mkdir(parents=True)
+    write_safetensors(
+        src / "real" / "model.safetensors",
+        {"a.weight": ("F32", [2, 2], np.ones((2, 2), np.float32))},
+    )
+    (src / "config.json").write_text(json.dumps({"model_type": "x"}))
+    os.symlink("real", src / name)
+    out = tmp_path / "out"
+    for extra in ([], ["--follow-links"]):
+        rc, _, err = run_main("convert", src, out, *extra)
+        assert rc == 1, err
+        line = assert_one_error_line(err)
+        assert f"{src}/{name}" in line and "inside the source folder" in line, line
+        assert "outside" not in line and "twice" in line and "--follow" not in line, line
+        assert not out.exists()
+    # A link to a file inside is followed (and written as a regular file).
+    (src / name).unlink()
+    (src / "model.safetensors").symlink_to("real/model.safetensors")
+    rc, _, err = run_main("convert", src, out, "-q")
+    assert (rc, err) == (0, "")
+    assert not (out / "model.safetensors").is_symlink()

@@ -545,7 +545,7 @@ def test_a_claim_proves_only_the_header_it_names(tmp_path):
     """A claim whose file never got its name (killed before the publish) could meet a file
     of someone else's at that name that took over the freed inode: the claim names the
     planned header too, so a file with the same device, inode and size but another header
-    is not taken for stcast's. It stays, and the run names it."""
+    is not taken for stcast's. It stays, and the run is refused naming it."""
     from helpers import stopped
 
     src = write_sharded(tmp_path / "hf", np.random.default_rng(12), 4, rows=[30] * 4)
@@ -562,8 +562,7 @@ def test_a_claim_proves_only_the_header_it_names(tmp_path):
     claim.update(dev=st.st_dev, ino=st.st_ino, size=st.st_size)  # as if the inode was reused
     manifest.write_text(json.dumps(doc))
     rc, _, err = run_cli("convert", src, dst, "--max-shard-size", "3kB", "--resume")
-    assert rc == 0, err
-    assert "unindexed" in err or "left from another cut" in err, err
+    assert rc == 1 and rel in err, err
     assert theirs.read_bytes() == mine
 
 
@@ -1008,30 +1007,30 @@ def test_index_text_is_json_dumps_indent_2_sorted(tmp_path):
 
 def test_shards_of_another_cut_that_are_not_provably_ours_are_named(tmp_path, run_main):
     """A finished run leaves no manifest, so a later `--force` at another size cannot prove
-    the old shards are stcast's: they stay, and a warning names them (before anything is
-    written, in inspect too); verify then says DST holds files SRC lacks."""
+    the old shards are stcast's: it cannot remove them, and left beside the new output a
+    loader reading every .safetensors file would load them too. The run is refused before
+    anything is written (in inspect too), naming them; once they are removed it goes
+    through. (It used to warn and leave them.)"""
     src = write_sharded(tmp_path / "hf", np.random.default_rng(21), 3)
     dst = tmp_path / "out"
     assert run_main("convert", src, dst, "--max-shard-size", "1300", "-q")[0] == 0
     old = sorted(p.name for p in dst.glob("model-*.safetensors"))
     (dst / "notes.txt").write_text("mine")
+    (dst / "model.safetensors.index.json").unlink()  # the shards alone
+    before = tree(dst)
     rc, out, err = run_main("inspect", src, dst, "--max-shard-size", "1TB", "--force")
-    assert rc == 0 and "left from another cut" in out + err, out + err
+    assert rc == 1 and old[0] in err, out + err
     rc, _, err = run_main("convert", src, dst, "--max-shard-size", "1TB", "--force")
-    assert rc == 0, err
-    assert err.count("warning") == 1 and "unindexed" not in err  # the kind is for JSON
-    assert f"{len(old)} files named as shards of this checkpoint are left" in err, err
-    assert old[0] in err
-    assert sorted(p.name for p in dst.glob("model-*.safetensors")) == old  # left as they were
-    assert (dst / "model.safetensors").exists() and (dst / "notes.txt").read_text() == "mine"
-    with pytest.warns(stcast.StcastWarning) as w:
+    assert rc == 1 and f"holds `{old[0]}`" in assert_one_error_line(err), err
+    assert f"and {len(old) - 4} more" in err or old[-1] in err, err
+    assert tree(dst) == before
+    with pytest.raises(stcast.Refused, match="remove them"):
         stcast.convert(src, dst, max_shard_size="1TB", force=True)
-    assert [x.message.kind for x in w] == ["unindexed_shards"]
-    # Removed, nothing is said.
     for name in old:
         (dst / name).unlink()
-    rc, _, err = run_main("convert", src, dst, "--max-shard-size", "1TB", "--force")
-    assert rc == 0 and err == "", err
+    rc, _, err = run_main("convert", src, dst, "--max-shard-size", "1TB", "--force", "-q")
+    assert (rc, err) == (0, "")
+    assert (dst / "model.safetensors").exists() and (dst / "notes.txt").read_text() == "mine"
 
 
 # --- --name: the output stem -----------------------------------------------------------------
@@ -1239,8 +1238,8 @@ def test_transformers_loads_a_named_resharded_file(tmp_path):
 
 def test_shards_of_the_own_stem_left_beside_a_named_output_are_named(tmp_path, run_main):
     """A finished run under the input's stem, then `--force --name model`: the old shards
-    (no manifest proves them stcast's) stay and a warning names them; the input file itself,
-    re-sharded into its own folder, is never called a leftover."""
+    (no manifest proves them stcast's) stay and the run is refused naming them; the input
+    file itself, re-sharded into its own folder, is never called a leftover."""
     src = write_single(tmp_path / "ema.safetensors", np.random.default_rng(40), 4, rows=30)
     dst = tmp_path / "out"
     assert run_main("convert", src, dst, "--max-shard-size", "3kB", "-q")[0] == 0
@@ -1248,11 +1247,11 @@ def test_shards_of_the_own_stem_left_beside_a_named_output_are_named(tmp_path, r
     assert old
     args = ("--max-shard-size", "3kB", "--name", "model", "--force")
     rc, _, err = run_main("convert", src, dst, *args)
-    assert rc == 0 and "left from another cut" in err and old[0] in err, err
+    assert rc == 1 and old[0] in assert_one_error_line(err), err
     assert sorted(p.name for p in dst.glob("ema-*.safetensors")) == old
     # Into the input's own folder: the input is not a leftover of anything.
     rc, _, err = run_main("convert", src, tmp_path, *args)
-    assert rc == 0 and "left from another cut" not in err, err
+    assert rc == 0, err
     assert (tmp_path / "model.safetensors.index.json").exists() and src.exists()
 
 

@@ -614,3 +614,42 @@ def test_loose_accepts_a_pickle_converted_without_the_format_metadata(tmp_path, 
         metadata={"format": "np"},
     )
     assert not stcast.verify(src, other, loose=True).ok
+
+
+def test_loose_ignores_stale_index(tmp_path, run_main):
+    """`convert --to fp8 --max-shard-size 2KB`, then the shards' index left beside a plain
+    conversion's model.safetensors (as `--force` once left it): `verify --loose` passed
+    (extra files ignored), while the index routes a loader to the FP8 shards. Every index
+    in DST is checked against the verified output: one that places a tensor of it in
+    another file fails, in loose mode too."""
+    from test_folder_safety import hf_folder
+
+    src = hf_folder(tmp_path / "src")
+    out = tmp_path / "out"
+    assert run_main("convert", src, out, "--to", "fp8", "--max-shard-size", "2KB")[0] == 0
+    index = (out / "model.safetensors.index.json").read_bytes()
+    shards = {p.name: p.read_bytes() for p in out.glob("model-*.safetensors")}
+    assert run_main("convert", src, tmp_path / "plain", "-q")[0] == 0
+    for name, data in {"model.safetensors.index.json": index, **shards}.items():
+        (tmp_path / "plain" / name).write_bytes(data)
+    rc, _, err = run_main("verify", src, tmp_path / "plain", "--loose")
+    assert rc == 1, err
+    assert "model.safetensors.index.json" in err and "l0.weight" in err, err
+    rc, _, err = run_main("verify", src, tmp_path / "plain")
+    assert rc == 1, err
+    # An extra index that names the output's tensors where they are passes loose mode.
+    for name in shards:
+        (tmp_path / "plain" / name).unlink()
+    wm = {f"l{i}.weight": "model.safetensors" for i in range(4)}
+    (tmp_path / "plain" / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 8192}, "weight_map": wm})
+    )
+    rc, _, err = run_main("verify", src, tmp_path / "plain", "--loose")
+    assert rc == 0, err
+    # One that names a file DST lacks fails.
+    wm["l0.weight"] = "gone.safetensors"
+    (tmp_path / "plain" / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 8192}, "weight_map": wm})
+    )
+    rc, _, err = run_main("verify", src, tmp_path / "plain", "--loose")
+    assert rc == 1 and "gone.safetensors" in err, err

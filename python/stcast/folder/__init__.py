@@ -193,10 +193,12 @@ def prepare(
             todo.append(w)
     copies = [] if shard is not None else plan.copies
     need = _check_space(dst, plan, work, todo, copies, shard is None)
+    # Under force or resume (a plain run refused every file stcast did not write): what
+    # a loader would take for the output and no manifest proves ours cannot be removed,
+    # and cannot stay.
     left = work.leftover(dst, set(outputs) | set(survey.stale))
-    if left is not None:
-        warnings.append(left)
-        _engine.issue(left.kind, left.template, None, stacklevel=stacklevel + 1)
+    if left:
+        raise _reshard.leftover_refusal(dst, left)
     return Prepared(
         src,
         dst,

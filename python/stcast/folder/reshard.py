@@ -260,28 +260,60 @@ def plan(
     return reshard
 
 
-def leftover_shards(dst: str, reshard: Reshard, written: set[str]) -> list[str]:
-    """Files of `dst` named as shards (or the single file) of a group's stem, in its
-    folder, that this plan does not write and no manifest proves ours: an earlier cut (or,
-    for a group given another `name`, one under its own stem). The input files themselves
-    (a file re-sharded into its own folder) are not."""
+_SHARD_OF = re.compile(r"(.+?)(?:-\d+-of-\d+)?" + re.escape(_WEIGHTS))
+
+
+def output_stems(outputs: dict[str, str]) -> dict[str, set[str]]:
+    """The stems of the weights and indexes a plan writes, by folder: `model` for
+    `model.safetensors`, `model-00001-of-00003.safetensors` and
+    `model.safetensors.index.json`."""
+    stems: dict[str, set[str]] = {}
+    for rel, kind in outputs.items():
+        folder, name = os.path.dirname(rel), os.path.basename(rel)
+        if kind == "index" and name.endswith(_INDEX):
+            stems.setdefault(folder, set()).add(name[: -len(_INDEX)])
+        elif kind == "weights" and (m := _SHARD_OF.fullmatch(name)) is not None:
+            stems.setdefault(folder, set()).add(m.group(1))
+    return stems
+
+
+def leftovers(
+    dst: str, stems: dict[str, set[str]], inputs: Sequence[File], written: set[str]
+) -> list[str]:
+    """Files of `dst` named as the weights or index of one of `stems` (by folder: a single
+    file, shards, or an index) that the plan does not write (`written`: its outputs and
+    the files a manifest proves this source's, which the run removes): a loader would take
+    them for the output (an index for it, shards beside it). An earlier cut, another run's
+    output under this name, or the output under a group's own stem when `name` gives
+    another. The input files themselves (a folder converted into itself) are not."""
+    ids = {_ident_of(f.path) for f in inputs} - {None}
     left = []
-    for g in reshard.groups:
-        folder = os.path.join(dst, g.group.dir)
+    for folder_rel, names_of in sorted(stems.items()):
+        folder = os.path.join(dst, folder_rel)
         try:
             names = os.listdir(folder)
         except OSError:
             continue
-        stems = [g.group.stem] + [s for s in [g.group.renamed_from] if s is not None]
-        alt = "|".join(re.escape(s) for s in stems)
-        shard = re.compile(f"(?:{alt})" + r"(-\d+-of-\d+)?" + re.escape(_WEIGHTS))
-        inputs = {_ident_of(w.path) for w in g.group.inputs} - {None}
+        alt = "|".join(re.escape(s) for s in sorted(names_of))
+        shard = r"(?:-\d+-of-\d+)?" + re.escape(_WEIGHTS)
+        ours = re.compile(f"(?:{alt})(?:{shard}|{re.escape(_INDEX)})")
         for name in sorted(names):
-            rel = _join(g.group.dir, name)
-            if shard.fullmatch(name) and rel not in written:
-                if _ident_of(os.path.join(folder, name)) not in inputs:
+            rel = _join(folder_rel, name)
+            if ours.fullmatch(name) and rel not in written:
+                if _ident_of(os.path.join(folder, name)) not in ids:
                     left.append(rel)
-    return left
+    # The indexes first: they are what a loader reads.
+    return sorted(left, key=lambda rel: not rel.endswith(_INDEX))
+
+
+def reshard_stems(reshard: Reshard, outputs: dict[str, str]) -> dict[str, set[str]]:
+    """A re-sharding plan's output stems, with each group's own stem when `name` renamed
+    it (the shards of a run under the input's stem)."""
+    stems = output_stems(outputs)
+    for g in reshard.groups:
+        if g.group.renamed_from is not None:
+            stems.setdefault(g.group.dir, set()).add(g.group.renamed_from)
+    return stems
 
 
 def _ident_of(path: str) -> tuple[int, int] | None:
@@ -292,16 +324,18 @@ def _ident_of(path: str) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
-def leftover_template(left: list[str]) -> str:
-    shown = ", ".join(_esc(r) for r in left[:4])
+def leftover_refusal(dst: str, left: list[str]) -> Refused:
+    """The refusal of a run that would leave `left` beside its output."""
+    shown = ", ".join(f"`{_esc(r)}`" for r in left[:4])
     more = f" and {len(left) - 4} more" if len(left) > 4 else ""
     many = len(left) != 1
     them = "them" if many else "it"
-    return (
-        f"{len(left)} file{'s' if many else ''} named as shards of this checkpoint "
-        f"{'are' if many else 'is'} left from another cut: {shown}{more}; no index names "
-        f"{them}, but a loader reading every .safetensors file would load {them} (stcast "
-        f"cannot prove it wrote {them}: remove {them})"
+    return Refused(
+        f"{_esc(dst)}: holds {shown}{more}, named as {'files' if many else 'a file'} of this "
+        f"checkpoint's output that this run does not write; a loader would load {them} "
+        f"with or instead of the new output, and no stcast manifest proves {them} stcast's "
+        f"(a finished run leaves none): remove {them}, or convert into an empty folder",
+        path=os.path.join(dst, left[0]),
     )
 
 

@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, Any
 from .. import _core, _engine
 from ..errors import Refused, StcastError
 from ..reports import Mismatch, Notice, VerifyReport, _build, merged_numerics, numeric_parts
-from .common import MAX_JSON_BYTES, WEIGHTS_SUFFIX, File, check_index, read_bounded
+from .common import (
+    INDEX_SUFFIX,
+    MAX_JSON_BYTES,
+    WEIGHTS_SUFFIX,
+    File,
+    check_index,
+    read_bounded,
+)
 from .fp8 import (
     config_problem,
     config_text,
@@ -177,6 +184,16 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         mismatch = fail(missing[0], "is in SRC but not in DST")
     elif extra and not loose:
         mismatch = fail(extra[0], "is in DST but not in SRC ({loose} ignores extra files)")
+    else:
+        # Extra files are ignored (loose), but not an index: loaders read it to find the
+        # tensors, so it must name DST's shards as they are, and the output's tensors where
+        # the output holds them.
+        output = [os.path.join(dst, w.rel) for w in weights]
+        output += [f.path for _, d in pairs for f in d.inputs]
+        stray = [r for r in extra if r.endswith(INDEX_SUFFIX)]
+        problem = _check_extra_indexes(dst, stray, output)
+        if problem is not None:
+            mismatch = fail(*problem)
     for w in weights if mismatch is None else []:
 
         def step(d: int, t: int, base: int = done) -> None:
@@ -283,6 +300,44 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         folder=True,
         files=len(expected) + len(theirs),
     )
+
+
+def _check_extra_indexes(dst: str, rels: list[str], output: list[str]) -> tuple[str, str] | None:
+    """Indexes of DST that are no part of the verified output (`output`: its weight files):
+    each must hold what the shards it names hold, and place none of the output's tensors
+    in another file (an earlier cut's index, left beside the output, routes a loader to
+    its stale shards). The first problem: the index and what is wrong."""
+    if not rels:
+        return None
+    found = set(listing(dst))
+    holder: dict[str, str] = {}
+    for path in output:
+        try:
+            names = _core.ShardGroup([path]).names()
+        except (OSError, StcastError):
+            continue  # the weights' own check says what is wrong with it
+        holder.update(dict.fromkeys(names, os.path.relpath(path, dst)))
+    for rel in rels:
+        path = os.path.join(dst, rel)
+        try:
+            f = File(rel, path, os.stat(path).st_size, 0)
+            _, weight_map = read_index(f, found)
+            check_index(dst, rel, weight_map)
+        except (OSError, StcastError) as e:
+            why = (
+                e.template.removeprefix(f"{_esc(e.path or '')}: ")
+                if isinstance(e, StcastError)
+                else _esc(str(e))
+            )
+            return rel, f"an index DST holds beside the output: {why}"
+        for tensor, shard in sorted(weight_map.items()):
+            if holder.get(tensor, shard) != shard:
+                return rel, (
+                    f"places tensor `{_esc(tensor)}` in `{_esc(shard)}`, while the verified "
+                    f"output holds it in `{_esc(holder[tensor])}`: a loader reading this index "
+                    "loads another file's"
+                )
+    return None
 
 
 def _configured(dst: str, f: File) -> Target | None:

@@ -265,8 +265,9 @@ def walk(src: str, follow_links: bool = False) -> Walked:
     folder itself, or into the `blobs/` folder of a Hugging Face cache repo (cache snapshots
     and older `hf download --local-dir` folders are made of such links). Any other link is
     refused, naming it, unless `follow_links`: a folder converted and then uploaded must not
-    carry a copy of `/etc/shadow`. Links to folders are followed only with `follow_links`,
-    and never round a loop. Special files are refused.
+    carry a copy of `/etc/shadow`. Links to folders outside the source are followed only
+    with `follow_links`, and never round a loop; a link to a folder inside it is refused
+    either way (its files would be written twice). Special files are refused.
     """
     src_id = ident_of(os.stat(src))
     weights, indexes, configs, others, dirs = [], [], [], [], []
@@ -294,6 +295,16 @@ def walk(src: str, follow_links: bool = False) -> Walked:
                 st = os.stat(e.path)
             except FileNotFoundError:
                 raise InvalidInput(f"{_esc(e.path)}: broken symlink", path=e.path) from None
+            if link and stat.S_ISDIR(st.st_mode) and within(e.path, src_id):
+                # Followed or not, no correct output: the walk converts and copies every
+                # file, so the folder's would be written twice, once under each name.
+                target = os.path.realpath(e.path)
+                raise Refused(
+                    f"{_esc(e.path)}: a symlink to a folder inside the source folder "
+                    f"({_esc(target)}): its files would be written twice, once under each "
+                    "name (remove the link, or convert a copy of the folder without it)",
+                    path=e.path,
+                )
             if link and not follow_links:
                 target = os.path.realpath(e.path)
                 if stat.S_ISDIR(st.st_mode) or not (within(target, src_id) or is_hub_blob(target)):

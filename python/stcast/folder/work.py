@@ -39,8 +39,9 @@ from .reshard import (
     adoptable,
     checked_indexes,
     entry,
-    leftover_shards,
-    leftover_template,
+    leftovers,
+    output_stems,
+    reshard_stems,
 )
 from .reshard import find_entry as _find_unit_entry
 from .walk import Plan
@@ -389,9 +390,10 @@ class FileWork:
         """The options of this kind of run that change the output (for the manifest)."""
         return {}
 
-    def leftover(self, dst: str, written: set[str]) -> Notice | None:
-        """What the destination holds that a loader would take for this run's output."""
-        return None
+    def leftover(self, dst: str, written: set[str]) -> list[str]:
+        """What the destination holds that a loader would take for this run's output: files
+        named as its weights or indexes that the run does not write (`written`)."""
+        return leftovers(dst, output_stems(self.plan.outputs()), self.plan.weights, written)
 
     def adoptable(self, dst: str, rel: str, kind: str, options: dict[str, Any]) -> bool:
         """Under resume, without a manifest: is the regular file at `rel` (weights or an
@@ -479,11 +481,10 @@ class ShardWork:
             options["name"] = name
         return options
 
-    def leftover(self, dst: str, written: set[str]) -> Notice | None:
-        # Shards of another cut that no manifest proves ours stay; a loader that reads
-        # every .safetensors file of a folder would load them too: say so.
-        left = leftover_shards(dst, self.reshard, written)
-        return Notice("unindexed_shards", leftover_template(left)) if left else None
+    def leftover(self, dst: str, written: set[str]) -> list[str]:
+        # Shards of another cut (or under the input's own stem) and their index too.
+        stems = reshard_stems(self.reshard, self.plan.outputs())
+        return leftovers(dst, stems, self.plan.weights, written)
 
     def adoptable(self, dst: str, rel: str, kind: str, options: dict[str, Any]) -> bool:
         return adoptable(dst, rel, kind, self.reshard, options)
