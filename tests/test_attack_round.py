@@ -16,26 +16,6 @@ ZERO2 = Path(__file__).parent / "fixtures" / "zero" / "stage2-3ranks" / "global_
 
 @pytest.mark.xfail(
     strict=True,
-    reason="one ZeRO rank's optim_states file is refused without --key, but with --key it is "
-    "not: `--key module` lists its dicts (`optimizer_state_dict.base_optimizer_state`...), "
-    "and that key converts one rank's flat Adam partition, exit 0",
-)
-@pytest.mark.parametrize("key", ["module", "optimizer_state_dict.base_optimizer_state"])
-def test_lone_zero_optim_states_with_key(tmp_path, run_main, key):
-    """Observed: `--key module`: "key `module` is not in the checkpoint; dicts of tensors:
-    `(top level)` ..., `optimizer_state_dict.base_optimizer_state` ..."; with that key:
-    exit 0, the output rank 0's `state.0.exp_avg` ... Expected (issue 30 finding 10): refused
-    with or without --key, naming it one rank of a DeepSpeed checkpoint and its folder."""
-    src = ZERO2 / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
-    out = tmp_path / "out.safetensors"
-    rc, _, err = run_main("convert", src, out, "--key", key)
-    assert rc == 1, err
-    assert "DeepSpeed" in err, err
-    assert not out.exists()
-
-
-@pytest.mark.xfail(
-    strict=True,
     reason="DCP `.metadata` whose storage_data is one SETITEMS batch (a valid pickle; "
     "Python's pickler batches 1000): entries outside --key are not dropped as parsed, peak "
     "RSS about 3.5x the .metadata (132 MiB for 35 MiB), over 64 MiB + its size",

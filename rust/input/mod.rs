@@ -226,7 +226,7 @@ fn sniffed_header(
     let ck = torch::read_releasing(bytes, sniffed, &limits(), release)?;
     // Told by what it holds, whatever its name: a selection of it would be placeholders or
     // one rank's partition.
-    if let Some(what) = zero::rank_file(&ck, opts.key.as_deref()) {
+    if let Some(what) = zero::rank_file(&ck) {
         return Ok(Err(what));
     }
     // The names it reads (borrowed from the pickle) are copied: their pages may go again.

@@ -228,11 +228,11 @@ fn layout(tag: &Path) -> Result<Layout> {
 /// checkpoint, which holds no model on its own: an optimizer states file (a partition of
 /// the flat fp32 weights), or ZeRO-3 model states (its parameters are empty placeholders).
 /// Told by its content, whatever its name. ZeRO-1/2's `mp_rank_00_model_states.pt` holds
-/// the whole 16-bit module: it is a model, and `None`. An optimizer states file with a `key`
-/// is read for what the key names (its moments, its partitions): `None`.
-pub fn rank_file(ck: &Checkpoint<'_>, key: Option<&str>) -> Option<String> {
+/// the whole 16-bit module: it is a model, and `None`. Whatever the key: an optimizer states
+/// file's dicts are a partition of the flat weights or its moments, never a model.
+pub fn rank_file(ck: &Checkpoint<'_>) -> Option<String> {
     let root = ck.pickle.root;
-    if let Some(osd) = item(ck, root, "optimizer_state_dict").filter(|_| key.is_none()) {
+    if let Some(osd) = item(ck, root, "optimizer_state_dict") {
         if item(ck, osd, "zero_stage").is_some() {
             return Some(
                 "one data-parallel rank's optimizer states of a DeepSpeed ZeRO checkpoint (a \
