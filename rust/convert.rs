@@ -700,8 +700,8 @@ impl Job {
         new
     }
 
-    /// The measured tensors, by name, in output order.
-    fn measured(&self) -> Vec<(&str, &Numerics)> {
+    /// The measured tensors whose action `wanted` accepts, by name, in output order.
+    fn measured_by(&self, wanted: impl Fn(&Action) -> bool) -> Vec<(&str, &Numerics)> {
         let Some(all) = &self.numerics else {
             return Vec::new();
         };
@@ -709,58 +709,37 @@ impl Job {
             .tensors
             .iter()
             .zip(all)
-            .filter(|(t, _)| matches!(t.action, Action::Convert(_)))
+            .filter(|(t, _)| wanted(&t.action))
             .map(|(t, n)| (self.src.header.tensors[t.source].name.as_str(), n))
             .collect()
     }
 
-    /// The dequantized weights that overflowed the target, and how many values did.
-    fn dequantized_overflow(&self) -> Vec<(&str, u64)> {
-        let Some(all) = &self.numerics else {
-            return Vec::new();
-        };
-        self.plan
-            .tensors
-            .iter()
-            .zip(all)
-            .filter(|(t, n)| matches!(t.action, Action::Dequantize(_)) && n.overflow > 0)
-            .map(|(t, n)| (self.src.header.tensors[t.source].name.as_str(), n.overflow))
-            .collect()
+    /// The converted tensors, measured, by name, in output order.
+    fn measured(&self) -> Vec<(&str, &Numerics)> {
+        self.measured_by(|a| matches!(a, Action::Convert(_)))
     }
 
     /// Once everything is converted: refuse overflow under `OnOverflow::Error` (nothing is
     /// published then), else warn about it; warn about values that underflowed to zero.
     fn check_overflow(&mut self) -> Result<()> {
         let measured = self.measured();
-        let dequantized = self.dequantized_overflow();
-        if let (OnOverflow::Keep, Some((tensor, values))) = (self.on_overflow, dequantized.first())
-        {
+        // The dequantized weights that overflowed the target (only their overflow counts:
+        // E4M3 holds no infinity, so every ±inf written is a finite value that overflowed).
+        let mut dequantized = self.measured_by(|a| matches!(a, Action::Dequantize(_)));
+        dequantized.retain(|(_, n)| n.overflow > 0);
+        if let (OnOverflow::Keep, Some((tensor, n))) = (self.on_overflow, dequantized.first()) {
             // A dequantized weight has no dtype of its own to keep: its FP8 codes mean
             // nothing without the scale dequantization drops.
             return Err(Error::Fp8Unpaired {
                 path: self.src.path.clone(),
                 tensor: tensor.to_string(),
                 problem: Box::new(crate::error::Fp8Problem::Overflow {
-                    values: *values,
+                    values: n.overflow,
                     target: self.plan.target,
                 }),
             });
         }
-        let overflowed: Vec<(&str, Numerics)> = dequantized
-            .iter()
-            .map(|&(name, overflow)| {
-                let n = Numerics {
-                    overflow,
-                    ..Numerics::default()
-                };
-                (name, n)
-            })
-            .collect();
-        let all: Vec<(&str, &Numerics)> = measured
-            .iter()
-            .copied()
-            .chain(overflowed.iter().map(|(name, n)| (*name, n)))
-            .collect();
+        let all: Vec<(&str, &Numerics)> = measured.iter().chain(&dequantized).copied().collect();
         let mut found = Vec::new();
         if let Some((error, warning)) =
             plan::overflow_outcome(&self.src.path, self.plan.target, &all)

@@ -47,12 +47,9 @@ print(json.dumps({"rc": proc.returncode, "maxrss_kib": usage.ru_maxrss}))
 """
 
 
-def peak_rss_of_convert(src: Path, dst: Path, *options: str) -> int:
-    """Run `python -m stcast convert SRC DST -q --json [OPTIONS]`; return its peak RSS in
-    bytes."""
-    out_path, err_path = dst.with_suffix(".out"), dst.with_suffix(".err")
-    cmd = [sys.executable, "-m", "stcast", "convert", str(src), str(dst), "-q", "--json"]
-    cmd += options
+def peak_rss_of(cmd: list[str], out_path: Path, err_path: Path) -> tuple[int, int]:
+    """Run `cmd` through LAUNCHER, its stdout and stderr into the two paths; return its exit
+    code and its own peak RSS in bytes."""
     launcher = subprocess.run(
         [sys.executable, "-c", LAUNCHER, str(out_path), str(err_path), *cmd],
         capture_output=True,
@@ -62,9 +59,18 @@ def peak_rss_of_convert(src: Path, dst: Path, *options: str) -> int:
     )
     assert launcher.returncode == 0, launcher.stderr
     child = json.loads(launcher.stdout)
-    assert child["rc"] == 0, err_path.read_text()
+    return child["rc"], child["maxrss_kib"] * 1024
+
+
+def peak_rss_of_convert(src: Path, dst: Path, *options: str) -> int:
+    """Run `python -m stcast convert SRC DST -q --json [OPTIONS]`; return its peak RSS in
+    bytes."""
+    out_path, err_path = dst.with_suffix(".out"), dst.with_suffix(".err")
+    cmd = [sys.executable, "-m", "stcast", "convert", str(src), str(dst), "-q", "--json"]
+    rc, peak = peak_rss_of([*cmd, *options], out_path, err_path)
+    assert rc == 0, err_path.read_text()
     assert json.loads(out_path.read_text())["result"]["bytes_out"] == dst.stat().st_size
-    return child["maxrss_kib"] * 1024
+    return peak
 
 
 def test_peak_rss_is_bounded(tmp_path):

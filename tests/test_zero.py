@@ -526,12 +526,9 @@ def test_a_huge_latest_is_never_read_whole(tmp_path):
     """`latest` names a tag in a few bytes; one of 256 MiB (a file saved there by mistake) is
     refused in one line after reading at most 4 KiB of it. Found by the adversarial round
     after issue 30: it was read whole first (about 274 MiB of peak RSS)."""
-    import json
-    import subprocess
     import sys
 
-    from helpers import cli_env
-    from test_memory import LAUNCHER, MIB
+    from test_memory import MIB, peak_rss_of
 
     src = tmp_path / "ckpt"
     shutil.copytree(Path(__file__).parent / "fixtures" / "zero" / "stage3-3ranks", src)
@@ -541,15 +538,8 @@ def test_a_huge_latest_is_never_read_whole(tmp_path):
         f.truncate(256 * MIB)
     out, err = tmp_path / "out.txt", tmp_path / "err.txt"
     cmd = [sys.executable, "-m", "stcast", "convert", str(src), str(tmp_path / "o.safetensors")]
-    launcher = subprocess.run(
-        [sys.executable, "-c", LAUNCHER, str(out), str(err), *cmd],
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-        timeout=300,
-    )
-    child = json.loads(launcher.stdout)
-    assert child["rc"] == 1, err.read_text()
+    rc, peak = peak_rss_of(cmd, out, err)
+    assert rc == 1, err.read_text()
     assert_one_error_line(err.read_text())
     assert "latest" in err.read_text()
-    assert child["maxrss_kib"] * 1024 <= 64 * MIB, f"{child['maxrss_kib'] / 1024:.1f} MiB"
+    assert peak <= 64 * MIB, f"{peak / MIB:.1f} MiB"
