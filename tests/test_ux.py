@@ -325,6 +325,16 @@ def test_5_a_hub_id_gets_a_download_hint(tmp_path, run_main, given, repo):
     assert rc == 1 and f"`hf download {repo} --local-dir DIR`" in line, line
 
 
+@pytest.mark.parametrize("given", ["ckpt/ckpt.json", "ckpt/model.safetensors", "here/name"])
+def test_5_a_typo_of_a_local_path_gets_no_download_hint(tmp_path, run_main, given):
+    """`ckpt/ckpt.json` (a typo of a local path) was told to `hf download` it: a path under a
+    folder that exists, or naming a checkpoint's file, is not a repo id (issue 33, point 6)."""
+    (tmp_path / "here").mkdir()
+    rc, out, err = run_main("convert", given, cwd=tmp_path)
+    line = assert_one_error_line(err)
+    assert rc == 1 and "hf download" not in line and line.startswith(f"stcast: {given}: "), line
+
+
 # --- 7. the CLI and the API agree ----------------------------------------------------------
 
 
