@@ -1188,3 +1188,15 @@ def test_22_a_keep_pattern_lets_no_unnamed_scale_through(tmp_path, run_main):
         "convert", src, tmp_path / "o.safetensors", "--keep", "zzz", "--allow-quantized", "-q"
     )
     assert rc == 0, err
+
+
+def test_the_top_level_help_and_the_man_page_name_every_input_and_target(run_main):
+    """They said "safetensors checkpoints to bf16 or fp16" long after PyTorch, DCP, ZeRO and
+    FP8 inputs and the FP8 targets came (issue 33, point 6)."""
+    _, top, _ = run_main("--help")
+    _, man, _ = run_main("manpage")
+    description = man.split(".SH DESCRIPTION", 1)[1].split(".SH", 1)[0]
+    for text in (top, description):
+        flat = " ".join(text.split())
+        for word in ("safetensors", "PyTorch", "DCP", "DeepSpeed ZeRO", "bf16", "fp16", "FP8"):
+            assert word in flat, (word, flat)

@@ -235,7 +235,7 @@ examples:
 }
 
 _HELP = {
-    "convert": "convert a checkpoint (file or folder) to bf16 or fp16",
+    "convert": "convert a checkpoint (file or folder) to bf16, fp16 or FP8",
     "inspect": "show what convert would do, and run its checks (a dry run)",
     "verify": "check that DST is exactly the conversion of SRC",
     "finalize": "complete a folder converted with --shard",
@@ -257,7 +257,10 @@ class _Formatter(argparse.HelpFormatter):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
-        description="Convert safetensors checkpoints to bf16 or fp16, exactly, in bounded memory.",
+        description=(
+            "Convert checkpoints (safetensors, PyTorch, DCP, DeepSpeed ZeRO, FP8) to bf16, "
+            "fp16 or FP8, exactly, in bounded memory."
+        ),
         epilog="`stcast COMMAND --help` shows each command's options, defaults and examples.",
     )
     parser.add_argument("-V", "--version", action="version", version=f"{PROG} {stcast.__version__}")
