@@ -609,14 +609,22 @@ def find_entry(
         return None
     if not stat.S_ISREG(st.st_mode):
         return None
-    inputs = _inputs(unit, [source_sha256(w.path) for w in unit.inputs])
+    hashes = [source_sha256(w.path) for w in unit.inputs]
+    inputs = _inputs(unit, hashes)
+    # An entry may list one input too (as stcast wrote an output shard's before plain runs
+    # were one-file groups): trusted the same.
+    listed = [[w.rel, w.size, w.mtime_ns, h] for w, h in zip(unit.inputs, hashes)]
     output_hash = None
     for e in entries:
         recorded = e.get("output_header_sha256")
+        if "inputs" in e:
+            same_inputs = e["inputs"] == listed
+        else:
+            same_inputs = all(e.get(k) == v for k, v in inputs.items())
         if (
             e.get("version") != _core.__version__
             or e.get("options") != options
-            or not _same_inputs(e, inputs)
+            or not same_inputs
             or (e.get("dev"), e.get("ino"), e.get("size")) != (st.st_dev, st.st_ino, st.st_size)
             or (not unit.whole and recorded != unit.header_sha256)
         ):
@@ -626,15 +634,6 @@ def find_entry(
         if output_hash and output_hash == recorded:
             return e
     return None
-
-
-def _same_inputs(e: dict[str, Any], inputs: dict[str, Any]) -> bool:
-    """Does the entry `e` name `inputs` (`_inputs`)? An entry of one input as a list (an
-    earlier stcast's form for an output shard) names it too."""
-    if "inputs" in inputs or "inputs" not in e:
-        return all(e.get(k) == v for k, v in inputs.items())
-    listed = [[inputs["source_size"], inputs["source_mtime_ns"], inputs["source_header_sha256"]]]
-    return [i[1:] for i in e["inputs"] if isinstance(i, list)] == listed
 
 
 def adoptable(dst: str, rel: str, reshard: Reshard, options: dict[str, Any]) -> bool:
