@@ -5,7 +5,8 @@
 //! (`_core.OPTIONS`) its command-line parser, its API's keywords (checked against its
 //! `TypedDict`s by a test), shell completion and the way messages spell an option.
 //!
-//! A leaf beside `vocab`: the names of choices come from there.
+//! Below `given` (which checks values by it); it asks only `vocab` (the names of choices)
+//! and `window` (the thread limit).
 
 use crate::vocab::{OnOverflow, Target};
 
