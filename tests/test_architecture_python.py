@@ -1,9 +1,10 @@
 """The import graph of `python/stcast` has no cycles.
 
 Built from the source with `ast`, so that no import hides: function-local imports count
-as edges (a cycle behind one only waits for the call that closes it), `from pkg import x`
-is an edge to `pkg` and, where `pkg.x` is a module, to `pkg.x`, relative imports are
-resolved, and only the bodies of `if TYPE_CHECKING:` are left out. A package's
+as edges (a cycle behind one only waits for the call that closes it), and so do imports
+under `if TYPE_CHECKING:` (a cycle a type checker sees is one a reader must untangle too).
+`from pkg import x` is an edge to `pkg.x` where that is a module (the native `_core`,
+through its stub, is one), else to `pkg`; relative imports are resolved. A package's
 `__init__.py` is the package's module.
 """
 
@@ -17,9 +18,9 @@ PACKAGE = "stcast"
 
 
 def modules() -> dict[str, Path]:
-    """Every module of the package, by dotted name."""
+    """Every module of the package, by dotted name (an extension module by its stub)."""
     found = {}
-    for path in sorted((ROOT / PACKAGE).rglob("*.py")):
+    for path in sorted([*(ROOT / PACKAGE).rglob("*.py"), *(ROOT / PACKAGE).rglob("*.pyi")]):
         parts = list(path.relative_to(ROOT).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
@@ -27,25 +28,9 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    if isinstance(test, ast.Name):
-        return test.id == "TYPE_CHECKING"
-    return isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-
-
 def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    """Every import statement in `tree`, at any depth, but those under `if TYPE_CHECKING:`."""
-    found: list[ast.Import | ast.ImportFrom] = []
-    stack: list[ast.AST] = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            found.append(node)
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
-            stack.extend(node.orelse)
-            continue
-        stack.extend(ast.iter_child_nodes(node))
-    return found
+    """Every import statement in `tree`, at any depth (`if TYPE_CHECKING:` bodies too)."""
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
 
 
 def graph() -> dict[str, set[str]]:
@@ -68,8 +53,12 @@ def graph() -> dict[str, set[str]]:
                     pkg = ".".join(base + ([node.module] if node.module else []))
                 else:
                     pkg = node.module or ""
-                targets.append(pkg)
-                targets.extend(f"{pkg}.{alias.name}" for alias in node.names)
+                # Importing a submodule runs its package's `__init__` first, but takes
+                # nothing from it: the edge is to the submodule. A name is the package's.
+                names = [f"{pkg}.{alias.name}" for alias in node.names]
+                targets.extend(n for n in names if n in mods)
+                if len(targets) < len(names):
+                    targets.append(pkg)
             edges[name].update(t for t in targets if t in mods and t != name)
     return edges
 
@@ -115,18 +104,21 @@ def test_graph_sees_the_package() -> None:
     assert {"stcast", "stcast.folder", "stcast.folder.walk", "stcast.errors"} <= set(edges)
     assert "stcast.errors" in edges["stcast.reports"]
     assert "stcast.folder" in edges["stcast._api"]  # a function-local import counts
+    assert "stcast._types" in edges["stcast.reports"]  # a TYPE_CHECKING import counts
+    # `from .. import _core` is an edge to the extension (its stub), not to the package.
+    assert "stcast._core" in edges["stcast.errors"] and "stcast" not in edges["stcast.errors"]
 
 
 def test_rules_on_a_made_up_cycle(tmp_path: Path) -> None:
-    # The rules themselves: a function-local import closes a cycle, TYPE_CHECKING does not.
+    # The rules themselves: a function-local import closes a cycle, and so does TYPE_CHECKING.
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
     tree = ast.parse(
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from . import hidden\n"
         "def f():\n    from .other import x\n"
     )
-    names = [n.module for n in _imports(tree) if isinstance(n, ast.ImportFrom)]
-    assert sorted(str(n) for n in names) == ["other", "typing"]
+    names = [a.name for n in _imports(tree) for a in n.names]
+    assert sorted(names) == ["TYPE_CHECKING", "hidden", "x"]
 
 
 def test_no_import_cycles() -> None:

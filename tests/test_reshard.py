@@ -449,6 +449,33 @@ def test_resume_skips_the_shards_written(tmp_path, cli_process):
     assert tree(dst) == tree(tmp_path / "fresh")
 
 
+def test_resume_trusts_an_entry_that_lists_its_one_input(tmp_path, cli_process):
+    """A manifest entry names a shard's one input flat, as a plain run's file; one that lists
+    it (as stcast wrote a shard's entry before plain runs were one-file groups) is trusted
+    the same, and not once that input changed."""
+    src = write_sharded(tmp_path / "hf", np.random.default_rng(10), 4, rows=[30] * 4)
+    dst = tmp_path / "out"
+    args = ("convert", src, dst, "--max-shard-size", "2kB", "-q")
+    for touch in (False, True):
+        shutil.rmtree(dst, ignore_errors=True)
+        rc, _, err = cli_process(*args, env=with_points(None, "folder-file=eio"))
+        assert rc == 1, err
+        manifest = dst / ".stcast-manifest.json"
+        doc = json.loads(manifest.read_text())
+        ((rel, entry),) = doc["files"].items()
+        flat = [entry.pop(k) for k in ("source_size", "source_mtime_ns", "source_header_sha256")]
+        first = sorted(src.glob("model-*.safetensors"))[0]
+        entry["inputs"] = [[first.name, *flat]]
+        manifest.write_text(json.dumps(doc))
+        if touch:
+            os.utime(first, ns=(first.stat().st_atime_ns, first.stat().st_mtime_ns + 10**9))
+        rc, out, err = cli_process(*args[:-1], "--resume", "--json")
+        assert rc == 0, err
+        files = json.loads(out)["result"]["files"]
+        action = next(f["action"] for f in files if f["path"] == rel)
+        assert action == ("converted" if touch else "skipped")
+
+
 def test_resume_after_the_plan_changed_converts_again(tmp_path, run_main):
     src = write_sharded(tmp_path / "hf", np.random.default_rng(11), 3, rows=[30] * 3)
     dst = tmp_path / "out"

@@ -39,7 +39,6 @@ from . import work as _work
 from . import write as _write
 from .fp8 import is_fp8, is_model_config
 from .fp8 import nonfinite as fp8_nonfinite
-from .write import fp8_config
 
 if TYPE_CHECKING:
     from typing import Callable
@@ -113,8 +112,9 @@ def prepare(
         given.follow_links,
         cancel,
     )
+    reshard: _reshard.Reshard | None = None
     if max_shard_size is not None:
-        plan.reshard = _reshard.plan(
+        reshard = _reshard.plan(
             plan,
             max_shard_size,
             to,
@@ -126,9 +126,9 @@ def prepare(
             name=name,
             allow_quantized=given.allow_quantized or _engine.is_tree(src),
         )
-        plan.keep_unmatched = plan.reshard.keep_unmatched
-        _reshard.check_not_the_input(src_id, dst, plan.reshard)
-    work = _work.of(plan)
+        plan.keep_unmatched = reshard.keep_unmatched
+        _reshard.check_not_the_input(src_id, dst, reshard)
+    work = _work.Work(plan, reshard)
     units = work.items
     if shard is not None and shard[1] > len(units):
         n = len(units)
@@ -164,7 +164,7 @@ def prepare(
     if shard is not None:
         owner = assign_shards(weights, shard[1])
         weights = [w for w in weights if owner[w.rel] == shard[0]]
-    outputs = plan.outputs()
+    outputs = work.outputs()
     mine = sorted(w.rel for w in weights) if shard is not None else sorted(outputs)
     # Every name the plan may write (its manifest too), against every file of the source,
     # by identity: the engine's own check comes per file, after others were written.
@@ -232,13 +232,13 @@ def convert_folder(
     started = time.monotonic()
     p = prepared
     force = p.given.force
-    src, dst, plan, shard, survey = p.src, p.dst, p.plan, p.shard, p.survey
+    src, dst, shard, survey = p.src, p.dst, p.shard, p.survey
     # Every refusal is behind us: from here on, files are written.
     _common.failpoint("folder-checked", cancel)
 
     # What is there before this run writes anything: a failed run removes only what it
     # added (`_write.roll_back`).
-    missing = _missing_folders(dst, plan)
+    missing = _missing_folders(dst, p.work)
     os.makedirs(dst, exist_ok=True)
     record = _manifest.new(src, p.src_id, dst, p.options, p.given.allow_quantized, shard, p.mine)
     # The manifest at this run's name that the survey read (resume, force) is the one to
@@ -285,9 +285,9 @@ def convert_folder(
         dst, p.to, p.given, meter, cancel, record, force, dict(survey.ours), dict(survey.found)
     )
     if shard is None:
-        _write.unpublish(run, plan, {w.rel for w in p.todo})
+        _write.unpublish(run, p.work, {w.rel for w in p.todo})
     try:
-        converted = _work.convert_items(run, p.todo)
+        converted = _write.convert_items(run, p.todo)
     except _manifest.TakenOver:
         raise
     except DestinationExists:
@@ -308,8 +308,8 @@ def convert_folder(
         raise
     files += [w.converted(r) for w, r in zip(p.todo, converted)]
     if shard is None:
-        files += _write.publish(run, plan, p.work)
-        _write.final_recheck(run, plan)
+        files += _write.publish(run, p.work)
+        _write.final_recheck(run, p.work)
         # The new indexes name none of them: only now may the shards of another cut go.
         _write.remove_stale(run, survey.stale)
     else:
@@ -328,11 +328,11 @@ def convert_folder(
     return _with_warnings(p.work.finish(report), p.warnings)
 
 
-def _missing_folders(dst: str, plan: _walk.Plan) -> list[str]:
-    """The folders a run of `plan` may make (DST, the folders above it, those below it
+def _missing_folders(dst: str, work: _work.Work) -> list[str]:
+    """The folders a run of `work` may make (DST, the folders above it, those below it
     that it writes into) that do not exist yet, deepest first."""
     wanted = {dst}
-    for rel in [*plan.outputs(), *(f"{d}/x" for d in plan.dirs)]:
+    for rel in [*work.outputs(), *(f"{d}/x" for d in work.plan.dirs)]:
         parts = rel.split("/")[:-1]
         wanted.update(os.path.join(dst, *parts[: k + 1]) for k in range(len(parts)))
     up = os.path.dirname(os.path.abspath(dst))
@@ -575,7 +575,7 @@ def _adoptable(
     f, content = next((f, c) for f, c in plan.configs if f.rel == rel)
     if is_fp8(options["to"]) and is_model_config(rel):
         try:
-            content = fp8_config(dst, options["to"], plan, f, content)
+            content = _write.fp8_config(dst, options["to"], work, f, content)
         except (OSError, StcastError):
             return False
     if content is None:
@@ -671,6 +671,7 @@ def finalize(
     options = _manifest.agreed_options(dst, manifests)
     to = _engine.target_name(options["to"])
     max_size = options.get("max_shard_size")
+    reshard: _reshard.Reshard | None = None
     if max_size is None:
         # Quantized checkpoints were refused (or allowed) by the shard runs that converted
         # them.
@@ -681,7 +682,7 @@ def finalize(
         precision = recorded.precision
         _, plan = _source_plan(src, dst, to, precision, max_size, False, False, cancel)
         # As the shard runs read the source: the same key and prefixes.
-        plan.reshard = _reshard.plan(
+        reshard = _reshard.plan(
             plan,
             max_size,
             to,
@@ -692,7 +693,7 @@ def finalize(
             source={**recorded.source, "follow_links": True},
             name=options.get("name"),
         )
-    work = _work.of(plan)
+    work = _work.Work(plan, reshard)
     units = work.items
     # With one shard count in the manifests, a missing file can be traced to its shard.
     counts = {m.shard[1] for m in manifests if m.shard is not None}
@@ -707,7 +708,7 @@ def finalize(
             )
     n = counts.pop() if len(counts) == 1 else None
     owner = assign_shards(units, n) if isinstance(n, int) and n > 0 else {}
-    outputs = plan.outputs()
+    outputs = work.outputs()
     survey = _survey(dst, src_id, options, outputs, plan, work, None, force=False, resume=True)
     record = _manifest.new(src, src_id, dst, options, None, None, sorted(outputs))
     record.finalize = True
@@ -731,9 +732,9 @@ def finalize(
     record.save(cancel)
     meter = _write.Meter(sum(c.size for c in plan.copies), progress, file_progress)
     run = _write.Run(dst, to, Options(to=to), meter, cancel, record, False, dict(survey.ours))
-    _write.unpublish(run, plan, set())
-    files += _write.publish(run, plan, work)
-    _write.final_recheck(run, plan)
+    _write.unpublish(run, work, set())
+    files += _write.publish(run, work)
+    _write.final_recheck(run, work)
     _write.remove_own(run, [record, *manifests])
     meter.close()
     return work.finish(_folder_report(src, dst, to, files, [], started, None, True))
@@ -784,7 +785,7 @@ def inspect_folder(
         weights = prepared.plan.weights
         others = [*prepared.plan.copies, *prepared.plan.late_copies]
         others += [f for f, _ in prepared.plan.configs]
-        reshard = prepared.plan.reshard
+        reshard = prepared.work.reshard if prepared.work.resharding else None
         if reshard is None:
             others += [f for f, _, _ in prepared.plan.indexes]
     elif max_shard_size is not None and not _engine.is_tree(src):

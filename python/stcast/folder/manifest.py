@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core, _engine
 from ..errors import Refused, StcastError
-from .common import File, header_sha256, read_bounded, source_sha256
+from .common import header_sha256, read_bounded
 from .jsonedit import depth
 
 if TYPE_CHECKING:
@@ -104,19 +104,6 @@ class Manifest:
         dev, ino, size = published
         self.files[rel] = {"kind": kind, "dev": dev, "ino": ino, "size": size, **extra}
         self.pending.pop(rel, None)
-
-    def weights_entry(self, w: File, source_header_sha256: str) -> dict[str, Any]:
-        """What `resume` and `finalize` need to trust the output of `w` without reading it."""
-        out = os.path.join(self.dst, w.rel)
-        return {
-            "source_size": w.size,
-            "source_mtime_ns": w.mtime_ns,
-            "source_header_sha256": source_header_sha256,
-            "options": self.options,
-            "version": _core.__version__,
-            "shards": None if self.shard is None else self.shard[1],
-            "output_header_sha256": header_sha256(out),
-        }
 
     def save(self, cancel: CancelFlag | None = None) -> None:
         """Write the manifest atomically (the one write path; its temp is locked)."""
@@ -357,37 +344,6 @@ def remove(m: Manifest) -> None:
         return
     if m.published is None or (st.st_dev, st.st_ino) == m.published:
         os.unlink(path)
-
-
-def find_entry(
-    entries: list[dict[str, Any]], w: File, options: dict[str, Any], out: str
-) -> dict[str, Any] | None:
-    """The manifest entry that shows `out` is `w` converted with `options`, if there is one."""
-    if not entries:
-        return None
-    try:
-        st = os.lstat(out)
-    except FileNotFoundError:
-        return None
-    if not stat.S_ISREG(st.st_mode):
-        return None
-    source_hash = source_sha256(w.path)
-    output_hash = None
-    for e in entries:
-        if (
-            e.get("version") != _core.__version__
-            or e.get("options") != options
-            or e.get("source_size") != w.size
-            or e.get("source_mtime_ns") != w.mtime_ns
-            or e.get("source_header_sha256") != source_hash
-            or (e.get("dev"), e.get("ino"), e.get("size")) != (st.st_dev, st.st_ino, st.st_size)
-        ):
-            continue
-        if output_hash is None:
-            output_hash = header_sha256(out)
-        if output_hash and e.get("output_header_sha256") == output_hash:
-            return e
-    return None
 
 
 def agreed_options(dst: str, manifests: list[Manifest]) -> dict[str, Any]:

@@ -12,10 +12,11 @@ or the stem `name` gives for a checkpoint of one group (`ema.safetensors` with
 `name="model"` -> `model-00001-of-00003.safetensors`: what `from_pretrained` looks for).
 The old shards and the old index are never written.
 
-Each output shard is a work item as a weight file is in a plain folder run (`work.ShardItem`
-beside `work.FileItem`): `resume` skips it once its manifest entry shows it done (the inputs
-it reads unchanged, the planned header), `shard=(i, n)` runs split the output shards, and
-`finalize` writes the indexes.
+A plain folder run is the same plan without a cut (`whole_files`): each weight file a group
+of its own, whose one output unit is the file converted whole under its safetensors name.
+Each output unit is a work item (`work.Item`): `resume` skips it once its manifest entry
+shows it done (`find_entry`: the inputs it reads unchanged, the header recorded),
+`shard=(i, n)` runs split the units, and `finalize` writes the indexes.
 """
 
 from __future__ import annotations
@@ -69,12 +70,13 @@ class Group:
 
 @dataclass(frozen=True)
 class Unit:
-    """One output shard: the unit of work of a re-sharding run (as a file is otherwise)."""
+    """One output file of the weights: an output shard of a re-sharding run, or a weight file
+    converted whole (`whole`) in a plain folder run."""
 
     rel: str  # the output's relative path
     group: int  # in `Reshard.groups`
     number: int  # 0-based, in its group
-    names: list[str]  # its tensors, input order
+    names: list[str]  # its tensors, input order (a whole file: all of them, read when converted)
     size: int  # the output file's bytes (also what `--shard` balances)
     data_bytes: int  # tensor bytes read from the input
     # Input bytes it stands for in reports: its tensor bytes, the first shard of a group also
@@ -82,7 +84,9 @@ class Unit:
     # add up to its input files' size.
     input_bytes: int
     target_bytes: int  # tensor bytes written
-    header_sha256: str  # of the planned output header
+    # Of the planned output header; a whole file's plan does not know what a scan keeps
+    # (`on_overflow="keep"`), so its manifest entry proves it by the header recorded.
+    header_sha256: str
     inputs: list[File]  # the input files it reads
     tensors_converted: int
     tensors_kept: int
@@ -90,22 +94,35 @@ class Unit:
     scales: list[str] = field(default_factory=list)
     # FP8 input: the scales it reads to dequantize and does not write.
     dropped: list[str] = field(default_factory=list)
+    # A plain folder run's unit: its one input converted whole, named after it (reports
+    # name the input, a `finalize` that misses it names the input too).
+    whole: bool = False
 
 
 @dataclass
 class GroupPlan:
     group: Group
-    core: Any  # _core.ShardGroup
+    # _core.ShardGroup; None for a whole file, opened when converted (a folder of thousands
+    # of files does not hold them all open).
+    core: Any
     indexed: bool
     units: list[Unit]
     index: tuple[str, bytes, dict[str, str]] | None  # rel, content, weight_map (rel paths)
 
+    def opened(self) -> Any:
+        """The group's files, opened (`_core.ShardGroup`)."""
+        if self.core is not None:
+            return self.core
+        return _core.ShardGroup([w.path for w in self.group.inputs])
+
 
 @dataclass
 class Reshard:
-    """A re-sharding plan: every group's output shards and indexes."""
+    """A re-sharding plan: every group's output shards and indexes; or, without `max_size`,
+    a plain folder run's: each weight file whole (`whole_files`), the source's indexes
+    edited (`walk.Plan.indexes`), none written here."""
 
-    max_size: int
+    max_size: int | None
     groups: list[GroupPlan]
     keep_names: dict[str, list[str]]  # input rel -> tensors kept to avoid overflow
     warnings: list[Notice] = field(default_factory=list)
@@ -257,6 +274,34 @@ def plan(
                 )
             taken[rel] = what
         reshard.groups.append(GroupPlan(g, core, planned["indexed"], units, index))
+    return reshard
+
+
+def whole_files(walked: Plan) -> Reshard:
+    """A plain folder run's plan: each weight file a group of its own, converted whole under
+    its safetensors name (`walk.Plan.info` has its plan), with no index of its own."""
+    # (`walk.plan` read an FP8 target's weights; another target's have none to give.)
+    reshard = Reshard(None, [], {}, unquantized=walked.unquantized or None)
+    for k, w in enumerate(walked.weights):
+        info = walked.info[w.rel]
+        unit = Unit(
+            rel=w.rel,
+            group=k,
+            number=0,
+            names=[],
+            size=info.output_bytes,
+            data_bytes=info.data_bytes,
+            input_bytes=w.size,
+            target_bytes=walked.out_data[w.rel],
+            header_sha256=info.output_header_sha256,
+            inputs=[w],
+            tensors_converted=info.tensors_converted,
+            tensors_kept=info.tensors_kept,
+            whole=True,
+        )
+        stem = os.path.basename(w.rel)[: -len(_WEIGHTS)]
+        group = Group(os.path.dirname(w.rel), stem, [w], None)
+        reshard.groups.append(GroupPlan(group, None, False, [unit], None))
     return reshard
 
 
@@ -513,7 +558,7 @@ def default_dst(src: str, to: Target) -> str:
     return f"{os.path.splitext(src)[0]}-{to}"
 
 
-# --- the runs: entries, resume, indexes (the conversion: work.ShardItem) --------------------
+# --- the runs: entries, resume, indexes (the conversion: work.Item) ------------------------
 
 
 def entry(
@@ -523,15 +568,28 @@ def entry(
     hashes: dict[str, str],
     out: str,
 ) -> dict[str, Any]:
-    """What `resume` and `finalize` need to trust an output shard without reading it: the
-    inputs it reads as they were, the options, and its header."""
+    """What `resume` and `finalize` need to trust an output unit without reading it: the
+    inputs it reads as they were (`_inputs`), the options, and its header."""
     return {
-        "inputs": [[w.rel, w.size, w.mtime_ns, hashes[w.rel]] for w in unit.inputs],
+        **_inputs(unit, [hashes[w.rel] for w in unit.inputs]),
         "options": options,
         "version": _core.__version__,
         "shards": shards,
         "output_header_sha256": header_sha256(out),
     }
+
+
+def _inputs(unit: Unit, hashes: list[str]) -> dict[str, Any]:
+    """How an entry names the inputs a unit reads (each one's size, mtime and header hash):
+    its one input flat (`source_*`), several as a list (with their paths)."""
+    if len(unit.inputs) == 1:
+        (w,) = unit.inputs
+        return {
+            "source_size": w.size,
+            "source_mtime_ns": w.mtime_ns,
+            "source_header_sha256": hashes[0],
+        }
+    return {"inputs": [[w.rel, w.size, w.mtime_ns, h] for w, h in zip(unit.inputs, hashes)]}
 
 
 def find_entry(
@@ -541,7 +599,8 @@ def find_entry(
     out: str,
 ) -> dict[str, Any] | None:
     """The manifest entry that shows `out` is `unit` written with `options`, if one does:
-    its inputs unchanged, its header the planned one, the file the one recorded."""
+    its inputs unchanged, the file the one recorded with the header recorded, and (where
+    the plan knows it exactly: not a whole file's) the planned header."""
     if not entries:
         return None
     try:
@@ -550,32 +609,38 @@ def find_entry(
         return None
     if not stat.S_ISREG(st.st_mode):
         return None
-    inputs = [[w.rel, w.size, w.mtime_ns, source_sha256(w.path)] for w in unit.inputs]
+    hashes = [source_sha256(w.path) for w in unit.inputs]
+    inputs = _inputs(unit, hashes)
+    # An entry may list one input too (as stcast wrote an output shard's before plain runs
+    # were one-file groups): trusted the same.
+    listed = [[w.rel, w.size, w.mtime_ns, h] for w, h in zip(unit.inputs, hashes)]
     output_hash = None
     for e in entries:
+        recorded = e.get("output_header_sha256")
+        if "inputs" in e:
+            same_inputs = e["inputs"] == listed
+        else:
+            same_inputs = all(e.get(k) == v for k, v in inputs.items())
         if (
             e.get("version") != _core.__version__
             or e.get("options") != options
-            or e.get("inputs") != inputs
+            or not same_inputs
             or (e.get("dev"), e.get("ino"), e.get("size")) != (st.st_dev, st.st_ino, st.st_size)
-            or e.get("output_header_sha256") != unit.header_sha256
+            or (not unit.whole and recorded != unit.header_sha256)
         ):
             continue
         if output_hash is None:
             output_hash = header_sha256(out)
-        if output_hash == unit.header_sha256:
+        if output_hash and output_hash == recorded:
             return e
     return None
 
 
-def adoptable(dst: str, rel: str, kind: str, reshard: Reshard, options: dict[str, Any]) -> bool:
-    """Under resume, without a manifest: is the regular file at `rel` exactly what this plan
-    writes? A shard: its planned size and header, then every value verified against the
-    inputs. An index: the planned bytes."""
+def adoptable(dst: str, rel: str, reshard: Reshard, options: dict[str, Any]) -> bool:
+    """Under resume, without a manifest: is the regular file of weights at `rel` exactly
+    what this plan writes? Its planned size and header, then every value verified against
+    the inputs."""
     path = os.path.join(dst, rel)
-    if kind == "index":
-        want = next(c for r, c, _ in reshard.indexes() if r == rel)
-        return read_bounded(path, MAX_JSON_BYTES) == want
     unit = reshard.unit(rel)
     st = os.lstat(path)
     if st.st_size != unit.size or header_sha256(path) != unit.header_sha256:
@@ -583,7 +648,7 @@ def adoptable(dst: str, rel: str, kind: str, reshard: Reshard, options: dict[str
     g = reshard.groups[unit.group]
     precision = {k: v for k, v in options.items() if k not in ("to", "max_shard_size", "name")}
     report = _core.verify_shard(
-        g.core, path, g.indexed, to=options["to"], numerics=False, **precision
+        g.opened(), path, g.indexed, to=options["to"], numerics=False, **precision
     )
     return report["mismatch"] is None
 

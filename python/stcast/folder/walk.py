@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from .._engine import CancelFlag
     from .._types import Target
     from ..reports import InspectReport
-    from .reshard import Reshard, Unit
 
 # stcast's own files (manifests, temporary files) are never taken from a source folder.
 BOOKKEEPING_PREFIX = ".stcast-"
@@ -99,35 +98,12 @@ class Plan:
     header_sha256: dict[str, str]  # weights rel -> the hash of its header
     keep_unmatched: list[str] = field(default_factory=list)  # in no file
     skipped: list[tuple[File, str]] = field(default_factory=list)  # left out, and why
-    # With `max_shard_size`: the output shards and indexes that replace the weights' and
-    # indexes' outputs (see `reshard`).
-    reshard: Reshard | None = None
     # An FP8 checkpoint dequantized: its indexes lose the scales the shards no longer hold.
     dequantize: bool = False
     # FP8 targets: weights rel -> its weights that hold NaN or inf, found by reading them
     # while planning (they stay BF16: the plan above is the one written), handed to the
     # conversion so that it does not read them again.
     unquantized: dict[str, list[str]] = field(default_factory=dict)
-
-    def outputs(self) -> dict[str, str]:
-        """Every file a whole run writes (relative path -> kind)."""
-        out = {u.rel: "weights" for u in self.units()}
-        out.update({f.rel: "copy" for f in [*self.copies, *self.late_copies]})
-        out.update({f.rel: "config" for f, _ in self.configs})
-        out.update({rel: "index" for rel in self.index_rels()})
-        return out
-
-    def units(self) -> list[File | Unit]:
-        """The units of work, each one output: the weight files, or the output shards."""
-        if self.reshard is not None:
-            return list(self.reshard.units())
-        return list(self.weights)
-
-    def index_rels(self) -> list[str]:
-        """The indexes a whole run writes."""
-        if self.reshard is not None:
-            return [rel for rel, _, _ in self.reshard.indexes()]
-        return [f.rel for f, _, _ in self.indexes]
 
 
 def plan(

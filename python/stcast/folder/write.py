@@ -1,8 +1,9 @@
-"""Write a folder's outputs: the converted files, the copies, and last the configs and
-indexes, so that an interrupted run never leaves what a loader takes for a checkpoint.
+"""Write a folder's outputs: the converted files (`convert_items`), the copies, and last the
+configs and indexes, so that an interrupted run never leaves what a loader takes for a
+checkpoint.
 
 Every file goes through the engine's one atomic write path (`_core.write_file`,
-`_core.copy_file`, `_core.convert`): a hidden, locked temp, fsync, then the name. A name
+`_core.copy_file`, `_core.convert_shard`): a hidden, locked temp, fsync, then the name. A name
 that exists is replaced only as `Run.replace_for` allows: a file a manifest records this
 source's runs wrote (with its identity unchanged), or under `force` a file the plan
 writes that the survey found there (also unchanged: not a rival run's written since).
@@ -26,16 +27,18 @@ from ..reports import FileReport
 from .common import MAX_JSON_BYTES, check_cancel, ensure_dir, failpoint, out_path, read_bounded
 from .fp8 import config_text, is_fp8, is_model_config, unquantized_modules
 from .manifest import remove as remove_manifest
-from .walk import File, Plan, read_json
+from .walk import File, read_json
+from .work import Item, Work
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Callable
 
     from .._engine import CancelFlag, Progress
     from .._options import Options
     from .._types import FileAction, Target
+    from ..reports import ConvertReport
     from .manifest import Manifest
-    from .work import Work
 
 _esc = _core.escape
 
@@ -150,10 +153,58 @@ def rival(run: Run, e: DestinationExists | Refused) -> None:
 NOT_OURS = "is not the file stcast wrote there"
 
 
-def publish(run: Run, plan: Plan, work: Work) -> list[FileReport]:
+def convert_items(run: Run, todo: Sequence[Item]) -> list[ConvertReport]:
+    """Write the items one after another (all cores on each), recording each when done."""
+    reports = []
+    for w in todo:
+        check_cancel(run.cancel)
+        # Not into a folder another run took over since (it would replace its files).
+        run.record.check_still_ours()
+        out = out_path(run.dst, w.rel)
+
+        def step(done: int, total: int, rel: str = w.rel) -> None:
+            run.meter.step(rel, done, total)
+
+        def sealed(dev: int, ino: int, size: int, header: str | None, w: Item = w) -> None:
+            # Before the output has its name, the manifest claims it: a run killed once
+            # it is published, before it is recorded, still proves it wrote it. The
+            # claim names the header written (the engine read it back), not a plan's.
+            run.record.claim(w.rel, (dev, ino, size), header or "")
+            run.record.save_claims(run.cancel)
+            failpoint("folder-sealed", run.cancel)
+
+        run.meter.step(w.rel, 0, w.data_bytes)
+        try:
+            # The engine replaces only as this run may: see Run.replace_for.
+            r = w.convert(
+                run.given,
+                run.to,
+                out,
+                run.replace_for(w.rel),
+                step if run.meter.is_on() else None,
+                run.cancel,
+                sealed,
+            )
+        except (DestinationExists, Refused) as e:
+            # A rival's file where this run replaces none, or not the file found.
+            rival(run, e)
+            raise
+        run.meter.finish(w.rel, w.data_bytes)
+        # The output has its name; the manifest does not say so yet.
+        failpoint("folder-published", run.cancel)
+        st = os.lstat(out)
+        run.published(w.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
+        run.record.files[w.rel].update(w.manifest_entry(run.record, out))
+        run.record.save(run.cancel)
+        failpoint("folder-file", run.cancel)
+        reports.append(r)
+    return reports
+
+
+def publish(run: Run, work: Work) -> list[FileReport]:
     """Copy the other files, then write configs and indexes: a loader's cues come last."""
     reports = []
-    dst, meter, cancel = run.dst, run.meter, run.cancel
+    dst, meter, cancel, plan = run.dst, run.meter, run.cancel, work.plan
     failpoint("folder-publish", cancel)
     run.record.check_still_ours()
     for d in plan.dirs:
@@ -176,7 +227,7 @@ def publish(run: Run, plan: Plan, work: Work) -> list[FileReport]:
     for f, content in plan.configs:
         check_cancel(cancel)
         if is_fp8(run.to) and is_model_config(f.rel):
-            content = fp8_config(dst, run.to, plan, f, content)
+            content = fp8_config(dst, run.to, work, f, content)
         if content is None:
             _copy(run, f, "config", None)
             reports.append(FileReport(f.rel, "config", "copied", f.size, f.size))
@@ -191,24 +242,25 @@ def publish(run: Run, plan: Plan, work: Work) -> list[FileReport]:
     return reports
 
 
-def fp8_config(dst: str, to: Target, plan: Plan, f: File, content: bytes | None) -> bytes:
+def fp8_config(dst: str, to: Target, work: Work, f: File, content: bytes | None) -> bytes:
     """The model config `f` of an FP8 output: its dtype set (`content`, None: unchanged)
     and the quantization_config, whose `ignore` lists what the shards beside it, as
     written, hold unquantized."""
     text = content.decode("utf-8") if content is not None else read_json(f)[0]
     here = posixpath.dirname(f.rel)
-    shards = [os.path.join(dst, u.rel) for u in plan.units() if posixpath.dirname(u.rel) == here]
+    shards = [os.path.join(dst, w.rel) for w in work.items if posixpath.dirname(w.rel) == here]
     return config_text(text, to, unquantized_modules(shards))
 
 
-def final_recheck(run: Run, plan: Plan) -> None:
+def final_recheck(run: Run, work: Work) -> None:
     """`recheck` once everything is written; on failure, the loader's cues this run
     published (indexes, configs, late copies) are withdrawn, so that the folder does not
     look complete. Only files still the ones this run wrote are removed."""
     try:
         recheck(run)
     except Refused:
-        cues = [*plan.index_rels(), *(c[0].rel for c in plan.configs)]
+        plan = work.plan
+        cues = [rel for rel, _, _ in work.index_maps()] + [c[0].rel for c in plan.configs]
         cues += [f.rel for f in plan.late_copies]
         for rel in cues:
             entry = run.record.files.get(rel)
@@ -279,7 +331,7 @@ def recheck(run: Run) -> None:
             )
 
 
-def unpublish(run: Run, plan: Plan, writes: set[str]) -> None:
+def unpublish(run: Run, work: Work, writes: set[str]) -> None:
     """Before anything in the destination changes: withdraw the old indexes that this run
     would make inconsistent, and only those.
 
@@ -290,7 +342,7 @@ def unpublish(run: Run, plan: Plan, writes: set[str]) -> None:
     maps a tensor to another file than the new one does, and names a file this run
     replaces (`writes`), would point a loader at the wrong shard: it goes first. Only
     files stcast may replace are removed."""
-    new_maps = {rel: weight_map for rel, _, weight_map in _new_indexes(plan)}
+    new_maps = {rel: weight_map for rel, _, weight_map in work.index_maps()}
     for rel, new_map in new_maps.items():
         replace = run.replace_for(rel)
         if replace is None:
@@ -301,12 +353,6 @@ def unpublish(run: Run, plan: Plan, writes: set[str]) -> None:
         if _unlink_if(run, rel, None if isinstance(replace, str) else replace):
             run.ours.pop(rel, None)
             run.record.pending.pop(rel, None)
-
-
-def _new_indexes(plan: Plan) -> list[tuple[str, bytes | str, dict[str, str]]]:
-    if plan.reshard is not None:
-        return list(plan.reshard.indexes())
-    return [(f.rel, text, weight_map) for f, text, weight_map in plan.indexes]
 
 
 def _old_weight_map(dst: str, rel: str) -> dict[str, str] | None:
