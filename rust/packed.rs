@@ -342,8 +342,8 @@ impl ZeroPoints<'_> {
     }
 }
 
-/// A scale dtype S: its byte size, the f32 of its little-endian bytes, rounding an f32 to S.
-type ScaleDtype = (usize, fn(&[u8]) -> f32, fn(f32) -> f32);
+/// A scale dtype S: its byte size and the f32 of its little-endian bytes.
+type ScaleReader = (usize, fn(&[u8]) -> f32);
 
 /// Integer-quantized rows to `target` (BF16 or F16), as compressed-tensors 0.19's
 /// `PackedQuantizationCompressor.decompress` (and `NaiveQuantizationCompressor`'s) with
@@ -381,23 +381,14 @@ pub fn int(
     if cols == 0 {
         return;
     }
-    let (size, read, round): ScaleDtype = match s_dtype {
-        Dtype::F32 => (4, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]), |x| x),
-        Dtype::BF16 => (
-            2,
-            |b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16),
-            round_bf16,
-        ),
-        Dtype::F16 => (
-            2,
-            |b| f32::from_bits(f32_from_f16(u16::from_le_bytes([b[0], b[1]]))),
-            round_f16,
-        ),
-        _ => return,
-    };
-    let out: fn(f32) -> u16 = match target {
-        Dtype::BF16 => |p| bf16_from_f32(p.to_bits()),
-        Dtype::F16 => |p| f16_from_f32(p.to_bits()),
+    let (size, read): ScaleReader = match s_dtype {
+        Dtype::F32 => (4, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        Dtype::BF16 => (2, |b| {
+            f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)
+        }),
+        Dtype::F16 => (2, |b| {
+            f32::from_bits(f32_from_f16(u16::from_le_bytes([b[0], b[1]])))
+        }),
         _ => return,
     };
     let row_codes = match codes {
@@ -405,42 +396,128 @@ pub fn int(
         Codes::Packed { bits, .. } => (cols * bits as usize).div_ceil(32) * 4,
         Codes::I8(_) => cols,
     };
+    let a = IntRows {
+        layout,
+        cols,
+        groups,
+        row0,
+        codes,
+        row_codes,
+        scales,
+        size,
+        read,
+        zero_points,
+    };
     let _env = FpEnv::enter();
+    let (bf16_out, f16_out) = (
+        |p: f32| bf16_from_f32(p.to_bits()),
+        |p: f32| f16_from_f32(p.to_bits()),
+    );
+    // One instance per (S, T): the rounding inlines into the element loops.
+    match (s_dtype, target) {
+        (Dtype::F32, Dtype::BF16) => int_rows(&a, dst, |x| x, bf16_out),
+        (Dtype::F32, Dtype::F16) => int_rows(&a, dst, |x| x, f16_out),
+        (Dtype::BF16, Dtype::BF16) => int_rows(&a, dst, round_bf16, bf16_out),
+        (Dtype::BF16, Dtype::F16) => int_rows(&a, dst, round_bf16, f16_out),
+        (Dtype::F16, Dtype::BF16) => int_rows(&a, dst, round_f16, bf16_out),
+        (Dtype::F16, Dtype::F16) => int_rows(&a, dst, round_f16, f16_out),
+        _ => {}
+    }
+}
+
+/// What `int` checked, for its row loop.
+struct IntRows<'a> {
+    layout: IntLayout,
+    cols: usize,
+    groups: usize,
+    row0: usize,
+    codes: Codes<'a>,
+    /// Bytes of codes per row.
+    row_codes: usize,
+    scales: &'a [u8],
+    size: usize,
+    read: fn(&[u8]) -> f32,
+    zero_points: Option<ZeroPoints<'a>>,
+}
+
+/// `int`'s row loop: `round` rounds an f32 to S, `out` an S value to the target's bits.
+#[inline(always)]
+fn int_rows(a: &IntRows<'_>, dst: &mut [u8], round: impl Fn(f32) -> f32, out: impl Fn(f32) -> u16) {
+    let (cols, groups, size) = (a.cols, a.groups, a.size);
     let scale = |i: usize| {
         let at = i
             .checked_mul(size)
-            .and_then(|a| scales.get(a..)?.get(..size));
-        at.map_or(f32::NAN, read)
+            .and_then(|k| a.scales.get(k..)?.get(..size));
+        at.map_or(f32::NAN, a.read)
     };
-    let zero = |i: usize| zero_points.map(|z| z.at(i, groups).map_or(f32::NAN, |v| v as f32));
+    let zero = |i: usize| {
+        a.zero_points
+            .map(|z| z.at(i, groups).map_or(f32::NAN, |v| v as f32))
+    };
     let group = cols / groups;
+    // One row of codes as f32 (exact), reused: the row's width, never more.
+    let mut q_row = vec![0f32; if dst.len() >= 2 * cols { cols } else { 0 }];
+    let rc = a.row_codes;
     for (r, drow) in dst.chunks_exact_mut(2 * cols).enumerate() {
-        let row = row0.saturating_add(r);
-        let code_row = match codes {
-            Codes::Packed { words, .. } => words.get(r * row_codes..(r + 1) * row_codes),
-            Codes::I8(b) => b.get(r * row_codes..(r + 1) * row_codes),
+        let row = a.row0.saturating_add(r);
+        let code_row = match a.codes {
+            Codes::Packed { words, .. } => words.get(r * rc..(r + 1) * rc),
+            Codes::I8(b) => b.get(r * rc..(r + 1) * rc),
         };
         let Some(code_row) = code_row else { return };
-        for (g, dg) in drow.chunks_exact_mut(2 * group).enumerate() {
-            let i = match layout {
+        match a.codes {
+            Codes::Packed { bits, .. } => unpack_row(code_row, bits, &mut q_row),
+            Codes::I8(_) => {
+                for (q, &b) in q_row.iter_mut().zip(code_row) {
+                    *q = f32::from(b as i8);
+                }
+            }
+        }
+        for (g, (dg, qg)) in drow
+            .chunks_exact_mut(2 * group)
+            .zip(q_row.chunks_exact(group))
+            .enumerate()
+        {
+            let i = match a.layout {
                 IntLayout::Tensor => 0,
                 _ => row.saturating_mul(groups).saturating_add(g),
             };
             let s = scale(i);
-            let z = zero(i);
-            for (j, o) in dg.as_chunks_mut::<2>().0.iter_mut().enumerate() {
-                let c = g * group + j;
-                let q = match codes {
-                    Codes::Packed { bits, .. } => field(|k| word_at(code_row, 0, 1, k), bits, c)
-                        .map_or(f32::NAN, |q| q as f32),
-                    Codes::I8(_) => f32::from(code_row[c] as i8),
-                };
-                let x = match z {
-                    Some(z) => round(q - z),
-                    None => q,
-                };
-                *o = out(round(x * s)).to_le_bytes();
+            let o = dg.as_chunks_mut::<2>().0;
+            match zero(i) {
+                Some(z) => {
+                    for (o, &q) in o.iter_mut().zip(qg) {
+                        *o = out(round(round(q - z) * s)).to_le_bytes();
+                    }
+                }
+                None => {
+                    for (o, &q) in o.iter_mut().zip(qg) {
+                        *o = out(round(q * s)).to_le_bytes();
+                    }
+                }
             }
+        }
+    }
+}
+
+/// The codes of one packed row (`ceil(cols * bits / 32)` words) as f32, into `q` (`cols`
+/// long): word by word where `bits` divides 32 (no field spans two words), else field by
+/// field (`field`). A code past the words reads as NaN.
+fn unpack_row(words: &[u8], bits: u32, q: &mut [f32]) {
+    if 32 % bits == 0 {
+        let per = (32 / bits) as usize;
+        let (mask, offset) = ((1u32 << bits) - 1, 1i32 << (bits - 1));
+        let mut chunks = q.chunks_mut(per);
+        for (w, chunk) in words.as_chunks::<4>().0.iter().zip(&mut chunks) {
+            let w = u32::from_le_bytes(*w);
+            for (j, q) in chunk.iter_mut().enumerate() {
+                *q = (((w >> (j as u32 * bits)) & mask) as i32 - offset) as f32;
+            }
+        }
+        chunks.flatten().for_each(|q| *q = f32::NAN);
+    } else {
+        for (c, q) in q.iter_mut().enumerate() {
+            *q = field(|k| word_at(words, 0, 1, k), bits, c).map_or(f32::NAN, |v| v as f32);
         }
     }
 }
