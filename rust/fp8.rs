@@ -492,7 +492,8 @@ macro_rules! best_isa {
 
 /// Saves the caller's MXCSR and sets the default one (RNE, no FTZ/DAZ, exceptions
 /// masked) for the life of the guard; restores the saved value on drop (also on unwind).
-struct FpEnv {
+/// `packed` runs its float work under it too.
+pub(crate) struct FpEnv {
     #[cfg(target_arch = "x86_64")]
     saved: u32,
 }
@@ -501,7 +502,7 @@ struct FpEnv {
 impl FpEnv {
     const DEFAULT: u32 = 0x1F80;
 
-    fn enter() -> FpEnv {
+    pub(crate) fn enter() -> FpEnv {
         use std::arch::asm;
         let mut saved = 0u32;
         // SAFETY: stmxcsr stores 4 bytes into the local it is given.
@@ -530,7 +531,7 @@ impl Drop for FpEnv {
 
 #[cfg(not(target_arch = "x86_64"))]
 impl FpEnv {
-    fn enter() -> FpEnv {
+    pub(crate) fn enter() -> FpEnv {
         FpEnv {}
     }
 }

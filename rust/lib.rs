@@ -13,6 +13,7 @@
 //! - `plan`, `dtype`: what each tensor becomes and where it goes;
 //! - `kernels`, `numerics`: convert numbers, and measure what rounding did;
 //! - `fp8`: FP8 E4M3 quantization (as llm-compressor's `model_free_ptq`) and dequantization;
+//! - `packed`: packed 4-/8-bit weights (NVFP4, MXFP4, INT4/INT8, gpt-oss blocks) back to bf16/fp16;
 //! - `window`: the window cursor and parallel split every streaming pass uses;
 //! - `convert`, `scan`, `verify`: the streaming passes;
 //! - `naming`: output file names, stems and sizes (a leaf every other module may ask);
@@ -41,6 +42,7 @@ pub mod naming;
 pub mod numerics;
 pub mod options;
 pub mod output;
+pub mod packed;
 pub mod plan;
 #[cfg(feature = "python")]
 mod python;
