@@ -4,8 +4,8 @@
 //! PyTorch weight files and indexes of the Hugging Face layouts are weights and indexes
 //! too, under the safetensors names they get (`torch_name`), unless their folder holds the
 //! safetensors version of the same model (`model*.safetensors` beside `pytorch_model*.bin`):
-//! then those win, and the PyTorch files are left out (`Skip::Superseded`). Trainer state
-//! (`optimizer.pt`, `rng_state.pth`, ...) is left out unread (`Skip::Trainer`).
+//! then those win, and the PyTorch files are left out (`SUPERSEDED`). Trainer state
+//! (`optimizer.pt`, `rng_state.pth`, ...) is left out unread (`TRAINER`).
 //!
 //! A symlink is followed only where it stays within what was asked for (the one link
 //! policy, `input::folder::link_stays`): into the source folder itself, or into the `blobs/`
@@ -68,23 +68,10 @@ impl File {
     }
 }
 
-/// Why a file was left out of a folder's conversion.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Skip {
-    /// Trainer state, not weights (never read).
-    Trainer,
-    /// PyTorch weights beside their safetensors version.
-    Superseded,
-}
-
-impl Skip {
-    pub fn name(self) -> &'static str {
-        match self {
-            Skip::Trainer => "trainer",
-            Skip::Superseded => "superseded",
-        }
-    }
-}
+/// Why a file was left out of a folder's conversion: trainer state, not weights (never
+/// read); PyTorch weights beside their safetensors version.
+pub const TRAINER: &str = "trainer";
+pub const SUPERSEDED: &str = "superseded";
 
 /// A source folder's files, classified, each list sorted by `rel`.
 #[derive(Debug, Default)]
@@ -96,7 +83,7 @@ pub struct Walked {
     /// Its folders (and links to folders followed), relative, sorted.
     pub dirs: Vec<OsString>,
     /// Files left out, and why, sorted by their relative path in the source.
-    pub skipped: Vec<(File, Skip)>,
+    pub skipped: Vec<(File, &'static str)>,
 }
 
 /// A `File` as a tuple: rel, path, size, mtime_ns, src_rel.
@@ -132,7 +119,7 @@ impl Walked {
             self.dirs,
             self.skipped
                 .into_iter()
-                .map(|(f, why)| (row(f), why.name()))
+                .map(|(f, why)| (row(f), why))
                 .collect(),
         )
     }
@@ -263,7 +250,7 @@ pub fn walk(src: &Path, follow_links: bool) -> Result<Walked> {
                     ..f
                 });
             } else if is_trainer_state(name) {
-                w.skipped.push((f, Skip::Trainer));
+                w.skipped.push((f, TRAINER));
             } else if name.ends_with(INDEX_SUFFIX) {
                 w.indexes.push(f);
             } else if name.ends_with(WEIGHTS_SUFFIX) {
@@ -287,7 +274,7 @@ pub fn walk(src: &Path, follow_links: bool) -> Result<Walked> {
     for f in torch_files {
         let (folder, stem) = family(&f.rel);
         if families.contains(&(folder.to_vec(), stem.to_vec())) {
-            w.skipped.push((f, Skip::Superseded));
+            w.skipped.push((f, SUPERSEDED));
         } else if f.rel.as_bytes().ends_with(INDEX_SUFFIX) {
             w.indexes.push(f);
         } else {
@@ -325,7 +312,7 @@ pub fn walk(src: &Path, follow_links: bool) -> Result<Walked> {
 /// Refuse a set of `STEM-0000i-of-0000N` shards with one missing and no index (which would
 /// say so itself): converted, it would look like a whole checkpoint (an interrupted
 /// download). Where PyTorch shards of the same name stood beside it, say they were not used.
-fn check_complete(weights: &[File], indexes: &[File], skipped: &[(File, Skip)]) -> Result<()> {
+fn check_complete(weights: &[File], indexes: &[File], skipped: &[(File, &str)]) -> Result<()> {
     let indexed: HashSet<&[u8]> = indexes.iter().map(|f| f.rel.as_bytes()).collect();
     // (folder, stem, the count as written) -> the shard numbers present
     type Set<'a> = (&'a [u8], &'a [u8], &'a [u8]);
@@ -357,7 +344,7 @@ fn check_complete(weights: &[File], indexes: &[File], skipped: &[(File, Skip)]) 
         let rel = join_rel(folder, &[stem, name.as_bytes()].concat());
         let pytorch = skipped
             .iter()
-            .any(|(f, why)| *why == Skip::Superseded && family(&f.rel) == (folder, stem));
+            .any(|(f, why)| *why == SUPERSEDED && family(&f.rel) == (folder, stem));
         let problem = WalkProblem::Incomplete {
             more: missing.count(),
             stem: String::from_utf8_lossy(stem).into_owned(),
@@ -377,23 +364,22 @@ fn split_rel(rel: &[u8]) -> (&[u8], &[u8]) {
     }
 }
 
-/// `STEM-i-of-n.safetensors` split into stem, i and n (digits, as written; the last such
-/// suffix wins).
-fn shard_numbers(name: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
-    let body = name.strip_suffix(WEIGHTS_SUFFIX)?;
-    let (rest, n) = split_digits(body)?;
-    let rest = rest.strip_suffix(b"-of-")?;
-    let (rest, i) = split_digits(rest)?;
-    Some((rest.strip_suffix(b"-")?, i, n))
+/// `STEM-i-of-n` split into stem, i and n (digits, as written; the last such suffix wins).
+fn split_shard(s: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
+    let digits = |s: &[u8]| {
+        s.iter()
+            .rposition(|c| !c.is_ascii_digit())
+            .map_or(0, |p| p + 1)
+    };
+    let (rest, n) = s.split_at(digits(s));
+    let rest = rest.strip_suffix(b"-of-").filter(|_| !n.is_empty())?;
+    let (rest, i) = rest.split_at(digits(rest));
+    Some((rest.strip_suffix(b"-").filter(|_| !i.is_empty())?, i, n))
 }
 
-/// `s` without the digits it ends with, and those digits (at least one).
-fn split_digits(s: &[u8]) -> Option<(&[u8], &[u8])> {
-    let at = s
-        .iter()
-        .rposition(|c| !c.is_ascii_digit())
-        .map_or(0, |p| p + 1);
-    (at < s.len()).then(|| s.split_at(at))
+/// `STEM-i-of-n.safetensors` split into stem, i and n.
+fn shard_numbers(name: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
+    split_shard(name.strip_suffix(WEIGHTS_SUFFIX)?)
 }
 
 /// The folder and model a weight file or index belongs to: `("unet",
@@ -404,12 +390,7 @@ fn family(rel: &OsStr) -> (&[u8], &[u8]) {
         .strip_suffix(INDEX_SUFFIX)
         .or_else(|| name.strip_suffix(WEIGHTS_SUFFIX))
         .unwrap_or(name);
-    let unsharded = (|| {
-        let (rest, _) = split_digits(name)?;
-        let (rest, _) = split_digits(rest.strip_suffix(b"-of-")?)?;
-        rest.strip_suffix(b"-")
-    })();
-    (folder, unsharded.unwrap_or(name))
+    (folder, split_shard(name).map_or(name, |(stem, _, _)| stem))
 }
 
 /// The safetensors name of a PyTorch weight file or index of the Hugging Face layouts
@@ -422,14 +403,7 @@ pub fn torch_name(name: &[u8]) -> Option<Vec<u8>> {
             return Some([new, INDEX_SUFFIX].concat());
         }
         let shard = rest.strip_suffix(b".bin")?;
-        let sharded = shard.is_empty() || {
-            let tail = shard.strip_prefix(b"-").and_then(|s| {
-                let (rest, _) = split_digits(s)?;
-                let (rest, _) = split_digits(rest.strip_suffix(b"-of-")?)?;
-                Some(rest.is_empty())
-            });
-            tail == Some(true)
-        };
+        let sharded = shard.is_empty() || split_shard(shard).is_some_and(|(s, _, _)| s.is_empty());
         sharded.then(|| [new, shard, WEIGHTS_SUFFIX].concat())
     })
 }
@@ -443,7 +417,7 @@ fn is_trainer_state(name: &[u8]) -> bool {
         .is_some_and(|r| {
             r.is_empty()
                 || r.strip_prefix(b"_")
-                    .is_some_and(|d| split_digits(d) == Some((&[], d)))
+                    .is_some_and(|d| !d.is_empty() && d.iter().all(u8::is_ascii_digit))
         });
     rng || [
         &b"optimizer.pt"[..],

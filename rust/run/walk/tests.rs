@@ -76,9 +76,9 @@ fn files_are_classified_sorted_and_bookkeeping_left_out() {
     assert_eq!(
         skipped,
         [
-            ("optimizer.pt", Skip::Trainer),
-            ("rng_state_3.pth", Skip::Trainer),
-            ("training_args.bin", Skip::Trainer)
+            ("optimizer.pt", TRAINER),
+            ("rng_state_3.pth", TRAINER),
+            ("training_args.bin", TRAINER)
         ]
     );
     let f = &w.weights[2];
@@ -129,10 +129,7 @@ fn pytorch_files_are_renamed_or_superseded() {
         .iter()
         .map(|(f, why)| (f.source_rel().to_str().unwrap(), *why))
         .collect();
-    assert_eq!(
-        skipped,
-        [("unet/diffusion_pytorch_model.bin", Skip::Superseded)]
-    );
+    assert_eq!(skipped, [("unet/diffusion_pytorch_model.bin", SUPERSEDED)]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -192,6 +189,13 @@ fn names_of_the_hugging_face_layouts() {
         Some((&b"a-1-of-2"[..], &b"03"[..], &b"04"[..]))
     );
     assert_eq!(shard_numbers(b"model.safetensors"), None);
+    for s in ["-of-2", "x-1-of-", "x1-of-2", "x-1-2", "x--of-2"] {
+        assert_eq!(split_shard(s.as_bytes()), None, "{s}");
+    }
+    assert_eq!(
+        split_shard(b"-1-of-2"),
+        Some((&b""[..], &b"1"[..], &b"2"[..]))
+    );
 }
 
 #[test]
