@@ -428,6 +428,12 @@ fn list_folder(py: Python<'_>, dst: PathBuf) -> PyResult<Vec<std::ffi::OsString>
     guarded(py, || walk::listing(&dst))
 }
 
+/// The safetensors name of a Hugging Face PyTorch weight file or index (`run::walk`).
+#[pyfunction]
+fn torch_name(name: std::ffi::OsString) -> Option<std::ffi::OsString> {
+    walk::torch_name(&name)
+}
+
 /// The header of a safetensors file (`source::read_header`).
 #[pyfunction]
 fn read_header(py: Python<'_>, path: PathBuf) -> PyResult<crate::source::HeaderSummary> {
@@ -707,7 +713,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     add_functions! {
         m: _set_exceptions, py_convert, py_inspect, py_verify, render, format_bytes, escape,
         option_error, target_name, failpoint, write_file, copy_file, write_numeric_report,
-        check_side_output, convert_shard, verify_shard, parse_size, check_name,
+        check_side_output, convert_shard, verify_shard, parse_size, check_name, torch_name,
         shard_file_name, index_file_name, check_folder, read_header, walk_folder, list_folder,
     }
     Ok(())

@@ -52,6 +52,7 @@ __all__ = [
     "read_header",
     "walk_folder",
     "list_folder",
+    "torch_name",
 ]
 
 __version__: str
@@ -223,6 +224,7 @@ def walk_folder(
     list[_File], list[_File], list[_File], list[_File], list[str], list[tuple[_File, str]]
 ]: ...
 def list_folder(dst: str) -> list[str]: ...
+def torch_name(name: str) -> str | None: ...
 
 @final
 class TensorNumerics:

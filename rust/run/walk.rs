@@ -243,10 +243,10 @@ pub fn walk(src: &Path, follow_links: bool) -> Result<Walked> {
                 mtime_ns,
                 src_rel: None,
             };
-            if let Some(new) = torch_name(name) {
+            if let Some(new) = torch_name(OsStr::from_bytes(name)) {
                 torch_files.push(File {
                     src_rel: Some(f.rel.clone()),
-                    rel: join_rel(rel_dir.as_bytes(), &new),
+                    rel: join_rel(rel_dir.as_bytes(), new.as_bytes()),
                     ..f
                 });
             } else if is_trainer_state(name) {
@@ -396,8 +396,9 @@ fn family(rel: &OsStr) -> (&[u8], &[u8]) {
 /// The safetensors name of a PyTorch weight file or index of the Hugging Face layouts
 /// (`pytorch_model-00001-of-00002.bin` -> `model-00001-of-00002.safetensors`), or None if
 /// `name` is not one.
-pub fn torch_name(name: &[u8]) -> Option<Vec<u8>> {
-    TORCH_STEMS.iter().find_map(|&(stem, new)| {
+pub fn torch_name(name: &OsStr) -> Option<OsString> {
+    let name = name.as_bytes();
+    let renamed = TORCH_STEMS.iter().find_map(|&(stem, new)| {
         let rest = name.strip_prefix(stem)?;
         if rest == b".bin.index.json" {
             return Some([new, INDEX_SUFFIX].concat());
@@ -405,7 +406,8 @@ pub fn torch_name(name: &[u8]) -> Option<Vec<u8>> {
         let shard = rest.strip_suffix(b".bin")?;
         let sharded = shard.is_empty() || split_shard(shard).is_some_and(|(s, _, _)| s.is_empty());
         sharded.then(|| [new, shard, WEIGHTS_SUFFIX].concat())
-    })
+    });
+    renamed.map(OsString::from_vec)
 }
 
 /// A training run's state beside its weights (transformers' Trainer): not weights, never

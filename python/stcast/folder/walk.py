@@ -6,13 +6,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from .. import _core, _engine
 from ..errors import Cancelled, InvalidInput, Refused
-from .common import INDEX_SUFFIX, MAX_JSON_BYTES, WEIGHTS_SUFFIX, File, read_bounded, source_sha256
+from .common import MAX_JSON_BYTES, WEIGHTS_SUFFIX, File, read_bounded, source_sha256
 from .fp8 import (
     WEIGHT_COMPANION_SUFFIXES,
     dequantizes,
@@ -36,21 +35,6 @@ if TYPE_CHECKING:
 # The model config, whose dtype a conversion rewrites (the engine classifies it:
 # rust/run/walk.rs).
 CONFIG_NAME = "config.json"
-# PyTorch weight files of the Hugging Face layouts (transformers, diffusers, PEFT), their
-# indexes, and the safetensors names the libraries load instead: `pytorch_model.bin` ->
-# `model.safetensors`, `pytorch_model-00001-of-00002.bin` -> `model-00001-of-00002.safetensors`,
-# `pytorch_model.bin.index.json` -> `model.safetensors.index.json`.
-_TORCH_WEIGHTS = re.compile(
-    r"(pytorch_model|diffusion_pytorch_model|adapter_model)(-\d+-of-\d+)?\.bin"
-)
-_TORCH_INDEX = re.compile(
-    r"(pytorch_model|diffusion_pytorch_model|adapter_model)\.bin\.index\.json"
-)
-_SAFETENSORS_STEM = {
-    "pytorch_model": "model",
-    "diffusion_pytorch_model": "diffusion_pytorch_model",
-    "adapter_model": "adapter_model",
-}
 # Files a loader reads first to decide that a folder is a checkpoint: written last.
 _PUBLISH_LAST_NAMES = frozenset({CONFIG_NAME, "model_index.json"})
 _esc = _core.escape
@@ -256,15 +240,10 @@ def walk(src: str, follow_links: bool = False) -> Walked:
 
 
 def _torch_name(name: str) -> str | None:
-    """The safetensors name of a PyTorch weight file or index of the Hugging Face layouts,
-    or None if `name` is not one."""
-    m = _TORCH_WEIGHTS.fullmatch(name)
-    if m is not None:
-        return f"{_SAFETENSORS_STEM[m.group(1)]}{m.group(2) or ''}{WEIGHTS_SUFFIX}"
-    m = _TORCH_INDEX.fullmatch(name)
-    if m is not None:
-        return f"{_SAFETENSORS_STEM[m.group(1)]}{INDEX_SUFFIX}"
-    return None
+    """The safetensors name of a PyTorch weight file or index of the Hugging Face layouts
+    (`pytorch_model.bin` -> `model.safetensors`), or None if `name` is not one: the
+    engine's rule, the walk's (`rust/run/walk.rs`)."""
+    return _core.torch_name(name)
 
 
 def safetensors_name(name: str) -> str:
