@@ -35,7 +35,7 @@ __all__ = [
     "format_bytes",
     "escape",
     "option_error",
-    "target_name",
+    "check_option",
     "failpoint",
     "write_file",
     "copy_file",
@@ -44,8 +44,6 @@ __all__ = [
     "ShardGroup",
     "convert_shard",
     "verify_shard",
-    "parse_size",
-    "check_name",
     "shard_file_name",
     "index_file_name",
     "check_folder",
@@ -66,7 +64,7 @@ REASONS: tuple[str, ...]
 KEPT_REASONS: tuple[str, ...]
 ERROR_KINDS: tuple[str, ...]
 WARNING_KINDS: tuple[str, ...]
-OPTIONS: tuple[str, ...]
+OPTIONS: list[_Option]  # every option of every command (rust/options.rs)
 INPUT_FORMATS: tuple[str, ...]
 ON_OVERFLOW: tuple[str, ...]
 UNMATCHED: tuple[str, ...]
@@ -76,6 +74,19 @@ QUANTIZED_DTYPES: tuple[str, ...]
 ISAS: tuple[str, ...]
 MAX_THREADS: int
 DEFAULT_WINDOW_MIB: int
+
+class _Option(TypedDict):
+    command: str
+    name: str
+    kind: str
+    front: str
+    default: Any
+    choices: list[str]
+    max: int | None
+    metavar: str | None
+    short: str | None
+    help: str | None
+    precision: bool
 
 class _CancelFlag(Protocol):
     def is_set(self) -> bool: ...
@@ -142,7 +153,7 @@ def render(template: str, option: Callable[[str, str | None], str]) -> str: ...
 def format_bytes(n: int) -> str: ...
 def escape(s: str) -> str: ...
 def option_error(option: str, value: object, expected: str) -> BaseException: ...
-def target_name(value: object) -> str: ...
+def check_option(name: str, value: object) -> Any: ...
 def failpoint(name: str) -> None: ...
 def write_file(
     path: str,
@@ -206,8 +217,6 @@ def verify_shard(
     progress: _Progress = None,
     **options: Unpack[_Options],
 ) -> _Report: ...
-def parse_size(value: object) -> int: ...
-def check_name(value: object) -> str: ...
 def shard_file_name(stem: str, i: int, n: int) -> str: ...
 def index_file_name(stem: str) -> str: ...
 def check_folder(path: str, *, output: bool = False) -> bool: ...
