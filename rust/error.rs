@@ -48,6 +48,31 @@ pub enum DistProblem {
     RankFile { what: String, folder: PathBuf },
 }
 
+/// What the walk of a source folder (`run::walk`) refuses in it, before anything is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WalkProblem {
+    /// A symlink whose target does not exist.
+    BrokenLink,
+    /// A symlink to a folder inside the source folder (`target`): its files would be
+    /// written twice, once under each name.
+    LinkInside { target: PathBuf },
+    /// A symlink to a folder already walked.
+    Loop,
+    /// A FIFO, socket or device.
+    NotRegular,
+    /// Two files that would be written under the same relative path `rel`.
+    SameName { rel: PathBuf, other: PathBuf },
+    /// `STEM-0000i-of-N` shards with the first missing one the error's path and `more`
+    /// others missing, no index beside them; `pytorch`: PyTorch shards of the same name
+    /// were left out in their favour.
+    Incomplete {
+        more: usize,
+        stem: String,
+        total: String,
+        pytorch: bool,
+    },
+}
+
 /// What keeps a tensor of an FP8 checkpoint from being dequantized as compressed-tensors
 /// does it (`quant::dequantizable`); the text follows "tensor `X`".
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -357,6 +382,8 @@ pub enum Error {
         target: PathBuf,
         folder: bool,
     },
+    /// A source folder's walk found what it refuses (`WalkProblem`).
+    Walk { path: PathBuf, problem: WalkProblem },
     /// A DST to verify that is a checkpoint to convert (a DCP or ZeRO folder), not what
     /// `convert` writes: SRC and DST swapped, most likely.
     NotAnOutput { path: PathBuf, format: Format },
@@ -437,6 +464,10 @@ impl Error {
                 DistProblem::ZeroKey { .. } => ErrorKind::Usage,
                 _ => ErrorKind::InvalidInput,
             },
+            Error::Walk { problem, .. } => match problem {
+                WalkProblem::BrokenLink => ErrorKind::InvalidInput,
+                _ => ErrorKind::Refused,
+            },
             Error::NotACheckpoint { .. } => ErrorKind::Usage,
             Error::InputChanged { .. } => ErrorKind::InputChanged,
             Error::NotAFile { .. }
@@ -488,6 +519,7 @@ impl Error {
             | Error::InsideFolder { path, .. }
             | Error::NotAnOutput { path, .. }
             | Error::LinkOutside { link: path, .. }
+            | Error::Walk { path, .. }
             | Error::DestinationIsFolder { path }
             | Error::DestinationIsSpecial { path }
             | Error::DestinationExists { path }
@@ -712,6 +744,7 @@ impl Error {
                 if *folder { "a folder" } else { "a file" },
                 esc_path(target)
             ),
+            Error::Walk { problem, .. } => walk_message(problem),
             Error::DestinationIsFolder { .. } => "destination is a folder".into(),
             Error::DestinationIsSpecial { .. } => {
                 "destination is not a regular file (a FIFO, socket or device): stcast \
@@ -754,6 +787,47 @@ impl Error {
             Some(p) => format!("{}: {}", esc_path(p), self.message()),
             None => self.message(),
         }
+    }
+}
+
+/// The text of a `WalkProblem`, after its path.
+fn walk_message(problem: &WalkProblem) -> String {
+    match problem {
+        WalkProblem::BrokenLink => "broken symlink".into(),
+        WalkProblem::LinkInside { target } => format!(
+            "a symlink to a folder inside the source folder ({}): its files would be written \
+             twice, once under each name (remove the link, or convert a copy of the folder \
+             without it)",
+            esc_path(target)
+        ),
+        WalkProblem::Loop => "a symlink to a folder already walked (a loop)".into(),
+        WalkProblem::NotRegular => "not a regular file".into(),
+        WalkProblem::SameName { rel, other } => format!(
+            "would be written as {}, as {} is",
+            esc_path(rel),
+            esc_path(other)
+        ),
+        WalkProblem::Incomplete {
+            more,
+            stem,
+            total,
+            pytorch,
+        } => format!(
+            "missing{}: the shards {}-*-of-{total} are incomplete (an interrupted download?){}; \
+             nothing was written",
+            if *more > 0 {
+                format!(" (and {more} more)")
+            } else {
+                String::new()
+            },
+            esc(stem),
+            if *pytorch {
+                "; the PyTorch shards beside them are not used in their place (remove the \
+                 safetensors ones to convert those)"
+            } else {
+                ""
+            }
+        ),
     }
 }
 

@@ -21,6 +21,7 @@
 //! - `task`: those passes as steppable tasks with one progress count;
 //! - `output`: every file stcast writes appears atomically, only when complete;
 //! - `report`: the numeric report file;
+//! - `run`: what a folder run decides about its files (the source folder's walk);
 //! - `env`, `failpoint`: the one reader of the environment, and the test hooks it arms.
 //!
 //! `python` (feature `python`) is the only module that knows about PyO3.
@@ -48,6 +49,7 @@ pub mod plan;
 mod python;
 pub mod quant;
 pub mod report;
+pub mod run;
 pub mod scan;
 pub mod shard;
 pub mod source;

@@ -23,6 +23,7 @@ use crate::numerics::Numerics;
 use crate::options;
 use crate::output::{self, Replace, Sealed};
 use crate::report::NumericsRow;
+use crate::run::walk;
 use crate::shard::{self, Group};
 use crate::task::{ConvertTask, InspectTask, Task};
 use crate::text;
@@ -413,6 +414,25 @@ fn check_folder(py: Python<'_>, path: PathBuf, output: bool) -> PyResult<bool> {
     guarded(py, || crate::input::folder::check_folder(&path, output))
 }
 
+/// A source folder's files, classified and checked (`run::walk::walk`).
+#[pyfunction]
+#[pyo3(signature = (src, *, follow_links=false))]
+fn walk_folder(py: Python<'_>, src: PathBuf, follow_links: bool) -> PyResult<walk::WalkRows> {
+    guarded(py, || Ok(walk::walk(&src, follow_links)?.rows()))
+}
+
+/// Every file under a destination but stcast's bookkeeping (`run::walk::listing`).
+#[pyfunction]
+fn list_folder(py: Python<'_>, dst: PathBuf) -> PyResult<Vec<std::ffi::OsString>> {
+    guarded(py, || walk::listing(&dst))
+}
+
+/// The safetensors name of a Hugging Face PyTorch weight file or index (`run::walk`).
+#[pyfunction]
+fn torch_name(name: std::ffi::OsString) -> Option<std::ffi::OsString> {
+    walk::torch_name(&name)
+}
+
 /// The header of a safetensors file (`source::read_header`).
 #[pyfunction]
 fn read_header(py: Python<'_>, path: PathBuf) -> PyResult<crate::source::HeaderSummary> {
@@ -687,7 +707,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m: _set_exceptions, py_convert, py_inspect, py_verify, render, format_bytes, escape,
         option_error, check_option, failpoint, write_file, copy_file, write_numeric_report,
         check_side_output, convert_shard, verify_shard, shard_file_name, index_file_name,
-        check_folder, read_header,
+        check_folder, read_header, walk_folder, list_folder, torch_name,
     }
     Ok(())
 }

@@ -48,6 +48,9 @@ __all__ = [
     "index_file_name",
     "check_folder",
     "read_header",
+    "walk_folder",
+    "list_folder",
+    "torch_name",
 ]
 
 __version__: str
@@ -220,6 +223,17 @@ def check_folder(path: str, *, output: bool = False) -> bool: ...
 def read_header(
     path: str,
 ) -> tuple[int, str, list[tuple[str, str]] | None, list[tuple[str, str, list[int], int, int]]]: ...
+
+# A source folder's file: rel, path, size, mtime_ns, its rel in the source when renamed.
+_File = tuple[str, str, int, int, str | None]
+
+def walk_folder(
+    src: str, *, follow_links: bool = False
+) -> tuple[
+    list[_File], list[_File], list[_File], list[_File], list[str], list[tuple[_File, str]]
+]: ...
+def list_folder(dst: str) -> list[str]: ...
+def torch_name(name: str) -> str | None: ...
 
 @final
 class TensorNumerics:

@@ -127,13 +127,7 @@ pub fn check_links(dir: &Path, format: Format, follow: bool) -> Result<()> {
                 continue;
             };
             let is_dir = meta.is_dir();
-            let home = if is_dir {
-                target.clone()
-            } else {
-                crate::output::parent_dir(&target)
-            };
-            let inside = crate::output::folder_chain(&home).contains(&root);
-            if !(inside || (!is_dir && is_hub_blob(&target))) {
+            if !link_stays(&target, is_dir, root) {
                 return Err(Error::LinkOutside {
                     link,
                     target,
@@ -143,6 +137,19 @@ pub fn check_links(dir: &Path, format: Format, follow: bool) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Does a symlink whose resolved target is `target` (a folder if `is_dir`) stay within what
+/// was asked for: inside the folder `root` (by identity: the real folder's chain of parents
+/// holds it), or, for a file, in the `blobs/` of a Hugging Face cache repo? The one link
+/// policy of every input kind (`check_links`, and a Hugging Face folder's walk).
+pub fn link_stays(target: &Path, is_dir: bool, root: (u64, u64)) -> bool {
+    let home = if is_dir {
+        target.to_path_buf()
+    } else {
+        crate::output::parent_dir(target)
+    };
+    crate::output::folder_chain(&home).contains(&root) || (!is_dir && is_hub_blob(target))
 }
 
 /// Is `target` (resolved) a file in the `blobs/` folder of a Hugging Face cache repo

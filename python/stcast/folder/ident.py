@@ -99,11 +99,6 @@ def folder_ids(root: str) -> set[Ident]:
     return ids
 
 
-def within(path: str, folder: Ident) -> bool:
-    """Is the file or folder `path` (resolved) inside the folder `folder`?"""
-    return folder in chain(os.path.dirname(os.path.realpath(path)) or "/")
-
-
 def outside_checkpoint(src: str, dst: str) -> None:
     """Refuse a DST inside the checkpoint folder `src` (DCP, ZeRO: one checkpoint, read as
     one source) or inside a folder one of its entries links to (a ZeRO tag folder): what is
@@ -121,14 +116,6 @@ def outside_checkpoint(src: str, dst: str) -> None:
             "files are the input: write it elsewhere (DST left out goes beside the folder)",
             path=dst,
         )
-
-
-def is_hub_blob(target: str) -> bool:
-    """Is `target` (resolved) a file in the `blobs/` folder of a Hugging Face cache repo
-    (`.../models--org--name/blobs/<hash>`), where cache snapshots link?"""
-    blobs = os.path.dirname(target)
-    repo = os.path.dirname(blobs)
-    return os.path.basename(blobs) == "blobs" and os.path.basename(repo).startswith(HUB_KINDS)
 
 
 HUB_KINDS = ("models--", "datasets--", "spaces--")

@@ -6,14 +6,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
-import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from .. import _core, _engine
 from ..errors import Cancelled, InvalidInput, Refused
-from .common import INDEX_SUFFIX, MAX_JSON_BYTES, WEIGHTS_SUFFIX, File, read_bounded, source_sha256
+from .common import MAX_JSON_BYTES, WEIGHTS_SUFFIX, File, read_bounded, source_sha256
 from .fp8 import (
     WEIGHT_COMPANION_SUFFIXES,
     dequantizes,
@@ -24,8 +22,6 @@ from .fp8 import (
     unread_quantization,
     without_quantization,
 )
-from .ident import chain, is_hub_blob, within
-from .ident import ident as ident_of
 from .jsonedit import MAX_DEPTH, depth, rename_shards, set_dtypes
 
 if TYPE_CHECKING:
@@ -35,35 +31,9 @@ if TYPE_CHECKING:
     from .._types import Target
     from ..reports import InspectReport
 
-# stcast's own files (manifests, temporary files) are never taken from a source folder.
-BOOKKEEPING_PREFIX = ".stcast-"
-# A git clone keeps a second copy of every LFS file under .git/: never worth copying. And
-# `hf download --local-dir` keeps its download metadata (hashes of the original files)
-# under .cache/huggingface/: wrong for the converted ones.
-_SKIPPED_DIRS = frozenset({".git"})
-_SKIPPED_TOP_DIRS = frozenset({".git", ".cache"})
+# The model config, whose dtype a conversion rewrites (the engine classifies it:
+# rust/run/walk.rs).
 CONFIG_NAME = "config.json"
-# PyTorch weight files of the Hugging Face layouts (transformers, diffusers, PEFT), their
-# indexes, and the safetensors names the libraries load instead: `pytorch_model.bin` ->
-# `model.safetensors`, `pytorch_model-00001-of-00002.bin` -> `model-00001-of-00002.safetensors`,
-# `pytorch_model.bin.index.json` -> `model.safetensors.index.json`.
-_TORCH_WEIGHTS = re.compile(
-    r"(pytorch_model|diffusion_pytorch_model|adapter_model)(-\d+-of-\d+)?\.bin"
-)
-_TORCH_INDEX = re.compile(
-    r"(pytorch_model|diffusion_pytorch_model|adapter_model)\.bin\.index\.json"
-)
-_SAFETENSORS_STEM = {
-    "pytorch_model": "model",
-    "diffusion_pytorch_model": "diffusion_pytorch_model",
-    "adapter_model": "adapter_model",
-}
-# A training run's state beside its weights (transformers' Trainer): not weights, never
-# read (its pickles name optimizers and RNG states), never copied into a weights folder.
-_TRAINER_STATE = re.compile(
-    r"optimizer\.pt|scheduler\.pt|scaler\.pt|rng_state(_\d+)?\.pth|training_args\.bin"
-)
-_SHARD_SUFFIX = re.compile(r"-\d+-of-\d+$")
 # Files a loader reads first to decide that a folder is a checkpoint: written last.
 _PUBLISH_LAST_NAMES = frozenset({CONFIG_NAME, "model_index.json"})
 _esc = _core.escape
@@ -229,179 +199,27 @@ def plan(
 
 def walk(src: str, follow_links: bool = False) -> Walked:
     """Every file under `src`, sorted and classified: weights, indexes, configs, others, dirs
-    and the files left out.
-
-    PyTorch weight files and indexes of the Hugging Face layouts are weights and indexes
-    too, under the safetensors names they get (see `_torch_name`), unless their folder
-    holds the safetensors version of the same model (`model*.safetensors` beside
-    `pytorch_model*.bin`): then those win, and the PyTorch files are left out. Trainer
-    state (`optimizer.pt`, `rng_state.pth`, ...) is left out unread.
-
-    A symlink is followed only where it stays within what was asked for: into the source
-    folder itself, or into the `blobs/` folder of a Hugging Face cache repo (cache snapshots
-    and older `hf download --local-dir` folders are made of such links). Any other link is
-    refused, naming it, unless `follow_links`: a folder converted and then uploaded must not
-    carry a copy of `/etc/shadow`. Links to folders outside the source are followed only
-    with `follow_links`, and never round a loop; a link to a folder inside it is refused
-    either way (its files would be written twice). Special files are refused.
-    """
-    src_id = ident_of(os.stat(src))
-    weights, indexes, configs, others, dirs = [], [], [], [], []
-    torch_files: list[File] = []
-    skipped: list[tuple[File, str]] = []
-    pending = [("", src_id)]
-    seen_dirs = {src_id}
-    while pending:
-        rel_dir, _ = pending.pop()
-        with os.scandir(os.path.join(src, rel_dir) if rel_dir else src) as it:
-            entries = sorted(it, key=lambda e: e.name)
-        for e in entries:
-            rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
-            if e.name.startswith(BOOKKEEPING_PREFIX):
-                continue
-            if e.is_dir(follow_symlinks=False):
-                if e.name not in (_SKIPPED_DIRS if rel_dir else _SKIPPED_TOP_DIRS):
-                    d = ident_of(e.stat(follow_symlinks=False))
-                    seen_dirs.add(d)
-                    dirs.append(rel)
-                    pending.append((rel, d))
-                continue
-            link = e.is_symlink()
-            try:
-                st = os.stat(e.path)
-            except FileNotFoundError:
-                raise InvalidInput(f"{_esc(e.path)}: broken symlink", path=e.path) from None
-            if link and stat.S_ISDIR(st.st_mode) and within(e.path, src_id):
-                # Followed or not, no correct output: the walk converts and copies every
-                # file, so the folder's would be written twice, once under each name.
-                target = os.path.realpath(e.path)
-                raise Refused(
-                    f"{_esc(e.path)}: a symlink to a folder inside the source folder "
-                    f"({_esc(target)}): its files would be written twice, once under each "
-                    "name (remove the link, or convert a copy of the folder without it)",
-                    path=e.path,
-                )
-            if link and not follow_links:
-                target = os.path.realpath(e.path)
-                if stat.S_ISDIR(st.st_mode) or not (within(target, src_id) or is_hub_blob(target)):
-                    what = "a folder" if stat.S_ISDIR(st.st_mode) else "a file"
-                    raise Refused(
-                        f"{_esc(e.path)}: a symlink to {what} outside the source folder "
-                        f"({_esc(target)}); stcast follows links only within the source and "
-                        "into a Hugging Face cache's blobs/ ({follow_links} follows it)",
-                        path=e.path,
-                    )
-            if stat.S_ISDIR(st.st_mode):
-                d = ident_of(st)
-                if d in seen_dirs or src_id in chain(e.path):
-                    raise Refused(
-                        f"{_esc(e.path)}: a symlink to a folder already walked (a loop)",
-                        path=e.path,
-                    )
-                seen_dirs.add(d)
-                dirs.append(rel)
-                pending.append((rel, d))
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                raise Refused(f"{_esc(e.path)}: not a regular file", path=e.path)
-            f = File(rel, e.path, st.st_size, st.st_mtime_ns)
-            torch_name = _torch_name(e.name)
-            if torch_name is not None:
-                renamed = f"{rel_dir}/{torch_name}" if rel_dir else torch_name
-                torch_files.append(File(renamed, e.path, f.size, f.mtime_ns, src_rel=rel))
-            elif _TRAINER_STATE.fullmatch(e.name):
-                skipped.append((f, "trainer"))
-            elif e.name.endswith(INDEX_SUFFIX):
-                indexes.append(f)
-            elif e.name.endswith(WEIGHTS_SUFFIX):
-                weights.append(f)
-            elif e.name == CONFIG_NAME:
-                configs.append(f)
-            else:
-                others.append(f)
-    # Where a folder holds a model in both formats, the safetensors files win.
-    families = {_family(w.rel) for w in weights}
-    for f in torch_files:
-        if _family(f.rel) in families:
-            skipped.append((f, "superseded"))
-        elif f.rel.endswith(INDEX_SUFFIX):
-            indexes.append(f)
-        else:
-            weights.append(f)
-    _check_complete(weights, indexes, skipped)
-    taken: dict[str, File] = {}
-    for f in [*weights, *indexes, *configs, *others]:
-        other = taken.setdefault(f.rel, f)
-        if other is not f:
-            raise Refused(
-                f"{_esc(f.path)}: would be written as {_esc(f.rel)}, as {_esc(other.path)} is",
-                path=f.path,
-            )
-    dirs.sort()
-    by_rel = _by_rel
+    and the files left out (trainer state, PyTorch weights superseded by their safetensors
+    version), its links and special files checked: the engine's walk
+    (`rust/run/walk.rs`, whose comment says the policy)."""
+    weights, indexes, configs, others, dirs, skipped = _core.walk_folder(
+        src, follow_links=follow_links
+    )
     return Walked(
-        sorted(weights, key=by_rel),
-        sorted(indexes, key=by_rel),
-        sorted(configs, key=by_rel),
-        sorted(others, key=by_rel),
+        [File(*r) for r in weights],
+        [File(*r) for r in indexes],
+        [File(*r) for r in configs],
+        [File(*r) for r in others],
         dirs,
-        sorted(skipped, key=lambda s: s[0].source_rel),
+        [(File(*r), why) for r, why in skipped],
     )
 
 
-_SHARD_NUMBERS = re.compile(r"(.*)-(\d+)-of-(\d+)\.safetensors")
-
-
-def _check_complete(
-    weights: list[File], indexes: list[File], skipped: list[tuple[File, str]]
-) -> None:
-    """Refuse a set of `STEM-0000i-of-0000N` shards with one missing and no index (which
-    would say so itself): converted, it would look like a whole checkpoint (an interrupted
-    download). Where PyTorch shards of the same name stood beside it, say they were not used."""
-    indexed = {(os.path.dirname(f.rel), os.path.basename(f.rel)) for f in indexes}
-    sets: dict[tuple[str, str, str], set[int]] = {}
-    for w in weights:
-        m = _SHARD_NUMBERS.fullmatch(os.path.basename(w.rel))
-        if m is not None:
-            sets.setdefault((os.path.dirname(w.rel), m.group(1), m.group(3)), set()).add(
-                int(m.group(2))
-            )
-    for (folder, stem, total), have in sorted(sets.items()):
-        n = int(total)
-        if (folder, stem + INDEX_SUFFIX) in indexed or n > 99_999:
-            continue
-        missing = [i for i in range(1, n + 1) if i not in have]
-        if not missing:
-            continue
-        name = f"{stem}-{missing[0]:0{len(total)}d}-of-{total}{WEIGHTS_SUFFIX}"
-        rel = f"{folder}/{name}" if folder else name
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        pytorch = any(
-            why == "superseded" and _family(f.rel) == (folder, stem) for f, why in skipped
-        )
-        beside = (
-            "; the PyTorch shards beside them are not used in their place (remove the "
-            "safetensors ones to convert those)"
-            if pytorch
-            else ""
-        )
-        raise Refused(
-            f"{_esc(rel)}: missing{more}: the shards {_esc(stem)}-*-of-{total} are incomplete "
-            f"(an interrupted download?){beside}; nothing was written",
-            path=rel,
-        )
-
-
 def _torch_name(name: str) -> str | None:
-    """The safetensors name of a PyTorch weight file or index of the Hugging Face layouts,
-    or None if `name` is not one."""
-    m = _TORCH_WEIGHTS.fullmatch(name)
-    if m is not None:
-        return f"{_SAFETENSORS_STEM[m.group(1)]}{m.group(2) or ''}{WEIGHTS_SUFFIX}"
-    m = _TORCH_INDEX.fullmatch(name)
-    if m is not None:
-        return f"{_SAFETENSORS_STEM[m.group(1)]}{INDEX_SUFFIX}"
-    return None
+    """The safetensors name of a PyTorch weight file or index of the Hugging Face layouts
+    (`pytorch_model.bin` -> `model.safetensors`), or None if `name` is not one: the
+    engine's rule, the walk's (`rust/run/walk.rs`)."""
+    return _core.torch_name(name)
 
 
 def safetensors_name(name: str) -> str:
@@ -410,17 +228,6 @@ def safetensors_name(name: str) -> str:
     if name.endswith(WEIGHTS_SUFFIX):
         return name
     return _torch_name(name) or os.path.splitext(name)[0] + WEIGHTS_SUFFIX
-
-
-def _family(rel: str) -> tuple[str, str]:
-    """The folder and model a weight file or index belongs to: `("unet",
-    "diffusion_pytorch_model")` for `unet/diffusion_pytorch_model-00001-of-00002.safetensors`."""
-    folder, name = os.path.split(rel)
-    for suffix in (INDEX_SUFFIX, WEIGHTS_SUFFIX):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    return folder, _SHARD_SUFFIX.sub("", name)
 
 
 def skipped_notice(skipped: list[tuple[File, str]]) -> list[tuple[str, str]]:
@@ -445,24 +252,7 @@ def skipped_notice(skipped: list[tuple[File, str]]) -> list[tuple[str, str]]:
 def listing(dst: str) -> list[str]:
     """Every file under `dst` but stcast's bookkeeping (manifests, temps), as relative
     paths; links and special files count as files, folders are walked (never a link)."""
-    out: list[str] = []
-    pending = [""]
-    while pending:
-        rel_dir = pending.pop()
-        with os.scandir(os.path.join(dst, rel_dir) if rel_dir else dst) as it:
-            for e in it:
-                rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
-                if e.name.startswith(BOOKKEEPING_PREFIX):
-                    continue
-                if e.is_dir(follow_symlinks=False):
-                    pending.append(rel)
-                else:
-                    out.append(rel)
-    return sorted(out)
-
-
-def _by_rel(f: File) -> str:
-    return f.rel
+    return _core.list_folder(dst)
 
 
 def check_fp8_config(f: File, doc: Any, to: Target) -> None:

@@ -1,0 +1,7 @@
+//! A run over a folder: what the engine decides about a checkpoint's files before and while
+//! it converts them.
+//!
+//! - `walk`: a source folder's files, classified and checked (links, trainer state,
+//!   superseded PyTorch files, incomplete shard sets); a destination's listing.
+
+pub mod walk;

@@ -1,0 +1,376 @@
+use std::os::unix::fs::symlink;
+
+use super::*;
+use crate::vocab::ErrorKind;
+
+/// A fresh folder holding `files` (empty files; `/` makes folders).
+fn folder(tag: &str, files: &[&str]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("stcast-walk-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in files {
+        let p = dir.join(f);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, f.as_bytes()).unwrap();
+    }
+    dir
+}
+
+fn rels(files: &[File]) -> Vec<&str> {
+    files.iter().map(|f| f.rel.to_str().unwrap()).collect()
+}
+
+fn problem(e: &Error) -> &WalkProblem {
+    match e {
+        Error::Walk { problem, .. } => problem,
+        _ => panic!("{e:?}"),
+    }
+}
+
+#[test]
+fn files_are_classified_sorted_and_bookkeeping_left_out() {
+    let dir = folder(
+        "classify",
+        &[
+            "model-00002-of-00002.safetensors",
+            "model-00001-of-00002.safetensors",
+            "model.safetensors.index.json",
+            "config.json",
+            "tokenizer.json",
+            ".stcast-manifest.json",
+            ".git/lfs/objects/blob",
+            ".cache/huggingface/download/model.safetensors.metadata",
+            "text_encoder/config.json",
+            "text_encoder/model.safetensors",
+            "text_encoder/.cache/kept.txt",
+            "text_encoder/.git/HEAD",
+            "optimizer.pt",
+            "rng_state_3.pth",
+            "training_args.bin",
+        ],
+    );
+    let w = walk(&dir, false).unwrap();
+    assert_eq!(
+        rels(&w.weights),
+        [
+            "model-00001-of-00002.safetensors",
+            "model-00002-of-00002.safetensors",
+            "text_encoder/model.safetensors"
+        ]
+    );
+    assert_eq!(rels(&w.indexes), ["model.safetensors.index.json"]);
+    assert_eq!(
+        rels(&w.configs),
+        ["config.json", "text_encoder/config.json"]
+    );
+    assert_eq!(
+        rels(&w.others),
+        ["text_encoder/.cache/kept.txt", "tokenizer.json"]
+    );
+    assert_eq!(w.dirs, ["text_encoder", "text_encoder/.cache"]);
+    let skipped: Vec<_> = w
+        .skipped
+        .iter()
+        .map(|(f, why)| (f.rel.to_str().unwrap(), *why))
+        .collect();
+    assert_eq!(
+        skipped,
+        [
+            ("optimizer.pt", TRAINER),
+            ("rng_state_3.pth", TRAINER),
+            ("training_args.bin", TRAINER)
+        ]
+    );
+    let f = &w.weights[2];
+    assert_eq!(f.path, dir.join("text_encoder/model.safetensors"));
+    assert_eq!(f.size, "text_encoder/model.safetensors".len() as u64);
+    let meta = std::fs::metadata(&f.path).unwrap();
+    assert_eq!(f.mtime_ns, meta.mtime() * 1_000_000_000 + meta.mtime_nsec());
+    // The front end's rows: the same, as plain data.
+    let rows = w.rows();
+    assert_eq!(rows.0[0].0, "model-00001-of-00002.safetensors");
+    assert_eq!(rows.5[0].1, "trainer");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn pytorch_files_are_renamed_or_superseded() {
+    let dir = folder(
+        "torch",
+        &[
+            "pytorch_model-00001-of-00002.bin",
+            "pytorch_model-00002-of-00002.bin",
+            "pytorch_model.bin.index.json",
+            "unet/diffusion_pytorch_model.bin",
+            "unet/diffusion_pytorch_model.safetensors",
+            "adapter_model.bin",
+            "ema.bin",
+        ],
+    );
+    let w = walk(&dir, false).unwrap();
+    assert_eq!(
+        rels(&w.weights),
+        [
+            "adapter_model.safetensors",
+            "model-00001-of-00002.safetensors",
+            "model-00002-of-00002.safetensors",
+            "unet/diffusion_pytorch_model.safetensors"
+        ]
+    );
+    assert_eq!(
+        w.weights[1].src_rel.as_deref(),
+        Some(OsStr::new("pytorch_model-00001-of-00002.bin"))
+    );
+    assert_eq!(w.weights[3].src_rel, None);
+    assert_eq!(rels(&w.indexes), ["model.safetensors.index.json"]);
+    assert_eq!(rels(&w.others), ["ema.bin"]);
+    let skipped: Vec<_> = w
+        .skipped
+        .iter()
+        .map(|(f, why)| (f.source_rel().to_str().unwrap(), *why))
+        .collect();
+    assert_eq!(skipped, [("unet/diffusion_pytorch_model.bin", SUPERSEDED)]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn names_of_the_hugging_face_layouts() {
+    let cases: &[(&str, Option<&str>)] = &[
+        ("pytorch_model.bin", Some("model.safetensors")),
+        (
+            "pytorch_model-00001-of-00003.bin",
+            Some("model-00001-of-00003.safetensors"),
+        ),
+        (
+            "diffusion_pytorch_model.bin.index.json",
+            Some("diffusion_pytorch_model.safetensors.index.json"),
+        ),
+        ("adapter_model.bin", Some("adapter_model.safetensors")),
+        ("pytorch_model-1.bin", None),
+        ("pytorch_model-a-of-2.bin", None),
+        ("pytorch_model_x.bin", None),
+        ("pytorch_model.pt", None),
+        ("model.bin", None),
+    ];
+    for (name, want) in cases {
+        let got = torch_name(OsStr::new(name));
+        assert_eq!(got.as_deref(), want.map(OsStr::new), "{name}");
+    }
+    for name in [
+        "optimizer.pt",
+        "rng_state.pth",
+        "rng_state_12.pth",
+        "scaler.pt",
+    ] {
+        assert!(is_trainer_state(name.as_bytes()), "{name}");
+    }
+    for name in [
+        "rng_state_.pth",
+        "rng_state_x.pth",
+        "optimizer.pth",
+        "my_optimizer.pt",
+    ] {
+        assert!(!is_trainer_state(name.as_bytes()), "{name}");
+    }
+    let fam = |rel: &str| {
+        let (a, b) = family(OsStr::new(rel));
+        (a.to_vec(), b.to_vec())
+    };
+    assert_eq!(
+        fam("unet/diffusion_pytorch_model-00001-of-00002.safetensors"),
+        (b"unet".to_vec(), b"diffusion_pytorch_model".to_vec())
+    );
+    assert_eq!(
+        fam("model.safetensors.index.json"),
+        (vec![], b"model".to_vec())
+    );
+    assert_eq!(
+        shard_numbers(b"a-1-of-2-03-of-04.safetensors"),
+        Some((&b"a-1-of-2"[..], &b"03"[..], &b"04"[..]))
+    );
+    assert_eq!(shard_numbers(b"model.safetensors"), None);
+    for s in ["-of-2", "x-1-of-", "x1-of-2", "x-1-2", "x--of-2"] {
+        assert_eq!(split_shard(s.as_bytes()), None, "{s}");
+    }
+    assert_eq!(
+        split_shard(b"-1-of-2"),
+        Some((&b""[..], &b"1"[..], &b"2"[..]))
+    );
+}
+
+#[test]
+fn an_incomplete_set_of_shards_is_refused_unless_indexed() {
+    let dir = folder(
+        "incomplete",
+        &[
+            "model-00001-of-00004.safetensors",
+            "model-00004-of-00004.safetensors",
+        ],
+    );
+    let e = walk(&dir, false).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Refused);
+    assert_eq!(
+        e.path(),
+        Some(Path::new("model-00002-of-00004.safetensors"))
+    );
+    assert_eq!(
+        e.template(),
+        "model-00002-of-00004.safetensors: missing (and 1 more): the shards model-*-of-00004 \
+         are incomplete (an interrupted download?); nothing was written"
+    );
+    // PyTorch shards of the same name beside them are said not to be used.
+    std::fs::write(dir.join("pytorch_model-00002-of-00004.bin"), "").unwrap();
+    let e = walk(&dir, false).unwrap_err();
+    assert!(matches!(
+        problem(&e),
+        WalkProblem::Incomplete {
+            pytorch: true,
+            more: 1,
+            ..
+        }
+    ));
+    assert!(e
+        .message()
+        .contains("the PyTorch shards beside them are not used"));
+    // An index says which shards there are: it is checked against them later.
+    std::fs::write(dir.join("model.safetensors.index.json"), "{}").unwrap();
+    walk(&dir, false).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn two_files_under_one_name_are_refused() {
+    // No model*.safetensors weights: the PyTorch index is renamed onto the other index.
+    let dir = folder(
+        "same",
+        &[
+            "pytorch_model.bin.index.json",
+            "model.safetensors.index.json",
+        ],
+    );
+    let e = walk(&dir, false).unwrap_err();
+    let WalkProblem::SameName { rel, other } = problem(&e) else {
+        panic!("{e:?}")
+    };
+    assert_eq!(rel, Path::new("model.safetensors.index.json"));
+    assert_eq!(
+        e.path(),
+        Some(dir.join("pytorch_model.bin.index.json").as_path())
+    );
+    assert_eq!(other, &dir.join("model.safetensors.index.json"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn links_are_followed_only_within_the_source_or_into_hub_blobs() {
+    let dir = folder("links", &["model.safetensors", "sub/a.txt"]);
+    let away = dir.with_extension("away");
+    let _ = std::fs::remove_dir_all(&away);
+    std::fs::create_dir_all(away.join("outer")).unwrap();
+    std::fs::write(away.join("secret"), "").unwrap();
+    std::fs::write(away.join("outer/b.txt"), "").unwrap();
+    // A file link inside the source: followed, under the link's name.
+    symlink("sub/a.txt", dir.join("alias.txt")).unwrap();
+    let w = walk(&dir, false).unwrap();
+    assert_eq!(rels(&w.others), ["alias.txt", "sub/a.txt"]);
+    // A file link out of it: refused, naming it, unless followed.
+    symlink(away.join("secret"), dir.join("secret")).unwrap();
+    let e = walk(&dir, false).unwrap_err();
+    assert!(
+        matches!(&e, Error::LinkOutside { link, folder: false, .. } if *link == dir.join("secret")),
+        "{e:?}"
+    );
+    assert!(walk(&dir, true).is_ok());
+    std::fs::remove_file(dir.join("secret")).unwrap();
+    // A folder link out of it: refused unless followed; followed, its files are walked.
+    symlink(away.join("outer"), dir.join("outer")).unwrap();
+    let e = walk(&dir, false).unwrap_err();
+    assert!(
+        matches!(e, Error::LinkOutside { folder: true, .. }),
+        "{e:?}"
+    );
+    let w = walk(&dir, true).unwrap();
+    assert_eq!(rels(&w.others), ["alias.txt", "outer/b.txt", "sub/a.txt"]);
+    assert_eq!(w.dirs, ["outer", "sub"]);
+    // A folder link back to the source: a loop, when followed.
+    symlink(&dir, away.join("outer/back")).unwrap();
+    let e = walk(&dir, true).unwrap_err();
+    assert_eq!(problem(&e), &WalkProblem::Loop);
+    assert_eq!(e.path(), Some(dir.join("outer/back").as_path()));
+    std::fs::remove_file(away.join("outer/back")).unwrap();
+    std::fs::remove_file(dir.join("outer")).unwrap();
+    // A folder link inside it: refused either way (its files would be written twice).
+    symlink("sub", dir.join("twice")).unwrap();
+    for follow in [false, true] {
+        let e = walk(&dir, follow).unwrap_err();
+        let WalkProblem::LinkInside { target } = problem(&e) else {
+            panic!("{e:?}")
+        };
+        assert_eq!(target, &dir.join("sub").canonicalize().unwrap());
+    }
+    std::fs::remove_file(dir.join("twice")).unwrap();
+    // A broken link: named as such.
+    symlink("nowhere", dir.join("broken")).unwrap();
+    let e = walk(&dir, true).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput);
+    assert_eq!(
+        e.template(),
+        format!("{}: broken symlink", dir.join("broken").display())
+    );
+    std::fs::remove_file(dir.join("broken")).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(&away).unwrap();
+}
+
+#[test]
+fn a_hub_cache_snapshot_is_walked_through_its_blobs() {
+    let repo = folder("hub", &[]).join("models--org--name");
+    std::fs::create_dir_all(repo.join("blobs")).unwrap();
+    std::fs::create_dir_all(repo.join("snapshots/abc/sub")).unwrap();
+    for (blob, name) in [("01", "model.safetensors"), ("02", "config.json")] {
+        std::fs::write(repo.join("blobs").join(blob), blob).unwrap();
+        symlink(
+            format!("../../blobs/{blob}"),
+            repo.join("snapshots/abc").join(name),
+        )
+        .unwrap();
+    }
+    symlink(
+        "../../../blobs/01",
+        repo.join("snapshots/abc/sub/model.safetensors"),
+    )
+    .unwrap();
+    let w = walk(&repo.join("snapshots/abc"), false).unwrap();
+    assert_eq!(
+        rels(&w.weights),
+        ["model.safetensors", "sub/model.safetensors"]
+    );
+    assert_eq!(rels(&w.configs), ["config.json"]);
+    assert_eq!(w.weights[0].size, 2);
+    // A blob of something that is not a cache repo is not one.
+    let other = repo.parent().unwrap().join("plain/blobs");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("03"), "").unwrap();
+    symlink(other.join("03"), repo.join("snapshots/abc/x.txt")).unwrap();
+    let e = walk(&repo.join("snapshots/abc"), false).unwrap_err();
+    assert!(matches!(e, Error::LinkOutside { .. }), "{e:?}");
+    std::fs::remove_dir_all(repo.parent().unwrap()).unwrap();
+}
+
+#[test]
+fn special_files_are_refused_and_listings_keep_them() {
+    let dir = folder("special", &["model.safetensors", "d/x", ".stcast-tmp"]);
+    let fifo = std::ffi::CString::new(dir.join("fifo").as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid C path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let e = walk(&dir, false).unwrap_err();
+    assert_eq!(problem(&e), &WalkProblem::NotRegular);
+    assert_eq!(e.kind(), ErrorKind::Refused);
+    // A destination's listing: every file but bookkeeping, links not followed.
+    symlink("d", dir.join("link")).unwrap();
+    assert_eq!(
+        listing(&dir).unwrap(),
+        ["d/x", "fifo", "link", "model.safetensors"]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
