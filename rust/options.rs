@@ -270,7 +270,7 @@ pub const DEFS: &[Def] = &[
     def(
         "from_bf16",
         Kind::Flag,
-        "with --to fp16, convert BF16 tensors too (else they are copied as BF16)",
+        "with {to=fp16}, convert BF16 tensors too (else they are copied as BF16)",
     )
     .precision(),
     Def {
@@ -288,7 +288,7 @@ pub const DEFS: &[Def] = &[
     def(
         "strict",
         Kind::Flag,
-        "make a --keep pattern that matches no tensor an error (nothing is written)",
+        "make a {keep} pattern that matches no tensor an error (nothing is written)",
     ),
     def(
         "key",

@@ -22,6 +22,7 @@ import warnings
 import stcast
 from stcast import _console as out
 from stcast import _core
+from stcast.errors import render
 
 TYPE_CHECKING = False  # importing `typing` would add ~5 ms to every start
 if TYPE_CHECKING:
@@ -394,7 +395,12 @@ def _add_options(p: argparse.ArgumentParser, command: str) -> None:
         flags = [f"--{row['name'].replace('_', '-')}"]
         if row["short"] is not None:
             flags.insert(0, f"-{row['short']}")
-        help_ = argparse.SUPPRESS if row["help"] is None else row["help"].replace("%", "%%")
+        help_ = (
+            argparse.SUPPRESS
+            if row["help"] is None
+            # The engine names other options as `{to=fp16}`: the CLI spells them as flags.
+            else render(row["help"], "cli").replace("%", "%%")
+        )
         kind, default = row["kind"], row["default"]
         spelled: dict[str, Any] = {"metavar": row["metavar"], "default": default}
         if kind == "flag":
