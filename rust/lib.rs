@@ -18,6 +18,7 @@
 //! - `shard`: re-sharding: output shards of a bounded size, planned from the headers;
 //! - `task`: those passes as steppable tasks with one progress count;
 //! - `output`: every file stcast writes appears atomically, only when complete;
+//! - `run`: folder runs: the JSON texts they write (configs, indexes);
 //! - `report`: the numeric report file;
 //! - `env`, `failpoint`: the one reader of the environment, and the test hooks it arms.
 //!
@@ -44,6 +45,7 @@ pub mod plan;
 mod python;
 pub mod quant;
 pub mod report;
+pub mod run;
 pub mod scan;
 pub mod shard;
 pub mod source;

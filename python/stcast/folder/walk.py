@@ -22,11 +22,9 @@ from .fp8 import (
     nonfinite,
     quantization_of,
     unread_quantization,
-    without_quantization,
 )
 from .ident import chain, is_hub_blob, within
 from .ident import ident as ident_of
-from .jsonedit import MAX_DEPTH, depth, rename_shards, set_dtypes
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -64,7 +62,6 @@ _SAFETENSORS_STEM = {
 _TRAINER_STATE = re.compile(
     r"optimizer\.pt|scheduler\.pt|scaler\.pt|rng_state(_\d+)?\.pth|training_args\.bin"
 )
-_SHARD_SUFFIX = re.compile(r"-\d+-of-\d+$")
 # Files a loader reads first to decide that a folder is a checkpoint: written last.
 _PUBLISH_LAST_NAMES = frozenset({CONFIG_NAME, "model_index.json"})
 _esc = _core.escape
@@ -163,7 +160,7 @@ def plan(
     # FP8 configs (compressed-tensors float 8-bit, DeepSeek fp8): their checkpoint is
     # dequantized when its files hold FP8 weights with scales (the engine refuses any other
     # quantized tensor), and the config loses its quantization_config.
-    fp8_configs: dict[str, bytes] = {}
+    fp8_configs: dict[str, bytes | None] = {}
     unread: tuple[File, str] | None = None
     for f in configs:
         text, doc = read_json(f)
@@ -171,10 +168,9 @@ def plan(
         why = unread_quantization(doc, to)
         unread = unread or (None if why is None else (f, why))
         # `keep` changes no dtype: the config is copied as it is.
-        torch_name = _core.TARGET_TORCH_NAMES.get(to)
-        content = None if torch_name is None else set_dtypes(text, torch_name)
+        content = _core.config_text(text, to)
         if dequantizes(doc, to):
-            fp8_configs[f.rel] = without_quantization(content or text.encode("utf-8"))
+            fp8_configs[f.rel] = _core.config_text(text, to, dequantize=True)
         if quantization_config is None and _has_quantization_config(doc):
             quantization_config = f
         new_configs.append((f, content))
@@ -373,9 +369,6 @@ def walk(src: str, follow_links: bool = False) -> Walked:
     )
 
 
-_SHARD_NUMBERS = re.compile(r"(.*)-(\d+)-of-(\d+)\.safetensors")
-
-
 def _check_complete(
     weights: list[File], indexes: list[File], skipped: list[tuple[File, str]]
 ) -> None:
@@ -385,11 +378,11 @@ def _check_complete(
     indexed = {(os.path.dirname(f.rel), os.path.basename(f.rel)) for f in indexes}
     sets: dict[tuple[str, str, str], set[int]] = {}
     for w in weights:
-        m = _SHARD_NUMBERS.fullmatch(os.path.basename(w.rel))
-        if m is not None:
-            sets.setdefault((os.path.dirname(w.rel), m.group(1), m.group(3)), set()).add(
-                int(m.group(2))
-            )
+        name = os.path.basename(w.rel)
+        parts = _core.split_shard_name(name.removesuffix(WEIGHTS_SUFFIX))
+        if parts is not None and name.endswith(WEIGHTS_SUFFIX):
+            stem, i, total = parts
+            sets.setdefault((os.path.dirname(w.rel), stem, total), set()).add(int(i))
     for (folder, stem, total), have in sorted(sets.items()):
         n = int(total)
         if (folder, stem + INDEX_SUFFIX) in indexed or n > 99_999:
@@ -444,7 +437,8 @@ def _family(rel: str) -> tuple[str, str]:
         if name.endswith(suffix):
             name = name[: -len(suffix)]
             break
-    return folder, _SHARD_SUFFIX.sub("", name)
+    parts = _core.split_shard_name(name)
+    return folder, name if parts is None else parts[0]
 
 
 def skipped_notice(skipped: list[tuple[File, str]]) -> list[tuple[str, str]]:
@@ -510,9 +504,9 @@ def read_json(f: File) -> tuple[str, Any]:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise InvalidInput(f"{_esc(f.path)}: not valid JSON: {_esc(reason)}", path=f.path) from None
     # The walks over it below recurse: bound the depth once, here.
-    if depth(doc) > MAX_DEPTH:
+    if _core.json_depth(text) > _core.JSON_MAX_DEPTH:
         raise InvalidInput(
-            f"{_esc(f.path)}: JSON nested deeper than {MAX_DEPTH} levels", path=f.path
+            f"{_esc(f.path)}: JSON nested deeper than {_core.JSON_MAX_DEPTH} levels", path=f.path
         )
     return text, doc
 
@@ -568,7 +562,7 @@ def read_index(f: File, found: set[str]) -> tuple[str, dict[str, str]]:
             )
         out[tensor] = rel
     if renames:
-        text = rename_shards(text, renames)
+        text = _core.index_text(text, renames=renames).decode("utf-8")
     return text, out
 
 
