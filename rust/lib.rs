@@ -1,4 +1,4 @@
-//! stcast: stream-convert checkpoints to bf16 (or fp16), exactly, in bounded memory.
+//! stcast: stream-convert checkpoints to bf16, fp16 or FP8, exactly, in bounded memory.
 //!
 //! The engine is plain Rust and knows neither Python nor the command line:
 //! - `vocab`: every name that crosses the language boundary, defined once;

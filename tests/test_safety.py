@@ -579,6 +579,34 @@ def test_control_characters_are_escaped_in_every_line(tmp_path, run_main):
     assert json.loads(out)["result"]["path"] == str(src)
 
 
+def test_a_newline_in_a_name_is_escaped_in_every_line(tmp_path, run_main):
+    """A newline in a file or folder name was printed raw in summary lines (`converted
+    n<newline>x -> ...`), in inspect's folder lines, and turned into a space in errors: each
+    name now stays on its line, escaped as `\\x0a` (issue 33, point 6)."""
+    folder = tmp_path / "dir\nTAIL"
+    folder.mkdir()
+    src = folder / "m\nTAIL.safetensors"
+    write_safetensors(
+        src, {"w\nTAIL": ("F32", [2], np.ones(2, np.float32))}, metadata={"k\nTAIL": "v"}
+    )
+    dst = tmp_path / "o\nTAIL.safetensors"
+    runs = [
+        ["convert", src, dst],
+        ["inspect", src],
+        ["verify", src, dst],
+        ["convert", folder, tmp_path / "out\nTAIL"],
+        ["inspect", folder],
+        ["verify", folder, tmp_path / "out\nTAIL"],
+        ["convert", tmp_path / "missing\nTAIL", tmp_path / "x.safetensors"],
+        ["convert", src, dst],  # destination exists
+    ]
+    for args in runs:
+        _, out, err = run_main(*args)
+        text = out + err
+        assert "\\x0a" in text, (args, text)
+        assert not any(line.startswith("TAIL") for line in text.splitlines()), (args, text)
+
+
 # --- the table of docs/guarantees.md ------------------------------------------------------------
 
 

@@ -325,6 +325,16 @@ def test_5_a_hub_id_gets_a_download_hint(tmp_path, run_main, given, repo):
     assert rc == 1 and f"`hf download {repo} --local-dir DIR`" in line, line
 
 
+@pytest.mark.parametrize("given", ["ckpt/ckpt.json", "ckpt/model.safetensors", "here/name"])
+def test_5_a_typo_of_a_local_path_gets_no_download_hint(tmp_path, run_main, given):
+    """`ckpt/ckpt.json` (a typo of a local path) was told to `hf download` it: a path under a
+    folder that exists, or naming a checkpoint's file, is not a repo id (issue 33, point 6)."""
+    (tmp_path / "here").mkdir()
+    rc, out, err = run_main("convert", given, cwd=tmp_path)
+    line = assert_one_error_line(err)
+    assert rc == 1 and "hf download" not in line and line.startswith(f"stcast: {given}: "), line
+
+
 # --- 7. the CLI and the API agree ----------------------------------------------------------
 
 
@@ -1178,3 +1188,15 @@ def test_22_a_keep_pattern_lets_no_unnamed_scale_through(tmp_path, run_main):
         "convert", src, tmp_path / "o.safetensors", "--keep", "zzz", "--allow-quantized", "-q"
     )
     assert rc == 0, err
+
+
+def test_the_top_level_help_and_the_man_page_name_every_input_and_target(run_main):
+    """They said "safetensors checkpoints to bf16 or fp16" long after PyTorch, DCP, ZeRO and
+    FP8 inputs and the FP8 targets came (issue 33, point 6)."""
+    _, top, _ = run_main("--help")
+    _, man, _ = run_main("manpage")
+    description = man.split(".SH DESCRIPTION", 1)[1].split(".SH", 1)[0]
+    for text in (top, description):
+        flat = " ".join(text.split())
+        for word in ("safetensors", "PyTorch", "DCP", "DeepSpeed ZeRO", "bf16", "fp16", "FP8"):
+            assert word in flat, (word, flat)

@@ -1,4 +1,4 @@
-"""Stream-convert checkpoints to bf16 (or fp16), exactly, in bounded memory.
+"""Stream-convert checkpoints to bf16, fp16 or FP8, exactly, in bounded memory.
 
     import stcast
     report = stcast.convert("model.safetensors")  # writes model-bf16.safetensors

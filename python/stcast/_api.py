@@ -514,6 +514,10 @@ def _shard_folder(dst: StrPath | None, max_size: int | None) -> None:
         )
 
 
+# Names of a checkpoint's files and folders: never a Hub repo id's second half.
+_LOCAL_SUFFIX = re.compile(r"\.(json|safetensors|bin|pt|pth|ckpt|distcp|index)$", re.IGNORECASE)
+
+
 def _source(src: StrPath) -> str:
     """`src` as a path; one that does not exist but reads like a Hub id or URL gets a hint. A
     folder that is a distributed training checkpoint (DCP, DeepSpeed) is refused by the
@@ -527,6 +531,12 @@ def _source(src: StrPath) -> str:
         r"(?:/(?:tree|blob|resolve)/.*)?/?",
         path,
     )
+    # A path under a folder that is here, or naming a file (`ckpt/ckpt.json`, a typo of a
+    # local path), is not a repo id: the engine's own error names it.
+    if hub is not None and not path.startswith(("http://", "https://", "hf://")):
+        org, name = hub.group(1).split("/")
+        if os.path.isdir(org) or _LOCAL_SUFFIX.search(name):
+            return path
     if hub is not None or path.startswith(("http://", "https://", "hf://")):
         repo = hub.group(1) if hub is not None else "ORG/NAME"
         raise InvalidInput(

@@ -212,9 +212,10 @@ def manpage(parser: argparse.ArgumentParser, version: str) -> str:
         "\\fICOMMAND\\fR [\\fIoptions\\fR]",
         ".SH DESCRIPTION",
         _roff(
-            "stcast converts safetensors checkpoints (files and Hugging Face folders) to bf16 "
-            "or fp16, streaming from disk to disk in bounded memory, with the bits torch and "
-            "ml_dtypes give. Exit status: 0 ok, 1 failure, 2 usage; a run stopped by SIGINT, "
+            "stcast converts checkpoints (safetensors files and Hugging Face folders, PyTorch "
+            "checkpoints, DCP and DeepSpeed ZeRO folders, FP8 checkpoints) to bf16, fp16 or "
+            "FP8, streaming from disk to disk in bounded memory, with the bits torch, "
+            "ml_dtypes and llm-compressor give. Exit status: 0 ok, 1 failure, 2 usage; a run stopped by SIGINT, "
             "SIGTERM or SIGHUP dies of that signal once it has cleaned up."
         ),
         ".SH COMMANDS",

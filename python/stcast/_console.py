@@ -139,10 +139,6 @@ def duration(seconds: float) -> str:
     return f"{s // 60}:{s % 60:02d}"
 
 
-def one_line(message: str) -> str:
-    return " ".join(message.split("\n")).strip()
-
-
 def print_err(line: str) -> None:
     try:
         print(printable(line, keep=""), file=sys.stderr, flush=True)
@@ -354,14 +350,14 @@ class Console:
 
     def error(self, message: str) -> None:
         self.end_progress()
-        print_err(f"{PROG}: {one_line(message)}")
+        print_err(f"{PROG}: {message.strip()}")  # one line: print_err escapes a newline
 
     def warn(self, message: str) -> None:
         if self.quiet:
             return
         if self.progress is not None:
             self.progress.clear()
-        print_err(f"{PROG}: warning: {one_line(message)}")
+        print_err(f"{PROG}: warning: {message.strip()}")
         if self.progress is not None:
             self.progress.redraw()
 
@@ -407,7 +403,7 @@ class Console:
         """Report an error as one line on stderr (or as JSON with --json); return `code`."""
         if self.json_mode:
             self.end_progress()
-            error = {"kind": kind, "message": one_line(message), "path": path}
+            error = {"kind": kind, "message": message.strip(), "path": path}
             doc = {"schema": SCHEMA, "command": self.command, "version": _core.__version__}
             doc["error"] = error
             try:

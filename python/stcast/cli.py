@@ -234,7 +234,7 @@ examples:
 }
 
 _HELP = {
-    "convert": "convert a checkpoint (file or folder) to bf16 or fp16",
+    "convert": "convert a checkpoint (file or folder) to bf16, fp16 or FP8",
     "inspect": "show what convert would do, and run its checks (a dry run)",
     "verify": "check that DST is exactly the conversion of SRC",
     "finalize": "complete a folder converted with --shard",
@@ -256,7 +256,10 @@ class _Formatter(argparse.HelpFormatter):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
-        description="Convert safetensors checkpoints to bf16 or fp16, exactly, in bounded memory.",
+        description=(
+            "Convert checkpoints (safetensors, PyTorch, DCP, DeepSpeed ZeRO, FP8) to bf16, "
+            "fp16 or FP8, exactly, in bounded memory."
+        ),
         epilog="`stcast COMMAND --help` shows each command's options, defaults and examples.",
     )
     parser.add_argument("-V", "--version", action="version", version=f"{PROG} {stcast.__version__}")
@@ -651,6 +654,7 @@ def _run_convert(args: argparse.Namespace, console: out.Console) -> int:
 def _say(line: str) -> None:
     """Print a summary line; on a terminal narrower than it, wrapped at spaces (the terminal
     would cut a word in two), the rest indented under the value (`  time     ...`)."""
+    line = out.printable(line, keep="")  # a name's newline must not break the line
     # Committing commands buffer their stdout (Console.stdout): ask the real one.
     real = sys.__stdout__
     width = out.columns(real) if real is not None and out.is_tty(real) else 0
@@ -863,12 +867,13 @@ def _run_inspect(args: argparse.Namespace, console: out.Console) -> int:
 
     if report.folder:
         for f in report.files:
-            print(f"{f.path}:")
+            print(f"{out.printable(f.path, keep='')}:")
             _print_tensor_table(f, indent="  ")
             print()
         files = len(report.files)
         what = "folder:" if os.path.isdir(report.path) else "file:  "
-        print(f"{what}   {report.path}, {files} weight file{'s' if files != 1 else ''}")
+        path = out.printable(report.path, keep="")
+        print(f"{what}   {path}, {files} weight file{'s' if files != 1 else ''}")
         _print_inspect_totals(report.files)
         print(
             f"output:   {out.size(report.output_bytes)} projected as {report.to} "
@@ -885,7 +890,8 @@ def _run_inspect(args: argparse.Namespace, console: out.Console) -> int:
         elif report.metadata is None:
             print("metadata: none")
         else:
-            print(f"metadata: {', '.join(report.metadata) or '(empty)'}")
+            keys = ", ".join(out.printable(k, keep="") for k in report.metadata)
+            print(f"metadata: {keys or '(empty)'}")
         _print_inspect_totals([report])
         if report.format in ("dcp", "dcp-safetensors"):
             # Only the selected tensors' bytes are read: the rest is never touched.
