@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use crate::convert::{Options, Tuning};
 use crate::input::InputOptions;
+use crate::options::{Def, Kind};
 use crate::plan::PlanOptions;
 use crate::verify::VerifyOptions;
 use crate::vocab::{
@@ -49,7 +50,8 @@ pub struct Exports {
     pub kept_reasons: Names,
     pub error_kinds: Names,
     pub warning_kinds: Names,
-    pub options: Names,
+    /// Every option of every command (`options::rows`).
+    pub options: Vec<crate::options::Row>,
     pub input_formats: Names,
     pub on_overflow: Names,
     pub unmatched: Names,
@@ -103,7 +105,7 @@ impl Default for Exports {
             ),
             error_kinds: Names::of(ErrorKind::NAMES),
             warning_kinds: Names::of(WarningKind::NAMES),
-            options: Names::of(OptionName::NAMES),
+            options: crate::options::rows(),
             input_formats: Names::of(InputFormat::NAMES),
             on_overflow: Names::of(OnOverflow::NAMES),
             unmatched: Names::of(Unmatched::NAMES),
@@ -195,6 +197,31 @@ impl Given {
         })
     }
 
+    /// This value checked as option `def` takes it (a repeated option: one of its values),
+    /// as the engine stands for it (a target's canonical name, a size in bytes). None: an
+    /// option the engine does not check (a switch, `I/N`, a path, tuning): the caller keeps
+    /// the value.
+    pub fn check(&self, def: &Def) -> crate::Result<Option<Checked>> {
+        let Some(option) = OptionName::from_name(def.name) else {
+            return Ok(None);
+        };
+        let text = |t: &str| Checked::Text(t.to_string());
+        Ok(Some(match def.kind {
+            Kind::Int => Checked::Whole(self.whole(option, def.max)?),
+            Kind::Size => Checked::Whole(self.size()?),
+            Kind::Target => text(self.target()?.name()),
+            Kind::Choice => text(self.choice(option, def.choices, |s| {
+                def.choices.iter().find(|c| **c == s).copied()
+            })?),
+            Kind::Stem => Checked::Text(self.stem()?),
+            Kind::Text | Kind::Texts => match &self.text {
+                Some(s) if !(def.nonempty && s.is_empty()) => text(s),
+                _ => return Err(self.bad(option, def.expected)),
+            },
+            Kind::Flag | Kind::Path | Kind::Part | Kind::Tuning => return Ok(None),
+        }))
+    }
+
     /// `name`: the stem of a re-sharded group's outputs.
     pub fn stem(&self) -> crate::Result<String> {
         match &self.text {
@@ -202,6 +229,14 @@ impl Given {
             _ => Err(self.bad(OptionName::Name, crate::naming::STEM_EXPECTED)),
         }
     }
+}
+
+/// An option's value as `Given::check` found it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(untagged)]
+pub enum Checked {
+    Whole(u64),
+    Text(String),
 }
 
 /// Every option of an engine call as a front end gave it (absent: the default), made once
@@ -446,5 +481,52 @@ mod given_tests {
         assert_eq!(text("3kB").size().unwrap(), 3000);
         assert!(n(0).size().is_err());
         assert!(text("a/b").stem().is_err());
+    }
+
+    #[test]
+    fn checks_each_option_by_its_kind() {
+        let def = |n| crate::options::find(n).unwrap();
+        let whole = |n| Given {
+            whole: Some(n),
+            repr: n.to_string(),
+            ..Given::default()
+        };
+        let max = crate::window::MAX_THREADS as u64;
+        assert_eq!(
+            whole(max).check(def("threads")).unwrap(),
+            Some(Checked::Whole(max))
+        );
+        let e = whole(max + 1)
+            .check(def("threads"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("a whole number from 0 to {max}")),
+            "{e}"
+        );
+        let big = whole(u64::MAX).check(def("keep_min_size")).unwrap();
+        assert_eq!(big, Some(Checked::Whole(u64::MAX)));
+        let half = text("half").check(def("to")).unwrap();
+        assert_eq!(half, Some(Checked::Text("fp16".into())));
+        assert_eq!(
+            text("5kB").check(def("max_shard_size")).unwrap(),
+            Some(Checked::Whole(5000))
+        );
+        assert!(text("never").check(def("on_overflow")).is_err());
+        let keep = text("keep").check(def("on_overflow")).unwrap();
+        assert_eq!(keep, Some(Checked::Text("keep".into())));
+        let e = text("").check(def("strip_prefix")).unwrap_err().to_string();
+        assert!(e.contains("a non-empty string (a name prefix)"), "{e}");
+        assert!(text("").check(def("keep")).is_ok());
+        let e = whole(3).check(def("key")).unwrap_err().to_string();
+        assert!(
+            e.contains("a string (a dotted key of the checkpoint)"),
+            "{e}"
+        );
+        assert!(text("a/b").check(def("name")).is_err());
+        // Not checked here: switches, I/N, paths, tuning, the CLI's own options.
+        for name in ["force", "shard", "report", "tuning", "quiet"] {
+            assert_eq!(text("x").check(def(name)).unwrap(), None, "{name}");
+        }
     }
 }

@@ -2,6 +2,7 @@
 //!
 //! The engine is plain Rust and knows neither Python nor the command line:
 //! - `vocab`: every name that crosses the language boundary, defined once;
+//! - `options`: every option of every command, defined once (name, kind, default, help);
 //! - `given`: option values as the front ends give them, checked once; the exported names;
 //! - `error`, `text`: typed errors and warnings, message templates;
 //! - `source`, `header`: open an input and validate its safetensors header;
@@ -39,6 +40,7 @@ pub mod input;
 pub mod kernels;
 pub mod naming;
 pub mod numerics;
+pub mod options;
 pub mod output;
 pub mod plan;
 #[cfg(feature = "python")]

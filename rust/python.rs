@@ -22,6 +22,7 @@ use crate::convert::{Knobs, Options as ConvertOptions, Tuning};
 use crate::error::{panic_message, Error};
 use crate::given::{Exports, Given, Settings};
 use crate::numerics::Numerics;
+use crate::options;
 use crate::output::{self, Replace, Sealed};
 use crate::report::NumericsRow;
 use crate::run::json;
@@ -386,16 +387,14 @@ fn verify_shard<'py>(
     finish_verify(py, progress, verifier, &opts)
 }
 
-/// A size option (`max_shard_size`), as `Given::size` reads it.
+/// Option `name`'s value (one of a repeated option's) as `Given::check` checks it.
 #[pyfunction]
-fn parse_size(py: Python<'_>, value: Given) -> PyResult<u64> {
-    value.size().map_err(|e| to_py(py, e))
-}
-
-/// The `name` option: the stem of a re-sharded group's outputs (`Given::stem`).
-#[pyfunction]
-fn check_name(py: Python<'_>, value: Given) -> PyResult<String> {
-    value.stem().map_err(|e| to_py(py, e))
+fn check_option<'py>(py: Python<'py>, name: &str, value: Given) -> PyResult<Bound<'py, PyAny>> {
+    let def = options::find(name).ok_or_else(|| PyValueError::new_err(format!("{name:?}?")))?;
+    Ok(pythonize::pythonize(
+        py,
+        &value.check(def).map_err(|e| to_py(py, e))?,
+    )?)
 }
 
 /// The file name of output shard `i` of `n` of the group `stem` (`shard::shard_file_name`).
@@ -716,12 +715,6 @@ fn option_error<'py>(
     Ok(to_py(py, value.bad(option, expected)).into_value(py))
 }
 
-/// The canonical name of a target or one of its aliases, as `Given::target` reads it.
-#[pyfunction]
-fn target_name(py: Python<'_>, value: Given) -> PyResult<&'static str> {
-    Ok(value.target().map_err(|e| to_py(py, e))?.name())
-}
-
 /// Hit a failpoint of the Python side (`failpoint` module): raises the injected error.
 #[pyfunction]
 fn failpoint(py: Python<'_>, name: &str) -> PyResult<()> {
@@ -746,10 +739,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ShardGroup>()?;
     add_functions! {
         m: _set_exceptions, py_convert, py_inspect, py_verify, render, format_bytes, escape,
-        option_error, target_name, failpoint, write_file, copy_file, write_numeric_report,
-        check_side_output, convert_shard, verify_shard, parse_size, check_name,
-        shard_file_name, index_file_name, check_folder, read_header, config_text, index_text,
-        json_depth, split_shard_name,
+        option_error, check_option, failpoint, write_file, copy_file, write_numeric_report,
+        check_side_output, convert_shard, verify_shard, shard_file_name, index_file_name,
+        check_folder, read_header, config_text, index_text, json_depth, split_shard_name,
     }
     Ok(())
 }

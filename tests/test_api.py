@@ -44,6 +44,76 @@ def test_target_aliases_are_the_engine_aliases():
     assert aliases == set(_core.TARGET_ALIASES) - set(_core.TARGETS)
 
 
+# The Python type of each kind of option in the engine's table (rust/options.rs `Kind`).
+_KIND_TYPES = {
+    "flag": "bool",
+    "int": "int",
+    "size": "int | str",
+    "text": "str",
+    "texts": "Iterable[str]",
+    "path": "StrPath",
+    "choice": "OnOverflow",
+    "target": "Target | TargetAlias",
+    "part": "tuple[int, int]",
+    "stem": "str",
+    "tuning": "Tuning",
+}
+
+
+@pytest.mark.parametrize(
+    "command, typed",
+    [
+        ("convert", _types.ConvertOptions),
+        ("inspect", _types.InspectOptions),
+        ("verify", _types.VerifyOptions),
+    ],
+)
+def test_option_types_are_the_engine_table(command, typed):
+    """Each API function's keywords (its TypedDict) are the options the engine's table gives
+    it, with the type of each one's kind (`| None` where the default is None), both ways."""
+    annotations = {
+        name: getattr(t, "__forward_arg__", t) for name, t in typed.__annotations__.items()
+    }
+    table = {}
+    for row in _core.OPTIONS:
+        if row["command"] == command and row["front"] != "cli":
+            absent = row["default"] is None and row["kind"] not in ("flag", "texts")
+            table[row["name"]] = _KIND_TYPES[row["kind"]] + (" | None" if absent else "")
+    assert annotations == table
+    assert set(typed.__optional_keys__) == set(table)  # every keyword may be left out
+    # The function's keywords are that TypedDict (`**options: Unpack[...]`).
+    options = inspect_signature(getattr(stcast, command))["options"]
+    assert options.annotation == f"Unpack[{typed.__name__}]"
+
+
+def test_finalize_takes_no_options_and_the_cli_only_are_not_api_keywords():
+    api = {r["name"] for r in _core.OPTIONS if r["front"] != "cli"}
+    assert not any(r["front"] != "cli" for r in _core.OPTIONS if r["command"] == "finalize")
+    assert {"json", "quiet", "dry_run"}.isdisjoint(api)
+
+
+def test_an_unknown_keyword_is_a_type_error(tmp_path):
+    src = small(tmp_path)
+    for fn, args in [
+        (stcast.convert, (src, tmp_path / "o.safetensors")),
+        (stcast.inspect, (src,)),
+        (stcast.verify, (src, src)),
+    ]:
+        with pytest.raises(
+            TypeError, match=rf"^{fn.__name__}\(\) got an unexpected keyword argument 'typo'$"
+        ):
+            fn(*args, typo=1)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'scan'"):
+        stcast.convert(src, tmp_path / "o.safetensors", scan=True)  # inspect's only
+    assert not (tmp_path / "o.safetensors").exists()
+
+
+def inspect_signature(fn):
+    import inspect
+
+    return inspect.signature(fn).parameters
+
+
 def test_every_error_kind_has_a_class():
     classes = {
         c.kind

@@ -17,13 +17,19 @@ from .errors import InvalidInput, Refused, StcastError, UsageError
 from .reports import ConvertReport, InspectReport, VerifyReport, numeric_parts
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
     from typing import Any, Callable
 
-    from ._engine import CancelFlag
-    from ._types import OnOverflow, Target, TargetAlias, Tuning
+    from typing_extensions import Unpack
 
-    StrPath = str | os.PathLike[str]
+    from ._engine import CancelFlag
+    from ._types import (
+        ConvertOptions,
+        InspectOptions,
+        StrPath,
+        Target,
+        TargetAlias,
+        VerifyOptions,
+    )
 
 __all__ = ["convert", "finalize", "inspect", "verify"]
 
@@ -32,27 +38,10 @@ def convert(
     src: StrPath,
     dst: StrPath | None = None,
     *,
-    to: Target | TargetAlias = "bf16",
-    threads: int | None = None,
-    force: bool = False,
     progress: Callable[[int, int], object] | None = None,
     cancel: CancelFlag | None = None,
-    resume: bool = False,
-    shard: tuple[int, int] | None = None,
-    allow_quantized: bool = False,
     file_progress: Callable[[str, int, int], object] | None = None,
-    keep: Iterable[str] = (),
-    keep_min_size: int = 0,
-    strict: bool = False,
-    from_bf16: bool = False,
-    on_overflow: OnOverflow = "warn",
-    report: StrPath | None = None,
-    follow_links: bool = False,
-    max_shard_size: int | str | None = None,
-    key: str | None = None,
-    strip_prefix: Iterable[str] = (),
-    tuning: Tuning | None = None,
-    name: str | None = None,
+    **options: Unpack[ConvertOptions],
 ) -> ConvertReport:
     """Convert the checkpoint `src` (a safetensors file, a PyTorch checkpoint or a folder) to
     `to`, writing `dst` (safetensors).
@@ -173,11 +162,9 @@ def convert(
         Cancelled: `cancel.is_set()` became true.
         KeyboardInterrupt: Ctrl-C.
     """
-    given = Options.given(locals())
+    given = Options.of("convert", options)
     src = _source(src)
-    o = _checked(given)
-    o = replace(o, max_shard_size=_size(max_shard_size))
-    o = _plain(replace(o, name=_name(name, o.max_shard_size)))
+    o = _plain(_named(given.checked("convert")))
     if _engine.is_tree(src) or o.max_shard_size is not None:
         from . import folder
 
@@ -228,26 +215,8 @@ def inspect(
     path: StrPath,
     dst: StrPath | None = None,
     *,
-    to: Target | TargetAlias = "bf16",
-    keep: Iterable[str] = (),
-    keep_min_size: int = 0,
-    from_bf16: bool = False,
-    scan: bool = False,
-    on_overflow: OnOverflow = "warn",
-    threads: int | None = None,
     progress: Callable[[int, int], object] | None = None,
-    force: bool = False,
-    resume: bool = False,
-    shard: tuple[int, int] | None = None,
-    allow_quantized: bool = False,
-    follow_links: bool = False,
-    strict: bool = False,
-    report: StrPath | None = None,
-    max_shard_size: int | str | None = None,
-    key: str | None = None,
-    strip_prefix: Iterable[str] = (),
-    tuning: Tuning | None = None,
-    name: str | None = None,
+    **options: Unpack[InspectOptions],
 ) -> InspectReport:
     """Describe what `convert(path, dst, ...)` would do with the same options: a dry run.
 
@@ -286,12 +255,10 @@ def inspect(
         UsageError: a `keep` pattern or another option is invalid.
         OSError: it cannot be read.
     """
-    given = Options.given(locals())
+    given = Options.of("inspect", options)
     path = _source(path)
-    o = _checked(given)
+    o = _plain(_named(given.checked("inspect")))
     target = None if dst is None else os.fsdecode(dst)
-    o = replace(o, max_shard_size=_size(max_shard_size))
-    o = _plain(replace(o, name=_name(name, o.max_shard_size)))
     if _engine.is_tree(path) or o.max_shard_size is not None:
         from .folder import inspect_folder
 
@@ -319,20 +286,8 @@ def verify(
     src: StrPath,
     dst: StrPath,
     *,
-    loose: bool = False,
-    to: Target | TargetAlias | None = None,
-    keep: Iterable[str] = (),
-    keep_min_size: int = 0,
-    from_bf16: bool = False,
-    on_overflow: OnOverflow = "warn",
-    threads: int | None = None,
     progress: Callable[[int, int], object] | None = None,
-    report: StrPath | None = None,
-    force: bool = False,
-    key: str | None = None,
-    strip_prefix: Iterable[str] = (),
-    tuning: Tuning | None = None,
-    name: str | None = None,
+    **options: Unpack[VerifyOptions],
 ) -> VerifyReport:
     """Check that `dst` is exactly what `convert` makes of `src`, streaming both.
 
@@ -389,10 +344,9 @@ def verify(
         OSError: a file cannot be read.
         KeyboardInterrupt: Ctrl-C.
     """
-    given = Options.given(locals())
+    given = Options.of("verify", options)
     src, dst = _source(src), os.fsdecode(dst)
-    o = _plain(_report(_checked(given, to_given=False)))
-    o = replace(o, name=None if name is None else _core.check_name(name))
+    o = _plain(_report(given.checked("verify")))
     if os.path.isdir(dst):  # not a checkpoint to convert (SRC and DST swapped)
         _core.check_folder(dst, output=True)
     if not _engine.is_tree(src) and o.name is None:
@@ -548,37 +502,18 @@ def _source(src: StrPath) -> str:
 
 
 def _target(o: Options) -> Target:
-    """The target of a conversion (resolved by `_checked`: not None)."""
+    """The target of a conversion (resolved by `Options.checked`: not None)."""
     return cast("Target", o.to)
-
-
-def _checked(o: Options, to_given: bool = True) -> Options:
-    """The options as the engine and the folder code take them: the target's alias resolved
-    (`to_given=False`: `to` may be None, not given), patterns and prefixes as lists (a lone
-    string is one), whole numbers checked. (Every other value is the engine's to check.)"""
-    return replace(
-        o,
-        to=_engine.target_name(o.to) if to_given or o.to is not None else None,
-        keep=_engine.patterns(o.keep),
-        threads=_threads(o.threads),
-        keep_min_size=_engine.check_int("keep_min_size", o.keep_min_size, 0, 2**64 - 1),
-        key=_engine.check_key(o.key),
-        strip_prefix=_engine.prefixes(o.strip_prefix),
-    )
 
 
 def _plain(o: Options) -> Options:
     """`tuning` as a dict."""
-    return replace(o, tuning=None if o.tuning is None else dict(o.tuning))
+    return o.replace(tuning=None if o.tuning is None else dict(o.tuning))
 
 
 def _report(o: Options) -> Options:
     """`report` as a `str`."""
-    return replace(o, report=None if o.report is None else os.fsdecode(o.report))
-
-
-def _size(max_shard_size: int | str | None) -> int | None:
-    return None if max_shard_size is None else _core.parse_size(max_shard_size)
+    return o.replace(report=None if o.report is None else os.fsdecode(o.report))
 
 
 def _folders_only(src: str, o: Options) -> None:
@@ -608,17 +543,14 @@ def _files_only(src: str, o: Options) -> None:
         )
 
 
-def _name(name: str | None, max_size: int | None) -> str | None:
-    """`name` checked (`_core.check_name`): the stem of re-sharded outputs only."""
-    if name is None:
-        return None
-    stem = _core.check_name(name)
-    if max_size is None:
+def _named(o: Options) -> Options:
+    """`name` is the stem of re-sharded outputs only."""
+    if o.name is not None and o.max_shard_size is None:
         raise UsageError(
             "{name} names the files of a re-sharded output: it applies with {max_shard_size}",
             option="name",
         )
-    return stem
+    return o
 
 
 def _after_commit(published: str, e: BaseException) -> StcastError:
@@ -627,10 +559,3 @@ def _after_commit(published: str, e: BaseException) -> StcastError:
     return Refused(
         f"{_engine.escape(published)} was published, but then {template}", path=published
     )
-
-
-def _threads(threads: int | None) -> int | None:
-    """`threads` checked: None or 0 means all cores."""
-    if threads is None:
-        return None
-    return _engine.check_int("threads", threads, 0, _engine.MAX_THREADS)

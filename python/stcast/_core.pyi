@@ -39,7 +39,7 @@ __all__ = [
     "format_bytes",
     "escape",
     "option_error",
-    "target_name",
+    "check_option",
     "failpoint",
     "write_file",
     "copy_file",
@@ -48,8 +48,6 @@ __all__ = [
     "ShardGroup",
     "convert_shard",
     "verify_shard",
-    "parse_size",
-    "check_name",
     "shard_file_name",
     "index_file_name",
     "check_folder",
@@ -71,7 +69,7 @@ REASONS: tuple[str, ...]
 KEPT_REASONS: tuple[str, ...]
 ERROR_KINDS: tuple[str, ...]
 WARNING_KINDS: tuple[str, ...]
-OPTIONS: tuple[str, ...]
+OPTIONS: list[_Option]  # every option of every command (rust/options.rs)
 INPUT_FORMATS: tuple[str, ...]
 ON_OVERFLOW: tuple[str, ...]
 UNMATCHED: tuple[str, ...]
@@ -85,6 +83,19 @@ FP8_SCALE_SUFFIXES: tuple[str, ...]
 FP8_COMPANION_SUFFIXES: tuple[str, ...]
 QUANTIZATION_KEYS: tuple[str, ...]
 JSON_MAX_DEPTH: int
+
+class _Option(TypedDict):
+    command: str
+    name: str
+    kind: str
+    front: str
+    default: Any
+    choices: list[str]
+    max: int | None
+    metavar: str | None
+    short: str | None
+    help: str | None
+    precision: bool
 
 class _CancelFlag(Protocol):
     def is_set(self) -> bool: ...
@@ -151,7 +162,7 @@ def render(template: str, option: Callable[[str, str | None], str]) -> str: ...
 def format_bytes(n: int) -> str: ...
 def escape(s: str) -> str: ...
 def option_error(option: str, value: object, expected: str) -> BaseException: ...
-def target_name(value: object) -> str: ...
+def check_option(name: str, value: object) -> Any: ...
 def failpoint(name: str) -> None: ...
 def write_file(
     path: str,
@@ -215,8 +226,6 @@ def verify_shard(
     progress: _Progress = None,
     **options: Unpack[_Options],
 ) -> _Report: ...
-def parse_size(value: object) -> int: ...
-def check_name(value: object) -> str: ...
 def shard_file_name(stem: str, i: int, n: int) -> str: ...
 def index_file_name(stem: str) -> str: ...
 def check_folder(path: str, *, output: bool = False) -> bool: ...

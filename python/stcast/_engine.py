@@ -28,10 +28,9 @@ from .reports import notices as _notices
 
 # Engine names the package passes on.
 escape = _core.escape
-MAX_THREADS: int = _core.MAX_THREADS
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Iterator
     from typing import Callable, Protocol
 
     from ._options import Options
@@ -61,18 +60,7 @@ def gc_paused() -> Iterator[None]:
 def target_name(to: object) -> Target:
     """The canonical name of a target or one of its aliases ("bfloat16" -> "bf16"), as the
     engine resolves them; anything else is the engine's usage error of `to`."""
-    return _core.target_name(to)  # type: ignore[return-value]
-
-
-def patterns(keep: Iterable[str]) -> list[str]:
-    """`keep` as a list; a lone string is one pattern, not a sequence of characters."""
-    if isinstance(keep, str):
-        return [keep]
-    out = list(keep)
-    for p in out:
-        if not isinstance(p, str):
-            raise _core.option_error("keep", p, "a string (an fnmatch pattern)")
-    return out
+    return _core.check_option("to", to)  # type: ignore[no-any-return]
 
 
 def is_tree(path: str) -> bool:
@@ -104,24 +92,6 @@ def default_dst(src: str, to: Target) -> str:
     if to == "keep" and ext != ".safetensors":
         return f"{stem}.safetensors"
     return f"{stem}-{to}.safetensors"
-
-
-def prefixes(strip_prefix: Iterable[str]) -> list[str]:
-    """`strip_prefix` as a list; a lone string is one prefix."""
-    if isinstance(strip_prefix, str):
-        return [strip_prefix]
-    out = list(strip_prefix)
-    for p in out:
-        if not isinstance(p, str) or not p:
-            raise _core.option_error("strip_prefix", p, "a non-empty string (a name prefix)")
-    return out
-
-
-def check_key(key: object) -> str | None:
-    """`key` as given: None, or a dotted key (a string)."""
-    if key is None or isinstance(key, str):
-        return key
-    raise _core.option_error("key", key, "a string (a dotted key of the checkpoint)")
 
 
 def issue(kind: str, template: str, path: str | None, stacklevel: int) -> None:
@@ -194,13 +164,6 @@ def verify_file(src: str, dst: str, options: Options | None = None, **extra: Any
         return _build(VerifyReport, result, mismatch=None)
     message = Notice("mismatch", m["message"])
     return _build(VerifyReport, result, mismatch=_build(Mismatch, m, message=message))
-
-
-def check_int(option: str, value: object, minimum: int, maximum: int) -> int:
-    """`value` as an int in [minimum, maximum], else the engine's usage error."""
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-        raise _core.option_error(option, value, f"a whole number from {minimum} to {maximum}")
-    return value
 
 
 def nearest_folder(path: str) -> str:

@@ -1,56 +1,98 @@
 """The options of one `convert`, `inspect` or `verify` call, as one value.
 
-The public functions (`stcast._api`) take their options as keywords; each builds one
-`Options` from them, once, and hands it on whole: to the folder code (`stcast.folder`) and
-to the per-file engine calls (`stcast._engine`), which make the engine's keywords of it.
-The fields are named as the public keywords (and as the engine's keywords, where the
-engine takes them). Values are checked by the engine, not here.
+Every option is defined once, in the engine's table (`_core.OPTIONS`, rust/options.rs):
+its name, kind, default, help, and which commands take it. The public functions
+(`stcast._api`) take their options as keywords (typed by `_types.ConvertOptions`, ...); each
+builds one `Options` from them, once (`Options.of`: unknown keywords are refused, the
+others checked by the engine, `check`), and hands it on whole: to the folder code
+(`stcast.folder`) and to the per-file engine calls (`stcast._engine`), which make the
+engine's keywords of it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ._types import OnOverflow, Target
-
-# Field metadata: the options beside `to` that decide what each tensor becomes (they change
-# the output, so a manifest records them).
-_PRECISION = {"precision": True}
+from . import _core
 
 
-@dataclass(frozen=True)
+def _value(default: object) -> Any:
+    """A default as a call's value (a fresh list for a repeated option's)."""
+    return list(default) if isinstance(default, (list, tuple)) else default
+
+
+# Each command's API options and their defaults, in the table's order.
+_COMMANDS: dict[str, dict[str, Any]] = {}
+for _row in _core.OPTIONS:
+    if _row["front"] != "cli":
+        _COMMANDS.setdefault(_row["command"], {})[_row["name"]] = _row["default"]
+# Every API option, with the default of the first command that takes it (convert's `to`).
+_DEFAULTS: dict[str, Any] = {}
+for _options in _COMMANDS.values():
+    for _name, _default in _options.items():
+        _DEFAULTS.setdefault(_name, _default)
+_DEFINITIONS = {row["name"]: row for row in _core.OPTIONS}
+# The options beside `to` that decide what each tensor becomes (they change the output, so a
+# manifest records them), in the table's order.
+_PRECISION = [name for name in _DEFAULTS if _DEFINITIONS[name]["precision"]]
+
+
 class Options:
-    """Every option a call was given (the defaults for those it was not)."""
+    """Every option a call was given (the defaults for those it was not), as attributes
+    named as the public keywords (and as the engine's keywords, where the engine takes
+    them)."""
 
-    to: Target | None = "bf16"
-    keep: list[str] = field(default_factory=list, metadata=_PRECISION)
-    keep_min_size: int = field(default=0, metadata=_PRECISION)
-    from_bf16: bool = field(default=False, metadata=_PRECISION)
-    on_overflow: OnOverflow = field(default="warn", metadata=_PRECISION)
-    threads: int | None = None
-    tuning: dict[str, Any] | None = None
-    key: str | None = None
-    strip_prefix: list[str] = field(default_factory=list)
-    strict: bool = False
-    scan: bool = False
-    loose: bool = False
-    force: bool = False
-    resume: bool = False
-    shard: tuple[int, int] | None = None
-    allow_quantized: bool = False
-    follow_links: bool = False
-    max_shard_size: int | None = None
-    name: str | None = None
-    report: str | None = None
+    def __init__(self, **given: Any) -> None:
+        unknown = [name for name in given if name not in _DEFAULTS]
+        if unknown:
+            raise TypeError(f"Options() got an unexpected keyword argument {unknown[0]!r}")
+        self.__dict__.update({n: _value(d) for n, d in _DEFAULTS.items()}, **given)
+
+    def __getattr__(self, name: str) -> Any:  # (only for names that are not options)
+        raise AttributeError(f"no option {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Options) and vars(self) == vars(other)
+
+    def __repr__(self) -> str:
+        return f"Options({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
+
+    @classmethod
+    def of(cls, command: str, given: Mapping[str, Any]) -> Options:
+        """The options of a call of `command` ("convert", ...) with the keywords `given`:
+        one it does not take is a TypeError, as Python words it."""
+        defaults = _COMMANDS[command]
+        for name in given:
+            if name not in defaults:
+                raise TypeError(f"{command}() got an unexpected keyword argument {name!r}")
+        return cls(**{**{n: _value(d) for n, d in defaults.items()}, **given})
 
     @classmethod
     def given(cls, arguments: Mapping[str, Any]) -> Options:
-        """The options among a public function's arguments (its `locals()` on entry)."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in arguments.items() if k in names})
+        """The options among `arguments` (a manifest's record), others left out."""
+        return cls(**{k: v for k, v in arguments.items() if k in _DEFAULTS})
+
+    def replace(self, **changes: Any) -> Options:
+        """These options, with `changes`."""
+        return Options(**{**vars(self), **changes})
+
+    def checked(self, command: str) -> Options:
+        """These options of `command` with every value the engine checks checked
+        (`_core.check_option`) and made what it stands for: a target's canonical name, a
+        size in bytes, a lone string of a repeated option a list of one. None stays None
+        where it is the default (not given)."""
+        changes: dict[str, Any] = {}
+        for name, default in _COMMANDS[command].items():
+            value = getattr(self, name)
+            if value is None and default is None:
+                continue
+            if _DEFINITIONS[name]["kind"] == "texts":
+                values = [value] if isinstance(value, str) else list(value)
+                changes[name] = [_checked(name, v) for v in values]
+            else:
+                changes[name] = _checked(name, value)
+        return self.replace(**changes)
 
     @property
     def precision(self) -> dict[str, Any]:
@@ -58,17 +100,13 @@ class Options:
         keywords, and the options a manifest records (so that plain runs' stay as they
         were)."""
         options: dict[str, Any] = {}
-        for f in fields(self):
-            if not f.metadata.get("precision"):
-                continue
-            value = getattr(self, f.name)
-            if f.type == "bool":
+        for name in _PRECISION:
+            value = getattr(self, name)
+            if _DEFINITIONS[name]["kind"] == "flag":
                 if value:  # a flag: recorded as True when set
-                    options[f.name] = True
-                continue
-            default = f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc,operator]
-            if value != default:
-                options[f.name] = list(value) if isinstance(value, list) else value
+                    options[name] = True
+            elif value != _value(_DEFAULTS[name]):
+                options[name] = list(value) if isinstance(value, list) else value
         return options
 
     @property
@@ -86,5 +124,10 @@ class Options:
         """The keywords the engine calls of this call share (`_core.convert`, `inspect`,
         `verify`: each reads those it needs): `to`, the precision options as given (the
         engine checks them), `threads`, `tuning`."""
-        given = {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("precision")}
+        given = {name: getattr(self, name) for name in _PRECISION}
         return {"to": self.to, **given, "threads": self.threads, "tuning": self.tuning}
+
+
+def _checked(name: str, value: Any) -> Any:
+    checked = _core.check_option(name, value)
+    return value if checked is None else checked

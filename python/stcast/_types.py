@@ -2,13 +2,17 @@
 
 The `Literal` lists spell the names the engine exports (`stcast._core.TARGETS`, ...); a test
 checks that they are equal, so a name added in the engine fails the tests until it is added
-here. The `TypedDict`s describe the plain data inside reports (and their `to_dict()`).
+here. The `TypedDict`s describe the plain data inside reports (and their `to_dict()`), and
+the keywords of `convert`, `inspect` and `verify` (`ConvertOptions`, ...: their names and
+types are the engine's table of options, `_core.OPTIONS`, as a test checks both ways; their
+defaults and meaning are there and in the functions' docstrings).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Literal, TypedDict
+import os
+from collections.abc import Iterable, Sequence
+from typing import Literal, TypedDict, Union
 
 # Names from the engine (see rust/vocab.rs).
 Target = Literal["bf16", "fp16", "keep", "fp8", "fp8-block"]
@@ -169,3 +173,47 @@ class Tuning(TypedDict, total=False):
     advise: ReadAdvice
     write_behind: int
     step_mib: int
+
+
+StrPath = Union[str, "os.PathLike[str]"]  # (`|` at run time needs Python 3.10)
+
+
+class _Options(TypedDict, total=False):
+    """The options `convert`, `inspect` and `verify` share."""
+
+    keep: Iterable[str]
+    keep_min_size: int
+    from_bf16: bool
+    on_overflow: OnOverflow
+    threads: int | None
+    force: bool
+    report: StrPath | None
+    key: str | None
+    strip_prefix: Iterable[str]
+    name: str | None
+    tuning: Tuning | None
+
+
+class ConvertOptions(_Options, total=False):
+    """The options of `convert` (see its docstring)."""
+
+    to: Target | TargetAlias
+    strict: bool
+    resume: bool
+    shard: tuple[int, int] | None
+    allow_quantized: bool
+    follow_links: bool
+    max_shard_size: int | str | None
+
+
+class InspectOptions(ConvertOptions, total=False):
+    """The options of `inspect`: those of `convert`, and `scan`."""
+
+    scan: bool
+
+
+class VerifyOptions(_Options, total=False):
+    """The options of `verify` (see its docstring)."""
+
+    to: Target | TargetAlias | None
+    loose: bool

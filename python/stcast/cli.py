@@ -299,28 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
         "SRC-bf16 or SRC-fp16); a folder (existing, or ending in /) gets that name inside "
         "it; missing folders are made",
     )
-    _add_target(p)
-    _add_threads(p)
-    p.add_argument("--force", action="store_true", help="replace DST (and a --report file)")
-    _add_folder_arguments(p)
-    _add_max_shard_size(p)
-    _add_name(p)
-    _add_precision_arguments(p, convert=True)
-    _add_checkpoint_arguments(p)
-    p.add_argument(
-        "--report",
-        metavar="FILE",
-        help="write the numeric report (per tensor: overflow, underflow, errors) to FILE as "
-        "JSON, published with the output",
-    )
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="change nothing: run every check and show the plan (the same as `stcast inspect "
-        "SRC DST` with these options)",
-    )
-    p.add_argument("--scan", action="store_true", help=argparse.SUPPRESS)  # for --dry-run
-    _add_output_arguments(p)
+    _add_options(p, "convert")
     p.set_defaults(run=_run_convert)
 
     p = command(
@@ -339,21 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "dst", metavar="DST", nargs="?", help="where the output would go: run convert's checks"
     )
-    _add_target(p)
-    _add_precision_arguments(p, convert=True)
-    _add_checkpoint_arguments(p)
-    p.add_argument(
-        "--scan",
-        action="store_true",
-        help="read the data: per tensor, how many values would overflow or underflow",
-    )
-    _add_threads(p, what=" (with --scan)")
-    p.add_argument("--force", action="store_true", help="as for convert: DST may exist")
-    _add_folder_arguments(p)
-    _add_max_shard_size(p)
-    _add_name(p)
-    p.add_argument("--report", metavar="FILE", help="as for convert: check this report path")
-    _add_output_arguments(p, quiet=False)
+    _add_options(p, "inspect")
     p.set_defaults(run=_run_inspect)
 
     p = command(
@@ -369,24 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the original .safetensors file, PyTorch checkpoint or folder",
     )
     p.add_argument("dst", metavar="DST", help="the converted file or folder")
-    p.add_argument(
-        "--loose",
-        action="store_true",
-        help="for files from other tools: any float tensor may be kept, and tensor order, "
-        "header layout and NaN encodings are ignored",
-    )
-    _add_target(p, default=None)
-    _add_precision_arguments(p, convert=False)
-    _add_checkpoint_arguments(p)
-    _add_name(p, verify=True)
-    _add_threads(p)
-    p.add_argument(
-        "--report",
-        metavar="FILE",
-        help="once verified, write the numeric report `convert --report` gives to FILE",
-    )
-    p.add_argument("--force", action="store_true", help="replace an existing report FILE")
-    _add_output_arguments(p)
+    _add_options(p, "verify")
     p.set_defaults(run=_run_verify)
 
     p = command(
@@ -396,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("src", metavar="SRC", help="the checkpoint folder")
     p.add_argument("dst", metavar="DST", help="the folder the shards were converted into")
-    _add_output_arguments(p)
+    _add_options(p, "finalize")
     p.set_defaults(run=_run_finalize)
 
     p = command(
@@ -411,7 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="X",
         help="input size in GiB (default 1.0)",
     )
-    p.add_argument("--dir", metavar="D", help="make the temporary folder under D")
+    a = p.add_argument("--dir", metavar="D", help="make the temporary folder under D")
+    a.completes = "files"  # type: ignore[attr-defined]
     p.add_argument("--keep-files", action="store_true", help="keep the files afterwards")
     p.set_defaults(run=_run_demo)
 
@@ -424,13 +373,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("manpage", "Print stcast's manual page, generated from its options (roff).")
     p.set_defaults(run=_run_manpage)
     parser.commands = dict(commands.choices)  # type: ignore[attr-defined]
-    # What shell completion offers for a value (`_completion`): paths, or the dtype names.
-    for sub in commands.choices.values():
-        for a in sub._actions:
-            if a.metavar in ("FILE", "D"):
-                a.completes = "files"  # type: ignore[attr-defined]
-            elif a.dest == "to":
-                a.completes = list(dict.fromkeys([*_core.TARGETS, *_core.TARGET_ALIASES]))  # type: ignore[attr-defined]
     return parser
 
 
@@ -442,148 +384,51 @@ def _command_list(parser: argparse.ArgumentParser) -> str:
     return "\n".join(lines)
 
 
-def _add_target(p: argparse.ArgumentParser, default: str | None = "bf16") -> None:
-    names = "bf16 (bfloat16), fp16 (float16, half), keep (every dtype kept: a PyTorch "
-    names += "checkpoint changes format only), or fp8 / fp8-block (FP8 weights for vLLM, "
-    names += "one scale per channel / per 128x128 block; the rest bf16)"
-    help_ = f"target dtype: {names}" + (
-        f" (default {default})" if default else " (default: the one DST was converted to)"
-    )
-    p.add_argument("--to", type=_target, default=default, metavar="DTYPE", help=help_)
+def _add_options(p: argparse.ArgumentParser, command: str) -> None:
+    """The options of `command`, in the order of its help, from the engine's table
+    (`_core.OPTIONS`, rust/options.rs); each is an API keyword of the same name."""
+    for row in _core.OPTIONS:
+        if row["command"] != command or row["front"] == "api":
+            continue
+        flags = [f"--{row['name'].replace('_', '-')}"]
+        if row["short"] is not None:
+            flags.insert(0, f"-{row['short']}")
+        help_ = argparse.SUPPRESS if row["help"] is None else row["help"].replace("%", "%%")
+        kind, default = row["kind"], row["default"]
+        spelled: dict[str, Any] = {"metavar": row["metavar"], "default": default}
+        if kind == "flag":
+            spelled = {"action": "store_true"}
+        elif kind == "texts":
+            spelled.update(action="append", default=[])
+        elif kind == "choice":
+            spelled.update(choices=row["choices"], metavar=None)
+        elif kind in _VALUE_TYPES:
+            spelled["type"] = _VALUE_TYPES[kind]
+        if kind == "int":
+            spelled["type"] = _int_type(row["name"], row["max"] or 0)
+        a = p.add_argument(*flags, help=help_, **spelled)
+        # What shell completion offers for a value (`_completion`): paths, or the names.
+        if kind == "path":
+            a.completes = "files"  # type: ignore[attr-defined]
+        elif kind == "target":
+            a.completes = row["choices"]  # type: ignore[attr-defined]
 
 
-def _add_threads(p: argparse.ArgumentParser, what: str = "") -> None:
-    p.add_argument(
-        "--threads",
-        type=_threads,
-        metavar="N",
-        help=f"worker threads, at most {_core.MAX_THREADS} (default 0: all cores){what}",
-    )
+def _int_type(option: str, high: int) -> Callable[[str], int]:
+    def whole(text: str) -> int:
+        return _whole(text, option, high)
+
+    return whole
 
 
-def _add_checkpoint_arguments(p: argparse.ArgumentParser, side: str = "SRC") -> None:
-    """--key and --strip-prefix: how to read a PyTorch checkpoint."""
-    p.add_argument(
-        "--key",
-        metavar="KEY",
-        help=f"PyTorch checkpoints: convert the dict of tensors at KEY of {side} (dotted for "
-        "deeper levels, e.g. ema or state.model); needed when it holds several",
-    )
-    p.add_argument(
-        "--strip-prefix",
-        action="append",
-        default=[],
-        metavar="PREFIX",
-        help="PyTorch checkpoints: drop PREFIX from tensor names (repeatable), e.g. "
-        "--strip-prefix module. --strip-prefix _orig_mod.",
-    )
-
-
-def _add_folder_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--resume",
-        action="store_true",
-        help="folders: continue an interrupted run, skipping the files already done",
-    )
-    p.add_argument(
-        "--shard",
-        type=_shard,
-        metavar="I/N",
-        help="folders: convert only the I-th of N subsets of the weight files (N at most the "
-        "number of files; then `stcast finalize`)",
-    )
-    p.add_argument(
-        "--allow-quantized",
-        action="store_true",
-        help="convert a quantized checkpoint anyway (its F32 scales become bf16 too)",
-    )
-    p.add_argument(
-        "--follow-links",
-        action="store_true",
-        help="folders (checkpoint folders too): follow symlinks that lead outside SRC (by "
-        "default only links within it and into a Hugging Face cache's blobs/ are followed)",
-    )
-
-
-def _add_max_shard_size(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--max-shard-size",
-        type=_max_shard_size,
-        metavar="SIZE",
-        help="re-shard: write shards of at most SIZE bytes each, header included, and an "
-        "index (SIZE: 5GB, 4.5GiB, 500MB...; KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB "
-        "of 1024, any case); SRC a file or folder, DST a folder",
-    )
-
-
-def _add_name(p: argparse.ArgumentParser, verify: bool = False) -> None:
-    help_ = (
-        "the STEM DST's re-sharded files were written under (convert --name STEM): they are "
-        "SRC's re-sharding"
-        if verify
-        else "with --max-shard-size: name the output STEM-00001-of-0000N.safetensors and "
-        "STEM.safetensors.index.json (STEM.safetensors for one shard) instead of after the "
-        "input's stem; --name model gives the names transformers' from_pretrained loads. "
-        "For one checkpoint: a file, or a folder of one index's shards"
-    )
-    p.add_argument("--name", type=_stem, metavar="STEM", help=help_)
-
-
-def _add_output_arguments(p: argparse.ArgumentParser, quiet: bool = True) -> None:
-    """--json, --progress, and -q/--quiet unless `quiet` is False."""
-    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
-    p.add_argument(
-        "--progress",
-        action="store_true",
-        help="show progress when stderr is not a terminal too (logs, SLURM): a line per 5%% "
-        "or 10 s with bytes, rate and ETA",
-    )
-    if quiet:
-        p.add_argument(
-            "-q", "--quiet", action="store_true", help="no progress, no summary, no warnings"
-        )
-
-
-def _add_precision_arguments(p: argparse.ArgumentParser, convert: bool) -> None:
-    """--keep, --keep-min-size, --from-bf16, --on-overflow (and --strict for convert); their
-    destinations are the API's keywords (`_precision` passes them on)."""
-    added = [
-        p.add_argument(
-            "--keep",
-            action="append",
-            default=[],
-            metavar="GLOB",
-            help="keep float tensors whose name matches GLOB (fnmatch: * ? [seq]) in their dtype; "
-            "repeatable, e.g. --keep '*norm*'",
-        ),
-        p.add_argument(
-            "--keep-min-size",
-            type=_size_arg,
-            default=0,
-            metavar="N",
-            help="keep float tensors with fewer than N elements in their dtype (default 0: none)",
-        ),
-        p.add_argument(
-            "--from-bf16",
-            action="store_true",
-            help="with --to fp16, convert BF16 tensors too (else they are copied as BF16)",
-        ),
-        p.add_argument(
-            "--on-overflow",
-            choices=["warn", "error", "keep"],
-            default="warn",
-            help="finite values that would become inf (|x| >= 65520 in fp16): warn (default), "
-            "error (exit 1, nothing written), or keep those tensors in their dtype (reads the "
-            "float tensors once more first)",
-        ),
-    ]
-    p.set_defaults(precision=[a.dest for a in added])
-    if convert:
-        p.add_argument(
-            "--strict",
-            action="store_true",
-            help="make a --keep pattern that matches no tensor an error (nothing is written)",
-        )
+def _api_options(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """The options of `command` parsed into `args` that its API function takes."""
+    rows = _core.OPTIONS
+    return {
+        r["name"]: getattr(args, r["name"])
+        for r in rows
+        if r["command"] == command and r["front"] == "both"
+    }
 
 
 # --- commands -----------------------------------------------------------------------------
@@ -611,22 +456,10 @@ def _run_convert(args: argparse.Namespace, console: out.Console) -> int:
         report = stcast.convert(
             args.src,
             args.dst,
-            **_precision(args),
-            threads=args.threads,
-            force=args.force,
             progress=progress,
-            resume=args.resume,
-            shard=args.shard,
-            allow_quantized=args.allow_quantized,
             file_progress=None if progress is None else progress.set_file,
-            strict=args.strict,
-            report=args.report,
-            follow_links=args.follow_links,
-            key=args.key,
-            strip_prefix=args.strip_prefix,
             cancel=args.stop,
-            max_shard_size=args.max_shard_size,
-            name=args.name,
+            **_api_options(args, "convert"),
         )
     console.published = report.dst
     console.end_progress()
@@ -823,34 +656,10 @@ def _quote(path: str) -> str:
     return quote(path)
 
 
-def _precision(args: argparse.Namespace) -> dict[str, Any]:
-    """The options that decide what each tensor becomes, as convert, inspect and verify take
-    them: `--to` and those `_add_precision_arguments` adds."""
-    return {"to": args.to, **{dest: getattr(args, dest) for dest in args.precision}}
-
-
 def _run_inspect(args: argparse.Namespace, console: out.Console) -> int:
     scanning = args.scan or args.on_overflow == "keep"
     progress = _progress(args, console) if scanning else None
-    report = stcast.inspect(
-        args.src,
-        args.dst,
-        **_precision(args),
-        scan=args.scan,
-        threads=args.threads,
-        progress=progress,
-        force=args.force,
-        resume=args.resume,
-        shard=args.shard,
-        allow_quantized=args.allow_quantized,
-        follow_links=args.follow_links,
-        strict=getattr(args, "strict", False),
-        report=args.report,
-        key=args.key,
-        strip_prefix=args.strip_prefix,
-        max_shard_size=args.max_shard_size,
-        name=args.name,
-    )
+    report = stcast.inspect(args.src, args.dst, progress=progress, **_api_options(args, "inspect"))
     console.end_progress()
     for message in report.warnings:
         console.warn(out.notice_text(message))
@@ -1104,19 +913,7 @@ def _print_inspect_totals(reports: list[stcast.InspectReport]) -> None:
 
 def _run_verify(args: argparse.Namespace, console: out.Console) -> int:
     progress = _progress(args, console)
-    report = stcast.verify(
-        args.src,
-        args.dst,
-        loose=args.loose,
-        **_precision(args),
-        threads=args.threads,
-        progress=progress,
-        report=args.report,
-        force=args.force,
-        key=args.key,
-        strip_prefix=args.strip_prefix,
-        name=args.name,
-    )
+    report = stcast.verify(args.src, args.dst, progress=progress, **_api_options(args, "verify"))
     if args.report is not None and report.ok:
         console.published = args.report
     console.end_progress()
@@ -1211,29 +1008,25 @@ def _exit_code(code: object) -> int:
 
 def _target(text: str) -> str:
     try:
-        return _core.target_name(text)  # the engine resolves aliases
+        name: str = _core.check_option("to", text)  # the engine resolves aliases
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"unknown target {text!r}: {', '.join(_core.TARGETS[:-1])} or {_core.TARGETS[-1]}"
         ) from None
+    return name
 
 
-def _whole(text: str, low: int, high: int) -> int:
+def _whole(text: str, option: str, high: int) -> int:
+    """A whole number, as typed: the engine checks its range; the words are argparse's."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not low <= value <= high:
-        raise argparse.ArgumentTypeError(f"{text} is not from {low} to {high}")
-    return value
-
-
-def _threads(text: str) -> int:
-    return _whole(text, 0, _core.MAX_THREADS)
-
-
-def _size_arg(text: str) -> int:
-    return _whole(text, 0, 2**64 - 1)
+    try:
+        checked: int = _core.check_option(option, value)
+    except stcast.StcastError:
+        raise argparse.ArgumentTypeError(f"{text} is not from 0 to {high}") from None
+    return checked
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -1255,7 +1048,7 @@ class _Size(int):
 
 def _max_shard_size(text: str) -> int:
     try:
-        size = _Size(_core.parse_size(text))
+        size = _Size(_core.check_option("max_shard_size", text))
     except stcast.StcastError as e:
         # argparse names the option already ("argument --max-shard-size: ...").
         message = e.render("cli").removeprefix("--max-shard-size: ")
@@ -1266,12 +1059,21 @@ def _max_shard_size(text: str) -> int:
 
 def _stem(text: str) -> str:
     try:
-        stem: str = _core.check_name(text)
+        stem: str = _core.check_option("name", text)
     except stcast.StcastError as e:
         # argparse names the option already ("argument --name: ...").
         message = e.render("cli").removeprefix("--name: ")
         raise argparse.ArgumentTypeError(message) from None
     return stem
+
+
+# How the command line reads a value of each kind of option (`_add_options`).
+_VALUE_TYPES: dict[str, Callable[[str], object]] = {
+    "target": _target,
+    "size": _max_shard_size,
+    "part": _shard,
+    "stem": _stem,
+}
 
 
 # A size unit alone: what `--max-shard-size 5 GB` leaves as DST (or SRC).

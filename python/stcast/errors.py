@@ -46,14 +46,10 @@ __all__ = [
     "render",
 ]
 
-# Options that are switches: `{force}` reads `force=True` in Python.
-_SWITCHES = frozenset(
-    {"force", "resume", "strict", "from_bf16", "allow_quantized", "loose", "follow_links"}
-)
-
-
-# Options that take a list: `{keep=*norm*}` reads `keep=["*norm*"]`.
-_LISTS = frozenset({"keep", "strip_prefix"})
+# Options that are switches (`{force}` reads `force=True` in Python), and options that take
+# a list (`{keep=*norm*}` reads `keep=["*norm*"]`), by the engine's table of options.
+_SWITCHES = frozenset(r["name"] for r in _core.OPTIONS if r["kind"] == "flag")
+_LISTS = frozenset(r["name"] for r in _core.OPTIONS if r["kind"] == "texts")
 
 
 def _api_option(option: str, value: str | None) -> str:

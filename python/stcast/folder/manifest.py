@@ -413,7 +413,7 @@ def agreed_options(dst: str, manifests: list[Manifest]) -> dict[str, Any]:
         )
     if "name" in options:
         try:
-            _core.check_name(options["name"])
+            _core.check_option("name", options["name"])
         except StcastError:
             raise Refused(
                 f"{_esc(dst)}: the manifests give name {_esc(repr(options['name']))}, not a "
