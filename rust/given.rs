@@ -59,6 +59,15 @@ pub struct Exports {
     pub dtypes: Names,
     pub quantized_dtypes: Names,
     pub isas: Names,
+    /// `quant::SCALE_SUFFIXES`: how a weight's scale is named (the first: as stcast writes it).
+    pub fp8_scale_suffixes: Names,
+    /// What follows a module's name in the tensors an FP8 weight's dequantization drops
+    /// (`quant::companion_suffixes`).
+    pub fp8_companion_suffixes: Names,
+    /// `run::json::QUANTIZATION_KEYS`: the config keys that describe a quantization.
+    pub quantization_keys: Names,
+    /// `run::json::MAX_DEPTH`: how deeply a config or index may nest.
+    pub json_max_depth: usize,
     pub max_threads: usize,
     pub default_window_mib: usize,
 }
@@ -104,6 +113,10 @@ impl Default for Exports {
             dtypes: Names::of(DTYPES),
             quantized_dtypes: Names::of(DTYPES.iter().filter(|d| is_quantized_dtype(**d))),
             isas: Names::of(crate::kernels::Isa::available().iter().map(|i| i.name())),
+            fp8_scale_suffixes: Names::of(crate::quant::SCALE_SUFFIXES),
+            fp8_companion_suffixes: Names(crate::quant::companion_suffixes()),
+            quantization_keys: Names::of(crate::run::json::QUANTIZATION_KEYS),
+            json_max_depth: crate::run::json::MAX_DEPTH,
             max_threads: crate::window::MAX_THREADS,
             default_window_mib: crate::window::DEFAULT_WINDOW >> 20,
         }

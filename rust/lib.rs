@@ -20,6 +20,7 @@
 //! - `shard`: re-sharding: output shards of a bounded size, planned from the headers;
 //! - `task`: those passes as steppable tasks with one progress count;
 //! - `output`: every file stcast writes appears atomically, only when complete;
+//! - `run`: folder runs: the JSON texts they write (configs, indexes);
 //! - `report`: the numeric report file;
 //! - `run`: what a folder run decides about its files (the source folder's walk);
 //! - `env`, `failpoint`: the one reader of the environment, and the test hooks it arms.

@@ -46,6 +46,35 @@ pub fn shard_file_name(stem: &str, i: usize, n: usize) -> String {
     format!("{stem}-{i:0w$}-of-{n:0w$}.safetensors")
 }
 
+/// The stem and numbers of a shard name as `shard_file_name` writes them, its extension
+/// taken off and any number of digits: `("model", "00001", "00003")` for
+/// `model-00001-of-00003`. None for a name without that suffix. The one reader of shard
+/// names: a folder walk groups shards by it, a re-sharding finds its earlier outputs.
+pub fn split_shard_name(name: &str) -> Option<(&str, &str, &str)> {
+    // `name` is split at ASCII bytes, so on character boundaries.
+    let (stem, i, n) = split_shard(name.as_bytes())?;
+    let n_at = name.len() - n.len();
+    let i_at = n_at - "-of-".len() - i.len();
+    Some((
+        &name[..stem.len()],
+        &name[i_at..n_at - "-of-".len()],
+        &name[n_at..],
+    ))
+}
+
+/// `split_shard_name` over the bytes of a name (a file name need not be UTF-8).
+pub fn split_shard(s: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
+    let digits = |s: &[u8]| {
+        s.iter()
+            .rposition(|c| !c.is_ascii_digit())
+            .map_or(0, |p| p + 1)
+    };
+    let (rest, n) = s.split_at(digits(s));
+    let rest = rest.strip_suffix(b"-of-").filter(|_| !n.is_empty())?;
+    let (rest, i) = rest.split_at(digits(rest));
+    Some((rest.strip_suffix(b"-").filter(|_| !i.is_empty())?, i, n))
+}
+
 /// The index file of a group with stem `stem`: `model.safetensors.index.json`.
 pub fn index_file_name(stem: &str) -> String {
     format!("{stem}.safetensors.index.json")
@@ -73,4 +102,35 @@ pub fn is_stem(stem: &str) -> bool {
         || stem.chars().any(char::is_control)
         || stem.trim() != stem
         || stem.to_ascii_lowercase().ends_with(".safetensors"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_names_read_back_as_written() {
+        for (i, n) in [(2, 3), (7, 123_456)] {
+            let name = shard_file_name("a-1-of-2", i, n);
+            let bare = name.strip_suffix(".safetensors").unwrap();
+            let (stem, got_i, got_n) = split_shard_name(bare).unwrap();
+            assert_eq!(
+                (stem, got_i.parse(), got_n.parse()),
+                ("a-1-of-2", Ok(i), Ok(n))
+            );
+        }
+        assert_eq!(split_shard_name("-1-of-2"), Some(("", "1", "2")));
+        assert_eq!(split_shard_name("a-12-of-003"), Some(("a", "12", "003")));
+        for other in [
+            "a-of-2",
+            "a-1-of-",
+            "a1-of-2",
+            "a-1-of-2x",
+            "a-1-0f-2",
+            "model",
+            "",
+        ] {
+            assert_eq!(split_shard_name(other), None, "{other}");
+        }
+    }
 }

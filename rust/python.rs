@@ -7,7 +7,9 @@
 
 #![allow(clippy::too_many_arguments, reason = "pyfunctions mirror Python calls")]
 
+use std::borrow::Cow;
 use std::cell::Cell;
+use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
@@ -23,7 +25,7 @@ use crate::numerics::Numerics;
 use crate::options;
 use crate::output::{self, Replace, Sealed};
 use crate::report::NumericsRow;
-use crate::run::walk;
+use crate::run::{json, walk};
 use crate::shard::{self, Group};
 use crate::task::{ConvertTask, InspectTask, Task};
 use crate::text;
@@ -407,6 +409,57 @@ fn index_file_name(stem: &str) -> String {
     shard::index_file_name(stem)
 }
 
+/// A model config as a run writes it (`run::json::config_text`); None: copied as it is.
+#[pyfunction]
+#[pyo3(signature = (text, to, *, dequantize=false, ignore=None))]
+fn config_text(
+    py: Python<'_>,
+    text: &str,
+    to: Given,
+    dequantize: bool,
+    ignore: Option<Vec<String>>,
+) -> PyResult<Option<Cow<'static, [u8]>>> {
+    let to = to.target().map_err(|e| to_py(py, e))?;
+    let out = json::config_text(text, to, dequantize, ignore.as_deref()).map_err(not_json)?;
+    Ok(out.map(|s| s.into_bytes().into()))
+}
+
+/// An index as a run writes it (`run::json::index`).
+#[pyfunction]
+#[pyo3(signature = (text, *, total=0, weight_map=None, sort_keys=false, renames=None))]
+fn index_text(
+    text: Option<&str>,
+    total: u64,
+    weight_map: Option<Vec<(String, String)>>,
+    sort_keys: bool,
+    renames: Option<HashMap<String, String>>,
+) -> PyResult<Cow<'static, [u8]>> {
+    let out = json::index(
+        text,
+        total,
+        weight_map.as_deref(),
+        sort_keys,
+        renames.as_ref(),
+    );
+    Ok(out.map_err(not_json)?.into_bytes().into())
+}
+
+fn not_json(e: json::NotJson) -> PyErr {
+    PyValueError::new_err(format!("not JSON (at byte {})", e.0))
+}
+
+/// How deeply a JSON text nests lists and objects (`run::json::depth`).
+#[pyfunction]
+fn json_depth(text: &str) -> usize {
+    json::depth(text)
+}
+
+/// The stem and numbers of a shard name `STEM-00001-of-00002` (`naming::split_shard_name`).
+#[pyfunction]
+fn split_shard_name(name: &str) -> Option<(&str, &str, &str)> {
+    crate::naming::split_shard_name(name)
+}
+
 /// Is the folder one checkpoint (DCP)? Refused: one stcast cannot read; any, as an `output`.
 #[pyfunction]
 #[pyo3(signature = (path, *, output=false))]
@@ -707,7 +760,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m: _set_exceptions, py_convert, py_inspect, py_verify, render, format_bytes, escape,
         option_error, check_option, failpoint, write_file, copy_file, write_numeric_report,
         check_side_output, convert_shard, verify_shard, shard_file_name, index_file_name,
-        check_folder, read_header, walk_folder, list_folder, torch_name,
+        check_folder, read_header, walk_folder, list_folder, torch_name, config_text, index_text,
+        json_depth, split_shard_name,
     }
     Ok(())
 }

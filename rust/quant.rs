@@ -377,7 +377,16 @@ pub fn input_scale_name(module: &str) -> String {
 
 /// The scale tensor's name for weight `name`.
 pub fn scale_name(name: &str) -> String {
-    format!("{name}_scale")
+    format!("{name}{}", SCALE_SUFFIXES[0])
+}
+
+/// What follows a module's name in the tensors beside its FP8 weight that a dequantization
+/// drops: its scales and zero point (`.weight_scale`, ...), its activation scale.
+pub fn companion_suffixes() -> Vec<String> {
+    let weight = SCALE_SUFFIXES.iter().chain([&ZERO_POINT_SUFFIX]);
+    let mut out: Vec<String> = weight.map(|s| format!(".weight{s}")).collect();
+    out.push(format!(".{}", input_scale_name("")));
+    out
 }
 
 /// The module a weight belongs to (`a.b.weight` -> `a.b`); None when the last name part is

@@ -1013,19 +1013,18 @@ def test_an_empty_checkpoint(tmp_path, run_main):
     assert stcast.verify(src, tmp_path / "out").ok
 
 
-def test_index_text_is_json_dumps_indent_2_sorted(tmp_path):
+def test_index_text_is_json_dumps_indent_2_sorted():
     """The index is written as save_pretrained writes it (json.dumps, indent 2, sorted
-    keys), byte for byte, whatever the names and the source index's other keys."""
-    from stcast.folder import common, reshard
+    keys), byte for byte, whatever the names and the source index's other keys (the
+    engine's writer, rust/run/json.rs, against Python's json module)."""
+    from stcast import _core
 
     names = ["b", "a\u00e9\u2713", 'q"uote', "back\\slash", "ctl\x01", "z" * 300, "\ud7ff"]
     weight_map = {n: f"m-{i:05d}.safetensors" for i, n in enumerate(names)}
-    source = tmp_path / "src.safetensors.index.json"
     other = {"zzz": [1, {"b": 2, "a": None}], "metadata": {"total_parameters": 3}, "aaa": 1.5}
-    source.write_text(json.dumps(other))
-    f = common.File(source.name, str(source), source.stat().st_size, 0)
-    for src, wm in ((f, weight_map), (None, weight_map), (f, {}), (None, {})):
-        got = reshard.index_text(src, wm, 42)
+    text = json.dumps(other)
+    for src, wm in ((text, weight_map), (None, weight_map), (text, {}), (None, {})):
+        got = _core.index_text(src, total=42, weight_map=[*wm.items()], sort_keys=True)
         doc = dict(other) if src is not None else {}
         doc["metadata"] = {**doc.get("metadata", {}), "total_size": 42}
         doc["weight_map"] = wm

@@ -27,6 +27,10 @@ __all__ = [
     "ISAS",
     "MAX_THREADS",
     "DEFAULT_WINDOW_MIB",
+    "FP8_SCALE_SUFFIXES",
+    "FP8_COMPANION_SUFFIXES",
+    "QUANTIZATION_KEYS",
+    "JSON_MAX_DEPTH",
     "_set_exceptions",
     "convert",
     "inspect",
@@ -51,6 +55,10 @@ __all__ = [
     "walk_folder",
     "list_folder",
     "torch_name",
+    "config_text",
+    "index_text",
+    "json_depth",
+    "split_shard_name",
 ]
 
 __version__: str
@@ -74,6 +82,10 @@ QUANTIZED_DTYPES: tuple[str, ...]
 ISAS: tuple[str, ...]
 MAX_THREADS: int
 DEFAULT_WINDOW_MIB: int
+FP8_SCALE_SUFFIXES: tuple[str, ...]
+FP8_COMPANION_SUFFIXES: tuple[str, ...]
+QUANTIZATION_KEYS: tuple[str, ...]
+JSON_MAX_DEPTH: int
 
 class _Option(TypedDict):
     command: str
@@ -223,6 +235,19 @@ def check_folder(path: str, *, output: bool = False) -> bool: ...
 def read_header(
     path: str,
 ) -> tuple[int, str, list[tuple[str, str]] | None, list[tuple[str, str, list[int], int, int]]]: ...
+def config_text(
+    text: str, to: str, *, dequantize: bool = False, ignore: list[str] | None = None
+) -> bytes | None: ...
+def index_text(
+    text: str | None,
+    *,
+    total: int = 0,
+    weight_map: list[tuple[str, str]] | None = None,
+    sort_keys: bool = False,
+    renames: dict[str, str] | None = None,
+) -> bytes: ...
+def json_depth(text: str) -> int: ...
+def split_shard_name(name: str) -> tuple[str, str, str] | None: ...
 
 # A source folder's file: rel, path, size, mtime_ns, its rel in the source when renamed.
 _File = tuple[str, str, int, int, str | None]

@@ -15,7 +15,6 @@ import argparse
 import contextlib
 import dataclasses
 import os
-import re
 import sys
 import warnings
 
@@ -639,13 +638,22 @@ def _print_name_hint(report: stcast.ConvertReport) -> None:
     if os.path.isdir(report.src):
         return
     weights = [os.path.basename(f.path) for f in report.files if f.kind == "weights"]
-    model = re.compile(r"model(-\d+-of-\d+)?\.safetensors")
-    if not weights or any(model.fullmatch(w) for w in weights):
+    if not weights or any(_stem_of(w) == "model" for w in weights):
         return
     _say(
         "  hint     transformers' from_pretrained loads model.safetensors[.index.json]: "
         "add --name model"
     )
+
+
+def _stem_of(name: str) -> str | None:
+    """The stem of a weights file name (`model` for `model-00001-of-00002.safetensors`), as
+    the engine reads shard names; None for another name."""
+    if not name.endswith(".safetensors"):
+        return None
+    base = name.removesuffix(".safetensors")
+    parts = _core.split_shard_name(base)
+    return parts[0] if parts is not None else base
 
 
 def _quote(path: str) -> str:

@@ -3,5 +3,7 @@
 //!
 //! - `walk`: a source folder's files, classified and checked (links, trainer state,
 //!   superseded PyTorch files, incomplete shard sets); a destination's listing.
+//! - `json`: every JSON text a run writes or edits (configs, indexes, `quantization_config`).
 
+pub mod json;
 pub mod walk;

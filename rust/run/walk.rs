@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result, WalkProblem};
 use crate::input::folder::link_stays;
+use crate::naming::split_shard;
 use crate::output::folder_chain;
 
 /// stcast's own files (manifests, temporary files): never taken from a source folder, never
@@ -362,19 +363,6 @@ fn split_rel(rel: &[u8]) -> (&[u8], &[u8]) {
         Some(at) => (&rel[..at], &rel[at + 1..]),
         None => (&[], rel),
     }
-}
-
-/// `STEM-i-of-n` split into stem, i and n (digits, as written; the last such suffix wins).
-fn split_shard(s: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
-    let digits = |s: &[u8]| {
-        s.iter()
-            .rposition(|c| !c.is_ascii_digit())
-            .map_or(0, |p| p + 1)
-    };
-    let (rest, n) = s.split_at(digits(s));
-    let rest = rest.strip_suffix(b"-of-").filter(|_| !n.is_empty())?;
-    let (rest, i) = rest.split_at(digits(rest));
-    Some((rest.strip_suffix(b"-").filter(|_| !i.is_empty())?, i, n))
 }
 
 /// `STEM-i-of-n.safetensors` split into stem, i and n.

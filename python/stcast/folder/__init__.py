@@ -4,7 +4,7 @@ The per-file engine converts each `.safetensors` file with bounded memory and pu
 atomically. This package walks the folder and checks it before writing anything (`walk`:
 index names, index/shard agreement, quantized checkpoints), converts the files one after
 another, each with all cores (`write`), copies everything else byte for byte, and writes
-the indexes and configs last (`jsonedit` edits them in their own text): an interrupted run
+the indexes and configs last (the engine edits them in their own text): an interrupted run
 never leaves a folder that a loader would take for a complete checkpoint. A manifest in the
 destination records what is done (`manifest`), so that `resume` skips finished files and
 `shard=(i, n)` jobs on several machines can split the work, with `finalize` writing the rest

@@ -1,14 +1,10 @@
-"""FP8 targets in folders: the `quantization_config` a loader (vLLM, transformers with
-compressed-tensors) reads, and the index entries of the scales.
+"""FP8 targets in folders: what the `quantization_config` a loader (vLLM, transformers with
+compressed-tensors) reads must say, and the index entries of the scales. The engine writes
+both texts (rust/run/json.rs).
 
 Both come from the shards as written, not from the plan: a weight that held NaN or inf is
 found only while converting, and stays BF16 (unquantized, without a scale), so the config's
 `ignore` and the index must be read from what the run wrote.
-
-The key set is compressed-tensors' own serialisation (0.20.1, `QuantizationConfig`), less
-the keys that one version writes and an older one refuses (`QuantizationArgs` forbids
-extra keys): `scale_dtype`, `zp_dtype` (0.19 writes them as null) and `moe_sparsity_config`
-(new in 0.20). compressed-tensors 0.19.0 and 0.20.1 both validate it (docs/guide.md).
 """
 
 from __future__ import annotations
@@ -29,21 +25,20 @@ if TYPE_CHECKING:
     from .._types import Target
     from ..reports import TensorInfo
 
-# How FP8 checkpoints name a weight `X.weight`'s scale (compressed-tensors, DeepSeek), the
-# tensors a dequantization reads beside it (those, and compressed-tensors' zero point) and
-# its static activation scale (rust/quant.rs `SCALE_SUFFIXES`, `ZERO_POINT_SUFFIX`,
-# `input_scale_name`).
-WEIGHT_SCALE_SUFFIXES = (".weight_scale", ".weight_scale_inv")
-WEIGHT_COMPANION_SUFFIXES = (*WEIGHT_SCALE_SUFFIXES, ".weight_zero_point")
-INPUT_SCALE_SUFFIX = ".input_scale"
-
-# The preset names compressed-tensors gives the two schemes, used as the group's name.
-_GROUP = {"fp8": "FP8_DYNAMIC", "fp8-block": "FP8_BLOCK"}
+# The engine's names of the tensors beside an FP8 weight `X.weight` that a dequantization
+# reads and drops (rust/quant.rs `companion_suffixes`): its scales, its zero point, and its
+# static activation scale (`X.input_scale`).
+WEIGHT_SCALE_SUFFIXES = tuple(f".weight{s}" for s in _core.FP8_SCALE_SUFFIXES)
+WEIGHT_COMPANION_SUFFIXES = tuple(
+    s for s in _core.FP8_COMPANION_SUFFIXES if s.startswith(".weight")
+)
+# How stcast names the scale of a weight it quantizes (`X.weight_scale`).
+_SCALE = _core.FP8_SCALE_SUFFIXES[0]
 
 
 def is_fp8(to: str) -> bool:
     """Is `to` an FP8 target?"""
-    return to in _GROUP
+    return to in ("fp8", "fp8-block")
 
 
 def nonfinite(tensors: Sequence[TensorInfo]) -> list[str]:
@@ -52,41 +47,18 @@ def nonfinite(tensors: Sequence[TensorInfo]) -> list[str]:
     return [t.name for t in tensors if t.not_quantized == "nonfinite"]
 
 
-def quantization_config(to: str, ignore: list[str]) -> dict[str, Any]:
-    """The `quantization_config` of an FP8 target's output, `ignore` the modules whose 2-D
-    weight stays unquantized."""
-    block = to == "fp8-block"
-    weights: dict[str, Any] = {"dynamic": False, "group_size": None, "num_bits": 8}
-    if block:
-        weights = {"block_structure": [128, 128], **weights}
-    weights.update(strategy="block" if block else "channel", symmetric=True, type="float")
-    activations = {
-        "dynamic": True,
-        "group_size": 128 if block else None,
-        "num_bits": 8,
-        "strategy": "group" if block else "token",
-        "symmetric": True,
-        "type": "float",
-    }
-    return {
-        "config_groups": {
-            _GROUP[to]: {
-                "format": "float-quantized",
-                "input_activations": activations,
-                "output_activations": None,
-                "targets": ["Linear"],
-                "weights": weights,
-            }
-        },
-        "format": "float-quantized",
-        "global_compression_ratio": None,
-        "ignore": ignore,
-        "kv_cache_scheme": None,
-        "quant_method": "compressed-tensors",
-        "quantization_status": "compressed",
-        "transform_config": {},
-        "version": "0.20.1",
-    }
+def config_text(text: str, to: str, ignore: list[str]) -> bytes:
+    """A model config (its text) as an FP8 target's output holds it, written by the engine
+    (`run::json::config_text`): its dtype keys set, and the `quantization_config` whose
+    `ignore` names the modules `ignore` left unquantized."""
+    written = _core.config_text(text, to, ignore=ignore)
+    assert written is not None, "an FP8 target writes a quantization_config"
+    return written
+
+
+def quantization_config(to: str) -> Any:
+    """The `quantization_config` stcast writes for an FP8 target `to`, `ignore` empty."""
+    return json.loads(config_text("{}", to, []))["quantization_config"]
 
 
 @dataclass
@@ -115,7 +87,7 @@ def fp8_tensors(shards: list[str]) -> Fp8Tensors:
             if not t.name.endswith(".weight") or len(t.shape) != 2:
                 continue
             module = t.name[: -len(".weight")]
-            scale = scales.get(t.name + "_scale")
+            scale = scales.get(t.name + _SCALE)
             if t.dtype == "F8_E4M3" and scale is not None:
                 quantized[module] = (t.shape, scale)
             else:
@@ -134,31 +106,9 @@ def _layout(path: str) -> list[TensorInfo]:
     return _engine.inspect_file(path, to="keep").tensors
 
 
-def ignore_entry(module: str) -> str:
-    """The `ignore` entry that names `module` and no other for compressed-tensors, which
-    reads `re:X` as a regex matched at the start of a name and any other entry as a name or
-    a class name (a module's class or one it derives from: `Linear`, `Module`). A name that
-    could be read so, one starting with `re:` or an undotted name starting with a capital
-    (class names are CapWords; a dotted name is never one), is written as an escaped regex
-    anchored at both ends; any other name as it is, as llm-compressor writes `lm_head`."""
-    if module.startswith("re:") or ("." not in module and module[:1].isupper()):
-        return "re:" + re.escape(module) + r"\Z"
-    return module
-
-
-def config_text(text: str, to: str, ignore: list[str]) -> bytes:
-    """A model config (its text, the dtype set already) with the FP8 `quantization_config`,
-    written as compressed-tensors writes it (indent 2, keys sorted); `ignore` the modules
-    left unquantized, each named by its own entry (`ignore_entry`)."""
-    doc = json.loads(text)
-    doc["quantization_config"] = quantization_config(to, [ignore_entry(m) for m in ignore])
-    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode("utf-8")
-
-
-# The keys under which a model config describes its quantization: transformers'
-# `quantization_config`, and `compression_config`, the older name compressed-tensors wrote
-# (vLLM still reads it). A dequantized checkpoint's config loses every one of them.
-QUANTIZATION_KEYS = ("quantization_config", "compression_config")
+# The keys under which a model config describes its quantization (the engine's,
+# `run::json::QUANTIZATION_KEYS`): a dequantized checkpoint's config loses every one of them.
+QUANTIZATION_KEYS = _core.QUANTIZATION_KEYS
 
 
 def quantization_of(doc: Any) -> tuple[str, Any] | None:
@@ -212,17 +162,6 @@ def unread_quantization(doc: Any, to: str) -> str | None:
     )
 
 
-def without_quantization(content: bytes) -> bytes:
-    """A config (dtype set already) without its quantization_config, the rest as it was
-    laid out (re-dumped with the source's indentation)."""
-    text = content.decode("utf-8")
-    doc = json.loads(text)
-    for key in QUANTIZATION_KEYS:
-        doc.pop(key, None)
-    indent = 2 if "\n" in text else None
-    return (json.dumps(doc, indent=indent) + ("\n" if text.endswith("\n") else "")).encode()
-
-
 def written_only(dst: str, rel: str, text: str, weight_map: dict[str, str]) -> bytes:
     """The index at `rel` of a dequantized checkpoint: its weight map without the tensors
     the shards written no longer hold (the scales), and their total size."""
@@ -231,10 +170,7 @@ def written_only(dst: str, rel: str, text: str, weight_map: dict[str, str]) -> b
         names = {t.name for t in _layout(os.path.join(dst, shard))}
         kept.update({k: v for k, v in weight_map.items() if v == shard and k in names})
     total = check_index(dst, rel, kept)
-    doc = json.loads(text)
-    metadata = {**(doc.get("metadata") or {}), "total_size": total}
-    doc = {**doc, "metadata": metadata, "weight_map": kept}
-    return (json.dumps(doc, indent=2) + "\n").encode("utf-8")
+    return _core.index_text(text, total=total, weight_map=[*kept.items()])
 
 
 def dequantized(dst: str, weight_map: dict[str, str]) -> bool:
@@ -287,7 +223,7 @@ def config_problem(q: Any, to: str, tensors: Fp8Tensors) -> str | None:
     `targets` are judged by the modules they name."""
     if not isinstance(q, dict) or q.get("quant_method") != "compressed-tensors":
         return "has no compressed-tensors quantization_config"
-    want = quantization_config(to, [])
+    want = quantization_config(to)
     for key in ("format", "quantization_status"):
         if q.get(key) != want[key]:
             return f"quantization_config `{key}` is {_show(q.get(key))}, not {_show(want[key])}"
@@ -417,8 +353,8 @@ def with_scales(dst: str, weight_map: dict[str, str]) -> dict[str, str]:
     for shard in sorted(set(weight_map.values())):
         for t in _layout(os.path.join(dst, shard)):
             name = t.name
-            base = name.removesuffix("_scale")
-            if name.endswith("_scale") and weight_map.get(base) == shard and name not in out:
+            base = name.removesuffix(_SCALE)
+            if name.endswith(_SCALE) and weight_map.get(base) == shard and name not in out:
                 out[name] = shard
     return dict(sorted(out.items()))
 
@@ -428,7 +364,4 @@ def index_text(dst: str, rel: str, text: str, weight_map: dict[str, str]) -> byt
     weight map and the total size of the shards written, as model_free_ptq writes it."""
     full = with_scales(dst, weight_map)
     total = check_index(dst, rel, full)
-    doc = json.loads(text)
-    metadata = {**(doc.get("metadata") or {}), "total_size": total}
-    doc = {**doc, "metadata": metadata, "weight_map": full}
-    return (json.dumps(doc, indent=2) + "\n").encode("utf-8")
+    return _core.index_text(text, total=total, weight_map=[*full.items()])

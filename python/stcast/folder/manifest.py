@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 from .. import _core, _engine
 from ..errors import Refused, StcastError
 from .common import header_sha256, read_bounded
-from .jsonedit import depth
 
 if TYPE_CHECKING:
     from .._engine import CancelFlag
@@ -211,12 +210,13 @@ def load(dst: str, name: str) -> Manifest:
     path = os.path.join(dst, name)
     try:
         raw = read_bounded(path, _MAX_MANIFEST)
-        doc = json.loads(raw.decode("ascii"))
+        text = raw.decode("ascii")
+        doc = json.loads(text)
     except (OSError, ValueError, RecursionError) as e:
         raise Unreadable(path, f"cannot be read ({type(e).__name__})") from None
     except Exception as e:  # bounded read refusals (a FIFO, too large)
         raise Unreadable(path, str(e)) from None
-    if not isinstance(doc, dict) or depth(doc) > 8:
+    if not isinstance(doc, dict) or _core.json_depth(text) > 8:
         raise Unreadable(path, "not a stcast manifest")
     try:
         if doc["format"] != FORMAT:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -41,7 +40,7 @@ from .common import (
     read_bounded,
     source_sha256,
 )
-from .fp8 import INPUT_SCALE_SUFFIX, WEIGHT_COMPANION_SUFFIXES, is_fp8
+from .fp8 import is_fp8
 from .fp8 import nonfinite as fp8_nonfinite
 from .walk import Plan, index_owners, read_index, read_json, safetensors_name
 
@@ -305,9 +304,6 @@ def whole_files(walked: Plan) -> Reshard:
     return reshard
 
 
-_SHARD_OF = re.compile(r"(.+?)(?:-\d+-of-\d+)?" + re.escape(_WEIGHTS))
-
-
 def output_stems(outputs: dict[str, str]) -> dict[str, set[str]]:
     """The stems of the weights and indexes a plan writes, by folder: `model` for
     `model.safetensors`, `model-00001-of-00003.safetensors` and
@@ -317,8 +313,8 @@ def output_stems(outputs: dict[str, str]) -> dict[str, set[str]]:
         folder, name = os.path.dirname(rel), os.path.basename(rel)
         if kind == "index" and name.endswith(_INDEX):
             stems.setdefault(folder, set()).add(name[: -len(_INDEX)])
-        elif kind == "weights" and (m := _SHARD_OF.fullmatch(name)) is not None:
-            stems.setdefault(folder, set()).add(m.group(1))
+        elif kind == "weights" and name.endswith(_WEIGHTS) and name != _WEIGHTS:
+            stems.setdefault(folder, set()).add(_stem_of(name[: -len(_WEIGHTS)]))
     return stems
 
 
@@ -339,16 +335,31 @@ def leftovers(
             names = os.listdir(folder)
         except OSError:
             continue
-        alt = "|".join(re.escape(s) for s in sorted(names_of))
-        shard = r"(?:-\d+-of-\d+)?" + re.escape(_WEIGHTS)
-        ours = re.compile(f"(?:{alt})(?:{shard}|{re.escape(_INDEX)})")
         for name in sorted(names):
             rel = _join(folder_rel, name)
-            if ours.fullmatch(name) and rel not in written:
+            if _is_ours(name, names_of) and rel not in written:
                 if _ident_of(os.path.join(folder, name)) not in ids:
                     left.append(rel)
     # The indexes first: they are what a loader reads.
     return sorted(left, key=lambda rel: not rel.endswith(_INDEX))
+
+
+def _stem_of(base: str) -> str:
+    """The stem of a weights file name without its extension: `model` for `model` and
+    `model-00001-of-00003` (the engine reads shard names)."""
+    parts = _core.split_shard_name(base)
+    return parts[0] if parts is not None and parts[0] else base
+
+
+def _is_ours(name: str, stems: set[str]) -> bool:
+    """Is `name` the weights (a file or a shard) or the index of one of `stems`?"""
+    if name.endswith(_INDEX):
+        return name[: -len(_INDEX)] in stems
+    if not name.endswith(_WEIGHTS):
+        return False
+    base = name[: -len(_WEIGHTS)]
+    parts = _core.split_shard_name(base)
+    return base in stems or (parts is not None and parts[0] in stems)
 
 
 def reshard_stems(reshard: Reshard, outputs: dict[str, str]) -> dict[str, set[str]]:
@@ -398,36 +409,10 @@ def _index(g: Group, units: list[Unit]) -> tuple[str, bytes, dict[str, str]]:
         written = [n for n in u.names if n not in dropped] + u.scales
         names.update(dict.fromkeys(written, base))
         weight_map.update(dict.fromkeys(written, u.rel))
-    text = index_text(g.index, names, sum(u.target_bytes for u in units))
+    src_text = None if g.index is None else read_json(g.index)[0]
+    total = sum(u.target_bytes for u in units)
+    text = _core.index_text(src_text, total=total, weight_map=[*names.items()], sort_keys=True)
     return _join(g.dir, _core.index_file_name(g.stem)), text, weight_map
-
-
-def index_text(source: File | None, weight_map: dict[str, str], total: int) -> bytes:
-    """An index as `save_pretrained` writes one (indent 2, sorted keys, a final newline):
-    `metadata.total_size` the bytes of every tensor, `weight_map` each tensor's shard (its
-    file name). What else the source index held (`metadata.total_parameters`, ...) stays."""
-    doc: dict[str, Any] = {}
-    if source is not None:
-        _, parsed = read_json(source)
-        if isinstance(parsed, dict):
-            doc = dict(parsed)
-    metadata = doc.get("metadata")
-    doc["metadata"] = {**(metadata if isinstance(metadata, dict) else {}), "total_size": total}
-    # json.dumps(doc, indent=2, sort_keys=True) byte for byte, but with indent the json
-    # module encodes in Python: seconds for 300,000 names. The weight map (one level down,
-    # flat strings) is written here, each string by the C encoder, and spliced in.
-    mark = "\0weight_map\0"
-    doc["weight_map"] = mark
-    text = json.dumps(doc, indent=2, sort_keys=True)
-    if weight_map:
-        from json.encoder import encode_basestring_ascii as quote  # what dumps calls
-
-        items = ",\n".join(f"    {quote(k)}: {quote(v)}" for k, v in sorted(weight_map.items()))
-        body = "{\n" + items + "\n  }"
-    else:
-        body = "{}"
-    text = text.replace(json.dumps(mark), body, 1)
-    return (text + "\n").encode("utf-8")
 
 
 def _read_first(
@@ -759,7 +744,7 @@ def resharded_pairs(
     return pairs
 
 
-_SCALES = (*WEIGHT_COMPANION_SUFFIXES, INPUT_SCALE_SUFFIX)
+_SCALES = _core.FP8_COMPANION_SUFFIXES
 
 
 def _dropped_scale(name: str, where: dict[str, str]) -> bool:
@@ -891,7 +876,9 @@ def verify_group(
                 )
         else:
             by_file = {n: os.path.basename(rel) for n, rel in where.items()}
-            if got != index_text(s.index, by_file, total):
+            src_text = None if s.index is None else read_json(s.index)[0]
+            pairs = [*by_file.items()]
+            if got != _core.index_text(src_text, total=total, weight_map=pairs, sort_keys=True):
                 return fail(
                     d.index.rel,
                     "is not the index stcast writes for these shards ({loose} only checks "

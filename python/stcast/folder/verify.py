@@ -43,12 +43,10 @@ from .fp8 import (
     same_fp8_config,
     strategy_target,
     unread_quantization,
-    without_quantization,
     written_only,
 )
 from .ident import ident as ident_of
 from .ident import resolve_hub_repo
-from .jsonedit import set_dtypes, set_total_size
 from .reshard import (
     Group,
     GroupCheck,
@@ -394,17 +392,15 @@ def _check_others(
     for f in others:
         if not _same_bytes(f.path, os.path.join(dst, f.rel)):
             return fail(f.rel, "differs from the file in SRC (copies must be byte for byte)")
-    torch_name = _core.TARGET_TORCH_NAMES.get(to)
     for f in configs:
         text, doc = read_json(f)
         why = unread_quantization(doc, to)
         if why is not None and dequantizes_any(walk(src, follow_links=True)[0], to, {}):
             # convert refuses such a source: no output of it is stcast's (or loaded right).
             return fail(f.rel, f"in SRC: {why}")
-        want = None if torch_name is None else set_dtypes(text, torch_name)
+        dequantize = dequantizes(json.loads(text), to)
+        want = _core.config_text(text, to, dequantize=dequantize)
         want_bytes = want if want is not None else text.encode("utf-8")
-        if dequantizes(json.loads(text), to):
-            want_bytes = without_quantization(want_bytes)
         got = read_bounded(os.path.join(dst, f.rel), MAX_JSON_BYTES)
         if is_fp8(to) and is_model_config(f.rel):
             # The config must describe the tensors beside it (strict and loose alike): a
@@ -416,7 +412,7 @@ def _check_others(
                 return fail(f.rel, f"does not describe the FP8 tensors beside it: {problem}")
             if loose:
                 continue
-            want_bytes = config_text(want_bytes.decode("utf-8"), to, tensors.unquantized)
+            want_bytes = config_text(text, to, tensors.unquantized)
         if not _same_json(got, want_bytes, loose):
             return fail(f.rel, "is not SRC's config with the dtype set to the target")
     found = {w.rel for w in walk(src, follow_links=True)[0]} if indexes else set()
@@ -429,7 +425,7 @@ def _check_others(
             elif is_fp8(to):
                 want = index_text(dst, f.rel, text, weight_map)
             else:
-                want = set_total_size(text, check_index(dst, f.rel, weight_map))
+                want = _core.index_text(text, total=check_index(dst, f.rel, weight_map))
         except StcastError as e:
             return fail(f.rel, e.template)
         got = read_bounded(os.path.join(dst, f.rel), MAX_JSON_BYTES)

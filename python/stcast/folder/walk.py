@@ -20,9 +20,7 @@ from .fp8 import (
     nonfinite,
     quantization_of,
     unread_quantization,
-    without_quantization,
 )
-from .jsonedit import MAX_DEPTH, depth, rename_shards, set_dtypes
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -109,7 +107,7 @@ def plan(
     # FP8 configs (compressed-tensors float 8-bit, DeepSeek fp8): their checkpoint is
     # dequantized when its files hold FP8 weights with scales (the engine refuses any other
     # quantized tensor), and the config loses its quantization_config.
-    fp8_configs: dict[str, bytes] = {}
+    fp8_configs: dict[str, bytes | None] = {}
     unread: tuple[File, str] | None = None
     for f in configs:
         text, doc = read_json(f)
@@ -117,10 +115,9 @@ def plan(
         why = unread_quantization(doc, to)
         unread = unread or (None if why is None else (f, why))
         # `keep` changes no dtype: the config is copied as it is.
-        torch_name = _core.TARGET_TORCH_NAMES.get(to)
-        content = None if torch_name is None else set_dtypes(text, torch_name)
+        content = _core.config_text(text, to)
         if dequantizes(doc, to):
-            fp8_configs[f.rel] = without_quantization(content or text.encode("utf-8"))
+            fp8_configs[f.rel] = _core.config_text(text, to, dequantize=True)
         if quantization_config is None and _has_quantization_config(doc):
             quantization_config = f
         new_configs.append((f, content))
@@ -276,9 +273,9 @@ def read_json(f: File) -> tuple[str, Any]:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise InvalidInput(f"{_esc(f.path)}: not valid JSON: {_esc(reason)}", path=f.path) from None
     # The walks over it below recurse: bound the depth once, here.
-    if depth(doc) > MAX_DEPTH:
+    if _core.json_depth(text) > _core.JSON_MAX_DEPTH:
         raise InvalidInput(
-            f"{_esc(f.path)}: JSON nested deeper than {MAX_DEPTH} levels", path=f.path
+            f"{_esc(f.path)}: JSON nested deeper than {_core.JSON_MAX_DEPTH} levels", path=f.path
         )
     return text, doc
 
@@ -334,7 +331,7 @@ def read_index(f: File, found: set[str]) -> tuple[str, dict[str, str]]:
             )
         out[tensor] = rel
     if renames:
-        text = rename_shards(text, renames)
+        text = _core.index_text(text, renames=renames).decode("utf-8")
     return text, out
 
 

@@ -22,7 +22,6 @@ from ..reports import ConvertReport, FileReport, Notice, _build, notices
 from .common import MAX_JSON_BYTES, check_index
 from .common import read_bounded as _read_bounded
 from .fp8 import index_text, is_fp8, written_only
-from .jsonedit import set_total_size
 from .reshard import (
     GroupPlan,
     Reshard,
@@ -283,7 +282,7 @@ class Work:
                 want = written_only(dst, rel, text, weight_map)
             else:
                 total = sum(plan.out_data[shard] for shard in set(weight_map.values()))
-                want = set_total_size(text, total)
+                want = _core.index_text(text, total=total)
         except (OSError, StcastError):
             return False
         return _read_bounded(path, MAX_JSON_BYTES) == want
@@ -308,7 +307,7 @@ class Work:
                 return index_text(dst, rel, text, weight_map)
             if self.plan.dequantize:
                 return written_only(dst, rel, text, weight_map)
-            return set_total_size(text, check_index(dst, rel, weight_map))
+            return _core.index_text(text, total=check_index(dst, rel, weight_map))
 
         return [
             (f.rel, content(f.rel, text, weight_map), f.size, f.src_rel)
