@@ -73,6 +73,35 @@ pub enum WalkProblem {
     },
 }
 
+/// Where a folder run would read or write that it refuses (`run::place`), before anything
+/// is written; the error's path is the source or the destination at fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlaceProblem {
+    /// The source does not exist: a folder, or (`folder` false) a file to re-shard.
+    Missing { folder: bool },
+    /// The source is not a folder; `file`: a file to re-shard that is not a regular file.
+    NotAFolder { file: bool },
+    /// The destination exists and is not a folder; `resharding` a file writes one.
+    DstNotAFolder { resharding: bool },
+    /// The destination is the source folder or lies inside it.
+    DstInSource,
+    /// The destination contains the source folder.
+    DstHoldsSource,
+    /// The destination lies inside the checkpoint folder `src` (DCP, ZeRO) being re-sharded.
+    DstInCheckpoint { src: PathBuf },
+    /// An output is the source's file `input` (a hard link, or a symlink to it).
+    OutputIsInput { input: PathBuf },
+    /// An output is, or lies in, a folder of the source (a bind mount of one under DST).
+    OutputInSource,
+    /// A Hugging Face cache repo's `refs/main` names a snapshot `snapshots` does not hold.
+    NoSnapshot { commit: String, snapshots: PathBuf },
+    /// A Hugging Face cache repo without `refs/main`, and not one snapshot but `found`.
+    Snapshots {
+        found: Vec<std::ffi::OsString>,
+        snapshots: PathBuf,
+    },
+}
+
 /// What keeps a tensor of an FP8 checkpoint from being dequantized as compressed-tensors
 /// does it (`quant::dequantizable`); the text follows "tensor `X`".
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -384,6 +413,11 @@ pub enum Error {
     },
     /// A source folder's walk found what it refuses (`WalkProblem`).
     Walk { path: PathBuf, problem: WalkProblem },
+    /// Where a folder run reads or writes is refused (`PlaceProblem`).
+    Place {
+        path: PathBuf,
+        problem: PlaceProblem,
+    },
     /// A DST to verify that is a checkpoint to convert (a DCP or ZeRO folder), not what
     /// `convert` writes: SRC and DST swapped, most likely.
     NotAnOutput { path: PathBuf, format: Format },
@@ -468,6 +502,7 @@ impl Error {
                 WalkProblem::BrokenLink => ErrorKind::InvalidInput,
                 _ => ErrorKind::Refused,
             },
+            Error::Place { .. } => ErrorKind::Refused,
             Error::NotACheckpoint { .. } => ErrorKind::Usage,
             Error::InputChanged { .. } => ErrorKind::InputChanged,
             Error::NotAFile { .. }
@@ -520,6 +555,7 @@ impl Error {
             | Error::NotAnOutput { path, .. }
             | Error::LinkOutside { link: path, .. }
             | Error::Walk { path, .. }
+            | Error::Place { path, .. }
             | Error::DestinationIsFolder { path }
             | Error::DestinationIsSpecial { path }
             | Error::DestinationExists { path }
@@ -745,6 +781,7 @@ impl Error {
                 esc_path(target)
             ),
             Error::Walk { problem, .. } => walk_message(problem),
+            Error::Place { problem, .. } => place_message(problem),
             Error::DestinationIsFolder { .. } => "destination is a folder".into(),
             Error::DestinationIsSpecial { .. } => {
                 "destination is not a regular file (a FIFO, socket or device): stcast \
@@ -786,6 +823,62 @@ impl Error {
         match self.path() {
             Some(p) => format!("{}: {}", esc_path(p), self.message()),
             None => self.message(),
+        }
+    }
+}
+
+/// The text of a `PlaceProblem`, after its path.
+fn place_message(problem: &PlaceProblem) -> String {
+    match problem {
+        PlaceProblem::Missing { folder } => {
+            format!("no such {}", if *folder { "folder" } else { "file" })
+        }
+        PlaceProblem::NotAFolder { file: false } => "not a folder".into(),
+        PlaceProblem::NotAFolder { file: true } => "not a regular file".into(),
+        PlaceProblem::DstNotAFolder { resharding } => format!(
+            "exists and is not a folder{}",
+            if *resharding {
+                " (re-sharding writes a folder)"
+            } else {
+                ""
+            }
+        ),
+        PlaceProblem::DstInSource => {
+            "the destination is the source folder or lies inside it".into()
+        }
+        PlaceProblem::DstHoldsSource => "the destination contains the source folder".into(),
+        PlaceProblem::DstInCheckpoint { src } => format!(
+            "the destination lies inside the checkpoint folder {}, whose files are the input: \
+             write it elsewhere (DST left out goes beside the folder)",
+            esc_path(src)
+        ),
+        PlaceProblem::OutputIsInput { input } => format!(
+            "destination is the input file {} (the same file by device and inode: a hard link \
+             or a symlink); nothing was written (convert into a folder that holds no links to \
+             the source's files)",
+            esc_path(input)
+        ),
+        PlaceProblem::OutputInSource => "is a folder of the source (by device and inode: a bind \
+             mount or a link); nothing was written"
+            .into(),
+        PlaceProblem::NoSnapshot { commit, snapshots } => format!(
+            "names snapshot {}, which is not in {}",
+            esc(commit),
+            esc_path(snapshots)
+        ),
+        PlaceProblem::Snapshots { found, snapshots } => {
+            let listed: Vec<String> = found.iter().map(|f| esc_path(Path::new(f))).collect();
+            format!(
+                "a Hugging Face cache repo without refs/main and with {} snapshots ({}); convert \
+                 one of {}/<snapshot>",
+                found.len(),
+                if listed.is_empty() {
+                    "none".into()
+                } else {
+                    listed.join(", ")
+                },
+                esc_path(snapshots)
+            )
         }
     }
 }

@@ -10,6 +10,7 @@
 use std::borrow::Cow;
 use std::cell::Cell;
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
@@ -25,7 +26,7 @@ use crate::numerics::Numerics;
 use crate::options;
 use crate::output::{self, Replace, Sealed};
 use crate::report::NumericsRow;
-use crate::run::{json, walk};
+use crate::run::{json, place, walk};
 use crate::shard::{self, Group};
 use crate::task::{ConvertTask, InspectTask, Task};
 use crate::text;
@@ -209,7 +210,10 @@ macro_rules! named {
     )*};
 }
 
-named! { Unmatched: "keep_unmatched must be one of", Side: "role: one of", Taken: "taken: one of" }
+named! {
+    Unmatched: "keep_unmatched must be one of", Side: "role: one of", Taken: "taken: one of",
+    Target: "to: one of",
+}
 
 /// The knobs of `tuning=` (`convert::Knobs`, `Tuning::new`): speed and memory, never the bytes.
 fn tuning(v: Option<&Bound<'_, PyDict>>) -> PyResult<Tuning> {
@@ -467,6 +471,43 @@ fn check_folder(py: Python<'_>, path: PathBuf, output: bool) -> PyResult<bool> {
     guarded(py, || crate::input::folder::check_folder(&path, output))
 }
 
+/// Where a folder run reads and writes (`run::place::place`): the source read, the
+/// destination (`dst`, or the default for `to`), the source's identity (checked).
+#[pyfunction]
+#[pyo3(signature = (src, dst, to=Target::Bf16, *, resharding, check=true))]
+fn run_place(
+    py: Python<'_>,
+    src: PathBuf,
+    dst: Option<PathBuf>,
+    to: Target,
+    resharding: bool,
+    check: bool,
+) -> PyResult<(OsString, OsString, place::Ident)> {
+    let p = guarded(py, || {
+        place::place(&src, dst.as_deref(), to, resharding, check)
+    })?;
+    Ok((p.src.into(), p.dst.into(), p.id))
+}
+
+/// The destination a run writes when none is given (`run::place::default_dst`).
+#[pyfunction]
+#[pyo3(signature = (src, to, *, folder=false))]
+fn default_dst(py: Python<'_>, src: PathBuf, to: Target, folder: bool) -> PyResult<OsString> {
+    guarded(py, || Ok(place::default_dst(&src, to, folder)?.into()))
+}
+
+/// Refuse an output that is a file or folder of the source (`run::place::check_outputs`).
+#[pyfunction]
+fn check_outputs(
+    py: Python<'_>,
+    src: PathBuf,
+    dst: PathBuf,
+    rels: Vec<OsString>,
+    inputs: Vec<PathBuf>,
+) -> PyResult<()> {
+    guarded(py, || place::check_outputs(&src, &dst, &rels, &inputs))
+}
+
 /// A source folder's files, classified and checked (`run::walk::walk`).
 #[pyfunction]
 #[pyo3(signature = (src, *, follow_links=false))]
@@ -476,13 +517,13 @@ fn walk_folder(py: Python<'_>, src: PathBuf, follow_links: bool) -> PyResult<wal
 
 /// Every file under a destination but stcast's bookkeeping (`run::walk::listing`).
 #[pyfunction]
-fn list_folder(py: Python<'_>, dst: PathBuf) -> PyResult<Vec<std::ffi::OsString>> {
+fn list_folder(py: Python<'_>, dst: PathBuf) -> PyResult<Vec<OsString>> {
     guarded(py, || walk::listing(&dst))
 }
 
 /// The safetensors name of a Hugging Face PyTorch weight file or index (`run::walk`).
 #[pyfunction]
-fn torch_name(name: std::ffi::OsString) -> Option<std::ffi::OsString> {
+fn torch_name(name: OsString) -> Option<OsString> {
     walk::torch_name(&name)
 }
 
@@ -761,7 +802,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         option_error, check_option, failpoint, write_file, copy_file, write_numeric_report,
         check_side_output, convert_shard, verify_shard, shard_file_name, index_file_name,
         check_folder, read_header, walk_folder, list_folder, torch_name, config_text, index_text,
-        json_depth, split_shard_name,
+        json_depth, split_shard_name, run_place, default_dst, check_outputs,
     }
     Ok(())
 }

@@ -316,6 +316,20 @@ def test_hf_cache_symlinks(tmp_path, rng):
     assert {p.name: p.read_bytes() for p in blobs.iterdir()} == before
 
 
+def test_hf_cache_repo_root_shard_runs_then_finalize(tmp_path, rng):
+    """Shard runs of a cache repo root read its snapshot; `finalize` given the same root
+    finds their manifests (it read the root itself, whose identity no manifest holds)."""
+    repo = tmp_path / "hub" / "models--org--tiny"
+    snap = repo / "snapshots" / "0123abcd"
+    make_hf_model(snap, rng)
+    dst = tmp_path / "out"
+    for i in (1, 2):
+        stcast.convert(repo, dst, shard=(i, 2))
+    stcast.finalize(repo, dst)
+    assert_folder(snap, dst)
+    assert stcast.verify(repo, dst).ok
+
+
 # --- JSON rewriting --------------------------------------------------------------------------
 
 CONFIG_CASES = {

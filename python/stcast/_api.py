@@ -194,7 +194,7 @@ def convert(
         return result
     _folders_only(src, o)
     to = _target(o)
-    target = _engine.default_dst(src, to) if dst is None else _file_dst(src, dst, to)
+    target = _core.default_dst(src, to) if dst is None else _file_dst(src, dst, to)
     return _engine.convert_file(
         src,
         target,
@@ -407,11 +407,7 @@ def default_destination(src: StrPath, to: Target | TargetAlias = "bf16") -> str:
     """The output `convert(src)` writes when no `dst` is given: `<stem>-bf16.safetensors`
     beside a file, `<folder>-bf16` beside a folder (`-fp16` for fp16)."""
     path, name = os.fsdecode(src), _engine.target_name(to)
-    if _engine.is_tree(path):
-        from .folder import default_dst
-
-        return default_dst(path, name)
-    return _engine.default_dst(path, name)
+    return _core.default_dst(path, name)
 
 
 def _names_folder(path: str) -> bool:
@@ -427,7 +423,7 @@ def _file_dst(src: str, dst: StrPath, to: Target) -> str:
     # the Hugging Face folder that holds it.
     one = os.path.isdir(src) and not path.rstrip("/").lower().endswith(".safetensors")
     if _names_folder(path) or os.path.isdir(path) or one:
-        return os.path.join(path, os.path.basename(_engine.default_dst(src, to)))
+        return os.path.join(path, os.path.basename(_core.default_dst(src, to)))
     return path
 
 

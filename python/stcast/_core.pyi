@@ -59,6 +59,9 @@ __all__ = [
     "index_text",
     "json_depth",
     "split_shard_name",
+    "run_place",
+    "default_dst",
+    "check_outputs",
 ]
 
 __version__: str
@@ -247,6 +250,11 @@ def index_text(
     renames: dict[str, str] | None = None,
 ) -> bytes: ...
 def json_depth(text: str) -> int: ...
+def run_place(
+    src: str, dst: str | None, to: str = "bf16", *, resharding: bool, check: bool = True
+) -> tuple[str, str, tuple[int, int]]: ...
+def default_dst(src: str, to: str, *, folder: bool = False) -> str: ...
+def check_outputs(src: str, dst: str, rels: list[str], inputs: list[str]) -> None: ...
 def split_shard_name(name: str) -> tuple[str, str, str] | None: ...
 
 # A source folder's file: rel, path, size, mtime_ns, its rel in the source when renamed.

@@ -70,30 +70,6 @@ def is_tree(path: str) -> bool:
     return os.path.isdir(path) and not _core.check_folder(path)
 
 
-def checkpoint_folder_dst(src: str, to: Target) -> str:
-    """The folder beside a checkpoint folder (DCP, ZeRO) that its output goes to by default:
-    `<folder>-bf16` (`-safetensors` for `to="keep"`); for `.` or `..`, beside the folder as
-    that reaches it (`stcast convert .` writes `../NAME-bf16`), never inside it."""
-    base = os.path.normpath(src)
-    if os.path.basename(base) in ("", ".", ".."):
-        name = os.path.basename(os.path.realpath(src))
-        base = os.path.normpath(os.path.join(base, os.pardir, name)) if name else base
-    return f"{base}-{'safetensors' if to == 'keep' else to}"
-
-
-def default_dst(src: str, to: Target) -> str:
-    """The output `convert` writes when none is given: `<stem>-bf16.safetensors` beside it;
-    with `to="keep"` (a PyTorch checkpoint changing format only) `<stem>.safetensors`."""
-    if os.path.isdir(src):
-        # One checkpoint in a folder (DCP, ZeRO): a Hugging Face folder beside it, holding one
-        # file.
-        return os.path.join(checkpoint_folder_dst(src, to), "model.safetensors")
-    stem, ext = os.path.splitext(src)
-    if to == "keep" and ext != ".safetensors":
-        return f"{stem}.safetensors"
-    return f"{stem}-{to}.safetensors"
-
-
 def issue(kind: str, template: str, path: str | None, stacklevel: int) -> None:
     """Issue an engine warning as a `StcastWarning`."""
     _warnings.warn(StcastWarning(kind, template, path), stacklevel=stacklevel + 1)

@@ -3,7 +3,10 @@
 //!
 //! - `walk`: a source folder's files, classified and checked (links, trainer state,
 //!   superseded PyTorch files, incomplete shard sets); a destination's listing.
+//! - `place`: where a run reads and writes: the source (a Hugging Face cache repo's snapshot),
+//!   the default destination, the destination's place against the source, by identity.
 //! - `json`: every JSON text a run writes or edits (configs, indexes, `quantization_config`).
 
 pub mod json;
+pub mod place;
 pub mod walk;

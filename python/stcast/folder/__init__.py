@@ -31,7 +31,6 @@ from ..errors import (
 )
 from ..reports import ConvertReport, FileReport, InspectReport, Notice, merged_numerics
 from . import common as _common
-from . import ident as _ident
 from . import manifest as _manifest
 from . import reshard as _reshard
 from . import walk as _walk
@@ -46,7 +45,7 @@ if TYPE_CHECKING:
     from .._engine import CancelFlag, Progress
     from .._types import OnOverflow, Target
 
-__all__ = ["assign_shards", "convert_folder", "default_dst", "finalize", "inspect_folder"]
+__all__ = ["assign_shards", "convert_folder", "finalize", "inspect_folder"]
 
 assign_shards = _walk.assign_shards
 _esc = _core.escape
@@ -93,18 +92,14 @@ def prepare(
     a single file; `name` is then the output stem of its one group (`reshard.named`)."""
     to, shard, max_shard_size, name = _target(given), given.shard, given.max_shard_size, given.name
     force, resume, on_overflow = given.force, given.resume, given.on_overflow
-    # The default DST is named after what was given: beside a cache repo root, never
-    # inside the cache's snapshots/.
-    if dst is None:
-        resharding_a_file = max_shard_size is not None and not _engine.is_tree(src)
-        dst = _reshard.default_dst(src, to) if resharding_a_file else default_dst(src, to)
-    src = _ident.resolve_hub_repo(src)
     if shard is not None:
         shard = _check_shard(shard)
+    # The default DST is named after what was given: beside a cache repo root, never
+    # inside the cache's snapshots/.
+    src, dst, src_id = _core.run_place(src, dst, to=to, resharding=max_shard_size is not None)
     precision, source = given.precision, given.source
-    src_id, plan = _source_plan(
+    plan = _source_plan(
         src,
-        dst,
         to,
         precision,
         max_shard_size,
@@ -169,12 +164,7 @@ def prepare(
     # Every name the plan may write (its manifest too), against every file of the source,
     # by identity: the engine's own check comes per file, after others were written.
     own_manifest = _manifest.MANIFEST if shard is None else _manifest.shard_name(*shard)
-    _ident.check_outputs(
-        dst,
-        [*sorted(outputs), own_manifest],
-        _source_files(plan),
-        _ident.folder_ids(src) if os.path.isdir(src) else set(),
-    )
+    _core.check_outputs(src, dst, [*sorted(outputs), own_manifest], _source_files(plan))
     survey = _survey(dst, src_id, options, outputs, plan, work, shard, force=force, resume=resume)
 
     # Skipped under resume: what a manifest (or the output's own header) shows done.
@@ -343,37 +333,28 @@ def _missing_folders(dst: str, work: _work.Work) -> list[str]:
     return sorted(missing, key=lambda d: os.path.abspath(d).count(os.sep), reverse=True)
 
 
-def _source_files(plan: _walk.Plan) -> list[tuple[str, tuple[int, int]]]:
-    """Every file of the source the plan reads or leaves out, with its identity."""
+def _source_files(plan: _walk.Plan) -> list[str]:
+    """Every file of the source the plan reads or leaves out."""
     files = [*plan.weights, *plan.copies, *plan.late_copies]
     files += [f for f, _ in plan.configs] + [f for f, _, _ in plan.indexes]
     files += [f for f, _ in plan.skipped]
-    out = []
-    for f in files:
-        try:
-            st = os.stat(f.path)
-        except OSError:
-            continue
-        out.append((f.path, (st.st_dev, st.st_ino)))
-    return out
+    return [f.path for f in files]
 
 
 def _source_plan(
     src: str,
-    dst: str,
     to: Target,
     precision: dict[str, Any],
     max_shard_size: int | None,
     check_quantized: bool,
     follow_links: bool,
     cancel: CancelFlag | None,
-) -> tuple[tuple[int, int], _walk.Plan]:
-    """The source's identity and plan, its checks made: a folder, or with `max_shard_size`
-    also a single file (re-sharded into the folder `dst`)."""
+) -> _walk.Plan:
+    """The source's plan, its checks made: a folder, or with `max_shard_size` also a single
+    file (re-sharded into a folder)."""
     if max_shard_size is not None and not _engine.is_tree(src):
-        return _reshard.file_source(src, dst), _reshard.file_plan(src, to, precision)
-    src_id, _ = _ident.check_folders(src, dst)
-    plan = _walk.plan(
+        return _reshard.file_plan(src, to, precision)
+    return _walk.plan(
         src,
         to,
         check_quantized=check_quantized,
@@ -381,7 +362,6 @@ def _source_plan(
         follow_links=follow_links,
         cancel=cancel,
     )
-    return src_id, plan
 
 
 class _Survey:
@@ -630,10 +610,8 @@ def finalize(
     """Complete `dst` once every shard ran: see `stcast.finalize`."""
     started = time.monotonic()
     src, dst = os.fsdecode(src), os.fsdecode(dst)
-    if _engine.is_tree(src) or not os.path.exists(src):
-        src_id, _ = _ident.check_folders(src, dst)
-    else:
-        src_id = _reshard.file_source(src, dst)  # a file re-sharded with shard runs
+    # A folder, or a file (or a checkpoint folder) re-sharded with shard runs.
+    src, _, src_id = _core.run_place(src, dst, resharding=True)
     if not os.path.isdir(dst):
         raise Refused(
             f"{_esc(dst)}: no such folder; convert the shards into it first (with {{shard}})",
@@ -680,7 +658,7 @@ def finalize(
         # The shards' cut depends on every option that changes a tensor's size.
         recorded = Options.given(options)
         precision = recorded.precision
-        _, plan = _source_plan(src, dst, to, precision, max_size, False, False, cancel)
+        plan = _source_plan(src, to, precision, max_size, False, False, cancel)
         # As the shard runs read the source: the same key and prefixes.
         reshard = _reshard.plan(
             plan,
@@ -759,7 +737,8 @@ def inspect_folder(
         given.on_overflow,
         given.max_shard_size,
     )
-    src = _ident.resolve_hub_repo(src)
+    # (A cache repo root: its snapshot.)
+    src = _core.run_place(src, dst, to=to, resharding=max_shard_size is not None, check=False)[0]
     said: list[Notice] = []
     reshard: _reshard.Reshard | None = None
     # A checkpoint folder (DCP, ZeRO) re-sharded is read as `convert` reads it: its links too.
@@ -908,22 +887,6 @@ def inspect_folder(
         shards=shards,
         indexes=new_indexes,
     )
-
-
-def default_dst(src: str, to: Target) -> str:
-    """The output folder used when none is given: `<src>-bf16` beside `src`; beside a Hub
-    cache repo root `models--org--name`, `name-bf16` (a name the cache would not take for
-    one of its repos)."""
-    base = os.path.normpath(src)
-    if os.path.basename(base) in ("", ".", ".."):
-        # `.` or `..`: the folder's real name, beside it as `..` reaches it (relative stays
-        # relative: `stcast convert .` writes ../NAME-bf16).
-        name = os.path.basename(os.path.realpath(src))
-        base = os.path.normpath(os.path.join(base, os.pardir, name)) if name else base
-    name = os.path.basename(base)
-    if name.startswith(_ident.HUB_KINDS) and os.path.isdir(os.path.join(base, "snapshots")):
-        base = os.path.join(os.path.dirname(base), name.split("--")[-1])
-    return f"{base}-{to}"
 
 
 def _unmatched_template(patterns: list[str]) -> str:

@@ -455,25 +455,6 @@ def _read_first(
 # --- a single file as the source ------------------------------------------------------------
 
 
-def file_source(src: str, dst: str) -> tuple[int, int]:
-    """Checks for a single file re-sharded into the folder `dst`; its identity."""
-    try:
-        st = os.stat(src)
-    except FileNotFoundError:
-        raise Refused(f"{_esc(src)}: no such file", path=src) from None
-    if not stat.S_ISREG(st.st_mode) and not os.path.isdir(src):  # (a DCP folder is one)
-        raise Refused(f"{_esc(src)}: not a regular file", path=src)
-    if os.path.isdir(src):
-        from .ident import outside_checkpoint
-
-        outside_checkpoint(src, dst)
-    if os.path.lexists(dst) and not os.path.isdir(dst):
-        raise Refused(
-            f"{_esc(dst)}: exists and is not a folder (re-sharding writes a folder)", path=dst
-        )
-    return (st.st_dev, st.st_ino)
-
-
 def check_not_the_input(src_id: tuple[int, int], dst: str, reshard: Reshard) -> None:
     """Refuse, before anything is written, a planned output that is the input file itself
     (a file re-sharded into its own folder, where one shard takes its name)."""
@@ -534,13 +515,6 @@ def file_plan(src: str, to: Target, precision: dict[str, Any]) -> Plan:
         out_data={},
         header_sha256={w.rel: source_sha256(w.path)},
     )
-
-
-def default_dst(src: str, to: Target) -> str:
-    """The folder a re-sharded file goes to when none is given: `<stem>-bf16` beside it."""
-    if os.path.isdir(src):  # a checkpoint folder (DCP, ZeRO)
-        return _engine.checkpoint_folder_dst(src, to)
-    return f"{os.path.splitext(src)[0]}-{to}"
 
 
 # --- the runs: entries, resume, indexes (the conversion: work.Item) ------------------------

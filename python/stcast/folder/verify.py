@@ -45,8 +45,6 @@ from .fp8 import (
     unread_quantization,
     written_only,
 )
-from .ident import ident as ident_of
-from .ident import resolve_hub_repo
 from .reshard import (
     Group,
     GroupCheck,
@@ -74,13 +72,12 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
     `stcast.verify`. With `name`, SRC's one group was re-sharded under that stem."""
     started = time.monotonic()
     loose, to, report, name = given.loose, given.to, given.report, given.name
-    src = resolve_hub_repo(src)
+    src = _core.run_place(src, dst, resharding=False, check=False)[0]
     if not os.path.lexists(dst):
         raise Refused(f"{_esc(dst)}: no such folder", path=dst)
     if not os.path.isdir(dst):
         raise Refused(f"{_esc(dst)}: not a folder, while {_esc(src)} is one", path=dst)
-    src_id = ident_of(os.stat(src))
-    if src_id == ident_of(os.stat(dst)):
+    if os.path.samefile(src, dst):
         raise Refused(f"{_esc(dst)}: SRC and DST are the same folder", path=dst)
     single = not _engine.is_tree(src)  # a file (or a DCP folder) re-sharded into DST
     source: dict[str, Any] = {}
