@@ -12,6 +12,7 @@ safetensors folders.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 from pathlib import Path
 
@@ -106,10 +107,12 @@ def test_a_sharded_bin_folder_converts(tmp_path, rng, run_main):
     dst = tmp_path / "out"
     rc, out, err = run_main("convert", src, dst)
     assert rc == 0, err
-    assert (
-        "left out: trainer state, not weights (never read): `optimizer.pt`, `rng_state_0.pth`, "
-        "`scheduler.pt`, `training_args.bin`" in err
+    sizes = {n: os.path.getsize(src / n) for n in os.listdir(src)}
+    named = ", ".join(
+        f"`{n}` ({stcast._core.format_bytes(sizes[n])})"
+        for n in ("optimizer.pt", "rng_state_0.pth", "scheduler.pt", "training_args.bin")
     )
+    assert f"left out: training state, not weights (never read): {named}" in err
     assert not (tmp_path / CANARY).exists()
     assert sorted(p.name for p in dst.iterdir()) == [
         "config.json",
@@ -413,3 +416,74 @@ def test_an_incomplete_set_of_shards_is_refused(tmp_path, rng, run_main):
         dict(arrays[list(arrays)[1]]), str(src / "model-00002-of-00002.safetensors")
     )
     assert run_main("convert", src, dst, "-q")[0] == 0
+
+
+def test_training_state_is_left_out_with_sizes(tmp_path, rng, run_main):
+    """An accelerate FSDP checkpoint folder with DeepSpeed's ZeRO state beside the weights:
+    the output holds the model and its config only; one note names every file and folder
+    left out with its size; nothing of them is read (the pickles would create the canary);
+    the disk-space check counts only what is written; verify passes."""
+    src = tmp_path / "checkpoint-100"
+    src.mkdir()
+    a = layer(rng, 0)
+    safetensors.numpy.save_file(a, str(src / "model.safetensors"), metadata={"format": "pt"})
+    (src / "config.json").write_text('{"torch_dtype": "float32"}\n')
+    canary = tmp_path / CANARY
+    evil = pickle.dumps(_System(f"touch {canary}"), protocol=2)
+    state = {
+        "optimizer.bin": evil * 40,
+        "scheduler.bin": evil,
+        "scaler.pt": evil,
+        "random_states_0.pkl": evil,
+        "pytorch_model_fsdp.bin": evil * 20,
+        "trainer_state.json": b'{"global_step": 100}',
+        "latest": b"global_step100",
+        "global_step100/mp_rank_00_model_states.pt": evil * 30,
+        "global_step100/zero_pp_rank_0_mp_rank_00_optim_states.pt": evil * 50,
+    }
+    for rel, data in state.items():
+        (src / rel).parent.mkdir(exist_ok=True)
+        (src / rel).write_bytes(data)
+    dst = tmp_path / "out"
+    rc, _, err = run_main("convert", src, dst)
+    assert rc == 0, err
+    assert not canary.exists()
+    assert sorted(p.name for p in dst.iterdir()) == ["config.json", "model.safetensors"]
+    size = stcast._core.format_bytes
+    ds = sum(len(state[r]) for r in state if r.startswith("global_step100/"))
+    shown = [("global_step100/", ds)] + [
+        (r, len(state[r]))
+        for r in (
+            "latest",
+            "optimizer.bin",
+            "pytorch_model_fsdp.bin",
+            "random_states_0.pkl",
+            "scaler.pt",
+            "scheduler.bin",
+            "trainer_state.json",
+        )
+    ]
+    named = ", ".join(f"`{r}` ({size(n)})" for r, n in shown)
+    assert f"left out: training state, not weights (never read): {named}" in err
+    assert stcast.verify(src, dst).ok
+    # inspect counts what is written: the state is in no "other files" total.
+    report = stcast.inspect(src, dst / "again")
+    assert any(w.kind == "skipped_files" for w in report.warnings)
+
+
+def test_a_folder_of_whole_fsdp_weights_converts_them(tmp_path, rng, run_main):
+    """accelerate's `pytorch_model_fsdp.bin` (FULL_STATE_DICT) with no other weights beside
+    it is the model: converted as `model.safetensors`; the per-rank files are left out."""
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    a = layer(rng, 0)
+    save_bin(src / "pytorch_model_fsdp.bin", a)
+    save_bin(src / "pytorch_model_fsdp_1.bin", layer(rng, 1))
+    (src / "config.json").write_text('{"torch_dtype": "float32"}\n')
+    dst = tmp_path / "out"
+    rc, _, err = run_main("convert", src, dst)
+    assert rc == 0, err
+    assert sorted(p.name for p in dst.iterdir()) == ["config.json", "model.safetensors"]
+    check_shards(dst, {"model.safetensors": a})
+    assert "`pytorch_model_fsdp_1.bin`" in err
+    assert stcast.verify(src, dst).ok

@@ -165,6 +165,7 @@ pub fn walk(src: &Path, follow_links: bool) -> Result<Walked> {
     let src_id = id(&std::fs::metadata(src).map_err(|e| Error::io(src, "cannot open", e))?);
     let mut w = Walked::default();
     let mut torch_files = Vec::new();
+    let mut fsdp_files = Vec::new();
     let mut pending: Vec<OsString> = vec![OsString::new()];
     let mut seen_dirs = HashSet::from([src_id]);
     while let Some(rel_dir) = pending.pop() {
@@ -174,6 +175,8 @@ pub fn walk(src: &Path, follow_links: bool) -> Result<Walked> {
         } else {
             src.join(&rel_dir)
         };
+        // DeepSpeed's `latest` and the tag folder it names (`global_step100` by default).
+        let tag = crate::input::folder::latest_tag(&dir).filter(|t| dir.join(t).is_dir());
         for e in entries(&dir)? {
             let name = e.file_name();
             let name = name.as_bytes();
@@ -185,6 +188,25 @@ pub fn walk(src: &Path, follow_links: bool) -> Result<Walked> {
             let kind = e
                 .file_type()
                 .map_err(|err| Error::io(&path, "cannot read", err))?;
+            let tagged = tag.as_deref().is_some_and(|t| t.as_bytes() == name);
+            if kind.is_dir() && (tagged || is_trainer_folder(name)) {
+                let meta = e
+                    .metadata()
+                    .map_err(|err| Error::io(&path, "cannot read", err))?;
+                let mtime_ns = meta.mtime() * 1_000_000_000 + meta.mtime_nsec();
+                let size = folder_bytes(&path);
+                let mut shown = rel.clone();
+                shown.push("/");
+                let f = File {
+                    rel: shown,
+                    path,
+                    size,
+                    mtime_ns,
+                    src_rel: None,
+                };
+                w.skipped.push((f, TRAINER));
+                continue;
+            }
             if kind.is_dir() {
                 // A git clone keeps a second copy of every LFS file under .git/, and
                 // `hf download --local-dir` its download metadata (hashes of the original
@@ -250,7 +272,13 @@ pub fn walk(src: &Path, follow_links: bool) -> Result<Walked> {
                     rel: join_rel(rel_dir.as_bytes(), new.as_bytes()),
                     ..f
                 });
-            } else if is_trainer_state(name) {
+            } else if name == FSDP_WEIGHTS {
+                fsdp_files.push(File {
+                    src_rel: Some(f.rel.clone()),
+                    rel: join_rel(rel_dir.as_bytes(), b"model.safetensors"),
+                    ..f
+                });
+            } else if is_trainer_state(name) || tag.is_some() && name == b"latest" {
                 w.skipped.push((f, TRAINER));
             } else if name.ends_with(INDEX_SUFFIX) {
                 w.indexes.push(f);
@@ -278,6 +306,18 @@ pub fn walk(src: &Path, follow_links: bool) -> Result<Walked> {
             w.skipped.push((f, SUPERSEDED));
         } else if f.rel.as_bytes().ends_with(INDEX_SUFFIX) {
             w.indexes.push(f);
+        } else {
+            w.weights.push(f);
+        }
+    }
+    // accelerate's whole FSDP weights: training state beside other weights, else the weights.
+    for f in fsdp_files {
+        let folder = split_rel(f.rel.as_bytes()).0;
+        if w.weights
+            .iter()
+            .any(|o| split_rel(o.rel.as_bytes()).0 == folder)
+        {
+            w.skipped.push((f, TRAINER));
         } else {
             w.weights.push(f);
         }
@@ -398,24 +438,80 @@ pub fn torch_name(name: &OsStr) -> Option<OsString> {
     renamed.map(OsString::from_vec)
 }
 
-/// A training run's state beside its weights (transformers' Trainer): not weights, never
-/// read (its pickles name optimizers and RNG states), never copied into a weights folder.
+/// `_N` or nothing: the numbers trainers put after a state file's name.
+fn numbered(rest: &[u8]) -> bool {
+    rest.is_empty() || rest.strip_prefix(b"_").is_some_and(digits)
+}
+
+fn digits(s: &[u8]) -> bool {
+    !s.is_empty() && s.iter().all(u8::is_ascii_digit)
+}
+
+/// A training run's state beside its weights, by the names transformers' Trainer,
+/// accelerate, DeepSpeed and Lightning give it: optimizer, scheduler, scaler and RNG states,
+/// training arguments, DeepSpeed's recovery scripts. Not weights, never read (its pickles
+/// name optimizers and RNG states), never copied into a weights folder.
 fn is_trainer_state(name: &[u8]) -> bool {
-    let rng = name
-        .strip_prefix(b"rng_state")
-        .and_then(|r| r.strip_suffix(b".pth"))
-        .is_some_and(|r| {
-            r.is_empty()
-                || r.strip_prefix(b"_")
-                    .is_some_and(|d| !d.is_empty() && d.iter().all(u8::is_ascii_digit))
-        });
-    rng || [
-        &b"optimizer.pt"[..],
-        b"scheduler.pt",
-        b"scaler.pt",
-        b"training_args.bin",
-    ]
-    .contains(&name)
+    let state = |prefix: &[u8], exts: &[&[u8]]| {
+        exts.iter().any(|ext| {
+            name.strip_prefix(prefix)
+                .and_then(|r| r.strip_suffix(*ext))
+                .is_some_and(numbered)
+        })
+    };
+    state(b"optimizer", &[b".bin", b".pt"])
+        || state(b"scheduler", &[b".bin", b".pt"])
+        || state(b"scaler", &[b".bin", b".pt"])
+        || state(b"rng_state", &[b".pth"])
+        || name
+            .strip_prefix(b"random_states_")
+            .and_then(|r| r.strip_suffix(b".pkl"))
+            .is_some_and(digits)
+        // accelerate's FSDP weights saved per rank (`LOCAL_STATE_DICT`): flat parameters.
+        || name
+            .strip_prefix(b"pytorch_model_fsdp_")
+            .and_then(|r| r.strip_suffix(b".bin"))
+            .is_some_and(digits)
+        || [
+            &b"training_args.bin"[..],
+            b"trainer_state.json",
+            b"zero_to_fp32.py",
+            b"zero_to_torch.py",
+        ]
+        .contains(&name)
+}
+
+/// A folder of training state: DeepSpeed's `global_stepN/` (ZeRO partitions of the model
+/// and optimizer), accelerate's `optimizer_N/` and `pytorch_model_fsdp_N/` (sharded optimizer
+/// and FSDP model states, DCP folders).
+fn is_trainer_folder(name: &[u8]) -> bool {
+    [&b"global_step"[..], b"optimizer_", b"pytorch_model_fsdp_"]
+        .iter()
+        .any(|p| name.strip_prefix(*p).is_some_and(digits))
+}
+
+/// accelerate's FSDP weights saved whole (`FULL_STATE_DICT`): the model's state dict, in
+/// fp32; converted as `model.safetensors` where no other weights stand beside it.
+const FSDP_WEIGHTS: &[u8] = b"pytorch_model_fsdp.bin";
+
+/// The bytes of the files under `dir` (links not followed; at most `MAX_COUNTED` entries).
+fn folder_bytes(dir: &Path) -> u64 {
+    const MAX_COUNTED: usize = 1_000_000;
+    let (mut total, mut seen, mut todo) = (0, 0, vec![dir.to_path_buf()]);
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            seen += 1;
+            if seen > MAX_COUNTED {
+                return total;
+            }
+            match e.metadata() {
+                Ok(m) if m.is_dir() => todo.push(e.path()),
+                Ok(m) if m.is_file() => total += m.len(),
+                _ => {}
+            }
+        }
+    }
+    total
 }
 
 /// Every file under `dst` but stcast's bookkeeping (manifests, temporary files), as sorted

@@ -228,21 +228,25 @@ def safetensors_name(name: str) -> str:
 
 
 def skipped_notice(skipped: list[tuple[File, str]]) -> list[tuple[str, str]]:
-    """The notes (kind, template) that name the files left out, by reason."""
+    """The notes (kind, template) that name the files left out, by reason, with their sizes
+    (a folder of training state: its files' total, named with a `/`)."""
     notes = []
     for why, text in (
-        ("trainer", "left out: trainer state, not weights (never read)"),
+        ("trainer", "left out: training state, not weights (never read)"),
         (
             "superseded",
             "left out: PyTorch weights beside their safetensors version (the safetensors "
             "files are converted)",
         ),
     ):
-        rels = [f.source_rel for f, w in skipped if w == why]
-        if rels:
-            shown = ", ".join(f"`{_esc(r)}`" for r in rels[:8])
-            more = f" and {len(rels) - 8} more" if len(rels) > 8 else ""
-            notes.append(("skipped_files", f"{text}: {shown}{more}"))
+        files = [f for f, w in skipped if w == why]
+        if files:
+            sized = [f"`{_esc(f.source_rel)}` ({_core.format_bytes(f.size)})" for f in files]
+            more = ""
+            if len(files) > 8:
+                rest = sum(f.size for f in files[8:])
+                more = f" and {len(files) - 8} more ({_core.format_bytes(rest)})"
+            notes.append(("skipped_files", f"{text}: {', '.join(sized[:8])}{more}"))
     return notes
 
 

@@ -94,6 +94,98 @@ fn files_are_classified_sorted_and_bookkeeping_left_out() {
 }
 
 #[test]
+fn training_state_is_left_out_by_name_files_and_folders() {
+    // An accelerate checkpoint (FSDP), with DeepSpeed's ZeRO state beside the HF weights.
+    let dir = folder(
+        "training",
+        &[
+            "model.safetensors",
+            "config.json",
+            "optimizer.bin",
+            "optimizer_1.bin",
+            "scheduler.bin",
+            "scaler.pt",
+            "random_states_0.pkl",
+            "pytorch_model_fsdp.bin",
+            "pytorch_model_fsdp_1.bin",
+            "trainer_state.json",
+            "zero_to_fp32.py",
+            "latest",
+            "global_step7/mp_rank_00_model_states.pt",
+            "global_step7/zero_pp_rank_0_mp_rank_00_optim_states.pt",
+            "optimizer_0/__0_0.distcp",
+            "pytorch_model_fsdp_0/.metadata",
+            "scheduler/scheduler_config.json",
+            "scheduler_config.json",
+            "latest_notes.txt",
+        ],
+    );
+    std::fs::write(dir.join("latest"), "global_step7\n").unwrap();
+    let w = walk(&dir, false).unwrap();
+    let skipped: Vec<_> = w
+        .skipped
+        .iter()
+        .map(|(f, why)| (f.rel.to_str().unwrap(), f.size, *why))
+        .collect();
+    let size = |rels: &[&str]| rels.iter().map(|r| r.len() as u64).sum::<u64>();
+    assert_eq!(
+        skipped,
+        [
+            (
+                "global_step7/",
+                size(&[
+                    "global_step7/mp_rank_00_model_states.pt",
+                    "global_step7/zero_pp_rank_0_mp_rank_00_optim_states.pt"
+                ]),
+                TRAINER
+            ),
+            ("latest", 13, TRAINER),
+            ("optimizer.bin", 13, TRAINER),
+            ("optimizer_0/", size(&["optimizer_0/__0_0.distcp"]), TRAINER),
+            ("optimizer_1.bin", 15, TRAINER),
+            // Sorted by its name in the source.
+            (
+                "model.safetensors",
+                size(&["pytorch_model_fsdp.bin"]),
+                TRAINER
+            ),
+            (
+                "pytorch_model_fsdp_0/",
+                size(&["pytorch_model_fsdp_0/.metadata"]),
+                TRAINER
+            ),
+            ("pytorch_model_fsdp_1.bin", 24, TRAINER),
+            ("random_states_0.pkl", 19, TRAINER),
+            ("scaler.pt", 9, TRAINER),
+            ("scheduler.bin", 13, TRAINER),
+            ("trainer_state.json", 18, TRAINER),
+            ("zero_to_fp32.py", 15, TRAINER),
+        ]
+    );
+    assert_eq!(w.skipped[5].0.source_rel(), "pytorch_model_fsdp.bin");
+    // A diffusers scheduler's config, and names that only look alike, are copied.
+    assert_eq!(rels(&w.weights), ["model.safetensors"]);
+    assert_eq!(
+        rels(&w.others),
+        [
+            "latest_notes.txt",
+            "scheduler/scheduler_config.json",
+            "scheduler_config.json"
+        ]
+    );
+    // Without other weights beside it, accelerate's whole FSDP state dict is the model.
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    let w = walk(&dir, false).unwrap();
+    assert_eq!(rels(&w.weights), ["model.safetensors"]);
+    assert_eq!(w.weights[0].source_rel(), "pytorch_model_fsdp.bin");
+    // `latest` naming no folder beside it is an ordinary file.
+    std::fs::write(dir.join("latest"), "global_step8").unwrap();
+    let w = walk(&dir, false).unwrap();
+    assert!(rels(&w.others).contains(&"latest"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn pytorch_files_are_renamed_or_superseded() {
     let dir = folder(
         "torch",
@@ -158,9 +250,14 @@ fn names_of_the_hugging_face_layouts() {
     }
     for name in [
         "optimizer.pt",
+        "optimizer_2.bin",
         "rng_state.pth",
         "rng_state_12.pth",
         "scaler.pt",
+        "scheduler_1.pt",
+        "random_states_12.pkl",
+        "pytorch_model_fsdp_3.bin",
+        "trainer_state.json",
     ] {
         assert!(is_trainer_state(name.as_bytes()), "{name}");
     }
@@ -169,6 +266,10 @@ fn names_of_the_hugging_face_layouts() {
         "rng_state_x.pth",
         "optimizer.pth",
         "my_optimizer.pt",
+        "optimizer_x.bin",
+        "scheduler_config.json",
+        "random_states_.pkl",
+        "pytorch_model_fsdp.bin",
     ] {
         assert!(!is_trainer_state(name.as_bytes()), "{name}");
     }
