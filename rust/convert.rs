@@ -21,7 +21,8 @@ use crate::output::{self, AtPath, Published, Replace, TempOutput, Territory};
 use crate::plan::{self, KeptTensor, Plan, PlanOptions, Role, TensorPlan};
 use crate::quant::{Deq, Layout, Quant, QuantizedTensor};
 use crate::source::{fadvise_dontneed, PendingRelease, Source};
-use crate::vocab::{OnOverflow, ReadAdvice, Side, Strategy, Taken, Target};
+use crate::text::esc_path;
+use crate::vocab::{OnOverflow, ReadAdvice, Side, Strategy, Taken, Target, WarningKind};
 use crate::window::{worker_pool, Cursor, Window, Work, DEFAULT_STEP, DEFAULT_WINDOW};
 
 /// Knobs that change speed and memory, never the output bytes. The defaults are the
@@ -143,6 +144,10 @@ pub struct Options {
     /// Write the numeric report there (`report::numeric_report`), published with the
     /// output; `force` lets it replace an existing file.
     pub report: Option<PathBuf>,
+    /// Under an FP8 target, write the output's `quantization_config` beside it
+    /// (`side_config_path`), published with it: a lone file's run, whose output no model
+    /// config describes (a folder's runs write it into the folder's config).
+    pub side_config: bool,
     /// Write the output even when no tensor changes dtype (a folder's already converted
     /// files); otherwise such a run is refused (`Error::NothingToConvert`).
     pub allow_copy: bool,
@@ -161,6 +166,7 @@ impl Options {
             on_overflow: OnOverflow::Warn,
             numerics: true,
             report: None,
+            side_config: false,
             allow_copy: false,
             input: InputOptions::default(),
             tuning: Tuning::default(),
@@ -233,18 +239,28 @@ pub fn check_outputs(src: &Source, dst: &Path, opts: &Options) -> Result<Outputs
             Replace::Same { dev, ino }
         }
     };
+    taken.add_name(dst, Taken::Output);
     let report = match &opts.report {
         None => None,
         Some(path) => {
-            taken.add_name(dst, Taken::Output);
             let replace = output::check_side_output(path, Side::Report, opts.force, &taken)?;
+            taken.add_name(path, Taken::Output);
             Some((path.clone(), replace))
         }
+    };
+    let config = match opts.plan.target.strategy() {
+        Some(_) if opts.side_config => {
+            let path = side_config_path(dst);
+            let replace = output::check_side_output(&path, Side::Config, opts.force, &taken)?;
+            Some((path, replace))
+        }
+        _ => None,
     };
     Ok(Outputs {
         replace,
         mode: replaced_mode,
         report,
+        config,
     })
 }
 
@@ -255,6 +271,17 @@ pub struct Outputs {
     /// The mode of the file `force` replaces.
     mode: Option<u32>,
     report: Option<(PathBuf, Replace)>,
+    config: Option<(PathBuf, Replace)>,
+}
+
+/// Where a lone FP8 output's `quantization_config` goes: `<stem>.quantization_config.json`
+/// beside it (`out.safetensors` -> `out.quantization_config.json`).
+pub fn side_config_path(dst: &Path) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    let name = dst.file_name().unwrap_or_default().as_bytes();
+    let stem = name.strip_suffix(b".safetensors").unwrap_or(name);
+    let name = [stem, b".quantization_config.json"].concat();
+    dst.with_file_name(std::ffi::OsStr::from_bytes(&name))
 }
 
 /// Refuse a destination that cannot be written: a missing folder, the input itself, a
@@ -359,6 +386,9 @@ pub struct Job {
     /// Where the numeric report goes, and once sealed its hidden file.
     report: Option<(PathBuf, Replace)>,
     report_out: Option<TempOutput>,
+    /// Where a lone FP8 output's `quantization_config` goes, and once sealed its hidden file.
+    config: Option<(PathBuf, Replace)>,
+    config_out: Option<TempOutput>,
     /// The destination's folders this job created: removed unless it publishes. Last, so
     /// that it drops after the outputs inside them.
     made_dirs: output::MadeDirs,
@@ -404,6 +434,17 @@ impl Job {
             .tensors
             .iter()
             .any(|t| matches!(t.action, Action::Dequantize(_)));
+        if let Some((path, _)) = &outputs.config {
+            plan.warnings.push(Warning::new(
+                WarningKind::NoModelConfig,
+                format!(
+                    "no model config describes this FP8 output: its quantization_config is \
+                     written to {}; vLLM and transformers read it from the model's config.json \
+                     only: merge it into that file (the guide shows how)",
+                    esc_path(path)
+                ),
+            ));
+        }
         let warnings = plan.warnings.clone();
         Ok(Job {
             dst: dst.to_path_buf(),
@@ -436,6 +477,8 @@ impl Job {
             taken: 0,
             report: outputs.report,
             report_out: None,
+            config: outputs.config,
+            config_out: None,
             src,
             made_dirs,
         })
@@ -908,6 +951,19 @@ impl Job {
             out.seal()?;
             self.report_out = Some(out);
         }
+        if let Some((path, replace)) = &self.config {
+            let ignore = self.plan.unquantized_modules(&self.src.header);
+            let text = crate::run::json::config_text("{}", self.plan.target, false, Some(&ignore))
+                .ok()
+                .flatten()
+                .expect("an empty config takes a quantization_config");
+            let out = TempOutput::create(path, *replace, None, "")?;
+            (&out.file)
+                .write_all(text.as_bytes())
+                .map_err(|e| Error::io(path, "write failed", e))?;
+            out.seal()?;
+            self.config_out = Some(out);
+        }
         Ok(())
     }
 
@@ -936,6 +992,7 @@ impl Job {
             plan,
             warnings,
             report_out,
+            config_out,
             numerics,
             made_dirs,
             fp8,
@@ -960,8 +1017,8 @@ impl Job {
         };
         out.publish()?;
         made_dirs.keep();
-        if let Some(report) = report_out {
-            report.publish().map_err(|e| Error::AfterCommit {
+        for side in [report_out, config_out].into_iter().flatten() {
+            side.publish().map_err(|e| Error::AfterCommit {
                 published: dst.clone(),
                 source: Box::new(e),
             })?;

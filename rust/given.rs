@@ -343,6 +343,7 @@ impl Settings {
     pub fn convert(&self, tuning: Tuning) -> crate::Result<Options> {
         Ok(Options {
             report: self.report.clone(),
+            side_config: true,
             replaces: self.replaces,
             allow_copy: self.allow_copy,
             input: self.input(),
@@ -408,7 +409,10 @@ impl Settings {
 
     /// The options of an output shard's conversion (`shard::Group::task`).
     pub fn shard_convert(&self, tuning: Tuning) -> crate::Result<Options> {
-        self.shard().convert(tuning)
+        Ok(Options {
+            side_config: false,
+            ..self.shard().convert(tuning)?
+        })
     }
 
     /// The options of an output shard's verification (`shard::Group::verifier`).

@@ -754,7 +754,7 @@ fn fp8_warnings(plan: &Plan, src: &SourceHeader) -> Vec<Warning> {
             WarningKind::NotQuantized,
             format!(
                 "{} NaN or inf, so no finite scale exists: left unquantized in BF16 and \
-                 listed in the config's ignore: {}",
+                 listed in the quantization_config's ignore: {}",
                 if nonfinite.len() == 1 {
                     "1 weight holds".to_string()
                 } else {

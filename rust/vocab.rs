@@ -92,6 +92,8 @@ named! {
     pub enum Side {
         Report = "report",
         Output = "output",
+        /// An FP8 output's `quantization_config`, beside a lone file (`convert::Options`).
+        Config = "quantization config",
     }
 }
 
@@ -365,6 +367,8 @@ named! {
         NotQuantized = "not_quantized",
         /// An FP8 block target: fused layers whose parts vLLM needs in multiples of 128.
         BlockShape = "block_shape",
+        /// An FP8 output no model config describes: its `quantization_config` is beside it.
+        NoModelConfig = "no_model_config",
     }
 }
 

@@ -170,8 +170,14 @@ def test_int8_matrix_weight_is_ignored(tmp_path, run_main):
     assert rc == 0, err
     ignore = json.loads((out / "config.json").read_text())["quantization_config"]["ignore"]
     assert ignore == ["model.layers.0.mlp.packed"]
-    report = stcast.convert(src / "model.safetensors", tmp_path / "one.safetensors", to="fp8")
+    with pytest.warns(stcast.StcastWarning, match="no model config describes this FP8 output"):
+        report = stcast.convert(src / "model.safetensors", tmp_path / "one.safetensors", to="fp8")
     assert report.unquantized == ["model.layers.0.mlp.packed"]
+    # A lone file's quantization_config, beside it: the folder's, word for word.
+    beside = json.loads((tmp_path / "one.quantization_config.json").read_text())
+    assert beside == {
+        "quantization_config": json.loads((out / "config.json").read_text())["quantization_config"]
+    }
     for mode in ([], ["--loose"]):
         rc, _, err = run_main("verify", src, out, *mode)
         assert rc == 0, err
@@ -200,7 +206,8 @@ def test_verify_one_row_weight_file(tmp_path, run_main, to):
     tensors = {k: (d, s, a.astype("f4")) for k, (d, s, a) in one_row_model(rng).items()}
     src = write_safetensors(tmp_path / "in.safetensors", tensors)
     out = tmp_path / "out.safetensors"
-    stcast.convert(src, out, to=to)
+    with pytest.warns(stcast.StcastWarning, match="no model config"):
+        stcast.convert(src, out, to=to)
     for given in (["--to", to], []):
         for mode in ([], ["--loose"]):
             rc, _, err = run_main("verify", src, out, *given, *mode)

@@ -59,6 +59,7 @@ WarningKind = Literal[
     "unindexed_shards",
     "not_quantized",
     "block_shape",
+    "no_model_config",
 ]
 ReadAdvice = Literal["normal", "sequential", "willneed"]
 Action = Literal["convert", "copy", "quantize", "dequantize", "drop"]
