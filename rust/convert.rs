@@ -148,6 +148,9 @@ pub struct Options {
     /// (`side_config_path`), published with it: a lone file's run, whose output no model
     /// config describes (a folder's runs write it into the folder's config).
     pub side_config: bool,
+    /// With `side_config`: the model's config, written beside the output as `config.json`
+    /// (its dtype set, and an FP8 output's `quantization_config`) instead.
+    pub model_config: Option<PathBuf>,
     /// Write the output even when no tensor changes dtype (a folder's already converted
     /// files); otherwise such a run is refused (`Error::NothingToConvert`).
     pub allow_copy: bool,
@@ -167,6 +170,7 @@ impl Options {
             numerics: true,
             report: None,
             side_config: false,
+            model_config: None,
             allow_copy: false,
             input: InputOptions::default(),
             tuning: Tuning::default(),
@@ -248,13 +252,30 @@ pub fn check_outputs(src: &Source, dst: &Path, opts: &Options) -> Result<Outputs
             Some((path.clone(), replace))
         }
     };
-    let config = match opts.plan.target.strategy() {
-        Some(_) if opts.side_config => {
-            let path = side_config_path(dst);
-            let replace = output::check_side_output(&path, Side::Config, opts.force, &taken)?;
-            Some((path, replace))
+    let config = match (&opts.model_config, opts.plan.target.strategy()) {
+        _ if !opts.side_config => None,
+        (Some(given), _) => {
+            // Read now, before any work: refused here if it is no JSON object.
+            let text = read_model_config(given)?;
+            taken.add_name(given, Taken::Input);
+            let path = output::parent_dir(dst).join("config.json");
+            let replace = check_beside(&path, dst, opts.force, &taken)?;
+            Some(SideConfig {
+                path,
+                replace,
+                text: Some(text),
+            })
         }
-        _ => None,
+        (None, Some(_)) => {
+            let path = side_config_path(dst);
+            let replace = check_beside(&path, dst, opts.force, &taken)?;
+            Some(SideConfig {
+                path,
+                replace,
+                text: None,
+            })
+        }
+        (None, None) => None,
     };
     Ok(Outputs {
         replace,
@@ -271,7 +292,48 @@ pub struct Outputs {
     /// The mode of the file `force` replaces.
     mode: Option<u32>,
     report: Option<(PathBuf, Replace)>,
-    config: Option<(PathBuf, Replace)>,
+    config: Option<SideConfig>,
+}
+
+/// The config a lone file's run writes beside its output: the model's (`text`, as given),
+/// or else, under an FP8 target, its `quantization_config` alone.
+#[derive(Clone, Debug)]
+struct SideConfig {
+    path: PathBuf,
+    replace: Replace,
+    text: Option<String>,
+}
+
+/// `output::check_side_output` for a config in the output's own folder, which the output
+/// creates when missing (nothing is there then).
+fn check_beside(path: &Path, dst: &Path, force: bool, taken: &Territory) -> Result<Replace> {
+    if !output::parent_dir(dst).exists() {
+        taken.check(path, Side::Config)?;
+        return Ok(Replace::No);
+    }
+    output::check_side_output(path, Side::Config, force, taken)
+}
+
+/// A model config given for a lone file's output: a JSON object of at most 16 MiB.
+fn read_model_config(path: &Path) -> Result<String> {
+    use std::io::Read;
+    const MAX: u64 = 16 << 20;
+    let invalid = |reason| Error::BadConfig {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let (file, meta) = crate::source::open_regular(path)?;
+    if meta.len() > MAX {
+        return Err(invalid("more than 16 MiB"));
+    }
+    let mut text = String::new();
+    file.take(MAX)
+        .read_to_string(&mut text)
+        .map_err(|e| Error::io(path, "cannot read", e))?;
+    match crate::run::json::parse(&text) {
+        Ok(doc) if matches!(doc.value, crate::run::json::Value::Object(_)) => Ok(text),
+        _ => Err(invalid("not a JSON object")),
+    }
 }
 
 /// Where a lone FP8 output's `quantization_config` goes: `<stem>.quantization_config.json`
@@ -386,8 +448,8 @@ pub struct Job {
     /// Where the numeric report goes, and once sealed its hidden file.
     report: Option<(PathBuf, Replace)>,
     report_out: Option<TempOutput>,
-    /// Where a lone FP8 output's `quantization_config` goes, and once sealed its hidden file.
-    config: Option<(PathBuf, Replace)>,
+    /// The config a lone file's output gets beside it, and once sealed its hidden file.
+    config: Option<SideConfig>,
     config_out: Option<TempOutput>,
     /// The destination's folders this job created: removed unless it publishes. Last, so
     /// that it drops after the outputs inside them.
@@ -434,7 +496,10 @@ impl Job {
             .tensors
             .iter()
             .any(|t| matches!(t.action, Action::Dequantize(_)));
-        if let Some((path, _)) = &outputs.config {
+        if let Some(SideConfig {
+            path, text: None, ..
+        }) = &outputs.config
+        {
             plan.warnings.push(Warning::new(
                 WarningKind::NoModelConfig,
                 format!(
@@ -951,12 +1016,21 @@ impl Job {
             out.seal()?;
             self.report_out = Some(out);
         }
-        if let Some((path, replace)) = &self.config {
+        if let Some(SideConfig {
+            path,
+            replace,
+            text,
+        }) = &self.config
+        {
             let ignore = self.plan.unquantized_modules(&self.src.header);
-            let text = crate::run::json::config_text("{}", self.plan.target, false, Some(&ignore))
-                .ok()
-                .flatten()
-                .expect("an empty config takes a quantization_config");
+            let ignore = self.plan.target.strategy().map(|_| &ignore[..]);
+            let given = text.as_deref().unwrap_or("{}");
+            let text = crate::run::json::config_text(given, self.plan.target, false, ignore)
+                .map_err(|_| Error::BadConfig {
+                    path: path.clone(),
+                    reason: "not a JSON object",
+                })?
+                .unwrap_or_else(|| given.to_string());
             let out = TempOutput::create(path, *replace, None, "")?;
             (&out.file)
                 .write_all(text.as_bytes())

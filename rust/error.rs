@@ -413,6 +413,9 @@ pub enum Error {
     },
     /// A source folder's walk found what it refuses (`WalkProblem`).
     Walk { path: PathBuf, problem: WalkProblem },
+    /// A model config given for a lone file's output (`convert::Options::model_config`) that
+    /// is not one: `reason` says why.
+    BadConfig { path: PathBuf, reason: &'static str },
     /// Where a folder run reads or writes is refused (`PlaceProblem`).
     Place {
         path: PathBuf,
@@ -486,6 +489,7 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::InvalidHeader { .. }
+            | Error::BadConfig { .. }
             | Error::OtherFormat { .. }
             | Error::OutputHeaderTooLarge { .. }
             | Error::NonFiniteWeight { .. } => ErrorKind::InvalidInput,
@@ -537,6 +541,7 @@ impl Error {
         match self {
             Error::NotAFile { path, .. }
             | Error::InvalidHeader { path, .. }
+            | Error::BadConfig { path, .. }
             | Error::OtherFormat { path, .. }
             | Error::NothingToConvert { path, .. }
             | Error::Checkpoint { path, .. }
@@ -619,6 +624,7 @@ impl Error {
             Error::InvalidHeader { reason, .. } => {
                 format!("invalid safetensors file: {}", esc(reason))
             }
+            Error::BadConfig { reason, .. } => format!("not a model config: {reason}"),
             Error::OtherFormat { format, .. } => match format {
                 Format::TorchZip | Format::TorchLegacy | Format::Dcp | Format::DcpSafetensors => {
                     format!("{}, not a safetensors file", format.describe())

@@ -255,6 +255,8 @@ pub struct Settings {
     pub on_overflow: Option<Given>,
     pub numerics: bool,
     pub report: Option<PathBuf>,
+    /// A lone checkpoint's model config, written beside its output (`convert::Options`).
+    pub config: Option<PathBuf>,
     pub replaces: Option<(u64, u64)>,
     pub allow_copy: bool,
     pub key: Option<String>,
@@ -283,6 +285,7 @@ impl Default for Settings {
             on_overflow: None,
             numerics: true,
             report: None,
+            config: None,
             replaces: None,
             allow_copy: false,
             key: None,
@@ -344,6 +347,7 @@ impl Settings {
         Ok(Options {
             report: self.report.clone(),
             side_config: true,
+            model_config: self.config.clone(),
             replaces: self.replaces,
             allow_copy: self.allow_copy,
             input: self.input(),

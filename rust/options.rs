@@ -309,6 +309,14 @@ pub const DEFS: &[Def] = &[
         .metavar("PREFIX")
         .expected("a non-empty string (a name prefix)")
     },
+    def(
+        "config",
+        Kind::Path,
+        "a lone checkpoint (a file, a DCP or ZeRO folder): the model's config.json, written \
+         beside the output as config.json with its dtype set (and, under an FP8 target, the \
+         quantization_config that describes the output)",
+    )
+    .metavar("FILE"),
     def("report", Kind::Path, "").metavar("FILE"), // help: per command
     def(
         "dry_run",
@@ -360,6 +368,7 @@ const CONVERT: &[Use] = &[
     both("strict"),
     both("key"),
     both("strip_prefix"),
+    both("config"),
     both("report").help(
         "write the numeric report (per tensor: overflow, underflow, errors) to FILE as JSON, \
          published with the output",
@@ -390,6 +399,7 @@ const INSPECT: &[Use] = &[
     both("follow_links"),
     both("max_shard_size"),
     both("name"),
+    both("config").help("as for convert: check where it goes"),
     both("report").help("as for convert: check this report path"),
     cli("json"),
     cli("progress"),

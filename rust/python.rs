@@ -258,7 +258,7 @@ macro_rules! options {
 
 options! {
     to, threads, force, keep, keep_min_size, keep_unmatched, from_bf16, keep_names, on_overflow,
-    numerics, report, replaces, allow_copy, key, strip_prefix, loose, allow_quantized,
+    numerics, report, config, replaces, allow_copy, key, strip_prefix, loose, allow_quantized,
     quantization_config, follow_links, unquantized,
 }
 

@@ -93,7 +93,7 @@ named! {
         Report = "report",
         Output = "output",
         /// An FP8 output's `quantization_config`, beside a lone file (`convert::Options`).
-        Config = "quantization config",
+        Config = "config",
     }
 }
 
@@ -398,6 +398,8 @@ named! {
         MaxShardSize = "max_shard_size",
         /// Re-sharding: the stem of the output shards and index (`shard::check_stem`).
         Name = "name",
+        /// A lone checkpoint's model config, written beside its output.
+        Config = "config",
     }
 }
 

@@ -133,6 +133,12 @@ def convert(
             the only dict that does; with several, `Refused` lists them with their counts.
         strip_prefix: PyTorch checkpoints: prefixes dropped from tensor names, e.g.
             `["module.", "_orig_mod."]` (DDP, torch.compile); the first that matches.
+        config: a lone checkpoint (a file, a DCP or ZeRO folder, written as one file): the
+            model's config.json, written beside the output as `config.json` with its dtype
+            set and, under an FP8 target, the `quantization_config` that describes the
+            output (without it, an FP8 output's `quantization_config` alone goes to
+            `<stem>.quantization_config.json`). Checked before any work: a JSON object, not
+            the input, an existing `config.json` there needs `force`.
         tuning: knobs for benchmarks (window size, kernels, read advice, write-behind
             depth); they change speed and memory, never the bytes written.
 
@@ -169,6 +175,7 @@ def convert(
         from . import folder
 
         _files_only(src, o)
+        _lone_only(src, o)
         _shard_folder(dst, o.max_shard_size)
         prepared = folder.prepare(src, None if dst is None else os.fsdecode(dst), o, cancel=cancel)
         replace_report = None
@@ -204,6 +211,7 @@ def convert(
         cancel=cancel,
         keep_unmatched="error" if o.strict else "warn",
         report=_report(o).report,
+        config=o.config,
         allow_quantized=o.allow_quantized,
         follow_links=o.follow_links,
         **o.source,
@@ -263,6 +271,7 @@ def inspect(
         from .folder import inspect_folder
 
         _files_only(path, o)
+        _lone_only(path, o)
         _shard_folder(target, o.max_shard_size)
         return inspect_folder(path, target, _report(o), progress=progress)
     _folders_only(path, o)
@@ -275,6 +284,7 @@ def inspect(
         extra["allow_quantized"] = o.allow_quantized
         if o.report is not None:
             extra["report"] = _report(o).report
+        extra["config"] = o.config
     extra["follow_links"] = o.follow_links
     planned = _engine.inspect_file(path, o, scan=o.scan, progress=progress, **o.source, **extra)
     if target is None:
@@ -536,6 +546,18 @@ def _files_only(src: str, o: Options) -> None:
         raise UsageError(
             f"{{{option}}} applies to PyTorch checkpoint files; {_engine.escape(src)} is a folder",
             option=option,
+        )
+
+
+def _lone_only(src: str, o: Options) -> None:
+    """`config` goes beside a lone checkpoint's one output file: a folder of files brings its
+    own config.json, and a re-sharded output takes none yet."""
+    if o.config is not None:
+        what = "a folder of files" if _engine.is_tree(src) else "re-sharded ({max_shard_size})"
+        raise UsageError(
+            f"{{config}} applies to a lone checkpoint (a file, a DCP or ZeRO folder) written as "
+            f"one file: {_engine.escape(src)} is {what}",
+            option="config",
         )
 
 

@@ -205,6 +205,7 @@ class ConvertOptions(_Options, total=False):
     allow_quantized: bool
     follow_links: bool
     max_shard_size: int | str | None
+    config: StrPath | None
 
 
 class InspectOptions(ConvertOptions, total=False):
