@@ -326,10 +326,12 @@ fn read_model_config(path: &Path) -> Result<String> {
     if meta.len() > MAX {
         return Err(invalid("more than 16 MiB"));
     }
-    let mut text = String::new();
-    file.take(MAX)
-        .read_to_string(&mut text)
+    // Its size, checked above, sizes the one read (a file grown since reads short of it).
+    let mut bytes = vec![0; meta.len() as usize];
+    (&file)
+        .read_exact(&mut bytes)
         .map_err(|e| Error::io(path, "cannot read", e))?;
+    let text = String::from_utf8(bytes).map_err(|_| invalid("not UTF-8 text"))?;
     match crate::run::json::parse(&text) {
         Ok(doc) if matches!(doc.value, crate::run::json::Value::Object(_)) => Ok(text),
         _ => Err(invalid("not a JSON object")),
