@@ -403,8 +403,11 @@ fn check_option<'py>(py: Python<'py>, name: &str, value: Given) -> PyResult<Boun
 
 /// The file name of output shard `i` of `n` of the group `stem` (`shard::shard_file_name`).
 #[pyfunction]
-fn shard_file_name(stem: &str, i: usize, n: usize) -> String {
-    shard::shard_file_name(stem, i, n)
+fn shard_file_name(stem: OsString, i: usize, n: usize) -> OsString {
+    use std::os::unix::ffi::OsStringExt;
+    let mut name = stem.into_vec();
+    name.extend(shard::shard_file_name("", i, n).into_bytes());
+    OsString::from_vec(name)
 }
 
 /// The index file of the group `stem`.
@@ -460,8 +463,11 @@ fn json_depth(text: &str) -> usize {
 
 /// The stem and numbers of a shard name `STEM-00001-of-00002` (`naming::split_shard_name`).
 #[pyfunction]
-fn split_shard_name(name: &str) -> Option<(&str, &str, &str)> {
-    crate::naming::split_shard_name(name)
+fn split_shard_name(name: OsString) -> Option<(OsString, OsString, OsString)> {
+    use std::os::unix::ffi::OsStrExt;
+    let os = |b: &[u8]| std::ffi::OsStr::from_bytes(b).to_owned();
+    let (stem, i, n) = crate::naming::split_shard(name.as_bytes())?;
+    Some((os(stem), os(i), os(n)))
 }
 
 /// Is the folder one checkpoint (DCP)? Refused: one stcast cannot read; any, as an `output`.
@@ -756,10 +762,11 @@ fn format_bytes(n: u64) -> String {
     text::format_bytes(n)
 }
 
-/// Escape braces in data put into a template.
+/// Escape braces in data put into a template (bytes that are not UTF-8 shown as U+FFFD, as
+/// the engine shows paths).
 #[pyfunction]
-fn escape(s: &str) -> String {
-    text::esc(s).into_owned()
+fn escape(s: OsString) -> String {
+    text::esc(&s.to_string_lossy()).into_owned()
 }
 
 /// The usage error for an option's value, as the engine words it (for checks made in Python).

@@ -790,3 +790,37 @@ def test_a_distributed_training_checkpoint_folder_is_named(tmp_path, run_main, f
     with pytest.raises(stcast.InvalidInput, match=words):
         stcast.convert(src, tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_non_utf8_names_in_folders(tmp_path, run_main):
+    """A folder whose files (a plain one, a shard group) are named in bytes that are not
+    UTF-8: converted, verified and re-sharded under the same bytes."""
+    src = os.fsencode(tmp_path) + b"/src"
+    os.mkdir(src)
+    write_two_floats(os.fsdecode(src + b"/m\xff.safetensors"))
+    write_two_floats(os.fsdecode(src + b"/\xfe-00001-of-00001.safetensors"))
+    out = os.fsdecode(os.fsencode(tmp_path) + b"/out")
+    rc, _, err = run_main("convert", "-q", os.fsdecode(src), out)
+    assert (rc, err) == (0, "")
+    assert sorted(os.listdir(os.fsencode(out))) == [
+        b"m\xff.safetensors",
+        b"\xfe-00001-of-00001.safetensors",
+    ]
+    rc, _, err = run_main("verify", "-q", os.fsdecode(src), out)
+    assert (rc, err) == (0, "")
+    # Re-sharded: a shard of one keeps the name; shards that need an index (JSON, which
+    # cannot name them) are refused before any work, unless the output is named.
+    out = os.fsdecode(os.fsencode(tmp_path) + b"/resharded")
+    rc, _, err = run_main("convert", "-q", os.fsdecode(src), out, "--max-shard-size", "1KB")
+    assert (rc, err) == (0, "")
+    assert sorted(os.listdir(os.fsencode(out)))[0] == b"m\xff.safetensors"
+    big = os.fsdecode(src + b"/big\xff.safetensors")
+    row = np.ones(64, np.float32)
+    write_safetensors(big, {n: ("F32", [64], row) for n in ("a", "b")})
+    one = os.fsdecode(os.fsencode(tmp_path) + b"/one")
+    rc, _, err = run_main("convert", big, one, "--max-shard-size", "300B")
+    assert rc == 1 and "its name is not UTF-8" in assert_one_error_line(err)
+    assert not os.path.exists(one)
+    rc, _, err = run_main("convert", "-q", big, one, "--max-shard-size", "300B", "--name", "model")
+    assert (rc, err) == (0, "")
+    assert len(os.listdir(one)) == 3

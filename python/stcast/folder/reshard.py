@@ -409,6 +409,15 @@ def _index(g: Group, units: list[Unit]) -> tuple[str, bytes, dict[str, str]]:
         written = [n for n in u.names if n not in dropped] + u.scales
         names.update(dict.fromkeys(written, base))
         weight_map.update(dict.fromkeys(written, u.rel))
+    try:
+        g.stem.encode()
+    except UnicodeEncodeError:
+        first = g.inputs[0]
+        raise Refused(
+            f"{_esc(first.source_rel)}: its name is not UTF-8, so an index (JSON) cannot "
+            "name the shards cut from it; rename it, or name the output with {name}",
+            path=first.path,
+        ) from None
     src_text = None if g.index is None else read_json(g.index)[0]
     total = sum(u.target_bytes for u in units)
     text = _core.index_text(src_text, total=total, weight_map=[*names.items()], sort_keys=True)
