@@ -714,6 +714,8 @@ def assert_refused_cleanly(tmp_path: Path, src: Path, dst: Path, match: str, kin
         "model-00001-of-00003.safetensors\x00.txt",
         "",
         "a\\b.safetensors",
+        "\ud800.safetensors",  # a JSON escape naming no file
+        "\udcff.safetensors",
     ],
 )
 def test_weight_map_names_must_be_plain(tmp_path, rng, name):

@@ -487,3 +487,18 @@ def test_a_folder_of_whole_fsdp_weights_converts_them(tmp_path, rng, run_main):
     check_shards(dst, {"model.safetensors": a})
     assert "`pytorch_model_fsdp_1.bin`" in err
     assert stcast.verify(src, dst).ok
+
+
+@pytest.mark.parametrize("name", ["\ud800.bin", "\udcff.bin"])
+def test_a_bin_index_naming_no_file_is_refused(tmp_path, rng, run_main, name):
+    """A PyTorch index whose weight_map names a lone surrogate (a JSON escape): one line,
+    no crash."""
+    src = tmp_path / "m"
+    make_bin_model(src, rng, trainer=False)
+    index = src / "pytorch_model.bin.index.json"
+    doc = json.loads(index.read_text())
+    doc["weight_map"]["model.layers.0.mlp.weight"] = name
+    index.write_text(json.dumps(doc))
+    rc, _, err = run_main("convert", src, tmp_path / "o")
+    assert rc == 1 and "plain relative names" in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()

@@ -315,7 +315,7 @@ def read_index(f: File, found: set[str]) -> tuple[str, dict[str, str]]:
             raise Refused(
                 f"{_esc(f.path)}: weight_map entry `{_esc(tensor)}` names {_esc(repr(name))}: "
                 "shard names must be plain relative names inside the index's folder (no '..', "
-                "no absolute path, no NUL)",
+                "no absolute path, no NUL, no lone surrogate)",
                 path=f.path,
             )
         if f.src_rel is not None:
@@ -360,9 +360,18 @@ def index_owners(indexes: list[tuple[File, str, dict[str, str]]]) -> dict[str, s
 def _is_plain_name(name: object) -> bool:
     if not isinstance(name, str) or not name or "\0" in name or "\\" in name:
         return False
-    if name.startswith("/"):
+    if name.startswith("/") or _has_surrogate(name):
         return False
     return all(part not in ("", ".", "..") for part in name.split("/"))
+
+
+def _has_surrogate(name: str) -> bool:
+    """Does `name` hold a lone surrogate (a JSON `\\ud800` escape), which names no file?"""
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _check_index(f: File, weight_map: dict[str, str], names: dict[str, set[str]]) -> None:
