@@ -1,6 +1,6 @@
 //! Helpers shared by the unit tests.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// A safetensors file from its JSON header and `data_len` zero bytes of data.
 pub(crate) fn file(header: &str, data_len: usize) -> Vec<u8> {
@@ -13,6 +13,24 @@ pub(crate) fn file(header: &str, data_len: usize) -> Vec<u8> {
 /// A path for messages.
 pub(crate) fn p() -> &'static Path {
     Path::new("x.safetensors")
+}
+
+/// A fresh folder `stcast-{tag}-{pid}` in the temp folder holding `files`, each holding
+/// its own name (a name ending in `/` makes a folder).
+pub(crate) fn folder(tag: &str, files: &[&str]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("stcast-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in files {
+        let p = dir.join(f);
+        if f.ends_with('/') {
+            std::fs::create_dir_all(&p).unwrap();
+        } else {
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, f.as_bytes()).unwrap();
+        }
+    }
+    dir
 }
 
 /// xorshift64*: deterministic, seeded, good enough to scatter test inputs.

@@ -3,21 +3,8 @@ use std::os::unix::fs::symlink;
 use super::*;
 use crate::vocab::ErrorKind;
 
-/// A fresh folder holding `files` (empty files; `/` makes folders).
 fn folder(tag: &str, files: &[&str]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("stcast-place-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    for f in files {
-        let p = dir.join(f);
-        if f.ends_with('/') {
-            std::fs::create_dir_all(&p).unwrap();
-        } else {
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(&p, f.as_bytes()).unwrap();
-        }
-    }
-    dir
+    crate::testutil::folder(&format!("place-{tag}"), files)
 }
 
 fn problem(r: Result<impl std::fmt::Debug>) -> (PathBuf, PlaceProblem) {
