@@ -528,3 +528,19 @@ def test_closed_stdout_is_quiet(tmp_path):
     proc.stderr.close()
     assert proc.wait(60) == 0, err
     assert "Traceback" not in err and "Broken pipe" not in err, err
+
+
+def test_signal_handlers_come_before_any_heavy_import():
+    """The entry point installs its handlers after importing only what Python's start-up
+    already loaded (and the package's lazy `__init__`): no `enum`, no `signal`, whose ~25 ms
+    would be a window where Ctrl-C prints a traceback."""
+    proc = run_python(
+        "-c",
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        "import stcast.__main__ as m\n"
+        "m._install()\n"
+        "print(sorted(set(sys.modules) - before))\n",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['__future__', 'stcast', 'stcast.__main__']"

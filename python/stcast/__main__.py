@@ -11,7 +11,17 @@ does not change the outcome.
 
 from __future__ import annotations
 
-import signal
+# `_signal`, the C module under `signal`: `signal` imports `enum`, some 25 ms during which
+# Ctrl-C would still print a traceback. (Before this module runs, Python's own start-up and
+# the launcher pip writes are beyond reach: the first ~20 ms.)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import signal
+else:
+    try:
+        import _signal as signal
+    except ImportError:  # not CPython
+        import signal
 
 # The signals received, in order (the first decides).
 received: list[int] = []
