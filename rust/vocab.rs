@@ -369,6 +369,8 @@ named! {
         BlockShape = "block_shape",
         /// An FP8 output no model config describes: its `quantization_config` is beside it.
         NoModelConfig = "no_model_config",
+        /// A prefix to strip from tensor names that no name starts with.
+        UnmatchedPrefix = "unmatched_prefix",
     }
 }
 
