@@ -176,7 +176,6 @@ def convert(
 
         _files_only(src, o)
         _lone_only(src, o)
-        _shard_folder(dst, o.max_shard_size)
         prepared = folder.prepare(src, None if dst is None else os.fsdecode(dst), o, cancel=cancel)
         replace_report = None
         o = _report(o)
@@ -272,7 +271,6 @@ def inspect(
 
         _files_only(path, o)
         _lone_only(path, o)
-        _shard_folder(target, o.max_shard_size)
         return inspect_folder(path, target, _report(o), progress=progress)
     _folders_only(path, o)
     extra: dict[str, Any] = {}
@@ -456,22 +454,6 @@ def _verified_file(src: str, dst: str, to: Target | None) -> str:
     if found:
         return found[0]
     return dst if os.path.isdir(dst) else names[0]
-
-
-def _shard_folder(dst: StrPath | None, max_size: int | None) -> None:
-    """Re-sharding writes a folder: a DST named like a file (`out.safetensors`) that is not
-    one already would become a folder no loader opens."""
-    if dst is None or max_size is None:
-        return
-    path = os.fsdecode(dst)
-    if path.rstrip("/").lower().endswith(".safetensors") and not os.path.isdir(path):
-        raise UsageError(
-            f"{_engine.escape(path)}: {{max_shard_size}} writes a folder of shards and an "
-            "index, not one file: name a folder (e.g. "
-            f"{_engine.escape(path.rstrip('/')[: -len('.safetensors')] or 'out')}/)",
-            path=path,
-            option="max_shard_size",
-        )
 
 
 # Names of a checkpoint's files and folders: never a Hub repo id's second half.
