@@ -214,7 +214,6 @@ def convert(
         allow_quantized=o.allow_quantized,
         follow_links=o.follow_links,
         **o.source,
-        stacklevel=2,
     )
 
 
