@@ -831,6 +831,7 @@ _NOT_QUANTIZED = {
     "embedding": "an embedding",
     "lm_head": "the output head",
     "router": "a router gate",
+    "vision": "the vision tower",
     "dtype": "F64",
     "empty": "empty",
     "nonfinite": "NaN or inf",
