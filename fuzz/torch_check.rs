@@ -34,10 +34,9 @@ pub fn check(data: &[u8]) -> usize {
         );
     }
     let _ = ck.tensor_dicts();
-    let strip = ["module.".to_string()];
     let mut gathered = 0;
     for key in [None, Some("")] {
-        let Ok(sel) = ck.select(key, &strip) else {
+        let Ok(sel) = ck.select(key) else {
             continue;
         };
         for t in &sel.tensors {

@@ -83,6 +83,10 @@ pub enum PlaceProblem {
     NotAFolder { file: bool },
     /// The destination exists and is not a folder; `resharding` a file writes one.
     DstNotAFolder { resharding: bool },
+    /// The destination is named like a file (`x.safetensors`) and is not a folder, and the
+    /// run writes a folder (`resharding`: because of the shard size, else because the
+    /// source is a folder of files): `folder` is the one to name instead. A usage error.
+    DstLikeFile { resharding: bool, folder: PathBuf },
     /// The destination is the source folder or lies inside it.
     DstInSource,
     /// The destination contains the source folder.
@@ -506,6 +510,10 @@ impl Error {
                 WalkProblem::BrokenLink => ErrorKind::InvalidInput,
                 _ => ErrorKind::Refused,
             },
+            Error::Place {
+                problem: PlaceProblem::DstLikeFile { .. },
+                ..
+            } => ErrorKind::Usage,
             Error::Place { .. } => ErrorKind::Refused,
             Error::NotACheckpoint { .. } => ErrorKind::Usage,
             Error::InputChanged { .. } => ErrorKind::InputChanged,
@@ -598,6 +606,13 @@ impl Error {
             Error::BadOption { option, .. } => Some(*option),
             Error::BadPattern { .. } => Some(OptionName::Keep),
             Error::NotACheckpoint { option, .. } => Some(*option),
+            Error::Place {
+                problem:
+                    PlaceProblem::DstLikeFile {
+                        resharding: true, ..
+                    },
+                ..
+            } => Some(OptionName::MaxShardSize),
             Error::Distributed {
                 problem: DistProblem::ZeroKey { .. },
                 ..
@@ -848,6 +863,15 @@ fn place_message(problem: &PlaceProblem) -> String {
             } else {
                 ""
             }
+        ),
+        PlaceProblem::DstLikeFile { resharding, folder } => format!(
+            "{}, not one file: name a folder (e.g. {}/)",
+            if *resharding {
+                "{max_shard_size} writes a folder of shards and an index"
+            } else {
+                "the source is a folder of files, converted into a folder"
+            },
+            esc_path(folder)
         ),
         PlaceProblem::DstInSource => {
             "the destination is the source folder or lies inside it".into()

@@ -1,5 +1,6 @@
 //! Output names and the option values that make them: shard and index file names, the
-//! stem a user may give (`name`), and sizes (`max_shard_size`). A leaf: it uses no other
+//! stem a user may give (`name`), sizes (`max_shard_size`), and input tensor names stripped
+//! of the prefixes a user gives (`strip_prefix`). A leaf: it uses no other
 //! module, so the option checks (`vocab`) and the re-sharding (`shard`) both ask it.
 
 /// What a size option says, in bytes: a number (maybe with a decimal point) and an optional
@@ -104,33 +105,101 @@ pub fn is_stem(stem: &str) -> bool {
         || stem.to_ascii_lowercase().ends_with(".safetensors"))
 }
 
+/// `name` once each of `prefixes` is dropped in turn, each from what the one before left:
+/// `module.` then `_orig_mod.` make `module._orig_mod.x` into `x`. A prefix the rest does
+/// not start with, or that is the whole rest (a name is never emptied), is passed over.
+/// `dropped(i)` is told of each prefix `i` dropped.
+pub fn strip_prefixes_marking<'a>(
+    name: &'a str,
+    prefixes: &[String],
+    mut dropped: impl FnMut(usize),
+) -> &'a str {
+    let mut rest = name;
+    for (i, p) in prefixes.iter().enumerate() {
+        if let Some(r) = rest.strip_prefix(p.as_str()).filter(|r| !r.is_empty()) {
+            rest = r;
+            dropped(i);
+        }
+    }
+    rest
+}
+
+/// `name` stripped of `prefixes` in turn (`strip_prefixes_marking`).
+pub fn strip_prefixes<'a>(name: &'a str, prefixes: &[String]) -> &'a str {
+    strip_prefixes_marking(name, prefixes, |_| {})
+}
+
+/// The prefixes of `prefixes` that no name of `names` drops (`strip_prefixes`): each a
+/// warning (a typo, or an order that never reaches it), in the order given.
+pub fn unused_prefixes<'n>(
+    names: impl IntoIterator<Item = &'n str>,
+    prefixes: &[String],
+) -> Vec<String> {
+    if prefixes.is_empty() {
+        return Vec::new();
+    }
+    let mut used = vec![false; prefixes.len()];
+    for name in names {
+        strip_prefixes_marking(name, prefixes, |i| used[i] = true);
+    }
+    prefixes
+        .iter()
+        .zip(used)
+        .filter(|(_, used)| !used)
+        .map(|(p, _)| p.clone())
+        .collect()
+}
+
+/// The first two of `n` names (`name(i)`) that are one: the pair whose second comes first,
+/// as `(first, second)`. Found by sorting indices by name rather than by a map of every
+/// name (500k tensors: some 50 MB), so that a name may be made on each call (stripped).
+pub fn first_repeat<'a>(n: usize, name: impl Fn(usize) -> &'a str) -> Option<(usize, usize)> {
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    order.sort_unstable_by(|&a, &b| name(a as usize).cmp(name(b as usize)).then(a.cmp(&b)));
+    order
+        .windows(2)
+        .filter(|w| name(w[0] as usize) == name(w[1] as usize))
+        .map(|w| (w[0] as usize, w[1] as usize))
+        .min_by_key(|&(_, second)| second)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn p(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
     #[test]
-    fn shard_names_read_back_as_written() {
-        for (i, n) in [(2, 3), (7, 123_456)] {
-            let name = shard_file_name("a-1-of-2", i, n);
-            let bare = name.strip_suffix(".safetensors").unwrap();
-            let (stem, got_i, got_n) = split_shard_name(bare).unwrap();
-            assert_eq!(
-                (stem, got_i.parse(), got_n.parse()),
-                ("a-1-of-2", Ok(i), Ok(n))
-            );
-        }
-        assert_eq!(split_shard_name("-1-of-2"), Some(("", "1", "2")));
-        assert_eq!(split_shard_name("a-12-of-003"), Some(("a", "12", "003")));
-        for other in [
-            "a-of-2",
-            "a-1-of-",
-            "a1-of-2",
-            "a-1-of-2x",
-            "a-1-0f-2",
-            "model",
-            "",
-        ] {
-            assert_eq!(split_shard_name(other), None, "{other}");
-        }
+    fn prefixes_are_dropped_in_turn() {
+        let both = p(&["module.", "_orig_mod."]);
+        assert_eq!(strip_prefixes("module._orig_mod.x", &both), "x");
+        assert_eq!(strip_prefixes("_orig_mod.x", &both), "x");
+        assert_eq!(strip_prefixes("module.x", &both), "x");
+        // In the order given: the second is not tried before the first.
+        assert_eq!(strip_prefixes("_orig_mod.module.x", &both), "module.x");
+        // Never emptied; each prefix at most once.
+        assert_eq!(strip_prefixes("module.", &both), "module.");
+        assert_eq!(strip_prefixes("module.module.x", &both), "module.x");
+        assert_eq!(
+            unused_prefixes(["module.a", "module.b"], &both),
+            vec!["_orig_mod.".to_string()]
+        );
+        assert!(unused_prefixes(["module._orig_mod.a"], &both).is_empty());
+        assert!(unused_prefixes(["a"], &[]).is_empty());
+    }
+
+    #[test]
+    fn the_first_repeat_is_found() {
+        let names = ["module.a", "b", "a", "b"];
+        let pre = p(&["module."]);
+        assert_eq!(first_repeat(4, |i| names[i]), Some((1, 3)));
+        assert_eq!(
+            first_repeat(4, |i| strip_prefixes(names[i], &pre)),
+            Some((0, 2))
+        );
+        assert_eq!(first_repeat(2, |i| names[i]), None);
+        assert_eq!(first_repeat(0, |i| names[i]), None);
     }
 }

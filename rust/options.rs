@@ -303,8 +303,8 @@ pub const DEFS: &[Def] = &[
         ..def(
             "strip_prefix",
             Kind::Texts,
-            "PyTorch checkpoints: drop PREFIX from tensor names (repeatable), e.g. --strip-prefix \
-         module. --strip-prefix _orig_mod.",
+            "drop PREFIX from tensor names (repeatable: each in turn, from what the one before \
+         left), e.g. --strip-prefix module. --strip-prefix _orig_mod.",
         )
         .metavar("PREFIX")
         .expected("a non-empty string (a name prefix)")

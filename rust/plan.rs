@@ -737,7 +737,7 @@ fn check_fp8_pairs(path: &Path, src: &SourceHeader, reasons: &[Reason]) -> Resul
 }
 
 /// FP8 targets: the weights left unquantized that a user would not expect (NaN or inf in
-/// them, 3-D experts), and under blocks the fused layers vLLM needs in multiples of 128.
+/// them, 3-D experts, a vision-language model's vision side), and under blocks the fused layers vLLM needs in multiples of 128.
 fn fp8_warnings(plan: &Plan, src: &SourceHeader) -> Vec<Warning> {
     let mut out = Vec::new();
     let named = |skip: Fp8Skip| -> Vec<&str> {
@@ -789,6 +789,27 @@ fn fp8_warnings(plan: &Plan, src: &SourceHeader) -> Vec<Warning> {
                 "{} of fused MoE experts (3-D) stay BF16, unquantized: {}",
                 count_of(experts.len(), "weight"),
                 name_list(experts.iter().copied(), 5)
+            ),
+        ));
+    }
+    let vision = named(Fp8Skip::Vision);
+    if !vision.is_empty() {
+        let parts: Vec<&str> = quant::VISION_MODULES
+            .into_iter()
+            .filter(|m| {
+                vision
+                    .iter()
+                    .any(|n| n.to_ascii_lowercase().split('.').any(|p| p == *m))
+            })
+            .collect();
+        out.push(Warning::new(
+            WarningKind::NotQuantized,
+            format!(
+                "{} of the vision tower and its projector ({}) stay BF16, unquantized, as \
+                 llm-compressor's FP8 recipes and vLLM leave them: {}",
+                count_of(vision.len(), "weight"),
+                parts.join(", "),
+                name_list(vision.iter().copied(), 5)
             ),
         ));
     }
@@ -1280,6 +1301,39 @@ mod tests {
         let src = read_header(p(), &file(h, 40)).unwrap();
         let plan = plan(p(), &src, &PlanOptions::new(Target::Fp8)).unwrap();
         assert_eq!(plan.unquantized_modules(&src), ["m.i", "m.f"]);
+    }
+
+    #[test]
+    fn fp8_leaves_a_vision_tower_unquantized_and_says_so() {
+        let h = r#"{"model.visual.blocks.0.attn.qkv.weight":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},"model.multi_modal_projector.linear_1.weight":{"dtype":"F32","shape":[2,2],"data_offsets":[16,32]},"model.language_model.layers.0.mlp.up_proj.weight":{"dtype":"F32","shape":[2,2],"data_offsets":[32,48]}}"#;
+        let src = read_header(p(), &file(h, 48)).unwrap();
+        let plan = plan(p(), &src, &PlanOptions::new(Target::Fp8)).unwrap();
+        assert_eq!(
+            plan.fp8_skips,
+            [Some(Fp8Skip::Vision), Some(Fp8Skip::Vision), None]
+        );
+        // Listed in the config's ignore, so that a loader leaves them as they are.
+        assert_eq!(
+            plan.unquantized_modules(&src),
+            [
+                "model.visual.blocks.0.attn.qkv",
+                "model.multi_modal_projector.linear_1"
+            ]
+        );
+        let w: Vec<_> = plan
+            .warnings
+            .iter()
+            .filter(|w| w.kind == WarningKind::NotQuantized)
+            .collect();
+        assert_eq!(w.len(), 1, "{:?}", plan.warnings);
+        assert!(
+            w[0].text.starts_with(
+                "2 weights of the vision tower and its projector (visual, \
+                 multi_modal_projector) stay BF16, unquantized"
+            ),
+            "{}",
+            w[0].text
+        );
     }
 
     #[test]

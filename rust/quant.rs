@@ -408,6 +408,23 @@ pub fn unquantized_module<'a>(name: &'a str, shape: &[usize]) -> Option<&'a str>
     (shape.len() == 2).then_some(module)
 }
 
+/// The modules of a vision-language model's vision side, by a dotted part of their name:
+/// the vision tower (`vision_tower`: LLaVA, Gemma 3, Mistral 3; `visual`: Qwen2-VL to
+/// Qwen3-VL; `vision_model`: Mllama, Idefics3; `vision_encoder`) and its projector into the
+/// language model (`multi_modal_projector`, `mm_projector`; Phi-3-vision's
+/// `vision_embed_tokens`). llm-compressor's FP8 recipes for these models ignore them
+/// (`re:vision_tower.*`, `re:multi_modal_projector.*`, `re:visual.*`, `re:vision_model.*`),
+/// and the FP8 checkpoints vLLM serves leave them unquantized: so does an FP8 target.
+pub const VISION_MODULES: [&str; 7] = [
+    "vision_tower",
+    "visual",
+    "vision_model",
+    "vision_encoder",
+    "multi_modal_projector",
+    "mm_projector",
+    "vision_embed_tokens",
+];
+
 /// Quantize a tensor under `strategy`, or why not.
 pub fn choose(
     name: &str,
@@ -448,6 +465,10 @@ pub fn choose(
     }
     if shape[0] == 0 || shape[1] == 0 {
         return Err(Fp8Skip::Empty);
+    }
+    // Last: only weights that would be quantized are told apart as the vision side's.
+    if lower.split('.').any(|p| VISION_MODULES.contains(&p)) {
+        return Err(Fp8Skip::Vision);
     }
     Ok(Quant {
         d: dtype,
@@ -494,6 +515,20 @@ mod tests {
         );
         assert_eq!(q("model.norm.weight"), Err(Fp8Skip::Norm));
         assert_eq!(q("lm_head.weight"), Err(Fp8Skip::LmHead));
+        for vision in [
+            "vision_tower.vision_model.encoder.layers.0.self_attn.q_proj.weight",
+            "model.visual.blocks.0.attn.qkv.weight",
+            "visual.merger.mlp.0.weight",
+            "vision_model.encoder.layers.3.mlp.fc1.weight",
+            "model.multi_modal_projector.linear_1.weight",
+            "Model.Vision_Tower.x.weight",
+        ] {
+            assert_eq!(q(vision), Err(Fp8Skip::Vision), "{vision}");
+        }
+        // The language model beside it is quantized; a norm of the tower is a norm.
+        assert!(q("model.language_model.layers.0.self_attn.q_proj.weight").is_ok());
+        assert!(q("model.layers.0.mlp.visual_gate_proj.weight").is_ok());
+        assert_eq!(q("vision_tower.post_layernorm.weight"), Err(Fp8Skip::Norm));
         assert_eq!(q("model.embed_tokens.weight"), Err(Fp8Skip::Embedding));
         assert_eq!(
             q("bert.embeddings.word_embeddings.weight"),

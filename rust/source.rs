@@ -48,6 +48,8 @@ pub struct Source {
     /// The checkpoint folders it was read from (a DCP or ZeRO folder): every file and
     /// folder in them is the source's, which no output may replace or lie in.
     pub folders: Vec<PathBuf>,
+    /// The prefixes to strip from tensor names that no name started with (a warning).
+    pub unused_prefixes: Vec<String>,
 }
 
 /// What a source read from a PyTorch checkpoint says beyond its tensors.
@@ -351,6 +353,7 @@ impl Source {
             header,
             origin: None,
             folders: Vec::new(),
+            unused_prefixes: Vec::new(),
         }
     }
 

@@ -150,6 +150,10 @@ named! {
         LmHead = "lm_head",
         /// A MoE router gate (`*.mlp.gate`, `*.router`): kept precise for routing.
         Router = "router",
+        /// A vision-language model's vision tower or its projector into the language model
+        /// (`quant::VISION_MODULES`): llm-compressor's recipes and vLLM's FP8 checkpoints
+        /// leave them unquantized.
+        Vision = "vision",
         /// F64 (compressed-tensors quantizes F32, F16 and BF16 weights).
         Dtype = "dtype",
         /// No elements.
@@ -174,6 +178,7 @@ impl Fp8Skip {
             Fp8Skip::Embedding => "an embedding",
             Fp8Skip::LmHead => "the output head",
             Fp8Skip::Router => "a MoE router gate",
+            Fp8Skip::Vision => "the vision tower or its projector",
             Fp8Skip::Dtype => "F64",
             Fp8Skip::Empty => "empty",
             Fp8Skip::NonFinite => "holds NaN or inf",
@@ -369,6 +374,8 @@ named! {
         BlockShape = "block_shape",
         /// An FP8 output no model config describes: its `quantization_config` is beside it.
         NoModelConfig = "no_model_config",
+        /// A prefix to strip from tensor names that no name starts with.
+        UnmatchedPrefix = "unmatched_prefix",
     }
 }
 

@@ -287,3 +287,33 @@ def test_cancelled_is_a_stcast_error():
     assert (e.kind, str(e), e.path) == ("cancelled", "conversion cancelled", None)
     again = pickle.loads(pickle.dumps(e))
     assert (type(again), str(again)) == (stcast.Cancelled, "conversion cancelled")
+
+
+def test_warnings_point_at_the_callers_line(tmp_path):
+    """Every warning of the API names the line that called stcast (issue 33), never a line
+    of stcast's own, whatever the kind of run found it: a lone file, a folder of files (its
+    walk, its shards), a re-sharding."""
+    import inspect as _inspect
+    import warnings
+
+    from conftest import write_safetensors
+
+    src = write_safetensors(tmp_path / "m.safetensors", {"w": ("F32", [2], np.ones(2, np.float32))})
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    write_safetensors(folder / "model.safetensors", {"w": ("F32", [2], np.ones(2, np.float32))})
+    runs = [
+        lambda: stcast.convert(src, tmp_path / "a.safetensors", strip_prefix=["zz."]),
+        lambda: stcast.convert(src, tmp_path / "b.safetensors", keep=["nomatch*"]),
+        lambda: stcast.convert(folder, tmp_path / "c", keep=["nomatch*"]),
+        lambda: stcast.convert(src, tmp_path / "d", keep=["nomatch*"], max_shard_size="1MB"),
+    ]
+    for run in runs:
+        line = _inspect.getsourcelines(run)[1]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run()
+        assert caught, line
+        assert {(w.filename, w.lineno) for w in caught} == {(__file__, line)}, [
+            (w.filename, w.lineno, str(w.message)) for w in caught
+        ]

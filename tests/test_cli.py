@@ -240,6 +240,16 @@ def test_help(run_main):
     assert rc == 0 and "convert" in out and "inspect" in out
 
 
+def test_help_and_man_page_name_every_target(run_main):
+    """The top-level help, convert's help and the man page say FP8 too, not "to bf16 or
+    fp16" only (issue 33)."""
+    for args in (["--help"], ["convert", "--help"], ["manpage"]):
+        rc, out, err = run_main(*args)
+        flat = " ".join(out.replace("\\", "").split())
+        assert rc == 0 and "FP8" in flat, args
+        assert "to bf16 or fp16" not in flat and "to bf16 (or fp16)" not in flat, args
+
+
 # --- version and import cost ----------------------------------------------------------------
 
 

@@ -268,6 +268,38 @@ def test_hf_model_folder(tmp_path, rng):
     assert not [p for p in dst.rglob(".stcast-*")]
 
 
+@pytest.mark.parametrize("command", ["convert", "inspect"])
+@pytest.mark.parametrize("shards", [False, True])
+def test_a_folder_into_a_file_name_is_a_usage_error(tmp_path, rng, run_main, command, shards):
+    """A folder of files (or any re-sharding) writes a folder: DST `x.safetensors` would
+    become a folder no loader opens as a file (issue 33). Exit 2 naming the folder to give,
+    nothing created; a folder of that name that exists is a folder."""
+    src = make_hf_model(tmp_path / "model", rng, shards=1)
+    before = sorted(os.listdir(tmp_path))
+    extra = ["--max-shard-size", "1MB"] if shards else []
+    for dst in ("x.safetensors", "Y.SAFETENSORS"):
+        rc, out, err = run_main(command, src, tmp_path / dst, *extra)
+        line = assert_one_error_line(err)
+        stem = dst.split(".")[0]
+        why = (
+            "--max-shard-size writes a folder of shards and an index"
+            if shards
+            else "the source is a folder of files, converted into a folder"
+        )
+        assert rc == 2 and line == (
+            f"stcast: {tmp_path / dst}: {why}, not one file: name a folder (e.g. "
+            f"{tmp_path / stem}/)"
+        ), line
+        assert sorted(os.listdir(tmp_path)) == before
+    with pytest.raises(stcast.UsageError) as info:
+        stcast.convert(src, tmp_path / "x.safetensors", max_shard_size=1 << 20 if shards else None)
+    assert info.value.option == ("max_shard_size" if shards else None)
+    assert sorted(os.listdir(tmp_path)) == before
+    (tmp_path / "x.safetensors").mkdir()
+    rc, out, err = run_main(command, src, tmp_path / "x.safetensors", *extra)
+    assert rc == 0, err
+
+
 def test_fp16_and_default_destination(tmp_path, rng):
     src = make_hf_model(tmp_path / "model", rng)
     report = stcast.convert(str(src) + "/", to="fp16")

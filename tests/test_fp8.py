@@ -339,6 +339,45 @@ def test_nonfinite_weights_folder(tmp_path, rng, run_main):
     assert got[NAN][0] == got[INF][0] == "BF16"
 
 
+def test_a_vision_tower_stays_bf16_and_is_named(tmp_path, rng, run_main):
+    """`--to fp8` on a vision-language model (issue 33): its vision tower and projector stay
+    BF16 as llm-compressor's recipes leave them, listed in the config's ignore, named in one
+    warning; the language model is quantized; verify passes."""
+    vision = {
+        "model.visual.blocks.0.attn.qkv.weight": (48, 16),
+        "model.visual.merger.mlp.0.weight": (16, 64),
+        "model.multi_modal_projector.linear_1.weight": (16, 16),
+        "vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight": (32, 16),
+    }
+    extra = {
+        n: ("F32", list(shape), rng.standard_normal(shape).astype(np.float32))
+        for n, shape in vision.items()
+    }
+    folder = tmp_path / "vlm"
+    folder.mkdir()
+    write_safetensors(folder / "model.safetensors", small_model(rng, extra=extra))
+    (folder / "config.json").write_text('{"torch_dtype": "float32"}\n')
+    out = tmp_path / "vlm-fp8"
+    rc, _, err = run_main("convert", folder, out, "--to", "fp8")
+    assert rc == 0, err
+    said = [line for line in err.splitlines() if "vision tower" in line]
+    assert len(said) == 1 and said[0].startswith(
+        "stcast: warning: model.safetensors: 4 weights of the vision tower and its projector "
+        "(vision_tower, visual, vision_model, multi_modal_projector) stay BF16, unquantized"
+    ), err
+    got = tensor_bytes(out / "model.safetensors")
+    for name in vision:
+        assert got[name][0] == "BF16" and name + "_scale" not in got, name
+    assert got["model.layers.0.mlp.up_proj.weight"][0] == "F8_E4M3"
+    ignore = json.loads((out / "config.json").read_text())["quantization_config"]["ignore"]
+    assert {n.removesuffix(".weight") for n in vision} <= set(ignore)
+    report = stcast.inspect(folder / "model.safetensors", to="fp8")
+    reasons = {t.name: t.not_quantized for t in report.tensors}
+    assert {reasons[n] for n in vision} == {"vision"}
+    rc, _, err = run_main("verify", folder, out)
+    assert rc == 0, err
+
+
 def test_verify_nonfinite_folder(tmp_path, rng, run_main):
     tensors = with_nonfinite(rng, (NAN, np.inf), (INF, np.nan))
     folder = tmp_path / "src"

@@ -337,14 +337,15 @@ def test_nested_key_and_prefixes(tmp_path, run_main, rng):
         "--strip-prefix",
         "module.",
         "--strip-prefix",
-        "module._orig_mod.",
+        "_orig_mod.",
         "--to",
         "keep",
     )
     assert rc == 0, err
     # One warning: the entry `step` is not a tensor.
     assert err.count("warning") == 1 and "entry `step` of `model` is not a tensor" in err
-    assert set(tensor_bytes(dst)) == {"w", "_orig_mod.v"}  # the first prefix that matches
+    # Each prefix in turn, from what the one before left.
+    assert set(tensor_bytes(dst)) == {"w", "v"}
     rc, out, err = run_main("convert", src, dst, "--force", "--key", "ema.inner")
     assert rc == 0, err
     assert list(tensor_bytes(dst)) == ["w"]
@@ -466,6 +467,51 @@ def test_names_a_safetensors_header_cannot_hold_are_refused(tmp_path, run_main, 
     assert listing(tmp_path) == ["folder", "m.pt"]
 
 
+def test_prefixes_strip_in_turn_on_safetensors_and_in_verify(tmp_path, run_main, rng):
+    """`--strip-prefix` on a safetensors file (issue 33): each prefix in turn, from what the
+    one before left; one that matches no name warns; names that would collide are refused
+    before anything is written; verify reads SRC under the same prefixes."""
+    from conftest import write_safetensors
+
+    a, b = f32(4, rng), f32(3, rng)
+    src = write_safetensors(
+        tmp_path / "ddp.safetensors",
+        {"module._orig_mod.a": ("F32", [4], a), "module._orig_mod.b": ("F32", [3], b)},
+    )
+    dst = tmp_path / "out.safetensors"
+    both = ["--strip-prefix", "module.", "--strip-prefix", "_orig_mod."]
+    rc, out, err = run_main("convert", src, dst, *both, "--strip-prefix", "zz.")
+    assert rc == 0, err
+    assert sorted(tensor_bytes(dst)) == ["a", "b"]
+    warned = [line for line in err.splitlines() if "warning" in line]
+    assert warned == [
+        "stcast: warning: --strip-prefix `zz.` matches no tensor name (once the prefixes "
+        "before are stripped): a typo, or another order?"
+    ], err
+    rc, out, err = run_main("verify", src, dst, *both)
+    assert rc == 0 and "exactly the conversion" in out, err
+    rc, out, err = run_main("verify", src, dst)
+    assert rc == 1, out
+    with pytest.warns(stcast.StcastWarning) as caught:
+        stcast.convert(src, tmp_path / "api.safetensors", strip_prefix=["_orig_mod.", "module."])
+    assert [w.message.kind for w in caught] == ["unmatched_prefix"]
+    # Re-sharded too.
+    rc, out, err = run_main("convert", src, tmp_path / "shards", *both, "--max-shard-size", "1MB")
+    assert rc == 0, err
+    (shard,) = (tmp_path / "shards").glob("*.safetensors")
+    assert sorted(tensor_bytes(shard)) == ["a", "b"]
+    # Two names that would be one: refused, nothing written.
+    clash = write_safetensors(
+        tmp_path / "clash.safetensors",
+        {"module.a": ("F32", [4], a), "a": ("F32", [4], a)},
+    )
+    before = listing(tmp_path)
+    rc, out, err = run_main("convert", clash, tmp_path / "c.safetensors", *both)
+    line = assert_one_error_line(err)
+    assert rc == 1 and line.endswith("tensors `module.a` and `a` would both be named `a`"), line
+    assert listing(tmp_path) == before
+
+
 def test_key_and_prefix_options_are_for_checkpoints(tmp_path, run_main):
     from conftest import write_safetensors
 
@@ -473,13 +519,9 @@ def test_key_and_prefix_options_are_for_checkpoints(tmp_path, run_main):
     rc, out, err = run_main("convert", st, tmp_path / "o.safetensors", "--key", "model")
     line = assert_one_error_line(err)
     assert rc == 2 and "--key applies to PyTorch checkpoints" in line, line
-    with pytest.raises(stcast.UsageError) as e:
-        stcast.convert(st, tmp_path / "o.safetensors", strip_prefix=["module."])
-    assert "strip_prefix applies to PyTorch checkpoints" in str(e.value)
     rc, out, err = run_main("convert", tmp_path, tmp_path / "out", "--strip-prefix", "m.")
-    assert (
-        rc == 2
-        and "--strip-prefix applies to PyTorch checkpoint files" in assert_one_error_line(err)
+    assert rc == 2 and (
+        "--strip-prefix applies to a file, DCP or ZeRO folder" in assert_one_error_line(err)
     )
     # keep with a safetensors input: only the format would change, and it does not.
     rc, out, err = run_main("convert", st, "--to", "keep")

@@ -176,7 +176,6 @@ def convert(
 
         _files_only(src, o)
         _lone_only(src, o)
-        _shard_folder(dst, o.max_shard_size)
         prepared = folder.prepare(src, None if dst is None else os.fsdecode(dst), o, cancel=cancel)
         replace_report = None
         o = _report(o)
@@ -215,7 +214,6 @@ def convert(
         allow_quantized=o.allow_quantized,
         follow_links=o.follow_links,
         **o.source,
-        stacklevel=2,
     )
 
 
@@ -272,7 +270,6 @@ def inspect(
 
         _files_only(path, o)
         _lone_only(path, o)
-        _shard_folder(target, o.max_shard_size)
         return inspect_folder(path, target, _report(o), progress=progress)
     _folders_only(path, o)
     extra: dict[str, Any] = {}
@@ -458,22 +455,6 @@ def _verified_file(src: str, dst: str, to: Target | None) -> str:
     return dst if os.path.isdir(dst) else names[0]
 
 
-def _shard_folder(dst: StrPath | None, max_size: int | None) -> None:
-    """Re-sharding writes a folder: a DST named like a file (`out.safetensors`) that is not
-    one already would become a folder no loader opens."""
-    if dst is None or max_size is None:
-        return
-    path = os.fsdecode(dst)
-    if path.rstrip("/").lower().endswith(".safetensors") and not os.path.isdir(path):
-        raise UsageError(
-            f"{_engine.escape(path)}: {{max_shard_size}} writes a folder of shards and an "
-            "index, not one file: name a folder (e.g. "
-            f"{_engine.escape(path.rstrip('/')[: -len('.safetensors')] or 'out')}/)",
-            path=path,
-            option="max_shard_size",
-        )
-
-
 # Names of a checkpoint's files and folders: never a Hub repo id's second half.
 _LOCAL_SUFFIX = re.compile(r"\.(json|safetensors|bin|pt|pth|ckpt|distcp|index)$", re.IGNORECASE)
 
@@ -538,13 +519,14 @@ def _folders_only(src: str, o: Options) -> None:
 
 
 def _files_only(src: str, o: Options) -> None:
-    """`key` and `strip_prefix` choose within one PyTorch checkpoint: not for folders, whose
-    weight files are plain state dicts (and whose indexes name their tensors). A file
-    re-sharded into a folder takes them."""
+    """`key` chooses within one PyTorch checkpoint and `strip_prefix` renames one input's
+    tensors: not for folders of files, whose weight files are plain state dicts (and whose
+    indexes name their tensors). A file re-sharded into a folder takes them."""
     option = "key" if o.key is not None else "strip_prefix" if o.strip_prefix else None
     if option is not None and _engine.is_tree(src):
+        what = "PyTorch checkpoint files" if option == "key" else "a file, DCP or ZeRO folder"
         raise UsageError(
-            f"{{{option}}} applies to PyTorch checkpoint files; {_engine.escape(src)} is a folder",
+            f"{{{option}}} applies to {what}; {_engine.escape(src)} is a folder of files",
             option=option,
         )
 

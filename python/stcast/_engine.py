@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import sys
 import warnings as _warnings
 from typing import TYPE_CHECKING, Any
 
@@ -70,9 +71,18 @@ def is_tree(path: str) -> bool:
     return os.path.isdir(path) and not _core.check_folder(path)
 
 
-def issue(kind: str, template: str, path: str | None, stacklevel: int) -> None:
-    """Issue an engine warning as a `StcastWarning`."""
-    _warnings.warn(StcastWarning(kind, template, path), stacklevel=stacklevel + 1)
+# This package's folder: its frames are never the line a warning points at.
+_PACKAGE = os.path.dirname(__file__) + os.sep
+
+
+def issue(kind: str, template: str, path: str | None) -> None:
+    """Issue an engine warning as a `StcastWarning`, pointing at the caller's line: the first
+    frame outside this package, however deep in it the warning was found (the CLI's own
+    frames, all in it: the outermost)."""
+    frame, level = sys._getframe(0), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    _warnings.warn(StcastWarning(kind, template, path), stacklevel=level)
 
 
 def keywords(options: Options | None, extra: dict[str, Any]) -> dict[str, Any]:
@@ -86,17 +96,15 @@ def convert_file(
     dst: str,
     options: Options | None = None,
     *,
-    stacklevel: int,
     warn_path: str | None = None,
     **extra: Any,
 ) -> ConvertReport:
     """Convert one file with `options` and `extra` (`_core.convert`'s keywords, see
-    `keywords`). Warnings are issued as they come, pointing `stacklevel` frames up from
-    here (the user's call), prefixed by `warn_path`."""
+    `keywords`). Warnings are issued as they come, pointing at the user's call (`issue`),
+    prefixed by `warn_path`."""
 
     def warn(kind: str, template: str) -> None:
-        # No Python frame lies between this callback and here (the engine is native).
-        issue(kind, template, warn_path, stacklevel + 1)
+        issue(kind, template, warn_path)
 
     with gc_paused():
         result = _core.convert(src, dst, warn=warn, **keywords(options, extra))

@@ -60,6 +60,7 @@ WarningKind = Literal[
     "not_quantized",
     "block_shape",
     "no_model_config",
+    "unmatched_prefix",
 ]
 ReadAdvice = Literal["normal", "sequential", "willneed"]
 Action = Literal["convert", "copy", "quantize", "dequantize", "drop"]

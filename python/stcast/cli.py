@@ -279,11 +279,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command(
         "convert",
-        "Convert SRC to bf16 (or fp16); other tensors and the metadata are kept. SRC may be a "
-        "PyTorch checkpoint (torch.save: .bin, .pt, .pth), read without torch and without "
-        "running its pickle (an allow-list; anything else is refused), or a checkpoint "
+        "Convert SRC to bf16 (the default), fp16, or FP8 weights for vLLM (--to fp8, "
+        "fp8-block); an FP8 checkpoint is dequantized to bf16. Other tensors and the metadata "
+        "are kept. SRC may be a safetensors file, a PyTorch checkpoint (torch.save: .bin, .pt, "
+        ".pth), read without torch and without running its pickle (an allow-list; anything "
+        "else is refused), a DCP or DeepSpeed ZeRO checkpoint folder, or a Hugging Face "
         "folder: every .safetensors file (and pytorch_model*.bin file) in it is converted, its "
-        "indexes and config.json files are updated and everything else is copied into the "
+        "indexes and config.json files are updated and its other files are copied into the "
         "folder DST.",
     )
     p.add_argument(
@@ -831,6 +833,7 @@ _NOT_QUANTIZED = {
     "embedding": "an embedding",
     "lm_head": "the output head",
     "router": "a router gate",
+    "vision": "the vision tower",
     "dtype": "F64",
     "empty": "empty",
     "nonfinite": "NaN or inf",

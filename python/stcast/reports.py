@@ -257,7 +257,7 @@ class TensorInfo:
     reason: Reason = "converted"
     pattern: str | None = None
     # FP8 targets: why a float tensor that becomes BF16 is not quantized: "not_weight",
-    # "not_2d", "experts", "norm", "embedding", "lm_head", "router", "dtype", "empty",
+    # "not_2d", "experts", "norm", "embedding", "lm_head", "router", "vision", "dtype", "empty",
     # "nonfinite" (rust/vocab.rs `Fp8Skip`).
     not_quantized: str | None = None
     # With scan=True, for converted (and overflow-kept) tensors.

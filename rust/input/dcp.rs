@@ -746,7 +746,7 @@ type Chosen<'m> = Vec<(String, &'m Entry)>;
 
 /// Select the tensors under `opts.key` (a dotted prefix of their key paths; without one,
 /// the only group of tensors, descending through single candidates, as for a nested
-/// pickle) and name them by the rest of their path, stripped of `opts.strip_prefix`.
+/// pickle) and name them by the rest of their path.
 /// Returns the key chosen, the tensors with their names, and the entries left out below
 /// the key (bytes items).
 fn select<'m>(
@@ -808,13 +808,7 @@ fn select<'m>(
             skipped.push(source);
             continue;
         }
-        let name = opts
-            .strip_prefix
-            .iter()
-            .find_map(|p| source.strip_prefix(p.as_str()))
-            .filter(|n| !n.is_empty())
-            .unwrap_or(&source)
-            .to_string();
+        let name = source;
         if let Some(first) = names.get(&name) {
             return Err(TorchError::DuplicateName {
                 name,

@@ -27,9 +27,11 @@ use crate::error::{DistProblem, Error, Result, Warning};
 use crate::gather::Gather;
 use crate::header::{SourceHeader, SourceTensor, PREFIX};
 use crate::input::safetensors::too_small;
+use crate::naming;
 use crate::source::{InputFile, Source};
+use crate::text::name_list;
 use crate::torch::{self, Limits, TorchError};
-use crate::vocab::OptionName;
+use crate::vocab::{OptionName, WarningKind};
 
 pub use crate::format::Format;
 pub use crate::source::Origin;
@@ -42,7 +44,8 @@ pub struct InputOptions {
     /// The dotted key of the dict of tensors to convert (`ema`, `state.model`); `None`: the
     /// top level if it holds tensors, else the only dict of tensors.
     pub key: Option<String>,
-    /// Prefixes dropped from tensor names (`module.`, `_orig_mod.`): the first that matches.
+    /// Prefixes dropped from tensor names (`module.`, `_orig_mod.`), each in turn from what
+    /// the one before left (`naming::strip_prefixes`), whatever the input's format.
     pub strip_prefix: Vec<String>,
     /// A checkpoint folder's symlinks that lead outside it are followed (by default they are
     /// refused, naming them: `folder::check_links`).
@@ -50,15 +53,9 @@ pub struct InputOptions {
 }
 
 impl InputOptions {
-    /// The first option given that only PyTorch checkpoints take.
+    /// The option given that only PyTorch checkpoints take (the key of their state dict).
     fn torch_only(&self) -> Option<OptionName> {
-        if self.key.is_some() {
-            Some(OptionName::Key)
-        } else if !self.strip_prefix.is_empty() {
-            Some(OptionName::StripPrefix)
-        } else {
-            None
-        }
+        self.key.as_ref().map(|_| OptionName::Key)
     }
 }
 
@@ -84,6 +81,7 @@ impl Source {
             folder::check_links(path, format, opts.follow_links)?;
         }
         let mut source = Self::open_checked(path, opts)?;
+        strip_prefixes(&mut source, &opts.strip_prefix)?;
         if format.is_some() {
             source.folders = vec![path.to_path_buf()];
         }
@@ -157,13 +155,70 @@ impl Source {
     }
 
     /// What reading the input found worth saying (a checkpoint's entries left out, its
-    /// globals outside the allow-list).
+    /// globals outside the allow-list, prefixes to strip that no name starts with).
     pub fn warnings(&self) -> Vec<Warning> {
-        self.origin
+        let mut out: Vec<Warning> = self
+            .origin
             .as_ref()
             .map(Origin::warnings)
-            .unwrap_or_default()
+            .unwrap_or_default();
+        if !self.unused_prefixes.is_empty() {
+            let list = name_list(self.unused_prefixes.iter().map(String::as_str), 8);
+            let verb = if self.unused_prefixes.len() == 1 {
+                "matches"
+            } else {
+                "match"
+            };
+            out.push(Warning::new(
+                WarningKind::UnmatchedPrefix,
+                format!(
+                    "{{strip_prefix}} {list} {verb} no tensor name (once the prefixes before \
+                     are stripped): a typo, or another order?"
+                ),
+            ));
+        }
+        out
     }
+}
+
+/// Drop `prefixes` from the tensor names of `source`, each in turn from what the one before
+/// left (`naming::strip_prefixes`): the same for every input (a safetensors file, a
+/// checkpoint's state dict, a DCP or ZeRO folder). Two tensors that would end with one
+/// name, or a name that would be `__metadata__`, are refused before anything is written,
+/// naming the tensors as they were. A prefix no name drops is recorded for a warning.
+fn strip_prefixes(source: &mut Source, prefixes: &[String]) -> Result<()> {
+    if prefixes.is_empty() {
+        return Ok(());
+    }
+    let tensors = &mut source.header.tensors;
+    let stripped = |i: usize| naming::strip_prefixes(&tensors[i].name, prefixes);
+    let problem = if let Some((first, second)) = naming::first_repeat(tensors.len(), stripped) {
+        Some(TorchError::DuplicateName {
+            name: stripped(first).to_string(),
+            first: tensors[first].name.clone(),
+            second: tensors[second].name.clone(),
+        })
+    } else {
+        (0..tensors.len())
+            .find(|&i| stripped(i) == "__metadata__")
+            .map(|i| TorchError::Tensor {
+                name: tensors[i].name.clone(),
+                problem: torch::TensorProblem::ReservedName,
+            })
+    };
+    if let Some(error) = problem {
+        return Err(Error::Checkpoint {
+            path: source.path.clone(),
+            error,
+        });
+    }
+    source.unused_prefixes =
+        naming::unused_prefixes(tensors.iter().map(|t| t.name.as_str()), prefixes);
+    for t in tensors.iter_mut() {
+        let at = t.name.len() - naming::strip_prefixes(&t.name, prefixes).len();
+        t.name.drain(..at);
+    }
+    Ok(())
 }
 
 fn open_checkpoint(
@@ -230,8 +285,7 @@ fn sniffed_header(
         return Ok(Err(what));
     }
     // The names it reads (borrowed from the pickle) are copied: their pages may go again.
-    let selection =
-        ck.select_releasing(opts.key.as_deref(), &opts.strip_prefix, &|| release(bytes))?;
+    let selection = ck.select_releasing(opts.key.as_deref(), &|| release(bytes))?;
     let stored: u64 = ck.storages.iter().map(|s| s.len).sum();
     let (format, globals) = (ck.format, ck.globals.clone());
     // The selection holds what is needed: the parsed pickle, its storages and tensors go
@@ -300,7 +354,6 @@ fn sniffed_header(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vocab::WarningKind;
 
     #[test]
     fn warnings_name_what_was_left_out() {

@@ -40,7 +40,7 @@ use crate::gather::{FlatRun, Gather, Pieces};
 use crate::header::{SourceHeader, SourceTensor};
 use crate::input::{InputOptions, TORCH_METADATA};
 use crate::source::{InputFile, Origin, Source};
-use crate::torch::{self, Checkpoint, Limits, ObjId, Object, TensorDesc, TorchError};
+use crate::torch::{self, Checkpoint, Limits, ObjId, Object, TensorDesc};
 
 /// The classes DeepSpeed's pickles name that stand as inert records (never imported or
 /// called): the ZeRO stage enum, the loss scalers, the fragment addresses of
@@ -966,36 +966,6 @@ fn zero3(p: &Parts<'_>, rd: &Reader, sd: &mut StateDict) -> Result<()> {
     Ok(())
 }
 
-/// The names stripped of the first prefix of `prefixes` that matches; two tensors that
-/// would get one name are refused.
-fn strip(tensors: &mut [SourceTensor], prefixes: &[String], dir: &Path) -> Result<()> {
-    if prefixes.is_empty() {
-        return Ok(());
-    }
-    let mut names: HashMap<String, String> = HashMap::new();
-    for t in tensors {
-        let source = t.name.clone();
-        if let Some(s) = prefixes
-            .iter()
-            .find_map(|p| source.strip_prefix(p.as_str()))
-            .filter(|n| !n.is_empty())
-        {
-            t.name = s.to_string();
-        }
-        if let Some(first) = names.insert(t.name.clone(), source.clone()) {
-            return Err(Error::Checkpoint {
-                path: dir.to_path_buf(),
-                error: TorchError::DuplicateName {
-                    name: t.name.clone(),
-                    first,
-                    second: source,
-                },
-            });
-        }
-    }
-    Ok(())
-}
-
 /// Open the ZeRO checkpoint folder `dir` (the top folder or a tag folder): read the
 /// pickles, lay out every parameter over the ranks' partitions; no tensor data is read.
 pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
@@ -1061,8 +1031,7 @@ pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
             sd.insert(t);
         }
     }
-    let mut tensors = sd.tensors;
-    strip(&mut tensors, &opts.strip_prefix, dir)?;
+    let tensors = sd.tensors;
 
     let stored: u64 = rd.files.iter().map(|f| f.map.len() as u64).sum();
     let data: u64 = tensors.iter().map(SourceTensor::len).sum();

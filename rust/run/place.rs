@@ -280,11 +280,40 @@ pub fn place(
     };
     let src = source_folder(src)?;
     let id = if check {
+        check_dst_name(&dst, resharding)?;
         check_source(&src, &dst, resharding)?
     } else {
         ident(&std::fs::metadata(&src).map_err(|e| io_error(&src, "cannot open", e))?)
     };
     Ok(Place { src, dst, id })
+}
+
+/// A folder run writes a folder: a destination named like a file (`out.safetensors`, in any
+/// case) that is not a folder already would become a folder no loader opens as a file. Refused
+/// as a usage error naming the folder to give instead (`out/`), before anything is created.
+fn check_dst_name(dst: &Path, resharding: bool) -> Result<()> {
+    const EXT: &[u8] = b".safetensors";
+    let Some(name) = dst.file_name().map(OsStr::as_bytes) else {
+        return Ok(());
+    };
+    let file_like =
+        name.len() >= EXT.len() && name[name.len() - EXT.len()..].eq_ignore_ascii_case(EXT);
+    if !file_like || dst.is_dir() {
+        return Ok(());
+    }
+    let stem = &name[..name.len() - EXT.len()];
+    let stem = if stem.is_empty() {
+        b"out".as_slice()
+    } else {
+        stem
+    };
+    Err(refused(
+        dst,
+        PlaceProblem::DstLikeFile {
+            resharding,
+            folder: dst.with_file_name(OsStr::from_bytes(stem)),
+        },
+    ))
 }
 
 /// The identities of `root` and of every folder below it (symlinks not followed).

@@ -12,7 +12,7 @@
 //! sniff(&map)                         -> Format       what the bytes look like
 //! read(&map, &Limits::default())      -> Checkpoint   parse, check, locate (no data read)
 //! ckpt.tensor_dicts()                 -> Vec<TensorDict>  dicts holding tensors, with counts
-//! ckpt.select(key, &strip_prefixes)   -> Selection    named tensors, skipped entries,
+//! ckpt.select(key)                    -> Selection    named tensors, skipped entries,
 //!                                                     placeholder globals
 //! t.is_contiguous(), t.contiguous_range(), t.span()   where a tensor's bytes are
 //! gather(&map, &t, first_elem, &mut out)              copy a window, swapping big-endian

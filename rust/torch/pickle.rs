@@ -2849,7 +2849,7 @@ pub(crate) mod tests {
                         v.pickle.root
                     ));
                     assert_eq!(e.tensors, v.tensors, "{name}");
-                    let (se, sv) = (e.select(None, &[]), v.select(None, &[]));
+                    let (se, sv) = (e.select(None), v.select(None));
                     assert_eq!(format!("{se:?}"), format!("{sv:?}"), "{name}");
                     n += 1;
                 }

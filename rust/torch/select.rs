@@ -28,9 +28,9 @@ pub struct TensorDict {
 /// One selected tensor.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NamedTensor {
-    /// Its name, after prefix stripping.
+    /// Its name: its dotted path below the selected dict.
     pub name: String,
-    /// Its dotted path below the selected dict, before prefix stripping.
+    /// That path as read (the name is made from it).
     pub source: String,
     pub desc: TensorDesc,
 }
@@ -285,15 +285,11 @@ impl Checkpoint<'_> {
     /// `key`: the dotted path of the dict (a key containing dots is tried whole first);
     /// `Some("")` is the top level. Without a key: the top level if it holds tensors itself,
     /// else the only dict of tensors (descending through single candidates), else an error
-    /// listing the candidates. Dicts below the chosen one are flattened with `.`. Each of
-    /// `strip_prefixes` (e.g. `module.`, `_orig_mod.`) is dropped from names that start with
-    /// it (the first that matches); two tensors that end with one name are an error.
-    pub fn select(
-        &self,
-        key: Option<&str>,
-        strip_prefixes: &[String],
-    ) -> Result<Selection, TorchError> {
-        self.select_releasing(key, strip_prefixes, &|| {})
+    /// listing the candidates. Dicts below the chosen one are flattened with `.`; two
+    /// tensors that end with one name are an error. (Prefixes a user drops from the names
+    /// are dropped from every input's names alike: `input::strip_prefixes`.)
+    pub fn select(&self, key: Option<&str>) -> Result<Selection, TorchError> {
+        self.select_releasing(key, &|| {})
     }
 
     /// [`Self::select`], calling `read` once the names are read from the pickle (copied):
@@ -301,7 +297,6 @@ impl Checkpoint<'_> {
     pub fn select_releasing(
         &self,
         key: Option<&str>,
-        strip_prefixes: &[String],
         read: &dyn Fn(),
     ) -> Result<Selection, TorchError> {
         let (path, dict) = match key {
@@ -326,27 +321,8 @@ impl Checkpoint<'_> {
         };
         let (named, skipped) = self.flatten(dict, false)?;
         read();
-        let stripped = |source: &'_ str| -> usize {
-            strip_prefixes
-                .iter()
-                .find_map(|p| source.strip_prefix(p.as_str()))
-                .filter(|n| !n.is_empty())
-                .map_or(0, |n| source.len() - n.len())
-        };
-        let name_of = |i: usize| &named[i].0[stripped(&named[i].0)..];
-        // Two tensors of one name: the first tensor whose name an earlier one has (and
-        // that earlier one), found by sorting indices by name rather than by a map of
-        // every name (500k tensors: some 50 MB).
-        let mut order: Vec<u32> = (0..named.len() as u32).collect();
-        order.sort_unstable_by(|&a, &b| {
-            name_of(a as usize).cmp(name_of(b as usize)).then(a.cmp(&b))
-        });
-        let repeat = order
-            .windows(2)
-            .filter(|w| name_of(w[0] as usize) == name_of(w[1] as usize))
-            .map(|w| (w[0] as usize, w[1] as usize))
-            .min_by_key(|&(_, second)| second);
-        drop(order);
+        // Two tensors of one name (`{'a': {'b': t}}` and `{'a.b': t}`).
+        let repeat = crate::naming::first_repeat(named.len(), |i| named[i].0.as_str());
         let until = repeat.map_or(named.len(), |(_, second)| second + 1);
         let mut tensors: Vec<NamedTensor> = Vec::with_capacity(until);
         for (i, (source, index)) in named.into_iter().take(until).enumerate() {
@@ -360,7 +336,7 @@ impl Checkpoint<'_> {
                 }
                 None => return Err(too_large(self)),
             };
-            let name = source[stripped(&source)..].to_string();
+            let name = source.clone();
             if name == "__metadata__" {
                 return Err(TorchError::Tensor {
                     name: source,

@@ -80,7 +80,6 @@ def prepare(
     given: Options,
     *,
     cancel: CancelFlag | None = None,
-    stacklevel: int = 3,
     keep_names: dict[str, list[str]] | None = None,
 ) -> Prepared:
     """Make every check a folder run makes before writing anything, in order: folder
@@ -143,14 +142,14 @@ def prepare(
                 path=src,
             )
         warnings.append(Notice("unmatched_pattern", template))
-        _engine.issue("unmatched_pattern", template, None, stacklevel=stacklevel + 1)
+        _engine.issue("unmatched_pattern", template, None)
     for kind, template in _walk.skipped_notice(plan.skipped):
         warnings.append(Notice(kind, template))
-        _engine.issue(kind, template, None, stacklevel=stacklevel + 1)
+        _engine.issue(kind, template, None)
     # That something changes (or else a refusal), and what the kind of run has to say.
     for notice in work.check(src, to, on_overflow):
         warnings.append(notice)
-        _engine.issue(notice.kind, notice.template, notice.path, stacklevel=stacklevel + 1)
+        _engine.issue(notice.kind, notice.template, notice.path)
 
     # Options that change the output; the defaults are left out, so that manifests of
     # plain runs stay as they were.
@@ -747,7 +746,7 @@ def inspect_folder(
         # inspect returns its warnings (`.warnings`), it does not issue them.
         with _warnings.catch_warnings(record=True) as caught:
             _warnings.simplefilter("always")
-            prepared = prepare(src, dst, given, stacklevel=4)
+            prepared = prepare(src, dst, given)
         if given.report is not None:  # as `convert` checks it
             _core.check_side_output(
                 given.report,

@@ -116,7 +116,7 @@ class Item:
         def warn(kind: str, template: str) -> None:
             # An output shard of integer or BF16 tensors only is no surprise.
             if u.whole or kind != "nothing_to_convert":
-                _engine.issue(kind, template, path, stacklevel=6)
+                _engine.issue(kind, template, path)
 
         with _engine.gc_paused():
             core = g.opened()

@@ -234,3 +234,61 @@ fn an_output_that_is_a_source_file_or_folder() {
     ));
     assert_eq!((path, p), (dst.join("sub"), PlaceProblem::OutputInSource));
 }
+
+#[test]
+fn a_folder_run_named_like_a_file_is_a_usage_error() {
+    let dir = folder("filelike", &["src/model.safetensors", "made.safetensors/"]);
+    let src = dir.join("src");
+    for (dst, resharding, want) in [
+        ("x.safetensors", false, "x"),
+        ("X.SafeTensors", true, "X"),
+        ("sub/x.safetensors/", false, "sub/x"),
+        (".safetensors", false, "out"),
+    ] {
+        let e = place(&src, Some(&dir.join(dst)), Target::Bf16, resharding, true).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Usage, "{dst}");
+        assert_eq!(
+            e.option(),
+            resharding.then_some(crate::vocab::OptionName::MaxShardSize)
+        );
+        let Error::Place { path, problem } = e else {
+            unreachable!()
+        };
+        assert_eq!(path, dir.join(dst));
+        assert_eq!(
+            problem,
+            PlaceProblem::DstLikeFile {
+                resharding,
+                folder: dir.join(want)
+            },
+            "{dst}"
+        );
+        assert!(!dir.join(dst).exists(), "{dst}");
+    }
+    // A folder of that name is a folder; a file-like name inside a folder DST is no name
+    // of DST's own; inspect without writing (check off) is not refused.
+    place(
+        &src,
+        Some(&dir.join("made.safetensors")),
+        Target::Bf16,
+        false,
+        true,
+    )
+    .unwrap();
+    place(
+        &src,
+        Some(&dir.join("x.safetensors/out")),
+        Target::Bf16,
+        false,
+        true,
+    )
+    .unwrap();
+    place(
+        &src,
+        Some(&dir.join("x.safetensors")),
+        Target::Bf16,
+        false,
+        false,
+    )
+    .unwrap();
+}

@@ -70,7 +70,7 @@ fn zip_views_share_one_storage() {
         assert_eq!(ck.storages.len(), 1);
         assert!(ck.storages[0].in_zip);
         assert_eq!(ck.storages[0].key, "0");
-        let sel = ck.select(None, &[]).unwrap();
+        let sel = ck.select(None).unwrap();
         assert_eq!(sel.key, "");
         let names: Vec<_> = sel.tensors.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(names, ["a", "a_t", "slice", "scalar", "empty"]);
@@ -159,7 +159,7 @@ fn every_supported_dtype() {
         .collect();
     let bytes = torch_zip("archive", &pickle(&V::Dict(items)), &st, "little");
     let ck = read_ok(&bytes);
-    let sel = ck.select(None, &[]).unwrap();
+    let sel = ck.select(None).unwrap();
     for (name, dt, data) in want {
         let t = by_name(&sel, &name);
         assert_eq!(t.dtype, dt, "{name}");
@@ -183,7 +183,7 @@ fn unsupported_dtypes_are_named() {
         };
         let sd = V::Dict(vec![(s("w"), t)]);
         let bytes = torch_zip("archive", &pickle(&sd), &[("0", vec![0; 64])], "little");
-        let err = read_ok(&bytes).select(None, &[]).unwrap_err();
+        let err = read_ok(&bytes).select(None).unwrap_err();
         assert_eq!(
             err.to_string(),
             format!("tensor `w`: dtype {dtype} has no safetensors equivalent")
@@ -204,7 +204,7 @@ fn big_endian_zip_is_swapped() {
     let bytes = torch_zip("archive", &pickle(&sd), &[("0", be)], "big\n");
     let ck = read_ok(&bytes);
     assert!(ck.storages[0].big_endian);
-    let sel = ck.select(None, &[]).unwrap();
+    let sel = ck.select(None).unwrap();
     let w = by_name(&sel, "w");
     assert!(w.big_endian);
     assert_eq!(gather_all(&bytes, w), f32s(&[1.5, -2.0, 3.25]));
@@ -264,35 +264,35 @@ fn nested_checkpoints_select_by_key() {
         .map(|d| (d.path.as_str(), d.direct, d.total))
         .collect();
     assert_eq!(listed, [("", 0, 3), ("model", 2, 2), ("ema", 1, 1)]);
-    let err = ck.select(None, &[]).unwrap_err();
+    let err = ck.select(None).unwrap_err();
     assert_eq!(
         err.to_string(),
         "the checkpoint holds several dicts of tensors: `model` (2 tensors), `ema` (1 tensor); select one with the key option"
     );
-    let sel = ck.select(Some("model"), &[]).unwrap();
+    let sel = ck.select(Some("model")).unwrap();
     assert_eq!(sel.key, "model");
     assert_eq!(sel.tensors.len(), 2);
     assert_eq!(
         gather_all(&bytes, by_name(&sel, "layer.bias")),
         f32s(&[3., 4.])
     );
-    let sel = ck.select(Some("ema"), &[]).unwrap();
+    let sel = ck.select(Some("ema")).unwrap();
     assert_eq!(
         gather_all(&bytes, by_name(&sel, "layer.weight")),
         f32s(&[9., 8., 7., 6.])
     );
     // The top level: everything, flattened, and the non-tensor entries named.
-    let sel = ck.select(Some(""), &[]).unwrap();
+    let sel = ck.select(Some("")).unwrap();
     let names: Vec<_> = sel.tensors.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(
         names,
         ["model.layer.weight", "model.layer.bias", "ema.layer.weight"]
     );
     assert_eq!(sel.skipped, ["epoch", "optimizer.lr"]);
-    let err = ck.select(Some("nope"), &[]).unwrap_err();
+    let err = ck.select(Some("nope")).unwrap_err();
     assert!(matches!(err, TorchError::KeyNotFound { ref candidates, .. } if candidates.len() == 3));
     assert_eq!(
-        ck.select(Some("epoch"), &[]).unwrap_err().to_string(),
+        ck.select(Some("epoch")).unwrap_err().to_string(),
         "key `epoch` names an int, not a dict of tensors"
     );
 }
@@ -308,7 +308,7 @@ fn one_dict_of_tensors_is_chosen_alone() {
         ),
     ]);
     let bytes = torch_zip("archive", &pickle(&v), &[("0", data)], "little");
-    let sel = read_ok(&bytes).select(None, &[]).unwrap();
+    let sel = read_ok(&bytes).select(None).unwrap();
     assert_eq!(sel.key, "wrapper.state_dict");
     assert_eq!(sel.tensors.len(), 2);
 }
@@ -321,7 +321,7 @@ fn top_level_state_dict_with_extras() {
         (s("note"), s("hello")),
     ]);
     let bytes = torch_zip("archive", &pickle(&v), &[("0", f32s(&[1., 2.]))], "little");
-    let sel = read_ok(&bytes).select(None, &[]).unwrap();
+    let sel = read_ok(&bytes).select(None).unwrap();
     assert_eq!(sel.key, "");
     assert_eq!(sel.tensors.len(), 1);
     assert_eq!(sel.skipped, ["step", "note"]);
@@ -348,7 +348,7 @@ fn dotted_keys_exact_first_then_split() {
     let bytes = torch_zip("archive", &pickle(&v), &[("0", f32s(&[1., 2.]))], "little");
     let ck = read_ok(&bytes);
     let names = |key: &str| -> Vec<String> {
-        ck.select(Some(key), &[])
+        ck.select(Some(key))
             .unwrap()
             .tensors
             .into_iter()
@@ -361,80 +361,111 @@ fn dotted_keys_exact_first_then_split() {
     assert_eq!(names("ints.0"), ["x"]);
 }
 
+/// A checkpoint in a file of its own, opened as any input is under `strip`.
+fn open_stripped(bytes: &[u8], tag: &str, strip: &[&str]) -> crate::error::Result<Vec<String>> {
+    let dir = std::env::temp_dir().join(format!("stcast-strip-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("m.pt");
+    std::fs::write(&path, bytes).unwrap();
+    let opts = crate::input::InputOptions {
+        strip_prefix: strip.iter().map(|p| p.to_string()).collect(),
+        ..Default::default()
+    };
+    let opened = crate::source::Source::open_any(&path, &opts);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let source = opened?;
+    let warnings = source.warnings().into_iter().map(|w| w.text);
+    let names = source.header.tensors.into_iter().map(|t| t.name);
+    Ok(names.chain(warnings).collect())
+}
+
 #[test]
-fn prefixes_are_stripped_and_collisions_named() {
+fn prefixes_are_stripped_in_turn_and_collisions_named() {
     let t = || tensor("FloatStorage", "0", 2, 0, &[2], &[1]);
     let v = V::Dict(vec![
-        (s("module.w"), t()),
+        (s("module._orig_mod.w"), t()),
         (s("_orig_mod.b"), t()),
         (s("c"), t()),
     ]);
     let bytes = torch_zip("archive", &pickle(&v), &[("0", f32s(&[1., 2.]))], "little");
-    let ck = read_ok(&bytes);
-    let strip = ["module.".to_string(), "_orig_mod.".to_string()];
-    let sel = ck.select(None, &strip).unwrap();
-    let names: Vec<_> = sel
-        .tensors
-        .iter()
-        .map(|t| (t.name.as_str(), t.source.as_str()))
-        .collect();
-    assert_eq!(names, [("w", "module.w"), ("b", "_orig_mod.b"), ("c", "c")]);
+    let names = read_ok(&bytes).select(None).unwrap().tensors;
+    let names: Vec<_> = names.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["module._orig_mod.w", "_orig_mod.b", "c"]);
+    assert_eq!(
+        open_stripped(&bytes, "turn", &["module.", "_orig_mod."]).unwrap(),
+        ["w", "b", "c"]
+    );
+    // The second is tried on what the first left, never before it; one no name starts
+    // with (once those before are stripped) warns.
+    assert_eq!(
+        open_stripped(&bytes, "order", &["_orig_mod.", "module.", "x."]).unwrap(),
+        [
+            "_orig_mod.w",
+            "b",
+            "c",
+            "{strip_prefix} `x.` matches no tensor name (once the prefixes before are \
+             stripped): a typo, or another order?"
+        ]
+    );
 
     let v = V::Dict(vec![(s("module.w"), t()), (s("w"), t())]);
     let bytes = torch_zip("archive", &pickle(&v), &[("0", f32s(&[1., 2.]))], "little");
-    let err = read_ok(&bytes).select(None, &strip).unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "tensors `module.w` and `w` would both be named `w`"
+    let err = open_stripped(&bytes, "both", &["module."]).unwrap_err();
+    assert!(
+        err.to_string()
+            .ends_with("tensors `module.w` and `w` would both be named `w`"),
+        "{err}"
     );
 }
 
 #[test]
 fn names_safetensors_cannot_hold_are_refused() {
     let t = || tensor("FloatStorage", "0", 2, 0, &[2], &[1]);
-    let err = |v: V, strip: &[String]| {
+    let err = |v: V| {
         let bytes = torch_zip("archive", &pickle(&v), &[("0", f32s(&[1., 2.]))], "little");
-        read_ok(&bytes).select(None, strip).unwrap_err().to_string()
+        read_ok(&bytes).select(None).unwrap_err().to_string()
     };
     // `__metadata__` is the header's metadata entry, never a tensor: as named, or once a
     // prefix is stripped.
     let reserved = "its name would be `__metadata__`, which a safetensors header reserves \
                     for the file's metadata";
     assert_eq!(
-        err(V::Dict(vec![(s("__metadata__"), t()), (s("x"), t())]), &[]),
+        err(V::Dict(vec![(s("__metadata__"), t()), (s("x"), t())])),
         format!("tensor `__metadata__`: {reserved}")
     );
-    assert_eq!(
-        err(
-            V::Dict(vec![(s("module.__metadata__"), t())]),
-            &["module.".to_string()]
-        ),
-        format!("tensor `module.__metadata__`: {reserved}")
+    let bytes = torch_zip(
+        "archive",
+        &pickle(&V::Dict(vec![(s("module.__metadata__"), t())])),
+        &[("0", f32s(&[1., 2.]))],
+        "little",
+    );
+    let got = open_stripped(&bytes, "reserved", &["module."]).unwrap_err();
+    assert!(
+        got.to_string()
+            .ends_with(&format!("tensor `module.__metadata__`: {reserved}")),
+        "{got}"
     );
     // A key that is neither a str nor an int gives no name to write.
     assert_eq!(
-        err(V::Dict(vec![(V::Tuple(vec![s("a")]), t())]), &[]),
+        err(V::Dict(vec![(V::Tuple(vec![s("a")]), t())])),
         "tensor `<a tuple key>`: its dict key is a tuple, not a string: a safetensors file \
          names each tensor by a string"
     );
     assert_eq!(
-        err(
-            V::Dict(vec![
-                (s("x"), t()),
-                (
-                    s("m"),
-                    V::Dict(vec![(V::Float(1.5), V::Dict(vec![(s("w"), t())]))])
-                )
-            ]),
-            &[]
-        ),
+        err(V::Dict(vec![
+            (s("x"), t()),
+            (
+                s("m"),
+                V::Dict(vec![(V::Float(1.5), V::Dict(vec![(s("w"), t())]))])
+            )
+        ]),),
         "tensor `m.<a float key>.w`: its dict key is a float, not a string: a safetensors \
          file names each tensor by a string"
     );
     // Such keys on entries that are not tensors stay left out, as other non-tensors are.
     let v = V::Dict(vec![(V::Float(1.5), V::Int(3)), (s("w"), t())]);
     let bytes = torch_zip("archive", &pickle(&v), &[("0", f32s(&[1., 2.]))], "little");
-    let sel = read_ok(&bytes).select(None, &[]).unwrap();
+    let sel = read_ok(&bytes).select(None).unwrap();
     assert_eq!(sel.tensors.len(), 1);
     assert_eq!(sel.skipped, ["<a float key>"]);
 }
@@ -524,7 +555,7 @@ fn ordered_dict_metadata_parameters_and_helpers() {
         ["numpy.core.multiarray._reconstruct", "numpy.ndarray"]
     );
     // The placeholder is a value of the selected dict: refused, naming it.
-    let err = ck.select(None, &[]).unwrap_err();
+    let err = ck.select(None).unwrap_err();
     assert_eq!(
         err.to_string(),
         "refusing to load: entry `rng` is built by numpy.core.multiarray._reconstruct, which is not on the allow-list"
@@ -543,7 +574,7 @@ fn placeholders_elsewhere_are_listed() {
         ),
     ]);
     let bytes = torch_zip("archive", &pickle(&v), &[("0", data)], "little");
-    let sel = read_ok(&bytes).select(None, &[]).unwrap();
+    let sel = read_ok(&bytes).select(None).unwrap();
     assert_eq!(sel.key, "state_dict");
     assert_eq!(
         sel.placeholders,
@@ -581,7 +612,7 @@ fn legacy_files_with_views_and_odd_offsets() {
         assert_eq!(sniff(&bytes), Format::TorchLegacy);
         let ck = read_ok(&bytes);
         assert_eq!(ck.format, Format::TorchLegacy);
-        let sel = ck.select(None, &[]).unwrap();
+        let sel = ck.select(None).unwrap();
         assert!(!by_name(&sel, "w").big_endian);
         assert_eq!(gather_all(&bytes, by_name(&sel, "w")), f32s(&[1., 2., 3.]));
         assert_eq!(gather_all(&bytes, by_name(&sel, "t")), f32s(&[1., 2., 3.]));
@@ -628,7 +659,7 @@ fn zip64_offsets_past_4_gib_in_a_sparse_file() {
     let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
     let result = std::panic::catch_unwind(|| {
         let ck = read_ok(&map);
-        let sel = ck.select(None, &[]).unwrap();
+        let sel = ck.select(None).unwrap();
         let w = by_name(&sel, "w");
         assert!(w.data_start > 1 << 32);
         assert_eq!(gather_all(&map, w), f32s(&[7., 8., 9.]));

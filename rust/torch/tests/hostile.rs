@@ -14,9 +14,7 @@ fn read_err(bytes: &[u8]) -> TorchError {
 }
 
 fn select_err(bytes: &[u8]) -> TorchError {
-    read_ok(bytes)
-        .select(None, &[])
-        .expect_err("select should fail")
+    read_ok(bytes).select(None).expect_err("select should fail")
 }
 
 /// A pickle (raw bytes, PROTO 2 and STOP added) in a zip with one float storage.
@@ -131,7 +129,7 @@ fn reduce_ex_tricks_stay_inert() {
         ["copyreg._reconstructor", "evil.Thing", "builtins.object"]
     );
     assert_eq!(
-        ck.select(None, &[]).unwrap_err().to_string(),
+        ck.select(None).unwrap_err().to_string(),
         "refusing to load: entry `x` is built by copyreg._reconstructor, which is not on the allow-list"
     );
     // Calling something that is not callable.
@@ -435,7 +433,7 @@ fn zip_bombs_slips_and_duplicates() {
         entry("archive/data/0", &f32s(&[1., 2.])),
     ])
     .to_vec();
-    assert_eq!(read_ok(&ok).select(None, &[]).unwrap().tensors.len(), 1);
+    assert_eq!(read_ok(&ok).select(None).unwrap().tensors.len(), 1);
     for name in ["archive/data.pkl", "archive/byteorder"] {
         let mut entries = vec![
             entry("archive/data.pkl", &pkl),
@@ -601,7 +599,7 @@ fn views_that_reach_past_their_storage() {
         s("w"),
         tensor("FloatStorage", "0", 6, 0, &[1 << 20, 6], &[0, 1]),
     )]);
-    let sel = read_ok(&zipped(&v, &data)).select(None, &[]).unwrap();
+    let sel = read_ok(&zipped(&v, &data)).select(None).unwrap();
     assert_eq!(sel.tensors[0].desc.numel(), 6 << 20);
     // Negative numbers and too many dimensions.
     let neg = call(
@@ -775,7 +773,7 @@ fn deep_nesting_does_not_overflow_the_stack() {
     )
     .unwrap();
     assert!(matches!(
-        ck.select(Some(""), &[]),
+        ck.select(Some("")),
         Err(TorchError::WalkTooLarge { .. })
     ));
 }
@@ -789,7 +787,7 @@ fn cycles_and_shared_dicts_are_bounded() {
     let bytes = torch_zip("archive", &b, &[("0", f32s(&[1., 2.]))], "little");
     let ck = read_ok(&bytes);
     assert!(matches!(
-        ck.select(None, &[]),
+        ck.select(None),
         Err(TorchError::WalkTooLarge { .. })
     ));
     assert!(matches!(
@@ -831,11 +829,11 @@ fn cycles_and_shared_dicts_are_bounded() {
     let zip = raw_zip(&ops);
     let ck = read(&zip, &limits).unwrap();
     assert!(matches!(
-        ck.select(Some(""), &[]),
+        ck.select(Some("")),
         Err(TorchError::WalkTooLarge { .. })
     ));
     assert!(matches!(
-        ck.select(None, &[]),
+        ck.select(None),
         Err(TorchError::WalkTooLarge { .. })
     ));
 }
@@ -959,7 +957,7 @@ fn python2_strings_and_other_opcodes() {
     p[body_at..body_at + 8].copy_from_slice(&n.to_le_bytes());
     let bytes = torch_zip("archive", &p, &[("0", f32s(&[1., 2.]))], "little");
     let ck = read_ok(&bytes);
-    let sel = ck.select(None, &[]).unwrap();
+    let sel = ck.select(None).unwrap();
     assert_eq!(sel.tensors[0].name, "w");
     assert_eq!(sel.skipped, ["n", "m", "b"]);
 }

@@ -56,7 +56,7 @@ fn legacy_of(refs: &[(&str, &'static str, u64, u64)], count: u64) -> Vec<u8> {
 fn loaded(bytes: &[u8]) -> Vec<(String, &'static str, Vec<u8>)> {
     let ckpt = read_ok(bytes);
     let sel = ckpt
-        .select(None, &[])
+        .select(None)
         .unwrap_or_else(|e| panic!("select failed: {e}"));
     sel.tensors
         .iter()
@@ -72,7 +72,7 @@ fn loaded(bytes: &[u8]) -> Vec<(String, &'static str, Vec<u8>)> {
 
 fn refused(bytes: &[u8]) -> String {
     read_ok(bytes)
-        .select(None, &[])
+        .select(None)
         .expect_err("select should fail")
         .to_string()
 }
