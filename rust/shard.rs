@@ -354,10 +354,15 @@ impl Group {
                 out
             })
             .collect();
+        let weight_shapes = paths
+            .iter()
+            .flat_map(|&p| self.headers[p].weight_shapes.iter().cloned())
+            .collect();
         let header = SourceHeader {
             header_len,
             metadata: self.metadata(indexed).0,
             tensors: list,
+            weight_shapes,
         };
         (header, used)
     }
@@ -500,7 +505,10 @@ impl Group {
                 let s = &h.tensors[t.source];
                 buf.clear();
                 match t.role {
-                    Role::Tensor => encode_entry(&mut buf, &s.name, t.dtype, &s.shape, (0, 0)),
+                    Role::Tensor => {
+                        let (name, shape) = t.out_name_shape(s);
+                        encode_entry(&mut buf, name, t.dtype, &shape, (0, 0))
+                    }
                     Role::Scale(q) => encode_entry(
                         &mut buf,
                         &crate::quant::scale_name(&s.name),

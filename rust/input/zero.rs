@@ -1073,6 +1073,7 @@ pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
             TORCH_METADATA.1.to_string(),
         )]),
         tensors,
+        weight_shapes: Vec::new(),
     };
     let origin = Origin {
         format: Format::DeepSpeed,
