@@ -174,9 +174,16 @@ impl Deq {
         (self.target.bitsize() / 8) as u64
     }
 
-    /// The input tensors dequantizing it reads beside the weight: its scale, its zero point.
+    /// The input tensors dequantizing it reads beside the weight: its scale, its zero point,
+    /// an NVFP4 weight's global scale.
     pub fn companions(&self) -> impl Iterator<Item = usize> {
-        std::iter::once(self.scale).chain(self.zero_point.map(|z| z.tensor))
+        let global = match self.packing {
+            Packing::Nvfp4 { global, .. } => Some(global),
+            _ => None,
+        };
+        std::iter::once(self.scale)
+            .chain(self.zero_point.map(|z| z.tensor))
+            .chain(global)
     }
 
     /// Source bytes of one granule, the unit a window holds whole: a row of the weight, or
@@ -798,7 +805,11 @@ pub fn scale_name(name: &str) -> String {
 /// What follows a module's name in the tensors beside its FP8 weight that a dequantization
 /// drops: its scales and zero point (`.weight_scale`, ...), its activation scale.
 pub fn companion_suffixes() -> Vec<String> {
-    let weight = SCALE_SUFFIXES.iter().chain([&ZERO_POINT_SUFFIX]);
+    // A packed weight's too: its NVFP4 global scale, its `weight_shape`.
+    let shape = &crate::header::WEIGHT_SHAPE_SUFFIX[".weight".len()..];
+    let weight = SCALE_SUFFIXES
+        .iter()
+        .chain([&ZERO_POINT_SUFFIX, &GLOBAL_SCALE_SUFFIX, &shape]);
     let mut out: Vec<String> = weight.map(|s| format!(".weight{s}")).collect();
     out.push(format!(".{}", input_scale_name("")));
     out
