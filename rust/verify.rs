@@ -435,6 +435,12 @@ impl Verifier {
         };
         if let Some(g) = granule {
             let left = src.header.tensors[pairs[w.item].src].len() - w.pos;
+            if let Expect::Dequantize(d) = pairs[w.item].expect {
+                // Its output (read, and recomputed beside it) is 2 to 8 times the codes: half
+                // a window of it at a time, as convert writes it.
+                let rows = self.cursor.window() / 2 / d.out_row().max(1);
+                w.len = w.len.min(rows * d.src_row());
+            }
             w.len = (w.len / g * g).max(g).min(left);
         }
         Some(w)
