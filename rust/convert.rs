@@ -19,7 +19,7 @@ use crate::kernels::Isa;
 use crate::numerics::Numerics;
 use crate::output::{self, AtPath, Published, Replace, TempOutput, Territory};
 use crate::plan::{self, KeptTensor, Plan, PlanOptions, Role, TensorPlan};
-use crate::quant::{Deq, Layout, Quant, QuantizedTensor};
+use crate::quant::{Deq, Layout, Packing, Quant, QuantizedTensor};
 use crate::source::{fadvise_dontneed, PendingRelease, Source};
 use crate::text::esc_path;
 use crate::vocab::{OnOverflow, ReadAdvice, Side, Strategy, Taken, Target, WarningKind};
@@ -594,7 +594,15 @@ impl Job {
                     let _ = file.map.advise_range(Advice::WillNeed, next, end - next);
                 }
             }
-            let src_bytes = self.src.read(s, w.pos, w.len, &mut self.scratch)?;
+            let src_bytes = match action {
+                // gpt-oss windows run over the blocks in the output's order: the kernel
+                // reads the window's blocks from the whole tensor, in place.
+                Action::Dequantize(d) if matches!(d.packing, Packing::GptOss { .. }) => {
+                    let (f, at) = self.src.locate(s);
+                    &f.map[at as usize..(at + s.len()) as usize]
+                }
+                _ => self.src.read(s, w.pos, w.len, &mut self.scratch)?,
+            };
             let faulted = if let Action::Quantize(q) = action {
                 let (s0, _) = self.plan.scales[w.item].expect("a quantized weight has a scale");
                 let per = q.scales_per_granule() * q.size();
@@ -618,18 +626,25 @@ impl Job {
                 false
             } else if let Action::Dequantize(d) = action {
                 let dst_bytes = &mut self.out_map[da..da + dst_n as usize];
-                let row0 = w.pos / d.cols;
+                let row0 = w.pos / d.src_row();
                 let (pool, src) = (&self.pool, &self.src);
                 dequantize_window(pool, self.threads, d, src, row0, src_bytes, dst_bytes);
                 if let Some(all) = &mut self.numerics {
-                    // E4M3 holds no infinity: every one written is a finite value overflowed.
+                    // No code holds an infinity: every one written is a finite value
+                    // overflowed.
                     all[w.item].merge(&Numerics {
-                        elements: w.len,
+                        elements: dst_n / d.out_size(),
                         overflow: fp8::count_inf(d.target, dst_bytes),
                         ..Numerics::default()
                     });
                 }
-                self.release_companions(d, row0 + w.len / d.cols);
+                self.release_companions(d, row0 + w.len / d.src_row());
+                if let Packing::GptOss { .. } = d.packing {
+                    // Its windows read all an expert's rows: its pages go once it is done.
+                    let (file, at) = self.src.locate(s);
+                    let expert = d.rows * (d.cols / 2);
+                    file.release((at, at + (w.pos + w.len) / expert * expert));
+                }
                 false
             } else {
                 let dst_bytes = &mut self.out_map[da..da + dst_n as usize];
@@ -659,7 +674,10 @@ impl Job {
             }
             self.cursor.advance(w);
             spent += w.len;
-            if !gathered {
+            let gptoss = matches!(action, Action::Dequantize(d) if matches!(d.packing, Packing::GptOss { .. }));
+            if gptoss {
+                // Released expert by expert above.
+            } else if !gathered {
                 self.release_input(input, src_abs, w.len);
             } else if w.pos + w.len == tensor_len {
                 // A view's elements lie anywhere in its storage: drop its pages once done.
@@ -874,16 +892,17 @@ impl Job {
             .peek(plan.tensors.len(), |i| plan.tensors[i].src_len(&src.header))?;
         let granule = match plan.tensors[w.item].action {
             Action::Quantize(q) => Some(q.granule()),
-            // E4M3 is one byte an element: a row is `cols` bytes.
-            Action::Dequantize(d) => Some(d.cols),
+            // Whole rows (E4M3: `cols` bytes; packed: a row's codes).
+            Action::Dequantize(d) => Some(d.src_row()),
             _ => None,
         };
         if let Some(g) = granule {
             let left = plan.tensors[w.item].src_len(&src.header) - w.pos;
             if let Action::Dequantize(d) = plan.tensors[w.item].action {
-                // Each E4M3 byte becomes 2: a window's output stays what a bf16 window's
-                // is (half the window), so memory does too.
-                w.len = w.len.min(self.cursor.window() / 2 / d.out_size());
+                // Each E4M3 byte becomes 2, a packed one 4 or more: a window's output stays
+                // what a bf16 window's is (half the window), so memory does too.
+                let rows = self.cursor.window() / 2 / d.out_row().max(1);
+                w.len = w.len.min(rows * d.src_row());
             }
             w.len = (w.len / g * g).max(g).min(left);
         }
@@ -901,6 +920,15 @@ impl Job {
     /// and zero point rows they read, so that a big scale (small groups: a quarter of the
     /// weight in F32 for groups of 16) stays resident a window at a time, not whole.
     fn release_companions(&self, d: Deq, row_end: u64) {
+        if let Packing::GptOss { .. } = d.packing {
+            // Scales [E, rows, G]: an expert's go once its G granules are done.
+            let t = &self.src.header.tensors[d.scale];
+            let groups = d.cols / 32;
+            let per = d.rows * groups;
+            let (file, at) = self.src.locate(t);
+            file.release((at, at + row_end / groups.max(1) * per));
+            return;
+        }
         let done = match d.layout {
             Layout::Tensor => return,
             Layout::Channel | Layout::Group(_) => row_end,
@@ -1228,6 +1256,9 @@ pub(crate) fn dequantize_window(
         &file.map[at as usize..(at + t.len()) as usize]
     };
     let scales = whole(d.scale);
+    if d.packing != Packing::Fp8 {
+        return unpack_window(pool, threads, d, whole, row0, src, dst);
+    }
     let zero_points = d.zero_point.map(|z| fp8::ZeroPoints {
         dtype: z.dtype,
         data: whole(z.tensor),
@@ -1270,6 +1301,144 @@ pub(crate) fn dequantize_window(
             .enumerate()
             .for_each(|(k, (s, o))| run(row0 as usize + k * per, s, o));
     });
+}
+
+/// `dequantize_window` for packed codes (`Packing`, not FP8): `src` holds whole rows from
+/// row `row0` (for gpt-oss: the whole blocks tensor, and `row0` the first granule of the
+/// window, which `dst`'s length sizes), `whole` gives an input tensor's bytes.
+fn unpack_window<'a>(
+    pool: &rayon::ThreadPool,
+    threads: usize,
+    d: Deq,
+    whole: impl Fn(usize) -> &'a [u8] + Sync,
+    row0: u64,
+    src: &[u8],
+    dst: &mut [u8],
+) {
+    use crate::packed;
+    use rayon::prelude::*;
+    let (cols, target) = (d.cols as usize, d.target);
+    let scales = whole(d.scale);
+    if let Packing::GptOss { .. } = d.packing {
+        let (rows, groups) = (d.rows as usize, cols / 32);
+        let n = dst.len() / d.out_row().max(1) as usize;
+        let (mut q, mut done) = (row0 as usize, 0usize);
+        let (mut blocks, mut sc) = (Vec::new(), Vec::new());
+        while done < n {
+            // One expert's run of groups [g0, g1).
+            let (e, g0) = (q / groups, q % groups);
+            let g1 = groups.min(g0 + n - done);
+            let gw = g1 - g0;
+            blocks.clear();
+            sc.clear();
+            for r in 0..rows {
+                let at = (e * rows + r) * groups;
+                blocks.extend_from_slice(src.get((at + g0) * 16..(at + g1) * 16).unwrap_or(&[]));
+                sc.extend_from_slice(scales.get(at + g0..at + g1).unwrap_or(&[]));
+            }
+            let out = d.out_row() as usize;
+            let o = &mut dst[done * out..(done + gw) * out];
+            if blocks.len() == rows * gw * 16 && sc.len() == rows * gw {
+                packed::gptoss_transposed(rows, gw, &blocks, &sc, target, o);
+            }
+            q += gw;
+            done += gw;
+        }
+        return;
+    }
+    let global = match d.packing {
+        Packing::Nvfp4 { global, scalar } => {
+            let b = whole(global);
+            let g = b
+                .first_chunk::<4>()
+                .map_or(f32::NAN, |b| f32::from_le_bytes(*b));
+            Some(if scalar {
+                packed::GlobalScale::Scalar(g)
+            } else {
+                packed::GlobalScale::Tensor(g)
+            })
+        }
+        _ => None,
+    };
+    let zero_points = d.zero_point.map(|z| whole(z.tensor));
+    let (src_row, out_row) = (d.src_row() as usize, d.out_row() as usize);
+    let run = |r0: usize, s: &[u8], o: &mut [u8]| {
+        let n = s.len() / src_row.max(1);
+        match d.packing {
+            Packing::Nvfp4 { .. } | Packing::Mxfp4 => {
+                let per = match d.layout {
+                    Layout::Group(g) => cols / g as usize,
+                    _ => return,
+                };
+                let sc = scales.get(r0 * per..(r0 + n) * per).unwrap_or(&[]);
+                if sc.len() != n * per {
+                    return;
+                }
+                match global {
+                    Some(g) => packed::nvfp4(cols, s, sc, g, target, o),
+                    None => packed::mxfp4(cols, s, sc, target, o),
+                }
+            }
+            Packing::Int { bits } => {
+                let zp = zero_points.map(|data| packed::ZeroPoints::PackedRows {
+                    bits,
+                    groups: match d.layout {
+                        Layout::Group(g) => cols / g as usize,
+                        _ => 1,
+                    },
+                    data,
+                });
+                let codes = packed::Codes::Packed { bits, words: s };
+                packed::int(
+                    int_layout(d.layout),
+                    cols,
+                    r0,
+                    codes,
+                    d.s_dtype,
+                    scales,
+                    zp,
+                    target,
+                    o,
+                );
+            }
+            Packing::I8 => {
+                let zp = zero_points.map(packed::ZeroPoints::I8);
+                let codes = packed::Codes::I8(s);
+                packed::int(
+                    int_layout(d.layout),
+                    cols,
+                    r0,
+                    codes,
+                    d.s_dtype,
+                    scales,
+                    zp,
+                    target,
+                    o,
+                );
+            }
+            Packing::Fp8 | Packing::GptOss { .. } => {}
+        }
+    };
+    let rows = src.len() / src_row.max(1);
+    if threads < 2 || src.len() < (256 << 10) || rows < 2 {
+        return run(row0 as usize, src, dst);
+    }
+    let per = rows.div_ceil(threads * 4).max(1);
+    pool.install(|| {
+        src.par_chunks(per * src_row)
+            .zip(dst.par_chunks_mut(per * out_row))
+            .enumerate()
+            .for_each(|(k, (s, o))| run(row0 as usize + k * per, s, o));
+    });
+}
+
+/// The packed kernels' name for a scale layout (blocks are FP8's alone).
+fn int_layout(l: Layout) -> crate::packed::IntLayout {
+    match l {
+        Layout::Tensor => crate::packed::IntLayout::Tensor,
+        Layout::Channel | Layout::Block => crate::packed::IntLayout::Channel,
+        Layout::Group(g) => crate::packed::IntLayout::Group(g as usize),
+    }
 }
 
 /// The source tensor of the plan's tensor `i`.

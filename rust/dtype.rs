@@ -179,6 +179,10 @@ impl Action {
 
     /// Output bytes for `len` source bytes.
     pub fn out_len(self, len: u64) -> u64 {
+        if let Action::Dequantize(d) = self {
+            // Packed codes: whole granules (rows) in, whole rows out.
+            return d.out_len(len);
+        }
         let (s, d) = self.sizes();
         len / s * d
     }

@@ -143,6 +143,12 @@ pub enum Fp8Problem {
         shape: Vec<usize>,
         expected: Vec<usize>,
     },
+    /// A packed weight (or a companion of one) in `format` whose tensors do not make a layout
+    /// stcast dequantizes exactly: `detail` says what does not fit.
+    Packed {
+        format: &'static str,
+        detail: String,
+    },
     /// `values` of the weight, once dequantized, overflow `target` while overflowing
     /// tensors are to be kept: a dequantized weight has no dtype of its own to keep.
     Overflow {
@@ -236,6 +242,11 @@ impl fmt::Display for Fp8Problem {
                  keeps no dequantized weight; BF16 holds them)",
                 crate::text::count(*values, "value"),
                 target.describe()
+            ),
+            Fp8Problem::Packed { format, detail } => write!(
+                f,
+                "is a {format} tensor stcast does not dequantize: {}",
+                esc(detail)
             ),
             Fp8Problem::ZeroPointWithScaleInv { weight, scale_inv } => write!(
                 f,

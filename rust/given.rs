@@ -64,6 +64,11 @@ pub struct Exports {
     /// What follows a module's name in the tensors an FP8 weight's dequantization drops
     /// (`quant::companion_suffixes`).
     pub fp8_companion_suffixes: Names,
+    /// `quant::PACKED_SUFFIX`, `quant::BLOCKS_SUFFIX`: what a packed weight's name loses
+    /// once dequantized (`X.weight_packed` -> `X.weight`, `X_blocks` -> `X`).
+    pub packed_suffixes: Names,
+    /// `quant::SCALES_SUFFIX`: gpt-oss's scales of `X_blocks` (`X_scales`), dropped.
+    pub packed_scales_suffix: String,
     /// `run::json::QUANTIZATION_KEYS`: the config keys that describe a quantization.
     pub quantization_keys: Names,
     /// `run::json::MAX_DEPTH`: how deeply a config or index may nest.
@@ -115,6 +120,8 @@ impl Default for Exports {
             isas: Names::of(crate::kernels::Isa::available().iter().map(|i| i.name())),
             fp8_scale_suffixes: Names::of(crate::quant::SCALE_SUFFIXES),
             fp8_companion_suffixes: Names(crate::quant::companion_suffixes()),
+            packed_suffixes: Names::of([crate::quant::PACKED_SUFFIX, crate::quant::BLOCKS_SUFFIX]),
+            packed_scales_suffix: crate::quant::SCALES_SUFFIX.to_string(),
             quantization_keys: Names::of(crate::run::json::QUANTIZATION_KEYS),
             json_max_depth: crate::run::json::MAX_DEPTH,
             max_threads: crate::window::MAX_THREADS,

@@ -17,6 +17,10 @@ pub const END_OVERFLOWS: &str = "the tensors' data offsets end past any file siz
 /// The safetensors format's limit on the header, which we keep for our output too.
 pub const MAX_HEADER: usize = 100_000_000;
 
+/// The name compressed-tensors gives a packed weight's shape (`X.weight_shape`, beside
+/// `X.weight_packed`): read with the header (`SourceHeader::weight_shapes`).
+pub const WEIGHT_SHAPE_SUFFIX: &str = ".weight_shape";
+
 /// One tensor of the input, as its header describes it.
 #[derive(Clone, Debug)]
 pub struct SourceTensor {
@@ -56,6 +60,20 @@ pub struct SourceHeader {
     pub metadata: Option<Vec<(String, String)>>,
     /// Tensors in data-offset order (ties between empty tensors: JSON key order).
     pub tensors: Vec<SourceTensor>,
+    /// The values of the packed weights' `X.weight_shape` tensors (I64 or I32 `[2]`),
+    /// read with the header: a packed weight's width is not in its shape
+    /// (`quant::dequantizable`). Empty for inputs other than safetensors files.
+    pub weight_shapes: Vec<(String, [i64; 2])>,
+}
+
+impl SourceHeader {
+    /// The value of tensor `name` when it is a `weight_shape` read with the header.
+    pub fn weight_shape(&self, name: &str) -> Option<[i64; 2]> {
+        self.weight_shapes
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|&(_, v)| v)
+    }
 }
 
 impl SourceHeader {
@@ -145,10 +163,31 @@ fn parse(bytes: &[u8]) -> std::result::Result<SourceHeader, Refused> {
             "the data offsets do not cover the data section exactly",
         ));
     }
+    let data = &bytes[PREFIX + n..];
+    let weight_shapes = tensors
+        .iter()
+        .filter(|t| t.name.ends_with(WEIGHT_SHAPE_SUFFIX) && t.shape == [2])
+        .filter_map(|t| {
+            let b = data.get(t.start as usize..t.end as usize)?;
+            let v = match t.dtype {
+                Dtype::I64 => match b.as_chunks::<8>().0 {
+                    [x, y] => [i64::from_le_bytes(*x), i64::from_le_bytes(*y)],
+                    _ => return None,
+                },
+                Dtype::I32 => match b.as_chunks::<4>().0 {
+                    [x, y] => [x, y].map(|w| i64::from(i32::from_le_bytes(*w))),
+                    _ => return None,
+                },
+                _ => return None,
+            };
+            Some((t.name.clone(), v))
+        })
+        .collect();
     Ok(SourceHeader {
         header_len: n as u64,
         metadata: header.metadata,
         tensors,
+        weight_shapes,
     })
 }
 

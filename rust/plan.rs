@@ -178,6 +178,18 @@ pub enum Role {
 }
 
 impl TensorPlan {
+    /// The output's name and shape of a `Role::Tensor` entry of source tensor `s`: its own,
+    /// or a packed weight's unpacked (`quant::Deq::out_name`, `out_shape`).
+    pub fn out_name_shape<'a>(
+        &self,
+        s: &'a crate::header::SourceTensor,
+    ) -> (&'a str, std::borrow::Cow<'a, [usize]>) {
+        match self.action {
+            Action::Dequantize(d) => (d.out_name(&s.name), d.out_shape(&s.shape).into()),
+            _ => (&s.name, std::borrow::Cow::Borrowed(&s.shape[..])),
+        }
+    }
+
     /// Input bytes this entry reads (none for a scale).
     pub fn src_len(&self, src: &SourceHeader) -> u64 {
         match self.role {
@@ -399,13 +411,13 @@ pub fn plan(path: &Path, src: &SourceHeader, opts: &PlanOptions) -> Result<Plan>
         None => HashSet::new(),
     };
     let (deq, dropped) = match (opts.target.dtype(), strategy) {
-        (Some(d), None) => quant::dequantizable(&src.tensors, d).map_err(|(tensor, problem)| {
-            Error::Fp8Unpaired {
+        (Some(d), None) => quant::dequantizable(&src.tensors, &src.weight_shapes, d).map_err(
+            |(tensor, problem)| Error::Fp8Unpaired {
                 path: path.to_path_buf(),
                 tensor,
                 problem: Box::new(problem),
-            }
-        })?,
+            },
+        )?,
         _ => (Vec::new(), Vec::new()),
     };
     for (i, t) in src.tensors.iter().enumerate() {
@@ -490,6 +502,9 @@ pub fn plan(path: &Path, src: &SourceHeader, opts: &PlanOptions) -> Result<Plan>
             end: 0,
             role: Role::Tensor,
         });
+    }
+    if strategy.is_none() && opts.target.dtype().is_some() && !opts.allow_quantized {
+        check_packed_left(path, src, &reasons)?;
     }
     // Dequantizing: every quantized tensor with its scale, every scale with its weight.
     if reasons.contains(&Reason::Dequantized) {
@@ -594,7 +609,10 @@ pub(crate) fn encode_header(src: &SourceHeader, tensors: &[TensorPlan]) -> Vec<u
         }
         let s = &src.tensors[t.source];
         match t.role {
-            Role::Tensor => encode_entry(&mut out, &s.name, t.dtype, &s.shape, (t.start, t.end)),
+            Role::Tensor => {
+                let (name, shape) = t.out_name_shape(s);
+                encode_entry(&mut out, name, t.dtype, &shape, (t.start, t.end))
+            }
             Role::Scale(q) => encode_entry(
                 &mut out,
                 &quant::scale_name(&s.name),
@@ -711,6 +729,55 @@ fn plan_warnings(
         ));
     }
     warnings
+}
+
+/// A packed weight no layout stcast dequantizes takes (GPTQ/AWQ `qweight`, `qzeros`,
+/// `g_idx`; gpt-oss blocks without their scales) is refused, naming it and its format:
+/// converting the rest would write a checkpoint without it.
+fn check_packed_left(path: &Path, src: &SourceHeader, reasons: &[Reason]) -> Result<()> {
+    const LEFT: [(&str, &str, &str); 5] = [
+        (
+            ".qweight",
+            "GPTQ/AWQ",
+            "packed codes in a layout stcast does not read",
+        ),
+        (
+            ".qzeros",
+            "GPTQ/AWQ",
+            "packed zero points in a layout stcast does not read",
+        ),
+        (
+            "g_idx",
+            "GPTQ act-order",
+            "a group index reorders its weight's columns",
+        ),
+        (
+            quant::BLOCKS_SUFFIX,
+            "gpt-oss MXFP4",
+            "no `_scales` beside it",
+        ),
+        (
+            quant::PACKED_SUFFIX,
+            "pack-quantized",
+            "no scale stcast pairs with it",
+        ),
+    ];
+    for (t, r) in src.tensors.iter().zip(reasons) {
+        if matches!(r, Reason::Dequantized | Reason::Dropped) {
+            continue;
+        }
+        if let Some(&(_, format, detail)) = LEFT.iter().find(|(s, ..)| t.name.ends_with(s)) {
+            return Err(Error::Fp8Unpaired {
+                path: path.to_path_buf(),
+                tensor: t.name.clone(),
+                problem: Box::new(Fp8Problem::Packed {
+                    format,
+                    detail: detail.to_string(),
+                }),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// An FP8 checkpoint is dequantized whole or not at all: refuse a quantized tensor left as

@@ -124,8 +124,38 @@ pub struct ZeroPoint {
     pub dtype: Dtype,
 }
 
-/// An FP8 input weight to dequantize: E4M3 `rows x cols`, its scale (input tensor `scale`,
-/// of dtype `s_dtype`) and zero point if it has one, the target dtype.
+/// How a quantized input weight's codes are stored (`Deq::packing`); the arithmetic of
+/// each is `fp8::dequantize`'s or `packed`'s (docs/rounding.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Packing {
+    /// F8_E4M3, a code a byte (compressed-tensors float 8-bit, DeepSeek fp8).
+    Fp8,
+    /// compressed-tensors `nvfp4-pack-quantized`: two E2M1 codes a byte, an E4M3 scale per
+    /// 16, and the F32 global scale, input tensor `global` (`scalar`: of rank 0).
+    Nvfp4 { global: usize, scalar: bool },
+    /// compressed-tensors `mxfp4-pack-quantized`: an E8M0 (U8) scale per 32.
+    Mxfp4,
+    /// compressed-tensors `pack-quantized`: `bits`-bit codes in I32 words, each row
+    /// `ceil(cols * bits / 32)` words; zero points packed along rows.
+    Int { bits: u32 },
+    /// compressed-tensors `int-quantized`/`naive-quantized`: an I8 code a byte.
+    I8,
+    /// gpt-oss MXFP4 `X_blocks` `[experts, rows, cols / 32, 16]` with `X_scales`
+    /// `[experts, rows, cols / 32]`: out comes `X` `[experts, cols, rows]`.
+    GptOss { experts: u64 },
+}
+
+/// The suffix of a compressed-tensors packed weight (`X.weight_packed` becomes `X.weight`).
+pub const PACKED_SUFFIX: &str = "_packed";
+/// The suffixes of a gpt-oss MXFP4 weight and its scales (`X_blocks` + `X_scales` become `X`).
+pub const BLOCKS_SUFFIX: &str = "_blocks";
+pub const SCALES_SUFFIX: &str = "_scales";
+/// The suffix of an NVFP4 weight's global scale (`X.weight_global_scale`).
+pub const GLOBAL_SCALE_SUFFIX: &str = "_global_scale";
+
+/// A quantized input weight to dequantize: `rows x cols` codes (per expert for gpt-oss),
+/// stored as `packing` says, its scale (input tensor `scale`, of dtype `s_dtype`) and zero
+/// point if it has one, the target dtype.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Deq {
     pub scale: usize,
@@ -135,6 +165,7 @@ pub struct Deq {
     pub rows: u64,
     pub cols: u64,
     pub target: Dtype,
+    pub packing: Packing,
 }
 
 impl Deq {
@@ -143,9 +174,68 @@ impl Deq {
         (self.target.bitsize() / 8) as u64
     }
 
-    /// The input tensors dequantizing it reads beside the weight: its scale, its zero point.
+    /// The input tensors dequantizing it reads beside the weight: its scale, its zero point,
+    /// an NVFP4 weight's global scale.
     pub fn companions(&self) -> impl Iterator<Item = usize> {
-        std::iter::once(self.scale).chain(self.zero_point.map(|z| z.tensor))
+        let global = match self.packing {
+            Packing::Nvfp4 { global, .. } => Some(global),
+            _ => None,
+        };
+        std::iter::once(self.scale)
+            .chain(self.zero_point.map(|z| z.tensor))
+            .chain(global)
+    }
+
+    /// Source bytes of one granule, the unit a window holds whole: a row of the weight, or
+    /// for gpt-oss one group of 32 columns of all an expert's rows (its windows run over
+    /// the blocks in `[experts, cols / 32, rows, 16]` order, the output's).
+    pub fn src_row(&self) -> u64 {
+        match self.packing {
+            Packing::Fp8 | Packing::I8 => self.cols,
+            Packing::Nvfp4 { .. } | Packing::Mxfp4 => self.cols / 2,
+            Packing::Int { bits } => (self.cols * u64::from(bits)).div_ceil(32) * 4,
+            Packing::GptOss { .. } => self.rows * 16,
+        }
+    }
+
+    /// Output bytes of one granule (`src_row`).
+    pub fn out_row(&self) -> u64 {
+        match self.packing {
+            Packing::GptOss { .. } => 32 * self.rows * self.out_size(),
+            _ => self.cols * self.out_size(),
+        }
+    }
+
+    /// Output bytes for `len` source bytes (whole granules).
+    pub fn out_len(&self, len: u64) -> u64 {
+        len / self.src_row().max(1) * self.out_row()
+    }
+
+    /// Elements of the output per granule.
+    pub fn row_elements(&self) -> u64 {
+        self.out_row() / self.out_size().max(1)
+    }
+
+    /// The output's name for the weight's `name`: `X.weight_packed` -> `X.weight`,
+    /// `X_blocks` -> `X`; an FP8 weight keeps its name.
+    pub fn out_name<'a>(&self, name: &'a str) -> &'a str {
+        let suffix = match self.packing {
+            Packing::Fp8 | Packing::I8 => return name,
+            Packing::GptOss { .. } => BLOCKS_SUFFIX,
+            _ => PACKED_SUFFIX,
+        };
+        name.strip_suffix(suffix).unwrap_or(name)
+    }
+
+    /// The output's shape (`shape`: the weight's in the input).
+    pub fn out_shape(&self, shape: &[usize]) -> Vec<usize> {
+        match self.packing {
+            Packing::Fp8 | Packing::I8 => shape.to_vec(),
+            Packing::GptOss { experts } => {
+                vec![experts as usize, self.cols as usize, self.rows as usize]
+            }
+            _ => vec![self.rows as usize, self.cols as usize],
+        }
     }
 }
 
@@ -182,8 +272,14 @@ pub type Pairing = (Vec<Option<Deq>>, Vec<bool>);
 ///
 /// A scale or zero point beside such a weight that stcast cannot use as compressed-tensors
 /// (or DeepSeek) would is an error naming it: `(tensor, problem)`, never a silent copy.
+///
+/// Packed weights too (`Packing`): compressed-tensors `X.weight_packed` (U8 NVFP4 or MXFP4
+/// by their scale's dtype, I32 INT codes of `X.weight_shape`'s width, whose value `shapes`
+/// holds), an I8 `X.weight` with its scale, and gpt-oss `X_blocks` with `X_scales`; their
+/// scales, global scales, zero points and shapes are dropped.
 pub fn dequantizable(
     tensors: &[crate::header::SourceTensor],
+    shapes: &[(String, [i64; 2])],
     target: Dtype,
 ) -> Result<Pairing, (String, Fp8Problem)> {
     use std::collections::HashMap;
@@ -195,6 +291,14 @@ pub fn dequantizable(
     let mut deq = vec![None; tensors.len()];
     let mut dropped = vec![false; tensors.len()];
     for (i, t) in tensors.iter().enumerate() {
+        if let Some(found) = packed(tensors, &by_name, shapes, i, target)? {
+            let (d, drop) = found;
+            deq[i] = Some(d);
+            for k in drop {
+                dropped[k] = true;
+            }
+            continue;
+        }
         if t.dtype != Dtype::F8_E4M3 || t.shape.len() != 2 || t.gather.is_some() {
             continue;
         }
@@ -315,6 +419,7 @@ pub fn dequantizable(
             rows,
             cols,
             target,
+            packing: Packing::Fp8,
         });
         dropped[k] = true;
         if let Some(&k) = by_name.get(input_scale_name(module).as_str()) {
@@ -322,6 +427,323 @@ pub fn dequantizable(
         }
     }
     Ok((deq, dropped))
+}
+
+/// The refusal of packed tensor `tensor` of `format`: `detail` says what does not fit.
+fn fail<T>(tensor: &str, format: &'static str, detail: String) -> Result<T, (String, Fp8Problem)> {
+    Err((tensor.to_string(), Fp8Problem::Packed { format, detail }))
+}
+
+/// A packed weight's pairing (`dequantizable`): tensor `i`'s `Deq` and the tensors its
+/// dequantization drops, None when `i` is no packed weight, or the problem naming the
+/// tensor that does not fit.
+#[allow(clippy::type_complexity)]
+fn packed(
+    tensors: &[crate::header::SourceTensor],
+    by_name: &std::collections::HashMap<&str, usize>,
+    shapes: &[(String, [i64; 2])],
+    i: usize,
+    target: Dtype,
+) -> Result<Option<(Deq, Vec<usize>)>, (String, Fp8Problem)> {
+    let t = &tensors[i];
+    let named = |name: String| by_name.get(name.as_str()).map(|&k| (k, name));
+    // Companions are read whole, in place: one little-endian run of the weight's file.
+    let beside = |k: usize, format: &'static str| -> Result<(), (String, Fp8Problem)> {
+        let c = &tensors[k];
+        if c.gather.is_some() || c.input != t.input || t.gather.is_some() {
+            return fail(
+                &c.name,
+                format,
+                format!("not stored whole beside `{}` in its file", t.name),
+            );
+        }
+        Ok(())
+    };
+    let e8m0 = |d: Dtype| matches!(d, Dtype::U8 | Dtype::F8_E8M0);
+    // gpt-oss MXFP4: `X_blocks` [E, R, G, 16] U8 with `X_scales` [E, R, G].
+    if let Some(stem) = t.name.strip_suffix(BLOCKS_SUFFIX) {
+        const F: &str = "gpt-oss MXFP4";
+        let Some((k, scale_name)) = named(format!("{stem}{SCALES_SUFFIX}")) else {
+            return Ok(None);
+        };
+        let s = &tensors[k];
+        let ok = t.dtype == Dtype::U8
+            && t.shape.len() == 4
+            && t.shape[3] == 16
+            && e8m0(s.dtype)
+            && s.shape[..] == t.shape[..3];
+        if !ok {
+            return fail(
+                &t.name,
+                F,
+                format!(
+                    "blocks {} {:?} with scales `{scale_name}` {} {:?}; stcast reads U8 \
+                     [experts, rows, groups, 16] with U8 [experts, rows, groups]",
+                    t.dtype, t.shape, s.dtype, s.shape
+                ),
+            );
+        }
+        beside(k, F)?;
+        let d = Deq {
+            scale: k,
+            s_dtype: s.dtype,
+            zero_point: None,
+            layout: Layout::Group(32),
+            rows: t.shape[1] as u64,
+            cols: t.shape[2] as u64 * 32,
+            target,
+            packing: Packing::GptOss {
+                experts: t.shape[0] as u64,
+            },
+        };
+        return Ok(Some((d, vec![k])));
+    }
+    // compressed-tensors: `X.weight_packed` (FP4 in U8, INT in I32), or an I8 `X.weight`.
+    let (weight, packed) = match t.name.strip_suffix(PACKED_SUFFIX) {
+        Some(w) if module_of(w).is_some() => (w, true),
+        _ if t.dtype == Dtype::I8 && module_of(&t.name).is_some() => (t.name.as_str(), false),
+        _ => return Ok(None),
+    };
+    let format: &'static str = match (packed, t.dtype) {
+        (false, _) => "int-quantized",
+        (true, Dtype::U8) => "FP4 pack-quantized",
+        (true, Dtype::I32) => "pack-quantized",
+        (true, _) => {
+            return fail(
+                &t.name,
+                "pack-quantized",
+                format!(
+                    "packed weight in {}; stcast reads U8 (FP4) or I32 (INT)",
+                    t.dtype
+                ),
+            )
+        }
+    };
+    let Some((k, scale_name)) = named(format!("{weight}{}", SCALE_SUFFIXES[0])) else {
+        if !packed {
+            return Ok(None); // an I8 weight of a model, not a quantized one
+        }
+        return fail(&t.name, format, "no `weight_scale` beside it".to_string());
+    };
+    if t.shape.len() != 2 {
+        return fail(&t.name, format, format!("shape {:?}, not 2-D", t.shape));
+    }
+    beside(k, format)?;
+    let s = &tensors[k];
+    let rows = t.shape[0] as u64;
+    let mut drop = vec![k];
+    let shape_name = match module_of(weight) {
+        Some(m) if !m.is_empty() => format!("{m}{}", crate::header::WEIGHT_SHAPE_SUFFIX),
+        _ => crate::header::WEIGHT_SHAPE_SUFFIX[1..].to_string(),
+    };
+    let shape = named(shape_name).map(|(k, n)| {
+        drop.push(k);
+        let v = shapes.iter().find(|(m, _)| *m == n).map(|&(_, v)| v);
+        (n, v)
+    });
+    if let Some(&k) = by_name.get(input_scale_name(module_of(weight).unwrap_or("")).as_str()) {
+        drop.push(k);
+    }
+    let zp = named(format!("{weight}{ZERO_POINT_SUFFIX}"));
+    let width = |cols: u64| -> Result<(), (String, Fp8Problem)> {
+        match &shape {
+            None => Ok(()),
+            Some((_, Some([r, c])))
+                if *r as u64 == rows && *c as u64 == cols && *r >= 0 && *c >= 0 =>
+            {
+                Ok(())
+            }
+            Some((n, v)) => fail(
+                n,
+                format,
+                format!(
+                    "holds {v:?}, not the [{rows}, {cols}] its packed weight `{}` makes",
+                    t.name
+                ),
+            ),
+        }
+    };
+    let (packing, cols, layout) = match t.dtype {
+        Dtype::U8 => {
+            let cols = t.shape[1] as u64 * 2;
+            width(cols)?;
+            let (packing, group, format) = match s.dtype {
+                Dtype::F8_E4M3 => {
+                    let Some((g, gname)) = named(format!("{weight}{GLOBAL_SCALE_SUFFIX}")) else {
+                        return fail(
+                            &t.name,
+                            "nvfp4-pack-quantized",
+                            "no `weight_global_scale` beside it".into(),
+                        );
+                    };
+                    let gt = &tensors[g];
+                    if gt.dtype != Dtype::F32
+                        || gt.shape.iter().product::<usize>() != 1
+                        || gt.shape.len() > 1
+                    {
+                        return fail(
+                            &gname,
+                            "nvfp4-pack-quantized",
+                            format!("{} {:?}, not one F32", gt.dtype, gt.shape),
+                        );
+                    }
+                    beside(g, "nvfp4-pack-quantized")?;
+                    drop.push(g);
+                    let scalar = gt.shape.is_empty();
+                    (
+                        Packing::Nvfp4 { global: g, scalar },
+                        crate::packed::NVFP4_GROUP as u64,
+                        "nvfp4-pack-quantized",
+                    )
+                }
+                d if e8m0(d) => (
+                    Packing::Mxfp4,
+                    crate::packed::MXFP4_GROUP as u64,
+                    "mxfp4-pack-quantized",
+                ),
+                d => {
+                    return fail(
+                        &scale_name,
+                        format,
+                        format!("scale in {d}; FP4 scales are F8_E4M3 (NVFP4) or U8 (MXFP4)"),
+                    )
+                }
+            };
+            if zp.is_some() {
+                return fail(&t.name, format, "a zero point beside FP4 codes".into());
+            }
+            if cols == 0
+                || !cols.is_multiple_of(group)
+                || s.shape != [rows as usize, (cols / group) as usize]
+            {
+                return fail(
+                    &scale_name,
+                    format,
+                    format!(
+                        "shape {:?}, not [{rows}, {}] for groups of {group}",
+                        s.shape,
+                        cols / group.max(1)
+                    ),
+                );
+            }
+            (packing, cols, Layout::Group(group))
+        }
+        _ => {
+            if !matches!(s.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+                return fail(
+                    &scale_name,
+                    format,
+                    format!("scale in {}; stcast reads F32, BF16 or F16", s.dtype),
+                );
+            }
+            let (packing, cols) = if packed {
+                let Some((n, v)) = &shape else {
+                    return fail(
+                        &t.name,
+                        format,
+                        "no `weight_shape` beside it: its width and bit width are unknown".into(),
+                    );
+                };
+                let Some([_, c]) = v.filter(|[r, c]| *r as u64 == rows && *c > 0) else {
+                    return fail(n, format, format!("holds {v:?}, not [{rows}, columns]"));
+                };
+                let c = c as u64;
+                let words = t.shape[1] as u64;
+                let bits: Vec<u32> = (1..=8u32)
+                    .filter(|&b| (c * u64::from(b)).div_ceil(32) == words)
+                    .collect();
+                let [bits] = bits[..] else {
+                    return fail(
+                        &t.name,
+                        format,
+                        format!("{words} words a row do not tell one bit width for {c} columns"),
+                    );
+                };
+                (Packing::Int { bits }, c)
+            } else {
+                (Packing::I8, t.shape[1] as u64)
+            };
+            let dims: Vec<u64> = s.shape.iter().map(|&d| d as u64).collect();
+            let layout = if is_one(&s.shape) {
+                Layout::Tensor
+            } else if dims == [rows, 1] {
+                Layout::Channel
+            } else if let [r, g] = dims[..] {
+                if r == rows && g > 1 && cols.is_multiple_of(g) {
+                    Layout::Group(cols / g)
+                } else {
+                    return fail(
+                        &scale_name,
+                        format,
+                        format!(
+                            "shape {:?} is no tensor, channel or group layout of [{rows}, {cols}]",
+                            s.shape
+                        ),
+                    );
+                }
+            } else {
+                return fail(
+                    &scale_name,
+                    format,
+                    format!(
+                        "shape {:?} is no tensor, channel or group layout of [{rows}, {cols}]",
+                        s.shape
+                    ),
+                );
+            };
+            (packing, cols, layout)
+        }
+    };
+    let zero_point = match zp {
+        None => None,
+        Some((z, zname)) => {
+            beside(z, format)?;
+            let zt = &tensors[z];
+            let want: Vec<usize> = match packing {
+                Packing::Int { bits } => {
+                    let (r, g) = match s.shape[..] {
+                        [r, g] => (r, g),
+                        _ => (1, 1),
+                    };
+                    vec![(r as u64 * u64::from(bits)).div_ceil(32) as usize, g]
+                }
+                _ => s.shape.clone(),
+            };
+            let want_dtype = match packing {
+                Packing::Int { .. } => Dtype::I32,
+                _ => Dtype::I8,
+            };
+            if zt.dtype != want_dtype
+                || zt.shape != want
+                || matches!((packing, layout), (Packing::Int { .. }, Layout::Tensor))
+            {
+                return fail(
+                    &zname,
+                    format,
+                    format!(
+                        "zero point {} {:?}, not {want_dtype} {want:?}",
+                        zt.dtype, zt.shape
+                    ),
+                );
+            }
+            drop.push(z);
+            Some(ZeroPoint {
+                tensor: z,
+                dtype: zt.dtype,
+            })
+        }
+    };
+    let d = Deq {
+        scale: k,
+        s_dtype: s.dtype,
+        zero_point,
+        layout,
+        rows,
+        cols,
+        target,
+        packing,
+    };
+    Ok(Some((d, drop)))
 }
 
 /// Does a scale of shape `shape` for a `rows x cols` weight fit two layouts that group its
@@ -383,7 +805,11 @@ pub fn scale_name(name: &str) -> String {
 /// What follows a module's name in the tensors beside its FP8 weight that a dequantization
 /// drops: its scales and zero point (`.weight_scale`, ...), its activation scale.
 pub fn companion_suffixes() -> Vec<String> {
-    let weight = SCALE_SUFFIXES.iter().chain([&ZERO_POINT_SUFFIX]);
+    // A packed weight's too: its NVFP4 global scale, its `weight_shape`.
+    let shape = &crate::header::WEIGHT_SHAPE_SUFFIX[".weight".len()..];
+    let weight = SCALE_SUFFIXES
+        .iter()
+        .chain([&ZERO_POINT_SUFFIX, &GLOBAL_SCALE_SUFFIX, &shape]);
     let mut out: Vec<String> = weight.map(|s| format!(".weight{s}")).collect();
     out.push(format!(".{}", input_scale_name("")));
     out
@@ -624,7 +1050,7 @@ mod tests {
             t("b.weight_scale", Dtype::F32, &[]),
             t("b.weight_zero_point", Dtype::I32, &[1]),
         ];
-        let (deq, dropped) = dequantizable(&ts, Dtype::F16).unwrap();
+        let (deq, dropped) = dequantizable(&ts, &[], Dtype::F16).unwrap();
         let a = deq[0].unwrap();
         assert_eq!(
             a.zero_point,
@@ -644,7 +1070,7 @@ mod tests {
         let refused = |others: &[crate::header::SourceTensor]| {
             let mut ts = vec![w.clone()];
             ts.extend_from_slice(others);
-            dequantizable(&ts, Dtype::BF16).unwrap_err()
+            dequantizable(&ts, &[], Dtype::BF16).unwrap_err()
         };
         let s = t("a.weight_scale", Dtype::F32, &[4, 1]);
         let (n, p) = refused(&[s.clone(), t("a.weight_scale_inv", Dtype::F32, &[4, 1])]);
@@ -712,7 +1138,7 @@ mod tests {
             t("a.weight_scale", Dtype::F32, &[1]),
             zp(Dtype::I8, &[]),
         ];
-        assert!(dequantizable(&one, Dtype::BF16).unwrap().0[0].is_some());
+        assert!(dequantizable(&one, &[], Dtype::BF16).unwrap().0[0].is_some());
     }
 
     #[test]

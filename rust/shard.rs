@@ -21,7 +21,7 @@ use crate::convert::Options;
 use crate::task::ConvertTask;
 use crate::verify::{Verifier, VerifyOptions};
 
-use crate::dtype::width_rank;
+use crate::dtype::{width_rank, Action};
 use crate::error::{Error, Result, Warning};
 use crate::header::{SourceHeader, SourceTensor, PREFIX};
 use crate::input::{InputOptions, Origin, TORCH_METADATA};
@@ -311,6 +311,15 @@ impl Group {
             if let Some(module) = crate::quant::module_of(&t.name) {
                 names.push(crate::quant::input_scale_name(module));
             }
+            // A packed weight unpacked: its codes and every tensor beside them.
+            use crate::quant::{BLOCKS_SUFFIX, PACKED_SUFFIX, SCALES_SUFFIX};
+            if let Some(module) = crate::quant::module_of(&t.name) {
+                let suffixes = crate::quant::companion_suffixes();
+                names.extend(suffixes.iter().map(|s| format!("{module}{s}")));
+            }
+            for suffix in [PACKED_SUFFIX, BLOCKS_SUFFIX, SCALES_SUFFIX] {
+                names.push(format!("{}{suffix}", t.name));
+            }
         }
         names.sort_unstable();
         names.dedup();
@@ -354,10 +363,15 @@ impl Group {
                 out
             })
             .collect();
+        let weight_shapes = paths
+            .iter()
+            .flat_map(|&p| self.headers[p].weight_shapes.iter().cloned())
+            .collect();
         let header = SourceHeader {
             header_len,
             metadata: self.metadata(indexed).0,
             tensors: list,
+            weight_shapes,
         };
         (header, used)
     }
@@ -500,7 +514,10 @@ impl Group {
                 let s = &h.tensors[t.source];
                 buf.clear();
                 match t.role {
-                    Role::Tensor => encode_entry(&mut buf, &s.name, t.dtype, &s.shape, (0, 0)),
+                    Role::Tensor => {
+                        let (name, shape) = t.out_name_shape(s);
+                        encode_entry(&mut buf, name, t.dtype, &shape, (0, 0))
+                    }
                     Role::Scale(q) => encode_entry(
                         &mut buf,
                         &crate::quant::scale_name(&s.name),
@@ -528,6 +545,17 @@ impl Group {
     fn spec(&self, tensors: &[At], indexed: bool, opts: &PlanOptions) -> Result<ShardSpec> {
         let plan = self.plan_output(tensors, indexed, opts)?;
         let data_in = tensors.iter().map(|&t| self.tensor(t).len()).sum();
+        let renamed: std::collections::HashSet<usize> = plan
+            .tensors
+            .iter()
+            .filter_map(|t| match t.action {
+                Action::Dequantize(d) => {
+                    let name = &self.tensor(tensors[t.source]).name;
+                    (d.out_name(name) != name).then_some(t.source)
+                }
+                _ => None,
+            })
+            .collect();
         Ok(ShardSpec {
             tensors: tensors.to_vec(),
             file_len: plan.file_len(),
@@ -539,15 +567,26 @@ impl Group {
             scales: plan
                 .tensors
                 .iter()
-                .filter(|t| matches!(t.role, Role::Scale(_)))
-                .map(|t| crate::quant::scale_name(&self.tensor(tensors[t.source]).name))
+                .filter_map(|t| {
+                    let s = self.tensor(tensors[t.source]);
+                    match (t.role, t.action) {
+                        (Role::Scale(_), _) => Some(crate::quant::scale_name(&s.name)),
+                        // A packed weight, written under its unpacked name.
+                        (_, Action::Dequantize(d)) if d.out_name(&s.name) != s.name => {
+                            Some(d.out_name(&s.name).to_string())
+                        }
+                        _ => None,
+                    }
+                })
                 .collect(),
+            // And packed weights, listed under their unpacked names with `scales`.
             dropped: plan
                 .reasons
                 .iter()
                 .zip(tensors)
-                .filter(|(r, _)| **r == plan::Reason::Dropped)
-                .map(|(_, &t)| self.tensor(t).name.clone())
+                .enumerate()
+                .filter(|&(k, (r, _))| *r == plan::Reason::Dropped || renamed.contains(&k))
+                .map(|(_, (_, &t))| self.tensor(t).name.clone())
                 .collect(),
         })
     }
@@ -572,9 +611,13 @@ fn fp8_order(h: &SourceHeader, planned: &Plan) -> Vec<usize> {
     for t in &planned.tensors {
         if let crate::dtype::Action::Dequantize(d) = t.action {
             let mut own: Vec<usize> = d.companions().collect();
-            let module = crate::quant::module_of(&h.tensors[t.source].name).unwrap_or("");
-            if let Some(&k) = by_name.get(crate::quant::input_scale_name(module).as_str()) {
-                own.push(k);
+            let name = d.out_name(&h.tensors[t.source].name);
+            let module = crate::quant::module_of(name).unwrap_or("");
+            let shape = format!("{module}{}", crate::header::WEIGHT_SHAPE_SUFFIX);
+            for n in [crate::quant::input_scale_name(module), shape] {
+                if let Some(&k) = by_name.get(n.as_str()) {
+                    own.push(k);
+                }
             }
             for k in own {
                 if planned.reasons[k] == plan::Reason::Dropped && !attached[k] {

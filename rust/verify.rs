@@ -21,7 +21,7 @@ use crate::kernels::Isa;
 use crate::numerics::Numerics;
 use crate::output::{check_side_output, write_file, Replace, Territory};
 use crate::plan::{self, PlanOptions, Role};
-use crate::quant::{Deq, Quant};
+use crate::quant::{Deq, Packing, Quant};
 use crate::source::{InputFile, PendingRelease, Source};
 use crate::text::esc;
 use crate::vocab::{OnOverflow, Strategy, Taken, Target, Unmatched};
@@ -430,11 +430,17 @@ impl Verifier {
         // Whole groups, as convert reads them (`convert::Job::next_window`).
         let granule = match pairs[w.item].expect {
             Expect::Quantize(q, _) => Some(q.granule()),
-            Expect::Dequantize(d) => Some(d.cols),
+            Expect::Dequantize(d) => Some(d.src_row()),
             _ => None,
         };
         if let Some(g) = granule {
             let left = src.header.tensors[pairs[w.item].src].len() - w.pos;
+            if let Expect::Dequantize(d) = pairs[w.item].expect {
+                // Its output (read, and recomputed beside it) is 2 to 8 times the codes: half
+                // a window of it at a time, as convert writes it.
+                let rows = self.cursor.window() / 2 / d.out_row().max(1);
+                w.len = w.len.min(rows * d.src_row());
+            }
             w.len = (w.len / g * g).max(g).min(left);
         }
         Some(w)
@@ -454,13 +460,14 @@ impl Verifier {
                 &self.dst.header.tensors[pair.dst],
             );
             let (src_size, dst_size) = pair.expect.sizes(s.dtype);
+            let out_len = |len: u64| match pair.expect {
+                Expect::Dequantize(q) => q.out_len(len),
+                _ => len / src_size * dst_size,
+            };
             let (sfile, sa) = self.src.locate(s);
             let (dfile, da) = self.dst.locate(d);
-            let (sa, da) = (
-                (sa + w.pos) as usize,
-                (da + w.pos / src_size * dst_size) as usize,
-            );
-            let (sn, dn) = (w.len as usize, (w.len / src_size * dst_size) as usize);
+            let (sa, da) = ((sa + w.pos) as usize, (da + out_len(w.pos)) as usize);
+            let (sn, dn) = (w.len as usize, out_len(w.len) as usize);
             let (si, di) = (s_input(&self.src, pair), d_input(&self.dst, pair));
             let window = self.cursor.window();
             self.src_reads
@@ -481,7 +488,13 @@ impl Verifier {
                 populate: false,
             };
             let dst_bytes = &dfile.map[da..da + dn];
-            let src_bytes = self.src.read(s, w.pos, w.len, &mut self.gathered)?;
+            let src_bytes = match pair.expect {
+                // gpt-oss windows run in the output's order: read from the whole tensor.
+                Expect::Dequantize(q) if matches!(q.packing, Packing::GptOss { .. }) => {
+                    &sfile.map[sa - w.pos as usize..sa - w.pos as usize + s.len() as usize]
+                }
+                _ => self.src.read(s, w.pos, w.len, &mut self.gathered)?,
+            };
             let (found, measured) = if let Expect::Quantize(q, k) = pair.expect {
                 let scale = &self.dst.header.tensors[k];
                 let (sf, at) = self.dst.locate(scale);
@@ -503,7 +516,7 @@ impl Verifier {
                 // Every byte of it is written below.
                 self.fp8_scratch.resize(dn, 0);
                 let want = &mut self.fp8_scratch[..dn];
-                let row0 = w.pos / q.cols;
+                let row0 = w.pos / q.src_row();
                 let (pool, input) = (&self.pool, &self.src);
                 crate::convert::dequantize_window(
                     pool,
@@ -519,6 +532,29 @@ impl Verifier {
                     .chunks(size)
                     .zip(dst_bytes.chunks(size))
                     .position(|(a, b)| a != b);
+                if let (Some(k), false) = (at, q.packing == Packing::Fp8) {
+                    // Packed codes: the element of DST, with what it should hold.
+                    let (exp, got) = (&want[k * size..][..size], &dst_bytes[k * size..][..size]);
+                    let index = out_len(w.pos) / size as u64 + k as u64;
+                    let name = d.name.clone();
+                    self.report.mismatch = Some(Mismatch {
+                        message: format!(
+                            "tensor `{}` element {index}: its packed codes in SRC (`{}`) \
+                             should give {}, found {}",
+                            esc(&name),
+                            esc(&s.name),
+                            hex(exp),
+                            hex(got)
+                        ),
+                        tensor: Some(name),
+                        index: Some(index),
+                        source_bits: None,
+                        source_value: None,
+                        expected_bits: Some(hex(exp)),
+                        found_bits: Some(hex(got)),
+                    });
+                    return Ok(true);
+                }
                 // E4M3 is one byte an element: the element is the source offset.
                 (at, Numerics::default())
             } else {
@@ -789,10 +825,13 @@ fn check_headers(
         .collect();
     let fail = |tensor: Option<&str>, message: String| Ok(Err(Mismatch::header(tensor, message)));
     if !dh.tensors.is_empty()
-        && dh
-            .tensors
-            .iter()
-            .all(|t| !by_name.contains_key(t.name.as_str()))
+        && dh.tensors.iter().all(|t| {
+            let packed = [crate::quant::PACKED_SUFFIX, crate::quant::BLOCKS_SUFFIX];
+            !by_name.contains_key(t.name.as_str())
+                && !packed
+                    .iter()
+                    .any(|p| by_name.contains_key(format!("{}{p}", t.name).as_str()))
+        })
     {
         return fail(
             None,
@@ -812,8 +851,14 @@ fn check_headers(
         .map(|t| t.dtype)
         .find(|d| matches!(d, Dtype::BF16 | Dtype::F16))
     {
-        Some(d) if sh.tensors.iter().any(|t| t.dtype == Dtype::F8_E4M3) => {
-            match crate::quant::dequantizable(&sh.tensors, d) {
+        Some(d)
+            if sh.tensors.iter().any(|t| {
+                matches!(t.dtype, Dtype::F8_E4M3 | Dtype::I8)
+                    || t.name.ends_with(crate::quant::PACKED_SUFFIX)
+                    || t.name.ends_with(crate::quant::BLOCKS_SUFFIX)
+            }) =>
+        {
+            match crate::quant::dequantizable(&sh.tensors, &sh.weight_shapes, d) {
                 Ok(found) => found,
                 Err((tensor, problem)) => {
                     return fail(
@@ -828,6 +873,15 @@ fn check_headers(
         }
         _ => (Vec::new(), Vec::new()),
     };
+    // Packed weights are named otherwise once unpacked (`X.weight_packed` -> `X.weight`).
+    let renamed: HashMap<&str, usize> = deq
+        .iter()
+        .enumerate()
+        .filter_map(|(si, q)| {
+            let n = sh.tensors[si].name.as_str();
+            q.map(|q| (q.out_name(n), si)).filter(|(o, _)| *o != n)
+        })
+        .collect();
     for (di, d) in dh.tensors.iter().enumerate() {
         let name = esc(&d.name);
         if scale_tensors.contains(&di) {
@@ -842,13 +896,20 @@ fn check_headers(
             });
             continue;
         }
-        let Some(&si) = by_name.get(d.name.as_str()) else {
+        let Some(&si) = by_name
+            .get(d.name.as_str())
+            .or_else(|| renamed.get(d.name.as_str()))
+        else {
             return fail(
                 Some(&d.name),
                 format!("tensor `{name}` is in DST but not in SRC"),
             );
         };
         let s = &sh.tensors[si];
+        let src_shape = match deq.get(si) {
+            Some(Some(q)) => q.out_shape(&s.shape),
+            _ => s.shape.clone(),
+        };
         if dropped.get(si) == Some(&true) {
             return fail(
                 Some(&d.name),
@@ -858,12 +919,12 @@ fn check_headers(
                 ),
             );
         }
-        if s.shape != d.shape {
+        if src_shape != d.shape {
             return fail(
                 Some(&d.name),
                 format!(
                     "tensor `{name}`: shape {:?} in SRC, {:?} in DST",
-                    s.shape, d.shape
+                    src_shape, d.shape
                 ),
             );
         }
@@ -879,7 +940,7 @@ fn check_headers(
             }
             // A dequantization to the other 16-bit dtype.
             if let (Some(q), true) = (
-                crate::quant::dequantizable(&sh.tensors, d.dtype)
+                crate::quant::dequantizable(&sh.tensors, &sh.weight_shapes, d.dtype)
                     .ok()
                     .and_then(|(deq, _)| deq[si]),
                 matches!(d.dtype, Dtype::BF16 | Dtype::F16),

@@ -652,6 +652,7 @@ fn a_source_of_several_files_and_gathered_views_converts_each_tensor() {
         header_len: sa.header.header_len + sb.header.header_len,
         metadata: None,
         tensors: vec![ta, tb, transposed, swapped],
+        weight_shapes: Vec::new(),
     };
     let mut files = sa.files;
     files.extend(sb.files);
@@ -755,6 +756,7 @@ fn a_tensor_of_pieces_in_several_files_converts_and_verifies_as_the_whole() {
                 tensor("tiled", tiled.clone()),
                 tensor("banded", banded.clone()),
             ],
+            weight_shapes: Vec::new(),
         };
         Source::from_parts(&names[0], files, header)
     };

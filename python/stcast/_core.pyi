@@ -29,6 +29,8 @@ __all__ = [
     "DEFAULT_WINDOW_MIB",
     "FP8_SCALE_SUFFIXES",
     "FP8_COMPANION_SUFFIXES",
+    "PACKED_SUFFIXES",
+    "PACKED_SCALES_SUFFIX",
     "QUANTIZATION_KEYS",
     "JSON_MAX_DEPTH",
     "_set_exceptions",
@@ -87,6 +89,8 @@ MAX_THREADS: int
 DEFAULT_WINDOW_MIB: int
 FP8_SCALE_SUFFIXES: tuple[str, ...]
 FP8_COMPANION_SUFFIXES: tuple[str, ...]
+PACKED_SUFFIXES: tuple[str, ...]
+PACKED_SCALES_SUFFIX: str
 QUANTIZATION_KEYS: tuple[str, ...]
 JSON_MAX_DEPTH: int
 

@@ -285,6 +285,7 @@ pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
             TORCH_METADATA.1.to_string(),
         )]),
         tensors,
+        weight_shapes: Vec::new(),
     };
     let unlisted: Vec<String> = meta
         .placeholders
@@ -1014,6 +1015,7 @@ pub fn open_sharded_safetensors(dir: &Path, names: &[String]) -> Result<Source> 
         header_len: files.iter().map(|f| f.base).sum(),
         metadata: metadata.filter(|m| !m.is_empty()),
         tensors,
+        weight_shapes: Vec::new(),
     };
     let mut source = Source::from_parts(dir, files, header);
     // Gathered into one file, a checkpoint changes format even where no dtype changes.

@@ -340,6 +340,7 @@ fn sniffed_header(
             TORCH_METADATA.1.to_string(),
         )]),
         tensors,
+        weight_shapes: Vec::new(),
     };
     let origin = Origin {
         format,

@@ -1042,6 +1042,7 @@ pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
             TORCH_METADATA.1.to_string(),
         )]),
         tensors,
+        weight_shapes: Vec::new(),
     };
     let origin = Origin {
         format: Format::DeepSpeed,

@@ -129,6 +129,8 @@ def dequantizes(doc: Any, to: str) -> bool:
         return False
     if q.get("quant_method") == "fp8":
         return q.get("fmt", "e4m3") == "e4m3"
+    if q.get("quant_method") == "mxfp4":
+        return True  # gpt-oss: `*_blocks` with `*_scales`, paired by the engine
     if q.get("quant_method") != "compressed-tensors":
         return False
     groups = q.get("config_groups")
@@ -136,9 +138,31 @@ def dequantizes(doc: Any, to: str) -> bool:
         return False
     for g in groups.values():
         w = g.get("weights") if isinstance(g, dict) else None
-        if not isinstance(w, dict) or (w.get("type"), w.get("num_bits")) != ("float", 8):
+        if not isinstance(w, dict) or _scheme_of(w, g.get("format") or q.get("format")) is None:
             return False
     return True
+
+
+# compressed-tensors formats whose weights the engine unpacks (`quant::Packing`), and the
+# weights each holds: (type, bits).
+_PACKED_FORMATS = {
+    "nvfp4-pack-quantized": {("float", 4)},
+    "mxfp4-pack-quantized": {("float", 4)},
+    "pack-quantized": {("int", b) for b in range(1, 9)},
+    "int-quantized": {("int", 8)},
+    "naive-quantized": {("int", 8), ("float", 8)},
+}
+
+
+def _scheme_of(w: dict[str, Any], fmt: Any) -> str | None:
+    """The scheme of a config group's weights stcast dequantizes (`fmt`: its format), or
+    None: FP8 (E4M3), or a packed format holding the weights it says."""
+    kind = (w.get("type"), w.get("num_bits"))
+    if kind == ("float", 8) and fmt not in _PACKED_FORMATS.keys() - {"naive-quantized"}:
+        return "fp8"
+    if isinstance(fmt, str) and kind in _PACKED_FORMATS.get(fmt, ()):
+        return fmt
+    return None
 
 
 def unread_quantization(doc: Any, to: str) -> str | None:
@@ -157,8 +181,9 @@ def unread_quantization(doc: Any, to: str) -> str | None:
     what = f"quant_method {_show(method)}" if method is not None else "no quant_method"
     return (
         f"its {key} ({what}) is not a scheme stcast dequantizes (compressed-tensors float "
-        "8-bit, DeepSeek fp8), and the files hold FP8 weights with scales: they are not "
-        "dequantized under a config that would still call them quantized"
+        "8-bit or a packed format holding the weights it says, gpt-oss mxfp4, DeepSeek "
+        "fp8), and the files hold quantized weights with scales: they are not dequantized "
+        "under a config that would still call them quantized"
     )
 
 
@@ -168,7 +193,11 @@ def written_only(dst: str, rel: str, text: str, weight_map: dict[str, str]) -> b
     kept = {}
     for shard in sorted(set(weight_map.values())):
         names = {t.name for t in _layout(os.path.join(dst, shard))}
-        kept.update({k: v for k, v in weight_map.items() if v == shard and k in names})
+        for k, v in weight_map.items():
+            # A packed weight is unpacked under its weight's name (`X.weight_packed`).
+            out = next((k[: -len(p)] for p in _core.PACKED_SUFFIXES if k.endswith(p)), k)
+            if v == shard and out in names:
+                kept[out] = v
     total = check_index(dst, rel, kept)
     return _core.index_text(text, total=total, weight_map=[*kept.items()])
 
@@ -176,7 +205,7 @@ def written_only(dst: str, rel: str, text: str, weight_map: dict[str, str]) -> b
 def dequantized(dst: str, weight_map: dict[str, str]) -> bool:
     """Does DST hold a dequantization of the checkpoint `weight_map` indexes: scales it
     lists are not in the shards written?"""
-    scales = [k for k in weight_map if k.endswith(WEIGHT_SCALE_SUFFIXES)]
+    scales = [k for k in weight_map if k.endswith(WEIGHT_SCALE_SUFFIXES + _core.PACKED_SUFFIXES)]
     if not scales:
         return False
     shard = weight_map[scales[0]]

@@ -731,10 +731,14 @@ _SCALES = _core.FP8_COMPANION_SUFFIXES
 
 
 def _dropped_scale(name: str, where: dict[str, str]) -> bool:
-    """Is `name` an FP8 scale whose weight DST holds (dequantized: the scale is gone)?"""
+    """Is `name` an FP8 scale whose weight DST holds (dequantized: the scale is gone), or a
+    packed weight (or gpt-oss scales) DST holds unpacked under its weight's name?"""
     for suffix in _SCALES:
         if name.endswith(suffix):
             return name[: -len(suffix)] + ".weight" in where
+    for suffix in (*_core.PACKED_SUFFIXES, _core.PACKED_SCALES_SUFFIX):
+        if name.endswith(suffix):
+            return name[: -len(suffix)] in where
     return False
 
 
@@ -748,7 +752,16 @@ def _same_map(a: dict[str, str], b: dict[str, str]) -> bool:
         for suffix in _SCALES:
             if name.endswith(suffix):
                 return name[: -len(suffix)] + ".weight"
+        if name.endswith(_core.PACKED_SCALES_SUFFIX):
+            return name[: -len(_core.PACKED_SCALES_SUFFIX)]
         return None
+
+    def unpacked(m: dict[str, str]) -> dict[str, str]:
+        """Packed weights under the names they are unpacked to (`X.weight_packed`)."""
+        ends = tuple(_core.PACKED_SUFFIXES)
+        return {next((k[: -len(p)] for p in ends if k.endswith(p)), k): v for k, v in m.items()}
+
+    a, b = unpacked(a), unpacked(b)
 
     def plain(m: dict[str, str], other: dict[str, str]) -> dict[str, str]:
         out = {}

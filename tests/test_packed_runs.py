@@ -1,0 +1,195 @@
+"""Packed 4-/8-bit checkpoints back to bf16/fp16 in runs (issue 32): compressed-tensors
+NVFP4, MXFP4, W4A16 (sym, asym), W8A16 as llm-compressor's `model_free_ptq` wrote them, and
+gpt-oss MXFP4 blocks (tests/fixtures/packed: each tensor's reference hash, made by
+compressed-tensors' and transformers' own dequantization), as lone files, folders and
+re-sharded folders; verify passes on each output and fails once a packed byte of the source
+changes. A W4A16 file packed here by numpy is checked against a numpy reference of the
+compressed-tensors arithmetic. Layouts stcast does not read are refused in one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from conftest import assert_one_error_line, main_in_process, tensor_bytes, write_safetensors
+
+FIX = Path(__file__).parent / "fixtures" / "packed"
+EXPECTED = json.loads((FIX / "expected-dequant.json").read_text())["folders"]
+FOLDERS = sorted(EXPECTED)
+TO = {"bf16": ("bf16", []), "fp16": ("fp16", ["--from-bf16"])}
+
+
+def hashes(folder: Path) -> dict[str, tuple[str, list[int], str]]:
+    """Every tensor of every safetensors file under `folder` (or of one file)."""
+    files = [folder] if folder.is_file() else sorted(folder.glob("*.safetensors"))
+    out = {}
+    for f in files:
+        for name, (dtype, shape, data) in tensor_bytes(f).items():
+            assert name not in out, name
+            out[name] = (dtype, shape, hashlib.sha256(data).hexdigest())
+    return out
+
+
+def want(folder: str, to: str) -> dict[str, tuple[str, list[int], str]]:
+    return {k: (v["dtype"], v["shape"], v["sha256"]) for k, v in EXPECTED[folder][to].items()}
+
+
+def run(*args: object) -> tuple[int, str, str]:
+    return main_in_process(*args)
+
+
+def flip_packed_byte(path: Path) -> str:
+    """Change one byte of the first packed tensor of a safetensors file; its name."""
+    raw = bytearray(path.read_bytes())
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    name = next(k for k in header if k.endswith(("_packed", "_blocks")))
+    raw[8 + n + header[name]["data_offsets"][0] + 3] ^= 0x21
+    path.write_bytes(bytes(raw))
+    return name
+
+
+@pytest.mark.parametrize("to", sorted(TO))
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_lone_file_equals_the_reference(tmp_path, folder, to):
+    src = FIX / folder / "model.safetensors"
+    out = tmp_path / "out.safetensors"
+    name, extra = TO[to]
+    rc, _, err = run("convert", src, out, "--to", name, *extra)
+    assert rc == 0, err
+    assert hashes(out) == want(folder, to)
+    rc, _, err = run("verify", src, out, *extra)
+    assert rc == 0, err
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_folder_and_reshard(tmp_path, folder):
+    src = FIX / folder
+    runs = [(tmp_path / "out", []), (tmp_path / "sharded", ["--max-shard-size", "40KB"])]
+    for dst, extra in runs:
+        rc, _, err = run("convert", src, dst, *extra)
+        assert rc == 0, err
+        assert hashes(dst) == want(folder, "bf16")
+        config = json.loads((dst / "config.json").read_text())
+        assert "quantization_config" not in config
+        assert config.get("dtype", config.get("torch_dtype")) == "bfloat16"
+        index = dst / "model.safetensors.index.json"
+        if index.exists():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            assert sorted(weight_map) == sorted(want(folder, "bf16"))
+            for name, shard in weight_map.items():
+                assert name in tensor_bytes(dst / shard)
+        rc, _, err = run("verify", src, dst)
+        assert rc == 0, err
+    assert len(list((tmp_path / "sharded").glob("*.safetensors"))) > 1
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_verify_fails_on_a_changed_packed_byte(tmp_path, folder):
+    src = tmp_path / "src"
+    shutil.copytree(FIX / folder, src)
+    out = tmp_path / "out"
+    rc, _, err = run("convert", src, out)
+    assert rc == 0, err
+    flipped = flip_packed_byte(src / "model.safetensors")
+    rc, _, err = run("verify", src, out)
+    assert rc == 1
+    line = assert_one_error_line(err)
+    assert flipped in line or flipped.rsplit("_", 1)[0] in line
+
+
+# --- a W4A16 file packed here --------------------------------------------------------------
+
+
+def pack_rows(codes: np.ndarray, bits: int) -> np.ndarray:
+    """compressed-tensors 0.19's `pack_to_int32` along rows: code + 2^(bits-1), `bits` bits
+    each, densely from bit 0 of word 0 (a field may span two words), words padded."""
+    rows, cols = codes.shape
+    words = -(-cols * bits // 32)
+    out = np.zeros((rows, words), np.uint64)
+    u = (codes.astype(np.int64) + (1 << (bits - 1))).astype(np.uint64)
+    for c in range(cols):
+        at = c * bits
+        k, off = at // 32, at % 32
+        out[:, k] |= (u[:, c] << np.uint64(off)) & np.uint64(0xFFFFFFFF)
+        if off + bits > 32:
+            out[:, k + 1] |= u[:, c] >> np.uint64(32 - off)
+    return out.astype(np.uint32).view(np.int32)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("asym", [False, True])
+def test_numpy_packed_int_against_a_numpy_reference(tmp_path, bits, asym):
+    rng = np.random.default_rng(bits * 2 + asym)
+    rows, cols, group = 40, 96, 32
+    groups = cols // group
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    q = rng.integers(lo, hi + 1, (rows, cols))
+    s = rng.uniform(1e-3, 0.1, (rows, groups)).astype(np.float32)
+    zp = rng.integers(lo, hi + 1, (rows, groups)) if asym else np.zeros((rows, groups), int)
+    tensors = {
+        "m.weight_packed": ("I32", list(pack_rows(q, bits).shape), pack_rows(q, bits)),
+        "m.weight_scale": ("F32", [rows, groups], s),
+        "m.weight_shape": ("I64", [2], np.array([rows, cols], np.int64)),
+        "n.weight": ("F32", [4, 4], np.ones((4, 4), np.float32)),
+    }
+    if asym:
+        zpp = pack_rows(zp.T, bits).T.copy()  # packed along rows: [ceil(O*bits/32), G]
+        tensors["m.weight_zero_point"] = ("I32", list(zpp.shape), zpp)
+    src = write_safetensors(tmp_path / "q.safetensors", tensors)
+    out = tmp_path / "out.safetensors"
+    rc, _, err = run("convert", src, out)
+    assert rc == 0, err
+    got = tensor_bytes(out)
+    assert sorted(got) == ["m.weight", "n.weight"]
+    dtype, shape, data = got["m.weight"]
+    assert (dtype, shape) == ("BF16", [rows, cols])
+    x = (q - np.repeat(zp, group, axis=1)).astype(np.float32)
+    ref = (x * np.repeat(s, group, axis=1)).astype(ml_dtypes.bfloat16)
+    assert data == ref.tobytes()
+    rc, _, err = run("verify", src, out)
+    assert rc == 0, err
+    # A weight_shape that its packed words cannot hold is refused, naming it.
+    bad = dict(tensors)
+    bad["m.weight_shape"] = ("I64", [2], np.array([rows, cols * 3], np.int64))
+    src2 = write_safetensors(tmp_path / "bad.safetensors", bad)
+    rc, _, err = run("convert", src2, tmp_path / "bad-out.safetensors")
+    assert rc == 1
+    line = assert_one_error_line(err)
+    assert "m.weight" in line and "pack-quantized" in line
+    assert "allow" not in line
+
+
+def test_gptq_and_unpaired_packs_are_refused_naming_them(tmp_path):
+    gptq = write_safetensors(
+        tmp_path / "gptq.safetensors",
+        {
+            "m.qweight": ("I32", [4, 8], np.zeros((4, 8), np.int32)),
+            "m.qzeros": ("I32", [1, 4], np.zeros((1, 4), np.int32)),
+            "m.scales": ("F16", [1, 8], np.ones((1, 8), np.float16)),
+            "n.weight": ("F32", [2, 2], np.ones((2, 2), np.float32)),
+        },
+    )
+    rc, _, err = run("convert", gptq, tmp_path / "o.safetensors")
+    assert rc == 1
+    line = assert_one_error_line(err)
+    assert "GPTQ" in line and "m.q" in line and "allow" not in line
+    lone = write_safetensors(
+        tmp_path / "lone.safetensors",
+        {
+            "m.weight_packed": ("U8", [4, 8], np.zeros((4, 8), np.uint8)),
+            "n.weight": ("F32", [2, 2], np.ones((2, 2), np.float32)),
+        },
+    )
+    rc, _, err = run("convert", lone, tmp_path / "o2.safetensors")
+    assert rc == 1
+    line = assert_one_error_line(err)
+    assert "m.weight_packed" in line and "allow" not in line
+    assert not (tmp_path / "o.safetensors").exists()
+    assert not (tmp_path / "o2.safetensors").exists()
