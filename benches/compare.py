@@ -41,6 +41,11 @@ model_free_ptq (peers/model_free_ptq.py, FP8_DYNAMIC / FP8_BLOCK, run with --fp8
 FP8_BLOCK output, in ABBA rounds per --fp8-modes (hugetmpfs, hot); then every quantized
 weight and weight_scale stcast wrote is compared byte for byte with model_free_ptq's, and
 the dequantization with compressed-tensors' own (fp8_dequant_check.py). fp8.md, fp8.json.
+--packed runs only the packed case (issue 32): stcast's INT4 -> bf16 (`convert SRC DST`) against
+compressed-tensors' own dequantization (peers/ct_dequantize.py: `convert_checkpoint` with
+`CompressedTensorsDequantizer`, run with --fp8-python) on a 1.0 GiB Llama-shaped W4A16 folder
+(gen_w4a16.py), in ABBA rounds per --fp8-modes; then the two outputs are compared, every
+tensor bit for bit. packed.md, packed.json.
 --reshard SIZE adds contender stcast_reshard: `convert SRC DST --max-shard-size SIZE` (a
 folder of shards and an index) beside stcast's plain conversion of the same input; the
 "Re-sharding" issue's goal is its median wall <= 1.05x stcast's (4 GiB into 1 GB shards).
@@ -53,6 +58,7 @@ usage: python benches/compare.py [--sizes 1,4] [--repeats 3] [--modes hugetmpfs,
            [--timeout S] [--out benches/out] [--quick]
        python benches/compare.py --fp8 [--repeats 3] [--fp8-modes hugetmpfs,hot]
            [--fp8-python /work/venv-llmc/bin/python] [--stcast CLI]
+       python benches/compare.py --packed [the same options as --fp8]
 """
 
 from __future__ import annotations
@@ -2309,17 +2315,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "model_free_ptq (gen_fp8.py, peers/model_free_ptq.py)",
     )
     ap.add_argument(
+        "--packed",
+        action="store_true",
+        help="only the packed case: stcast's INT4 (W4A16) -> bf16 against compressed-tensors' "
+        "dequantization (gen_w4a16.py, peers/ct_dequantize.py)",
+    )
+    ap.add_argument(
         "--fp8-python",
         default="/work/venv-llmc/bin/python",
-        help="a Python with llmcompressor (the peer, and the dequantization check)",
+        help="a Python with llmcompressor (the peers of --fp8 and --packed, and the checks)",
     )
-    ap.add_argument("--fp8-modes", default="hugetmpfs,hot", help="hugetmpfs and/or hot")
+    ap.add_argument(
+        "--fp8-modes", default="hugetmpfs,hot", help="hugetmpfs and/or hot (--fp8, --packed)"
+    )
     ap.add_argument("--fp8-tmpfs-dir", type=Path, default=Path("/mnt/fp8b"))
     ap.add_argument("--fp8-tmpfs-size", default="6g")
     args = ap.parse_args(argv)
     if args.pickle_memory:
         return args
-    if args.fp8:
+    if args.fp8 or args.packed:
         args.fp8_modes = split(args.fp8_modes)
         for m in args.fp8_modes:
             if m not in ("hugetmpfs", "hot"):
@@ -2725,20 +2739,55 @@ def pickle_memory(stcast: str, directory: Path, repeats: int, scale: float) -> i
     return 1 if failed else 0
 
 
-# ---------------------------------------------------------------- the FP8 case (--fp8)
+# ------------------------------------------- the quantized cases (--fp8, --packed)
 
-# The "FP8" issue's goals: stcast's peak RSS, and model_free_ptq's wall over stcast's (same
-# scheme, medians).
-GOAL_FP8_RSS = 64 * MiB
-GOAL_FP8_X_MFP = 3.0
-FP8_SCHEMES = (("fp8", "FP8_DYNAMIC"), ("fp8-block", "FP8_BLOCK"))
-# (name, what it runs); {src} the Llama folder, {fp8} model_free_ptq's FP8_BLOCK output
-FP8_CONTENDERS = (
-    ("stcast fp8", "stcast convert {src} {dst} --to fp8"),
-    ("stcast fp8-block", "stcast convert {src} {dst} --to fp8-block"),
-    ("model_free_ptq FP8_DYNAMIC", "peers/model_free_ptq.py {src} {dst} FP8_DYNAMIC"),
-    ("model_free_ptq FP8_BLOCK", "peers/model_free_ptq.py {src} {dst} FP8_BLOCK"),
-    ("stcast dequant", "stcast convert {fp8} {dst} --to bf16"),
+# The "FP8" and "Quantized releases" issues' goals: stcast's peak RSS, and the peer's wall
+# over stcast's (same work, medians).
+GOAL_QUANT_RSS = 64 * MiB
+GOAL_QUANT_X_PEER = 3.0
+
+
+@dataclass(frozen=True)
+class QuantCase:
+    """A case run against the llm-compressor venv's tools (--fp8-python), in ABBA rounds.
+    Commands name `{src}` (the generated folder), `{dst}` and `{ref}` (the untimed output of
+    `ref`, when there is one); a first word `stcast` is the stcast CLI, any other a peer
+    script run by --fp8-python."""
+
+    key: str  # the option, and the stem of its .md and .json
+    title: str
+    gen: str  # the generator script (gen_fp8.py FOLDER --seed N)
+    contenders: tuple[tuple[str, str], ...]
+    ratios: tuple[tuple[str, str], ...]  # (stcast's contender, the peer's doing the same)
+    ref: str | None = None
+
+
+FP8_CASE = QuantCase(
+    "fp8",
+    "FP8: stcast against model_free_ptq",
+    "gen_fp8.py",
+    (
+        ("stcast fp8", "stcast convert {src} {dst} --to fp8"),
+        ("stcast fp8-block", "stcast convert {src} {dst} --to fp8-block"),
+        ("model_free_ptq FP8_DYNAMIC", "peers/model_free_ptq.py {src} {dst} FP8_DYNAMIC"),
+        ("model_free_ptq FP8_BLOCK", "peers/model_free_ptq.py {src} {dst} FP8_BLOCK"),
+        ("stcast dequant", "stcast convert {ref} {dst} --to bf16"),
+    ),
+    (
+        ("stcast fp8", "model_free_ptq FP8_DYNAMIC"),
+        ("stcast fp8-block", "model_free_ptq FP8_BLOCK"),
+    ),
+    ref="peers/model_free_ptq.py {src} {dst} FP8_BLOCK",
+)
+PACKED_CASE = QuantCase(
+    "packed",
+    "Packed INT4 (W4A16) to bf16: stcast against compressed-tensors",
+    "gen_w4a16.py",
+    (
+        ("stcast dequant", "stcast convert {src} {dst}"),
+        ("ct dequantize", "peers/ct_dequantize.py {src} {dst} bf16"),
+    ),
+    (("stcast dequant", "ct dequantize"),),
 )
 
 
@@ -2788,25 +2837,76 @@ def fp8_identity(ours: Path, theirs: Path) -> tuple[int, int, list[str]]:
     return weights, scales, bad
 
 
-def fp8_bench(args: argparse.Namespace) -> int:
-    """--fp8: stcast's FP8 targets against llm-compressor's model_free_ptq on a 1.08 GiB
-    Llama-shaped F32 folder (gen_fp8.py), per mode: ABBA rounds of the five FP8_CONTENDERS,
-    then the byte identity of stcast's quantized weights and scales with model_free_ptq's, and
-    compressed-tensors' dequantization against stcast's (fp8_dequant_check.py). Prints and
-    writes fp8.md and fp8.json to --out."""
+def same_folder_tensors(ours: Path, theirs: Path) -> tuple[int, list[str]]:
+    """Two folders' safetensors files hold the same tensors (names, dtypes, shapes, bytes),
+    in any files and order. Returns (tensors, differences)."""
+    a, b = st_entries(ours), st_entries(theirs)
+    bad = [] if set(a) == set(b) else [f"names differ: {sorted(set(a) ^ set(b))[:5]}"]
+    same = 0
+    for name in sorted(set(a) & set(b)):
+        if a[name][1:3] != b[name][1:3]:
+            bad.append(f"{name}: {a[name][1:3]} vs {b[name][1:3]}")
+        elif tensor_bytes(a[name]) != tensor_bytes(b[name]):
+            bad.append(f"{name}: bytes differ")
+        else:
+            same += 1
+    return same, bad
+
+
+def quant_checks(
+    case: QuantCase, mode: str, first: dict[str, Path], ref: Path | None, llmc: list[str]
+) -> list[tuple[str, str]]:
+    """The case's checks of one mode's first outputs: FP8, the byte identity of stcast's
+    quantized weights and scales with model_free_ptq's, and compressed-tensors'
+    dequantization of {ref} against stcast's (fp8_dequant_check.py); packed, stcast's output
+    against compressed-tensors' own, every tensor bit for bit."""
+    checks = []
+    if case is PACKED_CASE:
+        a, b = first.get("stcast dequant"), first.get("ct dequantize")
+        if a and b:
+            n, bad = same_folder_tensors(a, b)
+            what = f"{mode}: stcast = compressed-tensors' dequantization, {n} tensors bit for bit"
+            checks.append(
+                ("PASS" if n and not bad else "FAIL", what + (f"; {bad[:3]}" if bad else ""))
+            )
+        return checks
+    for ours, theirs in case.ratios:
+        a, b = first.get(ours), first.get(theirs)
+        if a and b:
+            w, s, bad = fp8_identity(a, b)
+            what = (
+                f"{mode}: {ours} = {theirs}: {w} weights and {s} weight_scales byte-identical"
+                + (f"; {len(bad)} differ: {bad[:3]}" if bad else "")
+            )
+            checks.append(("PASS" if not bad and w else "FAIL", what))
+    if "stcast dequant" in first and ref is not None:
+        check = [*llmc, str(HERE / "fp8_dequant_check.py"), str(ref)]
+        done = subprocess.run(
+            [*check, str(first["stcast dequant"])], capture_output=True, text=True
+        )
+        lines = (done.stdout + done.stderr).strip().splitlines()[-5:]
+        checks.append(("PASS" if done.returncode == 0 else "FAIL", f"{mode}: " + " / ".join(lines)))
+    return checks
+
+
+def quant_bench(args: argparse.Namespace, case: QuantCase) -> int:
+    """--fp8 / --packed: the case's contenders on its generated Llama-shaped folder, per
+    mode ABBA rounds, then its checks (`quant_checks`). Prints and writes KEY.md and
+    KEY.json to --out."""
     stcast, llmc = shlex.split(args.stcast), shlex.split(args.fp8_python)
-    cache = args.disk_dir / f"fp8-llama-{args.seed}"
+    cache = args.disk_dir / f"{case.key}-llama-{args.seed}"
     if not cache.exists():
-        gen = [sys.executable, str(HERE / "gen_fp8.py"), str(cache), "--seed", str(args.seed)]
+        gen = [sys.executable, str(HERE / case.gen), str(cache), "--seed", str(args.seed)]
         subprocess.run(gen, check=True)
-    argv_of: dict[str, list[str]] = {}
-    for name, text in FP8_CONTENDERS:
+
+    def argv(text: str) -> list[str]:
         words = text.split()
         if words[0] == "stcast":
-            argv_of[name] = [*stcast, *words[1:]]
-        else:
-            argv_of[name] = [*llmc, str(args.peers / Path(words[0]).name), *words[1:]]
-    names = [n for n, _ in FP8_CONTENDERS]
+            return [*stcast, *words[1:]]
+        return [*llmc, str(args.peers / Path(words[0]).name), *words[1:]]
+
+    argv_of = {name: argv(text) for name, text in case.contenders}
+    names = [n for n, _ in case.contenders]
     facts = {
         "stcast": version(stcast),
         "python": platform.python_version(),
@@ -2833,7 +2933,7 @@ def fp8_bench(args: argparse.Namespace) -> int:
             if mode == "hugetmpfs":
                 root = stack.enter_context(HugeTmpfs(args.fp8_tmpfs_dir, args.fp8_tmpfs_size))
             else:
-                root = args.disk_dir / "fp8-run"
+                root = args.disk_dir / f"{case.key}-run"
                 shutil.rmtree(root, ignore_errors=True)
                 root.mkdir(parents=True)
                 stack.callback(shutil.rmtree, root, True)
@@ -2844,29 +2944,31 @@ def fp8_bench(args: argparse.Namespace) -> int:
             logs, kept = root / "logs", root / "kept"
             logs.mkdir()
             kept.mkdir()
-            ref = kept / "mfp-block-ref"  # untimed: the input of "stcast dequant"
-            done = subprocess.run(
-                [*llmc, str(args.peers / "model_free_ptq.py"), str(src), str(ref), "FP8_BLOCK"],
-                capture_output=True,
-                text=True,
-            )
-            if done.returncode != 0:
-                raise SystemExit(f"model_free_ptq failed: {done.stderr[-2000:]}")
+            ref = None
+            if case.ref is not None:  # untimed: the input of the contenders naming {ref}
+                ref = kept / "ref"
+                words = [a.format(src=src, dst=ref) for a in argv(case.ref)]
+                done = subprocess.run(words, capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise SystemExit(f"{case.ref} failed: {done.stderr[-2000:]}")
             first: dict[str, Path] = {}
             for r in range(args.repeats):
                 order = names if r % 2 == 0 else names[::-1]
                 for pos, name in enumerate(order):
                     dst = root / "out"
                     shutil.rmtree(dst, ignore_errors=True)
-                    argv = [
-                        a.format(src=src, dst=dst, fp8=ref) if "{" in a else a
+                    words = [
+                        a.format(src=src, dst=dst, ref=ref) if "{" in a else a
                         for a in argv_of[name]
                     ]
+                    reads = (
+                        ref if ref is not None and "{ref}" in dict(case.contenders)[name] else src
+                    )
                     if mode == "hot":
-                        warm(ref if name == "stcast dequant" else src)
-                    run = Run(mode, 0.0, name, r, path_bytes(src), case="fp8", kind="fp8")
+                        warm(reads)
+                    run = Run(mode, 0.0, name, r, path_bytes(reads), case=case.key, kind=case.key)
                     run.position = pos
-                    run_once(argv, dst, logs, run, None, args.timeout)
+                    run_once(words, dst, logs, run, None, args.timeout)
                     runs.append(run)
                     print(
                         f"{mode} round {r} {name}: {run.status}, {run.wall_s:.2f} s wall, "
@@ -2879,30 +2981,13 @@ def fp8_bench(args: argparse.Namespace) -> int:
                         first[name] = kept / name.replace(" ", "_")
                         dst.rename(first[name])
                     shutil.rmtree(dst, ignore_errors=True)
-            for ours, scheme in FP8_SCHEMES:
-                a, b = first.get(f"stcast {ours}"), first.get(f"model_free_ptq {scheme}")
-                if a and b:
-                    w, s, bad = fp8_identity(a, b)
-                    state = "PASS" if not bad and w else "FAIL"
-                    what = (
-                        f"{mode}: stcast --to {ours} = model_free_ptq {scheme}: {w} weights and "
-                        f"{s} weight_scales byte-identical"
-                        + (f"; {len(bad)} differ: {bad[:3]}" if bad else "")
-                    )
-                    checks.append((state, what))
-            if "stcast dequant" in first:
-                check = [*llmc, str(HERE / "fp8_dequant_check.py"), str(ref)]
-                done = subprocess.run(
-                    [*check, str(first["stcast dequant"])], capture_output=True, text=True
-                )
-                state = "PASS" if done.returncode == 0 else "FAIL"
-                lines = (done.stdout + done.stderr).strip().splitlines()[-5:]
-                checks.append((state, f"{mode}: " + " / ".join(lines)))
-            for state, what in checks[-3:]:
+            found = quant_checks(case, mode, first, ref, llmc)
+            for state, what in found:
                 print(f"{state}: {what}")
+            checks += found
     facts["loadavg_end"] = os.getloadavg()
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "fp8.json").write_text(
+    (args.out / f"{case.key}.json").write_text(
         json.dumps(
             {
                 "machine": facts,
@@ -2912,19 +2997,23 @@ def fp8_bench(args: argparse.Namespace) -> int:
             indent=1,
         )
     )
-    text = fp8_markdown(runs, checks, facts, args)
-    (args.out / "fp8.md").write_text(text)
+    text = quant_markdown(case, runs, checks, facts, args)
+    (args.out / f"{case.key}.md").write_text(text)
     print()
     print(text)
     return 0 if all(s == "PASS" for s, _ in checks) else 1
 
 
-def fp8_markdown(
-    runs: list[Run], checks: list[tuple[str, str]], facts: dict[str, Any], args: argparse.Namespace
+def quant_markdown(
+    case: QuantCase,
+    runs: list[Run],
+    checks: list[tuple[str, str]],
+    facts: dict[str, Any],
+    args: argparse.Namespace,
 ) -> str:
     """The table (medians [min–max]), the ratios (per round [min–max]) and the goals."""
     lines = [
-        "# FP8: stcast against model_free_ptq",
+        f"# {case.title}",
         "",
         f"{facts['stcast']}; llmcompressor, compressed-tensors, torch, transformers "
         f"{' '.join(facts['peer'])}; {facts['cpus']} CPUs, load "
@@ -2936,7 +3025,7 @@ def fp8_markdown(
     body = []
     stats: dict[tuple[str, str], dict[str, Any]] = {}
     for mode in args.fp8_modes:
-        for name, _ in FP8_CONTENDERS:
+        for name, _ in case.contenders:
             ok = [r for r in runs if r.mode == mode and r.contender == name and r.status == "ok"]
             if not ok:
                 continue
@@ -2953,12 +3042,11 @@ def fp8_markdown(
                 ]
             )
     lines += table(head, "lllrrr", body)
-    lines += ["", "model_free_ptq over stcast, same scheme (median; [min–max] per round):", ""]
+    lines += ["", "The peer over stcast, same work (median; [min–max] per round):", ""]
     rbody = []
     states = []
     for mode in args.fp8_modes:
-        for ours, scheme in FP8_SCHEMES:
-            a, b = f"stcast {ours}", f"model_free_ptq {scheme}"
+        for a, b in case.ratios:
             if (mode, a) not in stats or (mode, b) not in stats:
                 continue
             cells = [mode, f"{b} / {a}"]
@@ -2978,26 +3066,26 @@ def fp8_markdown(
             x = stats[mode, b]["wall_s"]["median"] / stats[mode, a]["wall_s"]["median"]
             states.append(
                 (
-                    "PASS" if x >= GOAL_FP8_X_MFP else "FAIL",
-                    f"{mode}: model_free_ptq {scheme} wall {x:.1f}x stcast --to {ours}'s "
-                    f"(goal >= {GOAL_FP8_X_MFP:g}x)",
+                    "PASS" if x >= GOAL_QUANT_X_PEER else "FAIL",
+                    f"{mode}: {b} wall {x:.1f}x {a}'s (goal >= {GOAL_QUANT_X_PEER:g}x)",
                 )
             )
-        for name in ("stcast fp8", "stcast fp8-block", "stcast dequant"):
-            if (mode, name) in stats:
+        for name, text in case.contenders:
+            if text.startswith("stcast ") and (mode, name) in stats:
                 peak = stats[mode, name]["peak_rss"]["max"]
                 states.append(
                     (
-                        "PASS" if peak <= GOAL_FP8_RSS else "FAIL",
+                        "PASS" if peak <= GOAL_QUANT_RSS else "FAIL",
                         f"{mode}: {name} peak RSS {peak / MiB:.1f} MiB, largest of its runs "
-                        f"(goal <= {GOAL_FP8_RSS // MiB} MiB)",
+                        f"(goal <= {GOAL_QUANT_RSS // MiB} MiB)",
                     )
                 )
     lines += table(["mode", "ratio", "wall", "CPU", "peak RSS"], "llrrr", rbody)
     lines += ["", "## Goals and checks", ""]
     lines += [f"- {s}: {w}" for s, w in states + checks]
-    lines += ["", "Commands (`{src}`: the folder, `{fp8}`: model_free_ptq's FP8_BLOCK output):", ""]
-    lines += [f"- {n}: `{t}`" for n, t in FP8_CONTENDERS]
+    where = "`{src}`: the generated folder" + (f", `{{ref}}`: `{case.ref}`" if case.ref else "")
+    lines += ["", f"Commands ({where}):", ""]
+    lines += [f"- {n}: `{t}`" for n, t in case.contenders]
     return "\n".join(lines) + "\n"
 
 
@@ -3005,8 +3093,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.pickle_memory:
         return pickle_memory(args.stcast, args.pickle_dir, args.repeats, args.pickle_scale)
-    if args.fp8:
-        return fp8_bench(args)
+    if args.fp8 or args.packed:
+        return quant_bench(args, FP8_CASE if args.fp8 else PACKED_CASE)
     if args.render:
         return render(args.render, args.out)
     args.out.mkdir(parents=True, exist_ok=True)
