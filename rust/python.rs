@@ -783,9 +783,21 @@ fn failpoint(py: Python<'_>, name: &str) -> PyResult<()> {
 
 // --- manifests (`run::manifest`) ---
 
+/// A JSON string as Python holds it (a lone surrogate included).
+fn py_str<'py>(py: Python<'py>, s: &json::Str<'_>) -> PyResult<Bound<'py, PyAny>> {
+    match s {
+        json::Str::Text(t) => Ok(t.into_pyobject(py)?.into_any()),
+        json::Str::Wide(w) => {
+            let bytes: Vec<u8> = w.iter().flat_map(|p| p.to_le_bytes()).collect();
+            let b = pyo3::types::PyBytes::new(py, &bytes);
+            b.call_method1("decode", ("utf-32-le", "surrogatepass"))
+        }
+    }
+}
+
 /// A JSON value as Python's `json.loads` gives it (`run::json::Node`).
 fn py_json<'py>(py: Python<'py>, n: &json::Node<'_>) -> PyResult<Bound<'py, PyAny>> {
-    use json::{Str, Value};
+    use json::Value;
     let builtins = py.import("builtins")?;
     match &n.value {
         Value::Literal("null") => Ok(py.None().into_bound(py)),
@@ -797,12 +809,7 @@ fn py_json<'py>(py: Python<'py>, n: &json::Node<'_>) -> PyResult<Bound<'py, PyAn
             builtins.getattr("float")?.call1((&**x,))
         }
         Value::Number(x) => builtins.getattr("int")?.call1((&**x,)),
-        Value::Str(Str::Text(t)) => Ok(t.into_pyobject(py)?.into_any()),
-        Value::Str(Str::Wide(w)) => {
-            let bytes: Vec<u8> = w.iter().flat_map(|p| p.to_le_bytes()).collect();
-            let b = pyo3::types::PyBytes::new(py, &bytes);
-            b.call_method1("decode", ("utf-32-le", "surrogatepass"))
-        }
+        Value::Str(s) => py_str(py, s),
         Value::Array(items) => {
             let items: PyResult<Vec<_>> = items.iter().map(|v| py_json(py, v)).collect();
             Ok(pyo3::types::PyList::new(py, items?)?.into_any())
@@ -810,16 +817,7 @@ fn py_json<'py>(py: Python<'py>, n: &json::Node<'_>) -> PyResult<Bound<'py, PyAn
         Value::Object(_) => {
             let d = PyDict::new(py);
             for (k, v) in n.dict().unwrap_or_default() {
-                d.set_item(
-                    py_json(
-                        py,
-                        &json::Node {
-                            value: Value::Str(k.clone()),
-                            span: (0, 0),
-                        },
-                    )?,
-                    py_json(py, v)?,
-                )?;
+                d.set_item(py_str(py, k)?, py_json(py, v)?)?;
             }
             Ok(d.into_any())
         }

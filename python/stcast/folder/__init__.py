@@ -6,9 +6,9 @@ index names, index/shard agreement, quantized checkpoints), converts the files o
 another, each with all cores (`write`), copies everything else byte for byte, and writes
 the indexes and configs last (the engine edits them in their own text): an interrupted run
 never leaves a folder that a loader would take for a complete checkpoint. A manifest in the
-destination records what is done (`manifest`), so that `resume` skips finished files and
-`shard=(i, n)` jobs on several machines can split the work, with `finalize` writing the rest
-once every shard is done.
+destination records what is done (the engine's, `_core.Manifest`), so that `resume` skips
+finished files and `shard=(i, n)` jobs on several machines can split the work, with
+`finalize` writing the rest once every shard is done.
 """
 
 from __future__ import annotations
@@ -439,6 +439,8 @@ def _survey(
                 foreign_planned.append(rel)
         else:
             foreign_other.append(rel)
+    # In the folder's order, as the manifest claims them (`Manifest.carry`).
+    survey.ours = {rel: survey.ours[rel] for rel in present if rel in survey.ours}
     if force:
         survey.found = dict(found)
         return survey
