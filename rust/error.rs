@@ -106,6 +106,38 @@ pub enum PlaceProblem {
     },
 }
 
+/// What a folder run refuses about the manifests in its destination (`run::manifest`);
+/// the error's path is the manifest, or the destination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ManifestProblem {
+    /// A manifest stcast cannot read (`reason`), found by a conversion or by `finalize`.
+    Unreadable { reason: String, finalize: bool },
+    /// A manifest of another source (`src`) is in the destination.
+    OtherSource { src: PathBuf },
+    /// This run's own manifest `name` is there: a whole run stopped, or (`shard`) this shard ran.
+    Stopped { name: String, shard: bool },
+    /// A whole-folder run into a folder of this source's shard runs.
+    ShardRuns,
+    /// Shard runs of this source with other options.
+    OtherOptions,
+    /// Another run replaced or removed this run's manifest (`dst`: the folder it took over).
+    TakenOver { dst: PathBuf },
+    /// A file this run wrote was replaced or removed during the run.
+    Changed,
+    /// `finalize` of a destination that is no folder.
+    NoFolder,
+    /// `finalize` of a destination without a manifest of this source.
+    NothingToFinalize,
+    /// `finalize` while a run (a whole-folder run, or shard `shard`) has not finished.
+    Unfinished { shard: Option<(u64, u64)> },
+    /// The shard runs' manifests record different options (`listed`).
+    Disagree { listed: String },
+    /// The manifests record a `max_shard_size` (`value`, as JSON) that is no size.
+    BadSize { value: String },
+    /// The manifests record a `name` (`value`, as JSON) that is no file name stem.
+    BadName { value: String },
+}
+
 /// What keeps a tensor of an FP8 checkpoint from being dequantized as compressed-tensors
 /// does it (`quant::dequantizable`); the text follows "tensor `X`".
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -436,6 +468,11 @@ pub enum Error {
         path: PathBuf,
         problem: PlaceProblem,
     },
+    /// A folder run's manifests refuse it (`ManifestProblem`).
+    Manifest {
+        path: PathBuf,
+        problem: ManifestProblem,
+    },
     /// A DST to verify that is a checkpoint to convert (a DCP or ZeRO folder), not what
     /// `convert` writes: SRC and DST swapped, most likely.
     NotAnOutput { path: PathBuf, format: Format },
@@ -525,7 +562,7 @@ impl Error {
                 problem: PlaceProblem::DstLikeFile { .. },
                 ..
             } => ErrorKind::Usage,
-            Error::Place { .. } => ErrorKind::Refused,
+            Error::Place { .. } | Error::Manifest { .. } => ErrorKind::Refused,
             Error::NotACheckpoint { .. } => ErrorKind::Usage,
             Error::InputChanged { .. } => ErrorKind::InputChanged,
             Error::NotAFile { .. }
@@ -580,6 +617,7 @@ impl Error {
             | Error::LinkOutside { link: path, .. }
             | Error::Walk { path, .. }
             | Error::Place { path, .. }
+            | Error::Manifest { path, .. }
             | Error::DestinationIsFolder { path }
             | Error::DestinationIsSpecial { path }
             | Error::DestinationExists { path }
@@ -814,6 +852,7 @@ impl Error {
             ),
             Error::Walk { problem, .. } => walk_message(problem),
             Error::Place { problem, .. } => place_message(problem),
+            Error::Manifest { problem, .. } => manifest_message(problem),
             Error::DestinationIsFolder { .. } => "destination is a folder".into(),
             Error::DestinationIsSpecial { .. } => {
                 "destination is not a regular file (a FIFO, socket or device): stcast \
@@ -856,6 +895,86 @@ impl Error {
             Some(p) => format!("{}: {}", esc_path(p), self.message()),
             None => self.message(),
         }
+    }
+}
+
+/// The text of a `ManifestProblem`, after its path.
+fn manifest_message(problem: &ManifestProblem) -> String {
+    match problem {
+        ManifestProblem::Unreadable {
+            reason,
+            finalize: false,
+        } => format!(
+            "{}; stcast cannot tell what it wrote here ({{force}} converts everything again and \
+             replaces what the plan writes)",
+            esc(reason)
+        ),
+        ManifestProblem::Unreadable {
+            reason,
+            finalize: true,
+        } => format!("{}; convert the shards again", esc(reason)),
+        ManifestProblem::OtherSource { src } => format!(
+            "a stcast run of another source ({}) converts into this folder ({{force}} replaces \
+             what this plan writes)",
+            esc_path(src)
+        ),
+        ManifestProblem::Stopped { name, shard } => format!(
+            "{} (its manifest {} records the files it finished); {{resume}} continues it, \
+             {{force}} converts everything again",
+            if *shard {
+                "this shard already ran here"
+            } else {
+                "a previous run of this source stopped here before it finished"
+            },
+            esc(name)
+        ),
+        ManifestProblem::ShardRuns => "shard runs of this source convert into this folder; \
+             `finalize` completes them ({resume} or {force} converts the whole folder)"
+            .into(),
+        ManifestProblem::OtherOptions => "shard runs with other options convert into this \
+             folder ({force} replaces what this plan writes)"
+            .into(),
+        ManifestProblem::TakenOver { dst } => format!(
+            "another stcast run took {} over while this one ran (it replaced or removed this \
+             run's manifest, as {{force}}, {{resume}} and `finalize` do with a stopped run's); \
+             this run stopped there, leaving the folder to that run (run again once it is \
+             done, if need be)",
+            esc_path(dst)
+        ),
+        ManifestProblem::Changed => "was replaced or removed during the run; run it again".into(),
+        ManifestProblem::NoFolder => {
+            "no such folder; convert the shards into it first (with {shard})".into()
+        }
+        ManifestProblem::NothingToFinalize => "no stcast manifest of this source: nothing to \
+             finalize (already finalized, or not converted with {shard}: convert the shards \
+             into it first)"
+            .into(),
+        ManifestProblem::Unfinished { shard } => {
+            let (which, again) = match shard {
+                None => ("a whole-folder run".to_string(), "{resume}".to_string()),
+                Some((i, n)) => (
+                    format!("shard {i}/{n}"),
+                    format!("{{shard={i}/{n}}} {{resume}}"),
+                ),
+            };
+            format!(
+                "{which} has not finished (it is still running, or it stopped); wait for it, or \
+                 run it again with {again}"
+            )
+        }
+        ManifestProblem::Disagree { listed } => format!(
+            "the manifests disagree on the options ({}); convert the shards again with the \
+             same options",
+            esc(listed)
+        ),
+        ManifestProblem::BadSize { value } => format!(
+            "the manifests give max_shard_size {}, not a size; convert the shards again",
+            esc(value)
+        ),
+        ManifestProblem::BadName { value } => format!(
+            "the manifests give name {}, not a file name stem; convert the shards again",
+            esc(value)
+        ),
     }
 }
 

@@ -3,7 +3,8 @@
 //! `STCAST_FAILPOINT=NAME=ACTION[,NAME=ACTION...]`. Points of the engine: `create`,
 //! `tmpfile`, `prealloc`, `mid-tensor`, `fsync`, `publish`, `write-temp`; the Python side
 //! hits its own through `_core.failpoint(name)`: `folder-checked` (every refusal done,
-//! nothing written), `folder-manifest` (the run's manifest written, no output yet),
+//! nothing written), `folder-listed` (the engine's survey of a destination: its files
+//! listed, its manifests not yet read), `folder-manifest` (the run's manifest written, no output yet),
 //! `folder-sealed` (an output sealed and claimed in the manifest, not yet published),
 //! `folder-published` (that output published, the manifest not yet recording it),
 //! `folder-file` (after each converted file, recorded), `folder-publish` (before the

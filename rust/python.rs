@@ -9,7 +9,7 @@
 
 use std::borrow::Cow;
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -26,7 +26,7 @@ use crate::numerics::Numerics;
 use crate::options;
 use crate::output::{self, Replace, Sealed};
 use crate::report::NumericsRow;
-use crate::run::{json, place, walk};
+use crate::run::{json, manifest, place, walk};
 use crate::shard::{self, Group};
 use crate::task::{ConvertTask, InspectTask, Task};
 use crate::text;
@@ -788,6 +788,272 @@ fn failpoint(py: Python<'_>, name: &str) -> PyResult<()> {
     crate::failpoint::hit(name).map_err(|e| to_py(py, Error::io(Path::new(name), "failpoint", e)))
 }
 
+// --- manifests (`run::manifest`) ---
+
+/// A JSON string as Python holds it (a lone surrogate included).
+fn py_str<'py>(py: Python<'py>, s: &json::Str<'_>) -> PyResult<Bound<'py, PyAny>> {
+    match s {
+        json::Str::Text(t) => Ok(t.into_pyobject(py)?.into_any()),
+        json::Str::Wide(w) => {
+            let bytes: Vec<u8> = w.iter().flat_map(|p| p.to_le_bytes()).collect();
+            let b = pyo3::types::PyBytes::new(py, &bytes);
+            b.call_method1("decode", ("utf-32-le", "surrogatepass"))
+        }
+    }
+}
+
+/// A JSON value as Python's `json.loads` gives it (`run::json::Node`).
+fn py_json<'py>(py: Python<'py>, n: &json::Node<'_>) -> PyResult<Bound<'py, PyAny>> {
+    use json::Value;
+    let builtins = py.import("builtins")?;
+    match &n.value {
+        Value::Literal("null") => Ok(py.None().into_bound(py)),
+        Value::Literal(b @ ("true" | "false")) => Ok(pyo3::types::PyBool::new(py, *b == "true")
+            .to_owned()
+            .into_any()),
+        Value::Literal(x) => builtins.getattr("float")?.call1((*x,)),
+        Value::Number(x) if x.contains(['.', 'e', 'E']) => {
+            builtins.getattr("float")?.call1((&**x,))
+        }
+        Value::Number(x) => builtins.getattr("int")?.call1((&**x,)),
+        Value::Str(s) => py_str(py, s),
+        Value::Array(items) => {
+            let items: PyResult<Vec<_>> = items.iter().map(|v| py_json(py, v)).collect();
+            Ok(pyo3::types::PyList::new(py, items?)?.into_any())
+        }
+        Value::Object(_) => {
+            let d = PyDict::new(py);
+            for (k, v) in n.dict().unwrap_or_default() {
+                d.set_item(py_str(py, k)?, py_json(py, v)?)?;
+            }
+            Ok(d.into_any())
+        }
+    }
+}
+
+/// A Python value (None, bool, int, float, str, list, tuple, dict of str) as JSON.
+fn json_of(v: &Bound<'_, PyAny>) -> PyResult<json::Node<'static>> {
+    use json::{Str, Value};
+    use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
+    let text = |s: &Bound<'_, PyString>| -> PyResult<Str<'static>> {
+        match s.extract::<String>() {
+            Ok(t) => Ok(Str::Text(t.into())),
+            Err(_) => {
+                let b = s.call_method1("encode", ("utf-32-le", "surrogatepass"))?;
+                let b: Vec<u8> = b.extract()?;
+                let points = b
+                    .chunks(4)
+                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+                Ok(Str::Wide(points.collect()))
+            }
+        }
+    };
+    let value = if v.is_none() {
+        Value::Literal("null")
+    } else if let Ok(b) = v.cast::<PyBool>() {
+        Value::Literal(if b.is_true() { "true" } else { "false" })
+    } else if v.is_instance_of::<PyInt>() {
+        Value::Number(v.str()?.to_string().into())
+    } else if v.is_instance_of::<PyFloat>() {
+        Value::Number(json::float_repr(v.extract()?).into())
+    } else if let Ok(s) = v.cast::<PyString>() {
+        Value::Str(text(s)?)
+    } else if let Ok(d) = v.cast::<PyDict>() {
+        let members = d
+            .iter()
+            .map(|(k, v)| Ok((text(k.cast::<PyString>()?)?, json_of(&v)?)));
+        Value::Object(members.collect::<PyResult<_>>()?)
+    } else {
+        let items = v.try_iter()?.map(|x| json_of(&x?));
+        Value::Array(items.collect::<PyResult<_>>()?)
+    };
+    Ok(json::Node {
+        value,
+        span: (0, 0),
+    })
+}
+
+/// Files and their JSON entries as a dict of lists.
+fn py_entries<'py>(
+    py: Python<'py>,
+    entries: &[(OsString, Vec<json::Node<'static>>)],
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for (rel, list) in entries {
+        let list: PyResult<Vec<_>> = list.iter().map(|e| py_json(py, e)).collect();
+        d.set_item(rel, list?)?;
+    }
+    Ok(d)
+}
+
+/// One run's manifest (`run::manifest::Manifest`): the engine owns its document and file.
+#[pyclass(module = "stcast._core")]
+struct Manifest(manifest::Manifest);
+
+#[pymethods]
+impl Manifest {
+    #[new]
+    #[pyo3(signature = (src, src_id, dst, options, allow_quantized, shard, planned, *,
+                        published=None, first_replace=None, finalize=false))]
+    fn new(
+        src: PathBuf,
+        src_id: place::Ident,
+        dst: PathBuf,
+        options: &Bound<'_, PyAny>,
+        allow_quantized: Option<bool>,
+        shard: Option<manifest::Shard>,
+        planned: Vec<OsString>,
+        published: Option<place::Ident>,
+        first_replace: Option<place::Ident>,
+        finalize: bool,
+    ) -> PyResult<Self> {
+        let (options, a) = (json_of(options)?, allow_quantized);
+        let mut m = manifest::Manifest::new(&src, src_id, &dst, options, a, shard, planned);
+        (m.published, m.first_replace, m.finalize) = (published, first_replace, finalize);
+        Ok(Manifest(m))
+    }
+
+    /// The manifest file of a run (`shard`: of shard i of n).
+    #[staticmethod]
+    fn file_name(shard: Option<manifest::Shard>) -> String {
+        manifest::file_name(shard)
+    }
+
+    #[pyo3(signature = (rel, identity, header=""))]
+    fn claim(&mut self, rel: OsString, identity: (u64, u64, u64), header: &str) {
+        self.0.claim(&rel, identity, header);
+    }
+
+    /// `identity` None: the file there now. Returns the identity recorded.
+    #[pyo3(signature = (rel, kind, identity=None, extra=None))]
+    fn record(
+        &mut self,
+        py: Python<'_>,
+        rel: OsString,
+        kind: &str,
+        identity: Option<(u64, u64, u64)>,
+        extra: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<(u64, u64, u64)> {
+        let extra = extra.map(json_of).transpose()?;
+        let id = match identity {
+            Some(id) => id,
+            None => guarded(py, || self.0.identity(&rel))?,
+        };
+        self.0.record(&rel, kind, id, extra.as_ref());
+        Ok(id)
+    }
+
+    fn forget(&mut self, rel: OsString) {
+        self.0.forget(&rel);
+    }
+
+    fn carry(&mut self, py: Python<'_>, ours: Vec<(OsString, place::Ident)>) -> PyResult<()> {
+        guarded(py, || self.0.carry(&ours))
+    }
+
+    /// `claims`: only once saved, and unless gone; `complete`: the run is done.
+    #[pyo3(signature = (cancel=None, *, complete=false, claims=false))]
+    fn save(
+        &mut self,
+        py: Python<'_>,
+        cancel: Hook<'_>,
+        complete: bool,
+        claims: bool,
+    ) -> PyResult<()> {
+        self.0.complete |= complete;
+        let m = &mut self.0;
+        Hooks::new(None, cancel, None, None).run(py, || {
+            if claims {
+                m.save_claims()
+            } else {
+                m.save()
+            }
+        })
+    }
+
+    fn check_still_ours(&self, py: Python<'_>) -> PyResult<()> {
+        guarded(py, || self.0.check_still_ours())
+    }
+
+    fn recheck(&self, py: Python<'_>) -> PyResult<()> {
+        guarded(py, || self.0.recheck())
+    }
+
+    fn written(&self) -> Vec<OsString> {
+        self.0.written()
+    }
+
+    fn unlink_written(&self, py: Python<'_>, rels: Vec<OsString>) -> PyResult<()> {
+        guarded(py, || self.0.unlink_written(&rels))
+    }
+
+    fn roll_back(&mut self, before: HashSet<OsString>, had_manifest: bool) -> Vec<OsString> {
+        self.0.roll_back(&before, had_manifest)
+    }
+
+    fn remove(&self, py: Python<'_>) -> PyResult<()> {
+        guarded(py, || self.0.remove())
+    }
+}
+
+/// What a run's destination holds as its manifests tell (`run::manifest::survey`): the
+/// files there, the identity at this run's manifest name, this source's manifest there
+/// (its identity), the other runs' manifests, the files proven ours (rel -> identity),
+/// their entries made with these options, what the runs plan, and under `force` every file.
+#[pyfunction]
+#[pyo3(signature = (dst, src_id, shard, options, *, force, resume))]
+fn survey_manifests<'py>(
+    py: Python<'py>,
+    dst: PathBuf,
+    src_id: place::Ident,
+    shard: Option<manifest::Shard>,
+    options: &Bound<'py, PyAny>,
+    force: bool,
+    resume: bool,
+) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
+    let options = json_of(options)?;
+    let asked = manifest::Asked {
+        src_id,
+        shard,
+        options: &options,
+        force,
+        resume,
+    };
+    let s = guarded(py, || manifest::survey(&dst, &asked))?;
+    let own = s.own.and_then(|m| m.published);
+    let siblings: Vec<Manifest> = s.siblings.into_iter().map(Manifest).collect();
+    let entries = py_entries(py, &s.entries)?;
+    let at = s.at_own_name;
+    (
+        s.present, at, own, siblings, s.ours, entries, s.planned, s.found,
+    )
+        .into_pyobject(py)
+}
+
+/// The finished manifests `finalize` completes (`run::manifest::finished`), the options
+/// they agree on, each file's entries, and each shard run's manifest and shard count.
+#[pyfunction]
+fn finished_manifests<'py>(
+    py: Python<'py>,
+    dst: PathBuf,
+    src_id: place::Ident,
+) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
+    let f = guarded(py, || manifest::finished(&dst, src_id))?;
+    let counts: Vec<_> = f
+        .manifests
+        .iter()
+        .filter_map(|m| Some((m.path(), m.shard?.1)))
+        .collect();
+    let manifests: Vec<Manifest> = f.manifests.into_iter().map(Manifest).collect();
+    (
+        manifests,
+        py_json(py, &f.options)?,
+        py_entries(py, &f.entries)?,
+        counts,
+    )
+        .into_pyobject(py)
+}
+
 /// Add each `#[pyfunction]` to the module.
 macro_rules! add_functions {
     ($m:ident: $($f:ident),* $(,)?) => {
@@ -804,12 +1070,14 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add(name.cast_into::<pyo3::types::PyString>()?, value)?;
     }
     m.add_class::<ShardGroup>()?;
+    m.add_class::<Manifest>()?;
     add_functions! {
         m: _set_exceptions, py_convert, py_inspect, py_verify, render, format_bytes, escape,
         option_error, check_option, failpoint, write_file, copy_file, write_numeric_report,
         check_side_output, convert_shard, verify_shard, shard_file_name, index_file_name,
         check_folder, read_header, walk_folder, list_folder, torch_name, config_text, index_text,
-        json_depth, split_shard_name, run_place, default_dst, check_outputs,
+        json_depth, split_shard_name, run_place, default_dst, check_outputs, survey_manifests,
+        finished_manifests,
     }
     Ok(())
 }

@@ -79,25 +79,15 @@ def test_shard_runs_started_together_all_succeed(tmp_path, n):
     assert failures == [], f"{len(failures)} of {10 * (n + 1)} runs failed: {failures[:3]}"
 
 
-def test_survey_race_with_a_rival_shard(tmp_path, monkeypatch, run_main):
+def test_survey_race_with_a_rival_shard(tmp_path):
+    """Shard 2/2 runs whole between the two steps of shard 1/2's survey: the folder listed,
+    the manifests not yet read (the engine's `folder-listed` point)."""
     src = write_checkpoint_folder(tmp_path / "src", files=2)
     dst = tmp_path / "out"
     dst.mkdir()
-    from stcast.folder import manifest
-
-    load_all = manifest.load_all
-    rival = []
-
-    def load_all_then_a_rival(folder):
-        found = load_all(folder)
-        if not rival:  # shard 2/2 runs whole between the two steps of the survey
-            rival.append(run_cli("convert", src, dst, "--shard", "2/2", "-q"))
-        return found
-
-    monkeypatch.setattr(manifest, "load_all", load_all_then_a_rival)
-    rc, _, err = run_main("convert", src, dst, "--shard", "1/2", "-q")
-    assert rival == [(0, "", "")]
-    assert (rc, err) == (0, "")
+    first = stopped("convert", src, dst, "--shard", "1/2", "-q", at="folder-listed")
+    assert run_cli("convert", src, dst, "--shard", "2/2", "-q") == (0, "", "")
+    assert first.run_through() == (0, "")
 
 
 def test_a_live_runs_named_temp_is_not_taken_for_stale(tmp_path, run_main):

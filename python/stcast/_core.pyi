@@ -64,6 +64,9 @@ __all__ = [
     "run_place",
     "default_dst",
     "check_outputs",
+    "Manifest",
+    "survey_manifests",
+    "finished_manifests",
 ]
 
 __version__: str
@@ -278,3 +281,60 @@ class TensorNumerics:
 
     def __len__(self) -> int: ...
     def row(self, i: int) -> _Row: ...
+
+# --- manifests (`run::manifest`) ---
+_Id = tuple[int, int]
+_Id3 = tuple[int, int, int]
+_Entries = dict[str, list[dict[str, Any]]]
+
+@final
+class Manifest:
+    """One run's manifest in its destination: the engine owns its document and file."""
+
+    def __new__(
+        cls,
+        src: str,
+        src_id: _Id,
+        dst: str,
+        options: dict[str, Any],
+        allow_quantized: bool | None,
+        shard: _Id | None,
+        planned: list[str],
+        *,
+        published: _Id | None = None,
+        first_replace: _Id | None = None,
+        finalize: bool = False,
+    ) -> Manifest: ...
+    @staticmethod
+    def file_name(shard: _Id | None) -> str: ...
+    def claim(self, rel: str, identity: _Id3, header: str = "") -> None: ...
+    def record(
+        self, rel: str, kind: str, identity: _Id3 | None = None, extra: Any = None
+    ) -> _Id3: ...
+    def forget(self, rel: str) -> None: ...
+    def carry(self, ours: list[tuple[str, _Id]]) -> None: ...
+    def save(
+        self, cancel: _CancelFlag | None = None, *, complete: bool = False, claims: bool = False
+    ) -> None: ...
+    def check_still_ours(self) -> None: ...
+    def recheck(self) -> None: ...
+    def written(self) -> list[str]: ...
+    def unlink_written(self, rels: list[str]) -> None: ...
+    def roll_back(self, before: set[str], had_manifest: bool) -> list[str]: ...
+    def remove(self) -> None: ...
+
+def survey_manifests(
+    dst: str, src_id: _Id, shard: _Id | None, options: dict[str, Any], *, force: bool, resume: bool
+) -> tuple[
+    list[str],
+    _Id | None,
+    _Id | None,
+    list[Manifest],
+    list[tuple[str, _Id]],
+    _Entries,
+    list[str],
+    list[tuple[str, _Id]],
+]: ...
+def finished_manifests(
+    dst: str, src_id: _Id
+) -> tuple[list[Manifest], dict[str, Any], _Entries, list[tuple[str, int]]]: ...

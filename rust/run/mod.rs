@@ -6,7 +6,10 @@
 //! - `place`: where a run reads and writes: the source (a Hugging Face cache repo's snapshot),
 //!   the default destination, the destination's place against the source, by identity.
 //! - `json`: every JSON text a run writes or edits (configs, indexes, `quantization_config`).
+//! - `manifest`: what a run has planned and written into its destination (`--resume`,
+//!   `--shard i/N`, `finalize`), and which files there stcast wrote.
 
 pub mod json;
+pub mod manifest;
 pub mod place;
 pub mod walk;

@@ -6,9 +6,9 @@ index names, index/shard agreement, quantized checkpoints), converts the files o
 another, each with all cores (`write`), copies everything else byte for byte, and writes
 the indexes and configs last (the engine edits them in their own text): an interrupted run
 never leaves a folder that a loader would take for a complete checkpoint. A manifest in the
-destination records what is done (`manifest`), so that `resume` skips finished files and
-`shard=(i, n)` jobs on several machines can split the work, with `finalize` writing the rest
-once every shard is done.
+destination records what is done (the engine's, `_core.Manifest`), so that `resume` skips
+finished files and `shard=(i, n)` jobs on several machines can split the work, with
+`finalize` writing the rest once every shard is done.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from ..errors import (
 )
 from ..reports import ConvertReport, FileReport, InspectReport, Notice, merged_numerics
 from . import common as _common
-from . import manifest as _manifest
 from . import reshard as _reshard
 from . import walk as _walk
 from . import work as _work
@@ -162,7 +161,7 @@ def prepare(
     mine = sorted(w.rel for w in weights) if shard is not None else sorted(outputs)
     # Every name the plan may write (its manifest too), against every file of the source,
     # by identity: the engine's own check comes per file, after others were written.
-    own_manifest = _manifest.MANIFEST if shard is None else _manifest.shard_name(*shard)
+    own_manifest = _core.Manifest.file_name(shard)
     _core.check_outputs(src, dst, [*sorted(outputs), own_manifest], _source_files(plan))
     survey = _survey(dst, src_id, options, outputs, plan, work, shard, force=force, resume=resume)
 
@@ -229,30 +228,32 @@ def convert_folder(
     # added (`_write.roll_back`).
     missing = _missing_folders(dst, p.work)
     os.makedirs(dst, exist_ok=True)
-    record = _manifest.new(src, p.src_id, dst, p.options, p.given.allow_quantized, shard, p.mine)
     # The manifest at this run's name that the survey read (resume, force) is the one to
     # replace, still that file; with none there, another run's appearing meanwhile is not.
-    own = [m for m in survey.manifests if m.name == record.name]
-    if own:
-        record.published = own[0].published
-    elif force:
-        # What the survey found at this name (an unreadable manifest, another source's),
-        # and nothing else: a manifest that appeared since is a rival run's.
-        record.first_replace = survey.at_own_name
+    # Under force: what the survey found at this name (an unreadable manifest, another
+    # source's), and nothing else: a manifest that appeared since is a rival run's.
+    record = _core.Manifest(
+        src,
+        p.src_id,
+        dst,
+        p.options,
+        p.given.allow_quantized,
+        shard,
+        p.mine,
+        published=survey.own,
+        first_replace=survey.at_own_name if force and survey.own is None else None,
+    )
     files: list[FileReport] = []
     for w in p.skipped:
-        out = os.path.join(dst, w.rel)
-        st = os.lstat(out)
-        record.record(w.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
-        record.files[w.rel].update(w.manifest_entry(record, out))
-        files.append(w.report("skipped", st.st_size))
-    _manifest.carry(record, survey.ours)
-    had_manifest = os.path.lexists(os.path.join(dst, record.name))
+        entry = w.manifest_entry(p.options, shard, os.path.join(dst, w.rel))
+        files.append(w.report("skipped", record.record(w.rel, "weights", None, entry)[2]))
+    record.carry(list(survey.ours.items()))
+    had_manifest = survey.at_own_name is not None
     # Before any output: the other runs sharing this folder know it is ours.
     try:
         record.save(cancel)
     except DestinationExists:
-        path = os.path.join(dst, record.name)
+        path = os.path.join(dst, _core.Manifest.file_name(shard))
         for folder in missing:  # the folders made for this run, left empty
             try:
                 os.rmdir(folder)
@@ -271,24 +272,35 @@ def convert_folder(
         file_progress,
     )
     run = _write.Run(
-        dst, p.to, p.given, meter, cancel, record, force, dict(survey.ours), dict(survey.found)
+        dst,
+        p.to,
+        p.given,
+        meter,
+        cancel,
+        record,
+        shard,
+        p.options,
+        force,
+        dict(survey.ours),
+        dict(survey.found),
     )
     if shard is None:
         _write.unpublish(run, p.work, {w.rel for w in p.todo})
     try:
         converted = _write.convert_items(run, p.todo)
-    except _manifest.TakenOver:
-        raise
     except DestinationExists:
         # A rival's file where this run would write (a run that started meanwhile): what
         # this run finished stays for `resume`; having written nothing, it takes its
         # manifest back.
-        if not set(record.files) - {w.rel for w in p.skipped}:
+        if not set(record.written()) - {w.rel for w in p.skipped}:
             _write.roll_back(run, survey.present, had_manifest, missing)
         raise
     except (Refused, InvalidInput) as e:
         if _write.NOT_OURS in e.template:
             raise  # a file changed in DST since the survey: what is done stays for resume
+        # Another run took this run's folder over: what this run wrote is that run's to
+        # keep or replace now, not this one's to roll back (this raises).
+        record.check_still_ours()
         # A failed run (a value that overflows under on_overflow="error", an input that
         # is not what its header says): `resume` would fail again. What it added goes;
         # the files that were there stay (those `force` replaced too: their old bytes are
@@ -305,12 +317,11 @@ def convert_folder(
         _write.recheck(run)
     _common.failpoint("folder-complete", cancel)
     meter.close()
-    record.complete = True
     if shard is None:
         # Done: no stcast file stays behind (this source's shard manifests neither).
         _write.remove_own(run, [record, *survey.siblings])
     else:
-        record.save(cancel)
+        record.save(cancel, complete=True)
     report = _folder_report(
         src, dst, p.to, files, converted, started, shard, shard is None, p.given.on_overflow
     )
@@ -367,8 +378,8 @@ class _Survey:
     """What the destination holds, as far as this run is concerned."""
 
     def __init__(self) -> None:
-        self.manifests: list[_manifest.Manifest] = []  # this source's runs
-        self.siblings: list[_manifest.Manifest] = []  # those of other runs (not ours)
+        self.own: tuple[int, int] | None = None  # this source's manifest at this run's name
+        self.siblings: list[_core.Manifest] = []  # this source's other runs' manifests
         self.ours: dict[str, tuple[int, int]] = {}  # rel -> identity stcast wrote
         self.adopted: set[str] = set()  # outputs resume recognised without a manifest
         self.entries: dict[str, list[dict[str, Any]]] = {}  # rel -> manifest entries
@@ -399,83 +410,22 @@ def _survey(
     Without `force` or `resume`, a destination that holds anything but stcast's own files
     for this source and plan is refused: an empty or new folder is fine, and so are the
     files of other shard runs of the same source (they share the folder), but not a
-    folder of other files, another source's run, or a previous run of this one. `resume`
-    continues a previous run: the files a manifest records are ours, an output whose
-    header is exactly the planned one is adopted, and any other planned file that is
-    there is refused rather than replaced. `force` replaces every file the plan writes and
-    deletes nothing else.
+    folder of other files, another source's run, or a previous run of this one (the
+    manifests' refusals are the engine's: `_core.survey_manifests`). `resume` continues a
+    previous run: the files a manifest records are ours, an output whose header is exactly
+    the planned one is adopted, and any other planned file that is there is refused rather
+    than replaced. `force` replaces every file the plan writes and deletes nothing else.
     """
     survey = _Survey()
-    if not os.path.isdir(dst):
-        return survey
-    own_name = _manifest.MANIFEST if shard is None else _manifest.shard_name(*shard)
-    # The folder first, then the manifests: a rival run writes its manifest (naming what it
-    # plans) before each of its files, so every file listed here is in a manifest read
-    # after. (The other order takes a file written in between for a foreign one.)
-    present = _walk.listing(dst)
-    survey.present = set(present)
-    try:
-        st = os.lstat(os.path.join(dst, own_name))
-        survey.at_own_name = (st.st_dev, st.st_ino)
-    except FileNotFoundError:
-        pass
-    manifests, bad = _manifest.load_all(dst)
-    if bad and not force:
-        b = bad[0]
-        raise Refused(
-            f"{_esc(b.path)}: {_esc(b.reason)}; stcast cannot tell what it wrote here "
-            "({force} converts everything again and replaces what the plan writes)",
-            path=b.path,
-        )
-    mine = [m for m in manifests if m.src_id == src_id]
-    others = [m for m in manifests if m.src_id != src_id]
-    if others and not force:
-        m = others[0]
-        raise Refused(
-            f"{_esc(dst)}: a stcast run of another source ({_esc(m.src)}) converts into this "
-            "folder ({force} replaces what this plan writes)",
-            path=dst,
-        )
-    same_options = [m for m in mine if m.options == options]
-    survey.manifests = mine
-    survey.siblings = [m for m in mine if m.name != own_name]
-    if not force and not resume:
-        if any(m.name == own_name for m in mine):
-            what = (
-                "a previous run of this source stopped here before it finished"
-                if shard is None
-                else "this shard already ran here"
-            )
-            raise Refused(
-                f"{_esc(dst)}: {what} (its manifest {own_name} records the files it "
-                "finished); {resume} continues it, {force} converts everything again",
-                path=dst,
-            )
-        if shard is None and mine:
-            raise Refused(
-                f"{_esc(dst)}: shard runs of this source convert into this folder; "
-                "`finalize` completes them ({resume} or {force} converts the whole folder)",
-                path=dst,
-            )
-        if len(same_options) != len(mine):
-            raise Refused(
-                f"{_esc(dst)}: shard runs with other options convert into this folder "
-                "({force} replaces what this plan writes)",
-                path=dst,
-            )
-    planned_by_runs = {p for m in mine for p in m.planned}
+    present, survey.at_own_name, survey.own, survey.siblings, ours, entries, planned, found = (
+        _core.survey_manifests(dst, src_id, shard, options, force=force, resume=resume)
+    )
+    survey.present, survey.ours, survey.entries = set(present), dict(ours), entries
+    survey.stale = {rel: i for rel, i in survey.ours.items() if rel not in outputs}
+    planned_by_runs = set(planned)
     foreign_planned, foreign_other = [], []
     for rel in present:
-        entry = _manifest.recorded(mine, dst, rel)
-        if entry is not None:
-            st = os.lstat(os.path.join(dst, rel))
-            survey.ours[rel] = (st.st_dev, st.st_ino)
-            if rel not in outputs:
-                survey.stale[rel] = (st.st_dev, st.st_ino)
-            for m in same_options:
-                e = m.files.get(rel)
-                if e is not None:
-                    survey.entries.setdefault(rel, []).append(e)
+        if rel in survey.ours:
             continue
         if rel in planned_by_runs and not force and not resume:
             continue  # a sibling run's file, in progress: not ours to touch
@@ -488,13 +438,10 @@ def _survey(
                 foreign_planned.append(rel)
         else:
             foreign_other.append(rel)
+    # In the folder's order, as the manifest claims them (`Manifest.carry`).
+    survey.ours = {rel: survey.ours[rel] for rel in present if rel in survey.ours}
     if force:
-        for rel in present:
-            try:
-                st = os.lstat(os.path.join(dst, rel))
-            except FileNotFoundError:
-                continue
-            survey.found[rel] = (st.st_dev, st.st_ino)
+        survey.found = dict(found)
         return survey
     if foreign_planned:
         listed = _listed(foreign_planned)
@@ -611,41 +558,9 @@ def finalize(
     src, dst = os.fsdecode(src), os.fsdecode(dst)
     # A folder, or a file (or a checkpoint folder) re-sharded with shard runs.
     src, _, src_id = _core.run_place(src, dst, resharding=True)
-    if not os.path.isdir(dst):
-        raise Refused(
-            f"{_esc(dst)}: no such folder; convert the shards into it first (with {{shard}})",
-            path=dst,
-        )
-    manifests, bad = _manifest.load_all(dst)
-    if bad:
-        b = bad[0]
-        raise Refused(
-            f"{_esc(b.path)}: {_esc(b.reason)}; convert the shards again",
-            path=b.path,
-        )
-    manifests = [m for m in manifests if m.src_id == src_id]
-    if not manifests:
-        raise Refused(
-            f"{_esc(dst)}: no stcast manifest of this source: nothing to finalize (already "
-            "finalized, or not converted with {shard}: convert the shards into it first)",
-            path=dst,
-        )
-    # A run that has not finished (still running, or stopped) may still write: completing
-    # the folder now would race it, and it would leave its manifest behind.
-    for m in manifests:
-        # (An unfinished finalize is not: this one takes over from it.)
-        if not m.complete and not m.finalize:
-            if m.shard is None:
-                which, again = "a whole-folder run", "{resume}"
-            else:
-                part = f"{m.shard[0]}/{m.shard[1]}"
-                which, again = f"shard {part}", f"{{shard={part}}} {{resume}}"
-            raise Refused(
-                f"{_esc(os.path.join(dst, m.name))}: {which} has not finished (it is still "
-                f"running, or it stopped); wait for it, or run it again with {again}",
-                path=os.path.join(dst, m.name),
-            )
-    options = _manifest.agreed_options(dst, manifests)
+    # Every manifest of this source, finished (a run that has not may still write: completing
+    # the folder now would race it), and the options they agree on.
+    manifests, options, entries, counted = _core.finished_manifests(dst, src_id)
     to = _engine.target_name(options["to"])
     max_size = options.get("max_shard_size")
     reshard: _reshard.Reshard | None = None
@@ -673,42 +588,38 @@ def finalize(
     work = _work.Work(plan, reshard)
     units = work.items
     # With one shard count in the manifests, a missing file can be traced to its shard.
-    counts = {m.shard[1] for m in manifests if m.shard is not None}
-    for m in manifests:
+    counts = {n for _, n in counted}
+    for path, n in counted:
         # A run splits at most into as many shards as there are files (see _check_shard).
-        if m.shard is not None and m.shard[1] > len(units):
-            path = os.path.join(dst, m.name)
+        if n > len(units):
             raise Refused(
-                f"{_esc(path)}: says {m.shard[1]} shards, but {_esc(src)} has "
+                f"{_esc(path)}: says {n} shards, but {_esc(src)} has "
                 f"{len(units)} {work.noun}; convert the shards again",
                 path=path,
             )
-    n = counts.pop() if len(counts) == 1 else None
-    owner = assign_shards(units, n) if isinstance(n, int) and n > 0 else {}
+    count = counts.pop() if len(counts) == 1 else None
+    owner = assign_shards(units, count) if count else {}
     outputs = work.outputs()
     survey = _survey(dst, src_id, options, outputs, plan, work, None, force=False, resume=True)
-    record = _manifest.new(src, src_id, dst, options, None, None, sorted(outputs))
-    record.finalize = True
     # An interrupted (or concurrent) finalize's manifest, read by the survey, is the one to
     # replace; a whole-folder run's cannot be here (refused above, or complete and gone).
-    own = [m for m in survey.manifests if m.name == record.name]
-    if own:
-        record.published = own[0].published
+    record = _core.Manifest(
+        src, src_id, dst, options, None, None, sorted(outputs), published=survey.own, finalize=True
+    )
     files = []
     for w in units:
         out = os.path.join(dst, w.rel)
-        entries = [m.files[w.rel] for m in manifests if w.rel in m.files]
-        entry = w.find_entry(entries, options, out)
+        entry = w.find_entry(entries.get(w.rel, []), options, out)
         if entry is None:
-            hint = f"; convert it again with {{shard={owner[w.rel]}/{n}}}" if owner else ""
+            hint = f"; convert it again with {{shard={owner[w.rel]}/{count}}}" if owner else ""
             path, what = w.missing(out)
             raise Refused(f"{_esc(path)}: {what}, or changed since{hint}", path=path)
-        st = os.lstat(out)
-        record.record(w.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
-        files.append(w.report("checked", st.st_size))
+        files.append(w.report("checked", record.record(w.rel, "weights")[2]))
     record.save(cancel)
     meter = _write.Meter(sum(c.size for c in plan.copies), progress, file_progress)
-    run = _write.Run(dst, to, Options(to=to), meter, cancel, record, False, dict(survey.ours))
+    run = _write.Run(
+        dst, to, Options(to=to), meter, cancel, record, None, options, False, dict(survey.ours)
+    )
     _write.unpublish(run, work, set())
     files += _write.publish(run, work)
     _write.final_recheck(run, work)

@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     from .._engine import CancelFlag
     from .._options import Options
     from .._types import FileAction, OnOverflow, Target
-    from .manifest import Manifest
 
 _esc = _core.escape
 
@@ -87,10 +86,12 @@ class Item:
         """The manifest entry that shows `out` is this item written with `options`."""
         return find_entry(entries, self.unit, options, out)
 
-    def manifest_entry(self, record: Manifest, out: str) -> dict[str, Any]:
-        """What `resume` and `finalize` need to trust `out` without reading it."""
-        shards = None if record.shard is None else record.shard[1]
-        return entry(self.unit, record.options, shards, self.hashes, out)
+    def manifest_entry(
+        self, options: dict[str, Any], shard: tuple[int, int] | None, out: str
+    ) -> dict[str, Any]:
+        """What `resume` and `finalize` need to trust `out` (written by a run with `options`,
+        as shard `shard`) without reading it."""
+        return entry(self.unit, options, None if shard is None else shard[1], self.hashes, out)
 
     def convert(
         self,

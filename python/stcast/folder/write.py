@@ -19,14 +19,13 @@ import os
 import posixpath
 import stat
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import _core
 from ..errors import DestinationExists, Refused, StcastError
 from ..reports import FileReport
 from .common import MAX_JSON_BYTES, check_cancel, ensure_dir, failpoint, out_path, read_bounded
 from .fp8 import config_text, is_fp8, is_model_config, unquantized_modules
-from .manifest import remove as remove_manifest
 from .walk import File, read_json
 from .work import Item, Work
 
@@ -38,7 +37,6 @@ if TYPE_CHECKING:
     from .._options import Options
     from .._types import FileAction, Target
     from ..reports import ConvertReport
-    from .manifest import Manifest
 
 _esc = _core.escape
 
@@ -94,7 +92,9 @@ class Run:
     given: Options  # the call's options (threads, precision, tuning)
     meter: Meter
     cancel: CancelFlag | None
-    record: Manifest
+    record: _core.Manifest
+    shard: tuple[int, int] | None  # this run's (i, n), if a shard run
+    options: dict[str, Any]  # the options that change the output, as the manifest says
     force: bool
     # Files that stcast wrote (recorded by a manifest, or adopted by `resume`): rel ->
     # (dev, ino) they must still have to be replaced.
@@ -113,7 +113,7 @@ class Run:
         return None
 
     def tag(self) -> str:
-        shard = self.record.shard
+        shard = self.shard
         return "" if shard is None else f"s{shard[0]}of{shard[1]}"
 
     def claimer(self, rel: str) -> Callable[[int, int, int, str | None], None]:
@@ -123,14 +123,21 @@ class Run:
 
         def sealed(dev: int, ino: int, size: int, header: str | None) -> None:
             self.record.claim(rel, (dev, ino, size), header or "")
-            self.record.save_claims(self.cancel)
+            self.record.save(self.cancel, claims=True)
 
         return sealed
 
-    def published(self, rel: str, kind: str, identity: tuple[int, int, int]) -> None:
-        """Record a published file: in this run's manifest, and as ours from now on."""
-        self.record.record(rel, kind, identity)
-        self.ours[rel] = identity[:2]
+    def published(
+        self,
+        rel: str,
+        kind: str,
+        identity: tuple[int, int, int] | None,
+        entry: dict[str, Any] | None = None,
+    ) -> None:
+        """Record a published file (`identity` None: the file there now) in this run's
+        manifest, with `entry` (what resume needs to trust it), and as ours from now on."""
+        dev, ino, _ = self.record.record(rel, kind, identity, entry)
+        self.ours[rel] = (dev, ino)
 
 
 def rival(run: Run, e: DestinationExists | Refused) -> None:
@@ -170,7 +177,7 @@ def convert_items(run: Run, todo: Sequence[Item]) -> list[ConvertReport]:
             # it is published, before it is recorded, still proves it wrote it. The
             # claim names the header written (the engine read it back), not a plan's.
             run.record.claim(w.rel, (dev, ino, size), header or "")
-            run.record.save_claims(run.cancel)
+            run.record.save(run.cancel, claims=True)
             failpoint("folder-sealed", run.cancel)
 
         run.meter.step(w.rel, 0, w.data_bytes)
@@ -192,9 +199,8 @@ def convert_items(run: Run, todo: Sequence[Item]) -> list[ConvertReport]:
         run.meter.finish(w.rel, w.data_bytes)
         # The output has its name; the manifest does not say so yet.
         failpoint("folder-published", run.cancel)
-        st = os.lstat(out)
-        run.published(w.rel, "weights", (st.st_dev, st.st_ino, st.st_size))
-        run.record.files[w.rel].update(w.manifest_entry(run.record, out))
+        entry = w.manifest_entry(run.options, run.shard, out)
+        run.published(w.rel, "weights", None, entry)
         run.record.save(run.cancel)
         failpoint("folder-file", run.cancel)
         reports.append(r)
@@ -262,15 +268,7 @@ def final_recheck(run: Run, work: Work) -> None:
         plan = work.plan
         cues = [rel for rel, _, _ in work.index_maps()] + [c[0].rel for c in plan.configs]
         cues += [f.rel for f in plan.late_copies]
-        for rel in cues:
-            entry = run.record.files.get(rel)
-            path = os.path.join(run.dst, rel)
-            try:
-                st = os.lstat(path)
-            except FileNotFoundError:
-                continue
-            if entry is not None and (st.st_dev, st.st_ino) == (entry["dev"], entry["ino"]):
-                os.unlink(path)
+        run.record.unlink_written(cues)
         raise
 
 
@@ -313,22 +311,7 @@ def _write(run: Run, rel: str, kind: str, content: bytes) -> None:
 
 def recheck(run: Run) -> None:
     """Before declaring success: every file this run wrote is still the one it wrote."""
-    for rel, entry in run.record.files.items():
-        path = os.path.join(run.dst, rel)
-        try:
-            st = os.lstat(path)
-            same = (st.st_dev, st.st_ino, st.st_size) == (
-                entry.get("dev"),
-                entry.get("ino"),
-                entry.get("size"),
-            )
-        except FileNotFoundError:
-            same = False
-        if not same:
-            raise Refused(
-                f"{_esc(path)}: was replaced or removed during the run; run it again",
-                path=path,
-            )
+    run.record.recheck()
 
 
 def unpublish(run: Run, work: Work, writes: set[str]) -> None:
@@ -352,7 +335,7 @@ def unpublish(run: Run, work: Work, writes: set[str]) -> None:
             continue  # nothing a loader reads, or still consistent whenever the run stops
         if _unlink_if(run, rel, None if isinstance(replace, str) else replace):
             run.ours.pop(rel, None)
-            run.record.pending.pop(rel, None)
+            run.record.forget(rel)
 
 
 def _old_weight_map(dst: str, rel: str) -> dict[str, str] | None:
@@ -380,19 +363,8 @@ def roll_back(run: Run, before: set[str], had_manifest: bool, made: list[str]) -
     one it wrote: device and inode), its manifest if there was none, and the folders it
     made, once empty (`made`, deepest first). Nothing that was there before is removed;
     an older manifest of this run's name stays, saved without the files removed."""
-    for rel, entry in list(run.record.files.items()):
-        if rel in before:
-            continue
-        if _unlink_if(run, rel, (entry["dev"], entry["ino"])):
-            del run.record.files[rel]
-            run.ours.pop(rel, None)
-    try:
-        if had_manifest:
-            run.record.save(None)
-        else:
-            remove_manifest(run.record)
-    except (OSError, StcastError):
-        pass  # the run's own failure is the one to report
+    for rel in run.record.roll_back(before, had_manifest):
+        run.ours.pop(rel, None)
     for folder in made:
         try:
             os.rmdir(folder)
@@ -409,7 +381,7 @@ def remove_stale(run: Run, stale: dict[str, tuple[int, int]]) -> None:
     for rel, identity in sorted(stale.items(), key=lambda kv: not kv[0].endswith(".json")):
         if _unlink_if(run, rel, identity) is not None:
             run.ours.pop(rel, None)
-            run.record.pending.pop(rel, None)
+            run.record.forget(rel)
 
 
 def _unlink_if(run: Run, rel: str, identity: tuple[int, int] | None) -> bool | None:
@@ -426,7 +398,7 @@ def _unlink_if(run: Run, rel: str, identity: tuple[int, int] | None) -> bool | N
     return True
 
 
-def remove_own(run: Run, manifests: list[Manifest]) -> None:
+def remove_own(run: Run, manifests: list[_core.Manifest]) -> None:
     """At completion: the manifests go, so that the folder holds no stcast files."""
     for m in manifests:
-        remove_manifest(m)
+        m.remove()
