@@ -416,6 +416,8 @@ pub enum Error {
     /// A model config given for a lone file's output (`convert::Options::model_config`) that
     /// is not one: `reason` says why.
     BadConfig { path: PathBuf, reason: &'static str },
+    /// An index and the shards written disagree (`run::check`): `why` (a template) says how.
+    IndexMismatch { path: PathBuf, why: String },
     /// Where a folder run reads or writes is refused (`PlaceProblem`).
     Place {
         path: PathBuf,
@@ -490,6 +492,7 @@ impl Error {
         match self {
             Error::InvalidHeader { .. }
             | Error::BadConfig { .. }
+            | Error::IndexMismatch { .. }
             | Error::OtherFormat { .. }
             | Error::OutputHeaderTooLarge { .. }
             | Error::NonFiniteWeight { .. } => ErrorKind::InvalidInput,
@@ -542,6 +545,7 @@ impl Error {
             Error::NotAFile { path, .. }
             | Error::InvalidHeader { path, .. }
             | Error::BadConfig { path, .. }
+            | Error::IndexMismatch { path, .. }
             | Error::OtherFormat { path, .. }
             | Error::NothingToConvert { path, .. }
             | Error::Checkpoint { path, .. }
@@ -625,6 +629,7 @@ impl Error {
                 format!("invalid safetensors file: {}", esc(reason))
             }
             Error::BadConfig { reason, .. } => format!("not a model config: {reason}"),
+            Error::IndexMismatch { why, .. } => why.clone(),
             Error::OtherFormat { format, .. } => match format {
                 Format::TorchZip | Format::TorchLegacy | Format::Dcp | Format::DcpSafetensors => {
                     format!("{}, not a safetensors file", format.describe())

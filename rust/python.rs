@@ -26,7 +26,7 @@ use crate::numerics::Numerics;
 use crate::options;
 use crate::output::{self, Replace, Sealed};
 use crate::report::NumericsRow;
-use crate::run::{json, place, walk};
+use crate::run::{check, json, place, walk};
 use crate::shard::{self, Group};
 use crate::task::{ConvertTask, InspectTask, Task};
 use crate::text;
@@ -527,6 +527,53 @@ fn torch_name(name: OsString) -> Option<OsString> {
     walk::torch_name(&name)
 }
 
+/// The first of DST's files beside its weights that is not what convert makes of SRC's
+/// (`run::check::check`): (rel, template), or None.
+#[pyfunction]
+#[pyo3(signature = (dst, to, *, loose=false, stray=vec![], output=vec![], copies=vec![], indexes=vec![]))]
+fn check_companions(
+    py: Python<'_>,
+    dst: PathBuf,
+    to: Option<Target>,
+    loose: bool,
+    stray: Vec<String>,
+    output: Vec<String>,
+    copies: Vec<(String, PathBuf)>,
+    indexes: Vec<check::Index>,
+) -> PyResult<Option<(String, String)>> {
+    let c = check::Companions {
+        stray,
+        output,
+        copies,
+        indexes,
+    };
+    let fp8 = to.is_some_and(|t| t.strategy().is_some());
+    let found = guarded(py, || check::check(&dst, fp8, loose, &c))?;
+    Ok(found.map(|f| (f.rel, f.template)))
+}
+
+/// The index at `rel` as convert writes it for DST's shards (`run::check::written_index`).
+#[pyfunction]
+fn written_index(
+    py: Python<'_>,
+    dst: PathBuf,
+    rel: &str,
+    text: &str,
+    weight_map: Vec<(String, String)>,
+    fp8: bool,
+    dequantize: bool,
+) -> PyResult<Cow<'static, [u8]>> {
+    let scales = match (fp8, dequantize) {
+        (true, _) => check::Scales::Added,
+        (false, true) => check::Scales::Dropped,
+        (false, false) => check::Scales::Kept,
+    };
+    let text = guarded(py, || {
+        check::written_index(&dst, rel, text, &weight_map, scales).map_err(|p| p.error())
+    })?;
+    Ok(text.into_bytes().into())
+}
+
 /// The header of a safetensors file (`source::read_header`).
 #[pyfunction]
 fn read_header(py: Python<'_>, path: PathBuf) -> PyResult<crate::source::HeaderSummary> {
@@ -802,7 +849,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         option_error, check_option, failpoint, write_file, copy_file, write_numeric_report,
         check_side_output, convert_shard, verify_shard, shard_file_name, index_file_name,
         check_folder, read_header, walk_folder, list_folder, torch_name, config_text, index_text,
-        json_depth, split_shard_name, run_place, default_dst, check_outputs,
+        json_depth, split_shard_name, run_place, default_dst, check_outputs, check_companions,
+        written_index,
     }
     Ok(())
 }

@@ -62,6 +62,8 @@ __all__ = [
     "run_place",
     "default_dst",
     "check_outputs",
+    "check_companions",
+    "written_index",
 ]
 
 __version__: str
@@ -256,6 +258,21 @@ def run_place(
 def default_dst(src: str, to: str, *, folder: bool = False) -> str: ...
 def check_outputs(src: str, dst: str, rels: list[str], inputs: list[str]) -> None: ...
 def split_shard_name(name: str) -> tuple[str, str, str] | None: ...
+
+# verify's findings in DST beside its weights (rust/run/check.rs): (rel, template) or None.
+def check_companions(
+    dst: str,
+    to: str | None,
+    *,
+    loose: bool = False,
+    stray: list[str] = ...,
+    output: list[str] = ...,
+    copies: list[tuple[str, str]] = ...,
+    indexes: list[tuple[str, str, list[tuple[str, str]]]] = ...,
+) -> tuple[str, str] | None: ...
+def written_index(
+    dst: str, rel: str, text: str, weight_map: list[tuple[str, str]], fp8: bool, dequantize: bool
+) -> bytes: ...
 
 # A source folder's file: rel, path, size, mtime_ns, its rel in the source when renamed.
 _File = tuple[str, str, int, int, str | None]

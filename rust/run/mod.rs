@@ -6,7 +6,10 @@
 //! - `place`: where a run reads and writes: the source (a Hugging Face cache repo's snapshot),
 //!   the default destination, the destination's place against the source, by identity.
 //! - `json`: every JSON text a run writes or edits (configs, indexes, `quantization_config`).
+//! - `check`: what verify finds in a destination's files beside its weights (copies,
+//!   indexes, an index left beside the output).
 
+pub mod check;
 pub mod json;
 pub mod place;
 pub mod walk;

@@ -1,0 +1,527 @@
+//! What verify decides about a destination folder's files beside its weights: a copy holds
+//! SRC's bytes; an index what DST's shards make of SRC's index (`written_index`, the text
+//! convert writes); an index DST holds beside the output routes none of the output's
+//! tensors to another file. Each answer is a `Finding`: the file and what is wrong with it.
+
+use std::collections::{HashMap, HashSet};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::input::InputOptions;
+use crate::quant::SCALE_SUFFIXES;
+use crate::run::json::{self, Node, Str, Value};
+use crate::run::walk::listing;
+use crate::source::{open_regular, Source};
+use crate::text::{esc, esc_path, format_bytes};
+
+/// Configs and indexes above this size are not what they claim to be.
+pub const MAX_JSON_BYTES: u64 = 256 << 20;
+
+/// A file of DST that is not what SRC's makes of it: its path relative to DST and what is
+/// wrong (a message template).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    pub rel: String,
+    pub template: String,
+}
+
+/// What is wrong with a file: its path and the whole template, which starts with the path;
+/// the engine's error, where one said it.
+#[derive(Debug)]
+pub struct Problem {
+    pub path: PathBuf,
+    pub template: String,
+    error: Option<Box<Error>>,
+}
+
+impl Problem {
+    fn new(path: &Path, why: impl AsRef<str>) -> Problem {
+        let template = format!("{}: {}", esc_path(path), why.as_ref());
+        Problem {
+            path: path.to_path_buf(),
+            template,
+            error: None,
+        }
+    }
+
+    /// The engine's error for it.
+    pub fn error(self) -> Error {
+        if let Some(e) = self.error {
+            return *e;
+        }
+        let why = self.why().to_string();
+        Error::IndexMismatch {
+            path: self.path,
+            why,
+        }
+    }
+
+    /// The template without the path it starts with.
+    fn why(&self) -> &str {
+        let prefix = format!("{}: ", esc_path(&self.path));
+        self.template
+            .strip_prefix(&prefix)
+            .unwrap_or(&self.template)
+    }
+}
+
+impl From<Error> for Problem {
+    fn from(e: Error) -> Problem {
+        Problem {
+            path: e.path().map(Path::to_path_buf).unwrap_or_default(),
+            template: e.template(),
+            error: Some(Box::new(e)),
+        }
+    }
+}
+
+type Checked<T> = std::result::Result<T, Problem>;
+
+/// An index as read: its text and its weight map (tensor, shard path relative to DST).
+pub type Index = (String, String, Vec<(String, String)>);
+
+/// What verify checks in DST besides the weights, in this order: the indexes DST holds
+/// beside the output (`stray`, against the output's weight files `output`), the copies
+/// (DST's rel, SRC's file), the indexes (DST's rel, SRC's text and weight map).
+#[derive(Debug, Default)]
+pub struct Companions {
+    pub stray: Vec<String>,
+    pub output: Vec<String>,
+    pub copies: Vec<(String, PathBuf)>,
+    pub indexes: Vec<Index>,
+}
+
+/// The first file of `c` that DST does not hold as convert writes it (under the target
+/// `to`, None if not known); `loose` takes JSON with the same data for the same file.
+pub fn check(dst: &Path, fp8: bool, loose: bool, c: &Companions) -> Result<Option<Finding>> {
+    let finding = |rel: &str, template: String| {
+        Ok(Some(Finding {
+            rel: rel.to_string(),
+            template,
+        }))
+    };
+    if let Some((rel, why)) = stray_index(dst, &c.stray, &c.output)? {
+        return finding(&rel, why);
+    }
+    for (rel, src) in &c.copies {
+        if !same_bytes(src, &dst.join(rel)) {
+            let why = "differs from the file in SRC (copies must be byte for byte)";
+            return finding(rel, why.to_string());
+        }
+    }
+    for (rel, text, weight_map) in &c.indexes {
+        let scales = if dequantized(dst, weight_map) {
+            Scales::Dropped
+        } else if fp8 {
+            Scales::Added
+        } else {
+            Scales::Kept
+        };
+        let want = match written_index(dst, rel, text, weight_map, scales) {
+            Ok(want) => want,
+            Err(p) => return finding(rel, p.template),
+        };
+        let same = match read_bounded(&dst.join(rel)) {
+            Ok(got) => same_json(&got, want.as_bytes(), loose),
+            Err(p) => return finding(rel, p.template),
+        };
+        if !same {
+            let why = "is not SRC's index with the total size of DST's shards";
+            return finding(rel, why.to_string());
+        }
+    }
+    Ok(None)
+}
+
+/// The tensors of DST's weight file `path` (name, bytes), from its header, as a shard
+/// group reads it.
+fn tensors(path: &Path) -> Result<Vec<(String, u64)>> {
+    let source = Source::open_any(path, &InputOptions::default())?;
+    let tensors = source.header.tensors.iter();
+    Ok(tensors.map(|t| (t.name.clone(), t.len())).collect())
+}
+
+/// The shards a weight map names, sorted, each once.
+fn shards(weight_map: &[(String, String)]) -> Vec<&str> {
+    let mut shards: Vec<&str> = weight_map.iter().map(|(_, s)| s.as_str()).collect();
+    shards.sort_unstable();
+    shards.dedup();
+    shards
+}
+
+/// DST's index at `rel` against the shards written: every tensor where it says, every
+/// shard tensor listed. The total size of the tensors (the index's `total_size`).
+pub fn index_total(dst: &Path, rel: &str, weight_map: &[(String, String)]) -> Checked<u64> {
+    let mut total = 0;
+    let mut held: HashMap<&str, Vec<String>> = HashMap::new();
+    let shards = shards(weight_map);
+    for &shard in &shards {
+        let written = tensors(&dst.join(shard))?;
+        total += written.iter().map(|(_, n)| n).sum::<u64>();
+        held.insert(shard, written.into_iter().map(|(name, _)| name).collect());
+    }
+    let changed = "(was the source changed during the run?)";
+    let (tensor, rel) = (esc, esc(rel));
+    let map: HashMap<&str, &str> = weight_map
+        .iter()
+        .map(|(t, s)| (t.as_str(), s.as_str()))
+        .collect();
+    for (t, shard) in weight_map {
+        if !held[shard.as_str()].contains(t) {
+            return Err(Problem::new(
+                &dst.join(shard),
+                format!(
+                    "the index {rel} lists tensor `{}` there, but the file written does not \
+                     hold it {changed}",
+                    tensor(t)
+                ),
+            ));
+        }
+    }
+    for shard in shards {
+        let mut names: Vec<&String> = held[shard].iter().collect();
+        names.sort_unstable();
+        if let Some(t) = names
+            .into_iter()
+            .find(|t| map.get(t.as_str()) != Some(&shard))
+        {
+            return Err(Problem::new(
+                &dst.join(shard),
+                format!(
+                    "holds tensor `{}`, which the index {rel} does not list there {changed}",
+                    tensor(t)
+                ),
+            ));
+        }
+    }
+    Ok(total)
+}
+
+/// How an index's weight map follows the FP8 scales of DST's shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scales {
+    /// As SRC's index lists them.
+    Kept,
+    /// An FP8 target's: each quantized weight's scale added (in the weight's shard).
+    Added,
+    /// A dequantized checkpoint's: the tensors the shards no longer hold left out.
+    Dropped,
+}
+
+/// The index at `rel` as convert writes it for the shards DST holds: SRC's `text` (shards
+/// renamed) with its weight map following the shards' `scales` and the total size of their
+/// tensors (`json::index`); each entry checked against the shards (`index_total`).
+pub fn written_index(
+    dst: &Path,
+    rel: &str,
+    text: &str,
+    weight_map: &[(String, String)],
+    scales: Scales,
+) -> Checked<String> {
+    let not_json = |_| Problem::new(&dst.join(rel), "not valid JSON");
+    if scales == Scales::Kept {
+        let total = index_total(dst, rel, weight_map)?;
+        return json::index(Some(text), total, None, false, None).map_err(not_json);
+    }
+    let mut map: Vec<(String, String)> = Vec::with_capacity(weight_map.len());
+    let by_name: HashMap<&str, &str> = weight_map
+        .iter()
+        .map(|(t, s)| (t.as_str(), s.as_str()))
+        .collect();
+    if scales == Scales::Added {
+        map.extend(weight_map.iter().cloned());
+    }
+    for shard in shards(weight_map) {
+        let names: Vec<String> = tensors(&dst.join(shard))?
+            .into_iter()
+            .map(|t| t.0)
+            .collect();
+        if scales == Scales::Dropped {
+            let held: HashSet<&str> = names.iter().map(String::as_str).collect();
+            let kept = weight_map
+                .iter()
+                .filter(|(t, s)| s == shard && held.contains(&**t));
+            map.extend(kept.cloned());
+            continue;
+        }
+        for name in names {
+            let weight = name.strip_suffix(SCALE_SUFFIXES[0]);
+            if weight.is_some_and(|w| by_name.get(w) == Some(&shard))
+                && !by_name.contains_key(&*name)
+            {
+                map.push((name, shard.to_string()));
+            }
+        }
+    }
+    if scales == Scales::Added {
+        map.sort();
+        map.dedup_by(|a, b| a.0 == b.0);
+    }
+    let total = index_total(dst, rel, &map)?;
+    json::index(Some(text), total, Some(&map), false, None).map_err(not_json)
+}
+
+/// Does DST hold a dequantization of the checkpoint `weight_map` indexes: the first FP8
+/// scale it lists is not in the shard written?
+pub fn dequantized(dst: &Path, weight_map: &[(String, String)]) -> bool {
+    let is_scale = |t: &str| {
+        SCALE_SUFFIXES
+            .iter()
+            .any(|s| t.ends_with(&format!(".weight{s}")))
+    };
+    let Some((scale, shard)) = weight_map.iter().find(|(t, _)| is_scale(t)) else {
+        return false;
+    };
+    tensors(&dst.join(shard)).is_ok_and(|names| !names.iter().any(|(t, _)| t == scale))
+}
+
+/// The first index of DST that is no part of the verified output (`rels`) and is wrong:
+/// it must hold what the shards it names hold, and place none of the output's tensors
+/// (those of its weight files `output`) in another file (an earlier cut's index, left
+/// beside the output, routes a loader to its stale shards).
+fn stray_index(dst: &Path, rels: &[String], output: &[String]) -> Result<Option<(String, String)>> {
+    if rels.is_empty() {
+        return Ok(None);
+    }
+    let found: HashSet<String> = listing(dst)?
+        .into_iter()
+        .map(|r| r.to_string_lossy().into_owned())
+        .collect();
+    let mut holder: HashMap<String, &String> = HashMap::new();
+    for rel in output {
+        // A file that cannot be read: the weights' own check says what is wrong with it.
+        for (name, _) in tensors(&dst.join(rel)).unwrap_or_default() {
+            holder.insert(name, rel);
+        }
+    }
+    for rel in rels {
+        let checked = read_index(dst, rel, &found)
+            .and_then(|(_, _, map)| index_total(dst, rel, &map).map(|_| map));
+        let mut map = match checked {
+            Ok(map) => map,
+            Err(p) => {
+                let why = format!("an index DST holds beside the output: {}", p.why());
+                return Ok(Some((rel.clone(), why)));
+            }
+        };
+        map.sort();
+        for (tensor, shard) in map {
+            if let Some(&held) = holder.get(&tensor).filter(|&&h| *h != shard) {
+                let why = format!(
+                    "places tensor `{}` in `{}`, while the verified output holds it in `{}`: a \
+                     loader reading this index loads another file's",
+                    esc(&tensor),
+                    esc(&shard),
+                    esc(held)
+                );
+                return Ok(Some((rel.clone(), why)));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// DST's index at `rel`: its text and weight map, each shard a plain relative name in the
+/// index's folder that names a file of DST (`found`).
+fn read_index(dst: &Path, rel: &str, found: &HashSet<String>) -> Checked<Index> {
+    let path = dst.join(rel);
+    let refuse = |why: String| Problem::new(&path, why);
+    let bytes = read_bounded(&path)?;
+    let text = String::from_utf8(bytes).map_err(|_| refuse("not valid JSON: not UTF-8".into()))?;
+    let doc = json::parse(&text)
+        .map_err(|e| refuse(format!("not valid JSON: stopped at byte {}", e.0)))?;
+    if json::depth(&text) > json::MAX_DEPTH {
+        return Err(refuse(format!(
+            "JSON nested deeper than {} levels",
+            json::MAX_DEPTH
+        )));
+    }
+    let Some(map) = doc.get("weight_map").and_then(Node::dict) else {
+        return Err(refuse(
+            "not a safetensors index (no weight_map object)".into(),
+        ));
+    };
+    let metadata = doc.get("metadata");
+    if metadata.is_some_and(|m| !matches!(m.value, Value::Object(_) | Value::Literal("null"))) {
+        return Err(refuse("`metadata` is not an object".into()));
+    }
+    if map.is_empty() {
+        return Err(refuse(
+            "its weight_map is empty: the index names no shard (remove it, or list the \
+             shards' tensors)"
+                .into(),
+        ));
+    }
+    let folder = rel.rsplit_once('/').map_or("", |(f, _)| f);
+    let mut out = Vec::with_capacity(map.len());
+    for (tensor, name) in map {
+        let tensor = match tensor {
+            Str::Text(t) => t.to_string(),
+            Str::Wide(_) => return Err(refuse("a tensor name is not UTF-8 text".into())),
+        };
+        let plain = match &name.value {
+            Value::Str(Str::Text(n)) if is_plain_name(n) => n,
+            _ => {
+                return Err(refuse(format!(
+                    "weight_map entry `{}` names {}: shard names must be plain relative names \
+                     inside the index's folder (no '..', no absolute path, no NUL)",
+                    esc(&tensor),
+                    esc(&json::Dump::indented(None).text(name))
+                )))
+            }
+        };
+        let shard = if folder.is_empty() {
+            plain.to_string()
+        } else {
+            format!("{folder}/{plain}")
+        };
+        if !found.contains(&shard) {
+            let why = format!("names shard `{}`, which is missing", esc(plain));
+            return Err(refuse(why));
+        }
+        out.push((tensor, shard));
+    }
+    Ok((rel.to_string(), text, out))
+}
+
+fn is_plain_name(name: &str) -> bool {
+    !(name.is_empty() || name.contains(['\0', '\\']) || name.starts_with('/'))
+        && name.split('/').all(|p| !matches!(p, "" | "." | ".."))
+}
+
+/// The whole content of the regular file `path`, at most `MAX_JSON_BYTES`: exactly the
+/// size its metadata gives.
+fn read_bounded(path: &Path) -> Checked<Vec<u8>> {
+    let (file, meta) = open_regular(path)?;
+    if meta.len() > MAX_JSON_BYTES {
+        return Err(Problem::new(
+            path,
+            format!(
+                "{}, more than the {} a file of this kind may have",
+                format_bytes(meta.len()),
+                format_bytes(MAX_JSON_BYTES)
+            ),
+        ));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    // One byte more reveals a file that grew.
+    let read = (&file).take(meta.len() + 1).read_to_end(&mut bytes);
+    read.map_err(|e| Error::io(path, "cannot read", e))?;
+    if bytes.len() as u64 != meta.len() {
+        let got = if bytes.len() as u64 > meta.len() {
+            "more".to_string()
+        } else {
+            bytes.len().to_string()
+        };
+        let why = format!("its size says {} bytes, reading it gave {got}", meta.len());
+        return Err(Problem::new(path, why));
+    }
+    Ok(bytes)
+}
+
+/// Do the files `a` and `b` hold the same bytes (false when one cannot be read)?
+pub fn same_bytes(a: &Path, b: &Path) -> bool {
+    let open = |p: &Path| std::fs::File::open(p).and_then(|f| Ok((f.metadata()?.len(), f)));
+    let (Ok((n, fa)), Ok((m, fb))) = (open(a), open(b)) else {
+        return false;
+    };
+    if n != m {
+        return false;
+    }
+    let (mut fa, mut fb) = (std::io::BufReader::new(fa), std::io::BufReader::new(fb));
+    let (mut x, mut y) = (vec![0; 1 << 20], vec![0; 1 << 20]);
+    loop {
+        let (Ok(i), Ok(j)) = (read_full(&mut fa, &mut x), read_full(&mut fb, &mut y)) else {
+            return false;
+        };
+        if x[..i] != y[..j] {
+            return false;
+        }
+        if i == 0 {
+            return true;
+        }
+    }
+}
+
+/// Fill `buf` as far as the reader goes; the bytes read.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
+}
+
+/// Strict: the bytes stcast writes. Loose (files other tools wrote): the same JSON data as
+/// Python compares it, whatever the layout.
+pub fn same_json(got: &[u8], want: &[u8], loose: bool) -> bool {
+    if got == want {
+        return true;
+    }
+    let (Ok(got), Ok(want)) = (std::str::from_utf8(got), std::str::from_utf8(want)) else {
+        return false;
+    };
+    loose
+        && match (json::parse(got), json::parse(want)) {
+            (Ok(a), Ok(b)) => same_data(&a, &b),
+            _ => false,
+        }
+}
+
+/// A JSON number or literal as Python holds it: an int (a bool is one), a float, or None.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Num {
+    Int(i128),
+    Float(f64),
+}
+
+fn number(v: &Value<'_>) -> Option<Num> {
+    Some(match v {
+        Value::Literal("true") => Num::Int(1),
+        Value::Literal("false") => Num::Int(0),
+        Value::Literal("NaN") => Num::Float(f64::NAN),
+        Value::Literal("Infinity") => Num::Float(f64::INFINITY),
+        Value::Literal("-Infinity") => Num::Float(f64::NEG_INFINITY),
+        Value::Number(s) if !s.contains(['.', 'e', 'E']) => match s.parse() {
+            Ok(i) => Num::Int(i),
+            Err(_) => Num::Float(s.parse().ok()?),
+        },
+        Value::Number(s) => Num::Float(s.parse().ok()?),
+        _ => return None,
+    })
+}
+
+/// `a == b` for two documents as `json.loads` reads them (`1 == 1.0 == true`, objects as
+/// dicts).
+fn same_data(a: &Node<'_>, b: &Node<'_>) -> bool {
+    match (&a.value, &b.value) {
+        // `json.loads` gives every `NaN` one float object, equal to itself (`is`).
+        (Value::Literal(x), Value::Literal(y)) if x == y => true,
+        (Value::Str(x), Value::Str(y)) => x == y || x.cmp(y).is_eq(),
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_data(x, y))
+        }
+        (Value::Object(_), Value::Object(_)) => {
+            let (x, y) = (a.dict().unwrap_or_default(), b.dict().unwrap_or_default());
+            let y: HashMap<&Str<'_>, &Node<'_>> = y.into_iter().collect();
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| same_data(v, w)))
+        }
+        (x, y) => match (number(x), number(y)) {
+            (Some(Num::Int(i)), Some(Num::Int(j))) => i == j,
+            (Some(Num::Float(f)), Some(Num::Float(g))) => f == g,
+            (Some(Num::Int(i)), Some(Num::Float(f))) | (Some(Num::Float(f)), Some(Num::Int(i))) => {
+                f.is_finite() && f.fract() == 0.0 && f.abs() < 1e38 && f as i128 == i
+            }
+            _ => false,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests;
