@@ -416,8 +416,13 @@ pub enum Error {
     /// A model config given for a lone file's output (`convert::Options::model_config`) that
     /// is not one: `reason` says why.
     BadConfig { path: PathBuf, reason: &'static str },
-    /// An index and the shards written disagree (`run::check`): `why` (a template) says how.
-    IndexMismatch { path: PathBuf, why: String },
+    /// An index that is not one, names shards it may not (`refused`), or disagrees with
+    /// the shards written (`run::check`): `why` (a template) says how.
+    BadIndex {
+        path: PathBuf,
+        why: String,
+        refused: bool,
+    },
     /// Where a folder run reads or writes is refused (`PlaceProblem`).
     Place {
         path: PathBuf,
@@ -492,7 +497,7 @@ impl Error {
         match self {
             Error::InvalidHeader { .. }
             | Error::BadConfig { .. }
-            | Error::IndexMismatch { .. }
+            | Error::BadIndex { refused: false, .. }
             | Error::OtherFormat { .. }
             | Error::OutputHeaderTooLarge { .. }
             | Error::NonFiniteWeight { .. } => ErrorKind::InvalidInput,
@@ -509,7 +514,7 @@ impl Error {
                 WalkProblem::BrokenLink => ErrorKind::InvalidInput,
                 _ => ErrorKind::Refused,
             },
-            Error::Place { .. } => ErrorKind::Refused,
+            Error::Place { .. } | Error::BadIndex { refused: true, .. } => ErrorKind::Refused,
             Error::NotACheckpoint { .. } => ErrorKind::Usage,
             Error::InputChanged { .. } => ErrorKind::InputChanged,
             Error::NotAFile { .. }
@@ -545,7 +550,7 @@ impl Error {
             Error::NotAFile { path, .. }
             | Error::InvalidHeader { path, .. }
             | Error::BadConfig { path, .. }
-            | Error::IndexMismatch { path, .. }
+            | Error::BadIndex { path, .. }
             | Error::OtherFormat { path, .. }
             | Error::NothingToConvert { path, .. }
             | Error::Checkpoint { path, .. }
@@ -629,7 +634,7 @@ impl Error {
                 format!("invalid safetensors file: {}", esc(reason))
             }
             Error::BadConfig { reason, .. } => format!("not a model config: {reason}"),
-            Error::IndexMismatch { why, .. } => why.clone(),
+            Error::BadIndex { why, .. } => why.clone(),
             Error::OtherFormat { format, .. } => match format {
                 Format::TorchZip | Format::TorchLegacy | Format::Dcp | Format::DcpSafetensors => {
                     format!("{}, not a safetensors file", format.describe())

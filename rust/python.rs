@@ -9,7 +9,7 @@
 
 use std::borrow::Cow;
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -569,9 +569,21 @@ fn written_index(
         (false, false) => check::Scales::Kept,
     };
     let text = guarded(py, || {
-        check::written_index(&dst, rel, text, &weight_map, scales).map_err(|p| p.error())
+        check::written_index(&dst, rel, text, &weight_map, scales)
     })?;
     Ok(text.into_bytes().into())
+}
+
+/// A source's index, checked, shards relative to the top folder (`run::check::read_index`).
+#[pyfunction]
+fn read_index(
+    py: Python<'_>,
+    path: PathBuf,
+    rel: &str,
+    torch: bool,
+    found: HashSet<String>,
+) -> PyResult<(String, Vec<(String, String)>)> {
+    guarded(py, || check::read_index(&path, rel, torch, &found))
 }
 
 /// The header of a safetensors file (`source::read_header`).
@@ -850,7 +862,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         check_side_output, convert_shard, verify_shard, shard_file_name, index_file_name,
         check_folder, read_header, walk_folder, list_folder, torch_name, config_text, index_text,
         json_depth, split_shard_name, run_place, default_dst, check_outputs, check_companions,
-        written_index,
+        written_index, read_index,
     }
     Ok(())
 }

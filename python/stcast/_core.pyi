@@ -64,6 +64,7 @@ __all__ = [
     "check_outputs",
     "check_companions",
     "written_index",
+    "read_index",
 ]
 
 __version__: str
@@ -273,6 +274,9 @@ def check_companions(
 def written_index(
     dst: str, rel: str, text: str, weight_map: list[tuple[str, str]], fp8: bool, dequantize: bool
 ) -> bytes: ...
+def read_index(
+    path: str, rel: str, torch: bool, found: set[str]
+) -> tuple[str, list[tuple[str, str]]]: ...
 
 # A source folder's file: rel, path, size, mtime_ns, its rel in the source when renamed.
 _File = tuple[str, str, int, int, str | None]

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::input::InputOptions;
 use crate::quant::SCALE_SUFFIXES;
 use crate::run::json::{self, Node, Str, Value};
-use crate::run::walk::listing;
+use crate::run::walk::{listing, torch_name};
 use crate::source::{open_regular, Source};
 use crate::text::{esc, esc_path, format_bytes};
 
@@ -26,57 +26,24 @@ pub struct Finding {
     pub template: String,
 }
 
-/// What is wrong with a file: its path and the whole template, which starts with the path;
-/// the engine's error, where one said it.
-#[derive(Debug)]
-pub struct Problem {
-    pub path: PathBuf,
-    pub template: String,
-    error: Option<Box<Error>>,
-}
-
-impl Problem {
-    fn new(path: &Path, why: impl AsRef<str>) -> Problem {
-        let template = format!("{}: {}", esc_path(path), why.as_ref());
-        Problem {
-            path: path.to_path_buf(),
-            template,
-            error: None,
-        }
-    }
-
-    /// The engine's error for it.
-    pub fn error(self) -> Error {
-        if let Some(e) = self.error {
-            return *e;
-        }
-        let why = self.why().to_string();
-        Error::IndexMismatch {
-            path: self.path,
-            why,
-        }
-    }
-
-    /// The template without the path it starts with.
-    fn why(&self) -> &str {
-        let prefix = format!("{}: ", esc_path(&self.path));
-        self.template
-            .strip_prefix(&prefix)
-            .unwrap_or(&self.template)
+/// An index that does not agree with the shards, or is no index (`Error::BadIndex`).
+fn bad_index(path: &Path, why: String) -> Error {
+    Error::BadIndex {
+        path: path.to_path_buf(),
+        why,
+        refused: false,
     }
 }
 
-impl From<Error> for Problem {
-    fn from(e: Error) -> Problem {
-        Problem {
-            path: e.path().map(Path::to_path_buf).unwrap_or_default(),
-            template: e.template(),
-            error: Some(Box::new(e)),
-        }
-    }
+/// An error's template without the path it starts with.
+fn why(e: &Error) -> String {
+    let template = e.template();
+    let prefix = format!("{}: ", esc_path(e.path().unwrap_or(Path::new(""))));
+    template
+        .strip_prefix(&prefix)
+        .unwrap_or(&template)
+        .to_string()
 }
-
-type Checked<T> = std::result::Result<T, Problem>;
 
 /// An index as read: its text and its weight map (tensor, shard path relative to DST).
 pub type Index = (String, String, Vec<(String, String)>);
@@ -118,13 +85,11 @@ pub fn check(dst: &Path, fp8: bool, loose: bool, c: &Companions) -> Result<Optio
         } else {
             Scales::Kept
         };
-        let want = match written_index(dst, rel, text, weight_map, scales) {
-            Ok(want) => want,
-            Err(p) => return finding(rel, p.template),
-        };
-        let same = match read_bounded(&dst.join(rel)) {
-            Ok(got) => same_json(&got, want.as_bytes(), loose),
-            Err(p) => return finding(rel, p.template),
+        let got = written_index(dst, rel, text, weight_map, scales)
+            .and_then(|want| Ok((want, read_bounded(&dst.join(rel))?)));
+        let same = match got {
+            Ok((want, got)) => same_json(&got, want.as_bytes(), loose),
+            Err(e) => return finding(rel, e.template()),
         };
         if !same {
             let why = "is not SRC's index with the total size of DST's shards";
@@ -152,7 +117,7 @@ fn shards(weight_map: &[(String, String)]) -> Vec<&str> {
 
 /// DST's index at `rel` against the shards written: every tensor where it says, every
 /// shard tensor listed. The total size of the tensors (the index's `total_size`).
-pub fn index_total(dst: &Path, rel: &str, weight_map: &[(String, String)]) -> Checked<u64> {
+pub fn index_total(dst: &Path, rel: &str, weight_map: &[(String, String)]) -> Result<u64> {
     let mut total = 0;
     let mut held: HashMap<&str, Vec<String>> = HashMap::new();
     let shards = shards(weight_map);
@@ -169,7 +134,7 @@ pub fn index_total(dst: &Path, rel: &str, weight_map: &[(String, String)]) -> Ch
         .collect();
     for (t, shard) in weight_map {
         if !held[shard.as_str()].contains(t) {
-            return Err(Problem::new(
+            return Err(bad_index(
                 &dst.join(shard),
                 format!(
                     "the index {rel} lists tensor `{}` there, but the file written does not \
@@ -186,7 +151,7 @@ pub fn index_total(dst: &Path, rel: &str, weight_map: &[(String, String)]) -> Ch
             .into_iter()
             .find(|t| map.get(t.as_str()) != Some(&shard))
         {
-            return Err(Problem::new(
+            return Err(bad_index(
                 &dst.join(shard),
                 format!(
                     "holds tensor `{}`, which the index {rel} does not list there {changed}",
@@ -218,8 +183,8 @@ pub fn written_index(
     text: &str,
     weight_map: &[(String, String)],
     scales: Scales,
-) -> Checked<String> {
-    let not_json = |_| Problem::new(&dst.join(rel), "not valid JSON");
+) -> Result<String> {
+    let not_json = |_| bad_index(&dst.join(rel), "not valid JSON".into());
     if scales == Scales::Kept {
         let total = index_total(dst, rel, weight_map)?;
         return json::index(Some(text), total, None, false, None).map_err(not_json);
@@ -296,12 +261,12 @@ fn stray_index(dst: &Path, rels: &[String], output: &[String]) -> Result<Option<
         }
     }
     for rel in rels {
-        let checked = read_index(dst, rel, &found)
-            .and_then(|(_, _, map)| index_total(dst, rel, &map).map(|_| map));
+        let checked = read_index(&dst.join(rel), rel, false, &found)
+            .and_then(|(_, map)| index_total(dst, rel, &map).map(|_| map));
         let mut map = match checked {
             Ok(map) => map,
-            Err(p) => {
-                let why = format!("an index DST holds beside the output: {}", p.why());
+            Err(e) => {
+                let why = format!("an index DST holds beside the output: {}", why(&e));
                 return Ok(Some((rel.clone(), why)));
             }
         };
@@ -322,31 +287,43 @@ fn stray_index(dst: &Path, rels: &[String], output: &[String]) -> Result<Option<
     Ok(None)
 }
 
-/// DST's index at `rel`: its text and weight map, each shard a plain relative name in the
-/// index's folder that names a file of DST (`found`).
-fn read_index(dst: &Path, rel: &str, found: &HashSet<String>) -> Checked<Index> {
-    let path = dst.join(rel);
-    let refuse = |why: String| Problem::new(&path, why);
-    let bytes = read_bounded(&path)?;
-    let text = String::from_utf8(bytes).map_err(|_| refuse("not valid JSON: not UTF-8".into()))?;
-    let doc = json::parse(&text)
-        .map_err(|e| refuse(format!("not valid JSON: stopped at byte {}", e.0)))?;
-    if json::depth(&text) > json::MAX_DEPTH {
-        return Err(refuse(format!(
-            "JSON nested deeper than {} levels",
-            json::MAX_DEPTH
-        )));
-    }
+/// The index at `path` (`rel` in its folder): its text and its weight map, each shard a
+/// plain relative name in the index's folder that names a file of `found` (relative to
+/// the top folder). A PyTorch index (`torch`) names `.bin` shards: its text and map get
+/// their safetensors names. Refused before any shard is opened.
+pub fn read_index(
+    path: &Path,
+    rel: &str,
+    torch: bool,
+    found: &HashSet<String>,
+) -> Result<(String, Vec<(String, String)>)> {
+    let refuse = |why: String| bad_index(path, why);
+    let bytes = read_bounded(path)?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        refuse(format!("not valid JSON: not UTF-8 text (at byte {at})"))
+    })?;
+    let doc = match json::parse(&text) {
+        Ok(_) | Err(_) if json::depth(&text) > json::MAX_DEPTH => {
+            let why = format!("JSON nested deeper than {} levels", json::MAX_DEPTH);
+            return Err(refuse(why));
+        }
+        Ok(doc) => doc,
+        Err(e) => return Err(refuse(format!("not valid JSON (at byte {})", e.0))),
+    };
     let Some(map) = doc.get("weight_map").and_then(Node::dict) else {
         return Err(refuse(
             "not a safetensors index (no weight_map object)".into(),
         ));
     };
-    let metadata = doc.get("metadata");
-    if metadata.is_some_and(|m| !matches!(m.value, Value::Object(_) | Value::Literal("null"))) {
+    if doc
+        .get("metadata")
+        .is_some_and(|m| !matches!(m.value, Value::Object(_) | Value::Literal("null")))
+    {
         return Err(refuse("`metadata` is not an object".into()));
     }
     if map.is_empty() {
+        // Nothing to convert it with, and a loader reading it would load no tensor.
         return Err(refuse(
             "its weight_map is empty: the index names no shard (remove it, or list the \
              shards' tensors)"
@@ -355,34 +332,65 @@ fn read_index(dst: &Path, rel: &str, found: &HashSet<String>) -> Checked<Index> 
     }
     let folder = rel.rsplit_once('/').map_or("", |(f, _)| f);
     let mut out = Vec::with_capacity(map.len());
+    let mut renames = HashMap::new();
     for (tensor, name) in map {
         let tensor = match tensor {
             Str::Text(t) => t.to_string(),
             Str::Wide(_) => return Err(refuse("a tensor name is not UTF-8 text".into())),
         };
-        let plain = match &name.value {
-            Value::Str(Str::Text(n)) if is_plain_name(n) => n,
-            _ => {
-                return Err(refuse(format!(
-                    "weight_map entry `{}` names {}: shard names must be plain relative names \
-                     inside the index's folder (no '..', no absolute path, no NUL)",
-                    esc(&tensor),
-                    esc(&json::Dump::indented(None).text(name))
-                )))
-            }
+        let Value::Str(Str::Text(plain)) = &name.value else {
+            return Err(not_plain(path, &tensor, name));
         };
-        let shard = if folder.is_empty() {
-            plain.to_string()
-        } else {
-            format!("{folder}/{plain}")
+        if !is_plain_name(plain) {
+            return Err(not_plain(path, &tensor, name));
+        }
+        let mut plain = plain.to_string();
+        if torch {
+            let Some(new) = torch_name(plain.as_ref()) else {
+                return Err(refuse(format!(
+                    "names shard `{}`, which is not a PyTorch weight file of the Hugging \
+                     Face layout (pytorch_model*.bin)",
+                    esc(&plain)
+                )));
+            };
+            let new = new.to_string_lossy().into_owned();
+            renames.insert(plain, new.clone());
+            plain = new;
+        }
+        let shard = match folder {
+            "" => plain.clone(),
+            _ => format!("{folder}/{plain}"),
         };
         if !found.contains(&shard) {
-            let why = format!("names shard `{}`, which is missing", esc(plain));
+            let why = format!("names shard `{}`, which is missing", esc(&plain));
             return Err(refuse(why));
         }
         out.push((tensor, shard));
     }
-    Ok((rel.to_string(), text, out))
+    let text = match renames.is_empty() {
+        true => text,
+        false => json::rename_shards(&text, &|old| renames.get(old).cloned())
+            .map_err(|_| refuse("not valid JSON".into()))?,
+    };
+    Ok((text, out))
+}
+
+/// A weight map entry whose shard is no plain name: refused.
+fn not_plain(path: &Path, tensor: &str, name: &Node<'_>) -> Error {
+    let shown = match &name.value {
+        Value::Str(Str::Text(s)) => format!("'{s}'"),
+        _ => json::Dump::indented(None).text(name),
+    };
+    Error::BadIndex {
+        path: path.to_path_buf(),
+        why: format!(
+            "weight_map entry `{}` names {}: shard names must be plain relative names inside \
+             the index's folder (no '..', no absolute path, no NUL)",
+            esc(tensor),
+            esc(&shown)
+        ),
+        refused: true,
+    }
 }
 
 fn is_plain_name(name: &str) -> bool {
@@ -392,30 +400,24 @@ fn is_plain_name(name: &str) -> bool {
 
 /// The whole content of the regular file `path`, at most `MAX_JSON_BYTES`: exactly the
 /// size its metadata gives.
-fn read_bounded(path: &Path) -> Checked<Vec<u8>> {
+fn read_bounded(path: &Path) -> Result<Vec<u8>> {
     let (file, meta) = open_regular(path)?;
     if meta.len() > MAX_JSON_BYTES {
-        return Err(Problem::new(
-            path,
-            format!(
-                "{}, more than the {} a file of this kind may have",
-                format_bytes(meta.len()),
-                format_bytes(MAX_JSON_BYTES)
-            ),
-        ));
+        let (size, limit) = (format_bytes(meta.len()), format_bytes(MAX_JSON_BYTES));
+        let why = format!("{size}, more than the {limit} a file of this kind may have");
+        return Err(bad_index(path, why));
     }
     let mut bytes = Vec::with_capacity(meta.len() as usize);
     // One byte more reveals a file that grew.
     let read = (&file).take(meta.len() + 1).read_to_end(&mut bytes);
     read.map_err(|e| Error::io(path, "cannot read", e))?;
     if bytes.len() as u64 != meta.len() {
-        let got = if bytes.len() as u64 > meta.len() {
-            "more".to_string()
-        } else {
-            bytes.len().to_string()
+        let got = match bytes.len() as u64 > meta.len() {
+            true => "more".to_string(),
+            false => bytes.len().to_string(),
         };
         let why = format!("its size says {} bytes, reading it gave {got}", meta.len());
-        return Err(Problem::new(path, why));
+        return Err(bad_index(path, why));
     }
     Ok(bytes)
 }

@@ -58,27 +58,25 @@ fn an_index_gets_the_total_size_of_the_shards_and_must_agree_with_them() {
     );
     // A tensor the shard does not hold; one the index does not list.
     let wrong = map(&[("a", "x.safetensors"), ("b", "x.safetensors")]);
-    let p = index_total(&dst, "i.json", &wrong).unwrap_err();
-    assert!(p
-        .template
+    let e = index_total(&dst, "i.json", &wrong).unwrap_err();
+    assert!(e
+        .template()
         .contains("lists tensor `b` there, but the file written does not hold it"));
-    assert_eq!(p.path, dst.join("x.safetensors"));
+    assert_eq!(e.path(), Some(dst.join("x.safetensors").as_path()));
+    assert_eq!(e.kind(), crate::vocab::ErrorKind::InvalidInput);
     let short = map(&[("a", "x.safetensors"), ("c", "y.safetensors")]);
-    let p = index_total(&dst, "i.json", &short).unwrap_err();
+    let e = index_total(&dst, "i.json", &short).unwrap_err();
     assert!(
-        p.why().starts_with("the index i.json lists tensor `c`"),
+        why(&e).starts_with("the index i.json lists tensor `c`"),
         "{}",
-        p.why()
+        why(&e)
     );
     shard(
         &dst.join("y.safetensors"),
         &[("b", "BF16", 6), ("c", "BF16", 2)],
     );
-    let p = index_total(&dst, "i.json", &wm).unwrap_err();
-    assert!(p
-        .why()
-        .starts_with("holds tensor `c`, which the index i.json does not list there"));
-    assert!(matches!(p.error(), Error::IndexMismatch { .. }));
+    let e = index_total(&dst, "i.json", &wm).unwrap_err();
+    assert!(why(&e).starts_with("holds tensor `c`, which the index i.json does not list there"));
 }
 
 #[test]
@@ -188,7 +186,11 @@ fn an_index_left_beside_the_output_may_not_route_its_tensors_elsewhere() {
         ),
         (
             "{\"weight_map\": {\"a\": \"../x\"}}",
-            "weight_map entry `a` names \"../x\": shard names",
+            "weight_map entry `a` names '../x': shard names",
+        ),
+        (
+            "{\"weight_map\": {\"a\": 5}}",
+            "weight_map entry `a` names 5: shard names",
         ),
         ("{\"weight_map\": {}}", "its weight_map is empty"),
         (
@@ -200,6 +202,11 @@ fn an_index_left_beside_the_output_may_not_route_its_tensors_elsewhere() {
             "`metadata` is not an object",
         ),
         ("{", "not valid JSON"),
+        ("\u{ff}", "not valid JSON"),
+        (
+            &format!("{}1{}", "[".repeat(150), "]".repeat(150)),
+            "JSON nested deeper than 100",
+        ),
     ] {
         std::fs::write(dst.join("old.safetensors.index.json"), text).unwrap();
         let f = check(&dst, false, true, &c).unwrap().unwrap();
@@ -239,4 +246,40 @@ fn an_index_in_dst_is_checked_against_what_convert_writes() {
         "{}",
         f.template
     );
+}
+
+#[test]
+fn a_pytorch_index_gets_its_shards_safetensors_names() {
+    let dir = folder("torch");
+    let text = "{\"weight_map\": {\"a\": \"pytorch_model-00001-of-00002.bin\"}}";
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    std::fs::write(dir.join("sub/i.json"), text).unwrap();
+    let found: HashSet<String> = ["sub/model-00001-of-00002.safetensors".to_string()].into();
+    let (got, map) = read_index(&dir.join("sub/i.json"), "sub/i.json", true, &found).unwrap();
+    assert_eq!(
+        got,
+        text.replace("pytorch_model", "model")
+            .replace(".bin", ".safetensors")
+    );
+    assert_eq!(
+        map,
+        [("a".into(), "sub/model-00001-of-00002.safetensors".into())]
+    );
+    let e = read_index(&dir.join("sub/i.json"), "sub/i.json", false, &found).unwrap_err();
+    assert!(why(&e).starts_with("names shard `pytorch_model-00001-of-00002.bin`, which is missing"));
+    let odd = "{\"weight_map\": {\"a\": \"weights.bin\"}}";
+    std::fs::write(dir.join("sub/i.json"), odd).unwrap();
+    let e = read_index(&dir.join("sub/i.json"), "sub/i.json", true, &found).unwrap_err();
+    assert!(
+        why(&e).contains("which is not a PyTorch weight file"),
+        "{}",
+        why(&e)
+    );
+    std::fs::write(
+        dir.join("sub/i.json"),
+        "{\"weight_map\": {\"a\": \"/etc/x\"}}",
+    )
+    .unwrap();
+    let e = read_index(&dir.join("sub/i.json"), "sub/i.json", false, &found).unwrap_err();
+    assert_eq!(e.kind(), crate::vocab::ErrorKind::Refused);
 }
