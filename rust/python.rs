@@ -540,7 +540,7 @@ fn check_companions(
     output: Vec<String>,
     copies: Vec<(String, PathBuf)>,
     indexes: Vec<check::Index>,
-) -> PyResult<Option<(String, String)>> {
+) -> PyResult<Option<check::Finding>> {
     let c = check::Companions {
         stray,
         output,
@@ -548,8 +548,7 @@ fn check_companions(
         indexes,
     };
     let fp8 = to.is_some_and(|t| t.strategy().is_some());
-    let found = guarded(py, || check::check(&dst, fp8, loose, &c))?;
-    Ok(found.map(|f| (f.rel, f.template)))
+    guarded(py, || check::check(&dst, fp8, loose, &c))
 }
 
 /// The index at `rel` as convert writes it for DST's shards (`run::check::written_index`).
@@ -563,15 +562,22 @@ fn written_index(
     fp8: bool,
     dequantize: bool,
 ) -> PyResult<Cow<'static, [u8]>> {
-    let scales = match (fp8, dequantize) {
-        (true, _) => check::Scales::Added,
-        (false, true) => check::Scales::Dropped,
-        (false, false) => check::Scales::Kept,
-    };
+    let scales = check::Scales::of(fp8, dequantize);
     let text = guarded(py, || {
         check::written_index(&dst, rel, text, &weight_map, scales)
     })?;
     Ok(text.into_bytes().into())
+}
+
+/// An index against DST's shards: their tensors' total size (`run::check::index_total`).
+#[pyfunction]
+fn index_total(
+    py: Python<'_>,
+    dst: PathBuf,
+    rel: &str,
+    map: Vec<(String, String)>,
+) -> PyResult<u64> {
+    guarded(py, || check::index_total(&dst, rel, &map))
 }
 
 /// A source's index, checked, shards relative to the top folder (`run::check::read_index`).
@@ -862,7 +868,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         check_side_output, convert_shard, verify_shard, shard_file_name, index_file_name,
         check_folder, read_header, walk_folder, list_folder, torch_name, config_text, index_text,
         json_depth, split_shard_name, run_place, default_dst, check_outputs, check_companions,
-        written_index, read_index,
+        written_index, read_index, index_total,
     }
     Ok(())
 }

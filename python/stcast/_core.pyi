@@ -65,6 +65,7 @@ __all__ = [
     "check_companions",
     "written_index",
     "read_index",
+    "index_total",
 ]
 
 __version__: str
@@ -277,6 +278,7 @@ def written_index(
 def read_index(
     path: str, rel: str, torch: bool, found: set[str]
 ) -> tuple[str, list[tuple[str, str]]]: ...
+def index_total(dst: str, rel: str, map: list[tuple[str, str]]) -> int: ...
 
 # A source folder's file: rel, path, size, mtime_ns, its rel in the source when renamed.
 _File = tuple[str, str, int, int, str | None]

