@@ -530,7 +530,7 @@ fn torch_name(name: OsString) -> Option<OsString> {
 /// The first of DST's files beside its weights that is not what convert makes of SRC's
 /// (`run::check::check`): (rel, template), or None.
 #[pyfunction]
-#[pyo3(signature = (dst, to, *, loose=false, stray=vec![], output=vec![], copies=vec![], indexes=vec![]))]
+#[pyo3(signature = (dst, to, *, loose=false, stray=vec![], output=vec![], copies=vec![], configs=vec![], indexes=vec![]))]
 fn check_companions(
     py: Python<'_>,
     dst: PathBuf,
@@ -539,12 +539,14 @@ fn check_companions(
     stray: Vec<String>,
     output: Vec<String>,
     copies: Vec<(String, PathBuf)>,
+    configs: Vec<(String, Vec<u8>)>,
     indexes: Vec<check::Index>,
 ) -> PyResult<Option<check::Finding>> {
     let c = check::Companions {
         stray,
         output,
         copies,
+        configs,
         indexes,
     };
     let fp8 = to.is_some_and(|t| t.strategy().is_some());

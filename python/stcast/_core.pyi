@@ -270,6 +270,7 @@ def check_companions(
     stray: list[str] = ...,
     output: list[str] = ...,
     copies: list[tuple[str, str]] = ...,
+    configs: list[tuple[str, bytes]] = ...,
     indexes: list[tuple[str, str, list[tuple[str, str]]]] = ...,
 ) -> tuple[str, str] | None: ...
 def written_index(

@@ -41,17 +41,21 @@ fn why(e: &Error) -> String {
         .to_string()
 }
 
+const CONFIG_DIFFERS: &str = "is not SRC's config with the dtype set to the target";
+
 /// An index as read: its text and its weight map (tensor, shard path relative to DST).
 pub type Index = (String, String, Vec<(String, String)>);
 
 /// What verify checks in DST besides the weights, in this order: the indexes DST holds
 /// beside the output (`stray`, against the output's weight files `output`), the copies
-/// (DST's rel, SRC's file), the indexes (DST's rel, SRC's text and weight map).
+/// (DST's rel, SRC's file), the configs (DST's rel, the text convert writes), the indexes
+/// (DST's rel, SRC's text and weight map).
 #[derive(Debug, Default)]
 pub struct Companions {
     pub stray: Vec<String>,
     pub output: Vec<String>,
     pub copies: Vec<(String, PathBuf)>,
+    pub configs: Vec<(String, Vec<u8>)>,
     pub indexes: Vec<Index>,
 }
 
@@ -66,6 +70,13 @@ pub fn check(dst: &Path, fp8: bool, loose: bool, c: &Companions) -> Result<Optio
         if !same_bytes(src, &dst.join(rel)) {
             let why = "differs from the file in SRC (copies must be byte for byte)";
             return finding(rel, why.to_string());
+        }
+    }
+    for (rel, want) in &c.configs {
+        match read_bounded(&dst.join(rel)) {
+            Ok(got) if same_json(&got, want, loose) => continue,
+            Ok(_) => return finding(rel, CONFIG_DIFFERS.into()),
+            Err(e) => return finding(rel, e.template()),
         }
     }
     for (rel, text, weight_map) in &c.indexes {

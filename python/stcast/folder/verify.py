@@ -355,8 +355,8 @@ def _check_others(
         dequantize = dequantizes(json.loads(text), to)
         want = _core.config_text(text, to, dequantize=dequantize)
         want_bytes = want if want is not None else text.encode("utf-8")
-        got = read_bounded(os.path.join(dst, f.rel), MAX_JSON_BYTES)
         if is_fp8(to) and is_model_config(f.rel):
+            got = read_bounded(os.path.join(dst, f.rel), MAX_JSON_BYTES)
             # The config must describe the tensors beside it (strict and loose alike): a
             # loader trusts its `ignore`, strategy and format. Strict mode then wants
             # stcast's bytes; loose (another tool's config) SRC's other keys.
@@ -367,8 +367,9 @@ def _check_others(
             if loose:
                 continue
             want_bytes = config_text(text, to, tensors.unquantized)
-        if not _same_json(got, want_bytes, loose):
-            return fail(f.rel, "is not SRC's config with the dtype set to the target")
+        problem = _core.check_companions(dst, to, loose=loose, configs=[(f.rel, want_bytes)])
+        if problem is not None:
+            return fail(*problem)
     found = {w.rel for w in walk(src, follow_links=True)[0]} if indexes else set()
     read = [(f.rel, *read_index(f, found)) for f in indexes]
     problem = _core.check_companions(
@@ -405,16 +406,3 @@ def _check_added_configs(
         if problem is not None:
             return fail(rel, f"does not describe the FP8 tensors beside it: {problem}")
     return None
-
-
-def _same_json(got: bytes, want: bytes, loose: bool) -> bool:
-    """Strict: the bytes stcast writes. Loose (files other tools wrote): the same JSON data,
-    whatever the layout."""
-    if got == want:
-        return True
-    if not loose:
-        return False
-    try:
-        return bool(json.loads(got) == json.loads(want))
-    except ValueError:
-        return False

@@ -277,3 +277,20 @@ fn a_pytorch_index_gets_its_shards_safetensors_names() {
     let e = read_index(&dir.join("sub/i.json"), "sub/i.json", false, &found).unwrap_err();
     assert_eq!(e.kind(), crate::vocab::ErrorKind::Refused);
 }
+
+#[test]
+fn a_config_must_be_the_text_convert_writes_or_loosely_its_data() {
+    let dst = folder("configs");
+    std::fs::write(dst.join("config.json"), "{\"dtype\":\"bfloat16\"}").unwrap();
+    let want = b"{\"dtype\": \"bfloat16\"}".to_vec();
+    let c = Companions {
+        configs: vec![("config.json".into(), want)],
+        ..Companions::default()
+    };
+    let f = check(&dst, false, false, &c).unwrap().unwrap();
+    assert_eq!(f, ("config.json".into(), CONFIG_DIFFERS.into()));
+    assert_eq!(check(&dst, false, true, &c).unwrap(), None);
+    std::fs::remove_file(dst.join("config.json")).unwrap();
+    let f = check(&dst, false, true, &c).unwrap().unwrap();
+    assert!(f.1.contains("config.json: cannot open"), "{}", f.1);
+}
