@@ -463,6 +463,13 @@ pub enum Error {
     /// A model config given for a lone file's output (`convert::Options::model_config`) that
     /// is not one: `reason` says why.
     BadConfig { path: PathBuf, reason: &'static str },
+    /// An index that is not one, names shards it may not (`refused`), or disagrees with
+    /// the shards written (`run::check`): `why` (a template) says how.
+    BadIndex {
+        path: PathBuf,
+        why: String,
+        refused: bool,
+    },
     /// Where a folder run reads or writes is refused (`PlaceProblem`).
     Place {
         path: PathBuf,
@@ -542,6 +549,7 @@ impl Error {
         match self {
             Error::InvalidHeader { .. }
             | Error::BadConfig { .. }
+            | Error::BadIndex { refused: false, .. }
             | Error::OtherFormat { .. }
             | Error::OutputHeaderTooLarge { .. }
             | Error::NonFiniteWeight { .. } => ErrorKind::InvalidInput,
@@ -562,7 +570,9 @@ impl Error {
                 problem: PlaceProblem::DstLikeFile { .. },
                 ..
             } => ErrorKind::Usage,
-            Error::Place { .. } | Error::Manifest { .. } => ErrorKind::Refused,
+            Error::Place { .. }
+            | Error::Manifest { .. }
+            | Error::BadIndex { refused: true, .. } => ErrorKind::Refused,
             Error::NotACheckpoint { .. } => ErrorKind::Usage,
             Error::InputChanged { .. } => ErrorKind::InputChanged,
             Error::NotAFile { .. }
@@ -598,6 +608,7 @@ impl Error {
             Error::NotAFile { path, .. }
             | Error::InvalidHeader { path, .. }
             | Error::BadConfig { path, .. }
+            | Error::BadIndex { path, .. }
             | Error::OtherFormat { path, .. }
             | Error::NothingToConvert { path, .. }
             | Error::Checkpoint { path, .. }
@@ -689,6 +700,7 @@ impl Error {
                 format!("invalid safetensors file: {}", esc(reason))
             }
             Error::BadConfig { reason, .. } => format!("not a model config: {reason}"),
+            Error::BadIndex { why, .. } => why.clone(),
             Error::OtherFormat { format, .. } => match format {
                 Format::TorchZip | Format::TorchLegacy | Format::Dcp | Format::DcpSafetensors => {
                     format!("{}, not a safetensors file", format.describe())

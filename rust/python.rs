@@ -26,7 +26,7 @@ use crate::numerics::Numerics;
 use crate::options;
 use crate::output::{self, Replace, Sealed};
 use crate::report::NumericsRow;
-use crate::run::{json, manifest, place, walk};
+use crate::run::{check, json, manifest, place, walk};
 use crate::shard::{self, Group};
 use crate::task::{ConvertTask, InspectTask, Task};
 use crate::text;
@@ -531,6 +531,73 @@ fn list_folder(py: Python<'_>, dst: PathBuf) -> PyResult<Vec<OsString>> {
 #[pyfunction]
 fn torch_name(name: OsString) -> Option<OsString> {
     walk::torch_name(&name)
+}
+
+/// The first of DST's files beside its weights that is not what convert makes of SRC's
+/// (`run::check::check`): (rel, template), or None.
+#[pyfunction]
+#[pyo3(signature = (dst, to, *, loose=false, stray=vec![], output=vec![], copies=vec![], configs=vec![], indexes=vec![]))]
+fn check_companions(
+    py: Python<'_>,
+    dst: PathBuf,
+    to: Option<Target>,
+    loose: bool,
+    stray: Vec<String>,
+    output: Vec<String>,
+    copies: Vec<(String, PathBuf)>,
+    configs: Vec<(String, Vec<u8>)>,
+    indexes: Vec<check::Index>,
+) -> PyResult<Option<check::Finding>> {
+    let c = check::Companions {
+        stray,
+        output,
+        copies,
+        configs,
+        indexes,
+    };
+    let fp8 = to.is_some_and(|t| t.strategy().is_some());
+    guarded(py, || check::check(&dst, fp8, loose, &c))
+}
+
+/// The index at `rel` as convert writes it for DST's shards (`run::check::written_index`).
+#[pyfunction]
+fn written_index(
+    py: Python<'_>,
+    dst: PathBuf,
+    rel: &str,
+    text: &str,
+    weight_map: Vec<(String, String)>,
+    fp8: bool,
+    dequantize: bool,
+) -> PyResult<Cow<'static, [u8]>> {
+    let scales = check::Scales::of(fp8, dequantize);
+    let text = guarded(py, || {
+        check::written_index(&dst, rel, text, &weight_map, scales)
+    })?;
+    Ok(text.into_bytes().into())
+}
+
+/// An index against DST's shards: their tensors' total size (`run::check::index_total`).
+#[pyfunction]
+fn index_total(
+    py: Python<'_>,
+    dst: PathBuf,
+    rel: &str,
+    map: Vec<(String, String)>,
+) -> PyResult<u64> {
+    guarded(py, || check::index_total(&dst, rel, &map))
+}
+
+/// A source's index, checked, shards relative to the top folder (`run::check::read_index`).
+#[pyfunction]
+fn read_index(
+    py: Python<'_>,
+    path: PathBuf,
+    rel: &str,
+    torch: bool,
+    found: HashSet<String>,
+) -> PyResult<(String, Vec<(String, String)>)> {
+    guarded(py, || check::read_index(&path, rel, torch, &found))
 }
 
 /// The header of a safetensors file (`source::read_header`).
@@ -1077,7 +1144,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         check_side_output, convert_shard, verify_shard, shard_file_name, index_file_name,
         check_folder, read_header, walk_folder, list_folder, torch_name, config_text, index_text,
         json_depth, split_shard_name, run_place, default_dst, check_outputs, survey_manifests,
-        finished_manifests,
+        finished_manifests, check_companions, written_index, read_index, index_total,
     }
     Ok(())
 }

@@ -67,6 +67,10 @@ __all__ = [
     "Manifest",
     "survey_manifests",
     "finished_manifests",
+    "check_companions",
+    "written_index",
+    "read_index",
+    "index_total",
 ]
 
 __version__: str
@@ -263,6 +267,26 @@ def run_place(
 def default_dst(src: str, to: str, *, folder: bool = False) -> str: ...
 def check_outputs(src: str, dst: str, rels: list[str], inputs: list[str]) -> None: ...
 def split_shard_name(name: str) -> tuple[str, str, str] | None: ...
+
+# verify's findings in DST beside its weights (rust/run/check.rs): (rel, template) or None.
+def check_companions(
+    dst: str,
+    to: str | None,
+    *,
+    loose: bool = False,
+    stray: list[str] = ...,
+    output: list[str] = ...,
+    copies: list[tuple[str, str]] = ...,
+    configs: list[tuple[str, bytes]] = ...,
+    indexes: list[tuple[str, str, list[tuple[str, str]]]] = ...,
+) -> tuple[str, str] | None: ...
+def written_index(
+    dst: str, rel: str, text: str, weight_map: list[tuple[str, str]], fp8: bool, dequantize: bool
+) -> bytes: ...
+def read_index(
+    path: str, rel: str, torch: bool, found: set[str]
+) -> tuple[str, list[tuple[str, str]]]: ...
+def index_total(dst: str, rel: str, map: list[tuple[str, str]]) -> int: ...
 
 # A source folder's file: rel, path, size, mtime_ns, its rel in the source when renamed.
 _File = tuple[str, str, int, int, str | None]

@@ -8,7 +8,10 @@
 //! - `json`: every JSON text a run writes or edits (configs, indexes, `quantization_config`).
 //! - `manifest`: what a run has planned and written into its destination (`--resume`,
 //!   `--shard i/N`, `finalize`), and which files there stcast wrote.
+//! - `check`: what verify finds in a destination's files beside its weights (copies,
+//!   indexes, an index left beside the output).
 
+pub mod check;
 pub mod json;
 pub mod manifest;
 pub mod place;

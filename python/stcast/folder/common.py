@@ -177,29 +177,6 @@ def check_cancel(cancel: CancelFlag | None) -> None:
 
 def check_index(dst: str, rel: str, weight_map: dict[str, str]) -> int:
     """The index at `rel` against the shards written: every tensor where it says, every
-    shard tensor listed; returns the total size of the tensors (the index's total_size)."""
-    total = 0
-    shards: dict[str, set[str]] = {}
-    for shard in sorted(set(weight_map.values())):
-        # Only the header is read (and validated), without a report per tensor.
-        written = _core.ShardGroup([os.path.join(dst, shard)])
-        shards[shard] = set(written.names())
-        total += sum(written.sizes())
-    for tensor, shard in weight_map.items():
-        if tensor not in shards[shard]:
-            raise InvalidInput(
-                f"{_esc(os.path.join(dst, shard))}: the index {_esc(rel)} lists tensor "
-                f"`{_esc(tensor)}` there, but the file written does not hold it (was the "
-                "source changed during the run?)",
-                path=os.path.join(dst, shard),
-            )
-    for shard, names in shards.items():
-        for tensor in sorted(names):
-            if weight_map.get(tensor) != shard:
-                raise InvalidInput(
-                    f"{_esc(os.path.join(dst, shard))}: holds tensor `{_esc(tensor)}`, which "
-                    f"the index {_esc(rel)} does not list there (was the source changed "
-                    "during the run?)",
-                    path=os.path.join(dst, shard),
-                )
-    return total
+    shard tensor listed; returns the total size of the tensors (the index's total_size).
+    The engine's check (rust/run/check.rs `index_total`)."""
+    return _core.index_total(dst, rel, [*weight_map.items()])

@@ -1,6 +1,6 @@
 """FP8 targets in folders: what the `quantization_config` a loader (vLLM, transformers with
-compressed-tensors) reads must say, and the index entries of the scales. The engine writes
-both texts (rust/run/json.rs).
+compressed-tensors) reads must say; the index entries of the scales are the engine's
+(rust/run/check.rs `written_index`). The engine writes both texts (rust/run/json.rs).
 
 Both come from the shards as written, not from the plan: a weight that held NaN or inf is
 found only while converting, and stays BF16 (unquantized, without a scale), so the config's
@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import _core, _engine
-from ..errors import StcastError
-from .common import check_index
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -28,7 +26,6 @@ if TYPE_CHECKING:
 # The engine's names of the tensors beside an FP8 weight `X.weight` that a dequantization
 # reads and drops (rust/quant.rs `companion_suffixes`): its scales, its zero point, and its
 # static activation scale (`X.input_scale`).
-WEIGHT_SCALE_SUFFIXES = tuple(f".weight{s}" for s in _core.FP8_SCALE_SUFFIXES)
 WEIGHT_COMPANION_SUFFIXES = tuple(
     s for s in _core.FP8_COMPANION_SUFFIXES if s.startswith(".weight")
 )
@@ -185,35 +182,6 @@ def unread_quantization(doc: Any, to: str) -> str | None:
         "fp8), and the files hold quantized weights with scales: they are not dequantized "
         "under a config that would still call them quantized"
     )
-
-
-def written_only(dst: str, rel: str, text: str, weight_map: dict[str, str]) -> bytes:
-    """The index at `rel` of a dequantized checkpoint: its weight map without the tensors
-    the shards written no longer hold (the scales), and their total size."""
-    kept = {}
-    for shard in sorted(set(weight_map.values())):
-        names = {t.name for t in _layout(os.path.join(dst, shard))}
-        for k, v in weight_map.items():
-            # A packed weight is unpacked under its weight's name (`X.weight_packed`).
-            out = next((k[: -len(p)] for p in _core.PACKED_SUFFIXES if k.endswith(p)), k)
-            if v == shard and out in names:
-                kept[out] = v
-    total = check_index(dst, rel, kept)
-    return _core.index_text(text, total=total, weight_map=[*kept.items()])
-
-
-def dequantized(dst: str, weight_map: dict[str, str]) -> bool:
-    """Does DST hold a dequantization of the checkpoint `weight_map` indexes: scales it
-    lists are not in the shards written?"""
-    scales = [k for k in weight_map if k.endswith(WEIGHT_SCALE_SUFFIXES + _core.PACKED_SUFFIXES)]
-    if not scales:
-        return False
-    shard = weight_map[scales[0]]
-    try:
-        names = {t.name for t in _layout(os.path.join(dst, shard))}
-    except (OSError, StcastError):
-        return False
-    return scales[0] not in names
 
 
 # Keys of a scheme's arguments that do not change how its tensors load: dropped, with
@@ -373,24 +341,3 @@ def strategy_target(text: str) -> Target | None:
 def is_model_config(rel: str) -> bool:
     """Is this the model's config (`config.json`), which gets the quantization_config?"""
     return os.path.basename(rel) == "config.json"
-
-
-def with_scales(dst: str, weight_map: dict[str, str]) -> dict[str, str]:
-    """`weight_map` with each quantized weight's scale (`X.weight_scale`, in X's shard)
-    added, as the shards written hold them."""
-    out = dict(weight_map)
-    for shard in sorted(set(weight_map.values())):
-        for t in _layout(os.path.join(dst, shard)):
-            name = t.name
-            base = name.removesuffix(_SCALE)
-            if name.endswith(_SCALE) and weight_map.get(base) == shard and name not in out:
-                out[name] = shard
-    return dict(sorted(out.items()))
-
-
-def index_text(dst: str, rel: str, text: str, weight_map: dict[str, str]) -> bytes:
-    """The index at `rel` (source text, shards renamed) for an FP8 output: the scales in its
-    weight map and the total size of the shards written, as model_free_ptq writes it."""
-    full = with_scales(dst, weight_map)
-    total = check_index(dst, rel, full)
-    return _core.index_text(text, total=total, weight_map=[*full.items()])

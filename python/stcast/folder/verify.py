@@ -27,23 +27,19 @@ from .common import (
     MAX_JSON_BYTES,
     WEIGHTS_SUFFIX,
     File,
-    check_index,
     read_bounded,
 )
 from .fp8 import (
     config_problem,
     config_text,
-    dequantized,
     dequantizes,
     fp8_tensors,
-    index_text,
     is_fp8,
     is_model_config,
     quantization_of,
     same_fp8_config,
     strategy_target,
     unread_quantization,
-    written_only,
 )
 from .reshard import (
     Group,
@@ -183,10 +179,9 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         # Extra files are ignored (loose), but not an index: loaders read it to find the
         # tensors, so it must name DST's shards as they are, and the output's tensors where
         # the output holds them.
-        output = [os.path.join(dst, w.rel) for w in weights]
-        output += [f.path for _, d in pairs for f in d.inputs]
+        output = [w.rel for w in weights] + [f.rel for _, d in pairs for f in d.inputs]
         stray = [r for r in extra if r.endswith(INDEX_SUFFIX)]
-        problem = _check_extra_indexes(dst, stray, output)
+        problem = _core.check_companions(dst, to, stray=stray, output=output)
         if problem is not None:
             mismatch = fail(*problem)
     for w in weights if mismatch is None else []:
@@ -297,44 +292,6 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
     )
 
 
-def _check_extra_indexes(dst: str, rels: list[str], output: list[str]) -> tuple[str, str] | None:
-    """Indexes of DST that are no part of the verified output (`output`: its weight files):
-    each must hold what the shards it names hold, and place none of the output's tensors
-    in another file (an earlier cut's index, left beside the output, routes a loader to
-    its stale shards). The first problem: the index and what is wrong."""
-    if not rels:
-        return None
-    found = set(listing(dst))
-    holder: dict[str, str] = {}
-    for path in output:
-        try:
-            names = _core.ShardGroup([path]).names()
-        except (OSError, StcastError):
-            continue  # the weights' own check says what is wrong with it
-        holder.update(dict.fromkeys(names, os.path.relpath(path, dst)))
-    for rel in rels:
-        path = os.path.join(dst, rel)
-        try:
-            f = File(rel, path, os.stat(path).st_size, 0)
-            _, weight_map = read_index(f, found)
-            check_index(dst, rel, weight_map)
-        except (OSError, StcastError) as e:
-            why = (
-                e.template.removeprefix(f"{_esc(e.path or '')}: ")
-                if isinstance(e, StcastError)
-                else _esc(str(e))
-            )
-            return rel, f"an index DST holds beside the output: {why}"
-        for tensor, shard in sorted(weight_map.items()):
-            if holder.get(tensor, shard) != shard:
-                return rel, (
-                    f"places tensor `{_esc(tensor)}` in `{_esc(shard)}`, while the verified "
-                    f"output holds it in `{_esc(holder[tensor])}`: a loader reading this index "
-                    "loads another file's"
-                )
-    return None
-
-
 def _configured(dst: str, f: File) -> Target | None:
     """The FP8 target DST's model config `f` describes, if it is one and SRC's config is
     not quantized (an FP8 input is dequantized, never quantized again)."""
@@ -386,9 +343,9 @@ def _check_others(
 ) -> Mismatch | None:
     """Copies hold the source's bytes; configs its text with the dtype changed; indexes its
     weight map, with the total size of the destination's shards."""
-    for f in others:
-        if not _same_bytes(f.path, os.path.join(dst, f.rel)):
-            return fail(f.rel, "differs from the file in SRC (copies must be byte for byte)")
+    problem = _core.check_companions(dst, to, copies=[(f.rel, f.path) for f in others])
+    if problem is not None:
+        return fail(*problem)
     for f in configs:
         text, doc = read_json(f)
         why = unread_quantization(doc, to)
@@ -398,37 +355,27 @@ def _check_others(
         dequantize = dequantizes(json.loads(text), to)
         want = _core.config_text(text, to, dequantize=dequantize)
         want_bytes = want if want is not None else text.encode("utf-8")
-        got = read_bounded(os.path.join(dst, f.rel), MAX_JSON_BYTES)
         if is_fp8(to) and is_model_config(f.rel):
+            got = read_bounded(os.path.join(dst, f.rel), MAX_JSON_BYTES)
             # The config must describe the tensors beside it (strict and loose alike): a
             # loader trusts its `ignore`, strategy and format. Strict mode then wants
             # stcast's bytes; loose (another tool's config) SRC's other keys.
             tensors = fp8_tensors(_shards_beside(dst, f.rel))
-            problem = same_fp8_config(got, text, to, tensors)
-            if problem is not None:
-                return fail(f.rel, f"does not describe the FP8 tensors beside it: {problem}")
+            wrong = same_fp8_config(got, text, to, tensors)
+            if wrong is not None:
+                return fail(f.rel, f"does not describe the FP8 tensors beside it: {wrong}")
             if loose:
                 continue
             want_bytes = config_text(text, to, tensors.unquantized)
-        if not _same_json(got, want_bytes, loose):
-            return fail(f.rel, "is not SRC's config with the dtype set to the target")
+        problem = _core.check_companions(dst, to, loose=loose, configs=[(f.rel, want_bytes)])
+        if problem is not None:
+            return fail(*problem)
     found = {w.rel for w in walk(src, follow_links=True)[0]} if indexes else set()
-    for f in indexes:
-        text, weight_map = read_index(f, found)
-
-        try:  # the shards must hold what the index says
-            if dequantized(dst, weight_map):
-                want = written_only(dst, f.rel, text, weight_map)
-            elif is_fp8(to):
-                want = index_text(dst, f.rel, text, weight_map)
-            else:
-                want = _core.index_text(text, total=check_index(dst, f.rel, weight_map))
-        except StcastError as e:
-            return fail(f.rel, e.template)
-        got = read_bounded(os.path.join(dst, f.rel), MAX_JSON_BYTES)
-        if not _same_json(got, want, loose):
-            return fail(f.rel, "is not SRC's index with the total size of DST's shards")
-    return None
+    read = [(f.rel, *read_index(f, found)) for f in indexes]
+    problem = _core.check_companions(
+        dst, to, loose=loose, indexes=[(rel, t, [*m.items()]) for rel, t, m in read]
+    )
+    return None if problem is None else fail(*problem)
 
 
 def _shards_beside(dst: str, rel: str) -> list[str]:
@@ -459,31 +406,3 @@ def _check_added_configs(
         if problem is not None:
             return fail(rel, f"does not describe the FP8 tensors beside it: {problem}")
     return None
-
-
-def _same_json(got: bytes, want: bytes, loose: bool) -> bool:
-    """Strict: the bytes stcast writes. Loose (files other tools wrote): the same JSON data,
-    whatever the layout."""
-    if got == want:
-        return True
-    if not loose:
-        return False
-    try:
-        return bool(json.loads(got) == json.loads(want))
-    except ValueError:
-        return False
-
-
-def _same_bytes(a: str, b: str) -> bool:
-    try:
-        if os.path.getsize(a) != os.path.getsize(b):
-            return False
-        with open(a, "rb") as fa, open(b, "rb") as fb:
-            while True:
-                x, y = fa.read(1 << 20), fb.read(1 << 20)
-                if x != y:
-                    return False
-                if not x:
-                    return True
-    except OSError:
-        return False

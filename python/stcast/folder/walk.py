@@ -285,58 +285,11 @@ def read_json(f: File) -> tuple[str, Any]:
 
 
 def read_index(f: File, found: set[str]) -> tuple[str, dict[str, str]]:
-    """The index's text and its weight_map with shard names made relative to the top folder.
-
-    Shard names must be plain relative names inside the index's folder; anything else is
-    refused here, before any shard is opened.
-    """
-    text, doc = read_json(f)
-    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
-    if not isinstance(weight_map, dict):
-        raise InvalidInput(
-            f"{_esc(f.path)}: not a safetensors index (no weight_map object)", path=f.path
-        )
-    metadata = doc.get("metadata")
-    if metadata is not None and not isinstance(metadata, dict):
-        raise InvalidInput(f"{_esc(f.path)}: `metadata` is not an object", path=f.path)
-    if not weight_map:
-        # Nothing to convert it with, and a loader reading it would load no tensor.
-        raise InvalidInput(
-            f"{_esc(f.path)}: its weight_map is empty: the index names no shard (remove it, "
-            "or list the shards' tensors)",
-            path=f.path,
-        )
-    folder = os.path.dirname(f.rel)
-    out = {}
-    # A PyTorch index names `.bin` shards: they are written under their safetensors names.
-    renames: dict[str, str] = {}
-    for tensor, name in weight_map.items():
-        if not _is_plain_name(name):
-            raise Refused(
-                f"{_esc(f.path)}: weight_map entry `{_esc(tensor)}` names {_esc(repr(name))}: "
-                "shard names must be plain relative names inside the index's folder (no '..', "
-                "no absolute path, no NUL, no lone surrogate)",
-                path=f.path,
-            )
-        if f.src_rel is not None:
-            new = _torch_name(name)
-            if new is None:
-                raise InvalidInput(
-                    f"{_esc(f.path)}: names shard `{_esc(name)}`, which is not a PyTorch "
-                    "weight file of the Hugging Face layout (pytorch_model*.bin)",
-                    path=f.path,
-                )
-            renames[name] = new
-            name = new
-        rel = f"{folder}/{name}" if folder else name
-        if rel not in found:
-            raise InvalidInput(
-                f"{_esc(f.path)}: names shard `{_esc(name)}`, which is missing", path=f.path
-            )
-        out[tensor] = rel
-    if renames:
-        text = _core.index_text(text, renames=renames).decode("utf-8")
-    return text, out
+    """The index's text (a PyTorch index's shards renamed) and its weight_map with shard
+    names made relative to the top folder, checked by the engine (rust/run/check.rs
+    `read_index`): plain names inside the index's folder, of files in `found`."""
+    text, weight_map = _core.read_index(f.path, f.rel, f.src_rel is not None, found)
+    return text, dict(weight_map)
 
 
 def index_owners(indexes: list[tuple[File, str, dict[str, str]]]) -> dict[str, str]:
@@ -355,23 +308,6 @@ def index_owners(indexes: list[tuple[File, str, dict[str, str]]]) -> dict[str, s
                 )
             owner[rel] = f.rel
     return owner
-
-
-def _is_plain_name(name: object) -> bool:
-    if not isinstance(name, str) or not name or "\0" in name or "\\" in name:
-        return False
-    if name.startswith("/") or _has_surrogate(name):
-        return False
-    return all(part not in ("", ".", "..") for part in name.split("/"))
-
-
-def _has_surrogate(name: str) -> bool:
-    """Does `name` hold a lone surrogate (a JSON `\\ud800` escape), which names no file?"""
-    try:
-        name.encode()
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 def _check_index(f: File, weight_map: dict[str, str], names: dict[str, set[str]]) -> None:

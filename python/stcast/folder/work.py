@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 from .. import _core, _engine
 from ..errors import Refused, StcastError
 from ..reports import ConvertReport, FileReport, Notice, _build, notices
-from .common import MAX_JSON_BYTES, check_index
+from .common import MAX_JSON_BYTES
 from .common import read_bounded as _read_bounded
-from .fp8 import index_text, is_fp8, written_only
+from .fp8 import is_fp8
 from .reshard import (
     GroupPlan,
     Reshard,
@@ -277,10 +277,10 @@ class Work:
         plan = self.plan
         _, text, weight_map = next(i for i in plan.indexes if i[0].rel == rel)
         try:
-            if is_fp8(options["to"]):
-                want = index_text(dst, rel, text, weight_map)
-            elif plan.dequantize:
-                want = written_only(dst, rel, text, weight_map)
+            if is_fp8(options["to"]) or plan.dequantize:
+                want = _core.written_index(
+                    dst, rel, text, [*weight_map.items()], is_fp8(options["to"]), plan.dequantize
+                )
             else:
                 total = sum(plan.out_data[shard] for shard in set(weight_map.values()))
                 want = _core.index_text(text, total=total)
@@ -304,11 +304,8 @@ class Work:
             return [(rel, text, None, None) for rel, text in checked_indexes(dst, self.reshard)]
 
         def content(rel: str, text: str, weight_map: dict[str, str]) -> bytes:
-            if is_fp8(to):
-                return index_text(dst, rel, text, weight_map)
-            if self.plan.dequantize:
-                return written_only(dst, rel, text, weight_map)
-            return _core.index_text(text, total=check_index(dst, rel, weight_map))
+            items = [*weight_map.items()]
+            return _core.written_index(dst, rel, text, items, is_fp8(to), self.plan.dequantize)
 
         return [
             (f.rel, content(f.rel, text, weight_map), f.size, f.src_rel)
