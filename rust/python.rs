@@ -542,14 +542,19 @@ fn check_companions(
     dst: PathBuf,
     to: Option<Target>,
     loose: bool,
-    stray: Vec<String>,
-    output: Vec<String>,
-    copies: Vec<(String, PathBuf)>,
+    stray: Vec<OsString>,
+    output: Vec<PathBuf>,
+    copies: Vec<(PathBuf, PathBuf)>,
     configs: Vec<(String, Vec<u8>)>,
     indexes: Vec<check::Index>,
 ) -> PyResult<Option<check::Finding>> {
     let c = check::Companions {
-        stray,
+        // An index no run wrote may be named in bytes that are not UTF-8: it then cannot
+        // be opened under its lossy name, and is reported as unreadable.
+        stray: stray
+            .iter()
+            .map(|r| r.to_string_lossy().into_owned())
+            .collect(),
         output,
         copies,
         configs,

@@ -800,11 +800,14 @@ def test_non_utf8_names_in_folders(tmp_path, run_main):
     os.mkdir(src)
     write_two_floats(os.fsdecode(src + b"/m\xff.safetensors"))
     write_two_floats(os.fsdecode(src + b"/\xfe-00001-of-00001.safetensors"))
+    with open(src + b"/notes\xfd.txt", "wb") as f:
+        f.write(b"copied as it is")
     out = os.fsdecode(os.fsencode(tmp_path) + b"/out")
     rc, _, err = run_main("convert", "-q", os.fsdecode(src), out)
     assert (rc, err) == (0, "")
     assert sorted(os.listdir(os.fsencode(out))) == [
         b"m\xff.safetensors",
+        b"notes\xfd.txt",
         b"\xfe-00001-of-00001.safetensors",
     ]
     rc, _, err = run_main("verify", "-q", os.fsdecode(src), out)

@@ -53,8 +53,9 @@ pub type Index = (String, String, Vec<(String, String)>);
 #[derive(Debug, Default)]
 pub struct Companions {
     pub stray: Vec<String>,
-    pub output: Vec<String>,
-    pub copies: Vec<(String, PathBuf)>,
+    /// The output's weight files (their names need not be UTF-8).
+    pub output: Vec<PathBuf>,
+    pub copies: Vec<(PathBuf, PathBuf)>,
     pub configs: Vec<(String, Vec<u8>)>,
     pub indexes: Vec<Index>,
 }
@@ -69,7 +70,7 @@ pub fn check(dst: &Path, fp8: bool, loose: bool, c: &Companions) -> Result<Optio
     for (rel, src) in &c.copies {
         if !same_bytes(src, &dst.join(rel)) {
             let why = "differs from the file in SRC (copies must be byte for byte)";
-            return finding(rel, why.to_string());
+            return finding(&rel.to_string_lossy(), why.to_string());
         }
     }
     for (rel, want) in &c.configs {
@@ -261,7 +262,11 @@ pub fn dequantized(dst: &Path, weight_map: &[(String, String)]) -> bool {
 /// it must hold what the shards it names hold, and place none of the output's tensors
 /// (those of its weight files `output`) in another file (an earlier cut's index, left
 /// beside the output, routes a loader to its stale shards).
-fn stray_index(dst: &Path, rels: &[String], output: &[String]) -> Result<Option<(String, String)>> {
+fn stray_index(
+    dst: &Path,
+    rels: &[String],
+    output: &[PathBuf],
+) -> Result<Option<(String, String)>> {
     if rels.is_empty() {
         return Ok(None);
     }
@@ -269,7 +274,7 @@ fn stray_index(dst: &Path, rels: &[String], output: &[String]) -> Result<Option<
         .into_iter()
         .map(|r| r.to_string_lossy().into_owned())
         .collect();
-    let mut holder: HashMap<String, &String> = HashMap::new();
+    let mut holder: HashMap<String, &Path> = HashMap::new();
     for rel in output {
         // A file that cannot be read: the weights' own check says what is wrong with it.
         for (name, _) in tensors(&dst.join(rel)).unwrap_or_default() {
@@ -288,13 +293,13 @@ fn stray_index(dst: &Path, rels: &[String], output: &[String]) -> Result<Option<
         };
         map.sort();
         for (tensor, shard) in map {
-            if let Some(&held) = holder.get(&tensor).filter(|&&h| *h != shard) {
+            if let Some(&held) = holder.get(&tensor).filter(|&&h| h != Path::new(&shard)) {
                 let why = format!(
                     "places tensor `{}` in `{}`, while the verified output holds it in `{}`: a \
                      loader reading this index loads another file's",
                     esc(&tensor),
                     esc(&shard),
-                    esc(held)
+                    esc(&held.to_string_lossy())
                 );
                 return Ok(Some((rel.clone(), why)));
             }
