@@ -122,7 +122,7 @@ class _Options(TypedDict, total=False):
     keep_min_size: int | None
     keep_unmatched: str
     from_bf16: bool
-    keep_names: list[str]
+    keep_names: list[str] | None  # on_overflow keep: found already (None: the call reads)
     on_overflow: str | None
     numerics: bool
     report: str | None
@@ -136,6 +136,8 @@ class _Options(TypedDict, total=False):
     quantization_config: str | None
     follow_links: bool
     unquantized: list[str] | None  # FP8: the weights holding NaN/inf (None: the call reads)
+    name: str | None  # these two: for the record of the options in each output
+    no_record: bool
 
 _Progress = Callable[[int, int], object] | None
 _Warn = Callable[[str, str], object] | None
