@@ -539,6 +539,21 @@ fn read_header(py: Python<'_>, path: PathBuf) -> PyResult<crate::source::HeaderS
     guarded(py, || crate::source::read_header(&path))
 }
 
+/// verify's `name`, `key`, `strip_prefix`, each one not given DST file `path`'s record's.
+#[pyfunction]
+#[pyo3(signature = (path, name, key, strip_prefix))]
+fn recorded_source(
+    py: Python<'_>,
+    path: PathBuf,
+    name: Option<String>,
+    key: Option<String>,
+    strip_prefix: Vec<String>,
+) -> PyResult<(Option<String>, Option<String>, Vec<String>)> {
+    guarded(py, || {
+        crate::verify::recorded_source(&path, name, key, strip_prefix)
+    })
+}
+
 /// An engine report as a dict (its serde form, once), with its paths as Python holds them
 /// (any bytes: serde would refuse a path that is not UTF-8).
 fn crossed<'py>(
@@ -808,7 +823,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m: _set_exceptions, py_convert, py_inspect, py_verify, render, format_bytes, escape,
         option_error, check_option, failpoint, write_file, copy_file, write_numeric_report,
         check_side_output, convert_shard, verify_shard, shard_file_name, index_file_name,
-        check_folder, read_header, walk_folder, list_folder, torch_name, config_text, index_text,
+        check_folder, read_header, recorded_source, walk_folder, list_folder, torch_name, config_text, index_text,
         json_depth, split_shard_name, run_place, default_dst, check_outputs,
     }
     Ok(())

@@ -90,6 +90,26 @@ impl VerifyOptions {
     }
 }
 
+/// How a folder verification pairs and reads SRC: `name` (a re-sharding's stem), `key` and
+/// `strip_prefix` as given, each one not given the record's of DST's output `path` (a
+/// safetensors file; one without a record, or with one convert does not write, adds none).
+pub fn recorded_source(
+    path: &Path,
+    name: Option<String>,
+    key: Option<String>,
+    strip_prefix: Vec<String>,
+) -> Result<(Option<String>, Option<String>, Vec<String>)> {
+    let meta = crate::source::read_header(path)?.2;
+    let Some(Ok(r)) = record::find(meta.as_deref()).map(Record::parse) else {
+        return Ok((name, key, strip_prefix));
+    };
+    let strip_prefix = match strip_prefix.is_empty() {
+        true => r.strip_prefix,
+        false => strip_prefix,
+    };
+    Ok((name.or(r.name), key.or(r.key), strip_prefix))
+}
+
 /// DST's own record of convert's options: its `record::KEY` entry, unless SRC has the same
 /// one (an output written with `--no-record` keeps SRC's); `Err`: one convert does not write.
 fn own_record<'a>(
@@ -1394,6 +1414,13 @@ fn metadata_difference(
     for (k, v) in s {
         match dmap.get(k.as_str()) {
             None if loose && added == Some(k.as_str()) => {}
+            None if added == Some(k.as_str()) => {
+                let why = format!("key {k:?} is missing in DST");
+                return Some((
+                    why,
+                    " ({loose} takes an output without it: other tools drop it)",
+                ));
+            }
             None => return plain(format!("key {k:?} is missing in DST")),
             Some(dv) if dv != v => {
                 return plain(format!("key {k:?} is {v:?} in SRC, {dv:?} in DST"))

@@ -122,3 +122,46 @@ def test_folder_and_reshard_outputs_verify_without_options(src, tmp_path):
         assert json.loads(_meta(shards / f)["stcast"])["keep_min_size"] == 64
     assert stcast.verify(str(folder), str(shards)).ok
     assert not stcast.verify(str(folder), str(shards), keep_min_size=0).ok
+
+
+@pytest.mark.filterwarnings("ignore:__metadata__ has no")
+def test_a_named_resharding_verifies_without_name_and_hints_it_without_a_record(src, tmp_path):
+    out = tmp_path / "named"
+    stcast.convert(str(src), str(out), max_shard_size="1KB", name="model")
+    assert (out / "model.safetensors.index.json").exists()
+    assert stcast.verify(str(src), str(out)).ok
+    bare = tmp_path / "bare"
+    stcast.convert(str(src), str(bare), max_shard_size="1KB", name="model", no_record=True)
+    r = stcast.verify(str(src), str(bare))
+    assert not r.ok and "{name=model}" in r.mismatch.message.template
+    assert stcast.verify(str(src), str(bare), name="model").ok
+
+
+def test_a_pytorch_checkpoint_read_at_a_key_verifies_without_it(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from torchfile import StateDict, write_zip
+
+    rng = np.random.default_rng(5)
+    arrays = {
+        "module.a.weight": rng.standard_normal((16, 16)).astype(np.float32),
+        "module.b.weight": rng.standard_normal((16, 16)).astype(np.float32),
+    }
+    objs, storages = StateDict(arrays).pickled()
+    ckpt = tmp_path / "last.ckpt"
+    write_zip(ckpt, {"state_dict": objs, "epoch": 3}, storages)
+    one = tmp_path / "out.safetensors"
+    stcast.convert(str(ckpt), str(one), key="state_dict", strip_prefix=["module."])
+    assert json.loads(_meta(one)["stcast"]) == {
+        "to": "bf16",
+        "key": "state_dict",
+        "strip_prefix": ["module."],
+    }
+    assert stcast.verify(str(ckpt), str(one)).ok
+    shards = tmp_path / "shards"
+    stcast.convert(
+        str(ckpt), str(shards), key="state_dict", strip_prefix=["module."], max_shard_size="1KB"
+    )
+    assert len(list(shards.glob("*.safetensors"))) > 1
+    assert stcast.verify(str(ckpt), str(shards)).ok

@@ -52,6 +52,7 @@ __all__ = [
     "index_file_name",
     "check_folder",
     "read_header",
+    "recorded_source",
     "walk_folder",
     "list_folder",
     "torch_name",
@@ -240,6 +241,9 @@ def check_folder(path: str, *, output: bool = False) -> bool: ...
 def read_header(
     path: str,
 ) -> tuple[int, str, list[tuple[str, str]] | None, list[tuple[str, str, list[int], int, int]]]: ...
+def recorded_source(
+    path: str, name: str | None, key: str | None, strip_prefix: list[str]
+) -> tuple[str | None, str | None, list[str]]: ...
 def config_text(
     text: str, to: str, *, dequantize: bool = False, ignore: list[str] | None = None
 ) -> bytes | None: ...
