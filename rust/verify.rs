@@ -351,12 +351,19 @@ impl Verifier {
     /// Open and validate both files and compare their headers.
     pub fn open(src_path: &Path, dst_path: &Path, opts: &VerifyOptions) -> Result<Verifier> {
         let started = Instant::now();
-        if let Err(e) = std::fs::symlink_metadata(dst_path) {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                return Err(Error::io(dst_path, "DST does not exist", e));
+        let dst = match Source::open(dst_path) {
+            Ok(dst) => dst,
+            Err(e) => {
+                // SRC's own problem first, as convert would say it.
+                Source::open_any(src_path, &opts.input)?;
+                return Err(match std::fs::symlink_metadata(dst_path) {
+                    Err(missing) if missing.kind() == std::io::ErrorKind::NotFound => {
+                        Error::io(dst_path, "DST does not exist", missing)
+                    }
+                    _ => e,
+                });
             }
-        }
-        let dst = Source::open(dst_path)?;
+        };
         // SRC is read as DST's record says (`key`, `strip_prefix`) unless told otherwise.
         let own = own_record(None, dst.header.metadata.as_deref()).and_then(|r| r.ok());
         let src = Source::open_any(src_path, &opts.recorded(own.as_ref()).input)?;
