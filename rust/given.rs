@@ -8,6 +8,7 @@ use crate::convert::{Options, Tuning};
 use crate::input::InputOptions;
 use crate::options::{Def, Kind};
 use crate::plan::PlanOptions;
+use crate::record::Record;
 use crate::verify::VerifyOptions;
 use crate::vocab::{
     is_quantized_dtype, ErrorKind, InputFormat, OnOverflow, OptionName, ReadAdvice, ReasonCode,
@@ -258,7 +259,9 @@ pub struct Settings {
     pub keep_min_size: Option<Given>,
     pub keep_unmatched: Unmatched,
     pub from_bf16: bool,
-    pub keep_names: Vec<String>,
+    /// The tensors a read before planning found to overflow, under `on_overflow` keep (a
+    /// folder run's): kept, and not read for again. None: the task reads them.
+    pub keep_names: Option<Vec<String>>,
     pub on_overflow: Option<Given>,
     pub numerics: bool,
     pub report: Option<PathBuf>,
@@ -276,6 +279,10 @@ pub struct Settings {
     /// FP8 targets: the weights a read before planning found to hold NaN or inf (a
     /// re-sharded group's, read once for all its shards). None: the task reads them.
     pub unquantized: Option<Vec<String>>,
+    /// A re-sharding's output stem (`convert --name`), for the record.
+    pub name: Option<String>,
+    /// Record nothing in the output's `__metadata__` (`record`): it is the input's.
+    pub no_record: bool,
 }
 
 impl Default for Settings {
@@ -288,7 +295,7 @@ impl Default for Settings {
             keep_min_size: None,
             keep_unmatched: Unmatched::Warn,
             from_bf16: false,
-            keep_names: Vec::new(),
+            keep_names: None,
             on_overflow: None,
             numerics: true,
             report: None,
@@ -302,6 +309,8 @@ impl Default for Settings {
             quantization_config: None,
             follow_links: false,
             unquantized: None,
+            name: None,
+            no_record: false,
         }
     }
 }
@@ -326,8 +335,34 @@ impl Settings {
         self.threads.as_ref().map_or(Ok(0), Given::threads)
     }
 
-    /// The options that decide a plan.
+    /// What an output records of these options (`record::Record`); None under `no_record`.
+    fn record(&self) -> crate::Result<Option<String>> {
+        if self.no_record {
+            return Ok(None);
+        }
+        let plan = self.plan_only()?;
+        let record = Record {
+            keep: plan.keep,
+            keep_min_size: plan.keep_min_size,
+            from_bf16: plan.from_bf16,
+            key: self.key.clone(),
+            strip_prefix: self.strip_prefix.clone(),
+            name: self.name.clone(),
+            ..Record::new(plan.target)
+        };
+        Ok(Some(record.with_on_overflow(self.on_overflow()?).text()))
+    }
+
+    /// The options that decide a plan, the record included.
     pub fn plan(&self) -> crate::Result<PlanOptions> {
+        Ok(PlanOptions {
+            record: self.record()?,
+            ..self.plan_only()?
+        })
+    }
+
+    /// The options that decide a plan but the record.
+    fn plan_only(&self) -> crate::Result<PlanOptions> {
         let keep_min_size = match &self.keep_min_size {
             Some(g) => g.whole(OptionName::KeepMinSize, u64::MAX)?,
             None => 0,
@@ -337,7 +372,7 @@ impl Settings {
             keep: self.keep.clone(),
             keep_min_size,
             from_bf16: self.from_bf16,
-            keep_names: self.keep_names.iter().cloned().collect(),
+            keep_names: self.keep_names.iter().flatten().cloned().collect(),
             unmatched: self.keep_unmatched,
             allow_quantized: self.allow_quantized.unwrap_or(false),
             quantization_config: self.quantization_config.clone(),
@@ -361,7 +396,12 @@ impl Settings {
             plan: self.plan()?,
             threads: self.threads()?,
             force: self.force,
-            on_overflow: self.on_overflow()?,
+            // The tensors that overflow are known already: the task does not read for them
+            // (what `keep` keeps is in the plan, and in the record).
+            on_overflow: match self.on_overflow()? {
+                OnOverflow::Keep if self.keep_names.is_some() => OnOverflow::Warn,
+                o => o,
+            },
             numerics: self.numerics,
             tuning,
         })
@@ -376,9 +416,10 @@ impl Settings {
         Ok(opts)
     }
 
-    /// The options of a verification (`to`: the target it must have, if given).
+    /// The options of a verification (`to`: the target it must have, if given; the options
+    /// not given are DST's record's).
     pub fn verify(&self, tuning: Tuning) -> crate::Result<VerifyOptions> {
-        let plan = self.plan()?;
+        let plan = self.plan_only()?;
         Ok(VerifyOptions {
             // What `convert` read with `follow_links` is verified as it was read: verify
             // writes nothing of the source (a report holds numbers only).
@@ -389,9 +430,13 @@ impl Settings {
             loose: self.loose,
             target: self.to.as_ref().map(|_| plan.target),
             keep: plan.keep,
-            keep_min_size: plan.keep_min_size,
+            keep_min_size: self.keep_min_size.as_ref().map(|_| plan.keep_min_size),
             from_bf16: self.from_bf16,
-            on_overflow: self.on_overflow()?,
+            on_overflow: self
+                .on_overflow
+                .as_ref()
+                .map(Given::on_overflow)
+                .transpose()?,
             threads: self.threads()?,
             numerics: self.numerics,
             report: self.report.clone(),
@@ -413,16 +458,22 @@ impl Settings {
         }
     }
 
-    /// The options of a re-sharded group's plan (`shard::Group::plan`).
+    /// The options of a re-sharded group's plan (`shard::Group::plan`): its record is of
+    /// the options the group was opened with too.
     pub fn shard_plan(&self) -> crate::Result<PlanOptions> {
-        self.shard().plan()
+        Ok(PlanOptions {
+            record: self.record()?,
+            ..self.shard().plan()?
+        })
     }
 
     /// The options of an output shard's conversion (`shard::Group::task`).
     pub fn shard_convert(&self, tuning: Tuning) -> crate::Result<Options> {
+        let mut opts = self.shard().convert(tuning)?;
+        opts.plan.record = self.record()?;
         Ok(Options {
             side_config: false,
-            ..self.shard().convert(tuning)?
+            ..opts
         })
     }
 

@@ -22,6 +22,7 @@
 //! - `output`: every file stcast writes appears atomically, only when complete;
 //! - `run`: folder runs: the JSON texts they write (configs, indexes);
 //! - `report`: the numeric report file;
+//! - `record`: the options convert records in each output's `__metadata__` for `verify`;
 //! - `run`: what a folder run decides about its files (the source folder's walk);
 //! - `env`, `failpoint`: the one reader of the environment, and the test hooks it arms.
 //!
@@ -49,6 +50,7 @@ pub mod plan;
 #[cfg(feature = "python")]
 mod python;
 pub mod quant;
+pub mod record;
 pub mod report;
 pub mod run;
 pub mod scan;

@@ -310,6 +310,14 @@ pub const DEFS: &[Def] = &[
         .expected("a non-empty string (a name prefix)")
     },
     def(
+        "no_record",
+        Kind::Flag,
+        "record nothing in the output's __metadata__ (by default convert records its options \
+         there, under \"stcast\", and `stcast verify SRC DST` uses them): it is the input's, \
+         and verify needs convert's options",
+    )
+    .precision(),
+    def(
         "config",
         Kind::Path,
         "a lone checkpoint (a file, a DCP or ZeRO folder): the model's config.json, written \
@@ -368,6 +376,7 @@ const CONVERT: &[Use] = &[
     both("strict"),
     both("key"),
     both("strip_prefix"),
+    both("no_record"),
     both("config"),
     both("report").help(
         "write the numeric report (per tensor: overflow, underflow, errors) to FILE as JSON, \
@@ -399,6 +408,7 @@ const INSPECT: &[Use] = &[
     both("follow_links"),
     both("max_shard_size"),
     both("name"),
+    both("no_record"),
     both("config").help("as for convert: check where it goes"),
     both("report").help("as for convert: check this report path"),
     cli("json"),
@@ -412,12 +422,24 @@ const VERIFY: &[Use] = &[
         default: Some(Default::Absent),
         ..both("to").help("{target} (default: the one DST was converted to)")
     },
-    both("keep"),
-    both("keep_min_size"),
-    both("from_bf16"),
-    both("on_overflow"),
-    both("key"),
-    both("strip_prefix"),
+    both("keep").help(
+        "as convert's --keep GLOB (repeatable; default: the patterns DST's record of convert's \
+         options holds)",
+    ),
+    Use {
+        default: Some(Default::Absent),
+        ..both("keep_min_size")
+            .help("as convert's --keep-min-size N (default: DST's record's, else 0: none)")
+    },
+    both("from_bf16").help("as convert's --from-bf16 (default: DST's record's)"),
+    Use {
+        default: Some(Default::Absent),
+        ..both("on_overflow").help(
+            "as convert's --on-overflow: warn, error or keep (default: DST's record's, else warn)",
+        )
+    },
+    both("key").help("as convert's --key KEY (default: DST's record's)"),
+    both("strip_prefix").help("as convert's --strip-prefix PREFIX (default: DST's record's)"),
     both("name").help(
         "the STEM DST's re-sharded files were written under (convert --name STEM): they are \
          SRC's re-sharding",

@@ -129,6 +129,9 @@ pub struct PlanOptions {
     /// the caller, for a re-sharded group). `None`: not read yet; a plan made without them
     /// takes every weight for finite.
     pub unquantized: Option<HashSet<String>>,
+    /// The options recorded in the output's `__metadata__` (`record::Record::text`); None:
+    /// the input's `__metadata__` as it is.
+    pub record: Option<String>,
 }
 
 impl PlanOptions {
@@ -144,7 +147,13 @@ impl PlanOptions {
             allow_quantized: false,
             quantization_config: None,
             unquantized: None,
+            record: None,
         }
+    }
+
+    /// The output's `__metadata__` of an input with `meta` (`record::with_record`).
+    pub fn metadata(&self, meta: Option<&[(String, String)]>) -> Option<Vec<(String, String)>> {
+        crate::record::with_record(meta, self.record.as_deref())
     }
 
     /// Was the weight `name` found to hold NaN or inf (an FP8 target leaves it BF16)?
@@ -561,7 +570,7 @@ pub fn plan(path: &Path, src: &SourceHeader, opts: &PlanOptions) -> Result<Plan>
             .collect(),
     };
 
-    let header = encode_header(src, &tensors);
+    let header = encode_header(src, &opts.metadata(src.metadata.as_deref()), &tensors);
     if header.len() - PREFIX > MAX_HEADER {
         return Err(Error::OutputHeaderTooLarge {
             path: path.to_path_buf(),
@@ -592,19 +601,23 @@ pub fn plan(path: &Path, src: &SourceHeader, opts: &PlanOptions) -> Result<Plan>
 }
 
 /// The header bytes of an output holding `tensors` (planned from `src`): the length prefix,
-/// then the JSON with `__metadata__` first, padded with spaces to a multiple of 8.
-pub(crate) fn encode_header(src: &SourceHeader, tensors: &[TensorPlan]) -> Vec<u8> {
+/// then the JSON with `__metadata__` (`meta`) first, padded with spaces to a multiple of 8.
+pub(crate) fn encode_header(
+    src: &SourceHeader,
+    meta: &Option<Vec<(String, String)>>,
+    tensors: &[TensorPlan],
+) -> Vec<u8> {
     // Written straight into one buffer about the source header's size: no allocation per
     // tensor, and no second copy (a header of 300,000 tensors is tens of MB).
     let mut out: Vec<u8> =
         Vec::with_capacity(PREFIX + src.header_len as usize + src.header_len as usize / 8 + 64);
     out.extend_from_slice(&[0u8; PREFIX]);
     out.push(b'{');
-    if let Some(meta) = &src.metadata {
+    if let Some(meta) = meta {
         encode_metadata(&mut out, meta);
     }
     for (i, t) in tensors.iter().enumerate() {
-        if i > 0 || src.metadata.is_some() {
+        if i > 0 || meta.is_some() {
             out.push(b',');
         }
         let s = &src.tensors[t.source];

@@ -259,7 +259,7 @@ macro_rules! options {
 options! {
     to, threads, force, keep, keep_min_size, keep_unmatched, from_bf16, keep_names, on_overflow,
     numerics, report, config, replaces, allow_copy, key, strip_prefix, loose, allow_quantized,
-    quantization_config, follow_links, unquantized,
+    quantization_config, follow_links, unquantized, name, no_record,
 }
 
 #[pyfunction]
@@ -609,6 +609,21 @@ fn read_index(
 #[pyfunction]
 fn read_header(py: Python<'_>, path: PathBuf) -> PyResult<crate::source::HeaderSummary> {
     guarded(py, || crate::source::read_header(&path))
+}
+
+/// verify's `name`, `key`, `strip_prefix`, each one not given DST file `path`'s record's.
+#[pyfunction]
+#[pyo3(signature = (path, name, key, strip_prefix))]
+fn recorded_source(
+    py: Python<'_>,
+    path: PathBuf,
+    name: Option<String>,
+    key: Option<String>,
+    strip_prefix: Vec<String>,
+) -> PyResult<(Option<String>, Option<String>, Vec<String>)> {
+    guarded(py, || {
+        crate::verify::recorded_source(&path, name, key, strip_prefix)
+    })
 }
 
 /// An engine report as a dict (its serde form, once), with its paths as Python holds them
@@ -1147,7 +1162,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m: _set_exceptions, py_convert, py_inspect, py_verify, render, format_bytes, escape,
         option_error, check_option, failpoint, write_file, copy_file, write_numeric_report,
         check_side_output, convert_shard, verify_shard, shard_file_name, index_file_name,
-        check_folder, read_header, walk_folder, list_folder, torch_name, config_text, index_text,
+        check_folder, read_header, recorded_source, walk_folder, list_folder, torch_name, config_text, index_text,
         json_depth, split_shard_name, run_place, default_dst, check_outputs, survey_manifests,
         finished_manifests, check_companions, written_index, read_index, index_total,
     }

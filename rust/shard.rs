@@ -441,7 +441,7 @@ impl Group {
         let items: Vec<Item> = order.iter().filter_map(|&k| slots[k].take()).collect();
         let mut warnings = self.warnings.clone();
         let meta_len = |indexed: bool| {
-            self.metadata(indexed).0.map(|m| {
+            opts.metadata(self.metadata(indexed).0.as_deref()).map(|m| {
                 let mut buf = Vec::new();
                 encode_metadata(&mut buf, &m);
                 buf.len() as u64
@@ -893,6 +893,8 @@ mod tests {
             // Random dtypes: F8/F4 beside F32 too (`allow_quantized`).
             let opts = PlanOptions {
                 allow_quantized: true,
+                // Half the seeds record options in each output's `__metadata__`.
+                record: (seed % 2 == 0).then(|| format!("{{\"to\":\"é{seed}\"}}")),
                 // Seeds 1 mod 4 name their tensors `*.weight`: FP8 targets quantize the 2-D
                 // float ones, each with a scale entry.
                 ..PlanOptions::new(match seed % 8 {
@@ -911,11 +913,13 @@ mod tests {
                 let b = a + rng.below((all.len() - a) as u64 + 1) as usize;
                 for indexed in [false, true] {
                     let plan = group.plan_output(&all[a..b], indexed, &opts).unwrap();
-                    let meta = group.metadata(indexed).0.map(|m| {
-                        let mut buf = Vec::new();
-                        encode_metadata(&mut buf, &m);
-                        buf.len() as u64
-                    });
+                    let meta = opts
+                        .metadata(group.metadata(indexed).0.as_deref())
+                        .map(|m| {
+                            let mut buf = Vec::new();
+                            encode_metadata(&mut buf, &m);
+                            buf.len() as u64
+                        });
                     assert_eq!(file_len(&items[a..b], meta), plan.file_len(), "seed {seed}");
                     quantized += plan.quantized();
                 }

@@ -22,6 +22,7 @@ use crate::numerics::Numerics;
 use crate::output::{check_side_output, write_file, Replace, Territory};
 use crate::plan::{self, PlanOptions, Role};
 use crate::quant::{Deq, Packing, Quant};
+use crate::record::{self, Record};
 use crate::source::{InputFile, PendingRelease, Source};
 use crate::text::esc;
 use crate::vocab::{OnOverflow, Strategy, Taken, Target, Unmatched};
@@ -38,13 +39,15 @@ pub struct VerifyOptions {
     pub loose: bool,
     /// Strict mode checks DST against what `convert` plans with these options: the target
     /// (None: the one DST's converted tensors have), and which tensors keep their dtype.
+    /// Each option not given (None, empty, false) is the one DST's record says, when DST
+    /// has its own (`record`; `Verifier::from_sources`).
     pub target: Option<Target>,
     pub keep: Vec<String>,
-    pub keep_min_size: u64,
+    pub keep_min_size: Option<u64>,
     pub from_bf16: bool,
     /// Under `Keep`, a float tensor DST keeps in its source dtype must be one whose
-    /// conversion overflows (checked on the data).
-    pub on_overflow: OnOverflow,
+    /// conversion overflows (checked on the data). None: warn, or DST's record's.
+    pub on_overflow: Option<OnOverflow>,
     /// Worker threads; 0 means one per available core.
     pub threads: usize,
     /// Measure the conversions as `convert` does (`VerifyReport::numerics`).
@@ -59,15 +62,73 @@ pub struct VerifyOptions {
     pub input: InputOptions,
 }
 
+impl VerifyOptions {
+    /// These options, each one not given taken from `record` (DST's own record).
+    fn recorded(&self, record: Option<&Record>) -> VerifyOptions {
+        let mut o = self.clone();
+        let Some(r) = record else {
+            return o;
+        };
+        o.target = o.target.or(Some(r.target()));
+        if o.keep.is_empty() {
+            o.keep = r.keep.clone();
+        }
+        o.keep_min_size = o.keep_min_size.or(Some(r.keep_min_size));
+        o.from_bf16 |= r.from_bf16;
+        o.on_overflow = o.on_overflow.or(Some(r.on_overflow()));
+        if o.input.key.is_none() {
+            o.input.key = r.key.clone();
+        }
+        if o.input.strip_prefix.is_empty() {
+            o.input.strip_prefix = r.strip_prefix.clone();
+        }
+        o
+    }
+
+    fn overflow(&self) -> OnOverflow {
+        self.on_overflow.unwrap_or(OnOverflow::Warn)
+    }
+}
+
+/// How a folder verification pairs and reads SRC: `name` (a re-sharding's stem), `key` and
+/// `strip_prefix` as given, each one not given the record's of DST's output `path` (a
+/// safetensors file; one without a record, or with one convert does not write, adds none).
+pub fn recorded_source(
+    path: &Path,
+    name: Option<String>,
+    key: Option<String>,
+    strip_prefix: Vec<String>,
+) -> Result<(Option<String>, Option<String>, Vec<String>)> {
+    let meta = crate::source::read_header(path)?.2;
+    let Some(Ok(r)) = record::find(meta.as_deref()).map(Record::parse) else {
+        return Ok((name, key, strip_prefix));
+    };
+    let strip_prefix = match strip_prefix.is_empty() {
+        true => r.strip_prefix,
+        false => strip_prefix,
+    };
+    Ok((name.or(r.name), key.or(r.key), strip_prefix))
+}
+
+/// DST's own record of convert's options: its `record::KEY` entry, unless SRC has the same
+/// one (an output written with `--no-record` keeps SRC's); `Err`: one convert does not write.
+fn own_record<'a>(
+    src: Option<&[(String, String)]>,
+    dst: Option<&'a [(String, String)]>,
+) -> Option<std::result::Result<Record, (&'a str, String)>> {
+    let text = record::find(dst).filter(|&t| Some(t) != record::find(src))?;
+    Some(Record::parse(text).map_err(|why| (text, why)))
+}
+
 impl Default for VerifyOptions {
     fn default() -> Self {
         VerifyOptions {
             loose: false,
             target: None,
             keep: Vec::new(),
-            keep_min_size: 0,
+            keep_min_size: None,
             from_bf16: false,
-            on_overflow: OnOverflow::Warn,
+            on_overflow: None,
             threads: 0,
             numerics: true,
             report: None,
@@ -290,8 +351,22 @@ impl Verifier {
     /// Open and validate both files and compare their headers.
     pub fn open(src_path: &Path, dst_path: &Path, opts: &VerifyOptions) -> Result<Verifier> {
         let started = Instant::now();
-        let src = Source::open_any(src_path, &opts.input)?;
-        let dst = Source::open(dst_path)?;
+        let dst = match Source::open(dst_path) {
+            Ok(dst) => dst,
+            Err(e) => {
+                // SRC's own problem first, as convert would say it.
+                Source::open_any(src_path, &opts.input)?;
+                return Err(match std::fs::symlink_metadata(dst_path) {
+                    Err(missing) if missing.kind() == std::io::ErrorKind::NotFound => {
+                        Error::io(dst_path, "DST does not exist", missing)
+                    }
+                    _ => e,
+                });
+            }
+        };
+        // SRC is read as DST's record says (`key`, `strip_prefix`) unless told otherwise.
+        let own = own_record(None, dst.header.metadata.as_deref()).and_then(|r| r.ok());
+        let src = Source::open_any(src_path, &opts.recorded(own.as_ref()).input)?;
         Self::from_sources(src, dst, opts, started)
     }
 
@@ -305,6 +380,11 @@ impl Verifier {
     ) -> Result<Verifier> {
         let (src_path, dst_path) = (src.path.clone(), dst.path.clone());
         let (src_path, dst_path) = (src_path.as_path(), dst_path.as_path());
+        let own = own_record(
+            src.header.metadata.as_deref(),
+            dst.header.metadata.as_deref(),
+        );
+        let opts = &opts.recorded(own.and_then(|r| r.ok()).as_ref());
         if src.identities()?.contains(&dst.identity()?) {
             return Err(Error::SameFile {
                 path: dst_path.to_path_buf(),
@@ -384,7 +464,7 @@ impl Verifier {
             report.to = targets.first().copied().flatten();
         }
         // The overflow options are checked on the data: measuring is needed for them.
-        let numerics = (opts.numerics || opts.on_overflow != OnOverflow::Warn)
+        let numerics = (opts.numerics || opts.overflow() != OnOverflow::Warn)
             .then(|| vec![Numerics::default(); pairs.len()]);
         let total: u64 = pairs.iter().map(|p| src.header.tensors[p.src].len()).sum();
         let dst_total: u64 = pairs.iter().map(|p| dst.header.tensors[p.dst].len()).sum();
@@ -404,7 +484,7 @@ impl Verifier {
             started,
             kept_max: vec![0.0; pairs.len()],
             seen_nonfinite: vec![false; pairs.len()],
-            on_overflow: opts.on_overflow,
+            on_overflow: opts.overflow(),
             total: total + dst_total,
             numerics,
             pairs,
@@ -996,7 +1076,24 @@ fn check_headers(
     // need not have it (loose).
     // Nor its `format` (`pt`), which tools drop (model_free_ptq writes no metadata).
     let added = (src.origin.is_some() || opts.loose).then_some(TORCH_METADATA.0);
-    if let Some((why, hint)) = metadata_difference(&sh.metadata, &dh.metadata, opts.loose, added) {
+    // DST's own record of convert's options follows SRC's keys (replacing SRC's own).
+    let own = match own_record(sh.metadata.as_deref(), dh.metadata.as_deref()) {
+        Some(Err((text, why))) => {
+            return fail(
+                None,
+                format!(
+                    "__metadata__ entry {:?} is not a record convert writes ({}): {}",
+                    record::KEY,
+                    esc(&why),
+                    esc(text)
+                ),
+            )
+        }
+        Some(Ok(_)) => record::find(dh.metadata.as_deref()),
+        None => None,
+    };
+    let want = record::with_record(sh.metadata.as_deref(), own);
+    if let Some((why, hint)) = metadata_difference(&want, &dh.metadata, opts.loose, added) {
         return fail(None, format!("__metadata__ differs: {}{hint}", esc(&why)));
     }
     if opts.loose {
@@ -1187,11 +1284,16 @@ fn check_plan(
         });
     let mut popts = PlanOptions {
         keep: opts.keep.clone(),
-        keep_min_size: opts.keep_min_size,
+        keep_min_size: opts.keep_min_size.unwrap_or(0),
         from_bf16: opts.from_bf16,
         unmatched: Unmatched::Ignore,
         // What was converted is checked, not judged again.
         allow_quantized: true,
+        // DST's own record, checked already (`check_headers`), is where convert puts it.
+        record: own_record(sh.metadata.as_deref(), dh.metadata.as_deref())
+            .is_some()
+            .then(|| record::find(dh.metadata.as_deref()).map(str::to_string))
+            .flatten(),
         ..PlanOptions::new(target)
     };
     let planned = plan::plan(&src.path, sh, &popts)?;
@@ -1243,7 +1345,7 @@ fn check_plan(
                     ),
                 );
             }
-            (Action::Convert(c), Expect::Identical) if opts.on_overflow == OnOverflow::Keep => {
+            (Action::Convert(c), Expect::Identical) if opts.overflow() == OnOverflow::Keep => {
                 p.expect = Expect::KeptOverflow(c);
                 popts.keep_names.insert(s.name.clone());
             }
@@ -1380,6 +1482,13 @@ fn metadata_difference(
     for (k, v) in s {
         match dmap.get(k.as_str()) {
             None if loose && added == Some(k.as_str()) => {}
+            None if added == Some(k.as_str()) => {
+                let why = format!("key {k:?} is missing in DST");
+                return Some((
+                    why,
+                    " ({loose} takes an output without it: other tools drop it)",
+                ));
+            }
             None => return plain(format!("key {k:?} is missing in DST")),
             Some(dv) if dv != v => {
                 return plain(format!("key {k:?} is {v:?} in SRC, {dv:?} in DST"))

@@ -189,6 +189,10 @@ def test_non_ascii_names_and_metadata(tmp_path):
     dst = tmp_path / "out.safetensors"
     stcast.convert(src, dst)
     _, items, _ = read_safetensors(dst)
+    # The input's keys in their order, then the record of convert's options.
+    assert items[0] == ("__metadata__", [*meta.items(), ("stcast", '{"to":"bf16"}')])
+    stcast.convert(src, dst, no_record=True, force=True)
+    _, items, _ = read_safetensors(dst)
     assert items[0] == ("__metadata__", list(meta.items()))
     out = tensor_bytes(dst)
     assert set(out) == set(tensors)
@@ -199,10 +203,15 @@ def test_non_ascii_names_and_metadata(tmp_path):
     assert info.metadata == meta and list(info.metadata) == list(meta)
 
 
-def test_metadata_absent_is_not_added(tmp_path):
+def test_metadata_absent_gets_only_the_record(tmp_path):
     src = write_safetensors(tmp_path / "in.safetensors", {"a": ("F32", [1], b"\0\0\x80\x3f")})
     dst = tmp_path / "out.safetensors"
     stcast.convert(src, dst)
+    _, items, _ = read_safetensors(dst)
+    assert items[0] == ("__metadata__", [("stcast", '{"to":"bf16"}')])
+    assert [k for k, _ in items] == ["__metadata__", "a"]
+    # `no_record`: none is added when absent.
+    stcast.convert(src, dst, no_record=True, force=True)
     _, items, _ = read_safetensors(dst)
     assert [k for k, _ in items] == ["a"]
     assert stcast.inspect(src).metadata is None
@@ -213,7 +222,7 @@ def test_empty_metadata_is_kept(tmp_path):
         tmp_path / "in.safetensors", {"a": ("F32", [1], b"\0\0\x80\x3f")}, metadata={}
     )
     dst = tmp_path / "out.safetensors"
-    stcast.convert(src, dst)
+    stcast.convert(src, dst, no_record=True)
     _, items, _ = read_safetensors(dst)
     assert items[0] == ("__metadata__", [])
     assert stcast.inspect(src).metadata == {}
@@ -227,8 +236,10 @@ def test_file_without_tensors(tmp_path):
     assert not dst.exists()
     # inspect describes the file; given the destination, it refuses as convert does.
     info = stcast.inspect(src)
-    # The header alone: `{"__metadata__":{"k":"v"}}`, 26 bytes padded to 32.
-    assert info.tensors == [] and info.output_bytes == 8 + 32
+    # The header alone: `{"__metadata__":{"k":"v","stcast":"{\"to\":\"bf16\"}"}}`, 52
+    # bytes padded to 56.
+    assert info.tensors == [] and info.output_bytes == 8 + 56
+    assert stcast.inspect(src, no_record=True).output_bytes == 8 + 32
     with pytest.raises(stcast.Refused, match="nothing to convert"):
         stcast.inspect(src, dst)
 
@@ -456,7 +467,7 @@ def test_layout_grouped_by_width_aligned_and_padded(tmp_path):
     src = write_safetensors(tmp_path / "in.safetensors", tensors, metadata=meta)
     dst = tmp_path / "out.safetensors"
     # F4 beside F32: quantized, so allowed explicitly (at the engine: the layout is its).
-    _core.convert(src, dst, allow_quantized=True)
+    _core.convert(src, dst, allow_quantized=True, no_record=True)
     n, items, data = read_safetensors(dst)
     assert n % 8 == 0
     assert items[0] == ("__metadata__", [("b", "1"), ("a", "2")])

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -280,3 +281,45 @@ def test_doc_line_works_as_written(tmp_path, where, line):
     assert not re.search(r"^stcast: error", err, re.M), err
     if command in ("completion", "manpage"):
         assert out.strip(), line
+
+
+# Convert lines whose output `verify SRC DST` cannot check on its own, each with why.
+_NO_PLAIN_VERIFY: list[tuple[str, Callable[[list[str]], bool]]] = [
+    ("a shard of a run: finalize writes the output", lambda a: "--shard" in a),
+    ("a dry run writes nothing", lambda a: "--dry-run" in a),
+]
+
+
+def _convert_lines() -> list[tuple[str, str]]:
+    return [
+        (w, ln)
+        for w, ln in LINES
+        if _command(ln)[0] == "convert" and _skip_reason(ln) is None and w[0] != "s"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("where", "line"), _convert_lines(), ids=[f"{w}: {ln}" for w, ln in _convert_lines()]
+)
+def test_verify_without_options_passes_on_each_convert_line(tmp_path, where, line):
+    """Issue 33: `stcast verify SRC DST` with no options passes on the output of every
+    `convert` line of the README and the guide (convert records its options in DST), and
+    fails once DST is tampered with."""
+    from stcast import _core
+
+    args = _command(line)
+    for why, applies in _NO_PLAIN_VERIFY:
+        if applies(args):
+            pytest.skip(why)
+    positionals, options = _positionals(args)
+    _stand_in(tmp_path, positionals[0], options)
+    rc, _, err = _run(tmp_path, *args, "--force")
+    assert rc == 0, err
+    src = positionals[0]
+    if len(positionals) > 1:
+        dst = positionals[1]
+    else:
+        to = _core.check_option("to", options.get("--to", ["bf16"])[0])
+        dst = _core.default_dst(str(tmp_path / src), to, folder="--max-shard-size" in options)
+    rc, _, err = _run(tmp_path, "verify", src, dst)
+    assert rc == 0, f"{where}: verify after `{line}` exited {rc}: {err}"

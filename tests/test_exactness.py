@@ -41,6 +41,8 @@ def convert_pinned(src: Path, dst: Path, isa: str) -> dict[str, np.ndarray]:
     _, items, data = read_safetensors(dst)
     out = {}
     for name, info in items:
+        if name == "__metadata__":  # the record of convert's options
+            continue
         info = dict(info)
         assert info["dtype"] == "BF16", name
         a, b = info["data_offsets"]

@@ -954,7 +954,10 @@ def test_verify_keep_pattern(tmp_path, rng, run_main):
     assert tensor_bytes(out)["model.layers.0.self_attn.q_proj.weight"][0] == "F32"
     rc, _, err = run_main("verify", src, out, "--to", "fp8", "--keep", "*.q_proj.weight")
     assert rc == 0, err
-    rc, _, err = run_main("verify", src, out, "--to", "fp8")
+    # Without options: DST's record holds them; another pattern given overrides it.
+    rc, _, err = run_main("verify", src, out)
+    assert rc == 0, err
+    rc, _, err = run_main("verify", src, out, "--to", "fp8", "--keep", "nothing")
     assert rc == 1
 
 

@@ -131,7 +131,9 @@ def test_keep_mixed_output_is_exact_and_aligned(tmp_path, rng, to):
     # stcast's own checker agrees, in strict mode (order, header bytes, alignment), given
     # the same precision options; without them it names a kept tensor and the way out.
     assert stcast.verify(src, dst, to=to, keep=keep, keep_min_size=4).ok
-    bare = stcast.verify(src, dst, to=to)
+    # Without options, as DST records them; others given override them and fail it.
+    assert stcast.verify(src, dst).ok
+    bare = stcast.verify(src, dst, to=to, keep=["nothing"], keep_min_size=0)
     assert not bare.ok and bare.mismatch is not None
     assert "kept in F" in bare.mismatch.message and "keep patterns" in bare.mismatch.message
     assert stcast.verify(src, dst, loose=True).ok
@@ -363,9 +365,14 @@ def test_fp16_without_from_bf16_copies_bf16_and_says_so(tmp_path, run_main):
     assert (rc, err) == (0, "")
     assert tensor_bytes(tmp_path / "o3.safetensors")["b"][0] == "F16"
     assert stcast.verify(src, tmp_path / "o3.safetensors", to="fp16", from_bf16=True).ok
-    # Without from_bf16, verify expects the BF16 tensor kept, as convert did.
+    # Without from_bf16, verify expects the BF16 tensor kept, as convert did: unless DST
+    # records from_bf16 (an output without a record needs it given).
     assert stcast.verify(src, tmp_path / "out.safetensors", to="fp16").ok
-    assert not stcast.verify(src, tmp_path / "o3.safetensors", to="fp16").ok
+    assert stcast.verify(src, tmp_path / "o3.safetensors", to="fp16").ok
+    o4 = tmp_path / "o4.safetensors"
+    stcast.convert(src, o4, to="fp16", from_bf16=True, no_record=True)
+    assert not stcast.verify(src, o4, to="fp16").ok
+    assert stcast.verify(src, o4, to="fp16", from_bf16=True).ok
 
 
 # --- the overflow guard --------------------------------------------------------------------
@@ -476,7 +483,8 @@ def test_on_overflow_keep_keeps_exactly_what_would_overflow(tmp_path, run_main):
             assert out[name][0] == "F16", name
     assert_aligned_and_grouped(dst)
     assert stcast.verify(src, dst, to="fp16", from_bf16=True, on_overflow="keep").ok
-    assert not stcast.verify(src, dst, to="fp16", from_bf16=True).ok
+    assert stcast.verify(src, dst).ok  # as DST records it
+    assert not stcast.verify(src, dst, to="fp16", from_bf16=True, on_overflow="warn").ok
     # A --keep pattern that already keeps one is its reason; the scan keeps the others.
     options = {"to": "fp16", "from_bf16": True, "on_overflow": "keep"}
     report = stcast.convert(src, tmp_path / "o2.safetensors", keep=["big"], **options)

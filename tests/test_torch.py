@@ -103,10 +103,14 @@ def test_real_torch_fixtures_convert_exactly(tmp_path, request, name, to):
         want_dtype, want = expected_bits(t["dtype"], bytes.fromhex(t["hex"]), to)
         assert (dtype, shape) == (want_dtype, t["shape"]), t["name"]
         assert data == want, t["name"]
-    assert metadata_of(dst) == {"format": "pt"}
+    # A PyTorch checkpoint has no __metadata__: "format" as transformers wants, then the
+    # record of convert's options (issue 33), defaults left out.
+    record = {"to": to, **{k: v for k, v in fixture_args(doc).items() if v}}
+    assert metadata_of(dst) == {"format": "pt", "stcast": json.dumps(record, separators=(",", ":"))}
     assert report.tensors_converted + report.tensors_copied == len(doc["tensors"])
-    # verify reads the checkpoint the same way.
+    # verify reads the checkpoint the same way (given, or as DST records it).
     assert stcast.verify(src, dst, to=to, **fixture_args(doc)).ok
+    assert stcast.verify(src, dst).ok
     if to == "keep":
         # Without `to`, a DST whose every tensor kept its dtype is checked as `keep`.
         assert stcast.verify(src, dst, **fixture_args(doc)).ok

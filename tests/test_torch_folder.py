@@ -90,7 +90,8 @@ def check_shards(dst: Path, arrays: dict[str, dict], to: str = "bf16") -> None:
     for name, a in arrays.items():
         out = dst / name.replace("pytorch_model", "model").replace(".bin", ".safetensors")
         with safetensors.safe_open(str(out), framework="numpy") as f:
-            assert f.metadata() == {"format": "pt"}
+            # "format", then the record of convert's options (issue 33).
+            assert f.metadata() == {"format": "pt", "stcast": f'{{"to":"{to}"}}'}
             assert set(f.keys()) == set(a)
         raw = Path(out).read_bytes()
         n = int.from_bytes(raw[:8], "little")
@@ -331,7 +332,7 @@ def test_a_bin_folder_is_resharded_under_safetensors_names(tmp_path, rng, run_ma
     assert _all_tensors(cut) == want
     for s in shards:
         with safetensors.safe_open(str(cut / s), framework="numpy") as f:
-            assert f.metadata() == {"format": "pt"}
+            assert f.metadata() == {"format": "pt", "stcast": '{"to":"bf16"}'}
     assert not (cut / "pytorch_model.bin.index.json").exists()
     assert not (tmp_path / CANARY).exists()
     rc, out, err = run_main("verify", src, cut)
@@ -374,10 +375,16 @@ def test_a_checkpoint_file_is_resharded_with_key_and_prefix(tmp_path, rng, run_m
     ]
     got = _all_tensors(dst)
     assert got == {"w": bf16(b).tobytes(), "b": bf16(a).tobytes()}
-    # verify reads SRC as convert read it; without the key it cannot.
+    # verify reads SRC as convert read it: as given, or as DST's record says.
     ok = stcast.verify(src, dst, key="ema", strip_prefix=["module."])
     assert ok.ok, ok.mismatch
     rc, _, err = run_main("verify", src, dst)
+    assert rc == 0, err
+    bare = tmp_path / "bare"
+    stcast.convert(
+        src, bare, key="ema", strip_prefix=["module."], max_shard_size="200B", no_record=True
+    )
+    rc, _, err = run_main("verify", src, bare)
     assert rc == 1 and "--key" in assert_one_error_line(err)
     rc, out, err = run_main(
         "inspect", src, "--max-shard-size", "200B", "--key", "ema", "--strip-prefix", "module."

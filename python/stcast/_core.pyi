@@ -54,6 +54,7 @@ __all__ = [
     "index_file_name",
     "check_folder",
     "read_header",
+    "recorded_source",
     "walk_folder",
     "list_folder",
     "torch_name",
@@ -133,7 +134,7 @@ class _Options(TypedDict, total=False):
     keep_min_size: int | None
     keep_unmatched: str
     from_bf16: bool
-    keep_names: list[str]
+    keep_names: list[str] | None  # on_overflow keep: found already (None: the call reads)
     on_overflow: str | None
     numerics: bool
     report: str | None
@@ -147,6 +148,8 @@ class _Options(TypedDict, total=False):
     quantization_config: str | None
     follow_links: bool
     unquantized: list[str] | None  # FP8: the weights holding NaN/inf (None: the call reads)
+    name: str | None  # these two: for the record of the options in each output
+    no_record: bool
 
 _Progress = Callable[[int, int], object] | None
 _Warn = Callable[[str, str], object] | None
@@ -249,6 +252,9 @@ def check_folder(path: str, *, output: bool = False) -> bool: ...
 def read_header(
     path: str,
 ) -> tuple[int, str, list[tuple[str, str]] | None, list[tuple[str, str, list[int], int, int]]]: ...
+def recorded_source(
+    path: str, name: str | None, key: str | None, strip_prefix: list[str]
+) -> tuple[str | None, str | None, list[str]]: ...
 def config_text(
     text: str, to: str, *, dequantize: bool = False, ignore: list[str] | None = None
 ) -> bytes | None: ...

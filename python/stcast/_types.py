@@ -184,9 +184,7 @@ class _Options(TypedDict, total=False):
     """The options `convert`, `inspect` and `verify` share."""
 
     keep: Iterable[str]
-    keep_min_size: int
     from_bf16: bool
-    on_overflow: OnOverflow
     threads: int | None
     force: bool
     report: StrPath | None
@@ -200,6 +198,9 @@ class ConvertOptions(_Options, total=False):
     """The options of `convert` (see its docstring)."""
 
     to: Target | TargetAlias
+    keep_min_size: int
+    on_overflow: OnOverflow
+    no_record: bool
     strict: bool
     resume: bool
     shard: tuple[int, int] | None
@@ -219,4 +220,6 @@ class VerifyOptions(_Options, total=False):
     """The options of `verify` (see its docstring)."""
 
     to: Target | TargetAlias | None
+    keep_min_size: int | None  # None: DST's record's
+    on_overflow: OnOverflow | None
     loose: bool

@@ -339,8 +339,10 @@ def verify(src: str, dst: str) -> tuple[int, int]:
     """
     src_start, src_header = read_header(src)
     dst_start, dst_header = read_header(dst)
-    if _metadata_items(src_header) != _metadata_items(dst_header):
-        raise DemoFailed("__metadata__ was not kept (same keys, values and order)")
+    # The input's keys in their order, then convert's record of its options (bf16, defaults).
+    want = [*(_metadata_items(src_header) or []), ("stcast", '{"to":"bf16"}')]
+    if _metadata_items(dst_header) != want:
+        raise DemoFailed("__metadata__ was not kept (same keys, values and order), then the record")
     src_tensors = _tensors_by_offset(src_header)
     dst_tensors = _tensors_by_offset(dst_header)
     if sorted(src_tensors) != sorted(dst_tensors):

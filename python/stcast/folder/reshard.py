@@ -231,6 +231,9 @@ def plan(
             **precision,
             keep_names=names,
             unquantized=reshard.group_unquantized(g),
+            # For the record of convert's options in each shard (`record`), as written.
+            **source,
+            name=name,
             allow_quantized=allow_quantized,
         )
         first = g.inputs[0].source_rel
@@ -241,10 +244,10 @@ def plan(
         overhead = max(0, sum(w.size for w in g.inputs) - sum(s["data_bytes"] for s in shards))
         units = []
         for i, s in enumerate(shards):
-            name = _core.shard_file_name(g.stem, i + 1, len(shards))
+            file_name = _core.shard_file_name(g.stem, i + 1, len(shards))
             units.append(
                 Unit(
-                    rel=_join(g.dir, name),
+                    rel=_join(g.dir, file_name),
                     group=k,
                     number=i,
                     names=s["tensors"],

@@ -95,6 +95,16 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
     else:
         weights, indexes, configs, others, _, _ = walk(src, follow_links=True)
     found = set(listing(dst))
+    shards = sorted(r for r in found if r.endswith(WEIGHTS_SUFFIX))
+    if shards:
+        # A re-sharding's stem and how SRC was read: as given, else as DST's record says.
+        recorded = _core.recorded_source(
+            os.path.join(dst, shards[0]), name, given.key, list(given.strip_prefix)
+        )
+        name = recorded[0]
+        if single:
+            key = {"key": recorded[1]} if recorded[1] is not None else {}
+            source = {**source, **key, "strip_prefix": recorded[2]}
     if to is None:
         # An FP8 output's strategy is its config's: a weight's scale can fit both.
         to = next(filter(None, (_configured(dst, f) for f in configs if f.rel in found)), None)
@@ -172,7 +182,12 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
             "the one it was re-sharded into)",
         )
     elif missing:
-        mismatch = fail(missing[0], "is in SRC but not in DST")
+        # Re-sharded under another stem (convert --name, not recorded): the name that finds it.
+        stems = [r[: -len(INDEX_SUFFIX)] for r in sorted(found) if r.endswith(INDEX_SUFFIX)]
+        hint = ""
+        if name is None and len(stems) == 1 and "/" not in stems[0]:
+            hint = f" (DST holds the index of {_esc(stems[0])}: {{name={_esc(stems[0])}}}?)"
+        mismatch = fail(missing[0], "is in SRC but not in DST" + hint)
     elif extra and not loose:
         mismatch = fail(extra[0], "is in DST but not in SRC ({loose} ignores extra files)")
     else:

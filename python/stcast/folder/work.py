@@ -108,9 +108,6 @@ class Item:
         published."""
         u, g = self.unit, self.group
         precision = dict(given.precision)
-        if self.keep_names is not None and precision.get("on_overflow") == "keep":
-            # Kept-for-overflow tensors are planned already: no scan of their own.
-            precision["on_overflow"] = "warn"
         # Warnings name the input of a whole file, the output shard otherwise.
         path = u.inputs[0].source_rel if u.whole else u.rel
 
@@ -128,7 +125,11 @@ class Item:
                 out,
                 to=to,
                 **precision,
-                keep_names=self.keep_names or [],
+                # Kept-for-overflow tensors planned already (None: the engine reads for them).
+                keep_names=self.keep_names,
+                # For the record of convert's options in each output (`key`, `name` too).
+                **given.source,
+                name=given.name,
                 unquantized=self.unquantized,
                 # The plan judged the quantization of the folder or group (walk.plan,
                 # reshard.plan); unmatched keep patterns too.

@@ -1,0 +1,180 @@
+//! What `convert` records in each output's `__metadata__` (under `KEY`, after the input's
+//! own keys in their order): the options that decide the output's bytes, as one compact
+//! JSON object. `verify` reads it back and checks DST against those options unless others
+//! are given. A leaf: it asks only `vocab`.
+
+use crate::vocab::{OnOverflow, Target};
+
+/// The `__metadata__` key (and the index's `metadata` key) of the record.
+pub const KEY: &str = "stcast";
+
+/// The options that decide an output's bytes, as convert ran (defaults left out of the
+/// JSON: an absent field is its default).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Record {
+    /// The target's canonical name (`Target::name`): FP8's strategy is its name.
+    pub to: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keep: Vec<String>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub keep_min_size: u64,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub from_bf16: bool,
+    /// `OnOverflow::name`; absent: warn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_overflow: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub strip_prefix: Vec<String>,
+    /// A re-sharding's stem (`convert --name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+impl Record {
+    /// The record of a conversion to `to` (the other options at their defaults).
+    pub fn new(to: Target) -> Record {
+        Record {
+            to: to.name().to_string(),
+            keep: Vec::new(),
+            keep_min_size: 0,
+            from_bf16: false,
+            on_overflow: None,
+            key: None,
+            strip_prefix: Vec::new(),
+            name: None,
+        }
+    }
+
+    /// Set the overflow policy (warn, the default, is left out).
+    pub fn with_on_overflow(mut self, on_overflow: OnOverflow) -> Record {
+        self.on_overflow = (on_overflow != OnOverflow::Warn).then(|| on_overflow.name().into());
+        self
+    }
+
+    /// The compact JSON text written under `KEY`.
+    pub fn text(&self) -> String {
+        serde_json::to_string(self).expect("a record always serializes")
+    }
+
+    /// The record in `text`, as `text` writes it (the one text of each record): else why
+    /// not, in words.
+    pub fn parse(text: &str) -> Result<Record, String> {
+        let r: Record = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        if Target::parse(&r.to).is_none_or(|t| t.name() != r.to) {
+            return Err(format!("unknown target {:?}", r.to));
+        }
+        if let Some(o) = &r.on_overflow {
+            if OnOverflow::from_name(o).is_none_or(|o| o == OnOverflow::Warn) {
+                return Err(format!("unknown on_overflow {o:?}"));
+            }
+        }
+        if r.text() != text {
+            return Err("not the text convert writes".into());
+        }
+        Ok(r)
+    }
+
+    /// The target.
+    pub fn target(&self) -> Target {
+        Target::parse(&self.to).expect("checked by parse")
+    }
+
+    /// The overflow policy.
+    pub fn on_overflow(&self) -> OnOverflow {
+        self.on_overflow
+            .as_deref()
+            .and_then(OnOverflow::from_name)
+            .unwrap_or(OnOverflow::Warn)
+    }
+}
+
+/// The value of `KEY` in `meta`, if any.
+pub fn find(meta: Option<&[(String, String)]>) -> Option<&str> {
+    meta?
+        .iter()
+        .find(|(k, _)| k == KEY)
+        .map(|(_, v)| v.as_str())
+}
+
+/// The `__metadata__` of an output of an input with `meta`: with `record`, the input's keys
+/// in their order but its own `KEY`, then `KEY`; without, the input's as it is.
+pub fn with_record(
+    meta: Option<&[(String, String)]>,
+    record: Option<&str>,
+) -> Option<Vec<(String, String)>> {
+    let Some(record) = record else {
+        return meta.map(<[_]>::to_vec);
+    };
+    let mut out: Vec<(String, String)> = meta
+        .unwrap_or_default()
+        .iter()
+        .filter(|(k, _)| k != KEY)
+        .cloned()
+        .collect();
+    out.push((KEY.to_string(), record.to_string()));
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_compactly_with_defaults_left_out() {
+        let r = Record::new(Target::Bf16);
+        assert_eq!(r.text(), r#"{"to":"bf16"}"#);
+        let r = Record {
+            keep: vec!["*norm*".into()],
+            keep_min_size: 4096,
+            key: Some("model".into()),
+            ..Record::new(Target::Fp8Block)
+        }
+        .with_on_overflow(OnOverflow::Keep);
+        let t = r.text();
+        assert_eq!(
+            t,
+            r#"{"to":"fp8-block","keep":["*norm*"],"keep_min_size":4096,"on_overflow":"keep","key":"model"}"#
+        );
+        assert_eq!(Record::parse(&t).unwrap(), r);
+        assert_eq!(r.on_overflow(), OnOverflow::Keep);
+        for bad in [
+            r#"{"to":"bf17"}"#,
+            r#"{"to":"half"}"#,
+            r#"{"to":"bf16","x":1}"#,
+            r#"{"to": "bf16"}"#,
+            r#"{"to":"bf16","on_overflow":"warn"}"#,
+            "",
+        ] {
+            assert!(Record::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn goes_last_replacing_the_inputs_own() {
+        let m = |p: &[(&str, &str)]| -> Vec<(String, String)> {
+            p.iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect()
+        };
+        let meta = m(&[("z", "1"), (KEY, "old"), ("a", "2")]);
+        assert_eq!(
+            with_record(Some(&meta), Some("new")),
+            Some(m(&[("z", "1"), ("a", "2"), (KEY, "new")]))
+        );
+        assert_eq!(with_record(Some(&meta), None), Some(meta.clone()));
+        assert_eq!(with_record(None, None), None);
+        assert_eq!(with_record(None, Some("r")), Some(m(&[(KEY, "r")])));
+        assert_eq!(find(Some(&meta)), Some("old"));
+    }
+}

@@ -1,0 +1,167 @@
+"""convert records its options in each output's `__metadata__` (`stcast`); `verify SRC DST`
+with no options uses them, options given override them, `no_record` records nothing."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import stcast
+from safetensors.numpy import save_file
+
+
+def _meta(path: Path) -> dict[str, str] | None:
+    b = path.read_bytes()
+    n = struct.unpack("<Q", b[:8])[0]
+    return json.loads(b[8 : 8 + n]).get("__metadata__")
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(3)
+    p = tmp_path / "m.safetensors"
+    tensors = {
+        "layer.weight": rng.standard_normal((32, 32)).astype(np.float32),
+        "norm.weight": rng.standard_normal(32).astype(np.float32),
+        "big": (rng.standard_normal(8) * 1e6).astype(np.float32),
+    }
+    save_file(tensors, str(p), metadata={"z": "1", "stcast": "old", "a": "2"})
+    return p
+
+
+CASES = [
+    {},
+    {"keep": ["*norm*"], "keep_min_size": 64},
+    {"to": "fp16", "on_overflow": "keep"},
+    {"to": "fp16", "from_bf16": True},
+    {"to": "fp8"},
+    {"to": "fp8-block"},
+]
+
+
+@pytest.mark.filterwarnings("ignore:no model config describes")
+@pytest.mark.parametrize("options", CASES)
+def test_optionless_verify_passes_on_what_convert_wrote(src, tmp_path, options):
+    dst = tmp_path / "out.safetensors"
+    stcast.convert(str(src), str(dst), **options)
+    meta = _meta(dst)
+    assert meta is not None
+    # The input's keys in their order, its own record replaced, then the record.
+    own = [k for k in _meta(src) or {} if k != "stcast"]
+    assert list(meta) == [*own, "stcast"]
+    record = json.loads(meta["stcast"])
+    assert record["to"] == options.get("to", "bf16")
+    for k in ("keep", "keep_min_size", "on_overflow", "from_bf16"):
+        assert record.get(k) == options.get(k)
+    assert stcast.verify(str(src), str(dst)).ok
+
+
+def test_given_options_override_the_record(src, tmp_path):
+    dst = tmp_path / "out.safetensors"
+    stcast.convert(str(src), str(dst), keep=["*norm*"])
+    assert stcast.verify(str(src), str(dst)).ok
+    assert stcast.verify(str(src), str(dst), keep=["*norm*"]).ok
+    # Another pattern given: norm.weight is then one these options convert.
+    r = stcast.verify(str(src), str(dst), keep=["nothing*"])
+    assert not r.ok and "norm.weight" in str(r.mismatch)
+    r = stcast.verify(str(src), str(dst), to="fp16")
+    assert not r.ok
+
+
+def test_a_tampered_output_fails(src, tmp_path):
+    dst = tmp_path / "out.safetensors"
+    stcast.convert(str(src), str(dst), to="fp16", on_overflow="keep")
+    b = bytearray(dst.read_bytes())
+    b[-1] ^= 1
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(bytes(b))
+    assert not stcast.verify(str(src), str(bad)).ok
+    # A record convert never writes.
+    text = dst.read_bytes()
+    bad.write_bytes(text.replace(b'"on_overflow\\":\\"keep\\"', b'"on_overflow\\":\\"kept\\"'))
+    r = stcast.verify(str(src), str(bad))
+    assert not r.ok and "not a record convert writes" in str(r.mismatch)
+    # The record says warn: the kept tensor is then one convert would have converted.
+    old = b',\\"on_overflow\\":\\"keep\\"'
+    assert old in text
+    bad.write_bytes(text.replace(old, b" " * len(old)))
+    assert not stcast.verify(str(src), str(bad)).ok
+
+
+def test_no_record_leaves_the_inputs_metadata_and_needs_the_options(src, tmp_path):
+    dst = tmp_path / "out.safetensors"
+    stcast.convert(str(src), str(dst), keep=["*norm*"], no_record=True)
+    assert _meta(dst) == {"z": "1", "stcast": "old", "a": "2"}
+    assert not stcast.verify(str(src), str(dst)).ok
+    assert stcast.verify(str(src), str(dst), keep=["*norm*"]).ok
+
+
+def test_missing_dst_is_named(src, tmp_path):
+    with pytest.raises(OSError, match="DST does not exist"):
+        stcast.verify(str(src), str(tmp_path / "nope.safetensors"))
+
+
+@pytest.mark.filterwarnings("ignore:__metadata__ has no")
+def test_folder_and_reshard_outputs_verify_without_options(src, tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(src.read_bytes())
+    out = tmp_path / "out"
+    stcast.convert(str(folder), str(out), keep=["*norm*"], to="fp16", on_overflow="keep")
+    assert json.loads(_meta(out / "model.safetensors")["stcast"])["keep"] == ["*norm*"]
+    assert stcast.verify(str(folder), str(out)).ok
+    assert not stcast.verify(str(folder), str(out), keep=["x"]).ok
+    shards = tmp_path / "shards"
+    stcast.convert(str(folder), str(shards), max_shard_size="1KB", keep_min_size=64)
+    files = sorted(p.name for p in shards.glob("*.safetensors"))
+    assert len(files) > 1
+    for f in files:
+        assert json.loads(_meta(shards / f)["stcast"])["keep_min_size"] == 64
+    assert stcast.verify(str(folder), str(shards)).ok
+    assert not stcast.verify(str(folder), str(shards), keep_min_size=0).ok
+
+
+@pytest.mark.filterwarnings("ignore:__metadata__ has no")
+def test_a_named_resharding_verifies_without_name_and_hints_it_without_a_record(src, tmp_path):
+    out = tmp_path / "named"
+    stcast.convert(str(src), str(out), max_shard_size="1KB", name="model")
+    assert (out / "model.safetensors.index.json").exists()
+    assert stcast.verify(str(src), str(out)).ok
+    bare = tmp_path / "bare"
+    stcast.convert(str(src), str(bare), max_shard_size="1KB", name="model", no_record=True)
+    r = stcast.verify(str(src), str(bare))
+    assert not r.ok and "{name=model}" in r.mismatch.message.template
+    assert stcast.verify(str(src), str(bare), name="model").ok
+
+
+def test_a_pytorch_checkpoint_read_at_a_key_verifies_without_it(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from torchfile import StateDict, write_zip
+
+    rng = np.random.default_rng(5)
+    arrays = {
+        "module.a.weight": rng.standard_normal((16, 16)).astype(np.float32),
+        "module.b.weight": rng.standard_normal((16, 16)).astype(np.float32),
+    }
+    objs, storages = StateDict(arrays).pickled()
+    ckpt = tmp_path / "last.ckpt"
+    write_zip(ckpt, {"state_dict": objs, "epoch": 3}, storages)
+    one = tmp_path / "out.safetensors"
+    stcast.convert(str(ckpt), str(one), key="state_dict", strip_prefix=["module."])
+    assert json.loads(_meta(one)["stcast"]) == {
+        "to": "bf16",
+        "key": "state_dict",
+        "strip_prefix": ["module."],
+    }
+    assert stcast.verify(str(ckpt), str(one)).ok
+    shards = tmp_path / "shards"
+    stcast.convert(
+        str(ckpt), str(shards), key="state_dict", strip_prefix=["module."], max_shard_size="1KB"
+    )
+    assert len(list(shards.glob("*.safetensors"))) > 1
+    assert stcast.verify(str(ckpt), str(shards)).ok
