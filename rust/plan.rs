@@ -65,7 +65,7 @@ impl Reason {
         match self {
             Reason::Converted => "it is converted".into(),
             Reason::Quantized => "it is quantized to FP8".into(),
-            Reason::Dequantized => "it is dequantized from FP8 with its scale".into(),
+            Reason::Dequantized => "it is dequantized with its scale".into(),
             Reason::Dropped => {
                 "it is an FP8 scale or zero point, used to dequantize and not written".into()
             }

@@ -1142,6 +1142,62 @@ mod tests {
     }
 
     #[test]
+    fn packed_weights_paired_renamed_and_refused() {
+        let shapes = [("m.weight_shape".to_string(), [6, 100])];
+        let ts = [
+            t("m.weight_packed", Dtype::I32, &[6, 13]), // ceil(100 * 4 / 32) = 13 words
+            t("m.weight_scale", Dtype::BF16, &[6, 4]),
+            t("m.weight_shape", Dtype::I64, &[2]),
+            t("m.weight_zero_point", Dtype::I32, &[1, 4]), // ceil(6 * 4 / 32) = 1
+            t("f.weight_packed", Dtype::U8, &[3, 16]),
+            t("f.weight_scale", Dtype::F8_E4M3, &[3, 2]),
+            t("f.weight_global_scale", Dtype::F32, &[1]),
+            t("e.up_blocks", Dtype::U8, &[2, 5, 3, 16]),
+            t("e.up_scales", Dtype::U8, &[2, 5, 3]),
+        ];
+        let (deq, dropped) = dequantizable(&ts, &shapes, Dtype::BF16).unwrap();
+        let m = deq[0].unwrap();
+        assert_eq!(m.packing, Packing::Int { bits: 4 });
+        assert_eq!((m.rows, m.cols, m.layout), (6, 100, Layout::Group(25)));
+        assert_eq!(
+            (m.out_name("m.weight_packed"), m.out_shape(&[6, 13])),
+            ("m.weight", vec![6, 100])
+        );
+        assert_eq!((m.src_row(), m.out_row()), (52, 200));
+        let f = deq[4].unwrap();
+        assert_eq!(
+            f.packing,
+            Packing::Nvfp4 {
+                global: 6,
+                scalar: false
+            }
+        );
+        assert_eq!(f.companions().collect::<Vec<_>>(), [5, 6]);
+        let e = deq[7].unwrap();
+        assert_eq!(e.packing, Packing::GptOss { experts: 2 });
+        assert_eq!(
+            (e.out_name("e.up_blocks"), e.out_shape(&[2, 5, 3, 16])),
+            ("e.up", vec![2, 96, 5])
+        );
+        assert_eq!(e.out_len(2 * 5 * 3 * 16), 2 * 96 * 5 * 2);
+        assert_eq!(
+            dropped,
+            [false, true, true, true, false, true, true, false, true]
+        );
+        // No weight_shape: INT4 and INT8 are not told apart; a shape the words cannot hold.
+        let (n, p) = dequantizable(&ts[..2], &[], Dtype::BF16).unwrap_err();
+        assert!(n == "m.weight_packed" && matches!(p, Fp8Problem::Packed { .. }));
+        let wide = [("m.weight_shape".to_string(), [6, 1000])];
+        let (n, _) = dequantizable(&ts[..3], &wide, Dtype::BF16).unwrap_err();
+        assert_eq!(n, "m.weight_packed");
+        // An NVFP4 scale of the wrong shape names the scale.
+        let mut bad = ts[4..7].to_vec();
+        bad[1] = t("f.weight_scale", Dtype::F8_E4M3, &[3, 4]);
+        let (n, _) = dequantizable(&bad, &[], Dtype::BF16).unwrap_err();
+        assert_eq!(n, "f.weight_scale");
+    }
+
+    #[test]
     fn groups_and_scales() {
         let q = Quant {
             d: Dtype::F32,

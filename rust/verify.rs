@@ -671,6 +671,20 @@ impl Verifier {
                 self.report.mismatch = Some(self.describe(pair, index));
                 return Ok(true);
             }
+            if let Expect::Dequantize(q) = pair.expect {
+                if let Packing::GptOss { .. } = q.packing {
+                    // Its windows read all an expert's rows, and its scales: dropped once
+                    // the expert is done.
+                    let s = &self.src.header.tensors[pair.src];
+                    let expert = q.rows * (q.cols / 2);
+                    let done = (w.pos + w.len) / expert.max(1);
+                    let (file, at) = self.src.locate(s);
+                    file.release((at, at + done * expert));
+                    let sc = &self.src.header.tensors[q.scale];
+                    let (file, at) = self.src.locate(sc);
+                    file.release((at, at + done * (expert / 16)));
+                }
+            }
             match &self.src.header.tensors[pair.src].gather {
                 None => self.src_reads.release(
                     &self.src.files,

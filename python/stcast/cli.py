@@ -820,7 +820,7 @@ _REASONS = {
     "not_converted": "copy: not converted",
     "not_float": "copy: not a float",
     "quantized": "quantize: FP8 + scale",
-    "dequantized": "dequantize: FP8 x scale",
+    "dequantized": "dequantize: codes x scale",
     "dropped": "drop: a scale or zero point, used to dequantize",
 }
 
