@@ -536,10 +536,10 @@ fn check_companions(
     dst: PathBuf,
     to: Option<Target>,
     loose: bool,
-    stray: Vec<String>,
-    output: Vec<String>,
-    copies: Vec<(String, PathBuf)>,
-    configs: Vec<(String, Vec<u8>)>,
+    stray: Vec<PathBuf>,
+    output: Vec<PathBuf>,
+    copies: Vec<(PathBuf, PathBuf)>,
+    configs: Vec<(PathBuf, Vec<u8>)>,
     indexes: Vec<check::Index>,
 ) -> PyResult<Option<check::Finding>> {
     let c = check::Companions {
@@ -558,7 +558,7 @@ fn check_companions(
 fn written_index(
     py: Python<'_>,
     dst: PathBuf,
-    rel: &str,
+    rel: PathBuf,
     text: &str,
     weight_map: Vec<(String, String)>,
     fp8: bool,
@@ -566,7 +566,7 @@ fn written_index(
 ) -> PyResult<Cow<'static, [u8]>> {
     let scales = check::Scales::of(fp8, dequantize);
     let text = guarded(py, || {
-        check::written_index(&dst, rel, text, &weight_map, scales)
+        check::written_index(&dst, &rel, text, &weight_map, scales)
     })?;
     Ok(text.into_bytes().into())
 }
@@ -576,10 +576,10 @@ fn written_index(
 fn index_total(
     py: Python<'_>,
     dst: PathBuf,
-    rel: &str,
+    rel: PathBuf,
     map: Vec<(String, String)>,
 ) -> PyResult<u64> {
-    guarded(py, || check::index_total(&dst, rel, &map))
+    guarded(py, || check::index_total(&dst, &rel, &map))
 }
 
 /// A source's index, checked, shards relative to the top folder (`run::check::read_index`).
@@ -587,11 +587,11 @@ fn index_total(
 fn read_index(
     py: Python<'_>,
     path: PathBuf,
-    rel: &str,
+    rel: PathBuf,
     torch: bool,
-    found: HashSet<String>,
+    found: HashSet<PathBuf>,
 ) -> PyResult<(String, Vec<(String, String)>)> {
-    guarded(py, || check::read_index(&path, rel, torch, &found))
+    guarded(py, || check::read_index(&path, &rel, torch, &found))
 }
 
 /// The header of a safetensors file (`source::read_header`).
