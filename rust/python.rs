@@ -542,19 +542,14 @@ fn check_companions(
     dst: PathBuf,
     to: Option<Target>,
     loose: bool,
-    stray: Vec<OsString>,
+    stray: Vec<PathBuf>,
     output: Vec<PathBuf>,
     copies: Vec<(PathBuf, PathBuf)>,
-    configs: Vec<(String, Vec<u8>)>,
+    configs: Vec<(PathBuf, Vec<u8>)>,
     indexes: Vec<check::Index>,
 ) -> PyResult<Option<check::Finding>> {
     let c = check::Companions {
-        // An index no run wrote may be named in bytes that are not UTF-8: it then cannot
-        // be opened under its lossy name, and is reported as unreadable.
-        stray: stray
-            .iter()
-            .map(|r| r.to_string_lossy().into_owned())
-            .collect(),
+        stray,
         output,
         copies,
         configs,
@@ -569,7 +564,7 @@ fn check_companions(
 fn written_index(
     py: Python<'_>,
     dst: PathBuf,
-    rel: &str,
+    rel: PathBuf,
     text: &str,
     weight_map: Vec<(String, String)>,
     fp8: bool,
@@ -577,7 +572,7 @@ fn written_index(
 ) -> PyResult<Cow<'static, [u8]>> {
     let scales = check::Scales::of(fp8, dequantize);
     let text = guarded(py, || {
-        check::written_index(&dst, rel, text, &weight_map, scales)
+        check::written_index(&dst, &rel, text, &weight_map, scales)
     })?;
     Ok(text.into_bytes().into())
 }
@@ -587,10 +582,10 @@ fn written_index(
 fn index_total(
     py: Python<'_>,
     dst: PathBuf,
-    rel: &str,
+    rel: PathBuf,
     map: Vec<(String, String)>,
 ) -> PyResult<u64> {
-    guarded(py, || check::index_total(&dst, rel, &map))
+    guarded(py, || check::index_total(&dst, &rel, &map))
 }
 
 /// A source's index, checked, shards relative to the top folder (`run::check::read_index`).
@@ -598,11 +593,11 @@ fn index_total(
 fn read_index(
     py: Python<'_>,
     path: PathBuf,
-    rel: &str,
+    rel: PathBuf,
     torch: bool,
-    found: HashSet<String>,
+    found: HashSet<PathBuf>,
 ) -> PyResult<(String, Vec<(String, String)>)> {
-    guarded(py, || check::read_index(&path, rel, torch, &found))
+    guarded(py, || check::read_index(&path, &rel, torch, &found))
 }
 
 /// The header of a safetensors file (`source::read_header`).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import runpy
 from pathlib import Path
 
@@ -653,3 +654,25 @@ def test_loose_ignores_stale_index(tmp_path, run_main):
     )
     rc, _, err = run_main("verify", src, tmp_path / "plain", "--loose")
     assert rc == 1 and "gone.safetensors" in err, err
+
+
+def test_folder_files_whose_names_are_not_utf8_are_verified(tmp_path):
+    """A copy whose name is not UTF-8 (a surrogate-escaped str) is checked like
+    any other: passed as convert wrote it, its change named. (Was, while verify's checks
+    moved into the engine: UnicodeEncodeError on the way in.)"""
+    src, dst = bytes(tmp_path / "src"), bytes(tmp_path / "dst")
+    os.mkdir(src)
+    for i, name in enumerate("ab"):
+        tensors = {name: ("F32", [2], np.ones(2, np.float32))}
+        write_safetensors(os.fsdecode(src + b"/m-0000%d-of-00002.safetensors" % (i + 1)), tensors)
+    index = {"a": "m-00001-of-00002.safetensors", "b": "m-00002-of-00002.safetensors"}
+    with open(src + b"/m.safetensors.index.json", "w") as f:
+        json.dump({"weight_map": index}, f)
+    with open(src + b"/tok\xff.json", "w") as f:
+        f.write("{}")
+    stcast.convert(os.fsdecode(src), os.fsdecode(dst))
+    assert stcast.verify(os.fsdecode(src), os.fsdecode(dst)).ok
+    with open(dst + b"/tok\xff.json", "w") as f:
+        f.write("{ }")
+    report = stcast.verify(os.fsdecode(src), os.fsdecode(dst))
+    assert report.mismatch is not None and report.mismatch.file == "tok\udcff.json"

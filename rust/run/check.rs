@@ -4,6 +4,7 @@
 //! tensors to another file. Each answer is a `Finding`: the file and what is wrong with it.
 
 use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -20,7 +21,7 @@ pub const MAX_JSON_BYTES: u64 = 256 << 20;
 
 /// A file of DST that is not what SRC's makes of it: its path relative to DST and what is
 /// wrong (a message template).
-pub type Finding = (String, String);
+pub type Finding = (OsString, String);
 
 /// An index that does not agree with the shards, or is no index (`Error::BadIndex`).
 fn bad_index(path: &Path, why: String) -> Error {
@@ -44,7 +45,7 @@ fn why(e: &Error) -> String {
 const CONFIG_DIFFERS: &str = "is not SRC's config with the dtype set to the target";
 
 /// An index as read: its text and its weight map (tensor, shard path relative to DST).
-pub type Index = (String, String, Vec<(String, String)>);
+pub type Index = (PathBuf, String, Vec<(String, String)>);
 
 /// What verify checks in DST besides the weights, in this order: the indexes DST holds
 /// beside the output (`stray`, against the output's weight files `output`), the copies
@@ -52,25 +53,24 @@ pub type Index = (String, String, Vec<(String, String)>);
 /// (DST's rel, SRC's text and weight map).
 #[derive(Debug, Default)]
 pub struct Companions {
-    pub stray: Vec<String>,
-    /// The output's weight files (their names need not be UTF-8).
+    pub stray: Vec<PathBuf>,
     pub output: Vec<PathBuf>,
     pub copies: Vec<(PathBuf, PathBuf)>,
-    pub configs: Vec<(String, Vec<u8>)>,
+    pub configs: Vec<(PathBuf, Vec<u8>)>,
     pub indexes: Vec<Index>,
 }
 
 /// The first file of `c` that DST does not hold as convert writes it (under the target
 /// `to`, None if not known); `loose` takes JSON with the same data for the same file.
 pub fn check(dst: &Path, fp8: bool, loose: bool, c: &Companions) -> Result<Option<Finding>> {
-    let finding = |rel: &str, template: String| Ok(Some((rel.to_string(), template)));
+    let finding = |rel: &Path, template: String| Ok(Some((rel.as_os_str().into(), template)));
     if let Some(found) = stray_index(dst, &c.stray, &c.output)? {
         return Ok(Some(found));
     }
     for (rel, src) in &c.copies {
         if !same_bytes(src, &dst.join(rel)) {
             let why = "differs from the file in SRC (copies must be byte for byte)";
-            return finding(&rel.to_string_lossy(), why.to_string());
+            return finding(rel, why.to_string());
         }
     }
     for (rel, want) in &c.configs {
@@ -115,7 +115,7 @@ fn shards(weight_map: &[(String, String)]) -> Vec<&str> {
 
 /// DST's index at `rel` against the shards written: every tensor where it says, every
 /// shard tensor listed. The total size of the tensors (the index's `total_size`).
-pub fn index_total(dst: &Path, rel: &str, weight_map: &[(String, String)]) -> Result<u64> {
+pub fn index_total(dst: &Path, rel: &Path, weight_map: &[(String, String)]) -> Result<u64> {
     let mut total = 0;
     let mut held: HashMap<&str, HashSet<String>> = HashMap::new();
     let shards = shards(weight_map);
@@ -125,7 +125,7 @@ pub fn index_total(dst: &Path, rel: &str, weight_map: &[(String, String)]) -> Re
         held.insert(shard, written.into_iter().map(|(name, _)| name).collect());
     }
     let changed = "(was the source changed during the run?)";
-    let (tensor, rel) = (esc, esc(rel));
+    let (tensor, rel) = (esc, esc_path(rel));
     let map: HashMap<&str, &str> = weight_map
         .iter()
         .map(|(t, s)| (t.as_str(), s.as_str()))
@@ -191,7 +191,7 @@ const PACKED: [&str; 2] = [PACKED_SUFFIX, BLOCKS_SUFFIX];
 /// tensors (`json::index`); each entry checked against the shards (`index_total`).
 pub fn written_index(
     dst: &Path,
-    rel: &str,
+    rel: &Path,
     text: &str,
     weight_map: &[(String, String)],
     scales: Scales,
@@ -262,19 +262,12 @@ pub fn dequantized(dst: &Path, weight_map: &[(String, String)]) -> bool {
 /// it must hold what the shards it names hold, and place none of the output's tensors
 /// (those of its weight files `output`) in another file (an earlier cut's index, left
 /// beside the output, routes a loader to its stale shards).
-fn stray_index(
-    dst: &Path,
-    rels: &[String],
-    output: &[PathBuf],
-) -> Result<Option<(String, String)>> {
+fn stray_index(dst: &Path, rels: &[PathBuf], output: &[PathBuf]) -> Result<Option<Finding>> {
     if rels.is_empty() {
         return Ok(None);
     }
-    let found: HashSet<String> = listing(dst)?
-        .into_iter()
-        .map(|r| r.to_string_lossy().into_owned())
-        .collect();
-    let mut holder: HashMap<String, &Path> = HashMap::new();
+    let found: HashSet<PathBuf> = listing(dst)?.into_iter().map(PathBuf::from).collect();
+    let mut holder: HashMap<String, &PathBuf> = HashMap::new();
     for rel in output {
         // A file that cannot be read: the weights' own check says what is wrong with it.
         for (name, _) in tensors(&dst.join(rel)).unwrap_or_default() {
@@ -288,20 +281,20 @@ fn stray_index(
             Ok(map) => map,
             Err(e) => {
                 let why = format!("an index DST holds beside the output: {}", why(&e));
-                return Ok(Some((rel.clone(), why)));
+                return Ok(Some((rel.into(), why)));
             }
         };
         map.sort();
         for (tensor, shard) in map {
-            if let Some(&held) = holder.get(&tensor).filter(|&&h| h != Path::new(&shard)) {
+            if let Some(&held) = holder.get(&tensor).filter(|&&h| *h != Path::new(&shard)) {
                 let why = format!(
                     "places tensor `{}` in `{}`, while the verified output holds it in `{}`: a \
                      loader reading this index loads another file's",
                     esc(&tensor),
                     esc(&shard),
-                    esc(&held.to_string_lossy())
+                    esc_path(held)
                 );
-                return Ok(Some((rel.clone(), why)));
+                return Ok(Some((rel.into(), why)));
             }
         }
     }
@@ -314,9 +307,9 @@ fn stray_index(
 /// their safetensors names. Refused before any shard is opened.
 pub fn read_index(
     path: &Path,
-    rel: &str,
+    rel: &Path,
     torch: bool,
-    found: &HashSet<String>,
+    found: &HashSet<PathBuf>,
 ) -> Result<(String, Vec<(String, String)>)> {
     let refuse = |why: String| bad_index(path, why);
     let bytes = read_bounded(path)?;
@@ -351,7 +344,10 @@ pub fn read_index(
                 .into(),
         ));
     }
-    let folder = rel.rsplit_once('/').map_or("", |(f, _)| f);
+    let folder = rel.parent().unwrap_or(Path::new(""));
+    let Some(folder) = folder.to_str() else {
+        return Err(refuse("its folder's name is not UTF-8 text".into()));
+    };
     let mut out = Vec::with_capacity(map.len());
     let mut renames = HashMap::new();
     for (tensor, name) in map {
@@ -382,7 +378,7 @@ pub fn read_index(
             "" => plain.clone(),
             _ => format!("{folder}/{plain}"),
         };
-        if !found.contains(&shard) {
+        if !found.contains(Path::new(&shard)) {
             let why = format!("names shard `{}`, which is missing", esc(&plain));
             return Err(refuse(why));
         }

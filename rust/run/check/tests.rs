@@ -50,22 +50,22 @@ fn an_index_gets_the_total_size_of_the_shards_and_must_agree_with_them() {
     shard(&dst.join("x.safetensors"), &[("a", "BF16", 4)]);
     shard(&dst.join("y.safetensors"), &[("b", "BF16", 6)]);
     let wm = map(&[("a", "x.safetensors"), ("b", "y.safetensors")]);
-    assert_eq!(index_total(&dst, "i.json", &wm).unwrap(), 10);
-    let text = written_index(&dst, "i.json", INDEX, &wm, Scales::Kept).unwrap();
+    assert_eq!(index_total(&dst, Path::new("i.json"), &wm).unwrap(), 10);
+    let text = written_index(&dst, Path::new("i.json"), INDEX, &wm, Scales::Kept).unwrap();
     assert_eq!(
         text,
         INDEX.replace("\"total_size\": 1", "\"total_size\": 10")
     );
     // A tensor the shard does not hold; one the index does not list.
     let wrong = map(&[("a", "x.safetensors"), ("b", "x.safetensors")]);
-    let e = index_total(&dst, "i.json", &wrong).unwrap_err();
+    let e = index_total(&dst, Path::new("i.json"), &wrong).unwrap_err();
     assert!(e
         .template()
         .contains("lists tensor `b` there, but the file written does not hold it"));
     assert_eq!(e.path(), Some(dst.join("x.safetensors").as_path()));
     assert_eq!(e.kind(), crate::vocab::ErrorKind::InvalidInput);
     let short = map(&[("a", "x.safetensors"), ("c", "y.safetensors")]);
-    let e = index_total(&dst, "i.json", &short).unwrap_err();
+    let e = index_total(&dst, Path::new("i.json"), &short).unwrap_err();
     assert!(
         why(&e).starts_with("the index i.json lists tensor `c`"),
         "{}",
@@ -75,7 +75,7 @@ fn an_index_gets_the_total_size_of_the_shards_and_must_agree_with_them() {
         &dst.join("y.safetensors"),
         &[("b", "BF16", 6), ("c", "BF16", 2)],
     );
-    let e = index_total(&dst, "i.json", &wm).unwrap_err();
+    let e = index_total(&dst, Path::new("i.json"), &wm).unwrap_err();
     assert!(why(&e).starts_with("holds tensor `c`, which the index i.json does not list there"));
 }
 
@@ -90,7 +90,7 @@ fn fp8_scales_are_added_and_a_dequantized_shards_dropped() {
     let wm = map(&[("l.weight", "x.safetensors"), ("m.weight", "y.safetensors")]);
     let text =
         "{\"weight_map\": {\"m.weight\": \"y.safetensors\", \"l.weight\": \"x.safetensors\"}}";
-    let fp8 = written_index(&dst, "i.json", text, &wm, Scales::Added).unwrap();
+    let fp8 = written_index(&dst, Path::new("i.json"), text, &wm, Scales::Added).unwrap();
     assert_eq!(
         fp8,
         "{\n  \"weight_map\": {\n    \"l.weight\": \"x.safetensors\",\n    \"l.weight_scale\": \
@@ -106,7 +106,7 @@ fn fp8_scales_are_added_and_a_dequantized_shards_dropped() {
     ]);
     assert!(dequantized(&dst, &src));
     let text = "{\"weight_map\": {\"l.weight\": \"x.safetensors\", \"l.weight_scale\": \"x.safetensors\"}}";
-    let deq = written_index(&dst, "i.json", text, &src, Scales::Dropped).unwrap();
+    let deq = written_index(&dst, Path::new("i.json"), text, &src, Scales::Dropped).unwrap();
     assert!(
         deq.contains("\"total_size\": 4") && !deq.contains("weight_scale"),
         "{deq}"
@@ -248,8 +248,14 @@ fn a_pytorch_index_gets_its_shards_safetensors_names() {
     let text = "{\"weight_map\": {\"a\": \"pytorch_model-00001-of-00002.bin\"}}";
     std::fs::create_dir_all(dir.join("sub")).unwrap();
     std::fs::write(dir.join("sub/i.json"), text).unwrap();
-    let found: HashSet<String> = ["sub/model-00001-of-00002.safetensors".to_string()].into();
-    let (got, map) = read_index(&dir.join("sub/i.json"), "sub/i.json", true, &found).unwrap();
+    let found: HashSet<PathBuf> = [PathBuf::from("sub/model-00001-of-00002.safetensors")].into();
+    let (got, map) = read_index(
+        &dir.join("sub/i.json"),
+        Path::new("sub/i.json"),
+        true,
+        &found,
+    )
+    .unwrap();
     assert_eq!(
         got,
         text.replace("pytorch_model", "model")
@@ -259,11 +265,23 @@ fn a_pytorch_index_gets_its_shards_safetensors_names() {
         map,
         [("a".into(), "sub/model-00001-of-00002.safetensors".into())]
     );
-    let e = read_index(&dir.join("sub/i.json"), "sub/i.json", false, &found).unwrap_err();
+    let e = read_index(
+        &dir.join("sub/i.json"),
+        Path::new("sub/i.json"),
+        false,
+        &found,
+    )
+    .unwrap_err();
     assert!(why(&e).starts_with("names shard `pytorch_model-00001-of-00002.bin`, which is missing"));
     let odd = "{\"weight_map\": {\"a\": \"weights.bin\"}}";
     std::fs::write(dir.join("sub/i.json"), odd).unwrap();
-    let e = read_index(&dir.join("sub/i.json"), "sub/i.json", true, &found).unwrap_err();
+    let e = read_index(
+        &dir.join("sub/i.json"),
+        Path::new("sub/i.json"),
+        true,
+        &found,
+    )
+    .unwrap_err();
     assert!(
         why(&e).contains("which is not a PyTorch weight file"),
         "{}",
@@ -274,7 +292,13 @@ fn a_pytorch_index_gets_its_shards_safetensors_names() {
         "{\"weight_map\": {\"a\": \"/etc/x\"}}",
     )
     .unwrap();
-    let e = read_index(&dir.join("sub/i.json"), "sub/i.json", false, &found).unwrap_err();
+    let e = read_index(
+        &dir.join("sub/i.json"),
+        Path::new("sub/i.json"),
+        false,
+        &found,
+    )
+    .unwrap_err();
     assert_eq!(e.kind(), crate::vocab::ErrorKind::Refused);
 }
 
