@@ -494,7 +494,12 @@ def test_prefixes_strip_in_turn_on_safetensors_and_in_verify(tmp_path, run_main,
     ], err
     rc, out, err = run_main("verify", src, dst, *both)
     assert rc == 0 and "exactly the conversion" in out, err
-    rc, out, err = run_main("verify", src, dst)
+    rc, out, err = run_main("verify", src, dst)  # the prefixes convert recorded
+    assert rc == 0 and "exactly the conversion" in out, err
+    bare = tmp_path / "bare.safetensors"
+    rc, out, err = run_main("convert", "-q", src, bare, *both, "--no-record")
+    assert rc == 0, err
+    rc, out, err = run_main("verify", src, bare)  # nothing recorded: SRC's own names
     assert rc == 1, out
     with pytest.warns(stcast.StcastWarning) as caught:
         stcast.convert(src, tmp_path / "api.safetensors", strip_prefix=["_orig_mod.", "module."])
