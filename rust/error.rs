@@ -181,6 +181,14 @@ pub enum Fp8Problem {
         format: &'static str,
         detail: String,
     },
+    /// A packed weight (in `format`) that the folder's model config `config` describes otherwise than its
+    /// tensors store it: the config `says` (`num_bits 8`), the tensors hold (`4-bit codes`).
+    Config {
+        format: &'static str,
+        config: PathBuf,
+        says: String,
+        holds: String,
+    },
     /// `values` of the weight, once dequantized, overflow `target` while overflowing
     /// tensors are to be kept: a dequantized weight has no dtype of its own to keep.
     Overflow {
@@ -279,6 +287,19 @@ impl fmt::Display for Fp8Problem {
                 f,
                 "is a {format} tensor stcast does not dequantize: {}",
                 esc(detail)
+            ),
+            Fp8Problem::Config {
+                format,
+                config,
+                says,
+                holds,
+            } => write!(
+                f,
+                "is a {format} weight whose config {} says {}, but its tensors hold {} \
+                 (a config that does not describe its tensors)",
+                esc_path(config),
+                esc(says),
+                esc(holds)
             ),
             Fp8Problem::ZeroPointWithScaleInv { weight, scale_inv } => write!(
                 f,

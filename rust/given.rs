@@ -275,6 +275,9 @@ pub struct Settings {
     /// None: not said (a plain inspection then only warns of a quantized checkpoint).
     pub allow_quantized: Option<bool>,
     pub quantization_config: Option<PathBuf>,
+    /// The model config whose `quantization_config` describes the packed weights a folder
+    /// run dequantizes (`quant::Schemes`).
+    pub packed_config: Option<PathBuf>,
     pub follow_links: bool,
     /// FP8 targets: the weights a read before planning found to hold NaN or inf (a
     /// re-sharded group's, read once for all its shards). None: the task reads them.
@@ -307,6 +310,7 @@ impl Default for Settings {
             loose: false,
             allow_quantized: None,
             quantization_config: None,
+            packed_config: None,
             follow_links: false,
             unquantized: None,
             name: None,
@@ -376,6 +380,7 @@ impl Settings {
             unmatched: self.keep_unmatched,
             allow_quantized: self.allow_quantized.unwrap_or(false),
             quantization_config: self.quantization_config.clone(),
+            schemes: self.packed_config.as_deref().map(schemes).transpose()?,
             unquantized: self
                 .unquantized
                 .as_ref()
@@ -486,6 +491,23 @@ impl Settings {
         }
         .verify(tuning)
     }
+}
+
+/// The schemes model config `path` gives its packed weights (`Settings::packed_config`).
+fn schemes(path: &std::path::Path) -> crate::Result<crate::quant::Schemes> {
+    let what = "read the model config";
+    let bytes = std::fs::read(path).map_err(|e| crate::error::Error::io(path, what, e))?;
+    let bad = |e: &dyn std::fmt::Display| {
+        let e = std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string());
+        crate::error::Error::io(path, what, e)
+    };
+    let text = String::from_utf8(bytes).map_err(|e| bad(&e))?;
+    let groups = crate::run::json::schemes(&text)
+        .map_err(|e| bad(&format!("not JSON (at byte {})", e.0)))?;
+    Ok(crate::quant::Schemes {
+        config: path.to_path_buf(),
+        groups,
+    })
 }
 
 #[cfg(test)]

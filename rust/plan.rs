@@ -123,6 +123,9 @@ pub struct PlanOptions {
     /// The config of the folder this file is in, when it has a `quantization_config`:
     /// the file is then quantized whatever its dtypes (its I8/U8 weights count too).
     pub quantization_config: Option<PathBuf>,
+    /// The schemes the folder's model config gives the packed weights this dequantizes:
+    /// each must describe them as their tensors store them (`quant::Schemes::check`).
+    pub schemes: Option<quant::Schemes>,
     /// FP8 targets: the weights that hold NaN or inf, left unquantized in BF16. What a weight
     /// becomes decides the output's sizes and header, so these are found by reading the
     /// weights before anything is planned to be written (`ConvertTask`, `InspectTask`, or
@@ -146,6 +149,7 @@ impl PlanOptions {
             unmatched: Unmatched::Warn,
             allow_quantized: false,
             quantization_config: None,
+            schemes: None,
             unquantized: None,
             record: None,
         }
@@ -419,16 +423,20 @@ pub fn plan(path: &Path, src: &SourceHeader, opts: &PlanOptions) -> Result<Plan>
         Some(_) => src.tensors.iter().map(|t| t.name.as_str()).collect(),
         None => HashSet::new(),
     };
+    let unpaired = |(tensor, problem)| Error::Fp8Unpaired {
+        path: path.to_path_buf(),
+        tensor,
+        problem: Box::new(problem),
+    };
     let (deq, dropped) = match (opts.target.dtype(), strategy) {
-        (Some(d), None) => quant::dequantizable(&src.tensors, &src.weight_shapes, d).map_err(
-            |(tensor, problem)| Error::Fp8Unpaired {
-                path: path.to_path_buf(),
-                tensor,
-                problem: Box::new(problem),
-            },
-        )?,
+        (Some(d), None) => {
+            quant::dequantizable(&src.tensors, &src.weight_shapes, d).map_err(unpaired)?
+        }
         _ => (Vec::new(), Vec::new()),
     };
+    if let Some(schemes) = &opts.schemes {
+        schemes.check(&src.tensors, &deq).map_err(unpaired)?;
+    }
     for (i, t) in src.tensors.iter().enumerate() {
         let hit = patterns.first_match(&t.name);
         if dropped.get(i) == Some(&true) {

@@ -746,6 +746,145 @@ fn packed(
     Ok(Some((d, drop)))
 }
 
+/// One scheme of a compressed-tensors `quantization_config` (a `config_groups` entry's
+/// `weights`, and its format, the group's or the config's): what it says of its packed
+/// weights. A fact the config leaves out (or not as a number, string, bool) is not checked.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Scheme {
+    pub format: Option<String>,
+    /// `type`: `int` or `float`.
+    pub kind: Option<String>,
+    pub num_bits: Option<u64>,
+    pub strategy: Option<String>,
+    pub group_size: Option<u64>,
+    pub symmetric: Option<bool>,
+}
+
+/// What a folder's model config `config` says of the packed weights a run dequantizes: its
+/// compressed-tensors schemes (none for another quant_method: nothing then to check).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Schemes {
+    pub config: std::path::PathBuf,
+    pub groups: Vec<Scheme>,
+}
+
+impl Schemes {
+    /// Does a scheme of the config describe every packed weight of `deq` (`dequantizable`'s,
+    /// of `tensors`) as its tensors store it: its format, type and bits, its grouping, its
+    /// zero points (asymmetric) or none (symmetric)? The error names the weight, what the
+    /// config says and what its tensors hold. One scheme: that one; several: a weight must
+    /// agree with one of them (which module each targets is not told apart here).
+    pub fn check(
+        &self,
+        tensors: &[crate::header::SourceTensor],
+        deq: &[Option<Deq>],
+    ) -> Result<(), (String, Fp8Problem)> {
+        if self.groups.is_empty() {
+            return Ok(());
+        }
+        for (t, d) in tensors.iter().zip(deq) {
+            let Some(d) = d.filter(|d| !matches!(d.packing, Packing::Fp8 | Packing::GptOss { .. }))
+            else {
+                continue;
+            };
+            // None when a scheme agrees; else what the nearest one says: one of the
+            // weight's format, if any.
+            let mut first: Option<(String, String)> = None;
+            for g in &self.groups {
+                let Some(m) = scheme_mismatch(g, d) else {
+                    first = None;
+                    break;
+                };
+                let other_format = |m: &(String, String)| m.0.starts_with("format ");
+                if first
+                    .as_ref()
+                    .is_none_or(|f| other_format(f) && !other_format(&m))
+                {
+                    first = Some(m);
+                }
+            }
+            if let Some((says, holds)) = first {
+                return Err((
+                    t.name.clone(),
+                    Fp8Problem::Config {
+                        format: packed_format(d.packing),
+                        config: self.config.clone(),
+                        says,
+                        holds,
+                    },
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The compressed-tensors formats that store codes as `packing` does, the codes' type and
+/// bits.
+fn scheme_of(packing: Packing) -> (&'static [&'static str], &'static str, u64) {
+    match packing {
+        Packing::Nvfp4 { .. } => (&["nvfp4-pack-quantized"], "float", 4),
+        Packing::Mxfp4 => (&["mxfp4-pack-quantized"], "float", 4),
+        Packing::Int { bits } => (&["pack-quantized"], "int", u64::from(bits)),
+        _ => (&["int-quantized", "naive-quantized"], "int", 8),
+    }
+}
+
+/// The format a packed weight's codes are in, as compressed-tensors names it.
+fn packed_format(packing: Packing) -> &'static str {
+    scheme_of(packing).0[0]
+}
+
+/// What scheme `g` says that packed weight `d` does not hold: (the config's words, the
+/// tensors'), or None when they agree.
+fn scheme_mismatch(g: &Scheme, d: Deq) -> Option<(String, String)> {
+    let (formats, kind, bits) = scheme_of(d.packing);
+    if let Some(f) = g.format.as_deref().filter(|f| !formats.contains(f)) {
+        return Some((format!("format {f}"), format!("{} codes", formats[0])));
+    }
+    if let Some(k) = g.kind.as_deref().filter(|&k| k != kind) {
+        return Some((format!("type {k}"), format!("{kind} codes")));
+    }
+    if let Some(b) = g.num_bits.filter(|&b| b != bits) {
+        return Some((format!("num_bits {b}"), format!("{bits}-bit codes")));
+    }
+    // Rows and columns one scale covers: the tensors', the config's.
+    let (rows, cols) = (d.rows, d.cols);
+    let span = |(r, c): (u64, u64)| (r.min(rows), c.min(cols));
+    let held = span(match d.layout {
+        Layout::Tensor => (rows, cols),
+        Layout::Channel => (1, cols),
+        Layout::Group(g) => (1, g),
+        Layout::Block => (BLOCK, BLOCK),
+    });
+    let show = |(r, c): (u64, u64)| match (r, c) {
+        (1, c) if c == cols => "a scale per row".to_string(),
+        (1, c) => format!("a scale per {c} columns of a row"),
+        _ => "one scale for the tensor".to_string(),
+    };
+    if let Some(strategy) = g.strategy.as_deref() {
+        let said = match (strategy, g.group_size) {
+            ("tensor", _) => Some((rows, cols)),
+            ("channel", _) => Some((1, cols)),
+            ("group" | "tensor_group", Some(size)) if size > 0 => Some((1, size)),
+            ("group" | "tensor_group", _) => None,
+            _ => Some((0, 0)),
+        };
+        if said.map(span).is_some_and(|s| s != held) {
+            let size = match g.group_size {
+                Some(s) if strategy.contains("group") => format!(", group_size {s}"),
+                _ => String::new(),
+            };
+            return Some((format!("strategy {strategy}{size}"), show(held)));
+        }
+    }
+    match (g.symmetric, d.zero_point.is_some()) {
+        (Some(true), true) => Some(("symmetric true".into(), "a zero point".into())),
+        (Some(false), false) => Some(("symmetric false".into(), "no zero point".into())),
+        _ => None,
+    }
+}
+
 /// Does a scale of shape `shape` for a `rows x cols` weight fit two layouts that group its
 /// elements differently? Only a one-row weight's `[1, G]` can: 128-column blocks, or groups
 /// of cols/G columns. The two agree when cols/G is 128 (or G is 1, a per-tensor scale); a
@@ -1195,6 +1334,129 @@ mod tests {
         bad[1] = t("f.weight_scale", Dtype::F8_E4M3, &[3, 4]);
         let (n, _) = dequantizable(&bad, &[], Dtype::BF16).unwrap_err();
         assert_eq!(n, "f.weight_scale");
+    }
+
+    #[test]
+    fn packed_weights_checked_against_their_config() {
+        // INT4 in groups of 25 columns, asymmetric; NVFP4 in groups of 16.
+        let shapes = [("m.weight_shape".to_string(), [6, 100])];
+        let ts = [
+            t("m.weight_packed", Dtype::I32, &[6, 13]),
+            t("m.weight_scale", Dtype::BF16, &[6, 4]),
+            t("m.weight_shape", Dtype::I64, &[2]),
+            t("m.weight_zero_point", Dtype::I32, &[1, 4]),
+            t("f.weight_packed", Dtype::U8, &[3, 16]),
+            t("f.weight_scale", Dtype::F8_E4M3, &[3, 2]),
+            t("f.weight_global_scale", Dtype::F32, &[1]),
+        ];
+        let (deq, _) = dequantizable(&ts, &shapes, Dtype::BF16).unwrap();
+        let int4 = Scheme {
+            format: Some("pack-quantized".into()),
+            kind: Some("int".into()),
+            num_bits: Some(4),
+            strategy: Some("group".into()),
+            group_size: Some(25),
+            symmetric: Some(false),
+        };
+        let nvfp4 = Scheme {
+            format: Some("nvfp4-pack-quantized".into()),
+            kind: Some("float".into()),
+            num_bits: Some(4),
+            strategy: Some("tensor_group".into()),
+            group_size: Some(16),
+            symmetric: Some(true),
+        };
+        let check = |groups: Vec<Scheme>| {
+            let schemes = Schemes {
+                config: "c/config.json".into(),
+                groups,
+            };
+            schemes
+                .check(&ts, &deq)
+                .err()
+                .map(|(n, p)| (n, p.to_string()))
+        };
+        assert_eq!(check(vec![int4.clone(), nvfp4.clone()]), None);
+        assert_eq!(check(Vec::new()), None);
+        // One scheme: the other weight's format is not it.
+        let (n, p) = check(vec![int4.clone()]).unwrap();
+        assert_eq!(n, "f.weight_packed");
+        assert!(p.contains("format pack-quantized"), "{p}");
+        for (bad, says, holds) in [
+            (
+                Scheme {
+                    num_bits: Some(8),
+                    ..int4.clone()
+                },
+                "num_bits 8",
+                "4-bit codes",
+            ),
+            (
+                Scheme {
+                    group_size: Some(50),
+                    ..int4.clone()
+                },
+                "strategy group, group_size 50",
+                "a scale per 25 columns of a row",
+            ),
+            (
+                Scheme {
+                    strategy: Some("channel".into()),
+                    ..int4.clone()
+                },
+                "strategy channel",
+                "a scale per 25 columns",
+            ),
+            (
+                Scheme {
+                    symmetric: Some(true),
+                    ..int4.clone()
+                },
+                "symmetric true",
+                "a zero point",
+            ),
+            (
+                Scheme {
+                    kind: Some("float".into()),
+                    ..int4.clone()
+                },
+                "type float",
+                "int codes",
+            ),
+        ] {
+            let (n, p) = check(vec![bad, nvfp4.clone()]).unwrap();
+            assert_eq!(n, "m.weight_packed");
+            assert!(p.contains(says) && p.contains(holds), "{p}");
+            assert!(p.contains("is a pack-quantized weight") && p.contains("c/config.json"));
+        }
+        let asym = Scheme {
+            symmetric: Some(false),
+            ..nvfp4.clone()
+        };
+        let (n, p) = check(vec![int4.clone(), asym]).unwrap();
+        assert_eq!(n, "f.weight_packed");
+        assert!(
+            p.contains("symmetric false") && p.contains("no zero point"),
+            "{p}"
+        );
+        // A group as wide as the row is one scale per row; what the config leaves out is
+        // not checked.
+        let wide = Scheme {
+            group_size: Some(1000),
+            strategy: Some("group".into()),
+            ..Scheme::default()
+        };
+        let ts1 = [
+            t("m.weight_packed", Dtype::I32, &[6, 13]),
+            t("m.weight_scale", Dtype::BF16, &[6, 1]),
+            t("m.weight_shape", Dtype::I64, &[2]),
+        ];
+        let (deq1, _) = dequantizable(&ts1, &shapes, Dtype::BF16).unwrap();
+        let schemes = Schemes {
+            config: "c".into(),
+            groups: vec![wide],
+        };
+        assert!(schemes.check(&ts1, &deq1).is_ok());
     }
 
     #[test]

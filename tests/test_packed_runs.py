@@ -193,3 +193,37 @@ def test_gptq_and_unpaired_packs_are_refused_naming_them(tmp_path):
     assert "m.weight_packed" in line and "allow" not in line
     assert not (tmp_path / "o.safetensors").exists()
     assert not (tmp_path / "o2.safetensors").exists()
+
+
+MISMATCHES = [
+    ("llama-bf16.w4a16", {"num_bits": 8}, "num_bits 8", "4-bit codes"),
+    ("llama-bf16.w4a16", {"group_size": 64}, "group_size 64", "a scale per 128 columns"),
+    ("llama-bf16.w4a16", {"symmetric": False}, "symmetric false", "no zero point"),
+    ("llama-bf16.w4a16-asym", {"symmetric": True}, "symmetric true", "a zero point"),
+    ("llama-bf16.w8a16", {"num_bits": 4}, "num_bits 4", "8-bit codes"),
+    ("llama-bf16.nvfp4a16", {"group_size": 32}, "group_size 32", "a scale per 16 columns"),
+    ("llama-bf16.mxfp4a16", {"group_size": 16}, "group_size 16", "a scale per 32 columns"),
+]
+
+
+@pytest.mark.parametrize(("folder", "edit", "says", "holds"), MISMATCHES)
+@pytest.mark.parametrize("extra", [[], ["--max-shard-size", "40KB"]])
+def test_a_config_that_does_not_describe_its_packs_is_refused(
+    tmp_path, folder, edit, says, holds, extra
+):
+    """The packed weights' config is checked against their tensors before anything is
+    written: one line naming the weights file, the tensor, the config and both sides."""
+    src = tmp_path / "src"
+    shutil.copytree(FIX / folder, src)
+    config = json.loads((src / "config.json").read_text())
+    (group,) = config["quantization_config"]["config_groups"].values()
+    group["weights"].update(edit)
+    (src / "config.json").write_text(json.dumps(config))
+    dst = tmp_path / "out"
+    rc, _, err = run("convert", src, dst, *extra)
+    assert rc == 1, err
+    line = assert_one_error_line(err)
+    assert str(src / "model.safetensors") in line and "config.json" in line, line
+    assert "weight_packed`" in line and says in line and holds in line, line
+    assert "pack-quantized" in line and "allow" not in line and "--" not in line, line
+    assert not dst.exists()

@@ -146,6 +146,7 @@ class _Options(TypedDict, total=False):
     loose: bool
     allow_quantized: bool | None
     quantization_config: str | None
+    packed_config: str | None  # the config describing the packed weights dequantized
     follow_links: bool
     unquantized: list[str] | None  # FP8: the weights holding NaN/inf (None: the call reads)
     name: str | None  # these two: for the record of the options in each output

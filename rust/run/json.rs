@@ -170,6 +170,55 @@ fn set_member<'a>(members: &mut Vec<(Str<'a>, Node<'a>)>, key: &'static str, val
     }
 }
 
+/// The compressed-tensors schemes of a model config's text (`quant::Scheme`, one per
+/// `config_groups` entry with `weights`): none under another quant_method, or none set.
+pub fn schemes(text: &str) -> Parsed<Vec<crate::quant::Scheme>> {
+    let doc = parse(text)?;
+    let q = QUANTIZATION_KEYS
+        .iter()
+        .find_map(|k| doc.get(k).filter(|v| v.value != Value::Literal("null")));
+    let text_of = |n: Option<&Node<'_>>| match n.map(|n| &n.value) {
+        Some(Value::Str(Str::Text(s))) => Some(s.to_string()),
+        _ => None,
+    };
+    let Some(q) =
+        q.filter(|q| text_of(q.get("quant_method")).as_deref() == Some("compressed-tensors"))
+    else {
+        return Ok(Vec::new());
+    };
+    let number = |n: Option<&Node<'_>>| match n.map(|n| &n.value) {
+        Some(Value::Number(s)) => s.parse::<u64>().ok(),
+        _ => None,
+    };
+    let flag = |n: Option<&Node<'_>>| match n.map(|n| &n.value) {
+        Some(Value::Literal("true")) => Some(true),
+        Some(Value::Literal("false")) => Some(false),
+        _ => None,
+    };
+    let mut out = Vec::new();
+    let groups = q
+        .get("config_groups")
+        .and_then(Node::dict)
+        .unwrap_or_default();
+    for (_, g) in groups {
+        let Some(w) = g
+            .get("weights")
+            .filter(|w| matches!(w.value, Value::Object(_)))
+        else {
+            continue;
+        };
+        out.push(crate::quant::Scheme {
+            format: text_of(g.get("format")).or_else(|| text_of(q.get("format"))),
+            kind: text_of(w.get("type")),
+            num_bits: number(w.get("num_bits")),
+            strategy: text_of(w.get("strategy")),
+            group_size: number(w.get("group_size")),
+            symmetric: flag(w.get("symmetric")),
+        });
+    }
+    Ok(out)
+}
+
 /// Read `text` as Python's `json.loads` does (`strict`: no raw control characters in
 /// strings; `NaN` and `Infinity` allowed; nested at most `MAX_PARSE_DEPTH` levels).
 pub fn parse(text: &str) -> Parsed<Node<'_>> {
@@ -1169,5 +1218,33 @@ mod tests {
             .contains("\"block_structure\": [\n            128,\n            128\n          ],"));
         assert_eq!(ignore_entry("re:a.b"), "re:re:a\\.b\\Z");
         assert_eq!(ignore_entry("model.Norm"), "model.Norm");
+    }
+
+    #[test]
+    fn schemes_of_a_config() {
+        let t = r#"{"quantization_config": {"quant_method": "compressed-tensors",
+            "format": "pack-quantized", "config_groups": {
+            "a": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int",
+                  "strategy": "group", "group_size": 128, "symmetric": true}},
+            "b": {"format": "int-quantized", "weights": {"num_bits": 8, "symmetric": false,
+                  "group_size": null}},
+            "c": {"input_activations": {"num_bits": 8}}}}}"#;
+        let s = schemes(t).unwrap();
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].format.as_deref(), Some("pack-quantized"));
+        assert_eq!(
+            (s[0].num_bits, s[0].group_size, s[0].symmetric),
+            (Some(4), Some(128), Some(true))
+        );
+        assert_eq!(s[0].strategy.as_deref(), Some("group"));
+        assert_eq!(s[1].format.as_deref(), Some("int-quantized"));
+        assert_eq!(
+            (s[1].group_size, s[1].symmetric, s[1].kind.clone()),
+            (None, Some(false), None)
+        );
+        let other = r#"{"quantization_config": {"quant_method": "mxfp4"}}"#;
+        assert!(schemes(other).unwrap().is_empty());
+        assert!(schemes("{}").unwrap().is_empty());
+        assert!(schemes("{").is_err());
     }
 }

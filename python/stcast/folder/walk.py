@@ -109,6 +109,9 @@ def plan(
     # quantized tensor), and the config loses its quantization_config.
     fp8_configs: dict[str, bytes | None] = {}
     unread: tuple[File, str] | None = None
+    # The configs that describe the quantized weights dequantized: the engine checks each
+    # packed weight against the nearest one above it.
+    described: list[File] = []
     for f in configs:
         text, doc = read_json(f)
         check_fp8_config(f, doc, to)
@@ -118,6 +121,7 @@ def plan(
         content = _core.config_text(text, to)
         if dequantizes(doc, to):
             fp8_configs[f.rel] = _core.config_text(text, to, dequantize=True)
+            described.append(f)
         if quantization_config is None and _has_quantization_config(doc):
             quantization_config = f
         new_configs.append((f, content))
@@ -154,6 +158,7 @@ def plan(
             # before anything is written, unless allowed.
             allow_quantized=not check_quantized,
             quantization_config=None if quantization_config is None else quantization_config.path,
+            packed_config=_nearest(w, described),
         )
         # Without a quantization_config the files decide, as for a lone file: a folder
         # whose files hold FP8 weights with their scales is dequantized (its indexes then
@@ -358,6 +363,18 @@ def _dequantize_problem(w: File, report: InspectReport) -> Refused | None:
                 path=w.path,
             )
     return None
+
+
+def _nearest(w: File, configs: list[File]) -> str | None:
+    """The path of the config among `configs` in `w`'s folder or the nearest above it."""
+    folder = w.rel.rpartition("/")[0]
+    best: tuple[int, str] | None = None
+    for f in configs:
+        d = f.rel.rpartition("/")[0]
+        inside = d == "" or folder == d or folder.startswith(d + "/")
+        if inside and (best is None or len(d) > best[0]):
+            best = (len(d), f.path)
+    return None if best is None else best[1]
 
 
 def dequantizes_any(weights: list[File], to: Target, precision: dict[str, Any]) -> bool:
