@@ -208,7 +208,10 @@ pub fn schemes(text: &str) -> Parsed<Vec<crate::quant::Scheme>> {
             continue;
         };
         out.push(crate::quant::Scheme {
-            format: text_of(g.get("format")).or_else(|| text_of(q.get("format"))),
+            // `mixed-precision` names no one format: each group says its own.
+            format: text_of(g.get("format"))
+                .or_else(|| text_of(q.get("format")))
+                .filter(|f| f != "mixed-precision"),
             kind: text_of(w.get("type")),
             num_bits: number(w.get("num_bits")),
             strategy: text_of(w.get("strategy")),
@@ -1242,6 +1245,8 @@ mod tests {
             (s[1].group_size, s[1].symmetric, s[1].kind.clone()),
             (None, Some(false), None)
         );
+        let mixed = t.replace("\"pack-quantized\"", "\"mixed-precision\"");
+        assert_eq!(schemes(&mixed).unwrap()[0].format, None);
         let other = r#"{"quantization_config": {"quant_method": "mxfp4"}}"#;
         assert!(schemes(other).unwrap().is_empty());
         assert!(schemes("{}").unwrap().is_empty());
