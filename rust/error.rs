@@ -813,7 +813,7 @@ impl Error {
             Error::Fp8Unpaired {
                 tensor, problem, ..
             } => format!(
-                "tensor `{}` {problem}: this FP8 checkpoint cannot be dequantized whole; \
+                "tensor `{}` {problem}: this quantized checkpoint cannot be dequantized whole; \
                  nothing was written",
                 esc(tensor)
             ),

@@ -358,7 +358,7 @@ def _dequantize_problem(w: File, report: InspectReport) -> Refused | None:
                 else "is quantized without a scale beside it in this file"
             )
             return Refused(
-                f"{_esc(w.path)}: tensor `{_esc(t.name)}` {what}: this FP8 checkpoint cannot "
+                f"{_esc(w.path)}: tensor `{_esc(t.name)}` {what}: this quantized checkpoint cannot "
                 "be dequantized whole; nothing was written",
                 path=w.path,
             )
