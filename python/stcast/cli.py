@@ -821,7 +821,7 @@ _REASONS = {
     "not_float": "copy: not a float",
     "quantized": "quantize: FP8 + scale",
     "dequantized": "dequantize: codes x scale",
-    "dropped": "drop: a scale or zero point, used to dequantize",
+    "dropped": "drop: used to dequantize (a scale, zero point or shape)",
 }
 
 # Why an FP8 target does not quantize a float tensor it converts to BF16.
