@@ -1,4 +1,4 @@
-"""The import graph of `python/stcast` has no cycles.
+"""The import graph of `python/stcast` has no cycles, and its file-system calls only shrink.
 
 Built from the source with `ast`, so that no import hides: function-local imports count
 as edges (a cycle behind one only waits for the call that closes it), and so do imports
@@ -126,3 +126,83 @@ def test_no_import_cycles() -> None:
     assert not found, "import cycles in python/stcast:\n" + "\n".join(
         "  " + " <-> ".join(c) for c in found
     )
+
+
+# ------------------------------------------------------------------ file-system calls
+
+# Issue 31's end state: outside the terminal (`_console.py`) and `demo.py`, the package
+# makes no file-system call: the engine decides every question about files. Until then each
+# module keeps at most the calls it makes today, so that the count only shrinks: lower a
+# budget when a call goes, and drop the module when it reaches zero (the test says so).
+FS_BUDGET = {
+    "stcast/_api.py": 10,
+    "stcast/_engine.py": 4,
+    "stcast/cli.py": 5,
+    "stcast/folder/__init__.py": 13,
+    "stcast/folder/common.py": 12,
+    "stcast/folder/reshard.py": 10,
+    "stcast/folder/verify.py": 8,
+    "stcast/folder/write.py": 4,
+}
+FS_FREE = {"stcast/_console.py", "stcast/demo.py"}
+# `os` functions that touch the file system (the rest are process or string functions).
+OS_FS = {
+    "access", "chmod", "close", "fstat", "fsync", "link", "listdir", "lstat", "makedirs",
+    "mkdir", "open", "read", "readlink", "remove", "rename", "replace", "rmdir", "scandir",
+    "stat", "statvfs", "symlink", "unlink", "utime", "walk", "write",
+}  # fmt: skip
+# `os.path` functions that ask the file system (join, basename, ... only handle strings).
+OS_PATH_FS = {
+    "abspath", "exists", "getmtime", "getsize", "isdir", "isfile", "islink", "lexists",
+    "realpath", "samefile",
+}  # fmt: skip
+# Methods of `pathlib.Path` that touch the file system, whatever object they are called on.
+PATH_METHODS = {
+    "exists", "is_dir", "is_file", "is_symlink", "iterdir", "lstat", "mkdir", "read_bytes",
+    "read_text", "resolve", "rglob", "rmdir", "samefile", "stat", "touch", "unlink",
+    "write_bytes", "write_text",
+}  # fmt: skip
+
+
+def fs_calls(tree: ast.AST) -> list[str]:
+    """The file-system calls in `tree`, as written (`os.stat`, `open`, `p.exists`, ...)."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = ast.unparse(node.func)
+        head, _, last = name.rpartition(".")
+        if (
+            name in ("open", "io.open")
+            or (head == "os" and last in OS_FS)
+            or (head == "os.path" and last in OS_PATH_FS)
+            or head in ("shutil", "glob")
+            or (head and head not in ("os", "os.path") and last in PATH_METHODS)
+        ):
+            found.append(name)
+    return found
+
+
+def test_file_system_calls_only_shrink() -> None:
+    counts = {}
+    for path in sorted((ROOT / PACKAGE).rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel not in FS_FREE:
+            calls = fs_calls(ast.parse(path.read_text()))
+            if calls or rel in FS_BUDGET:
+                counts[rel] = len(calls)
+    over = {m: n for m, n in counts.items() if n > FS_BUDGET.get(m, 0)}
+    assert not over, f"file-system calls over their budget (the engine decides): {over}"
+    lower = {m: n for m, n in counts.items() if n < FS_BUDGET[m]}
+    assert not lower, f"fewer file-system calls than budgeted: lower FS_BUDGET to {lower}"
+    gone = sorted(set(FS_BUDGET) - set(counts))
+    assert not gone, f"modules gone: remove them from FS_BUDGET: {gone}"
+
+
+def test_fs_calls_sees_them() -> None:
+    tree = ast.parse(
+        "import os\nos.stat(p)\nos.path.join(a, b)\nos.path.isdir(p)\nopen(p)\n"
+        "q.read_text()\nshutil.copyfile(a, b)\nos.getpid()\nx.stat()\n"
+    )
+    want = ["os.stat", "os.path.isdir", "open", "q.read_text", "shutil.copyfile", "x.stat"]
+    assert fs_calls(tree) == want
