@@ -189,6 +189,9 @@ pub enum Fp8Problem {
         says: String,
         holds: String,
     },
+    /// A packed weight whose dequantized name `out` is also the output name of `other`
+    /// (a tensor of that name kept beside it, or another packed weight).
+    NameTaken { out: String, other: String },
     /// `values` of the weight, once dequantized, overflow `target` while overflowing
     /// tensors are to be kept: a dequantized weight has no dtype of its own to keep.
     Overflow {
@@ -282,6 +285,13 @@ impl fmt::Display for Fp8Problem {
                  keeps no dequantized weight; BF16 holds them)",
                 crate::text::count(*values, "value"),
                 target.describe()
+            ),
+            Fp8Problem::NameTaken { out, other } => write!(
+                f,
+                "is dequantized as `{}`, the name `{}` has in the output too (one name, two \
+                 tensors)",
+                esc(out),
+                esc(other)
             ),
             Fp8Problem::Packed { format, detail } => write!(
                 f,

@@ -426,6 +426,29 @@ pub fn dequantizable(
             dropped[k] = true;
         }
     }
+    // A packed weight comes out under its weight's name (`X.weight_packed` as `X.weight`):
+    // a tensor the output keeps under that name, or another pack renamed the same, would
+    // be a second tensor of one name in one file.
+    let mut renamed: HashMap<&str, usize> = HashMap::new();
+    for (i, d) in deq.iter().enumerate() {
+        let Some(d) = d else { continue };
+        let name = tensors[i].name.as_str();
+        let out = d.out_name(name);
+        if out == name {
+            continue;
+        }
+        let kept = by_name.get(out).copied().filter(|&k| !dropped[k]);
+        if let Some(other) = kept.or_else(|| renamed.insert(out, i)) {
+            let other = tensors[other].name.clone();
+            return Err((
+                name.to_string(),
+                Fp8Problem::NameTaken {
+                    out: out.to_string(),
+                    other,
+                },
+            ));
+        }
+    }
     Ok((deq, dropped))
 }
 

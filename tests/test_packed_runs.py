@@ -227,3 +227,32 @@ def test_a_config_that_does_not_describe_its_packs_is_refused(
     assert "weight_packed`" in line and says in line and holds in line, line
     assert "pack-quantized" in line and "allow" not in line and "--" not in line, line
     assert not dst.exists()
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_a_packed_weight_beside_a_tensor_of_its_output_name_is_refused(tmp_path, folder):
+    """`X.weight_packed` (or gpt-oss `X_blocks`) comes out as `X.weight` (`X`): a tensor of
+    that name beside it would make a file with one name twice. Refused before anything is
+    written, for a file, a folder and a re-sharding alike."""
+    src = tmp_path / "src"
+    shutil.copytree(FIX / folder, src)
+    tensors = tensor_bytes(src / "model.safetensors")
+    packed = next(k for k in tensors if k.endswith(("_packed", "_blocks")))
+    out = packed.removesuffix("_packed").removesuffix("_blocks")
+    tensors[out] = ("BF16", [2], b"\0" * 4)
+    write_safetensors(src / "model.safetensors", tensors)
+    index = src / "model.safetensors.index.json"
+    if index.exists():
+        doc = json.loads(index.read_text())
+        doc["weight_map"][out] = "model.safetensors"
+        index.write_text(json.dumps(doc))
+    for what, extra in [
+        (src / "model.safetensors", []),
+        (src, []),
+        (src, ["--max-shard-size", "40KB"]),
+    ]:
+        dst = tmp_path / "out"
+        rc, _, err = run("convert", what, dst, *extra)
+        line = assert_one_error_line(err)
+        assert rc == 1 and "one name, two tensors" in line and f"`{out}`" in line, line
+        assert not dst.exists(), what
