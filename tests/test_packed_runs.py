@@ -256,3 +256,18 @@ def test_a_packed_weight_beside_a_tensor_of_its_output_name_is_refused(tmp_path,
         line = assert_one_error_line(err)
         assert rc == 1 and "one name, two tensors" in line and f"`{out}`" in line, line
         assert not dst.exists(), what
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_strip_prefix_on_a_packed_file(tmp_path, folder):
+    """`--strip-prefix model.` on a packed file: the same tensors as without, renamed (the
+    `weight_shape` values read with the header follow their names); verify passes."""
+    src = FIX / folder / "model.safetensors"
+    plain, stripped = tmp_path / "plain.safetensors", tmp_path / "stripped.safetensors"
+    assert run("convert", "-q", src, plain) == (0, "", "")
+    rc, _, err = run("convert", "-q", src, stripped, "--strip-prefix", "model.")
+    assert (rc, err) == (0, "")
+    want = {k.removeprefix("model."): v for k, v in hashes(plain).items()}
+    assert hashes(stripped) == want
+    rc, _, err = run("verify", "-q", src, stripped)
+    assert (rc, err) == (0, "")

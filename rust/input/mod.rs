@@ -186,6 +186,7 @@ impl Source {
 /// checkpoint's state dict, a DCP or ZeRO folder). Two tensors that would end with one
 /// name, or a name that would be `__metadata__`, are refused before anything is written,
 /// naming the tensors as they were. A prefix no name drops is recorded for a warning.
+/// The `weight_shape` values read with the header follow their tensors' names.
 fn strip_prefixes(source: &mut Source, prefixes: &[String]) -> Result<()> {
     if prefixes.is_empty() {
         return Ok(());
@@ -214,9 +215,13 @@ fn strip_prefixes(source: &mut Source, prefixes: &[String]) -> Result<()> {
     }
     source.unused_prefixes =
         naming::unused_prefixes(tensors.iter().map(|t| t.name.as_str()), prefixes);
-    for t in tensors.iter_mut() {
-        let at = t.name.len() - naming::strip_prefixes(&t.name, prefixes).len();
-        t.name.drain(..at);
+    let names = tensors
+        .iter_mut()
+        .map(|t| &mut t.name)
+        .chain(source.header.weight_shapes.iter_mut().map(|(n, _)| n));
+    for name in names {
+        let at = name.len() - naming::strip_prefixes(name, prefixes).len();
+        name.drain(..at);
     }
     Ok(())
 }
