@@ -139,6 +139,10 @@ pub struct Options {
     /// one stcast wrote there (a folder's manifest says so); otherwise `Error::NotOurs`.
     pub replaces: Option<(u64, u64)>,
     pub on_overflow: OnOverflow,
+    /// Under `OnOverflow::Keep`: the tensors that would overflow were read for already and
+    /// are in `plan.keep_names` (a re-sharding's plan), so no scan comes first; a
+    /// dequantized weight that overflows is still refused, as `Keep` refuses it.
+    pub overflow_known: bool,
     /// Measure each converted tensor as it is written (`Report::numerics`).
     pub numerics: bool,
     /// Write the numeric report there (`report::numeric_report`), published with the
@@ -160,6 +164,11 @@ pub struct Options {
 }
 
 impl Options {
+    /// Does the plan wait for a read of the data: `OnOverflow::Keep`'s tensors not known?
+    pub fn scans_for_overflow(&self) -> bool {
+        self.on_overflow == OnOverflow::Keep && !self.overflow_known
+    }
+
     pub fn new(target: Target) -> Options {
         Options {
             plan: PlanOptions::new(target),
@@ -167,6 +176,7 @@ impl Options {
             force: false,
             replaces: None,
             on_overflow: OnOverflow::Warn,
+            overflow_known: false,
             numerics: true,
             report: None,
             side_config: false,

@@ -401,12 +401,10 @@ impl Settings {
             plan: self.plan()?,
             threads: self.threads()?,
             force: self.force,
+            on_overflow: self.on_overflow()?,
             // The tensors that overflow are known already: the task does not read for them
             // (what `keep` keeps is in the plan, and in the record).
-            on_overflow: match self.on_overflow()? {
-                OnOverflow::Keep if self.keep_names.is_some() => OnOverflow::Warn,
-                o => o,
-            },
+            overflow_known: self.keep_names.is_some(),
             numerics: self.numerics,
             tuning,
         })

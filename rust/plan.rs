@@ -752,42 +752,47 @@ fn plan_warnings(
     warnings
 }
 
-/// A packed weight no layout stcast dequantizes takes (GPTQ/AWQ `qweight`, `qzeros`,
-/// `g_idx`; gpt-oss blocks without their scales) is refused, naming it and its format:
-/// converting the rest would write a checkpoint without it.
-fn check_packed_left(path: &Path, src: &SourceHeader, reasons: &[Reason]) -> Result<()> {
-    const LEFT: [(&str, &str, &str); 5] = [
-        (
-            ".qweight",
-            "GPTQ/AWQ",
-            "packed codes in a layout stcast does not read",
-        ),
-        (
-            ".qzeros",
+/// A tensor of a quantized layout that no pairing took (GPTQ/AWQ `qweight`, `qzeros`,
+/// `g_idx`; a gpt-oss half without the other; a compressed-tensors pack without its scale):
+/// its format and why stcast cannot read it. Names alone do not make a pack: a plain
+/// `seq_packed` integer, or an F32 `x_blocks`, is an ordinary tensor.
+fn packed_left(t: &crate::header::SourceTensor) -> Option<(&'static str, &'static str)> {
+    let u8_blocks = t.dtype == Dtype::U8 && t.shape.len() >= 2;
+    let name = t.name.as_str();
+    if name.ends_with(".qweight") {
+        Some(("GPTQ/AWQ", "packed codes in a layout stcast does not read"))
+    } else if name.ends_with(".qzeros") {
+        Some((
             "GPTQ/AWQ",
             "packed zero points in a layout stcast does not read",
-        ),
-        (
-            "g_idx",
+        ))
+    } else if name.ends_with("g_idx") {
+        Some((
             "GPTQ act-order",
             "a group index reorders its weight's columns",
-        ),
-        (
-            quant::BLOCKS_SUFFIX,
-            "gpt-oss MXFP4",
-            "no `_scales` beside it",
-        ),
-        (
-            quant::PACKED_SUFFIX,
-            "pack-quantized",
-            "no scale stcast pairs with it",
-        ),
-    ];
+        ))
+    } else if name.ends_with(quant::BLOCKS_SUFFIX) && u8_blocks {
+        Some(("gpt-oss MXFP4", "no `_scales` beside it"))
+    } else if name.ends_with(quant::SCALES_SUFFIX) && u8_blocks {
+        Some(("gpt-oss MXFP4", "no `_blocks` beside it"))
+    } else if name
+        .strip_suffix(quant::PACKED_SUFFIX)
+        .is_some_and(|w| quant::module_of(w).is_some())
+    {
+        Some(("pack-quantized", "no scale stcast pairs with it"))
+    } else {
+        None
+    }
+}
+
+/// A packed weight no layout stcast dequantizes takes (`packed_left`) is refused, naming it
+/// and its format: converting the rest would write a checkpoint without it.
+fn check_packed_left(path: &Path, src: &SourceHeader, reasons: &[Reason]) -> Result<()> {
     for (t, r) in src.tensors.iter().zip(reasons) {
         if matches!(r, Reason::Dequantized | Reason::Dropped) {
             continue;
         }
-        if let Some(&(_, format, detail)) = LEFT.iter().find(|(s, ..)| t.name.ends_with(s)) {
+        if let Some((format, detail)) = packed_left(t) {
             return Err(Error::Fp8Unpaired {
                 path: path.to_path_buf(),
                 tensor: t.name.clone(),
@@ -995,6 +1000,24 @@ fn already_quantized(src: &SourceHeader, opts: &PlanOptions) -> Option<String> {
     opts.target.strategy()?;
     if let Some(t) = src.tensors.iter().find(|t| is_quantized_dtype(t.dtype)) {
         return Some(format!("tensor `{}` is {}", esc(&t.name), t.dtype));
+    }
+    // Packed codes (compressed-tensors, gpt-oss, GPTQ): read as the bf16 target would pair
+    // them, whether or not the pairing holds.
+    let paired = quant::dequantizable(&src.tensors, &src.weight_shapes, Dtype::BF16);
+    let packed = match &paired {
+        Ok((deq, _)) => src
+            .tensors
+            .iter()
+            .zip(deq)
+            .find(|(_, d)| d.is_some())
+            .map(|(t, _)| t),
+        Err((name, _)) => src.tensors.iter().find(|t| t.name == *name),
+    };
+    if let Some(t) = packed.or_else(|| src.tensors.iter().find(|t| packed_left(t).is_some())) {
+        return Some(format!(
+            "tensor `{}` holds quantized codes or their scales",
+            esc(&t.name)
+        ));
     }
     let config = opts.quantization_config.as_ref()?;
     Some(format!("{} has a quantization_config", esc_path(config)))

@@ -268,7 +268,8 @@ pub type Pairing = (Vec<Option<Deq>>, Vec<bool>);
 /// shaped per tensor, channel, group or 128x128 block, and beside a `weight_scale` perhaps
 /// `X.weight_zero_point` (see `ZERO_POINT_DTYPES`) shaped as the scale. Returns, per input
 /// tensor, the weight's `Deq`; and which input tensors are its scales and zero points, or
-/// activation scales (`X.input_scale`) that mean nothing once dequantized: dropped.
+/// activation scales (`X.input_scale`, `input_scale_names`) that mean nothing once
+/// dequantized: dropped.
 ///
 /// A scale or zero point beside such a weight that stcast cannot use as compressed-tensors
 /// (or DeepSeek) would is an error naming it: `(tensor, problem)`, never a silent copy.
@@ -422,8 +423,10 @@ pub fn dequantizable(
             packing: Packing::Fp8,
         });
         dropped[k] = true;
-        if let Some(&k) = by_name.get(input_scale_name(module).as_str()) {
-            dropped[k] = true;
+        for n in input_scale_names(module) {
+            if let Some(&k) = by_name.get(n.as_str()) {
+                dropped[k] = true;
+            }
         }
     }
     // A packed weight comes out under its weight's name (`X.weight_packed` as `X.weight`):
@@ -453,6 +456,14 @@ pub fn dequantizable(
 }
 
 /// The refusal of packed tensor `tensor` of `format`: `detail` says what does not fit.
+/// A `weight_shape`'s value as a message shows it: `[r, c]`, or what it is not.
+fn shown(v: Option<[i64; 2]>) -> String {
+    match v {
+        Some([r, c]) => format!("[{r}, {c}]"),
+        None => "no [rows, columns] of integers".into(),
+    }
+}
+
 fn fail<T>(tensor: &str, format: &'static str, detail: String) -> Result<T, (String, Fp8Problem)> {
     Err((tensor.to_string(), Fp8Problem::Packed { format, detail }))
 }
@@ -564,8 +575,10 @@ fn packed(
         let v = shapes.iter().find(|(m, _)| *m == n).map(|&(_, v)| v);
         (n, v)
     });
-    if let Some(&k) = by_name.get(input_scale_name(module_of(weight).unwrap_or("")).as_str()) {
-        drop.push(k);
+    for n in input_scale_names(module_of(weight).unwrap_or("")) {
+        if let Some(&k) = by_name.get(n.as_str()) {
+            drop.push(k);
+        }
     }
     let zp = named(format!("{weight}{ZERO_POINT_SUFFIX}"));
     let width = |cols: u64| -> Result<(), (String, Fp8Problem)> {
@@ -580,7 +593,8 @@ fn packed(
                 n,
                 format,
                 format!(
-                    "holds {v:?}, not the [{rows}, {cols}] its packed weight `{}` makes",
+                    "holds {}, not the [{rows}, {cols}] its packed weight `{}` makes",
+                    shown(*v),
                     t.name
                 ),
             ),
@@ -668,12 +682,20 @@ fn packed(
                     );
                 };
                 let Some([_, c]) = v.filter(|[r, c]| *r as u64 == rows && *c > 0) else {
-                    return fail(n, format, format!("holds {v:?}, not [{rows}, columns]"));
+                    return fail(
+                        n,
+                        format,
+                        format!("holds {}, not [{rows}, columns]", shown(*v)),
+                    );
                 };
                 let c = c as u64;
                 let words = t.shape[1] as u64;
+                // `c` is the file's value: a product past u64 fits no row of words.
                 let bits: Vec<u32> = (1..=8u32)
-                    .filter(|&b| (c * u64::from(b)).div_ceil(32) == words)
+                    .filter(|&b| {
+                        c.checked_mul(u64::from(b))
+                            .is_some_and(|n| n.div_ceil(32) == words)
+                    })
                     .collect();
                 let [bits] = bits[..] else {
                     return fail(
@@ -950,13 +972,17 @@ fn is_one(shape: &[usize]) -> bool {
     shape.len() <= 2 && shape.iter().product::<usize>() == 1
 }
 
-/// The name of module `module`'s activation scale (static FP8 activations).
-pub fn input_scale_name(module: &str) -> String {
-    if module.is_empty() {
-        "input_scale".to_string()
-    } else {
-        format!("{module}.input_scale")
-    }
+/// The names of module `module`'s activation quantization parameters (static activations:
+/// FP8's `input_scale`, NVFP4 W4A4's `input_global_scale`, an asymmetric scheme's
+/// `input_zero_point`): they mean nothing once its weight is dequantized.
+pub fn input_scale_names(module: &str) -> [String; 3] {
+    ["input_scale", "input_global_scale", "input_zero_point"].map(|n| {
+        if module.is_empty() {
+            n.to_string()
+        } else {
+            format!("{module}.{n}")
+        }
+    })
 }
 
 /// The scale tensor's name for weight `name`.
@@ -973,7 +999,7 @@ pub fn companion_suffixes() -> Vec<String> {
         .iter()
         .chain([&ZERO_POINT_SUFFIX, &GLOBAL_SCALE_SUFFIX, &shape]);
     let mut out: Vec<String> = weight.map(|s| format!(".weight{s}")).collect();
-    out.push(format!(".{}", input_scale_name("")));
+    out.extend(input_scale_names("").map(|n| format!(".{n}")));
     out
 }
 

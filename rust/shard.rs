@@ -309,7 +309,7 @@ impl Group {
                 names.push(format!("{}{suffix}", t.name));
             }
             if let Some(module) = crate::quant::module_of(&t.name) {
-                names.push(crate::quant::input_scale_name(module));
+                names.extend(crate::quant::input_scale_names(module));
             }
             // A packed weight unpacked: its codes and every tensor beside them.
             use crate::quant::{BLOCKS_SUFFIX, PACKED_SUFFIX, SCALES_SUFFIX};
@@ -614,7 +614,8 @@ fn fp8_order(h: &SourceHeader, planned: &Plan) -> Vec<usize> {
             let name = d.out_name(&h.tensors[t.source].name);
             let module = crate::quant::module_of(name).unwrap_or("");
             let shape = format!("{module}{}", crate::header::WEIGHT_SHAPE_SUFFIX);
-            for n in [crate::quant::input_scale_name(module), shape] {
+            let activations = crate::quant::input_scale_names(module);
+            for n in activations.iter().chain([&shape]) {
                 if let Some(&k) = by_name.get(n.as_str()) {
                     own.push(k);
                 }

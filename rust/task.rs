@@ -65,7 +65,7 @@ enum Phase {
 /// Does a plan under `opts` need the data first: the tensors that would overflow (`Keep`),
 /// or an FP8 target's weights that hold NaN or inf, when not known yet?
 fn reads_first(opts: &Options) -> bool {
-    opts.on_overflow == OnOverflow::Keep
+    opts.scans_for_overflow()
         || (opts.plan.target.strategy().is_some() && opts.plan.unquantized.is_none())
 }
 
@@ -99,7 +99,7 @@ impl ConvertTask {
         // Refuse a bad destination, report path or plan before the long read.
         check_outputs(&source, dst, opts)?;
         let plan = plan::plan(src, &source.header, &opts.plan)?;
-        let kind = if opts.on_overflow == OnOverflow::Keep {
+        let kind = if opts.scans_for_overflow() {
             ScanKind::MaxAbs
         } else {
             // Nothing to convert even with every weight quantized: refused before the read.
@@ -185,7 +185,7 @@ impl Task for ConvertTask {
                 };
                 let (source, found) = scan.finish();
                 let mut opts = *opts;
-                if opts.on_overflow == OnOverflow::Keep {
+                if opts.scans_for_overflow() {
                     opts.plan.keep_names.extend(scan::overflowing(&found));
                 }
                 if opts.plan.target.strategy().is_some() && opts.plan.unquantized.is_none() {
@@ -387,12 +387,12 @@ impl InspectTask {
         let mut plan = plan::plan(path, &source.header, plan_opts)?;
         plan.warnings.splice(0..0, source.warnings());
         if let Some(dst) = dst {
-            if on_overflow != OnOverflow::Keep {
+            if !opts.scans_for_overflow() {
                 check_something_changes(&source, &plan, opts.allow_copy)?;
             }
             check_space(dst, &plan)?;
         }
-        let keep_overflowing = on_overflow == OnOverflow::Keep;
+        let keep_overflowing = opts.scans_for_overflow();
         // With a destination (or a scan asked for), refusing an overflow is one of
         // convert's checks.
         let refuse_overflow = on_overflow == OnOverflow::Error && (dst.is_some() || scan);
