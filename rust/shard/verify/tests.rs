@@ -253,7 +253,9 @@ fn a_tampered_resharding_names_the_file_and_what_is_wrong() {
     std::fs::copy(&first, &second).unwrap();
     let failure = check(true).unwrap();
     assert_eq!(failure.rel, Path::new(&rels[1]));
-    assert!(failure.template.starts_with("tensor `a.weight` is also in model-00001-of-"));
+    assert!(failure
+        .template
+        .starts_with("tensor `a.weight` is also in model-00001-of-"));
     std::fs::write(&second, held).unwrap();
     assert_eq!(check(true), None);
     // A shard gone: its tensors are in no DST file (the index names a missing file).
