@@ -27,10 +27,11 @@ use crate::options;
 use crate::output::{self, Replace, Sealed};
 use crate::report::NumericsRow;
 use crate::run::{check, json, manifest, place, walk};
+use crate::shard::verify::{self as rverify, GroupRow, IndexedRow, Member, MemberRow, PairRows};
 use crate::shard::{self, Group};
 use crate::task::{ConvertTask, InspectTask, Task};
 use crate::text;
-use crate::verify::{Verifier, VerifyOptions};
+use crate::verify::{Verifier, VerifyOptions, VerifyReport};
 use crate::vocab::{ErrorKind, OptionName, Side, Taken, Target, Unmatched};
 use crate::{Result, VERSION};
 
@@ -391,6 +392,59 @@ fn verify_shard<'py>(
     finish_verify(py, progress, verifier, &opts)
 }
 
+/// SRC's groups that DST holds sharded differently, and those it holds with the same
+/// files (`shard::verify::pairs`).
+#[pyfunction]
+fn resharded_pairs(
+    py: Python<'_>,
+    dst: PathBuf,
+    weights: Vec<MemberRow>,
+    indexes: Vec<IndexedRow>,
+    found: Vec<OsString>,
+    name: Option<OsString>,
+) -> PyResult<(PairRows, PairRows)> {
+    let weights: Vec<_> = weights.into_iter().map(Member::of).collect();
+    let indexes: Vec<_> = indexes
+        .into_iter()
+        .map(|(f, m)| (Member::of(f), m))
+        .collect();
+    let p = guarded(py, || {
+        rverify::pairs(&dst, &weights, &indexes, &found, name.as_deref())
+    })?;
+    let rows = |v: Vec<rverify::Pair>| v.iter().map(|(g, d)| (g.row(), d.row())).collect();
+    Ok((rows(p.pairs), rows(p.same)))
+}
+
+/// Verify DST's group `group` as the re-sharding of SRC's `src` (`shard::verify::GroupVerify`):
+/// each file's (rel, report), and the first failure (rel, template, tensor).
+#[pyfunction]
+#[pyo3(signature = (dst, src, group, *, progress=None, **options))]
+fn verify_group<'py>(
+    py: Python<'py>,
+    dst: PathBuf,
+    src: GroupRow,
+    group: GroupRow,
+    progress: Hook<'py>,
+    options: Option<&Bound<'py, PyDict>>,
+) -> PyResult<GroupResult<'py>> {
+    let (input, opts) = read_options(py, options, |s, t| Ok((s.input(), s.shard_verify(t)?)))?;
+    let (s, d) = (rverify::Group::of(src), rverify::Group::of(group));
+    let mut task = guarded(py, || {
+        rverify::GroupVerify::new(&dst, &s, &d, &input, &opts)
+    })?;
+    Hooks::new(progress, None, None, None).drive(py, &mut task, opts.tuning.step)?;
+    let check = task.finish();
+    let report = |(rel, r): &(PathBuf, _)| Ok((rel.into(), verify_dict(py, r, &opts)?));
+    let reports = check.reports.iter().map(report);
+    let failure = check.failure.map(|f| (f.rel.into(), f.template, f.tensor));
+    Ok((reports.collect::<PyResult<_>>()?, failure))
+}
+
+type GroupResult<'py> = (
+    Vec<(OsString, Bound<'py, PyDict>)>,
+    Option<(OsString, String, Option<String>)>,
+);
+
 /// Option `name`'s value (one of a repeated option's) as `Given::check` checks it.
 #[pyfunction]
 fn check_option<'py>(py: Python<'py>, name: &str, value: Given) -> PyResult<Bound<'py, PyAny>> {
@@ -725,7 +779,16 @@ fn finish_verify<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     Hooks::new(progress, None, None, None).drive(py, &mut verifier, opts.tuning.step)?;
     let r = guarded(py, move || verifier.finish())?;
-    let d = crossed(py, &r, &[("src", &r.src), ("dst", &r.dst)])?;
+    verify_dict(py, &r, opts)
+}
+
+/// A verification's report as a dict.
+fn verify_dict<'py>(
+    py: Python<'py>,
+    r: &VerifyReport,
+    opts: &VerifyOptions,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = crossed(py, r, &[("src", &r.src), ("dst", &r.dst)])?;
     d.set_item("ok", r.is_ok())?;
     // Only a verified pair has the numbers of a conversion.
     let measured =
@@ -1160,6 +1223,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         check_folder, read_header, recorded_source, walk_folder, list_folder, torch_name, config_text, index_text,
         json_depth, split_shard_name, run_place, default_dst, check_outputs, survey_manifests,
         finished_manifests, check_companions, written_index, read_index, index_total,
+        resharded_pairs, verify_group,
     }
     Ok(())
 }

@@ -10,6 +10,8 @@
 //! tensor larger than the limit gets a shard of its own. Each shard is then an ordinary output of
 //! `plan::plan`, read from a composite `Source` of the files it spans, so the conversion,
 //! its memory bound and its atomic publication are those of one file.
+//!
+//! `verify`: a checkpoint DST holds re-sharded, verified by tensor name against SRC's.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -30,6 +32,8 @@ use crate::source::{InputFile, Source};
 use crate::text::esc_path;
 use crate::torch::Format;
 use crate::vocab::{OptionName, Unmatched, WarningKind};
+
+pub mod verify;
 
 pub use crate::naming::{
     index_file_name, is_stem, parse_size, shard_file_name, MAX_STEM_BYTES, STEM_EXPECTED,

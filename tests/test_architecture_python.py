@@ -140,7 +140,7 @@ FS_BUDGET = {
     "stcast/cli.py": 5,
     "stcast/folder/__init__.py": 13,
     "stcast/folder/common.py": 12,
-    "stcast/folder/reshard.py": 10,
+    "stcast/folder/reshard.py": 9,
     "stcast/folder/verify.py": 8,
     "stcast/folder/write.py": 4,
 }

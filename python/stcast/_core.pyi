@@ -72,6 +72,8 @@ __all__ = [
     "written_index",
     "read_index",
     "index_total",
+    "resharded_pairs",
+    "verify_group",
 ]
 
 __version__: str
@@ -294,6 +296,20 @@ def read_index(
     path: str, rel: str, torch: bool, found: set[str]
 ) -> tuple[str, list[tuple[str, str]]]: ...
 def index_total(dst: str, rel: str, map: list[tuple[str, str]]) -> int: ...
+
+# A group of files: folder, stem, files (rel, path), index (rel, path).
+_Group = tuple[str, str, list[tuple[str, str]], tuple[str, str] | None]
+
+def resharded_pairs(
+    dst: str,
+    weights: list[tuple[str, str]],
+    indexes: list[tuple[tuple[str, str], list[tuple[str, str]]]],
+    found: list[str],
+    name: str | None,
+) -> tuple[list[tuple[_Group, _Group]], list[tuple[_Group, _Group]]]: ...
+def verify_group(
+    dst: str, src: _Group, group: _Group, *, progress: _Progress = None, **options: Unpack[_Options]
+) -> tuple[list[tuple[str, _Report]], tuple[str, str, str | None] | None]: ...
 
 # A source folder's file: rel, path, size, mtime_ns, its rel in the source when renamed.
 _File = tuple[str, str, int, int, str | None]

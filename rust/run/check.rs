@@ -33,7 +33,7 @@ fn bad_index(path: &Path, why: String) -> Error {
 }
 
 /// An error's template without the path it starts with.
-fn why(e: &Error) -> String {
+pub(crate) fn why(e: &Error) -> String {
     let template = e.template();
     let prefix = format!("{}: ", esc_path(e.path().unwrap_or(Path::new(""))));
     template
@@ -417,7 +417,7 @@ fn is_plain_name(name: &str) -> bool {
 
 /// The whole content of the regular file `path`, at most `MAX_JSON_BYTES`: exactly the
 /// size its metadata gives.
-fn read_bounded(path: &Path) -> Result<Vec<u8>> {
+pub(crate) fn read_bounded(path: &Path) -> Result<Vec<u8>> {
     let (file, meta) = open_regular(path)?;
     if meta.len() > MAX_JSON_BYTES {
         let (size, limit) = (format_bytes(meta.len()), format_bytes(MAX_JSON_BYTES));
@@ -437,6 +437,17 @@ fn read_bounded(path: &Path) -> Result<Vec<u8>> {
         return Err(bad_index(path, why));
     }
     Ok(bytes)
+}
+
+/// The text of the JSON file `path` (bounded, UTF-8), as read before its JSON is parsed.
+pub(crate) fn read_json_text(path: &Path) -> Result<String> {
+    String::from_utf8(read_bounded(path)?).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        bad_index(
+            path,
+            format!("not valid JSON: not UTF-8 text (at byte {at})"),
+        )
+    })
 }
 
 /// Do the files `a` and `b` hold the same bytes (false when one cannot be read)?

@@ -35,8 +35,8 @@ use crate::output::folder_chain;
 pub const BOOKKEEPING_PREFIX: &[u8] = b".stcast-";
 /// The model config, whose dtype a conversion rewrites.
 pub const CONFIG_NAME: &[u8] = b"config.json";
-const WEIGHTS_SUFFIX: &[u8] = b".safetensors";
-const INDEX_SUFFIX: &[u8] = b".safetensors.index.json";
+pub(crate) const WEIGHTS_SUFFIX: &[u8] = b".safetensors";
+pub(crate) const INDEX_SUFFIX: &[u8] = b".safetensors.index.json";
 /// The Hugging Face layouts' PyTorch weight stems (transformers, diffusers, PEFT), and the
 /// stems the libraries load instead: `pytorch_model.bin` -> `model.safetensors`,
 /// `pytorch_model-00001-of-00002.bin` -> `model-00001-of-00002.safetensors`,

@@ -28,25 +28,22 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from .. import _core, _engine
-from ..errors import Cancelled, InvalidInput, Refused, StcastError, UsageError
+from ..errors import Cancelled, InvalidInput, Refused, UsageError
 from ..reports import Notice
 from .common import (
     INDEX_SUFFIX,
-    MAX_JSON_BYTES,
     WEIGHTS_SUFFIX,
     File,
     check_index,
     header_sha256,
-    read_bounded,
     source_sha256,
 )
 from .fp8 import is_fp8
 from .fp8 import nonfinite as fp8_nonfinite
-from .walk import Plan, index_owners, read_index, read_json, safetensors_name
+from .walk import Plan, index_owners, read_json, safetensors_name
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from typing import Callable
 
     from .._engine import CancelFlag
     from .._types import Target
@@ -678,233 +675,4 @@ def index_infos(reshard: Reshard) -> list[dict[str, Any]]:
     ]
 
 
-# --- verify across shardings ----------------------------------------------------------------
-
-
-def _stat_file(root: str, rel: str) -> File:
-    path = os.path.join(root, rel)
-    st = os.stat(path)
-    return File(rel, path, st.st_size, st.st_mtime_ns)
-
-
-def resharded_pairs(
-    dst: str,
-    weights: list[File],
-    indexes: list[tuple[File, str, dict[str, str]]],
-    found: set[str],
-    same: list[tuple[Group, Group]] | None = None,
-    name: str | None = None,
-) -> list[tuple[Group, Group]]:
-    """The groups of SRC that DST holds sharded differently, each with DST's group of the
-    same folder and stem. A group whose files, and index weight map, are the same in both
-    is verified file by file instead (as is one DST lacks: its files are missing); those
-    with an index go to `same` too: a re-sharding whose cut fell where SRC's did has the
-    same files, but its index and metadata are a re-sharding's. With `name` (a SRC of one
-    group: see `named`), DST's group is the one of that stem; its files are then checked
-    against that stem's names."""
-    dst_weights = [_stat_file(dst, r) for r in sorted(found) if r.endswith(_WEIGHTS)]
-    names = {w.rel for w in dst_weights}
-    dst_indexes = []
-    for rel in sorted(r for r in found if r.endswith(_INDEX)):
-        f = _stat_file(dst, rel)
-        dst_indexes.append((f, *read_index(f, names)))
-    theirs = {(g.dir, g.stem): g for g in groups_of(dst_weights, dst_indexes)}
-    src_maps = {f.rel: m for f, _, m in indexes}
-    dst_maps = {f.rel: m for f, _, m in dst_indexes}
-    pairs = []
-    for g in named(groups_of(weights, indexes), name):
-        d = theirs.get((g.dir, g.stem))
-        if d is None:
-            continue
-        same_files = [w.rel for w in g.inputs] == [w.rel for w in d.inputs]
-        same_index = (g.index is None and d.index is None) or (
-            g.index is not None
-            and d.index is not None
-            and g.index.rel == d.index.rel
-            and _same_map(src_maps[g.index.rel], dst_maps[d.index.rel])
-        )
-        if not (same_files and same_index):
-            pairs.append((g, d))
-        elif g.index is not None and same is not None:
-            same.append((g, d))
-    return pairs
-
-
-_SCALES = _core.FP8_COMPANION_SUFFIXES
-
-
-def _dropped_scale(name: str, where: dict[str, str]) -> bool:
-    """Is `name` an FP8 scale whose weight DST holds (dequantized: the scale is gone), or a
-    packed weight (or gpt-oss scales) DST holds unpacked under its weight's name?"""
-    for suffix in _SCALES:
-        if name.endswith(suffix):
-            return name[: -len(suffix)] + ".weight" in where
-    for suffix in (*_core.PACKED_SUFFIXES, _core.PACKED_SCALES_SUFFIX):
-        if name.endswith(suffix):
-            return name[: -len(suffix)] in where
-    return False
-
-
-def _same_map(a: dict[str, str], b: dict[str, str]) -> bool:
-    """Two weight maps of the same files: equal, or equal but for FP8 scales that one has
-    and the other not (a quantization or dequantization), each beside its weight."""
-    if a == b:
-        return True
-
-    def base(name: str) -> str | None:
-        for suffix in _SCALES:
-            if name.endswith(suffix):
-                return name[: -len(suffix)] + ".weight"
-        if name.endswith(_core.PACKED_SCALES_SUFFIX):
-            return name[: -len(_core.PACKED_SCALES_SUFFIX)]
-        return None
-
-    def unpacked(m: dict[str, str]) -> dict[str, str]:
-        """Packed weights under the names they are unpacked to (`X.weight_packed`)."""
-        ends = tuple(_core.PACKED_SUFFIXES)
-        return {next((k[: -len(p)] for p in ends if k.endswith(p)), k): v for k, v in m.items()}
-
-    a, b = unpacked(a), unpacked(b)
-
-    def plain(m: dict[str, str], other: dict[str, str]) -> dict[str, str]:
-        out = {}
-        for k, v in m.items():
-            w = base(k)
-            if k not in other and w is not None and m.get(w) == v and other.get(w) == v:
-                continue
-            out[k] = v
-        return out
-
-    return plain(a, b) == plain(b, a)
-
-
-@dataclass
-class GroupCheck:
-    """The outcome of verifying one re-sharded group."""
-
-    reports: list[tuple[str, Any]]  # (DST rel, engine verify report), in DST order
-    failure: tuple[str, str, str | None] | None  # (rel, template, tensor) of the first
-
-
-def verify_group(
-    dst: str,
-    s: Group,
-    d: Group,
-    *,
-    loose: bool,
-    options: dict[str, Any],
-    progress: Callable[[int, int], object] | None,
-    source: dict[str, Any] | None = None,
-) -> GroupCheck:
-    """Verify DST's group `d` as the re-sharding of SRC's group `s`: every tensor of `s` in
-    exactly one file of `d`, each file exactly what `convert` writes for the tensors it
-    holds (strict; `loose`: any layout, as `verify` of a file), the index listing them.
-
-    Strict mode also wants stcast's names and cut: `<stem>-0000i-of-0000N.safetensors` (or
-    one `<stem>.safetensors`), the tensors in SRC's order across the shards."""
-    core = _core.ShardGroup([w.path for w in s.inputs], **(source or {}))
-    src_names = core.names()
-    check = GroupCheck([], None)
-
-    def fail(rel: str, template: str, tensor: str | None = None) -> GroupCheck:
-        check.failure = (rel, template, tensor)
-        return check
-
-    held: list[list[str]] = []
-    where: dict[str, str] = {}
-    for f in d.inputs:
-        names = _core.ShardGroup([f.path]).names()
-        for n in names:
-            if n in where:
-                return fail(f.rel, f"tensor `{_esc(n)}` is also in {_esc(where[n])}", n)
-            where[n] = f.rel
-        held.append(names)
-    group = s.index.rel if s.index is not None else s.inputs[0].rel
-    for n in src_names:
-        if n not in where and not _dropped_scale(n, where):
-            return fail(
-                d.inputs[0].rel, f"tensor `{_esc(n)}` of SRC ({_esc(group)}) is in no DST file", n
-            )
-    n_files = len(d.inputs)
-    if not loose:
-        for i, f in enumerate(d.inputs):
-            want = _core.shard_file_name(s.stem, i + 1, n_files)
-            if os.path.basename(f.rel) != want:
-                return fail(
-                    f.rel,
-                    f"stcast names the shard {i + 1} of {n_files} `{_esc(want)}` ({{loose}} "
-                    "accepts any names)",
-                )
-        if (d.index is None) != (n_files == 1):
-            what = "an index beside one file" if n_files == 1 else f"{n_files} files, no index"
-            rel = d.index.rel if d.index is not None else d.inputs[0].rel
-            return fail(rel, f"{what}: stcast writes an index exactly when there are shards")
-        position = {n: i for i, n in enumerate(src_names)}
-        order = [p for names in held for p in sorted(position[n] for n in names if n in position)]
-        if order != sorted(order):
-            at = next(i for i in range(len(order)) if order[i] != sorted(order)[i])
-            return fail(
-                d.inputs[0].rel,
-                f"the shards do not hold SRC's tensors in input order (at tensor "
-                f"`{_esc(src_names[order[at]])}`); stcast cuts them in order ({{loose}} "
-                "accepts any cut)",
-                src_names[order[at]],
-            )
-    # The index first (headers only): a loader finds each tensor through it.
-    if d.index is not None:
-        try:
-            _, listed = read_index(d.index, {f.rel for f in d.inputs})
-            total = check_index(dst, d.index.rel, where)
-        except StcastError as e:
-            return fail(d.index.rel, e.template.removeprefix(f"{_esc(e.path or '')}: "))
-        wrong = sorted(n for n in {*listed, *where} if listed.get(n) != where.get(n))
-        if wrong:
-            n = wrong[0]
-            said = f"in {_esc(listed[n])}" if n in listed else "nowhere"
-            holder = f"{_esc(where[n])} holds it" if n in where else "no DST file holds it"
-            return fail(d.index.rel, f"lists tensor `{_esc(n)}` {said}, but {holder}", n)
-        got = read_bounded(d.index.path, MAX_JSON_BYTES)
-        if loose:
-            _, doc = read_json(d.index)
-            meta = doc.get("metadata") if isinstance(doc, dict) else None
-            if not isinstance(meta, dict) or meta.get("total_size") != total:
-                return fail(
-                    d.index.rel,
-                    f"its metadata.total_size is not {total}, the bytes "
-                    "of the tensors of its shards",
-                )
-        else:
-            by_file = {n: os.path.basename(rel) for n, rel in where.items()}
-            src_text = None if s.index is None else read_json(s.index)[0]
-            pairs = [*by_file.items()]
-            if got != _core.index_text(src_text, total=total, weight_map=pairs, sort_keys=True):
-                return fail(
-                    d.index.rel,
-                    "is not the index stcast writes for these shards ({loose} only checks "
-                    "that it lists them)",
-                )
-    done = 0
-    for f in d.inputs:
-
-        def step(done_now: int, total: int, base: int = done) -> None:
-            if progress is not None:
-                progress(base + done_now, total)
-
-        with _engine.gc_paused():
-            r = _core.verify_shard(
-                core,
-                f.path,
-                n_files > 1,
-                loose=loose,
-                progress=step if progress is not None else None,
-                **options,
-            )
-        check.reports.append((f.rel, r))
-        done += r["bytes_compared"]
-        m = r["mismatch"]
-        if m is not None:
-            return fail(f.rel, m["message"], m["tensor"])
-    return check
-
-
-__all__ = ["Group", "Reshard", "Unit", "groups_of", "plan", "resharded_pairs", "verify_group"]
+__all__ = ["Group", "Reshard", "Unit", "groups_of", "plan"]

@@ -8,7 +8,8 @@ weight map, with `total_size` that of the shards in the destination. The first d
 is reported, naming the file.
 
 A checkpoint that DST holds sharded differently (`max_shard_size`) is paired by tensor name
-instead, through the indexes: see `reshard.verify_group`. SRC may then be a single file.
+instead, through the indexes, by the engine (rust/shard/verify.rs). SRC may then be a single
+file.
 """
 
 from __future__ import annotations
@@ -41,15 +42,7 @@ from .fp8 import (
     strategy_target,
     unread_quantization,
 )
-from .reshard import (
-    Group,
-    GroupCheck,
-    groups_of,
-    named,
-    resharded_pairs,
-    single_file,
-    verify_group,
-)
+from .reshard import groups_of, named, single_file
 from .walk import dequantizes_any, listing, read_index, read_json, walk
 
 if TYPE_CHECKING:
@@ -58,6 +51,13 @@ if TYPE_CHECKING:
     from .._engine import Progress
     from .._options import Options
     from .._types import Target
+
+    # A group of files as the engine gives it (`shard::verify::Group`): its folder, stem,
+    # files (rel, path) and index (rel, path).
+    Group = tuple[str, str, list[tuple[str, str]], "tuple[str, str] | None"]
+    # A group's outcome: each DST file's (rel, engine report), the first failure (rel,
+    # template, tensor).
+    GroupCheck = tuple[list[tuple[str, Any]], "tuple[str, str, str | None] | None"]
 
 _esc = _core.escape
 
@@ -117,7 +117,13 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
     same: list[tuple[Group, Group]] = []
     first_error = None
     try:
-        pairs = resharded_pairs(dst, weights, parsed, found, same, name)
+        pairs, same = _core.resharded_pairs(
+            dst,
+            [(w.rel, w.path) for w in weights],
+            [((f.rel, f.path), [*m.items()]) for f, _, m in parsed],
+            list(found),
+            name,
+        )
     except StcastError as e:  # an index of DST that names no file of DST
         rel = os.path.relpath(e.path, dst) if e.path else "."
         # The mismatch names the file: the template need not (it starts with its path).
@@ -130,18 +136,14 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
     checked: dict[int, GroupCheck] = {}
     for g, d in same if first_error is None else []:
         try:
-            check = verify_group(
-                dst, g, d, loose=loose, options=group_options | {"to": to}, progress=None
-            )
+            check = _verify_group(dst, g, d, group_options | {"to": to, "loose": loose}, None)
         except StcastError:
             continue
-        if check.failure is None or check.failure[2] is not None:
+        if check[1] is None or check[1][2] is not None:
             checked[len(pairs)] = check
             pairs.append((g, d))
-    moved = {w.rel for g, _ in pairs for w in g.inputs}
-    moved |= {g.index.rel for g, _ in pairs if g.index is not None}
-    theirs = {w.rel for _, d in pairs for w in d.inputs}
-    theirs |= {d.index.rel for _, d in pairs if d.index is not None}
+    moved = {rel for g, _ in pairs for rel in _rels(g)}
+    theirs = {rel for _, d in pairs for rel in _rels(d)}
     from_pytorch = any(w.src_rel is not None for w in weights)
     weights = [w for w in weights if w.rel not in moved]
     indexes = [f for f in indexes if f.rel not in moved]
@@ -154,7 +156,7 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         for w in weights
         if w.rel in found
     )
-    total += sum(_data_bytes(f.path) for g, d in pairs for f in [*g.inputs, *d.inputs])
+    total += sum(_data_bytes(path) for g, d in pairs for _, path in [*g[2], *d[2]])
     done = 0
     first: VerifyReport | None = None
     mismatch: Mismatch | None = None
@@ -194,7 +196,7 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         # Extra files are ignored (loose), but not an index: loaders read it to find the
         # tensors, so it must name DST's shards as they are, and the output's tensors where
         # the output holds them.
-        output = [w.rel for w in weights] + [f.rel for _, d in pairs for f in d.inputs]
+        output = [w.rel for w in weights] + [rel for _, d in pairs for rel, _ in d[2]]
         stray = [r for r in extra if r.endswith(INDEX_SUFFIX)]
         problem = _core.check_companions(dst, to, stray=stray, output=output)
         if problem is not None:
@@ -239,16 +241,15 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
             if progress is not None:
                 progress(base + d_, total)
 
-        check = checked.get(k) or verify_group(
+        check = checked.get(k) or _verify_group(
             dst,
             g,
             d,
-            loose=loose,
-            options=group_options | {"to": to},
-            progress=group_step if progress is not None else None,
-            source=source,
+            group_options | {"to": to, "loose": loose, **source},
+            group_step if progress is not None else None,
         )
-        for rel, r in check.reports:
+        group_reports, failure = check
+        for rel, r in group_reports:
             report_ = _engine_report(r)
             done += report_.bytes_compared
             reports.append(report_)
@@ -256,11 +257,11 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
             first = first or report_
             if to is None and report_.to is not None:
                 to = report_.to
-        if check.failure is not None:
-            rel, template, tensor = check.failure
-            last = check.reports[-1][1]["mismatch"] if check.reports else None
-            found_m = _engine_report(check.reports[-1][1]).mismatch if check.reports else None
-            if last is not None and found_m is not None and check.reports[-1][0] == rel:
+        if failure is not None:
+            rel, template, tensor = failure
+            last = group_reports[-1][1]["mismatch"] if group_reports else None
+            found_m = _engine_report(group_reports[-1][1]).mismatch if group_reports else None
+            if last is not None and found_m is not None and group_reports[-1][0] == rel:
                 mismatch = Mismatch(
                     Notice("mismatch", found_m.message.template, rel),
                     found_m.tensor,
@@ -305,6 +306,22 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         folder=True,
         files=len(expected) + len(theirs),
     )
+
+
+def _rels(g: Group) -> list[str]:
+    """The files of a group (`_core.resharded_pairs`) and its index, relative paths."""
+    return [rel for rel, _ in g[2]] + ([g[3][0]] if g[3] is not None else [])
+
+
+def _verify_group(
+    dst: str, s: Group, d: Group, options: dict[str, Any], progress: Progress | None
+) -> GroupCheck:
+    """Verify DST's group `d` as the re-sharding of SRC's group `s` (the engine's
+    `shard::verify::GroupVerify`): every tensor of `s` in exactly one file of `d`, each file
+    exactly what `convert` writes for the tensors it holds, the index listing them."""
+    with _engine.gc_paused():
+        reports, failure = _core.verify_group(dst, s, d, progress=progress, **options)
+    return reports, failure
 
 
 def _configured(dst: str, f: File) -> Target | None:
