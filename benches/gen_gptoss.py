@@ -6,7 +6,7 @@ Each layer's experts are `mlp.experts.{gate_up_proj,down_proj}_blocks` U8
 `[E, rows, cols / 32]` (random bytes 118..127, values 2^-9..2^0) and BF16 `_bias`; attention
 (q/k/v/o with biases, sinks), the router (weight, bias), norms, embeddings and lm_head are
 BF16. The default shape (hidden 1024, intermediate 1024, 32 experts, 4 layers, 16 heads of
-64, 4 KV heads, vocab 16384) is 0.26 GiB on disk and 0.87 GiB as bf16. Written tensor by
+64, 4 KV heads, vocab 16384) is 0.28 GiB on disk and 0.83 GiB as bf16. Written tensor by
 tensor, in chunks of at most 64 MiB: memory stays small. No torch needed.
 
 usage: python benches/gen_gptoss.py FOLDER [--layers 4] [--seed N]
