@@ -46,6 +46,11 @@ compressed-tensors' own dequantization (peers/ct_dequantize.py: `convert_checkpo
 `CompressedTensorsDequantizer`, run with --fp8-python) on a 1.0 GiB Llama-shaped W4A16 folder
 (gen_w4a16.py), in ABBA rounds per --fp8-modes; then the two outputs are compared, every
 tensor bit for bit. packed.md, packed.json.
+--gptoss runs only the gpt-oss case (issue 32): stcast's MXFP4 -> bf16 (`convert SRC DST`)
+against transformers' own (peers/tf_gptoss.py: `GptOssForCausalLM.from_pretrained` with
+`Mxfp4Config(dequantize=True)`, then `save_pretrained`, run with --fp8-python) on a 0.28 GiB
+gpt-oss-shaped MXFP4 folder (gen_gptoss.py), in ABBA rounds per --fp8-modes; then the two
+outputs are compared, every tensor bit for bit. gptoss.md, gptoss.json.
 --reshard SIZE adds contender stcast_reshard: `convert SRC DST --max-shard-size SIZE` (a
 folder of shards and an index) beside stcast's plain conversion of the same input; the
 "Re-sharding" issue's goal is its median wall <= 1.05x stcast's (4 GiB into 1 GB shards).
@@ -59,6 +64,7 @@ usage: python benches/compare.py [--sizes 1,4] [--repeats 3] [--modes hugetmpfs,
        python benches/compare.py --fp8 [--repeats 3] [--fp8-modes hugetmpfs,hot]
            [--fp8-python /work/venv-llmc/bin/python] [--stcast CLI]
        python benches/compare.py --packed [the same options as --fp8]
+       python benches/compare.py --gptoss [the same options as --fp8]
 """
 
 from __future__ import annotations
@@ -2321,19 +2327,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "dequantization (gen_w4a16.py, peers/ct_dequantize.py)",
     )
     ap.add_argument(
+        "--gptoss",
+        action="store_true",
+        help="only the gpt-oss case: stcast's MXFP4 -> bf16 against transformers' dequantized "
+        "load + save_pretrained (gen_gptoss.py, peers/tf_gptoss.py)",
+    )
+    ap.add_argument(
         "--fp8-python",
         default="/work/venv-llmc/bin/python",
         help="a Python with llmcompressor (the peers of --fp8 and --packed, and the checks)",
     )
     ap.add_argument(
-        "--fp8-modes", default="hugetmpfs,hot", help="hugetmpfs and/or hot (--fp8, --packed)"
+        "--fp8-modes",
+        default="hugetmpfs,hot",
+        help="hugetmpfs and/or hot (--fp8, --packed, --gptoss)",
     )
     ap.add_argument("--fp8-tmpfs-dir", type=Path, default=Path("/mnt/fp8b"))
     ap.add_argument("--fp8-tmpfs-size", default="6g")
     args = ap.parse_args(argv)
     if args.pickle_memory:
         return args
-    if args.fp8 or args.packed:
+    if args.fp8 or args.packed or args.gptoss:
         args.fp8_modes = split(args.fp8_modes)
         for m in args.fp8_modes:
             if m not in ("hugetmpfs", "hot"):
@@ -2760,6 +2774,7 @@ class QuantCase:
     contenders: tuple[tuple[str, str], ...]
     ratios: tuple[tuple[str, str], ...]  # (stcast's contender, the peer's doing the same)
     ref: str | None = None
+    model: str = "llama"  # the generated folder's shape, in its name
 
 
 FP8_CASE = QuantCase(
@@ -2788,6 +2803,19 @@ PACKED_CASE = QuantCase(
         ("ct dequantize", "peers/ct_dequantize.py {src} {dst} bf16"),
     ),
     (("stcast dequant", "ct dequantize"),),
+)
+GPTOSS_CASE = QuantCase(
+    "gptoss",
+    "gpt-oss MXFP4 to bf16: stcast against transformers",
+    "gen_gptoss.py",
+    (
+        ("stcast dequant", "stcast convert {src} {dst}"),
+        ("transformers dequantize", "peers/tf_gptoss.py {src} {dst} bf16"),
+    ),
+    (("stcast dequant", "transformers dequantize"),),
+    # Untimed: transformers' loaded state itself (its save_pretrained loses experts).
+    ref="peers/tf_gptoss.py {src} {dst} bf16 state_dict",
+    model="gptoss",
 )
 
 
@@ -2861,6 +2889,19 @@ def quant_checks(
     dequantization of {ref} against stcast's (fp8_dequant_check.py); packed, stcast's output
     against compressed-tensors' own, every tensor bit for bit."""
     checks = []
+    if case is GPTOSS_CASE:
+        a, b = first.get("stcast dequant"), first.get("transformers dequantize")
+        if a and ref is not None:
+            n, bad = same_folder_tensors(a, ref)
+            what = f"{mode}: stcast = transformers' dequantized state, {n} tensors bit for bit"
+            checks.append(
+                ("PASS" if n and not bad else "FAIL", what + (f"; {bad[:3]}" if bad else ""))
+            )
+        if a and b:
+            n, bad = same_folder_tensors(a, b)
+            what = f"{mode}: transformers' save_pretrained output: {n} of stcast's tensors equal"
+            checks.append(("NOTE", what + (f"; {len(bad)} differ: {bad[:2]}" if bad else "")))
+        return checks
     if case is PACKED_CASE:
         a, b = first.get("stcast dequant"), first.get("ct dequantize")
         if a and b:
@@ -2894,7 +2935,7 @@ def quant_bench(args: argparse.Namespace, case: QuantCase) -> int:
     mode ABBA rounds, then its checks (`quant_checks`). Prints and writes KEY.md and
     KEY.json to --out."""
     stcast, llmc = shlex.split(args.stcast), shlex.split(args.fp8_python)
-    cache = args.disk_dir / f"{case.key}-llama-{args.seed}"
+    cache = args.disk_dir / f"{case.key}-{case.model}-{args.seed}"
     if not cache.exists():
         gen = [sys.executable, str(HERE / case.gen), str(cache), "--seed", str(args.seed)]
         subprocess.run(gen, check=True)
@@ -3001,7 +3042,7 @@ def quant_bench(args: argparse.Namespace, case: QuantCase) -> int:
     (args.out / f"{case.key}.md").write_text(text)
     print()
     print(text)
-    return 0 if all(s == "PASS" for s, _ in checks) else 1
+    return 0 if all(s != "FAIL" for s, _ in checks) else 1
 
 
 def quant_markdown(
@@ -3095,6 +3136,8 @@ def main(argv: list[str] | None = None) -> int:
         return pickle_memory(args.stcast, args.pickle_dir, args.repeats, args.pickle_scale)
     if args.fp8 or args.packed:
         return quant_bench(args, FP8_CASE if args.fp8 else PACKED_CASE)
+    if args.gptoss:
+        return quant_bench(args, GPTOSS_CASE)
     if args.render:
         return render(args.render, args.out)
     args.out.mkdir(parents=True, exist_ok=True)

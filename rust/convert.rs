@@ -16,7 +16,7 @@ use crate::failpoint;
 use crate::fp8::{self, Fp8Stats};
 use crate::input::InputOptions;
 use crate::kernels::Isa;
-use crate::numerics::Numerics;
+use crate::numerics::{DequantizedTensor, Numerics, Range};
 use crate::output::{self, AtPath, Published, Replace, TempOutput, Territory};
 use crate::plan::{self, KeptTensor, Plan, PlanOptions, Role, TensorPlan};
 use crate::quant::{Deq, Layout, Packing, Quant, QuantizedTensor};
@@ -225,6 +225,10 @@ pub struct Report {
     pub quantized: Vec<QuantizedTensor>,
     /// FP8 targets: the modules whose 2-D weight stays unquantized (a config's `ignore`).
     pub unquantized: Vec<String>,
+    /// A quantized input: the values each dequantized weight came to (output order), and
+    /// how many input tensors only they used (scales, shapes, zero points), dropped.
+    pub dequantized: Vec<DequantizedTensor>,
+    pub tensors_dropped: usize,
     /// What rounding did to each converted tensor, in output order (empty without
     /// `Options::numerics`), and to all of them.
     #[serde(skip)]
@@ -454,6 +458,9 @@ pub struct Job {
     numerics: Option<Vec<Numerics>>,
     /// Per tensor of `plan.tensors` under an FP8 target (empty otherwise): what quantizing did.
     fp8: Vec<Fp8Stats>,
+    /// Per tensor of `plan.tensors` of a quantized input (empty otherwise): the values each
+    /// dequantized weight came to.
+    ranges: Vec<Range>,
     /// Every warning so far (the plan's first), and how many `take_warnings` handed out.
     warnings: Vec<Warning>,
     taken: usize,
@@ -550,6 +557,10 @@ impl Job {
                 Some(_) => vec![Fp8Stats::default(); plan_len],
                 None => Vec::new(),
             },
+            ranges: match dequantizes {
+                true => vec![Range::default(); plan_len],
+                false => Vec::new(),
+            },
             warnings,
             taken: 0,
             report: outputs.report,
@@ -639,15 +650,17 @@ impl Job {
                 let row0 = w.pos / d.src_row();
                 let (pool, src) = (&self.pool, &self.src);
                 dequantize_window(pool, self.threads, d, src, row0, src_bytes, dst_bytes);
+                let range = Range::of(d.target == safetensors::Dtype::BF16, dst_bytes);
                 if let Some(all) = &mut self.numerics {
                     // No code holds an infinity: every one written is a finite value
                     // overflowed.
                     all[w.item].merge(&Numerics {
                         elements: dst_n / d.out_size(),
-                        overflow: fp8::count_inf(d.target, dst_bytes),
+                        overflow: range.inf,
                         ..Numerics::default()
                     });
                 }
+                self.ranges[w.item].merge(&range);
                 self.release_companions(d, row0 + w.len / d.src_row());
                 if let Packing::GptOss { .. } = d.packing {
                     // Its windows read all an expert's rows: its pages go once it is done.
@@ -824,6 +837,11 @@ impl Job {
     /// What FP8 did to each quantized weight, in output order (empty for other targets).
     fn quantized(&self) -> Vec<QuantizedTensor> {
         quantized_tensors(&self.plan, &self.src, &self.fp8)
+    }
+
+    /// The values each dequantized weight came to, in output order (empty for other inputs).
+    fn dequantized(&self) -> Vec<DequantizedTensor> {
+        dequantized_tensors(&self.plan, &self.src, &self.ranges)
     }
 
     /// Give the input back (to plan again: see `task::ConvertTask`); the hidden output goes.
@@ -1041,6 +1059,7 @@ impl Job {
             let measured = self.measured();
             let total = Numerics::total(measured.iter().map(|(_, n)| *n));
             let quantized = self.quantized();
+            let dequantized = self.dequantized();
             let bytes = crate::report::numeric_report(
                 &self.src.path,
                 &self.dst,
@@ -1048,6 +1067,7 @@ impl Job {
                 &measured,
                 &total,
                 &quantized,
+                &dequantized,
             );
             let out = TempOutput::create(path, *replace, None, "")?;
             (&out.file)
@@ -1110,10 +1130,12 @@ impl Job {
             numerics,
             made_dirs,
             fp8,
+            ranges,
             ..
         } = self;
         drop(out_map);
         let quantized = quantized_tensors(&plan, &src, &fp8);
+        let dequantized = dequantized_tensors(&plan, &src, &ranges);
         let unquantized = plan.unquantized_modules(&src.header);
         let kept = plan.kept_tensors(&src.header);
         // The names move from the header into the report (no copy of 300k names).
@@ -1152,6 +1174,8 @@ impl Job {
             tensors_copied: plan.inputs() - plan.converted(),
             tensors_quantized: quantized.len(),
             quantized,
+            dequantized,
+            tensors_dropped: plan.dropped(),
             unquantized,
             seconds: started.elapsed().as_secs_f64(),
             threads,
@@ -1183,6 +1207,23 @@ fn quantized_tensors(plan: &Plan, src: &Source, fp8: &[Fp8Stats]) -> Vec<Quantiz
                 q,
                 st,
             )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The values each weight `plan` dequantizes came to (`ranges`: per plan tensor), in output
+/// order.
+fn dequantized_tensors(plan: &Plan, src: &Source, ranges: &[Range]) -> Vec<DequantizedTensor> {
+    plan.tensors
+        .iter()
+        .zip(ranges)
+        .filter_map(|(t, r)| match t.action {
+            Action::Dequantize(d) => Some(DequantizedTensor {
+                name: d.out_name(&src.header.tensors[t.source].name).to_string(),
+                format: d.format().text,
+                range: r.clone(),
+            }),
             _ => None,
         })
         .collect()

@@ -56,6 +56,101 @@ impl Numerics {
     }
 }
 
+/// One weight a quantized input dequantized: its output name, its format
+/// (`quant::Format::text`), and the values it came to.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DequantizedTensor {
+    pub name: String,
+    pub format: String,
+    #[serde(flatten)]
+    pub range: Range,
+}
+
+/// The values a dequantized weight came to, in its target dtype (BF16 or F16): how many,
+/// the smallest and largest finite one (None when none is), the NaNs and the ±infinities.
+/// Read from the bits, so no MXCSR mode changes them.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Range {
+    pub elements: u64,
+    pub min: Option<f64>,
+    pub max: Option<f64>,
+    pub nan: u64,
+    pub inf: u64,
+}
+
+impl Range {
+    /// The range of `data`, 2-byte BF16 (`bf16`) or F16 values, little-endian.
+    pub fn of(bf16: bool, data: &[u8]) -> Range {
+        let (exp, mant): (u16, u16) = if bf16 {
+            (0x7F80, 0x007F)
+        } else {
+            (0x7C00, 0x03FF)
+        };
+        // Finite values ordered as integers: negative ones flipped below the positive ones.
+        let key = |v: u16| if v & 0x8000 != 0 { !v } else { v | 0x8000 };
+        let (mut lo, mut hi, mut nan, mut inf) = (u16::MAX, 0u16, 0u64, 0u64);
+        let values = data.as_chunks::<2>().0;
+        for b in values {
+            let v = u16::from_le_bytes(*b);
+            if v & exp == exp {
+                if v & mant == 0 {
+                    inf += 1;
+                } else {
+                    nan += 1;
+                }
+                continue;
+            }
+            let k = key(v);
+            lo = lo.min(k);
+            hi = hi.max(k);
+        }
+        let finite = (values.len() as u64) > nan + inf;
+        let value = |k: u16| {
+            let v = if k & 0x8000 != 0 { k & 0x7FFF } else { !k };
+            half_value(v, bf16)
+        };
+        Range {
+            elements: values.len() as u64,
+            min: finite.then(|| value(lo)),
+            max: finite.then(|| value(hi)),
+            nan,
+            inf,
+        }
+    }
+
+    /// Add `other`'s values to ours.
+    pub fn merge(&mut self, other: &Range) {
+        self.elements += other.elements;
+        self.nan += other.nan;
+        self.inf += other.inf;
+        let pick = |a: Option<f64>, b: Option<f64>, f: fn(f64, f64) -> f64| match (a, b) {
+            (Some(a), Some(b)) => Some(f(a, b)),
+            (a, b) => a.or(b),
+        };
+        self.min = pick(self.min, other.min, f64::min);
+        self.max = pick(self.max, other.max, f64::max);
+    }
+}
+
+/// The value of finite BF16 (`bf16`) or F16 bits `v`, exactly, by integer arithmetic and one
+/// product of normal f64s (a subnormal of either is normal in f64).
+fn half_value(v: u16, bf16: bool) -> f64 {
+    let (mbits, bias) = if bf16 { (7u32, 127i32) } else { (10, 15) };
+    let e = i32::from((v & 0x7FFF) >> mbits);
+    let m = u64::from(v & ((1 << mbits) - 1));
+    let (m, e) = if e == 0 {
+        (m, 1 - bias - mbits as i32)
+    } else {
+        (m | (1 << mbits), e - bias - mbits as i32)
+    };
+    let magnitude = m as f64 * f64::from_bits(((e + 1023) as u64) << 52);
+    if v & 0x8000 != 0 {
+        -magnitude
+    } else {
+        magnitude
+    }
+}
+
 /// Statistics of one converted window: `src` source bytes, `dst` the kernel's output for them.
 ///
 /// With mismatched lengths only the elements both sides hold are measured.
@@ -502,6 +597,33 @@ mod tests {
     use super::*;
     use crate::kernels::{self, Isa};
     use Conversion::*;
+
+    #[test]
+    fn ranges_from_the_bits() {
+        let bytes = |v: &[u16]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        // BF16: -2, 0.5, the smallest subnormal, +inf, NaN, -0.
+        let r = Range::of(
+            true,
+            &bytes(&[0xC000, 0x3F00, 0x0001, 0x7F80, 0x7FC1, 0x8000]),
+        );
+        assert_eq!((r.elements, r.nan, r.inf), (6, 1, 1));
+        assert_eq!((r.min, r.max), (Some(-2.0), Some(0.5)));
+        let r = Range::of(true, &bytes(&[0x0001, 0x8000]));
+        assert_eq!(r.max, Some(2f64.powi(-133)));
+        assert_eq!(r.min.map(f64::to_bits), Some((-0.0f64).to_bits()));
+        // F16: 65504, the smallest subnormal, -1.
+        let mut r = Range::of(false, &bytes(&[0x7BFF, 0x0001, 0xBC00]));
+        assert_eq!((r.min, r.max), (Some(-1.0), Some(65504.0)));
+        let all_nan = Range::of(false, &bytes(&[0x7E00]));
+        assert_eq!((all_nan.min, all_nan.max, all_nan.nan), (None, None, 1));
+        r.merge(&all_nan);
+        r.merge(&Range::of(false, &bytes(&[0x0001])));
+        assert_eq!((r.elements, r.nan, r.min), (5, 1, Some(-1.0)));
+        assert_eq!(
+            Range::of(false, &bytes(&[0x0001])).max,
+            Some(2f64.powi(-24))
+        );
+    }
 
     const SEED: u64 = 0x5EED_4E75;
     const ALL: [Conversion; 6] = [

@@ -274,6 +274,15 @@ impl Plan {
         self.tensors.iter().filter(|t| t.action.converts()).count()
     }
 
+    /// Input tensors a dequantization drops (scales, global scales, zero points, shapes,
+    /// activation scales).
+    pub fn dropped(&self) -> usize {
+        self.reasons
+            .iter()
+            .filter(|r| **r == Reason::Dropped)
+            .count()
+    }
+
     /// Weights quantized to FP8.
     pub fn quantized(&self) -> usize {
         self.tensors

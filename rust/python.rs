@@ -22,7 +22,7 @@ use pyo3::types::{IntoPyDict, PyDict};
 use crate::convert::{Knobs, Options as ConvertOptions, Tuning};
 use crate::error::{panic_message, Error};
 use crate::given::{Exports, Given, Settings};
-use crate::numerics::Numerics;
+use crate::numerics::{DequantizedTensor, Numerics};
 use crate::options;
 use crate::output::{self, Replace, Sealed};
 use crate::report::NumericsRow;
@@ -297,7 +297,8 @@ fn finish_convert<'py>(
     let r = hooks.publish(py, task)?;
     let d = crossed(py, &r, &[("src", &r.src), ("dst", &r.dst)])?;
     let numerics = opts.numerics;
-    let measured = numerics.then(|| numerics_dict(py, &r.numerics, &r.numerics_total));
+    let measured =
+        numerics.then(|| numerics_dict(py, &r.numerics, &r.numerics_total, &r.dequantized));
     d.set_item("numerics", measured.transpose()?)?;
     Ok(d)
 }
@@ -694,10 +695,12 @@ fn numerics_dict<'py>(
     py: Python<'py>,
     tensors: &[(String, Numerics)],
     total: &Numerics,
+    dequantized: &[DequantizedTensor],
 ) -> PyResult<Bound<'py, PyDict>> {
     let rows = TensorNumerics {
         rows: tensors.to_vec(),
         total: total.clone(),
+        dequantized: dequantized.to_vec(),
     };
     let d = PyDict::new(py);
     d.set_item("tensors", Bound::new(py, rows)?)?;
@@ -712,6 +715,8 @@ struct TensorNumerics {
     rows: Vec<(String, Numerics)>,
     /// Their total (what a folder's numeric report adds up, `write_numeric_report`).
     total: Numerics,
+    /// The run's dequantized weights, for that report too.
+    dequantized: Vec<DequantizedTensor>,
 }
 
 #[pymethods]
@@ -791,8 +796,8 @@ fn verify_dict<'py>(
     let d = crossed(py, r, &[("src", &r.src), ("dst", &r.dst)])?;
     d.set_item("ok", r.is_ok())?;
     // Only a verified pair has the numbers of a conversion.
-    let measured =
-        (opts.numerics && r.is_ok()).then(|| numerics_dict(py, &r.numerics, &r.numerics_total));
+    let measured = (opts.numerics && r.is_ok())
+        .then(|| numerics_dict(py, &r.numerics, &r.numerics_total, &[]));
     d.set_item("numerics", measured.transpose()?)?;
     Ok(d)
 }
@@ -865,7 +870,10 @@ fn write_numeric_report<'py>(
 ) -> PyResult<(u64, u64, u64)> {
     let parts: Vec<_> = parts
         .iter()
-        .map(|(f, r)| (f.as_deref(), &r.get().rows[..], &r.get().total))
+        .map(|(f, r)| {
+            let r = r.get();
+            (f.as_deref(), &r.rows[..], &r.total, &r.dequantized[..])
+        })
         .collect();
     let target = to.and_then(Target::from_name);
     let bytes = crate::report::files_report(&src, &dst, target, &parts);

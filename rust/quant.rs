@@ -1108,9 +1108,210 @@ pub fn misfit_fused_parts<'a>(weights: impl Iterator<Item = (&'a str, u64)>) -> 
     out
 }
 
+/// What a dequantized weight's codes are and what they become, as `inspect` names them
+/// (`Deq::format`): the checkpoint's own format name, the codes, the scale and how it is
+/// grouped, the zero point if any, and all that in words.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Format {
+    /// The format as the checkpoint names it: compressed-tensors' `nvfp4-pack-quantized`,
+    /// `mxfp4-pack-quantized`, `pack-quantized`, `int-quantized` or `float-quantized`, or
+    /// gpt-oss's `mxfp4`.
+    pub format: &'static str,
+    /// The codes: `E2M1`, `INT4`, `INT8` (any bit width `INTn`), `E4M3`.
+    pub codes: String,
+    /// The scale's dtype: `E8M0` for MX scales (stored as U8 or F8_E8M0), else the dtype.
+    pub scale_dtype: String,
+    /// `tensor`, `channel`, `group` or `block` (128x128).
+    pub strategy: &'static str,
+    /// Codes per scale along a row, for `group`.
+    pub group_size: Option<u64>,
+    /// Whether codes are scaled as they are (no zero point).
+    pub symmetric: bool,
+    /// In words: `NVFP4 (E2M1 ×E4M3 per 16 ×F32) → BF16`.
+    pub text: String,
+}
+
+/// A scale dtype as formats name it: the MX scales' E8M0 (U8 or F8_E8M0 on disk), E4M3, or
+/// the dtype's own name.
+fn scale_dtype_name(d: Dtype) -> String {
+    match d {
+        Dtype::U8 | Dtype::F8_E8M0 => "E8M0".into(),
+        Dtype::F8_E4M3 => "E4M3".into(),
+        d => d.to_string(),
+    }
+}
+
+impl Deq {
+    /// The format of its codes and what they become (`Format`).
+    pub fn format(&self) -> Format {
+        let scale = scale_dtype_name(self.s_dtype);
+        let (strategy, group_size, per) = match self.layout {
+            Layout::Tensor => ("tensor", None, "per tensor".to_string()),
+            Layout::Channel => ("channel", None, "per channel".to_string()),
+            Layout::Block => ("block", None, format!("per {BLOCK}×{BLOCK} block")),
+            Layout::Group(g) => ("group", Some(g), format!("per {g}")),
+        };
+        let symmetric = self.zero_point.is_none();
+        // `(q − zp)` where a zero point shifts the codes before they are scaled.
+        let shifted = |codes: &str| match symmetric {
+            true => codes.to_string(),
+            false => "(q − zp)".to_string(),
+        };
+        let (format, codes, text) = match self.packing {
+            Packing::Nvfp4 { .. } => (
+                "nvfp4-pack-quantized",
+                "E2M1".to_string(),
+                format!("NVFP4 (E2M1 ×{scale} {per} ×F32)"),
+            ),
+            Packing::Mxfp4 => (
+                "mxfp4-pack-quantized",
+                "E2M1".to_string(),
+                format!("MXFP4 (E2M1 ×{scale} {per})"),
+            ),
+            Packing::GptOss { experts } => (
+                "mxfp4",
+                "E2M1".to_string(),
+                format!("gpt-oss MXFP4 (E2M1 ×{scale} {per}, {experts} experts)"),
+            ),
+            Packing::Int { bits } => {
+                let codes = format!("INT{bits}");
+                let sym = if symmetric { "sym" } else { "asym" };
+                let text = format!(
+                    "{codes} pack-quantized {sym} ({} ×{scale} {per})",
+                    shifted(&codes)
+                );
+                ("pack-quantized", codes, text)
+            }
+            Packing::I8 => {
+                let sym = if symmetric { "sym" } else { "asym" };
+                let text = format!(
+                    "INT8 int-quantized {sym} ({} ×{scale} {per})",
+                    shifted("INT8")
+                );
+                ("int-quantized", "INT8".to_string(), text)
+            }
+            Packing::Fp8 => {
+                let text = format!("FP8 ({} ×{scale} {per})", shifted("E4M3"));
+                ("float-quantized", "E4M3".to_string(), text)
+            }
+        };
+        Format {
+            format,
+            codes,
+            scale_dtype: scale,
+            strategy,
+            group_size,
+            symmetric,
+            text: format!("{text} → {}", self.target),
+        }
+    }
+}
+
+/// For each input tensor a dequantization drops (`dropped`), what it was for and the input
+/// tensor of the weight it served: a `Deq`'s scale, global scale and zero point, a
+/// packed weight's `weight_shape`, its module's `input_scale` (`deq`: the dequantized
+/// weights, by input index).
+pub fn companions(
+    tensors: &[crate::header::SourceTensor],
+    deq: &[(usize, Deq)],
+    dropped: impl Fn(usize) -> bool,
+) -> Vec<Option<(crate::vocab::Companion, usize)>> {
+    use crate::vocab::Companion;
+    let mut roles = vec![None; tensors.len()];
+    let mut modules = std::collections::HashMap::new();
+    for &(i, d) in deq {
+        roles[d.scale] = Some((Companion::Scale, i));
+        if let Some(z) = d.zero_point {
+            roles[z.tensor] = Some((Companion::ZeroPoint, i));
+        }
+        if let Packing::Nvfp4 { global, .. } = d.packing {
+            roles[global] = Some((Companion::GlobalScale, i));
+        }
+        if let Some(m) = module_of(d.out_name(&tensors[i].name)) {
+            modules.insert(m, i);
+        }
+    }
+    for (k, t) in tensors.iter().enumerate() {
+        if roles[k].is_some() || !dropped(k) {
+            continue;
+        }
+        let suffixes = [
+            (crate::header::WEIGHT_SHAPE_SUFFIX, Companion::Shape),
+            (".input_scale", Companion::InputScale),
+        ];
+        for (suffix, role) in suffixes {
+            let module = match t.name.strip_suffix(suffix) {
+                Some(m) => m,
+                None if t.name == suffix[1..] => "",
+                None => continue,
+            };
+            if let Some(&i) = modules.get(module) {
+                roles[k] = Some((role, i));
+            }
+        }
+    }
+    roles
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn formats_are_named() {
+        let d = |packing, s_dtype, layout, zp: bool| Deq {
+            scale: 1,
+            s_dtype,
+            zero_point: zp.then_some(ZeroPoint {
+                tensor: 2,
+                dtype: Dtype::I32,
+            }),
+            layout,
+            rows: 8,
+            cols: 64,
+            target: Dtype::BF16,
+            packing,
+        };
+        let nv = Packing::Nvfp4 {
+            global: 3,
+            scalar: false,
+        };
+        let f = d(nv, Dtype::F8_E4M3, Layout::Group(16), false).format();
+        assert_eq!(f.text, "NVFP4 (E2M1 ×E4M3 per 16 ×F32) → BF16");
+        assert_eq!((f.format, f.group_size), ("nvfp4-pack-quantized", Some(16)));
+        let f = d(Packing::Mxfp4, Dtype::U8, Layout::Group(32), false).format();
+        assert_eq!(f.text, "MXFP4 (E2M1 ×E8M0 per 32) → BF16");
+        let g = Packing::GptOss { experts: 4 };
+        let f = d(g, Dtype::U8, Layout::Group(32), false).format();
+        assert_eq!(
+            f.text,
+            "gpt-oss MXFP4 (E2M1 ×E8M0 per 32, 4 experts) → BF16"
+        );
+        assert_eq!(f.format, "mxfp4");
+        let int4 = Packing::Int { bits: 4 };
+        let f = d(int4, Dtype::BF16, Layout::Group(128), true).format();
+        assert_eq!(
+            f.text,
+            "INT4 pack-quantized asym ((q − zp) ×BF16 per 128) → BF16"
+        );
+        assert!(!f.symmetric);
+        let f = d(int4, Dtype::F32, Layout::Channel, false).format();
+        assert_eq!(
+            f.text,
+            "INT4 pack-quantized sym (INT4 ×F32 per channel) → BF16"
+        );
+        assert_eq!((f.strategy, f.group_size), ("channel", None));
+        let f = d(Packing::I8, Dtype::F16, Layout::Tensor, false).format();
+        assert_eq!(
+            f.text,
+            "INT8 int-quantized sym (INT8 ×F16 per tensor) → BF16"
+        );
+        let f = d(Packing::Fp8, Dtype::F32, Layout::Block, false).format();
+        assert_eq!(f.text, "FP8 (E4M3 ×F32 per 128×128 block) → BF16");
+        let mut fp8 = d(Packing::Fp8, Dtype::F8_E8M0, Layout::Group(32), false);
+        fp8.target = Dtype::F16;
+        assert_eq!(fp8.format().text, "FP8 (E4M3 ×E8M0 per 32) → F16");
+    }
 
     #[test]
     fn the_rule() {

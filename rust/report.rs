@@ -15,7 +15,7 @@ use serde_json::{json, Map, Value};
 
 use crate::error::Warning;
 use crate::kernels::Isa;
-use crate::numerics::Numerics;
+use crate::numerics::{DequantizedTensor, Numerics};
 use crate::plan::KeptTensor;
 use crate::quant::QuantizedTensor;
 use crate::vocab::Target;
@@ -61,17 +61,24 @@ pub fn numeric_report<S: AsRef<str>, N: std::borrow::Borrow<Numerics>>(
     tensors: &[(S, N)],
     total: &Numerics,
     quantized: &[QuantizedTensor],
+    dequantized: &[DequantizedTensor],
 ) -> Vec<u8> {
     let named: Vec<(Option<&str>, &str, &Numerics)> = tensors
         .iter()
         .map(|(n, x)| (None, n.as_ref(), x.borrow()))
         .collect();
-    folder_report(src, dst, target, &named, total, quantized)
+    let dequantized: Vec<_> = dequantized.iter().map(|d| (None, d)).collect();
+    folder_report(src, dst, target, &named, total, quantized, &dequantized)
 }
 
 /// One file's part of a folder's report: its path relative to the folder (or None), its
-/// rows and their total.
-pub type FilePart<'a> = (Option<&'a str>, &'a [(String, Numerics)], &'a Numerics);
+/// rows, their total, and its dequantized weights.
+pub type FilePart<'a> = (
+    Option<&'a str>,
+    &'a [(String, Numerics)],
+    &'a Numerics,
+    &'a [DequantizedTensor],
+);
 
 /// `folder_report` from each file's rows and total, the totals merged.
 pub fn files_report(
@@ -82,11 +89,13 @@ pub fn files_report(
 ) -> Vec<u8> {
     let mut total = Numerics::default();
     let mut named = Vec::new();
-    for (file, rows, t) in parts {
+    let mut dequantized = Vec::new();
+    for (file, rows, t, deq) in parts {
         total.merge(t);
         named.extend(rows.iter().map(|(n, x)| (*file, n.as_str(), x)));
+        dequantized.extend(deq.iter().map(|d| (*file, d)));
     }
-    folder_report(src, dst, target, &named, &total, &[])
+    folder_report(src, dst, target, &named, &total, &[], &dequantized)
 }
 
 /// `numeric_report` for a folder: each tensor also names its file (relative path).
@@ -97,6 +106,7 @@ pub fn folder_report(
     tensors: &[(Option<&str>, &str, &Numerics)],
     total: &Numerics,
     quantized: &[QuantizedTensor],
+    dequantized: &[(Option<&str>, &DequantizedTensor)],
 ) -> Vec<u8> {
     let mut doc = json!({
         "schema": SCHEMA,
@@ -116,6 +126,21 @@ pub fn folder_report(
     // FP8 targets: what quantizing did to each weight (the rounding rows are the rest's).
     if !quantized.is_empty() {
         doc["result"]["quantized"] = serde_json::to_value(quantized).unwrap_or_default();
+    }
+    // A quantized input: the values each dequantized weight came to (for a folder, each
+    // with its file first).
+    if !dequantized.is_empty() {
+        let rows = dequantized.iter().map(|(file, d)| {
+            let mut m = Map::new();
+            if let Some(file) = file {
+                m.insert("file".into(), (*file).into());
+            }
+            if let Ok(Value::Object(fields)) = serde_json::to_value(d) {
+                m.extend(fields);
+            }
+            Value::Object(m)
+        });
+        doc["result"]["dequantized"] = Value::Array(rows.collect());
     }
     let mut out = Vec::new();
     let fmt = serde_json::ser::PrettyFormatter::with_indent(b" ");

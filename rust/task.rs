@@ -268,6 +268,10 @@ pub struct InspectRows<'a> {
     pub bytes_kept: u64,
     pub keep_unmatched: &'a [String],
     pub scanned: bool,
+    /// A quantized input: its weights dequantized, and the tensors only they used (scales,
+    /// global scales, zero points, shapes, activation scales), dropped.
+    pub tensors_dequantized: usize,
+    pub tensors_dropped: usize,
 }
 
 /// One input tensor and what the conversion does with it.
@@ -289,6 +293,17 @@ pub struct TensorRow<'a> {
     pub not_quantized: Option<Fp8Skip>,
     /// With a scan, for the tensors it measured.
     pub numerics: Option<&'a Numerics>,
+    /// A dequantized weight: the format of its codes and what they become.
+    pub quantization: Option<crate::quant::Format>,
+    /// A dropped tensor: what it was for, and the (output) name of the weight it served.
+    pub companion: Option<CompanionRow<'a>>,
+}
+
+/// What a tensor a dequantization drops was for (`TensorRow::companion`).
+#[derive(serde::Serialize)]
+pub struct CompanionRow<'a> {
+    pub role: crate::vocab::Companion,
+    pub weight: &'a str,
 }
 
 impl Inspection {
@@ -301,6 +316,21 @@ impl Inspection {
         for t in plan.tensors.iter().filter(|t| t.role == Role::Tensor) {
             fate[t.source] = Some(t);
         }
+        let deq: Vec<(usize, crate::quant::Deq)> = plan
+            .tensors
+            .iter()
+            .filter_map(|t| match t.action {
+                Action::Dequantize(d) => Some((t.source, d)),
+                _ => None,
+            })
+            .collect();
+        let roles = crate::quant::companions(&h.tensors, &deq, |k| {
+            plan.reasons.get(k) == Some(&crate::plan::Reason::Dropped)
+        });
+        let out_names: std::collections::HashMap<usize, &str> = deq
+            .iter()
+            .map(|&(i, d)| (i, d.out_name(&h.tensors[i].name)))
+            .collect();
         let mut measured: Vec<Option<&Numerics>> = vec![None; h.tensors.len()];
         for t in self.scanned.as_deref().unwrap_or_default() {
             measured[t.source] = t.numerics.as_ref();
@@ -341,6 +371,14 @@ impl Inspection {
                     pattern: reason.pattern(),
                     not_quantized: plan.fp8_skips.get(i).copied().flatten(),
                     numerics,
+                    quantization: match planned.map(|p| p.action) {
+                        Some(Action::Dequantize(d)) => Some(d.format()),
+                        _ => None,
+                    },
+                    companion: roles[i].map(|(role, w)| CompanionRow {
+                        role,
+                        weight: out_names.get(&w).copied().unwrap_or_default(),
+                    }),
                 }
             })
             .collect();
@@ -367,6 +405,8 @@ impl Inspection {
             bytes_kept: plan.kept_bytes(),
             keep_unmatched: &plan.keep_unmatched,
             scanned: self.scanned.is_some(),
+            tensors_dequantized: deq.len(),
+            tensors_dropped: plan.dropped(),
         }
     }
 }

@@ -787,6 +787,7 @@ impl Verifier {
                 &report.numerics,
                 &report.numerics_total,
                 &[],
+                &[],
             );
             write_file(&path, &bytes, replace, "")?;
         }

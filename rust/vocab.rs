@@ -281,6 +281,22 @@ impl ReasonCode {
 }
 
 named! {
+    /// What a tensor a dequantized checkpoint drops was for (`inspect`'s rows).
+    pub enum Companion {
+        /// A weight's scale (`weight_scale`, `weight_scale_inv`, gpt-oss `_scales`).
+        Scale = "scale",
+        /// An NVFP4 weight's `weight_global_scale`.
+        GlobalScale = "global_scale",
+        /// An asymmetric weight's `weight_zero_point`.
+        ZeroPoint = "zero_point",
+        /// A packed weight's `weight_shape`.
+        Shape = "shape",
+        /// An activation scale (`input_scale`): nothing once the weight is dequantized.
+        InputScale = "input_scale",
+    }
+}
+
+named! {
     /// What to do when finite values would become infinite.
     pub enum OnOverflow {
         /// Convert, count, and say which tensors overflowed.

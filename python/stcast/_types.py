@@ -106,6 +106,45 @@ class QuantizedTensor(_InFile):
     rel_error: float  # the error's norm over the source's
 
 
+class QuantFormat(TypedDict):
+    """A dequantized weight's format (`TensorInfo.quantization`): the checkpoint's name for
+    it (`nvfp4-pack-quantized`, `mxfp4-pack-quantized`, `pack-quantized`, `int-quantized`,
+    `float-quantized`, gpt-oss's `mxfp4`), its codes (`E2M1`, `INT4`, `INT8`, `E4M3`), its
+    scale's dtype (`E8M0` for MX scales) and grouping, and all that in words with what it
+    becomes (`text`: "NVFP4 (E2M1 ×E4M3 per 16 ×F32) → BF16")."""
+
+    format: str
+    codes: str
+    scale_dtype: str
+    strategy: str  # "tensor", "channel", "group", "block"
+    group_size: int | None
+    symmetric: bool
+    text: str
+
+
+class CompanionInfo(TypedDict):
+    """What a tensor a dequantization drops was for (`TensorInfo.companion`): its `role`
+    ("scale", "global_scale", "zero_point", "shape", "input_scale") for the output weight
+    `weight`."""
+
+    role: str
+    weight: str
+
+
+class DequantizedTensor(_InFile):
+    """One dequantized weight's values, as written (`ConvertReport.dequantized`): its output
+    name, its format (`QuantFormat.text`), the elements, the smallest and largest finite
+    value (None when none is finite), and how many are NaN and ±inf."""
+
+    name: str
+    format: str
+    elements: int
+    min: float | None
+    max: float | None
+    nan: int
+    inf: int
+
+
 class TensorNumerics(NumericsTotal, _InFile):
     """`NumericsTotal` of one tensor, named."""
 

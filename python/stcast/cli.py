@@ -485,11 +485,30 @@ def _run_convert(args: argparse.Namespace, console: out.Console) -> int:
         _say(f"  tensors  {report.tensors_converted} converted, {report.tensors_copied} copied")
         _print_kept(report.tensors_kept, report.bytes_kept, report.kept)
         _print_fp8(report.quantized)
+        _print_dequant(report)
         _say(
             f"  time     {seconds:.2f} s ({out.size(rate)}/s of input, "
             f"{_threads_text(report.threads)}, {report.isa})"
         )
     return 0
+
+
+def _print_dequant(report: stcast.ConvertReport) -> None:
+    """A quantized input's weights dequantized (by format), the tensors dropped, and the
+    values written that are not finite (the numeric report has each weight's range)."""
+    if not report.dequantized and not report.tensors_dropped:
+        return
+    formats: dict[str, int] = {}
+    for d in report.dequantized:
+        formats[d["format"]] = formats.get(d["format"], 0) + 1
+    each = ", ".join(f"{k} {text}" for text, k in formats.items())
+    n = len(report.dequantized)
+    line = f"  dequant  {n} weight{'s' if n != 1 else ''}: {each}; {report.tensors_dropped} dropped"
+    _say(line + " (scales, shapes, zero points)")
+    nan = sum(d["nan"] for d in report.dequantized)
+    inf = sum(d["inf"] for d in report.dequantized)
+    if nan or inf:
+        _say(f"           {nan} NaN and {inf} ±inf written (their scales made them)")
 
 
 def _say(line: str) -> None:
@@ -618,6 +637,7 @@ def _print_folder_summary(
     _say(f"  tensors  {report.tensors_converted} converted, {report.tensors_copied} copied")
     _print_kept(report.tensors_kept, report.bytes_kept, report.kept)
     _print_fp8(report.quantized)
+    _print_dequant(report)
     if report.max_shard_size is not None:
         shards = sum(1 for f in report.files if f.kind == "weights")
         _say(f"  shards   {shards} of at most {out.size(report.max_shard_size)}")
@@ -847,7 +867,52 @@ def _reason(t: stcast.TensorInfo) -> str:
         return "keep: under --keep-min-size"
     if t.reason == "converted" and t.not_quantized is not None:
         return f"convert: {_NOT_QUANTIZED.get(t.not_quantized, t.not_quantized)}, not FP8"
+    if t.quantization is not None:
+        return f"dequantize: {t.quantization['text']}"
+    if t.companion is not None:
+        role = _COMPANIONS.get(t.companion["role"], t.companion["role"])
+        return f"drop: its {role}, used to dequantize"
     return _REASONS.get(t.reason, t.reason)
+
+
+# What a tensor a dequantization drops was for (`TensorInfo.companion`), in words.
+_COMPANIONS = {
+    "scale": "scale",
+    "global_scale": "global scale",
+    "zero_point": "zero point",
+    "shape": "shape",
+    "input_scale": "activation scale",
+}
+
+
+def _print_dequantized(tensors: list[stcast.TensorInfo]) -> None:
+    """The summary of a quantized input: its weights dequantized, by format, and the tensors
+    dropped, by what they were for."""
+    formats: dict[str, int] = {}
+    for t in tensors:
+        if t.quantization is not None:
+            text = t.quantization["text"]
+            formats[text] = formats.get(text, 0) + 1
+    roles: dict[str, int] = {}
+    dropped = [t for t in tensors if t.reason == "dropped"]
+    for t in dropped:
+        role = t.companion["role"] if t.companion is not None else "other"
+        roles[role] = roles.get(role, 0) + 1
+    if formats:
+        n = sum(formats.values())
+        each = ", ".join(f"{k} {text}" for text, k in formats.items())
+        _say(f"dequant:  {n} weight{'s' if n != 1 else ''}: {each}")
+    if dropped:
+        each = ", ".join(
+            f"{k} {_COMPANIONS[r]}{'s' if k != 1 else ''}"
+            for r, k in roles.items()
+            if r in _COMPANIONS
+        )
+        other = roles.get("other", 0)
+        if other:
+            each += f"{', ' if each else ''}{other} other"
+        n = len(dropped)
+        _say(f"dropped:  {n} tensor{'s' if n != 1 else ''} used to dequantize: {each}")
 
 
 def _print_tensor_table(report: stcast.InspectReport, indent: str = "") -> None:
@@ -902,6 +967,7 @@ def _print_inspect_totals(reports: list[stcast.InspectReport]) -> None:
         parts.append(f"{len(kept)} kept in their dtype ({out.size(sum(t.bytes for t in kept))})")
     parts.append(f"{len(copied)} to copy ({out.size(sum(t.bytes for t in copied))})")
     _say(f"tensors:  {len(tensors)}: {', '.join(parts)}")
+    _print_dequantized(tensors)
     if not any(r.scanned for r in reports):
         return
     measured: list[tuple[str, Mapping[str, Any]]] = [

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
     from ._types import (
         Action,
+        CompanionInfo,
+        DequantizedTensor,
         Destination,
         FileAction,
         FileKind,
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
         Numerics,
         NumericsTotal,
         OnOverflow,
+        QuantFormat,
         QuantizedTensor,
         Reason,
         ShardInfo,
@@ -213,6 +216,10 @@ class ConvertReport:
     tensors_quantized: int = 0
     quantized: list[QuantizedTensor] = field(default_factory=list)
     unquantized: list[str] = field(default_factory=list)
+    # A quantized input: the values each dequantized weight came to (README: numeric report),
+    # and the tensors only they used (scales, shapes, zero points), dropped.
+    dequantized: list[DequantizedTensor] = field(default_factory=list)
+    tensors_dropped: int = 0
 
     def __repr__(self) -> str:
         what = f"{len(self.files)} files, " if self.folder else ""
@@ -234,6 +241,8 @@ class ConvertReport:
             # Only FP8 targets quantize: other reports keep their documented keys.
             for k in ("tensors_quantized", "quantized", "unquantized"):
                 del d[k]
+        if not self.dequantized and not self.tensors_dropped:
+            del d["dequantized"], d["tensors_dropped"]  # only a quantized input's
         return d
 
 
@@ -262,6 +271,9 @@ class TensorInfo:
     not_quantized: str | None = None
     # With scan=True, for converted (and overflow-kept) tensors.
     numerics: NumericsTotal | None = None
+    # A dequantized weight: its format and what it becomes; a dropped tensor: what it was for.
+    quantization: QuantFormat | None = None
+    companion: CompanionInfo | None = None
     file: str | None = None  # for folders: the file holding it, relative to the folder
 
     def to_dict(self) -> dict[str, Any]:
@@ -271,6 +283,9 @@ class TensorInfo:
             del d["file"]
         if d["not_quantized"] is None:
             del d["not_quantized"]  # only FP8 targets say why a tensor is not quantized
+        for k in ("quantization", "companion"):
+            if d[k] is None:
+                del d[k]  # only a quantized input's weights and companions have them
         return d
 
 
@@ -307,6 +322,9 @@ class InspectReport:
     tensors_kept: int = 0
     bytes_kept: int = 0
     keep_unmatched: list[str] = field(default_factory=list)  # keep patterns matching nothing
+    # A quantized input: its weights dequantized, and the tensors only they used, dropped.
+    tensors_dequantized: int = 0
+    tensors_dropped: int = 0
     scanned: bool = False  # whether the data was read (`scan=True`): then `numerics` are set
     destination: Destination | None = None
     output_header_sha256: str = ""  # the fingerprint of the header the output would have
@@ -345,6 +363,8 @@ class InspectReport:
             d["tensors"] = [t.to_dict() for t in self.tensors]
         if self.max_shard_size is None:
             del d["max_shard_size"], d["shards"], d["indexes"]
+        if not self.tensors_dequantized and not self.tensors_dropped:
+            del d["tensors_dequantized"], d["tensors_dropped"]  # only a quantized input's
         return d
 
 

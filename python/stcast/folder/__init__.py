@@ -788,6 +788,8 @@ def inspect_folder(
         tensors_kept=sum(f.tensors_kept for f in files),
         bytes_kept=sum(f.bytes_kept for f in files),
         keep_unmatched=unmatched,
+        tensors_dequantized=sum(f.tensors_dequantized for f in files),
+        tensors_dropped=sum(f.tensors_dropped for f in files),
         scanned=scanning,
         destination=None if dst is None else _engine.destination(dst, output),
         folder=True,
@@ -855,6 +857,8 @@ def _folder_report(
         tensors_quantized=sum(r.tensors_quantized for r in converted),
         quantized=[{"file": rel, **q} for rel, r in zip(rels, converted) for q in r.quantized],
         unquantized=sorted({m for r in converted for m in r.unquantized}),
+        dequantized=[{"file": rel, **q} for rel, r in zip(rels, converted) for q in r.dequantized],
+        tensors_dropped=sum(r.tensors_dropped for r in converted),
     )
 
 
