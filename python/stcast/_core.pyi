@@ -66,7 +66,7 @@ __all__ = [
     "default_dst",
     "check_outputs",
     "Manifest",
-    "survey_manifests",
+    "survey",
     "finished_manifests",
     "check_companions",
     "written_index",
@@ -354,17 +354,27 @@ class Manifest:
     def roll_back(self, before: set[str], had_manifest: bool) -> list[str]: ...
     def remove(self) -> None: ...
 
-def survey_manifests(
-    dst: str, src_id: _Id, shard: _Id | None, options: dict[str, Any], *, force: bool, resume: bool
+def survey(
+    dst: str,
+    src_id: _Id,
+    shard: _Id | None,
+    options: dict[str, Any],
+    outputs: list[tuple[str, str, int]],
+    *,
+    force: bool,
+    resume: bool,
+    proof: Callable[[str, str], bytes | str | bool],
+    done: Callable[[str, list[dict[str, Any]]], bool],
+    mine: list[str] | None = None,
+    inputs: list[str] = ...,
+    renamed: list[tuple[str, str]] = ...,
 ) -> tuple[
     list[str],
     _Id | None,
     _Id | None,
     list[Manifest],
     list[tuple[str, _Id]],
-    _Entries,
-    list[str],
-    list[tuple[str, _Id]],
+    tuple[list[str], _Entries, list[tuple[str, _Id]], list[tuple[str, _Id]], list[str], int],
 ]: ...
 def finished_manifests(
     dst: str, src_id: _Id
