@@ -502,18 +502,6 @@ fn default_dst(py: Python<'_>, src: PathBuf, to: Target, folder: bool) -> PyResu
     guarded(py, || Ok(place::default_dst(&src, to, folder)?.into()))
 }
 
-/// Refuse an output that is a file or folder of the source (`run::place::check_outputs`).
-#[pyfunction]
-fn check_outputs(
-    py: Python<'_>,
-    src: PathBuf,
-    dst: PathBuf,
-    rels: Vec<OsString>,
-    inputs: Vec<PathBuf>,
-) -> PyResult<()> {
-    guarded(py, || place::check_outputs(&src, &dst, &rels, &inputs))
-}
-
 /// A source folder's files, classified and checked (`run::walk::walk`).
 #[pyfunction]
 #[pyo3(signature = (src, *, follow_links=false))]
@@ -1078,15 +1066,11 @@ impl Manifest {
     }
 }
 
-/// What a folder run writes into `dst` and whether it may (`run::survey::survey`), for the
-/// whole run's `outputs` (rel, kind, bytes); `mine` (None: `finalize`) with `inputs` and
-/// `renamed` asks for the room too. `proof(rel, kind)` and `done(rel, entries)` are the
-/// caller's `Judge`. Returns the files there, the identity at this run's manifest name,
-/// this source's manifest there, the other runs' manifests, the files stcast's (rel ->
-/// identity, adopted ones too), the adopted, the entries, the stale (rel -> identity),
-/// under `force` every file there, the weights done, and the bytes the run writes.
+/// What a folder run writes into `dst` and whether it may (`run::survey::survey`): the
+/// whole run's `outputs` (rel, kind, bytes); `mine` (None: `finalize`) asks for the `Room`
+/// too; `proof` and `done` are the caller's `Judge`. Returns `Answer`'s fields, flat.
 #[pyfunction]
-#[pyo3(name = "survey", signature = (dst, src_id, shard, options, outputs, *, force, resume, proof, done, mine=None, inputs=vec![], renamed=vec![]))]
+#[pyo3(name = "survey", signature = (dst, src_id, shard, options, outputs, *, force, resume, proof, done, mine=None, src=PathBuf::new(), sources=vec![], inputs=vec![], renamed=vec![]))]
 fn py_survey<'py>(
     py: Python<'py>,
     dst: PathBuf,
@@ -1099,6 +1083,8 @@ fn py_survey<'py>(
     proof: Py<PyAny>,
     done: Py<PyAny>,
     mine: Option<Vec<OsString>>,
+    src: PathBuf,
+    sources: Vec<PathBuf>,
     inputs: Vec<PathBuf>,
     renamed: Vec<(OsString, OsString)>,
 ) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
@@ -1117,6 +1103,8 @@ fn py_survey<'py>(
         },
         outputs: planned.collect::<PyResult<_>>()?,
         room: mine.map(|mine| survey::Room {
+            src,
+            sources,
             mine,
             inputs,
             renamed,
@@ -1227,7 +1215,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         option_error, check_option, failpoint, write_file, copy_file, write_numeric_report,
         check_side_output, convert_shard, verify_shard, shard_file_name, index_file_name,
         check_folder, read_header, recorded_source, walk_folder, list_folder, torch_name, config_text, index_text,
-        json_depth, split_shard_name, run_place, default_dst, check_outputs, py_survey,
+        json_depth, split_shard_name, run_place, default_dst, py_survey,
         finished_manifests, check_companions, written_index, read_index, index_total,
     }
     Ok(())

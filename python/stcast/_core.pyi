@@ -64,7 +64,6 @@ __all__ = [
     "split_shard_name",
     "run_place",
     "default_dst",
-    "check_outputs",
     "Manifest",
     "survey",
     "finished_manifests",
@@ -272,7 +271,6 @@ def run_place(
     src: str, dst: str | None, to: str = ..., *, resharding: bool, check: bool = True
 ) -> tuple[str, str, tuple[int, int]]: ...
 def default_dst(src: str, to: str, *, folder: bool = False) -> str: ...
-def check_outputs(src: str, dst: str, rels: list[str], inputs: list[str]) -> None: ...
 def split_shard_name(name: str) -> tuple[str, str, str] | None: ...
 
 # verify's findings in DST beside its weights (rust/run/check.rs): (rel, template) or None.
@@ -366,6 +364,8 @@ def survey(
     proof: Callable[[str, str], bytes | str | bool],
     done: Callable[[str, list[dict[str, Any]]], bool],
     mine: list[str] | None = None,
+    src: str = ...,
+    sources: list[str] = ...,
     inputs: list[str] = ...,
     renamed: list[tuple[str, str]] = ...,
 ) -> tuple[

@@ -17,8 +17,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
-use std::fs::File;
-use std::io::{self, Read};
+use std::io;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -26,9 +25,10 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result, SurveyProblem};
 use crate::naming;
 use crate::output;
+use crate::run::check;
 use crate::run::json::Node;
 use crate::run::manifest::{self, Asked};
-use crate::run::place::Ident;
+use crate::run::place::{self, Ident};
 
 /// What a planned output is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,11 +91,14 @@ pub trait Judge {
     fn done(&mut self, rel: &OsStr, entries: &[Node<'static>]) -> Result<bool>;
 }
 
-/// What a conversion (not `finalize`) asks besides: the weights this run writes (all, or
-/// its shard's), the input files (never leftovers: a folder converted into itself), and
-/// the stems a group had before `name` renamed its output (`(folder, stem)`).
+/// What a conversion (not `finalize`) asks besides: the source `src` and every file of it
+/// (`sources`: no output may be one), the weights this run writes (all, or its shard's),
+/// the input weight files (never leftovers: a folder converted into itself), and the stems
+/// a group had before `name` renamed its output (`(folder, stem)`).
 #[derive(Debug, Clone, Default)]
 pub struct Room {
+    pub src: PathBuf,
+    pub sources: Vec<PathBuf>,
     pub mine: Vec<OsString>,
     pub inputs: Vec<PathBuf>,
     pub renamed: Vec<(OsString, OsString)>,
@@ -132,6 +135,14 @@ const INDEX: &[u8] = b".safetensors.index.json";
 /// Answer `q` about `dst` (see the module's text), refusing before anything is written.
 pub fn survey(dst: &Path, q: &Question<'_>, judge: &mut dyn Judge) -> Result<Answer> {
     let asked = &q.asked;
+    if let Some(room) = &q.room {
+        // Every name the plan may write (its manifest too), against every file of the
+        // source, by identity: the engine's own check comes per file, after others were written.
+        let mut rels: Vec<OsString> = q.outputs.iter().map(|o| o.rel.clone()).collect();
+        rels.sort();
+        rels.push(manifest::file_name(asked.shard).into());
+        place::check_outputs(&room.src, dst, &rels, &room.sources)?;
+    }
     let mut s = manifest::survey(dst, asked)?;
     let kinds: HashMap<&OsStr, Kind> = q.outputs.iter().map(|o| (&*o.rel, o.kind)).collect();
     let stale = s
@@ -234,7 +245,7 @@ fn adoptable(
         Proof::Bytes(want) => {
             meta.len() == want.len() as u64 && read(&path)?.is_some_and(|got| got == want)
         }
-        Proof::SameAs(source) => same_bytes(&source, &path)?,
+        Proof::SameAs(source) => check::same_bytes(&source, &path),
     };
     Ok(same.then(|| (meta.dev(), meta.ino())))
 }
@@ -246,41 +257,6 @@ fn read(path: &Path) -> Result<Option<Vec<u8>>> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(Error::io(path, "cannot read", e)),
     }
-}
-
-/// Do `a` and `b` hold the same bytes?
-fn same_bytes(a: &Path, b: &Path) -> Result<bool> {
-    let open = |p: &Path| File::open(p).map_err(|e| Error::io(p, "cannot open", e));
-    let (mut fa, mut fb) = (open(a)?, open(b)?);
-    let size = |f: &File, p: &Path| f.metadata().map_err(|e| Error::io(p, "cannot stat", e));
-    if size(&fa, a)?.len() != size(&fb, b)?.len() {
-        return Ok(false);
-    }
-    let (mut x, mut y) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
-    loop {
-        let n = fill(&mut fa, &mut x).map_err(|e| Error::io(a, "cannot read", e))?;
-        let m = fill(&mut fb, &mut y).map_err(|e| Error::io(b, "cannot read", e))?;
-        if x[..n] != y[..m] {
-            return Ok(false);
-        }
-        if n == 0 {
-            return Ok(true);
-        }
-    }
-}
-
-/// Read into `buf` until it is full or the file ends; the bytes read.
-fn fill(f: &mut File, buf: &mut [u8]) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match f.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
 }
 
 /// This run's weights that are done (`--resume`, never `--force`): stcast's, and adopted or

@@ -158,14 +158,12 @@ def prepare(
         weights = [w for w in weights if owner[w.rel] == shard[0]]
     outputs = work.outputs()
     mine = sorted(w.rel for w in weights) if shard is not None else sorted(outputs)
-    # Every name the plan may write (its manifest too), against every file of the source,
-    # by identity: the engine's own check comes per file, after others were written.
-    own_manifest = _core.Manifest.file_name(shard)
-    _core.check_outputs(src, dst, [*sorted(outputs), own_manifest], _source_files(plan))
-    # What the destination holds, what this run may replace, which of its weights are done
-    # (skipped under resume), room for the rest, and no leftover a loader would take for
-    # the output: the engine's answer.
-    survey = _survey(dst, src_id, options, work, shard, force=force, resume=resume, mine=weights)
+    # No output is a file of the source, what the destination holds, what this run may
+    # replace, which of its weights are done (skipped under resume), room for the rest, and
+    # no leftover a loader would take for the output: the engine's answer.
+    survey = _survey(
+        dst, src_id, options, work, shard, force=force, resume=resume, mine=weights, src=src
+    )
     todo = [w for w in weights if w.rel not in survey.skipped]
     skipped = [w for w in weights if w.rel in survey.skipped]
     copies = [] if shard is not None else plan.copies
@@ -385,6 +383,7 @@ def _survey(
     force: bool,
     resume: bool,
     mine: list[_work.Item] | None = None,
+    src: str = "",
 ) -> _Survey:
     """Check what `dst` holds before anything is written, and what this run may replace
     (the engine's `run::survey`). Without `force` or `resume`, a destination that holds
@@ -424,7 +423,7 @@ def _survey(
     room: dict[str, Any] = {}
     if mine is not None:
         room = {"mine": [w.rel for w in mine], "inputs": [f.path for f in plan.weights]}
-        room["renamed"] = work.renamed()
+        room.update(src=src, sources=_source_files(plan), renamed=work.renamed())
     answer = _core.survey(
         dst,
         src_id,

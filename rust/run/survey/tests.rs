@@ -313,3 +313,30 @@ fn a_destination_without_room_is_refused_for_the_whole_folder() {
     let q = Question { room: None, ..q };
     assert_eq!(survey(&dst, &q, &mut Caller::default()).unwrap().need, 0);
 }
+
+#[test]
+fn an_output_that_is_a_file_of_the_source_is_refused_first() {
+    let dst = folder("input");
+    let src = folder("input-src");
+    put(&src, "tokenizer.json", b"tok");
+    std::fs::hard_link(src.join("tokenizer.json"), dst.join("tokenizer.json")).unwrap();
+    let options = bf16();
+    let q = Question {
+        asked: Asked {
+            src_id: (1, 2),
+            shard: None,
+            options: &options,
+            force: true,
+            resume: false,
+        },
+        outputs: outputs(),
+        room: Some(Room {
+            src: src.clone(),
+            sources: vec![src.join("tokenizer.json")],
+            ..room()
+        }),
+    };
+    let e = survey(&dst, &q, &mut Caller::default()).unwrap_err();
+    assert!(matches!(e, Error::Place { .. }), "{e:?}");
+    assert_eq!(e.path(), Some(&*dst.join("tokenizer.json")));
+}
