@@ -138,6 +138,21 @@ pub enum ManifestProblem {
     BadName { value: String },
 }
 
+/// What a folder run refuses about the files in its destination (`run::survey`); each
+/// names the files (`listed`, relative to the destination).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SurveyProblem {
+    /// Files the run would write that no manifest proves stcast's (`resume`: asked to resume).
+    Unproven {
+        listed: Vec<std::ffi::OsString>,
+        resume: bool,
+    },
+    /// Files stcast did not write, where the run writes none.
+    Foreign { listed: Vec<std::ffi::OsString> },
+    /// Files named as the output's weights or index that the run does not write.
+    Leftovers { listed: Vec<std::ffi::OsString> },
+}
+
 /// What keeps a tensor of an FP8 checkpoint from being dequantized as compressed-tensors
 /// does it (`quant::dequantizable`); the text follows "tensor `X`".
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -511,6 +526,13 @@ pub enum Error {
         path: PathBuf,
         problem: ManifestProblem,
     },
+    /// What the destination `dst` of a folder run holds refuses it (`SurveyProblem`); `path`
+    /// is the first file named (or `dst`).
+    Survey {
+        dst: PathBuf,
+        path: PathBuf,
+        problem: SurveyProblem,
+    },
     /// A DST to verify that is a checkpoint to convert (a DCP or ZeRO folder), not what
     /// `convert` writes: SRC and DST swapped, most likely.
     NotAnOutput { path: PathBuf, format: Format },
@@ -536,8 +558,13 @@ pub enum Error {
         published: PathBuf,
         source: Box<Error>,
     },
-    /// The destination's file system cannot hold the output.
-    NoSpace { dir: PathBuf, need: u64, have: u64 },
+    /// The destination's file system cannot hold the output (`folder`: a folder run's).
+    NoSpace {
+        dir: PathBuf,
+        need: u64,
+        have: u64,
+        folder: bool,
+    },
     /// An operating-system call failed; `what` says which step.
     Io {
         path: PathBuf,
@@ -603,6 +630,7 @@ impl Error {
             } => ErrorKind::Usage,
             Error::Place { .. }
             | Error::Manifest { .. }
+            | Error::Survey { .. }
             | Error::BadIndex { refused: true, .. } => ErrorKind::Refused,
             Error::NotACheckpoint { .. } => ErrorKind::Usage,
             Error::InputChanged { .. } => ErrorKind::InputChanged,
@@ -660,6 +688,7 @@ impl Error {
             | Error::Walk { path, .. }
             | Error::Place { path, .. }
             | Error::Manifest { path, .. }
+            | Error::Survey { path, .. }
             | Error::DestinationIsFolder { path }
             | Error::DestinationIsSpecial { path }
             | Error::DestinationExists { path }
@@ -896,6 +925,7 @@ impl Error {
             Error::Walk { problem, .. } => walk_message(problem),
             Error::Place { problem, .. } => place_message(problem),
             Error::Manifest { problem, .. } => manifest_message(problem),
+            Error::Survey { problem, .. } => survey_message(problem),
             Error::DestinationIsFolder { .. } => "destination is a folder".into(),
             Error::DestinationIsSpecial { .. } => {
                 "destination is not a regular file (a FIFO, socket or device): stcast \
@@ -914,8 +944,11 @@ impl Error {
                 esc_path(published),
                 source.template()
             ),
-            Error::NoSpace { need, have, .. } => format!(
-                "not enough disk space: need {}, have {}",
+            Error::NoSpace {
+                need, have, folder, ..
+            } => format!(
+                "not enough disk space{}: need {}, have {}",
+                if *folder { " for the whole folder" } else { "" },
                 format_bytes(*need),
                 format_bytes(*have)
             ),
@@ -934,9 +967,64 @@ impl Error {
         if let Error::AfterCommit { .. } = self {
             return self.message();
         }
+        if let Error::Survey { dst, .. } = self {
+            return format!("{}: {}", esc_path(dst), self.message());
+        }
         match self.path() {
             Some(p) => format!("{}: {}", esc_path(p), self.message()),
             None => self.message(),
+        }
+    }
+}
+
+/// The text of a `SurveyProblem`, after the destination.
+fn survey_message(problem: &SurveyProblem) -> String {
+    // The first `n` files named, and how many more there are.
+    let listed = |rels: &[std::ffi::OsString], n: usize| {
+        let shown: Vec<String> = rels
+            .iter()
+            .take(n)
+            .map(|r| format!("`{}`", esc(&r.to_string_lossy())))
+            .collect();
+        let more = if rels.len() > n {
+            format!(" and {} more", rels.len() - n)
+        } else {
+            String::new()
+        };
+        shown.join(", ") + &more
+    };
+    match problem {
+        SurveyProblem::Unproven {
+            listed: rels,
+            resume,
+        } => format!(
+            "holds {}, which this run would write, and no stcast manifest says it wrote them \
+             there ({})",
+            listed(rels, 3),
+            if *resume {
+                "{force} replaces them"
+            } else {
+                "{resume} continues a run of this source, or takes over a finished one's exact \
+                 outputs; {force} replaces them"
+            }
+        ),
+        SurveyProblem::Foreign { listed: rels } => format!(
+            "the destination folder holds files stcast did not write ({}); convert into an \
+             empty or new folder ({{force}} writes into it anyway, replacing only what the plan \
+             writes)",
+            listed(rels, 3)
+        ),
+        SurveyProblem::Leftovers { listed: rels } => {
+            let many = rels.len() != 1;
+            let them = if many { "them" } else { "it" };
+            format!(
+                "holds {}, named as {} of this checkpoint's output that this run does not \
+                 write; a loader would load {them} with or instead of the new output, and no \
+                 stcast manifest proves {them} stcast's (a finished run leaves none): remove \
+                 {them}, or convert into an empty folder",
+                listed(rels, 4),
+                if many { "files" } else { "a file" }
+            )
         }
     }
 }

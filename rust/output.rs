@@ -499,6 +499,7 @@ impl TempOutput {
             dir: self.dir.clone(),
             need: len,
             have,
+            folder: false,
         };
         let have = free_space(&self.dir).map_err(|e| Error::io(&self.dir, "statvfs", e))?;
         if have < len {

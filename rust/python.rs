@@ -26,7 +26,7 @@ use crate::numerics::{DequantizedTensor, Numerics};
 use crate::options;
 use crate::output::{self, Replace, Sealed};
 use crate::report::NumericsRow;
-use crate::run::{check, json, manifest, place, walk};
+use crate::run::{check, json, manifest, place, survey, walk};
 use crate::shard::verify::{self as rverify, GroupRow, IndexedRow, Member, MemberRow, PairRows};
 use crate::shard::{self, Group};
 use crate::task::{ConvertTask, InspectTask, Task};
@@ -555,18 +555,6 @@ fn run_place(
 #[pyo3(signature = (src, to, *, folder=false))]
 fn default_dst(py: Python<'_>, src: PathBuf, to: Target, folder: bool) -> PyResult<OsString> {
     guarded(py, || Ok(place::default_dst(&src, to, folder)?.into()))
-}
-
-/// Refuse an output that is a file or folder of the source (`run::place::check_outputs`).
-#[pyfunction]
-fn check_outputs(
-    py: Python<'_>,
-    src: PathBuf,
-    dst: PathBuf,
-    rels: Vec<OsString>,
-    inputs: Vec<PathBuf>,
-) -> PyResult<()> {
-    guarded(py, || place::check_outputs(&src, &dst, &rels, &inputs))
 }
 
 /// A source folder's files, classified and checked (`run::walk::walk`).
@@ -1149,38 +1137,107 @@ impl Manifest {
     }
 }
 
-/// What a run's destination holds as its manifests tell (`run::manifest::survey`): the
-/// files there, the identity at this run's manifest name, this source's manifest there
-/// (its identity), the other runs' manifests, the files proven ours (rel -> identity),
-/// their entries made with these options, what the runs plan, and under `force` every file.
+/// What a folder run writes into `dst` and whether it may (`run::survey::survey`): the
+/// whole run's `outputs` (rel, kind, bytes); `mine` (None: `finalize`) asks for the `Room`
+/// too; `proof` and `done` are the caller's `Judge`. Returns `Answer`'s fields, flat.
 #[pyfunction]
-#[pyo3(signature = (dst, src_id, shard, options, *, force, resume))]
-fn survey_manifests<'py>(
+#[pyo3(name = "survey", signature = (dst, src_id, shard, options, outputs, *, force, resume, proof, done, mine=None, src=PathBuf::new(), sources=vec![], inputs=vec![], renamed=vec![]))]
+fn py_survey<'py>(
     py: Python<'py>,
     dst: PathBuf,
     src_id: place::Ident,
     shard: Option<manifest::Shard>,
     options: &Bound<'py, PyAny>,
+    outputs: Vec<(OsString, String, u64)>,
     force: bool,
     resume: bool,
+    proof: Py<PyAny>,
+    done: Py<PyAny>,
+    mine: Option<Vec<OsString>>,
+    src: PathBuf,
+    sources: Vec<PathBuf>,
+    inputs: Vec<PathBuf>,
+    renamed: Vec<(OsString, OsString)>,
 ) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
     let options = json_of(options)?;
-    let asked = manifest::Asked {
-        src_id,
-        shard,
-        options: &options,
-        force,
-        resume,
+    let planned = outputs.into_iter().map(|(rel, kind, size)| {
+        let kind = survey::Kind::of(&kind).ok_or_else(|| PyValueError::new_err(kind))?;
+        Ok(survey::Planned { rel, kind, size })
+    });
+    let q = survey::Question {
+        asked: manifest::Asked {
+            src_id,
+            shard,
+            options: &options,
+            force,
+            resume,
+        },
+        outputs: planned.collect::<PyResult<_>>()?,
+        room: mine.map(|mine| survey::Room {
+            src,
+            sources,
+            mine,
+            inputs,
+            renamed,
+        }),
     };
-    let s = guarded(py, || manifest::survey(&dst, &asked))?;
+    let mut judge = PyJudge {
+        proof,
+        done,
+        failed: None,
+    };
+    let a = guarded(py, || survey::survey(&dst, &q, &mut judge));
+    let a = judge.failed.map_or(a, Err)?;
+    let s = a.manifests;
     let own = s.own.and_then(|m| m.published);
     let siblings: Vec<Manifest> = s.siblings.into_iter().map(Manifest).collect();
     let entries = py_entries(py, &s.entries)?;
-    let at = s.at_own_name;
-    (
-        s.present, at, own, siblings, s.ours, entries, s.planned, s.found,
-    )
-        .into_pyobject(py)
+    let (at, ours, found) = (s.at_own_name, s.ours, s.found);
+    let rest = (a.adopted, entries, a.stale, found, a.skipped, a.need);
+    (s.present, at, own, siblings, ours, rest).into_pyobject(py)
+}
+
+/// The caller's answers to what only it knows of its plan, asked with the GIL taken back;
+/// the first exception it raises ends the survey and is raised as it is.
+struct PyJudge {
+    proof: Py<PyAny>,
+    done: Py<PyAny>,
+    failed: Option<PyErr>,
+}
+
+/// `f`'s answer; its exception kept in `failed` (the engine's error is then a stand-in).
+fn ask<T>(failed: &mut Option<PyErr>, f: impl FnOnce(Python<'_>) -> PyResult<T>) -> Result<T> {
+    Python::attach(f).map_err(|e| {
+        *failed = Some(e);
+        Error::Cancelled
+    })
+}
+
+impl survey::Judge for PyJudge {
+    fn proof(&mut self, rel: &std::ffi::OsStr, kind: survey::Kind) -> Result<survey::Proof> {
+        let f = &self.proof;
+        ask(&mut self.failed, |py| {
+            let v = f.bind(py).call1((rel, kind.name()))?;
+            Ok(if let Ok(b) = v.cast::<pyo3::types::PyBytes>() {
+                survey::Proof::Bytes(b.as_bytes().to_vec())
+            } else if let Ok(p) = v.extract::<PathBuf>() {
+                survey::Proof::SameAs(p)
+            } else {
+                survey::Proof::Known(v.is_truthy()?)
+            })
+        })
+    }
+
+    fn done(&mut self, rel: &std::ffi::OsStr, entries: &[json::Node<'static>]) -> Result<bool> {
+        let f = &self.done;
+        ask(&mut self.failed, |py| {
+            let list: Vec<_> = entries
+                .iter()
+                .map(|e| py_json(py, e))
+                .collect::<PyResult<_>>()?;
+            f.bind(py).call1((rel, list))?.is_truthy()
+        })
+    }
 }
 
 /// The finished manifests `finalize` completes (`run::manifest::finished`), the options
@@ -1229,7 +1286,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         option_error, check_option, failpoint, write_file, copy_file, write_numeric_report,
         check_side_output, convert_shard, verify_shard, shard_file_name, index_file_name,
         check_folder, read_header, recorded_source, walk_folder, list_folder, torch_name, config_text, index_text,
-        json_depth, split_shard_name, run_place, default_dst, check_outputs, survey_manifests,
+        json_depth, split_shard_name, run_place, default_dst, py_survey,
         finished_manifests, check_companions, written_index, read_index, index_total,
         resharded_pairs, verify_group,
     }

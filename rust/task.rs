@@ -521,6 +521,7 @@ fn check_space(dst: &Path, plan: &Plan) -> Result<()> {
             dir,
             need: plan.file_len(),
             have,
+            folder: false,
         });
     }
     Ok(())

@@ -64,9 +64,8 @@ __all__ = [
     "split_shard_name",
     "run_place",
     "default_dst",
-    "check_outputs",
     "Manifest",
-    "survey_manifests",
+    "survey",
     "finished_manifests",
     "check_companions",
     "written_index",
@@ -274,7 +273,6 @@ def run_place(
     src: str, dst: str | None, to: str = ..., *, resharding: bool, check: bool = True
 ) -> tuple[str, str, tuple[int, int]]: ...
 def default_dst(src: str, to: str, *, folder: bool = False) -> str: ...
-def check_outputs(src: str, dst: str, rels: list[str], inputs: list[str]) -> None: ...
 def split_shard_name(name: str) -> tuple[str, str, str] | None: ...
 
 # verify's findings in DST beside its weights (rust/run/check.rs): (rel, template) or None.
@@ -370,17 +368,29 @@ class Manifest:
     def roll_back(self, before: set[str], had_manifest: bool) -> list[str]: ...
     def remove(self) -> None: ...
 
-def survey_manifests(
-    dst: str, src_id: _Id, shard: _Id | None, options: dict[str, Any], *, force: bool, resume: bool
+def survey(
+    dst: str,
+    src_id: _Id,
+    shard: _Id | None,
+    options: dict[str, Any],
+    outputs: list[tuple[str, str, int]],
+    *,
+    force: bool,
+    resume: bool,
+    proof: Callable[[str, str], bytes | str | bool],
+    done: Callable[[str, list[dict[str, Any]]], bool],
+    mine: list[str] | None = None,
+    src: str = ...,
+    sources: list[str] = ...,
+    inputs: list[str] = ...,
+    renamed: list[tuple[str, str]] = ...,
 ) -> tuple[
     list[str],
     _Id | None,
     _Id | None,
     list[Manifest],
     list[tuple[str, _Id]],
-    _Entries,
-    list[str],
-    list[tuple[str, _Id]],
+    tuple[list[str], _Entries, list[tuple[str, _Id]], list[tuple[str, _Id]], list[str], int],
 ]: ...
 def finished_manifests(
     dst: str, src_id: _Id

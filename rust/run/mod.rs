@@ -8,6 +8,8 @@
 //! - `json`: every JSON text a run writes or edits (configs, indexes, `quantization_config`).
 //! - `manifest`: what a run has planned and written into its destination (`--resume`,
 //!   `--shard i/N`, `finalize`), and which files there stcast wrote.
+//! - `survey`: what a run writes into its destination and whether it may: which files
+//!   there are stcast's, adopted or done (`--resume`), foreign or leftovers, and the room.
 //! - `check`: what verify finds in a destination's files beside its weights (copies,
 //!   indexes, an index left beside the output).
 
@@ -15,4 +17,5 @@ pub mod check;
 pub mod json;
 pub mod manifest;
 pub mod place;
+pub mod survey;
 pub mod walk;

@@ -24,7 +24,6 @@ from .._options import Options
 from ..errors import (
     DestinationExists,
     InvalidInput,
-    NoSpace,
     Refused,
     StcastError,
     StcastWarning,
@@ -159,34 +158,15 @@ def prepare(
         weights = [w for w in weights if owner[w.rel] == shard[0]]
     outputs = work.outputs()
     mine = sorted(w.rel for w in weights) if shard is not None else sorted(outputs)
-    # Every name the plan may write (its manifest too), against every file of the source,
-    # by identity: the engine's own check comes per file, after others were written.
-    own_manifest = _core.Manifest.file_name(shard)
-    _core.check_outputs(src, dst, [*sorted(outputs), own_manifest], _source_files(plan))
-    survey = _survey(dst, src_id, options, outputs, plan, work, shard, force=force, resume=resume)
-
-    # Skipped under resume: what a manifest (or the output's own header) shows done.
-    todo, skipped = [], []
-    for w in weights:
-        out = os.path.join(dst, w.rel)
-        if (
-            not force
-            and w.rel in survey.ours
-            and (
-                w.find_entry(survey.entries.get(w.rel, []), options, out) or w.rel in survey.adopted
-            )
-        ):
-            skipped.append(w)
-        else:
-            todo.append(w)
+    # No output is a file of the source, what the destination holds, what this run may
+    # replace, which of its weights are done (skipped under resume), room for the rest, and
+    # no leftover a loader would take for the output: the engine's answer.
+    survey = _survey(
+        dst, src_id, options, work, shard, force=force, resume=resume, mine=weights, src=src
+    )
+    todo = [w for w in weights if w.rel not in survey.skipped]
+    skipped = [w for w in weights if w.rel in survey.skipped]
     copies = [] if shard is not None else plan.copies
-    need = _check_space(dst, plan, work, todo, copies, shard is None)
-    # Under force or resume (a plain run refused every file stcast did not write): what
-    # a loader would take for the output and no manifest proves ours cannot be removed,
-    # and cannot stay.
-    left = work.leftover(dst, set(outputs) | set(survey.stale))
-    if left:
-        raise _reshard.leftover_refusal(dst, left)
     return Prepared(
         src,
         dst,
@@ -203,7 +183,7 @@ def prepare(
         todo,
         skipped,
         copies,
-        need,
+        survey.need,
         warnings,
     )
 
@@ -375,174 +355,88 @@ def _source_plan(
 
 
 class _Survey:
-    """What the destination holds, as far as this run is concerned."""
+    """What the destination holds, as far as this run is concerned (`_core.survey`)."""
 
-    def __init__(self) -> None:
-        self.own: tuple[int, int] | None = None  # this source's manifest at this run's name
-        self.siblings: list[_core.Manifest] = []  # this source's other runs' manifests
-        self.ours: dict[str, tuple[int, int]] = {}  # rel -> identity stcast wrote
-        self.adopted: set[str] = set()  # outputs resume recognised without a manifest
-        self.entries: dict[str, list[dict[str, Any]]] = {}  # rel -> manifest entries
+    def __init__(self, answer: tuple[Any, ...]) -> None:
+        present, self.at_own_name, self.own, self.siblings, ours, rest = answer
+        adopted, self.entries, stale, found, skipped, self.need = rest
+        # The files there (not stcast's bookkeeping); those stcast wrote (rel -> identity).
+        self.present: set[str] = set(present)
+        self.ours: dict[str, tuple[int, int]] = dict(ours)
+        self.adopted: set[str] = set(adopted)  # outputs resume recognised without a manifest
         # Files an earlier run of this source wrote (a manifest says so, and they are still
         # those files) that this plan does not write: shards cut at another size.
-        self.stale: dict[str, tuple[int, int]] = {}
-        self.present: set[str] = set()  # the files there (not stcast's bookkeeping)
-        self.at_own_name: tuple[int, int] | None = None  # what is at this run's manifest name
+        self.stale: dict[str, tuple[int, int]] = dict(stale)
         # Under force: every file there, as the survey found it (rel -> identity). `force`
         # replaces those, not a file a rival run wrote there since.
-        self.found: dict[str, tuple[int, int]] = {}
+        self.found: dict[str, tuple[int, int]] = dict(found)
+        self.skipped: set[str] = set(skipped)  # this run's weights done already
 
 
 def _survey(
     dst: str,
     src_id: tuple[int, int],
     options: dict[str, Any],
-    outputs: dict[str, str],
-    plan: _walk.Plan,
     work: _work.Work,
     shard: tuple[int, int] | None,
     *,
     force: bool,
     resume: bool,
+    mine: list[_work.Item] | None = None,
+    src: str = "",
 ) -> _Survey:
-    """Check what `dst` holds before anything is written, and what this run may replace.
+    """Check what `dst` holds before anything is written, and what this run may replace
+    (the engine's `run::survey`). Without `force` or `resume`, a destination that holds
+    anything but stcast's own files for this source and plan is refused: an empty or new
+    folder is fine, and so are the files of other shard runs of the same source (they share
+    the folder), but not a folder of other files, another source's run, or a previous run
+    of this one. `resume` continues a previous run: the files a manifest records are ours,
+    an output exactly the planned one is adopted (`proof`), and any other planned file that
+    is there is refused rather than replaced. `force` replaces every file the plan writes
+    and deletes nothing else. With `mine` (this run's weights), also which are done, that
+    the rest fits, and that nothing a loader would take for the output stays beside it."""
+    plan, to = work.plan, options["to"]
+    sources = {f.rel: f.path for f in [*plan.copies, *plan.late_copies]}
+    configs = {f.rel: (f, c) for f, c in plan.configs}
 
-    Without `force` or `resume`, a destination that holds anything but stcast's own files
-    for this source and plan is refused: an empty or new folder is fine, and so are the
-    files of other shard runs of the same source (they share the folder), but not a
-    folder of other files, another source's run, or a previous run of this one (the
-    manifests' refusals are the engine's: `_core.survey_manifests`). `resume` continues a
-    previous run: the files a manifest records are ours, an output whose header is exactly
-    the planned one is adopted, and any other planned file that is there is refused rather
-    than replaced. `force` replaces every file the plan writes and deletes nothing else.
-    """
-    survey = _Survey()
-    present, survey.at_own_name, survey.own, survey.siblings, ours, entries, planned, found = (
-        _core.survey_manifests(dst, src_id, shard, options, force=force, resume=resume)
-    )
-    survey.present, survey.ours, survey.entries = set(present), dict(ours), entries
-    survey.stale = {rel: i for rel, i in survey.ours.items() if rel not in outputs}
-    planned_by_runs = set(planned)
-    foreign_planned, foreign_other = [], []
-    for rel in present:
-        if rel in survey.ours:
-            continue
-        if rel in planned_by_runs and not force and not resume:
-            continue  # a sibling run's file, in progress: not ours to touch
-        if rel in outputs:
-            if resume and _adoptable(dst, rel, outputs[rel], plan, work, options):
-                st = os.lstat(os.path.join(dst, rel))
-                survey.ours[rel] = (st.st_dev, st.st_ino)
-                survey.adopted.add(rel)
-            else:
-                foreign_planned.append(rel)
-        else:
-            foreign_other.append(rel)
-    # In the folder's order, as the manifest claims them (`Manifest.carry`).
-    survey.ours = {rel: survey.ours[rel] for rel in present if rel in survey.ours}
-    if force:
-        survey.found = dict(found)
-        return survey
-    if foreign_planned:
-        listed = _listed(foreign_planned)
-        hint = (
-            "{force} replaces them"
-            if resume
-            else "{resume} continues a run of this source, or takes over a finished "
-            "one's exact outputs; {force} replaces them"
-        )
-        raise Refused(
-            f"{_esc(dst)}: holds {listed}, which this run would write, and no stcast "
-            f"manifest says it wrote them there ({hint})",
-            path=os.path.join(dst, foreign_planned[0]),
-        )
-    if foreign_other and not resume:
-        listed = _listed(foreign_other)
-        raise Refused(
-            f"{_esc(dst)}: the destination folder holds files stcast did not write "
-            f"({listed}); convert into an empty or new folder ({{force}} writes into it "
-            "anyway, replacing only what the plan writes)",
-            path=dst,
-        )
-    return survey
-
-
-def _listed(rels: list[str]) -> str:
-    shown = ", ".join(f"`{_esc(r)}`" for r in rels[:3])
-    return shown + (f" and {len(rels) - 3} more" if len(rels) > 3 else "")
-
-
-def _adoptable(
-    dst: str, rel: str, kind: str, plan: _walk.Plan, work: _work.Work, options: dict[str, Any]
-) -> bool:
-    """Under resume, is the file at `rel` exactly what this plan writes, without a manifest
-    to say so (a finished run removes its manifest)? Nothing short of its content proves
-    it: a fine-tune of the same base has the same header, and another folder may hold a
-    config of the same name.
-
-    - A converted file: the planned size and header byte for byte (cheap, first), then
-      `verify` against its source with the run's options: every value (a read of both).
-    - A copy: the source's bytes.
-    - A config or index: the bytes this run would write there.
-    """
-    path = os.path.join(dst, rel)
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    if not os.path.isfile(path) or os.path.islink(path):
-        return False
-    if kind in ("weights", "index"):
-        return work.adoptable(dst, rel, kind, options)
-    if kind == "copy":
-        src = next(f for f in [*plan.copies, *plan.late_copies] if f.rel == rel)
-        return st.st_size == src.size and _same_bytes(src.path, path)
-    # A config.
-    f, content = next((f, c) for f, c in plan.configs if f.rel == rel)
-    if is_fp8(options["to"]) and is_model_config(rel):
-        try:
-            content = _write.fp8_config(dst, options["to"], work, f, content)
-        except (OSError, StcastError):
-            return False
-    if content is None:
-        return st.st_size == f.size and _same_bytes(f.path, path)
-    return _common.read_bounded(path, _common.MAX_JSON_BYTES) == content
-
-
-def _same_bytes(a: str, b: str) -> bool:
-    with open(a, "rb") as fa, open(b, "rb") as fb:
-        while True:
-            x, y = fa.read(1 << 20), fb.read(1 << 20)
-            if x != y:
+    def proof(rel: str, kind: str) -> bytes | str | bool:
+        """What the file at `rel` must be to be this plan's output: the bytes, the source
+        file it is a copy of, or the weights' own answer."""
+        if kind in ("weights", "index"):
+            return work.expected(dst, rel, kind, options)
+        if kind == "copy":
+            return sources[rel]
+        f, content = configs[rel]
+        if is_fp8(to) and is_model_config(rel):
+            try:
+                return _write.fp8_config(dst, to, work, f, content)
+            except (OSError, StcastError):
                 return False
-            if not x:
-                return True
+        return f.path if content is None else content
 
+    items = {w.rel: w for w in mine or []}
 
-def _check_space(
-    dst: str,
-    plan: _walk.Plan,
-    work: _work.Work,
-    todo: list[_work.Item],
-    copies: list[_common.File],
-    whole: bool,
-) -> int:
-    """Refuse before any work when the destination's file system cannot hold the output."""
-    need = sum(w.output_bytes for w in todo) + sum(c.size for c in copies)
-    if whole:
-        need += sum(f.size for f in plan.late_copies)
-        need += sum(f.size if c is None else len(c) for f, c in plan.configs)
-        need += work.index_bytes()
-    folder = _engine.nearest_folder(dst)  # as the user spelled DST: relative stays relative
-    st = os.statvfs(folder)
-    have = st.f_bavail * st.f_frsize
-    if need > have:
-        message = (
-            f"not enough disk space for the whole folder: need {_core.format_bytes(need)}, "
-            f"have {_core.format_bytes(have)}"
-        )
-        raise NoSpace(f"{_esc(folder)}: {message}", message=message, path=folder)
-    return need
+    def done(rel: str, entries: list[dict[str, Any]]) -> bool:
+        out = os.path.join(dst, rel)
+        return items[rel].find_entry(entries, options, out) is not None
+
+    room: dict[str, Any] = {}
+    if mine is not None:
+        room = {"mine": [w.rel for w in mine], "inputs": [f.path for f in plan.weights]}
+        room.update(src=src, sources=_source_files(plan), renamed=work.renamed())
+    answer = _core.survey(
+        dst,
+        src_id,
+        shard,
+        options,
+        work.planned(),
+        force=force,
+        resume=resume,
+        proof=proof,
+        done=done,
+        **room,
+    )
+    return _Survey(answer)
 
 
 def finalize(
@@ -600,7 +494,7 @@ def finalize(
     count = counts.pop() if len(counts) == 1 else None
     owner = assign_shards(units, count) if count else {}
     outputs = work.outputs()
-    survey = _survey(dst, src_id, options, outputs, plan, work, None, force=False, resume=True)
+    survey = _survey(dst, src_id, options, work, None, force=False, resume=True)
     # An interrupted (or concurrent) finalize's manifest, read by the survey, is the one to
     # replace; a whole-folder run's cannot be here (refused above, or complete and gone).
     record = _core.Manifest(

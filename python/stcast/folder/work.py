@@ -12,15 +12,12 @@ the source's in their own text, a re-sharding writes new ones).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .. import _core, _engine
 from ..errors import Refused, StcastError
 from ..reports import ConvertReport, FileReport, Notice, _build, notices
-from .common import MAX_JSON_BYTES
-from .common import read_bounded as _read_bounded
 from .fp8 import is_fp8
 from .reshard import (
     GroupPlan,
@@ -30,8 +27,6 @@ from .reshard import (
     checked_indexes,
     entry,
     find_entry,
-    leftovers,
-    reshard_stems,
     whole_files,
 )
 from .walk import Plan
@@ -257,43 +252,44 @@ class Work:
             options["name"] = name
         return options
 
-    def leftover(self, dst: str, written: set[str]) -> list[str]:
-        """What the destination holds that a loader would take for this run's output: files
-        named as its weights or indexes (of another cut, or under a group's own stem) that
-        the run does not write (`written`)."""
-        stems = reshard_stems(self.reshard, self.outputs())
-        return leftovers(dst, stems, self.plan.weights, written)
+    def planned(self) -> list[tuple[str, str, int]]:
+        """Every file a whole run writes: relative path, kind (as `outputs`) and its bytes
+        (an edited index may grow by its total size's digits)."""
+        plan, sizes = self.plan, {item.rel: item.output_bytes for item in self.items}
+        sizes.update({f.rel: f.size for f in [*plan.copies, *plan.late_copies]})
+        sizes.update({f.rel: f.size if c is None else len(c) for f, c in plan.configs})
+        if self.resharding:
+            sizes.update({rel: len(content) for rel, content, _ in self.reshard.indexes()})
+        else:
+            sizes.update({f.rel: f.size + 64 for f, _, _ in plan.indexes})
+        return [(rel, kind, sizes[rel]) for rel, kind in self.outputs().items()]
 
-    def adoptable(self, dst: str, rel: str, kind: str, options: dict[str, Any]) -> bool:
-        """Under resume, without a manifest: is the regular file at `rel` (weights or an
-        index) exactly what this plan writes?"""
+    def renamed(self) -> list[tuple[str, str]]:
+        """Each group's own stem where `name` renamed its output: (folder, stem)."""
+        groups = [g.group for g in self.reshard.groups]
+        return [(g.dir, g.renamed_from) for g in groups if g.renamed_from is not None]
+
+    def expected(self, dst: str, rel: str, kind: str, options: dict[str, Any]) -> bytes | bool:
+        """Under resume, without a manifest: what the regular file at `rel` (weights or an
+        index) must hold to be exactly what this plan writes: the weights' own answer, an
+        index's bytes (False: none can be told)."""
         if kind == "weights":
             return adoptable(dst, rel, self.reshard, options)
-        path = os.path.join(dst, rel)
         if self.resharding:
-            want = next(c for r, c, _ in self.reshard.indexes() if r == rel)
-            return _read_bounded(path, MAX_JSON_BYTES) == want
+            return next(c for r, c, _ in self.reshard.indexes() if r == rel)
         # The source's index with the total size of the planned shards' tensors (FP8: what
         # the shards there, checked before it, make it).
         plan = self.plan
         _, text, weight_map = next(i for i in plan.indexes if i[0].rel == rel)
         try:
             if is_fp8(options["to"]) or plan.dequantize:
-                want = _core.written_index(
+                return _core.written_index(
                     dst, rel, text, [*weight_map.items()], is_fp8(options["to"]), plan.dequantize
                 )
-            else:
-                total = sum(plan.out_data[shard] for shard in set(weight_map.values()))
-                want = _core.index_text(text, total=total)
+            total = sum(plan.out_data[shard] for shard in set(weight_map.values()))
+            return _core.index_text(text, total=total)
         except (OSError, StcastError):
             return False
-        return _read_bounded(path, MAX_JSON_BYTES) == want
-
-    def index_bytes(self) -> int:
-        """The space the indexes take (an edited index may grow by its total size's digits)."""
-        if self.resharding:
-            return sum(len(content) for _, content, _ in self.reshard.indexes())
-        return sum(f.size + 64 for f, _, _ in self.plan.indexes)
 
     def checked_indexes(
         self, dst: str, to: Target

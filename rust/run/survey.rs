@@ -1,0 +1,417 @@
+//! What a folder run writes into its destination, and whether it may: the whole question,
+//! answered before anything is written.
+//!
+//! Given the plan's outputs (`Planned`) and the destination, `survey` reads the manifests
+//! there (`run::manifest::survey`), sorts every file the destination holds into stcast's
+//! own (proven by a manifest, or under `--resume` shown to be exactly what the plan writes:
+//! adopted), a sibling shard run's, or foreign, and refuses a foreign file where the run
+//! would write, or any foreign file unless `--resume` or `--force`. With a `Room` (a
+//! conversion, not `finalize`), it then tells which of this run's weights are done
+//! (`--resume` skips them), refuses a destination whose file system cannot hold the rest,
+//! and refuses files that a loader would take for the output but the run does not write
+//! (leftovers of another cut, another run's output under this name).
+//!
+//! What only the caller knows about its plan (what a weights file must hold, what a config
+//! it rewrites will say, whether a manifest entry still matches the inputs) it answers
+//! through `Judge`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result, SurveyProblem};
+use crate::naming;
+use crate::output;
+use crate::run::check;
+use crate::run::json::Node;
+use crate::run::manifest::{self, Asked};
+use crate::run::place::{self, Ident};
+
+/// What a planned output is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A weights file: a converted file, or an output shard.
+    Weights,
+    /// A file copied byte for byte.
+    Copy,
+    /// A config the run copies or rewrites.
+    Config,
+    /// A weights index.
+    Index,
+}
+
+impl Kind {
+    /// Its name, as the caller spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Weights => "weights",
+            Kind::Copy => "copy",
+            Kind::Config => "config",
+            Kind::Index => "index",
+        }
+    }
+
+    /// The kind of this name.
+    pub fn of(name: &str) -> Option<Kind> {
+        [Kind::Weights, Kind::Copy, Kind::Config, Kind::Index]
+            .into_iter()
+            .find(|k| k.name() == name)
+    }
+}
+
+/// One file the whole run writes: where, what, and how many bytes.
+#[derive(Debug, Clone)]
+pub struct Planned {
+    pub rel: OsString,
+    pub kind: Kind,
+    pub size: u64,
+}
+
+/// What a file there must be to be the plan's output (`Judge::proof`).
+#[derive(Debug, Clone)]
+pub enum Proof {
+    /// Exactly these bytes.
+    Bytes(Vec<u8>),
+    /// The bytes of this file (a source file copied as it is).
+    SameAs(PathBuf),
+    /// The caller's own answer (a weights file it verified against its inputs).
+    Known(bool),
+}
+
+/// What only the caller of `survey` can tell about its plan.
+pub trait Judge {
+    /// Under `--resume`, of a regular file at a planned output's name that no manifest
+    /// proves stcast's: what it must be to be taken over as this plan's output.
+    fn proof(&mut self, rel: &OsStr, kind: Kind) -> Result<Proof>;
+    /// Is the weights file at `rel`, proven stcast's, this run's output as one of
+    /// `entries` (its manifest entries made with this run's options) records it?
+    fn done(&mut self, rel: &OsStr, entries: &[Node<'static>]) -> Result<bool>;
+}
+
+/// What a conversion (not `finalize`) asks besides: the source `src` and every file of it
+/// (`sources`: no output may be one), the weights this run writes (all, or its shard's),
+/// the input weight files (never leftovers: a folder converted into itself), and the stems
+/// a group had before `name` renamed its output (`(folder, stem)`).
+#[derive(Debug, Clone, Default)]
+pub struct Room {
+    pub src: PathBuf,
+    pub sources: Vec<PathBuf>,
+    pub mine: Vec<OsString>,
+    pub inputs: Vec<PathBuf>,
+    pub renamed: Vec<(OsString, OsString)>,
+}
+
+/// The question: the run (`asked`), everything the whole run writes, and for a conversion
+/// its `Room`.
+#[derive(Debug, Clone)]
+pub struct Question<'a> {
+    pub asked: Asked<'a>,
+    pub outputs: Vec<Planned>,
+    pub room: Option<Room>,
+}
+
+/// The answer: what the destination holds for this run, and what the run writes.
+#[derive(Debug, Default)]
+pub struct Answer {
+    /// The manifests' survey; its `ours` also holds the adopted files, in the folder's order.
+    pub manifests: manifest::Survey,
+    /// The outputs `--resume` took over without a manifest (exactly what the plan writes).
+    pub adopted: Vec<OsString>,
+    /// Files an earlier run of this source wrote (a manifest proves it) that this plan does
+    /// not write: shards cut at another size, removed once the new indexes are written.
+    pub stale: Vec<(OsString, Ident)>,
+    /// This run's weights that are done already (`--resume` skips them).
+    pub skipped: Vec<OsString>,
+    /// The bytes the run writes.
+    pub need: u64,
+}
+
+const WEIGHTS: &[u8] = b".safetensors";
+const INDEX: &[u8] = b".safetensors.index.json";
+
+/// Answer `q` about `dst` (see the module's text), refusing before anything is written.
+pub fn survey(dst: &Path, q: &Question<'_>, judge: &mut dyn Judge) -> Result<Answer> {
+    let asked = &q.asked;
+    if let Some(room) = &q.room {
+        // Every name the plan may write (its manifest too), against every file of the
+        // source, by identity: the engine's own check comes per file, after others were written.
+        let mut rels: Vec<OsString> = q.outputs.iter().map(|o| o.rel.clone()).collect();
+        rels.sort();
+        rels.push(manifest::file_name(asked.shard).into());
+        place::check_outputs(&room.src, dst, &rels, &room.sources)?;
+    }
+    let mut s = manifest::survey(dst, asked)?;
+    let kinds: HashMap<&OsStr, Kind> = q.outputs.iter().map(|o| (&*o.rel, o.kind)).collect();
+    let stale = s
+        .ours
+        .iter()
+        .filter(|(rel, _)| !kinds.contains_key(&**rel))
+        .cloned()
+        .collect();
+    let proven: HashSet<OsString> = s.ours.iter().map(|(rel, _)| rel.clone()).collect();
+    let planned_by_runs: HashSet<&OsString> = s.planned.iter().collect();
+    let mut ours: HashMap<OsString, Ident> = s.ours.iter().cloned().collect();
+    let (mut adopted, mut foreign_planned, mut foreign_other) = (vec![], vec![], vec![]);
+    for rel in &s.present {
+        if proven.contains(rel) {
+            continue;
+        }
+        if planned_by_runs.contains(rel) && !asked.force && !asked.resume {
+            continue; // a sibling run's file, in progress: not ours to touch
+        }
+        match kinds.get(&**rel) {
+            Some(&kind) => match adoptable(dst, rel, kind, asked.resume, judge)? {
+                Some(id) => {
+                    ours.insert(rel.clone(), id);
+                    adopted.push(rel.clone());
+                }
+                None => foreign_planned.push(rel.clone()),
+            },
+            None => foreign_other.push(rel.clone()),
+        }
+    }
+    // In the folder's order, as the manifest claims them.
+    s.ours = s
+        .present
+        .iter()
+        .filter_map(|rel| Some((rel.clone(), *ours.get(rel)?)))
+        .collect();
+    let mut answer = Answer {
+        manifests: s,
+        adopted,
+        stale,
+        ..Answer::default()
+    };
+    if asked.force {
+        // `force` replaces what the plan writes, whoever wrote it, and deletes nothing else.
+    } else if let Some(first) = foreign_planned.first() {
+        return Err(refused(
+            dst,
+            dst.join(first),
+            SurveyProblem::Unproven {
+                listed: foreign_planned,
+                resume: asked.resume,
+            },
+        ));
+    } else if !foreign_other.is_empty() && !asked.resume {
+        let listed = foreign_other;
+        return Err(refused(dst, dst.into(), SurveyProblem::Foreign { listed }));
+    }
+    if let Some(room) = &q.room {
+        answer.skipped = done(&answer, asked, room, judge)?;
+        answer.need = check_space(dst, q, room, &answer.skipped)?;
+        let mut written: HashSet<&OsStr> = kinds.keys().copied().collect();
+        written.extend(answer.stale.iter().map(|(rel, _)| &**rel));
+        let left = leftovers(dst, &stems(q, room), &room.inputs, &written);
+        if let Some(first) = left.first() {
+            let at = dst.join(first);
+            return Err(refused(dst, at, SurveyProblem::Leftovers { listed: left }));
+        }
+    }
+    Ok(answer)
+}
+
+fn refused(dst: &Path, path: PathBuf, problem: SurveyProblem) -> Error {
+    let dst = dst.to_path_buf();
+    Error::Survey { dst, path, problem }
+}
+
+/// Under `resume`, the identity of the file at `rel` if it is exactly what the plan writes
+/// there, without a manifest to say so (a finished run removes its manifest): nothing short
+/// of its content proves it (a fine-tune of the same base has the same header, and another
+/// folder may hold a config of the same name).
+fn adoptable(
+    dst: &Path,
+    rel: &OsStr,
+    kind: Kind,
+    resume: bool,
+    judge: &mut dyn Judge,
+) -> Result<Option<Ident>> {
+    if !resume {
+        return Ok(None);
+    }
+    let path = dst.join(rel);
+    let meta = match std::fs::symlink_metadata(&path) {
+        Ok(m) if m.is_file() => m,
+        Ok(_) => return Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(&path, "cannot stat", e)),
+    };
+    let same = match judge.proof(rel, kind)? {
+        Proof::Known(same) => same,
+        Proof::Bytes(want) => {
+            meta.len() == want.len() as u64 && read(&path)?.is_some_and(|got| got == want)
+        }
+        Proof::SameAs(source) => check::same_bytes(&source, &path),
+    };
+    Ok(same.then(|| (meta.dev(), meta.ino())))
+}
+
+/// The whole content of `path` (None: it is gone).
+fn read(path: &Path) -> Result<Option<Vec<u8>>> {
+    match std::fs::read(path) {
+        Ok(data) => Ok(Some(data)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(path, "cannot read", e)),
+    }
+}
+
+/// This run's weights that are done (`--resume`, never `--force`): stcast's, and adopted or
+/// recorded by an entry the caller still finds true.
+fn done(
+    answer: &Answer,
+    asked: &Asked<'_>,
+    room: &Room,
+    judge: &mut dyn Judge,
+) -> Result<Vec<OsString>> {
+    if asked.force {
+        return Ok(vec![]);
+    }
+    let ours: HashSet<&OsString> = answer.manifests.ours.iter().map(|(r, _)| r).collect();
+    let entries: HashMap<&OsString, &Vec<Node<'static>>> = answer
+        .manifests
+        .entries
+        .iter()
+        .map(|(r, e)| (r, e))
+        .collect();
+    let mut skipped = vec![];
+    for rel in room.mine.iter().filter(|rel| ours.contains(rel)) {
+        let recorded = match entries.get(rel) {
+            Some(e) => judge.done(rel, e)?,
+            None => false,
+        };
+        if recorded || answer.adopted.contains(rel) {
+            skipped.push(rel.clone());
+        }
+    }
+    Ok(skipped)
+}
+
+/// The bytes the run writes, refused when the destination's file system cannot hold them:
+/// this run's weights not done and, for a whole run (not a shard's), everything else.
+fn check_space(dst: &Path, q: &Question<'_>, room: &Room, skipped: &[OsString]) -> Result<u64> {
+    let whole = q.asked.shard.is_none();
+    let mine: HashSet<&OsString> = room.mine.iter().collect();
+    let skipped: HashSet<&OsString> = skipped.iter().collect();
+    let need: u64 = q
+        .outputs
+        .iter()
+        .filter(|o| match o.kind {
+            Kind::Weights => mine.contains(&o.rel) && !skipped.contains(&o.rel),
+            _ => whole,
+        })
+        .map(|o| o.size)
+        .sum();
+    let dir = output::nearest_dir(dst);
+    let have = output::free_space(&dir).map_err(|e| Error::io(&dir, "statvfs", e))?;
+    if need > have {
+        return Err(Error::NoSpace {
+            dir,
+            need,
+            have,
+            folder: true,
+        });
+    }
+    Ok(need)
+}
+
+/// The stems of the weights and indexes the plan writes, by folder (`model` for
+/// `model.safetensors`, `model-00001-of-00003.safetensors` and
+/// `model.safetensors.index.json`), with each group's stem before `name` renamed it.
+fn stems(q: &Question<'_>, room: &Room) -> BTreeMap<OsString, BTreeSet<OsString>> {
+    let mut stems: BTreeMap<OsString, BTreeSet<OsString>> = BTreeMap::new();
+    for o in &q.outputs {
+        let (folder, name) = split_rel(o.rel.as_bytes());
+        let stem = match o.kind {
+            Kind::Index => name.strip_suffix(INDEX),
+            Kind::Weights if name != WEIGHTS => name.strip_suffix(WEIGHTS).map(stem_of),
+            _ => None,
+        };
+        if let Some(stem) = stem {
+            let folder = OsString::from_vec(folder.to_vec());
+            stems.entry(folder).or_default().insert(os(stem));
+        }
+    }
+    for (folder, stem) in &room.renamed {
+        stems
+            .entry(folder.clone())
+            .or_default()
+            .insert(stem.clone());
+    }
+    stems
+}
+
+fn os(b: &[u8]) -> OsString {
+    OsString::from_vec(b.to_vec())
+}
+
+/// `rel`'s folder ("" at the top) and name.
+fn split_rel(rel: &[u8]) -> (&[u8], &[u8]) {
+    match rel.iter().rposition(|&b| b == b'/') {
+        Some(at) => (&rel[..at], &rel[at + 1..]),
+        None => (b"", rel),
+    }
+}
+
+/// The stem of a weights file's name without its extension: `model` for `model` and
+/// `model-00001-of-00003`.
+fn stem_of(base: &[u8]) -> &[u8] {
+    match naming::split_shard(base) {
+        Some((stem, _, _)) if !stem.is_empty() => stem,
+        _ => base,
+    }
+}
+
+/// Is `name` the weights (a file or a shard) or the index of one of `stems`?
+fn is_output_name(name: &[u8], stems: &BTreeSet<OsString>) -> bool {
+    let has = |s: &[u8]| stems.contains(OsStr::from_bytes(s));
+    if let Some(stem) = name.strip_suffix(INDEX) {
+        return has(stem);
+    }
+    let Some(base) = name.strip_suffix(WEIGHTS) else {
+        return false;
+    };
+    has(base) || naming::split_shard(base).is_some_and(|(stem, _, _)| has(stem))
+}
+
+/// Files of `dst` named as the weights or index of one of `stems` (by folder) that the run
+/// does not write (`written`: its outputs, and the stale files it removes): a loader would
+/// take them for the output (an index for it, shards beside it). The input files themselves
+/// (a folder converted into itself) are not. The indexes first: they are what a loader reads.
+fn leftovers(
+    dst: &Path,
+    stems: &BTreeMap<OsString, BTreeSet<OsString>>,
+    inputs: &[PathBuf],
+    written: &HashSet<&OsStr>,
+) -> Vec<OsString> {
+    let ident = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let ids: HashSet<Ident> = inputs.iter().filter_map(|p| ident(p)).collect();
+    let mut left = vec![];
+    for (folder_rel, names_of) in stems {
+        let folder = dst.join(folder_rel);
+        let Ok(entries) = std::fs::read_dir(&folder) else {
+            continue;
+        };
+        let mut names: Vec<OsString> = entries.filter_map(|e| Some(e.ok()?.file_name())).collect();
+        names.sort();
+        for name in names {
+            let rel = if folder_rel.is_empty() {
+                name.clone()
+            } else {
+                os(&[folder_rel.as_bytes(), b"/", name.as_bytes()].concat())
+            };
+            let named = is_output_name(name.as_bytes(), names_of) && !written.contains(&*rel);
+            if named && ident(&folder.join(&name)).is_none_or(|id| !ids.contains(&id)) {
+                left.push(rel);
+            }
+        }
+    }
+    left.sort_by_key(|rel| !rel.as_bytes().ends_with(INDEX));
+    left
+}
+
+#[cfg(test)]
+mod tests;
