@@ -903,9 +903,10 @@ fn fp8_warnings(
         out.push(Warning::new(
             WarningKind::NotQuantized,
             format!(
-                "{} of fused MoE experts (3-D) stay BF16, unquantized, not split per \
+                "{} of fused MoE experts (3-D) {} BF16, unquantized, not split per \
                  expert{why}: {}",
                 count_of(group.len(), "weight"),
+                if group.len() == 1 { "stays" } else { "stay" },
                 name_list(group.iter().map(|(_, n)| *n), 5)
             ),
         ));
