@@ -165,8 +165,9 @@ pub fn layout(kind: Kind, shape: &[usize], model: Option<&Model>) -> Result<Layo
         return Err(Left::Interleaved);
     }
     let (h, i) = (m.hidden, m.intermediate);
+    // A config's sizes are any numbers: one too large to double fits no shape.
     let rows = match kind {
-        Kind::GateUp => (2 * i, h),
+        Kind::GateUp => (i.checked_mul(2).ok_or(Left::Misfit)?, h),
         Kind::Down => (h, i),
     };
     let got = (shape[1] as u64, shape[2] as u64);
@@ -199,9 +200,12 @@ fn piece_name(name: &str, fused: &str, e: u64, part: &str) -> String {
 
 /// Split every fused expert tensor of `source` whose layout `model` proves into its
 /// per-expert weights, in place (expert by expert, gate before up). Returns whether any
-/// was split.
+/// was split. One whose pieces would take a name the source has already (or another
+/// fused tensor's pieces have) stays fused: a file never holds one name twice.
 pub fn split(source: &mut Source, model: &Model) -> bool {
     let tensors = std::mem::take(&mut source.header.tensors);
+    let mut names: std::collections::HashSet<String> =
+        tensors.iter().map(|t| t.name.clone()).collect();
     let mut out = Vec::with_capacity(tensors.len());
     let mut any = false;
     for t in tensors {
@@ -217,9 +221,15 @@ pub fn split(source: &mut Source, model: &Model) -> bool {
             (Ok(l), Some(Gather::View(desc))) => pieces(&t, k, l, model, desc),
             _ => None,
         };
-        match pieces {
+        let mut seen = std::collections::HashSet::new();
+        let mut free = |p: &Vec<SourceTensor>| {
+            p.iter()
+                .all(|q| !names.contains(&q.name) && seen.insert(q.name.clone()))
+        };
+        match pieces.filter(|p| !p.is_empty() && free(p)) {
             Some(p) => {
                 any = true;
+                names.extend(p.iter().map(|q| q.name.clone()));
                 out.extend(p);
             }
             None => out.push(t),
@@ -372,6 +382,11 @@ mod tests {
         );
         assert_eq!(layout(Kind::Down, &[2, 3, 9], Some(&m)), Err(Left::Misfit));
         assert_eq!(layout(Kind::Down, &[2, 8, 3], None), Err(Left::NoConfig));
+        let huge = model(8, u64::MAX);
+        assert_eq!(
+            layout(Kind::GateUp, &[2, 6, 8], Some(&huge)),
+            Err(Left::Misfit)
+        );
         let square = model(8, 4);
         assert_eq!(
             layout(Kind::GateUp, &[2, 8, 8], Some(&square)),

@@ -183,3 +183,27 @@ def test_what_cannot_be_told_stays_bf16_with_one_warning(
         assert got[P + "1.down_proj.weight"][:2] == ("F8_E4M3", down[1:])
     rc, _, err = main_in_process("verify", src, out)
     assert rc == 0, err
+
+
+def test_pieces_that_would_take_a_name_in_use_stay_fused(tmp_path):
+    src = small(tmp_path, [2, 6, 8], [2, 8, 3])
+    t = tensor_bytes(src)
+    t[P + "1.up_proj.weight"] = ("BF16", [3, 8], t[P + "gate_up_proj"][2][: 3 * 8 * 2])
+    t[P + "empty.gate_up_proj"] = ("BF16", [0, 6, 8], b"")
+    src = write_safetensors(tmp_path / "taken.safetensors", t)
+    (tmp_path / "c.json").write_text(json.dumps({"hidden_size": 8, "intermediate_size": 3}))
+    out = tmp_path / "out" / "m.safetensors"
+    out.parent.mkdir()
+    rc, _, err = main_in_process(
+        "convert", src, out, "--to", "fp8", "--config", tmp_path / "c.json"
+    )
+    assert rc == 0, err
+    got = tensor_bytes(out)
+    assert got[P + "gate_up_proj"][0] == "BF16"  # its pieces' names: one is taken
+    assert got[P + "1.up_proj.weight"][0] == "F8_E4M3"  # the file's own
+    assert got[P + "empty.gate_up_proj"][:2] == ("BF16", [0, 6, 8])  # no expert: kept
+    assert got[P + "0.down_proj.weight"][0] == "F8_E4M3"
+    [warning] = warnings_of(err)
+    assert f"`{P}gate_up_proj`" in warning, warning
+    rc, _, err = main_in_process("verify", src, out)
+    assert rc == 0, err
