@@ -320,13 +320,27 @@ impl Default for Settings {
 }
 
 impl Settings {
-    /// How the input is read (a PyTorch checkpoint's dict, a checkpoint folder's links).
-    pub fn input(&self) -> InputOptions {
-        InputOptions {
+    /// How the input is read (a PyTorch checkpoint's dict, a checkpoint folder's links,
+    /// under an FP8 target the model config's sizes fused experts are split by).
+    pub fn input(&self) -> crate::Result<InputOptions> {
+        Ok(InputOptions {
             key: self.key.clone(),
             strip_prefix: self.strip_prefix.clone(),
             follow_links: self.follow_links,
-        }
+            experts: self.experts()?,
+        })
+    }
+
+    /// Under an FP8 target, what the model config (a lone file's `config`, a folder file's
+    /// `packed_config`) says of its experts' sizes (`experts::Model`); None otherwise.
+    fn experts(&self) -> crate::Result<Option<crate::experts::Model>> {
+        let target = self.to.as_ref().map_or(Ok(Target::Bf16), Given::target)?;
+        let path = self.config.as_deref().or(self.packed_config.as_deref());
+        let (Some(_), Some(path)) = (target.strategy(), path) else {
+            return Ok(None);
+        };
+        let text = read_config(path)?;
+        crate::experts::Model::of_config(&text).map_err(|e| config_error(path, &e))
     }
 
     fn on_overflow(&self) -> crate::Result<OnOverflow> {
@@ -385,6 +399,7 @@ impl Settings {
                 .unquantized
                 .as_ref()
                 .map(|u| u.iter().cloned().collect()),
+            experts: self.experts()?,
             ..PlanOptions::new(target)
         })
     }
@@ -397,7 +412,7 @@ impl Settings {
             model_config: self.config.clone(),
             replaces: self.replaces,
             allow_copy: self.allow_copy,
-            input: self.input(),
+            input: self.input()?,
             plan: self.plan()?,
             threads: self.threads()?,
             force: self.force,
@@ -428,7 +443,7 @@ impl Settings {
             // writes nothing of the source (a report holds numbers only).
             input: InputOptions {
                 follow_links: true,
-                ..self.input()
+                ..self.input()?
             },
             loose: self.loose,
             target: self.to.as_ref().map(|_| plan.target),
@@ -493,19 +508,27 @@ impl Settings {
 
 /// The schemes model config `path` gives its packed weights (`Settings::packed_config`).
 fn schemes(path: &std::path::Path) -> crate::Result<crate::quant::Schemes> {
-    let what = "read the model config";
-    let bytes = std::fs::read(path).map_err(|e| crate::error::Error::io(path, what, e))?;
-    let bad = |e: &dyn std::fmt::Display| {
-        let e = std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string());
-        crate::error::Error::io(path, what, e)
-    };
-    let text = String::from_utf8(bytes).map_err(|e| bad(&e))?;
+    let text = read_config(path)?;
     let groups = crate::run::json::schemes(&text)
-        .map_err(|e| bad(&format!("not JSON (at byte {})", e.0)))?;
+        .map_err(|e| config_error(path, &format!("not JSON (at byte {})", e.0)))?;
     Ok(crate::quant::Schemes {
         config: path.to_path_buf(),
         groups,
     })
+}
+
+/// The text of model config `path`.
+fn read_config(path: &std::path::Path) -> crate::Result<String> {
+    let bytes = std::fs::read(path).map_err(|e| crate::error::Error::io(path, READ_CONFIG, e))?;
+    String::from_utf8(bytes).map_err(|e| config_error(path, &e))
+}
+
+const READ_CONFIG: &str = "read the model config";
+
+/// Model config `path` is not what it must be (`e` says why).
+fn config_error(path: &std::path::Path, e: &dyn std::fmt::Display) -> crate::error::Error {
+    let e = std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string());
+    crate::error::Error::io(path, READ_CONFIG, e)
 }
 
 #[cfg(test)]

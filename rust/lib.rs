@@ -12,6 +12,7 @@
 //! - `gather`: tensors read by gathering: strided views, and boxes in several files;
 //! - `plan`, `dtype`: what each tensor becomes and where it goes;
 //! - `kernels`, `numerics`: convert numbers, and measure what rounding did;
+//! - `experts`: fused MoE experts split per expert under FP8 targets (as `model_free_ptq`);
 //! - `fp8`: FP8 E4M3 quantization (as llm-compressor's `model_free_ptq`) and dequantization;
 //! - `packed`: packed 4-/8-bit weights (NVFP4, MXFP4, INT4/INT8, gpt-oss blocks) back to bf16/fp16;
 //! - `window`: the window cursor and parallel split every streaming pass uses;
@@ -32,6 +33,7 @@ pub mod convert;
 pub mod dtype;
 pub mod env;
 pub mod error;
+pub mod experts;
 pub mod failpoint;
 pub mod format;
 pub mod fp8;

@@ -322,7 +322,9 @@ pub const DEFS: &[Def] = &[
         Kind::Path,
         "a lone checkpoint (a file, a DCP or ZeRO folder): the model's config.json, written \
          beside the output as config.json with its dtype set (and, under an FP8 target, the \
-         quantization_config that describes the output)",
+         quantization_config that describes the output; its hidden_size and \
+         (moe_)intermediate_size prove how fused MoE experts lie, which are then split per \
+         expert and quantized)",
     )
     .metavar("FILE"),
     def("report", Kind::Path, "").metavar("FILE"), // help: per command
@@ -409,7 +411,10 @@ const INSPECT: &[Use] = &[
     both("max_shard_size"),
     both("name"),
     both("no_record"),
-    both("config").help("as for convert: check where it goes"),
+    both("config").help(
+        "as for convert: check where it goes; under an FP8 target its sizes split fused MoE \
+         experts as convert does",
+    ),
     both("report").help("as for convert: check this report path"),
     cli("json"),
     cli("progress"),

@@ -135,6 +135,9 @@ pub struct PlanOptions {
     /// The options recorded in the output's `__metadata__` (`record::Record::text`); None:
     /// the input's `__metadata__` as it is.
     pub record: Option<String>,
+    /// FP8 targets: what the model config says of its experts' sizes (why fused experts
+    /// that stay fused do, in the warning: `experts::left`).
+    pub experts: Option<crate::experts::Model>,
 }
 
 impl PlanOptions {
@@ -152,7 +155,18 @@ impl PlanOptions {
             schemes: None,
             unquantized: None,
             record: None,
+            experts: None,
         }
+    }
+
+    /// These options for `source`, opened: its record says the sizes its fused experts
+    /// were split by, if any was (verify splits them as convert did).
+    pub fn for_source(&self, source: &crate::source::Source) -> PlanOptions {
+        let mut out = self.clone();
+        if let (Some(sizes), Some(r)) = (source.experts, &self.record) {
+            out.record = Some(crate::record::Record::with_experts(r, sizes));
+        }
+        out
     }
 
     /// The output's `__metadata__` of an input with `meta` (`record::with_record`).
@@ -747,7 +761,7 @@ fn plan_warnings(
     if let Some((why, named)) = quantized {
         warnings.push(quantized_warning(&why, &named, plan.target));
     }
-    warnings.extend(fp8_warnings(plan, src));
+    warnings.extend(fp8_warnings(plan, src, opts.experts.as_ref()));
     // Under `keep` nothing is converted on purpose: the format is what changes.
     if plan.converted() == 0 && plan.target != Target::Keep {
         warnings.push(Warning::new(
@@ -840,7 +854,11 @@ fn check_fp8_pairs(path: &Path, src: &SourceHeader, reasons: &[Reason]) -> Resul
 
 /// FP8 targets: the weights left unquantized that a user would not expect (NaN or inf in
 /// them, 3-D experts, a vision-language model's vision side), and under blocks the fused layers vLLM needs in multiples of 128.
-fn fp8_warnings(plan: &Plan, src: &SourceHeader) -> Vec<Warning> {
+fn fp8_warnings(
+    plan: &Plan,
+    src: &SourceHeader,
+    model: Option<&crate::experts::Model>,
+) -> Vec<Warning> {
     let mut out = Vec::new();
     let named = |skip: Fp8Skip| -> Vec<&str> {
         plan.fp8_skips
@@ -883,14 +901,27 @@ fn fp8_warnings(plan: &Plan, src: &SourceHeader) -> Vec<Warning> {
             ),
         ));
     }
-    let experts = named(Fp8Skip::Experts);
-    if !experts.is_empty() {
+    // Fused experts left fused: one warning per reason (`experts::left`).
+    let mut experts: Vec<(Option<crate::experts::Left>, &str)> = plan
+        .fp8_skips
+        .iter()
+        .zip(&src.tensors)
+        .filter(|(s, _)| **s == Some(Fp8Skip::Experts))
+        .map(|(_, t)| (crate::experts::left(t, model), t.name.as_str()))
+        .collect();
+    experts.sort_by_key(|(why, _)| *why);
+    for group in experts.chunk_by(|a, b| a.0 == b.0) {
+        let why = group[0]
+            .0
+            .map_or(String::new(), |w| format!(" ({})", w.words()));
         out.push(Warning::new(
             WarningKind::NotQuantized,
             format!(
-                "{} of fused MoE experts (3-D) stay BF16, unquantized: {}",
-                count_of(experts.len(), "weight"),
-                name_list(experts.iter().copied(), 5)
+                "{} of fused MoE experts (3-D) {} BF16, unquantized, not split per \
+                 expert{why}: {}",
+                count_of(group.len(), "weight"),
+                if group.len() == 1 { "stays" } else { "stay" },
+                name_list(group.iter().map(|(_, n)| *n), 5)
             ),
         ));
     }

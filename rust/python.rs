@@ -319,7 +319,7 @@ impl ShardGroup {
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<ShardGroup> {
         // How its files are read (`key`, `strip_prefix`, `follow_links`).
-        let input = read_options(py, options, |s, _| Ok(s.input()))?;
+        let input = read_options(py, options, |s, _| s.input())?;
         let group = guarded(py, || Group::open(&paths, &input))?;
         Ok(ShardGroup { group })
     }

@@ -31,6 +31,10 @@ pub struct Record {
     /// A re-sharding's stem (`convert --name`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// FP8 targets: the model's hidden and (MoE) intermediate sizes its fused experts were
+    /// split by (`experts::split`); absent: none was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experts: Option<[u64; 2]>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -53,6 +57,20 @@ impl Record {
             key: None,
             strip_prefix: Vec::new(),
             name: None,
+            experts: None,
+        }
+    }
+
+    /// The record `text` with the sizes fused experts were split by (`text` as it is when
+    /// it is no record `parse` reads).
+    pub fn with_experts(text: &str, sizes: [u64; 2]) -> String {
+        match Record::parse(text) {
+            Ok(r) => Record {
+                experts: Some(sizes),
+                ..r
+            }
+            .text(),
+            Err(_) => text.to_string(),
         }
     }
 

@@ -50,6 +50,8 @@ pub struct Source {
     pub folders: Vec<PathBuf>,
     /// The prefixes to strip from tensor names that no name started with (a warning).
     pub unused_prefixes: Vec<String>,
+    /// The sizes fused MoE experts were split by (`experts::split`), if any was.
+    pub experts: Option<[u64; 2]>,
 }
 
 /// What a source read from a PyTorch checkpoint says beyond its tensors.
@@ -354,6 +356,7 @@ impl Source {
             origin: None,
             folders: Vec::new(),
             unused_prefixes: Vec::new(),
+            experts: None,
         }
     }
 

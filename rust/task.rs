@@ -87,6 +87,11 @@ impl ConvertTask {
         let src = source.path.clone();
         let src = src.as_path();
         let data = source.header.data_len();
+        // The record says the sizes fused experts were split by (verify splits as this).
+        let opts = &Options {
+            plan: opts.plan.for_source(&source),
+            ..opts.clone()
+        };
         if !reads_first(opts) {
             let job = Box::new(Job::new(source, dst, opts, started)?);
             return Ok(ConvertTask {
@@ -419,8 +424,9 @@ impl InspectTask {
     /// (the destination, the report path, nothing to convert, free space), failing as it
     /// would: a dry run that says "fits" is one that converts.
     pub fn new(path: &Path, scan: bool, opts: &Options, dst: Option<&Path>) -> Result<InspectTask> {
-        let (plan_opts, on_overflow) = (&opts.plan, opts.on_overflow);
         let source = Source::open_any(path, &opts.input)?;
+        let plan_opts = &opts.plan.for_source(&source);
+        let on_overflow = opts.on_overflow;
         if let Some(dst) = dst {
             check_outputs(&source, dst, opts)?;
         }

@@ -82,6 +82,7 @@ impl VerifyOptions {
         if o.input.strip_prefix.is_empty() {
             o.input.strip_prefix = r.strip_prefix.clone();
         }
+        o.input.experts = r.experts.map(crate::experts::Model::of_sizes);
         o
     }
 

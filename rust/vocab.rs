@@ -140,7 +140,7 @@ named! {
         NotWeight = "not_weight",
         /// Not 2-D.
         NotMatrix = "not_2d",
-        /// 3-D fused MoE experts: splitting them into 2-D weights comes later.
+        /// 3-D fused MoE experts left fused (`experts::left` says why).
         Experts = "experts",
         /// Its module's name ends in `norm` (any case: BERT's `LayerNorm` too).
         Norm = "norm",
@@ -173,7 +173,7 @@ impl Fp8Skip {
         match self {
             Fp8Skip::NotWeight => "not a weight",
             Fp8Skip::NotMatrix => "not 2-D",
-            Fp8Skip::Experts => "3-D MoE experts (not split yet)",
+            Fp8Skip::Experts => "3-D MoE experts, not split per expert",
             Fp8Skip::Norm => "a norm",
             Fp8Skip::Embedding => "an embedding",
             Fp8Skip::LmHead => "the output head",

@@ -281,7 +281,8 @@ def inspect(
         extra["allow_quantized"] = o.allow_quantized
         if o.report is not None:
             extra["report"] = _report(o).report
-        extra["config"] = o.config
+    # Under an FP8 target its sizes also tell how fused MoE experts lie (split per expert).
+    extra["config"] = o.config
     extra["follow_links"] = o.follow_links
     planned = _engine.inspect_file(path, o, scan=o.scan, progress=progress, **o.source, **extra)
     if target is None:

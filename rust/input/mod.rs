@@ -50,6 +50,9 @@ pub struct InputOptions {
     /// A checkpoint folder's symlinks that lead outside it are followed (by default they are
     /// refused, naming them: `folder::check_links`).
     pub follow_links: bool,
+    /// FP8 targets: fused MoE experts are split per expert where this model's sizes prove
+    /// their layout (`experts::split`), once the prefixes are stripped.
+    pub experts: Option<crate::experts::Model>,
 }
 
 impl InputOptions {
@@ -82,6 +85,9 @@ impl Source {
         }
         let mut source = Self::open_checked(path, opts)?;
         strip_prefixes(&mut source, &opts.strip_prefix)?;
+        if let Some(model) = &opts.experts {
+            source.experts = crate::experts::split(&mut source, model).then(|| model.sizes());
+        }
         if format.is_some() {
             source.folders = vec![path.to_path_buf()];
         }
