@@ -259,7 +259,8 @@ macro_rules! options {
 options! {
     to, threads, force, keep, keep_min_size, keep_unmatched, from_bf16, keep_names, on_overflow,
     numerics, report, config, replaces, allow_copy, key, strip_prefix, loose, allow_quantized,
-    quantization_config, packed_config, follow_links, unquantized, name, no_record,
+    quantization_config, packed_config, follow_links, unquantized, name, no_record, include,
+    exclude,
 }
 
 #[pyfunction]
@@ -516,9 +517,18 @@ fn check_outputs(
 
 /// A source folder's files, classified and checked (`run::walk::walk`).
 #[pyfunction]
-#[pyo3(signature = (src, *, follow_links=false))]
-fn walk_folder(py: Python<'_>, src: PathBuf, follow_links: bool) -> PyResult<walk::WalkRows> {
-    guarded(py, || Ok(walk::walk(&src, follow_links)?.rows()))
+#[pyo3(signature = (src, *, follow_links=false, include=vec![], exclude=vec![]))]
+fn walk_folder(
+    py: Python<'_>,
+    src: PathBuf,
+    follow_links: bool,
+    include: Vec<String>,
+    exclude: Vec<String>,
+) -> PyResult<walk::WalkRows> {
+    guarded(py, || {
+        let overrides = walk::Overrides::new(&include, &exclude)?;
+        Ok(walk::walk(&src, follow_links, &overrides)?.rows())
+    })
 }
 
 /// Every file under a destination but stcast's bookkeeping (`run::walk::listing`).
@@ -606,19 +616,15 @@ fn read_header(py: Python<'_>, path: PathBuf) -> PyResult<crate::source::HeaderS
     guarded(py, || crate::source::read_header(&path))
 }
 
-/// verify's `name`, `key`, `strip_prefix`, each one not given DST file `path`'s record's.
+/// verify's `name`, `key`, `strip_prefix`, `include`, `exclude`, each one not given DST
+/// file `path`'s record's.
 #[pyfunction]
-#[pyo3(signature = (path, name, key, strip_prefix))]
 fn recorded_source(
     py: Python<'_>,
     path: PathBuf,
-    name: Option<String>,
-    key: Option<String>,
-    strip_prefix: Vec<String>,
-) -> PyResult<(Option<String>, Option<String>, Vec<String>)> {
-    guarded(py, || {
-        crate::verify::recorded_source(&path, name, key, strip_prefix)
-    })
+    given: crate::verify::RecordedSource,
+) -> PyResult<crate::verify::RecordedSource> {
+    guarded(py, || crate::verify::recorded_source(&path, given))
 }
 
 /// An engine report as a dict (its serde form, once), with its paths as Python holds them

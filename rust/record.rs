@@ -31,6 +31,11 @@ pub struct Record {
     /// A re-sharding's stem (`convert --name`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// A folder run's overrides of what it copies (`run::walk::Overrides`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub include: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<String>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -53,6 +58,8 @@ impl Record {
             key: None,
             strip_prefix: Vec::new(),
             name: None,
+            include: Vec::new(),
+            exclude: Vec::new(),
         }
     }
 

@@ -90,25 +90,36 @@ impl VerifyOptions {
     }
 }
 
-/// How a folder verification pairs and reads SRC: `name` (a re-sharding's stem), `key` and
-/// `strip_prefix` as given, each one not given the record's of DST's output `path` (a
-/// safetensors file; one without a record, or with one convert does not write, adds none).
-pub fn recorded_source(
-    path: &Path,
-    name: Option<String>,
-    key: Option<String>,
-    strip_prefix: Vec<String>,
-) -> Result<(Option<String>, Option<String>, Vec<String>)> {
+/// How a folder verification pairs and reads SRC, and which files DST should hold:
+/// `name` (a re-sharding's stem), `key`, `strip_prefix`, `include` and `exclude` as given,
+/// each one not given the record's of DST's output `path` (a safetensors file; one without
+/// a record, or with one convert does not write, adds none).
+pub fn recorded_source(path: &Path, given: RecordedSource) -> Result<RecordedSource> {
     let meta = crate::source::read_header(path)?.2;
     let Some(Ok(r)) = record::find(meta.as_deref()).map(Record::parse) else {
-        return Ok((name, key, strip_prefix));
+        return Ok(given);
     };
-    let strip_prefix = match strip_prefix.is_empty() {
-        true => r.strip_prefix,
-        false => strip_prefix,
+    let or = |given: Vec<String>, recorded: Vec<String>| match given.is_empty() {
+        true => recorded,
+        false => given,
     };
-    Ok((name.or(r.name), key.or(r.key), strip_prefix))
+    Ok((
+        given.0.or(r.name),
+        given.1.or(r.key),
+        or(given.2, r.strip_prefix),
+        or(given.3, r.include),
+        or(given.4, r.exclude),
+    ))
 }
+
+/// `name`, `key`, `strip_prefix`, `include`, `exclude` (`recorded_source`).
+pub type RecordedSource = (
+    Option<String>,
+    Option<String>,
+    Vec<String>,
+    Vec<String>,
+    Vec<String>,
+);
 
 /// DST's own record of convert's options: its `record::KEY` entry, unless SRC has the same
 /// one (an output written with `--no-record` keeps SRC's); `Err`: one convert does not write.

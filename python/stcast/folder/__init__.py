@@ -17,7 +17,7 @@ import os
 import time
 import warnings as _warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from .. import _core, _engine
 from .._options import Options
@@ -567,7 +567,9 @@ def finalize(
     if max_size is None:
         # Quantized checkpoints were refused (or allowed) by the shard runs that converted
         # them.
-        plan = _walk.plan(src, to, check_quantized=False, cancel=cancel)
+        # What the shard runs copy: their overrides of the folder's companion policy.
+        companions: dict[str, Any] = {k: options[k] for k in ("include", "exclude") if k in options}
+        plan = _walk.plan(src, to, check_quantized=False, precision=companions, cancel=cancel)
     else:
         # The shards' cut depends on every option that changes a tensor's size.
         recorded = Options.given(options)
@@ -675,16 +677,22 @@ def inspect_folder(
         others = [*prepared.plan.copies, *prepared.plan.late_copies]
         others += [f for f, _ in prepared.plan.configs]
         reshard = prepared.work.reshard if prepared.work.resharding else None
+        rewritten = {f.rel for f, c in prepared.plan.configs if c is not None}
         if reshard is None:
             others += [f for f, _, _ in prepared.plan.indexes]
+            rewritten |= {f.rel for f, _, _ in prepared.plan.indexes}
+        left_out = prepared.plan.skipped
     elif max_shard_size is not None and not _engine.is_tree(src):
         weights, others = _reshard.file_plan(src, to, {}).weights, []
+        rewritten, left_out = set(), []
     else:
-        walked = _walk.walk(src, given.follow_links)
+        walked = _walk.walk(src, given.follow_links, given.include, given.exclude)
         for f in walked.configs:  # as convert refuses it, before any weight is read
             _walk.check_fp8_config(f, _walk.read_json(f)[1], to)
         weights = walked.weights
         others = [*walked.indexes, *walked.configs, *walked.others]
+        rewritten = {f.rel for f in [*walked.indexes, *walked.configs]}
+        left_out = walked.skipped
         said += [Notice(k, t) for k, t in _walk.skipped_notice(walked.skipped)]
         if not weights:
             raise Refused(
@@ -793,10 +801,21 @@ def inspect_folder(
         folder=True,
         files=files,
         other_bytes=other,
+        other_files=[
+            {"path": f.rel, "bytes": f.size, "action": _action(f.rel in rewritten)}
+            for f in sorted(others, key=lambda f: f.rel)
+        ],
+        left_out=[
+            {"path": f.source_rel, "bytes": f.size, "why": cast("Any", why)} for f, why in left_out
+        ],
         max_shard_size=max_shard_size,
         shards=shards,
         indexes=new_indexes,
     )
+
+
+def _action(rewritten: bool) -> Literal["copied", "rewritten"]:
+    return "rewritten" if rewritten else "copied"
 
 
 def _unmatched_template(patterns: list[str]) -> str:

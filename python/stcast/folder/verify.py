@@ -92,19 +92,22 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         indexes: list[File] = []
         configs: list[File] = []
         others: list[File] = []
-    else:
-        weights, indexes, configs, others, _, _ = walk(src, follow_links=True)
     found = set(listing(dst))
     shards = sorted(r for r in found if r.endswith(WEIGHTS_SUFFIX))
+    include, exclude = list(given.include), list(given.exclude)
     if shards:
-        # A re-sharding's stem and how SRC was read: as given, else as DST's record says.
+        # A re-sharding's stem, how SRC was read and what DST copies of it: as given, else
+        # as DST's record says.
         recorded = _core.recorded_source(
-            os.path.join(dst, shards[0]), name, given.key, list(given.strip_prefix)
+            os.path.join(dst, shards[0]),
+            (name, given.key, list(given.strip_prefix), include, exclude),
         )
-        name = recorded[0]
+        name, include, exclude = recorded[0], recorded[3], recorded[4]
         if single:
             key = {"key": recorded[1]} if recorded[1] is not None else {}
             source = {**source, **key, "strip_prefix": recorded[2]}
+    if not single:
+        weights, indexes, configs, others, _, _ = walk(src, True, include, exclude)
     if to is None:
         # An FP8 output's strategy is its config's: a weight's scale can fit both.
         to = next(filter(None, (_configured(dst, f) for f in configs if f.rel in found)), None)
