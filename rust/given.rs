@@ -345,7 +345,7 @@ impl Settings {
     }
 
     /// What an output records of these options (`record::Record`); None under `no_record`.
-    fn record(&self) -> crate::Result<Option<String>> {
+    pub fn record(&self) -> crate::Result<Option<String>> {
         if self.no_record {
             return Ok(None);
         }

@@ -95,8 +95,19 @@ impl VerifyOptions {
 /// each one not given the record's of DST's output `path` (a safetensors file; one without
 /// a record, or with one convert does not write, adds none).
 pub fn recorded_source(path: &Path, given: RecordedSource) -> Result<RecordedSource> {
-    let meta = crate::source::read_header(path)?.2;
-    let Some(Ok(r)) = record::find(meta.as_deref()).map(Record::parse) else {
+    let text = match path.to_string_lossy().ends_with(".index.json") {
+        // A folder output's index: its metadata's record.
+        true => {
+            let text = crate::run::check::read_bounded(path)?;
+            let text = String::from_utf8_lossy(&text).into_owned();
+            crate::run::json::index_record(&text).ok().flatten()
+        }
+        false => {
+            let meta = crate::source::read_header(path)?.2;
+            record::find(meta.as_deref()).map(str::to_string)
+        }
+    };
+    let Some(Ok(r)) = text.as_deref().map(Record::parse) else {
         return Ok(given);
     };
     let or = |given: Vec<String>, recorded: Vec<String>| match given.is_empty() {
@@ -120,6 +131,21 @@ pub type RecordedSource = (
     Vec<String>,
     Vec<String>,
 );
+
+/// The record of convert's options that the indexes of a folder output carry: the own
+/// record (`own_record`) of its weight file `dst`, an output of SRC's `src` (any file: one
+/// that is not safetensors has no record); None where it has none (`--no-record`: the
+/// indexes are SRC's, their total size set).
+pub fn own_index_record(src: &Path, dst: &Path) -> Result<Option<String>> {
+    // A PyTorch or DCP SRC has no record of its own (nor any `__metadata__` but the one
+    // its outputs get).
+    let s = crate::source::read_header(src).ok().and_then(|h| h.2);
+    let d = crate::source::read_header(dst)?.2;
+    Ok(match own_record(s.as_deref(), d.as_deref()) {
+        Some(Ok(r)) => Some(r.text()),
+        _ => None,
+    })
+}
 
 /// DST's own record of convert's options: its `record::KEY` entry, unless SRC has the same
 /// one (an output written with `--no-record` keeps SRC's); `Err`: one convert does not write.

@@ -121,7 +121,7 @@ def prepare(
         )
         plan.keep_unmatched = reshard.keep_unmatched
         _reshard.check_not_the_input(src_id, dst, reshard)
-    work = _work.Work(plan, reshard)
+    work = _work.Work(plan, reshard, _record(to, given))
     units = work.items
     if shard is not None and shard[1] > len(units):
         n = len(units)
@@ -587,7 +587,7 @@ def finalize(
             source={**recorded.source, "follow_links": True},
             name=options.get("name"),
         )
-    work = _work.Work(plan, reshard)
+    work = _work.Work(plan, reshard, _record(to, Options.given(options)))
     units = work.items
     # With one shard count in the manifests, a missing file can be traced to its shard.
     counts = {n for _, n in counted}
@@ -812,6 +812,12 @@ def inspect_folder(
         shards=shards,
         indexes=new_indexes,
     )
+
+
+def _record(to: Target, o: Options) -> str | None:
+    """What a run's outputs record of its options `o` (None under `no_record`): as each
+    weight file's conversion is given them (`work.Item.convert`)."""
+    return _core.record_text(to=to, **o.precision, **o.source, name=o.name)
 
 
 def _action(rewritten: bool) -> Literal["copied", "rewritten"]:

@@ -215,6 +215,8 @@ def plan(
         walked, to, precision, keep_names, unquantized, cancel, source
     )
     reshard = Reshard(max_size, [], keep_names, [], list(precision.get("keep", [])), unquantized)
+    # What the shards record of convert's options, their indexes record too.
+    record = _core.record_text(to=to, **precision, **source, name=name)
     taken: dict[str, str] = {}  # output rel -> what writes it
     for f, _ in walked.configs:
         taken[f.rel] = "a config"
@@ -263,7 +265,7 @@ def plan(
                     dropped=s["dropped"],
                 )
             )
-        index = _index(g, units) if planned["indexed"] else None
+        index = _index(g, units, record) if planned["indexed"] else None
         outputs = [u.rel for u in units] + ([index[0]] if index is not None else [])
         what = f"the output of {g.index.source_rel if g.index is not None else first}"
         for rel in outputs:
@@ -402,8 +404,9 @@ def _join(folder: str, name: str) -> str:
     return f"{folder}/{name}" if folder else name
 
 
-def _index(g: Group, units: list[Unit]) -> tuple[str, bytes, dict[str, str]]:
-    """A group's index: its path, its bytes and its weight map (relative paths)."""
+def _index(g: Group, units: list[Unit], record: str | None) -> tuple[str, bytes, dict[str, str]]:
+    """A group's index: its path, its bytes and its weight map (relative paths); `record`
+    (convert's options) in its metadata."""
     names: dict[str, str] = {}
     weight_map: dict[str, str] = {}
     for u in units:
@@ -423,7 +426,9 @@ def _index(g: Group, units: list[Unit]) -> tuple[str, bytes, dict[str, str]]:
         ) from None
     src_text = None if g.index is None else read_json(g.index)[0]
     total = sum(u.target_bytes for u in units)
-    text = _core.index_text(src_text, total=total, weight_map=[*names.items()], sort_keys=True)
+    text = _core.index_text(
+        src_text, total=total, weight_map=[*names.items()], sort_keys=True, record=record
+    )
     return _join(g.dir, _core.index_file_name(g.stem)), text, weight_map
 
 
@@ -877,7 +882,12 @@ def verify_group(
             by_file = {n: os.path.basename(rel) for n, rel in where.items()}
             src_text = None if s.index is None else read_json(s.index)[0]
             pairs = [*by_file.items()]
-            if got != _core.index_text(src_text, total=total, weight_map=pairs, sort_keys=True):
+            # The record convert put in the shards, it put in their index.
+            record = _core.own_index_record(s.inputs[0].path, d.inputs[0].path)
+            written = _core.index_text(
+                src_text, total=total, weight_map=pairs, sort_keys=True, record=record
+            )
+            if got != written:
                 return fail(
                     d.index.rel,
                     "is not the index stcast writes for these shards ({loose} only checks "

@@ -98,8 +98,10 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
     if shards:
         # A re-sharding's stem, how SRC was read and what DST copies of it: as given, else
         # as DST's record says.
+        # A folder output's index holds the record (a top one first), else its shards.
+        indexed = sorted((r.count("/"), r) for r in found if r.endswith(INDEX_SUFFIX))
         recorded = _core.recorded_source(
-            os.path.join(dst, shards[0]),
+            os.path.join(dst, indexed[0][1] if indexed else shards[0]),
             (name, given.key, list(given.strip_prefix), include, exclude),
         )
         name, include, exclude = recorded[0], recorded[3], recorded[4]
@@ -388,10 +390,19 @@ def _check_others(
         problem = _core.check_companions(dst, to, loose=loose, configs=[(f.rel, want_bytes)])
         if problem is not None:
             return fail(*problem)
-    found = {w.rel for w in walk(src, follow_links=True)[0]} if indexes else set()
-    read = [(f.rel, *read_index(f, found)) for f in indexes]
+    paths = {w.rel: w.path for w in walk(src, follow_links=True)[0]} if indexes else {}
+    read = [(f.rel, *read_index(f, set(paths))) for f in indexes]
+    # The record convert put in the shards, it put in their indexes.
+    shard = next((min(m.values()) for _, _, m in read if m), None)
+    record = None
+    if shard is not None:
+        record = _core.own_index_record(paths[shard], os.path.join(dst, shard))
     problem = _core.check_companions(
-        dst, to, loose=loose, indexes=[(rel, t, [*m.items()]) for rel, t, m in read]
+        dst,
+        to,
+        loose=loose,
+        indexes=[(rel, t, [*m.items()]) for rel, t, m in read],
+        record=record,
     )
     return None if problem is None else fail(*problem)
 
