@@ -554,13 +554,14 @@ def _companions_only(src: str, o: Options) -> None:
 
 
 def _lone_only(src: str, o: Options) -> None:
-    """`config` goes beside a lone checkpoint's one output file: a folder of files brings its
-    own config.json, and a re-sharded output takes none yet."""
-    if o.config is not None:
-        what = "a folder of files" if _engine.is_tree(src) else "re-sharded ({max_shard_size})"
+    """`config` goes beside a lone checkpoint's output (one file, or the shards of one
+    re-sharding): a folder of files brings its own config.json. Shard runs write no config,
+    and `finalize` is given none."""
+    if o.config is not None and (_engine.is_tree(src) or o.shard is not None):
+        what = "a folder of files" if _engine.is_tree(src) else "converted in shards ({shard})"
         raise UsageError(
-            f"{{config}} applies to a lone checkpoint (a file, a DCP or ZeRO folder) written as "
-            f"one file: {_engine.escape(src)} is {what}",
+            f"{{config}} applies to a lone checkpoint (a file, a DCP or ZeRO folder) written in "
+            f"one run: {_engine.escape(src)} is {what}",
             option="config",
         )
 

@@ -31,6 +31,7 @@ from ..errors import (
 )
 from ..reports import ConvertReport, FileReport, InspectReport, Notice, merged_numerics
 from . import common as _common
+from . import fp8 as _fp8
 from . import reshard as _reshard
 from . import walk as _walk
 from . import work as _work
@@ -104,6 +105,7 @@ def prepare(
         not given.allow_quantized,
         given.follow_links,
         cancel,
+        given.config,
     )
     reshard: _reshard.Reshard | None = None
     if max_shard_size is not None:
@@ -142,6 +144,11 @@ def prepare(
             )
         warnings.append(Notice("unmatched_pattern", template))
         _engine.issue("unmatched_pattern", template, None)
+    side = [f for f, _ in plan.configs if f.rel == _fp8.SIDE_CONFIG_NAME]
+    if side and shard is None:  # (written by finalize, which says so)
+        template = _fp8.side_config_notice(os.path.join(dst, side[0].rel))
+        warnings.append(Notice("no_model_config", template))
+        _engine.issue("no_model_config", template, None)
     for kind, template in _walk.skipped_notice(plan.skipped):
         warnings.append(Notice(kind, template))
         _engine.issue(kind, template, None)
@@ -359,11 +366,12 @@ def _source_plan(
     check_quantized: bool,
     follow_links: bool,
     cancel: CancelFlag | None,
+    config: str | None = None,
 ) -> _walk.Plan:
     """The source's plan, its checks made: a folder, or with `max_shard_size` also a single
-    file (re-sharded into a folder)."""
+    file (re-sharded into a folder, beside it the model's `config`)."""
     if max_shard_size is not None and not _engine.is_tree(src):
-        return _reshard.file_plan(src, to, precision)
+        return _reshard.file_plan(src, to, precision, config)
     return _walk.plan(
         src,
         to,

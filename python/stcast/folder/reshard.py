@@ -40,9 +40,17 @@ from .common import (
     read_bounded,
     source_sha256,
 )
-from .fp8 import is_fp8
+from .fp8 import SIDE_CONFIG_NAME, is_fp8
 from .fp8 import nonfinite as fp8_nonfinite
-from .walk import Plan, index_owners, read_index, read_json, safetensors_name
+from .walk import (
+    CONFIG_NAME,
+    Plan,
+    check_fp8_config,
+    index_owners,
+    read_index,
+    read_json,
+    safetensors_name,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -514,17 +522,29 @@ def single_file(src: str) -> File:
     return File(rel, src, st.st_size, st.st_mtime_ns, None if rel == name else name)
 
 
-def file_plan(src: str, to: Target, precision: dict[str, Any]) -> Plan:
+def file_plan(src: str, to: Target, precision: dict[str, Any], config: str | None = None) -> Plan:
     """The plan of a folder holding only the file `src`: its name kept, but a PyTorch
     checkpoint's made a safetensors name (`pytorch_model.bin` -> `model.safetensors`, as in
-    a folder; `ema.pt` -> `ema.safetensors`)."""
+    a folder; `ema.pt` -> `ema.safetensors`). The model's `config` (a path) goes beside it
+    as `config.json`, its dtype set; without one, an FP8 target's quantization_config goes
+    to `quantization_config.json` (`write.publish` adds it to either)."""
     w = single_file(src)
+    configs: list[tuple[File, bytes | None]] = []
+    if config is not None:
+        f = File(CONFIG_NAME, config, 0, 0)
+        text, doc = read_json(f)
+        check_fp8_config(f, doc, to)
+        content = _core.config_text(text, to)
+        configs.append((f, text.encode("utf-8") if content is None else content))
+    elif is_fp8(to):
+        # Its only input is the checkpoint: the file names the path of no other.
+        configs.append((File(SIDE_CONFIG_NAME, w.path, 0, 0), b"{}"))
     # No per-file plan (`info`): the re-sharding plan decides everything, and says which
     # keep patterns match nothing.
     return Plan(
         weights=[w],
         indexes=[],
-        configs=[],
+        configs=configs,
         copies=[],
         late_copies=[],
         dirs=[],

@@ -30,6 +30,7 @@ from .common import (
     read_bounded,
 )
 from .fp8 import (
+    SIDE_CONFIG_NAME,
     config_problem,
     config_text,
     dequantizes,
@@ -177,7 +178,10 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         )
 
     missing = sorted(set(expected) - found)
-    extra = sorted(found - set(expected))
+    # Beside a lone checkpoint's re-sharding: the model config given (`config`), or an FP8
+    # target's quantization_config alone (checked below with the shards they describe).
+    beside = {"config.json", SIDE_CONFIG_NAME} if single else set()
+    extra = sorted(found - set(expected) - beside)
     if first_error is not None:
         mismatch = fail(*first_error)
     elif single and not dst_weights:
@@ -288,6 +292,13 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         # after a DCP or single-file source was re-sharded): a loader trusts it.
         extra_configs = [r for r in sorted(found - set(expected)) if is_model_config(r)]
         mismatch = _check_added_configs(dst, to, extra_configs, fail)
+        if mismatch is None and single and SIDE_CONFIG_NAME in found:
+            shards = _shards_beside(dst, SIDE_CONFIG_NAME)
+            want = config_text("{}", to, fp8_tensors(shards).unquantized)
+            if read_bounded(os.path.join(dst, SIDE_CONFIG_NAME), MAX_JSON_BYTES) != want:
+                mismatch = fail(
+                    SIDE_CONFIG_NAME, "is not the quantization_config of the FP8 shards beside it"
+                )
     ok = mismatch is None
     numerics = merged_numerics([(rel, r.numerics) for rel, r in zip(rels, reports)]) if ok else None
     if ok and report is not None and numerics is not None:
