@@ -91,3 +91,18 @@ def test_shard_runs_and_finalize_write_the_record_in_the_index(tmp_path):
     stcast.finalize(src, dst)
     assert json.loads(index_of(dst)["metadata"]["stcast"]) == {"to": "fp16"}
     assert stcast.verify(src, dst).ok
+
+
+def test_an_index_without_the_record_leaves_verify_to_the_shards_record(tmp_path):
+    """An output of an older stcast records its options in its shards only."""
+    src = sharded(tmp_path / "in")
+    dst = tmp_path / "out"
+    stcast.convert(src, dst, to="fp16", keep=["*norm"])
+    index = index_of(dst)
+    del index["metadata"]["stcast"]
+    (dst / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    # The options come from the shards; the index then lacks the record they hold.
+    report = stcast.verify(src, dst)
+    assert report.to == "fp16"
+    assert not report.ok and report.mismatch is not None
+    assert report.mismatch.message.path == "model.safetensors.index.json"

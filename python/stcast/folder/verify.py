@@ -99,12 +99,12 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
     if shards:
         # A re-sharding's stem, how SRC was read and what DST copies of it: as given, else
         # as DST's record says.
-        # A folder output's index holds the record (a top one first), else its shards.
+        # A folder output's index holds the record (a top one first), then its shards (an
+        # older stcast's output records it there only): each fills what is not given yet.
         indexed = sorted((r.count("/"), r) for r in found if r.endswith(INDEX_SUFFIX))
-        recorded = _core.recorded_source(
-            os.path.join(dst, indexed[0][1] if indexed else shards[0]),
-            (name, given.key, list(given.strip_prefix), include, exclude),
-        )
+        recorded = (name, given.key, list(given.strip_prefix), include, exclude)
+        for rel in [r for _, r in indexed[:1]] + shards[:1]:
+            recorded = _core.recorded_source(os.path.join(dst, rel), recorded)
         name, include, exclude = recorded[0], recorded[3], recorded[4]
         if single:
             key = {"key": recorded[1]} if recorded[1] is not None else {}
