@@ -442,7 +442,11 @@ pub enum Error {
     /// The planned output header would pass the format's limit.
     OutputHeaderTooLarge { path: PathBuf, limit: usize },
     /// A `keep` pattern is not a valid fnmatch pattern.
-    BadPattern { pattern: String, reason: String },
+    BadPattern {
+        option: OptionName,
+        pattern: String,
+        reason: String,
+    },
     /// `keep` patterns that match no tensor name, under the `strict` option.
     UnmatchedPatterns {
         path: PathBuf,
@@ -724,7 +728,7 @@ impl Error {
     pub fn option(&self) -> Option<OptionName> {
         match self {
             Error::BadOption { option, .. } => Some(*option),
-            Error::BadPattern { .. } => Some(OptionName::Keep),
+            Error::BadPattern { option, .. } => Some(*option),
             Error::NotACheckpoint { option, .. } => Some(*option),
             Error::Place {
                 problem:
@@ -819,8 +823,13 @@ impl Error {
             Error::OutputHeaderTooLarge { limit, .. } => {
                 format!("output header would exceed {limit} bytes")
             }
-            Error::BadPattern { pattern, reason } => format!(
-                "{{keep}}: invalid pattern `{}`: {}",
+            Error::BadPattern {
+                option,
+                pattern,
+                reason,
+            } => format!(
+                "{{{}}}: invalid pattern `{}`: {}",
+                option.name(),
                 esc(pattern),
                 esc(reason)
             ),
@@ -1380,6 +1389,7 @@ mod tests {
                 worst_values: 3,
             },
             Error::BadPattern {
+                option: OptionName::Keep,
                 pattern: "a[".into(),
                 reason: "unclosed".into(),
             },

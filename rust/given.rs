@@ -286,6 +286,9 @@ pub struct Settings {
     pub name: Option<String>,
     /// Record nothing in the output's `__metadata__` (`record`): it is the input's.
     pub no_record: bool,
+    /// A folder run's overrides of what it copies (`run::walk::Overrides`), for the record.
+    pub include: Vec<String>,
+    pub exclude: Vec<String>,
 }
 
 impl Default for Settings {
@@ -315,6 +318,8 @@ impl Default for Settings {
             unquantized: None,
             name: None,
             no_record: false,
+            include: Vec::new(),
+            exclude: Vec::new(),
         }
     }
 }
@@ -354,7 +359,7 @@ impl Settings {
     }
 
     /// What an output records of these options (`record::Record`); None under `no_record`.
-    fn record(&self) -> crate::Result<Option<String>> {
+    pub fn record(&self) -> crate::Result<Option<String>> {
         if self.no_record {
             return Ok(None);
         }
@@ -366,6 +371,8 @@ impl Settings {
             key: self.key.clone(),
             strip_prefix: self.strip_prefix.clone(),
             name: self.name.clone(),
+            include: self.include.clone(),
+            exclude: self.exclude.clone(),
             ..Record::new(plan.target)
         };
         Ok(Some(record.with_on_overflow(self.on_overflow()?).text()))

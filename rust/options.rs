@@ -84,7 +84,8 @@ pub struct Def {
     pub expected: &'static str,
     /// `Texts`: an empty string is refused.
     pub nonempty: bool,
-    /// Beside `to`, it decides what each tensor becomes (a folder's manifest records it).
+    /// Beside `to`, it decides what the output holds: what each tensor becomes, or which
+    /// files a folder's output copies (a folder's manifest records it).
     pub precision: bool,
 }
 
@@ -298,6 +299,26 @@ pub const DEFS: &[Def] = &[
     )
     .metavar("KEY")
     .expected("a string (a dotted key of the checkpoint)"),
+    def(
+        "include",
+        Kind::Texts,
+        "folders: copy the files and folders left out as training state (optimizer, scheduler, \
+         RNG states, DeepSpeed's global_stepN/, ...) whose path in SRC matches GLOB (fnmatch; \
+         a folder whole); repeatable",
+    )
+    .metavar("GLOB")
+    .expected("a string (an fnmatch pattern)")
+    .precision(),
+    def(
+        "exclude",
+        Kind::Texts,
+        "folders: leave out the files that would be copied or rewritten (not weights, not \
+         indexes) whose path in SRC, or a folder above it, matches GLOB (fnmatch); \
+         repeatable, and it wins over --include",
+    )
+    .metavar("GLOB")
+    .expected("a string (an fnmatch pattern)")
+    .precision(),
     Def {
         nonempty: true,
         ..def(
@@ -378,6 +399,8 @@ const CONVERT: &[Use] = &[
     both("strict"),
     both("key"),
     both("strip_prefix"),
+    both("include"),
+    both("exclude"),
     both("no_record"),
     both("config"),
     both("report").help(
@@ -401,6 +424,8 @@ const INSPECT: &[Use] = &[
     both("strict"),
     both("key"),
     both("strip_prefix"),
+    both("include"),
+    both("exclude"),
     both("scan"),
     both("threads").help("{help} (with --scan)"),
     both("force").help("as for convert: DST may exist"),
@@ -445,6 +470,8 @@ const VERIFY: &[Use] = &[
     },
     both("key").help("as convert's --key KEY (default: DST's record's)"),
     both("strip_prefix").help("as convert's --strip-prefix PREFIX (default: DST's record's)"),
+    both("include").help("as convert's --include GLOB (default: DST's record's)"),
+    both("exclude").help("as convert's --exclude GLOB (default: DST's record's)"),
     both("name").help(
         "the STEM DST's re-sharded files were written under (convert --name STEM): they are \
          SRC's re-sharding",

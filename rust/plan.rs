@@ -379,17 +379,37 @@ pub(crate) struct KeepPatterns {
     matched: Vec<bool>,
 }
 
+/// fnmatch patterns (`keep`, `include`, `exclude`), compiled; a bad one is `option`'s error.
+pub(crate) fn compile_globs(
+    patterns: &[String],
+    option: crate::vocab::OptionName,
+) -> Result<Vec<glob::Pattern>> {
+    patterns
+        .iter()
+        .map(|p| {
+            glob::Pattern::new(&collapse_stars(p)).map_err(|e| Error::BadPattern {
+                option,
+                pattern: p.clone(),
+                reason: e.msg.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// Does `p` match `name` as fnmatch does (`*` and `?` match any character, dots and slashes
+/// included; case-sensitive)?
+pub(crate) fn glob_matches(p: &glob::Pattern, name: &str) -> bool {
+    let opts = glob::MatchOptions {
+        case_sensitive: true,
+        require_literal_separator: false,
+        require_literal_leading_dot: false,
+    };
+    p.matches_with(name, opts)
+}
+
 impl KeepPatterns {
     pub(crate) fn compile(keep: &[String]) -> Result<KeepPatterns> {
-        let patterns = keep
-            .iter()
-            .map(|p| {
-                glob::Pattern::new(&collapse_stars(p)).map_err(|e| Error::BadPattern {
-                    pattern: p.clone(),
-                    reason: e.msg.to_string(),
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let patterns = compile_globs(keep, crate::vocab::OptionName::Keep)?;
         Ok(KeepPatterns {
             matched: vec![false; patterns.len()],
             patterns,
@@ -398,15 +418,9 @@ impl KeepPatterns {
 
     /// The first pattern that matches `name`; every matching pattern counts as used.
     pub(crate) fn first_match(&mut self, name: &str) -> Option<usize> {
-        // fnmatch: `*` and `?` match any character, dots and slashes included.
-        let opts = glob::MatchOptions {
-            case_sensitive: true,
-            require_literal_separator: false,
-            require_literal_leading_dot: false,
-        };
         let mut first = None;
         for (i, p) in self.patterns.iter().enumerate() {
-            if p.matches_with(name, opts) {
+            if glob_matches(p, name) {
                 self.matched[i] = true;
                 first = first.or(Some(i));
             }

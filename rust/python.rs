@@ -260,7 +260,8 @@ macro_rules! options {
 options! {
     to, threads, force, keep, keep_min_size, keep_unmatched, from_bf16, keep_names, on_overflow,
     numerics, report, config, replaces, allow_copy, key, strip_prefix, loose, allow_quantized,
-    quantization_config, packed_config, follow_links, unquantized, name, no_record,
+    quantization_config, packed_config, follow_links, unquantized, name, no_record, include,
+    exclude,
 }
 
 #[pyfunction]
@@ -428,7 +429,7 @@ fn verify_group<'py>(
     progress: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<GroupResult<'py>> {
-    let (input, opts) = read_options(py, options, |s, t| Ok((s.input(), s.shard_verify(t)?)))?;
+    let (input, opts) = read_options(py, options, |s, t| Ok((s.input()?, s.shard_verify(t)?)))?;
     let (s, d) = (rverify::Group::of(src), rverify::Group::of(group));
     let mut task = guarded(py, || {
         rverify::GroupVerify::new(&dst, &s, &d, &input, &opts)
@@ -488,13 +489,14 @@ fn config_text(
 
 /// An index as a run writes it (`run::json::index`).
 #[pyfunction]
-#[pyo3(signature = (text, *, total=0, weight_map=None, sort_keys=false, renames=None))]
+#[pyo3(signature = (text, *, total=0, weight_map=None, sort_keys=false, renames=None, record=None))]
 fn index_text(
     text: Option<&str>,
     total: u64,
     weight_map: Option<Vec<(String, String)>>,
     sort_keys: bool,
     renames: Option<HashMap<String, String>>,
+    record: Option<&str>,
 ) -> PyResult<Cow<'static, [u8]>> {
     let out = json::index(
         text,
@@ -502,6 +504,7 @@ fn index_text(
         weight_map.as_deref(),
         sort_keys,
         renames.as_ref(),
+        record,
     );
     Ok(out.map_err(not_json)?.into_bytes().into())
 }
@@ -559,9 +562,18 @@ fn default_dst(py: Python<'_>, src: PathBuf, to: Target, folder: bool) -> PyResu
 
 /// A source folder's files, classified and checked (`run::walk::walk`).
 #[pyfunction]
-#[pyo3(signature = (src, *, follow_links=false))]
-fn walk_folder(py: Python<'_>, src: PathBuf, follow_links: bool) -> PyResult<walk::WalkRows> {
-    guarded(py, || Ok(walk::walk(&src, follow_links)?.rows()))
+#[pyo3(signature = (src, *, follow_links=false, include=vec![], exclude=vec![]))]
+fn walk_folder(
+    py: Python<'_>,
+    src: PathBuf,
+    follow_links: bool,
+    include: Vec<String>,
+    exclude: Vec<String>,
+) -> PyResult<walk::WalkRows> {
+    guarded(py, || {
+        let overrides = walk::Overrides::new(&include, &exclude)?;
+        Ok(walk::walk(&src, follow_links, &overrides)?.rows())
+    })
 }
 
 /// Every file under a destination but stcast's bookkeeping (`run::walk::listing`).
@@ -579,7 +591,8 @@ fn torch_name(name: OsString) -> Option<OsString> {
 /// The first of DST's files beside its weights that is not what convert makes of SRC's
 /// (`run::check::check`): (rel, template), or None.
 #[pyfunction]
-#[pyo3(signature = (dst, to, *, loose=false, stray=vec![], output=vec![], copies=vec![], configs=vec![], indexes=vec![]))]
+#[pyo3(signature = (dst, to, *, loose=false, stray=vec![], output=vec![], copies=vec![], configs=vec![], indexes=vec![], record=None))]
+#[allow(clippy::too_many_arguments)]
 fn check_companions(
     py: Python<'_>,
     dst: PathBuf,
@@ -590,6 +603,7 @@ fn check_companions(
     copies: Vec<(PathBuf, PathBuf)>,
     configs: Vec<(PathBuf, Vec<u8>)>,
     indexes: Vec<check::Index>,
+    record: Option<String>,
 ) -> PyResult<Option<check::Finding>> {
     let c = check::Companions {
         stray,
@@ -597,6 +611,7 @@ fn check_companions(
         copies,
         configs,
         indexes,
+        record,
     };
     let fp8 = to.is_some_and(|t| t.strategy().is_some());
     guarded(py, || check::check(&dst, fp8, loose, &c))
@@ -604,6 +619,8 @@ fn check_companions(
 
 /// The index at `rel` as convert writes it for DST's shards (`run::check::written_index`).
 #[pyfunction]
+#[pyo3(signature = (dst, rel, text, weight_map, fp8, dequantize, record=None))]
+#[allow(clippy::too_many_arguments)]
 fn written_index(
     py: Python<'_>,
     dst: PathBuf,
@@ -612,10 +629,11 @@ fn written_index(
     weight_map: Vec<(String, String)>,
     fp8: bool,
     dequantize: bool,
+    record: Option<&str>,
 ) -> PyResult<Cow<'static, [u8]>> {
     let scales = check::Scales::of(fp8, dequantize);
     let text = guarded(py, || {
-        check::written_index(&dst, &rel, text, &weight_map, scales)
+        check::written_index(&dst, &rel, text, &weight_map, scales, record)
     })?;
     Ok(text.into_bytes().into())
 }
@@ -649,19 +667,29 @@ fn read_header(py: Python<'_>, path: PathBuf) -> PyResult<crate::source::HeaderS
     guarded(py, || crate::source::read_header(&path))
 }
 
-/// verify's `name`, `key`, `strip_prefix`, each one not given DST file `path`'s record's.
+/// verify's `name`, `key`, `strip_prefix`, `include`, `exclude`, each one not given DST
+/// file `path`'s record's.
 #[pyfunction]
-#[pyo3(signature = (path, name, key, strip_prefix))]
 fn recorded_source(
     py: Python<'_>,
     path: PathBuf,
-    name: Option<String>,
-    key: Option<String>,
-    strip_prefix: Vec<String>,
-) -> PyResult<(Option<String>, Option<String>, Vec<String>)> {
-    guarded(py, || {
-        crate::verify::recorded_source(&path, name, key, strip_prefix)
-    })
+    given: crate::verify::RecordedSource,
+) -> PyResult<crate::verify::RecordedSource> {
+    guarded(py, || crate::verify::recorded_source(&path, given))
+}
+
+/// What an output of a run with these options records (`record::Record::text`): None under
+/// `no_record`.
+#[pyfunction]
+#[pyo3(signature = (**options))]
+fn record_text(py: Python<'_>, options: Option<&Bound<'_, PyDict>>) -> PyResult<Option<String>> {
+    read_options(py, options, |s, _| s.record())
+}
+
+/// The record a folder output's indexes carry (`verify::own_index_record`).
+#[pyfunction]
+fn own_index_record(py: Python<'_>, src: PathBuf, dst: PathBuf) -> PyResult<Option<String>> {
+    guarded(py, || crate::verify::own_index_record(&src, &dst))
 }
 
 /// An engine report as a dict (its serde form, once), with its paths as Python holds them
@@ -1285,7 +1313,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m: _set_exceptions, py_convert, py_inspect, py_verify, render, format_bytes, escape,
         option_error, check_option, failpoint, write_file, copy_file, write_numeric_report,
         check_side_output, convert_shard, verify_shard, shard_file_name, index_file_name,
-        check_folder, read_header, recorded_source, walk_folder, list_folder, torch_name, config_text, index_text,
+        check_folder, read_header, recorded_source, record_text, own_index_record, walk_folder, list_folder, torch_name, config_text, index_text,
         json_depth, split_shard_name, run_place, default_dst, py_survey,
         finished_manifests, check_companions, written_index, read_index, index_total,
         resharded_pairs, verify_group,

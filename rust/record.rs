@@ -35,6 +35,11 @@ pub struct Record {
     /// split by (`experts::split`); absent: none was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub experts: Option<[u64; 2]>,
+    /// A folder run's overrides of what it copies (`run::walk::Overrides`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub include: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<String>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -58,6 +63,8 @@ impl Record {
             strip_prefix: Vec::new(),
             name: None,
             experts: None,
+            include: Vec::new(),
+            exclude: Vec::new(),
         }
     }
 

@@ -91,24 +91,61 @@ impl VerifyOptions {
     }
 }
 
-/// How a folder verification pairs and reads SRC: `name` (a re-sharding's stem), `key` and
-/// `strip_prefix` as given, each one not given the record's of DST's output `path` (a
-/// safetensors file; one without a record, or with one convert does not write, adds none).
-pub fn recorded_source(
-    path: &Path,
-    name: Option<String>,
-    key: Option<String>,
-    strip_prefix: Vec<String>,
-) -> Result<(Option<String>, Option<String>, Vec<String>)> {
-    let meta = crate::source::read_header(path)?.2;
-    let Some(Ok(r)) = record::find(meta.as_deref()).map(Record::parse) else {
-        return Ok((name, key, strip_prefix));
+/// How a folder verification pairs and reads SRC, and which files DST should hold:
+/// `name` (a re-sharding's stem), `key`, `strip_prefix`, `include` and `exclude` as given,
+/// each one not given the record's of DST's output `path` (a safetensors file; one without
+/// a record, or with one convert does not write, adds none).
+pub fn recorded_source(path: &Path, given: RecordedSource) -> Result<RecordedSource> {
+    let text = match path.to_string_lossy().ends_with(".index.json") {
+        // A folder output's index: its metadata's record.
+        true => {
+            let text = crate::run::check::read_bounded(path)?;
+            let text = String::from_utf8_lossy(&text).into_owned();
+            crate::run::json::index_record(&text).ok().flatten()
+        }
+        false => {
+            let meta = crate::source::read_header(path)?.2;
+            record::find(meta.as_deref()).map(str::to_string)
+        }
     };
-    let strip_prefix = match strip_prefix.is_empty() {
-        true => r.strip_prefix,
-        false => strip_prefix,
+    let Some(Ok(r)) = text.as_deref().map(Record::parse) else {
+        return Ok(given);
     };
-    Ok((name.or(r.name), key.or(r.key), strip_prefix))
+    let or = |given: Vec<String>, recorded: Vec<String>| match given.is_empty() {
+        true => recorded,
+        false => given,
+    };
+    Ok((
+        given.0.or(r.name),
+        given.1.or(r.key),
+        or(given.2, r.strip_prefix),
+        or(given.3, r.include),
+        or(given.4, r.exclude),
+    ))
+}
+
+/// `name`, `key`, `strip_prefix`, `include`, `exclude` (`recorded_source`).
+pub type RecordedSource = (
+    Option<String>,
+    Option<String>,
+    Vec<String>,
+    Vec<String>,
+    Vec<String>,
+);
+
+/// The record of convert's options that the indexes of a folder output carry: the own
+/// record (`own_record`) of its weight file `dst`, an output of SRC's `src` (any file: one
+/// that is not safetensors has no record); None where it has none (`--no-record`: the
+/// indexes are SRC's, their total size set).
+pub fn own_index_record(src: &Path, dst: &Path) -> Result<Option<String>> {
+    // A PyTorch or DCP SRC has no record of its own (nor any `__metadata__` but the one
+    // its outputs get).
+    let s = crate::source::read_header(src).ok().and_then(|h| h.2);
+    let d = crate::source::read_header(dst)?.2;
+    Ok(match own_record(s.as_deref(), d.as_deref()) {
+        Some(Ok(r)) => Some(r.text()),
+        _ => None,
+    })
 }
 
 /// DST's own record of convert's options: its `record::KEY` entry, unless SRC has the same

@@ -423,6 +423,10 @@ named! {
         Name = "name",
         /// A lone checkpoint's model config, written beside its output.
         Config = "config",
+        /// Folders: globs of left-out files to copy anyway.
+        Include = "include",
+        /// Folders: globs of companion files to leave out.
+        Exclude = "exclude",
     }
 }
 

@@ -146,7 +146,7 @@ def test_report_fields_are_the_engine_fields(tmp_path):
     assert set(result) == fields - python_only
     result = _core.inspect(str(src))
     fields = {f.name for f in dataclasses.fields(stcast.InspectReport)}
-    folder_only = {"destination", "folder", "files", "other_bytes"}
+    folder_only = {"destination", "folder", "files", "other_bytes", "other_files", "left_out"}
     assert set(result) == fields - folder_only - {"max_shard_size", "shards", "indexes"}
     assert set(result["tensors"][0]) == {f.name for f in dataclasses.fields(stcast.TensorInfo)} - {
         "file"

@@ -211,7 +211,10 @@ def test_split_a_file(tmp_path, run_main):
     check_against_input(dst, inputs, files)
     check_cut(files, size, src)
     index = check_index(dst, "ema", files)
-    assert index["metadata"] == {"total_size": index["metadata"]["total_size"]}
+    assert index["metadata"] == {
+        "total_size": index["metadata"]["total_size"],
+        "stcast": '{"to":"bf16"}',
+    }
     for f in files:  # every shard carries the input's metadata
         assert meta_of(f) == META
     assert f"shards   {n} of at most 4.00 kB" in out

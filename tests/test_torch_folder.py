@@ -138,10 +138,11 @@ def test_a_sharded_bin_folder_converts(tmp_path, rng, run_main):
         for n in set(want_map.values())
     )
     assert index["metadata"]["total_size"] == sizes
-    # Only the names and the total size changed in the text.
+    # Only the names and the total size changed in the text, and the record added.
     src_text = (src / "pytorch_model.bin.index.json").read_text()
     src_text = src_text.replace("pytorch_model-", "model-").replace(".bin", ".safetensors")
-    assert index_text == src_text.replace("12345", str(sizes))
+    record = '"stcast": "{\\"to\\":\\"bf16\\"}"'
+    assert index_text == src_text.replace("12345", f"{sizes},\n    {record}")
     assert (
         dst / "config.json"
     ).read_text() == '{\n  "torch_dtype": "bfloat16",\n  "hidden": 8\n}\n'

@@ -133,6 +133,12 @@ def convert(
             the only dict that does; with several, `Refused` lists them with their counts.
         strip_prefix: PyTorch checkpoints: prefixes dropped from tensor names, e.g.
             `["module.", "_orig_mod."]` (DDP, torch.compile); the first that matches.
+        include: folders of files: fnmatch globs on paths in SRC of what the output leaves
+            out as training state (optimizer, scheduler and RNG states, DeepSpeed's
+            `global_stepN/`, ...) to copy anyway (a folder whole).
+        exclude: folders of files: fnmatch globs on paths in SRC (or a folder above them) of
+            files the output would copy or rewrite to leave out (never weights or indexes);
+            they win over `include`. Both are recorded with the output for `verify`.
         config: a lone checkpoint (a file, a DCP or ZeRO folder, written as one file): the
             model's config.json, written beside the output as `config.json` with its dtype
             set and, under an FP8 target, the `quantization_config` that describes the
@@ -171,6 +177,7 @@ def convert(
     given = Options.of("convert", options)
     src = _source(src)
     o = _plain(_named(given.checked("convert")))
+    _companions_only(src, o)
     if _engine.is_tree(src) or o.max_shard_size is not None:
         from . import folder
 
@@ -254,6 +261,8 @@ def inspect(
             shard plan (each output file, its size, tensors and the input files it reads).
         name: as for `convert`: the output stem the shard plan names.
         key, strip_prefix: as for `convert` (PyTorch checkpoints).
+        include, exclude: as for `convert`: the report's `other_files` and `left_out`
+            name what the output copies and leaves out.
         tuning: knobs for benchmarks and tests (see `convert`).
 
     Raises:
@@ -265,6 +274,7 @@ def inspect(
     path = _source(path)
     o = _plain(_named(given.checked("inspect")))
     target = None if dst is None else os.fsdecode(dst)
+    _companions_only(path, o)
     if _engine.is_tree(path) or o.max_shard_size is not None:
         from .folder import inspect_folder
 
@@ -340,6 +350,7 @@ def verify(
             total being `bytes_compared` of a verification that finds no difference.
         report, force: write the numeric report there; replace an existing one.
         key, strip_prefix: how `convert` read SRC, a PyTorch checkpoint.
+        include, exclude: what `convert` copied of a folder SRC (default: DST's record's).
         name: the `name` `convert` re-sharded SRC (one checkpoint) under: DST's files of
             that stem are its re-sharding.
         tuning: knobs for benchmarks and tests (see `convert`).
@@ -532,14 +543,26 @@ def _files_only(src: str, o: Options) -> None:
         )
 
 
-def _lone_only(src: str, o: Options) -> None:
-    """`config` goes beside a lone checkpoint's one output file: a folder of files brings its
-    own config.json, and a re-sharded output takes none yet."""
-    if o.config is not None:
-        what = "a folder of files" if _engine.is_tree(src) else "re-sharded ({max_shard_size})"
+def _companions_only(src: str, o: Options) -> None:
+    """`include` and `exclude` choose what a folder of files copies beside its weights."""
+    option = "include" if o.include else "exclude" if o.exclude else None
+    if option is not None and not _engine.is_tree(src):
         raise UsageError(
-            f"{{config}} applies to a lone checkpoint (a file, a DCP or ZeRO folder) written as "
-            f"one file: {_engine.escape(src)} is {what}",
+            f"{{{option}}} applies to a folder of files (what it copies beside its weights): "
+            f"{_engine.escape(src)} is one checkpoint",
+            option=option,
+        )
+
+
+def _lone_only(src: str, o: Options) -> None:
+    """`config` goes beside a lone checkpoint's output (one file, or the shards of one
+    re-sharding): a folder of files brings its own config.json. Shard runs write no config,
+    and `finalize` is given none."""
+    if o.config is not None and (_engine.is_tree(src) or o.shard is not None):
+        what = "a folder of files" if _engine.is_tree(src) else "converted in shards ({shard})"
+        raise UsageError(
+            f"{{config}} applies to a lone checkpoint (a file, a DCP or ZeRO folder) written in "
+            f"one run: {_engine.escape(src)} is {what}",
             option="config",
         )
 

@@ -55,6 +55,8 @@ __all__ = [
     "check_folder",
     "read_header",
     "recorded_source",
+    "record_text",
+    "own_index_record",
     "walk_folder",
     "list_folder",
     "torch_name",
@@ -254,9 +256,12 @@ def check_folder(path: str, *, output: bool = False) -> bool: ...
 def read_header(
     path: str,
 ) -> tuple[int, str, list[tuple[str, str]] | None, list[tuple[str, str, list[int], int, int]]]: ...
-def recorded_source(
-    path: str, name: str | None, key: str | None, strip_prefix: list[str]
-) -> tuple[str | None, str | None, list[str]]: ...
+
+_Recorded = tuple[str | None, str | None, list[str], list[str], list[str]]
+
+def recorded_source(path: str, given: _Recorded) -> _Recorded: ...
+def record_text(**options: Any) -> str | None: ...
+def own_index_record(src: str, dst: str) -> str | None: ...
 def config_text(
     text: str, to: str, *, dequantize: bool = False, ignore: list[str] | None = None
 ) -> bytes | None: ...
@@ -267,6 +272,7 @@ def index_text(
     weight_map: list[tuple[str, str]] | None = None,
     sort_keys: bool = False,
     renames: dict[str, str] | None = None,
+    record: str | None = None,
 ) -> bytes: ...
 def json_depth(text: str) -> int: ...
 def run_place(
@@ -286,9 +292,16 @@ def check_companions(
     copies: list[tuple[str, str]] = ...,
     configs: list[tuple[str, bytes]] = ...,
     indexes: list[tuple[str, str, list[tuple[str, str]]]] = ...,
+    record: str | None = None,
 ) -> tuple[str, str] | None: ...
 def written_index(
-    dst: str, rel: str, text: str, weight_map: list[tuple[str, str]], fp8: bool, dequantize: bool
+    dst: str,
+    rel: str,
+    text: str,
+    weight_map: list[tuple[str, str]],
+    fp8: bool,
+    dequantize: bool,
+    record: str | None = None,
 ) -> bytes: ...
 def read_index(
     path: str, rel: str, torch: bool, found: set[str]
@@ -313,7 +326,7 @@ def verify_group(
 _File = tuple[str, str, int, int, str | None]
 
 def walk_folder(
-    src: str, *, follow_links: bool = False
+    src: str, *, follow_links: bool = False, include: list[str] = ..., exclude: list[str] = ...
 ) -> tuple[
     list[_File], list[_File], list[_File], list[_File], list[str], list[tuple[_File, str]]
 ]: ...

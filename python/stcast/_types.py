@@ -202,6 +202,23 @@ class IndexInfo(TypedDict):
     shards: int
 
 
+class OtherFile(TypedDict):
+    """A file of a folder's output besides its weights (`inspect`): copied as it is, or
+    rewritten (a config's dtype, an index)."""
+
+    path: str  # relative to the source folder
+    bytes: int
+    action: Literal["copied", "rewritten"]
+
+
+class LeftOut(TypedDict):
+    """A file (or folder: its path ends with `/`) of a source folder its output leaves out."""
+
+    path: str  # relative to the source folder
+    bytes: int  # a folder's: its files'
+    why: Literal["trainer", "superseded", "excluded"]
+
+
 class Tuning(TypedDict, total=False):
     """Knobs that change speed and memory, never the bytes written (for benchmarks and
     tests): input MiB per window, the kernel family, how input is faulted in and read
@@ -229,6 +246,8 @@ class _Options(TypedDict, total=False):
     report: StrPath | None
     key: str | None
     strip_prefix: Iterable[str]
+    include: Iterable[str]
+    exclude: Iterable[str]
     name: str | None
     tuning: Tuning | None
 

@@ -717,6 +717,7 @@ def _run_inspect(args: argparse.Namespace, console: out.Console) -> int:
             f"(weights {out.size(report.output_bytes - report.other_bytes)}, "
             f"other files {out.size(report.other_bytes)})"
         )
+        _print_other_files(report)
         if report.max_shard_size is not None:
             _print_shard_plan(report)
     else:
@@ -759,6 +760,36 @@ def _run_inspect(args: argparse.Namespace, console: out.Console) -> int:
         )
         print("checks:   every check convert makes passed: it would run")
     return 0
+
+
+# Why a folder's file is left out, as the table of `inspect` says it.
+_LEFT_OUT = {
+    "trainer": "training state ({include} copies it)",
+    "superseded": "PyTorch weights beside their safetensors version",
+    "excluded": "matched by {exclude}",
+}
+
+
+def _print_other_files(report: stcast.InspectReport, most: int = 20) -> None:
+    """A folder's files besides its weights, by name with sizes: copied or rewritten, then
+    left out and why (`most` of each, then how many more)."""
+    listed: list[tuple[str, str, int, str]] = [
+        (f["action"], f["path"], f["bytes"], "") for f in report.other_files
+    ]
+    left = [("left out", f["path"], f["bytes"], _LEFT_OUT[f["why"]]) for f in report.left_out]
+    rows: list[tuple[str, str, str, str]] = []
+    for items in (listed, left):
+        for action, path, n, why in items[:most]:
+            rows.append((action, out.printable(path, keep=""), out.size(n), render(why, "cli")))
+        if len(items) > most:
+            rest = out.size(sum(n for _, _, n, _ in items[most:]))
+            rows.append(("", f"... and {len(items) - most} more", rest, ""))
+    if not rows:
+        return
+    width = max(len(r[1]) for r in rows)
+    print("other files:")
+    for action, path, size, why in rows:
+        print(f"  {action:<9}  {path:<{width}}  {size:>9}  {why}".rstrip())
 
 
 def _print_checkpoint(report: stcast.InspectReport) -> None:

@@ -30,9 +30,11 @@ if TYPE_CHECKING:
         IndexInfo,
         InputFormat,
         KeptTensor,
+        LeftOut,
         Numerics,
         NumericsTotal,
         OnOverflow,
+        OtherFile,
         QuantFormat,
         QuantizedTensor,
         Reason,
@@ -305,7 +307,9 @@ class InspectReport:
     `header_bytes` are the bytes that are not tensor data, and its `metadata` is the
     `{"format": "pt"}` the output gets. For a folder
     (`folder=True`), `files` holds one report per weight file (paths relative to the
-    folder) and `other_bytes` the files copied as they are.
+    folder), `other_bytes` the files copied as they are, `other_files` those files by name
+    (copied, or rewritten: configs, indexes) and `left_out` the files and folders the output
+    leaves out, each with why (training state, PyTorch weights superseded, `exclude`).
     """
 
     path: str
@@ -331,6 +335,8 @@ class InspectReport:
     folder: bool = False
     files: list[InspectReport] = field(default_factory=list)
     other_bytes: int = 0
+    other_files: list[OtherFile] = field(default_factory=list)
+    left_out: list[LeftOut] = field(default_factory=list)
     format: InputFormat = "safetensors"
     key: str | None = None  # PyTorch checkpoints: the dict converted ("": the top level)
     skipped: list[str] = field(default_factory=list)  # its entries that are not tensors
@@ -357,7 +363,7 @@ class InspectReport:
             d["files"] = [f.to_dict() for f in self.files]
             del d["format"], d["key"], d["skipped"], d["globals"], d["unlisted"]
         else:
-            del d["files"], d["folder"], d["other_bytes"]
+            del d["files"], d["folder"], d["other_bytes"], d["other_files"], d["left_out"]
             if self.format == "safetensors":
                 del d["key"], d["skipped"], d["globals"], d["unlisted"]
             d["tensors"] = [t.to_dict() for t in self.tensors]

@@ -58,6 +58,8 @@ pub struct Companions {
     pub copies: Vec<(PathBuf, PathBuf)>,
     pub configs: Vec<(PathBuf, Vec<u8>)>,
     pub indexes: Vec<Index>,
+    /// The record of convert's options its indexes carry (`verify::own_index_record`).
+    pub record: Option<String>,
 }
 
 /// The first file of `c` that DST does not hold as convert writes it (under the target
@@ -83,7 +85,7 @@ pub fn check(dst: &Path, fp8: bool, loose: bool, c: &Companions) -> Result<Optio
     for (rel, text, weight_map) in &c.indexes {
         let deq = dequantized(dst, weight_map);
         let scales = Scales::of(fp8 && !deq, deq);
-        let got = written_index(dst, rel, text, weight_map, scales)
+        let got = written_index(dst, rel, text, weight_map, scales, c.record.as_deref())
             .and_then(|want| Ok((want, read_bounded(&dst.join(rel))?)));
         let same = match got {
             Ok((want, got)) => same_json(&got, want.as_bytes(), loose),
@@ -195,11 +197,12 @@ pub fn written_index(
     text: &str,
     weight_map: &[(String, String)],
     scales: Scales,
+    record: Option<&str>,
 ) -> Result<String> {
     let not_json = |_| bad_index(&dst.join(rel), "not valid JSON".into());
     if scales == Scales::Kept {
         let total = index_total(dst, rel, weight_map)?;
-        return json::index(Some(text), total, None, false, None).map_err(not_json);
+        return json::index(Some(text), total, None, false, None, record).map_err(not_json);
     }
     let mut map: Vec<(String, String)> = Vec::with_capacity(weight_map.len());
     let by_name: HashMap<&str, &str> = weight_map
@@ -240,7 +243,7 @@ pub fn written_index(
         map.dedup_by(|a, b| a.0 == b.0);
     }
     let total = index_total(dst, rel, &map)?;
-    json::index(Some(text), total, Some(&map), false, None).map_err(not_json)
+    json::index(Some(text), total, Some(&map), false, None, record).map_err(not_json)
 }
 
 /// Does DST hold a dequantization of the checkpoint `weight_map` indexes: the first FP8

@@ -801,6 +801,33 @@ pub fn set_total_size(text: &str, total: u64) -> Parsed<String> {
     } else {
         members.insert(0, (Str::Text("metadata".into()), metadata));
     }
+    Ok(in_own_style(text, members))
+}
+
+/// The index text with `record` (`record::Record::text`) as `metadata.stcast`, after the
+/// other metadata keys (an `stcast` there before replaced), re-dumped in its own style.
+pub fn with_record(text: &str, record: &str) -> Parsed<String> {
+    let doc = parse(text)?;
+    let mut metadata = doc.get("metadata").map(Node::members).unwrap_or_default();
+    metadata.retain(|(k, _)| !k.is(crate::record::KEY));
+    metadata.push((Str::Text(crate::record::KEY.into()), Node::text(record)));
+    let mut members = doc.members();
+    set_member(&mut members, "metadata", Node::new(Value::Object(metadata)));
+    Ok(in_own_style(text, members))
+}
+
+/// The record an index's text holds (`metadata.stcast`, a string), if any.
+pub fn index_record(text: &str) -> Parsed<Option<String>> {
+    let doc = parse(text)?;
+    let found = doc.get("metadata").and_then(|m| m.get(crate::record::KEY));
+    Ok(match found.map(|n| &n.value) {
+        Some(Value::Str(Str::Text(t))) => Some(t.to_string()),
+        _ => None,
+    })
+}
+
+/// An object of `members` dumped as `text` is (indent, separators, escapes, final newline).
+fn in_own_style(text: &str, members: Vec<(Str<'_>, Node<'_>)>) -> String {
     // The author's indent: the blanks that open the first indented line.
     let indent = text.match_indices('\n').find_map(|(i, _)| {
         let rest = &text[i + 1..];
@@ -824,7 +851,7 @@ pub fn set_total_size(text: &str, total: u64) -> Parsed<String> {
     if text.ends_with('\n') {
         out.push('\n');
     }
-    Ok(out)
+    out
 }
 
 /// The index text with each `weight_map` shard name that `new_name` renames replaced by
@@ -882,18 +909,23 @@ pub fn index_text(
 /// The one writer of the index texts a run writes: the source's text (`text`) with its
 /// shards renamed (`renames`: a PyTorch index read as safetensors), else with its size
 /// `total`, set in place (`set_total_size`), or, given a `weight_map`, written anew
-/// (`index_text`).
+/// (`index_text`); then with `record` in its metadata (`with_record`), if given.
 pub fn index(
     text: Option<&str>,
     total: u64,
     weight_map: Option<&[(String, String)]>,
     sort_keys: bool,
     renames: Option<&HashMap<String, String>>,
+    record: Option<&str>,
 ) -> Parsed<String> {
-    match (text, weight_map, renames) {
+    let out = match (text, weight_map, renames) {
         (Some(t), _, Some(r)) => rename_shards(t, &|old| r.get(old).cloned()),
         (Some(t), None, None) => set_total_size(t, total),
         (t, map, _) => index_text(t, total, map.unwrap_or_default(), sort_keys),
+    }?;
+    match record {
+        Some(r) => with_record(&out, r),
+        None => Ok(out),
     }
 }
 
@@ -1046,6 +1078,24 @@ mod tests {
 
     fn renamed(text: &str, from: &str, to: &str) -> String {
         rename_shards(text, &|old: &str| (old == from).then(|| to.to_string())).unwrap()
+    }
+
+    #[test]
+    fn an_index_gets_the_record_last_in_its_metadata_in_its_own_style() {
+        let hf = "{\n  \"metadata\": {\n    \"total_size\": 8\n  },\n  \"weight_map\": {\n    \"a\": \"m.safetensors\"\n  }\n}\n";
+        let r = r#"{"to":"bf16"}"#;
+        let want = "{\n  \"metadata\": {\n    \"total_size\": 4,\n    \"stcast\": \"{\\\"to\\\":\\\"bf16\\\"}\"\n  },\n  \"weight_map\": {\n    \"a\": \"m.safetensors\"\n  }\n}\n";
+        let got = index(Some(hf), 4, None, false, None, Some(r)).unwrap();
+        assert_eq!(got, want);
+        assert_eq!(index_record(&got).unwrap().as_deref(), Some(r));
+        // An earlier record is replaced, last; without one the index is as before.
+        let again = with_record(&got, r#"{"to":"fp16"}"#).unwrap();
+        assert_eq!(again, want.replace("bf16", "fp16"));
+        assert_eq!(
+            index(Some(hf), 4, None, false, None, None).unwrap(),
+            hf.replace('8', "4")
+        );
+        assert_eq!(index_record(hf).unwrap(), None);
     }
 
     #[test]

@@ -7,6 +7,12 @@
 //! then those win, and the PyTorch files are left out (`SUPERSEDED`). Trainer state
 //! (`optimizer.pt`, `rng_state.pth`, ...) is left out unread (`TRAINER`).
 //!
+//! The user overrides that policy (`Overrides`): `include` globs bring back what was left
+//! out (copied as it is: a folder of training state whole), `exclude` globs leave out files
+//! that would be copied or rewritten (`EXCLUDED`; never a weight file or an index). A glob
+//! matches a path in the source folder, or a folder above it (`a/b/c`: `a`, `a/b`, `a/b/c`,
+//! each also with a trailing `/`), as fnmatch does (`*` crosses `/`).
+//!
 //! A symlink is followed only where it stays within what was asked for (the one link
 //! policy, `input::folder::link_stays`): into the source folder itself, or into the `blobs/`
 //! folder of a Hugging Face cache repo (cache snapshots and older `hf download --local-dir`
@@ -29,6 +35,8 @@ use crate::error::{Error, Result, WalkProblem};
 use crate::input::folder::link_stays;
 use crate::naming::split_shard;
 use crate::output::folder_chain;
+use crate::plan::{compile_globs, glob_matches};
+use crate::vocab::OptionName;
 
 /// stcast's own files (manifests, temporary files): never taken from a source folder, never
 /// listed in a destination.
@@ -73,6 +81,62 @@ impl File {
 /// read); PyTorch weights beside their safetensors version.
 pub const TRAINER: &str = "trainer";
 pub const SUPERSEDED: &str = "superseded";
+/// An `exclude` glob matched it (`Overrides`).
+pub const EXCLUDED: &str = "excluded";
+
+/// The user's overrides of what a folder's output copies: `include` and `exclude` globs on
+/// paths in the source folder (see the module's comment).
+#[derive(Debug, Default)]
+pub struct Overrides {
+    include: Vec<glob::Pattern>,
+    exclude: Vec<glob::Pattern>,
+}
+
+impl Overrides {
+    /// The overrides of these globs; a bad one is its option's error.
+    pub fn new(include: &[String], exclude: &[String]) -> Result<Overrides> {
+        Ok(Overrides {
+            include: compile_globs(include, OptionName::Include)?,
+            exclude: compile_globs(exclude, OptionName::Exclude)?,
+        })
+    }
+
+    /// Is `rel` (a file, or a folder) brought back by an `include` glob?
+    pub fn included(&self, rel: &[u8]) -> bool {
+        hits(&self.include, rel)
+    }
+
+    /// Is `rel` left out by an `exclude` glob?
+    pub fn excluded(&self, rel: &[u8]) -> bool {
+        hits(&self.exclude, rel)
+    }
+}
+
+/// Does a glob of `patterns` match `rel` or a folder above it, each with or without a
+/// trailing `/`?
+fn hits(patterns: &[glob::Pattern], rel: &[u8]) -> bool {
+    if patterns.is_empty() {
+        return false;
+    }
+    let rel = rel.strip_suffix(b"/").unwrap_or(rel);
+    let ends = rel
+        .iter()
+        .enumerate()
+        .filter(|&(_, &c)| c == b'/')
+        .map(|(i, _)| i)
+        .chain([rel.len()]);
+    for end in ends {
+        let path = String::from_utf8_lossy(&rel[..end]);
+        let folder = format!("{path}/");
+        if patterns
+            .iter()
+            .any(|p| glob_matches(p, &path) || glob_matches(p, &folder))
+        {
+            return true;
+        }
+    }
+    false
+}
 
 /// A source folder's files, classified, each list sorted by `rel`.
 #[derive(Debug, Default)]
@@ -160,8 +224,9 @@ fn entries(dir: &Path) -> Result<Vec<std::fs::DirEntry>> {
     Ok(out)
 }
 
-/// Every file under `src`, classified and checked (see the module's comment).
-pub fn walk(src: &Path, follow_links: bool) -> Result<Walked> {
+/// Every file under `src`, classified and checked, the user's `overrides` applied (see the
+/// module's comment).
+pub fn walk(src: &Path, follow_links: bool, overrides: &Overrides) -> Result<Walked> {
     let src_id = id(&std::fs::metadata(src).map_err(|e| Error::io(src, "cannot open", e))?);
     let mut w = Walked::default();
     let mut torch_files = Vec::new();
@@ -189,7 +254,8 @@ pub fn walk(src: &Path, follow_links: bool) -> Result<Walked> {
                 .file_type()
                 .map_err(|err| Error::io(&path, "cannot read", err))?;
             let tagged = tag.as_deref().is_some_and(|t| t.as_bytes() == name);
-            if kind.is_dir() && (tagged || is_trainer_folder(name)) {
+            let trainer_dir = tagged || is_trainer_folder(name);
+            if kind.is_dir() && trainer_dir && !overrides.included(rel.as_bytes()) {
                 let meta = e
                     .metadata()
                     .map_err(|err| Error::io(&path, "cannot read", err))?;
@@ -278,7 +344,9 @@ pub fn walk(src: &Path, follow_links: bool) -> Result<Walked> {
                     rel: join_rel(rel_dir.as_bytes(), b"model.safetensors"),
                     ..f
                 });
-            } else if is_trainer_state(name) || tag.is_some() && name == b"latest" {
+            } else if (is_trainer_state(name) || tag.is_some() && name == b"latest")
+                && !overrides.included(f.rel.as_bytes())
+            {
                 w.skipped.push((f, TRAINER));
             } else if name.ends_with(INDEX_SUFFIX) {
                 w.indexes.push(f);
@@ -300,10 +368,20 @@ pub fn walk(src: &Path, follow_links: bool) -> Result<Walked> {
             (folder.to_vec(), stem.to_vec())
         })
         .collect();
+    // What the policy leaves out but an `include` glob brings back: copied as it is.
+    let as_is = |f: File| File {
+        rel: f.source_rel().to_os_string(),
+        src_rel: None,
+        ..f
+    };
     for f in torch_files {
         let (folder, stem) = family(&f.rel);
         if families.contains(&(folder.to_vec(), stem.to_vec())) {
-            w.skipped.push((f, SUPERSEDED));
+            if overrides.included(f.source_rel().as_bytes()) {
+                w.others.push(as_is(f));
+            } else {
+                w.skipped.push((f, SUPERSEDED));
+            }
         } else if f.rel.as_bytes().ends_with(INDEX_SUFFIX) {
             w.indexes.push(f);
         } else {
@@ -317,12 +395,17 @@ pub fn walk(src: &Path, follow_links: bool) -> Result<Walked> {
             .iter()
             .any(|o| split_rel(o.rel.as_bytes()).0 == folder)
         {
-            w.skipped.push((f, TRAINER));
+            if overrides.included(f.source_rel().as_bytes()) {
+                w.others.push(as_is(f));
+            } else {
+                w.skipped.push((f, TRAINER));
+            }
         } else {
             w.weights.push(f);
         }
     }
     check_complete(&w.weights, &w.indexes, &w.skipped)?;
+    exclude(&mut w, overrides);
     let mut taken: HashMap<&OsStr, &Path> = HashMap::new();
     for f in [&w.weights, &w.indexes, &w.configs, &w.others]
         .into_iter()
@@ -348,6 +431,31 @@ pub fn walk(src: &Path, follow_links: bool) -> Result<Walked> {
     w.skipped
         .sort_by(|(a, _), (b, _)| a.source_rel().cmp(b.source_rel()));
     Ok(w)
+}
+
+/// Leave out the copies and configs an `exclude` glob matches, and the folders they leave
+/// empty that a glob matches too.
+fn exclude(w: &mut Walked, overrides: &Overrides) {
+    if overrides.exclude.is_empty() {
+        return;
+    }
+    for list in [&mut w.configs, &mut w.others] {
+        let (out, kept): (Vec<File>, Vec<File>) = std::mem::take(list)
+            .into_iter()
+            .partition(|f| overrides.excluded(f.rel.as_bytes()));
+        *list = kept;
+        w.skipped.extend(out.into_iter().map(|f| (f, EXCLUDED)));
+    }
+    let written: Vec<&[u8]> = [&w.weights, &w.indexes, &w.configs, &w.others]
+        .into_iter()
+        .flatten()
+        .map(|f| f.rel.as_bytes())
+        .collect();
+    w.dirs.retain(|d| {
+        let d = d.as_bytes();
+        let under = |r: &&[u8]| r.strip_prefix(d).is_some_and(|r| r.starts_with(b"/"));
+        !overrides.excluded(d) || written.iter().any(under)
+    });
 }
 
 /// Refuse a set of `STEM-0000i-of-0000N` shards with one missing and no index (which would

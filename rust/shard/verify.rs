@@ -583,7 +583,16 @@ fn precheck(
         Some(f) => Some(check::read_json_text(&f.path)?),
         None => None,
     };
-    let want = json::index(src_text.as_deref(), total, Some(&by_file), true, None);
+    // The record convert put in the shards, it put in their index.
+    let record = crate::verify::own_index_record(&s.inputs[0].path, &d.inputs[0].path)?;
+    let want = json::index(
+        src_text.as_deref(),
+        total,
+        Some(&by_file),
+        true,
+        None,
+        record.as_deref(),
+    );
     if want.ok().map(String::into_bytes) != Some(got) {
         let why = "is not the index stcast writes for these shards ({loose} only checks that \
                    it lists them)";

@@ -17,7 +17,7 @@ import os
 import time
 import warnings as _warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from .. import _core, _engine
 from .._options import Options
@@ -30,6 +30,7 @@ from ..errors import (
 )
 from ..reports import ConvertReport, FileReport, InspectReport, Notice, merged_numerics
 from . import common as _common
+from . import fp8 as _fp8
 from . import reshard as _reshard
 from . import walk as _walk
 from . import work as _work
@@ -103,6 +104,7 @@ def prepare(
         not given.allow_quantized,
         given.follow_links,
         cancel,
+        given.config,
     )
     reshard: _reshard.Reshard | None = None
     if max_shard_size is not None:
@@ -120,7 +122,7 @@ def prepare(
         )
         plan.keep_unmatched = reshard.keep_unmatched
         _reshard.check_not_the_input(src_id, dst, reshard)
-    work = _work.Work(plan, reshard)
+    work = _work.Work(plan, reshard, _record(to, given))
     units = work.items
     if shard is not None and shard[1] > len(units):
         n = len(units)
@@ -141,6 +143,11 @@ def prepare(
             )
         warnings.append(Notice("unmatched_pattern", template))
         _engine.issue("unmatched_pattern", template, None)
+    side = [f for f, _ in plan.configs if f.rel == _fp8.SIDE_CONFIG_NAME]
+    if side and shard is None:  # (written by finalize, which says so)
+        template = _fp8.side_config_notice(os.path.join(dst, side[0].rel))
+        warnings.append(Notice("no_model_config", template))
+        _engine.issue("no_model_config", template, None)
     for kind, template in _walk.skipped_notice(plan.skipped):
         warnings.append(Notice(kind, template))
         _engine.issue(kind, template, None)
@@ -339,11 +346,12 @@ def _source_plan(
     check_quantized: bool,
     follow_links: bool,
     cancel: CancelFlag | None,
+    config: str | None = None,
 ) -> _walk.Plan:
     """The source's plan, its checks made: a folder, or with `max_shard_size` also a single
-    file (re-sharded into a folder)."""
+    file (re-sharded into a folder, beside it the model's `config`)."""
     if max_shard_size is not None and not _engine.is_tree(src):
-        return _reshard.file_plan(src, to, precision)
+        return _reshard.file_plan(src, to, precision, config)
     return _walk.plan(
         src,
         to,
@@ -461,7 +469,9 @@ def finalize(
     if max_size is None:
         # Quantized checkpoints were refused (or allowed) by the shard runs that converted
         # them.
-        plan = _walk.plan(src, to, check_quantized=False, cancel=cancel)
+        # What the shard runs copy: their overrides of the folder's companion policy.
+        companions: dict[str, Any] = {k: options[k] for k in ("include", "exclude") if k in options}
+        plan = _walk.plan(src, to, check_quantized=False, precision=companions, cancel=cancel)
     else:
         # The shards' cut depends on every option that changes a tensor's size.
         recorded = Options.given(options)
@@ -479,7 +489,7 @@ def finalize(
             source={**recorded.source, "follow_links": True},
             name=options.get("name"),
         )
-    work = _work.Work(plan, reshard)
+    work = _work.Work(plan, reshard, _record(to, Options.given(options)))
     units = work.items
     # With one shard count in the manifests, a missing file can be traced to its shard.
     counts = {n for _, n in counted}
@@ -569,16 +579,22 @@ def inspect_folder(
         others = [*prepared.plan.copies, *prepared.plan.late_copies]
         others += [f for f, _ in prepared.plan.configs]
         reshard = prepared.work.reshard if prepared.work.resharding else None
+        rewritten = {f.rel for f, c in prepared.plan.configs if c is not None}
         if reshard is None:
             others += [f for f, _, _ in prepared.plan.indexes]
+            rewritten |= {f.rel for f, _, _ in prepared.plan.indexes}
+        left_out = prepared.plan.skipped
     elif max_shard_size is not None and not _engine.is_tree(src):
         weights, others = _reshard.file_plan(src, to, {}).weights, []
+        rewritten, left_out = set(), []
     else:
-        walked = _walk.walk(src, given.follow_links)
+        walked = _walk.walk(src, given.follow_links, given.include, given.exclude)
         for f in walked.configs:  # as convert refuses it, before any weight is read
             _walk.check_fp8_config(f, _walk.read_json(f)[1], to)
         weights = walked.weights
         others = [*walked.indexes, *walked.configs, *walked.others]
+        rewritten = {f.rel for f in [*walked.indexes, *walked.configs]}
+        left_out = walked.skipped
         said += [Notice(k, t) for k, t in _walk.skipped_notice(walked.skipped)]
         if not weights:
             raise Refused(
@@ -689,10 +705,27 @@ def inspect_folder(
         folder=True,
         files=files,
         other_bytes=other,
+        other_files=[
+            {"path": f.rel, "bytes": f.size, "action": _action(f.rel in rewritten)}
+            for f in sorted(others, key=lambda f: f.rel)
+        ],
+        left_out=[
+            {"path": f.source_rel, "bytes": f.size, "why": cast("Any", why)} for f, why in left_out
+        ],
         max_shard_size=max_shard_size,
         shards=shards,
         indexes=new_indexes,
     )
+
+
+def _record(to: Target, o: Options) -> str | None:
+    """What a run's outputs record of its options `o` (None under `no_record`): as each
+    weight file's conversion is given them (`work.Item.convert`)."""
+    return _core.record_text(to=to, **o.precision, **o.source, name=o.name)
+
+
+def _action(rewritten: bool) -> Literal["copied", "rewritten"]:
+    return "rewritten" if rewritten else "copied"
 
 
 def _unmatched_template(patterns: list[str]) -> str:

@@ -338,6 +338,21 @@ def strategy_target(text: str) -> Target | None:
     return targets.get(found.pop())
 
 
+# Where a re-sharded lone checkpoint's FP8 quantization_config goes without a model config
+# (`reshard.file_plan`): `quantization_config.json` in the output folder.
+SIDE_CONFIG_NAME = "quantization_config.json"
+
+
+def side_config_notice(path: str) -> str:
+    """The one warning of an FP8 output whose quantization_config goes to `path`, no model
+    config describing it (as a lone file's, rust/convert.rs)."""
+    return (
+        "no model config describes this FP8 output: its quantization_config is written to "
+        f"{_core.escape(path)}; vLLM and transformers read it from the model's config.json "
+        "only: merge it into that file (the guide shows how)"
+    )
+
+
 def is_model_config(rel: str) -> bool:
     """Is this the model's config (`config.json`), which gets the quantization_config?"""
     return os.path.basename(rel) == "config.json"

@@ -38,9 +38,16 @@ from .common import (
     header_sha256,
     source_sha256,
 )
-from .fp8 import is_fp8
+from .fp8 import SIDE_CONFIG_NAME, is_fp8
 from .fp8 import nonfinite as fp8_nonfinite
-from .walk import Plan, index_owners, read_json, safetensors_name
+from .walk import (
+    CONFIG_NAME,
+    Plan,
+    check_fp8_config,
+    index_owners,
+    read_json,
+    safetensors_name,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -212,6 +219,8 @@ def plan(
         walked, to, precision, keep_names, unquantized, cancel, source
     )
     reshard = Reshard(max_size, [], keep_names, [], list(precision.get("keep", [])), unquantized)
+    # What the shards record of convert's options, their indexes record too.
+    record = _core.record_text(to=to, **precision, **source, name=name)
     taken: dict[str, str] = {}  # output rel -> what writes it
     for f, _ in walked.configs:
         taken[f.rel] = "a config"
@@ -260,7 +269,7 @@ def plan(
                     dropped=s["dropped"],
                 )
             )
-        index = _index(g, units) if planned["indexed"] else None
+        index = _index(g, units, record) if planned["indexed"] else None
         outputs = [u.rel for u in units] + ([index[0]] if index is not None else [])
         what = f"the output of {g.index.source_rel if g.index is not None else first}"
         for rel in outputs:
@@ -308,8 +317,9 @@ def _join(folder: str, name: str) -> str:
     return f"{folder}/{name}" if folder else name
 
 
-def _index(g: Group, units: list[Unit]) -> tuple[str, bytes, dict[str, str]]:
-    """A group's index: its path, its bytes and its weight map (relative paths)."""
+def _index(g: Group, units: list[Unit], record: str | None) -> tuple[str, bytes, dict[str, str]]:
+    """A group's index: its path, its bytes and its weight map (relative paths); `record`
+    (convert's options) in its metadata."""
     names: dict[str, str] = {}
     weight_map: dict[str, str] = {}
     for u in units:
@@ -329,7 +339,9 @@ def _index(g: Group, units: list[Unit]) -> tuple[str, bytes, dict[str, str]]:
         ) from None
     src_text = None if g.index is None else read_json(g.index)[0]
     total = sum(u.target_bytes for u in units)
-    text = _core.index_text(src_text, total=total, weight_map=[*names.items()], sort_keys=True)
+    text = _core.index_text(
+        src_text, total=total, weight_map=[*names.items()], sort_keys=True, record=record
+    )
     return _join(g.dir, _core.index_file_name(g.stem)), text, weight_map
 
 
@@ -415,17 +427,29 @@ def single_file(src: str) -> File:
     return File(rel, src, st.st_size, st.st_mtime_ns, None if rel == name else name)
 
 
-def file_plan(src: str, to: Target, precision: dict[str, Any]) -> Plan:
+def file_plan(src: str, to: Target, precision: dict[str, Any], config: str | None = None) -> Plan:
     """The plan of a folder holding only the file `src`: its name kept, but a PyTorch
     checkpoint's made a safetensors name (`pytorch_model.bin` -> `model.safetensors`, as in
-    a folder; `ema.pt` -> `ema.safetensors`)."""
+    a folder; `ema.pt` -> `ema.safetensors`). The model's `config` (a path) goes beside it
+    as `config.json`, its dtype set; without one, an FP8 target's quantization_config goes
+    to `quantization_config.json` (`write.publish` adds it to either)."""
     w = single_file(src)
+    configs: list[tuple[File, bytes | None]] = []
+    if config is not None:
+        f = File(CONFIG_NAME, config, 0, 0)
+        text, doc = read_json(f)
+        check_fp8_config(f, doc, to)
+        content = _core.config_text(text, to)
+        configs.append((f, text.encode("utf-8") if content is None else content))
+    elif is_fp8(to):
+        # Its only input is the checkpoint: the file names the path of no other.
+        configs.append((File(SIDE_CONFIG_NAME, w.path, 0, 0), b"{}"))
     # No per-file plan (`info`): the re-sharding plan decides everything, and says which
     # keep patterns match nothing.
     return Plan(
         weights=[w],
         indexes=[],
-        configs=[],
+        configs=configs,
         copies=[],
         late_copies=[],
         dirs=[],

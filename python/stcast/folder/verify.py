@@ -31,6 +31,7 @@ from .common import (
     read_bounded,
 )
 from .fp8 import (
+    SIDE_CONFIG_NAME,
     config_problem,
     config_text,
     dequantizes,
@@ -92,19 +93,24 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         indexes: list[File] = []
         configs: list[File] = []
         others: list[File] = []
-    else:
-        weights, indexes, configs, others, _, _ = walk(src, follow_links=True)
     found = set(listing(dst))
     shards = sorted(r for r in found if r.endswith(WEIGHTS_SUFFIX))
+    include, exclude = list(given.include), list(given.exclude)
     if shards:
-        # A re-sharding's stem and how SRC was read: as given, else as DST's record says.
-        recorded = _core.recorded_source(
-            os.path.join(dst, shards[0]), name, given.key, list(given.strip_prefix)
-        )
-        name = recorded[0]
+        # A re-sharding's stem, how SRC was read and what DST copies of it: as given, else
+        # as DST's record says.
+        # A folder output's index holds the record (a top one first), then its shards (an
+        # older stcast's output records it there only): each fills what is not given yet.
+        indexed = sorted((r.count("/"), r) for r in found if r.endswith(INDEX_SUFFIX))
+        recorded = (name, given.key, list(given.strip_prefix), include, exclude)
+        for rel in [r for _, r in indexed[:1]] + shards[:1]:
+            recorded = _core.recorded_source(os.path.join(dst, rel), recorded)
+        name, include, exclude = recorded[0], recorded[3], recorded[4]
         if single:
             key = {"key": recorded[1]} if recorded[1] is not None else {}
             source = {**source, **key, "strip_prefix": recorded[2]}
+    if not single:
+        weights, indexes, configs, others, _, _ = walk(src, True, include, exclude)
     if to is None:
         # An FP8 output's strategy is its config's: a weight's scale can fit both.
         to = next(filter(None, (_configured(dst, f) for f in configs if f.rel in found)), None)
@@ -174,7 +180,10 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         )
 
     missing = sorted(set(expected) - found)
-    extra = sorted(found - set(expected))
+    # Beside a lone checkpoint's re-sharding: the model config given (`config`), or an FP8
+    # target's quantization_config alone (checked below with the shards they describe).
+    beside = {"config.json", SIDE_CONFIG_NAME} if single else set()
+    extra = sorted(found - set(expected) - beside)
     if first_error is not None:
         mismatch = fail(*first_error)
     elif single and not dst_weights:
@@ -284,6 +293,13 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         # after a DCP or single-file source was re-sharded): a loader trusts it.
         extra_configs = [r for r in sorted(found - set(expected)) if is_model_config(r)]
         mismatch = _check_added_configs(dst, to, extra_configs, fail)
+        if mismatch is None and single and SIDE_CONFIG_NAME in found:
+            shards = _shards_beside(dst, SIDE_CONFIG_NAME)
+            want = config_text("{}", to, fp8_tensors(shards).unquantized)
+            if read_bounded(os.path.join(dst, SIDE_CONFIG_NAME), MAX_JSON_BYTES) != want:
+                mismatch = fail(
+                    SIDE_CONFIG_NAME, "is not the quantization_config of the FP8 shards beside it"
+                )
     ok = mismatch is None
     numerics = merged_numerics([(rel, r.numerics) for rel, r in zip(rels, reports)]) if ok else None
     if ok and report is not None and numerics is not None:
@@ -402,10 +418,19 @@ def _check_others(
         problem = _core.check_companions(dst, to, loose=loose, configs=[(f.rel, want_bytes)])
         if problem is not None:
             return fail(*problem)
-    found = {w.rel for w in walk(src, follow_links=True)[0]} if indexes else set()
-    read = [(f.rel, *read_index(f, found)) for f in indexes]
+    paths = {w.rel: w.path for w in walk(src, follow_links=True)[0]} if indexes else {}
+    read = [(f.rel, *read_index(f, set(paths))) for f in indexes]
+    # The record convert put in the shards, it put in their indexes.
+    shard = next((min(m.values()) for _, _, m in read if m), None)
+    record = None
+    if shard is not None:
+        record = _core.own_index_record(paths[shard], os.path.join(dst, shard))
     problem = _core.check_companions(
-        dst, to, loose=loose, indexes=[(rel, t, [*m.items()]) for rel, t, m in read]
+        dst,
+        to,
+        loose=loose,
+        indexes=[(rel, t, [*m.items()]) for rel, t, m in read],
+        record=record,
     )
     return None if problem is None else fail(*problem)
 

@@ -45,8 +45,8 @@ class Walked(NamedTuple):
     configs: list[File]
     others: list[File]
     dirs: list[str]
-    # Files left out, and why: "trainer" (trainer state) or "superseded" (PyTorch
-    # weights beside their safetensors version).
+    # Files left out, and why: "trainer" (trainer state), "superseded" (PyTorch weights
+    # beside their safetensors version) or "excluded" (an `exclude` glob).
     skipped: list[tuple[File, str]]
 
 
@@ -88,7 +88,9 @@ def plan(
     file is: `quantization_config` is the config that makes every file quantized).
     """
     precision = precision or {}
-    weights, indexes, configs, others, dirs, skipped = walk(src, follow_links)
+    weights, indexes, configs, others, dirs, skipped = walk(
+        src, follow_links, precision.get("include", ()), precision.get("exclude", ())
+    )
     if not weights:
         raise Refused(
             f"{_esc(src)}: a directory without .safetensors files or PyTorch weights "
@@ -199,13 +201,19 @@ def plan(
     )
 
 
-def walk(src: str, follow_links: bool = False) -> Walked:
+def walk(
+    src: str,
+    follow_links: bool = False,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+) -> Walked:
     """Every file under `src`, sorted and classified: weights, indexes, configs, others, dirs
     and the files left out (trainer state, PyTorch weights superseded by their safetensors
-    version), its links and special files checked: the engine's walk
-    (`rust/run/walk.rs`, whose comment says the policy)."""
+    version, files `exclude` matches; `include` brings back what matches it), its links and
+    special files checked: the engine's walk (`rust/run/walk.rs`, whose comment says the
+    policy)."""
     weights, indexes, configs, others, dirs, skipped = _core.walk_folder(
-        src, follow_links=follow_links
+        src, follow_links=follow_links, include=list(include), exclude=list(exclude)
     )
     return Walked(
         [File(*r) for r in weights],
@@ -243,6 +251,7 @@ def skipped_notice(skipped: list[tuple[File, str]]) -> list[tuple[str, str]]:
             "left out: PyTorch weights beside their safetensors version (the safetensors "
             "files are converted)",
         ),
+        ("excluded", "left out by {exclude}"),
     ):
         files = [f for f, w in skipped if w == why]
         if files:

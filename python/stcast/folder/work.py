@@ -184,8 +184,11 @@ class Work:
     without `max_size`: each weight file whole, the source's indexes edited) or a
     re-sharding."""
 
-    def __init__(self, plan: Plan, reshard: Reshard | None) -> None:
+    def __init__(self, plan: Plan, reshard: Reshard | None, record: str | None = None) -> None:
         self.plan = plan
+        # What the weights record of convert's options (`_core.record_text`): a plain run's
+        # indexes record it too (a re-sharding's planned theirs).
+        self.record = record
         self.reshard = reshard if reshard is not None else whole_files(plan)
         self.resharding = reshard is not None
         self.noun = "output shards" if self.resharding else "weight files"
@@ -284,10 +287,16 @@ class Work:
         try:
             if is_fp8(options["to"]) or plan.dequantize:
                 return _core.written_index(
-                    dst, rel, text, [*weight_map.items()], is_fp8(options["to"]), plan.dequantize
+                    dst,
+                    rel,
+                    text,
+                    [*weight_map.items()],
+                    is_fp8(options["to"]),
+                    plan.dequantize,
+                    self.record,
                 )
             total = sum(plan.out_data[shard] for shard in set(weight_map.values()))
-            return _core.index_text(text, total=total)
+            return _core.index_text(text, total=total, record=self.record)
         except (OSError, StcastError):
             return False
 
@@ -302,7 +311,9 @@ class Work:
 
         def content(rel: str, text: str, weight_map: dict[str, str]) -> bytes:
             items = [*weight_map.items()]
-            return _core.written_index(dst, rel, text, items, is_fp8(to), self.plan.dequantize)
+            return _core.written_index(
+                dst, rel, text, items, is_fp8(to), self.plan.dequantize, self.record
+            )
 
         return [
             (f.rel, content(f.rel, text, weight_map), f.size, f.src_rel)

@@ -25,7 +25,7 @@ from .. import _core
 from ..errors import DestinationExists, Refused, StcastError
 from ..reports import FileReport
 from .common import MAX_JSON_BYTES, check_cancel, ensure_dir, failpoint, out_path, read_bounded
-from .fp8 import config_text, is_fp8, is_model_config, unquantized_modules
+from .fp8 import SIDE_CONFIG_NAME, config_text, is_fp8, is_model_config, unquantized_modules
 from .walk import File, read_json
 from .work import Item, Work
 
@@ -232,7 +232,7 @@ def publish(run: Run, work: Work) -> list[FileReport]:
         reports.append(FileReport(f.rel, "copy", "copied", f.size, f.size))
     for f, content in plan.configs:
         check_cancel(cancel)
-        if is_fp8(run.to) and is_model_config(f.rel):
+        if is_fp8(run.to) and (is_model_config(f.rel) or f.rel == SIDE_CONFIG_NAME):
             content = fp8_config(dst, run.to, work, f, content)
         if content is None:
             _copy(run, f, "config", None)

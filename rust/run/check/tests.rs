@@ -51,7 +51,7 @@ fn an_index_gets_the_total_size_of_the_shards_and_must_agree_with_them() {
     shard(&dst.join("y.safetensors"), &[("b", "BF16", 6)]);
     let wm = map(&[("a", "x.safetensors"), ("b", "y.safetensors")]);
     assert_eq!(index_total(&dst, Path::new("i.json"), &wm).unwrap(), 10);
-    let text = written_index(&dst, Path::new("i.json"), INDEX, &wm, Scales::Kept).unwrap();
+    let text = written_index(&dst, Path::new("i.json"), INDEX, &wm, Scales::Kept, None).unwrap();
     assert_eq!(
         text,
         INDEX.replace("\"total_size\": 1", "\"total_size\": 10")
@@ -90,7 +90,7 @@ fn fp8_scales_are_added_and_a_dequantized_shards_dropped() {
     let wm = map(&[("l.weight", "x.safetensors"), ("m.weight", "y.safetensors")]);
     let text =
         "{\"weight_map\": {\"m.weight\": \"y.safetensors\", \"l.weight\": \"x.safetensors\"}}";
-    let fp8 = written_index(&dst, Path::new("i.json"), text, &wm, Scales::Added).unwrap();
+    let fp8 = written_index(&dst, Path::new("i.json"), text, &wm, Scales::Added, None).unwrap();
     assert_eq!(
         fp8,
         "{\n  \"weight_map\": {\n    \"l.weight\": \"x.safetensors\",\n    \"l.weight_scale\": \
@@ -106,7 +106,7 @@ fn fp8_scales_are_added_and_a_dequantized_shards_dropped() {
     ]);
     assert!(dequantized(&dst, &src));
     let text = "{\"weight_map\": {\"l.weight\": \"x.safetensors\", \"l.weight_scale\": \"x.safetensors\"}}";
-    let deq = written_index(&dst, Path::new("i.json"), text, &src, Scales::Dropped).unwrap();
+    let deq = written_index(&dst, Path::new("i.json"), text, &src, Scales::Dropped, None).unwrap();
     assert!(
         deq.contains("\"total_size\": 4") && !deq.contains("weight_scale"),
         "{deq}"

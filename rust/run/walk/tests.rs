@@ -40,7 +40,7 @@ fn files_are_classified_sorted_and_bookkeeping_left_out() {
             "training_args.bin",
         ],
     );
-    let w = walk(&dir, false).unwrap();
+    let w = walk(&dir, false, &Overrides::default()).unwrap();
     assert_eq!(
         rels(&w.weights),
         [
@@ -112,7 +112,7 @@ fn training_state_is_left_out_by_name_files_and_folders() {
         ],
     );
     std::fs::write(dir.join("latest"), "global_step7\n").unwrap();
-    let w = walk(&dir, false).unwrap();
+    let w = walk(&dir, false, &Overrides::default()).unwrap();
     let skipped: Vec<_> = w
         .skipped
         .iter()
@@ -166,13 +166,94 @@ fn training_state_is_left_out_by_name_files_and_folders() {
     );
     // Without other weights beside it, accelerate's whole FSDP state dict is the model.
     std::fs::remove_file(dir.join("model.safetensors")).unwrap();
-    let w = walk(&dir, false).unwrap();
+    let w = walk(&dir, false, &Overrides::default()).unwrap();
     assert_eq!(rels(&w.weights), ["model.safetensors"]);
     assert_eq!(w.weights[0].source_rel(), "pytorch_model_fsdp.bin");
     // `latest` naming no folder beside it is an ordinary file.
     std::fs::write(dir.join("latest"), "global_step8").unwrap();
-    let w = walk(&dir, false).unwrap();
+    let w = walk(&dir, false, &Overrides::default()).unwrap();
     assert!(rels(&w.others).contains(&"latest"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn include_and_exclude_override_what_is_copied() {
+    let dir = folder(
+        "overrides",
+        &[
+            "model.safetensors",
+            "model.safetensors.index.json",
+            "config.json",
+            "tokenizer.json",
+            "README.md",
+            "images/a.png",
+            "images/b/c.png",
+            "optimizer.bin",
+            "scaler.pt",
+            "pytorch_model.bin",
+            "global_step7/mp_rank_00_model_states.pt",
+            "global_step7/optimizer.pt",
+            "latest",
+        ],
+    );
+    std::fs::write(dir.join("latest"), "global_step7").unwrap();
+    let globs = |g: &[&str]| g.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let o = Overrides::new(
+        &globs(&["optimizer*", "global_step*", "pytorch_model.bin"]),
+        &globs(&[
+            "images",
+            "*.md",
+            "config.json",
+            "*.safetensors*",
+            "scaler.pt",
+        ]),
+    )
+    .unwrap();
+    let w = walk(&dir, false, &o).unwrap();
+    // Weights and indexes are never excluded; the folder of training state comes whole
+    // (its files as any folder's), the PyTorch weights as they are named.
+    assert_eq!(rels(&w.weights), ["model.safetensors"]);
+    assert_eq!(rels(&w.indexes), ["model.safetensors.index.json"]);
+    assert!(w.configs.is_empty());
+    assert_eq!(
+        rels(&w.others),
+        [
+            "global_step7/mp_rank_00_model_states.pt",
+            "global_step7/optimizer.pt",
+            "optimizer.bin",
+            "pytorch_model.bin",
+            "tokenizer.json"
+        ]
+    );
+    assert_eq!(w.dirs, [OsString::from("global_step7")]);
+    let skipped: Vec<_> = w
+        .skipped
+        .iter()
+        .map(|(f, why)| (f.rel.to_str().unwrap(), *why))
+        .collect();
+    assert_eq!(
+        skipped,
+        [
+            ("README.md", EXCLUDED),
+            ("config.json", EXCLUDED),
+            ("images/a.png", EXCLUDED),
+            ("images/b/c.png", EXCLUDED),
+            ("latest", TRAINER),
+            ("scaler.pt", TRAINER),
+        ]
+    );
+    // A folder kept where a file in it is not excluded; a bad glob names its option.
+    let o = Overrides::new(&[], &globs(&["images/b*"])).unwrap();
+    let w = walk(&dir, false, &o).unwrap();
+    assert_eq!(w.dirs, [OsString::from("images")]);
+    let e = Overrides::new(&[], &globs(&["a["])).unwrap_err();
+    assert!(matches!(
+        e,
+        Error::BadPattern {
+            option: OptionName::Exclude,
+            ..
+        }
+    ));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -190,7 +271,7 @@ fn pytorch_files_are_renamed_or_superseded() {
             "ema.bin",
         ],
     );
-    let w = walk(&dir, false).unwrap();
+    let w = walk(&dir, false, &Overrides::default()).unwrap();
     assert_eq!(
         rels(&w.weights),
         [
@@ -299,7 +380,7 @@ fn an_incomplete_set_of_shards_is_refused_unless_indexed() {
             "model-00004-of-00004.safetensors",
         ],
     );
-    let e = walk(&dir, false).unwrap_err();
+    let e = walk(&dir, false, &Overrides::default()).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Refused);
     assert_eq!(
         e.path(),
@@ -312,7 +393,7 @@ fn an_incomplete_set_of_shards_is_refused_unless_indexed() {
     );
     // PyTorch shards of the same name beside them are said not to be used.
     std::fs::write(dir.join("pytorch_model-00002-of-00004.bin"), "").unwrap();
-    let e = walk(&dir, false).unwrap_err();
+    let e = walk(&dir, false, &Overrides::default()).unwrap_err();
     assert!(matches!(
         problem(&e),
         WalkProblem::Incomplete {
@@ -326,7 +407,7 @@ fn an_incomplete_set_of_shards_is_refused_unless_indexed() {
         .contains("the PyTorch shards beside them are not used"));
     // An index says which shards there are: it is checked against them later.
     std::fs::write(dir.join("model.safetensors.index.json"), "{}").unwrap();
-    walk(&dir, false).unwrap();
+    walk(&dir, false, &Overrides::default()).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -340,7 +421,7 @@ fn two_files_under_one_name_are_refused() {
             "model.safetensors.index.json",
         ],
     );
-    let e = walk(&dir, false).unwrap_err();
+    let e = walk(&dir, false, &Overrides::default()).unwrap_err();
     let WalkProblem::SameName { rel, other } = problem(&e) else {
         panic!("{e:?}")
     };
@@ -363,30 +444,30 @@ fn links_are_followed_only_within_the_source_or_into_hub_blobs() {
     std::fs::write(away.join("outer/b.txt"), "").unwrap();
     // A file link inside the source: followed, under the link's name.
     symlink("sub/a.txt", dir.join("alias.txt")).unwrap();
-    let w = walk(&dir, false).unwrap();
+    let w = walk(&dir, false, &Overrides::default()).unwrap();
     assert_eq!(rels(&w.others), ["alias.txt", "sub/a.txt"]);
     // A file link out of it: refused, naming it, unless followed.
     symlink(away.join("secret"), dir.join("secret")).unwrap();
-    let e = walk(&dir, false).unwrap_err();
+    let e = walk(&dir, false, &Overrides::default()).unwrap_err();
     assert!(
         matches!(&e, Error::LinkOutside { link, folder: false, .. } if *link == dir.join("secret")),
         "{e:?}"
     );
-    assert!(walk(&dir, true).is_ok());
+    assert!(walk(&dir, true, &Overrides::default()).is_ok());
     std::fs::remove_file(dir.join("secret")).unwrap();
     // A folder link out of it: refused unless followed; followed, its files are walked.
     symlink(away.join("outer"), dir.join("outer")).unwrap();
-    let e = walk(&dir, false).unwrap_err();
+    let e = walk(&dir, false, &Overrides::default()).unwrap_err();
     assert!(
         matches!(e, Error::LinkOutside { folder: true, .. }),
         "{e:?}"
     );
-    let w = walk(&dir, true).unwrap();
+    let w = walk(&dir, true, &Overrides::default()).unwrap();
     assert_eq!(rels(&w.others), ["alias.txt", "outer/b.txt", "sub/a.txt"]);
     assert_eq!(w.dirs, ["outer", "sub"]);
     // A folder link back to the source: a loop, when followed.
     symlink(&dir, away.join("outer/back")).unwrap();
-    let e = walk(&dir, true).unwrap_err();
+    let e = walk(&dir, true, &Overrides::default()).unwrap_err();
     assert_eq!(problem(&e), &WalkProblem::Loop);
     assert_eq!(e.path(), Some(dir.join("outer/back").as_path()));
     std::fs::remove_file(away.join("outer/back")).unwrap();
@@ -394,7 +475,7 @@ fn links_are_followed_only_within_the_source_or_into_hub_blobs() {
     // A folder link inside it: refused either way (its files would be written twice).
     symlink("sub", dir.join("twice")).unwrap();
     for follow in [false, true] {
-        let e = walk(&dir, follow).unwrap_err();
+        let e = walk(&dir, follow, &Overrides::default()).unwrap_err();
         let WalkProblem::LinkInside { target } = problem(&e) else {
             panic!("{e:?}")
         };
@@ -403,7 +484,7 @@ fn links_are_followed_only_within_the_source_or_into_hub_blobs() {
     std::fs::remove_file(dir.join("twice")).unwrap();
     // A broken link: named as such.
     symlink("nowhere", dir.join("broken")).unwrap();
-    let e = walk(&dir, true).unwrap_err();
+    let e = walk(&dir, true, &Overrides::default()).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidInput);
     assert_eq!(
         e.template(),
@@ -432,7 +513,7 @@ fn a_hub_cache_snapshot_is_walked_through_its_blobs() {
         repo.join("snapshots/abc/sub/model.safetensors"),
     )
     .unwrap();
-    let w = walk(&repo.join("snapshots/abc"), false).unwrap();
+    let w = walk(&repo.join("snapshots/abc"), false, &Overrides::default()).unwrap();
     assert_eq!(
         rels(&w.weights),
         ["model.safetensors", "sub/model.safetensors"]
@@ -444,7 +525,7 @@ fn a_hub_cache_snapshot_is_walked_through_its_blobs() {
     std::fs::create_dir_all(&other).unwrap();
     std::fs::write(other.join("03"), "").unwrap();
     symlink(other.join("03"), repo.join("snapshots/abc/x.txt")).unwrap();
-    let e = walk(&repo.join("snapshots/abc"), false).unwrap_err();
+    let e = walk(&repo.join("snapshots/abc"), false, &Overrides::default()).unwrap_err();
     assert!(matches!(e, Error::LinkOutside { .. }), "{e:?}");
     std::fs::remove_dir_all(repo.parent().unwrap()).unwrap();
 }
@@ -455,7 +536,7 @@ fn special_files_are_refused_and_listings_keep_them() {
     let fifo = std::ffi::CString::new(dir.join("fifo").as_os_str().as_bytes()).unwrap();
     // SAFETY: a valid C path.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
-    let e = walk(&dir, false).unwrap_err();
+    let e = walk(&dir, false, &Overrides::default()).unwrap_err();
     assert_eq!(problem(&e), &WalkProblem::NotRegular);
     assert_eq!(e.kind(), ErrorKind::Refused);
     // A destination's listing: every file but bookkeeping, links not followed.

@@ -1,0 +1,151 @@
+"""A folder's companion policy overridden: `--include GLOB` copies what is left out as
+training state (a folder of it whole), `--exclude GLOB` leaves out what would be copied or
+rewritten (never weights or indexes); `inspect` names every copy and every left-out file
+with its size; the output records the globs, so that `verify SRC DST` needs none."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import stcast
+from conftest import write_safetensors
+
+pytestmark = pytest.mark.filterwarnings("ignore::stcast.StcastWarning")
+
+
+def make_folder(root: Path) -> Path:
+    """An accelerate-like checkpoint: HF weights, a config, a tokenizer, pictures, and
+    training state (files, and DeepSpeed's tag folder)."""
+    root.mkdir()
+    write_safetensors(
+        root / "model.safetensors",
+        {"w": ("F32", [4], np.float32([1, 2, 3, 4])), "i": ("I64", [1], np.int64([7]))},
+    )
+    (root / "config.json").write_text('{"torch_dtype": "float32"}\n')
+    (root / "tokenizer.json").write_text("{}\n")
+    (root / "README.md").write_text("# model\n")
+    (root / "images").mkdir()
+    (root / "images" / "a.png").write_bytes(b"png" * 10)
+    (root / "optimizer.bin").write_bytes(b"o" * 100)
+    (root / "scheduler.bin").write_bytes(b"s" * 7)
+    (root / "latest").write_text("global_step5")
+    (root / "global_step5").mkdir()
+    (root / "global_step5" / "mp_rank_00_model_states.pt").write_bytes(b"m" * 30)
+    return root
+
+
+def files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+def test_include_and_exclude_decide_the_copies_and_verify_reads_them_back(tmp_path, run_main):
+    src = make_folder(tmp_path / "ckpt")
+    dst = tmp_path / "out"
+    rc, _, err = run_main(
+        "convert",
+        src,
+        dst,
+        "--include",
+        "optimizer.bin",
+        "--include",
+        "global_step*",
+        "--exclude",
+        "images",
+        "--exclude",
+        "*.md",
+    )
+    assert rc == 0, err
+    assert files(dst) == [
+        "config.json",
+        "global_step5/mp_rank_00_model_states.pt",
+        "model.safetensors",
+        "optimizer.bin",
+        "tokenizer.json",
+    ]
+    assert (dst / "optimizer.bin").read_bytes() == b"o" * 100
+    # One note per reason, each file named with its size.
+    assert "left out by --exclude: `README.md` (8 B), `images/a.png` (30 B)" in err
+    assert "`latest` (12 B), `scheduler.bin` (7 B)" in err
+    meta = stcast.inspect(dst / "model.safetensors").metadata
+    assert meta is not None
+    record = json.loads(meta["stcast"])
+    assert record["include"] == ["optimizer.bin", "global_step*"]
+    assert record["exclude"] == ["images", "*.md"]
+    # verify reads the globs from the record; given others, it holds DST to them.
+    assert stcast.verify(src, dst).ok
+    assert run_main("verify", src, dst)[0] == 0
+    other = stcast.verify(src, dst, exclude=["*.md"])
+    assert not other.ok
+    assert other.mismatch is not None and "images/a.png" in other.mismatch.message.render("api")
+    # A copy that is not SRC's bytes fails.
+    (dst / "optimizer.bin").write_bytes(b"x" * 100)
+    assert not stcast.verify(src, dst).ok
+
+
+def test_without_a_record_verify_needs_the_globs(tmp_path):
+    src = make_folder(tmp_path / "ckpt")
+    dst = tmp_path / "out"
+    stcast.convert(src, dst, include=["optimizer.bin"], no_record=True)
+    assert (dst / "optimizer.bin").exists()
+    assert not stcast.verify(src, dst).ok
+    assert stcast.verify(src, dst, include=["optimizer.bin"]).ok
+
+
+def test_inspect_lists_copies_and_left_outs_by_name_with_sizes(tmp_path, run_main):
+    src = make_folder(tmp_path / "ckpt")
+    report = stcast.inspect(src, exclude=["images"])
+    assert report.other_files == [
+        {"path": "README.md", "bytes": 8, "action": "copied"},
+        {"path": "config.json", "bytes": 27, "action": "rewritten"},
+        {"path": "tokenizer.json", "bytes": 3, "action": "copied"},
+    ]
+    assert report.left_out == [
+        {"path": "global_step5/", "bytes": 30, "why": "trainer"},
+        {"path": "images/a.png", "bytes": 30, "why": "excluded"},
+        {"path": "latest", "bytes": 12, "why": "trainer"},
+        {"path": "optimizer.bin", "bytes": 100, "why": "trainer"},
+        {"path": "scheduler.bin", "bytes": 7, "why": "trainer"},
+    ]
+    # The dry run with DST plans the same.
+    planned = stcast.inspect(src, tmp_path / "out", exclude=["images"])
+    assert planned.left_out == report.left_out
+    assert [f["path"] for f in planned.other_files] == [f["path"] for f in report.other_files]
+    rc, out, err = run_main("inspect", src, "--exclude", "images")
+    assert rc == 0, err
+    assert "other files:" in out
+    assert "optimizer.bin" in out and "training state (--include copies it)" in out
+    assert "images/a.png" in out and "--exclude" in out
+    rc, out, err = run_main("inspect", src, "--json")
+    assert rc == 0, err
+    result = json.loads(out)["result"]
+    assert {"path": "optimizer.bin", "bytes": 100, "why": "trainer"} in result["left_out"]
+    assert {"path": "tokenizer.json", "bytes": 3, "action": "copied"} in result["other_files"]
+
+
+def test_globs_apply_to_folders_of_files_only_and_bad_ones_are_usage_errors(tmp_path, run_main):
+    src = make_folder(tmp_path / "ckpt")
+    rc, _, err = run_main(
+        "convert", src / "model.safetensors", tmp_path / "o.safetensors", "--include", "*"
+    )
+    assert rc == 2
+    assert "--include applies to a folder of files" in err
+    rc, _, err = run_main("convert", src, tmp_path / "out", "--exclude", "a[")
+    assert rc == 2
+    assert "--exclude: invalid pattern `a[`" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_shard_runs_and_finalize_copy_what_the_globs_say(tmp_path):
+    src = make_folder(tmp_path / "ckpt")
+    write_safetensors(
+        src / "sub" / "model.safetensors", {"w": ("F32", [2], np.float32([5, 6]))}
+    ) if (src / "sub").mkdir() is None else None
+    dst = tmp_path / "out"
+    for i in (1, 2):
+        stcast.convert(src, dst, shard=(i, 2), include=["optimizer.bin"], exclude=["*.md"])
+    stcast.finalize(src, dst)
+    assert (dst / "optimizer.bin").exists() and not (dst / "README.md").exists()
+    assert stcast.verify(src, dst).ok

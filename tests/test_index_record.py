@@ -1,0 +1,108 @@
+"""A folder output's indexes carry the record of convert's options too (`metadata.stcast`,
+the text each shard's `__metadata__` holds), last in their metadata; `--no-record` leaves
+them SRC's (their total size set). Option-less verify of a folder reads the index's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import stcast
+from conftest import write_safetensors
+
+pytestmark = pytest.mark.filterwarnings("ignore::stcast.StcastWarning")
+
+
+def sharded(root: Path) -> Path:
+    root.mkdir()
+    rng = np.random.default_rng(3)
+    weight_map = {}
+    for i, names in enumerate([["a.weight", "a.norm"], ["b.weight"]], 1):
+        shard = f"model-{i:05d}-of-00002.safetensors"
+        write_safetensors(
+            root / shard,
+            {n: ("F32", [16], rng.standard_normal(16, dtype=np.float32)) for n in names},
+        )
+        weight_map.update(dict.fromkeys(names, shard))
+    index = {"metadata": {"total_size": 1, "format": "pt"}, "weight_map": weight_map}
+    (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    (root / "config.json").write_text('{"torch_dtype": "float32"}\n')
+    return root
+
+
+def index_of(folder: Path, name: str = "model.safetensors.index.json") -> dict:
+    return json.loads((folder / name).read_text())
+
+
+def shard_record(path: Path) -> str:
+    meta = stcast.inspect(path).metadata
+    assert meta is not None
+    return meta["stcast"]
+
+
+def test_a_folder_index_records_the_options_its_shards_record(tmp_path):
+    src = sharded(tmp_path / "in")
+    dst = tmp_path / "out"
+    stcast.convert(src, dst, to="fp16", keep=["*norm"])
+    meta = index_of(dst)["metadata"]
+    assert list(meta) == ["total_size", "format", "stcast"]
+    assert meta["stcast"] == shard_record(dst / "model-00001-of-00002.safetensors")
+    assert json.loads(meta["stcast"]) == {"to": "fp16", "keep": ["*norm"]}
+    assert stcast.verify(src, dst).ok
+    # Option-less verify takes the index's record: a changed one is what DST is held to.
+    index = index_of(dst)
+    index["metadata"]["stcast"] = json.dumps({"to": "fp16"}, separators=(",", ":"))
+    (dst / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    assert not stcast.verify(src, dst).ok
+
+
+def test_a_resharded_index_records_them_and_verify_needs_no_options(tmp_path):
+    src = sharded(tmp_path / "in")
+    dst = tmp_path / "out"
+    stcast.convert(src, dst, max_shard_size="200B", name="model", keep_min_size=4)
+    index = index_of(dst)
+    record = json.loads(index["metadata"]["stcast"])
+    assert record == {"to": "bf16", "keep_min_size": 4, "name": "model"}
+    assert stcast.verify(src, dst).ok
+    tampered = dict(index, metadata={**index["metadata"], "stcast": '{"to":"bf16"}'})
+    (dst / "model.safetensors.index.json").write_text(json.dumps(tampered, indent=2) + "\n")
+    assert not stcast.verify(src, dst).ok
+
+
+def test_no_record_leaves_the_index_metadata_the_inputs(tmp_path):
+    src = sharded(tmp_path / "in")
+    dst = tmp_path / "out"
+    stcast.convert(src, dst, no_record=True)
+    assert index_of(dst)["metadata"] == {"total_size": 96, "format": "pt"}
+    assert stcast.verify(src, dst).ok
+    again = tmp_path / "again"
+    stcast.convert(src, again, max_shard_size="200B", no_record=True)
+    assert "stcast" not in index_of(again)["metadata"]
+    assert stcast.verify(src, again).ok
+
+
+def test_shard_runs_and_finalize_write_the_record_in_the_index(tmp_path):
+    src = sharded(tmp_path / "in")
+    dst = tmp_path / "out"
+    for i in (1, 2):
+        stcast.convert(src, dst, shard=(i, 2), to="fp16")
+    stcast.finalize(src, dst)
+    assert json.loads(index_of(dst)["metadata"]["stcast"]) == {"to": "fp16"}
+    assert stcast.verify(src, dst).ok
+
+
+def test_an_index_without_the_record_leaves_verify_to_the_shards_record(tmp_path):
+    """An output of an older stcast records its options in its shards only."""
+    src = sharded(tmp_path / "in")
+    dst = tmp_path / "out"
+    stcast.convert(src, dst, to="fp16", keep=["*norm"])
+    index = index_of(dst)
+    del index["metadata"]["stcast"]
+    (dst / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    # The options come from the shards; the index then lacks the record they hold.
+    report = stcast.verify(src, dst)
+    assert report.to == "fp16"
+    assert not report.ok and report.mismatch is not None
+    assert report.mismatch.message.path == "model.safetensors.index.json"
