@@ -429,7 +429,7 @@ def test_zero_point_without_scale_refused(tmp_path, run_main):
             "b.weight_zero_point": ("I8", [4, 1], ZP8),
         },
         "`b.weight_zero_point`",
-        "zero point whose weight is not in this file",
+        "is a zero point (I8) whose weight is not in this file",
     )
 
 

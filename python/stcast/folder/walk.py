@@ -349,12 +349,11 @@ def _dequantize_problem(w: File, report: InspectReport) -> Refused | None:
     weight scale or zero point left without its weight."""
     for t in report.tensors:
         lowp = t.dtype in _core.QUANTIZED_DTYPES and t.reason not in ("dequantized", "dropped")
-        scale = t.name.endswith(WEIGHT_COMPANION_SUFFIXES) and t.reason != "dropped"
-        if lowp or scale:
-            role = "zero point" if t.name.endswith("_zero_point") else "scale"
+        of = [s for s in WEIGHT_COMPANION_SUFFIXES if t.name.endswith(s) and t.reason != "dropped"]
+        if lowp or of:
             what = (
-                f"is an FP8 {role} whose weight is not in this file"
-                if scale
+                f"is a {_core.COMPANION_ROLES[of[0]]} ({t.dtype}) whose weight is not in this file"
+                if of
                 else "is quantized without a scale beside it in this file"
             )
             return Refused(
