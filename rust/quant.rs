@@ -932,7 +932,7 @@ impl Schemes {
             .iter()
             .zip(deq)
             .filter_map(|(t, d)| Some((t, (*d)?)))
-            .filter(|(_, d)| !matches!(d.packing, Packing::Fp8 | Packing::GptOss { .. }))
+            .filter(|(_, d)| !matches!(d.packing, Packing::GptOss { .. }))
             .collect();
         let Some(first) = packed.first().filter(|_| !self.groups.is_empty()) else {
             return Ok(());
@@ -969,6 +969,29 @@ impl Schemes {
                 Err((t.name.clone(), problem))
             };
             let codes = format!("{} codes", packed_format(d.packing));
+            if d.packing == Packing::Fp8 {
+                // An FP8 weight: its group's symmetry against its zero point, which
+                // compressed-tensors reads only for an asymmetric scheme (a symmetric one
+                // would leave it unread: other bits than stcast's).
+                let group = self.groups.iter().zip(&targets).find(|(g, ts)| {
+                    let stores = g
+                        .format
+                        .as_deref()
+                        .is_none_or(|f| !f.ends_with("pack-quantized"));
+                    stores && (ts.is_empty() || ts.iter().any(|p| p.matches(module)))
+                });
+                let ignored = ignore.iter().any(|p| p.matches(module));
+                // (An asymmetric group over weights without zero points is read as before:
+                // `q * s`.)
+                if let (Some((g, _)), false) = (group, ignored) {
+                    if let Some((says, holds)) =
+                        symmetry_mismatch(g, d).filter(|_| g.symmetric == Some(true))
+                    {
+                        return fail(says, holds);
+                    }
+                }
+                continue;
+            }
             if let Some(k) = ignore.iter().position(|p| p.matches(module)) {
                 let says = format!(
                     "`ignore` entry `{}` names module `{module}`",
@@ -1000,6 +1023,11 @@ impl Schemes {
 /// bits.
 fn scheme_of(packing: Packing) -> (&'static [&'static str], &'static str, u64) {
     match packing {
+        Packing::Fp8 => (
+            &["float-quantized", "naive-quantized", "mxfp8-quantized"],
+            "float",
+            8,
+        ),
         Packing::Nvfp4 { .. } => (&["nvfp4-pack-quantized"], "float", 4),
         Packing::Mxfp4 => (&["mxfp4-pack-quantized"], "float", 4),
         Packing::Int { bits } => (&["pack-quantized"], "int", u64::from(bits)),
@@ -1055,6 +1083,12 @@ fn scheme_mismatch(g: &Scheme, d: Deq) -> Option<(String, String)> {
             return Some((format!("strategy {strategy}{size}"), show(held)));
         }
     }
+    symmetry_mismatch(g, d)
+}
+
+/// What scheme `g` says of zero points that weight `d` does not hold: a symmetric scheme
+/// has none, an asymmetric one has one.
+fn symmetry_mismatch(g: &Scheme, d: Deq) -> Option<(String, String)> {
     match (g.symmetric, d.zero_point.is_some()) {
         (Some(true), true) => Some(("symmetric true".into(), "a zero point".into())),
         (Some(false), false) => Some(("symmetric false".into(), "no zero point".into())),
@@ -1737,6 +1771,39 @@ mod tests {
             ..nvfp4.clone()
         };
         assert_eq!(check(vec![int4.clone(), inner], &["re:.m"]), None);
+        // An FP8 weight's zero point against its group's symmetry (a symmetric scheme's
+        // dequantization leaves a zero point unread); an FP8 module no group targets is not
+        // judged here.
+        let fp8 = [
+            t("q.weight", Dtype::F8_E4M3, &[4, 8]),
+            t("q.weight_scale", Dtype::BF16, &[4, 1]),
+            t("q.weight_zero_point", Dtype::I8, &[4, 1]),
+        ];
+        let (fdeq, _) = dequantizable(&fp8, &[], Dtype::BF16).unwrap();
+        let float = |symmetric, targets: &[&str]| Scheme {
+            format: Some("float-quantized".into()),
+            symmetric: Some(symmetric),
+            targets: targets.iter().map(|s| s.to_string()).collect(),
+            ..Scheme::default()
+        };
+        let judge = |g: Scheme| {
+            let schemes = Schemes {
+                config: "c.json".into(),
+                groups: vec![g],
+                ignore: Vec::new(),
+            };
+            schemes
+                .check(&fp8, &fdeq)
+                .err()
+                .map(|(n, p)| (n, p.to_string()))
+        };
+        assert_eq!(judge(float(false, &["Linear"])), None);
+        assert_eq!(judge(float(true, &["x"])), None);
+        let (n, p) = judge(float(true, &["re:q"])).unwrap();
+        assert!(
+            n == "q.weight" && p.contains("symmetric true") && p.contains("a zero point"),
+            "{p}"
+        );
         // A pattern the regex crate cannot read as Python's re: refused, naming it.
         for bad in ["re:(?=f)", "re:[[:alpha:]]", "re:f\\Z"] {
             let look = Scheme {

@@ -346,7 +346,7 @@ def _check_index(f: File, weight_map: dict[str, str], names: dict[str, set[str]]
 def _dequantize_problem(w: File, report: InspectReport) -> Refused | None:
     """Why a dequantized folder's file cannot be dequantized whole, if it cannot: a
     quantized tensor left as it is (a weight whose scale another file holds, or none), a
-    weight scale or zero point left without its weight."""
+    weight's scale, zero point, global scale or shape left without its weight."""
     for t in report.tensors:
         lowp = t.dtype in _core.QUANTIZED_DTYPES and t.reason not in ("dequantized", "dropped")
         of = [s for s in WEIGHT_COMPANION_SUFFIXES if t.name.endswith(s) and t.reason != "dropped"]
