@@ -159,8 +159,9 @@ pub enum SurveyProblem {
 pub enum Fp8Problem {
     /// A quantized tensor without a scale stcast reads beside it.
     NoScale,
-    /// A scale (or, `zero_point`, a zero point) whose FP8 weight is not in this file.
-    NoWeight { zero_point: bool },
+    /// A companion of a quantized weight (`role`: a scale, zero point, global scale or
+    /// shape, `quant::companion_role`) in `dtype` whose weight is not in this file.
+    NoWeight { role: &'static str, dtype: String },
     /// An FP8 weight with both `X.weight_scale` and `X.weight_scale_inv`.
     TwoScales { scale: String, scale_inv: String },
     /// A scale or zero point of FP8 weight `weight` in a dtype stcast does not dequantize
@@ -204,6 +205,17 @@ pub enum Fp8Problem {
         says: String,
         holds: String,
     },
+    /// A quantized weight that is dequantized, or a tensor its dequantization reads and drops,
+    /// that the `keep` pattern `pattern` matches: neither can keep its dtype (the codes mean
+    /// nothing without the scales, and the output's config has no quantization_config).
+    Kept { pattern: String },
+    /// A `targets` or `ignore` entry `pattern` of config `config` that stcast cannot match
+    /// as compressed-tensors (Python's `re`) does: `reason` says why.
+    Pattern {
+        config: PathBuf,
+        pattern: String,
+        reason: String,
+    },
     /// A packed weight whose dequantized name `out` is also the output name of `other`
     /// (a tensor of that name kept beside it, or another packed weight).
     NameTaken { out: String, other: String },
@@ -225,11 +237,9 @@ impl fmt::Display for Fp8Problem {
                  `X.weight_scale_inv` in F32, BF16 or F16, per tensor, channel, group or \
                  128x128 block, and optionally `X.weight_zero_point`)"
             ),
-            Fp8Problem::NoWeight { zero_point } => write!(
-                f,
-                "is an FP8 {} whose weight is not in this file",
-                role(*zero_point)
-            ),
+            Fp8Problem::NoWeight { role, dtype } => {
+                write!(f, "is a {role} ({dtype}) whose weight is not in this file")
+            }
             Fp8Problem::TwoScales { scale, scale_inv } => write!(
                 f,
                 "has two scales, `{}` and `{}`: which one it is dequantized with is ambiguous",
@@ -248,7 +258,10 @@ impl fmt::Display for Fp8Problem {
                 if *zero_point {
                     "zero points in F8_E4M3, I8, I16 or I32"
                 } else {
-                    "scales in F32, BF16 or F16"
+                    "scales in F32, BF16 or F16, E8M0 exponents in U8 (MXFP8's \
+                     `weight_scale`, a scale per 32 columns) or an F8_E8M0 \
+                     `weight_scale_inv` (transformers' FP8); compressed-tensors casts the \
+                     codes to an F8_E8M0 `weight_scale`'s dtype, which no reference reads"
                 }
             ),
             Fp8Problem::Shape {
@@ -300,6 +313,25 @@ impl fmt::Display for Fp8Problem {
                  keeps no dequantized weight; BF16 holds them)",
                 crate::text::count(*values, "value"),
                 target.describe()
+            ),
+            Fp8Problem::Pattern {
+                config,
+                pattern,
+                reason,
+            } => write!(
+                f,
+                "is a packed weight whose config {} has the pattern `{}`, which stcast \
+                 cannot match as compressed-tensors (Python's re) does: {}",
+                esc_path(config),
+                esc(pattern),
+                esc(reason)
+            ),
+            Fp8Problem::Kept { pattern } => write!(
+                f,
+                "is matched by the {{keep}} pattern `{}`, but it is a quantized weight or what \
+                 dequantizes one: its codes cannot be kept without the scales dequantization \
+                 drops, and the output's config has no quantization_config to describe them",
+                esc(pattern)
             ),
             Fp8Problem::NameTaken { out, other } => write!(
                 f,

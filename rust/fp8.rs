@@ -796,7 +796,79 @@ pub fn dequantize(
             F16::round,
             |p| f16_from_f32(p.to_bits()),
         ),
+        // compressed-tensors `mxfp8-quantized`: U8 E8M0 exponents, read as BF16 scales
+        // (`decompress_mx_scale`), then as a BF16 scale.
+        (Dtype::U8, Dtype::BF16) => dequant(
+            layout,
+            (scales, z),
+            cols,
+            row0,
+            q,
+            dst,
+            (1, e8m0_at),
+            Bf16::round,
+            |p| bf16_from_f32(p.to_bits()),
+        ),
+        (Dtype::U8, Dtype::F16) => dequant(
+            layout,
+            (scales, z),
+            cols,
+            row0,
+            q,
+            dst,
+            (1, e8m0_at),
+            Bf16::round,
+            |p| f16_from_bf16(bf16_from_f32(p.to_bits())),
+        ),
+        // transformers' `Fp8Dequantize` of an F8_E8M0 `weight_scale_inv`: `s.to(float32)`
+        // (byte 255 is NaN), `q.to(float32) * s`, then `.to(target)`.
+        (Dtype::F8_E8M0, Dtype::BF16) => dequant(
+            layout,
+            (scales, z),
+            cols,
+            row0,
+            q,
+            dst,
+            (1, e8m0fnu_at),
+            F32::round,
+            |p| bf16_from_f32(p.to_bits()),
+        ),
+        (Dtype::F8_E8M0, Dtype::F16) => dequant(
+            layout,
+            (scales, z),
+            cols,
+            row0,
+            q,
+            dst,
+            (1, e8m0fnu_at),
+            F32::round,
+            |p| f16_from_f32(p.to_bits()),
+        ),
         _ => {}
+    }
+}
+
+/// An E8M0 scale byte's value as compressed-tensors' `decompress_mx_scale` gives it,
+/// `2.0 ** (b - 127).to(bfloat16)`: `2^(b - 127)` in BF16, so 2^-127 (a subnormal) for 0 and
+/// +inf for 255 (2^128 overflows). (gpt-oss's `ldexp` keeps 2^128: `gptoss_scale`.)
+#[inline(always)]
+pub fn e8m0(b: u8) -> f32 {
+    match b {
+        0 => f32::from_bits(0x0040_0000),
+        _ => f32::from_bits(u32::from(b) << 23), // 255 << 23 is +inf
+    }
+}
+
+/// E8M0 scale `i` stored as a U8 exponent: `2^(b - 127)`, 255 is +inf (`e8m0`).
+fn e8m0_at(src: &[u8], i: usize) -> f32 {
+    e8m0(src[i])
+}
+
+/// E8M0 scale `i` in torch's `float8_e8m0fnu`, `.to(float32)`: `2^(b - 127)`, 255 is NaN.
+fn e8m0fnu_at(src: &[u8], i: usize) -> f32 {
+    match src[i] {
+        0xFF => f32::NAN,
+        b => e8m0(b),
     }
 }
 

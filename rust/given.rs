@@ -65,6 +65,10 @@ pub struct Exports {
     /// What follows a module's name in the tensors an FP8 weight's dequantization drops
     /// (`quant::companion_suffixes`).
     pub fp8_companion_suffixes: Names,
+    /// `quant::companion_roles`: per suffix of a weight's companion, what it is to the
+    /// weight (`scale`, `zero point`, `global scale`, `shape`), for messages.
+    #[serde(serialize_with = "pairs")]
+    pub companion_roles: Vec<(String, &'static str)>,
     /// `quant::PACKED_SUFFIX`, `quant::BLOCKS_SUFFIX`: what a packed weight's name loses
     /// once dequantized (`X.weight_packed` -> `X.weight`, `X_blocks` -> `X`).
     pub packed_suffixes: Names,
@@ -121,6 +125,7 @@ impl Default for Exports {
             isas: Names::of(crate::kernels::Isa::available().iter().map(|i| i.name())),
             fp8_scale_suffixes: Names::of(crate::quant::SCALE_SUFFIXES),
             fp8_companion_suffixes: Names(crate::quant::companion_suffixes()),
+            companion_roles: crate::quant::companion_roles(),
             packed_suffixes: Names::of([crate::quant::PACKED_SUFFIX, crate::quant::BLOCKS_SUFFIX]),
             packed_scales_suffix: crate::quant::SCALES_SUFFIX.to_string(),
             quantization_keys: Names::of(crate::run::json::QUANTIZATION_KEYS),
@@ -516,11 +521,12 @@ impl Settings {
 /// The schemes model config `path` gives its packed weights (`Settings::packed_config`).
 fn schemes(path: &std::path::Path) -> crate::Result<crate::quant::Schemes> {
     let text = read_config(path)?;
-    let groups = crate::run::json::schemes(&text)
+    let (groups, ignore) = crate::run::json::schemes(&text)
         .map_err(|e| config_error(path, &format!("not JSON (at byte {})", e.0)))?;
     Ok(crate::quant::Schemes {
         config: path.to_path_buf(),
         groups,
+        ignore,
     })
 }
 

@@ -20,6 +20,7 @@
 
 use safetensors::tensor::Dtype;
 
+pub use crate::fp8::e8m0;
 use crate::fp8::{e4m3_to_f32, FpEnv};
 use crate::kernels::{
     bf16_from_f32, bf16_from_f64, f16_from_bf16, f16_from_f32, f16_from_f64, f32_from_f16,
@@ -35,17 +36,6 @@ pub const E2M1: [f32; 16] = [
 pub const NVFP4_GROUP: usize = 16;
 /// MXFP4's group (compressed-tensors and gpt-oss): 32 codes per E8M0 scale.
 pub const MXFP4_GROUP: usize = 32;
-
-/// An E8M0 scale byte's value as compressed-tensors' `decompress_mx_scale` gives it,
-/// `2.0 ** (b - 127).to(bfloat16)`: `2^(b - 127)` in BF16, so 2^-127 (a subnormal) for 0 and
-/// +inf for 255 (2^128 overflows). (gpt-oss's `ldexp` keeps 2^128: `gptoss_scale`.)
-#[inline(always)]
-pub fn e8m0(b: u8) -> f32 {
-    match b {
-        0 => f32::from_bits(0x0040_0000),
-        _ => f32::from_bits(u32::from(b) << 23), // 255 << 23 is +inf
-    }
-}
 
 /// Rounds an f32 to BF16 and back (exact), as torch stores a BF16 result of f32 arithmetic.
 #[inline(always)]

@@ -476,6 +476,11 @@ pub fn plan(path: &Path, src: &SourceHeader, opts: &PlanOptions) -> Result<Plan>
     }
     for (i, t) in src.tensors.iter().enumerate() {
         let hit = patterns.first_match(&t.name);
+        let dequantizing = dropped.get(i) == Some(&true) || matches!(deq.get(i), Some(Some(_)));
+        if let (Some(k), true) = (hit, dequantizing) {
+            let pattern = opts.keep[k].clone();
+            return Err(unpaired((t.name.clone(), Fp8Problem::Kept { pattern })));
+        }
         if dropped.get(i) == Some(&true) {
             reasons.push(Reason::Dropped);
             continue;
@@ -847,9 +852,11 @@ fn check_packed_left(path: &Path, src: &SourceHeader, reasons: &[Reason]) -> Res
 /// it is, or a weight's scale or zero point left without its weight (another file holds it).
 fn check_fp8_pairs(path: &Path, src: &SourceHeader, reasons: &[Reason]) -> Result<()> {
     for (t, r) in src.tensors.iter().zip(reasons) {
-        let problem = if *r != Reason::Dropped && quant::is_companion_name(&t.name) {
+        let role = quant::companion_role(&t.name).filter(|_| *r != Reason::Dropped);
+        let problem = if let Some(role) = role {
             Fp8Problem::NoWeight {
-                zero_point: t.name.ends_with(quant::ZERO_POINT_SUFFIX),
+                role,
+                dtype: t.dtype.to_string(),
             }
         } else if is_quantized_dtype(t.dtype) && !matches!(r, Reason::Dequantized | Reason::Dropped)
         {

@@ -246,12 +246,37 @@ pub const SCALE_SUFFIXES: [&str; 2] = ["_scale", "_scale_inv"];
 /// The name compressed-tensors gives a weight's zero point (asymmetric schemes).
 pub const ZERO_POINT_SUFFIX: &str = "_zero_point";
 
-/// Does `name` end as a scale or zero point of a weight (`X.weight_scale`, ...)?
-pub fn is_companion_name(name: &str) -> bool {
-    SCALE_SUFFIXES
-        .iter()
-        .chain(std::iter::once(&ZERO_POINT_SUFFIX))
-        .any(|s| name.strip_suffix(s).is_some_and(|w| module_of(w).is_some()))
+/// What tensor `name` is to the quantized weight it ends as a companion of (`X.weight_scale`:
+/// a scale, `X.weight_shape`: a packed weight's shape, ...), in words, or None: its
+/// `companion_roles` entry.
+pub fn companion_role(name: &str) -> Option<&'static str> {
+    companion_roles().into_iter().find_map(|(suffix, role)| {
+        let module = name.strip_suffix(&suffix[1..])?;
+        (module.is_empty() || module.strip_suffix('.').is_some_and(|m| !m.is_empty()))
+            .then_some(role)
+    })
+}
+
+/// Each suffix of `companion_suffixes` that follows a module's weight (`.weight_scale`, ...),
+/// and what such a tensor is to its weight, in words.
+pub fn companion_roles() -> Vec<(String, &'static str)> {
+    let shape = &crate::header::WEIGHT_SHAPE_SUFFIX[".weight".len()..];
+    companion_suffixes()
+        .into_iter()
+        .filter_map(|s| {
+            let after = s.strip_prefix(".weight")?;
+            let role = if after == ZERO_POINT_SUFFIX {
+                "zero point"
+            } else if after == GLOBAL_SCALE_SUFFIX {
+                "global scale"
+            } else if after == shape {
+                "shape"
+            } else {
+                "scale"
+            };
+            Some((s, role))
+        })
+        .collect()
 }
 
 /// The dtypes of a zero point stcast dequantizes with: compressed-tensors' `zp_dtype` for
@@ -265,7 +290,9 @@ pub type Pairing = (Vec<Option<Deq>>, Vec<bool>);
 
 /// The FP8 weights of an input that can be dequantized to `target` (BF16 or F16): an
 /// F8_E4M3 2-D `X.weight` with `X.weight_scale` or `X.weight_scale_inv` in F32, BF16 or F16,
-/// shaped per tensor, channel, group or 128x128 block, and beside a `weight_scale` perhaps
+/// shaped per tensor, channel, group or 128x128 block (or E8M0 exponents: compressed-tensors'
+/// MXFP8 `weight_scale` in U8, one per 32 columns; transformers' `weight_scale_inv` in
+/// F8_E8M0 or U8, on a grid transformers divides evenly), and beside a `weight_scale` perhaps
 /// `X.weight_zero_point` (see `ZERO_POINT_DTYPES`) shaped as the scale. Returns, per input
 /// tensor, the weight's `Deq`; and which input tensors are its scales and zero points, or
 /// activation scales (`X.input_scale`, `input_scale_names`) that mean nothing once
@@ -336,36 +363,81 @@ pub fn dequantizable(
         };
         beside(k, &scale_name, false)?;
         let s = &tensors[k];
-        if !matches!(s.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
-            return Err((
-                scale_name,
-                Fp8Problem::Dtype {
-                    weight: t.name.clone(),
-                    zero_point: false,
-                    dtype: s.dtype.to_string(),
-                },
-            ));
-        }
-        if ambiguous(&s.shape, rows, cols) {
-            return Err((
-                scale_name,
-                Fp8Problem::AmbiguousScale {
-                    weight: t.name.clone(),
-                    shape: s.shape.clone(),
-                    expected: t.shape.clone(),
-                },
-            ));
-        }
-        let Some(layout) = layout_of(&s.shape, rows, cols) else {
-            return Err((
-                scale_name,
-                Fp8Problem::Shape {
-                    weight: t.name.clone(),
-                    zero_point: false,
-                    shape: s.shape.clone(),
-                    expected: t.shape.clone(),
-                },
-            ));
+        // E8M0 exponents: compressed-tensors' MXFP8 (`weight_scale` in U8, a scale per 32
+        // columns), transformers' FP8 (`weight_scale_inv` in F8_E8M0 or U8, any grid).
+        let e8m0 = match (s.dtype, inv) {
+            (Dtype::U8, _) | (Dtype::F8_E8M0, true) => true,
+            (Dtype::F32 | Dtype::BF16 | Dtype::F16, _) => false,
+            _ => {
+                return Err((
+                    scale_name,
+                    Fp8Problem::Dtype {
+                        weight: t.name.clone(),
+                        zero_point: false,
+                        dtype: s.dtype.to_string(),
+                    },
+                ))
+            }
+        };
+        let layout = if e8m0 && !inv {
+            // MXFP8: `[O, I / 32]`, whatever else that shape might read as; symmetric.
+            let group = crate::packed::MXFP4_GROUP as u64;
+            let mx = |detail: String| {
+                let format = "mxfp8-quantized";
+                Fp8Problem::Packed { format, detail }
+            };
+            if !cols.is_multiple_of(group) || s.shape != [rows as usize, (cols / group) as usize] {
+                let detail = format!(
+                    "a scale in U8 (E8M0 exponents) of shape {:?} beside `{}` {:?}: MXFP8's is \
+                     [O, I/32], one per 32 columns of a row",
+                    s.shape, t.name, t.shape
+                );
+                return Err((scale_name, mx(detail)));
+            }
+            if let Some((_, zp_name)) = named(ZERO_POINT_SUFFIX) {
+                let detail = "a zero point beside E8M0 scales (MXFP8 is symmetric)".into();
+                return Err((zp_name, mx(detail)));
+            }
+            Layout::Group(group)
+        } else {
+            if ambiguous(&s.shape, rows, cols) {
+                return Err((
+                    scale_name,
+                    Fp8Problem::AmbiguousScale {
+                        weight: t.name.clone(),
+                        shape: s.shape.clone(),
+                        expected: t.shape.clone(),
+                    },
+                ));
+            }
+            let Some(layout) = layout_of(&s.shape, rows, cols) else {
+                return Err((
+                    scale_name,
+                    Fp8Problem::Shape {
+                        weight: t.name.clone(),
+                        zero_point: false,
+                        shape: s.shape.clone(),
+                        expected: t.shape.clone(),
+                    },
+                ));
+            };
+            // transformers reads an E8M0 grid as blocks of rows / R x cols / C: a ceil-divided
+            // 128x128 grid only where that is 128 (or the whole dimension).
+            let even = |n: u64| n <= BLOCK || n.is_multiple_of(BLOCK);
+            if e8m0 && layout == Layout::Block && !(even(rows) && even(cols)) {
+                return Err((
+                    scale_name,
+                    Fp8Problem::Packed {
+                        format: "FP8 (E8M0 scales)",
+                        detail: format!(
+                            "a 128x128-block grid {:?} of `{}` {:?}, which transformers' FP8 \
+                             dequantization reads as blocks of another size",
+                            s.shape, t.name, t.shape
+                        ),
+                    },
+                ));
+            }
+            layout
         };
         let zero_point = match named(ZERO_POINT_SUFFIX) {
             None => None,
@@ -803,6 +875,9 @@ pub struct Scheme {
     pub strategy: Option<String>,
     pub group_size: Option<u64>,
     pub symmetric: Option<bool>,
+    /// `targets`: the modules the group quantizes (names, `re:` patterns, `Linear` for
+    /// every module); none: every module, as compressed-tensors' dequantizer reads it.
+    pub targets: Vec<String>,
 }
 
 /// What a folder's model config `config` says of the packed weights a run dequantizes: its
@@ -811,53 +886,155 @@ pub struct Scheme {
 pub struct Schemes {
     pub config: std::path::PathBuf,
     pub groups: Vec<Scheme>,
+    /// `ignore`: the modules no group quantizes (names and `re:` patterns).
+    pub ignore: Vec<String>,
+}
+
+/// A `targets` or `ignore` entry of a compressed-tensors config, as its dequantizer matches
+/// module names (`match_name`, `match_quantizable_tensors`): `re:P` when Python's
+/// `re.match(P, name)` matches (at the start of the name), `Linear` every module, any other
+/// entry the name it is (a class name other than `Linear` names no module there).
+enum ModulePattern {
+    Any,
+    Name(String),
+    Regex(regex::Regex),
+}
+
+/// What in a `re:` pattern the `regex` crate would read otherwise than Python's `re` does,
+/// though both accept it (docs/rounding.md): nested classes, class set operations, POSIX
+/// classes, Unicode property escapes (which Python refuses).
+const NOT_PYTHON_RE: [&str; 6] = ["[[", "&&", "--", "~~", "\\p", "\\P"];
+
+impl ModulePattern {
+    /// Compile an entry; the error says why a `re:` pattern cannot be matched as Python does.
+    fn new(entry: &str) -> Result<ModulePattern, String> {
+        let Some(re) = entry.strip_prefix("re:") else {
+            return Ok(match entry {
+                "Linear" => ModulePattern::Any,
+                _ => ModulePattern::Name(entry.to_string()),
+            });
+        };
+        if let Some(bad) = NOT_PYTHON_RE.iter().find(|b| re.contains(*b)) {
+            return Err(format!("`{bad}` reads otherwise in Python's re"));
+        }
+        // `re.match`: anchored at the start only.
+        regex::Regex::new(&format!("^(?:{re})"))
+            .map(ModulePattern::Regex)
+            .map_err(|e| {
+                let e = e.to_string();
+                let last = e.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+                last.trim().trim_start_matches("error: ").to_string()
+            })
+    }
+
+    fn matches(&self, module: &str) -> bool {
+        match self {
+            ModulePattern::Any => true,
+            ModulePattern::Name(n) => n == module,
+            ModulePattern::Regex(r) => r.is_match(module),
+        }
+    }
 }
 
 impl Schemes {
-    /// Does a scheme of the config describe every packed weight of `deq` (`dequantizable`'s,
-    /// of `tensors`) as its tensors store it: its format, type and bits, its grouping, its
-    /// zero points (asymmetric) or none (symmetric)? The error names the weight, what the
-    /// config says and what its tensors hold. One scheme: that one; several: a weight must
-    /// agree with one of them (which module each targets is not told apart here).
+    /// Does the config describe every packed weight of `deq` (`dequantizable`'s, of
+    /// `tensors`) as its tensors store it? Each weight's module is matched as
+    /// compressed-tensors' dequantizer matches it (`ModulePattern`): not named by `ignore`,
+    /// and taken by the first group (in the config's order) whose `targets` name it and
+    /// whose format stores its codes as they are (packed or not); that group must say its
+    /// format, type and bits, its grouping, its zero points (asymmetric) or none
+    /// (symmetric). The error names the weight, what the config says and what its tensors
+    /// hold, or a `re:` pattern stcast cannot match as Python's `re` does.
     pub fn check(
         &self,
         tensors: &[crate::header::SourceTensor],
         deq: &[Option<Deq>],
     ) -> Result<(), (String, Fp8Problem)> {
-        if self.groups.is_empty() {
+        let packed: Vec<(&crate::header::SourceTensor, Deq)> = tensors
+            .iter()
+            .zip(deq)
+            .filter_map(|(t, d)| Some((t, (*d)?)))
+            .filter(|(_, d)| !matches!(d.packing, Packing::GptOss { .. }))
+            .collect();
+        let Some(first) = packed.first().filter(|_| !self.groups.is_empty()) else {
             return Ok(());
-        }
-        for (t, d) in tensors.iter().zip(deq) {
-            let Some(d) = d.filter(|d| !matches!(d.packing, Packing::Fp8 | Packing::GptOss { .. }))
-            else {
-                continue;
-            };
-            // None when a scheme agrees; else what the nearest one says: one of the
-            // weight's format, if any.
-            let mut first: Option<(String, String)> = None;
-            for g in &self.groups {
-                let Some(m) = scheme_mismatch(g, d) else {
-                    first = None;
-                    break;
+        };
+        let compile = |list: &[String]| -> Result<Vec<ModulePattern>, (String, Fp8Problem)> {
+            list.iter()
+                .map(|p| {
+                    ModulePattern::new(p).map_err(|reason| {
+                        let problem = Fp8Problem::Pattern {
+                            config: self.config.clone(),
+                            pattern: p.clone(),
+                            reason,
+                        };
+                        (first.0.name.clone(), problem)
+                    })
+                })
+                .collect()
+        };
+        let ignore = compile(&self.ignore)?;
+        let targets = self
+            .groups
+            .iter()
+            .map(|g| compile(&g.targets))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (t, d) in packed {
+            let module = module_of(d.out_name(&t.name)).unwrap_or("");
+            let fail = |says: String, holds: String| {
+                let problem = Fp8Problem::Config {
+                    format: packed_format(d.packing),
+                    config: self.config.clone(),
+                    says,
+                    holds,
                 };
-                let other_format = |m: &(String, String)| m.0.starts_with("format ");
-                if first
-                    .as_ref()
-                    .is_none_or(|f| other_format(f) && !other_format(&m))
-                {
-                    first = Some(m);
+                Err((t.name.clone(), problem))
+            };
+            let codes = format!("{} codes", packed_format(d.packing));
+            if d.packing == Packing::Fp8 {
+                // An FP8 weight: its group's symmetry against its zero point, which
+                // compressed-tensors reads only for an asymmetric scheme (a symmetric one
+                // would leave it unread: other bits than stcast's).
+                let group = self.groups.iter().zip(&targets).find(|(g, ts)| {
+                    let stores = g
+                        .format
+                        .as_deref()
+                        .is_none_or(|f| !f.ends_with("pack-quantized"));
+                    stores && (ts.is_empty() || ts.iter().any(|p| p.matches(module)))
+                });
+                let ignored = ignore.iter().any(|p| p.matches(module));
+                // (An asymmetric group over weights without zero points is read as before:
+                // `q * s`.)
+                if let (Some((g, _)), false) = (group, ignored) {
+                    if let Some((says, holds)) =
+                        symmetry_mismatch(g, d).filter(|_| g.symmetric == Some(true))
+                    {
+                        return fail(says, holds);
+                    }
                 }
+                continue;
             }
-            if let Some((says, holds)) = first {
-                return Err((
-                    t.name.clone(),
-                    Fp8Problem::Config {
-                        format: packed_format(d.packing),
-                        config: self.config.clone(),
-                        says,
-                        holds,
-                    },
-                ));
+            if let Some(k) = ignore.iter().position(|p| p.matches(module)) {
+                let says = format!(
+                    "`ignore` entry `{}` names module `{module}`",
+                    self.ignore[k]
+                );
+                return fail(says, codes);
+            }
+            let is_packed = t.name.ends_with(PACKED_SUFFIX);
+            let group = self.groups.iter().zip(&targets).find(|(g, ts)| {
+                let stores = g
+                    .format
+                    .as_deref()
+                    .is_none_or(|f| f.ends_with("pack-quantized") == is_packed);
+                stores && (ts.is_empty() || ts.iter().any(|p| p.matches(module)))
+            });
+            let Some((g, _)) = group else {
+                let says = format!("no config group's `targets` names module `{module}`");
+                return fail(says, codes);
+            };
+            if let Some((says, holds)) = scheme_mismatch(g, d) {
+                return fail(says, holds);
             }
         }
         Ok(())
@@ -868,6 +1045,11 @@ impl Schemes {
 /// bits.
 fn scheme_of(packing: Packing) -> (&'static [&'static str], &'static str, u64) {
     match packing {
+        Packing::Fp8 => (
+            &["float-quantized", "naive-quantized", "mxfp8-quantized"],
+            "float",
+            8,
+        ),
         Packing::Nvfp4 { .. } => (&["nvfp4-pack-quantized"], "float", 4),
         Packing::Mxfp4 => (&["mxfp4-pack-quantized"], "float", 4),
         Packing::Int { bits } => (&["pack-quantized"], "int", u64::from(bits)),
@@ -923,6 +1105,12 @@ fn scheme_mismatch(g: &Scheme, d: Deq) -> Option<(String, String)> {
             return Some((format!("strategy {strategy}{size}"), show(held)));
         }
     }
+    symmetry_mismatch(g, d)
+}
+
+/// What scheme `g` says of zero points that weight `d` does not hold: a symmetric scheme
+/// has none, an asymmetric one has one.
+fn symmetry_mismatch(g: &Scheme, d: Deq) -> Option<(String, String)> {
     match (g.symmetric, d.zero_point.is_some()) {
         (Some(true), true) => Some(("symmetric true".into(), "a zero point".into())),
         (Some(false), false) => Some(("symmetric false".into(), "no zero point".into())),
@@ -1506,6 +1694,27 @@ mod tests {
                 }
             ));
         }
+        // E8M0: compressed-tensors' F8_E8M0 `weight_scale` has no reference; MXFP8's U8
+        // scale covers 32 columns.
+        let (n, p) = refused(&[t("a.weight_scale", Dtype::F8_E8M0, &[4, 1])]);
+        assert_eq!(n, "a.weight_scale");
+        assert!(matches!(p, Fp8Problem::Dtype { ref dtype, .. } if dtype == "F8_E8M0"));
+        let (n, p) = refused(&[t("a.weight_scale", Dtype::U8, &[4, 1])]);
+        assert_eq!(n, "a.weight_scale");
+        assert!(matches!(p, Fp8Problem::Packed { format, .. } if format == "mxfp8-quantized"));
+        let wide = t("w.weight", Dtype::F8_E4M3, &[4, 64]);
+        for (scale, layout) in [
+            (t("w.weight_scale", Dtype::U8, &[4, 2]), Layout::Group(32)),
+            (
+                t("w.weight_scale_inv", Dtype::F8_E8M0, &[4, 2]),
+                Layout::Group(32),
+            ),
+            (t("w.weight_scale_inv", Dtype::U8, &[1, 1]), Layout::Tensor),
+        ] {
+            let (deq, dropped) = dequantizable(&[wide.clone(), scale], &[], Dtype::BF16).unwrap();
+            assert_eq!(deq[0].unwrap().layout, layout);
+            assert_eq!(dropped, [false, true]);
+        }
         let inv = t("a.weight_scale_inv", Dtype::F32, &[4, 1]);
         let (_, p) = refused(&[inv, zp(Dtype::I8, &[4, 1])]);
         assert!(matches!(p, Fp8Problem::ZeroPointWithScaleInv { .. }));
@@ -1607,6 +1816,7 @@ mod tests {
             strategy: Some("group".into()),
             group_size: Some(25),
             symmetric: Some(false),
+            targets: vec!["m".into()],
         };
         let nvfp4 = Scheme {
             format: Some("nvfp4-pack-quantized".into()),
@@ -1615,11 +1825,13 @@ mod tests {
             strategy: Some("tensor_group".into()),
             group_size: Some(16),
             symmetric: Some(true),
+            targets: vec!["f".into()],
         };
         let check = |groups: Vec<Scheme>| {
             let schemes = Schemes {
                 config: "c/config.json".into(),
                 groups,
+                ignore: Vec::new(),
             };
             schemes
                 .check(&ts, &deq)
@@ -1628,8 +1840,12 @@ mod tests {
         };
         assert_eq!(check(vec![int4.clone(), nvfp4.clone()]), None);
         assert_eq!(check(Vec::new()), None);
-        // One scheme: the other weight's format is not it.
-        let (n, p) = check(vec![int4.clone()]).unwrap();
+        // One scheme for every module: the other weight's format is not it.
+        let all = Scheme {
+            targets: Vec::new(),
+            ..int4.clone()
+        };
+        let (n, p) = check(vec![all]).unwrap();
         assert_eq!(n, "f.weight_packed");
         assert!(p.contains("format pack-quantized"), "{p}");
         for (bad, says, holds) in [
@@ -1705,8 +1921,128 @@ mod tests {
         let schemes = Schemes {
             config: "c".into(),
             groups: vec![wide],
+            ignore: Vec::new(),
         };
         assert!(schemes.check(&ts1, &deq1).is_ok());
+    }
+
+    #[test]
+    fn each_packed_weight_is_checked_against_the_group_that_targets_it() {
+        // Two groups: INT4 (group 25, asymmetric) for `m`, NVFP4 for `re:f.*`.
+        let shapes = [("m.weight_shape".to_string(), [6, 100])];
+        let ts = [
+            t("m.weight_packed", Dtype::I32, &[6, 13]),
+            t("m.weight_scale", Dtype::BF16, &[6, 4]),
+            t("m.weight_shape", Dtype::I64, &[2]),
+            t("m.weight_zero_point", Dtype::I32, &[1, 4]),
+            t("f.weight_packed", Dtype::U8, &[3, 16]),
+            t("f.weight_scale", Dtype::F8_E4M3, &[3, 2]),
+            t("f.weight_global_scale", Dtype::F32, &[1]),
+        ];
+        let (deq, _) = dequantizable(&ts, &shapes, Dtype::BF16).unwrap();
+        let int4 = Scheme {
+            format: Some("pack-quantized".into()),
+            kind: Some("int".into()),
+            num_bits: Some(4),
+            strategy: Some("group".into()),
+            group_size: Some(25),
+            symmetric: Some(false),
+            targets: vec!["m".into()],
+        };
+        let nvfp4 = Scheme {
+            format: Some("nvfp4-pack-quantized".into()),
+            kind: Some("float".into()),
+            num_bits: Some(4),
+            targets: vec!["re:f$".into()],
+            ..Scheme::default()
+        };
+        let check = |groups: Vec<Scheme>, ignore: &[&str]| {
+            let schemes = Schemes {
+                config: "c.json".into(),
+                groups,
+                ignore: ignore.iter().map(|s| s.to_string()).collect(),
+            };
+            schemes
+                .check(&ts, &deq)
+                .err()
+                .map(|(n, p)| (n, p.to_string()))
+        };
+        assert_eq!(check(vec![int4.clone(), nvfp4.clone()], &[]), None);
+        assert_eq!(check(vec![nvfp4.clone(), int4.clone()], &["lm_head"]), None);
+        // Each weight is judged by its own group: an NVFP4 group that says 8 bits names f,
+        // though the INT4 group would describe it no better.
+        let eight = Scheme {
+            num_bits: Some(8),
+            ..nvfp4.clone()
+        };
+        let (n, p) = check(vec![int4.clone(), eight], &[]).unwrap();
+        assert!(n == "f.weight_packed" && p.contains("num_bits 8"), "{p}");
+        // Targets that name neither, an ignored module, `Linear`, `re:` at the start only.
+        let (n, p) = check(vec![int4.clone()], &[]).unwrap();
+        assert!(
+            n == "f.weight_packed" && p.contains("no config group's `targets` names module `f`"),
+            "{p}"
+        );
+        let (n, p) = check(vec![int4.clone(), nvfp4.clone()], &["re:m"]).unwrap();
+        assert!(
+            n == "m.weight_packed" && p.contains("`ignore` entry `re:m` names module `m`"),
+            "{p}"
+        );
+        let linear = Scheme {
+            targets: vec!["Linear".into()],
+            ..nvfp4.clone()
+        };
+        assert_eq!(check(vec![int4.clone(), linear], &["re:x"]), None);
+        let inner = Scheme {
+            targets: vec!["re:f".into()],
+            ..nvfp4.clone()
+        };
+        assert_eq!(check(vec![int4.clone(), inner], &["re:.m"]), None);
+        // An FP8 weight's zero point against its group's symmetry (a symmetric scheme's
+        // dequantization leaves a zero point unread); an FP8 module no group targets is not
+        // judged here.
+        let fp8 = [
+            t("q.weight", Dtype::F8_E4M3, &[4, 8]),
+            t("q.weight_scale", Dtype::BF16, &[4, 1]),
+            t("q.weight_zero_point", Dtype::I8, &[4, 1]),
+        ];
+        let (fdeq, _) = dequantizable(&fp8, &[], Dtype::BF16).unwrap();
+        let float = |symmetric, targets: &[&str]| Scheme {
+            format: Some("float-quantized".into()),
+            symmetric: Some(symmetric),
+            targets: targets.iter().map(|s| s.to_string()).collect(),
+            ..Scheme::default()
+        };
+        let judge = |g: Scheme| {
+            let schemes = Schemes {
+                config: "c.json".into(),
+                groups: vec![g],
+                ignore: Vec::new(),
+            };
+            schemes
+                .check(&fp8, &fdeq)
+                .err()
+                .map(|(n, p)| (n, p.to_string()))
+        };
+        assert_eq!(judge(float(false, &["Linear"])), None);
+        assert_eq!(judge(float(true, &["x"])), None);
+        let (n, p) = judge(float(true, &["re:q"])).unwrap();
+        assert!(
+            n == "q.weight" && p.contains("symmetric true") && p.contains("a zero point"),
+            "{p}"
+        );
+        // A pattern the regex crate cannot read as Python's re: refused, naming it.
+        for bad in ["re:(?=f)", "re:[[:alpha:]]", "re:f\\Z"] {
+            let look = Scheme {
+                targets: vec![bad.into()],
+                ..nvfp4.clone()
+            };
+            let (_, p) = check(vec![int4.clone(), look], &[]).unwrap();
+            assert!(
+                p.contains(&format!("the pattern `{bad}`")) && p.contains("Python's re"),
+                "{p}"
+            );
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import ml_dtypes
@@ -429,7 +430,7 @@ def test_zero_point_without_scale_refused(tmp_path, run_main):
             "b.weight_zero_point": ("I8", [4, 1], ZP8),
         },
         "`b.weight_zero_point`",
-        "zero point whose weight is not in this file",
+        "is a zero point (I8) whose weight is not in this file",
     )
 
 
@@ -502,3 +503,23 @@ def test_model_free_ptq_asymmetric_output(tmp_path, run_main, folder, to):
     assert "quantization_config" not in json.loads((dst / "config.json").read_text())
     rc, _, err = run_main("verify", FIX / folder, dst, "--from-bf16")
     assert rc == 0, err
+
+
+def test_a_symmetric_config_over_zero_points_is_refused(tmp_path, run_main):
+    """A folder whose config calls its FP8 weights symmetric while they have zero points:
+    compressed-tensors' dequantization of a symmetric scheme leaves the zero points unread
+    (other bits than `(q - zp) * s`), so the folder is refused in one line naming the config
+    (it was converted with the zero points applied)."""
+    src = tmp_path / "src"
+    shutil.copytree(FIX / "llama-fp32.fp8-asym-channel", src)
+    config = json.loads((src / "config.json").read_text())
+    for g in config["quantization_config"]["config_groups"].values():
+        g["weights"]["symmetric"] = True
+    (src / "config.json").write_text(json.dumps(config))
+    for extra in ([], ["--max-shard-size", "40KB"]):
+        rc, _, err = run_main("convert", src, tmp_path / "out", *extra)
+        assert rc == 1, err
+        line = assert_one_error_line(err)
+        assert "symmetric true" in line and "a zero point" in line, line
+        assert "config.json" in line and "allow" not in line, line
+        assert not (tmp_path / "out").exists()

@@ -271,3 +271,179 @@ def test_strip_prefix_on_a_packed_file(tmp_path, folder):
     assert hashes(stripped) == want
     rc, _, err = run("verify", "-q", src, stripped)
     assert (rc, err) == (0, "")
+
+
+# --- what a run refuses around packed weights, in one line -----------------------------------
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+@pytest.mark.parametrize("part", ["weight", "scale"])
+def test_keep_matching_a_packed_weight_or_its_scale_is_refused(tmp_path, folder, part):
+    """`--keep` of a packed weight (or its scale) cannot keep it: its codes mean nothing
+    without the scales, and the output's config loses its quantization_config. It was
+    silently ignored, even with --strict; now refused before anything is written, naming
+    the file, the tensor and the pattern, suggesting no flag."""
+    src = FIX / folder / "model.safetensors"
+    names = sorted(tensor_bytes(src))
+    packed = next(k for k in names if k.endswith(("_packed", "_blocks")))
+    stem = packed.removesuffix("_packed").removesuffix("_blocks")
+    tensor = packed if part == "weight" else f"{stem}_scale" if stem + "_scale" in names else ""
+    tensor = tensor or f"{stem}_scales"
+    assert tensor in names
+    for what in (src, src.parent):
+        for strict in ([], ["--strict"]):
+            dst = tmp_path / "out"
+            rc, _, err = run("convert", what, dst, "--keep", tensor, *strict)
+            assert rc == 1, err
+            line = assert_one_error_line(err)
+            assert str(src) in line and f"`{tensor}`" in line, line
+            assert f"--keep pattern `{tensor}`" in line, line
+            assert "allow" not in line and "--strict" not in line, line
+            assert not dst.exists()
+    # Patterns that match no quantized tensor still keep what they match.
+    dst = tmp_path / "kept.safetensors"
+    rc, _, err = run("convert", src, dst, "--keep", "*norm*")
+    assert rc == 0, err
+
+
+@pytest.mark.parametrize(
+    ("tensor", "dtype", "role"),
+    [
+        ("z.weight_shape", "I64", "a shape (I64)"),
+        ("z.weight_global_scale", "U8", "a global scale (U8)"),
+        ("z.weight_global_scale", "F32", "a global scale (F32)"),
+        ("z.weight_scale", "U8", "a scale (U8)"),
+        ("z.weight_zero_point", "I32", "a zero point (I32)"),
+    ],
+)
+def test_a_stray_companion_names_what_it_is(tmp_path, tensor, dtype, role):
+    """A scale, global scale, zero point or shape whose packed weight is not in its file is
+    refused naming what it is (it said "an FP8 scale" for each; a stray weight_shape or
+    global scale was copied), for a file and a folder."""
+    folder = "llama-bf16.w4a16"
+    src = tmp_path / "src"
+    shutil.copytree(FIX / folder, src)
+    tensors = tensor_bytes(src / "model.safetensors")
+    size = {"I64": 16, "U8": 1, "F32": 4, "I32": 4}[dtype]
+    shape = [2] if dtype == "I64" else [1]
+    tensors[tensor] = (dtype, shape, b"\x01" * size)
+    write_safetensors(src / "model.safetensors", tensors)
+    index = src / "model.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    doc["weight_map"][tensor] = "model.safetensors"
+    index.write_text(json.dumps(doc))
+    for what in (src / "model.safetensors", src):
+        dst = tmp_path / "out"
+        rc, _, err = run("convert", what, dst)
+        assert rc == 1, err
+        line = assert_one_error_line(err)
+        assert f"`{tensor}` is {role} whose weight is not in this file" in line, line
+        assert "FP8" not in line and "allow" not in line, line
+        assert not dst.exists()
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        ({"num_bits": "4"}, 'says `num_bits` "4", not a whole number'),
+        (
+            {"format": "nvfp4-pack-quantized"},
+            'says format "nvfp4-pack-quantized", which holds float 4-bit weights, with int '
+            "4-bit ones",
+        ),
+        ({"type": "fp"}, 'says `type` "fp", neither int nor float'),
+    ],
+)
+def test_a_config_of_another_scheme_says_what_it_is(tmp_path, edit, says):
+    """A W4A16 folder whose config names another packed format, or `num_bits` as a
+    string: one line saying which group and what (it was a generic "not a scheme")."""
+    src = tmp_path / "src"
+    shutil.copytree(FIX / "llama-bf16.w4a16", src)
+    config = json.loads((src / "config.json").read_text())
+    ((name, group),) = config["quantization_config"]["config_groups"].items()
+    target = group if "format" in edit else group["weights"]
+    target.update(edit)
+    (src / "config.json").write_text(json.dumps(config))
+    dst = tmp_path / "out"
+    rc, _, err = run("convert", src, dst)
+    assert rc == 1, err
+    line = assert_one_error_line(err)
+    assert f"config group `{name}` {says}" in line, line
+    assert "allow" not in line, line
+    assert not dst.exists()
+
+
+# --- several config groups: each module by its group's targets --------------------------------
+
+
+def mixed_folder(tmp_path: Path) -> Path:
+    """A mixed-precision folder: the attention projections of the W4A16 fixture, the MLP
+    ones of the W8A16 fixture (both model_free_ptq of one source), and a config of two
+    groups, `re:.*self_attn.*` INT4 and `re:.*mlp.*` INT8 (format mixed-precision)."""
+    w4 = tensor_bytes(FIX / "llama-bf16.w4a16" / "model.safetensors")
+    w8 = tensor_bytes(FIX / "llama-bf16.w8a16" / "model.safetensors")
+    tensors = {k: v for k, v in w4.items() if ".mlp." not in k}
+    tensors.update({k: v for k, v in w8.items() if ".mlp." in k})
+    src = tmp_path / "mixed"
+    src.mkdir()
+    write_safetensors(src / "model.safetensors", tensors)
+    config = json.loads((FIX / "llama-bf16.w4a16" / "config.json").read_text())
+    q = config["quantization_config"]
+    (w4a16,) = q["config_groups"].values()
+    w8a16 = json.loads(json.dumps(w4a16))
+    w8a16["weights"]["num_bits"] = 8
+    w4a16["targets"], w8a16["targets"] = ["re:.*self_attn.*"], ["re:.*mlp.*"]
+    q["config_groups"] = {"group_0": w4a16, "group_1": w8a16}
+    q["format"] = "mixed-precision"
+    (src / "config.json").write_text(json.dumps(config))
+    return src
+
+
+def test_a_mixed_precision_folder_equals_its_references(tmp_path):
+    """Each module is matched to its own group (`re:` targets, `ignore`): the INT4 and INT8
+    weights come out as compressed-tensors dequantized each fixture."""
+    src = mixed_folder(tmp_path)
+    expected = {
+        k: v
+        for folder in ("llama-bf16.w4a16", "llama-bf16.w8a16")
+        for k, v in want(folder, "bf16").items()
+        if (".mlp." in k) == folder.endswith("w8a16")
+    }
+    dst = tmp_path / "out"
+    rc, _, err = run("convert", src, dst)
+    assert rc == 0, err
+    assert hashes(dst) == expected
+    rc, _, err = run("verify", src, dst)
+    assert rc == 0, err
+
+
+@pytest.mark.parametrize(
+    ("edit", "tensor", "says"),
+    [
+        # The INT8 group says 4 bits: the INT4 group would describe the MLP weights, but it
+        # does not target them (it passed while a weight had only to agree with one group).
+        ((1, "weights", "num_bits", 4), "mlp", "num_bits 4"),
+        ((1, "targets", None, ["re:.*up_proj"]), "mlp", "no config group's `targets` names"),
+        ((0, "targets", None, ["Linear"]), "mlp", "num_bits 4"),
+        ((None, "ignore", None, ["lm_head", "re:.*o_proj"]), "o_proj", "`ignore` entry"),
+        ((0, "targets", None, ["re:(?<=x)y"]), "", "cannot match as compressed-tensors"),
+    ],
+)
+def test_each_module_is_judged_by_the_group_that_targets_it(tmp_path, edit, tensor, says):
+    src = mixed_folder(tmp_path)
+    config = json.loads((src / "config.json").read_text())
+    q = config["quantization_config"]
+    group, key, sub, value = edit
+    at = q if group is None else list(q["config_groups"].values())[group]
+    if sub is None:
+        at[key] = value
+    else:
+        at[key][sub] = value
+    (src / "config.json").write_text(json.dumps(config))
+    dst = tmp_path / "out"
+    rc, _, err = run("convert", src, dst)
+    assert rc == 1, err
+    line = assert_one_error_line(err)
+    assert says in line and tensor in line and "config.json" in line, line
+    assert "allow" not in line, line
+    assert not dst.exists()

@@ -172,7 +172,7 @@ fn set_member<'a>(members: &mut Vec<(Str<'a>, Node<'a>)>, key: &'static str, val
 
 /// The compressed-tensors schemes of a model config's text (`quant::Scheme`, one per
 /// `config_groups` entry with `weights`): none under another quant_method, or none set.
-pub fn schemes(text: &str) -> Parsed<Vec<crate::quant::Scheme>> {
+pub fn schemes(text: &str) -> Parsed<(Vec<crate::quant::Scheme>, Vec<String>)> {
     let doc = parse(text)?;
     let q = QUANTIZATION_KEYS
         .iter()
@@ -184,7 +184,12 @@ pub fn schemes(text: &str) -> Parsed<Vec<crate::quant::Scheme>> {
     let Some(q) =
         q.filter(|q| text_of(q.get("quant_method")).as_deref() == Some("compressed-tensors"))
     else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
+    };
+    // A list's strings (what is not one is left out: it names no module).
+    let names = |n: Option<&Node<'_>>| match n.map(|n| &n.value) {
+        Some(Value::Array(items)) => items.iter().filter_map(|i| text_of(Some(i))).collect(),
+        _ => Vec::new(),
     };
     let number = |n: Option<&Node<'_>>| match n.map(|n| &n.value) {
         Some(Value::Number(s)) => s.parse::<u64>().ok(),
@@ -217,9 +222,10 @@ pub fn schemes(text: &str) -> Parsed<Vec<crate::quant::Scheme>> {
             strategy: text_of(w.get("strategy")),
             group_size: number(w.get("group_size")),
             symmetric: flag(w.get("symmetric")),
+            targets: names(g.get("targets")),
         });
     }
-    Ok(out)
+    Ok((out, names(q.get("ignore"))))
 }
 
 /// Read `text` as Python's `json.loads` does (`strict`: no raw control characters in
@@ -1282,8 +1288,13 @@ mod tests {
             "b": {"format": "int-quantized", "weights": {"num_bits": 8, "symmetric": false,
                   "group_size": null}},
             "c": {"input_activations": {"num_bits": 8}}}}}"#;
-        let s = schemes(t).unwrap();
+        let (s, ignore) = schemes(t).unwrap();
         assert_eq!(s.len(), 2);
+        assert!(ignore.is_empty());
+        assert_eq!(
+            (&s[0].targets[..], s[1].targets.len()),
+            (&["Linear".to_string()][..], 0)
+        );
         assert_eq!(s[0].format.as_deref(), Some("pack-quantized"));
         assert_eq!(
             (s[0].num_bits, s[0].group_size, s[0].symmetric),
@@ -1296,10 +1307,15 @@ mod tests {
             (None, Some(false), None)
         );
         let mixed = t.replace("\"pack-quantized\"", "\"mixed-precision\"");
-        assert_eq!(schemes(&mixed).unwrap()[0].format, None);
+        assert_eq!(schemes(&mixed).unwrap().0[0].format, None);
+        let ignored = t.replace(
+            "\"format\": \"pack",
+            "\"ignore\": [\"lm_head\", 3], \"format\": \"pack",
+        );
+        assert_eq!(schemes(&ignored).unwrap().1, ["lm_head"]);
         let other = r#"{"quantization_config": {"quant_method": "mxfp4"}}"#;
-        assert!(schemes(other).unwrap().is_empty());
-        assert!(schemes("{}").unwrap().is_empty());
+        assert!(schemes(other).unwrap().0.is_empty());
+        assert!(schemes("{}").unwrap().0.is_empty());
         assert!(schemes("{").is_err());
     }
 }

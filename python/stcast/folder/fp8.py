@@ -122,22 +122,29 @@ def dequantizes(doc: Any, to: str) -> bool:
         return False
     found = quantization_of(doc)
     q = None if found is None else found[1]
-    if not isinstance(q, dict):
-        return False
+    return isinstance(q, dict) and _unread(q) is None
+
+
+def _unread(q: dict[str, Any]) -> str | None:
+    """Why stcast does not dequantize the scheme of quantization config `q`, in words (empty
+    when no detail helps), or None when it does."""
     if q.get("quant_method") == "fp8":
-        return q.get("fmt", "e4m3") == "e4m3"
+        return None if q.get("fmt", "e4m3") == "e4m3" else ""
     if q.get("quant_method") == "mxfp4":
-        return True  # gpt-oss: `*_blocks` with `*_scales`, paired by the engine
+        return None  # gpt-oss: `*_blocks` with `*_scales`, paired by the engine
     if q.get("quant_method") != "compressed-tensors":
-        return False
+        return ""
     groups = q.get("config_groups")
     if not isinstance(groups, dict) or not groups:
-        return False
-    for g in groups.values():
+        return ""
+    for name, g in groups.items():
         w = g.get("weights") if isinstance(g, dict) else None
-        if not isinstance(w, dict) or _scheme_of(w, g.get("format") or q.get("format")) is None:
-            return False
-    return True
+        if not isinstance(w, dict):
+            return f"config group `{_name(str(name))}` has no weights"
+        fmt = g.get("format") or q.get("format")
+        if _scheme_of(w, fmt) is None:
+            return f"config group `{_name(str(name))}` {_weights_problem(w, fmt)}"
+    return None
 
 
 # compressed-tensors formats whose weights the engine unpacks (`quant::Packing`), and the
@@ -162,6 +169,19 @@ def _scheme_of(w: dict[str, Any], fmt: Any) -> str | None:
     return None
 
 
+def _weights_problem(w: dict[str, Any], fmt: Any) -> str:
+    """What of a config group's weights (format `fmt`) `_scheme_of` does not read."""
+    kind, bits = w.get("type"), w.get("num_bits")
+    if type(bits) is not int:
+        return f"says `num_bits` {_show(bits)}, not a whole number"
+    if kind not in ("int", "float"):
+        return f"says `type` {_show(kind)}, neither int nor float"
+    if fmt not in _PACKED_FORMATS:
+        return f"says format {_show(fmt)} with {kind} {bits}-bit weights"
+    held = " or ".join(sorted(f"{k} {b}-bit" for k, b in _PACKED_FORMATS[fmt]))
+    return f"says format {_show(fmt)}, which holds {held} weights, with {kind} {bits}-bit ones"
+
+
 def unread_quantization(doc: Any, to: str) -> str | None:
     """Why a config's quantization cannot be dequantized to `to` (bf16, fp16) by stcast: it
     sets a quantization key that is not a compressed-tensors float 8-bit or DeepSeek fp8
@@ -176,11 +196,12 @@ def unread_quantization(doc: Any, to: str) -> str | None:
     key, q = found
     method = q.get("quant_method") if isinstance(q, dict) else None
     what = f"quant_method {_show(method)}" if method is not None else "no quant_method"
+    detail = _unread(q) if isinstance(q, dict) else ""
     return (
-        f"its {key} ({what}) is not a scheme stcast dequantizes (compressed-tensors float "
-        "8-bit or a packed format holding the weights it says, gpt-oss mxfp4, DeepSeek "
-        "fp8), and the files hold quantized weights with scales: they are not dequantized "
-        "under a config that would still call them quantized"
+        f"its {key} ({what}{': ' + detail if detail else ''}) is not a scheme stcast "
+        "dequantizes (compressed-tensors float 8-bit or a packed format holding the weights "
+        "it says, gpt-oss mxfp4, DeepSeek fp8), and the files hold quantized weights with "
+        "scales: they are not dequantized under a config that would still call them quantized"
     )
 
 

@@ -355,15 +355,14 @@ def _check_index(f: File, weight_map: dict[str, str], names: dict[str, set[str]]
 def _dequantize_problem(w: File, report: InspectReport) -> Refused | None:
     """Why a dequantized folder's file cannot be dequantized whole, if it cannot: a
     quantized tensor left as it is (a weight whose scale another file holds, or none), a
-    weight scale or zero point left without its weight."""
+    weight's scale, zero point, global scale or shape left without its weight."""
     for t in report.tensors:
         lowp = t.dtype in _core.QUANTIZED_DTYPES and t.reason not in ("dequantized", "dropped")
-        scale = t.name.endswith(WEIGHT_COMPANION_SUFFIXES) and t.reason != "dropped"
-        if lowp or scale:
-            role = "zero point" if t.name.endswith("_zero_point") else "scale"
+        of = [s for s in WEIGHT_COMPANION_SUFFIXES if t.name.endswith(s) and t.reason != "dropped"]
+        if lowp or of:
             what = (
-                f"is an FP8 {role} whose weight is not in this file"
-                if scale
+                f"is a {_core.COMPANION_ROLES[of[0]]} ({t.dtype}) whose weight is not in this file"
+                if of
                 else "is quantized without a scale beside it in this file"
             )
             return Refused(
