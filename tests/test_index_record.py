@@ -101,8 +101,26 @@ def test_an_index_without_the_record_leaves_verify_to_the_shards_record(tmp_path
     index = index_of(dst)
     del index["metadata"]["stcast"]
     (dst / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    # The options come from the shards; the index then lacks the record they hold.
+    # The options come from the shards; an index without the record is the one an earlier
+    # stcast wrote, and what convert wrote always verifies.
     report = stcast.verify(src, dst)
-    assert report.to == "fp16"
-    assert not report.ok and report.mismatch is not None
-    assert report.mismatch.message.path == "model.safetensors.index.json"
+    assert report.to == "fp16" and report.ok
+
+
+@pytest.mark.parametrize("reshard", [False, True], ids=["plain", "resharded"])
+def test_shards_of_two_runs_with_other_options_fail(tmp_path, reshard):
+    """Each shard of a run with other options verifies alone, and the index may be the
+    same bytes: the folder mixing them passed verify (stop 38's attack, in strict mode and
+    with --to given too). Every shard must hold the record the others hold."""
+    src = sharded(tmp_path / "in")
+    extra = {"max_shard_size": "100B"} if reshard else {}
+    a, b = tmp_path / "a", tmp_path / "b"
+    stcast.convert(src, a, **extra)
+    stcast.convert(src, b, to="fp16", **extra)
+    shards = sorted(p.name for p in a.glob("*.safetensors"))
+    assert len(shards) > 1 and shards == sorted(p.name for p in b.glob("*.safetensors"))
+    (a / shards[-1]).write_bytes((b / shards[-1]).read_bytes())
+    for options in ({}, {"to": "bf16"}, {"loose": True}):
+        report = stcast.verify(src, a, **options)
+        assert not report.ok and report.mismatch is not None, options
+        assert report.mismatch.message.path == shards[-1], (options, report.mismatch)

@@ -85,8 +85,12 @@ pub fn check(dst: &Path, fp8: bool, loose: bool, c: &Companions) -> Result<Optio
     for (rel, text, weight_map) in &c.indexes {
         let deq = dequantized(dst, weight_map);
         let scales = Scales::of(fp8 && !deq, deq);
-        let got = written_index(dst, rel, text, weight_map, scales, c.record.as_deref())
-            .and_then(|want| Ok((want, read_bounded(&dst.join(rel))?)));
+        let got = read_bounded(&dst.join(rel)).and_then(|got| {
+            // An index an earlier stcast wrote holds no record: the shards' alone say it.
+            let record = c.record.as_deref().filter(|_| has_record(&got));
+            let want = written_index(dst, rel, text, weight_map, scales, record)?;
+            Ok((want, got))
+        });
         let same = match got {
             Ok((want, got)) => same_json(&got, want.as_bytes(), loose),
             Err(e) => return finding(rel, e.template()),
@@ -94,6 +98,48 @@ pub fn check(dst: &Path, fp8: bool, loose: bool, c: &Companions) -> Result<Optio
         if !same {
             let why = "is not SRC's index with the total size of DST's shards";
             return finding(rel, why.to_string());
+        }
+    }
+    // Every shard of one conversion holds its record: a shard of another run (other
+    // options) verifies alone, but is no part of this output.
+    for (_, _, weight_map) in &c.indexes {
+        if let Some(record) = &c.record {
+            let files: Vec<&Path> = shards(weight_map).into_iter().map(Path::new).collect();
+            let Some(&of) = files.first() else { continue };
+            let files = files.into_iter().map(|rel| (rel, dst.join(rel)));
+            if let Some(found) = other_record(files, record, of)? {
+                return Ok(Some(found));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Does an index's text (as read) hold a record of convert's options?
+pub fn has_record(text: &[u8]) -> bool {
+    std::str::from_utf8(text)
+        .ok()
+        .and_then(|t| json::index_record(t).ok().flatten())
+        .is_some()
+}
+
+/// The first of DST's weight files `(rel, path)` whose record of convert's options is not
+/// `record`, the one DST's file `of` holds: a file of another run, with other options,
+/// though it verifies alone. None when each holds `record`.
+pub fn other_record<'a, P: AsRef<Path>>(
+    files: impl IntoIterator<Item = (&'a Path, P)>,
+    record: &str,
+    of: &Path,
+) -> Result<Option<Finding>> {
+    for (rel, path) in files {
+        let source = Source::open(path.as_ref())?;
+        if crate::record::find(source.header.metadata.as_deref()) != Some(record) {
+            let why = format!(
+                "was converted with other options than {} (their stcast records differ): \
+                 DST mixes the files of two runs",
+                esc_path(of)
+            );
+            return Ok(Some((rel.as_os_str().into(), why)));
         }
     }
     Ok(None)
