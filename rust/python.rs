@@ -27,7 +27,7 @@ use crate::options;
 use crate::output::{self, Replace, Sealed};
 use crate::report::NumericsRow;
 use crate::run::{check, json, manifest, place, survey, walk};
-use crate::shard::verify::{self as rverify, GroupRow, IndexedRow, Member, MemberRow, PairRows};
+use crate::shard::resharded::{self as rverify, GroupRow, IndexedRow, Member, MemberRow, PairRows};
 use crate::shard::{self, Group};
 use crate::task::{ConvertTask, InspectTask, Task};
 use crate::text;
@@ -395,7 +395,7 @@ fn verify_shard<'py>(
 }
 
 /// SRC's groups that DST holds sharded differently, and those it holds with the same
-/// files (`shard::verify::pairs`).
+/// files (`shard::resharded::pairs`).
 #[pyfunction]
 fn resharded_pairs(
     py: Python<'_>,
@@ -417,7 +417,7 @@ fn resharded_pairs(
     Ok((rows(p.pairs), rows(p.same)))
 }
 
-/// Verify DST's group `group` as the re-sharding of SRC's `src` (`shard::verify::GroupVerify`):
+/// Verify DST's group `group` as the re-sharding of SRC's `src` (`shard::resharded::GroupVerify`):
 /// each file's (rel, report), and the first failure (rel, template, tensor).
 #[pyfunction]
 #[pyo3(signature = (dst, src, group, *, progress=None, **options))]

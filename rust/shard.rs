@@ -33,7 +33,7 @@ use crate::text::esc_path;
 use crate::torch::Format;
 use crate::vocab::{OptionName, Unmatched, WarningKind};
 
-pub mod verify;
+pub mod resharded;
 
 pub use crate::naming::{
     index_file_name, is_stem, parse_size, shard_file_name, MAX_STEM_BYTES, STEM_EXPECTED,

@@ -732,3 +732,183 @@ mod tests {
         }
     }
 }
+
+/// verify against what convert writes (here: the conversion is a task's).
+#[cfg(test)]
+mod verify_tests {
+    use crate::convert::Options;
+    use crate::task::convert;
+    use crate::verify::*;
+    use crate::vocab::Target;
+    use crate::{Isa, Tuning};
+    use std::path::{Path, PathBuf};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new() -> TempDir {
+            static COUNTER: AtomicUsize = AtomicUsize::new(0);
+            let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+            let dir =
+                std::env::temp_dir().join(format!("stcast-verify-{}-{n}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            TempDir(dir)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// A file with an F32 tensor of `n` varied values (NaNs and ties included) and an I64.
+    fn write_source(path: &Path, n: usize) {
+        let mut data = Vec::with_capacity(n * 4 + 16);
+        let mut x = 0x1234_5678u32;
+        for i in 0..n {
+            x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            let bits = match i % 7 {
+                0 => 0x7F80_0001 | (x & 0x8000_0000),
+                1 => (x & 0xFFFF_0000) | 0x8000,
+                _ => x,
+            };
+            data.extend_from_slice(&bits.to_le_bytes());
+        }
+        data.extend_from_slice(&[7u8; 16]);
+        let json = format!(
+            r#"{{"__metadata__":{{"b":"1","a":"2"}},"w":{{"dtype":"F32","shape":[{n}],"data_offsets":[0,{}]}},"i":{{"dtype":"I64","shape":[2],"data_offsets":[{},{}]}}}}"#,
+            n * 4,
+            n * 4,
+            n * 4 + 16
+        );
+        let mut file = (json.len() as u64).to_le_bytes().to_vec();
+        file.extend_from_slice(json.as_bytes());
+        file.extend_from_slice(&data);
+        std::fs::write(path, file).unwrap();
+    }
+
+    fn small_windows(loose: bool, threads: usize) -> VerifyOptions {
+        VerifyOptions {
+            loose,
+            threads,
+            tuning: Tuning {
+                window: 64 << 10,
+                ..Tuning::default()
+            },
+            ..VerifyOptions::default()
+        }
+    }
+
+    #[test]
+    fn accepts_conversions_to_both_targets() {
+        let dir = TempDir::new();
+        let (src, dst) = (dir.0.join("a.safetensors"), dir.0.join("b.safetensors"));
+        write_source(&src, 300_000);
+        for target in [Target::Bf16, Target::F16] {
+            let _ = std::fs::remove_file(&dst);
+            let opts = Options {
+                tuning: Tuning {
+                    isa: Some(Isa::Scalar),
+                    ..Tuning::default()
+                },
+                ..Options::new(target)
+            };
+            convert(&src, &dst, &opts).unwrap();
+            for threads in [1, 3] {
+                let r = verify(&src, &dst, &small_windows(false, threads)).unwrap();
+                assert_eq!(r.mismatch, None, "{target:?}");
+                assert_eq!((r.tensors_converted, r.tensors_identical), (1, 1));
+            }
+        }
+    }
+
+    #[test]
+    fn measures_what_convert_measured() {
+        let dir = TempDir::new();
+        let (src, dst) = (dir.0.join("a.safetensors"), dir.0.join("b.safetensors"));
+        write_source(&src, 300_000);
+        for target in [Target::Bf16, Target::F16] {
+            let _ = std::fs::remove_file(&dst);
+            let opts = Options {
+                threads: 3,
+                tuning: Tuning {
+                    window: 64 << 10,
+                    ..Tuning::default()
+                },
+                ..Options::new(target)
+            };
+            let converted = convert(&src, &dst, &opts).unwrap();
+            assert_eq!(converted.numerics.len(), 1);
+            let n = &converted.numerics[0].1;
+            // Every 7th value is a NaN (and some random ones); fp16 overflows many others.
+            assert_eq!(n.elements, 300_000);
+            assert!(n.nan_in > 300_000_u64.div_ceil(7), "{n:?}");
+            assert!(n.overflow > 0 && (n.overflow > 50_000) == (target == Target::F16));
+            for threads in [1, 3] {
+                let r = verify(&src, &dst, &small_windows(false, threads)).unwrap();
+                assert_eq!(r.numerics, converted.numerics, "{target:?}");
+                assert_eq!(r.numerics_total, converted.numerics_total);
+                assert_eq!(r.to, Some(target));
+            }
+        }
+    }
+
+    #[test]
+    fn finds_the_first_flipped_bit() {
+        let dir = TempDir::new();
+        let (src, dst) = (dir.0.join("a.safetensors"), dir.0.join("b.safetensors"));
+        let n = 300_000;
+        write_source(&src, n);
+        convert(&src, &dst, &Options::default()).unwrap();
+        let mut bytes = std::fs::read(&dst).unwrap();
+        let data_start = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        // The I64 tensor comes first (wider), then `w`; flip two elements of `w`.
+        for index in [n - 5, 200_001] {
+            bytes[data_start + 16 + index * 2] ^= 1;
+        }
+        std::fs::write(&dst, &bytes).unwrap();
+        for threads in [1, 4] {
+            let r = verify(&src, &dst, &small_windows(false, threads)).unwrap();
+            let m = r.mismatch.unwrap();
+            assert_eq!(m.tensor.as_deref(), Some("w"));
+            assert_eq!(m.index, Some(200_001));
+            assert!(
+                m.message
+                    .starts_with("tensor `w` element 200001: source 0x"),
+                "{}",
+                m.message
+            );
+        }
+    }
+
+    #[test]
+    fn loose_accepts_other_nans_only() {
+        let dir = TempDir::new();
+        let (src, dst) = (dir.0.join("a.safetensors"), dir.0.join("b.safetensors"));
+        write_source(&src, 1000);
+        convert(&src, &dst, &Options::default()).unwrap();
+        let mut bytes = std::fs::read(&dst).unwrap();
+        let at = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize + 16;
+        // Element 0 is a NaN: 0x7FC0 or 0xFFC0 becomes 0xFFFF.
+        bytes[at..at + 2].copy_from_slice(&[0xFF, 0xFF]);
+        std::fs::write(&dst, &bytes).unwrap();
+        assert!(verify(&src, &dst, &small_windows(false, 1))
+            .unwrap()
+            .mismatch
+            .is_some());
+        assert!(verify(&src, &dst, &small_windows(true, 1)).unwrap().is_ok());
+        bytes[at..at + 2].copy_from_slice(&[0x80, 0x7F]);
+        std::fs::write(&dst, &bytes).unwrap();
+        let m = verify(&src, &dst, &small_windows(true, 1))
+            .unwrap()
+            .mismatch
+            .unwrap();
+        assert_eq!(
+            (m.index, m.found_bits.as_deref()),
+            (Some(0), Some("0x7F80"))
+        );
+    }
+}

@@ -8,7 +8,7 @@ weight map, with `total_size` that of the shards in the destination. The first d
 is reported, naming the file.
 
 A checkpoint that DST holds sharded differently (`max_shard_size`) is paired by tensor name
-instead, through the indexes, by the engine (rust/shard/verify.rs). SRC may then be a single
+instead, through the indexes, by the engine (rust/shard/resharded.rs). SRC may then be a single
 file.
 """
 
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from .._options import Options
     from .._types import Target
 
-    # A group of files as the engine gives it (`shard::verify::Group`): its folder, stem,
+    # A group of files as the engine gives it (`shard::resharded::Group`): its folder, stem,
     # files (rel, path) and index (rel, path).
     Group = tuple[str, str, list[tuple[str, str]], "tuple[str, str] | None"]
     # A group's outcome: each DST file's (rel, engine report), the first failure (rel,
@@ -333,7 +333,7 @@ def _verify_group(
     dst: str, s: Group, d: Group, options: dict[str, Any], progress: Progress | None
 ) -> GroupCheck:
     """Verify DST's group `d` as the re-sharding of SRC's group `s` (the engine's
-    `shard::verify::GroupVerify`): every tensor of `s` in exactly one file of `d`, each file
+    `shard::resharded::GroupVerify`): every tensor of `s` in exactly one file of `d`, each file
     exactly what `convert` writes for the tensors it holds, the index listing them."""
     with _engine.gc_paused():
         reports, failure = _core.verify_group(dst, s, d, progress=progress, **options)
