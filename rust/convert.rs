@@ -14,6 +14,7 @@ use crate::dtype::Action;
 use crate::error::{Error, Result, Warning};
 use crate::failpoint;
 use crate::fp8::{self, Fp8Stats};
+use crate::header::SourceTensor;
 use crate::input::InputOptions;
 use crate::kernels::Isa;
 use crate::numerics::{DequantizedTensor, Numerics, Range};
@@ -616,12 +617,7 @@ impl Job {
                 }
             }
             let src_bytes = match action {
-                // gpt-oss windows run over the blocks in the output's order: the kernel
-                // reads the window's blocks from the whole tensor, in place.
-                Action::Dequantize(d) if matches!(d.packing, Packing::GptOss { .. }) => {
-                    let (f, at) = self.src.locate(s);
-                    &f.map[at as usize..(at + s.len()) as usize]
-                }
+                Action::Dequantize(d) => dequant_input(&self.src, s, d, w, &mut self.scratch)?,
                 _ => self.src.read(s, w.pos, w.len, &mut self.scratch)?,
             };
             let faulted = if let Action::Quantize(q) = action {
@@ -647,27 +643,12 @@ impl Job {
                 false
             } else if let Action::Dequantize(d) = action {
                 let dst_bytes = &mut self.out_map[da..da + dst_n as usize];
-                let row0 = w.pos / d.src_row();
                 let (pool, src) = (&self.pool, &self.src);
-                dequantize_window(pool, self.threads, d, src, row0, src_bytes, dst_bytes);
-                let range = Range::of(d.target == safetensors::Dtype::BF16, dst_bytes);
+                let range = dequantize_step(pool, self.threads, d, src, s, w, src_bytes, dst_bytes);
                 if let Some(all) = &mut self.numerics {
-                    // No code holds an infinity: every one written is a finite value
-                    // overflowed.
-                    all[w.item].merge(&Numerics {
-                        elements: dst_n / d.out_size(),
-                        overflow: range.inf,
-                        ..Numerics::default()
-                    });
+                    all[w.item].merge(&range.numerics());
                 }
                 self.ranges[w.item].merge(&range);
-                self.release_companions(d, row0 + w.len / d.src_row());
-                if let Packing::GptOss { .. } = d.packing {
-                    // Its windows read all an expert's rows: its pages go once it is done.
-                    let (file, at) = self.src.locate(s);
-                    let expert = d.rows * (d.cols / 2);
-                    file.release((at, at + (w.pos + w.len) / expert * expert));
-                }
                 false
             } else {
                 let dst_bytes = &mut self.out_map[da..da + dst_n as usize];
@@ -884,16 +865,8 @@ impl Job {
         let mut dequantized = self.measured_by(|a| matches!(a, Action::Dequantize(_)));
         dequantized.retain(|(_, n)| n.overflow > 0);
         if let (OnOverflow::Keep, Some((tensor, n))) = (self.on_overflow, dequantized.first()) {
-            // A dequantized weight has no dtype of its own to keep: its FP8 codes mean
-            // nothing without the scale dequantization drops.
-            return Err(Error::Fp8Unpaired {
-                path: self.src.path.clone(),
-                tensor: tensor.to_string(),
-                problem: Box::new(crate::error::Fp8Problem::Overflow {
-                    values: n.overflow,
-                    target: self.plan.target,
-                }),
-            });
+            let (path, target) = (&self.src.path, self.plan.target);
+            return Err(unkeepable_overflow(path, tensor, n.overflow, target));
         }
         let all: Vec<(&str, &Numerics)> = measured.iter().chain(&dequantized).copied().collect();
         let mut found = Vec::new();
@@ -918,21 +891,14 @@ impl Job {
         let mut w = self
             .cursor
             .peek(plan.tensors.len(), |i| plan.tensors[i].src_len(&src.header))?;
-        let granule = match plan.tensors[w.item].action {
-            Action::Quantize(q) => Some(q.granule()),
-            // Whole rows (E4M3: `cols` bytes; packed: a row's codes).
-            Action::Dequantize(d) => Some(d.src_row()),
-            _ => None,
-        };
-        if let Some(g) = granule {
-            let left = plan.tensors[w.item].src_len(&src.header) - w.pos;
-            if let Action::Dequantize(d) = plan.tensors[w.item].action {
-                // Each E4M3 byte becomes 2, a packed one 4 or more: a window's output stays
-                // what a bf16 window's is (half the window), so memory does too.
-                let rows = self.cursor.window() / 2 / d.out_row().max(1);
-                w.len = w.len.min(rows * d.src_row());
+        let left = plan.tensors[w.item].src_len(&src.header) - w.pos;
+        match plan.tensors[w.item].action {
+            Action::Quantize(q) => {
+                let g = q.granule();
+                w.len = (w.len / g * g).max(g).min(left);
             }
-            w.len = (w.len / g * g).max(g).min(left);
+            Action::Dequantize(d) => w.len = dequant_window(d, self.cursor.window(), w.len, left),
+            _ => {}
         }
         Some(w)
     }
@@ -942,36 +908,6 @@ impl Job {
         let window = self.tuning.window as u64;
         self.in_pending
             .add(&self.src.files, input, (at, at + n), window);
-    }
-
-    /// A dequantized weight's rows before `row_end` are done: drop the pages of the scale
-    /// and zero point rows they read, so that a big scale (small groups: a quarter of the
-    /// weight in F32 for groups of 16) stays resident a window at a time, not whole.
-    fn release_companions(&self, d: Deq, row_end: u64) {
-        if let Packing::GptOss { .. } = d.packing {
-            // Scales [E, rows, G]: an expert's go once its G granules are done.
-            let t = &self.src.header.tensors[d.scale];
-            let groups = d.cols / 32;
-            let per = d.rows * groups;
-            let (file, at) = self.src.locate(t);
-            file.release((at, at + row_end / groups.max(1) * per));
-            return;
-        }
-        let done = match d.layout {
-            Layout::Tensor => return,
-            Layout::Channel | Layout::Group(_) => row_end,
-            Layout::Block => row_end / crate::quant::BLOCK,
-        };
-        for k in d.companions() {
-            let t = &self.src.header.tensors[k];
-            // Channel, group and block scales (and their zero points) are [rows, n].
-            let rows = t.shape.first().map_or(1, |&r| r.max(1) as u64);
-            let bytes = done.min(rows) * (t.len() / rows);
-            if bytes > 0 {
-                let (file, at) = self.src.locate(t);
-                file.release((at, at + bytes));
-            }
-        }
     }
 
     /// Start writeback of finished output and drop the window written before it.
@@ -1286,6 +1222,102 @@ pub(crate) fn quantize_window(
                 a
             })
     })
+}
+
+/// `OnOverflow::Keep`'s refusal of a dequantized weight that overflows the target: it has
+/// no dtype of its own to keep (its codes mean nothing without the scale dequantization
+/// drops).
+pub(crate) fn unkeepable_overflow(path: &Path, tensor: &str, values: u64, target: Target) -> Error {
+    Error::Fp8Unpaired {
+        path: path.to_path_buf(),
+        tensor: tensor.to_string(),
+        problem: Box::new(crate::error::Fp8Problem::Overflow { values, target }),
+    }
+}
+
+/// The length of a dequantized weight's window of about `len` source bytes (`left` are
+/// left): whole granules (E4M3: rows of `cols` bytes; packed: a row's codes; gpt-oss: a
+/// group of all an expert's rows), at least one, and no more than keep the window's output
+/// what a bf16 window's is (each E4M3 byte becomes 2, a packed one 4 or more: half the
+/// window), so memory stays bounded as any conversion's.
+pub(crate) fn dequant_window(d: Deq, window: u64, len: u64, left: u64) -> u64 {
+    let g = d.src_row();
+    let rows = window / 2 / d.out_row().max(1);
+    let len = len.min(rows * g);
+    (len / g * g).max(g).min(left)
+}
+
+/// The source bytes of a dequantized weight's window `w` (`scratch` holds a gathered
+/// view's). gpt-oss windows run over the blocks in the output's order: the kernel reads
+/// the window's blocks from the whole tensor, in place.
+pub(crate) fn dequant_input<'a>(
+    src: &'a Source,
+    s: &SourceTensor,
+    d: Deq,
+    w: Window,
+    scratch: &'a mut Vec<u8>,
+) -> Result<&'a [u8]> {
+    if let Packing::GptOss { .. } = d.packing {
+        let (f, at) = src.locate(s);
+        return Ok(&f.map[at as usize..(at + s.len()) as usize]);
+    }
+    src.read(s, w.pos, w.len, scratch)
+}
+
+/// Dequantize window `w` of weight `s` (its bytes `input`, from `dequant_input`) into
+/// `dst`, and drop the pages of the scales (and gpt-oss blocks) it is done with: the
+/// conversion's step and a scan's (`scan::Scan`) are one. Returns the values written.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dequantize_step(
+    pool: &rayon::ThreadPool,
+    threads: usize,
+    d: Deq,
+    src: &Source,
+    s: &SourceTensor,
+    w: Window,
+    input: &[u8],
+    dst: &mut [u8],
+) -> Range {
+    let row0 = w.pos / d.src_row();
+    dequantize_window(pool, threads, d, src, row0, input, dst);
+    release_companions(src, d, row0 + w.len / d.src_row());
+    if let Packing::GptOss { .. } = d.packing {
+        // Its windows read all an expert's rows: its pages go once it is done.
+        let (file, at) = src.locate(s);
+        let expert = d.rows * (d.cols / 2);
+        file.release((at, at + (w.pos + w.len) / expert * expert));
+    }
+    Range::of(d.target == safetensors::Dtype::BF16, dst)
+}
+
+/// A dequantized weight's rows before `row_end` are done: drop the pages of the scale
+/// and zero point rows they read, so that a big scale (small groups: a quarter of the
+/// weight in F32 for groups of 16) stays resident a window at a time, not whole.
+fn release_companions(src: &Source, d: Deq, row_end: u64) {
+    if let Packing::GptOss { .. } = d.packing {
+        // Scales [E, rows, G]: an expert's go once its G granules are done.
+        let t = &src.header.tensors[d.scale];
+        let groups = d.cols / 32;
+        let per = d.rows * groups;
+        let (file, at) = src.locate(t);
+        file.release((at, at + row_end / groups.max(1) * per));
+        return;
+    }
+    let done = match d.layout {
+        Layout::Tensor => return,
+        Layout::Channel | Layout::Group(_) => row_end,
+        Layout::Block => row_end / crate::quant::BLOCK,
+    };
+    for k in d.companions() {
+        let t = &src.header.tensors[k];
+        // Channel, group and block scales (and their zero points) are [rows, n].
+        let rows = t.shape.first().map_or(1, |&r| r.max(1) as u64);
+        let bytes = done.min(rows) * (t.len() / rows);
+        if bytes > 0 {
+            let (file, at) = src.locate(t);
+            file.release((at, at + bytes));
+        }
+    }
 }
 
 /// Dequantize one window of whole rows (from row `row0`) of an FP8 input's weight into

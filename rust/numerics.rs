@@ -79,6 +79,16 @@ pub struct Range {
 }
 
 impl Range {
+    /// A dequantized window's values as a conversion's numerics: its elements, and as
+    /// overflow its infinities (no code holds one: each is a finite value that overflowed).
+    pub fn numerics(&self) -> Numerics {
+        Numerics {
+            elements: self.elements,
+            overflow: self.inf,
+            ..Numerics::default()
+        }
+    }
+
     /// The range of `data`, 2-byte BF16 (`bf16`) or F16 values, little-endian.
     pub fn of(bf16: bool, data: &[u8]) -> Range {
         let (exp, mant): (u16, u16) = if bf16 {

@@ -3,6 +3,10 @@
 //! and, for an FP8 target whose NaN/inf weights are not known yet, whether each weight it
 //! would quantize holds NaN or inf (what the weight becomes, so the plan, depends on it).
 //!
+//! A dequantized weight's values exist only once dequantized: every scan that measures
+//! overflow dequantizes it into a scratch window (`convert::dequantize_step`, as the
+//! conversion does), so that a run that would refuse its overflow refuses before writing.
+//!
 //! A scan is one extra read of the input, window by window with the pages released behind
 //! it, so its memory is bounded like a conversion's. It is stepped like a `Job`.
 
@@ -10,13 +14,15 @@ use std::collections::HashSet;
 
 use memmap2::Advice;
 
-use crate::convert::Options;
+use crate::convert::{self, Options};
 use crate::dtype::{Action, Conversion};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::kernels::Isa;
 use crate::numerics::Numerics;
-use crate::plan::Plan;
+use crate::plan::{self, Plan};
+use crate::quant::Packing;
 use crate::source::Source;
+use crate::vocab::{OnOverflow, Target};
 use crate::window::{worker_pool, Cursor, Window, Work};
 
 /// What a scan reads of each tensor.
@@ -38,10 +44,13 @@ pub struct Scanned {
     /// Index into `SourceHeader::tensors`.
     pub source: usize,
     pub name: String,
-    pub conversion: Conversion,
-    /// What is read of it: a weight to quantize, `NonFinite`; another tensor, the scan's kind.
+    /// What the conversion does to it: a cast, a quantization (read for NaN or inf), or a
+    /// dequantization (dequantized into scratch and measured).
+    pub action: Action,
+    /// What is read of it: a weight to quantize, `NonFinite`; a weight to dequantize,
+    /// `Numerics`; another tensor, the scan's kind.
     pub kind: ScanKind,
-    /// The largest finite |x| (`MaxAbs` scans; 0 otherwise).
+    /// The largest finite |x| (`MaxAbs` scans of a cast; 0 otherwise).
     pub max_abs: f64,
     /// `Numerics` scans only.
     pub numerics: Option<Numerics>,
@@ -52,10 +61,16 @@ pub struct Scanned {
 impl Scanned {
     /// Would converting this tensor turn a finite value into an infinity?
     pub fn overflows(&self) -> bool {
-        match &self.numerics {
-            Some(n) => n.overflow > 0,
-            None => self.conversion.overflows(self.max_abs),
+        match (&self.numerics, self.action) {
+            (Some(n), _) => n.overflow > 0,
+            (None, Action::Convert(c)) => c.overflows(self.max_abs),
+            _ => false,
         }
+    }
+
+    /// Is it a weight the conversion dequantizes?
+    pub fn dequantized(&self) -> bool {
+        matches!(self.action, Action::Dequantize(_))
     }
 }
 
@@ -81,18 +96,22 @@ impl Scan {
             .tensors
             .iter()
             .filter_map(|t| {
-                let (c, kind) = match (t.action, kind) {
+                let kind = match (t.action, kind) {
                     (Action::Quantize(q), _) if weights => {
-                        (Conversion::from_src(q.d)?, ScanKind::NonFinite)
+                        Conversion::from_src(q.d)?;
+                        ScanKind::NonFinite
                     }
-                    (Action::Convert(c), ScanKind::Numerics) => (c, kind),
-                    (Action::Convert(c), ScanKind::MaxAbs) if c.overflows(f64::MAX) => (c, kind),
+                    (Action::Convert(_), ScanKind::Numerics) => kind,
+                    (Action::Convert(c), ScanKind::MaxAbs) if c.overflows(f64::MAX) => kind,
+                    (Action::Dequantize(_), ScanKind::MaxAbs | ScanKind::Numerics) => {
+                        ScanKind::Numerics
+                    }
                     _ => return None,
                 };
                 Some(Scanned {
                     source: t.source,
                     name: src.header.tensors[t.source].name.clone(),
-                    conversion: c,
+                    action: t.action,
                     kind,
                     max_abs: 0.0,
                     numerics: None,
@@ -108,10 +127,11 @@ impl Scan {
             .sum();
         let (pool, threads) = worker_pool(opts.threads, "stcast-scan", &src.path)?;
         let cursor = Cursor::new(opts.tuning.window, total);
-        let scratch = match kind {
-            // Every conversion at least halves the size: half a window holds its output.
-            ScanKind::Numerics => vec![0u8; crate::window::window_size(opts.tuning.window)],
-            ScanKind::MaxAbs | ScanKind::NonFinite => Vec::new(),
+        // Every conversion at least halves the size: half a window holds its output (a
+        // dequantized one's windows are cut so: `convert::dequant_window`).
+        let scratch = match tensors.iter().any(|t| t.kind == ScanKind::Numerics) {
+            true => vec![0u8; crate::window::window_size(opts.tuning.window)],
+            false => Vec::new(),
         };
         src.advise(Advice::Sequential);
         Ok(Scan {
@@ -143,9 +163,13 @@ impl Scan {
 
     fn next_window(&mut self) -> Option<Window> {
         let (tensors, src) = (&self.tensors, &self.src);
-        self.cursor.peek(tensors.len(), |i| {
-            src.header.tensors[tensors[i].source].len()
-        })
+        let len = |i: usize| src.header.tensors[tensors[i].source].len();
+        let mut w = self.cursor.peek(tensors.len(), len)?;
+        if let Action::Dequantize(d) = tensors[w.item].action {
+            let left = len(w.item) - w.pos;
+            w.len = convert::dequant_window(d, self.cursor.window(), w.len, left);
+        }
+        Some(w)
     }
 
     /// Read about `budget` source bytes (whole windows). Returns true when all is read.
@@ -157,19 +181,27 @@ impl Scan {
             };
             let item = &self.tensors[w.item];
             let s = &self.src.header.tensors[item.source];
-            let c = item.conversion;
+            let action = item.action;
             let (file, at) = self.src.locate(s);
             let at = at + w.pos;
             let (input, item_source) = (s.input, item.source);
+            // gpt-oss windows run over the blocks in the output's order, read in place
+            // (`convert::dequant_input`), their pages dropped expert by expert.
+            let gptoss = matches!(action, Action::Dequantize(d) if matches!(d.packing, Packing::GptOss { .. }));
             file.check_unchanged()?;
-            if s.gather.is_none() {
+            if s.gather.is_none() && !gptoss {
                 let _ = file
                     .map
                     .advise_range(Advice::PopulateRead, at as usize, w.len as usize);
             }
             let gathered = s.gather.is_some();
             let done = w.pos + w.len == s.len();
-            let bytes = self.src.read(s, w.pos, w.len, &mut self.gathered)?;
+            let bytes = match action {
+                Action::Dequantize(d) => {
+                    convert::dequant_input(&self.src, s, d, w, &mut self.gathered)?
+                }
+                _ => self.src.read(s, w.pos, w.len, &mut self.gathered)?,
+            };
             let work = Work {
                 pool: &self.pool,
                 threads: self.threads,
@@ -177,16 +209,46 @@ impl Scan {
                 // Populated just above, on this thread.
                 populate: false,
             };
+            let measured = match action {
+                Action::Dequantize(d) => {
+                    let n = action.out_len(w.len) as usize;
+                    if self.scratch.len() < n {
+                        self.scratch.resize(n, 0); // one granule longer than half a window
+                    }
+                    let out = &mut self.scratch[..n];
+                    let range = convert::dequantize_step(
+                        &self.pool,
+                        self.threads,
+                        d,
+                        &self.src,
+                        s,
+                        w,
+                        bytes,
+                        out,
+                    );
+                    Some(range.numerics())
+                }
+                Action::Convert(c) if self.tensors[w.item].kind == ScanKind::Numerics => {
+                    let out = &mut self.scratch[..action.out_len(w.len) as usize];
+                    Some(work.convert_and_measure(c, bytes, out).0)
+                }
+                _ => None,
+            };
             let item = &mut self.tensors[w.item];
-            match item.kind {
-                ScanKind::MaxAbs => {
+            match (item.kind, action, measured) {
+                (_, _, Some(measured)) => {
+                    item.numerics
+                        .get_or_insert_with(Numerics::default)
+                        .merge(&measured);
+                }
+                (ScanKind::MaxAbs, Action::Convert(c), None) => {
                     let size = c.src_size() as usize;
                     let m = work.split_one(bytes, (size, 1024), |s| max_finite_abs(c, s), f64::max);
                     item.max_abs = item.max_abs.max(m);
                 }
-                ScanKind::NonFinite => {
-                    let d = c.src();
-                    let size = c.src_size() as usize;
+                (ScanKind::NonFinite, Action::Quantize(q), None) => {
+                    let c = Conversion::from_src(q.d).expect("`Scan::new` reads float weights");
+                    let (d, size) = (c.src(), c.src_size() as usize);
                     let found = work.split_one(
                         bytes,
                         (size, 1024),
@@ -195,15 +257,11 @@ impl Scan {
                     );
                     item.nonfinite |= found;
                 }
-                ScanKind::Numerics => {
-                    let out = &mut self.scratch[..Action::Convert(c).out_len(w.len) as usize];
-                    let (measured, _) = work.convert_and_measure(c, bytes, out);
-                    item.numerics
-                        .get_or_insert_with(Numerics::default)
-                        .merge(&measured);
-                }
+                _ => unreachable!("`Scan::new` reads each tensor as its kind says"),
             }
-            if !gathered {
+            if gptoss {
+                // Released expert by expert (`convert::dequantize_step`).
+            } else if !gathered {
                 self.src.files[input].release((at, at + w.len));
             } else if done {
                 // A view's elements lie anywhere in its storage: drop its pages once done.
@@ -231,13 +289,44 @@ pub fn nonfinite(scanned: &[Scanned]) -> HashSet<String> {
         .collect()
 }
 
-/// The names of the scanned tensors that would overflow.
+/// The names of the scanned tensors that would overflow and can keep their dtype (not a
+/// dequantized weight: see `refusal`).
 pub fn overflowing(scanned: &[Scanned]) -> HashSet<String> {
     scanned
         .iter()
-        .filter(|t| t.overflows())
+        .filter(|t| t.overflows() && !t.dequantized())
         .map(|t| t.name.clone())
         .collect()
+}
+
+/// What a conversion of `path` to `target` under `on_overflow` refuses of what the scan
+/// found, the error it would fail with once converted: under `Error` any overflow (of the
+/// tensors measured: a `Numerics` scan's), under `Keep` a dequantized weight's, which has
+/// no dtype of its own to keep. Checked before the first byte is written.
+pub fn refusal(
+    path: &std::path::Path,
+    target: Target,
+    on_overflow: OnOverflow,
+    scanned: &[Scanned],
+) -> Option<Error> {
+    let measured = scanned
+        .iter()
+        .filter_map(|t| Some((t.name.as_str(), t.numerics.as_ref()?)));
+    match on_overflow {
+        OnOverflow::Warn => None,
+        OnOverflow::Error => {
+            let measured: Vec<(&str, &Numerics)> = measured.collect();
+            plan::overflow_outcome(path, target, &measured).map(|(error, _)| error)
+        }
+        OnOverflow::Keep => {
+            let mut dequantized = scanned.iter().filter(|t| t.dequantized());
+            let (name, n) = dequantized.find_map(|t| {
+                let n = t.numerics.as_ref().filter(|n| n.overflow > 0)?;
+                Some((t.name.as_str(), n))
+            })?;
+            Some(convert::unkeepable_overflow(path, name, n.overflow, target))
+        }
+    }
 }
 
 /// The largest finite |x| of `src`, elements of `c`'s source dtype, as f64 (exact).

@@ -191,6 +191,10 @@ impl Task for ConvertTask {
                 let (source, found) = scan.finish();
                 let mut opts = *opts;
                 if opts.scans_for_overflow() {
+                    let (target, on_overflow) = (opts.plan.target, opts.on_overflow);
+                    if let Some(e) = scan::refusal(&source.path, target, on_overflow, &found) {
+                        return Err(e);
+                    }
                     opts.plan.keep_names.extend(scan::overflowing(&found));
                 }
                 if opts.plan.target.strategy().is_some() && opts.plan.unquantized.is_none() {
@@ -480,15 +484,14 @@ impl InspectTask {
             });
         };
         let (source, scanned) = scan.finish();
-        if self.refuse_overflow {
-            let measured: Vec<(&str, &crate::numerics::Numerics)> = scanned
-                .iter()
-                .filter_map(|t| t.numerics.as_ref().map(|n| (t.name.as_str(), n)))
-                .collect();
-            if let Some((error, _)) =
-                plan::overflow_outcome(&source.path, self.plan.target, &measured)
-            {
-                return Err(error);
+        // As the conversion refuses it (`Keep`: a dequantized weight's overflow).
+        let refuse = match self.keep_overflowing {
+            true => Some(OnOverflow::Keep),
+            false => self.refuse_overflow.then_some(OnOverflow::Error),
+        };
+        if let Some(on_overflow) = refuse {
+            if let Some(e) = scan::refusal(&source.path, self.plan.target, on_overflow, &scanned) {
+                return Err(e);
             }
         }
         let mut opts = self.opts;

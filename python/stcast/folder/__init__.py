@@ -173,6 +173,10 @@ def prepare(
     )
     todo = [w for w in weights if w.rel not in survey.skipped]
     skipped = [w for w in weights if w.rel in survey.skipped]
+    if survey.ours or (force and survey.found):
+        # Overflow refused while converting a later file would come after this run replaced
+        # earlier ones: over an earlier output it is read for first, and refused here.
+        _refuse_overflow_first(todo, to, given, resharded=reshard is not None, cancel=cancel)
     copies = [] if shard is not None else plan.copies
     return Prepared(
         src,
@@ -193,6 +197,37 @@ def prepare(
         survey.need,
         warnings,
     )
+
+
+def _refuse_overflow_first(
+    todo: list[_work.Item],
+    to: Target,
+    given: Options,
+    *,
+    resharded: bool,
+    cancel: CancelFlag | None,
+) -> None:
+    """Read each input of `todo` as `inspect --dry-run` does, refusing what converting it
+    would refuse: under `on_overflow="error"` any overflow, under "keep" a dequantized
+    weight's (a re-sharding's plan read for those already)."""
+    on_overflow = given.on_overflow
+    if on_overflow == "warn" or (on_overflow == "keep" and resharded):
+        return
+    seen: set[str] = set()
+    for f in [f for w in todo for f in w.unit.inputs]:
+        if f.path in seen:
+            continue
+        seen.add(f.path)
+        _common.check_cancel(cancel)
+        _engine.inspect_file(
+            f.path,
+            to=to,
+            **given.precision,
+            keep_unmatched="ignore",
+            allow_quantized=True,
+            scan=on_overflow == "error",
+            **given.source,
+        )
 
 
 def convert_folder(

@@ -1,0 +1,118 @@
+"""A refused run leaves DST as it was, also over an earlier output (`--force`, `--resume`).
+
+An overflow that `--on-overflow error` refuses (or, under `keep`, a dequantized weight's,
+which has no dtype of its own to keep) was found only while converting the file that holds
+it: a folder run had replaced the earlier files of DST by then, and said "nothing was
+written" (stop 38's attack, H5). Over an earlier output such a run now reads for it first,
+and `--dry-run`/`inspect --scan` refuse what convert refuses (M5)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import assert_one_error_line, write_safetensors
+
+
+def _fp8(scale: float) -> dict:
+    """An FP8 weight of 448s times `scale` (1000 overflows F16 once dequantized)."""
+    return {
+        "weight": ("F8_E4M3", [4, 16], b"\x7e" * 64),
+        "weight_scale": ("F32", [4, 1], np.full((4, 1), scale, np.float32)),
+    }
+
+
+def _f32(value: float) -> dict:
+    """An F32 weight of `value`s (1e6 overflows F16)."""
+    return {"weight": ("F32", [4, 16], np.full((4, 16), value, np.float32))}
+
+
+KINDS = {
+    # name: (the second file's tensors, what is refused, the options)
+    "cast-error": (_f32, (1.0, 1e6), ["--on-overflow", "error"]),
+    "dequantized-error": (_fp8, (1.0, 1000.0), ["--on-overflow", "error"]),
+    "dequantized-keep": (_fp8, (1.0, 1000.0), ["--on-overflow", "keep"]),
+}
+
+
+def _folder(path: Path, make, values: tuple[float, float]) -> Path:
+    """Two shards and their index: the first converts, the second overflows F16."""
+    path.mkdir()
+    weight_map = {}
+    for i, value in enumerate(values, start=1):
+        name = f"model-0000{i}-of-00002.safetensors"
+        tensors = {f"layer{i}.{k}": v for k, v in make(value).items()}
+        write_safetensors(path / name, tensors)
+        weight_map.update(dict.fromkeys(tensors, name))
+    index = {"metadata": {"total_size": 0}, "weight_map": weight_map}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    (path / "config.json").write_text('{"model_type": "llama"}\n')
+    return path
+
+
+def _state(folder: Path) -> dict[str, tuple[int, int, bytes]]:
+    """Every file of `folder`: (device, inode, bytes)."""
+    out = {}
+    for root, _, files in os.walk(folder):
+        for f in files:
+            p = Path(root) / f
+            st = p.stat()
+            out[str(p.relative_to(folder))] = (st.st_dev, st.st_ino, p.read_bytes())
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("layout", ["plain", "resharded"])
+def test_a_refused_force_run_leaves_an_earlier_output_as_it_was(tmp_path, run_main, kind, layout):
+    make, values, options = KINDS[kind]
+    src = _folder(tmp_path / "src", make, values)
+    dst = tmp_path / "out"
+    shards = ["--max-shard-size", "200B"] if layout == "resharded" else []
+    # An earlier output, written with the overflow let through (a warning).
+    rc, _, err = run_main("convert", src, dst, "--to", "fp16", *shards, "-q")
+    assert rc == 0, err
+    before = _state(dst)
+    assert len(before) >= 3, before.keys()
+    # The source changed since: the run would replace every weight file.
+    first = src / "model-00001-of-00002.safetensors"
+    write_safetensors(first, {f"layer1.{k}": v for k, v in make(values[0] / 2).items()})
+    rc, _, err = run_main("convert", src, dst, "--to", "fp16", *shards, *options, "--force")
+    assert rc == 1, err
+    # (`keep` says first that it reads the input once more.)
+    line = assert_one_error_line(err.splitlines(keepends=True)[-1])
+    assert "model-00002-of-00002.safetensors" in line, line
+    assert "±inf in F16" in line, line
+    assert _state(dst) == before  # the same files, by inode too: none replaced
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_dry_run_refuses_what_convert_refuses(tmp_path, run_main, kind):
+    """`--dry-run` (and `inspect --scan` under `error`) said such a run would pass."""
+    make, values, options = KINDS[kind]
+    src = write_safetensors(tmp_path / "one.safetensors", make(values[1]))
+    dst = tmp_path / "one-fp16.safetensors"
+    rc, _, convert_err = run_main("convert", src, dst, "--to", "fp16", *options)
+    assert rc == 1, convert_err
+    rc, _, err = run_main("convert", src, dst, "--to", "fp16", *options, "--dry-run")
+    assert rc == 1, err
+    last = err.splitlines(keepends=True)[-1]
+    assert assert_one_error_line(last) == convert_err.splitlines()[-1]
+    if "error" in options:
+        rc, _, err = run_main("inspect", src, "--to", "fp16", *options, "--scan")
+        assert rc == 1, err
+        assert "±inf in F16" in assert_one_error_line(err)
+    assert not dst.exists()
+
+
+def test_a_refused_run_into_a_new_folder_leaves_nothing(tmp_path, run_main):
+    """Without an earlier output nothing is read first: a failed run removes what it
+    added, DST too."""
+    src = _folder(tmp_path / "src", _f32, (1.0, 1e6))
+    dst = tmp_path / "out"
+    rc, _, err = run_main("convert", src, dst, "--to", "fp16", "--on-overflow", "error")
+    assert rc == 1, err
+    assert "model-00002-of-00002.safetensors" in assert_one_error_line(err)
+    assert not dst.exists()
