@@ -186,6 +186,13 @@ def test_verify_warns_of_a_prefix_given_that_matches_no_name(tmp_path, run_main)
         "stcast: warning: --strip-prefix `zz.` matches no tensor name (once the prefixes "
         "before are stripped): a typo, or another order?"
     ], err
+    # A re-sharded output too (its groups verified as wholes).
+    shards = tmp_path / "shards"
+    assert run_main("convert", "-q", src, shards, *BOTH, "--max-shard-size", "100B")[0] == 0
+    rc, out, err = run_main("verify", src, shards, *BOTH, "--strip-prefix", "zz.")
+    assert rc == 0 and len(_warnings(err)) == 1 and "`zz.`" in err, (out, err)
+    rc, out, err = run_main("verify", src, shards)
+    assert rc == 0 and _warnings(err) == [], (out, err)
     # A file too; the record's prefixes are not warned of again.
     one = tmp_path / "one.safetensors"
     assert run_main("convert", "-q", src / "model-00001-of-00002.safetensors", one, *BOTH)[0] == 0
@@ -214,3 +221,21 @@ def test_a_glob_matching_no_file_warns_once(tmp_path, run_main, option):
         warnings.simplefilter("always")
         report = stcast.inspect(src, tmp_path / "b", **{option[2:]: ["*.nope"]})
     assert [w.kind for w in report.warnings].count("unmatched_pattern") == 1, report.warnings
+
+
+@pytest.mark.parametrize("max_shard_size", [None, "100B"])
+def test_shard_runs_then_finalize_name_the_tensors_as_a_plain_run(tmp_path, max_shard_size):
+    """`--shard i/N` runs with the prefixes, then `finalize` (given no option: the manifests
+    record them): the same folder as one run, which verify passes with no option."""
+    src = _hf_folder(tmp_path / "src")
+    sized = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    plain, dst = tmp_path / "plain", tmp_path / "sharded"
+    stcast.convert(src, plain, strip_prefix=["module.", "_orig_mod."], **sized)
+    for i in (1, 2):
+        stcast.convert(src, dst, strip_prefix=["module.", "_orig_mod."], shard=(i, 2), **sized)
+    stcast.finalize(src, dst)
+    assert tree(dst) == tree(plain)
+    assert stcast.verify(src, dst).ok
+    # resume of a finished run: nothing to redo, the same folder.
+    stcast.convert(src, plain, strip_prefix=["module.", "_orig_mod."], resume=True, **sized)
+    assert tree(dst) == tree(plain)
