@@ -563,7 +563,7 @@ impl Task for Verifier {
     }
 
     fn take_warnings(&mut self) -> Vec<Warning> {
-        Vec::new()
+        Verifier::take_warnings(self)
     }
 }
 

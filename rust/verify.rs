@@ -16,7 +16,7 @@ use crate::dtype::{elem_size, Action, Conversion};
 use crate::error::{Error, Result};
 use crate::fused;
 use crate::header::PREFIX;
-use crate::input::{InputOptions, TORCH_METADATA};
+use crate::input::{unmatched_prefix, InputOptions, TORCH_METADATA};
 use crate::kernels::Isa;
 use crate::numerics::Numerics;
 use crate::output::{check_side_output, write_file, Replace, Territory};
@@ -309,6 +309,9 @@ pub struct Verifier {
     started: Instant,
     /// Per pair, when measuring.
     numerics: Option<Vec<Numerics>>,
+    /// What opening SRC found worth saying: a prefix given to strip that no name starts
+    /// with (the record's were said by convert).
+    warnings: Vec<crate::error::Warning>,
     /// Per pair kept to avoid overflow: the largest finite |x| seen so far.
     kept_max: Vec<f64>,
     /// Per pair that must hold NaN or inf (`Pair::nonfinite`): has it so far.
@@ -405,7 +408,17 @@ impl Verifier {
         // SRC is read as DST's record says (`key`, `strip_prefix`) unless told otherwise.
         let own = own_record(None, dst.header.metadata.as_deref()).and_then(|r| r.ok());
         let src = Source::open_any(src_path, &opts.recorded(own.as_ref()).input)?;
-        Self::from_sources(src, dst, opts, started)
+        let warnings = match opts.input.strip_prefix.is_empty() {
+            true => Vec::new(),
+            false => src
+                .unused_prefixes
+                .iter()
+                .map(|p| unmatched_prefix(p))
+                .collect(),
+        };
+        let mut v = Self::from_sources(src, dst, opts, started)?;
+        v.warnings = warnings;
+        Ok(v)
     }
 
     /// `open` for sources opened already: a composite SRC (the tensors of one output shard,
@@ -526,6 +539,7 @@ impl Verifier {
             total: total + dst_total,
             numerics,
             pairs,
+            warnings: Vec::new(),
             src_reads: Reads::default(),
             dst_reads: Reads::default(),
         })
@@ -533,6 +547,11 @@ impl Verifier {
 
     /// Data bytes of both files compared, and in all: the total is `bytes_compared` of a
     /// verification that finds no difference.
+    /// The warnings found since the last call (`Task::take_warnings`).
+    pub fn take_warnings(&mut self) -> Vec<crate::error::Warning> {
+        std::mem::take(&mut self.warnings)
+    }
+
     pub fn progress(&self) -> (u64, u64) {
         (self.report.bytes_compared, self.total)
     }

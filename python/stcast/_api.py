@@ -531,15 +531,14 @@ def _folders_only(src: str, o: Options) -> None:
 
 
 def _files_only(src: str, o: Options) -> None:
-    """`key` chooses within one PyTorch checkpoint and `strip_prefix` renames one input's
-    tensors: not for folders of files, whose weight files are plain state dicts (and whose
-    indexes name their tensors). A file re-sharded into a folder takes them."""
-    option = "key" if o.key is not None else "strip_prefix" if o.strip_prefix else None
-    if option is not None and _engine.is_tree(src):
-        what = "PyTorch checkpoint files" if option == "key" else "a file, DCP or ZeRO folder"
+    """`key` chooses within one PyTorch checkpoint: not for folders of files, whose weight
+    files are plain state dicts. (`strip_prefix` renames the tensors of any input: a
+    folder's files and indexes alike.)"""
+    if o.key is not None and _engine.is_tree(src):
         raise UsageError(
-            f"{{{option}}} applies to {what}; {_engine.escape(src)} is a folder of files",
-            option=option,
+            f"{{key}} applies to PyTorch checkpoint files; {_engine.escape(src)} is a folder "
+            "of files",
+            option="key",
         )
 
 
