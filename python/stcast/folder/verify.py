@@ -93,6 +93,7 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         indexes: list[File] = []
         configs: list[File] = []
         others: list[File] = []
+        skipped: list[tuple[File, str]] = []
     found = set(listing(dst))
     shards = sorted(r for r in found if r.endswith(WEIGHTS_SUFFIX))
     include, exclude = list(given.include), list(given.exclude)
@@ -110,7 +111,7 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
             key = {"key": recorded[1]} if recorded[1] is not None else {}
             source = {**source, **key, "strip_prefix": recorded[2]}
     if not single:
-        weights, indexes, configs, others, _, _ = walk(src, True, include, exclude)
+        weights, indexes, configs, others, _, skipped = walk(src, True, include, exclude)
     if to is None:
         # An FP8 output's strategy is its config's: a weight's scale can fit both.
         to = next(filter(None, (_configured(dst, f) for f in configs if f.rel in found)), None)
@@ -184,6 +185,12 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
     # target's quantization_config alone (checked below with the shards they describe).
     beside = {"config.json", SIDE_CONFIG_NAME} if single else set()
     extra = sorted(found - set(expected) - beside)
+    # SRC's files this run's companion policy leaves out, which DST holds: an earlier run's
+    # copies (a run replacing its output deletes none of what it does not write). Such a
+    # copy still holding SRC's bytes is no difference.
+    left_out = {f.rel: f for f, _ in skipped if f.rel in found}
+    copied_before = [left_out[r] for r in extra if r in left_out]
+    extra = [r for r in extra if r not in left_out]
     if first_error is not None:
         mismatch = fail(*first_error)
     elif single and not dst_weights:
@@ -201,6 +208,20 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         mismatch = fail(missing[0], "is in SRC but not in DST" + hint)
     elif extra and not loose:
         mismatch = fail(extra[0], "is in DST but not in SRC ({loose} ignores extra files)")
+    elif (
+        copied_before
+        and not loose
+        and (
+            stale := _core.check_companions(
+                dst, to, copies=[(f.rel, f.path) for f in copied_before]
+            )
+        )
+    ):
+        mismatch = fail(
+            stale[0],
+            "is left out by this run's companion policy ({include} copies it), and is not "
+            "SRC's file: an earlier run's copy of another version ({loose} ignores extra files)",
+        )
     else:
         # Extra files are ignored (loose), but not an index: loaders read it to find the
         # tensors, so it must name DST's shards as they are, and the output's tensors where
