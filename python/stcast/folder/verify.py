@@ -185,12 +185,9 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
     # target's quantization_config alone (checked below with the shards they describe).
     beside = {"config.json", SIDE_CONFIG_NAME} if single else set()
     extra = sorted(found - set(expected) - beside)
-    # SRC's files this run's companion policy leaves out, which DST holds: an earlier run's
-    # copies (a run replacing its output deletes none of what it does not write). Such a
-    # copy still holding SRC's bytes is no difference.
-    left_out = {f.rel: f for f, _ in skipped if f.rel in found}
-    copied_before = [left_out[r] for r in extra if r in left_out]
-    extra = [r for r in extra if r not in left_out]
+    # SRC's files the companion policy leaves out, which DST holds: an earlier run's copies
+    # (a run over its output deletes nothing it does not write; convert warns of them).
+    left_out = {f.source_rel for f, _ in skipped}
     if first_error is not None:
         mismatch = fail(*first_error)
     elif single and not dst_weights:
@@ -207,21 +204,13 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
             hint = f" (DST holds the index of {_esc(stems[0])}: {{name={_esc(stems[0])}}}?)"
         mismatch = fail(missing[0], "is in SRC but not in DST" + hint)
     elif extra and not loose:
-        mismatch = fail(extra[0], "is in DST but not in SRC ({loose} ignores extra files)")
-    elif (
-        copied_before
-        and not loose
-        and (
-            stale := _core.check_companions(
-                dst, to, copies=[(f.rel, f.path) for f in copied_before]
-            )
+        why = (
+            "is in SRC, but left out by this run's companion policy ({include} copies it): an "
+            "earlier run's copy? ({loose} ignores extra files)"
+            if extra[0] in left_out
+            else "is in DST but not in SRC ({loose} ignores extra files)"
         )
-    ):
-        mismatch = fail(
-            stale[0],
-            "is left out by this run's companion policy ({include} copies it), and is not "
-            "SRC's file: an earlier run's copy of another version ({loose} ignores extra files)",
-        )
+        mismatch = fail(extra[0], why)
     else:
         # Extra files are ignored (loose), but not an index: loaders read it to find the
         # tensors, so it must name DST's shards as they are, and the output's tensors where
