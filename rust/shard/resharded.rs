@@ -397,6 +397,8 @@ impl Task for GroupVerify {
         }
         let r = self.current.take().expect("a verification").finish()?;
         self.done += r.bytes_compared;
+        // Every file with the target the first converted one has: one output, one target.
+        self.opts.target = self.opts.target.or(r.to);
         if let Some(m) = &r.mismatch {
             self.check.failure = Some(Failure {
                 rel: f.rel.clone(),

@@ -182,6 +182,18 @@ def prepare(
     )
     todo = [w for w in weights if w.rel not in survey.skipped]
     skipped = [w for w in weights if w.rel in survey.skipped]
+    # Files this run leaves out that DST holds (an earlier run's copies): they stay, as
+    # everything it does not write, but make DST more than this run's output.
+    there = [f.source_rel for f, _ in plan.skipped if f.source_rel in survey.present]
+    if there:
+        more = f" and {len(there) - 8} more" if len(there) > 8 else ""
+        template = (
+            f"DST holds {', '.join(f'`{_esc(r)}`' for r in there[:8])}{more}, which this run "
+            "leaves out and does not delete: verify fails the output while it is there "
+            "(remove it, or {include} it)"
+        )
+        warnings.append(Notice("skipped_files", template))
+        _engine.issue("skipped_files", template, None)
     if survey.ours or (force and survey.found):
         # Overflow refused while converting a later file would come after this run replaced
         # earlier ones: over an earlier output it is read for first, and refused here.

@@ -94,6 +94,7 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         indexes: list[File] = []
         configs: list[File] = []
         others: list[File] = []
+        skipped: list[tuple[File, str]] = []
     found = set(listing(dst))
     shards = sorted(r for r in found if r.endswith(WEIGHTS_SUFFIX))
     include, exclude = list(given.include), list(given.exclude)
@@ -112,7 +113,7 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         strip = {"strip_prefix": recorded[2]} if single or recorded[2] else {}
         source = {**source, **key, **strip}
     if not single:
-        weights, indexes, configs, others, _, _, _ = walk(src, True, include, exclude)
+        weights, indexes, configs, others, _, skipped, _ = walk(src, True, include, exclude)
     if to is None:
         # An FP8 output's strategy is its config's: a weight's scale can fit both.
         to = next(filter(None, (_configured(dst, f) for f in configs if f.rel in found)), None)
@@ -188,6 +189,9 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
     # target's quantization_config alone (checked below with the shards they describe).
     beside = {"config.json", SIDE_CONFIG_NAME} if single else set()
     extra = sorted(found - set(expected) - beside)
+    # SRC's files the companion policy leaves out, which DST holds: an earlier run's copies
+    # (a run over its output deletes nothing it does not write; convert warns of them).
+    left_out = {f.source_rel for f, _ in skipped}
     if first_error is not None:
         mismatch = fail(*first_error)
     elif single and not dst_weights:
@@ -204,7 +208,13 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
             hint = f" (DST holds the index of {_esc(stems[0])}: {{name={_esc(stems[0])}}}?)"
         mismatch = fail(missing[0], "is in SRC but not in DST" + hint)
     elif extra and not loose:
-        mismatch = fail(extra[0], "is in DST but not in SRC ({loose} ignores extra files)")
+        why = (
+            "is in SRC, but left out by this run's companion policy ({include} copies it): an "
+            "earlier run's copy? ({loose} ignores extra files)"
+            if extra[0] in left_out
+            else "is in DST but not in SRC ({loose} ignores extra files)"
+        )
+        mismatch = fail(extra[0], why)
     else:
         # Extra files are ignored (loose), but not an index: loaders read it to find the
         # tensors, so it must name DST's shards as they are, and the output's tensors where
