@@ -122,7 +122,7 @@ def prepare(
         )
         plan.keep_unmatched = reshard.keep_unmatched
         _reshard.check_not_the_input(src_id, dst, reshard)
-    work = _work.Work(plan, reshard, _record(to, given))
+    work = _work.Work(plan, reshard, _record(to, given, plan.model_config))
     units = work.items
     if shard is not None and shard[1] > len(units):
         n = len(units)
@@ -489,7 +489,7 @@ def finalize(
             source={**recorded.source, "follow_links": True},
             name=options.get("name"),
         )
-    work = _work.Work(plan, reshard, _record(to, Options.given(options)))
+    work = _work.Work(plan, reshard, _record(to, Options.given(options), plan.model_config))
     units = work.items
     # With one shard count in the manifests, a missing file can be traced to its shard.
     counts = {n for _, n in counted}
@@ -718,10 +718,13 @@ def inspect_folder(
     )
 
 
-def _record(to: Target, o: Options) -> str | None:
+def _record(to: Target, o: Options, model_config: str | None) -> str | None:
     """What a run's outputs record of its options `o` (None under `no_record`): as each
-    weight file's conversion is given them (`work.Item.convert`)."""
-    return _core.record_text(to=to, **o.precision, **o.source, name=o.name)
+    weight file's conversion is given them (`work.Item.convert`), with the sizes of the
+    experts `model_config` declares (FP8 targets)."""
+    return _core.record_text(
+        to=to, **o.precision, **o.source, name=o.name, packed_config=model_config
+    )
 
 
 def _action(rewritten: bool) -> Literal["copied", "rewritten"]:

@@ -111,12 +111,23 @@ class GroupPlan:
     indexed: bool
     units: list[Unit]
     index: tuple[str, bytes, dict[str, str]] | None  # rel, content, weight_map (rel paths)
+    # FP8 targets: the model config fused experts are split by (`walk.Plan.model_config`).
+    model_config: str | None = None
 
     def opened(self) -> Any:
         """The group's files, opened (`_core.ShardGroup`)."""
         if self.core is not None:
             return self.core
-        return _core.ShardGroup([w.path for w in self.group.inputs])
+        # (`model_config` is an FP8 target's: opened as one, the group's fused experts are
+        # split; the strategy is the conversion's.)
+        paths = [w.path for w in self.group.inputs]
+        if self.model_config is None:
+            return _core.ShardGroup(paths)
+        return _core.ShardGroup(paths, to="fp8", packed_config=self.model_config)
+
+    def experts(self) -> dict[str, Any]:
+        """The engine's options that split the group's fused experts (`model_config`)."""
+        return {} if self.model_config is None else {"packed_config": self.model_config}
 
 
 @dataclass
@@ -215,12 +226,15 @@ def plan(
     """
     source = source or {}
     groups = named(groups_of(walked.weights, walked.indexes), name)
+    experts: dict[str, Any] = {}
+    if walked.model_config is not None:
+        experts["packed_config"] = walked.model_config
     keep_names, unquantized = _read_first(
-        walked, to, precision, keep_names, unquantized, cancel, source
+        walked, to, precision, keep_names, unquantized, cancel, {**source, **experts}
     )
     reshard = Reshard(max_size, [], keep_names, [], list(precision.get("keep", [])), unquantized)
     # What the shards record of convert's options, their indexes record too.
-    record = _core.record_text(to=to, **precision, **source, name=name)
+    record = _core.record_text(to=to, **precision, **source, name=name, **experts)
     taken: dict[str, str] = {}  # output rel -> what writes it
     for f, _ in walked.configs:
         taken[f.rel] = "a config"
@@ -229,7 +243,7 @@ def plan(
     for k, g in enumerate(groups):
         if cancel is not None and cancel.is_set():
             raise Cancelled("conversion cancelled")
-        core = _core.ShardGroup([w.path for w in g.inputs], **source)
+        core = _core.ShardGroup([w.path for w in g.inputs], to=to, **source, **experts)
         names = [n for w in g.inputs for n in keep_names.get(w.rel, [])]
         planned = core.plan(
             max_size,
@@ -241,6 +255,7 @@ def plan(
             **source,
             name=name,
             allow_quantized=allow_quantized,
+            **experts,
         )
         first = g.inputs[0].source_rel
         reshard.warnings += [Notice(kind, text, first) for kind, text in planned["warnings"]]
@@ -281,7 +296,9 @@ def plan(
                     path=rel,
                 )
             taken[rel] = what
-        reshard.groups.append(GroupPlan(g, core, planned["indexed"], units, index))
+        reshard.groups.append(
+            GroupPlan(g, core, planned["indexed"], units, index, walked.model_config)
+        )
     return reshard
 
 
@@ -309,7 +326,7 @@ def whole_files(walked: Plan) -> Reshard:
         )
         stem = os.path.basename(w.rel)[: -len(_WEIGHTS)]
         group = Group(os.path.dirname(w.rel), stem, [w], None)
-        reshard.groups.append(GroupPlan(group, None, False, [unit], None))
+        reshard.groups.append(GroupPlan(group, None, False, [unit], None, walked.model_config))
     return reshard
 
 

@@ -72,6 +72,10 @@ class Plan:
     # while planning (they stay BF16: the plan above is the one written), handed to the
     # conversion so that it does not read them again.
     unquantized: dict[str, list[str]] = field(default_factory=dict)
+    # FP8 targets: the top folder's model config, the engine's `packed_config` for every
+    # file of the run: its sizes split fused MoE experts per expert, and every output
+    # records them (rust/experts.rs). None otherwise.
+    model_config: str | None = None
 
 
 def plan(
@@ -136,6 +140,7 @@ def plan(
     if unread is not None and dequantizes_any(weights, to, precision):
         raise Refused(f"{_esc(unread[0].path)}: {unread[1]}", path=unread[0].path)
 
+    model_config = experts_config(configs, to)
     info: dict[str, InspectReport] = {}
     hashes = {}
     unmatched = list(keep)
@@ -160,7 +165,7 @@ def plan(
             # before anything is written, unless allowed.
             allow_quantized=not check_quantized,
             quantization_config=None if quantization_config is None else quantization_config.path,
-            packed_config=_nearest(w, described),
+            packed_config=_nearest(w, described) or model_config,
         )
         # Without a quantization_config the files decide, as for a lone file: a folder
         # whose files hold FP8 weights with their scales is dequantized (its indexes then
@@ -172,7 +177,8 @@ def plan(
         unmatched = [p for p in unmatched if p in report.keep_unmatched]
         hashes[w.rel] = source_sha256(w.path)
         if w.rel in indexed:
-            names[w.rel] = {t.name for t in report.tensors}
+            # (The source's names: a fused tensor split per expert is one.)
+            names[w.rel] = {t.split_from or t.name for t in report.tensors}
         out_data[w.rel] = sum(t.target_bytes for t in report.tensors)
         if is_fp8(to):
             unquantized[w.rel] = nonfinite(report.tensors)
@@ -198,7 +204,15 @@ def plan(
         skipped=skipped,
         dequantize=dequantize,
         unquantized=unquantized,
+        model_config=model_config,
     )
+
+
+def experts_config(configs: Sequence[File], to: Target) -> str | None:
+    """Under an FP8 target, the top folder's model config, as `model_free_ptq` reads it:
+    fused MoE experts are split by its sizes (`Plan.model_config`)."""
+    top = [f.path for f in configs if f.rel == CONFIG_NAME]
+    return top[0] if is_fp8(to) and top else None
 
 
 def walk(

@@ -137,6 +137,7 @@ class Item:
                 warn=warn,
                 sealed=sealed,
                 tuning=given.tuning,
+                **g.experts(),
             )
         warnings = [w for w in result["warnings"] if u.whole or w[0] != "nothing_to_convert"]
         return _build(
