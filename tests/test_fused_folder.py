@@ -292,3 +292,34 @@ def test_resume_writes_what_is_missing_as_a_whole_run(tmp_path, reshard):
     rc, _, err = main_in_process("verify", src, dst)
     assert rc == 0, err
     shutil.rmtree(dst)
+
+
+def test_a_lone_file_resharded_with_its_config_splits(tmp_path):
+    """A lone file re-sharded (`--max-shard-size`) with `--config`: split as the folder is,
+    inspect's planned shards the files written, verify passes."""
+    src, config = FIX / "qwen3-moe" / "model.safetensors", FIX / "qwen3-moe" / "config.json"
+    dst = tmp_path / "out"
+    args = ("--to", "fp8", "--config", config, "--max-shard-size", "60KB")
+    rc, out, err = main_in_process("inspect", src, *args, "--json")
+    assert rc == 0, err
+    result = json.loads(out)["result"]
+    assert not [w for w in result["warnings"] if "fused" in str(w)], result["warnings"]
+    planned = {Path(s["path"]).name: s["bytes"] for s in result["shards"]}
+    rc, _, err = main_in_process("convert", src, dst, *args)
+    assert rc == 0, err
+    assert "fused" not in err, err
+    assert planned == {f.name: f.stat().st_size for f in dst.glob("*.safetensors")}
+    check_tensors(dst, "fp8")
+    rc, _, err = main_in_process("verify", src, dst)
+    assert rc == 0, err
+
+
+def test_inspect_of_a_folder_lists_the_pieces(tmp_path):
+    src = folder(tmp_path)
+    rc, out, err = main_in_process("inspect", src, "--to", "fp8", "--json")
+    assert rc == 0, err
+    files = {Path(f["path"]).name: f for f in json.loads(out)["result"]["files"]}
+    tensors = {t["name"]: t for t in files[SHARDS[0]]["tensors"]}
+    assert P + "gate_up_proj" not in tensors
+    t = tensors[P + "3.up_proj.weight"]
+    assert t["split_from"] == P + "gate_up_proj" and t["target_dtype"] == "F8_E4M3", t

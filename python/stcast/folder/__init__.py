@@ -584,14 +584,17 @@ def inspect_folder(
             others += [f for f, _, _ in prepared.plan.indexes]
             rewritten |= {f.rel for f, _, _ in prepared.plan.indexes}
         left_out = prepared.plan.skipped
+        model_config = prepared.plan.model_config
     elif max_shard_size is not None and not _engine.is_tree(src):
-        weights, others = _reshard.file_plan(src, to, {}).weights, []
+        lone = _reshard.file_plan(src, to, {}, given.config)
+        weights, others, model_config = lone.weights, [], lone.model_config
         rewritten, left_out = set(), []
     else:
         walked = _walk.walk(src, given.follow_links, given.include, given.exclude)
         for f in walked.configs:  # as convert refuses it, before any weight is read
             _walk.check_fp8_config(f, _walk.read_json(f)[1], to)
         weights = walked.weights
+        model_config = _walk.experts_config(walked.configs, to)
         others = [*walked.indexes, *walked.configs, *walked.others]
         rewritten = {f.rel for f in [*walked.indexes, *walked.configs]}
         left_out = walked.skipped
@@ -611,7 +614,9 @@ def inspect_folder(
     if scanning:
         # One progress bar over every file's scan: each file's total is known from its header.
         for w in weights:
-            sizes[w.rel] = _engine.inspect_file(w.path, to=to, **source).data_bytes
+            sizes[w.rel] = _engine.inspect_file(
+                w.path, to=to, packed_config=model_config, **source
+            ).data_bytes
     total = sum(sizes.values())
     files = []
     done = 0
@@ -632,6 +637,8 @@ def inspect_folder(
                 keep_unmatched="ignore",
                 scan=scan,
                 progress=step if progress is not None else None,
+                # FP8 targets: fused experts split as convert splits them.
+                packed_config=model_config,
                 **source,
             )
         )
@@ -656,7 +663,7 @@ def inspect_folder(
                     follow_links=given.follow_links,
                 )
             else:
-                source_plan = _reshard.file_plan(src, to, precision)
+                source_plan = _reshard.file_plan(src, to, precision, given.config)
             found = {
                 w.rel: [t.name for t in f.tensors if t.reason == "keep_overflow"]
                 for w, f in zip(weights, files)

@@ -473,6 +473,8 @@ def file_plan(src: str, to: Target, precision: dict[str, Any], config: str | Non
         info={},
         out_data={},
         header_sha256={w.rel: source_sha256(w.path)},
+        # (FP8 targets: the model config splits fused experts, as a folder's.)
+        model_config=config if is_fp8(to) else None,
     )
 
 
