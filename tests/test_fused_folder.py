@@ -323,3 +323,19 @@ def test_inspect_of_a_folder_lists_the_pieces(tmp_path):
     assert P + "gate_up_proj" not in tensors
     t = tensors[P + "3.up_proj.weight"]
     assert t["split_from"] == P + "gate_up_proj" and t["target_dtype"] == "F8_E4M3", t
+
+
+@pytest.mark.parametrize("reshard", [[], ["--max-shard-size", "60KB"]])
+def test_an_output_without_record_verifies_by_the_sources_config(tmp_path, reshard):
+    """`--no-record`: DST records no sizes, so verify splits SRC by SRC's config.json (an
+    FP8 output's), and still fails on a changed byte of a source expert."""
+    src = folder(tmp_path)
+    dst = tmp_path / "out"
+    rc, _, err = main_in_process("convert", src, dst, "--to", "fp8", "--no-record", *reshard)
+    assert rc == 0, err
+    check_tensors(dst, "fp8")
+    rc, _, err = main_in_process("verify", src, dst)
+    assert rc == 0, err
+    flip_source_expert(src)
+    rc, _, err = main_in_process("verify", src, dst)
+    assert rc == 1, err
