@@ -280,8 +280,9 @@ pub struct Settings {
     /// None: not said (a plain inspection then only warns of a quantized checkpoint).
     pub allow_quantized: Option<bool>,
     pub quantization_config: Option<PathBuf>,
-    /// The model config whose `quantization_config` describes the packed weights a folder
-    /// run dequantizes (`quant::Schemes`).
+    /// A folder run's model config: whose `quantization_config` describes the packed
+    /// weights it dequantizes (`quant::Schemes`), or under an FP8 target whose sizes its
+    /// fused experts are split by (`experts`).
     pub packed_config: Option<PathBuf>,
     pub follow_links: bool,
     /// FP8 targets: the weights a read before planning found to hold NaN or inf (a
@@ -341,16 +342,35 @@ impl Settings {
         })
     }
 
-    /// Under an FP8 target, what the model config (a lone file's `config`, a folder file's
-    /// `packed_config`) says of its experts' sizes (`experts::Model`); None otherwise.
+    /// Under an FP8 target, what the model config (a lone file's `config`, a folder run's
+    /// `packed_config`) says of its experts' sizes (`experts::Model`); None otherwise. A
+    /// folder run's config must also declare experts (`experts::Model::of_folder_config`):
+    /// then every output of the run records their sizes, whichever file splits them.
     fn experts(&self) -> crate::Result<Option<crate::experts::Model>> {
-        let target = self.to.as_ref().map_or(Ok(Target::Bf16), Given::target)?;
-        let path = self.config.as_deref().or(self.packed_config.as_deref());
-        let (Some(_), Some(path)) = (target.strategy(), path) else {
+        if !self.fp8()? {
+            return Ok(None);
+        }
+        if let Some(path) = self.config.as_deref() {
+            let text = read_config(path)?;
+            return crate::experts::Model::of_config(&text).map_err(|e| config_error(path, &e));
+        }
+        self.folder_experts()
+    }
+
+    /// Under an FP8 target, the sizes a folder run's model config (`packed_config`) gives
+    /// experts it declares: what each of the run's outputs records.
+    fn folder_experts(&self) -> crate::Result<Option<crate::experts::Model>> {
+        let (true, None, Some(path)) = (self.fp8()?, &self.config, &self.packed_config) else {
             return Ok(None);
         };
         let text = read_config(path)?;
-        crate::experts::Model::of_config(&text).map_err(|e| config_error(path, &e))
+        crate::experts::Model::of_folder_config(&text).map_err(|e| config_error(path, &e))
+    }
+
+    /// Is the target an FP8 one?
+    fn fp8(&self) -> crate::Result<bool> {
+        let target = self.to.as_ref().map_or(Ok(Target::Bf16), Given::target)?;
+        Ok(target.strategy().is_some())
     }
 
     fn on_overflow(&self) -> crate::Result<OnOverflow> {
@@ -378,6 +398,7 @@ impl Settings {
             name: self.name.clone(),
             include: self.include.clone(),
             exclude: self.exclude.clone(),
+            experts: self.folder_experts()?.map(|m| m.sizes()),
             ..Record::new(plan.target)
         };
         Ok(Some(record.with_on_overflow(self.on_overflow()?).text()))
@@ -406,7 +427,12 @@ impl Settings {
             unmatched: self.keep_unmatched,
             allow_quantized: self.allow_quantized.unwrap_or(false),
             quantization_config: self.quantization_config.clone(),
-            schemes: self.packed_config.as_deref().map(schemes).transpose()?,
+            // (Under an FP8 target nothing is dequantized: `packed_config` is the model
+            // config fused experts are split by.)
+            schemes: match self.fp8()? {
+                false => self.packed_config.as_deref().map(schemes).transpose()?,
+                true => None,
+            },
             unquantized: self
                 .unquantized
                 .as_ref()

@@ -32,7 +32,9 @@ pub struct Record {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// FP8 targets: the model's hidden and (MoE) intermediate sizes its fused experts were
-    /// split by (`experts::split`); absent: none was.
+    /// split by (`experts::split`); absent: none was. A folder run's outputs each record
+    /// those of the folder's config when it declares experts (`Settings::folder_experts`),
+    /// whichever file split them: every output of one run holds one record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub experts: Option<[u64; 2]>,
     /// A folder run's overrides of what it copies (`run::walk::Overrides`).

@@ -18,7 +18,7 @@ use crate::fused;
 use crate::header::PREFIX;
 use crate::input::{unmatched_prefix, InputOptions, TORCH_METADATA};
 use crate::kernels::Isa;
-use crate::numerics::Numerics;
+use crate::numerics::{DequantizedTensor, Numerics, Range};
 use crate::output::{check_side_output, write_file, Replace, Territory};
 use crate::plan::{self, PlanOptions, Role};
 use crate::quant::{Deq, Packing, Quant};
@@ -232,6 +232,10 @@ pub struct VerifyReport {
     pub numerics: Vec<(String, Numerics)>,
     #[serde(skip)]
     pub numerics_total: Numerics,
+    /// A quantized input: the values each dequantized weight came to, in DST order, as
+    /// `Report::dequantized` of the conversion (what `--report` gives per weight).
+    #[serde(skip)]
+    pub dequantized: Vec<DequantizedTensor>,
 }
 
 impl VerifyReport {
@@ -314,6 +318,8 @@ pub struct Verifier {
     warnings: Vec<crate::error::Warning>,
     /// Per pair kept to avoid overflow: the largest finite |x| seen so far.
     kept_max: Vec<f64>,
+    /// Per pair dequantized: the values DST holds, as verified (`Range`).
+    ranges: Vec<Range>,
     /// Per pair that must hold NaN or inf (`Pair::nonfinite`): has it so far.
     seen_nonfinite: Vec<bool>,
     /// Data bytes of both files to compare.
@@ -468,6 +474,7 @@ impl Verifier {
             to: None,
             numerics: Vec::new(),
             numerics_total: Numerics::default(),
+            dequantized: Vec::new(),
         };
         let pairs = match check_headers(&src, &dst, opts)? {
             Ok(pairs) => pairs,
@@ -534,6 +541,7 @@ impl Verifier {
             report_path,
             started,
             kept_max: vec![0.0; pairs.len()],
+            ranges: vec![Range::default(); pairs.len()],
             seen_nonfinite: vec![false; pairs.len()],
             on_overflow: opts.overflow(),
             total: total + dst_total,
@@ -692,6 +700,10 @@ impl Verifier {
                     });
                     return Ok(true);
                 }
+                if at.is_none() {
+                    let bf16 = q.target == Dtype::BF16;
+                    self.ranges[w.item].merge(&Range::of(bf16, dst_bytes));
+                }
                 // E4M3 is one byte an element: the element is the source offset.
                 (at, Numerics::default())
             } else {
@@ -844,7 +856,7 @@ impl Verifier {
                 &report.numerics,
                 &report.numerics_total,
                 &[],
-                &[],
+                &report.dequantized,
             );
             write_file(&path, &bytes, replace, "")?;
         }
@@ -854,6 +866,19 @@ impl Verifier {
     fn conclude(self) -> VerifyReport {
         let mut report = self.report;
         report.seconds = self.started.elapsed().as_secs_f64();
+        report.dequantized = self
+            .pairs
+            .iter()
+            .zip(&self.ranges)
+            .filter_map(|(p, r)| match p.expect {
+                Expect::Dequantize(q) => Some(DequantizedTensor {
+                    name: self.dst.header.tensors[p.dst].name.clone(),
+                    format: q.format().text,
+                    range: r.clone(),
+                }),
+                _ => None,
+            })
+            .collect();
         if let Some(all) = self.numerics {
             report.numerics = self
                 .pairs

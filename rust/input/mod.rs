@@ -86,7 +86,8 @@ impl Source {
         let mut source = Self::open_checked(path, opts)?;
         strip_prefixes(&mut source, &opts.strip_prefix)?;
         if let Some(model) = &opts.experts {
-            source.experts = crate::experts::split(&mut source, model).then(|| model.sizes());
+            source.pieces = crate::experts::split(&mut source, model);
+            source.experts = (!source.pieces.is_empty()).then(|| model.sizes());
         }
         if format.is_some() {
             source.folders = vec![path.to_path_buf()];

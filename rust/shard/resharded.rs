@@ -350,7 +350,16 @@ impl GroupVerify {
         opts: &VerifyOptions,
     ) -> Result<GroupVerify> {
         let paths: Vec<PathBuf> = s.inputs.iter().map(|w| w.path.clone()).collect();
-        let src = shard::Group::open(&paths, input)?;
+        // SRC's fused experts split as the record says convert split them.
+        let mut input = input.clone();
+        let record = crate::verify::own_index_record(&s.inputs[0].path, &d.inputs[0].path)?;
+        if let Some(r) = record
+            .as_deref()
+            .and_then(|r| crate::record::Record::parse(r).ok())
+        {
+            input.experts = r.experts.map(crate::experts::Model::of_sizes);
+        }
+        let src = shard::Group::open(&paths, &input)?;
         let mut total = src.sizes().sum::<u64>();
         let failure = precheck(dst, &src, s, d, opts.loose, &mut total)?;
         Ok(GroupVerify {

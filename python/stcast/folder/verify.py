@@ -44,7 +44,15 @@ from .fp8 import (
     unread_quantization,
 )
 from .reshard import groups_of, named, single_file
-from .walk import common_prefix_notices, dequantizes_any, listing, read_index, read_json, walk
+from .walk import (
+    common_prefix_notices,
+    dequantizes_any,
+    experts_config,
+    listing,
+    read_index,
+    read_json,
+    walk,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -139,6 +147,11 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         # The mismatch names the file: the template need not (it starts with its path).
         first_error = (rel, e.template.removeprefix(f"{_esc(e.path or '')}: "))
     group_options = given.engine()
+    # FP8 outputs: SRC's model config splits fused experts where DST records no sizes (an
+    # output written with `no_record`); a record's sizes come first (the engine's).
+    model_config = experts_config(configs, to) if to is not None else None
+    if model_config is not None:
+        group_options["packed_config"] = model_config
     # A group whose files have SRC's names is still a re-sharding when --max-shard-size cut
     # where SRC was cut (its index and shard metadata are then a re-sharding's): checked as
     # one first (the index first, headers only). It is one when that passes, or fails on a
@@ -246,6 +259,7 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
             loose=loose,
             progress=step if progress is not None else None,
             warn=hearing(),
+            packed_config=model_config,
             **source,
         )
         done += r.bytes_compared

@@ -141,6 +141,7 @@ class Item:
                 warn=warn,
                 sealed=sealed,
                 tuning=given.tuning,
+                **g.experts(),
             )
         warnings = [w for w in result["warnings"] if said(w[0])]
         return _build(
