@@ -149,3 +149,33 @@ def test_shard_runs_and_finalize_copy_what_the_globs_say(tmp_path):
     stcast.finalize(src, dst)
     assert (dst / "optimizer.bin").exists() and not (dst / "README.md").exists()
     assert stcast.verify(src, dst).ok
+
+
+def test_latest_naming_a_folder_of_weights_leaves_nothing_out(tmp_path, run_main):
+    """A `latest` file naming a folder that holds no DeepSpeed states (`ema/`, weights) is
+    no DeepSpeed `latest`: the folder is converted as any other, `latest` copied (attack
+    z10 r5: `ema/` was left out unread as training state, its weights missing, and verify
+    passed)."""
+    src = tmp_path / "P"
+    src.mkdir()
+    (src / "ema").mkdir()
+    for f in ("model.safetensors", "ema/model.safetensors"):
+        write_safetensors(src / f, {"w": ("F32", [4], np.float32([1, 2, 3, 4]))})
+        (src / f).with_name("config.json").write_text('{"torch_dtype": "float32"}\n')
+    (src / "latest").write_text("ema")
+    dst = tmp_path / "PO"
+    rc, _, err = run_main("convert", src, dst, "-q")
+    assert rc == 0 and "left out" not in err, err
+    assert files(dst) == [
+        "config.json",
+        "ema/config.json",
+        "ema/model.safetensors",
+        "latest",
+        "model.safetensors",
+    ]
+    assert stcast.verify(str(src), str(dst)).ok
+    # DeepSpeed's states in it make it the tag folder `latest` names: training state.
+    (src / "ema" / "mp_rank_00_model_states.pt").write_bytes(b"m" * 30)
+    rc, _, err = run_main("convert", src, tmp_path / "PO2")
+    assert rc == 0 and "`ema/`" in err and "`latest`" in err, err
+    assert files(tmp_path / "PO2") == ["config.json", "model.safetensors"]

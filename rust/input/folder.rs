@@ -175,14 +175,19 @@ pub fn zero_tags(dir: &Path) -> Vec<String> {
         .into_iter()
         .filter(|n| is_one_name(n) && dir.join(n).is_dir())
         .take(64)
-        .filter(|n| {
-            names(&dir.join(n))
-                .iter()
-                .any(|f| is_model_states(f) || is_optim_states(f))
-        })
+        .filter(|n| is_zero_tag(&dir.join(n)))
         .collect();
     tags.sort();
     tags
+}
+
+/// Is folder `dir` a DeepSpeed tag folder: does it hold model or optimizer states
+/// (`*_model_states.pt`, `*_optim_states.pt`)? What `latest` names is training state only
+/// then: any folder may be named by a file of that name (`latest` -> `ema/`, weights).
+pub fn is_zero_tag(dir: &Path) -> bool {
+    names(dir)
+        .iter()
+        .any(|f| is_model_states(f) || is_optim_states(f))
 }
 
 /// Is folder `dir` one checkpoint, read as one source (a DCP or DeepSpeed ZeRO folder:

@@ -240,8 +240,11 @@ pub fn walk(src: &Path, follow_links: bool, overrides: &Overrides) -> Result<Wal
         } else {
             src.join(&rel_dir)
         };
-        // DeepSpeed's `latest` and the tag folder it names (`global_step100` by default).
-        let tag = crate::input::folder::latest_tag(&dir).filter(|t| dir.join(t).is_dir());
+        // DeepSpeed's `latest` and the tag folder it names (`global_step100` by default),
+        // when that folder holds DeepSpeed's states (else `latest` is an ordinary file, and
+        // the folder it names is walked as any other: `ema/` may hold weights).
+        let tag = crate::input::folder::latest_tag(&dir)
+            .filter(|t| crate::input::folder::is_zero_tag(&dir.join(t)));
         for e in entries(&dir)? {
             let name = e.file_name();
             let name = name.as_bytes();
