@@ -179,3 +179,36 @@ def test_latest_naming_a_folder_of_weights_leaves_nothing_out(tmp_path, run_main
     rc, _, err = run_main("convert", src, tmp_path / "PO2")
     assert rc == 0 and "`ema/`" in err and "`latest`" in err, err
     assert files(tmp_path / "PO2") == ["config.json", "model.safetensors"]
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.mark.parametrize("kind", ["dcp-hf-writer", "zero"])
+def test_a_checkpoint_folder_names_the_files_beside_it(tmp_path, run_main, kind):
+    """A DCP folder of HuggingFaceStorageWriter shards (or a ZeRO folder) holding the
+    model's config.json and tokenizer.json converts to one file: they were dropped without a
+    note, exit 0 (attack z10 r15). The note names them with their sizes (not the
+    checkpoint's own files, nor training state), and how to bring the config."""
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    if kind == "dcp-hf-writer":
+        for f in (FIXTURES / "dcp" / "hf-variant").glob("shard-*.safetensors"):
+            (src / f.name).write_bytes(f.read_bytes())
+    else:
+        zero = FIXTURES / "zero" / "stage2-3ranks"
+        (src / "global_step1").mkdir()
+        for f in (zero / "global_step1").iterdir():
+            (src / "global_step1" / f.name).write_bytes(f.read_bytes())
+        (src / "latest").write_bytes((zero / "latest").read_bytes())
+        (src / "zero_to_fp32.py").write_text("# DeepSpeed's\n")
+        (src / "trainer_state.json").write_text("{}\n")
+    (src / "config.json").write_text('{"model_type": "llama", "torch_dtype": "float32"}\n')
+    (src / "tokenizer.json").write_text("{}\n")
+    rc, _, err = run_main("convert", src, tmp_path / "out")
+    assert rc == 0, err
+    notes = [line for line in err.splitlines() if "left out" in line]
+    assert len(notes) == 1, err
+    assert "`config.json` (50 B), `tokenizer.json` (3 B)" in notes[0], notes
+    assert "--config" in notes[0] and "trainer_state" not in notes[0], notes
+    assert files(tmp_path / "out") == ["model.safetensors"]
