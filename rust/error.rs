@@ -919,12 +919,25 @@ impl Error {
                 "already quantized ({why}): an FP8 target quantizes F32, F16 and BF16 \
                  weights, not a quantized checkpoint"
             ),
-            Error::Quantized { why, tensors, .. } => format!(
-                "quantized checkpoint ({why}): converting it would silently round its F32 \
-                 scale tensors too ({}); nothing was written (keep them with {{keep=*scale*}}, \
-                 or convert anyway with {{allow_quantized}})",
-                name_list(tensors.iter().map(String::as_str), 3)
-            ),
+            // `*scale*` is suggested only where it keeps the tensors named (`plan::quantized`
+            // names the scale-like ones, else every F32 one): never a pattern matching none.
+            Error::Quantized { why, tensors, .. } => {
+                let scales = tensors
+                    .iter()
+                    .all(|t| t.to_ascii_lowercase().contains("scale"));
+                format!(
+                    "quantized checkpoint ({why}): converting it would silently round its F32 \
+                     {} too ({}); nothing was written (keep them with {}, or convert anyway \
+                     with {{allow_quantized}})",
+                    if scales { "scale tensors" } else { "tensors" },
+                    name_list(tensors.iter().map(String::as_str), 3),
+                    if scales {
+                        "{keep=*scale*}"
+                    } else {
+                        "{keep} patterns naming them"
+                    }
+                )
+            }
             Error::BadOption {
                 option,
                 value,
