@@ -60,6 +60,9 @@ pub struct VerifyOptions {
     pub tuning: Tuning,
     /// How to read SRC when it is a PyTorch checkpoint (DST is always safetensors).
     pub input: InputOptions,
+    /// DST may convert no tensor of SRC (one file of a folder, a shard of a group): as
+    /// `convert::Options::allow_copy`.
+    pub allow_copy: bool,
 }
 
 impl VerifyOptions {
@@ -148,14 +151,33 @@ pub fn own_index_record(src: &Path, dst: &Path) -> Result<Option<String>> {
     })
 }
 
-/// DST's own record of convert's options: its `record::KEY` entry, unless SRC has the same
-/// one (an output written with `--no-record` keeps SRC's); `Err`: one convert does not write.
+/// DST's own record of convert's options: its `record::KEY` entry, whatever SRC's holds
+/// (convert replaces SRC's own with its own, the same text or not). None where DST has none,
+/// or holds SRC's own unchanged where that is no record convert writes (an output written
+/// with `--no-record` keeps SRC's metadata as it is); `Err`: one convert does not write.
 fn own_record<'a>(
     src: Option<&[(String, String)]>,
     dst: Option<&'a [(String, String)]>,
 ) -> Option<std::result::Result<Record, (&'a str, String)>> {
-    let text = record::find(dst).filter(|&t| Some(t) != record::find(src))?;
-    Some(Record::parse(text).map_err(|why| (text, why)))
+    let text = record::find(dst)?;
+    match Record::parse(text) {
+        Ok(r) => Some(Ok(r)),
+        Err(_) if record::find(src) == Some(text) => None,
+        Err(why) => Some(Err((text, why))),
+    }
+}
+
+/// The record convert wrote last in DST's `__metadata__`, after SRC's keys (`own_record`,
+/// checked): None where DST's metadata is SRC's as it is (an output of `--no-record`, its
+/// record SRC's own where it holds one).
+fn written_record<'a>(
+    src: Option<&[(String, String)]>,
+    dst: Option<&'a [(String, String)]>,
+) -> Option<&'a str> {
+    own_record(src, dst)?.ok()?;
+    let text = record::find(dst)?;
+    let as_is = record::find(src) == Some(text) && src == dst;
+    (!as_is).then_some(text)
 }
 
 impl Default for VerifyOptions {
@@ -173,6 +195,7 @@ impl Default for VerifyOptions {
             force: false,
             tuning: Tuning::default(),
             input: InputOptions::default(),
+            allow_copy: false,
         }
     }
 }
@@ -404,7 +427,18 @@ impl Verifier {
         };
         // SRC is read as DST's record says (`key`, `strip_prefix`) unless told otherwise.
         let own = own_record(None, dst.header.metadata.as_deref()).and_then(|r| r.ok());
-        let src = Source::open_any(src_path, &opts.recorded(own.as_ref()).input)?;
+        let input = opts.recorded(own.as_ref()).input;
+        let src = match Source::open_any(src_path, &input) {
+            // Read as the record says (a `key`, a `strip_prefix` not given) it fails, and
+            // not without: DST's record is at fault (its content, not the caller's options).
+            Err(e) if input != opts.input && Source::open_any(src_path, &opts.input).is_ok() => {
+                return Err(Error::Recorded {
+                    path: dst_path.to_path_buf(),
+                    problem: Box::new(e),
+                })
+            }
+            src => src?,
+        };
         Self::from_sources(src, dst, opts, started)
     }
 
@@ -418,11 +452,15 @@ impl Verifier {
     ) -> Result<Verifier> {
         let (src_path, dst_path) = (src.path.clone(), dst.path.clone());
         let (src_path, dst_path) = (src_path.as_path(), dst_path.as_path());
-        let own = own_record(
+        let (sm, dm) = (
             src.header.metadata.as_deref(),
             dst.header.metadata.as_deref(),
         );
-        let opts = &opts.recorded(own.and_then(|r| r.ok()).as_ref());
+        let own = own_record(sm, dm).and_then(|r| r.ok());
+        // DST holds SRC's metadata as it is, its record SRC's own: convert's output with
+        // those options, or one of `--no-record` with the options given (any others).
+        let given = (own.is_some() && written_record(sm, dm).is_none()).then(|| opts.clone());
+        let mut opts = &opts.recorded(own.as_ref());
         if src.identities()?.contains(&dst.identity()?) {
             return Err(Error::SameFile {
                 path: dst_path.to_path_buf(),
@@ -456,7 +494,13 @@ impl Verifier {
             numerics: Vec::new(),
             numerics_total: Numerics::default(),
         };
-        let pairs = match check_headers(&src, &dst, opts)? {
+        let mut checked = check_headers(&src, &dst, opts)?;
+        if let (Err(_), Some(given)) = (&checked, &given) {
+            if let Ok(pairs) = check_headers(&src, &dst, given)? {
+                (opts, checked) = (given, Ok(pairs));
+            }
+        }
+        let pairs = match checked {
             Ok(pairs) => pairs,
             Err(m) => {
                 report.mismatch = Some(*m);
@@ -1130,21 +1174,18 @@ fn check_headers(
     // Nor its `format` (`pt`), which tools drop (model_free_ptq writes no metadata).
     let added = (src.origin.is_some() || opts.loose).then_some(TORCH_METADATA.0);
     // DST's own record of convert's options follows SRC's keys (replacing SRC's own).
-    let own = match own_record(sh.metadata.as_deref(), dh.metadata.as_deref()) {
-        Some(Err((text, why))) => {
-            return fail(
-                None,
-                format!(
-                    "__metadata__ entry {:?} is not a record convert writes ({}): {}",
-                    record::KEY,
-                    esc(&why),
-                    esc(text)
-                ),
-            )
-        }
-        Some(Ok(_)) => record::find(dh.metadata.as_deref()),
-        None => None,
-    };
+    if let Some(Err((text, why))) = own_record(sh.metadata.as_deref(), dh.metadata.as_deref()) {
+        return fail(
+            None,
+            format!(
+                "__metadata__ entry {:?} is not a record convert writes ({}): {}",
+                record::KEY,
+                esc(&why),
+                esc(text)
+            ),
+        );
+    }
+    let own = written_record(sh.metadata.as_deref(), dh.metadata.as_deref());
     let want = record::with_record(sh.metadata.as_deref(), own);
     if let Some((why, hint)) = metadata_difference(&want, &dh.metadata, opts.loose, added) {
         return fail(None, format!("__metadata__ differs: {}{hint}", esc(&why)));
@@ -1343,13 +1384,18 @@ fn check_plan(
         // What was converted is checked, not judged again.
         allow_quantized: true,
         // DST's own record, checked already (`check_headers`), is where convert puts it.
-        record: own_record(sh.metadata.as_deref(), dh.metadata.as_deref())
-            .is_some()
-            .then(|| record::find(dh.metadata.as_deref()).map(str::to_string))
-            .flatten(),
+        record: written_record(sh.metadata.as_deref(), dh.metadata.as_deref()).map(str::to_string),
         ..PlanOptions::new(target)
     };
     let planned = plan::plan(&src.path, sh, &popts)?;
+    // Options under which convert writes nothing (DST's record says them, or a caller):
+    // no output of convert is then a copy of SRC.
+    if let Err(e) = crate::convert::check_something_changes(src, &planned, opts.allow_copy) {
+        return fail(
+            None,
+            format!("convert refuses these options: {}", e.message()),
+        );
+    }
     let mut actions = vec![Action::Copy; sh.tensors.len()];
     for t in planned.tensors.iter().filter(|t| t.role == Role::Tensor) {
         actions[t.source] = t.action;

@@ -94,9 +94,14 @@ impl Group {
         }
     }
 
-    /// What messages call it: its index, else its file.
-    fn shown(&self) -> &Path {
-        self.index.as_ref().unwrap_or(&self.inputs[0]).rel.as_path()
+    /// What messages call SRC's group: its index, else its file, as SRC names it (a DCP
+    /// folder, a PyTorch checkpoint: its path, not the name its output takes).
+    fn shown_in_src(&self) -> &Path {
+        let f = self.index.as_ref().unwrap_or(&self.inputs[0]);
+        match f.path.ends_with(&f.rel) {
+            true => &f.rel,
+            false => &f.path,
+        }
     }
 }
 
@@ -470,7 +475,7 @@ fn precheck(
             let why = format!(
                 "tensor `{}` of SRC ({}) is in no DST file",
                 esc(n),
-                esc_path(s.shown())
+                esc_path(s.shown_in_src())
             );
             return fail(first, why, Some(n));
         }

@@ -198,7 +198,11 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         hint = ""
         if name is None and len(stems) == 1 and "/" not in stems[0]:
             hint = f" (DST holds the index of {_esc(stems[0])}: {{name={_esc(stems[0])}}}?)"
-        mismatch = fail(missing[0], "is in SRC but not in DST" + hint)
+        # A file of SRC under its own name, else what DST should hold of SRC's file (a
+        # PyTorch checkpoint's, a DCP folder's consolidated output): named as it is.
+        f = expected[missing[0]]
+        what = "is in SRC" if f.src_rel is None else f"is the output of {_esc(f.path)}"
+        mismatch = fail(missing[0], f"{what} but not in DST{hint}")
     elif extra and not loose:
         mismatch = fail(extra[0], "is in DST but not in SRC ({loose} ignores extra files)")
     else:
@@ -223,6 +227,7 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
             to=to,
             loose=loose,
             progress=step if progress is not None else None,
+            allow_copy=True,  # one file of a folder may convert nothing
             **source,
         )
         done += r.bytes_compared
