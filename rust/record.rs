@@ -112,6 +112,13 @@ impl Record {
         if let Some(why) = r.refused_value() {
             return Err(why);
         }
+        // Convert splits fused experts by a model config's sizes (each above 0), under an
+        // FP8 target only (`given::Settings::experts`).
+        if let Some(sizes) = r.experts {
+            if r.target().strategy().is_none() || sizes.contains(&0) {
+                return Err(format!("experts {sizes:?} are not what convert records"));
+            }
+        }
         Ok(r)
     }
 
@@ -230,10 +237,13 @@ mod tests {
             r#"{"to":"bf16","name":"a/b"}"#,
             r#"{"to":"bf16","name":""}"#,
             r#"{"to":"bf16","keep_min_size":-1}"#,
+            r#"{"to":"bf16","experts":[64,128]}"#,
+            r#"{"to":"fp8","experts":[0,128]}"#,
             "",
         ] {
             assert!(Record::parse(bad).is_err(), "{bad}");
         }
+        assert!(Record::parse(r#"{"to":"fp8","experts":[64,128]}"#).is_ok());
         let why = Record::parse(r#"{"to":"bf16","name":"a/b"}"#).unwrap_err();
         assert!(why.starts_with(r#"name "a/b" is not "#), "{why}");
     }

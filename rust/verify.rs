@@ -11,7 +11,7 @@ use std::time::Instant;
 use memmap2::Advice;
 use safetensors::tensor::Dtype;
 
-use crate::convert::Tuning;
+use crate::convert::{is_copy, Tuning};
 use crate::dtype::{elem_size, Action, Conversion};
 use crate::error::{Error, Result};
 use crate::fused;
@@ -255,6 +255,10 @@ pub struct VerifyReport {
     pub numerics: Vec<(String, Numerics)>,
     #[serde(skip)]
     pub numerics_total: Numerics,
+    /// Verified, DST converts no tensor of SRC (`convert::is_copy`), and not to keep those
+    /// that overflow: convert writes such a file only as one of a folder (`allow_copy`)
+    /// whose other files it converts.
+    pub copy: bool,
 }
 
 impl VerifyReport {
@@ -493,6 +497,7 @@ impl Verifier {
             to: None,
             numerics: Vec::new(),
             numerics_total: Numerics::default(),
+            copy: false,
         };
         let mut checked = check_headers(&src, &dst, opts)?;
         if let (Err(_), Some(given)) = (&checked, &given) {
@@ -500,7 +505,7 @@ impl Verifier {
                 (opts, checked) = (given, Ok(pairs));
             }
         }
-        let pairs = match checked {
+        let mut pairs = match checked {
             Ok(pairs) => pairs,
             Err(m) => {
                 report.mismatch = Some(*m);
@@ -526,6 +531,27 @@ impl Verifier {
                         Strategy::Block => Target::Fp8Block,
                     }));
                 }
+            }
+        }
+        // Options under which convert writes nothing (DST's record says them, or a caller):
+        // no output of convert is then a copy of SRC, but one file of a folder.
+        if report.mismatch.is_none() && !opts.loose && is_copy(&src, report.tensors_converted) {
+            report.copy = opts.overflow() != OnOverflow::Keep;
+            if !opts.allow_copy {
+                let target = opts.target.unwrap_or(Target::Bf16);
+                let bf16 = |p: &Pair| src.header.tensors[p.src].dtype == Dtype::BF16;
+                let e = Error::NothingToConvert {
+                    path: src_path.to_path_buf(),
+                    target,
+                    bf16_copied: target == Target::F16 && !opts.from_bf16 && pairs.iter().any(bf16),
+                };
+                let why = format!(
+                    "convert refuses these options: {} (a file of a folder output may convert \
+                     nothing: verify the folders)",
+                    e.message()
+                );
+                report.mismatch = Some(*Mismatch::header(None, why));
+                pairs.clear();
             }
         }
         // Under an FP8 target the tensors not quantized become BF16: one target still.
@@ -1388,14 +1414,6 @@ fn check_plan(
         ..PlanOptions::new(target)
     };
     let planned = plan::plan(&src.path, sh, &popts)?;
-    // Options under which convert writes nothing (DST's record says them, or a caller):
-    // no output of convert is then a copy of SRC.
-    if let Err(e) = crate::convert::check_something_changes(src, &planned, opts.allow_copy) {
-        return fail(
-            None,
-            format!("convert refuses these options: {}", e.message()),
-        );
-    }
     let mut actions = vec![Action::Copy; sh.tensors.len()];
     for t in planned.tensors.iter().filter(|t| t.role == Role::Tensor) {
         actions[t.source] = t.action;

@@ -225,6 +225,22 @@ def test_a_folder_file_may_convert_nothing(tmp_path):
     with pytest.warns(UserWarning, match="nothing to convert"):
         stcast.convert(str(src), str(out))
     assert stcast.verify(str(src), str(out)).ok
+    # Every file a copy of SRC's, as records that keep every tensor say: convert refuses
+    # such a folder run (nothing to convert), so verify fails it.
+    forged = tmp_path / "forged"
+    forged.mkdir()
+    record = '{"to":"bf16","keep":["*"]}'
+    for f in src.glob("*.safetensors"):
+        _with_record(f, forged / f.name, record)
+    index["metadata"]["stcast"] = record
+    (forged / "model.safetensors.index.json").write_text(json.dumps(index))
+    r = stcast.verify(str(src), str(forged))
+    assert not r.ok and "nothing to convert" in r.mismatch.message.template, r
+    # With on_overflow keep, convert writes it: verify passes it.
+    copy = tmp_path / "copy"
+    with pytest.warns(UserWarning, match="nothing to convert"):
+        stcast.convert(str(src), str(copy), keep=["*"], on_overflow="keep")
+    assert stcast.verify(str(src), str(copy)).ok
 
 
 def _raw(path: Path, name: str, dtype: str, data: bytes) -> None:

@@ -45,6 +45,7 @@ from .fp8 import (
 )
 from .reshard import groups_of, named, single_file
 from .walk import dequantizes_any, listing, read_index, read_json, walk
+from .work import nothing_to_convert
 
 if TYPE_CHECKING:
     from typing import Callable
@@ -214,13 +215,14 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         problem = _core.check_companions(dst, to, stray=stray, output=output)
         if problem is not None:
             mismatch = fail(*problem)
+    copies: list[bool] = []  # per weight file verified: a copy of SRC's (`verify_pair`)
     for w in weights if mismatch is None else []:
 
         def step(d: int, t: int, base: int = done) -> None:
             if progress is not None:
                 progress(base + d, total)
 
-        r = _engine.verify_file(
+        r, copy = _engine.verify_pair(
             w.path,
             os.path.join(dst, w.rel),
             given,
@@ -232,6 +234,7 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         )
         done += r.bytes_compared
         reports.append(r)
+        copies.append(copy)
         first = first or r
         if to is None and r.to is not None:
             to = r.to  # every file with the target the first converted one has
@@ -248,6 +251,9 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
                 w.rel,
             )
             break
+    if mismatch is None and copies and all(copies) and not pairs:
+        # Each file a copy of SRC's: convert refuses to write such a folder.
+        mismatch = fail(".", "convert refuses these options: " + nothing_to_convert(to or "bf16"))
     rels = [w.rel for w in weights][: len(reports)]
     for k, (g, d) in enumerate(pairs if mismatch is None else []):
 
