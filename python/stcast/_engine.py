@@ -141,21 +141,13 @@ def inspect_file(
 
 def verify_file(src: str, dst: str, options: Options | None = None, **extra: Any) -> VerifyReport:
     """Verify one pair of files (`_core.verify`'s keywords, see `keywords`)."""
-    return verify_pair(src, dst, options, **extra)[0]
-
-
-def verify_pair(
-    src: str, dst: str, options: Options | None = None, **extra: Any
-) -> tuple[VerifyReport, bool]:
-    """`verify_file`, and whether DST converts no tensor of SRC as one file of a folder may
-    (the engine's `copy`)."""
     with gc_paused():
         result = _core.verify(src, dst, **keywords(options, extra))
     m = result["mismatch"]
     if m is None:
-        return _build(VerifyReport, result, mismatch=None), result["copy"]
+        return _build(VerifyReport, result, mismatch=None)
     message = Notice("mismatch", m["message"])
-    return _build(VerifyReport, result, mismatch=_build(Mismatch, m, message=message)), False
+    return _build(VerifyReport, result, mismatch=_build(Mismatch, m, message=message))
 
 
 def nearest_folder(path: str) -> str:

@@ -215,14 +215,13 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         problem = _core.check_companions(dst, to, stray=stray, output=output)
         if problem is not None:
             mismatch = fail(*problem)
-    copies: list[bool] = []  # per weight file verified: a copy of SRC's (`verify_pair`)
     for w in weights if mismatch is None else []:
 
         def step(d: int, t: int, base: int = done) -> None:
             if progress is not None:
                 progress(base + d, total)
 
-        r, copy = _engine.verify_pair(
+        r = _engine.verify_file(
             w.path,
             os.path.join(dst, w.rel),
             given,
@@ -234,7 +233,6 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         )
         done += r.bytes_compared
         reports.append(r)
-        copies.append(copy)
         first = first or r
         if to is None and r.to is not None:
             to = r.to  # every file with the target the first converted one has
@@ -251,7 +249,7 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
                 w.rel,
             )
             break
-    if mismatch is None and copies and all(copies) and not pairs:
+    if mismatch is None and reports and all(r.copy for r in reports) and not pairs:
         # Each file a copy of SRC's: convert refuses to write such a folder.
         mismatch = fail(".", "convert refuses these options: " + nothing_to_convert(to or "bf16"))
     rels = [w.rel for w in weights][: len(reports)]
