@@ -249,8 +249,9 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
                 w.rel,
             )
             break
-    if mismatch is None and reports and all(r.copy for r in reports) and not pairs:
-        # Each file a copy of SRC's: convert refuses to write such a folder.
+    if mismatch is None and reports and all(r.copy for r in reports) and not (pairs or single):
+        # Each file a copy of SRC's: convert refuses to write such a folder (not a re-sharding:
+        # a file's, or groups', never a copy).
         mismatch = fail(".", "convert refuses these options: " + nothing_to_convert(to or "bf16"))
     rels = [w.rel for w in weights][: len(reports)]
     for k, (g, d) in enumerate(pairs if mismatch is None else []):
