@@ -151,6 +151,45 @@ pub fn own_index_record(src: &Path, dst: &Path) -> Result<Option<String>> {
     })
 }
 
+/// SRC opened (`open`) as `recorded` says, the caller's `given` input options with the
+/// `key` and `strip_prefix` of DST's record (DST: `dst`) where not given: a failure that
+/// `given` alone does not meet is the record's, DST's content (`Error::Recorded`, bad input
+/// naming DST), not the caller's options.
+pub fn open_recorded<T>(
+    dst: &Path,
+    recorded: &InputOptions,
+    given: &InputOptions,
+    open: impl Fn(&InputOptions) -> Result<T>,
+) -> Result<T> {
+    match open(recorded) {
+        Err(e) if recorded != given && open(given).is_ok() => Err(Error::Recorded {
+            path: dst.to_path_buf(),
+            problem: Box::new(e),
+        }),
+        found => found,
+    }
+}
+
+/// The input options `given`, with the `key` and `strip_prefix` of the record in DST file
+/// `dst`'s `__metadata__` where not given (`open_recorded`); `given` where DST cannot be
+/// read (the verification says why).
+pub fn recorded_input(dst: &Path, given: &InputOptions) -> InputOptions {
+    let Ok((_, _, meta, _)) = crate::source::read_header(dst) else {
+        return given.clone();
+    };
+    let own = own_record(None, meta.as_deref()).and_then(|r| r.ok());
+    let mut input = given.clone();
+    if let Some(r) = own {
+        if input.key.is_none() {
+            input.key = r.key;
+        }
+        if input.strip_prefix.is_empty() {
+            input.strip_prefix = r.strip_prefix;
+        }
+    }
+    input
+}
+
 /// DST's own record of convert's options: its `record::KEY` entry, whatever SRC's holds
 /// (convert replaces SRC's own with its own, the same text or not). None where DST has none,
 /// or holds SRC's own unchanged where that is no record convert writes (an output written
@@ -432,17 +471,9 @@ impl Verifier {
         // SRC is read as DST's record says (`key`, `strip_prefix`) unless told otherwise.
         let own = own_record(None, dst.header.metadata.as_deref()).and_then(|r| r.ok());
         let input = opts.recorded(own.as_ref()).input;
-        let src = match Source::open_any(src_path, &input) {
-            // Read as the record says (a `key`, a `strip_prefix` not given) it fails, and
-            // not without: DST's record is at fault (its content, not the caller's options).
-            Err(e) if input != opts.input && Source::open_any(src_path, &opts.input).is_ok() => {
-                return Err(Error::Recorded {
-                    path: dst_path.to_path_buf(),
-                    problem: Box::new(e),
-                })
-            }
-            src => src?,
-        };
+        let src = open_recorded(dst_path, &input, &opts.input, |i| {
+            Source::open_any(src_path, i)
+        })?;
         Self::from_sources(src, dst, opts, started)
     }
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import stcast
+from conftest import assert_one_error_line
 from safetensors.numpy import save_file
 
 
@@ -294,3 +295,26 @@ def test_a_record_key_src_cannot_be_read_by_is_bad_input(src, tmp_path, run_main
     assert "--key" not in err
     with pytest.raises(stcast.InvalidInput):
         stcast.verify(str(src), str(bad))
+
+
+@pytest.mark.filterwarnings("ignore:__metadata__ has no")
+def test_a_resharded_outputs_record_key_src_cannot_be_read_by_is_bad_input(src, tmp_path, run_main):
+    """(a), re-sharded: the shards' and index's record name a `key` a safetensors SRC
+    cannot be read at: bad input naming DST's file (exit 1), not a usage error."""
+    out = tmp_path / "rs"
+    stcast.convert(str(src), str(out), max_shard_size="1KB")
+    assert stcast.verify(str(src), str(out)).ok
+    forged = tmp_path / "forged"
+    forged.mkdir()
+    record = '{"to":"bf16","key":"model"}'
+    for f in out.iterdir():
+        if f.name.endswith(".safetensors"):
+            _with_record(f, forged / f.name, record)
+        else:
+            doc = json.loads(f.read_text())
+            doc["metadata"]["stcast"] = record
+            (forged / f.name).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    rc, out_, err = run_main("verify", str(src), str(forged))
+    line = assert_one_error_line(err)
+    assert rc == 1 and "SRC cannot be read as its stcast record says" in line, line
+    assert line.startswith(f"stcast: {forged}/") and "--key" not in line, line

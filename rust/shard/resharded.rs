@@ -354,7 +354,12 @@ impl GroupVerify {
         opts: &VerifyOptions,
     ) -> Result<GroupVerify> {
         let paths: Vec<PathBuf> = s.inputs.iter().map(|w| w.path.clone()).collect();
-        let src = shard::Group::open(&paths, input)?;
+        // Read as DST's record says (`key`, `strip_prefix`) unless told otherwise.
+        let first = &d.inputs[0].path;
+        let recorded = crate::verify::recorded_input(first, input);
+        let src = crate::verify::open_recorded(first, &recorded, input, |i| {
+            shard::Group::open(&paths, i)
+        })?;
         let mut total = src.sizes().sum::<u64>();
         let failure = precheck(dst, &src, s, d, opts.loose, &mut total)?;
         Ok(GroupVerify {

@@ -106,10 +106,9 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         recorded = (name, given.key, list(given.strip_prefix), include, exclude)
         for rel in [r for _, r in indexed[:1]] + shards[:1]:
             recorded = _core.recorded_source(os.path.join(dst, rel), recorded)
+        # How SRC was read (`key`, `strip_prefix`): the engine takes it from DST's record
+        # where not given (SRC unreadable so is DST's fault, not the caller's options).
         name, include, exclude = recorded[0], recorded[3], recorded[4]
-        if single:
-            key = {"key": recorded[1]} if recorded[1] is not None else {}
-            source = {**source, **key, "strip_prefix": recorded[2]}
     if not single:
         weights, indexes, configs, others, _, _ = walk(src, True, include, exclude)
     if to is None:
