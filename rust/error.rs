@@ -532,6 +532,10 @@ pub enum Error {
         tensor: String,
         problem: Box<Fp8Problem>,
     },
+    /// SRC cannot be read as DST's record of convert's options says (its `key` or
+    /// `strip_prefix`), though it can be read without: DST's content is at fault, not the
+    /// caller's options (`problem`: what reading SRC so met).
+    Recorded { path: PathBuf, problem: Box<Error> },
     /// An option's value is out of range.
     BadOption {
         option: OptionName,
@@ -663,7 +667,8 @@ impl Error {
             | Error::BadIndex { refused: false, .. }
             | Error::OtherFormat { .. }
             | Error::OutputHeaderTooLarge { .. }
-            | Error::NonFiniteWeight { .. } => ErrorKind::InvalidInput,
+            | Error::NonFiniteWeight { .. }
+            | Error::Recorded { .. } => ErrorKind::InvalidInput,
             Error::NothingToConvert { .. } => ErrorKind::Refused,
             Error::Checkpoint { error, .. } => checkpoint_kind(error),
             Error::Distributed { problem, .. } => match problem {
@@ -748,6 +753,7 @@ impl Error {
             | Error::NotOurs { path }
             | Error::SideOutput { path, .. }
             | Error::SameFile { path }
+            | Error::Recorded { path, .. }
             | Error::Io { path, .. } => Some(path),
             Error::AfterCommit { source, .. } => source.path(),
             Error::NoDestinationFolder { dir, .. } | Error::NoSpace { dir, .. } => Some(dir),
@@ -1011,6 +1017,11 @@ impl Error {
                 .into(),
             Error::SideOutput { role, what, .. } => format!("the {role} {what}"),
             Error::SameFile { .. } => "SRC and DST are the same file".into(),
+            // The options named as the record names them, not as a caller gives them.
+            Error::Recorded { problem, .. } => format!(
+                "SRC cannot be read as its stcast record says: {}",
+                esc(&plain(&problem.template()))
+            ),
             Error::AfterCommit { published, source } => format!(
                 "{} was published, but then {}",
                 esc_path(published),

@@ -24,7 +24,8 @@ pub enum Reason {
     Quantized,
     /// An FP8 input's weight, dequantized with its scale.
     Dequantized,
-    /// An FP8 input's scale, or activation scale: not in the output.
+    /// A dequantized weight's scale, zero point, global scale or shape (any packing:
+    /// FP8, NVFP4, MXFP4, INT), or its module's activation scale: not in the output.
     Dropped,
     /// A float tensor that a `keep` pattern (this one, the first that matched) keeps.
     KeptByPattern(String),
@@ -66,9 +67,9 @@ impl Reason {
             Reason::Converted => "it is converted".into(),
             Reason::Quantized => "it is quantized to FP8".into(),
             Reason::Dequantized => "it is dequantized with its scale".into(),
-            Reason::Dropped => {
-                "it is an FP8 scale or zero point, used to dequantize and not written".into()
-            }
+            Reason::Dropped => "it is a quantized weight's scale, zero point or shape (or \
+                                an activation scale), used to dequantize and not written"
+                .into(),
             Reason::KeptByPattern(p) => format!("the {{keep}} pattern `{}` keeps it", esc(p)),
             Reason::KeptByMinSize(n) => format!("{{keep_min_size={n}}} keeps it"),
             Reason::KeptToAvoidOverflow => "{on_overflow=keep} keeps it: it would overflow".into(),
@@ -1248,6 +1249,17 @@ mod tests {
         let plan = plan(p(), &src, &PlanOptions::new(Target::Bf16)).unwrap();
         assert_eq!(plan.warnings.len(), 1);
         assert!(plan.warnings[0].text.contains("nothing to convert"));
+    }
+
+    #[test]
+    fn an_int_weights_dropped_scale_is_not_called_fp8() {
+        // An INT8 int-quantized weight (an I8 `weight` with its F32 scale per row).
+        let h = r#"{"m.weight":{"dtype":"I8","shape":[2,4],"data_offsets":[0,8]},"m.weight_scale":{"dtype":"F32","shape":[2,1],"data_offsets":[8,16]}}"#;
+        let src = read_header(p(), &file(h, 16)).unwrap();
+        let plan = plan(p(), &src, &PlanOptions::new(Target::Bf16)).unwrap();
+        assert_eq!(plan.reasons, [Reason::Dequantized, Reason::Dropped]);
+        let words = plan.reasons[1].words();
+        assert!(!words.contains("FP8") && words.contains("scale"), "{words}");
     }
 
     /// A file of `(name, dtype, elements)` tensors laid out in order, zero data.

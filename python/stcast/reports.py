@@ -428,6 +428,9 @@ class VerifyReport:
     numerics: Numerics | None = None
     folder: bool = False
     files: int = 1  # the files compared (for a folder: every file, paired by path)
+    # Verified, DST converts no tensor of SRC: convert writes such a file only as one of a
+    # folder whose other files it converts.
+    copy: bool = False
 
     def __bool__(self) -> bool:
         return self.ok

@@ -61,10 +61,11 @@ pub fn folder_format(dir: &Path) -> Option<Format> {
     {
         return Some(Format::DeepSpeed);
     }
-    // `latest` names the tag folder holding the partitions (`global_step100`): a folder
-    // with it, or with tag folders of partitions, is a DeepSpeed checkpoint even when one is
-    // missing (read, it is refused saying what is missing).
-    if has("latest") && latest_tag(dir).is_some() || !zero_tags(dir).is_empty() {
+    // Tag folders of partitions (`global_step100/`) make a DeepSpeed checkpoint even when
+    // `latest`, which names the one to read, is missing or names another (read, it is
+    // refused saying so). `latest` alone does not: any folder may hold a file of that name
+    // (a diffusers pipeline's, beside `model_index.json` and its weights' folders).
+    if !zero_tags(dir).is_empty() {
         return Some(Format::DeepSpeed);
     }
     None
@@ -397,6 +398,19 @@ mod tests {
                 Some(Format::DeepSpeed),
             ),
             ("hf", &["model.safetensors", "config.json"], None),
+            // `latest` alone (naming a tag, or a tag folder without partitions) is a file
+            // of any folder: a diffusers pipeline's weights are in its subfolders.
+            (
+                "diffusers-latest",
+                &[
+                    "model_index.json",
+                    "latest",
+                    "unet/diffusion_pytorch_model.safetensors",
+                    "unet/config.json",
+                ],
+                None,
+            ),
+            ("latest-alone", &["latest", "global_step7/notes.txt"], None),
             // The Trainer's checkpoint-N/ under DeepSpeed: the weights are there already.
             (
                 "trainer",
