@@ -87,7 +87,9 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
     if os.path.samefile(src, dst):
         raise Refused(f"{_esc(dst)}: SRC and DST are the same folder", path=dst)
     single = not _engine.is_tree(src)  # a file (or a DCP folder) re-sharded into DST
-    source: dict[str, Any] = {}
+    # How SRC is read as given (`key`, `strip_prefix`): the engine takes what is not given
+    # from DST's record.
+    source: dict[str, Any] = dict(given.source)
     if single:
         if not stat.S_ISREG(os.stat(src).st_mode) and not os.path.isdir(src):
             raise Refused(f"{_esc(src)}: not a regular file", path=src)
