@@ -545,6 +545,9 @@ pub enum Error {
     /// A model config given for a lone file's output (`convert::Options::model_config`) that
     /// is not one: `reason` says why.
     BadConfig { path: PathBuf, reason: &'static str },
+    /// A config beside a lone output that would describe the weights written wrongly, and
+    /// that the run would leave as it is (`beside::problem`: `why`).
+    WrongConfig { path: PathBuf, why: String },
     /// An index that is not one, names shards it may not (`refused`), or disagrees with
     /// the shards written (`run::check`): `why` (a template) says how.
     BadIndex {
@@ -685,6 +688,7 @@ impl Error {
             | Error::DestinationIsSpecial { .. }
             | Error::NotOurs { .. }
             | Error::SideOutput { .. }
+            | Error::WrongConfig { .. }
             | Error::SameFile { .. } => ErrorKind::Refused,
             Error::AfterCommit { source, .. } => source.kind(),
             Error::BadPattern { .. } | Error::BadOption { .. } => ErrorKind::Usage,
@@ -730,6 +734,7 @@ impl Error {
             | Error::DestinationExists { path }
             | Error::NotOurs { path }
             | Error::SideOutput { path, .. }
+            | Error::WrongConfig { path, .. }
             | Error::SameFile { path }
             | Error::Io { path, .. } => Some(path),
             Error::AfterCommit { source, .. } => source.path(),
@@ -796,6 +801,11 @@ impl Error {
                 format!("invalid safetensors file: {}", esc(reason))
             }
             Error::BadConfig { reason, .. } => format!("not a model config: {reason}"),
+            Error::WrongConfig { why, .. } => format!(
+                "{}: it would describe the weights written beside it wrongly (give the output's \
+                 model config with {{config}} to replace it, or remove it)",
+                esc(why)
+            ),
             Error::BadIndex { why, .. } => why.clone(),
             Error::OtherFormat { format, .. } => match format {
                 Format::TorchZip | Format::TorchLegacy | Format::Dcp | Format::DcpSafetensors => {

@@ -294,6 +294,8 @@ pub struct Settings {
     /// A folder run's overrides of what it copies (`run::walk::Overrides`), for the record.
     pub include: Vec<String>,
     pub exclude: Vec<String>,
+    /// verify: DST is a lone checkpoint's output (`VerifyOptions::lone`).
+    pub lone: bool,
 }
 
 impl Default for Settings {
@@ -325,6 +327,7 @@ impl Default for Settings {
             no_record: false,
             include: Vec::new(),
             exclude: Vec::new(),
+            lone: false,
         }
     }
 }
@@ -472,6 +475,7 @@ impl Settings {
             report: self.report.clone(),
             force: self.force,
             tuning,
+            lone: self.lone,
         })
     }
 
@@ -484,6 +488,7 @@ impl Settings {
             strip_prefix: Vec::new(),
             report: None,
             allow_copy: true,
+            lone: false,
             ..self.clone()
         }
     }

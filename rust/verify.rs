@@ -60,6 +60,9 @@ pub struct VerifyOptions {
     pub tuning: Tuning,
     /// How to read SRC when it is a PyTorch checkpoint (DST is always safetensors).
     pub input: InputOptions,
+    /// DST is a lone checkpoint's output (not a folder's file): the files beside it must
+    /// not mislead a loader of it (`beside::check`).
+    pub lone: bool,
 }
 
 impl VerifyOptions {
@@ -173,6 +176,7 @@ impl Default for VerifyOptions {
             force: false,
             tuning: Tuning::default(),
             input: InputOptions::default(),
+            lone: false,
         }
     }
 }
@@ -303,6 +307,9 @@ pub struct Verifier {
     report: VerifyReport,
     /// Where the numeric report goes once verified, and how to publish it.
     report_path: Option<(PathBuf, Replace)>,
+    /// A lone output's verification: check the files beside it (`beside::check`), exactly
+    /// unless loose.
+    beside: Option<bool>,
     /// Strict mode: a converted tensor with values that became ±inf is a difference under
     /// `Keep` (convert would have kept it) and `Error` (convert would have refused).
     on_overflow: OnOverflow,
@@ -405,7 +412,9 @@ impl Verifier {
         // SRC is read as DST's record says (`key`, `strip_prefix`) unless told otherwise.
         let own = own_record(None, dst.header.metadata.as_deref()).and_then(|r| r.ok());
         let src = Source::open_any(src_path, &opts.recorded(own.as_ref()).input)?;
-        Self::from_sources(src, dst, opts, started)
+        let mut v = Self::from_sources(src, dst, opts, started)?;
+        v.beside = opts.lone.then_some(!opts.loose);
+        Ok(v)
     }
 
     /// `open` for sources opened already: a composite SRC (the tensors of one output shard,
@@ -519,6 +528,7 @@ impl Verifier {
             cursor: Cursor::new(opts.tuning.window, total),
             report,
             report_path,
+            beside: None,
             started,
             kept_max: vec![0.0; pairs.len()],
             seen_nonfinite: vec![false; pairs.len()],
@@ -816,7 +826,14 @@ impl Verifier {
     /// (atomically) where `VerifyOptions::report` said.
     pub fn finish(self) -> Result<VerifyReport> {
         let report_path = self.report_path.clone();
-        let report = self.conclude();
+        let beside = self.beside.and_then(|exact| {
+            let to = self.report.to;
+            crate::beside::check(&self.report.dst, &self.dst.header, to, exact)
+        });
+        let mut report = self.conclude();
+        if let (Some(message), true) = (beside, report.is_ok()) {
+            report.mismatch = Some(*Mismatch::header(None, message));
+        }
         if let (Some((path, replace)), true) = (report_path, report.is_ok()) {
             let bytes = crate::report::numeric_report(
                 &report.src,

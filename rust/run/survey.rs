@@ -365,6 +365,15 @@ fn stem_of(base: &[u8]) -> &[u8] {
     }
 }
 
+/// Is `name` the weights (a file or a shard) or the index of the checkpoint whose lone
+/// weights file is named `weights` (`model.safetensors`: its stem `model`)?
+pub fn is_output_of(name: &OsStr, weights: &OsStr) -> bool {
+    let Some(stem) = weights.as_bytes().strip_suffix(WEIGHTS) else {
+        return false;
+    };
+    is_output_name(name.as_bytes(), &BTreeSet::from([os(stem)]))
+}
+
 /// Is `name` the weights (a file or a shard) or the index of one of `stems`?
 fn is_output_name(name: &[u8], stems: &BTreeSet<OsString>) -> bool {
     let has = |s: &[u8]| stems.contains(OsStr::from_bytes(s));
