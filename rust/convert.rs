@@ -285,7 +285,7 @@ pub fn check_outputs(src: &Source, dst: &Path, opts: &Options) -> Result<Outputs
             })
         }
         (None, Some(_)) => {
-            let path = crate::beside::side_config_path(dst);
+            let path = crate::run::beside::side_config_path(dst);
             let replace = check_beside(&path, dst, opts.force, &taken)?;
             Some(SideConfig {
                 path,
@@ -330,15 +330,15 @@ pub struct Outputs {
 /// (`beside::problem`).
 fn withdrawn(dst: &Path, target: Target, config: Option<&SideConfig>) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    let side = crate::beside::side_config_path(dst);
+    let side = crate::run::beside::side_config_path(dst);
     if side.is_file() && config.is_none_or(|c| c.path != side) {
         out.push(side);
     }
-    let weights = crate::beside::Weights::planned(target);
+    let weights = crate::run::beside::Weights::planned(target);
     if let (Some(c), Some(weights)) = (config.filter(|c| c.text.is_some()), weights) {
         let old = std::fs::read(&c.path).ok();
         let wrong = old.is_some_and(|t| {
-            crate::beside::problem(&String::from_utf8_lossy(&t), weights, false).is_some()
+            crate::run::beside::problem(&String::from_utf8_lossy(&t), weights, false).is_some()
         });
         if wrong {
             out.push(c.path.clone());
@@ -362,7 +362,7 @@ struct SideConfig {
 /// the weights it writes (`beside::problem`). An FP8 side config of the output it replaces
 /// is withdrawn when it is published instead (`Job::publish`).
 fn check_beside_output(dst: &Path, opts: &Options) -> Result<()> {
-    let left = crate::beside::leftovers(dst);
+    let left = crate::run::beside::leftovers(dst);
     if let Some(first) = left.first() {
         let dir = output::parent_dir(dst);
         return Err(Error::Survey {
@@ -371,12 +371,18 @@ fn check_beside_output(dst: &Path, opts: &Options) -> Result<()> {
             problem: crate::error::SurveyProblem::Leftovers { listed: left },
         });
     }
-    let weights = crate::beside::Weights::planned(opts.plan.target);
-    let config = crate::beside::model_config(dst).filter(|_| opts.model_config.is_none());
+    let weights = crate::run::beside::Weights::planned(opts.plan.target);
+    let config = crate::run::beside::model_config(dst).filter(|_| opts.model_config.is_none());
     if let (Some(weights), Some(path)) = (weights, config) {
         let text = std::fs::read(&path).map_err(|e| Error::io(&path, "cannot read", e))?;
-        if let Some(why) = crate::beside::problem(&String::from_utf8_lossy(&text), weights, false) {
-            return Err(Error::WrongConfig { path, why });
+        if let Some(why) =
+            crate::run::beside::problem(&String::from_utf8_lossy(&text), weights, false)
+        {
+            return Err(Error::WrongConfig {
+                path,
+                why,
+                folder: false,
+            });
         }
     }
     Ok(())
@@ -1079,9 +1085,10 @@ impl Job {
             // A dense output's config loses its quantization keys, as a dequantized
             // folder's does.
             let target = self.plan.target;
-            let dense = crate::beside::problem(given, crate::beside::Weights::Dense, false)
-                .is_some()
-                && crate::beside::Weights::dense(target);
+            let dense =
+                crate::run::beside::problem(given, crate::run::beside::Weights::Dense, false)
+                    .is_some()
+                    && crate::run::beside::Weights::dense(target);
             let text = crate::run::json::config_text(given, target, dense, ignore)
                 .map_err(|_| Error::BadConfig {
                     path: path.clone(),

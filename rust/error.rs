@@ -547,7 +547,12 @@ pub enum Error {
     BadConfig { path: PathBuf, reason: &'static str },
     /// A config beside a lone output that would describe the weights written wrongly, and
     /// that the run would leave as it is (`beside::problem`: `why`).
-    WrongConfig { path: PathBuf, why: String },
+    /// `folder`: a folder run's, which writes no config there.
+    WrongConfig {
+        path: PathBuf,
+        why: String,
+        folder: bool,
+    },
     /// An index that is not one, names shards it may not (`refused`), or disagrees with
     /// the shards written (`run::check`): `why` (a template) says how.
     BadIndex {
@@ -801,10 +806,17 @@ impl Error {
                 format!("invalid safetensors file: {}", esc(reason))
             }
             Error::BadConfig { reason, .. } => format!("not a model config: {reason}"),
-            Error::WrongConfig { why, .. } => format!(
-                "{}: it would describe the weights written beside it wrongly (give the output's \
-                 model config with {{config}} to replace it, or remove it)",
-                esc(why)
+            Error::WrongConfig { why, folder, .. } => format!(
+                "{}: it would describe the weights written beside it wrongly ({})",
+                esc(why),
+                match folder {
+                    false =>
+                        "give the output's model config with {config} to replace it, or \
+                              remove it",
+                    true =>
+                        "this run writes no config there: remove it, or convert into an \
+                             empty folder",
+                }
             ),
             Error::BadIndex { why, .. } => why.clone(),
             Error::OtherFormat { format, .. } => match format {

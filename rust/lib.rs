@@ -17,7 +17,6 @@
 //! - `packed`: packed 4-/8-bit weights (NVFP4, MXFP4, INT4/INT8, gpt-oss blocks) back to bf16/fp16;
 //! - `window`: the window cursor and parallel split every streaming pass uses;
 //! - `convert`, `scan`, `verify`: the streaming passes;
-//! - `beside`: the configs, shards and index beside a lone output, as they must describe it;
 //! - `naming`: output file names, stems and sizes (a leaf every other module may ask);
 //! - `shard`: re-sharding: output shards of a bounded size, planned from the headers;
 //! - `task`: those passes as steppable tasks with one progress count;
@@ -30,7 +29,6 @@
 //!
 //! `python` (feature `python`) is the only module that knows about PyO3.
 
-pub mod beside;
 pub mod convert;
 pub mod dtype;
 pub mod env;

@@ -828,7 +828,7 @@ impl Verifier {
         let report_path = self.report_path.clone();
         let beside = self.beside.and_then(|exact| {
             let to = self.report.to;
-            crate::beside::check(&self.report.dst, &self.dst.header, to, exact)
+            crate::run::beside::check(&self.report.dst, &self.dst.header, to, exact)
         });
         let mut report = self.conclude();
         if let (Some(message), true) = (beside, report.is_ok()) {

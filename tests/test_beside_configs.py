@@ -186,3 +186,49 @@ def test_a_lone_checkpoint_into_a_folder_with_an_earlier_resharding(tmp_path, ru
         assert rc == 1, err
         line = assert_one_error_line(err)
         assert f"{g / 'model.safetensors.index.json'}: is named as an index or shard" in line
+
+
+LLAMA = FIXTURES / "fp8" / "llama-fp32"
+
+
+def _tree(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in path.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("first, then", [("fp8", "bf16"), ("bf16", "fp8")])
+def test_a_folder_run_refuses_a_config_it_leaves_describing_other_weights(
+    tmp_path, run_main, first, then
+):
+    # r3: --force --exclude config.json over an earlier output kept its config.json.
+    out = tmp_path / "out"
+    rc, _, err = run_main("convert", LLAMA, out, "--to", first)
+    assert rc == 0, err
+    before = _tree(out)
+    rc, _, err = run_main(
+        "convert", LLAMA, out, "--to", then, "--force", "--exclude", "config.json"
+    )
+    assert rc == 1, err
+    *warned, line = err.strip().splitlines()
+    assert warned == ["stcast: warning: left out by --exclude: `config.json` (716 B)"], err
+    assert line.startswith(f"stcast: {out / 'config.json'}: "), line
+    assert "this run writes no config there" in line, line
+    assert _tree(out) == before
+
+
+def test_verify_fails_a_quantization_config_beside_dense_shards(tmp_path, run_main):
+    # r3: verify --loose passed BF16 shards under an FP8 config.json; strict said it is
+    # "in DST but not in SRC" (it is: --exclude left it out).
+    fp8, out = tmp_path / "fp8", tmp_path / "out"
+    rc, _, err = run_main("convert", LLAMA, fp8, "--to", "fp8")
+    assert rc == 0, err
+    rc, _, err = run_main("convert", LLAMA, out, "--exclude", "config.json")
+    assert rc == 0, err
+    shutil.copy(fp8 / "config.json", out / "config.json")
+    for loose in ([], ["--loose"]):
+        rc, _, err = run_main("verify", LLAMA, out, *loose)
+        assert rc == 1, err
+        line = assert_one_error_line(err)
+        assert f"{out / 'config.json'}: does not describe the weights beside it: has a " in line
+    (out / "config.json").unlink()
+    rc, _, err = run_main("verify", LLAMA, out)
+    assert rc == 0, err

@@ -205,13 +205,56 @@ pub fn survey(dst: &Path, q: &Question<'_>, judge: &mut dyn Judge) -> Result<Ans
         answer.need = check_space(dst, q, room, &answer.skipped)?;
         let mut written: HashSet<&OsStr> = kinds.keys().copied().collect();
         written.extend(answer.stale.iter().map(|(rel, _)| &**rel));
-        let left = leftovers(dst, &stems(q, room), &room.inputs, &written);
+        let stems = stems(q, room);
+        let left = leftovers(dst, &stems, &room.inputs, &written);
         if let Some(first) = left.first() {
             let at = dst.join(first);
             return Err(refused(dst, at, SurveyProblem::Leftovers { listed: left }));
         }
+        wrong_config(dst, asked, &stems, &written)?;
     }
     Ok(answer)
+}
+
+/// Refuse a model config (`config.json`) beside weights this run writes that the run
+/// leaves as it is (SRC has none there, or `--exclude` leaves it out) and that would
+/// describe them wrongly (`beside::problem`): an earlier run's, of another target.
+fn wrong_config(
+    dst: &Path,
+    asked: &Asked<'_>,
+    stems: &BTreeMap<OsString, BTreeSet<OsString>>,
+    written: &HashSet<&OsStr>,
+) -> Result<()> {
+    let to = match asked.options.get("to").map(|n| &n.value) {
+        Some(crate::run::json::Value::Str(crate::run::json::Str::Text(t))) => {
+            crate::vocab::Target::parse(t)
+        }
+        _ => None,
+    };
+    let Some(weights) = to.and_then(crate::run::beside::Weights::planned) else {
+        return Ok(());
+    };
+    for folder in stems.keys() {
+        let rel = match folder.is_empty() {
+            true => OsString::from("config.json"),
+            false => os(&[folder.as_bytes(), b"/config.json"].concat()),
+        };
+        let path = dst.join(&rel);
+        if written.contains(&*rel) || !path.is_file() {
+            continue;
+        }
+        let text = std::fs::read(&path).map_err(|e| Error::io(&path, "cannot read", e))?;
+        if let Some(why) =
+            crate::run::beside::problem(&String::from_utf8_lossy(&text), weights, false)
+        {
+            return Err(Error::WrongConfig {
+                path,
+                why,
+                folder: true,
+            });
+        }
+    }
+    Ok(())
 }
 
 fn refused(dst: &Path, path: PathBuf, problem: SurveyProblem) -> Error {
@@ -365,25 +408,9 @@ fn stem_of(base: &[u8]) -> &[u8] {
     }
 }
 
-/// Is `name` the weights (a file or a shard) or the index of the checkpoint whose lone
-/// weights file is named `weights` (`model.safetensors`: its stem `model`)?
-pub fn is_output_of(name: &OsStr, weights: &OsStr) -> bool {
-    let Some(stem) = weights.as_bytes().strip_suffix(WEIGHTS) else {
-        return false;
-    };
-    is_output_name(name.as_bytes(), &BTreeSet::from([os(stem)]))
-}
-
 /// Is `name` the weights (a file or a shard) or the index of one of `stems`?
 fn is_output_name(name: &[u8], stems: &BTreeSet<OsString>) -> bool {
-    let has = |s: &[u8]| stems.contains(OsStr::from_bytes(s));
-    if let Some(stem) = name.strip_suffix(INDEX) {
-        return has(stem);
-    }
-    let Some(base) = name.strip_suffix(WEIGHTS) else {
-        return false;
-    };
-    has(base) || naming::split_shard(base).is_some_and(|(stem, _, _)| has(stem))
+    naming::names_output(name, |s| stems.contains(OsStr::from_bytes(s)))
 }
 
 /// Files of `dst` named as the weights or index of one of `stems` (by folder) that the run

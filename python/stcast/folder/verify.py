@@ -199,17 +199,19 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         if name is None and len(stems) == 1 and "/" not in stems[0]:
             hint = f" (DST holds the index of {_esc(stems[0])}: {{name={_esc(stems[0])}}}?)"
         mismatch = fail(missing[0], "is in SRC but not in DST" + hint)
-    elif extra and not loose:
-        mismatch = fail(extra[0], "is in DST but not in SRC ({loose} ignores extra files)")
     else:
         # Extra files are ignored (loose), but not an index: loaders read it to find the
         # tensors, so it must name DST's shards as they are, and the output's tensors where
-        # the output holds them.
+        # the output holds them; nor a model config that says unquantized weights beside it
+        # are quantized (one SRC's run left out, or copied in).
         output = [w.rel for w in weights] + [rel for _, d in pairs for rel, _ in d[2]]
-        stray = [r for r in extra if r.endswith(INDEX_SUFFIX)]
-        problem = _core.check_companions(dst, to, stray=stray, output=output)
+        configs_ = [r for r in extra if is_model_config(r)]
+        stray = configs_ if not loose else [r for r in extra if r.endswith(INDEX_SUFFIX)] + configs_
+        problem = _core.check_companions(dst, to, stray=stray, output=output) if stray else None
         if problem is not None:
             mismatch = fail(*problem)
+        elif extra and not loose:
+            mismatch = fail(extra[0], "is in DST but not in SRC ({loose} ignores extra files)")
     for w in weights if mismatch is None else []:
 
         def step(d: int, t: int, base: int = done) -> None:

@@ -120,7 +120,8 @@ pub fn model_config(dst: &Path) -> Option<PathBuf> {
 /// written) its method, format and each group's weights, and the modules it names.
 pub fn problem(text: &str, weights: Weights<'_>, exact: bool) -> Option<String> {
     let Ok(Value::Object(doc)) = serde_json::from_str(text) else {
-        return Some("is not a JSON object".into());
+        // One that is no JSON object says nothing of dense weights.
+        return matches!(weights, Weights::Fp8 { .. }).then(|| "is not a JSON object".into());
     };
     let (target, modules) = match weights {
         Weights::Dense => {
@@ -306,13 +307,16 @@ pub fn leftovers(dst: &Path) -> Vec<OsString> {
     let Some(name) = dst.file_name() else {
         return Vec::new();
     };
+    let Some(stem) = name.as_bytes().strip_suffix(b".safetensors") else {
+        return Vec::new();
+    };
     let dir = crate::output::parent_dir(dst);
     let Ok(entries) = std::fs::read_dir(&dir) else {
         return Vec::new();
     };
     let mut names: Vec<OsString> = entries
         .filter_map(|e| Some(e.ok()?.file_name()))
-        .filter(|n| n != name && crate::run::survey::is_output_of(n, name))
+        .filter(|n| n != name && crate::naming::names_output(n.as_bytes(), |s| s == stem))
         .collect();
     names.sort_by_key(|n| (!n.as_bytes().ends_with(b".index.json"), n.clone()));
     names
