@@ -1221,7 +1221,9 @@ fn py_survey<'py>(
     let siblings: Vec<Manifest> = s.siblings.into_iter().map(Manifest).collect();
     let entries = py_entries(py, &s.entries)?;
     let (at, ours, found) = (s.at_own_name, s.ours, s.found);
-    let rest = (a.adopted, entries, a.stale, found, a.skipped, a.need);
+    let rest = (
+        a.adopted, entries, a.stale, found, a.skipped, a.need, a.withdraw,
+    );
     (s.present, at, own, siblings, ours, rest).into_pyobject(py)
 }
 

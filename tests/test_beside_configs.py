@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import assert_one_error_line, write_safetensors
+from helpers import run_cli, stopped, with_points
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DCP = FIXTURES / "dcp" / "fsdp2-1d-3ranks"
@@ -232,3 +233,34 @@ def test_verify_fails_a_quantization_config_beside_dense_shards(tmp_path, run_ma
     (out / "config.json").unlink()
     rc, _, err = run_main("verify", LLAMA, out)
     assert rc == 0, err
+
+
+def test_an_interrupted_folder_run_leaves_no_config_of_the_old_weights(tmp_path):
+    # r16: Ctrl-C once the FP8 shards were written left them under the bf16 config.json.
+    out = tmp_path / "out"
+    assert run_cli("convert", LLAMA, out, "-q")[0] == 0
+    env = with_points(None, "folder-publish=sigint")
+    rc, _, err = run_cli("convert", LLAMA, out, "--to", "fp8", "--force", "-q", env=env)
+    assert rc in (130, -2), err  # the CLI re-raises SIGINT
+    assert "F8_E4M3" in _dtypes(out / "model.safetensors")
+    assert not (out / "config.json").exists()
+    # The same run through: the config describes the FP8 weights.
+    assert run_cli("convert", LLAMA, out, "--to", "fp8", "--force", "-q")[0] == 0
+    assert "quantization_config" in json.loads((out / "config.json").read_text())
+    assert run_cli("verify", LLAMA, out)[0] == 0
+
+
+def test_a_lone_run_withdraws_the_old_config_before_its_weights(tmp_path):
+    # r16: kill -9 between the weights' publish and the config's left FP8 weights under the
+    # old config.json.
+    c, cfg = _dcp(tmp_path), _config(tmp_path)
+    g = tmp_path / "G"
+    assert run_cli("convert", c, g, "--key", "model", "--config", cfg, "-q")[0] == 0
+    args = ("--key", "model", "--to", "fp8", "--config", cfg, "--force", "-q")
+    run = stopped("convert", c, g, *args, at="publish")
+    assert not (g / "config.json").exists()
+    assert "F8_E4M3" not in _dtypes(g / "model.safetensors")  # not replaced yet
+    rc, err = run.run_through()
+    assert rc == 0, err
+    assert "quantization_config" in json.loads((g / "config.json").read_text())
+    assert run_cli("verify", c, g)[0] == 0

@@ -127,6 +127,10 @@ pub struct Answer {
     pub skipped: Vec<OsString>,
     /// The bytes the run writes.
     pub need: u64,
+    /// The model configs this run replaces that would describe its weights wrongly
+    /// (another target's): withdrawn before the first weights are replaced, so that a run
+    /// stopped before its configs are written leaves none that misleads a loader.
+    pub withdraw: Vec<OsString>,
 }
 
 const WEIGHTS: &[u8] = b".safetensors";
@@ -211,9 +215,49 @@ pub fn survey(dst: &Path, q: &Question<'_>, judge: &mut dyn Judge) -> Result<Ans
             let at = dst.join(first);
             return Err(refused(dst, at, SurveyProblem::Leftovers { listed: left }));
         }
-        wrong_config(dst, asked, &stems, &written)?;
+        let to = recorded_target(asked);
+        wrong_config(dst, to, &stems, &written)?;
+        answer.withdraw = withdrawn(dst, to, &kinds);
     }
     Ok(answer)
+}
+
+/// The target the run records (`to` of its options).
+fn recorded_target(asked: &Asked<'_>) -> Option<crate::vocab::Target> {
+    match asked.options.get("to").map(|n| &n.value) {
+        Some(crate::run::json::Value::Str(crate::run::json::Str::Text(t))) => {
+            crate::vocab::Target::parse(t)
+        }
+        _ => None,
+    }
+}
+
+/// The model configs (`config.json`) the plan writes over (`kinds`) that describe the
+/// weights of `to` wrongly, as they are now (`Answer::withdraw`).
+fn withdrawn(
+    dst: &Path,
+    to: Option<crate::vocab::Target>,
+    kinds: &HashMap<&OsStr, Kind>,
+) -> Vec<OsString> {
+    let Some(weights) = to.and_then(crate::run::beside::Weights::planned) else {
+        return Vec::new();
+    };
+    let mut out: Vec<OsString> = kinds
+        .iter()
+        .filter(|(rel, kind)| {
+            **kind == Kind::Config && split_rel(rel.as_bytes()).1 == b"config.json"
+        })
+        .filter(|(rel, _)| {
+            let text = std::fs::read(dst.join(rel));
+            text.is_ok_and(|t| {
+                let t = String::from_utf8_lossy(&t);
+                crate::run::beside::problem(&t, weights, false).is_some()
+            })
+        })
+        .map(|(rel, _)| rel.to_os_string())
+        .collect();
+    out.sort();
+    out
 }
 
 /// Refuse a model config (`config.json`) beside weights this run writes that the run
@@ -221,16 +265,10 @@ pub fn survey(dst: &Path, q: &Question<'_>, judge: &mut dyn Judge) -> Result<Ans
 /// describe them wrongly (`beside::problem`): an earlier run's, of another target.
 fn wrong_config(
     dst: &Path,
-    asked: &Asked<'_>,
+    to: Option<crate::vocab::Target>,
     stems: &BTreeMap<OsString, BTreeSet<OsString>>,
     written: &HashSet<&OsStr>,
 ) -> Result<()> {
-    let to = match asked.options.get("to").map(|n| &n.value) {
-        Some(crate::run::json::Value::Str(crate::run::json::Str::Text(t))) => {
-            crate::vocab::Target::parse(t)
-        }
-        _ => None,
-    };
     let Some(weights) = to.and_then(crate::run::beside::Weights::planned) else {
         return Ok(());
     };

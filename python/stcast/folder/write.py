@@ -314,9 +314,10 @@ def recheck(run: Run) -> None:
     run.record.recheck()
 
 
-def unpublish(run: Run, work: Work, writes: set[str]) -> None:
+def unpublish(run: Run, work: Work, writes: set[str], configs: Sequence[str] = ()) -> None:
     """Before anything in the destination changes: withdraw the old indexes that this run
-    would make inconsistent, and only those.
+    would make inconsistent, and only those, and the old model configs `configs` that would
+    describe its weights wrongly (the survey's `withdraw`: another target's).
 
     The old configs and indexes stay until the new ones replace them at publish (the
     atomic write path renames over them), so that a run that fails or is interrupted
@@ -334,6 +335,13 @@ def unpublish(run: Run, work: Work, writes: set[str]) -> None:
         if old_map is None or old_map == new_map or not set(old_map.values()) & writes:
             continue  # nothing a loader reads, or still consistent whenever the run stops
         if _unlink_if(run, rel, None if isinstance(replace, str) else replace):
+            run.ours.pop(rel, None)
+            run.record.forget(rel)
+    for rel in configs:
+        replace = run.replace_for(rel)
+        if replace is not None and _unlink_if(
+            run, rel, None if isinstance(replace, str) else replace
+        ):
             run.ours.pop(rel, None)
             run.record.forget(rel)
 
