@@ -210,7 +210,7 @@ def test_a_folder_run_refuses_a_config_it_leaves_describing_other_weights(
     )
     assert rc == 1, err
     *warned, line = err.strip().splitlines()
-    assert warned == ["stcast: warning: left out by --exclude: `config.json` (716 B)"], err
+    assert all(w.startswith("stcast: warning: ") for w in warned), err
     assert line.startswith(f"stcast: {out / 'config.json'}: "), line
     assert "this run writes no config there" in line, line
     assert _tree(out) == before
@@ -264,3 +264,42 @@ def test_a_lone_run_withdraws_the_old_config_before_its_weights(tmp_path):
     assert rc == 0, err
     assert "quantization_config" in json.loads((g / "config.json").read_text())
     assert run_cli("verify", c, g)[0] == 0
+
+
+@pytest.mark.parametrize("how", ["no-config", "resharded", "excluded", "nested"], ids=lambda h: h)
+def test_an_fp8_folder_without_a_model_config_gets_its_quantization_config(tmp_path, run_main, how):
+    # r4: no quantization_config anywhere and no warning (a lone file gets both).
+    src = tmp_path / "src"
+    here = src / "part" if how == "nested" else src
+    here.mkdir(parents=True)
+    shutil.copy(LLAMA / "model.safetensors", here / "model.safetensors")
+    args: tuple[str, ...] = ()
+    if how == "resharded":
+        args = ("--max-shard-size", "100kB")
+    if how == "excluded":
+        shutil.copy(LLAMA / "config.json", here / "config.json")
+        args = ("--exclude", "config.json")
+    if how == "nested":
+        (src / "config.json").write_text('{"model_type": "pipeline"}\n')
+    out = tmp_path / "out"
+    rc, _, err = run_main("convert", src, out, "--to", "fp8", *args)
+    assert rc == 0, err
+    side = (out / "part" if how == "nested" else out) / "quantization_config.json"
+    warned = [line for line in err.splitlines() if "no model config describes" in line]
+    assert warned == [
+        "stcast: warning: no model config describes this FP8 output: its quantization_config "
+        f"is written to {side}; vLLM and transformers read it from the model's config.json "
+        "only: merge it into that file (the guide shows how)"
+    ], err
+    q = json.loads(side.read_text())["quantization_config"]
+    assert q["quant_method"] == "compressed-tensors"
+    rc, _, err = run_main("verify", src, out)
+    assert rc == 0, err
+    # Tampered: verify fails it, strict and loose.
+    g = next(iter(q["config_groups"].values()))
+    g["weights"]["strategy"] = "block"
+    side.write_text(json.dumps({"quantization_config": q}))
+    for loose in ([], ["--loose"]):
+        rc, _, err = run_main("verify", src, out, *loose)
+        assert rc == 1, err
+        assert f"{side}: is not the quantization_config of the FP8" in err, err

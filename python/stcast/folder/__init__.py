@@ -143,7 +143,7 @@ def prepare(
             )
         warnings.append(Notice("unmatched_pattern", template))
         _engine.issue("unmatched_pattern", template, None)
-    side = [f for f, _ in plan.configs if f.rel == _fp8.SIDE_CONFIG_NAME]
+    side = [f for f, _ in plan.configs if f.rel.rpartition("/")[2] == _fp8.SIDE_CONFIG_NAME]
     if side and shard is None:  # (written by finalize, which says so)
         template = _fp8.side_config_notice(os.path.join(dst, side[0].rel))
         warnings.append(Notice("no_model_config", template))

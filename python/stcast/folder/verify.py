@@ -40,6 +40,7 @@ from .fp8 import (
     is_model_config,
     quantization_of,
     same_fp8_config,
+    side_configs,
     strategy_target,
     unread_quantization,
 )
@@ -182,7 +183,10 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
     missing = sorted(set(expected) - found)
     # Beside a lone checkpoint's re-sharding: the model config given (`config`), or an FP8
     # target's quantization_config alone (checked below with the shards they describe).
-    beside = {"config.json", SIDE_CONFIG_NAME} if single else set()
+    # In a folder's: an FP8 target's quantization_config beside weights no model config
+    # describes (`side_configs`).
+    sides = [SIDE_CONFIG_NAME] if single else side_configs(sorted(names), list(expected))
+    beside = {"config.json", *sides} if single else set(sides) - set(expected)
     extra = sorted(found - set(expected) - beside)
     if first_error is not None:
         mismatch = fail(*first_error)
@@ -295,13 +299,14 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         # after a DCP or single-file source was re-sharded): a loader trusts it.
         extra_configs = [r for r in sorted(found - set(expected)) if is_model_config(r)]
         mismatch = _check_added_configs(dst, to, extra_configs, fail)
-        if mismatch is None and single and SIDE_CONFIG_NAME in found:
-            shards = _shards_beside(dst, SIDE_CONFIG_NAME)
-            want = config_text("{}", to, fp8_tensors(shards).unquantized)
-            if read_bounded(os.path.join(dst, SIDE_CONFIG_NAME), MAX_JSON_BYTES) != want:
-                mismatch = fail(
-                    SIDE_CONFIG_NAME, "is not the quantization_config of the FP8 shards beside it"
-                )
+    for rel in [r for r in sides if r in found and r in beside] if mismatch is None else []:
+        if to is None or not is_fp8(to):
+            mismatch = fail(rel, "is an FP8 quantization_config, beside shards not quantized")
+            break
+        want = config_text("{}", to, fp8_tensors(_shards_beside(dst, rel)).unquantized)
+        if read_bounded(os.path.join(dst, rel), MAX_JSON_BYTES) != want:
+            mismatch = fail(rel, "is not the quantization_config of the FP8 shards beside it")
+            break
     ok = mismatch is None
     numerics = merged_numerics([(rel, r.numerics) for rel, r in zip(rels, reports)]) if ok else None
     if ok and report is not None and numerics is not None:

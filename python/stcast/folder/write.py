@@ -232,7 +232,7 @@ def publish(run: Run, work: Work) -> list[FileReport]:
         reports.append(FileReport(f.rel, "copy", "copied", f.size, f.size))
     for f, content in plan.configs:
         check_cancel(cancel)
-        if is_fp8(run.to) and (is_model_config(f.rel) or f.rel == SIDE_CONFIG_NAME):
+        if is_fp8(run.to) and (is_model_config(f.rel) or _is_side_config(f.rel)):
             content = fp8_config(dst, run.to, work, f, content)
         if content is None:
             _copy(run, f, "config", None)
@@ -246,6 +246,12 @@ def publish(run: Run, work: Work) -> list[FileReport]:
         action: FileAction = "rewritten" if size is not None else "written"
         reports.append(FileReport(rel, "index", action, size or 0, len(content), source=source))
     return reports
+
+
+def _is_side_config(rel: str) -> bool:
+    """Is `rel` an FP8 quantization_config written beside weights no model config
+    describes (`fp8.side_configs`)?"""
+    return posixpath.basename(rel) == SIDE_CONFIG_NAME
 
 
 def fp8_config(dst: str, to: Target, work: Work, f: File, content: bytes | None) -> bytes:
