@@ -321,3 +321,94 @@ pub fn leftovers(dst: &Path) -> Vec<OsString> {
     names.sort_by_key(|n| (!n.as_bytes().ends_with(b".index.json"), n.clone()));
     names
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_config_must_describe_the_weights_beside_it() {
+        let dense = Weights::Dense;
+        assert_eq!(
+            problem("{\"torch_dtype\": \"bfloat16\"}", dense, true),
+            None
+        );
+        let q = "{\"quantization_config\": {\"quant_method\": \"compressed-tensors\"}}";
+        assert!(problem(q, dense, false)
+            .unwrap()
+            .contains("`quantization_config`"));
+        let c = "{\"compression_config\": {}}";
+        assert!(problem(c, dense, false)
+            .unwrap()
+            .contains("`compression_config`"));
+        // No JSON object says nothing of dense weights; FP8 ones need one.
+        assert_eq!(problem("[1]", dense, false), None);
+        let fp8 = Weights::Fp8 {
+            target: Target::Fp8,
+            modules: None,
+        };
+        assert_eq!(
+            problem("[1]", fp8, false).as_deref(),
+            Some("is not a JSON object")
+        );
+        assert!(problem("{}", fp8, false)
+            .unwrap()
+            .contains("has no compressed-tensors"));
+        // stcast's own, in any layout, describes them; fp8-block's does not.
+        let ours = config_text("{}", Target::Fp8, false, Some(&[]))
+            .unwrap()
+            .unwrap();
+        let compact: Value = serde_json::from_str(&ours).unwrap();
+        for exact in [true, false] {
+            assert_eq!(problem(&ours, fp8, exact), None);
+            assert_eq!(problem(&compact.to_string(), fp8, exact), None);
+        }
+        let block = config_text("{}", Target::Fp8Block, false, Some(&[]))
+            .unwrap()
+            .unwrap();
+        assert!(problem(&block, fp8, true).is_some());
+        assert!(problem(&block, fp8, false).unwrap().contains("`strategy`"));
+        // The modules: a quantized one ignored, an unquantized one targeted and not ignored.
+        let modules = Modules {
+            quantized: vec!["a".into()],
+            unquantized: vec!["lm_head".into()],
+        };
+        let fp8 = Weights::Fp8 {
+            target: Target::Fp8,
+            modules: Some(&modules),
+        };
+        assert!(problem(&ours, fp8, false).unwrap().contains("`lm_head`"));
+        let named = config_text("{}", Target::Fp8, false, Some(&["lm_head".into()]));
+        let named = named.unwrap().unwrap();
+        assert_eq!(problem(&named, fp8, false), None);
+        assert_eq!(problem(&named, fp8, true), None);
+        let all = named.replace("\"lm_head\"", "\"re:.*\"");
+        assert!(problem(&all, fp8, false)
+            .unwrap()
+            .contains("leaves out `a`"));
+    }
+
+    #[test]
+    fn an_earlier_resharding_beside_a_lone_output_is_found() {
+        let dir = std::env::temp_dir().join(format!("stcast-beside-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in [
+            "model-00001-of-00002.safetensors",
+            "model.safetensors.index.json",
+            "other.safetensors",
+            "model-fp8.safetensors",
+        ] {
+            std::fs::write(dir.join(name), b"").unwrap();
+        }
+        let left = leftovers(&dir.join("model.safetensors"));
+        assert_eq!(
+            left,
+            [
+                "model.safetensors.index.json",
+                "model-00001-of-00002.safetensors"
+            ]
+        );
+        assert!(leftovers(&dir.join("other.safetensors")).is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
