@@ -931,8 +931,9 @@ impl Job {
         }
         let all: Vec<(&str, &Numerics)> = measured.iter().chain(&dequantized).copied().collect();
         let mut found = Vec::new();
+        let is_dequantized = |name: &str| dequantized.iter().any(|(d, _)| *d == name);
         if let Some((error, warning)) =
-            plan::overflow_outcome(&self.src.path, self.plan.target, &all)
+            plan::overflow_outcome(&self.src.path, self.plan.target, &all, is_dequantized)
         {
             if self.on_overflow == OnOverflow::Error {
                 return Err(error);

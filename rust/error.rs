@@ -227,6 +227,20 @@ pub enum Fp8Problem {
     },
 }
 
+/// What to do about `tensors` overflowing the target, `dequantized` of them dequantized
+/// weights: the others can keep their dtype, a dequantized weight has none of its own
+/// (its codes mean nothing without the scales dequantization drops), so only a wider
+/// target holds its values.
+pub(crate) fn overflow_advice(dequantized: usize, tensors: usize) -> String {
+    let keep = "in their dtype with {on_overflow=keep} or a {keep} pattern";
+    let wider = "a dequantized weight has no dtype of its own to keep: {to=bf16} holds its values";
+    match dequantized {
+        0 => format!("keep them {keep}"),
+        d if d == tensors => wider.to_string(),
+        d => format!("{d} of the {tensors} tensors dequantized: {wider}; keep the others {keep}"),
+    }
+}
+
 impl fmt::Display for Fp8Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let role = |zp: bool| if zp { "zero point" } else { "scale" };
@@ -308,7 +322,7 @@ impl fmt::Display for Fp8Problem {
             ),
             Fp8Problem::Overflow { values, target } => write!(
                 f,
-                "has {} that would become ±inf in {} once dequantized, and its FP8 codes \
+                "has {} that would become ±inf in {} once dequantized, and its codes \
                  cannot be kept without the scale dequantization drops ({{on_overflow=keep}} \
                  keeps no dequantized weight; BF16 holds them)",
                 crate::text::count(*values, "value"),
@@ -492,6 +506,9 @@ pub enum Error {
         tensors: usize,
         worst: String,
         worst_values: u64,
+        /// How many of the `tensors` are dequantized weights, which have no dtype of their
+        /// own to keep (`overflow_advice`).
+        dequantized: usize,
     },
     /// A quantized checkpoint, without `allow_quantized` (`plan::quantized`): `why` (a
     /// template) says what makes it so, `tensors` are the F32 tensors that would change.
@@ -897,15 +914,16 @@ impl Error {
                 tensors,
                 worst,
                 worst_values,
+                dequantized,
                 ..
             } => format!(
                 "{} in {} would become ±inf in {}, most in tensor `{}` ({worst_values}); \
-                 nothing was written (keep them in their dtype with {{on_overflow=keep}} or a \
-                 {{keep}} pattern)",
+                 nothing was written ({})",
                 count(*values, "finite value"),
                 count(*tensors as u64, "tensor"),
                 target.describe(),
-                esc(worst)
+                esc(worst),
+                overflow_advice(*dequantized, *tensors)
             ),
             Error::NonFiniteWeight { tensor, .. } => format!(
                 "tensor `{}` holds NaN or inf, which the read of the weights before planning \
@@ -1441,6 +1459,7 @@ mod tests {
                 tensors: 1,
                 worst: "w".into(),
                 worst_values: 3,
+                dequantized: 0,
             },
             Error::BadPattern {
                 option: OptionName::Keep,

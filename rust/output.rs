@@ -157,7 +157,8 @@ fn cstring(p: &Path) -> io::Result<CString> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
 }
 
-fn random_suffix() -> u64 {
+/// 64 random bits from the kernel (a time and pid mix if it has none to give).
+pub(crate) fn random_suffix() -> u64 {
     let mut x: u64 = 0;
     // The system call, not glibc's wrapper (glibc 2.25): the release wheel is manylinux2014
     // (glibc 2.17), where a call to the wrapper fails the import (scripts/build-wheel.sh).

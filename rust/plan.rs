@@ -1133,6 +1133,7 @@ pub fn overflow_outcome<S: AsRef<str>, N: Borrow<Numerics>>(
     path: &Path,
     target: Target,
     numerics: &[(S, N)],
+    dequantized: impl Fn(&str) -> bool,
 ) -> Option<(Error, Warning)> {
     let mut hot: Vec<(&str, u64)> = numerics
         .iter()
@@ -1155,14 +1156,15 @@ pub fn overflow_outcome<S: AsRef<str>, N: Borrow<Numerics>>(
     } else {
         String::new()
     };
+    let deq = hot.iter().filter(|(name, _)| dequantized(name)).count();
     let warning = Warning::new(
         WarningKind::Overflow,
         format!(
-            "{} in {} became ±inf in {}: {worst}{more} (keep them in their dtype with \
-             {{on_overflow=keep}} or a {{keep}} pattern)",
+            "{} in {} became ±inf in {}: {worst}{more} ({})",
             crate::text::count(values, "finite value"),
             crate::text::count(hot.len() as u64, "tensor"),
-            target.describe()
+            target.describe(),
+            crate::error::overflow_advice(deq, hot.len())
         ),
     );
     let error = Error::Overflow {
@@ -1172,6 +1174,7 @@ pub fn overflow_outcome<S: AsRef<str>, N: Borrow<Numerics>>(
         tensors: hot.len(),
         worst: hot[0].0.to_string(),
         worst_values: hot[0].1,
+        dequantized: deq,
     };
     Some((error, warning))
 }

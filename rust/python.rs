@@ -391,7 +391,7 @@ fn verify_shard<'py>(
     let opts = read_options(py, options, Settings::shard_verify)?;
     let group = &group.get().group;
     let verifier = guarded(py, || group.verifier(&dst, indexed, &opts))?;
-    finish_verify(py, progress, verifier, &opts)
+    finish_verify(py, (progress, None), verifier, &opts)
 }
 
 /// SRC's groups that DST holds sharded differently, and those it holds with the same
@@ -420,13 +420,14 @@ fn resharded_pairs(
 /// Verify DST's group `group` as the re-sharding of SRC's `src` (`shard::resharded::GroupVerify`):
 /// each file's (rel, report), and the first failure (rel, template, tensor).
 #[pyfunction]
-#[pyo3(signature = (dst, src, group, *, progress=None, **options))]
+#[pyo3(signature = (dst, src, group, *, progress=None, warn=None, **options))]
 fn verify_group<'py>(
     py: Python<'py>,
     dst: PathBuf,
     src: GroupRow,
     group: GroupRow,
     progress: Hook<'py>,
+    warn: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<GroupResult<'py>> {
     let (input, opts) = read_options(py, options, |s, t| Ok((s.input()?, s.shard_verify(t)?)))?;
@@ -434,7 +435,7 @@ fn verify_group<'py>(
     let mut task = guarded(py, || {
         rverify::GroupVerify::new(&dst, &s, &d, &input, &opts)
     })?;
-    Hooks::new(progress, None, None, None).drive(py, &mut task, opts.tuning.step)?;
+    Hooks::new(progress, None, warn, None).drive(py, &mut task, opts.tuning.step)?;
     let check = task.finish();
     let report = |(rel, r): &(PathBuf, _)| Ok((rel.into(), verify_dict(py, r, &opts)?));
     let reports = check.reports.iter().map(report);
@@ -649,16 +650,21 @@ fn index_total(
     guarded(py, || check::index_total(&dst, &rel, &map))
 }
 
-/// A source's index, checked, shards relative to the top folder (`run::check::read_index`).
+/// A source's index, checked, shards relative to the top folder, prefixes stripped
+/// (`run::check::read_index`).
 #[pyfunction]
+#[pyo3(signature = (path, rel, torch, found, strip_prefix=Vec::new()))]
 fn read_index(
     py: Python<'_>,
     path: PathBuf,
     rel: PathBuf,
     torch: bool,
     found: HashSet<PathBuf>,
+    strip_prefix: Vec<String>,
 ) -> PyResult<(String, Vec<(String, String)>)> {
-    guarded(py, || check::read_index(&path, &rel, torch, &found))
+    guarded(py, || {
+        check::read_index(&path, &rel, torch, &found, &strip_prefix)
+    })
 }
 
 /// The header of a safetensors file (`source::read_header`).
@@ -778,27 +784,28 @@ fn py_inspect<'py>(
 }
 
 #[pyfunction]
-#[pyo3(name = "verify", signature = (src, dst, *, progress=None, **options))]
+#[pyo3(name = "verify", signature = (src, dst, *, progress=None, warn=None, **options))]
 fn py_verify<'py>(
     py: Python<'py>,
     src: PathBuf,
     dst: PathBuf,
     progress: Hook<'py>,
+    warn: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = read_options(py, options, Settings::verify)?;
     let verifier = guarded(py, || Verifier::open(&src, &dst, &opts))?;
-    finish_verify(py, progress, verifier, &opts)
+    finish_verify(py, (progress, warn), verifier, &opts)
 }
 
-/// Step a verification to its end; its report as a dict.
+/// Step a verification to its end (telling `progress` and `warn`); its report as a dict.
 fn finish_verify<'py>(
     py: Python<'py>,
-    progress: Hook<'py>,
+    (progress, warn): (Hook<'py>, Hook<'py>),
     mut verifier: Verifier,
     opts: &VerifyOptions,
 ) -> PyResult<Bound<'py, PyDict>> {
-    Hooks::new(progress, None, None, None).drive(py, &mut verifier, opts.tuning.step)?;
+    Hooks::new(progress, None, warn, None).drive(py, &mut verifier, opts.tuning.step)?;
     let r = guarded(py, move || verifier.finish())?;
     verify_dict(py, &r, opts)
 }

@@ -316,7 +316,9 @@ pub fn refusal(
         OnOverflow::Warn => None,
         OnOverflow::Error => {
             let measured: Vec<(&str, &Numerics)> = measured.collect();
-            plan::overflow_outcome(path, target, &measured).map(|(error, _)| error)
+            let dequantized =
+                |name: &str| scanned.iter().any(|t| t.dequantized() && t.name == name);
+            plan::overflow_outcome(path, target, &measured, dequantized).map(|(error, _)| error)
         }
         OnOverflow::Keep => {
             let mut dequantized = scanned.iter().filter(|t| t.dequantized());

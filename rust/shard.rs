@@ -162,9 +162,16 @@ impl Group {
         let mut by_name = HashMap::new();
         let mut warnings = Vec::new();
         let mut folders = Vec::new();
+        // A prefix to strip is judged over the whole group: one warning if no file's
+        // names start with it.
+        let mut unused: Option<Vec<String>> = None;
         for (i, path) in paths.iter().enumerate() {
             let source = Source::open_any(path, input)?;
-            warnings.extend(source.warnings());
+            let mine = &source.unused_prefixes;
+            let kept = unused.get_or_insert_with(|| mine.clone());
+            kept.retain(|p| mine.contains(p));
+            let read = source.warnings().into_iter();
+            warnings.extend(read.filter(|w| w.kind != WarningKind::UnmatchedPrefix));
             let safetensors = source.format() == Format::Safetensors;
             for (j, t) in source.header.tensors.iter().enumerate() {
                 if let Some((k, _)) = by_name.insert(t.name.clone(), (i, j)) {
@@ -196,6 +203,8 @@ impl Group {
             inputs.extend(files);
             headers.push(header);
         }
+        let unused = unused.unwrap_or_default();
+        warnings.extend(unused.iter().map(|p| crate::input::unmatched_prefix(p)));
         if let Some(k) = (1..headers.len()).find(|&k| headers[k].metadata != headers[0].metadata) {
             warnings.push(Warning::new(
                 WarningKind::MetadataDiffers,

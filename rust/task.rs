@@ -563,7 +563,7 @@ impl Task for Verifier {
     }
 
     fn take_warnings(&mut self) -> Vec<Warning> {
-        Vec::new()
+        Verifier::take_warnings(self)
     }
 }
 
@@ -692,8 +692,8 @@ mod tests {
             .map(|i| (format!("t{i}"), n(if i == 0 { 0 } else { i })))
             .collect();
         let p = Path::new("m.safetensors");
-        assert!(plan::overflow_outcome(p, Target::F16, &all[..1]).is_none());
-        let (e, w) = plan::overflow_outcome(p, Target::F16, &all).unwrap();
+        assert!(plan::overflow_outcome(p, Target::F16, &all[..1], |_| false).is_none());
+        let (e, w) = plan::overflow_outcome(p, Target::F16, &all, |_| false).unwrap();
         assert!(
             w.text.starts_with(
                 "28 finite values in 7 tensors became ±inf in F16: `t7` (7), `t6` (6)"
@@ -703,7 +703,7 @@ mod tests {
         assert!(w.text.contains("`t3` (3) and 2 more ("), "{w}");
         let e = e.to_string();
         assert!(e.starts_with("m.safetensors: 28 finite values in 7 tensors would become ±inf in F16, most in tensor `t7` (7); nothing was written"), "{e}");
-        let (_, one) = plan::overflow_outcome(p, Target::Bf16, &all[..2]).unwrap();
+        let (_, one) = plan::overflow_outcome(p, Target::Bf16, &all[..2], |_| false).unwrap();
         assert!(one
             .text
             .starts_with("1 finite value in 1 tensor became ±inf in BF16: `t1` (1) ("));

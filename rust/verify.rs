@@ -16,7 +16,7 @@ use crate::dtype::{elem_size, Action, Conversion};
 use crate::error::{Error, Result};
 use crate::fused;
 use crate::header::PREFIX;
-use crate::input::{InputOptions, TORCH_METADATA};
+use crate::input::{unmatched_prefix, InputOptions, TORCH_METADATA};
 use crate::kernels::Isa;
 use crate::numerics::Numerics;
 use crate::output::{check_side_output, write_file, Replace, Territory};
@@ -316,6 +316,9 @@ pub struct Verifier {
     started: Instant,
     /// Per pair, when measuring.
     numerics: Option<Vec<Numerics>>,
+    /// What opening SRC found worth saying: a prefix given to strip that no name starts
+    /// with (the record's were said by convert).
+    warnings: Vec<crate::error::Warning>,
     /// Per pair kept to avoid overflow: the largest finite |x| seen so far.
     kept_max: Vec<f64>,
     /// Per pair that must hold NaN or inf (`Pair::nonfinite`): has it so far.
@@ -412,7 +415,16 @@ impl Verifier {
         // SRC is read as DST's record says (`key`, `strip_prefix`) unless told otherwise.
         let own = own_record(None, dst.header.metadata.as_deref()).and_then(|r| r.ok());
         let src = Source::open_any(src_path, &opts.recorded(own.as_ref()).input)?;
+        let warnings = match opts.input.strip_prefix.is_empty() {
+            true => Vec::new(),
+            false => src
+                .unused_prefixes
+                .iter()
+                .map(|p| unmatched_prefix(p))
+                .collect(),
+        };
         let mut v = Self::from_sources(src, dst, opts, started)?;
+        v.warnings = warnings;
         v.beside = opts.lone.then_some(!opts.loose);
         Ok(v)
     }
@@ -536,6 +548,7 @@ impl Verifier {
             total: total + dst_total,
             numerics,
             pairs,
+            warnings: Vec::new(),
             src_reads: Reads::default(),
             dst_reads: Reads::default(),
         })
@@ -543,6 +556,11 @@ impl Verifier {
 
     /// Data bytes of both files compared, and in all: the total is `bytes_compared` of a
     /// verification that finds no difference.
+    /// The warnings found since the last call (`Task::take_warnings`).
+    pub fn take_warnings(&mut self) -> Vec<crate::error::Warning> {
+        std::mem::take(&mut self.warnings)
+    }
+
     pub fn progress(&self) -> (u64, u64) {
         (self.report.bytes_compared, self.total)
     }
@@ -1166,9 +1184,6 @@ fn check_headers(
     if let Some((why, hint)) = metadata_difference(&want, &dh.metadata, opts.loose, added) {
         return fail(None, format!("__metadata__ differs: {}{hint}", esc(&why)));
     }
-    if opts.loose {
-        return Ok(Ok(pairs));
-    }
     check_plan(src, dst, opts, pairs)
 }
 
@@ -1313,8 +1328,11 @@ fn fp8_scales(
         .collect()
 }
 
-/// Strict mode: DST must be what `convert` writes with `opts`: every float tensor converted
-/// unless the options keep it, in the planned order, with the planned header bytes.
+/// DST must be what `convert` writes with `opts` under one target (as asked, else the one
+/// DST's converted tensors show). Strict mode: every float tensor converted unless the
+/// options keep it, in the planned order, with the planned header bytes. Loose mode
+/// (`loose_difference`): any float tensor may be kept, but what is converted is converted
+/// to that target.
 fn check_plan(
     src: &Source,
     dst: &Source,
@@ -1370,6 +1388,22 @@ fn check_plan(
     let mut actions = vec![Action::Copy; sh.tensors.len()];
     for t in planned.tensors.iter().filter(|t| t.role == Role::Tensor) {
         actions[t.source] = t.action;
+    }
+    if opts.loose {
+        let quantizes = pairs
+            .iter()
+            .any(|p| matches!(p.expect, Expect::Quantize(..)));
+        let run = LooseRun {
+            target,
+            given: opts.target.is_some(),
+            quantizes,
+        };
+        for p in &mut pairs {
+            if let Some(why) = loose_difference(&run, actions[p.src], p, dh) {
+                return fail(Some(&sh.tensors[p.src].name), why);
+            }
+        }
+        return Ok(Ok(pairs));
     }
     for p in &mut pairs {
         let (s, d) = (&sh.tensors[p.src], &dh.tensors[p.dst]);
@@ -1506,6 +1540,70 @@ fn check_plan(
         );
     }
     Ok(Ok(pairs))
+}
+
+/// What loose mode knows of the run that wrote DST (`loose_difference`).
+struct LooseRun {
+    target: Target,
+    /// The target was asked, not inferred from DST.
+    given: bool,
+    /// DST holds a quantized weight: an FP8 output (whose config, checked beside it, names
+    /// the weights it leaves unquantized).
+    quantizes: bool,
+}
+
+/// Loose mode's rule for one tensor of `run`, of which `planned` is what convert does with
+/// it: what is wrong with it, or None. A tensor kept in its source dtype passes (another
+/// tool's keep list); a converted one must be converted to the target's dtype, a quantized
+/// one with the target's strategy: one output holds one target's conversions. Under an FP8
+/// target, a weight it quantizes is quantized, kept, or converted to BF16: in an FP8 output
+/// as another tool leaves a weight out (its config's `ignore`, checked beside the tensors),
+/// in an output that quantizes none only as convert leaves one out, for holding NaN or inf
+/// (`Pair::nonfinite`, checked on the data).
+fn loose_difference(
+    run: &LooseRun,
+    planned: Action,
+    p: &mut Pair,
+    dh: &crate::header::SourceHeader,
+) -> Option<String> {
+    let d = &dh.tensors[p.dst];
+    let name = esc(&d.name);
+    let to = run.target.name();
+    let shown = if run.given {
+        ""
+    } else {
+        " (the target the output's other converted tensors show)"
+    };
+    match p.expect {
+        Expect::Identical | Expect::KeptOverflow(_) => None,
+        Expect::Quantize(q, _) => (run.target.strategy() != Some(q.strategy)).then(|| {
+            let does = match run.target.strategy() {
+                Some(s) => format!("quantizes with a {} scale", s.name()),
+                None => "quantizes none".to_string(),
+            };
+            format!(
+                "tensor `{name}` is quantized to FP8 with a {} scale in DST, but {{to={to}}}{shown} \
+                 {does}: one output is one target's conversion",
+                q.strategy.name()
+            )
+        }),
+        Expect::Convert(_) | Expect::Dequantize(_) if run.target.dtype() != Some(d.dtype) => {
+            let converts = match run.target.dtype() {
+                Some(t) => format!("converts to {t}"),
+                None => "converts none".to_string(),
+            };
+            Some(format!(
+                "tensor `{name}` is converted to {} in DST, but {{to={to}}}{shown} {converts} \
+                 ({{loose}} accepts a tensor kept in its own dtype, not one converted to another \
+                 target's)",
+                d.dtype
+            ))
+        }
+        Expect::Convert(_) | Expect::Dequantize(_) => {
+            p.nonfinite = matches!(planned, Action::Quantize(_)) && !run.quantizes;
+            None
+        }
+    }
 }
 
 fn conversion_dtype(c: Conversion) -> Dtype {

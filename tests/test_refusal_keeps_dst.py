@@ -116,3 +116,30 @@ def test_a_refused_run_into_a_new_folder_leaves_nothing(tmp_path, run_main):
     assert rc == 1, err
     assert "model-00002-of-00002.safetensors" in assert_one_error_line(err)
     assert not dst.exists()
+
+
+def test_a_dequantized_overflow_suggests_what_holds_it(tmp_path, run_main):
+    """A dequantized weight that overflows F16 was told to keep its dtype (`--on-overflow
+    keep`, `--keep`), both refused for it (attack z10, r13): the advice is a wider target,
+    which converts it."""
+    src = write_safetensors(tmp_path / "f8.safetensors", _fp8(1000.0))
+    rc, _, err = run_main("convert", src, tmp_path / "o.safetensors", "--to", "fp16")
+    assert rc == 0, err
+    assert "--to bf16 holds its values" in err and "--on-overflow keep" not in err, err
+    rc, _, err = run_main(
+        "convert", src, tmp_path / "e.safetensors", "--to", "fp16", "--on-overflow", "error"
+    )
+    assert rc == 1, err
+    line = assert_one_error_line(err)
+    assert "--to bf16 holds its values" in line and "--keep" not in line, line
+    rc, _, err = run_main("convert", src, tmp_path / "b.safetensors", "--to", "bf16")
+    assert rc == 0 and "±inf" not in err, err
+    # A cast beside it can still keep its dtype: both are said.
+    both = {**_fp8(1000.0), **{f"c.{k}": v for k, v in _f32(1e6).items()}}
+    src = write_safetensors(tmp_path / "both.safetensors", both)
+    rc, _, err = run_main(
+        "convert", src, tmp_path / "p.safetensors", "--to", "fp16", "--on-overflow", "error"
+    )
+    assert rc == 1, err
+    line = assert_one_error_line(err)
+    assert "1 of the 2 tensors dequantized" in line and "keep the others" in line, line

@@ -528,10 +528,8 @@ def test_key_and_prefix_options_are_for_checkpoints(tmp_path, run_main):
     rc, out, err = run_main("convert", st, tmp_path / "o.safetensors", "--key", "model")
     line = assert_one_error_line(err)
     assert rc == 2 and "--key applies to PyTorch checkpoints" in line, line
-    rc, out, err = run_main("convert", tmp_path, tmp_path / "out", "--strip-prefix", "m.")
-    assert rc == 2 and (
-        "--strip-prefix applies to a file, DCP or ZeRO folder" in assert_one_error_line(err)
-    )
+    rc, out, err = run_main("convert", tmp_path, tmp_path / "out", "--key", "m")
+    assert rc == 2 and "--key applies to PyTorch checkpoint files" in assert_one_error_line(err)
     # keep with a safetensors input: only the format would change, and it does not.
     rc, out, err = run_main("convert", st, "--to", "keep")
     line = assert_one_error_line(err)

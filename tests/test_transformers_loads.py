@@ -66,6 +66,40 @@ def test_strip_prefix_of_ddp_and_compile_names_loads(tmp_path):
     assert stcast.verify(src, out / "model.safetensors").ok
 
 
+def test_strip_prefix_of_an_hf_folder_of_shards_loads(tmp_path):
+    """An HF folder (save_pretrained, several shards and their index) whose names carry
+    DDP + torch.compile's `module._orig_mod.`: converted with the two --strip-prefix, its
+    shards and index name HF keys; from_pretrained matches every key, every parameter the
+    model's in bf16; verify with no option passes (the prefixes recorded)."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file, save_file
+
+    model = _tiny_llama(transformers, torch)
+    src = tmp_path / "ckpt"
+    model.save_pretrained(src, max_shard_size="400KB")
+    index_path = src / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 1
+    for shard in shards:
+        state = load_file(src / shard)
+        renamed = {f"module._orig_mod.{k}": v for k, v in state.items()}
+        save_file(renamed, src / shard, {"format": "pt"})
+    index["weight_map"] = {f"module._orig_mod.{k}": v for k, v in index["weight_map"].items()}
+    index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    out = tmp_path / "out"
+    stcast.convert(src, out, strip_prefix=["module.", "_orig_mod."])
+    written = json.loads((out / "model.safetensors.index.json").read_text())
+    assert all(not k.startswith("module.") for k in written["weight_map"])
+    loaded, info = transformers.LlamaForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    for name, p in model.state_dict().items():
+        q = loaded.state_dict()[name]
+        assert torch.equal(p.to(torch.bfloat16), q.to(torch.bfloat16)), name
+    assert stcast.verify(src, out).ok
+
+
 def _cosine(torch, model, other) -> float:
     ids = torch.randint(
         0, model.config.vocab_size, (4, 32), generator=torch.Generator().manual_seed(5)

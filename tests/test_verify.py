@@ -296,8 +296,11 @@ def test_changed_dtype_in_header(converted_pair, tmp_path):
     assert m.message == (
         "tensor `w.f32` is F16 in DST, but these options convert it to BF16 (to as convert had it?)"
     ), m.message
+    # Loose too: the other converted tensors are BF16, and one output has one target.
     m = mismatch_of(src, bad, loose=True)
-    assert (m.tensor, m.index, m.expected_bits, m.found_bits) == ("w.f32", 2, "0x7C00", "0x7F80")
+    assert (m.tensor, m.index) == ("w.f32", None)
+    want = 'tensor `w.f32` is converted to F16 in DST, but to="bf16" converts to BF16'
+    assert m.message.startswith(want), m.message
 
 
 def test_changed_shape(converted_pair, tmp_path):

@@ -341,7 +341,7 @@ def verify(
     Args:
         src, dst: the original and the converted file (or folder). For a file `src`, a
             folder `dst` holding the file `convert` names by default (for `to`; without
-            it, for bf16 or fp16) means that file, as `convert(src, dst)` writes it.
+            it, for any target) means that file, as `convert(src, dst)` writes it.
         loose: accept what other tools write (see above).
         to, keep, keep_min_size, from_bf16, on_overflow: the precision options `convert`
             had; strict mode expects exactly the tensors they keep to be kept.
@@ -449,11 +449,11 @@ def _file_dst(src: str, dst: StrPath, to: Target) -> str:
 
 def _verified_file(src: str, dst: str, to: Target | None) -> str:
     """The file `verify` compares a file SRC with, when DST is a folder: the one `convert`
-    writes into that folder by default (for `to`, else for bf16 or fp16, whichever is
-    there). A folder holding neither is a re-sharded one, verified as such."""
+    writes into that folder by default (for `to`, else for any target, whichever is
+    there). A folder holding none is a re-sharded one, verified as such."""
     if not (_names_folder(dst) or os.path.isdir(dst)):
         return dst
-    targets: list[Target] = [to] if to is not None else ["bf16", "fp16"]
+    targets = [to] if to is not None else [_engine.target_name(t) for t in _core.TARGETS]
     names = list(dict.fromkeys(_file_dst(src, dst, t) for t in targets))  # DCP: one name
     found = [n for n in names if os.path.isfile(n)]
     if len(found) > 1:
@@ -532,15 +532,14 @@ def _folders_only(src: str, o: Options) -> None:
 
 
 def _files_only(src: str, o: Options) -> None:
-    """`key` chooses within one PyTorch checkpoint and `strip_prefix` renames one input's
-    tensors: not for folders of files, whose weight files are plain state dicts (and whose
-    indexes name their tensors). A file re-sharded into a folder takes them."""
-    option = "key" if o.key is not None else "strip_prefix" if o.strip_prefix else None
-    if option is not None and _engine.is_tree(src):
-        what = "PyTorch checkpoint files" if option == "key" else "a file, DCP or ZeRO folder"
+    """`key` chooses within one PyTorch checkpoint: not for folders of files, whose weight
+    files are plain state dicts. (`strip_prefix` renames the tensors of any input: a
+    folder's files and indexes alike.)"""
+    if o.key is not None and _engine.is_tree(src):
         raise UsageError(
-            f"{{{option}}} applies to {what}; {_engine.escape(src)} is a folder of files",
-            option=option,
+            f"{{key}} applies to PyTorch checkpoint files; {_engine.escape(src)} is a folder "
+            "of files",
+            option="key",
         )
 
 

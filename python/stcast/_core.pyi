@@ -181,7 +181,12 @@ def inspect(
     **options: Unpack[_Options],
 ) -> _Report: ...
 def verify(
-    src: str, dst: str, *, progress: _Progress = None, **options: Unpack[_Options]
+    src: str,
+    dst: str,
+    *,
+    progress: _Progress = None,
+    warn: _Warn = None,
+    **options: Unpack[_Options],
 ) -> _Report: ...
 def _set_exceptions(classes: dict[str, Callable[..., BaseException]]) -> None: ...
 def render(template: str, option: Callable[[str, str | None], str]) -> str: ...
@@ -306,7 +311,7 @@ def written_index(
     record: str | None = None,
 ) -> bytes: ...
 def read_index(
-    path: str, rel: str, torch: bool, found: set[str]
+    path: str, rel: str, torch: bool, found: set[str], strip_prefix: list[str] = ...
 ) -> tuple[str, list[tuple[str, str]]]: ...
 def index_total(dst: str, rel: str, map: list[tuple[str, str]]) -> int: ...
 
@@ -321,7 +326,13 @@ def resharded_pairs(
     name: str | None,
 ) -> tuple[list[tuple[_Group, _Group]], list[tuple[_Group, _Group]]]: ...
 def verify_group(
-    dst: str, src: _Group, group: _Group, *, progress: _Progress = None, **options: Unpack[_Options]
+    dst: str,
+    src: _Group,
+    group: _Group,
+    *,
+    progress: _Progress = None,
+    warn: _Warn = None,
+    **options: Unpack[_Options],
 ) -> tuple[list[tuple[str, _Report]], tuple[str, str, str | None] | None]: ...
 
 # A source folder's file: rel, path, size, mtime_ns, its rel in the source when renamed.
@@ -330,7 +341,13 @@ _File = tuple[str, str, int, int, str | None]
 def walk_folder(
     src: str, *, follow_links: bool = False, include: list[str] = ..., exclude: list[str] = ...
 ) -> tuple[
-    list[_File], list[_File], list[_File], list[_File], list[str], list[tuple[_File, str]]
+    list[_File],
+    list[_File],
+    list[_File],
+    list[_File],
+    list[str],
+    list[tuple[_File, str]],
+    list[tuple[str, str]],
 ]: ...
 def list_folder(dst: str) -> list[str]: ...
 def torch_name(name: str) -> str | None: ...

@@ -139,10 +139,22 @@ def inspect_file(
         )
 
 
-def verify_file(src: str, dst: str, options: Options | None = None, **extra: Any) -> VerifyReport:
-    """Verify one pair of files (`_core.verify`'s keywords, see `keywords`)."""
+def verify_file(
+    src: str,
+    dst: str,
+    options: Options | None = None,
+    *,
+    warn: Callable[[str, str], object] | None = None,
+    **extra: Any,
+) -> VerifyReport:
+    """Verify one pair of files (`_core.verify`'s keywords, see `keywords`); the engine's
+    warnings are issued, or given to `warn` as (kind, template)."""
+
+    def issued(kind: str, template: str) -> None:
+        issue(kind, template, None)
+
     with gc_paused():
-        result = _core.verify(src, dst, **keywords(options, extra))
+        result = _core.verify(src, dst, warn=warn or issued, **keywords(options, extra))
     m = result["mismatch"]
     if m is None:
         return _build(VerifyReport, result, mismatch=None)

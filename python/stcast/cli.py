@@ -1019,7 +1019,10 @@ def _print_inspect_totals(reports: list[stcast.InspectReport]) -> None:
 
 def _run_verify(args: argparse.Namespace, console: out.Console) -> int:
     progress = _progress(args, console)
-    report = stcast.verify(args.src, args.dst, progress=progress, **_api_options(args, "verify"))
+    with _showing_warnings(console):  # a prefix given to strip that matches no name
+        report = stcast.verify(
+            args.src, args.dst, progress=progress, **_api_options(args, "verify")
+        )
     if args.report is not None and report.ok:
         console.published = args.report
     console.end_progress()

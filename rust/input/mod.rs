@@ -168,23 +168,23 @@ impl Source {
             .as_ref()
             .map(Origin::warnings)
             .unwrap_or_default();
-        if !self.unused_prefixes.is_empty() {
-            let list = name_list(self.unused_prefixes.iter().map(String::as_str), 8);
-            let verb = if self.unused_prefixes.len() == 1 {
-                "matches"
-            } else {
-                "match"
-            };
-            out.push(Warning::new(
-                WarningKind::UnmatchedPrefix,
-                format!(
-                    "{{strip_prefix}} {list} {verb} no tensor name (once the prefixes before \
-                     are stripped): a typo, or another order?"
-                ),
-            ));
-        }
+        out.extend(self.unused_prefixes.iter().map(|p| unmatched_prefix(p)));
         out
     }
+}
+
+/// The warning for a prefix to strip that no tensor name of the input drops: one per
+/// prefix, so that a front end judging several inputs together (a folder's files) keeps
+/// those every input gave.
+pub fn unmatched_prefix(prefix: &str) -> Warning {
+    Warning::new(
+        WarningKind::UnmatchedPrefix,
+        format!(
+            "{{strip_prefix}} {} matches no tensor name (once the prefixes before are \
+             stripped): a typo, or another order?",
+            name_list([prefix], 1)
+        ),
+    )
 }
 
 /// Drop `prefixes` from the tensor names of `source`, each in turn from what the one before

@@ -10,11 +10,13 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::input::InputOptions;
+use crate::naming;
 use crate::quant::{BLOCKS_SUFFIX, PACKED_SUFFIX, SCALE_SUFFIXES};
 use crate::run::json::{self, Node, Str, Value};
 use crate::run::walk::{listing, torch_name};
 use crate::source::{open_regular, Source};
 use crate::text::{esc, esc_path, format_bytes};
+use crate::torch::TorchError;
 use crate::vocab::is_quantized_dtype;
 
 /// Configs and indexes above this size are not what they claim to be.
@@ -368,7 +370,7 @@ fn stray_index(dst: &Path, rels: &[PathBuf], output: &[PathBuf]) -> Result<Optio
         }
     }
     for rel in rels {
-        let checked = read_index(&dst.join(rel), rel, false, &found)
+        let checked = read_index(&dst.join(rel), rel, false, &found, &[])
             .and_then(|(_, map)| index_total(dst, rel, &map).map(|_| map));
         let mut map = match checked {
             Ok(map) => map,
@@ -397,12 +399,15 @@ fn stray_index(dst: &Path, rels: &[PathBuf], output: &[PathBuf]) -> Result<Optio
 /// The index at `path` (`rel` in its folder): its text and its weight map, each shard a
 /// plain relative name in the index's folder that names a file of `found` (relative to
 /// the top folder). A PyTorch index (`torch`) names `.bin` shards: its text and map get
-/// their safetensors names. Refused before any shard is opened.
+/// their safetensors names. Its tensor names lose `prefixes` as every input's do
+/// (`naming::strip_prefixes`), in its text too; two that would be one are refused, naming
+/// both, as a file's are. Refused before any shard is opened.
 pub fn read_index(
     path: &Path,
     rel: &Path,
     torch: bool,
     found: &HashSet<PathBuf>,
+    prefixes: &[String],
 ) -> Result<(String, Vec<(String, String)>)> {
     let refuse = |why: String| bad_index(path, why);
     let bytes = read_bounded(path)?;
@@ -482,7 +487,42 @@ pub fn read_index(
         false => json::rename_shards(&text, &|old| renames.get(old).cloned())
             .map_err(|_| refuse("not valid JSON".into()))?,
     };
-    Ok((text, out))
+    strip_index(path, text, out, prefixes)
+}
+
+/// An index's text and weight map (`read_index`) with `prefixes` dropped from its tensor
+/// names; two names that would be one refused, naming both (`TorchError::DuplicateName`,
+/// as for the tensors of a file).
+fn strip_index(
+    path: &Path,
+    text: String,
+    mut map: Vec<(String, String)>,
+    prefixes: &[String],
+) -> Result<(String, Vec<(String, String)>)> {
+    let stripped = |i: usize| naming::strip_prefixes(&map[i].0, prefixes);
+    if prefixes.is_empty() || (0..map.len()).all(|i| stripped(i).len() == map[i].0.len()) {
+        return Ok((text, map));
+    }
+    if let Some((first, second)) = naming::first_repeat(map.len(), stripped) {
+        return Err(Error::Checkpoint {
+            path: path.to_path_buf(),
+            error: TorchError::DuplicateName {
+                name: stripped(first).to_string(),
+                first: map[first].0.clone(),
+                second: map[second].0.clone(),
+            },
+        });
+    }
+    let text = json::rename_tensors(&text, &|old| {
+        let new = naming::strip_prefixes(old, prefixes);
+        (new.len() != old.len()).then(|| new.to_string())
+    })
+    .map_err(|_| bad_index(path, "not valid JSON".into()))?;
+    for (name, _) in &mut map {
+        let at = name.len() - naming::strip_prefixes(name, prefixes).len();
+        name.drain(..at);
+    }
+    Ok((text, map))
 }
 
 /// A weight map entry whose shard is no plain name: refused.

@@ -878,6 +878,30 @@ pub fn rename_shards(text: &str, new_name: &dyn Fn(&str) -> Option<String>) -> P
     Ok(replace(text, edits.collect()))
 }
 
+/// The index text with each `weight_map` tensor name that `new_name` renames replaced by
+/// its new name, re-dumped in its own style (`in_own_style`: a key has no span of its own
+/// to edit in place); the members keep their order.
+pub fn rename_tensors(text: &str, new_name: &dyn Fn(&str) -> Option<String>) -> Parsed<String> {
+    let doc = parse(text)?;
+    let Some(map) = doc.get("weight_map") else {
+        return Ok(text.to_string());
+    };
+    let renamed = map.members().into_iter().map(|(k, v)| match &k {
+        Str::Text(t) => match new_name(t) {
+            Some(new) => (Str::Text(new.into()), v),
+            None => (k, v),
+        },
+        Str::Wide(_) => (k, v),
+    });
+    let mut members = doc.members();
+    set_member(
+        &mut members,
+        "weight_map",
+        Node::new(Value::Object(renamed.collect())),
+    );
+    Ok(in_own_style(text, members))
+}
+
 /// An index written anew: the source index's members (`source`, none if None or not an
 /// object) with `metadata.total_size` set to `total` (the source's other metadata kept) and
 /// `weight_map` set to `weight_map` (tensor, shard file), indent 2 and a final newline;

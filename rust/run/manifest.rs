@@ -306,10 +306,10 @@ impl Manifest {
         planned: Vec<OsString>,
     ) -> Manifest {
         let src = std::fs::canonicalize(src).unwrap_or_else(|_| src.to_path_buf());
+        // The system call, never glibc's wrapper (`output::random_suffix`).
         let mut random = [0u8; 16];
-        // SAFETY: `random` is a writable buffer of the length given.
-        let got = unsafe { libc::getrandom(random.as_mut_ptr().cast(), random.len(), 0) };
-        assert_eq!(got, 16, "getrandom failed");
+        random[..8].copy_from_slice(&output::random_suffix().to_le_bytes());
+        random[8..].copy_from_slice(&output::random_suffix().to_le_bytes());
         Manifest {
             dst: dst.to_path_buf(),
             name: file_name(shard),

@@ -31,12 +31,13 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Result, WalkProblem};
+use crate::error::{Error, Result, WalkProblem, Warning};
 use crate::input::folder::link_stays;
 use crate::naming::split_shard;
 use crate::output::folder_chain;
 use crate::plan::{compile_globs, glob_matches};
-use crate::vocab::OptionName;
+use crate::text::name_list;
+use crate::vocab::{OptionName, WarningKind};
 
 /// stcast's own files (manifests, temporary files): never taken from a source folder, never
 /// listed in a destination.
@@ -90,15 +91,54 @@ pub const EXCLUDED: &str = "excluded";
 pub struct Overrides {
     include: Vec<glob::Pattern>,
     exclude: Vec<glob::Pattern>,
+    /// The globs as given, for the warning that one matches nothing (`unmatched`).
+    given: Vec<(OptionName, String)>,
 }
 
 impl Overrides {
     /// The overrides of these globs; a bad one is its option's error.
     pub fn new(include: &[String], exclude: &[String]) -> Result<Overrides> {
+        let given = [
+            (OptionName::Include, include),
+            (OptionName::Exclude, exclude),
+        ];
         Ok(Overrides {
             include: compile_globs(include, OptionName::Include)?,
             exclude: compile_globs(exclude, OptionName::Exclude)?,
+            given: given
+                .into_iter()
+                .flat_map(|(o, globs)| globs.iter().map(move |g| (o, g.clone())))
+                .collect(),
         })
+    }
+
+    /// One warning for each glob that matches no file (nor folder) of the walked folder
+    /// `w`, whatever the policy does with it: a typo, as a `keep` pattern that matches no
+    /// tensor (`WarningKind::UnmatchedPattern`).
+    fn unmatched(&self, w: &Walked) -> Vec<Warning> {
+        let files = [&w.weights, &w.indexes, &w.configs, &w.others]
+            .into_iter()
+            .flatten()
+            .chain(w.skipped.iter().map(|(f, _)| f));
+        let rels: Vec<&[u8]> = files
+            .flat_map(|f| [f.rel.as_bytes(), f.source_rel().as_bytes()])
+            .chain(w.dirs.iter().map(|d| d.as_bytes()))
+            .collect();
+        let patterns = self.include.iter().chain(&self.exclude);
+        patterns
+            .zip(&self.given)
+            .filter(|(p, _)| !rels.iter().any(|r| hits(std::slice::from_ref(*p), r)))
+            .map(|(_, (option, glob))| {
+                Warning::new(
+                    WarningKind::UnmatchedPattern,
+                    format!(
+                        "{{{}}} glob {} matches no file of the folder (a typo?)",
+                        option.name(),
+                        name_list([glob.as_str()], 1)
+                    ),
+                )
+            })
+            .collect()
     }
 
     /// Is `rel` (a file, or a folder) brought back by an `include` glob?
@@ -149,11 +189,14 @@ pub struct Walked {
     pub dirs: Vec<OsString>,
     /// Files left out, and why, sorted by their relative path in the source.
     pub skipped: Vec<(File, &'static str)>,
+    /// What the walk has to say: an `include` or `exclude` glob that matches no file.
+    pub warnings: Vec<Warning>,
 }
 
 /// A `File` as a tuple: rel, path, size, mtime_ns, src_rel.
 pub type FileRow = (OsString, OsString, u64, i64, Option<OsString>);
-/// `Walked` as tuples: weights, indexes, configs, others, dirs, (skipped, why).
+/// `Walked` as tuples: weights, indexes, configs, others, dirs, (skipped, why), (warning
+/// kind, template).
 pub type WalkRows = (
     Vec<FileRow>,
     Vec<FileRow>,
@@ -161,6 +204,7 @@ pub type WalkRows = (
     Vec<FileRow>,
     Vec<OsString>,
     Vec<(FileRow, &'static str)>,
+    Vec<(&'static str, String)>,
 );
 
 impl Walked {
@@ -185,6 +229,10 @@ impl Walked {
             self.skipped
                 .into_iter()
                 .map(|(f, why)| (row(f), why))
+                .collect(),
+            self.warnings
+                .into_iter()
+                .map(|w| (w.kind.name(), w.text))
                 .collect(),
         )
     }
@@ -430,6 +478,7 @@ pub fn walk(src: &Path, follow_links: bool, overrides: &Overrides) -> Result<Wal
     w.dirs.sort();
     w.skipped
         .sort_by(|(a, _), (b, _)| a.source_rel().cmp(b.source_rel()));
+    w.warnings = overrides.unmatched(&w);
     Ok(w)
 }
 

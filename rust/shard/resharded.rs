@@ -23,6 +23,7 @@ use crate::source::Source;
 use crate::task::Task;
 use crate::text::{esc, esc_path};
 use crate::verify::{VerifyOptions, VerifyReport};
+use crate::vocab::WarningKind;
 
 /// A file of a group: its path relative to its top folder, and where it is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -207,7 +208,7 @@ pub fn pairs(
     let mut dst_indexes = Vec::new();
     for rel in found.iter().filter(|r| ends(r, INDEX_SUFFIX)) {
         let f = member(rel)?;
-        let (_, map) = read_index(&f.path, &f.rel, false, &names)?;
+        let (_, map) = read_index(&f.path, &f.rel, false, &names, &[])?;
         dst_indexes.push((f, map));
     }
     let theirs = groups_of(&dst_weights, &dst_indexes)?;
@@ -396,6 +397,8 @@ impl Task for GroupVerify {
         }
         let r = self.current.take().expect("a verification").finish()?;
         self.done += r.bytes_compared;
+        // Every file with the target the first converted one has: one output, one target.
+        self.opts.target = self.opts.target.or(r.to);
         if let Some(m) = &r.mismatch {
             self.check.failure = Some(Failure {
                 rel: f.rel.clone(),
@@ -416,8 +419,13 @@ impl Task for GroupVerify {
         (now, if ended { now } else { self.total.max(now + 1) })
     }
 
+    /// A prefix to strip that no name of SRC's group starts with (said once: the front
+    /// end asks for warnings when the prefixes were given, not read from DST's record).
     fn take_warnings(&mut self) -> Vec<Warning> {
-        Vec::new()
+        let all = std::mem::take(&mut self.src.warnings);
+        all.into_iter()
+            .filter(|w| w.kind == WarningKind::UnmatchedPrefix)
+            .collect()
     }
 }
 
@@ -538,7 +546,7 @@ fn precheck(
         return Ok(None);
     };
     let files: HashSet<PathBuf> = d.inputs.iter().map(|f| f.rel.clone()).collect();
-    let read = read_index(&index.path, &index.rel, false, &files)
+    let read = read_index(&index.path, &index.rel, false, &files, &[])
         .and_then(|(_, listed)| Ok((listed, index_total(dst, &index.rel, &listed_order)?)));
     let (listed, total) = match read {
         Ok(read) => read,

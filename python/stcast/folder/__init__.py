@@ -39,6 +39,7 @@ from .fp8 import is_fp8, is_model_config
 from .fp8 import nonfinite as fp8_nonfinite
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Callable
 
     from .._engine import CancelFlag, Progress
@@ -105,6 +106,7 @@ def prepare(
         given.follow_links,
         cancel,
         given.config,
+        given.strip_prefix,
     )
     reshard: _reshard.Reshard | None = None
     if max_shard_size is not None:
@@ -143,6 +145,10 @@ def prepare(
             )
         warnings.append(Notice("unmatched_pattern", template))
         _engine.issue("unmatched_pattern", template, None)
+    # So is a prefix to strip (a re-sharding's plan judged it over its groups: `work.check`).
+    for notice in [] if reshard is not None else plan.unmatched_prefixes:
+        warnings.append(notice)
+        _engine.issue(notice.kind, notice.template, None)
     side = [f for f, _ in plan.configs if f.rel.rpartition("/")[2] == _fp8.SIDE_CONFIG_NAME]
     if side and shard is None:  # (written by finalize, which says so)
         template = _fp8.side_config_notice(os.path.join(dst, side[0].rel))
@@ -151,6 +157,9 @@ def prepare(
     for kind, template in _walk.skipped_notice(plan.skipped):
         warnings.append(Notice(kind, template))
         _engine.issue(kind, template, None)
+    for notice in plan.walk_warnings:
+        warnings.append(notice)
+        _engine.issue(notice.kind, notice.template, None)
     # That something changes (or else a refusal), and what the kind of run has to say.
     for notice in work.check(src, to, on_overflow):
         warnings.append(notice)
@@ -173,6 +182,18 @@ def prepare(
     )
     todo = [w for w in weights if w.rel not in survey.skipped]
     skipped = [w for w in weights if w.rel in survey.skipped]
+    # Files this run leaves out that DST holds (an earlier run's copies): they stay, as
+    # everything it does not write, but make DST more than this run's output.
+    there = [f.source_rel for f, _ in plan.skipped if f.source_rel in survey.present]
+    if there:
+        more = f" and {len(there) - 8} more" if len(there) > 8 else ""
+        template = (
+            f"DST holds {', '.join(f'`{_esc(r)}`' for r in there[:8])}{more}, which this run "
+            "leaves out and does not delete: verify fails the output while it is there "
+            "(remove it, or {include} it)"
+        )
+        warnings.append(Notice("skipped_files", template))
+        _engine.issue("skipped_files", template, None)
     if survey.ours or (force and survey.found):
         # Overflow refused while converting a later file would come after this run replaced
         # earlier ones: over an earlier output it is read for first, and refused here.
@@ -382,9 +403,11 @@ def _source_plan(
     follow_links: bool,
     cancel: CancelFlag | None,
     config: str | None = None,
+    strip_prefix: Sequence[str] = (),
 ) -> _walk.Plan:
     """The source's plan, its checks made: a folder, or with `max_shard_size` also a single
-    file (re-sharded into a folder, beside it the model's `config`)."""
+    file (re-sharded into a folder, beside it the model's `config`); its tensors renamed
+    without `strip_prefix`."""
     if max_shard_size is not None and not _engine.is_tree(src):
         return _reshard.file_plan(src, to, precision, config)
     return _walk.plan(
@@ -394,6 +417,7 @@ def _source_plan(
         precision=precision,
         follow_links=follow_links,
         cancel=cancel,
+        strip_prefix=strip_prefix,
     )
 
 
@@ -503,17 +527,27 @@ def finalize(
     to = _engine.target_name(options["to"])
     max_size = options.get("max_shard_size")
     reshard: _reshard.Reshard | None = None
+    recorded = Options.given(options)
     if max_size is None:
         # Quantized checkpoints were refused (or allowed) by the shard runs that converted
         # them.
         # What the shard runs copy: their overrides of the folder's companion policy.
         companions: dict[str, Any] = {k: options[k] for k in ("include", "exclude") if k in options}
-        plan = _walk.plan(src, to, check_quantized=False, precision=companions, cancel=cancel)
+        plan = _walk.plan(
+            src,
+            to,
+            check_quantized=False,
+            precision=companions,
+            cancel=cancel,
+            # The indexes name the tensors as the shard runs did.
+            strip_prefix=recorded.strip_prefix,
+        )
     else:
         # The shards' cut depends on every option that changes a tensor's size.
-        recorded = Options.given(options)
         precision = recorded.precision
-        plan = _source_plan(src, to, precision, max_size, False, False, cancel)
+        plan = _source_plan(
+            src, to, precision, max_size, False, False, cancel, None, recorded.strip_prefix
+        )
         # As the shard runs read the source: the same key and prefixes.
         reshard = _reshard.plan(
             plan,
@@ -526,7 +560,7 @@ def finalize(
             source={**recorded.source, "follow_links": True},
             name=options.get("name"),
         )
-    work = _work.Work(plan, reshard, _record(to, Options.given(options)))
+    work = _work.Work(plan, reshard, _record(to, recorded))
     units = work.items
     # With one shard count in the manifests, a missing file can be traced to its shard.
     counts = {n for _, n in counted}
@@ -612,6 +646,8 @@ def inspect_folder(
                 said.append(Notice(m.kind, m.template, m.path))
             elif not isinstance(m, StcastWarning):
                 _warnings.warn_explicit(m, record.category, record.filename, record.lineno)
+        # (A keep pattern's is judged again below over the files inspected; a glob's not.)
+        said += prepared.plan.walk_warnings
         weights = prepared.plan.weights
         others = [*prepared.plan.copies, *prepared.plan.late_copies]
         others += [f for f, _ in prepared.plan.configs]
@@ -633,6 +669,7 @@ def inspect_folder(
         rewritten = {f.rel for f in [*walked.indexes, *walked.configs]}
         left_out = walked.skipped
         said += [Notice(k, t) for k, t in _walk.skipped_notice(walked.skipped)]
+        said += walked.warnings
         if not weights:
             raise Refused(
                 f"{_esc(src)}: a directory without .safetensors files or PyTorch weights "
@@ -675,7 +712,11 @@ def inspect_folder(
         done += sizes.get(w.rel, 0)
     unmatched = [p for p in given.keep if all(p in f.keep_unmatched for f in files)]
     warnings = [Notice("unmatched_pattern", _unmatched_template(unmatched))] if unmatched else []
-    warnings += said + [w for f in files for w in f.warnings]
+    # A prefix to strip is judged over every file (`prepare` said it with DST).
+    warnings += said + (
+        [] if dst is not None else _walk.common_prefix_notices([f.warnings for f in files])
+    )
+    warnings += [w for f in files for w in f.warnings if w.kind != _walk.UNMATCHED_PREFIX]
     other = sum(f.size for f in others)
     output = sum(f.output_bytes for f in files) + other
     shards: list[Any] = []
@@ -691,6 +732,7 @@ def inspect_folder(
                     check_quantized=False,
                     precision=precision,
                     follow_links=given.follow_links,
+                    strip_prefix=given.strip_prefix,
                 )
             else:
                 source_plan = _reshard.file_plan(src, to, precision)

@@ -42,8 +42,10 @@ from .fp8 import SIDE_CONFIG_NAME, is_fp8
 from .fp8 import nonfinite as fp8_nonfinite
 from .walk import (
     CONFIG_NAME,
+    UNMATCHED_PREFIX,
     Plan,
     check_fp8_config,
+    common_prefix_notices,
     index_owners,
     read_json,
     safetensors_name,
@@ -111,12 +113,14 @@ class GroupPlan:
     indexed: bool
     units: list[Unit]
     index: tuple[str, bytes, dict[str, str]] | None  # rel, content, weight_map (rel paths)
+    # How a whole file is read when opened (`strip_prefix`).
+    source: dict[str, Any] = field(default_factory=dict)
 
     def opened(self) -> Any:
         """The group's files, opened (`_core.ShardGroup`)."""
         if self.core is not None:
             return self.core
-        return _core.ShardGroup([w.path for w in self.group.inputs])
+        return _core.ShardGroup([w.path for w in self.group.inputs], **self.source)
 
 
 @dataclass
@@ -222,6 +226,7 @@ def plan(
     # What the shards record of convert's options, their indexes record too.
     record = _core.record_text(to=to, **precision, **source, name=name)
     taken: dict[str, str] = {}  # output rel -> what writes it
+    prefix_notices: list[list[Notice]] = []
     for f, _ in walked.configs:
         taken[f.rel] = "a config"
     for f in [*walked.copies, *walked.late_copies]:
@@ -243,7 +248,10 @@ def plan(
             allow_quantized=allow_quantized,
         )
         first = g.inputs[0].source_rel
-        reshard.warnings += [Notice(kind, text, first) for kind, text in planned["warnings"]]
+        warned = [Notice(kind, text, first) for kind, text in planned["warnings"]]
+        reshard.warnings += [n for n in warned if n.kind != UNMATCHED_PREFIX]
+        # A prefix to strip is judged over every group: said once, below.
+        prefix_notices.append(warned)
         unmatched = planned["keep_unmatched"]
         reshard.keep_unmatched = [p for p in reshard.keep_unmatched if p in unmatched]
         shards = planned["shards"]
@@ -282,6 +290,7 @@ def plan(
                 )
             taken[rel] = what
         reshard.groups.append(GroupPlan(g, core, planned["indexed"], units, index))
+    reshard.warnings += common_prefix_notices(prefix_notices)
     return reshard
 
 
@@ -290,6 +299,8 @@ def whole_files(walked: Plan) -> Reshard:
     its safetensors name (`walk.Plan.info` has its plan), with no index of its own."""
     # (`walk.plan` read an FP8 target's weights; another target's have none to give.)
     reshard = Reshard(None, [], {}, unquantized=walked.unquantized or None)
+    # Each file read as the plan read it.
+    source = {"strip_prefix": walked.strip_prefix} if walked.strip_prefix else {}
     for k, w in enumerate(walked.weights):
         info = walked.info[w.rel]
         unit = Unit(
@@ -309,7 +320,7 @@ def whole_files(walked: Plan) -> Reshard:
         )
         stem = os.path.basename(w.rel)[: -len(_WEIGHTS)]
         group = Group(os.path.dirname(w.rel), stem, [w], None)
-        reshard.groups.append(GroupPlan(group, None, False, [unit], None))
+        reshard.groups.append(GroupPlan(group, None, False, [unit], None, source))
     return reshard
 
 

@@ -45,9 +45,10 @@ from .fp8 import (
     unread_quantization,
 )
 from .reshard import groups_of, named, single_file
-from .walk import dequantizes_any, listing, read_index, read_json, walk
+from .walk import common_prefix_notices, dequantizes_any, listing, read_index, read_json, walk
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Callable
 
     from .._engine import Progress
@@ -94,6 +95,7 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         indexes: list[File] = []
         configs: list[File] = []
         others: list[File] = []
+        skipped: list[tuple[File, str]] = []
     found = set(listing(dst))
     shards = sorted(r for r in found if r.endswith(WEIGHTS_SUFFIX))
     include, exclude = list(given.include), list(given.exclude)
@@ -107,18 +109,20 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         for rel in [r for _, r in indexed[:1]] + shards[:1]:
             recorded = _core.recorded_source(os.path.join(dst, rel), recorded)
         name, include, exclude = recorded[0], recorded[3], recorded[4]
-        if single:
-            key = {"key": recorded[1]} if recorded[1] is not None else {}
-            source = {**source, **key, "strip_prefix": recorded[2]}
+        key = {"key": recorded[1]} if single and recorded[1] is not None else {}
+        # A folder's files and indexes lose the prefixes as a file's tensors do.
+        strip = {"strip_prefix": recorded[2]} if single or recorded[2] else {}
+        source = {**source, **key, **strip}
     if not single:
-        weights, indexes, configs, others, _, _ = walk(src, True, include, exclude)
+        weights, indexes, configs, others, _, skipped, _ = walk(src, True, include, exclude)
     if to is None:
         # An FP8 output's strategy is its config's: a weight's scale can fit both.
         to = next(filter(None, (_configured(dst, f) for f in configs if f.rel in found)), None)
     dst_weights = any(r.endswith(WEIGHTS_SUFFIX) for r in found)
     # Checkpoints DST holds sharded differently are paired by tensor name, not by path.
     names = {w.rel for w in weights}
-    parsed = [(f, *read_index(f, names)) for f in indexes]
+    strip_prefix = source.get("strip_prefix", [])
+    parsed = [(f, *read_index(f, names, strip_prefix)) for f in indexes]
     named(groups_of(weights, parsed), name)  # one group, or a usage error
     pairs: list[tuple[Group, Group]] = []
     same: list[tuple[Group, Group]] = []
@@ -143,7 +147,8 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
     checked: dict[int, GroupCheck] = {}
     for g, d in same if first_error is None else []:
         try:
-            check = _verify_group(dst, g, d, group_options | {"to": to, "loose": loose}, None)
+            opts = group_options | {"to": to, "loose": loose, **source}
+            check = _verify_group(dst, g, d, opts, None)
         except StcastError:
             continue
         if check[1] is None or check[1][2] is not None:
@@ -188,6 +193,9 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
     sides = [SIDE_CONFIG_NAME] if single else side_configs(sorted(names), list(expected))
     beside = {"config.json", *sides} if single else set(sides) - set(expected)
     extra = sorted(found - set(expected) - beside)
+    # SRC's files the companion policy leaves out, which DST holds: an earlier run's copies
+    # (a run over its output deletes nothing it does not write; convert warns of them).
+    left_out = {f.source_rel for f, _ in skipped}
     if first_error is not None:
         mismatch = fail(*first_error)
     elif single and not dst_weights:
@@ -215,7 +223,21 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         if problem is not None:
             mismatch = fail(*problem)
         elif extra and not loose:
-            mismatch = fail(extra[0], "is in DST but not in SRC ({loose} ignores extra files)")
+            why = (
+                "is in SRC, but left out by this run's companion policy ({include} copies it): "
+                "an earlier run's copy? ({loose} ignores extra files)"
+                if extra[0] in left_out
+                else "is in DST but not in SRC ({loose} ignores extra files)"
+            )
+            mismatch = fail(extra[0], why)
+    # What each file (or group) said of the prefixes given to strip: judged over them all
+    # (the record's were said by convert).
+    heard: list[list[Notice]] = []
+
+    def hearing() -> Callable[[str, str], None]:
+        heard.append([])
+        return lambda kind, template: heard[-1].append(Notice(kind, template))
+
     for w in weights if mismatch is None else []:
 
         def step(d: int, t: int, base: int = done) -> None:
@@ -229,6 +251,7 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
             to=to,
             loose=loose,
             progress=step if progress is not None else None,
+            warn=hearing(),
             **source,
         )
         done += r.bytes_compared
@@ -262,6 +285,7 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
             d,
             group_options | {"to": to, "loose": loose, **source},
             group_step if progress is not None else None,
+            hearing(),
         )
         group_reports, failure = check
         for rel, r in group_reports:
@@ -290,10 +314,15 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
             else:
                 mismatch = fail(rel, template, tensor)
             break
+    if given.strip_prefix:
+        for notice in common_prefix_notices(heard):
+            _engine.issue(notice.kind, notice.template, None)
     if to is None and from_pytorch and not any(r.tensors_converted for r in reports):
         to = "keep"  # PyTorch weights converted with no tensor changing dtype
     if mismatch is None:
-        mismatch = _check_others(src, dst, to or "bf16", indexes, configs, others, fail, loose)
+        mismatch = _check_others(
+            src, dst, to or "bf16", indexes, configs, others, fail, loose, strip_prefix
+        )
     if mismatch is None and to is not None and is_fp8(to):
         # Loose ignores extra files, but not a model config beside FP8 shards (one copied in
         # after a DCP or single-file source was re-sharded): a loader trusts it.
@@ -337,13 +366,19 @@ def _rels(g: Group) -> list[str]:
 
 
 def _verify_group(
-    dst: str, s: Group, d: Group, options: dict[str, Any], progress: Progress | None
+    dst: str,
+    s: Group,
+    d: Group,
+    options: dict[str, Any],
+    progress: Progress | None,
+    warn: Callable[[str, str], None] | None = None,
 ) -> GroupCheck:
     """Verify DST's group `d` as the re-sharding of SRC's group `s` (the engine's
     `shard::resharded::GroupVerify`): every tensor of `s` in exactly one file of `d`, each file
-    exactly what `convert` writes for the tensors it holds, the index listing them."""
+    exactly what `convert` writes for the tensors it holds, the index listing them; `warn`
+    hears what reading SRC's group found (a prefix to strip that no name starts with)."""
     with _engine.gc_paused():
-        reports, failure = _core.verify_group(dst, s, d, progress=progress, **options)
+        reports, failure = _core.verify_group(dst, s, d, progress=progress, warn=warn, **options)
     return reports, failure
 
 
@@ -395,9 +430,11 @@ def _check_others(
     others: list[File],
     fail: Callable[[str, str], Mismatch],
     loose: bool = False,
+    strip_prefix: Sequence[str] = (),
 ) -> Mismatch | None:
     """Copies hold the source's bytes; configs its text with the dtype changed; indexes its
-    weight map, with the total size of the destination's shards."""
+    weight map (its tensors without `strip_prefix`), with the total size of the
+    destination's shards."""
     problem = _core.check_companions(dst, to, copies=[(f.rel, f.path) for f in others])
     if problem is not None:
         return fail(*problem)
@@ -426,7 +463,7 @@ def _check_others(
         if problem is not None:
             return fail(*problem)
     paths = {w.rel: w.path for w in walk(src, follow_links=True)[0]} if indexes else {}
-    read = [(f.rel, *read_index(f, set(paths))) for f in indexes]
+    read = [(f.rel, *read_index(f, set(paths), strip_prefix)) for f in indexes]
     # The record convert put in the shards, it put in their indexes.
     shard = next((min(m.values()) for _, _, m in read if m), None)
     record = None

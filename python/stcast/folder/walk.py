@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from .. import _core, _engine
 from ..errors import Cancelled, InvalidInput, Refused
+from ..reports import Notice
 from .common import MAX_JSON_BYTES, WEIGHTS_SUFFIX, File, read_bounded, source_sha256
 from .fp8 import (
     WEIGHT_COMPANION_SUFFIXES,
@@ -37,6 +38,8 @@ CONFIG_NAME = "config.json"
 # Files a loader reads first to decide that a folder is a checkpoint: written last.
 _PUBLISH_LAST_NAMES = frozenset({CONFIG_NAME, "model_index.json"})
 _esc = _core.escape
+# The engine's warning kind for a prefix to strip that no tensor name starts with.
+UNMATCHED_PREFIX = "unmatched_prefix"
 
 
 class Walked(NamedTuple):
@@ -50,6 +53,8 @@ class Walked(NamedTuple):
     # Files left out, and why: "trainer" (trainer state), "superseded" (PyTorch weights
     # beside their safetensors version) or "excluded" (an `exclude` glob).
     skipped: list[tuple[File, str]]
+    # The engine's warnings: an `include` or `exclude` glob that matches no file.
+    warnings: list[Notice]
 
 
 @dataclass
@@ -74,6 +79,12 @@ class Plan:
     # while planning (they stay BF16: the plan above is the one written), handed to the
     # conversion so that it does not read them again.
     unquantized: dict[str, list[str]] = field(default_factory=dict)
+    # The prefixes to strip that no file's names start with: one warning each.
+    unmatched_prefixes: list[Notice] = field(default_factory=list)
+    # The prefixes its tensor names lose (every file's and index's alike).
+    strip_prefix: list[str] = field(default_factory=list)
+    # What the walk said (`Walked.warnings`).
+    walk_warnings: list[Notice] = field(default_factory=list)
 
 
 def plan(
@@ -83,14 +94,17 @@ def plan(
     precision: dict[str, Any] | None = None,
     follow_links: bool = False,
     cancel: CancelFlag | None = None,
+    strip_prefix: Sequence[str] = (),
 ) -> Plan:
     """Walk `src` and plan every file, refusing what cannot be converted safely.
 
     With `check_quantized`, a quantized checkpoint is refused (by the engine, as a single
     file is: `quantization_config` is the config that makes every file quantized).
+    `strip_prefix` renames the tensors of every file and index (the engine's rule).
     """
     precision = precision or {}
-    weights, indexes, configs, others, dirs, skipped = walk(
+    strip = list(strip_prefix)
+    weights, indexes, configs, others, dirs, skipped, walk_warnings = walk(
         src, follow_links, precision.get("include", ()), precision.get("exclude", ())
     )
     if not weights:
@@ -102,7 +116,7 @@ def plan(
     found = {w.rel for w in weights}
 
     # Index names are checked before anything else is opened.
-    parsed_indexes = [(f, *read_index(f, found)) for f in indexes]
+    parsed_indexes = [(f, *read_index(f, found, strip)) for f in indexes]
     index_owners(parsed_indexes)
 
     keep = precision.get("keep", [])
@@ -139,6 +153,7 @@ def plan(
         raise Refused(f"{_esc(unread[0].path)}: {unread[1]}", path=unread[0].path)
 
     info: dict[str, InspectReport] = {}
+    said: list[list[Notice]] = []
     hashes = {}
     unmatched = list(keep)
     # What the checks below need of each file's tensors; the per-tensor plans themselves
@@ -164,6 +179,7 @@ def plan(
             allow_quantized=not check_quantized,
             quantization_config=None if quantization_config is None else quantization_config.path,
             packed_config=_nearest(w, described),
+            strip_prefix=strip,
         )
         # Without a quantization_config the files decide, as for a lone file: a folder
         # whose files hold FP8 weights with their scales is dequantized (its indexes then
@@ -182,6 +198,7 @@ def plan(
             if any(t.reason == "quantized" for t in report.tensors):
                 quantizes.append(w)
         info[w.rel] = dataclasses.replace(report, tensors=[])
+        said.append(report.warnings)
 
     dequantize = dequantize or files_dequantize
     # FP8 weights no model config describes: their quantization_config goes beside them.
@@ -208,7 +225,20 @@ def plan(
         skipped=skipped,
         dequantize=dequantize,
         unquantized=unquantized,
+        unmatched_prefixes=common_prefix_notices(said),
+        walk_warnings=walk_warnings,
+        strip_prefix=strip,
     )
+
+
+def common_prefix_notices(said: Sequence[Sequence[Notice]]) -> list[Notice]:
+    """Of the warnings each file (or group) gave, those that a prefix to strip matches no
+    tensor name (the engine's, one per prefix) that every one gave: a prefix is judged
+    over the whole input, and said once."""
+    sets = [{w.template for w in ws if w.kind == UNMATCHED_PREFIX} for ws in said]
+    common = set.intersection(*sets) if sets else set()
+    first = [w.template for w in said[0] if w.template in common] if said else []
+    return [Notice(UNMATCHED_PREFIX, t) for t in first]
 
 
 def walk(
@@ -222,7 +252,7 @@ def walk(
     version, files `exclude` matches; `include` brings back what matches it), its links and
     special files checked: the engine's walk (`rust/run/walk.rs`, whose comment says the
     policy)."""
-    weights, indexes, configs, others, dirs, skipped = _core.walk_folder(
+    weights, indexes, configs, others, dirs, skipped, warnings = _core.walk_folder(
         src, follow_links=follow_links, include=list(include), exclude=list(exclude)
     )
     return Walked(
@@ -232,6 +262,7 @@ def walk(
         [File(*r) for r in others],
         dirs,
         [(File(*r), why) for r, why in skipped],
+        [Notice(kind, template) for kind, template in warnings],
     )
 
 
@@ -308,11 +339,16 @@ def read_json(f: File) -> tuple[str, Any]:
     return text, doc
 
 
-def read_index(f: File, found: set[str]) -> tuple[str, dict[str, str]]:
+def read_index(
+    f: File, found: set[str], strip_prefix: Sequence[str] = ()
+) -> tuple[str, dict[str, str]]:
     """The index's text (a PyTorch index's shards renamed) and its weight_map with shard
     names made relative to the top folder, checked by the engine (rust/run/check.rs
-    `read_index`): plain names inside the index's folder, of files in `found`."""
-    text, weight_map = _core.read_index(f.path, f.rel, f.src_rel is not None, found)
+    `read_index`): plain names inside the index's folder, of files in `found`; its tensor
+    names without `strip_prefix`, as the files' are."""
+    text, weight_map = _core.read_index(
+        f.path, f.rel, f.src_rel is not None, found, list(strip_prefix)
+    )
     return text, dict(weight_map)
 
 

@@ -29,7 +29,7 @@ from .reshard import (
     find_entry,
     whole_files,
 )
-from .walk import Plan
+from .walk import UNMATCHED_PREFIX, Plan
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -106,9 +106,13 @@ class Item:
         # Warnings name the input of a whole file, the output shard otherwise.
         path = u.inputs[0].source_rel if u.whole else u.rel
 
+        def said(kind: str) -> bool:
+            # An output shard of integer or BF16 tensors only is no surprise; a prefix to
+            # strip was judged over the whole input by the plan.
+            return (u.whole or kind != "nothing_to_convert") and kind != UNMATCHED_PREFIX
+
         def warn(kind: str, template: str) -> None:
-            # An output shard of integer or BF16 tensors only is no surprise.
-            if u.whole or kind != "nothing_to_convert":
+            if said(kind):
                 _engine.issue(kind, template, path)
 
         with _engine.gc_paused():
@@ -138,7 +142,7 @@ class Item:
                 sealed=sealed,
                 tuning=given.tuning,
             )
-        warnings = [w for w in result["warnings"] if u.whole or w[0] != "nothing_to_convert"]
+        warnings = [w for w in result["warnings"] if said(w[0])]
         return _build(
             ConvertReport, result, warnings=notices(warnings, path), bytes_in=u.input_bytes
         )

@@ -254,6 +254,7 @@ fn a_pytorch_index_gets_its_shards_safetensors_names() {
         Path::new("sub/i.json"),
         true,
         &found,
+        &[],
     )
     .unwrap();
     assert_eq!(
@@ -270,6 +271,7 @@ fn a_pytorch_index_gets_its_shards_safetensors_names() {
         Path::new("sub/i.json"),
         false,
         &found,
+        &[],
     )
     .unwrap_err();
     assert!(why(&e).starts_with("names shard `pytorch_model-00001-of-00002.bin`, which is missing"));
@@ -280,6 +282,7 @@ fn a_pytorch_index_gets_its_shards_safetensors_names() {
         Path::new("sub/i.json"),
         true,
         &found,
+        &[],
     )
     .unwrap_err();
     assert!(
@@ -297,9 +300,49 @@ fn a_pytorch_index_gets_its_shards_safetensors_names() {
         Path::new("sub/i.json"),
         false,
         &found,
+        &[],
     )
     .unwrap_err();
     assert_eq!(e.kind(), crate::vocab::ErrorKind::Refused);
+}
+
+#[test]
+fn an_index_loses_the_prefixes_its_tensors_lose() {
+    let dir = folder("strip");
+    let text = "{\n  \"metadata\": {\n    \"total_size\": 8\n  },\n  \"weight_map\": {\n    \
+                \"module._orig_mod.b\": \"m-2.safetensors\",\n    \
+                \"module._orig_mod.a\": \"m-1.safetensors\",\n    \"c\": \"m-1.safetensors\"\n  }\n}\n";
+    std::fs::write(dir.join("i.json"), text).unwrap();
+    let found: HashSet<PathBuf> = ["m-1.safetensors", "m-2.safetensors"]
+        .map(PathBuf::from)
+        .into();
+    let both = ["module.".to_string(), "_orig_mod.".to_string()];
+    let read = |prefixes: &[String]| {
+        read_index(
+            &dir.join("i.json"),
+            Path::new("i.json"),
+            false,
+            &found,
+            prefixes,
+        )
+    };
+    // In turn, each from what the one before left; the text in its own style (json.dumps
+    // with indent 2, as save_pretrained writes it) and order.
+    let (got, map) = read(&both).unwrap();
+    assert_eq!(got, text.replace("module._orig_mod.", ""));
+    let names: Vec<&str> = map.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["b", "a", "c"]);
+    // A prefix that drops nothing leaves the text as it was.
+    assert_eq!(read(&["x.".to_string()]).unwrap().0, text);
+    // Two names that would be one: refused, naming both, before any shard is read.
+    let clash = text.replace("\"c\"", "\"_orig_mod.a\"");
+    std::fs::write(dir.join("i.json"), &clash).unwrap();
+    let e = read(&both).unwrap_err();
+    assert_eq!(
+        why(&e),
+        "tensors `module._orig_mod.a` and `_orig_mod.a` would both be named `a`"
+    );
+    assert_eq!(e.kind(), crate::vocab::ErrorKind::InvalidInput);
 }
 
 #[test]

@@ -242,10 +242,31 @@ fn include_and_exclude_override_what_is_copied() {
             ("scaler.pt", TRAINER),
         ]
     );
+    // Every glob matched a file (or a folder of training state, or one left out).
+    assert!(w.warnings.is_empty(), "{:?}", w.warnings);
     // A folder kept where a file in it is not excluded; a bad glob names its option.
-    let o = Overrides::new(&[], &globs(&["images/b*"])).unwrap();
+    let o = Overrides::new(&globs(&["*.nope"]), &globs(&["images/b*", "x/"])).unwrap();
     let w = walk(&dir, false, &o).unwrap();
     assert_eq!(w.dirs, [OsString::from("images")]);
+    // A glob that matches no file is one warning each, naming it and its option.
+    let said: Vec<_> = w
+        .warnings
+        .iter()
+        .map(|w| (w.kind, w.text.as_str()))
+        .collect();
+    assert_eq!(
+        said,
+        [
+            (
+                crate::vocab::WarningKind::UnmatchedPattern,
+                "{include} glob `*.nope` matches no file of the folder (a typo?)"
+            ),
+            (
+                crate::vocab::WarningKind::UnmatchedPattern,
+                "{exclude} glob `x/` matches no file of the folder (a typo?)"
+            ),
+        ]
+    );
     let e = Overrides::new(&[], &globs(&["a["])).unwrap_err();
     assert!(matches!(
         e,

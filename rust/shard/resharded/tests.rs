@@ -92,7 +92,7 @@ fn source(src: &Path, weights: &[&str], indexes: &[&str]) -> (Vec<Member>, Vec<I
         .iter()
         .map(|r| {
             let f = member(src, r);
-            let (_, map) = read_index(&f.path, &f.rel, false, &names).unwrap();
+            let (_, map) = read_index(&f.path, &f.rel, false, &names, &[]).unwrap();
             (f, map)
         })
         .collect();
