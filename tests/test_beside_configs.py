@@ -303,3 +303,19 @@ def test_an_fp8_folder_without_a_model_config_gets_its_quantization_config(tmp_p
         rc, _, err = run_main("verify", src, out, *loose)
         assert rc == 1, err
         assert f"{side}: is not the quantization_config of the FP8" in err, err
+
+
+def test_a_dense_force_run_withdraws_a_folder_side_config(tmp_path, run_main):
+    # The folder's own: a bf16 --force run over an FP8 output without a model config left
+    # its quantization_config.json beside the BF16 shards (verify then failed it).
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    shutil.copy(LLAMA / "model.safetensors", src / "model.safetensors")
+    rc, _, err = run_main("convert", src, out, "--to", "fp8")
+    assert rc == 0, err
+    assert (out / "quantization_config.json").exists()
+    rc, _, err = run_main("convert", src, out, "--force", "-q")
+    assert (rc, err) == (0, "")
+    assert sorted(p.name for p in out.iterdir()) == ["model.safetensors"]
+    rc, _, err = run_main("verify", src, out)
+    assert rc == 0, err

@@ -27,6 +27,11 @@ pub fn side_config_path(dst: &Path) -> PathBuf {
     dst.with_file_name(std::ffi::OsStr::from_bytes(&name))
 }
 
+/// Where a folder run puts the `quantization_config` of FP8 weights no model config
+/// describes, in their folder (python/stcast/folder/fp8.py `SIDE_CONFIG_NAME`, which
+/// writes it).
+pub const FOLDER_SIDE_CONFIG: &str = "quantization_config.json";
+
 /// What the weights of a lone output are, as a config beside them must describe them.
 #[derive(Debug, Clone, Copy)]
 pub enum Weights<'a> {

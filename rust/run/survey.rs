@@ -218,8 +218,34 @@ pub fn survey(dst: &Path, q: &Question<'_>, judge: &mut dyn Judge) -> Result<Ans
         let to = recorded_target(asked);
         wrong_config(dst, to, &stems, &written)?;
         answer.withdraw = withdrawn(dst, to, &kinds);
+        answer
+            .withdraw
+            .extend(side_configs(dst, to, &stems, &written));
     }
     Ok(answer)
+}
+
+/// The FP8 side configs (`beside::FOLDER_SIDE_CONFIG`) beside the weights a dense run
+/// writes that the run does not write again: an earlier FP8 run's, withdrawn
+/// (`Answer::withdraw`; a lone output's are so too, `convert`).
+fn side_configs(
+    dst: &Path,
+    to: Option<crate::vocab::Target>,
+    stems: &BTreeMap<OsString, BTreeSet<OsString>>,
+    written: &HashSet<&OsStr>,
+) -> Vec<OsString> {
+    if !to.is_some_and(crate::run::beside::Weights::dense) {
+        return Vec::new();
+    }
+    let name = crate::run::beside::FOLDER_SIDE_CONFIG.as_bytes();
+    stems
+        .keys()
+        .map(|folder| match folder.is_empty() {
+            true => os(name),
+            false => os(&[folder.as_bytes(), b"/", name].concat()),
+        })
+        .filter(|rel| !written.contains(&**rel) && dst.join(rel).is_file())
+        .collect()
 }
 
 /// The target the run records (`to` of its options).
