@@ -467,10 +467,16 @@ pub fn check_destination(src: &Source, dst: &Path, force: bool) -> Result<Option
     }
 }
 
-/// Refuse an output that would be a copy of the input: no tensor changes dtype and the
-/// format stays (a PyTorch checkpoint is worth writing as safetensors as it is).
+/// Is an output of `src` that converts `converted` of its tensors a copy of it: no tensor
+/// changes dtype and the format stays (a PyTorch checkpoint is worth writing as safetensors
+/// as it is)?
+pub fn is_copy(src: &Source, converted: usize) -> bool {
+    converted == 0 && !src.changes_format()
+}
+
+/// Refuse an output that would be a copy of the input (`is_copy`).
 pub fn check_something_changes(src: &Source, plan: &Plan, allow_copy: bool) -> Result<()> {
-    if plan.converted() == 0 && !allow_copy && !src.changes_format() {
+    if is_copy(src, plan.converted()) && !allow_copy {
         return Err(Error::NothingToConvert {
             path: src.path.clone(),
             target: plan.target,

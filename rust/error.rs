@@ -532,6 +532,10 @@ pub enum Error {
         tensor: String,
         problem: Box<Fp8Problem>,
     },
+    /// SRC cannot be read as DST's record of convert's options says (its `key` or
+    /// `strip_prefix`), though it can be read without: DST's content is at fault, not the
+    /// caller's options (`problem`: what reading SRC so met).
+    Recorded { path: PathBuf, problem: Box<Error> },
     /// An option's value is out of range.
     BadOption {
         option: OptionName,
@@ -671,7 +675,8 @@ impl Error {
             | Error::BadIndex { refused: false, .. }
             | Error::OtherFormat { .. }
             | Error::OutputHeaderTooLarge { .. }
-            | Error::NonFiniteWeight { .. } => ErrorKind::InvalidInput,
+            | Error::NonFiniteWeight { .. }
+            | Error::Recorded { .. } => ErrorKind::InvalidInput,
             Error::NothingToConvert { .. } => ErrorKind::Refused,
             Error::Checkpoint { error, .. } => checkpoint_kind(error),
             Error::Distributed { problem, .. } => match problem {
@@ -758,6 +763,7 @@ impl Error {
             | Error::SideOutput { path, .. }
             | Error::WrongConfig { path, .. }
             | Error::SameFile { path }
+            | Error::Recorded { path, .. }
             | Error::Io { path, .. } => Some(path),
             Error::AfterCommit { source, .. } => source.path(),
             Error::NoDestinationFolder { dir, .. } | Error::NoSpace { dir, .. } => Some(dir),
@@ -941,12 +947,25 @@ impl Error {
                 "already quantized ({why}): an FP8 target quantizes F32, F16 and BF16 \
                  weights, not a quantized checkpoint"
             ),
-            Error::Quantized { why, tensors, .. } => format!(
-                "quantized checkpoint ({why}): converting it would silently round its F32 \
-                 scale tensors too ({}); nothing was written (keep them with {{keep=*scale*}}, \
-                 or convert anyway with {{allow_quantized}})",
-                name_list(tensors.iter().map(String::as_str), 3)
-            ),
+            // `*scale*` is suggested only where it keeps the tensors named (`plan::quantized`
+            // names the scale-like ones, else every F32 one): never a pattern matching none.
+            Error::Quantized { why, tensors, .. } => {
+                let scales = tensors
+                    .iter()
+                    .all(|t| t.to_ascii_lowercase().contains("scale"));
+                format!(
+                    "quantized checkpoint ({why}): converting it would silently round its F32 \
+                     {} too ({}); nothing was written (keep them with {}, or convert anyway \
+                     with {{allow_quantized}})",
+                    if scales { "scale tensors" } else { "tensors" },
+                    name_list(tensors.iter().map(String::as_str), 3),
+                    if scales {
+                        "{keep=*scale*}"
+                    } else {
+                        "{keep} patterns naming them"
+                    }
+                )
+            }
             Error::BadOption {
                 option,
                 value,
@@ -1020,6 +1039,11 @@ impl Error {
                 .into(),
             Error::SideOutput { role, what, .. } => format!("the {role} {what}"),
             Error::SameFile { .. } => "SRC and DST are the same file".into(),
+            // The options named as the record names them, not as a caller gives them.
+            Error::Recorded { problem, .. } => format!(
+                "SRC cannot be read as its stcast record says: {}",
+                esc(&plain(&problem.template()))
+            ),
             Error::AfterCommit { published, source } => format!(
                 "{} was published, but then {}",
                 esc_path(published),

@@ -23,6 +23,8 @@
 //! columns, and has biases), the tensor stays fused and BF16, and the plan's warning says
 //! why (`Left`).
 
+use std::collections::HashMap;
+
 use safetensors::Dtype;
 
 use crate::gather::Gather;
@@ -63,6 +65,24 @@ impl Model {
             intermediate,
             model_type,
         }))
+    }
+
+    /// What a folder run's model config `text` says (`of_config`), when it also declares
+    /// experts (a positive `num_experts`, `num_local_experts`, `n_routed_experts`, ...: a
+    /// key holding `experts`, top level or in `text_config`): a dense model's config (a
+    /// Llama's gives both sizes too) splits nothing, and its outputs record no sizes.
+    pub fn of_folder_config(text: &str) -> Result<Option<Model>, String> {
+        let doc: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        let declares = |d: &serde_json::Value| {
+            d.as_object().is_some_and(|o| {
+                o.iter()
+                    .any(|(k, v)| k.contains("experts") && v.as_u64().is_some_and(|n| n > 0))
+            })
+        };
+        if !declares(&doc) && !doc.get("text_config").is_some_and(declares) {
+            return Ok(None);
+        }
+        Model::of_config(text)
     }
 
     /// The sizes an output records (`record::Record::experts`): what verify splits by.
@@ -129,8 +149,8 @@ impl Left {
         match self {
             Left::NoConfig => {
                 "no model config gives the hidden_size and (moe_)intermediate_size that tell \
-                 how they lie: {config} gives a lone file's; folders and re-sharded runs do \
-                 not split them yet"
+                 how they lie: {config} gives a lone file's, a folder's config.json (declaring \
+                 its experts: num_experts, num_local_experts, ...) a folder's"
             }
             Left::Ambiguous => {
                 "their shape fits both the [E, 2I, H] and the transposed [E, H, 2I] layout of \
@@ -198,16 +218,41 @@ fn piece_name(name: &str, fused: &str, e: u64, part: &str) -> String {
     }
 }
 
+/// The names of the fused tensor a piece named `name` may have been split from (as
+/// `piece_name` names it: with and without `.weight`); none if it is no piece's name.
+pub fn fused_names(name: &str) -> Vec<String> {
+    let Some(stem) = name.strip_suffix(".weight") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for kind in [Kind::GateUp, Kind::Down] {
+        let (fused, parts) = kind.parts();
+        for part in parts {
+            let Some(rest) = stem.strip_suffix(part).and_then(|r| r.strip_suffix('.')) else {
+                continue;
+            };
+            let digits = rest.len() - rest.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+            if digits == 0 {
+                continue;
+            }
+            let base = &rest[..rest.len() - digits];
+            out.push(format!("{base}{fused}"));
+            out.push(format!("{base}{fused}.weight"));
+        }
+    }
+    out
+}
+
 /// Split every fused expert tensor of `source` whose layout `model` proves into its
-/// per-expert weights, in place (expert by expert, gate before up). Returns whether any
-/// was split. One whose pieces would take a name the source has already (or another
+/// per-expert weights, in place (expert by expert, gate before up). Returns each piece's
+/// name with its fused tensor's (empty: none was split). One whose pieces would take a name the source has already (or another
 /// fused tensor's pieces have) stays fused: a file never holds one name twice.
-pub fn split(source: &mut Source, model: &Model) -> bool {
+pub fn split(source: &mut Source, model: &Model) -> HashMap<String, String> {
     let tensors = std::mem::take(&mut source.header.tensors);
     let mut names: std::collections::HashSet<String> =
         tensors.iter().map(|t| t.name.clone()).collect();
     let mut out = Vec::with_capacity(tensors.len());
-    let mut any = false;
+    let mut split = HashMap::new();
     for t in tensors {
         let Some(k) = kind(&t.name, t.dtype, &t.shape) else {
             out.push(t);
@@ -228,15 +273,15 @@ pub fn split(source: &mut Source, model: &Model) -> bool {
         };
         match pieces.filter(|p| !p.is_empty() && free(p)) {
             Some(p) => {
-                any = true;
                 names.extend(p.iter().map(|q| q.name.clone()));
+                split.extend(p.iter().map(|q| (q.name.clone(), t.name.clone())));
                 out.extend(p);
             }
             None => out.push(t),
         }
     }
     source.header.tensors = out;
-    any
+    split
 }
 
 /// A contiguous tensor of its file, as a view (`base`: where its file's data start).
@@ -422,5 +467,15 @@ mod tests {
             piece_name("m.experts.down_proj.weight", "down_proj", 0, "down_proj"),
             "m.experts.0.down_proj.weight"
         );
+        assert_eq!(
+            fused_names("m.experts.12.up_proj.weight"),
+            ["m.experts.gate_up_proj", "m.experts.gate_up_proj.weight"]
+        );
+        assert_eq!(
+            fused_names("m.experts.0.down_proj.weight")[0],
+            "m.experts.down_proj"
+        );
+        assert!(fused_names("m.experts.x.down_proj.weight").is_empty());
+        assert!(fused_names("m.experts.0.down_proj.weight_scale").is_empty());
     }
 }

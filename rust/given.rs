@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use crate::convert::{Options, Tuning};
 use crate::input::InputOptions;
-use crate::options::{Def, Kind};
+pub use crate::options::{Checked, Given};
 use crate::plan::PlanOptions;
 use crate::record::Record;
 use crate::verify::VerifyOptions;
@@ -136,122 +136,6 @@ impl Default for Exports {
     }
 }
 
-/// An option's value as a caller gave it, for the checks every front end shares (ranges,
-/// choices and aliases are checked here, once): its text when it is a string, its number
-/// when it is a whole number (never a bool: `threads=True` is a mistake), and how the
-/// caller writes it, for the message.
-#[derive(Clone, Debug, Default)]
-pub struct Given {
-    pub text: Option<String>,
-    pub whole: Option<u64>,
-    pub repr: String,
-}
-
-impl Given {
-    /// The usage error of `option` with this value.
-    pub fn bad(&self, option: OptionName, expected: impl Into<String>) -> crate::Error {
-        crate::Error::BadOption {
-            option,
-            value: self.repr.clone(),
-            expected: expected.into(),
-        }
-    }
-
-    /// A whole number in `0..=max`.
-    pub fn whole(&self, option: OptionName, max: u64) -> crate::Result<u64> {
-        match self.whole {
-            Some(n) if n <= max => Ok(n),
-            _ => Err(self.bad(option, format!("a whole number from 0 to {max}"))),
-        }
-    }
-
-    /// One of `names`, as `parse` reads it.
-    pub fn choice<T>(
-        &self,
-        option: OptionName,
-        names: &[&str],
-        parse: impl Fn(&str) -> Option<T>,
-    ) -> crate::Result<T> {
-        let found = self.text.as_deref().and_then(parse);
-        found.ok_or_else(|| self.bad(option, format!("one of {}", names.join(", "))))
-    }
-
-    /// `to`: a target or one of its aliases.
-    pub fn target(&self) -> crate::Result<Target> {
-        self.choice(OptionName::To, Target::NAMES, Target::parse)
-    }
-
-    /// `on_overflow`.
-    pub fn on_overflow(&self) -> crate::Result<OnOverflow> {
-        self.choice(
-            OptionName::OnOverflow,
-            OnOverflow::NAMES,
-            OnOverflow::from_name,
-        )
-    }
-
-    /// `threads`: 0 (one per core) to `MAX_THREADS`.
-    pub fn threads(&self) -> crate::Result<usize> {
-        Ok(self.whole(OptionName::Threads, crate::window::MAX_THREADS as u64)? as usize)
-    }
-
-    /// `max_shard_size`: a whole number of bytes, or a string with a unit.
-    pub fn size(&self) -> crate::Result<u64> {
-        let parsed = match &self.text {
-            Some(s) => crate::naming::parse_size(s),
-            None => self.whole.filter(|&n| n > 0),
-        };
-        parsed.ok_or_else(|| {
-            self.bad(
-                OptionName::MaxShardSize,
-                "a size in bytes: a number with an optional unit, B, KB, MB, GB, TB (powers of \
-                 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. 5GB",
-            )
-        })
-    }
-
-    /// This value checked as option `def` takes it (a repeated option: one of its values),
-    /// as the engine stands for it (a target's canonical name, a size in bytes). None: an
-    /// option the engine does not check (a switch, `I/N`, a path, tuning): the caller keeps
-    /// the value.
-    pub fn check(&self, def: &Def) -> crate::Result<Option<Checked>> {
-        let Some(option) = OptionName::from_name(def.name) else {
-            return Ok(None);
-        };
-        let text = |t: &str| Checked::Text(t.to_string());
-        Ok(Some(match def.kind {
-            Kind::Int => Checked::Whole(self.whole(option, def.max)?),
-            Kind::Size => Checked::Whole(self.size()?),
-            Kind::Target => text(self.target()?.name()),
-            Kind::Choice => text(self.choice(option, def.choices, |s| {
-                def.choices.iter().find(|c| **c == s).copied()
-            })?),
-            Kind::Stem => Checked::Text(self.stem()?),
-            Kind::Text | Kind::Texts => match &self.text {
-                Some(s) if !(def.nonempty && s.is_empty()) => text(s),
-                _ => return Err(self.bad(option, def.expected)),
-            },
-            Kind::Flag | Kind::Path | Kind::Part | Kind::Tuning => return Ok(None),
-        }))
-    }
-
-    /// `name`: the stem of a re-sharded group's outputs.
-    pub fn stem(&self) -> crate::Result<String> {
-        match &self.text {
-            Some(s) if crate::naming::is_stem(s) => Ok(s.clone()),
-            _ => Err(self.bad(OptionName::Name, crate::naming::STEM_EXPECTED)),
-        }
-    }
-}
-
-/// An option's value as `Given::check` found it.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(untagged)]
-pub enum Checked {
-    Whole(u64),
-    Text(String),
-}
-
 /// Every option of an engine call as a front end gave it (absent: the default), made once
 /// into the engine's options of a plan, a conversion or a verification. Values are checked
 /// here (`Given`), as usage errors naming the option.
@@ -280,8 +164,9 @@ pub struct Settings {
     /// None: not said (a plain inspection then only warns of a quantized checkpoint).
     pub allow_quantized: Option<bool>,
     pub quantization_config: Option<PathBuf>,
-    /// The model config whose `quantization_config` describes the packed weights a folder
-    /// run dequantizes (`quant::Schemes`).
+    /// A folder run's model config: whose `quantization_config` describes the packed
+    /// weights it dequantizes (`quant::Schemes`), or under an FP8 target whose sizes its
+    /// fused experts are split by (`experts`).
     pub packed_config: Option<PathBuf>,
     pub follow_links: bool,
     /// FP8 targets: the weights a read before planning found to hold NaN or inf (a
@@ -344,16 +229,35 @@ impl Settings {
         })
     }
 
-    /// Under an FP8 target, what the model config (a lone file's `config`, a folder file's
-    /// `packed_config`) says of its experts' sizes (`experts::Model`); None otherwise.
+    /// Under an FP8 target, what the model config (a lone file's `config`, a folder run's
+    /// `packed_config`) says of its experts' sizes (`experts::Model`); None otherwise. A
+    /// folder run's config must also declare experts (`experts::Model::of_folder_config`):
+    /// then every output of the run records their sizes, whichever file splits them.
     fn experts(&self) -> crate::Result<Option<crate::experts::Model>> {
-        let target = self.to.as_ref().map_or(Ok(Target::Bf16), Given::target)?;
-        let path = self.config.as_deref().or(self.packed_config.as_deref());
-        let (Some(_), Some(path)) = (target.strategy(), path) else {
+        if !self.fp8()? {
+            return Ok(None);
+        }
+        if let Some(path) = self.config.as_deref() {
+            let text = read_config(path)?;
+            return crate::experts::Model::of_config(&text).map_err(|e| config_error(path, &e));
+        }
+        self.folder_experts()
+    }
+
+    /// Under an FP8 target, the sizes a folder run's model config (`packed_config`) gives
+    /// experts it declares: what each of the run's outputs records.
+    fn folder_experts(&self) -> crate::Result<Option<crate::experts::Model>> {
+        let (true, None, Some(path)) = (self.fp8()?, &self.config, &self.packed_config) else {
             return Ok(None);
         };
         let text = read_config(path)?;
-        crate::experts::Model::of_config(&text).map_err(|e| config_error(path, &e))
+        crate::experts::Model::of_folder_config(&text).map_err(|e| config_error(path, &e))
+    }
+
+    /// Is the target an FP8 one?
+    fn fp8(&self) -> crate::Result<bool> {
+        let target = self.to.as_ref().map_or(Ok(Target::Bf16), Given::target)?;
+        Ok(target.strategy().is_some())
     }
 
     fn on_overflow(&self) -> crate::Result<OnOverflow> {
@@ -381,6 +285,7 @@ impl Settings {
             name: self.name.clone(),
             include: self.include.clone(),
             exclude: self.exclude.clone(),
+            experts: self.folder_experts()?.map(|m| m.sizes()),
             ..Record::new(plan.target)
         };
         Ok(Some(record.with_on_overflow(self.on_overflow()?).text()))
@@ -409,7 +314,12 @@ impl Settings {
             unmatched: self.keep_unmatched,
             allow_quantized: self.allow_quantized.unwrap_or(false),
             quantization_config: self.quantization_config.clone(),
-            schemes: self.packed_config.as_deref().map(schemes).transpose()?,
+            // (Under an FP8 target nothing is dequantized: `packed_config` is the model
+            // config fused experts are split by.)
+            schemes: match self.fp8()? {
+                false => self.packed_config.as_deref().map(schemes).transpose()?,
+                true => None,
+            },
             unquantized: self
                 .unquantized
                 .as_ref()
@@ -475,6 +385,7 @@ impl Settings {
             report: self.report.clone(),
             force: self.force,
             tuning,
+            allow_copy: self.allow_copy,
             lone: self.lone,
         })
     }

@@ -1,14 +1,14 @@
 //! Every option of `convert`, `inspect`, `verify` and `finalize`, defined once (as ripgrep's
 //! `crates/core/flags/defs.rs` defines its flags): its name, the kind of its value (which
-//! decides its check, `given::Given::check`), its default, its help, and the commands that
+//! decides its check, `Given::check`), its default, its help, and the commands that
 //! take it, in the order their help lists them. The Python package makes of this one table
 //! (`_core.OPTIONS`) its command-line parser, its API's keywords (checked against its
 //! `TypedDict`s by a test), shell completion and the way messages spell an option.
 //!
-//! Below `given` (which checks values by it); it asks only `vocab` (the names of choices)
-//! and `window` (the thread limit).
+//! Below `given` and `record` (whose values it checks, `Given`); it asks only `vocab` (the
+//! names of choices), `window` (the thread limit) and `naming` (sizes and stems).
 
-use crate::vocab::{OnOverflow, Target};
+use crate::vocab::{OnOverflow, OptionName, Target};
 
 /// What an option's value is: it decides how the value is checked, spelled and completed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -553,6 +553,122 @@ pub fn rows() -> Vec<Row> {
         }
     }
     rows
+}
+
+/// An option's value as a caller gave it, for the checks every front end shares (ranges,
+/// choices and aliases are checked here, once): its text when it is a string, its number
+/// when it is a whole number (never a bool: `threads=True` is a mistake), and how the
+/// caller writes it, for the message.
+#[derive(Clone, Debug, Default)]
+pub struct Given {
+    pub text: Option<String>,
+    pub whole: Option<u64>,
+    pub repr: String,
+}
+
+impl Given {
+    /// The usage error of `option` with this value.
+    pub fn bad(&self, option: OptionName, expected: impl Into<String>) -> crate::Error {
+        crate::Error::BadOption {
+            option,
+            value: self.repr.clone(),
+            expected: expected.into(),
+        }
+    }
+
+    /// A whole number in `0..=max`.
+    pub fn whole(&self, option: OptionName, max: u64) -> crate::Result<u64> {
+        match self.whole {
+            Some(n) if n <= max => Ok(n),
+            _ => Err(self.bad(option, format!("a whole number from 0 to {max}"))),
+        }
+    }
+
+    /// One of `names`, as `parse` reads it.
+    pub fn choice<T>(
+        &self,
+        option: OptionName,
+        names: &[&str],
+        parse: impl Fn(&str) -> Option<T>,
+    ) -> crate::Result<T> {
+        let found = self.text.as_deref().and_then(parse);
+        found.ok_or_else(|| self.bad(option, format!("one of {}", names.join(", "))))
+    }
+
+    /// `to`: a target or one of its aliases.
+    pub fn target(&self) -> crate::Result<Target> {
+        self.choice(OptionName::To, Target::NAMES, Target::parse)
+    }
+
+    /// `on_overflow`.
+    pub fn on_overflow(&self) -> crate::Result<OnOverflow> {
+        self.choice(
+            OptionName::OnOverflow,
+            OnOverflow::NAMES,
+            OnOverflow::from_name,
+        )
+    }
+
+    /// `threads`: 0 (one per core) to `MAX_THREADS`.
+    pub fn threads(&self) -> crate::Result<usize> {
+        Ok(self.whole(OptionName::Threads, crate::window::MAX_THREADS as u64)? as usize)
+    }
+
+    /// `max_shard_size`: a whole number of bytes, or a string with a unit.
+    pub fn size(&self) -> crate::Result<u64> {
+        let parsed = match &self.text {
+            Some(s) => crate::naming::parse_size(s),
+            None => self.whole.filter(|&n| n > 0),
+        };
+        parsed.ok_or_else(|| {
+            self.bad(
+                OptionName::MaxShardSize,
+                "a size in bytes: a number with an optional unit, B, KB, MB, GB, TB (powers of \
+                 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. 5GB",
+            )
+        })
+    }
+
+    /// This value checked as option `def` takes it (a repeated option: one of its values),
+    /// as the engine stands for it (a target's canonical name, a size in bytes). None: an
+    /// option the engine does not check (a switch, `I/N`, a path, tuning): the caller keeps
+    /// the value.
+    pub fn check(&self, def: &Def) -> crate::Result<Option<Checked>> {
+        let Some(option) = OptionName::from_name(def.name) else {
+            return Ok(None);
+        };
+        let text = |t: &str| Checked::Text(t.to_string());
+        Ok(Some(match def.kind {
+            Kind::Int => Checked::Whole(self.whole(option, def.max)?),
+            Kind::Size => Checked::Whole(self.size()?),
+            Kind::Target => text(self.target()?.name()),
+            Kind::Choice => text(self.choice(option, def.choices, |s| {
+                def.choices.iter().find(|c| **c == s).copied()
+            })?),
+            Kind::Stem => Checked::Text(self.stem()?),
+            Kind::Text | Kind::Texts => match &self.text {
+                Some(s) if !(def.nonempty && s.is_empty()) => text(s),
+                _ => return Err(self.bad(option, def.expected)),
+            },
+            Kind::Flag | Kind::Path | Kind::Part | Kind::Tuning => return Ok(None),
+        }))
+    }
+
+    /// `name`: the stem of a re-sharded group's outputs.
+    pub fn stem(&self) -> crate::Result<String> {
+        match &self.text {
+            Some(s) if crate::naming::is_stem(s) => Ok(s.clone()),
+            _ => Err(self.bad(OptionName::Name, crate::naming::STEM_EXPECTED)),
+        }
+    }
+}
+
+/// An option's value as `Given::check` found it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(untagged)]
+pub enum Checked {
+    Whole(u64),
+    Text(String),
 }
 
 #[cfg(test)]

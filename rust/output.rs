@@ -1012,8 +1012,9 @@ impl Territory {
 
 /// Check where a side output (`role`: "report") would go, before any work: its folder must
 /// exist, it must not be in `taken` (the inputs and the output, by identity: a file, or
-/// inside a folder), nor a folder, FIFO or device; an existing file needs `force`. Returns
-/// how to publish it.
+/// inside a folder), nor a folder, FIFO or device; an existing file needs `force`; a file
+/// must be creatable in its folder (a hidden one is, and goes: a folder run publishes its
+/// output before its report, which must not fail then). Returns how to publish it.
 pub fn check_side_output(
     path: &Path,
     role: Side,
@@ -1036,15 +1037,20 @@ pub fn check_side_output(
         Ok(_) => return refuse("folder is not a folder"),
         Err(_) => return refuse("folder does not exist"),
     }
-    match at_path(path) {
-        AtPath::Nothing => Ok(Replace::No),
-        AtPath::Folder => refuse("path is a folder"),
-        AtPath::Special => refuse("path is not a regular file (a FIFO, socket or device)"),
-        AtPath::File { .. } if !force => Err(Error::DestinationExists {
-            path: path.to_path_buf(),
-        }),
-        AtPath::File { .. } => Ok(Replace::Any),
-    }
+    let replace = match at_path(path) {
+        AtPath::Nothing => Replace::No,
+        AtPath::Folder => return refuse("path is a folder"),
+        AtPath::Special => return refuse("path is not a regular file (a FIFO, socket or device)"),
+        AtPath::File { .. } if !force => {
+            return Err(Error::DestinationExists {
+                path: path.to_path_buf(),
+            })
+        }
+        AtPath::File { .. } => Replace::Any,
+    };
+    // As the side output will be written: a hidden file in its folder (never published).
+    drop(TempOutput::create(path, replace, None, role.name())?);
+    Ok(replace)
 }
 
 /// `check_side_output` with `taken` given as paths (files, or folders: nothing inside them)

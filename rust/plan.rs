@@ -24,7 +24,8 @@ pub enum Reason {
     Quantized,
     /// An FP8 input's weight, dequantized with its scale.
     Dequantized,
-    /// An FP8 input's scale, or activation scale: not in the output.
+    /// A dequantized weight's scale, zero point, global scale or shape (any packing:
+    /// FP8, NVFP4, MXFP4, INT), or its module's activation scale: not in the output.
     Dropped,
     /// A float tensor that a `keep` pattern (this one, the first that matched) keeps.
     KeptByPattern(String),
@@ -66,9 +67,9 @@ impl Reason {
             Reason::Converted => "it is converted".into(),
             Reason::Quantized => "it is quantized to FP8".into(),
             Reason::Dequantized => "it is dequantized with its scale".into(),
-            Reason::Dropped => {
-                "it is an FP8 scale or zero point, used to dequantize and not written".into()
-            }
+            Reason::Dropped => "it is a quantized weight's scale, zero point or shape (or \
+                                an activation scale), used to dequantize and not written"
+                .into(),
             Reason::KeptByPattern(p) => format!("the {{keep}} pattern `{}` keeps it", esc(p)),
             Reason::KeptByMinSize(n) => format!("{{keep_min_size={n}}} keeps it"),
             Reason::KeptToAvoidOverflow => "{on_overflow=keep} keeps it: it would overflow".into(),
@@ -562,8 +563,8 @@ pub fn plan(path: &Path, src: &SourceHeader, opts: &PlanOptions) -> Result<Plan>
             role: Role::Tensor,
         });
     }
-    if strategy.is_none() && opts.target.dtype().is_some() && !opts.allow_quantized {
-        check_packed_left(path, src, &reasons)?;
+    if strategy.is_none() && opts.target.dtype().is_some() {
+        check_packed_left(path, src, &reasons, opts.allow_quantized)?;
     }
     // Dequantizing: every quantized tensor with its scale, every scale with its weight.
     if reasons.contains(&Reason::Dequantized) {
@@ -795,8 +796,8 @@ fn plan_warnings(
 }
 
 /// A tensor of a quantized layout that no pairing took (GPTQ/AWQ `qweight`, `qzeros`,
-/// `g_idx`; a gpt-oss half without the other; a compressed-tensors pack without its scale):
-/// its format and why stcast cannot read it. Names alone do not make a pack: a plain
+/// `g_idx`; a gpt-oss half without the other; a compressed-tensors pack without its scale;
+/// any of bitsandbytes', `bitsandbytes_part`): its format and why stcast cannot read it. Names alone do not make a pack: a plain
 /// `seq_packed` integer, or an F32 `x_blocks`, is an ordinary tensor.
 fn packed_left(t: &crate::header::SourceTensor) -> Option<(&'static str, &'static str)> {
     let u8_blocks = t.dtype == Dtype::U8 && t.shape.len() >= 2;
@@ -823,18 +824,48 @@ fn packed_left(t: &crate::header::SourceTensor) -> Option<(&'static str, &'stati
     {
         Some(("pack-quantized", "no scale stcast pairs with it"))
     } else {
-        None
+        bitsandbytes_part(name).map(|detail| (BITSANDBYTES, detail))
+    }
+}
+
+/// The format `bitsandbytes_part` tells.
+const BITSANDBYTES: &str = "bitsandbytes";
+
+/// What a tensor of a bitsandbytes-quantized weight is, by the names bitsandbytes saves
+/// (`<weight>.absmax`, `.quant_map`, their `nested_` pair and the packed
+/// `.quant_state.bitsandbytes__nf4` of 4-bit NF4/FP4; `.SCB` and `.weight_format` of
+/// LLM.int8), or None. Its statistics are F32: a conversion would round them under a config
+/// that still says bitsandbytes (loaded, wrong weights), and stcast does not dequantize its
+/// codes; no option lets it through but `to="keep"`.
+fn bitsandbytes_part(name: &str) -> Option<&'static str> {
+    let (_, last) = name.rsplit_once('.')?;
+    if name.contains(".quant_state.bitsandbytes__") {
+        return Some("the packed state of 4-bit codes");
+    }
+    match last {
+        "absmax" | "nested_absmax" => Some("the block scales of 4-bit codes"),
+        "quant_map" | "nested_quant_map" => Some("the code book of 4-bit codes"),
+        "SCB" => Some("the row scales of LLM.int8 codes"),
+        "weight_format" => Some("the layout of LLM.int8 codes"),
+        _ => None,
     }
 }
 
 /// A packed weight no layout stcast dequantizes takes (`packed_left`) is refused, naming it
-/// and its format: converting the rest would write a checkpoint without it.
-fn check_packed_left(path: &Path, src: &SourceHeader, reasons: &[Reason]) -> Result<()> {
+/// and its format: converting the rest would write a checkpoint without it. `allowed`
+/// (`allow_quantized`) lifts it, but never for bitsandbytes (`bitsandbytes_part`).
+fn check_packed_left(
+    path: &Path,
+    src: &SourceHeader,
+    reasons: &[Reason],
+    allowed: bool,
+) -> Result<()> {
     for (t, r) in src.tensors.iter().zip(reasons) {
         if matches!(r, Reason::Dequantized | Reason::Dropped) {
             continue;
         }
-        if let Some((format, detail)) = packed_left(t) {
+        let left = packed_left(t).filter(|(format, _)| !allowed || *format == BITSANDBYTES);
+        if let Some((format, detail)) = left {
             return Err(Error::Fp8Unpaired {
                 path: path.to_path_buf(),
                 tensor: t.name.clone(),
@@ -1220,6 +1251,17 @@ mod tests {
         assert!(plan.warnings[0].text.contains("nothing to convert"));
     }
 
+    #[test]
+    fn an_int_weights_dropped_scale_is_not_called_fp8() {
+        // An INT8 int-quantized weight (an I8 `weight` with its F32 scale per row).
+        let h = r#"{"m.weight":{"dtype":"I8","shape":[2,4],"data_offsets":[0,8]},"m.weight_scale":{"dtype":"F32","shape":[2,1],"data_offsets":[8,16]}}"#;
+        let src = read_header(p(), &file(h, 16)).unwrap();
+        let plan = plan(p(), &src, &PlanOptions::new(Target::Bf16)).unwrap();
+        assert_eq!(plan.reasons, [Reason::Dequantized, Reason::Dropped]);
+        let words = plan.reasons[1].words();
+        assert!(!words.contains("FP8") && words.contains("scale"), "{words}");
+    }
+
     /// A file of `(name, dtype, elements)` tensors laid out in order, zero data.
     fn source(tensors: &[(&str, &str, usize)]) -> SourceHeader {
         let mut json = String::from("{");
@@ -1512,6 +1554,42 @@ mod tests {
     }
 
     #[test]
+    fn bitsandbytes_is_refused_whatever_the_options() {
+        // 4-bit NF4 (attack z10 r14): the refusal named `--keep '*scale*'` (matching
+        // nothing) and `--allow-quantized`, which rounded absmax and quant_map to BF16.
+        let h = r#"{"l.weight":{"dtype":"U8","shape":[8,1],"data_offsets":[0,8]},"l.weight.absmax":{"dtype":"F32","shape":[1],"data_offsets":[8,12]},"l.weight.quant_map":{"dtype":"F32","shape":[1],"data_offsets":[12,16]},"l.weight.quant_state.bitsandbytes__nf4":{"dtype":"U8","shape":[8],"data_offsets":[16,24]},"norm.weight":{"dtype":"F32","shape":[2],"data_offsets":[24,32]}}"#;
+        let src = read_header(p(), &file(h, 32)).unwrap();
+        for opts in [
+            PlanOptions::new(Target::Bf16),
+            PlanOptions {
+                allow_quantized: true,
+                ..PlanOptions::new(Target::F16)
+            },
+            keep_opts(Target::Bf16, &["*absmax", "*quant_map"], 0),
+        ] {
+            let e = plan(p(), &src, &opts).unwrap_err();
+            let text = e.template();
+            assert!(
+                text.contains("tensor `l.weight.absmax` is a bitsandbytes tensor"),
+                "{text}"
+            );
+            assert!(
+                !text.contains("{keep") && !text.contains("{allow"),
+                "{text}"
+            );
+        }
+        let e = plan(p(), &src, &PlanOptions::new(Target::Fp8)).unwrap_err();
+        assert!(matches!(e, Error::AlreadyQuantized { .. }), "{e:?}");
+        // Its format alone changes under `keep`.
+        assert!(plan(p(), &src, &PlanOptions::new(Target::Keep)).is_ok());
+        // LLM.int8: its row scales.
+        let h = r#"{"l.weight":{"dtype":"I8","shape":[2,2],"data_offsets":[0,4]},"l.SCB":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#;
+        let src = read_header(p(), &file(h, 12)).unwrap();
+        let e = plan(p(), &src, &PlanOptions::new(Target::Bf16)).unwrap_err();
+        assert!(e.template().contains("`l.SCB` is a bitsandbytes tensor"));
+    }
+
+    #[test]
     fn quantized_checkpoints_are_refused_unless_allowed() {
         let h = r#"{"w":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]},"w.weight_scale":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#;
         let src = read_header(p(), &file(h, 8)).unwrap();
@@ -1552,6 +1630,12 @@ mod tests {
         let src = read_header(p(), &file(h, 8)).unwrap();
         let e = plan(p(), &src, &keep_opts(Target::Bf16, &["zzz"], 0)).unwrap_err();
         assert!(e.template().contains("`s`"), "{}", e.template());
+        // ... nor is `*scale*` suggested, which would keep none of them.
+        let text = e.template();
+        assert!(
+            !text.contains("*scale*") && text.contains("{keep} patterns"),
+            "{text}"
+        );
         assert!(plan(p(), &src, &keep_opts(Target::Bf16, &["s"], 0)).is_ok());
     }
 

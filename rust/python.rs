@@ -820,7 +820,7 @@ fn verify_dict<'py>(
     d.set_item("ok", r.is_ok())?;
     // Only a verified pair has the numbers of a conversion.
     let measured = (opts.numerics && r.is_ok())
-        .then(|| numerics_dict(py, &r.numerics, &r.numerics_total, &[]));
+        .then(|| numerics_dict(py, &r.numerics, &r.numerics_total, &r.dequantized));
     d.set_item("numerics", measured.transpose()?)?;
     Ok(d)
 }

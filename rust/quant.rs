@@ -1000,7 +1000,12 @@ impl Schemes {
             if d.packing == Packing::Fp8 {
                 // An FP8 weight: its group's symmetry against its zero point, which
                 // compressed-tensors reads only for an asymmetric scheme (a symmetric one
-                // would leave it unread: other bits than stcast's).
+                // would leave it unread: other bits than stcast's). An asymmetric group over
+                // a weight without one is refused too: compressed-tensors 0.19's dequantizer
+                // (`CompressedTensorsDequantizer.process`) takes every parameter its
+                // compressor names for the scheme, `weight_zero_point` among them, and
+                // fails (KeyError) where one is missing; its loader would instead start
+                // from a zero point of zeros it never reads. No reference bits to match.
                 let group = self.groups.iter().zip(&targets).find(|(g, ts)| {
                     let stores = g
                         .format
@@ -1009,12 +1014,8 @@ impl Schemes {
                     stores && (ts.is_empty() || ts.iter().any(|p| p.matches(module)))
                 });
                 let ignored = ignore.iter().any(|p| p.matches(module));
-                // (An asymmetric group over weights without zero points is read as before:
-                // `q * s`.)
                 if let (Some((g, _)), false) = (group, ignored) {
-                    if let Some((says, holds)) =
-                        symmetry_mismatch(g, d).filter(|_| g.symmetric == Some(true))
-                    {
+                    if let Some((says, holds)) = symmetry_mismatch(g, d) {
                         return fail(says, holds);
                     }
                 }
@@ -2032,6 +2033,19 @@ mod tests {
         };
         assert_eq!(judge(float(false, &["Linear"])), None);
         assert_eq!(judge(float(true, &["x"])), None);
+        // An asymmetric group over an FP8 weight without its zero point: refused.
+        let (fdeq2, _) = dequantizable(&fp8[..2], &[], Dtype::BF16).unwrap();
+        let asym = Schemes {
+            config: "c.json".into(),
+            groups: vec![float(false, &["Linear"])],
+            ignore: Vec::new(),
+        };
+        let (n, p) = asym.check(&fp8[..2], &fdeq2).err().unwrap();
+        let p = p.to_string();
+        assert!(
+            n == "q.weight" && p.contains("symmetric false") && p.contains("no zero point"),
+            "{p}"
+        );
         let (n, p) = judge(float(true, &["re:q"])).unwrap();
         assert!(
             n == "q.weight" && p.contains("symmetric true") && p.contains("a zero point"),

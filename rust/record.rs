@@ -1,8 +1,10 @@
 //! What `convert` records in each output's `__metadata__` (under `KEY`, after the input's
 //! own keys in their order): the options that decide the output's bytes, as one compact
 //! JSON object. `verify` reads it back and checks DST against those options unless others
-//! are given. A leaf: it asks only `vocab`.
+//! are given. It asks only `vocab`, and `options` to check its values as convert checks an
+//! option's (a record is input: any file may hold one).
 
+use crate::options::Given;
 use crate::vocab::{OnOverflow, Target};
 
 /// The `__metadata__` key (and the index's `metadata` key) of the record.
@@ -32,7 +34,9 @@ pub struct Record {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// FP8 targets: the model's hidden and (MoE) intermediate sizes its fused experts were
-    /// split by (`experts::split`); absent: none was.
+    /// split by (`experts::split`); absent: none was. A folder run's outputs each record
+    /// those of the folder's config when it declares experts (`Settings::folder_experts`),
+    /// whichever file split them: every output of one run holds one record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub experts: Option<[u64; 2]>,
     /// A folder run's overrides of what it copies (`run::walk::Overrides`).
@@ -107,7 +111,58 @@ impl Record {
         if r.text() != text {
             return Err("not the text convert writes".into());
         }
+        if let Some(why) = r.refused_value() {
+            return Err(why);
+        }
+        // Convert splits fused experts by a model config's sizes (each above 0), under an
+        // FP8 target only (`given::Settings::experts`).
+        if let Some(sizes) = r.experts {
+            if r.target().strategy().is_none() || sizes.contains(&0) {
+                return Err(format!("experts {sizes:?} are not what convert records"));
+            }
+        }
         Ok(r)
+    }
+
+    /// The first of its options' values that convert refuses, checked as convert checks an
+    /// option given to it (`Given::check`): which, and what it should be.
+    fn refused_value(&self) -> Option<String> {
+        let text = |s: &String| Given {
+            text: Some(s.clone()),
+            whole: None,
+            repr: format!("{s:?}"),
+        };
+        let whole = Given {
+            text: None,
+            whole: Some(self.keep_min_size),
+            repr: self.keep_min_size.to_string(),
+        };
+        let mut values = vec![("to", text(&self.to)), ("keep_min_size", whole)];
+        for (name, v) in [
+            ("keep", &self.keep),
+            ("strip_prefix", &self.strip_prefix),
+            ("include", &self.include),
+            ("exclude", &self.exclude),
+        ] {
+            values.extend(v.iter().map(|s| (name, text(s))));
+        }
+        for (name, v) in [
+            ("on_overflow", &self.on_overflow),
+            ("key", &self.key),
+            ("name", &self.name),
+        ] {
+            values.extend(v.iter().map(|s| (name, text(s))));
+        }
+        for (name, given) in values {
+            let def = crate::options::find(name).expect("a record's field is an option");
+            if let Err(crate::Error::BadOption {
+                value, expected, ..
+            }) = given.check(def)
+            {
+                return Some(format!("{name} {value} is not {expected}"));
+            }
+        }
+        None
     }
 
     /// The target.
@@ -179,10 +234,20 @@ mod tests {
             r#"{"to":"bf16","x":1}"#,
             r#"{"to": "bf16"}"#,
             r#"{"to":"bf16","on_overflow":"warn"}"#,
+            // Values convert refuses, as it refuses them given as options.
+            r#"{"to":"bf16","strip_prefix":[""]}"#,
+            r#"{"to":"bf16","name":"a/b"}"#,
+            r#"{"to":"bf16","name":""}"#,
+            r#"{"to":"bf16","keep_min_size":-1}"#,
+            r#"{"to":"bf16","experts":[64,128]}"#,
+            r#"{"to":"fp8","experts":[0,128]}"#,
             "",
         ] {
             assert!(Record::parse(bad).is_err(), "{bad}");
         }
+        assert!(Record::parse(r#"{"to":"fp8","experts":[64,128]}"#).is_ok());
+        let why = Record::parse(r#"{"to":"bf16","name":"a/b"}"#).unwrap_err();
+        assert!(why.starts_with(r#"name "a/b" is not "#), "{why}");
     }
 
     #[test]

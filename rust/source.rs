@@ -52,6 +52,9 @@ pub struct Source {
     pub unused_prefixes: Vec<String>,
     /// The sizes fused MoE experts were split by (`experts::split`), if any was.
     pub experts: Option<[u64; 2]>,
+    /// Each piece of a fused MoE expert tensor split (`experts::split`): its name -> the
+    /// fused tensor's.
+    pub pieces: std::collections::HashMap<String, String>,
 }
 
 /// What a source read from a PyTorch checkpoint says beyond its tensors.
@@ -357,6 +360,7 @@ impl Source {
             folders: Vec::new(),
             unused_prefixes: Vec::new(),
             experts: None,
+            pieces: Default::default(),
         }
     }
 

@@ -306,6 +306,8 @@ pub struct TensorRow<'a> {
     pub quantization: Option<crate::quant::Format>,
     /// A dropped tensor: what it was for, and the (output) name of the weight it served.
     pub companion: Option<CompanionRow<'a>>,
+    /// A piece of fused MoE experts split per expert: the fused tensor's name.
+    pub split_from: Option<&'a str>,
 }
 
 /// What a tensor a dequantization drops was for (`TensorRow::companion`).
@@ -388,6 +390,7 @@ impl Inspection {
                         role,
                         weight: out_names.get(&w).copied().unwrap_or_default(),
                     }),
+                    split_from: src.pieces.get(&t.name).map(String::as_str),
                 }
             })
             .collect();

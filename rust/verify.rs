@@ -11,14 +11,14 @@ use std::time::Instant;
 use memmap2::Advice;
 use safetensors::tensor::Dtype;
 
-use crate::convert::Tuning;
+use crate::convert::{is_copy, Tuning};
 use crate::dtype::{elem_size, Action, Conversion};
 use crate::error::{Error, Result};
 use crate::fused;
 use crate::header::PREFIX;
 use crate::input::{unmatched_prefix, InputOptions, TORCH_METADATA};
 use crate::kernels::Isa;
-use crate::numerics::Numerics;
+use crate::numerics::{DequantizedTensor, Numerics, Range};
 use crate::output::{check_side_output, write_file, Replace, Territory};
 use crate::plan::{self, PlanOptions, Role};
 use crate::quant::{Deq, Packing, Quant};
@@ -60,6 +60,9 @@ pub struct VerifyOptions {
     pub tuning: Tuning,
     /// How to read SRC when it is a PyTorch checkpoint (DST is always safetensors).
     pub input: InputOptions,
+    /// DST may convert no tensor of SRC (one file of a folder, a shard of a group): as
+    /// `convert::Options::allow_copy`.
+    pub allow_copy: bool,
     /// DST is a lone checkpoint's output (not a folder's file): the files beside it must
     /// not mislead a loader of it (`beside::check`).
     pub lone: bool,
@@ -151,14 +154,72 @@ pub fn own_index_record(src: &Path, dst: &Path) -> Result<Option<String>> {
     })
 }
 
-/// DST's own record of convert's options: its `record::KEY` entry, unless SRC has the same
-/// one (an output written with `--no-record` keeps SRC's); `Err`: one convert does not write.
+/// SRC opened (`open`) as `recorded` says, the caller's `given` input options with the
+/// `key` and `strip_prefix` of DST's record (DST: `dst`) where not given: a failure that
+/// `given` alone does not meet is the record's, DST's content (`Error::Recorded`, bad input
+/// naming DST), not the caller's options.
+pub fn open_recorded<T>(
+    dst: &Path,
+    recorded: &InputOptions,
+    given: &InputOptions,
+    open: impl Fn(&InputOptions) -> Result<T>,
+) -> Result<T> {
+    match open(recorded) {
+        Err(e) if recorded != given && open(given).is_ok() => Err(Error::Recorded {
+            path: dst.to_path_buf(),
+            problem: Box::new(e),
+        }),
+        found => found,
+    }
+}
+
+/// The input options `given`, with the `key` and `strip_prefix` of the record in DST file
+/// `dst`'s `__metadata__` where not given (`open_recorded`); `given` where DST cannot be
+/// read (the verification says why).
+pub fn recorded_input(dst: &Path, given: &InputOptions) -> InputOptions {
+    let Ok((_, _, meta, _)) = crate::source::read_header(dst) else {
+        return given.clone();
+    };
+    let own = own_record(None, meta.as_deref()).and_then(|r| r.ok());
+    let mut input = given.clone();
+    if let Some(r) = own {
+        if input.key.is_none() {
+            input.key = r.key;
+        }
+        if input.strip_prefix.is_empty() {
+            input.strip_prefix = r.strip_prefix;
+        }
+    }
+    input
+}
+
+/// DST's own record of convert's options: its `record::KEY` entry, whatever SRC's holds
+/// (convert replaces SRC's own with its own, the same text or not). None where DST has none,
+/// or holds SRC's own unchanged where that is no record convert writes (an output written
+/// with `--no-record` keeps SRC's metadata as it is); `Err`: one convert does not write.
 fn own_record<'a>(
     src: Option<&[(String, String)]>,
     dst: Option<&'a [(String, String)]>,
 ) -> Option<std::result::Result<Record, (&'a str, String)>> {
-    let text = record::find(dst).filter(|&t| Some(t) != record::find(src))?;
-    Some(Record::parse(text).map_err(|why| (text, why)))
+    let text = record::find(dst)?;
+    match Record::parse(text) {
+        Ok(r) => Some(Ok(r)),
+        Err(_) if record::find(src) == Some(text) => None,
+        Err(why) => Some(Err((text, why))),
+    }
+}
+
+/// The record convert wrote last in DST's `__metadata__`, after SRC's keys (`own_record`,
+/// checked): None where DST's metadata is SRC's as it is (an output of `--no-record`, its
+/// record SRC's own where it holds one).
+fn written_record<'a>(
+    src: Option<&[(String, String)]>,
+    dst: Option<&'a [(String, String)]>,
+) -> Option<&'a str> {
+    own_record(src, dst)?.ok()?;
+    let text = record::find(dst)?;
+    let as_is = record::find(src) == Some(text) && src == dst;
+    (!as_is).then_some(text)
 }
 
 impl Default for VerifyOptions {
@@ -176,6 +237,7 @@ impl Default for VerifyOptions {
             force: false,
             tuning: Tuning::default(),
             input: InputOptions::default(),
+            allow_copy: false,
             lone: false,
         }
     }
@@ -236,6 +298,14 @@ pub struct VerifyReport {
     pub numerics: Vec<(String, Numerics)>,
     #[serde(skip)]
     pub numerics_total: Numerics,
+    /// A quantized input: the values each dequantized weight came to, in DST order, as
+    /// `Report::dequantized` of the conversion (what `--report` gives per weight).
+    #[serde(skip)]
+    pub dequantized: Vec<DequantizedTensor>,
+    /// Verified, DST converts no tensor of SRC (`convert::is_copy`), and not to keep those
+    /// that overflow: convert writes such a file only as one of a folder (`allow_copy`)
+    /// whose other files it converts.
+    pub copy: bool,
 }
 
 impl VerifyReport {
@@ -321,6 +391,8 @@ pub struct Verifier {
     warnings: Vec<crate::error::Warning>,
     /// Per pair kept to avoid overflow: the largest finite |x| seen so far.
     kept_max: Vec<f64>,
+    /// Per pair dequantized: the values DST holds, as verified (`Range`).
+    ranges: Vec<Range>,
     /// Per pair that must hold NaN or inf (`Pair::nonfinite`): has it so far.
     seen_nonfinite: Vec<bool>,
     /// Data bytes of both files to compare.
@@ -414,7 +486,10 @@ impl Verifier {
         };
         // SRC is read as DST's record says (`key`, `strip_prefix`) unless told otherwise.
         let own = own_record(None, dst.header.metadata.as_deref()).and_then(|r| r.ok());
-        let src = Source::open_any(src_path, &opts.recorded(own.as_ref()).input)?;
+        let input = opts.recorded(own.as_ref()).input;
+        let src = open_recorded(dst_path, &input, &opts.input, |i| {
+            Source::open_any(src_path, i)
+        })?;
         let warnings = match opts.input.strip_prefix.is_empty() {
             true => Vec::new(),
             false => src
@@ -439,11 +514,15 @@ impl Verifier {
     ) -> Result<Verifier> {
         let (src_path, dst_path) = (src.path.clone(), dst.path.clone());
         let (src_path, dst_path) = (src_path.as_path(), dst_path.as_path());
-        let own = own_record(
+        let (sm, dm) = (
             src.header.metadata.as_deref(),
             dst.header.metadata.as_deref(),
         );
-        let opts = &opts.recorded(own.and_then(|r| r.ok()).as_ref());
+        let own = own_record(sm, dm).and_then(|r| r.ok());
+        // DST holds SRC's metadata as it is, its record SRC's own: convert's output with
+        // those options, or one of `--no-record` with the options given (any others).
+        let given = (own.is_some() && written_record(sm, dm).is_none()).then(|| opts.clone());
+        let mut opts = &opts.recorded(own.as_ref());
         if src.identities()?.contains(&dst.identity()?) {
             return Err(Error::SameFile {
                 path: dst_path.to_path_buf(),
@@ -476,8 +555,16 @@ impl Verifier {
             to: None,
             numerics: Vec::new(),
             numerics_total: Numerics::default(),
+            dequantized: Vec::new(),
+            copy: false,
         };
-        let pairs = match check_headers(&src, &dst, opts)? {
+        let mut checked = check_headers(&src, &dst, opts)?;
+        if let (Err(_), Some(given)) = (&checked, &given) {
+            if let Ok(pairs) = check_headers(&src, &dst, given)? {
+                (opts, checked) = (given, Ok(pairs));
+            }
+        }
+        let mut pairs = match checked {
             Ok(pairs) => pairs,
             Err(m) => {
                 report.mismatch = Some(*m);
@@ -503,6 +590,27 @@ impl Verifier {
                         Strategy::Block => Target::Fp8Block,
                     }));
                 }
+            }
+        }
+        // Options under which convert writes nothing (DST's record says them, or a caller):
+        // no output of convert is then a copy of SRC, but one file of a folder.
+        if report.mismatch.is_none() && !opts.loose && is_copy(&src, report.tensors_converted) {
+            report.copy = opts.overflow() != OnOverflow::Keep;
+            if !opts.allow_copy {
+                let target = opts.target.unwrap_or(Target::Bf16);
+                let bf16 = |p: &Pair| src.header.tensors[p.src].dtype == Dtype::BF16;
+                let e = Error::NothingToConvert {
+                    path: src_path.to_path_buf(),
+                    target,
+                    bf16_copied: target == Target::F16 && !opts.from_bf16 && pairs.iter().any(bf16),
+                };
+                let why = format!(
+                    "convert refuses these options: {} (a file of a folder output may convert \
+                     nothing: verify the folders)",
+                    e.message()
+                );
+                report.mismatch = Some(*Mismatch::header(None, why));
+                pairs.clear();
             }
         }
         // Under an FP8 target the tensors not quantized become BF16: one target still.
@@ -543,6 +651,7 @@ impl Verifier {
             beside: None,
             started,
             kept_max: vec![0.0; pairs.len()],
+            ranges: vec![Range::default(); pairs.len()],
             seen_nonfinite: vec![false; pairs.len()],
             on_overflow: opts.overflow(),
             total: total + dst_total,
@@ -700,6 +809,10 @@ impl Verifier {
                         found_bits: Some(hex(got)),
                     });
                     return Ok(true);
+                }
+                if at.is_none() {
+                    let bf16 = q.target == Dtype::BF16;
+                    self.ranges[w.item].merge(&Range::of(bf16, dst_bytes));
                 }
                 // E4M3 is one byte an element: the element is the source offset.
                 (at, Numerics::default())
@@ -860,7 +973,7 @@ impl Verifier {
                 &report.numerics,
                 &report.numerics_total,
                 &[],
-                &[],
+                &report.dequantized,
             );
             write_file(&path, &bytes, replace, "")?;
         }
@@ -870,6 +983,19 @@ impl Verifier {
     fn conclude(self) -> VerifyReport {
         let mut report = self.report;
         report.seconds = self.started.elapsed().as_secs_f64();
+        report.dequantized = self
+            .pairs
+            .iter()
+            .zip(&self.ranges)
+            .filter_map(|(p, r)| match p.expect {
+                Expect::Dequantize(q) => Some(DequantizedTensor {
+                    name: self.dst.header.tensors[p.dst].name.clone(),
+                    format: q.format().text,
+                    range: r.clone(),
+                }),
+                _ => None,
+            })
+            .collect();
         if let Some(all) = self.numerics {
             report.numerics = self
                 .pairs
@@ -1165,21 +1291,18 @@ fn check_headers(
     // Nor its `format` (`pt`), which tools drop (model_free_ptq writes no metadata).
     let added = (src.origin.is_some() || opts.loose).then_some(TORCH_METADATA.0);
     // DST's own record of convert's options follows SRC's keys (replacing SRC's own).
-    let own = match own_record(sh.metadata.as_deref(), dh.metadata.as_deref()) {
-        Some(Err((text, why))) => {
-            return fail(
-                None,
-                format!(
-                    "__metadata__ entry {:?} is not a record convert writes ({}): {}",
-                    record::KEY,
-                    esc(&why),
-                    esc(text)
-                ),
-            )
-        }
-        Some(Ok(_)) => record::find(dh.metadata.as_deref()),
-        None => None,
-    };
+    if let Some(Err((text, why))) = own_record(sh.metadata.as_deref(), dh.metadata.as_deref()) {
+        return fail(
+            None,
+            format!(
+                "__metadata__ entry {:?} is not a record convert writes ({}): {}",
+                record::KEY,
+                esc(&why),
+                esc(text)
+            ),
+        );
+    }
+    let own = written_record(sh.metadata.as_deref(), dh.metadata.as_deref());
     let want = record::with_record(sh.metadata.as_deref(), own);
     if let Some((why, hint)) = metadata_difference(&want, &dh.metadata, opts.loose, added) {
         return fail(None, format!("__metadata__ differs: {}{hint}", esc(&why)));
@@ -1378,10 +1501,7 @@ fn check_plan(
         // What was converted is checked, not judged again.
         allow_quantized: true,
         // DST's own record, checked already (`check_headers`), is where convert puts it.
-        record: own_record(sh.metadata.as_deref(), dh.metadata.as_deref())
-            .is_some()
-            .then(|| record::find(dh.metadata.as_deref()).map(str::to_string))
-            .flatten(),
+        record: written_record(sh.metadata.as_deref(), dh.metadata.as_deref()).map(str::to_string),
         ..PlanOptions::new(target)
     };
     let planned = plan::plan(&src.path, sh, &popts)?;

@@ -149,3 +149,66 @@ def test_shard_runs_and_finalize_copy_what_the_globs_say(tmp_path):
     stcast.finalize(src, dst)
     assert (dst / "optimizer.bin").exists() and not (dst / "README.md").exists()
     assert stcast.verify(src, dst).ok
+
+
+def test_latest_naming_a_folder_of_weights_leaves_nothing_out(tmp_path, run_main):
+    """A `latest` file naming a folder that holds no DeepSpeed states (`ema/`, weights) is
+    no DeepSpeed `latest`: the folder is converted as any other, `latest` copied (attack
+    z10 r5: `ema/` was left out unread as training state, its weights missing, and verify
+    passed)."""
+    src = tmp_path / "P"
+    src.mkdir()
+    (src / "ema").mkdir()
+    for f in ("model.safetensors", "ema/model.safetensors"):
+        write_safetensors(src / f, {"w": ("F32", [4], np.float32([1, 2, 3, 4]))})
+        (src / f).with_name("config.json").write_text('{"torch_dtype": "float32"}\n')
+    (src / "latest").write_text("ema")
+    dst = tmp_path / "PO"
+    rc, _, err = run_main("convert", src, dst, "-q")
+    assert rc == 0 and "left out" not in err, err
+    assert files(dst) == [
+        "config.json",
+        "ema/config.json",
+        "ema/model.safetensors",
+        "latest",
+        "model.safetensors",
+    ]
+    assert stcast.verify(str(src), str(dst)).ok
+    # DeepSpeed's states in it make it the tag folder `latest` names: training state.
+    (src / "ema" / "mp_rank_00_model_states.pt").write_bytes(b"m" * 30)
+    rc, _, err = run_main("convert", src, tmp_path / "PO2")
+    assert rc == 0 and "`ema/`" in err and "`latest`" in err, err
+    assert files(tmp_path / "PO2") == ["config.json", "model.safetensors"]
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.mark.parametrize("kind", ["dcp-hf-writer", "zero"])
+def test_a_checkpoint_folder_names_the_files_beside_it(tmp_path, run_main, kind):
+    """A DCP folder of HuggingFaceStorageWriter shards (or a ZeRO folder) holding the
+    model's config.json and tokenizer.json converts to one file: they were dropped without a
+    note, exit 0 (attack z10 r15). The note names them with their sizes (not the
+    checkpoint's own files, nor training state), and how to bring the config."""
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    if kind == "dcp-hf-writer":
+        for f in (FIXTURES / "dcp" / "hf-variant").glob("shard-*.safetensors"):
+            (src / f.name).write_bytes(f.read_bytes())
+    else:
+        zero = FIXTURES / "zero" / "stage2-3ranks"
+        (src / "global_step1").mkdir()
+        for f in (zero / "global_step1").iterdir():
+            (src / "global_step1" / f.name).write_bytes(f.read_bytes())
+        (src / "latest").write_bytes((zero / "latest").read_bytes())
+        (src / "zero_to_fp32.py").write_text("# DeepSpeed's\n")
+        (src / "trainer_state.json").write_text("{}\n")
+    (src / "config.json").write_text('{"model_type": "llama", "torch_dtype": "float32"}\n')
+    (src / "tokenizer.json").write_text("{}\n")
+    rc, _, err = run_main("convert", src, tmp_path / "out")
+    assert rc == 0, err
+    notes = [line for line in err.splitlines() if "left out" in line]
+    assert len(notes) == 1, err
+    assert "`config.json` (50 B), `tokenizer.json` (3 B)" in notes[0], notes
+    assert "--config" in notes[0] and "trainer_state" not in notes[0], notes
+    assert files(tmp_path / "out") == ["model.safetensors"]

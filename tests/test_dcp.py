@@ -6,6 +6,7 @@ The generated cases (`dcpfile.py`) cover what torch would not write."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -437,3 +438,36 @@ def test_a_rank_file_or_a_key_for_hf_shards_says_what_it_is(tmp_path, run_main):
     assert rc == 2 and "HuggingFaceStorageWriter" in line, line
     assert "this is a safetensors file" not in line, line
     assert not (tmp_path / "o.safetensors").exists()
+
+
+def test_verify_of_a_resharded_output_names_the_dcp_folder_not_model_safetensors(
+    tmp_path, rng, run_main
+):
+    """A DCP folder re-sharded: its output's files are `model-*` (or `model.safetensors`),
+    names SRC does not have. A verify failure names SRC as it is, the DCP folder."""
+    w = rng.standard_normal((6, 4)).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    ck = tmp_path / "ck"
+    write_dcp(ck, {"w": Tensor(w, rows(w, [0, 3]), ("w",)), "b": Tensor(b, rows(b, [0]), ("b",))})
+    out = tmp_path / "rs"
+    stcast.convert(ck, out, max_shard_size="40B")
+    index = out / "model.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    shards = sorted(set(doc["weight_map"].values()))
+    assert len(shards) == 2 and stcast.verify(ck, out).ok
+    # A shard gone, and the index with it: its tensors are in no DST file.
+    gone = tmp_path / "gone"
+    shutil.copytree(out, gone)
+    (gone / shards[1]).unlink()
+    doc["weight_map"] = {k: v for k, v in doc["weight_map"].items() if v != shards[1]}
+    (gone / index.name).write_text(json.dumps(doc))
+    rc, _, err = run_main("verify", ck, gone)
+    line = assert_one_error_line(err)
+    assert rc == 1 and f"of SRC ({ck})" in line and "(model.safetensors)" not in line, line
+    # The output left whole out: named as the output of the DCP folder.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "x.safetensors").write_bytes((out / shards[0]).read_bytes())
+    rc, _, err = run_main("verify", ck, bare)
+    line = assert_one_error_line(err)
+    assert rc == 1 and f"model.safetensors: is the output of {ck} but not in DST" in line, line

@@ -241,7 +241,8 @@ def test_folder_with_zero_points_sharded_and_verified(tmp_path, rng, run_main, w
         )
         if with_zero_point:
             shards[-1][f"{name}.weight_zero_point"] = ("F8_E4M3", list(zp.shape), zp)
-    root = asym_folder(tmp_path / "in", shards)
+    # (Without zero points the config says symmetric: an asymmetric one is refused, below.)
+    root = asym_folder(tmp_path / "in", shards, symmetric=not with_zero_point)
     for extra in ([], ["--max-shard-size", "30KB"]):
         dst = tmp_path / f"out{len(extra)}"
         rc, _, err = run_main("convert", root, dst, "--to", "bf16", "-q", *extra)
@@ -257,8 +258,9 @@ def test_folder_with_zero_points_sharded_and_verified(tmp_path, rng, run_main, w
         assert rc == 0, err
 
 
-def asym_folder(root: Path, shards: list[dict]) -> Path:
-    """A folder of compressed-tensors asymmetric FP8 shards, with its config and index."""
+def asym_folder(root: Path, shards: list[dict], symmetric: bool = False) -> Path:
+    """A folder of compressed-tensors asymmetric FP8 shards (`symmetric`: symmetric ones),
+    with its config and index."""
     root.mkdir()
     weight_map = {}
     for i, tensors in enumerate(shards):
@@ -268,7 +270,7 @@ def asym_folder(root: Path, shards: list[dict]) -> Path:
     (root / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map})
     )
-    weights = {"type": "float", "num_bits": 8, "strategy": "channel", "symmetric": False}
+    weights = {"type": "float", "num_bits": 8, "strategy": "channel", "symmetric": symmetric}
     config = {
         "quant_method": "compressed-tensors",
         "format": "float-quantized",
@@ -283,7 +285,8 @@ def asym_folder(root: Path, shards: list[dict]) -> Path:
 @pytest.mark.parametrize("extra", [[], ["--max-shard-size", "30KB"]])
 def test_zero_point_in_another_shard_refused(tmp_path, rng, run_main, zp_dtype, extra):
     """A weight dequantized in one shard while its zero point is in another would be `q * s`:
-    the whole folder is refused, naming the zero point, and nothing is written."""
+    the whole folder is refused, naming the weight that its asymmetric config says has a zero
+    point its shard lacks (or the stray zero point), and nothing is written."""
     q, s, zp = make_case(rng, "channel", "BF16", zp_dtype)
     src = asym_folder(
         tmp_path / "in",
@@ -302,7 +305,8 @@ def test_zero_point_in_another_shard_refused(tmp_path, rng, run_main, zp_dtype, 
     rc, _, err = run_main("convert", src, dst, "--to", "bf16", *extra)
     assert rc == 1
     line = assert_one_error_line(err)
-    assert "`a.weight_zero_point`" in line and "zero point" in line, line
+    assert "`a.weight_zero_point`" in line or "`a.weight`" in line, line
+    assert "zero point" in line, line
     assert not dst.exists()
 
 
@@ -522,4 +526,30 @@ def test_a_symmetric_config_over_zero_points_is_refused(tmp_path, run_main):
         line = assert_one_error_line(err)
         assert "symmetric true" in line and "a zero point" in line, line
         assert "config.json" in line and "allow" not in line, line
+        assert not (tmp_path / "out").exists()
+
+
+def test_an_asymmetric_config_over_weights_without_zero_points_is_refused(tmp_path, run_main):
+    """An asymmetric FP8 config (`symmetric: false`) whose weights carry no zero points:
+    compressed-tensors 0.19's dequantizer takes every parameter its compressor names for an
+    asymmetric scheme, `weight_zero_point` among them, and fails (KeyError) on the first
+    weight without one, so there are no reference bits to match: refused in one line naming
+    the file, the tensor and why, nothing written (as a folder, and re-sharded)."""
+    src = tmp_path / "src"
+    shutil.copytree(FIX / "llama-fp32.fp8-asym-channel", src)
+    t = tensor_bytes(src / "model.safetensors")
+    t = {k: v for k, v in t.items() if not k.endswith(".weight_zero_point")}
+    write_safetensors(src / "model.safetensors", t, metadata={"format": "pt"})
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if k in t}
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    config = json.loads((src / "config.json").read_text())["quantization_config"]
+    assert all(g["weights"]["symmetric"] is False for g in config["config_groups"].values())
+    for extra in ([], ["--max-shard-size", "40KB"], ["--to", "fp16"]):
+        rc, _, err = run_main("convert", src, tmp_path / "out", *extra)
+        assert rc == 1, err
+        line = assert_one_error_line(err)
+        assert "model.safetensors" in line and "_proj.weight`" in line, line
+        assert "symmetric false" in line and "no zero point" in line, line
+        assert "allow" not in line, line
         assert not (tmp_path / "out").exists()

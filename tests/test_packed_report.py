@@ -199,3 +199,22 @@ def test_convert_summary_line(tmp_path):
         "  dequant  7 weights: 7 NVFP4 (E2M1 ×E4M3 per 16 ×F32) → BF16; 14 dropped "
         "(scales, shapes, zero points)"
     )
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["llama-bf16.nvfp4a16", "llama-bf16.mxfp4a16", "llama-bf16.w4a16-asym", "codes.safetensors"],
+)
+def test_verify_report_gives_the_dequantized_ranges_convert_gives(tmp_path, name):
+    """`verify --report` on a dequantized output: per weight the range convert's report
+    gives (each row with its file, for a folder; the every-code file's NaN counted), read
+    from DST as verified."""
+    src = FIX / name
+    out = tmp_path / ("out.safetensors" if name.endswith(".safetensors") else "out")
+    rep, vrep = tmp_path / "c.json", tmp_path / "v.json"
+    rc, _, err = main_in_process("convert", src, out, "--report", rep)
+    assert rc == 0, err
+    rc, _, err = main_in_process("verify", src, out, "--report", vrep)
+    assert rc == 0, err
+    want = json.loads(rep.read_text())["result"]["dequantized"]
+    assert want and json.loads(vrep.read_text())["result"]["dequantized"] == want

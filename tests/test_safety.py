@@ -127,6 +127,30 @@ def test_convert_report_on_the_output_with_force_is_refused(tmp_path, model, run
     assert tree(tmp_path) == before
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_a_report_path_that_cannot_be_created_is_refused_before_any_work(tmp_path, model, run_main):
+    """A report in a folder where no file can be created (/proc/self, even for root): a
+    folder run published DST (under --force, replacing an earlier one), then failed; its
+    --dry-run said it would run (attack z10 r8). Refused up front as for a file."""
+    report = "/proc/self/x"
+    folder = tmp_path / "H"
+    folder.mkdir()
+    write_model(folder / "model.safetensors")
+    stcast.convert(folder, tmp_path / "O")
+    before = tree(tmp_path)
+    for args in (
+        [model, tmp_path / "o.safetensors"],
+        [folder, tmp_path / "O2"],
+        [folder, tmp_path / "O", "--force"],
+        [folder, tmp_path / "O2", "--dry-run"],
+    ):
+        rc, out, err = run_main("convert", *args, "--report", report)
+        assert rc == 1, (args, out, err)
+        line = assert_one_error_line(err)
+        assert "cannot create the output" in line and "was published" not in line, line
+        assert tree(tmp_path) == before
+
+
 @pytest.mark.parametrize("which", ["src", "dst", "src-hard-link", "dst-symlink"])
 def test_verify_report_on_an_input_is_refused(tmp_path, model, run_main, which):
     """`verify SRC DST --report SRC` replaced the source with JSON."""

@@ -87,6 +87,37 @@ def test_1_quantized_checkpoints_convert_when_allowed(tmp_path, run_main, case):
     assert rc == 0, err
 
 
+@pytest.mark.parametrize(
+    "args", [[], ["--keep", "*scale*"], ["--keep", "*absmax", "--keep", "*quant_map"]]
+)
+@pytest.mark.parametrize("allow", [False, True], ids=["plain", "allow-quantized"])
+def test_1_bitsandbytes_is_refused_naming_no_flag(tmp_path, run_main, args, allow):
+    """bitsandbytes 4-bit (attack z10 r14): the refusal suggested `--keep '*scale*'` (which
+    matched nothing: the same refusal again) and `--allow-quantized`, which wrote absmax
+    and quant_map as BF16 under the unchanged bitsandbytes config, exit 0, and verify
+    passed it. Refused in one line naming the format and a tensor, no flag suggested,
+    whatever the options."""
+    src = folder(
+        tmp_path / "bnb",
+        {
+            "model.safetensors": {
+                "l.weight": ("U8", [8, 1], np.arange(8, dtype=np.uint8).reshape(8, 1)),
+                "l.weight.absmax": ("F32", [2], f32(0.5, 0.25)),
+                "l.weight.quant_map": ("F32", [4], f32(-1, 0, 0.5, 1)),
+                "l.weight.quant_state.bitsandbytes__nf4": ("U8", [4], np.zeros(4, np.uint8)),
+                "norm.weight": ("F32", [4], ONES),
+            }
+        },
+        config={"quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True}},
+    )
+    out = tmp_path / "out"
+    rc, _, err = run_main("convert", src, out, *args, *(["--allow-quantized"] * allow))
+    line = assert_one_error_line(err)
+    assert rc == 1 and "`l.weight.absmax` is a bitsandbytes tensor" in line, line
+    assert "--keep" not in line and "--allow" not in line, line
+    assert not out.exists()
+
+
 def _quantized_folder(tmp_path: Path, case: str) -> Path:
     tensors = {"w": ("F32", [4], ONES), "w_scale": ("F32", [1], f32(0.5))}
     config = {}

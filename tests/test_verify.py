@@ -472,8 +472,9 @@ def test_cli_json(converted_pair, run_main):
         "numerics",
         "folder",
         "files",
+        "copy",
     ]
-    assert (result["folder"], result["files"]) == (False, 1)
+    assert (result["folder"], result["files"], result["copy"]) == (False, 1, False)
     assert result["to"] == "bf16" and set(result["numerics"]) == {"tensors", "total"}
 
     # A NaN source value is written as a string, so the output stays strict JSON.

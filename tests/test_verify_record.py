@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import stcast
+from conftest import assert_one_error_line
 from safetensors.numpy import save_file
 
 
@@ -165,3 +166,155 @@ def test_a_pytorch_checkpoint_read_at_a_key_verifies_without_it(tmp_path):
     )
     assert len(list(shards.glob("*.safetensors"))) > 1
     assert stcast.verify(str(ckpt), str(shards)).ok
+
+
+def _with_record(path: Path, out: Path, record: str | None) -> None:
+    """`path`'s bytes with its `__metadata__` record set to `record` (last), or removed."""
+    b = path.read_bytes()
+    n = struct.unpack("<Q", b[:8])[0]
+    header = json.loads(b[8 : 8 + n])
+    meta = {k: v for k, v in header.pop("__metadata__", {}).items() if k != "stcast"}
+    if record is not None:
+        meta["stcast"] = record
+    text = json.dumps({"__metadata__": meta, **header}, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    out.write_bytes(struct.pack("<Q", len(text)) + text + b[8 + n :])
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        # Every tensor kept: convert refuses it (nothing to convert).
+        '{"to":"bf16","keep":["*"]}',
+        '{"to":"keep"}',
+        # Values convert refuses as options.
+        '{"to":"bf16","strip_prefix":[""]}',
+        '{"to":"bf16","name":"a/b"}',
+    ],
+)
+def test_a_record_convert_refuses_is_not_trusted(tmp_path, run_main, record):
+    """M2: a byte copy of SRC whose record says options convert refuses is no output of
+    convert: verify fails it in one line naming DST (exit 1)."""
+    src = tmp_path / "s.safetensors"
+    save_file({"w": np.ones((4, 4), np.float32)}, str(src))
+    dst = tmp_path / "d.safetensors"
+    _with_record(src, dst, record)
+    assert not stcast.verify(str(src), str(dst)).ok
+    rc, out, err = run_main("verify", str(src), str(dst))
+    assert rc == 1 and out == "", (rc, out, err)
+    assert err.count("\n") == 1 and err.startswith(f"stcast: {dst}: "), err
+
+
+def test_a_folder_file_may_convert_nothing(tmp_path):
+    """One file of a folder converts nothing (a BF16 shard beside an F32 one): it still
+    verifies, as convert writes it so."""
+    src = tmp_path / "in"
+    src.mkdir()
+    save_file({"a": np.ones(4, np.float32)}, str(src / "model-00001-of-00002.safetensors"))
+    bf16 = np.ones(4, np.float32).view(np.uint32) >> 16
+    # A BF16 shard, written raw (numpy has no bfloat16).
+    _raw(src / "model-00002-of-00002.safetensors", "b", "BF16", bf16.astype(np.uint16).tobytes())
+    index = {
+        "metadata": {"total_size": 24},
+        "weight_map": {
+            "a": "model-00001-of-00002.safetensors",
+            "b": "model-00002-of-00002.safetensors",
+        },
+    }
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    out = tmp_path / "out"
+    with pytest.warns(UserWarning, match="nothing to convert"):
+        stcast.convert(str(src), str(out))
+    assert stcast.verify(str(src), str(out)).ok
+    # Every file a copy of SRC's, as records that keep every tensor say: convert refuses
+    # such a folder run (nothing to convert), so verify fails it.
+    forged = tmp_path / "forged"
+    forged.mkdir()
+    record = '{"to":"bf16","keep":["*"]}'
+    for f in src.glob("*.safetensors"):
+        _with_record(f, forged / f.name, record)
+    index["metadata"]["stcast"] = record
+    (forged / "model.safetensors.index.json").write_text(json.dumps(index))
+    r = stcast.verify(str(src), str(forged))
+    assert not r.ok and "nothing to convert" in r.mismatch.message.template, r
+    # With on_overflow keep, convert writes it: verify passes it.
+    copy = tmp_path / "copy"
+    with pytest.warns(UserWarning, match="nothing to convert"):
+        stcast.convert(str(src), str(copy), keep=["*"], on_overflow="keep")
+    assert stcast.verify(str(src), str(copy)).ok
+
+
+def _raw(path: Path, name: str, dtype: str, data: bytes) -> None:
+    header = {name: {"dtype": dtype, "shape": [len(data) // 2], "data_offsets": [0, len(data)]}}
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+
+
+@pytest.mark.parametrize("meta_first", [False, True])
+def test_src_holding_the_same_record_still_verifies(tmp_path, meta_first):
+    """M3: SRC carries the very record convert writes: DST's record is still DST's own
+    (convert replaced SRC's), and verify passes what convert wrote."""
+    rng = np.random.default_rng(1)
+    src = tmp_path / "s.safetensors"
+    record = '{"to":"bf16","keep":["*norm*"]}'
+    meta = {"stcast": record, "z": "1"} if meta_first else {"stcast": record}
+    tensors = {
+        "w": rng.standard_normal((16, 16)).astype(np.float32),
+        "norm": rng.standard_normal(16).astype(np.float32),
+    }
+    save_file(tensors, str(src), metadata=meta)
+    dst = tmp_path / "c.safetensors"
+    stcast.convert(str(src), str(dst), keep=["*norm*"])
+    assert _meta(dst) == {"z": "1", "stcast": record} if meta_first else {"stcast": record}
+    assert stcast.verify(str(src), str(dst)).ok
+    # Another output of the same SRC, with other options: its own record says them.
+    fp16 = tmp_path / "h.safetensors"
+    stcast.convert(str(src), str(fp16), to="fp16")
+    assert stcast.verify(str(src), str(fp16)).ok
+    # --no-record keeps SRC's metadata as it is (its record SRC's, not DST's options):
+    # verified with the options given (the target DST's converted tensors have).
+    bare = tmp_path / "b.safetensors"
+    stcast.convert(str(src), str(bare), to="fp16", no_record=True)
+    assert _meta(bare) == meta
+    assert stcast.verify(str(src), str(bare)).ok
+    assert stcast.verify(str(src), str(bare), to="fp16").ok
+    assert not stcast.verify(str(src), str(bare), to="bf16").ok
+
+
+def test_a_record_key_src_cannot_be_read_by_is_bad_input(src, tmp_path, run_main):
+    """(a) DST's record names a `key` (a file's content, not the caller's option): SRC
+    that cannot be read at it fails as bad input naming DST (exit 1), not as usage."""
+    dst = tmp_path / "out.safetensors"
+    stcast.convert(str(src), str(dst))
+    bad = tmp_path / "bad.safetensors"
+    _with_record(dst, bad, '{"to":"bf16","key":"model"}')
+    rc, out, err = run_main("verify", str(src), str(bad))
+    assert rc == 1 and err.count("\n") == 1, (rc, err)
+    assert err.startswith(f"stcast: {bad}: SRC cannot be read as its stcast record says"), err
+    assert "--key" not in err
+    with pytest.raises(stcast.InvalidInput):
+        stcast.verify(str(src), str(bad))
+
+
+@pytest.mark.filterwarnings("ignore:__metadata__ has no")
+def test_a_resharded_outputs_record_key_src_cannot_be_read_by_is_bad_input(src, tmp_path, run_main):
+    """(a), re-sharded: the shards' and index's record name a `key` a safetensors SRC
+    cannot be read at: bad input naming DST's file (exit 1), not a usage error."""
+    out = tmp_path / "rs"
+    stcast.convert(str(src), str(out), max_shard_size="1KB")
+    assert stcast.verify(str(src), str(out)).ok
+    forged = tmp_path / "forged"
+    forged.mkdir()
+    record = '{"to":"bf16","key":"model"}'
+    for f in out.iterdir():
+        if f.name.endswith(".safetensors"):
+            _with_record(f, forged / f.name, record)
+        else:
+            doc = json.loads(f.read_text())
+            doc["metadata"]["stcast"] = record
+            (forged / f.name).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    rc, out_, err = run_main("verify", str(src), str(forged))
+    line = assert_one_error_line(err)
+    assert rc == 1 and "SRC cannot be read as its stcast record says" in line, line
+    assert line.startswith(f"stcast: {forged}/") and "--key" not in line, line

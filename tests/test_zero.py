@@ -543,3 +543,24 @@ def test_a_huge_latest_is_never_read_whole(tmp_path):
     assert_one_error_line(err.read_text())
     assert "latest" in err.read_text()
     assert peak <= 64 * MIB, f"{peak / MIB:.1f} MiB"
+
+
+def test_a_stray_latest_in_a_hugging_face_folder_is_no_deepspeed_checkpoint(tmp_path):
+    """A diffusers pipeline (`model_index.json`, weights in subfolders) with a file named
+    `latest` beside: a Hugging Face folder still. DeepSpeed needs its tag folders of
+    partitions (`global_step*/` with `*_model_states.pt`), not the name `latest` alone."""
+    from safetensors.numpy import save_file
+
+    src = tmp_path / "pipe"
+    (src / "unet").mkdir(parents=True)
+    (src / "model_index.json").write_text('{"_class_name": "StableDiffusionPipeline"}')
+    (src / "unet" / "config.json").write_text("{}")
+    save_file({"w": np.ones((4, 4), np.float32)}, str(src / "unet" / "model.safetensors"))
+    (src / "latest").write_text("global_step7\n")
+    (src / "global_step7").mkdir()  # even a tag folder, without partitions
+    out = tmp_path / "out"
+    # Converted as the folder it is (a trainer's state beside weights is left out, said).
+    with pytest.warns(stcast.StcastWarning, match="left out: training state"):
+        stcast.convert(src, out)
+    assert (out / "unet" / "model.safetensors").is_file()
+    assert stcast.verify(src, out).ok

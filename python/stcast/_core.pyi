@@ -151,7 +151,7 @@ class _Options(TypedDict, total=False):
     loose: bool
     allow_quantized: bool | None
     quantization_config: str | None
-    packed_config: str | None  # the config describing the packed weights dequantized
+    packed_config: str | None  # a folder run's model config: packed schemes, FP8: experts
     follow_links: bool
     unquantized: list[str] | None  # FP8: the weights holding NaN/inf (None: the call reads)
     name: str | None  # these two: for the record of the options in each output

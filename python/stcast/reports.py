@@ -277,6 +277,8 @@ class TensorInfo:
     quantization: QuantFormat | None = None
     companion: CompanionInfo | None = None
     file: str | None = None  # for folders: the file holding it, relative to the folder
+    # FP8 targets: a piece of fused MoE experts split per expert, the fused tensor's name.
+    split_from: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The tensor as plain JSON-ready data."""
@@ -285,7 +287,7 @@ class TensorInfo:
             del d["file"]
         if d["not_quantized"] is None:
             del d["not_quantized"]  # only FP8 targets say why a tensor is not quantized
-        for k in ("quantization", "companion"):
+        for k in ("quantization", "companion", "split_from"):
             if d[k] is None:
                 del d[k]  # only a quantized input's weights and companions have them
         return d
@@ -426,6 +428,9 @@ class VerifyReport:
     numerics: Numerics | None = None
     folder: bool = False
     files: int = 1  # the files compared (for a folder: every file, paired by path)
+    # Verified, DST converts no tensor of SRC: convert writes such a file only as one of a
+    # folder whose other files it converts.
+    copy: bool = False
 
     def __bool__(self) -> bool:
         return self.ok

@@ -61,10 +61,11 @@ pub fn folder_format(dir: &Path) -> Option<Format> {
     {
         return Some(Format::DeepSpeed);
     }
-    // `latest` names the tag folder holding the partitions (`global_step100`): a folder
-    // with it, or with tag folders of partitions, is a DeepSpeed checkpoint even when one is
-    // missing (read, it is refused saying what is missing).
-    if has("latest") && latest_tag(dir).is_some() || !zero_tags(dir).is_empty() {
+    // Tag folders of partitions (`global_step100/`) make a DeepSpeed checkpoint even when
+    // `latest`, which names the one to read, is missing or names another (read, it is
+    // refused saying so). `latest` alone does not: any folder may hold a file of that name
+    // (a diffusers pipeline's, beside `model_index.json` and its weights' folders).
+    if !zero_tags(dir).is_empty() {
         return Some(Format::DeepSpeed);
     }
     None
@@ -175,14 +176,19 @@ pub fn zero_tags(dir: &Path) -> Vec<String> {
         .into_iter()
         .filter(|n| is_one_name(n) && dir.join(n).is_dir())
         .take(64)
-        .filter(|n| {
-            names(&dir.join(n))
-                .iter()
-                .any(|f| is_model_states(f) || is_optim_states(f))
-        })
+        .filter(|n| is_zero_tag(&dir.join(n)))
         .collect();
     tags.sort();
     tags
+}
+
+/// Is folder `dir` a DeepSpeed tag folder: does it hold model or optimizer states
+/// (`*_model_states.pt`, `*_optim_states.pt`)? What `latest` names is training state only
+/// then: any folder may be named by a file of that name (`latest` -> `ema/`, weights).
+pub fn is_zero_tag(dir: &Path) -> bool {
+    names(dir)
+        .iter()
+        .any(|f| is_model_states(f) || is_optim_states(f))
 }
 
 /// Is folder `dir` one checkpoint, read as one source (a DCP or DeepSpeed ZeRO folder:
@@ -201,6 +207,50 @@ pub fn check_folder(dir: &Path, output: bool) -> Result<bool> {
         }),
         None => Ok(false),
     }
+}
+
+/// `_N` or nothing: the numbers trainers put after a state file's name.
+fn numbered(rest: &[u8]) -> bool {
+    rest.is_empty() || rest.strip_prefix(b"_").is_some_and(digits)
+}
+
+/// A non-empty run of ASCII digits.
+pub fn digits(s: &[u8]) -> bool {
+    !s.is_empty() && s.iter().all(u8::is_ascii_digit)
+}
+
+/// A training run's state beside its weights, by the names transformers' Trainer,
+/// accelerate, DeepSpeed and Lightning give it: optimizer, scheduler, scaler and RNG states,
+/// training arguments, DeepSpeed's recovery scripts. Not weights, never read (its pickles
+/// name optimizers and RNG states), never copied into a weights folder.
+pub fn is_trainer_state(name: &[u8]) -> bool {
+    let state = |prefix: &[u8], exts: &[&[u8]]| {
+        exts.iter().any(|ext| {
+            name.strip_prefix(prefix)
+                .and_then(|r| r.strip_suffix(*ext))
+                .is_some_and(numbered)
+        })
+    };
+    state(b"optimizer", &[b".bin", b".pt"])
+        || state(b"scheduler", &[b".bin", b".pt"])
+        || state(b"scaler", &[b".bin", b".pt"])
+        || state(b"rng_state", &[b".pth"])
+        || name
+            .strip_prefix(b"random_states_")
+            .and_then(|r| r.strip_suffix(b".pkl"))
+            .is_some_and(digits)
+        // accelerate's FSDP weights saved per rank (`LOCAL_STATE_DICT`): flat parameters.
+        || name
+            .strip_prefix(b"pytorch_model_fsdp_")
+            .and_then(|r| r.strip_suffix(b".bin"))
+            .is_some_and(digits)
+        || [
+            &b"training_args.bin"[..],
+            b"trainer_state.json",
+            b"zero_to_fp32.py",
+            b"zero_to_torch.py",
+        ]
+        .contains(&name)
 }
 
 /// `mp_rank_00_model_states.pt` (ZeRO-1/2), `zero_pp_rank_0_mp_rank_00_model_states.pt`
@@ -250,6 +300,30 @@ fn is_dcp_shard(path: &Path) -> bool {
             .metadata
             .is_some_and(|m| m.iter().any(|(k, _)| k == super::dcp::SHARDING_INFO))
     })
+}
+
+/// The files beside the checkpoint in the checkpoint folder `dir` of `format` (a DCP or
+/// ZeRO folder), sorted, with their sizes: its regular files (links followed) that are
+/// neither the checkpoint's own (`.metadata`, rank files, shards; `latest`) nor training
+/// state (`is_trainer_state`) nor stcast's bookkeeping. A model's `config.json` and
+/// tokenizer, say: the checkpoint converts to one file, and they are named as left out.
+pub fn companions(dir: &Path, format: Format) -> Vec<(String, u64)> {
+    let own = |n: &str| match format {
+        Format::Dcp => n == ".metadata" || n.ends_with(".distcp"),
+        Format::DcpSafetensors => n.ends_with(".safetensors"),
+        Format::DeepSpeed => n == "latest" || is_model_states(n) || is_optim_states(n),
+        _ => false,
+    };
+    let mut out: Vec<(String, u64)> = names(dir)
+        .into_iter()
+        .filter(|n| !own(n) && !is_trainer_state(n.as_bytes()) && !n.starts_with(".stcast-"))
+        .filter_map(|n| {
+            let meta = std::fs::metadata(dir.join(&n)).ok()?;
+            meta.is_file().then_some((n, meta.len()))
+        })
+        .collect();
+    out.sort();
+    out
 }
 
 /// Up to `MAX_ENTRIES` names of `dir` (none if it cannot be listed).
@@ -324,6 +398,19 @@ mod tests {
                 Some(Format::DeepSpeed),
             ),
             ("hf", &["model.safetensors", "config.json"], None),
+            // `latest` alone (naming a tag, or a tag folder without partitions) is a file
+            // of any folder: a diffusers pipeline's weights are in its subfolders.
+            (
+                "diffusers-latest",
+                &[
+                    "model_index.json",
+                    "latest",
+                    "unet/diffusion_pytorch_model.safetensors",
+                    "unet/config.json",
+                ],
+                None,
+            ),
+            ("latest-alone", &["latest", "global_step7/notes.txt"], None),
             // The Trainer's checkpoint-N/ under DeepSpeed: the weights are there already.
             (
                 "trainer",

@@ -29,7 +29,7 @@ use crate::header::{SourceHeader, SourceTensor, PREFIX};
 use crate::input::safetensors::too_small;
 use crate::naming;
 use crate::source::{InputFile, Source};
-use crate::text::name_list;
+use crate::text::{esc, format_bytes, name_list};
 use crate::torch::{self, Limits, TorchError};
 use crate::vocab::{OptionName, WarningKind};
 
@@ -86,7 +86,8 @@ impl Source {
         let mut source = Self::open_checked(path, opts)?;
         strip_prefixes(&mut source, &opts.strip_prefix)?;
         if let Some(model) = &opts.experts {
-            source.experts = crate::experts::split(&mut source, model).then(|| model.sizes());
+            source.pieces = crate::experts::split(&mut source, model);
+            source.experts = (!source.pieces.is_empty()).then(|| model.sizes());
         }
         if format.is_some() {
             source.folders = vec![path.to_path_buf()];
@@ -168,6 +169,12 @@ impl Source {
             .as_ref()
             .map(Origin::warnings)
             .unwrap_or_default();
+        if let (Some(dir), Some(origin)) = (self.folders.first(), &self.origin) {
+            let files = folder::companions(dir, origin.format);
+            if !files.is_empty() {
+                out.push(companions_note(&files));
+            }
+        }
         out.extend(self.unused_prefixes.iter().map(|p| unmatched_prefix(p)));
         out
     }
@@ -183,6 +190,32 @@ pub fn unmatched_prefix(prefix: &str) -> Warning {
             "{{strip_prefix}} {} matches no tensor name (once the prefixes before are \
              stripped): a typo, or another order?",
             name_list([prefix], 1)
+        ),
+    )
+}
+
+/// The note naming the files beside a checkpoint folder's checkpoint, with their sizes
+/// (`folder::companions`): the output is one file, and they are not copied beside it.
+fn companions_note(files: &[(String, u64)]) -> Warning {
+    let sized: Vec<String> = files
+        .iter()
+        .take(8)
+        .map(|(n, size)| format!("`{}` ({})", esc(n), format_bytes(*size)))
+        .collect();
+    let more = match files.get(8..) {
+        Some(rest) if !rest.is_empty() => format!(
+            " and {} more ({})",
+            rest.len(),
+            format_bytes(rest.iter().map(|(_, s)| s).sum())
+        ),
+        _ => String::new(),
+    };
+    Warning::new(
+        WarningKind::SkippedFiles,
+        format!(
+            "left out: files beside the checkpoint (its output is one file; copy them \
+             beside it, or give the model's config with {{config}}, its dtype set): {}{more}",
+            sized.join(", ")
         ),
     )
 }

@@ -269,6 +269,7 @@ pub fn written_index(
     if scales == Scales::Added {
         map.extend(weight_map.iter().cloned());
     }
+    let mut split: HashSet<String> = HashSet::new();
     for shard in shards(weight_map) {
         let names: Vec<String> = tensors(&dst.join(shard))?
             .into_iter()
@@ -286,15 +287,32 @@ pub fn written_index(
             }
             continue;
         }
+        // Fused MoE experts split per expert (`experts::split`): their pieces, in the
+        // fused tensor's shard, take its place.
+        let listed_here = |n: &str| by_name.get(n) == Some(&shard);
+        let piece = |n: &str| {
+            crate::experts::fused_names(n)
+                .iter()
+                .any(|f| listed_here(f))
+        };
+        let held: HashSet<&str> = names.iter().map(String::as_str).collect();
+        for name in &names {
+            if let Some(fused) = crate::experts::fused_names(name)
+                .into_iter()
+                .find(|f| listed_here(f) && !held.contains(f.as_str()))
+            {
+                split.insert(fused);
+            }
+        }
         for name in names {
             let weight = name.strip_suffix(SCALE_SUFFIXES[0]);
-            if weight.is_some_and(|w| by_name.get(w) == Some(&shard))
-                && !by_name.contains_key(&*name)
-            {
+            let new = !by_name.contains_key(&*name);
+            if new && (weight.is_some_and(|w| listed_here(w) || piece(w)) || piece(&name)) {
                 map.push((name, shard.to_string()));
             }
         }
     }
+    map.retain(|(t, _)| !split.contains(t));
     if scales == Scales::Added {
         map.sort();
         map.dedup_by(|a, b| a.0 == b.0);

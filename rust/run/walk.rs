@@ -32,7 +32,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result, WalkProblem, Warning};
-use crate::input::folder::link_stays;
+use crate::input::folder::{digits, is_trainer_state, link_stays};
 use crate::naming::split_shard;
 use crate::output::folder_chain;
 use crate::plan::{compile_globs, glob_matches};
@@ -288,8 +288,11 @@ pub fn walk(src: &Path, follow_links: bool, overrides: &Overrides) -> Result<Wal
         } else {
             src.join(&rel_dir)
         };
-        // DeepSpeed's `latest` and the tag folder it names (`global_step100` by default).
-        let tag = crate::input::folder::latest_tag(&dir).filter(|t| dir.join(t).is_dir());
+        // DeepSpeed's `latest` and the tag folder it names (`global_step100` by default),
+        // when that folder holds DeepSpeed's states (else `latest` is an ordinary file, and
+        // the folder it names is walked as any other: `ema/` may hold weights).
+        let tag = crate::input::folder::latest_tag(&dir)
+            .filter(|t| crate::input::folder::is_zero_tag(&dir.join(t)));
         for e in entries(&dir)? {
             let name = e.file_name();
             let name = name.as_bytes();
@@ -593,49 +596,6 @@ pub fn torch_name(name: &OsStr) -> Option<OsString> {
         sharded.then(|| [new, shard, WEIGHTS_SUFFIX].concat())
     });
     renamed.map(OsString::from_vec)
-}
-
-/// `_N` or nothing: the numbers trainers put after a state file's name.
-fn numbered(rest: &[u8]) -> bool {
-    rest.is_empty() || rest.strip_prefix(b"_").is_some_and(digits)
-}
-
-fn digits(s: &[u8]) -> bool {
-    !s.is_empty() && s.iter().all(u8::is_ascii_digit)
-}
-
-/// A training run's state beside its weights, by the names transformers' Trainer,
-/// accelerate, DeepSpeed and Lightning give it: optimizer, scheduler, scaler and RNG states,
-/// training arguments, DeepSpeed's recovery scripts. Not weights, never read (its pickles
-/// name optimizers and RNG states), never copied into a weights folder.
-fn is_trainer_state(name: &[u8]) -> bool {
-    let state = |prefix: &[u8], exts: &[&[u8]]| {
-        exts.iter().any(|ext| {
-            name.strip_prefix(prefix)
-                .and_then(|r| r.strip_suffix(*ext))
-                .is_some_and(numbered)
-        })
-    };
-    state(b"optimizer", &[b".bin", b".pt"])
-        || state(b"scheduler", &[b".bin", b".pt"])
-        || state(b"scaler", &[b".bin", b".pt"])
-        || state(b"rng_state", &[b".pth"])
-        || name
-            .strip_prefix(b"random_states_")
-            .and_then(|r| r.strip_suffix(b".pkl"))
-            .is_some_and(digits)
-        // accelerate's FSDP weights saved per rank (`LOCAL_STATE_DICT`): flat parameters.
-        || name
-            .strip_prefix(b"pytorch_model_fsdp_")
-            .and_then(|r| r.strip_suffix(b".bin"))
-            .is_some_and(digits)
-        || [
-            &b"training_args.bin"[..],
-            b"trainer_state.json",
-            b"zero_to_fp32.py",
-            b"zero_to_torch.py",
-        ]
-        .contains(&name)
 }
 
 /// A folder of training state: DeepSpeed's `global_stepN/` (ZeRO partitions of the model

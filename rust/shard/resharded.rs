@@ -95,9 +95,14 @@ impl Group {
         }
     }
 
-    /// What messages call it: its index, else its file.
-    fn shown(&self) -> &Path {
-        self.index.as_ref().unwrap_or(&self.inputs[0]).rel.as_path()
+    /// What messages call SRC's group: its index, else its file, as SRC names it (a DCP
+    /// folder, a PyTorch checkpoint: its path, not the name its output takes).
+    fn shown_in_src(&self) -> &Path {
+        let f = self.index.as_ref().unwrap_or(&self.inputs[0]);
+        match f.path.ends_with(&f.rel) {
+            true => &f.rel,
+            false => &f.path,
+        }
     }
 }
 
@@ -350,7 +355,21 @@ impl GroupVerify {
         opts: &VerifyOptions,
     ) -> Result<GroupVerify> {
         let paths: Vec<PathBuf> = s.inputs.iter().map(|w| w.path.clone()).collect();
-        let src = shard::Group::open(&paths, input)?;
+        // SRC's fused experts split as the record says convert split them.
+        let mut input = input.clone();
+        let first = &d.inputs[0].path;
+        let record = crate::verify::own_index_record(&s.inputs[0].path, first)?;
+        if let Some(r) = record
+            .as_deref()
+            .and_then(|r| crate::record::Record::parse(r).ok())
+        {
+            input.experts = r.experts.map(crate::experts::Model::of_sizes);
+        }
+        // Read as DST's record says (`key`, `strip_prefix`) unless told otherwise.
+        let recorded = crate::verify::recorded_input(first, &input);
+        let src = crate::verify::open_recorded(first, &recorded, &input, |i| {
+            shard::Group::open(&paths, i)
+        })?;
         let mut total = src.sizes().sum::<u64>();
         let failure = precheck(dst, &src, s, d, opts.loose, &mut total)?;
         Ok(GroupVerify {
@@ -478,7 +497,7 @@ fn precheck(
             let why = format!(
                 "tensor `{}` of SRC ({}) is in no DST file",
                 esc(n),
-                esc_path(s.shown())
+                esc_path(s.shown_in_src())
             );
             return fail(first, why, Some(n));
         }

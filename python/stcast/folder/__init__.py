@@ -124,7 +124,7 @@ def prepare(
         )
         plan.keep_unmatched = reshard.keep_unmatched
         _reshard.check_not_the_input(src_id, dst, reshard)
-    work = _work.Work(plan, reshard, _record(to, given))
+    work = _work.Work(plan, reshard, _record(to, given, plan.model_config))
     units = work.items
     if shard is not None and shard[1] > len(units):
         n = len(units)
@@ -560,7 +560,7 @@ def finalize(
             source={**recorded.source, "follow_links": True},
             name=options.get("name"),
         )
-    work = _work.Work(plan, reshard, _record(to, recorded))
+    work = _work.Work(plan, reshard, _record(to, recorded, plan.model_config))
     units = work.items
     # With one shard count in the manifests, a missing file can be traced to its shard.
     counts = {n for _, n in counted}
@@ -657,14 +657,17 @@ def inspect_folder(
             others += [f for f, _, _ in prepared.plan.indexes]
             rewritten |= {f.rel for f, _, _ in prepared.plan.indexes}
         left_out = prepared.plan.skipped
+        model_config = prepared.plan.model_config
     elif max_shard_size is not None and not _engine.is_tree(src):
-        weights, others = _reshard.file_plan(src, to, {}).weights, []
+        lone = _reshard.file_plan(src, to, {}, given.config)
+        weights, others, model_config = lone.weights, [], lone.model_config
         rewritten, left_out = set(), []
     else:
         walked = _walk.walk(src, given.follow_links, given.include, given.exclude)
         for f in walked.configs:  # as convert refuses it, before any weight is read
             _walk.check_fp8_config(f, _walk.read_json(f)[1], to)
         weights = walked.weights
+        model_config = _walk.experts_config(walked.configs, to)
         others = [*walked.indexes, *walked.configs, *walked.others]
         rewritten = {f.rel for f in [*walked.indexes, *walked.configs]}
         left_out = walked.skipped
@@ -685,7 +688,9 @@ def inspect_folder(
     if scanning:
         # One progress bar over every file's scan: each file's total is known from its header.
         for w in weights:
-            sizes[w.rel] = _engine.inspect_file(w.path, to=to, **source).data_bytes
+            sizes[w.rel] = _engine.inspect_file(
+                w.path, to=to, packed_config=model_config, **source
+            ).data_bytes
     total = sum(sizes.values())
     files = []
     done = 0
@@ -706,6 +711,8 @@ def inspect_folder(
                 keep_unmatched="ignore",
                 scan=scan,
                 progress=step if progress is not None else None,
+                # FP8 targets: fused experts split as convert splits them.
+                packed_config=model_config,
                 **source,
             )
         )
@@ -735,7 +742,7 @@ def inspect_folder(
                     strip_prefix=given.strip_prefix,
                 )
             else:
-                source_plan = _reshard.file_plan(src, to, precision)
+                source_plan = _reshard.file_plan(src, to, precision, given.config)
             found = {
                 w.rel: [t.name for t in f.tensors if t.reason == "keep_overflow"]
                 for w, f in zip(weights, files)
@@ -797,10 +804,13 @@ def inspect_folder(
     )
 
 
-def _record(to: Target, o: Options) -> str | None:
+def _record(to: Target, o: Options, model_config: str | None) -> str | None:
     """What a run's outputs record of its options `o` (None under `no_record`): as each
-    weight file's conversion is given them (`work.Item.convert`)."""
-    return _core.record_text(to=to, **o.precision, **o.source, name=o.name)
+    weight file's conversion is given them (`work.Item.convert`), with the sizes of the
+    experts `model_config` declares (FP8 targets)."""
+    return _core.record_text(
+        to=to, **o.precision, **o.source, name=o.name, packed_config=model_config
+    )
 
 
 def _action(rewritten: bool) -> Literal["copied", "rewritten"]:

@@ -115,12 +115,22 @@ class GroupPlan:
     index: tuple[str, bytes, dict[str, str]] | None  # rel, content, weight_map (rel paths)
     # How a whole file is read when opened (`strip_prefix`).
     source: dict[str, Any] = field(default_factory=dict)
+    # FP8 targets: the model config fused experts are split by (`walk.Plan.model_config`).
+    model_config: str | None = None
 
     def opened(self) -> Any:
         """The group's files, opened (`_core.ShardGroup`)."""
         if self.core is not None:
             return self.core
-        return _core.ShardGroup([w.path for w in self.group.inputs], **self.source)
+        # (`model_config` is an FP8 target's: opened as one, the group's fused experts are
+        # split; the strategy is the conversion's.)
+        paths = [w.path for w in self.group.inputs]
+        experts = {"to": "fp8", **self.experts()} if self.model_config is not None else {}
+        return _core.ShardGroup(paths, **self.source, **experts)
+
+    def experts(self) -> dict[str, Any]:
+        """The engine's options that split the group's fused experts (`model_config`)."""
+        return {} if self.model_config is None else {"packed_config": self.model_config}
 
 
 @dataclass
@@ -219,12 +229,15 @@ def plan(
     """
     source = source or {}
     groups = named(groups_of(walked.weights, walked.indexes), name)
+    experts: dict[str, Any] = {}
+    if walked.model_config is not None:
+        experts["packed_config"] = walked.model_config
     keep_names, unquantized = _read_first(
-        walked, to, precision, keep_names, unquantized, cancel, source
+        walked, to, precision, keep_names, unquantized, cancel, {**source, **experts}
     )
     reshard = Reshard(max_size, [], keep_names, [], list(precision.get("keep", [])), unquantized)
     # What the shards record of convert's options, their indexes record too.
-    record = _core.record_text(to=to, **precision, **source, name=name)
+    record = _core.record_text(to=to, **precision, **source, name=name, **experts)
     taken: dict[str, str] = {}  # output rel -> what writes it
     prefix_notices: list[list[Notice]] = []
     for f, _ in walked.configs:
@@ -234,7 +247,7 @@ def plan(
     for k, g in enumerate(groups):
         if cancel is not None and cancel.is_set():
             raise Cancelled("conversion cancelled")
-        core = _core.ShardGroup([w.path for w in g.inputs], **source)
+        core = _core.ShardGroup([w.path for w in g.inputs], to=to, **source, **experts)
         names = [n for w in g.inputs for n in keep_names.get(w.rel, [])]
         planned = core.plan(
             max_size,
@@ -246,6 +259,7 @@ def plan(
             **source,
             name=name,
             allow_quantized=allow_quantized,
+            **experts,
         )
         first = g.inputs[0].source_rel
         warned = [Notice(kind, text, first) for kind, text in planned["warnings"]]
@@ -289,7 +303,9 @@ def plan(
                     path=rel,
                 )
             taken[rel] = what
-        reshard.groups.append(GroupPlan(g, core, planned["indexed"], units, index))
+        reshard.groups.append(
+            GroupPlan(g, core, planned["indexed"], units, index, model_config=walked.model_config)
+        )
     reshard.warnings += common_prefix_notices(prefix_notices)
     return reshard
 
@@ -320,7 +336,11 @@ def whole_files(walked: Plan) -> Reshard:
         )
         stem = os.path.basename(w.rel)[: -len(_WEIGHTS)]
         group = Group(os.path.dirname(w.rel), stem, [w], None)
-        reshard.groups.append(GroupPlan(group, None, False, [unit], None, source))
+        reshard.groups.append(
+            GroupPlan(
+                group, None, False, [unit], None, source=source, model_config=walked.model_config
+            )
+        )
     return reshard
 
 
@@ -467,6 +487,8 @@ def file_plan(src: str, to: Target, precision: dict[str, Any], config: str | Non
         info={},
         out_data={},
         header_sha256={w.rel: source_sha256(w.path)},
+        # (FP8 targets: the model config splits fused experts, as a folder's.)
+        model_config=config if is_fp8(to) else None,
     )
 
 

@@ -45,7 +45,16 @@ from .fp8 import (
     unread_quantization,
 )
 from .reshard import groups_of, named, single_file
-from .walk import common_prefix_notices, dequantizes_any, listing, read_index, read_json, walk
+from .walk import (
+    common_prefix_notices,
+    dequantizes_any,
+    experts_config,
+    listing,
+    read_index,
+    read_json,
+    walk,
+)
+from .work import nothing_to_convert
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -97,6 +106,7 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         others: list[File] = []
         skipped: list[tuple[File, str]] = []
     found = set(listing(dst))
+    strip_prefix: list[str] = list(given.strip_prefix)
     shards = sorted(r for r in found if r.endswith(WEIGHTS_SUFFIX))
     include, exclude = list(given.include), list(given.exclude)
     if shards:
@@ -108,11 +118,11 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         recorded = (name, given.key, list(given.strip_prefix), include, exclude)
         for rel in [r for _, r in indexed[:1]] + shards[:1]:
             recorded = _core.recorded_source(os.path.join(dst, rel), recorded)
+        # How SRC was read (`key`, `strip_prefix`): the engine takes it from DST's record
+        # where not given (SRC unreadable so is DST's fault, not the caller's options).
         name, include, exclude = recorded[0], recorded[3], recorded[4]
-        key = {"key": recorded[1]} if single and recorded[1] is not None else {}
-        # A folder's files and indexes lose the prefixes as a file's tensors do.
-        strip = {"strip_prefix": recorded[2]} if single or recorded[2] else {}
-        source = {**source, **key, **strip}
+        # A folder's indexes lose the prefixes as its files' tensors do.
+        strip_prefix = recorded[2]
     if not single:
         weights, indexes, configs, others, _, skipped, _ = walk(src, True, include, exclude)
     if to is None:
@@ -121,7 +131,6 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
     dst_weights = any(r.endswith(WEIGHTS_SUFFIX) for r in found)
     # Checkpoints DST holds sharded differently are paired by tensor name, not by path.
     names = {w.rel for w in weights}
-    strip_prefix = source.get("strip_prefix", [])
     parsed = [(f, *read_index(f, names, strip_prefix)) for f in indexes]
     named(groups_of(weights, parsed), name)  # one group, or a usage error
     pairs: list[tuple[Group, Group]] = []
@@ -140,6 +149,11 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         # The mismatch names the file: the template need not (it starts with its path).
         first_error = (rel, e.template.removeprefix(f"{_esc(e.path or '')}: "))
     group_options = given.engine()
+    # FP8 outputs: SRC's model config splits fused experts where DST records no sizes (an
+    # output written with `no_record`); a record's sizes come first (the engine's).
+    model_config = experts_config(configs, to) if to is not None else None
+    if model_config is not None:
+        group_options["packed_config"] = model_config
     # A group whose files have SRC's names is still a re-sharding when --max-shard-size cut
     # where SRC was cut (its index and shard metadata are then a re-sharding's): checked as
     # one first (the index first, headers only). It is one when that passes, or fails on a
@@ -210,7 +224,11 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         hint = ""
         if name is None and len(stems) == 1 and "/" not in stems[0]:
             hint = f" (DST holds the index of {_esc(stems[0])}: {{name={_esc(stems[0])}}}?)"
-        mismatch = fail(missing[0], "is in SRC but not in DST" + hint)
+        # A file of SRC under its own name, else what DST should hold of SRC's file (a
+        # PyTorch checkpoint's, a DCP folder's consolidated output): named as it is.
+        f = expected[missing[0]]
+        what = "is in SRC" if f.src_rel is None else f"is the output of {_esc(f.path)}"
+        mismatch = fail(missing[0], f"{what} but not in DST{hint}")
     else:
         # Extra files are ignored (loose), but not an index: loaders read it to find the
         # tensors, so it must name DST's shards as they are, and the output's tensors where
@@ -252,6 +270,8 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
             loose=loose,
             progress=step if progress is not None else None,
             warn=hearing(),
+            packed_config=model_config,
+            allow_copy=True,  # one file of a folder may convert nothing
             **source,
         )
         done += r.bytes_compared
@@ -272,6 +292,10 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
                 w.rel,
             )
             break
+    if mismatch is None and reports and all(r.copy for r in reports) and not (pairs or single):
+        # Each file a copy of SRC's: convert refuses to write such a folder (not a re-sharding:
+        # a file's, or groups', never a copy).
+        mismatch = fail(".", "convert refuses these options: " + nothing_to_convert(to or "bf16"))
     rels = [w.rel for w in weights][: len(reports)]
     for k, (g, d) in enumerate(pairs if mismatch is None else []):
 

@@ -85,6 +85,10 @@ class Plan:
     strip_prefix: list[str] = field(default_factory=list)
     # What the walk said (`Walked.warnings`).
     walk_warnings: list[Notice] = field(default_factory=list)
+    # FP8 targets: the top folder's model config, the engine's `packed_config` for every
+    # file of the run: its sizes split fused MoE experts per expert, and every output
+    # records them (rust/experts.rs). None otherwise.
+    model_config: str | None = None
 
 
 def plan(
@@ -152,6 +156,7 @@ def plan(
     if unread is not None and dequantizes_any(weights, to, precision):
         raise Refused(f"{_esc(unread[0].path)}: {unread[1]}", path=unread[0].path)
 
+    model_config = experts_config(configs, to)
     info: dict[str, InspectReport] = {}
     said: list[list[Notice]] = []
     hashes = {}
@@ -178,7 +183,7 @@ def plan(
             # before anything is written, unless allowed.
             allow_quantized=not check_quantized,
             quantization_config=None if quantization_config is None else quantization_config.path,
-            packed_config=_nearest(w, described),
+            packed_config=_nearest(w, described) or model_config,
             strip_prefix=strip,
         )
         # Without a quantization_config the files decide, as for a lone file: a folder
@@ -191,7 +196,8 @@ def plan(
         unmatched = [p for p in unmatched if p in report.keep_unmatched]
         hashes[w.rel] = source_sha256(w.path)
         if w.rel in indexed:
-            names[w.rel] = {t.name for t in report.tensors}
+            # (The source's names: a fused tensor split per expert is one.)
+            names[w.rel] = {t.split_from or t.name for t in report.tensors}
         out_data[w.rel] = sum(t.target_bytes for t in report.tensors)
         if is_fp8(to):
             unquantized[w.rel] = nonfinite(report.tensors)
@@ -228,6 +234,7 @@ def plan(
         unmatched_prefixes=common_prefix_notices(said),
         walk_warnings=walk_warnings,
         strip_prefix=strip,
+        model_config=model_config,
     )
 
 
@@ -239,6 +246,13 @@ def common_prefix_notices(said: Sequence[Sequence[Notice]]) -> list[Notice]:
     common = set.intersection(*sets) if sets else set()
     first = [w.template for w in said[0] if w.template in common] if said else []
     return [Notice(UNMATCHED_PREFIX, t) for t in first]
+
+
+def experts_config(configs: Sequence[File], to: Target) -> str | None:
+    """Under an FP8 target, the top folder's model config, as `model_free_ptq` reads it:
+    fused MoE experts are split by its sizes (`Plan.model_config`)."""
+    top = [f.path for f in configs if f.rel == CONFIG_NAME]
+    return top[0] if is_fp8(to) and top else None
 
 
 def walk(

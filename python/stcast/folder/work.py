@@ -41,6 +41,19 @@ if TYPE_CHECKING:
 _esc = _core.escape
 
 
+def nothing_to_convert(to: Target) -> str:
+    """Why a folder run that converts no tensor of any file (and keeps none to avoid overflow)
+    is refused: its output would be a copy of the folder (`verify` fails such a DST too)."""
+    if to == "keep":
+        why = "the folder's weights are safetensors files already and {to=keep} keeps every dtype"
+    else:
+        why = (
+            f"no tensor of any file becomes {_core.TARGET_DTYPES[to]} (each float tensor "
+            "already is, or is kept)"
+        )
+    return f"nothing to convert: {why}; the output would be a copy of the folder"
+
+
 @dataclass(frozen=True)
 class Item:
     """One output file of the weights: an output unit with its group and what was read of
@@ -141,6 +154,7 @@ class Item:
                 warn=warn,
                 sealed=sealed,
                 tuning=given.tuning,
+                **g.experts(),
             )
         warnings = [w for w in result["warnings"] if said(w[0])]
         return _build(
@@ -232,20 +246,7 @@ class Work:
             and on_overflow != "keep"
             and not changes_format
         ):
-            if to == "keep":
-                why = (
-                    "the folder's weights are safetensors files already and {to=keep} keeps "
-                    "every dtype"
-                )
-            else:
-                why = (
-                    f"no tensor of any file becomes {_core.TARGET_DTYPES[to]} (each float "
-                    "tensor already is, or is kept)"
-                )
-            raise Refused(
-                f"{_esc(src)}: nothing to convert: {why}; the output would be a copy of the folder",
-                path=src,
-            )
+            raise Refused(f"{_esc(src)}: {nothing_to_convert(to)}", path=src)
         return []
 
     def options(self, name: str | None) -> dict[str, Any]:

@@ -177,6 +177,41 @@ fn training_state_is_left_out_by_name_files_and_folders() {
 }
 
 #[test]
+fn latest_naming_a_folder_of_weights_leaves_nothing_out() {
+    // `latest` naming a folder without DeepSpeed's states (`ema/`, weights): both are walked
+    // as any other (attack z10 r5: `ema/` was left out unread, its weights missing).
+    let dir = folder(
+        "latest-ema",
+        &[
+            "model.safetensors",
+            "config.json",
+            "latest",
+            "ema/model.safetensors",
+            "ema/config.json",
+        ],
+    );
+    std::fs::write(dir.join("latest"), "ema\n").unwrap();
+    let w = walk(&dir, false, &Overrides::default()).unwrap();
+    assert!(w.skipped.is_empty(), "{:?}", w.skipped);
+    assert_eq!(
+        rels(&w.weights),
+        ["ema/model.safetensors", "model.safetensors"]
+    );
+    assert_eq!(rels(&w.configs), ["config.json", "ema/config.json"]);
+    assert_eq!(rels(&w.others), ["latest"]);
+    // Once it holds DeepSpeed's states, it is a tag folder: training state, with `latest`.
+    std::fs::write(dir.join("ema/mp_rank_00_model_states.pt"), "").unwrap();
+    let w = walk(&dir, false, &Overrides::default()).unwrap();
+    let skipped: Vec<_> = w
+        .skipped
+        .iter()
+        .map(|(f, _)| f.rel.to_str().unwrap())
+        .collect();
+    assert_eq!(skipped, ["ema/", "latest"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn include_and_exclude_override_what_is_copied() {
     let dir = folder(
         "overrides",
