@@ -267,6 +267,9 @@ pub fn check_outputs(src: &Source, dst: &Path, opts: &Options) -> Result<Outputs
             Some((path.clone(), replace))
         }
     };
+    if opts.side_config {
+        check_beside_output(dst, opts)?;
+    }
     let config = match (&opts.model_config, opts.plan.target.strategy()) {
         _ if !opts.side_config => None,
         (Some(given), _) => {
@@ -282,7 +285,7 @@ pub fn check_outputs(src: &Source, dst: &Path, opts: &Options) -> Result<Outputs
             })
         }
         (None, Some(_)) => {
-            let path = side_config_path(dst);
+            let path = crate::run::beside::side_config_path(dst);
             let replace = check_beside(&path, dst, opts.force, &taken)?;
             Some(SideConfig {
                 path,
@@ -292,11 +295,17 @@ pub fn check_outputs(src: &Source, dst: &Path, opts: &Options) -> Result<Outputs
         }
         (None, None) => None,
     };
+    let withdraw = if opts.side_config && opts.force {
+        withdrawn(dst, opts.plan.target, config.as_ref())
+    } else {
+        Vec::new()
+    };
     Ok(Outputs {
         replace,
         mode: replaced_mode,
         report,
         config,
+        withdraw,
     })
 }
 
@@ -308,6 +317,34 @@ pub struct Outputs {
     mode: Option<u32>,
     report: Option<(PathBuf, Replace)>,
     config: Option<SideConfig>,
+    /// Configs beside the output that would describe it wrongly, removed before it is
+    /// published (`withdrawn`).
+    withdraw: Vec<PathBuf>,
+}
+
+/// The configs beside a lone output that `force` replaces which would describe the new
+/// weights wrongly, withdrawn before they are published, so that a run stopped between the
+/// weights and their config leaves no config that misleads a loader: an FP8 side config
+/// (`side_config_path`, stcast's name) this run does not write again, and a model config
+/// that this run replaces (`config`) when it says another dtype or scheme
+/// (`beside::problem`).
+fn withdrawn(dst: &Path, target: Target, config: Option<&SideConfig>) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let side = crate::run::beside::side_config_path(dst);
+    if side.is_file() && config.is_none_or(|c| c.path != side) {
+        out.push(side);
+    }
+    let weights = crate::run::beside::Weights::planned(target);
+    if let (Some(c), Some(weights)) = (config.filter(|c| c.text.is_some()), weights) {
+        let old = std::fs::read(&c.path).ok();
+        let wrong = old.is_some_and(|t| {
+            crate::run::beside::problem(&String::from_utf8_lossy(&t), weights, false).is_some()
+        });
+        if wrong {
+            out.push(c.path.clone());
+        }
+    }
+    out
 }
 
 /// The config a lone file's run writes beside its output: the model's (`text`, as given),
@@ -317,6 +354,38 @@ struct SideConfig {
     path: PathBuf,
     replace: Replace,
     text: Option<String>,
+}
+
+/// Refuse a lone output whose folder holds what would describe it wrongly: an earlier
+/// re-sharding's shards or index under its stem (a loader reads them for it), or a config
+/// this run leaves as it is (no model config given) that says another dtype or scheme than
+/// the weights it writes (`beside::problem`). An FP8 side config of the output it replaces
+/// is withdrawn when it is published instead (`Job::publish`).
+fn check_beside_output(dst: &Path, opts: &Options) -> Result<()> {
+    let left = crate::run::beside::leftovers(dst);
+    if let Some(first) = left.first() {
+        let dir = output::parent_dir(dst);
+        return Err(Error::Survey {
+            path: dir.join(first),
+            dst: dir,
+            problem: crate::error::SurveyProblem::Leftovers { listed: left },
+        });
+    }
+    let weights = crate::run::beside::Weights::planned(opts.plan.target);
+    let config = crate::run::beside::model_config(dst).filter(|_| opts.model_config.is_none());
+    if let (Some(weights), Some(path)) = (weights, config) {
+        let text = std::fs::read(&path).map_err(|e| Error::io(&path, "cannot read", e))?;
+        if let Some(why) =
+            crate::run::beside::problem(&String::from_utf8_lossy(&text), weights, false)
+        {
+            return Err(Error::WrongConfig {
+                path,
+                why,
+                folder: false,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// `output::check_side_output` for a config in the output's own folder, which the output
@@ -351,16 +420,6 @@ fn read_model_config(path: &Path) -> Result<String> {
         Ok(doc) if matches!(doc.value, crate::run::json::Value::Object(_)) => Ok(text),
         _ => Err(invalid("not a JSON object")),
     }
-}
-
-/// Where a lone FP8 output's `quantization_config` goes: `<stem>.quantization_config.json`
-/// beside it (`out.safetensors` -> `out.quantization_config.json`).
-pub fn side_config_path(dst: &Path) -> PathBuf {
-    use std::os::unix::ffi::OsStrExt;
-    let name = dst.file_name().unwrap_or_default().as_bytes();
-    let stem = name.strip_suffix(b".safetensors").unwrap_or(name);
-    let name = [stem, b".quantization_config.json"].concat();
-    dst.with_file_name(std::ffi::OsStr::from_bytes(&name))
 }
 
 /// Refuse a destination that cannot be written: a missing folder, the input itself, a
@@ -477,6 +536,7 @@ pub struct Job {
     /// The config a lone file's output gets beside it, and once sealed its hidden file.
     config: Option<SideConfig>,
     config_out: Option<TempOutput>,
+    withdraw: Vec<PathBuf>,
     /// The destination's folders this job created: removed unless it publishes. Last, so
     /// that it drops after the outputs inside them.
     made_dirs: output::MadeDirs,
@@ -574,6 +634,7 @@ impl Job {
             report_out: None,
             config: outputs.config,
             config_out: None,
+            withdraw: outputs.withdraw,
             src,
             made_dirs,
         })
@@ -1028,7 +1089,14 @@ impl Job {
             let ignore = self.plan.unquantized_modules(&self.src.header);
             let ignore = self.plan.target.strategy().map(|_| &ignore[..]);
             let given = text.as_deref().unwrap_or("{}");
-            let text = crate::run::json::config_text(given, self.plan.target, false, ignore)
+            // A dense output's config loses its quantization keys, as a dequantized
+            // folder's does.
+            let target = self.plan.target;
+            let dense =
+                crate::run::beside::problem(given, crate::run::beside::Weights::Dense, false)
+                    .is_some()
+                    && crate::run::beside::Weights::dense(target);
+            let text = crate::run::json::config_text(given, target, dense, ignore)
                 .map_err(|_| Error::BadConfig {
                     path: path.clone(),
                     reason: "not a JSON object",
@@ -1070,6 +1138,7 @@ impl Job {
             warnings,
             report_out,
             config_out,
+            withdraw,
             numerics,
             made_dirs,
             fp8,
@@ -1094,6 +1163,14 @@ impl Job {
                 .map(|(t, n)| (std::mem::take(&mut names[t.source]), n))
                 .collect(),
         };
+        for path in &withdraw {
+            match std::fs::remove_file(path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(Error::io(path, "cannot remove", e));
+                }
+                _ => {}
+            }
+        }
         out.publish()?;
         made_dirs.keep();
         for side in [report_out, config_out].into_iter().flatten() {

@@ -566,6 +566,14 @@ pub enum Error {
     /// A model config given for a lone file's output (`convert::Options::model_config`) that
     /// is not one: `reason` says why.
     BadConfig { path: PathBuf, reason: &'static str },
+    /// A config beside a lone output that would describe the weights written wrongly, and
+    /// that the run would leave as it is (`beside::problem`: `why`).
+    /// `folder`: a folder run's, which writes no config there.
+    WrongConfig {
+        path: PathBuf,
+        why: String,
+        folder: bool,
+    },
     /// An index that is not one, names shards it may not (`refused`), or disagrees with
     /// the shards written (`run::check`): `why` (a template) says how.
     BadIndex {
@@ -707,6 +715,7 @@ impl Error {
             | Error::DestinationIsSpecial { .. }
             | Error::NotOurs { .. }
             | Error::SideOutput { .. }
+            | Error::WrongConfig { .. }
             | Error::SameFile { .. } => ErrorKind::Refused,
             Error::AfterCommit { source, .. } => source.kind(),
             Error::BadPattern { .. } | Error::BadOption { .. } => ErrorKind::Usage,
@@ -752,6 +761,7 @@ impl Error {
             | Error::DestinationExists { path }
             | Error::NotOurs { path }
             | Error::SideOutput { path, .. }
+            | Error::WrongConfig { path, .. }
             | Error::SameFile { path }
             | Error::Recorded { path, .. }
             | Error::Io { path, .. } => Some(path),
@@ -819,6 +829,18 @@ impl Error {
                 format!("invalid safetensors file: {}", esc(reason))
             }
             Error::BadConfig { reason, .. } => format!("not a model config: {reason}"),
+            Error::WrongConfig { why, folder, .. } => format!(
+                "{}: it would describe the weights written beside it wrongly ({})",
+                esc(why),
+                match folder {
+                    false =>
+                        "give the output's model config with {config} to replace it, or \
+                              remove it",
+                    true =>
+                        "this run writes no config there: remove it, or convert into an \
+                             empty folder",
+                }
+            ),
             Error::BadIndex { why, .. } => why.clone(),
             Error::OtherFormat { format, .. } => match format {
                 Format::TorchZip | Format::TorchLegacy | Format::Dcp | Format::DcpSafetensors => {

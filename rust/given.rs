@@ -179,6 +179,8 @@ pub struct Settings {
     /// A folder run's overrides of what it copies (`run::walk::Overrides`), for the record.
     pub include: Vec<String>,
     pub exclude: Vec<String>,
+    /// verify: DST is a lone checkpoint's output (`VerifyOptions::lone`).
+    pub lone: bool,
 }
 
 impl Default for Settings {
@@ -210,6 +212,7 @@ impl Default for Settings {
             no_record: false,
             include: Vec::new(),
             exclude: Vec::new(),
+            lone: false,
         }
     }
 }
@@ -383,6 +386,7 @@ impl Settings {
             force: self.force,
             tuning,
             allow_copy: self.allow_copy,
+            lone: self.lone,
         })
     }
 
@@ -395,6 +399,7 @@ impl Settings {
             strip_prefix: Vec::new(),
             report: None,
             allow_copy: true,
+            lone: false,
             ..self.clone()
         }
     }

@@ -63,6 +63,19 @@ pub fn split_shard_name(name: &str) -> Option<(&str, &str, &str)> {
     ))
 }
 
+/// Is the file name `name` the weights (a lone file or a shard) or the index of a
+/// checkpoint whose stem `has` (`model` for `model.safetensors`,
+/// `model-00001-of-00003.safetensors` and `model.safetensors.index.json`)?
+pub fn names_output(name: &[u8], has: impl Fn(&[u8]) -> bool) -> bool {
+    if let Some(stem) = name.strip_suffix(b".safetensors.index.json") {
+        return has(stem);
+    }
+    let Some(base) = name.strip_suffix(b".safetensors") else {
+        return false;
+    };
+    has(base) || split_shard(base).is_some_and(|(stem, _, _)| has(stem))
+}
+
 /// `split_shard_name` over the bytes of a name (a file name need not be UTF-8).
 pub fn split_shard(s: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
     let digits = |s: &[u8]| {

@@ -261,7 +261,7 @@ options! {
     to, threads, force, keep, keep_min_size, keep_unmatched, from_bf16, keep_names, on_overflow,
     numerics, report, config, replaces, allow_copy, key, strip_prefix, loose, allow_quantized,
     quantization_config, packed_config, follow_links, unquantized, name, no_record, include,
-    exclude,
+    exclude, lone,
 }
 
 #[pyfunction]
@@ -1228,7 +1228,9 @@ fn py_survey<'py>(
     let siblings: Vec<Manifest> = s.siblings.into_iter().map(Manifest).collect();
     let entries = py_entries(py, &s.entries)?;
     let (at, ours, found) = (s.at_own_name, s.ours, s.found);
-    let rest = (a.adopted, entries, a.stale, found, a.skipped, a.need);
+    let rest = (
+        a.adopted, entries, a.stale, found, a.skipped, a.need, a.withdraw,
+    );
     (s.present, at, own, siblings, ours, rest).into_pyobject(py)
 }
 

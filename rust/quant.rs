@@ -936,6 +936,12 @@ impl ModulePattern {
     }
 }
 
+/// Does the `targets` or `ignore` entry `entry` name `module`, as compressed-tensors matches
+/// it (`ModulePattern`)? A `re:` pattern stcast cannot match as Python does names none.
+pub fn names_module(entry: &str, module: &str) -> bool {
+    ModulePattern::new(entry).is_ok_and(|p| p.matches(module))
+}
+
 impl Schemes {
     /// Does the config describe every packed weight of `deq` (`dequantizable`'s, of
     /// `tensors`) as its tensors store it? Each weight's module is matched as

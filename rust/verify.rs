@@ -63,6 +63,9 @@ pub struct VerifyOptions {
     /// DST may convert no tensor of SRC (one file of a folder, a shard of a group): as
     /// `convert::Options::allow_copy`.
     pub allow_copy: bool,
+    /// DST is a lone checkpoint's output (not a folder's file): the files beside it must
+    /// not mislead a loader of it (`beside::check`).
+    pub lone: bool,
 }
 
 impl VerifyOptions {
@@ -235,6 +238,7 @@ impl Default for VerifyOptions {
             tuning: Tuning::default(),
             input: InputOptions::default(),
             allow_copy: false,
+            lone: false,
         }
     }
 }
@@ -373,6 +377,9 @@ pub struct Verifier {
     report: VerifyReport,
     /// Where the numeric report goes once verified, and how to publish it.
     report_path: Option<(PathBuf, Replace)>,
+    /// A lone output's verification: check the files beside it (`beside::check`), exactly
+    /// unless loose.
+    beside: Option<bool>,
     /// Strict mode: a converted tensor with values that became ±inf is a difference under
     /// `Keep` (convert would have kept it) and `Error` (convert would have refused).
     on_overflow: OnOverflow,
@@ -493,6 +500,7 @@ impl Verifier {
         };
         let mut v = Self::from_sources(src, dst, opts, started)?;
         v.warnings = warnings;
+        v.beside = opts.lone.then_some(!opts.loose);
         Ok(v)
     }
 
@@ -640,6 +648,7 @@ impl Verifier {
             cursor: Cursor::new(opts.tuning.window, total),
             report,
             report_path,
+            beside: None,
             started,
             kept_max: vec![0.0; pairs.len()],
             ranges: vec![Range::default(); pairs.len()],
@@ -948,7 +957,14 @@ impl Verifier {
     /// (atomically) where `VerifyOptions::report` said.
     pub fn finish(self) -> Result<VerifyReport> {
         let report_path = self.report_path.clone();
-        let report = self.conclude();
+        let beside = self.beside.and_then(|exact| {
+            let to = self.report.to;
+            crate::run::beside::check(&self.report.dst, &self.dst.header, to, exact)
+        });
+        let mut report = self.conclude();
+        if let (Some(message), true) = (beside, report.is_ok()) {
+            report.mismatch = Some(*Mismatch::header(None, message));
+        }
         if let (Some((path, replace)), true) = (report_path, report.is_ok()) {
             let bytes = crate::report::numeric_report(
                 &report.src,

@@ -388,6 +388,7 @@ def verify(
         progress=progress,
         report=o.report,
         force=o.force,
+        lone=True,  # the configs, shards and index beside it are checked too
         **o.source,
     )
 

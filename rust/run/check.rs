@@ -17,6 +17,7 @@ use crate::run::walk::{listing, torch_name};
 use crate::source::{open_regular, Source};
 use crate::text::{esc, esc_path, format_bytes};
 use crate::torch::TorchError;
+use crate::vocab::is_quantized_dtype;
 
 /// Configs and indexes above this size are not what they claim to be.
 pub const MAX_JSON_BYTES: u64 = 256 << 20;
@@ -68,7 +69,15 @@ pub struct Companions {
 /// `to`, None if not known); `loose` takes JSON with the same data for the same file.
 pub fn check(dst: &Path, fp8: bool, loose: bool, c: &Companions) -> Result<Option<Finding>> {
     let finding = |rel: &Path, template: String| Ok(Some((rel.as_os_str().into(), template)));
-    if let Some(found) = stray_index(dst, &c.stray, &c.output)? {
+    let (configs, indexes): (Vec<PathBuf>, Vec<PathBuf>) = c
+        .stray
+        .iter()
+        .cloned()
+        .partition(|r| !r.as_os_str().as_encoded_bytes().ends_with(b".index.json"));
+    if let Some(found) = stray_index(dst, &indexes, &c.output)? {
+        return Ok(Some(found));
+    }
+    if let Some(found) = stray_config(dst, &configs) {
         return Ok(Some(found));
     }
     for (rel, src) in &c.copies {
@@ -325,6 +334,41 @@ pub fn dequantized(dst: &Path, weight_map: &[(String, String)]) -> bool {
         return false;
     };
     tensors(&dst.join(shard)).is_ok_and(|names| !names.iter().any(|(t, _)| t == scale))
+}
+
+/// The first model config of DST that is no part of the verified output (one SRC has
+/// none of, or one convert left out) and says its folder's weights are quantized while
+/// they hold no quantized tensor (`beside::problem`): a loader would read them as such.
+/// An FP8 output's configs are the folder code's (they must describe its scales).
+fn stray_config(dst: &Path, rels: &[PathBuf]) -> Option<Finding> {
+    for rel in rels {
+        let at = dst.join(rel);
+        let dir = crate::output::parent_dir(&at);
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        let quantized = entries.filter_map(|e| e.ok()).any(|e| {
+            let path = e.path();
+            let weights = path
+                .as_os_str()
+                .as_encoded_bytes()
+                .ends_with(b".safetensors");
+            let open = || Source::open_any(&path, &InputOptions::default()).ok();
+            weights
+                && open()
+                    .is_none_or(|s| s.header.tensors.iter().any(|t| is_quantized_dtype(t.dtype)))
+        });
+        let Ok(text) = read_bounded(&at) else {
+            continue;
+        };
+        let dense = crate::run::beside::Weights::Dense;
+        let why = crate::run::beside::problem(&String::from_utf8_lossy(&text), dense, false);
+        if let (false, Some(why)) = (quantized, why) {
+            let why = format!("does not describe the weights beside it: {why}");
+            return Some((rel.as_os_str().into(), why));
+        }
+    }
+    None
 }
 
 /// The first index of DST that is no part of the verified output (`rels`) and is wrong:

@@ -10,9 +10,13 @@
 //!   `--shard i/N`, `finalize`), and which files there stcast wrote.
 //! - `survey`: what a run writes into its destination and whether it may: which files
 //!   there are stcast's, adopted or done (`--resume`), foreign or leftovers, and the room.
+//! - `beside`: the configs, shards and index beside a lone output (a file, or a DCP, ZeRO
+//!   or single-file source written into a folder), and the configs a folder run leaves, as
+//!   they must describe the weights beside them.
 //! - `check`: what verify finds in a destination's files beside its weights (copies,
 //!   indexes, an index left beside the output).
 
+pub mod beside;
 pub mod check;
 pub mod json;
 pub mod manifest;

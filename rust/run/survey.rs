@@ -127,6 +127,10 @@ pub struct Answer {
     pub skipped: Vec<OsString>,
     /// The bytes the run writes.
     pub need: u64,
+    /// The model configs this run replaces that would describe its weights wrongly
+    /// (another target's): withdrawn before the first weights are replaced, so that a run
+    /// stopped before its configs are written leaves none that misleads a loader.
+    pub withdraw: Vec<OsString>,
 }
 
 const WEIGHTS: &[u8] = b".safetensors";
@@ -205,13 +209,116 @@ pub fn survey(dst: &Path, q: &Question<'_>, judge: &mut dyn Judge) -> Result<Ans
         answer.need = check_space(dst, q, room, &answer.skipped)?;
         let mut written: HashSet<&OsStr> = kinds.keys().copied().collect();
         written.extend(answer.stale.iter().map(|(rel, _)| &**rel));
-        let left = leftovers(dst, &stems(q, room), &room.inputs, &written);
+        let stems = stems(q, room);
+        let left = leftovers(dst, &stems, &room.inputs, &written);
         if let Some(first) = left.first() {
             let at = dst.join(first);
             return Err(refused(dst, at, SurveyProblem::Leftovers { listed: left }));
         }
+        let to = recorded_target(asked);
+        wrong_config(dst, to, &stems, &written)?;
+        answer.withdraw = withdrawn(dst, to, &kinds);
+        answer
+            .withdraw
+            .extend(side_configs(dst, to, &stems, &written));
     }
     Ok(answer)
+}
+
+/// The FP8 side configs (`beside::FOLDER_SIDE_CONFIG`) beside the weights a dense run
+/// writes that the run does not write again: an earlier FP8 run's, withdrawn
+/// (`Answer::withdraw`; a lone output's are so too, `convert`).
+fn side_configs(
+    dst: &Path,
+    to: Option<crate::vocab::Target>,
+    stems: &BTreeMap<OsString, BTreeSet<OsString>>,
+    written: &HashSet<&OsStr>,
+) -> Vec<OsString> {
+    if !to.is_some_and(crate::run::beside::Weights::dense) {
+        return Vec::new();
+    }
+    let name = crate::run::beside::FOLDER_SIDE_CONFIG.as_bytes();
+    stems
+        .keys()
+        .map(|folder| match folder.is_empty() {
+            true => os(name),
+            false => os(&[folder.as_bytes(), b"/", name].concat()),
+        })
+        .filter(|rel| !written.contains(&**rel) && dst.join(rel).is_file())
+        .collect()
+}
+
+/// The target the run records (`to` of its options).
+fn recorded_target(asked: &Asked<'_>) -> Option<crate::vocab::Target> {
+    match asked.options.get("to").map(|n| &n.value) {
+        Some(crate::run::json::Value::Str(crate::run::json::Str::Text(t))) => {
+            crate::vocab::Target::parse(t)
+        }
+        _ => None,
+    }
+}
+
+/// The model configs (`config.json`) the plan writes over (`kinds`) that describe the
+/// weights of `to` wrongly, as they are now (`Answer::withdraw`).
+fn withdrawn(
+    dst: &Path,
+    to: Option<crate::vocab::Target>,
+    kinds: &HashMap<&OsStr, Kind>,
+) -> Vec<OsString> {
+    let Some(weights) = to.and_then(crate::run::beside::Weights::planned) else {
+        return Vec::new();
+    };
+    let mut out: Vec<OsString> = kinds
+        .iter()
+        .filter(|(rel, kind)| {
+            **kind == Kind::Config && split_rel(rel.as_bytes()).1 == b"config.json"
+        })
+        .filter(|(rel, _)| {
+            let text = std::fs::read(dst.join(rel));
+            text.is_ok_and(|t| {
+                let t = String::from_utf8_lossy(&t);
+                crate::run::beside::problem(&t, weights, false).is_some()
+            })
+        })
+        .map(|(rel, _)| rel.to_os_string())
+        .collect();
+    out.sort();
+    out
+}
+
+/// Refuse a model config (`config.json`) beside weights this run writes that the run
+/// leaves as it is (SRC has none there, or `--exclude` leaves it out) and that would
+/// describe them wrongly (`beside::problem`): an earlier run's, of another target.
+fn wrong_config(
+    dst: &Path,
+    to: Option<crate::vocab::Target>,
+    stems: &BTreeMap<OsString, BTreeSet<OsString>>,
+    written: &HashSet<&OsStr>,
+) -> Result<()> {
+    let Some(weights) = to.and_then(crate::run::beside::Weights::planned) else {
+        return Ok(());
+    };
+    for folder in stems.keys() {
+        let rel = match folder.is_empty() {
+            true => OsString::from("config.json"),
+            false => os(&[folder.as_bytes(), b"/config.json"].concat()),
+        };
+        let path = dst.join(&rel);
+        if written.contains(&*rel) || !path.is_file() {
+            continue;
+        }
+        let text = std::fs::read(&path).map_err(|e| Error::io(&path, "cannot read", e))?;
+        if let Some(why) =
+            crate::run::beside::problem(&String::from_utf8_lossy(&text), weights, false)
+        {
+            return Err(Error::WrongConfig {
+                path,
+                why,
+                folder: true,
+            });
+        }
+    }
+    Ok(())
 }
 
 fn refused(dst: &Path, path: PathBuf, problem: SurveyProblem) -> Error {
@@ -367,14 +474,7 @@ fn stem_of(base: &[u8]) -> &[u8] {
 
 /// Is `name` the weights (a file or a shard) or the index of one of `stems`?
 fn is_output_name(name: &[u8], stems: &BTreeSet<OsString>) -> bool {
-    let has = |s: &[u8]| stems.contains(OsStr::from_bytes(s));
-    if let Some(stem) = name.strip_suffix(INDEX) {
-        return has(stem);
-    }
-    let Some(base) = name.strip_suffix(WEIGHTS) else {
-        return false;
-    };
-    has(base) || naming::split_shard(base).is_some_and(|(stem, _, _)| has(stem))
+    naming::names_output(name, |s| stems.contains(OsStr::from_bytes(s)))
 }
 
 /// Files of `dst` named as the weights or index of one of `stems` (by folder) that the run

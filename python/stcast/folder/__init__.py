@@ -149,7 +149,7 @@ def prepare(
     for notice in [] if reshard is not None else plan.unmatched_prefixes:
         warnings.append(notice)
         _engine.issue(notice.kind, notice.template, None)
-    side = [f for f, _ in plan.configs if f.rel == _fp8.SIDE_CONFIG_NAME]
+    side = [f for f, _ in plan.configs if f.rel.rpartition("/")[2] == _fp8.SIDE_CONFIG_NAME]
     if side and shard is None:  # (written by finalize, which says so)
         template = _fp8.side_config_notice(os.path.join(dst, side[0].rel))
         warnings.append(Notice("no_model_config", template))
@@ -328,7 +328,7 @@ def convert_folder(
         dict(survey.found),
     )
     if shard is None:
-        _write.unpublish(run, p.work, {w.rel for w in p.todo})
+        _write.unpublish(run, p.work, {w.rel for w in p.todo}, survey.withdraw)
     try:
         converted = _write.convert_items(run, p.todo)
     except DestinationExists:
@@ -426,7 +426,7 @@ class _Survey:
 
     def __init__(self, answer: tuple[Any, ...]) -> None:
         present, self.at_own_name, self.own, self.siblings, ours, rest = answer
-        adopted, self.entries, stale, found, skipped, self.need = rest
+        adopted, self.entries, stale, found, skipped, self.need, withdraw = rest
         # The files there (not stcast's bookkeeping); those stcast wrote (rel -> identity).
         self.present: set[str] = set(present)
         self.ours: dict[str, tuple[int, int]] = dict(ours)
@@ -438,6 +438,8 @@ class _Survey:
         # replaces those, not a file a rival run wrote there since.
         self.found: dict[str, tuple[int, int]] = dict(found)
         self.skipped: set[str] = set(skipped)  # this run's weights done already
+        # The configs this run replaces that describe its weights wrongly: withdrawn first.
+        self.withdraw: list[str] = list(withdraw)
 
 
 def _survey(

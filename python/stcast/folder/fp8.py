@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -362,6 +363,15 @@ def strategy_target(text: str) -> Target | None:
 # Where a re-sharded lone checkpoint's FP8 quantization_config goes without a model config
 # (`reshard.file_plan`): `quantization_config.json` in the output folder.
 SIDE_CONFIG_NAME = "quantization_config.json"
+
+
+def side_configs(weights: Sequence[str], configs: Sequence[str]) -> list[str]:
+    """Where an FP8 folder run writes the quantization_config of weights no model config
+    describes: `quantization_config.json` in each folder of `weights` (rels) that holds no
+    model config among `configs` (rels), as a lone file's run writes it beside its output."""
+    described = {posixpath.dirname(r) for r in configs if is_model_config(r)}
+    folders = {posixpath.dirname(r) for r in weights} - described
+    return sorted(posixpath.join(d, SIDE_CONFIG_NAME) for d in folders)
 
 
 def side_config_notice(path: str) -> str:

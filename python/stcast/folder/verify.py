@@ -40,6 +40,7 @@ from .fp8 import (
     is_model_config,
     quantization_of,
     same_fp8_config,
+    side_configs,
     strategy_target,
     unread_quantization,
 )
@@ -203,7 +204,10 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
     missing = sorted(set(expected) - found)
     # Beside a lone checkpoint's re-sharding: the model config given (`config`), or an FP8
     # target's quantization_config alone (checked below with the shards they describe).
-    beside = {"config.json", SIDE_CONFIG_NAME} if single else set()
+    # In a folder's: an FP8 target's quantization_config beside weights no model config
+    # describes (`side_configs`).
+    sides = [SIDE_CONFIG_NAME] if single else side_configs(sorted(names), list(expected))
+    beside = {"config.json", *sides} if single else set(sides) - set(expected)
     extra = sorted(found - set(expected) - beside)
     # SRC's files the companion policy leaves out, which DST holds: an earlier run's copies
     # (a run over its output deletes nothing it does not write; convert warns of them).
@@ -227,23 +231,25 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         f = expected[missing[0]]
         what = "is in SRC" if f.src_rel is None else f"is the output of {_esc(f.path)}"
         mismatch = fail(missing[0], f"{what} but not in DST{hint}")
-    elif extra and not loose:
-        why = (
-            "is in SRC, but left out by this run's companion policy ({include} copies it): an "
-            "earlier run's copy? ({loose} ignores extra files)"
-            if extra[0] in left_out
-            else "is in DST but not in SRC ({loose} ignores extra files)"
-        )
-        mismatch = fail(extra[0], why)
     else:
         # Extra files are ignored (loose), but not an index: loaders read it to find the
         # tensors, so it must name DST's shards as they are, and the output's tensors where
-        # the output holds them.
+        # the output holds them; nor a model config that says unquantized weights beside it
+        # are quantized (one SRC's run left out, or copied in).
         output = [w.rel for w in weights] + [rel for _, d in pairs for rel, _ in d[2]]
-        stray = [r for r in extra if r.endswith(INDEX_SUFFIX)]
-        problem = _core.check_companions(dst, to, stray=stray, output=output)
+        configs_ = [r for r in extra if is_model_config(r)]
+        stray = configs_ if not loose else [r for r in extra if r.endswith(INDEX_SUFFIX)] + configs_
+        problem = _core.check_companions(dst, to, stray=stray, output=output) if stray else None
         if problem is not None:
             mismatch = fail(*problem)
+        elif extra and not loose:
+            why = (
+                "is in SRC, but left out by this run's companion policy ({include} copies it): "
+                "an earlier run's copy? ({loose} ignores extra files)"
+                if extra[0] in left_out
+                else "is in DST but not in SRC ({loose} ignores extra files)"
+            )
+            mismatch = fail(extra[0], why)
     # What each file (or group) said of the prefixes given to strip: judged over them all
     # (the record's were said by convert).
     heard: list[list[Notice]] = []
@@ -348,13 +354,14 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         # after a DCP or single-file source was re-sharded): a loader trusts it.
         extra_configs = [r for r in sorted(found - set(expected)) if is_model_config(r)]
         mismatch = _check_added_configs(dst, to, extra_configs, fail)
-        if mismatch is None and single and SIDE_CONFIG_NAME in found:
-            shards = _shards_beside(dst, SIDE_CONFIG_NAME)
-            want = config_text("{}", to, fp8_tensors(shards).unquantized)
-            if read_bounded(os.path.join(dst, SIDE_CONFIG_NAME), MAX_JSON_BYTES) != want:
-                mismatch = fail(
-                    SIDE_CONFIG_NAME, "is not the quantization_config of the FP8 shards beside it"
-                )
+    for rel in [r for r in sides if r in found and r in beside] if mismatch is None else []:
+        if to is None or not is_fp8(to):
+            mismatch = fail(rel, "is an FP8 quantization_config, beside shards not quantized")
+            break
+        want = config_text("{}", to, fp8_tensors(_shards_beside(dst, rel)).unquantized)
+        if read_bounded(os.path.join(dst, rel), MAX_JSON_BYTES) != want:
+            mismatch = fail(rel, "is not the quantization_config of the FP8 shards beside it")
+            break
     ok = mismatch is None
     numerics = merged_numerics([(rel, r.numerics) for rel, r in zip(rels, reports)]) if ok else None
     if ok and report is not None and numerics is not None:

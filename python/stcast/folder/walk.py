@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import posixpath
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -20,6 +21,7 @@ from .fp8 import (
     is_model_config,
     nonfinite,
     quantization_of,
+    side_configs,
     unread_quantization,
 )
 
@@ -165,6 +167,7 @@ def plan(
     names: dict[str, set[str]] = {}
     out_data: dict[str, int] = {}
     unquantized: dict[str, list[str]] = {}
+    quantizes: list[File] = []  # the files whose weights an FP8 target quantizes
     files_dequantize = False
     problem: Refused | None = None
     for w in weights:
@@ -198,10 +201,17 @@ def plan(
         out_data[w.rel] = sum(t.target_bytes for t in report.tensors)
         if is_fp8(to):
             unquantized[w.rel] = nonfinite(report.tensors)
+            if any(t.reason == "quantized" for t in report.tensors):
+                quantizes.append(w)
         info[w.rel] = dataclasses.replace(report, tensors=[])
         said.append(report.warnings)
 
     dequantize = dequantize or files_dequantize
+    # FP8 weights no model config describes: their quantization_config goes beside them.
+    taken = {f.rel for f in [*configs, *others]}
+    rels = [r for r in side_configs([w.rel for w in quantizes], list(taken)) if r not in taken]
+    first = {posixpath.dirname(w.rel): w for w in reversed(quantizes)}
+    new_configs += [(File(r, first[posixpath.dirname(r)].path, 0, 0), b"{}") for r in rels]
     if dequantize and problem is not None:
         raise problem
     for f, _, weight_map in parsed_indexes:

@@ -232,7 +232,7 @@ def publish(run: Run, work: Work) -> list[FileReport]:
         reports.append(FileReport(f.rel, "copy", "copied", f.size, f.size))
     for f, content in plan.configs:
         check_cancel(cancel)
-        if is_fp8(run.to) and (is_model_config(f.rel) or f.rel == SIDE_CONFIG_NAME):
+        if is_fp8(run.to) and (is_model_config(f.rel) or _is_side_config(f.rel)):
             content = fp8_config(dst, run.to, work, f, content)
         if content is None:
             _copy(run, f, "config", None)
@@ -246,6 +246,12 @@ def publish(run: Run, work: Work) -> list[FileReport]:
         action: FileAction = "rewritten" if size is not None else "written"
         reports.append(FileReport(rel, "index", action, size or 0, len(content), source=source))
     return reports
+
+
+def _is_side_config(rel: str) -> bool:
+    """Is `rel` an FP8 quantization_config written beside weights no model config
+    describes (`fp8.side_configs`)?"""
+    return posixpath.basename(rel) == SIDE_CONFIG_NAME
 
 
 def fp8_config(dst: str, to: Target, work: Work, f: File, content: bytes | None) -> bytes:
@@ -314,9 +320,10 @@ def recheck(run: Run) -> None:
     run.record.recheck()
 
 
-def unpublish(run: Run, work: Work, writes: set[str]) -> None:
+def unpublish(run: Run, work: Work, writes: set[str], configs: Sequence[str] = ()) -> None:
     """Before anything in the destination changes: withdraw the old indexes that this run
-    would make inconsistent, and only those.
+    would make inconsistent, and only those, and the old model configs `configs` that would
+    describe its weights wrongly (the survey's `withdraw`: another target's).
 
     The old configs and indexes stay until the new ones replace them at publish (the
     atomic write path renames over them), so that a run that fails or is interrupted
@@ -334,6 +341,13 @@ def unpublish(run: Run, work: Work, writes: set[str]) -> None:
         if old_map is None or old_map == new_map or not set(old_map.values()) & writes:
             continue  # nothing a loader reads, or still consistent whenever the run stops
         if _unlink_if(run, rel, None if isinstance(replace, str) else replace):
+            run.ours.pop(rel, None)
+            run.record.forget(rel)
+    for rel in configs:
+        replace = run.replace_for(rel)
+        if replace is not None and _unlink_if(
+            run, rel, None if isinstance(replace, str) else replace
+        ):
             run.ours.pop(rel, None)
             run.record.forget(rel)
 

@@ -1,0 +1,419 @@
+//! The files beside a lone checkpoint's output (a file, or a DCP, ZeRO or single-file source
+//! written into a folder): the model config `config.json` a loader reads with it, an FP8
+//! output's `<stem>.quantization_config.json`, and an earlier re-sharding's shards and index
+//! under the output's stem. What each must say of the weights beside it: `convert` refuses
+//! (or withdraws) one that would describe its output wrongly, `verify` fails one that does.
+
+use std::collections::HashSet;
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+use crate::header::SourceHeader;
+use crate::quant::names_module;
+use crate::run::json::{config_text, QUANTIZATION_KEYS};
+use crate::text::{esc, esc_path};
+use crate::vocab::{is_quantized_dtype, Target};
+
+/// Where a lone FP8 output's `quantization_config` goes: `<stem>.quantization_config.json`
+/// beside it (`out.safetensors` -> `out.quantization_config.json`).
+pub fn side_config_path(dst: &Path) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    let name = dst.file_name().unwrap_or_default().as_bytes();
+    let stem = name.strip_suffix(b".safetensors").unwrap_or(name);
+    let name = [stem, b".quantization_config.json"].concat();
+    dst.with_file_name(std::ffi::OsStr::from_bytes(&name))
+}
+
+/// Where a folder run puts the `quantization_config` of FP8 weights no model config
+/// describes, in their folder (python/stcast/folder/fp8.py `SIDE_CONFIG_NAME`, which
+/// writes it).
+pub const FOLDER_SIDE_CONFIG: &str = "quantization_config.json";
+
+/// What the weights of a lone output are, as a config beside them must describe them.
+#[derive(Debug, Clone, Copy)]
+pub enum Weights<'a> {
+    /// Not quantized (a bf16 or fp16 target): no config may say they are.
+    Dense,
+    /// An FP8 target's: the config's `quantization_config` must be the one stcast writes
+    /// for `target`, and name the modules as `modules` holds them (None: not written yet,
+    /// not compared).
+    Fp8 {
+        target: Target,
+        modules: Option<&'a Modules>,
+    },
+}
+
+/// An FP8 output's modules with a 2-D weight: quantized (an F8_E4M3 `M.weight` with its
+/// scale `M.weight_scale`) or not; each sorted, each once.
+#[derive(Debug, Clone, Default)]
+pub struct Modules {
+    pub quantized: Vec<String>,
+    pub unquantized: Vec<String>,
+}
+
+impl Modules {
+    /// The modules of an output's header (the rule `Plan::unquantized_modules` applies,
+    /// `quant::unquantized_module`).
+    pub fn of(header: &SourceHeader) -> Modules {
+        use safetensors::tensor::Dtype;
+        let names: HashSet<&str> = header.tensors.iter().map(|t| t.name.as_str()).collect();
+        let mut m = Modules::default();
+        for t in &header.tensors {
+            let Some(module) = crate::quant::unquantized_module(&t.name, &t.shape) else {
+                continue;
+            };
+            let scaled = names.contains(format!("{}_scale", t.name).as_str());
+            match t.dtype == Dtype::F8_E4M3 && scaled {
+                true => m.quantized.push(module.to_string()),
+                false => m.unquantized.push(module.to_string()),
+            }
+        }
+        for v in [&mut m.quantized, &mut m.unquantized] {
+            v.sort();
+            v.dedup();
+        }
+        m
+    }
+}
+
+impl Weights<'_> {
+    /// The weights of a run's output under `target`, before they are written; None when no
+    /// config says anything of them (`keep`: the input's own dtypes).
+    pub fn planned(target: Target) -> Option<Weights<'static>> {
+        match (target.strategy(), target) {
+            (Some(_), _) => Some(Weights::Fp8 {
+                target,
+                modules: None,
+            }),
+            (None, Target::Keep) => None,
+            (None, _) => Some(Weights::Dense),
+        }
+    }
+
+    /// Does a dense output's config lose its quantization keys?
+    pub fn dense(target: Target) -> bool {
+        matches!(Weights::planned(target), Some(Weights::Dense))
+    }
+}
+
+/// The model config a loader reads with the lone output `dst`: `config.json` in its folder,
+/// when it is there and `dst` is the folder's only weights (otherwise the config is another
+/// checkpoint's, or says nothing a loader of `dst` would read).
+pub fn model_config(dst: &Path) -> Option<PathBuf> {
+    let dir = crate::output::parent_dir(dst);
+    let config = dir.join("config.json");
+    if !config.is_file() {
+        return None;
+    }
+    let name = dst.file_name()?;
+    let others = std::fs::read_dir(&dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .any(|e| {
+            let n = e.file_name();
+            n != name && n.as_bytes().ends_with(b".safetensors")
+        });
+    (!others).then_some(config)
+}
+
+/// What is wrong with the config text `text` beside `weights`: None if it describes them.
+/// `exact`: an FP8 output's `quantization_config` must be the one stcast writes (its
+/// `ignore` in any order); otherwise (another tool's, or one judged before the weights are
+/// written) its method, format and each group's weights, and the modules it names.
+pub fn problem(text: &str, weights: Weights<'_>, exact: bool) -> Option<String> {
+    let Ok(Value::Object(doc)) = serde_json::from_str(text) else {
+        // One that is no JSON object says nothing of dense weights.
+        return matches!(weights, Weights::Fp8 { .. }).then(|| "is not a JSON object".into());
+    };
+    let (target, modules) = match weights {
+        Weights::Dense => {
+            let set = |k: &&&str| doc.get(**k).is_some_and(|v| !v.is_null());
+            return QUANTIZATION_KEYS
+                .iter()
+                .find(set)
+                .map(|k| format!("has a `{k}`, while the weights beside it are not quantized"));
+        }
+        Weights::Fp8 { target, modules } => (target, modules),
+    };
+    let none = || Some("has no compressed-tensors quantization_config".to_string());
+    let Some(Value::Object(got)) = doc.get("quantization_config") else {
+        return none();
+    };
+    let mut want = ours(target, modules);
+    if got.get("quant_method") != want.get("quant_method") {
+        return none();
+    }
+    if exact {
+        let mut got = got.clone();
+        let as_set = |m: &mut Map<String, Value>| {
+            if let Some(Value::Array(a)) = m.get_mut("ignore") {
+                a.sort_by_key(|v| v.to_string());
+            }
+        };
+        as_set(&mut got);
+        as_set(&mut want);
+        if modules.is_none() {
+            got.remove("ignore");
+            want.remove("ignore");
+        }
+        let keys = want.keys().chain(got.keys());
+        let k = keys.into_iter().find(|k| want.get(*k) != got.get(*k))?;
+        return Some(format!(
+            "its quantization_config's `{}` is not the one of the FP8 weights beside it",
+            esc(k)
+        ));
+    }
+    if got.get("format") != want.get("format") {
+        return Some("its quantization_config's `format` is not `float-quantized`".into());
+    }
+    let Some(Value::Object(groups)) = got.get("config_groups") else {
+        return Some("its quantization_config has no config_groups".into());
+    };
+    let scheme = want["config_groups"]
+        .as_object()
+        .and_then(|g| g.values().next())
+        .map(|g| g["weights"].clone())
+        .unwrap_or_default();
+    for (name, g) in groups {
+        for key in ["strategy", "num_bits", "type", "block_structure"] {
+            if g["weights"].get(key) != scheme.get(key) {
+                return Some(format!(
+                    "config group `{}` says weights `{key}` {}, not {} as the FP8 weights \
+                     beside it",
+                    esc(name),
+                    esc(&g["weights"].get(key).unwrap_or(&Value::Null).to_string()),
+                    esc(&scheme.get(key).unwrap_or(&Value::Null).to_string()),
+                ));
+            }
+        }
+    }
+    let modules = modules?;
+    let names = |v: Option<&Value>| -> Vec<String> {
+        let list = v
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        list.iter()
+            .filter_map(|e| e.as_str().map(String::from))
+            .collect()
+    };
+    let ignore = names(got.get("ignore"));
+    let targets: Vec<String> = groups
+        .values()
+        .flat_map(|g| names(g.get("targets")))
+        .collect();
+    let named = |list: &[String], m: &str| list.iter().any(|e| names_module(e, m));
+    for m in &modules.quantized {
+        if named(&ignore, m) || !named(&targets, m) {
+            return Some(format!(
+                "its quantization_config leaves out `{}`, whose weight is quantized beside it",
+                esc(m)
+            ));
+        }
+    }
+    for m in &modules.unquantized {
+        if named(&targets, m) && !named(&ignore, m) {
+            return Some(format!(
+                "its quantization_config's `ignore` does not name `{}`, whose weight is not \
+                 quantized beside it",
+                esc(m)
+            ));
+        }
+    }
+    None
+}
+
+/// The `quantization_config` stcast writes for `target` (`run::json::config_text`), its
+/// `ignore` the unquantized `modules`.
+fn ours(target: Target, modules: Option<&Modules>) -> Map<String, Value> {
+    let ignore = modules.map_or(&[][..], |m| &m.unquantized[..]);
+    let text = config_text("{}", target, false, Some(ignore))
+        .ok()
+        .flatten();
+    let doc = text.and_then(|t| serde_json::from_str::<Value>(&t).ok());
+    match doc {
+        Some(Value::Object(mut d)) => match d.remove("quantization_config") {
+            Some(Value::Object(q)) => q,
+            _ => Map::new(),
+        },
+        _ => Map::new(),
+    }
+}
+
+/// What the lone output whose header is `header`, written for `to`, holds (`Weights`), its
+/// modules in `modules`. None: no config describes it (`keep`, or quantized tensors a
+/// dense target copied).
+pub fn written<'a>(
+    header: &SourceHeader,
+    to: Option<Target>,
+    modules: &'a mut Modules,
+) -> Option<Weights<'a>> {
+    match Weights::planned(to?)? {
+        Weights::Dense => {
+            let quantized = header.tensors.iter().any(|t| is_quantized_dtype(t.dtype));
+            (!quantized).then_some(Weights::Dense)
+        }
+        Weights::Fp8 { target, .. } => {
+            *modules = Modules::of(header);
+            Some(Weights::Fp8 {
+                target,
+                modules: Some(modules),
+            })
+        }
+    }
+}
+
+/// The first file beside the lone output `dst` (whose header is `header`, written for
+/// `to`) that would mislead a loader of it: an earlier re-sharding's index or shards under
+/// its stem (`leftovers`), or a config that does not describe its weights (`wrong_config`).
+/// Returns the message (a template naming the file), or None.
+pub fn check(dst: &Path, header: &SourceHeader, to: Option<Target>, exact: bool) -> Option<String> {
+    let dir = crate::output::parent_dir(dst);
+    if let Some(first) = leftovers(dst).first() {
+        return Some(format!(
+            "{}: is named as an index or shard of {}, beside it: a loader reads it for the \
+             output (an earlier run's, which this output did not replace)",
+            esc_path(&dir.join(first)),
+            esc_path(dst.file_name().map(Path::new).unwrap_or(dst)),
+        ));
+    }
+    let mut modules = Modules::default();
+    let weights = written(header, to, &mut modules)?;
+    let (path, why) = wrong_config(dst, weights, exact)?;
+    Some(format!(
+        "{}: does not describe the weights beside it: {why}",
+        esc_path(&path)
+    ))
+}
+
+/// The first config beside the lone output `dst` that does not describe `weights`: the
+/// model config (`model_config`) and the FP8 side config (`side_config_path`).
+/// Returns its path and why.
+pub fn wrong_config(dst: &Path, weights: Weights<'_>, exact: bool) -> Option<(PathBuf, String)> {
+    let side = side_config_path(dst);
+    let side = side.is_file().then_some(side);
+    for path in model_config(dst).into_iter().chain(side) {
+        let text = std::fs::read(&path).unwrap_or_default();
+        let text = String::from_utf8_lossy(&text);
+        if let Some(why) = problem(&text, weights, exact) {
+            return Some((path, why));
+        }
+    }
+    None
+}
+
+/// Files beside the lone output `dst` named as the shards or index of its stem
+/// (`model-00001-of-00002.safetensors`, `model.safetensors.index.json` beside
+/// `model.safetensors`), which a loader would take for the output: an earlier re-sharding's.
+pub fn leftovers(dst: &Path) -> Vec<OsString> {
+    let Some(name) = dst.file_name() else {
+        return Vec::new();
+    };
+    let Some(stem) = name.as_bytes().strip_suffix(b".safetensors") else {
+        return Vec::new();
+    };
+    let dir = crate::output::parent_dir(dst);
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let mut names: Vec<OsString> = entries
+        .filter_map(|e| Some(e.ok()?.file_name()))
+        .filter(|n| n != name && crate::naming::names_output(n.as_bytes(), |s| s == stem))
+        .collect();
+    names.sort_by_key(|n| (!n.as_bytes().ends_with(b".index.json"), n.clone()));
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_config_must_describe_the_weights_beside_it() {
+        let dense = Weights::Dense;
+        assert_eq!(
+            problem("{\"torch_dtype\": \"bfloat16\"}", dense, true),
+            None
+        );
+        let q = "{\"quantization_config\": {\"quant_method\": \"compressed-tensors\"}}";
+        assert!(problem(q, dense, false)
+            .unwrap()
+            .contains("`quantization_config`"));
+        let c = "{\"compression_config\": {}}";
+        assert!(problem(c, dense, false)
+            .unwrap()
+            .contains("`compression_config`"));
+        // No JSON object says nothing of dense weights; FP8 ones need one.
+        assert_eq!(problem("[1]", dense, false), None);
+        let fp8 = Weights::Fp8 {
+            target: Target::Fp8,
+            modules: None,
+        };
+        assert_eq!(
+            problem("[1]", fp8, false).as_deref(),
+            Some("is not a JSON object")
+        );
+        assert!(problem("{}", fp8, false)
+            .unwrap()
+            .contains("has no compressed-tensors"));
+        // stcast's own, in any layout, describes them; fp8-block's does not.
+        let ours = config_text("{}", Target::Fp8, false, Some(&[]))
+            .unwrap()
+            .unwrap();
+        let compact: Value = serde_json::from_str(&ours).unwrap();
+        for exact in [true, false] {
+            assert_eq!(problem(&ours, fp8, exact), None);
+            assert_eq!(problem(&compact.to_string(), fp8, exact), None);
+        }
+        let block = config_text("{}", Target::Fp8Block, false, Some(&[]))
+            .unwrap()
+            .unwrap();
+        assert!(problem(&block, fp8, true).is_some());
+        assert!(problem(&block, fp8, false).unwrap().contains("`strategy`"));
+        // The modules: a quantized one ignored, an unquantized one targeted and not ignored.
+        let modules = Modules {
+            quantized: vec!["a".into()],
+            unquantized: vec!["lm_head".into()],
+        };
+        let fp8 = Weights::Fp8 {
+            target: Target::Fp8,
+            modules: Some(&modules),
+        };
+        assert!(problem(&ours, fp8, false).unwrap().contains("`lm_head`"));
+        let named = config_text("{}", Target::Fp8, false, Some(&["lm_head".into()]));
+        let named = named.unwrap().unwrap();
+        assert_eq!(problem(&named, fp8, false), None);
+        assert_eq!(problem(&named, fp8, true), None);
+        let all = named.replace("\"lm_head\"", "\"re:.*\"");
+        assert!(problem(&all, fp8, false)
+            .unwrap()
+            .contains("leaves out `a`"));
+    }
+
+    #[test]
+    fn an_earlier_resharding_beside_a_lone_output_is_found() {
+        let dir = std::env::temp_dir().join(format!("stcast-beside-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in [
+            "model-00001-of-00002.safetensors",
+            "model.safetensors.index.json",
+            "other.safetensors",
+            "model-fp8.safetensors",
+        ] {
+            std::fs::write(dir.join(name), b"").unwrap();
+        }
+        let left = leftovers(&dir.join("model.safetensors"));
+        assert_eq!(
+            left,
+            [
+                "model.safetensors.index.json",
+                "model-00001-of-00002.safetensors"
+            ]
+        );
+        assert!(leftovers(&dir.join("other.safetensors")).is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
