@@ -249,6 +249,7 @@ pub fn fused_names(name: &str) -> Vec<String> {
 /// fused tensor's pieces have) stays fused: a file never holds one name twice.
 pub fn split(source: &mut Source, model: &Model) -> HashMap<String, String> {
     let tensors = std::mem::take(&mut source.header.tensors);
+    let mut transposed = Vec::new();
     let mut names: std::collections::HashSet<String> =
         tensors.iter().map(|t| t.name.clone()).collect();
     let mut out = Vec::with_capacity(tensors.len());
@@ -258,7 +259,8 @@ pub fn split(source: &mut Source, model: &Model) -> HashMap<String, String> {
             out.push(t);
             continue;
         };
-        let pieces = match (layout(k, &t.shape, Some(model)), t.gather.as_deref()) {
+        let laid = layout(k, &t.shape, Some(model));
+        let pieces = match (laid, t.gather.as_deref()) {
             (Ok(l), None) => {
                 let base = source.files[t.input].base;
                 pieces(&t, k, l, model, &contiguous(&t, base))
@@ -273,6 +275,9 @@ pub fn split(source: &mut Source, model: &Model) -> HashMap<String, String> {
         };
         match pieces.filter(|p| !p.is_empty() && free(p)) {
             Some(p) => {
+                if laid == Ok(Layout::Transposed) {
+                    transposed.push(t.name.clone());
+                }
                 names.extend(p.iter().map(|q| q.name.clone()));
                 split.extend(p.iter().map(|q| (q.name.clone(), t.name.clone())));
                 out.extend(p);
@@ -281,7 +286,28 @@ pub fn split(source: &mut Source, model: &Model) -> HashMap<String, String> {
         }
     }
     source.header.tensors = out;
+    source.transposed = transposed;
     split
+}
+
+/// The note that fused experts stored transposed (`[E, H, 2I]`, `[E, I, H]`: Qwen3-VL-MoE,
+/// Llama 4) were split per expert along the dimension that holds their rows, as
+/// transformers reads them: `model_free_ptq` splits such a tensor along H, so its output
+/// and stcast's differ there.
+pub fn transposed_note(names: &[String]) -> crate::error::Warning {
+    crate::error::Warning::new(
+        crate::vocab::WarningKind::TransposedExperts,
+        format!(
+            "{} of fused MoE experts stored transposed ([E, H, 2I], [E, I, H]: Qwen3-VL-MoE, \
+             Llama 4) {} split per expert along the last dimension, as transformers reads \
+             {} (llm-compressor's model_free_ptq splits such a tensor along H, which is \
+             wrong): {}",
+            crate::text::count(names.len() as u64, "weight"),
+            if names.len() == 1 { "is" } else { "are" },
+            if names.len() == 1 { "it" } else { "them" },
+            crate::text::name_list(names.iter().map(String::as_str), 5)
+        ),
+    )
 }
 
 /// A contiguous tensor of its file, as a view (`base`: where its file's data start).

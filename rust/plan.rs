@@ -13,7 +13,7 @@ use crate::dtype::{action_for, width_rank, Action};
 use crate::error::{unmatched_message, Error, Fp8Problem, Result, Warning};
 use crate::header::{SourceHeader, MAX_HEADER, PREFIX};
 use crate::quant;
-use crate::text::{esc, esc_path, name_list};
+use crate::text::{count, esc, esc_path, name_list};
 use crate::vocab::{is_quantized_dtype, Fp8Skip, ReasonCode, Target, Unmatched, WarningKind};
 
 /// Why a tensor is converted, kept in its source dtype, or copied.
@@ -971,7 +971,7 @@ fn fp8_warnings(
             format!(
                 "{} of fused MoE experts (3-D) {} BF16, unquantized, not split per \
                  expert{why}: {}",
-                count_of(group.len(), "weight"),
+                count(group.len() as u64, "weight"),
                 if group.len() == 1 { "stays" } else { "stay" },
                 name_list(group.iter().map(|(_, n)| *n), 5)
             ),
@@ -992,7 +992,7 @@ fn fp8_warnings(
             format!(
                 "{} of the vision tower and its projector ({}) stay BF16, unquantized, as \
                  llm-compressor's FP8 recipes and vLLM leave them: {}",
-                count_of(vision.len(), "weight"),
+                count(vision.len() as u64, "weight"),
                 parts.join(", "),
                 name_list(vision.iter().copied(), 5)
             ),
@@ -1016,15 +1016,6 @@ fn fp8_warnings(
         }
     }
     out
-}
-
-/// "1 weight", "3 weights".
-fn count_of(n: usize, noun: &str) -> String {
-    if n == 1 {
-        format!("1 {noun}")
-    } else {
-        format!("{n} {noun}s")
-    }
 }
 
 /// The one quantized policy, for files and folders alike: a checkpoint is quantized when

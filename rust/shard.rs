@@ -74,6 +74,9 @@ pub struct Group {
     folders: Vec<std::path::PathBuf>,
     /// Warnings about the group itself (metadata that differs between its files).
     pub warnings: Vec<Warning>,
+    /// Each piece of a fused MoE expert tensor split from the transposed layout: its name ->
+    /// the fused tensor's (an output shard holding pieces names them: `Source::transposed`).
+    transposed: HashMap<String, String>,
 }
 
 /// One output shard: which tensors, and what its file will be.
@@ -165,13 +168,23 @@ impl Group {
         // A prefix to strip is judged over the whole group: one warning if no file's
         // names start with it.
         let mut unused: Option<Vec<String>> = None;
+        let mut transposed = Vec::new();
+        let mut pieces = HashMap::new();
         for (i, path) in paths.iter().enumerate() {
             let source = Source::open_any(path, input)?;
             let mine = &source.unused_prefixes;
             let kept = unused.get_or_insert_with(|| mine.clone());
             kept.retain(|p| mine.contains(p));
+            // Judged over the whole group, below: one note of the experts split transposed.
             let read = source.warnings().into_iter();
-            warnings.extend(read.filter(|w| w.kind != WarningKind::UnmatchedPrefix));
+            let whole = [WarningKind::UnmatchedPrefix, WarningKind::TransposedExperts];
+            warnings.extend(read.filter(|w| !whole.contains(&w.kind)));
+            transposed.extend(source.transposed.iter().cloned());
+            pieces.extend(
+                (source.pieces.iter())
+                    .filter(|(_, fused)| source.transposed.contains(fused))
+                    .map(|(piece, fused)| (piece.clone(), fused.clone())),
+            );
             let safetensors = source.format() == Format::Safetensors;
             for (j, t) in source.header.tensors.iter().enumerate() {
                 if let Some((k, _)) = by_name.insert(t.name.clone(), (i, j)) {
@@ -205,6 +218,9 @@ impl Group {
         }
         let unused = unused.unwrap_or_default();
         warnings.extend(unused.iter().map(|p| crate::input::unmatched_prefix(p)));
+        if !transposed.is_empty() {
+            warnings.push(crate::experts::transposed_note(&transposed));
+        }
         if let Some(k) = (1..headers.len()).find(|&k| headers[k].metadata != headers[0].metadata) {
             warnings.push(Warning::new(
                 WarningKind::MetadataDiffers,
@@ -224,6 +240,7 @@ impl Group {
             origins,
             folders,
             warnings,
+            transposed: pieces,
         })
     }
 
@@ -406,6 +423,14 @@ impl Group {
             .collect::<Result<Vec<_>>>()?;
         let mut source = Source::from_parts(&files[0].path.clone(), files, header);
         source.folders = self.folders.clone();
+        // The fused experts split transposed that this output holds pieces of (a note).
+        for t in &source.header.tensors {
+            if let Some(fused) = self.transposed.get(&t.name) {
+                if !source.transposed.contains(fused) {
+                    source.transposed.push(fused.clone());
+                }
+            }
+        }
         Ok(source)
     }
 

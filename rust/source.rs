@@ -55,6 +55,8 @@ pub struct Source {
     /// Each piece of a fused MoE expert tensor split (`experts::split`): its name -> the
     /// fused tensor's.
     pub pieces: std::collections::HashMap<String, String>,
+    /// The fused MoE expert tensors among them split from the transposed layout (a note).
+    pub transposed: Vec<String>,
 }
 
 /// What a source read from a PyTorch checkpoint says beyond its tensors.
@@ -361,6 +363,7 @@ impl Source {
             unused_prefixes: Vec::new(),
             experts: None,
             pieces: Default::default(),
+            transposed: Vec::new(),
         }
     }
 

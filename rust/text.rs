@@ -120,7 +120,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     out
 }
 
-/// "1 tensor", "3 tensors".
+/// "1 tensor", "3 weights".
 pub fn count(n: u64, what: &str) -> String {
     if n == 1 {
         format!("1 {what}")

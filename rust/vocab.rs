@@ -392,6 +392,8 @@ named! {
         NoModelConfig = "no_model_config",
         /// A prefix to strip from tensor names that no name starts with.
         UnmatchedPrefix = "unmatched_prefix",
+        /// Fused MoE experts stored transposed were split per expert (a note).
+        TransposedExperts = "transposed_experts",
     }
 }
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+import stcast
 from conftest import assert_one_error_line, main_in_process, tensor_bytes, write_safetensors
 
 FIX = Path(__file__).parent / "fixtures" / "fused"
@@ -61,7 +63,13 @@ def test_every_expert_weight_and_scale_equals_model_free_ptq(tmp_path, layout, t
     out.parent.mkdir()
     rc, _, err = main_in_process("convert", src, out, "--to", to, "--config", config)
     assert rc == 0, err
-    assert "fused" not in err, err
+    # Nothing stays fused; a transposed layout is named, once, with both tensors.
+    notes = [line for line in err.splitlines() if "fused" in line]
+    if layout == "rows":
+        assert notes == [], err
+    else:
+        assert len(notes) == 1 and "stored transposed" in notes[0], err
+        assert f"`{P}down_proj`, `{P}gate_up_proj`" in notes[0], err
     got = tensor_bytes(out)
     run = EXPECTED["runs"][SCHEME[to]]
     experts = {n: r for n, r in run["tensors"].items() if n.startswith(P)}
@@ -207,3 +215,39 @@ def test_pieces_that_would_take_a_name_in_use_stay_fused(tmp_path):
     assert f"`{P}gate_up_proj`" in warning, warning
     rc, _, err = main_in_process("verify", src, out)
     assert rc == 0, err
+
+
+@pytest.mark.parametrize("extra", [{}, {"max_shard_size": "1GB"}, {"max_shard_size": "200kB"}])
+def test_a_folder_of_transposed_experts_names_them(tmp_path, extra):
+    # Two shards, each with a layer of experts stored transposed, and a Qwen3-VL-MoE config:
+    # split per expert and named, each fused tensor once: a file converted as it is names
+    # its own, a re-sharding names them all in one note (not once per output shard).
+    one, config = transposed(tmp_path)
+    layer0 = tensor_bytes(one)
+    layer1 = {n.replace("layers.0", "layers.1"): v for n, v in layer0.items() if P in n}
+    src = tmp_path / "src"
+    src.mkdir()
+    weight_map = {}
+    for i, tensors in enumerate([layer0, layer1]):
+        name = f"model-0000{i + 1}-of-00002.safetensors"
+        write_safetensors(src / name, tensors, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, name))
+    index = {"metadata": {}, "weight_map": weight_map}
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    doc = json.loads(config.read_text())
+    doc["text_config"]["num_experts"] = E
+    (src / "config.json").write_text(json.dumps(doc))
+    dst = tmp_path / "out"
+    with pytest.warns(stcast.StcastWarning) as caught:
+        report = stcast.convert(src, dst, to="fp8", **extra)
+    notes = [str(w.message) for w in caught if w.message.kind == "transposed_experts"]
+    assert len(notes) == (1 if extra else 2), notes
+    named = [n for note in notes for n in re.findall(r"`([^`]+)`", note)]
+    layers = (P, P.replace("layers.0", "layers.1"))
+    assert sorted(named) == sorted(
+        p + part for p in layers for part in ("down_proj", "gate_up_proj")
+    )
+    assert not [w for w in report.warnings if "stay" in w.template], report.warnings
+    held = {n for f in dst.glob("*.safetensors") for n in tensor_bytes(f)}
+    assert f"{P}0.gate_proj.weight" in held and P + "gate_up_proj" not in held
+    assert stcast.verify(src, dst).mismatch is None

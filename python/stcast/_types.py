@@ -61,6 +61,7 @@ WarningKind = Literal[
     "block_shape",
     "no_model_config",
     "unmatched_prefix",
+    "transposed_experts",
 ]
 ReadAdvice = Literal["normal", "sequential", "willneed"]
 Action = Literal["convert", "copy", "quantize", "dequantize", "drop"]

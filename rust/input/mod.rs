@@ -176,6 +176,9 @@ impl Source {
             }
         }
         out.extend(self.unused_prefixes.iter().map(|p| unmatched_prefix(p)));
+        if !self.transposed.is_empty() {
+            out.push(crate::experts::transposed_note(&self.transposed));
+        }
         out
     }
 }

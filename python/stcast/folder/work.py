@@ -121,8 +121,10 @@ class Item:
 
         def said(kind: str) -> bool:
             # An output shard of integer or BF16 tensors only is no surprise; a prefix to
-            # strip was judged over the whole input by the plan.
-            return (u.whole or kind != "nothing_to_convert") and kind != UNMATCHED_PREFIX
+            # strip was judged over the whole input by the plan, and so were a re-sharded
+            # group's transposed experts (its plan named them all).
+            whole = kind not in ("nothing_to_convert", "transposed_experts")
+            return (u.whole or whole) and kind != UNMATCHED_PREFIX
 
         def warn(kind: str, template: str) -> None:
             if said(kind):
