@@ -48,6 +48,7 @@ pub mod numerics;
 pub mod options;
 pub mod output;
 pub mod packed;
+pub mod pattern;
 pub mod plan;
 #[cfg(feature = "python")]
 mod python;

@@ -12,6 +12,7 @@ use safetensors::tensor::Dtype;
 use crate::dtype::{action_for, width_rank, Action};
 use crate::error::{unmatched_message, Error, Fp8Problem, Result, Warning};
 use crate::header::{SourceHeader, MAX_HEADER, PREFIX};
+use crate::pattern::{compile_globs, glob_matches};
 use crate::quant;
 use crate::text::{count, esc, esc_path, name_list};
 use crate::vocab::{is_quantized_dtype, Fp8Skip, ReasonCode, Target, Unmatched, WarningKind};
@@ -380,34 +381,6 @@ pub(crate) struct KeepPatterns {
     matched: Vec<bool>,
 }
 
-/// fnmatch patterns (`keep`, `include`, `exclude`), compiled; a bad one is `option`'s error.
-pub(crate) fn compile_globs(
-    patterns: &[String],
-    option: crate::vocab::OptionName,
-) -> Result<Vec<glob::Pattern>> {
-    patterns
-        .iter()
-        .map(|p| {
-            glob::Pattern::new(&collapse_stars(p)).map_err(|e| Error::BadPattern {
-                option,
-                pattern: p.clone(),
-                reason: e.msg.to_string(),
-            })
-        })
-        .collect()
-}
-
-/// Does `p` match `name` as fnmatch does (`*` and `?` match any character, dots and slashes
-/// included; case-sensitive)?
-pub(crate) fn glob_matches(p: &glob::Pattern, name: &str) -> bool {
-    let opts = glob::MatchOptions {
-        case_sensitive: true,
-        require_literal_separator: false,
-        require_literal_leading_dot: false,
-    };
-    p.matches_with(name, opts)
-}
-
 impl KeepPatterns {
     pub(crate) fn compile(keep: &[String]) -> Result<KeepPatterns> {
         let patterns = compile_globs(keep, crate::vocab::OptionName::Keep)?;
@@ -428,19 +401,6 @@ impl KeepPatterns {
         }
         first
     }
-}
-
-/// `**` means `*` in fnmatch, but the glob crate takes it for a recursive path wildcard
-/// (and refuses it inside a name). Inside `[...]` a repeated `*` names the same set, so
-/// collapsing every run keeps the meaning.
-fn collapse_stars(pattern: &str) -> String {
-    let mut out = String::with_capacity(pattern.len());
-    for c in pattern.chars() {
-        if !(c == '*' && out.ends_with('*')) {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// Plan the output of `src` under `opts`: order, offsets, header bytes, reasons, warnings.

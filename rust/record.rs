@@ -5,7 +5,7 @@
 //! option's (a record is input: any file may hold one).
 
 use crate::options::Given;
-use crate::vocab::{OnOverflow, Target};
+use crate::vocab::{OnOverflow, OptionName, Target};
 
 /// The `__metadata__` key (and the index's `metadata` key) of the record.
 pub const KEY: &str = "stcast";
@@ -160,6 +160,22 @@ impl Record {
             }) = given.check(def)
             {
                 return Some(format!("{name} {value} is not {expected}"));
+            }
+        }
+        // Globs convert compiles before it writes: one it refuses is no record of its own.
+        for (option, patterns) in [
+            (OptionName::Keep, &self.keep),
+            (OptionName::Include, &self.include),
+            (OptionName::Exclude, &self.exclude),
+        ] {
+            if let Err(crate::Error::BadPattern {
+                pattern, reason, ..
+            }) = crate::pattern::compile_globs(patterns, option)
+            {
+                return Some(format!(
+                    "{} pattern {pattern:?} is not a valid glob ({reason})",
+                    option.name()
+                ));
             }
         }
         None

@@ -92,6 +92,22 @@ def test_a_tampered_output_fails(src, tmp_path):
     assert not stcast.verify(str(src), str(bad)).ok
 
 
+def test_a_record_with_a_glob_convert_refuses_is_no_record(src, tmp_path, run_main):
+    # (Attack z10 r11.) Same length, so the header stays valid: the record is DST's content,
+    # bad input naming DST (exit 1), not a usage error of an option the caller never gave.
+    dst = tmp_path / "out.safetensors"
+    stcast.convert(str(src), str(dst), keep=["*norm*"])
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(dst.read_bytes().replace(b"*norm*", b"[norm*"))
+    rc, out, err = run_main("verify", src, bad)
+    assert rc == 1, (out, err)
+    assert str(bad) in err and 'keep pattern "[norm*" is not a valid glob' in err, err
+    r = stcast.verify(str(src), str(bad))
+    assert not r.ok and "not a record convert writes" in str(r.mismatch)
+    # Given, the pattern is the caller's: a usage error naming the option.
+    assert run_main("verify", src, dst, "--keep", "[norm*")[0] == 2
+
+
 def test_no_record_leaves_the_inputs_metadata_and_needs_the_options(src, tmp_path):
     dst = tmp_path / "out.safetensors"
     stcast.convert(str(src), str(dst), keep=["*norm*"], no_record=True)

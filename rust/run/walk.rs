@@ -35,7 +35,7 @@ use crate::error::{Error, Result, WalkProblem, Warning};
 use crate::input::folder::{digits, is_trainer_state, link_stays};
 use crate::naming::split_shard;
 use crate::output::folder_chain;
-use crate::plan::{compile_globs, glob_matches};
+use crate::pattern::{compile_globs, glob_matches};
 use crate::text::name_list;
 use crate::vocab::{OptionName, WarningKind};
 
