@@ -467,6 +467,16 @@ fn s_len(src: &Source, pair: Pair) -> u64 {
     src.header.tensors[pair.src].len()
 }
 
+/// The experts' sizes the model config a loader reads with the lone output `dst` gives
+/// (`beside::model_config`), if any.
+fn beside_experts(dst: &Path) -> Option<crate::experts::Model> {
+    let config = crate::run::beside::model_config(dst)?;
+    let text = crate::run::check::read_bounded(&config).ok()?;
+    crate::experts::Model::of_config(&String::from_utf8_lossy(&text))
+        .ok()
+        .flatten()
+}
+
 impl Verifier {
     /// Open and validate both files and compare their headers.
     pub fn open(src_path: &Path, dst_path: &Path, opts: &VerifyOptions) -> Result<Verifier> {
@@ -486,7 +496,17 @@ impl Verifier {
         };
         // SRC is read as DST's record says (`key`, `strip_prefix`) unless told otherwise.
         let own = own_record(None, dst.header.metadata.as_deref()).and_then(|r| r.ok());
-        let input = opts.recorded(own.as_ref()).input;
+        let mut input = opts.recorded(own.as_ref()).input;
+        // An FP8 output of `--no-record` records no sizes its fused experts were split by:
+        // the model config beside it (`--config` wrote it there) gives them, as convert
+        // read them.
+        let fp8 = match opts.target {
+            Some(t) => t.strategy().is_some(),
+            None => dst.header.tensors.iter().any(|t| t.dtype == Dtype::F8_E4M3),
+        };
+        if own.is_none() && opts.lone && fp8 && input.experts.is_none() {
+            input.experts = beside_experts(dst_path);
+        }
         let src = open_recorded(dst_path, &input, &opts.input, |i| {
             Source::open_any(src_path, i)
         })?;

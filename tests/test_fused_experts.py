@@ -251,3 +251,27 @@ def test_a_folder_of_transposed_experts_names_them(tmp_path, extra):
     held = {n for f in dst.glob("*.safetensors") for n in tensor_bytes(f)}
     assert f"{P}0.gate_proj.weight" in held and P + "gate_up_proj" not in held
     assert stcast.verify(src, dst).mismatch is None
+
+
+def test_an_output_without_record_is_split_by_the_config_beside_it(tmp_path):
+    # `--no-record` keeps no sizes: verify splits SRC by the model config `--config` wrote
+    # beside the output, as convert split it; without it SRC stays fused, and DST fails.
+    src, config = source("rows", tmp_path)
+    out = tmp_path / "out" / "model.safetensors"
+    out.parent.mkdir()
+    args = ["--to", "fp8", "--config", config, "--no-record"]
+    assert main_in_process("convert", src, out, *args)[0] == 0
+    assert (out.parent / "config.json").exists()
+    rc, _, err = main_in_process("verify", src, out)
+    assert rc == 0, err
+    raw = bytearray(out.read_bytes())
+    raw[-3] ^= 1
+    tampered = out.parent / "model.safetensors"
+    tampered.write_bytes(bytes(raw))
+    assert main_in_process("verify", src, tampered)[0] == 1
+    raw[-3] ^= 1
+    alone = tmp_path / "alone" / "model.safetensors"
+    alone.parent.mkdir()
+    alone.write_bytes(bytes(raw))
+    rc, _, err = main_in_process("verify", src, alone)
+    assert rc == 1 and "experts.0." in assert_one_error_line(err), err
