@@ -98,9 +98,11 @@ impl VerifyOptions {
 }
 
 /// How a folder verification pairs and reads SRC, and which files DST should hold:
-/// `name` (a re-sharding's stem), `key`, `strip_prefix`, `include` and `exclude` as given,
-/// each one not given the record's of DST's output `path` (a safetensors file; one without
-/// a record, or with one convert does not write, adds none).
+/// `name` (a re-sharding's stem), `key`, `strip_prefix`, `include`, `exclude` and the
+/// target `to` as given, each one not given the record's of DST's output `path` (a
+/// safetensors file or an index; one without a record, or with one convert does not write,
+/// adds none). The target is the whole output's: a file of it that holds no quantized
+/// weight does not tell an FP8 run from a bf16 one.
 pub fn recorded_source(path: &Path, given: RecordedSource) -> Result<RecordedSource> {
     let text = match path.to_string_lossy().ends_with(".index.json") {
         // A folder output's index: its metadata's record.
@@ -127,16 +129,18 @@ pub fn recorded_source(path: &Path, given: RecordedSource) -> Result<RecordedSou
         or(given.2, r.strip_prefix),
         or(given.3, r.include),
         or(given.4, r.exclude),
+        given.5.or(Some(r.to)),
     ))
 }
 
-/// `name`, `key`, `strip_prefix`, `include`, `exclude` (`recorded_source`).
+/// `name`, `key`, `strip_prefix`, `include`, `exclude`, `to` (`recorded_source`).
 pub type RecordedSource = (
     Option<String>,
     Option<String>,
     Vec<String>,
     Vec<String>,
     Vec<String>,
+    Option<String>,
 );
 
 /// The record of convert's options that the indexes of a folder output carry: the own

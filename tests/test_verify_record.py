@@ -334,3 +334,31 @@ def test_a_resharded_outputs_record_key_src_cannot_be_read_by_is_bad_input(src, 
     line = assert_one_error_line(err)
     assert rc == 1 and "SRC cannot be read as its stcast record says" in line, line
     assert line.startswith(f"stcast: {forged}/") and "--key" not in line, line
+
+
+@pytest.mark.parametrize("extra", [[], ["--max-shard-size", "600B"]])
+def test_an_fp8_folder_whose_first_file_quantizes_nothing_verifies(tmp_path, run_main, extra):
+    # (Attack z11 r10.) A file of an FP8 output holding no quantized weight (embeddings,
+    # norms: BF16 under either target) does not make the output a bf16 one: the record's
+    # target is the whole output's, strict and loose.
+    rng = np.random.default_rng(0)
+    src = tmp_path / "src"
+    src.mkdir()
+    a = {"model.embed_tokens.weight": rng.standard_normal((16, 8)).astype(np.float32)}
+    b = {"model.layers.0.self_attn.q_proj.weight": rng.standard_normal((16, 8)).astype(np.float32)}
+    save_file(a, str(src / "model-00001-of-00002.safetensors"), metadata={"format": "pt"})
+    save_file(b, str(src / "model-00002-of-00002.safetensors"), metadata={"format": "pt"})
+    weight_map = {
+        **dict.fromkeys(a, "model-00001-of-00002.safetensors"),
+        **dict.fromkeys(b, "model-00002-of-00002.safetensors"),
+    }
+    index = {"metadata": {"total_size": 1024}, "weight_map": weight_map}
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    dst = tmp_path / "out"
+    rc, _, err = run_main("convert", "-q", src, dst, "--to", "fp8", *extra)
+    assert rc == 0, err
+    for loose in [[], ["--loose"]]:
+        rc, out, err = run_main("verify", src, dst, *loose)
+        assert rc == 0, (out, err)
+    # Asked for bf16, it is not one.
+    assert run_main("verify", src, dst, "--to", "bf16")[0] == 1

@@ -18,7 +18,7 @@ import json
 import os
 import stat
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .. import _core, _engine
 from ..errors import Refused, StcastError
@@ -117,12 +117,14 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         # A folder output's index holds the record (a top one first), then its shards (an
         # older stcast's output records it there only): each fills what is not given yet.
         indexed = sorted((r.count("/"), r) for r in found if r.endswith(INDEX_SUFFIX))
-        recorded = (name, given.key, list(given.strip_prefix), include, exclude)
+        recorded = (name, given.key, list(given.strip_prefix), include, exclude, to)
         for rel in [r for _, r in indexed[:1]] + shards[:1]:
             recorded = _core.recorded_source(os.path.join(dst, rel), recorded)
         # How SRC was read (`key`, `strip_prefix`): the engine takes it from DST's record
         # where not given (SRC unreadable so is DST's fault, not the caller's options).
         name, include, exclude = recorded[0], recorded[3], recorded[4]
+        # The whole output's target (a file without FP8 weights does not tell fp8 from bf16).
+        to = cast("Target | None", recorded[5])
         # A folder's indexes lose the prefixes as its files' tensors do.
         strip_prefix = recorded[2]
     if not single:
