@@ -296,7 +296,7 @@ pub fn check_outputs(src: &Source, dst: &Path, opts: &Options) -> Result<Outputs
         (None, None) => None,
     };
     let withdraw = if opts.side_config && opts.force {
-        withdrawn(dst, opts.plan.target, config.as_ref())
+        withdrawn(dst, opts.plan.target, config.as_ref())?
     } else {
         Vec::new()
     };
@@ -325,14 +325,26 @@ pub struct Outputs {
 /// The configs beside a lone output that `force` replaces which would describe the new
 /// weights wrongly, withdrawn before they are published, so that a run stopped between the
 /// weights and their config leaves no config that misleads a loader: an FP8 side config
-/// (`side_config_path`, stcast's name) this run does not write again, and a model config
-/// that this run replaces (`config`) when it says another dtype or scheme
-/// (`beside::problem`).
-fn withdrawn(dst: &Path, target: Target, config: Option<&SideConfig>) -> Vec<PathBuf> {
+/// (`side_config_path`, stcast's name) this run does not write again, when it is the one
+/// stcast wrote beside the output replaced (`beside::stale_side`: another is refused when
+/// it would describe the new weights wrongly, else left), and a model config that this run
+/// replaces (`config`) when it says another dtype or scheme (`beside::problem`).
+fn withdrawn(dst: &Path, target: Target, config: Option<&SideConfig>) -> Result<Vec<PathBuf>> {
+    use crate::run::beside::StaleSide;
     let mut out = Vec::new();
     let side = crate::run::beside::side_config_path(dst);
     if side.is_file() && config.is_none_or(|c| c.path != side) {
-        out.push(side);
+        match crate::run::beside::stale_side(&side, &[dst.to_path_buf()], target) {
+            StaleSide::Withdraw => out.push(side),
+            StaleSide::Refuse(why) => {
+                return Err(Error::WrongConfig {
+                    path: side,
+                    why,
+                    folder: true,
+                })
+            }
+            StaleSide::Leave => {}
+        }
     }
     let weights = crate::run::beside::Weights::planned(target);
     if let (Some(c), Some(weights)) = (config.filter(|c| c.text.is_some()), weights) {
@@ -344,7 +356,7 @@ fn withdrawn(dst: &Path, target: Target, config: Option<&SideConfig>) -> Vec<Pat
             out.push(c.path.clone());
         }
     }
-    out
+    Ok(out)
 }
 
 /// The config a lone file's run writes beside its output: the model's (`text`, as given),

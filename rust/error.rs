@@ -568,7 +568,8 @@ pub enum Error {
     BadConfig { path: PathBuf, reason: &'static str },
     /// A config beside a lone output that would describe the weights written wrongly, and
     /// that the run would leave as it is (`beside::problem`: `why`).
-    /// `folder`: a folder run's, which writes no config there.
+    /// `folder`: the run writes no config there (a folder run's; an FP8 side config stcast
+    /// did not write, beside a dense run's output).
     WrongConfig {
         path: PathBuf,
         why: String,

@@ -319,3 +319,33 @@ def test_a_dense_force_run_withdraws_a_folder_side_config(tmp_path, run_main):
     assert sorted(p.name for p in out.iterdir()) == ["model.safetensors"]
     rc, _, err = run_main("verify", src, out)
     assert rc == 0, err
+
+
+@pytest.mark.parametrize("folder", [False, True], ids=["lone", "folder"])
+def test_a_dense_force_run_keeps_a_side_config_it_did_not_write(tmp_path, run_main, folder):
+    # (Attack z11 r5.) Withdrawn only when it is exactly the one stcast wrote beside the
+    # weights there: the user's own notes stay; one that says quantized, which the dense
+    # weights would then sit beside, is refused before anything is written.
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(LLAMA / "model.safetensors", src / "model.safetensors")
+    if folder:
+        args, out = [src], tmp_path / "out"
+        side = out / "quantization_config.json"
+    else:
+        args, out = [src / "model.safetensors"], tmp_path / "out" / "model.safetensors"
+        side = out.parent / "model.quantization_config.json"
+    assert run_main("convert", "-q", *args, out)[0] == 0
+    side.write_text("my notes, not JSON\n")
+    rc, _, err = run_main("convert", "-q", *args, out, "--force")
+    assert (rc, err) == (0, "")
+    assert side.read_text() == "my notes, not JSON\n"
+    claim = '{"quantization_config": {"quant_method": "compressed-tensors"}}\n'
+    side.write_text(claim)
+    before = out.read_bytes() if not folder else (out / "model.safetensors").read_bytes()
+    rc, _, err = run_main("convert", "-q", *args, out, "--force")
+    line = assert_one_error_line(err)
+    assert rc == 1 and str(side) in line and "remove it" in line, err
+    assert side.read_text() == claim
+    after = out.read_bytes() if not folder else (out / "model.safetensors").read_bytes()
+    assert after == before

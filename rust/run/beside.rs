@@ -77,6 +77,62 @@ impl Modules {
         }
         m
     }
+
+    /// The modules of several files' headers (the shards of one folder), as of one.
+    pub fn of_all(headers: &[SourceHeader]) -> Modules {
+        let mut m = Modules::default();
+        for h in headers {
+            let one = Modules::of(h);
+            m.quantized.extend(one.quantized);
+            m.unquantized.extend(one.unquantized);
+        }
+        for v in [&mut m.quantized, &mut m.unquantized] {
+            v.sort();
+            v.dedup();
+        }
+        m
+    }
+}
+
+/// What a run that does not write the FP8 side config `path` again (a dense run over an
+/// earlier FP8 output) does with it.
+#[derive(Debug, PartialEq, Eq)]
+pub enum StaleSide {
+    /// Exactly the one stcast writes beside `weights` (the earlier output's, under either
+    /// FP8 target): proof that stcast wrote it, withdrawn.
+    Withdraw,
+    /// Not stcast's, and it would describe the new weights wrongly (`problem`): the run is
+    /// refused before it writes.
+    Refuse(String),
+    /// Not stcast's, and saying nothing of them (not JSON): left as it is.
+    Leave,
+}
+
+/// `StaleSide` of the side config `path`, beside the weight files `weights` (the
+/// output's, as they are before the run replaces them), under the run's `target`.
+pub fn stale_side(path: &Path, weights: &[PathBuf], target: Target) -> StaleSide {
+    let text = std::fs::read(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let headers: Vec<SourceHeader> = weights
+        .iter()
+        .filter_map(|w| crate::source::Source::open(w).ok().map(|s| s.header))
+        .collect();
+    let modules = Modules::of_all(&headers);
+    let ours = !headers.is_empty()
+        && [Target::Fp8, Target::Fp8Block].into_iter().any(|target| {
+            let old = Weights::Fp8 {
+                target,
+                modules: Some(&modules),
+            };
+            problem(&text, old, true).is_none()
+        });
+    match (ours, Weights::planned(target)) {
+        (true, _) => StaleSide::Withdraw,
+        (false, Some(new)) => {
+            problem(&text, new, false).map_or(StaleSide::Leave, StaleSide::Refuse)
+        }
+        (false, None) => StaleSide::Leave,
+    }
 }
 
 impl Weights<'_> {

@@ -220,32 +220,58 @@ pub fn survey(dst: &Path, q: &Question<'_>, judge: &mut dyn Judge) -> Result<Ans
         answer.withdraw = withdrawn(dst, to, &kinds);
         answer
             .withdraw
-            .extend(side_configs(dst, to, &stems, &written));
+            .extend(side_configs(dst, to, &stems, &written)?);
     }
     Ok(answer)
 }
 
 /// The FP8 side configs (`beside::FOLDER_SIDE_CONFIG`) beside the weights a dense run
-/// writes that the run does not write again: an earlier FP8 run's, withdrawn
-/// (`Answer::withdraw`; a lone output's are so too, `convert`).
+/// writes that the run does not write again, withdrawn (`Answer::withdraw`; a lone
+/// output's are so too, `convert`) when each is the one stcast wrote beside the weights
+/// there (an earlier FP8 run's: `beside::stale_side`). Another is refused when it would
+/// describe the new weights wrongly, else left as it is.
 fn side_configs(
     dst: &Path,
     to: Option<crate::vocab::Target>,
     stems: &BTreeMap<OsString, BTreeSet<OsString>>,
     written: &HashSet<&OsStr>,
-) -> Vec<OsString> {
-    if !to.is_some_and(crate::run::beside::Weights::dense) {
-        return Vec::new();
-    }
+) -> Result<Vec<OsString>> {
+    use crate::run::beside::StaleSide;
+    let Some(to) = to.filter(|&t| crate::run::beside::Weights::dense(t)) else {
+        return Ok(Vec::new());
+    };
     let name = crate::run::beside::FOLDER_SIDE_CONFIG.as_bytes();
-    stems
-        .keys()
-        .map(|folder| match folder.is_empty() {
+    let mut out = Vec::new();
+    for folder in stems.keys() {
+        let rel = match folder.is_empty() {
             true => os(name),
             false => os(&[folder.as_bytes(), b"/", name].concat()),
-        })
-        .filter(|rel| !written.contains(&**rel) && dst.join(rel).is_file())
-        .collect()
+        };
+        let path = dst.join(&rel);
+        if written.contains(&*rel) || !path.is_file() {
+            continue;
+        }
+        // The weights there now: the earlier output's, which the side config describes.
+        let here = dst.join(folder);
+        let mut weights: Vec<PathBuf> = std::fs::read_dir(&here)
+            .map_err(|e| Error::io(&here, "cannot list", e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.as_os_str().as_bytes().ends_with(WEIGHTS) && p.is_file())
+            .collect();
+        weights.sort();
+        match crate::run::beside::stale_side(&path, &weights, to) {
+            StaleSide::Withdraw => out.push(rel),
+            StaleSide::Refuse(why) => {
+                return Err(Error::WrongConfig {
+                    path,
+                    why,
+                    folder: true,
+                })
+            }
+            StaleSide::Leave => {}
+        }
+    }
+    Ok(out)
 }
 
 /// The target the run records (`to` of its options).
