@@ -274,7 +274,7 @@ pub fn check_outputs(src: &Source, dst: &Path, opts: &Options) -> Result<Outputs
         _ if !opts.side_config => None,
         (Some(given), _) => {
             // Read now, before any work: refused here if it is no JSON object.
-            let text = read_model_config(given)?;
+            let text = crate::run::json::read_model_config(given)?;
             taken.add_name(given, Taken::Input);
             let path = output::parent_dir(dst).join("config.json");
             let replace = check_beside(&path, dst, opts.force, &taken)?;
@@ -408,30 +408,6 @@ fn check_beside(path: &Path, dst: &Path, force: bool, taken: &Territory) -> Resu
         return Ok(Replace::No);
     }
     output::check_side_output(path, Side::Config, force, taken)
-}
-
-/// A model config given for a lone file's output: a JSON object of at most 16 MiB.
-fn read_model_config(path: &Path) -> Result<String> {
-    use std::io::Read;
-    const MAX: u64 = 16 << 20;
-    let invalid = |reason| Error::BadConfig {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let (file, meta) = crate::source::open_regular(path)?;
-    if meta.len() > MAX {
-        return Err(invalid("more than 16 MiB"));
-    }
-    // Its size, checked above, sizes the one read (a file grown since reads short of it).
-    let mut bytes = vec![0; meta.len() as usize];
-    (&file)
-        .read_exact(&mut bytes)
-        .map_err(|e| Error::io(path, "cannot read", e))?;
-    let text = String::from_utf8(bytes).map_err(|_| invalid("not UTF-8 text"))?;
-    match crate::run::json::parse(&text) {
-        Ok(doc) if matches!(doc.value, crate::run::json::Value::Object(_)) => Ok(text),
-        _ => Err(invalid("not a JSON object")),
-    }
 }
 
 /// Refuse a destination that cannot be written: a missing folder, the input itself, a

@@ -448,8 +448,7 @@ fn schemes(path: &std::path::Path) -> crate::Result<crate::quant::Schemes> {
 
 /// The text of model config `path`.
 fn read_config(path: &std::path::Path) -> crate::Result<String> {
-    let bytes = std::fs::read(path).map_err(|e| crate::error::Error::io(path, READ_CONFIG, e))?;
-    String::from_utf8(bytes).map_err(|e| config_error(path, &e))
+    crate::run::json::read_model_config(path)
 }
 
 const READ_CONFIG: &str = "read the model config";

@@ -7,6 +7,7 @@ one that would, and verify fails one that does (attack z10 r10, r6, r9)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -349,3 +350,18 @@ def test_a_dense_force_run_keeps_a_side_config_it_did_not_write(tmp_path, run_ma
     assert side.read_text() == claim
     after = out.read_bytes() if not folder else (out / "model.safetensors").read_bytes()
     assert after == before
+
+
+@pytest.mark.parametrize("to", [[], ["--to", "fp8"]], ids=["bf16", "fp8"])
+def test_one_reader_of_the_given_config(tmp_path, run_main, to):
+    # (Attack z11 r18, r19.) Every target reads --config alike: a FIFO is refused in one
+    # line (the FP8 path blocked in open(2), deaf to SIGTERM), a byte-order mark named.
+    src = _file(tmp_path)
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    rc, _, err = run_main("convert", src, tmp_path / "o" / "x.safetensors", "--config", fifo, *to)
+    assert rc == 1 and "fifo.json: input is a FIFO" in assert_one_error_line(err), err
+    bom = tmp_path / "bom.json"
+    bom.write_bytes(b'\xef\xbb\xbf{"hidden_size": 4}')
+    rc, _, err = run_main("convert", src, tmp_path / "o" / "x.safetensors", "--config", bom, *to)
+    assert rc == 1 and "starts with a byte-order mark" in assert_one_error_line(err), err

@@ -228,6 +228,33 @@ pub fn schemes(text: &str) -> Parsed<(Vec<crate::quant::Scheme>, Vec<String>)> {
     Ok((out, names(q.get("ignore"))))
 }
 
+/// A model config (a lone file's `--config`, a folder run's own): the text of a regular
+/// file holding a JSON object, of at most 16 MiB. One reader for every use.
+pub fn read_model_config(path: &std::path::Path) -> crate::Result<String> {
+    use std::io::Read;
+    const MAX: u64 = 16 << 20;
+    let invalid = |reason| crate::error::Error::BadConfig {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let (file, meta) = crate::source::open_regular(path)?;
+    if meta.len() > MAX {
+        return Err(invalid("more than 16 MiB"));
+    }
+    // Its size, checked above, sizes the one read (a file grown since reads short of it).
+    let mut bytes = vec![0; meta.len() as usize];
+    (&file)
+        .read_exact(&mut bytes)
+        .map_err(|e| crate::error::Error::io(path, "cannot read", e))?;
+    let text = String::from_utf8(bytes).map_err(|_| invalid("not UTF-8 text"))?;
+    match parse(&text) {
+        Ok(doc) if matches!(doc.value, Value::Object(_)) => Ok(text),
+        // (transformers' `json.load` refuses it too.)
+        _ if text.starts_with('\u{feff}') => Err(invalid("starts with a byte-order mark")),
+        _ => Err(invalid("not a JSON object")),
+    }
+}
+
 /// Read `text` as Python's `json.loads` does (`strict`: no raw control characters in
 /// strings; `NaN` and `Infinity` allowed; nested at most `MAX_PARSE_DEPTH` levels).
 pub fn parse(text: &str) -> Parsed<Node<'_>> {
