@@ -600,6 +600,12 @@ fn plan_folder<'py>(
     Ok(d)
 }
 
+/// A source weight file's fingerprint, which `--resume` compares (`folder::fingerprint`).
+#[pyfunction]
+fn source_fingerprint(py: Python<'_>, path: PathBuf) -> PyResult<String> {
+    guarded(py, || crate::folder::fingerprint(&path))
+}
+
 /// Every file under a destination but stcast's bookkeeping (`run::walk::listing`).
 #[pyfunction]
 fn list_folder(py: Python<'_>, dst: PathBuf) -> PyResult<Vec<OsString>> {
@@ -1345,7 +1351,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m: _set_exceptions, py_convert, py_inspect, py_verify, render, format_bytes, escape,
         option_error, check_option, failpoint, write_file, copy_file, write_numeric_report,
         check_side_output, convert_shard, verify_shard, shard_file_name, index_file_name,
-        check_folder, read_header, recorded_source, record_text, own_index_record, walk_folder, plan_folder, list_folder, torch_name, config_text, index_text,
+        check_folder, read_header, recorded_source, record_text, own_index_record, walk_folder, plan_folder, source_fingerprint, list_folder, torch_name, config_text, index_text,
         json_depth, split_shard_name, run_place, default_dst, py_survey,
         finished_manifests, check_companions, written_index, read_index, index_total,
         resharded_pairs, verify_group,

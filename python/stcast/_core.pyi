@@ -60,6 +60,7 @@ __all__ = [
     "own_index_record",
     "walk_folder",
     "plan_folder",
+    "source_fingerprint",
     "list_folder",
     "torch_name",
     "config_text",
@@ -361,6 +362,7 @@ def plan_folder(
     cancel: _CancelFlag | None = None,
     **options: Unpack[_Options],
 ) -> dict[str, Any]: ...
+def source_fingerprint(path: str) -> str: ...
 def list_folder(dst: str) -> list[str]: ...
 def torch_name(name: str) -> str | None: ...
 
