@@ -71,6 +71,23 @@ pub enum WalkProblem {
         total: String,
         pytorch: bool,
     },
+    /// No weight file: neither `.safetensors` files nor PyTorch weights.
+    NoWeights,
+}
+
+/// What a folder run's plan (`run::plan`) refuses in one of the source's configs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigProblem {
+    /// The model config of an FP8 target's run is not a JSON object.
+    NotAnObject,
+    /// Its quantization (under `key`; `method`: its `quant_method` as JSON, if set) is not a
+    /// scheme stcast dequantizes (`detail` says why, when it helps), and the files hold
+    /// quantized weights with scales.
+    Unread {
+        key: &'static str,
+        method: Option<String>,
+        detail: String,
+    },
 }
 
 /// Where a folder run would read or write that it refuses (`run::place`), before anything
@@ -159,6 +176,9 @@ pub enum SurveyProblem {
 pub enum Fp8Problem {
     /// A quantized tensor without a scale stcast reads beside it.
     NoScale,
+    /// A quantized tensor of a folder dequantized whole left as it is: its scale is in
+    /// another file, or there is none.
+    NoScaleHere,
     /// A companion of a quantized weight (`role`: a scale, zero point, global scale or
     /// shape, `quant::companion_role`) in `dtype` whose weight is not in this file.
     NoWeight { role: &'static str, dtype: String },
@@ -251,6 +271,9 @@ impl fmt::Display for Fp8Problem {
                  `X.weight_scale_inv` in F32, BF16 or F16, per tensor, channel, group or \
                  128x128 block, and optionally `X.weight_zero_point`)"
             ),
+            Fp8Problem::NoScaleHere => {
+                write!(f, "is quantized without a scale beside it in this file")
+            }
             Fp8Problem::NoWeight { role, dtype } => {
                 write!(f, "is a {role} ({dtype}) whose weight is not in this file")
             }
@@ -582,6 +605,11 @@ pub enum Error {
         why: String,
         refused: bool,
     },
+    /// A config of a source folder that a folder run cannot plan with (`ConfigProblem`).
+    FolderConfig {
+        path: PathBuf,
+        problem: ConfigProblem,
+    },
     /// Where a folder run reads or writes is refused (`PlaceProblem`).
     Place {
         path: PathBuf,
@@ -691,6 +719,10 @@ impl Error {
                 WalkProblem::BrokenLink => ErrorKind::InvalidInput,
                 _ => ErrorKind::Refused,
             },
+            Error::FolderConfig { problem, .. } => match problem {
+                ConfigProblem::NotAnObject => ErrorKind::InvalidInput,
+                ConfigProblem::Unread { .. } => ErrorKind::Refused,
+            },
             Error::Place {
                 problem: PlaceProblem::DstLikeFile { .. },
                 ..
@@ -754,6 +786,7 @@ impl Error {
             | Error::NotAnOutput { path, .. }
             | Error::LinkOutside { link: path, .. }
             | Error::Walk { path, .. }
+            | Error::FolderConfig { path, .. }
             | Error::Place { path, .. }
             | Error::Manifest { path, .. }
             | Error::Survey { path, .. }
@@ -1024,6 +1057,7 @@ impl Error {
                 esc_path(target)
             ),
             Error::Walk { problem, .. } => walk_message(problem),
+            Error::FolderConfig { problem, .. } => config_message(problem),
             Error::Place { problem, .. } => place_message(problem),
             Error::Manifest { problem, .. } => manifest_message(problem),
             Error::Survey { problem, .. } => survey_message(problem),
@@ -1281,6 +1315,36 @@ fn place_message(problem: &PlaceProblem) -> String {
 }
 
 /// The text of a `WalkProblem`, after its path.
+/// The text of a `ConfigProblem`, after the config's path.
+fn config_message(problem: &ConfigProblem) -> String {
+    match problem {
+        ConfigProblem::NotAnObject => "not a JSON object, so an FP8 target cannot add its \
+                                       quantization_config to it"
+            .into(),
+        ConfigProblem::Unread {
+            key,
+            method,
+            detail,
+        } => {
+            let what = match method {
+                Some(m) => format!("quant_method {m}"),
+                None => "no quant_method".into(),
+            };
+            let detail = match detail.is_empty() {
+                true => String::new(),
+                false => format!(": {detail}"),
+            };
+            format!(
+                "its {key} ({what}{detail}) is not a scheme stcast dequantizes \
+                 (compressed-tensors float 8-bit or a packed format holding the weights it \
+                 says, gpt-oss mxfp4, DeepSeek fp8), and the files hold quantized weights with \
+                 scales: they are not dequantized under a config that would still call them \
+                 quantized"
+            )
+        }
+    }
+}
+
 fn walk_message(problem: &WalkProblem) -> String {
     match problem {
         WalkProblem::BrokenLink => "broken symlink".into(),
@@ -1318,6 +1382,9 @@ fn walk_message(problem: &WalkProblem) -> String {
                 ""
             }
         ),
+        WalkProblem::NoWeights => "a directory without .safetensors files or PyTorch weights \
+                                   (pytorch_model*.bin): nothing to convert"
+            .into(),
     }
 }
 

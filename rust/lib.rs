@@ -25,6 +25,7 @@
 //! - `report`: the numeric report file;
 //! - `record`: the options convert records in each output's `__metadata__` for `verify`;
 //! - `run`: what a folder run decides about its files (the source folder's walk);
+//! - `folder`: a folder run's plan, whole: walk, indexes, configs, each file's inspection;
 //! - `env`, `failpoint`: the one reader of the environment, and the test hooks it arms.
 //!
 //! `python` (feature `python`) is the only module that knows about PyO3.
@@ -35,6 +36,7 @@ pub mod env;
 pub mod error;
 pub mod experts;
 pub mod failpoint;
+pub mod folder;
 pub mod format;
 pub mod fp8;
 pub mod fused;

@@ -21,6 +21,7 @@ use pyo3::types::{IntoPyDict, PyDict};
 
 use crate::convert::{Knobs, Options as ConvertOptions, Tuning};
 use crate::error::{panic_message, Error};
+use crate::folder::PlanTask;
 use crate::given::{Exports, Given, Settings};
 use crate::numerics::{DequantizedTensor, Numerics};
 use crate::options;
@@ -575,6 +576,34 @@ fn walk_folder(
         let overrides = walk::Overrides::new(&include, &exclude)?;
         Ok(walk::walk(&src, follow_links, &overrides)?.rows())
     })
+}
+
+/// What a folder run does of `src`, and whether it may (`run::plan::PlanTask`), stepped
+/// one weight file at a time (`cancel` checked between them): its files as tuples under
+/// `files`, the rest as plain data.
+#[pyfunction]
+#[pyo3(signature = (src, *, check_quantized, cancel=None, **options))]
+fn plan_folder<'py>(
+    py: Python<'py>,
+    src: PathBuf,
+    check_quantized: bool,
+    cancel: Hook<'py>,
+    options: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let (given, tuning) = read_options(py, options, |s, t| Ok((s.clone(), t)))?;
+    let (hooks, step) = (Hooks::new(None, cancel, None, None), tuning.step);
+    let mut task = hooks.run(py, || PlanTask::new(&src, &given, tuning, check_quantized))?;
+    hooks.drive(py, &mut task, step)?;
+    let (files, data) = hooks.run(py, move || task.finish())?.rows();
+    let d = pythonize::pythonize(py, &data)?.cast_into::<PyDict>()?;
+    d.set_item("files", files)?;
+    Ok(d)
+}
+
+/// A source weight file's fingerprint, which `--resume` compares (`folder::fingerprint`).
+#[pyfunction]
+fn source_fingerprint(py: Python<'_>, path: PathBuf) -> PyResult<String> {
+    guarded(py, || crate::folder::fingerprint(&path))
 }
 
 /// Every file under a destination but stcast's bookkeeping (`run::walk::listing`).
@@ -1322,7 +1351,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m: _set_exceptions, py_convert, py_inspect, py_verify, render, format_bytes, escape,
         option_error, check_option, failpoint, write_file, copy_file, write_numeric_report,
         check_side_output, convert_shard, verify_shard, shard_file_name, index_file_name,
-        check_folder, read_header, recorded_source, record_text, own_index_record, walk_folder, list_folder, torch_name, config_text, index_text,
+        check_folder, read_header, recorded_source, record_text, own_index_record, walk_folder, plan_folder, source_fingerprint, list_folder, torch_name, config_text, index_text,
         json_depth, split_shard_name, run_place, default_dst, py_survey,
         finished_manifests, check_companions, written_index, read_index, index_total,
         resharded_pairs, verify_group,

@@ -139,7 +139,7 @@ FS_BUDGET = {
     "stcast/_engine.py": 4,
     "stcast/cli.py": 5,
     "stcast/folder/__init__.py": 6,
-    "stcast/folder/common.py": 12,
+    "stcast/folder/common.py": 6,
     "stcast/folder/reshard.py": 7,
     "stcast/folder/verify.py": 8,
     "stcast/folder/write.py": 4,

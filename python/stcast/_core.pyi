@@ -59,6 +59,8 @@ __all__ = [
     "record_text",
     "own_index_record",
     "walk_folder",
+    "plan_folder",
+    "source_fingerprint",
     "list_folder",
     "torch_name",
     "config_text",
@@ -349,6 +351,18 @@ def walk_folder(
     list[tuple[_File, str]],
     list[tuple[str, str]],
 ]: ...
+
+# files: weights, (index, text, weight map), (config, new text), copies, late copies, dirs,
+# (skipped, why), model config; planned: each weight's info, out_data, header_sha256,
+# unquantized; keep_unmatched, dequantize, unmatched_prefixes, walk_warnings, strip_prefix.
+def plan_folder(
+    src: str,
+    *,
+    check_quantized: bool,
+    cancel: _CancelFlag | None = None,
+    **options: Unpack[_Options],
+) -> dict[str, Any]: ...
+def source_fingerprint(path: str) -> str: ...
 def list_folder(dst: str) -> list[str]: ...
 def torch_name(name: str) -> str | None: ...
 

@@ -543,6 +543,22 @@ fn strip_index(
     Ok((text, map))
 }
 
+/// A shard `rel` that the index at `path` names, and the index `other` too: refused (by a
+/// folder conversion, a re-sharding and verify alike): which checkpoint it belongs to, and
+/// which index a loader should read, is anyone's guess.
+pub(crate) fn named_twice(path: &Path, rel: &str, other: &Path) -> Error {
+    Error::BadIndex {
+        path: path.to_path_buf(),
+        why: format!(
+            "names {}, which {} names too; stcast cannot tell which checkpoint it belongs to \
+             (remove one of the two indexes)",
+            esc(rel),
+            esc_path(other)
+        ),
+        refused: true,
+    }
+}
+
 /// A weight map entry whose shard is no plain name: refused.
 fn not_plain(path: &Path, tensor: &str, name: &Node<'_>) -> Error {
     let shown = match &name.value {
@@ -576,9 +592,21 @@ pub(crate) fn read_bounded(path: &Path) -> Result<Vec<u8>> {
         return Err(bad_index(path, why));
     }
     let mut bytes = Vec::with_capacity(meta.len() as usize);
-    // One byte more reveals a file that grew.
-    let read = (&file).take(meta.len() + 1).read_to_end(&mut bytes);
-    read.map_err(|e| Error::io(path, "cannot read", e))?;
+    // One byte more reveals a file that grew; each read asks at least a page: some /proc
+    // files refuse reads of odd sizes (EINVAL).
+    let mut left = meta.len() + 1;
+    let mut chunk = vec![0; 4096];
+    while left > 0 {
+        chunk.resize(left.clamp(4096, 1 << 20) as usize, 0);
+        let n = (&file)
+            .read(&mut chunk)
+            .map_err(|e| Error::io(path, "cannot read", e))?;
+        if n == 0 {
+            break;
+        }
+        bytes.extend_from_slice(&chunk[..n]);
+        left = left.saturating_sub(n as u64);
+    }
     if bytes.len() as u64 != meta.len() {
         let got = match bytes.len() as u64 > meta.len() {
             true => "more".to_string(),

@@ -207,18 +207,18 @@ pub type WalkRows = (
     Vec<(&'static str, String)>,
 );
 
+impl File {
+    /// Its plain-data form, for a front end.
+    pub fn row(self) -> FileRow {
+        let path = self.path.into_os_string();
+        (self.rel, path, self.size, self.mtime_ns, self.src_rel)
+    }
+}
+
 impl Walked {
     /// Its plain-data form, for a front end.
     pub fn rows(self) -> WalkRows {
-        let row = |f: File| {
-            (
-                f.rel,
-                f.path.into_os_string(),
-                f.size,
-                f.mtime_ns,
-                f.src_rel,
-            )
-        };
+        let row = File::row;
         let rows = |v: Vec<File>| v.into_iter().map(row).collect();
         (
             rows(self.weights),

@@ -134,16 +134,7 @@ pub fn groups_of(weights: &[Member], indexes: &[Indexed]) -> Result<Vec<Group>> 
         rels.dedup();
         for &rel in &rels {
             if let Some(other) = owner.insert(PathBuf::from(rel), &f.rel) {
-                return Err(Error::BadIndex {
-                    path: f.path.clone(),
-                    why: format!(
-                        "names {}, which {} names too; stcast cannot tell which checkpoint it \
-                         belongs to (remove one of the two indexes)",
-                        esc(rel),
-                        esc_path(other)
-                    ),
-                    refused: true,
-                });
+                return Err(crate::run::check::named_twice(&f.path, rel, other));
             }
         }
         let inputs: Vec<Member> = rels

@@ -6,7 +6,6 @@ It imports no other module of `stcast.folder`, so that every one of them can use
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from dataclasses import dataclass
@@ -94,40 +93,6 @@ def header_sha256(path: str) -> str:
         return _core.read_header(path)[1]
     except InvalidInput:
         return ""
-
-
-# How much of a file that is not safetensors `source_sha256` reads, at each end.
-_FINGERPRINT_HEAD = 64 << 10
-_FINGERPRINT_TAIL = 1 << 20
-
-
-def source_sha256(path: str) -> str:
-    """A fingerprint of a source weight file that `resume` compares: a safetensors file's
-    header hash; for a PyTorch checkpoint, the SHA-256 of its first 64 KiB and last 1 MiB
-    (a zip's central directory, with every entry's CRC-32, or a legacy file's pickle); for
-    a checkpoint folder (DCP), of each of its files' fingerprints, names, sizes and mtimes."""
-    if os.path.isdir(path):
-        h = hashlib.sha256(b"stcast-folder-fingerprint\0")
-        for name in sorted(os.listdir(path)):
-            f = os.path.join(path, name)
-            if not os.path.isfile(f):
-                continue
-            st = os.stat(f)
-            h.update(f"{name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode("utf-8", "surrogateescape"))
-            h.update(source_sha256(f).encode())
-        return h.hexdigest()
-    digest = header_sha256(path)
-    if digest:
-        return digest
-    h = hashlib.sha256(b"stcast-source-fingerprint\0")
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        h.update(fh.read(min(size, _FINGERPRINT_HEAD)))
-        tail = max(_FINGERPRINT_HEAD, size - _FINGERPRINT_TAIL)
-        if tail < size:
-            fh.seek(tail)
-            h.update(fh.read(size - tail))
-    return h.hexdigest()
 
 
 def out_path(dst: str, rel: str) -> str:

@@ -24,12 +24,6 @@ if TYPE_CHECKING:
     from .._types import Target
     from ..reports import TensorInfo
 
-# The engine's names of the tensors beside an FP8 weight `X.weight` that a dequantization
-# reads and drops (rust/quant.rs `companion_suffixes`): its scales, its zero point, and its
-# static activation scale (`X.input_scale`).
-WEIGHT_COMPANION_SUFFIXES = tuple(
-    s for s in _core.FP8_COMPANION_SUFFIXES if s.startswith(".weight")
-)
 # How stcast names the scale of a weight it quantizes (`X.weight_scale`).
 _SCALE = _core.FP8_SCALE_SUFFIXES[0]
 

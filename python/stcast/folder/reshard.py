@@ -36,7 +36,6 @@ from .common import (
     File,
     check_index,
     header_sha256,
-    source_sha256,
 )
 from .fp8 import SIDE_CONFIG_NAME, is_fp8
 from .fp8 import nonfinite as fp8_nonfinite
@@ -486,7 +485,7 @@ def file_plan(src: str, to: Target, precision: dict[str, Any], config: str | Non
         dirs=[],
         info={},
         out_data={},
-        header_sha256={w.rel: source_sha256(w.path)},
+        header_sha256={w.rel: _core.source_fingerprint(w.path)},
         # (FP8 targets: the model config splits fused experts, as a folder's.)
         model_config=config if is_fp8(to) else None,
     )
@@ -543,7 +542,7 @@ def find_entry(
         return None
     if not stat.S_ISREG(st.st_mode):
         return None
-    hashes = [source_sha256(w.path) for w in unit.inputs]
+    hashes = [_core.source_fingerprint(w.path) for w in unit.inputs]
     inputs = _inputs(unit, hashes)
     # An entry may list one input too (as stcast wrote an output shard's before plain runs
     # were one-file groups): trusted the same.

@@ -3,40 +3,26 @@ copy and rewrite, and whether the indexes agree with their shards."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import posixpath
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from .. import _core, _engine
-from ..errors import Cancelled, InvalidInput, Refused
-from ..reports import Notice
-from .common import MAX_JSON_BYTES, WEIGHTS_SUFFIX, File, read_bounded, source_sha256
-from .fp8 import (
-    WEIGHT_COMPANION_SUFFIXES,
-    dequantizes,
-    is_fp8,
-    is_model_config,
-    nonfinite,
-    quantization_of,
-    side_configs,
-    unread_quantization,
-)
+from ..errors import InvalidInput, Refused
+from ..reports import InspectReport, Notice, _build, notices
+from .common import MAX_JSON_BYTES, WEIGHTS_SUFFIX, File, read_bounded
+from .fp8 import is_fp8, is_model_config
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from .._engine import CancelFlag
     from .._types import Target
-    from ..reports import InspectReport
 
 # The model config, whose dtype a conversion rewrites (the engine classifies it:
 # rust/run/walk.rs).
 CONFIG_NAME = "config.json"
-# Files a loader reads first to decide that a folder is a checkpoint: written last.
-_PUBLISH_LAST_NAMES = frozenset({CONFIG_NAME, "model_index.json"})
 _esc = _core.escape
 # The engine's warning kind for a prefix to strip that no tensor name starts with.
 UNMATCHED_PREFIX = "unmatched_prefix"
@@ -100,140 +86,50 @@ def plan(
     cancel: CancelFlag | None = None,
     strip_prefix: Sequence[str] = (),
 ) -> Plan:
-    """Walk `src` and plan every file, refusing what cannot be converted safely.
+    """Walk `src` and plan every file, refusing what cannot be converted safely: the
+    engine's answer (`rust/run/plan.rs`), stepped one weight file at a time (`cancel`
+    checked between them).
 
     With `check_quantized`, a quantized checkpoint is refused (by the engine, as a single
     file is: `quantization_config` is the config that makes every file quantized).
     `strip_prefix` renames the tensors of every file and index (the engine's rule).
     """
-    precision = precision or {}
-    strip = list(strip_prefix)
-    weights, indexes, configs, others, dirs, skipped, walk_warnings = walk(
-        src, follow_links, precision.get("include", ()), precision.get("exclude", ())
+    found = _core.plan_folder(
+        src,
+        check_quantized=check_quantized,
+        cancel=cancel,
+        to=to,
+        follow_links=follow_links,
+        strip_prefix=list(strip_prefix),
+        **(precision or {}),
     )
-    if not weights:
-        raise Refused(
-            f"{_esc(src)}: a directory without .safetensors files or PyTorch weights "
-            "(pytorch_model*.bin): nothing to convert",
-            path=src,
-        )
-    found = {w.rel for w in weights}
-
-    # Index names are checked before anything else is opened.
-    parsed_indexes = [(f, *read_index(f, found, strip)) for f in indexes]
-    index_owners(parsed_indexes)
-
-    keep = precision.get("keep", [])
-    new_configs = []
-    quantization_config = None
-    # FP8 configs (compressed-tensors float 8-bit, DeepSeek fp8): their checkpoint is
-    # dequantized when its files hold FP8 weights with scales (the engine refuses any other
-    # quantized tensor), and the config loses its quantization_config.
-    fp8_configs: dict[str, bytes | None] = {}
-    unread: tuple[File, str] | None = None
-    # The configs that describe the quantized weights dequantized: the engine checks each
-    # packed weight against the nearest one above it.
-    described: list[File] = []
-    for f in configs:
-        text, doc = read_json(f)
-        check_fp8_config(f, doc, to)
-        why = unread_quantization(doc, to)
-        unread = unread or (None if why is None else (f, why))
-        # `keep` changes no dtype: the config is copied as it is.
-        content = _core.config_text(text, to)
-        if dequantizes(doc, to):
-            fp8_configs[f.rel] = _core.config_text(text, to, dequantize=True)
-            described.append(f)
-        if quantization_config is None and _has_quantization_config(doc):
-            quantization_config = f
-        new_configs.append((f, content))
-    dequantize = bool(fp8_configs) and dequantizes_any(weights, to, precision)
-    if dequantize:
-        quantization_config = None
-        new_configs = [(f, fp8_configs.get(f.rel, c)) for f, c in new_configs]
-    # A config decides before the first byte whether its checkpoint is dequantized: FP8
-    # weights with scales under a scheme stcast does not read are refused here.
-    if unread is not None and dequantizes_any(weights, to, precision):
-        raise Refused(f"{_esc(unread[0].path)}: {unread[1]}", path=unread[0].path)
-
-    model_config = experts_config(configs, to)
-    info: dict[str, InspectReport] = {}
-    said: list[list[Notice]] = []
-    hashes = {}
-    unmatched = list(keep)
-    # What the checks below need of each file's tensors; the per-tensor plans themselves
-    # are not kept (a file may hold hundreds of thousands of tensors).
-    indexed = {rel for _, _, weight_map in parsed_indexes for rel in weight_map.values()}
-    names: dict[str, set[str]] = {}
-    out_data: dict[str, int] = {}
-    unquantized: dict[str, list[str]] = {}
-    quantizes: list[File] = []  # the files whose weights an FP8 target quantizes
-    files_dequantize = False
-    problem: Refused | None = None
-    for w in weights:
-        if cancel is not None and cancel.is_set():
-            raise Cancelled("conversion cancelled")
-        report = _engine.inspect_file(
-            w.path,
-            to=to,
-            # The precision options as the manifest records them; overflow only measured.
-            **{**precision, "on_overflow": "warn"},
-            keep_unmatched="ignore",
-            # The engine's quantized policy (one for files and folders): it refuses here,
-            # before anything is written, unless allowed.
-            allow_quantized=not check_quantized,
-            quantization_config=None if quantization_config is None else quantization_config.path,
-            packed_config=_nearest(w, described) or model_config,
-            strip_prefix=strip,
-        )
-        # Without a quantization_config the files decide, as for a lone file: a folder
-        # whose files hold FP8 weights with their scales is dequantized (its indexes then
-        # lose the scales), and then whole.
-        if dequantize or quantization_config is None:
-            if any(t.reason == "dequantized" for t in report.tensors):
-                files_dequantize = True
-            problem = problem or _dequantize_problem(w, report)
-        unmatched = [p for p in unmatched if p in report.keep_unmatched]
-        hashes[w.rel] = source_sha256(w.path)
-        if w.rel in indexed:
-            # (The source's names: a fused tensor split per expert is one.)
-            names[w.rel] = {t.split_from or t.name for t in report.tensors}
-        out_data[w.rel] = sum(t.target_bytes for t in report.tensors)
-        if is_fp8(to):
-            unquantized[w.rel] = nonfinite(report.tensors)
-            if any(t.reason == "quantized" for t in report.tensors):
-                quantizes.append(w)
-        info[w.rel] = dataclasses.replace(report, tensors=[])
-        said.append(report.warnings)
-
-    dequantize = dequantize or files_dequantize
-    # FP8 weights no model config describes: their quantization_config goes beside them.
-    taken = {f.rel for f in [*configs, *others]}
-    rels = [r for r in side_configs([w.rel for w in quantizes], list(taken)) if r not in taken]
-    first = {posixpath.dirname(w.rel): w for w in reversed(quantizes)}
-    new_configs += [(File(r, first[posixpath.dirname(r)].path, 0, 0), b"{}") for r in rels]
-    if dequantize and problem is not None:
-        raise problem
-    for f, _, weight_map in parsed_indexes:
-        _check_index(f, weight_map, names)
-
+    weights, indexes, configs, copies, late_copies, dirs, skipped, model_config = found["files"]
+    files = [File(*r) for r in weights]
+    planned = {w.rel: p for w, p in zip(files, found["planned"])}
     return Plan(
-        weights=weights,
-        indexes=parsed_indexes,
-        configs=new_configs,
-        copies=[f for f in others if os.path.basename(f.rel) not in _PUBLISH_LAST_NAMES],
-        late_copies=[f for f in others if os.path.basename(f.rel) in _PUBLISH_LAST_NAMES],
+        weights=files,
+        indexes=[(File(*r), text, dict(weight_map)) for r, text, weight_map in indexes],
+        configs=[(File(*r), None if c is None else c.encode()) for r, c in configs],
+        copies=[File(*r) for r in copies],
+        late_copies=[File(*r) for r in late_copies],
         dirs=dirs,
-        info=info,
-        out_data=out_data,
-        header_sha256=hashes,
-        keep_unmatched=unmatched,
-        skipped=skipped,
-        dequantize=dequantize,
-        unquantized=unquantized,
-        unmatched_prefixes=common_prefix_notices(said),
-        walk_warnings=walk_warnings,
-        strip_prefix=strip,
+        info={
+            w.rel: _build(
+                InspectReport, p["info"], path=w.path, warnings=notices(p["info"]["warnings"])
+            )
+            for w, p in zip(files, found["planned"])
+        },
+        out_data={rel: p["out_data"] for rel, p in planned.items()},
+        header_sha256={rel: p["header_sha256"] for rel, p in planned.items()},
+        keep_unmatched=found["keep_unmatched"],
+        skipped=[(File(*r), why) for r, why in skipped],
+        dequantize=found["dequantize"],
+        unquantized={
+            rel: p["unquantized"] for rel, p in planned.items() if p["unquantized"] is not None
+        },
+        unmatched_prefixes=notices(found["unmatched_prefixes"]),
+        strip_prefix=found["strip_prefix"],
+        walk_warnings=notices(found["walk_warnings"]),
         model_config=model_config,
     )
 
@@ -384,67 +280,6 @@ def index_owners(indexes: list[tuple[File, str, dict[str, str]]]) -> dict[str, s
     return owner
 
 
-def _check_index(f: File, weight_map: dict[str, str], names: dict[str, set[str]]) -> None:
-    """The index and the shards it names must list the same tensors."""
-    tensors_of = {}
-    for rel in sorted(set(weight_map.values())):
-        tensors_of[rel] = names[rel]
-    for tensor, rel in weight_map.items():
-        if tensor not in tensors_of[rel]:
-            raise InvalidInput(
-                f"{_esc(f.path)}: tensor `{_esc(tensor)}` is listed for "
-                f"`{_esc(os.path.basename(rel))}` but that shard does not hold it",
-                path=f.path,
-            )
-    for rel, held in tensors_of.items():
-        for tensor in sorted(held):
-            if weight_map.get(tensor) != rel:
-                where = weight_map.get(tensor)
-                said = (
-                    "is absent from the index"
-                    if where is None
-                    else f"is listed for `{_esc(where)}`"
-                )
-                raise InvalidInput(
-                    f"{_esc(f.path)}: tensor `{_esc(tensor)}` of shard "
-                    f"`{_esc(os.path.basename(rel))}` {said}",
-                    path=f.path,
-                )
-
-
-def _dequantize_problem(w: File, report: InspectReport) -> Refused | None:
-    """Why a dequantized folder's file cannot be dequantized whole, if it cannot: a
-    quantized tensor left as it is (a weight whose scale another file holds, or none), a
-    weight's scale, zero point, global scale or shape left without its weight."""
-    for t in report.tensors:
-        lowp = t.dtype in _core.QUANTIZED_DTYPES and t.reason not in ("dequantized", "dropped")
-        of = [s for s in WEIGHT_COMPANION_SUFFIXES if t.name.endswith(s) and t.reason != "dropped"]
-        if lowp or of:
-            what = (
-                f"is a {_core.COMPANION_ROLES[of[0]]} ({t.dtype}) whose weight is not in this file"
-                if of
-                else "is quantized without a scale beside it in this file"
-            )
-            return Refused(
-                f"{_esc(w.path)}: tensor `{_esc(t.name)}` {what}: this quantized checkpoint cannot "
-                "be dequantized whole; nothing was written",
-                path=w.path,
-            )
-    return None
-
-
-def _nearest(w: File, configs: list[File]) -> str | None:
-    """The path of the config among `configs` in `w`'s folder or the nearest above it."""
-    folder = w.rel.rpartition("/")[0]
-    best: tuple[int, str] | None = None
-    for f in configs:
-        d = f.rel.rpartition("/")[0]
-        inside = d == "" or folder == d or folder.startswith(d + "/")
-        if inside and (best is None or len(d) > best[0]):
-            best = (len(d), f.path)
-    return None if best is None else best[1]
-
-
 def dequantizes_any(weights: list[File], to: Target, precision: dict[str, Any]) -> bool:
     """Does any weight file hold an FP8 weight with its scale, which `to` dequantizes?"""
     for w in weights:
@@ -457,16 +292,6 @@ def dequantizes_any(weights: list[File], to: Target, precision: dict[str, Any]) 
         )
         if any(t.reason == "dequantized" for t in report.tensors):
             return True
-    return False
-
-
-def _has_quantization_config(doc: Any) -> bool:
-    if isinstance(doc, dict):
-        if quantization_of(doc) is not None:
-            return True
-        return any(_has_quantization_config(v) for v in doc.values())
-    if isinstance(doc, list):
-        return any(_has_quantization_config(v) for v in doc)
     return False
 
 
