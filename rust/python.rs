@@ -592,7 +592,7 @@ fn torch_name(name: OsString) -> Option<OsString> {
 /// The first of DST's files beside its weights that is not what convert makes of SRC's
 /// (`run::check::check`): (rel, template), or None.
 #[pyfunction]
-#[pyo3(signature = (dst, to, *, loose=false, stray=vec![], output=vec![], copies=vec![], configs=vec![], indexes=vec![], record=None))]
+#[pyo3(signature = (dst, to, *, loose=false, stray=vec![], output=vec![], copies=vec![], configs=vec![], indexes=vec![], sources=HashMap::new(), added=vec![], sides=vec![]))]
 #[allow(clippy::too_many_arguments)]
 fn check_companions(
     py: Python<'_>,
@@ -602,9 +602,11 @@ fn check_companions(
     stray: Vec<PathBuf>,
     output: Vec<PathBuf>,
     copies: Vec<(PathBuf, PathBuf)>,
-    configs: Vec<(PathBuf, Vec<u8>)>,
+    configs: Vec<check::SrcConfig>,
     indexes: Vec<check::Index>,
-    record: Option<String>,
+    sources: HashMap<PathBuf, PathBuf>,
+    added: Vec<PathBuf>,
+    sides: Vec<PathBuf>,
 ) -> PyResult<Option<check::Finding>> {
     let c = check::Companions {
         stray,
@@ -612,10 +614,17 @@ fn check_companions(
         copies,
         configs,
         indexes,
-        record,
+        sources,
+        added,
+        sides,
     };
-    let fp8 = to.is_some_and(|t| t.strategy().is_some());
-    guarded(py, || check::check(&dst, fp8, loose, &c))
+    guarded(py, || check::check(&dst, to, loose, &c))
+}
+
+/// The FP8 target DST's model config `rel` describes (`run::check::configured`).
+#[pyfunction]
+fn configured_target(dst: PathBuf, rel: PathBuf) -> Option<&'static str> {
+    check::configured(&dst, &rel).map(Target::name)
 }
 
 /// The index at `rel` as convert writes it for DST's shards (`run::check::written_index`).
@@ -690,12 +699,6 @@ fn recorded_source(
 #[pyo3(signature = (**options))]
 fn record_text(py: Python<'_>, options: Option<&Bound<'_, PyDict>>) -> PyResult<Option<String>> {
     read_options(py, options, |s, _| s.record())
-}
-
-/// The record a folder output's indexes carry (`verify::own_index_record`).
-#[pyfunction]
-fn own_index_record(py: Python<'_>, src: PathBuf, dst: PathBuf) -> PyResult<Option<String>> {
-    guarded(py, || crate::verify::own_index_record(&src, &dst))
 }
 
 /// An engine report as a dict (its serde form, once), with its paths as Python holds them
@@ -1322,9 +1325,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m: _set_exceptions, py_convert, py_inspect, py_verify, render, format_bytes, escape,
         option_error, check_option, failpoint, write_file, copy_file, write_numeric_report,
         check_side_output, convert_shard, verify_shard, shard_file_name, index_file_name,
-        check_folder, read_header, recorded_source, record_text, own_index_record, walk_folder, list_folder, torch_name, config_text, index_text,
+        check_folder, read_header, recorded_source, record_text, walk_folder, list_folder, torch_name, config_text, index_text,
         json_depth, split_shard_name, run_place, default_dst, py_survey,
-        finished_manifests, check_companions, written_index, read_index, index_total,
+        finished_manifests, check_companions, configured_target, written_index, read_index, index_total,
         resharded_pairs, verify_group,
     }
     Ok(())
