@@ -26,7 +26,7 @@ use crate::numerics::{DequantizedTensor, Numerics};
 use crate::options;
 use crate::output::{self, Replace, Sealed};
 use crate::report::NumericsRow;
-use crate::run::{check, json, manifest, place, survey, walk};
+use crate::run::{check, fp8config, json, manifest, place, survey, walk};
 use crate::shard::resharded::{self as rverify, GroupRow, IndexedRow, Member, MemberRow, PairRows};
 use crate::shard::{self, Group};
 use crate::task::{ConvertTask, InspectTask, Task};
@@ -475,15 +475,17 @@ fn index_file_name(stem: &str) -> String {
 
 /// A model config as a run writes it (`run::json::config_text`); None: copied as it is.
 #[pyfunction]
-#[pyo3(signature = (text, to, *, dequantize=false, ignore=None))]
+#[pyo3(signature = (text, to, *, dequantize=false, shards=None))]
 fn config_text(
     py: Python<'_>,
     text: &str,
     to: Given,
     dequantize: bool,
-    ignore: Option<Vec<String>>,
+    shards: Option<Vec<PathBuf>>,
 ) -> PyResult<Option<Cow<'static, [u8]>>> {
     let to = to.target().map_err(|e| to_py(py, e))?;
+    let modules = shards.map(|s| guarded(py, || fp8config::Modules::of_files(&s)));
+    let ignore = modules.transpose()?.map(|m| m.unquantized);
     let out = json::config_text(text, to, dequantize, ignore.as_deref()).map_err(not_json)?;
     Ok(out.map(|s| s.into_bytes().into()))
 }

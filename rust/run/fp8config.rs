@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
@@ -40,22 +40,24 @@ impl Modules {
     }
 
     /// The modules of the safetensors files in the folder of DST's file `rel` (headers
-    /// only), as a config there must describe them; a module of two files, the last's.
+    /// only), as a config there must describe them (`of_files`).
     pub fn beside(dst: &Path, rel: &Path) -> Result<Modules> {
         let dir = crate::output::parent_dir(&dst.join(rel));
         let read =
             std::fs::read_dir(&dir).map_err(|e| crate::error::Error::io(&dir, "cannot list", e));
         let mut paths: Vec<_> = read?.filter_map(|e| Some(e.ok()?.path())).collect();
         paths.sort();
+        paths
+            .retain(|p| p.as_os_str().as_encoded_bytes().ends_with(b".safetensors") && p.is_file());
+        Modules::of_files(&paths)
+    }
+
+    /// The modules of the safetensors files `paths` (headers only); a module of two files,
+    /// the last's.
+    pub fn of_files(paths: &[PathBuf]) -> Result<Modules> {
         let mut m = Modules::default();
         for path in paths {
-            let weights = path
-                .as_os_str()
-                .as_encoded_bytes()
-                .ends_with(b".safetensors");
-            if weights && path.is_file() {
-                m.add(&Source::open_any(&path, &InputOptions::default())?.header);
-            }
+            m.add(&Source::open_any(path, &InputOptions::default())?.header);
         }
         m.unquantized.sort();
         m.unquantized.dedup();

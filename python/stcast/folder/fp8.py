@@ -1,6 +1,7 @@
 """FP8 targets in folders: what the `quantization_config` a loader (vLLM, transformers with
 compressed-tensors) reads must say; the index entries of the scales are the engine's
-(rust/run/check.rs `written_index`). The engine writes both texts (rust/run/json.rs).
+(rust/run/check.rs `written_index`). The engine writes both texts (rust/run/json.rs) and
+judges them in an output (rust/run/fp8config.rs, rust/run/check.rs).
 
 Both come from the shards as written, not from the plan: a weight that held NaN or inf is
 found only while converting, and stays BF16 (unquantized, without a scale), so the config's
@@ -12,10 +13,9 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .. import _core, _engine
+from .. import _core
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -28,8 +28,6 @@ if TYPE_CHECKING:
 WEIGHT_COMPANION_SUFFIXES = tuple(
     s for s in _core.FP8_COMPANION_SUFFIXES if s.startswith(".weight")
 )
-# How stcast names the scale of a weight it quantizes (`X.weight_scale`).
-_SCALE = _core.FP8_SCALE_SUFFIXES[0]
 
 
 def is_fp8(to: str) -> bool:
@@ -41,60 +39,6 @@ def nonfinite(tensors: Sequence[TensorInfo]) -> list[str]:
     """The weights of an FP8 plan (`inspect` of one file, which reads them) that hold NaN or
     inf: left unquantized, in BF16."""
     return [t.name for t in tensors if t.not_quantized == "nonfinite"]
-
-
-def config_text(text: str, to: str, ignore: list[str]) -> bytes:
-    """A model config (its text) as an FP8 target's output holds it, written by the engine
-    (`run::json::config_text`): its dtype keys set, and the `quantization_config` whose
-    `ignore` names the modules `ignore` left unquantized."""
-    written = _core.config_text(text, to, ignore=ignore)
-    assert written is not None, "an FP8 target writes a quantization_config"
-    return written
-
-
-@dataclass
-class Fp8Tensors:
-    """What an FP8 output's shards hold, as its config must describe it: each quantized
-    weight's module with the weight's and its scale's shapes, and the modules whose 2-D
-    weight is not quantized (sorted, each once)."""
-
-    quantized: dict[str, tuple[list[int], list[int]]]
-    unquantized: list[str]
-
-
-def fp8_tensors(shards: list[str]) -> Fp8Tensors:
-    """The quantized and unquantized weights of the shards at `shards` (paths), from their
-    headers. A weight is quantized when it is a 2-D F8_E4M3 `M.weight` with its scale
-    `M.weight_scale` in the same file; any other 2-D `M.weight`, whatever its dtype, is not
-    (rust/quant.rs `unquantized_module`, the rule `Plan::unquantized_modules` applies)."""
-    quantized: dict[str, tuple[list[int], list[int]]] = {}
-    unquantized: set[str] = set()
-    for path in shards:
-        tensors = _layout(path)
-        scales = {t.name: t.shape for t in tensors}
-        for t in tensors:
-            # A bare `weight` is the root module's: an empty name in `ignore` would name
-            # every module, so it is left out.
-            if not t.name.endswith(".weight") or len(t.shape) != 2:
-                continue
-            module = t.name[: -len(".weight")]
-            scale = scales.get(t.name + _SCALE)
-            if t.dtype == "F8_E4M3" and scale is not None:
-                quantized[module] = (t.shape, scale)
-            else:
-                unquantized.add(module)
-    return Fp8Tensors(quantized, sorted(unquantized))
-
-
-def unquantized_modules(shards: list[str]) -> list[str]:
-    """The modules whose 2-D weight the shards at `shards` (paths) hold unquantized: the
-    config's `ignore`. Sorted, each once."""
-    return fp8_tensors(shards).unquantized
-
-
-def _layout(path: str) -> list[TensorInfo]:
-    """The tensors of a safetensors file written (its header only)."""
-    return _engine.inspect_file(path, to="keep").tensors
 
 
 # The keys under which a model config describes its quantization (the engine's,
