@@ -27,7 +27,7 @@ use crate::numerics::{DequantizedTensor, Numerics};
 use crate::options;
 use crate::output::{self, Replace, Sealed};
 use crate::report::NumericsRow;
-use crate::run::{check, json, manifest, place, survey, walk};
+use crate::run::{check, fp8config, json, manifest, place, survey, walk};
 use crate::shard::resharded::{self as rverify, GroupRow, IndexedRow, Member, MemberRow, PairRows};
 use crate::shard::{self, Group};
 use crate::task::{ConvertTask, InspectTask, Task};
@@ -476,15 +476,17 @@ fn index_file_name(stem: &str) -> String {
 
 /// A model config as a run writes it (`run::json::config_text`); None: copied as it is.
 #[pyfunction]
-#[pyo3(signature = (text, to, *, dequantize=false, ignore=None))]
+#[pyo3(signature = (text, to, *, dequantize=false, shards=None))]
 fn config_text(
     py: Python<'_>,
     text: &str,
     to: Given,
     dequantize: bool,
-    ignore: Option<Vec<String>>,
+    shards: Option<Vec<PathBuf>>,
 ) -> PyResult<Option<Cow<'static, [u8]>>> {
     let to = to.target().map_err(|e| to_py(py, e))?;
+    let modules = shards.map(|s| guarded(py, || fp8config::Modules::of_files(&s)));
+    let ignore = modules.transpose()?.map(|m| m.unquantized);
     let out = json::config_text(text, to, dequantize, ignore.as_deref()).map_err(not_json)?;
     Ok(out.map(|s| s.into_bytes().into()))
 }
@@ -621,7 +623,7 @@ fn torch_name(name: OsString) -> Option<OsString> {
 /// The first of DST's files beside its weights that is not what convert makes of SRC's
 /// (`run::check::check`): (rel, template), or None.
 #[pyfunction]
-#[pyo3(signature = (dst, to, *, loose=false, stray=vec![], output=vec![], copies=vec![], configs=vec![], indexes=vec![], record=None))]
+#[pyo3(signature = (dst, to, *, loose=false, stray=vec![], output=vec![], copies=vec![], configs=vec![], indexes=vec![], sources=HashMap::new(), added=vec![], sides=vec![]))]
 #[allow(clippy::too_many_arguments)]
 fn check_companions(
     py: Python<'_>,
@@ -631,9 +633,11 @@ fn check_companions(
     stray: Vec<PathBuf>,
     output: Vec<PathBuf>,
     copies: Vec<(PathBuf, PathBuf)>,
-    configs: Vec<(PathBuf, Vec<u8>)>,
+    configs: Vec<check::SrcConfig>,
     indexes: Vec<check::Index>,
-    record: Option<String>,
+    sources: HashMap<PathBuf, PathBuf>,
+    added: Vec<PathBuf>,
+    sides: Vec<PathBuf>,
 ) -> PyResult<Option<check::Finding>> {
     let c = check::Companions {
         stray,
@@ -641,10 +645,17 @@ fn check_companions(
         copies,
         configs,
         indexes,
-        record,
+        sources,
+        added,
+        sides,
     };
-    let fp8 = to.is_some_and(|t| t.strategy().is_some());
-    guarded(py, || check::check(&dst, fp8, loose, &c))
+    guarded(py, || check::check(&dst, to, loose, &c))
+}
+
+/// The FP8 target DST's model config `rel` describes (`run::check::configured`).
+#[pyfunction]
+fn configured_target(dst: PathBuf, rel: PathBuf) -> Option<&'static str> {
+    check::configured(&dst, &rel).map(Target::name)
 }
 
 /// The index at `rel` as convert writes it for DST's shards (`run::check::written_index`).
@@ -719,12 +730,6 @@ fn recorded_source(
 #[pyo3(signature = (**options))]
 fn record_text(py: Python<'_>, options: Option<&Bound<'_, PyDict>>) -> PyResult<Option<String>> {
     read_options(py, options, |s, _| s.record())
-}
-
-/// The record a folder output's indexes carry (`verify::own_index_record`).
-#[pyfunction]
-fn own_index_record(py: Python<'_>, src: PathBuf, dst: PathBuf) -> PyResult<Option<String>> {
-    guarded(py, || crate::verify::own_index_record(&src, &dst))
 }
 
 /// An engine report as a dict (its serde form, once), with its paths as Python holds them
@@ -1351,9 +1356,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m: _set_exceptions, py_convert, py_inspect, py_verify, render, format_bytes, escape,
         option_error, check_option, failpoint, write_file, copy_file, write_numeric_report,
         check_side_output, convert_shard, verify_shard, shard_file_name, index_file_name,
-        check_folder, read_header, recorded_source, record_text, own_index_record, walk_folder, plan_folder, source_fingerprint, list_folder, torch_name, config_text, index_text,
+        check_folder, read_header, recorded_source, record_text, walk_folder, plan_folder, source_fingerprint, list_folder, torch_name, config_text, index_text,
         json_depth, split_shard_name, run_place, default_dst, py_survey,
-        finished_manifests, check_companions, written_index, read_index, index_total,
+        finished_manifests, check_companions, configured_target, written_index, read_index, index_total,
         resharded_pairs, verify_group,
     }
     Ok(())

@@ -942,6 +942,36 @@ pub fn names_module(entry: &str, module: &str) -> bool {
     ModulePattern::new(entry).is_ok_and(|p| p.matches(module))
 }
 
+/// The entry `entry` with a `re:` pattern's `\\Z` (Python's end of the string, which the
+/// `ignore` entries stcast writes end with: `run::json::ignore_entry`) spelled as the
+/// regex crate spells it (`\\z`), for verify's check of an FP8 output's config.
+pub fn python_end(entry: &str) -> std::borrow::Cow<'_, str> {
+    if !(entry.starts_with("re:") && entry.contains("\\Z")) {
+        return entry.into();
+    }
+    let mut out = String::with_capacity(entry.len());
+    let mut chars = entry.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Z') => out.push_str("\\z"),
+            Some(next) => out.extend([c, next]),
+            None => out.push(c),
+        }
+    }
+    out.into()
+}
+
+/// Why stcast cannot match the `targets` or `ignore` entry `entry` as compressed-tensors
+/// does (`ModulePattern`: a `re:` pattern that is no regex, or that Python's `re` reads
+/// otherwise); None when it can.
+pub fn pattern_problem(entry: &str) -> Option<String> {
+    ModulePattern::new(entry).err()
+}
+
 impl Schemes {
     /// Does the config describe every packed weight of `deq` (`dequantizable`'s, of
     /// `tensors`) as its tensors store it? Each weight's module is matched as

@@ -222,6 +222,40 @@ pub fn with_record(
     Some(out)
 }
 
+/// DST's own record of convert's options: its `record::KEY` entry, whatever SRC's holds
+/// (convert replaces SRC's own with its own, the same text or not). None where DST has none,
+/// or holds SRC's own unchanged where that is no record convert writes (an output written
+/// with `--no-record` keeps SRC's metadata as it is); `Err`: one convert does not write.
+pub fn own_record<'a>(
+    src: Option<&[(String, String)]>,
+    dst: Option<&'a [(String, String)]>,
+) -> Option<Result<Record, (&'a str, String)>> {
+    let text = find(dst)?;
+    match Record::parse(text) {
+        Ok(r) => Some(Ok(r)),
+        Err(_) if find(src) == Some(text) => None,
+        Err(why) => Some(Err((text, why))),
+    }
+}
+
+/// The record of convert's options that the indexes of a folder output carry: the own
+/// record (`own_record`) of its weight file `dst`, an output of SRC's `src` (any file: one
+/// that is not safetensors has no record); None where it has none (`--no-record`: the
+/// indexes are SRC's, their total size set).
+pub fn own_index_record(
+    src: &std::path::Path,
+    dst: &std::path::Path,
+) -> crate::error::Result<Option<String>> {
+    // A PyTorch or DCP SRC has no record of its own (nor any `__metadata__` but the one
+    // its outputs get).
+    let s = crate::source::read_header(src).ok().and_then(|h| h.2);
+    let d = crate::source::read_header(dst)?.2;
+    Ok(match own_record(s.as_deref(), d.as_deref()) {
+        Some(Ok(r)) => Some(r.text()),
+        _ => None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

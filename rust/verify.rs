@@ -22,7 +22,7 @@ use crate::numerics::{DequantizedTensor, Numerics, Range};
 use crate::output::{check_side_output, write_file, Replace, Territory};
 use crate::plan::{self, PlanOptions, Role};
 use crate::quant::{Deq, Packing, Quant};
-use crate::record::{self, Record};
+use crate::record::{self, own_record, Record};
 use crate::source::{InputFile, PendingRelease, Source};
 use crate::text::esc;
 use crate::vocab::{OnOverflow, Strategy, Taken, Target, Unmatched};
@@ -143,21 +143,6 @@ pub type RecordedSource = (
     Option<String>,
 );
 
-/// The record of convert's options that the indexes of a folder output carry: the own
-/// record (`own_record`) of its weight file `dst`, an output of SRC's `src` (any file: one
-/// that is not safetensors has no record); None where it has none (`--no-record`: the
-/// indexes are SRC's, their total size set).
-pub fn own_index_record(src: &Path, dst: &Path) -> Result<Option<String>> {
-    // A PyTorch or DCP SRC has no record of its own (nor any `__metadata__` but the one
-    // its outputs get).
-    let s = crate::source::read_header(src).ok().and_then(|h| h.2);
-    let d = crate::source::read_header(dst)?.2;
-    Ok(match own_record(s.as_deref(), d.as_deref()) {
-        Some(Ok(r)) => Some(r.text()),
-        _ => None,
-    })
-}
-
 /// SRC opened (`open`) as `recorded` says, the caller's `given` input options with the
 /// `key` and `strip_prefix` of DST's record (DST: `dst`) where not given: a failure that
 /// `given` alone does not meet is the record's, DST's content (`Error::Recorded`, bad input
@@ -195,22 +180,6 @@ pub fn recorded_input(dst: &Path, given: &InputOptions) -> InputOptions {
         }
     }
     input
-}
-
-/// DST's own record of convert's options: its `record::KEY` entry, whatever SRC's holds
-/// (convert replaces SRC's own with its own, the same text or not). None where DST has none,
-/// or holds SRC's own unchanged where that is no record convert writes (an output written
-/// with `--no-record` keeps SRC's metadata as it is); `Err`: one convert does not write.
-fn own_record<'a>(
-    src: Option<&[(String, String)]>,
-    dst: Option<&'a [(String, String)]>,
-) -> Option<std::result::Result<Record, (&'a str, String)>> {
-    let text = record::find(dst)?;
-    match Record::parse(text) {
-        Ok(r) => Some(Ok(r)),
-        Err(_) if record::find(src) == Some(text) => None,
-        Err(why) => Some(Err((text, why))),
-    }
 }
 
 /// The record convert wrote last in DST's `__metadata__`, after SRC's keys (`own_record`,

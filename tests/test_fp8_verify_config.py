@@ -377,10 +377,11 @@ def test_loose_fp8_dcp_output_with_copied_config(tmp_path, run_main):
     rc, _, err = run_main("verify", dcp, out, "--key", "model")
     assert rc == 1 and "config.json" in err, err
     # A config that describes the shards (an FP8 folder conversion's own) passes loose.
-    from stcast.folder.fp8 import config_text, fp8_tensors
+    from stcast import _core
 
     shards = sorted(str(p) for p in out.glob("*.safetensors"))
-    text = config_text('{"model_type": "llama"}', "fp8", fp8_tensors(shards).unquantized)
+    text = _core.config_text('{"model_type": "llama"}', "fp8", shards=shards)
+    assert text is not None
     (out / "config.json").write_bytes(text)
     rc, _, err = run_main("verify", dcp, out, "--key", "model", "--loose")
     assert rc == 0, err

@@ -4,6 +4,7 @@ from typing import Any, Callable, Protocol, TypedDict, final
 
 from typing_extensions import Unpack
 
+from stcast._types import Target as _Target
 from stcast._types import TensorNumerics as _Row
 
 __all__ = [
@@ -57,7 +58,6 @@ __all__ = [
     "read_header",
     "recorded_source",
     "record_text",
-    "own_index_record",
     "walk_folder",
     "plan_folder",
     "source_fingerprint",
@@ -73,6 +73,7 @@ __all__ = [
     "survey",
     "finished_manifests",
     "check_companions",
+    "configured_target",
     "written_index",
     "read_index",
     "index_total",
@@ -270,9 +271,8 @@ _Recorded = tuple[str | None, str | None, list[str], list[str], list[str], str |
 
 def recorded_source(path: str, given: _Recorded) -> _Recorded: ...
 def record_text(**options: Any) -> str | None: ...
-def own_index_record(src: str, dst: str) -> str | None: ...
 def config_text(
-    text: str, to: str, *, dequantize: bool = False, ignore: list[str] | None = None
+    text: str, to: str, *, dequantize: bool = False, shards: list[str] | None = None
 ) -> bytes | None: ...
 def index_text(
     text: str | None,
@@ -299,10 +299,13 @@ def check_companions(
     stray: list[str] = ...,
     output: list[str] = ...,
     copies: list[tuple[str, str]] = ...,
-    configs: list[tuple[str, bytes]] = ...,
+    configs: list[tuple[str, str, bool, str | None]] = ...,
     indexes: list[tuple[str, str, list[tuple[str, str]]]] = ...,
-    record: str | None = None,
+    sources: dict[str, str] = ...,
+    added: list[str] = ...,
+    sides: list[str] = ...,
 ) -> tuple[str, str] | None: ...
+def configured_target(dst: str, rel: str) -> _Target | None: ...
 def written_index(
     dst: str,
     rel: str,

@@ -4,7 +4,6 @@
 //! under the output's stem. What each must say of the weights beside it: `convert` refuses
 //! (or withdraws) one that would describe its output wrongly, `verify` fails one that does.
 
-use std::collections::HashSet;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -13,7 +12,9 @@ use serde_json::{Map, Value};
 
 use crate::header::SourceHeader;
 use crate::quant::names_module;
-use crate::run::json::{config_text, QUANTIZATION_KEYS};
+use crate::run::fp8config::quantization_config;
+pub use crate::run::fp8config::Modules;
+use crate::run::json::QUANTIZATION_KEYS;
 use crate::text::{esc, esc_path};
 use crate::vocab::{is_quantized_dtype, Target};
 
@@ -46,54 +47,6 @@ pub enum Weights<'a> {
     },
 }
 
-/// An FP8 output's modules with a 2-D weight: quantized (an F8_E4M3 `M.weight` with its
-/// scale `M.weight_scale`) or not; each sorted, each once.
-#[derive(Debug, Clone, Default)]
-pub struct Modules {
-    pub quantized: Vec<String>,
-    pub unquantized: Vec<String>,
-}
-
-impl Modules {
-    /// The modules of an output's header (the rule `Plan::unquantized_modules` applies,
-    /// `quant::unquantized_module`).
-    pub fn of(header: &SourceHeader) -> Modules {
-        use safetensors::tensor::Dtype;
-        let names: HashSet<&str> = header.tensors.iter().map(|t| t.name.as_str()).collect();
-        let mut m = Modules::default();
-        for t in &header.tensors {
-            let Some(module) = crate::quant::unquantized_module(&t.name, &t.shape) else {
-                continue;
-            };
-            let scaled = names.contains(format!("{}_scale", t.name).as_str());
-            match t.dtype == Dtype::F8_E4M3 && scaled {
-                true => m.quantized.push(module.to_string()),
-                false => m.unquantized.push(module.to_string()),
-            }
-        }
-        for v in [&mut m.quantized, &mut m.unquantized] {
-            v.sort();
-            v.dedup();
-        }
-        m
-    }
-
-    /// The modules of several files' headers (the shards of one folder), as of one.
-    pub fn of_all(headers: &[SourceHeader]) -> Modules {
-        let mut m = Modules::default();
-        for h in headers {
-            let one = Modules::of(h);
-            m.quantized.extend(one.quantized);
-            m.unquantized.extend(one.unquantized);
-        }
-        for v in [&mut m.quantized, &mut m.unquantized] {
-            v.sort();
-            v.dedup();
-        }
-        m
-    }
-}
-
 /// What a run that does not write the FP8 side config `path` again (a dense run over an
 /// earlier FP8 output) does with it.
 #[derive(Debug, PartialEq, Eq)]
@@ -113,18 +66,16 @@ pub enum StaleSide {
 pub fn stale_side(path: &Path, weights: &[PathBuf], target: Target) -> StaleSide {
     let text = std::fs::read(path).unwrap_or_default();
     let text = String::from_utf8_lossy(&text);
-    let headers: Vec<SourceHeader> = weights
-        .iter()
-        .filter_map(|w| crate::source::Source::open(w).ok().map(|s| s.header))
-        .collect();
-    let modules = Modules::of_all(&headers);
-    let ours = !headers.is_empty()
-        && [Target::Fp8, Target::Fp8Block].into_iter().any(|target| {
-            let old = Weights::Fp8 {
-                target,
-                modules: Some(&modules),
-            };
-            problem(&text, old, true).is_none()
+    let modules = Modules::of_files(weights).ok();
+    let ours = !weights.is_empty()
+        && modules.as_ref().is_some_and(|modules| {
+            [Target::Fp8, Target::Fp8Block].into_iter().any(|target| {
+                let old = Weights::Fp8 {
+                    target,
+                    modules: Some(modules),
+                };
+                problem(&text, old, true).is_none()
+            })
         });
     match (ours, Weights::planned(target)) {
         (true, _) => StaleSide::Withdraw,
@@ -198,7 +149,8 @@ pub fn problem(text: &str, weights: Weights<'_>, exact: bool) -> Option<String> 
     let Some(Value::Object(got)) = doc.get("quantization_config") else {
         return none();
     };
-    let mut want = ours(target, modules);
+    let ignore = modules.map_or(&[][..], |m| &m.unquantized[..]);
+    let mut want = quantization_config(target, ignore);
     if got.get("quant_method") != want.get("quant_method") {
         return none();
     }
@@ -262,7 +214,7 @@ pub fn problem(text: &str, weights: Weights<'_>, exact: bool) -> Option<String> 
         .flat_map(|g| names(g.get("targets")))
         .collect();
     let named = |list: &[String], m: &str| list.iter().any(|e| names_module(e, m));
-    for m in &modules.quantized {
+    for m in modules.quantized.keys() {
         if named(&ignore, m) || !named(&targets, m) {
             return Some(format!(
                 "its quantization_config leaves out `{}`, whose weight is quantized beside it",
@@ -280,23 +232,6 @@ pub fn problem(text: &str, weights: Weights<'_>, exact: bool) -> Option<String> 
         }
     }
     None
-}
-
-/// The `quantization_config` stcast writes for `target` (`run::json::config_text`), its
-/// `ignore` the unquantized `modules`.
-fn ours(target: Target, modules: Option<&Modules>) -> Map<String, Value> {
-    let ignore = modules.map_or(&[][..], |m| &m.unquantized[..]);
-    let text = config_text("{}", target, false, Some(ignore))
-        .ok()
-        .flatten();
-    let doc = text.and_then(|t| serde_json::from_str::<Value>(&t).ok());
-    match doc {
-        Some(Value::Object(mut d)) => match d.remove("quantization_config") {
-            Some(Value::Object(q)) => q,
-            _ => Map::new(),
-        },
-        _ => Map::new(),
-    }
 }
 
 /// What the lone output whose header is `header`, written for `to`, holds (`Weights`), its
@@ -386,6 +321,7 @@ pub fn leftovers(dst: &Path) -> Vec<OsString> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::run::json::config_text;
 
     #[test]
     fn a_config_must_describe_the_weights_beside_it() {
@@ -431,7 +367,7 @@ mod tests {
         assert!(problem(&block, fp8, false).unwrap().contains("`strategy`"));
         // The modules: a quantized one ignored, an unquantized one targeted and not ignored.
         let modules = Modules {
-            quantized: vec!["a".into()],
+            quantized: [("a".to_string(), (vec![4, 4], vec![4, 1]))].into(),
             unquantized: vec!["lm_head".into()],
         };
         let fp8 = Weights::Fp8 {

@@ -12,12 +12,13 @@ use crate::error::{Error, Result};
 use crate::input::InputOptions;
 use crate::naming;
 use crate::quant::{BLOCKS_SUFFIX, PACKED_SUFFIX, SCALE_SUFFIXES};
+use crate::run::fp8config;
 use crate::run::json::{self, Node, Str, Value};
 use crate::run::walk::{listing, torch_name};
 use crate::source::{open_regular, Source};
 use crate::text::{esc, esc_path, format_bytes};
 use crate::torch::TorchError;
-use crate::vocab::is_quantized_dtype;
+use crate::vocab::{is_quantized_dtype, Target};
 
 /// Configs and indexes above this size are not what they claim to be.
 pub const MAX_JSON_BYTES: u64 = 256 << 20;
@@ -50,25 +51,49 @@ const CONFIG_DIFFERS: &str = "is not SRC's config with the dtype set to the targ
 /// An index as read: its text and its weight map (tensor, shard path relative to DST).
 pub type Index = (PathBuf, String, Vec<(String, String)>);
 
+/// SRC's config as verify judges DST's: DST's rel, SRC's text, whether the target
+/// dequantizes it (its quantization keys dropped), and why convert refuses SRC for it (its
+/// quantization is no scheme stcast dequantizes, while its weights would be dequantized).
+pub type SrcConfig = (PathBuf, String, bool, Option<String>);
+
 /// What verify checks in DST besides the weights, in this order: the indexes DST holds
 /// beside the output (`stray`, against the output's weight files `output`), the copies
-/// (DST's rel, SRC's file), the configs (DST's rel, the text convert writes), the indexes
-/// (DST's rel, SRC's text and weight map).
+/// (DST's rel, SRC's file), the configs (`SrcConfig`), the indexes (DST's rel, SRC's text
+/// and weight map), the model configs DST adds to an FP8 output (`added`), and the FP8
+/// quantization_config files beside weights no model config describes (`sides`).
 #[derive(Debug, Default)]
 pub struct Companions {
     pub stray: Vec<PathBuf>,
     pub output: Vec<PathBuf>,
     pub copies: Vec<(PathBuf, PathBuf)>,
-    pub configs: Vec<(PathBuf, Vec<u8>)>,
+    pub configs: Vec<SrcConfig>,
     pub indexes: Vec<Index>,
-    /// The record of convert's options its indexes carry (`verify::own_index_record`).
-    pub record: Option<String>,
+    /// SRC's weight files (DST's rel, SRC's path): the record convert put in the shards
+    /// (`record::own_index_record`), it put in their indexes.
+    pub sources: HashMap<PathBuf, PathBuf>,
+    pub added: Vec<PathBuf>,
+    pub sides: Vec<PathBuf>,
 }
 
-/// The first file of `c` that DST does not hold as convert writes it (under the target
-/// `to`, None if not known); `loose` takes JSON with the same data for the same file.
-pub fn check(dst: &Path, fp8: bool, loose: bool, c: &Companions) -> Result<Option<Finding>> {
+/// Is `rel` a model config (`config.json`), which an FP8 target gives its
+/// quantization_config?
+fn is_model_config(rel: &Path) -> bool {
+    rel.file_name() == Some(std::ffi::OsStr::new("config.json"))
+}
+
+/// The first file of `c` that DST does not hold as convert writes it under the target
+/// `to` (None: not known; the configs then judged as bf16's); `loose` takes JSON with the
+/// same data for the same file, and another tool's FP8 model config when it describes the
+/// tensors beside it (`fp8config::same_config`).
+pub fn check(
+    dst: &Path,
+    to: Option<Target>,
+    loose: bool,
+    c: &Companions,
+) -> Result<Option<Finding>> {
     let finding = |rel: &Path, template: String| Ok(Some((rel.as_os_str().into(), template)));
+    let fp8 = to.is_some_and(|t| t.strategy().is_some());
+    let target = to.unwrap_or(Target::Bf16);
     let (configs, indexes): (Vec<PathBuf>, Vec<PathBuf>) = c
         .stray
         .iter()
@@ -86,19 +111,53 @@ pub fn check(dst: &Path, fp8: bool, loose: bool, c: &Companions) -> Result<Optio
             return finding(rel, why.to_string());
         }
     }
-    for (rel, want) in &c.configs {
+    let describe =
+        |p: fp8config::Problem| format!("does not describe the FP8 tensors beside it: {p}");
+    let not_json = |rel: &Path| bad_index(&dst.join(rel), "not valid JSON".into());
+    for (rel, text, dequantize, refused) in &c.configs {
+        if let Some(why) = refused {
+            // convert refuses such a source: no output of it is stcast's (or loaded right).
+            return finding(rel, format!("in SRC: {why}"));
+        }
+        let want = json::config_text(text, target, *dequantize, None).map_err(|_| not_json(rel))?;
+        let mut want = want.unwrap_or_else(|| text.clone());
+        if fp8 && is_model_config(rel) {
+            // The config must describe the tensors beside it (strict and loose alike): a
+            // loader trusts its `ignore`, strategy and format. Strict mode then wants
+            // stcast's bytes; loose (another tool's config) SRC's other keys.
+            let got = read_bounded(&dst.join(rel))?;
+            let modules = fp8config::Modules::beside(dst, rel)?;
+            if let Some(wrong) = fp8config::same_config(&got, text, target, &modules) {
+                return finding(rel, describe(wrong));
+            }
+            if loose {
+                continue;
+            }
+            let ignore = Some(&modules.unquantized[..]);
+            let written = json::config_text(text, target, false, ignore);
+            want = written.map_err(|_| not_json(rel))?.unwrap_or_default();
+        }
         match read_bounded(&dst.join(rel)) {
-            Ok(got) if same_json(&got, want, loose) => continue,
+            Ok(got) if same_json(&got, want.as_bytes(), loose) => continue,
             Ok(_) => return finding(rel, CONFIG_DIFFERS.into()),
             Err(e) => return finding(rel, e.template()),
         }
     }
+    // The record convert put in the shards, it put in their indexes.
+    let shard = c
+        .indexes
+        .iter()
+        .find_map(|(_, _, m)| m.iter().map(|(_, s)| s).min());
+    let record = match shard.and_then(|s| Some((c.sources.get(Path::new(s))?, s))) {
+        Some((src, shard)) => crate::record::own_index_record(src, &dst.join(shard))?,
+        None => None,
+    };
     for (rel, text, weight_map) in &c.indexes {
         let deq = dequantized(dst, weight_map);
         let scales = Scales::of(fp8 && !deq, deq);
         let got = read_bounded(&dst.join(rel)).and_then(|got| {
             // An index an earlier stcast wrote holds no record: the shards' alone say it.
-            let record = c.record.as_deref().filter(|_| has_record(&got));
+            let record = record.as_deref().filter(|_| has_record(&got));
             let want = written_index(dst, rel, text, weight_map, scales, record)?;
             Ok((want, got))
         });
@@ -114,7 +173,7 @@ pub fn check(dst: &Path, fp8: bool, loose: bool, c: &Companions) -> Result<Optio
     // Every shard of one conversion holds its record: a shard of another run (other
     // options) verifies alone, but is no part of this output.
     for (_, _, weight_map) in &c.indexes {
-        if let Some(record) = &c.record {
+        if let Some(record) = &record {
             let files: Vec<&Path> = shards(weight_map).into_iter().map(Path::new).collect();
             let Some(&of) = files.first() else { continue };
             let files = files.into_iter().map(|rel| (rel, dst.join(rel)));
@@ -123,7 +182,47 @@ pub fn check(dst: &Path, fp8: bool, loose: bool, c: &Companions) -> Result<Optio
             }
         }
     }
+    // Loose ignores extra files, but not a model config beside FP8 shards (one copied in
+    // after a DCP or single-file source was re-sharded): a loader trusts it. Without a
+    // quantization_config, it reads the E4M3 codes as the weights. A file that is not a
+    // JSON object is no model config.
+    for rel in c.added.iter().filter(|_| fp8) {
+        let doc = read_bounded(&dst.join(rel)).map(|b| serde_json::from_slice(&b));
+        let Ok(Ok(serde_json::Value::Object(doc))) = doc else {
+            continue;
+        };
+        let modules = fp8config::Modules::beside(dst, rel)?;
+        if modules.quantized.is_empty() {
+            continue;
+        }
+        if let Some(p) = fp8config::problem(doc.get("quantization_config"), target, &modules) {
+            return finding(rel, describe(p));
+        }
+    }
+    for rel in &c.sides {
+        if !fp8 {
+            let why = "is an FP8 quantization_config, beside shards not quantized";
+            return finding(rel, why.into());
+        }
+        let modules = fp8config::Modules::beside(dst, rel)?;
+        let want = json::config_text("{}", target, false, Some(&modules.unquantized));
+        let want = want.map_err(|_| not_json(rel))?.unwrap_or_default();
+        if read_bounded(&dst.join(rel))? != want.as_bytes() {
+            let why = "is not the quantization_config of the FP8 shards beside it";
+            return finding(rel, why.into());
+        }
+    }
     Ok(None)
+}
+
+/// The FP8 target DST's model config at `rel` describes (its strategy,
+/// `fp8config::strategy_target`), if it is one: verify reads it there rather than guess it
+/// from a weight whose scale fits both. None when it says none, or cannot be read (the
+/// config check says what is wrong with it).
+pub fn configured(dst: &Path, rel: &Path) -> Option<Target> {
+    let text = read_bounded(&dst.join(rel)).ok()?;
+    std::str::from_utf8(&text).ok()?;
+    fp8config::strategy_target(&text)
 }
 
 /// Does an index's text (as read) hold a record of convert's options?

@@ -14,10 +14,13 @@
 //!   or single-file source written into a folder), and the configs a folder run leaves, as
 //!   they must describe the weights beside them.
 //! - `check`: what verify finds in a destination's files beside its weights (copies,
-//!   indexes, an index left beside the output).
+//!   configs, indexes, an index left beside the output, configs added to an FP8 output).
+//! - `fp8config`: what an FP8 output's `quantization_config` must say of the tensors beside
+//!   it, as verify judges one another tool wrote.
 
 pub mod beside;
 pub mod check;
+pub mod fp8config;
 pub mod json;
 pub mod manifest;
 pub mod place;

@@ -349,7 +349,7 @@ impl GroupVerify {
         // SRC's fused experts split as the record says convert split them.
         let mut input = input.clone();
         let first = &d.inputs[0].path;
-        let record = crate::verify::own_index_record(&s.inputs[0].path, first)?;
+        let record = crate::record::own_index_record(&s.inputs[0].path, first)?;
         if let Some(r) = record
             .as_deref()
             .and_then(|r| crate::record::Record::parse(r).ok())
@@ -544,7 +544,7 @@ fn precheck(
     }
     // Every file of one conversion holds its record: a file of another run (other options)
     // verifies alone, but is no part of this output.
-    let record = crate::verify::own_index_record(&s.inputs[0].path, &d.inputs[0].path)?;
+    let record = crate::record::own_index_record(&s.inputs[0].path, &d.inputs[0].path)?;
     if let Some(record) = &record {
         let files = d.inputs.iter().map(|f| (f.rel.as_path(), &f.path));
         if let Some((rel, why)) = check::other_record(files, record, &d.inputs[0].rel)? {

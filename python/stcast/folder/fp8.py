@@ -1,6 +1,7 @@
 """FP8 targets in folders: what the `quantization_config` a loader (vLLM, transformers with
 compressed-tensors) reads must say; the index entries of the scales are the engine's
-(rust/run/check.rs `written_index`). The engine writes both texts (rust/run/json.rs).
+(rust/run/check.rs `written_index`). The engine writes both texts (rust/run/json.rs) and
+judges them in an output (rust/run/fp8config.rs, rust/run/check.rs).
 
 Both come from the shards as written, not from the plan: a weight that held NaN or inf is
 found only while converting, and stays BF16 (unquantized, without a scale), so the config's
@@ -12,20 +13,14 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-import re
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .. import _core, _engine
+from .. import _core
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from .._types import Target
     from ..reports import TensorInfo
-
-# How stcast names the scale of a weight it quantizes (`X.weight_scale`).
-_SCALE = _core.FP8_SCALE_SUFFIXES[0]
 
 
 def is_fp8(to: str) -> bool:
@@ -37,65 +32,6 @@ def nonfinite(tensors: Sequence[TensorInfo]) -> list[str]:
     """The weights of an FP8 plan (`inspect` of one file, which reads them) that hold NaN or
     inf: left unquantized, in BF16."""
     return [t.name for t in tensors if t.not_quantized == "nonfinite"]
-
-
-def config_text(text: str, to: str, ignore: list[str]) -> bytes:
-    """A model config (its text) as an FP8 target's output holds it, written by the engine
-    (`run::json::config_text`): its dtype keys set, and the `quantization_config` whose
-    `ignore` names the modules `ignore` left unquantized."""
-    written = _core.config_text(text, to, ignore=ignore)
-    assert written is not None, "an FP8 target writes a quantization_config"
-    return written
-
-
-def quantization_config(to: str) -> Any:
-    """The `quantization_config` stcast writes for an FP8 target `to`, `ignore` empty."""
-    return json.loads(config_text("{}", to, []))["quantization_config"]
-
-
-@dataclass
-class Fp8Tensors:
-    """What an FP8 output's shards hold, as its config must describe it: each quantized
-    weight's module with the weight's and its scale's shapes, and the modules whose 2-D
-    weight is not quantized (sorted, each once)."""
-
-    quantized: dict[str, tuple[list[int], list[int]]]
-    unquantized: list[str]
-
-
-def fp8_tensors(shards: list[str]) -> Fp8Tensors:
-    """The quantized and unquantized weights of the shards at `shards` (paths), from their
-    headers. A weight is quantized when it is a 2-D F8_E4M3 `M.weight` with its scale
-    `M.weight_scale` in the same file; any other 2-D `M.weight`, whatever its dtype, is not
-    (rust/quant.rs `unquantized_module`, the rule `Plan::unquantized_modules` applies)."""
-    quantized: dict[str, tuple[list[int], list[int]]] = {}
-    unquantized: set[str] = set()
-    for path in shards:
-        tensors = _layout(path)
-        scales = {t.name: t.shape for t in tensors}
-        for t in tensors:
-            # A bare `weight` is the root module's: an empty name in `ignore` would name
-            # every module, so it is left out.
-            if not t.name.endswith(".weight") or len(t.shape) != 2:
-                continue
-            module = t.name[: -len(".weight")]
-            scale = scales.get(t.name + _SCALE)
-            if t.dtype == "F8_E4M3" and scale is not None:
-                quantized[module] = (t.shape, scale)
-            else:
-                unquantized.add(module)
-    return Fp8Tensors(quantized, sorted(unquantized))
-
-
-def unquantized_modules(shards: list[str]) -> list[str]:
-    """The modules whose 2-D weight the shards at `shards` (paths) hold unquantized: the
-    config's `ignore`. Sorted, each once."""
-    return fp8_tensors(shards).unquantized
-
-
-def _layout(path: str) -> list[TensorInfo]:
-    """The tensors of a safetensors file written (its header only)."""
-    return _engine.inspect_file(path, to="keep").tensors
 
 
 # The keys under which a model config describes its quantization (the engine's,
@@ -200,113 +136,6 @@ def unread_quantization(doc: Any, to: str) -> str | None:
     )
 
 
-# Keys of a scheme's arguments that do not change how its tensors load: dropped, with
-# every key whose value is null (compressed-tensors 0.19 writes them as null, 0.20 leaves
-# them out), before a scheme is compared.
-_LOAD_INERT = frozenset({"observer", "observer_kwargs"})
-
-
-def _scheme(args: Any) -> Any:
-    """A scheme's arguments (weights, activations) as they matter to a loader."""
-    if not isinstance(args, dict):
-        return args
-    return {k: v for k, v in args.items() if v is not None and k not in _LOAD_INERT}
-
-
-def _matches(pattern: str, module: str) -> bool:
-    """Does an `ignore` or `targets` entry name `module`? compressed-tensors' rule: `re:X`
-    matches when the regex X matches at the start of the name (`re.match`), another entry
-    when it is the name. `Linear`, a class, is taken to name every module: the files do not
-    say which modules are Linear (model_free_ptq reads it so)."""
-    if pattern == "Linear":
-        return True
-    if pattern.startswith("re:"):
-        return re.match(pattern[3:], module) is not None
-    return pattern == module
-
-
-def config_problem(q: Any, to: str, tensors: Fp8Tensors) -> str | None:
-    """Does the `quantization_config` `q` describe the FP8 tensors `tensors` as `to`
-    (fp8, fp8-block) quantized them? The first thing that does not, in words, else None.
-
-    The check verify makes of every FP8 output's config, strict and loose alike (a loader
-    trusts the config: a quantized module in `ignore` loads its E4M3 codes as weights, an
-    unquantized weight outside it gets a made-up scale). Layout, group names, `version` and
-    the keys compressed-tensors versions write or leave out (null) may differ; `ignore` and
-    `targets` are judged by the modules they name."""
-    if not isinstance(q, dict) or q.get("quant_method") != "compressed-tensors":
-        return "has no compressed-tensors quantization_config"
-    want = quantization_config(to)
-    for key in ("format", "quantization_status"):
-        if q.get(key) != want[key]:
-            return f"quantization_config `{key}` is {_show(q.get(key))}, not {_show(want[key])}"
-    for key in ("kv_cache_scheme", "sparsity_config", "moe_sparsity_config", "transform_config"):
-        if q.get(key):
-            return f"quantization_config `{key}` is set, but the tensors hold none"
-    groups = q.get("config_groups")
-    if not isinstance(groups, dict) or not groups:
-        return "quantization_config has no config_groups"
-    (scheme,) = want["config_groups"].values()
-    for name, g in groups.items():
-        if not isinstance(g, dict):
-            return f"config group `{_name(name)}` is not an object"
-        if g.get("format") not in (None, want["format"]):
-            got_format, want_format = _show(g.get("format")), _show(want["format"])
-            return f"config group `{_name(name)}` `format` is {got_format}, not {want_format}"
-        for key in ("weights", "input_activations", "output_activations"):
-            got, expect = _scheme(g.get(key)), _scheme(scheme[key])
-            if got == expect:
-                continue
-            where, got_v, want_v = key, got, expect
-            if isinstance(got, dict) and isinstance(expect, dict):
-                k = min(k for k in {*got, *expect} if got.get(k) != expect.get(k))
-                where, got_v, want_v = f"{key}.{k}", got.get(k), expect.get(k)
-            return (
-                f"config group `{_name(name)}` `{_name(where)}` is {_show(got_v)}, not "
-                f"{_show(want_v)} as in {{to={to}}}'s tensors"
-            )
-        if not isinstance(g.get("targets"), list) or not all(
-            isinstance(t, str) for t in g["targets"]
-        ):
-            return f"config group `{_name(name)}` `targets` is not a list of names"
-    ignore = q.get("ignore")
-    if not isinstance(ignore, list) or not all(isinstance(p, str) for p in ignore):
-        return "quantization_config `ignore` is not a list of names"
-    targets = [t for g in groups.values() for t in g["targets"]]
-    for p in [*ignore, *targets]:
-        if p.startswith("re:"):
-            try:
-                re.compile(p[3:])
-            except re.error as e:
-                return f"quantization_config pattern `{_name(p)}` is not a regex ({_name(str(e))})"
-    block = want["config_groups"].get("FP8_BLOCK", {}).get("weights", {}).get("block_structure")
-    for module, (shape, scale) in sorted(tensors.quantized.items()):
-        hit = next((p for p in ignore if _matches(p, module)), None)
-        if hit is not None:
-            return (
-                f"`ignore` entry `{_name(hit)}` names `{_name(module)}`, whose weight is quantized "
-                "(a loader would read its FP8 codes as weights)"
-            )
-        if not any(_matches(t, module) for t in targets):
-            return f"no config group's `targets` names `{_name(module)}`, whose weight is quantized"
-        rows, cols = shape
-        expect = [rows, 1] if block is None else [-(-rows // block[0]), -(-cols // block[1])]
-        if scale != expect:
-            return (
-                f"`{_name(module)}.weight_scale` is shaped {scale}, not {expect} as the "
-                "config's strategy gives"
-            )
-    for module in tensors.unquantized:
-        # A module no group targets is left as it is whether `ignore` names it or not.
-        targeted = any(_matches(t, module) for t in targets)
-        if targeted and not any(_matches(p, module) for p in ignore):
-            return (
-                f"`{_name(module)}.weight` is not quantized, but `ignore` does not name "
-                f"`{_name(module)}` (a loader would read it as FP8 with a made-up scale)"
-            )
-    return None
-
-
 def _name(name: str) -> str:
     """A name (module, pattern) for a message template (`escape` doubles its braces)."""
     return _core.escape(name)
@@ -315,43 +144,6 @@ def _name(name: str) -> str:
 def _show(value: Any) -> str:
     """A config value as JSON, for a message template."""
     return _core.escape(json.dumps(value, sort_keys=True))
-
-
-def same_fp8_config(got: bytes, src_text: str, to: str, tensors: Fp8Tensors) -> str | None:
-    """Loose verify: is `got` (another tool's output config) SRC's config, but for its dtype
-    keys, with a quantization_config that describes `tensors` as `to` quantized them? The
-    first difference, in words, else None."""
-    try:
-        doc, src = json.loads(got), json.loads(src_text)
-    except (ValueError, RecursionError):
-        return "is not JSON"
-    if not isinstance(doc, dict) or not isinstance(src, dict):
-        return "is not a JSON object"
-    problem = config_problem(doc.get("quantization_config"), to, tensors)
-    if problem is not None:
-        return problem
-    plain = {"quantization_config", "torch_dtype", "dtype"}
-    if {k: v for k, v in doc.items() if k not in plain} != {
-        k: v for k, v in src.items() if k not in plain
-    }:
-        return "is not SRC's config with a quantization_config (its other keys differ)"
-    return None
-
-
-def strategy_target(text: str) -> Target | None:
-    """The FP8 target a model config's compressed-tensors quantization_config says its
-    weights have (fp8: per channel, fp8-block: 128x128 blocks), or None: verify reads the
-    strategy there rather than guess it from a weight whose scale fits both."""
-    try:
-        q = json.loads(text).get("quantization_config")
-        weights = [g.get("weights") or {} for g in q["config_groups"].values()]
-    except (ValueError, RecursionError, AttributeError, KeyError, TypeError):
-        return None
-    found = {w.get("strategy") for w in weights if isinstance(w, dict)}
-    if q.get("quant_method") != "compressed-tensors" or len(found) != 1:
-        return None
-    targets: dict[Any, Target] = {"channel": "fp8", "block": "fp8-block"}
-    return targets.get(found.pop())
 
 
 # Where a re-sharded lone checkpoint's FP8 quantization_config goes without a model config

@@ -14,7 +14,6 @@ file.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import time
@@ -25,23 +24,15 @@ from ..errors import Refused, StcastError
 from ..reports import Mismatch, Notice, VerifyReport, _build, merged_numerics, numeric_parts
 from .common import (
     INDEX_SUFFIX,
-    MAX_JSON_BYTES,
     WEIGHTS_SUFFIX,
     File,
-    read_bounded,
 )
 from .fp8 import (
     SIDE_CONFIG_NAME,
-    config_problem,
-    config_text,
     dequantizes,
-    fp8_tensors,
-    is_fp8,
     is_model_config,
     quantization_of,
-    same_fp8_config,
     side_configs,
-    strategy_target,
     unread_quantization,
 )
 from .reshard import groups_of, named, single_file
@@ -348,22 +339,12 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
     if to is None and from_pytorch and not any(r.tensors_converted for r in reports):
         to = "keep"  # PyTorch weights converted with no tensor changing dtype
     if mismatch is None:
-        mismatch = _check_others(
-            src, dst, to or "bf16", indexes, configs, others, fail, loose, strip_prefix
-        )
-    if mismatch is None and to is not None and is_fp8(to):
         # Loose ignores extra files, but not a model config beside FP8 shards (one copied in
         # after a DCP or single-file source was re-sharded): a loader trusts it.
-        extra_configs = [r for r in sorted(found - set(expected)) if is_model_config(r)]
-        mismatch = _check_added_configs(dst, to, extra_configs, fail)
-    for rel in [r for r in sides if r in found and r in beside] if mismatch is None else []:
-        if to is None or not is_fp8(to):
-            mismatch = fail(rel, "is an FP8 quantization_config, beside shards not quantized")
-            break
-        want = config_text("{}", to, fp8_tensors(_shards_beside(dst, rel)).unquantized)
-        if read_bounded(os.path.join(dst, rel), MAX_JSON_BYTES) != want:
-            mismatch = fail(rel, "is not the quantization_config of the FP8 shards beside it")
-            break
+        added = [r for r in sorted(found - set(expected)) if is_model_config(r)]
+        side = [r for r in sides if r in found and r in beside]
+        companions = (indexes, configs, others, added, side)
+        mismatch = _check_others(src, dst, to or "bf16", companions, fail, loose, strip_prefix)
     ok = mismatch is None
     numerics = merged_numerics([(rel, r.numerics) for rel, r in zip(rels, reports)]) if ok else None
     if ok and report is not None and numerics is not None:
@@ -418,11 +399,7 @@ def _configured(dst: str, f: File) -> Target | None:
     src_doc = read_json(f)[1]
     if not isinstance(src_doc, dict) or quantization_of(src_doc) is not None:
         return None
-    try:
-        text = read_bounded(os.path.join(dst, f.rel), MAX_JSON_BYTES).decode("utf-8")
-    except (OSError, StcastError, UnicodeDecodeError):
-        return None  # the config check says what is wrong with it
-    return strategy_target(text)
+    return _core.configured_target(dst, f.rel)
 
 
 def _engine_report(r: dict[str, Any]) -> VerifyReport:
@@ -453,85 +430,36 @@ def _check_others(
     src: str,
     dst: str,
     to: Target,
-    indexes: list[File],
-    configs: list[File],
-    others: list[File],
+    companions: tuple[list[File], list[File], list[File], list[str], list[str]],
     fail: Callable[[str, str], Mismatch],
     loose: bool = False,
     strip_prefix: Sequence[str] = (),
 ) -> Mismatch | None:
-    """Copies hold the source's bytes; configs its text with the dtype changed; indexes its
-    weight map (its tensors without `strip_prefix`), with the total size of the
-    destination's shards."""
-    problem = _core.check_companions(dst, to, copies=[(f.rel, f.path) for f in others])
-    if problem is not None:
-        return fail(*problem)
+    """Copies hold the source's bytes; configs its text with the dtype changed (an FP8
+    output's describing the tensors beside it); indexes its weight map (its tensors without
+    `strip_prefix`), with the total size of the destination's shards; model configs DST
+    adds to an FP8 output, and its quantization_config files, the FP8 tensors beside them:
+    the engine's check (`run::check::check`), over SRC's configs as the plan reads them."""
+    indexes, configs, others, added, sides = companions
+    src_configs: list[tuple[str, str, bool, str | None]] = []
+    unread: bool | None = None
     for f in configs:
         text, doc = read_json(f)
         why = unread_quantization(doc, to)
-        if why is not None and dequantizes_any(walk(src, follow_links=True)[0], to, {}):
-            # convert refuses such a source: no output of it is stcast's (or loaded right).
-            return fail(f.rel, f"in SRC: {why}")
-        dequantize = dequantizes(json.loads(text), to)
-        want = _core.config_text(text, to, dequantize=dequantize)
-        want_bytes = want if want is not None else text.encode("utf-8")
-        if is_fp8(to) and is_model_config(f.rel):
-            got = read_bounded(os.path.join(dst, f.rel), MAX_JSON_BYTES)
-            # The config must describe the tensors beside it (strict and loose alike): a
-            # loader trusts its `ignore`, strategy and format. Strict mode then wants
-            # stcast's bytes; loose (another tool's config) SRC's other keys.
-            tensors = fp8_tensors(_shards_beside(dst, f.rel))
-            wrong = same_fp8_config(got, text, to, tensors)
-            if wrong is not None:
-                return fail(f.rel, f"does not describe the FP8 tensors beside it: {wrong}")
-            if loose:
-                continue
-            want_bytes = config_text(text, to, tensors.unquantized)
-        problem = _core.check_companions(dst, to, loose=loose, configs=[(f.rel, want_bytes)])
-        if problem is not None:
-            return fail(*problem)
+        if why is not None and unread is None:
+            unread = dequantizes_any(walk(src, follow_links=True)[0], to, {})
+        src_configs.append((f.rel, text, dequantizes(doc, to), why if unread else None))
     paths = {w.rel: w.path for w in walk(src, follow_links=True)[0]} if indexes else {}
     read = [(f.rel, *read_index(f, set(paths), strip_prefix)) for f in indexes]
-    # The record convert put in the shards, it put in their indexes.
-    shard = next((min(m.values()) for _, _, m in read if m), None)
-    record = None
-    if shard is not None:
-        record = _core.own_index_record(paths[shard], os.path.join(dst, shard))
     problem = _core.check_companions(
         dst,
         to,
         loose=loose,
+        copies=[(f.rel, f.path) for f in others],
+        configs=src_configs,
         indexes=[(rel, t, [*m.items()]) for rel, t, m in read],
-        record=record,
+        sources=paths,
+        added=added,
+        sides=sides,
     )
     return None if problem is None else fail(*problem)
-
-
-def _shards_beside(dst: str, rel: str) -> list[str]:
-    """The safetensors files in the folder of DST's file `rel` (paths)."""
-    here = os.path.join(dst, os.path.dirname(rel))
-    shards = [os.path.join(here, n) for n in sorted(os.listdir(here))]
-    return [p for p in shards if p.endswith(WEIGHTS_SUFFIX) and os.path.isfile(p)]
-
-
-def _check_added_configs(
-    dst: str, to: Target, rels: list[str], fail: Callable[[str, str], Mismatch]
-) -> Mismatch | None:
-    """Model configs in an FP8 output that SRC has none of (added after the run) must hold
-    a quantization_config that describes the FP8 tensors beside them: without one, a loader
-    reads the E4M3 codes as the weights. A file that is not a JSON object is no model
-    config."""
-    for rel in rels:
-        try:
-            doc = json.loads(read_bounded(os.path.join(dst, rel), MAX_JSON_BYTES))
-        except (OSError, StcastError, ValueError, RecursionError):
-            continue
-        if not isinstance(doc, dict):
-            continue
-        tensors = fp8_tensors(_shards_beside(dst, rel))
-        if not tensors.quantized:
-            continue
-        problem = config_problem(doc.get("quantization_config"), to, tensors)
-        if problem is not None:
-            return fail(rel, f"does not describe the FP8 tensors beside it: {problem}")
-    return None

@@ -25,7 +25,7 @@ from .. import _core
 from ..errors import DestinationExists, Refused, StcastError
 from ..reports import FileReport
 from .common import MAX_JSON_BYTES, check_cancel, ensure_dir, failpoint, out_path, read_bounded
-from .fp8 import SIDE_CONFIG_NAME, config_text, is_fp8, is_model_config, unquantized_modules
+from .fp8 import SIDE_CONFIG_NAME, is_fp8, is_model_config
 from .walk import File, read_json
 from .work import Item, Work
 
@@ -261,7 +261,9 @@ def fp8_config(dst: str, to: Target, work: Work, f: File, content: bytes | None)
     text = content.decode("utf-8") if content is not None else read_json(f)[0]
     here = posixpath.dirname(f.rel)
     shards = [os.path.join(dst, w.rel) for w in work.items if posixpath.dirname(w.rel) == here]
-    return config_text(text, to, unquantized_modules(shards))
+    written = _core.config_text(text, to, shards=shards)
+    assert written is not None, "an FP8 target writes a quantization_config"
+    return written
 
 
 def final_recheck(run: Run, work: Work) -> None:

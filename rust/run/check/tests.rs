@@ -8,31 +8,24 @@ fn folder(tag: &str) -> PathBuf {
     dir
 }
 
-/// A safetensors file at `path` holding `tensors` (name, dtype, bytes), zero-filled.
+/// A safetensors file at `path` holding `tensors` (name, dtype, bytes), zero-filled, each
+/// one-dimensional.
 fn shard(path: &Path, tensors: &[(&str, &str, u64)]) {
-    let mut entries = Vec::new();
-    let mut at = 0;
-    for (name, dtype, n) in tensors {
-        let width = match *dtype {
-            "F8_E4M3" => 1,
-            "F32" => 4,
-            _ => 2,
-        };
-        entries.push(format!(
-            "\"{name}\":{{\"dtype\":\"{dtype}\",\"shape\":[{}],\"data_offsets\":[{at},{}]}}",
-            n / width,
-            at + n
-        ));
-        at += n;
-    }
-    let mut header = format!("{{{}}}", entries.join(",")).into_bytes();
-    while header.len() % 8 != 0 {
-        header.push(b' ');
-    }
-    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
-    bytes.extend(header);
-    bytes.resize(bytes.len() + at as usize, 0);
-    std::fs::write(path, bytes).unwrap();
+    let width = |dtype: &str| match dtype {
+        "F8_E4M3" => 1,
+        "F32" => 4,
+        _ => 2,
+    };
+    let shapes: Vec<[usize; 1]> = tensors
+        .iter()
+        .map(|(_, dtype, n)| [*n as usize / width(dtype)])
+        .collect();
+    let tensors: Vec<(&str, &str, &[usize])> = tensors
+        .iter()
+        .zip(&shapes)
+        .map(|((name, dtype, _), shape)| (*name, *dtype, &shape[..]))
+        .collect();
+    crate::run::fp8config::tests::shard(path, &tensors);
 }
 
 fn map(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -132,7 +125,7 @@ fn copies_must_hold_the_same_bytes() {
         ],
         ..Companions::default()
     };
-    let f = check(&dir, false, false, &c).unwrap().unwrap();
+    let f = check(&dir, None, false, &c).unwrap().unwrap();
     assert_eq!(f.0, "c");
     assert!(f.1.contains("copies must be byte for byte"));
 }
@@ -160,7 +153,7 @@ fn an_index_left_beside_the_output_may_not_route_its_tensors_elsewhere() {
         output: vec!["model.safetensors".into()],
         ..Companions::default()
     };
-    let f = check(&dst, false, true, &c).unwrap().unwrap();
+    let f = check(&dst, None, true, &c).unwrap().unwrap();
     assert_eq!(f.0, "old.safetensors.index.json");
     assert!(
         f.1.starts_with(
@@ -173,7 +166,7 @@ fn an_index_left_beside_the_output_may_not_route_its_tensors_elsewhere() {
     // An index naming what it should passes; one naming a missing or odd file does not.
     let good = "{\"weight_map\": {\"a\": \"model.safetensors\"}}";
     std::fs::write(dst.join("old.safetensors.index.json"), good).unwrap();
-    assert_eq!(check(&dst, false, true, &c).unwrap(), None);
+    assert_eq!(check(&dst, None, true, &c).unwrap(), None);
     for (text, why) in [
         (
             "{\"weight_map\": {\"a\": \"gone.safetensors\"}}",
@@ -204,7 +197,7 @@ fn an_index_left_beside_the_output_may_not_route_its_tensors_elsewhere() {
         ),
     ] {
         std::fs::write(dst.join("old.safetensors.index.json"), text).unwrap();
-        let f = check(&dst, false, true, &c).unwrap().unwrap();
+        let f = check(&dst, None, true, &c).unwrap().unwrap();
         let want = format!("an index DST holds beside the output: {why}");
         assert!(f.1.starts_with(&want), "{} / {want}", f.1);
     }
@@ -222,19 +215,19 @@ fn an_index_in_dst_is_checked_against_what_convert_writes() {
         indexes: vec![("i.json".into(), INDEX.into(), wm)],
         ..Companions::default()
     };
-    assert_eq!(check(&dst, false, false, &c).unwrap(), None);
+    assert_eq!(check(&dst, None, false, &c).unwrap(), None);
     // Another layout: only loose takes it.
     let relaid = want.replace(": ", ":");
     std::fs::write(dst.join("i.json"), relaid).unwrap();
-    let f = check(&dst, false, false, &c).unwrap().unwrap();
+    let f = check(&dst, None, false, &c).unwrap().unwrap();
     assert_eq!(
         f.1,
         "is not SRC's index with the total size of DST's shards"
     );
-    assert_eq!(check(&dst, false, true, &c).unwrap(), None);
+    assert_eq!(check(&dst, None, true, &c).unwrap(), None);
     // A shard that does not hold what the index says: named in the finding.
     shard(&dst.join("y.safetensors"), &[("c", "BF16", 6)]);
-    let f = check(&dst, false, true, &c).unwrap().unwrap();
+    let f = check(&dst, None, true, &c).unwrap().unwrap();
     assert!(
         f.1.contains("y.safetensors: the index i.json lists tensor `b`"),
         "{}",
@@ -349,15 +342,136 @@ fn an_index_loses_the_prefixes_its_tensors_lose() {
 fn a_config_must_be_the_text_convert_writes_or_loosely_its_data() {
     let dst = folder("configs");
     std::fs::write(dst.join("config.json"), "{\"dtype\":\"bfloat16\"}").unwrap();
-    let want = b"{\"dtype\": \"bfloat16\"}".to_vec();
+    let src = "{\"dtype\": \"float32\"}".to_string();
     let c = Companions {
-        configs: vec![("config.json".into(), want)],
+        configs: vec![("config.json".into(), src, false, None)],
         ..Companions::default()
     };
-    let f = check(&dst, false, false, &c).unwrap().unwrap();
+    let f = check(&dst, None, false, &c).unwrap().unwrap();
     assert_eq!(f, ("config.json".into(), CONFIG_DIFFERS.into()));
-    assert_eq!(check(&dst, false, true, &c).unwrap(), None);
+    assert_eq!(check(&dst, None, true, &c).unwrap(), None);
     std::fs::remove_file(dst.join("config.json")).unwrap();
-    let f = check(&dst, false, true, &c).unwrap().unwrap();
+    let f = check(&dst, None, true, &c).unwrap().unwrap();
     assert!(f.1.contains("config.json: cannot open"), "{}", f.1);
+    // A source convert refuses for its config: named first.
+    let why = "its quantization_config (quant_method \"awq\") is not a scheme".to_string();
+    let c = Companions {
+        configs: vec![("config.json".into(), "{}".into(), false, Some(why))],
+        ..Companions::default()
+    };
+    let f = check(&dst, None, true, &c).unwrap().unwrap();
+    assert_eq!(
+        f.1,
+        "in SRC: its quantization_config (quant_method \"awq\") is not a scheme"
+    );
+}
+
+/// An FP8 output's folder: its shard (`fp8config::tests::fp8_shard`), its model config as
+/// convert writes it for SRC's `src`, a copy of SRC's `notes.txt`.
+fn fp8_output(tag: &str, src: &str) -> (PathBuf, PathBuf) {
+    let (dst, from) = (folder(tag), folder(&format!("{tag}-src")));
+    crate::run::fp8config::tests::fp8_shard(&dst.join("model.safetensors"));
+    let ignore = ["lm_head".to_string()];
+    let text = json::config_text(src, Target::Fp8, false, Some(&ignore));
+    std::fs::write(dst.join("config.json"), text.unwrap().unwrap()).unwrap();
+    std::fs::write(from.join("notes.txt"), b"notes").unwrap();
+    std::fs::write(dst.join("notes.txt"), b"notes").unwrap();
+    (dst, from)
+}
+
+#[test]
+fn an_fp8_output_s_companions_match_what_convert_writes() {
+    let src = "{\"model_type\": \"llama\", \"torch_dtype\": \"float32\"}";
+    let (dst, from) = fp8_output("fp8-good", src);
+    let c = Companions {
+        copies: vec![("notes.txt".into(), from.join("notes.txt"))],
+        configs: vec![("config.json".into(), src.into(), false, None)],
+        ..Companions::default()
+    };
+    let fp8 = Some(Target::Fp8);
+    for loose in [false, true] {
+        assert_eq!(check(&dst, fp8, loose, &c).unwrap(), None);
+    }
+    // The config's `ignore` misses the unquantized `lm_head`: strict and loose alike.
+    let text = json::config_text(src, Target::Fp8, false, Some(&[]))
+        .unwrap()
+        .unwrap();
+    std::fs::write(dst.join("config.json"), text).unwrap();
+    for loose in [false, true] {
+        let f = check(&dst, fp8, loose, &c).unwrap().unwrap();
+        assert_eq!(f.0, "config.json");
+        assert!(
+            f.1.starts_with(
+                "does not describe the FP8 tensors beside it: `lm_head.weight` is not quantized"
+            ),
+            "{}",
+            f.1
+        );
+    }
+    // A tampered copy is found first.
+    std::fs::write(dst.join("notes.txt"), b"notez").unwrap();
+    let f = check(&dst, fp8, true, &c).unwrap().unwrap();
+    assert_eq!(
+        f,
+        (
+            "notes.txt".into(),
+            "differs from the file in SRC (copies must be byte for byte)".into()
+        )
+    );
+}
+
+#[test]
+fn a_model_config_added_beside_fp8_shards_must_describe_them() {
+    let dst = folder("fp8-added");
+    crate::run::fp8config::tests::fp8_shard(&dst.join("model.safetensors"));
+    std::fs::write(dst.join("config.json"), "{\"model_type\": \"llama\"}").unwrap();
+    let c = Companions {
+        added: vec!["config.json".into()],
+        ..Companions::default()
+    };
+    let f = check(&dst, Some(Target::Fp8), true, &c).unwrap().unwrap();
+    assert_eq!(
+        f,
+        (
+            "config.json".into(),
+            "does not describe the FP8 tensors beside it: has no compressed-tensors \
+             quantization_config"
+                .into()
+        )
+    );
+    // Not an FP8 output: not checked here; no JSON object: no model config.
+    assert_eq!(check(&dst, Some(Target::Bf16), true, &c).unwrap(), None);
+    std::fs::write(dst.join("config.json"), "[1]").unwrap();
+    assert_eq!(check(&dst, Some(Target::Fp8), true, &c).unwrap(), None);
+    // One that describes them passes.
+    let ignore = ["lm_head".to_string()];
+    let text = json::config_text("{}", Target::Fp8, false, Some(&ignore));
+    std::fs::write(dst.join("config.json"), text.unwrap().unwrap()).unwrap();
+    assert_eq!(check(&dst, Some(Target::Fp8), true, &c).unwrap(), None);
+}
+
+#[test]
+fn a_side_quantization_config_is_the_one_of_the_shards_beside_it() {
+    let dst = folder("fp8-side");
+    crate::run::fp8config::tests::fp8_shard(&dst.join("model.safetensors"));
+    let ignore = ["lm_head".to_string()];
+    let text = json::config_text("{}", Target::Fp8, false, Some(&ignore));
+    std::fs::write(dst.join("quantization_config.json"), text.unwrap().unwrap()).unwrap();
+    let c = Companions {
+        sides: vec!["quantization_config.json".into()],
+        ..Companions::default()
+    };
+    assert_eq!(check(&dst, Some(Target::Fp8), false, &c).unwrap(), None);
+    let f = check(&dst, Some(Target::Fp8Block), false, &c)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        f.1,
+        "is not the quantization_config of the FP8 shards beside it"
+    );
+    let f = check(&dst, None, false, &c).unwrap().unwrap();
+    assert_eq!(
+        f.1,
+        "is an FP8 quantization_config, beside shards not quantized"
+    );
 }
