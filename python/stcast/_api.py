@@ -107,13 +107,11 @@ def convert(
     """
     given = Options.of("convert", options)
     src = _source(src)
-    o = _plain(_named(given.checked("convert")))
-    _companions_only(src, o)
+    o = _plain(given.checked("convert"))
+    _core.check_applies(src, o.set)
     if _engine.is_tree(src) or o.max_shard_size is not None:
         from . import folder
 
-        _files_only(src, o)
-        _lone_only(src, o)
         prepared = folder.prepare(src, None if dst is None else os.fsdecode(dst), o, cancel=cancel)
         replace_report = None
         o = _report(o)
@@ -136,7 +134,6 @@ def convert(
             except (OSError, StcastError) as e:
                 raise _after_commit(result.dst, e) from None
         return result
-    _folders_only(src, o)
     to = _target(o)
     target = _core.default_dst(src, to) if dst is None else _file_dst(src, dst, to)
     return _engine.convert_file(
@@ -192,16 +189,13 @@ def inspect(
     """
     given = Options.of("inspect", options)
     path = _source(path)
-    o = _plain(_named(given.checked("inspect")))
+    o = _plain(given.checked("inspect"))
     target = None if dst is None else os.fsdecode(dst)
-    _companions_only(path, o)
+    _core.check_applies(path, o.set)
     if _engine.is_tree(path) or o.max_shard_size is not None:
         from .folder import inspect_folder
 
-        _files_only(path, o)
-        _lone_only(path, o)
         return inspect_folder(path, target, _report(o), progress=progress)
-    _folders_only(path, o)
     extra: dict[str, Any] = {}
     if target is not None:
         target = _file_dst(path, target, _target(o))
@@ -285,7 +279,7 @@ def verify(
     if _engine.is_tree(src) or os.path.isdir(dst):
         from .folder.verify import verify_folder
 
-        _files_only(src, o)
+        _core.check_applies(src, list(o.source))  # (a folder of files: no `key`)
         return verify_folder(src, dst, o, progress=progress)
     if o.name is not None:
         raise UsageError(
@@ -426,67 +420,6 @@ def _plain(o: Options) -> Options:
 def _report(o: Options) -> Options:
     """`report` as a `str`."""
     return o.replace(report=None if o.report is None else os.fsdecode(o.report))
-
-
-def _folders_only(src: str, o: Options) -> None:
-    """`resume` and `shard` apply to folders (and re-shardings) only."""
-    if o.resume or o.shard is not None:
-        option = "resume" if o.resume else "shard"
-        if os.path.isdir(src):  # one checkpoint in a folder (DCP, ZeRO): one output file
-            raise UsageError(
-                f"{{{option}}} applies to an output of several files: {_engine.escape(src)} is "
-                "one checkpoint, written as one file; give {max_shard_size} to split it",
-                option=option,
-            )
-        raise UsageError(
-            f"{{{option}}} applies to folders; {_engine.escape(src)} is not one", option=option
-        )
-
-
-def _files_only(src: str, o: Options) -> None:
-    """`key` chooses within one PyTorch checkpoint: not for folders of files, whose weight
-    files are plain state dicts. (`strip_prefix` renames the tensors of any input: a
-    folder's files and indexes alike.)"""
-    if o.key is not None and _engine.is_tree(src):
-        raise UsageError(
-            f"{{key}} applies to PyTorch checkpoint files; {_engine.escape(src)} is a folder "
-            "of files",
-            option="key",
-        )
-
-
-def _companions_only(src: str, o: Options) -> None:
-    """`include` and `exclude` choose what a folder of files copies beside its weights."""
-    option = "include" if o.include else "exclude" if o.exclude else None
-    if option is not None and not _engine.is_tree(src):
-        raise UsageError(
-            f"{{{option}}} applies to a folder of files (what it copies beside its weights): "
-            f"{_engine.escape(src)} is one checkpoint",
-            option=option,
-        )
-
-
-def _lone_only(src: str, o: Options) -> None:
-    """`config` goes beside a lone checkpoint's output (one file, or the shards of one
-    re-sharding): a folder of files brings its own config.json. Shard runs write no config,
-    and `finalize` is given none."""
-    if o.config is not None and (_engine.is_tree(src) or o.shard is not None):
-        what = "a folder of files" if _engine.is_tree(src) else "converted in shards ({shard})"
-        raise UsageError(
-            f"{{config}} applies to a lone checkpoint (a file, a DCP or ZeRO folder) written in "
-            f"one run: {_engine.escape(src)} is {what}",
-            option="config",
-        )
-
-
-def _named(o: Options) -> Options:
-    """`name` is the stem of re-sharded outputs only."""
-    if o.name is not None and o.max_shard_size is None:
-        raise UsageError(
-            "{name} names the files of a re-sharded output: it applies with {max_shard_size}",
-            option="name",
-        )
-    return o
 
 
 def _document(fn: Callable[..., object], *typed: type) -> None:

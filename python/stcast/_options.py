@@ -110,6 +110,12 @@ class Options:
         return options
 
     @property
+    def set(self) -> list[str]:
+        """The names of the options not at their default, for the engine's check of those
+        that do not apply to a run (`_core.check_applies`)."""
+        return [n for n, d in _DEFAULTS.items() if getattr(self, n) != _value(d)]
+
+    @property
     def source(self) -> dict[str, Any]:
         """How a PyTorch checkpoint is read (`key`, `strip_prefix`), without the defaults:
         engine keywords, and options of a re-sharding's manifest."""
