@@ -119,7 +119,7 @@ class _Option(TypedDict):
     metavar: str | None
     short: str | None
     help: str | None
-    precision: bool
+    role: str  # "precision", "source" or "other"
 
 class _CancelFlag(Protocol):
     def is_set(self) -> bool: ...
