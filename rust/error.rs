@@ -565,6 +565,13 @@ pub enum Error {
         value: String,
         expected: String,
     },
+    /// An option given for a run it does not apply to (`given::check_applies`): `src` is
+    /// the run's source, `why` what the run is instead.
+    NotApplicable {
+        option: OptionName,
+        src: PathBuf,
+        why: Inapplicable,
+    },
     /// The destination's folder does not exist, or is not a folder.
     NoDestinationFolder { dir: PathBuf, exists: bool },
     /// The destination is the input file itself.
@@ -671,6 +678,23 @@ pub enum Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// What a run is, where an option it was given does not apply (`Error::NotApplicable`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Inapplicable {
+    /// Nothing is re-sharded (`name` without `max_shard_size`).
+    NotResharded,
+    /// SRC is one checkpoint, not a folder of files (`include`, `exclude`).
+    NotAFolderOfFiles,
+    /// SRC is a folder of files (`key`: one checkpoint's; `config`: a lone checkpoint's).
+    FolderOfFiles,
+    /// The run writes some shards of the output only (`config`).
+    InShards,
+    /// SRC is one checkpoint folder (DCP, ZeRO), written as one file (`resume`, `shard`).
+    OneFile,
+    /// SRC is a file, not a folder (`resume`, `shard`).
+    NotAFolder,
+}
+
 impl Error {
     pub fn io(path: &Path, what: &'static str, source: io::Error) -> Self {
         Error::Io {
@@ -751,7 +775,9 @@ impl Error {
             | Error::WrongConfig { .. }
             | Error::SameFile { .. } => ErrorKind::Refused,
             Error::AfterCommit { source, .. } => source.kind(),
-            Error::BadPattern { .. } | Error::BadOption { .. } => ErrorKind::Usage,
+            Error::BadPattern { .. } | Error::BadOption { .. } | Error::NotApplicable { .. } => {
+                ErrorKind::Usage
+            }
             Error::DestinationExists { .. } => ErrorKind::DestinationExists,
             Error::NoSpace { .. } => ErrorKind::NoSpace,
             // A full disk is always `no_space`, whichever step found it.
@@ -801,7 +827,10 @@ impl Error {
             | Error::Io { path, .. } => Some(path),
             Error::AfterCommit { source, .. } => source.path(),
             Error::NoDestinationFolder { dir, .. } | Error::NoSpace { dir, .. } => Some(dir),
-            Error::BadPattern { .. } | Error::BadOption { .. } | Error::Cancelled => None,
+            Error::BadPattern { .. }
+            | Error::BadOption { .. }
+            | Error::NotApplicable { .. }
+            | Error::Cancelled => None,
         }
     }
 
@@ -826,7 +855,7 @@ impl Error {
     /// The option the error is about, for usage errors.
     pub fn option(&self) -> Option<OptionName> {
         match self {
-            Error::BadOption { option, .. } => Some(*option),
+            Error::BadOption { option, .. } | Error::NotApplicable { option, .. } => Some(*option),
             Error::BadPattern { option, .. } => Some(*option),
             Error::NotACheckpoint { option, .. } => Some(*option),
             Error::Place {
@@ -1010,6 +1039,38 @@ impl Error {
                 esc(value),
                 esc(expected)
             ),
+            Error::NotApplicable { option, src, why } => {
+                let (o, src) = (option.name(), esc_path(src));
+                match why {
+                    Inapplicable::NotResharded => format!(
+                        "{{{o}}} names the files of a re-sharded output: it applies with \
+                         {{max_shard_size}}"
+                    ),
+                    Inapplicable::NotAFolderOfFiles => format!(
+                        "{{{o}}} applies to a folder of files (what it copies beside its \
+                         weights): {src} is one checkpoint"
+                    ),
+                    Inapplicable::FolderOfFiles if *option == OptionName::Key => format!(
+                        "{{{o}}} applies to PyTorch checkpoint files; {src} is a folder of files"
+                    ),
+                    Inapplicable::FolderOfFiles | Inapplicable::InShards => format!(
+                        "{{{o}}} applies to a lone checkpoint (a file, a DCP or ZeRO folder) \
+                         written in one run: {src} is {}",
+                        if *why == Inapplicable::InShards {
+                            "converted in shards ({shard})"
+                        } else {
+                            "a folder of files"
+                        }
+                    ),
+                    Inapplicable::OneFile => format!(
+                        "{{{o}}} applies to an output of several files: {src} is one \
+                         checkpoint, written as one file; give {{max_shard_size}} to split it"
+                    ),
+                    Inapplicable::NotAFolder => {
+                        format!("{{{o}}} applies to folders; {src} is not one")
+                    }
+                }
+            }
             Error::NoDestinationFolder { exists, .. } => if *exists {
                 "destination folder is not a folder"
             } else {

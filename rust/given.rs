@@ -2,7 +2,7 @@
 //! whatever their source (`Given`), and the names and values the package exports
 //! (`Exports`). Above `vocab`, `window`, `kernels` and `naming`, so that those stay leaves.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::convert::{Options, Tuning};
 use crate::input::InputOptions;
@@ -14,6 +14,55 @@ use crate::vocab::{
     is_quantized_dtype, ErrorKind, InputFormat, OnOverflow, OptionName, ReadAdvice, ReasonCode,
     Target, Unmatched, WarningKind, DTYPES,
 };
+
+/// Refuses an option that does not apply to a `convert` or `inspect` run from `src` with the
+/// options `given` (the names of those set, not at their default): a usage error naming it
+/// and what the run is instead (`Error::NotApplicable`), the first in this order.
+/// `max_shard_size` makes the run a re-sharding; a folder of files is a folder run.
+pub fn check_applies(src: &Path, given: &[OptionName]) -> crate::Result<()> {
+    use crate::error::{Error, Inapplicable as Why};
+    use OptionName::{Config, Exclude, Include, Key, MaxShardSize, Name, Resume, Shard};
+    let has = |option| given.contains(&option);
+    let refuse = |option, why| {
+        Err(Error::NotApplicable {
+            option,
+            src: src.to_path_buf(),
+            why,
+        })
+    };
+    if has(Name) && !has(MaxShardSize) {
+        return refuse(Name, Why::NotResharded);
+    }
+    let tree = src.is_dir() && !crate::input::folder::check_folder(src, false)?;
+    if let Some(&o) = [Include, Exclude].iter().find(|&&o| has(o) && !tree) {
+        return refuse(o, Why::NotAFolderOfFiles);
+    }
+    if tree || has(MaxShardSize) {
+        if tree && has(Key) {
+            return refuse(Key, Why::FolderOfFiles);
+        }
+        if has(Config) && (tree || has(Shard)) {
+            return refuse(
+                Config,
+                if tree {
+                    Why::FolderOfFiles
+                } else {
+                    Why::InShards
+                },
+            );
+        }
+    } else if let Some(&o) = [Resume, Shard].iter().find(|&&o| has(o)) {
+        return refuse(
+            o,
+            if src.is_dir() {
+                Why::OneFile
+            } else {
+                Why::NotAFolder
+            },
+        );
+    }
+    Ok(())
+}
 
 /// A list of names, serialized as a tuple (the constants of `_core` are tuples).
 pub struct Names(pub Vec<String>);
@@ -462,6 +511,39 @@ fn config_error(path: &std::path::Path, e: &dyn std::fmt::Display) -> crate::err
 #[cfg(test)]
 mod given_tests {
     use super::*;
+
+    #[test]
+    fn an_option_the_run_does_not_take_is_refused_naming_it_and_the_run() {
+        use OptionName::*;
+        let dir = std::env::temp_dir().join(format!("stcast-applies-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("m.safetensors"); // (need not exist: not a folder)
+        let refused = |src: &Path, given: &[OptionName]| {
+            let e = check_applies(src, given).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Usage);
+            (e.option().unwrap(), e.template())
+        };
+        assert!(check_applies(&file, &[Key, Config, To, StripPrefix]).is_ok());
+        assert!(check_applies(&file, &[MaxShardSize, Name, Resume, Shard]).is_ok());
+        assert!(
+            check_applies(&dir, &[Include, Exclude, Resume, Shard, Name, MaxShardSize]).is_ok()
+        );
+        let (o, m) = refused(&file, &[Name]);
+        assert_eq!(o, Name);
+        assert!(m.ends_with("it applies with {max_shard_size}"), "{m}");
+        let (o, m) = refused(&file, &[Exclude]);
+        assert_eq!(o, Exclude);
+        assert!(m.contains("is one checkpoint"), "{m}");
+        assert_eq!(refused(&dir, &[Key]).0, Key);
+        assert!(refused(&dir, &[Config]).1.ends_with("is a folder of files"));
+        let (o, m) = refused(&file, &[Config, Shard, MaxShardSize]);
+        assert_eq!(o, Config);
+        assert!(m.ends_with("is converted in shards ({shard})"), "{m}");
+        let (o, m) = refused(&file, &[Shard]);
+        assert_eq!(o, Shard);
+        assert!(m.ends_with("is not one"), "{m}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     fn text(s: &str) -> Given {
         Given {

@@ -84,9 +84,22 @@ pub struct Def {
     pub expected: &'static str,
     /// `Texts`: an empty string is refused.
     pub nonempty: bool,
+    /// What it is to a run, beside its value (`Role`).
+    pub role: Role,
+}
+
+/// What an option is to a run, beside its value: which options the front ends hand on, and
+/// a manifest records, together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// None of those below.
+    Other,
     /// Beside `to`, it decides what the output holds: what each tensor becomes, or which
     /// files a folder's output copies (a folder's manifest records it).
-    pub precision: bool,
+    Precision,
+    /// How a source is read: which dict of a checkpoint, which prefixes its names lose.
+    Source,
 }
 
 const fn def(name: &'static str, kind: Kind, help: &'static str) -> Def {
@@ -106,7 +119,7 @@ const fn def(name: &'static str, kind: Kind, help: &'static str) -> Def {
         help,
         expected: "",
         nonempty: false,
-        precision: false,
+        role: Role::Other,
     }
 }
 
@@ -128,7 +141,14 @@ impl Def {
 
     const fn precision(self) -> Def {
         Def {
-            precision: true,
+            role: Role::Precision,
+            ..self
+        }
+    }
+
+    const fn source(self) -> Def {
+        Def {
+            role: Role::Source,
             ..self
         }
     }
@@ -298,7 +318,8 @@ pub const DEFS: &[Def] = &[
          levels, e.g. ema or state.model); needed when it holds several",
     )
     .metavar("KEY")
-    .expected("a string (a dotted key of the checkpoint)"),
+    .expected("a string (a dotted key of the checkpoint)")
+    .source(),
     def(
         "include",
         Kind::Texts,
@@ -329,6 +350,7 @@ pub const DEFS: &[Def] = &[
         )
         .metavar("PREFIX")
         .expected("a non-empty string (a name prefix)")
+        .source()
     },
     def(
         "no_record",
@@ -513,7 +535,7 @@ pub struct Row {
     pub short: Option<&'static str>,
     /// None: hidden (or the API's only).
     pub help: Option<String>,
-    pub precision: bool,
+    pub role: Role,
 }
 
 /// Every option of every command, as rows (`Row`).
@@ -548,7 +570,7 @@ pub fn rows() -> Vec<Row> {
                 metavar: d.metavar,
                 short: d.short,
                 help: (!help.is_empty() && u.front != Front::Api).then_some(help),
-                precision: d.precision,
+                role: d.role,
             });
         }
     }
@@ -732,5 +754,11 @@ mod tests {
         let json = serde_json::to_value(row("convert", "keep")).unwrap();
         assert_eq!(json["default"], serde_json::json!([]));
         assert_eq!(json["kind"], "texts");
+        assert_eq!(json["role"], "precision");
+        let sources: Vec<_> = DEFS.iter().filter(|d| d.role == Role::Source).collect();
+        assert_eq!(
+            sources.iter().map(|d| d.name).collect::<Vec<_>>(),
+            ["key", "strip_prefix"]
+        );
     }
 }

@@ -459,6 +459,17 @@ fn check_option<'py>(py: Python<'py>, name: &str, value: Given) -> PyResult<Boun
     )?)
 }
 
+/// Refuses an option `given` (set) that does not apply to a run from `src`
+/// (`given::check_applies`).
+#[pyfunction]
+fn check_applies(py: Python<'_>, src: PathBuf, given: Vec<String>) -> PyResult<()> {
+    let given: Vec<_> = given
+        .iter()
+        .filter_map(|n| OptionName::from_name(n))
+        .collect();
+    guarded(py, || crate::given::check_applies(&src, &given))
+}
+
 /// The file name of output shard `i` of `n` of the group `stem` (`shard::shard_file_name`).
 #[pyfunction]
 fn shard_file_name(stem: OsString, i: usize, n: usize) -> OsString {
@@ -1354,7 +1365,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Manifest>()?;
     add_functions! {
         m: _set_exceptions, py_convert, py_inspect, py_verify, render, format_bytes, escape,
-        option_error, check_option, failpoint, write_file, copy_file, write_numeric_report,
+        option_error, check_option, check_applies, failpoint, write_file, copy_file, write_numeric_report,
         check_side_output, convert_shard, verify_shard, shard_file_name, index_file_name,
         check_folder, read_header, recorded_source, record_text, walk_folder, plan_folder, source_fingerprint, list_folder, torch_name, config_text, index_text,
         json_depth, split_shard_name, run_place, default_dst, py_survey,

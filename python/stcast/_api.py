@@ -11,7 +11,7 @@ import re
 from dataclasses import replace
 from typing import TYPE_CHECKING, cast
 
-from . import _core, _engine
+from . import _core, _engine, _types
 from ._options import Options
 from .errors import InvalidInput, Refused, StcastError, UsageError
 from .reports import ConvertReport, InspectReport, VerifyReport, numeric_parts
@@ -70,83 +70,14 @@ def convert(
             beside a folder. For a file, a folder (one that exists, or a path ending in
             `/`) gets that default name inside it; missing folders are made once every
             check has passed.
-        to: the target dtype, "bf16" or "fp16" (or "bfloat16", "float16", "half"); or
-            "keep": every tensor keeps its dtype, only the format changes (PyTorch input);
-            or "fp8" / "fp8-block": 2-D weights become FP8 E4M3 with a scale per output
-            channel / per 128x128 block (compressed-tensors, for vLLM), the rest bf16.
-        threads: worker threads; default (None or 0): all CPUs.
-        force: replace an existing `dst` (a folder: convert everything again).
         progress: called as `progress(done, total)` (bytes of tensor data, the whole folder
             for a folder) at least every 64 MiB. An exception it raises stops the conversion
             cleanly (no output is left) and propagates.
         cancel: any object with `is_set()`, e.g. a `threading.Event`, checked at least every
             64 MiB; once set, `Cancelled` is raised and no output is left behind.
-        resume: folders: continue an interrupted run, skipping the files its manifest shows
-            done with the same options.
-        shard: folders: `(i, n)` converts only the i-th of n subsets of the weight files
-            (1-based, the same split on every machine); `finalize(src, dst)` completes the
-            folder once all n ran.
-        allow_quantized: convert a quantized checkpoint anyway (its F32 scales
-            become bf16 too).
         file_progress: folders: called as `file_progress(path, done, total)` per file.
-        keep: fnmatch patterns (`*`, `?`, `[seq]`, `[!seq]`; case-sensitive) on tensor names:
-            a float tensor that one matches keeps its dtype and bytes, e.g. `["*norm*"]`.
-            A pattern that matches no tensor (in the file, or anywhere in the folder) is
-            probably a typo: a `StcastWarning`, or with `strict=True` a `Refused` error
-            raised before anything is written.
-        keep_min_size: float tensors with fewer elements than this keep their dtype too
-            (norms and biases: e.g. 4096).
-        strict: make a `keep` pattern that matches nothing an error.
-        from_bf16: with `to="fp16"`, convert BF16 tensors to F16 too (exact widening, then
-            the F32 rule); otherwise they are copied and the output mixes BF16 and F16.
-        on_overflow: finite values that become ±inf (|x| >= 65520 for fp16): "warn" (count
-            them per tensor; a `StcastWarning` names the worst tensors), "error" (raise
-            `Refused` and leave nothing behind) or "keep" (first read the float tensors
-            once more to find their largest |x|, and keep those that would overflow in their
-            source dtype).
-        report: write the numeric report (per converted tensor: overflow, underflow,
-            largest errors; see docs/reference.md) to this JSON file. It is complete before
-            the output is published and published right after it; its path is checked
-            before any work (not the input, not the output, its folder exists; an existing
-            file needs `force`).
-        follow_links: folders (DCP and ZeRO folders too): follow symlinks that lead outside
-            the source folder (by default only links within it, and into a Hugging Face
-            cache's blobs/, are followed; any other is refused, naming it).
-        max_shard_size: re-shard: write the tensors as shards of at most this many bytes
-            on disk, header included (an int, or a string with a unit: "5GB" = 5*10^9,
-            "4.5GiB" = 4.5*2^30; KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB of 1024,
-            any case), greedily in input order; a tensor larger than that gets a shard of
-            its own. `src` may then be a file too; `dst` is a folder (default
-            `<stem>-bf16` beside a file). Each index's shards (or a lone file) become
-            `<stem>-00001-of-0000N.safetensors` and `<stem>.safetensors.index.json`, or
-            one `<stem>.safetensors` when all fit in one; `resume`, `shard` and
-            `finalize` work per output shard.
-        name: re-sharding: the stem of the output of a checkpoint of one group (a lone
-            file, or a folder whose shards one index names): `<name>-00001-of-0000N
-            .safetensors` and `<name>.safetensors.index.json`, or `<name>.safetensors`.
-            `name="model"` gives the names transformers' `from_pretrained` looks for (a
-            re-sharded `ema.safetensors` is otherwise `ema-...` and
-            `ema.safetensors.index.json`). Not empty, `.` or `..`, without `/` or NUL; a
-            folder of several checkpoints is a `UsageError`.
-        key: PyTorch checkpoints: the dict of tensors to convert, dotted for deeper levels
-            (`"ema"`, `"state.model"`). Without it: the top level if it holds tensors, else
-            the only dict that does; with several, `Refused` lists them with their counts.
-        strip_prefix: PyTorch checkpoints: prefixes dropped from tensor names, e.g.
-            `["module.", "_orig_mod."]` (DDP, torch.compile); the first that matches.
-        include: folders of files: fnmatch globs on paths in SRC of what the output leaves
-            out as training state (optimizer, scheduler and RNG states, DeepSpeed's
-            `global_stepN/`, ...) to copy anyway (a folder whole).
-        exclude: folders of files: fnmatch globs on paths in SRC (or a folder above them) of
-            files the output would copy or rewrite to leave out (never weights or indexes);
-            they win over `include`. Both are recorded with the output for `verify`.
-        config: a lone checkpoint (a file, a DCP or ZeRO folder, written as one file): the
-            model's config.json, written beside the output as `config.json` with its dtype
-            set and, under an FP8 target, the `quantization_config` that describes the
-            output (without it, an FP8 output's `quantization_config` alone goes to
-            `<stem>.quantization_config.json`). Checked before any work: a JSON object, not
-            the input, an existing `config.json` there needs `force`.
-        tuning: knobs for benchmarks (window size, kernels, read advice, write-behind
-            depth); they change speed and memory, never the bytes written.
+        options: keywords, typed by `ConvertOptions` (`stcast._types`), each documented
+            below.
 
     Ctrl-C raises KeyboardInterrupt within a second and leaves no temp or partial file: a
     file `dst` is as it was. A folder run (also one a raising `progress` callback stops)
@@ -176,13 +107,11 @@ def convert(
     """
     given = Options.of("convert", options)
     src = _source(src)
-    o = _plain(_named(given.checked("convert")))
-    _companions_only(src, o)
+    o = _plain(given.checked("convert"))
+    _core.check_applies(src, o.set)
     if _engine.is_tree(src) or o.max_shard_size is not None:
         from . import folder
 
-        _files_only(src, o)
-        _lone_only(src, o)
         prepared = folder.prepare(src, None if dst is None else os.fsdecode(dst), o, cancel=cancel)
         replace_report = None
         o = _report(o)
@@ -205,7 +134,6 @@ def convert(
             except (OSError, StcastError) as e:
                 raise _after_commit(result.dst, e) from None
         return result
-    _folders_only(src, o)
     to = _target(o)
     target = _core.default_dst(src, to) if dst is None else _file_dst(src, dst, to)
     return _engine.convert_file(
@@ -240,8 +168,7 @@ def inspect(
     underflow counts and largest errors the conversion would give. `on_overflow="keep"`
     implies the scan and plans the tensors that would overflow as kept, as `convert` does.
     With `dst`, every check `convert(path, dst, ...)` makes before writing runs too, with
-    the options that change them (`force`, `resume`, `shard`, `allow_quantized`,
-    `follow_links`, `strict`, `report`), and fails exactly as the conversion would; then
+    the options that change them, and fails exactly as the conversion would; then
     `.destination` says how much space its folder has and whether the output fits. A folder
     `path` gives a report with `folder=True` and one report per weight file in `files`.
     Plan warnings are returned in `.warnings`, not issued. For a PyTorch checkpoint the
@@ -251,19 +178,9 @@ def inspect(
     Args:
         path: a .safetensors file or a checkpoint folder.
         dst: the output `convert` would write; given, its checks run too.
-        to, keep, keep_min_size, from_bf16, on_overflow, strict: as for `convert`.
-        scan: read the tensors to convert and measure what converting them would lose.
-        threads: worker threads for the scan; None or 0 means one per core.
         progress: called as `progress(done, total)` (bytes scanned).
-        force, resume, shard, allow_quantized, follow_links, report: as for `convert`:
-            they change the checks that run with `dst`.
-        max_shard_size: as for `convert`: the report's `shards` and `indexes` give the
-            shard plan (each output file, its size, tensors and the input files it reads).
-        name: as for `convert`: the output stem the shard plan names.
-        key, strip_prefix: as for `convert` (PyTorch checkpoints).
-        include, exclude: as for `convert`: the report's `other_files` and `left_out`
-            name what the output copies and leaves out.
-        tuning: knobs for benchmarks and tests (see `convert`).
+        options: keywords, typed by `InspectOptions` (`stcast._types`), each documented
+            below.
 
     Raises:
         InvalidInput: the file is not a valid safetensors file or PyTorch checkpoint.
@@ -272,16 +189,13 @@ def inspect(
     """
     given = Options.of("inspect", options)
     path = _source(path)
-    o = _plain(_named(given.checked("inspect")))
+    o = _plain(given.checked("inspect"))
     target = None if dst is None else os.fsdecode(dst)
-    _companions_only(path, o)
+    _core.check_applies(path, o.set)
     if _engine.is_tree(path) or o.max_shard_size is not None:
         from .folder import inspect_folder
 
-        _files_only(path, o)
-        _lone_only(path, o)
         return inspect_folder(path, target, _report(o), progress=progress)
-    _folders_only(path, o)
     extra: dict[str, Any] = {}
     if target is not None:
         target = _file_dst(path, target, _target(o))
@@ -342,18 +256,10 @@ def verify(
         src, dst: the original and the converted file (or folder). For a file `src`, a
             folder `dst` holding the file `convert` names by default (for `to`; without
             it, for any target) means that file, as `convert(src, dst)` writes it.
-        loose: accept what other tools write (see above).
-        to, keep, keep_min_size, from_bf16, on_overflow: the precision options `convert`
-            had; strict mode expects exactly the tensors they keep to be kept.
-        threads: worker threads; None or 0 means one per core.
         progress: called as `progress(done, total)`: data bytes of both files compared, the
             total being `bytes_compared` of a verification that finds no difference.
-        report, force: write the numeric report there; replace an existing one.
-        key, strip_prefix: how `convert` read SRC, a PyTorch checkpoint.
-        include, exclude: what `convert` copied of a folder SRC (default: DST's record's).
-        name: the `name` `convert` re-sharded SRC (one checkpoint) under: DST's files of
-            that stem are its re-sharding.
-        tuning: knobs for benchmarks and tests (see `convert`).
+        options: keywords, typed by `VerifyOptions` (`stcast._types`), each documented
+            below.
 
     Raises:
         InvalidInput: a file is not a valid safetensors file (or, for SRC, PyTorch
@@ -373,7 +279,7 @@ def verify(
     if _engine.is_tree(src) or os.path.isdir(dst):
         from .folder.verify import verify_folder
 
-        _files_only(src, o)
+        _core.check_applies(src, list(o.source))  # (a folder of files: no `key`)
         return verify_folder(src, dst, o, progress=progress)
     if o.name is not None:
         raise UsageError(
@@ -516,65 +422,12 @@ def _report(o: Options) -> Options:
     return o.replace(report=None if o.report is None else os.fsdecode(o.report))
 
 
-def _folders_only(src: str, o: Options) -> None:
-    """`resume` and `shard` apply to folders (and re-shardings) only."""
-    if o.resume or o.shard is not None:
-        option = "resume" if o.resume else "shard"
-        if os.path.isdir(src):  # one checkpoint in a folder (DCP, ZeRO): one output file
-            raise UsageError(
-                f"{{{option}}} applies to an output of several files: {_engine.escape(src)} is "
-                "one checkpoint, written as one file; give {max_shard_size} to split it",
-                option=option,
-            )
-        raise UsageError(
-            f"{{{option}}} applies to folders; {_engine.escape(src)} is not one", option=option
-        )
-
-
-def _files_only(src: str, o: Options) -> None:
-    """`key` chooses within one PyTorch checkpoint: not for folders of files, whose weight
-    files are plain state dicts. (`strip_prefix` renames the tensors of any input: a
-    folder's files and indexes alike.)"""
-    if o.key is not None and _engine.is_tree(src):
-        raise UsageError(
-            f"{{key}} applies to PyTorch checkpoint files; {_engine.escape(src)} is a folder "
-            "of files",
-            option="key",
-        )
-
-
-def _companions_only(src: str, o: Options) -> None:
-    """`include` and `exclude` choose what a folder of files copies beside its weights."""
-    option = "include" if o.include else "exclude" if o.exclude else None
-    if option is not None and not _engine.is_tree(src):
-        raise UsageError(
-            f"{{{option}}} applies to a folder of files (what it copies beside its weights): "
-            f"{_engine.escape(src)} is one checkpoint",
-            option=option,
-        )
-
-
-def _lone_only(src: str, o: Options) -> None:
-    """`config` goes beside a lone checkpoint's output (one file, or the shards of one
-    re-sharding): a folder of files brings its own config.json. Shard runs write no config,
-    and `finalize` is given none."""
-    if o.config is not None and (_engine.is_tree(src) or o.shard is not None):
-        what = "a folder of files" if _engine.is_tree(src) else "converted in shards ({shard})"
-        raise UsageError(
-            f"{{config}} applies to a lone checkpoint (a file, a DCP or ZeRO folder) written in "
-            f"one run: {_engine.escape(src)} is {what}",
-            option="config",
-        )
-
-
-def _named(o: Options) -> Options:
-    """`name` is the stem of re-sharded outputs only."""
-    if o.name is not None and o.max_shard_size is None:
-        raise UsageError(
-            "{name} names the files of a re-sharded output: it applies with {max_shard_size}",
-            option="name",
-        )
-    return o
+def _document(fn: Callable[..., object], *typed: type) -> None:
+    """Append to `fn`'s docstring the documentation of its options, each written once, in
+    the `TypedDict` that types it (`stcast._types`), so that `help(stcast.convert)` shows
+    them."""
+    if fn.__doc__:  # (none under `python -OO`)
+        fn.__doc__ += "".join(f"\n    {t.__doc__}" for t in typed)
 
 
 def _after_commit(published: str, e: BaseException) -> StcastError:
@@ -583,3 +436,8 @@ def _after_commit(published: str, e: BaseException) -> StcastError:
     return Refused(
         f"{_engine.escape(published)} was published, but then {template}", path=published
     )
+
+
+_document(convert, _types._Options, _types.ConvertOptions)
+_document(inspect, _types._Options, _types.ConvertOptions, _types.InspectOptions)
+_document(verify, _types._Options, _types.VerifyOptions)

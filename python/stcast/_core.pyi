@@ -44,6 +44,7 @@ __all__ = [
     "escape",
     "option_error",
     "check_option",
+    "check_applies",
     "failpoint",
     "write_file",
     "copy_file",
@@ -121,7 +122,7 @@ class _Option(TypedDict):
     metavar: str | None
     short: str | None
     help: str | None
-    precision: bool
+    role: str  # "precision", "source" or "other"
 
 class _CancelFlag(Protocol):
     def is_set(self) -> bool: ...
@@ -197,6 +198,7 @@ def format_bytes(n: int) -> str: ...
 def escape(s: str) -> str: ...
 def option_error(option: str, value: object, expected: str) -> BaseException: ...
 def check_option(name: str, value: object) -> Any: ...
+def check_applies(src: str, given: list[str]) -> None: ...
 def failpoint(name: str) -> None: ...
 def write_file(
     path: str,

@@ -34,8 +34,9 @@ for _options in _COMMANDS.values():
         _DEFAULTS.setdefault(_name, _default)
 _DEFINITIONS = {row["name"]: row for row in _core.OPTIONS}
 # The options beside `to` that decide what each tensor becomes (they change the output, so a
-# manifest records them), in the table's order.
-_PRECISION = [name for name in _DEFAULTS if _DEFINITIONS[name]["precision"]]
+# manifest records them), and those that say how a source is read, in the table's order.
+_PRECISION = [name for name in _DEFAULTS if _DEFINITIONS[name]["role"] == "precision"]
+_SOURCE = [name for name in _DEFAULTS if _DEFINITIONS[name]["role"] == "source"]
 
 
 class Options:
@@ -110,14 +111,22 @@ class Options:
         return options
 
     @property
+    def set(self) -> list[str]:
+        """The names of the options not at their default, for the engine's check of those
+        that do not apply to a run (`_core.check_applies`)."""
+        return [n for n, d in _DEFAULTS.items() if getattr(self, n) != _value(d)]
+
+    @property
     def source(self) -> dict[str, Any]:
-        """How a PyTorch checkpoint is read (`key`, `strip_prefix`), without the defaults:
-        engine keywords, and options of a re-sharding's manifest."""
+        """How a source is read (a PyTorch checkpoint's dict, the prefixes names lose),
+        without the defaults: engine keywords, and options of a re-sharding's manifest."""
         options: dict[str, Any] = {}
-        if self.key is not None:
-            options["key"] = self.key
-        if self.strip_prefix:
-            options["strip_prefix"] = list(self.strip_prefix)
+        for name in _SOURCE:
+            value = getattr(self, name)
+            if isinstance(value, (list, tuple)):
+                value = list(value)
+            if value != _value(_DEFAULTS[name]):
+                options[name] = value
         return options
 
     def engine(self) -> dict[str, Any]:

@@ -238,12 +238,51 @@ StrPath = Union[str, "os.PathLike[str]"]  # (`|` at run time needs Python 3.10)
 
 
 class _Options(TypedDict, total=False):
-    """The options `convert`, `inspect` and `verify` share."""
+    """The options `convert`, `inspect` and `verify` share, as `convert` reads them.
 
-    keep: Iterable[str]
-    from_bf16: bool
+    threads: worker threads; default (None or 0): all CPUs.
+    force: replace an existing `dst` (a folder: convert everything again); verify: an
+        existing `report`.
+    keep: fnmatch patterns (`*`, `?`, `[seq]`, `[!seq]`; case-sensitive) on tensor names:
+        a float tensor that one matches keeps its dtype and bytes, e.g. `["*norm*"]`.
+        A pattern that matches no tensor (in the file, or anywhere in the folder) is
+        probably a typo: a `StcastWarning`, or with `strict=True` a `Refused` error
+        raised before anything is written.
+    from_bf16: with `to="fp16"`, convert BF16 tensors to F16 too (exact widening, then
+        the F32 rule); otherwise they are copied and the output mixes BF16 and F16.
+    report: write the numeric report (per converted tensor: overflow, underflow,
+        largest errors; see docs/reference.md) to this JSON file. It is complete before
+        the output is published and published right after it; its path is checked
+        before any work (not the input, not the output, its folder exists; an existing
+        file needs `force`). Verify writes a verified pair's report there.
+    key: PyTorch checkpoints: the dict of tensors to convert, dotted for deeper levels
+        (`"ema"`, `"state.model"`). Without it: the top level if it holds tensors, else
+        the only dict that does; with several, `Refused` lists them with their counts.
+    strip_prefix: PyTorch checkpoints: prefixes dropped from tensor names, e.g.
+        `["module.", "_orig_mod."]` (DDP, torch.compile): each in turn, from what the one
+        before left.
+    include: folders of files: fnmatch globs on paths in SRC of what the output leaves
+        out as training state (optimizer, scheduler and RNG states, DeepSpeed's
+        `global_stepN/`, ...) to copy anyway (a folder whole).
+    exclude: folders of files: fnmatch globs on paths in SRC (or a folder above them) of
+        files the output would copy or rewrite to leave out (never weights or indexes);
+        they win over `include`. Both are recorded with the output for `verify`.
+    name: re-sharding: the stem of the output of a checkpoint of one group (a lone
+        file, or a folder whose shards one index names): `<name>-00001-of-0000N
+        .safetensors` and `<name>.safetensors.index.json`, or `<name>.safetensors`.
+        `name="model"` gives the names transformers' `from_pretrained` looks for (a
+        re-sharded `ema.safetensors` is otherwise `ema-...` and
+        `ema.safetensors.index.json`). Not empty, `.` or `..`, without `/` or NUL; a
+        folder of several checkpoints is a `UsageError`. Verify: DST's files of that
+        stem are SRC's re-sharding.
+    tuning: knobs for benchmarks (window size, kernels, read advice, write-behind
+        depth); they change speed and memory, never the bytes written.
+    """
+
     threads: int | None
     force: bool
+    keep: Iterable[str]
+    from_bf16: bool
     report: StrPath | None
     key: str | None
     strip_prefix: Iterable[str]
@@ -254,31 +293,87 @@ class _Options(TypedDict, total=False):
 
 
 class ConvertOptions(_Options, total=False):
-    """The options of `convert` (see its docstring)."""
+    """The options of `convert`, besides those all three share.
+
+    to: the target dtype, "bf16" or "fp16" (or "bfloat16", "float16", "half"); or
+        "keep": every tensor keeps its dtype, only the format changes (PyTorch input);
+        or "fp8" / "fp8-block": 2-D weights become FP8 E4M3 with a scale per output
+        channel / per 128x128 block (compressed-tensors, for vLLM), the rest bf16.
+    keep_min_size: float tensors with fewer elements than this keep their dtype too
+        (norms and biases: e.g. 4096).
+    on_overflow: finite values that become ±inf (|x| >= 65520 for fp16): "warn" (count
+        them per tensor; a `StcastWarning` names the worst tensors), "error" (raise
+        `Refused` and leave nothing behind) or "keep" (first read the float tensors
+        once more to find their largest |x|, and keep those that would overflow in their
+        source dtype).
+    strict: make a `keep` pattern that matches nothing an error.
+    resume: folders: continue an interrupted run, skipping the files its manifest shows
+        done with the same options.
+    shard: folders: `(i, n)` converts only the i-th of n subsets of the weight files
+        (1-based, the same split on every machine); `finalize(src, dst)` completes the
+        folder once all n ran.
+    allow_quantized: convert a quantized checkpoint anyway (its F32 scales
+        become bf16 too).
+    follow_links: folders (DCP and ZeRO folders too): follow symlinks that lead outside
+        the source folder (by default only links within it, and into a Hugging Face
+        cache's blobs/, are followed; any other is refused, naming it).
+    max_shard_size: re-shard: write the tensors as shards of at most this many bytes
+        on disk, header included (an int, or a string with a unit: "5GB" = 5*10^9,
+        "4.5GiB" = 4.5*2^30; KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB of 1024,
+        any case), greedily in input order; a tensor larger than that gets a shard of
+        its own. `src` may then be a file too; `dst` is a folder (default
+        `<stem>-bf16` beside a file). Each index's shards (or a lone file) become
+        `<stem>-00001-of-0000N.safetensors` and `<stem>.safetensors.index.json`, or
+        one `<stem>.safetensors` when all fit in one; `resume`, `shard` and
+        `finalize` work per output shard.
+    no_record: record nothing in the output's `__metadata__` (by default the options
+        are recorded there, under "stcast", for `verify`).
+    config: a lone checkpoint (a file, a DCP or ZeRO folder, written as one file): the
+        model's config.json, written beside the output as `config.json` with its dtype
+        set and, under an FP8 target, the `quantization_config` that describes the
+        output (without it, an FP8 output's `quantization_config` alone goes to
+        `<stem>.quantization_config.json`). Checked before any work: a JSON object, not
+        the input, an existing `config.json` there needs `force`.
+    """
 
     to: Target | TargetAlias
     keep_min_size: int
     on_overflow: OnOverflow
-    no_record: bool
     strict: bool
     resume: bool
     shard: tuple[int, int] | None
     allow_quantized: bool
     follow_links: bool
     max_shard_size: int | str | None
+    no_record: bool
     config: StrPath | None
 
 
 class InspectOptions(ConvertOptions, total=False):
-    """The options of `inspect`: those of `convert`, and `scan`."""
+    """The options of `inspect`: those of `convert` (with `dst`, those that change the checks
+    `convert` makes before writing change them; a re-sharding's shard plan is reported
+    (`shards`, `indexes`: each output file, its size, tensors and the input files it
+    reads), and what a folder's output copies and leaves out (`other_files`, `left_out`);
+    the threads are the scan's), and:
+
+        scan: read the tensors to convert and measure what converting them would lose.
+    """
 
     scan: bool
 
 
 class VerifyOptions(_Options, total=False):
-    """The options of `verify` (see its docstring)."""
+    """The options of `verify`, besides those all three share: the precision
+    and source options `convert` had (default: those DST's record of them holds); strict
+    mode expects exactly the tensors they keep to be kept.
+
+        to: the target DST was converted to (default: DST's record's, else any target).
+        keep_min_size: as for `convert` (default: DST's record's, else 0).
+        on_overflow: as for `convert` (default: DST's record's, else "warn").
+        loose: accept what other tools write (see `verify`).
+    """
 
     to: Target | TargetAlias | None
-    keep_min_size: int | None  # None: DST's record's
+    keep_min_size: int | None
     on_overflow: OnOverflow | None
     loose: bool

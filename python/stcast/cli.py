@@ -411,9 +411,7 @@ def _add_options(p: argparse.ArgumentParser, command: str) -> None:
         elif kind == "choice":
             spelled.update(choices=row["choices"], metavar=None)
         elif kind in _VALUE_TYPES:
-            spelled["type"] = _VALUE_TYPES[kind]
-        if kind == "int":
-            spelled["type"] = _int_type(row["name"], row["max"] or 0)
+            spelled["type"] = _value_type(_VALUE_TYPES[kind], row)
         a = p.add_argument(*flags, help=help_, **spelled)
         # What shell completion offers for a value (`_completion`): paths, or the names.
         if kind == "path":
@@ -422,11 +420,15 @@ def _add_options(p: argparse.ArgumentParser, command: str) -> None:
             a.completes = row["choices"]  # type: ignore[attr-defined]
 
 
-def _int_type(option: str, high: int) -> Callable[[str], int]:
-    def whole(text: str) -> int:
-        return _whole(text, option, high)
+def _value_type(
+    read: Callable[[Mapping[str, Any], str], object], row: Mapping[str, Any]
+) -> Callable[[str], object]:
+    """argparse's `type` of an option: `read` with the option's row."""
 
-    return whole
+    def typed(text: str) -> object:
+        return read(row, text)
+
+    return typed
 
 
 def _api_options(args: argparse.Namespace, command: str) -> dict[str, Any]:
@@ -1115,9 +1117,9 @@ def _exit_code(code: object) -> int:
     return 2
 
 
-def _target(text: str) -> str:
+def _target(row: Mapping[str, Any], text: str) -> str:
     try:
-        name: str = _core.check_option("to", text)  # the engine resolves aliases
+        name: str = _core.check_option(row["name"], text)  # the engine resolves aliases
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"unknown target {text!r}: {', '.join(_core.TARGETS[:-1])} or {_core.TARGETS[-1]}"
@@ -1125,20 +1127,20 @@ def _target(text: str) -> str:
     return name
 
 
-def _whole(text: str, option: str, high: int) -> int:
+def _whole(row: Mapping[str, Any], text: str) -> int:
     """A whole number, as typed: the engine checks its range; the words are argparse's."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     try:
-        checked: int = _core.check_option(option, value)
+        checked: int = _core.check_option(row["name"], value)
     except stcast.StcastError:
-        raise argparse.ArgumentTypeError(f"{text} is not from 0 to {high}") from None
+        raise argparse.ArgumentTypeError(f"{text} is not from 0 to {row['max'] or 0}") from None
     return checked
 
 
-def _shard(text: str) -> tuple[int, int]:
+def _shard(row: Mapping[str, Any], text: str) -> tuple[int, int]:
     i, slash, n = text.partition("/")
     try:
         shard = (int(i), int(n))
@@ -1149,39 +1151,36 @@ def _shard(text: str) -> tuple[int, int]:
     return shard
 
 
+def _checked(row: Mapping[str, Any], text: str) -> Any:
+    """A value as the engine checks it (a stem, a size), in the engine's words without the
+    option's flag: argparse names it already ("argument --name: ...")."""
+    try:
+        return _core.check_option(row["name"], text)
+    except stcast.StcastError as e:
+        flag = render(f"{{{row['name']}}}", "cli")
+        raise argparse.ArgumentTypeError(e.render("cli").removeprefix(f"{flag}: ")) from None
+
+
 class _Size(int):
-    """A --max-shard-size in bytes that remembers how it was typed."""
+    """A size in bytes that remembers how it was typed."""
 
     text: str
 
 
-def _max_shard_size(text: str) -> int:
-    try:
-        size = _Size(_core.check_option("max_shard_size", text))
-    except stcast.StcastError as e:
-        # argparse names the option already ("argument --max-shard-size: ...").
-        message = e.render("cli").removeprefix("--max-shard-size: ")
-        raise argparse.ArgumentTypeError(message) from None
+def _size(row: Mapping[str, Any], text: str) -> int:
+    size = _Size(_checked(row, text))
     size.text = text
     return size
 
 
-def _stem(text: str) -> str:
-    try:
-        stem: str = _core.check_option("name", text)
-    except stcast.StcastError as e:
-        # argparse names the option already ("argument --name: ...").
-        message = e.render("cli").removeprefix("--name: ")
-        raise argparse.ArgumentTypeError(message) from None
-    return stem
-
-
-# How the command line reads a value of each kind of option (`_add_options`).
-_VALUE_TYPES: dict[str, Callable[[str], object]] = {
+# How the command line reads a value of each kind of option (`_add_options`), given the
+# option's row of the engine's table.
+_VALUE_TYPES: dict[str, Callable[[Mapping[str, Any], str], object]] = {
+    "int": _whole,
     "target": _target,
-    "size": _max_shard_size,
+    "size": _size,
     "part": _shard,
-    "stem": _stem,
+    "stem": _checked,
 }
 
 

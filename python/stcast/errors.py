@@ -46,10 +46,12 @@ __all__ = [
     "render",
 ]
 
-# Options that are switches (`{force}` reads `force=True` in Python), and options that take
-# a list (`{keep=*norm*}` reads `keep=["*norm*"]`), by the engine's table of options.
+# Options that are switches (`{force}` reads `force=True` in Python), options that take a
+# list (`{keep=*norm*}` reads `keep=["*norm*"]`), and those that take a part (`{shard=2/8}`
+# reads `shard=(2, 8)`), by the engine's table of options.
 _SWITCHES = frozenset(r["name"] for r in _core.OPTIONS if r["kind"] == "flag")
 _LISTS = frozenset(r["name"] for r in _core.OPTIONS if r["kind"] == "texts")
+_PARTS = frozenset(r["name"] for r in _core.OPTIONS if r["kind"] == "part")
 
 
 def _api_option(option: str, value: str | None) -> str:
@@ -57,7 +59,7 @@ def _api_option(option: str, value: str | None) -> str:
         return f"{option}=True" if option in _SWITCHES else option
     if option in _LISTS:
         return f'{option}=["{value}"]'
-    if option == "shard":  # "i/n"
+    if option in _PARTS:  # "i/n"
         return f"{option}=({value.replace('/', ', ')})"
     return f'{option}="{value}"'
 
