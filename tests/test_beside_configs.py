@@ -365,3 +365,29 @@ def test_one_reader_of_the_given_config(tmp_path, run_main, to):
     bom.write_bytes(b'\xef\xbb\xbf{"hidden_size": 4}')
     rc, _, err = run_main("convert", src, tmp_path / "o" / "x.safetensors", "--config", bom, *to)
     assert rc == 1 and "starts with a byte-order mark" in assert_one_error_line(err), err
+
+
+@pytest.mark.parametrize("how", ["status", "asym", "static", "kv"])
+def test_loose_verify_of_a_lone_output_reads_its_config_as_a_folders(tmp_path, run_main, how):
+    # (Attack z11 r1.) One rule of an FP8 config (run::fp8config): a lone output's config
+    # that a loader reads wrong fails --loose as a folder's does.
+    src = _file(tmp_path)
+    cfg = _config(tmp_path)
+    out = tmp_path / "out" / "model.safetensors"
+    assert run_main("convert", "-q", src, out, "--to", "fp8", "--config", cfg)[0] == 0
+    assert run_main("verify", src, out, "--loose")[0] == 0
+    path = out.parent / "config.json"
+    doc = json.loads(path.read_text())
+    q = doc["quantization_config"]
+    group = next(iter(q["config_groups"].values()))
+    if how == "status":
+        q["quantization_status"] = "frozen"
+    elif how == "asym":
+        group["weights"]["symmetric"] = False
+    elif how == "static":
+        group["input_activations"]["dynamic"] = False
+    else:
+        q["kv_cache_scheme"] = {"num_bits": 8, "type": "float", "strategy": "tensor"}
+    path.write_text(json.dumps(doc, indent=2))
+    rc, _, err = run_main("verify", src, out, "--loose")
+    assert rc == 1 and "config.json: does not describe" in assert_one_error_line(err), err

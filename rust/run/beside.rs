@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use crate::header::SourceHeader;
-use crate::quant::names_module;
 use crate::run::fp8config::quantization_config;
 pub use crate::run::fp8config::Modules;
 use crate::run::json::QUANTIZATION_KEYS;
@@ -174,64 +173,11 @@ pub fn problem(text: &str, weights: Weights<'_>, exact: bool) -> Option<String> 
             esc(k)
         ));
     }
-    if got.get("format") != want.get("format") {
-        return Some("its quantization_config's `format` is not `float-quantized`".into());
-    }
-    let Some(Value::Object(groups)) = got.get("config_groups") else {
-        return Some("its quantization_config has no config_groups".into());
-    };
-    let scheme = want["config_groups"]
-        .as_object()
-        .and_then(|g| g.values().next())
-        .map(|g| g["weights"].clone())
-        .unwrap_or_default();
-    for (name, g) in groups {
-        for key in ["strategy", "num_bits", "type", "block_structure"] {
-            if g["weights"].get(key) != scheme.get(key) {
-                return Some(format!(
-                    "config group `{}` says weights `{key}` {}, not {} as the FP8 weights \
-                     beside it",
-                    esc(name),
-                    esc(&g["weights"].get(key).unwrap_or(&Value::Null).to_string()),
-                    esc(&scheme.get(key).unwrap_or(&Value::Null).to_string()),
-                ));
-            }
-        }
-    }
-    let modules = modules?;
-    let names = |v: Option<&Value>| -> Vec<String> {
-        let list = v
-            .and_then(Value::as_array)
-            .map(Vec::as_slice)
-            .unwrap_or(&[]);
-        list.iter()
-            .filter_map(|e| e.as_str().map(String::from))
-            .collect()
-    };
-    let ignore = names(got.get("ignore"));
-    let targets: Vec<String> = groups
-        .values()
-        .flat_map(|g| names(g.get("targets")))
-        .collect();
-    let named = |list: &[String], m: &str| list.iter().any(|e| names_module(e, m));
-    for m in modules.quantized.keys() {
-        if named(&ignore, m) || !named(&targets, m) {
-            return Some(format!(
-                "its quantization_config leaves out `{}`, whose weight is quantized beside it",
-                esc(m)
-            ));
-        }
-    }
-    for m in &modules.unquantized {
-        if named(&targets, m) && !named(&ignore, m) {
-            return Some(format!(
-                "its quantization_config's `ignore` does not name `{}`, whose weight is not \
-                 quantized beside it",
-                esc(m)
-            ));
-        }
-    }
-    None
+    // Loose: the one rule of an FP8 config and the modules beside it (`fp8config::problem`),
+    // a folder's and a lone output's alike.
+    let empty = Modules::default();
+    let q = doc.get("quantization_config");
+    crate::run::fp8config::problem(q, target, modules.unwrap_or(&empty)).map(|p| p.to_string())
 }
 
 /// What the lone output whose header is `header`, written for `to`, holds (`Weights`), its
@@ -364,7 +310,8 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(problem(&block, fp8, true).is_some());
-        assert!(problem(&block, fp8, false).unwrap().contains("`strategy`"));
+        let wrong = problem(&block, fp8, false).unwrap();
+        assert!(wrong.contains("`weights.block_structure`"), "{wrong}");
         // The modules: a quantized one ignored, an unquantized one targeted and not ignored.
         let modules = Modules {
             quantized: [("a".to_string(), (vec![4, 4], vec![4, 1]))].into(),
@@ -374,15 +321,15 @@ mod tests {
             target: Target::Fp8,
             modules: Some(&modules),
         };
-        assert!(problem(&ours, fp8, false).unwrap().contains("`lm_head`"));
+        let wrong = problem(&ours, fp8, false).unwrap();
+        assert!(wrong.contains("`lm_head`"), "{wrong}");
         let named = config_text("{}", Target::Fp8, false, Some(&["lm_head".into()]));
         let named = named.unwrap().unwrap();
         assert_eq!(problem(&named, fp8, false), None);
         assert_eq!(problem(&named, fp8, true), None);
         let all = named.replace("\"lm_head\"", "\"re:.*\"");
-        assert!(problem(&all, fp8, false)
-            .unwrap()
-            .contains("leaves out `a`"));
+        let wrong = problem(&all, fp8, false).unwrap();
+        assert!(wrong.contains("`a`"), "{wrong}");
     }
 
     #[test]
