@@ -141,6 +141,8 @@ pub enum Left {
     Interleaved,
     /// Stored in pieces (a distributed checkpoint's boxes).
     Pieces,
+    /// Its own layout is told, but the other fused tensor of its experts stays fused.
+    Partner,
 }
 
 impl Left {
@@ -159,6 +161,10 @@ impl Left {
             Left::Misfit => "their shape is no layout of the model config's sizes",
             Left::Interleaved => "gpt-oss interleaves gate and up columns",
             Left::Pieces => "they are stored in pieces of a distributed checkpoint",
+            Left::Partner => {
+                "the other fused tensor of their experts stays fused, and a block of experts \
+                 is split whole or not at all"
+            }
         }
     }
 }
@@ -200,12 +206,36 @@ pub fn layout(kind: Kind, shape: &[usize], model: Option<&Model>) -> Result<Layo
 }
 
 /// Why a fused expert tensor stays fused (None: it is none, or it is split).
-pub fn left(t: &SourceTensor, model: Option<&Model>) -> Option<Left> {
+pub fn left(t: &SourceTensor, all: &[SourceTensor], model: Option<&Model>) -> Option<Left> {
+    if let Some(why) = own_reason(t, model) {
+        return Some(why);
+    }
+    // Its own layout is told, but another fused tensor of its block stays.
+    let block = block_of(&t.name, kind(&t.name, t.dtype, &t.shape)?)?;
+    all.iter()
+        .filter(|o| o.name != t.name)
+        .filter(|o| {
+            let k = kind(&o.name, o.dtype, &o.shape);
+            k.and_then(|k| block_of(&o.name, k)) == Some(block)
+        })
+        .any(|o| own_reason(o, model).is_some())
+        .then_some(Left::Partner)
+}
+
+/// Why fused tensor `t` cannot be split by itself, if it cannot.
+fn own_reason(t: &SourceTensor, model: Option<&Model>) -> Option<Left> {
     let k = kind(&t.name, t.dtype, &t.shape)?;
     if matches!(t.gather.as_deref(), Some(Gather::Pieces(_))) {
         return Some(Left::Pieces);
     }
     layout(k, &t.shape, model).err()
+}
+
+/// The block of experts fused tensor `name` (of `kind`) belongs to: its name before the
+/// fused tensor's (`model.layers.0.mlp.experts.`).
+fn block_of(name: &str, kind: Kind) -> Option<&str> {
+    let stem = name.strip_suffix(".weight").unwrap_or(name);
+    stem.strip_suffix(kind.parts().0)
 }
 
 /// The name `model_free_ptq` gives piece `part` of expert `e` of fused tensor `name`.
@@ -254,11 +284,23 @@ pub fn split(source: &mut Source, model: &Model) -> HashMap<String, String> {
         tensors.iter().map(|t| t.name.clone()).collect();
     let mut out = Vec::with_capacity(tensors.len());
     let mut split = HashMap::new();
+    // The experts of one block are split together or not at all: a fused gate_up_proj
+    // beside per-expert down_proj weights is no layout a loader reads as one scheme.
+    let stays: std::collections::HashSet<&str> = tensors
+        .iter()
+        .filter(|t| own_reason(t, Some(model)).is_some())
+        .filter_map(|t| block_of(&t.name, kind(&t.name, t.dtype, &t.shape)?))
+        .collect();
+    let stays: std::collections::HashSet<String> = stays.into_iter().map(String::from).collect();
     for t in tensors {
         let Some(k) = kind(&t.name, t.dtype, &t.shape) else {
             out.push(t);
             continue;
         };
+        if block_of(&t.name, k).is_some_and(|b| stays.contains(b)) {
+            out.push(t);
+            continue;
+        }
         let laid = layout(k, &t.shape, Some(model));
         let pieces = match (laid, t.gather.as_deref()) {
             (Ok(l), None) => {

@@ -919,7 +919,12 @@ fn fp8_warnings(
         .iter()
         .zip(&src.tensors)
         .filter(|(s, _)| **s == Some(Fp8Skip::Experts))
-        .map(|(_, t)| (crate::experts::left(t, model), t.name.as_str()))
+        .map(|(_, t)| {
+            (
+                crate::experts::left(t, &src.tensors, model),
+                t.name.as_str(),
+            )
+        })
         .collect();
     experts.sort_by_key(|(why, _)| *why);
     for group in experts.chunk_by(|a, b| a.0 == b.0) {
