@@ -391,3 +391,17 @@ def test_loose_verify_of_a_lone_output_reads_its_config_as_a_folders(tmp_path, r
     path.write_text(json.dumps(doc, indent=2))
     rc, _, err = run_main("verify", src, out, "--loose")
     assert rc == 1 and "config.json: does not describe" in assert_one_error_line(err), err
+
+
+def test_model_safetensors_reads_the_config_beside_it_whatever_else_is_there(tmp_path, run_main):
+    # (Attack z11 r9.) transformers loads model.safetensors with config.json beside it even
+    # when the folder holds other weights: a stale FP8 config there is refused, as when alone.
+    src, cfg = _file(tmp_path), _config(tmp_path)
+    out = tmp_path / "O" / "model.safetensors"
+    assert run_main("convert", "-q", src, out, "--to", "fp8", "--config", cfg)[0] == 0
+    shutil.copy(out, out.parent / "backup-fp8.safetensors")
+    before = out.read_bytes()
+    rc, _, err = run_main("convert", "-q", src, out, "--force")
+    line = assert_one_error_line(err)
+    assert rc == 1 and "config.json: has a `quantization_config`" in line, err
+    assert out.read_bytes() == before

@@ -106,8 +106,9 @@ impl Weights<'_> {
 }
 
 /// The model config a loader reads with the lone output `dst`: `config.json` in its folder,
-/// when it is there and `dst` is the folder's only weights (otherwise the config is another
-/// checkpoint's, or says nothing a loader of `dst` would read).
+/// when it is there and `dst` is the folder's only weights, or is `model.safetensors` (the
+/// file transformers loads with that config, whatever else the folder holds); otherwise the
+/// config is another checkpoint's, or says nothing a loader of `dst` would read.
 pub fn model_config(dst: &Path) -> Option<PathBuf> {
     let dir = crate::output::parent_dir(dst);
     let config = dir.join("config.json");
@@ -115,6 +116,9 @@ pub fn model_config(dst: &Path) -> Option<PathBuf> {
         return None;
     }
     let name = dst.file_name()?;
+    if name == "model.safetensors" {
+        return Some(config);
+    }
     let others = std::fs::read_dir(&dir)
         .ok()?
         .filter_map(|e| e.ok())
