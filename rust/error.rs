@@ -88,6 +88,10 @@ pub enum ConfigProblem {
         method: Option<String>,
         detail: String,
     },
+    /// SRC's own file lies where an FP8 run writes the quantization_config of weights no
+    /// model config describes (`folder::side_configs`): copied there, it would stand for
+    /// stcast's, which it is not. `rel`: its path in SRC.
+    SideTaken { rel: String },
 }
 
 /// Where a folder run would read or write that it refuses (`run::place`), before anything
@@ -745,7 +749,9 @@ impl Error {
             },
             Error::FolderConfig { problem, .. } => match problem {
                 ConfigProblem::NotAnObject => ErrorKind::InvalidInput,
-                ConfigProblem::Unread { .. } => ErrorKind::Refused,
+                ConfigProblem::Unread { .. } | ConfigProblem::SideTaken { .. } => {
+                    ErrorKind::Refused
+                }
             },
             Error::Place {
                 problem: PlaceProblem::DstLikeFile { .. },
@@ -1379,6 +1385,12 @@ fn place_message(problem: &PlaceProblem) -> String {
 /// The text of a `ConfigProblem`, after the config's path.
 fn config_message(problem: &ConfigProblem) -> String {
     match problem {
+        ConfigProblem::SideTaken { rel } => format!(
+            "is SRC's own, where this FP8 run writes the quantization_config of the weights \
+             beside it (no model config there describes them): leave it out \
+             ({{exclude={}}}), or give the folder its model config",
+            esc(rel)
+        ),
         ConfigProblem::NotAnObject => "not a JSON object, so an FP8 target cannot add its \
                                        quantization_config to it"
             .into(),

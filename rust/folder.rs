@@ -421,6 +421,17 @@ impl PlanTask {
             .collect();
         let quantized: Vec<&File> = self.quantizes.iter().map(|&i| &w.weights[i]).collect();
         for rel in side_configs(&quantized, &taken) {
+            if let Some(f) = w.others.iter().find(|f| f.rel == rel) {
+                return Err(Error::FolderConfig {
+                    path: f.path.clone(),
+                    problem: crate::error::ConfigProblem::SideTaken {
+                        rel: rel.to_string_lossy().into_owned(),
+                    },
+                });
+            }
+            if taken.contains(&rel.as_os_str()) {
+                continue; // a config of SRC's, judged as any model config
+            }
             let dir = parent(rel.as_bytes());
             let first = quantized.iter().find(|q| parent(q.rel.as_bytes()) == dir);
             let file = File {
@@ -633,8 +644,8 @@ fn is_model_config(rel: &OsStr) -> bool {
 
 /// Where an FP8 folder run writes the quantization_config of weights no model config
 /// describes: `quantization_config.json` in each folder of `weights` that holds no model
-/// config among `taken` (the folder's configs and other files), sorted, each not one of
-/// `taken`, as a lone file's run writes it beside its output.
+/// config among `taken` (the folder's configs and other files), sorted, as a lone file's
+/// run writes it beside its output.
 fn side_configs(weights: &[&File], taken: &[&OsStr]) -> Vec<OsString> {
     let described: HashSet<&[u8]> = taken
         .iter()
@@ -654,10 +665,7 @@ fn side_configs(weights: &[&File], taken: &[&OsStr]) -> Vec<OsString> {
         false => [d, b"/", side].concat(),
     });
     let rels: Vec<OsString> = rels.map(|r| OsStr::from_bytes(&r).to_os_string()).collect();
-    let mut out: Vec<OsString> = rels
-        .into_iter()
-        .filter(|r| !taken.contains(&r.as_os_str()))
-        .collect();
+    let mut out = rels;
     out.sort();
     out
 }

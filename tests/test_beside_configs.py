@@ -405,3 +405,27 @@ def test_model_safetensors_reads_the_config_beside_it_whatever_else_is_there(tmp
     line = assert_one_error_line(err)
     assert rc == 1 and "config.json: has a `quantization_config`" in line, err
     assert out.read_bytes() == before
+
+
+def test_srcs_own_quantization_config_json_is_not_taken_for_stcasts(tmp_path, run_main):
+    # (Attack z11 r3.) An FP8 folder run without a model config writes quantization_config.json
+    # beside its weights: SRC's own file of that name, copied there, would stand for it.
+    src = tmp_path / "G"
+    src.mkdir()
+    shutil.copy(_file(tmp_path), src / "model.safetensors")
+    theirs = '{"quantization_config": {"quant_method": "compressed-tensors"}}\n'
+    (src / "quantization_config.json").write_text(theirs)
+    dst = tmp_path / "Go"
+    rc, _, err = run_main("convert", src, dst, "--to", "fp8")
+    line = assert_one_error_line(err)
+    assert rc == 1 and "G/quantization_config.json: is SRC's own" in line, err
+    assert "(--exclude quantization_config.json)" in line and not dst.exists(), err
+    rc, _, err = run_main(
+        "convert", src, dst, "--to", "fp8", "--exclude", "quantization_config.json"
+    )
+    assert rc == 0 and "no model config describes" in err, err
+    assert (dst / "quantization_config.json").read_text() != theirs
+    assert run_main("verify", src, dst)[0] == 0
+    # A dense run copies it as any file.
+    assert run_main("convert", "-q", src, tmp_path / "B")[0] == 0
+    assert (tmp_path / "B" / "quantization_config.json").read_text() == theirs
