@@ -176,6 +176,9 @@ pub struct PlanTask {
     files_dequantize: bool,
     problem: Option<Error>,
     said: Vec<Vec<Warning>>,
+    /// Each file's `quantized` warning (a quantized checkpoint converted anyway), its path
+    /// before it: the conversion of a folder's file is not told of the folder's config.
+    quantized: Vec<Warning>,
 }
 
 impl PlanTask {
@@ -247,6 +250,7 @@ impl PlanTask {
             files_dequantize: false,
             problem: None,
             said: Vec::new(),
+            quantized: Vec::new(),
             walked,
         };
         task.read_configs()?;
@@ -394,6 +398,13 @@ impl PlanTask {
         {
             self.quantizes.push(i);
         }
+        // (Without a quantization_config the conversion of the file warns itself.)
+        let declared = self.quantization_config.is_some();
+        let quantized = rows.warnings.iter().filter(|x| x.kind == WarningKind::Quantized);
+        self.quantized.extend(quantized.filter(|_| declared).map(|x| {
+            let text = format!("{}: {}", esc(&w.rel.to_string_lossy()), x.text);
+            Warning::new(WarningKind::Quantized, text)
+        }));
         self.said.push(rows.warnings.to_vec());
         rows.tensors = Vec::new();
         let info = serde_json::to_value(&rows)
@@ -463,7 +474,7 @@ impl PlanTask {
             keep_unmatched: self.unmatched,
             dequantize,
             unmatched_prefixes: common_prefix_warnings(&self.said),
-            walk_warnings: w.warnings,
+            walk_warnings: w.warnings.into_iter().chain(self.quantized).collect(),
             strip_prefix: self.given.strip_prefix,
             model_config: self.model_config,
         })
