@@ -400,11 +400,15 @@ impl PlanTask {
         }
         // (Without a quantization_config the conversion of the file warns itself.)
         let declared = self.quantization_config.is_some();
-        let quantized = rows.warnings.iter().filter(|x| x.kind == WarningKind::Quantized);
-        self.quantized.extend(quantized.filter(|_| declared).map(|x| {
-            let text = format!("{}: {}", esc(&w.rel.to_string_lossy()), x.text);
-            Warning::new(WarningKind::Quantized, text)
-        }));
+        let quantized = rows
+            .warnings
+            .iter()
+            .filter(|x| x.kind == WarningKind::Quantized);
+        self.quantized
+            .extend(quantized.filter(|_| declared).map(|x| {
+                let text = format!("{}: {}", esc(&w.rel.to_string_lossy()), x.text);
+                Warning::new(WarningKind::Quantized, text)
+            }));
         self.said.push(rows.warnings.to_vec());
         rows.tensors = Vec::new();
         let info = serde_json::to_value(&rows)

@@ -429,3 +429,69 @@ def test_srcs_own_quantization_config_json_is_not_taken_for_stcasts(tmp_path, ru
     # A dense run copies it as any file.
     assert run_main("convert", "-q", src, tmp_path / "B")[0] == 0
     assert (tmp_path / "B" / "quantization_config.json").read_text() == theirs
+
+
+def test_strict_verify_fails_an_fp8_folder_without_the_side_config_convert_wrote(
+    tmp_path, run_main
+):
+    # (Attack z11 r4.) The only description of the FP8 weights, removed.
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(LLAMA / "model.safetensors", src / "model.safetensors")
+    out = tmp_path / "out"
+    assert run_main("convert", "-q", src, out, "--to", "fp8")[0] == 0
+    side = out / "quantization_config.json"
+    side.unlink()
+    rc, _, err = run_main("verify", src, out)
+    assert rc == 1, err
+    line = assert_one_error_line(err)
+    assert f"{side}: is the quantization_config convert writes" in line, line
+    assert "but not in DST" in line, line
+
+
+INT4 = {
+    "quant_method": "compressed-tensors",
+    "format": "pack-quantized",
+    "config_groups": {
+        "g": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128},
+        }
+    },
+}
+
+
+@pytest.mark.parametrize("folder", [False, True], ids=["lone", "folder"])
+def test_an_fp8_config_holds_one_description_of_its_weights(tmp_path, run_main, folder):
+    # (Attack z11 r20.) A given config's `compression_config` (int4) is dropped from an FP8
+    # output's, as from a dense one's (a folder's own is refused: already quantized); one
+    # put back fails verify, strict and loose, a lone output's as a folder's.
+    doc = {"model_type": "llama", "torch_dtype": "float32", "compression_config": INT4}
+    if folder:
+        src = tmp_path / "src"
+        src.mkdir()
+        shutil.copy(_file(tmp_path), src / "model.safetensors")
+        del doc["compression_config"]
+        (src / "config.json").write_text(json.dumps(doc))
+        out = tmp_path / "out"
+        args: tuple[object, ...] = (src, out, "--to", "fp8")
+        path = out / "config.json"
+    else:
+        src = _file(tmp_path)
+        cfg = tmp_path / "cfg.json"
+        cfg.write_text(json.dumps(doc))
+        out = tmp_path / "out" / "model.safetensors"
+        args = (src, out, "--to", "fp8", "--config", cfg)
+        path = out.parent / "config.json"
+    rc, _, err = run_main("convert", "-q", *args)
+    assert rc == 0, err
+    written = json.loads(path.read_text())
+    assert "compression_config" not in written and "quantization_config" in written
+    assert run_main("verify", src, out)[0] == 0
+    written["compression_config"] = INT4
+    path.write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
+    for loose in ([], ["--loose"]):
+        rc, _, err = run_main("verify", src, out, *loose)
+        assert rc == 1, err
+        line = assert_one_error_line(err)
+        assert f"{path}: " in line and "has a `compression_config` beside" in line, line

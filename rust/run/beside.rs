@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use crate::header::SourceHeader;
-use crate::run::fp8config::quantization_config;
 pub use crate::run::fp8config::Modules;
+use crate::run::fp8config::{config_problem, quantization_config, two_descriptions};
 use crate::run::json::QUANTIZATION_KEYS;
 use crate::text::{esc, esc_path};
 use crate::vocab::{is_quantized_dtype, Target};
@@ -148,6 +148,16 @@ pub fn problem(text: &str, weights: Weights<'_>, exact: bool) -> Option<String> 
         }
         Weights::Fp8 { target, modules } => (target, modules),
     };
+    if !exact {
+        // Loose: the one rule of an FP8 config and the modules beside it
+        // (`fp8config::config_problem`), a folder's and a lone output's alike.
+        let empty = Modules::default();
+        let problem = config_problem(&doc, target, modules.unwrap_or(&empty));
+        return problem.map(|p| p.to_string());
+    }
+    if let Some(p) = two_descriptions(&doc) {
+        return Some(p.to_string());
+    }
     let none = || Some("has no compressed-tensors quantization_config".to_string());
     let Some(Value::Object(got)) = doc.get("quantization_config") else {
         return none();
@@ -157,31 +167,24 @@ pub fn problem(text: &str, weights: Weights<'_>, exact: bool) -> Option<String> 
     if got.get("quant_method") != want.get("quant_method") {
         return none();
     }
-    if exact {
-        let mut got = got.clone();
-        let as_set = |m: &mut Map<String, Value>| {
-            if let Some(Value::Array(a)) = m.get_mut("ignore") {
-                a.sort_by_key(|v| v.to_string());
-            }
-        };
-        as_set(&mut got);
-        as_set(&mut want);
-        if modules.is_none() {
-            got.remove("ignore");
-            want.remove("ignore");
+    let mut got = got.clone();
+    let as_set = |m: &mut Map<String, Value>| {
+        if let Some(Value::Array(a)) = m.get_mut("ignore") {
+            a.sort_by_key(|v| v.to_string());
         }
-        let keys = want.keys().chain(got.keys());
-        let k = keys.into_iter().find(|k| want.get(*k) != got.get(*k))?;
-        return Some(format!(
-            "its quantization_config's `{}` is not the one of the FP8 weights beside it",
-            esc(k)
-        ));
+    };
+    as_set(&mut got);
+    as_set(&mut want);
+    if modules.is_none() {
+        got.remove("ignore");
+        want.remove("ignore");
     }
-    // Loose: the one rule of an FP8 config and the modules beside it (`fp8config::problem`),
-    // a folder's and a lone output's alike.
-    let empty = Modules::default();
-    let q = doc.get("quantization_config");
-    crate::run::fp8config::problem(q, target, modules.unwrap_or(&empty)).map(|p| p.to_string())
+    let keys = want.keys().chain(got.keys());
+    let k = keys.into_iter().find(|k| want.get(*k) != got.get(*k))?;
+    Some(format!(
+        "its quantization_config's `{}` is not the one of the FP8 weights beside it",
+        esc(k)
+    ))
 }
 
 /// What the lone output whose header is `header`, written for `to`, holds (`Weights`), its
@@ -223,7 +226,8 @@ pub fn check(dst: &Path, header: &SourceHeader, to: Option<Target>, exact: bool)
     }
     let mut modules = Modules::default();
     let weights = written(header, to, &mut modules)?;
-    let (path, why) = wrong_config(dst, weights, exact)?;
+    let strict = to.filter(|_| exact);
+    let (path, why) = wrong_config(dst, weights, strict)?;
     Some(format!(
         "{}: does not describe the weights beside it: {why}",
         esc_path(&path)
@@ -231,15 +235,24 @@ pub fn check(dst: &Path, header: &SourceHeader, to: Option<Target>, exact: bool)
 }
 
 /// The first config beside the lone output `dst` that does not describe `weights`: the
-/// model config (`model_config`) and the FP8 side config (`side_config_path`).
+/// model config (`model_config`) and the FP8 side config (`side_config_path`). `strict`:
+/// the weights were written for that target, and each config must be as convert writes it
+/// (`problem`'s `exact`). Its dtype keys are not judged: convert leaves a model config it
+/// was not given as it is, whatever dtype it says (an output's record does not say whether
+/// `config` was given).
 /// Returns its path and why.
-pub fn wrong_config(dst: &Path, weights: Weights<'_>, exact: bool) -> Option<(PathBuf, String)> {
+pub fn wrong_config(
+    dst: &Path,
+    weights: Weights<'_>,
+    strict: Option<Target>,
+) -> Option<(PathBuf, String)> {
     let side = side_config_path(dst);
     let side = side.is_file().then_some(side);
     for path in model_config(dst).into_iter().chain(side) {
         let text = std::fs::read(&path).unwrap_or_default();
         let text = String::from_utf8_lossy(&text);
-        if let Some(why) = problem(&text, weights, exact) {
+        let why = problem(&text, weights, strict.is_some());
+        if let Some(why) = why {
             return Some((path, why));
         }
     }
@@ -334,6 +347,28 @@ mod tests {
         let all = named.replace("\"lm_head\"", "\"re:.*\"");
         let wrong = problem(&all, fp8, false).unwrap();
         assert!(wrong.contains("`a`"), "{wrong}");
+    }
+
+    #[test]
+    fn one_description_of_the_quantization() {
+        // r20: an older tool's `compression_config` beside stcast's quantization_config.
+        let fp8 = Weights::Fp8 {
+            target: Target::Fp8,
+            modules: None,
+        };
+        let ours = config_text("{}", Target::Fp8, false, Some(&[]))
+            .unwrap()
+            .unwrap();
+        let mut doc: Map<String, Value> = serde_json::from_str(&ours).unwrap();
+        doc.insert(
+            "compression_config".into(),
+            serde_json::json!({"format": "x"}),
+        );
+        let two = Value::Object(doc).to_string();
+        for exact in [true, false] {
+            let wrong = problem(&two, fp8, exact).unwrap();
+            assert!(wrong.contains("`compression_config`"), "{wrong}");
+        }
     }
 
     #[test]

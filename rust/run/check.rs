@@ -60,7 +60,8 @@ pub type SrcConfig = (PathBuf, String, bool, Option<String>);
 /// beside the output (`stray`, against the output's weight files `output`), the copies
 /// (DST's rel, SRC's file), the configs (`SrcConfig`), the indexes (DST's rel, SRC's text
 /// and weight map), the model configs DST adds to an FP8 output (`added`), and the FP8
-/// quantization_config files beside weights no model config describes (`sides`).
+/// quantization_config files beside weights no model config describes (`sides`: where
+/// convert writes one, which DST may lack).
 #[derive(Debug, Default)]
 pub struct Companions {
     pub stray: Vec<PathBuf>,
@@ -195,11 +196,22 @@ pub fn check(
         if modules.quantized.is_empty() {
             continue;
         }
-        if let Some(p) = fp8config::problem(doc.get("quantization_config"), target, &modules) {
+        if let Some(p) = fp8config::config_problem(&doc, target, &modules) {
             return finding(rel, describe(p));
         }
     }
     for rel in &c.sides {
+        if !dst.join(rel).exists() {
+            // Strict: convert wrote it, the only description of the FP8 weights beside it,
+            // unless a model config there describes them (a lone file's `--config`).
+            let described = dst.join(rel).with_file_name("config.json").exists();
+            if fp8 && !loose && !described {
+                let why = "is the quantization_config convert writes of the FP8 shards beside \
+                           it (no model config describes them), but not in DST";
+                return finding(rel, why.into());
+            }
+            continue;
+        }
         if !fp8 {
             let why = "is an FP8 quantization_config, beside shards not quantized";
             return finding(rel, why.into());

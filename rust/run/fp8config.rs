@@ -162,6 +162,11 @@ pub enum Problem {
     },
     /// Not SRC's config but for its dtype keys and `quantization_config`.
     OtherKeys,
+    /// Another quantization key (`json::QUANTIZATION_KEYS`) beside the `quantization_config`:
+    /// a second description of the weights, which a loader may read instead.
+    TwoDescriptions {
+        key: &'static str,
+    },
 }
 
 impl fmt::Display for Problem {
@@ -247,6 +252,11 @@ impl fmt::Display for Problem {
                 f,
                 "is not SRC's config with a quantization_config (its other keys differ)"
             ),
+            Problem::TwoDescriptions { key } => write!(
+                f,
+                "has a `{key}` beside its quantization_config: another description of the \
+                 weights, which a loader may read instead"
+            ),
         }
     }
 }
@@ -302,6 +312,29 @@ fn scheme(args: Option<&Value>) -> Value {
 /// The names of a list of strings, None when it is not one.
 fn names(v: Option<&Value>) -> Option<Vec<&str>> {
     v?.as_array()?.iter().map(Value::as_str).collect()
+}
+
+/// Does the FP8 output's model config `doc` describe the FP8 tensors `modules` as `target`
+/// quantized them? Its `quantization_config` (`problem`), and no other quantization key
+/// (`json::QUANTIZATION_KEYS`, which `config_text` drops): the first thing that does not,
+/// else None. The rule of every FP8 model config verify judges, a folder's and a lone
+/// output's, strict and loose alike.
+pub fn config_problem(
+    doc: &Map<String, Value>,
+    target: Target,
+    modules: &Modules,
+) -> Option<Problem> {
+    two_descriptions(doc).or_else(|| problem(doc.get("quantization_config"), target, modules))
+}
+
+/// Another quantization key than `quantization_config` set in the FP8 output's model
+/// config `doc` (`Problem::TwoDescriptions`), if any.
+pub fn two_descriptions(doc: &Map<String, Value>) -> Option<Problem> {
+    let other = json::QUANTIZATION_KEYS
+        .iter()
+        .filter(|k| **k != "quantization_config")
+        .find(|k| doc.get(**k).is_some_and(|v| !v.is_null()));
+    other.map(|&key| Problem::TwoDescriptions { key })
 }
 
 /// Does the `quantization_config` `q` describe the FP8 tensors `modules` as `target` (fp8,
@@ -455,12 +488,12 @@ pub fn same_config(got: &[u8], src: &str, target: Target, modules: &Modules) -> 
     let (Value::Object(doc), Value::Object(src)) = (doc, src) else {
         return Some(Problem::NotObject);
     };
-    if let Some(p) = problem(doc.get("quantization_config"), target, modules) {
+    if let Some(p) = config_problem(&doc, target, modules) {
         return Some(p);
     }
-    let plain = ["quantization_config", "torch_dtype", "dtype"];
+    let plain = |k: &str| json::QUANTIZATION_KEYS.contains(&k) || json::DTYPE_KEYS.contains(&k);
     let rest = |m: &Map<String, Value>| -> Map<String, Value> {
-        let kept = m.iter().filter(|(k, _)| !plain.contains(&k.as_str()));
+        let kept = m.iter().filter(|(k, _)| !plain(k));
         kept.map(|(k, v)| (k.clone(), v.clone())).collect()
     };
     (rest(&doc) != rest(&src)).then_some(Problem::OtherKeys)

@@ -1097,8 +1097,9 @@ fn quantization_config(strategy: Strategy, ignore: &[String]) -> Node<'_> {
 /// What a run writes for a model config: `to`'s dtype in its dtype keys (`set_dtypes`,
 /// `Target::torch_name`); a dequantized checkpoint's without its quantization keys
 /// (`without_quantization`); an FP8 target's model config with the `quantization_config`
-/// of its output, `ignore` the modules left unquantized (each by `ignore_entry`), written as
-/// compressed-tensors writes it (indent 2, keys sorted). None: the config is copied as it is.
+/// of its output, `ignore` the modules left unquantized (each by `ignore_entry`), and no
+/// other quantization key (`QUANTIZATION_KEYS`), written as compressed-tensors writes it
+/// (indent 2, keys sorted). None: the config is copied as it is.
 pub fn config_text(
     text: &str,
     to: Target,
@@ -1115,6 +1116,9 @@ pub fn config_text(
     if let (Some(ignore), Some(strategy)) = (ignore, to.strategy()) {
         let doc = parse(out.as_deref().unwrap_or(text))?;
         let mut members = doc.members();
+        // One description of the weights: another quantization key (an older tool's
+        // `compression_config`) would say other weights beside stcast's.
+        members.retain(|(k, _)| !QUANTIZATION_KEYS.iter().any(|q| k.is(q)));
         set_member(
             &mut members,
             "quantization_config",
@@ -1321,6 +1325,12 @@ mod tests {
             fp8.contains("\"FP8_DYNAMIC\"") && fp8.ends_with("  \"z\": 1\n}\n"),
             "{fp8}"
         );
+        // An older tool's `compression_config` goes: one description of the weights.
+        let old = "{\"compression_config\": {\"format\": \"pack-quantized\"}}";
+        let fp8 = config_text(old, Target::Fp8, false, Some(&[]))
+            .unwrap()
+            .unwrap();
+        assert!(!fp8.contains("compression_config") && fp8.contains("FP8_DYNAMIC"));
         let block = config_text("{}", Target::Fp8Block, false, Some(&[]))
             .unwrap()
             .unwrap();

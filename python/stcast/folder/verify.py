@@ -342,7 +342,8 @@ def verify_folder(src: str, dst: str, given: Options, *, progress: Progress | No
         # Loose ignores extra files, but not a model config beside FP8 shards (one copied in
         # after a DCP or single-file source was re-sharded): a loader trusts it.
         added = [r for r in sorted(found - set(expected)) if is_model_config(r)]
-        side = [r for r in sides if r in found and r in beside]
+        # Where convert writes a side config, DST's or not (strict fails one missing).
+        side = [r for r in sides if r in beside]
         companions = (indexes, configs, others, added, side)
         mismatch = _check_others(src, dst, to or "bf16", companions, fail, loose, strip_prefix)
     ok = mismatch is None

@@ -475,3 +475,22 @@ fn a_side_quantization_config_is_the_one_of_the_shards_beside_it() {
         "is an FP8 quantization_config, beside shards not quantized"
     );
 }
+
+#[test]
+fn strict_fails_an_fp8_side_config_convert_wrote_that_is_gone() {
+    // Attack z11 r4: the only description of the FP8 shards beside it, removed.
+    let dst = folder("side-gone");
+    crate::run::fp8config::tests::fp8_shard(&dst.join("model.safetensors"));
+    let c = Companions {
+        sides: vec!["quantization_config.json".into()],
+        ..Companions::default()
+    };
+    let f = check(&dst, Some(Target::Fp8), false, &c).unwrap().unwrap();
+    assert_eq!(f.0, "quantization_config.json");
+    assert!(f.1.contains("but not in DST"), "{}", f.1);
+    // Loose, a dense target, or a model config describing them there: none is wanted.
+    assert_eq!(check(&dst, Some(Target::Fp8), true, &c).unwrap(), None);
+    assert_eq!(check(&dst, Some(Target::Bf16), false, &c).unwrap(), None);
+    std::fs::write(dst.join("config.json"), b"{}").unwrap();
+    assert_eq!(check(&dst, Some(Target::Fp8), false, &c).unwrap(), None);
+}

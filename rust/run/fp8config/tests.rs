@@ -109,6 +109,23 @@ fn a_good_fp8_config_describes_its_tensors() {
         same_config(b"{", "{}", Target::Fp8, &m),
         Some(Problem::NotJson)
     );
+    // SRC's `compression_config` is dropped, not kept beside the quantization_config: a
+    // config holding both is two descriptions of the weights (attack z11 r20).
+    let src = serde_json::json!({"model_type": "llama", "compression_config": {"format": "x"}});
+    assert_eq!(
+        same_config(text.as_bytes(), &src.to_string(), Target::Fp8, &m),
+        None
+    );
+    let mut two = doc.clone();
+    two["compression_config"] = src["compression_config"].clone();
+    let two = two.to_string();
+    let want = Some(Problem::TwoDescriptions {
+        key: "compression_config",
+    });
+    assert_eq!(
+        same_config(two.as_bytes(), &src.to_string(), Target::Fp8, &m),
+        want
+    );
     // A module stcast names by an anchored pattern (`re:Norm\Z`, Python's end of string).
     let caps = Modules {
         unquantized: vec!["Norm".into()],
