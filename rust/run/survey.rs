@@ -147,6 +147,7 @@ pub fn survey(dst: &Path, q: &Question<'_>, judge: &mut dyn Judge) -> Result<Ans
         rels.push(manifest::file_name(asked.shard).into());
         place::check_outputs(&room.src, dst, &rels, &room.sources)?;
     }
+    not_files(dst, q)?;
     let mut s = manifest::survey(dst, asked)?;
     let kinds: HashMap<&OsStr, Kind> = q.outputs.iter().map(|o| (&*o.rel, o.kind)).collect();
     let stale = s
@@ -272,6 +273,23 @@ fn side_configs(
         }
     }
     Ok(out)
+}
+
+/// A planned output (or the run's manifest) whose path is a folder, a FIFO, socket or device
+/// (or a link to one): no run replaces it, `force`d or not, so it is refused before the first
+/// byte rather than met when the run publishes there.
+fn not_files(dst: &Path, q: &Question<'_>) -> Result<()> {
+    let record = manifest::file_name(q.asked.shard);
+    let rels = q.outputs.iter().map(|o| &*o.rel);
+    for rel in rels.chain([OsStr::new(&record)]) {
+        let path = dst.join(rel);
+        match output::at_path(&path) {
+            output::AtPath::Folder => return Err(Error::DestinationIsFolder { path }),
+            output::AtPath::Special => return Err(Error::DestinationIsSpecial { path }),
+            output::AtPath::Nothing | output::AtPath::File { .. } => {}
+        }
+    }
+    Ok(())
 }
 
 /// The target the run records (`to` of its options).
