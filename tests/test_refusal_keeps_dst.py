@@ -171,3 +171,23 @@ def test_a_force_run_refuses_a_copy_target_that_is_no_file_first(tmp_path, run_m
     assert "another" not in line, line
     (dst / "README.md").rename(tmp_path / "aside")
     assert _state(dst) == before
+
+
+def test_a_refusal_points_to_no_force_that_is_refused_too(tmp_path, run_main):
+    """A lone output model.safetensors in a folder a re-sharding named `model` writes
+    into: a loader would read it instead of the new index, which `--force` does not
+    change. Refused so with or without `--force`, not with a hint to it (attack z11, r16)."""
+    tensors = {k: ("F32", [16, 16], np.ones((16, 16), np.float32)) for k in ("a", "b")}
+    src = write_safetensors(tmp_path / "a.safetensors", tensors)
+    out = tmp_path / "out"
+    rc, _, err = run_main("convert", src, out / "model.safetensors", "-q")
+    assert rc == 0, err
+    before = _state(out)
+    for force in ([], ["--force"]):
+        shards = ["--max-shard-size", "700B", "--name", "model"]
+        rc, _, err = run_main("convert", src, out, *shards, *force, "-q")
+        assert rc == 1, err
+        line = assert_one_error_line(err)
+        assert "`model.safetensors`, named as a file of this checkpoint's output" in line, line
+        assert "--force" not in line, line
+        assert _state(out) == before

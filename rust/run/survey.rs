@@ -190,6 +190,17 @@ pub fn survey(dst: &Path, q: &Question<'_>, judge: &mut dyn Judge) -> Result<Ans
         stale,
         ..Answer::default()
     };
+    let mut written: HashSet<&OsStr> = kinds.keys().copied().collect();
+    written.extend(answer.stale.iter().map(|(rel, _)| &**rel));
+    if let Some(room) = &q.room {
+        // Refused whatever the flags: before the refusals that `force` lifts, whose hints
+        // would point to it.
+        let left = leftovers(dst, &stems(q, room), &room.inputs, &written);
+        if let Some(first) = left.first() {
+            let at = dst.join(first);
+            return Err(refused(dst, at, SurveyProblem::Leftovers { listed: left }));
+        }
+    }
     if asked.force {
         // `force` replaces what the plan writes, whoever wrote it, and deletes nothing else.
     } else if let Some(first) = foreign_planned.first() {
@@ -208,14 +219,7 @@ pub fn survey(dst: &Path, q: &Question<'_>, judge: &mut dyn Judge) -> Result<Ans
     if let Some(room) = &q.room {
         answer.skipped = done(&answer, asked, room, judge)?;
         answer.need = check_space(dst, q, room, &answer.skipped)?;
-        let mut written: HashSet<&OsStr> = kinds.keys().copied().collect();
-        written.extend(answer.stale.iter().map(|(rel, _)| &**rel));
         let stems = stems(q, room);
-        let left = leftovers(dst, &stems, &room.inputs, &written);
-        if let Some(first) = left.first() {
-            let at = dst.join(first);
-            return Err(refused(dst, at, SurveyProblem::Leftovers { listed: left }));
-        }
         let to = recorded_target(asked);
         wrong_config(dst, to, &stems, &written)?;
         answer.withdraw = withdrawn(dst, to, &kinds);
