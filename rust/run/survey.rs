@@ -192,15 +192,6 @@ pub fn survey(dst: &Path, q: &Question<'_>, judge: &mut dyn Judge) -> Result<Ans
     };
     let mut written: HashSet<&OsStr> = kinds.keys().copied().collect();
     written.extend(answer.stale.iter().map(|(rel, _)| &**rel));
-    if let Some(room) = &q.room {
-        // Refused whatever the flags: before the refusals that `force` lifts, whose hints
-        // would point to it.
-        let left = leftovers(dst, &stems(q, room), &room.inputs, &written);
-        if let Some(first) = left.first() {
-            let at = dst.join(first);
-            return Err(refused(dst, at, SurveyProblem::Leftovers { listed: left }));
-        }
-    }
     if asked.force {
         // `force` replaces what the plan writes, whoever wrote it, and deletes nothing else.
     } else if let Some(first) = foreign_planned.first() {
@@ -212,7 +203,17 @@ pub fn survey(dst: &Path, q: &Question<'_>, judge: &mut dyn Judge) -> Result<Ans
                 resume: asked.resume,
             },
         ));
-    } else if !foreign_other.is_empty() && !asked.resume {
+    }
+    if let Some(room) = &q.room {
+        // Refused whatever the flags: before the refusal of foreign files, whose hint
+        // points to `force`.
+        let left = leftovers(dst, &stems(q, room), &room.inputs, &written);
+        if let Some(first) = left.first() {
+            let at = dst.join(first);
+            return Err(refused(dst, at, SurveyProblem::Leftovers { listed: left }));
+        }
+    }
+    if !asked.force && !asked.resume && !foreign_other.is_empty() {
         let listed = foreign_other;
         return Err(refused(dst, dst.into(), SurveyProblem::Foreign { listed }));
     }
