@@ -401,9 +401,17 @@ fn check_beside_output(dst: &Path, opts: &Options) -> Result<()> {
 }
 
 /// `output::check_side_output` for a config in the output's own folder, which the output
-/// creates when missing (nothing is there then).
+/// creates when missing (nothing is there then: no identity tells the two names apart, and
+/// the same name in the one folder is the output itself).
 fn check_beside(path: &Path, dst: &Path, force: bool, taken: &Territory) -> Result<Replace> {
     if !output::parent_dir(dst).exists() {
+        if path.file_name() == dst.file_name() {
+            return Err(Error::SideOutput {
+                path: path.to_path_buf(),
+                role: Side::Config.name(),
+                what: Taken::Output.what(),
+            });
+        }
         taken.check(path, Side::Config)?;
         return Ok(Replace::No);
     }

@@ -495,3 +495,26 @@ def test_an_fp8_config_holds_one_description_of_its_weights(tmp_path, run_main, 
         assert rc == 1, err
         line = assert_one_error_line(err)
         assert f"{path}: " in line and "has a `compression_config` beside" in line, line
+
+
+@pytest.mark.parametrize("folder", ["new", "existing"])
+@pytest.mark.parametrize("force", [False, True], ids=["plain", "force"])
+def test_a_lone_output_named_config_json_is_refused_before_it_is_written(
+    tmp_path, run_main, folder, force
+):
+    """DST `config.json` with --config: the config would be written over the weights.
+    Refused before the first byte, its folder new or not, and no hint to a `--force`
+    that cannot help (attack z11, r7)."""
+    src = _file(tmp_path)
+    out = tmp_path / "out"
+    if folder == "existing":
+        out.mkdir()
+    options = ["--force"] if force else []
+    dst = out / "config.json"
+    rc, _, err = run_main("convert", src, dst, "--config", _config(tmp_path), *options)
+    assert rc == 1, err
+    line = assert_one_error_line(err)
+    assert f"{dst}: the config path is the output file" in line, line
+    assert "--force" not in line, line
+    assert (folder == "existing") == out.exists()
+    assert not out.exists() or list(out.iterdir()) == []

@@ -143,3 +143,51 @@ def test_a_dequantized_overflow_suggests_what_holds_it(tmp_path, run_main):
     assert rc == 1, err
     line = assert_one_error_line(err)
     assert "1 of the 2 tensors dequantized" in line and "keep the others" in line, line
+
+
+@pytest.mark.parametrize("what", ["folder", "fifo"])
+def test_a_force_run_refuses_a_copy_target_that_is_no_file_first(tmp_path, run_main, what):
+    """A file the run copies (README.md) that is a folder (or a FIFO) in DST: no run
+    replaces it, so `--force` is refused before the first byte, naming it, not after the
+    weights and the manifest were written with a message blaming another program (attack
+    z11, r14)."""
+    src = _folder(tmp_path / "src", _f32, (1.0, 2.0))
+    (src / "README.md").write_text("readme\n")
+    dst = tmp_path / "out"
+    rc, _, err = run_main("convert", src, dst, "--to", "fp16", "-q")
+    assert rc == 0, err
+    (dst / "README.md").unlink()
+    if what == "folder":
+        (dst / "README.md").mkdir()
+    else:
+        os.mkfifo(dst / "README.md")
+    (dst / "README.md").rename(tmp_path / "aside")  # `_state` reads no FIFO
+    before = _state(dst)
+    (tmp_path / "aside").rename(dst / "README.md")
+    rc, _, err = run_main("convert", src, dst, "--to", "fp16", "--force")
+    assert rc == 1, err
+    line = assert_one_error_line(err)
+    assert f"{dst / 'README.md'}: destination is " in line, line
+    assert "another" not in line, line
+    (dst / "README.md").rename(tmp_path / "aside")
+    assert _state(dst) == before
+
+
+def test_a_refusal_points_to_no_force_that_is_refused_too(tmp_path, run_main):
+    """A lone output model.safetensors in a folder a re-sharding named `model` writes
+    into: a loader would read it instead of the new index, which `--force` does not
+    change. Refused so with or without `--force`, not with a hint to it (attack z11, r16)."""
+    tensors = {k: ("F32", [16, 16], np.ones((16, 16), np.float32)) for k in ("a", "b")}
+    src = write_safetensors(tmp_path / "a.safetensors", tensors)
+    out = tmp_path / "out"
+    rc, _, err = run_main("convert", src, out / "model.safetensors", "-q")
+    assert rc == 0, err
+    before = _state(out)
+    for force in ([], ["--force"]):
+        shards = ["--max-shard-size", "700B", "--name", "model"]
+        rc, _, err = run_main("convert", src, out, *shards, *force, "-q")
+        assert rc == 1, err
+        line = assert_one_error_line(err)
+        assert "`model.safetensors`, named as a file of this checkpoint's output" in line, line
+        assert "--force" not in line, line
+        assert _state(out) == before

@@ -147,6 +147,7 @@ pub fn survey(dst: &Path, q: &Question<'_>, judge: &mut dyn Judge) -> Result<Ans
         rels.push(manifest::file_name(asked.shard).into());
         place::check_outputs(&room.src, dst, &rels, &room.sources)?;
     }
+    not_files(dst, q)?;
     let mut s = manifest::survey(dst, asked)?;
     let kinds: HashMap<&OsStr, Kind> = q.outputs.iter().map(|o| (&*o.rel, o.kind)).collect();
     let stale = s
@@ -189,6 +190,8 @@ pub fn survey(dst: &Path, q: &Question<'_>, judge: &mut dyn Judge) -> Result<Ans
         stale,
         ..Answer::default()
     };
+    let mut written: HashSet<&OsStr> = kinds.keys().copied().collect();
+    written.extend(answer.stale.iter().map(|(rel, _)| &**rel));
     if asked.force {
         // `force` replaces what the plan writes, whoever wrote it, and deletes nothing else.
     } else if let Some(first) = foreign_planned.first() {
@@ -200,21 +203,24 @@ pub fn survey(dst: &Path, q: &Question<'_>, judge: &mut dyn Judge) -> Result<Ans
                 resume: asked.resume,
             },
         ));
-    } else if !foreign_other.is_empty() && !asked.resume {
+    }
+    if let Some(room) = &q.room {
+        // Refused whatever the flags: before the refusal of foreign files, whose hint
+        // points to `force`.
+        let left = leftovers(dst, &stems(q, room), &room.inputs, &written);
+        if let Some(first) = left.first() {
+            let at = dst.join(first);
+            return Err(refused(dst, at, SurveyProblem::Leftovers { listed: left }));
+        }
+    }
+    if !asked.force && !asked.resume && !foreign_other.is_empty() {
         let listed = foreign_other;
         return Err(refused(dst, dst.into(), SurveyProblem::Foreign { listed }));
     }
     if let Some(room) = &q.room {
         answer.skipped = done(&answer, asked, room, judge)?;
         answer.need = check_space(dst, q, room, &answer.skipped)?;
-        let mut written: HashSet<&OsStr> = kinds.keys().copied().collect();
-        written.extend(answer.stale.iter().map(|(rel, _)| &**rel));
         let stems = stems(q, room);
-        let left = leftovers(dst, &stems, &room.inputs, &written);
-        if let Some(first) = left.first() {
-            let at = dst.join(first);
-            return Err(refused(dst, at, SurveyProblem::Leftovers { listed: left }));
-        }
         let to = recorded_target(asked);
         wrong_config(dst, to, &stems, &written)?;
         answer.withdraw = withdrawn(dst, to, &kinds);
@@ -272,6 +278,23 @@ fn side_configs(
         }
     }
     Ok(out)
+}
+
+/// A planned output (or the run's manifest) whose path is a folder, a FIFO, socket or device
+/// (or a link to one): no run replaces it, `force`d or not, so it is refused before the first
+/// byte rather than met when the run publishes there.
+fn not_files(dst: &Path, q: &Question<'_>) -> Result<()> {
+    let record = manifest::file_name(q.asked.shard);
+    let rels = q.outputs.iter().map(|o| &*o.rel);
+    for rel in rels.chain([OsStr::new(&record)]) {
+        let path = dst.join(rel);
+        match output::at_path(&path) {
+            output::AtPath::Folder => return Err(Error::DestinationIsFolder { path }),
+            output::AtPath::Special => return Err(Error::DestinationIsSpecial { path }),
+            output::AtPath::Nothing | output::AtPath::File { .. } => {}
+        }
+    }
+    Ok(())
 }
 
 /// The target the run records (`to` of its options).
