@@ -348,7 +348,7 @@ fn withdrawn(dst: &Path, target: Target, config: Option<&SideConfig>) -> Result<
     }
     let weights = crate::run::beside::Weights::planned(target);
     if let (Some(c), Some(weights)) = (config.filter(|c| c.text.is_some()), weights) {
-        let old = std::fs::read(&c.path).ok();
+        let old = crate::run::check::read_bounded(&c.path).ok();
         let wrong = old.is_some_and(|t| {
             crate::run::beside::problem(&String::from_utf8_lossy(&t), weights, false).is_some()
         });
@@ -386,16 +386,7 @@ fn check_beside_output(dst: &Path, opts: &Options) -> Result<()> {
     let weights = crate::run::beside::Weights::planned(opts.plan.target);
     let config = crate::run::beside::model_config(dst).filter(|_| opts.model_config.is_none());
     if let (Some(weights), Some(path)) = (weights, config) {
-        let text = std::fs::read(&path).map_err(|e| Error::io(&path, "cannot read", e))?;
-        if let Some(why) =
-            crate::run::beside::problem(&String::from_utf8_lossy(&text), weights, false)
-        {
-            return Err(Error::WrongConfig {
-                path,
-                why,
-                folder: false,
-            });
-        }
+        crate::run::beside::refuse_wrong_config(path, weights, false)?;
     }
     Ok(())
 }

@@ -972,17 +972,17 @@ pub fn fingerprint(path: &Path) -> Result<String> {
     let io = |e| Error::io(path, "cannot read", e);
     let mut file = std::fs::File::open(path).map_err(io)?;
     let size = file.metadata().map_err(io)?.len();
-    let mut buf = Vec::new();
-    (&mut file)
-        .take(size.min(HEAD))
-        .read_to_end(&mut buf)
-        .map_err(io)?;
+    // At most HEAD + TAIL bytes, sized by the file's length.
+    let mut buf = vec![0; size.min(HEAD) as usize];
+    file.read_exact(&mut buf).map_err(io)?;
+    h.update(&buf);
     let tail = HEAD.max(size.saturating_sub(TAIL));
     if tail < size {
         file.seek(SeekFrom::Start(tail)).map_err(io)?;
-        file.take(size - tail).read_to_end(&mut buf).map_err(io)?;
+        let mut buf = vec![0; (size - tail) as usize];
+        file.read_exact(&mut buf).map_err(io)?;
+        h.update(&buf);
     }
-    h.update(&buf);
     Ok(hex(h))
 }
 

@@ -262,7 +262,7 @@ pub const DEFS: &[Def] = &[
     def(
         "name",
         Kind::Stem,
-        "with --max-shard-size: name the output STEM-00001-of-0000N.safetensors and \
+        "with {max_shard_size}: name the output STEM-00001-of-0000N.safetensors and \
          STEM.safetensors.index.json (STEM.safetensors for one shard) instead of after the \
          input's stem; --name model gives the names transformers' from_pretrained loads. \
          For one checkpoint: a file, or a folder of one index's shards",
@@ -407,7 +407,7 @@ const TO: Use = both("to").help("{target} (default bf16)");
 const CONVERT: &[Use] = &[
     TO,
     both("threads"),
-    both("force").help("replace DST (and a --report file)"),
+    both("force").help("replace DST (and a {report} file)"),
     both("resume"),
     both("shard"),
     both("allow_quantized"),
@@ -449,7 +449,7 @@ const INSPECT: &[Use] = &[
     both("include"),
     both("exclude"),
     both("scan"),
-    both("threads").help("{help} (with --scan)"),
+    both("threads").help("{help} (with {scan})"),
     both("force").help("as for convert: DST may exist"),
     both("resume"),
     both("shard"),
@@ -475,31 +475,31 @@ const VERIFY: &[Use] = &[
         ..both("to").help("{target} (default: the one DST was converted to)")
     },
     both("keep").help(
-        "as convert's --keep GLOB (repeatable; default: the patterns DST's record of convert's \
+        "as convert's {keep} GLOB (repeatable; default: the patterns DST's record of convert's \
          options holds)",
     ),
     Use {
         default: Some(Default::Absent),
         ..both("keep_min_size")
-            .help("as convert's --keep-min-size N (default: DST's record's, else 0: none)")
+            .help("as convert's {keep_min_size} N (default: DST's record's, else 0: none)")
     },
-    both("from_bf16").help("as convert's --from-bf16 (default: DST's record's)"),
+    both("from_bf16").help("as convert's {from_bf16} (default: DST's record's)"),
     Use {
         default: Some(Default::Absent),
         ..both("on_overflow").help(
-            "as convert's --on-overflow: warn, error or keep (default: DST's record's, else warn)",
+            "as convert's {on_overflow}: warn, error or keep (default: DST's record's, else warn)",
         )
     },
-    both("key").help("as convert's --key KEY (default: DST's record's)"),
-    both("strip_prefix").help("as convert's --strip-prefix PREFIX (default: DST's record's)"),
-    both("include").help("as convert's --include GLOB (default: DST's record's)"),
-    both("exclude").help("as convert's --exclude GLOB (default: DST's record's)"),
+    both("key").help("as convert's {key} KEY (default: DST's record's)"),
+    both("strip_prefix").help("as convert's {strip_prefix} PREFIX (default: DST's record's)"),
+    both("include").help("as convert's {include} GLOB (default: DST's record's)"),
+    both("exclude").help("as convert's {exclude} GLOB (default: DST's record's)"),
     both("name").help(
-        "the STEM DST's re-sharded files were written under (convert --name STEM): they are \
+        "the STEM DST's re-sharded files were written under (convert {name} STEM): they are \
          SRC's re-sharding",
     ),
     both("threads"),
-    both("report").help("once verified, write the numeric report `convert --report` gives to FILE"),
+    both("report").help("once verified, write the numeric report `convert {report}` gives to FILE"),
     both("force").help("replace an existing report FILE"),
     cli("json"),
     cli("progress"),

@@ -429,6 +429,8 @@ named! {
         Include = "include",
         /// Folders: globs of companion files to leave out.
         Exclude = "exclude",
+        /// inspect: read every tensor for its numerics.
+        Scan = "scan",
     }
 }
 

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
+use crate::error::{Error, Result};
 use crate::header::SourceHeader;
 pub use crate::run::fp8config::Modules;
 use crate::run::fp8config::{config_problem, quantization_config, two_descriptions};
@@ -46,6 +47,17 @@ pub enum Weights<'a> {
     },
 }
 
+/// Refuse the config `path` that a run leaves as it is when it would describe the `weights`
+/// written beside it wrongly (`problem`). `folder`: the run writes no config there.
+pub fn refuse_wrong_config(path: PathBuf, weights: Weights<'_>, folder: bool) -> Result<()> {
+    // (One that is no model config is no text to judge: `problem` of "".)
+    let text = crate::run::json::read_model_config(&path).unwrap_or_default();
+    match problem(&text, weights, false) {
+        Some(why) => Err(Error::WrongConfig { path, why, folder }),
+        None => Ok(()),
+    }
+}
+
 /// What a run that does not write the FP8 side config `path` again (a dense run over an
 /// earlier FP8 output) does with it.
 #[derive(Debug, PartialEq, Eq)]
@@ -63,8 +75,7 @@ pub enum StaleSide {
 /// `StaleSide` of the side config `path`, beside the weight files `weights` (the
 /// output's, as they are before the run replaces them), under the run's `target`.
 pub fn stale_side(path: &Path, weights: &[PathBuf], target: Target) -> StaleSide {
-    let text = std::fs::read(path).unwrap_or_default();
-    let text = String::from_utf8_lossy(&text);
+    let text = crate::run::json::read_model_config(path).unwrap_or_default();
     let modules = Modules::of_files(weights).ok();
     let ours = !weights.is_empty()
         && modules.as_ref().is_some_and(|modules| {
@@ -249,8 +260,7 @@ pub fn wrong_config(
     let side = side_config_path(dst);
     let side = side.is_file().then_some(side);
     for path in model_config(dst).into_iter().chain(side) {
-        let text = std::fs::read(&path).unwrap_or_default();
-        let text = String::from_utf8_lossy(&text);
+        let text = crate::run::json::read_model_config(&path).unwrap_or_default();
         let why = problem(&text, weights, strict.is_some());
         if let Some(why) = why {
             return Some((path, why));

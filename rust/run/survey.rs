@@ -323,7 +323,7 @@ fn withdrawn(
             **kind == Kind::Config && split_rel(rel.as_bytes()).1 == b"config.json"
         })
         .filter(|(rel, _)| {
-            let text = std::fs::read(dst.join(rel));
+            let text = check::read_bounded(&dst.join(rel));
             text.is_ok_and(|t| {
                 let t = String::from_utf8_lossy(&t);
                 crate::run::beside::problem(&t, weights, false).is_some()
@@ -356,16 +356,7 @@ fn wrong_config(
         if written.contains(&*rel) || !path.is_file() {
             continue;
         }
-        let text = std::fs::read(&path).map_err(|e| Error::io(&path, "cannot read", e))?;
-        if let Some(why) =
-            crate::run::beside::problem(&String::from_utf8_lossy(&text), weights, false)
-        {
-            return Err(Error::WrongConfig {
-                path,
-                why,
-                folder: true,
-            });
-        }
+        crate::run::beside::refuse_wrong_config(path, weights, true)?;
     }
     Ok(())
 }
