@@ -145,8 +145,8 @@ pub type RecordedSource = (
 
 /// SRC opened (`open`) as `recorded` says, the caller's `given` input options with the
 /// `key` and `strip_prefix` of DST's record (DST: `dst`) where not given: a failure that
-/// `given` alone does not meet is the record's, DST's content (`Error::Recorded`, bad input
-/// naming DST), not the caller's options.
+/// SRC read as `given` does not meet alike (the same error) is the record's, DST's content
+/// (`Error::Recorded`, bad input naming DST), not SRC's nor the caller's options.
 pub fn open_recorded<T>(
     dst: &Path,
     recorded: &InputOptions,
@@ -154,10 +154,14 @@ pub fn open_recorded<T>(
     open: impl Fn(&InputOptions) -> Result<T>,
 ) -> Result<T> {
     match open(recorded) {
-        Err(e) if recorded != given && open(given).is_ok() => Err(Error::Recorded {
-            path: dst.to_path_buf(),
-            problem: Box::new(e),
-        }),
+        // SRC read as given fails alike: SRC's own problem, not the record's.
+        Err(e) if recorded != given => match open(given) {
+            Err(own) if own.to_string() == e.to_string() => Err(e),
+            _ => Err(Error::Recorded {
+                path: dst.to_path_buf(),
+                problem: Box::new(e),
+            }),
+        },
         found => found,
     }
 }

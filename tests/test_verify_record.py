@@ -313,6 +313,32 @@ def test_a_record_key_src_cannot_be_read_by_is_bad_input(src, tmp_path, run_main
         stcast.verify(str(src), str(bad))
 
 
+def test_a_record_key_a_pytorch_src_lacks_names_dst(tmp_path, run_main):
+    """(attack z11 r8) DST's record names a `key` a PyTorch SRC lacks, while SRC read
+    without it fails otherwise (several dicts of tensors): the record's fault, naming DST,
+    not SRC's; SRC's own problem (a key it lacks, given) still names SRC."""
+    import torchfile as tf
+
+    src = tmp_path / "ck.pt"
+    obj = {
+        "model": {"w": tf.tensor("0", "float32", (4,))},
+        "ema": {"w": tf.tensor("1", "float32", (4,))},
+    }
+    tf.write_zip(src, obj, {"0": np.ones(4, np.float32).tobytes(), "1": bytes(16)})
+    dst = tmp_path / "out.safetensors"
+    stcast.convert(str(src), str(dst), key="model")
+    assert stcast.verify(str(src), str(dst)).ok
+    bad = tmp_path / "bad.safetensors"
+    _with_record(dst, bad, '{"to":"bf16","key":"nokey"}')
+    rc, out, err = run_main("verify", str(src), str(bad))
+    line = assert_one_error_line(err)
+    assert rc == 1 and line.startswith(f"stcast: {bad}: SRC cannot be read as its stcast"), line
+    assert "nokey" in line, line
+    rc, out, err = run_main("verify", str(src), str(bad), "--key", "other")
+    line = assert_one_error_line(err)
+    assert rc == 1 and line.startswith(f"stcast: {src}: "), line
+
+
 @pytest.mark.filterwarnings("ignore:__metadata__ has no")
 def test_a_resharded_outputs_record_key_src_cannot_be_read_by_is_bad_input(src, tmp_path, run_main):
     """(a), re-sharded: the shards' and index's record name a `key` a safetensors SRC
