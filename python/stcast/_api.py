@@ -135,18 +135,7 @@ def convert(
         return result
     target = _core.default_dst(src, _target(o), dst=None if dst is None else os.fsdecode(dst))
     return _engine.convert_file(
-        src,
-        target,
-        o,
-        force=o.force,
-        progress=progress,
-        cancel=cancel,
-        keep_unmatched="error" if o.strict else "warn",
-        report=_report(o).report,
-        config=o.config,
-        allow_quantized=o.allow_quantized,
-        follow_links=o.follow_links,
-        **o.source,
+        src, target, o, progress=progress, cancel=cancel, **_checks(o), **_reading(o)
     )
 
 
@@ -194,19 +183,14 @@ def inspect(
         from .folder import inspect_folder
 
         return inspect_folder(path, target, _report(o), progress=progress)
-    extra: dict[str, Any] = {}
+    # Under an FP8 target the config's sizes also tell how fused MoE experts lie.
+    extra = _reading(o)
     if target is not None:
         target = _core.default_dst(path, _target(o), dst=target)
-        # The checks `convert` makes before writing, failing as it would.
-        extra.update(dst=target, force=o.force, keep_unmatched="error" if o.strict else "warn")
-        # A plain inspect only warns of a quantized checkpoint; a dry run refuses as convert.
-        extra["allow_quantized"] = o.allow_quantized
-        if o.report is not None:
-            extra["report"] = _report(o).report
-    # Under an FP8 target its sizes also tell how fused MoE experts lie (split per expert).
-    extra["config"] = o.config
-    extra["follow_links"] = o.follow_links
-    planned = _engine.inspect_file(path, o, scan=o.scan, progress=progress, **o.source, **extra)
+        # The checks `convert` makes before writing, failing as it would (a plain inspect
+        # only warns of a quantized checkpoint; a dry run refuses it as convert does).
+        extra.update(dst=target, **_checks(o))
+    planned = _engine.inspect_file(path, o, scan=o.scan, progress=progress, **extra)
     if target is None:
         return planned
     return replace(planned, destination=_engine.destination(target, planned.output_bytes))
@@ -338,6 +322,23 @@ def _source(src: StrPath) -> tuple[str, bool]:
     there but reads like a Hub repo id or URL (with the command that downloads it)."""
     path = os.fsdecode(src)
     return path, _core.source_kind(path) == "tree"
+
+
+def _checks(o: Options) -> dict[str, Any]:
+    """The keywords of the checks a one-file conversion makes before writing (its dry run
+    too): may DST be replaced, may patterns match nothing, a quantized input, the report."""
+    return {
+        "force": o.force,
+        "keep_unmatched": "error" if o.strict else "warn",
+        "allow_quantized": o.allow_quantized,
+        "report": _report(o).report,
+    }
+
+
+def _reading(o: Options) -> dict[str, Any]:
+    """The keywords of how a one-file run reads its source: the model config beside it,
+    links, a PyTorch checkpoint's dict and prefixes (`Options.source`)."""
+    return {"config": o.config, "follow_links": o.follow_links, **o.source}
 
 
 def _target(o: Options) -> Target:
