@@ -166,4 +166,10 @@ def destination(dst: str, need: int) -> Destination:
     """Free space where `dst` would be written (a file, or a folder to create or fill), as
     the engine finds it (`_core.space`)."""
     folder, free, fits = _core.space(dst, need)
-    return {"path": dst, "folder": folder, "free_bytes": free, "need_bytes": need, "fits": fits}
+    return {
+        "path": dst,
+        "folder": folder,
+        "free_bytes": free,
+        "need_bytes": need,
+        "fits": fits,
+    }
