@@ -118,6 +118,15 @@ pub enum PlaceProblem {
     OutputIsInput { input: PathBuf },
     /// An output is, or lies in, a folder of the source (a bind mount of one under DST).
     OutputInSource,
+    /// A source that is not there but reads like the Hugging Face Hub repo `repo` (its id
+    /// or URL): stcast converts local files.
+    HubRepo { repo: String },
+    /// Verify's DST folder holds the outputs `convert` names by default for two targets
+    /// (`first`, `second`), and no target was given: a usage error of the target.
+    HoldsBoth {
+        first: std::ffi::OsString,
+        second: std::ffi::OsString,
+    },
     /// A Hugging Face cache repo's `refs/main` names a snapshot `snapshots` does not hold.
     NoSnapshot { commit: String, snapshots: PathBuf },
     /// A Hugging Face cache repo without `refs/main`, and not one snapshot but `found`.
@@ -754,9 +763,13 @@ impl Error {
                 }
             },
             Error::Place {
-                problem: PlaceProblem::DstLikeFile { .. },
+                problem: PlaceProblem::DstLikeFile { .. } | PlaceProblem::HoldsBoth { .. },
                 ..
             } => ErrorKind::Usage,
+            Error::Place {
+                problem: PlaceProblem::HubRepo { .. },
+                ..
+            } => ErrorKind::InvalidInput,
             Error::Place { .. }
             | Error::Manifest { .. }
             | Error::Survey { .. }
@@ -871,6 +884,10 @@ impl Error {
                     },
                 ..
             } => Some(OptionName::MaxShardSize),
+            Error::Place {
+                problem: PlaceProblem::HoldsBoth { .. },
+                ..
+            } => Some(OptionName::To),
             Error::Distributed {
                 problem: DistProblem::ZeroKey { .. },
                 ..
@@ -1359,6 +1376,16 @@ fn place_message(problem: &PlaceProblem) -> String {
         PlaceProblem::OutputInSource => "is a folder of the source (by device and inode: a bind \
              mount or a link); nothing was written"
             .into(),
+        PlaceProblem::HubRepo { repo } => format!(
+            "no such file or folder; stcast converts local files: download it first, e.g. \
+             `hf download {} --local-dir DIR`",
+            esc(repo)
+        ),
+        PlaceProblem::HoldsBoth { first, second } => format!(
+            "holds both {} and {}: name the file, or give {{to}}",
+            esc_path(Path::new(first)),
+            esc_path(Path::new(second))
+        ),
         PlaceProblem::NoSnapshot { commit, snapshots } => format!(
             "names snapshot {}, which is not in {}",
             esc(commit),

@@ -80,16 +80,63 @@ pub fn missing_dirs(dir: &Path) -> std::result::Result<Vec<PathBuf>, PathBuf> {
     Ok(missing)
 }
 
-/// `dir`, or the nearest of its ancestors that is a folder.
-pub fn nearest_dir(dir: &Path) -> PathBuf {
-    let mut at = dir.to_path_buf();
-    while !at.is_dir() {
-        match at.parent() {
-            Some(p) if !p.as_os_str().is_empty() => at = p.to_path_buf(),
-            _ => return PathBuf::from(if dir.is_absolute() { "/" } else { "." }),
-        }
+/// `os.path.dirname`: `path` up to its last `/`, without the `/`s that end it (but a root
+/// of `/`s stays).
+fn dirname(path: &[u8]) -> &[u8] {
+    let head = &path[..path.iter().rposition(|&c| c == b'/').map_or(0, |at| at + 1)];
+    if head.iter().all(|&c| c == b'/') {
+        return head;
     }
-    at
+    &head[..head.len() - head.iter().rev().take_while(|&&c| c == b'/').count()]
+}
+
+/// `dir`, or the nearest of its ancestors that is a folder (where a folder to be is
+/// created), spelled from `dir`'s own words as messages show it: a relative path stays
+/// relative (`""` is `.`).
+pub fn nearest_dir(dir: &Path) -> PathBuf {
+    use std::os::unix::ffi::OsStringExt;
+    let mut at = dir.as_os_str().as_bytes().to_vec();
+    if at.is_empty() {
+        at.push(b'.');
+    }
+    while !Path::new(std::ffi::OsStr::from_bytes(&at)).is_dir() {
+        let trimmed = &at[..at.len() - at.iter().rev().take_while(|&&c| c == b'/').count()];
+        let parent = match dirname(trimmed) {
+            b"" if at.starts_with(b"/") => at.clone(),
+            b"" => b".".to_vec(),
+            up => up.to_vec(),
+        };
+        if parent == at {
+            break;
+        }
+        at = parent;
+    }
+    PathBuf::from(std::ffi::OsString::from_vec(at))
+}
+
+/// Where an output `dst` (a file, or a folder to create or fill) would be written: the
+/// folder that holds it, or will (`nearest_dir`), its free bytes, and whether `need` fit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Space {
+    pub folder: PathBuf,
+    pub free: u64,
+    pub fits: bool,
+}
+
+/// The space for `need` bytes written to `dst` (a dry run's check).
+pub fn space(dst: &Path, need: u64) -> Result<Space> {
+    let folder = if dst.is_dir() {
+        dst.to_path_buf()
+    } else {
+        let up = dirname(dst.as_os_str().as_bytes());
+        nearest_dir(Path::new(std::ffi::OsStr::from_bytes(up)))
+    };
+    let free = free_space(&folder).map_err(|e| Error::io(&folder, "statvfs", e))?;
+    Ok(Space {
+        fits: free >= need,
+        folder,
+        free,
+    })
 }
 
 /// The folders one output created for its destination (`mkdir -p`), removed again (when
@@ -1107,6 +1154,39 @@ pub fn at_path(path: &Path) -> AtPath {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_nearest_folder_is_spelled_from_the_path_s_words() {
+        let dir = scratch("nearest");
+        std::fs::write(dir.join("file"), "x").unwrap();
+        let near = |p: &Path| nearest_dir(p);
+        assert_eq!(near(&dir.join("new/deeper/")), dir);
+        assert_eq!(near(&dir.join("new//deeper")), dir);
+        assert_eq!(near(&dir), dir);
+        assert_eq!(near(&dir.join("file")), dir);
+        assert_eq!(near(Path::new("")), Path::new("."));
+        assert_eq!(near(Path::new("no-such-folder-stcast/a/b")), Path::new("."));
+        assert_eq!(near(Path::new("/no-such-folder-stcast/a")), Path::new("/"));
+        for (path, want) in [
+            ("a//b", "a"),
+            ("//b", "//"),
+            ("/", "/"),
+            ("a", ""),
+            ("a/b/", "a/b"),
+        ] {
+            assert_eq!(dirname(path.as_bytes()), want.as_bytes(), "{path}");
+        }
+    }
+
+    #[test]
+    fn a_dry_run_s_space_is_that_of_the_folder_the_output_goes_into() {
+        let dir = scratch("space");
+        let s = space(&dir.join("new/out.safetensors"), 1).unwrap();
+        assert_eq!((s.folder.as_path(), s.fits), (dir.as_path(), true));
+        assert_eq!(s.free, free_space(&dir).unwrap());
+        let s = space(&dir, u64::MAX).unwrap();
+        assert_eq!((s.folder.as_path(), s.fits), (dir.as_path(), false));
+    }
 
     fn scratch(tag: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("stcast-out-{}-{tag}", std::process::id()));

@@ -543,11 +543,11 @@ fn split_shard_name(name: OsString) -> Option<(OsString, OsString, OsString)> {
     Some((os(stem), os(i), os(n)))
 }
 
-/// Is the folder one checkpoint (DCP)? Refused: one stcast cannot read; any, as an `output`.
+/// What `src` is (`run::place::source`): "file", "checkpoint", "tree", or None if not there.
 #[pyfunction]
-#[pyo3(signature = (path, *, output=false))]
-fn check_folder(py: Python<'_>, path: PathBuf, output: bool) -> PyResult<bool> {
-    guarded(py, || crate::input::folder::check_folder(&path, output))
+#[pyo3(signature = (src, *, check=true))]
+fn source_kind(py: Python<'_>, src: PathBuf, check: bool) -> PyResult<Option<&'static str>> {
+    guarded(py, || Ok(place::source(&src, check)?.name()))
 }
 
 /// Where a folder run reads and writes (`run::place::place`): the source read, the
@@ -568,11 +568,46 @@ fn run_place(
     Ok((p.src.into(), p.dst.into(), p.id))
 }
 
-/// The destination a run writes when none is given (`run::place::default_dst`).
+/// The destination a run writes when none is given (`run::place::default_dst`), or, for a
+/// one-file run given `dst`, the file it names (`run::place::file_dst`).
 #[pyfunction]
-#[pyo3(signature = (src, to, *, folder=false))]
-fn default_dst(py: Python<'_>, src: PathBuf, to: Target, folder: bool) -> PyResult<OsString> {
-    guarded(py, || Ok(place::default_dst(&src, to, folder)?.into()))
+#[pyo3(signature = (src, to, *, folder=false, dst=None))]
+fn default_dst(
+    py: Python<'_>,
+    src: PathBuf,
+    to: Target,
+    folder: bool,
+    dst: Option<PathBuf>,
+) -> PyResult<OsString> {
+    guarded(py, || match dst {
+        Some(dst) => Ok(place::file_dst(&src, &dst, to)?.into()),
+        None => Ok(place::default_dst(&src, to, folder)?.into()),
+    })
+}
+
+/// What verify compares (`run::place::verify_route`): the output, and whether a folder.
+#[pyfunction]
+#[pyo3(signature = (src, dst, to, *, named))]
+fn verify_route(
+    py: Python<'_>,
+    src: PathBuf,
+    dst: PathBuf,
+    to: Option<Target>,
+    named: bool,
+) -> PyResult<(OsString, bool)> {
+    guarded(py, || {
+        let (dst, folder) = place::verify_route(&src, &dst, to, named)?;
+        Ok((dst.into(), folder))
+    })
+}
+
+/// Where `dst` would be written (`output::space`): (folder, free bytes, whether `need` fit).
+#[pyfunction]
+fn space(py: Python<'_>, dst: PathBuf, need: u64) -> PyResult<(OsString, u64, bool)> {
+    guarded(py, || {
+        let s = crate::output::space(&dst, need)?;
+        Ok((s.folder.into(), s.free, s.fits))
+    })
 }
 
 /// A source folder's files, classified and checked (`run::walk::walk`).
@@ -1367,8 +1402,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m: _set_exceptions, py_convert, py_inspect, py_verify, render, format_bytes, escape,
         option_error, check_option, check_applies, failpoint, write_file, copy_file, write_numeric_report,
         check_side_output, convert_shard, verify_shard, shard_file_name, index_file_name,
-        check_folder, read_header, recorded_source, record_text, walk_folder, plan_folder, source_fingerprint, list_folder, torch_name, config_text, index_text,
-        json_depth, split_shard_name, run_place, default_dst, py_survey,
+        source_kind, read_header, recorded_source, record_text, walk_folder, plan_folder, source_fingerprint, list_folder, torch_name, config_text, index_text,
+        json_depth, split_shard_name, run_place, default_dst, verify_route, space, py_survey,
         finished_manifests, check_companions, configured_target, written_index, read_index, index_total,
         resharded_pairs, verify_group,
     }

@@ -7,13 +7,12 @@ first use so that `stcast --version` does not pay for it.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import replace
 from typing import TYPE_CHECKING, cast
 
 from . import _core, _engine, _types
 from ._options import Options
-from .errors import InvalidInput, Refused, StcastError, UsageError
+from .errors import Refused, StcastError, UsageError
 from .reports import ConvertReport, InspectReport, VerifyReport, numeric_parts
 
 if TYPE_CHECKING:
@@ -106,10 +105,10 @@ def convert(
         KeyboardInterrupt: Ctrl-C.
     """
     given = Options.of("convert", options)
-    src = _source(src)
+    src, tree = _source(src)
     o = _plain(given.checked("convert"))
     _core.check_applies(src, o.set)
-    if _engine.is_tree(src) or o.max_shard_size is not None:
+    if tree or o.max_shard_size is not None:
         from . import folder
 
         prepared = folder.prepare(src, None if dst is None else os.fsdecode(dst), o, cancel=cancel)
@@ -134,21 +133,9 @@ def convert(
             except (OSError, StcastError) as e:
                 raise _after_commit(result.dst, e) from None
         return result
-    to = _target(o)
-    target = _core.default_dst(src, to) if dst is None else _file_dst(src, dst, to)
+    target = _core.default_dst(src, _target(o), dst=None if dst is None else os.fsdecode(dst))
     return _engine.convert_file(
-        src,
-        target,
-        o,
-        force=o.force,
-        progress=progress,
-        cancel=cancel,
-        keep_unmatched="error" if o.strict else "warn",
-        report=_report(o).report,
-        config=o.config,
-        allow_quantized=o.allow_quantized,
-        follow_links=o.follow_links,
-        **o.source,
+        src, target, o, progress=progress, cancel=cancel, **_checks(o), **_reading(o)
     )
 
 
@@ -188,27 +175,22 @@ def inspect(
         OSError: it cannot be read.
     """
     given = Options.of("inspect", options)
-    path = _source(path)
+    path, tree = _source(path)
     o = _plain(given.checked("inspect"))
     target = None if dst is None else os.fsdecode(dst)
     _core.check_applies(path, o.set)
-    if _engine.is_tree(path) or o.max_shard_size is not None:
+    if tree or o.max_shard_size is not None:
         from .folder import inspect_folder
 
         return inspect_folder(path, target, _report(o), progress=progress)
-    extra: dict[str, Any] = {}
+    # Under an FP8 target the config's sizes also tell how fused MoE experts lie.
+    extra = _reading(o)
     if target is not None:
-        target = _file_dst(path, target, _target(o))
-        # The checks `convert` makes before writing, failing as it would.
-        extra.update(dst=target, force=o.force, keep_unmatched="error" if o.strict else "warn")
-        # A plain inspect only warns of a quantized checkpoint; a dry run refuses as convert.
-        extra["allow_quantized"] = o.allow_quantized
-        if o.report is not None:
-            extra["report"] = _report(o).report
-    # Under an FP8 target its sizes also tell how fused MoE experts lie (split per expert).
-    extra["config"] = o.config
-    extra["follow_links"] = o.follow_links
-    planned = _engine.inspect_file(path, o, scan=o.scan, progress=progress, **o.source, **extra)
+        target = _core.default_dst(path, _target(o), dst=target)
+        # The checks `convert` makes before writing, failing as it would (a plain inspect
+        # only warns of a quantized checkpoint; a dry run refuses it as convert does).
+        extra.update(dst=target, **_checks(o))
+    planned = _engine.inspect_file(path, o, scan=o.scan, progress=progress, **extra)
     if target is None:
         return planned
     return replace(planned, destination=_engine.destination(target, planned.output_bytes))
@@ -270,13 +252,12 @@ def verify(
         KeyboardInterrupt: Ctrl-C.
     """
     given = Options.of("verify", options)
-    src, dst = _source(src), os.fsdecode(dst)
+    src = _source(src)[0]
     o = _plain(_report(given.checked("verify")))
-    if os.path.isdir(dst):  # not a checkpoint to convert (SRC and DST swapped)
-        _core.check_folder(dst, output=True)
-    if not _engine.is_tree(src) and o.name is None:
-        dst = _verified_file(src, dst, o.to)
-    if _engine.is_tree(src) or os.path.isdir(dst):
+    # A DST folder that is a checkpoint to convert is refused (SRC and DST swapped); a
+    # folder DST of a file SRC is the file convert writes there, if there is one.
+    dst, folder = _core.verify_route(src, os.fsdecode(dst), o.to, named=o.name is not None)
+    if folder:
         from .folder.verify import verify_folder
 
         _core.check_applies(src, list(o.source))  # (a folder of files: no `key`)
@@ -332,79 +313,32 @@ def finalize(
 def default_destination(src: StrPath, to: Target | TargetAlias = "bf16") -> str:
     """The output `convert(src)` writes when no `dst` is given: `<stem>-bf16.safetensors`
     beside a file, `<folder>-bf16` beside a folder (`-fp16` for fp16)."""
-    path, name = os.fsdecode(src), _engine.target_name(to)
-    return _core.default_dst(path, name)
+    return _core.default_dst(os.fsdecode(src), _engine.target_name(to))
 
 
-def _names_folder(path: str) -> bool:
-    """Does `path` as typed name a folder: ending with `/` (or `/.`, `/..`; or `.`, `..`)?"""
-    return os.path.basename(path) in ("", ".", "..")
-
-
-def _file_dst(src: str, dst: StrPath, to: Target) -> str:
-    """A file's DST as users type it: a folder (one that exists, or a path ending with `/`)
-    gets the name `convert` gives the output by default, inside it (as `cp` does)."""
-    path = os.fsdecode(dst)
-    # A checkpoint folder's (DCP's) output is one file: a DST not named `*.safetensors` is
-    # the Hugging Face folder that holds it.
-    one = os.path.isdir(src) and not path.rstrip("/").lower().endswith(".safetensors")
-    if _names_folder(path) or os.path.isdir(path) or one:
-        return os.path.join(path, os.path.basename(_core.default_dst(src, to)))
-    return path
-
-
-def _verified_file(src: str, dst: str, to: Target | None) -> str:
-    """The file `verify` compares a file SRC with, when DST is a folder: the one `convert`
-    writes into that folder by default (for `to`, else for any target, whichever is
-    there). A folder holding none is a re-sharded one, verified as such."""
-    if not (_names_folder(dst) or os.path.isdir(dst)):
-        return dst
-    targets = [to] if to is not None else [_engine.target_name(t) for t in _core.TARGETS]
-    names = list(dict.fromkeys(_file_dst(src, dst, t) for t in targets))  # DCP: one name
-    found = [n for n in names if os.path.isfile(n)]
-    if len(found) > 1:
-        raise UsageError(
-            f"{_engine.escape(dst)} holds both {_engine.escape(os.path.basename(found[0]))} and "
-            f"{_engine.escape(os.path.basename(found[1]))}: name the file, or give {{to}}",
-            path=dst,
-            option="to",
-        )
-    if found:
-        return found[0]
-    return dst if os.path.isdir(dst) else names[0]
-
-
-# Names of a checkpoint's files and folders: never a Hub repo id's second half.
-_LOCAL_SUFFIX = re.compile(r"\.(json|safetensors|bin|pt|pth|ckpt|distcp|index)$", re.IGNORECASE)
-
-
-def _source(src: StrPath) -> str:
-    """`src` as a path; one that does not exist but reads like a Hub id or URL gets a hint. A
-    folder that is a distributed training checkpoint (DCP, DeepSpeed) is refused by the
-    engine, naming it, before any folder code reads it as a Hugging Face folder."""
+def _source(src: StrPath) -> tuple[str, bool]:
+    """`src` as a path, and whether it is a folder of files (a folder run), as the engine
+    finds it: it refuses a distributed checkpoint it cannot read, and a path that is not
+    there but reads like a Hub repo id or URL (with the command that downloads it)."""
     path = os.fsdecode(src)
-    if os.path.lexists(path):
-        _engine.is_tree(path)
-        return path
-    hub = re.fullmatch(
-        r"(?:https?://(?:www\.)?huggingface\.co/|hf://(?:models/)?)?([\w.-]+/[\w.-]+)"
-        r"(?:/(?:tree|blob|resolve)/.*)?/?",
-        path,
-    )
-    # A path under a folder that is here, or naming a file (`ckpt/ckpt.json`, a typo of a
-    # local path), is not a repo id: the engine's own error names it.
-    if hub is not None and not path.startswith(("http://", "https://", "hf://")):
-        org, name = hub.group(1).split("/")
-        if os.path.isdir(org) or _LOCAL_SUFFIX.search(name):
-            return path
-    if hub is not None or path.startswith(("http://", "https://", "hf://")):
-        repo = hub.group(1) if hub is not None else "ORG/NAME"
-        raise InvalidInput(
-            f"{_engine.escape(path)}: no such file or folder; stcast converts local files: "
-            f"download it first, e.g. `hf download {_engine.escape(repo)} --local-dir DIR`",
-            path=path,
-        )
-    return path
+    return path, _core.source_kind(path) == "tree"
+
+
+def _checks(o: Options) -> dict[str, Any]:
+    """The keywords of the checks a one-file conversion makes before writing (its dry run
+    too): may DST be replaced, may patterns match nothing, a quantized input, the report."""
+    return {
+        "force": o.force,
+        "keep_unmatched": "error" if o.strict else "warn",
+        "allow_quantized": o.allow_quantized,
+        "report": _report(o).report,
+    }
+
+
+def _reading(o: Options) -> dict[str, Any]:
+    """The keywords of how a one-file run reads its source: the model config beside it,
+    links, a PyTorch checkpoint's dict and prefixes (`Options.source`)."""
+    return {"config": o.config, "follow_links": o.follow_links, **o.source}
 
 
 def _target(o: Options) -> Target:

@@ -1,6 +1,6 @@
 """The native engine (rust/python.rs). Private: use the `stcast` package instead."""
 
-from typing import Any, Callable, Protocol, TypedDict, final
+from typing import Any, Callable, Literal, Protocol, TypedDict, final
 
 from typing_extensions import Unpack
 
@@ -55,7 +55,7 @@ __all__ = [
     "verify_shard",
     "shard_file_name",
     "index_file_name",
-    "check_folder",
+    "source_kind",
     "read_header",
     "recorded_source",
     "record_text",
@@ -70,6 +70,8 @@ __all__ = [
     "split_shard_name",
     "run_place",
     "default_dst",
+    "verify_route",
+    "space",
     "Manifest",
     "survey",
     "finished_manifests",
@@ -264,7 +266,9 @@ def verify_shard(
 ) -> _Report: ...
 def shard_file_name(stem: str, i: int, n: int) -> str: ...
 def index_file_name(stem: str) -> str: ...
-def check_folder(path: str, *, output: bool = False) -> bool: ...
+def source_kind(
+    src: str, *, check: bool = True
+) -> Literal["file", "checkpoint", "tree"] | None: ...
 def read_header(
     path: str,
 ) -> tuple[int, str, list[tuple[str, str]] | None, list[tuple[str, str, list[int], int, int]]]: ...
@@ -289,7 +293,9 @@ def json_depth(text: str) -> int: ...
 def run_place(
     src: str, dst: str | None, to: str = ..., *, resharding: bool, check: bool = True
 ) -> tuple[str, str, tuple[int, int]]: ...
-def default_dst(src: str, to: str, *, folder: bool = False) -> str: ...
+def default_dst(src: str, to: str, *, folder: bool = False, dst: str | None = None) -> str: ...
+def verify_route(src: str, dst: str, to: str | None, *, named: bool) -> tuple[str, bool]: ...
+def space(dst: str, need: int) -> tuple[str, int, bool]: ...
 def split_shard_name(name: str) -> tuple[str, str, str] | None: ...
 
 # verify's findings in DST beside its weights (rust/run/check.rs): (rel, template) or None.

@@ -65,10 +65,10 @@ def target_name(to: object) -> Target:
 
 
 def is_tree(path: str) -> bool:
-    """Is `path` a folder of files (a Hugging Face folder), rather than one checkpoint (a
-    DCP folder, read as one source, as a file is)? A distributed checkpoint stcast cannot
-    read yet is refused here, naming it."""
-    return os.path.isdir(path) and not _core.check_folder(path)
+    """Is `path` a folder of files (a Hugging Face folder), rather than a file or one
+    checkpoint (a DCP folder, read as one source, as a file is)? The engine decides
+    (`_core.source_kind`), refusing a distributed checkpoint it cannot read, naming it."""
+    return _core.source_kind(path) == "tree"
 
 
 # This package's folder: its frames are never the line a warning points at.
@@ -162,28 +162,14 @@ def verify_file(
     return _build(VerifyReport, result, mismatch=_build(Mismatch, m, message=message))
 
 
-def nearest_folder(path: str) -> str:
-    """The folder `path` names, or its nearest existing ancestor (where a folder that does
-    not exist yet is created), spelled from `path`'s own words as messages show it: a
-    relative path stays relative ("" is ".")."""
-    p = path or "."
-    while not os.path.isdir(p):
-        parent = os.path.dirname(p.rstrip(os.sep)) or ("." if not p.startswith(os.sep) else p)
-        if parent == p:
-            break
-        p = parent
-    return p
-
-
 def destination(dst: str, need: int) -> Destination:
-    """Free space where `dst` would be written (a file, or a folder to create or fill)."""
-    folder = dst if os.path.isdir(dst) else nearest_folder(os.path.dirname(dst))
-    st = os.statvfs(folder)
-    free = st.f_bavail * st.f_frsize
+    """Free space where `dst` would be written (a file, or a folder to create or fill), as
+    the engine finds it (`_core.space`)."""
+    folder, free, fits = _core.space(dst, need)
     return {
         "path": dst,
         "folder": folder,
         "free_bytes": free,
         "need_bytes": need,
-        "fits": free >= need,
+        "fits": fits,
     }

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, PlaceProblem, Result};
 use crate::input::folder::check_folder;
-use crate::output::folder_chain;
+use crate::output::{folder_chain, names_a_folder};
 use crate::vocab::Target;
 
 /// A file's or folder's identity: device and inode.
@@ -51,6 +51,159 @@ fn io_error(path: &Path, what: &'static str, source: io::Error) -> Error {
 /// ZeRO folder, read as one source, as a file is)? One stcast cannot read is refused.
 pub fn is_tree(path: &Path) -> Result<bool> {
     Ok(path.is_dir() && !check_folder(path, false)?)
+}
+
+/// What a run's SRC is: the first thing each command decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceKind {
+    /// Nothing there: the run's own read says so, naming it.
+    Missing,
+    /// A file (anything that is not a folder: a link to nowhere too).
+    File,
+    /// One checkpoint in a folder (DCP, ZeRO), read as one source, as a file is.
+    Checkpoint,
+    /// A folder of files (a Hugging Face folder): a folder run.
+    Tree,
+}
+
+impl SourceKind {
+    /// The name the Python package reads (`None` for `Missing`).
+    pub fn name(self) -> Option<&'static str> {
+        match self {
+            SourceKind::Missing => None,
+            SourceKind::File => Some("file"),
+            SourceKind::Checkpoint => Some("checkpoint"),
+            SourceKind::Tree => Some("tree"),
+        }
+    }
+}
+
+/// What `src` is. With `check`, a folder holding a distributed checkpoint stcast cannot read
+/// is refused, naming it, and so is a path that is not there but reads like a Hugging Face
+/// Hub repo id or URL, with the command that downloads it (`hub_repo`); without, such a
+/// folder is one checkpoint and such a path is missing.
+pub fn source(src: &Path, check: bool) -> Result<SourceKind> {
+    if std::fs::symlink_metadata(src).is_err() {
+        return match hub_repo(src).filter(|_| check) {
+            Some(repo) => Err(refused(src, PlaceProblem::HubRepo { repo })),
+            None => Ok(SourceKind::Missing),
+        };
+    }
+    if !src.is_dir() {
+        return Ok(SourceKind::File);
+    }
+    match check_folder(src, false) {
+        Ok(false) => Ok(SourceKind::Tree),
+        Ok(true) => Ok(SourceKind::Checkpoint),
+        Err(_) if !check => Ok(SourceKind::Checkpoint),
+        Err(e) => Err(e),
+    }
+}
+
+/// The Hub repo (`org/name`; `ORG/NAME` for a URL that names none) a path that is not there
+/// was meant to be: a repo id or a Hub URL. A path under a folder that is here, or naming a
+/// checkpoint's file (`ckpt/ckpt.json`, a typo of a local path), is none.
+fn hub_repo(src: &Path) -> Option<String> {
+    let path = src.to_str()?;
+    let url = ["http://", "https://", "hf://"]
+        .iter()
+        .any(|p| path.starts_with(p));
+    let hub = regex::Regex::new(
+        r"^(?:https?://(?:www\.)?huggingface\.co/|hf://(?:models/)?)?([\w.-]+/[\w.-]+)(?:/(?:tree|blob|resolve)/.*)?/?$",
+    )
+    .expect("a valid pattern");
+    let repo = hub.captures(path).map(|c| c[1].to_string());
+    if let (Some(repo), false) = (&repo, url) {
+        let (org, name) = repo.split_once('/').unwrap_or_default();
+        let local = regex::Regex::new(r"(?i)\.(json|safetensors|bin|pt|pth|ckpt|distcp|index)$")
+            .expect("a valid pattern");
+        if Path::new(org).is_dir() || local.is_match(name) {
+            return None;
+        }
+    }
+    match repo {
+        Some(repo) => Some(repo),
+        None if url => Some("ORG/NAME".into()),
+        None => None,
+    }
+}
+
+/// The file a one-file run given `dst` writes: `dst` as users type it. A DST that names a
+/// folder (one that exists, or a path ending with `/`) gets the name `default_dst` gives
+/// the output inside it, as `cp` does; so does, for one checkpoint in a folder (DCP), a DST
+/// not named `*.safetensors`: the Hugging Face folder that holds it.
+pub fn file_dst(src: &Path, dst: &Path, target: Target) -> Result<PathBuf> {
+    const EXT: &[u8] = b".safetensors";
+    let typed = dst.as_os_str().as_bytes();
+    let trimmed = &typed[..typed.len() - typed.iter().rev().take_while(|&&c| c == b'/').count()];
+    let named = trimmed.len() >= EXT.len()
+        && trimmed[trimmed.len() - EXT.len()..].eq_ignore_ascii_case(EXT);
+    if names_a_folder(dst) || dst.is_dir() || (src.is_dir() && !named) {
+        let default = default_dst(src, target, false)?;
+        return Ok(path_of(join(
+            typed,
+            basename(default.as_os_str().as_bytes()),
+        )));
+    }
+    Ok(dst.to_path_buf())
+}
+
+/// What `verify` compares: the output file (`false`) or folder (`true`) it pairs with SRC.
+/// - A DST folder that is a checkpoint to convert (DCP, ZeRO) is refused: SRC and DST
+///   were swapped.
+/// - For a one-file SRC (not `named`: no re-sharded stem given), a DST that names a folder
+///   means the file `convert` writes into it by default (for `target`; without one, for
+///   any target: two there is a usage error), if it is there (`verified_file`).
+/// - A folder of files SRC, or a DST folder holding no such file, is a folder verify.
+pub fn verify_route(
+    src: &Path,
+    dst: &Path,
+    target: Option<Target>,
+    named: bool,
+) -> Result<(PathBuf, bool)> {
+    if dst.is_dir() {
+        check_folder(dst, true)?;
+    }
+    let tree = is_tree(src)?;
+    let dst = if tree || named {
+        dst.to_path_buf()
+    } else {
+        verified_file(src, dst, target)?
+    };
+    let folder = tree || dst.is_dir();
+    Ok((dst, folder))
+}
+
+/// The file `verify` compares a one-file SRC with, when DST names a folder: the one
+/// `convert` writes into it by default, for `target`, else for any target, whichever is
+/// there. A folder holding none is itself (a re-sharded one); a folder to be is the file
+/// `file_dst` names in it (which then is not there, as the read says).
+fn verified_file(src: &Path, dst: &Path, target: Option<Target>) -> Result<PathBuf> {
+    if !(names_a_folder(dst) || dst.is_dir()) {
+        return Ok(dst.to_path_buf());
+    }
+    let targets = target.as_ref().map_or(Target::ALL, std::slice::from_ref);
+    let mut names: Vec<PathBuf> = Vec::new();
+    for t in targets {
+        let name = file_dst(src, dst, *t)?;
+        if !names.contains(&name) {
+            names.push(name); // one checkpoint in a folder: one name for several
+        }
+    }
+    let found: Vec<&PathBuf> = names.iter().filter(|n| n.is_file()).collect();
+    let name = |p: &Path| p.file_name().unwrap_or_default().to_os_string();
+    match found[..] {
+        [first, second, ..] => Err(refused(
+            dst,
+            PlaceProblem::HoldsBoth {
+                first: name(first),
+                second: name(second),
+            },
+        )),
+        [one] => Ok(one.clone()),
+        [] if dst.is_dir() => Ok(dst.to_path_buf()),
+        [] => Ok(names.swap_remove(0)),
+    }
 }
 
 /// `os.path.normpath`: `.` and empty parts dropped, `..` taken back lexically where it can be.

@@ -1,7 +1,7 @@
 use std::os::unix::fs::symlink;
 
 use super::*;
-use crate::vocab::ErrorKind;
+use crate::vocab::{ErrorKind, OptionName};
 
 fn folder(tag: &str, files: &[&str]) -> PathBuf {
     crate::testutil::folder(&format!("place-{tag}"), files)
@@ -291,4 +291,184 @@ fn a_folder_run_named_like_a_file_is_a_usage_error() {
         false,
     )
     .unwrap();
+}
+
+#[test]
+fn what_a_source_is() {
+    let dir = folder(
+        "kind",
+        &[
+            "hf/model.safetensors",
+            "dcp/.metadata",
+            "dcp/__0_0.distcp",
+            "w.safetensors",
+        ],
+    );
+    symlink(dir.join("nowhere"), dir.join("dangling")).unwrap();
+    let kind = |p: &str| source(&dir.join(p), true).unwrap();
+    assert_eq!(kind("hf"), SourceKind::Tree);
+    assert_eq!(kind("hf/"), SourceKind::Tree);
+    assert_eq!(kind("dcp"), SourceKind::Checkpoint);
+    assert_eq!(kind("w.safetensors"), SourceKind::File);
+    assert_eq!(kind("dangling"), SourceKind::File); // there: its read names it
+    assert_eq!(kind("missing.safetensors"), SourceKind::Missing);
+    let kinds = [
+        SourceKind::Missing,
+        SourceKind::File,
+        SourceKind::Checkpoint,
+        SourceKind::Tree,
+    ];
+    let names: Vec<_> = kinds.iter().map(|k| k.name()).collect();
+    assert_eq!(
+        names,
+        [None, Some("file"), Some("checkpoint"), Some("tree")]
+    );
+}
+
+#[test]
+fn a_missing_source_like_a_hub_repo_says_how_to_download_it() {
+    let repo = |p: &str| match source(Path::new(p), true) {
+        Err(Error::Place {
+            path,
+            problem: PlaceProblem::HubRepo { repo },
+        }) => {
+            assert_eq!(path, Path::new(p));
+            Some(repo)
+        }
+        Ok(SourceKind::Missing) => None,
+        other => panic!("{p}: {other:?}"),
+    };
+    assert_eq!(
+        repo("no-such-org-stcast/Model-7B").as_deref(),
+        Some("no-such-org-stcast/Model-7B")
+    );
+    let url = "https://huggingface.co/org-x/name.v2/tree/main/sub";
+    assert_eq!(repo(url).as_deref(), Some("org-x/name.v2"));
+    assert_eq!(repo("hf://models/o/n/").as_deref(), Some("o/n"));
+    assert_eq!(
+        repo("https://example.com/a/b/c").as_deref(),
+        Some("ORG/NAME")
+    );
+    // A local path's typo: a checkpoint's file, or a folder that is here ("rust/").
+    assert_eq!(repo("no-such-org-stcast/model.SAFETENSORS"), None);
+    assert_eq!(repo("rust/no-such-file"), None);
+    assert_eq!(repo("/abs/path"), None);
+    assert_eq!(repo("a/b/c"), None);
+    // Unchecked, it is only missing.
+    let unchecked = source(Path::new("no-such-org-stcast/Model-7B"), false).unwrap();
+    assert_eq!(unchecked, SourceKind::Missing);
+    let e = source(Path::new("no-such-org-stcast/M"), true).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput);
+    assert_eq!(
+        e.template(),
+        "no-such-org-stcast/M: no such file or folder; stcast converts local files: download \
+         it first, e.g. `hf download no-such-org-stcast/M --local-dir DIR`"
+    );
+}
+
+#[test]
+fn a_one_file_run_writes_into_a_folder_dst_its_default_name() {
+    let dir = folder(
+        "file-dst",
+        &["w.safetensors", "out/", "dcp/.metadata", "dcp/__0_0.distcp"],
+    );
+    let at = |p: &str| dir.join(p);
+    let dst = |src: &str, d: Option<&str>, t: Target| match d {
+        Some(d) => file_dst(&at(src), &at(d), t).unwrap(),
+        None => default_dst(&at(src), t, false).unwrap(),
+    };
+    assert_eq!(
+        dst("w.safetensors", None, Target::Bf16),
+        at("w-bf16.safetensors")
+    );
+    assert_eq!(dst("w.safetensors", Some("x.st"), Target::Bf16), at("x.st"));
+    assert_eq!(
+        dst("w.safetensors", Some("out"), Target::F16),
+        at("out/w-fp16.safetensors")
+    );
+    assert_eq!(
+        dst("w.safetensors", Some("new/"), Target::Bf16),
+        at("new/w-bf16.safetensors")
+    );
+    assert_eq!(
+        dst("w.safetensors", Some("new/.."), Target::Bf16),
+        at("new/../w-bf16.safetensors")
+    );
+    // One checkpoint in a folder: a DST not named `*.safetensors` is the folder holding it.
+    assert_eq!(
+        dst("dcp", None, Target::Bf16),
+        at("dcp-bf16/model.safetensors")
+    );
+    assert_eq!(
+        dst("dcp", Some("hf"), Target::Bf16),
+        at("hf/model.safetensors")
+    );
+    assert_eq!(
+        dst("dcp", Some("o.SafeTensors"), Target::Bf16),
+        at("o.SafeTensors")
+    );
+    assert_eq!(
+        dst("dcp", Some("o.safetensors/"), Target::Bf16),
+        at("o.safetensors/model.safetensors")
+    );
+}
+
+#[test]
+fn verify_pairs_a_file_with_what_convert_wrote_into_a_folder() {
+    let dir = folder(
+        "verify-route",
+        &[
+            "w.safetensors",
+            "one/w-fp16.safetensors",
+            "two/w-bf16.safetensors",
+            "two/w-fp16.safetensors",
+            "none/model-00001-of-00002.safetensors",
+            "hf/model.safetensors",
+            "dcp/.metadata",
+            "dcp/__0_0.distcp",
+        ],
+    );
+    let at = |p: &str| dir.join(p);
+    let route = |src: &str, dst: &str, t: Option<Target>, named: bool| {
+        verify_route(&at(src), &at(dst), t, named)
+    };
+    let ok = |src, dst, t| route(src, dst, t, false).unwrap();
+    assert_eq!(
+        ok("w.safetensors", "one", None),
+        (at("one/w-fp16.safetensors"), false)
+    );
+    assert_eq!(
+        ok("w.safetensors", "two", Some(Target::F16)),
+        (at("two/w-fp16.safetensors"), false)
+    );
+    assert_eq!(ok("w.safetensors", "none", None), (at("none"), true));
+    assert_eq!(
+        ok("w.safetensors", "new/", None),
+        (at("new/w-bf16.safetensors"), false)
+    );
+    assert_eq!(
+        ok("w.safetensors", "x.safetensors", None),
+        (at("x.safetensors"), false)
+    );
+    assert_eq!(ok("hf", "one", None), (at("one"), true));
+    assert_eq!(ok("hf", "new", None), (at("new"), true));
+    // A re-sharded stem given: the folder DST as it is.
+    assert_eq!(
+        route("w.safetensors", "one", None, true).unwrap(),
+        (at("one"), true)
+    );
+    // Two targets' outputs and no target: a usage error of `to`, naming both.
+    let e = route("w.safetensors", "two", None, false).unwrap_err();
+    assert_eq!(
+        (e.kind(), e.option()),
+        (ErrorKind::Usage, Some(OptionName::To))
+    );
+    let want = format!(
+        "{}: holds both w-bf16.safetensors and w-fp16.safetensors: name the file, or give {{to}}",
+        at("two").display()
+    );
+    assert_eq!(e.template(), want);
+    // A checkpoint to convert as DST: SRC and DST swapped.
+    let e = route("w.safetensors", "dcp", None, false).unwrap_err();
+    assert!(matches!(e, Error::NotAnOutput { .. }), "{e:?}");
 }
