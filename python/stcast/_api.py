@@ -277,10 +277,7 @@ def verify(
     if not _engine.is_tree(src) and o.name is None:
         dst = _verified_file(src, dst, o.to)
     if _engine.is_tree(src) or os.path.isdir(dst):
-        from .folder.verify import verify_folder
-
-        _core.check_applies(src, list(o.source))  # (a folder of files: no `key`)
-        return verify_folder(src, dst, o, progress=progress)
+        return _engine.verify_folder(src, dst, o, progress=progress)
     if o.name is not None:
         raise UsageError(
             "{name} names the files of a re-sharded checkpoint: it applies to a DST folder",
