@@ -1,4 +1,5 @@
-"""One file through the native engine: options in, a typed report out, warnings issued.
+"""One file (or a folder's verify) through the native engine: options in, a typed report
+out, warnings issued.
 
 Shared by the public API (`stcast._api`) and the folder code (`stcast.folder`), so that
 neither reaches into the other. Option names and choices come from the engine

@@ -485,7 +485,7 @@ impl FolderVerify {
         }
     }
 
-    /// A group's verification (its warnings heard only when `heard`).
+    /// A group's verification, under the options known so far.
     fn group(&self, (s, d): &Pair) -> Result<GroupVerify> {
         let settings = self.settings();
         let input = settings.input()?;
