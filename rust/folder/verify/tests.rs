@@ -208,3 +208,69 @@ fn a_name_for_several_checkpoints_is_a_usage_error() {
         .template()
         .contains("SRC holds 2 (`model.safetensors`, `other.safetensors`)"));
 }
+
+/// A sharded HF folder (two shards, their index, a model config) and its bf16 conversion,
+/// as a folder run writes it: each shard converted, the index's total set, the config's
+/// dtype.
+fn sharded_pair(tag: &str) -> (PathBuf, PathBuf) {
+    let (src, dst) = (folder(&format!("{tag}-src")), folder(&format!("{tag}-dst")));
+    let shards = [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ];
+    let (first, second) = NAMES.split_at(3);
+    f32_file(&src.join(shards[0]), first, 16);
+    f32_file(&src.join(shards[1]), second, 16);
+    let map: Vec<(String, String)> = first
+        .iter()
+        .map(|n| (n.to_string(), shards[0].to_string()))
+        .chain(
+            second
+                .iter()
+                .map(|n| (n.to_string(), shards[1].to_string())),
+        )
+        .collect();
+    let text = json::index(None, 0, Some(&map), false, None, None).unwrap();
+    std::fs::write(src.join("model.safetensors.index.json"), &text).unwrap();
+    std::fs::write(src.join("config.json"), CONFIG).unwrap();
+    let opts = bf16().convert(Tuning::default()).unwrap();
+    for shard in shards {
+        let mut task = ConvertTask::new(&src.join(shard), &dst.join(shard), &opts).unwrap();
+        run(&mut task).unwrap();
+        task.seal().unwrap();
+        task.publish().unwrap();
+    }
+    let record = crate::record::own_index_record(&src.join(shards[0]), &dst.join(shards[0]));
+    let rel = Path::new("model.safetensors.index.json");
+    let scales = check::Scales::of(false, false);
+    let index = check::written_index(&dst, rel, &text, &map, scales, record.unwrap().as_deref());
+    std::fs::write(dst.join(rel), index.unwrap()).unwrap();
+    let config = json::config_text(CONFIG, Target::Bf16, false, None).unwrap();
+    std::fs::write(dst.join("config.json"), config.unwrap()).unwrap();
+    (src, dst)
+}
+
+#[test]
+fn a_sharded_folder_verifies_and_its_index_is_checked() {
+    let (src, dst) = sharded_pair("sharded");
+    let r = verify(&src, &dst, &Settings::default()).unwrap();
+    assert!(r.is_ok(), "{:?}", r.mismatch);
+    assert_eq!((r.files, r.parts.len()), (4, 2));
+    assert_eq!(r.tensors_converted, NAMES.len());
+    // An index whose total is not its shards': named, strict and loose.
+    let rel = dst.join("model.safetensors.index.json");
+    let text = std::fs::read_to_string(&rel).unwrap();
+    let total = serde_json::from_str::<serde_json::Value>(&text).unwrap()["metadata"]["total_size"]
+        .as_u64()
+        .unwrap();
+    let wrong = text.replacen(&total.to_string(), &(total + 2).to_string(), 1);
+    std::fs::write(&rel, wrong).unwrap();
+    for loose in [false, true] {
+        let given = Settings {
+            loose,
+            ..Settings::default()
+        };
+        let (file, _) = verify(&src, &dst, &given).unwrap().mismatch.unwrap();
+        assert_eq!(file.to_str(), Some("model.safetensors.index.json"));
+    }
+}
