@@ -206,41 +206,25 @@ fn data_bytes(path: &Path) -> u64 {
 }
 
 /// The file `src` as the only weight file of a folder: its name kept, but a PyTorch
-/// checkpoint's made a safetensors name; a DCP folder's is `model.safetensors`.
-fn single_file(src: &Path) -> Result<File> {
-    let meta = std::fs::metadata(src).map_err(|e| Error::io(src, "cannot read", e))?;
-    let mtime = |m: &std::fs::Metadata| {
-        use std::os::unix::fs::MetadataExt;
-        m.mtime() * 1_000_000_000 + m.mtime_nsec()
-    };
-    if meta.is_dir() {
-        let mut size = 0;
-        let mut latest = None;
-        let entries = std::fs::read_dir(src).map_err(|e| Error::io(src, "cannot list", e))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| Error::io(src, "cannot list", e))?;
-            let path = entry.path();
-            let m = std::fs::metadata(&path).map_err(|e| Error::io(&path, "cannot read", e))?;
-            size += if m.is_file() { m.len() } else { 0 };
-            latest = latest.max(Some(mtime(&m)));
-        }
-        return Ok(File {
-            rel: "model.safetensors".into(),
-            path: src.to_path_buf(),
-            size,
-            mtime_ns: latest.unwrap_or(mtime(&meta)),
-            src_rel: Some(".".into()),
-        });
-    }
+/// checkpoint's made a safetensors name; a DCP folder's is `model.safetensors`. (Verify
+/// reads neither its size nor its mtime.)
+fn single_file(src: &Path, dir: bool) -> File {
     let name = src.file_name().unwrap_or_default().to_os_string();
-    let rel = safetensors_name(&name);
-    Ok(File {
-        src_rel: (rel != name).then_some(name),
+    let (rel, src_rel) = match dir {
+        true => ("model.safetensors".into(), Some(".".into())),
+        false => {
+            let rel = safetensors_name(&name);
+            let renamed = (rel != name).then_some(name);
+            (rel, renamed)
+        }
+    };
+    File {
         rel,
         path: src.to_path_buf(),
-        size: meta.len(),
-        mtime_ns: mtime(&meta),
-    })
+        size: 0,
+        mtime_ns: 0,
+        src_rel,
+    }
 }
 
 /// The safetensors name of a weight file: a Hugging Face PyTorch name renamed as in a
@@ -362,7 +346,7 @@ impl FolderVerify {
         base.follow_links = single;
         let walked = match single {
             true => walk::Walked {
-                weights: vec![single_file(&src)?],
+                weights: vec![single_file(&src, src_meta.is_dir())],
                 ..walk::Walked::default()
             },
             false => walk::walk(&src, true, &Overrides::new(&include, &exclude)?)?,
