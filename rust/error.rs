@@ -127,6 +127,10 @@ pub enum PlaceProblem {
         first: std::ffi::OsString,
         second: std::ffi::OsString,
     },
+    /// verify: DST (a folder SRC is compared with) exists and is not a folder.
+    VerifyDstNotAFolder { src: PathBuf },
+    /// verify: SRC and DST are the same folder (by device and inode).
+    SameFolder,
     /// A Hugging Face cache repo's `refs/main` names a snapshot `snapshots` does not hold.
     NoSnapshot { commit: String, snapshots: PathBuf },
     /// A Hugging Face cache repo without `refs/main`, and not one snapshot but `found`.
@@ -572,6 +576,9 @@ pub enum Error {
     /// `strip_prefix`), though it can be read without: DST's content is at fault, not the
     /// caller's options (`problem`: what reading SRC so met).
     Recorded { path: PathBuf, problem: Box<Error> },
+    /// `name` (one output's stem) given for a source of `count` checkpoints (groups), the
+    /// first of them `shown` (each by its index, else its file).
+    NamedMany { count: usize, shown: Vec<PathBuf> },
     /// An option's value is out of range.
     BadOption {
         option: OptionName,
@@ -794,9 +801,10 @@ impl Error {
             | Error::WrongConfig { .. }
             | Error::SameFile { .. } => ErrorKind::Refused,
             Error::AfterCommit { source, .. } => source.kind(),
-            Error::BadPattern { .. } | Error::BadOption { .. } | Error::NotApplicable { .. } => {
-                ErrorKind::Usage
-            }
+            Error::BadPattern { .. }
+            | Error::BadOption { .. }
+            | Error::NotApplicable { .. }
+            | Error::NamedMany { .. } => ErrorKind::Usage,
             Error::DestinationExists { .. } => ErrorKind::DestinationExists,
             Error::NoSpace { .. } => ErrorKind::NoSpace,
             // A full disk is always `no_space`, whichever step found it.
@@ -849,6 +857,7 @@ impl Error {
             Error::BadPattern { .. }
             | Error::BadOption { .. }
             | Error::NotApplicable { .. }
+            | Error::NamedMany { .. }
             | Error::Cancelled => None,
         }
     }
@@ -877,6 +886,7 @@ impl Error {
             Error::BadOption { option, .. } | Error::NotApplicable { option, .. } => Some(*option),
             Error::BadPattern { option, .. } => Some(*option),
             Error::NotACheckpoint { option, .. } => Some(*option),
+            Error::NamedMany { .. } => Some(OptionName::Name),
             Error::Place {
                 problem:
                     PlaceProblem::DstLikeFile {
@@ -1062,6 +1072,20 @@ impl Error {
                 esc(value),
                 esc(expected)
             ),
+            Error::NamedMany { count, shown } => {
+                let listed: Vec<String> =
+                    shown.iter().map(|p| format!("`{}`", esc_path(p))).collect();
+                let more = match count.saturating_sub(shown.len()) {
+                    0 => String::new(),
+                    n => format!(" and {n} more"),
+                };
+                format!(
+                    "{{name}} names the output of one checkpoint, but SRC holds {count} \
+                     ({}{more}); leave it out (each keeps its own stem), or convert them one at \
+                     a time",
+                    listed.join(", ")
+                )
+            }
             Error::NotApplicable { option, src, why } => {
                 let (o, src) = (option.name(), esc_path(src));
                 match why {
@@ -1362,6 +1386,10 @@ fn place_message(problem: &PlaceProblem) -> String {
             "the destination is the source folder or lies inside it".into()
         }
         PlaceProblem::DstHoldsSource => "the destination contains the source folder".into(),
+        PlaceProblem::VerifyDstNotAFolder { src } => {
+            format!("not a folder, while {} is one", esc_path(src))
+        }
+        PlaceProblem::SameFolder => "SRC and DST are the same folder".into(),
         PlaceProblem::DstInCheckpoint { src } => format!(
             "the destination lies inside the checkpoint folder {}, whose files are the input: \
              write it elsewhere (DST left out goes beside the folder)",

@@ -14,6 +14,8 @@
 //! config the files decide, as a lone file's do; a folder dequantized is dequantized whole
 //! (`dequantize_problem`). An FP8 target's weights that no model config describes get a
 //! `quantization_config.json` beside them (`side_configs`).
+//!
+//! `verify`: whether a destination folder holds what a folder run writes of its source.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
@@ -985,6 +987,8 @@ pub fn fingerprint(path: &Path) -> Result<String> {
     }
     Ok(hex(h))
 }
+
+pub mod verify;
 
 #[cfg(test)]
 mod tests;

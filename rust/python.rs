@@ -21,6 +21,7 @@ use pyo3::types::{IntoPyDict, PyDict};
 
 use crate::convert::{Knobs, Options as ConvertOptions, Tuning};
 use crate::error::{panic_message, Error};
+use crate::folder::verify::FolderVerify;
 use crate::folder::PlanTask;
 use crate::given::{Exports, Given, Settings};
 use crate::numerics::{DequantizedTensor, Numerics};
@@ -28,7 +29,6 @@ use crate::options;
 use crate::output::{self, Replace, Sealed};
 use crate::report::NumericsRow;
 use crate::run::{check, fp8config, json, manifest, place, survey, walk};
-use crate::shard::resharded::{self as rverify, GroupRow, IndexedRow, Member, MemberRow, PairRows};
 use crate::shard::{self, Group};
 use crate::task::{ConvertTask, InspectTask, Task};
 use crate::text;
@@ -395,60 +395,6 @@ fn verify_shard<'py>(
     finish_verify(py, (progress, None), verifier, &opts)
 }
 
-/// SRC's groups that DST holds sharded differently, and those it holds with the same
-/// files (`shard::resharded::pairs`).
-#[pyfunction]
-fn resharded_pairs(
-    py: Python<'_>,
-    dst: PathBuf,
-    weights: Vec<MemberRow>,
-    indexes: Vec<IndexedRow>,
-    found: Vec<OsString>,
-    name: Option<OsString>,
-) -> PyResult<(PairRows, PairRows)> {
-    let weights: Vec<_> = weights.into_iter().map(Member::of).collect();
-    let indexes: Vec<_> = indexes
-        .into_iter()
-        .map(|(f, m)| (Member::of(f), m))
-        .collect();
-    let p = guarded(py, || {
-        rverify::pairs(&dst, &weights, &indexes, &found, name.as_deref())
-    })?;
-    let rows = |v: Vec<rverify::Pair>| v.iter().map(|(g, d)| (g.row(), d.row())).collect();
-    Ok((rows(p.pairs), rows(p.same)))
-}
-
-/// Verify DST's group `group` as the re-sharding of SRC's `src` (`shard::resharded::GroupVerify`):
-/// each file's (rel, report), and the first failure (rel, template, tensor).
-#[pyfunction]
-#[pyo3(signature = (dst, src, group, *, progress=None, warn=None, **options))]
-fn verify_group<'py>(
-    py: Python<'py>,
-    dst: PathBuf,
-    src: GroupRow,
-    group: GroupRow,
-    progress: Hook<'py>,
-    warn: Hook<'py>,
-    options: Option<&Bound<'py, PyDict>>,
-) -> PyResult<GroupResult<'py>> {
-    let (input, opts) = read_options(py, options, |s, t| Ok((s.input()?, s.shard_verify(t)?)))?;
-    let (s, d) = (rverify::Group::of(src), rverify::Group::of(group));
-    let mut task = guarded(py, || {
-        rverify::GroupVerify::new(&dst, &s, &d, &input, &opts)
-    })?;
-    Hooks::new(progress, None, warn, None).drive(py, &mut task, opts.tuning.step)?;
-    let check = task.finish();
-    let report = |(rel, r): &(PathBuf, _)| Ok((rel.into(), verify_dict(py, r, &opts)?));
-    let reports = check.reports.iter().map(report);
-    let failure = check.failure.map(|f| (f.rel.into(), f.template, f.tensor));
-    Ok((reports.collect::<PyResult<_>>()?, failure))
-}
-
-type GroupResult<'py> = (
-    Vec<(OsString, Bound<'py, PyDict>)>,
-    Option<(OsString, String, Option<String>)>,
-);
-
 /// Option `name`'s value (one of a repeated option's) as `Given::check` checks it.
 #[pyfunction]
 fn check_option<'py>(py: Python<'py>, name: &str, value: Given) -> PyResult<Bound<'py, PyAny>> {
@@ -654,54 +600,10 @@ fn source_fingerprint(py: Python<'_>, path: PathBuf) -> PyResult<String> {
     guarded(py, || crate::folder::fingerprint(&path))
 }
 
-/// Every file under a destination but stcast's bookkeeping (`run::walk::listing`).
-#[pyfunction]
-fn list_folder(py: Python<'_>, dst: PathBuf) -> PyResult<Vec<OsString>> {
-    guarded(py, || walk::listing(&dst))
-}
-
 /// The safetensors name of a Hugging Face PyTorch weight file or index (`run::walk`).
 #[pyfunction]
 fn torch_name(name: OsString) -> Option<OsString> {
     walk::torch_name(&name)
-}
-
-/// The first of DST's files beside its weights that is not what convert makes of SRC's
-/// (`run::check::check`): (rel, template), or None.
-#[pyfunction]
-#[pyo3(signature = (dst, to, *, loose=false, stray=vec![], output=vec![], copies=vec![], configs=vec![], indexes=vec![], sources=HashMap::new(), added=vec![], sides=vec![]))]
-#[allow(clippy::too_many_arguments)]
-fn check_companions(
-    py: Python<'_>,
-    dst: PathBuf,
-    to: Option<Target>,
-    loose: bool,
-    stray: Vec<PathBuf>,
-    output: Vec<PathBuf>,
-    copies: Vec<(PathBuf, PathBuf)>,
-    configs: Vec<check::SrcConfig>,
-    indexes: Vec<check::Index>,
-    sources: HashMap<PathBuf, PathBuf>,
-    added: Vec<PathBuf>,
-    sides: Vec<PathBuf>,
-) -> PyResult<Option<check::Finding>> {
-    let c = check::Companions {
-        stray,
-        output,
-        copies,
-        configs,
-        indexes,
-        sources,
-        added,
-        sides,
-    };
-    guarded(py, || check::check(&dst, to, loose, &c))
-}
-
-/// The FP8 target DST's model config `rel` describes (`run::check::configured`).
-#[pyfunction]
-fn configured_target(dst: PathBuf, rel: PathBuf) -> Option<&'static str> {
-    check::configured(&dst, &rel).map(Target::name)
 }
 
 /// The index at `rel` as convert writes it for DST's shards (`run::check::written_index`).
@@ -736,38 +638,10 @@ fn index_total(
     guarded(py, || check::index_total(&dst, &rel, &map))
 }
 
-/// A source's index, checked, shards relative to the top folder, prefixes stripped
-/// (`run::check::read_index`).
-#[pyfunction]
-#[pyo3(signature = (path, rel, torch, found, strip_prefix=Vec::new()))]
-fn read_index(
-    py: Python<'_>,
-    path: PathBuf,
-    rel: PathBuf,
-    torch: bool,
-    found: HashSet<PathBuf>,
-    strip_prefix: Vec<String>,
-) -> PyResult<(String, Vec<(String, String)>)> {
-    guarded(py, || {
-        check::read_index(&path, &rel, torch, &found, &strip_prefix)
-    })
-}
-
 /// The header of a safetensors file (`source::read_header`).
 #[pyfunction]
 fn read_header(py: Python<'_>, path: PathBuf) -> PyResult<crate::source::HeaderSummary> {
     guarded(py, || crate::source::read_header(&path))
-}
-
-/// verify's `name`, `key`, `strip_prefix`, `include`, `exclude`, each one not given DST
-/// file `path`'s record's.
-#[pyfunction]
-fn recorded_source(
-    py: Python<'_>,
-    path: PathBuf,
-    given: crate::verify::RecordedSource,
-) -> PyResult<crate::verify::RecordedSource> {
-    guarded(py, || crate::verify::recorded_source(&path, given))
 }
 
 /// What an output of a run with these options records (`record::Record::text`): None under
@@ -916,6 +790,40 @@ fn replace_policy(v: Option<&Bound<'_, PyAny>>) -> PyResult<Replace> {
             Ok(Replace::Same { dev, ino })
         }
     }
+}
+
+/// Verify the folder `dst` against `src` (`folder::verify::FolderVerify`), stepped: the
+/// report as a dict, its mismatch with its `file`, each file's (rel, numerics) as `parts`.
+#[pyfunction]
+#[pyo3(signature = (src, dst, *, progress=None, warn=None, **options))]
+fn verify_folder<'py>(
+    py: Python<'py>,
+    src: PathBuf,
+    dst: PathBuf,
+    progress: Hook<'py>,
+    warn: Hook<'py>,
+    options: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let (given, tuning) = read_options(py, options, |s, t| Ok((s.clone(), t)))?;
+    let (hooks, step) = (Hooks::new(progress, None, warn, None), tuning.step);
+    let mut task = hooks.run(py, || FolderVerify::new(&src, &dst, &given, tuning))?;
+    hooks.drive(py, &mut task, step)?;
+    let r = hooks.run(py, move || task.finish())?;
+    let d = crossed(py, &r, &[("src", &r.src), ("dst", &r.dst)])?;
+    let m = r
+        .mismatch
+        .as_ref()
+        .map(|(rel, m)| crossed(py, m, &[("file", rel)]));
+    d.set_item("mismatch", m.transpose()?)?;
+    let mut parts = Vec::new();
+    for (rel, v) in &r.parts {
+        let measured = (given.numerics && v.is_ok())
+            .then(|| numerics_dict(py, &v.numerics, &v.numerics_total, &v.dequantized));
+        parts.push((rel.as_os_str(), measured.transpose()?));
+    }
+    d.set_item("parts", parts)?;
+    d.set_item("ok", r.is_ok())?;
+    Ok(d)
 }
 
 /// Write `data` as the file `path`, atomically (`output::write_file`).
@@ -1402,10 +1310,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m: _set_exceptions, py_convert, py_inspect, py_verify, render, format_bytes, escape,
         option_error, check_option, check_applies, failpoint, write_file, copy_file, write_numeric_report,
         check_side_output, convert_shard, verify_shard, shard_file_name, index_file_name,
-        source_kind, read_header, recorded_source, record_text, walk_folder, plan_folder, source_fingerprint, list_folder, torch_name, config_text, index_text,
+        source_kind, read_header, record_text, walk_folder, plan_folder, source_fingerprint, torch_name, config_text, index_text,
         json_depth, split_shard_name, run_place, default_dst, verify_route, space, py_survey,
-        finished_manifests, check_companions, configured_target, written_index, read_index, index_total,
-        resharded_pairs, verify_group,
+        finished_manifests, written_index, index_total,
+        verify_folder,
     }
     Ok(())
 }

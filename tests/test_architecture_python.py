@@ -139,7 +139,6 @@ FS_BUDGET = {
     "stcast/folder/__init__.py": 6,
     "stcast/folder/common.py": 6,
     "stcast/folder/reshard.py": 7,
-    "stcast/folder/verify.py": 6,
     "stcast/folder/write.py": 4,
 }
 FS_FREE = {"stcast/_console.py", "stcast/demo.py"}

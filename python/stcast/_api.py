@@ -258,10 +258,7 @@ def verify(
     # folder DST of a file SRC is the file convert writes there, if there is one.
     dst, folder = _core.verify_route(src, os.fsdecode(dst), o.to, named=o.name is not None)
     if folder:
-        from .folder.verify import verify_folder
-
-        _core.check_applies(src, list(o.source))  # (a folder of files: no `key`)
-        return verify_folder(src, dst, o, progress=progress)
+        return _engine.verify_folder(src, dst, o, progress=progress)
     if o.name is not None:
         raise UsageError(
             "{name} names the files of a re-sharded checkpoint: it applies to a DST folder",

@@ -4,7 +4,6 @@ from typing import Any, Callable, Literal, Protocol, TypedDict, final
 
 from typing_extensions import Unpack
 
-from stcast._types import Target as _Target
 from stcast._types import TensorNumerics as _Row
 
 __all__ = [
@@ -57,12 +56,10 @@ __all__ = [
     "index_file_name",
     "source_kind",
     "read_header",
-    "recorded_source",
     "record_text",
     "walk_folder",
     "plan_folder",
     "source_fingerprint",
-    "list_folder",
     "torch_name",
     "config_text",
     "index_text",
@@ -75,13 +72,9 @@ __all__ = [
     "Manifest",
     "survey",
     "finished_manifests",
-    "check_companions",
-    "configured_target",
     "written_index",
-    "read_index",
     "index_total",
-    "resharded_pairs",
-    "verify_group",
+    "verify_folder",
 ]
 
 __version__: str
@@ -194,6 +187,17 @@ def verify(
     warn: _Warn = None,
     **options: Unpack[_Options],
 ) -> _Report: ...
+
+# A folder's verification (rust/folder/verify.rs): its report, its mismatch with `file`,
+# each file's (rel, numerics) as `parts`.
+def verify_folder(
+    src: str,
+    dst: str,
+    *,
+    progress: _Progress = None,
+    warn: _Warn = None,
+    **options: Unpack[_Options],
+) -> _Report: ...
 def _set_exceptions(classes: dict[str, Callable[..., BaseException]]) -> None: ...
 def render(template: str, option: Callable[[str, str | None], str]) -> str: ...
 def format_bytes(n: int) -> str: ...
@@ -272,10 +276,6 @@ def source_kind(
 def read_header(
     path: str,
 ) -> tuple[int, str, list[tuple[str, str]] | None, list[tuple[str, str, list[int], int, int]]]: ...
-
-_Recorded = tuple[str | None, str | None, list[str], list[str], list[str], str | None]
-
-def recorded_source(path: str, given: _Recorded) -> _Recorded: ...
 def record_text(**options: Any) -> str | None: ...
 def config_text(
     text: str, to: str, *, dequantize: bool = False, shards: list[str] | None = None
@@ -297,23 +297,6 @@ def default_dst(src: str, to: str, *, folder: bool = False, dst: str | None = No
 def verify_route(src: str, dst: str, to: str | None, *, named: bool) -> tuple[str, bool]: ...
 def space(dst: str, need: int) -> tuple[str, int, bool]: ...
 def split_shard_name(name: str) -> tuple[str, str, str] | None: ...
-
-# verify's findings in DST beside its weights (rust/run/check.rs): (rel, template) or None.
-def check_companions(
-    dst: str,
-    to: str | None,
-    *,
-    loose: bool = False,
-    stray: list[str] = ...,
-    output: list[str] = ...,
-    copies: list[tuple[str, str]] = ...,
-    configs: list[tuple[str, str, bool, str | None]] = ...,
-    indexes: list[tuple[str, str, list[tuple[str, str]]]] = ...,
-    sources: dict[str, str] = ...,
-    added: list[str] = ...,
-    sides: list[str] = ...,
-) -> tuple[str, str] | None: ...
-def configured_target(dst: str, rel: str) -> _Target | None: ...
 def written_index(
     dst: str,
     rel: str,
@@ -323,30 +306,7 @@ def written_index(
     dequantize: bool,
     record: str | None = None,
 ) -> bytes: ...
-def read_index(
-    path: str, rel: str, torch: bool, found: set[str], strip_prefix: list[str] = ...
-) -> tuple[str, list[tuple[str, str]]]: ...
 def index_total(dst: str, rel: str, map: list[tuple[str, str]]) -> int: ...
-
-# A group of files: folder, stem, files (rel, path), index (rel, path).
-_Group = tuple[str, str, list[tuple[str, str]], tuple[str, str] | None]
-
-def resharded_pairs(
-    dst: str,
-    weights: list[tuple[str, str]],
-    indexes: list[tuple[tuple[str, str], list[tuple[str, str]]]],
-    found: list[str],
-    name: str | None,
-) -> tuple[list[tuple[_Group, _Group]], list[tuple[_Group, _Group]]]: ...
-def verify_group(
-    dst: str,
-    src: _Group,
-    group: _Group,
-    *,
-    progress: _Progress = None,
-    warn: _Warn = None,
-    **options: Unpack[_Options],
-) -> tuple[list[tuple[str, _Report]], tuple[str, str, str | None] | None]: ...
 
 # A source folder's file: rel, path, size, mtime_ns, its rel in the source when renamed.
 _File = tuple[str, str, int, int, str | None]
@@ -374,7 +334,6 @@ def plan_folder(
     **options: Unpack[_Options],
 ) -> dict[str, Any]: ...
 def source_fingerprint(path: str) -> str: ...
-def list_folder(dst: str) -> list[str]: ...
 def torch_name(name: str) -> str | None: ...
 
 @final

@@ -1,4 +1,5 @@
-"""One file through the native engine: options in, a typed report out, warnings issued.
+"""One file (or a folder's verify) through the native engine: options in, a typed report
+out, warnings issued.
 
 Shared by the public API (`stcast._api`) and the folder code (`stcast.folder`), so that
 neither reaches into the other. Option names and choices come from the engine
@@ -22,8 +23,10 @@ from .reports import (
     Mismatch,
     Notice,
     TensorInfo,
+    TensorRows,
     VerifyReport,
     _build,
+    merged_numerics,
 )
 from .reports import notices as _notices
 
@@ -35,7 +38,7 @@ if TYPE_CHECKING:
     from typing import Callable, Protocol
 
     from ._options import Options
-    from ._types import Destination, Target
+    from ._types import Destination, Numerics, Target
 
     class CancelFlag(Protocol):
         def is_set(self) -> bool: ...
@@ -160,6 +163,31 @@ def verify_file(
         return _build(VerifyReport, result, mismatch=None)
     message = Notice("mismatch", m["message"])
     return _build(VerifyReport, result, mismatch=_build(Mismatch, m, message=message))
+
+
+def verify_folder(
+    src: str, dst: str, options: Options, *, progress: Progress | None
+) -> VerifyReport:
+    """Verify the folder `dst` against the folder `src` (or the file `src` re-sharded into
+    it): the engine's run (rust/folder/verify.rs), its warnings issued; see `stcast.verify`."""
+
+    def issued(kind: str, template: str) -> None:
+        issue(kind, template, None)
+
+    o = options
+    given = {"loose": o.loose, "report": o.report, "force": o.force, "name": o.name, **o.source}
+    with gc_paused():
+        r = _core.verify_folder(src, dst, progress=progress, warn=issued, **o.engine(), **given)
+    m = r["mismatch"]
+    mismatch = m and _build(Mismatch, m, message=Notice("mismatch", m["message"], m["file"]))
+    parts: list[tuple[str, Numerics | None]] = [
+        (rel, None if n is None else {"tensors": TensorRows(n["tensors"]), "total": n["total"]})
+        for rel, n in r["parts"]
+    ]
+    numerics = merged_numerics(parts) if r["ok"] else None
+    return _build(
+        VerifyReport, r, mismatch=mismatch, numerics=numerics, isa=r["isa"] or "", folder=True
+    )
 
 
 def destination(dst: str, need: int) -> Destination:

@@ -47,54 +47,7 @@ pub struct Group {
     pub index: Option<Member>,
 }
 
-/// A file as plain data, for a front end: (rel, path).
-pub type MemberRow = (OsString, OsString);
-
-/// An index as plain data: the file and its weight map.
-pub type IndexedRow = (MemberRow, Vec<(String, String)>);
-
-/// A group as plain data: its folder, stem, files and index.
-pub type GroupRow = (OsString, OsString, Vec<MemberRow>, Option<MemberRow>);
-
-/// Pairs of groups as plain data.
-pub type PairRows = Vec<(GroupRow, GroupRow)>;
-
-impl Member {
-    /// Its plain-data form (rel, path).
-    pub fn row(&self) -> MemberRow {
-        (self.rel.clone().into(), self.path.clone().into())
-    }
-
-    /// A file from its plain-data form.
-    pub fn of((rel, path): MemberRow) -> Member {
-        Member {
-            rel: rel.into(),
-            path: path.into(),
-        }
-    }
-}
-
 impl Group {
-    /// Its plain-data form.
-    pub fn row(&self) -> GroupRow {
-        (
-            self.dir.clone().into(),
-            self.stem.clone(),
-            self.inputs.iter().map(Member::row).collect(),
-            self.index.as_ref().map(Member::row),
-        )
-    }
-
-    /// A group from its plain-data form.
-    pub fn of((dir, stem, inputs, index): GroupRow) -> Group {
-        Group {
-            dir: dir.into(),
-            stem,
-            inputs: inputs.into_iter().map(Member::of).collect(),
-            index: index.map(Member::of),
-        }
-    }
-
     /// What messages call SRC's group: its index, else its file, as SRC names it (a DCP
     /// folder, a PyTorch checkpoint: its path, not the name its output takes).
     fn shown_in_src(&self) -> &Path {

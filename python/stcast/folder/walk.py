@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from .. import _core, _engine
+from .. import _core
 from ..errors import InvalidInput, Refused
 from ..reports import InspectReport, Notice, _build, notices
 from .common import MAX_JSON_BYTES, WEIGHTS_SUFFIX, File, read_bounded
@@ -215,12 +215,6 @@ def skipped_notice(skipped: list[tuple[File, str]]) -> list[tuple[str, str]]:
     return notes
 
 
-def listing(dst: str) -> list[str]:
-    """Every file under `dst` but stcast's bookkeeping (manifests, temps), as relative
-    paths; links and special files count as files, folders are walked (never a link)."""
-    return _core.list_folder(dst)
-
-
 def check_fp8_config(f: File, doc: Any, to: Target) -> None:
     """An FP8 target writes its quantization_config into the model config `f` (`doc`, as
     parsed): one that is not a JSON object is refused, before anything is written."""
@@ -249,19 +243,6 @@ def read_json(f: File) -> tuple[str, Any]:
     return text, doc
 
 
-def read_index(
-    f: File, found: set[str], strip_prefix: Sequence[str] = ()
-) -> tuple[str, dict[str, str]]:
-    """The index's text (a PyTorch index's shards renamed) and its weight_map with shard
-    names made relative to the top folder, checked by the engine (rust/run/check.rs
-    `read_index`): plain names inside the index's folder, of files in `found`; its tensor
-    names without `strip_prefix`, as the files' are."""
-    text, weight_map = _core.read_index(
-        f.path, f.rel, f.src_rel is not None, found, list(strip_prefix)
-    )
-    return text, dict(weight_map)
-
-
 def index_owners(indexes: list[tuple[File, str, dict[str, str]]]) -> dict[str, str]:
     """Each shard named by an index: shard rel -> the index's rel. A shard that two indexes
     name is refused (by a folder conversion, a re-sharding and verify alike): which
@@ -278,21 +259,6 @@ def index_owners(indexes: list[tuple[File, str, dict[str, str]]]) -> dict[str, s
                 )
             owner[rel] = f.rel
     return owner
-
-
-def dequantizes_any(weights: list[File], to: Target, precision: dict[str, Any]) -> bool:
-    """Does any weight file hold an FP8 weight with its scale, which `to` dequantizes?"""
-    for w in weights:
-        report = _engine.inspect_file(
-            w.path,
-            to=to,
-            **{**precision, "on_overflow": "warn"},
-            keep_unmatched="ignore",
-            allow_quantized=True,
-        )
-        if any(t.reason == "dequantized" for t in report.tensors):
-            return True
-    return False
 
 
 class _Sized(Protocol):
