@@ -118,6 +118,8 @@ pub enum PlaceProblem {
     OutputIsInput { input: PathBuf },
     /// An output is, or lies in, a folder of the source (a bind mount of one under DST).
     OutputInSource,
+    /// A folder an output is written into exists and is not a folder (a link, a file).
+    InTheWay,
     /// A Hugging Face cache repo's `refs/main` names a snapshot `snapshots` does not hold.
     NoSnapshot { commit: String, snapshots: PathBuf },
     /// A Hugging Face cache repo without `refs/main`, and not one snapshot but `found`.
@@ -141,6 +143,11 @@ pub enum ManifestProblem {
     ShardRuns,
     /// Shard runs of this source with other options.
     OtherOptions,
+    /// Another run saved its manifest at this run's name after this run checked `dst`.
+    StartedMeanwhile { dst: PathBuf },
+    /// A file this run would publish was written by another run (or program) after this
+    /// run checked `dst`, where this run replaces none (or another than it found).
+    Rival { dst: PathBuf },
     /// Another run replaced or removed this run's manifest (`dst`: the folder it took over).
     TakenOver { dst: PathBuf },
     /// A file this run wrote was replaced or removed during the run.
@@ -757,6 +764,10 @@ impl Error {
                 problem: PlaceProblem::DstLikeFile { .. },
                 ..
             } => ErrorKind::Usage,
+            Error::Manifest {
+                problem: ManifestProblem::Rival { .. },
+                ..
+            } => ErrorKind::DestinationExists,
             Error::Place { .. }
             | Error::Manifest { .. }
             | Error::Survey { .. }
@@ -1279,6 +1290,17 @@ fn manifest_message(problem: &ManifestProblem) -> String {
              done, if need be)",
             esc_path(dst)
         ),
+        ManifestProblem::StartedMeanwhile { dst } => format!(
+            "another stcast run started converting into {} after this one checked it; nothing \
+             was written (run again once it is done)",
+            esc_path(dst)
+        ),
+        ManifestProblem::Rival { dst } => format!(
+            "destination exists: another stcast run (or another program) wrote it after this \
+             run checked {}; this run replaced nothing of it and stopped (run again once that \
+             run is done)",
+            esc_path(dst)
+        ),
         ManifestProblem::Changed => "was replaced or removed during the run; run it again".into(),
         ManifestProblem::NoFolder => {
             "no such folder; convert the shards into it first (with {shard})".into()
@@ -1341,6 +1363,9 @@ fn place_message(problem: &PlaceProblem) -> String {
             },
             esc_path(folder)
         ),
+        PlaceProblem::InTheWay => {
+            "exists and is not a folder (stcast does not write through links)".into()
+        }
         PlaceProblem::DstInSource => {
             "the destination is the source folder or lies inside it".into()
         }

@@ -54,7 +54,7 @@ pub fn is_tree(path: &Path) -> Result<bool> {
 }
 
 /// `os.path.normpath`: `.` and empty parts dropped, `..` taken back lexically where it can be.
-fn normpath(path: &[u8]) -> Vec<u8> {
+pub(crate) fn normpath(path: &[u8]) -> Vec<u8> {
     if path.is_empty() {
         return b".".to_vec();
     }
