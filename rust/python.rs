@@ -1205,26 +1205,27 @@ impl FolderRun {
         })
     }
 
-    fn make_folders(&self, py: Python<'_>, rels: Vec<OsString>) -> PyResult<()> {
-        guarded(py, || writer(&self.0).make_folders(&rels))
-    }
-
     /// Create each of `dirs` in DST (`publish::Writer::folder`).
     fn folders(&self, py: Python<'_>, dirs: Vec<OsString>) -> PyResult<()> {
         guarded(py, || writer(&self.0).folders(&dirs))
     }
 
-    /// `publish::Writer::begin`: `before`, what DST holds; `had_manifest`: a manifest is at
-    /// this run's name.
-    #[pyo3(signature = (before, had_manifest, cancel=None))]
+    /// `publish::Writer::make_folders` for `rels`, then `begin`: `before`, what DST holds;
+    /// `had_manifest`: a manifest is at this run's name.
+    #[pyo3(signature = (rels, before, had_manifest, cancel=None))]
     fn begin(
         &self,
         py: Python<'_>,
+        rels: Vec<OsString>,
         before: HashSet<OsString>,
         had_manifest: bool,
         cancel: Hook<'_>,
     ) -> PyResult<()> {
-        Hooks::new(None, cancel, None, None).run(py, || writer(&self.0).begin(before, had_manifest))
+        Hooks::new(None, cancel, None, None).run(py, || {
+            let mut w = writer(&self.0);
+            w.make_folders(&rels)?;
+            w.begin(before, had_manifest)
+        })
     }
 
     /// `complete`: the run is done.
@@ -1239,14 +1240,6 @@ impl FolderRun {
 
     fn check_still_ours(&self, py: Python<'_>) -> PyResult<()> {
         guarded(py, || writer(&self.0).record.check_still_ours())
-    }
-
-    fn recheck(&self, py: Python<'_>) -> PyResult<()> {
-        guarded(py, || writer(&self.0).record.recheck())
-    }
-
-    fn written(&self) -> Vec<OsString> {
-        writer(&self.0).record.written()
     }
 
     /// Write `data` as its file `rel` of `kind` (`publish::Writer::write`, in steps).
@@ -1310,8 +1303,10 @@ impl FolderRun {
         guarded(py, || writer(&self.0).remove_stale(&stale))
     }
 
-    fn final_recheck(&self, py: Python<'_>, cues: Vec<OsString>) -> PyResult<()> {
-        guarded(py, || writer(&self.0).final_recheck(&cues))
+    /// `publish::Writer::recheck`, withdrawing `cues` if it fails.
+    #[pyo3(signature = (cues=vec![]))]
+    fn recheck(&self, py: Python<'_>, cues: Vec<OsString>) -> PyResult<()> {
+        guarded(py, || writer(&self.0).recheck(&cues))
     }
 
     fn remove_own(&self, py: Python<'_>, others: Vec<Bound<'_, Manifest>>) -> PyResult<()> {

@@ -421,11 +421,11 @@ impl Writer {
         Ok(())
     }
 
-    /// Before declaring success, every file this run wrote is still the one it wrote; if
-    /// not, the loader's cues this run published (`cues`: indexes, configs, late copies)
-    /// are withdrawn, so that the folder does not look complete (only files still the ones
-    /// this run wrote).
-    pub fn final_recheck(&self, cues: &[OsString]) -> Result<()> {
+    /// Before declaring success (and before a loader's cues appear), every file this run
+    /// wrote is still the one it wrote; if not, the loader's cues this run published
+    /// (`cues`: indexes, configs, late copies) are withdrawn, so that the folder does not
+    /// look complete (only files still the ones this run wrote).
+    pub fn recheck(&self, cues: &[OsString]) -> Result<()> {
         match self.record.recheck() {
             Err(e) if e.kind() == ErrorKind::Refused => {
                 self.record.unlink_written(cues)?;

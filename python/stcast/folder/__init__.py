@@ -283,16 +283,15 @@ def convert_folder(
         ours=list(survey.ours.items()),
         found=list(survey.found.items()),
     )
-    # What is there before this run writes anything: a failed run removes only what it
-    # added (`roll_back`), the folders it made too.
-    record.make_folders([*p.work.outputs(), *(f"{d}/x" for d in p.work.plan.dirs)])
     files: list[FileReport] = []
     for w in p.skipped:
         entry = w.manifest_entry(p.options, shard, os.path.join(dst, w.rel))
         files.append(w.report("skipped", record.record(w.rel, "weights", entry)[2]))
-    # Before any output: the other runs sharing this folder know it is ours (refused if
-    # another run started meanwhile). What DST holds now is what a failed run keeps.
-    record.begin(survey.present, survey.at_own_name is not None, cancel)
+    # Before any output: DST and the folders it writes into made, and the manifest saved,
+    # so that the other runs sharing this folder know it is ours (refused if another run
+    # started meanwhile). What DST holds now (files, folders) is what a failed run keeps.
+    rels = [*p.work.outputs(), *(f"{d}/x" for d in p.work.plan.dirs)]
+    record.begin(rels, survey.present, survey.at_own_name is not None, cancel)
     _common.failpoint("folder-manifest", cancel)
 
     meter = _write.Meter(

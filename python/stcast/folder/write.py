@@ -179,7 +179,7 @@ def final_recheck(run: Run, work: Work) -> None:
     run published (indexes, configs, late copies) are withdrawn."""
     plan = work.plan
     cues = [rel for rel, _, _ in work.index_maps()] + [c[0].rel for c in plan.configs]
-    run.record.final_recheck(cues + [f.rel for f in plan.late_copies])
+    run.record.recheck(cues + [f.rel for f in plan.late_copies])
 
 
 def _copy(run: Run, f: File, kind: str, meter: Meter | None) -> None:

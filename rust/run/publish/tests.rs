@@ -53,7 +53,7 @@ fn a_run_writes_claims_and_records_then_removes_its_manifest() {
     assert_eq!(std::fs::read(dst.join("a/config.json")).unwrap(), b"{}");
     assert_eq!(std::fs::read(dst.join("b.bin")).unwrap(), b"0123456789");
     assert_eq!(w.record.written(), os(&["a/config.json", "b.bin"]));
-    w.final_recheck(&[]).unwrap();
+    w.recheck(&[]).unwrap();
     w.remove_own(&[]).unwrap();
     assert!(!dst.join(MANIFEST).exists());
 }
@@ -197,7 +197,7 @@ fn a_failed_final_recheck_withdraws_the_cues() {
     // Another program replaced the weights during the run.
     std::fs::remove_file(dst.join("w.safetensors")).unwrap();
     std::fs::write(dst.join("w.safetensors"), b"other").unwrap();
-    let e = w.final_recheck(&os(&["config.json"])).unwrap_err();
+    let e = w.recheck(&os(&["config.json"])).unwrap_err();
     assert!(matches!(manifest_problem(e), ManifestProblem::Changed));
     assert!(!dst.join("config.json").exists());
     assert_eq!(std::fs::read(dst.join("w.safetensors")).unwrap(), b"other");
