@@ -150,11 +150,12 @@ impl Writer {
 
     /// Save the manifest before any output: the other runs sharing this folder know it is
     /// this run's. A manifest at its name that another run saved after this one checked the
-    /// folder refuses the run, the folders it made removed again.
-    /// Each file stcast wrote here that this run's manifest does not record as done is
-    /// claimed in it (`Manifest::carry`): it replaces the manifests that proved them.
+    /// folder refuses the run, the folders it made removed again. Each file stcast wrote
+    /// here that the manifest does not record as done is claimed in it (`Manifest::carry`):
+    /// it replaces the manifests that proved them.
+    ///
     /// `before`: the files DST holds (not stcast's bookkeeping); `had_manifest`: a manifest
-    /// is at this run's name (what `roll_back` keeps).
+    /// is at this run's name. `roll_back` keeps both.
     pub fn begin(&mut self, before: HashSet<OsString>, had_manifest: bool) -> Result<()> {
         (self.before, self.had_manifest) = (before, had_manifest);
         self.done_before = self.record.written();
