@@ -131,6 +131,8 @@ pub enum PlaceProblem {
     VerifyDstNotAFolder { src: PathBuf },
     /// verify: SRC and DST are the same folder (by device and inode).
     SameFolder,
+    /// A folder an output is written into exists and is not a folder (a link, a file).
+    InTheWay,
     /// A Hugging Face cache repo's `refs/main` names a snapshot `snapshots` does not hold.
     NoSnapshot { commit: String, snapshots: PathBuf },
     /// A Hugging Face cache repo without `refs/main`, and not one snapshot but `found`.
@@ -154,6 +156,11 @@ pub enum ManifestProblem {
     ShardRuns,
     /// Shard runs of this source with other options.
     OtherOptions,
+    /// Another run saved its manifest at this run's name after this run checked `dst`.
+    StartedMeanwhile { dst: PathBuf },
+    /// A file this run would publish was written by another run (or program) after this
+    /// run checked `dst`, where this run replaces none (or another than it found).
+    Rival { dst: PathBuf },
     /// Another run replaced or removed this run's manifest (`dst`: the folder it took over).
     TakenOver { dst: PathBuf },
     /// A file this run wrote was replaced or removed during the run.
@@ -777,6 +784,10 @@ impl Error {
                 problem: PlaceProblem::HubRepo { .. },
                 ..
             } => ErrorKind::InvalidInput,
+            Error::Manifest {
+                problem: ManifestProblem::Rival { .. },
+                ..
+            } => ErrorKind::DestinationExists,
             Error::Place { .. }
             | Error::Manifest { .. }
             | Error::Survey { .. }
@@ -1320,6 +1331,17 @@ fn manifest_message(problem: &ManifestProblem) -> String {
              done, if need be)",
             esc_path(dst)
         ),
+        ManifestProblem::StartedMeanwhile { dst } => format!(
+            "another stcast run started converting into {} after this one checked it; nothing \
+             was written (run again once it is done)",
+            esc_path(dst)
+        ),
+        ManifestProblem::Rival { dst } => format!(
+            "destination exists: another stcast run (or another program) wrote it after this \
+             run checked {}; this run replaced nothing of it and stopped (run again once that \
+             run is done)",
+            esc_path(dst)
+        ),
         ManifestProblem::Changed => "was replaced or removed during the run; run it again".into(),
         ManifestProblem::NoFolder => {
             "no such folder; convert the shards into it first (with {shard})".into()
@@ -1382,6 +1404,9 @@ fn place_message(problem: &PlaceProblem) -> String {
             },
             esc_path(folder)
         ),
+        PlaceProblem::InTheWay => {
+            "exists and is not a folder (stcast does not write through links)".into()
+        }
         PlaceProblem::DstInSource => {
             "the destination is the source folder or lies inside it".into()
         }

@@ -10,9 +10,10 @@
 use std::borrow::Cow;
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -28,7 +29,7 @@ use crate::numerics::{DequantizedTensor, Numerics};
 use crate::options;
 use crate::output::{self, Replace, Sealed};
 use crate::report::NumericsRow;
-use crate::run::{check, fp8config, json, manifest, place, survey, walk};
+use crate::run::{check, fp8config, json, manifest, place, publish, survey, walk};
 use crate::shard::{self, Group};
 use crate::task::{ConvertTask, InspectTask, Task};
 use crate::text;
@@ -100,6 +101,12 @@ struct Hooks<'py> {
     /// `progress` was told `(total, total)`: the visits after the last step (sealing,
     /// publishing) do not tell it again, so that a caller hears of the end once.
     ended: Cell<bool>,
+    /// The folder run this call writes for: its manifest claims each output before it has a
+    /// name, and its failures are told as the run sees them (`publish::Writer::rival`).
+    run: Option<Py<FolderRun>>,
+    /// Converting one of that run's weights: a failure may roll the run back
+    /// (`publish::Writer::failed`).
+    converting: bool,
 }
 
 impl<'py> Hooks<'py> {
@@ -111,6 +118,18 @@ impl<'py> Hooks<'py> {
             warn,
             sealed,
             ended: Cell::new(false),
+            run: None,
+            converting: false,
+        }
+    }
+
+    /// The same, writing for the folder run `run` (`converting`: one of its weights).
+    fn writing(self, run: &Bound<'py, FolderRun>, converting: bool) -> Self {
+        let run = Some(run.clone().unbind());
+        Hooks {
+            run,
+            converting,
+            ..self
         }
     }
 
@@ -148,23 +167,56 @@ impl<'py> Hooks<'py> {
     /// over a failure after the commit point, which must be told as such.
     fn run<T: Send>(&self, py: Python<'py>, f: impl FnOnce() -> Result<T> + Send) -> PyResult<T> {
         let mut after_commit = false;
-        let f = || f().inspect_err(|e| after_commit = matches!(e, Error::AfterCommit { .. }));
-        let result = guarded(py, f);
-        if after_commit {
-            return result;
+        let run = self.run.as_ref().map(|r| &r.get().0);
+        let f = || {
+            f().map_err(|e| match run {
+                Some(w) => writer(w).rival(e),
+                None => e,
+            })
+            .inspect_err(|e| after_commit = matches!(e, Error::AfterCommit { .. }))
+        };
+        let e = match py.detach(|| catch_unwind(AssertUnwindSafe(f))) {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e)) => e,
+            Err(panic) => return Err(PyRuntimeError::new_err(panic_message(&*panic))),
+        };
+        if !after_commit {
+            py.check_signals()?;
+            if self.cancelled().unwrap_or(false) {
+                return Err(to_py(py, Error::Cancelled));
+            }
         }
-        result.map_err(|e| match py.check_signals() {
-            Err(stop) => stop,
-            Ok(()) if self.cancelled().unwrap_or(false) => to_py(py, Error::Cancelled),
-            Ok(()) => e,
-        })
+        let e = match run.filter(|_| self.converting) {
+            Some(w) => py.detach(|| writer(w).failed(e)),
+            None => e,
+        };
+        Err(to_py(py, e))
     }
 
     /// Publish a sealed output (the commit point), telling `sealed` (if given) its (dev, ino,
     /// size, header hash or None) first: a folder run records them in its manifest before the
     /// file has a name. If that raises, or a stop request comes meanwhile, nothing is published.
-    fn publish<S: Sealed<Done: Send> + Send>(&self, py: Python<'py>, out: S) -> PyResult<S::Done> {
-        if let Some(f) = &self.sealed {
+    /// Writing for a folder run (`writing`), `out` is its file `rel`: the run's manifest
+    /// claims it instead, then the failpoint `point` (if any) is hit.
+    fn publish<S: Sealed<Done: Send> + Send>(
+        &self,
+        py: Python<'py>,
+        out: S,
+        rel: Option<(&OsStr, Option<&str>)>,
+    ) -> PyResult<S::Done> {
+        if let (Some(run), Some((rel, point))) = (&self.run, rel) {
+            let w = &run.get().0;
+            let (id, header) = (out.identity(), out.header_sha256());
+            let id = id.map_err(|e| to_py(py, e))?;
+            self.run(py, || writer(w).claim_as(rel, id, header))?;
+            if let Some(name) = point {
+                self.run(py, || failpoint_hit(name))?;
+            }
+            py.check_signals()?;
+            if self.cancelled()? {
+                return Err(to_py(py, Error::Cancelled));
+            }
+        } else if let Some(f) = &self.sealed {
             let id = out.identity().map_err(|e| to_py(py, e))?;
             f.call1((id.dev, id.ino, id.size, out.header_sha256()))?;
             py.check_signals()?;
@@ -280,7 +332,13 @@ fn py_convert<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = read_options(py, options, Settings::convert)?;
     let hooks = Hooks::new(progress, cancel, warn, sealed);
-    finish_convert(py, &hooks, &opts, || ConvertTask::new(&src, &dst, &opts))
+    finish_convert(
+        py,
+        &hooks,
+        &opts,
+        || ConvertTask::new(&src, &dst, &opts),
+        None,
+    )
 }
 
 /// Make a conversion (`new`), step it to its end, seal, publish (`Hooks::publish`): a dict.
@@ -289,6 +347,7 @@ fn finish_convert<'py>(
     hooks: &Hooks<'py>,
     opts: &ConvertOptions,
     new: impl FnOnce() -> Result<ConvertTask> + Send,
+    rel: Option<&OsStr>,
 ) -> PyResult<Bound<'py, PyDict>> {
     // Dropping `task` on any early return removes the unpublished output.
     let mut task = hooks.run(py, new)?;
@@ -296,7 +355,7 @@ fn finish_convert<'py>(
     hooks.run(py, || task.seal())?;
     // A signal or cancel until here (or until `sealed` returns) leaves nothing behind.
     hooks.visit(py, &mut task)?;
-    let r = hooks.publish(py, task)?;
+    let r = hooks.publish(py, task, rel.map(|rel| (rel, Some("folder-sealed"))))?;
     let d = crossed(py, &r, &[("src", &r.src), ("dst", &r.dst)])?;
     let numerics = opts.numerics;
     let measured =
@@ -355,27 +414,34 @@ impl ShardGroup {
     }
 }
 
-/// Convert the output shard of `group` holding `names` into `dst` (`shard::Group::task`).
+/// Convert the output shard of `group` holding `names` as the file `rel` of the folder run
+/// `run` (`shard::Group::task`): it replaces only what the run may, and is claimed in the
+/// run's manifest before it has a name.
 #[pyfunction]
-#[pyo3(signature = (group, names, indexed, dst, *, progress=None, cancel=None, warn=None,
-                    sealed=None, **options))]
+#[pyo3(signature = (group, names, indexed, run, rel, *, progress=None, cancel=None, warn=None,
+                    **options))]
 fn convert_shard<'py>(
     py: Python<'py>,
     group: &Bound<'py, ShardGroup>,
     names: Vec<String>,
     indexed: bool,
-    dst: PathBuf,
+    run: &Bound<'py, FolderRun>,
+    rel: OsString,
     progress: Hook<'py>,
     cancel: Hook<'py>,
     warn: Hook<'py>,
-    sealed: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let opts = read_options(py, options, Settings::shard_convert)?;
-    let hooks = Hooks::new(progress, cancel, warn, sealed);
+    let mut opts = read_options(py, options, Settings::shard_convert)?;
+    let hooks = Hooks::new(progress, cancel, warn, None).writing(run, true);
+    let w = &run.get().0;
+    // It replaces only what the run may (`publish::Writer::replace_for`).
+    opts.replaces = writer(w).replace_for(&rel);
+    opts.force = opts.replaces.is_some();
+    let dst = hooks.run(py, || writer(w).out_path(&rel))?;
     let group = &group.get().group;
     let new = || group.task(&names, indexed, &dst, &opts);
-    finish_convert(py, &hooks, &opts, new)
+    finish_convert(py, &hooks, &opts, new, Some(&rel))
 }
 
 /// Verify the file `dst` as an output shard of `group` (see `shard::Group::verifier`).
@@ -826,47 +892,6 @@ fn verify_folder<'py>(
     Ok(d)
 }
 
-/// Write `data` as the file `path`, atomically (`output::write_file`).
-#[pyfunction]
-#[pyo3(signature = (path, data, *, replace=None, tag="", cancel=None, sealed=None))]
-fn write_file<'py>(
-    py: Python<'py>,
-    path: PathBuf,
-    data: Vec<u8>,
-    replace: Option<&Bound<'py, PyAny>>,
-    tag: &str,
-    cancel: Hook<'py>,
-    sealed: Hook<'py>,
-) -> PyResult<(u64, u64, u64)> {
-    let replace = replace_policy(replace)?;
-    let hooks = Hooks::new(None, cancel, None, sealed);
-    // A stop request that interrupted the write (EINTR) wins over the error it caused.
-    let out = hooks.run(py, || output::sealed_file(&path, &data, replace, tag))?;
-    Ok(hooks.publish(py, out)?.into())
-}
-
-/// Copy the regular file `src` to `dst` atomically, in bounded steps (`output::Copy`).
-#[pyfunction]
-#[pyo3(signature = (src, dst, *, replace=None, tag="", progress=None, cancel=None,
-                    sealed=None))]
-fn copy_file<'py>(
-    py: Python<'py>,
-    src: PathBuf,
-    dst: PathBuf,
-    replace: Option<&Bound<'py, PyAny>>,
-    tag: &str,
-    progress: Hook<'py>,
-    cancel: Hook<'py>,
-    sealed: Hook<'py>,
-) -> PyResult<(u64, u64, u64)> {
-    let replace = replace_policy(replace)?;
-    let hooks = Hooks::new(progress, cancel, None, sealed);
-    let mut copy = hooks.run(py, || output::Copy::new(&src, &dst, replace, tag))?;
-    hooks.drive(py, &mut copy, Tuning::default().step)?;
-    let out = hooks.run(py, move || copy.seal())?;
-    Ok(hooks.publish(py, out)?.into())
-}
-
 /// Write a folder's numeric report to `path` from each file's rows (`report::files_report`).
 #[pyfunction]
 #[pyo3(signature = (path, src, dst, to, parts, *, replace=None))]
@@ -949,7 +974,7 @@ fn option_error<'py>(
 /// Hit a failpoint of the Python side (`failpoint` module): raises the injected error.
 #[pyfunction]
 fn failpoint(py: Python<'_>, name: &str) -> PyResult<()> {
-    crate::failpoint::hit(name).map_err(|e| to_py(py, Error::io(Path::new(name), "failpoint", e)))
+    failpoint_hit(name).map_err(|e| to_py(py, e))
 }
 
 // --- manifests (`run::manifest`) ---
@@ -1050,15 +1075,31 @@ fn py_entries<'py>(
     Ok(d)
 }
 
-/// One run's manifest (`run::manifest::Manifest`): the engine owns its document and file.
-#[pyclass(module = "stcast._core")]
+/// Another run's manifest (`run::manifest::Manifest`), which a folder run removes once it
+/// completes the folder (`FolderRun.remove_own`).
+#[pyclass(frozen, module = "stcast._core")]
 struct Manifest(manifest::Manifest);
 
+/// A folder run's writing into its destination (`run::publish::Writer`): its manifest, what
+/// it may replace, publishing, withdrawing and rolling back.
+#[pyclass(frozen, module = "stcast._core")]
+struct FolderRun(Mutex<publish::Writer>);
+
+/// The writer, whoever held it last (a panic in the engine is told by `guarded`).
+fn writer(w: &Mutex<publish::Writer>) -> std::sync::MutexGuard<'_, publish::Writer> {
+    w.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn failpoint_hit(name: &str) -> Result<()> {
+    crate::failpoint::hit(name).map_err(|e| Error::io(Path::new(name), "failpoint", e))
+}
+
 #[pymethods]
-impl Manifest {
+impl FolderRun {
     #[new]
     #[pyo3(signature = (src, src_id, dst, options, allow_quantized, shard, planned, *,
-                        published=None, first_replace=None, finalize=false))]
+                        published=None, first_replace=None, finalize=false, force=false,
+                        ours=vec![], found=vec![]))]
     fn new(
         src: PathBuf,
         src_id: place::Ident,
@@ -1070,93 +1111,150 @@ impl Manifest {
         published: Option<place::Ident>,
         first_replace: Option<place::Ident>,
         finalize: bool,
+        force: bool,
+        ours: Vec<(OsString, place::Ident)>,
+        found: Vec<(OsString, place::Ident)>,
     ) -> PyResult<Self> {
         let (options, a) = (json_of(options)?, allow_quantized);
         let mut m = manifest::Manifest::new(&src, src_id, &dst, options, a, shard, planned);
         (m.published, m.first_replace, m.finalize) = (published, first_replace, finalize);
-        Ok(Manifest(m))
+        let w = publish::Writer::new(m, ours, found, force);
+        Ok(FolderRun(Mutex::new(w)))
     }
 
-    /// The manifest file of a run (`shard`: of shard i of n).
-    #[staticmethod]
-    fn file_name(shard: Option<manifest::Shard>) -> String {
-        manifest::file_name(shard)
-    }
-
-    #[pyo3(signature = (rel, identity, header=""))]
-    fn claim(&mut self, rel: OsString, identity: (u64, u64, u64), header: &str) {
-        self.0.claim(&rel, identity, header);
-    }
-
-    /// `identity` None: the file there now. Returns the identity recorded.
-    #[pyo3(signature = (rel, kind, identity=None, extra=None))]
+    /// Record `rel`, there now, as done (`extra`: what resume needs to trust it); with
+    /// `ours`, as this run's to replace from now on. Returns the identity recorded.
+    #[pyo3(signature = (rel, kind, extra=None, *, ours=false))]
     fn record(
-        &mut self,
+        &self,
         py: Python<'_>,
         rel: OsString,
         kind: &str,
-        identity: Option<(u64, u64, u64)>,
         extra: Option<&Bound<'_, PyAny>>,
+        ours: bool,
     ) -> PyResult<(u64, u64, u64)> {
         let extra = extra.map(json_of).transpose()?;
-        let id = match identity {
-            Some(id) => id,
-            None => guarded(py, || self.0.identity(&rel))?,
-        };
-        self.0.record(&rel, kind, id, extra.as_ref());
-        Ok(id)
-    }
-
-    fn forget(&mut self, rel: OsString) {
-        self.0.forget(&rel);
-    }
-
-    fn carry(&mut self, py: Python<'_>, ours: Vec<(OsString, place::Ident)>) -> PyResult<()> {
-        guarded(py, || self.0.carry(&ours))
-    }
-
-    /// `claims`: only once saved, and unless gone; `complete`: the run is done.
-    #[pyo3(signature = (cancel=None, *, complete=false, claims=false))]
-    fn save(
-        &mut self,
-        py: Python<'_>,
-        cancel: Hook<'_>,
-        complete: bool,
-        claims: bool,
-    ) -> PyResult<()> {
-        self.0.complete |= complete;
-        let m = &mut self.0;
-        Hooks::new(None, cancel, None, None).run(py, || {
-            if claims {
-                m.save_claims()
-            } else {
-                m.save()
+        let w = &self.0;
+        guarded(py, || {
+            let mut w = writer(w);
+            match ours {
+                true => w.published(&rel, kind, None, extra.as_ref()),
+                false => {
+                    let id = w.record.identity(&rel)?;
+                    w.record.record(&rel, kind, id, extra.as_ref());
+                    Ok(id)
+                }
             }
         })
     }
 
+    /// Create each of `dirs` in DST (`publish::Writer::folder`).
+    fn folders(&self, py: Python<'_>, dirs: Vec<OsString>) -> PyResult<()> {
+        guarded(py, || writer(&self.0).folders(&dirs))
+    }
+
+    /// `publish::Writer::make_folders` for `rels`, then `begin`: `before`, what DST holds;
+    /// `had_manifest`: a manifest is at this run's name.
+    #[pyo3(signature = (rels, before, had_manifest, cancel=None))]
+    fn begin(
+        &self,
+        py: Python<'_>,
+        rels: Vec<OsString>,
+        before: HashSet<OsString>,
+        had_manifest: bool,
+        cancel: Hook<'_>,
+    ) -> PyResult<()> {
+        Hooks::new(None, cancel, None, None).run(py, || {
+            let mut w = writer(&self.0);
+            w.make_folders(&rels)?;
+            w.begin(before, had_manifest)
+        })
+    }
+
+    /// `complete`: the run is done.
+    #[pyo3(signature = (cancel=None, *, complete=false))]
+    fn save(&self, py: Python<'_>, cancel: Hook<'_>, complete: bool) -> PyResult<()> {
+        Hooks::new(None, cancel, None, None).run(py, || {
+            let mut w = writer(&self.0);
+            w.record.complete |= complete;
+            w.record.save()
+        })
+    }
+
     fn check_still_ours(&self, py: Python<'_>) -> PyResult<()> {
-        guarded(py, || self.0.check_still_ours())
+        guarded(py, || writer(&self.0).record.check_still_ours())
     }
 
-    fn recheck(&self, py: Python<'_>) -> PyResult<()> {
-        guarded(py, || self.0.recheck())
+    /// Write `data` as its file `rel` of `kind` (`publish::Writer::write`, in steps).
+    #[pyo3(signature = (rel, kind, data, *, cancel=None))]
+    fn write<'py>(
+        slf: &Bound<'py, Self>,
+        py: Python<'py>,
+        rel: OsString,
+        kind: &str,
+        data: Vec<u8>,
+        cancel: Hook<'py>,
+    ) -> PyResult<()> {
+        let hooks = Hooks::new(None, cancel, None, None).writing(slf, false);
+        let w = &slf.get().0;
+        let out = hooks.run(py, || writer(w).seal_text(&rel, &data))?;
+        let done = hooks.publish(py, out, Some((&rel, None)))?;
+        hooks.run(py, || {
+            writer(w).published(&rel, kind, Some(done.into()), None)
+        })?;
+        Ok(())
     }
 
-    fn written(&self) -> Vec<OsString> {
-        self.0.written()
+    /// Copy the regular file `src` as its file `rel` of `kind`, in bounded steps.
+    #[pyo3(signature = (rel, kind, src, *, progress=None, cancel=None))]
+    fn copy<'py>(
+        slf: &Bound<'py, Self>,
+        py: Python<'py>,
+        rel: OsString,
+        kind: &str,
+        src: PathBuf,
+        progress: Hook<'py>,
+        cancel: Hook<'py>,
+    ) -> PyResult<()> {
+        let hooks = Hooks::new(progress, cancel, None, None).writing(slf, false);
+        let w = &slf.get().0;
+        let mut copy = hooks.run(py, || writer(w).start_copy(&rel, &src))?;
+        hooks.drive(py, &mut copy, Tuning::default().step)?;
+        let out = hooks.run(py, move || copy.seal())?;
+        let done = hooks.publish(py, out, Some((&rel, None)))?;
+        hooks.run(py, || {
+            writer(w).published(&rel, kind, Some(done.into()), None)
+        })?;
+        Ok(())
     }
 
-    fn unlink_written(&self, py: Python<'_>, rels: Vec<OsString>) -> PyResult<()> {
-        guarded(py, || self.0.unlink_written(&rels))
+    /// `publish::Writer::unpublish`: `indexes` as (rel, weight map).
+    #[pyo3(signature = (indexes, writes, configs=vec![]))]
+    fn unpublish(
+        &self,
+        py: Python<'_>,
+        indexes: Vec<(OsString, publish::WeightMap)>,
+        writes: HashSet<OsString>,
+        configs: Vec<OsString>,
+    ) -> PyResult<()> {
+        guarded(py, || {
+            writer(&self.0).unpublish(&indexes, &writes, &configs)
+        })
     }
 
-    fn roll_back(&mut self, before: HashSet<OsString>, had_manifest: bool) -> Vec<OsString> {
-        self.0.roll_back(&before, had_manifest)
+    fn remove_stale(&self, py: Python<'_>, stale: Vec<(OsString, place::Ident)>) -> PyResult<()> {
+        guarded(py, || writer(&self.0).remove_stale(&stale))
     }
 
-    fn remove(&self, py: Python<'_>) -> PyResult<()> {
-        guarded(py, || self.0.remove())
+    /// `publish::Writer::recheck`, withdrawing `cues` if it fails.
+    #[pyo3(signature = (cues=vec![]))]
+    fn recheck(&self, py: Python<'_>, cues: Vec<OsString>) -> PyResult<()> {
+        guarded(py, || writer(&self.0).recheck(&cues))
+    }
+
+    fn remove_own(&self, py: Python<'_>, others: Vec<Bound<'_, Manifest>>) -> PyResult<()> {
+        let others: Vec<_> = others.iter().map(|m| m.get().0.clone()).collect();
+        guarded(py, || writer(&self.0).remove_own(&others))
     }
 }
 
@@ -1306,9 +1404,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     m.add_class::<ShardGroup>()?;
     m.add_class::<Manifest>()?;
+    m.add_class::<FolderRun>()?;
     add_functions! {
         m: _set_exceptions, py_convert, py_inspect, py_verify, render, format_bytes, escape,
-        option_error, check_option, check_applies, failpoint, write_file, copy_file, write_numeric_report,
+        option_error, check_option, check_applies, failpoint, write_numeric_report,
         check_side_output, convert_shard, verify_shard, shard_file_name, index_file_name,
         source_kind, read_header, record_text, walk_folder, plan_folder, source_fingerprint, torch_name, config_text, index_text,
         json_depth, split_shard_name, run_place, default_dst, verify_route, space, py_survey,

@@ -45,8 +45,6 @@ __all__ = [
     "check_option",
     "check_applies",
     "failpoint",
-    "write_file",
-    "copy_file",
     "write_numeric_report",
     "check_side_output",
     "ShardGroup",
@@ -70,6 +68,7 @@ __all__ = [
     "verify_route",
     "space",
     "Manifest",
+    "FolderRun",
     "survey",
     "finished_manifests",
     "written_index",
@@ -206,15 +205,6 @@ def option_error(option: str, value: object, expected: str) -> BaseException: ..
 def check_option(name: str, value: object) -> Any: ...
 def check_applies(src: str, given: list[str]) -> None: ...
 def failpoint(name: str) -> None: ...
-def write_file(
-    path: str,
-    data: bytes,
-    *,
-    replace: object = None,
-    tag: str = "",
-    cancel: _CancelFlag | None = None,
-    sealed: _Sealed = None,
-) -> tuple[int, int, int]: ...
 def write_numeric_report(
     path: str,
     src: str,
@@ -227,16 +217,6 @@ def write_numeric_report(
 def check_side_output(
     path: str, role: str, force: bool, taken: list[tuple[str, str]]
 ) -> str | None: ...
-def copy_file(
-    src: str,
-    dst: str,
-    *,
-    replace: object = None,
-    tag: str = "",
-    progress: Callable[[int, int], object] | None = None,
-    cancel: _CancelFlag | None = None,
-    sealed: _Sealed = None,
-) -> tuple[int, int, int]: ...
 
 @final
 class ShardGroup:
@@ -252,12 +232,12 @@ def convert_shard(
     group: ShardGroup,
     names: list[str],
     indexed: bool,
-    dst: str,
+    run: FolderRun,
+    rel: str,
     *,
     progress: _Progress = None,
     cancel: _CancelFlag | None = None,
     warn: _Warn = None,
-    sealed: _Sealed = None,
     **options: Unpack[_Options],
 ) -> _Report: ...
 def verify_shard(
@@ -350,7 +330,12 @@ _Entries = dict[str, list[dict[str, Any]]]
 
 @final
 class Manifest:
-    """One run's manifest in its destination: the engine owns its document and file."""
+    """Another run's manifest, which a folder run removes once it completes the folder."""
+
+@final
+class FolderRun:
+    """A folder run's writing into its destination: its manifest, what it may replace,
+    publishing, withdrawing and rolling back (rust/run/publish.rs)."""
 
     def __new__(
         cls,
@@ -365,24 +350,42 @@ class Manifest:
         published: _Id | None = None,
         first_replace: _Id | None = None,
         finalize: bool = False,
-    ) -> Manifest: ...
-    @staticmethod
-    def file_name(shard: _Id | None) -> str: ...
-    def claim(self, rel: str, identity: _Id3, header: str = "") -> None: ...
-    def record(
-        self, rel: str, kind: str, identity: _Id3 | None = None, extra: Any = None
-    ) -> _Id3: ...
-    def forget(self, rel: str) -> None: ...
-    def carry(self, ours: list[tuple[str, _Id]]) -> None: ...
-    def save(
-        self, cancel: _CancelFlag | None = None, *, complete: bool = False, claims: bool = False
+        force: bool = False,
+        ours: list[tuple[str, _Id]] = ...,
+        found: list[tuple[str, _Id]] = ...,
+    ) -> FolderRun: ...
+    def record(self, rel: str, kind: str, extra: Any = None, *, ours: bool = False) -> _Id3: ...
+    def folders(self, dirs: list[str]) -> None: ...
+    def begin(
+        self,
+        rels: list[str],
+        before: set[str],
+        had_manifest: bool,
+        cancel: _CancelFlag | None = None,
     ) -> None: ...
+    def save(self, cancel: _CancelFlag | None = None, *, complete: bool = False) -> None: ...
     def check_still_ours(self) -> None: ...
-    def recheck(self) -> None: ...
-    def written(self) -> list[str]: ...
-    def unlink_written(self, rels: list[str]) -> None: ...
-    def roll_back(self, before: set[str], had_manifest: bool) -> list[str]: ...
-    def remove(self) -> None: ...
+    def recheck(self, cues: list[str] = ...) -> None: ...
+    def write(
+        self, rel: str, kind: str, data: bytes, *, cancel: _CancelFlag | None = None
+    ) -> None: ...
+    def copy(
+        self,
+        rel: str,
+        kind: str,
+        src: str,
+        *,
+        progress: Callable[[int, int], object] | None = None,
+        cancel: _CancelFlag | None = None,
+    ) -> None: ...
+    def unpublish(
+        self,
+        indexes: list[tuple[str, dict[str, str]]],
+        writes: set[str],
+        configs: list[str] = ...,
+    ) -> None: ...
+    def remove_stale(self, stale: list[tuple[str, _Id]]) -> None: ...
+    def remove_own(self, others: list[Manifest]) -> None: ...
 
 def survey(
     dst: str,

@@ -8,6 +8,9 @@
 //! - `json`: every JSON text a run writes or edits (configs, indexes, `quantization_config`).
 //! - `manifest`: what a run has planned and written into its destination (`--resume`,
 //!   `--shard i/N`, `finalize`), and which files there stcast wrote.
+//! - `publish`: how a run writes into its destination: each file claimed, published and
+//!   recorded, only what it may replace replaced; old indexes and configs withdrawn first, a
+//!   failed run rolled back, stale shards and the manifests removed at the end.
 //! - `survey`: what a run writes into its destination and whether it may: which files
 //!   there are stcast's, adopted or done (`--resume`), foreign or leftovers, and the room.
 //! - `beside`: the configs, shards and index beside a lone output (a file, or a DCP, ZeRO
@@ -24,5 +27,6 @@ pub mod fp8config;
 pub mod json;
 pub mod manifest;
 pub mod place;
+pub mod publish;
 pub mod survey;
 pub mod walk;

@@ -207,7 +207,7 @@ fn verified_file(src: &Path, dst: &Path, target: Option<Target>) -> Result<PathB
 }
 
 /// `os.path.normpath`: `.` and empty parts dropped, `..` taken back lexically where it can be.
-fn normpath(path: &[u8]) -> Vec<u8> {
+pub(crate) fn normpath(path: &[u8]) -> Vec<u8> {
     if path.is_empty() {
         return b".".to_vec();
     }

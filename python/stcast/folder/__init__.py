@@ -6,7 +6,7 @@ index names, index/shard agreement, quantized checkpoints), converts the files o
 another, each with all cores (`write`), copies everything else byte for byte, and writes
 the indexes and configs last (the engine edits them in their own text): an interrupted run
 never leaves a folder that a loader would take for a complete checkpoint. A manifest in the
-destination records what is done (the engine's, `_core.Manifest`), so that `resume` skips
+destination records what is done (the engine's, `_core.FolderRun`), so that `resume` skips
 finished files and `shard=(i, n)` jobs on several machines can split the work, with
 `finalize` writing the rest once every shard is done.
 """
@@ -22,8 +22,6 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from .. import _core, _engine
 from .._options import Options
 from ..errors import (
-    DestinationExists,
-    InvalidInput,
     Refused,
     StcastError,
     StcastWarning,
@@ -267,15 +265,11 @@ def convert_folder(
     # Every refusal is behind us: from here on, files are written.
     _common.failpoint("folder-checked", cancel)
 
-    # What is there before this run writes anything: a failed run removes only what it
-    # added (`_write.roll_back`).
-    missing = _missing_folders(dst, p.work)
-    os.makedirs(dst, exist_ok=True)
     # The manifest at this run's name that the survey read (resume, force) is the one to
     # replace, still that file; with none there, another run's appearing meanwhile is not.
     # Under force: what the survey found at this name (an unreadable manifest, another
     # source's), and nothing else: a manifest that appeared since is a rival run's.
-    record = _core.Manifest(
+    record = _core.FolderRun(
         src,
         p.src_id,
         dst,
@@ -285,28 +279,19 @@ def convert_folder(
         p.mine,
         published=survey.own,
         first_replace=survey.at_own_name if force and survey.own is None else None,
+        force=force,
+        ours=list(survey.ours.items()),
+        found=list(survey.found.items()),
     )
     files: list[FileReport] = []
     for w in p.skipped:
         entry = w.manifest_entry(p.options, shard, os.path.join(dst, w.rel))
-        files.append(w.report("skipped", record.record(w.rel, "weights", None, entry)[2]))
-    record.carry(list(survey.ours.items()))
-    had_manifest = survey.at_own_name is not None
-    # Before any output: the other runs sharing this folder know it is ours.
-    try:
-        record.save(cancel)
-    except DestinationExists:
-        path = os.path.join(dst, _core.Manifest.file_name(shard))
-        for folder in missing:  # the folders made for this run, left empty
-            try:
-                os.rmdir(folder)
-            except OSError:
-                pass
-        raise Refused(
-            f"{_esc(path)}: another stcast run started converting into {_esc(dst)} after this "
-            "one checked it; nothing was written (run again once it is done)",
-            path=path,
-        ) from None
+        files.append(w.report("skipped", record.record(w.rel, "weights", entry)[2]))
+    # Before any output: DST and the folders it writes into made, and the manifest saved,
+    # so that the other runs sharing this folder know it is ours (refused if another run
+    # started meanwhile). What DST holds now (files, folders) is what a failed run keeps.
+    rels = [*p.work.outputs(), *(f"{d}/x" for d in p.work.plan.dirs)]
+    record.begin(rels, survey.present, survey.at_own_name is not None, cancel)
     _common.failpoint("folder-manifest", cancel)
 
     meter = _write.Meter(
@@ -314,76 +299,31 @@ def convert_folder(
         progress,
         file_progress,
     )
-    run = _write.Run(
-        dst,
-        p.to,
-        p.given,
-        meter,
-        cancel,
-        record,
-        shard,
-        p.options,
-        force,
-        dict(survey.ours),
-        dict(survey.found),
-    )
+    run = _write.Run(dst, p.to, p.given, meter, cancel, record, shard, p.options)
     if shard is None:
         _write.unpublish(run, p.work, {w.rel for w in p.todo}, survey.withdraw)
-    try:
-        converted = _write.convert_items(run, p.todo)
-    except DestinationExists:
-        # A rival's file where this run would write (a run that started meanwhile): what
-        # this run finished stays for `resume`; having written nothing, it takes its
-        # manifest back.
-        if not set(record.written()) - {w.rel for w in p.skipped}:
-            _write.roll_back(run, survey.present, had_manifest, missing)
-        raise
-    except (Refused, InvalidInput) as e:
-        if _write.NOT_OURS in e.template:
-            raise  # a file changed in DST since the survey: what is done stays for resume
-        # Another run took this run's folder over: what this run wrote is that run's to
-        # keep or replace now, not this one's to roll back (this raises).
-        record.check_still_ours()
-        # A failed run (a value that overflows under on_overflow="error", an input that
-        # is not what its header says): `resume` would fail again. What it added goes;
-        # the files that were there stay (those `force` replaced too: their old bytes are
-        # gone, their names still hold a conversion).
-        _write.roll_back(run, survey.present, had_manifest, missing)
-        raise
+    # A failure converting the weights rolls back what the run added, unless `resume`
+    # can go on from it (`publish::Writer::failed`).
+    converted = _write.convert_items(run, p.todo)
     files += [w.converted(r) for w, r in zip(p.todo, converted)]
     if shard is None:
         files += _write.publish(run, p.work)
         _write.final_recheck(run, p.work)
         # The new indexes name none of them: only now may the shards of another cut go.
-        _write.remove_stale(run, survey.stale)
+        record.remove_stale(list(survey.stale.items()))
     else:
-        _write.recheck(run)
+        record.recheck()
     _common.failpoint("folder-complete", cancel)
     meter.close()
     if shard is None:
         # Done: no stcast file stays behind (this source's shard manifests neither).
-        _write.remove_own(run, [record, *survey.siblings])
+        record.remove_own(survey.siblings)
     else:
         record.save(cancel, complete=True)
     report = _folder_report(
         src, dst, p.to, files, converted, started, shard, shard is None, p.given.on_overflow
     )
     return _with_warnings(p.work.finish(report), p.warnings)
-
-
-def _missing_folders(dst: str, work: _work.Work) -> list[str]:
-    """The folders a run of `work` may make (DST, the folders above it, those below it
-    that it writes into) that do not exist yet, deepest first."""
-    wanted = {dst}
-    for rel in [*work.outputs(), *(f"{d}/x" for d in work.plan.dirs)]:
-        parts = rel.split("/")[:-1]
-        wanted.update(os.path.join(dst, *parts[: k + 1]) for k in range(len(parts)))
-    up = os.path.dirname(os.path.abspath(dst))
-    while up and not os.path.lexists(up) and up != os.path.dirname(up):
-        wanted.add(up)
-        up = os.path.dirname(up)
-    missing = [d for d in wanted if not os.path.lexists(d)]
-    return sorted(missing, key=lambda d: os.path.abspath(d).count(os.sep), reverse=True)
 
 
 def _source_files(plan: _walk.Plan) -> list[str]:
@@ -578,8 +518,17 @@ def finalize(
     survey = _survey(dst, src_id, options, work, None, force=False, resume=True)
     # An interrupted (or concurrent) finalize's manifest, read by the survey, is the one to
     # replace; a whole-folder run's cannot be here (refused above, or complete and gone).
-    record = _core.Manifest(
-        src, src_id, dst, options, None, None, sorted(outputs), published=survey.own, finalize=True
+    record = _core.FolderRun(
+        src,
+        src_id,
+        dst,
+        options,
+        None,
+        None,
+        sorted(outputs),
+        published=survey.own,
+        finalize=True,
+        ours=list(survey.ours.items()),
     )
     files = []
     for w in units:
@@ -592,13 +541,11 @@ def finalize(
         files.append(w.report("checked", record.record(w.rel, "weights")[2]))
     record.save(cancel)
     meter = _write.Meter(sum(c.size for c in plan.copies), progress, file_progress)
-    run = _write.Run(
-        dst, to, Options(to=to), meter, cancel, record, None, options, False, dict(survey.ours)
-    )
+    run = _write.Run(dst, to, Options(to=to), meter, cancel, record, None, options)
     _write.unpublish(run, work, set())
     files += _write.publish(run, work)
     _write.final_recheck(run, work)
-    _write.remove_own(run, [record, *manifests])
+    record.remove_own(manifests)
     meter.close()
     return work.finish(_folder_report(src, dst, to, files, [], started, None, True))
 

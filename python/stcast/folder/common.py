@@ -95,31 +95,6 @@ def header_sha256(path: str) -> str:
         return ""
 
 
-def out_path(dst: str, rel: str) -> str:
-    """Where `rel` goes in `dst`, its folders created."""
-    return os.path.join(ensure_dir(dst, os.path.dirname(rel)), os.path.basename(rel))
-
-
-def ensure_dir(dst: str, rel_dir: str) -> str:
-    """`dst/rel_dir`, created as needed; an existing link or file on the way is refused.
-
-    So nothing is written outside `dst`, whatever a previous occupant of the folder left.
-    """
-    path = dst
-    for part in rel_dir.split("/") if rel_dir else []:
-        path = os.path.join(path, part)
-        try:
-            os.mkdir(path)
-        except FileExistsError:
-            if not stat.S_ISDIR(os.lstat(path).st_mode):
-                raise Refused(
-                    f"{_esc(path)}: exists and is not a folder (stcast does not write "
-                    "through links)",
-                    path=path,
-                ) from None
-    return path
-
-
 def failpoint(name: str, cancel: CancelFlag | None) -> None:
     """A test hook (see rust/failpoint.rs); a stop request it caused wins over its error.
 

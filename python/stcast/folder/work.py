@@ -105,15 +105,12 @@ class Item:
         self,
         given: Options,
         to: Target,
-        out: str,
-        replaces: tuple[int, int] | str | None,
+        run: _core.FolderRun,
         step: Callable[[int, int], None] | None,
         cancel: CancelFlag | None,
-        sealed: Callable[[int, int, int, str | None], None],
     ) -> ConvertReport:
-        """Write the output at `out` (see `write.Run.replace_for` for `replaces`); `sealed` is
-        called with the hidden output's (dev, ino, size, header hash) before it is
-        published."""
+        """Write the output as the file `rel` of the folder run `run`: it replaces only what
+        the run may, and the run's manifest claims it before it has a name."""
         u, g = self.unit, self.group
         precision = dict(given.precision)
         # Warnings name the input of a whole file, the output shard otherwise.
@@ -136,7 +133,8 @@ class Item:
                 core,
                 core.names() if u.whole else u.names,
                 g.indexed,
-                out,
+                run,
+                self.rel,
                 to=to,
                 **precision,
                 # Kept-for-overflow tensors planned already (None: the engine reads for them).
@@ -149,12 +147,9 @@ class Item:
                 # reshard.plan); unmatched keep patterns too.
                 allow_quantized=True,
                 threads=given.threads,
-                force=replaces is not None,
-                replaces=replaces if isinstance(replaces, tuple) else None,
                 progress=step,
                 cancel=cancel,
                 warn=warn,
-                sealed=sealed,
                 tuning=given.tuning,
                 **g.experts(),
             )
