@@ -986,5 +986,6 @@ pub fn fingerprint(path: &Path) -> Result<String> {
     Ok(hex(h))
 }
 
+pub mod inspect;
 #[cfg(test)]
 mod tests;

@@ -38,6 +38,7 @@ __all__ = [
     "_set_exceptions",
     "convert",
     "inspect",
+    "inspect_folder",
     "verify",
     "render",
     "format_bytes",
@@ -182,6 +183,18 @@ def inspect(
     dst: str | None = None,
     progress: _Progress = None,
     row: Callable[[dict[str, Any]], object] | None = None,  # what each tensor's dict becomes
+    **options: Unpack[_Options],
+) -> _Report: ...
+
+# A folder's dry run: its totals, other_files, left_out, (kind, template, file) warnings, and
+# under "files" each weight file's report (as `inspect` gives it).
+def inspect_folder(
+    src: str,
+    *,
+    scan: bool,
+    checked: bool,
+    progress: _Progress = None,
+    row: Callable[[dict[str, Any]], object] | None = None,
     **options: Unpack[_Options],
 ) -> _Report: ...
 def verify(

@@ -1,4 +1,5 @@
-"""One file through the native engine: options in, a typed report out, warnings issued.
+"""One file (or a folder's dry run) through the native engine: options in, a typed report
+out, warnings issued.
 
 Shared by the public API (`stcast._api`) and the folder code (`stcast.folder`), so that
 neither reaches into the other. Option names and choices come from the engine
@@ -120,23 +121,75 @@ def inspect_file(
 ) -> InspectReport:
     """Plan one file (and scan it, if asked); `file` names it inside a folder."""
     with gc_paused():
-        # The engine's tensor dicts hold exactly TensorInfo's fields (a test checks it); each
-        # becomes one as it is made, so that 500,000 tensors never cost 500,000 dicts at once.
-        # Their words are shared, not one str per tensor.
-        words: dict[str, str] = {}
-
-        def row(t: dict[str, Any]) -> TensorInfo:
-            for k in _WORDS:
-                t[k] = words.setdefault(t[k], t[k])
-            return TensorInfo(file=file, **t)
-
-        result = _core.inspect(path, row=row, **keywords(options, extra))
+        result = _core.inspect(path, row=_rows(file), **keywords(options, extra))
         return _build(
             InspectReport,
             result,
             path=file if file is not None else result["path"],
             warnings=_notices(result["warnings"], file),
         )
+
+
+def inspect_folder(
+    src: str,
+    options: Options,
+    *,
+    dst: str | None,
+    checked: list[Notice] | None = None,
+    progress: Progress | None = None,
+) -> InspectReport:
+    """The dry run of a folder run (the engine's answer, `_core.inspect_folder`): each
+    weight file's inspection, the other files, the totals. With `dst`, the run's checks were
+    made, and `checked` holds what they said: the folder is planned as the run plans it."""
+    o = options
+    with gc_paused():
+        result = _core.inspect_folder(
+            src,
+            scan=o.scan,
+            checked=dst is not None,
+            progress=progress,
+            row=_rows(None),
+            **keywords(o, {**o.source, "follow_links": o.follow_links}),
+            allow_quantized=o.allow_quantized,
+        )
+        files = [
+            _build(InspectReport, f, warnings=_notices(f["warnings"], f["path"]))
+            for f in result["files"]
+        ]
+    warnings = [Notice(kind, template, path) for kind, template, path in result["warnings"]]
+    # The run's checks said theirs after the patterns that match no tensor.
+    first = 1 if result["keep_unmatched"] else 0
+    warnings[first:first] = checked or []
+    output = result["output_bytes"]
+    return _build(
+        InspectReport,
+        result,
+        path=src,
+        metadata=None,
+        tensors=[t for f in files for t in f.tensors],
+        warnings=warnings,
+        destination=None if dst is None else destination(dst, output),
+        folder=True,
+        files=files,
+    )
+
+
+def _rows(file: str | None) -> Callable[[dict[str, Any]], TensorInfo]:
+    """What makes each of the engine's tensor dicts a `TensorInfo` (`file`: the file holding
+    it, when the dict, a folder's, does not say)."""
+    # The engine's tensor dicts hold exactly TensorInfo's fields (a test checks it); each
+    # becomes one as it is made, so that 500,000 tensors never cost 500,000 dicts at once.
+    # Their words are shared, not one str per tensor.
+    words: dict[str, str] = {}
+
+    def row(t: dict[str, Any]) -> TensorInfo:
+        for k in _WORDS:
+            t[k] = words.setdefault(t[k], t[k])
+        if file is not None:
+            t["file"] = file
+        return TensorInfo(**t)
+
+    return row
 
 
 def verify_file(

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from .._engine import CancelFlag, Progress
     from .._types import OnOverflow, Target
 
-__all__ = ["assign_shards", "convert_folder", "finalize", "inspect_folder"]
+__all__ = ["assign_shards", "checked", "convert_folder", "finalize", "inspect_resharded"]
 
 assign_shards = _walk.assign_shards
 _esc = _core.escape
@@ -603,18 +603,41 @@ def finalize(
     return work.finish(_folder_report(src, dst, to, files, [], started, None, True))
 
 
-def inspect_folder(
+def checked(src: str, dst: str, given: Options) -> tuple[Prepared, list[Notice]]:
+    """Every check a folder run into `dst` makes before writing (`prepare`), failing as the
+    run would, and what they said (not issued: a dry run returns its warnings)."""
+    said: list[Notice] = []
+    with _warnings.catch_warnings(record=True) as caught:
+        _warnings.simplefilter("always")
+        prepared = prepare(src, dst, given)
+    if given.report is not None:  # as `convert` checks it
+        _core.check_side_output(
+            given.report,
+            "report",
+            given.force,
+            [(prepared.src, "input"), (prepared.dst, "output")],
+        )
+    for record in caught:
+        m = record.message
+        if isinstance(m, StcastWarning) and m.kind != "unmatched_pattern":
+            said.append(Notice(m.kind, m.template, m.path))
+        elif not isinstance(m, StcastWarning):
+            _warnings.warn_explicit(m, record.category, record.filename, record.lineno)
+    # (A keep pattern's is judged again over the files inspected; a glob's not.)
+    return prepared, said
+
+
+def inspect_resharded(
     src: str,
     dst: str | None,
     given: Options,
     *,
     progress: Progress | None,
 ) -> InspectReport:
-    """A dry run of a folder conversion with the same options: see `stcast.inspect`.
-
-    With `dst`, every check the conversion would make runs first (`prepare`), and fails as
-    the conversion would; without it, the folder is only described. With
-    `max_shard_size`, `src` may be a file, and the report gives the shard plan.
+    """A dry run of a re-sharding (`max_shard_size`) with the same options: see
+    `stcast.inspect`. With `dst`, every check the conversion would make runs first
+    (`prepare`), and fails as the conversion would; `src` may be a file. The report gives
+    the shard plan.
     """
     to, scan, on_overflow, max_shard_size = (
         _target(given),
@@ -629,24 +652,7 @@ def inspect_folder(
     # A checkpoint folder (DCP, ZeRO) re-sharded is read as `convert` reads it: its links too.
     source = {**given.source, "follow_links": given.follow_links}
     if dst is not None:
-        # inspect returns its warnings (`.warnings`), it does not issue them.
-        with _warnings.catch_warnings(record=True) as caught:
-            _warnings.simplefilter("always")
-            prepared = prepare(src, dst, given)
-        if given.report is not None:  # as `convert` checks it
-            _core.check_side_output(
-                given.report,
-                "report",
-                given.force,
-                [(prepared.src, "input"), (prepared.dst, "output")],
-            )
-        for record in caught:
-            m = record.message
-            if isinstance(m, StcastWarning) and m.kind != "unmatched_pattern":
-                said.append(Notice(m.kind, m.template, m.path))
-            elif not isinstance(m, StcastWarning):
-                _warnings.warn_explicit(m, record.category, record.filename, record.lineno)
-        # (A keep pattern's is judged again below over the files inspected; a glob's not.)
+        prepared, said = checked(src, dst, given)
         said += prepared.plan.walk_warnings
         weights = prepared.plan.weights
         others = [*prepared.plan.copies, *prepared.plan.late_copies]
