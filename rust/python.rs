@@ -824,19 +824,22 @@ fn py_inspect<'py>(
 /// A folder's dry run (`folder::inspect::InspectFolderTask`), stepped a weight file at a
 /// time: its totals, other files and warnings, and under `files` each file's inspection.
 #[pyfunction]
-#[pyo3(signature = (src, *, scan, checked, progress=None, row=None, **options))]
+#[pyo3(signature = (src, *, scan, checked, resharding, progress=None, row=None, **options))]
 fn inspect_folder<'py>(
     py: Python<'py>,
     src: PathBuf,
     scan: bool,
     checked: bool,
+    resharding: bool,
     progress: Hook<'py>,
     row: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let (given, tuning) = read_options(py, options, |s, t| Ok((s.clone(), t)))?;
     let (hooks, step) = (Hooks::new(progress, None, None, None), tuning.step);
-    let mut planning = hooks.run(py, || Planning::new(&src, &given, tuning, scan, checked))?;
+    let mut planning = hooks.run(py, || {
+        Planning::new(&src, &given, tuning, scan, checked, resharding)
+    })?;
     // (The progress told is the scan's: the planning tells none.)
     Hooks::new(None, None, None, None).drive(py, &mut planning, step)?;
     let mut task = hooks.run(py, move || InspectFolderTask::new(planning))?;

@@ -193,6 +193,7 @@ def inspect_folder(
     *,
     scan: bool,
     checked: bool,
+    resharding: bool,
     progress: _Progress = None,
     row: Callable[[dict[str, Any]], object] | None = None,
     **options: Unpack[_Options],

@@ -136,20 +136,23 @@ def inspect_folder(
     *,
     dst: str | None,
     checked: list[Notice] | None = None,
+    resharding: bool = False,
     progress: Progress | None = None,
 ) -> InspectReport:
     """The dry run of a folder run (the engine's answer, `_core.inspect_folder`): each
     weight file's inspection, the other files, the totals. With `dst`, the run's checks were
-    made, and `checked` holds what they said: the folder is planned as the run plans it."""
+    made, and `checked` holds what they said: the folder is planned as the run plans it.
+    `resharding`: the run writes indexes of its own, and `src` may be one checkpoint."""
     o = options
     with gc_paused():
         result = _core.inspect_folder(
             src,
             scan=o.scan,
             checked=dst is not None,
+            resharding=resharding,
             progress=progress,
             row=_rows(None),
-            **keywords(o, {**o.source, "follow_links": o.follow_links}),
+            **keywords(o, {**o.source, "follow_links": o.follow_links, "config": o.config}),
             allow_quantized=o.allow_quantized,
         )
         files = [

@@ -16,6 +16,7 @@ use super::{is_model_config, read_json, PlanTask};
 use crate::convert::{Options, Tuning};
 use crate::error::{unmatched_message, ConfigProblem, Error, Result, WalkProblem, Warning};
 use crate::given::Settings;
+use crate::run::beside::FOLDER_SIDE_CONFIG;
 use crate::run::json::{self, Value};
 use crate::run::walk::{self, File, Overrides, CONFIG_NAME, EXCLUDED, SUPERSEDED, TRAINER};
 use crate::source::Source;
@@ -32,7 +33,8 @@ pub type Said = (Warning, Option<OsString>);
 /// The first part of a folder's dry run: the folder walked, or planned as the run plans it
 /// (a weight file a step: `Task`). `InspectFolderTask::new` takes it on.
 pub struct Planning {
-    plan: Option<Box<PlanTask>>,
+    /// The run's plan, and whether it re-shards.
+    plan: Option<(Box<PlanTask>, bool)>,
     /// The walk's answer (without a destination).
     walked: Option<Known>,
     /// The run's options, from which each file's inspection options are made once the
@@ -133,28 +135,30 @@ pub struct LeftOutRow {
 
 impl Planning {
     /// The dry run of a folder run from `src` with the options `given` (`to`, the
-    /// precision options, `include`, `exclude`, `key`, `strip_prefix`, `follow_links`);
-    /// with `scan`, the tensors converted are read. `checked`: the run's checks were made
-    /// (a destination is given), so the folder is planned as the run plans it, a quantized
-    /// checkpoint refused unless `given` allows it.
+    /// precision options, `include`, `exclude`, `key`, `strip_prefix`, `follow_links`,
+    /// `config`); with `scan`, the tensors converted are read. `checked`: the run's checks
+    /// were made (a destination is given), so the folder is planned as the run plans it, a
+    /// quantized checkpoint refused unless `given` allows it. `resharding`: the run
+    /// re-shards, writing indexes of its own, and `src` may be one checkpoint (a file, a
+    /// DCP folder: `lone`).
     pub fn new(
         src: &Path,
         given: &Settings,
         tuning: Tuning,
         scan: bool,
         checked: bool,
+        resharding: bool,
     ) -> Result<Planning> {
         let (mut plan, mut walked) = (None, None);
-        if checked {
+        let tree = src.is_dir() && !crate::input::folder::check_folder(src, false)?;
+        if resharding && !tree {
+            walked = Some(lone(src, given, checked)?);
+        } else if checked {
             let mut s = given.clone();
             s.key = None; // (the plan reads the files as a folder's)
             let check_quantized = given.allow_quantized != Some(true);
-            plan = Some(Box::new(PlanTask::new(
-                src,
-                &s,
-                tuning.clone(),
-                check_quantized,
-            )?));
+            let task = PlanTask::new(src, &s, tuning.clone(), check_quantized)?;
+            plan = Some((Box::new(task), resharding));
         } else {
             walked = Some(describe(src, given)?);
         }
@@ -172,13 +176,13 @@ impl Planning {
 impl Task for Planning {
     fn step(&mut self, budget: u64) -> Result<bool> {
         match &mut self.plan {
-            Some(plan) => plan.step(budget),
+            Some((plan, _)) => plan.step(budget),
             None => Ok(true),
         }
     }
 
     fn progress(&self) -> (u64, u64) {
-        self.plan.as_ref().map_or((0, 0), |p| p.progress())
+        self.plan.as_ref().map_or((0, 0), |(p, _)| p.progress())
     }
 
     fn take_warnings(&mut self) -> Vec<Warning> {
@@ -227,14 +231,59 @@ fn describe(src: &Path, given: &Settings) -> Result<Known> {
     })
 }
 
-/// The folder as the run plans it.
-fn planned(plan: PlanTask) -> Result<Known> {
+/// One checkpoint re-sharded into a folder: its one weight file, named in reports by its
+/// name (a DCP folder: `.`), and with `checked` the config the run writes beside it: the
+/// model's `config` (its dtype set), or an FP8 target's `quantization_config.json`.
+fn lone(src: &Path, given: &Settings, checked: bool) -> Result<Known> {
+    let fp8 = target(given)?.strategy().is_some();
+    if let Some(config) = &given.config {
+        let text = read_json(config)?;
+        let doc = json::parse(&text).map_err(|e| super::not_json(config, e))?;
+        if fp8 && !matches!(doc.value, Value::Object(_)) {
+            return Err(Error::FolderConfig {
+                path: config.clone(),
+                problem: ConfigProblem::NotAnObject,
+            });
+        }
+    }
+    let named = |rel: &str, path: &Path, src_rel: Option<OsString>| File {
+        rel: rel.into(),
+        path: path.to_path_buf(),
+        size: 0,
+        mtime_ns: 0,
+        src_rel,
+    };
+    let name = match src.is_dir() {
+        true => OsString::from("."),
+        false => src.file_name().unwrap_or(src.as_os_str()).to_os_string(),
+    };
+    let mut others = Vec::new();
+    if checked {
+        match &given.config {
+            Some(config) => others.push((named("config.json", config, None), true)),
+            None if fp8 => others.push((named(FOLDER_SIDE_CONFIG, src, None), true)),
+            None => {}
+        }
+    }
+    Ok(Known {
+        weights: vec![named("", src, Some(name))],
+        others,
+        left_out: Vec::new(),
+        said: Vec::new(),
+        model_config: given.config.clone().filter(|_| fp8),
+    })
+}
+
+/// The folder as the run plans it (`resharding`: its indexes are the run's own).
+fn planned(plan: PlanTask, resharding: bool) -> Result<Known> {
     let plan = plan.finish()?;
     let mut others: Vec<(File, bool)> = Vec::new();
     others.extend(plan.copies.into_iter().map(|f| (f, false)));
     others.extend(plan.late_copies.into_iter().map(|f| (f, false)));
     others.extend(plan.configs.into_iter().map(|(f, c)| (f, c.is_some())));
-    others.extend(plan.indexes.into_iter().map(|(f, _, _)| (f, true)));
+    if !resharding {
+        others.extend(plan.indexes.into_iter().map(|(f, _, _)| (f, true)));
+    }
     Ok(Known {
         weights: plan.weights,
         others,
@@ -257,7 +306,7 @@ impl InspectFolderTask {
             checked,
         } = planning;
         let known = match (plan, walked) {
-            (Some(plan), _) => planned(*plan)?,
+            (Some((plan, resharding)), _) => planned(*plan, resharding)?,
             (None, Some(walked)) => walked,
             (None, None) => unreachable!("a folder is walked or planned"),
         };
@@ -265,6 +314,7 @@ impl InspectFolderTask {
         s.keep_unmatched = Unmatched::Ignore;
         s.packed_config = known.model_config;
         s.allow_quantized = None;
+        s.config = None;
         let opts = s.inspect(tuning, false)?;
         // Keeping what would overflow reads the data; so does refusing it, one of the
         // checks of a dry run with a destination.

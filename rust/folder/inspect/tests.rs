@@ -39,8 +39,18 @@ fn given(to: &str, keep: &[&str]) -> Settings {
 }
 
 fn inspect(src: &Path, given: &Settings, scan: bool, checked: bool) -> Result<FolderInspection> {
+    reshard(src, given, scan, checked, false)
+}
+
+fn reshard(
+    src: &Path,
+    given: &Settings,
+    scan: bool,
+    checked: bool,
+    resharding: bool,
+) -> Result<FolderInspection> {
     let tuning = Tuning::new(&Default::default()).unwrap();
-    let mut planning = Planning::new(src, given, tuning, scan, checked)?;
+    let mut planning = Planning::new(src, given, tuning, scan, checked, resharding)?;
     crate::task::run(&mut planning)?;
     let mut task = InspectFolderTask::new(planning)?;
     crate::task::run(&mut task)?;
@@ -165,4 +175,33 @@ fn an_fp8_target_refuses_a_model_config_that_is_not_an_object() {
             ..
         }
     ));
+}
+
+#[test]
+fn a_resharding_writes_its_own_indexes_and_may_read_one_file() {
+    let src = hf("reshard");
+    let found = reshard(&src, &given("bf16", &[]), false, true, true).unwrap();
+    let others: Vec<&str> = found
+        .rows
+        .other_files
+        .iter()
+        .map(|o| o.path.as_str())
+        .collect();
+    assert_eq!(others, ["config.json", "tokenizer.json"]);
+    // One file, named by its name; an FP8 target's quantization_config goes beside it.
+    let one = src.join("model-00001-of-00002.safetensors");
+    let found = reshard(&one, &given("fp8", &[]), false, true, true).unwrap();
+    let rels: Vec<&str> = found
+        .files
+        .iter()
+        .map(|(r, _)| r.to_str().unwrap())
+        .collect();
+    assert_eq!(rels, ["model-00001-of-00002.safetensors"]);
+    let others: Vec<(&str, &str)> = found
+        .rows
+        .other_files
+        .iter()
+        .map(|o| (o.path.as_str(), o.action))
+        .collect();
+    assert_eq!(others, [(FOLDER_SIDE_CONFIG, "rewritten")]);
 }
