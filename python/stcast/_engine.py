@@ -116,18 +116,11 @@ def convert_file(
 _WORDS = ("dtype", "target_dtype", "action", "reason")
 
 
-def inspect_file(
-    path: str, options: Options | None = None, *, file: str | None = None, **extra: Any
-) -> InspectReport:
-    """Plan one file (and scan it, if asked); `file` names it inside a folder."""
+def inspect_file(path: str, options: Options | None = None, **extra: Any) -> InspectReport:
+    """Plan one file (and scan it, if asked)."""
     with gc_paused():
-        result = _core.inspect(path, row=_rows(file), **keywords(options, extra))
-        return _build(
-            InspectReport,
-            result,
-            path=file if file is not None else result["path"],
-            warnings=_notices(result["warnings"], file),
-        )
+        result = _core.inspect(path, row=_row(), **keywords(options, extra))
+        return _build(InspectReport, result, warnings=_notices(result["warnings"]))
 
 
 def inspect_folder(
@@ -151,7 +144,7 @@ def inspect_folder(
             checked=dst is not None,
             resharding=resharding,
             progress=progress,
-            row=_rows(None),
+            row=_row(),
             **keywords(o, {**o.source, "follow_links": o.follow_links, "config": o.config}),
             allow_quantized=o.allow_quantized,
         )
@@ -177,9 +170,9 @@ def inspect_folder(
     )
 
 
-def _rows(file: str | None) -> Callable[[dict[str, Any]], TensorInfo]:
-    """What makes each of the engine's tensor dicts a `TensorInfo` (`file`: the file holding
-    it, when the dict, a folder's, does not say)."""
+def _row() -> Callable[[dict[str, Any]], TensorInfo]:
+    """What makes each of the engine's tensor dicts (a folder's name their `file`) a
+    `TensorInfo`."""
     # The engine's tensor dicts hold exactly TensorInfo's fields (a test checks it); each
     # becomes one as it is made, so that 500,000 tensors never cost 500,000 dicts at once.
     # Their words are shared, not one str per tensor.
@@ -188,8 +181,6 @@ def _rows(file: str | None) -> Callable[[dict[str, Any]], TensorInfo]:
     def row(t: dict[str, Any]) -> TensorInfo:
         for k in _WORDS:
             t[k] = words.setdefault(t[k], t[k])
-        if file is not None:
-            t["file"] = file
         return TensorInfo(**t)
 
     return row
