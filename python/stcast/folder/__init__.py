@@ -17,7 +17,7 @@ import os
 import time
 import warnings as _warnings
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from .. import _core, _engine
 from .._options import Options
@@ -712,10 +712,6 @@ def _record(to: Target, o: Options, model_config: str | None) -> str | None:
     return _core.record_text(
         to=to, **o.precision, **o.source, name=o.name, packed_config=model_config
     )
-
-
-def _action(rewritten: bool) -> Literal["copied", "rewritten"]:
-    return "rewritten" if rewritten else "copied"
 
 
 def _unmatched_template(patterns: list[str]) -> str:
