@@ -14,6 +14,9 @@
 //! config the files decide, as a lone file's do; a folder dequantized is dequantized whole
 //! (`dequantize_problem`). An FP8 target's weights that no model config describes get a
 //! `quantization_config.json` beside them (`side_configs`).
+//!
+//! A dry run of a folder run (`inspect`) answers from the same walk or plan, each weight file
+//! inspected as the run would convert it.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};

@@ -846,6 +846,7 @@ fn inspect_folder<'py>(
     hooks.drive(py, &mut task, step)?;
     let found = hooks.run(py, move || task.finish())?;
     let d = pythonize::pythonize(py, &found.rows)?.cast_into::<PyDict>()?;
+    d.set_item("named", found.named)?;
     let files = found
         .files
         .iter()

@@ -186,8 +186,9 @@ def inspect(
     **options: Unpack[_Options],
 ) -> _Report: ...
 
-# A folder's dry run: its totals, other_files, left_out, (kind, template, file) warnings, and
-# under "files" each weight file's report (as `inspect` gives it).
+# A folder's dry run: its totals; under "named" its other files (path, bytes, action), files
+# left out (path, bytes, why) and warnings (kind, template, file); under "files" each weight
+# file's report (as `inspect` gives it).
 def inspect_folder(
     src: str,
     *,

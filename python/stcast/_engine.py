@@ -152,7 +152,8 @@ def inspect_folder(
             _build(InspectReport, f, warnings=_notices(f["warnings"], f["path"]))
             for f in result["files"]
         ]
-    warnings = [Notice(kind, template, path) for kind, template, path in result["warnings"]]
+    others, left_out, said = result["named"]
+    warnings = [Notice(kind, template, path) for kind, template, path in said]
     # The run's checks said theirs after the patterns that match no tensor.
     first = 1 if result["keep_unmatched"] else 0
     warnings[first:first] = checked or []
@@ -167,6 +168,8 @@ def inspect_folder(
         destination=None if dst is None else destination(dst, output),
         folder=True,
         files=files,
+        other_files=[{"path": p, "bytes": n, "action": a} for p, n, a in others],
+        left_out=[{"path": p, "bytes": n, "why": why} for p, n, why in left_out],
     )
 
 

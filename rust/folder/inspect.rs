@@ -86,13 +86,24 @@ struct Folder {
 }
 
 /// A folder's dry run, as reports show it: each weight file's inspection (its relative path
-/// in the source, and what it found), the other files, and the totals.
+/// in the source, and what it found), the totals, and the files and warnings it names.
 pub struct FolderInspection {
     pub files: Vec<(OsString, Inspection)>,
     pub rows: FolderRows,
+    pub named: Named,
 }
 
-/// The rest of a `FolderInspection`, serialized: what is not one file's.
+/// What a folder's dry run names, paths as the file system gives them: the other files
+/// (path, bytes, "copied" or "rewritten") by path, the files left out (path in the source,
+/// bytes, why), and the warnings (kind, template, file): the unmatched `keep` patterns
+/// first, then what the walk or the plan said, then each file's.
+pub type Named = (
+    Vec<(OsString, u64, &'static str)>,
+    Vec<(OsString, u64, &'static str)>,
+    Vec<(&'static str, String, Option<OsString>)>,
+);
+
+/// The rest of a `FolderInspection`, serialized.
 #[derive(serde::Serialize)]
 pub struct FolderRows {
     pub to: Target,
@@ -111,26 +122,6 @@ pub struct FolderRows {
     pub scanned: bool,
     /// Bytes of the files copied or rewritten.
     pub other_bytes: u64,
-    pub other_files: Vec<OtherRow>,
-    pub left_out: Vec<LeftOutRow>,
-    /// (kind, template, file): the unmatched `keep` patterns first, then what the walk or
-    /// the plan said, then each file's.
-    pub warnings: Vec<(&'static str, String, Option<String>)>,
-}
-
-#[derive(serde::Serialize)]
-pub struct OtherRow {
-    pub path: String,
-    pub bytes: u64,
-    /// "copied" or "rewritten".
-    pub action: &'static str,
-}
-
-#[derive(serde::Serialize)]
-pub struct LeftOutRow {
-    pub path: String,
-    pub bytes: u64,
-    pub why: &'static str,
 }
 
 impl Planning {
@@ -369,9 +360,6 @@ impl InspectFolderTask {
             keep_unmatched: Vec::new(),
             scanned: f.scanning,
             other_bytes: f.others.iter().map(|(o, _)| o.size).sum(),
-            other_files: Vec::new(),
-            left_out: Vec::new(),
-            warnings: Vec::new(),
         };
         for (w, found) in f.weights.iter().zip(f.done) {
             let r = found.rows();
@@ -411,28 +399,27 @@ impl InspectFolderTask {
         rows.keep_unmatched = unmatched;
         let mut others = f.others;
         others.sort_by(|a, b| a.0.rel.cmp(&b.0.rel));
-        rows.other_files = others
+        let other_files = others
             .into_iter()
-            .map(|(o, rewritten)| OtherRow {
-                path: o.rel.to_string_lossy().into_owned(),
-                bytes: o.size,
-                action: if rewritten { "rewritten" } else { "copied" },
+            .map(|(o, rewritten)| {
+                let action = if rewritten { "rewritten" } else { "copied" };
+                (o.rel, o.size, action)
             })
             .collect();
-        rows.left_out = f
+        let left_out = f
             .left_out
             .into_iter()
-            .map(|(o, why)| LeftOutRow {
-                path: o.source_rel().to_string_lossy().into_owned(),
-                bytes: o.size,
-                why,
-            })
+            .map(|(o, why)| (o.source_rel().to_os_string(), o.size, why))
             .collect();
-        rows.warnings = warnings
+        let warnings = warnings
             .into_iter()
-            .map(|(w, path)| (w.kind.name(), w.text, path.map(|p| lossy(&p))))
+            .map(|(w, path)| (w.kind.name(), w.text, path))
             .collect();
-        Ok(FolderInspection { files, rows })
+        Ok(FolderInspection {
+            files,
+            rows,
+            named: (other_files, left_out, warnings),
+        })
     }
 }
 
@@ -481,10 +468,6 @@ fn target(given: &Settings) -> Result<Target> {
         Some(to) => to.target(),
         None => Ok(Target::Bf16),
     }
-}
-
-fn lossy(s: &OsString) -> String {
-    s.to_string_lossy().into_owned()
 }
 
 /// The notes that name the files left out, by reason, with their sizes.

@@ -95,10 +95,10 @@ fn an_hf_folder_is_described_file_by_file() {
         (32, 2, false)
     );
     // Two files, each a header and 16 bytes of BF16, and the other files as they are.
-    let others: Vec<(&str, &str)> = r
-        .other_files
+    let (other_files, left_out, warnings) = &found.named;
+    let others: Vec<(&str, &str)> = other_files
         .iter()
-        .map(|o| (o.path.as_str(), o.action))
+        .map(|(p, _, action)| (p.to_str().unwrap(), *action))
         .collect();
     assert_eq!(
         others,
@@ -110,17 +110,16 @@ fn an_hf_folder_is_described_file_by_file() {
     );
     let outputs: u64 = found.files.iter().map(|(_, f)| f.rows().output_bytes).sum();
     assert_eq!(r.output_bytes, outputs + r.other_bytes);
-    let left: Vec<(&str, &str)> = r
-        .left_out
+    let left: Vec<(&str, &str)> = left_out
         .iter()
-        .map(|l| (l.path.as_str(), l.why))
+        .map(|(p, _, why)| (p.to_str().unwrap(), *why))
         .collect();
     assert_eq!(left, [("trainer_state.json", TRAINER)]);
     // The pattern matched no tensor of any file: said once, first; then the file left out.
-    let kinds: Vec<&str> = r.warnings.iter().map(|w| w.0).collect();
+    let kinds: Vec<&str> = warnings.iter().map(|w| w.0).collect();
     assert_eq!(kinds, ["unmatched_pattern", "skipped_files"]);
     assert_eq!(r.keep_unmatched, ["nothing.*"]);
-    assert!(r.warnings[1].1.contains("`trainer_state.json` (2 B)"));
+    assert!(warnings[1].1.contains("`trainer_state.json` (2 B)"));
 }
 
 #[test]
@@ -132,11 +131,12 @@ fn a_checked_folder_is_planned_as_the_run_plans_it() {
     assert_eq!(found.files.len(), 2);
     assert!(found.files.iter().all(|(_, f)| f.scanned.is_some()));
     // The index is written anew, the config with its new dtype.
-    let rewritten: Vec<&str> = r
-        .other_files
+    let rewritten: Vec<&str> = found
+        .named
+        .0
         .iter()
-        .filter(|o| o.action == "rewritten")
-        .map(|o| o.path.as_str())
+        .filter(|(_, _, action)| *action == "rewritten")
+        .map(|(p, _, _)| p.to_str().unwrap())
         .collect();
     assert_eq!(rewritten, ["config.json", "model.safetensors.index.json"]);
 }
@@ -182,10 +182,10 @@ fn a_resharding_writes_its_own_indexes_and_may_read_one_file() {
     let src = hf("reshard");
     let found = reshard(&src, &given("bf16", &[]), false, true, true).unwrap();
     let others: Vec<&str> = found
-        .rows
-        .other_files
+        .named
+        .0
         .iter()
-        .map(|o| o.path.as_str())
+        .map(|o| o.0.to_str().unwrap())
         .collect();
     assert_eq!(others, ["config.json", "tokenizer.json"]);
     // One file, named by its name; an FP8 target's quantization_config goes beside it.
@@ -198,10 +198,10 @@ fn a_resharding_writes_its_own_indexes_and_may_read_one_file() {
         .collect();
     assert_eq!(rels, ["model-00001-of-00002.safetensors"]);
     let others: Vec<(&str, &str)> = found
-        .rows
-        .other_files
+        .named
+        .0
         .iter()
-        .map(|o| (o.path.as_str(), o.action))
+        .map(|o| (o.0.to_str().unwrap(), o.2))
         .collect();
     assert_eq!(others, [(FOLDER_SIDE_CONFIG, "rewritten")]);
 }
