@@ -16,6 +16,8 @@
 //! `quantization_config.json` beside them (`side_configs`).
 //!
 //! `verify`: whether a destination folder holds what a folder run writes of its source.
+//! A dry run of a folder run (`inspect`) answers from the same walk or plan, each weight file
+//! inspected as the run would convert it.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
@@ -988,6 +990,7 @@ pub fn fingerprint(path: &Path) -> Result<String> {
     Ok(hex(h))
 }
 
+pub mod inspect;
 pub mod verify;
 
 #[cfg(test)]

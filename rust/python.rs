@@ -22,6 +22,7 @@ use pyo3::types::{IntoPyDict, PyDict};
 
 use crate::convert::{Knobs, Options as ConvertOptions, Tuning};
 use crate::error::{panic_message, Error};
+use crate::folder::inspect::{InspectFolderTask, Planning};
 use crate::folder::verify::FolderVerify;
 use crate::folder::PlanTask;
 use crate::given::{Exports, Given, Settings};
@@ -31,7 +32,7 @@ use crate::output::{self, Replace, Sealed};
 use crate::report::NumericsRow;
 use crate::run::{check, fp8config, json, manifest, place, publish, survey, walk};
 use crate::shard::{self, Group};
-use crate::task::{ConvertTask, InspectTask, Task};
+use crate::task::{ConvertTask, InspectTask, Inspection, Task};
 use crate::text;
 use crate::verify::{Verifier, VerifyOptions, VerifyReport};
 use crate::vocab::{ErrorKind, OptionName, Side, Taken, Target, Unmatched};
@@ -792,11 +793,60 @@ fn py_inspect<'py>(
     let mut task = guarded(py, || InspectTask::new(&path, scan, &opts, dst.as_deref()))?;
     Hooks::new(progress, None, None, None).drive(py, &mut task, opts.tuning.step)?;
     let found = guarded(py, move || task.finish())?;
+    inspection(py, &found, &found.source.path, None, &row)
+}
+
+/// A folder's dry run (`folder::inspect::InspectFolderTask`), stepped a weight file at a
+/// time: its totals, other files and warnings, and under `files` each file's inspection.
+#[pyfunction]
+#[pyo3(signature = (src, *, scan, checked, resharding, progress=None, row=None, **options))]
+fn inspect_folder<'py>(
+    py: Python<'py>,
+    src: PathBuf,
+    scan: bool,
+    checked: bool,
+    resharding: bool,
+    progress: Hook<'py>,
+    row: Hook<'py>,
+    options: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let (given, tuning) = read_options(py, options, |s, t| Ok((s.clone(), t)))?;
+    let (hooks, step) = (Hooks::new(progress, None, None, None), tuning.step);
+    let mut planning = hooks.run(py, || {
+        Planning::new(&src, &given, tuning, scan, checked, resharding)
+    })?;
+    // (The progress told is the scan's: the planning tells none.)
+    Hooks::new(None, None, None, None).drive(py, &mut planning, step)?;
+    let mut task = hooks.run(py, move || InspectFolderTask::new(planning))?;
+    hooks.drive(py, &mut task, step)?;
+    let found = hooks.run(py, move || task.finish())?;
+    let d = pythonize::pythonize(py, &found.rows)?.cast_into::<PyDict>()?;
+    d.set_item("named", found.named)?;
+    let files = found
+        .files
+        .iter()
+        .map(|(rel, f)| inspection(py, f, Path::new(rel), Some(rel), &row));
+    d.set_item("files", files.collect::<PyResult<Vec<_>>>()?)?;
+    Ok(d)
+}
+
+/// An inspection as a dict, named `path`, its tensors made one by one, each given to `row`
+/// (with its `file`, a folder's).
+fn inspection<'py>(
+    py: Python<'py>,
+    found: &Inspection,
+    path: &Path,
+    file: Option<&OsString>,
+    row: &Hook<'py>,
+) -> PyResult<Bound<'py, PyDict>> {
     let mut rows = found.rows();
-    let tensors = std::mem::take(&mut rows.tensors); // made one by one, each given to `row`
-    let d = crossed(py, &rows, &[("path", &found.source.path)])?;
+    let tensors = std::mem::take(&mut rows.tensors);
+    let d = crossed(py, &rows, &[("path", path)])?;
     let made = tensors.iter().map(|t| {
         let t = pythonize::pythonize(py, t)?;
+        if let Some(file) = file {
+            t.set_item("file", file)?;
+        }
         row.as_ref().map_or(Ok(t.clone()), |f| f.call1((t,)))
     });
     d.set_item("tensors", made.collect::<PyResult<Vec<_>>>()?)?;
@@ -1406,7 +1456,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Manifest>()?;
     m.add_class::<FolderRun>()?;
     add_functions! {
-        m: _set_exceptions, py_convert, py_inspect, py_verify, render, format_bytes, escape,
+        m: _set_exceptions, py_convert, py_inspect, inspect_folder, py_verify, render, format_bytes, escape,
         option_error, check_option, check_applies, failpoint, write_numeric_report,
         check_side_output, convert_shard, verify_shard, shard_file_name, index_file_name,
         source_kind, read_header, record_text, walk_folder, plan_folder, source_fingerprint, torch_name, config_text, index_text,

@@ -248,6 +248,8 @@ pub struct Inspection {
     pub plan: Plan,
     /// The scanned tensors (file order), when scanned.
     pub scanned: Option<Vec<Scanned>>,
+    /// The input's bytes on disk (`Source::file_bytes`), kept once it is closed.
+    file_bytes: u64,
 }
 
 /// An `Inspection` as reports show it (serialized; its path the adapter adds): the input's
@@ -318,6 +320,12 @@ pub struct CompanionRow<'a> {
 }
 
 impl Inspection {
+    /// Unmap and close its input files (what reports show of it stays): a folder's dry run
+    /// keeps every file's inspection, and must not keep thousands of files open.
+    pub fn close(&mut self) {
+        self.source.files = Vec::new();
+    }
+
     /// What reports show of it.
     pub fn rows(&self) -> InspectRows<'_> {
         let (src, plan) = (&self.source, &self.plan);
@@ -404,7 +412,7 @@ impl Inspection {
             unlisted: list(|o| &o.unlisted),
             header_bytes: h.header_len,
             data_bytes: h.data_len(),
-            file_bytes: src.file_bytes(),
+            file_bytes: self.file_bytes,
             metadata: h.metadata.as_deref(),
             tensors,
             output_bytes: plan.file_len(),
@@ -481,6 +489,7 @@ impl InspectTask {
                 .source
                 .expect("an unscanned inspection keeps its source");
             return Ok(Inspection {
+                file_bytes: source.file_bytes(),
                 source,
                 plan: self.plan,
                 scanned: None,
@@ -516,6 +525,7 @@ impl InspectTask {
             self.plan
         };
         Ok(Inspection {
+            file_bytes: source.file_bytes(),
             source,
             plan,
             scanned: self.measured.then_some(scanned),

@@ -179,10 +179,12 @@ def inspect(
     o = _plain(given.checked("inspect"))
     target = None if dst is None else os.fsdecode(dst)
     _core.check_applies(path, o.set)
-    if tree or o.max_shard_size is not None:
-        from .folder import inspect_folder
+    if o.max_shard_size is not None:
+        from .folder import inspect_resharded
 
-        return inspect_folder(path, target, _report(o), progress=progress)
+        return inspect_resharded(path, target, _report(o), progress=progress)
+    if tree:
+        return _inspect_folder(path, target, _report(o), progress)
     # Under an FP8 target the config's sizes also tell how fused MoE experts lie.
     extra = _reading(o)
     if target is not None:
@@ -194,6 +196,20 @@ def inspect(
     if target is None:
         return planned
     return replace(planned, destination=_engine.destination(target, planned.output_bytes))
+
+
+def _inspect_folder(
+    src: str, dst: str | None, o: Options, progress: Callable[[int, int], object] | None
+) -> InspectReport:
+    """A folder's dry run: with `dst`, after every check the run makes (`folder.checked`)."""
+    # (A cache repo root: its snapshot.)
+    src = _core.run_place(src, dst, to=_target(o), resharding=False, check=False)[0]
+    said = None
+    if dst is not None:
+        from .folder import checked
+
+        said = checked(src, dst, o)[1]
+    return _engine.inspect_folder(src, o, dst=dst, checked=said, progress=progress)
 
 
 def verify(

@@ -37,6 +37,7 @@ __all__ = [
     "_set_exceptions",
     "convert",
     "inspect",
+    "inspect_folder",
     "verify",
     "render",
     "format_bytes",
@@ -176,6 +177,20 @@ def inspect(
     dst: str | None = None,
     progress: _Progress = None,
     row: Callable[[dict[str, Any]], object] | None = None,  # what each tensor's dict becomes
+    **options: Unpack[_Options],
+) -> _Report: ...
+
+# A folder's dry run: its totals; under "named" its other files (path, bytes, action), files
+# left out (path, bytes, why) and warnings (kind, template, file); under "files" each weight
+# file's report (as `inspect` gives it).
+def inspect_folder(
+    src: str,
+    *,
+    scan: bool,
+    checked: bool,
+    resharding: bool,
+    progress: _Progress = None,
+    row: Callable[[dict[str, Any]], object] | None = None,
     **options: Unpack[_Options],
 ) -> _Report: ...
 def verify(

@@ -1,5 +1,5 @@
-"""One file (or a folder's verify) through the native engine: options in, a typed report
-out, warnings issued.
+"""One file (or a folder's dry run or verify) through the native engine: options in, a
+typed report out, warnings issued.
 
 Shared by the public API (`stcast._api`) and the folder code (`stcast.folder`), so that
 neither reaches into the other. Option names and choices come from the engine
@@ -118,28 +118,77 @@ def convert_file(
 _WORDS = ("dtype", "target_dtype", "action", "reason")
 
 
-def inspect_file(
-    path: str, options: Options | None = None, *, file: str | None = None, **extra: Any
-) -> InspectReport:
-    """Plan one file (and scan it, if asked); `file` names it inside a folder."""
+def inspect_file(path: str, options: Options | None = None, **extra: Any) -> InspectReport:
+    """Plan one file (and scan it, if asked)."""
     with gc_paused():
-        # The engine's tensor dicts hold exactly TensorInfo's fields (a test checks it); each
-        # becomes one as it is made, so that 500,000 tensors never cost 500,000 dicts at once.
-        # Their words are shared, not one str per tensor.
-        words: dict[str, str] = {}
+        result = _core.inspect(path, row=_row(), **keywords(options, extra))
+        return _build(InspectReport, result, warnings=_notices(result["warnings"]))
 
-        def row(t: dict[str, Any]) -> TensorInfo:
-            for k in _WORDS:
-                t[k] = words.setdefault(t[k], t[k])
-            return TensorInfo(file=file, **t)
 
-        result = _core.inspect(path, row=row, **keywords(options, extra))
-        return _build(
-            InspectReport,
-            result,
-            path=file if file is not None else result["path"],
-            warnings=_notices(result["warnings"], file),
+def inspect_folder(
+    src: str,
+    options: Options,
+    *,
+    dst: str | None,
+    checked: list[Notice] | None = None,
+    resharding: bool = False,
+    progress: Progress | None = None,
+) -> InspectReport:
+    """The dry run of a folder run (the engine's answer, `_core.inspect_folder`): each
+    weight file's inspection, the other files, the totals. With `dst`, the run's checks were
+    made, and `checked` holds what they said: the folder is planned as the run plans it.
+    `resharding`: the run writes indexes of its own, and `src` may be one checkpoint."""
+    o = options
+    with gc_paused():
+        result = _core.inspect_folder(
+            src,
+            scan=o.scan,
+            checked=dst is not None,
+            resharding=resharding,
+            progress=progress,
+            row=_row(),
+            **keywords(o, {**o.source, "follow_links": o.follow_links, "config": o.config}),
+            allow_quantized=o.allow_quantized,
         )
+        files = [
+            _build(InspectReport, f, warnings=_notices(f["warnings"], f["path"]))
+            for f in result["files"]
+        ]
+    others, left_out, said = result["named"]
+    warnings = [Notice(kind, template, path) for kind, template, path in said]
+    # The run's checks said theirs after the patterns that match no tensor.
+    first = 1 if result["keep_unmatched"] else 0
+    warnings[first:first] = checked or []
+    output = result["output_bytes"]
+    return _build(
+        InspectReport,
+        result,
+        path=src,
+        metadata=None,
+        tensors=[t for f in files for t in f.tensors],
+        warnings=warnings,
+        destination=None if dst is None else destination(dst, output),
+        folder=True,
+        files=files,
+        other_files=[{"path": p, "bytes": n, "action": a} for p, n, a in others],
+        left_out=[{"path": p, "bytes": n, "why": why} for p, n, why in left_out],
+    )
+
+
+def _row() -> Callable[[dict[str, Any]], TensorInfo]:
+    """What makes each of the engine's tensor dicts (a folder's name their `file`) a
+    `TensorInfo`."""
+    # The engine's tensor dicts hold exactly TensorInfo's fields (a test checks it); each
+    # becomes one as it is made, so that 500,000 tensors never cost 500,000 dicts at once.
+    # Their words are shared, not one str per tensor.
+    words: dict[str, str] = {}
+
+    def row(t: dict[str, Any]) -> TensorInfo:
+        for k in _WORDS:
+            t[k] = words.setdefault(t[k], t[k])
+        return TensorInfo(**t)
+
+    return row
 
 
 def verify_file(

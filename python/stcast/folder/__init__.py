@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 import time
 import warnings as _warnings
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, cast
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, cast
 
 from .. import _core, _engine
 from .._options import Options
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from .._engine import CancelFlag, Progress
     from .._types import OnOverflow, Target
 
-__all__ = ["assign_shards", "convert_folder", "finalize", "inspect_folder"]
+__all__ = ["assign_shards", "checked", "convert_folder", "finalize", "inspect_resharded"]
 
 assign_shards = _walk.assign_shards
 _esc = _core.escape
@@ -550,204 +550,105 @@ def finalize(
     return work.finish(_folder_report(src, dst, to, files, [], started, None, True))
 
 
-def inspect_folder(
+def checked(src: str, dst: str, given: Options) -> tuple[Prepared, list[Notice]]:
+    """Every check a folder run into `dst` makes before writing (`prepare`), failing as the
+    run would, and what they said (not issued: a dry run returns its warnings)."""
+    said: list[Notice] = []
+    with _warnings.catch_warnings(record=True) as caught:
+        _warnings.simplefilter("always")
+        prepared = prepare(src, dst, given)
+    if given.report is not None:  # as `convert` checks it
+        _core.check_side_output(
+            given.report,
+            "report",
+            given.force,
+            [(prepared.src, "input"), (prepared.dst, "output")],
+        )
+    for record in caught:
+        m = record.message
+        if isinstance(m, StcastWarning) and m.kind != "unmatched_pattern":
+            said.append(Notice(m.kind, m.template, m.path))
+        elif not isinstance(m, StcastWarning):
+            _warnings.warn_explicit(m, record.category, record.filename, record.lineno)
+    # (A keep pattern's is judged again over the files inspected; a glob's not.)
+    return prepared, said
+
+
+def inspect_resharded(
     src: str,
     dst: str | None,
     given: Options,
     *,
     progress: Progress | None,
 ) -> InspectReport:
-    """A dry run of a folder conversion with the same options: see `stcast.inspect`.
-
-    With `dst`, every check the conversion would make runs first (`prepare`), and fails as
-    the conversion would; without it, the folder is only described. With
-    `max_shard_size`, `src` may be a file, and the report gives the shard plan.
+    """A dry run of a re-sharding (`max_shard_size`) with the same options: see
+    `stcast.inspect`. With `dst`, every check the conversion would make runs first
+    (`prepare`), and fails as the conversion would; `src` may be a file. The files are the
+    engine's dry run (`_engine.inspect_folder`); the report adds the shard plan.
     """
-    to, scan, on_overflow, max_shard_size = (
-        _target(given),
-        given.scan,
-        given.on_overflow,
-        given.max_shard_size,
-    )
+    to, max_shard_size = _target(given), cast("int", given.max_shard_size)
     # (A cache repo root: its snapshot.)
-    src = _core.run_place(src, dst, to=to, resharding=max_shard_size is not None, check=False)[0]
-    said: list[Notice] = []
-    reshard: _reshard.Reshard | None = None
-    # A checkpoint folder (DCP, ZeRO) re-sharded is read as `convert` reads it: its links too.
-    source = {**given.source, "follow_links": given.follow_links}
+    src = _core.run_place(src, dst, to=to, resharding=True, check=False)[0]
+    said: list[Notice] | None = None
     if dst is not None:
-        # inspect returns its warnings (`.warnings`), it does not issue them.
-        with _warnings.catch_warnings(record=True) as caught:
-            _warnings.simplefilter("always")
-            prepared = prepare(src, dst, given)
-        if given.report is not None:  # as `convert` checks it
-            _core.check_side_output(
-                given.report,
-                "report",
-                given.force,
-                [(prepared.src, "input"), (prepared.dst, "output")],
-            )
-        for record in caught:
-            m = record.message
-            if isinstance(m, StcastWarning) and m.kind != "unmatched_pattern":
-                said.append(Notice(m.kind, m.template, m.path))
-            elif not isinstance(m, StcastWarning):
-                _warnings.warn_explicit(m, record.category, record.filename, record.lineno)
-        # (A keep pattern's is judged again below over the files inspected; a glob's not.)
-        said += prepared.plan.walk_warnings
-        weights = prepared.plan.weights
-        others = [*prepared.plan.copies, *prepared.plan.late_copies]
-        others += [f for f, _ in prepared.plan.configs]
-        reshard = prepared.work.reshard if prepared.work.resharding else None
-        rewritten = {f.rel for f, c in prepared.plan.configs if c is not None}
-        if reshard is None:
-            others += [f for f, _, _ in prepared.plan.indexes]
-            rewritten |= {f.rel for f, _, _ in prepared.plan.indexes}
-        left_out = prepared.plan.skipped
-        model_config = prepared.plan.model_config
-    elif max_shard_size is not None and not _engine.is_tree(src):
-        lone = _reshard.file_plan(src, to, {}, given.config)
-        weights, others, model_config = lone.weights, [], lone.model_config
-        rewritten, left_out = set(), []
-    else:
-        walked = _walk.walk(src, given.follow_links, given.include, given.exclude)
-        for f in walked.configs:  # as convert refuses it, before any weight is read
-            _walk.check_fp8_config(f, _walk.read_json(f)[1], to)
-        weights = walked.weights
-        model_config = _walk.experts_config(walked.configs, to)
-        others = [*walked.indexes, *walked.configs, *walked.others]
-        rewritten = {f.rel for f in [*walked.indexes, *walked.configs]}
-        left_out = walked.skipped
-        said += [Notice(k, t) for k, t in _walk.skipped_notice(walked.skipped)]
-        said += walked.warnings
-        if not weights:
-            raise Refused(
-                f"{_esc(src)}: a directory without .safetensors files or PyTorch weights "
-                "(pytorch_model*.bin): nothing to convert",
-                path=src,
-            )
-    # Keeping what would overflow reads the data; so does refusing it, one of the checks
-    # of a dry run with a destination (the engine then fails as convert would).
-    if on_overflow == "error" and dst is not None:
-        scan = True
-    scanning = scan or on_overflow == "keep"
-    sizes = {}
-    if scanning:
-        # One progress bar over every file's scan: each file's total is known from its header.
-        for w in weights:
-            sizes[w.rel] = _engine.inspect_file(
-                w.path, to=to, packed_config=model_config, **source
-            ).data_bytes
-    total = sum(sizes.values())
-    files = []
-    done = 0
-    for w in weights:
-
-        def step(d: int, t: int, base: int = done, size: int = sizes.get(w.rel, 0)) -> None:
-            # A scan reads the tensors it measures, not every data byte: its end counts the
-            # whole file, so that the last file's end is (total, total).
-            if progress is not None:
-                progress(base + (size if d >= t else min(d, size)), total)
-
-        files.append(
-            _engine.inspect_file(
-                w.path,
-                given,
-                file=w.source_rel,
-                to=to,
-                keep_unmatched="ignore",
-                scan=scan,
-                progress=step if progress is not None else None,
-                # FP8 targets: fused experts split as convert splits them.
-                packed_config=model_config,
-                **source,
-            )
-        )
-        done += sizes.get(w.rel, 0)
-    unmatched = [p for p in given.keep if all(p in f.keep_unmatched for f in files)]
-    warnings = [Notice("unmatched_pattern", _unmatched_template(unmatched))] if unmatched else []
-    # A prefix to strip is judged over every file (`prepare` said it with DST).
-    warnings += said + (
-        [] if dst is not None else _walk.common_prefix_notices([f.warnings for f in files])
+        prepared, said = checked(src, dst, given)
+    report = _engine.inspect_folder(
+        src, given, dst=dst, checked=said, resharding=True, progress=progress
     )
-    warnings += [w for f in files for w in f.warnings if w.kind != _walk.UNMATCHED_PREFIX]
-    other = sum(f.size for f in others)
-    output = sum(f.output_bytes for f in files) + other
-    shards: list[Any] = []
-    new_indexes: list[Any] = []
-    if max_shard_size is not None:
-        if reshard is None:
-            # Without DST nothing is checked: the plan of what is there, as convert cuts it.
-            precision = given.precision
-            if _engine.is_tree(src):
-                source_plan = _walk.plan(
-                    src,
-                    to,
-                    check_quantized=False,
-                    precision=precision,
-                    follow_links=given.follow_links,
-                    strip_prefix=given.strip_prefix,
-                )
-            else:
-                source_plan = _reshard.file_plan(src, to, precision, given.config)
-            found = {
-                w.rel: [t.name for t in f.tensors if t.reason == "keep_overflow"]
-                for w, f in zip(weights, files)
-            }
-            # Each file's inspection read its weights for an FP8 target, as convert does.
-            nonfinite = {w.rel: fp8_nonfinite(f.tensors) for w, f in zip(weights, files)}
-            reshard = _reshard.plan(
-                source_plan,
-                max_shard_size,
+    if dst is not None:
+        reshard, source_plan = prepared.work.reshard, prepared.plan
+    else:
+        # Without DST nothing is checked: the plan of what is there, as convert cuts it.
+        precision = given.precision
+        if _engine.is_tree(src):
+            source_plan = _walk.plan(
+                src,
                 to,
-                precision,
-                found,
-                source=source,
-                name=given.name,
-                unquantized=nonfinite if is_fp8(to) else None,
+                check_quantized=False,
+                precision=precision,
+                follow_links=given.follow_links,
+                strip_prefix=given.strip_prefix,
             )
-            warnings += [n for n in reshard.warnings if n not in warnings]
         else:
-            source_plan = prepared.plan
-        # What a re-sharding run writes besides the shards, to the byte.
-        other = sum(f.size for f in [*source_plan.copies, *source_plan.late_copies])
-        other += sum(f.size if c is None else len(c) for f, c in source_plan.configs)
-        other += sum(len(content) for _, content, _ in reshard.indexes())
-        shards = _reshard.shard_infos(reshard)
-        new_indexes = _reshard.index_infos(reshard)
-        output = sum(u.size for u in reshard.units()) + other
-    return InspectReport(
-        path=src,
-        to=to,
-        header_bytes=sum(f.header_bytes for f in files),
-        data_bytes=sum(f.data_bytes for f in files),
-        file_bytes=sum(f.file_bytes for f in files),
-        metadata=None,
-        tensors=[t for f in files for t in f.tensors],
+            source_plan = _reshard.file_plan(src, to, precision, given.config)
+        files = report.files
+        weights = source_plan.weights
+        found = {
+            w.rel: [t.name for t in f.tensors if t.reason == "keep_overflow"]
+            for w, f in zip(weights, files)
+        }
+        # Each file's inspection read its weights for an FP8 target, as convert does.
+        nonfinite = {w.rel: fp8_nonfinite(f.tensors) for w, f in zip(weights, files)}
+        reshard = _reshard.plan(
+            source_plan,
+            max_shard_size,
+            to,
+            precision,
+            found,
+            # A checkpoint folder (DCP, ZeRO) re-sharded is read as `convert` reads it.
+            source={**given.source, "follow_links": given.follow_links},
+            name=given.name,
+            unquantized=nonfinite if is_fp8(to) else None,
+        )
+    warnings = report.warnings
+    if dst is None:
+        warnings = warnings + [n for n in reshard.warnings if n not in warnings]
+    # What a re-sharding run writes besides the shards, to the byte.
+    other = sum(f.size for f in [*source_plan.copies, *source_plan.late_copies])
+    other += sum(f.size if c is None else len(c) for f, c in source_plan.configs)
+    other += sum(len(content) for _, content, _ in reshard.indexes())
+    output = sum(u.size for u in reshard.units()) + other
+    shards: list[Any] = _reshard.shard_infos(reshard)
+    indexes: list[Any] = _reshard.index_infos(reshard)
+    return replace(
+        report,
         output_bytes=output,
         warnings=warnings,
-        tensors_converted=sum(f.tensors_converted for f in files),
-        tensors_copied=sum(f.tensors_copied for f in files),
-        tensors_kept=sum(f.tensors_kept for f in files),
-        bytes_kept=sum(f.bytes_kept for f in files),
-        keep_unmatched=unmatched,
-        tensors_dequantized=sum(f.tensors_dequantized for f in files),
-        tensors_dropped=sum(f.tensors_dropped for f in files),
-        scanned=scanning,
         destination=None if dst is None else _engine.destination(dst, output),
-        folder=True,
-        files=files,
         other_bytes=other,
-        other_files=[
-            {"path": f.rel, "bytes": f.size, "action": _action(f.rel in rewritten)}
-            for f in sorted(others, key=lambda f: f.rel)
-        ],
-        left_out=[
-            {"path": f.source_rel, "bytes": f.size, "why": cast("Any", why)} for f, why in left_out
-        ],
         max_shard_size=max_shard_size,
         shards=shards,
-        indexes=new_indexes,
+        indexes=indexes,
     )
 
 
@@ -760,10 +661,6 @@ def _record(to: Target, o: Options, model_config: str | None) -> str | None:
     )
 
 
-def _action(rewritten: bool) -> Literal["copied", "rewritten"]:
-    return "rewritten" if rewritten else "copied"
-
-
 def _unmatched_template(patterns: list[str]) -> str:
     listed = ", ".join(f"`{_esc(p)}`" for p in patterns)
     if len(patterns) == 1:
@@ -774,8 +671,6 @@ def _unmatched_template(patterns: list[str]) -> str:
 def _with_warnings(report: ConvertReport, first: list[Notice]) -> ConvertReport:
     if not first:
         return report
-    from dataclasses import replace
-
     return replace(report, warnings=first + report.warnings)
 
 
