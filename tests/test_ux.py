@@ -367,6 +367,31 @@ def test_5_a_typo_of_a_local_path_gets_no_download_hint(tmp_path, run_main, give
     assert rc == 1 and "hf download" not in line and line.startswith(f"stcast: {given}: "), line
 
 
+@pytest.mark.parametrize(
+    "given, repo",
+    [
+        ("org\u00b2/name", "org\u00b2/name"),  # a number
+        ("orge\u0301/name", None),  # a combining mark
+        ("org\u203f/name", None),  # a connector
+        (b"https://\xff", "ORG/NAME"),  # a URL, not UTF-8
+        (b"org/\xffname", None),
+    ],
+)
+def test_5_a_hub_id_s_word_characters_are_letters_numbers_and_underscores(
+    tmp_path, monkeypatch, given, repo
+):
+    """The hint's repo id is made of Python's word characters, as it was when Python read it
+    (the engine reads it now): a combining mark or a connector is none, a superscript
+    digit is one; a path that is not UTF-8 names no repo, though a URL of it is one."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises((stcast.InvalidInput, OSError)) as e:
+        stcast.convert(given)
+    if repo is None:
+        assert "hf download" not in str(e.value), e.value
+    else:
+        assert f"`hf download {repo} --local-dir DIR`" in str(e.value), e.value
+
+
 # --- 7. the CLI and the API agree ----------------------------------------------------------
 
 

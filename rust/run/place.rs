@@ -104,15 +104,18 @@ pub fn source(src: &Path, check: bool) -> Result<SourceKind> {
 /// was meant to be: a repo id or a Hub URL. A path under a folder that is here, or naming a
 /// checkpoint's file (`ckpt/ckpt.json`, a typo of a local path), is none.
 fn hub_repo(src: &Path) -> Option<String> {
-    let path = src.to_str()?;
+    // Bytes that are not UTF-8 match no word character (a URL of them still gets the hint).
+    let path = src.to_string_lossy();
     let url = ["http://", "https://", "hf://"]
         .iter()
         .any(|p| path.starts_with(p));
+    // A word character is a letter, a number or `_` (Python's `\w`, as the hint always read
+    // it; the regex crate's `\w` also takes combining marks and connectors, not `²`).
     let hub = regex::Regex::new(
-        r"^(?:https?://(?:www\.)?huggingface\.co/|hf://(?:models/)?)?([\w.-]+/[\w.-]+)(?:/(?:tree|blob|resolve)/.*)?/?$",
+        r"^(?:https?://(?:www\.)?huggingface\.co/|hf://(?:models/)?)?([\p{L}\p{N}_.-]+/[\p{L}\p{N}_.-]+)(?:/(?:tree|blob|resolve)/.*)?/?$",
     )
     .expect("a valid pattern");
-    let repo = hub.captures(path).map(|c| c[1].to_string());
+    let repo = hub.captures(&path).map(|c| c[1].to_string());
     if let (Some(repo), false) = (&repo, url) {
         let (org, name) = repo.split_once('/').unwrap_or_default();
         let local = regex::Regex::new(r"(?i)\.(json|safetensors|bin|pt|pth|ckpt|distcp|index)$")

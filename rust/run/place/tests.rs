@@ -354,6 +354,23 @@ fn a_missing_source_like_a_hub_repo_says_how_to_download_it() {
     assert_eq!(repo("rust/no-such-file"), None);
     assert_eq!(repo("/abs/path"), None);
     assert_eq!(repo("a/b/c"), None);
+    // Word characters are letters, numbers and `_`: not a combining mark or a connector.
+    assert_eq!(repo("org\u{b2}/m").as_deref(), Some("org\u{b2}/m"));
+    assert_eq!(repo("org/mod\u{e8}le").as_deref(), Some("org/mod\u{e8}le"));
+    assert_eq!(repo("orge\u{301}/m"), None);
+    assert_eq!(repo("org\u{203f}/m"), None);
+    // Bytes that are not UTF-8: no repo, but a URL of them is still one.
+    let bytes = |b: &[u8]| PathBuf::from(std::ffi::OsStr::from_bytes(b));
+    let not_utf8 = |b: &[u8]| match source(&bytes(b), true) {
+        Err(Error::Place {
+            problem: PlaceProblem::HubRepo { repo },
+            ..
+        }) => Some(repo),
+        Ok(SourceKind::Missing) => None,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(not_utf8(b"https://\xff").as_deref(), Some("ORG/NAME"));
+    assert_eq!(not_utf8(b"org/\xffm"), None);
     // Unchecked, it is only missing.
     let unchecked = source(Path::new("no-such-org-stcast/Model-7B"), false).unwrap();
     assert_eq!(unchecked, SourceKind::Missing);
