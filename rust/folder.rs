@@ -33,10 +33,14 @@ use crate::quant::companion_roles;
 use crate::run::beside::FOLDER_SIDE_CONFIG;
 use crate::run::check::{self, read_json_text};
 use crate::run::json::{self, Node, Value, QUANTIZATION_KEYS};
-use crate::run::walk::{self, File, FileRow, Overrides, CONFIG_NAME};
+use crate::run::walk::{
+    self, File, FileRow, Overrides, CONFIG_NAME, EXCLUDED, SUPERSEDED, TRAINER,
+};
 use crate::task::{InspectTask, Inspection, Task};
-use crate::text::esc;
-use crate::vocab::{is_quantized_dtype, Fp8Skip, ReasonCode, Target, Unmatched, WarningKind};
+use crate::text::{esc, format_bytes};
+use crate::vocab::{
+    is_quantized_dtype, Fp8Skip, InputFormat, ReasonCode, Target, Unmatched, WarningKind,
+};
 
 /// Files a loader reads first to decide that a folder is a checkpoint: copied last.
 const PUBLISH_LAST: [&[u8]; 2] = [CONFIG_NAME, b"model_index.json"];
@@ -78,6 +82,10 @@ pub struct FolderPlan {
     pub skipped: Vec<(File, &'static str)>,
     /// The `keep` patterns that match a tensor in no file.
     pub keep_unmatched: Vec<String>,
+    /// Why the run is refused when no file converts a tensor or changes format (the output
+    /// would be a copy of the folder; `on_overflow` keep may still write it): None when one
+    /// does.
+    pub nothing_to_convert: Option<String>,
     /// A quantized checkpoint dequantized: its indexes lose the scales.
     pub dequantize: bool,
     /// The prefixes to strip that no file's names start with: one warning each.
@@ -109,8 +117,11 @@ pub type PlanFiles = (
 pub struct PlanData {
     pub planned: Vec<Planned>,
     pub keep_unmatched: Vec<String>,
+    pub nothing_to_convert: Option<String>,
     pub dequantize: bool,
     pub unmatched_prefixes: Vec<(&'static str, String)>,
+    /// The notes that name the files left out (`skipped_notes`).
+    pub left_out: Vec<(&'static str, String)>,
     pub walk_warnings: Vec<(&'static str, String)>,
     pub strip_prefix: Vec<String>,
 }
@@ -120,6 +131,7 @@ impl FolderPlan {
     pub fn rows(self) -> (PlanFiles, PlanData) {
         let rows = |v: Vec<File>| v.into_iter().map(File::row).collect();
         let said = |v: Vec<Warning>| v.into_iter().map(|w| (w.kind.name(), w.text)).collect();
+        let left_out = said(skipped_notes(&self.skipped));
         let files = (
             rows(self.weights),
             self.indexes
@@ -142,8 +154,10 @@ impl FolderPlan {
         let data = PlanData {
             planned: self.planned,
             keep_unmatched: self.keep_unmatched,
+            nothing_to_convert: self.nothing_to_convert,
             dequantize: self.dequantize,
             unmatched_prefixes: said(self.unmatched_prefixes),
+            left_out,
             walk_warnings: said(self.walk_warnings),
             strip_prefix: self.strip_prefix,
         };
@@ -178,6 +192,8 @@ pub struct PlanTask {
     /// The files whose weights an FP8 target quantizes (indexes into `weights`).
     quantizes: Vec<usize>,
     files_dequantize: bool,
+    /// Some file converts a tensor, or changes format (a PyTorch file's).
+    converts: bool,
     problem: Option<Error>,
     said: Vec<Vec<Warning>>,
     /// Each file's `quantized` warning (a quantized checkpoint converted anyway), its path
@@ -252,6 +268,7 @@ impl PlanTask {
             names: HashMap::new(),
             quantizes: Vec::new(),
             files_dequantize: false,
+            converts: false,
             problem: None,
             said: Vec::new(),
             quantized: Vec::new(),
@@ -330,29 +347,14 @@ impl PlanTask {
     /// Does any weight file hold a quantized weight with its scale, which the target
     /// dequantizes? (`known`: the answer, once found.)
     fn dequantizes_any(&self, known: &mut Option<bool>) -> Result<bool> {
-        if let Some(yes) = *known {
-            return Ok(yes);
+        if known.is_none() {
+            *known = Some(dequantizes_any(
+                &self.walked.weights,
+                &self.given,
+                &self.tuning,
+            )?);
         }
-        let mut s = self.given.clone();
-        s.allow_quantized = Some(true);
-        s.strip_prefix = Vec::new();
-        let opts = s.inspect(self.tuning.clone(), false)?;
-        for w in &self.walked.weights {
-            let mut task = InspectTask::new(&w.path, false, &opts, None)?;
-            crate::task::run(&mut task)?;
-            let found = task.finish()?;
-            let rows = found.rows();
-            if rows
-                .tensors
-                .iter()
-                .any(|t| t.reason == ReasonCode::Dequantized)
-            {
-                *known = Some(true);
-                return Ok(true);
-            }
-        }
-        *known = Some(false);
-        Ok(false)
+        Ok(known == &Some(true))
     }
 
     /// The inspection of weight file `w`, as the run converts it.
@@ -379,6 +381,7 @@ impl PlanTask {
             }
         }
         self.unmatched.retain(|p| rows.keep_unmatched.contains(p));
+        self.converts |= rows.tensors_converted > 0 || rows.format != InputFormat::Safetensors;
         if self.indexed.contains(&w.rel) {
             // The source's names: a fused tensor split per expert is one.
             let names = rows.tensors.iter().map(|t| t.split_from.unwrap_or(t.name));
@@ -480,6 +483,7 @@ impl PlanTask {
             dirs: w.dirs,
             skipped: w.skipped,
             keep_unmatched: self.unmatched,
+            nothing_to_convert: (!self.converts).then(|| nothing_to_convert(self.to)),
             dequantize,
             unmatched_prefixes: common_prefix_warnings(&self.said),
             walk_warnings: w.warnings.into_iter().chain(self.quantized).collect(),
@@ -515,6 +519,90 @@ impl Task for PlanTask {
     fn take_warnings(&mut self) -> Vec<Warning> {
         Vec::new()
     }
+}
+
+/// How many files a note names before "and N more".
+const SHOWN: usize = 8;
+
+/// The notes that name the files left out, by reason, with their sizes.
+pub fn skipped_notes(skipped: &[(File, &'static str)]) -> Vec<Warning> {
+    let mut notes = Vec::new();
+    for (why, text) in [
+        (
+            TRAINER,
+            "left out: training state, not weights (never read)",
+        ),
+        (
+            SUPERSEDED,
+            "left out: PyTorch weights beside their safetensors version (the safetensors \
+             files are converted)",
+        ),
+        (EXCLUDED, "left out by {exclude}"),
+    ] {
+        let files: Vec<&File> = skipped
+            .iter()
+            .filter(|(_, w)| *w == why)
+            .map(|(f, _)| f)
+            .collect();
+        if files.is_empty() {
+            continue;
+        }
+        let sized: Vec<String> = files
+            .iter()
+            .take(SHOWN)
+            .map(|f| {
+                let rel = f.source_rel().to_string_lossy();
+                format!("`{}` ({})", esc(&rel), format_bytes(f.size))
+            })
+            .collect();
+        let mut more = String::new();
+        if files.len() > SHOWN {
+            let rest: u64 = files[SHOWN..].iter().map(|f| f.size).sum();
+            let n = files.len() - SHOWN;
+            more = format!(" and {n} more ({})", format_bytes(rest));
+        }
+        let text = format!("{text}: {}{more}", sized.join(", "));
+        notes.push(Warning::new(WarningKind::SkippedFiles, text));
+    }
+    notes
+}
+
+/// Why a folder run that converts no tensor of any file (and changes no file's format) is
+/// refused: its output would be a copy of the folder (`verify` fails such a DST too).
+pub fn nothing_to_convert(to: Target) -> String {
+    let why = match to.dtype() {
+        Some(dtype) if to != Target::Keep => format!(
+            "no tensor of any file becomes {dtype} (each float tensor already is, or is kept)"
+        ),
+        _ => "the folder's weights are safetensors files already and {to=keep} keeps every \
+              dtype"
+            .into(),
+    };
+    format!("nothing to convert: {why}; the output would be a copy of the folder")
+}
+
+/// Does any of `weights` hold a quantized weight with its scale, which the target of
+/// `given` dequantizes? Each file is read as a lone file's inspection reads it, quantized
+/// weights allowed and no prefix stripped.
+fn dequantizes_any(weights: &[File], given: &Settings, tuning: &Tuning) -> Result<bool> {
+    let mut s = given.clone();
+    s.allow_quantized = Some(true);
+    s.strip_prefix = Vec::new();
+    let opts = s.inspect(tuning.clone(), false)?;
+    for w in weights {
+        let mut task = InspectTask::new(&w.path, false, &opts, None)?;
+        crate::task::run(&mut task)?;
+        let found = task.finish()?;
+        let rows = found.rows();
+        if rows
+            .tensors
+            .iter()
+            .any(|t| t.reason == ReasonCode::Dequantized)
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// The text of a config, bounded; not JSON, or nested too deep, refused.

@@ -414,6 +414,20 @@ def test_config_text_is_kept(tmp_path, rng, case):
     assert (tmp_path / "o/config.json").read_text(encoding="utf-8") == new
 
 
+def test_a_dry_run_into_dst_says_each_warning_once(tmp_path, rng):
+    """`inspect SRC DST` of a folder says what the run would say, each warning once (the
+    run's checks and the engine's dry run both heard the plan's)."""
+    src = tmp_path / "m"
+    save(src / "model.safetensors", layer(rng, 0))
+    (src / "config.json").write_text('{"quantization_config": {"dtype": "float8"}}')
+    (src / "optimizer.pt").write_bytes(b"x" * 10)
+    report = stcast.inspect(src, tmp_path / "o", allow_quantized=True, include=["*.nope"])
+    kinds = [w.kind for w in report.warnings]
+    assert kinds.count("quantized") == 1, report.warnings
+    assert kinds.count("unmatched_pattern") == 1, report.warnings
+    assert kinds.count("skipped_files") == 1, report.warnings
+
+
 INDEX_CASES = {
     "no-total-size": ('{\n  "metadata": {"format": "pt"},\n  "weight_map": WM\n}\n', 2),
     "no-metadata": ('{\n    "weight_map": WM\n}', 4),

@@ -12,20 +12,16 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use super::{is_model_config, read_json, PlanTask};
+use super::{is_model_config, read_json, skipped_notes, PlanTask};
 use crate::convert::{Options, Tuning};
 use crate::error::{unmatched_message, ConfigProblem, Error, Result, WalkProblem, Warning};
 use crate::given::Settings;
 use crate::run::beside::FOLDER_SIDE_CONFIG;
 use crate::run::json::{self, Value};
-use crate::run::walk::{self, File, Overrides, CONFIG_NAME, EXCLUDED, SUPERSEDED, TRAINER};
+use crate::run::walk::{self, File, Overrides, CONFIG_NAME};
 use crate::source::Source;
 use crate::task::{InspectTask, Inspection, Task};
-use crate::text::{esc, format_bytes};
 use crate::vocab::{OnOverflow, Target, Unmatched, WarningKind};
-
-/// How many files a note names before "and N more".
-const SHOWN: usize = 8;
 
 /// A warning and the file it is about (a weight file's, by its relative path in the source).
 pub type Said = (Warning, Option<OsString>);
@@ -279,7 +275,13 @@ fn planned(plan: PlanTask, resharding: bool) -> Result<Known> {
         weights: plan.weights,
         others,
         left_out: plan.skipped,
-        said: plan.walk_warnings,
+        // The patterns that match nothing are said here (the run's checks said the rest of
+        // the plan's warnings: the caller's `checked`).
+        said: plan
+            .walk_warnings
+            .into_iter()
+            .filter(|w| w.kind == WarningKind::UnmatchedPattern)
+            .collect(),
         model_config: plan.model_config,
     })
 }
@@ -468,49 +470,6 @@ fn target(given: &Settings) -> Result<Target> {
         Some(to) => to.target(),
         None => Ok(Target::Bf16),
     }
-}
-
-/// The notes that name the files left out, by reason, with their sizes.
-pub fn skipped_notes(skipped: &[(File, &'static str)]) -> Vec<Warning> {
-    let mut notes = Vec::new();
-    for (why, text) in [
-        (
-            TRAINER,
-            "left out: training state, not weights (never read)",
-        ),
-        (
-            SUPERSEDED,
-            "left out: PyTorch weights beside their safetensors version (the safetensors \
-             files are converted)",
-        ),
-        (EXCLUDED, "left out by {exclude}"),
-    ] {
-        let files: Vec<&File> = skipped
-            .iter()
-            .filter(|(_, w)| *w == why)
-            .map(|(f, _)| f)
-            .collect();
-        if files.is_empty() {
-            continue;
-        }
-        let sized: Vec<String> = files
-            .iter()
-            .take(SHOWN)
-            .map(|f| {
-                let rel = f.source_rel().to_string_lossy();
-                format!("`{}` ({})", esc(&rel), format_bytes(f.size))
-            })
-            .collect();
-        let mut more = String::new();
-        if files.len() > SHOWN {
-            let rest: u64 = files[SHOWN..].iter().map(|f| f.size).sum();
-            let n = files.len() - SHOWN;
-            more = format!(" and {n} more ({})", format_bytes(rest));
-        }
-        let text = format!("{text}: {}{more}", sized.join(", "));
-        notes.push(Warning::new(WarningKind::SkippedFiles, text));
-    }
-    notes
 }
 
 #[cfg(test)]

@@ -233,3 +233,28 @@ fn configs_say_which_schemes_they_dequantize() {
     )));
     assert!(!has_quantization(&doc(r#"{"quantization_config": null}"#)));
 }
+
+#[test]
+fn the_plan_says_why_it_converts_nothing_and_which_files_it_leaves_out() {
+    let src = folder(
+        "nothing",
+        &[
+            ("model.safetensors", f32s(&["a.weight"])),
+            ("trainer_state.json", b"{}".to_vec()),
+        ],
+    );
+    // F32 to BF16 converts: nothing to refuse.
+    let p = plan(&src, "bf16").unwrap();
+    assert_eq!(p.nothing_to_convert, None);
+    // `keep` converts no tensor of a safetensors folder: the output would be a copy.
+    let p = plan(&src, "keep").unwrap();
+    let why = p.nothing_to_convert.clone().unwrap();
+    assert!(why.starts_with("nothing to convert: the folder's weights are safetensors"));
+    assert!(why.ends_with("the output would be a copy of the folder"));
+    let (_, data) = p.rows();
+    assert_eq!(data.left_out.len(), 1);
+    assert_eq!(data.left_out[0].0, "skipped_files");
+    assert!(data.left_out[0]
+        .1
+        .starts_with("left out: training state, not weights (never read): `trainer_state.json`"));
+}

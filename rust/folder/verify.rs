@@ -31,10 +31,10 @@ use crate::run::json::{self, Value};
 use crate::run::place;
 use crate::run::walk::{self, File, Overrides, CONFIG_NAME, INDEX_SUFFIX, WEIGHTS_SUFFIX};
 use crate::shard::resharded::{self as rverify, GroupCheck, GroupVerify, Indexed, Member, Pair};
-use crate::task::{InspectTask, Task};
+use crate::task::Task;
 use crate::text::{esc, esc_path};
 use crate::verify::{Mismatch, Verifier, VerifyReport};
-use crate::vocab::{ErrorKind, OptionName, ReasonCode, Side, Taken, Target, Unmatched};
+use crate::vocab::{ErrorKind, OptionName, Side, Taken, Target, Unmatched};
 
 /// What a folder's verification found: the sums of its files' reports, the first
 /// mismatch (with the file, relative to DST), and each file's report (its numerics);
@@ -240,22 +240,6 @@ fn safetensors_name(name: &OsStr) -> OsString {
     let mut out = stem.to_os_string();
     out.push(OsStr::from_bytes(WEIGHTS_SUFFIX));
     out
-}
-
-/// Why a folder whose every file is a copy of SRC's is not convert's output.
-fn nothing_to_convert(to: Target) -> String {
-    let why = match to.dtype() {
-        Some(dtype) if to != Target::Keep => format!(
-            "no tensor of any file becomes {dtype} (each float tensor already is, or is kept)"
-        ),
-        _ => "the folder's weights are safetensors files already and {to=keep} keeps every \
-              dtype"
-            .into(),
-    };
-    format!(
-        "convert refuses these options: nothing to convert: {why}; the output would be a copy \
-         of the folder"
-    )
 }
 
 impl FolderVerify {
@@ -754,7 +738,18 @@ impl FolderVerify {
             let doc = json::parse(&text).map_err(|e| super::not_json(&f.path, e))?;
             let problem = unread_quantization(&doc, to);
             if problem.is_some() && unread.is_none() {
-                unread = Some(dequantizes_any(&self.all_weights, to, &self.tuning)?);
+                // (Read under the target alone, overflow measured, as the plan reads them.)
+                let s = Settings {
+                    to: Some(given_target(to)),
+                    on_overflow: Some(Given {
+                        text: Some("warn".into()),
+                        whole: None,
+                        repr: "'warn'".into(),
+                    }),
+                    keep_unmatched: Unmatched::Ignore,
+                    ..Settings::default()
+                };
+                unread = Some(super::dequantizes_any(&self.all_weights, &s, &self.tuning)?);
             }
             let refused = problem.filter(|_| unread == Some(true)).map(|problem| {
                 why(&Error::FolderConfig {
@@ -857,7 +852,11 @@ impl Task for FolderVerify {
                     if self.mismatch.is_none() && copies && self.pairs.is_empty() && !self.single {
                         // Each file a copy of SRC's: convert refuses to write such a folder
                         // (not a re-sharding: a file's, or groups', never a copy).
-                        let why = nothing_to_convert(self.to.unwrap_or(Target::Bf16));
+                        let to = self.to.unwrap_or(Target::Bf16);
+                        let why = format!(
+                            "convert refuses these options: {}",
+                            super::nothing_to_convert(to)
+                        );
                         self.mismatch = Some((".".into(), failure(why, None)));
                     }
                     (self.stage, self.next) = (Stage::Groups, 0);
@@ -920,37 +919,6 @@ fn configured(dst: &Path, f: &File) -> Result<Option<Target>> {
         return Ok(None);
     }
     Ok(check::configured(dst, Path::new(&f.rel)))
-}
-
-/// Does any weight file hold a quantized weight with its scale, which `to` dequantizes?
-fn dequantizes_any(weights: &[File], to: Target, tuning: &Tuning) -> Result<bool> {
-    let on_overflow = Given {
-        text: Some("warn".into()),
-        whole: None,
-        repr: "'warn'".into(),
-    };
-    let s = Settings {
-        to: Some(given_target(to)),
-        on_overflow: Some(on_overflow),
-        keep_unmatched: Unmatched::Ignore,
-        allow_quantized: Some(true),
-        ..Settings::default()
-    };
-    let opts = s.inspect(tuning.clone(), false)?;
-    for w in weights {
-        let mut task = InspectTask::new(&w.path, false, &opts, None)?;
-        crate::task::run(&mut task)?;
-        let found = task.finish()?;
-        let rows = found.rows();
-        if rows
-            .tensors
-            .iter()
-            .any(|t| t.reason == ReasonCode::Dequantized)
-        {
-            return Ok(true);
-        }
-    }
-    Ok(false)
 }
 
 #[cfg(test)]

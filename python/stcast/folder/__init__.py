@@ -152,14 +152,14 @@ def prepare(
         template = _fp8.side_config_notice(os.path.join(dst, side[0].rel))
         warnings.append(Notice("no_model_config", template))
         _engine.issue("no_model_config", template, None)
-    for kind, template in _walk.skipped_notice(plan.skipped):
-        warnings.append(Notice(kind, template))
-        _engine.issue(kind, template, None)
+    for notice in plan.left_out:
+        warnings.append(notice)
+        _engine.issue(notice.kind, notice.template, None)
     for notice in plan.walk_warnings:
         warnings.append(notice)
         _engine.issue(notice.kind, notice.template, None)
     # That something changes (or else a refusal), and what the kind of run has to say.
-    for notice in work.check(src, to, on_overflow):
+    for notice in work.check(src, on_overflow):
         warnings.append(notice)
         _engine.issue(notice.kind, notice.template, notice.path)
 

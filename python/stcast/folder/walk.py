@@ -58,7 +58,12 @@ class Plan:
     out_data: dict[str, int]  # weights rel -> bytes of its output's tensors
     header_sha256: dict[str, str]  # weights rel -> the hash of its header
     keep_unmatched: list[str] = field(default_factory=list)  # in no file
+    # Why the run is refused when no file converts a tensor or changes format (its output a
+    # copy of the folder), or None: the engine's.
+    nothing_to_convert: str | None = None
     skipped: list[tuple[File, str]] = field(default_factory=list)  # left out, and why
+    # The notes that name the files left out, by reason: the engine's.
+    left_out: list[Notice] = field(default_factory=list)
     # An FP8 checkpoint dequantized: its indexes lose the scales the shards no longer hold.
     dequantize: bool = False
     # FP8 targets: weights rel -> its weights that hold NaN or inf, found by reading them
@@ -122,7 +127,9 @@ def plan(
         out_data={rel: p["out_data"] for rel, p in planned.items()},
         header_sha256={rel: p["header_sha256"] for rel, p in planned.items()},
         keep_unmatched=found["keep_unmatched"],
+        nothing_to_convert=found["nothing_to_convert"],
         skipped=[(File(*r), why) for r, why in skipped],
+        left_out=notices(found["left_out"]),
         dequantize=found["dequantize"],
         unquantized={
             rel: p["unquantized"] for rel, p in planned.items() if p["unquantized"] is not None
@@ -189,30 +196,6 @@ def safetensors_name(name: str) -> str:
     if name.endswith(WEIGHTS_SUFFIX):
         return name
     return _torch_name(name) or os.path.splitext(name)[0] + WEIGHTS_SUFFIX
-
-
-def skipped_notice(skipped: list[tuple[File, str]]) -> list[tuple[str, str]]:
-    """The notes (kind, template) that name the files left out, by reason, with their sizes
-    (a folder of training state: its files' total, named with a `/`)."""
-    notes = []
-    for why, text in (
-        ("trainer", "left out: training state, not weights (never read)"),
-        (
-            "superseded",
-            "left out: PyTorch weights beside their safetensors version (the safetensors "
-            "files are converted)",
-        ),
-        ("excluded", "left out by {exclude}"),
-    ):
-        files = [f for f, w in skipped if w == why]
-        if files:
-            sized = [f"`{_esc(f.source_rel)}` ({_core.format_bytes(f.size)})" for f in files]
-            more = ""
-            if len(files) > 8:
-                rest = sum(f.size for f in files[8:])
-                more = f" and {len(files) - 8} more ({_core.format_bytes(rest)})"
-            notes.append(("skipped_files", f"{text}: {', '.join(sized[:8])}{more}"))
-    return notes
 
 
 def check_fp8_config(f: File, doc: Any, to: Target) -> None:

@@ -41,19 +41,6 @@ if TYPE_CHECKING:
 _esc = _core.escape
 
 
-def nothing_to_convert(to: Target) -> str:
-    """Why a folder run that converts no tensor of any file (and keeps none to avoid overflow)
-    is refused: its output would be a copy of the folder (`verify` fails such a DST too)."""
-    if to == "keep":
-        why = "the folder's weights are safetensors files already and {to=keep} keeps every dtype"
-    else:
-        why = (
-            f"no tensor of any file becomes {_core.TARGET_DTYPES[to]} (each float tensor "
-            "already is, or is kept)"
-        )
-    return f"nothing to convert: {why}; the output would be a copy of the folder"
-
-
 @dataclass(frozen=True)
 class Item:
     """One output file of the weights: an output unit with its group and what was read of
@@ -230,20 +217,15 @@ class Work:
             return list(self.reshard.indexes())
         return [(f.rel, text, weight_map) for f, text, weight_map in self.plan.indexes]
 
-    def check(self, src: str, to: Target, on_overflow: OnOverflow) -> list[Notice]:
+    def check(self, src: str, on_overflow: OnOverflow) -> list[Notice]:
         """Refuse a run that would write a copy of the folder; its notices."""
         if self.resharding:
             # A re-sharding changes the files whatever the dtypes: never "nothing to do".
             return list(self.reshard.warnings)
-        info = self.plan.info.values()
-        # PyTorch weight files change format: worth writing even with every dtype kept.
-        changes_format = any(i.format != "safetensors" for i in info)
-        if (
-            not any(i.tensors_converted for i in info)
-            and on_overflow != "keep"
-            and not changes_format
-        ):
-            raise Refused(f"{_esc(src)}: {nothing_to_convert(to)}", path=src)
+        # (No file converts a tensor or changes format: the engine's answer.)
+        why = self.plan.nothing_to_convert
+        if why is not None and on_overflow != "keep":
+            raise Refused(f"{_esc(src)}: {why}", path=src)
         return []
 
     def options(self, name: str | None) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 use super::*;
 use crate::given::Given;
+use crate::run::walk::TRAINER;
 use crate::testutil::file;
 
 /// A fresh folder holding `files` (relative path, bytes).
