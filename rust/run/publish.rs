@@ -385,14 +385,23 @@ impl Writer {
                 }
             }
             ErrorKind::Refused | ErrorKind::InvalidInput if !not_ours(&e) => {
-                if let Err(taken) = self.record.check_still_ours() {
+                if let Err(taken) = self.failed_input() {
                     return taken;
                 }
-                self.roll_back();
             }
             _ => {}
         }
         e
+    }
+
+    /// The files of one of this run's weights are not what the plan read (bad input, or a
+    /// refusal reading them), found as its conversion began or while it ran: `--resume`
+    /// would fail again, so the run is rolled back, unless another run took this folder
+    /// over (its error, to tell instead).
+    pub fn failed_input(&mut self) -> Result<()> {
+        self.record.check_still_ours()?;
+        self.roll_back();
+        Ok(())
     }
 
     /// Undo what a failed run added: the files it wrote where nothing was (each still the

@@ -242,4 +242,12 @@ fn a_failed_conversion_rolls_back_unless_resume_can_go_on() {
     w.write(OsStr::new("a.json"), "weights", b"a").unwrap();
     w.failed(rival(&dst));
     assert!(dst.join("a.json").exists() && dst.join(MANIFEST).exists());
+
+    // A weight's files not what the plan read, found as its conversion begins: as bad input.
+    let dst = folder("failed-input");
+    let mut w = writer(&dst, &["a.json", "b.json"], Vec::new(), false);
+    w.begin(HashSet::new(), false).unwrap();
+    w.write(OsStr::new("a.json"), "weights", b"a").unwrap();
+    w.failed_input().unwrap();
+    assert!(!dst.join("a.json").exists() && !dst.join(MANIFEST).exists());
 }
