@@ -91,20 +91,23 @@ def test_a_refused_force_run_leaves_an_earlier_output_as_it_was(tmp_path, run_ma
 
 @pytest.mark.parametrize("how", ["truncated", "bad-header"])
 @pytest.mark.parametrize("into", ["new", "force"])
-def test_an_input_broken_during_the_run_rolls_it_back(tmp_path, how, into):
+@pytest.mark.parametrize("layout", ["plain", "resharded"])
+def test_an_input_broken_during_the_run_rolls_it_back(tmp_path, how, into, layout):
     """A weight file of SRC broken once the run began (truncated, or its header) is bad
-    input when its conversion opens it: the run is rolled back as for bad input found while
-    converting (`--resume` would fail again), DST as it was, not left with the first shard
-    and a manifest (the write side's move into the engine lost this, attack atk2)."""
+    input when its conversion opens it, or an input that changed while read (a re-sharding
+    opened it planning): the run is rolled back as for bad input found while converting
+    (`--resume` would fail again), DST as it was, not left with the first shard and a
+    manifest (the write side's move into the engine lost this, attack atk2)."""
     src = _folder(tmp_path / "src", _f32, (1.0, 2.0))
     dst = tmp_path / "out"
-    force = []
+    force: list[str] = []
     if into == "force":
         dst.mkdir()
         (dst / "mine.txt").write_text("mine\n")
         force = ["--force"]
     before = _state(dst) if dst.exists() else None
-    run = stopped("convert", src, dst, *force, "-q", at="folder-file")
+    shards = ["--max-shard-size", "200B"] if layout == "resharded" else []
+    run = stopped("convert", src, dst, *force, *shards, "-q", at="folder-file")
     second = src / "model-00002-of-00002.safetensors"
     data = second.read_bytes()
     second.write_bytes(data[:-8] if how == "truncated" else data[:8] + b"x" * 8 + data[16:])

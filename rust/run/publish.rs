@@ -370,8 +370,8 @@ impl Writer {
     /// in DST since the survey keeps what is done for `--resume` too. A folder another run
     /// took over is that run's now (told instead of `e`). Any other refusal or bad input
     /// (a value that overflows under `on_overflow=error`, an input that is not what its
-    /// header says) would fail `--resume` again: the run is rolled back. Returns the error
-    /// to tell.
+    /// header says, or that changed while read) would fail `--resume` again: the run is
+    /// rolled back. Returns the error to tell.
     pub fn failed(&mut self, e: Error) -> Error {
         let not_ours = |e: &Error| match e {
             Error::AfterCommit { source, .. } => matches!(**source, Error::NotOurs { .. }),
@@ -384,7 +384,9 @@ impl Writer {
                     self.roll_back();
                 }
             }
-            ErrorKind::Refused | ErrorKind::InvalidInput if !not_ours(&e) => {
+            ErrorKind::Refused | ErrorKind::InvalidInput | ErrorKind::InputChanged
+                if !not_ours(&e) =>
+            {
                 if let Err(taken) = self.failed_input() {
                     return taken;
                 }
