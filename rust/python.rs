@@ -1292,6 +1292,11 @@ impl FolderRun {
         })
     }
 
+    /// `publish::Writer::failed_input`: a weight's files could not be opened as planned.
+    fn failed_input(&self, py: Python<'_>) -> PyResult<()> {
+        guarded(py, || writer(&self.0).failed_input())
+    }
+
     fn remove_stale(&self, py: Python<'_>, stale: Vec<(OsString, place::Ident)>) -> PyResult<()> {
         guarded(py, || writer(&self.0).remove_stale(&stale))
     }

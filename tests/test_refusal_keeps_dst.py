@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import assert_one_error_line, write_safetensors
+from helpers import stopped
 
 
 def _fp8(scale: float) -> dict:
@@ -86,6 +87,34 @@ def test_a_refused_force_run_leaves_an_earlier_output_as_it_was(tmp_path, run_ma
     assert "model-00002-of-00002.safetensors" in line, line
     assert "±inf in F16" in line, line
     assert _state(dst) == before  # the same files, by inode too: none replaced
+
+
+@pytest.mark.parametrize("how", ["truncated", "bad-header"])
+@pytest.mark.parametrize("into", ["new", "force"])
+@pytest.mark.parametrize("layout", ["plain", "resharded"])
+def test_an_input_broken_during_the_run_rolls_it_back(tmp_path, how, into, layout):
+    """A weight file of SRC broken once the run began (truncated, or its header) is bad
+    input when its conversion opens it, or an input that changed while read (a re-sharding
+    opened it planning): the run is rolled back as for bad input found while converting
+    (`--resume` would fail again), DST as it was, not left with the first shard and a
+    manifest (the write side's move into the engine lost this, attack atk2)."""
+    src = _folder(tmp_path / "src", _f32, (1.0, 2.0))
+    dst = tmp_path / "out"
+    force: list[str] = []
+    if into == "force":
+        dst.mkdir()
+        (dst / "mine.txt").write_text("mine\n")
+        force = ["--force"]
+    before = _state(dst) if dst.exists() else None
+    shards = ["--max-shard-size", "200B"] if layout == "resharded" else []
+    run = stopped("convert", src, dst, *force, *shards, "-q", at="folder-file")
+    second = src / "model-00002-of-00002.safetensors"
+    data = second.read_bytes()
+    second.write_bytes(data[:-8] if how == "truncated" else data[:8] + b"x" * 8 + data[16:])
+    rc, err = run.run_through()
+    assert rc == 1, err
+    assert "model-00002-of-00002.safetensors" in assert_one_error_line(err), err
+    assert (_state(dst) if dst.exists() else None) == before
 
 
 @pytest.mark.parametrize("kind", KINDS)

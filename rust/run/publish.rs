@@ -370,8 +370,8 @@ impl Writer {
     /// in DST since the survey keeps what is done for `--resume` too. A folder another run
     /// took over is that run's now (told instead of `e`). Any other refusal or bad input
     /// (a value that overflows under `on_overflow=error`, an input that is not what its
-    /// header says) would fail `--resume` again: the run is rolled back. Returns the error
-    /// to tell.
+    /// header says, or that changed while read) would fail `--resume` again: the run is
+    /// rolled back. Returns the error to tell.
     pub fn failed(&mut self, e: Error) -> Error {
         let not_ours = |e: &Error| match e {
             Error::AfterCommit { source, .. } => matches!(**source, Error::NotOurs { .. }),
@@ -384,15 +384,26 @@ impl Writer {
                     self.roll_back();
                 }
             }
-            ErrorKind::Refused | ErrorKind::InvalidInput if !not_ours(&e) => {
-                if let Err(taken) = self.record.check_still_ours() {
+            ErrorKind::Refused | ErrorKind::InvalidInput | ErrorKind::InputChanged
+                if !not_ours(&e) =>
+            {
+                if let Err(taken) = self.failed_input() {
                     return taken;
                 }
-                self.roll_back();
             }
             _ => {}
         }
         e
+    }
+
+    /// The files of one of this run's weights are not what the plan read (bad input, or a
+    /// refusal reading them), found as its conversion began or while it ran: `--resume`
+    /// would fail again, so the run is rolled back, unless another run took this folder
+    /// over (its error, to tell instead).
+    pub fn failed_input(&mut self) -> Result<()> {
+        self.record.check_still_ours()?;
+        self.roll_back();
+        Ok(())
     }
 
     /// Undo what a failed run added: the files it wrote where nothing was (each still the

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .. import _core, _engine
-from ..errors import Refused, StcastError
+from ..errors import InvalidInput, Refused, StcastError
 from ..reports import ConvertReport, FileReport, Notice, _build, notices
 from .fp8 import is_fp8
 from .reshard import (
@@ -115,7 +115,13 @@ class Item:
                 _engine.issue(kind, template, path)
 
         with _engine.gc_paused():
-            core = g.opened()
+            try:
+                core = g.opened()
+            except (InvalidInput, Refused):
+                # Its files are not what the plan read: as a failure converting them, the
+                # run is rolled back (`publish::Writer::failed_input`).
+                run.failed_input()
+                raise
             result = _core.convert_shard(
                 core,
                 core.names() if u.whole else u.names,

@@ -242,4 +242,23 @@ fn a_failed_conversion_rolls_back_unless_resume_can_go_on() {
     w.write(OsStr::new("a.json"), "weights", b"a").unwrap();
     w.failed(rival(&dst));
     assert!(dst.join("a.json").exists() && dst.join(MANIFEST).exists());
+
+    // An input that changed while it was read: as bad input.
+    let dst = folder("failed-changed-input");
+    let mut w = writer(&dst, &["a.json", "b.json"], Vec::new(), false);
+    w.begin(HashSet::new(), false).unwrap();
+    w.write(OsStr::new("a.json"), "weights", b"a").unwrap();
+    let change = "its size went from 2 to 1 bytes".to_string();
+    let path = PathBuf::from("in.safetensors");
+    let e = w.failed(Error::InputChanged { path, change });
+    assert_eq!(e.kind(), ErrorKind::InputChanged);
+    assert!(!dst.join("a.json").exists() && !dst.join(MANIFEST).exists());
+
+    // A weight's files not what the plan read, found as its conversion begins: as bad input.
+    let dst = folder("failed-input");
+    let mut w = writer(&dst, &["a.json", "b.json"], Vec::new(), false);
+    w.begin(HashSet::new(), false).unwrap();
+    w.write(OsStr::new("a.json"), "weights", b"a").unwrap();
+    w.failed_input().unwrap();
+    assert!(!dst.join("a.json").exists() && !dst.join(MANIFEST).exists());
 }
