@@ -47,7 +47,6 @@ from .walk import (
     common_prefix_notices,
     index_owners,
     read_json,
-    safetensors_name,
 )
 
 if TYPE_CHECKING:
@@ -443,27 +442,15 @@ def source_options(key: str | None, strip_prefix: Sequence[str]) -> dict[str, An
     return options
 
 
-def single_file(src: str) -> File:
-    """The file `src` as the only weight file of a folder: its name kept, but a PyTorch
-    checkpoint's made a safetensors name."""
-    st = os.stat(src)
-    if os.path.isdir(src):  # a DCP folder: one checkpoint, shards named `model-*`
-        files = [os.stat(os.path.join(src, n)) for n in os.listdir(src)]
-        size = sum(f.st_size for f in files if stat.S_ISREG(f.st_mode))
-        mtime = max([f.st_mtime_ns for f in files], default=st.st_mtime_ns)
-        return File("model.safetensors", src, size, mtime, ".")
-    name = os.path.basename(src)
-    rel = safetensors_name(name)
-    return File(rel, src, st.st_size, st.st_mtime_ns, None if rel == name else name)
-
-
 def file_plan(src: str, to: Target, precision: dict[str, Any], config: str | None = None) -> Plan:
     """The plan of a folder holding only the file `src`: its name kept, but a PyTorch
     checkpoint's made a safetensors name (`pytorch_model.bin` -> `model.safetensors`, as in
     a folder; `ema.pt` -> `ema.safetensors`). The model's `config` (a path) goes beside it
     as `config.json`, its dtype set; without one, an FP8 target's quantization_config goes
     to `quantization_config.json` (`write.publish` adds it to either)."""
-    w = single_file(src)
+    # Its name kept, a PyTorch checkpoint's made a safetensors name (the engine's
+    # `run::place::single_file`).
+    w = File(*_core.walk_folder(src, single=True)[0][0])
     configs: list[tuple[File, bytes | None]] = []
     if config is not None:
         f = File(CONFIG_NAME, config, 0, 0)
@@ -571,12 +558,11 @@ def find_entry(
 
 def adoptable(dst: str, rel: str, reshard: Reshard, options: dict[str, Any]) -> bool:
     """Under resume, without a manifest: is the regular file of weights at `rel` exactly
-    what this plan writes? Its planned size and header, then every value verified against
-    the inputs."""
+    what this plan writes? Its planned header (the engine's survey saw its planned size),
+    then every value verified against the inputs."""
     path = os.path.join(dst, rel)
     unit = reshard.unit(rel)
-    st = os.lstat(path)
-    if st.st_size != unit.size or header_sha256(path) != unit.header_sha256:
+    if header_sha256(path) != unit.header_sha256:
         return False
     g = reshard.groups[unit.group]
     precision = {k: v for k, v in options.items() if k not in ("to", "max_shard_size", "name")}
