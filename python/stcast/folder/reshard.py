@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -519,15 +518,10 @@ def find_entry(
     out: str,
 ) -> dict[str, Any] | None:
     """The manifest entry that shows `out` is `unit` written with `options`, if one does:
-    its inputs unchanged, the file the one recorded with the header recorded, and (where
-    the plan knows it exactly: not a whole file's) the planned header."""
+    its inputs unchanged, the header recorded, and (where the plan knows it exactly: not a
+    whole file's) the planned header. `entries` record the file `out` is now (the engine
+    keeps only those: `run::manifest` `recording`)."""
     if not entries:
-        return None
-    try:
-        st = os.lstat(out)
-    except FileNotFoundError:
-        return None
-    if not stat.S_ISREG(st.st_mode):
         return None
     hashes = [_core.source_fingerprint(w.path) for w in unit.inputs]
     inputs = _inputs(unit, hashes)
@@ -545,7 +539,6 @@ def find_entry(
             e.get("version") != _core.__version__
             or e.get("options") != options
             or not same_inputs
-            or (e.get("dev"), e.get("ino"), e.get("size")) != (st.st_dev, st.st_ino, st.st_size)
             or (not unit.whole and recorded != unit.header_sha256)
         ):
             continue
