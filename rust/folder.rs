@@ -605,8 +605,9 @@ fn dequantizes_any(weights: &[File], given: &Settings, tuning: &Tuning) -> Resul
     Ok(false)
 }
 
-/// The text of a config, bounded; not JSON, or nested too deep, refused.
-fn read_json(path: &Path) -> Result<String> {
+/// The text of a JSON file of a run (a config, an index), bounded (`check::read_bounded`),
+/// UTF-8; not JSON, or nested deeper than `json::MAX_DEPTH`, refused.
+pub fn read_json(path: &Path) -> Result<String> {
     let text = read_json_text(path)?;
     if let Err(e) = json::parse(&text) {
         return Err(not_json(path, e));

@@ -125,8 +125,6 @@ pub struct Exports {
     pub packed_scales_suffix: String,
     /// `run::json::QUANTIZATION_KEYS`: the config keys that describe a quantization.
     pub quantization_keys: Names,
-    /// `run::json::MAX_DEPTH`: how deeply a config or index may nest.
-    pub json_max_depth: usize,
     pub max_threads: usize,
     pub default_window_mib: usize,
 }
@@ -178,7 +176,6 @@ impl Default for Exports {
             packed_suffixes: Names::of([crate::quant::PACKED_SUFFIX, crate::quant::BLOCKS_SUFFIX]),
             packed_scales_suffix: crate::quant::SCALES_SUFFIX.to_string(),
             quantization_keys: Names::of(crate::run::json::QUANTIZATION_KEYS),
-            json_max_depth: crate::run::json::MAX_DEPTH,
             max_threads: crate::window::MAX_THREADS,
             default_window_mib: crate::window::DEFAULT_WINDOW >> 20,
         }

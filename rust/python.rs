@@ -541,10 +541,11 @@ fn not_json(e: json::NotJson) -> PyErr {
     PyValueError::new_err(format!("not JSON (at byte {})", e.0))
 }
 
-/// How deeply a JSON text nests lists and objects (`run::json::depth`).
+/// The text of a JSON file of a run (a config, an index), bounded and checked
+/// (`folder::read_json`).
 #[pyfunction]
-fn json_depth(text: &str) -> usize {
-    json::depth(text)
+fn read_json(py: Python<'_>, path: PathBuf) -> PyResult<String> {
+    guarded(py, || crate::folder::read_json(&path))
 }
 
 /// The stem and numbers of a shard name `STEM-00001-of-00002` (`naming::split_shard_name`).
@@ -623,17 +624,28 @@ fn space(py: Python<'_>, dst: PathBuf, need: u64) -> PyResult<(OsString, u64, bo
     })
 }
 
-/// A source folder's files, classified and checked (`run::walk::walk`).
+/// A source folder's files, classified and checked (`run::walk::walk`); with `single`, a
+/// file (or one checkpoint in a folder) re-sharded as the only weight file of a folder
+/// (`run::place::single_file`).
 #[pyfunction]
-#[pyo3(signature = (src, *, follow_links=false, include=vec![], exclude=vec![]))]
+#[pyo3(signature = (src, *, follow_links=false, include=vec![], exclude=vec![], single=false))]
 fn walk_folder(
     py: Python<'_>,
     src: PathBuf,
     follow_links: bool,
     include: Vec<String>,
     exclude: Vec<String>,
+    single: bool,
 ) -> PyResult<walk::WalkRows> {
     guarded(py, || {
+        if single {
+            let weights = vec![place::single_file(&src)?];
+            return Ok(walk::Walked {
+                weights,
+                ..Default::default()
+            }
+            .rows());
+        }
         let overrides = walk::Overrides::new(&include, &exclude)?;
         Ok(walk::walk(&src, follow_links, &overrides)?.rows())
     })
@@ -665,12 +677,6 @@ fn plan_folder<'py>(
 #[pyfunction]
 fn source_fingerprint(py: Python<'_>, path: PathBuf) -> PyResult<String> {
     guarded(py, || crate::folder::fingerprint(&path))
-}
-
-/// The safetensors name of a Hugging Face PyTorch weight file or index (`run::walk`).
-#[pyfunction]
-fn torch_name(name: OsString) -> Option<OsString> {
-    walk::torch_name(&name)
 }
 
 /// The index at `rel` as convert writes it for DST's shards (`run::check::written_index`).
@@ -1464,8 +1470,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m: _set_exceptions, py_convert, py_inspect, inspect_folder, py_verify, render, format_bytes, escape,
         option_error, check_option, check_applies, failpoint, write_numeric_report,
         check_side_output, convert_shard, verify_shard, shard_file_name, index_file_name,
-        source_kind, read_header, record_text, walk_folder, plan_folder, source_fingerprint, torch_name, config_text, index_text,
-        json_depth, split_shard_name, run_place, default_dst, verify_route, space, py_survey,
+        source_kind, read_header, record_text, walk_folder, plan_folder, source_fingerprint, config_text, index_text,
+        read_json, split_shard_name, run_place, default_dst, verify_route, space, py_survey,
         finished_manifests, written_index, index_total,
         verify_folder,
     }

@@ -84,9 +84,3 @@ def test_documents_written_anew_are_json_dumps(seed):
         end = "\n" if text.endswith("\n") else ""
         want_config = json.dumps(plain, indent=2 if "\n" in text else None) + end
         assert _core.config_text(text, "bf16", dequantize=True) == want_config.encode()
-
-
-def test_depth_is_that_of_the_document_python_reads():
-    assert _core.json_depth('{"a": [[[1]]], "a": 1}') == 1
-    assert _core.json_depth('"[[["') == 0
-    assert _core.json_depth("[" * 5000) == 5000

@@ -33,7 +33,6 @@ __all__ = [
     "PACKED_SUFFIXES",
     "PACKED_SCALES_SUFFIX",
     "QUANTIZATION_KEYS",
-    "JSON_MAX_DEPTH",
     "_set_exceptions",
     "convert",
     "inspect",
@@ -59,10 +58,9 @@ __all__ = [
     "walk_folder",
     "plan_folder",
     "source_fingerprint",
-    "torch_name",
     "config_text",
     "index_text",
-    "json_depth",
+    "read_json",
     "split_shard_name",
     "run_place",
     "default_dst",
@@ -104,7 +102,6 @@ COMPANION_ROLES: dict[str, str]
 PACKED_SUFFIXES: tuple[str, ...]
 PACKED_SCALES_SUFFIX: str
 QUANTIZATION_KEYS: tuple[str, ...]
-JSON_MAX_DEPTH: int
 
 class _Option(TypedDict):
     command: str
@@ -284,7 +281,7 @@ def index_text(
     renames: dict[str, str] | None = None,
     record: str | None = None,
 ) -> bytes: ...
-def json_depth(text: str) -> int: ...
+def read_json(path: str) -> str: ...
 def run_place(
     src: str, dst: str | None, to: str = ..., *, resharding: bool, check: bool = True
 ) -> tuple[str, str, tuple[int, int]]: ...
@@ -307,7 +304,12 @@ def index_total(dst: str, rel: str, map: list[tuple[str, str]]) -> int: ...
 _File = tuple[str, str, int, int, str | None]
 
 def walk_folder(
-    src: str, *, follow_links: bool = False, include: list[str] = ..., exclude: list[str] = ...
+    src: str,
+    *,
+    follow_links: bool = False,
+    include: list[str] = ...,
+    exclude: list[str] = ...,
+    single: bool = False,
 ) -> tuple[
     list[_File],
     list[_File],
@@ -329,7 +331,6 @@ def plan_folder(
     **options: Unpack[_Options],
 ) -> dict[str, Any]: ...
 def source_fingerprint(path: str) -> str: ...
-def torch_name(name: str) -> str | None: ...
 
 @final
 class TensorNumerics:

@@ -1227,6 +1227,7 @@ mod tests {
     #[test]
     fn depth_counts_containers_outside_strings() {
         assert_eq!(depth("1"), 0);
+        assert_eq!(depth("\"[[[\""), 0);
         assert_eq!(depth("{\"a\": [[], \"[[[\\\"[\"]}"), 3);
         assert_eq!(depth(&"[".repeat(100_000)), 100_000);
         // A duplicated key's shadowed value does not count, as in the dict Python reads.

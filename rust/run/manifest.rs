@@ -802,6 +802,25 @@ pub fn proves(manifests: &[Manifest], dst: &Path, rel: &OsStr) -> Result<Option<
     Ok(None)
 }
 
+/// The nodes of `entries` that record the file at `dst/rel` as it is now: a regular file of
+/// the device, inode and size they give (none when it is gone, or not a regular file).
+fn recording<'a>(
+    dst: &Path,
+    rel: &OsStr,
+    entries: impl IntoIterator<Item = &'a Entry>,
+) -> Result<Vec<Node<'static>>> {
+    let Some(meta) = lstat(&dst.join(rel))?.filter(|m| m.is_file()) else {
+        return Ok(Vec::new());
+    };
+    let (id, size) = (ident(&meta), Some(meta.size()));
+    let same = |e: &&Entry| (e.dev, e.ino) == id && e.size == size;
+    Ok(entries
+        .into_iter()
+        .filter(same)
+        .map(|e| e.node.clone())
+        .collect())
+}
+
 /// What a run asks of the destination's manifests before it writes anything.
 #[derive(Debug, Clone)]
 pub struct Asked<'a> {
@@ -826,7 +845,8 @@ pub struct Survey {
     pub siblings: Vec<Manifest>,
     /// The files a manifest of this source proves stcast wrote: rel -> identity.
     pub ours: Vec<(OsString, Ident)>,
-    /// The entries of those files in this source's manifests made with this run's options.
+    /// The entries of those files in this source's manifests made with this run's options
+    /// that record the file there now (`recording`).
     pub entries: Vec<(OsString, Vec<Node<'static>>)>,
     /// What this source's runs plan to write.
     pub planned: Vec<OsString>,
@@ -889,11 +909,7 @@ pub fn survey(dst: &Path, run: &Asked<'_>) -> Result<Survey> {
     for rel in &survey.present {
         if let Some(id) = proves(&mine, dst, rel)? {
             survey.ours.push((rel.clone(), id));
-            let entries: Vec<_> = same
-                .iter()
-                .filter_map(|m| m.entry(rel))
-                .map(|e| e.node.clone())
-                .collect();
+            let entries = recording(dst, rel, same.iter().filter_map(|m| m.entry(rel)))?;
             if !entries.is_empty() {
                 survey.entries.push((rel.clone(), entries));
             }
@@ -925,7 +941,8 @@ pub struct Finished {
     pub manifests: Vec<Manifest>,
     /// The options they agree on (`agreed_options`).
     pub options: Node<'static>,
-    /// Each file's entries in them, in their order.
+    /// Each file's entries in them that record the file there now (`recording`), in their
+    /// order.
     pub entries: Vec<(OsString, Vec<Node<'static>>)>,
 }
 
@@ -956,12 +973,17 @@ pub fn finished(dst: &Path, src_id: Ident) -> Result<Finished> {
         return Err(refused(m.path(), ManifestProblem::Unfinished { shard }));
     }
     let options = agreed_options(dst, &manifests)?;
-    let mut entries: Vec<(OsString, Vec<Node<'static>>)> = Vec::new();
+    let mut by_rel: Vec<(OsString, Vec<&Entry>)> = Vec::new();
     for (rel, e) in manifests.iter().flat_map(|m| &m.files) {
-        match entries.iter_mut().find(|(r, _)| r == rel) {
-            Some((_, list)) => list.push(e.node.clone()),
-            None => entries.push((rel.clone(), vec![e.node.clone()])),
+        match by_rel.iter_mut().find(|(r, _)| r == rel) {
+            Some((_, list)) => list.push(e),
+            None => by_rel.push((rel.clone(), vec![e])),
         }
+    }
+    let mut entries = Vec::with_capacity(by_rel.len());
+    for (rel, list) in by_rel {
+        let recorded = recording(dst, &rel, list)?;
+        entries.push((rel, recorded));
     }
     Ok(Finished {
         manifests,

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, PlaceProblem, Result};
 use crate::input::folder::check_folder;
 use crate::output::{folder_chain, names_a_folder};
+use crate::run::walk::{torch_name, File, WEIGHTS_SUFFIX};
 use crate::vocab::Target;
 
 /// A file's or folder's identity: device and inode.
@@ -608,6 +609,51 @@ pub fn check_outputs(src: &Path, dst: &Path, rels: &[OsString], inputs: &[PathBu
         }
     }
     Ok(())
+}
+
+/// The file `src` as the only weight file of a folder (a file or one checkpoint in a folder
+/// re-sharded): its name kept, but a PyTorch checkpoint's made a safetensors name, as in a
+/// folder (`pytorch_model.bin` -> `model.safetensors`; `ema.pt` -> `ema.safetensors`). One
+/// checkpoint in a folder (DCP) is `model.safetensors`, of its regular files' total size
+/// and its entries' latest mtime.
+pub fn single_file(src: &Path) -> Result<File> {
+    let m = std::fs::metadata(src).map_err(|e| io_error(src, "cannot open", e))?;
+    if m.is_dir() {
+        let (mut size, mut mtime_ns) = (0, None);
+        let entries = std::fs::read_dir(src).map_err(|e| io_error(src, "cannot list", e))?;
+        for e in entries {
+            let path = e.map_err(|e| io_error(src, "cannot list", e))?.path();
+            let f = std::fs::metadata(&path).map_err(|e| io_error(&path, "cannot open", e))?;
+            size += if f.is_file() { f.len() } else { 0 };
+            mtime_ns = mtime_ns.max(Some(mtime_of(&f)));
+        }
+        return Ok(File {
+            rel: "model.safetensors".into(),
+            path: src.to_path_buf(),
+            size,
+            mtime_ns: mtime_ns.unwrap_or(mtime_of(&m)),
+            src_rel: Some(".".into()),
+        });
+    }
+    let name = basename(src.as_os_str().as_bytes());
+    let rel = if name.ends_with(WEIGHTS_SUFFIX) {
+        OsStr::from_bytes(name).to_os_string()
+    } else {
+        let stem = || OsString::from_vec([strip_ext(name), WEIGHTS_SUFFIX].concat());
+        torch_name(OsStr::from_bytes(name)).unwrap_or_else(stem)
+    };
+    let renamed = rel.as_bytes() != name;
+    Ok(File {
+        src_rel: renamed.then(|| OsStr::from_bytes(name).to_os_string()),
+        rel,
+        path: src.to_path_buf(),
+        size: m.len(),
+        mtime_ns: mtime_of(&m),
+    })
+}
+
+fn mtime_of(m: &std::fs::Metadata) -> i64 {
+    m.mtime() * 1_000_000_000 + m.mtime_nsec()
 }
 
 #[cfg(test)]

@@ -149,7 +149,7 @@ pub fn survey(dst: &Path, q: &Question<'_>, judge: &mut dyn Judge) -> Result<Ans
     }
     not_files(dst, q)?;
     let mut s = manifest::survey(dst, asked)?;
-    let kinds: HashMap<&OsStr, Kind> = q.outputs.iter().map(|o| (&*o.rel, o.kind)).collect();
+    let kinds: HashMap<&OsStr, &Planned> = q.outputs.iter().map(|o| (&*o.rel, o)).collect();
     let stale = s
         .ours
         .iter()
@@ -168,7 +168,7 @@ pub fn survey(dst: &Path, q: &Question<'_>, judge: &mut dyn Judge) -> Result<Ans
             continue; // a sibling run's file, in progress: not ours to touch
         }
         match kinds.get(&**rel) {
-            Some(&kind) => match adoptable(dst, rel, kind, asked.resume, judge)? {
+            Some(&planned) => match adoptable(dst, planned, asked.resume, judge)? {
                 Some(id) => {
                     ours.insert(rel.clone(), id);
                     adopted.push(rel.clone());
@@ -312,15 +312,15 @@ fn recorded_target(asked: &Asked<'_>) -> Option<crate::vocab::Target> {
 fn withdrawn(
     dst: &Path,
     to: Option<crate::vocab::Target>,
-    kinds: &HashMap<&OsStr, Kind>,
+    kinds: &HashMap<&OsStr, &Planned>,
 ) -> Vec<OsString> {
     let Some(weights) = to.and_then(crate::run::beside::Weights::planned) else {
         return Vec::new();
     };
     let mut out: Vec<OsString> = kinds
         .iter()
-        .filter(|(rel, kind)| {
-            **kind == Kind::Config && split_rel(rel.as_bytes()).1 == b"config.json"
+        .filter(|(rel, planned)| {
+            planned.kind == Kind::Config && split_rel(rel.as_bytes()).1 == b"config.json"
         })
         .filter(|(rel, _)| {
             let text = check::read_bounded(&dst.join(rel));
@@ -372,14 +372,14 @@ fn refused(dst: &Path, path: PathBuf, problem: SurveyProblem) -> Error {
 /// folder may hold a config of the same name).
 fn adoptable(
     dst: &Path,
-    rel: &OsStr,
-    kind: Kind,
+    planned: &Planned,
     resume: bool,
     judge: &mut dyn Judge,
 ) -> Result<Option<Ident>> {
     if !resume {
         return Ok(None);
     }
+    let (rel, kind) = (&*planned.rel, planned.kind);
     let path = dst.join(rel);
     let meta = match std::fs::symlink_metadata(&path) {
         Ok(m) if m.is_file() => m,
@@ -387,6 +387,10 @@ fn adoptable(
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::io(&path, "cannot stat", e)),
     };
+    // Weights are planned to the byte: a file of another size is not this plan's.
+    if kind == Kind::Weights && meta.len() != planned.size {
+        return Ok(None);
+    }
     let same = match judge.proof(rel, kind)? {
         Proof::Known(same) => same,
         Proof::Bytes(want) => {

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +46,6 @@ from .walk import (
     common_prefix_notices,
     index_owners,
     read_json,
-    safetensors_name,
 )
 
 if TYPE_CHECKING:
@@ -443,27 +441,15 @@ def source_options(key: str | None, strip_prefix: Sequence[str]) -> dict[str, An
     return options
 
 
-def single_file(src: str) -> File:
-    """The file `src` as the only weight file of a folder: its name kept, but a PyTorch
-    checkpoint's made a safetensors name."""
-    st = os.stat(src)
-    if os.path.isdir(src):  # a DCP folder: one checkpoint, shards named `model-*`
-        files = [os.stat(os.path.join(src, n)) for n in os.listdir(src)]
-        size = sum(f.st_size for f in files if stat.S_ISREG(f.st_mode))
-        mtime = max([f.st_mtime_ns for f in files], default=st.st_mtime_ns)
-        return File("model.safetensors", src, size, mtime, ".")
-    name = os.path.basename(src)
-    rel = safetensors_name(name)
-    return File(rel, src, st.st_size, st.st_mtime_ns, None if rel == name else name)
-
-
 def file_plan(src: str, to: Target, precision: dict[str, Any], config: str | None = None) -> Plan:
     """The plan of a folder holding only the file `src`: its name kept, but a PyTorch
     checkpoint's made a safetensors name (`pytorch_model.bin` -> `model.safetensors`, as in
     a folder; `ema.pt` -> `ema.safetensors`). The model's `config` (a path) goes beside it
     as `config.json`, its dtype set; without one, an FP8 target's quantization_config goes
     to `quantization_config.json` (`write.publish` adds it to either)."""
-    w = single_file(src)
+    # Its name kept, a PyTorch checkpoint's made a safetensors name (the engine's
+    # `run::place::single_file`).
+    w = File(*_core.walk_folder(src, single=True)[0][0])
     configs: list[tuple[File, bytes | None]] = []
     if config is not None:
         f = File(CONFIG_NAME, config, 0, 0)
@@ -532,15 +518,10 @@ def find_entry(
     out: str,
 ) -> dict[str, Any] | None:
     """The manifest entry that shows `out` is `unit` written with `options`, if one does:
-    its inputs unchanged, the file the one recorded with the header recorded, and (where
-    the plan knows it exactly: not a whole file's) the planned header."""
+    its inputs unchanged, the header recorded, and (where the plan knows it exactly: not a
+    whole file's) the planned header. `entries` record the file `out` is now (the engine
+    keeps only those: `run::manifest` `recording`)."""
     if not entries:
-        return None
-    try:
-        st = os.lstat(out)
-    except FileNotFoundError:
-        return None
-    if not stat.S_ISREG(st.st_mode):
         return None
     hashes = [_core.source_fingerprint(w.path) for w in unit.inputs]
     inputs = _inputs(unit, hashes)
@@ -558,7 +539,6 @@ def find_entry(
             e.get("version") != _core.__version__
             or e.get("options") != options
             or not same_inputs
-            or (e.get("dev"), e.get("ino"), e.get("size")) != (st.st_dev, st.st_ino, st.st_size)
             or (not unit.whole and recorded != unit.header_sha256)
         ):
             continue
@@ -571,12 +551,11 @@ def find_entry(
 
 def adoptable(dst: str, rel: str, reshard: Reshard, options: dict[str, Any]) -> bool:
     """Under resume, without a manifest: is the regular file of weights at `rel` exactly
-    what this plan writes? Its planned size and header, then every value verified against
-    the inputs."""
+    what this plan writes? Its planned header (the engine's survey saw its planned size),
+    then every value verified against the inputs."""
     path = os.path.join(dst, rel)
     unit = reshard.unit(rel)
-    st = os.lstat(path)
-    if st.st_size != unit.size or header_sha256(path) != unit.header_sha256:
+    if header_sha256(path) != unit.header_sha256:
         return False
     g = reshard.groups[unit.group]
     precision = {k: v for k, v in options.items() if k not in ("to", "max_shard_size", "name")}

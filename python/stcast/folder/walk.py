@@ -4,14 +4,13 @@ copy and rewrite, and whether the indexes agree with their shards."""
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from .. import _core
 from ..errors import InvalidInput, Refused
 from ..reports import InspectReport, Notice, _build, notices
-from .common import MAX_JSON_BYTES, WEIGHTS_SUFFIX, File, read_bounded
+from .common import File
 from .fp8 import is_fp8, is_model_config
 
 if TYPE_CHECKING:
@@ -183,21 +182,6 @@ def walk(
     )
 
 
-def _torch_name(name: str) -> str | None:
-    """The safetensors name of a PyTorch weight file or index of the Hugging Face layouts
-    (`pytorch_model.bin` -> `model.safetensors`), or None if `name` is not one: the
-    engine's rule, the walk's (`rust/run/walk.rs`)."""
-    return _core.torch_name(name)
-
-
-def safetensors_name(name: str) -> str:
-    """The safetensors name of a weight file: a Hugging Face PyTorch name renamed as in a
-    folder, any other its stem with `.safetensors`."""
-    if name.endswith(WEIGHTS_SUFFIX):
-        return name
-    return _torch_name(name) or os.path.splitext(name)[0] + WEIGHTS_SUFFIX
-
-
 def check_fp8_config(f: File, doc: Any, to: Target) -> None:
     """An FP8 target writes its quantization_config into the model config `f` (`doc`, as
     parsed): one that is not a JSON object is refused, before anything is written."""
@@ -210,19 +194,14 @@ def check_fp8_config(f: File, doc: Any, to: Target) -> None:
 
 
 def read_json(f: File) -> tuple[str, Any]:
-    """The text and the parsed document of a JSON file, refusing invalid or deep ones."""
-    raw = read_bounded(f.path, MAX_JSON_BYTES)
+    """The text and the parsed document of a JSON file, refusing invalid or deep ones (the
+    engine reads it, bounded, and checks it: `rust/folder.rs` `read_json`)."""
+    text = _core.read_json(f.path)
     try:
-        text = raw.decode("utf-8")
         doc = json.loads(text)
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+    except (ValueError, RecursionError) as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise InvalidInput(f"{_esc(f.path)}: not valid JSON: {_esc(reason)}", path=f.path) from None
-    # The walks over it below recurse: bound the depth once, here.
-    if _core.json_depth(text) > _core.JSON_MAX_DEPTH:
-        raise InvalidInput(
-            f"{_esc(f.path)}: JSON nested deeper than {_core.JSON_MAX_DEPTH} levels", path=f.path
-        )
     return text, doc
 
 

@@ -348,3 +348,29 @@ fn finalize_completes_finished_runs_that_agree() {
         }
     }
 }
+
+#[test]
+fn entries_record_the_file_there_now() {
+    let dst = folder("recording");
+    let path = dst.join("a.safetensors");
+    std::fs::write(&path, b"x").unwrap();
+    let mut one = record(&dst, None);
+    one.record(OsStr::new("a.safetensors"), "weights", id_of(&path), None);
+    one.complete = true;
+    one.save().unwrap();
+    let entries = || finished(&dst, (1, 2)).unwrap().entries;
+    let counts = |e: Vec<(OsString, Vec<Node<'static>>)>| {
+        e.into_iter()
+            .map(|(rel, list)| (rel, list.len()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(counts(entries()), [("a.safetensors".into(), 1)]);
+    // Rewritten in place (the same inode) to another size: not the file recorded.
+    std::fs::write(&path, b"xy").unwrap();
+    assert_eq!(counts(entries()), [("a.safetensors".into(), 0)]);
+    // Gone, or no regular file: none either.
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(counts(entries()), [("a.safetensors".into(), 0)]);
+    std::fs::create_dir(&path).unwrap();
+    assert_eq!(counts(entries()), [("a.safetensors".into(), 0)]);
+}

@@ -489,3 +489,47 @@ fn verify_pairs_a_file_with_what_convert_wrote_into_a_folder() {
     let e = route("w.safetensors", "dcp", None, false).unwrap_err();
     assert!(matches!(e, Error::NotAnOutput { .. }), "{e:?}");
 }
+
+#[test]
+fn a_single_file_is_named_as_in_a_folder() {
+    let dir = folder(
+        "single",
+        &[
+            "m.safetensors",
+            "pytorch_model.bin",
+            "ema.pt",
+            "..pt",
+            "dcp/__0_0.distcp",
+            "dcp/.metadata",
+            "dcp/sub/",
+        ],
+    );
+    let named = |name: &str| {
+        let f = single_file(&dir.join(name)).unwrap();
+        assert_eq!(f.size, name.len() as u64);
+        (f.rel.into_string().unwrap(), f.src_rel)
+    };
+    assert_eq!(named("m.safetensors"), ("m.safetensors".into(), None));
+    let renamed = |s: &str| Some(OsString::from(s));
+    assert_eq!(
+        named("pytorch_model.bin"),
+        ("model.safetensors".into(), renamed("pytorch_model.bin"))
+    );
+    assert_eq!(
+        named("ema.pt"),
+        ("ema.safetensors".into(), renamed("ema.pt"))
+    );
+    // As os.path.splitext cuts it: a name's leading dots are no extension.
+    assert_eq!(named("..pt"), ("..pt.safetensors".into(), renamed("..pt")));
+    // One checkpoint in a folder: its regular files' total size, its entries' latest mtime.
+    let f = single_file(&dir.join("dcp")).unwrap();
+    let size = ("dcp/__0_0.distcp".len() + "dcp/.metadata".len()) as u64;
+    assert_eq!(
+        (f.rel, f.size, f.src_rel),
+        ("model.safetensors".into(), size, renamed("."))
+    );
+    let newest = ["dcp/__0_0.distcp", "dcp/.metadata", "dcp/sub"]
+        .map(|p| mtime_of(&std::fs::metadata(dir.join(p)).unwrap()));
+    assert_eq!(f.mtime_ns, newest.into_iter().max().unwrap());
+    assert!(single_file(&dir.join("missing.pt")).is_err());
+}

@@ -119,7 +119,7 @@ fn a_planned_file_no_manifest_proves_is_refused_naming_the_first() {
     ] {
         put(&dst, rel, b"{}");
     }
-    put(&dst, "model-00001-of-00002.safetensors", b"x");
+    put(&dst, "model-00001-of-00002.safetensors", &[b'x'; 100]);
     let e = ask(&dst, false, false, &mut Caller::default()).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Refused);
     assert_eq!(
@@ -153,7 +153,7 @@ fn resume_adopts_exactly_what_the_plan_writes() {
     put(&src, "tokenizer.json", b"tok");
     put(&dst, "tokenizer.json", b"tok");
     put(&dst, "config.json", b"{}");
-    put(&dst, "model-00002-of-00002.safetensors", b"w");
+    put(&dst, "model-00002-of-00002.safetensors", &[b'w'; 50]);
     let mut caller = Caller::default();
     caller.proofs.insert(
         "tokenizer.json".into(),
@@ -185,6 +185,16 @@ fn resume_adopts_exactly_what_the_plan_writes() {
     // Done: the adopted weights are skipped; the rest is what the run writes.
     assert_eq!(rels(&a.skipped), ["model-00002-of-00002.safetensors"]);
     assert_eq!(a.need, 112);
+    // Weights of another size than planned are not the plan's: the caller is not asked.
+    put(&dst, "model-00002-of-00002.safetensors", &[b'w'; 49]);
+    caller.asked.clear();
+    let e = ask(&dst, false, true, &mut caller).unwrap_err();
+    assert_eq!(
+        e.path(),
+        Some(&*dst.join("model-00002-of-00002.safetensors"))
+    );
+    assert!(!caller.asked.iter().any(|(_, kind)| *kind == Kind::Weights));
+    put(&dst, "model-00002-of-00002.safetensors", &[b'w'; 50]);
     // Other bytes are not the plan's.
     put(&dst, "config.json", b"{ }");
     let e = ask(&dst, false, true, &mut caller).unwrap_err();
