@@ -15,7 +15,7 @@
 //! (`dequantize_problem`). An FP8 target's weights that no model config describes get a
 //! `quantization_config.json` beside them (`side_configs`).
 //!
-//! `verify`: whether a destination folder holds what a folder run writes of its source.
+//! `verify_folder`: whether a destination folder holds what a folder run writes of its source.
 //! A dry run of a folder run (`inspect`) answers from the same walk or plan, each weight file
 //! inspected as the run would convert it.
 
@@ -1080,7 +1080,7 @@ pub fn fingerprint(path: &Path) -> Result<String> {
 }
 
 pub mod inspect;
-pub mod verify;
+pub mod verify_folder;
 
 #[cfg(test)]
 mod tests;

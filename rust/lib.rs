@@ -26,7 +26,7 @@
 //! - `record`: the options convert records in each output's `__metadata__` for `verify`;
 //! - `run`: what a folder run decides about its files (the source folder's walk);
 //! - `folder`: a folder run's plan, whole: walk, indexes, configs, each file's inspection;
-//!   and its verify (`folder::verify`);
+//!   and its verify (`folder::verify_folder`);
 //! - `env`, `failpoint`: the one reader of the environment, and the test hooks it arms.
 //!
 //! `python` (feature `python`) is the only module that knows about PyO3.

@@ -23,7 +23,7 @@ use pyo3::types::{IntoPyDict, PyDict};
 use crate::convert::{Knobs, Options as ConvertOptions, Tuning};
 use crate::error::{panic_message, Error};
 use crate::folder::inspect::{InspectFolderTask, Planning};
-use crate::folder::verify::FolderVerify;
+use crate::folder::verify_folder::FolderVerify;
 use crate::folder::PlanTask;
 use crate::given::{Exports, Given, Settings};
 use crate::numerics::{DequantizedTensor, Numerics};
@@ -914,7 +914,7 @@ fn replace_policy(v: Option<&Bound<'_, PyAny>>) -> PyResult<Replace> {
     }
 }
 
-/// Verify the folder `dst` against `src` (`folder::verify::FolderVerify`), stepped: the
+/// Verify the folder `dst` against `src` (`folder::verify_folder::FolderVerify`), stepped: the
 /// report as a dict, its mismatch with its `file`, each file's (rel, numerics) as `parts`.
 #[pyfunction]
 #[pyo3(signature = (src, dst, *, progress=None, warn=None, **options))]

@@ -199,7 +199,7 @@ def verify(
     **options: Unpack[_Options],
 ) -> _Report: ...
 
-# A folder's verification (rust/folder/verify.rs): its report, its mismatch with `file`,
+# A folder's verification (rust/folder/verify_folder.rs): its report, its mismatch with `file`,
 # each file's (rel, numerics) as `parts`.
 def verify_folder(
     src: str,

@@ -218,7 +218,8 @@ def verify_folder(
     src: str, dst: str, options: Options, *, progress: Progress | None
 ) -> VerifyReport:
     """Verify the folder `dst` against the folder `src` (or the file `src` re-sharded into
-    it): the engine's run (rust/folder/verify.rs), its warnings issued; see `stcast.verify`."""
+    it): the engine's run (rust/folder/verify_folder.rs), its warnings issued; see
+    `stcast.verify`."""
 
     def issued(kind: str, template: str) -> None:
         issue(kind, template, None)
