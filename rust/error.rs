@@ -116,6 +116,9 @@ pub enum PlaceProblem {
     DstInCheckpoint { src: PathBuf },
     /// An output is the source's file `input` (a hard link, or a symlink to it).
     OutputIsInput { input: PathBuf },
+    /// An output of a lone file re-sharded is that file (re-sharded into its own folder,
+    /// where one shard takes its name).
+    OutputIsTheFile,
     /// An output is, or lies in, a folder of the source (a bind mount of one under DST).
     OutputInSource,
     /// A source that is not there but reads like the Hugging Face Hub repo `repo` (its id
@@ -1426,6 +1429,9 @@ fn place_message(problem: &PlaceProblem) -> String {
              the source's files)",
             esc_path(input)
         ),
+        PlaceProblem::OutputIsTheFile => {
+            "this output would be the input file itself; re-shard into another folder".into()
+        }
         PlaceProblem::OutputInSource => "is a folder of the source (by device and inode: a bind \
              mount or a link); nothing was written"
             .into(),

@@ -136,7 +136,6 @@ def test_no_import_cycles() -> None:
 # budget when a call goes, and drop the module when it reaches zero (the test says so).
 FS_BUDGET = {
     "stcast/cli.py": 2,
-    "stcast/folder/reshard.py": 1,
 }
 FS_FREE = {"stcast/_console.py", "stcast/demo.py"}
 # `os` functions that touch the file system (the rest are process or string functions).

@@ -563,7 +563,7 @@ fn checkpoint_ids(src: &Path, m: &std::fs::Metadata) -> HashSet<Ident> {
 }
 
 /// Refuse, before anything is written, an output `rels` of `dst` that is a file of the
-/// source (`inputs`; a hard link, or a symlink to it), or that is, or lies in, a folder of
+/// source (`inputs`; a hard link, or a symlink to it; the lone file `src` re-sharded), or that is, or lies in, a folder of
 /// the source folder `src` (a bind mount of one under `dst`). Every output is checked here,
 /// so that a refusal never comes after a file was replaced.
 pub fn check_outputs(src: &Path, dst: &Path, rels: &[OsString], inputs: &[PathBuf]) -> Result<()> {
@@ -584,12 +584,13 @@ pub fn check_outputs(src: &Path, dst: &Path, rels: &[OsString], inputs: &[PathBu
         // Nothing there (or a dangling link, which is replaced as a link): no input.
         let found = std::fs::metadata(&path).ok();
         if let Some(input) = found.as_ref().and_then(|m| by_id.get(&ident(m))) {
-            return Err(refused(
-                &path,
-                PlaceProblem::OutputIsInput {
+            let problem = match src.is_dir() {
+                true => PlaceProblem::OutputIsInput {
                     input: input.to_path_buf(),
                 },
-            ));
+                false => PlaceProblem::OutputIsTheFile,
+            };
+            return Err(refused(&path, problem));
         }
         // The folders the output goes into, below DST (and itself, if a folder).
         let parts: Vec<&[u8]> = rel.as_bytes().split(|&c| c == b'/').collect();

@@ -121,7 +121,6 @@ def prepare(
             allow_quantized=given.allow_quantized or _engine.is_tree(src),
         )
         plan.keep_unmatched = reshard.keep_unmatched
-        _reshard.check_not_the_input(src_id, dst, reshard)
     work = _work.Work(plan, reshard, _record(to, given, plan.model_config))
     units = work.items
     if shard is not None and shard[1] > len(units):

@@ -413,23 +413,6 @@ def _read_first(
 # --- a single file as the source ------------------------------------------------------------
 
 
-def check_not_the_input(src_id: tuple[int, int], dst: str, reshard: Reshard) -> None:
-    """Refuse, before anything is written, a planned output that is the input file itself
-    (a file re-sharded into its own folder, where one shard takes its name)."""
-    for rel in [u.rel for u in reshard.units()] + [r for r, _, _ in reshard.indexes()]:
-        path = os.path.join(dst, rel)
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        if (st.st_dev, st.st_ino) == src_id:
-            raise Refused(
-                f"{_esc(path)}: this output would be the input file itself; re-shard into "
-                "another folder",
-                path=path,
-            )
-
-
 def source_options(key: str | None, strip_prefix: Sequence[str]) -> dict[str, Any]:
     """How a single PyTorch checkpoint re-sharded is read (`key`, `strip_prefix`), without
     the defaults: keywords for the engine, and options of the manifest."""
