@@ -332,6 +332,7 @@ impl Settings {
             include: self.include.clone(),
             exclude: self.exclude.clone(),
             experts: self.folder_experts()?.map(|m| m.sizes()),
+            config: self.config.is_some(),
             ..Record::new(plan.target)
         };
         Ok(Some(record.with_on_overflow(self.on_overflow()?).text()))

@@ -44,6 +44,12 @@ pub struct Record {
     pub include: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exclude: Vec<String>,
+    /// A lone checkpoint's run given the model's config (`convert --config`): it wrote that
+    /// config beside the output as `config.json` (`json::written_config`), which `verify`
+    /// then checks as it checks a folder's. Without it the run left any `config.json` there
+    /// as it was, whatever dtype it says.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub config: bool,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -69,6 +75,7 @@ impl Record {
             experts: None,
             include: Vec::new(),
             exclude: Vec::new(),
+            config: false,
         }
     }
 
@@ -296,6 +303,9 @@ mod tests {
             assert!(Record::parse(bad).is_err(), "{bad}");
         }
         assert!(Record::parse(r#"{"to":"fp8","experts":[64,128]}"#).is_ok());
+        // A `--config` run's (r2): true, or left out.
+        assert!(Record::parse(r#"{"to":"bf16","config":true}"#).is_ok_and(|r| r.config));
+        assert!(Record::parse(r#"{"to":"bf16","config":false}"#).is_err());
         let why = Record::parse(r#"{"to":"bf16","name":"a/b"}"#).unwrap_err();
         assert!(why.starts_with(r#"name "a/b" is not "#), "{why}");
     }

@@ -357,6 +357,8 @@ pub struct Verifier {
     /// A lone output's verification: check the files beside it (`beside::check`), exactly
     /// unless loose.
     beside: Option<bool>,
+    /// DST's record says convert wrote the model config beside it (`Record::config`).
+    given_config: bool,
     /// Strict mode: a converted tensor with values that became ±inf is a difference under
     /// `Keep` (convert would have kept it) and `Error` (convert would have refused).
     on_overflow: OnOverflow,
@@ -632,6 +634,9 @@ impl Verifier {
             .then(|| vec![Numerics::default(); pairs.len()]);
         let total: u64 = pairs.iter().map(|p| src.header.tensors[p.src].len()).sum();
         let dst_total: u64 = pairs.iter().map(|p| dst.header.tensors[p.dst].len()).sum();
+        let given_config = written_record(sm, dm)
+            .and_then(|t| Record::parse(t).ok())
+            .is_some_and(|r| r.config);
         src.advise(Advice::Sequential);
         dst.advise(Advice::Sequential);
         Ok(Verifier {
@@ -646,6 +651,7 @@ impl Verifier {
             report,
             report_path,
             beside: None,
+            given_config,
             started,
             kept_max: vec![0.0; pairs.len()],
             ranges: vec![Range::default(); pairs.len()],
@@ -956,7 +962,8 @@ impl Verifier {
         let report_path = self.report_path.clone();
         let beside = self.beside.and_then(|exact| {
             let to = self.report.to;
-            crate::run::beside::check(&self.report.dst, &self.dst.header, to, exact)
+            let given = self.given_config;
+            crate::run::beside::check(&self.report.dst, &self.dst.header, to, exact, given)
         });
         let mut report = self.conclude();
         if let (Some(message), true) = (beside, report.is_ok()) {

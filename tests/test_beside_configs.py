@@ -518,3 +518,46 @@ def test_a_lone_output_named_config_json_is_refused_before_it_is_written(
     assert "--force" not in line, line
     assert (folder == "existing") == out.exists()
     assert not out.exists() or list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("to", ["bf16", "fp16", "fp8"])
+def test_verify_checks_the_dtype_of_the_config_convert_wrote_beside_a_lone_output(
+    tmp_path, run_main, to
+):
+    # (Attack z11 r2.) The record says --config was given: the config.json beside the output
+    # is what convert writes of a config (its dtype the target's), checked as a folder's.
+    src, cfg = _file(tmp_path), _config(tmp_path)
+    out = tmp_path / "out" / "model.safetensors"
+    assert run_main("convert", "-q", src, out, "--to", to, "--config", cfg)[0] == 0
+    for loose in ([], ["--loose"]):
+        rc, _, err = run_main("verify", src, out, *loose)
+        assert rc == 0, err
+    path = out.parent / "config.json"
+    written = path.read_text()
+    other = "float16" if to != "fp16" else "bfloat16"
+    path.write_text(written.replace(json.loads(written)["torch_dtype"], other))
+    differs = "config.json: is not the config given to convert (--config) with the dtype set"
+    rc, _, err = run_main("verify", src, out)
+    assert rc == 1 and differs in assert_one_error_line(err), err
+    # Loose judges it as a folder's: the same data for a dense target; under FP8, what the
+    # config says of the quantization only.
+    rc, _, err = run_main("verify", src, out, "--loose")
+    assert rc == (0 if to == "fp8" else 1), err
+    path.unlink()
+    for loose in ([], ["--loose"]):
+        rc, _, err = run_main("verify", src, out, *loose)
+        assert rc == 1, err
+        assert "config.json: is missing: DST's record says convert wrote it" in err
+
+
+def test_verify_leaves_a_config_convert_was_not_given_as_it_is(tmp_path, run_main):
+    # (Attack z11 r2.) Without --config, convert leaves a config.json beside its output as it
+    # is, whatever dtype it says: its output passes (the record says no config was given).
+    src, cfg = _file(tmp_path), _config(tmp_path)
+    out = tmp_path / "out" / "model.safetensors"
+    out.parent.mkdir()
+    shutil.copy(cfg, out.parent / "config.json")
+    assert run_main("convert", "-q", src, out)[0] == 0
+    assert json.loads((out.parent / "config.json").read_text())["torch_dtype"] == "float32"
+    rc, _, err = run_main("verify", src, out)
+    assert rc == 0, err

@@ -223,9 +223,16 @@ pub fn written<'a>(
 
 /// The first file beside the lone output `dst` (whose header is `header`, written for
 /// `to`) that would mislead a loader of it: an earlier re-sharding's index or shards under
-/// its stem (`leftovers`), or a config that does not describe its weights (`wrong_config`).
-/// Returns the message (a template naming the file), or None.
-pub fn check(dst: &Path, header: &SourceHeader, to: Option<Target>, exact: bool) -> Option<String> {
+/// its stem (`leftovers`), a config that does not describe its weights (`wrong_config`), or
+/// the model config a `--config` run wrote beside it when DST's record says so (`given`:
+/// `given_config`). Returns the message (a template naming the file), or None.
+pub fn check(
+    dst: &Path,
+    header: &SourceHeader,
+    to: Option<Target>,
+    exact: bool,
+    given: bool,
+) -> Option<String> {
     let dir = crate::output::parent_dir(dst);
     if let Some(first) = leftovers(dst).first() {
         return Some(format!(
@@ -236,14 +243,51 @@ pub fn check(dst: &Path, header: &SourceHeader, to: Option<Target>, exact: bool)
         ));
     }
     let mut modules = Modules::default();
-    let weights = written(header, to, &mut modules)?;
-    let strict = to.filter(|_| exact);
-    let (path, why) = wrong_config(dst, weights, strict)?;
-    Some(format!(
-        "{}: does not describe the weights beside it: {why}",
-        esc_path(&path)
-    ))
+    if let Some(weights) = written(header, to, &mut modules) {
+        let strict = to.filter(|_| exact);
+        if let Some((path, why)) = wrong_config(dst, weights, strict) {
+            return Some(format!(
+                "{}: does not describe the weights beside it: {why}",
+                esc_path(&path)
+            ));
+        }
+    }
+    given_config(dst, to.filter(|_| given)?, exact)
 }
+
+/// What is wrong with the model config a `--config` run wrote beside the lone output `dst`
+/// for `to` (`config.json` in its folder, which must be there): it must be what the run
+/// writes of a config (`json::written_config`), judged as a folder's config is
+/// (`json::same_json`: `exact`, the bytes; else the same JSON data; under an FP8 target
+/// loose mode judges only what `wrong_config` does, as a folder's FP8 config). What the
+/// given config said is not known: the config is its own source, its dtype keys set to the
+/// target's (its quantization keys are `wrong_config`'s).
+fn given_config(dst: &Path, to: Target, exact: bool) -> Option<String> {
+    let path = crate::output::parent_dir(dst).join("config.json");
+    let at = esc_path(&path);
+    let got = match crate::run::json::read_model_config(&path) {
+        Ok(got) => got,
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            return Some(format!(
+                "{at}: is missing: DST's record says convert wrote it beside the output \
+                 (--config)"
+            ));
+        }
+        Err(e) => return Some(e.template()),
+    };
+    if !exact && to.strategy().is_some() {
+        return None;
+    }
+    let want = crate::run::json::written_config(&got, to, false, None);
+    match want {
+        Ok(want) if crate::run::json::same_json(got.as_bytes(), want.as_bytes(), !exact) => None,
+        _ => Some(format!("{at}: {GIVEN_CONFIG_DIFFERS}")),
+    }
+}
+
+/// How `given_config` says the model config beside a lone output is not one convert wrote.
+const GIVEN_CONFIG_DIFFERS: &str =
+    "is not the config given to convert (--config) with the dtype set to the target";
 
 /// The first config beside the lone output `dst` that does not describe `weights`: the
 /// model config (`model_config`) and the FP8 side config (`side_config_path`). `strict`:
@@ -379,6 +423,40 @@ mod tests {
             let wrong = problem(&two, fp8, exact).unwrap();
             assert!(wrong.contains("`compression_config`"), "{wrong}");
         }
+    }
+
+    #[test]
+    fn a_given_config_beside_a_lone_output_has_the_target_s_dtype() {
+        // r2: what a `--config` run wrote is judged as a folder's config, its own source.
+        let dir = std::env::temp_dir().join(format!("stcast-given-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let dst = dir.join("model.safetensors");
+        let given = "{\"torch_dtype\": \"float32\",\n \"text_config\": {\"dtype\": \"float32\"}}";
+        let missing = given_config(&dst, Target::Bf16, true).unwrap();
+        assert!(missing.ends_with("config.json: is missing: DST's record says convert wrote it beside the output (--config)"), "{missing}");
+        for to in [Target::Bf16, Target::F16, Target::Fp8] {
+            let written = crate::run::json::written_config(given, to, false, None).unwrap();
+            std::fs::write(dir.join("config.json"), &written).unwrap();
+            assert_eq!(given_config(&dst, to, true), None);
+            assert_eq!(given_config(&dst, to, false), None);
+            // Another target's dtype: strict fails it, loose too but under FP8 (a folder's
+            // FP8 config is judged by what it says of the quantization only).
+            let other = if to == Target::F16 {
+                Target::Bf16
+            } else {
+                Target::F16
+            };
+            let wrong = crate::run::json::written_config(given, other, false, None).unwrap();
+            std::fs::write(dir.join("config.json"), &wrong).unwrap();
+            let why = given_config(&dst, to, true).unwrap();
+            assert!(why.ends_with(GIVEN_CONFIG_DIFFERS), "{why}");
+            assert_eq!(given_config(&dst, to, false).is_none(), to == Target::Fp8);
+            // The same data in another layout: loose only.
+            let compact: Value = serde_json::from_str(&written).unwrap();
+            std::fs::write(dir.join("config.json"), compact.to_string()).unwrap();
+            assert_eq!(given_config(&dst, to, false), None);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -13,7 +13,7 @@ use crate::input::InputOptions;
 use crate::naming;
 use crate::quant::{BLOCKS_SUFFIX, PACKED_SUFFIX, SCALE_SUFFIXES};
 use crate::run::fp8config;
-use crate::run::json::{self, Node, Str, Value};
+use crate::run::json::{self, same_json, Node, Str, Value};
 use crate::run::walk::{listing, torch_name};
 use crate::source::{open_regular, Source};
 use crate::text::{esc, esc_path, format_bytes};
@@ -120,8 +120,8 @@ pub fn check(
             // convert refuses such a source: no output of it is stcast's (or loaded right).
             return finding(rel, format!("in SRC: {why}"));
         }
-        let want = json::config_text(text, target, *dequantize, None).map_err(|_| not_json(rel))?;
-        let mut want = want.unwrap_or_else(|| text.clone());
+        let mut want =
+            json::written_config(text, target, *dequantize, None).map_err(|_| not_json(rel))?;
         if fp8 && is_model_config(rel) {
             // The config must describe the tensors beside it (strict and loose alike): a
             // loader trusts its `ignore`, strategy and format. Strict mode then wants
@@ -135,8 +135,8 @@ pub fn check(
                 continue;
             }
             let ignore = Some(&modules.unquantized[..]);
-            let written = json::config_text(text, target, false, ignore);
-            want = written.map_err(|_| not_json(rel))?.unwrap_or_default();
+            let written = json::written_config(text, target, false, ignore);
+            want = written.map_err(|_| not_json(rel))?;
         }
         match read_bounded(&dst.join(rel)) {
             Ok(got) if same_json(&got, want.as_bytes(), loose) => continue,
@@ -758,13 +758,6 @@ pub fn same_bytes(a: &Path, b: &Path) -> bool {
         a.consume(n);
         b.consume(n);
     }
-}
-
-/// Strict: the bytes stcast writes. Loose (files other tools wrote): the same JSON data,
-/// whatever the layout (objects as dicts, the last of a duplicated key).
-pub fn same_json(got: &[u8], want: &[u8], loose: bool) -> bool {
-    let data = |b| serde_json::from_slice::<serde_json::Value>(b).ok();
-    got == want || (loose && data(got).is_some_and(|g| Some(g) == data(want)))
 }
 
 #[cfg(test)]

@@ -1133,6 +1133,27 @@ pub fn config_text(
     Ok(out)
 }
 
+/// Strict: the bytes stcast writes. Loose (files other tools wrote): the same JSON data,
+/// whatever the layout (objects as dicts, the last of a duplicated key).
+pub fn same_json(got: &[u8], want: &[u8], loose: bool) -> bool {
+    let data = |b| serde_json::from_slice::<serde_json::Value>(b).ok();
+    got == want || (loose && data(got).is_some_and(|g| Some(g) == data(want)))
+}
+
+/// The model config a run writes of the config text `src` (`config_text`, or `src` as it
+/// is when it copies it): what `verify` wants of a folder's config (SRC's) and of the one a
+/// lone checkpoint's `--config` run wrote beside its output (its own text, the dtype set:
+/// the run wrote it so).
+pub fn written_config(
+    src: &str,
+    to: Target,
+    dequantize: bool,
+    ignore: Option<&[String]>,
+) -> Parsed<String> {
+    let out = config_text(src, to, dequantize, ignore)?;
+    Ok(out.unwrap_or_else(|| src.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
