@@ -99,12 +99,28 @@ impl VerifyOptions {
 
 /// How a folder verification pairs and reads SRC, and which files DST should hold:
 /// `name` (a re-sharding's stem), `key`, `strip_prefix`, `include`, `exclude` and the
-/// target `to` as given, each one not given the record's of DST's output `path` (a
-/// safetensors file or an index; one without a record, or with one convert does not write,
-/// adds none). The target is the whole output's: a file of it that holds no quantized
+/// target `to` as given, each one not given the record's `r` (of a file of DST's output:
+/// `record_at`). The target is the whole output's: a file of it that holds no quantized
 /// weight does not tell an FP8 run from a bf16 one.
-pub fn recorded_source(path: &Path, given: RecordedSource) -> Result<RecordedSource> {
-    let text = match path.to_string_lossy().ends_with(".index.json") {
+pub fn recorded_source(r: Record, given: RecordedSource) -> RecordedSource {
+    let or = |given: Vec<String>, recorded: Vec<String>| match given.is_empty() {
+        true => recorded,
+        false => given,
+    };
+    (
+        given.0.or(r.name),
+        given.1.or(r.key),
+        or(given.2, r.strip_prefix),
+        or(given.3, r.include),
+        or(given.4, r.exclude),
+        given.5.or(Some(r.to)),
+    )
+}
+
+/// The record of DST's output file `path` (a safetensors file or an index): None where it
+/// has none, else the record, or its text and why it is none convert writes.
+pub fn record_at(path: &Path) -> Result<Option<std::result::Result<Record, (String, String)>>> {
+    let text = match is_index(path) {
         // A folder output's index: its metadata's record.
         true => {
             let text = crate::run::check::read_bounded(path)?;
@@ -116,21 +132,26 @@ pub fn recorded_source(path: &Path, given: RecordedSource) -> Result<RecordedSou
             record::find(meta.as_deref()).map(str::to_string)
         }
     };
-    let Some(Ok(r)) = text.as_deref().map(Record::parse) else {
-        return Ok(given);
+    Ok(text.map(|t| Record::parse(&t).map_err(|why| (t, why))))
+}
+
+fn is_index(path: &Path) -> bool {
+    path.to_string_lossy().ends_with(".index.json")
+}
+
+/// How verify says that DST's file `path` holds a record (`text`) that is none convert
+/// writes (`why`), a lone file's or a folder's alike.
+pub fn not_a_record(path: &Path, text: &str, why: &str) -> String {
+    let entry = match is_index(path) {
+        true => "metadata",
+        false => "__metadata__",
     };
-    let or = |given: Vec<String>, recorded: Vec<String>| match given.is_empty() {
-        true => recorded,
-        false => given,
-    };
-    Ok((
-        given.0.or(r.name),
-        given.1.or(r.key),
-        or(given.2, r.strip_prefix),
-        or(given.3, r.include),
-        or(given.4, r.exclude),
-        given.5.or(Some(r.to)),
-    ))
+    format!(
+        "{entry} entry {:?} is not a record convert writes ({}): {}",
+        record::KEY,
+        esc(why),
+        esc(text)
+    )
 }
 
 /// `name`, `key`, `strip_prefix`, `include`, `exclude`, `to` (`recorded_source`).
@@ -1296,15 +1317,7 @@ fn check_headers(
     let added = (src.origin.is_some() || opts.loose).then_some(TORCH_METADATA.0);
     // DST's own record of convert's options follows SRC's keys (replacing SRC's own).
     if let Some(Err((text, why))) = own_record(sh.metadata.as_deref(), dh.metadata.as_deref()) {
-        return fail(
-            None,
-            format!(
-                "__metadata__ entry {:?} is not a record convert writes ({}): {}",
-                record::KEY,
-                esc(&why),
-                esc(text)
-            ),
-        );
+        return fail(None, not_a_record(&dst.path, text, &why));
     }
     let own = written_record(sh.metadata.as_deref(), dh.metadata.as_deref());
     let want = record::with_record(sh.metadata.as_deref(), own);

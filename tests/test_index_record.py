@@ -124,3 +124,59 @@ def test_shards_of_two_runs_with_other_options_fail(tmp_path, reshard):
         report = stcast.verify(src, a, **options)
         assert not report.ok and report.mismatch is not None, options
         assert report.mismatch.message.path == shards[-1], (options, report.mismatch)
+
+
+def _set_shard_record(path: Path, text: str) -> None:
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    header.setdefault("__metadata__", {})["stcast"] = text
+    new = json.dumps(header, separators=(",", ":")).encode()
+    new += b" " * (-len(new) % 8)
+    path.write_bytes(len(new).to_bytes(8, "little") + new + raw[8 + n :])
+
+
+@pytest.mark.parametrize("where", ["both", "shards", "index"])
+@pytest.mark.parametrize("reshard", [False, True], ids=["plain", "resharded"])
+def test_a_folder_record_convert_does_not_write_is_named_as_a_lone_files(tmp_path, where, reshard):
+    """(Attack z11 r17.) Records rewritten with their keys in another order: SRC was paired
+    without the prefix they hold, and the failure blamed a tensor (`is in no DST file`)."""
+    src = tmp_path / "in"
+    src.mkdir()
+    weight_map = {}
+    for i in range(2):
+        shard = f"model-{i + 1:05d}-of-00002.safetensors"
+        write_safetensors(src / shard, {f"module.w{i}": ("F32", [4, 4], np.ones((4, 4), "f4"))})
+        weight_map[f"module.w{i}"] = shard
+    index = {"metadata": {"total_size": 128}, "weight_map": weight_map}
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    dst = tmp_path / "out"
+    extra = {"max_shard_size": "100B", "name": "model"} if reshard else {}
+    stcast.convert(src, dst, strip_prefix=["module."], **extra)
+    assert stcast.verify(src, dst).ok
+    text = '{"strip_prefix":["module."],"to":"bf16"}'
+    if where != "index":
+        for shard in dst.glob("*.safetensors"):
+            _set_shard_record(shard, text)
+    if where != "shards":
+        index = index_of(dst)
+        index["metadata"]["stcast"] = text
+        (dst / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    report = stcast.verify(src, dst)
+    assert not report.ok and report.mismatch is not None
+    entry = "metadata" if where == "index" else "__metadata__"
+    name = "model.safetensors.index.json" if where == "index" else "model-00001-of-"
+    want = f'{entry} entry "stcast" is not a record convert writes (not the text convert writes)'
+    assert want in report.mismatch.message, report.mismatch
+    assert report.mismatch.file.startswith(name), report.mismatch
+
+
+def test_a_record_srcs_shards_hold_is_theirs_under_no_record(tmp_path):
+    """What `--no-record` leaves, SRC's metadata with a record convert does not write, is not
+    DST's: verify given the options passes it."""
+    src = sharded(tmp_path / "in")
+    for shard in src.glob("*.safetensors"):
+        _set_shard_record(shard, '{"keep":[],"to":"bf16"}')
+    dst = tmp_path / "out"
+    stcast.convert(src, dst, no_record=True)
+    assert stcast.verify(src, dst, to="bf16").ok

@@ -177,6 +177,16 @@ fn finding(e: &Error) -> bool {
     !matches!(e.kind(), ErrorKind::Io | ErrorKind::Cancelled)
 }
 
+/// Does a weight file or an index of SRC (`walked`) hold the record text `text`: DST's is
+/// then SRC's own, as a `no_record` run leaves it?
+fn srcs_own_record(walked: &walk::Walked, text: &str) -> bool {
+    let mut files = walked.weights.iter().chain(&walked.indexes);
+    files.any(|f| {
+        let found = crate::verify::record_at(&f.path).ok().flatten();
+        found.is_some_and(|r| r.map_or_else(|(t, _)| t == text, |r| r.text() == text))
+    })
+}
+
 fn member(f: &File) -> Member {
     Member {
         rel: f.rel.clone().into(),
@@ -308,6 +318,9 @@ impl FolderVerify {
             given.exclude.clone(),
             to.map(|t| t.name().to_string()),
         );
+        // A record of DST that is none convert writes (`record_at`): DST's file, its text,
+        // why.
+        let mut bad_record: Option<(OsString, String, String)> = None;
         let ends = |r: &OsString, s: &[u8]| r.as_bytes().ends_with(s);
         let shards: Vec<&OsString> = found.iter().filter(|r| ends(r, WEIGHTS_SUFFIX)).collect();
         if let Some(&first) = shards.first() {
@@ -318,7 +331,12 @@ impl FolderVerify {
                 .collect();
             indexed.sort();
             for rel in indexed.iter().take(1).map(|(_, r)| *r).chain([first]) {
-                recorded = crate::verify::recorded_source(&dst.join(rel), recorded)?;
+                match crate::verify::record_at(&dst.join(rel))? {
+                    Some(Ok(r)) => recorded = crate::verify::recorded_source(r, recorded),
+                    // Said once SRC is walked, unless it is SRC's own (the shard's, where both are).
+                    Some(Err((text, why))) => bad_record = Some((rel.clone(), text, why)),
+                    None => {}
+                }
             }
             // The whole output's target (a file without FP8 weights does not tell fp8
             // from bf16).
@@ -387,6 +405,15 @@ impl FolderVerify {
                 first_error = Some((rel, why(&e)));
             }
             Err(e) => return Err(e),
+        }
+        // The pairing read SRC without what a record convert does not write would say (a
+        // prefix to strip, a stem): that record is the difference, as a lone file's is,
+        // unless it is SRC's own (an output of `no_record`: DST's metadata is SRC's).
+        if let Some((rel, text, why)) = bad_record {
+            if !srcs_own_record(&walked, &text) {
+                let template = crate::verify::not_a_record(Path::new(&rel), &text, &why);
+                first_error = Some((rel.into(), template));
+            }
         }
         // FP8 outputs: SRC's model config splits fused experts where DST records no sizes
         // (an output written with `no_record`); a record's sizes come first (the engine's).

@@ -274,3 +274,38 @@ fn a_sharded_folder_verifies_and_its_index_is_checked() {
         assert_eq!(file.to_str(), Some("model.safetensors.index.json"));
     }
 }
+
+#[test]
+fn a_record_convert_does_not_write_is_the_difference_not_the_pairing() {
+    // Attack z11 r17: its keys in another order, the record's prefix was not stripped, and
+    // the failure blamed a tensor (`is in no DST file`).
+    let (src, dst) = (folder("bad-record-src"), folder("bad-record-dst"));
+    f32_file(&src.join("model.safetensors"), &["module.a", "module.b"], 8);
+    let given = Settings {
+        strip_prefix: vec!["module.".into()],
+        ..bf16()
+    };
+    let opts = given.convert(Tuning::default()).unwrap();
+    let out = dst.join("model.safetensors");
+    let mut task = ConvertTask::new(&src.join("model.safetensors"), &out, &opts).unwrap();
+    run(&mut task).unwrap();
+    task.seal().unwrap();
+    task.publish().unwrap();
+    let r = verify(&src, &dst, &Settings::default()).unwrap();
+    assert!(r.is_ok(), "{:?}", r.mismatch);
+    let ours = r#"{\"to\":\"bf16\",\"strip_prefix\":[\"module.\"]}"#;
+    let other = r#"{\"strip_prefix\":[\"module.\"],\"to\":\"bf16\"}"#;
+    let bytes = std::fs::read(&out).unwrap();
+    let at = bytes.windows(ours.len()).position(|w| w == ours.as_bytes());
+    let at = at.expect("the record in the header");
+    let mut bytes = bytes;
+    bytes[at..at + other.len()].copy_from_slice(other.as_bytes());
+    std::fs::write(&out, bytes).unwrap();
+    let r = verify(&src, &dst, &Settings::default()).unwrap();
+    let (rel, m) = r.mismatch.expect("a difference");
+    assert_eq!(rel, Path::new("model.safetensors"));
+    let want = "__metadata__ entry \"stcast\" is not a record convert writes \
+                (not the text convert writes): {{\"strip_prefix\":[\"module.\"],\"to\":\"bf16\"}}";
+    // (A template: its braces doubled.)
+    assert_eq!(m.message, want);
+}
