@@ -21,7 +21,9 @@
 //! where the shapes fit neither layout, where the tensor is stored in pieces (a
 //! distributed checkpoint), and for gpt-oss (its `gate_up_proj` interleaves gate and up
 //! columns, and has biases), the tensor stays fused and BF16, and the plan's warning says
-//! why (`Left`).
+//! why (`Left`). A fused tensor a `keep` pattern names (by its own name, as the input holds
+//! it) stays fused too, kept in its dtype as any tensor a pattern keeps, and so does the
+//! other fused tensor of its experts (BF16: a block is split whole or not at all).
 
 use std::collections::HashMap;
 
@@ -143,6 +145,8 @@ pub enum Left {
     Pieces,
     /// Its own layout is told, but the other fused tensor of its experts stays fused.
     Partner,
+    /// A `keep` pattern names it: kept as it is, not split.
+    Kept,
 }
 
 impl Left {
@@ -165,6 +169,7 @@ impl Left {
                 "the other fused tensor of their experts stays fused, and a block of experts \
                  is split whole or not at all"
             }
+            Left::Kept => "a {keep} pattern names them",
         }
     }
 }
@@ -205,9 +210,15 @@ pub fn layout(kind: Kind, shape: &[usize], model: Option<&Model>) -> Result<Layo
     }
 }
 
-/// Why a fused expert tensor stays fused (None: it is none, or it is split).
-pub fn left(t: &SourceTensor, all: &[SourceTensor], model: Option<&Model>) -> Option<Left> {
-    if let Some(why) = own_reason(t, model) {
+/// Why a fused expert tensor stays fused (None: it is none, or it is split). `kept`: does a
+/// `keep` pattern name a tensor?
+pub fn left(
+    t: &SourceTensor,
+    all: &[SourceTensor],
+    model: Option<&Model>,
+    kept: &dyn Fn(&str) -> bool,
+) -> Option<Left> {
+    if let Some(why) = own_reason(t, model, kept) {
         return Some(why);
     }
     // Its own layout is told, but another fused tensor of its block stays.
@@ -218,13 +229,20 @@ pub fn left(t: &SourceTensor, all: &[SourceTensor], model: Option<&Model>) -> Op
             let k = kind(&o.name, o.dtype, &o.shape);
             k.and_then(|k| block_of(&o.name, k)) == Some(block)
         })
-        .any(|o| own_reason(o, model).is_some())
+        .any(|o| own_reason(o, model, kept).is_some())
         .then_some(Left::Partner)
 }
 
-/// Why fused tensor `t` cannot be split by itself, if it cannot.
-fn own_reason(t: &SourceTensor, model: Option<&Model>) -> Option<Left> {
+/// Why fused tensor `t` cannot be split by itself, if it cannot (`kept`: as `left`).
+fn own_reason(
+    t: &SourceTensor,
+    model: Option<&Model>,
+    kept: &dyn Fn(&str) -> bool,
+) -> Option<Left> {
     let k = kind(&t.name, t.dtype, &t.shape)?;
+    if kept(&t.name) {
+        return Some(Left::Kept);
+    }
     if matches!(t.gather.as_deref(), Some(Gather::Pieces(_))) {
         return Some(Left::Pieces);
     }
@@ -276,8 +294,13 @@ pub fn fused_names(name: &str) -> Vec<String> {
 /// Split every fused expert tensor of `source` whose layout `model` proves into its
 /// per-expert weights, in place (expert by expert, gate before up). Returns each piece's
 /// name with its fused tensor's (empty: none was split). One whose pieces would take a name the source has already (or another
-/// fused tensor's pieces have) stays fused: a file never holds one name twice.
-pub fn split(source: &mut Source, model: &Model) -> HashMap<String, String> {
+/// fused tensor's pieces have) stays fused: a file never holds one name twice; so does one a
+/// `keep` pattern names (`kept`: does one name a tensor?), with its block.
+pub fn split(
+    source: &mut Source,
+    model: &Model,
+    kept: &dyn Fn(&str) -> bool,
+) -> HashMap<String, String> {
     let tensors = std::mem::take(&mut source.header.tensors);
     let mut transposed = Vec::new();
     let mut names: std::collections::HashSet<String> =
@@ -288,7 +311,7 @@ pub fn split(source: &mut Source, model: &Model) -> HashMap<String, String> {
     // beside per-expert down_proj weights is no layout a loader reads as one scheme.
     let stays: std::collections::HashSet<&str> = tensors
         .iter()
-        .filter(|t| own_reason(t, Some(model)).is_some())
+        .filter(|t| own_reason(t, Some(model), kept).is_some())
         .filter_map(|t| block_of(&t.name, kind(&t.name, t.dtype, &t.shape)?))
         .collect();
     let stays: std::collections::HashSet<String> = stays.into_iter().map(String::from).collect();
@@ -478,6 +501,61 @@ mod tests {
         assert_eq!(Model::of_config(llama4).unwrap().unwrap().sizes(), [8, 6]);
         assert_eq!(Model::of_config(r#"{"hidden_size":8}"#).unwrap(), None);
         assert!(Model::of_config("{").is_err());
+    }
+
+    #[test]
+    fn a_fused_tensor_a_keep_pattern_names_stays_fused_with_its_block() {
+        // Attack z11 r12: the pattern names the fused tensor as the input holds it.
+        let dir = crate::testutil::folder("experts-kept", &[]);
+        let path = dir.join("m.safetensors");
+        let a = 2 * 6 * 8 * 4;
+        let header = format!(
+            "{{\"l0.mlp.experts.gate_up_proj\":{{\"dtype\":\"F32\",\"shape\":[2,6,8],\"data_offsets\":[0,{a}]}},\
+             \"l0.mlp.experts.down_proj\":{{\"dtype\":\"F32\",\"shape\":[2,8,3],\"data_offsets\":[{a},{}]}},\
+             \"l1.mlp.experts.gate_up_proj\":{{\"dtype\":\"F32\",\"shape\":[2,6,8],\"data_offsets\":[{},{}]}},\
+             \"l1.mlp.experts.down_proj\":{{\"dtype\":\"F32\",\"shape\":[2,8,3],\"data_offsets\":[{},{}]}}}}",
+            a + 192,
+            a + 192,
+            2 * a + 192,
+            2 * a + 192,
+            2 * a + 384
+        );
+        let header = header.clone() + &" ".repeat((8 - header.len() % 8) % 8);
+        std::fs::write(&path, crate::testutil::file(&header, 2 * a + 384)).unwrap();
+        let opts = |keep: &[&str]| {
+            crate::input::InputOptions::default().with_experts(
+                Some(model(8, 3)),
+                &keep.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
+            )
+        };
+        let names = |keep: &[&str]| -> Vec<String> {
+            let source = Source::open_any(&path, &opts(keep)).unwrap();
+            source
+                .header
+                .tensors
+                .iter()
+                .map(|t| t.name.clone())
+                .collect()
+        };
+        let all = names(&[]);
+        assert!(!all.iter().any(|n| n.ends_with("_proj")), "{all:?}");
+        // Kept, with its block; the other layer's are split.
+        let kept = names(&["l0.mlp.experts.gate_up_proj"]);
+        assert!(kept.contains(&"l0.mlp.experts.gate_up_proj".to_string()));
+        assert!(kept.contains(&"l0.mlp.experts.down_proj".to_string()));
+        assert!(kept.contains(&"l1.mlp.experts.1.gate_proj.weight".to_string()));
+        // A pattern of the pieces' names leaves the split as it is.
+        assert_eq!(names(&["*experts.0.*"]), all);
+        let source = Source::open_any(&path, &opts(&["l0.*gate_up*"])).unwrap();
+        let kept = |n: &str| n.starts_with("l0.") && n.contains("gate_up");
+        let t = &source.header.tensors;
+        let left_of = |name: &str| {
+            let t0 = t.iter().find(|x| x.name == name).unwrap();
+            left(t0, t, Some(&model(8, 3)), &kept)
+        };
+        assert_eq!(left_of("l0.mlp.experts.gate_up_proj"), Some(Left::Kept));
+        assert_eq!(left_of("l0.mlp.experts.down_proj"), Some(Left::Partner));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

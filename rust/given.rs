@@ -267,12 +267,13 @@ impl Settings {
     /// How the input is read (a PyTorch checkpoint's dict, a checkpoint folder's links,
     /// under an FP8 target the model config's sizes fused experts are split by).
     pub fn input(&self) -> crate::Result<InputOptions> {
-        Ok(InputOptions {
+        let input = InputOptions {
             key: self.key.clone(),
             strip_prefix: self.strip_prefix.clone(),
             follow_links: self.follow_links,
-            experts: self.experts()?,
-        })
+            ..InputOptions::default()
+        };
+        Ok(input.with_experts(self.experts()?, &self.keep))
     }
 
     /// Under an FP8 target, what the model config (a lone file's `config`, a folder run's

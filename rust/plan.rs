@@ -913,15 +913,23 @@ fn fp8_warnings(
             ),
         ));
     }
-    // Fused experts left fused: one warning per reason (`experts::left`).
+    // Fused experts left fused: one warning per reason (`experts::left`), but for those a
+    // `keep` pattern keeps (as it says).
+    let by_pattern = |i: usize| matches!(plan.reasons[i], Reason::KeptByPattern(_));
+    let kept: HashSet<&str> = (0..src.tensors.len())
+        .filter(|&i| by_pattern(i))
+        .map(|i| src.tensors[i].name.as_str())
+        .collect();
+    let kept = |name: &str| kept.contains(name);
     let mut experts: Vec<(Option<crate::experts::Left>, &str)> = plan
         .fp8_skips
         .iter()
         .zip(&src.tensors)
-        .filter(|(s, _)| **s == Some(Fp8Skip::Experts))
-        .map(|(_, t)| {
+        .enumerate()
+        .filter(|(i, (s, _))| **s == Some(Fp8Skip::Experts) && !by_pattern(*i))
+        .map(|(_, (_, t))| {
             (
-                crate::experts::left(t, &src.tensors, model),
+                crate::experts::left(t, &src.tensors, model, &kept),
                 t.name.as_str(),
             )
         })

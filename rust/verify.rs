@@ -88,7 +88,8 @@ impl VerifyOptions {
         if o.input.strip_prefix.is_empty() {
             o.input.strip_prefix = r.strip_prefix.clone();
         }
-        o.input.experts = r.experts.map(crate::experts::Model::of_sizes);
+        let experts = r.experts.map(crate::experts::Model::of_sizes);
+        o.input = o.input.clone().with_experts(experts, &o.keep);
         o
     }
 
@@ -496,7 +497,8 @@ impl Verifier {
         };
         // SRC is read as DST's record says (`key`, `strip_prefix`) unless told otherwise.
         let own = own_record(None, dst.header.metadata.as_deref()).and_then(|r| r.ok());
-        let mut input = opts.recorded(own.as_ref()).input;
+        let recorded = opts.recorded(own.as_ref());
+        let mut input = recorded.input;
         // An FP8 output of `--no-record` records no sizes its fused experts were split by:
         // the model config beside it (`--config` wrote it there) gives them, as convert
         // read them.
@@ -505,7 +507,7 @@ impl Verifier {
             None => dst.header.tensors.iter().any(|t| t.dtype == Dtype::F8_E4M3),
         };
         if own.is_none() && opts.lone && fp8 && input.experts.is_none() {
-            input.experts = beside_experts(dst_path);
+            input = input.with_experts(beside_experts(dst_path), &recorded.keep);
         }
         let src = open_recorded(dst_path, &input, &opts.input, |i| {
             Source::open_any(src_path, i)

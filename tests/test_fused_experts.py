@@ -281,3 +281,66 @@ def test_an_output_without_record_is_split_by_the_config_beside_it(tmp_path):
     alone.write_bytes(bytes(raw))
     rc, _, err = main_in_process("verify", src, alone)
     assert rc == 1 and "experts.0." in assert_one_error_line(err), err
+
+
+def f32_experts(tmp: Path) -> tuple[Path, Path]:
+    """F32 fused experts of two layers ([E, 2I, H], [E, H, I]: E 2, H 8, I 3) and their
+    config: a kept tensor keeps F32, one converted becomes BF16."""
+    rng = np.random.default_rng(12)
+    tensors = {}
+    for layer in ("0", "1"):
+        p = P.replace("layers.0", f"layers.{layer}")
+        for name, shape in ((p + "gate_up_proj", [2, 6, 8]), (p + "down_proj", [2, 8, 3])):
+            tensors[name] = ("F32", shape, rng.standard_normal(shape).astype("<f4"))
+    tensors["model.layers.0.self_attn.q_proj.weight"] = ("F32", [8, 8], np.ones((8, 8), "<f4"))
+    src = write_safetensors(tmp / "m.safetensors", tensors)
+    (tmp / "c.json").write_text(json.dumps({"hidden_size": 8, "intermediate_size": 3}))
+    return src, tmp / "c.json"
+
+
+@pytest.mark.parametrize("pattern", [P + "gate_up_proj", "*layers.0.mlp.experts*"])
+def test_a_keep_pattern_naming_a_fused_tensor_keeps_it_fused(tmp_path, pattern):
+    # (Attack z11 r12.) The pattern names the fused tensor as SRC holds it: kept as it is
+    # (F32, fused), its block with it (down_proj stays fused, BF16, with a warning saying
+    # why), where the split ignored it and the warning said it matched no tensor name.
+    src, config = f32_experts(tmp_path)
+    out = tmp_path / "out" / "m.safetensors"
+    args = ["--to", "fp8", "--config", config, "--keep", pattern, "--strict"]
+    rc, _, err = main_in_process("convert", src, out, *args)
+    assert rc == 0, err
+    assert "matches no tensor name" not in err, err
+    got = tensor_bytes(out)
+    assert got[P + "gate_up_proj"][:2] == ("F32", [2, 6, 8])
+    both = pattern.endswith("*")  # down_proj is kept too
+    assert got[P + "down_proj"][:2] == ("F32" if both else "BF16", [2, 8, 3])
+    assert not [n for n in got if n.startswith(P + "0.")], sorted(got)
+    # The other layer's experts are split and quantized as ever.
+    other = P.replace("layers.0", "layers.1")
+    assert got[other + "0.gate_proj.weight"][0] == "F8_E4M3"
+    [warning] = warnings_of(err) or [""]
+    if both:
+        assert not warning, err
+    else:
+        assert f"`{P}down_proj`" in warning and "other fused tensor" in warning, err
+    for loose in ([], ["--loose"]):
+        rc, _, err = main_in_process("verify", src, out, *loose)
+        assert rc == 0, err
+    # verify splits SRC as convert did: the pattern given again, or another one.
+    rc, _, err = main_in_process("verify", src, out, "--keep", pattern)
+    assert rc == 0, err
+    rc, _, err = main_in_process("verify", src, out, "--keep", "*q_proj*")
+    assert rc == 1, err
+
+
+def test_a_keep_pattern_naming_pieces_keeps_the_pieces(tmp_path):
+    # A pattern that names the split pieces (not the fused tensor) keeps those pieces, split.
+    src, config = f32_experts(tmp_path)
+    out = tmp_path / "out" / "m.safetensors"
+    args = ["--to", "fp8", "--config", config, "--keep", "*experts.0.*"]
+    rc, _, err = main_in_process("convert", src, out, *args)
+    assert rc == 0, err
+    got = tensor_bytes(out)
+    assert got[P + "0.gate_proj.weight"][0] == "F32"
+    assert got[P + "1.gate_proj.weight"][0] == "F8_E4M3"
+    rc, _, err = main_in_process("verify", src, out)
+    assert rc == 0, err

@@ -344,3 +344,24 @@ def test_an_output_without_record_verifies_by_the_sources_config(tmp_path, resha
     flip_source_expert(src)
     rc, _, err = main_in_process("verify", src, dst)
     assert rc == 1, err
+
+
+@pytest.mark.parametrize("reshard", [[], ["--max-shard-size", "60KB"]])
+def test_a_keep_pattern_naming_a_fused_tensor_keeps_it_fused_in_a_folder(tmp_path, reshard):
+    # (Attack z11 r12.) As for a lone file: the fused tensor a pattern names is kept as it
+    # is, not split; the pattern matches (no warning, --strict runs); verify agrees.
+    src = folder(tmp_path)
+    dst = tmp_path / "out"
+    args = ["--to", "fp8", "--keep", P + "gate_up_proj", "--strict", *reshard]
+    rc, _, err = main_in_process("convert", src, dst, *args)
+    assert rc == 0, err
+    assert "matches no tensor name" not in err, err
+    got = all_tensors(dst)
+    assert got[P + "gate_up_proj"][1][0] == "BF16"
+    assert not [n for n in got if ".gate_proj." in n and n.startswith(P)], sorted(got)
+    # Each file of SRC is judged alone, re-sharded too: its down_proj, in the other file,
+    # is split.
+    assert P + "0.down_proj.weight" in got and P + "down_proj" not in got
+    for loose in ([], ["--loose"]):
+        rc, _, err = main_in_process("verify", src, dst, *loose)
+        assert rc == 0, err

@@ -53,9 +53,25 @@ pub struct InputOptions {
     /// FP8 targets: fused MoE experts are split per expert where this model's sizes prove
     /// their layout (`experts::split`), once the prefixes are stripped.
     pub experts: Option<crate::experts::Model>,
+    /// With `experts`: the run's `keep` patterns. A fused tensor one names is kept as it is,
+    /// not split, and its block with it (`experts::split`): convert and verify split alike.
+    pub keep: Vec<String>,
 }
 
 impl InputOptions {
+    /// These options splitting fused experts by `experts`' sizes (None: not split), each
+    /// one a pattern of `keep` names left fused (`keep`).
+    pub fn with_experts(self, experts: Option<crate::experts::Model>, keep: &[String]) -> Self {
+        InputOptions {
+            keep: match experts {
+                Some(_) => keep.to_vec(),
+                None => Vec::new(),
+            },
+            experts,
+            ..self
+        }
+    }
+
     /// The option given that only PyTorch checkpoints take (the key of their state dict).
     fn torch_only(&self) -> Option<OptionName> {
         self.key.as_ref().map(|_| OptionName::Key)
@@ -86,7 +102,9 @@ impl Source {
         let mut source = Self::open_checked(path, opts)?;
         strip_prefixes(&mut source, &opts.strip_prefix)?;
         if let Some(model) = &opts.experts {
-            source.pieces = crate::experts::split(&mut source, model);
+            let keep = crate::pattern::compile_globs(&opts.keep, OptionName::Keep)?;
+            let kept = |name: &str| keep.iter().any(|p| crate::pattern::glob_matches(p, name));
+            source.pieces = crate::experts::split(&mut source, model, &kept);
             source.experts = (!source.pieces.is_empty()).then(|| model.sizes());
         }
         if format.is_some() {

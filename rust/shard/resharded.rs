@@ -307,7 +307,13 @@ impl GroupVerify {
             .as_deref()
             .and_then(|r| crate::record::Record::parse(r).ok())
         {
-            input.experts = r.experts.map(crate::experts::Model::of_sizes);
+            // (The patterns that leave a fused tensor fused: as given, else the record's.)
+            let keep = match opts.keep.is_empty() {
+                true => &r.keep,
+                false => &opts.keep,
+            };
+            let experts = r.experts.map(crate::experts::Model::of_sizes);
+            input = input.with_experts(experts, keep);
         }
         // Read as DST's record says (`key`, `strip_prefix`) unless told otherwise.
         let recorded = crate::verify::recorded_input(first, &input);

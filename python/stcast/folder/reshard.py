@@ -115,14 +115,16 @@ class GroupPlan:
     # FP8 targets: the model config fused experts are split by (`walk.Plan.model_config`).
     model_config: str | None = None
 
-    def opened(self) -> Any:
-        """The group's files, opened (`_core.ShardGroup`)."""
+    def opened(self, keep: Sequence[str] = ()) -> Any:
+        """The group's files, opened (`_core.ShardGroup`); `keep`: the run's patterns."""
         if self.core is not None:
             return self.core
         # (`model_config` is an FP8 target's: opened as one, the group's fused experts are
-        # split; the strategy is the conversion's.)
+        # split, but those a keep pattern names; the strategy is the conversion's.)
         paths = [w.path for w in self.group.inputs]
-        experts = {"to": "fp8", **self.experts()} if self.model_config is not None else {}
+        experts = {}
+        if self.model_config is not None:
+            experts = {"to": "fp8", "keep": list(keep), **self.experts()}
         return _core.ShardGroup(paths, **self.source, **experts)
 
     def experts(self) -> dict[str, Any]:
@@ -244,7 +246,8 @@ def plan(
     for k, g in enumerate(groups):
         if cancel is not None and cancel.is_set():
             raise Cancelled("conversion cancelled")
-        core = _core.ShardGroup([w.path for w in g.inputs], to=to, **source, **experts)
+        keep = list(precision.get("keep", []))  # (a fused tensor one names is not split)
+        core = _core.ShardGroup([w.path for w in g.inputs], to=to, keep=keep, **source, **experts)
         names = [n for w in g.inputs for n in keep_names.get(w.rel, [])]
         planned = core.plan(
             max_size,
@@ -543,7 +546,12 @@ def adoptable(dst: str, rel: str, reshard: Reshard, options: dict[str, Any]) -> 
     g = reshard.groups[unit.group]
     precision = {k: v for k, v in options.items() if k not in ("to", "max_shard_size", "name")}
     report = _core.verify_shard(
-        g.opened(), path, g.indexed, to=options["to"], numerics=False, **precision
+        g.opened(precision.get("keep", [])),
+        path,
+        g.indexed,
+        to=options["to"],
+        numerics=False,
+        **precision,
     )
     return report["mismatch"] is None
 

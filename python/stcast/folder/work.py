@@ -116,7 +116,7 @@ class Item:
 
         with _engine.gc_paused():
             try:
-                core = g.opened()
+                core = g.opened(precision.get("keep", []))
             except (InvalidInput, Refused):
                 # Its files are not what the plan read: as a failure converting them, the
                 # run is rolled back (`publish::Writer::failed_input`).
