@@ -388,3 +388,23 @@ def test_an_fp8_folder_whose_first_file_quantizes_nothing_verifies(tmp_path, run
         assert rc == 0, (out, err)
     # Asked for bf16, it is not one.
     assert run_main("verify", src, dst, "--to", "bf16")[0] == 1
+
+
+@pytest.mark.filterwarnings("ignore::stcast.StcastWarning")
+def test_one_file_of_a_folder_output_verifies_alone(src, tmp_path):
+    """(Attack z11 r13, not changed.) A folder run's outputs record `include`, `exclude` or a
+    re-sharding's `name`, options convert refuses for a lone file; verifying one output file
+    by itself is still legitimate (the record holds no option that changes that file's
+    bytes), so verify trusts such a record rather than fail what convert wrote."""
+    folder = tmp_path / "F"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(src.read_bytes())
+    (folder / "notes.txt").write_text("x")
+    stcast.convert(folder, tmp_path / "Fo", exclude=["notes.txt"])
+    out = tmp_path / "Fo" / "model.safetensors"
+    assert json.loads((_meta(out) or {})["stcast"])["exclude"] == ["notes.txt"]
+    assert stcast.verify(folder / "model.safetensors", out).ok
+    stcast.convert(src, tmp_path / "one", max_shard_size="1GB", name="model")
+    one = tmp_path / "one" / "model.safetensors"
+    assert json.loads((_meta(one) or {})["stcast"])["name"] == "model"
+    assert stcast.verify(src, one).ok
