@@ -166,6 +166,10 @@ pub struct Deq {
     pub cols: u64,
     pub target: Dtype,
     pub packing: Packing,
+    /// Its scale is a `weight_scale_inv` (transformers', DeepSeek's): the f32 product is
+    /// rounded once to the target, never to the scale's dtype first
+    /// (`fp8::dequantize_once`).
+    pub scale_inv: bool,
 }
 
 impl Deq {
@@ -493,6 +497,7 @@ pub fn dequantizable(
             cols,
             target,
             packing: Packing::Fp8,
+            scale_inv: inv,
         });
         dropped[k] = true;
         for n in input_scale_names(module) {
@@ -601,6 +606,7 @@ fn packed(
             packing: Packing::GptOss {
                 experts: t.shape[0] as u64,
             },
+            scale_inv: false,
         };
         return Ok(Some((d, vec![k])));
     }
@@ -859,6 +865,7 @@ fn packed(
         cols,
         target,
         packing,
+        scale_inv: false,
     };
     Ok(Some((d, drop)))
 }
@@ -1496,6 +1503,7 @@ mod tests {
             cols: 64,
             target: Dtype::BF16,
             packing,
+            scale_inv: false,
         };
         let nv = Packing::Nvfp4 {
             global: 3,
