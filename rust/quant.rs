@@ -125,7 +125,8 @@ pub struct ZeroPoint {
 }
 
 /// How a quantized input weight's codes are stored (`Deq::packing`); the arithmetic of
-/// each is `fp8::dequantize`'s or `packed`'s (docs/rounding.md).
+/// each is `fp8::dequantize`'s (`dequantize_once`'s for a `weight_scale_inv`) or `packed`'s
+/// (docs/rounding.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Packing {
     /// F8_E4M3, a code a byte (compressed-tensors float 8-bit, DeepSeek fp8).
