@@ -1433,17 +1433,21 @@ pub(crate) fn dequantize_window(
     };
     let rows = src.len() / cols.max(1);
     let run = |r0: usize, s: &[u8], o: &mut [u8]| {
-        fp8::dequantize(
-            layout,
-            d.s_dtype,
-            scales,
-            zero_points,
-            cols,
-            r0,
-            s,
-            d.target,
-            o,
-        );
+        if d.scale_inv {
+            fp8::dequantize_once(layout, d.s_dtype, scales, cols, r0, s, d.target, o);
+        } else {
+            fp8::dequantize(
+                layout,
+                d.s_dtype,
+                scales,
+                zero_points,
+                cols,
+                r0,
+                s,
+                d.target,
+                o,
+            );
+        }
     };
     if threads < 2 || src.len() < (512 << 10) || rows < 2 {
         return run(row0 as usize, src, dst);

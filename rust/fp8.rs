@@ -820,27 +820,63 @@ pub fn dequantize(
             Bf16::round,
             |p| f16_from_bf16(bf16_from_f32(p.to_bits())),
         ),
-        // transformers' `Fp8Dequantize` of an F8_E8M0 `weight_scale_inv`: `s.to(float32)`
-        // (byte 255 is NaN), `q.to(float32) * s`, then `.to(target)`.
-        (Dtype::F8_E8M0, Dtype::BF16) => dequant(
+        _ => {}
+    }
+}
+
+/// Dequantize as `dequantize` does, for a `weight_scale_inv` (transformers' `Fp8Dequantize`,
+/// DeepSeek's `weight_dequant`, compressed-tensors' `FP8BlockDequantizer`): the scale read
+/// in f32 whatever its dtype (F32, BF16, F16; E8M0 exponents in F8_E8M0 or U8), the f32
+/// product rounded once to `target`: `target(f32(q) * f32(s))`, never to the scale's dtype
+/// first. No zero points (that format has none).
+// The signature is `dequantize`'s.
+#[allow(clippy::too_many_arguments)]
+pub fn dequantize_once(
+    layout: ScaleLayout,
+    s_dtype: Dtype,
+    scales: &[u8],
+    cols: usize,
+    row0: usize,
+    q: &[u8],
+    target: Dtype,
+    dst: &mut [u8],
+) {
+    debug_assert!(
+        cols > 0 && q.len().is_multiple_of(cols),
+        "q holds whole rows"
+    );
+    debug_assert_eq!(dst.len(), 2 * q.len(), "dst holds 2 bytes per element");
+    let _env = FpEnv::enter();
+    let reader: ScaleReader = match s_dtype {
+        Dtype::F32 => (4, F32::f32_at),
+        Dtype::BF16 => (2, Bf16::f32_at),
+        Dtype::F16 => (2, F16::f32_at),
+        // transformers: U8 `(s.to(float32) - 127).exp2()` (255 is +inf), F8_E8M0
+        // `s.to(float32)` (255 is NaN).
+        Dtype::U8 => (1, e8m0_at),
+        Dtype::F8_E8M0 => (1, e8m0fnu_at),
+        _ => return,
+    };
+    match target {
+        Dtype::BF16 => dequant(
             layout,
-            (scales, z),
+            (scales, None),
             cols,
             row0,
             q,
             dst,
-            (1, e8m0fnu_at),
+            reader,
             F32::round,
             |p| bf16_from_f32(p.to_bits()),
         ),
-        (Dtype::F8_E8M0, Dtype::F16) => dequant(
+        Dtype::F16 => dequant(
             layout,
-            (scales, z),
+            (scales, None),
             cols,
             row0,
             q,
             dst,
-            (1, e8m0fnu_at),
+            reader,
             F32::round,
             |p| f16_from_f32(p.to_bits()),
         ),

@@ -125,7 +125,8 @@ pub struct ZeroPoint {
 }
 
 /// How a quantized input weight's codes are stored (`Deq::packing`); the arithmetic of
-/// each is `fp8::dequantize`'s or `packed`'s (docs/rounding.md).
+/// each is `fp8::dequantize`'s (`dequantize_once`'s for a `weight_scale_inv`) or `packed`'s
+/// (docs/rounding.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Packing {
     /// F8_E4M3, a code a byte (compressed-tensors float 8-bit, DeepSeek fp8).
@@ -166,6 +167,10 @@ pub struct Deq {
     pub cols: u64,
     pub target: Dtype,
     pub packing: Packing,
+    /// Its scale is a `weight_scale_inv` (transformers', DeepSeek's): the f32 product is
+    /// rounded once to the target, never to the scale's dtype first
+    /// (`fp8::dequantize_once`).
+    pub scale_inv: bool,
 }
 
 impl Deq {
@@ -493,6 +498,7 @@ pub fn dequantizable(
             cols,
             target,
             packing: Packing::Fp8,
+            scale_inv: inv,
         });
         dropped[k] = true;
         for n in input_scale_names(module) {
@@ -601,6 +607,7 @@ fn packed(
             packing: Packing::GptOss {
                 experts: t.shape[0] as u64,
             },
+            scale_inv: false,
         };
         return Ok(Some((d, vec![k])));
     }
@@ -859,6 +866,7 @@ fn packed(
         cols,
         target,
         packing,
+        scale_inv: false,
     };
     Ok(Some((d, drop)))
 }
@@ -1496,6 +1504,7 @@ mod tests {
             cols: 64,
             target: Dtype::BF16,
             packing,
+            scale_inv: false,
         };
         let nv = Packing::Nvfp4 {
             global: 3,

@@ -1274,6 +1274,16 @@ fn check_headers(
                 });
                 continue;
             }
+            // Its scales are not in DST (`dropped`): codes kept without them are no weight,
+            // in either mode (loose would take them as a tensor kept in its dtype).
+            return fail(
+                Some(&d.name),
+                format!(
+                    "tensor `{name}` is {} in DST, but its scales are not: convert dequantizes \
+                     it to {}",
+                    d.dtype, q.target
+                ),
+            );
         }
         let Some(expect) = expectation(s.dtype, d.dtype) else {
             // A narrow float in SRC and a wide one in DST: the arguments the wrong way round?

@@ -127,6 +127,32 @@ def test_deepseek_scale_inv_multithreaded_window(tmp_path, rng, run_main):
     assert run_main("verify", src, dst)[0] == 0
 
 
+@pytest.mark.parametrize("s_dtype", ["BF16", "F16", "F32"])
+@pytest.mark.parametrize("target", ["BF16", "F16"])
+def test_scale_inv_in_16_bits_rounds_once(tmp_path, rng, run_main, s_dtype, target):
+    """A `weight_scale_inv` in BF16 (Qwen3's FP8 releases) or F16: transformers'
+    `Fp8Dequantize`, DeepSeek's `weight_dequant` and compressed-tensors' `FP8BlockDequantizer`
+    multiply in f32 and round once to the target, never to the scale's dtype first (attack a3
+    F2: an F16 scale under bf16, a BF16 one under fp16, rounded twice, differed on about 1
+    element in 9). The f32 product of an E4M3 code and a 16-bit scale is exact, so numpy's
+    f32 product and one cast is that reference."""
+    q = rng.integers(0, 256, (300, 260), dtype=np.uint8)
+    s = np.exp(rng.uniform(-12, 6, (3, 3))).astype(NP[s_dtype])
+    s.reshape(-1)[:3] = [0.0, np.nan, -1.5]
+    src = fp8_file(tmp_path / "in.safetensors", q, "a.weight_scale_inv", s_dtype, s)
+    dst = tmp_path / "out.safetensors"
+    assert run_main("convert", src, dst, "--to", TO[target], "-q")[0] == 0
+    got = np.frombuffer(tensor_bytes(dst)["a.weight"][2], np.uint16).reshape(q.shape)
+    full = np.repeat(np.repeat(s.astype(np.float32), 128, axis=0), 128, axis=1)[:300, :260]
+    with np.errstate(over="ignore", invalid="ignore"):
+        prod = q.view(ml_dtypes.float8_e4m3fn).astype(np.float32) * full
+        want = prod.astype(NP[target]).view(np.uint16)
+    nan = np.isnan(prod)
+    assert np.array_equal(got[~nan], want[~nan])
+    assert np.isnan(np.frombuffer(got[nan].tobytes(), NP[target])).all()
+    assert run_main("verify", src, dst)[0] == 0
+
+
 def test_odd_scales_exact(tmp_path, run_main):
     """NaN, inf, negative, zero and subnormal scales: the product, bit for bit."""
     s = np.array([[np.nan], [np.inf], [-2.0], [0.0], [1e-45], [1e-40], [6e-8], [-0.0]], np.float32)

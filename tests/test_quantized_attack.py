@@ -9,6 +9,7 @@ import shutil
 import struct
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 from conftest import assert_one_error_line, write_safetensors
@@ -206,3 +207,48 @@ def test_keep_refuses_a_dequantized_overflow_when_resharding_too(tmp_path, run_m
         assert rc == 1, (extra, err)
         assert "would become ±inf in F16 once dequantized" in err, err
         assert not dst.exists()
+
+
+@pytest.mark.parametrize(
+    "scale",
+    [
+        ("m.weight_scale", "F32", [4, 1], np.full((4, 1), 0.5, np.float32)),
+        ("m.weight_scale_inv", "F32", [1, 1], np.full((1, 1), 0.5, np.float32)),
+        ("m.weight_scale_inv", "F8_E8M0", [1, 1], np.full((1, 1), 126, np.uint8)),
+        ("m.weight_scale", "U8", [4, 2], np.full((4, 2), 126, np.uint8)),
+    ],
+)
+@pytest.mark.parametrize("loose", [False, True])
+def test_fp8_codes_kept_without_their_scale_fail_verify(tmp_path, run_main, scale, loose):
+    """A dequantized output that holds an FP8 weight's codes as they are, its scale left
+    out, beside a BF16 tensor: `verify --loose` took the codes for a tensor kept in its
+    dtype and passed it (attack a3 F1); a loader reads them as the weight, off by the
+    scale."""
+    rng = np.random.default_rng(1)
+    codes = rng.integers(0, 0x7E, (4, 64), dtype=np.uint8)
+    norm = rng.standard_normal(64).astype(np.float32)
+    name, dtype, shape, data = scale
+    src = write_safetensors(
+        tmp_path / "src.safetensors",
+        {
+            "m.weight": ("F8_E4M3", [4, 64], codes),
+            name: (dtype, shape, data),
+            "n.weight": ("F32", [64], norm),
+        },
+    )
+    out = tmp_path / "out.safetensors"
+    rc, _, err = run_main("convert", src, out)
+    assert rc == 0, err
+    rc, _, err = run_main("verify", src, out, *(["--loose"] if loose else []))
+    assert rc == 0, err
+    bad = write_safetensors(
+        tmp_path / "bad.safetensors",
+        {
+            "m.weight": ("F8_E4M3", [4, 64], codes),
+            "n.weight": ("BF16", [64], norm.astype(ml_dtypes.bfloat16)),
+        },
+    )
+    rc, _, err = run_main("verify", src, bad, *(["--loose"] if loose else []))
+    assert rc == 1, err
+    line = assert_one_error_line(err)
+    assert "bad.safetensors: tensor `m.weight` is F8_E4M3 in DST, but its scales are not" in line
