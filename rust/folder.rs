@@ -65,7 +65,7 @@ pub struct Planned {
 }
 
 /// What a folder run does, from a source folder that passed every check.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct FolderPlan {
     pub weights: Vec<File>,
     /// One per weight file, in the same order.
@@ -115,7 +115,6 @@ pub type PlanFiles = (
 /// The rest of a `FolderPlan`, serialized (each warning as (kind, template)).
 #[derive(serde::Serialize)]
 pub struct PlanData {
-    pub planned: Vec<Planned>,
     pub keep_unmatched: Vec<String>,
     pub nothing_to_convert: Option<String>,
     pub dequantize: bool,
@@ -128,38 +127,33 @@ pub struct PlanData {
 
 impl FolderPlan {
     /// Its plain-data form, for a front end: the files, and the rest.
-    pub fn rows(self) -> (PlanFiles, PlanData) {
-        let rows = |v: Vec<File>| v.into_iter().map(File::row).collect();
-        let said = |v: Vec<Warning>| v.into_iter().map(|w| (w.kind.name(), w.text)).collect();
-        let left_out = said(skipped_notes(&self.skipped));
+    pub fn rows(&self) -> (PlanFiles, PlanData) {
+        let rows = |v: &[File]| v.iter().cloned().map(File::row).collect();
+        let said = |v: &[Warning]| v.iter().map(|w| (w.kind.name(), w.text.clone())).collect();
         let files = (
-            rows(self.weights),
-            self.indexes
-                .into_iter()
-                .map(|(f, text, map)| (f.row(), text, map))
+            rows(&self.weights),
+            (self.indexes.iter())
+                .map(|(f, text, map)| (f.clone().row(), text.clone(), map.clone()))
                 .collect(),
-            self.configs
-                .into_iter()
-                .map(|(f, text)| (f.row(), text))
+            (self.configs.iter())
+                .map(|(f, text)| (f.clone().row(), text.clone()))
                 .collect(),
-            rows(self.copies),
-            rows(self.late_copies),
-            self.dirs,
-            self.skipped
-                .into_iter()
-                .map(|(f, why)| (f.row(), why))
+            rows(&self.copies),
+            rows(&self.late_copies),
+            self.dirs.clone(),
+            (self.skipped.iter())
+                .map(|(f, why)| (f.clone().row(), *why))
                 .collect(),
-            self.model_config.map(PathBuf::into_os_string),
+            self.model_config.clone().map(PathBuf::into_os_string),
         );
         let data = PlanData {
-            planned: self.planned,
-            keep_unmatched: self.keep_unmatched,
-            nothing_to_convert: self.nothing_to_convert,
+            keep_unmatched: self.keep_unmatched.clone(),
+            nothing_to_convert: self.nothing_to_convert.clone(),
             dequantize: self.dequantize,
-            unmatched_prefixes: said(self.unmatched_prefixes),
-            left_out,
-            walk_warnings: said(self.walk_warnings),
-            strip_prefix: self.strip_prefix,
+            unmatched_prefixes: said(&self.unmatched_prefixes),
+            left_out: said(&skipped_notes(&self.skipped)),
+            walk_warnings: said(&self.walk_warnings),
+            strip_prefix: self.strip_prefix.clone(),
         };
         (files, data)
     }
@@ -1081,6 +1075,7 @@ pub fn fingerprint(path: &Path) -> Result<String> {
 
 pub mod inspect;
 pub mod verify_folder;
+pub mod work;
 
 #[cfg(test)]
 mod tests;
