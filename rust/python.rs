@@ -24,7 +24,7 @@ use crate::convert::{Knobs, Options as ConvertOptions, Tuning};
 use crate::error::{panic_message, Error};
 use crate::folder::inspect::{InspectFolderTask, Planning};
 use crate::folder::verify_folder::FolderVerify;
-use crate::folder::work::{Cut, Unit, Work, WorkTask};
+use crate::folder::work::{Cut, Judged, Unit, Work, WorkTask};
 use crate::given::{Exports, Given, Settings};
 use crate::numerics::{DequantizedTensor, Numerics};
 use crate::options;
@@ -608,15 +608,6 @@ impl FolderWork {
             .collect()
     }
 
-    /// Each group's own stem where `name` renamed its output: (folder, stem).
-    fn renamed(&self) -> Vec<(OsString, OsString)> {
-        self.0
-            .groups
-            .iter()
-            .filter_map(|g| g.renamed.clone())
-            .collect()
-    }
-
     /// Every file the run writes: (rel, kind, bytes).
     fn outputs(&self) -> Vec<(OsString, &'static str, u64)> {
         let out = self.0.outputs().into_iter();
@@ -711,23 +702,15 @@ impl FolderWork {
         Ok(found.map(|k| entries[k].clone()))
     }
 
-    /// Under resume, what the file at `rel` in `dst` (weights or an index) must be to be this
-    /// plan's output: an index's bytes, or whether the weights are (False: none can be told).
-    fn expected<'py>(
+    /// What the config `rel` is written as in `dst` (`Work::config_text`; None: copied).
+    fn config_text(
         &self,
-        py: Python<'py>,
+        py: Python<'_>,
         dst: PathBuf,
         rel: OsString,
-        kind: &str,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let kind = survey::Kind::of(kind).ok_or_else(|| PyValueError::new_err(kind.to_string()))?;
-        let tuning = tuning(None)?;
-        let proof = guarded(py, || self.0.expected(&dst, &rel, kind, tuning))?;
-        Ok(match proof {
-            survey::Proof::Bytes(b) => pyo3::types::PyBytes::new(py, &b).into_any(),
-            survey::Proof::Known(k) => pyo3::types::PyBool::new(py, k).to_owned().into_any(),
-            survey::Proof::SameAs(p) => p.into_pyobject(py)?.into_any(),
-        })
+    ) -> PyResult<Option<Cow<'static, [u8]>>> {
+        let text = guarded(py, || self.0.config_text(&dst, &rel))?;
+        Ok(text.map(|t| Cow::Owned(t.into_bytes())))
     }
 
     /// Convert unit `i` as its file of the folder run `run` (`Work::task`): it replaces only
@@ -1357,32 +1340,28 @@ impl FolderRun {
 }
 
 /// What a folder run writes into `dst` and whether it may (`run::survey::survey`): the
-/// whole run's `outputs` (rel, kind, bytes); `mine` (None: `finalize`) asks for the `Room`
-/// too; `proof` and `done` are the caller's `Judge`. Returns `Answer`'s fields, flat.
+/// outputs of the plan `work`, which answers for them (`folder::work::Judged`); `mine`
+/// (None: `finalize`) asks for the `Room` too. Returns `Answer`'s fields, flat.
 #[pyfunction]
-#[pyo3(name = "survey", signature = (dst, src_id, shard, options, outputs, *, force, resume, proof, done, mine=None, src=PathBuf::new(), sources=vec![], inputs=vec![], renamed=vec![]))]
+#[pyo3(name = "survey", signature = (dst, src_id, shard, options, work, *, force, resume, mine=None, src=PathBuf::new(), sources=vec![], inputs=vec![]))]
 fn py_survey<'py>(
     py: Python<'py>,
     dst: PathBuf,
     src_id: place::Ident,
     shard: Option<manifest::Shard>,
     options: &Bound<'py, PyAny>,
-    outputs: Vec<(OsString, String, u64)>,
+    work: &Bound<'py, FolderWork>,
     force: bool,
     resume: bool,
-    proof: Py<PyAny>,
-    done: Py<PyAny>,
     mine: Option<Vec<OsString>>,
     src: PathBuf,
     sources: Vec<PathBuf>,
     inputs: Vec<PathBuf>,
-    renamed: Vec<(OsString, OsString)>,
 ) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
-    let options = json_of(options)?;
-    let planned = outputs.into_iter().map(|(rel, kind, size)| {
-        let kind = survey::Kind::of(&kind).ok_or_else(|| PyValueError::new_err(kind))?;
-        Ok(survey::Planned { rel, kind, size })
-    });
+    let (options, work) = (json_of(options)?, &work.get().0);
+    let planned = work.outputs().into_iter();
+    let planned = planned.map(|(rel, kind, size)| survey::Planned { rel, kind, size });
+    let renamed = work.groups.iter().filter_map(|g| g.renamed.clone());
     let q = survey::Question {
         asked: manifest::Asked {
             src_id,
@@ -1391,22 +1370,21 @@ fn py_survey<'py>(
             force,
             resume,
         },
-        outputs: planned.collect::<PyResult<_>>()?,
+        outputs: planned.collect(),
         room: mine.map(|mine| survey::Room {
             src,
             sources,
             mine,
             inputs,
-            renamed,
+            renamed: renamed.collect(),
         }),
     };
-    let mut judge = PyJudge {
-        proof,
-        done,
-        failed: None,
+    let mut judge = Judged {
+        work,
+        dst: &dst,
+        options: &options,
     };
-    let a = guarded(py, || survey::survey(&dst, &q, &mut judge));
-    let a = judge.failed.map_or(a, Err)?;
+    let a = guarded(py, || survey::survey(&dst, &q, &mut judge))?;
     let s = a.manifests;
     let own = s.own.and_then(|m| m.published);
     let siblings: Vec<Manifest> = s.siblings.into_iter().map(Manifest).collect();
@@ -1416,49 +1394,6 @@ fn py_survey<'py>(
         a.adopted, entries, a.stale, found, a.skipped, a.need, a.withdraw,
     );
     (s.present, at, own, siblings, ours, rest).into_pyobject(py)
-}
-
-/// The caller's answers to what only it knows of its plan, asked with the GIL taken back;
-/// the first exception it raises ends the survey and is raised as it is.
-struct PyJudge {
-    proof: Py<PyAny>,
-    done: Py<PyAny>,
-    failed: Option<PyErr>,
-}
-
-/// `f`'s answer; its exception kept in `failed` (the engine's error is then a stand-in).
-fn ask<T>(failed: &mut Option<PyErr>, f: impl FnOnce(Python<'_>) -> PyResult<T>) -> Result<T> {
-    Python::attach(f).map_err(|e| {
-        *failed = Some(e);
-        Error::Cancelled
-    })
-}
-
-impl survey::Judge for PyJudge {
-    fn proof(&mut self, rel: &std::ffi::OsStr, kind: survey::Kind) -> Result<survey::Proof> {
-        let f = &self.proof;
-        ask(&mut self.failed, |py| {
-            let v = f.bind(py).call1((rel, kind.name()))?;
-            Ok(if let Ok(b) = v.cast::<pyo3::types::PyBytes>() {
-                survey::Proof::Bytes(b.as_bytes().to_vec())
-            } else if let Ok(p) = v.extract::<PathBuf>() {
-                survey::Proof::SameAs(p)
-            } else {
-                survey::Proof::Known(v.is_truthy()?)
-            })
-        })
-    }
-
-    fn done(&mut self, rel: &std::ffi::OsStr, entries: &[json::Node<'static>]) -> Result<bool> {
-        let f = &self.done;
-        ask(&mut self.failed, |py| {
-            let list: Vec<_> = entries
-                .iter()
-                .map(|e| py_json(py, e))
-                .collect::<PyResult<_>>()?;
-            f.bind(py).call1((rel, list))?.is_truthy()
-        })
-    }
 }
 
 /// The finished manifests `finalize` completes (`run::manifest::finished`), the options

@@ -277,7 +277,6 @@ class FolderWork:
     @property
     def noun(self) -> str: ...
     def warnings(self) -> list[tuple[str, str, str | None]]: ...
-    def renamed(self) -> list[tuple[str, str]]: ...
     def outputs(self) -> list[tuple[str, str, int]]: ...
     def index_maps(self) -> list[tuple[str, dict[str, str]]]: ...
     def checked_indexes(self, dst: str) -> list[tuple[str, bytes, int | None, str | None]]: ...
@@ -286,7 +285,7 @@ class FolderWork:
     def find_entry(
         self, i: int, entries: list[Any], options: dict[str, Any], out: str
     ) -> Any | None: ...
-    def expected(self, dst: str, rel: str, kind: str) -> bytes | bool: ...
+    def config_text(self, dst: str, rel: str) -> bytes | None: ...
     def convert(
         self,
         i: int,
@@ -374,17 +373,14 @@ def survey(
     src_id: _Id,
     shard: _Id | None,
     options: dict[str, Any],
-    outputs: list[tuple[str, str, int]],
+    work: FolderWork,
     *,
     force: bool,
     resume: bool,
-    proof: Callable[[str, str], bytes | str | bool],
-    done: Callable[[str, list[dict[str, Any]]], bool],
     mine: list[str] | None = None,
     src: str = ...,
     sources: list[str] = ...,
     inputs: list[str] = ...,
-    renamed: list[tuple[str, str]] = ...,
 ) -> tuple[
     list[str],
     _Id | None,

@@ -23,9 +23,10 @@ use crate::error::{Error, Result, Warning};
 use crate::given::{Given, Settings};
 use crate::run::beside::FOLDER_SIDE_CONFIG;
 use crate::run::check;
+use crate::run::fp8config;
 use crate::run::json::{self, Node};
 use crate::run::manifest::{self, Input};
-use crate::run::survey::{Kind, Proof};
+use crate::run::survey::{self, Kind, Proof};
 use crate::run::walk::File;
 use crate::shard::resharded::{groups_of, Member};
 use crate::shard::{self, index_file_name, shard_file_name};
@@ -377,14 +378,13 @@ impl WorkTask {
         let files: Vec<File> = at.iter().map(|&i| w.plan.weights[i].clone()).collect();
         let paths: Vec<PathBuf> = files.iter().map(|f| f.path.clone()).collect();
         let opened = shard::Group::open(&paths, &w.settings.input()?)?;
-        let per_file = |m: &Option<HashMap<OsString, Vec<String>>>| {
-            m.as_ref().map(|m| {
-                let mine = files.iter().filter_map(|f| m.get(&f.rel));
-                mine.flatten().cloned().collect::<Vec<_>>()
-            })
+        // What was read first of the group's files.
+        let mine = |m: &HashMap<OsString, Vec<String>>| {
+            let found = files.iter().filter_map(|f| m.get(&f.rel));
+            found.flatten().cloned().collect::<Vec<_>>()
         };
-        let keep_names = per_file(&Some(self.keep_names.clone())).unwrap_or_default();
-        let unquantized = per_file(&self.unquantized);
+        let keep_names = mine(&self.keep_names);
+        let unquantized = self.unquantized.as_ref().map(mine);
         let mut s = w.settings.clone();
         s.keep_names = Some(keep_names.clone());
         s.unquantized = unquantized.clone();
@@ -401,13 +401,8 @@ impl WorkTask {
             _ => first.clone(),
         };
         let said = planned.warnings.iter();
-        let said: Vec<_> = said
-            .filter(|x| x.kind != WarningKind::UnmatchedPrefix)
-            .collect();
-        let warnings: Vec<_> = said
-            .into_iter()
-            .map(|x| (x.clone(), Some(shown(x.kind))))
-            .collect();
+        let said = said.filter(|x| x.kind != WarningKind::UnmatchedPrefix);
+        let warnings: Vec<_> = said.map(|x| (x.clone(), Some(shown(x.kind)))).collect();
         w.warnings.extend(warnings);
         self.said.push(planned.warnings.clone());
         let kept = &planned.keep_unmatched;
@@ -863,6 +858,33 @@ impl Work {
         Ok(text.map_or(Proof::Known(false), |t| Proof::Bytes(t.into_bytes())))
     }
 
+    /// What the config `rel` is written as in `dst` (None: copied as it is). An FP8
+    /// target's model config (and the side config of weights no model config describes)
+    /// gets the quantization_config of the shards beside it as written: its `ignore` lists
+    /// what they hold unquantized.
+    pub fn config_text(&self, dst: &Path, rel: &OsStr) -> Result<Option<String>> {
+        let Some((f, content)) = self.plan.configs.iter().find(|(f, _)| f.rel == rel) else {
+            return Ok(None);
+        };
+        let side = super::base(rel.as_bytes()) == FOLDER_SIDE_CONFIG.as_bytes();
+        if !self.fp8() || !(super::is_model_config(rel) || side) {
+            return Ok(content.clone());
+        }
+        let text = match content {
+            Some(c) => c.clone(),
+            None => read_json(&f.path)?,
+        };
+        let here = super::parent(rel.as_bytes());
+        let beside = self
+            .units
+            .iter()
+            .filter(|u| super::parent(u.rel.as_bytes()) == here);
+        let shards: Vec<PathBuf> = beside.map(|u| dst.join(&u.rel)).collect();
+        let ignore = fp8config::Modules::of_files(&shards)?.unquantized;
+        let written = json::config_text(&text, target(&self.settings)?, false, Some(&ignore));
+        Ok(written.map_err(|e| super::not_json(&f.path, e))?)
+    }
+
     /// Unit `i`'s inputs as its manifest entry names them.
     fn inputs(&self, i: usize) -> Vec<Input<'_>> {
         (self.units[i].inputs.iter())
@@ -925,6 +947,54 @@ impl Work {
             }
         }
         Ok(None)
+    }
+}
+
+/// The survey's questions about a plan's outputs in `dst` (`survey::Judge`), asked with the
+/// run's manifest `options`.
+pub struct Judged<'a> {
+    pub work: &'a Work,
+    pub dst: &'a Path,
+    pub options: &'a Node<'a>,
+}
+
+impl survey::Judge for Judged<'_> {
+    fn proof(&mut self, rel: &OsStr, kind: Kind) -> Result<Proof> {
+        let (w, dst) = (self.work, self.dst);
+        match kind {
+            Kind::Weights | Kind::Index => w.expected(dst, rel, kind, Tuning::default()),
+            Kind::Copy => {
+                let copies = w.plan.copies.iter().chain(&w.plan.late_copies);
+                let f = copies.into_iter().find(|f| f.rel == rel);
+                Ok(f.map_or(Proof::Known(false), |f| Proof::SameAs(f.path.clone())))
+            }
+            Kind::Config => {
+                let config = w.plan.configs.iter().find(|(f, _)| f.rel == rel);
+                let Some((f, content)) = config else {
+                    return Ok(Proof::Known(false));
+                };
+                if w.fp8() && super::is_model_config(rel) {
+                    // (Unknown when the shards there cannot tell.)
+                    let text = w.config_text(dst, rel).ok().flatten();
+                    return Ok(text.map_or(Proof::Known(false), |t| Proof::Bytes(t.into_bytes())));
+                }
+                Ok(match content {
+                    Some(c) => Proof::Bytes(c.clone().into_bytes()),
+                    None => Proof::SameAs(f.path.clone()),
+                })
+            }
+        }
+    }
+
+    fn done(&mut self, rel: &OsStr, entries: &[Node<'static>]) -> Result<bool> {
+        let Some(i) = self.work.units.iter().position(|u| u.rel == rel) else {
+            return Ok(false);
+        };
+        let out = self.dst.join(rel);
+        Ok(self
+            .work
+            .find_entry(i, entries, self.options, &out)?
+            .is_some())
     }
 }
 

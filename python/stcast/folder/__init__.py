@@ -21,17 +21,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .. import _core, _engine
 from .._options import Options
-from ..errors import (
-    Refused,
-    StcastError,
-    StcastWarning,
-)
+from ..errors import Refused, StcastWarning
 from ..reports import ConvertReport, FileReport, InspectReport, Notice, merged_numerics
 from . import common as _common
 from . import fp8 as _fp8
 from . import walk as _walk
 from . import write as _write
-from .fp8 import is_fp8, is_model_config
+from .fp8 import is_fp8
 from .fp8 import nonfinite as fp8_nonfinite
 
 if TYPE_CHECKING:
@@ -399,50 +395,17 @@ def _survey(
     folder is fine, and so are the files of other shard runs of the same source (they share
     the folder), but not a folder of other files, another source's run, or a previous run
     of this one. `resume` continues a previous run: the files a manifest records are ours,
-    an output exactly the planned one is adopted (`proof`), and any other planned file that
+    an output exactly the planned one is adopted (the plan's proof: `folder::work::Judged`),
+    and any other planned file that
     is there is refused rather than replaced. `force` replaces every file the plan writes
     and deletes nothing else. With `mine` (this run's weights), also which are done, that
     the rest fits, and that nothing a loader would take for the output stays beside it."""
-    work, to = plan.work, options["to"]
-    sources = {f.rel: f.path for f in [*plan.copies, *plan.late_copies]}
-    configs = {f.rel: (f, c) for f, c in plan.configs}
-
-    def proof(rel: str, kind: str) -> bytes | str | bool:
-        """What the file at `rel` must be to be this plan's output: the bytes, the source
-        file it is a copy of, or the weights' own answer."""
-        if kind in ("weights", "index"):
-            return work.expected(dst, rel, kind)
-        if kind == "copy":
-            return sources[rel]
-        f, content = configs[rel]
-        if is_fp8(to) and is_model_config(rel):
-            try:
-                return _write.fp8_config(dst, to, plan, f, content)
-            except (OSError, StcastError):
-                return False
-        return f.path if content is None else content
-
-    units = {w.rel: w.index for w in mine or []}
-
-    def done(rel: str, entries: list[Any]) -> bool:
-        out = os.path.join(dst, rel)
-        return work.find_entry(units[rel], entries, options, out) is not None
-
     room: dict[str, Any] = {}
     if mine is not None:
         room = {"mine": [w.rel for w in mine], "inputs": [f.path for f in plan.weights]}
-        room.update(src=src, sources=_source_files(plan), renamed=work.renamed())
+        room.update(src=src, sources=_source_files(plan))
     answer = _core.survey(
-        dst,
-        src_id,
-        shard,
-        options,
-        work.outputs(),
-        force=force,
-        resume=resume,
-        proof=proof,
-        done=done,
-        **room,
+        dst, src_id, shard, options, plan.work, force=force, resume=resume, **room
     )
     return _Survey(answer)
 

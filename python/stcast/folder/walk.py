@@ -1,5 +1,6 @@
-"""Walk a checkpoint folder and check it, before anything is written: what to convert,
-copy and rewrite, and whether the indexes agree with their shards."""
+"""The plan of a folder run as Python holds it, made before anything is written: the
+engine's plan of the source's files and of the run's output units (`_core.FolderWork`,
+rust/folder/work.rs), and `--shard`'s split of the units."""
 
 from __future__ import annotations
 

@@ -12,15 +12,13 @@ shards and the manifests at the end. This module steps it and tells progress.
 from __future__ import annotations
 
 import os
-import posixpath
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import _core, _engine
 from ..reports import ConvertReport, FileReport, _build, notices
 from .common import check_cancel, failpoint
-from .fp8 import SIDE_CONFIG_NAME, is_fp8, is_model_config
-from .walk import UNMATCHED_PREFIX, File, Plan, Unit, read_json
+from .walk import UNMATCHED_PREFIX, File, Plan, Unit
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -206,10 +204,11 @@ def publish(run: Run, plan: Plan) -> list[FileReport]:
     for f in plan.late_copies:
         _copy(run, f, "copy", None)
         reports.append(FileReport(f.rel, "copy", "copied", f.size, f.size))
-    for f, content in plan.configs:
+    for f, _ in plan.configs:
         check_cancel(cancel)
-        if is_fp8(run.to) and (is_model_config(f.rel) or _is_side_config(f.rel)):
-            content = fp8_config(dst, run.to, plan, f, content)
+        # (An FP8 target's quantization_config lists what the shards written hold
+        # unquantized.)
+        content = plan.work.config_text(dst, f.rel)
         if content is None:
             _copy(run, f, "config", None)
             reports.append(FileReport(f.rel, "config", "copied", f.size, f.size))
@@ -222,24 +221,6 @@ def publish(run: Run, plan: Plan) -> list[FileReport]:
         action: FileAction = "rewritten" if size is not None else "written"
         reports.append(FileReport(rel, "index", action, size or 0, len(content), source=source))
     return reports
-
-
-def _is_side_config(rel: str) -> bool:
-    """Is `rel` an FP8 quantization_config written beside weights no model config
-    describes (`fp8.side_configs`)?"""
-    return posixpath.basename(rel) == SIDE_CONFIG_NAME
-
-
-def fp8_config(dst: str, to: Target, plan: Plan, f: File, content: bytes | None) -> bytes:
-    """The model config `f` of an FP8 output: its dtype set (`content`, None: unchanged)
-    and the quantization_config, whose `ignore` lists what the shards beside it, as
-    written, hold unquantized."""
-    text = content.decode("utf-8") if content is not None else read_json(f)
-    here = posixpath.dirname(f.rel)
-    shards = [os.path.join(dst, w.rel) for w in plan.units if posixpath.dirname(w.rel) == here]
-    written = _core.config_text(text, to, shards=shards)
-    assert written is not None, "an FP8 target writes a quantization_config"
-    return written
 
 
 def final_recheck(run: Run, plan: Plan) -> None:
