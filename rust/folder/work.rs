@@ -882,7 +882,7 @@ impl Work {
         let shards: Vec<PathBuf> = beside.map(|u| dst.join(&u.rel)).collect();
         let ignore = fp8config::Modules::of_files(&shards)?.unquantized;
         let written = json::config_text(&text, target(&self.settings)?, false, Some(&ignore));
-        Ok(written.map_err(|e| super::not_json(&f.path, e))?)
+        written.map_err(|e| super::not_json(&f.path, e))
     }
 
     /// Unit `i`'s inputs as its manifest entry names them.
