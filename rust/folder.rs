@@ -50,7 +50,7 @@ const PUBLISH_LAST: [&[u8]; 2] = [CONFIG_NAME, b"model_index.json"];
 pub type Index = (File, String, Vec<(String, String)>);
 
 /// What the plan found of one weight file.
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug)]
 pub struct Planned {
     /// Its inspection's report (`task::InspectRows`) without the per-tensor rows: a file may
     /// hold hundreds of thousands of tensors.
@@ -92,37 +92,31 @@ pub struct FolderPlan {
     pub unmatched_prefixes: Vec<Warning>,
     /// What the walk said.
     pub walk_warnings: Vec<Warning>,
-    /// The prefixes the tensor names lose (every file's and index's alike).
-    pub strip_prefix: Vec<String>,
     /// FP8 targets: the top folder's model config, by whose sizes every file's fused MoE
     /// experts are split (`experts`). None otherwise.
     pub model_config: Option<PathBuf>,
 }
 
-/// A `FolderPlan`'s files as tuples (`walk::FileRow`): weights, (index, text, weight map),
-/// (config, new text), copies, late copies, dirs, (skipped, why), the model config.
+/// What a front end holds of a `FolderPlan`'s files, as tuples (`walk::FileRow`): configs,
+/// copies, late copies, dirs, (skipped, why).
 pub type PlanFiles = (
     Vec<FileRow>,
-    Vec<(FileRow, String, Vec<(String, String)>)>,
-    Vec<(FileRow, Option<String>)>,
     Vec<FileRow>,
     Vec<FileRow>,
     Vec<OsString>,
     Vec<(FileRow, &'static str)>,
-    Option<OsString>,
 );
 
-/// The rest of a `FolderPlan`, serialized (each warning as (kind, template)).
+/// The rest of a `FolderPlan` a front end says, serialized (each warning as (kind,
+/// template)).
 #[derive(serde::Serialize)]
 pub struct PlanData {
     pub keep_unmatched: Vec<String>,
     pub nothing_to_convert: Option<String>,
-    pub dequantize: bool,
     pub unmatched_prefixes: Vec<(&'static str, String)>,
     /// The notes that name the files left out (`skipped_notes`).
     pub left_out: Vec<(&'static str, String)>,
     pub walk_warnings: Vec<(&'static str, String)>,
-    pub strip_prefix: Vec<String>,
 }
 
 impl FolderPlan {
@@ -131,31 +125,37 @@ impl FolderPlan {
         let rows = |v: &[File]| v.iter().cloned().map(File::row).collect();
         let said = |v: &[Warning]| v.iter().map(|w| (w.kind.name(), w.text.clone())).collect();
         let files = (
-            rows(&self.weights),
-            (self.indexes.iter())
-                .map(|(f, text, map)| (f.clone().row(), text.clone(), map.clone()))
-                .collect(),
-            (self.configs.iter())
-                .map(|(f, text)| (f.clone().row(), text.clone()))
-                .collect(),
+            self.configs.iter().map(|(f, _)| f.clone().row()).collect(),
             rows(&self.copies),
             rows(&self.late_copies),
             self.dirs.clone(),
             (self.skipped.iter())
                 .map(|(f, why)| (f.clone().row(), *why))
                 .collect(),
-            self.model_config.clone().map(PathBuf::into_os_string),
         );
         let data = PlanData {
             keep_unmatched: self.keep_unmatched.clone(),
             nothing_to_convert: self.nothing_to_convert.clone(),
-            dequantize: self.dequantize,
             unmatched_prefixes: said(&self.unmatched_prefixes),
             left_out: said(&skipped_notes(&self.skipped)),
             walk_warnings: said(&self.walk_warnings),
-            strip_prefix: self.strip_prefix.clone(),
         };
         (files, data)
+    }
+
+    /// Every file of the source the plan reads or leaves out (no output may be one).
+    pub fn sources(&self) -> Vec<PathBuf> {
+        let configs = self.configs.iter().map(|(f, _)| f);
+        let indexes = self.indexes.iter().map(|(f, _, _)| f);
+        let skipped = self.skipped.iter().map(|(f, _)| f);
+        let copies = self.copies.iter().chain(&self.late_copies);
+        let all = self
+            .weights
+            .iter()
+            .chain(copies)
+            .chain(configs)
+            .chain(indexes);
+        all.chain(skipped).map(|f| f.path.clone()).collect()
     }
 }
 
@@ -481,7 +481,6 @@ impl PlanTask {
             dequantize,
             unmatched_prefixes: common_prefix_warnings(&self.said),
             walk_warnings: w.warnings.into_iter().chain(self.quantized).collect(),
-            strip_prefix: self.given.strip_prefix,
             model_config: self.model_config,
         })
     }

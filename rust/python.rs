@@ -615,6 +615,11 @@ impl FolderWork {
             .collect()
     }
 
+    /// Each unit's shard run of `n` (`Work::assign_shards`).
+    fn assign_shards(&self, n: usize) -> Vec<usize> {
+        self.0.assign_shards(n)
+    }
+
     /// The indexes the run writes: (rel, weight map).
     fn index_maps(&self) -> Vec<(&OsStr, publish::WeightMap)> {
         let maps = self.0.index_maps().into_iter();
@@ -1343,7 +1348,7 @@ impl FolderRun {
 /// outputs of the plan `work`, which answers for them (`folder::work::Judged`); `mine`
 /// (None: `finalize`) asks for the `Room` too. Returns `Answer`'s fields, flat.
 #[pyfunction]
-#[pyo3(name = "survey", signature = (dst, src_id, shard, options, work, *, force, resume, mine=None, src=PathBuf::new(), sources=vec![], inputs=vec![]))]
+#[pyo3(name = "survey", signature = (dst, src_id, shard, options, work, *, force, resume, mine=None, src=PathBuf::new()))]
 fn py_survey<'py>(
     py: Python<'py>,
     dst: PathBuf,
@@ -1355,8 +1360,6 @@ fn py_survey<'py>(
     resume: bool,
     mine: Option<Vec<OsString>>,
     src: PathBuf,
-    sources: Vec<PathBuf>,
-    inputs: Vec<PathBuf>,
 ) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
     let (options, work) = (json_of(options)?, &work.get().0);
     let planned = work.outputs().into_iter();
@@ -1373,9 +1376,9 @@ fn py_survey<'py>(
         outputs: planned.collect(),
         room: mine.map(|mine| survey::Room {
             src,
-            sources,
+            sources: work.plan.sources(),
             mine,
-            inputs,
+            inputs: work.plan.weights.iter().map(|f| f.path.clone()).collect(),
             renamed: renamed.collect(),
         }),
     };

@@ -537,6 +537,7 @@ impl Task for WorkTask {
         Ok(matches!(self.stage, Stage::Done))
     }
 
+    /// (Planning reads headers: it tells no progress.)
     fn progress(&self) -> (u64, u64) {
         (0, 0)
     }
@@ -563,40 +564,31 @@ fn index_of(
     let Some(stem) = g.stem.to_str() else {
         return Err(Error::StemNotUtf8 { path: first.into() });
     };
+    // Each tensor once, where its last shard puts it (as a dict's keys).
     let mut names: Vec<(String, String)> = Vec::new();
     let mut weight_map: Vec<(String, String)> = Vec::new();
+    let mut at: HashMap<&str, usize> = HashMap::new();
     for (u, spec) in units {
         let rel = u.rel.to_string_lossy().into_owned();
         let base = rel.rsplit('/').next().unwrap_or(&rel).to_string();
-        let kept = u.names.iter().filter(|n| !spec.dropped.contains(n));
+        let dropped: std::collections::HashSet<&String> = spec.dropped.iter().collect();
+        let kept = u.names.iter().filter(|n| !dropped.contains(n));
         for n in kept.chain(&spec.scales) {
-            match names.iter().position(|(k, _)| k == n) {
-                Some(at) => {
-                    names[at].1 = base.clone();
-                    weight_map[at].1 = rel.clone();
-                }
-                None => {
-                    names.push((n.clone(), base.clone()));
-                    weight_map.push((n.clone(), rel.clone()));
-                }
-            }
+            let k = *at.entry(n).or_insert_with(|| {
+                names.push((n.clone(), String::new()));
+                weight_map.push((n.clone(), String::new()));
+                names.len() - 1
+            });
+            (names[k].1, weight_map[k].1) = (base.clone(), rel.clone());
         }
     }
     let source = g.index.as_ref().map(|f| read_json(&f.path)).transpose()?;
     let total = units.iter().map(|(u, _)| u.target_bytes).sum();
+    let path = g.index.as_ref().map_or(Path::new(""), |f| &f.path);
     let text = json::index(source.as_deref(), total, Some(&names), true, None, record)
-        .map_err(|e| not_json(g, e))?;
+        .map_err(|e| super::not_json(path, e))?;
     let rel = join(g.dir.as_os_str(), OsStr::new(&index_file_name(stem)));
     Ok((rel, text, weight_map))
-}
-
-fn not_json(g: &crate::shard::resharded::Group, e: json::NotJson) -> Error {
-    let path = g.index.as_ref().map_or(Path::new(""), |f| &f.path);
-    Error::BadIndex {
-        path: path.to_path_buf(),
-        why: format!("not valid JSON (at byte {})", e.0),
-        refused: false,
-    }
 }
 
 /// The plan of a folder holding only the checkpoint `src`: its name kept, a PyTorch
@@ -637,7 +629,6 @@ fn lone_plan(src: &Path, settings: &Settings) -> Result<FolderPlan> {
         planned: Vec::new(),
         weights: vec![w],
         configs,
-        strip_prefix: settings.strip_prefix.clone(),
         ..FolderPlan::default()
     })
 }
@@ -883,6 +874,27 @@ impl Work {
         let ignore = fp8config::Modules::of_files(&shards)?.unquantized;
         let written = json::config_text(&text, target(&self.settings)?, false, Some(&ignore));
         written.map_err(|e| super::not_json(&f.path, e))
+    }
+
+    /// Split the units into `n` shard runs of similar size (`--shard i/N`): each unit's run
+    /// (1-based). Largest first, each to the lightest run so far (ties: the lowest number);
+    /// names (as Python orders them) break ties of size, so every machine computes the same
+    /// split.
+    pub fn assign_shards(&self, n: usize) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.units.len()).collect();
+        let key = |&i: &usize| {
+            let u = &self.units[i];
+            (std::cmp::Reverse(u.size), manifest::name_str(&u.rel))
+        };
+        order.sort_by_cached_key(key);
+        let mut loads = vec![0u64; n];
+        let mut owner = vec![0; self.units.len()];
+        for i in order {
+            let k = (0..n).min_by_key(|&k| (loads[k], k)).unwrap_or(0);
+            loads[k] += self.units[i].size;
+            owner[i] = k + 1;
+        }
+        owner
     }
 
     /// Unit `i`'s inputs as its manifest entry names them.

@@ -36,9 +36,8 @@ if TYPE_CHECKING:
     from .._engine import CancelFlag, Progress
     from .._types import OnOverflow, Target
 
-__all__ = ["assign_shards", "checked", "convert_folder", "finalize", "inspect_resharded"]
+__all__ = ["checked", "convert_folder", "finalize", "inspect_resharded"]
 
-assign_shards = _walk.assign_shards
 _esc = _core.escape
 
 
@@ -114,7 +113,7 @@ def prepare(
     for notice in [] if plan.resharding else plan.unmatched_prefixes:
         warnings.append(notice)
         _engine.issue(notice.kind, notice.template, None)
-    side = [f for f, _ in plan.configs if f.rel.rpartition("/")[2] == _fp8.SIDE_CONFIG_NAME]
+    side = [f for f in plan.configs if f.rel.rpartition("/")[2] == _fp8.SIDE_CONFIG_NAME]
     if side and shard is None:  # (written by finalize, which says so)
         template = _fp8.side_config_notice(os.path.join(dst, side[0].rel))
         warnings.append(Notice("no_model_config", template))
@@ -135,8 +134,8 @@ def prepare(
     options: dict[str, Any] = {"to": to, **precision, **source, **_run_options(plan, name)}
     weights = units
     if shard is not None:
-        owner = assign_shards(weights, shard[1])
-        weights = [w for w in weights if owner[w.rel] == shard[0]]
+        owner = plan.work.assign_shards(shard[1])
+        weights = [w for w, k in zip(weights, owner) if k == shard[0]]
     outputs = [rel for rel, _, _ in plan.work.outputs()]
     mine = sorted(w.rel for w in weights) if shard is not None else sorted(outputs)
     # No output is a file of the source, what the destination holds, what this run may
@@ -293,14 +292,6 @@ def convert_folder(
     return _with_warnings(_finish(p.plan, report), p.warnings)
 
 
-def _source_files(plan: _walk.Plan) -> list[str]:
-    """Every file of the source the plan reads or leaves out."""
-    files = [*plan.weights, *plan.copies, *plan.late_copies]
-    files += [f for f, _ in plan.configs] + [f for f, _, _ in plan.indexes]
-    files += [f for f, _ in plan.skipped]
-    return [f.path for f in files]
-
-
 def _source_plan(
     src: str,
     to: Target,
@@ -396,16 +387,14 @@ def _survey(
     the folder), but not a folder of other files, another source's run, or a previous run
     of this one. `resume` continues a previous run: the files a manifest records are ours,
     an output exactly the planned one is adopted (the plan's proof: `folder::work::Judged`),
-    and any other planned file that
-    is there is refused rather than replaced. `force` replaces every file the plan writes
-    and deletes nothing else. With `mine` (this run's weights), also which are done, that
-    the rest fits, and that nothing a loader would take for the output stays beside it."""
-    room: dict[str, Any] = {}
-    if mine is not None:
-        room = {"mine": [w.rel for w in mine], "inputs": [f.path for f in plan.weights]}
-        room.update(src=src, sources=_source_files(plan))
+    and any other planned file that is there is refused rather than replaced. `force`
+    replaces every file the plan writes and deletes nothing else. With `mine` (this run's
+    weights), also which are done, that the rest fits, and that nothing a loader would take
+    for the output stays beside it."""
+    rels = None if mine is None else [w.rel for w in mine]
+    work = plan.work
     answer = _core.survey(
-        dst, src_id, shard, options, plan.work, force=force, resume=resume, **room
+        dst, src_id, shard, options, work, force=force, resume=resume, mine=rels, src=src
     )
     return _Survey(answer)
 
@@ -453,7 +442,7 @@ def finalize(
                 path=path,
             )
     count = counts.pop() if len(counts) == 1 else None
-    owner = assign_shards(units, count) if count else {}
+    owner = work.assign_shards(count) if count else []
     outputs = [rel for rel, _, _ in work.outputs()]
     survey = _survey(dst, src_id, options, plan, None, force=False, resume=True)
     # An interrupted (or concurrent) finalize's manifest, read by the survey, is the one to
@@ -475,7 +464,7 @@ def finalize(
         out = os.path.join(dst, w.rel)
         entry = work.find_entry(w.index, entries.get(w.rel, []), options, out)
         if entry is None:
-            hint = f"; convert it again with {{shard={owner[w.rel]}/{count}}}" if owner else ""
+            hint = f"; convert it again with {{shard={owner[w.index]}/{count}}}" if owner else ""
             path, what = _write.missing(w, out)
             raise Refused(f"{_esc(path)}: {what}, or changed since{hint}", path=path)
         files.append(_write.report(w, "checked", run_record.record(w.rel, "weights")[2]))

@@ -1,19 +1,17 @@
 """The plan of a folder run as Python holds it, made before anything is written: the
 engine's plan of the source's files and of the run's output units (`_core.FolderWork`,
-rust/folder/work.rs), and `--shard`'s split of the units."""
+rust/folder/work.rs)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from .. import _core
 from ..reports import Notice, notices
 from .common import File
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     from .._engine import CancelFlag
     from .._types import Target
 
@@ -43,10 +41,7 @@ class Plan:
 
     work: _core.FolderWork
     units: list[Unit]
-    weights: list[File]
-    # file, text (shard names already renamed), weight_map as destination rel paths
-    indexes: list[tuple[File, str, dict[str, str]]]
-    configs: list[tuple[File, bytes | None]]  # file, new content (None: copy unchanged)
+    configs: list[File]  # written last but the indexes (the engine's text, or copied)
     copies: list[File]  # copied before the configs and indexes
     late_copies: list[File]  # copied with them (model_index.json)
     dirs: list[str]
@@ -57,15 +52,10 @@ class Plan:
     skipped: list[tuple[File, str]] = field(default_factory=list)  # left out, and why
     # The notes that name the files left out, by reason: the engine's.
     left_out: list[Notice] = field(default_factory=list)
-    # An FP8 checkpoint dequantized: its indexes lose the scales the shards no longer hold.
-    dequantize: bool = False
     # The prefixes to strip that no file's names start with: one warning each.
     unmatched_prefixes: list[Notice] = field(default_factory=list)
     # What the walk said.
     walk_warnings: list[Notice] = field(default_factory=list)
-    # FP8 targets: the top folder's model config, by whose sizes fused MoE experts are
-    # split (rust/experts.rs). None otherwise.
-    model_config: str | None = None
     # What a re-sharding's plan said, each naming the file it is about.
     warnings: list[Notice] = field(default_factory=list)
 
@@ -96,16 +86,14 @@ def plan(
         src, check_quantized=check_quantized, cancel=cancel, to=to, **(options or {}), **cut
     )
     found = work.plan()
-    weights, indexes, configs, copies, late_copies, dirs, skipped, model_config = found["files"]
+    configs, copies, late_copies, dirs, skipped = found["files"]
     return Plan(
         work=work,
         units=[
             Unit(k, rel, size, data, bytes_in, [File(*r) for r in inputs], whole)
             for k, (rel, size, data, bytes_in, inputs, whole) in enumerate(work.units())
         ],
-        weights=[File(*r) for r in weights],
-        indexes=[(File(*r), text, dict(weight_map)) for r, text, weight_map in indexes],
-        configs=[(File(*r), None if c is None else c.encode()) for r, c in configs],
+        configs=[File(*r) for r in configs],
         copies=[File(*r) for r in copies],
         late_copies=[File(*r) for r in late_copies],
         dirs=dirs,
@@ -113,10 +101,8 @@ def plan(
         nothing_to_convert=found["nothing_to_convert"],
         skipped=[(File(*r), why) for r, why in skipped],
         left_out=notices(found["left_out"]),
-        dequantize=found["dequantize"],
         unmatched_prefixes=notices(found["unmatched_prefixes"]),
         walk_warnings=notices(found["walk_warnings"]),
-        model_config=model_config,
         warnings=[Notice(kind, text, path) for kind, text, path in work.warnings()],
     )
 
@@ -125,29 +111,3 @@ def read_json(f: File) -> str:
     """The text of a JSON file, refusing invalid or deep ones (the engine reads it, bounded,
     and checks it: `rust/folder.rs` `read_json`)."""
     return _core.read_json(f.path)
-
-
-class _Sized(Protocol):
-    """What `assign_shards` balances: an output unit, or a file."""
-
-    @property
-    def rel(self) -> str: ...
-
-    @property
-    def size(self) -> int: ...
-
-
-def assign_shards(weights: Sequence[_Sized], n: int) -> dict[str, int]:
-    """Split the units (weight files, or output shards) into `n` shards of similar size:
-    rel path -> shard (1-based).
-
-    Largest files first, each to the lightest shard so far (ties: the lowest number). It
-    depends only on the names and sizes, so every machine computes the same split.
-    """
-    loads = [0] * n
-    owner = {}
-    for w in sorted(weights, key=lambda w: (-w.size, w.rel)):
-        k = min(range(n), key=lambda i: (loads[i], i))
-        loads[k] += w.size
-        owner[w.rel] = k + 1
-    return owner

@@ -204,7 +204,7 @@ def publish(run: Run, plan: Plan) -> list[FileReport]:
     for f in plan.late_copies:
         _copy(run, f, "copy", None)
         reports.append(FileReport(f.rel, "copy", "copied", f.size, f.size))
-    for f, _ in plan.configs:
+    for f in plan.configs:
         check_cancel(cancel)
         # (An FP8 target's quantization_config lists what the shards written hold
         # unquantized.)
@@ -226,7 +226,7 @@ def publish(run: Run, plan: Plan) -> list[FileReport]:
 def final_recheck(run: Run, plan: Plan) -> None:
     """The engine's re-check once everything is written; on failure, the loader's cues this
     run published (indexes, configs, late copies) are withdrawn."""
-    cues = [rel for rel, _ in plan.work.index_maps()] + [c[0].rel for c in plan.configs]
+    cues = [rel for rel, _ in plan.work.index_maps()] + [f.rel for f in plan.configs]
     run.record.recheck(cues + [f.rel for f in plan.late_copies])
 
 

@@ -237,3 +237,108 @@ fn a_whole_file_is_matched_by_the_header_recorded() {
     std::fs::remove_dir_all(&src).unwrap();
     std::fs::remove_dir_all(&dst).unwrap();
 }
+
+#[test]
+fn two_outputs_of_one_name_are_refused() {
+    // The index's group cut into one shard is `model.safetensors`, which the lone file
+    // beside it is too.
+    let src = sharded("clash");
+    std::fs::write(src.join("model.safetensors"), f32s(&["e"])).unwrap();
+    let e = work(&src, &settings("bf16"), false, Some(1 << 20))
+        .err()
+        .unwrap();
+    assert!(matches!(e, Error::OutputsCollide { .. }), "{e:?}");
+    assert!(
+        e.message().contains("would be written there"),
+        "{}",
+        e.message()
+    );
+    std::fs::remove_dir_all(&src).unwrap();
+}
+
+#[test]
+fn the_survey_asks_the_plan_for_its_proofs() {
+    use crate::run::survey::Judge;
+    let src = sharded("judged");
+    std::fs::write(src.join("tokenizer.json"), b"{}").unwrap();
+    let w = work(&src, &settings("bf16"), false, None).unwrap();
+    let dst = crate::testutil::folder("work-judged-dst", &[]);
+    let options = manifest::owned(&json::parse(r#"{"to": "bf16"}"#).unwrap());
+    let mut judge = Judged {
+        work: &w,
+        dst: &dst,
+        options: &options,
+    };
+    let proof = |j: &mut Judged<'_>, rel: &str, kind| j.proof(OsStr::new(rel), kind).unwrap();
+    // A copy is its source file; a config, its new text.
+    let copy = proof(&mut judge, "tokenizer.json", Kind::Copy);
+    assert!(matches!(copy, Proof::SameAs(p) if p == src.join("tokenizer.json")));
+    let config = proof(&mut judge, "config.json", Kind::Config);
+    assert!(matches!(config, Proof::Bytes(b) if b == br#"{"torch_dtype": "bfloat16"}"#));
+    // A weights file is adopted when it is exactly the plan's output.
+    let rel = w.units[0].rel.to_str().unwrap().to_string();
+    convert(&w, 0, &dst.join(&rel));
+    let weights = proof(&mut judge, &rel, Kind::Weights);
+    assert!(matches!(weights, Proof::Known(true)));
+    // The edited index: the source's, with the total size the plan gives.
+    let index = proof(&mut judge, "model.safetensors.index.json", Kind::Index);
+    let Proof::Bytes(index) = index else {
+        panic!("{index:?}")
+    };
+    assert!(String::from_utf8(index)
+        .unwrap()
+        .contains(r#""total_size": 128"#));
+    // Done: by an entry made for it.
+    let entry = w.entry(0, &options, None, &dst.join(&rel)).unwrap();
+    assert!(judge.done(OsStr::new(&rel), &[entry]).unwrap());
+    std::fs::remove_dir_all(&src).unwrap();
+    std::fs::remove_dir_all(&dst).unwrap();
+}
+
+#[test]
+fn shard_runs_split_the_units_by_size() {
+    let w = |units: &[(String, u64)]| Work {
+        units: (units.iter().enumerate())
+            .map(|(i, (rel, size))| Unit {
+                rel: rel.into(),
+                group: i,
+                names: Vec::new(),
+                size: *size,
+                data_bytes: 0,
+                input_bytes: 0,
+                target_bytes: 0,
+                header_sha256: String::new(),
+                inputs: Vec::new(),
+                tensors_converted: 0,
+                tensors_kept: 0,
+                whole: true,
+            })
+            .collect(),
+        plan: FolderPlan::default(),
+        max_size: None,
+        groups: Vec::new(),
+        warnings: Vec::new(),
+        hashes: Vec::new(),
+        record: None,
+        settings: Settings::default(),
+        recorded: None,
+    };
+    let sizes = [9, 1, 5, 5, 3, 7, 2];
+    let units: Vec<(String, u64)> = (sizes.iter().enumerate())
+        .map(|(i, &s)| (format!("f{i}"), s))
+        .collect();
+    let a = w(&units).assign_shards(3);
+    let load = |k| (0..7).filter(|&i| a[i] == k).map(|i| sizes[i]).sum::<u64>();
+    let mut loads: Vec<u64> = (1..=3).map(load).collect();
+    loads.sort();
+    assert_eq!(loads, [10, 11, 11]);
+    // Largest first, ties by name: the order the units come in does not matter.
+    let reversed: Vec<(String, u64)> = units.iter().rev().cloned().collect();
+    let mut b = w(&reversed).assign_shards(3);
+    b.reverse();
+    assert_eq!(a, b);
+    // As many runs as units: one each.
+    let mut each = w(&units).assign_shards(10);
+    each.sort();
+    assert_eq!(each, (1..=7).collect::<Vec<_>>());
+}
