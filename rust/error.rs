@@ -599,6 +599,9 @@ pub enum Error {
     /// A group re-sharded into several shards whose stem (the input `path`'s name) is not
     /// UTF-8: no index (JSON) can name its shards.
     StemNotUtf8 { path: PathBuf },
+    /// A plain folder run (of `path`) that converts no tensor of any file and changes no
+    /// file's format: its output would be a copy of the folder.
+    FolderUnchanged { path: PathBuf, target: Target },
     /// The shards a re-sharding wrote hold `written` tensor bytes, its index (`path`) plans
     /// `planned`.
     IndexTotal {
@@ -833,7 +836,8 @@ impl Error {
             | Error::WrongConfig { .. }
             | Error::SameFile { .. }
             | Error::OutputsCollide { .. }
-            | Error::StemNotUtf8 { .. } => ErrorKind::Refused,
+            | Error::StemNotUtf8 { .. }
+            | Error::FolderUnchanged { .. } => ErrorKind::Refused,
             Error::AfterCommit { source, .. } => source.kind(),
             Error::BadPattern { .. }
             | Error::BadOption { .. }
@@ -886,6 +890,7 @@ impl Error {
             | Error::SameFile { path }
             | Error::OutputsCollide { path, .. }
             | Error::StemNotUtf8 { path }
+            | Error::FolderUnchanged { path, .. }
             | Error::IndexTotal { path, .. }
             | Error::Recorded { path, .. }
             | Error::Io { path, .. } => Some(path),
@@ -1225,6 +1230,7 @@ impl Error {
                 esc(first),
                 esc(second)
             ),
+            Error::FolderUnchanged { target, .. } => nothing_to_convert(*target),
             Error::IndexTotal {
                 written, planned, ..
             } => format!(
@@ -1276,6 +1282,20 @@ impl Error {
             None => self.message(),
         }
     }
+}
+
+/// Why a folder run that converts no tensor of any file (and changes no file's format) is
+/// refused: its output would be a copy of the folder (`verify` fails such a DST too).
+pub fn nothing_to_convert(to: Target) -> String {
+    let why = match to.dtype() {
+        Some(dtype) if to != Target::Keep => format!(
+            "no tensor of any file becomes {dtype} (each float tensor already is, or is kept)"
+        ),
+        _ => "the folder's weights are safetensors files already and {to=keep} keeps every \
+              dtype"
+            .into(),
+    };
+    format!("nothing to convert: {why}; the output would be a copy of the folder")
 }
 
 /// The text of a `SurveyProblem`, after the destination.

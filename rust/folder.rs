@@ -27,6 +27,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::convert::Tuning;
+pub use crate::error::nothing_to_convert;
 use crate::error::{ConfigProblem, Error, Fp8Problem, Result, WalkProblem, Warning};
 use crate::given::{Given, Settings};
 use crate::quant::companion_roles;
@@ -112,7 +113,6 @@ pub type PlanFiles = (
 #[derive(serde::Serialize)]
 pub struct PlanData {
     pub keep_unmatched: Vec<String>,
-    pub nothing_to_convert: Option<String>,
     pub unmatched_prefixes: Vec<(&'static str, String)>,
     /// The notes that name the files left out (`skipped_notes`).
     pub left_out: Vec<(&'static str, String)>,
@@ -135,7 +135,6 @@ impl FolderPlan {
         );
         let data = PlanData {
             keep_unmatched: self.keep_unmatched.clone(),
-            nothing_to_convert: self.nothing_to_convert.clone(),
             unmatched_prefixes: said(&self.unmatched_prefixes),
             left_out: said(&skipped_notes(&self.skipped)),
             walk_warnings: said(&self.walk_warnings),
@@ -558,20 +557,6 @@ pub fn skipped_notes(skipped: &[(File, &'static str)]) -> Vec<Warning> {
         notes.push(Warning::new(WarningKind::SkippedFiles, text));
     }
     notes
-}
-
-/// Why a folder run that converts no tensor of any file (and changes no file's format) is
-/// refused: its output would be a copy of the folder (`verify` fails such a DST too).
-pub fn nothing_to_convert(to: Target) -> String {
-    let why = match to.dtype() {
-        Some(dtype) if to != Target::Keep => format!(
-            "no tensor of any file becomes {dtype} (each float tensor already is, or is kept)"
-        ),
-        _ => "the folder's weights are safetensors files already and {to=keep} keeps every \
-              dtype"
-            .into(),
-    };
-    format!("nothing to convert: {why}; the output would be a copy of the folder")
 }
 
 /// Does any of `weights` hold a quantized weight with its scale, which the target of

@@ -615,6 +615,11 @@ impl FolderWork {
             .collect()
     }
 
+    /// Refuse a plain run that would write a copy of the folder `src` (`Work::check`).
+    fn check(&self, py: Python<'_>, src: PathBuf) -> PyResult<()> {
+        guarded(py, || self.0.check(&src))
+    }
+
     /// Each unit's shard run of `n` (`Work::assign_shards`).
     fn assign_shards(&self, n: usize) -> Vec<usize> {
         self.0.assign_shards(n)

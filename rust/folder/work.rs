@@ -660,6 +660,18 @@ impl Work {
         }
     }
 
+    /// Refuse a plain run that would write a copy of the folder of `src` (`on_overflow`
+    /// keep may still keep tensors; a re-sharding changes the files whatever the dtypes).
+    pub fn check(&self, src: &Path) -> Result<()> {
+        let unchanged = self.max_size.is_none() && self.plan.nothing_to_convert.is_some();
+        if unchanged && self.settings.on_overflow()? != OnOverflow::Keep {
+            let target = target(&self.settings)?;
+            let path = src.to_path_buf();
+            return Err(Error::FolderUnchanged { path, target });
+        }
+        Ok(())
+    }
+
     /// The options unit `i` is converted (and verified) with: the run's, and what was
     /// read of its group's data before.
     pub fn settings(&self, i: usize) -> Settings {

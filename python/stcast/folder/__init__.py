@@ -1,11 +1,11 @@
 """Convert a checkpoint folder: every shard, its indexes and configs; the rest is copied.
 
-The per-file engine converts each `.safetensors` file with bounded memory and publishes it
-atomically. This package walks the folder and checks it before writing anything (`walk`:
-index names, index/shard agreement, quantized checkpoints), converts the files one after
-another, each with all cores (`write`), copies everything else byte for byte, and writes
-the indexes and configs last (the engine edits them in their own text): an interrupted run
-never leaves a folder that a loader would take for a complete checkpoint. A manifest in the
+The engine plans the run before anything is written (`walk.plan`: `_core.FolderWork`, the
+folder's files and checks, and the run's output units: each weight file, or a re-sharding's
+output shards). This package converts the units one after another, each with all cores
+(`write`), copies everything else byte for byte, and writes the indexes and configs last
+(the engine edits them in their own text): an interrupted run never leaves a folder that a
+loader would take for a complete checkpoint. A manifest in the
 destination records what is done (the engine's, `_core.FolderRun`), so that `resume` skips
 finished files and `shard=(i, n)` jobs on several machines can split the work, with
 `finalize` writing the rest once every shard is done.
@@ -78,7 +78,7 @@ def prepare(
     With `max_shard_size`, the output is re-sharded (the engine's `folder::work`) and `src`
     may also be a single file; `name` is then the output stem of its one group."""
     to, shard, max_shard_size, name = _target(given), given.shard, given.max_shard_size, given.name
-    force, resume, on_overflow = given.force, given.resume, given.on_overflow
+    force, resume = given.force, given.resume
     if shard is not None:
         shard = _check_shard(shard)
     # The default DST is named after what was given: beside a cache repo root, never
@@ -124,8 +124,10 @@ def prepare(
     for notice in plan.walk_warnings:
         warnings.append(notice)
         _engine.issue(notice.kind, notice.template, None)
-    # That something changes (or else a refusal), and what the kind of run has to say.
-    for notice in _check(plan, src, on_overflow):
+    # That something changes (a plain run that writes a copy of the folder is refused: the
+    # engine's answer), and what a re-sharding's plan said.
+    plan.work.check(src)
+    for notice in plan.warnings:
         warnings.append(notice)
         _engine.issue(notice.kind, notice.template, notice.path)
 
@@ -314,18 +316,6 @@ def _source_plan(
         cut["shard_links"] = follow_links if shard_links is None else shard_links
         options.update(name=o.name, config=o.config if single else None)
     return _walk.plan(src, to, check_quantized, options, cancel, **cut)
-
-
-def _check(plan: _walk.Plan, src: str, on_overflow: OnOverflow) -> list[Notice]:
-    """Refuse a run that would write a copy of the folder; what its plan said."""
-    if plan.resharding:
-        # A re-sharding changes the files whatever the dtypes: never "nothing to do".
-        return list(plan.warnings)
-    # (No file converts a tensor or changes format: the engine's answer.)
-    why = plan.nothing_to_convert
-    if why is not None and on_overflow != "keep":
-        raise Refused(f"{_esc(src)}: {why}", path=src)
-    return []
 
 
 def _run_options(plan: _walk.Plan, name: str | None) -> dict[str, Any]:

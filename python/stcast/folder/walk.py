@@ -46,9 +46,6 @@ class Plan:
     late_copies: list[File]  # copied with them (model_index.json)
     dirs: list[str]
     keep_unmatched: list[str] = field(default_factory=list)  # in no file
-    # Why the run is refused when no file converts a tensor or changes format (its output a
-    # copy of the folder), or None: the engine's.
-    nothing_to_convert: str | None = None
     skipped: list[tuple[File, str]] = field(default_factory=list)  # left out, and why
     # The notes that name the files left out, by reason: the engine's.
     left_out: list[Notice] = field(default_factory=list)
@@ -98,7 +95,6 @@ def plan(
         late_copies=[File(*r) for r in late_copies],
         dirs=dirs,
         keep_unmatched=found["keep_unmatched"],
-        nothing_to_convert=found["nothing_to_convert"],
         skipped=[(File(*r), why) for r, why in skipped],
         left_out=notices(found["left_out"]),
         unmatched_prefixes=notices(found["unmatched_prefixes"]),

@@ -1,6 +1,6 @@
-"""Write a folder's outputs: the converted files (`convert_items`), the copies, and last the
-configs and indexes, so that an interrupted run never leaves what a loader takes for a
-checkpoint.
+"""Write a folder's outputs: the output units (`convert_units`, each the engine's
+`FolderWork.convert`), the copies, and last the configs and indexes, so that an interrupted
+run never leaves what a loader takes for a checkpoint.
 
 The engine's folder run (`_core.FolderRun`, rust/run/publish.rs) writes every file through
 the one atomic write path, claims it in the run's manifest before it has a name, replaces

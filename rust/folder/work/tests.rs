@@ -342,3 +342,21 @@ fn shard_runs_split_the_units_by_size() {
     each.sort();
     assert_eq!(each, (1..=7).collect::<Vec<_>>());
 }
+
+#[test]
+fn a_plain_run_that_changes_nothing_is_refused_a_re_sharding_is_not() {
+    let src = sharded("unchanged");
+    let w = work(&src, &settings("keep"), false, None).unwrap();
+    let e = w.check(&src).err().unwrap();
+    assert!(matches!(e, Error::FolderUnchanged { .. }), "{e:?}");
+    assert!(e
+        .message()
+        .ends_with("the output would be a copy of the folder"));
+    assert!(work(&src, &settings("bf16"), false, None)
+        .unwrap()
+        .check(&src)
+        .is_ok());
+    let w = work(&src, &settings("keep"), false, Some(1 << 20)).unwrap();
+    assert!(w.check(&src).is_ok());
+    std::fs::remove_dir_all(&src).unwrap();
+}
