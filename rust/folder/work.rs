@@ -10,7 +10,10 @@
 //! converted whole under its safetensors name, the source's indexes edited.
 //!
 //! Each unit is proven done by one manifest entry (`entry`, `find_entry`): the inputs it reads
-//! as they were, the options, its header.
+//! as they were, the options, its header. The `Work` also answers what a run asks of its plan
+//! before and after writing: the outputs and their sizes, `--shard`'s split, resume's proofs
+//! (`Judged`, the survey's `Judge`), the FP8 configs' text and the indexes checked against
+//! the shards written. It holds no Python: a Rust task of the whole run can use it as it is.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
