@@ -589,6 +589,26 @@ pub enum Error {
     /// `name` (one output's stem) given for a source of `count` checkpoints (groups), the
     /// first of them `shown` (each by its index, else its file).
     NamedMany { count: usize, shown: Vec<PathBuf> },
+    /// Two things a re-sharding writes (`first`, `second`: what, in words) would be the
+    /// output `path`: outputs are named after their input's stem.
+    OutputsCollide {
+        path: PathBuf,
+        first: String,
+        second: String,
+    },
+    /// A group re-sharded into several shards whose stem (the input `path`'s name) is not
+    /// UTF-8: no index (JSON) can name its shards.
+    StemNotUtf8 { path: PathBuf },
+    /// A plain folder run (of `path`) that converts no tensor of any file and changes no
+    /// file's format: its output would be a copy of the folder.
+    FolderUnchanged { path: PathBuf, target: Target },
+    /// The shards a re-sharding wrote hold `written` tensor bytes, its index (`path`) plans
+    /// `planned`.
+    IndexTotal {
+        path: PathBuf,
+        written: u64,
+        planned: u64,
+    },
     /// An option's value is out of range.
     BadOption {
         option: OptionName,
@@ -756,6 +776,7 @@ impl Error {
             Error::InvalidHeader { .. }
             | Error::BadConfig { .. }
             | Error::BadIndex { refused: false, .. }
+            | Error::IndexTotal { .. }
             | Error::OtherFormat { .. }
             | Error::OutputHeaderTooLarge { .. }
             | Error::NonFiniteWeight { .. }
@@ -813,7 +834,10 @@ impl Error {
             | Error::NotOurs { .. }
             | Error::SideOutput { .. }
             | Error::WrongConfig { .. }
-            | Error::SameFile { .. } => ErrorKind::Refused,
+            | Error::SameFile { .. }
+            | Error::OutputsCollide { .. }
+            | Error::StemNotUtf8 { .. }
+            | Error::FolderUnchanged { .. } => ErrorKind::Refused,
             Error::AfterCommit { source, .. } => source.kind(),
             Error::BadPattern { .. }
             | Error::BadOption { .. }
@@ -864,6 +888,10 @@ impl Error {
             | Error::SideOutput { path, .. }
             | Error::WrongConfig { path, .. }
             | Error::SameFile { path }
+            | Error::OutputsCollide { path, .. }
+            | Error::StemNotUtf8 { path }
+            | Error::FolderUnchanged { path, .. }
+            | Error::IndexTotal { path, .. }
             | Error::Recorded { path, .. }
             | Error::Io { path, .. } => Some(path),
             Error::AfterCommit { source, .. } => source.path(),
@@ -1196,6 +1224,23 @@ impl Error {
                 .into(),
             Error::SideOutput { role, what, .. } => format!("the {role} {what}"),
             Error::SameFile { .. } => "SRC and DST are the same file".into(),
+            Error::OutputsCollide { first, second, .. } => format!(
+                "both {} and {} would be written there; re-sharding names outputs after their \
+                 input's stem, and these two share one (convert them into separate folders)",
+                esc(first),
+                esc(second)
+            ),
+            Error::FolderUnchanged { target, .. } => nothing_to_convert(*target),
+            Error::IndexTotal {
+                written, planned, ..
+            } => format!(
+                "the shards written hold {written} tensor bytes, the plan {planned} (was the \
+                 source changed during the run?)"
+            ),
+            Error::StemNotUtf8 { .. } => "its name is not UTF-8, so an index (JSON) cannot name \
+                                          the shards cut from it; rename it, or name the output \
+                                          with {name}"
+                .into(),
             // The options named as the record names them, not as a caller gives them.
             Error::Recorded { problem, .. } => format!(
                 "SRC cannot be read as its stcast record says: {}",
@@ -1237,6 +1282,20 @@ impl Error {
             None => self.message(),
         }
     }
+}
+
+/// Why a folder run that converts no tensor of any file (and changes no file's format) is
+/// refused: its output would be a copy of the folder (`verify` fails such a DST too).
+pub fn nothing_to_convert(to: Target) -> String {
+    let why = match to.dtype() {
+        Some(dtype) if to != Target::Keep => format!(
+            "no tensor of any file becomes {dtype} (each float tensor already is, or is kept)"
+        ),
+        _ => "the folder's weights are safetensors files already and {to=keep} keeps every \
+              dtype"
+            .into(),
+    };
+    format!("nothing to convert: {why}; the output would be a copy of the folder")
 }
 
 /// The text of a `SurveyProblem`, after the destination.

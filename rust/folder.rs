@@ -27,6 +27,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::convert::Tuning;
+pub use crate::error::nothing_to_convert;
 use crate::error::{ConfigProblem, Error, Fp8Problem, Result, WalkProblem, Warning};
 use crate::given::{Given, Settings};
 use crate::quant::companion_roles;
@@ -50,7 +51,7 @@ const PUBLISH_LAST: [&[u8]; 2] = [CONFIG_NAME, b"model_index.json"];
 pub type Index = (File, String, Vec<(String, String)>);
 
 /// What the plan found of one weight file.
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug)]
 pub struct Planned {
     /// Its inspection's report (`task::InspectRows`) without the per-tensor rows: a file may
     /// hold hundreds of thousands of tensors.
@@ -65,7 +66,7 @@ pub struct Planned {
 }
 
 /// What a folder run does, from a source folder that passed every check.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct FolderPlan {
     pub weights: Vec<File>,
     /// One per weight file, in the same order.
@@ -92,76 +93,68 @@ pub struct FolderPlan {
     pub unmatched_prefixes: Vec<Warning>,
     /// What the walk said.
     pub walk_warnings: Vec<Warning>,
-    /// The prefixes the tensor names lose (every file's and index's alike).
-    pub strip_prefix: Vec<String>,
     /// FP8 targets: the top folder's model config, by whose sizes every file's fused MoE
     /// experts are split (`experts`). None otherwise.
     pub model_config: Option<PathBuf>,
 }
 
-/// A `FolderPlan`'s files as tuples (`walk::FileRow`): weights, (index, text, weight map),
-/// (config, new text), copies, late copies, dirs, (skipped, why), the model config.
+/// What a front end holds of a `FolderPlan`'s files, as tuples (`walk::FileRow`): configs,
+/// copies, late copies, dirs, (skipped, why).
 pub type PlanFiles = (
     Vec<FileRow>,
-    Vec<(FileRow, String, Vec<(String, String)>)>,
-    Vec<(FileRow, Option<String>)>,
     Vec<FileRow>,
     Vec<FileRow>,
     Vec<OsString>,
     Vec<(FileRow, &'static str)>,
-    Option<OsString>,
 );
 
-/// The rest of a `FolderPlan`, serialized (each warning as (kind, template)).
+/// The rest of a `FolderPlan` a front end says, serialized (each warning as (kind,
+/// template)).
 #[derive(serde::Serialize)]
 pub struct PlanData {
-    pub planned: Vec<Planned>,
     pub keep_unmatched: Vec<String>,
-    pub nothing_to_convert: Option<String>,
-    pub dequantize: bool,
     pub unmatched_prefixes: Vec<(&'static str, String)>,
     /// The notes that name the files left out (`skipped_notes`).
     pub left_out: Vec<(&'static str, String)>,
     pub walk_warnings: Vec<(&'static str, String)>,
-    pub strip_prefix: Vec<String>,
 }
 
 impl FolderPlan {
     /// Its plain-data form, for a front end: the files, and the rest.
-    pub fn rows(self) -> (PlanFiles, PlanData) {
-        let rows = |v: Vec<File>| v.into_iter().map(File::row).collect();
-        let said = |v: Vec<Warning>| v.into_iter().map(|w| (w.kind.name(), w.text)).collect();
-        let left_out = said(skipped_notes(&self.skipped));
+    pub fn rows(&self) -> (PlanFiles, PlanData) {
+        let rows = |v: &[File]| v.iter().cloned().map(File::row).collect();
+        let said = |v: &[Warning]| v.iter().map(|w| (w.kind.name(), w.text.clone())).collect();
         let files = (
-            rows(self.weights),
-            self.indexes
-                .into_iter()
-                .map(|(f, text, map)| (f.row(), text, map))
+            self.configs.iter().map(|(f, _)| f.clone().row()).collect(),
+            rows(&self.copies),
+            rows(&self.late_copies),
+            self.dirs.clone(),
+            (self.skipped.iter())
+                .map(|(f, why)| (f.clone().row(), *why))
                 .collect(),
-            self.configs
-                .into_iter()
-                .map(|(f, text)| (f.row(), text))
-                .collect(),
-            rows(self.copies),
-            rows(self.late_copies),
-            self.dirs,
-            self.skipped
-                .into_iter()
-                .map(|(f, why)| (f.row(), why))
-                .collect(),
-            self.model_config.map(PathBuf::into_os_string),
         );
         let data = PlanData {
-            planned: self.planned,
-            keep_unmatched: self.keep_unmatched,
-            nothing_to_convert: self.nothing_to_convert,
-            dequantize: self.dequantize,
-            unmatched_prefixes: said(self.unmatched_prefixes),
-            left_out,
-            walk_warnings: said(self.walk_warnings),
-            strip_prefix: self.strip_prefix,
+            keep_unmatched: self.keep_unmatched.clone(),
+            unmatched_prefixes: said(&self.unmatched_prefixes),
+            left_out: said(&skipped_notes(&self.skipped)),
+            walk_warnings: said(&self.walk_warnings),
         };
         (files, data)
+    }
+
+    /// Every file of the source the plan reads or leaves out (no output may be one).
+    pub fn sources(&self) -> Vec<PathBuf> {
+        let configs = self.configs.iter().map(|(f, _)| f);
+        let indexes = self.indexes.iter().map(|(f, _, _)| f);
+        let skipped = self.skipped.iter().map(|(f, _)| f);
+        let copies = self.copies.iter().chain(&self.late_copies);
+        let all = self
+            .weights
+            .iter()
+            .chain(copies)
+            .chain(configs)
+            .chain(indexes);
+        all.chain(skipped).map(|f| f.path.clone()).collect()
     }
 }
 
@@ -487,7 +480,6 @@ impl PlanTask {
             dequantize,
             unmatched_prefixes: common_prefix_warnings(&self.said),
             walk_warnings: w.warnings.into_iter().chain(self.quantized).collect(),
-            strip_prefix: self.given.strip_prefix,
             model_config: self.model_config,
         })
     }
@@ -565,20 +557,6 @@ pub fn skipped_notes(skipped: &[(File, &'static str)]) -> Vec<Warning> {
         notes.push(Warning::new(WarningKind::SkippedFiles, text));
     }
     notes
-}
-
-/// Why a folder run that converts no tensor of any file (and changes no file's format) is
-/// refused: its output would be a copy of the folder (`verify` fails such a DST too).
-pub fn nothing_to_convert(to: Target) -> String {
-    let why = match to.dtype() {
-        Some(dtype) if to != Target::Keep => format!(
-            "no tensor of any file becomes {dtype} (each float tensor already is, or is kept)"
-        ),
-        _ => "the folder's weights are safetensors files already and {to=keep} keeps every \
-              dtype"
-            .into(),
-    };
-    format!("nothing to convert: {why}; the output would be a copy of the folder")
 }
 
 /// Does any of `weights` hold a quantized weight with its scale, which the target of
@@ -1081,6 +1059,7 @@ pub fn fingerprint(path: &Path) -> Result<String> {
 
 pub mod inspect;
 pub mod verify_folder;
+pub mod work;
 
 #[cfg(test)]
 mod tests;

@@ -307,7 +307,7 @@ impl Settings {
         Ok(target.strategy().is_some())
     }
 
-    fn on_overflow(&self) -> crate::Result<OnOverflow> {
+    pub fn on_overflow(&self) -> crate::Result<OnOverflow> {
         self.on_overflow
             .as_ref()
             .map_or(Ok(OnOverflow::Warn), Given::on_overflow)

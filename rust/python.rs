@@ -24,14 +24,13 @@ use crate::convert::{Knobs, Options as ConvertOptions, Tuning};
 use crate::error::{panic_message, Error};
 use crate::folder::inspect::{InspectFolderTask, Planning};
 use crate::folder::verify_folder::FolderVerify;
-use crate::folder::PlanTask;
+use crate::folder::work::{Cut, Judged, Unit, Work, WorkTask};
 use crate::given::{Exports, Given, Settings};
 use crate::numerics::{DequantizedTensor, Numerics};
 use crate::options;
 use crate::output::{self, Replace, Sealed};
 use crate::report::NumericsRow;
-use crate::run::{check, fp8config, json, manifest, place, publish, survey, walk};
-use crate::shard::{self, Group};
+use crate::run::{fp8config, json, manifest, place, publish, survey, walk};
 use crate::task::{ConvertTask, InspectTask, Inspection, Task};
 use crate::text;
 use crate::verify::{Verifier, VerifyOptions, VerifyReport};
@@ -365,103 +364,6 @@ fn finish_convert<'py>(
     Ok(d)
 }
 
-/// The input files of one re-sharded group, opened and validated (`shard::Group`).
-#[pyclass(frozen, module = "stcast._core")]
-struct ShardGroup {
-    group: Group,
-}
-
-#[pymethods]
-impl ShardGroup {
-    #[new]
-    #[pyo3(signature = (paths, **options))]
-    fn new(
-        py: Python<'_>,
-        paths: Vec<PathBuf>,
-        options: Option<&Bound<'_, PyDict>>,
-    ) -> PyResult<ShardGroup> {
-        // How its files are read (`key`, `strip_prefix`, `follow_links`).
-        let input = read_options(py, options, |s, _| s.input())?;
-        let group = guarded(py, || Group::open(&paths, &input))?;
-        Ok(ShardGroup { group })
-    }
-
-    /// Its files, in input order.
-    fn paths(&self) -> Vec<PathBuf> {
-        self.group.paths().map(|p| p.to_path_buf()).collect()
-    }
-
-    /// Its tensors' names, in input order.
-    fn names(&self) -> Vec<&str> {
-        self.group.names().collect()
-    }
-
-    /// Its tensors' bytes, in input order.
-    fn sizes(&self) -> Vec<u64> {
-        self.group.sizes().collect()
-    }
-
-    /// Its output shards of at most `max_size` bytes (`shard::Group::plan`).
-    #[pyo3(signature = (max_size, **options))]
-    fn plan<'py>(
-        &self,
-        py: Python<'py>,
-        max_size: u64,
-        options: Option<&Bound<'py, PyDict>>,
-    ) -> PyResult<Bound<'py, PyDict>> {
-        let opts = read_options(py, options, |s, _| s.shard_plan())?;
-        let plan = guarded(py, || self.group.plan(max_size, &opts))?;
-        crossed(py, &self.group.rows(&plan), &[])
-    }
-}
-
-/// Convert the output shard of `group` holding `names` as the file `rel` of the folder run
-/// `run` (`shard::Group::task`): it replaces only what the run may, and is claimed in the
-/// run's manifest before it has a name.
-#[pyfunction]
-#[pyo3(signature = (group, names, indexed, run, rel, *, progress=None, cancel=None, warn=None,
-                    **options))]
-fn convert_shard<'py>(
-    py: Python<'py>,
-    group: &Bound<'py, ShardGroup>,
-    names: Vec<String>,
-    indexed: bool,
-    run: &Bound<'py, FolderRun>,
-    rel: OsString,
-    progress: Hook<'py>,
-    cancel: Hook<'py>,
-    warn: Hook<'py>,
-    options: Option<&Bound<'py, PyDict>>,
-) -> PyResult<Bound<'py, PyDict>> {
-    let mut opts = read_options(py, options, Settings::shard_convert)?;
-    let hooks = Hooks::new(progress, cancel, warn, None).writing(run, true);
-    let w = &run.get().0;
-    // It replaces only what the run may (`publish::Writer::replace_for`).
-    opts.replaces = writer(w).replace_for(&rel);
-    opts.force = opts.replaces.is_some();
-    let dst = hooks.run(py, || writer(w).out_path(&rel))?;
-    let group = &group.get().group;
-    let new = || group.task(&names, indexed, &dst, &opts);
-    finish_convert(py, &hooks, &opts, new, Some(&rel))
-}
-
-/// Verify the file `dst` as an output shard of `group` (see `shard::Group::verifier`).
-#[pyfunction]
-#[pyo3(signature = (group, dst, indexed, *, progress=None, **options))]
-fn verify_shard<'py>(
-    py: Python<'py>,
-    group: &Bound<'py, ShardGroup>,
-    dst: PathBuf,
-    indexed: bool,
-    progress: Hook<'py>,
-    options: Option<&Bound<'py, PyDict>>,
-) -> PyResult<Bound<'py, PyDict>> {
-    let opts = read_options(py, options, Settings::shard_verify)?;
-    let group = &group.get().group;
-    let verifier = guarded(py, || group.verifier(&dst, indexed, &opts))?;
-    finish_verify(py, (progress, None), verifier, &opts)
-}
-
 /// Option `name`'s value (one of a repeated option's) as `Given::check` checks it.
 #[pyfunction]
 fn check_option<'py>(py: Python<'py>, name: &str, value: Given) -> PyResult<Bound<'py, PyAny>> {
@@ -481,21 +383,6 @@ fn check_applies(py: Python<'_>, src: PathBuf, given: Vec<String>) -> PyResult<(
         .filter_map(|n| OptionName::from_name(n))
         .collect();
     guarded(py, || crate::given::check_applies(&src, &given))
-}
-
-/// The file name of output shard `i` of `n` of the group `stem` (`shard::shard_file_name`).
-#[pyfunction]
-fn shard_file_name(stem: OsString, i: usize, n: usize) -> OsString {
-    use std::os::unix::ffi::OsStringExt;
-    let mut name = stem.into_vec();
-    name.extend(shard::shard_file_name("", i, n).into_bytes());
-    OsString::from_vec(name)
-}
-
-/// The index file of the group `stem`.
-#[pyfunction]
-fn index_file_name(stem: &str) -> String {
-    shard::index_file_name(stem)
 }
 
 /// A model config as a run writes it (`run::json::config_text`); None: copied as it is.
@@ -624,105 +511,253 @@ fn space(py: Python<'_>, dst: PathBuf, need: u64) -> PyResult<(OsString, u64, bo
     })
 }
 
-/// A source folder's files, classified and checked (`run::walk::walk`); with `single`, a
-/// file (or one checkpoint in a folder) re-sharded as the only weight file of a folder
-/// (`run::place::single_file`).
-#[pyfunction]
-#[pyo3(signature = (src, *, follow_links=false, include=vec![], exclude=vec![], single=false))]
-fn walk_folder(
-    py: Python<'_>,
-    src: PathBuf,
-    follow_links: bool,
-    include: Vec<String>,
-    exclude: Vec<String>,
-    single: bool,
-) -> PyResult<walk::WalkRows> {
-    guarded(py, || {
-        if single {
-            let weights = vec![place::single_file(&src)?];
-            return Ok(walk::Walked {
-                weights,
-                ..Default::default()
-            }
-            .rows());
-        }
-        let overrides = walk::Overrides::new(&include, &exclude)?;
-        Ok(walk::walk(&src, follow_links, &overrides)?.rows())
-    })
-}
+/// A folder run's plan of output units (`folder::work::Work`).
+#[pyclass(frozen, module = "stcast._core")]
+struct FolderWork(Work);
 
-/// What a folder run does of `src`, and whether it may (`run::plan::PlanTask`), stepped
-/// one weight file at a time (`cancel` checked between them): its files as tuples under
-/// `files`, the rest as plain data.
-#[pyfunction]
-#[pyo3(signature = (src, *, check_quantized, cancel=None, **options))]
-fn plan_folder<'py>(
-    py: Python<'py>,
-    src: PathBuf,
-    check_quantized: bool,
-    cancel: Hook<'py>,
-    options: Option<&Bound<'py, PyDict>>,
-) -> PyResult<Bound<'py, PyDict>> {
-    let (given, tuning) = read_options(py, options, |s, t| Ok((s.clone(), t)))?;
-    let (hooks, step) = (Hooks::new(None, cancel, None, None), tuning.step);
-    let mut task = hooks.run(py, || PlanTask::new(&src, &given, tuning, check_quantized))?;
-    hooks.drive(py, &mut task, step)?;
-    let (files, data) = hooks.run(py, move || task.finish())?.rows();
-    let d = pythonize::pythonize(py, &data)?.cast_into::<PyDict>()?;
-    d.set_item("files", files)?;
-    Ok(d)
-}
+/// A unit: its rel, output bytes, tensor bytes read, input bytes it stands for, input
+/// files, and whether it is a weight file converted whole.
+type UnitRow<'a> = (&'a OsStr, u64, u64, u64, Vec<walk::FileRow>, bool);
+/// An index checked (`Work::checked_indexes`), its content as bytes.
+type IndexRow = (OsString, Cow<'static, [u8]>, Option<u64>, Option<OsString>);
+type Dicts<'py> = Vec<Bound<'py, PyDict>>;
 
-/// A source weight file's fingerprint, which `--resume` compares (`folder::fingerprint`).
-#[pyfunction]
-fn source_fingerprint(py: Python<'_>, path: PathBuf) -> PyResult<String> {
-    guarded(py, || crate::folder::fingerprint(&path))
-}
+#[pymethods]
+impl FolderWork {
+    /// Plan the folder run of `src` (`folder::work::WorkTask`), stepped a weight file and a
+    /// group at a time (`cancel` checked between them): with `max_shard_size`, re-sharded
+    /// (`single`: `src` is one checkpoint).
+    #[new]
+    #[pyo3(signature = (src, *, check_quantized, single=false, max_shard_size=None,
+                        shard_links=false, keep_names=None, unquantized=None, record=None,
+                        cancel=None, **options))]
+    fn new(
+        py: Python<'_>,
+        src: PathBuf,
+        check_quantized: bool,
+        single: bool,
+        max_shard_size: Option<u64>,
+        shard_links: bool,
+        keep_names: Option<Vec<Vec<String>>>,
+        unquantized: Option<Vec<Vec<String>>>,
+        record: Option<&Bound<'_, PyDict>>,
+        cancel: Hook<'_>,
+        options: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Self> {
+        let (given, tuning) = read_options(py, options, |s, t| Ok((s.clone(), t)))?;
+        // The options the outputs record, when not those planned with (`finalize`'s).
+        let recorded = record.map(|r| read_options(py, Some(r), |s, _| Ok(s.clone())));
+        let recorded = recorded.transpose()?;
+        let cut = max_shard_size.map(|max_size| Cut {
+            max_size,
+            follow_links: shard_links,
+            keep_names,
+            unquantized,
+        });
+        let (hooks, step) = (Hooks::new(None, cancel, None, None), tuning.step);
+        let new = || WorkTask::new(&src, &given, tuning, check_quantized, single, cut, recorded);
+        let mut task = hooks.run(py, new)?;
+        hooks.drive(py, &mut task, step)?;
+        Ok(FolderWork(hooks.run(py, move || task.finish())?))
+    }
 
-/// The index at `rel` as convert writes it for DST's shards (`run::check::written_index`).
-#[pyfunction]
-#[pyo3(signature = (dst, rel, text, weight_map, fp8, dequantize, record=None))]
-#[allow(clippy::too_many_arguments)]
-fn written_index(
-    py: Python<'_>,
-    dst: PathBuf,
-    rel: PathBuf,
-    text: &str,
-    weight_map: Vec<(String, String)>,
-    fp8: bool,
-    dequantize: bool,
-    record: Option<&str>,
-) -> PyResult<Cow<'static, [u8]>> {
-    let scales = check::Scales::of(fp8, dequantize);
-    let text = guarded(py, || {
-        check::written_index(&dst, &rel, text, &weight_map, scales, record)
-    })?;
-    Ok(text.into_bytes().into())
-}
+    /// The folder's plan: its files as tuples under `files`, the rest as plain data.
+    fn plan<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let (files, data) = self.0.plan.rows();
+        let d = pythonize::pythonize(py, &data)?.cast_into::<PyDict>()?;
+        d.set_item("files", files)?;
+        Ok(d)
+    }
 
-/// An index against DST's shards: their tensors' total size (`run::check::index_total`).
-#[pyfunction]
-fn index_total(
-    py: Python<'_>,
-    dst: PathBuf,
-    rel: PathBuf,
-    map: Vec<(String, String)>,
-) -> PyResult<u64> {
-    guarded(py, || check::index_total(&dst, &rel, &map))
+    /// Each unit as a row (`UnitRow`).
+    fn units(&self) -> Vec<UnitRow<'_>> {
+        let w = &self.0;
+        let inputs = |u: &Unit| -> Vec<walk::FileRow> {
+            let files = u.inputs.iter();
+            files.map(|&k| w.plan.weights[k].clone().row()).collect()
+        };
+        (w.units.iter())
+            .map(|u| {
+                let files = inputs(u);
+                (
+                    u.rel.as_os_str(),
+                    u.size,
+                    u.data_bytes,
+                    u.input_bytes,
+                    files,
+                    u.whole,
+                )
+            })
+            .collect()
+    }
+
+    #[getter]
+    fn max_shard_size(&self) -> Option<u64> {
+        self.0.max_size
+    }
+
+    #[getter]
+    fn noun(&self) -> &'static str {
+        self.0.noun()
+    }
+
+    /// What the plan said: (kind, template, the source file it is about).
+    fn warnings(&self) -> Vec<(&'static str, &str, Option<&OsStr>)> {
+        let said = self.0.warnings.iter();
+        said.map(|(w, at)| (w.kind.name(), w.text.as_str(), at.as_deref()))
+            .collect()
+    }
+
+    /// Every file the run writes: (rel, kind, bytes).
+    fn outputs(&self) -> Vec<(OsString, &'static str, u64)> {
+        let out = self.0.outputs().into_iter();
+        out.map(|(rel, kind, size)| (rel, kind.name(), size))
+            .collect()
+    }
+
+    /// Refuse a plain run that would write a copy of the folder `src` (`Work::check`).
+    fn check(&self, py: Python<'_>, src: PathBuf) -> PyResult<()> {
+        guarded(py, || self.0.check(&src))
+    }
+
+    /// Each unit's shard run of `n` (`Work::assign_shards`).
+    fn assign_shards(&self, n: usize) -> Vec<usize> {
+        self.0.assign_shards(n)
+    }
+
+    /// The indexes the run writes: (rel, weight map).
+    fn index_maps(&self) -> Vec<(&OsStr, publish::WeightMap)> {
+        let maps = self.0.index_maps().into_iter();
+        maps.map(|(rel, _, map)| (rel, map.iter().cloned().collect()))
+            .collect()
+    }
+
+    /// The indexes to write, checked against the shards in `dst` (`Work::checked_indexes`).
+    fn checked_indexes(&self, py: Python<'_>, dst: PathBuf) -> PyResult<Vec<IndexRow>> {
+        let checked = guarded(py, || self.0.checked_indexes(&dst))?;
+        let bytes = |t: String| Cow::Owned(t.into_bytes());
+        let out = checked.into_iter();
+        Ok(out
+            .map(|(rel, t, size, from)| (rel, bytes(t), size, from))
+            .collect())
+    }
+
+    /// The shards and indexes a re-sharding writes, as `inspect` reports them.
+    fn infos<'py>(&self, py: Python<'py>) -> PyResult<(Dicts<'py>, Dicts<'py>)> {
+        let w = &self.0;
+        let index = |k: usize| w.groups[k].index.as_ref().map(|i| i.0.as_os_str());
+        let shards = w.units.iter().map(|u| {
+            let inputs = u.inputs.iter().map(|&k| w.plan.weights[k].source_rel());
+            let d = PyDict::new(py);
+            d.set_item("path", &u.rel)?;
+            d.set_item("bytes", u.size)?;
+            d.set_item("tensors", u.names.len())?;
+            d.set_item("tensors_converted", u.tensors_converted)?;
+            d.set_item("tensors_kept", u.tensors_kept)?;
+            d.set_item("data_bytes", u.data_bytes)?;
+            d.set_item("target_bytes", u.target_bytes)?;
+            d.set_item("inputs", inputs.collect::<Vec<_>>())?;
+            d.set_item("index", index(u.group))?;
+            Ok(d)
+        });
+        let indexes = (0..w.groups.len()).filter_map(|k| Some((k, w.groups[k].index.as_ref()?)));
+        let indexes = indexes.map(|(k, (rel, text, _))| {
+            let mine = w.units.iter().filter(|u| u.group == k);
+            let d = PyDict::new(py);
+            d.set_item("path", rel)?;
+            d.set_item("bytes", text.len())?;
+            d.set_item(
+                "total_size",
+                mine.clone().map(|u| u.target_bytes).sum::<u64>(),
+            )?;
+            d.set_item("shards", mine.count())?;
+            Ok(d)
+        });
+        Ok((
+            shards.collect::<PyResult<_>>()?,
+            indexes.collect::<PyResult<_>>()?,
+        ))
+    }
+
+    /// Unit `i`'s manifest entry, written at `out` by a run with `options` (as one of
+    /// `shards` shard runs).
+    fn entry<'py>(
+        &self,
+        py: Python<'py>,
+        i: usize,
+        options: &Bound<'py, PyAny>,
+        shards: Option<u64>,
+        out: PathBuf,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let options = json_of(options)?;
+        let e = guarded(py, || self.0.entry(i, &options, shards, &out))?;
+        py_json(py, &e)
+    }
+
+    /// The entry of `entries` that shows `out` is unit `i` written with `options`, if one does.
+    fn find_entry<'py>(
+        &self,
+        py: Python<'py>,
+        i: usize,
+        entries: Vec<Bound<'py, PyAny>>,
+        options: &Bound<'py, PyAny>,
+        out: PathBuf,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let options = json_of(options)?;
+        let nodes = entries.iter().map(json_of).collect::<PyResult<Vec<_>>>()?;
+        let found = guarded(py, || {
+            let e = self.0.find_entry(i, &nodes, &options, &out)?;
+            Ok(e.map(|e| nodes.iter().position(|n| std::ptr::eq(n, e)).unwrap_or(0)))
+        })?;
+        Ok(found.map(|k| entries[k].clone()))
+    }
+
+    /// What the config `rel` is written as in `dst` (`Work::config_text`; None: copied).
+    fn config_text(
+        &self,
+        py: Python<'_>,
+        dst: PathBuf,
+        rel: OsString,
+    ) -> PyResult<Option<Cow<'static, [u8]>>> {
+        let text = guarded(py, || self.0.config_text(&dst, &rel))?;
+        Ok(text.map(|t| Cow::Owned(t.into_bytes())))
+    }
+
+    /// Convert unit `i` as its file of the folder run `run` (`Work::task`): it replaces only
+    /// what the run may, and is claimed in the run's manifest before it has a name.
+    #[pyo3(signature = (i, run, *, progress=None, cancel=None, warn=None, **options))]
+    fn convert<'py>(
+        &self,
+        py: Python<'py>,
+        i: usize,
+        run: &Bound<'py, FolderRun>,
+        progress: Hook<'py>,
+        cancel: Hook<'py>,
+        warn: Hook<'py>,
+        options: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        // The call's `threads` and `tuning`; the rest is the plan's.
+        let (threads, tuning) = read_options(py, options, |s, t| Ok((s.threads.clone(), t)))?;
+        let hooks = Hooks::new(progress, cancel, warn, None).writing(run, true);
+        let w = &run.get().0;
+        let rel = self.0.units[i].rel.clone();
+        let replaces = writer(w).replace_for(&rel);
+        let dst = hooks.run(py, || writer(w).out_path(&rel))?;
+        let s = Settings {
+            threads,
+            ..self.0.settings(i)
+        };
+        let mut opts = s.shard_convert(tuning).map_err(|e| to_py(py, e))?;
+        (opts.replaces, opts.force) = (replaces, replaces.is_some());
+        let new = || self.0.task(i, &dst, &opts);
+        finish_convert(py, &hooks, &opts, new, Some(&rel))
+    }
 }
 
 /// The header of a safetensors file (`source::read_header`).
 #[pyfunction]
 fn read_header(py: Python<'_>, path: PathBuf) -> PyResult<crate::source::HeaderSummary> {
     guarded(py, || crate::source::read_header(&path))
-}
-
-/// What an output of a run with these options records (`record::Record::text`): None under
-/// `no_record`.
-#[pyfunction]
-#[pyo3(signature = (**options))]
-fn record_text(py: Python<'_>, options: Option<&Bound<'_, PyDict>>) -> PyResult<Option<String>> {
-    read_options(py, options, |s, _| s.record())
 }
 
 /// An engine report as a dict (its serde form, once), with its paths as Python holds them
@@ -1298,11 +1333,6 @@ impl FolderRun {
         })
     }
 
-    /// `publish::Writer::failed_input`: a weight's files could not be opened as planned.
-    fn failed_input(&self, py: Python<'_>) -> PyResult<()> {
-        guarded(py, || writer(&self.0).failed_input())
-    }
-
     fn remove_stale(&self, py: Python<'_>, stale: Vec<(OsString, place::Ident)>) -> PyResult<()> {
         guarded(py, || writer(&self.0).remove_stale(&stale))
     }
@@ -1320,32 +1350,26 @@ impl FolderRun {
 }
 
 /// What a folder run writes into `dst` and whether it may (`run::survey::survey`): the
-/// whole run's `outputs` (rel, kind, bytes); `mine` (None: `finalize`) asks for the `Room`
-/// too; `proof` and `done` are the caller's `Judge`. Returns `Answer`'s fields, flat.
+/// outputs of the plan `work`, which answers for them (`folder::work::Judged`); `mine`
+/// (None: `finalize`) asks for the `Room` too. Returns `Answer`'s fields, flat.
 #[pyfunction]
-#[pyo3(name = "survey", signature = (dst, src_id, shard, options, outputs, *, force, resume, proof, done, mine=None, src=PathBuf::new(), sources=vec![], inputs=vec![], renamed=vec![]))]
+#[pyo3(name = "survey", signature = (dst, src_id, shard, options, work, *, force, resume, mine=None, src=PathBuf::new()))]
 fn py_survey<'py>(
     py: Python<'py>,
     dst: PathBuf,
     src_id: place::Ident,
     shard: Option<manifest::Shard>,
     options: &Bound<'py, PyAny>,
-    outputs: Vec<(OsString, String, u64)>,
+    work: &Bound<'py, FolderWork>,
     force: bool,
     resume: bool,
-    proof: Py<PyAny>,
-    done: Py<PyAny>,
     mine: Option<Vec<OsString>>,
     src: PathBuf,
-    sources: Vec<PathBuf>,
-    inputs: Vec<PathBuf>,
-    renamed: Vec<(OsString, OsString)>,
 ) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
-    let options = json_of(options)?;
-    let planned = outputs.into_iter().map(|(rel, kind, size)| {
-        let kind = survey::Kind::of(&kind).ok_or_else(|| PyValueError::new_err(kind))?;
-        Ok(survey::Planned { rel, kind, size })
-    });
+    let (options, work) = (json_of(options)?, &work.get().0);
+    let planned = work.outputs().into_iter();
+    let planned = planned.map(|(rel, kind, size)| survey::Planned { rel, kind, size });
+    let renamed = work.groups.iter().filter_map(|g| g.renamed.clone());
     let q = survey::Question {
         asked: manifest::Asked {
             src_id,
@@ -1354,22 +1378,21 @@ fn py_survey<'py>(
             force,
             resume,
         },
-        outputs: planned.collect::<PyResult<_>>()?,
+        outputs: planned.collect(),
         room: mine.map(|mine| survey::Room {
             src,
-            sources,
+            sources: work.plan.sources(),
             mine,
-            inputs,
-            renamed,
+            inputs: work.plan.weights.iter().map(|f| f.path.clone()).collect(),
+            renamed: renamed.collect(),
         }),
     };
-    let mut judge = PyJudge {
-        proof,
-        done,
-        failed: None,
+    let mut judge = Judged {
+        work,
+        dst: &dst,
+        options: &options,
     };
-    let a = guarded(py, || survey::survey(&dst, &q, &mut judge));
-    let a = judge.failed.map_or(a, Err)?;
+    let a = guarded(py, || survey::survey(&dst, &q, &mut judge))?;
     let s = a.manifests;
     let own = s.own.and_then(|m| m.published);
     let siblings: Vec<Manifest> = s.siblings.into_iter().map(Manifest).collect();
@@ -1379,49 +1402,6 @@ fn py_survey<'py>(
         a.adopted, entries, a.stale, found, a.skipped, a.need, a.withdraw,
     );
     (s.present, at, own, siblings, ours, rest).into_pyobject(py)
-}
-
-/// The caller's answers to what only it knows of its plan, asked with the GIL taken back;
-/// the first exception it raises ends the survey and is raised as it is.
-struct PyJudge {
-    proof: Py<PyAny>,
-    done: Py<PyAny>,
-    failed: Option<PyErr>,
-}
-
-/// `f`'s answer; its exception kept in `failed` (the engine's error is then a stand-in).
-fn ask<T>(failed: &mut Option<PyErr>, f: impl FnOnce(Python<'_>) -> PyResult<T>) -> Result<T> {
-    Python::attach(f).map_err(|e| {
-        *failed = Some(e);
-        Error::Cancelled
-    })
-}
-
-impl survey::Judge for PyJudge {
-    fn proof(&mut self, rel: &std::ffi::OsStr, kind: survey::Kind) -> Result<survey::Proof> {
-        let f = &self.proof;
-        ask(&mut self.failed, |py| {
-            let v = f.bind(py).call1((rel, kind.name()))?;
-            Ok(if let Ok(b) = v.cast::<pyo3::types::PyBytes>() {
-                survey::Proof::Bytes(b.as_bytes().to_vec())
-            } else if let Ok(p) = v.extract::<PathBuf>() {
-                survey::Proof::SameAs(p)
-            } else {
-                survey::Proof::Known(v.is_truthy()?)
-            })
-        })
-    }
-
-    fn done(&mut self, rel: &std::ffi::OsStr, entries: &[json::Node<'static>]) -> Result<bool> {
-        let f = &self.done;
-        ask(&mut self.failed, |py| {
-            let list: Vec<_> = entries
-                .iter()
-                .map(|e| py_json(py, e))
-                .collect::<PyResult<_>>()?;
-            f.bind(py).call1((rel, list))?.is_truthy()
-        })
-    }
 }
 
 /// The finished manifests `finalize` completes (`run::manifest::finished`), the options
@@ -1463,16 +1443,16 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     for (name, value) in exports.cast_into::<PyDict>()?.iter() {
         m.add(name.cast_into::<pyo3::types::PyString>()?, value)?;
     }
-    m.add_class::<ShardGroup>()?;
+    m.add_class::<FolderWork>()?;
     m.add_class::<Manifest>()?;
     m.add_class::<FolderRun>()?;
     add_functions! {
         m: _set_exceptions, py_convert, py_inspect, inspect_folder, py_verify, render, format_bytes, escape,
         option_error, check_option, check_applies, failpoint, write_numeric_report,
-        check_side_output, convert_shard, verify_shard, shard_file_name, index_file_name,
-        source_kind, read_header, record_text, walk_folder, plan_folder, source_fingerprint, config_text, index_text,
+        check_side_output,
+        source_kind, read_header, config_text, index_text,
         read_json, split_shard_name, run_place, default_dst, verify_route, space, py_survey,
-        finished_manifests, written_index, index_total,
+        finished_manifests,
         verify_folder,
     }
     Ok(())

@@ -21,7 +21,6 @@ import stcast
 from conftest import assert_one_error_line, read_safetensors, write_safetensors
 from helpers import run_on_pty
 from reference import bf16_bits_ml_dtypes
-from stcast.folder import assign_shards
 
 MANIFEST = ".stcast-manifest.json"
 FLOATS = (np.float16, np.float32, np.float64)
@@ -734,17 +733,6 @@ def test_shards_then_finalize_equal_a_plain_run(tmp_path, rng, run_main):
     # A resumed plain run over the finalized folder trusts the shard runs' work.
     report = stcast.convert(src, dst, resume=True)
     assert {a for p, a in actions(report).items() if p in every} == {"skipped"}
-
-
-def test_shard_assignment_is_balanced_and_deterministic(tmp_path, rng):
-    from stcast.folder.common import File as _File
-
-    files = [_File(f"f{i}", f"/x/f{i}", size, 0) for i, size in enumerate([9, 1, 5, 5, 3, 7, 2])]
-    a = assign_shards(files, 3)
-    assert a == assign_shards(list(reversed(files)), 3)
-    loads = [sum(f.size for f in files if a[f.rel] == k) for k in (1, 2, 3)]
-    assert sorted(loads) == [10, 11, 11]
-    assert set(assign_shards(files, 10).values()) == set(range(1, 8))
 
 
 def test_finalize_needs_a_manifest(tmp_path, rng):

@@ -223,11 +223,9 @@ def test_pieces_that_would_take_a_name_in_use_stay_fused(tmp_path):
     assert rc == 0, err
 
 
-@pytest.mark.parametrize("extra", [{}, {"max_shard_size": "1GB"}, {"max_shard_size": "200kB"}])
-def test_a_folder_of_transposed_experts_names_them(tmp_path, extra):
-    # Two shards, each with a layer of experts stored transposed, and a Qwen3-VL-MoE config:
-    # split per expert and named, each fused tensor once: a file converted as it is names
-    # its own, a re-sharding names them all in one note (not once per output shard).
+def transposed_folder(tmp_path):
+    """Two shards, each with a layer of experts stored transposed, their index, and a
+    Qwen3-VL-MoE config."""
     one, config = transposed(tmp_path)
     layer0 = tensor_bytes(one)
     layer1 = {n.replace("layers.0", "layers.1"): v for n, v in layer0.items() if P in n}
@@ -243,6 +241,14 @@ def test_a_folder_of_transposed_experts_names_them(tmp_path, extra):
     doc = json.loads(config.read_text())
     doc["text_config"]["num_experts"] = E
     (src / "config.json").write_text(json.dumps(doc))
+    return src
+
+
+@pytest.mark.parametrize("extra", [{}, {"max_shard_size": "1GB"}, {"max_shard_size": "200kB"}])
+def test_a_folder_of_transposed_experts_names_them(tmp_path, extra):
+    # Split per expert and named, each fused tensor once: a file converted as it is names
+    # its own, a re-sharding names them all in one note (not once per output shard).
+    src = transposed_folder(tmp_path)
     dst = tmp_path / "out"
     with pytest.warns(stcast.StcastWarning) as caught:
         report = stcast.convert(src, dst, to="fp8", **extra)
@@ -257,6 +263,19 @@ def test_a_folder_of_transposed_experts_names_them(tmp_path, extra):
     held = {n for f in dst.glob("*.safetensors") for n in tensor_bytes(f)}
     assert f"{P}0.gate_proj.weight" in held and P + "gate_up_proj" not in held
     assert stcast.verify(src, dst).mismatch is None
+
+
+@pytest.mark.parametrize("size", ["1GB", "200kB"])
+def test_a_re_sharding_names_its_group_in_the_transposed_note(tmp_path, size):
+    # The note names the experts of every file of the group: it is about the group, and
+    # says so by its index, not by its first file (attack finding r15).
+    src = transposed_folder(tmp_path)
+    with pytest.warns(stcast.StcastWarning) as caught:
+        report = stcast.convert(src, tmp_path / "out", to="fp8", max_shard_size=size)
+    [note] = [w.message for w in caught if w.message.kind == "transposed_experts"]
+    assert note.path == "model.safetensors.index.json", note.path
+    [said] = [n for n in report.warnings if n.kind == "transposed_experts"]
+    assert said.path == "model.safetensors.index.json", said.path
 
 
 def test_an_output_without_record_is_split_by_the_config_beside_it(tmp_path):

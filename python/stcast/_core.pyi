@@ -47,17 +47,8 @@ __all__ = [
     "failpoint",
     "write_numeric_report",
     "check_side_output",
-    "ShardGroup",
-    "convert_shard",
-    "verify_shard",
-    "shard_file_name",
-    "index_file_name",
     "source_kind",
     "read_header",
-    "record_text",
-    "walk_folder",
-    "plan_folder",
-    "source_fingerprint",
     "config_text",
     "index_text",
     "read_json",
@@ -66,12 +57,11 @@ __all__ = [
     "default_dst",
     "verify_route",
     "space",
+    "FolderWork",
     "Manifest",
     "FolderRun",
     "survey",
     "finished_manifests",
-    "written_index",
-    "index_total",
     "verify_folder",
 ]
 
@@ -229,46 +219,12 @@ def write_numeric_report(
 def check_side_output(
     path: str, role: str, force: bool, taken: list[tuple[str, str]]
 ) -> str | None: ...
-
-@final
-class ShardGroup:
-    """The input files of one re-sharded group, opened and validated."""
-
-    def __new__(cls, paths: list[str], **options: Unpack[_Options]) -> ShardGroup: ...
-    def paths(self) -> list[str]: ...
-    def names(self) -> list[str]: ...
-    def sizes(self) -> list[int]: ...
-    def plan(self, max_size: int, **options: Unpack[_Options]) -> _Report: ...
-
-def convert_shard(
-    group: ShardGroup,
-    names: list[str],
-    indexed: bool,
-    run: FolderRun,
-    rel: str,
-    *,
-    progress: _Progress = None,
-    cancel: _CancelFlag | None = None,
-    warn: _Warn = None,
-    **options: Unpack[_Options],
-) -> _Report: ...
-def verify_shard(
-    group: ShardGroup,
-    dst: str,
-    indexed: bool,
-    *,
-    progress: _Progress = None,
-    **options: Unpack[_Options],
-) -> _Report: ...
-def shard_file_name(stem: str, i: int, n: int) -> str: ...
-def index_file_name(stem: str) -> str: ...
 def source_kind(
     src: str, *, check: bool = True
 ) -> Literal["file", "checkpoint", "tree"] | None: ...
 def read_header(
     path: str,
 ) -> tuple[int, str, list[tuple[str, str]] | None, list[tuple[str, str, list[int], int, int]]]: ...
-def record_text(**options: Any) -> str | None: ...
 def config_text(
     text: str, to: str, *, dequantize: bool = False, shards: list[str] | None = None
 ) -> bytes | None: ...
@@ -289,48 +245,58 @@ def default_dst(src: str, to: str, *, folder: bool = False, dst: str | None = No
 def verify_route(src: str, dst: str, to: str | None, *, named: bool) -> tuple[str, bool]: ...
 def space(dst: str, need: int) -> tuple[str, int, bool]: ...
 def split_shard_name(name: str) -> tuple[str, str, str] | None: ...
-def written_index(
-    dst: str,
-    rel: str,
-    text: str,
-    weight_map: list[tuple[str, str]],
-    fp8: bool,
-    dequantize: bool,
-    record: str | None = None,
-) -> bytes: ...
-def index_total(dst: str, rel: str, map: list[tuple[str, str]]) -> int: ...
 
 # A source folder's file: rel, path, size, mtime_ns, its rel in the source when renamed.
 _File = tuple[str, str, int, int, str | None]
 
-def walk_folder(
-    src: str,
-    *,
-    follow_links: bool = False,
-    include: list[str] = ...,
-    exclude: list[str] = ...,
-    single: bool = False,
-) -> tuple[
-    list[_File],
-    list[_File],
-    list[_File],
-    list[_File],
-    list[str],
-    list[tuple[_File, str]],
-    list[tuple[str, str]],
-]: ...
+@final
+class FolderWork:
+    """A folder run's plan of output units (the engine's `folder::work::Work`)."""
 
-# files: weights, (index, text, weight map), (config, new text), copies, late copies, dirs,
-# (skipped, why), model config; planned: each weight's info, out_data, header_sha256,
-# unquantized; keep_unmatched, dequantize, unmatched_prefixes, walk_warnings, strip_prefix.
-def plan_folder(
-    src: str,
-    *,
-    check_quantized: bool,
-    cancel: _CancelFlag | None = None,
-    **options: Unpack[_Options],
-) -> dict[str, Any]: ...
-def source_fingerprint(path: str) -> str: ...
+    def __new__(
+        cls,
+        src: str,
+        *,
+        check_quantized: bool,
+        single: bool = False,
+        max_shard_size: int | None = None,
+        shard_links: bool = False,
+        keep_names: list[list[str]] | None = None,
+        unquantized: list[list[str]] | None = None,
+        record: dict[str, Any] | None = None,
+        cancel: _CancelFlag | None = None,
+        **options: Any,
+    ) -> FolderWork: ...
+    # files: configs, copies, late copies, dirs, (skipped, why); keep_unmatched,
+    # unmatched_prefixes, left_out, walk_warnings.
+    def plan(self) -> dict[str, Any]: ...
+    def units(self) -> list[tuple[str, int, int, int, list[_File], bool]]: ...
+    @property
+    def max_shard_size(self) -> int | None: ...
+    @property
+    def noun(self) -> str: ...
+    def warnings(self) -> list[tuple[str, str, str | None]]: ...
+    def outputs(self) -> list[tuple[str, str, int]]: ...
+    def check(self, src: str) -> None: ...
+    def assign_shards(self, n: int) -> list[int]: ...
+    def index_maps(self) -> list[tuple[str, dict[str, str]]]: ...
+    def checked_indexes(self, dst: str) -> list[tuple[str, bytes, int | None, str | None]]: ...
+    def infos(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]: ...
+    def entry(self, i: int, options: dict[str, Any], shards: int | None, out: str) -> Any: ...
+    def find_entry(
+        self, i: int, entries: list[Any], options: dict[str, Any], out: str
+    ) -> Any | None: ...
+    def config_text(self, dst: str, rel: str) -> bytes | None: ...
+    def convert(
+        self,
+        i: int,
+        run: FolderRun,
+        *,
+        progress: _Progress = None,
+        cancel: _CancelFlag | None = None,
+        warn: _Warn = None,
+        **options: Unpack[_Options],
+    ) -> _Report: ...
 
 @final
 class TensorNumerics:
@@ -400,7 +366,6 @@ class FolderRun:
         writes: set[str],
         configs: list[str] = ...,
     ) -> None: ...
-    def failed_input(self) -> None: ...
     def remove_stale(self, stale: list[tuple[str, _Id]]) -> None: ...
     def remove_own(self, others: list[Manifest]) -> None: ...
 
@@ -409,17 +374,12 @@ def survey(
     src_id: _Id,
     shard: _Id | None,
     options: dict[str, Any],
-    outputs: list[tuple[str, str, int]],
+    work: FolderWork,
     *,
     force: bool,
     resume: bool,
-    proof: Callable[[str, str], bytes | str | bool],
-    done: Callable[[str, list[dict[str, Any]]], bool],
     mine: list[str] | None = None,
     src: str = ...,
-    sources: list[str] = ...,
-    inputs: list[str] = ...,
-    renamed: list[tuple[str, str]] = ...,
 ) -> tuple[
     list[str],
     _Id | None,

@@ -245,12 +245,99 @@ fn string<'n, 'a>(n: Option<&'n Node<'a>>) -> Option<&'n Str<'a>> {
 }
 
 /// SHA-256 of a safetensors file's length prefix and header; "" for a file that is none.
-fn header_sha256(path: &Path) -> Result<String> {
+pub fn header_sha256(path: &Path) -> Result<String> {
     match crate::source::read_header(path) {
         Ok(h) => Ok(h.1),
         Err(e) if e.kind() == ErrorKind::InvalidInput => Ok(String::new()),
         Err(e) => Err(e),
     }
+}
+
+/// An input file of an output unit, as the unit's entry names it (what `--resume` compares).
+pub struct Input<'a> {
+    pub rel: &'a OsStr,
+    pub size: u64,
+    pub mtime_ns: i64,
+    /// Its fingerprint (`folder::fingerprint`).
+    pub hash: &'a str,
+}
+
+/// How an entry names the inputs of a unit: its one input flat (`source_*`), several as a
+/// list (with their paths).
+fn input_members(inputs: &[Input<'_>]) -> Vec<(&'static str, Node<'static>)> {
+    let signed = |n: i64| node(Value::Number(Cow::Owned(n.to_string())));
+    if let [one] = inputs {
+        return vec![
+            ("source_size", number(one.size)),
+            ("source_mtime_ns", signed(one.mtime_ns)),
+            ("source_header_sha256", text(one.hash)),
+        ];
+    }
+    vec![("inputs", listed(inputs))]
+}
+
+/// The inputs of a unit as a list: each one's path, size, mtime and fingerprint.
+fn listed(inputs: &[Input<'_>]) -> Node<'static> {
+    let signed = |n: i64| node(Value::Number(Cow::Owned(n.to_string())));
+    let listed = inputs.iter().map(|f| {
+        let rel = node(Value::Str(name_str(f.rel)));
+        node(Value::Array(vec![
+            rel,
+            number(f.size),
+            signed(f.mtime_ns),
+            text(f.hash),
+        ]))
+    });
+    node(Value::Array(listed.collect()))
+}
+
+/// What `resume` and `finalize` need to trust an output unit without reading it: the
+/// inputs it reads as they were, the options (`options`), the number of shard runs
+/// (`shards`), and its header as written (`header`).
+pub fn unit_entry(
+    inputs: &[Input<'_>],
+    options: &Node<'_>,
+    shards: Option<u64>,
+    header: &str,
+) -> Node<'static> {
+    let mut members: Vec<_> = (input_members(inputs).into_iter())
+        .map(|(k, v)| (key(k), v))
+        .collect();
+    members.extend([
+        (key("options"), owned(options)),
+        (key("version"), text(VERSION)),
+        (
+            key("shards"),
+            shards.map_or(node(Value::Literal("null")), number),
+        ),
+        (key("output_header_sha256"), text(header)),
+    ]);
+    object(members)
+}
+
+/// The header `entry` records, if it is of an output unit reading `inputs` unchanged,
+/// written by this version with `options` (and, given `planned`, of that header). An entry
+/// may list one input too (as stcast wrote an output shard's before plain runs were
+/// one-file groups): trusted the same.
+pub fn unit_matches<'e>(
+    entry: &'e Node<'_>,
+    inputs: &[Input<'_>],
+    options: &Node<'_>,
+    planned: Option<&str>,
+) -> Option<&'e str> {
+    let same = |a: Option<&Node<'_>>, b: &Node<'_>| a.is_some_and(|a| canonical(a) == canonical(b));
+    let Some(Str::Text(recorded)) = string(entry.get("output_header_sha256")) else {
+        return None;
+    };
+    let same_inputs = match entry.get("inputs") {
+        Some(list) => same(Some(list), &listed(inputs)),
+        None => input_members(inputs)
+            .iter()
+            .all(|(k, v)| same(entry.get(k), v)),
+    };
+    let version = matches!(string(entry.get("version")), Some(Str::Text(v)) if v == VERSION);
+    let ok = same_inputs && version && same(entry.get("options"), options);
+    (ok && planned.is_none_or(|p| p == recorded)).then_some(recorded.as_ref())
 }
 
 /// The whole content of the regular file `path`, at most `MAX_MANIFEST` bytes; the

@@ -195,46 +195,11 @@ pub struct Walked {
 
 /// A `File` as a tuple: rel, path, size, mtime_ns, src_rel.
 pub type FileRow = (OsString, OsString, u64, i64, Option<OsString>);
-/// `Walked` as tuples: weights, indexes, configs, others, dirs, (skipped, why), (warning
-/// kind, template).
-pub type WalkRows = (
-    Vec<FileRow>,
-    Vec<FileRow>,
-    Vec<FileRow>,
-    Vec<FileRow>,
-    Vec<OsString>,
-    Vec<(FileRow, &'static str)>,
-    Vec<(&'static str, String)>,
-);
-
 impl File {
     /// Its plain-data form, for a front end.
     pub fn row(self) -> FileRow {
         let path = self.path.into_os_string();
         (self.rel, path, self.size, self.mtime_ns, self.src_rel)
-    }
-}
-
-impl Walked {
-    /// Its plain-data form, for a front end.
-    pub fn rows(self) -> WalkRows {
-        let row = File::row;
-        let rows = |v: Vec<File>| v.into_iter().map(row).collect();
-        (
-            rows(self.weights),
-            rows(self.indexes),
-            rows(self.configs),
-            rows(self.others),
-            self.dirs,
-            self.skipped
-                .into_iter()
-                .map(|(f, why)| (row(f), why))
-                .collect(),
-            self.warnings
-                .into_iter()
-                .map(|w| (w.kind.name(), w.text))
-                .collect(),
-        )
     }
 }
 

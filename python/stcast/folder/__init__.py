@@ -1,11 +1,11 @@
 """Convert a checkpoint folder: every shard, its indexes and configs; the rest is copied.
 
-The per-file engine converts each `.safetensors` file with bounded memory and publishes it
-atomically. This package walks the folder and checks it before writing anything (`walk`:
-index names, index/shard agreement, quantized checkpoints), converts the files one after
-another, each with all cores (`write`), copies everything else byte for byte, and writes
-the indexes and configs last (the engine edits them in their own text): an interrupted run
-never leaves a folder that a loader would take for a complete checkpoint. A manifest in the
+The engine plans the run before anything is written (`walk.plan`: `_core.FolderWork`, the
+folder's files and checks, and the run's output units: each weight file, or a re-sharding's
+output shards). This package converts the units one after another, each with all cores
+(`write`), copies everything else byte for byte, and writes the indexes and configs last
+(the engine edits them in their own text): an interrupted run never leaves a folder that a
+loader would take for a complete checkpoint. A manifest in the
 destination records what is done (the engine's, `_core.FolderRun`), so that `resume` skips
 finished files and `shard=(i, n)` jobs on several machines can split the work, with
 `finalize` writing the rest once every shard is done.
@@ -21,31 +21,23 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .. import _core, _engine
 from .._options import Options
-from ..errors import (
-    Refused,
-    StcastError,
-    StcastWarning,
-)
+from ..errors import Refused, StcastWarning
 from ..reports import ConvertReport, FileReport, InspectReport, Notice, merged_numerics
 from . import common as _common
 from . import fp8 as _fp8
-from . import reshard as _reshard
 from . import walk as _walk
-from . import work as _work
 from . import write as _write
-from .fp8 import is_fp8, is_model_config
+from .fp8 import is_fp8
 from .fp8 import nonfinite as fp8_nonfinite
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
     from typing import Callable
 
     from .._engine import CancelFlag, Progress
     from .._types import OnOverflow, Target
 
-__all__ = ["assign_shards", "checked", "convert_folder", "finalize", "inspect_resharded"]
+__all__ = ["checked", "convert_folder", "finalize", "inspect_resharded"]
 
-assign_shards = _walk.assign_shards
 _esc = _core.escape
 
 
@@ -59,14 +51,13 @@ class Prepared:
     to: Target
     given: Options  # the call's options
     plan: _walk.Plan
-    work: _work.Work
     options: dict[str, Any]
     shard: tuple[int, int] | None
-    weights: list[_work.Item]  # this run's items (all, or the shard's): files, or output shards
+    weights: list[_walk.Unit]  # this run's units (all, or the shard's): files, or output shards
     mine: list[str]  # the files this run will write
     survey: _Survey
-    todo: list[_work.Item]
-    skipped: list[_work.Item]
+    todo: list[_walk.Unit]
+    skipped: list[_walk.Unit]
     copies: list[_common.File]
     need: int  # bytes the run will write
     warnings: list[Notice]
@@ -78,57 +69,33 @@ def prepare(
     given: Options,
     *,
     cancel: CancelFlag | None = None,
-    keep_names: dict[str, list[str]] | None = None,
 ) -> Prepared:
     """Make every check a folder run makes before writing anything, in order: folder
     identities, the source (`walk.plan`), the shard range, the keep patterns, what the
     destination holds (`_survey`), that something changes, free space. `inspect SRC DST`
     runs exactly this; `convert` runs it, then writes.
 
-    With `max_shard_size`, the output is re-sharded (see `reshard`) and `src` may also be
-    a single file; `name` is then the output stem of its one group (`reshard.named`)."""
+    With `max_shard_size`, the output is re-sharded (the engine's `folder::work`) and `src`
+    may also be a single file; `name` is then the output stem of its one group."""
     to, shard, max_shard_size, name = _target(given), given.shard, given.max_shard_size, given.name
-    force, resume, on_overflow = given.force, given.resume, given.on_overflow
+    force, resume = given.force, given.resume
     if shard is not None:
         shard = _check_shard(shard)
     # The default DST is named after what was given: beside a cache repo root, never
     # inside the cache's snapshots/.
     src, dst, src_id = _core.run_place(src, dst, to=to, resharding=max_shard_size is not None)
     precision, source = given.precision, given.source
+    # A checkpoint folder (DCP, ZeRO) re-sharded: its links, as for one output.
     plan = _source_plan(
-        src,
-        to,
-        precision,
-        max_shard_size,
-        not given.allow_quantized,
-        given.follow_links,
-        cancel,
-        given.config,
-        given.strip_prefix,
+        src, to, given, not given.allow_quantized, given.follow_links, cancel=cancel
     )
-    reshard: _reshard.Reshard | None = None
-    if max_shard_size is not None:
-        reshard = _reshard.plan(
-            plan,
-            max_shard_size,
-            to,
-            precision,
-            keep_names,
-            cancel,
-            # A checkpoint folder (DCP, ZeRO) re-sharded: its links, as for one output.
-            source={**source, "follow_links": given.follow_links},
-            name=name,
-            allow_quantized=given.allow_quantized or _engine.is_tree(src),
-        )
-        plan.keep_unmatched = reshard.keep_unmatched
-    work = _work.Work(plan, reshard, _record(to, given, plan.model_config))
-    units = work.items
+    units = plan.units
     if shard is not None and shard[1] > len(units):
         n = len(units)
         raise _core.option_error(
             "shard",
             f"{shard[0]}/{shard[1]}",
-            f"I/N with N at most {n}, the number of {work.noun}",
+            f"I/N with N at most {n}, the number of {plan.work.noun}",
         )
     # A keep pattern is judged over the whole folder: one warning (or, strict, one error
     # before anything is written) for a pattern that matches no tensor of any file.
@@ -142,11 +109,11 @@ def prepare(
             )
         warnings.append(Notice("unmatched_pattern", template))
         _engine.issue("unmatched_pattern", template, None)
-    # So is a prefix to strip (a re-sharding's plan judged it over its groups: `work.check`).
-    for notice in [] if reshard is not None else plan.unmatched_prefixes:
+    # So is a prefix to strip (a re-sharding's plan judged it over its groups: `_check`).
+    for notice in [] if plan.resharding else plan.unmatched_prefixes:
         warnings.append(notice)
         _engine.issue(notice.kind, notice.template, None)
-    side = [f for f, _ in plan.configs if f.rel.rpartition("/")[2] == _fp8.SIDE_CONFIG_NAME]
+    side = [f for f in plan.configs if f.rel.rpartition("/")[2] == _fp8.SIDE_CONFIG_NAME]
     if side and shard is None:  # (written by finalize, which says so)
         template = _fp8.side_config_notice(os.path.join(dst, side[0].rel))
         warnings.append(Notice("no_model_config", template))
@@ -157,25 +124,27 @@ def prepare(
     for notice in plan.walk_warnings:
         warnings.append(notice)
         _engine.issue(notice.kind, notice.template, None)
-    # That something changes (or else a refusal), and what the kind of run has to say.
-    for notice in work.check(src, on_overflow):
+    # That something changes (a plain run that writes a copy of the folder is refused: the
+    # engine's answer), and what a re-sharding's plan said.
+    plan.work.check(src)
+    for notice in plan.warnings:
         warnings.append(notice)
         _engine.issue(notice.kind, notice.template, notice.path)
 
     # Options that change the output; the defaults are left out, so that manifests of
     # plain runs stay as they were.
-    options: dict[str, Any] = {"to": to, **precision, **source, **work.options(name)}
+    options: dict[str, Any] = {"to": to, **precision, **source, **_run_options(plan, name)}
     weights = units
     if shard is not None:
-        owner = assign_shards(weights, shard[1])
-        weights = [w for w in weights if owner[w.rel] == shard[0]]
-    outputs = work.outputs()
+        owner = plan.work.assign_shards(shard[1])
+        weights = [w for w, k in zip(weights, owner) if k == shard[0]]
+    outputs = [rel for rel, _, _ in plan.work.outputs()]
     mine = sorted(w.rel for w in weights) if shard is not None else sorted(outputs)
     # No output is a file of the source, what the destination holds, what this run may
     # replace, which of its weights are done (skipped under resume), room for the rest, and
     # no leftover a loader would take for the output: the engine's answer.
     survey = _survey(
-        dst, src_id, options, work, shard, force=force, resume=resume, mine=weights, src=src
+        dst, src_id, options, plan, shard, force=force, resume=resume, mine=weights, src=src
     )
     todo = [w for w in weights if w.rel not in survey.skipped]
     skipped = [w for w in weights if w.rel in survey.skipped]
@@ -194,7 +163,7 @@ def prepare(
     if survey.ours or (force and survey.found):
         # Overflow refused while converting a later file would come after this run replaced
         # earlier ones: over an earlier output it is read for first, and refused here.
-        _refuse_overflow_first(todo, to, given, resharded=reshard is not None, cancel=cancel)
+        _refuse_overflow_first(todo, to, given, resharded=plan.resharding, cancel=cancel)
     copies = [] if shard is not None else plan.copies
     return Prepared(
         src,
@@ -203,7 +172,6 @@ def prepare(
         to,
         given,
         plan,
-        work,
         options,
         shard,
         weights,
@@ -218,7 +186,7 @@ def prepare(
 
 
 def _refuse_overflow_first(
-    todo: list[_work.Item],
+    todo: list[_walk.Unit],
     to: Target,
     given: Options,
     *,
@@ -232,7 +200,7 @@ def _refuse_overflow_first(
     if on_overflow == "warn" or (on_overflow == "keep" and resharded):
         return
     seen: set[str] = set()
-    for f in [f for w in todo for f in w.unit.inputs]:
+    for f in [f for w in todo for f in w.inputs]:
         if f.path in seen:
             continue
         seen.add(f.path)
@@ -283,13 +251,14 @@ def convert_folder(
         found=list(survey.found.items()),
     )
     files: list[FileReport] = []
+    shards = None if shard is None else shard[1]
     for w in p.skipped:
-        entry = w.manifest_entry(p.options, shard, os.path.join(dst, w.rel))
-        files.append(w.report("skipped", record.record(w.rel, "weights", entry)[2]))
+        entry = p.plan.work.entry(w.index, p.options, shards, os.path.join(dst, w.rel))
+        files.append(_write.report(w, "skipped", record.record(w.rel, "weights", entry)[2]))
     # Before any output: DST and the folders it writes into made, and the manifest saved,
     # so that the other runs sharing this folder know it is ours (refused if another run
     # started meanwhile). What DST holds now (files, folders) is what a failed run keeps.
-    rels = [*p.work.outputs(), *(f"{d}/x" for d in p.work.plan.dirs)]
+    rels = [*(rel for rel, _, _ in p.plan.work.outputs()), *(f"{d}/x" for d in p.plan.dirs)]
     record.begin(rels, survey.present, survey.at_own_name is not None, cancel)
     _common.failpoint("folder-manifest", cancel)
 
@@ -300,14 +269,14 @@ def convert_folder(
     )
     run = _write.Run(dst, p.to, p.given, meter, cancel, record, shard, p.options)
     if shard is None:
-        _write.unpublish(run, p.work, {w.rel for w in p.todo}, survey.withdraw)
+        _write.unpublish(run, p.plan, {w.rel for w in p.todo}, survey.withdraw)
     # A failure converting the weights rolls back what the run added, unless `resume`
     # can go on from it (`publish::Writer::failed`).
-    converted = _write.convert_items(run, p.todo)
-    files += [w.converted(r) for w, r in zip(p.todo, converted)]
+    converted = _write.convert_units(run, p.plan, p.todo)
+    files += [_write.converted(w, r) for w, r in zip(p.todo, converted)]
     if shard is None:
-        files += _write.publish(run, p.work)
-        _write.final_recheck(run, p.work)
+        files += _write.publish(run, p.plan)
+        _write.final_recheck(run, p.plan)
         # The new indexes name none of them: only now may the shards of another cut go.
         record.remove_stale(list(survey.stale.items()))
     else:
@@ -322,42 +291,50 @@ def convert_folder(
     report = _folder_report(
         src, dst, p.to, files, converted, started, shard, shard is None, p.given.on_overflow
     )
-    return _with_warnings(p.work.finish(report), p.warnings)
-
-
-def _source_files(plan: _walk.Plan) -> list[str]:
-    """Every file of the source the plan reads or leaves out."""
-    files = [*plan.weights, *plan.copies, *plan.late_copies]
-    files += [f for f, _ in plan.configs] + [f for f, _, _ in plan.indexes]
-    files += [f for f, _ in plan.skipped]
-    return [f.path for f in files]
+    return _with_warnings(_finish(p.plan, report), p.warnings)
 
 
 def _source_plan(
     src: str,
     to: Target,
-    precision: dict[str, Any],
-    max_shard_size: int | None,
+    o: Options,
     check_quantized: bool,
     follow_links: bool,
-    cancel: CancelFlag | None,
-    config: str | None = None,
-    strip_prefix: Sequence[str] = (),
+    *,
+    shard_links: bool | None = None,
+    cancel: CancelFlag | None = None,
+    **cut: Any,
 ) -> _walk.Plan:
-    """The source's plan, its checks made: a folder, or with `max_shard_size` also a single
-    file (re-sharded into a folder, beside it the model's `config`); its tensors renamed
-    without `strip_prefix`."""
-    if max_shard_size is not None and not _engine.is_tree(src):
-        return _reshard.file_plan(src, to, precision, config)
-    return _walk.plan(
-        src,
-        to,
-        check_quantized=check_quantized,
-        precision=precision,
-        follow_links=follow_links,
-        cancel=cancel,
-        strip_prefix=strip_prefix,
-    )
+    """The source's plan and its output units, its checks made (`walk.plan`): a folder, or
+    with `o.max_shard_size` re-sharded, also a single file (into a folder, beside it the
+    model's `config`), its groups reading a checkpoint folder's links as `shard_links` says
+    (by default as the walk does: `follow_links`)."""
+    options: dict[str, Any] = {**o.precision, **o.source, "follow_links": follow_links}
+    if o.max_shard_size is not None:
+        single = not _engine.is_tree(src)
+        cut.update(max_shard_size=o.max_shard_size, single=single)
+        cut["shard_links"] = follow_links if shard_links is None else shard_links
+        options.update(name=o.name, config=o.config if single else None)
+    return _walk.plan(src, to, check_quantized, options, cancel, **cut)
+
+
+def _run_options(plan: _walk.Plan, name: str | None) -> dict[str, Any]:
+    """The options of this kind of run that change the output (for the manifest)."""
+    if not plan.resharding:
+        return {}
+    options: dict[str, Any] = {"max_shard_size": plan.work.max_shard_size}
+    if name is not None:
+        # Another name is another output, as another size is: under resume, the files
+        # a manifest proves this source's that the plan no longer writes are stale.
+        options["name"] = name
+    return options
+
+
+def _finish(plan: _walk.Plan, report: ConvertReport) -> ConvertReport:
+    """The run's report, with what this kind of run adds."""
+    if not plan.resharding:
+        return report
+    return replace(report, max_shard_size=plan.work.max_shard_size)
 
 
 class _Survey:
@@ -385,12 +362,12 @@ def _survey(
     dst: str,
     src_id: tuple[int, int],
     options: dict[str, Any],
-    work: _work.Work,
+    plan: _walk.Plan,
     shard: tuple[int, int] | None,
     *,
     force: bool,
     resume: bool,
-    mine: list[_work.Item] | None = None,
+    mine: list[_walk.Unit] | None = None,
     src: str = "",
 ) -> _Survey:
     """Check what `dst` holds before anything is written, and what this run may replace
@@ -399,50 +376,15 @@ def _survey(
     folder is fine, and so are the files of other shard runs of the same source (they share
     the folder), but not a folder of other files, another source's run, or a previous run
     of this one. `resume` continues a previous run: the files a manifest records are ours,
-    an output exactly the planned one is adopted (`proof`), and any other planned file that
-    is there is refused rather than replaced. `force` replaces every file the plan writes
-    and deletes nothing else. With `mine` (this run's weights), also which are done, that
-    the rest fits, and that nothing a loader would take for the output stays beside it."""
-    plan, to = work.plan, options["to"]
-    sources = {f.rel: f.path for f in [*plan.copies, *plan.late_copies]}
-    configs = {f.rel: (f, c) for f, c in plan.configs}
-
-    def proof(rel: str, kind: str) -> bytes | str | bool:
-        """What the file at `rel` must be to be this plan's output: the bytes, the source
-        file it is a copy of, or the weights' own answer."""
-        if kind in ("weights", "index"):
-            return work.expected(dst, rel, kind, options)
-        if kind == "copy":
-            return sources[rel]
-        f, content = configs[rel]
-        if is_fp8(to) and is_model_config(rel):
-            try:
-                return _write.fp8_config(dst, to, work, f, content)
-            except (OSError, StcastError):
-                return False
-        return f.path if content is None else content
-
-    items = {w.rel: w for w in mine or []}
-
-    def done(rel: str, entries: list[dict[str, Any]]) -> bool:
-        out = os.path.join(dst, rel)
-        return items[rel].find_entry(entries, options, out) is not None
-
-    room: dict[str, Any] = {}
-    if mine is not None:
-        room = {"mine": [w.rel for w in mine], "inputs": [f.path for f in plan.weights]}
-        room.update(src=src, sources=_source_files(plan), renamed=work.renamed())
+    an output exactly the planned one is adopted (the plan's proof: `folder::work::Judged`),
+    and any other planned file that is there is refused rather than replaced. `force`
+    replaces every file the plan writes and deletes nothing else. With `mine` (this run's
+    weights), also which are done, that the rest fits, and that nothing a loader would take
+    for the output stays beside it."""
+    rels = None if mine is None else [w.rel for w in mine]
+    work = plan.work
     answer = _core.survey(
-        dst,
-        src_id,
-        shard,
-        options,
-        work.planned(),
-        force=force,
-        resume=resume,
-        proof=proof,
-        done=done,
-        **room,
+        dst, src_id, shard, options, work, force=force, resume=resume, mine=rels, src=src
     )
     return _Survey(answer)
 
@@ -464,43 +406,21 @@ def finalize(
     # the folder now would race it), and the options they agree on.
     manifests, options, entries, counted = _core.finished_manifests(dst, src_id)
     to = _engine.target_name(options["to"])
-    max_size = options.get("max_shard_size")
-    reshard: _reshard.Reshard | None = None
     recorded = Options.given(options)
-    if max_size is None:
+    if recorded.max_shard_size is None:
         # Quantized checkpoints were refused (or allowed) by the shard runs that converted
-        # them.
-        # What the shard runs copy: their overrides of the folder's companion policy.
+        # them. What the shard runs copy: their overrides of the folder's companion policy;
+        # the indexes name the tensors as the shard runs did, and record their options.
         companions: dict[str, Any] = {k: options[k] for k in ("include", "exclude") if k in options}
-        plan = _walk.plan(
-            src,
-            to,
-            check_quantized=False,
-            precision=companions,
-            cancel=cancel,
-            # The indexes name the tensors as the shard runs did.
-            strip_prefix=recorded.strip_prefix,
-        )
+        companions["strip_prefix"] = list(recorded.strip_prefix)
+        record = {"to": to, **recorded.precision, **recorded.source, "name": recorded.name}
+        plan = _walk.plan(src, to, False, companions, cancel, record=record)
     else:
-        # The shards' cut depends on every option that changes a tensor's size.
-        precision = recorded.precision
-        plan = _source_plan(
-            src, to, precision, max_size, False, False, cancel, None, recorded.strip_prefix
-        )
-        # As the shard runs read the source: the same key and prefixes.
-        reshard = _reshard.plan(
-            plan,
-            max_size,
-            to,
-            precision,
-            None,
-            cancel,
-            # The shard runs judged a checkpoint folder's links (`follow_links`).
-            source={**recorded.source, "follow_links": True},
-            name=options.get("name"),
-        )
-    work = _work.Work(plan, reshard, _record(to, recorded, plan.model_config))
-    units = work.items
+        # The shards' cut depends on every option that changes a tensor's size; the shard
+        # runs read the source with the same key and prefixes, and judged a checkpoint
+        # folder's links (`follow_links`).
+        plan = _source_plan(src, to, recorded, False, False, shard_links=True, cancel=cancel)
+    work, units = plan.work, plan.units
     # With one shard count in the manifests, a missing file can be traced to its shard.
     counts = {n for _, n in counted}
     for path, n in counted:
@@ -512,12 +432,12 @@ def finalize(
                 path=path,
             )
     count = counts.pop() if len(counts) == 1 else None
-    owner = assign_shards(units, count) if count else {}
-    outputs = work.outputs()
-    survey = _survey(dst, src_id, options, work, None, force=False, resume=True)
+    owner = work.assign_shards(count) if count else []
+    outputs = [rel for rel, _, _ in work.outputs()]
+    survey = _survey(dst, src_id, options, plan, None, force=False, resume=True)
     # An interrupted (or concurrent) finalize's manifest, read by the survey, is the one to
     # replace; a whole-folder run's cannot be here (refused above, or complete and gone).
-    record = _core.FolderRun(
+    run_record = _core.FolderRun(
         src,
         src_id,
         dst,
@@ -532,21 +452,21 @@ def finalize(
     files = []
     for w in units:
         out = os.path.join(dst, w.rel)
-        entry = w.find_entry(entries.get(w.rel, []), options, out)
+        entry = work.find_entry(w.index, entries.get(w.rel, []), options, out)
         if entry is None:
-            hint = f"; convert it again with {{shard={owner[w.rel]}/{count}}}" if owner else ""
-            path, what = w.missing(out)
+            hint = f"; convert it again with {{shard={owner[w.index]}/{count}}}" if owner else ""
+            path, what = _write.missing(w, out)
             raise Refused(f"{_esc(path)}: {what}, or changed since{hint}", path=path)
-        files.append(w.report("checked", record.record(w.rel, "weights")[2]))
-    record.save(cancel)
+        files.append(_write.report(w, "checked", run_record.record(w.rel, "weights")[2]))
+    run_record.save(cancel)
     meter = _write.Meter(sum(c.size for c in plan.copies), progress, file_progress)
-    run = _write.Run(dst, to, Options(to=to), meter, cancel, record, None, options)
-    _write.unpublish(run, work, set())
-    files += _write.publish(run, work)
-    _write.final_recheck(run, work)
-    record.remove_own(manifests)
+    run = _write.Run(dst, to, Options(to=to), meter, cancel, run_record, None, options)
+    _write.unpublish(run, plan, set())
+    files += _write.publish(run, plan)
+    _write.final_recheck(run, plan)
+    run_record.remove_own(manifests)
     meter.close()
-    return work.finish(_folder_report(src, dst, to, files, [], started, None, True))
+    return _finish(plan, _folder_report(src, dst, to, files, [], started, None, True))
 
 
 def checked(src: str, dst: str, given: Options) -> tuple[Prepared, list[Notice]]:
@@ -595,50 +515,25 @@ def inspect_resharded(
         src, given, dst=dst, checked=said, resharding=True, progress=progress
     )
     if dst is not None:
-        reshard, source_plan = prepared.work.reshard, prepared.plan
+        source_plan = prepared.plan
     else:
-        # Without DST nothing is checked: the plan of what is there, as convert cuts it.
-        precision = given.precision
-        if _engine.is_tree(src):
-            source_plan = _walk.plan(
-                src,
-                to,
-                check_quantized=False,
-                precision=precision,
-                follow_links=given.follow_links,
-                strip_prefix=given.strip_prefix,
-            )
-        else:
-            source_plan = _reshard.file_plan(src, to, precision, given.config)
-        files = report.files
-        weights = source_plan.weights
-        found = {
-            w.rel: [t.name for t in f.tensors if t.reason == "keep_overflow"]
-            for w, f in zip(weights, files)
-        }
-        # Each file's inspection read its weights for an FP8 target, as convert does.
-        nonfinite = {w.rel: fp8_nonfinite(f.tensors) for w, f in zip(weights, files)}
-        reshard = _reshard.plan(
-            source_plan,
-            max_shard_size,
-            to,
-            precision,
-            found,
-            # A checkpoint folder (DCP, ZeRO) re-sharded is read as `convert` reads it.
-            source={**given.source, "follow_links": given.follow_links},
-            name=given.name,
-            unquantized=nonfinite if is_fp8(to) else None,
+        # Without DST nothing is checked: the plan of what is there, as convert cuts it;
+        # each file's inspection read the tensors kept from overflow and, for an FP8
+        # target, the weights holding NaN or inf, as convert does.
+        found = [[t.name for t in f.tensors if t.reason == "keep_overflow"] for f in report.files]
+        nonfinite = [fp8_nonfinite(f.tensors) for f in report.files] if is_fp8(to) else None
+        source_plan = _source_plan(
+            src, to, given, False, given.follow_links, keep_names=found, unquantized=nonfinite
         )
     warnings = report.warnings
     if dst is None:
-        warnings = warnings + [n for n in reshard.warnings if n not in warnings]
+        warnings = warnings + [n for n in source_plan.warnings if n not in warnings]
     # What a re-sharding run writes besides the shards, to the byte.
-    other = sum(f.size for f in [*source_plan.copies, *source_plan.late_copies])
-    other += sum(f.size if c is None else len(c) for f, c in source_plan.configs)
-    other += sum(len(content) for _, content, _ in reshard.indexes())
-    output = sum(u.size for u in reshard.units()) + other
-    shards: list[Any] = _reshard.shard_infos(reshard)
-    indexes: list[Any] = _reshard.index_infos(reshard)
+    written = source_plan.work.outputs()
+    other = sum(size for _, kind, size in written if kind != "weights")
+    output = sum(size for _, kind, size in written if kind == "weights") + other
+    infos: tuple[list[Any], list[Any]] = source_plan.work.infos()
+    shards, indexes = infos
     return replace(
         report,
         output_bytes=output,
@@ -648,15 +543,6 @@ def inspect_resharded(
         max_shard_size=max_shard_size,
         shards=shards,
         indexes=indexes,
-    )
-
-
-def _record(to: Target, o: Options, model_config: str | None) -> str | None:
-    """What a run's outputs record of its options `o` (None under `no_record`): as each
-    weight file's conversion is given them (`work.Item.convert`), with the sizes of the
-    experts `model_config` declares (FP8 targets)."""
-    return _core.record_text(
-        to=to, **o.precision, **o.source, name=o.name, packed_config=model_config
     )
 
 

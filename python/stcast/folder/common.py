@@ -15,10 +15,6 @@ from ..errors import Cancelled, InvalidInput
 if TYPE_CHECKING:
     from .._engine import CancelFlag
 
-# The names of weight files and indexes, as the engine names its outputs (`rust/shard.rs`).
-WEIGHTS_SUFFIX = _core.shard_file_name("", 1, 1)  # ".safetensors"
-INDEX_SUFFIX = _core.index_file_name("")  # ".safetensors.index.json"
-
 _esc = _core.escape
 
 
@@ -69,10 +65,3 @@ def failpoint(name: str, cancel: CancelFlag | None) -> None:
 def check_cancel(cancel: CancelFlag | None) -> None:
     if cancel is not None and cancel.is_set():
         raise Cancelled("conversion cancelled")
-
-
-def check_index(dst: str, rel: str, weight_map: dict[str, str]) -> int:
-    """The index at `rel` against the shards written: every tensor where it says, every
-    shard tensor listed; returns the total size of the tensors (the index's total_size).
-    The engine's check (rust/run/check.rs `index_total`)."""
-    return _core.index_total(dst, rel, [*weight_map.items()])

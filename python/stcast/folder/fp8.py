@@ -10,8 +10,6 @@ found only while converting, and stays BF16 (unquantized, without a scale), so t
 
 from __future__ import annotations
 
-import os
-import posixpath
 from typing import TYPE_CHECKING
 
 from .. import _core
@@ -33,18 +31,9 @@ def nonfinite(tensors: Sequence[TensorInfo]) -> list[str]:
     return [t.name for t in tensors if t.not_quantized == "nonfinite"]
 
 
-# Where a re-sharded lone checkpoint's FP8 quantization_config goes without a model config
-# (`reshard.file_plan`): `quantization_config.json` in the output folder.
+# Where an FP8 output's quantization_config goes without a model config: beside its weights
+# (the engine's `run::beside::FOLDER_SIDE_CONFIG`).
 SIDE_CONFIG_NAME = "quantization_config.json"
-
-
-def side_configs(weights: Sequence[str], configs: Sequence[str]) -> list[str]:
-    """Where an FP8 folder run writes the quantization_config of weights no model config
-    describes: `quantization_config.json` in each folder of `weights` (rels) that holds no
-    model config among `configs` (rels), as a lone file's run writes it beside its output."""
-    described = {posixpath.dirname(r) for r in configs if is_model_config(r)}
-    folders = {posixpath.dirname(r) for r in weights} - described
-    return sorted(posixpath.join(d, SIDE_CONFIG_NAME) for d in folders)
 
 
 def side_config_notice(path: str) -> str:
@@ -55,8 +44,3 @@ def side_config_notice(path: str) -> str:
         f"{_core.escape(path)}; vLLM and transformers read it from the model's config.json "
         "only: merge it into that file (the guide shows how)"
     )
-
-
-def is_model_config(rel: str) -> bool:
-    """Is this the model's config (`config.json`), which gets the quantization_config?"""
-    return os.path.basename(rel) == "config.json"

@@ -1,6 +1,6 @@
-"""Write a folder's outputs: the converted files (`convert_items`), the copies, and last the
-configs and indexes, so that an interrupted run never leaves what a loader takes for a
-checkpoint.
+"""Write a folder's outputs: the output units (`convert_units`, each the engine's
+`FolderWork.convert`), the copies, and last the configs and indexes, so that an interrupted
+run never leaves what a loader takes for a checkpoint.
 
 The engine's folder run (`_core.FolderRun`, rust/run/publish.rs) writes every file through
 the one atomic write path, claims it in the run's manifest before it has a name, replaces
@@ -12,16 +12,13 @@ shards and the manifests at the end. This module steps it and tells progress.
 from __future__ import annotations
 
 import os
-import posixpath
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .. import _core
-from ..reports import FileReport
+from .. import _core, _engine
+from ..reports import ConvertReport, FileReport, _build, notices
 from .common import check_cancel, failpoint
-from .fp8 import SIDE_CONFIG_NAME, is_fp8, is_model_config
-from .walk import File, read_json
-from .work import Item, Work
+from .walk import UNMATCHED_PREFIX, File, Plan, Unit
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -30,7 +27,6 @@ if TYPE_CHECKING:
     from .._engine import CancelFlag, Progress
     from .._options import Options
     from .._types import FileAction, Target
-    from ..reports import ConvertReport
 
 
 class Meter:
@@ -89,8 +85,8 @@ class Run:
     options: dict[str, Any]  # the options that change the output, as the manifest says
 
 
-def convert_items(run: Run, todo: Sequence[Item]) -> list[ConvertReport]:
-    """Write the items one after another (all cores on each), recording each when done."""
+def convert_units(run: Run, plan: Plan, todo: Sequence[Unit]) -> list[ConvertReport]:
+    """Write the units one after another (all cores on each), recording each when done."""
     reports = []
     for w in todo:
         check_cancel(run.cancel)
@@ -104,11 +100,12 @@ def convert_items(run: Run, todo: Sequence[Item]) -> list[ConvertReport]:
         # The engine replaces only as this run may, and claims the output in the manifest
         # before it has a name.
         progress = step if run.meter.is_on() else None
-        r = w.convert(run.given, run.to, run.record, progress, run.cancel)
+        r = _convert(w, plan, run, progress)
         run.meter.finish(w.rel, w.data_bytes)
         # The output has its name; the manifest does not say so yet.
         failpoint("folder-published", run.cancel)
-        entry = w.manifest_entry(run.options, run.shard, os.path.join(run.dst, w.rel))
+        shards = None if run.shard is None else run.shard[1]
+        entry = plan.work.entry(w.index, run.options, shards, os.path.join(run.dst, w.rel))
         run.record.record(w.rel, "weights", entry, ours=True)
         run.record.save(run.cancel)
         failpoint("folder-file", run.cancel)
@@ -116,10 +113,79 @@ def convert_items(run: Run, todo: Sequence[Item]) -> list[ConvertReport]:
     return reports
 
 
-def publish(run: Run, work: Work) -> list[FileReport]:
+def _convert(
+    u: Unit, plan: Plan, run: Run, step: Callable[[int, int], None] | None
+) -> ConvertReport:
+    """Write unit `u` as its file of the folder run: it replaces only what the run may, and
+    the run's manifest claims it before it has a name."""
+    # Warnings name the input of a whole file, the output shard otherwise.
+    path = u.inputs[0].source_rel if u.whole else u.rel
+
+    def said(kind: str) -> bool:
+        # An output shard of integer or BF16 tensors only is no surprise; a prefix to
+        # strip was judged over the whole input by the plan, and so were a re-sharded
+        # group's transposed experts (its plan named them all).
+        whole = kind not in ("nothing_to_convert", "transposed_experts")
+        return (u.whole or whole) and kind != UNMATCHED_PREFIX
+
+    def warn(kind: str, template: str) -> None:
+        if said(kind):
+            _engine.issue(kind, template, path)
+
+    with _engine.gc_paused():
+        result = plan.work.convert(
+            u.index,
+            run.record,
+            threads=run.given.threads,
+            tuning=run.given.tuning,
+            progress=step,
+            cancel=run.cancel,
+            warn=warn,
+        )
+    warnings = [w for w in result["warnings"] if said(w[0])]
+    return _build(ConvertReport, result, warnings=notices(warnings, path), bytes_in=u.input_bytes)
+
+
+def report(u: Unit, status: FileAction, bytes_out: int) -> FileReport:
+    """Its line in a folder report, for an output not converted by this run."""
+    return FileReport(u.rel, "weights", status, u.input_bytes, bytes_out, source=_source(u))
+
+
+def converted(u: Unit, r: ConvertReport) -> FileReport:
+    """Its line in a folder report, once converted by this run."""
+    return FileReport(
+        u.rel,
+        "weights",
+        "converted",
+        u.input_bytes,
+        r.bytes_out,
+        r.tensors_converted,
+        r.tensors_copied,
+        r.seconds,
+        list(r.warnings),
+        r.tensors_kept,
+        r.bytes_kept,
+        source=_source(u),
+    )
+
+
+def _source(u: Unit) -> str | None:
+    """The input's own path, when a whole file is renamed (a PyTorch file)."""
+    return u.inputs[0].src_rel if u.whole else None
+
+
+def missing(u: Unit, out: str) -> tuple[str, str]:
+    """What `finalize` names (a path) and says when the output is not there as written: a
+    whole file by its source, an output shard by itself."""
+    if u.whole:
+        return u.inputs[0].path, "not converted"
+    return out, "not written"
+
+
+def publish(run: Run, plan: Plan) -> list[FileReport]:
     """Copy the other files, then write configs and indexes: a loader's cues come last."""
     reports = []
-    dst, meter, cancel, plan = run.dst, run.meter, run.cancel, work.plan
+    dst, meter, cancel = run.dst, run.meter, run.cancel
     failpoint("folder-publish", cancel)
     run.record.check_still_ours()
     run.record.folders(plan.dirs)
@@ -134,14 +200,15 @@ def publish(run: Run, work: Work) -> list[FileReport]:
     # indexes agree with the shards (from the shards as written: what a loader will find).
     run.record.recheck()
     run.record.check_still_ours()
-    indexes = work.checked_indexes(dst, run.to)
+    indexes = plan.work.checked_indexes(dst)
     for f in plan.late_copies:
         _copy(run, f, "copy", None)
         reports.append(FileReport(f.rel, "copy", "copied", f.size, f.size))
-    for f, content in plan.configs:
+    for f in plan.configs:
         check_cancel(cancel)
-        if is_fp8(run.to) and (is_model_config(f.rel) or _is_side_config(f.rel)):
-            content = fp8_config(dst, run.to, work, f, content)
+        # (An FP8 target's quantization_config lists what the shards written hold
+        # unquantized.)
+        content = plan.work.config_text(dst, f.rel)
         if content is None:
             _copy(run, f, "config", None)
             reports.append(FileReport(f.rel, "config", "copied", f.size, f.size))
@@ -156,29 +223,10 @@ def publish(run: Run, work: Work) -> list[FileReport]:
     return reports
 
 
-def _is_side_config(rel: str) -> bool:
-    """Is `rel` an FP8 quantization_config written beside weights no model config
-    describes (`fp8.side_configs`)?"""
-    return posixpath.basename(rel) == SIDE_CONFIG_NAME
-
-
-def fp8_config(dst: str, to: Target, work: Work, f: File, content: bytes | None) -> bytes:
-    """The model config `f` of an FP8 output: its dtype set (`content`, None: unchanged)
-    and the quantization_config, whose `ignore` lists what the shards beside it, as
-    written, hold unquantized."""
-    text = content.decode("utf-8") if content is not None else read_json(f)[0]
-    here = posixpath.dirname(f.rel)
-    shards = [os.path.join(dst, w.rel) for w in work.items if posixpath.dirname(w.rel) == here]
-    written = _core.config_text(text, to, shards=shards)
-    assert written is not None, "an FP8 target writes a quantization_config"
-    return written
-
-
-def final_recheck(run: Run, work: Work) -> None:
+def final_recheck(run: Run, plan: Plan) -> None:
     """The engine's re-check once everything is written; on failure, the loader's cues this
     run published (indexes, configs, late copies) are withdrawn."""
-    plan = work.plan
-    cues = [rel for rel, _, _ in work.index_maps()] + [c[0].rel for c in plan.configs]
+    cues = [rel for rel, _ in plan.work.index_maps()] + [f.rel for f in plan.configs]
     run.record.recheck(cues + [f.rel for f in plan.late_copies])
 
 
@@ -191,9 +239,8 @@ def _copy(run: Run, f: File, kind: str, meter: Meter | None) -> None:
     run.record.copy(f.rel, kind, f.path, progress=progress, cancel=run.cancel)
 
 
-def unpublish(run: Run, work: Work, writes: set[str], configs: Sequence[str] = ()) -> None:
+def unpublish(run: Run, plan: Plan, writes: set[str], configs: Sequence[str] = ()) -> None:
     """Before anything in the destination changes, the engine withdraws the old indexes
     this run would make inconsistent and the old model configs `configs` that would describe
     its weights wrongly (`publish::Writer::unpublish`)."""
-    indexes = [(rel, weight_map) for rel, _, weight_map in work.index_maps()]
-    run.record.unpublish(indexes, writes, list(configs))
+    run.record.unpublish(plan.work.index_maps(), writes, list(configs))
