@@ -221,10 +221,42 @@ pub fn written<'a>(
     }
 }
 
+/// The FP8 target the config describing the lone output `dst` says its weights have
+/// (`fp8config::strategy_target`): its model config (`model_config`), else its side config
+/// (`side_config_path`). None when neither says one. For an output that records no target,
+/// as `check::configured` is a folder's.
+pub fn configured(dst: &Path) -> Option<Target> {
+    let side = side_config_path(dst);
+    model_config(dst)
+        .into_iter()
+        .chain([side])
+        .find_map(|path| {
+            let text = crate::run::json::read_model_config(&path).ok()?;
+            crate::run::fp8config::strategy_target(text.as_bytes())
+        })
+}
+
+/// Is the FP8 output `dst` described where the run that wrote it put its
+/// quantization_config: its side config (`side_config_path`, a lone file's run), or in its
+/// folder a side config (`FOLDER_SIDE_CONFIG`) or a model config with a quantization key (a
+/// folder's run, of which `dst` may be one file)? Every FP8 run writes one of them.
+fn described(dst: &Path) -> bool {
+    let dir = crate::output::parent_dir(dst);
+    let quantized = |path: PathBuf| {
+        let text = crate::run::json::read_model_config(&path).unwrap_or_default();
+        let doc = serde_json::from_str::<Value>(&text).unwrap_or_default();
+        QUANTIZATION_KEYS.iter().any(|k| doc.get(*k).is_some())
+    };
+    side_config_path(dst).is_file()
+        || dir.join(FOLDER_SIDE_CONFIG).is_file()
+        || quantized(dir.join("config.json"))
+}
+
 /// The first file beside the lone output `dst` (whose header is `header`, written for
 /// `to`) that would mislead a loader of it: an earlier re-sharding's index or shards under
-/// its stem (`leftovers`), a config that does not describe its weights (`wrong_config`), or
-/// the model config a `--config` run wrote beside it when DST's record says so (`given`:
+/// its stem (`leftovers`), a config that does not describe its weights (`wrong_config`), in
+/// strict mode an FP8 output's quantization_config that is nowhere convert writes it
+/// (`described`: the output's record says the target, so it was written), or the model config a `--config` run wrote beside it when DST's record says so (`given`:
 /// `given_config`). Returns the message (a template naming the file), or None.
 pub fn check(
     dst: &Path,
@@ -251,6 +283,14 @@ pub fn check(
                 esc_path(&path)
             ));
         }
+    }
+    let fp8 = to.is_some_and(|t| t.strategy().is_some());
+    if exact && fp8 && !given && !described(dst) {
+        return Some(format!(
+            "{}: is missing: convert writes the quantization_config of an FP8 output beside \
+             it (a loader reads its weights as FP8 by it)",
+            esc_path(&side_config_path(dst))
+        ));
     }
     given_config(dst, to.filter(|_| given)?, exact)
 }
