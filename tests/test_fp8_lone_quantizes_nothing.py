@@ -117,3 +117,55 @@ def test_one_file_of_an_fp8_folder_output_verifies_alone(tmp_path, config):
     side.unlink()
     report = stcast.verify(folder / "a.safetensors", tmp_path / "Fo" / "a.safetensors")
     assert not report.ok
+
+
+@pytest.mark.filterwarnings("ignore::stcast.StcastWarning")
+@pytest.mark.parametrize("to", ["fp8", "bf16"])
+def test_loose_takes_a_config_dtype_of_src_or_the_target_only(tmp_path, run_main, to):
+    """(Attack a3 F4.) An FP8 folder's config.json, as a bf16 one's: its dtype SRC's (what
+    another tool leaves, FP8 only) or the target's, not another: a loader casts the tensors
+    left unquantized to it. Nested configs' dtypes alike."""
+    folder = tmp_path / "F"
+    folder.mkdir()
+    _quantized(tmp_path)
+    (folder / "model.safetensors").write_bytes((tmp_path / "in.safetensors").read_bytes())
+    config = {"model_type": "llama", "torch_dtype": "float32", "text_config": {"dtype": "float32"}}
+    (folder / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "Fo"
+    rc, _, err = run_main("convert", folder, out, "--to", to)
+    assert rc == 0, err
+    written = json.loads((out / "config.json").read_text())
+    assert written["text_config"]["dtype"] == "bfloat16"
+    for dtype, nested, loose_ok in [
+        ("bfloat16", "bfloat16", True),
+        ("float32", "float32", to == "fp8"),
+        ("float16", "float32", False),
+        ("float16", "float16", False),
+        ("bfloat16", "float16", False),
+    ]:
+        edited = dict(written, torch_dtype=dtype, text_config={"dtype": nested})
+        (out / "config.json").write_text(json.dumps(edited))
+        rc, _, err = run_main("verify", folder, out, "--loose")
+        assert (rc == 0) == loose_ok, (dtype, nested, err)
+        if not loose_ok:
+            assert f"{out / 'config.json'}:" in err, err
+
+
+@pytest.mark.filterwarnings("ignore::stcast.StcastWarning")
+@pytest.mark.parametrize("to", ["fp8", "bf16"])
+def test_loose_fails_another_dtype_in_a_lone_outputs_given_config(tmp_path, run_main, to):
+    """The config a `--config` run wrote, its own source: its dtype the target's, FP8 too."""
+    src = _quantized(tmp_path)
+    given = tmp_path / "given.json"
+    given.write_text('{"model_type": "llama", "torch_dtype": "float32"}\n')
+    out = tmp_path / "o" / "model.safetensors"
+    out.parent.mkdir()
+    rc, _, err = run_main("convert", src, out, "--to", to, "--config", given)
+    assert rc == 0, err
+    config = out.parent / "config.json"
+    written = json.loads(config.read_text())
+    config.write_text(json.dumps(written))
+    assert run_main("verify", src, out, "--loose")[0] == 0
+    config.write_text(json.dumps(dict(written, torch_dtype="float16")))
+    rc, _, err = run_main("verify", src, out, "--loose")
+    assert rc == 1 and f"{config}: is not the config given to convert" in err, err
