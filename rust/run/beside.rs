@@ -509,6 +509,34 @@ mod tests {
     }
 
     #[test]
+    fn an_fp8_output_is_described_where_a_run_writes_its_quantization_config() {
+        // Attack a3 F3, F5: its side config, or its folder's (of which it is one file).
+        let dir = std::env::temp_dir().join(format!("stcast-described-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let dst = dir.join("out.safetensors");
+        assert!(!described(&dst));
+        assert_eq!(configured(&dst), None);
+        let block = config_text("{}", Target::Fp8Block, false, Some(&[]));
+        let block = block.unwrap().unwrap();
+        for name in [
+            "out.quantization_config.json",
+            FOLDER_SIDE_CONFIG,
+            "config.json",
+        ] {
+            std::fs::write(dir.join(name), &block).unwrap();
+            assert!(described(&dst), "{name}");
+            std::fs::remove_file(dir.join(name)).unwrap();
+        }
+        // A model config without a quantization key describes no FP8 weights.
+        std::fs::write(dir.join("config.json"), b"{\"torch_dtype\": \"bfloat16\"}").unwrap();
+        assert!(!described(&dst));
+        // The target an output without a record has: its side config's strategy.
+        std::fs::write(side_config_path(&dst), &block).unwrap();
+        assert_eq!(configured(&dst), Some(Target::Fp8Block));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn an_earlier_resharding_beside_a_lone_output_is_found() {
         let dir = std::env::temp_dir().join(format!("stcast-beside-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
