@@ -652,9 +652,8 @@ impl Verifier {
         }
         // Under an FP8 target the tensors not quantized become BF16: one target still, when
         // none is quantized too (as given or recorded: a folder's whole output's).
-        let quantized = targets.iter().copied().flatten();
-        let fp8 = opts.target.into_iter().chain(quantized);
-        if let Some(fp8) = fp8.filter(|t| t.strategy().is_some()).last() {
+        let mut fp8 = targets.iter().copied().flatten().chain(opts.target);
+        if let Some(fp8) = fp8.find(|t| t.strategy().is_some()) {
             for t in &mut targets {
                 if *t == Some(Target::Bf16) {
                     *t = Some(fp8);
