@@ -381,6 +381,11 @@ pub struct Verifier {
     beside: Option<bool>,
     /// DST's record says convert wrote the model config beside it (`Record::config`).
     given_config: bool,
+    /// The run's target as given, else as DST's record (or the config beside it) says: the
+    /// configs beside DST are judged by it (`beside::check`), as a folder's are by the
+    /// whole output's. An FP8 run whose weights stayed BF16 (NaN, empty, norms only)
+    /// converted its tensors as a bf16 run does, yet wrote a quantization_config.
+    target: Option<Target>,
     /// Strict mode: a converted tensor with values that became ±inf is a difference under
     /// `Keep` (convert would have kept it) and `Error` (convert would have refused).
     on_overflow: OnOverflow,
@@ -520,6 +525,16 @@ impl Verifier {
                 .map(|p| unmatched_prefix(p))
                 .collect(),
         };
+        // An output of `--no-record`: its target is the FP8 one the config beside it says
+        // (`beside::configured`), as a folder's is its config's.
+        let configured = opts.lone && own.is_none() && opts.target.is_none();
+        let configured = configured
+            .then(|| crate::run::beside::configured(dst_path))
+            .flatten();
+        let opts = &VerifyOptions {
+            target: opts.target.or(configured),
+            ..opts.clone()
+        };
         let mut v = Self::from_sources(src, dst, opts, started)?;
         v.warnings = warnings;
         v.beside = opts.lone.then_some(!opts.loose);
@@ -635,13 +650,10 @@ impl Verifier {
                 pairs.clear();
             }
         }
-        // Under an FP8 target the tensors not quantized become BF16: one target still.
-        if let Some(fp8) = targets
-            .iter()
-            .copied()
-            .flatten()
-            .find(|t| t.strategy().is_some())
-        {
+        // Under an FP8 target the tensors not quantized become BF16: one target still, when
+        // none is quantized too (as given or recorded: a folder's whole output's).
+        let mut fp8 = targets.iter().copied().flatten().chain(opts.target);
+        if let Some(fp8) = fp8.find(|t| t.strategy().is_some()) {
             for t in &mut targets {
                 if *t == Some(Target::Bf16) {
                     *t = Some(fp8);
@@ -675,6 +687,7 @@ impl Verifier {
             report_path,
             beside: None,
             given_config,
+            target: opts.target,
             started,
             kept_max: vec![0.0; pairs.len()],
             ranges: vec![Range::default(); pairs.len()],
@@ -984,7 +997,7 @@ impl Verifier {
     pub fn finish(self) -> Result<VerifyReport> {
         let report_path = self.report_path.clone();
         let beside = self.beside.and_then(|exact| {
-            let to = self.report.to;
+            let to = self.target.or(self.report.to);
             let given = self.given_config;
             crate::run::beside::check(&self.report.dst, &self.dst.header, to, exact, given)
         });

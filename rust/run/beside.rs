@@ -221,10 +221,42 @@ pub fn written<'a>(
     }
 }
 
+/// The FP8 target the config describing the lone output `dst` says its weights have
+/// (`fp8config::strategy_target`): its model config (`model_config`), else its side config
+/// (`side_config_path`). None when neither says one. For an output that records no target,
+/// as `check::configured` is a folder's.
+pub fn configured(dst: &Path) -> Option<Target> {
+    let side = side_config_path(dst);
+    model_config(dst)
+        .into_iter()
+        .chain([side])
+        .find_map(|path| {
+            let text = crate::run::json::read_model_config(&path).ok()?;
+            crate::run::fp8config::strategy_target(text.as_bytes())
+        })
+}
+
+/// Is the FP8 output `dst` described where the run that wrote it put its
+/// quantization_config: its side config (`side_config_path`, a lone file's run), or in its
+/// folder a side config (`FOLDER_SIDE_CONFIG`) or a model config with a quantization key (a
+/// folder's run, of which `dst` may be one file)? Every FP8 run writes one of them.
+fn described(dst: &Path) -> bool {
+    let dir = crate::output::parent_dir(dst);
+    let quantized = |path: PathBuf| {
+        let text = crate::run::json::read_model_config(&path).unwrap_or_default();
+        let doc = serde_json::from_str::<Value>(&text).unwrap_or_default();
+        QUANTIZATION_KEYS.iter().any(|k| doc.get(*k).is_some())
+    };
+    side_config_path(dst).is_file()
+        || dir.join(FOLDER_SIDE_CONFIG).is_file()
+        || quantized(dir.join("config.json"))
+}
+
 /// The first file beside the lone output `dst` (whose header is `header`, written for
 /// `to`) that would mislead a loader of it: an earlier re-sharding's index or shards under
-/// its stem (`leftovers`), a config that does not describe its weights (`wrong_config`), or
-/// the model config a `--config` run wrote beside it when DST's record says so (`given`:
+/// its stem (`leftovers`), a config that does not describe its weights (`wrong_config`), in
+/// strict mode an FP8 output's quantization_config that is nowhere convert writes it
+/// (`described`: the output's record says the target, so it was written), or the model config a `--config` run wrote beside it when DST's record says so (`given`:
 /// `given_config`). Returns the message (a template naming the file), or None.
 pub fn check(
     dst: &Path,
@@ -252,6 +284,14 @@ pub fn check(
             ));
         }
     }
+    let fp8 = to.is_some_and(|t| t.strategy().is_some());
+    if exact && fp8 && !given && !described(dst) {
+        return Some(format!(
+            "{}: is missing: convert writes the quantization_config of an FP8 output beside \
+             it (a loader reads its weights as FP8 by it)",
+            esc_path(&side_config_path(dst))
+        ));
+    }
     given_config(dst, to.filter(|_| given)?, exact)
 }
 
@@ -259,7 +299,7 @@ pub fn check(
 /// for `to` (`config.json` in its folder, which must be there): it must be what the run
 /// writes of a config (`json::written_config`), judged as a folder's config is
 /// (`json::same_json`: `exact`, the bytes; else the same JSON data; under an FP8 target
-/// loose mode judges only what `wrong_config` does, as a folder's FP8 config). What the
+/// loose mode leaves its quantization to `wrong_config`, as a folder's FP8 config). What the
 /// given config said is not known: the config is its own source, its dtype keys set to the
 /// target's (its quantization keys are `wrong_config`'s).
 fn given_config(dst: &Path, to: Target, exact: bool) -> Option<String> {
@@ -275,14 +315,22 @@ fn given_config(dst: &Path, to: Target, exact: bool) -> Option<String> {
         }
         Err(e) => return Some(e.template()),
     };
-    if !exact && to.strategy().is_some() {
-        return None;
-    }
     let want = crate::run::json::written_config(&got, to, false, None);
-    match want {
-        Ok(want) if crate::run::json::same_json(got.as_bytes(), want.as_bytes(), !exact) => None,
-        _ => Some(format!("{at}: {GIVEN_CONFIG_DIFFERS}")),
-    }
+    let same = match want {
+        // Loose under FP8: its quantization is `wrong_config`'s (another tool's may describe
+        // the weights too), the rest the same data, its dtype the target's (attack a3 F4).
+        Ok(want) if !exact && to.strategy().is_some() => {
+            let data = |t: &str| {
+                let mut doc = serde_json::from_str::<Map<String, Value>>(t).ok()?;
+                doc.retain(|k, _| !QUANTIZATION_KEYS.contains(&k.as_str()));
+                Some(doc)
+            };
+            data(&got) == data(&want)
+        }
+        Ok(want) => crate::run::json::same_json(got.as_bytes(), want.as_bytes(), !exact),
+        Err(_) => false,
+    };
+    (!same).then(|| format!("{at}: {GIVEN_CONFIG_DIFFERS}"))
 }
 
 /// How `given_config` says the model config beside a lone output is not one convert wrote.
@@ -439,8 +487,8 @@ mod tests {
             std::fs::write(dir.join("config.json"), &written).unwrap();
             assert_eq!(given_config(&dst, to, true), None);
             assert_eq!(given_config(&dst, to, false), None);
-            // Another target's dtype: strict fails it, loose too but under FP8 (a folder's
-            // FP8 config is judged by what it says of the quantization only).
+            // Another target's dtype: strict and loose fail it, under FP8 too (attack a3
+            // F4: a loader casts the tensors left unquantized to it).
             let other = if to == Target::F16 {
                 Target::Bf16
             } else {
@@ -448,14 +496,43 @@ mod tests {
             };
             let wrong = crate::run::json::written_config(given, other, false, None).unwrap();
             std::fs::write(dir.join("config.json"), &wrong).unwrap();
-            let why = given_config(&dst, to, true).unwrap();
-            assert!(why.ends_with(GIVEN_CONFIG_DIFFERS), "{why}");
-            assert_eq!(given_config(&dst, to, false).is_none(), to == Target::Fp8);
+            for exact in [true, false] {
+                let why = given_config(&dst, to, exact).unwrap();
+                assert!(why.ends_with(GIVEN_CONFIG_DIFFERS), "{why}");
+            }
             // The same data in another layout: loose only.
             let compact: Value = serde_json::from_str(&written).unwrap();
             std::fs::write(dir.join("config.json"), compact.to_string()).unwrap();
             assert_eq!(given_config(&dst, to, false), None);
         }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_fp8_output_is_described_where_a_run_writes_its_quantization_config() {
+        // Attack a3 F3, F5: its side config, or its folder's (of which it is one file).
+        let dir = std::env::temp_dir().join(format!("stcast-described-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let dst = dir.join("out.safetensors");
+        assert!(!described(&dst));
+        assert_eq!(configured(&dst), None);
+        let block = config_text("{}", Target::Fp8Block, false, Some(&[]));
+        let block = block.unwrap().unwrap();
+        for name in [
+            "out.quantization_config.json",
+            FOLDER_SIDE_CONFIG,
+            "config.json",
+        ] {
+            std::fs::write(dir.join(name), &block).unwrap();
+            assert!(described(&dst), "{name}");
+            std::fs::remove_file(dir.join(name)).unwrap();
+        }
+        // A model config without a quantization key describes no FP8 weights.
+        std::fs::write(dir.join("config.json"), b"{\"torch_dtype\": \"bfloat16\"}").unwrap();
+        assert!(!described(&dst));
+        // The target an output without a record has: its side config's strategy.
+        std::fs::write(side_config_path(&dst), &block).unwrap();
+        assert_eq!(configured(&dst), Some(Target::Fp8Block));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

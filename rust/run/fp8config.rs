@@ -162,6 +162,11 @@ pub enum Problem {
     },
     /// Not SRC's config but for its dtype keys and `quantization_config`.
     OtherKeys,
+    /// SRC's config but for its `quantization_config` and its dtype keys, which say neither
+    /// SRC's dtype nor the one `target` writes.
+    Dtype {
+        target: Target,
+    },
     /// Another quantization key (`json::QUANTIZATION_KEYS`) beside the `quantization_config`:
     /// a second description of the weights, which a loader may read instead.
     TwoDescriptions {
@@ -251,6 +256,12 @@ impl fmt::Display for Problem {
             Problem::OtherKeys => write!(
                 f,
                 "is not SRC's config with a quantization_config (its other keys differ)"
+            ),
+            Problem::Dtype { target } => write!(
+                f,
+                "is SRC's config with a quantization_config, but its dtype is neither SRC's \
+                 nor the one {{{{to={}}}}} writes",
+                target.name()
             ),
             Problem::TwoDescriptions { key } => write!(
                 f,
@@ -479,9 +490,10 @@ pub fn problem(q: Option<&Value>, target: Target, modules: &Modules) -> Option<P
 /// for its dtype keys, with a quantization_config that describes `modules` as `target`
 /// quantized them? The first difference, else None.
 pub fn same_config(got: &[u8], src: &str, target: Target, modules: &Modules) -> Option<Problem> {
+    let src_text = src;
     let (Ok(doc), Ok(src)) = (
         serde_json::from_slice::<Value>(got),
-        serde_json::from_str::<Value>(src),
+        serde_json::from_str::<Value>(src_text),
     ) else {
         return Some(Problem::NotJson);
     };
@@ -491,12 +503,27 @@ pub fn same_config(got: &[u8], src: &str, target: Target, modules: &Modules) -> 
     if let Some(p) = config_problem(&doc, target, modules) {
         return Some(p);
     }
-    let plain = |k: &str| json::QUANTIZATION_KEYS.contains(&k) || json::DTYPE_KEYS.contains(&k);
-    let rest = |m: &Map<String, Value>| -> Map<String, Value> {
+    // Its dtype SRC's (what another tool leaves) or the target's (what stcast writes, nested
+    // configs' too: `json::written_config`), as a dense output's config is the target's: a
+    // loader casts the tensors left unquantized to the dtype it names.
+    let rest = |m: &Map<String, Value>, dtypes: bool| -> Map<String, Value> {
+        let plain = |k: &str| {
+            json::QUANTIZATION_KEYS.contains(&k) || (dtypes && json::DTYPE_KEYS.contains(&k))
+        };
         let kept = m.iter().filter(|(k, _)| !plain(k));
         kept.map(|(k, v)| (k.clone(), v.clone())).collect()
     };
-    (rest(&doc) != rest(&src)).then_some(Problem::OtherKeys)
+    let written = json::written_config(src_text, target, false, None).ok();
+    let written = written.and_then(|t| serde_json::from_str::<Value>(&t).ok());
+    let got = rest(&doc, false);
+    let targets = written.as_ref().and_then(Value::as_object);
+    if got == rest(&src, false) || targets.is_some_and(|w| rest(w, false) == got) {
+        return None;
+    }
+    match rest(&doc, true) == rest(&src, true) {
+        true => Some(Problem::Dtype { target }),
+        false => Some(Problem::OtherKeys),
+    }
 }
 
 /// The FP8 target a model config's compressed-tensors quantization_config says its

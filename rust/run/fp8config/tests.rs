@@ -93,6 +93,7 @@ fn a_good_fp8_config_describes_its_tensors() {
     w.insert("observer".into(), serde_json::json!("minmax"));
     w.insert("zp_dtype".into(), Value::Null);
     let src = serde_json::json!({"model_type": "llama", "torch_dtype": "float32"});
+    other["torch_dtype"] = "bfloat16".into();
     let other = other.to_string();
     assert_eq!(problem_of(&other, Target::Fp8, &m), None);
     assert_eq!(
@@ -109,6 +110,33 @@ fn a_good_fp8_config_describes_its_tensors() {
         same_config(b"{", "{}", Target::Fp8, &m),
         Some(Problem::NotJson)
     );
+    // Its dtype SRC's or the target's (nested configs' too), not another (attack a3 F4).
+    let src = serde_json::json!({"model_type": "llama", "torch_dtype": "float32",
+                                 "text_config": {"dtype": "float32"}});
+    let mut other: Value = serde_json::from_str(&other).unwrap();
+    for (dtype, nested, want) in [
+        ("float32", "float32", None),
+        ("bfloat16", "bfloat16", None),
+        (
+            "float16",
+            "float32",
+            Some(Problem::Dtype {
+                target: Target::Fp8,
+            }),
+        ),
+        ("bfloat16", "float16", Some(Problem::OtherKeys)),
+    ] {
+        other["model_type"] = "llama".into();
+        other["torch_dtype"] = dtype.into();
+        other["text_config"] = serde_json::json!({ "dtype": nested });
+        let got = same_config(
+            other.to_string().as_bytes(),
+            &src.to_string(),
+            Target::Fp8,
+            &m,
+        );
+        assert_eq!(got, want, "{dtype} {nested}");
+    }
     // SRC's `compression_config` is dropped, not kept beside the quantization_config: a
     // config holding both is two descriptions of the weights (attack z11 r20).
     let src = serde_json::json!({"model_type": "llama", "compression_config": {"format": "x"}});
