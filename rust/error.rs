@@ -596,9 +596,9 @@ pub enum Error {
         first: String,
         second: String,
     },
-    /// A group re-sharded into several shards whose stem (the input `path`'s name) is not
-    /// UTF-8: no index (JSON) can name its shards.
-    StemNotUtf8 { path: PathBuf },
+    /// A group re-sharded into several shards whose stem (of its first input file `path`,
+    /// `name` in the source) is not UTF-8: no index (JSON) can name its shards.
+    StemNotUtf8 { path: PathBuf, name: PathBuf },
     /// A plain folder run (of `path`) that converts no tensor of any file and changes no
     /// file's format: its output would be a copy of the folder.
     FolderUnchanged { path: PathBuf, target: Target },
@@ -889,7 +889,7 @@ impl Error {
             | Error::WrongConfig { path, .. }
             | Error::SameFile { path }
             | Error::OutputsCollide { path, .. }
-            | Error::StemNotUtf8 { path }
+            | Error::StemNotUtf8 { path, .. }
             | Error::FolderUnchanged { path, .. }
             | Error::IndexTotal { path, .. }
             | Error::Recorded { path, .. }
@@ -1276,6 +1276,10 @@ impl Error {
         }
         if let Error::Survey { dst, .. } = self {
             return format!("{}: {}", esc_path(dst), self.message());
+        }
+        // (Named as the source names it; `path` is the file.)
+        if let Error::StemNotUtf8 { name, .. } = self {
+            return format!("{}: {}", esc_path(name), self.message());
         }
         match self.path() {
             Some(p) => format!("{}: {}", esc_path(p), self.message()),

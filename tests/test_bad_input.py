@@ -828,3 +828,18 @@ def test_non_utf8_names_in_folders(tmp_path, run_main):
     rc, _, err = run_main("convert", "-q", big, one, "--max-shard-size", "300B", "--name", "model")
     assert (rc, err) == (0, "")
     assert len(os.listdir(one)) == 3
+
+
+def test_a_stem_that_is_not_utf8_names_the_file_by_its_path(tmp_path):
+    """The refusal's `path` is the file a caller can open; its line names it as SRC does."""
+    src = os.fsencode(tmp_path / "u")
+    os.mkdir(src)
+    row = np.ones(64, np.float32)
+    write_safetensors(
+        os.fsdecode(src + b"/w\xff.safetensors"), {n: ("F32", [64], row) for n in "ab"}
+    )
+    with pytest.raises(stcast.StcastError) as info:
+        stcast.convert(os.fsdecode(src), tmp_path / "o", max_shard_size=300)
+    assert info.value.path == os.fsdecode(src + b"/w\xff.safetensors")
+    assert str(info.value).startswith("w\ufffd.safetensors: its name is not UTF-8")
+    assert not os.path.exists(tmp_path / "o")

@@ -440,7 +440,7 @@ impl WorkTask {
             ));
         }
         let index = match planned.indexed {
-            true => Some(index_of(&g, &units, w.record.as_deref(), &first)?),
+            true => Some(index_of(&g, &units, w.record.as_deref(), &files[0])?),
             false => None,
         };
         let index_rel = index.as_ref().map(|(rel, _, _)| rel.clone());
@@ -562,10 +562,13 @@ fn index_of(
     g: &crate::shard::resharded::Group,
     units: &[(Unit, &shard::ShardSpec)],
     record: Option<&str>,
-    first: &OsStr,
+    first: &File,
 ) -> Result<NewIndex> {
     let Some(stem) = g.stem.to_str() else {
-        return Err(Error::StemNotUtf8 { path: first.into() });
+        return Err(Error::StemNotUtf8 {
+            path: first.path.clone(),
+            name: first.source_rel().into(),
+        });
     };
     // Each tensor once, where its last shard puts it (as a dict's keys).
     let mut names: Vec<(String, String)> = Vec::new();
