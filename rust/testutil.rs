@@ -33,6 +33,33 @@ pub(crate) fn folder(tag: &str, files: &[&str]) -> PathBuf {
     dir
 }
 
+/// A fresh folder `stcast-{tag}-{pid}` holding `files` (relative path, bytes).
+pub(crate) fn folder_of(tag: &str, files: &[(&str, Vec<u8>)]) -> PathBuf {
+    let dir = folder(tag, &[]);
+    for (rel, bytes) in files {
+        let p = dir.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, bytes).unwrap();
+    }
+    dir
+}
+
+/// A safetensors file of `side`x`side` F32 tensors (zeros) named `names`.
+pub(crate) fn f32s(names: &[&str], side: usize) -> Vec<u8> {
+    let n = side * side * 4;
+    let entries: Vec<String> = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let (a, b) = (i * n, i * n + n);
+            format!(
+                r#""{name}":{{"dtype":"F32","shape":[{side},{side}],"data_offsets":[{a},{b}]}}"#
+            )
+        })
+        .collect();
+    file(&format!("{{{}}}", entries.join(",")), names.len() * n)
+}
+
 /// xorshift64*: deterministic, seeded, good enough to scatter test inputs.
 pub(crate) struct Rng(pub u64);
 

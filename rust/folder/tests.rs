@@ -4,26 +4,12 @@ use crate::vocab::ErrorKind;
 
 /// A fresh folder holding `files` (relative path, bytes).
 fn folder(tag: &str, files: &[(&str, Vec<u8>)]) -> PathBuf {
-    let dir = crate::testutil::folder(&format!("plan-{tag}"), &[]);
-    for (rel, bytes) in files {
-        let p = dir.join(rel);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, bytes).unwrap();
-    }
-    dir
+    crate::testutil::folder_of(&format!("plan-{tag}"), files)
 }
 
 /// A safetensors file of 2x2 F32 tensors named `names`.
 fn f32s(names: &[&str]) -> Vec<u8> {
-    let entries: Vec<String> = names
-        .iter()
-        .enumerate()
-        .map(|(i, n)| {
-            let (a, b) = (i * 16, i * 16 + 16);
-            format!(r#""{n}":{{"dtype":"F32","shape":[2,2],"data_offsets":[{a},{b}]}}"#)
-        })
-        .collect();
-    file(&format!("{{{}}}", entries.join(",")), names.len() * 16)
+    crate::testutil::f32s(names, 2)
 }
 
 /// An FP8 (E4M3) weight `l.weight` with its per-channel scale.

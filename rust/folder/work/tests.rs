@@ -1,29 +1,14 @@
 use super::*;
 use crate::run::json::Value;
-use crate::testutil::file;
 
 /// A fresh folder holding `files` (relative path, bytes).
 fn folder(tag: &str, files: &[(&str, Vec<u8>)]) -> PathBuf {
-    let dir = crate::testutil::folder(&format!("work-{tag}"), &[]);
-    for (rel, bytes) in files {
-        let p = dir.join(rel);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, bytes).unwrap();
-    }
-    dir
+    crate::testutil::folder_of(&format!("work-{tag}"), files)
 }
 
-/// A safetensors file of 4x4 F32 tensors (64 bytes each) named `names`.
+/// A safetensors file of 4x4 F32 tensors named `names`.
 fn f32s(names: &[&str]) -> Vec<u8> {
-    let entries: Vec<String> = names
-        .iter()
-        .enumerate()
-        .map(|(i, n)| {
-            let (a, b) = (i * 64, i * 64 + 64);
-            format!(r#""{n}":{{"dtype":"F32","shape":[4,4],"data_offsets":[{a},{b}]}}"#)
-        })
-        .collect();
-    file(&format!("{{{}}}", entries.join(",")), names.len() * 64)
+    crate::testutil::f32s(names, 4)
 }
 
 fn settings(to: &str) -> Settings {
