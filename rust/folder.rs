@@ -1058,6 +1058,7 @@ pub fn fingerprint(path: &Path) -> Result<String> {
 }
 
 pub mod inspect;
+pub mod prepare;
 pub mod verify_folder;
 pub mod work;
 

@@ -13,7 +13,7 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -23,6 +23,7 @@ use pyo3::types::{IntoPyDict, PyDict};
 use crate::convert::{Knobs, Options as ConvertOptions, Tuning};
 use crate::error::{panic_message, Error};
 use crate::folder::inspect::{InspectFolderTask, Planning};
+use crate::folder::prepare::{self, Asked, PrepareTask, ShardGiven};
 use crate::folder::verify_folder::FolderVerify;
 use crate::folder::work::{Cut, Judged, Unit, Work, WorkTask};
 use crate::given::{Exports, Given, Settings};
@@ -513,7 +514,7 @@ fn space(py: Python<'_>, dst: PathBuf, need: u64) -> PyResult<(OsString, u64, bo
 
 /// A folder run's plan of output units (`folder::work::Work`).
 #[pyclass(frozen, module = "stcast._core")]
-struct FolderWork(Work);
+struct FolderWork(Arc<Work>);
 
 /// A unit: its rel, output bytes, tensor bytes read, input bytes it stands for, input
 /// files, and whether it is a weight file converted whole.
@@ -558,7 +559,7 @@ impl FolderWork {
         let new = || WorkTask::new(&src, &given, tuning, check_quantized, single, cut, recorded);
         let mut task = hooks.run(py, new)?;
         hooks.drive(py, &mut task, step)?;
-        Ok(FolderWork(hooks.run(py, move || task.finish())?))
+        Ok(FolderWork(Arc::new(hooks.run(py, move || task.finish())?)))
     }
 
     /// The folder's plan: its files as tuples under `files`, the rest as plain data.
@@ -613,11 +614,6 @@ impl FolderWork {
         let out = self.0.outputs().into_iter();
         out.map(|(rel, kind, size)| (rel, kind.name(), size))
             .collect()
-    }
-
-    /// Refuse a plain run that would write a copy of the folder `src` (`Work::check`).
-    fn check(&self, py: Python<'_>, src: PathBuf) -> PyResult<()> {
-        guarded(py, || self.0.check(&src))
     }
 
     /// Each unit's shard run of `n` (`Work::assign_shards`).
@@ -752,6 +748,175 @@ impl FolderWork {
         let new = || self.0.task(i, &dst, &opts);
         finish_convert(py, &hooks, &opts, new, Some(&rel))
     }
+}
+
+/// A folder run with every check made and nothing written yet (`folder::prepare`), as the
+/// front's writing reads it.
+#[pyclass(frozen, module = "stcast._core")]
+struct Prepared(prepare::Prepared);
+
+/// A file a manifest proves stcast wrote: its rel and identity.
+type Proven = (OsString, place::Ident);
+
+/// What a survey found (`survey::Answer`): what DST holds, the identity at this run's
+/// manifest name, the published manifest's, the siblings' manifests, the files proven ours,
+/// the stale ones, what `force` found, the configs to withdraw.
+type AnswerRow = (
+    Vec<OsString>,
+    Option<place::Ident>,
+    Option<place::Ident>,
+    Vec<Manifest>,
+    Vec<Proven>,
+    Vec<Proven>,
+    Vec<Proven>,
+    Vec<OsString>,
+);
+
+#[pymethods]
+impl Prepared {
+    #[getter]
+    fn src(&self) -> &OsStr {
+        self.0.src.as_os_str()
+    }
+
+    #[getter]
+    fn dst(&self) -> &OsStr {
+        self.0.dst.as_os_str()
+    }
+
+    #[getter]
+    fn src_id(&self) -> place::Ident {
+        self.0.src_id
+    }
+
+    #[getter]
+    fn options<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        py_json(py, &self.0.options)
+    }
+
+    #[getter]
+    fn shard(&self) -> Option<manifest::Shard> {
+        self.0.shard
+    }
+
+    #[getter]
+    fn work(&self) -> FolderWork {
+        FolderWork(Arc::clone(&self.0.work))
+    }
+
+    /// This run's units, those to write and those done, in `work.units()`.
+    #[getter]
+    fn units(&self) -> (Vec<usize>, Vec<usize>, Vec<usize>) {
+        let p = &self.0;
+        (p.units.clone(), p.todo.clone(), p.skipped.clone())
+    }
+
+    #[getter]
+    fn mine(&self) -> Vec<OsString> {
+        self.0.mine.clone()
+    }
+
+    #[getter]
+    fn copies(&self) -> Vec<walk::FileRow> {
+        self.0.copies.iter().cloned().map(walk::File::row).collect()
+    }
+
+    /// What the checks said: (kind, template, the source file it is about).
+    #[getter]
+    fn warnings(&self) -> Vec<(&'static str, &str, Option<&OsStr>)> {
+        let said = self.0.warnings.iter();
+        said.map(|(w, at)| (w.kind.name(), w.text.as_str(), at.as_deref()))
+            .collect()
+    }
+
+    #[getter]
+    fn survey(&self) -> AnswerRow {
+        let (a, m) = (&self.0.survey, &self.0.survey.manifests);
+        let siblings = m.siblings.iter().cloned().map(Manifest).collect();
+        let own = m.own.as_ref().and_then(|m| m.published);
+        (
+            m.present.clone(),
+            m.at_own_name,
+            own,
+            siblings,
+            m.ours.clone(),
+            a.stale.clone(),
+            m.found.clone(),
+            a.withdraw.clone(),
+        )
+    }
+}
+
+/// `shard` as given, its numbers read as Python's `int` reads them (`ShardGiven`).
+fn shard_given(v: &Bound<'_, PyAny>) -> PyResult<ShardGiven> {
+    let py = v.py();
+    let repr = v.repr()?.to_string();
+    let int = py.import("builtins")?.getattr("int")?;
+    let read = || -> PyResult<(i128, i128)> {
+        let items = v.try_iter()?.collect::<PyResult<Vec<_>>>()?;
+        let [i, n] = &items[..] else {
+            return Err(PyValueError::new_err("not a pair"));
+        };
+        Ok((int.call1((i,))?.extract()?, int.call1((n,))?.extract()?))
+    };
+    let parts = match read() {
+        Ok(parts) => Some(parts),
+        Err(e) if e.is_instance_of::<PyTypeError>(py) || e.is_instance_of::<PyValueError>(py) => {
+            None
+        }
+        Err(e) => return Err(e),
+    };
+    Ok(ShardGiven { parts, repr })
+}
+
+/// Make every check a folder run of `src` into `dst` makes before writing anything
+/// (`folder::prepare::PrepareTask`), stepped (`cancel` checked between steps); each warning
+/// is told to `warn` as (kind, template, path) as it is said.
+#[pyfunction]
+#[pyo3(name = "prepare", signature = (src, dst, *, shard=None, max_shard_size=None,
+                    resume=false, strict=false, cancel=None, warn=None, **options))]
+fn py_prepare<'py>(
+    py: Python<'py>,
+    src: PathBuf,
+    dst: Option<PathBuf>,
+    shard: Option<Bound<'py, PyAny>>,
+    max_shard_size: Option<u64>,
+    resume: bool,
+    strict: bool,
+    cancel: Hook<'py>,
+    warn: Hook<'py>,
+    options: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Prepared> {
+    let settings = read_options(py, options, |s, _| Ok(s.clone()))?;
+    let shard = shard.as_ref().map(shard_given).transpose()?;
+    let asked = Asked {
+        src,
+        dst,
+        settings,
+        max_shard_size,
+        shard,
+        resume,
+        strict,
+    };
+    let hooks = Hooks::new(None, cancel, None, None);
+    let mut task = hooks.run(py, || PrepareTask::new(asked))?;
+    let tell = |task: &mut PrepareTask| -> PyResult<()> {
+        for (w, at) in task.take_said() {
+            if let Some(f) = &warn {
+                f.call1((w.kind.name(), &w.text, at))?;
+            }
+        }
+        Ok(())
+    };
+    loop {
+        tell(&mut task)?;
+        hooks.visit(py, &mut task)?;
+        if hooks.run(py, || task.step(Tuning::default().step))? {
+            break;
+        }
+    }
+    tell(&mut task)?;
+    Ok(Prepared(hooks.run(py, move || task.finish())?))
 }
 
 /// The header of a safetensors file (`source::read_header`).
@@ -1349,43 +1514,31 @@ impl FolderRun {
     }
 }
 
-/// What a folder run writes into `dst` and whether it may (`run::survey::survey`): the
-/// outputs of the plan `work`, which answers for them (`folder::work::Judged`); `mine`
-/// (None: `finalize`) asks for the `Room` too. Returns `Answer`'s fields, flat.
+/// What `finalize` finds in `dst` (`run::survey::survey` under resume, the plan `work`
+/// answering for its outputs: `folder::work::Judged`): the identity of the finalize
+/// manifest at its name, and the files proven ours. (A run's own survey is `prepare`'s.)
 #[pyfunction]
-#[pyo3(name = "survey", signature = (dst, src_id, shard, options, work, *, force, resume, mine=None, src=PathBuf::new()))]
-fn py_survey<'py>(
-    py: Python<'py>,
+#[pyo3(name = "survey")]
+fn py_survey(
+    py: Python<'_>,
     dst: PathBuf,
     src_id: place::Ident,
-    shard: Option<manifest::Shard>,
-    options: &Bound<'py, PyAny>,
-    work: &Bound<'py, FolderWork>,
-    force: bool,
-    resume: bool,
-    mine: Option<Vec<OsString>>,
-    src: PathBuf,
-) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
+    options: &Bound<'_, PyAny>,
+    work: &Bound<'_, FolderWork>,
+) -> PyResult<(Option<place::Ident>, Vec<Proven>)> {
     let (options, work) = (json_of(options)?, &work.get().0);
     let planned = work.outputs().into_iter();
     let planned = planned.map(|(rel, kind, size)| survey::Planned { rel, kind, size });
-    let renamed = work.groups.iter().filter_map(|g| g.renamed.clone());
     let q = survey::Question {
         asked: manifest::Asked {
             src_id,
-            shard,
+            shard: None,
             options: &options,
-            force,
-            resume,
+            force: false,
+            resume: true,
         },
         outputs: planned.collect(),
-        room: mine.map(|mine| survey::Room {
-            src,
-            sources: work.plan.sources(),
-            mine,
-            inputs: work.plan.weights.iter().map(|f| f.path.clone()).collect(),
-            renamed: renamed.collect(),
-        }),
+        room: None,
     };
     let mut judge = Judged {
         work,
@@ -1393,15 +1546,8 @@ fn py_survey<'py>(
         options: &options,
     };
     let a = guarded(py, || survey::survey(&dst, &q, &mut judge))?;
-    let s = a.manifests;
-    let own = s.own.and_then(|m| m.published);
-    let siblings: Vec<Manifest> = s.siblings.into_iter().map(Manifest).collect();
-    let entries = py_entries(py, &s.entries)?;
-    let (at, ours, found) = (s.at_own_name, s.ours, s.found);
-    let rest = (
-        a.adopted, entries, a.stale, found, a.skipped, a.need, a.withdraw,
-    );
-    (s.present, at, own, siblings, ours, rest).into_pyobject(py)
+    let own = a.manifests.own.and_then(|m| m.published);
+    Ok((own, a.manifests.ours))
 }
 
 /// The finished manifests `finalize` completes (`run::manifest::finished`), the options
@@ -1446,12 +1592,14 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<FolderWork>()?;
     m.add_class::<Manifest>()?;
     m.add_class::<FolderRun>()?;
+    m.add_class::<Prepared>()?;
     add_functions! {
         m: _set_exceptions, py_convert, py_inspect, inspect_folder, py_verify, render, format_bytes, escape,
         option_error, check_option, check_applies, failpoint, write_numeric_report,
         check_side_output,
         source_kind, read_header, config_text, index_text,
         read_json, split_shard_name, run_place, default_dst, verify_route, space, py_survey,
+        py_prepare,
         finished_manifests,
         verify_folder,
     }

@@ -60,6 +60,8 @@ __all__ = [
     "FolderWork",
     "Manifest",
     "FolderRun",
+    "Prepared",
+    "prepare",
     "survey",
     "finished_manifests",
     "verify_folder",
@@ -277,7 +279,6 @@ class FolderWork:
     def noun(self) -> str: ...
     def warnings(self) -> list[tuple[str, str, str | None]]: ...
     def outputs(self) -> list[tuple[str, str, int]]: ...
-    def check(self, src: str) -> None: ...
     def assign_shards(self, n: int) -> list[int]: ...
     def index_maps(self) -> list[tuple[str, dict[str, str]]]: ...
     def checked_indexes(self, dst: str) -> list[tuple[str, bytes, int | None, str | None]]: ...
@@ -370,24 +371,57 @@ class FolderRun:
     def remove_own(self, others: list[Manifest]) -> None: ...
 
 def survey(
-    dst: str,
-    src_id: _Id,
-    shard: _Id | None,
-    options: dict[str, Any],
-    work: FolderWork,
+    dst: str, src_id: _Id, options: dict[str, Any], work: FolderWork
+) -> tuple[_Id | None, list[tuple[str, _Id]]]: ...
+
+@final
+class Prepared:
+    @property
+    def src(self) -> str: ...
+    @property
+    def dst(self) -> str: ...
+    @property
+    def src_id(self) -> _Id: ...
+    @property
+    def options(self) -> dict[str, Any]: ...
+    @property
+    def shard(self) -> _Id | None: ...
+    @property
+    def work(self) -> FolderWork: ...
+    @property
+    def units(self) -> tuple[list[int], list[int], list[int]]: ...
+    @property
+    def mine(self) -> list[str]: ...
+    @property
+    def copies(self) -> list[_File]: ...
+    @property
+    def warnings(self) -> list[tuple[str, str, str | None]]: ...
+    @property
+    def survey(
+        self,
+    ) -> tuple[
+        list[str],
+        _Id | None,
+        _Id | None,
+        list[Manifest],
+        list[tuple[str, _Id]],
+        list[tuple[str, _Id]],
+        list[tuple[str, _Id]],
+        list[str],
+    ]: ...
+
+def prepare(
+    src: str,
+    dst: str | None,
     *,
-    force: bool,
-    resume: bool,
-    mine: list[str] | None = None,
-    src: str = ...,
-) -> tuple[
-    list[str],
-    _Id | None,
-    _Id | None,
-    list[Manifest],
-    list[tuple[str, _Id]],
-    tuple[list[str], _Entries, list[tuple[str, _Id]], list[tuple[str, _Id]], list[str], int],
-]: ...
+    shard: object = None,
+    max_shard_size: int | None = None,
+    resume: bool = False,
+    strict: bool = False,
+    cancel: _CancelFlag | None = None,
+    warn: Callable[[str, str, str | None], object] | None = None,
+    **options: Any,
+) -> Prepared: ...
 def finished_manifests(
     dst: str, src_id: _Id
 ) -> tuple[list[Manifest], dict[str, Any], _Entries, list[tuple[str, int]]]: ...

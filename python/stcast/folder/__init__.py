@@ -1,12 +1,12 @@
 """Convert a checkpoint folder: every shard, its indexes and configs; the rest is copied.
 
-The engine plans the run before anything is written (`walk.plan`: `_core.FolderWork`, the
-folder's files and checks, and the run's output units: each weight file, or a re-sharding's
-output shards). This package converts the units one after another, each with all cores
-(`write`), copies everything else byte for byte, and writes the indexes and configs last
-(the engine edits them in their own text): an interrupted run never leaves a folder that a
-loader would take for a complete checkpoint. A manifest in the
-destination records what is done (the engine's, `_core.FolderRun`), so that `resume` skips
+The engine plans and checks the run before anything is written (`_core.prepare`: the
+folder's files, the run's output units, each weight file or a re-sharding's output shards,
+and what the destination holds). This package converts the units one after another, each
+with all cores (`write`), copies everything else byte for byte, and writes the indexes and
+configs last (the engine edits them in their own text): an interrupted run never leaves a
+folder that a loader would take for a complete checkpoint. A manifest in the destination
+records what is done (the engine's, `_core.FolderRun`), so that `resume` skips
 finished files and `shard=(i, n)` jobs on several machines can split the work, with
 `finalize` writing the rest once every shard is done.
 """
@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import os
 import time
-import warnings as _warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
 from .. import _core, _engine
 from .._options import Options
-from ..errors import Refused, StcastWarning
+from ..errors import Refused
 from ..reports import ConvertReport, FileReport, InspectReport, Notice, merged_numerics
 from . import common as _common
-from . import fp8 as _fp8
 from . import walk as _walk
 from . import write as _write
 from .fp8 import is_fp8
@@ -43,24 +41,25 @@ _esc = _core.escape
 
 @dataclass
 class Prepared:
-    """A folder run with every check made and nothing written yet (see `prepare`)."""
+    """A folder run with every check made and nothing written yet: the engine's
+    (`_core.prepare`, rust/folder/prepare.rs), as the writing reads it."""
 
-    src: str
-    dst: str
-    src_id: tuple[int, int]
-    to: Target
+    run: _core.Prepared
     given: Options  # the call's options
     plan: _walk.Plan
-    options: dict[str, Any]
-    shard: tuple[int, int] | None
     weights: list[_walk.Unit]  # this run's units (all, or the shard's): files, or output shards
-    mine: list[str]  # the files this run will write
-    survey: _Survey
     todo: list[_walk.Unit]
     skipped: list[_walk.Unit]
     copies: list[_common.File]
-    need: int  # bytes the run will write
     warnings: list[Notice]
+
+    @property
+    def src(self) -> str:
+        return os.fsdecode(self.run.src)
+
+    @property
+    def dst(self) -> str:
+        return os.fsdecode(self.run.dst)
 
 
 def prepare(
@@ -69,151 +68,44 @@ def prepare(
     given: Options,
     *,
     cancel: CancelFlag | None = None,
+    warn: Callable[[str, str, str | None], object] = _engine.issue,
 ) -> Prepared:
-    """Make every check a folder run makes before writing anything, in order: folder
-    identities, the source (`walk.plan`), the shard range, the keep patterns, what the
-    destination holds (`_survey`), that something changes, free space. `inspect SRC DST`
-    runs exactly this; `convert` runs it, then writes.
+    """Make every check a folder run makes before writing anything, in order (the engine's
+    `folder::prepare`), each warning told to `warn` as it is said. `inspect SRC DST` runs
+    exactly this; `convert` runs it, then writes.
 
-    With `max_shard_size`, the output is re-sharded (the engine's `folder::work`) and `src`
-    may also be a single file; `name` is then the output stem of its one group."""
-    to, shard, max_shard_size, name = _target(given), given.shard, given.max_shard_size, given.name
-    force, resume = given.force, given.resume
-    if shard is not None:
-        shard = _check_shard(shard)
-    # The default DST is named after what was given: beside a cache repo root, never
-    # inside the cache's snapshots/.
-    src, dst, src_id = _core.run_place(src, dst, to=to, resharding=max_shard_size is not None)
-    precision, source = given.precision, given.source
-    # A checkpoint folder (DCP, ZeRO) re-sharded: its links, as for one output.
-    plan = _source_plan(
-        src, to, given, not given.allow_quantized, given.follow_links, cancel=cancel
-    )
-    units = plan.units
-    if shard is not None and shard[1] > len(units):
-        n = len(units)
-        raise _core.option_error(
-            "shard",
-            f"{shard[0]}/{shard[1]}",
-            f"I/N with N at most {n}, the number of {plan.work.noun}",
-        )
-    # A keep pattern is judged over the whole folder: one warning (or, strict, one error
-    # before anything is written) for a pattern that matches no tensor of any file.
-    warnings = []
-    if plan.keep_unmatched:
-        template = _unmatched_template(plan.keep_unmatched)
-        if given.strict:
-            raise Refused(
-                f"{_esc(src)}: {template}; nothing was written ({{strict}} makes this an error)",
-                path=src,
-            )
-        warnings.append(Notice("unmatched_pattern", template))
-        _engine.issue("unmatched_pattern", template, None)
-    # So is a prefix to strip (a re-sharding's plan judged it over its groups: `_check`).
-    for notice in [] if plan.resharding else plan.unmatched_prefixes:
-        warnings.append(notice)
-        _engine.issue(notice.kind, notice.template, None)
-    side = [f for f in plan.configs if f.rel.rpartition("/")[2] == _fp8.SIDE_CONFIG_NAME]
-    if side and shard is None:  # (written by finalize, which says so)
-        template = _fp8.side_config_notice(os.path.join(dst, side[0].rel))
-        warnings.append(Notice("no_model_config", template))
-        _engine.issue("no_model_config", template, None)
-    for notice in plan.left_out:
-        warnings.append(notice)
-        _engine.issue(notice.kind, notice.template, None)
-    for notice in plan.walk_warnings:
-        warnings.append(notice)
-        _engine.issue(notice.kind, notice.template, None)
-    # That something changes (a plain run that writes a copy of the folder is refused: the
-    # engine's answer), and what a re-sharding's plan said.
-    plan.work.check(src)
-    for notice in plan.warnings:
-        warnings.append(notice)
-        _engine.issue(notice.kind, notice.template, notice.path)
-
-    # Options that change the output; the defaults are left out, so that manifests of
-    # plain runs stay as they were.
-    options: dict[str, Any] = {"to": to, **precision, **source, **_run_options(plan, name)}
-    weights = units
-    if shard is not None:
-        owner = plan.work.assign_shards(shard[1])
-        weights = [w for w, k in zip(weights, owner) if k == shard[0]]
-    outputs = [rel for rel, _, _ in plan.work.outputs()]
-    mine = sorted(w.rel for w in weights) if shard is not None else sorted(outputs)
-    # No output is a file of the source, what the destination holds, what this run may
-    # replace, which of its weights are done (skipped under resume), room for the rest, and
-    # no leftover a loader would take for the output: the engine's answer.
-    survey = _survey(
-        dst, src_id, options, plan, shard, force=force, resume=resume, mine=weights, src=src
-    )
-    todo = [w for w in weights if w.rel not in survey.skipped]
-    skipped = [w for w in weights if w.rel in survey.skipped]
-    # Files this run leaves out that DST holds (an earlier run's copies): they stay, as
-    # everything it does not write, but make DST more than this run's output.
-    there = [f.source_rel for f, _ in plan.skipped if f.source_rel in survey.present]
-    if there:
-        more = f" and {len(there) - 8} more" if len(there) > 8 else ""
-        template = (
-            f"DST holds {', '.join(f'`{_esc(r)}`' for r in there[:8])}{more}, which this run "
-            "leaves out and does not delete: verify fails the output while it is there "
-            "(remove it, or {include} it)"
-        )
-        warnings.append(Notice("skipped_files", template))
-        _engine.issue("skipped_files", template, None)
-    if survey.ours or (force and survey.found):
-        # Overflow refused while converting a later file would come after this run replaced
-        # earlier ones: over an earlier output it is read for first, and refused here.
-        _refuse_overflow_first(todo, to, given, resharded=plan.resharding, cancel=cancel)
-    copies = [] if shard is not None else plan.copies
-    return Prepared(
+    With `max_shard_size`, the output is re-sharded and `src` may also be a single file;
+    `name` is then the output stem of its one group."""
+    run = _core.prepare(
         src,
         dst,
-        src_id,
-        to,
+        shard=given.shard,
+        max_shard_size=given.max_shard_size,
+        resume=given.resume,
+        strict=given.strict,
+        cancel=cancel,
+        warn=warn,
+        to=given.to,
+        **given.precision,
+        **given.source,
+        force=given.force,
+        allow_quantized=given.allow_quantized,
+        follow_links=given.follow_links,
+        name=given.name,
+        config=given.config,
+    )
+    plan = _walk.of(run.work)
+    weights, todo, skipped = ([plan.units[k] for k in ks] for ks in run.units)
+    return Prepared(
+        run,
         given,
         plan,
-        options,
-        shard,
         weights,
-        mine,
-        survey,
         todo,
         skipped,
-        copies,
-        survey.need,
-        warnings,
+        [_common.File(*r) for r in run.copies],
+        [Notice(*w) for w in run.warnings],
     )
-
-
-def _refuse_overflow_first(
-    todo: list[_walk.Unit],
-    to: Target,
-    given: Options,
-    *,
-    resharded: bool,
-    cancel: CancelFlag | None,
-) -> None:
-    """Read each input of `todo` as `inspect --dry-run` does, refusing what converting it
-    would refuse: under `on_overflow="error"` any overflow, under "keep" a dequantized
-    weight's (a re-sharding's plan read for those already)."""
-    on_overflow = given.on_overflow
-    if on_overflow == "warn" or (on_overflow == "keep" and resharded):
-        return
-    seen: set[str] = set()
-    for f in [f for w in todo for f in w.inputs]:
-        if f.path in seen:
-            continue
-        seen.add(f.path)
-        _common.check_cancel(cancel)
-        _engine.inspect_file(
-            f.path,
-            to=to,
-            **given.precision,
-            keep_unmatched="ignore",
-            allow_quantized=True,
-            scan=on_overflow == "error",
-            **given.source,
-        )
 
 
 def convert_folder(
@@ -228,7 +120,8 @@ def convert_folder(
     started = time.monotonic()
     p = prepared
     force = p.given.force
-    src, dst, shard, survey = p.src, p.dst, p.shard, p.survey
+    src, dst, shard, options, to = p.src, p.dst, p.run.shard, p.run.options, _target(p.given)
+    present, at_own_name, own, siblings, ours, stale, found, withdraw = p.run.survey
     # Every refusal is behind us: from here on, files are written.
     _common.failpoint("folder-checked", cancel)
 
@@ -238,28 +131,28 @@ def convert_folder(
     # source's), and nothing else: a manifest that appeared since is a rival run's.
     record = _core.FolderRun(
         src,
-        p.src_id,
+        p.run.src_id,
         dst,
-        p.options,
+        options,
         p.given.allow_quantized,
         shard,
-        p.mine,
-        published=survey.own,
-        first_replace=survey.at_own_name if force and survey.own is None else None,
+        p.run.mine,
+        published=own,
+        first_replace=at_own_name if force and own is None else None,
         force=force,
-        ours=list(survey.ours.items()),
-        found=list(survey.found.items()),
+        ours=ours,
+        found=found,
     )
     files: list[FileReport] = []
     shards = None if shard is None else shard[1]
     for w in p.skipped:
-        entry = p.plan.work.entry(w.index, p.options, shards, os.path.join(dst, w.rel))
+        entry = p.plan.work.entry(w.index, options, shards, os.path.join(dst, w.rel))
         files.append(_write.report(w, "skipped", record.record(w.rel, "weights", entry)[2]))
     # Before any output: DST and the folders it writes into made, and the manifest saved,
     # so that the other runs sharing this folder know it is ours (refused if another run
     # started meanwhile). What DST holds now (files, folders) is what a failed run keeps.
     rels = [*(rel for rel, _, _ in p.plan.work.outputs()), *(f"{d}/x" for d in p.plan.dirs)]
-    record.begin(rels, survey.present, survey.at_own_name is not None, cancel)
+    record.begin(rels, set(present), at_own_name is not None, cancel)
     _common.failpoint("folder-manifest", cancel)
 
     meter = _write.Meter(
@@ -267,9 +160,9 @@ def convert_folder(
         progress,
         file_progress,
     )
-    run = _write.Run(dst, p.to, p.given, meter, cancel, record, shard, p.options)
+    run = _write.Run(dst, to, p.given, meter, cancel, record, shard, options)
     if shard is None:
-        _write.unpublish(run, p.plan, {w.rel for w in p.todo}, survey.withdraw)
+        _write.unpublish(run, p.plan, {w.rel for w in p.todo}, withdraw)
     # A failure converting the weights rolls back what the run added, unless `resume`
     # can go on from it (`publish::Writer::failed`).
     converted = _write.convert_units(run, p.plan, p.todo)
@@ -278,18 +171,18 @@ def convert_folder(
         files += _write.publish(run, p.plan)
         _write.final_recheck(run, p.plan)
         # The new indexes name none of them: only now may the shards of another cut go.
-        record.remove_stale(list(survey.stale.items()))
+        record.remove_stale(stale)
     else:
         record.recheck()
     _common.failpoint("folder-complete", cancel)
     meter.close()
     if shard is None:
         # Done: no stcast file stays behind (this source's shard manifests neither).
-        record.remove_own(survey.siblings)
+        record.remove_own(siblings)
     else:
         record.save(cancel, complete=True)
     report = _folder_report(
-        src, dst, p.to, files, converted, started, shard, shard is None, p.given.on_overflow
+        src, dst, to, files, converted, started, shard, shard is None, p.given.on_overflow
     )
     return _with_warnings(_finish(p.plan, report), p.warnings)
 
@@ -318,75 +211,11 @@ def _source_plan(
     return _walk.plan(src, to, check_quantized, options, cancel, **cut)
 
 
-def _run_options(plan: _walk.Plan, name: str | None) -> dict[str, Any]:
-    """The options of this kind of run that change the output (for the manifest)."""
-    if not plan.resharding:
-        return {}
-    options: dict[str, Any] = {"max_shard_size": plan.work.max_shard_size}
-    if name is not None:
-        # Another name is another output, as another size is: under resume, the files
-        # a manifest proves this source's that the plan no longer writes are stale.
-        options["name"] = name
-    return options
-
-
 def _finish(plan: _walk.Plan, report: ConvertReport) -> ConvertReport:
     """The run's report, with what this kind of run adds."""
     if not plan.resharding:
         return report
     return replace(report, max_shard_size=plan.work.max_shard_size)
-
-
-class _Survey:
-    """What the destination holds, as far as this run is concerned (`_core.survey`)."""
-
-    def __init__(self, answer: tuple[Any, ...]) -> None:
-        present, self.at_own_name, self.own, self.siblings, ours, rest = answer
-        adopted, self.entries, stale, found, skipped, self.need, withdraw = rest
-        # The files there (not stcast's bookkeeping); those stcast wrote (rel -> identity).
-        self.present: set[str] = set(present)
-        self.ours: dict[str, tuple[int, int]] = dict(ours)
-        self.adopted: set[str] = set(adopted)  # outputs resume recognised without a manifest
-        # Files an earlier run of this source wrote (a manifest says so, and they are still
-        # those files) that this plan does not write: shards cut at another size.
-        self.stale: dict[str, tuple[int, int]] = dict(stale)
-        # Under force: every file there, as the survey found it (rel -> identity). `force`
-        # replaces those, not a file a rival run wrote there since.
-        self.found: dict[str, tuple[int, int]] = dict(found)
-        self.skipped: set[str] = set(skipped)  # this run's weights done already
-        # The configs this run replaces that describe its weights wrongly: withdrawn first.
-        self.withdraw: list[str] = list(withdraw)
-
-
-def _survey(
-    dst: str,
-    src_id: tuple[int, int],
-    options: dict[str, Any],
-    plan: _walk.Plan,
-    shard: tuple[int, int] | None,
-    *,
-    force: bool,
-    resume: bool,
-    mine: list[_walk.Unit] | None = None,
-    src: str = "",
-) -> _Survey:
-    """Check what `dst` holds before anything is written, and what this run may replace
-    (the engine's `run::survey`). Without `force` or `resume`, a destination that holds
-    anything but stcast's own files for this source and plan is refused: an empty or new
-    folder is fine, and so are the files of other shard runs of the same source (they share
-    the folder), but not a folder of other files, another source's run, or a previous run
-    of this one. `resume` continues a previous run: the files a manifest records are ours,
-    an output exactly the planned one is adopted (the plan's proof: `folder::work::Judged`),
-    and any other planned file that is there is refused rather than replaced. `force`
-    replaces every file the plan writes and deletes nothing else. With `mine` (this run's
-    weights), also which are done, that the rest fits, and that nothing a loader would take
-    for the output stays beside it."""
-    rels = None if mine is None else [w.rel for w in mine]
-    work = plan.work
-    answer = _core.survey(
-        dst, src_id, shard, options, work, force=force, resume=resume, mine=rels, src=src
-    )
-    return _Survey(answer)
 
 
 def finalize(
@@ -434,7 +263,7 @@ def finalize(
     count = counts.pop() if len(counts) == 1 else None
     owner = work.assign_shards(count) if count else []
     outputs = [rel for rel, _, _ in work.outputs()]
-    survey = _survey(dst, src_id, options, plan, None, force=False, resume=True)
+    own, ours = _core.survey(dst, src_id, options, work)
     # An interrupted (or concurrent) finalize's manifest, read by the survey, is the one to
     # replace; a whole-folder run's cannot be here (refused above, or complete and gone).
     run_record = _core.FolderRun(
@@ -445,9 +274,9 @@ def finalize(
         None,
         None,
         sorted(outputs),
-        published=survey.own,
+        published=own,
         finalize=True,
-        ours=list(survey.ours.items()),
+        ours=ours,
     )
     files = []
     for w in units:
@@ -473,9 +302,13 @@ def checked(src: str, dst: str, given: Options) -> tuple[Prepared, list[Notice]]
     """Every check a folder run into `dst` makes before writing (`prepare`), failing as the
     run would, and what they said (not issued: a dry run returns its warnings)."""
     said: list[Notice] = []
-    with _warnings.catch_warnings(record=True) as caught:
-        _warnings.simplefilter("always")
-        prepared = prepare(src, dst, given)
+
+    def warn(kind: str, template: str, path: str | None) -> None:
+        # (A keep pattern's is judged again over the files inspected; a glob's not.)
+        if kind != "unmatched_pattern":
+            said.append(Notice(kind, template, path))
+
+    prepared = prepare(src, dst, given, warn=warn)
     if given.report is not None:  # as `convert` checks it
         _core.check_side_output(
             given.report,
@@ -483,13 +316,6 @@ def checked(src: str, dst: str, given: Options) -> tuple[Prepared, list[Notice]]
             given.force,
             [(prepared.src, "input"), (prepared.dst, "output")],
         )
-    for record in caught:
-        m = record.message
-        if isinstance(m, StcastWarning) and m.kind != "unmatched_pattern":
-            said.append(Notice(m.kind, m.template, m.path))
-        elif not isinstance(m, StcastWarning):
-            _warnings.warn_explicit(m, record.category, record.filename, record.lineno)
-    # (A keep pattern's is judged again over the files inspected; a glob's not.)
     return prepared, said
 
 
@@ -544,13 +370,6 @@ def inspect_resharded(
         shards=shards,
         indexes=indexes,
     )
-
-
-def _unmatched_template(patterns: list[str]) -> str:
-    listed = ", ".join(f"`{_esc(p)}`" for p in patterns)
-    if len(patterns) == 1:
-        return f"{{keep}} pattern {listed} matches no tensor name (a typo?)"
-    return f"{{keep}} patterns {listed} match no tensor name (typos?)"
 
 
 def _with_warnings(report: ConvertReport, first: list[Notice]) -> ConvertReport:
@@ -608,14 +427,3 @@ def _folder_report(
 def _target(given: Options) -> Target:
     """The target of a conversion (`stcast._api` resolved it: never None here)."""
     return cast("Target", given.to)
-
-
-def _check_shard(shard: tuple[int, int]) -> tuple[int, int]:
-    expected = "a pair (i, n) of whole numbers with 1 <= i <= n"
-    try:
-        i, n = (int(x) for x in shard)
-    except (TypeError, ValueError):
-        raise _core.option_error("shard", shard, expected) from None
-    if not 1 <= i <= n:
-        raise _core.option_error("shard", shard, expected)
-    return i, n

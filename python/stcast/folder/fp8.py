@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .. import _core
-
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -29,18 +27,3 @@ def nonfinite(tensors: Sequence[TensorInfo]) -> list[str]:
     """The weights of an FP8 plan (`inspect` of one file, which reads them) that hold NaN or
     inf: left unquantized, in BF16."""
     return [t.name for t in tensors if t.not_quantized == "nonfinite"]
-
-
-# Where an FP8 output's quantization_config goes without a model config: beside its weights
-# (the engine's `run::beside::FOLDER_SIDE_CONFIG`).
-SIDE_CONFIG_NAME = "quantization_config.json"
-
-
-def side_config_notice(path: str) -> str:
-    """The one warning of an FP8 output whose quantization_config goes to `path`, no model
-    config describing it (as a lone file's, rust/convert.rs)."""
-    return (
-        "no model config describes this FP8 output: its quantization_config is written to "
-        f"{_core.escape(path)}; vLLM and transformers read it from the model's config.json "
-        "only: merge it into that file (the guide shows how)"
-    )

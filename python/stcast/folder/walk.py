@@ -82,6 +82,11 @@ def plan(
     work = _core.FolderWork(
         src, check_quantized=check_quantized, cancel=cancel, to=to, **(options or {}), **cut
     )
+    return of(work)
+
+
+def of(work: _core.FolderWork) -> Plan:
+    """The plan `work` (the engine's), as Python holds it."""
     found = work.plan()
     configs, copies, late_copies, dirs, skipped = found["files"]
     return Plan(
