@@ -318,3 +318,102 @@ fn overflow_refused_over_an_earlier_output_is_read_for_first() {
     assert!(matches!(e, Error::Overflow { .. }), "{}", e.template());
     assert!(e.template().contains("b.safetensors"), "{}", e.template());
 }
+
+/// A fresh copy of the committed fixture `tests/fixtures/{fixture}` (only `files`, a
+/// name ending in `/` a whole folder).
+fn fixture(tag: &str, fixture: &str, files: &[&str]) -> PathBuf {
+    let from = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(fixture);
+    let dir = folder(tag, &[]);
+    for f in files {
+        let (from, to) = (from.join(f), dir.join(f));
+        match f.strip_suffix('/') {
+            Some(_) => {
+                std::fs::create_dir_all(&to).unwrap();
+                for e in std::fs::read_dir(&from).unwrap() {
+                    let e = e.unwrap();
+                    std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+                }
+            }
+            None => {
+                std::fs::copy(from, to).unwrap();
+            }
+        }
+    }
+    dir
+}
+
+/// Write the units of `p` still to do as a run converts them (each its own conversion,
+/// published under its name), with no manifest.
+fn convert(p: &Prepared) {
+    for &i in &p.todo {
+        let opts = p.work.settings(i).shard_convert(Tuning::default()).unwrap();
+        let out = p.dst.join(&p.work.units[i].rel);
+        std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+        let mut task = p.work.task(i, &out, &opts).unwrap();
+        crate::task::run(&mut task).unwrap();
+        task.seal().unwrap();
+        task.publish().unwrap();
+    }
+}
+
+/// Prepare `src` into a fresh `dst` (re-sharded at `max_size`), convert every unit, check
+/// each is exactly what the plan writes (every value verified against the inputs), then
+/// prepare again under resume: every unit is taken over as done, nothing is left to do.
+fn converted_verified_resumed(src: &Path, key: Option<&str>, max_size: Option<u64>) -> usize {
+    let dst = src.with_extension("out");
+    let _ = std::fs::remove_dir_all(&dst);
+    let mut a = asked(src, &dst);
+    (a.max_shard_size, a.settings.key) = (max_size, key.map(str::to_string));
+    let (_, p) = prepare(a.clone()).unwrap();
+    assert_eq!(p.todo.len(), p.work.units.len());
+    convert(&p);
+    for &i in &p.units {
+        let out = p.dst.join(&p.work.units[i].rel);
+        assert!(
+            p.work.adoptable(i, &out, Tuning::default()).unwrap(),
+            "{out:?}"
+        );
+    }
+    a.resume = true;
+    let (_, again) = prepare(a.clone()).unwrap();
+    assert!(again.todo.is_empty());
+    assert_eq!(again.skipped, again.units);
+    assert_eq!(again.survey.adopted.len(), p.work.units.len());
+    // A unit changed since is not what the plan writes: resume refuses to replace it.
+    let first = p.dst.join(&p.work.units[0].rel);
+    let mut bytes = std::fs::read(&first).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x40;
+    std::fs::write(&first, bytes).unwrap();
+    assert!(!p.work.adoptable(0, &first, Tuning::default()).unwrap());
+    let e = prepare(a).err().unwrap();
+    assert_eq!(e.kind(), ErrorKind::Refused, "{}", e.template());
+    p.work.units.len()
+}
+
+#[test]
+fn an_hf_folder_is_converted_verified_and_resumed() {
+    assert_eq!(converted_verified_resumed(&plain("hf-run"), None, None), 2);
+    // Re-sharded: each file a group of its own, cut into shards of at most 200 bytes (one
+    // tensor each).
+    let src = plain("hf-reshard");
+    assert_eq!(converted_verified_resumed(&src, None, Some(200)), 3);
+}
+
+#[test]
+fn a_dcp_checkpoint_is_resharded_verified_and_resumed() {
+    let files = [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp"];
+    let src = fixture("dcp", "dcp/fsdp2-1d-3ranks", &files);
+    let model = Some("model");
+    assert_eq!(converted_verified_resumed(&src, model, Some(1 << 30)), 1);
+    assert!(converted_verified_resumed(&src, model, Some(400)) > 1);
+}
+
+#[test]
+fn a_zero_checkpoint_is_resharded_verified_and_resumed() {
+    let src = fixture("zero", "zero/stage2-3ranks", &["latest", "global_step1/"]);
+    assert_eq!(converted_verified_resumed(&src, None, Some(1 << 30)), 1);
+    assert!(converted_verified_resumed(&src, None, Some(400)) > 1);
+}
