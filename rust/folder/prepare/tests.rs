@@ -417,3 +417,31 @@ fn a_zero_checkpoint_is_resharded_verified_and_resumed() {
     assert_eq!(converted_verified_resumed(&src, None, Some(1 << 30)), 1);
     assert!(converted_verified_resumed(&src, None, Some(400)) > 1);
 }
+
+#[test]
+fn what_was_said_before_a_refusal_is_told_first() {
+    let src = plain("said-first");
+    let dst = src.with_extension("out");
+    let _ = std::fs::remove_dir_all(&dst);
+    let mut a = asked(&src, &dst);
+    // Nothing changes (the output would be a copy of the folder), and a keep pattern
+    // matches nothing: said first, then refused.
+    (a.settings.to, a.settings.keep) = (Some(given("keep")), vec!["zz".into()]);
+    let mut task = PrepareTask::new(a).unwrap();
+    let mut said = Vec::new();
+    let e = loop {
+        said.extend(task.take_said());
+        match task.step(u64::MAX) {
+            Ok(true) => panic!("not refused"),
+            Ok(false) => {}
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(e, Error::FolderUnchanged { .. }),
+        "{}",
+        e.template()
+    );
+    let kinds: Vec<_> = said.iter().map(|(w, _)| w.kind).collect();
+    assert_eq!(kinds, [WarningKind::UnmatchedPattern]);
+}
