@@ -1057,6 +1057,7 @@ pub fn fingerprint(path: &Path) -> Result<String> {
     Ok(hex(h))
 }
 
+pub mod finish;
 pub mod inspect;
 pub mod verify_folder;
 pub mod work;

@@ -21,7 +21,8 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{IntoPyDict, PyDict};
 
 use crate::convert::{Knobs, Options as ConvertOptions, Tuning};
-use crate::error::{panic_message, Error};
+use crate::error::{panic_message, Error, Warning};
+use crate::folder::finish::{self, FinalizeTask, FolderReport};
 use crate::folder::inspect::{InspectFolderTask, Planning};
 use crate::folder::verify_folder::FolderVerify;
 use crate::folder::work::{Cut, Judged, Unit, Work, WorkTask};
@@ -107,6 +108,16 @@ struct Hooks<'py> {
     /// Converting one of that run's weights: a failure may roll the run back
     /// (`publish::Writer::failed`).
     converting: bool,
+    /// A folder run's progress (`metered`): told per file, each value once.
+    meter: Option<Meter<'py>>,
+}
+
+/// What a folder run's callbacks were told last: a file's end, told again as the next step
+/// begins, reaches the caller once.
+struct Meter<'py> {
+    file_progress: Hook<'py>,
+    told: Cell<Option<(u64, u64)>>,
+    file_told: std::cell::RefCell<Option<(OsString, u64, u64)>>,
 }
 
 impl<'py> Hooks<'py> {
@@ -120,6 +131,21 @@ impl<'py> Hooks<'py> {
             ended: Cell::new(false),
             run: None,
             converting: false,
+            meter: None,
+        }
+    }
+
+    /// The same, for a folder run (`Task::file_progress`): `progress` tells the bytes once a
+    /// file has begun, and `(total, total)` once at the end, also when nothing was left.
+    fn metered(self, file_progress: Hook<'py>) -> Self {
+        let meter = Meter {
+            file_progress,
+            told: Cell::new(None),
+            file_told: std::cell::RefCell::new(None),
+        };
+        Hooks {
+            meter: Some(meter),
+            ..self
         }
     }
 
@@ -135,6 +161,11 @@ impl<'py> Hooks<'py> {
 
     /// Ctrl-C, the cancel flag, warnings, then progress (any of which may raise).
     fn visit(&self, py: Python<'py>, task: &mut impl Task) -> PyResult<()> {
+        self.visit_at(py, task, false)
+    }
+
+    /// `visit`; `end`: the task is done.
+    fn visit_at(&self, py: Python<'py>, task: &mut impl Task, end: bool) -> PyResult<()> {
         py.check_signals()?;
         if self.cancelled()? {
             return Err(to_py(py, Error::Cancelled));
@@ -144,10 +175,37 @@ impl<'py> Hooks<'py> {
                 f.call1((w.kind.name(), &w.text))?;
             }
         }
+        if let Some(m) = &self.meter {
+            return self.tell(m, task, end);
+        }
         if let Some(p) = self.progress.as_ref().filter(|_| !self.ended.get()) {
             let (done, total) = task.progress();
             self.ended.set(done >= total);
             p.call1((done, total))?;
+        }
+        Ok(())
+    }
+
+    /// A folder run's progress (`metered`), each value told once.
+    fn tell(&self, m: &Meter<'py>, task: &impl Task, end: bool) -> PyResult<()> {
+        let file = task.file_progress();
+        if let (Some(f), Some((rel, done, total))) = (&m.file_progress, file) {
+            let now = Some((rel.to_os_string(), done, total));
+            if *m.file_told.borrow() != now {
+                *m.file_told.borrow_mut() = now;
+                f.call1((rel, done, total))?;
+            }
+        }
+        let told = match (end, file) {
+            (true, _) => Some((task.progress().1, task.progress().1)),
+            (false, Some(_)) => Some(task.progress()),
+            (false, None) => None,
+        };
+        if let (Some(p), Some(told)) = (&self.progress, told) {
+            if m.told.get() != Some(told) {
+                m.told.set(Some(told));
+                p.call1(told)?;
+            }
         }
         Ok(())
     }
@@ -159,7 +217,7 @@ impl<'py> Hooks<'py> {
         while !self.run(py, || task.step(step))? {
             self.visit(py, task)?;
         }
-        self.visit(py, task)
+        self.visit_at(py, task, true)
     }
 
     /// `guarded`, where a stop request that arrived meanwhile (a signal the caller's
@@ -210,7 +268,7 @@ impl<'py> Hooks<'py> {
             let id = id.map_err(|e| to_py(py, e))?;
             self.run(py, || writer(w).claim_as(rel, id, header))?;
             if let Some(name) = point {
-                self.run(py, || failpoint_hit(name))?;
+                self.run(py, || finish::failpoint(name))?;
             }
             py.check_signals()?;
             if self.cancelled()? {
@@ -694,24 +752,6 @@ impl FolderWork {
         py_json(py, &e)
     }
 
-    /// The entry of `entries` that shows `out` is unit `i` written with `options`, if one does.
-    fn find_entry<'py>(
-        &self,
-        py: Python<'py>,
-        i: usize,
-        entries: Vec<Bound<'py, PyAny>>,
-        options: &Bound<'py, PyAny>,
-        out: PathBuf,
-    ) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let options = json_of(options)?;
-        let nodes = entries.iter().map(json_of).collect::<PyResult<Vec<_>>>()?;
-        let found = guarded(py, || {
-            let e = self.0.find_entry(i, &nodes, &options, &out)?;
-            Ok(e.map(|e| nodes.iter().position(|n| std::ptr::eq(n, e)).unwrap_or(0)))
-        })?;
-        Ok(found.map(|k| entries[k].clone()))
-    }
-
     /// What the config `rel` is written as in `dst` (`Work::config_text`; None: copied).
     fn config_text(
         &self,
@@ -1065,7 +1105,7 @@ fn option_error<'py>(
 /// Hit a failpoint of the Python side (`failpoint` module): raises the injected error.
 #[pyfunction]
 fn failpoint(py: Python<'_>, name: &str) -> PyResult<()> {
-    failpoint_hit(name).map_err(|e| to_py(py, e))
+    finish::failpoint(name).map_err(|e| to_py(py, e))
 }
 
 // --- manifests (`run::manifest`) ---
@@ -1179,10 +1219,6 @@ struct FolderRun(Mutex<publish::Writer>);
 /// The writer, whoever held it last (a panic in the engine is told by `guarded`).
 fn writer(w: &Mutex<publish::Writer>) -> std::sync::MutexGuard<'_, publish::Writer> {
     w.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn failpoint_hit(name: &str) -> Result<()> {
-    crate::failpoint::hit(name).map_err(|e| Error::io(Path::new(name), "failpoint", e))
 }
 
 #[pymethods]
@@ -1404,28 +1440,46 @@ fn py_survey<'py>(
     (s.present, at, own, siblings, ours, rest).into_pyobject(py)
 }
 
-/// The finished manifests `finalize` completes (`run::manifest::finished`), the options
-/// they agree on, each file's entries, and each shard run's manifest and shard count.
+/// Complete the folder `dst` once its shard runs are done (`folder::finish::FinalizeTask`),
+/// stepped: its report (`folder_report`).
 #[pyfunction]
-fn finished_manifests<'py>(
+#[pyo3(signature = (src, dst, *, progress=None, file_progress=None, cancel=None, warn=None))]
+fn finalize<'py>(
     py: Python<'py>,
+    src: PathBuf,
     dst: PathBuf,
-    src_id: place::Ident,
-) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
-    let f = guarded(py, || manifest::finished(&dst, src_id))?;
-    let counts: Vec<_> = f
-        .manifests
-        .iter()
-        .filter_map(|m| Some((m.path(), m.shard?.1)))
-        .collect();
-    let manifests: Vec<Manifest> = f.manifests.into_iter().map(Manifest).collect();
-    (
-        manifests,
-        py_json(py, &f.options)?,
-        py_entries(py, &f.entries)?,
-        counts,
-    )
-        .into_pyobject(py)
+    progress: Hook<'py>,
+    file_progress: Hook<'py>,
+    cancel: Hook<'py>,
+    warn: Hook<'py>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let hooks = Hooks::new(progress, cancel, warn, None).metered(file_progress);
+    let mut task = hooks.run(py, || FinalizeTask::new(&src, &dst))?;
+    hooks.drive(py, &mut task, Tuning::default().step)?;
+    folder_report(py, &task.finish())
+}
+
+/// A folder run's report as a dict (`stcast.reports.folder_report` builds it): its files
+/// as dicts, warnings as (kind, template, path).
+fn folder_report<'py>(py: Python<'py>, r: &FolderReport) -> PyResult<Bound<'py, PyDict>> {
+    type Said<'a> = Vec<(&'static str, &'a str, Option<&'a OsStr>)>;
+    fn said(w: &[(Warning, Option<OsString>)]) -> Said<'_> {
+        let said = w.iter();
+        said.map(|(w, at)| (w.kind.name(), w.text.as_str(), at.as_deref()))
+            .collect()
+    }
+    let d = crossed(py, r, &[("src", &r.src), ("dst", &r.dst)])?;
+    d.set_item("warnings", said(&r.warnings))?;
+    let files = r.files.iter().map(|f| {
+        let row = crossed(py, f, &[("path", Path::new(&f.path))])?;
+        row.set_item("warnings", said(&f.warnings))?;
+        row.set_item("source", f.source.as_deref())?;
+        Ok(row)
+    });
+    d.set_item("files", files.collect::<PyResult<Vec<_>>>()?)?;
+    // (The units' numerics rows are their conversions'; a run that converts none has none.)
+    d.set_item("numerics", py.None())?;
+    Ok(d)
 }
 
 /// Add each `#[pyfunction]` to the module.
@@ -1452,7 +1506,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         check_side_output,
         source_kind, read_header, config_text, index_text,
         read_json, split_shard_name, run_place, default_dst, verify_route, space, py_survey,
-        finished_manifests,
+        finalize,
         verify_folder,
     }
     Ok(())

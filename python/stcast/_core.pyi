@@ -61,7 +61,7 @@ __all__ = [
     "Manifest",
     "FolderRun",
     "survey",
-    "finished_manifests",
+    "finalize",
     "verify_folder",
 ]
 
@@ -283,9 +283,6 @@ class FolderWork:
     def checked_indexes(self, dst: str) -> list[tuple[str, bytes, int | None, str | None]]: ...
     def infos(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]: ...
     def entry(self, i: int, options: dict[str, Any], shards: int | None, out: str) -> Any: ...
-    def find_entry(
-        self, i: int, entries: list[Any], options: dict[str, Any], out: str
-    ) -> Any | None: ...
     def config_text(self, dst: str, rel: str) -> bytes | None: ...
     def convert(
         self,
@@ -388,6 +385,12 @@ def survey(
     list[tuple[str, _Id]],
     tuple[list[str], _Entries, list[tuple[str, _Id]], list[tuple[str, _Id]], list[str], int],
 ]: ...
-def finished_manifests(
-    dst: str, src_id: _Id
-) -> tuple[list[Manifest], dict[str, Any], _Entries, list[tuple[str, int]]]: ...
+def finalize(
+    src: str,
+    dst: str,
+    *,
+    progress: _Progress = None,
+    file_progress: Callable[[str, int, int], object] | None = None,
+    cancel: _CancelFlag | None = None,
+    warn: _Warn = None,
+) -> dict[str, Any]: ...
