@@ -609,6 +609,23 @@ pub enum Error {
         written: u64,
         planned: u64,
     },
+    /// `finalize`: a shard run's manifest (`path`) says `says` shards, but the source `src`
+    /// has only `units` of the run's units (`noun`: "weight files", "output shards").
+    ShardCount {
+        path: PathBuf,
+        says: usize,
+        src: PathBuf,
+        units: usize,
+        noun: &'static str,
+    },
+    /// `finalize`: a unit of the run is not there as a shard run wrote it: `path` is the
+    /// input of a whole file (`written` false: not converted), else the output shard (not
+    /// written); `shard`, the shard run that converts it, when the manifests tell.
+    UnitMissing {
+        path: PathBuf,
+        written: bool,
+        shard: Option<(usize, usize)>,
+    },
     /// An option's value is out of range.
     BadOption {
         option: OptionName,
@@ -844,7 +861,9 @@ impl Error {
             | Error::SameFile { .. }
             | Error::OutputsCollide { .. }
             | Error::StemNotUtf8 { .. }
-            | Error::FolderUnchanged { .. } => ErrorKind::Refused,
+            | Error::FolderUnchanged { .. }
+            | Error::ShardCount { .. }
+            | Error::UnitMissing { .. } => ErrorKind::Refused,
             Error::AfterCommit { source, .. } => source.kind(),
             Error::BadPattern { .. }
             | Error::BadOption { .. }
@@ -900,6 +919,8 @@ impl Error {
             | Error::StemNotUtf8 { path, .. }
             | Error::FolderUnchanged { path, .. }
             | Error::IndexTotal { path, .. }
+            | Error::ShardCount { path, .. }
+            | Error::UnitMissing { path, .. }
             | Error::Recorded { path, .. }
             | Error::Io { path, .. } => Some(path),
             Error::AfterCommit { source, .. } => source.path(),
@@ -1251,6 +1272,28 @@ impl Error {
                 "the shards written hold {written} tensor bytes, the plan {planned} (was the \
                  source changed during the run?)"
             ),
+            Error::ShardCount {
+                says,
+                src,
+                units,
+                noun,
+                ..
+            } => format!(
+                "says {says} shards, but {} has {units} {noun}; convert the shards again",
+                esc_path(src)
+            ),
+            Error::UnitMissing { written, shard, .. } => {
+                let what = if *written {
+                    "not written"
+                } else {
+                    "not converted"
+                };
+                let hint = match shard {
+                    Some((i, n)) => format!("; convert it again with {{shard={i}/{n}}}"),
+                    None => String::new(),
+                };
+                format!("{what}, or changed since{hint}")
+            }
             Error::StemNotUtf8 { .. } => "its name is not UTF-8, so an index (JSON) cannot name \
                                           the shards cut from it; rename it, or name the output \
                                           with {name}"

@@ -1057,6 +1057,7 @@ pub fn fingerprint(path: &Path) -> Result<String> {
     Ok(hex(h))
 }
 
+pub mod finish;
 pub mod inspect;
 pub mod prepare;
 pub mod verify_folder;

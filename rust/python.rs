@@ -21,17 +21,18 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{IntoPyDict, PyDict};
 
 use crate::convert::{Knobs, Options as ConvertOptions, Tuning};
-use crate::error::{panic_message, Error};
+use crate::error::{panic_message, Error, Warning};
+use crate::folder::finish::{self, FinalizeTask, FolderReport};
 use crate::folder::inspect::{InspectFolderTask, Planning};
 use crate::folder::prepare::{self, Asked, PrepareTask, ShardGiven};
 use crate::folder::verify_folder::FolderVerify;
-use crate::folder::work::{Cut, Judged, Unit, Work, WorkTask};
+use crate::folder::work::{Cut, Unit, Work, WorkTask};
 use crate::given::{Exports, Given, Settings};
 use crate::numerics::{DequantizedTensor, Numerics};
 use crate::options;
 use crate::output::{self, Replace, Sealed};
 use crate::report::NumericsRow;
-use crate::run::{fp8config, json, manifest, place, publish, survey, walk};
+use crate::run::{fp8config, json, manifest, place, publish, walk};
 use crate::task::{ConvertTask, InspectTask, Inspection, Task};
 use crate::text;
 use crate::verify::{Verifier, VerifyOptions, VerifyReport};
@@ -108,6 +109,16 @@ struct Hooks<'py> {
     /// Converting one of that run's weights: a failure may roll the run back
     /// (`publish::Writer::failed`).
     converting: bool,
+    /// A folder run's progress (`metered`): told per file, each value once.
+    meter: Option<Meter<'py>>,
+}
+
+/// What a folder run's callbacks were told last: a file's end, told again as the next step
+/// begins, reaches the caller once.
+struct Meter<'py> {
+    file_progress: Hook<'py>,
+    told: Cell<Option<(u64, u64)>>,
+    file_told: std::cell::RefCell<Option<(OsString, u64, u64)>>,
 }
 
 impl<'py> Hooks<'py> {
@@ -121,6 +132,21 @@ impl<'py> Hooks<'py> {
             ended: Cell::new(false),
             run: None,
             converting: false,
+            meter: None,
+        }
+    }
+
+    /// The same, for a folder run (`Task::file_progress`): `progress` tells the bytes once a
+    /// file has begun, and `(total, total)` once at the end, also when nothing was left.
+    fn metered(self, file_progress: Hook<'py>) -> Self {
+        let meter = Meter {
+            file_progress,
+            told: Cell::new(None),
+            file_told: std::cell::RefCell::new(None),
+        };
+        Hooks {
+            meter: Some(meter),
+            ..self
         }
     }
 
@@ -136,6 +162,11 @@ impl<'py> Hooks<'py> {
 
     /// Ctrl-C, the cancel flag, warnings, then progress (any of which may raise).
     fn visit(&self, py: Python<'py>, task: &mut impl Task) -> PyResult<()> {
+        self.visit_at(py, task, false)
+    }
+
+    /// `visit`; `end`: the task is done.
+    fn visit_at(&self, py: Python<'py>, task: &mut impl Task, end: bool) -> PyResult<()> {
         py.check_signals()?;
         if self.cancelled()? {
             return Err(to_py(py, Error::Cancelled));
@@ -145,10 +176,37 @@ impl<'py> Hooks<'py> {
                 f.call1((w.kind.name(), &w.text))?;
             }
         }
+        if let Some(m) = &self.meter {
+            return self.tell(m, task, end);
+        }
         if let Some(p) = self.progress.as_ref().filter(|_| !self.ended.get()) {
             let (done, total) = task.progress();
             self.ended.set(done >= total);
             p.call1((done, total))?;
+        }
+        Ok(())
+    }
+
+    /// A folder run's progress (`metered`), each value told once.
+    fn tell(&self, m: &Meter<'py>, task: &impl Task, end: bool) -> PyResult<()> {
+        let file = task.file_progress();
+        if let (Some(f), Some((rel, done, total))) = (&m.file_progress, file) {
+            let now = Some((rel.to_os_string(), done, total));
+            if *m.file_told.borrow() != now {
+                *m.file_told.borrow_mut() = now;
+                f.call1((rel, done, total))?;
+            }
+        }
+        let told = match (end, file) {
+            (true, _) => Some((task.progress().1, task.progress().1)),
+            (false, Some(_)) => Some(task.progress()),
+            (false, None) => None,
+        };
+        if let (Some(p), Some(told)) = (&self.progress, told) {
+            if m.told.get() != Some(told) {
+                m.told.set(Some(told));
+                p.call1(told)?;
+            }
         }
         Ok(())
     }
@@ -160,7 +218,7 @@ impl<'py> Hooks<'py> {
         while !self.run(py, || task.step(step))? {
             self.visit(py, task)?;
         }
-        self.visit(py, task)
+        self.visit_at(py, task, true)
     }
 
     /// `guarded`, where a stop request that arrived meanwhile (a signal the caller's
@@ -211,7 +269,7 @@ impl<'py> Hooks<'py> {
             let id = id.map_err(|e| to_py(py, e))?;
             self.run(py, || writer(w).claim_as(rel, id, header))?;
             if let Some(name) = point {
-                self.run(py, || failpoint_hit(name))?;
+                self.run(py, || finish::failpoint(name))?;
             }
             py.check_signals()?;
             if self.cancelled()? {
@@ -690,24 +748,6 @@ impl FolderWork {
         py_json(py, &e)
     }
 
-    /// The entry of `entries` that shows `out` is unit `i` written with `options`, if one does.
-    fn find_entry<'py>(
-        &self,
-        py: Python<'py>,
-        i: usize,
-        entries: Vec<Bound<'py, PyAny>>,
-        options: &Bound<'py, PyAny>,
-        out: PathBuf,
-    ) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let options = json_of(options)?;
-        let nodes = entries.iter().map(json_of).collect::<PyResult<Vec<_>>>()?;
-        let found = guarded(py, || {
-            let e = self.0.find_entry(i, &nodes, &options, &out)?;
-            Ok(e.map(|e| nodes.iter().position(|n| std::ptr::eq(n, e)).unwrap_or(0)))
-        })?;
-        Ok(found.map(|k| entries[k].clone()))
-    }
-
     /// What the config `rel` is written as in `dst` (`Work::config_text`; None: copied).
     fn config_text(
         &self,
@@ -804,11 +844,10 @@ impl Prepared {
         FolderWork(Arc::clone(&self.0.work))
     }
 
-    /// This run's units, those to write and those done, in `work.units()`.
+    /// This run's units to write and those done already, in `work.units()`.
     #[getter]
-    fn units(&self) -> (Vec<usize>, Vec<usize>, Vec<usize>) {
-        let p = &self.0;
-        (p.units.clone(), p.todo.clone(), p.skipped.clone())
+    fn units(&self) -> (Vec<usize>, Vec<usize>) {
+        (self.0.todo.clone(), self.0.skipped.clone())
     }
 
     #[getter]
@@ -1230,7 +1269,7 @@ fn option_error<'py>(
 /// Hit a failpoint of the Python side (`failpoint` module): raises the injected error.
 #[pyfunction]
 fn failpoint(py: Python<'_>, name: &str) -> PyResult<()> {
-    failpoint_hit(name).map_err(|e| to_py(py, e))
+    finish::failpoint(name).map_err(|e| to_py(py, e))
 }
 
 // --- manifests (`run::manifest`) ---
@@ -1318,19 +1357,6 @@ fn json_of(v: &Bound<'_, PyAny>) -> PyResult<json::Node<'static>> {
     })
 }
 
-/// Files and their JSON entries as a dict of lists.
-fn py_entries<'py>(
-    py: Python<'py>,
-    entries: &[(OsString, Vec<json::Node<'static>>)],
-) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    for (rel, list) in entries {
-        let list: PyResult<Vec<_>> = list.iter().map(|e| py_json(py, e)).collect();
-        d.set_item(rel, list?)?;
-    }
-    Ok(d)
-}
-
 /// Another run's manifest (`run::manifest::Manifest`), which a folder run removes once it
 /// completes the folder (`FolderRun.remove_own`).
 #[pyclass(frozen, module = "stcast._core")]
@@ -1344,10 +1370,6 @@ struct FolderRun(Mutex<publish::Writer>);
 /// The writer, whoever held it last (a panic in the engine is told by `guarded`).
 fn writer(w: &Mutex<publish::Writer>) -> std::sync::MutexGuard<'_, publish::Writer> {
     w.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn failpoint_hit(name: &str) -> Result<()> {
-    crate::failpoint::hit(name).map_err(|e| Error::io(Path::new(name), "failpoint", e))
 }
 
 #[pymethods]
@@ -1514,64 +1536,46 @@ impl FolderRun {
     }
 }
 
-/// What `finalize` finds in `dst` (`run::survey::survey` under resume, the plan `work`
-/// answering for its outputs: `folder::work::Judged`): the identity of the finalize
-/// manifest at its name, and the files proven ours. (A run's own survey is `prepare`'s.)
+/// Complete the folder `dst` once its shard runs are done (`folder::finish::FinalizeTask`),
+/// stepped: its report (`folder_report`).
 #[pyfunction]
-#[pyo3(name = "survey")]
-fn py_survey(
-    py: Python<'_>,
+#[pyo3(signature = (src, dst, *, progress=None, file_progress=None, cancel=None, warn=None))]
+fn finalize<'py>(
+    py: Python<'py>,
+    src: PathBuf,
     dst: PathBuf,
-    src_id: place::Ident,
-    options: &Bound<'_, PyAny>,
-    work: &Bound<'_, FolderWork>,
-) -> PyResult<(Option<place::Ident>, Vec<Proven>)> {
-    let (options, work) = (json_of(options)?, &work.get().0);
-    let planned = work.outputs().into_iter();
-    let planned = planned.map(|(rel, kind, size)| survey::Planned { rel, kind, size });
-    let q = survey::Question {
-        asked: manifest::Asked {
-            src_id,
-            shard: None,
-            options: &options,
-            force: false,
-            resume: true,
-        },
-        outputs: planned.collect(),
-        room: None,
-    };
-    let mut judge = Judged {
-        work,
-        dst: &dst,
-        options: &options,
-    };
-    let a = guarded(py, || survey::survey(&dst, &q, &mut judge))?;
-    let own = a.manifests.own.and_then(|m| m.published);
-    Ok((own, a.manifests.ours))
+    progress: Hook<'py>,
+    file_progress: Hook<'py>,
+    cancel: Hook<'py>,
+    warn: Hook<'py>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let hooks = Hooks::new(progress, cancel, warn, None).metered(file_progress);
+    let mut task = hooks.run(py, || FinalizeTask::new(&src, &dst))?;
+    hooks.drive(py, &mut task, Tuning::default().step)?;
+    folder_report(py, &task.finish())
 }
 
-/// The finished manifests `finalize` completes (`run::manifest::finished`), the options
-/// they agree on, each file's entries, and each shard run's manifest and shard count.
-#[pyfunction]
-fn finished_manifests<'py>(
-    py: Python<'py>,
-    dst: PathBuf,
-    src_id: place::Ident,
-) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
-    let f = guarded(py, || manifest::finished(&dst, src_id))?;
-    let counts: Vec<_> = f
-        .manifests
-        .iter()
-        .filter_map(|m| Some((m.path(), m.shard?.1)))
-        .collect();
-    let manifests: Vec<Manifest> = f.manifests.into_iter().map(Manifest).collect();
-    (
-        manifests,
-        py_json(py, &f.options)?,
-        py_entries(py, &f.entries)?,
-        counts,
-    )
-        .into_pyobject(py)
+/// A folder run's report as a dict (`stcast.reports.folder_report` builds it): its files
+/// as dicts, warnings as (kind, template, path).
+fn folder_report<'py>(py: Python<'py>, r: &FolderReport) -> PyResult<Bound<'py, PyDict>> {
+    type Said<'a> = Vec<(&'static str, &'a str, Option<&'a OsStr>)>;
+    fn said(w: &[(Warning, Option<OsString>)]) -> Said<'_> {
+        let said = w.iter();
+        said.map(|(w, at)| (w.kind.name(), w.text.as_str(), at.as_deref()))
+            .collect()
+    }
+    let d = crossed(py, r, &[("src", &r.src), ("dst", &r.dst)])?;
+    d.set_item("warnings", said(&r.warnings))?;
+    let files = r.files.iter().map(|f| {
+        let row = crossed(py, f, &[("path", Path::new(&f.path))])?;
+        row.set_item("warnings", said(&f.warnings))?;
+        row.set_item("source", f.source.as_deref())?;
+        Ok(row)
+    });
+    d.set_item("files", files.collect::<PyResult<Vec<_>>>()?)?;
+    // (The units' numerics rows are their conversions'; a run that converts none has none.)
+    d.set_item("numerics", py.None())?;
+    Ok(d)
 }
 
 /// Add each `#[pyfunction]` to the module.
@@ -1598,9 +1602,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         option_error, check_option, check_applies, failpoint, write_numeric_report,
         check_side_output,
         source_kind, read_header, config_text, index_text,
-        read_json, split_shard_name, run_place, default_dst, verify_route, space, py_survey,
+        read_json, split_shard_name, run_place, default_dst, verify_route, space,
         py_prepare,
-        finished_manifests,
+        finalize,
         verify_folder,
     }
     Ok(())

@@ -31,6 +31,11 @@ pub trait Task {
     fn progress(&self) -> (u64, u64);
     /// Warnings found since the last call.
     fn take_warnings(&mut self) -> Vec<Warning>;
+    /// The file in progress (a folder run's copy), or the last one: (rel, bytes done, bytes
+    /// in all). None: the task tells no file's progress (yet).
+    fn file_progress(&self) -> Option<(&std::ffi::OsStr, u64, u64)> {
+        None
+    }
 }
 
 /// Run `task` to its end in one go (for Rust callers and tests).

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, cast
 from . import _core, _engine, _types
 from ._options import Options
 from .errors import Refused, StcastError, UsageError
-from .reports import ConvertReport, InspectReport, VerifyReport, numeric_parts
+from .reports import ConvertReport, InspectReport, VerifyReport, folder_report, numeric_parts
 
 if TYPE_CHECKING:
     from typing import Any, Callable
@@ -318,9 +318,14 @@ def finalize(
         Refused: a file is missing or stale (the message names the shard to run again), or
             the folder is inconsistent.
     """
-    from .folder import finalize as _finalize
-
-    return _finalize(src, dst, progress=progress, file_progress=file_progress, cancel=cancel)
+    report = _core.finalize(
+        os.fsdecode(src),
+        os.fsdecode(dst),
+        progress=progress,
+        file_progress=file_progress,
+        cancel=cancel,
+    )
+    return folder_report(report)
 
 
 def default_destination(src: StrPath, to: Target | TargetAlias = "bf16") -> str:

@@ -62,8 +62,7 @@ __all__ = [
     "FolderRun",
     "Prepared",
     "prepare",
-    "survey",
-    "finished_manifests",
+    "finalize",
     "verify_folder",
 ]
 
@@ -284,9 +283,6 @@ class FolderWork:
     def checked_indexes(self, dst: str) -> list[tuple[str, bytes, int | None, str | None]]: ...
     def infos(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]: ...
     def entry(self, i: int, options: dict[str, Any], shards: int | None, out: str) -> Any: ...
-    def find_entry(
-        self, i: int, entries: list[Any], options: dict[str, Any], out: str
-    ) -> Any | None: ...
     def config_text(self, dst: str, rel: str) -> bytes | None: ...
     def convert(
         self,
@@ -309,7 +305,6 @@ class TensorNumerics:
 # --- manifests (`run::manifest`) ---
 _Id = tuple[int, int]
 _Id3 = tuple[int, int, int]
-_Entries = dict[str, list[dict[str, Any]]]
 
 @final
 class Manifest:
@@ -370,10 +365,6 @@ class FolderRun:
     def remove_stale(self, stale: list[tuple[str, _Id]]) -> None: ...
     def remove_own(self, others: list[Manifest]) -> None: ...
 
-def survey(
-    dst: str, src_id: _Id, options: dict[str, Any], work: FolderWork
-) -> tuple[_Id | None, list[tuple[str, _Id]]]: ...
-
 @final
 class Prepared:
     @property
@@ -389,7 +380,7 @@ class Prepared:
     @property
     def work(self) -> FolderWork: ...
     @property
-    def units(self) -> tuple[list[int], list[int], list[int]]: ...
+    def units(self) -> tuple[list[int], list[int]]: ...
     @property
     def mine(self) -> list[str]: ...
     @property
@@ -422,6 +413,12 @@ def prepare(
     warn: Callable[[str, str, str | None], object] | None = None,
     **options: Any,
 ) -> Prepared: ...
-def finished_manifests(
-    dst: str, src_id: _Id
-) -> tuple[list[Manifest], dict[str, Any], _Entries, list[tuple[str, int]]]: ...
+def finalize(
+    src: str,
+    dst: str,
+    *,
+    progress: _Progress = None,
+    file_progress: Callable[[str, int, int], object] | None = None,
+    cancel: _CancelFlag | None = None,
+    warn: _Warn = None,
+) -> dict[str, Any]: ...

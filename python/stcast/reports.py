@@ -500,6 +500,15 @@ class FileRows(Sequence[Any]):
         return (list, (self.tolist(),))
 
 
+def folder_report(data: Mapping[str, Any]) -> ConvertReport:
+    """A folder run's report from the engine's (`folder::finish::FolderReport`)."""
+    files = [
+        _build(FileReport, f, warnings=[Notice(*w) for w in f["warnings"]]) for f in data["files"]
+    ]
+    warnings = [Notice(*w) for w in data["warnings"]]
+    return _build(ConvertReport, data, files=files, warnings=warnings)
+
+
 def merged_numerics(parts: list[tuple[str, Numerics | None]]) -> Numerics | None:
     """The numeric reports of a folder's files as one: the rows of each with its `file`,
     and the totals (counts added, largest errors the largest). None if a file has none."""

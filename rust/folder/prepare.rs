@@ -95,6 +95,10 @@ pub struct Prepared {
     pub need: u64,
     /// Every warning the checks said, in order, each with the source file it is about.
     pub warnings: Vec<Said>,
+    /// The options the writing reads besides the plan's.
+    pub force: bool,
+    pub allow_quantized: bool,
+    pub on_overflow: OnOverflow,
 }
 
 /// The steps of a `PrepareTask`.
@@ -405,6 +409,9 @@ impl PrepareTask {
             skipped: self.skipped,
             copies,
             warnings: self.warnings,
+            force: self.asked.settings.force,
+            allow_quantized: self.asked.settings.allow_quantized.unwrap_or(false),
+            on_overflow: self.asked.settings.on_overflow()?,
         })
     }
 }

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .. import _core, _engine
 from .._options import Options
-from ..errors import Refused
 from ..reports import ConvertReport, FileReport, InspectReport, Notice, merged_numerics
 from . import common as _common
 from . import walk as _walk
@@ -34,9 +33,8 @@ if TYPE_CHECKING:
     from .._engine import CancelFlag, Progress
     from .._types import OnOverflow, Target
 
-__all__ = ["checked", "convert_folder", "finalize", "inspect_resharded"]
+__all__ = ["checked", "convert_folder", "inspect_resharded"]
 
-_esc = _core.escape
 
 
 @dataclass
@@ -47,8 +45,7 @@ class Prepared:
     run: _core.Prepared
     given: Options  # the call's options
     plan: _walk.Plan
-    weights: list[_walk.Unit]  # this run's units (all, or the shard's): files, or output shards
-    todo: list[_walk.Unit]
+    todo: list[_walk.Unit]  # this run's units to write: files, or output shards
     skipped: list[_walk.Unit]
     copies: list[_common.File]
     warnings: list[Notice]
@@ -95,12 +92,11 @@ def prepare(
         config=given.config,
     )
     plan = _walk.of(run.work)
-    weights, todo, skipped = ([plan.units[k] for k in ks] for ks in run.units)
+    todo, skipped = ([plan.units[k] for k in ks] for ks in run.units)
     return Prepared(
         run,
         given,
         plan,
-        weights,
         todo,
         skipped,
         [_common.File(*r) for r in run.copies],
@@ -216,86 +212,6 @@ def _finish(plan: _walk.Plan, report: ConvertReport) -> ConvertReport:
     if not plan.resharding:
         return report
     return replace(report, max_shard_size=plan.work.max_shard_size)
-
-
-def finalize(
-    src: str | os.PathLike[str],
-    dst: str | os.PathLike[str],
-    *,
-    progress: Progress | None = None,
-    file_progress: Callable[[str, int, int], object] | None = None,
-    cancel: CancelFlag | None = None,
-) -> ConvertReport:
-    """Complete `dst` once every shard ran: see `stcast.finalize`."""
-    started = time.monotonic()
-    src, dst = os.fsdecode(src), os.fsdecode(dst)
-    # A folder, or a file (or a checkpoint folder) re-sharded with shard runs.
-    src, _, src_id = _core.run_place(src, dst, resharding=True)
-    # Every manifest of this source, finished (a run that has not may still write: completing
-    # the folder now would race it), and the options they agree on.
-    manifests, options, entries, counted = _core.finished_manifests(dst, src_id)
-    to = _engine.target_name(options["to"])
-    recorded = Options.given(options)
-    if recorded.max_shard_size is None:
-        # Quantized checkpoints were refused (or allowed) by the shard runs that converted
-        # them. What the shard runs copy: their overrides of the folder's companion policy;
-        # the indexes name the tensors as the shard runs did, and record their options.
-        companions: dict[str, Any] = {k: options[k] for k in ("include", "exclude") if k in options}
-        companions["strip_prefix"] = list(recorded.strip_prefix)
-        record = {"to": to, **recorded.precision, **recorded.source, "name": recorded.name}
-        plan = _walk.plan(src, to, False, companions, cancel, record=record)
-    else:
-        # The shards' cut depends on every option that changes a tensor's size; the shard
-        # runs read the source with the same key and prefixes, and judged a checkpoint
-        # folder's links (`follow_links`).
-        plan = _source_plan(src, to, recorded, False, False, shard_links=True, cancel=cancel)
-    work, units = plan.work, plan.units
-    # With one shard count in the manifests, a missing file can be traced to its shard.
-    counts = {n for _, n in counted}
-    for path, n in counted:
-        # A run splits at most into as many shards as there are files (see _check_shard).
-        if n > len(units):
-            raise Refused(
-                f"{_esc(path)}: says {n} shards, but {_esc(src)} has "
-                f"{len(units)} {work.noun}; convert the shards again",
-                path=path,
-            )
-    count = counts.pop() if len(counts) == 1 else None
-    owner = work.assign_shards(count) if count else []
-    outputs = [rel for rel, _, _ in work.outputs()]
-    own, ours = _core.survey(dst, src_id, options, work)
-    # An interrupted (or concurrent) finalize's manifest, read by the survey, is the one to
-    # replace; a whole-folder run's cannot be here (refused above, or complete and gone).
-    run_record = _core.FolderRun(
-        src,
-        src_id,
-        dst,
-        options,
-        None,
-        None,
-        sorted(outputs),
-        published=own,
-        finalize=True,
-        ours=ours,
-    )
-    files = []
-    for w in units:
-        out = os.path.join(dst, w.rel)
-        entry = work.find_entry(w.index, entries.get(w.rel, []), options, out)
-        if entry is None:
-            hint = f"; convert it again with {{shard={owner[w.index]}/{count}}}" if owner else ""
-            path, what = _write.missing(w, out)
-            raise Refused(f"{_esc(path)}: {what}, or changed since{hint}", path=path)
-        files.append(_write.report(w, "checked", run_record.record(w.rel, "weights")[2]))
-    run_record.save(cancel)
-    meter = _write.Meter(sum(c.size for c in plan.copies), progress, file_progress)
-    run = _write.Run(dst, to, Options(to=to), meter, cancel, run_record, None, options)
-    _write.unpublish(run, plan, set())
-    files += _write.publish(run, plan)
-    _write.final_recheck(run, plan)
-    run_record.remove_own(manifests)
-    meter.close()
-    return _finish(plan, _folder_report(src, dst, to, files, [], started, None, True))
 
 
 def checked(src: str, dst: str, given: Options) -> tuple[Prepared, list[Notice]]:

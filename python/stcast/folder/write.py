@@ -174,14 +174,6 @@ def _source(u: Unit) -> str | None:
     return u.inputs[0].src_rel if u.whole else None
 
 
-def missing(u: Unit, out: str) -> tuple[str, str]:
-    """What `finalize` names (a path) and says when the output is not there as written: a
-    whole file by its source, an output shard by itself."""
-    if u.whole:
-        return u.inputs[0].path, "not converted"
-    return out, "not written"
-
-
 def publish(run: Run, plan: Plan) -> list[FileReport]:
     """Copy the other files, then write configs and indexes: a loader's cues come last."""
     reports = []
