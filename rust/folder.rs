@@ -1062,6 +1062,7 @@ pub mod inspect;
 pub mod prepare;
 pub mod verify_folder;
 pub mod work;
+pub mod write;
 
 #[cfg(test)]
 mod tests;
