@@ -423,3 +423,6 @@ impl Task for ConvertFolderTask {
         Some((rel, *done, *total))
     }
 }
+
+#[cfg(test)]
+mod tests;
