@@ -368,6 +368,10 @@ impl Task for ConvertFolderTask {
                 let (work, w) = (&self.p.work, &mut self.writer);
                 if publish.step(work, w, budget)? {
                     self.done += publish.progress().1;
+                    // (The last file told stays the last copy.)
+                    if let Some((rel, done, total)) = publish.file() {
+                        self.file = Some((rel.to_os_string(), done, total));
+                    }
                     self.rows.extend(std::mem::take(&mut publish.rows));
                     // The new indexes name none of them: only now may the shards of another
                     // cut go.
