@@ -22,8 +22,7 @@ use crate::output::{self, AtPath, Published, Replace, TempOutput, Territory};
 use crate::plan::{self, KeptTensor, Plan, PlanOptions, Role, TensorPlan};
 use crate::quant::{Deq, Layout, Packing, Quant, QuantizedTensor};
 use crate::source::{fadvise_dontneed, PendingRelease, Source};
-use crate::text::esc_path;
-use crate::vocab::{OnOverflow, ReadAdvice, Side, Strategy, Taken, Target, WarningKind};
+use crate::vocab::{OnOverflow, ReadAdvice, Side, Strategy, Taken, Target};
 use crate::window::{worker_pool, Cursor, Window, Work, DEFAULT_STEP, DEFAULT_WINDOW};
 
 /// Knobs that change speed and memory, never the output bytes. The defaults are the
@@ -573,15 +572,7 @@ impl Job {
             path, text: None, ..
         }) = &outputs.config
         {
-            plan.warnings.push(Warning::new(
-                WarningKind::NoModelConfig,
-                format!(
-                    "no model config describes this FP8 output: its quantization_config is \
-                     written to {}; vLLM and transformers read it from the model's config.json \
-                     only: merge it into that file (the guide shows how)",
-                    esc_path(path)
-                ),
-            ));
+            plan.warnings.push(crate::error::side_config_notice(path));
         }
         let warnings = plan.warnings.clone();
         Ok(Job {

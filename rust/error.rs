@@ -632,6 +632,13 @@ pub enum Error {
         value: String,
         expected: String,
     },
+    /// `shard` I/N (`given`) splits a run into more shard runs than it has units (`max`,
+    /// `noun`: what they are).
+    ShardRange {
+        given: String,
+        max: usize,
+        noun: &'static str,
+    },
     /// An option given for a run it does not apply to (`given::check_applies`): `src` is
     /// the run's source, `why` what the run is instead.
     NotApplicable {
@@ -860,6 +867,7 @@ impl Error {
             Error::AfterCommit { source, .. } => source.kind(),
             Error::BadPattern { .. }
             | Error::BadOption { .. }
+            | Error::ShardRange { .. }
             | Error::NotApplicable { .. }
             | Error::NamedMany { .. } => ErrorKind::Usage,
             Error::DestinationExists { .. } => ErrorKind::DestinationExists,
@@ -919,6 +927,7 @@ impl Error {
             Error::NoDestinationFolder { dir, .. } | Error::NoSpace { dir, .. } => Some(dir),
             Error::BadPattern { .. }
             | Error::BadOption { .. }
+            | Error::ShardRange { .. }
             | Error::NotApplicable { .. }
             | Error::NamedMany { .. }
             | Error::Cancelled => None,
@@ -950,6 +959,7 @@ impl Error {
             Error::BadPattern { option, .. } => Some(*option),
             Error::NotACheckpoint { option, .. } => Some(*option),
             Error::NamedMany { .. } => Some(OptionName::Name),
+            Error::ShardRange { .. } => Some(OptionName::Shard),
             Error::Place {
                 problem:
                     PlaceProblem::DstLikeFile {
@@ -1134,6 +1144,10 @@ impl Error {
                 option.name(),
                 esc(value),
                 esc(expected)
+            ),
+            Error::ShardRange { given, max, noun } => format!(
+                "{{shard}}: '{}' is not I/N with N at most {max}, the number of {noun}",
+                esc(given)
             ),
             Error::NamedMany { count, shown } => {
                 let listed: Vec<String> =
@@ -1722,6 +1736,18 @@ pub fn unmatched_message(patterns: &[String]) -> String {
     } else {
         format!("{{keep}} patterns {list} match no tensor name (typos?)")
     }
+}
+
+/// The one warning of an FP8 output no model config describes: its quantization_config is
+/// written to `path` (a lone file's, a folder run's).
+pub fn side_config_notice(path: &Path) -> Warning {
+    let text = format!(
+        "no model config describes this FP8 output: its quantization_config is written to {}; \
+         vLLM and transformers read it from the model's config.json only: merge it into that \
+         file (the guide shows how)",
+        esc_path(path)
+    );
+    Warning::new(WarningKind::NoModelConfig, text)
 }
 
 impl fmt::Display for Error {

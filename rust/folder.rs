@@ -34,9 +34,7 @@ use crate::quant::companion_roles;
 use crate::run::beside::FOLDER_SIDE_CONFIG;
 use crate::run::check::{self, read_json_text};
 use crate::run::json::{self, Node, Value, QUANTIZATION_KEYS};
-use crate::run::walk::{
-    self, File, FileRow, Overrides, CONFIG_NAME, EXCLUDED, SUPERSEDED, TRAINER,
-};
+use crate::run::walk::{self, File, Overrides, CONFIG_NAME, EXCLUDED, SUPERSEDED, TRAINER};
 use crate::task::{InspectTask, Inspection, Task};
 use crate::text::{esc, format_bytes};
 use crate::vocab::{
@@ -98,50 +96,7 @@ pub struct FolderPlan {
     pub model_config: Option<PathBuf>,
 }
 
-/// What a front end holds of a `FolderPlan`'s files, as tuples (`walk::FileRow`): configs,
-/// copies, late copies, dirs, (skipped, why).
-pub type PlanFiles = (
-    Vec<FileRow>,
-    Vec<FileRow>,
-    Vec<FileRow>,
-    Vec<OsString>,
-    Vec<(FileRow, &'static str)>,
-);
-
-/// The rest of a `FolderPlan` a front end says, serialized (each warning as (kind,
-/// template)).
-#[derive(serde::Serialize)]
-pub struct PlanData {
-    pub keep_unmatched: Vec<String>,
-    pub unmatched_prefixes: Vec<(&'static str, String)>,
-    /// The notes that name the files left out (`skipped_notes`).
-    pub left_out: Vec<(&'static str, String)>,
-    pub walk_warnings: Vec<(&'static str, String)>,
-}
-
 impl FolderPlan {
-    /// Its plain-data form, for a front end: the files, and the rest.
-    pub fn rows(&self) -> (PlanFiles, PlanData) {
-        let rows = |v: &[File]| v.iter().cloned().map(File::row).collect();
-        let said = |v: &[Warning]| v.iter().map(|w| (w.kind.name(), w.text.clone())).collect();
-        let files = (
-            self.configs.iter().map(|(f, _)| f.clone().row()).collect(),
-            rows(&self.copies),
-            rows(&self.late_copies),
-            self.dirs.clone(),
-            (self.skipped.iter())
-                .map(|(f, why)| (f.clone().row(), *why))
-                .collect(),
-        );
-        let data = PlanData {
-            keep_unmatched: self.keep_unmatched.clone(),
-            unmatched_prefixes: said(&self.unmatched_prefixes),
-            left_out: said(&skipped_notes(&self.skipped)),
-            walk_warnings: said(&self.walk_warnings),
-        };
-        (files, data)
-    }
-
     /// Every file of the source the plan reads or leaves out (no output may be one).
     pub fn sources(&self) -> Vec<PathBuf> {
         let configs = self.configs.iter().map(|(f, _)| f);
@@ -1059,8 +1014,10 @@ pub fn fingerprint(path: &Path) -> Result<String> {
 
 pub mod finish;
 pub mod inspect;
+pub mod prepare;
 pub mod verify_folder;
 pub mod work;
+pub mod write;
 
 #[cfg(test)]
 mod tests;

@@ -9,11 +9,11 @@
 
 use std::borrow::Cow;
 use std::cell::Cell;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -22,16 +22,18 @@ use pyo3::types::{IntoPyDict, PyDict};
 
 use crate::convert::{Knobs, Options as ConvertOptions, Tuning};
 use crate::error::{panic_message, Error, Warning};
-use crate::folder::finish::{self, FinalizeTask, FolderReport};
+use crate::folder::finish::{FinalizeTask, FolderReport};
 use crate::folder::inspect::{InspectFolderTask, Planning};
+use crate::folder::prepare::{self, Asked, PrepareTask, ShardGiven};
 use crate::folder::verify_folder::FolderVerify;
-use crate::folder::work::{Cut, Judged, Unit, Work, WorkTask};
+use crate::folder::work::{Cut, Work, WorkTask};
+use crate::folder::write::ConvertFolderTask;
 use crate::given::{Exports, Given, Settings};
 use crate::numerics::{DequantizedTensor, Numerics};
 use crate::options;
 use crate::output::{self, Replace, Sealed};
 use crate::report::NumericsRow;
-use crate::run::{fp8config, json, manifest, place, publish, survey, walk};
+use crate::run::{fp8config, json, place};
 use crate::task::{ConvertTask, InspectTask, Inspection, Task};
 use crate::text;
 use crate::verify::{Verifier, VerifyOptions, VerifyReport};
@@ -102,12 +104,6 @@ struct Hooks<'py> {
     /// `progress` was told `(total, total)`: the visits after the last step (sealing,
     /// publishing) do not tell it again, so that a caller hears of the end once.
     ended: Cell<bool>,
-    /// The folder run this call writes for: its manifest claims each output before it has a
-    /// name, and its failures are told as the run sees them (`publish::Writer::rival`).
-    run: Option<Py<FolderRun>>,
-    /// Converting one of that run's weights: a failure may roll the run back
-    /// (`publish::Writer::failed`).
-    converting: bool,
     /// A folder run's progress (`metered`): told per file, each value once.
     meter: Option<Meter<'py>>,
 }
@@ -129,8 +125,6 @@ impl<'py> Hooks<'py> {
             warn,
             sealed,
             ended: Cell::new(false),
-            run: None,
-            converting: false,
             meter: None,
         }
     }
@@ -145,16 +139,6 @@ impl<'py> Hooks<'py> {
         };
         Hooks {
             meter: Some(meter),
-            ..self
-        }
-    }
-
-    /// The same, writing for the folder run `run` (`converting`: one of its weights).
-    fn writing(self, run: &Bound<'py, FolderRun>, converting: bool) -> Self {
-        let run = Some(run.clone().unbind());
-        Hooks {
-            run,
-            converting,
             ..self
         }
     }
@@ -224,57 +208,25 @@ impl<'py> Hooks<'py> {
     /// handler recorded, the cancel flag) wins over the error it caused (EINTR, say); not
     /// over a failure after the commit point, which must be told as such.
     fn run<T: Send>(&self, py: Python<'py>, f: impl FnOnce() -> Result<T> + Send) -> PyResult<T> {
-        let mut after_commit = false;
-        let run = self.run.as_ref().map(|r| &r.get().0);
-        let f = || {
-            f().map_err(|e| match run {
-                Some(w) => writer(w).rival(e),
-                None => e,
-            })
-            .inspect_err(|e| after_commit = matches!(e, Error::AfterCommit { .. }))
-        };
         let e = match py.detach(|| catch_unwind(AssertUnwindSafe(f))) {
             Ok(Ok(v)) => return Ok(v),
             Ok(Err(e)) => e,
             Err(panic) => return Err(PyRuntimeError::new_err(panic_message(&*panic))),
         };
-        if !after_commit {
+        if !matches!(e, Error::AfterCommit { .. }) {
             py.check_signals()?;
             if self.cancelled().unwrap_or(false) {
                 return Err(to_py(py, Error::Cancelled));
             }
         }
-        let e = match run.filter(|_| self.converting) {
-            Some(w) => py.detach(|| writer(w).failed(e)),
-            None => e,
-        };
         Err(to_py(py, e))
     }
 
     /// Publish a sealed output (the commit point), telling `sealed` (if given) its (dev, ino,
-    /// size, header hash or None) first: a folder run records them in its manifest before the
-    /// file has a name. If that raises, or a stop request comes meanwhile, nothing is published.
-    /// Writing for a folder run (`writing`), `out` is its file `rel`: the run's manifest
-    /// claims it instead, then the failpoint `point` (if any) is hit.
-    fn publish<S: Sealed<Done: Send> + Send>(
-        &self,
-        py: Python<'py>,
-        out: S,
-        rel: Option<(&OsStr, Option<&str>)>,
-    ) -> PyResult<S::Done> {
-        if let (Some(run), Some((rel, point))) = (&self.run, rel) {
-            let w = &run.get().0;
-            let (id, header) = (out.identity(), out.header_sha256());
-            let id = id.map_err(|e| to_py(py, e))?;
-            self.run(py, || writer(w).claim_as(rel, id, header))?;
-            if let Some(name) = point {
-                self.run(py, || finish::failpoint(name))?;
-            }
-            py.check_signals()?;
-            if self.cancelled()? {
-                return Err(to_py(py, Error::Cancelled));
-            }
-        } else if let Some(f) = &self.sealed {
+    /// size, header hash or None) first. If that raises, or a stop request comes meanwhile,
+    /// nothing is published.
+    fn publish<S: Sealed<Done: Send> + Send>(&self, py: Python<'py>, out: S) -> PyResult<S::Done> {
+        if let Some(f) = &self.sealed {
             let id = out.identity().map_err(|e| to_py(py, e))?;
             f.call1((id.dev, id.ino, id.size, out.header_sha256()))?;
             py.check_signals()?;
@@ -390,13 +342,7 @@ fn py_convert<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = read_options(py, options, Settings::convert)?;
     let hooks = Hooks::new(progress, cancel, warn, sealed);
-    finish_convert(
-        py,
-        &hooks,
-        &opts,
-        || ConvertTask::new(&src, &dst, &opts),
-        None,
-    )
+    finish_convert(py, &hooks, &opts, || ConvertTask::new(&src, &dst, &opts))
 }
 
 /// Make a conversion (`new`), step it to its end, seal, publish (`Hooks::publish`): a dict.
@@ -405,7 +351,6 @@ fn finish_convert<'py>(
     hooks: &Hooks<'py>,
     opts: &ConvertOptions,
     new: impl FnOnce() -> Result<ConvertTask> + Send,
-    rel: Option<&OsStr>,
 ) -> PyResult<Bound<'py, PyDict>> {
     // Dropping `task` on any early return removes the unpublished output.
     let mut task = hooks.run(py, new)?;
@@ -413,7 +358,7 @@ fn finish_convert<'py>(
     hooks.run(py, || task.seal())?;
     // A signal or cancel until here (or until `sealed` returns) leaves nothing behind.
     hooks.visit(py, &mut task)?;
-    let r = hooks.publish(py, task, rel.map(|rel| (rel, Some("folder-sealed"))))?;
+    let r = hooks.publish(py, task)?;
     let d = crossed(py, &r, &[("src", &r.src), ("dst", &r.dst)])?;
     let numerics = opts.numerics;
     let measured =
@@ -571,13 +516,8 @@ fn space(py: Python<'_>, dst: PathBuf, need: u64) -> PyResult<(OsString, u64, bo
 
 /// A folder run's plan of output units (`folder::work::Work`).
 #[pyclass(frozen, module = "stcast._core")]
-struct FolderWork(Work);
+struct FolderWork(Arc<Work>);
 
-/// A unit: its rel, output bytes, tensor bytes read, input bytes it stands for, input
-/// files, and whether it is a weight file converted whole.
-type UnitRow<'a> = (&'a OsStr, u64, u64, u64, Vec<walk::FileRow>, bool);
-/// An index checked (`Work::checked_indexes`), its content as bytes.
-type IndexRow = (OsString, Cow<'static, [u8]>, Option<u64>, Option<OsString>);
 type Dicts<'py> = Vec<Bound<'py, PyDict>>;
 
 #[pymethods]
@@ -587,8 +527,8 @@ impl FolderWork {
     /// (`single`: `src` is one checkpoint).
     #[new]
     #[pyo3(signature = (src, *, check_quantized, single=false, max_shard_size=None,
-                        shard_links=false, keep_names=None, unquantized=None, record=None,
-                        cancel=None, **options))]
+                        shard_links=false, keep_names=None, unquantized=None, cancel=None,
+                        **options))]
     fn new(
         py: Python<'_>,
         src: PathBuf,
@@ -598,14 +538,10 @@ impl FolderWork {
         shard_links: bool,
         keep_names: Option<Vec<Vec<String>>>,
         unquantized: Option<Vec<Vec<String>>>,
-        record: Option<&Bound<'_, PyDict>>,
         cancel: Hook<'_>,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let (given, tuning) = read_options(py, options, |s, t| Ok((s.clone(), t)))?;
-        // The options the outputs record, when not those planned with (`finalize`'s).
-        let recorded = record.map(|r| read_options(py, Some(r), |s, _| Ok(s.clone())));
-        let recorded = recorded.transpose()?;
         let cut = max_shard_size.map(|max_size| Cut {
             max_size,
             follow_links: shard_links,
@@ -613,50 +549,10 @@ impl FolderWork {
             unquantized,
         });
         let (hooks, step) = (Hooks::new(None, cancel, None, None), tuning.step);
-        let new = || WorkTask::new(&src, &given, tuning, check_quantized, single, cut, recorded);
+        let new = || WorkTask::new(&src, &given, tuning, check_quantized, single, cut, None);
         let mut task = hooks.run(py, new)?;
         hooks.drive(py, &mut task, step)?;
-        Ok(FolderWork(hooks.run(py, move || task.finish())?))
-    }
-
-    /// The folder's plan: its files as tuples under `files`, the rest as plain data.
-    fn plan<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let (files, data) = self.0.plan.rows();
-        let d = pythonize::pythonize(py, &data)?.cast_into::<PyDict>()?;
-        d.set_item("files", files)?;
-        Ok(d)
-    }
-
-    /// Each unit as a row (`UnitRow`).
-    fn units(&self) -> Vec<UnitRow<'_>> {
-        let w = &self.0;
-        let inputs = |u: &Unit| -> Vec<walk::FileRow> {
-            let files = u.inputs.iter();
-            files.map(|&k| w.plan.weights[k].clone().row()).collect()
-        };
-        (w.units.iter())
-            .map(|u| {
-                let files = inputs(u);
-                (
-                    u.rel.as_os_str(),
-                    u.size,
-                    u.data_bytes,
-                    u.input_bytes,
-                    files,
-                    u.whole,
-                )
-            })
-            .collect()
-    }
-
-    #[getter]
-    fn max_shard_size(&self) -> Option<u64> {
-        self.0.max_size
-    }
-
-    #[getter]
-    fn noun(&self) -> &'static str {
-        self.0.noun()
+        Ok(FolderWork(Arc::new(hooks.run(py, move || task.finish())?)))
     }
 
     /// What the plan said: (kind, template, the source file it is about).
@@ -671,33 +567,6 @@ impl FolderWork {
         let out = self.0.outputs().into_iter();
         out.map(|(rel, kind, size)| (rel, kind.name(), size))
             .collect()
-    }
-
-    /// Refuse a plain run that would write a copy of the folder `src` (`Work::check`).
-    fn check(&self, py: Python<'_>, src: PathBuf) -> PyResult<()> {
-        guarded(py, || self.0.check(&src))
-    }
-
-    /// Each unit's shard run of `n` (`Work::assign_shards`).
-    fn assign_shards(&self, n: usize) -> Vec<usize> {
-        self.0.assign_shards(n)
-    }
-
-    /// The indexes the run writes: (rel, weight map).
-    fn index_maps(&self) -> Vec<(&OsStr, publish::WeightMap)> {
-        let maps = self.0.index_maps().into_iter();
-        maps.map(|(rel, _, map)| (rel, map.iter().cloned().collect()))
-            .collect()
-    }
-
-    /// The indexes to write, checked against the shards in `dst` (`Work::checked_indexes`).
-    fn checked_indexes(&self, py: Python<'_>, dst: PathBuf) -> PyResult<Vec<IndexRow>> {
-        let checked = guarded(py, || self.0.checked_indexes(&dst))?;
-        let bytes = |t: String| Cow::Owned(t.into_bytes());
-        let out = checked.into_iter();
-        Ok(out
-            .map(|(rel, t, size, from)| (rel, bytes(t), size, from))
-            .collect())
     }
 
     /// The shards and indexes a re-sharding writes, as `inspect` reports them.
@@ -736,62 +605,117 @@ impl FolderWork {
             indexes.collect::<PyResult<_>>()?,
         ))
     }
+}
 
-    /// Unit `i`'s manifest entry, written at `out` by a run with `options` (as one of
-    /// `shards` shard runs).
-    fn entry<'py>(
-        &self,
-        py: Python<'py>,
-        i: usize,
-        options: &Bound<'py, PyAny>,
-        shards: Option<u64>,
-        out: PathBuf,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let options = json_of(options)?;
-        let e = guarded(py, || self.0.entry(i, &options, shards, &out))?;
-        py_json(py, &e)
+/// A folder run with every check made and nothing written yet (`folder::prepare`), until
+/// `convert_folder` writes it.
+#[pyclass(frozen, module = "stcast._core")]
+struct Prepared(Mutex<Option<prepare::Prepared>>);
+
+impl Prepared {
+    /// `f` of the prepared run (an error once it was written).
+    fn with<T>(&self, f: impl FnOnce(&prepare::Prepared) -> T) -> PyResult<T> {
+        let p = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let p = p
+            .as_ref()
+            .ok_or_else(|| PyValueError::new_err("written already"))?;
+        Ok(f(p))
+    }
+}
+
+#[pymethods]
+impl Prepared {
+    #[getter]
+    fn src(&self) -> PyResult<OsString> {
+        self.with(|p| p.src.clone().into())
     }
 
-    /// What the config `rel` is written as in `dst` (`Work::config_text`; None: copied).
-    fn config_text(
-        &self,
-        py: Python<'_>,
-        dst: PathBuf,
-        rel: OsString,
-    ) -> PyResult<Option<Cow<'static, [u8]>>> {
-        let text = guarded(py, || self.0.config_text(&dst, &rel))?;
-        Ok(text.map(|t| Cow::Owned(t.into_bytes())))
+    #[getter]
+    fn dst(&self) -> PyResult<OsString> {
+        self.with(|p| p.dst.clone().into())
     }
 
-    /// Convert unit `i` as its file of the folder run `run` (`Work::task`): it replaces only
-    /// what the run may, and is claimed in the run's manifest before it has a name.
-    #[pyo3(signature = (i, run, *, progress=None, cancel=None, warn=None, **options))]
-    fn convert<'py>(
-        &self,
-        py: Python<'py>,
-        i: usize,
-        run: &Bound<'py, FolderRun>,
-        progress: Hook<'py>,
-        cancel: Hook<'py>,
-        warn: Hook<'py>,
-        options: Option<&Bound<'py, PyDict>>,
-    ) -> PyResult<Bound<'py, PyDict>> {
-        // The call's `threads` and `tuning`; the rest is the plan's.
-        let (threads, tuning) = read_options(py, options, |s, t| Ok((s.threads.clone(), t)))?;
-        let hooks = Hooks::new(progress, cancel, warn, None).writing(run, true);
-        let w = &run.get().0;
-        let rel = self.0.units[i].rel.clone();
-        let replaces = writer(w).replace_for(&rel);
-        let dst = hooks.run(py, || writer(w).out_path(&rel))?;
-        let s = Settings {
-            threads,
-            ..self.0.settings(i)
+    /// The plan of its output units (a dry run's report reads it).
+    #[getter]
+    fn work(&self) -> PyResult<FolderWork> {
+        self.with(|p| FolderWork(Arc::clone(&p.work)))
+    }
+}
+
+/// `shard` as given, its numbers read as Python's `int` reads them (`ShardGiven`).
+fn shard_given(v: &Bound<'_, PyAny>) -> PyResult<ShardGiven> {
+    let py = v.py();
+    let repr = v.repr()?.to_string();
+    let int = py.import("builtins")?.getattr("int")?;
+    let read = || -> PyResult<(i128, i128)> {
+        let items = v.try_iter()?.collect::<PyResult<Vec<_>>>()?;
+        let [i, n] = &items[..] else {
+            return Err(PyValueError::new_err("not a pair"));
         };
-        let mut opts = s.shard_convert(tuning).map_err(|e| to_py(py, e))?;
-        (opts.replaces, opts.force) = (replaces, replaces.is_some());
-        let new = || self.0.task(i, &dst, &opts);
-        finish_convert(py, &hooks, &opts, new, Some(&rel))
+        Ok((int.call1((i,))?.extract()?, int.call1((n,))?.extract()?))
+    };
+    let parts = match read() {
+        Ok(parts) => Some(parts),
+        Err(e) if e.is_instance_of::<PyTypeError>(py) || e.is_instance_of::<PyValueError>(py) => {
+            None
+        }
+        Err(e) => return Err(e),
+    };
+    Ok(ShardGiven { parts, repr })
+}
+
+/// Make every check a folder run of `src` into `dst` makes before writing anything
+/// (`folder::prepare::PrepareTask`), stepped (`cancel` checked between steps); each warning
+/// is told to `warn` as (kind, template, path) as it is said.
+#[pyfunction]
+#[pyo3(name = "prepare", signature = (src, dst, *, shard=None, max_shard_size=None,
+                    resume=false, strict=false, cancel=None, warn=None, **options))]
+fn py_prepare<'py>(
+    py: Python<'py>,
+    src: PathBuf,
+    dst: Option<PathBuf>,
+    shard: Option<Bound<'py, PyAny>>,
+    max_shard_size: Option<u64>,
+    resume: bool,
+    strict: bool,
+    cancel: Hook<'py>,
+    warn: Hook<'py>,
+    options: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Prepared> {
+    let settings = read_options(py, options, |s, _| Ok(s.clone()))?;
+    let shard = shard.as_ref().map(shard_given).transpose()?;
+    let asked = Asked {
+        src,
+        dst,
+        settings,
+        max_shard_size,
+        shard,
+        resume,
+        strict,
+    };
+    let hooks = Hooks::new(None, cancel, None, None);
+    let mut task = hooks.run(py, || PrepareTask::new(asked))?;
+    let tell = |task: &mut PrepareTask| -> PyResult<()> {
+        for (w, at) in task.take_said() {
+            if let Some(f) = &warn {
+                f.call1((w.kind.name(), &w.text, at))?;
+            }
+        }
+        Ok(())
+    };
+    loop {
+        tell(&mut task)?;
+        hooks.visit(py, &mut task)?;
+        if hooks.run(py, || task.step(Tuning::default().step))? {
+            break;
+        }
     }
+    tell(&mut task)?;
+    let p = hooks.run(py, move || task.finish())?;
+    Ok(Prepared(Mutex::new(Some(p))))
 }
 
 /// The header of a safetensors file (`source::read_header`).
@@ -1102,342 +1026,70 @@ fn option_error<'py>(
     Ok(to_py(py, value.bad(option, expected)).into_value(py))
 }
 
-/// Hit a failpoint of the Python side (`failpoint` module): raises the injected error.
+/// Write the prepared folder run `prepared` (`folder::write::ConvertFolderTask`), stepped: the
+/// call's `threads` and `tuning`, each warning told to `warn` as (kind, template, path) as it
+/// is said; its report (`folder_report`), the numerics as each unit's (file, numerics).
 #[pyfunction]
-fn failpoint(py: Python<'_>, name: &str) -> PyResult<()> {
-    finish::failpoint(name).map_err(|e| to_py(py, e))
-}
-
-// --- manifests (`run::manifest`) ---
-
-/// A JSON string as Python holds it (a lone surrogate included).
-fn py_str<'py>(py: Python<'py>, s: &json::Str<'_>) -> PyResult<Bound<'py, PyAny>> {
-    match s {
-        json::Str::Text(t) => Ok(t.into_pyobject(py)?.into_any()),
-        json::Str::Wide(w) => {
-            let bytes: Vec<u8> = w.iter().flat_map(|p| p.to_le_bytes()).collect();
-            let b = pyo3::types::PyBytes::new(py, &bytes);
-            b.call_method1("decode", ("utf-32-le", "surrogatepass"))
-        }
-    }
-}
-
-/// A JSON value as Python's `json.loads` gives it (`run::json::Node`).
-fn py_json<'py>(py: Python<'py>, n: &json::Node<'_>) -> PyResult<Bound<'py, PyAny>> {
-    use json::Value;
-    let builtins = py.import("builtins")?;
-    match &n.value {
-        Value::Literal("null") => Ok(py.None().into_bound(py)),
-        Value::Literal(b @ ("true" | "false")) => Ok(pyo3::types::PyBool::new(py, *b == "true")
-            .to_owned()
-            .into_any()),
-        Value::Literal(x) => builtins.getattr("float")?.call1((*x,)),
-        Value::Number(x) if x.contains(['.', 'e', 'E']) => {
-            builtins.getattr("float")?.call1((&**x,))
-        }
-        Value::Number(x) => builtins.getattr("int")?.call1((&**x,)),
-        Value::Str(s) => py_str(py, s),
-        Value::Array(items) => {
-            let items: PyResult<Vec<_>> = items.iter().map(|v| py_json(py, v)).collect();
-            Ok(pyo3::types::PyList::new(py, items?)?.into_any())
-        }
-        Value::Object(_) => {
-            let d = PyDict::new(py);
-            for (k, v) in n.dict().unwrap_or_default() {
-                d.set_item(py_str(py, k)?, py_json(py, v)?)?;
-            }
-            Ok(d.into_any())
-        }
-    }
-}
-
-/// A Python value (None, bool, int, float, str, list, tuple, dict of str) as JSON.
-fn json_of(v: &Bound<'_, PyAny>) -> PyResult<json::Node<'static>> {
-    use json::{Str, Value};
-    use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
-    let text = |s: &Bound<'_, PyString>| -> PyResult<Str<'static>> {
-        match s.extract::<String>() {
-            Ok(t) => Ok(Str::Text(t.into())),
-            Err(_) => {
-                let b = s.call_method1("encode", ("utf-32-le", "surrogatepass"))?;
-                let b: Vec<u8> = b.extract()?;
-                let points = b
-                    .chunks(4)
-                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]));
-                Ok(Str::Wide(points.collect()))
-            }
-        }
-    };
-    let value = if v.is_none() {
-        Value::Literal("null")
-    } else if let Ok(b) = v.cast::<PyBool>() {
-        Value::Literal(if b.is_true() { "true" } else { "false" })
-    } else if v.is_instance_of::<PyInt>() {
-        Value::Number(v.str()?.to_string().into())
-    } else if v.is_instance_of::<PyFloat>() {
-        Value::Number(json::float_repr(v.extract()?).into())
-    } else if let Ok(s) = v.cast::<PyString>() {
-        Value::Str(text(s)?)
-    } else if let Ok(d) = v.cast::<PyDict>() {
-        let members = d
-            .iter()
-            .map(|(k, v)| Ok((text(k.cast::<PyString>()?)?, json_of(&v)?)));
-        Value::Object(members.collect::<PyResult<_>>()?)
-    } else {
-        let items = v.try_iter()?.map(|x| json_of(&x?));
-        Value::Array(items.collect::<PyResult<_>>()?)
-    };
-    Ok(json::Node {
-        value,
-        span: (0, 0),
-    })
-}
-
-/// Files and their JSON entries as a dict of lists.
-fn py_entries<'py>(
+#[pyo3(signature = (prepared, *, progress=None, file_progress=None, cancel=None, warn=None,
+                    **options))]
+fn convert_folder<'py>(
     py: Python<'py>,
-    entries: &[(OsString, Vec<json::Node<'static>>)],
+    prepared: &Bound<'py, Prepared>,
+    progress: Hook<'py>,
+    file_progress: Hook<'py>,
+    cancel: Hook<'py>,
+    warn: Hook<'py>,
+    options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    for (rel, list) in entries {
-        let list: PyResult<Vec<_>> = list.iter().map(|e| py_json(py, e)).collect();
-        d.set_item(rel, list?)?;
-    }
-    Ok(d)
-}
-
-/// Another run's manifest (`run::manifest::Manifest`), which a folder run removes once it
-/// completes the folder (`FolderRun.remove_own`).
-#[pyclass(frozen, module = "stcast._core")]
-struct Manifest(manifest::Manifest);
-
-/// A folder run's writing into its destination (`run::publish::Writer`): its manifest, what
-/// it may replace, publishing, withdrawing and rolling back.
-#[pyclass(frozen, module = "stcast._core")]
-struct FolderRun(Mutex<publish::Writer>);
-
-/// The writer, whoever held it last (a panic in the engine is told by `guarded`).
-fn writer(w: &Mutex<publish::Writer>) -> std::sync::MutexGuard<'_, publish::Writer> {
-    w.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-#[pymethods]
-impl FolderRun {
-    #[new]
-    #[pyo3(signature = (src, src_id, dst, options, allow_quantized, shard, planned, *,
-                        published=None, first_replace=None, finalize=false, force=false,
-                        ours=vec![], found=vec![]))]
-    fn new(
-        src: PathBuf,
-        src_id: place::Ident,
-        dst: PathBuf,
-        options: &Bound<'_, PyAny>,
-        allow_quantized: Option<bool>,
-        shard: Option<manifest::Shard>,
-        planned: Vec<OsString>,
-        published: Option<place::Ident>,
-        first_replace: Option<place::Ident>,
-        finalize: bool,
-        force: bool,
-        ours: Vec<(OsString, place::Ident)>,
-        found: Vec<(OsString, place::Ident)>,
-    ) -> PyResult<Self> {
-        let (options, a) = (json_of(options)?, allow_quantized);
-        let mut m = manifest::Manifest::new(&src, src_id, &dst, options, a, shard, planned);
-        (m.published, m.first_replace, m.finalize) = (published, first_replace, finalize);
-        let w = publish::Writer::new(m, ours, found, force);
-        Ok(FolderRun(Mutex::new(w)))
-    }
-
-    /// Record `rel`, there now, as done (`extra`: what resume needs to trust it); with
-    /// `ours`, as this run's to replace from now on. Returns the identity recorded.
-    #[pyo3(signature = (rel, kind, extra=None, *, ours=false))]
-    fn record(
-        &self,
-        py: Python<'_>,
-        rel: OsString,
-        kind: &str,
-        extra: Option<&Bound<'_, PyAny>>,
-        ours: bool,
-    ) -> PyResult<(u64, u64, u64)> {
-        let extra = extra.map(json_of).transpose()?;
-        let w = &self.0;
-        guarded(py, || {
-            let mut w = writer(w);
-            match ours {
-                true => w.published(&rel, kind, None, extra.as_ref()),
-                false => {
-                    let id = w.record.identity(&rel)?;
-                    w.record.record(&rel, kind, id, extra.as_ref());
-                    Ok(id)
-                }
+    let (threads, tuning) = read_options(py, options, |s, t| Ok((s.threads.clone(), t)))?;
+    let taken = prepared.get().0.lock().map(|mut p| p.take());
+    let p = taken.ok().flatten();
+    let p = p.ok_or_else(|| PyValueError::new_err("this run was written already"))?;
+    let step = tuning.step;
+    let mut task = ConvertFolderTask::new(p, threads, tuning);
+    let hooks = Hooks::new(progress, cancel, None, None).metered(file_progress);
+    let tell = |task: &mut ConvertFolderTask| -> PyResult<()> {
+        for (w, at) in task.take_said() {
+            if let Some(f) = &warn {
+                f.call1((w.kind.name(), &w.text, at))?;
             }
-        })
-    }
-
-    /// Create each of `dirs` in DST (`publish::Writer::folder`).
-    fn folders(&self, py: Python<'_>, dirs: Vec<OsString>) -> PyResult<()> {
-        guarded(py, || writer(&self.0).folders(&dirs))
-    }
-
-    /// `publish::Writer::make_folders` for `rels`, then `begin`: `before`, what DST holds;
-    /// `had_manifest`: a manifest is at this run's name.
-    #[pyo3(signature = (rels, before, had_manifest, cancel=None))]
-    fn begin(
-        &self,
-        py: Python<'_>,
-        rels: Vec<OsString>,
-        before: HashSet<OsString>,
-        had_manifest: bool,
-        cancel: Hook<'_>,
-    ) -> PyResult<()> {
-        Hooks::new(None, cancel, None, None).run(py, || {
-            let mut w = writer(&self.0);
-            w.make_folders(&rels)?;
-            w.begin(before, had_manifest)
-        })
-    }
-
-    /// `complete`: the run is done.
-    #[pyo3(signature = (cancel=None, *, complete=false))]
-    fn save(&self, py: Python<'_>, cancel: Hook<'_>, complete: bool) -> PyResult<()> {
-        Hooks::new(None, cancel, None, None).run(py, || {
-            let mut w = writer(&self.0);
-            w.record.complete |= complete;
-            w.record.save()
-        })
-    }
-
-    fn check_still_ours(&self, py: Python<'_>) -> PyResult<()> {
-        guarded(py, || writer(&self.0).record.check_still_ours())
-    }
-
-    /// Write `data` as its file `rel` of `kind` (`publish::Writer::write`, in steps).
-    #[pyo3(signature = (rel, kind, data, *, cancel=None))]
-    fn write<'py>(
-        slf: &Bound<'py, Self>,
-        py: Python<'py>,
-        rel: OsString,
-        kind: &str,
-        data: Vec<u8>,
-        cancel: Hook<'py>,
-    ) -> PyResult<()> {
-        let hooks = Hooks::new(None, cancel, None, None).writing(slf, false);
-        let w = &slf.get().0;
-        let out = hooks.run(py, || writer(w).seal_text(&rel, &data))?;
-        let done = hooks.publish(py, out, Some((&rel, None)))?;
-        hooks.run(py, || {
-            writer(w).published(&rel, kind, Some(done.into()), None)
-        })?;
+        }
         Ok(())
-    }
-
-    /// Copy the regular file `src` as its file `rel` of `kind`, in bounded steps.
-    #[pyo3(signature = (rel, kind, src, *, progress=None, cancel=None))]
-    fn copy<'py>(
-        slf: &Bound<'py, Self>,
-        py: Python<'py>,
-        rel: OsString,
-        kind: &str,
-        src: PathBuf,
-        progress: Hook<'py>,
-        cancel: Hook<'py>,
-    ) -> PyResult<()> {
-        let hooks = Hooks::new(progress, cancel, None, None).writing(slf, false);
-        let w = &slf.get().0;
-        let mut copy = hooks.run(py, || writer(w).start_copy(&rel, &src))?;
-        hooks.drive(py, &mut copy, Tuning::default().step)?;
-        let out = hooks.run(py, move || copy.seal())?;
-        let done = hooks.publish(py, out, Some((&rel, None)))?;
-        hooks.run(py, || {
-            writer(w).published(&rel, kind, Some(done.into()), None)
-        })?;
-        Ok(())
-    }
-
-    /// `publish::Writer::unpublish`: `indexes` as (rel, weight map).
-    #[pyo3(signature = (indexes, writes, configs=vec![]))]
-    fn unpublish(
-        &self,
-        py: Python<'_>,
-        indexes: Vec<(OsString, publish::WeightMap)>,
-        writes: HashSet<OsString>,
-        configs: Vec<OsString>,
-    ) -> PyResult<()> {
-        guarded(py, || {
-            writer(&self.0).unpublish(&indexes, &writes, &configs)
-        })
-    }
-
-    fn remove_stale(&self, py: Python<'_>, stale: Vec<(OsString, place::Ident)>) -> PyResult<()> {
-        guarded(py, || writer(&self.0).remove_stale(&stale))
-    }
-
-    /// `publish::Writer::recheck`, withdrawing `cues` if it fails.
-    #[pyo3(signature = (cues=vec![]))]
-    fn recheck(&self, py: Python<'_>, cues: Vec<OsString>) -> PyResult<()> {
-        guarded(py, || writer(&self.0).recheck(&cues))
-    }
-
-    fn remove_own(&self, py: Python<'_>, others: Vec<Bound<'_, Manifest>>) -> PyResult<()> {
-        let others: Vec<_> = others.iter().map(|m| m.get().0.clone()).collect();
-        guarded(py, || writer(&self.0).remove_own(&others))
-    }
-}
-
-/// What a folder run writes into `dst` and whether it may (`run::survey::survey`): the
-/// outputs of the plan `work`, which answers for them (`folder::work::Judged`); `mine`
-/// (None: `finalize`) asks for the `Room` too. Returns `Answer`'s fields, flat.
-#[pyfunction]
-#[pyo3(name = "survey", signature = (dst, src_id, shard, options, work, *, force, resume, mine=None, src=PathBuf::new()))]
-fn py_survey<'py>(
-    py: Python<'py>,
-    dst: PathBuf,
-    src_id: place::Ident,
-    shard: Option<manifest::Shard>,
-    options: &Bound<'py, PyAny>,
-    work: &Bound<'py, FolderWork>,
-    force: bool,
-    resume: bool,
-    mine: Option<Vec<OsString>>,
-    src: PathBuf,
-) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
-    let (options, work) = (json_of(options)?, &work.get().0);
-    let planned = work.outputs().into_iter();
-    let planned = planned.map(|(rel, kind, size)| survey::Planned { rel, kind, size });
-    let renamed = work.groups.iter().filter_map(|g| g.renamed.clone());
-    let q = survey::Question {
-        asked: manifest::Asked {
-            src_id,
-            shard,
-            options: &options,
-            force,
-            resume,
-        },
-        outputs: planned.collect(),
-        room: mine.map(|mine| survey::Room {
-            src,
-            sources: work.plan.sources(),
-            mine,
-            inputs: work.plan.weights.iter().map(|f| f.path.clone()).collect(),
-            renamed: renamed.collect(),
-        }),
     };
-    let mut judge = Judged {
-        work,
-        dst: &dst,
-        options: &options,
-    };
-    let a = guarded(py, || survey::survey(&dst, &q, &mut judge))?;
-    let s = a.manifests;
-    let own = s.own.and_then(|m| m.published);
-    let siblings: Vec<Manifest> = s.siblings.into_iter().map(Manifest).collect();
-    let entries = py_entries(py, &s.entries)?;
-    let (at, ours, found) = (s.at_own_name, s.ours, s.found);
-    let rest = (
-        a.adopted, entries, a.stale, found, a.skipped, a.need, a.withdraw,
-    );
-    (s.present, at, own, siblings, ours, rest).into_pyobject(py)
+    loop {
+        tell(&mut task)?;
+        hooks.visit(py, &mut task)?;
+        let stepped = py.detach(|| catch_unwind(AssertUnwindSafe(|| task.step(step))));
+        let e = match stepped {
+            Ok(Ok(true)) => break,
+            Ok(Ok(false)) => continue,
+            Ok(Err(e)) => e,
+            Err(panic) => return Err(PyRuntimeError::new_err(panic_message(&*panic))),
+        };
+        // A stop request that came meanwhile wins over the error it caused (and rolls
+        // nothing back); then the failure as the run sees it.
+        if !matches!(e, Error::AfterCommit { .. }) {
+            py.check_signals()?;
+            if hooks.cancelled().unwrap_or(false) {
+                return Err(to_py(py, Error::Cancelled));
+            }
+        }
+        let e = py.detach(|| task.failed(e));
+        tell(&mut task)?;
+        return Err(to_py(py, e));
+    }
+    tell(&mut task)?;
+    hooks.visit_at(py, &mut task, true)?;
+    let parts = task.converted().iter().map(|c| {
+        let r = &c.report;
+        let measured = c.measured;
+        let n = measured.then(|| numerics_dict(py, &r.numerics, &r.numerics_total, &r.dequantized));
+        Ok((c.rel.clone(), n.transpose()?))
+    });
+    let parts = parts.collect::<PyResult<Vec<_>>>()?;
+    let d = folder_report(py, &task.finish())?;
+    d.set_item("numerics", parts)?;
+    Ok(d)
 }
 
 /// Complete the folder `dst` once its shard runs are done (`folder::finish::FinalizeTask`),
@@ -1477,7 +1129,8 @@ fn folder_report<'py>(py: Python<'py>, r: &FolderReport) -> PyResult<Bound<'py, 
         Ok(row)
     });
     d.set_item("files", files.collect::<PyResult<Vec<_>>>()?)?;
-    // (The units' numerics rows are their conversions'; a run that converts none has none.)
+    // (The units' numerics rows are their conversions': `convert_folder` gives them; a run
+    // that converts none has none.)
     d.set_item("numerics", py.None())?;
     Ok(d)
 }
@@ -1498,14 +1151,15 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add(name.cast_into::<pyo3::types::PyString>()?, value)?;
     }
     m.add_class::<FolderWork>()?;
-    m.add_class::<Manifest>()?;
-    m.add_class::<FolderRun>()?;
+    m.add_class::<Prepared>()?;
     add_functions! {
         m: _set_exceptions, py_convert, py_inspect, inspect_folder, py_verify, render, format_bytes, escape,
-        option_error, check_option, check_applies, failpoint, write_numeric_report,
+        option_error, check_option, check_applies, write_numeric_report,
         check_side_output,
         source_kind, read_header, config_text, index_text,
-        read_json, split_shard_name, run_place, default_dst, verify_route, space, py_survey,
+        read_json, split_shard_name, run_place, default_dst, verify_route, space,
+        py_prepare,
+        convert_folder,
         finalize,
         verify_folder,
     }

@@ -4,12 +4,12 @@
     report = stcast.convert("model.safetensors")  # writes model-bf16.safetensors
     print(report.tensors_converted, report.bytes_out)
 
-The work is done by the native engine `stcast._core`. `stcast._api` holds the entry points,
-`stcast.reports` the report types, `stcast.errors` the exceptions, and `stcast.folder`
-handles checkpoint folders. Every name loads on first use, so that `import stcast` costs
-nothing and `stcast --version` stays in the low milliseconds (the dataclasses alone cost
-~20 ms to import and build). The command line lives in `stcast.cli`, its entry point in
-`stcast.__main__`.
+The work is done by the native engine `stcast._core` (a folder run too, whole: prepared,
+written, finalized). `stcast._api` holds the entry points, `stcast.reports` the report
+types, `stcast.errors` the exceptions. Every name loads on first use, so that
+`import stcast` costs nothing and `stcast --version` stays in the low milliseconds (the
+dataclasses alone cost ~20 ms to import and build). The command line lives in
+`stcast.cli`, its entry point in `stcast.__main__`.
 """
 
 from __future__ import annotations

@@ -44,7 +44,6 @@ __all__ = [
     "option_error",
     "check_option",
     "check_applies",
-    "failpoint",
     "write_numeric_report",
     "check_side_output",
     "source_kind",
@@ -58,9 +57,9 @@ __all__ = [
     "verify_route",
     "space",
     "FolderWork",
-    "Manifest",
-    "FolderRun",
-    "survey",
+    "Prepared",
+    "prepare",
+    "convert_folder",
     "finalize",
     "verify_folder",
 ]
@@ -206,7 +205,6 @@ def escape(s: str) -> str: ...
 def option_error(option: str, value: object, expected: str) -> BaseException: ...
 def check_option(name: str, value: object) -> Any: ...
 def check_applies(src: str, given: list[str]) -> None: ...
-def failpoint(name: str) -> None: ...
 def write_numeric_report(
     path: str,
     src: str,
@@ -247,7 +245,6 @@ def space(dst: str, need: int) -> tuple[str, int, bool]: ...
 def split_shard_name(name: str) -> tuple[str, str, str] | None: ...
 
 # A source folder's file: rel, path, size, mtime_ns, its rel in the source when renamed.
-_File = tuple[str, str, int, int, str | None]
 
 @final
 class FolderWork:
@@ -263,37 +260,12 @@ class FolderWork:
         shard_links: bool = False,
         keep_names: list[list[str]] | None = None,
         unquantized: list[list[str]] | None = None,
-        record: dict[str, Any] | None = None,
         cancel: _CancelFlag | None = None,
         **options: Any,
     ) -> FolderWork: ...
-    # files: configs, copies, late copies, dirs, (skipped, why); keep_unmatched,
-    # unmatched_prefixes, left_out, walk_warnings.
-    def plan(self) -> dict[str, Any]: ...
-    def units(self) -> list[tuple[str, int, int, int, list[_File], bool]]: ...
-    @property
-    def max_shard_size(self) -> int | None: ...
-    @property
-    def noun(self) -> str: ...
     def warnings(self) -> list[tuple[str, str, str | None]]: ...
     def outputs(self) -> list[tuple[str, str, int]]: ...
-    def check(self, src: str) -> None: ...
-    def assign_shards(self, n: int) -> list[int]: ...
-    def index_maps(self) -> list[tuple[str, dict[str, str]]]: ...
-    def checked_indexes(self, dst: str) -> list[tuple[str, bytes, int | None, str | None]]: ...
     def infos(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]: ...
-    def entry(self, i: int, options: dict[str, Any], shards: int | None, out: str) -> Any: ...
-    def config_text(self, dst: str, rel: str) -> bytes | None: ...
-    def convert(
-        self,
-        i: int,
-        run: FolderRun,
-        *,
-        progress: _Progress = None,
-        cancel: _CancelFlag | None = None,
-        warn: _Warn = None,
-        **options: Unpack[_Options],
-    ) -> _Report: ...
 
 @final
 class TensorNumerics:
@@ -302,89 +274,39 @@ class TensorNumerics:
     def __len__(self) -> int: ...
     def row(self, i: int) -> _Row: ...
 
-# --- manifests (`run::manifest`) ---
-_Id = tuple[int, int]
-_Id3 = tuple[int, int, int]
-_Entries = dict[str, list[dict[str, Any]]]
-
 @final
-class Manifest:
-    """Another run's manifest, which a folder run removes once it completes the folder."""
+class Prepared:
+    """A folder run with every check made and nothing written yet (`convert_folder` writes
+    it)."""
 
-@final
-class FolderRun:
-    """A folder run's writing into its destination: its manifest, what it may replace,
-    publishing, withdrawing and rolling back (rust/run/publish.rs)."""
+    @property
+    def src(self) -> str: ...
+    @property
+    def dst(self) -> str: ...
+    @property
+    def work(self) -> FolderWork: ...
 
-    def __new__(
-        cls,
-        src: str,
-        src_id: _Id,
-        dst: str,
-        options: dict[str, Any],
-        allow_quantized: bool | None,
-        shard: _Id | None,
-        planned: list[str],
-        *,
-        published: _Id | None = None,
-        first_replace: _Id | None = None,
-        finalize: bool = False,
-        force: bool = False,
-        ours: list[tuple[str, _Id]] = ...,
-        found: list[tuple[str, _Id]] = ...,
-    ) -> FolderRun: ...
-    def record(self, rel: str, kind: str, extra: Any = None, *, ours: bool = False) -> _Id3: ...
-    def folders(self, dirs: list[str]) -> None: ...
-    def begin(
-        self,
-        rels: list[str],
-        before: set[str],
-        had_manifest: bool,
-        cancel: _CancelFlag | None = None,
-    ) -> None: ...
-    def save(self, cancel: _CancelFlag | None = None, *, complete: bool = False) -> None: ...
-    def check_still_ours(self) -> None: ...
-    def recheck(self, cues: list[str] = ...) -> None: ...
-    def write(
-        self, rel: str, kind: str, data: bytes, *, cancel: _CancelFlag | None = None
-    ) -> None: ...
-    def copy(
-        self,
-        rel: str,
-        kind: str,
-        src: str,
-        *,
-        progress: Callable[[int, int], object] | None = None,
-        cancel: _CancelFlag | None = None,
-    ) -> None: ...
-    def unpublish(
-        self,
-        indexes: list[tuple[str, dict[str, str]]],
-        writes: set[str],
-        configs: list[str] = ...,
-    ) -> None: ...
-    def remove_stale(self, stale: list[tuple[str, _Id]]) -> None: ...
-    def remove_own(self, others: list[Manifest]) -> None: ...
-
-def survey(
-    dst: str,
-    src_id: _Id,
-    shard: _Id | None,
-    options: dict[str, Any],
-    work: FolderWork,
+def prepare(
+    src: str,
+    dst: str | None,
     *,
-    force: bool,
-    resume: bool,
-    mine: list[str] | None = None,
-    src: str = ...,
-) -> tuple[
-    list[str],
-    _Id | None,
-    _Id | None,
-    list[Manifest],
-    list[tuple[str, _Id]],
-    tuple[list[str], _Entries, list[tuple[str, _Id]], list[tuple[str, _Id]], list[str], int],
-]: ...
+    shard: object = None,
+    max_shard_size: int | None = None,
+    resume: bool = False,
+    strict: bool = False,
+    cancel: _CancelFlag | None = None,
+    warn: Callable[[str, str, str | None], object] | None = None,
+    **options: Any,
+) -> Prepared: ...
+def convert_folder(
+    prepared: Prepared,
+    *,
+    progress: _Progress = None,
+    file_progress: Callable[[str, int, int], object] | None = None,
+    cancel: _CancelFlag | None = None,
+    warn: Callable[[str, str, str | None], object] | None = None,
+    **options: Unpack[_Options],
+) -> dict[str, Any]: ...
 def finalize(
     src: str,
     dst: str,

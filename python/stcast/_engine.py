@@ -1,8 +1,7 @@
 """One file (or a folder's dry run or verify) through the native engine: options in, a
 typed report out, warnings issued.
 
-Shared by the public API (`stcast._api`) and the folder code (`stcast.folder`), so that
-neither reaches into the other. Option names and choices come from the engine
+Used by the public API (`stcast._api`). Option names and choices come from the engine
 (`stcast._core`); invalid values are refused there, as `UsageError`s.
 """
 

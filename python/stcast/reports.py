@@ -500,13 +500,23 @@ class FileRows(Sequence[Any]):
         return (list, (self.tolist(),))
 
 
+def _numerics(n: Mapping[str, Any]) -> Numerics:
+    """The engine's numeric report of one file (its rows `_core.TensorNumerics`)."""
+    return {"tensors": TensorRows(n["tensors"]), "total": n["total"]}  # type: ignore[typeddict-item]
+
+
 def folder_report(data: Mapping[str, Any]) -> ConvertReport:
-    """A folder run's report from the engine's (`folder::finish::FolderReport`)."""
+    """A folder run's report from the engine's (`folder::finish::FolderReport`): its
+    `numerics` each converted unit's (file, numerics), merged here (None: none converted)."""
     files = [
         _build(FileReport, f, warnings=[Notice(*w) for w in f["warnings"]]) for f in data["files"]
     ]
     warnings = [Notice(*w) for w in data["warnings"]]
-    return _build(ConvertReport, data, files=files, warnings=warnings)
+    parts: list[tuple[str, Numerics | None]] = [
+        (rel, None if n is None else _numerics(n)) for rel, n in data["numerics"] or []
+    ]
+    numerics = merged_numerics(parts)
+    return _build(ConvertReport, data, files=files, warnings=warnings, numerics=numerics)
 
 
 def merged_numerics(parts: list[tuple[str, Numerics | None]]) -> Numerics | None:

@@ -237,10 +237,10 @@ fn the_plan_says_why_it_converts_nothing_and_which_files_it_leaves_out() {
     let why = p.nothing_to_convert.clone().unwrap();
     assert!(why.starts_with("nothing to convert: the folder's weights are safetensors"));
     assert!(why.ends_with("the output would be a copy of the folder"));
-    let (_, data) = p.rows();
-    assert_eq!(data.left_out.len(), 1);
-    assert_eq!(data.left_out[0].0, "skipped_files");
-    assert!(data.left_out[0]
-        .1
+    let left_out = skipped_notes(&p.skipped);
+    assert_eq!(left_out.len(), 1);
+    assert_eq!(left_out[0].kind, WarningKind::SkippedFiles);
+    assert!(left_out[0]
+        .text
         .starts_with("left out: training state, not weights (never read): `trainer_state.json`"));
 }

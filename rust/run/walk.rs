@@ -193,16 +193,6 @@ pub struct Walked {
     pub warnings: Vec<Warning>,
 }
 
-/// A `File` as a tuple: rel, path, size, mtime_ns, src_rel.
-pub type FileRow = (OsString, OsString, u64, i64, Option<OsString>);
-impl File {
-    /// Its plain-data form, for a front end.
-    pub fn row(self) -> FileRow {
-        let path = self.path.into_os_string();
-        (self.rel, path, self.size, self.mtime_ns, self.src_rel)
-    }
-}
-
 type Id = (u64, u64);
 
 fn id(meta: &std::fs::Metadata) -> Id {
