@@ -193,6 +193,9 @@ pub struct Settings {
     pub keep: Vec<String>,
     pub keep_min_size: Option<Given>,
     pub keep_unmatched: Unmatched,
+    /// A `keep` pattern that matches nothing is an error (`Unmatched::Error`, where it would
+    /// be a warning), in a conversion and its dry run.
+    pub strict: bool,
     pub from_bf16: bool,
     /// The tensors a read before planning found to overflow, under `on_overflow` keep (a
     /// folder run's): kept, and not read for again. None: the task reads them.
@@ -238,6 +241,7 @@ impl Default for Settings {
             keep: Vec::new(),
             keep_min_size: None,
             keep_unmatched: Unmatched::Warn,
+            strict: false,
             from_bf16: false,
             keep_names: None,
             on_overflow: None,
@@ -359,7 +363,11 @@ impl Settings {
             keep_min_size,
             from_bf16: self.from_bf16,
             keep_names: self.keep_names.iter().flatten().cloned().collect(),
-            unmatched: self.keep_unmatched,
+            // (`strict` makes the warning an error; a caller that ignores them still does.)
+            unmatched: match self.keep_unmatched {
+                Unmatched::Warn if self.strict => Unmatched::Error,
+                unmatched => unmatched,
+            },
             allow_quantized: self.allow_quantized.unwrap_or(false),
             quantization_config: self.quantization_config.clone(),
             // (Under an FP8 target nothing is dequantized: `packed_config` is the model
@@ -400,9 +408,15 @@ impl Settings {
 
     /// The options of an inspection, a dry run when `dry_run` (a destination is given): a
     /// plain inspection only warns of a quantized checkpoint unless `allow_quantized` is
-    /// said; a dry run, or a caller that says it, is judged as the conversion would be.
+    /// said, and of patterns that match nothing whatever `strict` says; a dry run, or a
+    /// caller that says it, is judged as the conversion would be.
     pub fn inspect(&self, tuning: Tuning, dry_run: bool) -> crate::Result<Options> {
-        let mut opts = self.convert(tuning)?;
+        let strict = self.strict && dry_run;
+        let mut opts = Settings {
+            strict,
+            ..self.clone()
+        }
+        .convert(tuning)?;
         opts.plan.allow_quantized |= !dry_run && self.allow_quantized.is_none();
         Ok(opts)
     }

@@ -311,7 +311,7 @@ macro_rules! options {
 }
 
 options! {
-    to, threads, force, keep, keep_min_size, keep_unmatched, from_bf16, keep_names, on_overflow,
+    to, threads, force, keep, keep_min_size, keep_unmatched, strict, from_bf16, keep_names, on_overflow,
     numerics, report, config, replaces, allow_copy, key, strip_prefix, loose, allow_quantized,
     quantization_config, packed_config, follow_links, unquantized, name, no_record, include,
     exclude, lone,

@@ -16,7 +16,7 @@ from .errors import Refused, StcastError, UsageError
 from .reports import ConvertReport, InspectReport, VerifyReport, numeric_parts
 
 if TYPE_CHECKING:
-    from typing import Any, Callable
+    from typing import Callable
 
     from typing_extensions import Unpack
 
@@ -135,7 +135,7 @@ def convert(
         return result
     target = _core.default_dst(src, _target(o), dst=None if dst is None else os.fsdecode(dst))
     return _engine.convert_file(
-        src, target, o, progress=progress, cancel=cancel, **_checks(o), **_reading(o)
+        src, target, progress=progress, cancel=cancel, **_report(o).keywords("convert")
     )
 
 
@@ -185,14 +185,12 @@ def inspect(
         return inspect_resharded(path, target, _report(o), progress=progress)
     if tree:
         return _inspect_folder(path, target, _report(o), progress)
-    # Under an FP8 target the config's sizes also tell how fused MoE experts lie.
-    extra = _reading(o)
     if target is not None:
         target = _core.default_dst(path, _target(o), dst=target)
-        # The checks `convert` makes before writing, failing as it would (a plain inspect
-        # only warns of a quantized checkpoint; a dry run refuses it as convert does).
-        extra.update(dst=target, **_checks(o))
-    planned = _engine.inspect_file(path, o, scan=o.scan, progress=progress, **extra)
+    # With `dst`, the checks `convert` makes before writing, failing as it would (a plain
+    # inspect only warns of a quantized checkpoint; a dry run refuses it as convert does).
+    keywords = _report(o).keywords("inspect")
+    planned = _engine.inspect_file(path, dst=target, progress=progress, **keywords)
     if target is None:
         return planned
     return replace(planned, destination=_engine.destination(target, planned.output_bytes))
@@ -274,23 +272,14 @@ def verify(
     # folder DST of a file SRC is the file convert writes there, if there is one.
     dst, folder = _core.verify_route(src, os.fsdecode(dst), o.to, named=o.name is not None)
     if folder:
-        return _engine.verify_folder(src, dst, o, progress=progress)
+        return _engine.verify_folder(src, dst, progress=progress, **o.keywords("verify"))
     if o.name is not None:
         raise UsageError(
             "{name} names the files of a re-sharded checkpoint: it applies to a DST folder",
             option="name",
         )
-    return _engine.verify_file(
-        src,
-        dst,
-        o,
-        loose=o.loose,
-        progress=progress,
-        report=o.report,
-        force=o.force,
-        lone=True,  # the configs, shards and index beside it are checked too
-        **o.source,
-    )
+    # (`lone`: the configs, shards and index beside it are checked too.)
+    return _engine.verify_file(src, dst, progress=progress, lone=True, **o.keywords("verify"))
 
 
 def finalize(
@@ -335,23 +324,6 @@ def _source(src: StrPath) -> tuple[str, bool]:
     there but reads like a Hub repo id or URL (with the command that downloads it)."""
     path = os.fsdecode(src)
     return path, _core.source_kind(path) == "tree"
-
-
-def _checks(o: Options) -> dict[str, Any]:
-    """The keywords of the checks a one-file conversion makes before writing (its dry run
-    too): may DST be replaced, may patterns match nothing, a quantized input, the report."""
-    return {
-        "force": o.force,
-        "keep_unmatched": "error" if o.strict else "warn",
-        "allow_quantized": o.allow_quantized,
-        "report": _report(o).report,
-    }
-
-
-def _reading(o: Options) -> dict[str, Any]:
-    """The keywords of how a one-file run reads its source: the model config beside it,
-    links, a PyTorch checkpoint's dict and prefixes (`Options.source`)."""
-    return {"config": o.config, "follow_links": o.follow_links, **o.source}
 
 
 def _target(o: Options) -> Target:

@@ -124,6 +124,7 @@ class _Options(TypedDict, total=False):
     keep: list[str]
     keep_min_size: int | None
     keep_unmatched: str
+    strict: bool  # keep_unmatched "warn" becomes "error" (ignored by a plain inspect)
     from_bf16: bool
     keep_names: list[str] | None  # on_overflow keep: found already (None: the call reads)
     on_overflow: str | None

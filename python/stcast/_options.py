@@ -5,8 +5,7 @@ its name, kind, default, help, and which commands take it. The public functions
 (`stcast._api`) take their options as keywords (typed by `_types.ConvertOptions`, ...); each
 builds one `Options` from them, once (`Options.of`: unknown keywords are refused, the
 others checked by the engine, `check`), and hands it on whole: to the folder code
-(`stcast.folder`) and to the per-file engine calls (`stcast._engine`), which make the
-engine's keywords of it.
+(`stcast.folder`), and to the engine's calls as the keywords given (`Options.keywords`).
 """
 
 from __future__ import annotations
@@ -128,6 +127,14 @@ class Options:
             if value != _value(_DEFAULTS[name]):
                 options[name] = value
         return options
+
+    def keywords(self, command: str) -> dict[str, Any]:
+        """The options of `command` given (not at its default), as the keywords of its engine
+        call (`_core.convert`, `inspect`, `verify`, `verify_folder`): the engine reads each
+        by its name, takes its defaults from its table, and decides which apply to the
+        run."""
+        defaults = _COMMANDS[command].items()
+        return {n: getattr(self, n) for n, d in defaults if getattr(self, n) != _value(d)}
 
     def engine(self) -> dict[str, Any]:
         """The keywords the engine calls of this call share (`_core.convert`, `inspect`,
