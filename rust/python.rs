@@ -486,18 +486,20 @@ fn default_dst(
     })
 }
 
-/// What verify compares (`run::place::verify_route`): the output, and whether a folder.
+/// What verify with `options` compares (`run::place::verify_route`): the output, and
+/// whether a folder.
 #[pyfunction]
-#[pyo3(signature = (src, dst, to, *, named))]
+#[pyo3(signature = (src, dst, **options))]
 fn verify_route(
     py: Python<'_>,
     src: PathBuf,
     dst: PathBuf,
-    to: Option<Target>,
-    named: bool,
+    options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<(OsString, bool)> {
+    let given = read_options(py, options, |s, _| Ok(s.clone()))?;
     guarded(py, || {
-        let (dst, folder) = place::verify_route(&src, &dst, to, named)?;
+        let to = given.to.as_ref().map(Given::target).transpose()?;
+        let (dst, folder) = place::verify_route(&src, &dst, to, given.name.is_some())?;
         Ok((dst.into(), folder))
     })
 }

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, cast
 
 from . import _core, _engine, _types
 from ._options import Options
-from .errors import Refused, StcastError, UsageError
+from .errors import Refused, StcastError
 from .reports import ConvertReport, InspectReport, VerifyReport, numeric_parts
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ def convert(
     """
     given = Options.of("convert", options)
     src, tree = _source(src)
-    o = _plain(given.checked("convert"))
+    o = given.checked("convert")
     _core.check_applies(src, o.set)
     if tree or o.max_shard_size is not None:
         from . import folder
@@ -176,7 +176,7 @@ def inspect(
     """
     given = Options.of("inspect", options)
     path, tree = _source(path)
-    o = _plain(given.checked("inspect"))
+    o = given.checked("inspect")
     target = None if dst is None else os.fsdecode(dst)
     _core.check_applies(path, o.set)
     if o.max_shard_size is not None:
@@ -267,19 +267,15 @@ def verify(
     """
     given = Options.of("verify", options)
     src = _source(src)[0]
-    o = _plain(_report(given.checked("verify")))
+    keywords = _report(given.checked("verify")).keywords("verify")
     # A DST folder that is a checkpoint to convert is refused (SRC and DST swapped); a
-    # folder DST of a file SRC is the file convert writes there, if there is one.
-    dst, folder = _core.verify_route(src, os.fsdecode(dst), o.to, named=o.name is not None)
+    # folder DST of a file SRC is the file convert writes there, if there is one; a
+    # re-sharded stem (`name`) names a DST folder's files.
+    dst, folder = _core.verify_route(src, os.fsdecode(dst), **keywords)
     if folder:
-        return _engine.verify_folder(src, dst, progress=progress, **o.keywords("verify"))
-    if o.name is not None:
-        raise UsageError(
-            "{name} names the files of a re-sharded checkpoint: it applies to a DST folder",
-            option="name",
-        )
+        return _engine.verify_folder(src, dst, progress=progress, **keywords)
     # (`lone`: the configs, shards and index beside it are checked too.)
-    return _engine.verify_file(src, dst, progress=progress, lone=True, **o.keywords("verify"))
+    return _engine.verify_file(src, dst, progress=progress, lone=True, **keywords)
 
 
 def finalize(
@@ -329,11 +325,6 @@ def _source(src: StrPath) -> tuple[str, bool]:
 def _target(o: Options) -> Target:
     """The target of a conversion (resolved by `Options.checked`: not None)."""
     return cast("Target", o.to)
-
-
-def _plain(o: Options) -> Options:
-    """`tuning` as a dict."""
-    return o.replace(tuning=None if o.tuning is None else dict(o.tuning))
 
 
 def _report(o: Options) -> Options:

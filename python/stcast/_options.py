@@ -80,16 +80,19 @@ class Options:
     def checked(self, command: str) -> Options:
         """These options of `command` with every value the engine checks checked
         (`_core.check_option`) and made what it stands for: a target's canonical name, a
-        size in bytes, a lone string of a repeated option a list of one. None stays None
-        where it is the default (not given)."""
+        size in bytes, a lone string of a repeated option a list of one, knobs a dict of
+        their own. None stays None where it is the default (not given)."""
         changes: dict[str, Any] = {}
         for name, default in _COMMANDS[command].items():
             value = getattr(self, name)
             if value is None and default is None:
                 continue
-            if _DEFINITIONS[name]["kind"] == "texts":
+            kind = _DEFINITIONS[name]["kind"]
+            if kind == "texts":
                 values = [value] if isinstance(value, str) else list(value)
                 changes[name] = [_checked(name, v) for v in values]
+            elif kind == "tuning":
+                changes[name] = dict(value)
             else:
                 changes[name] = _checked(name, value)
         return self.replace(**changes)
