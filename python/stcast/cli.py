@@ -1101,9 +1101,14 @@ def _exit_code(code: object) -> int:
     return 2
 
 
+def _check(row: Mapping[str, Any], value: object) -> Any:
+    """`value` of the option of `row`, as the engine checks it (`_core.check_option`)."""
+    return _core.check_option(row["name"], value)
+
+
 def _target(row: Mapping[str, Any], text: str) -> str:
     try:
-        name: str = _core.check_option(row["name"], text)  # the engine resolves aliases
+        name: str = _check(row, text)  # the engine resolves aliases
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"unknown target {text!r}: {', '.join(_core.TARGETS[:-1])} or {_core.TARGETS[-1]}"
@@ -1118,7 +1123,7 @@ def _whole(row: Mapping[str, Any], text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     try:
-        checked: int = _core.check_option(row["name"], value)
+        checked: int = _check(row, value)
     except stcast.StcastError:
         raise argparse.ArgumentTypeError(f"{text} is not from 0 to {row['max'] or 0}") from None
     return checked
@@ -1139,9 +1144,9 @@ def _checked(row: Mapping[str, Any], text: str) -> Any:
     """A value as the engine checks it (a stem, a size), in the engine's words without the
     option's flag: argparse names it already ("argument --name: ...")."""
     try:
-        return _core.check_option(row["name"], text)
+        return _check(row, text)
     except stcast.StcastError as e:
-        flag = render(f"{{{row['name']}}}", "cli")
+        flag = render(f"{{{e.option}}}", "cli")
         raise argparse.ArgumentTypeError(e.render("cli").removeprefix(f"{flag}: ")) from None
 
 
