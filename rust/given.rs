@@ -201,6 +201,8 @@ pub struct Settings {
     /// folder run's): kept, and not read for again. None: the task reads them.
     pub keep_names: Option<Vec<String>>,
     pub on_overflow: Option<Given>,
+    /// inspect: read the tensors to convert and measure what converting them loses.
+    pub scan: bool,
     pub numerics: bool,
     pub report: Option<PathBuf>,
     /// A lone checkpoint's model config, written beside its output (`convert::Options`).
@@ -245,6 +247,7 @@ impl Default for Settings {
             from_bf16: false,
             keep_names: None,
             on_overflow: None,
+            scan: false,
             numerics: true,
             report: None,
             config: None,

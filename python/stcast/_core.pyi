@@ -128,6 +128,7 @@ class _Options(TypedDict, total=False):
     from_bf16: bool
     keep_names: list[str] | None  # on_overflow keep: found already (None: the call reads)
     on_overflow: str | None
+    scan: bool  # inspect: read the tensors and measure what converting them loses
     numerics: bool
     report: str | None
     replaces: tuple[int, int] | None
@@ -161,7 +162,6 @@ def convert(
 def inspect(
     path: str,
     *,
-    scan: bool = False,
     dst: str | None = None,
     progress: _Progress = None,
     row: Callable[[dict[str, Any]], object] | None = None,  # what each tensor's dict becomes
@@ -174,7 +174,6 @@ def inspect(
 def inspect_folder(
     src: str,
     *,
-    scan: bool,
     checked: bool,
     resharding: bool,
     progress: _Progress = None,
