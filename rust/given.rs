@@ -414,12 +414,9 @@ impl Settings {
     /// said, and of patterns that match nothing whatever `strict` says; a dry run, or a
     /// caller that says it, is judged as the conversion would be.
     pub fn inspect(&self, tuning: Tuning, dry_run: bool) -> crate::Result<Options> {
-        let strict = self.strict && dry_run;
-        let mut opts = Settings {
-            strict,
-            ..self.clone()
-        }
-        .convert(tuning)?;
+        let mut s = self.clone();
+        s.strict &= dry_run;
+        let mut opts = s.convert(tuning)?;
         opts.plan.allow_quantized |= !dry_run && self.allow_quantized.is_none();
         Ok(opts)
     }
