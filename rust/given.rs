@@ -595,6 +595,26 @@ mod given_tests {
     }
 
     #[test]
+    fn strict_makes_unmatched_patterns_an_error_but_in_a_plain_inspection() {
+        let strict = Settings {
+            strict: true,
+            ..Settings::default()
+        };
+        let unmatched = |s: &Settings| s.convert(Tuning::default()).unwrap().plan.unmatched;
+        assert_eq!(unmatched(&Settings::default()), Unmatched::Warn);
+        assert_eq!(unmatched(&strict), Unmatched::Error);
+        let inspected = |dry_run| strict.inspect(Tuning::default(), dry_run).unwrap();
+        assert_eq!(inspected(true).plan.unmatched, Unmatched::Error);
+        assert_eq!(inspected(false).plan.unmatched, Unmatched::Warn);
+        // A caller that ignores them (a folder's files) still does.
+        let ignored = Settings {
+            keep_unmatched: Unmatched::Ignore,
+            ..strict.clone()
+        };
+        assert_eq!(unmatched(&ignored), Unmatched::Ignore);
+    }
+
+    #[test]
     fn checks_ranges_choices_and_aliases() {
         assert_eq!(text("BFloat16").target().unwrap(), Target::Bf16);
         let e = text("bf17").target().unwrap_err().to_string();
