@@ -767,6 +767,8 @@ pub enum Inapplicable {
     OneFile,
     /// SRC is a file, not a folder (`resume`, `shard`).
     NotAFolder,
+    /// verify: DST is a file, where `name` names a re-sharded folder's files.
+    FileDst,
 }
 
 impl Error {
@@ -1193,6 +1195,10 @@ impl Error {
                     Inapplicable::NotAFolder => {
                         format!("{{{o}}} applies to folders; {src} is not one")
                     }
+                    Inapplicable::FileDst => format!(
+                        "{{{o}}} names the files of a re-sharded checkpoint: it applies to a \
+                         DST folder"
+                    ),
                 }
             }
             Error::NoDestinationFolder { exists, .. } => if *exists {

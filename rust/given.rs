@@ -193,11 +193,16 @@ pub struct Settings {
     pub keep: Vec<String>,
     pub keep_min_size: Option<Given>,
     pub keep_unmatched: Unmatched,
+    /// A `keep` pattern that matches nothing is an error (`Unmatched::Error`, where it would
+    /// be a warning), in a conversion and its dry run.
+    pub strict: bool,
     pub from_bf16: bool,
     /// The tensors a read before planning found to overflow, under `on_overflow` keep (a
     /// folder run's): kept, and not read for again. None: the task reads them.
     pub keep_names: Option<Vec<String>>,
     pub on_overflow: Option<Given>,
+    /// inspect: read the tensors to convert and measure what converting them loses.
+    pub scan: bool,
     pub numerics: bool,
     pub report: Option<PathBuf>,
     /// A lone checkpoint's model config, written beside its output (`convert::Options`).
@@ -238,9 +243,11 @@ impl Default for Settings {
             keep: Vec::new(),
             keep_min_size: None,
             keep_unmatched: Unmatched::Warn,
+            strict: false,
             from_bf16: false,
             keep_names: None,
             on_overflow: None,
+            scan: false,
             numerics: true,
             report: None,
             config: None,
@@ -359,7 +366,11 @@ impl Settings {
             keep_min_size,
             from_bf16: self.from_bf16,
             keep_names: self.keep_names.iter().flatten().cloned().collect(),
-            unmatched: self.keep_unmatched,
+            // (`strict` makes the warning an error; a caller that ignores them still does.)
+            unmatched: match self.keep_unmatched {
+                Unmatched::Warn if self.strict => Unmatched::Error,
+                unmatched => unmatched,
+            },
             allow_quantized: self.allow_quantized.unwrap_or(false),
             quantization_config: self.quantization_config.clone(),
             // (Under an FP8 target nothing is dequantized: `packed_config` is the model
@@ -400,9 +411,12 @@ impl Settings {
 
     /// The options of an inspection, a dry run when `dry_run` (a destination is given): a
     /// plain inspection only warns of a quantized checkpoint unless `allow_quantized` is
-    /// said; a dry run, or a caller that says it, is judged as the conversion would be.
+    /// said, and of patterns that match nothing whatever `strict` says; a dry run, or a
+    /// caller that says it, is judged as the conversion would be.
     pub fn inspect(&self, tuning: Tuning, dry_run: bool) -> crate::Result<Options> {
-        let mut opts = self.convert(tuning)?;
+        let mut s = self.clone();
+        s.strict &= dry_run;
+        let mut opts = s.convert(tuning)?;
         opts.plan.allow_quantized |= !dry_run && self.allow_quantized.is_none();
         Ok(opts)
     }
@@ -578,6 +592,26 @@ mod given_tests {
             s.convert(Tuning::default()).unwrap().input.key.as_deref(),
             Some("model")
         );
+    }
+
+    #[test]
+    fn strict_makes_unmatched_patterns_an_error_but_in_a_plain_inspection() {
+        let strict = Settings {
+            strict: true,
+            ..Settings::default()
+        };
+        let unmatched = |s: &Settings| s.convert(Tuning::default()).unwrap().plan.unmatched;
+        assert_eq!(unmatched(&Settings::default()), Unmatched::Warn);
+        assert_eq!(unmatched(&strict), Unmatched::Error);
+        let inspected = |dry_run| strict.inspect(Tuning::default(), dry_run).unwrap();
+        assert_eq!(inspected(true).plan.unmatched, Unmatched::Error);
+        assert_eq!(inspected(false).plan.unmatched, Unmatched::Warn);
+        // A caller that ignores them (a folder's files) still does.
+        let ignored = Settings {
+            keep_unmatched: Unmatched::Ignore,
+            ..strict.clone()
+        };
+        assert_eq!(unmatched(&ignored), Unmatched::Ignore);
     }
 
     #[test]

@@ -100,6 +100,9 @@ pub enum Role {
     Precision,
     /// How a source is read: which dict of a checkpoint, which prefixes its names lose.
     Source,
+    /// How the command line shows a run (JSON, progress, quiet): the terminal's, never the
+    /// engine's.
+    Terminal,
 }
 
 const fn def(name: &'static str, kind: Kind, help: &'static str) -> Def {
@@ -149,6 +152,13 @@ impl Def {
     const fn source(self) -> Def {
         Def {
             role: Role::Source,
+            ..self
+        }
+    }
+
+    const fn terminal(self) -> Def {
+        Def {
+            role: Role::Terminal,
             ..self
         }
     }
@@ -388,16 +398,17 @@ pub const DEFS: &[Def] = &[
         "for files from other tools: any float tensor may be kept, and tensor order, header \
          layout and NaN encodings are ignored",
     ),
-    def("json", Kind::Flag, "print the report as JSON on stdout"),
+    def("json", Kind::Flag, "print the report as JSON on stdout").terminal(),
     def(
         "progress",
         Kind::Flag,
         "show progress when stderr is not a terminal too (logs, SLURM): a line per 5% or 10 s \
          with bytes, rate and ETA",
-    ),
+    )
+    .terminal(),
     Def {
         short: Some("q"),
-        ..def("quiet", Kind::Flag, "no progress, no summary, no warnings")
+        ..def("quiet", Kind::Flag, "no progress, no summary, no warnings").terminal()
     },
     def("tuning", Kind::Tuning, ""),
 ];
@@ -759,6 +770,11 @@ mod tests {
         assert_eq!(
             sources.iter().map(|d| d.name).collect::<Vec<_>>(),
             ["key", "strip_prefix"]
+        );
+        let shown: Vec<_> = DEFS.iter().filter(|d| d.role == Role::Terminal).collect();
+        assert_eq!(
+            shown.iter().map(|d| d.name).collect::<Vec<_>>(),
+            ["json", "progress", "quiet"]
         );
     }
 }

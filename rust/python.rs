@@ -321,10 +321,10 @@ macro_rules! options {
 }
 
 options! {
-    to, threads, force, keep, keep_min_size, keep_unmatched, from_bf16, keep_names, on_overflow,
-    numerics, report, config, replaces, allow_copy, key, strip_prefix, loose, allow_quantized,
-    quantization_config, packed_config, follow_links, unquantized, name, no_record, include,
-    exclude, lone,
+    to, threads, force, keep, keep_min_size, keep_unmatched, strict, from_bf16, keep_names,
+    on_overflow, scan, numerics, report, config, replaces, allow_copy, key, strip_prefix, loose,
+    allow_quantized, quantization_config, packed_config, follow_links, unquantized, name,
+    no_record, include, exclude, lone,
 }
 
 #[pyfunction]
@@ -489,18 +489,20 @@ fn default_dst(
     })
 }
 
-/// What verify compares (`run::place::verify_route`): the output, and whether a folder.
+/// What verify with `options` compares (`run::place::verify_route`): the output, and
+/// whether a folder.
 #[pyfunction]
-#[pyo3(signature = (src, dst, to, *, named))]
+#[pyo3(signature = (src, dst, **options))]
 fn verify_route(
     py: Python<'_>,
     src: PathBuf,
     dst: PathBuf,
-    to: Option<Target>,
-    named: bool,
+    options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<(OsString, bool)> {
+    let given = read_options(py, options, |s, _| Ok(s.clone()))?;
     guarded(py, || {
-        let (dst, folder) = place::verify_route(&src, &dst, to, named)?;
+        let to = given.to.as_ref().map(Given::target).transpose()?;
+        let (dst, folder) = place::verify_route(&src, &dst, to, given.name.is_some())?;
         Ok((dst.into(), folder))
     })
 }
@@ -783,18 +785,17 @@ impl TensorNumerics {
 }
 
 #[pyfunction]
-#[pyo3(name = "inspect", signature = (path, *, scan=false, dst=None, progress=None,
-                                      row=None, **options))]
+#[pyo3(name = "inspect", signature = (path, *, dst=None, progress=None, row=None, **options))]
 fn py_inspect<'py>(
     py: Python<'py>,
     path: PathBuf,
-    scan: bool,
     dst: Option<PathBuf>,
     progress: Hook<'py>,
     row: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let opts = read_options(py, options, |s, t| s.inspect(t, dst.is_some()))?;
+    let inspect = |s: &Settings, t| Ok((s.inspect(t, dst.is_some())?, s.scan));
+    let (opts, scan) = read_options(py, options, inspect)?;
     let mut task = guarded(py, || InspectTask::new(&path, scan, &opts, dst.as_deref()))?;
     Hooks::new(progress, None, None, None).drive(py, &mut task, opts.tuning.step)?;
     let found = guarded(py, move || task.finish())?;
@@ -804,11 +805,10 @@ fn py_inspect<'py>(
 /// A folder's dry run (`folder::inspect::InspectFolderTask`), stepped a weight file at a
 /// time: its totals, other files and warnings, and under `files` each file's inspection.
 #[pyfunction]
-#[pyo3(signature = (src, *, scan, checked, resharding, progress=None, row=None, **options))]
+#[pyo3(signature = (src, *, checked, resharding, progress=None, row=None, **options))]
 fn inspect_folder<'py>(
     py: Python<'py>,
     src: PathBuf,
-    scan: bool,
     checked: bool,
     resharding: bool,
     progress: Hook<'py>,
@@ -818,7 +818,7 @@ fn inspect_folder<'py>(
     let (given, tuning) = read_options(py, options, |s, t| Ok((s.clone(), t)))?;
     let (hooks, step) = (Hooks::new(progress, None, None, None), tuning.step);
     let mut planning = hooks.run(py, || {
-        Planning::new(&src, &given, tuning, scan, checked, resharding)
+        Planning::new(&src, &given, tuning, given.scan, checked, resharding)
     })?;
     // (The progress told is the scan's: the planning tells none.)
     Hooks::new(None, None, None, None).drive(py, &mut planning, step)?;

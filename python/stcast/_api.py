@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, cast
 
 from . import _core, _engine, _types
 from ._options import Options
-from .errors import Refused, StcastError, UsageError
+from .errors import Refused, StcastError
 from .reports import (
     ConvertReport,
     InspectReport,
@@ -113,7 +113,7 @@ def convert(
     """
     given = Options.of("convert", options)
     src, tree = _source(src)
-    o = _plain(given.checked("convert"))
+    o = given.checked("convert")
     _core.check_applies(src, o.set)
     if tree or o.max_shard_size is not None:
         prepared = _prepare(src, None if dst is None else os.fsdecode(dst), o, cancel=cancel)
@@ -148,7 +148,7 @@ def convert(
         return result
     target = _core.default_dst(src, _target(o), dst=None if dst is None else os.fsdecode(dst))
     return _engine.convert_file(
-        src, target, o, progress=progress, cancel=cancel, **_checks(o), **_reading(o)
+        src, target, progress=progress, cancel=cancel, **_report(o).keywords("convert")
     )
 
 
@@ -189,21 +189,19 @@ def inspect(
     """
     given = Options.of("inspect", options)
     path, tree = _source(path)
-    o = _plain(given.checked("inspect"))
+    o = given.checked("inspect")
     target = None if dst is None else os.fsdecode(dst)
     _core.check_applies(path, o.set)
     if o.max_shard_size is not None:
         return _inspect_resharded(path, target, _report(o), progress)
     if tree:
         return _inspect_folder(path, target, _report(o), progress)
-    # Under an FP8 target the config's sizes also tell how fused MoE experts lie.
-    extra = _reading(o)
     if target is not None:
         target = _core.default_dst(path, _target(o), dst=target)
-        # The checks `convert` makes before writing, failing as it would (a plain inspect
-        # only warns of a quantized checkpoint; a dry run refuses it as convert does).
-        extra.update(dst=target, **_checks(o))
-    planned = _engine.inspect_file(path, o, scan=o.scan, progress=progress, **extra)
+    # With `dst`, the checks `convert` makes before writing, failing as it would (a plain
+    # inspect only warns of a quantized checkpoint; a dry run refuses it as convert does).
+    keywords = _report(o).keywords("inspect")
+    planned = _engine.inspect_file(path, dst=target, progress=progress, **keywords)
     if target is None:
         return planned
     return replace(planned, destination=_engine.destination(target, planned.output_bytes))
@@ -392,28 +390,15 @@ def verify(
     """
     given = Options.of("verify", options)
     src = _source(src)[0]
-    o = _plain(_report(given.checked("verify")))
+    keywords = _report(given.checked("verify")).keywords("verify")
     # A DST folder that is a checkpoint to convert is refused (SRC and DST swapped); a
-    # folder DST of a file SRC is the file convert writes there, if there is one.
-    dst, folder = _core.verify_route(src, os.fsdecode(dst), o.to, named=o.name is not None)
+    # folder DST of a file SRC is the file convert writes there, if there is one; a
+    # re-sharded stem (`name`) names a DST folder's files.
+    dst, folder = _core.verify_route(src, os.fsdecode(dst), **keywords)
     if folder:
-        return _engine.verify_folder(src, dst, o, progress=progress)
-    if o.name is not None:
-        raise UsageError(
-            "{name} names the files of a re-sharded checkpoint: it applies to a DST folder",
-            option="name",
-        )
-    return _engine.verify_file(
-        src,
-        dst,
-        o,
-        loose=o.loose,
-        progress=progress,
-        report=o.report,
-        force=o.force,
-        lone=True,  # the configs, shards and index beside it are checked too
-        **o.source,
-    )
+        return _engine.verify_folder(src, dst, progress=progress, **keywords)
+    # (`lone`: the configs, shards and index beside it are checked too.)
+    return _engine.verify_file(src, dst, progress=progress, lone=True, **keywords)
 
 
 def finalize(
@@ -465,31 +450,9 @@ def _source(src: StrPath) -> tuple[str, bool]:
     return path, _core.source_kind(path) == "tree"
 
 
-def _checks(o: Options) -> dict[str, Any]:
-    """The keywords of the checks a one-file conversion makes before writing (its dry run
-    too): may DST be replaced, may patterns match nothing, a quantized input, the report."""
-    return {
-        "force": o.force,
-        "keep_unmatched": "error" if o.strict else "warn",
-        "allow_quantized": o.allow_quantized,
-        "report": _report(o).report,
-    }
-
-
-def _reading(o: Options) -> dict[str, Any]:
-    """The keywords of how a one-file run reads its source: the model config beside it,
-    links, a PyTorch checkpoint's dict and prefixes (`Options.source`)."""
-    return {"config": o.config, "follow_links": o.follow_links, **o.source}
-
-
 def _target(o: Options) -> Target:
     """The target of a conversion (resolved by `Options.checked`: not None)."""
     return cast("Target", o.to)
-
-
-def _plain(o: Options) -> Options:
-    """`tuning` as a dict."""
-    return o.replace(tuning=None if o.tuning is None else dict(o.tuning))
 
 
 def _report(o: Options) -> Options:

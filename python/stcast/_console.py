@@ -322,13 +322,21 @@ class Progress:
 
 
 class Console:
-    """stderr messages, the progress display and the JSON envelope of one command."""
+    """stderr messages, the progress display and the JSON envelope of one command, as its
+    terminal options (`--json`, `-q`, `--progress`: the table's role `terminal`) say."""
 
-    def __init__(self, json_mode: bool, command: str, quiet: bool = False) -> None:
-        self.json_mode = json_mode
+    def __init__(
+        self, command: str, *, json: bool = False, quiet: bool = False, progress: bool = False
+    ) -> None:
+        self.json_mode = json
         self.command = command
         self.quiet = quiet
-        self.progress: Progress | None = None
+        # Text for people (a summary, notes): neither with -q nor with --json.
+        self.says = not (quiet or json)
+        # Progress: as that text, or lines in a log when asked (not with -q).
+        self.logs_progress = progress and not quiet
+        self.shows_progress = self.says or self.logs_progress
+        self.display: Progress | None = None
         self.started = time.monotonic()
         self.finished: float | None = None
         # What a committing command prints, written at the end (`finish`).
@@ -340,13 +348,34 @@ class Console:
         """Seconds from the command's start to the end of its work (fixed once ended)."""
         return (self.finished or time.monotonic()) - self.started
 
+    def start_progress(self) -> Progress | None:
+        """The progress display of the work, if any: a bar on a terminal, lines in a log
+        when asked."""
+        tty = is_tty(sys.stderr)
+        if not self.shows_progress or not (tty or self.logs_progress):
+            return None
+        self.display = Progress(sys.stderr, bar=tty, started=self.started)
+        return self.display
+
     def end_progress(self) -> None:
         """The work is done: fix the time, and close the progress display on it."""
         if self.finished is None:
             self.finished = time.monotonic()
-        if self.progress is not None:
-            self.progress.close(self.finished)
-            self.progress = None
+        if self.display is not None:
+            self.display.close(self.finished)
+            self.display = None
+
+    def summarizes(self, report: Any) -> bool:
+        """Whether the command prints its summary of `report`: not with -q; with --json, it
+        prints `report`'s JSON instead."""
+        if self.json_mode:
+            self.emit_json(report.to_dict())
+        return self.says
+
+    def note(self, message: str) -> None:
+        """A line on stderr about the run (not a warning), unless -q or --json."""
+        if self.says:
+            print_err(f"{PROG}: {message}")
 
     def error(self, message: str) -> None:
         self.end_progress()
@@ -355,11 +384,11 @@ class Console:
     def warn(self, message: str) -> None:
         if self.quiet:
             return
-        if self.progress is not None:
-            self.progress.clear()
+        if self.display is not None:
+            self.display.clear()
         print_err(f"{PROG}: warning: {message.strip()}")
-        if self.progress is not None:
-            self.progress.redraw()
+        if self.display is not None:
+            self.display.redraw()
 
     def show_warning(
         self,

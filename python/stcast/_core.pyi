@@ -123,9 +123,11 @@ class _Options(TypedDict, total=False):
     keep: list[str]
     keep_min_size: int | None
     keep_unmatched: str
+    strict: bool  # keep_unmatched "warn" becomes "error" (ignored by a plain inspect)
     from_bf16: bool
     keep_names: list[str] | None  # on_overflow keep: found already (None: the call reads)
     on_overflow: str | None
+    scan: bool  # inspect: read the tensors and measure what converting them loses
     numerics: bool
     report: str | None
     replaces: tuple[int, int] | None
@@ -159,7 +161,6 @@ def convert(
 def inspect(
     path: str,
     *,
-    scan: bool = False,
     dst: str | None = None,
     progress: _Progress = None,
     row: Callable[[dict[str, Any]], object] | None = None,  # what each tensor's dict becomes
@@ -172,7 +173,6 @@ def inspect(
 def inspect_folder(
     src: str,
     *,
-    scan: bool,
     checked: bool,
     resharding: bool,
     progress: _Progress = None,
@@ -240,7 +240,7 @@ def run_place(
     src: str, dst: str | None, to: str = ..., *, resharding: bool, check: bool = True
 ) -> tuple[str, str, tuple[int, int]]: ...
 def default_dst(src: str, to: str, *, folder: bool = False, dst: str | None = None) -> str: ...
-def verify_route(src: str, dst: str, to: str | None, *, named: bool) -> tuple[str, bool]: ...
+def verify_route(src: str, dst: str, **options: Unpack[_Options]) -> tuple[str, bool]: ...
 def space(dst: str, need: int) -> tuple[str, int, bool]: ...
 def split_shard_name(name: str) -> tuple[str, str, str] | None: ...
 

@@ -87,29 +87,18 @@ def issue(kind: str, template: str, path: str | None) -> None:
     _warnings.warn(StcastWarning(kind, template, path), stacklevel=level)
 
 
-def keywords(options: Options | None, extra: dict[str, Any]) -> dict[str, Any]:
-    """The engine call's keywords: those of the run's `options` (`Options.engine`), then
-    `extra` (this call's own, which win)."""
-    return {**(options.engine() if options is not None else {}), **extra}
-
-
 def convert_file(
-    src: str,
-    dst: str,
-    options: Options | None = None,
-    *,
-    warn_path: str | None = None,
-    **extra: Any,
+    src: str, dst: str, *, warn_path: str | None = None, **options: Any
 ) -> ConvertReport:
-    """Convert one file with `options` and `extra` (`_core.convert`'s keywords, see
-    `keywords`). Warnings are issued as they come, pointing at the user's call (`issue`),
-    prefixed by `warn_path`."""
+    """Convert one file (`_core.convert`'s keywords: the options given, `Options.keywords`,
+    and the hooks). Warnings are issued as they come, pointing at the user's call
+    (`issue`), prefixed by `warn_path`."""
 
     def warn(kind: str, template: str) -> None:
         issue(kind, template, warn_path)
 
     with gc_paused():
-        result = _core.convert(src, dst, warn=warn, **keywords(options, extra))
+        result = _core.convert(src, dst, warn=warn, **options)
         return _build(ConvertReport, result, warnings=_notices(result["warnings"], warn_path))
 
 
@@ -117,10 +106,10 @@ def convert_file(
 _WORDS = ("dtype", "target_dtype", "action", "reason")
 
 
-def inspect_file(path: str, options: Options | None = None, **extra: Any) -> InspectReport:
-    """Plan one file (and scan it, if asked)."""
+def inspect_file(path: str, **options: Any) -> InspectReport:
+    """Plan one file (and scan it, if asked): `_core.inspect`'s keywords."""
     with gc_paused():
-        result = _core.inspect(path, row=_row(), **keywords(options, extra))
+        result = _core.inspect(path, row=_row(), **options)
         return _build(InspectReport, result, warnings=_notices(result["warnings"]))
 
 
@@ -146,7 +135,8 @@ def inspect_folder(
             resharding=resharding,
             progress=progress,
             row=_row(),
-            **keywords(o, {**o.source, "follow_links": o.follow_links, "config": o.config}),
+            **o.engine(),
+            **{**o.source, "follow_links": o.follow_links, "config": o.config},
             allow_quantized=o.allow_quantized,
         )
         files = [
@@ -191,21 +181,16 @@ def _row() -> Callable[[dict[str, Any]], TensorInfo]:
 
 
 def verify_file(
-    src: str,
-    dst: str,
-    options: Options | None = None,
-    *,
-    warn: Callable[[str, str], object] | None = None,
-    **extra: Any,
+    src: str, dst: str, *, warn: Callable[[str, str], object] | None = None, **options: Any
 ) -> VerifyReport:
-    """Verify one pair of files (`_core.verify`'s keywords, see `keywords`); the engine's
-    warnings are issued, or given to `warn` as (kind, template)."""
+    """Verify one pair of files (`_core.verify`'s keywords); the engine's warnings are
+    issued, or given to `warn` as (kind, template)."""
 
     def issued(kind: str, template: str) -> None:
         issue(kind, template, None)
 
     with gc_paused():
-        result = _core.verify(src, dst, warn=warn or issued, **keywords(options, extra))
+        result = _core.verify(src, dst, warn=warn or issued, **options)
     m = result["mismatch"]
     if m is None:
         return _build(VerifyReport, result, mismatch=None)
@@ -213,20 +198,16 @@ def verify_file(
     return _build(VerifyReport, result, mismatch=_build(Mismatch, m, message=message))
 
 
-def verify_folder(
-    src: str, dst: str, options: Options, *, progress: Progress | None
-) -> VerifyReport:
+def verify_folder(src: str, dst: str, *, progress: Progress | None, **options: Any) -> VerifyReport:
     """Verify the folder `dst` against the folder `src` (or the file `src` re-sharded into
-    it): the engine's run (rust/folder/verify_folder.rs), its warnings issued; see
-    `stcast.verify`."""
+    it) with the options given (`Options.keywords`): the engine's run
+    (rust/folder/verify_folder.rs), its warnings issued; see `stcast.verify`."""
 
     def issued(kind: str, template: str) -> None:
         issue(kind, template, None)
 
-    o = options
-    given = {"loose": o.loose, "report": o.report, "force": o.force, "name": o.name, **o.source}
     with gc_paused():
-        r = _core.verify_folder(src, dst, progress=progress, warn=issued, **o.engine(), **given)
+        r = _core.verify_folder(src, dst, progress=progress, warn=issued, **options)
     m = r["mismatch"]
     mismatch = m and _build(Mismatch, m, message=Notice("mismatch", m["message"], m["file"]))
     parts: list[tuple[str, Numerics | None]] = [

@@ -5,8 +5,7 @@ its name, kind, default, help, and which commands take it. The public functions
 (`stcast._api`) take their options as keywords (typed by `_types.ConvertOptions`, ...); each
 builds one `Options` from them, once (`Options.of`: unknown keywords are refused, the
 others checked by the engine, `check`), and hands it on whole: to the folder code
-(`stcast.folder`) and to the per-file engine calls (`stcast._engine`), which make the
-engine's keywords of it.
+(`stcast.folder`), and to the engine's calls as the keywords given (`Options.keywords`).
 """
 
 from __future__ import annotations
@@ -81,16 +80,19 @@ class Options:
     def checked(self, command: str) -> Options:
         """These options of `command` with every value the engine checks checked
         (`_core.check_option`) and made what it stands for: a target's canonical name, a
-        size in bytes, a lone string of a repeated option a list of one. None stays None
-        where it is the default (not given)."""
+        size in bytes, a lone string of a repeated option a list of one, knobs a dict of
+        their own. None stays None where it is the default (not given)."""
         changes: dict[str, Any] = {}
         for name, default in _COMMANDS[command].items():
             value = getattr(self, name)
             if value is None and default is None:
                 continue
-            if _DEFINITIONS[name]["kind"] == "texts":
+            kind = _DEFINITIONS[name]["kind"]
+            if kind == "texts":
                 values = [value] if isinstance(value, str) else list(value)
                 changes[name] = [_checked(name, v) for v in values]
+            elif kind == "tuning":
+                changes[name] = dict(value)
             else:
                 changes[name] = _checked(name, value)
         return self.replace(**changes)
@@ -128,6 +130,14 @@ class Options:
             if value != _value(_DEFAULTS[name]):
                 options[name] = value
         return options
+
+    def keywords(self, command: str) -> dict[str, Any]:
+        """The options of `command` given (not at its default), as the keywords of its engine
+        call (`_core.convert`, `inspect`, `verify`, `verify_folder`): the engine reads each
+        by its name, takes its defaults from its table, and decides which apply to the
+        run."""
+        defaults = _COMMANDS[command].items()
+        return {n: getattr(self, n) for n, d in defaults if getattr(self, n) != _value(d)}
 
     def engine(self) -> dict[str, Any]:
         """The keywords the engine calls of this call share (`_core.convert`, `inspect`,

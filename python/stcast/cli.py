@@ -103,14 +103,15 @@ def main(argv: list[str] | None = None, stop: _Stop | None = None) -> int:
         if len(extra) == 1 and not extra[0].startswith("-") and getattr(args, "dst", 0) is None:
             args.dst, extra = extra[0], []
         sub = getattr(parser, "commands", {}).get(getattr(args, "command", None), parser)
-        _check_max_shard_size(args, sub, extra)
+        console = out.Console(args.command, **_options(args, lambda r: r["role"] == "terminal"))
+        _check_max_shard_size(args, sub, extra, console)
         if extra:  # said by the command's own parser: its --help is the one to read
             sub.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:  # --help, --version and usage errors
         if isinstance(e, _UsageExit) and "--json" in argv:
             # With --json, a usage error is JSON on stdout too, as every other error.
             command = argv[0] if argv[0] in _HELP else None
-            out.Console(json_mode=True, command=command or PROG).fail("usage", e.message, None, 2)
+            out.Console(command or PROG, json=True).fail("usage", e.message, None, 2)
         return _exit_code(e.code)
     except KeyboardInterrupt:
         out.print_err(f"{PROG}: interrupted")
@@ -125,11 +126,7 @@ def main(argv: list[str] | None = None, stop: _Stop | None = None) -> int:
                 args.dst = default_destination(args.src, args.to)
             except stcast.StcastError:
                 pass  # (the run reports it)
-    console = out.Console(
-        json_mode=getattr(args, "json", False),
-        command=args.command,
-        quiet=getattr(args, "quiet", False),
-    )
+    console.command = args.command
     try:
         if stop.is_set():
             raise stcast.Cancelled("stopped before starting")
@@ -431,36 +428,33 @@ def _value_type(
     return typed
 
 
-def _api_options(args: argparse.Namespace, command: str) -> dict[str, Any]:
-    """The options of `command` parsed into `args` that its API function takes."""
+def _options(
+    args: argparse.Namespace, which: Callable[[Mapping[str, Any]], bool]
+) -> dict[str, Any]:
+    """The options of the command parsed into `args` whose row in the engine's table is
+    `which` one."""
     rows = _core.OPTIONS
     return {
         r["name"]: getattr(args, r["name"])
         for r in rows
-        if r["command"] == command and r["front"] == "both"
+        if r["command"] == args.command and which(r)
     }
+
+
+def _api_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options of the command parsed into `args` that its API function takes."""
+    return _options(args, lambda row: row["front"] == "both")
 
 
 # --- commands -----------------------------------------------------------------------------
 
 
-def _progress(args: argparse.Namespace, console: out.Console) -> out.Progress | None:
-    """A bar on a terminal, lines in a log with --progress; none with -q or --json."""
-    if getattr(args, "quiet", False) or (args.json and not args.progress):
-        return None
-    tty = out.is_tty(sys.stderr)
-    if not tty and not args.progress:
-        return None
-    console.progress = out.Progress(sys.stderr, bar=tty, started=console.started)
-    return console.progress
-
-
 def _run_convert(args: argparse.Namespace, console: out.Console) -> int:
-    progress = _progress(args, console)
-    if args.on_overflow == "keep" and not args.quiet and not args.json:
-        out.print_err(
-            f"{PROG}: --on-overflow keep: reading the float tensors once first (an extra read "
-            "of the input) to keep those that would overflow"
+    progress = console.start_progress()
+    if args.on_overflow == "keep":
+        console.note(
+            "--on-overflow keep: reading the float tensors once first (an extra read of the "
+            "input) to keep those that would overflow"
         )
     with _showing_warnings(console):
         report = stcast.convert(
@@ -469,13 +463,11 @@ def _run_convert(args: argparse.Namespace, console: out.Console) -> int:
             progress=progress,
             file_progress=None if progress is None else progress.set_file,
             cancel=args.stop,
-            **_api_options(args, "convert"),
+            **_api_options(args),
         )
     console.published = report.dst
     console.end_progress()
-    if args.json:
-        console.emit_json(report.to_dict())
-    elif args.quiet:
+    if not console.summarizes(report):
         pass
     elif report.folder:
         _print_folder_summary(report, console, named=args.name is not None)
@@ -595,7 +587,7 @@ def _print_kept(count: int, size: int, kept: Sequence[Mapping[str, Any]] | None 
 
 
 def _run_finalize(args: argparse.Namespace, console: out.Console) -> int:
-    progress = _progress(args, console)
+    progress = console.start_progress()
     report = stcast.finalize(
         args.src,
         args.dst,
@@ -605,9 +597,7 @@ def _run_finalize(args: argparse.Namespace, console: out.Console) -> int:
     )
     console.published = report.dst
     console.end_progress()
-    if args.json:
-        console.emit_json(report.to_dict())
-    elif not args.quiet:
+    if console.summarizes(report):
         _print_folder_summary(report, console)
     return 0
 
@@ -688,21 +678,18 @@ def _quote(path: str) -> str:
 
 def _run_inspect(args: argparse.Namespace, console: out.Console) -> int:
     scanning = args.scan or args.on_overflow == "keep"
-    progress = _progress(args, console) if scanning else None
-    report = stcast.inspect(args.src, args.dst, progress=progress, **_api_options(args, "inspect"))
+    progress = console.start_progress() if scanning else None
+    report = stcast.inspect(args.src, args.dst, progress=progress, **_api_options(args))
     console.end_progress()
     for message in report.warnings:
         console.warn(out.notice_text(message))
-    if getattr(args, "quiet", False) and not args.json:
-        return 0  # `convert --dry-run -q`: the exit status says it all
-    if args.json and not report.folder:
+    if console.json_mode and not report.folder:
         # The tensors are written as they are rendered (500,000 make 130 MB of text).
         head = dataclasses.replace(report, tensors=[]).to_dict()
         console.emit_json(head, rows=("tensors", report.tensors))
         return 0
-    if args.json:
-        console.emit_json(report.to_dict())
-        return 0
+    if not console.summarizes(report):
+        return 0  # (`convert --dry-run -q`: the exit status says it all)
 
     if report.folder:
         for f in report.files:
@@ -1021,24 +1008,20 @@ def _print_inspect_totals(reports: list[stcast.InspectReport]) -> None:
 
 
 def _run_verify(args: argparse.Namespace, console: out.Console) -> int:
-    progress = _progress(args, console)
+    progress = console.start_progress()
     with _showing_warnings(console):  # a prefix given to strip that matches no name
-        report = stcast.verify(
-            args.src, args.dst, progress=progress, **_api_options(args, "verify")
-        )
+        report = stcast.verify(args.src, args.dst, progress=progress, **_api_options(args))
     if args.report is not None and report.ok:
         console.published = args.report
     console.end_progress()
-    if args.json:
-        console.emit_json(report.to_dict())
-    elif report.mismatch is not None:
+    if report.mismatch is not None and not console.json_mode:
         m = report.mismatch
         where = report.dst if m.file is None else os.path.join(report.dst, m.file)
         text = out.notice_text(m.message)
         if m.file is not None and text.startswith(f"{m.file}: "):
             text = text[len(m.file) + 2 :]
         console.error(f"{where}: {text}")
-    elif not args.quiet:
+    elif console.summarizes(report):
         mode = " (loose)" if report.loose else ""
         _say(f"verified {report.dst}: exactly the conversion of {report.src}{mode}")
         if report.folder:
@@ -1118,9 +1101,14 @@ def _exit_code(code: object) -> int:
     return 2
 
 
+def _check(row: Mapping[str, Any], value: object) -> Any:
+    """`value` of the option of `row`, as the engine checks it (`_core.check_option`)."""
+    return _core.check_option(row["name"], value)
+
+
 def _target(row: Mapping[str, Any], text: str) -> str:
     try:
-        name: str = _core.check_option(row["name"], text)  # the engine resolves aliases
+        name: str = _check(row, text)  # the engine resolves aliases
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"unknown target {text!r}: {', '.join(_core.TARGETS[:-1])} or {_core.TARGETS[-1]}"
@@ -1135,7 +1123,7 @@ def _whole(row: Mapping[str, Any], text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     try:
-        checked: int = _core.check_option(row["name"], value)
+        checked: int = _check(row, value)
     except stcast.StcastError:
         raise argparse.ArgumentTypeError(f"{text} is not from 0 to {row['max'] or 0}") from None
     return checked
@@ -1156,9 +1144,9 @@ def _checked(row: Mapping[str, Any], text: str) -> Any:
     """A value as the engine checks it (a stem, a size), in the engine's words without the
     option's flag: argparse names it already ("argument --name: ...")."""
     try:
-        return _core.check_option(row["name"], text)
+        return _check(row, text)
     except stcast.StcastError as e:
-        flag = render(f"{{{row['name']}}}", "cli")
+        flag = render(f"{{{e.option}}}", "cli")
         raise argparse.ArgumentTypeError(e.render("cli").removeprefix(f"{flag}: ")) from None
 
 
@@ -1190,7 +1178,10 @@ _UNIT = r"(?:[kmgt]i?)?b"
 
 
 def _check_max_shard_size(
-    args: argparse.Namespace, parser: argparse.ArgumentParser, extra: list[str]
+    args: argparse.Namespace,
+    parser: argparse.ArgumentParser,
+    extra: list[str],
+    console: out.Console,
 ) -> None:
     """`--max-shard-size 5 GB` (a space) makes `GB` the DST: 5-byte shards in a folder `GB`.
     Refused (exit 2, nothing written), showing the fix; a bare number of bytes under 1 MB
@@ -1215,13 +1206,11 @@ def _check_max_shard_size(
             f"{what} {value!r} is a size unit: write the size as one word, "
             f"--max-shard-size {text.strip()}{unit}"
         )
-    if bare and size < 1_000_000 and not getattr(args, "quiet", False):
+    if bare and size < 1_000_000:
         t = text.strip()
         # `5` was surely meant as 5GB; `300000` maybe as bytes, maybe not.
         fix = f"for gigabytes write {t}GB" if size < 1000 else "give a unit, or B to mean bytes"
-        out.print_err(
-            f"{PROG}: warning: --max-shard-size {t} is {int(size)} bytes per shard; {fix}"
-        )
+        console.warn(f"--max-shard-size {t} is {int(size)} bytes per shard; {fix}")
 
 
 def _size_gib(text: str) -> float:

@@ -46,20 +46,19 @@ __all__ = [
     "render",
 ]
 
-# Options that are switches (`{force}` reads `force=True` in Python), options that take a
-# list (`{keep=*norm*}` reads `keep=["*norm*"]`), and those that take a part (`{shard=2/8}`
-# reads `shard=(2, 8)`), by the engine's table of options.
-_SWITCHES = frozenset(r["name"] for r in _core.OPTIONS if r["kind"] == "flag")
-_LISTS = frozenset(r["name"] for r in _core.OPTIONS if r["kind"] == "texts")
-_PARTS = frozenset(r["name"] for r in _core.OPTIONS if r["kind"] == "part")
+# The kind of each option's value, by the engine's table of options: a switch (`{force}`
+# reads `force=True` in Python), a list (`{keep=*norm*}` reads `keep=["*norm*"]`), a part
+# (`{shard=2/8}` reads `shard=(2, 8)`), ...
+_KINDS = {r["name"]: r["kind"] for r in _core.OPTIONS}
 
 
 def _api_option(option: str, value: str | None) -> str:
+    kind = _KINDS.get(option)
     if value is None:
-        return f"{option}=True" if option in _SWITCHES else option
-    if option in _LISTS:
+        return f"{option}=True" if kind == "flag" else option
+    if kind == "texts":
         return f'{option}=["{value}"]'
-    if option in _PARTS:  # "i/n"
+    if kind == "part":  # "i/n"
         return f"{option}=({value.replace('/', ', ')})"
     return f'{option}="{value}"'
 

@@ -14,11 +14,11 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, PlaceProblem, Result};
+use crate::error::{Error, Inapplicable, PlaceProblem, Result};
 use crate::input::folder::check_folder;
 use crate::output::{folder_chain, names_a_folder};
 use crate::run::walk::{torch_name, File, WEIGHTS_SUFFIX};
-use crate::vocab::Target;
+use crate::vocab::{OptionName, Target};
 
 /// A file's or folder's identity: device and inode.
 pub type Ident = (u64, u64);
@@ -159,6 +159,7 @@ pub fn file_dst(src: &Path, dst: &Path, target: Target) -> Result<PathBuf> {
 ///   means the file `convert` writes into it by default (for `target`; without one, for
 ///   any target: two there is a usage error), if it is there (`verified_file`).
 /// - A folder of files SRC, or a DST folder holding no such file, is a folder verify.
+/// - `named` with any other DST is a usage error of `name`: it names a folder's files.
 pub fn verify_route(
     src: &Path,
     dst: &Path,
@@ -175,6 +176,13 @@ pub fn verify_route(
         verified_file(src, dst, target)?
     };
     let folder = tree || dst.is_dir();
+    if named && !folder {
+        return Err(Error::NotApplicable {
+            option: OptionName::Name,
+            src: src.to_path_buf(),
+            why: Inapplicable::FileDst,
+        });
+    }
     Ok((dst, folder))
 }
 

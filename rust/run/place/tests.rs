@@ -469,11 +469,17 @@ fn verify_pairs_a_file_with_what_convert_wrote_into_a_folder() {
     );
     assert_eq!(ok("hf", "one", None), (at("one"), true));
     assert_eq!(ok("hf", "new", None), (at("new"), true));
-    // A re-sharded stem given: the folder DST as it is.
+    // A re-sharded stem given: the folder DST as it is; a file DST is a usage error.
     assert_eq!(
         route("w.safetensors", "one", None, true).unwrap(),
         (at("one"), true)
     );
+    let e = route("w.safetensors", "x.safetensors", None, true).unwrap_err();
+    assert_eq!(
+        (e.kind(), e.option()),
+        (ErrorKind::Usage, Some(OptionName::Name))
+    );
+    assert_eq!(e.path(), None);
     // Two targets' outputs and no target: a usage error of `to`, naming both.
     let e = route("w.safetensors", "two", None, false).unwrap_err();
     assert_eq!(
