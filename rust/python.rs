@@ -1122,6 +1122,11 @@ fn folder_report<'py>(py: Python<'py>, r: &FolderReport) -> PyResult<Bound<'py, 
     }
     let d = crossed(py, r, &[("src", &r.src), ("dst", &r.dst)])?;
     d.set_item("warnings", said(&r.warnings))?;
+    let finalize = r.finalize.as_ref();
+    d.set_item(
+        "finalize",
+        finalize.map(|(s, d)| (s.as_os_str(), d.as_os_str())),
+    )?;
     let files = r.files.iter().map(|f| {
         let row = crossed(py, f, &[("path", Path::new(&f.path))])?;
         row.set_item("warnings", said(&f.warnings))?;

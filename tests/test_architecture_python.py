@@ -131,12 +131,7 @@ def test_no_import_cycles() -> None:
 # ------------------------------------------------------------------ file-system calls
 
 # Issue 31's end state: outside the terminal (`_console.py`) and `demo.py`, the package
-# makes no file-system call: the engine decides every question about files. Until then each
-# module keeps at most the calls it makes today, so that the count only shrinks: lower a
-# budget when a call goes, and drop the module when it reaches zero (the test says so).
-FS_BUDGET = {
-    "stcast/cli.py": 2,
-}
+# makes no file-system call: the engine decides every question about files.
 FS_FREE = {"stcast/_console.py", "stcast/demo.py"}
 # `os` functions that touch the file system (the rest are process or string functions).
 OS_FS = {
@@ -176,20 +171,14 @@ def fs_calls(tree: ast.AST) -> list[str]:
     return found
 
 
-def test_file_system_calls_only_shrink() -> None:
-    counts = {}
+def test_no_file_system_calls() -> None:
+    found = {}
     for path in sorted((ROOT / PACKAGE).rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel not in FS_FREE:
-            calls = fs_calls(ast.parse(path.read_text()))
-            if calls or rel in FS_BUDGET:
-                counts[rel] = len(calls)
-    over = {m: n for m, n in counts.items() if n > FS_BUDGET.get(m, 0)}
-    assert not over, f"file-system calls over their budget (the engine decides): {over}"
-    lower = {m: n for m, n in counts.items() if n < FS_BUDGET[m]}
-    assert not lower, f"fewer file-system calls than budgeted: lower FS_BUDGET to {lower}"
-    gone = sorted(set(FS_BUDGET) - set(counts))
-    assert not gone, f"modules gone: remove them from FS_BUDGET: {gone}"
+        calls = [] if rel in FS_FREE else fs_calls(ast.parse(path.read_text()))
+        if calls:
+            found[rel] = calls
+    assert not found, f"file-system calls (the engine decides): {found}"
 
 
 def test_fs_calls_sees_them() -> None:

@@ -742,6 +742,25 @@ def test_finalize_needs_a_manifest(tmp_path, rng):
         stcast.finalize(src, tmp_path / "o")
 
 
+def test_a_shard_run_says_how_to_finalize_from_anywhere(tmp_path, rng, run_main, monkeypatch):
+    """A shard run given relative paths names the absolute SRC and DST that `finalize`
+    takes (the other shards' jobs may start elsewhere): in its report, its `--json` result
+    and the command it prints; a complete run names none."""
+    make_hf_model(tmp_path / "m", rng, shards=2)
+    monkeypatch.chdir(tmp_path)
+    want = (str(tmp_path / "m"), str(tmp_path / "out"))
+    report = stcast.convert("m/../m", "out/", shard=(1, 2))
+    assert report.finalize == want
+    rc, out, err = run_main("convert", "m", "out", "--shard", "2/2", "--json")
+    assert (rc, err) == (0, ""), err
+    assert json.loads(out)["result"]["finalize"] == list(want)
+    rc, out, err = run_main("convert", "m", "other", "--shard", "1/2")
+    assert (rc, err) == (0, ""), err
+    assert f"stcast finalize {tmp_path / 'm'} {tmp_path / 'other'}" in out
+    done = stcast.finalize("m", "out")
+    assert done.finalize is None and "finalize" not in done.to_dict()
+
+
 # --- refusals --------------------------------------------------------------------------------
 
 

@@ -641,8 +641,8 @@ def _print_folder_summary(
     if report.threads is not None:
         engine = f", {_threads_text(report.threads)}, {report.isa}"
     _say(f"  time     {seconds:.2f} s ({out.size(rate)}/s of input{engine})")
-    if not report.complete:
-        src, dst = os.path.abspath(report.src), os.path.abspath(report.dst)
+    if report.finalize is not None:
+        src, dst = report.finalize
         _say(f"  then, once every shard is done:  stcast finalize {_quote(src)} {_quote(dst)}")
 
 

@@ -189,7 +189,8 @@ class ConvertReport:
     source dtype; `numerics` what rounding did (README: numeric report). For a folder
     (`folder=True`) the totals count the weight files converted by this run and `files`
     lists every file written, skipped or checked; `shard` is `[i, n]` for a shard run and
-    `complete` says whether the destination is now a finished checkpoint.
+    `complete` says whether the destination is now a finished checkpoint (if not,
+    `finalize` gives the absolute SRC and DST that `finalize` completes it with).
     """
 
     src: str
@@ -212,6 +213,8 @@ class ConvertReport:
     files: list[FileReport] = field(default_factory=list)
     shard: list[int] | None = None
     complete: bool = True
+    # A shard run's: SRC and DST as `finalize` takes them, absolute (None once complete).
+    finalize: tuple[str, str] | None = None
     max_shard_size: int | None = None  # re-sharded: each output file at most this size
     # FP8 targets: the weights quantized (what it did to each), and the modules whose 2-D
     # weight stays unquantized (the config's `ignore`).
@@ -239,6 +242,8 @@ class ConvertReport:
         d["numerics"] = _plain_numerics(self.numerics)
         if self.max_shard_size is None:
             del d["max_shard_size"]
+        if self.finalize is None:
+            del d["finalize"]  # only a shard run's
         if not self.to.startswith("fp8"):
             # Only FP8 targets quantize: other reports keep their documented keys.
             for k in ("tensors_quantized", "quantized", "unquantized"):

@@ -157,6 +157,10 @@ pub struct FolderReport {
     pub files: Vec<FileRow>,
     pub shard: Option<Vec<u64>>,
     pub complete: bool,
+    /// A shard run's (not `complete`): SRC and DST as `finalize` takes them, absolute, so
+    /// that it may run from anywhere.
+    #[serde(skip)]
+    pub finalize: Option<(PathBuf, PathBuf)>,
     /// A re-sharding's output shard size.
     pub max_shard_size: Option<u64>,
     pub tensors_quantized: usize,
@@ -199,6 +203,8 @@ impl FolderReport {
         let last = converted.last().map(|c| &c.report);
         let mut warnings = said.first;
         warnings.extend(converted.iter().flat_map(|c| c.warnings.iter().cloned()));
+        let absolute = || (place::absolute(&said.src), place::absolute(&said.dst));
+        let finalize = (!said.complete).then(absolute);
         FolderReport {
             src: said.src,
             dst: said.dst,
@@ -220,6 +226,7 @@ impl FolderReport {
             files,
             shard: said.shard.map(|(i, n)| vec![i, n]),
             complete: said.complete,
+            finalize,
             max_shard_size: said.max_shard_size,
             tensors_quantized: sum(|r| r.tensors_quantized),
             quantized: in_file(converted, |r| &r.quantized),

@@ -218,6 +218,12 @@ fn verified_file(src: &Path, dst: &Path, target: Option<Target>) -> Result<PathB
     }
 }
 
+/// `p` as an absolute path, `..` taken back lexically (`os.path.abspath`).
+pub(crate) fn absolute(p: &Path) -> PathBuf {
+    let p = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    PathBuf::from(OsStr::from_bytes(&normpath(p.as_os_str().as_bytes())))
+}
+
 /// `os.path.normpath`: `.` and empty parts dropped, `..` taken back lexically where it can be.
 pub(crate) fn normpath(path: &[u8]) -> Vec<u8> {
     if path.is_empty() {

@@ -128,7 +128,7 @@ impl Writer {
             }
         }
         // The folders above DST that are missing too (`mkdir -p`).
-        let mut up = absolute(&dst);
+        let mut up = place::absolute(&dst);
         while let Some(parent) = up.parent().map(Path::to_path_buf) {
             if parent.parent().is_none() || std::fs::symlink_metadata(&parent).is_ok() {
                 break;
@@ -143,7 +143,7 @@ impl Writer {
                 missing.push(d);
             }
         }
-        missing.sort_by_key(|d| std::cmp::Reverse(absolute(d).components().count()));
+        missing.sort_by_key(|d| std::cmp::Reverse(place::absolute(d).components().count()));
         self.made = missing;
         std::fs::create_dir_all(&dst).map_err(|e| Error::io(&dst, "cannot create the folder", e))
     }
@@ -453,14 +453,6 @@ impl Writer {
         self.record.remove()?;
         others.iter().try_for_each(Manifest::remove)
     }
-}
-
-/// `p` as an absolute path, `..` taken back lexically (`os.path.abspath`).
-fn absolute(p: &Path) -> PathBuf {
-    let p = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
-    PathBuf::from(OsStr::from_bytes(&place::normpath(
-        p.as_os_str().as_bytes(),
-    )))
 }
 
 /// The weight map of the index at `dst/rel` with its shards relative to DST; None if there
