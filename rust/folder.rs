@@ -1015,6 +1015,7 @@ pub fn fingerprint(path: &Path) -> Result<String> {
 pub mod finish;
 pub mod inspect;
 pub mod prepare;
+pub mod run;
 pub mod verify_folder;
 pub mod work;
 pub mod write;

@@ -24,12 +24,12 @@ use crate::convert::{Knobs, Options as ConvertOptions, Tuning};
 use crate::error::{panic_message, Error, Warning};
 use crate::folder::finish::{FinalizeTask, FolderReport};
 use crate::folder::inspect::{InspectFolderTask, Planning};
-use crate::folder::prepare::{self, Asked, PrepareTask, ShardGiven};
+use crate::folder::prepare::{self, Asked, PrepareTask};
+use crate::folder::run::RunTask;
 use crate::folder::verify_folder::FolderVerify;
 use crate::folder::work::{Cut, Work, WorkTask};
-use crate::folder::write::ConvertFolderTask;
-use crate::given::{Exports, Given, Settings};
-use crate::numerics::{DequantizedTensor, Numerics};
+use crate::given::{Exports, Given, Settings, ShardGiven};
+use crate::numerics::Numerics;
 use crate::options;
 use crate::output::{self, Replace, Sealed};
 use crate::report::NumericsRow;
@@ -150,6 +150,7 @@ impl<'py> Hooks<'py> {
 
     /// `visit`; `end`: the task is done.
     fn visit_at(&self, py: Python<'py>, task: &mut impl Task, end: bool) -> PyResult<()> {
+        self.tell_said(task)?;
         py.check_signals()?;
         if self.cancelled()? {
             return Err(to_py(py, Error::Cancelled));
@@ -166,6 +167,16 @@ impl<'py> Hooks<'py> {
             let (done, total) = task.progress();
             self.ended.set(done >= total);
             p.call1((done, total))?;
+        }
+        Ok(())
+    }
+
+    /// A folder run's warnings, told to `warn` as (kind, template, path) as they are said.
+    fn tell_said(&self, task: &mut impl Task) -> PyResult<()> {
+        for (w, at) in task.take_said() {
+            if let Some(f) = &self.warn {
+                f.call1((w.kind.name(), &w.text, at))?;
+            }
         }
         Ok(())
     }
@@ -195,31 +206,46 @@ impl<'py> Hooks<'py> {
     }
 
     /// Step `task` to its end, `step` source bytes at a time (`Tuning::step`), visiting
-    /// Python between steps.
+    /// Python between steps. A failed step: a stop request wins (`stopped`), then the
+    /// failure as the task sees it (`Task::failed`), after the warnings said before it.
     fn drive(&self, py: Python<'py>, task: &mut (impl Task + Send), step: u64) -> PyResult<()> {
-        self.visit(py, task)?;
-        while !self.run(py, || task.step(step))? {
+        loop {
             self.visit(py, task)?;
+            let e = match py.detach(|| catch_unwind(AssertUnwindSafe(|| task.step(step)))) {
+                Ok(Ok(true)) => return self.visit_at(py, task, true),
+                Ok(Ok(false)) => continue,
+                Ok(Err(e)) => e,
+                Err(panic) => return Err(PyRuntimeError::new_err(panic_message(&*panic))),
+            };
+            self.stopped(py, &e)?;
+            let e = py.detach(|| task.failed(e));
+            self.tell_said(task)?;
+            return Err(to_py(py, e));
         }
-        self.visit_at(py, task, true)
     }
 
-    /// `guarded`, where a stop request that arrived meanwhile (a signal the caller's
-    /// handler recorded, the cancel flag) wins over the error it caused (EINTR, say); not
-    /// over a failure after the commit point, which must be told as such.
+    /// `guarded`, where a stop request wins over the error (`stopped`).
     fn run<T: Send>(&self, py: Python<'py>, f: impl FnOnce() -> Result<T> + Send) -> PyResult<T> {
         let e = match py.detach(|| catch_unwind(AssertUnwindSafe(f))) {
             Ok(Ok(v)) => return Ok(v),
             Ok(Err(e)) => e,
             Err(panic) => return Err(PyRuntimeError::new_err(panic_message(&*panic))),
         };
+        self.stopped(py, &e)?;
+        Err(to_py(py, e))
+    }
+
+    /// A stop request that arrived meanwhile (a signal the caller's handler recorded, the
+    /// cancel flag), which wins over the error `e` it caused (EINTR, say) and rolls nothing
+    /// back; not over a failure after the commit point, which must be told as such.
+    fn stopped(&self, py: Python<'py>, e: &Error) -> PyResult<()> {
         if !matches!(e, Error::AfterCommit { .. }) {
             py.check_signals()?;
             if self.cancelled().unwrap_or(false) {
                 return Err(to_py(py, Error::Cancelled));
             }
         }
-        Err(to_py(py, e))
+        Ok(())
     }
 
     /// Publish a sealed output (the commit point), telling `sealed` (if given) its (dev, ino,
@@ -324,7 +350,7 @@ options! {
     to, threads, force, keep, keep_min_size, keep_unmatched, strict, from_bf16, keep_names,
     on_overflow, scan, numerics, report, config, replaces, allow_copy, key, strip_prefix, loose,
     allow_quantized, quantization_config, packed_config, follow_links, unquantized, name,
-    no_record, include, exclude, lone,
+    no_record, include, exclude, lone, max_shard_size, shard, resume,
 }
 
 #[pyfunction]
@@ -361,8 +387,7 @@ fn finish_convert<'py>(
     let r = hooks.publish(py, task)?;
     let d = crossed(py, &r, &[("src", &r.src), ("dst", &r.dst)])?;
     let numerics = opts.numerics;
-    let measured =
-        numerics.then(|| numerics_dict(py, &r.numerics, &r.numerics_total, &r.dequantized));
+    let measured = numerics.then(|| numerics_dict(py, &r.numerics, &r.numerics_total));
     d.set_item("numerics", measured.transpose()?)?;
     Ok(d)
 }
@@ -647,75 +672,50 @@ impl Prepared {
     }
 }
 
-/// `shard` as given, its numbers read as Python's `int` reads them (`ShardGiven`).
-fn shard_given(v: &Bound<'_, PyAny>) -> PyResult<ShardGiven> {
-    let py = v.py();
-    let repr = v.repr()?.to_string();
-    let int = py.import("builtins")?.getattr("int")?;
-    let read = || -> PyResult<(i128, i128)> {
-        let items = v.try_iter()?.collect::<PyResult<Vec<_>>>()?;
-        let [i, n] = &items[..] else {
-            return Err(PyValueError::new_err("not a pair"));
+/// `shard` as given, its numbers read as Python's `int` reads them.
+impl FromPyObject<'_, '_> for ShardGiven {
+    type Error = PyErr;
+    fn extract(v: Borrowed<'_, '_, PyAny>) -> PyResult<ShardGiven> {
+        let py = v.py();
+        let repr = v.repr()?.to_string();
+        let int = py.import("builtins")?.getattr("int")?;
+        let read = || -> PyResult<(i128, i128)> {
+            let items = v.try_iter()?.collect::<PyResult<Vec<_>>>()?;
+            let [i, n] = &items[..] else {
+                return Err(PyValueError::new_err("not a pair"));
+            };
+            Ok((int.call1((i,))?.extract()?, int.call1((n,))?.extract()?))
         };
-        Ok((int.call1((i,))?.extract()?, int.call1((n,))?.extract()?))
-    };
-    let parts = match read() {
-        Ok(parts) => Some(parts),
-        Err(e) if e.is_instance_of::<PyTypeError>(py) || e.is_instance_of::<PyValueError>(py) => {
-            None
-        }
-        Err(e) => return Err(e),
-    };
-    Ok(ShardGiven { parts, repr })
+        let parts = match read() {
+            Ok(parts) => Some(parts),
+            Err(e)
+                if e.is_instance_of::<PyTypeError>(py) || e.is_instance_of::<PyValueError>(py) =>
+            {
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(ShardGiven { parts, repr })
+    }
 }
 
 /// Make every check a folder run of `src` into `dst` makes before writing anything
-/// (`folder::prepare::PrepareTask`), stepped (`cancel` checked between steps); each warning
-/// is told to `warn` as (kind, template, path) as it is said.
+/// (`folder::prepare::PrepareTask`), stepped; each warning is told to `warn` as (kind,
+/// template, path) as it is said.
 #[pyfunction]
-#[pyo3(name = "prepare", signature = (src, dst, *, shard=None, max_shard_size=None,
-                    resume=false, strict=false, cancel=None, warn=None, **options))]
+#[pyo3(name = "prepare", signature = (src, dst, *, warn=None, **options))]
 fn py_prepare<'py>(
     py: Python<'py>,
     src: PathBuf,
     dst: Option<PathBuf>,
-    shard: Option<Bound<'py, PyAny>>,
-    max_shard_size: Option<u64>,
-    resume: bool,
-    strict: bool,
-    cancel: Hook<'py>,
     warn: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Prepared> {
     let settings = read_options(py, options, |s, _| Ok(s.clone()))?;
-    let shard = shard.as_ref().map(shard_given).transpose()?;
-    let asked = Asked {
-        src,
-        dst,
-        settings,
-        max_shard_size,
-        shard,
-        resume,
-        strict,
-    };
-    let hooks = Hooks::new(None, cancel, None, None);
+    let hooks = Hooks::new(None, None, warn, None);
+    let asked = Asked::new(&src, dst.as_deref(), &settings);
     let mut task = hooks.run(py, || PrepareTask::new(asked))?;
-    let tell = |task: &mut PrepareTask| -> PyResult<()> {
-        for (w, at) in task.take_said() {
-            if let Some(f) = &warn {
-                f.call1((w.kind.name(), &w.text, at))?;
-            }
-        }
-        Ok(())
-    };
-    loop {
-        tell(&mut task)?;
-        hooks.visit(py, &mut task)?;
-        if hooks.run(py, || task.step(Tuning::default().step))? {
-            break;
-        }
-    }
-    tell(&mut task)?;
+    hooks.drive(py, &mut task, Tuning::default().step)?;
     let p = hooks.run(py, move || task.finish())?;
     Ok(Prepared(Mutex::new(Some(p))))
 }
@@ -745,12 +745,9 @@ fn numerics_dict<'py>(
     py: Python<'py>,
     tensors: &[(String, Numerics)],
     total: &Numerics,
-    dequantized: &[DequantizedTensor],
 ) -> PyResult<Bound<'py, PyDict>> {
     let rows = TensorNumerics {
         rows: tensors.to_vec(),
-        total: total.clone(),
-        dequantized: dequantized.to_vec(),
     };
     let d = PyDict::new(py);
     d.set_item("tensors", Bound::new(py, rows)?)?;
@@ -763,10 +760,6 @@ fn numerics_dict<'py>(
 #[pyclass(frozen, module = "stcast._core")]
 struct TensorNumerics {
     rows: Vec<(String, Numerics)>,
-    /// Their total (what a folder's numeric report adds up, `write_numeric_report`).
-    total: Numerics,
-    /// The run's dequantized weights, for that report too.
-    dequantized: Vec<DequantizedTensor>,
 }
 
 #[pymethods]
@@ -894,23 +887,10 @@ fn verify_dict<'py>(
     let d = crossed(py, r, &[("src", &r.src), ("dst", &r.dst)])?;
     d.set_item("ok", r.is_ok())?;
     // Only a verified pair has the numbers of a conversion.
-    let measured = (opts.numerics && r.is_ok())
-        .then(|| numerics_dict(py, &r.numerics, &r.numerics_total, &r.dequantized));
+    let measured =
+        (opts.numerics && r.is_ok()).then(|| numerics_dict(py, &r.numerics, &r.numerics_total));
     d.set_item("numerics", measured.transpose()?)?;
     Ok(d)
-}
-
-/// How to publish over an existing name (`output::Replace`): None, "any", or (dev, ino).
-fn replace_policy(v: Option<&Bound<'_, PyAny>>) -> PyResult<Replace> {
-    match v.filter(|v| !v.is_none()) {
-        None => Ok(Replace::No),
-        Some(v) if v.extract::<String>().is_ok_and(|s| s == "any") => Ok(Replace::Any),
-        Some(v) => {
-            let msg = "replace must be None, \"any\" or (dev, ino)";
-            let (dev, ino) = v.extract().map_err(|_| PyValueError::new_err(msg))?;
-            Ok(Replace::Same { dev, ino })
-        }
-    }
 }
 
 /// Verify the folder `dst` against `src` (`folder::verify_folder::FolderVerify`), stepped: the
@@ -939,37 +919,12 @@ fn verify_folder<'py>(
     let mut parts = Vec::new();
     for (rel, v) in &r.parts {
         let measured = (given.numerics && v.is_ok())
-            .then(|| numerics_dict(py, &v.numerics, &v.numerics_total, &v.dequantized));
+            .then(|| numerics_dict(py, &v.numerics, &v.numerics_total));
         parts.push((rel.as_os_str(), measured.transpose()?));
     }
     d.set_item("parts", parts)?;
     d.set_item("ok", r.is_ok())?;
     Ok(d)
-}
-
-/// Write a folder's numeric report to `path` from each file's rows (`report::files_report`).
-#[pyfunction]
-#[pyo3(signature = (path, src, dst, to, parts, *, replace=None))]
-fn write_numeric_report<'py>(
-    py: Python<'py>,
-    path: PathBuf,
-    src: PathBuf,
-    dst: PathBuf,
-    to: Option<&str>,
-    parts: Vec<(Option<String>, Bound<'py, TensorNumerics>)>,
-    replace: Option<&Bound<'py, PyAny>>,
-) -> PyResult<(u64, u64, u64)> {
-    let parts: Vec<_> = parts
-        .iter()
-        .map(|(f, r)| {
-            let r = r.get();
-            (f.as_deref(), &r.rows[..], &r.total, &r.dequantized[..])
-        })
-        .collect();
-    let target = to.and_then(Target::from_name);
-    let bytes = crate::report::files_report(&src, &dst, target, &parts);
-    let replace = replace_policy(replace)?;
-    Ok(guarded(py, || output::write_file(&path, &bytes, replace, ""))?.into())
 }
 
 /// Check a side output's path before any work (`output::check_side_path`); its replace policy.
@@ -1026,68 +981,36 @@ fn option_error<'py>(
     Ok(to_py(py, value.bad(option, expected)).into_value(py))
 }
 
-/// Write the prepared folder run `prepared` (`folder::write::ConvertFolderTask`), stepped: the
-/// call's `threads` and `tuning`, each warning told to `warn` as (kind, template, path) as it
-/// is said; its report (`folder_report`), the numerics as each unit's (file, numerics).
+/// A folder run (`folder::run::RunTask`), stepped: every check, the writing, the numeric
+/// report; each warning told to `warn` as (kind, template, path) as it is said. Its report
+/// (`folder_report`), the numerics as each unit's (file, numerics).
 #[pyfunction]
-#[pyo3(signature = (prepared, *, progress=None, file_progress=None, cancel=None, warn=None,
+#[pyo3(signature = (src, dst, *, progress=None, file_progress=None, cancel=None, warn=None,
                     **options))]
 fn convert_folder<'py>(
     py: Python<'py>,
-    prepared: &Bound<'py, Prepared>,
+    src: PathBuf,
+    dst: Option<PathBuf>,
     progress: Hook<'py>,
     file_progress: Hook<'py>,
     cancel: Hook<'py>,
     warn: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let (threads, tuning) = read_options(py, options, |s, t| Ok((s.threads.clone(), t)))?;
-    let taken = prepared.get().0.lock().map(|mut p| p.take());
-    let p = taken.ok().flatten();
-    let p = p.ok_or_else(|| PyValueError::new_err("this run was written already"))?;
+    let (given, tuning) = read_options(py, options, |s, t| Ok((s.clone(), t)))?;
     let step = tuning.step;
-    let mut task = ConvertFolderTask::new(p, threads, tuning);
-    let hooks = Hooks::new(progress, cancel, None, None).metered(file_progress);
-    let tell = |task: &mut ConvertFolderTask| -> PyResult<()> {
-        for (w, at) in task.take_said() {
-            if let Some(f) = &warn {
-                f.call1((w.kind.name(), &w.text, at))?;
-            }
-        }
-        Ok(())
-    };
-    loop {
-        tell(&mut task)?;
-        hooks.visit(py, &mut task)?;
-        let stepped = py.detach(|| catch_unwind(AssertUnwindSafe(|| task.step(step))));
-        let e = match stepped {
-            Ok(Ok(true)) => break,
-            Ok(Ok(false)) => continue,
-            Ok(Err(e)) => e,
-            Err(panic) => return Err(PyRuntimeError::new_err(panic_message(&*panic))),
-        };
-        // A stop request that came meanwhile wins over the error it caused (and rolls
-        // nothing back); then the failure as the run sees it.
-        if !matches!(e, Error::AfterCommit { .. }) {
-            py.check_signals()?;
-            if hooks.cancelled().unwrap_or(false) {
-                return Err(to_py(py, Error::Cancelled));
-            }
-        }
-        let e = py.detach(|| task.failed(e));
-        tell(&mut task)?;
-        return Err(to_py(py, e));
-    }
-    tell(&mut task)?;
-    hooks.visit_at(py, &mut task, true)?;
-    let parts = task.converted().iter().map(|c| {
+    let hooks = Hooks::new(progress, cancel, warn, None).metered(file_progress);
+    let mut task = hooks.run(py, || RunTask::new(&src, dst.as_deref(), &given, tuning))?;
+    hooks.drive(py, &mut task, step)?;
+    let (r, converted) = hooks.run(py, move || task.finish())?;
+    let parts = converted.iter().map(|c| {
         let r = &c.report;
         let measured = c.measured;
-        let n = measured.then(|| numerics_dict(py, &r.numerics, &r.numerics_total, &r.dequantized));
+        let n = measured.then(|| numerics_dict(py, &r.numerics, &r.numerics_total));
         Ok((c.rel.clone(), n.transpose()?))
     });
     let parts = parts.collect::<PyResult<Vec<_>>>()?;
-    let d = folder_report(py, &task.finish())?;
+    let d = folder_report(py, &r)?;
     d.set_item("numerics", parts)?;
     Ok(d)
 }
@@ -1154,7 +1077,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Prepared>()?;
     add_functions! {
         m: _set_exceptions, py_convert, py_inspect, inspect_folder, py_verify, render, format_bytes, escape,
-        option_error, check_option, check_applies, write_numeric_report,
+        option_error, check_option, check_applies,
         check_side_output,
         source_kind, read_header, config_text, index_text,
         read_json, split_shard_name, run_place, default_dst, verify_route, space,

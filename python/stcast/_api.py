@@ -12,14 +12,12 @@ from typing import TYPE_CHECKING, cast
 
 from . import _core, _engine, _types
 from ._options import Options
-from .errors import Refused, StcastError
 from .reports import (
     ConvertReport,
     InspectReport,
     Notice,
     VerifyReport,
     folder_report,
-    numeric_parts,
 )
 
 if TYPE_CHECKING:
@@ -116,36 +114,18 @@ def convert(
     o = given.checked("convert")
     _core.check_applies(src, o.set)
     if tree or o.max_shard_size is not None:
-        prepared = _prepare(src, None if dst is None else os.fsdecode(dst), o, cancel=cancel)
-        replace_report = None
-        o = _report(o)
-        if o.report is not None:
-            # Not inside the source (any kind: its folders, a ZeRO tag folder through a link)
-            # nor the destination folder; not one of their files.
-            replace_report = _core.check_side_output(
-                o.report, "report", o.force, [(prepared.src, "input"), (prepared.dst, "output")]
-            )
+        # One engine call: every check, the writing, the numeric report (rust/folder/run.rs).
         with _engine.gc_paused():
             data = _core.convert_folder(
-                prepared,
+                src,
+                None if dst is None else os.fsdecode(dst),
                 progress=progress,
                 file_progress=file_progress,
                 cancel=cancel,
                 warn=_engine.issue,
-                threads=o.threads,
-                tuning=o.tuning,
+                **_report(o).keywords("convert"),
             )
-            result = folder_report(data)
-        if o.report is not None and result.numerics is not None:
-            # The folder's own commit point is behind it: a failure here says so.
-            try:
-                parts = numeric_parts(result.numerics)
-                _core.write_numeric_report(
-                    o.report, result.src, result.dst, result.to, parts, replace=replace_report
-                )
-            except (OSError, StcastError) as e:
-                raise _after_commit(result.dst, e) from None
-        return result
+            return folder_report(data)
     target = _core.default_dst(src, _target(o), dst=None if dst is None else os.fsdecode(dst))
     return _engine.convert_file(
         src, target, progress=progress, cancel=cancel, **_report(o).keywords("convert")
@@ -283,40 +263,8 @@ def _inspect_resharded(
     )
 
 
-def _prepare(
-    src: str,
-    dst: str | None,
-    o: Options,
-    *,
-    cancel: CancelFlag | None = None,
-    warn: Callable[[str, str, str | None], object] = _engine.issue,
-) -> _core.Prepared:
-    """Every check a folder run makes before writing anything, in order (the engine's
-    `folder::prepare`), each warning told to `warn` as it is said: `inspect SRC DST` makes
-    exactly these; `convert` makes them, then writes (`_core.convert_folder`). With
-    `max_shard_size`, the output is re-sharded and `src` may also be one checkpoint."""
-    return _core.prepare(
-        src,
-        dst,
-        shard=o.shard,
-        max_shard_size=o.max_shard_size,
-        resume=o.resume,
-        strict=o.strict,
-        cancel=cancel,
-        warn=warn,
-        to=o.to,
-        **o.precision,
-        **o.source,
-        force=o.force,
-        allow_quantized=o.allow_quantized,
-        follow_links=o.follow_links,
-        name=o.name,
-        config=o.config,
-    )
-
-
 def _checked(src: str, dst: str, o: Options) -> tuple[_core.Prepared, list[Notice]]:
-    """Every check a folder run into `dst` makes before writing (`_prepare`), failing as the
+    """Every check a folder run into `dst` makes before writing (`_core.prepare`), failing as the
     run would, and what they said (not issued: a dry run returns its warnings)."""
     said: list[Notice] = []
 
@@ -325,7 +273,7 @@ def _checked(src: str, dst: str, o: Options) -> tuple[_core.Prepared, list[Notic
         if kind != "unmatched_pattern":
             said.append(Notice(kind, template, path))
 
-    prepared = _prepare(src, dst, o, warn=warn)
+    prepared = _core.prepare(src, dst, warn=warn, **o.keywords("inspect"))
     if o.report is not None:  # as `convert` checks it
         _core.check_side_output(
             o.report, "report", o.force, [(prepared.src, "input"), (prepared.dst, "output")]
@@ -466,14 +414,6 @@ def _document(fn: Callable[..., object], *typed: type) -> None:
     them."""
     if fn.__doc__:  # (none under `python -OO`)
         fn.__doc__ += "".join(f"\n    {t.__doc__}" for t in typed)
-
-
-def _after_commit(published: str, e: BaseException) -> StcastError:
-    """An error that came after the output was published: it says so."""
-    template = e.template if isinstance(e, StcastError) else _engine.escape(str(e))
-    return Refused(
-        f"{_engine.escape(published)} was published, but then {template}", path=published
-    )
 
 
 _document(convert, _types._Options, _types.ConvertOptions)

@@ -44,7 +44,6 @@ __all__ = [
     "option_error",
     "check_option",
     "check_applies",
-    "write_numeric_report",
     "check_side_output",
     "source_kind",
     "read_header",
@@ -205,15 +204,6 @@ def escape(s: str) -> str: ...
 def option_error(option: str, value: object, expected: str) -> BaseException: ...
 def check_option(name: str, value: object) -> Any: ...
 def check_applies(src: str, given: list[str]) -> None: ...
-def write_numeric_report(
-    path: str,
-    src: str,
-    dst: str,
-    to: str | None,
-    parts: list[tuple[str | None, TensorNumerics]],
-    *,
-    replace: object = None,
-) -> tuple[int, int, int]: ...
 def check_side_output(
     path: str, role: str, force: bool, taken: list[tuple[str, str]]
 ) -> str | None: ...
@@ -290,22 +280,20 @@ def prepare(
     src: str,
     dst: str | None,
     *,
-    shard: object = None,
-    max_shard_size: int | None = None,
-    resume: bool = False,
-    strict: bool = False,
-    cancel: _CancelFlag | None = None,
     warn: Callable[[str, str, str | None], object] | None = None,
     **options: Any,
 ) -> Prepared: ...
+
+# A folder run, whole (rust/folder/run.rs): every check, the writing, the numeric report.
 def convert_folder(
-    prepared: Prepared,
+    src: str,
+    dst: str | None,
     *,
     progress: _Progress = None,
     file_progress: Callable[[str, int, int], object] | None = None,
     cancel: _CancelFlag | None = None,
     warn: Callable[[str, str, str | None], object] | None = None,
-    **options: Unpack[_Options],
+    **options: Any,
 ) -> dict[str, Any]: ...
 def finalize(
     src: str,

@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 
 use super::*;
 use crate::folder::finish::FinalizeTask;
-use crate::folder::prepare::{Asked, PrepareTask, ShardGiven};
+use crate::folder::prepare::{Asked, PrepareTask};
 use crate::folder::verify_folder::FolderVerify;
+use crate::given::ShardGiven;
 use crate::run::manifest;
 use crate::task;
 
@@ -70,12 +71,17 @@ fn asked(src: &Path, dst: &Path, key: Option<&str>, max_size: Option<u64>) -> As
         settings: Settings {
             to: Some(given("bf16")),
             key: key.map(str::to_string),
+            max_shard_size: max_size.map(whole),
             ..Settings::default()
         },
-        max_shard_size: max_size,
-        shard: None,
-        resume: false,
-        strict: false,
+    }
+}
+
+fn whole(n: u64) -> Given {
+    Given {
+        text: None,
+        whole: Some(n),
+        repr: n.to_string(),
     }
 }
 
@@ -94,7 +100,7 @@ fn run(asked: Asked, stop_after: Option<usize>) -> Result<Option<FolderReport>> 
             return Ok(None);
         }
         match w.step(u64::MAX) {
-            Ok(true) => return Ok(Some(w.finish())),
+            Ok(true) => return Ok(Some(w.finish().0)),
             Ok(false) => {}
             Err(e) => return Err(w.failed(e)),
         }
@@ -160,7 +166,7 @@ fn stopped_resumed_verified(src: &Path, key: Option<&str>, max_size: Option<u64>
         e.template()
     );
     let mut a = asked(src, &dst, key, max_size);
-    a.resume = true;
+    a.settings.resume = true;
     let r = run(a.clone(), None).unwrap().unwrap();
     let skipped = r.files.iter().filter(|f| f.action == "skipped").count();
     let converted = r.files.iter().filter(|f| f.action == "converted").count();
@@ -212,7 +218,7 @@ fn shard_runs_then_finalize_make_the_whole_folder() {
     let _ = std::fs::remove_dir_all(&dst);
     for i in 1..=2 {
         let mut a = asked(&src, &dst, None, None);
-        a.shard = Some(ShardGiven {
+        a.settings.shard = Some(ShardGiven {
             parts: Some((i, 2)),
             repr: format!("({i}, 2)"),
         });
