@@ -1012,6 +1012,7 @@ pub fn fingerprint(path: &Path) -> Result<String> {
     Ok(hex(h))
 }
 
+pub mod dry;
 pub mod finish;
 pub mod inspect;
 pub mod prepare;

@@ -13,7 +13,6 @@ use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -22,22 +21,21 @@ use pyo3::types::{IntoPyDict, PyDict};
 
 use crate::convert::{Knobs, Options as ConvertOptions, Tuning};
 use crate::error::{panic_message, Error, Warning};
+use crate::folder::dry::{Dry, DryRun};
 use crate::folder::finish::{FinalizeTask, FolderReport};
-use crate::folder::inspect::{InspectFolderTask, Planning};
-use crate::folder::prepare::{self, Asked, PrepareTask};
 use crate::folder::run::RunTask;
 use crate::folder::verify_folder::FolderVerify;
-use crate::folder::work::{Cut, Work, WorkTask};
+use crate::folder::work::Work;
 use crate::given::{Exports, Given, Settings, ShardGiven};
 use crate::numerics::Numerics;
 use crate::options;
-use crate::output::{self, Replace, Sealed};
+use crate::output::Sealed;
 use crate::report::NumericsRow;
 use crate::run::{fp8config, json, place};
 use crate::task::{ConvertTask, InspectTask, Inspection, Task};
 use crate::text;
 use crate::verify::{Verifier, VerifyOptions, VerifyReport};
-use crate::vocab::{ErrorKind, OptionName, Side, Taken, Target, Unmatched};
+use crate::vocab::{ErrorKind, OptionName, Target, Unmatched};
 use crate::{Result, VERSION};
 
 /// What `stcast.errors` hands over at import (`_set_exceptions`), in `ErrorKind::ALL`
@@ -163,7 +161,8 @@ impl<'py> Hooks<'py> {
         if let Some(m) = &self.meter {
             return self.tell(m, task, end);
         }
-        if let Some(p) = self.progress.as_ref().filter(|_| !self.ended.get()) {
+        let told = !self.ended.get() && task.measured();
+        if let Some(p) = self.progress.as_ref().filter(|_| told) {
             let (done, total) = task.progress();
             self.ended.set(done >= total);
             p.call1((done, total))?;
@@ -301,8 +300,7 @@ macro_rules! named {
 }
 
 named! {
-    Unmatched: "keep_unmatched must be one of", Side: "role: one of", Taken: "taken: one of",
-    Target: "to: one of",
+    Unmatched: "keep_unmatched must be one of", Target: "to: one of",
 }
 
 /// The knobs of `tuning=` (`convert::Knobs`, `Tuning::new`): speed and memory, never the bytes.
@@ -479,24 +477,6 @@ fn source_kind(py: Python<'_>, src: PathBuf, check: bool) -> PyResult<Option<&'s
     guarded(py, || Ok(place::source(&src, check)?.name()))
 }
 
-/// Where a folder run reads and writes (`run::place::place`): the source read, the
-/// destination (`dst`, or the default for `to`), the source's identity (checked).
-#[pyfunction]
-#[pyo3(signature = (src, dst, to=Target::Bf16, *, resharding, check=true))]
-fn run_place(
-    py: Python<'_>,
-    src: PathBuf,
-    dst: Option<PathBuf>,
-    to: Target,
-    resharding: bool,
-    check: bool,
-) -> PyResult<(OsString, OsString, place::Ident)> {
-    let p = guarded(py, || {
-        place::place(&src, dst.as_deref(), to, resharding, check)
-    })?;
-    Ok((p.src.into(), p.dst.into(), p.id))
-}
-
 /// The destination a run writes when none is given (`run::place::default_dst`), or, for a
 /// one-file run given `dst`, the file it names (`run::place::file_dst`).
 #[pyfunction]
@@ -541,135 +521,43 @@ fn space(py: Python<'_>, dst: PathBuf, need: u64) -> PyResult<(OsString, u64, bo
     })
 }
 
-/// A folder run's plan of output units (`folder::work::Work`).
-#[pyclass(frozen, module = "stcast._core")]
-struct FolderWork(Arc<Work>);
-
 type Dicts<'py> = Vec<Bound<'py, PyDict>>;
 
-#[pymethods]
-impl FolderWork {
-    /// Plan the folder run of `src` (`folder::work::WorkTask`), stepped a weight file and a
-    /// group at a time (`cancel` checked between them): with `max_shard_size`, re-sharded
-    /// (`single`: `src` is one checkpoint).
-    #[new]
-    #[pyo3(signature = (src, *, check_quantized, single=false, max_shard_size=None,
-                        shard_links=false, keep_names=None, unquantized=None, cancel=None,
-                        **options))]
-    fn new(
-        py: Python<'_>,
-        src: PathBuf,
-        check_quantized: bool,
-        single: bool,
-        max_shard_size: Option<u64>,
-        shard_links: bool,
-        keep_names: Option<Vec<Vec<String>>>,
-        unquantized: Option<Vec<Vec<String>>>,
-        cancel: Hook<'_>,
-        options: Option<&Bound<'_, PyDict>>,
-    ) -> PyResult<Self> {
-        let (given, tuning) = read_options(py, options, |s, t| Ok((s.clone(), t)))?;
-        let cut = max_shard_size.map(|max_size| Cut {
-            max_size,
-            follow_links: shard_links,
-            keep_names,
-            unquantized,
-        });
-        let (hooks, step) = (Hooks::new(None, cancel, None, None), tuning.step);
-        let new = || WorkTask::new(&src, &given, tuning, check_quantized, single, cut, None);
-        let mut task = hooks.run(py, new)?;
-        hooks.drive(py, &mut task, step)?;
-        Ok(FolderWork(Arc::new(hooks.run(py, move || task.finish())?)))
-    }
-
-    /// What the plan said: (kind, template, the source file it is about).
-    fn warnings(&self) -> Vec<(&'static str, &str, Option<&OsStr>)> {
-        let said = self.0.warnings.iter();
-        said.map(|(w, at)| (w.kind.name(), w.text.as_str(), at.as_deref()))
-            .collect()
-    }
-
-    /// Every file the run writes: (rel, kind, bytes).
-    fn outputs(&self) -> Vec<(OsString, &'static str, u64)> {
-        let out = self.0.outputs().into_iter();
-        out.map(|(rel, kind, size)| (rel, kind.name(), size))
-            .collect()
-    }
-
-    /// The shards and indexes a re-sharding writes, as `inspect` reports them.
-    fn infos<'py>(&self, py: Python<'py>) -> PyResult<(Dicts<'py>, Dicts<'py>)> {
-        let w = &self.0;
-        let index = |k: usize| w.groups[k].index.as_ref().map(|i| i.0.as_os_str());
-        let shards = w.units.iter().map(|u| {
-            let inputs = u.inputs.iter().map(|&k| w.plan.weights[k].source_rel());
-            let d = PyDict::new(py);
-            d.set_item("path", &u.rel)?;
-            d.set_item("bytes", u.size)?;
-            d.set_item("tensors", u.names.len())?;
-            d.set_item("tensors_converted", u.tensors_converted)?;
-            d.set_item("tensors_kept", u.tensors_kept)?;
-            d.set_item("data_bytes", u.data_bytes)?;
-            d.set_item("target_bytes", u.target_bytes)?;
-            d.set_item("inputs", inputs.collect::<Vec<_>>())?;
-            d.set_item("index", index(u.group))?;
-            Ok(d)
-        });
-        let indexes = (0..w.groups.len()).filter_map(|k| Some((k, w.groups[k].index.as_ref()?)));
-        let indexes = indexes.map(|(k, (rel, text, _))| {
-            let mine = w.units.iter().filter(|u| u.group == k);
-            let d = PyDict::new(py);
-            d.set_item("path", rel)?;
-            d.set_item("bytes", text.len())?;
-            d.set_item(
-                "total_size",
-                mine.clone().map(|u| u.target_bytes).sum::<u64>(),
-            )?;
-            d.set_item("shards", mine.count())?;
-            Ok(d)
-        });
-        Ok((
-            shards.collect::<PyResult<_>>()?,
-            indexes.collect::<PyResult<_>>()?,
-        ))
-    }
-}
-
-/// A folder run with every check made and nothing written yet (`folder::prepare`), until
-/// `convert_folder` writes it.
-#[pyclass(frozen, module = "stcast._core")]
-struct Prepared(Mutex<Option<prepare::Prepared>>);
-
-impl Prepared {
-    /// `f` of the prepared run (an error once it was written).
-    fn with<T>(&self, f: impl FnOnce(&prepare::Prepared) -> T) -> PyResult<T> {
-        let p = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let p = p
-            .as_ref()
-            .ok_or_else(|| PyValueError::new_err("written already"))?;
-        Ok(f(p))
-    }
-}
-
-#[pymethods]
-impl Prepared {
-    #[getter]
-    fn src(&self) -> PyResult<OsString> {
-        self.with(|p| p.src.clone().into())
-    }
-
-    #[getter]
-    fn dst(&self) -> PyResult<OsString> {
-        self.with(|p| p.dst.clone().into())
-    }
-
-    /// The plan of its output units (a dry run's report reads it).
-    #[getter]
-    fn work(&self) -> PyResult<FolderWork> {
-        self.with(|p| FolderWork(Arc::clone(&p.work)))
-    }
+/// The shards and indexes a re-sharding writes (`folder::work::Work`), as `inspect` reports
+/// them.
+fn plan_infos<'py>(py: Python<'py>, w: &Work) -> PyResult<(Dicts<'py>, Dicts<'py>)> {
+    let index = |k: usize| w.groups[k].index.as_ref().map(|i| i.0.as_os_str());
+    let shards = w.units.iter().map(|u| {
+        let inputs = u.inputs.iter().map(|&k| w.plan.weights[k].source_rel());
+        let d = PyDict::new(py);
+        d.set_item("path", &u.rel)?;
+        d.set_item("bytes", u.size)?;
+        d.set_item("tensors", u.names.len())?;
+        d.set_item("tensors_converted", u.tensors_converted)?;
+        d.set_item("tensors_kept", u.tensors_kept)?;
+        d.set_item("data_bytes", u.data_bytes)?;
+        d.set_item("target_bytes", u.target_bytes)?;
+        d.set_item("inputs", inputs.collect::<Vec<_>>())?;
+        d.set_item("index", index(u.group))?;
+        Ok(d)
+    });
+    let indexes = (0..w.groups.len()).filter_map(|k| Some((k, w.groups[k].index.as_ref()?)));
+    let indexes = indexes.map(|(k, (rel, text, _))| {
+        let mine = w.units.iter().filter(|u| u.group == k);
+        let d = PyDict::new(py);
+        d.set_item("path", rel)?;
+        d.set_item("bytes", text.len())?;
+        d.set_item(
+            "total_size",
+            mine.clone().map(|u| u.target_bytes).sum::<u64>(),
+        )?;
+        d.set_item("shards", mine.count())?;
+        Ok(d)
+    });
+    Ok((
+        shards.collect::<PyResult<_>>()?,
+        indexes.collect::<PyResult<_>>()?,
+    ))
 }
 
 /// `shard` as given, its numbers read as Python's `int` reads them.
@@ -697,27 +585,6 @@ impl FromPyObject<'_, '_> for ShardGiven {
         };
         Ok(ShardGiven { parts, repr })
     }
-}
-
-/// Make every check a folder run of `src` into `dst` makes before writing anything
-/// (`folder::prepare::PrepareTask`), stepped; each warning is told to `warn` as (kind,
-/// template, path) as it is said.
-#[pyfunction]
-#[pyo3(name = "prepare", signature = (src, dst, *, warn=None, **options))]
-fn py_prepare<'py>(
-    py: Python<'py>,
-    src: PathBuf,
-    dst: Option<PathBuf>,
-    warn: Hook<'py>,
-    options: Option<&Bound<'py, PyDict>>,
-) -> PyResult<Prepared> {
-    let settings = read_options(py, options, |s, _| Ok(s.clone()))?;
-    let hooks = Hooks::new(None, None, warn, None);
-    let asked = Asked::new(&src, dst.as_deref(), &settings);
-    let mut task = hooks.run(py, || PrepareTask::new(asked))?;
-    hooks.drive(py, &mut task, Tuning::default().step)?;
-    let p = hooks.run(py, move || task.finish())?;
-    Ok(Prepared(Mutex::new(Some(p))))
 }
 
 /// The header of a safetensors file (`source::read_header`).
@@ -795,36 +662,38 @@ fn py_inspect<'py>(
     inspection(py, &found, &found.source.path, None, &row)
 }
 
-/// A folder's dry run (`folder::inspect::InspectFolderTask`), stepped a weight file at a
-/// time: its totals, other files and warnings, and under `files` each file's inspection.
+/// A folder run's dry run (`folder::dry::DryRun`), stepped: with `dst` every check the
+/// run makes; its totals, other files and warnings, under `files` each file's inspection,
+/// and a re-sharding's plan (`plan_infos`).
 #[pyfunction]
-#[pyo3(signature = (src, *, checked, resharding, progress=None, row=None, **options))]
+#[pyo3(signature = (src, dst, *, progress=None, row=None, **options))]
 fn inspect_folder<'py>(
     py: Python<'py>,
     src: PathBuf,
-    checked: bool,
-    resharding: bool,
+    dst: Option<PathBuf>,
     progress: Hook<'py>,
     row: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let (given, tuning) = read_options(py, options, |s, t| Ok((s.clone(), t)))?;
     let (hooks, step) = (Hooks::new(progress, None, None, None), tuning.step);
-    let mut planning = hooks.run(py, || {
-        Planning::new(&src, &given, tuning, given.scan, checked, resharding)
-    })?;
-    // (The progress told is the scan's: the planning tells none.)
-    Hooks::new(None, None, None, None).drive(py, &mut planning, step)?;
-    let mut task = hooks.run(py, move || InspectFolderTask::new(planning))?;
+    let mut task = hooks.run(py, || DryRun::new(&src, dst.as_deref(), &given, tuning))?;
     hooks.drive(py, &mut task, step)?;
-    let found = hooks.run(py, move || task.finish())?;
+    let Dry { src, found, work } = hooks.run(py, move || task.finish())?;
     let d = pythonize::pythonize(py, &found.rows)?.cast_into::<PyDict>()?;
+    d.set_item("path", src.as_os_str())?;
     d.set_item("named", found.named)?;
     let files = found
         .files
         .iter()
         .map(|(rel, f)| inspection(py, f, Path::new(rel), Some(rel), &row));
     d.set_item("files", files.collect::<PyResult<Vec<_>>>()?)?;
+    if let Some(w) = work {
+        let (shards, indexes) = plan_infos(py, &w)?;
+        d.set_item("max_shard_size", w.max_size)?;
+        d.set_item("shards", shards)?;
+        d.set_item("indexes", indexes)?;
+    }
     Ok(d)
 }
 
@@ -925,20 +794,6 @@ fn verify_folder<'py>(
     d.set_item("parts", parts)?;
     d.set_item("ok", r.is_ok())?;
     Ok(d)
-}
-
-/// Check a side output's path before any work (`output::check_side_path`); its replace policy.
-#[pyfunction]
-#[pyo3(signature = (path, role, force, taken))]
-fn check_side_output(
-    py: Python<'_>,
-    path: PathBuf,
-    role: Side,
-    force: bool,
-    taken: Vec<(PathBuf, Taken)>,
-) -> PyResult<Option<&'static str>> {
-    let replace = guarded(py, || output::check_side_path(&path, role, force, &taken))?;
-    Ok((!matches!(replace, Replace::No)).then_some("any"))
 }
 
 /// Render a message template, calling `option(name, value)` for each placeholder.
@@ -1073,15 +928,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     for (name, value) in exports.cast_into::<PyDict>()?.iter() {
         m.add(name.cast_into::<pyo3::types::PyString>()?, value)?;
     }
-    m.add_class::<FolderWork>()?;
-    m.add_class::<Prepared>()?;
     add_functions! {
         m: _set_exceptions, py_convert, py_inspect, inspect_folder, py_verify, render, format_bytes, escape,
         option_error, check_option, check_applies,
-        check_side_output,
         source_kind, read_header, config_text, index_text,
-        read_json, split_shard_name, run_place, default_dst, verify_route, space,
-        py_prepare,
+        read_json, split_shard_name, default_dst, verify_route, space,
         convert_folder,
         finalize,
         verify_folder,

@@ -36,6 +36,10 @@ pub trait Task {
     fn file_progress(&self) -> Option<(&std::ffi::OsStr, u64, u64)> {
         None
     }
+    /// Whether its progress is told now (false: a part that tells none, a dry run's checks).
+    fn measured(&self) -> bool {
+        true
+    }
     /// A folder run's warnings said since the last call, each with the path it names (its
     /// `take_warnings` says none).
     fn take_said(&mut self) -> Vec<Said> {

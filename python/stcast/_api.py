@@ -15,13 +15,12 @@ from ._options import Options
 from .reports import (
     ConvertReport,
     InspectReport,
-    Notice,
     VerifyReport,
     folder_report,
 )
 
 if TYPE_CHECKING:
-    from typing import Any, Callable
+    from typing import Callable
 
     from typing_extensions import Unpack
 
@@ -172,10 +171,11 @@ def inspect(
     o = given.checked("inspect")
     target = None if dst is None else os.fsdecode(dst)
     _core.check_applies(path, o.set)
-    if o.max_shard_size is not None:
-        return _inspect_resharded(path, target, _report(o), progress)
-    if tree:
-        return _inspect_folder(path, target, _report(o), progress)
+    if tree or o.max_shard_size is not None:
+        # One engine call: the dry run, with `dst` after every check the run makes, and a
+        # re-sharding's plan (rust/folder/dry.rs).
+        keywords = _report(o).keywords("inspect")
+        return _engine.inspect_folder(path, target, progress=progress, **keywords)
     if target is not None:
         target = _core.default_dst(path, _target(o), dst=target)
     # With `dst`, the checks `convert` makes before writing, failing as it would (a plain
@@ -185,100 +185,6 @@ def inspect(
     if target is None:
         return planned
     return replace(planned, destination=_engine.destination(target, planned.output_bytes))
-
-
-def _inspect_folder(
-    src: str, dst: str | None, o: Options, progress: Callable[[int, int], object] | None
-) -> InspectReport:
-    """A folder's dry run: with `dst`, after every check the run makes (`folder.checked`)."""
-    # (A cache repo root: its snapshot.)
-    src = _core.run_place(src, dst, to=_target(o), resharding=False, check=False)[0]
-    said = None
-    if dst is not None:
-        said = _checked(src, dst, o)[1]
-    return _engine.inspect_folder(src, o, dst=dst, checked=said, progress=progress)
-
-
-def _inspect_resharded(
-    src: str, dst: str | None, o: Options, progress: Callable[[int, int], object] | None
-) -> InspectReport:
-    """A dry run of a re-sharding (`max_shard_size`) with the same options: see `inspect`.
-    With `dst`, every check the conversion would make runs first (`_checked`), and fails as
-    the conversion would; `src` may be a file. The files are the engine's dry run
-    (`_engine.inspect_folder`); the report adds the shard plan."""
-    to, max_shard_size = _target(o), cast("int", o.max_shard_size)
-    # (A cache repo root: its snapshot.)
-    src = _core.run_place(src, dst, to=to, resharding=True, check=False)[0]
-    said: list[Notice] | None = None
-    if dst is not None:
-        prepared, said = _checked(src, dst, o)
-    report = _engine.inspect_folder(
-        src, o, dst=dst, checked=said, resharding=True, progress=progress
-    )
-    warnings = report.warnings
-    if dst is not None:
-        work = prepared.work
-    else:
-        # Without DST nothing is checked: the plan of what is there, as convert cuts it;
-        # each file's inspection read the tensors kept from overflow and, for an FP8
-        # target, the weights holding NaN or inf, as convert does.
-        found = [[t.name for t in f.tensors if t.reason == "keep_overflow"] for f in report.files]
-        fp8 = to in ("fp8", "fp8-block")
-        nonfinite = [
-            [t.name for t in f.tensors if t.not_quantized == "nonfinite"] for f in report.files
-        ]
-        single = not _engine.is_tree(src)
-        work = _core.FolderWork(
-            src,
-            check_quantized=False,
-            single=single,
-            max_shard_size=max_shard_size,
-            shard_links=o.follow_links,
-            keep_names=found,
-            unquantized=nonfinite if fp8 else None,
-            to=to,
-            **o.precision,
-            **o.source,
-            follow_links=o.follow_links,
-            name=o.name,
-            config=o.config if single else None,
-        )
-        planned = [Notice(kind, text, path) for kind, text, path in work.warnings()]
-        warnings = warnings + [n for n in planned if n not in warnings]
-    # What a re-sharding run writes besides the shards, to the byte.
-    written = work.outputs()
-    other = sum(size for _, kind, size in written if kind != "weights")
-    output = sum(size for _, kind, size in written if kind == "weights") + other
-    infos: tuple[list[Any], list[Any]] = work.infos()
-    shards, indexes = infos
-    return replace(
-        report,
-        output_bytes=output,
-        warnings=warnings,
-        destination=None if dst is None else _engine.destination(dst, output),
-        other_bytes=other,
-        max_shard_size=max_shard_size,
-        shards=shards,
-        indexes=indexes,
-    )
-
-
-def _checked(src: str, dst: str, o: Options) -> tuple[_core.Prepared, list[Notice]]:
-    """Every check a folder run into `dst` makes before writing (`_core.prepare`), failing as the
-    run would, and what they said (not issued: a dry run returns its warnings)."""
-    said: list[Notice] = []
-
-    def warn(kind: str, template: str, path: str | None) -> None:
-        # (A keep pattern's is judged again over the files inspected; a glob's not.)
-        if kind != "unmatched_pattern":
-            said.append(Notice(kind, template, path))
-
-    prepared = _core.prepare(src, dst, warn=warn, **o.keywords("inspect"))
-    if o.report is not None:  # as `convert` checks it
-        _core.check_side_output(
-            o.report, "report", o.force, [(prepared.src, "input"), (prepared.dst, "output")]
-        )
-    return prepared, said
 
 
 def verify(
