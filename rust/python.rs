@@ -454,13 +454,6 @@ fn not_json(e: json::NotJson) -> PyErr {
     PyValueError::new_err(format!("not JSON (at byte {})", e.0))
 }
 
-/// The text of a JSON file of a run (a config, an index), bounded and checked
-/// (`folder::read_json`).
-#[pyfunction]
-fn read_json(py: Python<'_>, path: PathBuf) -> PyResult<String> {
-    guarded(py, || crate::folder::read_json(&path))
-}
-
 /// The stem and numbers of a shard name `STEM-00001-of-00002` (`naming::split_shard_name`).
 #[pyfunction]
 fn split_shard_name(name: OsString) -> Option<(OsString, OsString, OsString)> {
@@ -823,19 +816,6 @@ fn escape(s: OsString) -> String {
     text::esc(&s.to_string_lossy()).into_owned()
 }
 
-/// The usage error for an option's value, as the engine words it (for checks made in Python).
-#[pyfunction]
-fn option_error<'py>(
-    py: Python<'py>,
-    option: &str,
-    value: Given,
-    expected: &str,
-) -> PyResult<Py<pyo3::exceptions::PyBaseException>> {
-    let option = OptionName::from_name(option)
-        .ok_or_else(|| PyValueError::new_err(format!("unknown option {option:?}")))?;
-    Ok(to_py(py, value.bad(option, expected)).into_value(py))
-}
-
 /// A folder run (`folder::run::RunTask`), stepped: every check, the writing, the numeric
 /// report; each warning told to `warn` as (kind, template, path) as it is said. Its report
 /// (`folder_report`), the numerics as each unit's (file, numerics).
@@ -930,9 +910,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     add_functions! {
         m: _set_exceptions, py_convert, py_inspect, inspect_folder, py_verify, render, format_bytes, escape,
-        option_error, check_option, check_applies,
+        check_option, check_applies,
         source_kind, read_header, config_text, index_text,
-        read_json, split_shard_name, default_dst, verify_route, space,
+        split_shard_name, default_dst, verify_route, space,
         convert_folder,
         finalize,
         verify_folder,

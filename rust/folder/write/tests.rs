@@ -251,3 +251,30 @@ fn a_zero_checkpoint_is_resharded_stopped_resumed_and_verified() {
     let r = stopped_resumed_verified(&src, None, Some(400));
     assert!(r.files.iter().filter(|f| f.kind == "weights").count() > 1);
 }
+
+#[test]
+fn a_whole_run_checks_its_report_path_first_and_writes_the_report_last() {
+    use crate::folder::run::RunTask;
+    let src = hf("run-report");
+    let dst = src.with_extension("out");
+    let report = src.with_extension("report.json");
+    let _ = std::fs::remove_dir_all(&dst);
+    std::fs::write(&report, b"someone else's").unwrap();
+    let s = Settings {
+        report: Some(report.clone()),
+        ..Settings::default()
+    };
+    // An existing report without force: refused before DST is made.
+    let mut t = RunTask::new(&src, Some(&dst), &s, Tuning::default()).unwrap();
+    let e = task::run(&mut t).unwrap_err();
+    assert_eq!(e.kind(), crate::vocab::ErrorKind::DestinationExists);
+    assert!(!dst.exists());
+    std::fs::remove_file(&report).unwrap();
+    let mut t = RunTask::new(&src, Some(&dst), &s, Tuning::default()).unwrap();
+    task::run(&mut t).unwrap();
+    let (r, converted) = t.finish().unwrap();
+    assert_eq!((r.tensors_converted, converted.len()), (4, 3));
+    let text = std::fs::read_to_string(&report).unwrap();
+    assert!(text.contains("model-00002-of-00002.safetensors"), "{text}");
+    assert!(verifies(&src, &dst, None));
+}
