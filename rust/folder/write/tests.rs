@@ -278,3 +278,23 @@ fn a_whole_run_checks_its_report_path_first_and_writes_the_report_last() {
     assert!(text.contains("model-00002-of-00002.safetensors"), "{text}");
     assert!(verifies(&src, &dst, None));
 }
+
+#[test]
+fn a_report_failing_after_a_folder_runs_commit_is_a_refusal_about_the_folder() {
+    // As `_api._after_commit` made it: refused, about the folder, the failure's template.
+    let e = Error::AfterCommit {
+        published: "/d/out".into(),
+        source: Box::new(Error::DestinationExists {
+            path: "/d/r.json".into(),
+        }),
+        folder: true,
+    };
+    assert_eq!(e.kind(), crate::vocab::ErrorKind::Refused);
+    assert_eq!(e.path(), Some(Path::new("/d/out")));
+    assert_eq!(e.errno(), None);
+    let t = e.template();
+    assert!(
+        t.starts_with("/d/out was published, but then /d/r.json: destination exists"),
+        "{t}"
+    );
+}
