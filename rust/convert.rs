@@ -1155,6 +1155,7 @@ impl Job {
             side.publish().map_err(|e| Error::AfterCommit {
                 published: dst.clone(),
                 source: Box::new(e),
+                folder: false,
             })?;
         }
         Ok(Report {

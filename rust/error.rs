@@ -732,6 +732,8 @@ pub enum Error {
     AfterCommit {
         published: PathBuf,
         source: Box<Error>,
+        /// A folder run's (its numeric report failed): a refusal about the folder.
+        folder: bool,
     },
     /// The destination's file system cannot hold the output (`folder`: a folder run's).
     NoSpace {
@@ -866,6 +868,7 @@ impl Error {
             | Error::FolderUnchanged { .. }
             | Error::ShardCount { .. }
             | Error::UnitMissing { .. } => ErrorKind::Refused,
+            Error::AfterCommit { folder: true, .. } => ErrorKind::Refused,
             Error::AfterCommit { source, .. } => source.kind(),
             Error::BadPattern { .. }
             | Error::BadOption { .. }
@@ -925,6 +928,11 @@ impl Error {
             | Error::UnitMissing { path, .. }
             | Error::Recorded { path, .. }
             | Error::Io { path, .. } => Some(path),
+            Error::AfterCommit {
+                folder: true,
+                published,
+                ..
+            } => Some(published),
             Error::AfterCommit { source, .. } => source.path(),
             Error::NoDestinationFolder { dir, .. } | Error::NoSpace { dir, .. } => Some(dir),
             Error::BadPattern { .. }
@@ -984,6 +992,7 @@ impl Error {
     /// The OS error number behind the error, if any (`ENOSPC` for a full disk).
     pub fn errno(&self) -> Option<i32> {
         match self {
+            Error::AfterCommit { folder: true, .. } => None,
             Error::AfterCommit { source, .. } => source.errno(),
             Error::Io { source, .. } => source.raw_os_error(),
             Error::NoSpace { .. } => Some(libc::ENOSPC),
@@ -1309,7 +1318,9 @@ impl Error {
                 "SRC cannot be read as its stcast record says: {}",
                 esc(&plain(&problem.template()))
             ),
-            Error::AfterCommit { published, source } => format!(
+            Error::AfterCommit {
+                published, source, ..
+            } => format!(
                 "{} was published, but then {}",
                 esc_path(published),
                 source.template()

@@ -1012,9 +1012,11 @@ pub fn fingerprint(path: &Path) -> Result<String> {
     Ok(hex(h))
 }
 
+pub mod dry;
 pub mod finish;
 pub mod inspect;
 pub mod prepare;
+pub mod run;
 pub mod verify_folder;
 pub mod work;
 pub mod write;

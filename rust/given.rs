@@ -232,6 +232,20 @@ pub struct Settings {
     pub exclude: Vec<String>,
     /// verify: DST is a lone checkpoint's output (`VerifyOptions::lone`).
     pub lone: bool,
+    /// A folder run: re-shard into output shards of at most this size.
+    pub max_shard_size: Option<Given>,
+    /// A folder run: convert only the I-th of N shard runs' units.
+    pub shard: Option<ShardGiven>,
+    /// A folder run: go on from an interrupted one.
+    pub resume: bool,
+}
+
+/// `shard` as the caller gave it: its two numbers (None: not two whole numbers), and how the
+/// caller wrote it (for the message).
+#[derive(Debug, Clone)]
+pub struct ShardGiven {
+    pub parts: Option<(i128, i128)>,
+    pub repr: String,
 }
 
 impl Default for Settings {
@@ -266,6 +280,9 @@ impl Default for Settings {
             include: Vec::new(),
             exclude: Vec::new(),
             lone: false,
+            max_shard_size: None,
+            shard: None,
+            resume: false,
         }
     }
 }
@@ -312,6 +329,11 @@ impl Settings {
     fn fp8(&self) -> crate::Result<bool> {
         let target = self.to.as_ref().map_or(Ok(Target::Bf16), Given::target)?;
         Ok(target.strategy().is_some())
+    }
+
+    /// A re-sharding's output shard size (None: not re-sharded).
+    pub fn max_shard_size(&self) -> crate::Result<Option<u64>> {
+        self.max_shard_size.as_ref().map(Given::size).transpose()
     }
 
     pub fn on_overflow(&self) -> crate::Result<OnOverflow> {

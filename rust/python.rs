@@ -13,7 +13,6 @@ use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -22,22 +21,21 @@ use pyo3::types::{IntoPyDict, PyDict};
 
 use crate::convert::{Knobs, Options as ConvertOptions, Tuning};
 use crate::error::{panic_message, Error, Warning};
+use crate::folder::dry::{Dry, DryRun};
 use crate::folder::finish::{FinalizeTask, FolderReport};
-use crate::folder::inspect::{InspectFolderTask, Planning};
-use crate::folder::prepare::{self, Asked, PrepareTask, ShardGiven};
+use crate::folder::run::RunTask;
 use crate::folder::verify_folder::FolderVerify;
-use crate::folder::work::{Cut, Work, WorkTask};
-use crate::folder::write::ConvertFolderTask;
-use crate::given::{Exports, Given, Settings};
-use crate::numerics::{DequantizedTensor, Numerics};
+use crate::folder::work::Work;
+use crate::given::{Exports, Given, Settings, ShardGiven};
+use crate::numerics::Numerics;
 use crate::options;
-use crate::output::{self, Replace, Sealed};
+use crate::output::Sealed;
 use crate::report::NumericsRow;
 use crate::run::{fp8config, json, place};
 use crate::task::{ConvertTask, InspectTask, Inspection, Task};
 use crate::text;
 use crate::verify::{Verifier, VerifyOptions, VerifyReport};
-use crate::vocab::{ErrorKind, OptionName, Side, Taken, Target, Unmatched};
+use crate::vocab::{ErrorKind, OptionName, Target, Unmatched};
 use crate::{Result, VERSION};
 
 /// What `stcast.errors` hands over at import (`_set_exceptions`), in `ErrorKind::ALL`
@@ -150,6 +148,7 @@ impl<'py> Hooks<'py> {
 
     /// `visit`; `end`: the task is done.
     fn visit_at(&self, py: Python<'py>, task: &mut impl Task, end: bool) -> PyResult<()> {
+        self.tell_said(task)?;
         py.check_signals()?;
         if self.cancelled()? {
             return Err(to_py(py, Error::Cancelled));
@@ -162,10 +161,21 @@ impl<'py> Hooks<'py> {
         if let Some(m) = &self.meter {
             return self.tell(m, task, end);
         }
-        if let Some(p) = self.progress.as_ref().filter(|_| !self.ended.get()) {
+        let told = !self.ended.get() && task.measured();
+        if let Some(p) = self.progress.as_ref().filter(|_| told) {
             let (done, total) = task.progress();
             self.ended.set(done >= total);
             p.call1((done, total))?;
+        }
+        Ok(())
+    }
+
+    /// A folder run's warnings, told to `warn` as (kind, template, path) as they are said.
+    fn tell_said(&self, task: &mut impl Task) -> PyResult<()> {
+        for (w, at) in task.take_said() {
+            if let Some(f) = &self.warn {
+                f.call1((w.kind.name(), &w.text, at))?;
+            }
         }
         Ok(())
     }
@@ -195,31 +205,46 @@ impl<'py> Hooks<'py> {
     }
 
     /// Step `task` to its end, `step` source bytes at a time (`Tuning::step`), visiting
-    /// Python between steps.
+    /// Python between steps. A failed step: a stop request wins (`stopped`), then the
+    /// failure as the task sees it (`Task::failed`), after the warnings said before it.
     fn drive(&self, py: Python<'py>, task: &mut (impl Task + Send), step: u64) -> PyResult<()> {
-        self.visit(py, task)?;
-        while !self.run(py, || task.step(step))? {
+        loop {
             self.visit(py, task)?;
+            let e = match py.detach(|| catch_unwind(AssertUnwindSafe(|| task.step(step)))) {
+                Ok(Ok(true)) => return self.visit_at(py, task, true),
+                Ok(Ok(false)) => continue,
+                Ok(Err(e)) => e,
+                Err(panic) => return Err(PyRuntimeError::new_err(panic_message(&*panic))),
+            };
+            self.stopped(py, &e)?;
+            let e = py.detach(|| task.failed(e));
+            self.tell_said(task)?;
+            return Err(to_py(py, e));
         }
-        self.visit_at(py, task, true)
     }
 
-    /// `guarded`, where a stop request that arrived meanwhile (a signal the caller's
-    /// handler recorded, the cancel flag) wins over the error it caused (EINTR, say); not
-    /// over a failure after the commit point, which must be told as such.
+    /// `guarded`, where a stop request wins over the error (`stopped`).
     fn run<T: Send>(&self, py: Python<'py>, f: impl FnOnce() -> Result<T> + Send) -> PyResult<T> {
         let e = match py.detach(|| catch_unwind(AssertUnwindSafe(f))) {
             Ok(Ok(v)) => return Ok(v),
             Ok(Err(e)) => e,
             Err(panic) => return Err(PyRuntimeError::new_err(panic_message(&*panic))),
         };
+        self.stopped(py, &e)?;
+        Err(to_py(py, e))
+    }
+
+    /// A stop request that arrived meanwhile (a signal the caller's handler recorded, the
+    /// cancel flag), which wins over the error `e` it caused (EINTR, say) and rolls nothing
+    /// back; not over a failure after the commit point, which must be told as such.
+    fn stopped(&self, py: Python<'py>, e: &Error) -> PyResult<()> {
         if !matches!(e, Error::AfterCommit { .. }) {
             py.check_signals()?;
             if self.cancelled().unwrap_or(false) {
                 return Err(to_py(py, Error::Cancelled));
             }
         }
-        Err(to_py(py, e))
+        Ok(())
     }
 
     /// Publish a sealed output (the commit point), telling `sealed` (if given) its (dev, ino,
@@ -275,8 +300,7 @@ macro_rules! named {
 }
 
 named! {
-    Unmatched: "keep_unmatched must be one of", Side: "role: one of", Taken: "taken: one of",
-    Target: "to: one of",
+    Unmatched: "keep_unmatched must be one of", Target: "to: one of",
 }
 
 /// The knobs of `tuning=` (`convert::Knobs`, `Tuning::new`): speed and memory, never the bytes.
@@ -324,7 +348,7 @@ options! {
     to, threads, force, keep, keep_min_size, keep_unmatched, strict, from_bf16, keep_names,
     on_overflow, scan, numerics, report, config, replaces, allow_copy, key, strip_prefix, loose,
     allow_quantized, quantization_config, packed_config, follow_links, unquantized, name,
-    no_record, include, exclude, lone,
+    no_record, include, exclude, lone, max_shard_size, shard, resume,
 }
 
 #[pyfunction]
@@ -361,8 +385,7 @@ fn finish_convert<'py>(
     let r = hooks.publish(py, task)?;
     let d = crossed(py, &r, &[("src", &r.src), ("dst", &r.dst)])?;
     let numerics = opts.numerics;
-    let measured =
-        numerics.then(|| numerics_dict(py, &r.numerics, &r.numerics_total, &r.dequantized));
+    let measured = numerics.then(|| numerics_dict(py, &r.numerics, &r.numerics_total));
     d.set_item("numerics", measured.transpose()?)?;
     Ok(d)
 }
@@ -431,13 +454,6 @@ fn not_json(e: json::NotJson) -> PyErr {
     PyValueError::new_err(format!("not JSON (at byte {})", e.0))
 }
 
-/// The text of a JSON file of a run (a config, an index), bounded and checked
-/// (`folder::read_json`).
-#[pyfunction]
-fn read_json(py: Python<'_>, path: PathBuf) -> PyResult<String> {
-    guarded(py, || crate::folder::read_json(&path))
-}
-
 /// The stem and numbers of a shard name `STEM-00001-of-00002` (`naming::split_shard_name`).
 #[pyfunction]
 fn split_shard_name(name: OsString) -> Option<(OsString, OsString, OsString)> {
@@ -452,24 +468,6 @@ fn split_shard_name(name: OsString) -> Option<(OsString, OsString, OsString)> {
 #[pyo3(signature = (src, *, check=true))]
 fn source_kind(py: Python<'_>, src: PathBuf, check: bool) -> PyResult<Option<&'static str>> {
     guarded(py, || Ok(place::source(&src, check)?.name()))
-}
-
-/// Where a folder run reads and writes (`run::place::place`): the source read, the
-/// destination (`dst`, or the default for `to`), the source's identity (checked).
-#[pyfunction]
-#[pyo3(signature = (src, dst, to=Target::Bf16, *, resharding, check=true))]
-fn run_place(
-    py: Python<'_>,
-    src: PathBuf,
-    dst: Option<PathBuf>,
-    to: Target,
-    resharding: bool,
-    check: bool,
-) -> PyResult<(OsString, OsString, place::Ident)> {
-    let p = guarded(py, || {
-        place::place(&src, dst.as_deref(), to, resharding, check)
-    })?;
-    Ok((p.src.into(), p.dst.into(), p.id))
 }
 
 /// The destination a run writes when none is given (`run::place::default_dst`), or, for a
@@ -516,208 +514,70 @@ fn space(py: Python<'_>, dst: PathBuf, need: u64) -> PyResult<(OsString, u64, bo
     })
 }
 
-/// A folder run's plan of output units (`folder::work::Work`).
-#[pyclass(frozen, module = "stcast._core")]
-struct FolderWork(Arc<Work>);
-
 type Dicts<'py> = Vec<Bound<'py, PyDict>>;
 
-#[pymethods]
-impl FolderWork {
-    /// Plan the folder run of `src` (`folder::work::WorkTask`), stepped a weight file and a
-    /// group at a time (`cancel` checked between them): with `max_shard_size`, re-sharded
-    /// (`single`: `src` is one checkpoint).
-    #[new]
-    #[pyo3(signature = (src, *, check_quantized, single=false, max_shard_size=None,
-                        shard_links=false, keep_names=None, unquantized=None, cancel=None,
-                        **options))]
-    fn new(
-        py: Python<'_>,
-        src: PathBuf,
-        check_quantized: bool,
-        single: bool,
-        max_shard_size: Option<u64>,
-        shard_links: bool,
-        keep_names: Option<Vec<Vec<String>>>,
-        unquantized: Option<Vec<Vec<String>>>,
-        cancel: Hook<'_>,
-        options: Option<&Bound<'_, PyDict>>,
-    ) -> PyResult<Self> {
-        let (given, tuning) = read_options(py, options, |s, t| Ok((s.clone(), t)))?;
-        let cut = max_shard_size.map(|max_size| Cut {
-            max_size,
-            follow_links: shard_links,
-            keep_names,
-            unquantized,
-        });
-        let (hooks, step) = (Hooks::new(None, cancel, None, None), tuning.step);
-        let new = || WorkTask::new(&src, &given, tuning, check_quantized, single, cut, None);
-        let mut task = hooks.run(py, new)?;
-        hooks.drive(py, &mut task, step)?;
-        Ok(FolderWork(Arc::new(hooks.run(py, move || task.finish())?)))
-    }
-
-    /// What the plan said: (kind, template, the source file it is about).
-    fn warnings(&self) -> Vec<(&'static str, &str, Option<&OsStr>)> {
-        let said = self.0.warnings.iter();
-        said.map(|(w, at)| (w.kind.name(), w.text.as_str(), at.as_deref()))
-            .collect()
-    }
-
-    /// Every file the run writes: (rel, kind, bytes).
-    fn outputs(&self) -> Vec<(OsString, &'static str, u64)> {
-        let out = self.0.outputs().into_iter();
-        out.map(|(rel, kind, size)| (rel, kind.name(), size))
-            .collect()
-    }
-
-    /// The shards and indexes a re-sharding writes, as `inspect` reports them.
-    fn infos<'py>(&self, py: Python<'py>) -> PyResult<(Dicts<'py>, Dicts<'py>)> {
-        let w = &self.0;
-        let index = |k: usize| w.groups[k].index.as_ref().map(|i| i.0.as_os_str());
-        let shards = w.units.iter().map(|u| {
-            let inputs = u.inputs.iter().map(|&k| w.plan.weights[k].source_rel());
-            let d = PyDict::new(py);
-            d.set_item("path", &u.rel)?;
-            d.set_item("bytes", u.size)?;
-            d.set_item("tensors", u.names.len())?;
-            d.set_item("tensors_converted", u.tensors_converted)?;
-            d.set_item("tensors_kept", u.tensors_kept)?;
-            d.set_item("data_bytes", u.data_bytes)?;
-            d.set_item("target_bytes", u.target_bytes)?;
-            d.set_item("inputs", inputs.collect::<Vec<_>>())?;
-            d.set_item("index", index(u.group))?;
-            Ok(d)
-        });
-        let indexes = (0..w.groups.len()).filter_map(|k| Some((k, w.groups[k].index.as_ref()?)));
-        let indexes = indexes.map(|(k, (rel, text, _))| {
-            let mine = w.units.iter().filter(|u| u.group == k);
-            let d = PyDict::new(py);
-            d.set_item("path", rel)?;
-            d.set_item("bytes", text.len())?;
-            d.set_item(
-                "total_size",
-                mine.clone().map(|u| u.target_bytes).sum::<u64>(),
-            )?;
-            d.set_item("shards", mine.count())?;
-            Ok(d)
-        });
-        Ok((
-            shards.collect::<PyResult<_>>()?,
-            indexes.collect::<PyResult<_>>()?,
-        ))
-    }
+/// The shards and indexes a re-sharding writes (`folder::work::Work`), as `inspect` reports
+/// them.
+fn plan_infos<'py>(py: Python<'py>, w: &Work) -> PyResult<(Dicts<'py>, Dicts<'py>)> {
+    let index = |k: usize| w.groups[k].index.as_ref().map(|i| i.0.as_os_str());
+    let shards = w.units.iter().map(|u| {
+        let inputs = u.inputs.iter().map(|&k| w.plan.weights[k].source_rel());
+        let d = PyDict::new(py);
+        d.set_item("path", &u.rel)?;
+        d.set_item("bytes", u.size)?;
+        d.set_item("tensors", u.names.len())?;
+        d.set_item("tensors_converted", u.tensors_converted)?;
+        d.set_item("tensors_kept", u.tensors_kept)?;
+        d.set_item("data_bytes", u.data_bytes)?;
+        d.set_item("target_bytes", u.target_bytes)?;
+        d.set_item("inputs", inputs.collect::<Vec<_>>())?;
+        d.set_item("index", index(u.group))?;
+        Ok(d)
+    });
+    let indexes = (0..w.groups.len()).filter_map(|k| Some((k, w.groups[k].index.as_ref()?)));
+    let indexes = indexes.map(|(k, (rel, text, _))| {
+        let mine = w.units.iter().filter(|u| u.group == k);
+        let d = PyDict::new(py);
+        d.set_item("path", rel)?;
+        d.set_item("bytes", text.len())?;
+        d.set_item(
+            "total_size",
+            mine.clone().map(|u| u.target_bytes).sum::<u64>(),
+        )?;
+        d.set_item("shards", mine.count())?;
+        Ok(d)
+    });
+    Ok((
+        shards.collect::<PyResult<_>>()?,
+        indexes.collect::<PyResult<_>>()?,
+    ))
 }
 
-/// A folder run with every check made and nothing written yet (`folder::prepare`), until
-/// `convert_folder` writes it.
-#[pyclass(frozen, module = "stcast._core")]
-struct Prepared(Mutex<Option<prepare::Prepared>>);
-
-impl Prepared {
-    /// `f` of the prepared run (an error once it was written).
-    fn with<T>(&self, f: impl FnOnce(&prepare::Prepared) -> T) -> PyResult<T> {
-        let p = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let p = p
-            .as_ref()
-            .ok_or_else(|| PyValueError::new_err("written already"))?;
-        Ok(f(p))
-    }
-}
-
-#[pymethods]
-impl Prepared {
-    #[getter]
-    fn src(&self) -> PyResult<OsString> {
-        self.with(|p| p.src.clone().into())
-    }
-
-    #[getter]
-    fn dst(&self) -> PyResult<OsString> {
-        self.with(|p| p.dst.clone().into())
-    }
-
-    /// The plan of its output units (a dry run's report reads it).
-    #[getter]
-    fn work(&self) -> PyResult<FolderWork> {
-        self.with(|p| FolderWork(Arc::clone(&p.work)))
-    }
-}
-
-/// `shard` as given, its numbers read as Python's `int` reads them (`ShardGiven`).
-fn shard_given(v: &Bound<'_, PyAny>) -> PyResult<ShardGiven> {
-    let py = v.py();
-    let repr = v.repr()?.to_string();
-    let int = py.import("builtins")?.getattr("int")?;
-    let read = || -> PyResult<(i128, i128)> {
-        let items = v.try_iter()?.collect::<PyResult<Vec<_>>>()?;
-        let [i, n] = &items[..] else {
-            return Err(PyValueError::new_err("not a pair"));
+/// `shard` as given, its numbers read as Python's `int` reads them.
+impl FromPyObject<'_, '_> for ShardGiven {
+    type Error = PyErr;
+    fn extract(v: Borrowed<'_, '_, PyAny>) -> PyResult<ShardGiven> {
+        let py = v.py();
+        let repr = v.repr()?.to_string();
+        let int = py.import("builtins")?.getattr("int")?;
+        let read = || -> PyResult<(i128, i128)> {
+            let items = v.try_iter()?.collect::<PyResult<Vec<_>>>()?;
+            let [i, n] = &items[..] else {
+                return Err(PyValueError::new_err("not a pair"));
+            };
+            Ok((int.call1((i,))?.extract()?, int.call1((n,))?.extract()?))
         };
-        Ok((int.call1((i,))?.extract()?, int.call1((n,))?.extract()?))
-    };
-    let parts = match read() {
-        Ok(parts) => Some(parts),
-        Err(e) if e.is_instance_of::<PyTypeError>(py) || e.is_instance_of::<PyValueError>(py) => {
-            None
-        }
-        Err(e) => return Err(e),
-    };
-    Ok(ShardGiven { parts, repr })
-}
-
-/// Make every check a folder run of `src` into `dst` makes before writing anything
-/// (`folder::prepare::PrepareTask`), stepped (`cancel` checked between steps); each warning
-/// is told to `warn` as (kind, template, path) as it is said.
-#[pyfunction]
-#[pyo3(name = "prepare", signature = (src, dst, *, shard=None, max_shard_size=None,
-                    resume=false, strict=false, cancel=None, warn=None, **options))]
-fn py_prepare<'py>(
-    py: Python<'py>,
-    src: PathBuf,
-    dst: Option<PathBuf>,
-    shard: Option<Bound<'py, PyAny>>,
-    max_shard_size: Option<u64>,
-    resume: bool,
-    strict: bool,
-    cancel: Hook<'py>,
-    warn: Hook<'py>,
-    options: Option<&Bound<'py, PyDict>>,
-) -> PyResult<Prepared> {
-    let settings = read_options(py, options, |s, _| Ok(s.clone()))?;
-    let shard = shard.as_ref().map(shard_given).transpose()?;
-    let asked = Asked {
-        src,
-        dst,
-        settings,
-        max_shard_size,
-        shard,
-        resume,
-        strict,
-    };
-    let hooks = Hooks::new(None, cancel, None, None);
-    let mut task = hooks.run(py, || PrepareTask::new(asked))?;
-    let tell = |task: &mut PrepareTask| -> PyResult<()> {
-        for (w, at) in task.take_said() {
-            if let Some(f) = &warn {
-                f.call1((w.kind.name(), &w.text, at))?;
+        let parts = match read() {
+            Ok(parts) => Some(parts),
+            Err(e)
+                if e.is_instance_of::<PyTypeError>(py) || e.is_instance_of::<PyValueError>(py) =>
+            {
+                None
             }
-        }
-        Ok(())
-    };
-    loop {
-        tell(&mut task)?;
-        hooks.visit(py, &mut task)?;
-        if hooks.run(py, || task.step(Tuning::default().step))? {
-            break;
-        }
+            Err(e) => return Err(e),
+        };
+        Ok(ShardGiven { parts, repr })
     }
-    tell(&mut task)?;
-    let p = hooks.run(py, move || task.finish())?;
-    Ok(Prepared(Mutex::new(Some(p))))
 }
 
 /// The header of a safetensors file (`source::read_header`).
@@ -745,12 +605,9 @@ fn numerics_dict<'py>(
     py: Python<'py>,
     tensors: &[(String, Numerics)],
     total: &Numerics,
-    dequantized: &[DequantizedTensor],
 ) -> PyResult<Bound<'py, PyDict>> {
     let rows = TensorNumerics {
         rows: tensors.to_vec(),
-        total: total.clone(),
-        dequantized: dequantized.to_vec(),
     };
     let d = PyDict::new(py);
     d.set_item("tensors", Bound::new(py, rows)?)?;
@@ -763,10 +620,6 @@ fn numerics_dict<'py>(
 #[pyclass(frozen, module = "stcast._core")]
 struct TensorNumerics {
     rows: Vec<(String, Numerics)>,
-    /// Their total (what a folder's numeric report adds up, `write_numeric_report`).
-    total: Numerics,
-    /// The run's dequantized weights, for that report too.
-    dequantized: Vec<DequantizedTensor>,
 }
 
 #[pymethods]
@@ -802,36 +655,38 @@ fn py_inspect<'py>(
     inspection(py, &found, &found.source.path, None, &row)
 }
 
-/// A folder's dry run (`folder::inspect::InspectFolderTask`), stepped a weight file at a
-/// time: its totals, other files and warnings, and under `files` each file's inspection.
+/// A folder run's dry run (`folder::dry::DryRun`), stepped: with `dst` every check the
+/// run makes; its totals, other files and warnings, under `files` each file's inspection,
+/// and a re-sharding's plan (`plan_infos`).
 #[pyfunction]
-#[pyo3(signature = (src, *, checked, resharding, progress=None, row=None, **options))]
+#[pyo3(signature = (src, dst, *, progress=None, row=None, **options))]
 fn inspect_folder<'py>(
     py: Python<'py>,
     src: PathBuf,
-    checked: bool,
-    resharding: bool,
+    dst: Option<PathBuf>,
     progress: Hook<'py>,
     row: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let (given, tuning) = read_options(py, options, |s, t| Ok((s.clone(), t)))?;
     let (hooks, step) = (Hooks::new(progress, None, None, None), tuning.step);
-    let mut planning = hooks.run(py, || {
-        Planning::new(&src, &given, tuning, given.scan, checked, resharding)
-    })?;
-    // (The progress told is the scan's: the planning tells none.)
-    Hooks::new(None, None, None, None).drive(py, &mut planning, step)?;
-    let mut task = hooks.run(py, move || InspectFolderTask::new(planning))?;
+    let mut task = hooks.run(py, || DryRun::new(&src, dst.as_deref(), &given, tuning))?;
     hooks.drive(py, &mut task, step)?;
-    let found = hooks.run(py, move || task.finish())?;
+    let Dry { src, found, work } = hooks.run(py, move || task.finish())?;
     let d = pythonize::pythonize(py, &found.rows)?.cast_into::<PyDict>()?;
+    d.set_item("path", src.as_os_str())?;
     d.set_item("named", found.named)?;
     let files = found
         .files
         .iter()
         .map(|(rel, f)| inspection(py, f, Path::new(rel), Some(rel), &row));
     d.set_item("files", files.collect::<PyResult<Vec<_>>>()?)?;
+    if let Some(w) = work {
+        let (shards, indexes) = plan_infos(py, &w)?;
+        d.set_item("max_shard_size", w.max_size)?;
+        d.set_item("shards", shards)?;
+        d.set_item("indexes", indexes)?;
+    }
     Ok(d)
 }
 
@@ -894,23 +749,10 @@ fn verify_dict<'py>(
     let d = crossed(py, r, &[("src", &r.src), ("dst", &r.dst)])?;
     d.set_item("ok", r.is_ok())?;
     // Only a verified pair has the numbers of a conversion.
-    let measured = (opts.numerics && r.is_ok())
-        .then(|| numerics_dict(py, &r.numerics, &r.numerics_total, &r.dequantized));
+    let measured =
+        (opts.numerics && r.is_ok()).then(|| numerics_dict(py, &r.numerics, &r.numerics_total));
     d.set_item("numerics", measured.transpose()?)?;
     Ok(d)
-}
-
-/// How to publish over an existing name (`output::Replace`): None, "any", or (dev, ino).
-fn replace_policy(v: Option<&Bound<'_, PyAny>>) -> PyResult<Replace> {
-    match v.filter(|v| !v.is_none()) {
-        None => Ok(Replace::No),
-        Some(v) if v.extract::<String>().is_ok_and(|s| s == "any") => Ok(Replace::Any),
-        Some(v) => {
-            let msg = "replace must be None, \"any\" or (dev, ino)";
-            let (dev, ino) = v.extract().map_err(|_| PyValueError::new_err(msg))?;
-            Ok(Replace::Same { dev, ino })
-        }
-    }
 }
 
 /// Verify the folder `dst` against `src` (`folder::verify_folder::FolderVerify`), stepped: the
@@ -939,51 +781,12 @@ fn verify_folder<'py>(
     let mut parts = Vec::new();
     for (rel, v) in &r.parts {
         let measured = (given.numerics && v.is_ok())
-            .then(|| numerics_dict(py, &v.numerics, &v.numerics_total, &v.dequantized));
+            .then(|| numerics_dict(py, &v.numerics, &v.numerics_total));
         parts.push((rel.as_os_str(), measured.transpose()?));
     }
     d.set_item("parts", parts)?;
     d.set_item("ok", r.is_ok())?;
     Ok(d)
-}
-
-/// Write a folder's numeric report to `path` from each file's rows (`report::files_report`).
-#[pyfunction]
-#[pyo3(signature = (path, src, dst, to, parts, *, replace=None))]
-fn write_numeric_report<'py>(
-    py: Python<'py>,
-    path: PathBuf,
-    src: PathBuf,
-    dst: PathBuf,
-    to: Option<&str>,
-    parts: Vec<(Option<String>, Bound<'py, TensorNumerics>)>,
-    replace: Option<&Bound<'py, PyAny>>,
-) -> PyResult<(u64, u64, u64)> {
-    let parts: Vec<_> = parts
-        .iter()
-        .map(|(f, r)| {
-            let r = r.get();
-            (f.as_deref(), &r.rows[..], &r.total, &r.dequantized[..])
-        })
-        .collect();
-    let target = to.and_then(Target::from_name);
-    let bytes = crate::report::files_report(&src, &dst, target, &parts);
-    let replace = replace_policy(replace)?;
-    Ok(guarded(py, || output::write_file(&path, &bytes, replace, ""))?.into())
-}
-
-/// Check a side output's path before any work (`output::check_side_path`); its replace policy.
-#[pyfunction]
-#[pyo3(signature = (path, role, force, taken))]
-fn check_side_output(
-    py: Python<'_>,
-    path: PathBuf,
-    role: Side,
-    force: bool,
-    taken: Vec<(PathBuf, Taken)>,
-) -> PyResult<Option<&'static str>> {
-    let replace = guarded(py, || output::check_side_path(&path, role, force, &taken))?;
-    Ok((!matches!(replace, Replace::No)).then_some("any"))
 }
 
 /// Render a message template, calling `option(name, value)` for each placeholder.
@@ -1013,81 +816,36 @@ fn escape(s: OsString) -> String {
     text::esc(&s.to_string_lossy()).into_owned()
 }
 
-/// The usage error for an option's value, as the engine words it (for checks made in Python).
+/// A folder run (`folder::run::RunTask`), stepped: every check, the writing, the numeric
+/// report; each warning told to `warn` as (kind, template, path) as it is said. Its report
+/// (`folder_report`), the numerics as each unit's (file, numerics).
 #[pyfunction]
-fn option_error<'py>(
-    py: Python<'py>,
-    option: &str,
-    value: Given,
-    expected: &str,
-) -> PyResult<Py<pyo3::exceptions::PyBaseException>> {
-    let option = OptionName::from_name(option)
-        .ok_or_else(|| PyValueError::new_err(format!("unknown option {option:?}")))?;
-    Ok(to_py(py, value.bad(option, expected)).into_value(py))
-}
-
-/// Write the prepared folder run `prepared` (`folder::write::ConvertFolderTask`), stepped: the
-/// call's `threads` and `tuning`, each warning told to `warn` as (kind, template, path) as it
-/// is said; its report (`folder_report`), the numerics as each unit's (file, numerics).
-#[pyfunction]
-#[pyo3(signature = (prepared, *, progress=None, file_progress=None, cancel=None, warn=None,
+#[pyo3(signature = (src, dst, *, progress=None, file_progress=None, cancel=None, warn=None,
                     **options))]
 fn convert_folder<'py>(
     py: Python<'py>,
-    prepared: &Bound<'py, Prepared>,
+    src: PathBuf,
+    dst: Option<PathBuf>,
     progress: Hook<'py>,
     file_progress: Hook<'py>,
     cancel: Hook<'py>,
     warn: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let (threads, tuning) = read_options(py, options, |s, t| Ok((s.threads.clone(), t)))?;
-    let taken = prepared.get().0.lock().map(|mut p| p.take());
-    let p = taken.ok().flatten();
-    let p = p.ok_or_else(|| PyValueError::new_err("this run was written already"))?;
+    let (given, tuning) = read_options(py, options, |s, t| Ok((s.clone(), t)))?;
     let step = tuning.step;
-    let mut task = ConvertFolderTask::new(p, threads, tuning);
-    let hooks = Hooks::new(progress, cancel, None, None).metered(file_progress);
-    let tell = |task: &mut ConvertFolderTask| -> PyResult<()> {
-        for (w, at) in task.take_said() {
-            if let Some(f) = &warn {
-                f.call1((w.kind.name(), &w.text, at))?;
-            }
-        }
-        Ok(())
-    };
-    loop {
-        tell(&mut task)?;
-        hooks.visit(py, &mut task)?;
-        let stepped = py.detach(|| catch_unwind(AssertUnwindSafe(|| task.step(step))));
-        let e = match stepped {
-            Ok(Ok(true)) => break,
-            Ok(Ok(false)) => continue,
-            Ok(Err(e)) => e,
-            Err(panic) => return Err(PyRuntimeError::new_err(panic_message(&*panic))),
-        };
-        // A stop request that came meanwhile wins over the error it caused (and rolls
-        // nothing back); then the failure as the run sees it.
-        if !matches!(e, Error::AfterCommit { .. }) {
-            py.check_signals()?;
-            if hooks.cancelled().unwrap_or(false) {
-                return Err(to_py(py, Error::Cancelled));
-            }
-        }
-        let e = py.detach(|| task.failed(e));
-        tell(&mut task)?;
-        return Err(to_py(py, e));
-    }
-    tell(&mut task)?;
-    hooks.visit_at(py, &mut task, true)?;
-    let parts = task.converted().iter().map(|c| {
+    let hooks = Hooks::new(progress, cancel, warn, None).metered(file_progress);
+    let mut task = hooks.run(py, || RunTask::new(&src, dst.as_deref(), &given, tuning))?;
+    hooks.drive(py, &mut task, step)?;
+    let (r, converted) = hooks.run(py, move || task.finish())?;
+    let parts = converted.iter().map(|c| {
         let r = &c.report;
         let measured = c.measured;
-        let n = measured.then(|| numerics_dict(py, &r.numerics, &r.numerics_total, &r.dequantized));
+        let n = measured.then(|| numerics_dict(py, &r.numerics, &r.numerics_total));
         Ok((c.rel.clone(), n.transpose()?))
     });
     let parts = parts.collect::<PyResult<Vec<_>>>()?;
-    let d = folder_report(py, &task.finish())?;
+    let d = folder_report(py, &r)?;
     d.set_item("numerics", parts)?;
     Ok(d)
 }
@@ -1155,15 +913,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     for (name, value) in exports.cast_into::<PyDict>()?.iter() {
         m.add(name.cast_into::<pyo3::types::PyString>()?, value)?;
     }
-    m.add_class::<FolderWork>()?;
-    m.add_class::<Prepared>()?;
     add_functions! {
         m: _set_exceptions, py_convert, py_inspect, inspect_folder, py_verify, render, format_bytes, escape,
-        option_error, check_option, check_applies, write_numeric_report,
-        check_side_output,
+        check_option, check_applies,
         source_kind, read_header, config_text, index_text,
-        read_json, split_shard_name, run_place, default_dst, verify_route, space,
-        py_prepare,
+        split_shard_name, default_dst, verify_route, space,
         convert_folder,
         finalize,
         verify_folder,

@@ -36,7 +36,24 @@ pub trait Task {
     fn file_progress(&self) -> Option<(&std::ffi::OsStr, u64, u64)> {
         None
     }
+    /// Whether its progress is told now (false: a part that tells none, a dry run's checks).
+    fn measured(&self) -> bool {
+        true
+    }
+    /// A folder run's warnings said since the last call, each with the path it names (its
+    /// `take_warnings` says none).
+    fn take_said(&mut self) -> Vec<Said> {
+        Vec::new()
+    }
+    /// What a failure of the last step says, once the caller has told a stop request that
+    /// came meanwhile instead (a folder run's conversion rolls back what it added).
+    fn failed(&mut self, e: crate::error::Error) -> crate::error::Error {
+        e
+    }
 }
+
+/// A warning and the path it names (a folder run's: the file it is about).
+pub type Said = (Warning, Option<std::ffi::OsString>);
 
 /// Run `task` to its end in one go (for Rust callers and tests).
 pub fn run<T: Task>(task: &mut T) -> Result<()> {

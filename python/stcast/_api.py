@@ -12,18 +12,15 @@ from typing import TYPE_CHECKING, cast
 
 from . import _core, _engine, _types
 from ._options import Options
-from .errors import Refused, StcastError
 from .reports import (
     ConvertReport,
     InspectReport,
-    Notice,
     VerifyReport,
     folder_report,
-    numeric_parts,
 )
 
 if TYPE_CHECKING:
-    from typing import Any, Callable
+    from typing import Callable
 
     from typing_extensions import Unpack
 
@@ -116,36 +113,18 @@ def convert(
     o = given.checked("convert")
     _core.check_applies(src, o.set)
     if tree or o.max_shard_size is not None:
-        prepared = _prepare(src, None if dst is None else os.fsdecode(dst), o, cancel=cancel)
-        replace_report = None
-        o = _report(o)
-        if o.report is not None:
-            # Not inside the source (any kind: its folders, a ZeRO tag folder through a link)
-            # nor the destination folder; not one of their files.
-            replace_report = _core.check_side_output(
-                o.report, "report", o.force, [(prepared.src, "input"), (prepared.dst, "output")]
-            )
+        # One engine call: every check, the writing, the numeric report (rust/folder/run.rs).
         with _engine.gc_paused():
             data = _core.convert_folder(
-                prepared,
+                src,
+                None if dst is None else os.fsdecode(dst),
                 progress=progress,
                 file_progress=file_progress,
                 cancel=cancel,
                 warn=_engine.issue,
-                threads=o.threads,
-                tuning=o.tuning,
+                **_report(o).keywords("convert"),
             )
-            result = folder_report(data)
-        if o.report is not None and result.numerics is not None:
-            # The folder's own commit point is behind it: a failure here says so.
-            try:
-                parts = numeric_parts(result.numerics)
-                _core.write_numeric_report(
-                    o.report, result.src, result.dst, result.to, parts, replace=replace_report
-                )
-            except (OSError, StcastError) as e:
-                raise _after_commit(result.dst, e) from None
-        return result
+            return folder_report(data)
     target = _core.default_dst(src, _target(o), dst=None if dst is None else os.fsdecode(dst))
     return _engine.convert_file(
         src, target, progress=progress, cancel=cancel, **_report(o).keywords("convert")
@@ -192,10 +171,11 @@ def inspect(
     o = given.checked("inspect")
     target = None if dst is None else os.fsdecode(dst)
     _core.check_applies(path, o.set)
-    if o.max_shard_size is not None:
-        return _inspect_resharded(path, target, _report(o), progress)
-    if tree:
-        return _inspect_folder(path, target, _report(o), progress)
+    if tree or o.max_shard_size is not None:
+        # One engine call: the dry run, with `dst` after every check the run makes, and a
+        # re-sharding's plan (rust/folder/dry.rs).
+        keywords = _report(o).keywords("inspect")
+        return _engine.inspect_folder(path, target, progress=progress, **keywords)
     if target is not None:
         target = _core.default_dst(path, _target(o), dst=target)
     # With `dst`, the checks `convert` makes before writing, failing as it would (a plain
@@ -205,132 +185,6 @@ def inspect(
     if target is None:
         return planned
     return replace(planned, destination=_engine.destination(target, planned.output_bytes))
-
-
-def _inspect_folder(
-    src: str, dst: str | None, o: Options, progress: Callable[[int, int], object] | None
-) -> InspectReport:
-    """A folder's dry run: with `dst`, after every check the run makes (`folder.checked`)."""
-    # (A cache repo root: its snapshot.)
-    src = _core.run_place(src, dst, to=_target(o), resharding=False, check=False)[0]
-    said = None
-    if dst is not None:
-        said = _checked(src, dst, o)[1]
-    return _engine.inspect_folder(src, o, dst=dst, checked=said, progress=progress)
-
-
-def _inspect_resharded(
-    src: str, dst: str | None, o: Options, progress: Callable[[int, int], object] | None
-) -> InspectReport:
-    """A dry run of a re-sharding (`max_shard_size`) with the same options: see `inspect`.
-    With `dst`, every check the conversion would make runs first (`_checked`), and fails as
-    the conversion would; `src` may be a file. The files are the engine's dry run
-    (`_engine.inspect_folder`); the report adds the shard plan."""
-    to, max_shard_size = _target(o), cast("int", o.max_shard_size)
-    # (A cache repo root: its snapshot.)
-    src = _core.run_place(src, dst, to=to, resharding=True, check=False)[0]
-    said: list[Notice] | None = None
-    if dst is not None:
-        prepared, said = _checked(src, dst, o)
-    report = _engine.inspect_folder(
-        src, o, dst=dst, checked=said, resharding=True, progress=progress
-    )
-    warnings = report.warnings
-    if dst is not None:
-        work = prepared.work
-    else:
-        # Without DST nothing is checked: the plan of what is there, as convert cuts it;
-        # each file's inspection read the tensors kept from overflow and, for an FP8
-        # target, the weights holding NaN or inf, as convert does.
-        found = [[t.name for t in f.tensors if t.reason == "keep_overflow"] for f in report.files]
-        fp8 = to in ("fp8", "fp8-block")
-        nonfinite = [
-            [t.name for t in f.tensors if t.not_quantized == "nonfinite"] for f in report.files
-        ]
-        single = not _engine.is_tree(src)
-        work = _core.FolderWork(
-            src,
-            check_quantized=False,
-            single=single,
-            max_shard_size=max_shard_size,
-            shard_links=o.follow_links,
-            keep_names=found,
-            unquantized=nonfinite if fp8 else None,
-            to=to,
-            **o.precision,
-            **o.source,
-            follow_links=o.follow_links,
-            name=o.name,
-            config=o.config if single else None,
-        )
-        planned = [Notice(kind, text, path) for kind, text, path in work.warnings()]
-        warnings = warnings + [n for n in planned if n not in warnings]
-    # What a re-sharding run writes besides the shards, to the byte.
-    written = work.outputs()
-    other = sum(size for _, kind, size in written if kind != "weights")
-    output = sum(size for _, kind, size in written if kind == "weights") + other
-    infos: tuple[list[Any], list[Any]] = work.infos()
-    shards, indexes = infos
-    return replace(
-        report,
-        output_bytes=output,
-        warnings=warnings,
-        destination=None if dst is None else _engine.destination(dst, output),
-        other_bytes=other,
-        max_shard_size=max_shard_size,
-        shards=shards,
-        indexes=indexes,
-    )
-
-
-def _prepare(
-    src: str,
-    dst: str | None,
-    o: Options,
-    *,
-    cancel: CancelFlag | None = None,
-    warn: Callable[[str, str, str | None], object] = _engine.issue,
-) -> _core.Prepared:
-    """Every check a folder run makes before writing anything, in order (the engine's
-    `folder::prepare`), each warning told to `warn` as it is said: `inspect SRC DST` makes
-    exactly these; `convert` makes them, then writes (`_core.convert_folder`). With
-    `max_shard_size`, the output is re-sharded and `src` may also be one checkpoint."""
-    return _core.prepare(
-        src,
-        dst,
-        shard=o.shard,
-        max_shard_size=o.max_shard_size,
-        resume=o.resume,
-        strict=o.strict,
-        cancel=cancel,
-        warn=warn,
-        to=o.to,
-        **o.precision,
-        **o.source,
-        force=o.force,
-        allow_quantized=o.allow_quantized,
-        follow_links=o.follow_links,
-        name=o.name,
-        config=o.config,
-    )
-
-
-def _checked(src: str, dst: str, o: Options) -> tuple[_core.Prepared, list[Notice]]:
-    """Every check a folder run into `dst` makes before writing (`_prepare`), failing as the
-    run would, and what they said (not issued: a dry run returns its warnings)."""
-    said: list[Notice] = []
-
-    def warn(kind: str, template: str, path: str | None) -> None:
-        # (A keep pattern's is judged again over the files inspected; a glob's not.)
-        if kind != "unmatched_pattern":
-            said.append(Notice(kind, template, path))
-
-    prepared = _prepare(src, dst, o, warn=warn)
-    if o.report is not None:  # as `convert` checks it
-        _core.check_side_output(
-            o.report, "report", o.force, [(prepared.src, "input"), (prepared.dst, "output")]
-        )
-    return prepared, said
 
 
 def verify(
@@ -466,14 +320,6 @@ def _document(fn: Callable[..., object], *typed: type) -> None:
     them."""
     if fn.__doc__:  # (none under `python -OO`)
         fn.__doc__ += "".join(f"\n    {t.__doc__}" for t in typed)
-
-
-def _after_commit(published: str, e: BaseException) -> StcastError:
-    """An error that came after the output was published: it says so."""
-    template = e.template if isinstance(e, StcastError) else _engine.escape(str(e))
-    return Refused(
-        f"{_engine.escape(published)} was published, but then {template}", path=published
-    )
 
 
 _document(convert, _types._Options, _types.ConvertOptions)

@@ -41,24 +41,16 @@ __all__ = [
     "render",
     "format_bytes",
     "escape",
-    "option_error",
     "check_option",
     "check_applies",
-    "write_numeric_report",
-    "check_side_output",
     "source_kind",
     "read_header",
     "config_text",
     "index_text",
-    "read_json",
     "split_shard_name",
-    "run_place",
     "default_dst",
     "verify_route",
     "space",
-    "FolderWork",
-    "Prepared",
-    "prepare",
     "convert_folder",
     "finalize",
     "verify_folder",
@@ -167,17 +159,18 @@ def inspect(
     **options: Unpack[_Options],
 ) -> _Report: ...
 
-# A folder's dry run: its totals; under "named" its other files (path, bytes, action), files
-# left out (path, bytes, why) and warnings (kind, template, file); under "files" each weight
-# file's report (as `inspect` gives it).
+# A folder run's dry run (rust/folder/dry.rs; with `dst` after every check the run makes):
+# its totals and `path` (the source read); under "named" its other files (path, bytes,
+# action), files left out (path, bytes, why) and warnings (kind, template, file); under
+# "files" each weight file's report (as `inspect` gives it); a re-sharding's plan
+# (`max_shard_size`, `shards`, `indexes`).
 def inspect_folder(
     src: str,
+    dst: str | None,
     *,
-    checked: bool,
-    resharding: bool,
     progress: _Progress = None,
     row: Callable[[dict[str, Any]], object] | None = None,
-    **options: Unpack[_Options],
+    **options: Any,
 ) -> _Report: ...
 def verify(
     src: str,
@@ -202,21 +195,8 @@ def _set_exceptions(classes: dict[str, Callable[..., BaseException]]) -> None: .
 def render(template: str, option: Callable[[str, str | None], str]) -> str: ...
 def format_bytes(n: int) -> str: ...
 def escape(s: str) -> str: ...
-def option_error(option: str, value: object, expected: str) -> BaseException: ...
 def check_option(name: str, value: object) -> Any: ...
 def check_applies(src: str, given: list[str]) -> None: ...
-def write_numeric_report(
-    path: str,
-    src: str,
-    dst: str,
-    to: str | None,
-    parts: list[tuple[str | None, TensorNumerics]],
-    *,
-    replace: object = None,
-) -> tuple[int, int, int]: ...
-def check_side_output(
-    path: str, role: str, force: bool, taken: list[tuple[str, str]]
-) -> str | None: ...
 def source_kind(
     src: str, *, check: bool = True
 ) -> Literal["file", "checkpoint", "tree"] | None: ...
@@ -235,37 +215,10 @@ def index_text(
     renames: dict[str, str] | None = None,
     record: str | None = None,
 ) -> bytes: ...
-def read_json(path: str) -> str: ...
-def run_place(
-    src: str, dst: str | None, to: str = ..., *, resharding: bool, check: bool = True
-) -> tuple[str, str, tuple[int, int]]: ...
 def default_dst(src: str, to: str, *, folder: bool = False, dst: str | None = None) -> str: ...
 def verify_route(src: str, dst: str, **options: Unpack[_Options]) -> tuple[str, bool]: ...
 def space(dst: str, need: int) -> tuple[str, int, bool]: ...
 def split_shard_name(name: str) -> tuple[str, str, str] | None: ...
-
-# A source folder's file: rel, path, size, mtime_ns, its rel in the source when renamed.
-
-@final
-class FolderWork:
-    """A folder run's plan of output units (the engine's `folder::work::Work`)."""
-
-    def __new__(
-        cls,
-        src: str,
-        *,
-        check_quantized: bool,
-        single: bool = False,
-        max_shard_size: int | None = None,
-        shard_links: bool = False,
-        keep_names: list[list[str]] | None = None,
-        unquantized: list[list[str]] | None = None,
-        cancel: _CancelFlag | None = None,
-        **options: Any,
-    ) -> FolderWork: ...
-    def warnings(self) -> list[tuple[str, str, str | None]]: ...
-    def outputs(self) -> list[tuple[str, str, int]]: ...
-    def infos(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]: ...
 
 @final
 class TensorNumerics:
@@ -274,38 +227,16 @@ class TensorNumerics:
     def __len__(self) -> int: ...
     def row(self, i: int) -> _Row: ...
 
-@final
-class Prepared:
-    """A folder run with every check made and nothing written yet (`convert_folder` writes
-    it)."""
-
-    @property
-    def src(self) -> str: ...
-    @property
-    def dst(self) -> str: ...
-    @property
-    def work(self) -> FolderWork: ...
-
-def prepare(
+# A folder run, whole (rust/folder/run.rs): every check, the writing, the numeric report.
+def convert_folder(
     src: str,
     dst: str | None,
-    *,
-    shard: object = None,
-    max_shard_size: int | None = None,
-    resume: bool = False,
-    strict: bool = False,
-    cancel: _CancelFlag | None = None,
-    warn: Callable[[str, str, str | None], object] | None = None,
-    **options: Any,
-) -> Prepared: ...
-def convert_folder(
-    prepared: Prepared,
     *,
     progress: _Progress = None,
     file_progress: Callable[[str, int, int], object] | None = None,
     cancel: _CancelFlag | None = None,
     warn: Callable[[str, str, str | None], object] | None = None,
-    **options: Unpack[_Options],
+    **options: Any,
 ) -> dict[str, Any]: ...
 def finalize(
     src: str,

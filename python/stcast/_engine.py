@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from typing import Callable, Protocol
 
-    from ._options import Options
     from ._types import Destination, Numerics, Target
 
     class CancelFlag(Protocol):
@@ -64,13 +63,6 @@ def target_name(to: object) -> Target:
     """The canonical name of a target or one of its aliases ("bfloat16" -> "bf16"), as the
     engine resolves them; anything else is the engine's usage error of `to`."""
     return _core.check_option("to", to)  # type: ignore[no-any-return]
-
-
-def is_tree(path: str) -> bool:
-    """Is `path` a folder of files (a Hugging Face folder), rather than a file or one
-    checkpoint (a DCP folder, read as one source, as a file is)? The engine decides
-    (`_core.source_kind`), refusing a distributed checkpoint it cannot read, naming it."""
-    return _core.source_kind(path) == "tree"
 
 
 # This package's folder: its frames are never the line a warning points at.
@@ -114,48 +106,25 @@ def inspect_file(path: str, **options: Any) -> InspectReport:
 
 
 def inspect_folder(
-    src: str,
-    options: Options,
-    *,
-    dst: str | None,
-    checked: list[Notice] | None = None,
-    resharding: bool = False,
-    progress: Progress | None = None,
+    src: str, dst: str | None, *, progress: Progress | None, **options: Any
 ) -> InspectReport:
-    """The dry run of a folder run (the engine's answer, `_core.inspect_folder`): each
-    weight file's inspection, the other files, the totals. With `dst`, the run's checks were
-    made, and `checked` holds what they said: the folder is planned as the run plans it.
-    `resharding`: the run writes indexes of its own, and `src` may be one checkpoint."""
-    o = options
+    """The dry run of a folder run (the engine's answer, `_core.inspect_folder`, with the
+    options given: `Options.keywords`): with `dst`, after every check the run makes; each
+    weight file's inspection, the other files, the totals, and a re-sharding's plan."""
     with gc_paused():
-        result = _core.inspect_folder(
-            src,
-            scan=o.scan,
-            checked=dst is not None,
-            resharding=resharding,
-            progress=progress,
-            row=_row(),
-            **o.engine(),
-            **{**o.source, "follow_links": o.follow_links, "config": o.config},
-            allow_quantized=o.allow_quantized,
-        )
+        result = _core.inspect_folder(src, dst, progress=progress, row=_row(), **options)
         files = [
             _build(InspectReport, f, warnings=_notices(f["warnings"], f["path"]))
             for f in result["files"]
         ]
     others, left_out, said = result["named"]
-    warnings = [Notice(kind, template, path) for kind, template, path in said]
-    # The run's checks said theirs after the patterns that match no tensor.
-    first = 1 if result["keep_unmatched"] else 0
-    warnings[first:first] = checked or []
     output = result["output_bytes"]
     return _build(
         InspectReport,
         result,
-        path=src,
         metadata=None,
         tensors=[t for f in files for t in f.tensors],
-        warnings=warnings,
+        warnings=[Notice(kind, template, path) for kind, template, path in said],
         destination=None if dst is None else destination(dst, output),
         folder=True,
         files=files,

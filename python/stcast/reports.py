@@ -539,14 +539,6 @@ def merged_numerics(parts: list[tuple[str, Numerics | None]]) -> Numerics | None
     return merged
 
 
-def numeric_parts(n: Numerics) -> list[tuple[str | None, Any]]:
-    """The engine's own per-tensor rows of a numeric report, each with its file (None for a
-    single file's): what `_core.write_numeric_report` writes from."""
-    rows = n["tensors"]
-    parts = rows._parts if isinstance(rows, FileRows) else [(None, rows)]
-    return [(rel, r._rows if isinstance(r, TensorRows) else r) for rel, r in parts]
-
-
 def _plain_numerics(n: Numerics | None) -> dict[str, Any] | None:
     """A numeric report with its per-tensor rows as a list (JSON-ready)."""
     if n is None:

@@ -24,7 +24,7 @@ use crate::task::{InspectTask, Inspection, Task};
 use crate::vocab::{OnOverflow, Target, Unmatched, WarningKind};
 
 /// A warning and the file it is about (a weight file's, by its relative path in the source).
-pub type Said = (Warning, Option<OsString>);
+pub use crate::task::Said;
 
 /// The first part of a folder's dry run: the folder walked, or planned as the run plans it
 /// (a weight file a step: `Task`). `InspectFolderTask::new` takes it on.

@@ -26,7 +26,7 @@ use super::work::{Cut, Judged, Work, WorkTask};
 use super::{base, skipped_notes};
 use crate::convert::Tuning;
 use crate::error::{side_config_notice, unmatched_message, Error, Result, Warning};
-use crate::given::{Given, Settings};
+use crate::given::{Given, Settings, ShardGiven};
 use crate::options::{Role, DEFS};
 use crate::run::beside::FOLDER_SIDE_CONFIG;
 use crate::run::json::{Node, Str, Value};
@@ -41,14 +41,6 @@ use crate::vocab::{OnOverflow, OptionName, Target, Unmatched, WarningKind};
 /// Files named in the warning of those DST holds that the run leaves out.
 const SHOWN: usize = 8;
 
-/// `shard` as the caller gave it: its two numbers (None: not two whole numbers), and how the
-/// caller wrote it (for the message).
-#[derive(Debug, Clone)]
-pub struct ShardGiven {
-    pub parts: Option<(i128, i128)>,
-    pub repr: String,
-}
-
 /// What a folder run is asked.
 #[derive(Debug, Clone)]
 pub struct Asked {
@@ -56,15 +48,27 @@ pub struct Asked {
     /// None: the default destination, named after `src`.
     pub dst: Option<PathBuf>,
     /// `to`, the options that decide what each tensor becomes and how the source is read,
-    /// and `force`, `allow_quantized`, `follow_links`, `name`, `config`.
+    /// and `force`, `allow_quantized`, `follow_links`, `name`, `config`, `strict` (a keep
+    /// pattern that matches no tensor is refused, not warned of), `max_shard_size`,
+    /// `shard`, `resume`.
     pub settings: Settings,
-    /// Re-shard into output shards of at most this many bytes.
-    pub max_shard_size: Option<u64>,
-    /// Convert only the I-th of N shard runs' units.
-    pub shard: Option<ShardGiven>,
-    pub resume: bool,
-    /// A keep pattern that matches no tensor is refused, not warned of.
-    pub strict: bool,
+}
+
+impl Asked {
+    /// The run of `src` into `dst` with the options `s` (its `threads` and `report` are the
+    /// writing's).
+    pub fn new(src: &Path, dst: Option<&Path>, s: &Settings) -> Asked {
+        let settings = Settings {
+            threads: None,
+            report: None,
+            ..s.clone()
+        };
+        Asked {
+            src: src.to_path_buf(),
+            dst: dst.map(Path::to_path_buf),
+            settings,
+        }
+    }
 }
 
 /// A folder run with every check made and nothing written yet.
@@ -146,8 +150,9 @@ impl PrepareTask {
     pub fn new(asked: Asked) -> Result<PrepareTask> {
         let s = &asked.settings;
         let target = s.to.as_ref().map_or(Ok(Target::Bf16), Given::target)?;
-        let shard = asked.shard.as_ref().map(check_shard).transpose()?;
-        let resharding = asked.max_shard_size.is_some();
+        let shard = s.shard.as_ref().map(check_shard).transpose()?;
+        let max_shard_size = s.max_shard_size()?;
+        let resharding = max_shard_size.is_some();
         // The default DST is named after what was given: beside a cache repo root, never
         // inside the cache's snapshots/.
         let at = place::place(&asked.src, asked.dst.as_deref(), target, resharding, true)?;
@@ -157,11 +162,13 @@ impl PrepareTask {
         let plan = Settings {
             force: false,
             allow_quantized: None,
+            // (The keep patterns are judged over the whole folder: `said`.)
+            strict: false,
             name: s.name.clone().filter(|_| resharding),
             config: s.config.clone().filter(|_| single),
             ..s.clone()
         };
-        let cut = asked.max_shard_size.map(|max_size| Cut {
+        let cut = max_shard_size.map(|max_size| Cut {
             max_size,
             follow_links: s.follow_links,
             ..Cut::default()
@@ -197,13 +204,6 @@ impl PrepareTask {
         })
     }
 
-    /// The warnings said since the last call, each with the source file it is about.
-    pub fn take_said(&mut self) -> Vec<Said> {
-        let new = self.warnings[self.told..].to_vec();
-        self.told = self.warnings.len();
-        new
-    }
-
     fn say(&mut self, w: Warning, at: Option<OsString>) {
         self.warnings.push((w, at));
     }
@@ -231,7 +231,7 @@ impl PrepareTask {
             }
         }
         let unmatched = w.plan.keep_unmatched.clone();
-        if !unmatched.is_empty() && self.asked.strict {
+        if !unmatched.is_empty() && self.asked.settings.strict {
             let (path, patterns) = (self.src.clone(), unmatched);
             return Err(Error::UnmatchedPatterns { path, patterns });
         }
@@ -303,7 +303,7 @@ impl PrepareTask {
                 shard: self.shard,
                 options,
                 force: self.asked.settings.force,
-                resume: self.asked.resume,
+                resume: self.asked.settings.resume,
             },
             outputs: planned.collect(),
             room: Some(survey::Room {
@@ -358,7 +358,7 @@ impl PrepareTask {
     /// `on_overflow` error for any overflow, under keep for a dequantized weight's (a
     /// re-sharding's plan read for those already).
     fn reads_first(&self) -> Result<bool> {
-        let resharding = self.asked.max_shard_size.is_some();
+        let resharding = self.asked.settings.max_shard_size.is_some();
         Ok(match self.asked.settings.on_overflow()? {
             OnOverflow::Warn => false,
             OnOverflow::Keep => !resharding,
@@ -472,6 +472,13 @@ impl Task for PrepareTask {
     /// (The warnings name the file they are about: `take_said`.)
     fn take_warnings(&mut self) -> Vec<Warning> {
         Vec::new()
+    }
+
+    /// The warnings said since the last call, each with the source file it is about.
+    fn take_said(&mut self) -> Vec<Said> {
+        let new = self.warnings[self.told..].to_vec();
+        self.told = self.warnings.len();
+        new
     }
 }
 

@@ -29,8 +29,7 @@ use crate::run::publish::{WeightMap, Writer};
 use crate::task::{ConvertTask, Task};
 use crate::vocab::WarningKind;
 
-/// A warning and the path it names.
-pub type Said = (Warning, Option<OsString>);
+use crate::task::Said;
 
 /// The steps of a `ConvertFolderTask`.
 enum Stage {
@@ -123,25 +122,9 @@ impl ConvertFolderTask {
         }
     }
 
-    /// The warnings said since the last call, each with the path it names.
-    pub fn take_said(&mut self) -> Vec<Said> {
-        let new = self.said[self.told..].to_vec();
-        self.told = self.said.len();
-        new
-    }
-
-    /// What a failure of the last step says, once the caller has told a stop request that
-    /// came meanwhile instead: a unit's conversion that fails rolls back what the run added,
-    /// unless `--resume` can go on from it (`publish::Writer::failed`).
-    pub fn failed(&mut self, e: Error) -> Error {
-        match self.converting {
-            true => self.writer.failed(e),
-            false => e,
-        }
-    }
-
-    /// The report, once every step is done.
-    pub fn finish(self) -> FolderReport {
+    /// The report, once every step is done, and the units this run converted (their
+    /// numerics rows are their reports').
+    pub fn finish(self) -> (FolderReport, Vec<Converted>) {
         let p = &self.p;
         let said = finish::Said {
             src: p.src.clone(),
@@ -154,10 +137,11 @@ impl ConvertFolderTask {
             max_shard_size: p.work.max_size,
             first: p.warnings.clone(),
         };
-        FolderReport::new(said, self.rows, &self.converted)
+        let report = FolderReport::new(said, self.rows, &self.converted);
+        (report, self.converted)
     }
 
-    /// The units this run converted (their numerics rows are their reports').
+    /// The units this run converted so far.
     pub fn converted(&self) -> &[Converted] {
         &self.converted
     }
@@ -415,6 +399,22 @@ impl Task for ConvertFolderTask {
 
     fn take_warnings(&mut self) -> Vec<Warning> {
         Vec::new()
+    }
+
+    /// The warnings said since the last call, each with the path it names.
+    fn take_said(&mut self) -> Vec<Said> {
+        let new = self.said[self.told..].to_vec();
+        self.told = self.said.len();
+        new
+    }
+
+    /// A unit's conversion that fails rolls back what the run added, unless `--resume` can
+    /// go on from it (`publish::Writer::failed`).
+    fn failed(&mut self, e: Error) -> Error {
+        match self.converting {
+            true => self.writer.failed(e),
+            false => e,
+        }
     }
 
     fn file_progress(&self) -> Option<(&OsStr, u64, u64)> {

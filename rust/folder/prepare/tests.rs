@@ -40,10 +40,14 @@ fn asked(src: &Path, dst: &Path) -> Asked {
             to: Some(given("bf16")),
             ..Settings::default()
         },
-        max_shard_size: None,
-        shard: None,
-        resume: false,
-        strict: false,
+    }
+}
+
+fn whole(n: u64) -> Given {
+    Given {
+        text: None,
+        whole: Some(n),
+        repr: n.to_string(),
     }
 }
 
@@ -152,7 +156,7 @@ fn a_resharding_records_its_size_and_name() {
     let dst = src.with_extension("out");
     let _ = std::fs::remove_dir_all(&dst);
     let mut a = asked(&src, &dst);
-    a.max_shard_size = Some(1 << 20);
+    a.settings.max_shard_size = Some(whole(1 << 20));
     let (_, p) = prepare(a).unwrap();
     assert_eq!(p.work.noun(), "output shards");
     let got = options(&p);
@@ -168,7 +172,7 @@ fn a_shard_run_writes_its_share_and_copies_nothing() {
     let dst = src.with_extension("out");
     let _ = std::fs::remove_dir_all(&dst);
     let (mut one, mut two) = (asked(&src, &dst), asked(&src, &dst));
-    (one.shard, two.shard) = (shard(1, 2), shard(2, 2));
+    (one.settings.shard, two.settings.shard) = (shard(1, 2), shard(2, 2));
     let (_, p1) = prepare(one).unwrap();
     let (_, p2) = prepare(two).unwrap();
     assert_eq!((p1.shard, p2.shard), (Some((1, 2)), Some((2, 2))));
@@ -189,7 +193,7 @@ fn a_shard_range_is_refused_before_anything_else_is_read() {
     let src = plain("range");
     let dst = src.with_extension("out");
     let mut a = asked(&src, &dst);
-    a.shard = shard(1, 3);
+    a.settings.shard = shard(1, 3);
     let e = prepare(a).err().unwrap();
     assert_eq!(e.kind(), ErrorKind::Usage);
     assert_eq!(e.option(), Some(OptionName::Shard));
@@ -203,7 +207,7 @@ fn a_shard_range_is_refused_before_anything_else_is_read() {
         (None, "'x'"),
     ] {
         let mut a = asked(&src, &dst);
-        a.shard = Some(ShardGiven {
+        a.settings.shard = Some(ShardGiven {
             parts,
             repr: repr.into(),
         });
@@ -230,7 +234,7 @@ fn a_keep_pattern_that_matches_nothing_is_said_once_or_refused_under_strict() {
         said[0].0.text,
         "{keep} pattern `zz*` matches no tensor name (a typo?)"
     );
-    a.strict = true;
+    a.settings.strict = true;
     let e = prepare(a).err().unwrap();
     assert_eq!(e.kind(), ErrorKind::Refused);
     assert!(e.template().ends_with(
@@ -365,7 +369,7 @@ fn converted_verified_resumed(src: &Path, key: Option<&str>, max_size: Option<u6
     let dst = src.with_extension("out");
     let _ = std::fs::remove_dir_all(&dst);
     let mut a = asked(src, &dst);
-    (a.max_shard_size, a.settings.key) = (max_size, key.map(str::to_string));
+    (a.settings.max_shard_size, a.settings.key) = (max_size.map(whole), key.map(str::to_string));
     let (_, p) = prepare(a.clone()).unwrap();
     assert_eq!(p.todo.len(), p.work.units.len());
     convert(&p);
@@ -376,7 +380,7 @@ fn converted_verified_resumed(src: &Path, key: Option<&str>, max_size: Option<u6
             "{out:?}"
         );
     }
-    a.resume = true;
+    a.settings.resume = true;
     let (_, again) = prepare(a.clone()).unwrap();
     assert!(again.todo.is_empty());
     assert_eq!(again.skipped, again.units);

@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 
 use super::*;
 use crate::folder::finish::FinalizeTask;
-use crate::folder::prepare::{Asked, PrepareTask, ShardGiven};
+use crate::folder::prepare::{Asked, PrepareTask};
 use crate::folder::verify_folder::FolderVerify;
+use crate::given::ShardGiven;
 use crate::run::manifest;
 use crate::task;
 
@@ -70,12 +71,17 @@ fn asked(src: &Path, dst: &Path, key: Option<&str>, max_size: Option<u64>) -> As
         settings: Settings {
             to: Some(given("bf16")),
             key: key.map(str::to_string),
+            max_shard_size: max_size.map(whole),
             ..Settings::default()
         },
-        max_shard_size: max_size,
-        shard: None,
-        resume: false,
-        strict: false,
+    }
+}
+
+fn whole(n: u64) -> Given {
+    Given {
+        text: None,
+        whole: Some(n),
+        repr: n.to_string(),
     }
 }
 
@@ -94,7 +100,7 @@ fn run(asked: Asked, stop_after: Option<usize>) -> Result<Option<FolderReport>> 
             return Ok(None);
         }
         match w.step(u64::MAX) {
-            Ok(true) => return Ok(Some(w.finish())),
+            Ok(true) => return Ok(Some(w.finish().0)),
             Ok(false) => {}
             Err(e) => return Err(w.failed(e)),
         }
@@ -160,7 +166,7 @@ fn stopped_resumed_verified(src: &Path, key: Option<&str>, max_size: Option<u64>
         e.template()
     );
     let mut a = asked(src, &dst, key, max_size);
-    a.resume = true;
+    a.settings.resume = true;
     let r = run(a.clone(), None).unwrap().unwrap();
     let skipped = r.files.iter().filter(|f| f.action == "skipped").count();
     let converted = r.files.iter().filter(|f| f.action == "converted").count();
@@ -212,7 +218,7 @@ fn shard_runs_then_finalize_make_the_whole_folder() {
     let _ = std::fs::remove_dir_all(&dst);
     for i in 1..=2 {
         let mut a = asked(&src, &dst, None, None);
-        a.shard = Some(ShardGiven {
+        a.settings.shard = Some(ShardGiven {
             parts: Some((i, 2)),
             repr: format!("({i}, 2)"),
         });
@@ -244,4 +250,51 @@ fn a_zero_checkpoint_is_resharded_stopped_resumed_and_verified() {
     let src = fixture("zero", "zero/stage2-3ranks", &["latest", "global_step1/"]);
     let r = stopped_resumed_verified(&src, None, Some(400));
     assert!(r.files.iter().filter(|f| f.kind == "weights").count() > 1);
+}
+
+#[test]
+fn a_whole_run_checks_its_report_path_first_and_writes_the_report_last() {
+    use crate::folder::run::RunTask;
+    let src = hf("run-report");
+    let dst = src.with_extension("out");
+    let report = src.with_extension("report.json");
+    let _ = std::fs::remove_dir_all(&dst);
+    std::fs::write(&report, b"someone else's").unwrap();
+    let s = Settings {
+        report: Some(report.clone()),
+        ..Settings::default()
+    };
+    // An existing report without force: refused before DST is made.
+    let mut t = RunTask::new(&src, Some(&dst), &s, Tuning::default()).unwrap();
+    let e = task::run(&mut t).unwrap_err();
+    assert_eq!(e.kind(), crate::vocab::ErrorKind::DestinationExists);
+    assert!(!dst.exists());
+    std::fs::remove_file(&report).unwrap();
+    let mut t = RunTask::new(&src, Some(&dst), &s, Tuning::default()).unwrap();
+    task::run(&mut t).unwrap();
+    let (r, converted) = t.finish().unwrap();
+    assert_eq!((r.tensors_converted, converted.len()), (4, 3));
+    let text = std::fs::read_to_string(&report).unwrap();
+    assert!(text.contains("model-00002-of-00002.safetensors"), "{text}");
+    assert!(verifies(&src, &dst, None));
+}
+
+#[test]
+fn a_report_failing_after_a_folder_runs_commit_is_a_refusal_about_the_folder() {
+    // As `_api._after_commit` made it: refused, about the folder, the failure's template.
+    let e = Error::AfterCommit {
+        published: "/d/out".into(),
+        source: Box::new(Error::DestinationExists {
+            path: "/d/r.json".into(),
+        }),
+        folder: true,
+    };
+    assert_eq!(e.kind(), crate::vocab::ErrorKind::Refused);
+    assert_eq!(e.path(), Some(Path::new("/d/out")));
+    assert_eq!(e.errno(), None);
+    let t = e.template();
+    assert!(
+        t.starts_with("/d/out was published, but then /d/r.json: destination exists"),
+        "{t}"
+    );
 }
