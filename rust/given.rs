@@ -244,7 +244,10 @@ pub struct Settings {
 /// caller wrote it (for the message).
 #[derive(Debug, Clone)]
 pub struct ShardGiven {
+    /// Its numbers, each held to i128's range.
     pub parts: Option<(i128, i128)>,
+    /// Its numbers as the caller's language writes whole numbers, `I/N` (for a message).
+    pub numbers: String,
     pub repr: String,
 }
 

@@ -146,12 +146,15 @@ impl<'py> Hooks<'py> {
         self.visit_at(py, task, false)
     }
 
-    /// `visit`; `end`: the task is done.
+    /// `visit`; `end`: the task is done, and a stop request no longer stops it (a folder
+    /// run's outputs are published then, its manifests gone): what is left is told.
     fn visit_at(&self, py: Python<'py>, task: &mut impl Task, end: bool) -> PyResult<()> {
         self.tell_said(task)?;
-        py.check_signals()?;
-        if self.cancelled()? {
-            return Err(to_py(py, Error::Cancelled));
+        if !end {
+            py.check_signals()?;
+            if self.cancelled()? {
+                return Err(to_py(py, Error::Cancelled));
+            }
         }
         for w in task.take_warnings() {
             if let Some(f) = &self.warn {
@@ -315,6 +318,17 @@ fn tuning(v: Option<&Bound<'_, PyDict>>) -> PyResult<Tuning> {
     Tuning::new(&knobs).map_err(PyValueError::new_err)
 }
 
+/// A keyword's value of a type the engine cannot take, worded as PyO3 words an argument's:
+/// "argument 'force': 'str' object cannot be cast as 'bool'".
+fn argument(py: Python<'_>, name: &str, e: PyErr) -> PyErr {
+    if !e.is_instance_of::<PyTypeError>(py) {
+        return e;
+    }
+    let named = PyTypeError::new_err(format!("argument '{name}': {}", e.value(py)));
+    named.set_cause(py, e.cause(py));
+    named
+}
+
 /// The keywords of an engine call (`**options`, as `stcast._engine` and the folder code
 /// pass them) read into the engine's `given::Settings`, and `tuning=`, made into the
 /// engine's options by `make` (a `Settings` method): an absent or None keyword is the
@@ -330,7 +344,9 @@ macro_rules! options {
             for (k, v) in kwargs.into_iter().flat_map(|d| d.iter()) {
                 let given = !v.is_none();
                 match k.extract::<String>()?.as_str() {
-                    $(stringify!($name) if given => s.$name = v.extract()?,)*
+                    $(stringify!($name) if given => {
+                        s.$name = v.extract().map_err(|e| argument(py, stringify!($name), e))?
+                    })*
                     "tuning" if given => knobs = Some(v.cast_into::<PyDict>()?),
                     $(stringify!($name))|* | "tuning" => {}
                     k => {
@@ -387,6 +403,8 @@ fn finish_convert<'py>(
     let numerics = opts.numerics;
     let measured = numerics.then(|| numerics_dict(py, &r.numerics, &r.numerics_total));
     d.set_item("numerics", measured.transpose()?)?;
+    // (One file is complete once published: there is nothing to finalize.)
+    d.set_item("finalize", py.None())?;
     Ok(d)
 }
 
@@ -560,23 +578,34 @@ impl FromPyObject<'_, '_> for ShardGiven {
         let py = v.py();
         let repr = v.repr()?.to_string();
         let int = py.import("builtins")?.getattr("int")?;
-        let read = || -> PyResult<(i128, i128)> {
-            let items = v.try_iter()?.collect::<PyResult<Vec<_>>>()?;
+        // (Three items are enough to refuse: an endless iterable is not read to its end.)
+        let read = || -> PyResult<((i128, i128), String)> {
+            let items = v.try_iter()?.take(3).collect::<PyResult<Vec<_>>>()?;
             let [i, n] = &items[..] else {
                 return Err(PyValueError::new_err("not a pair"));
             };
-            Ok((int.call1((i,))?.extract()?, int.call1((n,))?.extract()?))
+            let (i, n) = (int.call1((i,))?, int.call1((n,))?);
+            let held = |x: &Bound<'_, PyAny>| match x.extract::<i128>() {
+                Ok(x) => Ok(x),
+                Err(_) if x.gt(0)? => Ok(i128::MAX),
+                Err(_) => Ok::<_, PyErr>(i128::MIN),
+            };
+            Ok(((held(&i)?, held(&n)?), format!("{}/{}", i.str()?, n.str()?)))
         };
-        let parts = match read() {
-            Ok(parts) => Some(parts),
+        let (parts, numbers) = match read() {
+            Ok((parts, numbers)) => (Some(parts), numbers),
             Err(e)
                 if e.is_instance_of::<PyTypeError>(py) || e.is_instance_of::<PyValueError>(py) =>
             {
-                None
+                (None, String::new())
             }
             Err(e) => return Err(e),
         };
-        Ok(ShardGiven { parts, repr })
+        Ok(ShardGiven {
+            parts,
+            numbers,
+            repr,
+        })
     }
 }
 

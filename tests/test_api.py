@@ -158,6 +158,24 @@ def test_report_fields_are_the_engine_fields(tmp_path):
     }
 
 
+@pytest.mark.parametrize("folder", [False, True], ids=["file", "folder"])
+def test_an_option_of_the_wrong_type_is_named(tmp_path, folder):
+    """A flag given as another type is a TypeError naming it, as a typed argument's is."""
+    src = small(tmp_path)
+    if folder:
+        (tmp_path / "f").mkdir()
+        src = src.rename(tmp_path / "f" / "model.safetensors").parent
+    for call, option, value in [
+        (stcast.convert, "force", "yes"),
+        (stcast.convert, "allow_quantized", "no"),
+        (stcast.inspect, "scan", 1),
+    ]:
+        expected = f"argument '{option}': '{type(value).__name__}' object cannot be cast as 'bool'"
+        with pytest.raises(TypeError, match=re.escape(expected)):
+            call(src, tmp_path / "o", **{option: value})
+    assert not (tmp_path / "o").exists()
+
+
 def test_destination_exists_is_a_file_exists_error(tmp_path):
     src = small(tmp_path)
     dst = tmp_path / "o.safetensors"

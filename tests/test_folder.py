@@ -7,6 +7,7 @@ parsed and compared text for text, every other file byte for byte.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -733,6 +734,19 @@ def test_shards_then_finalize_equal_a_plain_run(tmp_path, rng, run_main):
     # A resumed plain run over the finalized folder trusts the shard runs' work.
     report = stcast.convert(src, dst, resume=True)
     assert {a for p, a in actions(report).items() if p in every} == {"skipped"}
+
+
+def test_a_shard_that_is_no_pair_of_whole_numbers_is_a_usage_error(tmp_path, rng):
+    """`shard` is read as Python reads whole numbers: one of any size is named as written,
+    and an endless iterable is not read to its end. Nothing is written."""
+    src = make_hf_model(tmp_path / "m", rng, shards=2)
+    dst = tmp_path / "o"
+    with pytest.raises(stcast.UsageError, match=r"'1/1(0){40}' is not I/N with N at most 3,"):
+        stcast.convert(src, dst, shard=(1, 10**40))
+    for bad in [itertools.count(1), (10**40, 1), (1, 2, 3), "123", 3]:
+        with pytest.raises(stcast.UsageError, match=r"a pair \(i, n\) of whole numbers"):
+            stcast.convert(src, dst, shard=bad)
+    assert not dst.exists()
 
 
 def test_finalize_needs_a_manifest(tmp_path, rng):

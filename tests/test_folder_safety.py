@@ -381,6 +381,19 @@ def test_sigterm_and_sighup_remove_the_named_temp(tmp_path, cli_process, point, 
     assert tree(tmp_path) == before
 
 
+def test_a_signal_once_the_run_is_complete_changes_nothing(tmp_path, src, plain):
+    """A signal that arrives in the run's last step, once every file is published, does not
+    turn the finished run into a failure: it ends as it would have (exit 0, its summary,
+    the folder complete, no manifest)."""
+    dst = tmp_path / "out"
+    run = stopped("convert", src, dst, at="folder-complete")
+    os.kill(run.proc.pid, signal.SIGTERM)
+    rc, err = run.resume().finish()
+    assert (rc, err) == (0, ""), err
+    assert f"-> {dst}" in run.stdout(), run.stdout()
+    assert tree(dst) == plain
+
+
 @pytest.mark.parametrize("sig", list(SIGNALS.values()), ids=list(SIGNALS))
 @pytest.mark.parametrize("command", ["convert", "finalize"])
 @pytest.mark.parametrize("env", [{}, NAMED], ids=["tmpfile", "named"])

@@ -223,8 +223,9 @@ impl PrepareTask {
         let w = self.work();
         if let Some((i, n)) = self.shard {
             if n > w.units.len() as u64 {
+                let given = self.asked.settings.shard.as_ref();
                 return Err(Error::ShardRange {
-                    given: format!("{i}/{n}"),
+                    given: given.map_or_else(|| format!("{i}/{n}"), |g| g.numbers.clone()),
                     max: w.units.len(),
                     noun: w.noun(),
                 });

@@ -54,6 +54,7 @@ fn whole(n: u64) -> Given {
 fn shard(i: i128, n: i128) -> Option<ShardGiven> {
     Some(ShardGiven {
         parts: Some((i, n)),
+        numbers: format!("{i}/{n}"),
         repr: format!("({i}, {n})"),
     })
 }
@@ -209,6 +210,7 @@ fn a_shard_range_is_refused_before_anything_else_is_read() {
         let mut a = asked(&src, &dst);
         a.settings.shard = Some(ShardGiven {
             parts,
+            numbers: String::new(),
             repr: repr.into(),
         });
         let e = prepare(a).err().unwrap();

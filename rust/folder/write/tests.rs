@@ -220,6 +220,7 @@ fn shard_runs_then_finalize_make_the_whole_folder() {
         let mut a = asked(&src, &dst, None, None);
         a.settings.shard = Some(ShardGiven {
             parts: Some((i, 2)),
+            numbers: format!("{i}/2"),
             repr: format!("({i}, 2)"),
         });
         let r = run(a, None).unwrap().unwrap();
