@@ -16,7 +16,8 @@
 //! warnings between steps (`take_said`) has told every warning said before the refusal.
 
 use std::borrow::Cow;
-use std::ffi::OsString;
+use std::collections::HashSet;
+use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -321,12 +322,16 @@ impl PrepareTask {
             options,
         };
         let answer = survey::survey(&self.dst, &q, &mut judge)?;
-        let done = |k: &usize| answer.skipped.contains(&w.units[*k].rel);
+        // (Sets: a folder may hold many thousand files.)
+        let adopted: HashSet<&OsString> = answer.skipped.iter().collect();
+        let done = |k: &usize| adopted.contains(&w.units[*k].rel);
         (self.skipped, self.todo) = self.units.iter().partition(|k| done(k));
-        let present = &answer.manifests.present;
+        let present: HashSet<&OsStr> = (answer.manifests.present.iter())
+            .map(OsString::as_os_str)
+            .collect();
         let there: Vec<String> = (w.plan.skipped.iter())
             .map(|(f, _)| f.source_rel())
-            .filter(|r| present.iter().any(|p| p == r))
+            .filter(|r| present.contains(r))
             .map(|r| r.to_string_lossy().into_owned())
             .collect();
         let m = &answer.manifests;
