@@ -695,6 +695,32 @@ def test_an_interrupted_force_keeps_the_earlier_output_loadable(
     assert {k: v for k, v in tree(dst).items() if k in tree(expected)} == tree(expected)
 
 
+@pytest.mark.parametrize("touched", [False, True], ids=["as-found", "changed-since"])
+def test_a_stopped_force_over_another_output_is_continued_by_resume(
+    tmp_path, src, plain, run_main, cli_process, touched
+):
+    """A `--force` over a finished output of other options (no manifest proves it) that
+    fails after a unit keeps its manifest, and the refusal that follows names `--resume`:
+    resume continues it, replacing what the `--force` run was let replace (each file still
+    as that run found it), to what a plain run writes. A file changed since is the user's
+    again: refused, and kept."""
+    dst = tmp_path / "out"
+    assert run_main("convert", src, dst, "--to", "fp16", "-q") == (0, "", "")
+    env = {"STCAST_FAILPOINT": "folder-published=eio"}
+    rc, _, err = cli_process("convert", src, dst, "--force", "-q", env=env)
+    assert rc == 1, err
+    rc, _, err = run_main("convert", src, dst)
+    assert rc == 1 and "--resume continues it" in assert_one_error_line(err), err
+    if touched:
+        (dst / "config.json").write_text('{"mine": true}\n')
+        rc, _, err = run_main("convert", src, dst, "--resume", "-q")
+        assert rc == 1 and "no stcast manifest says it wrote" in assert_one_error_line(err)
+        assert (dst / "config.json").read_text() == '{"mine": true}\n'
+    else:
+        assert run_main("convert", src, dst, "--resume", "-q") == (0, "", "")
+        assert tree(dst) == plain
+
+
 @pytest.mark.parametrize("raised", [KeyboardInterrupt, RuntimeError])
 def test_a_stopped_folder_run_is_refused_naming_resume_and_force(
     tmp_path, src, plain, run_main, raised

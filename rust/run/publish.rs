@@ -152,7 +152,7 @@ impl Writer {
     /// this run's. A manifest at its name that another run saved after this one checked the
     /// folder refuses the run, the folders it made removed again. Each file stcast wrote
     /// here that the manifest does not record as done is claimed in it (`Manifest::carry`):
-    /// it replaces the manifests that proved them.
+    /// it replaces the manifests that proved them; under `force`, so is each file found.
     ///
     /// `before`: the files DST holds (not stcast's bookkeeping); `had_manifest`: a manifest
     /// is at this run's name. `roll_back` keeps both.
@@ -160,6 +160,14 @@ impl Writer {
         (self.before, self.had_manifest) = (before, had_manifest);
         self.done_before = self.record.written();
         self.record.carry(&self.ours)?;
+        if self.force {
+            // What `force` lets this run replace, it lets `--resume` of this run replace too:
+            // a stopped `--force` over an earlier output is continued, not refused for the
+            // files it was about to replace (each still the file the survey found).
+            let mut found: Vec<_> = self.found.iter().map(|(r, id)| (r.clone(), *id)).collect();
+            found.sort();
+            self.record.carry(&found)?;
+        }
         match self.record.save() {
             Err(Error::DestinationExists { .. }) => {
                 self.remove_made();
