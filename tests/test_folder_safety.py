@@ -706,9 +706,12 @@ def test_a_stopped_force_over_another_output_is_continued_by_resume(
     again: refused, and kept."""
     dst = tmp_path / "out"
     assert run_main("convert", src, dst, "--to", "fp16", "-q") == (0, "", "")
+    (dst / "notes.txt").write_text("mine\n")  # not the plan's: no run may remove it
     env = {"STCAST_FAILPOINT": "folder-published=eio"}
     rc, _, err = cli_process("convert", src, dst, "--force", "-q", env=env)
     assert rc == 1, err
+    claimed = json.loads((dst / ".stcast-manifest.json").read_text())["pending"]
+    assert "config.json" in claimed and "notes.txt" not in claimed, claimed
     rc, _, err = run_main("convert", src, dst)
     assert rc == 1 and "--resume continues it" in assert_one_error_line(err), err
     if touched:
@@ -718,7 +721,9 @@ def test_a_stopped_force_over_another_output_is_continued_by_resume(
         assert (dst / "config.json").read_text() == '{"mine": true}\n'
     else:
         assert run_main("convert", src, dst, "--resume", "-q") == (0, "", "")
-        assert tree(dst) == plain
+        got = tree(dst)
+        assert got.pop("notes.txt") == b"mine\n"
+        assert got == plain
 
 
 @pytest.mark.parametrize("raised", [KeyboardInterrupt, RuntimeError])

@@ -163,8 +163,13 @@ impl Writer {
         if self.force {
             // What `force` lets this run replace, it lets `--resume` of this run replace too:
             // a stopped `--force` over an earlier output is continued, not refused for the
-            // files it was about to replace (each still the file the survey found).
-            let mut found: Vec<_> = self.found.iter().map(|(r, id)| (r.clone(), *id)).collect();
+            // files it was about to replace (each still the file the survey found). Only
+            // those: a file the plan does not write is never this run's to remove.
+            let planned: HashSet<&OsString> = self.record.planned.iter().collect();
+            let mut found: Vec<_> = (self.found.iter())
+                .filter(|(rel, _)| planned.contains(rel))
+                .map(|(rel, id)| (rel.clone(), *id))
+                .collect();
             found.sort();
             self.record.carry(&found)?;
         }
