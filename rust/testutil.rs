@@ -2,6 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::options::Given;
+
 /// A safetensors file from its JSON header and `data_len` zero bytes of data.
 pub(crate) fn file(header: &str, data_len: usize) -> Vec<u8> {
     let mut v = (header.len() as u64).to_le_bytes().to_vec();
@@ -101,4 +103,38 @@ pub(crate) fn with_ftz_daz<R>(f: impl FnOnce() -> R) -> R {
     write_mxcsr(saved);
     assert_eq!(flushed, 0.0, "FTZ was not in force");
     r
+}
+
+/// An option's value given as text (`to="bf16"`), as a front end hands it over.
+pub(crate) fn text(t: &str) -> Given {
+    Given {
+        text: Some(t.into()),
+        whole: None,
+        repr: format!("'{t}'"),
+    }
+}
+
+/// An option's value given as a whole number.
+pub(crate) fn whole(n: u64) -> Given {
+    Given {
+        text: None,
+        whole: Some(n),
+        repr: n.to_string(),
+    }
+}
+
+/// The index of `sharded_hf`'s two shards.
+pub(crate) const SHARDED_INDEX: &str = r#"{"metadata": {"total_size": 256}, "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00001-of-00002.safetensors", "c": "model-00002-of-00002.safetensors", "d": "model-00002-of-00002.safetensors"}}"#;
+
+/// A fresh sharded HF checkpoint `stcast-{tag}-{pid}`: two shards of two 4x4 F32 tensors,
+/// their index, a config, and `extra` files.
+pub(crate) fn sharded_hf(tag: &str, extra: &[(&str, Vec<u8>)]) -> PathBuf {
+    let mut files = vec![
+        ("model-00001-of-00002.safetensors", f32s(&["a", "b"], 4)),
+        ("model-00002-of-00002.safetensors", f32s(&["c", "d"], 4)),
+        ("model.safetensors.index.json", SHARDED_INDEX.into()),
+        ("config.json", br#"{"torch_dtype": "float32"}"#.to_vec()),
+    ];
+    files.extend(extra.iter().cloned());
+    folder_of(tag, &files)
 }

@@ -1,30 +1,15 @@
 use super::*;
 use crate::run::json;
 
-/// A fresh folder holding `files` (relative path, bytes).
-fn folder(tag: &str, files: &[(&str, Vec<u8>)]) -> PathBuf {
-    crate::testutil::folder_of(&format!("finish-{tag}"), files)
-}
-
 /// A safetensors file of 4x4 F32 tensors named `names`.
 fn f32s(names: &[&str]) -> Vec<u8> {
     crate::testutil::f32s(names, 4)
 }
 
-const INDEX: &str = r#"{"metadata": {"total_size": 256}, "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00001-of-00002.safetensors", "c": "model-00002-of-00002.safetensors", "d": "model-00002-of-00002.safetensors"}}"#;
-
-/// A sharded HF checkpoint: two shards of two tensors, their index, a config, a tokenizer.
+/// A sharded HF checkpoint (`testutil::sharded_hf`) with a tokenizer.
 fn sharded(tag: &str) -> PathBuf {
-    folder(
-        tag,
-        &[
-            ("model-00001-of-00002.safetensors", f32s(&["a", "b"])),
-            ("model-00002-of-00002.safetensors", f32s(&["c", "d"])),
-            ("model.safetensors.index.json", INDEX.into()),
-            ("config.json", br#"{"torch_dtype": "float32"}"#.to_vec()),
-            ("tokenizer.json", vec![b' '; 3000]),
-        ],
-    )
+    let tokenizer = ("tokenizer.json", vec![b' '; 3000]);
+    crate::testutil::sharded_hf(&format!("finish-{tag}"), &[tokenizer])
 }
 
 fn bf16() -> Settings {

@@ -1,4 +1,5 @@
 use super::*;
+use crate::testutil::{text as given, whole};
 use crate::vocab::ErrorKind;
 
 /// A fresh folder holding `files` (relative path, bytes).
@@ -9,14 +10,6 @@ fn folder(tag: &str, files: &[(&str, Vec<u8>)]) -> PathBuf {
 /// A safetensors file of 4x4 F32 tensors named `names`.
 fn f32s(names: &[&str]) -> Vec<u8> {
     crate::testutil::f32s(names, 4)
-}
-
-fn given(text: &str) -> Given {
-    Given {
-        text: Some(text.into()),
-        whole: None,
-        repr: format!("'{text}'"),
-    }
 }
 
 /// Two weight files and a config.
@@ -40,14 +33,6 @@ fn asked(src: &Path, dst: &Path) -> Asked {
             to: Some(given("bf16")),
             ..Settings::default()
         },
-    }
-}
-
-fn whole(n: u64) -> Given {
-    Given {
-        text: None,
-        whole: Some(n),
-        repr: n.to_string(),
     }
 }
 

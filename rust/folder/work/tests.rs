@@ -39,19 +39,9 @@ fn rels(w: &Work) -> Vec<&str> {
     w.units.iter().map(|u| u.rel.to_str().unwrap()).collect()
 }
 
-const INDEX: &str = r#"{"metadata": {"total_size": 256}, "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00001-of-00002.safetensors", "c": "model-00002-of-00002.safetensors", "d": "model-00002-of-00002.safetensors"}}"#;
-
-/// A sharded HF checkpoint: two shards of two tensors, their index, a config.
+/// A sharded HF checkpoint (`testutil::sharded_hf`).
 fn sharded(tag: &str) -> PathBuf {
-    folder(
-        tag,
-        &[
-            ("model-00001-of-00002.safetensors", f32s(&["a", "b"])),
-            ("model-00002-of-00002.safetensors", f32s(&["c", "d"])),
-            ("model.safetensors.index.json", INDEX.into()),
-            ("config.json", br#"{"torch_dtype": "float32"}"#.to_vec()),
-        ],
-    )
+    crate::testutil::sharded_hf(&format!("work-{tag}"), &[])
 }
 
 #[test]
@@ -89,7 +79,10 @@ fn a_plain_folder_is_one_unit_per_weight_file() {
             ("model.safetensors.index.json", Kind::Index),
         ]
     );
-    assert_eq!(w.outputs()[3].2, INDEX.len() as u64 + 64);
+    assert_eq!(
+        w.outputs()[3].2,
+        crate::testutil::SHARDED_INDEX.len() as u64 + 64
+    );
     std::fs::remove_dir_all(&src).unwrap();
 }
 

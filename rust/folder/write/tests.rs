@@ -11,14 +11,7 @@ use crate::folder::verify_folder::FolderVerify;
 use crate::given::ShardGiven;
 use crate::run::manifest;
 use crate::task;
-
-fn given(text: &str) -> Given {
-    Given {
-        text: Some(text.into()),
-        whole: None,
-        repr: format!("'{text}'"),
-    }
-}
+use crate::testutil::{text as given, whole};
 
 /// A fresh folder holding `files` (relative path, bytes).
 fn folder(tag: &str, files: &[(&str, Vec<u8>)]) -> PathBuf {
@@ -74,14 +67,6 @@ fn asked(src: &Path, dst: &Path, key: Option<&str>, max_size: Option<u64>) -> As
             max_shard_size: max_size.map(whole),
             ..Settings::default()
         },
-    }
-}
-
-fn whole(n: u64) -> Given {
-    Given {
-        text: None,
-        whole: Some(n),
-        repr: n.to_string(),
     }
 }
 
