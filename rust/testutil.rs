@@ -138,3 +138,25 @@ pub(crate) fn sharded_hf(tag: &str, extra: &[(&str, Vec<u8>)]) -> PathBuf {
     files.extend(extra.iter().cloned());
     folder_of(tag, &files)
 }
+
+/// A fresh copy `stcast-{tag}-{pid}` of the committed fixture `tests/fixtures/{fixture}`:
+/// only `files`, a name ending in `/` a whole folder (its files).
+pub(crate) fn fixture(tag: &str, fixture: &str, files: &[&str]) -> PathBuf {
+    let from = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(fixture);
+    let dir = folder(tag, &[]);
+    for f in files {
+        let (from, to) = (from.join(f), dir.join(f));
+        if f.ends_with('/') {
+            std::fs::create_dir_all(&to).unwrap();
+            for e in std::fs::read_dir(&from).unwrap() {
+                let e = e.unwrap();
+                std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+            }
+        } else {
+            std::fs::copy(from, to).unwrap();
+        }
+    }
+    dir
+}

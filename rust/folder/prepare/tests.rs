@@ -1,4 +1,5 @@
 use super::*;
+use crate::testutil::fixture;
 use crate::testutil::{text as given, whole};
 use crate::vocab::ErrorKind;
 
@@ -310,31 +311,6 @@ fn overflow_refused_over_an_earlier_output_is_read_for_first() {
     assert!(e.template().contains("b.safetensors"), "{}", e.template());
 }
 
-/// A fresh copy of the committed fixture `tests/fixtures/{fixture}` (only `files`, a
-/// name ending in `/` a whole folder).
-fn fixture(tag: &str, fixture: &str, files: &[&str]) -> PathBuf {
-    let from = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(fixture);
-    let dir = folder(tag, &[]);
-    for f in files {
-        let (from, to) = (from.join(f), dir.join(f));
-        match f.strip_suffix('/') {
-            Some(_) => {
-                std::fs::create_dir_all(&to).unwrap();
-                for e in std::fs::read_dir(&from).unwrap() {
-                    let e = e.unwrap();
-                    std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-                }
-            }
-            None => {
-                std::fs::copy(from, to).unwrap();
-            }
-        }
-    }
-    dir
-}
-
 /// Write the units of `p` still to do as a run converts them (each its own conversion,
 /// published under its name), with no manifest.
 fn convert(p: &Prepared) {
@@ -396,7 +372,7 @@ fn an_hf_folder_is_converted_verified_and_resumed() {
 #[test]
 fn a_dcp_checkpoint_is_resharded_verified_and_resumed() {
     let files = [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp"];
-    let src = fixture("dcp", "dcp/fsdp2-1d-3ranks", &files);
+    let src = fixture("prepare-dcp", "dcp/fsdp2-1d-3ranks", &files);
     let model = Some("model");
     assert_eq!(converted_verified_resumed(&src, model, Some(1 << 30)), 1);
     assert!(converted_verified_resumed(&src, model, Some(400)) > 1);
@@ -404,7 +380,11 @@ fn a_dcp_checkpoint_is_resharded_verified_and_resumed() {
 
 #[test]
 fn a_zero_checkpoint_is_resharded_verified_and_resumed() {
-    let src = fixture("zero", "zero/stage2-3ranks", &["latest", "global_step1/"]);
+    let src = fixture(
+        "prepare-zero",
+        "zero/stage2-3ranks",
+        &["latest", "global_step1/"],
+    );
     assert_eq!(converted_verified_resumed(&src, None, Some(1 << 30)), 1);
     assert!(converted_verified_resumed(&src, None, Some(400)) > 1);
 }

@@ -11,6 +11,7 @@ use crate::folder::verify_folder::FolderVerify;
 use crate::given::ShardGiven;
 use crate::run::manifest;
 use crate::task;
+use crate::testutil::fixture;
 use crate::testutil::{text as given, whole};
 
 /// A fresh folder holding `files` (relative path, bytes).
@@ -33,28 +34,6 @@ fn hf(tag: &str) -> PathBuf {
             ("README.md", b"hello".to_vec()),
         ],
     )
-}
-
-/// A fresh copy of the committed fixture `tests/fixtures/{fixture}` (only `files`, a name
-/// ending in `/` a whole folder).
-fn fixture(tag: &str, fixture: &str, files: &[&str]) -> PathBuf {
-    let from = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(fixture);
-    let dir = folder(tag, &[]);
-    for f in files {
-        let (from, to) = (from.join(f), dir.join(f));
-        if f.ends_with('/') {
-            std::fs::create_dir_all(&to).unwrap();
-            for e in std::fs::read_dir(&from).unwrap() {
-                let e = e.unwrap();
-                std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-            }
-        } else {
-            std::fs::copy(from, to).unwrap();
-        }
-    }
-    dir
 }
 
 fn asked(src: &Path, dst: &Path, key: Option<&str>, max_size: Option<u64>) -> Asked {
@@ -225,7 +204,7 @@ fn shard_runs_then_finalize_make_the_whole_folder() {
 #[test]
 fn a_dcp_checkpoint_is_resharded_stopped_resumed_and_verified() {
     let files = [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp"];
-    let src = fixture("dcp", "dcp/fsdp2-1d-3ranks", &files);
+    let src = fixture("write-dcp", "dcp/fsdp2-1d-3ranks", &files);
     let r = stopped_resumed_verified(&src, Some("model"), Some(400));
     assert!(r.files.iter().filter(|f| f.kind == "weights").count() > 1);
     assert!(r.files.iter().any(|f| f.kind == "index"));
@@ -233,7 +212,11 @@ fn a_dcp_checkpoint_is_resharded_stopped_resumed_and_verified() {
 
 #[test]
 fn a_zero_checkpoint_is_resharded_stopped_resumed_and_verified() {
-    let src = fixture("zero", "zero/stage2-3ranks", &["latest", "global_step1/"]);
+    let src = fixture(
+        "write-zero",
+        "zero/stage2-3ranks",
+        &["latest", "global_step1/"],
+    );
     let r = stopped_resumed_verified(&src, None, Some(400));
     assert!(r.files.iter().filter(|f| f.kind == "weights").count() > 1);
 }
