@@ -608,6 +608,34 @@ def test_resume_skips_only_what_checks_out(tmp_path, rng):
     assert_folder(src, dst)
 
 
+@pytest.mark.parametrize("size", ["other", "same"])
+def test_resume_never_takes_a_new_file_that_reuses_a_recorded_inode(tmp_path, rng, size):
+    """A device and inode are another file's once the recorded file is gone: a user who
+    deletes a recorded output and writes a file of their own, which the file system gives
+    the freed inode number, keeps it. Resume refuses it, named, instead of replacing it (a
+    size that differs: re-converted over it) or skipping it as done (the same size). The
+    record holds the birth time too; here the inode reuse is made certain by recording the
+    new file's device and inode in the manifest, as a reuse would."""
+    src = make_hf_model(tmp_path / "m", rng)
+    dst = tmp_path / "o"
+    interrupt_at_second_file(src, dst, at=3)
+    doc = json.loads((dst / MANIFEST).read_text())
+    rel = "model-00002-of-00003.safetensors"
+    entry = doc["files"][rel]
+    assert isinstance(entry["born"], int)  # (ext4 and tmpfs keep birth times)
+    old = (dst / rel).stat().st_size
+    (dst / rel).unlink()
+    mine = b"my notes " * (old // 9 + 1)
+    (dst / rel).write_bytes(mine[:old] if size == "same" else mine)
+    st = (dst / rel).stat()
+    entry.update(dev=st.st_dev, ino=st.st_ino, size=st.st_size)
+    (dst / MANIFEST).write_text(json.dumps(doc, indent=1))
+    with pytest.raises(stcast.Refused, match="no stcast manifest says it wrote them") as e:
+        stcast.convert(src, dst, resume=True)
+    assert rel in str(e.value)
+    assert (dst / rel).read_bytes().startswith(b"my notes ")
+
+
 def test_resume_after_a_finished_run_adopts_exact_outputs_only(tmp_path, rng):
     """A finished run leaves no manifest: resume then recognises its outputs by their
     content (the planned size and header, then a verify against the source), and refuses

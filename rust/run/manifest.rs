@@ -70,6 +70,8 @@ pub struct Claim {
     pub ino: u64,
     pub size: u64,
     pub header: String,
+    /// Its birth time (`born`), where the file system keeps one.
+    pub born: Option<u64>,
 }
 
 /// A file a run published: its identity, and the whole entry as the manifest holds it.
@@ -78,7 +80,16 @@ pub struct Entry {
     pub dev: u64,
     pub ino: u64,
     pub size: Option<u64>,
+    /// Its birth time (`born`), where the file system keeps one.
+    pub born: Option<u64>,
     pub node: Node<'static>,
+}
+
+impl Entry {
+    /// Is `m` (still) the file this entry records?
+    fn is(&self, m: &std::fs::Metadata) -> bool {
+        is(m, (self.dev, self.ino), self.born)
+    }
 }
 
 /// One run's record, saved as `dst/name`.
@@ -127,6 +138,24 @@ fn lstat(path: &Path) -> Result<Option<std::fs::Metadata>> {
 
 fn ident(m: &std::fs::Metadata) -> Ident {
     (m.dev(), m.ino())
+}
+
+/// The birth time of the file `m` describes, in nanoseconds since the epoch (statx's
+/// `btime`), where the file system keeps one. A device and inode are another file's once
+/// the file is gone (a user's new file may take its inode number): a record holds both, so
+/// that only the file stcast wrote is proven its, and never the one that took its place.
+fn born(m: &std::fs::Metadata) -> Option<u64> {
+    let t = m
+        .created()
+        .ok()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?;
+    u64::try_from(t.as_nanos()).ok()
+}
+
+/// Is `m` the file of identity `id` born at `at` (None: not known, on either side)?
+fn is(m: &std::fs::Metadata, id: Ident, at: Option<u64>) -> bool {
+    ident(m) == id && (at.is_none() || born(m).is_none() || born(m) == at)
 }
 
 /// A file name as Python holds it (`surrogateescape`): bytes that are not UTF-8 as lone
@@ -235,6 +264,11 @@ fn whole(n: Option<&Node<'_>>) -> Option<u64> {
         Value::Number(x) => x.parse().ok(),
         _ => None,
     }
+}
+
+/// A whole number that may be absent (`Some(None)`); None: not a whole number.
+fn optional(n: Option<&Node<'_>>) -> Option<Option<u64>> {
+    n.map_or(Some(None), |n| whole(Some(n)).map(Some))
 }
 
 fn string<'n, 'a>(n: Option<&'n Node<'a>>) -> Option<&'n Str<'a>> {
@@ -430,11 +464,18 @@ impl Manifest {
     /// Note that `rel` may be (or become) the file `(dev, ino, size)` stcast wrote, its
     /// header hash `header` ("": unknown).
     pub fn claim(&mut self, rel: &OsStr, (dev, ino, size): (u64, u64, u64), header: &str) {
+        self.claim_born(rel, (dev, ino, size), header, None);
+    }
+
+    /// `claim`, of a file born at `born` (None: not known).
+    fn claim_born(&mut self, rel: &OsStr, id: (u64, u64, u64), header: &str, born: Option<u64>) {
+        let (dev, ino, size) = id;
         let claim = Claim {
             dev,
             ino,
             size,
             header: header.into(),
+            born,
         };
         match self.pending.iter_mut().find(|(r, _)| r == rel) {
             Some((_, claims)) => {
@@ -461,6 +502,11 @@ impl Manifest {
     /// members (an object) that `--resume` and `finalize` need to trust it.
     pub fn record(&mut self, rel: &OsStr, kind: &str, id: (u64, u64, u64), extra: Option<&Node>) {
         let (dev, ino, size) = id;
+        // (Published a moment ago: the file there is the one this run wrote, unless gone.)
+        let now = lstat(&self.dst.join(rel)).ok().flatten();
+        let born = now
+            .filter(|m| ident(m) == (dev, ino))
+            .and_then(|m| born(&m));
         let mut members = vec![
             (key("kind"), text(kind)),
             (key("dev"), number(dev)),
@@ -473,10 +519,13 @@ impl Manifest {
                 None => members.push((own(k), owned(v))),
             }
         }
+        members.retain(|(k, _)| *k != key("born"));
+        members.extend(born.map(|b| (key("born"), number(b))));
         let entry = Entry {
             dev,
             ino,
             size: Some(size),
+            born,
             node: object(members),
         };
         match self.files.iter_mut().find(|(r, _)| r == rel) {
@@ -496,7 +545,7 @@ impl Manifest {
             }
             if let Some(m) = lstat(&self.dst.join(rel))? {
                 if ident(&m) == *id {
-                    self.claim(rel, (id.0, id.1, m.size()), "");
+                    self.claim_born(rel, (id.0, id.1, m.size()), "", born(&m));
                 }
             }
         }
@@ -520,12 +569,14 @@ impl Manifest {
             .iter()
             .map(|(r, e)| (name_str(r), e.node.clone()));
         let claim = |c: &Claim| {
-            object(vec![
+            let mut members = vec![
                 (key("dev"), number(c.dev)),
                 (key("ino"), number(c.ino)),
                 (key("size"), number(c.size)),
                 (key("output_header_sha256"), text(&c.header)),
-            ])
+            ];
+            members.extend(c.born.map(|b| (key("born"), number(b))));
+            object(members)
         };
         let pending = self.pending.iter().map(|(r, claims)| {
             (
@@ -616,8 +667,8 @@ impl Manifest {
     pub fn recheck(&self) -> Result<()> {
         for (rel, e) in &self.files {
             let path = self.dst.join(rel);
-            let now = lstat(&path)?.map(|m| (m.dev(), m.ino(), Some(m.size())));
-            if now != Some((e.dev, e.ino, e.size)) {
+            let now = lstat(&path)?;
+            if !now.is_some_and(|m| e.is(&m) && Some(m.size()) == e.size) {
                 return Err(refused(path, ManifestProblem::Changed));
             }
         }
@@ -633,17 +684,18 @@ impl Manifest {
     pub fn unlink_written(&self, rels: &[OsString]) -> Result<()> {
         for rel in rels {
             if let Some(e) = self.entry(rel) {
-                self.unlink_if(rel, (e.dev, e.ino))?;
+                self.unlink_if(rel, e)?;
             }
         }
         Ok(())
     }
 
-    /// Unlink `rel` if it is not a folder and still the file `id`: true if removed.
-    fn unlink_if(&self, rel: &OsStr, id: Ident) -> Result<bool> {
+    /// Unlink `rel` if it is not a folder and still the file entry `e` records: true if
+    /// removed.
+    fn unlink_if(&self, rel: &OsStr, e: &Entry) -> Result<bool> {
         let path = self.dst.join(rel);
         match lstat(&path)? {
-            Some(m) if !m.is_dir() && ident(&m) == id => std::fs::remove_file(&path)
+            Some(m) if !m.is_dir() && e.is(&m) => std::fs::remove_file(&path)
                 .map(|()| true)
                 .map_err(|e| Error::io(&path, "cannot remove", e)),
             _ => Ok(false),
@@ -658,7 +710,7 @@ impl Manifest {
     pub fn roll_back(&mut self, before: &HashSet<OsString>, had_manifest: bool) -> Vec<OsString> {
         let mut removed = Vec::new();
         for (rel, e) in &self.files {
-            if !before.contains(rel) && self.unlink_if(rel, (e.dev, e.ino)).unwrap_or(false) {
+            if !before.contains(rel) && self.unlink_if(rel, e).unwrap_or(false) {
                 removed.push(rel.clone());
             }
         }
@@ -748,7 +800,7 @@ impl Manifest {
         for (rel, e) in get("files")?.dict()? {
             e.dict()?;
             let (dev, ino) = (whole(e.get("dev"))?, whole(e.get("ino"))?);
-            let size = whole(e.get("size"));
+            let (size, born) = (whole(e.get("size")), optional(e.get("born"))?);
             let node = owned(e);
             files.push((
                 str_name(rel)?,
@@ -756,6 +808,7 @@ impl Manifest {
                     dev,
                     ino,
                     size,
+                    born,
                     node,
                 },
             ));
@@ -774,11 +827,13 @@ impl Manifest {
                 };
                 let (dev, ino) = (whole(c.get("dev"))?, whole(c.get("ino"))?);
                 let size = whole(c.get("size"))?;
+                let born = optional(c.get("born"))?;
                 Some(Claim {
                     dev,
                     ino,
                     size,
                     header,
+                    born,
                 })
             };
             pending.push((
@@ -857,7 +912,7 @@ pub fn proves(manifests: &[Manifest], dst: &Path, rel: &OsStr) -> Result<Option<
     let id = ident(&meta);
     if manifests
         .iter()
-        .any(|m| m.entry(rel).is_some_and(|e| (e.dev, e.ino) == id))
+        .any(|m| m.entry(rel).is_some_and(|e| e.is(&meta)))
     {
         return Ok(Some(id));
     }
@@ -872,7 +927,7 @@ pub fn proves(manifests: &[Manifest], dst: &Path, rel: &OsStr) -> Result<Option<
             .filter(|(r, _)| r == rel)
             .flat_map(|(_, c)| c)
         {
-            if (c.dev, c.ino, c.size) != (id.0, id.1, meta.size()) {
+            if !is(&meta, (c.dev, c.ino), c.born) || c.size != meta.size() {
                 continue;
             }
             if c.header.is_empty() {
@@ -899,8 +954,7 @@ fn recording<'a>(
     let Some(meta) = lstat(&dst.join(rel))?.filter(|m| m.is_file()) else {
         return Ok(Vec::new());
     };
-    let (id, size) = (ident(&meta), Some(meta.size()));
-    let same = |e: &&Entry| (e.dev, e.ino) == id && e.size == size;
+    let same = |e: &&Entry| e.is(&meta) && e.size == Some(meta.size());
     Ok(entries
         .into_iter()
         .filter(same)
