@@ -64,6 +64,27 @@ pub fn check_applies(src: &Path, given: &[OptionName]) -> crate::Result<()> {
     Ok(())
 }
 
+impl Settings {
+    /// The names of the options set (not at their default) that `check_applies` asks of.
+    pub fn set(&self) -> Vec<OptionName> {
+        use OptionName::{Config, Exclude, Include, Key, MaxShardSize, Name, Resume, Shard};
+        let set = [
+            (Name, self.name.is_some()),
+            (Include, !self.include.is_empty()),
+            (Exclude, !self.exclude.is_empty()),
+            (Key, self.key.is_some()),
+            (Config, self.config.is_some()),
+            (MaxShardSize, self.max_shard_size.is_some()),
+            (Resume, self.resume),
+            (Shard, self.shard.is_some()),
+        ];
+        set.into_iter()
+            .filter(|&(_, s)| s)
+            .map(|(o, _)| o)
+            .collect()
+    }
+}
+
 /// A list of names, serialized as a tuple (the constants of `_core` are tuples).
 pub struct Names(pub Vec<String>);
 

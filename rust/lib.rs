@@ -25,12 +25,15 @@
 //! - `report`: the numeric report file;
 //! - `record`: the options convert records in each output's `__metadata__` for `verify`;
 //! - `run`: what a folder run decides about its files (the source folder's walk);
+//! - `command`: one entry per command (`convert`, `inspect`, `verify`), routed once to one
+//!   file or a folder run;
 //! - `folder`: a folder run's plan, whole: walk, indexes, configs, each file's inspection;
 //!   and its verify (`folder::verify_folder`);
 //! - `env`, `failpoint`: the one reader of the environment, and the test hooks it arms.
 //!
 //! `python` (feature `python`) is the only module that knows about PyO3.
 
+pub mod command;
 pub mod convert;
 pub mod dtype;
 pub mod env;

@@ -19,22 +19,20 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{IntoPyDict, PyDict};
 
-use crate::convert::{Knobs, Options as ConvertOptions, Tuning};
+use crate::command::{Convert, ConvertDone, Inspect, Inspected, Verified, Verify};
+use crate::convert::{Knobs, Tuning};
 use crate::error::{panic_message, Error, Warning};
-use crate::folder::dry::{Dry, DryRun};
+use crate::folder::dry::Dry;
 use crate::folder::finish::{FinalizeTask, FolderReport};
-use crate::folder::run::RunTask;
-use crate::folder::verify_folder::FolderVerify;
 use crate::folder::work::Work;
 use crate::given::{Exports, Given, Settings, ShardGiven};
 use crate::numerics::Numerics;
 use crate::options;
-use crate::output::Sealed;
 use crate::report::NumericsRow;
 use crate::run::{fp8config, json, place};
-use crate::task::{ConvertTask, InspectTask, Inspection, Task};
+use crate::task::{Inspection, Task};
 use crate::text;
-use crate::verify::{Verifier, VerifyOptions, VerifyReport};
+use crate::verify::VerifyReport;
 use crate::vocab::{ErrorKind, OptionName, Target, Unmatched};
 use crate::{Result, VERSION};
 
@@ -89,7 +87,7 @@ fn guarded<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T> + Send) -> PyR
     }
 }
 
-/// A callback the caller may give (`progress`, `cancel`, `warn`, `sealed`).
+/// A callback the caller may give (`progress`, `cancel`, `warn`, `file_progress`).
 type Hook<'py> = Option<Bound<'py, PyAny>>;
 
 /// The callbacks of a call, which a task reports to between steps.
@@ -97,8 +95,6 @@ struct Hooks<'py> {
     progress: Hook<'py>,
     cancel: Hook<'py>,
     warn: Hook<'py>,
-    /// Told a sealed output's (dev, ino, size, header hash) before it is published.
-    sealed: Hook<'py>,
     /// `progress` was told `(total, total)`: the visits after the last step (sealing,
     /// publishing) do not tell it again, so that a caller hears of the end once.
     ended: Cell<bool>,
@@ -116,12 +112,11 @@ struct Meter<'py> {
 
 impl<'py> Hooks<'py> {
     /// The callbacks as the call was given them (None: not given).
-    fn new(progress: Hook<'py>, cancel: Hook<'py>, warn: Hook<'py>, sealed: Hook<'py>) -> Self {
+    fn new(progress: Hook<'py>, cancel: Hook<'py>, warn: Hook<'py>) -> Self {
         Hooks {
             progress,
             cancel,
             warn,
-            sealed,
             ended: Cell::new(false),
             meter: None,
         }
@@ -158,7 +153,7 @@ impl<'py> Hooks<'py> {
         }
         for w in task.take_warnings() {
             if let Some(f) = &self.warn {
-                f.call1((w.kind.name(), &w.text))?;
+                f.call1((w.kind.name(), &w.text, py.None()))?;
             }
         }
         if let Some(m) = &self.meter {
@@ -250,21 +245,6 @@ impl<'py> Hooks<'py> {
         Ok(())
     }
 
-    /// Publish a sealed output (the commit point), telling `sealed` (if given) its (dev, ino,
-    /// size, header hash or None) first. If that raises, or a stop request comes meanwhile,
-    /// nothing is published.
-    fn publish<S: Sealed<Done: Send> + Send>(&self, py: Python<'py>, out: S) -> PyResult<S::Done> {
-        if let Some(f) = &self.sealed {
-            let id = out.identity().map_err(|e| to_py(py, e))?;
-            f.call1((id.dev, id.ino, id.size, out.header_sha256()))?;
-            py.check_signals()?;
-            if self.cancelled()? {
-                return Err(to_py(py, Error::Cancelled));
-            }
-        }
-        self.run(py, move || out.publish())
-    }
-
     /// Whether the caller's cancel flag is set.
     fn cancelled(&self) -> PyResult<bool> {
         self.cancel
@@ -329,17 +309,15 @@ fn argument(py: Python<'_>, name: &str, e: PyErr) -> PyErr {
     named
 }
 
-/// The keywords of an engine call (`**options`, as `stcast._engine` and the folder code
-/// pass them) read into the engine's `given::Settings`, and `tuning=`, made into the
-/// engine's options by `make` (a `Settings` method): an absent or None keyword is the
+/// The keywords of a command (`**options`, as `stcast._api` passes the options given) read
+/// into the engine's `given::Settings`, and `tuning=`: an absent or None keyword is the
 /// default, an unknown one a TypeError.
 macro_rules! options {
     ($($name:ident),* $(,)?) => {
-        fn read_options<T>(
+        fn read_options(
             py: Python<'_>,
             kwargs: Option<&Bound<'_, PyDict>>,
-            make: impl FnOnce(&Settings, Tuning) -> Result<T>,
-        ) -> PyResult<T> {
+        ) -> PyResult<(Settings, Tuning)> {
             let (mut s, mut knobs) = (Settings::default(), None);
             for (k, v) in kwargs.into_iter().flat_map(|d| d.iter()) {
                 let given = !v.is_none();
@@ -355,57 +333,15 @@ macro_rules! options {
                     }
                 }
             }
-            make(&s, tuning(knobs.as_ref())?).map_err(|e| to_py(py, e))
+            Ok((s, tuning(knobs.as_ref())?))
         }
     };
 }
 
 options! {
-    to, threads, force, keep, keep_min_size, keep_unmatched, strict, from_bf16, keep_names,
-    on_overflow, scan, numerics, report, config, replaces, allow_copy, key, strip_prefix, loose,
-    allow_quantized, quantization_config, packed_config, follow_links, unquantized, name,
-    no_record, include, exclude, lone, max_shard_size, shard, resume,
-}
-
-#[pyfunction]
-#[pyo3(name = "convert", signature = (src, dst, *, progress=None, cancel=None, warn=None,
-                                      sealed=None, **options))]
-fn py_convert<'py>(
-    py: Python<'py>,
-    src: PathBuf,
-    dst: PathBuf,
-    progress: Hook<'py>,
-    cancel: Hook<'py>,
-    warn: Hook<'py>,
-    sealed: Hook<'py>,
-    options: Option<&Bound<'py, PyDict>>,
-) -> PyResult<Bound<'py, PyDict>> {
-    let opts = read_options(py, options, Settings::convert)?;
-    let hooks = Hooks::new(progress, cancel, warn, sealed);
-    finish_convert(py, &hooks, &opts, || ConvertTask::new(&src, &dst, &opts))
-}
-
-/// Make a conversion (`new`), step it to its end, seal, publish (`Hooks::publish`): a dict.
-fn finish_convert<'py>(
-    py: Python<'py>,
-    hooks: &Hooks<'py>,
-    opts: &ConvertOptions,
-    new: impl FnOnce() -> Result<ConvertTask> + Send,
-) -> PyResult<Bound<'py, PyDict>> {
-    // Dropping `task` on any early return removes the unpublished output.
-    let mut task = hooks.run(py, new)?;
-    hooks.drive(py, &mut task, opts.tuning.step)?;
-    hooks.run(py, || task.seal())?;
-    // A signal or cancel until here (or until `sealed` returns) leaves nothing behind.
-    hooks.visit(py, &mut task)?;
-    let r = hooks.publish(py, task)?;
-    let d = crossed(py, &r, &[("src", &r.src), ("dst", &r.dst)])?;
-    let numerics = opts.numerics;
-    let measured = numerics.then(|| numerics_dict(py, &r.numerics, &r.numerics_total));
-    d.set_item("numerics", measured.transpose()?)?;
-    // (One file is complete once published: there is nothing to finalize.)
-    d.set_item("finalize", py.None())?;
-    Ok(d)
+    to, threads, force, keep, keep_min_size, keep_unmatched, strict, from_bf16, on_overflow,
+    scan, numerics, report, config, key, strip_prefix, loose, allow_quantized, follow_links,
+    name, no_record, include, exclude, max_shard_size, shard, resume,
 }
 
 /// Option `name`'s value (one of a repeated option's) as `Given::check` checks it.
@@ -416,17 +352,6 @@ fn check_option<'py>(py: Python<'py>, name: &str, value: Given) -> PyResult<Boun
         py,
         &value.check(def).map_err(|e| to_py(py, e))?,
     )?)
-}
-
-/// Refuses an option `given` (set) that does not apply to a run from `src`
-/// (`given::check_applies`).
-#[pyfunction]
-fn check_applies(py: Python<'_>, src: PathBuf, given: Vec<String>) -> PyResult<()> {
-    let given: Vec<_> = given
-        .iter()
-        .filter_map(|n| OptionName::from_name(n))
-        .collect();
-    guarded(py, || crate::given::check_applies(&src, &given))
 }
 
 /// A model config as a run writes it (`run::json::config_text`); None: copied as it is.
@@ -502,33 +427,6 @@ fn default_dst(
     guarded(py, || match dst {
         Some(dst) => Ok(place::file_dst(&src, &dst, to)?.into()),
         None => Ok(place::default_dst(&src, to, folder)?.into()),
-    })
-}
-
-/// What verify with `options` compares (`run::place::verify_route`): the output, and
-/// whether a folder.
-#[pyfunction]
-#[pyo3(signature = (src, dst, **options))]
-fn verify_route(
-    py: Python<'_>,
-    src: PathBuf,
-    dst: PathBuf,
-    options: Option<&Bound<'_, PyDict>>,
-) -> PyResult<(OsString, bool)> {
-    let given = read_options(py, options, |s, _| Ok(s.clone()))?;
-    guarded(py, || {
-        let to = given.to.as_ref().map(Given::target).transpose()?;
-        let (dst, folder) = place::verify_route(&src, &dst, to, given.name.is_some())?;
-        Ok((dst.into(), folder))
-    })
-}
-
-/// Where `dst` would be written (`output::space`): (folder, free bytes, whether `need` fit).
-#[pyfunction]
-fn space(py: Python<'_>, dst: PathBuf, need: u64) -> PyResult<(OsString, u64, bool)> {
-    guarded(py, || {
-        let s = crate::output::space(&dst, need)?;
-        Ok((s.folder.into(), s.free, s.fits))
     })
 }
 
@@ -666,59 +564,6 @@ impl TensorNumerics {
     }
 }
 
-#[pyfunction]
-#[pyo3(name = "inspect", signature = (path, *, dst=None, progress=None, row=None, **options))]
-fn py_inspect<'py>(
-    py: Python<'py>,
-    path: PathBuf,
-    dst: Option<PathBuf>,
-    progress: Hook<'py>,
-    row: Hook<'py>,
-    options: Option<&Bound<'py, PyDict>>,
-) -> PyResult<Bound<'py, PyDict>> {
-    let inspect = |s: &Settings, t| Ok((s.inspect(t, dst.is_some())?, s.scan));
-    let (opts, scan) = read_options(py, options, inspect)?;
-    let mut task = guarded(py, || InspectTask::new(&path, scan, &opts, dst.as_deref()))?;
-    Hooks::new(progress, None, None, None).drive(py, &mut task, opts.tuning.step)?;
-    let found = guarded(py, move || task.finish())?;
-    inspection(py, &found, &found.source.path, None, &row)
-}
-
-/// A folder run's dry run (`folder::dry::DryRun`), stepped: with `dst` every check the
-/// run makes; its totals, other files and warnings, under `files` each file's inspection,
-/// and a re-sharding's plan (`plan_infos`).
-#[pyfunction]
-#[pyo3(signature = (src, dst, *, progress=None, row=None, **options))]
-fn inspect_folder<'py>(
-    py: Python<'py>,
-    src: PathBuf,
-    dst: Option<PathBuf>,
-    progress: Hook<'py>,
-    row: Hook<'py>,
-    options: Option<&Bound<'py, PyDict>>,
-) -> PyResult<Bound<'py, PyDict>> {
-    let (given, tuning) = read_options(py, options, |s, t| Ok((s.clone(), t)))?;
-    let (hooks, step) = (Hooks::new(progress, None, None, None), tuning.step);
-    let mut task = hooks.run(py, || DryRun::new(&src, dst.as_deref(), &given, tuning))?;
-    hooks.drive(py, &mut task, step)?;
-    let Dry { src, found, work } = hooks.run(py, move || task.finish())?;
-    let d = pythonize::pythonize(py, &found.rows)?.cast_into::<PyDict>()?;
-    d.set_item("path", src.as_os_str())?;
-    d.set_item("named", found.named)?;
-    let files = found
-        .files
-        .iter()
-        .map(|(rel, f)| inspection(py, f, Path::new(rel), Some(rel), &row));
-    d.set_item("files", files.collect::<PyResult<Vec<_>>>()?)?;
-    if let Some(w) = work {
-        let (shards, indexes) = plan_infos(py, &w)?;
-        d.set_item("max_shard_size", w.max_size)?;
-        d.set_item("shards", shards)?;
-        d.set_item("indexes", indexes)?;
-    }
-    Ok(d)
-}
-
 /// An inspection as a dict, named `path`, its tensors made one by one, each given to `row`
 /// (with its `file`, a folder's).
 fn inspection<'py>(
@@ -739,82 +584,6 @@ fn inspection<'py>(
         row.as_ref().map_or(Ok(t.clone()), |f| f.call1((t,)))
     });
     d.set_item("tensors", made.collect::<PyResult<Vec<_>>>()?)?;
-    Ok(d)
-}
-
-#[pyfunction]
-#[pyo3(name = "verify", signature = (src, dst, *, progress=None, warn=None, **options))]
-fn py_verify<'py>(
-    py: Python<'py>,
-    src: PathBuf,
-    dst: PathBuf,
-    progress: Hook<'py>,
-    warn: Hook<'py>,
-    options: Option<&Bound<'py, PyDict>>,
-) -> PyResult<Bound<'py, PyDict>> {
-    let opts = read_options(py, options, Settings::verify)?;
-    let verifier = guarded(py, || Verifier::open(&src, &dst, &opts))?;
-    finish_verify(py, (progress, warn), verifier, &opts)
-}
-
-/// Step a verification to its end (telling `progress` and `warn`); its report as a dict.
-fn finish_verify<'py>(
-    py: Python<'py>,
-    (progress, warn): (Hook<'py>, Hook<'py>),
-    mut verifier: Verifier,
-    opts: &VerifyOptions,
-) -> PyResult<Bound<'py, PyDict>> {
-    Hooks::new(progress, None, warn, None).drive(py, &mut verifier, opts.tuning.step)?;
-    let r = guarded(py, move || verifier.finish())?;
-    verify_dict(py, &r, opts)
-}
-
-/// A verification's report as a dict.
-fn verify_dict<'py>(
-    py: Python<'py>,
-    r: &VerifyReport,
-    opts: &VerifyOptions,
-) -> PyResult<Bound<'py, PyDict>> {
-    let d = crossed(py, r, &[("src", &r.src), ("dst", &r.dst)])?;
-    d.set_item("ok", r.is_ok())?;
-    // Only a verified pair has the numbers of a conversion.
-    let measured =
-        (opts.numerics && r.is_ok()).then(|| numerics_dict(py, &r.numerics, &r.numerics_total));
-    d.set_item("numerics", measured.transpose()?)?;
-    Ok(d)
-}
-
-/// Verify the folder `dst` against `src` (`folder::verify_folder::FolderVerify`), stepped: the
-/// report as a dict, its mismatch with its `file`, each file's (rel, numerics) as `parts`.
-#[pyfunction]
-#[pyo3(signature = (src, dst, *, progress=None, warn=None, **options))]
-fn verify_folder<'py>(
-    py: Python<'py>,
-    src: PathBuf,
-    dst: PathBuf,
-    progress: Hook<'py>,
-    warn: Hook<'py>,
-    options: Option<&Bound<'py, PyDict>>,
-) -> PyResult<Bound<'py, PyDict>> {
-    let (given, tuning) = read_options(py, options, |s, t| Ok((s.clone(), t)))?;
-    let (hooks, step) = (Hooks::new(progress, None, warn, None), tuning.step);
-    let mut task = hooks.run(py, || FolderVerify::new(&src, &dst, &given, tuning))?;
-    hooks.drive(py, &mut task, step)?;
-    let r = hooks.run(py, move || task.finish())?;
-    let d = crossed(py, &r, &[("src", &r.src), ("dst", &r.dst)])?;
-    let m = r
-        .mismatch
-        .as_ref()
-        .map(|(rel, m)| crossed(py, m, &[("file", rel)]));
-    d.set_item("mismatch", m.transpose()?)?;
-    let mut parts = Vec::new();
-    for (rel, v) in &r.parts {
-        let measured = (given.numerics && v.is_ok())
-            .then(|| numerics_dict(py, &v.numerics, &v.numerics_total));
-        parts.push((rel.as_os_str(), measured.transpose()?));
-    }
-    d.set_item("parts", parts)?;
-    d.set_item("ok", r.is_ok())?;
     Ok(d)
 }
 
@@ -845,13 +614,14 @@ fn escape(s: OsString) -> String {
     text::esc(&s.to_string_lossy()).into_owned()
 }
 
-/// A folder run (`folder::run::RunTask`), stepped: every check, the writing, the numeric
-/// report; each warning told to `warn` as (kind, template, path) as it is said. Its report
-/// (`folder_report`), the numerics as each unit's (file, numerics).
+/// A `convert` (`command::Convert`: one file, or a folder run), stepped: every check, the
+/// writing, and a folder run's numeric report; each warning told to `warn` as (kind,
+/// template, path) as it is said. Its report, with `folder`; a folder run's numerics as each
+/// unit's (file, numerics).
 #[pyfunction]
-#[pyo3(signature = (src, dst, *, progress=None, file_progress=None, cancel=None, warn=None,
-                    **options))]
-fn convert_folder<'py>(
+#[pyo3(signature = (src, dst=None, *, progress=None, file_progress=None, cancel=None,
+                    warn=None, **options))]
+fn convert<'py>(
     py: Python<'py>,
     src: PathBuf,
     dst: Option<PathBuf>,
@@ -861,21 +631,132 @@ fn convert_folder<'py>(
     warn: Hook<'py>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let (given, tuning) = read_options(py, options, |s, t| Ok((s.clone(), t)))?;
+    let (given, tuning) = read_options(py, options)?;
     let step = tuning.step;
-    let hooks = Hooks::new(progress, cancel, warn, None).metered(file_progress);
-    let mut task = hooks.run(py, || RunTask::new(&src, dst.as_deref(), &given, tuning))?;
+    let hooks = Hooks::new(progress, cancel, warn);
+    let mut task = hooks.run(py, || Convert::new(&src, dst.as_deref(), &given, tuning))?;
+    let hooks = match task {
+        Convert::Folder(_) => hooks.metered(file_progress),
+        Convert::File(_) => hooks,
+    };
     hooks.drive(py, &mut task, step)?;
-    let (r, converted) = hooks.run(py, move || task.finish())?;
-    let parts = converted.iter().map(|c| {
-        let r = &c.report;
-        let measured = c.measured;
-        let n = measured.then(|| numerics_dict(py, &r.numerics, &r.numerics_total));
-        Ok((c.rel.clone(), n.transpose()?))
-    });
-    let parts = parts.collect::<PyResult<Vec<_>>>()?;
-    let d = folder_report(py, &r)?;
+    let folder = matches!(task, Convert::Folder(_));
+    let (d, parts) = match hooks.run(py, move || task.finish())? {
+        ConvertDone::File { report, measured } => {
+            let d = crossed(py, &report, &[("src", &report.src), ("dst", &report.dst)])?;
+            let n = measured.then(|| numerics_dict(py, &report.numerics, &report.numerics_total));
+            d.set_item("finalize", py.None())?; // (one file is complete once published)
+            (d, n.transpose()?.into_pyobject(py)?)
+        }
+        ConvertDone::Folder(report, converted) => {
+            let parts = converted.iter().map(|c| {
+                let r = &c.report;
+                let n = c
+                    .measured
+                    .then(|| numerics_dict(py, &r.numerics, &r.numerics_total));
+                Ok((c.rel.clone(), n.transpose()?))
+            });
+            let parts = parts.collect::<PyResult<Vec<_>>>()?;
+            (folder_report(py, &report)?, parts.into_pyobject(py)?)
+        }
+    };
     d.set_item("numerics", parts)?;
+    d.set_item("folder", folder)?;
+    Ok(d)
+}
+
+/// An `inspect` (`command::Inspect`: one file, or a folder's dry run), stepped: with `dst`,
+/// after every check the `convert` it names makes, with where its output would go
+/// (`destination`). Its tensors each made by `row`; a folder's totals, other files and
+/// warnings, each file's inspection under `files`, and a re-sharding's plan (`plan_infos`).
+#[pyfunction]
+#[pyo3(signature = (src, dst=None, *, progress=None, row=None, **options))]
+fn inspect<'py>(
+    py: Python<'py>,
+    src: PathBuf,
+    dst: Option<PathBuf>,
+    progress: Hook<'py>,
+    row: Hook<'py>,
+    options: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let (given, tuning) = read_options(py, options)?;
+    let step = tuning.step;
+    let hooks = Hooks::new(progress, None, None);
+    let mut task = hooks.run(py, || Inspect::new(&src, dst.as_deref(), &given, tuning))?;
+    hooks.drive(py, &mut task, step)?;
+    let folder = matches!(task, Inspect::Folder(..));
+    let (d, at) = match hooks.run(py, move || task.finish())? {
+        Inspected::File(found, at) => (inspection(py, &found, &found.source.path, None, &row)?, at),
+        Inspected::Folder(dry, at) => {
+            let Dry { src, found, work } = *dry;
+            let d = pythonize::pythonize(py, &found.rows)?.cast_into::<PyDict>()?;
+            d.set_item("path", src.as_os_str())?;
+            d.set_item("named", found.named)?;
+            let files = found
+                .files
+                .iter()
+                .map(|(rel, f)| inspection(py, f, Path::new(rel), Some(rel), &row));
+            d.set_item("files", files.collect::<PyResult<Vec<_>>>()?)?;
+            if let Some(w) = work {
+                let (shards, indexes) = plan_infos(py, &w)?;
+                d.set_item("max_shard_size", w.max_size)?;
+                d.set_item("shards", shards)?;
+                d.set_item("indexes", indexes)?;
+            }
+            (d, at)
+        }
+    };
+    let at = at.map(|a| crossed(py, &a, &[("path", &a.path), ("folder", &a.folder)]));
+    d.set_item("destination", at.transpose()?)?;
+    d.set_item("folder", folder)?;
+    Ok(d)
+}
+
+/// A `verify` (`command::Verify`: one pair of files, or of folders), stepped: the report as a
+/// dict, with `folder`; a folder's mismatch with its `file`, each file's (rel, numerics) as
+/// `parts`.
+#[pyfunction]
+#[pyo3(signature = (src, dst, *, progress=None, warn=None, **options))]
+fn verify<'py>(
+    py: Python<'py>,
+    src: PathBuf,
+    dst: PathBuf,
+    progress: Hook<'py>,
+    warn: Hook<'py>,
+    options: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let (given, tuning) = read_options(py, options)?;
+    let step = tuning.step;
+    let hooks = Hooks::new(progress, None, warn);
+    let mut task = hooks.run(py, || Verify::new(&src, &dst, &given, tuning))?;
+    hooks.drive(py, &mut task, step)?;
+    let measured = |ok: bool, r: &VerifyReport, numerics: bool| {
+        let n = (numerics && ok).then(|| numerics_dict(py, &r.numerics, &r.numerics_total));
+        n.transpose()
+    };
+    let folder = matches!(task, Verify::Folder(_));
+    let d = match hooks.run(py, move || task.finish())? {
+        Verified::File(r, numerics) => {
+            let d = crossed(py, &*r, &[("src", &r.src), ("dst", &r.dst)])?;
+            d.set_item("numerics", measured(r.is_ok(), &r, numerics)?)?;
+            d.set_item("ok", r.is_ok())?;
+            d
+        }
+        Verified::Folder(r) => {
+            let d = crossed(py, &*r, &[("src", &r.src), ("dst", &r.dst)])?;
+            let m = r.mismatch.as_ref();
+            let m = m.map(|(rel, m)| crossed(py, m, &[("file", rel)]));
+            d.set_item("mismatch", m.transpose()?)?;
+            let parts = r
+                .parts
+                .iter()
+                .map(|(rel, v)| Ok((rel.as_os_str(), measured(v.is_ok(), v, given.numerics)?)));
+            d.set_item("parts", parts.collect::<PyResult<Vec<_>>>()?)?;
+            d.set_item("ok", r.is_ok())?;
+            d
+        }
+    };
+    d.set_item("folder", folder)?;
     Ok(d)
 }
 
@@ -892,7 +773,7 @@ fn finalize<'py>(
     cancel: Hook<'py>,
     warn: Hook<'py>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let hooks = Hooks::new(progress, cancel, warn, None).metered(file_progress);
+    let hooks = Hooks::new(progress, cancel, warn).metered(file_progress);
     let mut task = hooks.run(py, || FinalizeTask::new(&src, &dst))?;
     hooks.drive(py, &mut task, Tuning::default().step)?;
     folder_report(py, &task.finish())
@@ -943,13 +824,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add(name.cast_into::<pyo3::types::PyString>()?, value)?;
     }
     add_functions! {
-        m: _set_exceptions, py_convert, py_inspect, inspect_folder, py_verify, render, format_bytes, escape,
-        check_option, check_applies,
-        source_kind, read_header, config_text, index_text,
-        split_shard_name, default_dst, verify_route, space,
-        convert_folder,
-        finalize,
-        verify_folder,
+        m: _set_exceptions, convert, inspect, verify, finalize, render, format_bytes, escape,
+        check_option, source_kind, read_header, config_text, index_text, split_shard_name,
+        default_dst,
     }
     Ok(())
 }

@@ -141,21 +141,18 @@ def test_report_fields_are_the_engine_fields(tmp_path):
     """A key the adapter adds must be declared in the report types, and the other way round."""
     src = small(tmp_path)
     result = _core.convert(str(src), str(tmp_path / "o.safetensors"))
-    python_only = {"folder", "files", "shard", "complete", "max_shard_size"}
+    python_only = {"files", "shard", "complete", "max_shard_size"}
     fields = {f.name for f in dataclasses.fields(stcast.ConvertReport)}
     assert set(result) == fields - python_only
     result = _core.inspect(str(src))
     fields = {f.name for f in dataclasses.fields(stcast.InspectReport)}
-    folder_only = {"destination", "folder", "files", "other_bytes", "other_files", "left_out"}
+    folder_only = {"files", "other_bytes", "other_files", "left_out"}
     assert set(result) == fields - folder_only - {"max_shard_size", "shards", "indexes"}
     assert set(result["tensors"][0]) == {f.name for f in dataclasses.fields(stcast.TensorInfo)} - {
         "file"
     }
     result = _core.verify(str(src), str(tmp_path / "o.safetensors"))
-    assert set(result) == {f.name for f in dataclasses.fields(stcast.VerifyReport)} - {
-        "folder",
-        "files",
-    }
+    assert set(result) == {f.name for f in dataclasses.fields(stcast.VerifyReport)} - {"files"}
 
 
 @pytest.mark.parametrize("folder", [False, True], ids=["file", "folder"])

@@ -7,17 +7,11 @@ first use so that `stcast --version` does not pay for it.
 from __future__ import annotations
 
 import os
-from dataclasses import replace
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from . import _core, _engine, _types
 from ._options import Options
-from .reports import (
-    ConvertReport,
-    InspectReport,
-    VerifyReport,
-    folder_report,
-)
+from .reports import ConvertReport, InspectReport, VerifyReport, folder_report
 
 if TYPE_CHECKING:
     from typing import Callable
@@ -108,27 +102,22 @@ def convert(
         Cancelled: `cancel.is_set()` became true.
         KeyboardInterrupt: Ctrl-C.
     """
-    given = Options.of("convert", options)
-    src, tree = _source(src)
-    o = given.checked("convert")
-    _core.check_applies(src, o.set)
-    if tree or o.max_shard_size is not None:
-        # One engine call: every check, the writing, the numeric report (rust/folder/run.rs).
-        with _engine.gc_paused():
-            data = _core.convert_folder(
-                src,
-                None if dst is None else os.fsdecode(dst),
-                progress=progress,
-                file_progress=file_progress,
-                cancel=cancel,
-                warn=_engine.issue,
-                **_report(o).keywords("convert"),
-            )
+    o = Options.of("convert", options).checked("convert")
+    # One engine call: the route (one file, a folder run, a re-sharding), every check, the
+    # writing, the numeric report (rust/command.rs).
+    with _engine.gc_paused():
+        data = _core.convert(
+            os.fsdecode(src),
+            _path(dst),
+            progress=progress,
+            file_progress=file_progress,
+            cancel=cancel,
+            warn=_engine.issue,
+            **_report(o).keywords("convert"),
+        )
+        if data["folder"]:
             return folder_report(data)
-    target = _core.default_dst(src, _target(o), dst=None if dst is None else os.fsdecode(dst))
-    return _engine.convert_file(
-        src, target, progress=progress, cancel=cancel, **_report(o).keywords("convert")
-    )
+        return _engine.file_report(data)
 
 
 def inspect(
@@ -166,25 +155,12 @@ def inspect(
         UsageError: a `keep` pattern or another option is invalid.
         OSError: it cannot be read.
     """
-    given = Options.of("inspect", options)
-    path, tree = _source(path)
-    o = given.checked("inspect")
-    target = None if dst is None else os.fsdecode(dst)
-    _core.check_applies(path, o.set)
-    if tree or o.max_shard_size is not None:
-        # One engine call: the dry run, with `dst` after every check the run makes, and a
-        # re-sharding's plan (rust/folder/dry.rs).
-        keywords = _report(o).keywords("inspect")
-        return _engine.inspect_folder(path, target, progress=progress, **keywords)
-    if target is not None:
-        target = _core.default_dst(path, _target(o), dst=target)
-    # With `dst`, the checks `convert` makes before writing, failing as it would (a plain
-    # inspect only warns of a quantized checkpoint; a dry run refuses it as convert does).
+    o = Options.of("inspect", options).checked("inspect")
+    # One engine call: the route, the plan (and scan), with `dst` after every check the run
+    # makes, failing as it would (a plain inspect only warns of a quantized checkpoint; a dry
+    # run refuses it as convert does), and a re-sharding's plan (rust/command.rs).
     keywords = _report(o).keywords("inspect")
-    planned = _engine.inspect_file(path, dst=target, progress=progress, **keywords)
-    if target is None:
-        return planned
-    return replace(planned, destination=_engine.destination(target, planned.output_bytes))
+    return _engine.inspect(os.fsdecode(path), _path(dst), progress=progress, **keywords)
 
 
 def verify(
@@ -242,17 +218,11 @@ def verify(
         OSError: a file cannot be read.
         KeyboardInterrupt: Ctrl-C.
     """
-    given = Options.of("verify", options)
-    src = _source(src)[0]
-    keywords = _report(given.checked("verify")).keywords("verify")
-    # A DST folder that is a checkpoint to convert is refused (SRC and DST swapped); a
-    # folder DST of a file SRC is the file convert writes there, if there is one; a
-    # re-sharded stem (`name`) names a DST folder's files.
-    dst, folder = _core.verify_route(src, os.fsdecode(dst), **keywords)
-    if folder:
-        return _engine.verify_folder(src, dst, progress=progress, **keywords)
-    # (`lone`: the configs, shards and index beside it are checked too.)
-    return _engine.verify_file(src, dst, progress=progress, lone=True, **keywords)
+    keywords = _report(Options.of("verify", options).checked("verify")).keywords("verify")
+    # One engine call: the route (a DST folder that is a checkpoint to convert is refused;
+    # a folder DST of a file SRC is the file convert writes there; a re-sharded stem names
+    # a DST folder's files), then the verification (rust/command.rs).
+    return _engine.verify(os.fsdecode(src), os.fsdecode(dst), progress=progress, **keywords)
 
 
 def finalize(
@@ -296,17 +266,9 @@ def default_destination(src: StrPath, to: Target | TargetAlias = "bf16") -> str:
     return _core.default_dst(os.fsdecode(src), _engine.target_name(to))
 
 
-def _source(src: StrPath) -> tuple[str, bool]:
-    """`src` as a path, and whether it is a folder of files (a folder run), as the engine
-    finds it: it refuses a distributed checkpoint it cannot read, and a path that is not
-    there but reads like a Hub repo id or URL (with the command that downloads it)."""
-    path = os.fsdecode(src)
-    return path, _core.source_kind(path) == "tree"
-
-
-def _target(o: Options) -> Target:
-    """The target of a conversion (resolved by `Options.checked`: not None)."""
-    return cast("Target", o.to)
+def _path(path: StrPath | None) -> str | None:
+    """An optional path as a `str`."""
+    return None if path is None else os.fsdecode(path)
 
 
 def _report(o: Options) -> Options:

@@ -2,8 +2,6 @@
 
 from typing import Any, Callable, Literal, Protocol, TypedDict, final
 
-from typing_extensions import Unpack
-
 from stcast._types import TensorNumerics as _Row
 
 __all__ = [
@@ -36,24 +34,18 @@ __all__ = [
     "_set_exceptions",
     "convert",
     "inspect",
-    "inspect_folder",
     "verify",
     "render",
     "format_bytes",
     "escape",
     "check_option",
-    "check_applies",
     "source_kind",
     "read_header",
     "config_text",
     "index_text",
     "split_shard_name",
     "default_dst",
-    "verify_route",
-    "space",
-    "convert_folder",
     "finalize",
-    "verify_folder",
 ]
 
 __version__: str
@@ -105,71 +97,33 @@ class _CancelFlag(Protocol):
 # (kind, template) pairs, `numerics` {"tensors": TensorNumerics, "total": NumericsTotal}.
 _Report = dict[str, Any]
 
-class _Options(TypedDict, total=False):
-    """The options every engine call takes as keywords (rust/python.rs `Opts`); each call
-    reads those it needs, and an absent or None one is the default."""
-
-    to: str | None
-    threads: int | None
-    force: bool
-    keep: list[str]
-    keep_min_size: int | None
-    keep_unmatched: str
-    strict: bool  # keep_unmatched "warn" becomes "error" (ignored by a plain inspect)
-    from_bf16: bool
-    keep_names: list[str] | None  # on_overflow keep: found already (None: the call reads)
-    on_overflow: str | None
-    scan: bool  # inspect: read the tensors and measure what converting them loses
-    numerics: bool
-    report: str | None
-    replaces: tuple[int, int] | None
-    allow_copy: bool
-    tuning: dict[str, Any] | None
-    key: str | None
-    strip_prefix: list[str]
-    loose: bool
-    allow_quantized: bool | None
-    quantization_config: str | None
-    packed_config: str | None  # a folder run's model config: packed schemes, FP8: experts
-    follow_links: bool
-    unquantized: list[str] | None  # FP8: the weights holding NaN/inf (None: the call reads)
-    name: str | None  # these two: for the record of the options in each output
-    no_record: bool
-
 _Progress = Callable[[int, int], object] | None
-_Warn = Callable[[str, str], object] | None
-_Sealed = Callable[[int, int, int, str | None], object] | None  # (dev, ino, size, header)
+_FileProgress = Callable[[str, int, int], object] | None
+_Warn = Callable[[str, str, str | None], object] | None  # (kind, template, path)
 
+# One call per command (rust/command.rs): the engine routes one file, a folder run or a
+# re-sharding; the report has `folder`. A folder's: its files as dicts, its `numerics` each
+# converted unit's (file, numerics); an inspection's: under "named" its other files (path,
+# bytes, action), files left out (path, bytes, why) and warnings (kind, template, file),
+# under "files" each weight file's report, and a re-sharding's plan (`max_shard_size`,
+# `shards`, `indexes`); with `dst`, its `destination`; a verification's: its mismatch with
+# `file`, each file's (rel, numerics) as `parts`.
 def convert(
     src: str,
-    dst: str,
+    dst: str | None = None,
     *,
     progress: _Progress = None,
+    file_progress: _FileProgress = None,
     cancel: _CancelFlag | None = None,
     warn: _Warn = None,
-    sealed: _Sealed = None,
-    **options: Unpack[_Options],
+    **options: Any,
 ) -> _Report: ...
 def inspect(
-    path: str,
-    *,
+    src: str,
     dst: str | None = None,
+    *,
     progress: _Progress = None,
     row: Callable[[dict[str, Any]], object] | None = None,  # what each tensor's dict becomes
-    **options: Unpack[_Options],
-) -> _Report: ...
-
-# A folder run's dry run (rust/folder/dry.rs; with `dst` after every check the run makes):
-# its totals and `path` (the source read); under "named" its other files (path, bytes,
-# action), files left out (path, bytes, why) and warnings (kind, template, file); under
-# "files" each weight file's report (as `inspect` gives it); a re-sharding's plan
-# (`max_shard_size`, `shards`, `indexes`).
-def inspect_folder(
-    src: str,
-    dst: str | None,
-    *,
-    progress: _Progress = None,
-    row: Callable[[dict[str, Any]], object] | None = None,
     **options: Any,
 ) -> _Report: ...
 def verify(
@@ -178,25 +132,13 @@ def verify(
     *,
     progress: _Progress = None,
     warn: _Warn = None,
-    **options: Unpack[_Options],
-) -> _Report: ...
-
-# A folder's verification (rust/folder/verify_folder.rs): its report, its mismatch with `file`,
-# each file's (rel, numerics) as `parts`.
-def verify_folder(
-    src: str,
-    dst: str,
-    *,
-    progress: _Progress = None,
-    warn: _Warn = None,
-    **options: Unpack[_Options],
+    **options: Any,
 ) -> _Report: ...
 def _set_exceptions(classes: dict[str, Callable[..., BaseException]]) -> None: ...
 def render(template: str, option: Callable[[str, str | None], str]) -> str: ...
 def format_bytes(n: int) -> str: ...
 def escape(s: str) -> str: ...
 def check_option(name: str, value: object) -> Any: ...
-def check_applies(src: str, given: list[str]) -> None: ...
 def source_kind(
     src: str, *, check: bool = True
 ) -> Literal["file", "checkpoint", "tree"] | None: ...
@@ -216,8 +158,6 @@ def index_text(
     record: str | None = None,
 ) -> bytes: ...
 def default_dst(src: str, to: str, *, folder: bool = False, dst: str | None = None) -> str: ...
-def verify_route(src: str, dst: str, **options: Unpack[_Options]) -> tuple[str, bool]: ...
-def space(dst: str, need: int) -> tuple[str, int, bool]: ...
 def split_shard_name(name: str) -> tuple[str, str, str] | None: ...
 
 @final
@@ -227,23 +167,12 @@ class TensorNumerics:
     def __len__(self) -> int: ...
     def row(self, i: int) -> _Row: ...
 
-# A folder run, whole (rust/folder/run.rs): every check, the writing, the numeric report.
-def convert_folder(
-    src: str,
-    dst: str | None,
-    *,
-    progress: _Progress = None,
-    file_progress: Callable[[str, int, int], object] | None = None,
-    cancel: _CancelFlag | None = None,
-    warn: Callable[[str, str, str | None], object] | None = None,
-    **options: Any,
-) -> dict[str, Any]: ...
 def finalize(
     src: str,
     dst: str,
     *,
     progress: _Progress = None,
-    file_progress: Callable[[str, int, int], object] | None = None,
+    file_progress: _FileProgress = None,
     cancel: _CancelFlag | None = None,
     warn: _Warn = None,
-) -> dict[str, Any]: ...
+) -> _Report: ...

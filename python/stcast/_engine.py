@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from typing import Callable, Protocol
 
-    from ._types import Destination, Numerics, Target
+    from ._types import Numerics, Target
 
     class CancelFlag(Protocol):
         def is_set(self) -> bool: ...
@@ -79,54 +79,36 @@ def issue(kind: str, template: str, path: str | None) -> None:
     _warnings.warn(StcastWarning(kind, template, path), stacklevel=level)
 
 
-def convert_file(
-    src: str, dst: str, *, warn_path: str | None = None, **options: Any
-) -> ConvertReport:
-    """Convert one file (`_core.convert`'s keywords: the options given, `Options.keywords`,
-    and the hooks). Warnings are issued as they come, pointing at the user's call
-    (`issue`), prefixed by `warn_path`."""
-
-    def warn(kind: str, template: str) -> None:
-        issue(kind, template, warn_path)
-
-    with gc_paused():
-        result = _core.convert(src, dst, warn=warn, **options)
-        return _build(ConvertReport, result, warnings=_notices(result["warnings"], warn_path))
+def file_report(data: dict[str, Any]) -> ConvertReport:
+    """One file's conversion report, from the engine's (`_core.convert`)."""
+    return _build(ConvertReport, data, warnings=_notices(data["warnings"]))
 
 
 # A tensor's fields that take few values (one str for all the tensors that share one).
 _WORDS = ("dtype", "target_dtype", "action", "reason")
 
 
-def inspect_file(path: str, **options: Any) -> InspectReport:
-    """Plan one file (and scan it, if asked): `_core.inspect`'s keywords."""
-    with gc_paused():
-        result = _core.inspect(path, row=_row(), **options)
-        return _build(InspectReport, result, warnings=_notices(result["warnings"]))
-
-
-def inspect_folder(
+def inspect(
     src: str, dst: str | None, *, progress: Progress | None, **options: Any
 ) -> InspectReport:
-    """The dry run of a folder run (the engine's answer, `_core.inspect_folder`, with the
-    options given: `Options.keywords`): with `dst`, after every check the run makes; each
-    weight file's inspection, the other files, the totals, and a re-sharding's plan."""
+    """The engine's `inspect` (`_core.inspect`, with the options given: `Options.keywords`):
+    one file's plan, or a folder's dry run (each weight file's inspection, the other files,
+    the totals, and a re-sharding's plan); with `dst`, after every check the run makes."""
     with gc_paused():
-        result = _core.inspect_folder(src, dst, progress=progress, row=_row(), **options)
+        result = _core.inspect(src, dst, progress=progress, row=_row(), **options)
+        if not result["folder"]:
+            return _build(InspectReport, result, warnings=_notices(result["warnings"]))
         files = [
             _build(InspectReport, f, warnings=_notices(f["warnings"], f["path"]))
             for f in result["files"]
         ]
     others, left_out, said = result["named"]
-    output = result["output_bytes"]
     return _build(
         InspectReport,
         result,
         metadata=None,
         tensors=[t for f in files for t in f.tensors],
         warnings=[Notice(kind, template, path) for kind, template, path in said],
-        destination=None if dst is None else destination(dst, output),
-        folder=True,
         files=files,
         other_files=[{"path": p, "bytes": n, "action": a} for p, n, a in others],
         left_out=[{"path": p, "bytes": n, "why": why} for p, n, why in left_out],
@@ -149,54 +131,20 @@ def _row() -> Callable[[dict[str, Any]], TensorInfo]:
     return row
 
 
-def verify_file(
-    src: str, dst: str, *, warn: Callable[[str, str], object] | None = None, **options: Any
-) -> VerifyReport:
-    """Verify one pair of files (`_core.verify`'s keywords); the engine's warnings are
-    issued, or given to `warn` as (kind, template)."""
-
-    def issued(kind: str, template: str) -> None:
-        issue(kind, template, None)
-
+def verify(src: str, dst: str, *, progress: Progress | None, **options: Any) -> VerifyReport:
+    """The engine's `verify` (`_core.verify`, with the options given: `Options.keywords`) of
+    two files or two folders (or a file re-sharded into a folder), its warnings issued; see
+    `stcast.verify`."""
     with gc_paused():
-        result = _core.verify(src, dst, warn=warn or issued, **options)
-    m = result["mismatch"]
-    if m is None:
-        return _build(VerifyReport, result, mismatch=None)
-    message = Notice("mismatch", m["message"])
-    return _build(VerifyReport, result, mismatch=_build(Mismatch, m, message=message))
-
-
-def verify_folder(src: str, dst: str, *, progress: Progress | None, **options: Any) -> VerifyReport:
-    """Verify the folder `dst` against the folder `src` (or the file `src` re-sharded into
-    it) with the options given (`Options.keywords`): the engine's run
-    (rust/folder/verify_folder.rs), its warnings issued; see `stcast.verify`."""
-
-    def issued(kind: str, template: str) -> None:
-        issue(kind, template, None)
-
-    with gc_paused():
-        r = _core.verify_folder(src, dst, progress=progress, warn=issued, **options)
+        r = _core.verify(src, dst, progress=progress, warn=issue, **options)
     m = r["mismatch"]
+    if not r["folder"]:
+        mismatch = m and _build(Mismatch, m, message=Notice("mismatch", m["message"]))
+        return _build(VerifyReport, r, mismatch=mismatch)
     mismatch = m and _build(Mismatch, m, message=Notice("mismatch", m["message"], m["file"]))
     parts: list[tuple[str, Numerics | None]] = [
         (rel, None if n is None else {"tensors": TensorRows(n["tensors"]), "total": n["total"]})
         for rel, n in r["parts"]
     ]
     numerics = merged_numerics(parts) if r["ok"] else None
-    return _build(
-        VerifyReport, r, mismatch=mismatch, numerics=numerics, isa=r["isa"] or "", folder=True
-    )
-
-
-def destination(dst: str, need: int) -> Destination:
-    """Free space where `dst` would be written (a file, or a folder to create or fill), as
-    the engine finds it (`_core.space`)."""
-    folder, free, fits = _core.space(dst, need)
-    return {
-        "path": dst,
-        "folder": folder,
-        "free_bytes": free,
-        "need_bytes": need,
-        "fits": fits,
-    }
+    return _build(VerifyReport, r, mismatch=mismatch, numerics=numerics, isa=r["isa"] or "")
