@@ -23,6 +23,8 @@ use crate::output;
 use crate::run::place::{self, SourceKind};
 use crate::task::{ConvertTask, InspectTask, Inspection, Said, Task};
 use crate::verify::{Verifier, VerifyReport};
+#[cfg(test)]
+use crate::vocab::OptionName;
 use crate::vocab::Target;
 use crate::Report;
 
@@ -280,3 +282,6 @@ impl Verify {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
