@@ -726,6 +726,33 @@ def test_a_stopped_force_over_another_output_is_continued_by_resume(
         assert got == plain
 
 
+def test_shard_runs_with_force_over_another_output_can_be_finalized(tmp_path, src, plain, run_main):
+    """`--shard i/N --force` over a finished output of other options, then `finalize`: the
+    configs and index the shard runs leave for `finalize` are the ones `--force` let them
+    replace (claimed in their manifests as found), so `finalize` replaces them, and the
+    folder is what a plain run writes. Before, `finalize` refused them as files no manifest
+    says stcast wrote, naming `--force`, which it does not take: the folder could never be
+    completed. A file the plan does not write stays, and one changed since is refused."""
+    dst = tmp_path / "out"
+    assert run_main("convert", src, dst, "--to", "fp16", "-q") == (0, "", "")
+    (dst / "notes.txt").write_text("mine\n")
+    for i in (1, 2):
+        assert run_main("convert", src, dst, "--shard", f"{i}/2", "--force", "-q") == (0, "", "")
+    rc, _, err = run_main("finalize", src, dst, "-q")
+    assert rc == 0, err
+    got = tree(dst)
+    assert got.pop("notes.txt") == b"mine\n"
+    assert got == plain
+    # A config changed after the shard runs found it is the user's: refused, and kept.
+    assert run_main("convert", src, dst, "--to", "fp16", "--force", "-q") == (0, "", "")
+    for i in (1, 2):
+        assert run_main("convert", src, dst, "--shard", f"{i}/2", "--force", "-q") == (0, "", "")
+    (dst / "config.json").write_text('{"mine": true}\n')
+    rc, _, err = run_main("finalize", src, dst, "-q")
+    assert rc == 1 and "config.json" in assert_one_error_line(err), err
+    assert (dst / "config.json").read_text() == '{"mine": true}\n'
+
+
 @pytest.mark.parametrize("raised", [KeyboardInterrupt, RuntimeError])
 def test_a_stopped_folder_run_is_refused_naming_resume_and_force(
     tmp_path, src, plain, run_main, raised

@@ -100,7 +100,20 @@ impl ConvertFolderTask {
         // that appeared since is a rival run's.
         m.published = own;
         m.first_replace = s.at_own_name.filter(|_| p.force && own.is_none());
-        let writer = Writer::new(m, s.ours.clone(), s.found.clone(), p.force);
+        // What `force` lets this run (and its `--resume`) replace as found: the files the
+        // plan writes, but other shard runs' units (a shard run's copies, configs and
+        // indexes are for its `finalize`).
+        let own: HashSet<usize> = p.units.iter().copied().collect();
+        let others: HashSet<&OsString> = (0..p.work.units.len())
+            .filter(|k| !own.contains(k))
+            .map(|k| &p.work.units[k].rel)
+            .collect();
+        let writes: HashSet<OsString> = (p.work.outputs().into_iter())
+            .map(|(rel, _, _)| rel)
+            .filter(|rel| !others.contains(rel))
+            .collect();
+        let mut writer = Writer::new(m, s.ours.clone(), s.found.clone(), p.force);
+        writer.writes = writes;
         let units = p.todo.iter().map(|&k| p.work.units[k].data_bytes);
         let total = units.sum::<u64>() + p.copies.iter().map(|f| f.size).sum::<u64>();
         ConvertFolderTask {

@@ -35,6 +35,9 @@ pub struct Writer {
     ours: Vec<(OsString, Ident)>,
     /// Under `force`: the files the survey found (rel -> identity), which it may replace.
     found: HashMap<OsString, Ident>,
+    /// Under `force`: the files found that it claims for a `--resume` of it (and a shard
+    /// run's `finalize`) to replace: those the plan writes (`Writer::new`: this run's own).
+    pub writes: HashSet<OsString>,
     force: bool,
     /// The folders this run makes that were not there (`make_folders`), deepest first.
     made: Vec<PathBuf>,
@@ -73,8 +76,10 @@ impl Writer {
         found: Vec<(OsString, Ident)>,
         force: bool,
     ) -> Writer {
+        let writes = record.planned.iter().cloned().collect();
         Writer {
             record,
+            writes,
             ours,
             found: found.into_iter().collect(),
             force,
@@ -161,13 +166,13 @@ impl Writer {
         self.done_before = self.record.written();
         self.record.carry(&self.ours)?;
         if self.force {
-            // What `force` lets this run replace, it lets `--resume` of this run replace too:
-            // a stopped `--force` over an earlier output is continued, not refused for the
-            // files it was about to replace (each still the file the survey found). Only
-            // those: a file the plan does not write is never this run's to remove.
-            let planned: HashSet<&OsString> = self.record.planned.iter().collect();
+            // What `force` lets this run replace (`writes`), it lets `--resume` of this run,
+            // and a shard run's `finalize`, replace too: a stopped `--force` over an earlier
+            // output is continued, not refused for the files it was about to replace (each
+            // still the file the survey found). Only those: a file the plan does not write
+            // is never this run's to remove.
             let mut found: Vec<_> = (self.found.iter())
-                .filter(|(rel, _)| planned.contains(rel))
+                .filter(|(rel, _)| self.writes.contains(*rel))
                 .map(|(rel, id)| (rel.clone(), *id))
                 .collect();
             found.sort();
