@@ -1,14 +1,14 @@
 //! The PyO3 adapter: argument conversion, GIL release in bounded steps, error mapping.
 //!
-//! It holds no logic of its own: it converts arguments into engine options, steps an engine
-//! task with the GIL released (checking signals, the cancel flag and progress between
-//! steps), and converts what the engine returns into plain Python data. Exceptions are the
+//! It holds no logic of its own: it converts arguments into engine options, makes one engine
+//! task per command (`command`), has the engine's `task::drive::Driver` step it with the GIL
+//! released, telling the call's callbacks (`Hooks`: signals, the cancel flag, progress,
+//! warnings), and converts what the engine returns into plain Python data. Exceptions are the
 //! classes `stcast.errors` hands over at import, one per `vocab::ErrorKind` (`to_py`).
 
 #![allow(clippy::too_many_arguments, reason = "pyfunctions mirror Python calls")]
 
 use std::borrow::Cow;
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -30,7 +30,8 @@ use crate::numerics::Numerics;
 use crate::options;
 use crate::report::NumericsRow;
 use crate::run::{fp8config, json, place};
-use crate::task::{Inspection, Task};
+use crate::task::drive::{Caller, Driver};
+use crate::task::Inspection;
 use crate::text;
 use crate::verify::VerifyReport;
 use crate::vocab::{ErrorKind, OptionName, Target, Unmatched};
@@ -80,176 +81,79 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
 
 /// Run engine work without the GIL; a panic becomes a one-line Python error.
 fn guarded<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T> + Send) -> PyResult<T> {
-    match py.detach(|| catch_unwind(AssertUnwindSafe(f))) {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(to_py(py, e)),
-        Err(panic) => Err(PyRuntimeError::new_err(panic_message(&*panic))),
-    }
+    driver(py, None, None, None, None).run(f)
 }
 
 /// A callback the caller may give (`progress`, `cancel`, `warn`, `file_progress`).
 type Hook<'py> = Option<Bound<'py, PyAny>>;
 
-/// The callbacks of a call, which a task reports to between steps.
+/// The callbacks of a call, which the engine's `Driver` tells what a task says between
+/// steps (`task::drive`: when, and each value once).
 struct Hooks<'py> {
+    py: Python<'py>,
     progress: Hook<'py>,
     cancel: Hook<'py>,
     warn: Hook<'py>,
-    /// `progress` was told `(total, total)`: the visits after the last step (sealing,
-    /// publishing) do not tell it again, so that a caller hears of the end once.
-    ended: Cell<bool>,
-    /// A folder run's progress (`metered`): told per file, each value once.
-    meter: Option<Meter<'py>>,
-}
-
-/// What a folder run's callbacks were told last: a file's end, told again as the next step
-/// begins, reaches the caller once.
-struct Meter<'py> {
     file_progress: Hook<'py>,
-    told: Cell<Option<(u64, u64)>>,
-    file_told: std::cell::RefCell<Option<(OsString, u64, u64)>>,
 }
 
-impl<'py> Hooks<'py> {
-    /// The callbacks as the call was given them (None: not given).
-    fn new(progress: Hook<'py>, cancel: Hook<'py>, warn: Hook<'py>) -> Self {
-        Hooks {
-            progress,
-            cancel,
-            warn,
-            ended: Cell::new(false),
-            meter: None,
+/// The engine's driver of a call's task, telling `Hooks`.
+fn driver<'py>(
+    py: Python<'py>,
+    progress: Hook<'py>,
+    cancel: Hook<'py>,
+    warn: Hook<'py>,
+    file_progress: Hook<'py>,
+) -> Driver<Hooks<'py>> {
+    Driver::new(Hooks {
+        py,
+        progress,
+        cancel,
+        warn,
+        file_progress,
+    })
+}
+
+impl Caller for Hooks<'_> {
+    type Failure = PyErr;
+    /// Ctrl-C (the signal handler's exception), then the cancel flag.
+    fn stop(&mut self) -> PyResult<()> {
+        self.py.check_signals()?;
+        let cancel = self.cancel.as_ref().map(|c| c.call_method0("is_set"));
+        match cancel.transpose()? {
+            Some(set) if set.is_truthy()? => Err(to_py(self.py, Error::Cancelled)),
+            _ => Ok(()),
         }
     }
-
-    /// The same, for a folder run (`Task::file_progress`): `progress` tells the bytes once a
-    /// file has begun, and `(total, total)` once at the end, also when nothing was left.
-    fn metered(self, file_progress: Hook<'py>) -> Self {
-        let meter = Meter {
-            file_progress,
-            told: Cell::new(None),
-            file_told: std::cell::RefCell::new(None),
-        };
-        Hooks {
-            meter: Some(meter),
-            ..self
-        }
-    }
-
-    /// Ctrl-C, the cancel flag, warnings, then progress (any of which may raise).
-    fn visit(&self, py: Python<'py>, task: &mut impl Task) -> PyResult<()> {
-        self.visit_at(py, task, false)
-    }
-
-    /// `visit`; `end`: the task is done, and a stop request no longer stops it (a folder
-    /// run's outputs are published then, its manifests gone): what is left is told.
-    fn visit_at(&self, py: Python<'py>, task: &mut impl Task, end: bool) -> PyResult<()> {
-        self.tell_said(task)?;
-        if !end {
-            py.check_signals()?;
-            if self.cancelled()? {
-                return Err(to_py(py, Error::Cancelled));
-            }
-        }
-        for w in task.take_warnings() {
-            if let Some(f) = &self.warn {
-                f.call1((w.kind.name(), &w.text, py.None()))?;
-            }
-        }
-        if let Some(m) = &self.meter {
-            return self.tell(m, task, end);
-        }
-        let told = !self.ended.get() && task.measured();
-        if let Some(p) = self.progress.as_ref().filter(|_| told) {
-            let (done, total) = task.progress();
-            self.ended.set(done >= total);
-            p.call1((done, total))?;
-        }
-        Ok(())
-    }
-
-    /// A folder run's warnings, told to `warn` as (kind, template, path) as they are said.
-    fn tell_said(&self, task: &mut impl Task) -> PyResult<()> {
-        for (w, at) in task.take_said() {
-            if let Some(f) = &self.warn {
-                f.call1((w.kind.name(), &w.text, at))?;
-            }
-        }
-        Ok(())
-    }
-
-    /// A folder run's progress (`metered`), each value told once.
-    fn tell(&self, m: &Meter<'py>, task: &impl Task, end: bool) -> PyResult<()> {
-        let file = task.file_progress();
-        if let (Some(f), Some((rel, done, total))) = (&m.file_progress, file) {
-            let now = Some((rel.to_os_string(), done, total));
-            if *m.file_told.borrow() != now {
-                *m.file_told.borrow_mut() = now;
-                f.call1((rel, done, total))?;
-            }
-        }
-        let told = match (end, file) {
-            (true, _) => Some((task.progress().1, task.progress().1)),
-            (false, Some(_)) => Some(task.progress()),
-            (false, None) => None,
-        };
-        if let (Some(p), Some(told)) = (&self.progress, told) {
-            if m.told.get() != Some(told) {
-                m.told.set(Some(told));
-                p.call1(told)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Step `task` to its end, `step` source bytes at a time (`Tuning::step`), visiting
-    /// Python between steps. A failed step: a stop request wins (`stopped`), then the
-    /// failure as the task sees it (`Task::failed`), after the warnings said before it.
-    fn drive(&self, py: Python<'py>, task: &mut (impl Task + Send), step: u64) -> PyResult<()> {
-        loop {
-            self.visit(py, task)?;
-            let e = match py.detach(|| catch_unwind(AssertUnwindSafe(|| task.step(step)))) {
-                Ok(Ok(true)) => return self.visit_at(py, task, true),
-                Ok(Ok(false)) => continue,
-                Ok(Err(e)) => e,
-                Err(panic) => return Err(PyRuntimeError::new_err(panic_message(&*panic))),
-            };
-            self.stopped(py, &e)?;
-            let e = py.detach(|| task.failed(e));
-            self.tell_said(task)?;
-            return Err(to_py(py, e));
-        }
-    }
-
-    /// `guarded`, where a stop request wins over the error (`stopped`).
-    fn run<T: Send>(&self, py: Python<'py>, f: impl FnOnce() -> Result<T> + Send) -> PyResult<T> {
-        let e = match py.detach(|| catch_unwind(AssertUnwindSafe(f))) {
-            Ok(Ok(v)) => return Ok(v),
-            Ok(Err(e)) => e,
-            Err(panic) => return Err(PyRuntimeError::new_err(panic_message(&*panic))),
-        };
-        self.stopped(py, &e)?;
-        Err(to_py(py, e))
-    }
-
-    /// A stop request that arrived meanwhile (a signal the caller's handler recorded, the
-    /// cancel flag), which wins over the error `e` it caused (EINTR, say) and rolls nothing
-    /// back; not over a failure after the commit point, which must be told as such.
-    fn stopped(&self, py: Python<'py>, e: &Error) -> PyResult<()> {
-        if !matches!(e, Error::AfterCommit { .. }) {
-            py.check_signals()?;
-            if self.cancelled().unwrap_or(false) {
-                return Err(to_py(py, Error::Cancelled));
-            }
-        }
-        Ok(())
-    }
-
-    /// Whether the caller's cancel flag is set.
-    fn cancelled(&self) -> PyResult<bool> {
-        self.cancel
+    /// `warn(kind, template, path)`.
+    fn warn(&mut self, w: &Warning, at: Option<&OsStr>) -> PyResult<()> {
+        let told = self
+            .warn
             .as_ref()
-            .map_or(Ok(false), |c| c.call_method0("is_set")?.is_truthy())
+            .map(|f| f.call1((w.kind.name(), &w.text, at)));
+        told.transpose().map(drop)
+    }
+    fn progress(&mut self, done: u64, total: u64) -> PyResult<()> {
+        let told = self.progress.as_ref().map(|f| f.call1((done, total)));
+        told.transpose().map(drop)
+    }
+    fn file_progress(&mut self, rel: &OsStr, done: u64, total: u64) -> PyResult<()> {
+        let told = self
+            .file_progress
+            .as_ref()
+            .map(|f| f.call1((rel, done, total)));
+        told.transpose().map(drop)
+    }
+    /// `f` with the GIL released, a panic caught.
+    fn away<T: Send>(&mut self, f: impl FnOnce() -> T + Send) -> std::result::Result<T, String> {
+        let done = self.py.detach(|| catch_unwind(AssertUnwindSafe(f)));
+        done.map_err(|panic| panic_message(&*panic))
+    }
+    fn failure(&mut self, e: Error) -> PyErr {
+        to_py(self.py, e)
+    }
+    fn panicked(&mut self, message: String) -> PyErr {
+        PyRuntimeError::new_err(message)
     }
 }
 
@@ -406,28 +310,18 @@ fn split_shard_name(name: OsString) -> Option<(OsString, OsString, OsString)> {
     Some((os(stem), os(i), os(n)))
 }
 
-/// What `src` is (`run::place::source`): "file", "checkpoint", "tree", or None if not there.
+/// What `src` is (`run::place::source`, unchecked): "file", "checkpoint", "tree", or None
+/// if not there (the terminal's words for it).
 #[pyfunction]
-#[pyo3(signature = (src, *, check=true))]
-fn source_kind(py: Python<'_>, src: PathBuf, check: bool) -> PyResult<Option<&'static str>> {
-    guarded(py, || Ok(place::source(&src, check)?.name()))
+fn source_kind(py: Python<'_>, src: PathBuf) -> PyResult<Option<&'static str>> {
+    guarded(py, || Ok(place::source(&src, false)?.name()))
 }
 
-/// The destination a run writes when none is given (`run::place::default_dst`), or, for a
-/// one-file run given `dst`, the file it names (`run::place::file_dst`).
+/// The destination a run writes when none is given (`run::place::default_dst`).
 #[pyfunction]
-#[pyo3(signature = (src, to, *, folder=false, dst=None))]
-fn default_dst(
-    py: Python<'_>,
-    src: PathBuf,
-    to: Target,
-    folder: bool,
-    dst: Option<PathBuf>,
-) -> PyResult<OsString> {
-    guarded(py, || match dst {
-        Some(dst) => Ok(place::file_dst(&src, &dst, to)?.into()),
-        None => Ok(place::default_dst(&src, to, folder)?.into()),
-    })
+#[pyo3(signature = (src, to, *, folder=false))]
+fn default_dst(py: Python<'_>, src: PathBuf, to: Target, folder: bool) -> PyResult<OsString> {
+    guarded(py, || Ok(place::default_dst(&src, to, folder)?.into()))
 }
 
 type Dicts<'py> = Vec<Bound<'py, PyDict>>;
@@ -633,15 +527,12 @@ fn convert<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let (given, tuning) = read_options(py, options)?;
     let step = tuning.step;
-    let hooks = Hooks::new(progress, cancel, warn);
-    let mut task = hooks.run(py, || Convert::new(&src, dst.as_deref(), &given, tuning))?;
-    let hooks = match task {
-        Convert::Folder(_) => hooks.metered(file_progress),
-        Convert::File(_) => hooks,
-    };
-    hooks.drive(py, &mut task, step)?;
+    let mut d = driver(py, progress, cancel, warn, file_progress);
+    let mut task = d.run(|| Convert::new(&src, dst.as_deref(), &given, tuning))?;
+    d.metered = matches!(task, Convert::Folder(_));
+    d.drive(&mut task, step)?;
     let folder = matches!(task, Convert::Folder(_));
-    let (d, parts) = match hooks.run(py, move || task.finish())? {
+    let (d, parts) = match d.run(move || task.finish())? {
         ConvertDone::File { report, measured } => {
             let d = crossed(py, &report, &[("src", &report.src), ("dst", &report.dst)])?;
             let n = measured.then(|| numerics_dict(py, &report.numerics, &report.numerics_total));
@@ -681,11 +572,11 @@ fn inspect<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let (given, tuning) = read_options(py, options)?;
     let step = tuning.step;
-    let hooks = Hooks::new(progress, None, None);
-    let mut task = hooks.run(py, || Inspect::new(&src, dst.as_deref(), &given, tuning))?;
-    hooks.drive(py, &mut task, step)?;
+    let mut d = driver(py, progress, None, None, None);
+    let mut task = d.run(|| Inspect::new(&src, dst.as_deref(), &given, tuning))?;
+    d.drive(&mut task, step)?;
     let folder = matches!(task, Inspect::Folder(..));
-    let (d, at) = match hooks.run(py, move || task.finish())? {
+    let (d, at) = match d.run(move || task.finish())? {
         Inspected::File(found, at) => (inspection(py, &found, &found.source.path, None, &row)?, at),
         Inspected::Folder(dry, at) => {
             let Dry { src, found, work } = *dry;
@@ -727,15 +618,15 @@ fn verify<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let (given, tuning) = read_options(py, options)?;
     let step = tuning.step;
-    let hooks = Hooks::new(progress, None, warn);
-    let mut task = hooks.run(py, || Verify::new(&src, &dst, &given, tuning))?;
-    hooks.drive(py, &mut task, step)?;
+    let mut d = driver(py, progress, None, warn, None);
+    let mut task = d.run(|| Verify::new(&src, &dst, &given, tuning))?;
+    d.drive(&mut task, step)?;
     let measured = |ok: bool, r: &VerifyReport, numerics: bool| {
         let n = (numerics && ok).then(|| numerics_dict(py, &r.numerics, &r.numerics_total));
         n.transpose()
     };
     let folder = matches!(task, Verify::Folder(_));
-    let d = match hooks.run(py, move || task.finish())? {
+    let d = match d.run(move || task.finish())? {
         Verified::File(r, numerics) => {
             let d = crossed(py, &*r, &[("src", &r.src), ("dst", &r.dst)])?;
             d.set_item("numerics", measured(r.is_ok(), &r, numerics)?)?;
@@ -773,9 +664,10 @@ fn finalize<'py>(
     cancel: Hook<'py>,
     warn: Hook<'py>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let hooks = Hooks::new(progress, cancel, warn).metered(file_progress);
-    let mut task = hooks.run(py, || FinalizeTask::new(&src, &dst))?;
-    hooks.drive(py, &mut task, Tuning::default().step)?;
+    let mut d = driver(py, progress, cancel, warn, file_progress);
+    d.metered = true;
+    let mut task = d.run(|| FinalizeTask::new(&src, &dst))?;
+    d.drive(&mut task, Tuning::default().step)?;
     folder_report(py, &task.finish())
 }
 

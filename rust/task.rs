@@ -8,6 +8,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+pub mod drive;
+
 use crate::convert::{check_outputs, check_something_changes, Job, Options, Report};
 use crate::dtype::Action;
 use crate::error::{Error, Result, Warning};

@@ -649,7 +649,7 @@ def _print_folder_summary(
 def _print_name_hint(report: stcast.ConvertReport) -> None:
     """After a lone file re-sharded under its own stem (not `model`): how to get the names
     transformers' `from_pretrained` loads."""
-    if _core.source_kind(report.src, check=False) in ("tree", "checkpoint"):
+    if _core.source_kind(report.src) in ("tree", "checkpoint"):
         return
     weights = [os.path.basename(f.path) for f in report.files if f.kind == "weights"]
     if not weights or any(_stem_of(w) == "model" for w in weights):
@@ -697,7 +697,7 @@ def _run_inspect(args: argparse.Namespace, console: out.Console) -> int:
             _print_tensor_table(f, indent="  ")
             print()
         files = len(report.files)
-        lone = _core.source_kind(report.path, check=False) not in ("tree", "checkpoint")
+        lone = _core.source_kind(report.path) not in ("tree", "checkpoint")
         what = "file:  " if lone else "folder:"
         path = out.printable(report.path, keep="")
         print(f"{what}   {path}, {files} weight file{'s' if files != 1 else ''}")
@@ -1199,7 +1199,7 @@ def _check_max_shard_size(
     for what, value in [*typed, *(("argument", e) for e in extra)] if bare else []:
         if value is None or not re.fullmatch(_UNIT, os.path.basename(value.rstrip("/")), re.I):
             continue
-        if what == "SRC" and _core.source_kind(value, check=False) is not None:
+        if what == "SRC" and _core.source_kind(value) is not None:
             continue
         unit = os.path.basename(value.rstrip("/"))
         parser.error(
