@@ -385,3 +385,32 @@ def test_loose_fp8_dcp_output_with_copied_config(tmp_path, run_main):
     (out / "config.json").write_bytes(text)
     rc, _, err = run_main("verify", dcp, out, "--key", "model", "--loose")
     assert rc == 0, err
+
+
+def test_a_folder_whose_top_quantizes_nothing_verifies_with_its_subfolder_side_config(
+    tmp_path, run_main
+):
+    """A folder with no model config whose top file holds only a norm (no weight FP8
+    quantizes) while a subfolder's holds a projection: convert writes the quantization_config
+    beside the subfolder's FP8 shard only, and verify passes it (before, it wanted one at the
+    top too: convert and verify disagreed). Without the subfolder's, verify still fails."""
+    rng = np.random.default_rng(0)
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    norm = rng.standard_normal(64).astype(np.float32)
+    proj = rng.standard_normal((64, 64)).astype(np.float32)
+    write_safetensors(src / "model.safetensors", {"model.norm.weight": ("F32", [64], norm)})
+    write_safetensors(
+        src / "sub" / "model.safetensors",
+        {"model.layers.0.mlp.down_proj.weight": ("F32", [64, 64], proj)},
+    )
+    dst = tmp_path / "dst"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (no model config describes the FP8 output)
+        stcast.convert(src, dst, to="fp8")
+    assert (dst / "sub" / "quantization_config.json").is_file()
+    assert not (dst / "quantization_config.json").exists()
+    assert run_main("verify", src, dst, "-q") == (0, "", "")
+    (dst / "sub" / "quantization_config.json").unlink()
+    rc, _, err = run_main("verify", src, dst)
+    assert rc == 1 and "sub/quantization_config.json" in assert_one_error_line(err), err

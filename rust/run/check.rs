@@ -205,7 +205,11 @@ pub fn check(
             // Strict: convert wrote it, the only description of the FP8 weights beside it,
             // unless a model config there describes them (a lone file's `--config`).
             let described = dst.join(rel).with_file_name("config.json").exists();
-            if fp8 && !loose && !described {
+            // Nor where the shards beside it hold no FP8 weight: convert writes none there
+            // (those shards are checked against SRC, so none should).
+            let none =
+                || fp8config::Modules::beside(dst, rel).is_ok_and(|m| m.quantized.is_empty());
+            if fp8 && !loose && !described && !none() {
                 let why = "is the quantization_config convert writes of the FP8 shards beside \
                            it (no model config describes them), but not in DST";
                 return finding(rel, why.into());
