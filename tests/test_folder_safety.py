@@ -753,6 +753,34 @@ def test_shard_runs_with_force_over_another_output_can_be_finalized(tmp_path, sr
     assert (dst / "config.json").read_text() == '{"mine": true}\n'
 
 
+@pytest.mark.parametrize("then", ["finalize", "resume"])
+def test_a_killed_runs_named_temp_is_removed_by_the_next_run_that_writes_nothing(
+    tmp_path, src, plain, run_main, then
+):
+    """Where O_TMPFILE is missing (named temps), a run killed while publishing leaves its
+    `.stcast-*.tmp`. The next run removes it (its lock is free) even when it converts
+    nothing: a `finalize` after shard runs, a `--resume` with every unit done. Before, only
+    a run that converted a unit in that folder did, and the temp stayed in the output."""
+    dst = tmp_path / "out"
+    if then == "finalize":
+        for i in (1, 2):
+            args = ("convert", src, dst, "--shard", f"{i}/2", "-q")
+            assert run_main(*args) == (0, "", "")
+        run = stopped("finalize", src, dst, "-q", at="publish", env=NAMED)
+    else:
+        run = stopped("convert", src, dst, "-q", at="folder-complete", env=NAMED)
+        run.kill()
+        run = stopped("convert", src, dst, "--resume", "-q", at="publish", env=NAMED)
+    run.kill()
+    assert [n for n in listing(dst) if n.endswith(".tmp")], listing(dst)
+    args = ("finalize", src, dst) if then == "finalize" else ("convert", src, dst, "--resume")
+    rc, out, err = run_main(*args)
+    assert rc == 0, err
+    assert "a temp file left by an interrupted stcast run" in out + err
+    assert tree(dst) == plain
+    assert not [n for n in listing(dst) if n.startswith(".stcast-")], listing(dst)
+
+
 @pytest.mark.parametrize("raised", [KeyboardInterrupt, RuntimeError])
 def test_a_stopped_folder_run_is_refused_naming_resume_and_force(
     tmp_path, src, plain, run_main, raised

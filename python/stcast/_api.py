@@ -256,6 +256,7 @@ def finalize(
         progress=progress,
         file_progress=file_progress,
         cancel=cancel,
+        warn=_engine.issue,
     )
     return folder_report(report)
 

@@ -588,13 +588,14 @@ def _print_kept(count: int, size: int, kept: Sequence[Mapping[str, Any]] | None 
 
 def _run_finalize(args: argparse.Namespace, console: out.Console) -> int:
     progress = console.start_progress()
-    report = stcast.finalize(
-        args.src,
-        args.dst,
-        progress=progress,
-        file_progress=None if progress is None else progress.set_file,
-        cancel=args.stop,
-    )
+    with _showing_warnings(console):
+        report = stcast.finalize(
+            args.src,
+            args.dst,
+            progress=progress,
+            file_progress=None if progress is None else progress.set_file,
+            cancel=args.stop,
+        )
     console.published = report.dst
     console.end_progress()
     if console.summarizes(report):

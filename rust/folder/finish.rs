@@ -573,6 +573,8 @@ pub struct FinalizeTask {
     owner: Option<(Vec<usize>, usize)>,
     rows: Vec<FileRow>,
     publish: Option<Publish>,
+    /// Warnings not taken yet (`take_warnings`): the stale temps removed.
+    notes: Vec<Warning>,
 }
 
 impl FinalizeTask {
@@ -651,6 +653,7 @@ impl FinalizeTask {
             owner: None,
             rows: Vec::new(),
             publish: None,
+            notes: Vec::new(),
         })
     }
 
@@ -795,6 +798,9 @@ impl Task for FinalizeTask {
                     self.stage = Finalizing::Units(i + 1);
                     return Ok(false);
                 }
+                // Every check passed: the first write.
+                let planned = w.record.planned.clone();
+                self.notes.extend(w.remove_stale_temps(&planned));
                 w.record.save()?;
                 let maps: Vec<(OsString, WeightMap)> = (work.index_maps().into_iter())
                     .map(|(rel, _, map)| (rel.to_os_string(), map.iter().cloned().collect()))
@@ -824,7 +830,7 @@ impl Task for FinalizeTask {
     }
 
     fn take_warnings(&mut self) -> Vec<Warning> {
-        Vec::new()
+        std::mem::take(&mut self.notes)
     }
 
     fn file_progress(&self) -> Option<(&OsStr, u64, u64)> {

@@ -340,6 +340,8 @@ impl Task for ConvertFolderTask {
                 let rels: Vec<OsString> = outputs.chain(dirs).collect();
                 let m = &self.p.survey.manifests;
                 self.writer.make_folders(&rels)?;
+                let stale = self.writer.remove_stale_temps(&rels);
+                self.said.extend(stale.into_iter().map(|w| (w, None)));
                 let before: HashSet<OsString> = m.present.iter().cloned().collect();
                 self.writer.begin(before, m.at_own_name.is_some())?;
                 Stage::Manifest

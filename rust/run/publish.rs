@@ -16,7 +16,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, ManifestProblem, PlaceProblem, Result};
+use crate::error::{Error, ManifestProblem, PlaceProblem, Result, Warning};
 use crate::output::{self, Published, Replace, Sealed};
 use crate::run::json::{self, Str, Value};
 use crate::run::manifest::Manifest;
@@ -116,6 +116,19 @@ impl Writer {
             None => String::new(),
             Some((i, n)) => format!("s{i}of{n}"),
         }
+    }
+
+    /// Remove the named temps of killed runs (`output::remove_stale_temps`) from DST and the
+    /// folders of `rels` in it, once every check has passed: a run that converts nothing
+    /// there (a `--resume` with every unit done, `finalize`) leaves none behind either. One
+    /// note per file removed.
+    pub fn remove_stale_temps(&self, rels: &[OsString]) -> Vec<Warning> {
+        let dst = self.dst();
+        let dirs = rels.iter().map(|r| output::parent_dir(&dst.join(r)));
+        let dirs: BTreeSet<PathBuf> = dirs.chain([dst.to_path_buf()]).collect();
+        dirs.iter()
+            .flat_map(|d| output::remove_stale_temps(d))
+            .collect()
     }
 
     /// Before the first byte: note the folders the run may make (DST, the folders above
