@@ -199,6 +199,17 @@ pub fn free_space(dir: &Path) -> io::Result<u64> {
     Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }
 
+/// The block a file takes room in on the file system of `dir` (its fragment size); 1 where
+/// statvfs fails.
+pub fn block_size(dir: &Path) -> u64 {
+    let block = cstring(dir).ok().and_then(|c| {
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `c` is a valid NUL-terminated path and `st` a properly sized out-parameter.
+        (unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0).then_some(st.f_frsize as u64)
+    });
+    block.filter(|&b| b > 0).unwrap_or(1)
+}
+
 fn cstring(p: &Path) -> io::Result<CString> {
     CString::new(p.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))

@@ -111,6 +111,26 @@ def test_disk_full_keeps_the_old_destination(big_model, tmpfs, run_main):
     assert snapshot(mnt) == {"out.safetensors": b"the old output"}
 
 
+def test_many_small_files_are_counted_in_the_blocks_they_take(tmp_path, tmpfs, run_main):
+    """A folder of 700 one-byte files (and a small weight file) "fit" a 2 MiB tmpfs by their
+    bytes, but each takes a 4 KiB block there: the space check counts whole blocks and
+    refuses before writing anything. Before, the run passed the check and failed halfway."""
+    src = tmp_path / "src"
+    src.mkdir()
+    write_safetensors(src / "model.safetensors", {"x": ("F32", [64], np.ones(64, "f4"))})
+    for i in range(700):
+        (src / f"note{i:03}.txt").write_bytes(b"x")
+    mnt = tmpfs("2M")
+    dst = mnt / "out"
+    rc, _, err = run_main("convert", src, dst)
+    line = assert_one_error_line(err)
+    assert rc == 1 and "not enough disk space" in line, err
+    assert listing(mnt) == []
+    # Where it fits, in blocks too, the run goes on.
+    rc, _, err = run_main("convert", src, tmpfs("4M", name="big") / "out", "-q")
+    assert rc == 0, err
+
+
 def test_small_output_fits_on_tmpfs(tmp_path, tmpfs, cli_process):
     mnt = tmpfs("1M")
     src = write_safetensors(tmp_path / "s.safetensors", {"x": ("F32", [1000], np.ones(1000, "f4"))})

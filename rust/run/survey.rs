@@ -442,11 +442,15 @@ fn done(
 }
 
 /// The bytes the run writes, refused when the destination's file system cannot hold them:
-/// this run's weights not done and, for a whole run (not a shard's), everything else.
+/// this run's weights not done and, for a whole run (not a shard's), everything else, each
+/// file in the whole blocks it takes there (`output::block_size`: 700 one-byte files take
+/// 700 blocks, an empty one a block too).
 fn check_space(dst: &Path, q: &Question<'_>, room: &Room, skipped: &[OsString]) -> Result<u64> {
     let whole = q.asked.shard.is_none();
     let mine: HashSet<&OsString> = room.mine.iter().collect();
     let skipped: HashSet<&OsString> = skipped.iter().collect();
+    let dir = output::nearest_dir(dst);
+    let block = output::block_size(&dir);
     let need: u64 = q
         .outputs
         .iter()
@@ -454,9 +458,8 @@ fn check_space(dst: &Path, q: &Question<'_>, room: &Room, skipped: &[OsString]) 
             Kind::Weights => mine.contains(&o.rel) && !skipped.contains(&o.rel),
             _ => whole,
         })
-        .map(|o| o.size)
+        .map(|o| o.size.div_ceil(block).max(1).saturating_mul(block))
         .sum();
-    let dir = output::nearest_dir(dst);
     let have = output::free_space(&dir).map_err(|e| Error::io(&dir, "statvfs", e))?;
     if need > have {
         return Err(Error::NoSpace {
