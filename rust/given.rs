@@ -11,8 +11,8 @@ use crate::plan::PlanOptions;
 use crate::record::Record;
 use crate::verify::VerifyOptions;
 use crate::vocab::{
-    is_quantized_dtype, ErrorKind, InputFormat, OnOverflow, OptionName, ReadAdvice, ReasonCode,
-    Target, Unmatched, WarningKind, DTYPES,
+    ErrorKind, InputFormat, OnOverflow, OptionName, ReadAdvice, ReasonCode, Target, Unmatched,
+    WarningKind,
 };
 
 /// Refuses an option that does not apply to a `convert` or `inspect` run from `src` with the
@@ -113,10 +113,6 @@ pub struct Exports {
     pub targets: Names,
     #[serde(serialize_with = "pairs")]
     pub target_aliases: Vec<(&'static str, &'static str)>,
-    #[serde(serialize_with = "pairs")]
-    pub target_torch_names: Vec<(&'static str, &'static str)>,
-    #[serde(serialize_with = "pairs")]
-    pub target_dtypes: Vec<(&'static str, String)>,
     pub reasons: Names,
     pub kept_reasons: Names,
     pub error_kinds: Names,
@@ -125,29 +121,10 @@ pub struct Exports {
     pub options: Vec<crate::options::Row>,
     pub input_formats: Names,
     pub on_overflow: Names,
-    pub unmatched: Names,
     pub read_advice: Names,
-    pub dtypes: Names,
-    pub quantized_dtypes: Names,
     pub isas: Names,
-    /// `quant::SCALE_SUFFIXES`: how a weight's scale is named (the first: as stcast writes it).
-    pub fp8_scale_suffixes: Names,
-    /// What follows a module's name in the tensors an FP8 weight's dequantization drops
-    /// (`quant::companion_suffixes`).
-    pub fp8_companion_suffixes: Names,
-    /// `quant::companion_roles`: per suffix of a weight's companion, what it is to the
-    /// weight (`scale`, `zero point`, `global scale`, `shape`), for messages.
-    #[serde(serialize_with = "pairs")]
-    pub companion_roles: Vec<(String, &'static str)>,
-    /// `quant::PACKED_SUFFIX`, `quant::BLOCKS_SUFFIX`: what a packed weight's name loses
-    /// once dequantized (`X.weight_packed` -> `X.weight`, `X_blocks` -> `X`).
-    pub packed_suffixes: Names,
-    /// `quant::SCALES_SUFFIX`: gpt-oss's scales of `X_blocks` (`X_scales`), dropped.
-    pub packed_scales_suffix: String,
     /// `run::json::QUANTIZATION_KEYS`: the config keys that describe a quantization.
     pub quantization_keys: Names,
-    pub max_threads: usize,
-    pub default_window_mib: usize,
 }
 
 /// Serialize key-value pairs as a map, in their order.
@@ -160,19 +137,11 @@ fn pairs<K: serde::Serialize, V: serde::Serialize, S: serde::Serializer>(
 
 impl Default for Exports {
     fn default() -> Exports {
-        let targets = Target::ALL.iter();
         Exports {
             targets: Names::of(Target::NAMES),
             target_aliases: Target::ALIASES
                 .iter()
                 .map(|(a, t)| (*a, t.name()))
-                .collect(),
-            target_torch_names: targets
-                .clone()
-                .filter_map(|t| Some((t.name(), t.torch_name()?)))
-                .collect(),
-            target_dtypes: targets
-                .filter_map(|t| Some((t.name(), t.dtype()?.to_string())))
                 .collect(),
             reasons: Names::of(ReasonCode::NAMES),
             kept_reasons: Names::of(
@@ -186,19 +155,9 @@ impl Default for Exports {
             options: crate::options::rows(),
             input_formats: Names::of(InputFormat::NAMES),
             on_overflow: Names::of(OnOverflow::NAMES),
-            unmatched: Names::of(Unmatched::NAMES),
             read_advice: Names::of(ReadAdvice::NAMES),
-            dtypes: Names::of(DTYPES),
-            quantized_dtypes: Names::of(DTYPES.iter().filter(|d| is_quantized_dtype(**d))),
             isas: Names::of(crate::kernels::Isa::available().iter().map(|i| i.name())),
-            fp8_scale_suffixes: Names::of(crate::quant::SCALE_SUFFIXES),
-            fp8_companion_suffixes: Names(crate::quant::companion_suffixes()),
-            companion_roles: crate::quant::companion_roles(),
-            packed_suffixes: Names::of([crate::quant::PACKED_SUFFIX, crate::quant::BLOCKS_SUFFIX]),
-            packed_scales_suffix: crate::quant::SCALES_SUFFIX.to_string(),
             quantization_keys: Names::of(crate::run::json::QUANTIZATION_KEYS),
-            max_threads: crate::window::MAX_THREADS,
-            default_window_mib: crate::window::DEFAULT_WINDOW >> 20,
         }
     }
 }

@@ -501,13 +501,6 @@ fn format_bytes(n: u64) -> String {
     text::format_bytes(n)
 }
 
-/// Escape braces in data put into a template (bytes that are not UTF-8 shown as U+FFFD, as
-/// the engine shows paths).
-#[pyfunction]
-fn escape(s: OsString) -> String {
-    text::esc(&s.to_string_lossy()).into_owned()
-}
-
 /// A `convert` (`command::Convert`: one file, or a folder run), stepped: every check, the
 /// writing, and a folder run's numeric report; each warning told to `warn` as (kind,
 /// template, path) as it is said. Its report, with `folder`; a folder run's numerics as each
@@ -716,7 +709,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add(name.cast_into::<pyo3::types::PyString>()?, value)?;
     }
     add_functions! {
-        m: _set_exceptions, convert, inspect, verify, finalize, render, format_bytes, escape,
+        m: _set_exceptions, convert, inspect, verify, finalize, render, format_bytes,
         check_option, source_kind, read_header, config_text, index_text, split_shard_name,
         default_dst,
     }

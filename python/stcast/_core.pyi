@@ -9,8 +9,6 @@ __all__ = [
     "TensorNumerics",
     "TARGETS",
     "TARGET_ALIASES",
-    "TARGET_TORCH_NAMES",
-    "TARGET_DTYPES",
     "REASONS",
     "KEPT_REASONS",
     "ERROR_KINDS",
@@ -18,18 +16,8 @@ __all__ = [
     "OPTIONS",
     "INPUT_FORMATS",
     "ON_OVERFLOW",
-    "UNMATCHED",
     "READ_ADVICE",
-    "DTYPES",
-    "QUANTIZED_DTYPES",
     "ISAS",
-    "MAX_THREADS",
-    "DEFAULT_WINDOW_MIB",
-    "FP8_SCALE_SUFFIXES",
-    "FP8_COMPANION_SUFFIXES",
-    "COMPANION_ROLES",
-    "PACKED_SUFFIXES",
-    "PACKED_SCALES_SUFFIX",
     "QUANTIZATION_KEYS",
     "_set_exceptions",
     "convert",
@@ -37,7 +25,6 @@ __all__ = [
     "verify",
     "render",
     "format_bytes",
-    "escape",
     "check_option",
     "source_kind",
     "read_header",
@@ -53,8 +40,6 @@ __version__: str
 # The names the engine defines (rust/vocab.rs); stcast._types spells them as Literals.
 TARGETS: tuple[str, ...]
 TARGET_ALIASES: dict[str, str]
-TARGET_TORCH_NAMES: dict[str, str]
-TARGET_DTYPES: dict[str, str]
 REASONS: tuple[str, ...]
 KEPT_REASONS: tuple[str, ...]
 ERROR_KINDS: tuple[str, ...]
@@ -62,18 +47,8 @@ WARNING_KINDS: tuple[str, ...]
 OPTIONS: list[_Option]  # every option of every command (rust/options.rs)
 INPUT_FORMATS: tuple[str, ...]
 ON_OVERFLOW: tuple[str, ...]
-UNMATCHED: tuple[str, ...]
 READ_ADVICE: tuple[str, ...]
-DTYPES: tuple[str, ...]
-QUANTIZED_DTYPES: tuple[str, ...]
 ISAS: tuple[str, ...]
-MAX_THREADS: int
-DEFAULT_WINDOW_MIB: int
-FP8_SCALE_SUFFIXES: tuple[str, ...]
-FP8_COMPANION_SUFFIXES: tuple[str, ...]
-COMPANION_ROLES: dict[str, str]
-PACKED_SUFFIXES: tuple[str, ...]
-PACKED_SCALES_SUFFIX: str
 QUANTIZATION_KEYS: tuple[str, ...]
 
 class _Option(TypedDict):
@@ -137,7 +112,6 @@ def verify(
 def _set_exceptions(classes: dict[str, Callable[..., BaseException]]) -> None: ...
 def render(template: str, option: Callable[[str, str | None], str]) -> str: ...
 def format_bytes(n: int) -> str: ...
-def escape(s: str) -> str: ...
 def check_option(name: str, value: object) -> Any: ...
 def source_kind(src: str) -> Literal["file", "checkpoint", "tree"] | None: ...
 def read_header(

@@ -29,9 +29,6 @@ from .reports import (
 )
 from .reports import notices as _notices
 
-# Engine names the package passes on.
-escape = _core.escape
-
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from typing import Callable, Protocol

@@ -4,8 +4,8 @@ Every option is defined once, in the engine's table (`_core.OPTIONS`, rust/optio
 its name, kind, default, help, and which commands take it. The public functions
 (`stcast._api`) take their options as keywords (typed by `_types.ConvertOptions`, ...); each
 builds one `Options` from them, once (`Options.of`: unknown keywords are refused, the
-others checked by the engine, `check`), and hands it on whole: to the folder code
-(`stcast.folder`), and to the engine's calls as the keywords given (`Options.keywords`).
+values checked by the engine, `checked`), and hands them to the engine's one call of the
+command as the keywords given (`Options.keywords`).
 """
 
 from __future__ import annotations
@@ -32,10 +32,6 @@ for _options in _COMMANDS.values():
     for _name, _default in _options.items():
         _DEFAULTS.setdefault(_name, _default)
 _DEFINITIONS = {row["name"]: row for row in _core.OPTIONS}
-# The options beside `to` that decide what each tensor becomes (they change the output, so a
-# manifest records them), and those that say how a source is read, in the table's order.
-_PRECISION = [name for name in _DEFAULTS if _DEFINITIONS[name]["role"] == "precision"]
-_SOURCE = [name for name in _DEFAULTS if _DEFINITIONS[name]["role"] == "source"]
 
 
 class Options:
@@ -68,11 +64,6 @@ class Options:
                 raise TypeError(f"{command}() got an unexpected keyword argument {name!r}")
         return cls(**{**{n: _value(d) for n, d in defaults.items()}, **given})
 
-    @classmethod
-    def given(cls, arguments: Mapping[str, Any]) -> Options:
-        """The options among `arguments` (a manifest's record), others left out."""
-        return cls(**{k: v for k, v in arguments.items() if k in _DEFAULTS})
-
     def replace(self, **changes: Any) -> Options:
         """These options, with `changes`."""
         return Options(**{**vars(self), **changes})
@@ -97,54 +88,13 @@ class Options:
                 changes[name] = _checked(name, value)
         return self.replace(**changes)
 
-    @property
-    def precision(self) -> dict[str, Any]:
-        """The options beside `to` that change the output, without the defaults: engine
-        keywords, and the options a manifest records (so that plain runs' stay as they
-        were)."""
-        options: dict[str, Any] = {}
-        for name in _PRECISION:
-            value = getattr(self, name)
-            if _DEFINITIONS[name]["kind"] == "flag":
-                if value:  # a flag: recorded as True when set
-                    options[name] = True
-            elif value != _value(_DEFAULTS[name]):
-                options[name] = list(value) if isinstance(value, list) else value
-        return options
-
-    @property
-    def set(self) -> list[str]:
-        """The names of the options not at their default, for the engine's check of those
-        that do not apply to a run (`_core.check_applies`)."""
-        return [n for n, d in _DEFAULTS.items() if getattr(self, n) != _value(d)]
-
-    @property
-    def source(self) -> dict[str, Any]:
-        """How a source is read (a PyTorch checkpoint's dict, the prefixes names lose),
-        without the defaults: engine keywords, and options of a re-sharding's manifest."""
-        options: dict[str, Any] = {}
-        for name in _SOURCE:
-            value = getattr(self, name)
-            if isinstance(value, (list, tuple)):
-                value = list(value)
-            if value != _value(_DEFAULTS[name]):
-                options[name] = value
-        return options
-
     def keywords(self, command: str) -> dict[str, Any]:
         """The options of `command` given (not at its default), as the keywords of its engine
-        call (`_core.convert`, `inspect`, `verify`, `verify_folder`): the engine reads each
+        call (`_core.convert`, `inspect`, `verify`): the engine reads each
         by its name, takes its defaults from its table, and decides which apply to the
         run."""
         defaults = _COMMANDS[command].items()
         return {n: getattr(self, n) for n, d in defaults if getattr(self, n) != _value(d)}
-
-    def engine(self) -> dict[str, Any]:
-        """The keywords the engine calls of this call share (`_core.convert`, `inspect`,
-        `verify`: each reads those it needs): `to`, the precision options as given (the
-        engine checks them), `threads`, `tuning`."""
-        given = {name: getattr(self, name) for name in _PRECISION}
-        return {"to": self.to, **given, "threads": self.threads, "tuning": self.tuning}
 
 
 def _checked(name: str, value: Any) -> Any:
