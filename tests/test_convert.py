@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import threading
+import warnings
 from pathlib import Path
 
 import ml_dtypes
@@ -753,6 +754,29 @@ def test_cancel_from_progress(tmp_path, size):
         stcast.convert(
             src, tmp_path / "out.safetensors", cancel=cancel, progress=lambda d, t: cancel.set()
         )
+    assert listing(tmp_path) == before
+
+
+@pytest.mark.parametrize("to", ["bf16", "fp8"])
+def test_cancel_once_told_of_the_end_leaves_nothing(tmp_path, to):
+    """A cancel flag set in the last progress call, `(total, total)`, told before the
+    output is published: `Cancelled`, and neither the output nor a file beside it (fp8's
+    quantization_config) is left. (A regression of the engine's one entry per command
+    published it: the flag was read before that call, not after.)"""
+    w = np.ones((64, 64), np.float32)
+    src = write_safetensors(
+        tmp_path / "in.safetensors", {"model.layers.0.mlp.down_proj.weight": ("F32", [64, 64], w)}
+    )
+    before = listing(tmp_path)
+    cancel = threading.Event()
+
+    def progress(done, total):
+        if done == total:
+            cancel.set()
+
+    with pytest.raises(stcast.Cancelled), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (no model config describes an FP8 output)
+        stcast.convert(src, tmp_path / "out.safetensors", to=to, cancel=cancel, progress=progress)
     assert listing(tmp_path) == before
 
 

@@ -726,13 +726,17 @@ def test_a_stopped_force_over_another_output_is_continued_by_resume(
         assert got == plain
 
 
-def test_shard_runs_with_force_over_another_output_can_be_finalized(tmp_path, src, plain, run_main):
+@pytest.mark.parametrize("edit", ["resized", "in-place"])
+def test_shard_runs_with_force_over_another_output_can_be_finalized(
+    tmp_path, src, plain, run_main, edit
+):
     """`--shard i/N --force` over a finished output of other options, then `finalize`: the
     configs and index the shard runs leave for `finalize` are the ones `--force` let them
     replace (claimed in their manifests as found), so `finalize` replaces them, and the
     folder is what a plain run writes. Before, `finalize` refused them as files no manifest
     says stcast wrote, naming `--force`, which it does not take: the folder could never be
-    completed. A file the plan does not write stays, and one changed since is refused."""
+    completed. A file the plan does not write stays, and one changed since is refused, also
+    when edited in place to the same size (its modification time is in the claim)."""
     dst = tmp_path / "out"
     assert run_main("convert", src, dst, "--to", "fp16", "-q") == (0, "", "")
     (dst / "notes.txt").write_text("mine\n")
@@ -747,10 +751,16 @@ def test_shard_runs_with_force_over_another_output_can_be_finalized(tmp_path, sr
     assert run_main("convert", src, dst, "--to", "fp16", "--force", "-q") == (0, "", "")
     for i in (1, 2):
         assert run_main("convert", src, dst, "--shard", f"{i}/2", "--force", "-q") == (0, "", "")
-    (dst / "config.json").write_text('{"mine": true}\n')
+    config = dst / "config.json"
+    if edit == "resized":
+        config.write_text('{"mine": true}\n')
+    else:  # the same size, the same file: only its time says it changed
+        with open(config, "r+b") as f:
+            f.write(b" ")
+    mine = config.read_bytes()
     rc, _, err = run_main("finalize", src, dst, "-q")
     assert rc == 1 and "config.json" in assert_one_error_line(err), err
-    assert (dst / "config.json").read_text() == '{"mine": true}\n'
+    assert config.read_bytes() == mine
 
 
 @pytest.mark.parametrize("then", ["finalize", "resume"])

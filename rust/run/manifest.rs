@@ -72,6 +72,10 @@ pub struct Claim {
     pub header: String,
     /// Its birth time (`born`), where the file system keeps one.
     pub born: Option<u64>,
+    /// A file claimed as found (no header hash to name it): its modification time, in
+    /// nanoseconds since the epoch; one edited in place since (a config, the same size) is
+    /// the user's again.
+    pub mtime: Option<u64>,
 }
 
 /// A file a run published: its identity, and the whole entry as the manifest holds it.
@@ -147,6 +151,16 @@ fn ident(m: &std::fs::Metadata) -> Ident {
 fn born(m: &std::fs::Metadata) -> Option<u64> {
     let t = m
         .created()
+        .ok()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?;
+    u64::try_from(t.as_nanos()).ok()
+}
+
+/// The modification time of the file `m` describes, in nanoseconds since the epoch.
+fn mtime(m: &std::fs::Metadata) -> Option<u64> {
+    let t = m
+        .modified()
         .ok()?
         .duration_since(std::time::UNIX_EPOCH)
         .ok()?;
@@ -464,18 +478,26 @@ impl Manifest {
     /// Note that `rel` may be (or become) the file `(dev, ino, size)` stcast wrote, its
     /// header hash `header` ("": unknown).
     pub fn claim(&mut self, rel: &OsStr, (dev, ino, size): (u64, u64, u64), header: &str) {
-        self.claim_born(rel, (dev, ino, size), header, None);
+        self.claim_as_found(rel, (dev, ino, size), header, None);
     }
 
-    /// `claim`, of a file born at `born` (None: not known).
-    fn claim_born(&mut self, rel: &OsStr, id: (u64, u64, u64), header: &str, born: Option<u64>) {
+    /// `claim`, of a file as found there (`m`, None: not known): its birth and modification
+    /// times too.
+    fn claim_as_found(
+        &mut self,
+        rel: &OsStr,
+        id: (u64, u64, u64),
+        header: &str,
+        m: Option<&std::fs::Metadata>,
+    ) {
         let (dev, ino, size) = id;
         let claim = Claim {
             dev,
             ino,
             size,
             header: header.into(),
-            born,
+            born: m.and_then(born),
+            mtime: m.and_then(mtime),
         };
         match self.pending.iter_mut().find(|(r, _)| r == rel) {
             Some((_, claims)) => {
@@ -545,7 +567,7 @@ impl Manifest {
             }
             if let Some(m) = lstat(&self.dst.join(rel))? {
                 if ident(&m) == *id {
-                    self.claim_born(rel, (id.0, id.1, m.size()), "", born(&m));
+                    self.claim_as_found(rel, (id.0, id.1, m.size()), "", Some(&m));
                 }
             }
         }
@@ -576,6 +598,7 @@ impl Manifest {
                 (key("output_header_sha256"), text(&c.header)),
             ];
             members.extend(c.born.map(|b| (key("born"), number(b))));
+            members.extend(c.mtime.map(|t| (key("mtime"), number(t))));
             object(members)
         };
         let pending = self.pending.iter().map(|(r, claims)| {
@@ -827,13 +850,14 @@ impl Manifest {
                 };
                 let (dev, ino) = (whole(c.get("dev"))?, whole(c.get("ino"))?);
                 let size = whole(c.get("size"))?;
-                let born = optional(c.get("born"))?;
+                let (born, mtime) = (optional(c.get("born"))?, optional(c.get("mtime"))?);
                 Some(Claim {
                     dev,
                     ino,
                     size,
                     header,
                     born,
+                    mtime,
                 })
             };
             pending.push((
@@ -927,7 +951,8 @@ pub fn proves(manifests: &[Manifest], dst: &Path, rel: &OsStr) -> Result<Option<
             .filter(|(r, _)| r == rel)
             .flat_map(|(_, c)| c)
         {
-            if !is(&meta, (c.dev, c.ino), c.born) || c.size != meta.size() {
+            let edited = c.mtime.is_some_and(|t| mtime(&meta) != Some(t));
+            if !is(&meta, (c.dev, c.ino), c.born) || c.size != meta.size() || edited {
                 continue;
             }
             if c.header.is_empty() {

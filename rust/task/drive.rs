@@ -4,7 +4,8 @@
 //! The caller (`Caller`: the Python adapter's callbacks) says only how to tell it things
 //! and how to step away from it (the GIL released); the driver decides when:
 //! - between steps, first the warnings a folder run said (with their path), then a stop
-//!   request (`Caller::stop`), then the task's warnings, then its progress;
+//!   request (`Caller::stop`), then the task's warnings, then its progress, then a stop
+//!   request again (one a callback made: the next step may be the commit point);
 //! - progress reaches the caller once per value: a one-file task's `(total, total)` once,
 //!   and a folder run's (`metered`) only once a file has begun, each file's own progress
 //!   once per value, and `(total, total)` once at the end, also when nothing was left;
@@ -127,12 +128,16 @@ impl<C: Caller> Driver<C> {
             self.caller.warn(&w, None)?;
         }
         if self.metered {
-            return self.tell_metered(task, end);
-        }
-        if !self.ended && task.measured() {
+            self.tell_metered(task, end)?;
+        } else if !self.ended && task.measured() {
             let (done, total) = task.progress();
             self.ended = done >= total;
             self.caller.progress(done, total)?;
+        }
+        // A stop request a callback just made (a cancel flag set from `progress`) is
+        // honoured before the next step: that step may be the commit point.
+        if !end {
+            self.caller.stop()?;
         }
         Ok(())
     }

@@ -133,14 +133,16 @@ fn a_metered_run_tells_progress_once_a_file_has_begun_and_its_end_once() {
 
 #[test]
 fn a_stop_request_wins_over_the_failure_it_caused_but_not_after_the_commit_point() {
+    // (Each visit asks twice: before and after the callbacks.)
     let mut d = Driver::new(Recorder {
-        stop_at: Some(2),
+        stop_at: Some(4),
         ..Recorder::default()
     });
     let mut task = counting(10);
     task.fail_at = Some(4);
     assert_eq!(d.drive(&mut task, 4), Err("stopped".to_string()));
-    // No stop request: the failure as the task handled it.
+    assert_eq!(d.caller.visits, 5); // (the fifth: after the failing step)
+                                    // No stop request: the failure as the task handled it.
     let mut d = Driver::new(Recorder::default());
     let mut task = counting(10);
     task.fail_at = Some(4);
@@ -160,8 +162,74 @@ fn a_stop_request_wins_over_the_failure_it_caused_but_not_after_the_commit_point
     assert!(d.run(late).unwrap_err().starts_with("failed: AfterCommit"));
     // And once the last step is done, a stop request no longer stops the task.
     let mut d = Driver::new(Recorder {
-        stop_at: Some(1),
+        stop_at: Some(2),
         ..Recorder::default()
     });
     d.drive(&mut counting(4), 4).unwrap();
+}
+
+/// A task that is done (all its bytes) a step before its commit point (`published`).
+struct Committing {
+    done: bool,
+    published: bool,
+}
+
+impl Task for Committing {
+    fn step(&mut self, _: u64) -> Result<bool> {
+        if self.done {
+            self.published = true;
+        }
+        self.done = true;
+        Ok(self.published)
+    }
+    fn progress(&self) -> (u64, u64) {
+        (u64::from(self.done), 1)
+    }
+    fn take_warnings(&mut self) -> Vec<Warning> {
+        Vec::new()
+    }
+}
+
+/// Stops once told of the end: as a cancel flag set from the `progress` callback.
+struct CancelAtEnd(bool);
+
+impl Caller for CancelAtEnd {
+    type Failure = String;
+    fn stop(&mut self) -> std::result::Result<(), String> {
+        if self.0 {
+            return Err("cancelled".into());
+        }
+        Ok(())
+    }
+    fn warn(&mut self, _: &Warning, _: Option<&OsStr>) -> std::result::Result<(), String> {
+        Ok(())
+    }
+    fn progress(&mut self, done: u64, total: u64) -> std::result::Result<(), String> {
+        self.0 = done == total;
+        Ok(())
+    }
+    fn file_progress(&mut self, _: &OsStr, _: u64, _: u64) -> std::result::Result<(), String> {
+        Ok(())
+    }
+    fn away<T: Send>(&mut self, f: impl FnOnce() -> T + Send) -> std::result::Result<T, String> {
+        Ok(f())
+    }
+    fn failure(&mut self, e: Error) -> String {
+        format!("{e:?}")
+    }
+    fn panicked(&mut self, message: String) -> String {
+        message
+    }
+}
+
+#[test]
+fn a_stop_request_a_callback_makes_is_honoured_before_the_next_step() {
+    // The end told before the commit point: a cancel set then leaves it unpublished.
+    let mut d = Driver::new(CancelAtEnd(false));
+    let mut task = Committing {
+        done: false,
+        published: false,
+    };
+    assert_eq!(d.drive(&mut task, 1), Err("cancelled".to_string()));
+    assert!(task.done && !task.published);
 }
