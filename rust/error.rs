@@ -186,10 +186,12 @@ pub enum ManifestProblem {
 /// names the files (`listed`, relative to the destination).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SurveyProblem {
-    /// Files the run would write that no manifest proves stcast's (`resume`: asked to resume).
+    /// Files the run would write that no manifest proves stcast's (`resume`: asked to resume;
+    /// `finalize`: the run is a `finalize`, which takes no `force`).
     Unproven {
         listed: Vec<std::ffi::OsString>,
         resume: bool,
+        finalize: bool,
     },
     /// Files stcast did not write, where the run writes none.
     Foreign { listed: Vec<std::ffi::OsString> },
@@ -1396,11 +1398,15 @@ fn survey_message(problem: &SurveyProblem) -> String {
         SurveyProblem::Unproven {
             listed: rels,
             resume,
+            finalize,
         } => format!(
             "holds {}, which this run would write, and no stcast manifest says it wrote them \
              there ({})",
             listed(rels, 3),
-            if *resume {
+            if *finalize {
+                "run the shard runs again with {force}: what they find there is then theirs to \
+                 replace"
+            } else if *resume {
                 "{force} replaces them"
             } else {
                 "{resume} continues a run of this source, or takes over a finished one's exact \

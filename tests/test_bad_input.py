@@ -708,6 +708,8 @@ def test_api_accepts_path_types(small_model, kind):
         ({"keep_min_size": 2**64}, stcast.UsageError),
         ({"force": "yes"}, TypeError),
         ({"to": None}, stcast.UsageError),
+        ({"exclude": None}, stcast.UsageError),
+        ({"keep": None}, stcast.UsageError),
         ({"to": "int8"}, stcast.UsageError),
         ({"progress": 5}, TypeError),
         ({"cancel": object()}, AttributeError),

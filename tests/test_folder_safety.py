@@ -759,7 +759,10 @@ def test_shard_runs_with_force_over_another_output_can_be_finalized(
             f.write(b" ")
     mine = config.read_bytes()
     rc, _, err = run_main("finalize", src, dst, "-q")
-    assert rc == 1 and "config.json" in assert_one_error_line(err), err
+    line = assert_one_error_line(err)
+    assert rc == 1 and "config.json" in line, err
+    # (finalize takes no --force: its refusal names the runs that do.)
+    assert "run the shard runs again with --force" in line, line
     assert config.read_bytes() == mine
 
 

@@ -79,7 +79,7 @@ class Options:
             if value is None and default is None:
                 continue
             kind = _DEFINITIONS[name]["kind"]
-            if kind == "texts":
+            if kind == "texts" and value is not None:  # (None: the engine's refusal)
                 values = [value] if isinstance(value, str) else list(value)
                 changes[name] = [_checked(name, v) for v in values]
             elif kind == "tuning":

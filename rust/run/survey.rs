@@ -201,6 +201,8 @@ pub fn survey(dst: &Path, q: &Question<'_>, judge: &mut dyn Judge) -> Result<Ans
             SurveyProblem::Unproven {
                 listed: foreign_planned,
                 resume: asked.resume,
+                // (Only `finalize` asks without room: it writes no weights.)
+                finalize: q.room.is_none(),
             },
         ));
     }
