@@ -186,23 +186,6 @@ pub fn has_nonfinite(d: Dtype, src: &[u8]) -> bool {
     }
 }
 
-/// How many ±inf this data (little-endian F16 or BF16 elements) holds; other dtypes: 0.
-pub fn count_inf(d: Dtype, data: &[u8]) -> u64 {
-    let (exp, mant) = match d {
-        Dtype::BF16 => (0x7F80u16, 0x007Fu16),
-        Dtype::F16 => (0x7C00, 0x03FF),
-        _ => return 0,
-    };
-    data.as_chunks::<2>()
-        .0
-        .iter()
-        .map(|b| {
-            let v = u16::from_le_bytes(*b);
-            u64::from(v & exp == exp && v & mant == 0)
-        })
-        .sum()
-}
-
 /// Does any u16 have all the bits of `exp_mask` set?
 fn any_u16(src: &[u8], exp_mask: u16) -> bool {
     src.as_chunks::<2>().0.chunks(128).any(|c| {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use crate::convert::{Options, Tuning};
 use crate::input::InputOptions;
-pub use crate::options::{Checked, Given};
+pub use crate::options::Given;
 use crate::plan::PlanOptions;
 use crate::record::Record;
 use crate::verify::VerifyOptions;
@@ -529,6 +529,7 @@ fn config_error(path: &std::path::Path, e: &dyn std::fmt::Display) -> crate::err
 #[cfg(test)]
 mod given_tests {
     use super::*;
+    use crate::options::Checked;
 
     #[test]
     fn an_option_the_run_does_not_take_is_refused_naming_it_and_the_run() {

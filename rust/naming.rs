@@ -47,22 +47,6 @@ pub fn shard_file_name(stem: &str, i: usize, n: usize) -> String {
     format!("{stem}-{i:0w$}-of-{n:0w$}.safetensors")
 }
 
-/// The stem and numbers of a shard name as `shard_file_name` writes them, its extension
-/// taken off and any number of digits: `("model", "00001", "00003")` for
-/// `model-00001-of-00003`. None for a name without that suffix. The one reader of shard
-/// names: a folder walk groups shards by it, a re-sharding finds its earlier outputs.
-pub fn split_shard_name(name: &str) -> Option<(&str, &str, &str)> {
-    // `name` is split at ASCII bytes, so on character boundaries.
-    let (stem, i, n) = split_shard(name.as_bytes())?;
-    let n_at = name.len() - n.len();
-    let i_at = n_at - "-of-".len() - i.len();
-    Some((
-        &name[..stem.len()],
-        &name[i_at..n_at - "-of-".len()],
-        &name[n_at..],
-    ))
-}
-
 /// Is the file name `name` the weights (a lone file or a shard) or the index of a
 /// checkpoint whose stem `has` (`model` for `model.safetensors`,
 /// `model-00001-of-00003.safetensors` and `model.safetensors.index.json`)?
@@ -76,7 +60,11 @@ pub fn names_output(name: &[u8], has: impl Fn(&[u8]) -> bool) -> bool {
     has(base) || split_shard(base).is_some_and(|(stem, _, _)| has(stem))
 }
 
-/// `split_shard_name` over the bytes of a name (a file name need not be UTF-8).
+/// The stem and numbers of a shard name as `shard_file_name` writes them, its extension
+/// taken off and any number of digits: `("model", "00001", "00003")` for
+/// `model-00001-of-00003`. None for a name without that suffix. The one reader of shard
+/// names: a folder walk groups shards by it, a re-sharding finds its earlier outputs. Over
+/// the bytes of a name (a file name need not be UTF-8).
 pub fn split_shard(s: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
     let digits = |s: &[u8]| {
         s.iter()
@@ -214,5 +202,106 @@ mod tests {
         );
         assert_eq!(first_repeat(2, |i| names[i]), None);
         assert_eq!(first_repeat(0, |i| names[i]), None);
+    }
+
+    #[test]
+    fn sizes_parse_with_units_decimals_and_any_case() {
+        let cases: &[(&str, u64)] = &[
+            ("5GB", 5_000_000_000),
+            ("5gb", 5_000_000_000),
+            ("5 GB", 5_000_000_000),
+            ("5Gb", 5_000_000_000),
+            ("1.5GiB", 3 << 29),
+            ("0.5kb", 500),
+            (".5KiB", 512),
+            ("2.", 2),
+            ("1234", 1234),
+            ("1234b", 1234),
+            ("1TiB", 1 << 40),
+            ("1tb", 1_000_000_000_000),
+            ("3MiB", 3 << 20),
+            ("1.0001KB", 1000),
+            ("18446744073709551615", u64::MAX),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse_size(text), Some(*want), "{text}");
+        }
+        for bad in [
+            "",
+            "GB",
+            ".",
+            "5XB",
+            "5 G",
+            "5g",
+            "-1",
+            "1e9",
+            "0",
+            "0.1B",
+            "1.2.3",
+            "5 GB B",
+            "18446744073709551616",
+            "99999999999999999999999",
+            "5 bits",
+            "+5",
+        ] {
+            assert_eq!(parse_size(bad), None, "{bad:?}");
+        }
+        assert_eq!(parse_size(" 5 gib "), Some(5 << 30));
+    }
+
+    #[test]
+    fn names_are_those_transformers_writes() {
+        assert_eq!(shard_file_name("model", 1, 1), "model.safetensors");
+        assert_eq!(
+            shard_file_name("model", 2, 3),
+            "model-00002-of-00003.safetensors"
+        );
+        assert_eq!(
+            shard_file_name("ema", 7, 123_456),
+            "ema-000007-of-123456.safetensors"
+        );
+        assert_eq!(index_file_name("ema"), "ema.safetensors.index.json");
+    }
+
+    #[test]
+    fn stems_are_one_file_name_component() {
+        for good in [
+            "model",
+            "ema",
+            "a.b",
+            "model-00001-of-00002",
+            "é",
+            "my model",
+            &"x".repeat(MAX_STEM_BYTES),
+        ] {
+            assert!(is_stem(good), "{good:?}");
+        }
+        let long = "x".repeat(MAX_STEM_BYTES + 1);
+        let bad_stems = [
+            "",
+            ".",
+            "..",
+            "...",
+            ".hidden",
+            "a/b",
+            "/",
+            "x/",
+            "/x",
+            "a\0b",
+            "\0",
+            "-x",
+            "--x",
+            " ",
+            " x",
+            "x ",
+            "a\nb",
+            "a\tb",
+            "m.safetensors",
+            "M.SafeTensors",
+            &long,
+        ];
+        for bad in bad_stems {
+            assert!(!is_stem(bad), "{bad:?}");
+        }
     }
 }

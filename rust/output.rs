@@ -454,8 +454,6 @@ impl From<Published> for (u64, u64, u64) {
 /// An output sealed and not yet published (its data durable, only its name missing): what
 /// a front end publishes once it has recorded it (a folder run's manifest), or not at all.
 pub trait Sealed {
-    /// What publishing it returns.
-    type Done;
     /// The hidden output's device, inode and size, as they will be once published.
     fn identity(&self) -> Result<Published>;
     /// The SHA-256 of its safetensors header (length prefix and JSON) as written, for an
@@ -463,17 +461,11 @@ pub trait Sealed {
     fn header_sha256(&self) -> Option<String> {
         None
     }
-    /// Give it its name: the commit point.
-    fn publish(self) -> Result<Self::Done>;
 }
 
 impl Sealed for TempOutput {
-    type Done = Published;
     fn identity(&self) -> Result<Published> {
         TempOutput::identity(self)
-    }
-    fn publish(self) -> Result<Published> {
-        TempOutput::publish(self)
     }
 }
 
@@ -832,11 +824,6 @@ impl Copy {
             }),
             Err(e) => Err(Error::io(&self.src, "cannot read", e)),
         }
-    }
-
-    /// Seal and publish the copy.
-    pub fn finish(self) -> Result<Published> {
-        self.seal()?.publish()
     }
 
     /// Seal the copy: only its name is missing then.

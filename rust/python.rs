@@ -301,7 +301,7 @@ fn not_json(e: json::NotJson) -> PyErr {
     PyValueError::new_err(format!("not JSON (at byte {})", e.0))
 }
 
-/// The stem and numbers of a shard name `STEM-00001-of-00002` (`naming::split_shard_name`).
+/// The stem and numbers of a shard name `STEM-00001-of-00002` (`naming::split_shard`).
 #[pyfunction]
 fn split_shard_name(name: OsString) -> Option<(OsString, OsString, OsString)> {
     use std::os::unix::ffi::OsStrExt;

@@ -151,16 +151,6 @@ impl Scan {
         self.cursor.progress()
     }
 
-    /// The input being scanned.
-    pub fn source(&self) -> &Source {
-        &self.src
-    }
-
-    /// The tensors this scan reads (and, once finished, what it found).
-    pub fn tensors(&self) -> &[Scanned] {
-        &self.tensors
-    }
-
     fn next_window(&mut self) -> Option<Window> {
         let (tensors, src) = (&self.tensors, &self.src);
         let len = |i: usize| src.header.tensors[tensors[i].source].len();

@@ -31,26 +31,9 @@ use crate::plan::{self, encode_entry, encode_metadata, Plan, PlanOptions, Role};
 use crate::source::{InputFile, Source};
 use crate::text::esc_path;
 use crate::torch::Format;
-use crate::vocab::{OptionName, Unmatched, WarningKind};
+use crate::vocab::{Unmatched, WarningKind};
 
 pub mod resharded;
-
-pub use crate::naming::{
-    index_file_name, is_stem, parse_size, shard_file_name, MAX_STEM_BYTES, STEM_EXPECTED,
-};
-
-/// Check a stem given for the output shards (the `name` option): `is_stem`, else a usage
-/// error naming the option.
-pub fn check_stem(stem: &str) -> Result<()> {
-    if !is_stem(stem) {
-        return Err(Error::BadOption {
-            option: OptionName::Name,
-            value: format!("{stem:?}"),
-            expected: STEM_EXPECTED.to_string(),
-        });
-    }
-    Ok(())
-}
 
 /// A tensor of a group: its input file and its position in that file's header.
 pub type At = (usize, usize);
@@ -111,30 +94,6 @@ pub struct ShardPlan {
     pub warnings: Vec<Warning>,
     /// The `keep` patterns that match no tensor of the group, in the order given.
     pub keep_unmatched: Vec<String>,
-}
-
-/// A `ShardPlan` as reports show it (serialized; see `Group::rows`).
-#[derive(serde::Serialize)]
-pub struct ShardPlanRows<'a> {
-    pub indexed: bool,
-    pub warnings: &'a [Warning],
-    pub keep_unmatched: &'a [String],
-    pub shards: Vec<ShardRow<'a>>,
-}
-
-/// One output shard: its tensors' names, the input files it reads (indexes), its sizes.
-#[derive(serde::Serialize)]
-pub struct ShardRow<'a> {
-    pub tensors: Vec<&'a str>,
-    pub inputs: Vec<usize>,
-    pub file_bytes: u64,
-    pub data_bytes: u64,
-    pub target_bytes: u64,
-    pub header_sha256: &'a str,
-    pub tensors_converted: usize,
-    pub tensors_kept: usize,
-    pub scales: &'a [String],
-    pub dropped: &'a [String],
 }
 
 /// One tensor as the size arithmetic sees it: its output entries (none for an FP8 scale a
@@ -247,11 +206,6 @@ impl Group {
     /// What the group is called in messages: its first file.
     pub fn path(&self) -> &Path {
         &self.inputs[0].path
-    }
-
-    /// Its files, in input order.
-    pub fn paths(&self) -> impl Iterator<Item = &Path> {
-        self.inputs.iter().map(|f| f.path.as_path())
     }
 
     /// Every tensor's name, in input order.
@@ -432,40 +386,6 @@ impl Group {
             }
         }
         Ok(source)
-    }
-
-    /// `plan` as reports show it: each shard's tensors by name, and the input files it reads.
-    pub fn rows<'a>(&'a self, plan: &'a ShardPlan) -> ShardPlanRows<'a> {
-        let shards = plan
-            .shards
-            .iter()
-            .map(|s| {
-                let mut inputs: Vec<usize> = s.tensors.iter().map(|t| t.0).collect();
-                inputs.dedup();
-                ShardRow {
-                    tensors: s
-                        .tensors
-                        .iter()
-                        .map(|&t| self.tensor(t).name.as_str())
-                        .collect(),
-                    inputs,
-                    file_bytes: s.file_len,
-                    data_bytes: s.data_in,
-                    target_bytes: s.data_out,
-                    header_sha256: &s.header_sha256,
-                    tensors_converted: s.converted,
-                    tensors_kept: s.kept,
-                    scales: &s.scales,
-                    dropped: &s.dropped,
-                }
-            })
-            .collect();
-        ShardPlanRows {
-            indexed: plan.indexed,
-            warnings: &plan.warnings,
-            keep_unmatched: &plan.keep_unmatched,
-            shards,
-        }
     }
 
     /// Assign the tensors to output shards of at most `max_size` bytes on disk (a tensor
@@ -744,109 +664,6 @@ mod tests {
     use super::*;
     use crate::testutil::Rng;
     use crate::vocab::Target;
-
-    #[test]
-    fn sizes_parse_with_units_decimals_and_any_case() {
-        let cases: &[(&str, u64)] = &[
-            ("5GB", 5_000_000_000),
-            ("5gb", 5_000_000_000),
-            ("5 GB", 5_000_000_000),
-            ("5Gb", 5_000_000_000),
-            ("1.5GiB", 3 << 29),
-            ("0.5kb", 500),
-            (".5KiB", 512),
-            ("2.", 2),
-            ("1234", 1234),
-            ("1234b", 1234),
-            ("1TiB", 1 << 40),
-            ("1tb", 1_000_000_000_000),
-            ("3MiB", 3 << 20),
-            ("1.0001KB", 1000),
-            ("18446744073709551615", u64::MAX),
-        ];
-        for (text, want) in cases {
-            assert_eq!(parse_size(text), Some(*want), "{text}");
-        }
-        for bad in [
-            "",
-            "GB",
-            ".",
-            "5XB",
-            "5 G",
-            "5g",
-            "-1",
-            "1e9",
-            "0",
-            "0.1B",
-            "1.2.3",
-            "5 GB B",
-            "18446744073709551616",
-            "99999999999999999999999",
-            "5 bits",
-            "+5",
-        ] {
-            assert_eq!(parse_size(bad), None, "{bad:?}");
-        }
-        assert_eq!(parse_size(" 5 gib "), Some(5 << 30));
-    }
-
-    #[test]
-    fn names_are_those_transformers_writes() {
-        assert_eq!(shard_file_name("model", 1, 1), "model.safetensors");
-        assert_eq!(
-            shard_file_name("model", 2, 3),
-            "model-00002-of-00003.safetensors"
-        );
-        assert_eq!(
-            shard_file_name("ema", 7, 123_456),
-            "ema-000007-of-123456.safetensors"
-        );
-        assert_eq!(index_file_name("ema"), "ema.safetensors.index.json");
-    }
-
-    #[test]
-    fn stems_are_one_file_name_component() {
-        for good in [
-            "model",
-            "ema",
-            "a.b",
-            "model-00001-of-00002",
-            "é",
-            "my model",
-            &"x".repeat(MAX_STEM_BYTES),
-        ] {
-            assert!(check_stem(good).is_ok(), "{good:?}");
-        }
-        let long = "x".repeat(MAX_STEM_BYTES + 1);
-        let bad_stems = [
-            "",
-            ".",
-            "..",
-            "...",
-            ".hidden",
-            "a/b",
-            "/",
-            "x/",
-            "/x",
-            "a\0b",
-            "\0",
-            "-x",
-            "--x",
-            " ",
-            " x",
-            "x ",
-            "a\nb",
-            "a\tb",
-            "m.safetensors",
-            "M.SafeTensors",
-            &long,
-        ];
-        for bad in bad_stems {
-            let e = check_stem(bad).unwrap_err();
-            assert_eq!(e.option(), Some(OptionName::Name), "{bad:?}");
-            assert_eq!(e.kind(), crate::vocab::ErrorKind::Usage);
-        }
-    }
 
     #[test]
     fn galloping_finds_the_longest_run() {

@@ -185,7 +185,6 @@ impl ConvertTask {
 
 /// A conversion after `seal`, known by its output's identity.
 impl Sealed for ConvertTask {
-    type Done = Report;
     fn identity(&self) -> Result<Published> {
         match self.job() {
             Some(job) => job.sealed(),
@@ -194,9 +193,6 @@ impl Sealed for ConvertTask {
     }
     fn header_sha256(&self) -> Option<String> {
         self.job().map(Job::header_sha256)
-    }
-    fn publish(self) -> Result<Report> {
-        ConvertTask::publish(self)
     }
 }
 

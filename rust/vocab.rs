@@ -421,7 +421,7 @@ named! {
         /// PyTorch checkpoints: a prefix dropped from tensor names (repeatable).
         StripPrefix = "strip_prefix",
         MaxShardSize = "max_shard_size",
-        /// Re-sharding: the stem of the output shards and index (`shard::check_stem`).
+        /// Re-sharding: the stem of the output shards and index (`naming::is_stem`).
         Name = "name",
         /// A lone checkpoint's model config, written beside its output.
         Config = "config",
@@ -433,32 +433,6 @@ named! {
         Scan = "scan",
     }
 }
-
-/// Every dtype name of the safetensors format, in the crate's order.
-pub const DTYPES: &[Dtype] = &[
-    Dtype::BOOL,
-    Dtype::F4,
-    Dtype::F6_E2M3,
-    Dtype::F6_E3M2,
-    Dtype::U8,
-    Dtype::I8,
-    Dtype::F8_E5M2,
-    Dtype::F8_E4M3,
-    Dtype::F8_E8M0,
-    Dtype::F8_E4M3FNUZ,
-    Dtype::F8_E5M2FNUZ,
-    Dtype::I16,
-    Dtype::U16,
-    Dtype::F16,
-    Dtype::BF16,
-    Dtype::I32,
-    Dtype::U32,
-    Dtype::F32,
-    Dtype::C64,
-    Dtype::F64,
-    Dtype::I64,
-    Dtype::U64,
-];
 
 /// Is this dtype one of the low-precision float formats of quantized checkpoints?
 ///
@@ -539,6 +513,5 @@ mod tests {
             assert_eq!(Target::parse(s), Some(t), "{s}");
         }
         assert_eq!(Target::parse("f32"), None);
-        assert_eq!(DTYPES.len(), 22);
     }
 }

@@ -102,11 +102,6 @@ impl Cursor {
         self.next += items;
         self.done += bytes;
     }
-
-    /// Is every item done? (Only true once `peek` has returned None.)
-    pub fn is_done(&self, count: usize) -> bool {
-        self.next >= count
-    }
 }
 
 /// A pool of `threads` workers (0: one per available core) and its size; `path` is named
@@ -346,7 +341,6 @@ mod tests {
                 (3, 65_536, 4_464)
             ]
         );
-        assert!(c.is_done(lens.len()));
         assert_eq!(c.progress(), (220_000, 220_000));
     }
 

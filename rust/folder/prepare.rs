@@ -96,8 +96,6 @@ pub struct Prepared {
     pub skipped: Vec<usize>,
     /// The files copied (none for a shard run: `finalize` copies them).
     pub copies: Vec<File>,
-    /// The bytes the run writes.
-    pub need: u64,
     /// Every warning the checks said, in order, each with the source file it is about.
     pub warnings: Vec<Said>,
     /// The options the writing reads besides the plan's.
@@ -409,7 +407,6 @@ impl PrepareTask {
             shard: self.shard,
             units: self.units,
             mine: self.mine,
-            need: survey.need,
             survey,
             todo: self.todo,
             skipped: self.skipped,

@@ -24,6 +24,7 @@ use super::{common_prefix_warnings, fingerprint, read_json, FolderPlan, PlanTask
 use crate::convert::{Options, Tuning};
 use crate::error::{Error, Result, Warning};
 use crate::given::{Given, Settings};
+use crate::naming::{index_file_name, shard_file_name};
 use crate::run::beside::FOLDER_SIDE_CONFIG;
 use crate::run::check;
 use crate::run::fp8config;
@@ -31,8 +32,8 @@ use crate::run::json::{self, Node};
 use crate::run::manifest::{self, Input};
 use crate::run::survey::{self, Kind, Proof};
 use crate::run::walk::File;
+use crate::shard;
 use crate::shard::resharded::{groups_of, Member};
-use crate::shard::{self, index_file_name, shard_file_name};
 use crate::task::{ConvertTask, InspectTask, Task};
 use crate::verify::VerifyReport;
 use crate::vocab::{Fp8Skip, OnOverflow, ReasonCode, Target, Unmatched, WarningKind};

@@ -154,11 +154,6 @@ impl ConvertFolderTask {
         (report, self.converted)
     }
 
-    /// The units this run converted so far.
-    pub fn converted(&self) -> &[Converted] {
-        &self.converted
-    }
-
     /// The path a unit's warnings name, and whether a warning of `kind` is told: a whole
     /// file's name its input, an output shard's the shard. An output shard of integer or BF16
     /// tensors only is no surprise; a prefix to strip was judged over the whole input by the

@@ -11,10 +11,10 @@
 //! the same bounds: the pickle is parsed once (its objects are dropped once the tensors are
 //! located), and no tensor data is read before the conversion reads it.
 //!
-//! Submodules: `format` (the enum of every file kind), `sniff` (telling them apart from the
-//! bytes), `safetensors` (the safetensors opener), `folder` (a folder that is a distributed
-//! training checkpoint, not a Hugging Face folder), `dcp` and `zero` (the openers of those:
-//! torch.distributed.checkpoint and DeepSpeed ZeRO folders).
+//! Submodules: `safetensors` (the safetensors opener), `folder` (a folder that is a
+//! distributed training checkpoint, not a Hugging Face folder), `dcp` and `zero` (the
+//! openers of those: torch.distributed.checkpoint and DeepSpeed ZeRO folders). Telling the
+//! kinds apart from the bytes is `torch::sniff`'s.
 
 pub mod dcp;
 pub mod folder;
@@ -35,7 +35,6 @@ use crate::vocab::{OptionName, WarningKind};
 
 pub use crate::format::Format;
 pub use crate::source::Origin;
-pub use crate::torch::sniff;
 
 /// How to read an input that is a PyTorch checkpoint (ignored for none; refused when given
 /// for a safetensors file).

@@ -314,27 +314,6 @@ impl Writer {
         }
     }
 
-    /// Write `content` as `rel` of `kind`, the whole of it: sealed, claimed, published,
-    /// recorded (a front end steps these itself, to hear Ctrl-C in between).
-    pub fn write(&mut self, rel: &OsStr, kind: &str, content: &[u8]) -> Result<()> {
-        let out = self.seal_text(rel, content).map_err(|e| self.rival(e))?;
-        self.claim(rel, &out)?;
-        let done = out.publish().map_err(|e| self.rival(e))?;
-        self.published(rel, kind, Some(done.into()), None)?;
-        Ok(())
-    }
-
-    /// Copy `src` as `rel` of `kind` in one go (as `write`).
-    pub fn copy(&mut self, rel: &OsStr, kind: &str, src: &Path) -> Result<()> {
-        let mut copy = self.start_copy(rel, src).map_err(|e| self.rival(e))?;
-        while !copy.step(u64::MAX)? {}
-        let out = copy.seal()?;
-        self.claim(rel, &out)?;
-        let done = out.publish().map_err(|e| self.rival(e))?;
-        self.published(rel, kind, Some(done.into()), None)?;
-        Ok(())
-    }
-
     /// Unlink `rel` of DST if it is not a folder and, given `id`, still that file.
     fn unlink_if(&self, rel: &OsStr, id: Option<Ident>) -> Result<Unlinked> {
         let path = self.dst().join(rel);

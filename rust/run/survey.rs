@@ -43,25 +43,6 @@ pub enum Kind {
     Index,
 }
 
-impl Kind {
-    /// Its name, as the caller spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::Weights => "weights",
-            Kind::Copy => "copy",
-            Kind::Config => "config",
-            Kind::Index => "index",
-        }
-    }
-
-    /// The kind of this name.
-    pub fn of(name: &str) -> Option<Kind> {
-        [Kind::Weights, Kind::Copy, Kind::Config, Kind::Index]
-            .into_iter()
-            .find(|k| k.name() == name)
-    }
-}
-
 /// One file the whole run writes: where, what, and how many bytes.
 #[derive(Debug, Clone)]
 pub struct Planned {

@@ -21,8 +21,6 @@ pub use super::sniff::LEGACY_MAGIC as MAGIC;
 /// The legacy protocol version torch writes.
 pub const PROTOCOL_VERSION: i64 = 1001;
 
-pub use super::sniff::looks_legacy;
-
 struct LegacyStorages {
     storages: Vec<Storage>,
     by_key: HashMap<String, usize>,

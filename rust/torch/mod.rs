@@ -179,11 +179,6 @@ pub struct Checkpoint<'a> {
 }
 
 impl Checkpoint<'_> {
-    /// The limits it was read with (selection walks obey them too).
-    pub fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
     /// The tensor an object stands for, if it is one.
     pub fn tensor_of(&self, id: ObjId) -> Option<&Result<TensorDesc, TensorProblem>> {
         match &*self.pickle.get(id) {

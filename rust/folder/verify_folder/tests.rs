@@ -147,12 +147,15 @@ fn reshard(src: &Path, dst: &Path, stem: &str, max: u64) -> Vec<String> {
     let group = crate::shard::Group::open(&[src.to_path_buf()], &Default::default()).unwrap();
     let plan = group.plan(max, &s.shard_plan().unwrap()).unwrap();
     let opts = s.shard_convert(Tuning::default()).unwrap();
-    let rows = group.rows(&plan);
-    let n = rows.shards.len();
+    let n = plan.shards.len();
     let (mut rels, mut map, mut total) = (Vec::new(), Vec::new(), 0);
-    for (i, shard) in rows.shards.iter().enumerate() {
+    for (i, shard) in plan.shards.iter().enumerate() {
         let rel = format!("{stem}{}", crate::naming::shard_file_name("", i + 1, n));
-        let names: Vec<String> = shard.tensors.iter().map(|t| t.to_string()).collect();
+        let names: Vec<String> = shard
+            .tensors
+            .iter()
+            .map(|&t| group.tensor(t).name.clone())
+            .collect();
         let mut task = group
             .task(&names, plan.indexed, &dst.join(&rel), &opts)
             .unwrap();
@@ -160,7 +163,7 @@ fn reshard(src: &Path, dst: &Path, stem: &str, max: u64) -> Vec<String> {
         task.seal().unwrap();
         task.publish().unwrap();
         map.extend(names.into_iter().map(|t| (t, rel.clone())));
-        total += shard.target_bytes;
+        total += shard.data_out;
         rels.push(rel);
     }
     let record = crate::record::own_index_record(src, &dst.join(&rels[0])).unwrap();

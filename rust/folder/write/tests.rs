@@ -60,7 +60,7 @@ fn prepared(asked: Asked) -> Result<Prepared> {
 fn run(asked: Asked, stop_after: Option<usize>) -> Result<Option<FolderReport>> {
     let mut w = ConvertFolderTask::new(prepared(asked)?, None, Tuning::default());
     loop {
-        if stop_after.is_some_and(|n| w.converted().len() >= n) {
+        if stop_after.is_some_and(|n| w.converted.len() >= n) {
             return Ok(None);
         }
         match w.step(u64::MAX) {

@@ -31,6 +31,28 @@ fn ident(path: &Path) -> Ident {
     (m.dev(), m.ino())
 }
 
+/// A file written or copied whole in one go: sealed, claimed, published, recorded (a run
+/// steps these itself, to hear Ctrl-C in between).
+impl Writer {
+    fn write(&mut self, rel: &OsStr, kind: &str, content: &[u8]) -> Result<()> {
+        let out = self.seal_text(rel, content).map_err(|e| self.rival(e))?;
+        self.claim(rel, &out)?;
+        let done = out.publish().map_err(|e| self.rival(e))?;
+        self.published(rel, kind, Some(done.into()), None)?;
+        Ok(())
+    }
+
+    fn copy(&mut self, rel: &OsStr, kind: &str, src: &Path) -> Result<()> {
+        let mut copy = self.start_copy(rel, src).map_err(|e| self.rival(e))?;
+        while !copy.step(u64::MAX)? {}
+        let out = copy.seal()?;
+        self.claim(rel, &out)?;
+        let done = out.publish().map_err(|e| self.rival(e))?;
+        self.published(rel, kind, Some(done.into()), None)?;
+        Ok(())
+    }
+}
+
 fn manifest_problem(e: Error) -> ManifestProblem {
     match e {
         Error::Manifest { problem, .. } => problem,

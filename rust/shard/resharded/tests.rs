@@ -60,20 +60,23 @@ fn reshard(src: &Path, inputs: &[&str], dst: &Path, stem: &str, max: u64) -> Vec
     let plan = group.plan(max, &s.shard_plan().unwrap()).unwrap();
     let opts = s.shard_convert(Tuning::default()).unwrap();
     let n = plan.shards.len();
-    let rows = group.rows(&plan);
     let mut rels = Vec::new();
     let mut map = Vec::new();
     let mut total = 0;
-    for (i, shard) in rows.shards.iter().enumerate() {
+    for (i, shard) in plan.shards.iter().enumerate() {
         let rel = format!("{stem}{}", crate::naming::shard_file_name("", i + 1, n));
-        let names: Vec<String> = shard.tensors.iter().map(|t| t.to_string()).collect();
+        let names: Vec<String> = shard
+            .tensors
+            .iter()
+            .map(|&t| group.tensor(t).name.clone())
+            .collect();
         let mut task = group
             .task(&names, plan.indexed, &dst.join(&rel), &opts)
             .unwrap();
         run(&mut task).unwrap();
         task.finish().unwrap();
         map.extend(names.into_iter().map(|t| (t, rel.clone())));
-        total += shard.target_bytes;
+        total += shard.data_out;
         rels.push(rel);
     }
     if plan.indexed {
