@@ -24,6 +24,8 @@ from conftest import (
     listing,
     main_in_process,
     tensor_bytes,
+    tree,
+    write_checkpoint_folder,
     write_safetensors,
 )
 from helpers import run_cli, run_python, without_file_mode_overrides
@@ -576,6 +578,43 @@ def test_unreadable_input_and_folder(small_model):
         assert listing(ro) == []
     finally:
         os.chmod(ro, 0o755)
+
+
+@pytest.mark.parametrize("how", ["convert", "reshard", "finalize"])
+def test_an_unreadable_companion_file_is_refused_before_anything_is_written(tmp_path, how):
+    """A file a folder run copies that cannot be read (here tokenizer.json, mode 0) is
+    refused, naming it, before the first byte is written: by convert and a re-sharding
+    before any weight is converted (it used to fail once the weights were written, leaving
+    them), by finalize before any copy is published. In a child without the capabilities
+    that let root ignore file modes (helpers.without_file_mode_overrides)."""
+    wrap = without_file_mode_overrides()
+    src = write_checkpoint_folder(tmp_path / "src")
+    dst = tmp_path / "out"
+    tokenizer = src / "tokenizer.json"
+    args: tuple[object, ...] = ("convert", src, dst, "-q")
+    if how == "reshard":
+        args = (*args, "--max-shard-size", "1GB")
+    elif how == "finalize":
+        for i in (1, 2):
+            rc, _, err = run_cli("convert", src, dst, "--shard", f"{i}/2", "-q")
+            assert rc == 0, err
+        args = ("finalize", src, dst, "-q")
+    before = tree(tmp_path) if dst.exists() else None
+    os.chmod(tokenizer, 0)
+    try:
+        rc, _, err = run_cli(*args, wrap=wrap)
+    finally:
+        os.chmod(tokenizer, 0o644)
+    line = assert_one_error_line(err)
+    assert rc == 1 and "tokenizer.json" in line and "Permission denied" in line, line
+    if before is None:
+        assert not dst.exists() or listing(dst) == [], listing(dst)
+    else:
+        assert tree(tmp_path) == before
+    # Readable again, the same run goes through.
+    rc, _, err = run_cli(*args)
+    assert rc == 0, err
+    assert (dst / "tokenizer.json").read_bytes() == tokenizer.read_bytes()
 
 
 def test_fifo_does_not_hang_api(tmp_path):

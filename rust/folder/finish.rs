@@ -657,9 +657,11 @@ impl FinalizeTask {
         })
     }
 
-    /// Once planned: the shard runs' counts checked, what DST holds surveyed (an interrupted
-    /// finalize's manifest is the one to replace), this run's manifest made.
+    /// Once planned: every file it copies opens, the shard runs' counts checked, what DST
+    /// holds surveyed (an interrupted finalize's manifest is the one to replace), this run's
+    /// manifest made.
     fn begin(&mut self, work: Work) -> Result<()> {
+        work.copies_open()?;
         let f = &self.finished;
         let units = work.units.len();
         let mut counts: Vec<usize> = Vec::new();

@@ -261,6 +261,7 @@ impl PrepareTask {
     fn checked(&mut self) -> Result<()> {
         let w = self.work();
         w.check(&self.src)?;
+        w.copies_open()?;
         let said = w.warnings.clone();
         let options = run_options(&self.asked.settings, self.target, w)?;
         let all = 0..w.units.len();

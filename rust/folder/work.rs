@@ -679,6 +679,16 @@ impl Work {
         Ok(())
     }
 
+    /// Every file the run copies opens for reading, as its copy opens it
+    /// (`source::open_regular`): one that does not is refused before the first byte is
+    /// written, not once the weights are.
+    pub fn copies_open(&self) -> Result<()> {
+        for f in self.plan.copies.iter().chain(&self.plan.late_copies) {
+            crate::source::open_regular(&f.path)?;
+        }
+        Ok(())
+    }
+
     /// The options unit `i` is converted (and verified) with: the run's, and what was
     /// read of its group's data before.
     pub fn settings(&self, i: usize) -> Settings {
