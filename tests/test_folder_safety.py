@@ -766,6 +766,42 @@ def test_shard_runs_with_force_over_another_output_can_be_finalized(
     assert config.read_bytes() == mine
 
 
+def test_a_stopped_shard_run_with_force_is_continued_by_resume(tmp_path, src, plain, run_main):
+    """`--shard 1/2 --force` over a finished output of other options, stopped before its
+    unit is published, is continued by `--shard 1/2 --resume`, as its refusal says. The
+    other shard's unit there (the earlier output's) is that shard run's to replace and
+    finalize's to prove, not this run's: before, the resume was refused for it, "which
+    this run would write" (attack F2 of stop 43)."""
+    dst = tmp_path / "out"
+    assert run_main("convert", src, dst, "--to", "fp16", "-q") == (0, "", "")
+    run = stopped("convert", src, dst, "--shard", "1/2", "--force", "-q", at="folder-sealed")
+    assert run.kill()[0] == -signal.SIGKILL
+    rc, _, err = run_main("convert", src, dst, "--shard", "1/2", "-q")
+    assert rc == 1 and "--resume" in assert_one_error_line(err), err
+    assert run_main("convert", src, dst, "--shard", "1/2", "--resume", "-q") == (0, "", "")
+    assert run_main("convert", src, dst, "--shard", "2/2", "--force", "-q") == (0, "", "")
+    assert run_main("finalize", src, dst, "-q") == (0, "", "")
+    assert tree(dst) == plain
+
+
+def test_a_requeued_shard_run_resumes_while_another_publishes(tmp_path, src, plain, run_main):
+    """A SLURM array task requeued (`--shard 1/2 --resume`, its first try killed) while the
+    other task is between publishing its unit and recording it: the file there is that
+    run's, in progress, not this one's to prove or refuse. Both succeed, and finalize
+    completes the folder."""
+    dst = tmp_path / "out"
+    first = stopped("convert", src, dst, "--shard", "1/2", "-q", at="folder-sealed")
+    assert first.kill()[0] == -signal.SIGKILL
+    other = stopped("convert", src, dst, "--shard", "2/2", "-q", at="folder-published")
+    try:
+        rc, _, err = run_main("convert", src, dst, "--shard", "1/2", "--resume", "-q")
+        assert rc == 0, err
+    finally:
+        assert other.run_through() == (0, "")
+    assert run_main("finalize", src, dst, "-q") == (0, "", "")
+    assert tree(dst) == plain
+
+
 @pytest.mark.parametrize("then", ["finalize", "resume"])
 def test_a_killed_runs_named_temp_is_removed_by_the_next_run_that_writes_nothing(
     tmp_path, src, plain, run_main, then

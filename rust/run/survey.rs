@@ -117,6 +117,14 @@ pub struct Answer {
 const WEIGHTS: &[u8] = b".safetensors";
 const INDEX: &[u8] = b".safetensors.index.json";
 
+/// Is `planned` a weights file of the whole run that this shard run does not write?
+fn others_unit(q: &Question<'_>, planned: &Planned) -> bool {
+    let Some(room) = q.room.as_ref().filter(|_| q.asked.shard.is_some()) else {
+        return false;
+    };
+    planned.kind == Kind::Weights && !room.mine.contains(&planned.rel)
+}
+
 /// Answer `q` about `dst` (see the module's text), refusing before anything is written.
 pub fn survey(dst: &Path, q: &Question<'_>, judge: &mut dyn Judge) -> Result<Answer> {
     let asked = &q.asked;
@@ -149,6 +157,9 @@ pub fn survey(dst: &Path, q: &Question<'_>, judge: &mut dyn Judge) -> Result<Ans
             continue; // a sibling run's file, in progress: not ours to touch
         }
         match kinds.get(&**rel) {
+            // Another shard run's unit: that run replaces it (or refuses it), and `finalize`
+            // proves it; neither refused nor taken over here.
+            Some(&planned) if others_unit(q, planned) => {}
             Some(&planned) => match adoptable(dst, planned, asked.resume, judge)? {
                 Some(id) => {
                     ours.insert(rel.clone(), id);

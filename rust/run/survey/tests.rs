@@ -359,3 +359,44 @@ fn an_output_that_is_a_file_of_the_source_is_refused_first() {
     assert!(matches!(e, Error::Place { .. }), "{e:?}");
     assert_eq!(e.path(), Some(&*dst.join("tokenizer.json")));
 }
+
+#[test]
+fn a_shard_run_leaves_another_shards_unit_to_that_run_and_finalize() {
+    let dst = folder("others-unit");
+    put(&dst, "model-00002-of-00002.safetensors", &[b'x'; 50]);
+    let options = bf16();
+    let first = "model-00001-of-00002.safetensors";
+    let ask = |resume: bool, caller: &mut Caller| {
+        let q = Question {
+            asked: Asked {
+                src_id: (1, 2),
+                shard: Some((1, 2)),
+                options: &options,
+                force: false,
+                resume,
+            },
+            outputs: outputs(),
+            room: Some(Room {
+                mine: vec![first.into()],
+                ..Room::default()
+            }),
+        };
+        survey(&dst, &q, caller)
+    };
+    // Neither refused nor asked about (a run of shard 2 replaces or refuses it), nor taken
+    // over: `finalize` proves every unit by its shard run's manifest.
+    for resume in [false, true] {
+        let mut caller = Caller::default();
+        let a = ask(resume, &mut caller).unwrap();
+        assert!(
+            caller.asked.is_empty() && a.adopted.is_empty(),
+            "{:?}",
+            caller.asked
+        );
+        assert!(a.manifests.ours.is_empty());
+    }
+    // Its own unit, unproven, is refused as ever.
+    put(&dst, first, &[b'x'; 100]);
+    let e = ask(true, &mut Caller::default()).unwrap_err();
+    assert_eq!(e.path(), Some(&*dst.join(first)));
+}
