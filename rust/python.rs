@@ -401,12 +401,6 @@ impl FromPyObject<'_, '_> for ShardGiven {
     }
 }
 
-/// The header of a safetensors file (`source::read_header`).
-#[pyfunction]
-fn read_header(py: Python<'_>, path: PathBuf) -> PyResult<crate::source::HeaderSummary> {
-    guarded(py, || crate::source::read_header(&path))
-}
-
 /// An engine report as a dict (its serde form, once), with its paths as Python holds them
 /// (any bytes: serde would refuse a path that is not UTF-8).
 fn crossed<'py>(
@@ -710,7 +704,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     add_functions! {
         m: _set_exceptions, convert, inspect, verify, finalize, render, format_bytes,
-        check_option, source_kind, read_header, config_text, index_text, split_shard_name,
+        check_option, source_kind, config_text, index_text, split_shard_name,
         default_dst,
     }
     Ok(())

@@ -501,3 +501,33 @@ pub fn fadvise_dontneed(fd: i32, (a, b): (u64, u64)) {
         libc::posix_fadvise(fd, a as i64, (b - a) as i64, libc::POSIX_FADV_DONTNEED);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{file, folder_of};
+    use crate::vocab::ErrorKind;
+
+    #[test]
+    fn a_header_is_told_by_its_length_hash_metadata_and_tensors_in_data_order() {
+        let header = r#"{"b":{"dtype":"F32","shape":[2,3],"data_offsets":[8,32]},"__metadata__":{"z":"1","format":"pt"},"a":{"dtype":"F16","shape":[4],"data_offsets":[0,8]}}"#;
+        let bytes = file(header, 32);
+        let files = [
+            ("m.safetensors", bytes.clone()),
+            ("notes.bin", vec![0xff; 64]),
+        ];
+        let dir = folder_of("source-read-header", &files);
+        let (len, sha256, metadata, tensors) = read_header(&dir.join("m.safetensors")).unwrap();
+        assert_eq!(len, header.len() as u64);
+        // (What a manifest keeps: the hash of the length prefix and the header, as written.)
+        assert_eq!(sha256, crate::text::sha256_hex(&bytes[..8 + header.len()]));
+        let pairs = [("z", "1"), ("format", "pt")];
+        let pairs = pairs.map(|(k, v)| (k.to_string(), v.to_string()));
+        assert_eq!(metadata, Some(pairs.to_vec()));
+        let want = [("a", "F16", vec![4], 0, 8), ("b", "F32", vec![2, 3], 8, 32)];
+        let want = want.map(|(n, d, s, a, b)| (n.to_string(), d.to_string(), s, a, b));
+        assert_eq!(tensors, want.to_vec());
+        let e = read_header(&dir.join("notes.bin")).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput);
+    }
+}

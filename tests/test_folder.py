@@ -981,39 +981,3 @@ def test_bad_json_is_refused(tmp_path, rng, file, text, match):
     else:
         path.write_text(text)
     assert_refused_cleanly(tmp_path, src, tmp_path / "o", match, "invalid_input")
-
-
-def test_the_engine_reads_headers_for_the_folder_code(tmp_path: Path) -> None:
-    """`_core.read_header` is the one header reader Python uses: its length, the hash
-    manifests keep (of the prefix and the header, as written), metadata and tensors in
-    data order; what is not safetensors is InvalidInput."""
-    import hashlib
-
-    from stcast import _core
-
-    path = tmp_path / "m.safetensors"
-    safetensors.numpy.save_file(
-        {"b": np.ones((2, 3), np.float32), "a": np.zeros(4, np.float16)},
-        str(path),
-        metadata={"z": "1", "format": "pt"},
-    )
-    raw = path.read_bytes()
-    n = int.from_bytes(raw[:8], "little")
-    header_len, digest, metadata, tensors = _core.read_header(str(path))
-    assert header_len == n
-    assert digest == hashlib.sha256(raw[: 8 + n]).hexdigest()
-    doc = json.loads(raw[8 : 8 + n])
-    assert metadata is not None and dict(metadata) == doc["__metadata__"]
-    names = [k for k in doc if k != "__metadata__"]
-    by_offset = sorted(names, key=lambda k: doc[k]["data_offsets"])
-    assert [t[0] for t in tensors] == by_offset
-    for name, dtype, shape, start, end in tensors:
-        assert [dtype, shape, [start, end]] == [
-            doc[name]["dtype"],
-            doc[name]["shape"],
-            doc[name]["data_offsets"],
-        ]
-    other = tmp_path / "notes.bin"
-    other.write_bytes(b"\xff" * 64)
-    with pytest.raises(stcast.InvalidInput):
-        _core.read_header(str(other))

@@ -27,12 +27,11 @@ import time
 from typing import IO, Any, NamedTuple
 
 from ._core import format_bytes
-from ._core import read_header as read_safetensors_header
-from .errors import StcastError
 
 SEED = 20240229
 CHUNK_BYTES = 64 << 20  # generation and verification work in pieces this big
 GIB = 1 << 30
+HEADER_MAX = 16 << 20  # the demo's headers are a few kB
 
 # float32 bit patterns that rounding code gets wrong: (pattern, what it checks)
 SPECIAL_F32 = [
@@ -317,17 +316,19 @@ def _write_main(argv: list[str]) -> int:
 
 def read_header(path: str) -> tuple[int, dict[str, Any]]:
     """(offset of the data section, header as the file's JSON has it) of a safetensors
-    file, read and validated by the engine (`_core.read_header`)."""
+    file, read here with Python's json module: the check does not trust the engine's reader
+    (the demo's headers are small; a larger one is no file the demo wrote or expects)."""
     try:
-        header_len, _, metadata, tensors = read_safetensors_header(path)
-    except StcastError as e:
-        raise DemoFailed(str(e)) from None
-    header: dict[str, Any] = {}
-    if metadata is not None:
-        header["__metadata__"] = dict(metadata)
-    for name, dtype, shape, start, end in tensors:
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [start, end]}
-    return 8 + header_len, header
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > HEADER_MAX:
+                raise ValueError(f"a header of {n} bytes")
+            header = json.loads(f.read(n))
+        if not isinstance(header, dict):
+            raise ValueError("a header that is no JSON object")
+    except (OSError, ValueError, struct.error) as e:
+        raise DemoFailed(f"{path}: not the safetensors file expected ({e})") from None
+    return 8 + n, header
 
 
 def verify(src: str, dst: str) -> tuple[int, int]:
