@@ -1,10 +1,10 @@
 //! Deterministic fault injection for tests, armed by `STCAST_FAILPOINT` (read in `env`).
 //!
-//! `STCAST_FAILPOINT=NAME=ACTION[,NAME=ACTION...]`. Points of the engine: `create`,
-//! `tmpfile`, `prealloc`, `mid-tensor`, `fsync`, `publish`, `write-temp`; the Python side
-//! hits its own through `_core.failpoint(name)`: `folder-checked` (every refusal done,
-//! nothing written), `folder-listed` (the engine's survey of a destination: its files
-//! listed, its manifests not yet read), `folder-manifest` (the run's manifest written, no output yet),
+//! `STCAST_FAILPOINT=NAME=ACTION[,NAME=ACTION...]`. Points of one file's writing: `create`,
+//! `tmpfile`, `prealloc`, `mid-tensor`, `fsync`, `publish`, `write-temp`; of a folder run:
+//! `folder-checked` (every refusal done, nothing written), `folder-listed` (the survey of a
+//! destination: its files listed, its manifests not yet read), `folder-manifest` (the
+//! run's manifest written, no output yet),
 //! `folder-sealed` (an output sealed and claimed in the manifest, not yet published),
 //! `folder-published` (that output published, the manifest not yet recording it),
 //! `folder-file` (after each converted file, recorded), `folder-publish` (before the
