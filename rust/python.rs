@@ -34,7 +34,7 @@ use crate::task::drive::{Caller, Driver};
 use crate::task::Inspection;
 use crate::text;
 use crate::verify::VerifyReport;
-use crate::vocab::{ErrorKind, OptionName, Target, Unmatched};
+use crate::vocab::{ErrorKind, OptionName, Unmatched};
 use crate::{Result, VERSION};
 
 /// What `stcast.errors` hands over at import (`_set_exceptions`), in `ErrorKind::ALL`
@@ -171,23 +171,16 @@ impl FromPyObject<'_, '_> for Given {
     }
 }
 
-/// A name of the engine's vocabulary (`from_name`) as an argument; another name is a
-/// ValueError saying what it is for, with the names.
-macro_rules! named {
-    ($($ty:ident: $what:literal),* $(,)?) => {$(
-        impl FromPyObject<'_, '_> for $ty {
-            type Error = PyErr;
-            fn extract(v: Borrowed<'_, '_, PyAny>) -> PyResult<$ty> {
-                let msg = || format!(concat!($what, " {:?}"), $ty::NAMES);
-                let name = v.extract::<String>()?;
-                $ty::from_name(&name).ok_or_else(|| PyValueError::new_err(msg()))
-            }
-        }
-    )*};
-}
-
-named! {
-    Unmatched: "keep_unmatched must be one of", Target: "to: one of",
+/// `keep_unmatched` (`vocab::Unmatched`, by name); another value is a ValueError with the
+/// names.
+impl FromPyObject<'_, '_> for Unmatched {
+    type Error = PyErr;
+    fn extract(v: Borrowed<'_, '_, PyAny>) -> PyResult<Unmatched> {
+        let name = v.extract::<String>()?;
+        let names = Unmatched::NAMES;
+        let msg = || format!("keep_unmatched must be one of {names:?}");
+        Unmatched::from_name(&name).ok_or_else(|| PyValueError::new_err(msg()))
+    }
 }
 
 /// The knobs of `tuning=` (`convert::Knobs`, `Tuning::new`): speed and memory, never the bytes.
@@ -317,10 +310,12 @@ fn source_kind(py: Python<'_>, src: PathBuf) -> PyResult<Option<&'static str>> {
     guarded(py, || Ok(place::source(&src, false)?.name()))
 }
 
-/// The destination a run writes when none is given (`run::place::default_dst`).
+/// The destination a run writes when none is given (`run::place::default_dst`), `to` checked
+/// as the option is.
 #[pyfunction]
 #[pyo3(signature = (src, to, *, folder=false))]
-fn default_dst(py: Python<'_>, src: PathBuf, to: Target, folder: bool) -> PyResult<OsString> {
+fn default_dst(py: Python<'_>, src: PathBuf, to: Given, folder: bool) -> PyResult<OsString> {
+    let to = to.target().map_err(|e| to_py(py, e))?;
     guarded(py, || Ok(place::default_dst(&src, to, folder)?.into()))
 }
 
@@ -681,8 +676,8 @@ fn folder_report<'py>(py: Python<'py>, r: &FolderReport) -> PyResult<Bound<'py, 
         Ok(row)
     });
     d.set_item("files", files.collect::<PyResult<Vec<_>>>()?)?;
-    // (The units' numerics rows are their conversions': `convert_folder` gives them; a run
-    // that converts none has none.)
+    // (The units' numerics rows are their conversions': `convert` gives them; a run that
+    // converts none has none.)
     d.set_item("numerics", py.None())?;
     Ok(d)
 }

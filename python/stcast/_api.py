@@ -264,7 +264,7 @@ def finalize(
 def default_destination(src: StrPath, to: Target | TargetAlias = "bf16") -> str:
     """The output `convert(src)` writes when no `dst` is given: `<stem>-bf16.safetensors`
     beside a file, `<folder>-bf16` beside a folder (`-fp16` for fp16)."""
-    return _core.default_dst(os.fsdecode(src), _engine.target_name(to))
+    return _core.default_dst(os.fsdecode(src), to)
 
 
 def _path(path: StrPath | None) -> str | None:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from typing import Callable, Protocol
 
-    from ._types import Numerics, Target
+    from ._types import Numerics
 
     class CancelFlag(Protocol):
         def is_set(self) -> bool: ...
@@ -54,12 +54,6 @@ def gc_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
-
-
-def target_name(to: object) -> Target:
-    """The canonical name of a target or one of its aliases ("bfloat16" -> "bf16"), as the
-    engine resolves them; anything else is the engine's usage error of `to`."""
-    return _core.check_option("to", to)  # type: ignore[no-any-return]
 
 
 # This package's folder: its frames are never the line a warning points at.
