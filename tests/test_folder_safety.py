@@ -802,6 +802,30 @@ def test_a_requeued_shard_run_resumes_while_another_publishes(tmp_path, src, pla
     assert tree(dst) == plain
 
 
+def test_a_run_killed_among_many_small_copies_is_resumed(tmp_path, run_main):
+    """Small copies are sealed and claimed in batches (one save of the manifest for up to
+    256 of them: a save per file made a folder of many small files quadratic), then
+    published one a step. Killed in the middle of a batch, some copies published and the
+    rest claimed but never published, the run is continued by `--resume` to the folder a
+    plain run writes."""
+    src = write_checkpoint_folder(tmp_path / "src", files=1)
+    (src / "many").mkdir()
+    for k in range(60):
+        (src / "many" / f"f{k:03d}.txt").write_text(f"{k}\n")
+    plain = tmp_path / "plain"
+    stcast.convert(src, plain)
+    dst = tmp_path / "out"
+    run = stopped("convert", src, dst, "-q", at="publish")
+    for _ in range(20):  # each file's publish, the manifest's saves too
+        assert run.resume().stops()
+    assert run.kill()[0] == -signal.SIGKILL
+    copied = len(listing(dst / "many"))
+    assert 0 < copied < 60, copied
+    assert run_main("convert", src, dst, "-q")[0] == 1  # (an interrupted run: --resume)
+    assert run_main("convert", src, dst, "--resume", "-q") == (0, "", "")
+    assert tree(dst) == tree(plain)
+
+
 @pytest.mark.parametrize("then", ["finalize", "resume"])
 def test_a_killed_runs_named_temp_is_removed_by_the_next_run_that_writes_nothing(
     tmp_path, src, plain, run_main, then

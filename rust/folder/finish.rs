@@ -9,7 +9,7 @@
 //! configs come after every weight and copy, and are withdrawn again when the final re-check
 //! finds a file this run wrote changed.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -268,6 +268,9 @@ enum Stage {
     Done,
 }
 
+/// The most small copies sealed and claimed together (each holds a file open until published).
+const BATCH: usize = 256;
+
 /// A file being written, a step at a time.
 enum Out {
     /// A copy of this source file, to start.
@@ -302,6 +305,8 @@ pub struct Publish {
     dirs: Vec<OsString>,
     indexes: Vec<CheckedIndex>,
     writing: Option<Writing>,
+    /// Small copies sealed and claimed together (`seal_batch`), published one a step.
+    sealed: VecDeque<Writing>,
     pub rows: Vec<FileRow>,
     /// The copies' bytes, done and in all (the phase's progress).
     done: u64,
@@ -322,6 +327,7 @@ impl Publish {
             dirs: p.dirs.clone(),
             indexes: Vec::new(),
             writing: None,
+            sealed: VecDeque::new(),
             rows: Vec::new(),
             done: 0,
             total: p.copies.iter().map(|f| f.size).sum(),
@@ -359,6 +365,13 @@ impl Publish {
                 .map_err(|e| w.rival(e))
                 .map(|_| false);
         }
+        if let Some(writing) = self.sealed.pop_front() {
+            // A copy of a batch is told as it starts (none of its bytes), then published.
+            let row = &writing.row;
+            self.file = Some((row.path.clone(), 0, row.bytes_in));
+            self.writing = Some(writing);
+            return Ok(false);
+        }
         let file = |f: &File, kind, metered: bool| Writing {
             row: FileRow::new(&f.rel, kind, "copied", (f.size, f.size)),
             out: Out::Start(f.path.clone()),
@@ -372,6 +385,10 @@ impl Publish {
                 Stage::Copies(0)
             }
             Stage::Copies(i) => match self.copies.get(i) {
+                Some(f) if f.size < budget => {
+                    let n = self.seal_batch(i, w, budget).map_err(|e| w.rival(e))?;
+                    Stage::Copies(i + n)
+                }
                 Some(f) => {
                     self.file = Some((f.rel.clone(), 0, f.size));
                     self.writing = Some(file(f, "copy", true));
@@ -446,6 +463,33 @@ impl Publish {
         };
         self.stage = next;
         Ok(false)
+    }
+
+    /// The small copies from the `i`th on (each smaller than `budget`, at most `budget` bytes
+    /// and `BATCH` files in all), each copied whole and sealed, then claimed with one save of
+    /// the manifest, to publish one by one: a manifest saved per file made a folder of many
+    /// small files quadratic (3,000 took 17 s). Returns how many.
+    fn seal_batch(&mut self, i: usize, w: &mut Writer, budget: u64) -> Result<usize> {
+        let (mut bytes, mut batch) = (0u64, Vec::new());
+        for f in self.copies[i..].iter().take(BATCH) {
+            bytes += f.size;
+            if bytes > budget && !batch.is_empty() {
+                break;
+            }
+            let mut copy = w.start_copy(&f.rel, &f.path)?;
+            while !copy.step(budget)? {}
+            let row = FileRow::new(&f.rel, "copy", "copied", (f.size, f.size));
+            batch.push((row, copy.seal()?));
+        }
+        w.claim_all(batch.iter().map(|(row, out)| (&*row.path, out)))?;
+        let n = batch.len();
+        self.sealed
+            .extend(batch.into_iter().map(|(row, out)| Writing {
+                metered: Some(row.bytes_in),
+                row,
+                out: Out::Sealed(out),
+            }));
+        Ok(n)
     }
 
     /// A step of the file being written: start, copy, seal and claim, publish and record.

@@ -261,6 +261,18 @@ impl Writer {
         self.claim_as(rel, out.identity()?, out.header_sha256())
     }
 
+    /// `claim` of each of several sealed outputs, with one save of the manifest.
+    pub fn claim_all<'a, S: Sealed + 'a>(
+        &mut self,
+        outs: impl IntoIterator<Item = (&'a OsStr, &'a S)>,
+    ) -> Result<()> {
+        for (rel, out) in outs {
+            let (id, header) = (out.identity()?, out.header_sha256().unwrap_or_default());
+            self.record.claim(rel, (id.dev, id.ino, id.size), &header);
+        }
+        self.record.save_claims()
+    }
+
     /// `claim` of the sealed output `id` with the header hash `header`.
     pub fn claim_as(&mut self, rel: &OsStr, id: Published, header: Option<String>) -> Result<()> {
         let header = header.unwrap_or_default();
