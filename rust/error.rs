@@ -1404,8 +1404,7 @@ fn survey_message(problem: &SurveyProblem) -> String {
              there ({})",
             listed(rels, 3),
             if *finalize {
-                "run the shard runs again with {force}: what they find there is then theirs to \
-                 replace"
+                "remove them, or run the shard runs again with {force}, which replaces them"
             } else if *resume {
                 "{force} replaces them"
             } else {

@@ -772,6 +772,14 @@ def test_a_stopped_shard_run_with_force_is_continued_by_resume(tmp_path, src, pl
     other shard's unit there (the earlier output's) is that shard run's to replace and
     finalize's to prove, not this run's: before, the resume was refused for it, "which
     this run would write" (attack F2 of stop 43)."""
+    # A folder where no shard run of this source is: another shard's name holding a file
+    # stcast did not write is refused, as any such file.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "model-00002-of-00002.safetensors").write_text("my own weights\n")
+    rc, _, err = run_main("convert", src, mine, "--shard", "1/2", "-q")
+    assert rc == 1 and "model-00002-of-00002" in assert_one_error_line(err), err
+    assert listing(mine) == ["model-00002-of-00002.safetensors"]
     dst = tmp_path / "out"
     assert run_main("convert", src, dst, "--to", "fp16", "-q") == (0, "", "")
     run = stopped("convert", src, dst, "--shard", "1/2", "--force", "-q", at="folder-sealed")

@@ -117,12 +117,15 @@ pub struct Answer {
 const WEIGHTS: &[u8] = b".safetensors";
 const INDEX: &[u8] = b".safetensors.index.json";
 
-/// Is `planned` a weights file of the whole run that this shard run does not write?
-fn others_unit(q: &Question<'_>, planned: &Planned) -> bool {
+/// Is `planned` a weights file of the whole run that this shard run does not write, in a
+/// destination that holds shard runs of this source (`s`: their manifests)? A destination
+/// without any is refused for it as for any file stcast did not write.
+fn others_unit(q: &Question<'_>, s: &manifest::Survey, planned: &Planned) -> bool {
     let Some(room) = q.room.as_ref().filter(|_| q.asked.shard.is_some()) else {
         return false;
     };
-    planned.kind == Kind::Weights && !room.mine.contains(&planned.rel)
+    let runs = s.own.is_some() || !s.siblings.is_empty();
+    runs && planned.kind == Kind::Weights && !room.mine.contains(&planned.rel)
 }
 
 /// Answer `q` about `dst` (see the module's text), refusing before anything is written.
@@ -159,7 +162,7 @@ pub fn survey(dst: &Path, q: &Question<'_>, judge: &mut dyn Judge) -> Result<Ans
         match kinds.get(&**rel) {
             // Another shard run's unit: that run replaces it (or refuses it), and `finalize`
             // proves it; neither refused nor taken over here.
-            Some(&planned) if others_unit(q, planned) => {}
+            Some(&planned) if others_unit(q, &s, planned) => {}
             Some(&planned) => match adoptable(dst, planned, asked.resume, judge)? {
                 Some(id) => {
                     ours.insert(rel.clone(), id);

@@ -1,6 +1,7 @@
 use super::*;
 
 use crate::run::json;
+use crate::run::manifest::Manifest;
 use crate::vocab::ErrorKind;
 
 /// A fresh, empty folder.
@@ -363,7 +364,8 @@ fn an_output_that_is_a_file_of_the_source_is_refused_first() {
 #[test]
 fn a_shard_run_leaves_another_shards_unit_to_that_run_and_finalize() {
     let dst = folder("others-unit");
-    put(&dst, "model-00002-of-00002.safetensors", &[b'x'; 50]);
+    let second = "model-00002-of-00002.safetensors";
+    put(&dst, second, &[b'x'; 50]);
     let options = bf16();
     let first = "model-00001-of-00002.safetensors";
     let ask = |resume: bool, caller: &mut Caller| {
@@ -383,8 +385,17 @@ fn a_shard_run_leaves_another_shards_unit_to_that_run_and_finalize() {
         };
         survey(&dst, &q, caller)
     };
-    // Neither refused nor asked about (a run of shard 2 replaces or refuses it), nor taken
-    // over: `finalize` proves every unit by its shard run's manifest.
+    // Where no shard run of this source is, a file stcast did not write is refused, as
+    // anywhere.
+    let e = ask(false, &mut Caller::default()).unwrap_err();
+    assert_eq!(e.path(), Some(&*dst.join(second)));
+    // Beside the manifest of a run of shard 2, that run's unit is neither refused nor
+    // asked about (the run replaces or refuses what is there), nor taken over: `finalize`
+    // proves every unit by its shard run's manifest.
+    let src = folder("others-unit-src");
+    let planned = outputs().into_iter().map(|o| o.rel).collect();
+    let mut sibling = Manifest::new(&src, (1, 2), &dst, bf16(), None, Some((2, 2)), planned);
+    sibling.save().unwrap();
     for resume in [false, true] {
         let mut caller = Caller::default();
         let a = ask(resume, &mut caller).unwrap();
