@@ -554,3 +554,32 @@ def test_signal_handlers_come_before_any_heavy_import():
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "['__future__', 'stcast', 'stcast.__main__']"
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        b'{"__metadata__": ["a"]}',
+        b'{"__metadata__": {"a": 1}}',
+        b'{"w": {"dtype": "F32", "shape": [2]}}',
+        b'{"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8.0]}}',
+        b'{"w": {"shape": [2], "data_offsets": [0, 8]}}',
+        b'{"w": 5}',
+        b"[1]",
+        b"[" * 200_000,
+        b"{",
+    ],
+)
+def test_the_demo_checks_a_header_it_reads_before_using_it(tmp_path, header):
+    """The demo reads the headers it checks itself (not with the engine it checks): one that
+    is not a safetensors header is a DemoFailed naming the file (one line from the CLI),
+    never an internal error (attack F1 of stop 44)."""
+    from stcast import demo
+
+    path = tmp_path / "out.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header)
+    with pytest.raises(demo.DemoFailed, match="not the safetensors file expected"):
+        demo.read_header(str(path))
+    path.write_bytes((1 << 40).to_bytes(8, "little") + header)  # a length no demo writes
+    with pytest.raises(demo.DemoFailed, match="not the safetensors file expected"):
+        demo.read_header(str(path))

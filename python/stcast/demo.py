@@ -324,11 +324,35 @@ def read_header(path: str) -> tuple[int, dict[str, Any]]:
             if n > HEADER_MAX:
                 raise ValueError(f"a header of {n} bytes")
             header = json.loads(f.read(n))
-        if not isinstance(header, dict):
-            raise ValueError("a header that is no JSON object")
-    except (OSError, ValueError, struct.error) as e:
+        _check_header(header)
+    except (OSError, ValueError, struct.error, RecursionError) as e:
         raise DemoFailed(f"{path}: not the safetensors file expected ({e})") from None
     return 8 + n, header
+
+
+def _check_header(header: object) -> None:
+    """Raise ValueError unless `header` has the shape of a safetensors header: a map of
+    strings as `__metadata__`, and tensors each with a dtype, a shape of whole numbers and
+    two data offsets."""
+    if not isinstance(header, dict):
+        raise ValueError("a header that is no JSON object")
+    for name, entry in header.items():
+        if name == "__metadata__":
+            if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
+                raise ValueError("__metadata__ is no map of strings")
+            continue
+        fields = entry if isinstance(entry, dict) else {}
+        if not (isinstance(fields.get("dtype"), str) and _whole(fields.get("shape"))):
+            raise ValueError(f"tensor {name!r} has no dtype and shape")
+        if not _whole(fields.get("data_offsets"), 2):
+            raise ValueError(f"tensor {name!r} has no two data offsets")
+
+
+def _whole(v: object, n: int | None = None) -> bool:
+    """Is `v` a list of whole numbers (`n` of them, if given)?"""
+    if not isinstance(v, list) or not all(type(x) is int for x in v):
+        return False
+    return n is None or len(v) == n
 
 
 def verify(src: str, dst: str) -> tuple[int, int]:
