@@ -125,6 +125,36 @@ def test_inspect_lists_copies_and_left_outs_by_name_with_sizes(tmp_path, run_mai
     assert {"path": "tokenizer.json", "bytes": 3, "action": "copied"} in result["other_files"]
 
 
+def test_an_excluded_link_or_special_file_is_left_out_unread(tmp_path, run_main):
+    """A broken link, a link leading out of the folder and a FIFO are refused by the walk,
+    but one an `exclude` glob names is left out unread, as any excluded file (before, the
+    walk refused it before exclusion applied)."""
+    import os
+
+    src = make_folder(tmp_path / "ckpt")
+    (src / "notes.txt").symlink_to(tmp_path / "missing")
+    (src / "logs").mkdir()
+    os.mkfifo(src / "logs" / "pipe")
+    (src / "outside.json").symlink_to(tmp_path)
+    for name in ("notes.txt", "logs/pipe", "outside.json"):
+        others = [g for g in ("notes.txt", "logs", "outside.json") if not name.startswith(g)]
+        args = [a for g in others for a in ("--exclude", g)]
+        rc, _, err = run_main("convert", src, tmp_path / "refused", *args)
+        assert rc == 1 and name.split("/")[0] in err, err
+        assert not (tmp_path / "refused").exists()
+    args = ["--exclude", "notes.txt", "--exclude", "logs", "--exclude", "outside.json"]
+    rc, _, err = run_main("convert", src, tmp_path / "out", *args, "-q")
+    assert rc == 0, err
+    left = {f["path"]: f["why"] for f in stcast.inspect(src, exclude=args[1::2]).left_out}
+    assert {k: left[k] for k in ("notes.txt", "logs/pipe", "outside.json")} == {
+        "notes.txt": "excluded",
+        "logs/pipe": "excluded",
+        "outside.json": "excluded",
+    }
+    assert not (tmp_path / "out" / "notes.txt").exists()
+    assert run_main("verify", src, tmp_path / "out")[0] == 0
+
+
 def test_globs_apply_to_folders_of_files_only_and_bad_ones_are_usage_errors(tmp_path, run_main):
     src = make_folder(tmp_path / "ckpt")
     rc, _, err = run_main(

@@ -293,6 +293,20 @@ pub fn walk(src: &Path, follow_links: bool, overrides: &Overrides) -> Result<Wal
                 }
                 continue;
             }
+            if !kind.is_file() && excludable(name) && overrides.excluded(rel.as_bytes()) {
+                // A link (broken, or leading out) or a special file `exclude` leaves out is
+                // never read: no reason to refuse the run for it.
+                let meta = std::fs::metadata(&path).ok().filter(|m| m.is_file());
+                let f = File {
+                    rel,
+                    path,
+                    size: meta.as_ref().map_or(0, |m| m.len()),
+                    mtime_ns: meta.map_or(0, |m| m.mtime() * 1_000_000_000 + m.mtime_nsec()),
+                    src_rel: None,
+                };
+                w.skipped.push((f, EXCLUDED));
+                continue;
+            }
             let link = kind.is_symlink();
             let meta = match std::fs::metadata(&path) {
                 Ok(m) => m,
@@ -438,6 +452,13 @@ pub fn walk(src: &Path, follow_links: bool, overrides: &Overrides) -> Result<Wal
         .sort_by(|(a, _), (b, _)| a.source_rel().cmp(b.source_rel()));
     w.warnings = overrides.unmatched(&w);
     Ok(w)
+}
+
+/// Can an `exclude` glob leave out a file of this name (a copy or a config, not weights,
+/// an index or a PyTorch file converted)?
+fn excludable(name: &[u8]) -> bool {
+    let converted = torch_name(OsStr::from_bytes(name)).is_some() || name == FSDP_WEIGHTS;
+    !(converted || name.ends_with(WEIGHTS_SUFFIX) || name.ends_with(INDEX_SUFFIX))
 }
 
 /// Leave out the copies and configs an `exclude` glob matches, and the folders they leave
