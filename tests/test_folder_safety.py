@@ -812,7 +812,7 @@ def test_a_requeued_shard_run_resumes_while_another_publishes(tmp_path, src, pla
 
 def test_a_run_killed_among_many_small_copies_is_resumed(tmp_path, run_main):
     """Small copies are sealed and claimed in batches (one save of the manifest for up to
-    256 of them: a save per file made a folder of many small files quadratic), then
+    64 of them: a save per file made a folder of many small files quadratic), then
     published one a step. Killed in the middle of a batch, some copies published and the
     rest claimed but never published, the run is continued by `--resume` to the folder a
     plain run writes."""

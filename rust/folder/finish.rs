@@ -268,8 +268,9 @@ enum Stage {
     Done,
 }
 
-/// The most small copies sealed and claimed together (each holds a file open until published).
-const BATCH: usize = 256;
+/// The most small copies sealed and claimed together: each holds a file open until it is
+/// published (well under the 1,024 descriptors a process may usually open).
+const BATCH: usize = 64;
 
 /// A file being written, a step at a time.
 enum Out {
