@@ -31,7 +31,7 @@ from conftest import (
     write_checkpoint_folder,
     write_safetensors,
 )
-from helpers import stopped, with_points
+from helpers import run_cli, stopped, with_points
 
 NAMED = {"STCAST_FAILPOINT": "tmpfile=eopnotsupp"}
 SIGNALS = {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "sighup": signal.SIGHUP}
@@ -832,6 +832,56 @@ def test_a_run_killed_among_many_small_copies_is_resumed(tmp_path, run_main):
     assert run_main("convert", src, dst, "-q")[0] == 1  # (an interrupted run: --resume)
     assert run_main("convert", src, dst, "--resume", "-q") == (0, "", "")
     assert tree(dst) == tree(plain)
+
+
+def test_a_run_that_lost_the_folder_mid_batch_publishes_no_more(tmp_path):
+    """Run A, stopped among a batch of small copies claimed together, loses the folder to
+    run B (`--force`, stopped before its copies). Continued, A publishes none of the rest
+    of its batch (each publish first checks that its manifest is still there, as the claim
+    of each file used to) and fails in one line; B then completes the folder (attack F2 of
+    this stop: A published up to 52 more files, and B failed on one of them)."""
+    src = write_checkpoint_folder(tmp_path / "src", files=1)
+    (src / "many").mkdir()
+    for k in range(40):
+        (src / "many" / f"f{k:03d}.txt").write_text(f"{k}\n")
+    dst = tmp_path / "out"
+    a = stopped("convert", src, dst, "-q", at="publish")
+    for _ in range(12):
+        assert a.resume().stops()
+    before = sorted(os.listdir(dst / "many"))
+    assert 0 < len(before) < 40, before
+    b = stopped("convert", src, dst, "--force", "-q", at="folder-publish")
+    rc, err = a.run_through()
+    assert rc == 1 and "another stcast run" in assert_one_error_line(err), err
+    # Only the file A was stopped in the middle of publishing (past its check) appears;
+    # B, which did not find it there, then refuses to replace it, as before batches.
+    after = sorted(os.listdir(dst / "many"))
+    assert len(after) <= len(before) + 1 and set(before) <= set(after), after
+    rc, err = b.run_through()
+    if len(after) > len(before):
+        (late,) = set(after) - set(before)
+        assert rc == 1 and late in assert_one_error_line(err), err
+        assert run_cli("convert", src, dst, "--force", "-q")[0] == 0
+    else:
+        assert (rc, err) == (0, ""), err
+    plain = tmp_path / "plain"
+    stcast.convert(src, plain)
+    assert tree(dst) == tree(plain)
+
+
+def test_small_copies_fit_a_low_descriptor_limit(tmp_path):
+    """Each small copy of a batch holds a file open until published: the batch is sized to
+    the descriptors the process may still open, so a low limit (`ulimit -n 32`, as some
+    clusters set) converts a folder of many small files as before (attack F3 of this stop:
+    "Too many open files" once the weights were written)."""
+    src = write_checkpoint_folder(tmp_path / "src", files=2)
+    (src / "many").mkdir()
+    for k in range(200):
+        (src / "many" / f"f{k:03d}.txt").write_text(f"{k}\n")
+    wrap = ["prlimit", "--nofile=32:32", "--"]
+    rc, _, err = run_cli("convert", src, tmp_path / "out", "-q", wrap=wrap)
+    assert rc == 0, err
+    assert len(os.listdir(tmp_path / "out" / "many")) == 200
 
 
 @pytest.mark.parametrize("then", ["finalize", "resume"])

@@ -268,9 +268,27 @@ enum Stage {
     Done,
 }
 
-/// The most small copies sealed and claimed together: each holds a file open until it is
-/// published (well under the 1,024 descriptors a process may usually open).
+/// The most small copies sealed and claimed together.
 const BATCH: usize = 64;
+
+/// How many small copies to seal together: each holds a file open until it is published,
+/// so at most half the descriptors this process may still open (`RLIMIT_NOFILE`, less those
+/// open now), and `BATCH`; one at least.
+fn batch_size() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given.
+    let known = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
+    let open = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64);
+    let free = if known {
+        limit.rlim_cur.saturating_sub(open)
+    } else {
+        BATCH as u64
+    };
+    (free / 2).clamp(1, BATCH as u64) as usize
+}
 
 /// A file being written, a step at a time.
 enum Out {
@@ -472,7 +490,7 @@ impl Publish {
     /// small files quadratic (3,000 took 17 s). Returns how many.
     fn seal_batch(&mut self, i: usize, w: &mut Writer, budget: u64) -> Result<usize> {
         let (mut bytes, mut batch) = (0u64, Vec::new());
-        for f in self.copies[i..].iter().take(BATCH) {
+        for f in self.copies[i..].iter().take(batch_size()) {
             bytes += f.size;
             if bytes > budget && !batch.is_empty() {
                 break;
@@ -526,6 +544,9 @@ impl Publish {
                 Out::Sealed(out)
             }
             Out::Sealed(out) => {
+                // (A batch's claims were saved together: another run may have taken the
+                // folder over since.)
+                w.record.check_still_there()?;
                 let done = out.publish()?;
                 w.published(&rel, writing.row.kind, Some(done.into()), None)?;
                 if let Some(size) = writing.metered {

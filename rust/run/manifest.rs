@@ -686,6 +686,19 @@ impl Manifest {
         Err(refused(path, ManifestProblem::TakenOver { dst }))
     }
 
+    /// `check_still_ours` by identity alone, without reading the manifest back: cheap enough
+    /// before each of many small files a save claimed together.
+    pub fn check_still_there(&self) -> Result<()> {
+        let path = self.path();
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if Some(ident(&m)) == self.published => Ok(()),
+            _ => {
+                let dst = self.dst.clone();
+                Err(refused(path, ManifestProblem::TakenOver { dst }))
+            }
+        }
+    }
+
     /// Before declaring success: every file this run wrote is still the one it wrote.
     pub fn recheck(&self) -> Result<()> {
         for (rel, e) in &self.files {
