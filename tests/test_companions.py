@@ -126,7 +126,7 @@ def test_inspect_lists_copies_and_left_outs_by_name_with_sizes(tmp_path, run_mai
 
 
 def test_an_excluded_link_or_special_file_is_left_out_unread(tmp_path, run_main):
-    """A broken link, a link leading out of the folder and a FIFO are refused by the walk,
+    """A broken link, a link to a file outside the folder and a FIFO are refused by the walk,
     but one an `exclude` glob names is left out unread, as any excluded file (before, the
     walk refused it before exclusion applied)."""
     import os
@@ -135,7 +135,8 @@ def test_an_excluded_link_or_special_file_is_left_out_unread(tmp_path, run_main)
     (src / "notes.txt").symlink_to(tmp_path / "missing")
     (src / "logs").mkdir()
     os.mkfifo(src / "logs" / "pipe")
-    (src / "outside.json").symlink_to(tmp_path)
+    (tmp_path / "outside.txt").write_text("not the checkpoint's\n")
+    (src / "outside.json").symlink_to(tmp_path / "outside.txt")
     for name in ("notes.txt", "logs/pipe", "outside.json"):
         others = [g for g in ("notes.txt", "logs", "outside.json") if not name.startswith(g)]
         args = [a for g in others for a in ("--exclude", g)]
@@ -153,6 +154,28 @@ def test_an_excluded_link_or_special_file_is_left_out_unread(tmp_path, run_main)
     }
     assert not (tmp_path / "out" / "notes.txt").exists()
     assert run_main("verify", src, tmp_path / "out")[0] == 0
+
+
+def test_a_linked_folder_is_never_left_out_unread(tmp_path, run_main):
+    """A link to a folder is walked as a folder (with `--follow-links`) or refused, even
+    when an `exclude` glob names it: what it holds may be weights, which no glob leaves out
+    (attack F1 of this stop: its weights were dropped and verify passed)."""
+    src = make_folder(tmp_path / "ckpt")
+    outside = tmp_path / "ema"
+    outside.mkdir()
+    write_safetensors(outside / "model.safetensors", {"w": ("F32", [2], np.float32([1, 2]))})
+    (src / "ema").symlink_to(outside)
+    real = make_folder(tmp_path / "real")
+    (real / "ema").mkdir()
+    write_safetensors(real / "ema" / "model.safetensors", {"w": ("F32", [2], np.float32([1, 2]))})
+    for folder, extra in ((src, ["--follow-links"]), (real, [])):
+        out = tmp_path / f"out-{folder.name}"
+        rc, _, err = run_main("convert", folder, out, "--exclude", "ema", *extra, "-q")
+        assert rc == 0, err
+        assert (out / "ema" / "model.safetensors").is_file()
+    rc, _, err = run_main("convert", src, tmp_path / "refused", "--exclude", "ema")
+    assert rc == 1 and "ema" in err, err
+    assert not (tmp_path / "refused").exists()
 
 
 def test_globs_apply_to_folders_of_files_only_and_bad_ones_are_usage_errors(tmp_path, run_main):

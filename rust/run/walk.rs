@@ -293,10 +293,20 @@ pub fn walk(src: &Path, follow_links: bool, overrides: &Overrides) -> Result<Wal
                 }
                 continue;
             }
-            if !kind.is_file() && excludable(name) && overrides.excluded(rel.as_bytes()) {
-                // A link (broken, or leading out) or a special file `exclude` leaves out is
-                // never read: no reason to refuse the run for it.
-                let meta = std::fs::metadata(&path).ok().filter(|m| m.is_file());
+            // (What a link or a special file leads to: a regular file needs no second look.)
+            let target = (!kind.is_file()).then(|| std::fs::metadata(&path).ok());
+            let to_folder = target
+                .as_ref()
+                .is_some_and(|m| m.as_ref().is_some_and(|m| m.is_dir()));
+            if target.is_some()
+                && !to_folder
+                && excludable(name)
+                && overrides.excluded(rel.as_bytes())
+            {
+                // A link to a file (broken, or leading out) or a special file `exclude` leaves
+                // out is never read: no reason to refuse the run for it. (A link to a folder
+                // is walked as a folder is, or refused: what it holds may be weights.)
+                let meta = target.flatten().filter(|m| m.is_file());
                 let f = File {
                     rel,
                     path,
