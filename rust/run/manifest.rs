@@ -149,21 +149,17 @@ fn ident(m: &std::fs::Metadata) -> Ident {
 /// the file is gone (a user's new file may take its inode number): a record holds both, so
 /// that only the file stcast wrote is proven its, and never the one that took its place.
 fn born(m: &std::fs::Metadata) -> Option<u64> {
-    let t = m
-        .created()
-        .ok()?
-        .duration_since(std::time::UNIX_EPOCH)
-        .ok()?;
-    u64::try_from(t.as_nanos()).ok()
+    nanos(m.created())
 }
 
 /// The modification time of the file `m` describes, in nanoseconds since the epoch.
 fn mtime(m: &std::fs::Metadata) -> Option<u64> {
-    let t = m
-        .modified()
-        .ok()?
-        .duration_since(std::time::UNIX_EPOCH)
-        .ok()?;
+    nanos(m.modified())
+}
+
+/// A time a file system gave, in nanoseconds since the epoch (None: not kept, or before).
+fn nanos(t: std::io::Result<std::time::SystemTime>) -> Option<u64> {
+    let t = t.ok()?.duration_since(std::time::UNIX_EPOCH).ok()?;
     u64::try_from(t.as_nanos()).ok()
 }
 
@@ -669,34 +665,33 @@ impl Manifest {
     /// replaced (another run's `force` or `resume` took it for an interrupted run's) or
     /// removed (that run finished). Writing on would replace that run's files.
     pub fn check_still_ours(&self) -> Result<()> {
-        let path = self.path();
-        let same = match std::fs::symlink_metadata(&path) {
-            Ok(m) if Some(ident(&m)) == self.published => {
-                let mark = format!("\"run\": \"{}\"", self.token);
-                !self.saved
-                    || read_bounded(&path)
-                        .is_ok_and(|b| b.windows(mark.len()).any(|w| w == mark.as_bytes()))
-            }
-            _ => false,
-        };
-        if same {
+        self.check_still_there()?;
+        if !self.saved {
             return Ok(());
         }
-        let dst = self.dst.clone();
-        Err(refused(path, ManifestProblem::TakenOver { dst }))
+        // (The same inode number may be another run's manifest: its run token says.)
+        let mark = format!("\"run\": \"{}\"", self.token);
+        let ours = read_bounded(&self.path())
+            .is_ok_and(|b| b.windows(mark.len()).any(|w| w == mark.as_bytes()));
+        if ours {
+            return Ok(());
+        }
+        Err(self.taken_over())
     }
 
     /// `check_still_ours` by identity alone, without reading the manifest back: cheap enough
     /// before each of many small files a save claimed together.
     pub fn check_still_there(&self) -> Result<()> {
-        let path = self.path();
-        match std::fs::symlink_metadata(&path) {
+        match std::fs::symlink_metadata(self.path()) {
             Ok(m) if Some(ident(&m)) == self.published => Ok(()),
-            _ => {
-                let dst = self.dst.clone();
-                Err(refused(path, ManifestProblem::TakenOver { dst }))
-            }
+            _ => Err(self.taken_over()),
         }
+    }
+
+    /// The refusal of a run whose folder another run took over.
+    fn taken_over(&self) -> Error {
+        let dst = self.dst.clone();
+        refused(self.path(), ManifestProblem::TakenOver { dst })
     }
 
     /// Before declaring success: every file this run wrote is still the one it wrote.

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Inapplicable, PlaceProblem, Result};
 use crate::input::folder::check_folder;
 use crate::output::{folder_chain, names_a_folder};
-use crate::run::walk::{torch_name, File, WEIGHTS_SUFFIX};
+use crate::run::walk::{mtime_ns, torch_name, File, WEIGHTS_SUFFIX};
 use crate::vocab::{OptionName, Target};
 
 /// A file's or folder's identity: device and inode.
@@ -634,19 +634,19 @@ pub fn check_outputs(src: &Path, dst: &Path, rels: &[OsString], inputs: &[PathBu
 pub fn single_file(src: &Path) -> Result<File> {
     let m = std::fs::metadata(src).map_err(|e| io_error(src, "cannot open", e))?;
     if m.is_dir() {
-        let (mut size, mut mtime_ns) = (0, None);
+        let (mut size, mut newest) = (0, None);
         let entries = std::fs::read_dir(src).map_err(|e| io_error(src, "cannot list", e))?;
         for e in entries {
             let path = e.map_err(|e| io_error(src, "cannot list", e))?.path();
             let f = std::fs::metadata(&path).map_err(|e| io_error(&path, "cannot open", e))?;
             size += if f.is_file() { f.len() } else { 0 };
-            mtime_ns = mtime_ns.max(Some(mtime_of(&f)));
+            newest = newest.max(Some(mtime_ns(&f)));
         }
         return Ok(File {
             rel: "model.safetensors".into(),
             path: src.to_path_buf(),
             size,
-            mtime_ns: mtime_ns.unwrap_or(mtime_of(&m)),
+            mtime_ns: newest.unwrap_or(mtime_ns(&m)),
             src_rel: Some(".".into()),
         });
     }
@@ -663,12 +663,8 @@ pub fn single_file(src: &Path) -> Result<File> {
         rel,
         path: src.to_path_buf(),
         size: m.len(),
-        mtime_ns: mtime_of(&m),
+        mtime_ns: mtime_ns(&m),
     })
-}
-
-fn mtime_of(m: &std::fs::Metadata) -> i64 {
-    m.mtime() * 1_000_000_000 + m.mtime_nsec()
 }
 
 #[cfg(test)]

@@ -71,6 +71,11 @@ pub struct File {
     pub src_rel: Option<OsString>,
 }
 
+/// The modification time `m` gives, in nanoseconds since the epoch (`File::mtime_ns`).
+pub(crate) fn mtime_ns(m: &std::fs::Metadata) -> i64 {
+    m.mtime() * 1_000_000_000 + m.mtime_nsec()
+}
+
 impl File {
     /// Its relative path in the source folder.
     pub fn source_rel(&self) -> &OsStr {
@@ -265,7 +270,7 @@ pub fn walk(src: &Path, follow_links: bool, overrides: &Overrides) -> Result<Wal
                 let meta = e
                     .metadata()
                     .map_err(|err| Error::io(&path, "cannot read", err))?;
-                let mtime_ns = meta.mtime() * 1_000_000_000 + meta.mtime_nsec();
+                let mtime_ns = mtime_ns(&meta);
                 let size = folder_bytes(&path);
                 let mut shown = rel.clone();
                 shown.push("/");
@@ -311,7 +316,7 @@ pub fn walk(src: &Path, follow_links: bool, overrides: &Overrides) -> Result<Wal
                     rel,
                     path,
                     size: meta.as_ref().map_or(0, |m| m.len()),
-                    mtime_ns: meta.map_or(0, |m| m.mtime() * 1_000_000_000 + m.mtime_nsec()),
+                    mtime_ns: meta.as_ref().map_or(0, mtime_ns),
                     src_rel: None,
                 };
                 w.skipped.push((f, EXCLUDED));
@@ -354,7 +359,7 @@ pub fn walk(src: &Path, follow_links: bool, overrides: &Overrides) -> Result<Wal
             if !meta.is_file() {
                 return Err(walk_error(&path, WalkProblem::NotRegular));
             }
-            let mtime_ns = meta.mtime() * 1_000_000_000 + meta.mtime_nsec();
+            let mtime_ns = mtime_ns(&meta);
             let f = File {
                 rel,
                 path,

@@ -535,7 +535,7 @@ fn a_single_file_is_named_as_in_a_folder() {
         ("model.safetensors".into(), size, renamed("."))
     );
     let newest = ["dcp/__0_0.distcp", "dcp/.metadata", "dcp/sub"]
-        .map(|p| mtime_of(&std::fs::metadata(dir.join(p)).unwrap()));
+        .map(|p| mtime_ns(&std::fs::metadata(dir.join(p)).unwrap()));
     assert_eq!(f.mtime_ns, newest.into_iter().max().unwrap());
     assert!(single_file(&dir.join("missing.pt")).is_err());
 }
