@@ -123,8 +123,6 @@ pub struct Exports {
     pub on_overflow: Names,
     pub read_advice: Names,
     pub isas: Names,
-    /// `run::json::QUANTIZATION_KEYS`: the config keys that describe a quantization.
-    pub quantization_keys: Names,
 }
 
 /// Serialize key-value pairs as a map, in their order.
@@ -157,7 +155,6 @@ impl Default for Exports {
             on_overflow: Names::of(OnOverflow::NAMES),
             read_advice: Names::of(ReadAdvice::NAMES),
             isas: Names::of(crate::kernels::Isa::available().iter().map(|i| i.name())),
-            quantization_keys: Names::of(crate::run::json::QUANTIZATION_KEYS),
         }
     }
 }

@@ -8,8 +8,6 @@
 
 #![allow(clippy::too_many_arguments, reason = "pyfunctions mirror Python calls")]
 
-use std::borrow::Cow;
-use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -29,7 +27,7 @@ use crate::given::{Exports, Given, Settings, ShardGiven};
 use crate::numerics::Numerics;
 use crate::options;
 use crate::report::NumericsRow;
-use crate::run::{fp8config, json, place};
+use crate::run::place;
 use crate::task::drive::{Caller, Driver};
 use crate::task::Inspection;
 use crate::text;
@@ -249,49 +247,6 @@ fn check_option<'py>(py: Python<'py>, name: &str, value: Given) -> PyResult<Boun
         py,
         &value.check(def).map_err(|e| to_py(py, e))?,
     )?)
-}
-
-/// A model config as a run writes it (`run::json::config_text`); None: copied as it is.
-#[pyfunction]
-#[pyo3(signature = (text, to, *, dequantize=false, shards=None))]
-fn config_text(
-    py: Python<'_>,
-    text: &str,
-    to: Given,
-    dequantize: bool,
-    shards: Option<Vec<PathBuf>>,
-) -> PyResult<Option<Cow<'static, [u8]>>> {
-    let to = to.target().map_err(|e| to_py(py, e))?;
-    let modules = shards.map(|s| guarded(py, || fp8config::Modules::of_files(&s)));
-    let ignore = modules.transpose()?.map(|m| m.unquantized);
-    let out = json::config_text(text, to, dequantize, ignore.as_deref()).map_err(not_json)?;
-    Ok(out.map(|s| s.into_bytes().into()))
-}
-
-/// An index as a run writes it (`run::json::index`).
-#[pyfunction]
-#[pyo3(signature = (text, *, total=0, weight_map=None, sort_keys=false, renames=None, record=None))]
-fn index_text(
-    text: Option<&str>,
-    total: u64,
-    weight_map: Option<Vec<(String, String)>>,
-    sort_keys: bool,
-    renames: Option<HashMap<String, String>>,
-    record: Option<&str>,
-) -> PyResult<Cow<'static, [u8]>> {
-    let out = json::index(
-        text,
-        total,
-        weight_map.as_deref(),
-        sort_keys,
-        renames.as_ref(),
-        record,
-    );
-    Ok(out.map_err(not_json)?.into_bytes().into())
-}
-
-fn not_json(e: json::NotJson) -> PyErr {
-    PyValueError::new_err(format!("not JSON (at byte {})", e.0))
 }
 
 /// The stem and numbers of a shard name `STEM-00001-of-00002` (`naming::split_shard`).
@@ -699,8 +654,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     add_functions! {
         m: _set_exceptions, convert, inspect, verify, finalize, render, format_bytes,
-        check_option, source_kind, config_text, index_text, split_shard_name,
-        default_dst,
+        check_option, source_kind, split_shard_name, default_dst,
     }
     Ok(())
 }

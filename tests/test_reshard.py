@@ -1024,24 +1024,6 @@ def test_an_empty_checkpoint(tmp_path, run_main):
     assert stcast.verify(src, tmp_path / "out").ok
 
 
-def test_index_text_is_json_dumps_indent_2_sorted():
-    """The index is written as save_pretrained writes it (json.dumps, indent 2, sorted
-    keys), byte for byte, whatever the names and the source index's other keys (the
-    engine's writer, rust/run/json.rs, against Python's json module)."""
-    from stcast import _core
-
-    names = ["b", "a\u00e9\u2713", 'q"uote', "back\\slash", "ctl\x01", "z" * 300, "\ud7ff"]
-    weight_map = {n: f"m-{i:05d}.safetensors" for i, n in enumerate(names)}
-    other = {"zzz": [1, {"b": 2, "a": None}], "metadata": {"total_parameters": 3}, "aaa": 1.5}
-    text = json.dumps(other)
-    for src, wm in ((text, weight_map), (None, weight_map), (text, {}), (None, {})):
-        got = _core.index_text(src, total=42, weight_map=[*wm.items()], sort_keys=True)
-        doc = dict(other) if src is not None else {}
-        doc["metadata"] = {**doc.get("metadata", {}), "total_size": 42}
-        doc["weight_map"] = wm
-        assert got == (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
-
-
 def test_shards_of_another_cut_that_are_not_provably_ours_are_named(tmp_path, run_main):
     """A finished run leaves no manifest, so a later `--force` at another size cannot prove
     the old shards are stcast's: it cannot remove them, and left beside the new output a

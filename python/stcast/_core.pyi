@@ -18,7 +18,6 @@ __all__ = [
     "ON_OVERFLOW",
     "READ_ADVICE",
     "ISAS",
-    "QUANTIZATION_KEYS",
     "_set_exceptions",
     "convert",
     "inspect",
@@ -27,8 +26,6 @@ __all__ = [
     "format_bytes",
     "check_option",
     "source_kind",
-    "config_text",
-    "index_text",
     "split_shard_name",
     "default_dst",
     "finalize",
@@ -48,7 +45,6 @@ INPUT_FORMATS: tuple[str, ...]
 ON_OVERFLOW: tuple[str, ...]
 READ_ADVICE: tuple[str, ...]
 ISAS: tuple[str, ...]
-QUANTIZATION_KEYS: tuple[str, ...]
 
 class _Option(TypedDict):
     command: str
@@ -113,18 +109,6 @@ def render(template: str, option: Callable[[str, str | None], str]) -> str: ...
 def format_bytes(n: int) -> str: ...
 def check_option(name: str, value: object) -> Any: ...
 def source_kind(src: str) -> Literal["file", "checkpoint", "tree"] | None: ...
-def config_text(
-    text: str, to: str, *, dequantize: bool = False, shards: list[str] | None = None
-) -> bytes | None: ...
-def index_text(
-    text: str | None,
-    *,
-    total: int = 0,
-    weight_map: list[tuple[str, str]] | None = None,
-    sort_keys: bool = False,
-    renames: dict[str, str] | None = None,
-    record: str | None = None,
-) -> bytes: ...
 def default_dst(src: str, to: str, *, folder: bool = False) -> str: ...
 def split_shard_name(name: str) -> tuple[str, str, str] | None: ...
 

@@ -592,7 +592,7 @@ fn index_of(
     let source = g.index.as_ref().map(|f| read_json(&f.path)).transpose()?;
     let total = units.iter().map(|(u, _)| u.target_bytes).sum();
     let path = g.index.as_ref().map_or(Path::new(""), |f| &f.path);
-    let text = json::index(source.as_deref(), total, Some(&names), true, None, record)
+    let text = json::index(source.as_deref(), total, Some(&names), true, record)
         .map_err(|e| super::not_json(path, e))?;
     let rel = join(g.dir.as_os_str(), OsStr::new(&index_file_name(stem)));
     Ok((rel, text, weight_map))
@@ -872,7 +872,7 @@ impl Work {
                 let total = (weights.filter(|(f, _)| shards.iter().any(|s| f.rel == *s)))
                     .map(|(_, p)| p.out_data)
                     .sum();
-                json::index(Some(text), total, None, false, None, record).ok()
+                json::index(Some(text), total, None, false, record).ok()
             }
         };
         Ok(text.map_or(Proof::Known(false), |t| Proof::Bytes(t.into_bytes())))

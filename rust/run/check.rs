@@ -374,7 +374,7 @@ pub fn written_index(
     let not_json = |_| bad_index(&dst.join(rel), "not valid JSON".into());
     if scales == Scales::Kept {
         let total = index_total(dst, rel, weight_map)?;
-        return json::index(Some(text), total, None, false, None, record).map_err(not_json);
+        return json::index(Some(text), total, None, false, record).map_err(not_json);
     }
     let mut map: Vec<(String, String)> = Vec::with_capacity(weight_map.len());
     let by_name: HashMap<&str, &str> = weight_map
@@ -433,7 +433,7 @@ pub fn written_index(
         map.dedup_by(|a, b| a.0 == b.0);
     }
     let total = index_total(dst, rel, &map)?;
-    json::index(Some(text), total, Some(&map), false, None, record).map_err(not_json)
+    json::index(Some(text), total, Some(&map), false, record).map_err(not_json)
 }
 
 /// Does DST hold a dequantization of the checkpoint `weight_map` indexes: the first FP8

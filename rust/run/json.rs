@@ -963,22 +963,19 @@ pub fn index_text(
     Ok(dump.text(&Node::new(Value::Object(members))) + "\n")
 }
 
-/// The one writer of the index texts a run writes: the source's text (`text`) with its
-/// shards renamed (`renames`: a PyTorch index read as safetensors), else with its size
-/// `total`, set in place (`set_total_size`), or, given a `weight_map`, written anew
+/// The one writer of the index texts a run writes: the source's text (`text`) with its size
+/// `total` set in place (`set_total_size`), or, given a `weight_map`, written anew
 /// (`index_text`); then with `record` in its metadata (`with_record`), if given.
 pub fn index(
     text: Option<&str>,
     total: u64,
     weight_map: Option<&[(String, String)]>,
     sort_keys: bool,
-    renames: Option<&HashMap<String, String>>,
     record: Option<&str>,
 ) -> Parsed<String> {
-    let out = match (text, weight_map, renames) {
-        (Some(t), _, Some(r)) => rename_shards(t, &|old| r.get(old).cloned()),
-        (Some(t), None, None) => set_total_size(t, total),
-        (t, map, _) => index_text(t, total, map.unwrap_or_default(), sort_keys),
+    let out = match (text, weight_map) {
+        (Some(t), None) => set_total_size(t, total),
+        (t, map) => index_text(t, total, map.unwrap_or_default(), sort_keys),
     }?;
     match record {
         Some(r) => with_record(&out, r),
@@ -1167,14 +1164,14 @@ mod tests {
         let hf = "{\n  \"metadata\": {\n    \"total_size\": 8\n  },\n  \"weight_map\": {\n    \"a\": \"m.safetensors\"\n  }\n}\n";
         let r = r#"{"to":"bf16"}"#;
         let want = "{\n  \"metadata\": {\n    \"total_size\": 4,\n    \"stcast\": \"{\\\"to\\\":\\\"bf16\\\"}\"\n  },\n  \"weight_map\": {\n    \"a\": \"m.safetensors\"\n  }\n}\n";
-        let got = index(Some(hf), 4, None, false, None, Some(r)).unwrap();
+        let got = index(Some(hf), 4, None, false, Some(r)).unwrap();
         assert_eq!(got, want);
         assert_eq!(index_record(&got).unwrap().as_deref(), Some(r));
         // An earlier record is replaced, last; without one the index is as before.
         let again = with_record(&got, r#"{"to":"fp16"}"#).unwrap();
         assert_eq!(again, want.replace("bf16", "fp16"));
         assert_eq!(
-            index(Some(hf), 4, None, false, None, None).unwrap(),
+            index(Some(hf), 4, None, false, None).unwrap(),
             hf.replace('8', "4")
         );
         assert_eq!(index_record(hf).unwrap(), None);
@@ -1293,6 +1290,45 @@ mod tests {
             "\"\\x\"",
         ] {
             assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// The cases of `tests/fixtures/json/json-dumps.json`, each written by Python's json
+    /// module (`make_json.py` there), the writer the tools that read these files use: every
+    /// index written anew (keys in the source's order or sorted) and every config that loses
+    /// its quantization is `json.dumps` of what `json.loads` reads, byte for byte, whatever
+    /// its numbers, escapes and duplicate keys.
+    #[test]
+    fn documents_written_anew_are_python_s_json_dumps() {
+        #[derive(serde::Deserialize)]
+        struct Case {
+            text: Option<String>,
+            weight_map: Vec<(String, String)>,
+            total: u64,
+            index: String,
+            index_sorted: String,
+            config: Option<String>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Fixture {
+            cases: Vec<Case>,
+        }
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/json/json-dumps.json"
+        );
+        let fixture: Fixture = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        assert!(fixture.cases.len() > 100, "{path}: {}", fixture.cases.len());
+        for c in &fixture.cases {
+            let (text, map) = (c.text.as_deref(), Some(&c.weight_map[..]));
+            for (sort_keys, want) in [(false, &c.index), (true, &c.index_sorted)] {
+                let got = index(text, c.total, map, sort_keys, None);
+                assert_eq!(got.as_ref(), Ok(want), "{text:?} sorted {sort_keys}");
+            }
+            if let (Some(text), Some(want)) = (text, &c.config) {
+                let got = config_text(text, Target::Bf16, true, None);
+                assert_eq!(got, Ok(Some(want.clone())), "{text:?}");
+            }
         }
     }
 

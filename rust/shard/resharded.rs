@@ -577,7 +577,6 @@ fn precheck(
         total,
         Some(&by_file),
         true,
-        None,
         record.as_deref(),
     );
     if want.ok().map(String::into_bytes) != Some(got) {

@@ -167,7 +167,7 @@ fn reshard(src: &Path, dst: &Path, stem: &str, max: u64) -> Vec<String> {
         rels.push(rel);
     }
     let record = crate::record::own_index_record(src, &dst.join(&rels[0])).unwrap();
-    let text = json::index(None, total, Some(&map), true, None, record.as_deref()).unwrap();
+    let text = json::index(None, total, Some(&map), true, record.as_deref()).unwrap();
     std::fs::write(dst.join(crate::naming::index_file_name(stem)), text).unwrap();
     rels
 }
@@ -233,7 +233,7 @@ fn sharded_pair(tag: &str) -> (PathBuf, PathBuf) {
                 .map(|n| (n.to_string(), shards[1].to_string())),
         )
         .collect();
-    let text = json::index(None, 0, Some(&map), false, None, None).unwrap();
+    let text = json::index(None, 0, Some(&map), false, None).unwrap();
     std::fs::write(src.join("model.safetensors.index.json"), &text).unwrap();
     std::fs::write(src.join("config.json"), CONFIG).unwrap();
     let opts = bf16().convert(Tuning::default()).unwrap();

@@ -80,7 +80,7 @@ fn reshard(src: &Path, inputs: &[&str], dst: &Path, stem: &str, max: u64) -> Vec
         rels.push(rel);
     }
     if plan.indexed {
-        let text = json::index(None, total, Some(&map), true, None, None).unwrap();
+        let text = json::index(None, total, Some(&map), true, None).unwrap();
         let index = dst.join(crate::naming::index_file_name(stem));
         std::fs::write(index, text).unwrap();
     }
@@ -183,7 +183,7 @@ fn an_hf_folder_resharded_is_verified_by_tensor_name() {
             )
         })
         .collect();
-    let text = json::index(None, 1, Some(&map), true, None, None).unwrap();
+    let text = json::index(None, 1, Some(&map), true, None).unwrap();
     std::fs::write(src.join("model.safetensors.index.json"), text).unwrap();
     let inputs = [
         "model-00001-of-00002.safetensors",
