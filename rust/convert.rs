@@ -618,14 +618,6 @@ impl Job {
         })
     }
 
-    pub fn plan(&self) -> &Plan {
-        &self.plan
-    }
-
-    pub fn source(&self) -> &Source {
-        &self.src
-    }
-
     /// Source data bytes done and in all.
     pub fn progress(&self) -> (u64, u64) {
         self.cursor.progress()
@@ -868,11 +860,6 @@ impl Job {
     /// The values each dequantized weight came to, in output order (empty for other inputs).
     fn dequantized(&self) -> Vec<DequantizedTensor> {
         dequantized_tensors(&self.plan, &self.src, &self.ranges)
-    }
-
-    /// Give the input back (to plan again: see `task::ConvertTask`); the hidden output goes.
-    pub fn into_source(self) -> Source {
-        self.src
     }
 
     /// Warnings not handed out yet: the plan's, then the overflow warning of the last step.

@@ -30,9 +30,10 @@ use crate::convert::Tuning;
 pub use crate::error::nothing_to_convert;
 use crate::error::{ConfigProblem, Error, Fp8Problem, Result, WalkProblem, Warning};
 use crate::given::{Given, Settings};
+use crate::naming::split_rel;
 use crate::quant::companion_roles;
 use crate::run::beside::FOLDER_SIDE_CONFIG;
-use crate::run::check::{self, read_json_text};
+use crate::run::check::{self, read_json_text, ReadIndex};
 use crate::run::json::{self, Node, Value, QUANTIZATION_KEYS};
 use crate::run::walk::{self, File, Overrides, CONFIG_NAME, EXCLUDED, SUPERSEDED, TRAINER};
 use crate::task::{InspectTask, Inspection, Task};
@@ -43,10 +44,6 @@ use crate::vocab::{
 
 /// Files a loader reads first to decide that a folder is a checkpoint: copied last.
 const PUBLISH_LAST: [&[u8]; 2] = [CONFIG_NAME, b"model_index.json"];
-
-/// An index as a run reads it: the file, its text (shard names already renamed, prefixes
-/// stripped), its weight map (tensor, shard relative to the top folder).
-pub type Index = (File, String, Vec<(String, String)>);
 
 /// What the plan found of one weight file.
 #[derive(Debug)]
@@ -69,7 +66,7 @@ pub struct FolderPlan {
     pub weights: Vec<File>,
     /// One per weight file, in the same order.
     pub planned: Vec<Planned>,
-    pub indexes: Vec<Index>,
+    pub indexes: Vec<ReadIndex>,
     /// Each config and its new text (None: copied as it is); last, the FP8 side configs.
     pub configs: Vec<(File, Option<String>)>,
     /// Copied before the configs and indexes.
@@ -122,7 +119,7 @@ pub struct PlanTask {
     /// The engine's quantized policy: a quantized checkpoint is refused unless allowed.
     check_quantized: bool,
     walked: walk::Walked,
-    indexes: Vec<Index>,
+    indexes: Vec<ReadIndex>,
     configs: Vec<(File, Option<String>)>,
     /// The configs that describe the quantized weights dequantized: each packed weight is
     /// checked against the nearest above it.
@@ -160,10 +157,7 @@ impl PlanTask {
         tuning: Tuning,
         check_quantized: bool,
     ) -> Result<PlanTask> {
-        let to = match &given.to {
-            Some(to) => to.target()?,
-            None => Target::Bf16,
-        };
+        let to = given.target()?;
         let overrides = Overrides::new(&given.include, &given.exclude)?;
         let walked = walk::walk(src, given.follow_links, &overrides)?;
         if walked.weights.is_empty() {
@@ -172,18 +166,7 @@ impl PlanTask {
                 problem: WalkProblem::NoWeights,
             });
         }
-        let found: HashSet<PathBuf> = walked
-            .weights
-            .iter()
-            .map(|w| w.rel.clone().into())
-            .collect();
-        let mut indexes = Vec::new();
-        for f in &walked.indexes {
-            let torch = f.src_rel.is_some();
-            let (text, map) =
-                check::read_index(&f.path, f.rel.as_ref(), torch, &found, &given.strip_prefix)?;
-            indexes.push((f.clone(), text, map));
-        }
+        let indexes = check::read_indexes(&walked, &given.strip_prefix)?;
         index_owners(&indexes)?;
         let mut given = given.clone();
         // Each file's inspection: overflow only measured, unmatched patterns judged over
@@ -402,8 +385,10 @@ impl PlanTask {
             if taken.contains(&rel.as_os_str()) {
                 continue; // a config of SRC's, judged as any model config
             }
-            let dir = parent(rel.as_bytes());
-            let first = quantized.iter().find(|q| parent(q.rel.as_bytes()) == dir);
+            let dir = split_rel(rel.as_bytes()).0;
+            let first = quantized
+                .iter()
+                .find(|q| split_rel(q.rel.as_bytes()).0 == dir);
             let file = File {
                 rel,
                 path: first.map(|q| q.path.clone()).unwrap_or_default(),
@@ -419,7 +404,7 @@ impl PlanTask {
         for (f, _, map) in &self.indexes {
             check_index(&f.path, map, &self.names)?;
         }
-        let last = |f: &File| PUBLISH_LAST.contains(&base(f.rel.as_bytes()));
+        let last = |f: &File| PUBLISH_LAST.contains(&split_rel(f.rel.as_bytes()).1);
         let (late_copies, copies) = w.others.into_iter().partition(last);
         Ok(FolderPlan {
             weights: w.weights,
@@ -461,10 +446,6 @@ impl Task for PlanTask {
 
     fn progress(&self) -> (u64, u64) {
         (self.planned.len() as u64, self.walked.weights.len() as u64)
-    }
-
-    fn take_warnings(&mut self) -> Vec<Warning> {
-        Vec::new()
     }
 }
 
@@ -567,7 +548,7 @@ fn not_json(path: &Path, e: json::NotJson) -> Error {
 /// Each shard an index names belongs to that index alone: one that two name is refused
 /// (which checkpoint it belongs to, and which index a loader should read, is anyone's
 /// guess).
-fn index_owners(indexes: &[Index]) -> Result<()> {
+fn index_owners(indexes: &[ReadIndex]) -> Result<()> {
     let mut owner: HashMap<&str, &OsStr> = HashMap::new();
     for (f, _, map) in indexes {
         let mut rels: Vec<&str> = map.iter().map(|(_, s)| s.as_str()).collect();
@@ -650,10 +631,10 @@ fn dequantize_problem(path: &Path, rows: &crate::task::InspectRows<'_>) -> Optio
 
 /// The config among `configs` in `w`'s folder or the nearest above it.
 fn nearest(w: &File, configs: &[File]) -> Option<PathBuf> {
-    let folder = parent(w.rel.as_bytes());
+    let folder = split_rel(w.rel.as_bytes()).0;
     let mut best: Option<(usize, &Path)> = None;
     for f in configs {
-        let d = parent(f.rel.as_bytes());
+        let d = split_rel(f.rel.as_bytes()).0;
         let inside = d.is_empty()
             || folder == d
             || (folder.starts_with(d) && folder.get(d.len()) == Some(&b'/'));
@@ -664,23 +645,9 @@ fn nearest(w: &File, configs: &[File]) -> Option<PathBuf> {
     best.map(|(_, p)| p.to_path_buf())
 }
 
-/// The folder part of a relative path (`a/b/c` -> `a/b`, `c` -> ``).
-fn parent(rel: &[u8]) -> &[u8] {
-    rel.iter()
-        .rposition(|&c| c == b'/')
-        .map_or(&[], |i| &rel[..i])
-}
-
-/// The last part of a relative path.
-fn base(rel: &[u8]) -> &[u8] {
-    rel.iter()
-        .rposition(|&c| c == b'/')
-        .map_or(rel, |i| &rel[i + 1..])
-}
-
 /// Is this the model's config (`config.json`), which gets the quantization_config?
 fn is_model_config(rel: &OsStr) -> bool {
-    base(rel.as_bytes()) == CONFIG_NAME
+    split_rel(rel.as_bytes()).1 == CONFIG_NAME
 }
 
 /// Where an FP8 folder run writes the quantization_config of weights no model config
@@ -691,11 +658,11 @@ fn side_configs(weights: &[&File], taken: &[&OsStr]) -> Vec<OsString> {
     let described: HashSet<&[u8]> = taken
         .iter()
         .filter(|r| is_model_config(r))
-        .map(|r| parent(r.as_bytes()))
+        .map(|r| split_rel(r.as_bytes()).0)
         .collect();
     let mut folders: Vec<&[u8]> = weights
         .iter()
-        .map(|w| parent(w.rel.as_bytes()))
+        .map(|w| split_rel(w.rel.as_bytes()).0)
         .filter(|d| !described.contains(d))
         .collect();
     folders.sort_unstable();

@@ -297,11 +297,6 @@ impl Pieces {
         })
     }
 
-    /// The tensor's shape.
-    pub fn shape(&self) -> &[u64] {
-        &self.shape
-    }
-
     /// Bytes per element.
     pub fn elem_size(&self) -> u64 {
         self.elem_size

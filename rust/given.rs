@@ -65,6 +65,11 @@ pub fn check_applies(src: &Path, given: &[OptionName]) -> crate::Result<()> {
 }
 
 impl Settings {
+    /// The target `to` names (BF16 when not given).
+    pub fn target(&self) -> crate::Result<Target> {
+        self.to.as_ref().map_or(Ok(Target::Bf16), Given::target)
+    }
+
     /// The names of the options set (not at their default) that `check_applies` asks of.
     pub fn set(&self) -> Vec<OptionName> {
         use OptionName::{Config, Exclude, Include, Key, MaxShardSize, Name, Resume, Shard};
@@ -122,7 +127,6 @@ pub struct Exports {
     pub input_formats: Names,
     pub on_overflow: Names,
     pub read_advice: Names,
-    pub isas: Names,
 }
 
 /// Serialize key-value pairs as a map, in their order.
@@ -154,7 +158,6 @@ impl Default for Exports {
             input_formats: Names::of(InputFormat::NAMES),
             on_overflow: Names::of(OnOverflow::NAMES),
             read_advice: Names::of(ReadAdvice::NAMES),
-            isas: Names::of(crate::kernels::Isa::available().iter().map(|i| i.name())),
         }
     }
 }
@@ -307,7 +310,7 @@ impl Settings {
 
     /// Is the target an FP8 one?
     fn fp8(&self) -> crate::Result<bool> {
-        let target = self.to.as_ref().map_or(Ok(Target::Bf16), Given::target)?;
+        let target = self.target()?;
         Ok(target.strategy().is_some())
     }
 
@@ -362,7 +365,7 @@ impl Settings {
             Some(g) => g.whole(OptionName::KeepMinSize, u64::MAX)?,
             None => 0,
         };
-        let target = self.to.as_ref().map_or(Ok(Target::Bf16), Given::target)?;
+        let target = self.target()?;
         Ok(PlanOptions {
             keep: self.keep.clone(),
             keep_min_size,

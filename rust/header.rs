@@ -67,16 +67,6 @@ pub struct SourceHeader {
 }
 
 impl SourceHeader {
-    /// The value of tensor `name` when it is a `weight_shape` read with the header.
-    pub fn weight_shape(&self, name: &str) -> Option<[i64; 2]> {
-        self.weight_shapes
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|&(_, v)| v)
-    }
-}
-
-impl SourceHeader {
     /// Where the data section starts in the file.
     pub fn data_start(&self) -> u64 {
         PREFIX as u64 + self.header_len

@@ -3,6 +3,14 @@
 //! of the prefixes a user gives (`strip_prefix`). A leaf: it uses no other
 //! module, so the option checks (`vocab`) and the re-sharding (`shard`) both ask it.
 
+/// `(folder, name)` of a relative path, `/`-separated (`folder` empty at the top).
+pub fn split_rel(rel: &[u8]) -> (&[u8], &[u8]) {
+    match rel.iter().rposition(|&c| c == b'/') {
+        Some(at) => (&rel[..at], &rel[at + 1..]),
+        None => (&[], rel),
+    }
+}
+
 /// What a size option says, in bytes: a number (maybe with a decimal point) and an optional
 /// unit, case-insensitive: B; KB, MB, GB, TB (powers of 1000); KiB, MiB, GiB, TiB (powers
 /// of 1024). A lowercase `b` means bytes, never bits. Fractions of a byte round down; None

@@ -1098,19 +1098,14 @@ pub fn check_side_output(
     Ok(replace)
 }
 
-/// `check_side_output` with `taken` given as paths (files, or folders: nothing inside them)
-/// and what each one is.
-pub fn check_side_path(
-    path: &Path,
-    role: Side,
-    force: bool,
-    taken: &[(PathBuf, Taken)],
-) -> Result<Replace> {
+/// `check_side_output` for a folder run's report: not the source `src` nor inside it (any
+/// kind: its folders, a ZeRO tag folder through a link), nor the destination `dst` or
+/// inside it.
+pub fn check_report_path(path: &Path, force: bool, src: &Path, dst: &Path) -> Result<Replace> {
     let mut territory = Territory::default();
-    for (p, t) in taken {
-        territory.add(p, *t);
-    }
-    check_side_output(path, role, force, &territory)
+    territory.add(src, Taken::Input);
+    territory.add(dst, Taken::Output);
+    check_side_output(path, Side::Report, force, &territory)
 }
 
 /// What an output path names now, as the checks before any work see it.

@@ -226,15 +226,6 @@ impl TensorPlan {
             Role::Scale(_) => 0,
         }
     }
-
-    /// Output bytes.
-    pub fn len(&self) -> u64 {
-        self.end - self.start
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.start == self.end
-    }
 }
 
 /// The whole output: its header bytes and where each tensor goes.

@@ -216,11 +216,6 @@ impl Deq {
         len / self.src_row().max(1) * self.out_row()
     }
 
-    /// Elements of the output per granule.
-    pub fn row_elements(&self) -> u64 {
-        self.out_row() / self.out_size().max(1)
-    }
-
     /// The output's name for the weight's `name`: `X.weight_packed` -> `X.weight`,
     /// `X_blocks` -> `X`; an FP8 weight keeps its name.
     pub fn out_name<'a>(&self, name: &'a str) -> &'a str {

@@ -31,8 +31,11 @@ pub trait Task {
     fn step(&mut self, budget: u64) -> Result<bool>;
     /// Bytes done and in all, over every phase.
     fn progress(&self) -> (u64, u64);
-    /// Warnings found since the last call.
-    fn take_warnings(&mut self) -> Vec<Warning>;
+    /// Warnings found since the last call (none: a task that finds none, or a folder run's
+    /// parts, whose warnings name their paths: `take_said`).
+    fn take_warnings(&mut self) -> Vec<Warning> {
+        Vec::new()
+    }
     /// The file in progress (a folder run's copy), or the last one: (rel, bytes done, bytes
     /// in all). None: the task tells no file's progress (yet).
     fn file_progress(&self) -> Option<(&std::ffi::OsStr, u64, u64)> {
@@ -146,11 +149,6 @@ impl ConvertTask {
             data,
             started,
         })
-    }
-
-    /// The plan, once the conversion has started (after the scan, if any).
-    pub fn plan(&self) -> Option<&Plan> {
-        self.job().map(Job::plan)
     }
 
     fn job(&self) -> Option<&Job> {
@@ -580,10 +578,6 @@ impl Task for InspectTask {
     fn progress(&self) -> (u64, u64) {
         self.scan.as_ref().map_or((0, 0), Scan::progress)
     }
-
-    fn take_warnings(&mut self) -> Vec<Warning> {
-        Vec::new()
-    }
 }
 
 impl Task for Verifier {
@@ -607,10 +601,6 @@ impl Task for crate::output::Copy {
 
     fn progress(&self) -> (u64, u64) {
         crate::output::Copy::progress(self)
-    }
-
-    fn take_warnings(&mut self) -> Vec<Warning> {
-        Vec::new()
     }
 }
 

@@ -17,7 +17,6 @@ __all__ = [
     "INPUT_FORMATS",
     "ON_OVERFLOW",
     "READ_ADVICE",
-    "ISAS",
     "_set_exceptions",
     "convert",
     "inspect",
@@ -44,7 +43,6 @@ OPTIONS: list[_Option]  # every option of every command (rust/options.rs)
 INPUT_FORMATS: tuple[str, ...]
 ON_OVERFLOW: tuple[str, ...]
 READ_ADVICE: tuple[str, ...]
-ISAS: tuple[str, ...]
 
 class _Option(TypedDict):
     command: str

@@ -14,13 +14,13 @@ use super::inspect::{FolderInspection, InspectFolderTask, Planning};
 use super::prepare::{Asked, PrepareTask, Prepared};
 use super::work::{Cut, Work, WorkTask};
 use crate::convert::Tuning;
-use crate::error::{Result, Warning};
-use crate::given::{Given, Settings};
+use crate::error::Result;
+use crate::given::Settings;
 use crate::output;
 use crate::run::place::{self, SourceKind};
 use crate::run::survey::Kind;
 use crate::task::{Said, Task};
-use crate::vocab::{Fp8Skip, ReasonCode, Side, Taken, Target, WarningKind};
+use crate::vocab::{Fp8Skip, ReasonCode, WarningKind};
 
 /// The steps of a `DryRun`.
 enum Stage {
@@ -71,7 +71,7 @@ pub struct Dry {
 impl DryRun {
     /// The dry run of `src` into `dst` (None: no checks) with the options `s`.
     pub fn new(src: &Path, dst: Option<&Path>, s: &Settings, tuning: Tuning) -> Result<DryRun> {
-        let target = s.to.as_ref().map_or(Ok(Target::Bf16), Given::target)?;
+        let target = s.target()?;
         let resharding = s.max_shard_size()?.is_some();
         let src = place::place(src, dst, target, resharding, false)?.src;
         let mut dry = DryRun {
@@ -147,15 +147,7 @@ impl DryRun {
             keep_names: Some(names(&|r, _| r == ReasonCode::KeepOverflow)),
             unquantized: fp8.then(|| names(&|_, n| n == Some(Fp8Skip::NonFinite))),
         };
-        WorkTask::new(
-            &self.src,
-            &plan,
-            Tuning::default(),
-            false,
-            single,
-            Some(cut),
-            None,
-        )
+        WorkTask::new(&self.src, &plan, false, single, Some(cut), None)
     }
 
     /// The answer, once every step is done: the checks' warnings after those of the keep
@@ -211,11 +203,7 @@ impl Task for DryRun {
             Stage::Prepared(p) => {
                 if let Some(path) = &self.given.report {
                     // As the run checks it.
-                    let taken = [
-                        (p.src.clone(), Taken::Input),
-                        (p.dst.clone(), Taken::Output),
-                    ];
-                    output::check_side_path(path, Side::Report, p.force, &taken)?;
+                    output::check_report_path(path, p.force, &p.src, &p.dst)?;
                 }
                 if self.resharding {
                     self.work = Some(Arc::clone(&p.work));
@@ -263,9 +251,5 @@ impl Task for DryRun {
     /// Only the inspection tells its progress: the checks and plans read headers.
     fn measured(&self) -> bool {
         matches!(self.stage, Stage::Inspect(_) | Stage::Inspected(_))
-    }
-
-    fn take_warnings(&mut self) -> Vec<Warning> {
-        Vec::new()
     }
 }

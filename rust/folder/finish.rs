@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::work::{CheckedIndex, Cut, Judged, Work, WorkTask};
-use crate::convert::{Report, Tuning};
+use crate::convert::Report;
 use crate::error::{Error, Result, Warning};
 use crate::given::{Given, Settings};
 use crate::kernels::Isa;
@@ -674,16 +674,7 @@ impl FinalizeTask {
                     strip_prefix: recorded.strip_prefix.clone(),
                     ..Settings::default()
                 };
-                let tuning = Tuning::default();
-                WorkTask::new(
-                    &src,
-                    &companions,
-                    tuning,
-                    false,
-                    false,
-                    None,
-                    Some(recorded),
-                )?
+                WorkTask::new(&src, &companions, false, false, None, Some(recorded))?
             }
             Some(max_size) => {
                 // The shards' cut depends on every option that changes a tensor's size; the
@@ -695,15 +686,7 @@ impl FinalizeTask {
                     follow_links: true,
                     ..Cut::default()
                 };
-                WorkTask::new(
-                    &src,
-                    &recorded,
-                    Tuning::default(),
-                    false,
-                    single,
-                    Some(cut),
-                    None,
-                )?
+                WorkTask::new(&src, &recorded, false, single, Some(cut), None)?
             }
         };
         Ok(FinalizeTask {

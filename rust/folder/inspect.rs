@@ -171,17 +171,13 @@ impl Task for Planning {
     fn progress(&self) -> (u64, u64) {
         self.plan.as_ref().map_or((0, 0), |(p, _)| p.progress())
     }
-
-    fn take_warnings(&mut self) -> Vec<Warning> {
-        Vec::new()
-    }
 }
 
 /// The folder walked, its configs judged as a run judges them before any weight is read.
 fn describe(src: &Path, given: &Settings) -> Result<Known> {
     let overrides = Overrides::new(&given.include, &given.exclude)?;
     let walked = walk::walk(src, given.follow_links, &overrides)?;
-    let fp8 = target(given)?.strategy().is_some();
+    let fp8 = given.target()?.strategy().is_some();
     for f in &walked.configs {
         let text = read_json(&f.path)?;
         let doc = json::parse(&text).map_err(|e| super::not_json(&f.path, e))?;
@@ -222,7 +218,7 @@ fn describe(src: &Path, given: &Settings) -> Result<Known> {
 /// name (a DCP folder: `.`), and with `checked` the config the run writes beside it: the
 /// model's `config` (its dtype set), or an FP8 target's `quantization_config.json`.
 fn lone(src: &Path, given: &Settings, checked: bool) -> Result<Known> {
-    let fp8 = target(given)?.strategy().is_some();
+    let fp8 = given.target()?.strategy().is_some();
     if let Some(config) = &given.config {
         let text = read_json(config)?;
         let doc = json::parse(&text).map_err(|e| super::not_json(config, e))?;
@@ -457,18 +453,6 @@ impl Task for InspectFolderTask {
             None => 0,
         };
         (base + now, total)
-    }
-
-    fn take_warnings(&mut self) -> Vec<Warning> {
-        Vec::new()
-    }
-}
-
-/// The target the options name (BF16 by default).
-fn target(given: &Settings) -> Result<Target> {
-    match &given.to {
-        Some(to) => to.target(),
-        None => Ok(Target::Bf16),
     }
 }
 

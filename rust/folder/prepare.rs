@@ -23,11 +23,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::inspect::Said;
+use super::skipped_notes;
 use super::work::{Cut, Judged, Work, WorkTask};
-use super::{base, skipped_notes};
 use crate::convert::Tuning;
 use crate::error::{side_config_notice, unmatched_message, Error, Result, Warning};
-use crate::given::{Given, Settings, ShardGiven};
+use crate::given::{Settings, ShardGiven};
+use crate::naming::split_rel;
 use crate::options::{Role, DEFS};
 use crate::run::beside::FOLDER_SIDE_CONFIG;
 use crate::run::json::{Node, Str, Value};
@@ -148,7 +149,7 @@ impl PrepareTask {
     /// source's plan.
     pub fn new(asked: Asked) -> Result<PrepareTask> {
         let s = &asked.settings;
-        let target = s.to.as_ref().map_or(Ok(Target::Bf16), Given::target)?;
+        let target = s.target()?;
         let shard = s.shard.as_ref().map(check_shard).transpose()?;
         let max_shard_size = s.max_shard_size()?;
         let resharding = max_shard_size.is_some();
@@ -173,15 +174,7 @@ impl PrepareTask {
             ..Cut::default()
         });
         let check_quantized = !s.allow_quantized.unwrap_or(false);
-        let task = WorkTask::new(
-            &at.src,
-            &plan,
-            Tuning::default(),
-            check_quantized,
-            single,
-            cut,
-            None,
-        )?;
+        let task = WorkTask::new(&at.src, &plan, check_quantized, single, cut, None)?;
         Ok(PrepareTask {
             asked,
             stage: Stage::Plan(Box::new(task)),
@@ -244,7 +237,7 @@ impl PrepareTask {
             said.extend(w.plan.unmatched_prefixes.iter().cloned());
         }
         let side = (w.plan.configs.iter())
-            .find(|(f, _)| base(f.rel.as_bytes()) == FOLDER_SIDE_CONFIG.as_bytes());
+            .find(|(f, _)| split_rel(f.rel.as_bytes()).1 == FOLDER_SIDE_CONFIG.as_bytes());
         if let (Some((f, _)), None) = (side, self.shard) {
             said.push(side_config_notice(&self.dst.join(&f.rel)));
         }
@@ -471,11 +464,6 @@ impl Task for PrepareTask {
     /// (The checks read headers, and inputs only over an earlier output: no progress told.)
     fn progress(&self) -> (u64, u64) {
         (0, 0)
-    }
-
-    /// (The warnings name the file they are about: `take_said`.)
-    fn take_warnings(&mut self) -> Vec<Warning> {
-        Vec::new()
     }
 
     /// The warnings said since the last call, each with the source file it is about.

@@ -10,11 +10,10 @@ use super::finish::{Converted, FolderReport};
 use super::prepare::{Asked, PrepareTask, Prepared};
 use super::write::ConvertFolderTask;
 use crate::convert::Tuning;
-use crate::error::{Error, Result, Warning};
+use crate::error::{Error, Result};
 use crate::given::{Given, Settings};
 use crate::output::{self, Replace};
 use crate::task::{Said, Task};
-use crate::vocab::{Side, Taken};
 
 /// The steps of a `RunTask`.
 enum Stage {
@@ -100,13 +99,7 @@ impl Task for RunTask {
             }
             Stage::Prepared(p) => {
                 if let Some((path, replace)) = &mut self.report {
-                    // Not inside the source (any kind: its folders, a ZeRO tag folder through
-                    // a link) nor the destination folder; not one of their files.
-                    let taken = [
-                        (p.src.clone(), Taken::Input),
-                        (p.dst.clone(), Taken::Output),
-                    ];
-                    *replace = output::check_side_path(path, Side::Report, p.force, &taken)?;
+                    *replace = output::check_report_path(path, p.force, &p.src, &p.dst)?;
                 }
                 let (threads, tuning) = (self.threads.clone(), self.tuning.clone());
                 Stage::Write(Box::new(ConvertFolderTask::new(*p, threads, tuning)))
@@ -126,10 +119,6 @@ impl Task for RunTask {
             Stage::Write(task) => task.progress(),
             _ => (0, 0),
         }
-    }
-
-    fn take_warnings(&mut self) -> Vec<Warning> {
-        Vec::new()
     }
 
     fn take_said(&mut self) -> Vec<Said> {

@@ -26,7 +26,7 @@ use crate::given::{Given, Settings};
 use crate::kernels::Isa;
 use crate::output::{self, Replace};
 use crate::run::beside::FOLDER_SIDE_CONFIG;
-use crate::run::check::{self, read_index, why, Companions, SrcConfig};
+use crate::run::check::{self, why, Companions, SrcConfig};
 use crate::run::json::{self, Value};
 use crate::run::place;
 use crate::run::walk::{self, File, Overrides, CONFIG_NAME, INDEX_SUFFIX, WEIGHTS_SUFFIX};
@@ -34,7 +34,7 @@ use crate::shard::resharded::{self as rverify, GroupCheck, GroupVerify, Indexed,
 use crate::task::Task;
 use crate::text::{esc, esc_path};
 use crate::verify::{Mismatch, Verifier, VerifyReport};
-use crate::vocab::{ErrorKind, OptionName, Side, Taken, Target, Unmatched};
+use crate::vocab::{ErrorKind, OptionName, Target, Unmatched};
 
 /// What a folder's verification found: the sums of its files' reports, the first
 /// mismatch (with the file, relative to DST), and each file's report (its numerics);
@@ -118,7 +118,7 @@ pub struct FolderVerify {
     /// SRC's weight files, all, and those verified by path.
     all_weights: Vec<File>,
     weights: Vec<File>,
-    indexes: Vec<super::Index>,
+    indexes: Vec<check::ReadIndex>,
     configs: Vec<File>,
     others: Vec<File>,
     skipped: Vec<File>,
@@ -185,13 +185,6 @@ fn srcs_own_record(walked: &walk::Walked, text: &str) -> bool {
         let found = crate::verify::record_at(&f.path).ok().flatten();
         found.is_some_and(|r| r.map_or_else(|(t, _)| t == text, |r| r.text() == text))
     })
-}
-
-fn member(f: &File) -> Member {
-    Member {
-        rel: f.rel.clone().into(),
-        path: f.path.clone(),
-    }
 }
 
 /// The relative paths of a group's files and index.
@@ -294,11 +287,7 @@ impl FolderVerify {
         }
         let report = match &given.report {
             Some(path) => {
-                let taken = [
-                    (src.clone(), Taken::Input),
-                    (dst.to_path_buf(), Taken::Output),
-                ];
-                let replace = output::check_side_path(path, Side::Report, given.force, &taken)?;
+                let replace = output::check_report_path(path, given.force, &src, dst)?;
                 Some((path.clone(), replace))
             }
             None => None,
@@ -364,31 +353,14 @@ impl FolderVerify {
         }
         let dst_weights = !shards.is_empty();
         // Checkpoints DST holds sharded differently are paired by tensor name, not by path.
-        let names: HashSet<PathBuf> = walked
-            .weights
-            .iter()
-            .map(|w| w.rel.clone().into())
-            .collect();
-        let mut indexes = Vec::new();
-        for f in &walked.indexes {
-            let torch = f.src_rel.is_some();
-            let (text, map) = read_index(&f.path, f.rel.as_ref(), torch, &names, &strip_prefix)?;
-            indexes.push((f.clone(), text, map));
-        }
-        let members: Vec<Member> = walked.weights.iter().map(member).collect();
+        let indexes = check::read_indexes(&walked, &strip_prefix)?;
+        let members: Vec<Member> = walked.weights.iter().map(Member::from).collect();
         let indexed: Vec<Indexed> = indexes
             .iter()
-            .map(|(f, _, map)| (member(f), map.clone()))
+            .map(|(f, _, map)| (f.into(), map.clone()))
             .collect();
-        let groups = rverify::groups_of(&members, &indexed)?;
-        if name.is_some() && groups.len() > 1 {
-            let shown = groups.iter().take(3);
-            let shown = shown.map(|g| g.index.as_ref().unwrap_or(&g.inputs[0]).rel.clone());
-            return Err(Error::NamedMany {
-                count: groups.len(),
-                shown: shown.collect(),
-            });
-        }
+        // Several groups under one name: refused, as convert refuses them.
+        rverify::named_groups(&members, &indexed, name.is_some())?;
         let (mut pairs, mut same, mut first_error) = (Vec::new(), Vec::new(), None);
         let name = name.map(OsString::from);
         match rverify::pairs(dst, &members, &indexed, &listing, name.as_deref()) {

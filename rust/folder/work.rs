@@ -24,7 +24,7 @@ use super::{common_prefix_warnings, fingerprint, read_json, FolderPlan, PlanTask
 use crate::convert::{Options, Tuning};
 use crate::error::{Error, Result, Warning};
 use crate::given::{Given, Settings};
-use crate::naming::{index_file_name, shard_file_name};
+use crate::naming::{index_file_name, shard_file_name, split_rel};
 use crate::run::beside::FOLDER_SIDE_CONFIG;
 use crate::run::check;
 use crate::run::fp8config;
@@ -33,10 +33,10 @@ use crate::run::manifest::{self, Input};
 use crate::run::survey::{self, Kind, Proof};
 use crate::run::walk::File;
 use crate::shard;
-use crate::shard::resharded::{groups_of, Member};
+use crate::shard::resharded::{named_groups, Member};
 use crate::task::{ConvertTask, InspectTask, Task};
 use crate::verify::VerifyReport;
-use crate::vocab::{Fp8Skip, OnOverflow, ReasonCode, Target, Unmatched, WarningKind};
+use crate::vocab::{Fp8Skip, OnOverflow, ReasonCode, Unmatched, WarningKind};
 
 /// A re-sharding: the output shards' size, and what was read of the data before (None: read
 /// here).
@@ -146,7 +146,6 @@ pub struct WorkTask {
     work: Work,
     cut: Option<Cut>,
     groups: Vec<crate::shard::resharded::Group>,
-    tuning: Tuning,
     /// A lone file's group is judged here (a folder's files were judged by its plan).
     allow_quantized: bool,
     keep_names: HashMap<OsString, Vec<String>>,
@@ -163,7 +162,6 @@ impl WorkTask {
     pub fn new(
         src: &Path,
         settings: &Settings,
-        tuning: Tuning,
         check_quantized: bool,
         single: bool,
         cut: Option<Cut>,
@@ -172,7 +170,7 @@ impl WorkTask {
         let (stage, plan) = match single {
             true => (Stage::Read(0, None), lone_plan(src, settings)?),
             false => {
-                let task = PlanTask::new(src, settings, tuning.clone(), check_quantized)?;
+                let task = PlanTask::new(src, settings, Tuning::default(), check_quantized)?;
                 (Stage::Plan(Box::new(task)), FolderPlan::default())
             }
         };
@@ -191,7 +189,6 @@ impl WorkTask {
             },
             cut,
             groups: Vec::new(),
-            tuning,
             allow_quantized: !check_quantized || !single,
             keep_names: HashMap::new(),
             unquantized: None,
@@ -210,7 +207,7 @@ impl WorkTask {
     /// The folder is planned: what the groups need.
     fn planned(&mut self) -> Result<()> {
         let w = &mut self.work;
-        let fp8 = target(&w.settings)?.strategy().is_some();
+        let fp8 = w.settings.target()?.strategy().is_some();
         if w.hashes.is_empty() {
             w.hashes = (w.plan.planned.iter())
                 .map(|p| p.header_sha256.clone())
@@ -243,20 +240,12 @@ impl WorkTask {
                     true => Some(cut.unquantized.take().map_or_else(from_plan, by_rel)),
                     false => None,
                 };
-                let members: Vec<Member> = w.plan.weights.iter().map(member).collect();
+                let members: Vec<Member> = w.plan.weights.iter().map(Member::from).collect();
                 let indexed: Vec<_> = (w.plan.indexes.iter())
-                    .map(|(f, _, map)| (member(f), map.clone()))
+                    .map(|(f, _, map)| (f.into(), map.clone()))
                     .collect();
-                self.groups = groups_of(&members, &indexed)?;
-                let name = w.settings.name.as_ref();
-                if name.is_some() && self.groups.len() > 1 {
-                    let shown = self.groups.iter().take(3);
-                    let shown = shown.map(|g| g.index.as_ref().unwrap_or(&g.inputs[0]).rel.clone());
-                    return Err(Error::NamedMany {
-                        count: self.groups.len(),
-                        shown: shown.collect(),
-                    });
-                }
+                let named = w.settings.name.is_some();
+                self.groups = named_groups(&members, &indexed, named)?;
                 for (f, _) in &w.plan.configs {
                     self.taken.insert(f.rel.clone(), "a config".into());
                 }
@@ -335,7 +324,7 @@ impl WorkTask {
         });
         s.keep_unmatched = Unmatched::Ignore;
         s.allow_quantized = Some(true);
-        let opts = s.inspect(self.tuning.clone(), false)?;
+        let opts = s.inspect(Tuning::default(), false)?;
         let task = InspectTask::new(&w.plan.weights[i].path, false, &opts, None)?;
         Ok(Some(Box::new(task)))
     }
@@ -545,10 +534,6 @@ impl Task for WorkTask {
     fn progress(&self) -> (u64, u64) {
         (0, 0)
     }
-
-    fn take_warnings(&mut self) -> Vec<Warning> {
-        Vec::new()
-    }
 }
 
 /// Output shard `i` of `n` of a group's, by its stem (one that is not UTF-8 kept as it is).
@@ -604,7 +589,7 @@ fn index_of(
 /// quantization_config goes to `quantization_config.json`.
 fn lone_plan(src: &Path, settings: &Settings) -> Result<FolderPlan> {
     let w = crate::run::place::single_file(src)?;
-    let to = target(settings)?;
+    let to = settings.target()?;
     let mut configs = Vec::new();
     let bare = |rel: &[u8], path: &Path| File {
         rel: OsStr::from_bytes(rel).to_os_string(),
@@ -640,17 +625,6 @@ fn lone_plan(src: &Path, settings: &Settings) -> Result<FolderPlan> {
     })
 }
 
-fn target(s: &Settings) -> Result<Target> {
-    s.to.as_ref().map_or(Ok(Target::Bf16), Given::target)
-}
-
-fn member(f: &File) -> Member {
-    Member {
-        rel: f.rel.clone().into(),
-        path: f.path.clone(),
-    }
-}
-
 fn join(dir: &OsStr, name: &OsStr) -> OsString {
     match dir.is_empty() {
         true => name.to_os_string(),
@@ -672,7 +646,7 @@ impl Work {
     pub fn check(&self, src: &Path) -> Result<()> {
         let unchanged = self.max_size.is_none() && self.plan.nothing_to_convert.is_some();
         if unchanged && self.settings.on_overflow()? != OnOverflow::Keep {
-            let target = target(&self.settings)?;
+            let target = self.settings.target()?;
             let path = src.to_path_buf();
             return Err(Error::FolderUnchanged { path, target });
         }
@@ -837,7 +811,7 @@ impl Work {
     }
 
     fn fp8(&self) -> bool {
-        target(&self.settings).is_ok_and(|t| t.strategy().is_some())
+        self.settings.target().is_ok_and(|t| t.strategy().is_some())
     }
 
     /// Under resume, without a manifest: what the regular file at `rel` in `dst` (weights
@@ -886,7 +860,7 @@ impl Work {
         let Some((f, content)) = self.plan.configs.iter().find(|(f, _)| f.rel == rel) else {
             return Ok(None);
         };
-        let side = super::base(rel.as_bytes()) == FOLDER_SIDE_CONFIG.as_bytes();
+        let side = split_rel(rel.as_bytes()).1 == FOLDER_SIDE_CONFIG.as_bytes();
         if !self.fp8() || !(super::is_model_config(rel) || side) {
             return Ok(content.clone());
         }
@@ -894,14 +868,14 @@ impl Work {
             Some(c) => c.clone(),
             None => read_json(&f.path)?,
         };
-        let here = super::parent(rel.as_bytes());
+        let here = split_rel(rel.as_bytes()).0;
         let beside = self
             .units
             .iter()
-            .filter(|u| super::parent(u.rel.as_bytes()) == here);
+            .filter(|u| split_rel(u.rel.as_bytes()).0 == here);
         let shards: Vec<PathBuf> = beside.map(|u| dst.join(&u.rel)).collect();
         let ignore = fp8config::Modules::of_files(&shards)?.unquantized;
-        let written = json::config_text(&text, target(&self.settings)?, false, Some(&ignore));
+        let written = json::config_text(&text, self.settings.target()?, false, Some(&ignore));
         written.map_err(|e| super::not_json(&f.path, e))
     }
 

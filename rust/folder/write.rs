@@ -407,10 +407,6 @@ impl Task for ConvertFolderTask {
         ((self.done + current).min(self.total), self.total)
     }
 
-    fn take_warnings(&mut self) -> Vec<Warning> {
-        Vec::new()
-    }
-
     /// The warnings said since the last call, each with the path it names.
     fn take_said(&mut self) -> Vec<Said> {
         let new = self.said[self.told..].to_vec();

@@ -25,7 +25,7 @@ use crate::error::{DistProblem, Error, Result};
 use crate::format::Format;
 use crate::gather::{Gather, Piece, Pieces};
 use crate::header::{SourceHeader, SourceTensor};
-use crate::input::{InputOptions, TORCH_METADATA};
+use crate::input::{torch_header, InputOptions};
 use crate::source::{InputFile, Origin, Source};
 use crate::torch::pickle::{unpickle, NoStorages, Objects, StorageRef, Storages};
 use crate::torch::{self, Limits, ObjId, Object, Pickle, TorchError};
@@ -278,15 +278,7 @@ pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
     // Read order: file by file, front to back.
     tensors.sort_by_key(|t| (t.input, t.start));
     let stored: u64 = files.iter().map(|f| f.map.len() as u64).sum();
-    let header = SourceHeader {
-        header_len: stored.saturating_sub(item_bytes),
-        metadata: Some(vec![(
-            TORCH_METADATA.0.to_string(),
-            TORCH_METADATA.1.to_string(),
-        )]),
-        tensors,
-        weight_shapes: Vec::new(),
-    };
+    let header = torch_header(stored.saturating_sub(item_bytes), tensors);
     let unlisted: Vec<String> = meta
         .placeholders
         .iter()

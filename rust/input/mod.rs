@@ -82,6 +82,18 @@ impl InputOptions {
 /// a safetensors file without it.
 pub const TORCH_METADATA: (&str, &str) = ("format", "pt");
 
+/// The header of an input read from PyTorch files: `header_len` bytes that are not tensor
+/// data, `tensors`, and `TORCH_METADATA`.
+pub fn torch_header(header_len: u64, tensors: Vec<SourceTensor>) -> SourceHeader {
+    let metadata = (TORCH_METADATA.0.to_string(), TORCH_METADATA.1.to_string());
+    SourceHeader {
+        header_len,
+        metadata: Some(vec![metadata]),
+        tensors,
+        weight_shapes: Vec::new(),
+    }
+}
+
 /// The reader's limits for inputs: the pickle may be large (a state dict of 300k tensors),
 /// the rest as the reader's defaults.
 fn limits() -> Limits {
@@ -396,16 +408,8 @@ fn sniffed_header(
     }
     // File order: the read goes front to back (stable: tied tensors keep the pickle's).
     tensors.sort_by_key(|t| t.start);
-    let header = SourceHeader {
-        // What is not tensor data: the pickle and the archive's records.
-        header_len: (bytes.len() as u64).saturating_sub(stored),
-        metadata: Some(vec![(
-            TORCH_METADATA.0.to_string(),
-            TORCH_METADATA.1.to_string(),
-        )]),
-        tensors,
-        weight_shapes: Vec::new(),
-    };
+    // What is not tensor data: the pickle and the archive's records.
+    let header = torch_header((bytes.len() as u64).saturating_sub(stored), tensors);
     let origin = Origin {
         format,
         key: selection.key,

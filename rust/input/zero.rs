@@ -37,8 +37,8 @@ use safetensors::Dtype;
 use crate::error::{DistProblem, Error, Result};
 use crate::format::Format;
 use crate::gather::{FlatRun, Gather, Pieces};
-use crate::header::{SourceHeader, SourceTensor};
-use crate::input::{InputOptions, TORCH_METADATA};
+use crate::header::SourceTensor;
+use crate::input::{torch_header, InputOptions};
 use crate::source::{InputFile, Origin, Source};
 use crate::torch::{self, Checkpoint, Limits, ObjId, Object, TensorDesc};
 
@@ -1035,15 +1035,7 @@ pub fn open(dir: &Path, opts: &InputOptions) -> Result<Source> {
 
     let stored: u64 = rd.files.iter().map(|f| f.map.len() as u64).sum();
     let data: u64 = tensors.iter().map(SourceTensor::len).sum();
-    let header = SourceHeader {
-        header_len: stored.saturating_sub(data),
-        metadata: Some(vec![(
-            TORCH_METADATA.0.to_string(),
-            TORCH_METADATA.1.to_string(),
-        )]),
-        tensors,
-        weight_shapes: Vec::new(),
-    };
+    let header = torch_header(stored.saturating_sub(data), tensors);
     let origin = Origin {
         format: Format::DeepSpeed,
         key: String::new(),

@@ -14,7 +14,7 @@ use crate::naming;
 use crate::quant::{BLOCKS_SUFFIX, PACKED_SUFFIX, SCALE_SUFFIXES};
 use crate::run::fp8config;
 use crate::run::json::{self, same_json, Node, Str, Value};
-use crate::run::walk::{listing, torch_name};
+use crate::run::walk::{listing, torch_name, File, Walked};
 use crate::source::{open_regular, Source};
 use crate::text::{esc, esc_path, format_bytes};
 use crate::torch::TorchError;
@@ -528,6 +528,25 @@ fn stray_index(dst: &Path, rels: &[PathBuf], output: &[PathBuf]) -> Result<Optio
     }
     Ok(None)
 }
+
+/// Each index the walk found, read (`read_index`) against the weight files it found.
+pub fn read_indexes(walked: &Walked, prefixes: &[String]) -> Result<Vec<ReadIndex>> {
+    let found: HashSet<PathBuf> = walked
+        .weights
+        .iter()
+        .map(|w| w.rel.clone().into())
+        .collect();
+    let read = walked.indexes.iter().map(|f| {
+        let torch = f.src_rel.is_some();
+        let (text, map) = read_index(&f.path, f.rel.as_ref(), torch, &found, prefixes)?;
+        Ok((f.clone(), text, map))
+    });
+    read.collect()
+}
+
+/// An index as a run reads it: the file, its text (shard names already renamed, prefixes
+/// stripped), its weight map (tensor, shard relative to the top folder).
+pub type ReadIndex = (File, String, Vec<(String, String)>);
 
 /// The index at `path` (`rel` in its folder): its text and its weight map, each shard a
 /// plain relative name in the index's folder that names a file of `found` (relative to

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, ManifestProblem, Result};
 use crate::output::{self, Replace};
 use crate::run::json::{self, Dump, Node, Str, Value};
-use crate::run::place::Ident;
+use crate::run::place::{ident, lstat, Ident};
 use crate::vocab::{ErrorKind, Target};
 use crate::VERSION;
 
@@ -130,18 +130,6 @@ pub struct Manifest {
 
 fn refused(path: PathBuf, problem: ManifestProblem) -> Error {
     Error::Manifest { path, problem }
-}
-
-fn lstat(path: &Path) -> Result<Option<std::fs::Metadata>> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) => Ok(Some(m)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::io(path, "cannot stat", e)),
-    }
-}
-
-fn ident(m: &std::fs::Metadata) -> Ident {
-    (m.dev(), m.ino())
 }
 
 /// The birth time of the file `m` describes, in nanoseconds since the epoch (statx's

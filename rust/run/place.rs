@@ -36,8 +36,18 @@ fn refused(path: &Path, problem: PlaceProblem) -> Error {
     }
 }
 
-fn ident(m: &std::fs::Metadata) -> Ident {
+/// A file's identity: its device and inode.
+pub fn ident(m: &std::fs::Metadata) -> Ident {
     (m.dev(), m.ino())
+}
+
+/// `path`'s metadata, not following a link; None if nothing is there.
+pub fn lstat(path: &Path) -> Result<Option<std::fs::Metadata>> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) => Ok(Some(m)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(path, "cannot stat", e)),
+    }
 }
 
 fn io_error(path: &Path, what: &'static str, source: io::Error) -> Error {

@@ -20,7 +20,7 @@ use crate::error::{Error, ManifestProblem, PlaceProblem, Result, Warning};
 use crate::output::{self, Published, Replace, Sealed};
 use crate::run::json::{self, Str, Value};
 use crate::run::manifest::Manifest;
-use crate::run::place::{self, Ident};
+use crate::run::place::{self, lstat, Ident};
 use crate::vocab::ErrorKind;
 
 /// An index's weight map: tensor name -> shard, relative to the destination.
@@ -57,14 +57,6 @@ enum Unlinked {
     /// A folder, or a file that is no longer the one proven: it stays.
     Left,
     Nothing,
-}
-
-fn lstat(path: &Path) -> Result<Option<std::fs::Metadata>> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) => Ok(Some(m)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::io(path, "cannot stat", e)),
-    }
 }
 
 impl Writer {

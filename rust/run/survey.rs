@@ -23,7 +23,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result, SurveyProblem};
-use crate::naming;
+use crate::naming::{self, split_rel};
 use crate::output;
 use crate::run::check;
 use crate::run::json::Node;
@@ -497,14 +497,6 @@ fn stems(q: &Question<'_>, room: &Room) -> BTreeMap<OsString, BTreeSet<OsString>
 
 fn os(b: &[u8]) -> OsString {
     OsString::from_vec(b.to_vec())
-}
-
-/// `rel`'s folder ("" at the top) and name.
-fn split_rel(rel: &[u8]) -> (&[u8], &[u8]) {
-    match rel.iter().rposition(|&b| b == b'/') {
-        Some(at) => (&rel[..at], &rel[at + 1..]),
-        None => (b"", rel),
-    }
 }
 
 /// The stem of a weights file's name without its extension: `model` for `model` and

@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result, WalkProblem, Warning};
 use crate::input::folder::{digits, is_trainer_state, link_stays};
-use crate::naming::split_shard;
+use crate::naming::{split_rel, split_shard};
 use crate::output::folder_chain;
 use crate::pattern::{compile_globs, glob_matches};
 use crate::text::name_list;
@@ -546,14 +546,6 @@ fn check_complete(weights: &[File], indexes: &[File], skipped: &[(File, &str)]) 
         return Err(walk_error(Path::new(&rel), problem));
     }
     Ok(())
-}
-
-/// `(folder, name)` of a relative path (`folder` empty at the top).
-fn split_rel(rel: &[u8]) -> (&[u8], &[u8]) {
-    match rel.iter().rposition(|&c| c == b'/') {
-        Some(at) => (&rel[..at], &rel[at + 1..]),
-        None => (&[], rel),
-    }
 }
 
 /// `STEM-i-of-n.safetensors` split into stem, i and n.

@@ -17,7 +17,7 @@ use crate::input::InputOptions;
 use crate::quant::{companion_suffixes, BLOCKS_SUFFIX, PACKED_SUFFIX, SCALES_SUFFIX};
 use crate::run::check::{self, index_total, read_bounded, read_index, why};
 use crate::run::json;
-use crate::run::walk::{INDEX_SUFFIX, WEIGHTS_SUFFIX};
+use crate::run::walk::{File, INDEX_SUFFIX, WEIGHTS_SUFFIX};
 use crate::shard;
 use crate::source::Source;
 use crate::task::Task;
@@ -30,6 +30,16 @@ use crate::vocab::WarningKind;
 pub struct Member {
     pub rel: PathBuf,
     pub path: PathBuf,
+}
+
+/// A file the walk found (`run::walk`), as a member of a group.
+impl From<&File> for Member {
+    fn from(f: &File) -> Member {
+        Member {
+            rel: f.rel.clone().into(),
+            path: f.path.clone(),
+        }
+    }
 }
 
 /// An index and its weight map (tensor, shard relative to the top folder), as read.
@@ -72,6 +82,21 @@ fn strip(name: &OsStr, suffix: &[u8]) -> Option<OsString> {
 /// The file name of a path.
 fn base(rel: &Path) -> &OsStr {
     rel.file_name().unwrap_or_default()
+}
+
+/// `groups_of`, where a name given to the output (`named`) allows one group only: each
+/// would be written under it.
+pub fn named_groups(weights: &[Member], indexes: &[Indexed], named: bool) -> Result<Vec<Group>> {
+    let groups = groups_of(weights, indexes)?;
+    if named && groups.len() > 1 {
+        let shown = groups.iter().take(3);
+        let shown = shown.map(|g| g.index.as_ref().unwrap_or(&g.inputs[0]).rel.clone());
+        return Err(Error::NamedMany {
+            count: groups.len(),
+            shown: shown.collect(),
+        });
+    }
+    Ok(groups)
 }
 
 /// The groups of a folder's weight files and (read) indexes: one per index, and one per

@@ -665,16 +665,6 @@ impl<'a> Pickle<'a> {
         self.view().seq(id)
     }
 
-    /// `id` if it is an int that fits in 64 bits.
-    pub fn int(&self, id: ObjId) -> Option<i64> {
-        self.view().int(id)
-    }
-
-    /// `id` if it is a list or tuple of non-negative ints (a shape, a size).
-    pub fn sizes(&self, id: ObjId) -> Option<Vec<u64>> {
-        self.view().sizes(id)
-    }
-
     /// The arena as a view that resolves ids.
     pub fn view(&self) -> Objects<'_, 'a> {
         Objects(&self.objects)

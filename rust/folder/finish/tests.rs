@@ -1,4 +1,5 @@
 use super::*;
+use crate::convert::Tuning;
 use crate::run::json;
 
 /// A safetensors file of 4x4 F32 tensors named `names`.
@@ -32,7 +33,7 @@ fn work(src: &Path, max_size: Option<u64>) -> Work {
         max_size,
         ..Cut::default()
     });
-    let mut task = WorkTask::new(src, &bf16(), Tuning::default(), true, false, cut, None).unwrap();
+    let mut task = WorkTask::new(src, &bf16(), true, false, cut, None).unwrap();
     crate::task::run(&mut task).unwrap();
     task.finish().unwrap()
 }

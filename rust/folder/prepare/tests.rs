@@ -1,4 +1,5 @@
 use super::*;
+use crate::given::Given;
 use crate::testutil::fixture;
 use crate::testutil::{text as given, whole};
 use crate::vocab::ErrorKind;

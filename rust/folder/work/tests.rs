@@ -25,12 +25,11 @@ fn settings(to: &str) -> Settings {
 }
 
 fn work(src: &Path, s: &Settings, single: bool, max_size: Option<u64>) -> Result<Work> {
-    let tuning = Tuning::new(&Default::default()).unwrap();
     let cut = max_size.map(|max_size| Cut {
         max_size,
         ..Cut::default()
     });
-    let mut task = WorkTask::new(src, s, tuning, true, single, cut, None)?;
+    let mut task = WorkTask::new(src, s, true, single, cut, None)?;
     crate::task::run(&mut task)?;
     task.finish()
 }
