@@ -21,6 +21,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use super::{common_prefix_warnings, fingerprint, read_json, FolderPlan, PlanTask};
+
 use crate::convert::{Options, Tuning};
 use crate::error::{Error, Result, Warning};
 use crate::given::{Given, Settings};
@@ -740,7 +741,6 @@ impl Work {
     /// edited index may grow by its total size's digits); in the order a run writes them.
     pub fn outputs(&self) -> Vec<(OsString, Kind, u64)> {
         let p = &self.plan;
-        let mut out: Vec<(OsString, Kind, u64)> = Vec::new();
         let units = self.units.iter().map(|u| (&u.rel, Kind::Weights, u.size));
         let copies = p.copies.iter().chain(&p.late_copies);
         let configs = p.configs.iter().map(|(f, c)| {
@@ -758,14 +758,12 @@ impl Work {
             .chain(configs)
             .map(|(rel, kind, size)| (rel.clone(), kind, size))
             .chain(indexes.map(|((rel, _, _), size)| (rel.to_os_string(), Kind::Index, size)));
-        // (One file, one line: the last word on it is its kind and size.)
-        for (rel, kind, size) in all {
-            match out.iter_mut().find(|(r, _, _)| *r == rel) {
-                Some(o) => (o.1, o.2) = (kind, size),
-                None => out.push((rel, kind, size)),
-            }
-        }
-        out
+        // (One file, one line, where it first comes: the last word on it is its kind and size.)
+        let mut out: indexmap::IndexMap<OsString, (Kind, u64)> = Default::default();
+        out.extend(all.map(|(rel, kind, size)| (rel, (kind, size))));
+        out.into_iter()
+            .map(|(rel, (kind, size))| (rel, kind, size))
+            .collect()
     }
 
     /// The indexes to write once the weights are, each checked against the shards written

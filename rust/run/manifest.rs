@@ -20,6 +20,8 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use indexmap::IndexMap;
+
 use crate::error::{Error, ManifestProblem, Result};
 use crate::output::{self, Replace};
 use crate::run::json::{self, Dump, Node, Str, Value};
@@ -110,7 +112,9 @@ pub struct Manifest {
     pub complete: bool,
     /// Written by `finalize` (which completes shard runs), not by a conversion.
     pub finalize: bool,
-    pub files: Vec<(OsString, Entry)>,
+    /// rel -> its entry, in the order published (a map: a run of 10,000 small files looks
+    /// each up as it records it).
+    pub files: IndexMap<OsString, Entry>,
     /// Files this run may have published, or that stcast wrote and this run has not yet
     /// replaced or removed: a file there with a claimed identity is proven stcast's. An
     /// output is claimed once sealed, before it has a name (a link or a rename keeps its
@@ -440,7 +444,7 @@ impl Manifest {
             planned,
             complete: false,
             finalize: false,
-            files: Vec::new(),
+            files: IndexMap::new(),
             pending: Vec::new(),
             published: None,
             first_replace: None,
@@ -456,7 +460,7 @@ impl Manifest {
 
     /// The entry of `rel`, if this run published it.
     pub fn entry(&self, rel: &OsStr) -> Option<&Entry> {
-        self.files.iter().find(|(r, _)| r == rel).map(|(_, e)| e)
+        self.files.get(rel)
     }
 
     /// Note that `rel` may be (or become) the file `(dev, ino, size)` stcast wrote, its
@@ -534,17 +538,17 @@ impl Manifest {
             born,
             node: object(members),
         };
-        match self.files.iter_mut().find(|(r, _)| r == rel) {
-            Some(e) => e.1 = entry,
-            None => self.files.push((rel.to_os_string(), entry)),
-        }
+        self.files.insert(rel.to_os_string(), entry);
         self.forget(rel);
     }
 
     /// Claim each file stcast wrote here (`ours`: rel -> identity) that this record does not
     /// record as done: the earlier manifest that proves it is replaced by this one, and a
     /// run killed before it replaces or removes such a file must still prove it.
-    pub fn carry(&mut self, ours: &[(OsString, Ident)]) -> Result<()> {
+    pub fn carry<'a>(
+        &mut self,
+        ours: impl IntoIterator<Item = (&'a OsString, &'a Ident)>,
+    ) -> Result<()> {
         for (rel, id) in ours {
             if self.entry(rel).is_some() {
                 continue;
@@ -659,8 +663,8 @@ impl Manifest {
         }
         // (The same inode number may be another run's manifest: its run token says.)
         let mark = format!("\"run\": \"{}\"", self.token);
-        let ours = read_bounded(&self.path())
-            .is_ok_and(|b| b.windows(mark.len()).any(|w| w == mark.as_bytes()));
+        let text = read_bounded(&self.path()).map(String::from_utf8);
+        let ours = text.is_ok_and(|t| t.is_ok_and(|t| t.contains(&mark)));
         if ours {
             return Ok(());
         }
@@ -733,7 +737,7 @@ impl Manifest {
                 removed.push(rel.clone());
             }
         }
-        self.files.retain(|(r, _)| !removed.contains(r));
+        self.files.retain(|r, _| !removed.contains(r));
         let _ = if had_manifest {
             self.save()
         } else {
@@ -815,22 +819,20 @@ impl Manifest {
             Value::Literal("null") => None,
             _ => Some(pair("shard").filter(|&(i, n)| 1 <= i && i <= n && n <= MAX_SHARDS)?),
         };
-        let mut files = Vec::new();
+        let mut files = IndexMap::new();
         for (rel, e) in get("files")?.dict()? {
             e.dict()?;
             let (dev, ino) = (whole(e.get("dev"))?, whole(e.get("ino"))?);
             let (size, born) = (whole(e.get("size")), optional(e.get("born"))?);
             let node = owned(e);
-            files.push((
-                str_name(rel)?,
-                Entry {
-                    dev,
-                    ino,
-                    size,
-                    born,
-                    node,
-                },
-            ));
+            let entry = Entry {
+                dev,
+                ino,
+                size,
+                born,
+                node,
+            };
+            files.insert(str_name(rel)?, entry);
         }
         let mut pending = Vec::new();
         let empty = object(Vec::new());

@@ -16,6 +16,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use indexmap::IndexMap;
+
 use crate::error::{Error, ManifestProblem, PlaceProblem, Result, Warning};
 use crate::output::{self, Published, Replace, Sealed};
 use crate::run::json::{self, Str, Value};
@@ -31,8 +33,9 @@ pub type WeightMap = BTreeMap<String, String>;
 pub struct Writer {
     pub record: Manifest,
     /// Files stcast wrote (recorded by a manifest, adopted by `--resume`, or published by
-    /// this run): rel -> the identity they must still have to be replaced.
-    ours: Vec<(OsString, Ident)>,
+    /// this run): rel -> the identity they must still have to be replaced, in the order
+    /// found or published.
+    ours: IndexMap<OsString, Ident>,
     /// Under `force`: the files the survey found (rel -> identity), which it may replace.
     found: HashMap<OsString, Ident>,
     /// Under `force`: the files found that it claims for a `--resume` of it (and a shard
@@ -72,7 +75,7 @@ impl Writer {
         Writer {
             record,
             writes,
-            ours,
+            ours: ours.into_iter().collect(),
             found: found.into_iter().collect(),
             force,
             made: Vec::new(),
@@ -91,8 +94,7 @@ impl Writer {
     /// there, none is replaced: a file that appeared since is a rival run's).
     pub fn replace_for(&self, rel: &OsStr) -> Option<Ident> {
         let found = || self.force.then(|| self.found.get(rel).copied()).flatten();
-        let ours = self.ours.iter().find(|(r, _)| r == rel);
-        ours.map(|(_, id)| *id).or_else(found)
+        self.ours.get(rel).copied().or_else(found)
     }
 
     fn replace(&self, rel: &OsStr) -> Replace {
@@ -181,7 +183,7 @@ impl Writer {
                 .map(|(rel, id)| (rel.clone(), *id))
                 .collect();
             found.sort();
-            self.record.carry(&found)?;
+            self.record.carry(found.iter().map(|(rel, id)| (rel, id)))?;
         }
         match self.record.save() {
             Err(Error::DestinationExists { .. }) => {
@@ -286,10 +288,7 @@ impl Writer {
             None => self.record.identity(rel)?,
         };
         self.record.record(rel, kind, id, entry);
-        match self.ours.iter_mut().find(|(r, _)| r == rel) {
-            Some(o) => o.1 = (id.0, id.1),
-            None => self.ours.push((rel.to_os_string(), (id.0, id.1))),
-        }
+        self.ours.insert(rel.to_os_string(), (id.0, id.1));
         Ok(id)
     }
 
@@ -332,7 +331,7 @@ impl Writer {
     }
 
     fn drop_ours(&mut self, rel: &OsStr) {
-        self.ours.retain(|(r, _)| r != rel);
+        self.ours.shift_remove(rel);
         self.record.forget(rel);
     }
 
@@ -427,7 +426,7 @@ impl Writer {
     /// run's name stays, saved without the files removed.
     pub fn roll_back(&mut self) {
         let removed = self.record.roll_back(&self.before, self.had_manifest);
-        self.ours.retain(|(r, _)| !removed.contains(r));
+        self.ours.retain(|r, _| !removed.contains(r));
         self.remove_made();
     }
 
