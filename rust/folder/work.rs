@@ -21,7 +21,6 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use super::{common_prefix_warnings, fingerprint, read_json, FolderPlan, PlanTask};
-
 use crate::convert::{Options, Tuning};
 use crate::error::{Error, Result, Warning};
 use crate::given::{Given, Settings};

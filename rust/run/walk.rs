@@ -298,20 +298,17 @@ pub fn walk(src: &Path, follow_links: bool, overrides: &Overrides) -> Result<Wal
                 }
                 continue;
             }
-            // (What a link or a special file leads to: a regular file needs no second look.)
-            let target = (!kind.is_file()).then(|| std::fs::metadata(&path).ok());
-            let to_folder = target
-                .as_ref()
-                .is_some_and(|m| m.as_ref().is_some_and(|m| m.is_dir()));
-            if target.is_some()
-                && !to_folder
+            // What the entry leads to (a link followed; stat once).
+            let followed = std::fs::metadata(&path);
+            if !kind.is_file()
+                && !followed.as_ref().is_ok_and(|m| m.is_dir())
                 && excludable(name)
                 && overrides.excluded(rel.as_bytes())
             {
                 // A link to a file (broken, or leading out) or a special file `exclude` leaves
                 // out is never read: no reason to refuse the run for it. (A link to a folder
                 // is walked as a folder is, or refused: what it holds may be weights.)
-                let meta = target.flatten().filter(|m| m.is_file());
+                let meta = followed.ok().filter(|m| m.is_file());
                 let f = File {
                     rel,
                     path,
@@ -323,7 +320,7 @@ pub fn walk(src: &Path, follow_links: bool, overrides: &Overrides) -> Result<Wal
                 continue;
             }
             let link = kind.is_symlink();
-            let meta = match std::fs::metadata(&path) {
+            let meta = match followed {
                 Ok(m) => m,
                 Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
                     return Err(walk_error(&path, WalkProblem::BrokenLink));
